@@ -1,0 +1,42 @@
+# boxy — `make setup` installs what it needs; `make test` runs the whole suite.
+PYTHON  ?= /usr/bin/python3
+VENV    ?= .venv
+DEB_PACKAGES = python3 python3-venv python3-dev gcc pkg-config libsystemd-dev libseccomp2 \
+               nftables libnftables1 python3-nftables python3-systemd git bubblewrap util-linux \
+               iproute2 dbus-user-session nodejs npm
+
+.PHONY: setup packages venv test lint demo bench clean
+
+setup: packages venv
+
+packages:
+	@if [ "$$(id -u)" = 0 ]; then \
+	  missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	  if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi; \
+	  packaging/install-apparmor.sh "$(abspath $(VENV))/bin/python3" || true; \
+	else \
+	  missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	  if [ -n "$$missing" ]; then echo "run: sudo apt-get install $$missing"; exit 1; fi; \
+	fi
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@[ -x $(VENV)/bin/python3 ] || $(PYTHON) -m venv --copies --system-site-packages $(VENV)
+	$(VENV)/bin/pip install -q -e '.[test]'
+	@touch $@
+
+test: venv
+	tests/harness/run-tests.sh $(VENV)
+
+lint: venv
+	$(VENV)/bin/ruff check boxyd boxyctl tests bench
+
+demo: setup
+	$(VENV)/bin/boxyctl run --net none -- sh -c 'echo "hello from $$(hostname): $$(id)"; ls -A $$HOME; cat ~/.ssh/id_* 2>&1 | head -1'
+
+bench: venv
+	$(VENV)/bin/python bench/startup.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

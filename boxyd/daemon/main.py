@@ -1,0 +1,137 @@
+"""boxyd: the per-user daemon. Socket-activated by systemd, or started by boxyctl.
+
+Listens on $XDG_RUNTIME_DIR/boxy/boxyd.sock (the directory verified 0700 and ours),
+serves dev.boxy.Manager over varlink, logs to the journal under systemd and to
+stderr otherwise, and tells systemd READY=1 once it accepts calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import logging
+import os
+import resource
+import signal
+import socket
+import sys
+
+from boxyd.api.service import VarlinkService
+from boxyd.api.varlink import VarlinkServer
+from boxyd.daemon.manager import Manager
+from boxyd.errors import BoxyError
+from boxyd.paths import ensure_private_dir, runtime_dir, socket_path
+
+log = logging.getLogger("boxyd")
+SD_LISTEN_FDS_START = 3
+
+
+def setup_logging() -> None:
+    handler: logging.Handler
+    if os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID"):
+        try:
+            from systemd.journal import JournalHandler  # type: ignore[import-not-found]
+
+            handler = JournalHandler(SYSLOG_IDENTIFIER="boxyd")
+        except ImportError:
+            handler = logging.StreamHandler(sys.stderr)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s boxyd[%(process)d] %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+
+
+def raise_nofile() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def activated_socket() -> socket.socket | None:
+    """The listening socket systemd passed us (LISTEN_FDS), if any."""
+    if os.environ.get("LISTEN_PID") != str(os.getpid()):
+        return None
+    n = int(os.environ.get("LISTEN_FDS", "0"))
+    for var in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        os.environ.pop(var, None)
+    if n < 1:
+        return None
+    sock = socket.socket(fileno=SD_LISTEN_FDS_START)
+    os.set_inheritable(sock.fileno(), False)
+    return sock
+
+
+def own_socket() -> tuple[socket.socket, int]:
+    """Bind our socket under the verified runtime directory. A lock held for the
+    daemon's lifetime makes a second daemon exit instead of stealing the path."""
+    d = ensure_private_dir(runtime_dir())
+    lock = os.open(d / "boxyd.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise BoxyError("another boxyd is already running for this user") from None
+    path = socket_path()
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    old = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old)
+    sock.listen(64)
+    return sock, lock
+
+
+def sd_notify(state: str) -> None:
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+        try:
+            s.sendto(state.encode(), addr)
+        except OSError as e:
+            log.warning("sd_notify: %s", e)
+
+
+async def serve(sock: socket.socket) -> None:
+    manager = Manager()
+    service = VarlinkService(manager)
+    server = VarlinkServer(service.handle)
+    stop = asyncio.Event()
+    service.on_shutdown = stop.set
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    sock.setblocking(False)
+    task = asyncio.create_task(server.serve(sock))
+    sd_notify("READY=1")
+    log.info("listening (build %s)", manager.version()["build"])
+    await stop.wait()
+    sd_notify("STOPPING=1")
+    server.close()
+    task.cancel()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="boxyd", description="boxy's per-user daemon")
+    parser.parse_args(argv)
+    setup_logging()
+    raise_nofile()
+    try:
+        sock = activated_socket()
+        if sock is None:
+            sock, _lock = own_socket()
+    except BoxyError as e:
+        log.error("%s", e)
+        return 1
+    asyncio.run(serve(sock))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

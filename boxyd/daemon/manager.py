@@ -1,0 +1,265 @@
+"""The core: a Manager owning every run as a Session. Both API front ends (varlink now,
+D-Bus later) are thin adapters over this module; no policy lives in an adapter."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import pwd
+import secrets
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from boxyd import mountplan
+from boxyd.buildid import build_id
+from boxyd.daemon.launcher import Stage2
+from boxyd.daemon.pty import PtyRelay
+from boxyd.errors import BoxyError, UsageError
+from boxyd.gitguard import discover, scan
+from boxyd.paths import ensure_private_dir, state_dir
+from boxyd.policy.seccomp import build_filter
+from boxyd.spec import RunSpec, build_spec
+
+log = logging.getLogger("boxyd")
+
+GRACE = 5.0  # seconds between SIGTERM and SIGKILL (timeout, stop)
+EXIT_SETUP = 125
+EXIT_NOEXEC = 126
+EXIT_NOTFOUND = 127
+
+
+@dataclass
+class Session:
+    id: str
+    spec: RunSpec
+    started_at: float = field(default_factory=time.time)
+    state: str = "starting"
+    stage2: Stage2 | None = None
+    pty: PtyRelay | None = None
+    result: dict | None = None
+    timed_out: bool = False
+    audit: list[dict] = field(default_factory=list)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def signal(self, sig: int) -> None:
+        if self.stage2 is not None and self.state == "running":
+            self.stage2.signal(sig)
+
+    def record(self, layer: str, **fields: object) -> None:
+        self.audit.append({"t": round(time.time(), 3), "session": self.id, "layer": layer, **fields})
+
+
+class Manager:
+    def __init__(self) -> None:
+        self.sessions: dict[str, Session] = {}
+        self.user = pwd.getpwuid(os.getuid())
+        self.started_at = time.time()
+
+    # -- queries ---------------------------------------------------------------------
+    def version(self) -> dict:
+        return {"build": build_id(), "version": "0.1.0"}
+
+    def status(self) -> dict:
+        running = [s.id for s in self.sessions.values() if s.state in ("starting", "running")]
+        return {**self.version(), "pid": os.getpid(), "uptime": round(time.time() - self.started_at, 1),
+                "sessions_running": len(running)}
+
+    def busy(self) -> bool:
+        return any(s.state in ("starting", "running") for s in self.sessions.values())
+
+    def get(self, sid: str) -> Session | None:
+        return self.sessions.get(sid)
+
+    # -- control ---------------------------------------------------------------------
+    def resize(self, sid: str, rows: int, cols: int) -> None:
+        s = self.sessions.get(sid)
+        if s is not None and s.pty is not None:
+            s.pty.resize(rows, cols)
+
+    def signal(self, sid: str, sig: int) -> None:
+        s = self.sessions.get(sid)
+        if s is not None and 0 < sig < 65:
+            s.signal(sig)
+
+    def stop(self, sid: str, kill: bool) -> None:
+        s = self.sessions.get(sid)
+        if s is None:
+            raise KeyError(sid)
+        if kill:
+            s.signal(signal.SIGKILL)
+        else:
+            s.signal(signal.SIGTERM)
+            asyncio.get_running_loop().call_later(GRACE, s.signal, signal.SIGKILL)
+
+    # -- run -------------------------------------------------------------------------
+    async def run(self, params: dict, fds: list[int],
+                  on_started: Callable[[Session, list[str]], Awaitable[None]]) -> dict:
+        """Validate, launch, wait. FDS (the client's stdin, stdout, stderr) are ours to close."""
+        try:
+            spec = build_spec(params, uid=os.getuid(), user=self.user.pw_name, home=self.user.pw_dir)
+            if len(fds) != 3:
+                raise UsageError("Run needs exactly three file descriptors (stdin, stdout, stderr)")
+            if spec.net != "none":
+                raise UsageError(f"--net {spec.net}: the network gateway is not available in this build; "
+                                 "use --net none")
+        except BoxyError:
+            for fd in fds:
+                os.close(fd)
+            raise
+        session = Session(id=secrets.token_hex(4), spec=spec)
+        self.sessions[session.id] = session
+        try:
+            return await self._run(session, fds, on_started)
+        finally:
+            session.state = "exited"
+            session.done.set()
+
+    async def _run(self, s: Session, fds: list[int], on_started: Callable[[Session, list[str]], Awaitable[None]]) -> dict:
+        spec = s.spec
+        warnings = self._limit_warnings(s)
+        stdio = list(fds)
+        try:
+            ttys = [os.isatty(fd) for fd in fds]
+            if any(ttys) or spec.tty:
+                in_fd = fds[0] if (ttys[0] or spec.tty) else None
+                out_fd = fds[1] if (ttys[1] or spec.tty) else (fds[2] if ttys[2] else None)
+                if out_fd is None and ttys[0]:
+                    out_fd = fds[0]
+                s.pty = PtyRelay(in_fd=in_fd, out_fd=out_fd)
+                stdio = [s.pty.slave_fd if (t or spec.tty) else fd for t, fd in zip(ttys, fds, strict=True)]
+            roots = [] if spec.allow_git_write else mountplan.writable_roots(spec)
+            protections = {}
+            snapshots = {}
+            for root in roots:
+                discover.prepare(root)
+                protections[root] = discover.protections(root)
+                snapshots[root] = scan.snapshot(root)
+            plan = mountplan.build(spec, seccomp_bpf=build_filter(spec.seccomp),
+                                   protections=protections, ctty=s.pty is not None)
+            s.record("seccomp", mode=spec.seccomp)
+            s.stage2 = await Stage2.start(plan, stdio)
+        except BoxyError as e:
+            self._close_all(fds, s)
+            return self._finish(s, {"exit_status": EXIT_SETUP, "reason": "setup", "message": str(e)})
+        finally:
+            if s.pty is not None:
+                s.pty.close_slave()
+            for fd in fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        timer = None
+        final: dict = {}
+        async for msg in s.stage2.messages():
+            if "started" in msg:
+                s.state = "running"
+                if spec.timeout:
+                    timer = asyncio.get_running_loop().call_later(spec.timeout, self._timeout, s)
+                await on_started(s, warnings)
+            elif "confined" in msg:
+                for note in msg["confined"]:
+                    s.record("landlock", note=note)
+            elif "done" in msg:
+                final = msg["done"] if isinstance(msg["done"], dict) else {}
+        if timer is not None:
+            timer.cancel()
+        s.stage2.close()
+        await s.stage2.wait()
+        if s.pty is not None:
+            await s.pty.wait_drained()
+            s.pty.close()
+        result = self._result(s, final)
+        if s.state == "starting":  # setup failed before the payload started
+            await on_started(s, warnings)
+        for root, before in snapshots.items():
+            findings = scan.scan(root, before, str(self._quarantine(s) / root.strip("/").replace("/", "_")))
+            for line in scan.describe(findings):
+                s.record("git", finding=line)
+                result.setdefault("findings", []).append(line)
+        return self._finish(s, result)
+
+    def _close_all(self, fds: list[int], s: Session) -> None:
+        if s.pty is not None:
+            s.pty.close()
+
+    def _limit_warnings(self, s: Session) -> list[str]:
+        """A limit without a controller is reported, not faked (until transient scopes)."""
+        out = []
+        flags = s.spec
+        if flags.cpus is not None:
+            out.append(f"--cpus {flags.cpus:g}: not enforced (no cpu controller delegated to boxy yet)")
+            s.record("cgroup", limit="cpus", value=flags.cpus, enforced=False)
+        out.append(f"--memory: sizes the scratch tmpfs ($HOME, /tmp, /dev/shm) to {flags.memory} bytes; "
+                   "the memory limit itself is not enforced (no memory controller)")
+        s.record("cgroup", limit="memory", value=flags.memory, enforced=False)
+        s.record("cgroup", limit="pids", value=flags.pids, enforced=True, by="RLIMIT_NPROC")
+        return out if flags.verbose or flags.cpus is not None else []
+
+    def _timeout(self, s: Session) -> None:
+        s.timed_out = True
+        s.signal(signal.SIGTERM)
+        asyncio.get_running_loop().call_later(GRACE, s.signal, signal.SIGKILL)
+
+    def _result(self, s: Session, final: dict) -> dict:
+        if "error" in final:
+            return {"exit_status": EXIT_SETUP, "reason": "setup", "message": final["error"]}
+        if "exec_error" in final:
+            err = final["exec_error"]
+            cmd = final.get("cmd", "")
+            if err == 2:
+                return {"exit_status": EXIT_NOTFOUND, "reason": "exec", "message": f"{cmd}: command not found"}
+            return {"exit_status": EXIT_NOEXEC, "reason": "exec", "message": f"{cmd}: {os.strerror(err)}"}
+        if "signal" in final:
+            sig = int(final["signal"])
+            out = {"exit_status": 128 + sig, "signal": sig, "reason": "signal"}
+            if sig == signal.SIGSYS:
+                out["reason"] = "seccomp"
+                out["message"] = "killed by seccomp: the payload made a forbidden system call"
+                s.record("seccomp", action="kill", signal=sig)
+            if s.timed_out:
+                out["reason"] = "timeout"
+                out["message"] = f"timed out after {s.spec.timeout:g}s"
+            return out
+        code = int(final.get("exit", EXIT_SETUP))
+        out = {"exit_status": code, "reason": "exit"}
+        if s.timed_out:
+            out["reason"] = "timeout"
+            out["message"] = f"timed out after {s.spec.timeout:g}s"
+        return out
+
+    def _quarantine(self, s: Session):
+        return state_dir() / "quarantine" / s.id
+
+    def _finish(self, s: Session, result: dict) -> dict:
+        result["id"] = s.id
+        s.result = result
+        s.state = "exited"
+        if s.spec.audit_log:
+            self._write_audit(s)
+        self._write_record(s)
+        return result
+
+    def _write_audit(self, s: Session) -> None:
+        try:
+            fd = os.open(s.spec.audit_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "a") as f:
+                for rec in s.audit:
+                    f.write(json.dumps(rec) + "\n")
+        except OSError as e:
+            log.warning("audit log %s: %s", s.spec.audit_log, e.strerror)
+
+    def _write_record(self, s: Session) -> None:
+        """$XDG_STATE_HOME/boxy/sessions/<id>/ (0700): meta and exit status, for later inspection."""
+        try:
+            base = ensure_private_dir(state_dir())
+            d = ensure_private_dir(ensure_private_dir(base / "sessions") / s.id)
+            meta = {"id": s.id, "argv": s.spec.argv, "workdir": s.spec.workdir, "profile": s.spec.profile,
+                    "started_at": s.started_at, "result": s.result}
+            (d / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+        except (OSError, BoxyError) as e:
+            log.warning("session record %s: %s", s.id, e)

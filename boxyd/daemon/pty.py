@@ -1,0 +1,241 @@
+"""The daemon-owned terminal: a PTY whose slave goes to the sandbox, relayed to the
+client's terminal fds, so no host terminal fd ever enters the sandbox.
+
+Client side through threads, by choice. The client's fds share their open file
+description with the user's shell, so O_NONBLOCK on them would leak into the shell
+after we exit; and a blocking write to a flow-controlled terminal (Ctrl-S) can wait
+forever. So each direction is a small thread doing blocking I/O on the client fd,
+and the event loop never touches a client fd:
+
+- output thread: poll(master) -> read -> write the whole chunk to out_fd. It
+  holds at most one chunk, so a slow terminal back-pressures the master (the PTY
+  buffer fills and the payload's writes block) instead of growing a buffer;
+- input thread: poll(in_fd) -> read -> write to the master (non-blocking, waiting
+  with poll when the payload is not reading its input).
+
+Each thread owns its own dup of the master, its client fd and the read end of a
+wake-up pipe, and closes them itself on exit, so close() never closes an fd under
+a thread that still uses it (a reused fd number could otherwise receive the
+payload's output). close() only closes the wake-up pipes' write ends. A thread
+blocked in a write to a terminal stopped with Ctrl-S cannot be interrupted; it
+ends when the terminal resumes or hangs up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import os
+import select
+import struct
+import termios
+import threading
+from collections.abc import Callable
+
+CHUNK = 64 * 1024
+_WINSIZE = struct.Struct("HHHH")
+
+
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+class PtyRelay:
+    """Relay between a new PTY and the client's terminal.
+
+    Takes ownership of IN_FD (the client's stdin, a tty) and OUT_FD (the client's
+    first terminal fd for output); either may be None, not both, and they may be
+    the same fd. The PTY slave starts with the client terminal's termios and window
+    size, so create the relay before the client switches its terminal to raw mode.
+    """
+
+    def __init__(self, in_fd: int | None, out_fd: int | None) -> None:
+        if in_fd is None and out_fd is None:
+            raise ValueError("PtyRelay needs a client terminal fd")
+        src = in_fd if in_fd is not None and os.isatty(in_fd) else out_fd
+        if src is None or not os.isatty(src):
+            raise ValueError("the client fd is not a terminal")
+        self._lock = threading.Lock()
+        self._drained = threading.Event()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._wakes: list[int] = []  # write ends; closing one wakes its thread
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        master, slave = os.openpty()  # both close-on-exec
+        self.master_fd: int | None = master
+        self.slave_fd: int | None = slave
+        try:
+            termios.tcsetattr(slave, termios.TCSANOW, termios.tcgetattr(src))
+            size = fcntl.ioctl(src, termios.TIOCGWINSZ, bytes(_WINSIZE.size))
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, size)
+            # O_NONBLOCK on our own master only (its description is ours alone).
+            os.set_blocking(master, False)
+            # Separate fds per thread: each thread closes exactly what it owns.
+            if in_fd is not None and out_fd == in_fd:
+                out_fd = os.dup(out_fd)
+            self._start(self._pump_output, out_fd, name="pty-out")
+            out_fd = None
+            if in_fd is not None:
+                self._start(self._pump_input, in_fd, name="pty-in")
+                in_fd = None
+        except BaseException:
+            self.close()
+            _close(in_fd)
+            _close(out_fd)
+            raise
+
+    def _start(
+        self, target: Callable[[int, int | None, int], None], client_fd: int | None, name: str
+    ) -> None:
+        assert self.master_fd is not None
+        wake_r, wake_w = os.pipe2(os.O_CLOEXEC)
+        master = os.dup(self.master_fd)
+        self._wakes.append(wake_w)
+        thread = threading.Thread(
+            target=target, args=(master, client_fd, wake_r), name=name, daemon=True
+        )
+        self._threads.append(thread)
+        thread.start()
+
+    # public API
+
+    def close_slave(self) -> None:
+        """Close the daemon's copy of the slave once the sandbox holds its own; the
+        relay ends when the last slave holder exits."""
+        fd, self.slave_fd = self.slave_fd, None
+        _close(fd)
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Set the PTY's window size (the payload's foreground group gets SIGWINCH)."""
+        if not (0 <= rows <= 0xFFFF and 0 <= cols <= 0xFFFF):
+            raise ValueError(f"window size {rows}x{cols} out of range")
+        if self.master_fd is not None:
+            fcntl.ioctl(self.master_fd, termios.TIOCSWINSZ, _WINSIZE.pack(rows, cols, 0, 0))
+
+    @property
+    def drained(self) -> bool:
+        return self._drained.is_set()
+
+    async def wait_drained(self) -> None:
+        """Wait until every byte the payload wrote is written to the client terminal
+        (the master reported EOF/EIO), or the relay was closed."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if self._drained.is_set():
+                return
+            self._waiters.append((loop, fut))
+        await fut
+
+    def close(self) -> None:
+        """Stop relaying and release everything (threads close their own fds)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for fd in self._wakes:
+            _close(fd)
+        self._wakes = []
+        self.close_slave()
+        fd, self.master_fd = self.master_fd, None
+        _close(fd)
+        if not self._threads:
+            self._set_drained()
+
+    # threads
+
+    def _set_drained(self) -> None:
+        with self._lock:
+            self._drained.set()
+            waiters, self._waiters = self._waiters, []
+        for loop, fut in waiters:
+            with contextlib.suppress(RuntimeError):  # that loop is gone
+                loop.call_soon_threadsafe(_resolve, fut)
+
+    def _pump_output(self, master: int, out_fd: int | None, wake: int) -> None:
+        """PTY master -> client terminal until the slave side is gone (EIO/EOF)."""
+        try:
+            poller = select.poll()
+            poller.register(master, select.POLLIN)
+            poller.register(wake, select.POLLIN)
+            while True:
+                events = dict(poller.poll())
+                if wake in events:
+                    return
+                try:
+                    data = os.read(master, CHUNK)
+                except BlockingIOError:
+                    continue
+                except OSError as e:
+                    if e.errno == errno.EIO:  # every slave fd is closed
+                        return
+                    raise
+                if not data:
+                    return
+                if out_fd is not None and not _write_all(out_fd, data, wake):
+                    # The client terminal is gone: keep draining so the payload
+                    # never blocks on a full PTY, but discard.
+                    _close(out_fd)
+                    out_fd = None
+        finally:
+            _close(master)
+            _close(out_fd)
+            _close(wake)
+            self._set_drained()
+
+    def _pump_input(self, master: int, in_fd: int, wake: int) -> None:
+        """Client terminal -> PTY master until either side is gone or close()."""
+        try:
+            poller = select.poll()
+            poller.register(in_fd, select.POLLIN)
+            poller.register(wake, select.POLLIN)
+            while True:
+                events = dict(poller.poll())
+                if wake in events:
+                    return
+                try:
+                    data = os.read(in_fd, CHUNK)
+                except BlockingIOError:  # the fd was already non-blocking; keep it so
+                    continue
+                except OSError:  # EIO: the client's terminal hung up
+                    return
+                if not data or not _write_all(master, data, wake):
+                    return
+        finally:
+            _close(master)
+            _close(in_fd)
+            _close(wake)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _write_all(fd: int, data: bytes, wake: int) -> bool:
+    """Write all of DATA to FD, blocking if FD is blocking and waiting with poll when
+    it is not. False when FD failed or the relay was closed."""
+    view = memoryview(data)
+    poller: select.poll | None = None
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+            continue
+        except BlockingIOError:
+            pass
+        except OSError:
+            return False
+        if poller is None:
+            poller = select.poll()
+            poller.register(fd, select.POLLOUT)
+            poller.register(wake, select.POLLIN)
+        events = dict(poller.poll())
+        if wake in events:
+            return False
+        if events.get(fd, 0) & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
+            return False
+    return True

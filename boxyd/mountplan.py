@@ -1,0 +1,172 @@
+"""Compile a RunSpec into the stage-2 Plan: which trees, in which order, with which rights.
+
+Pure apart from lstat()/readlink() of the host's system directories and the git
+scan of writable trees (gitguard); stage 2 re-resolves every path safely itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import pwd
+import grp
+
+from boxyd.errors import UsageError
+from boxyd.plan import Bind, Copy, Dir, File, LandlockRule, MountOp, Plan, Symlink
+from boxyd.spec import RunSpec
+
+HOSTNAME = "boxy"
+
+# Read-only system trees. A symlink on the host (merged /usr) is recreated as a symlink.
+SYSTEM_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+# The only host files of /etc the sandbox sees: the dynamic linker's cache, TLS trust,
+# the alternatives that /usr/bin links point through, time zone, service/protocol
+# names. Never the host's whole /etc (passwd, shadow, the package managers' configs).
+ETC_FROM_HOST = (
+    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "ssl", "ca-certificates", "ca-certificates.conf",
+    "pki", "crypto-policies", "alternatives", "localtime", "timezone", "protocols", "services",
+    "gai.conf", "mime.types", "inputrc", "bash.bashrc", "profile", "login.defs", "host.conf",
+)
+
+# Devices the payload may ioctl (Landlock IOCTL_DEV): terminals and the harmless nodes.
+DEV_RULES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/pts")
+
+
+def _depth(path: str) -> int:
+    return len([p for p in path.split("/") if p])
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def system_ops() -> tuple[list[MountOp], list[LandlockRule]]:
+    ops: list[MountOp] = []
+    rules: list[LandlockRule] = []
+    for tree in SYSTEM_TREES:
+        if os.path.islink(tree):
+            ops.append(Symlink(dst=tree, target=os.readlink(tree)))
+        elif os.path.isdir(tree):
+            ops.append(Bind(src=tree, dst=tree, ro=True))
+            rules.append(LandlockRule(tree, "ro"))
+    for name in ETC_FROM_HOST:
+        path = f"/etc/{name}"
+        if os.path.lexists(path) and os.path.exists(path):
+            ops.append(Bind(src=path, dst=path, ro=True, optional=True))
+    rules.append(LandlockRule("/etc", "ro"))
+    return ops, rules
+
+
+def etc_files(uid: int, gid: int, user: str, home: str, net: str) -> list[MountOp]:
+    """A passwd and group holding only the user, and a resolver pointing at the gateway."""
+    try:
+        group = grp.getgrgid(gid).gr_name
+    except KeyError:
+        group = user
+    resolv = "# boxy: no network\n" if net == "none" else "nameserver 10.0.2.2\noptions edns0 trust-ad\n"
+    return [
+        File("/etc/passwd", f"{user}:x:{uid}:{gid}:{user}:{home}:/bin/sh\n"),
+        File("/etc/group", f"{group}:x:{gid}:\n"),
+        File("/etc/hostname", HOSTNAME + "\n"),
+        File("/etc/hosts", f"127.0.0.1\tlocalhost {HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n"),
+        File("/etc/nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n"
+             "networks: files\nprotocols: files\nservices: files\n"),
+        File("/etc/resolv.conf", resolv),
+    ]
+
+
+def writable_roots(spec: RunSpec) -> list[str]:
+    """The trees the payload can write and will control between runs."""
+    roots = [spec.workdir] + [e.path for e in spec.rw] + [e.path for e in spec.mkdir]
+    out: list[str] = []
+    for r in sorted(set(roots), key=_depth):
+        out.append(r)
+    return out
+
+
+def _based(path: str, roots: list[str]) -> tuple[str, str | None]:
+    """(path relative to the innermost writable root containing it, that root) or
+    (path, None) when no writable tree contains it."""
+    best = None
+    for r in roots:
+        if _inside(path, r) and path != r and (best is None or len(r) > len(best)):
+            best = r
+    if best is None:
+        return path, None
+    return os.path.relpath(path, best), best
+
+
+def _bind(path: str, roots: list[str], *, ro: bool, optional: bool = False, create: bool = False) -> Bind:
+    rel, base = _based(path, roots)
+    return Bind(src=rel, dst=rel, ro=ro, src_base=base, dst_base=base, optional=optional, create=create)
+
+
+def user_ops(spec: RunSpec, protections: dict[str, list]) -> tuple[list[MountOp], list[LandlockRule]]:
+    """Workdir, --ro, --rw and --mkdir, parents before children; then each writable
+    tree's git protections and --protect entries on top; then copies."""
+    roots = writable_roots(spec)
+    entries: list[tuple[str, bool, bool, bool]] = [(spec.workdir, False, False, False)]
+    entries += [(e.path, True, e.optional, False) for e in spec.ro]
+    entries += [(e.path, False, e.optional, False) for e in spec.rw]
+    entries += [(e.path, False, False, True) for e in spec.mkdir]
+    ops: list[MountOp] = []
+    rules: list[LandlockRule] = []
+    seen: set[str] = set()
+    for path, ro, optional, create in sorted(entries, key=lambda e: _depth(e[0])):
+        if path in seen:
+            continue
+        seen.add(path)
+        # A writable tree is based on nothing above it: it is mounted whole from the host path.
+        outer = [r for r in roots if r != path] if not ro else roots
+        ops.append(_bind(path, outer, ro=ro, optional=optional, create=create))
+        rules.append(LandlockRule(path, "ro" if ro else "rw"))
+    for root in roots:
+        for p in protections.get(root, []):
+            ops.append(Bind(src=p.rel, dst=p.rel, ro=p.kind == "ro", src_base=root, dst_base=root))
+    for e in spec.protect:
+        ops.append(_bind(e.path, roots, ro=True))
+    exposed = [spec.workdir] + [e.path for e in (*spec.ro, *spec.rw, *spec.mkdir)]
+    for c, ro in [(c, False) for c in spec.copy] + [(c, True) for c in spec.copy_ro]:
+        for tree in exposed:
+            if _inside(c.dst, tree):
+                raise UsageError(f"--copy{'-ro' if ro else ''} {c.src}:{c.dst}: the destination lies inside "
+                                 f"the exposed tree {tree}; copy it somewhere else (e.g. under $HOME)")
+        ops.append(Copy(src=c.src, dst=c.dst, ro=ro))
+        rules.append(LandlockRule(c.dst, "ro" if ro else "rw"))
+    return ops, rules
+
+
+def build(spec: RunSpec, *, seccomp_bpf: bytes, protections: dict[str, list], ctty: bool) -> Plan:
+    uid, gid = os.getuid(), os.getgid()
+    pw = pwd.getpwuid(uid)
+    home = pw.pw_dir or f"/home/{pw.pw_name}"
+    sys_ops, sys_rules = system_ops()
+    u_ops, u_rules = user_ops(spec, protections)
+    ops: list[MountOp] = [Dir("/etc"), *etc_files(uid, gid, pw.pw_name, home, spec.net), *sys_ops, *u_ops]
+    rules = [
+        LandlockRule("/", "dir"),
+        *sys_rules,
+        LandlockRule("/proc", "ro"),
+        *(LandlockRule(d, "dev") for d in DEV_RULES),
+        LandlockRule("/dev/shm", "rw"),
+        LandlockRule("/tmp", "rw"),
+        LandlockRule(home, "rw"),
+        *u_rules,
+    ]
+    return Plan(
+        argv=spec.argv,
+        env=spec.env,
+        cwd=spec.workdir,
+        uid=uid,
+        gid=gid,
+        home=home,
+        hostname=HOSTNAME,
+        scratch_size=spec.memory,
+        ops=ops,
+        landlock=rules,
+        seccomp_bpf=base64.b64encode(seccomp_bpf).decode(),
+        nproc=spec.pids,
+        net=spec.net,
+        ctty=ctty,
+    )

@@ -1,0 +1,45 @@
+"""Where boxy keeps its socket, state and logs (XDG base directories)."""
+
+import os
+import stat
+from pathlib import Path
+
+from boxyd.errors import DaemonError
+
+
+def runtime_dir() -> Path:
+    """$XDG_RUNTIME_DIR/boxy, or /tmp/boxy-UID when no runtime directory is set."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    if base and os.path.isabs(base):
+        return Path(base) / "boxy"
+    return Path(f"/tmp/boxy-{os.getuid()}")
+
+
+def socket_path() -> Path:
+    return runtime_dir() / "boxyd.sock"
+
+
+def state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME")
+    if not base or not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "boxy"
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create PATH (mode 0700) if needed and verify it: a directory, not a symlink,
+    owned by us, with no access for group or others. A directory another user could
+    write or swap is the front door left open, so anything else is refused."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as e:
+        raise DaemonError(f"cannot create {path}: {e.strerror}") from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise DaemonError(f"{path} is not a directory (refusing a symlink or file there)")
+    if st.st_uid != os.getuid():
+        raise DaemonError(f"{path} is owned by uid {st.st_uid}, not by you")
+    if st.st_mode & 0o077:
+        raise DaemonError(f"{path} has mode {stat.S_IMODE(st.st_mode):04o}; it must be 0700")
+    return path

@@ -1,0 +1,112 @@
+"""The plan the daemon compiles and stage 2 applies: plain data, JSON on the wire.
+
+The daemon decides everything (which paths, which rights, which syscalls); stage 2
+only carries the plan out, in DESIGN.md's order. Paths:
+
+- ``src`` is a host path. With ``src_base`` set, ``src`` is relative and is resolved
+  beneath that host directory with openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS):
+  the base is a writable tree the payload controls between runs, so nothing under
+  it is trusted to be what the daemon saw.
+- ``dst`` is a path inside the sandbox. With ``dst_base`` set, ``dst`` is relative
+  and is resolved the same way beneath that sandbox directory (it lies inside an
+  earlier bind of a writable tree). Without it, ``dst`` is on boxy's own tmpfs and
+  its parents are created there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+MountKind = Literal["dir", "file"]
+
+
+@dataclass
+class Bind:
+    """Bind a host path into the sandbox (open_tree(OPEN_TREE_CLONE) + move_mount)."""
+
+    src: str
+    dst: str
+    ro: bool
+    src_base: str | None = None
+    dst_base: str | None = None
+    optional: bool = False  # a profile entry whose source may be absent
+    dev: bool = False  # device nodes (/dev/null …): do not set nodev
+    create: bool = False  # --mkdir: create the source directory (no symlink followed)
+    op: str = "bind"
+
+
+@dataclass
+class Copy:
+    """Copy one host file in (read through O_NOFOLLOW fds onto the scratch tmpfs)."""
+
+    src: str
+    dst: str
+    ro: bool
+    op: str = "copy"
+
+
+@dataclass
+class Symlink:
+    dst: str
+    target: str
+    op: str = "symlink"
+
+
+@dataclass
+class File:
+    """A file boxy writes itself (the minimal /etc)."""
+
+    dst: str
+    content: str
+    mode: int = 0o644
+    op: str = "file"
+
+
+@dataclass
+class Dir:
+    dst: str
+    mode: int = 0o755
+    op: str = "dir"
+
+
+MountOp = Bind | Copy | Symlink | File | Dir
+
+
+@dataclass
+class LandlockRule:
+    path: str  # inside the sandbox
+    access: Literal["ro", "rw", "dev", "rox"]
+
+
+@dataclass
+class Plan:
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str  # the payload's working directory, inside the sandbox
+    uid: int
+    gid: int
+    home: str  # inside the sandbox (the scratch tmpfs)
+    hostname: str
+    scratch_size: int  # bytes, for the one tmpfs behind $HOME, /tmp and /dev/shm
+    ops: list[MountOp]
+    landlock: list[LandlockRule]
+    seccomp_bpf: str  # base64 of the compiled filter
+    nproc: int  # RLIMIT_NPROC inside the sandbox's user namespace
+    net: str = "none"
+    ctty: bool = False  # stdio is a PTY that becomes the controlling terminal
+    landlock_scopes: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Plan:
+        ops: list[MountOp] = []
+        for raw in data["ops"]:
+            kind = {"bind": Bind, "copy": Copy, "symlink": Symlink, "file": File, "dir": Dir}[raw["op"]]
+            ops.append(kind(**raw))
+        rules = [LandlockRule(**r) for r in data["landlock"]]
+        rest = {k: v for k, v in data.items() if k not in ("ops", "landlock")}
+        return cls(ops=ops, landlock=rules, **rest)

@@ -1,0 +1,81 @@
+"""DESIGN.md step 7: give up every privilege PID 1 still holds, for good."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+from boxyd.errors import SetupError
+from boxyd.stage2.sys import check, libc
+
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
+PR_SET_SECUREBITS = 28
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+
+# NOROOT, NO_SETUID_FIXUP and NO_CAP_AMBIENT_RAISE, each with its lock, and KEEP_CAPS
+# locked off: nothing executed later can regain a capability by any uid transition.
+SECUREBITS_LOCKED = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
+
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+
+
+def prctl(option: int, arg2: int = 0, arg3: int = 0, step: str = "prctl") -> int:
+    return check(libc.prctl(option, arg2, arg3, 0, 0), step)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _last_cap() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except OSError:
+        return 63
+
+
+def drop_all() -> None:
+    """Securebits locked, bounding set emptied, ambient cleared (all need CAP_SETPCAP,
+    so first), then effective/permitted/inheritable zeroed. Removes: every capability."""
+    prctl(PR_SET_SECUREBITS, SECUREBITS_LOCKED, step="securebits")
+    for cap in range(_last_cap() + 1):
+        prctl(PR_CAPBSET_DROP, cap, step=f"drop capability {cap} from the bounding set")
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, step="clear ambient capabilities")
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    check(libc.capset(ctypes.byref(header), data), "capset")
+
+
+def no_new_privs() -> None:
+    prctl(PR_SET_NO_NEW_PRIVS, 1, step="no_new_privs")
+
+
+def not_dumpable() -> None:
+    """Closes /proc/1/*, ptrace and pidfd_getfd on PID 1 to the payload."""
+    prctl(PR_SET_DUMPABLE, 0, step="dumpable 0")
+
+
+def die_with_parent(sig: int) -> None:
+    prctl(PR_SET_PDEATHSIG, sig, step="pdeathsig")
+
+
+def verify_dropped() -> None:
+    """Layers never fail open: read back what the kernel says we hold."""
+    with open("/proc/self/status") as f:
+        fields = dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)
+    for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        if int(fields.get(key, "1").strip(), 16) != 0:
+            raise SetupError(f"capabilities: {key} is {fields.get(key)} after dropping")
+    if os.getuid() == 0:
+        raise SetupError("capabilities: running as uid 0 inside the sandbox")

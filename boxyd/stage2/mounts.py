@@ -1,0 +1,169 @@
+"""Mount-API syscalls (ctypes) and path resolution that never trusts the payload.
+
+Everything here needs CAP_SYS_ADMIN in the sandbox's user namespace, which PID 1
+holds until ``caps.drop_all`` (DESIGN.md step 7) removes it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import stat
+
+from boxyd.stage2.sys import check, errno_call, libc
+
+# x86_64 syscall numbers
+SYS_pivot_root = 155
+SYS_open_tree = 428
+SYS_move_mount = 429
+SYS_openat2 = 437
+SYS_mount_setattr = 442
+
+MS_RDONLY = 0x1
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_REMOUNT = 0x20
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_PRIVATE = 1 << 18
+MNT_DETACH = 0x2
+
+AT_FDCWD = -100
+AT_EMPTY_PATH = 0x1000
+AT_RECURSIVE = 0x8000
+OPEN_TREE_CLONE = 1
+OPEN_TREE_CLOEXEC = os.O_CLOEXEC
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+MOVE_MOUNT_T_EMPTY_PATH = 0x40
+
+MOUNT_ATTR_RDONLY = 0x1
+MOUNT_ATTR_NOSUID = 0x2
+MOUNT_ATTR_NODEV = 0x4
+
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+
+libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+def _b(path: str) -> bytes:
+    return os.fsencode(path)
+
+
+def mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str | None, step: str) -> None:
+    ret = libc.mount(
+        _b(src) if src else None, _b(dst), _b(fstype) if fstype else None, flags, _b(data) if data else None
+    )
+    check(ret, step, dst)
+
+
+def umount_detach(path: str, step: str) -> None:
+    check(libc.umount2(_b(path), MNT_DETACH), step, path)
+
+
+def pivot_root(new_root: str, put_old: str) -> None:
+    errno_call("pivot_root", new_root, SYS_pivot_root, _b(new_root), _b(put_old))
+
+
+def openat2(dirfd: int, path: str, flags: int, step: str, *, beneath: bool = True) -> int:
+    """Open PATH relative to DIRFD without following any symlink and, with BENEATH,
+    without ever leaving DIRFD (no "..", no absolute jumps). A symlink anywhere in
+    the path is an error (ELOOP), which is what a swapped-in symlink must be."""
+    how = _OpenHow(flags | os.O_CLOEXEC, 0, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | (RESOLVE_BENEATH if beneath else 0))
+    return errno_call(step, path, SYS_openat2, ctypes.c_int(dirfd), _b(path), ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+
+
+def open_tree_clone(fd: int, step: str, path: str) -> int:
+    """A detached copy of the mount tree at FD (recursive, so submounts come along)."""
+    flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH | AT_RECURSIVE
+    return errno_call(step, path, SYS_open_tree, ctypes.c_int(fd), b"", ctypes.c_uint(flags))
+
+
+def set_attr(fd: int, attrs: int, step: str, path: str, *, recursive: bool) -> None:
+    """mount_setattr: the only way to make a bind read-only *with* its submounts in a
+    user namespace (a plain remount leaves submounts writable)."""
+    attr = _MountAttr(attrs, 0, 0, 0)
+    flags = AT_EMPTY_PATH | (AT_RECURSIVE if recursive else 0)
+    errno_call(step, path, SYS_mount_setattr, ctypes.c_int(fd), b"", ctypes.c_uint(flags),
+               ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
+
+
+def move_mount_to_fd(tree_fd: int, target_fd: int, step: str, path: str) -> None:
+    flags = MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH
+    errno_call(step, path, SYS_move_mount, ctypes.c_int(tree_fd), b"", ctypes.c_int(target_fd), b"", ctypes.c_uint(flags))
+
+
+def walk_create(root_fd: int, rel: str, *, leaf: str | None, step: str, mode: int = 0o755) -> int:
+    """Open REL under ROOT_FD one component at a time with O_NOFOLLOW, creating missing
+    directories (and, when LEAF is "file", an empty final file; "dir" a final directory;
+    None: the final component must exist). Returns an O_PATH fd of the final component.
+    Used on boxy's own tmpfs and for --mkdir sources: no component may be a symlink."""
+    parts = [p for p in rel.split("/") if p and p != "."]
+    if any(p == ".." for p in parts):
+        raise_setup(step, rel, "'..' in path")
+    fd = os.dup(root_fd)
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            if last and leaf == "file":
+                try:
+                    nfd = os.open(part, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
+                except OSError as e:
+                    raise_setup(step, rel, e.strerror or str(e))
+                os.close(fd)
+                fd = nfd
+                break
+            if last and leaf is None:
+                nfd = _open_nofollow(fd, part, os.O_PATH, step, rel)
+            else:
+                try:
+                    os.mkdir(part, mode, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                except OSError as e:
+                    raise_setup(step, rel, e.strerror or str(e))
+                nfd = _open_nofollow(fd, part, os.O_PATH | os.O_DIRECTORY, step, rel)
+            os.close(fd)
+            fd = nfd
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _open_nofollow(dirfd: int, name: str, flags: int, step: str, rel: str) -> int:
+    try:
+        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
+    except OSError as e:
+        raise_setup(step, rel, e.strerror or str(e))
+        raise AssertionError("unreachable") from None
+    if stat.S_ISLNK(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise_setup(step, rel, "is a symlink (refused)")
+    return fd
+
+
+def raise_setup(step: str, path: str, why: str) -> None:
+    from boxyd.errors import SetupError
+
+    raise SetupError(f"{step}: {path}: {why}")
+
+
+def is_dir_fd(fd: int) -> bool:
+    return stat.S_ISDIR(os.fstat(fd).st_mode)

@@ -1,0 +1,75 @@
+"""DESIGN.md steps 1 and 5: the user namespace, then the sandbox's other namespaces."""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import os
+import socket
+import struct
+
+from boxyd.errors import SetupError
+from boxyd.plan import Plan
+from boxyd.stage2 import mounts as m
+from boxyd.stage2.sys import check, libc
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
+
+libc.unshare.argtypes = [ctypes.c_int]
+libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+
+
+def _write(path: str, text: str, step: str) -> None:
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as e:
+        raise SetupError(f"{step}: {path}: {e.strerror}") from None
+
+
+def enter_user_namespace(uid: int, gid: int) -> None:
+    """Step 1. Needs nothing (unprivileged user namespaces). Gains every capability
+    over the new namespace; PID 1 drops them in step 7. The user is mapped to itself,
+    never to root: npm and pip behave differently as root, and an exec'd child
+    then keeps no capability."""
+    check(libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
+    _write("/proc/self/setgroups", "deny", "user namespace")
+    _write("/proc/self/uid_map", f"{uid} {uid} 1\n", "user namespace")
+    _write("/proc/self/gid_map", f"{gid} {gid} 1\n", "user namespace")
+
+
+def enter_sandbox_namespaces(plan: Plan) -> None:
+    """Step 5. Needs CAP_SYS_ADMIN over the new user namespace. Mount propagation is
+    made private first: in a user-namespace mount namespace shared mounts become
+    slaves, and host mounts made later would otherwise appear inside."""
+    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
+    if plan.net == "none":
+        flags |= CLONE_NEWNET
+    check(libc.unshare(flags), "unshare(mount, pid, ipc, uts, cgroup namespaces)")
+    m.mount(None, "/", None, m.MS_REC | m.MS_PRIVATE, None, "make / private")
+    name = plan.hostname.encode()
+    check(libc.sethostname(name, len(name)), "sethostname")
+    if plan.net == "none":
+        loopback_up()
+
+
+def loopback_up() -> None:
+    """--net none: an empty network namespace whose lo works (local servers, tests).
+    Needs CAP_NET_ADMIN over the new network namespace."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            ifr = struct.pack("16sH14x", b"lo", 0)
+            flags = struct.unpack("16sH14x", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, ifr))[1]
+            fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+        except OSError as e:
+            raise SetupError(f"bring up lo: {e.strerror}") from None

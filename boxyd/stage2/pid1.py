@@ -1,0 +1,196 @@
+"""PID 1 of the sandbox: DESIGN.md steps 6–10, then init duties until the payload exits.
+
+Forked (not exec'd) by the outer stage 2 inside the new namespaces, so it starts
+with every capability over them; each step below removes something for good.
+Its reports go to the outer stage 2 through one status pipe as JSON lines; the
+outer side treats them as untrusted.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import json
+import os
+import resource
+import select
+import signal
+import termios
+from typing import NoReturn
+
+from boxyd.errors import SetupError
+from boxyd.plan import Plan
+from boxyd.stage2 import caps, landlock, rootfs, seccomp
+from boxyd.stage2.sys import libc
+
+STATUS_FD = 3
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGWINCH, signal.SIGQUIT,
+             signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
+WAITED = {signal.SIGCHLD, *FORWARDED}
+
+# Per-user-namespace limits written while PID 1 still holds its capabilities: no
+# nested user namespace at all (seccomp's clone/unshare rules are the other layer),
+# and inotify bounded so one sandbox cannot exhaust the user's instances.
+SYSCTLS = (
+    ("user.max_user_namespaces", "0"),
+    ("user.max_inotify_instances", "128"),
+    ("user.max_inotify_watches", "65536"),
+)
+
+
+def report(msg: dict) -> None:
+    try:
+        os.write(STATUS_FD, (json.dumps(msg) + "\n").encode())
+    except OSError:
+        pass
+
+
+def arrange_fds(stdio: list[int], status_w: int) -> None:
+    """Payload stdio at 0–2, the status pipe at 3, nothing else (close_range later)."""
+    high = [os.dup(fd) for fd in (*stdio, status_w)]
+    for i, fd in enumerate(high):
+        os.dup2(fd, i, inheritable=i < 3)
+    os.set_inheritable(STATUS_FD, False)
+
+
+def build_root(plan: Plan) -> None:
+    """Step 6. Needs CAP_SYS_ADMIN over the mount namespace (dropped in step 7)."""
+    rootfs.staging()
+    rootfs.root_tmpfs()
+    rootfs.scratch(plan)
+    rootfs.dev()
+    rootfs.proc()
+    for name, value in SYSCTLS:
+        rootfs.sysctl(name, value)
+    rootfs.apply_ops(plan)
+    rootfs.mask_proc()
+    rootfs.seal_and_enter(plan.cwd)
+
+
+def limits(plan: Plan) -> None:
+    """RLIMIT_NPROC counts per user namespace, so inside this one it bounds the
+    sandbox's own tasks (threads included). Needs nothing; CAP_SYS_RESOURCE would
+    bypass it, and step 7 removes that."""
+    resource.setrlimit(resource.RLIMIT_NPROC, (plan.nproc, plan.nproc))
+    resource.setrlimit(resource.RLIMIT_RTPRIO, (0, 0))
+    os.setpriority(os.PRIO_PROCESS, 0, 19)
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("1000")
+
+
+def controlling_terminal(plan: Plan) -> None:
+    """With a session PTY, make it our controlling terminal so job control and ^C work
+    (TIOCSCTTY is denied by seccomp later). Without one, /dev/tty gives ENXIO."""
+    if plan.ctty:
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def drop_privileges() -> None:
+    """Step 7. Needs CAP_SETPCAP (for securebits and the bounding set) — which it removes."""
+    caps.drop_all()
+    caps.no_new_privs()
+    caps.not_dumpable()
+    caps.verify_dropped()
+    os.closerange(STATUS_FD + 1, 1 << 20)
+
+
+def confine(plan: Plan) -> list[str]:
+    """Steps 8 and 9: Landlock before seccomp, which denies the landlock syscalls."""
+    notes = landlock.apply([(r.path, r.access) for r in plan.landlock], connect_ports=None, scope=plan.landlock_scopes)
+    seccomp.load(base64.b64decode(plan.seccomp_bpf))
+    return notes
+
+
+def start_payload(plan: Plan) -> int:
+    """Step 10: fork; the child gets its own process group (the terminal's foreground),
+    exactly fds 0–2, default signal dispositions, and execs the payload."""
+    go_r, go_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setpgid(0, 0)
+            os.close(go_w)
+            os.read(go_r, 1)
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ, *FORWARDED, signal.SIGCHLD):
+                signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            os.close(STATUS_FD)
+            os.execvpe(plan.argv[0], plan.argv, plan.env)
+        except OSError as e:
+            os.write(err_w, str(e.errno or 0).encode())
+        os._exit(127)
+    os.close(go_r)
+    os.close(err_w)
+    try:
+        os.setpgid(pid, pid)
+    except OSError:
+        pass
+    if plan.ctty:
+        try:
+            os.tcsetpgrp(0, pid)
+        except OSError:
+            pass
+    os.close(go_w)
+    err = os.read(err_r, 16)
+    os.close(err_r)
+    if err:
+        report({"exec_error": int(err or b"0"), "cmd": plan.argv[0]})
+    return pid
+
+
+def supervise(pid: int) -> NoReturn:
+    """Reap every orphan, forward signals to the payload's group, and exit (taking
+    the whole PID namespace with us) when the payload exits."""
+    for fd in (0, 1, 2):
+        os.close(fd)
+    while True:
+        info = signal.sigwaitinfo(WAITED)
+        if info.si_signo != signal.SIGCHLD:
+            try:
+                os.killpg(pid, info.si_signo)
+            except OSError:
+                pass
+            continue
+        while True:
+            try:
+                child, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                child = 0
+            if child == 0:
+                break
+            if child == pid:
+                if os.WIFSIGNALED(status):
+                    report({"signal": os.WTERMSIG(status), "core": os.WCOREDUMP(status)})
+                else:
+                    report({"exit": os.WEXITSTATUS(status)})
+                os._exit(0)
+
+
+def main(plan: Plan, stdio: list[int], status_w: int, alive_r: int) -> NoReturn:
+    try:
+        caps.die_with_parent(signal.SIGKILL)
+        # The outer stage 2 may have died before the line above: its end of this pipe
+        # then reads as hung up, and there is nobody left to report to.
+        if select.select([alive_r], [], [], 0)[0]:
+            os._exit(1)
+        arrange_fds(stdio, status_w)
+        build_root(plan)
+        limits(plan)
+        controlling_terminal(plan)
+        drop_privileges()
+        notes = confine(plan)
+        signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)
+        report({"confined": notes})
+        pid = start_payload(plan)
+    except SetupError as e:
+        report({"error": str(e)})
+        os._exit(125)
+    except OSError as e:
+        report({"error": f"sandbox setup: {e}"})
+        os._exit(125)
+    supervise(pid)
+
+
+__all__ = ["main", "libc"]

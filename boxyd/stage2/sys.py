@@ -1,0 +1,34 @@
+"""Thin ctypes access to the syscalls stage 2 needs; every failure names its step.
+
+Stage 2 imports only the standard library: it runs before and after pivot_root,
+and anything it needs after the pivot must already be imported.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+from boxyd.errors import SetupError
+
+libc = ctypes.CDLL(None, use_errno=True)
+_syscall = libc.syscall
+_syscall.restype = ctypes.c_long
+
+
+def syscall(nr: int, *args: int | bytes | ctypes._CData | None) -> int:
+    """Raw syscall(2); returns the result or -1 with ctypes errno set."""
+    return _syscall(ctypes.c_long(nr), *args)
+
+
+def check(ret: int, step: str, path: str | None = None) -> int:
+    """Turn a -1 return into SetupError("step: path: strerror")."""
+    if ret == -1:
+        err = ctypes.get_errno()
+        where = f"{step}: {path}" if path else step
+        raise SetupError(f"{where}: {os.strerror(err)} (errno {err})")
+    return ret
+
+
+def errno_call(step: str, path: str | None, nr: int, *args: int | bytes | ctypes._CData | None) -> int:
+    return check(syscall(nr, *args), step, path)

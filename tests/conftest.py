@@ -1,0 +1,116 @@
+"""Shared fixtures: run `boxyctl` as the unprivileged test user, in work directories
+that user owns. As root (CI) the user is BOXY_TEST_USER (created by the harness);
+as a normal user, sandboxes run as you."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class User:
+    name: str
+    uid: int
+    gid: int
+    home: Path
+    runtime: Path
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = {
+            "HOME": str(self.home),
+            "USER": self.name,
+            "LOGNAME": self.name,
+            "PATH": f"{BIN}:/usr/local/bin:/usr/bin:/bin",
+            "XDG_RUNTIME_DIR": str(self.runtime),
+            "LANG": "C.UTF-8",
+        }
+        env.update(extra or {})
+        return env
+
+    def cmd(self, argv: list[str], extra_env: dict[str, str] | None = None) -> list[str]:
+        """ARGV as this user with a clean environment (runuser when we are root)."""
+        env = [f"{k}={v}" for k, v in self.env(extra_env).items()]
+        if os.getuid() == self.uid:
+            return ["env", "-i", *env, *argv]
+        return ["runuser", "-u", self.name, "--", "env", "-i", *env, *argv]
+
+    def run(self, argv: list[str], *, extra_env: dict[str, str] | None = None, timeout: float = 120,
+            input: bytes | None = None, cwd: str | Path | None = None, **kw) -> subprocess.CompletedProcess:
+        return subprocess.run(self.cmd(argv, extra_env), input=input, capture_output=True,
+                              timeout=timeout, cwd=cwd, **kw)
+
+    def chown(self, path: Path) -> None:
+        if os.getuid() == 0:
+            for p in [path, *path.rglob("*")]:
+                os.lchown(p, self.uid, self.gid)
+
+
+def _test_user() -> User:
+    if os.getuid() == 0:
+        name = os.environ.get("BOXY_TEST_USER", "boxytest")
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True)
+            pw = pwd.getpwnam(name)
+    else:
+        pw = pwd.getpwuid(os.getuid())
+    runtime = Path(os.environ.get("XDG_RUNTIME_DIR", "")) if os.getuid() == pw.pw_uid and os.environ.get(
+        "XDG_RUNTIME_DIR") else Path(f"/run/user/{pw.pw_uid}")
+    if os.getuid() == 0:
+        runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chown(runtime, pw.pw_uid, pw.pw_gid)
+    return User(pw.pw_name, pw.pw_uid, pw.pw_gid, Path(pw.pw_dir), runtime)
+
+
+@pytest.fixture(scope="session")
+def user() -> User:
+    return _test_user()
+
+
+@pytest.fixture
+def workdir(user: User, request: pytest.FixtureRequest):
+    """A fresh work directory owned by the test user (under its home, like a project)."""
+    base = user.home / "boxy-tests"
+    if os.getuid() == 0:
+        base.mkdir(exist_ok=True)
+        os.chown(base, user.uid, user.gid)
+    else:
+        base.mkdir(exist_ok=True)
+    d = base / f"{request.node.name[:40]}-{uuid.uuid4().hex[:6]}"
+    d.mkdir()
+    user.chown(d)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+class Boxy:
+    def __init__(self, user: User, workdir: Path) -> None:
+        self.user = user
+        self.workdir = workdir
+
+    def run(self, *args: str, cmd: list[str] | None = None, input: bytes | None = None,
+            timeout: float = 120, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        argv = [str(BIN / "boxyctl"), "run", *args]
+        if cmd is not None:
+            argv += ["--", *cmd]
+        return self.user.run(argv, input=input, timeout=timeout, cwd=self.workdir, extra_env=extra_env)
+
+    def sh(self, script: str, *flags: str, **kw) -> subprocess.CompletedProcess:
+        return self.run("--net", "none", *flags, cmd=["sh", "-c", script], **kw)
+
+
+@pytest.fixture
+def boxy(user: User, workdir: Path) -> Boxy:
+    return Boxy(user, workdir)

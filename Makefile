@@ -23,7 +23,9 @@ venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	@[ -x $(VENV)/bin/python3 ] || $(PYTHON) -m venv --copies --system-site-packages $(VENV)
-	$(VENV)/bin/pip install -q -e '.[test]'
+	$(VENV)/bin/pip install -q -e '.[test]' --config-settings editable_mode=compat
+	@# Byte-compile now: other users (and stage 2) cannot write __pycache__ here.
+	$(VENV)/bin/python3 -m compileall -q boxyd boxyctl >/dev/null
 	@touch $@
 
 test: venv

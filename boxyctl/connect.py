@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import subprocess
 import sys
 import time
 
-from boxyctl.varlink import Client
+from boxyctl.varlink import Client, DaemonUnavailable
 from boxyd.errors import DaemonError
 from boxyd.paths import ensure_private_dir, runtime_dir, socket_path, state_dir
 
@@ -21,8 +22,10 @@ DAEMON_ENV = ("HOME", "USER", "LOGNAME", "PATH", "LANG", "LC_ALL", "XDG_RUNTIME_
 def _try_connect() -> Client | None:
     try:
         return Client.connect(str(socket_path()))
-    except (FileNotFoundError, ConnectionRefusedError):
-        return None
+    except DaemonUnavailable as e:
+        if e.errno in (errno.ENOENT, errno.ECONNREFUSED):
+            return None
+        raise
 
 
 def connect(*, start: bool = True) -> Client:

@@ -7,9 +7,9 @@ scan of writable trees (gitguard); stage 2 re-resolves every path safely itself.
 from __future__ import annotations
 
 import base64
+import grp
 import os
 import pwd
-import grp
 
 from boxyd.errors import UsageError
 from boxyd.plan import Bind, Copy, Dir, File, LandlockRule, MountOp, Plan, Symlink

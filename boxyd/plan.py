@@ -76,7 +76,7 @@ MountOp = Bind | Copy | Symlink | File | Dir
 @dataclass
 class LandlockRule:
     path: str  # inside the sandbox
-    access: Literal["ro", "rw", "dev", "rox"]
+    access: Literal["ro", "rw", "dev", "rox", "dir"]
 
 
 @dataclass

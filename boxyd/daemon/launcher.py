@@ -10,6 +10,7 @@ parent *thread*) fires exactly when boxyd dies.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -77,26 +78,28 @@ class Stage2:
     def signal(self, sig: int) -> None:
         if self._closed:
             return
-        try:
+        with contextlib.suppress(OSError):
             self.ctl.send(json.dumps({"signal": sig}).encode())
-        except OSError:
-            pass
 
     async def wait(self) -> int:
-        """Reap stage 2 (it exits right after its last message)."""
-        for _ in range(200):
-            rc = self.proc.poll()
-            if rc is not None:
-                return rc
-            await asyncio.sleep(0.005)
-        self.proc.kill()
+        """Reap stage 2 (it exits right after its last message): a pidfd turns
+        readable when it has exited, without a child watcher thread or polling."""
+        loop = asyncio.get_running_loop()
+        pidfd = os.pidfd_open(self.proc.pid)
+        exited = loop.create_future()
+        loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+        try:
+            await asyncio.wait_for(exited, 10)
+        except TimeoutError:
+            self.proc.kill()
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
         return self.proc.wait()
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            try:
+            with contextlib.suppress(RuntimeError, ValueError):
                 asyncio.get_running_loop().remove_reader(self.ctl.fileno())
-            except (RuntimeError, ValueError):
-                pass
             self.ctl.close()

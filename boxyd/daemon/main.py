@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import fcntl
 import logging
 import os
@@ -71,10 +72,8 @@ def own_socket() -> tuple[socket.socket, int]:
     except BlockingIOError:
         raise BoxyError("another boxyd is already running for this user") from None
     path = socket_path()
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     old = os.umask(0o177)
     try:

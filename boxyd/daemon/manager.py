@@ -4,6 +4,7 @@ D-Bus later) are thin adapters over this module; no policy lives in an adapter."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -103,6 +104,8 @@ class Manager:
             spec = build_spec(params, uid=os.getuid(), user=self.user.pw_name, home=self.user.pw_dir)
             if len(fds) != 3:
                 raise UsageError("Run needs exactly three file descriptors (stdin, stdout, stderr)")
+            if spec.tty and not any(os.isatty(fd) for fd in fds):
+                raise UsageError("--tty: none of boxyctl's stdin, stdout, stderr is a terminal")
             if spec.net != "none":
                 raise UsageError(f"--net {spec.net}: the network gateway is not available in this build; "
                                  "use --net none")
@@ -123,14 +126,9 @@ class Manager:
         warnings = self._limit_warnings(s)
         stdio = list(fds)
         try:
-            ttys = [os.isatty(fd) for fd in fds]
-            if any(ttys) or spec.tty:
-                in_fd = fds[0] if (ttys[0] or spec.tty) else None
-                out_fd = fds[1] if (ttys[1] or spec.tty) else (fds[2] if ttys[2] else None)
-                if out_fd is None and ttys[0]:
-                    out_fd = fds[0]
-                s.pty = PtyRelay(in_fd=in_fd, out_fd=out_fd)
-                stdio = [s.pty.slave_fd if (t or spec.tty) else fd for t, fd in zip(ttys, fds, strict=True)]
+            s.pty = self._terminal(fds)
+            if s.pty is not None:
+                stdio = [s.pty.slave_fd if os.isatty(fd) else fd for fd in fds]
             roots = [] if spec.allow_git_write else mountplan.writable_roots(spec)
             protections = {}
             snapshots = {}
@@ -149,10 +147,8 @@ class Manager:
             if s.pty is not None:
                 s.pty.close_slave()
             for fd in fds:
-                try:
+                with contextlib.suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
         timer = None
         final: dict = {}
         async for msg in s.stage2.messages():
@@ -182,6 +178,20 @@ class Manager:
                 s.record("git", finding=line)
                 result.setdefault("findings", []).append(line)
         return self._finish(s, result)
+
+    @staticmethod
+    def _terminal(fds: list[int]) -> PtyRelay | None:
+        """Decided per fd: every terminal among the client's 0–2 is replaced by one PTY
+        that boxyd owns (its slave becomes the sandbox's controlling terminal); pipes
+        and files pass straight through. No host terminal fd enters the sandbox."""
+        ttys = [os.isatty(fd) for fd in fds]
+        if not any(ttys):
+            return None
+        in_fd = os.dup(fds[0]) if ttys[0] else None
+        out = next((fd for fd, t in zip(fds[1:], ttys[1:], strict=True) if t), None)
+        if out is None and ttys[0]:
+            out = fds[0]  # only stdin is a terminal: echo goes back to it
+        return PtyRelay(in_fd=in_fd, out_fd=os.dup(out) if out is not None else None)
 
     def _close_all(self, fds: list[int], s: Session) -> None:
         if s.pty is not None:

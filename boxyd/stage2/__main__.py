@@ -9,6 +9,7 @@ back what happened. It is the only process of the sandbox that talks to boxyd.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -20,15 +21,12 @@ from boxyd.errors import SetupError
 from boxyd.plan import Plan
 from boxyd.stage2 import caps, namespaces, pid1
 
-
 MAX_PLAN = 1 << 20
 
 
 def send(ctl: socket.socket, msg: dict) -> None:
-    try:
+    with contextlib.suppress(OSError):
         ctl.send(json.dumps(msg).encode())
-    except OSError:
-        pass
 
 
 def receive_plan(ctl: socket.socket) -> tuple[Plan, list[int]]:
@@ -81,10 +79,8 @@ def supervise(ctl: socket.socket, pid: int, status_r: int) -> int:
                 except (ValueError, AttributeError, TypeError):
                     sig = 0
                 if 0 < sig < 65:
-                    try:
+                    with contextlib.suppress(OSError):
                         os.kill(pid, sig)
-                    except OSError:
-                        pass
         if status_r in ready:
             chunk = os.read(status_r, 65536)
             buf += chunk

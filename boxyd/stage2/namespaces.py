@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
-import os
 import socket
 import struct
 

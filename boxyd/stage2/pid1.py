@@ -9,6 +9,7 @@ outer side treats them as untrusted.
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import json
 import os
@@ -39,10 +40,8 @@ SYSCTLS = (
 
 
 def report(msg: dict) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.write(STATUS_FD, (json.dumps(msg) + "\n").encode())
-    except OSError:
-        pass
 
 
 def arrange_fds(stdio: list[int], status_w: int) -> None:
@@ -123,15 +122,11 @@ def start_payload(plan: Plan) -> int:
         os._exit(127)
     os.close(go_r)
     os.close(err_w)
-    try:
+    with contextlib.suppress(OSError):
         os.setpgid(pid, pid)
-    except OSError:
-        pass
     if plan.ctty:
-        try:
+        with contextlib.suppress(OSError):
             os.tcsetpgrp(0, pid)
-        except OSError:
-            pass
     os.close(go_w)
     err = os.read(err_r, 16)
     os.close(err_r)
@@ -148,10 +143,8 @@ def supervise(pid: int) -> NoReturn:
     while True:
         info = signal.sigwaitinfo(WAITED)
         if info.si_signo != signal.SIGCHLD:
-            try:
+            with contextlib.suppress(OSError):
                 os.killpg(pid, info.si_signo)
-            except OSError:
-                pass
             continue
         while True:
             try:

@@ -25,9 +25,10 @@ if [ ! -x "$stage/.venv/bin/python3" ]; then
   /usr/bin/python3 -m venv --copies --system-site-packages "$stage/.venv"
 fi
 if ! cmp -s "$src/pyproject.toml" "$stage/.venv/.pyproject" ; then
-  "$stage/.venv/bin/pip" install -q -e "$stage[test]"
+  "$stage/.venv/bin/pip" install -q -e "$stage[test]" --config-settings editable_mode=compat
   cp "$src/pyproject.toml" "$stage/.venv/.pyproject"
 fi
+"$stage/.venv/bin/python3" -m compileall -q "$stage/boxyd" "$stage/boxyctl" >/dev/null
 chmod -R a+rX "$stage"
 
 # A runtime directory as a login would give the user.

@@ -1,0 +1,713 @@
+"""What this machine's kernel and session give boxy, probed rather than guessed.
+
+Every check asks the kernel directly (a syscall, a namespace made in a forked
+child, a file the kernel writes), never a version number. `checks()` is what
+`boxyctl doctor` prints; `facts()` is the same knowledge as data, so that tests
+skip honestly ("no memory controller here") for the very reason the doctor gives.
+
+Standard library only: `boxyctl doctor` imports this and must start fast.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import stat
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    hard: bool  # missing → boxy cannot run here, and the doctor exits 1
+
+
+Facts = dict[str, object]
+Probe = Callable[[Facts], list[Check]]
+
+# Namespaces, from <linux/sched.h>.
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+# landlock_create_ruleset is 444 on every architecture (new syscalls share one table).
+SYS_landlock_create_ruleset = 444
+LANDLOCK_CREATE_RULESET_VERSION = 1 << 0
+# What boxy uses from each ABI, so the doctor can say what this one lacks.
+LANDLOCK_FEATURES: tuple[tuple[int, str], ...] = (
+    (2, "refer"),
+    (3, "truncate"),
+    (4, "TCP port rules"),
+    (5, "ioctl_dev"),
+    (6, "abstract-socket/signal scoping"),
+    (9, "unix-socket rights"),
+)
+LANDLOCK_UNIX_ABI = 9
+
+SYS_seccomp = 317  # x86_64; elsewhere the seccomp load probe is skipped
+SECCOMP_SET_MODE_FILTER = 1
+SECCOMP_RET_ALLOW = 0x7FFF0000
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_DUMPABLE = 4
+MS_REC = 0x4000
+MS_PRIVATE = 1 << 18
+
+CGROUP_CONTROLLERS = ("memory", "pids", "cpu")
+CGROUP_COSTS = {
+    "memory": "--memory is reported, not enforced",
+    "pids": "--pids falls back to RLIMIT_NPROC",
+    "cpu": "--cpus is reported",
+}
+
+NOBODY = 65534  # root probes what an unprivileged user would get
+PROBE_TIMEOUT = 2.0
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+class _StepFailed(Exception):
+    """A probe step failed; the message names the step and the errno."""
+
+
+def _errno_text(err: int) -> str:
+    return f"{os.strerror(err)} ({errno.errorcode.get(err, err)})"
+
+
+def _check_ret(ret: int, step: str) -> int:
+    if ret == -1:
+        raise _StepFailed(f"{step}: {_errno_text(ctypes.get_errno())}")
+    return ret
+
+
+def _write(path: str, data: str) -> None:
+    try:
+        with open(path, "w") as f:
+            f.write(data)
+    except OSError as e:
+        raise _StepFailed(f"write {path}: {_errno_text(e.errno or 0)}") from None
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _prctl(option: int, arg: int) -> int:
+    # Variadic: every argument must be a full unsigned long.
+    zero = ctypes.c_ulong(0)
+    return _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), zero, zero, zero)
+
+
+def _unshare(flags: int, step: str) -> None:
+    _check_ret(_libc.unshare(ctypes.c_int(flags)), step)
+
+
+# ---- forked probes ----------------------------------------------------------------
+
+
+def _in_initial_userns() -> bool:
+    return (_read("/proc/self/uid_map") or "").split() == ["0", "0", "4294967295"]
+
+
+def _probing_as() -> int:
+    """The uid the namespace probes run as (root in the host namespace probes as nobody)."""
+    return NOBODY if os.geteuid() == 0 and _in_initial_userns() else os.geteuid()
+
+
+def _become_probe_user() -> None:
+    if _probing_as() == os.geteuid():
+        return
+    os.setgroups([])
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+    # setuid made us non-dumpable, which makes /proc/self/uid_map root's: undo that.
+    _prctl(PR_SET_DUMPABLE, 1)
+
+
+def _enter_userns() -> None:
+    """unshare(CLONE_NEWUSER) and map our own uid/gid to themselves, as stage 2 does."""
+    uid, gid = os.geteuid(), os.getegid()
+    _unshare(CLONE_NEWUSER, "unshare(CLONE_NEWUSER)")
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"{uid} {uid} 1\n")
+    _write("/proc/self/gid_map", f"{gid} {gid} 1\n")
+
+
+def _in_child(probe: Callable[[], str]) -> tuple[bool, str]:
+    """Run PROBE in a forked child so its namespaces die with it: (ok, detail or why)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never return into the caller's code
+        status, msg = 1, "probe failed"
+        try:
+            os.close(r)
+            _become_probe_user()
+            msg = probe()
+            status = 0
+        except _StepFailed as e:
+            msg = str(e)
+        except BaseException as e:  # noqa: B036 — anything, reported rather than raised
+            msg = f"{type(e).__name__}: {e}"
+        finally:
+            try:
+                os.write(w, json.dumps(str(msg)[:2000]).encode())
+            finally:
+                os._exit(status)
+    os.close(w)
+    out, timed_out = b"", False
+    deadline = time.monotonic() + PROBE_TIMEOUT
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)  # a hung probe must not hang the doctor
+                timed_out = True
+                break
+            chunk = os.read(r, 8192)
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        os.close(r)
+    _, status = os.waitpid(pid, 0)
+    if timed_out:
+        return False, f"probe gave no answer within {PROBE_TIMEOUT:g} s"
+    if os.WIFSIGNALED(status):
+        return False, f"probe died of {signal.Signals(os.WTERMSIG(status)).name}"
+    try:
+        detail = json.loads(out)
+    except ValueError:
+        detail = "probe gave no answer"
+    return os.WEXITSTATUS(status) == 0, str(detail)
+
+
+# ---- kernel -------------------------------------------------------------------------
+
+
+def _kernel(f: Facts) -> list[Check]:
+    release = os.uname().release
+    f["kernel"] = release
+    return [Check("kernel", True, release, hard=False)]
+
+
+# ---- landlock -----------------------------------------------------------------------
+
+
+def landlock_abi() -> tuple[int | None, str]:
+    """(ABI, "") from the kernel, or (None, why Landlock is unavailable)."""
+    ret = _libc.syscall(
+        ctypes.c_long(SYS_landlock_create_ruleset),
+        None,
+        ctypes.c_long(0),
+        ctypes.c_long(LANDLOCK_CREATE_RULESET_VERSION),
+    )
+    if ret >= 1:
+        return int(ret), ""
+    err = ctypes.get_errno()
+    why = {
+        errno.ENOSYS: "kernel built without Landlock",
+        errno.EOPNOTSUPP: "Landlock is off (add landlock to the lsm= boot parameter)",
+    }.get(err, _errno_text(err))
+    return None, why
+
+
+def _landlock(f: Facts) -> list[Check]:
+    abi, why = landlock_abi()
+    f["landlock_abi"] = abi
+    if abi is None:
+        return [
+            Check("landlock", False, f"{why}: no filesystem confinement", hard=True),
+            Check("landlock-unix", False, "no Landlock at all", hard=False),
+        ]
+    lacks = [(n, what) for n, what in LANDLOCK_FEATURES if abi < n]
+    if len(lacks) == 1:
+        n, what = lacks[0]
+        detail = f"ABI {abi} (no {what}: those need ABI {n})"
+    elif lacks:
+        detail = f"ABI {abi} (no " + "; no ".join(f"{w} (ABI {n})" for n, w in lacks) + ")"
+    else:
+        detail = f"ABI {abi}"
+    if abi >= LANDLOCK_UNIX_ABI:
+        unix = Check("landlock-unix", True, "pathname unix-socket connect() is confined", False)
+    else:
+        unix = Check(
+            "landlock-unix",
+            False,
+            f"ABI {abi} < {LANDLOCK_UNIX_ABI}: a connect() to a pathname unix socket inside an "
+            "exposed tree is not stopped by Landlock; boxy refuses to expose trees holding "
+            "the agent/GPG/Docker sockets instead",
+            hard=False,
+        )
+    return [Check("landlock", True, detail, hard=True), unix]
+
+
+# ---- seccomp ------------------------------------------------------------------------
+
+
+def _load_allow_filter() -> str:
+    """Install a one-instruction RET_ALLOW filter: proves filters load here."""
+    _check_ret(_prctl(PR_SET_NO_NEW_PRIVS, 1), "prctl(PR_SET_NO_NEW_PRIVS)")
+    insn = struct.pack("=HBBI", 0x06, 0, 0, SECCOMP_RET_ALLOW)  # BPF_RET|BPF_K
+    buf = ctypes.create_string_buffer(insn, len(insn))
+    prog = struct.pack("=HxxxxxxQ", 1, ctypes.addressof(buf))
+    pbuf = ctypes.create_string_buffer(prog, len(prog))
+    _check_ret(
+        _libc.syscall(
+            ctypes.c_long(SYS_seccomp),
+            ctypes.c_long(SECCOMP_SET_MODE_FILTER),
+            ctypes.c_long(0),
+            pbuf,
+        ),
+        "seccomp(SECCOMP_SET_MODE_FILTER)",
+    )
+    return "filter loaded"
+
+
+def _seccomp(f: Facts) -> list[Check]:
+    avail = _read("/proc/sys/kernel/seccomp/actions_avail")
+    actions = avail.split() if avail else []
+    f["seccomp_actions"] = actions
+    f["seccomp_user_notif"] = "user_notif" in actions
+    if avail is None:
+        f["seccomp"] = False
+        return [
+            Check(
+                "seccomp",
+                False,
+                "no /proc/sys/kernel/seccomp/actions_avail: kernel without seccomp filters",
+                hard=True,
+            )
+        ]
+    needed = [a for a in ("kill_process", "errno", "allow") if a not in actions]
+    ok, why = True, ""
+    if not needed and os.uname().machine == "x86_64":
+        ok, why = _in_child(_load_allow_filter)
+    f["seccomp"] = ok and not needed
+    detail = " ".join(actions)
+    if needed:
+        return [Check("seccomp", False, f"{detail} (lacks {', '.join(needed)})", hard=True)]
+    if not ok:
+        return [Check("seccomp", False, f"{detail}; loading a filter failed: {why}", hard=True)]
+    if "user_notif" not in actions:
+        detail += " (no user_notif: a seccomp kill cannot name the syscall)"
+    return [Check("seccomp", True, detail, hard=True)]
+
+
+# ---- user namespaces ----------------------------------------------------------------
+
+
+def _userns_probe() -> str:
+    _enter_userns()
+    _unshare(
+        CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP,
+        "unshare(NEWNS|NEWPID|NEWNET|NEWIPC|NEWUTS|NEWCGROUP)",
+    )
+    # Stage 2's first mount: a restricted userns (Ubuntu's AppArmor) fails here.
+    _check_ret(
+        _libc.mount(None, b"/", None, ctypes.c_ulong(MS_REC | MS_PRIVATE), None),
+        "mount(/, MS_REC|MS_PRIVATE)",
+    )
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if os.getpid() == 1 else 3)
+    _, status = os.waitpid(pid, 0)
+    if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
+        raise _StepFailed("first child of the new PID namespace is not PID 1")
+    return "ok"
+
+
+def _userns(f: Facts) -> list[Check]:
+    limit = _read("/proc/sys/user/max_user_namespaces")
+    f["max_user_namespaces"] = int(limit) if limit is not None else None
+    ok, why = _in_child(_userns_probe)
+    f["userns"] = ok
+    who = _probing_as()
+    suffix = f"; max_user_namespaces {limit}" if limit is not None else ""
+    if who != os.geteuid():
+        suffix += f"; probed as uid {who}"
+    if ok:
+        return [
+            Check("userns", True, f"unprivileged user+mount+pid+net namespaces{suffix}", hard=True)
+        ]
+    clone = _read("/proc/sys/kernel/unprivileged_userns_clone")
+    if clone == "0":
+        suffix += "; kernel.unprivileged_userns_clone is 0"
+    return [Check("userns", False, f"{why}{suffix}", hard=True)]
+
+
+# ---- AppArmor -----------------------------------------------------------------------
+
+APPARMOR_SYSCTL = "/proc/sys/kernel/apparmor_restrict_unprivileged_userns"
+APPARMOR_FS = "/sys/kernel/security/apparmor"
+
+
+def apparmor_profile_loaded(name: str = "boxy") -> bool | None:
+    """Whether profile NAME is loaded; None when this user cannot read the policy."""
+    listing = _read(f"{APPARMOR_FS}/profiles")
+    if listing is not None:  # "name (mode)" per line; root only on most kernels
+        return any(line.rsplit(" (", 1)[0] == name for line in listing.splitlines())
+    try:  # the per-profile directories are world-readable
+        entries = os.listdir(f"{APPARMOR_FS}/policy/profiles")
+    except OSError:
+        return None
+    return any(_read(f"{APPARMOR_FS}/policy/profiles/{e}/name") == name for e in entries)
+
+
+def _apparmor(f: Facts) -> list[Check]:
+    restrict = _read(APPARMOR_SYSCTL)
+    f["apparmor_restricts_userns"] = restrict == "1"
+    f["apparmor_boxy_profile"] = None
+    if restrict is None:
+        return [Check("apparmor", True, "not restricting user namespaces", hard=True)]
+    if restrict != "1":
+        return [
+            Check("apparmor", True, f"apparmor_restrict_unprivileged_userns={restrict}", hard=True)
+        ]
+    loaded = apparmor_profile_loaded()
+    f["apparmor_boxy_profile"] = loaded
+    if loaded:
+        return [
+            Check(
+                "apparmor", True, "restricting user namespaces; boxy's profile is loaded", hard=True
+            )
+        ]
+    state = "not loaded" if loaded is False else "cannot be checked as this user"
+    return [
+        Check(
+            "apparmor",
+            False,
+            f"restricting user namespaces and boxy's profile is {state}: "
+            "run `make setup` (installs packaging/apparmor/boxy)",
+            hard=True,
+        )
+    ]
+
+
+# ---- nftables -----------------------------------------------------------------------
+
+NFT_LIBRARY = "libnftables.so.1"
+NFT_PROBE = (
+    "add table inet boxyprobe; "
+    "add chain inet boxyprobe pre { type filter hook prerouting priority -150; }; "
+    "add rule inet boxyprobe pre meta l4proto tcp tproxy ip to 127.0.0.1:1"
+)
+
+
+def _nft_probe() -> str:
+    try:
+        lib = ctypes.CDLL(NFT_LIBRARY)
+    except OSError:
+        raise _StepFailed(f"{NFT_LIBRARY} not found: install libnftables1") from None
+    lib.nft_ctx_new.restype = ctypes.c_void_p
+    lib.nft_ctx_new.argtypes = [ctypes.c_uint32]
+    for fn in ("nft_ctx_buffer_output", "nft_ctx_buffer_error"):
+        getattr(lib, fn).argtypes = [ctypes.c_void_p]
+    lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
+    lib.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
+    _enter_userns()
+    _unshare(CLONE_NEWNET, "unshare(CLONE_NEWNET)")
+    ctx = lib.nft_ctx_new(0)
+    if not ctx:
+        raise _StepFailed("nft_ctx_new failed")
+    lib.nft_ctx_buffer_output(ctx)
+    lib.nft_ctx_buffer_error(ctx)
+    if lib.nft_run_cmd_from_buffer(ctx, NFT_PROBE.encode()) != 0:
+        err = (lib.nft_ctx_get_error_buffer(ctx) or b"").decode(errors="replace")
+        first = next((ln for ln in err.splitlines() if ln.strip()), "no error text")
+        raise _StepFailed(f"nft (table, prerouting chain, tproxy rule): {first.strip()}")
+    return "ok"
+
+
+def _nftables(f: Facts) -> list[Check]:
+    ok, why = _in_child(_nft_probe)
+    f["nftables_tproxy"] = ok
+    if ok:
+        return [
+            Check("nftables", True, "nf_tables with TPROXY in an unprivileged netns", hard=False)
+        ]
+    return [
+        Check(
+            "nftables",
+            False,
+            f"{why} (--net public/allowlist need it; --net none works)",
+            hard=False,
+        )
+    ]
+
+
+# ---- veth ---------------------------------------------------------------------------
+
+RTM_NEWLINK = 16
+NLMSG_ERROR = 2
+NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
+IFLA_IFNAME, IFLA_LINKINFO = 3, 18
+IFLA_INFO_KIND, IFLA_INFO_DATA = 1, 2
+VETH_INFO_PEER = 1
+IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change
+
+
+def _rtattr(kind: int, payload: bytes) -> bytes:
+    length = 4 + len(payload)
+    return struct.pack("=HH", length, kind) + payload + b"\0" * (-length % 4)
+
+
+def veth_request(name: str, peer: str, seq: int = 1) -> bytes:
+    """RTM_NEWLINK for a veth pair NAME <-> PEER, as `ip link add NAME type veth peer PEER`."""
+    peer_info = IFINFOMSG.pack(0, 0, 0, 0, 0) + _rtattr(IFLA_IFNAME, peer.encode() + b"\0")
+    linkinfo = _rtattr(IFLA_INFO_KIND, b"veth") + _rtattr(
+        IFLA_INFO_DATA, _rtattr(VETH_INFO_PEER, peer_info)
+    )
+    body = (
+        IFINFOMSG.pack(0, 0, 0, 0, 0)
+        + _rtattr(IFLA_IFNAME, name.encode() + b"\0")
+        + _rtattr(IFLA_LINKINFO, linkinfo)
+    )
+    flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
+    return struct.pack("=IHHII", 16 + len(body), RTM_NEWLINK, flags, seq, 0) + body
+
+
+def _veth_probe() -> str:
+    _enter_userns()
+    _unshare(CLONE_NEWNET, "unshare(CLONE_NEWNET)")
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as s:
+        s.settimeout(PROBE_TIMEOUT)
+        s.bind((0, 0))
+        s.send(veth_request("bxprobe0", "bxprobe1"))
+        reply = s.recv(65536)
+    _, kind = struct.unpack_from("=IH", reply)
+    if kind != NLMSG_ERROR:
+        raise _StepFailed(f"RTM_NEWLINK: unexpected netlink reply type {kind}")
+    (err,) = struct.unpack_from("=i", reply, 16)
+    if err:
+        raise _StepFailed(f"RTM_NEWLINK veth: {_errno_text(-err)}")
+    for name in ("bxprobe0", "bxprobe1"):  # both ends exist, not just an ack
+        try:
+            socket.if_nametoindex(name)
+        except OSError as e:
+            raise _StepFailed(f"{name} missing after RTM_NEWLINK: {e.strerror}") from None
+    return "ok"
+
+
+def _veth(f: Facts) -> list[Check]:
+    ok, why = _in_child(_veth_probe)
+    f["veth"] = ok
+    if ok:
+        return [Check("veth", True, "veth pair in an unprivileged netns", hard=False)]
+    return [
+        Check(
+            "veth", False, f"{why} (--net public/allowlist need it; --net none works)", hard=False
+        )
+    ]
+
+
+# ---- cgroup v2 ----------------------------------------------------------------------
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as \\ooo."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def cgroup_mounts() -> list[tuple[str, str, str]]:
+    """(fstype, mount point, root within the hierarchy) of every cgroup mount."""
+    out = []
+    for line in (_read("/proc/self/mountinfo") or "").splitlines():
+        left, _, right = line.partition(" - ")
+        fields, rfields = left.split(), right.split()
+        if rfields and rfields[0] in ("cgroup", "cgroup2"):
+            out.append((rfields[0], _unescape(fields[4]), _unescape(fields[3])))
+    return out
+
+
+def _cgroup_state() -> Facts:
+    mounts = cgroup_mounts()
+    v2 = {mp: root for kind, mp, root in mounts if kind == "cgroup2"}
+    has_v1 = any(kind == "cgroup" for kind, _, _ in mounts)
+    mount = next(
+        (p for p in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified") if p in v2), next(iter(v2), None)
+    )
+    mode = "legacy" if mount is None else ("hybrid" if has_v1 else "unified")
+    state: Facts = {
+        "cgroup_mode": mode,
+        "cgroup2_path": None,
+        "cgroup_controllers": [],
+        "cgroup_writable": False,
+    }
+    if mount is None:
+        return state
+    rel = next(
+        (ln[3:] for ln in (_read("/proc/self/cgroup") or "").splitlines() if ln.startswith("0::")),
+        None,
+    )
+    if rel is None:
+        state["cgroup2_path"] = mount
+        return state
+    root = v2[mount]
+    if root != "/" and (rel == root or rel.startswith(root + "/")):
+        rel = rel[len(root) :] or "/"  # a mount of a subtree: path relative to it
+    path = os.path.normpath(mount + "/" + rel.lstrip("/"))
+    state["cgroup2_path"] = path
+    state["cgroup_controllers"] = (_read(f"{path}/cgroup.controllers") or "").split()
+    state["cgroup_writable"] = os.access(path, os.W_OK) and os.access(
+        f"{path}/cgroup.procs", os.W_OK
+    )
+    return state
+
+
+def _cgroup2(f: Facts) -> list[Check]:
+    state = _cgroup_state()
+    f.update(state)
+    have = set(state["cgroup_controllers"])  # type: ignore[arg-type]
+    for c in CGROUP_CONTROLLERS:
+        f[f"{c}_controller"] = c in have
+    if state["cgroup2_path"] is None:
+        costs = "; ".join(CGROUP_COSTS.values())
+        return [Check("cgroup2", False, f"legacy: no cgroup v2 hierarchy: {costs}", hard=False)]
+    listed = "[" + " ".join(sorted(have)) + "]"
+    where = f"{state['cgroup_mode']}: v2 at {state['cgroup2_path']} {listed}"
+    writable = "writable" if state["cgroup_writable"] else f"not writable by uid {os.geteuid()}"
+    missing = [c for c in CGROUP_CONTROLLERS if c not in have]
+    if not missing:
+        return [Check("cgroup2", True, f"{where}, {writable}", hard=False)]
+    costs = "; ".join(CGROUP_COSTS[c] for c in missing)
+    return [
+        Check(
+            "cgroup2", False, f"{where} has no {'/'.join(missing)} controller: {costs}", hard=False
+        )
+    ]
+
+
+# ---- user manager and session bus ---------------------------------------------------
+
+
+def _socket_answers(path: str) -> bool:
+    """A unix socket at PATH that accepts a connection (a stale file does not)."""
+    try:
+        if not path.startswith("\0") and not stat.S_ISSOCK(os.stat(path).st_mode):
+            return False
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(0.2)
+            s.connect(path)
+        return True
+    except OSError:
+        return False
+
+
+def _runtime_dir() -> str | None:
+    d = os.environ.get("XDG_RUNTIME_DIR")
+    return d if d and os.path.isabs(d) else None
+
+
+def _systemd_user(f: Facts) -> list[Check]:
+    run = _runtime_dir()
+    ok, how = False, "XDG_RUNTIME_DIR unset"
+    if run and _socket_answers(f"{run}/systemd/private"):
+        ok, how = True, f"{run}/systemd/private"
+    elif run and shutil.which("systemctl"):
+        import subprocess  # only on this path: the doctor starts fast otherwise
+
+        try:
+            p = subprocess.run(
+                ["systemctl", "--user", "is-system-running"],
+                capture_output=True,
+                text=True,
+                timeout=0.5,
+                check=False,
+            )
+            state = p.stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            state = ""
+        ok = state in ("initializing", "starting", "running", "degraded", "maintenance", "stopping")
+        how = f"systemctl --user: {state}" if ok else "no user manager answers"
+    f["systemd_user"] = ok
+    if ok:
+        return [Check("systemd-user", True, f"running ({how})", hard=False)]
+    return [
+        Check(
+            "systemd-user",
+            False,
+            f"not running ({how}): boxyctl starts boxyd itself; transient scopes unavailable",
+            hard=False,
+        )
+    ]
+
+
+def session_bus() -> str | None:
+    """The session bus address that answers, or None."""
+    for addr in filter(None, os.environ.get("DBUS_SESSION_BUS_ADDRESS", "").split(";")):
+        transport, _, params = addr.partition(":")
+        kv = dict(p.partition("=")[::2] for p in params.split(",") if "=" in p)
+        if transport != "unix":
+            return addr  # not a local socket: never dialled from here
+        if "path" in kv and _socket_answers(kv["path"]):
+            return kv["path"]
+        if "abstract" in kv and _socket_answers("\0" + kv["abstract"]):
+            return addr
+    run = _runtime_dir()
+    if run and _socket_answers(f"{run}/bus"):
+        return f"{run}/bus"
+    return None
+
+
+def _session_bus(f: Facts) -> list[Check]:
+    bus = session_bus()
+    f["session_bus"] = bus is not None
+    if bus:
+        return [Check("session-bus", True, bus, hard=False)]
+    return [
+        Check("session-bus", False, "none: the D-Bus API is off, varlink still works", hard=False)
+    ]
+
+
+PROBES: tuple[Probe, ...] = (
+    _kernel,
+    _landlock,
+    _seccomp,
+    _userns,
+    _apparmor,
+    _nftables,
+    _veth,
+    _cgroup2,
+    _systemd_user,
+    _session_bus,
+)
+
+
+def _run() -> tuple[list[Check], Facts]:
+    f: Facts = {}
+    out: list[Check] = []
+    for probe in PROBES:
+        out += probe(f)
+    return out, f
+
+
+def checks() -> list[Check]:
+    """One Check per line of `boxyctl doctor`, in order."""
+    return _run()[0]
+
+
+def facts() -> Facts:
+    """The same probes as data: landlock_abi, userns, memory_controller, pids_controller,
+    cpu_controller, cgroup2_path, cgroup_controllers, nftables_tproxy, veth, ..."""
+    return _run()[1]

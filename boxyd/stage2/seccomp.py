@@ -1,0 +1,57 @@
+"""Load the seccomp program the daemon compiled (boxyd.policy.seccomp) into this process.
+
+Standard library only: stage 2 does not import libseccomp, it only hands the
+kernel the bytes. This is the last step before the payload's execve, so
+nothing after it can trip its own filter.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from boxyd.errors import SetupError
+from boxyd.stage2 import sys as _sys
+
+SYS_SECCOMP = 317  # x86_64
+SECCOMP_SET_MODE_FILTER = 1
+PR_GET_NO_NEW_PRIVS = 39
+SYS_PRCTL = 157  # x86_64
+SOCK_FILTER_SIZE = 8  # struct sock_filter { u16 code; u8 jt; u8 jf; u32 k; }
+BPF_MAXINSNS = 4096
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def load(bpf: bytes) -> None:
+    """Install `bpf` (raw struct sock_filter array) as a seccomp filter on this thread.
+
+    The caller must have set PR_SET_NO_NEW_PRIVS first. The kernel only insists
+    on it for callers without CAP_SYS_ADMIN; checking it here makes a wrong
+    startup order fail the same way whatever capabilities stage 2 still holds.
+    SetupError on any failure: the layer never fails open.
+    """
+    if not bpf or len(bpf) % SOCK_FILTER_SIZE:
+        raise SetupError(
+            f"seccomp: program of {len(bpf)} bytes is not a whole number of instructions"
+        )
+    count = len(bpf) // SOCK_FILTER_SIZE
+    if count > BPF_MAXINSNS:
+        raise SetupError(
+            f"seccomp: program has {count} instructions (the kernel takes {BPF_MAXINSNS})"
+        )
+    zero = ctypes.c_long(0)  # a variadic int could leave the register's upper half unset
+    nnp = _sys.check(
+        _sys.syscall(SYS_PRCTL, ctypes.c_long(PR_GET_NO_NEW_PRIVS), zero, zero, zero, zero),
+        "seccomp: prctl(PR_GET_NO_NEW_PRIVS)",
+    )
+    if nnp != 1:
+        raise SetupError("seccomp: no_new_privs is not set; PR_SET_NO_NEW_PRIVS must come first")
+    # the buffer must outlive the syscall; the kernel copies the program before returning
+    buf = ctypes.create_string_buffer(bpf, len(bpf))
+    prog = _SockFprog(count, ctypes.cast(buf, ctypes.c_void_p))
+    _sys.check(
+        _sys.syscall(SYS_SECCOMP, ctypes.c_long(SECCOMP_SET_MODE_FILTER), zero, ctypes.byref(prog)),
+        "seccomp: seccomp(SECCOMP_SET_MODE_FILTER)",
+    )

@@ -1,0 +1,362 @@
+"""`boxyctl doctor` against this machine: its format, its exit status, and each
+verdict checked against an independent look at the same kernel feature."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pty
+import re
+import select
+import shutil
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from boxyctl.doctor import render
+from boxyd import doctor
+from boxyd.doctor import Check
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMES = (
+    "kernel",
+    "landlock",
+    "landlock-unix",
+    "seccomp",
+    "userns",
+    "apparmor",
+    "nftables",
+    "veth",
+    "cgroup2",
+    "systemd-user",
+    "session-bus",
+)
+HARD = {"landlock", "seccomp", "userns", "apparmor"}
+LINE = re.compile(
+    r"^ (?P<sign>[+-]) (?P<name>[a-z0-9-]+) +(?P<verdict>ok|missing) +(?P<detail>\S.*)$"
+)
+AS_USER = ["runuser", "-u", "nobody", "--"] if os.geteuid() == 0 else []
+
+
+def _python_for_user() -> str:
+    """The venv's interpreter if the unprivileged user may run it, else Debian's."""
+    venv = str(ROOT / ".venv" / "bin" / "python")
+    ok = subprocess.run([*AS_USER, venv, "-c", ""], capture_output=True, check=False)
+    return venv if ok.returncode == 0 else "/usr/bin/python3"
+
+
+def run_doctor(
+    *, prefix: list[str] | None = None, env: dict[str, str] | None = None, as_user: bool = True
+) -> subprocess.CompletedProcess[str]:
+    cmd = [_python_for_user(), "-m", "boxyctl.doctor"]
+    full_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run(
+        [*(AS_USER if as_user else []), *(prefix or []), *cmd],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd="/",
+        timeout=30,
+        check=False,
+    )
+
+
+def parse(stdout: str) -> dict[str, re.Match[str]]:
+    lines = stdout.splitlines()
+    matches = [LINE.match(ln) for ln in lines]
+    bad = [ln for ln, m in zip(lines, matches, strict=True) if m is None]
+    assert not bad, f"lines not in the doctor's format: {bad}"
+    return {m["name"]: m for m in matches if m}
+
+
+def as_user_ok(*argv: str) -> bool:
+    return (
+        subprocess.run(
+            [*AS_USER, *argv], capture_output=True, cwd="/", timeout=30, check=False
+        ).returncode
+        == 0
+    )
+
+
+@pytest.fixture(scope="module")
+def unprivileged() -> subprocess.CompletedProcess[str]:
+    return run_doctor()
+
+
+@pytest.fixture(scope="module")
+def lines(unprivileged: subprocess.CompletedProcess[str]) -> dict[str, re.Match[str]]:
+    return parse(unprivileged.stdout)
+
+
+@pytest.fixture(scope="module")
+def facts() -> dict[str, object]:
+    return doctor.facts()
+
+
+def test_checks_are_data_in_a_fixed_order() -> None:
+    results = doctor.checks()
+    assert all(isinstance(c, Check) for c in results)
+    assert tuple(c.name for c in results) == NAMES
+    assert {c.name for c in results if c.hard} == HARD
+    for c in results:
+        assert c.detail and "\n" not in c.detail, c
+
+
+def test_doctor_runs_well_under_a_second() -> None:
+    start = time.monotonic()
+    doctor.checks()
+    assert time.monotonic() - start < 1.0
+
+
+def test_unprivileged_output_is_aligned_lines_and_exit_0(
+    unprivileged: subprocess.CompletedProcess[str], lines: dict[str, re.Match[str]]
+) -> None:
+    assert unprivileged.returncode == 0, unprivileged.stdout + unprivileged.stderr
+    assert tuple(lines) == NAMES
+    assert "\x1b" not in unprivileged.stdout  # a pipe gets no escapes
+    assert len({m.start("verdict") for m in lines.values()}) == 1
+    assert len({m.start("detail") for m in lines.values()}) == 1
+    for m in lines.values():
+        assert (m["sign"] == "+") == (m["verdict"] == "ok"), m.group(0)
+    assert lines["userns"]["verdict"] == "ok", lines["userns"].group(0)
+    assert lines["userns"]["detail"].startswith("unprivileged user+mount+pid+net namespaces")
+
+
+def test_a_missing_hard_requirement_exits_1(facts: dict[str, object]) -> None:
+    if not facts["userns"] or shutil.which("unshare") is None:
+        pytest.skip("needs user namespaces and unshare(1) to take them away")
+    # In a user namespace of its own with max_user_namespaces=0, userns creation
+    # really fails (ENOSPC): the doctor must say so and exit 1.
+    res = run_doctor(
+        prefix=[
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "sh",
+            "-c",
+            'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"',
+            "sh",
+        ]
+    )
+    got = parse(res.stdout)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert got["userns"]["verdict"] == "missing"
+    assert "ENOSPC" in got["userns"]["detail"]
+    assert "max_user_namespaces 0" in got["userns"]["detail"]
+    assert "userns" in res.stderr
+
+
+def test_kernel_line_is_uname(lines: dict[str, re.Match[str]]) -> None:
+    assert lines["kernel"]["detail"] == os.uname().release
+
+
+def test_landlock_lines_agree_with_a_direct_syscall(
+    lines: dict[str, re.Match[str]], facts: dict[str, object]
+) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    ret = libc.syscall(ctypes.c_long(444), None, ctypes.c_long(0), ctypes.c_long(1))
+    abi = ret if ret > 0 else None
+    assert facts["landlock_abi"] == abi
+    assert (lines["landlock"]["verdict"] == "ok") == (abi is not None)
+    if abi is not None:
+        assert re.match(rf"ABI {abi}\b", lines["landlock"]["detail"])
+    assert (lines["landlock-unix"]["verdict"] == "ok") == (abi is not None and abi >= 9)
+
+
+def test_seccomp_line_lists_the_kernels_actions(lines: dict[str, re.Match[str]]) -> None:
+    actions = Path("/proc/sys/kernel/seccomp/actions_avail").read_text().split()
+    assert lines["seccomp"]["detail"].split()[: len(actions)] == actions
+    needed = {"kill_process", "errno", "allow"} <= set(actions)
+    assert (lines["seccomp"]["verdict"] == "ok") == needed
+
+
+def test_userns_line_agrees_with_unshare(lines: dict[str, re.Match[str]]) -> None:
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare(1) not installed")
+    works = as_user_ok(
+        "unshare",
+        "--map-current-user",
+        "--mount",
+        "--pid",
+        "--fork",
+        "--net",
+        "--ipc",
+        "--uts",
+        "--cgroup",
+        "true",
+    )
+    assert (lines["userns"]["verdict"] == "ok") == works
+
+
+def test_nftables_line_agrees_with_nft(lines: dict[str, re.Match[str]]) -> None:
+    nft = shutil.which("nft", path="/usr/sbin:/usr/bin:/sbin")
+    if nft is None:
+        pytest.skip("nft(8) not installed")
+    ruleset = (
+        "add table inet t; add chain inet t pre { type filter hook prerouting "
+        "priority -150; }; add rule inet t pre meta l4proto tcp tproxy ip to 127.0.0.1:1"
+    )
+    # A root-mapped namespace, so the exec'd nft keeps CAP_NET_ADMIN.
+    works = as_user_ok("unshare", "--map-root-user", "--net", nft, ruleset)
+    assert (lines["nftables"]["verdict"] == "ok") == works
+
+
+def test_veth_line_agrees_with_ip(lines: dict[str, re.Match[str]]) -> None:
+    if shutil.which("ip", path="/usr/sbin:/usr/bin:/sbin") is None:
+        pytest.skip("ip(8) not installed")
+    works = as_user_ok(
+        "unshare",
+        "--map-root-user",
+        "--net",
+        "ip",
+        "link",
+        "add",
+        "a0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "a1",
+    )
+    assert (lines["veth"]["verdict"] == "ok") == works
+
+
+def _attrs(buf: bytes) -> dict[int, bytes]:
+    out, off = {}, 0
+    while off < len(buf):
+        length, kind = struct.unpack_from("=HH", buf, off)
+        out[kind & 0x7FFF] = buf[off + 4 : off + length]
+        off += (length + 3) & ~3
+    return out
+
+
+def test_veth_request_is_the_netlink_message_ip_link_sends() -> None:
+    msg = doctor.veth_request("a0", "a1", seq=7)
+    length, kind, flags, seq = struct.unpack_from("=IHHI", msg)
+    # RTM_NEWLINK, REQUEST|ACK|EXCL|CREATE
+    assert (length, kind, flags, seq) == (len(msg), 16, 0x605, 7)
+    top = _attrs(msg[16 + 16 :])  # after nlmsghdr and ifinfomsg
+    assert top[3] == b"a0\0"  # IFLA_IFNAME
+    info = _attrs(top[18])  # IFLA_LINKINFO
+    assert info[1] == b"veth"  # IFLA_INFO_KIND
+    peer = _attrs(info[2])[1]  # IFLA_INFO_DATA → VETH_INFO_PEER: ifinfomsg + attributes
+    assert _attrs(peer[16:])[3] == b"a1\0"
+
+
+def test_apparmor_line_agrees_with_the_sysctl(lines: dict[str, re.Match[str]]) -> None:
+    sysctl = Path("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
+    if not sysctl.exists():
+        assert lines["apparmor"]["verdict"] == "ok"
+        assert lines["apparmor"]["detail"] == "not restricting user namespaces"
+    elif sysctl.read_text().strip() == "1" and lines["apparmor"]["verdict"] == "missing":
+        assert "make setup" in lines["apparmor"]["detail"]
+
+
+def _cgroup2_root() -> Path | None:
+    # statfs's f_type, a different source than the doctor's mountinfo parsing.
+    for p in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+        kind = subprocess.run(
+            ["stat", "-f", "-c", "%T", p], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        if kind == "cgroup2fs":
+            return Path(p)
+    return None
+
+
+def test_cgroup2_line_agrees_with_the_controllers_file(
+    lines: dict[str, re.Match[str]], facts: dict[str, object]
+) -> None:
+    root = _cgroup2_root()
+    line = lines["cgroup2"]
+    if root is None:
+        assert line["verdict"] == "missing" and line["detail"].startswith("legacy")
+        return
+    rel = next(
+        ln[3:] for ln in Path("/proc/self/cgroup").read_text().splitlines() if ln.startswith("0::")
+    )
+    path = root / rel.lstrip("/")
+    have = set((path / "cgroup.controllers").read_text().split())
+    assert facts["cgroup2_path"] == str(path)
+    assert set(facts["cgroup_controllers"]) == have  # type: ignore[arg-type]
+    for c in ("memory", "pids", "cpu"):
+        assert facts[f"{c}_controller"] == (c in have)
+    listed = re.search(r"\[([^]]*)\]", line["detail"])
+    assert listed and set(listed.group(1).split()) == have, line.group(0)
+    missing = [c for c in ("memory", "pids", "cpu") if c not in have]
+    assert (line["verdict"] == "ok") == (not missing)
+    if missing:
+        assert f"has no {'/'.join(missing)} controller" in line["detail"]
+        if "memory" in missing:
+            assert "--memory is reported, not enforced" in line["detail"]
+
+
+@pytest.fixture
+def runtime_dir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory() as d:
+        yield Path(d)
+
+
+def _listen(path: Path) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(path))
+    s.listen()
+    return s
+
+
+def test_user_manager_and_session_bus_found_by_their_sockets(runtime_dir: Path) -> None:
+    (runtime_dir / "systemd").mkdir()
+    with _listen(runtime_dir / "systemd" / "private"), _listen(runtime_dir / "bus"):
+        got = parse(run_doctor(env={"XDG_RUNTIME_DIR": str(runtime_dir)}, as_user=False).stdout)
+    assert got["systemd-user"]["verdict"] == "ok", got["systemd-user"].group(0)
+    assert got["session-bus"]["detail"] == str(runtime_dir / "bus")
+    # The listeners are closed: the files remain, and a stale socket is not a manager.
+    got = parse(run_doctor(env={"XDG_RUNTIME_DIR": str(runtime_dir)}, as_user=False).stdout)
+    assert got["systemd-user"]["verdict"] == "missing"
+    assert got["session-bus"]["verdict"] == "missing"
+    assert "varlink still works" in got["session-bus"]["detail"]
+
+
+def test_missing_lines_are_red_only_on_a_terminal() -> None:
+    results = [Check("a", True, "fine", False), Check("bb", False, "gone", False)]
+    assert render(results) == [" + a   ok       fine", " - bb  missing  gone"]
+    colored = render(results, color=True)
+    assert colored[0] == " + a   ok       fine"
+    assert colored[1] == "\x1b[31m - bb  missing  gone\x1b[0m"
+    # And the real command decides by isatty: under a pty the '-' lines are red.
+    master, slave = pty.openpty()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "TERM": "xterm"}
+    proc = subprocess.Popen(
+        [_python_for_user(), "-m", "boxyctl.doctor"],
+        stdout=slave,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd="/",
+    )
+    os.close(slave)
+    out = b""
+    while select.select([master], [], [], 10)[0]:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    proc.wait(timeout=10)
+    assert proc.returncode in (0, 1)
+    shown = out.decode().splitlines()
+    assert len(shown) == len(NAMES)
+    for ln in shown:
+        plain = re.sub(r"\x1b\[[0-9;]*m", "", ln)
+        if plain.startswith(" - "):
+            assert ln.startswith("\x1b[31m") and ln.endswith("\x1b[0m"), repr(ln)
+        else:
+            assert ln == plain, repr(ln)

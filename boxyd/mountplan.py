@@ -123,6 +123,9 @@ def user_ops(spec: RunSpec, protections: dict[str, list]) -> tuple[list[MountOp]
         rules.append(LandlockRule(path, "ro" if ro else "rw"))
     for root in roots:
         for p in protections.get(root, []):
+            if p.symlink:
+                raise UsageError(f"{root}/{p.rel}: a protected git entry is a symlink (refused: it would be "
+                                 "followed on the host); remove it, or run with --allow-git-write")
             ops.append(Bind(src=p.rel, dst=p.rel, ro=p.kind == "ro", src_base=root, dst_base=root))
     for e in spec.protect:
         ops.append(_bind(e.path, roots, ro=True))

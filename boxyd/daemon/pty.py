@@ -48,27 +48,26 @@ class PtyRelay:
     """Relay between a new PTY and the client's terminal.
 
     Takes ownership of IN_FD (the client's stdin, a tty) and OUT_FD (the client's
-    first terminal fd for output); either may be None, not both, and they may be
-    the same fd. The PTY slave starts with the client terminal's termios and window
+    first terminal fd for output), also when it raises; either may be None, and
+    they may be the same fd. ValueError when neither is a terminal. The PTY slave starts with the client terminal's termios and window
     size, so create the relay before the client switches its terminal to raw mode.
     """
 
     def __init__(self, in_fd: int | None, out_fd: int | None) -> None:
-        if in_fd is None and out_fd is None:
-            raise ValueError("PtyRelay needs a client terminal fd")
-        src = in_fd if in_fd is not None and os.isatty(in_fd) else out_fd
-        if src is None or not os.isatty(src):
-            raise ValueError("the client fd is not a terminal")
         self._lock = threading.Lock()
         self._drained = threading.Event()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._wakes: list[int] = []  # write ends; closing one wakes its thread
         self._threads: list[threading.Thread] = []
         self._closed = False
-        master, slave = os.openpty()  # both close-on-exec
-        self.master_fd: int | None = master
-        self.slave_fd: int | None = slave
+        self.master_fd: int | None = None
+        self.slave_fd: int | None = None
         try:
+            src = in_fd if in_fd is not None and os.isatty(in_fd) else out_fd
+            if src is None or not os.isatty(src):
+                raise ValueError("PtyRelay needs a client fd that is a terminal")
+            master, slave = os.openpty()  # both close-on-exec
+            self.master_fd, self.slave_fd = master, slave
             termios.tcsetattr(slave, termios.TCSANOW, termios.tcgetattr(src))
             size = fcntl.ioctl(src, termios.TIOCGWINSZ, bytes(_WINSIZE.size))
             fcntl.ioctl(slave, termios.TIOCSWINSZ, size)
@@ -122,7 +121,7 @@ class PtyRelay:
 
     async def wait_drained(self) -> None:
         """Wait until every byte the payload wrote is written to the client terminal
-        (the master reported EOF/EIO), or the relay was closed."""
+        (the master reported EOF/EIO, i.e. every slave holder is gone), or close()."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         with self._lock:
@@ -143,8 +142,9 @@ class PtyRelay:
         self.close_slave()
         fd, self.master_fd = self.master_fd, None
         _close(fd)
-        if not self._threads:
-            self._set_drained()
+        # Nothing more will be relayed; don't make waiters depend on a thread that
+        # may be stuck writing to a stopped terminal.
+        self._set_drained()
 
     # threads
 

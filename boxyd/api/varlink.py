@@ -1,0 +1,433 @@
+"""boxyd's varlink server (asyncio): connections, framing, dispatch, replies.
+
+Thin: it knows the wire and nothing about sessions; every call goes to one handler.
+The framing and the fd rule are shared with the client (boxyctl.varlink).
+
+Per connection:
+- the peer must run as our uid (SO_PEERCRED), else it is closed before any read;
+- calls that expect replies run one at a time, in order (varlink replies carry no
+  call id, so order is the only way to match them), while oneway calls (Resize,
+  Signal) are dispatched at once, concurrently with a Run stream in progress;
+- writes are buffered and never block the loop; a peer whose unread replies exceed
+  max_write_buffer is dropped; reading pauses while too many calls are pending;
+- a malformed message (framing, JSON, fds) drops the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import importlib.resources
+import logging
+import os
+import re
+import socket
+from collections import deque
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any, NamedTuple
+
+from boxyctl.varlink import (
+    Decoder,
+    ProtocolError,
+    close_fds,
+    encode,
+    peer_credentials,
+    recv_with_fds,
+)
+
+log = logging.getLogger(__name__)
+
+INTERFACE = "dev.boxy.Manager"
+IDL_FILE = "dev.boxy.Manager.varlink"
+SERVICE = "org.varlink.service"
+METHOD_NOT_FOUND = f"{SERVICE}.MethodNotFound"
+INTERFACE_NOT_FOUND = f"{SERVICE}.InterfaceNotFound"
+INVALID_PARAMETER = f"{SERVICE}.InvalidParameter"
+# Sent when a handler raised or returned without a final reply (a daemon bug).
+INTERNAL_ERROR = f"{INTERFACE}.InternalError"
+
+MAX_WRITE_BUFFER = 4 << 20
+MAX_PENDING_CALLS = 64  # queued + running oneway calls before reading pauses
+
+
+def interface_description() -> str:
+    """The IDL text shipped in the package."""
+    return importlib.resources.files(__package__).joinpath(IDL_FILE).read_text()
+
+
+def interface_methods(description: str) -> frozenset[str]:
+    """Fully qualified method names declared in DESCRIPTION."""
+    name = re.search(r"^\s*interface\s+(\S+)", description, re.M)
+    if not name:
+        raise ValueError("varlink description without an interface line")
+    methods = re.findall(r"^\s*method\s+(\w+)\s*\(", description, re.M)
+    return frozenset(f"{name.group(1)}.{m}" for m in methods)
+
+
+class Peer(NamedTuple):
+    pid: int
+    uid: int
+    gid: int
+
+
+Handler = Callable[["Call"], Awaitable[None]]
+
+
+class Call:
+    """One method call. The handler owns the fds it takes with take_fds(); those
+    still in .fds when the handler returns are closed."""
+
+    def __init__(
+        self,
+        conn: _Connection,
+        method: str,
+        parameters: dict[str, Any],
+        fds: list[int],
+        more: bool,
+        oneway: bool,
+    ) -> None:
+        self._conn = conn
+        self.method = method
+        self.parameters = parameters
+        self.fds = fds
+        self.more = more
+        self.oneway = oneway
+        self.peer: Peer = conn.peer
+        self.connection_closed: asyncio.Event = conn.closed
+        self.done = oneway  # a oneway call never gets a reply
+
+    def take_fds(self) -> list[int]:
+        """Hand every fd of the call to the caller, who must close them."""
+        fds, self.fds = self.fds, []
+        return fds
+
+    async def reply(self, parameters: dict[str, Any], continues: bool = False) -> None:
+        """Send a reply; continues=True only when the call asked for "more". Replies
+        to a closed connection are dropped (watch connection_closed)."""
+        if self.oneway:
+            return
+        if self.done:
+            raise RuntimeError(f"{self.method}: reply after the final reply")
+        if continues and not self.more:
+            raise ValueError(f"{self.method}: streamed reply to a call without 'more'")
+        msg: dict[str, Any] = {"parameters": parameters}
+        if continues:
+            msg["continues"] = True
+        else:
+            self.done = True
+        self._conn.write(encode(msg))
+
+    async def error(self, name: str, parameters: dict[str, Any]) -> None:
+        """Send the error reply NAME; it ends the call."""
+        if self.oneway:
+            return
+        if self.done:
+            raise RuntimeError(f"{self.method}: error after the final reply")
+        self.done = True
+        self._conn.write(encode({"error": name, "parameters": parameters}))
+
+
+class VarlinkServer:
+    """Accepts connections on a bound, listening unix socket and hands every call
+    of a known method to HANDLER. METHODS defaults to those in the packaged IDL;
+    org.varlink.service.GetInfo/GetInterfaceDescription are answered here."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        methods: Collection[str] | None = None,
+        description: str | None = None,
+        max_write_buffer: int = MAX_WRITE_BUFFER,
+    ) -> None:
+        self._handler = handler
+        self._description = description if description is not None else interface_description()
+        self._methods = (
+            frozenset(methods) if methods is not None else interface_methods(self._description)
+        )
+        self.max_write_buffer = max_write_buffer
+        self._conns: set[_Connection] = set()
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopped = asyncio.Event()
+
+    async def serve(self, sock: socket.socket) -> None:
+        """Accept on SOCK until close(); the server owns SOCK from here on."""
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._sock = sock
+        sock.setblocking(False)
+        loop.add_reader(sock.fileno(), self._accept, loop)
+        try:
+            await self._stopped.wait()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop accepting, drop every connection (handlers see connection_closed)."""
+        self._stopped.set()
+        if self._sock is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+        for conn in list(self._conns):
+            conn.close("server closing")
+
+    def _accept(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert self._sock is not None
+        try:
+            sock, _ = self._sock.accept()  # accept4(SOCK_CLOEXEC)
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                # Out of fds: back off instead of spinning on a readable listener.
+                log.warning("varlink accept: %s; pausing accepts", e.strerror)
+                listener = self._sock
+                loop.remove_reader(listener.fileno())
+                loop.call_later(0.1, self._resume_accept, loop, listener)
+                return
+            raise
+        try:
+            pid, uid, gid = peer_credentials(sock)
+        except OSError:
+            sock.close()
+            return
+        if uid != os.geteuid():
+            log.warning("varlink: refused a connection from pid %d uid %d", pid, uid)
+            sock.close()
+            return
+        sock.setblocking(False)
+        conn = _Connection(self, loop, sock, Peer(pid, uid, gid))
+        self._conns.add(conn)
+        conn.start()
+
+    def _resume_accept(self, loop: asyncio.AbstractEventLoop, listener: socket.socket) -> None:
+        if self._sock is listener:
+            loop.add_reader(listener.fileno(), self._accept, loop)
+
+    async def _dispatch(self, call: Call) -> None:
+        """Run one call; a handler failure becomes an error reply, fds are cleaned up."""
+        try:
+            if call.method.startswith(SERVICE + "."):
+                await self._service(call)
+            elif call.method not in self._methods:
+                await call.error(METHOD_NOT_FOUND, {"method": call.method})
+            else:
+                await self._handler(call)
+                if not call.done:
+                    log.error("varlink: %s returned without a final reply", call.method)
+                    await call.error(INTERNAL_ERROR, {"message": "no reply"})
+        except Exception as e:
+            log.exception("varlink: %s failed", call.method)
+            if not call.done:
+                await call.error(INTERNAL_ERROR, {"message": f"{type(e).__name__}: {e}"})
+        finally:
+            close_fds(call.take_fds())
+
+    async def _service(self, call: Call) -> None:
+        name = call.method.rpartition(".")[2]
+        if name == "GetInfo":
+            await call.reply(
+                {
+                    "vendor": "boxy",
+                    "product": "boxyd",
+                    "version": _version(),
+                    "url": "",
+                    "interfaces": [SERVICE, INTERFACE],
+                }
+            )
+        elif name == "GetInterfaceDescription":
+            iface = call.parameters.get("interface")
+            if iface == INTERFACE:
+                await call.reply({"description": self._description})
+            else:
+                await call.error(INTERFACE_NOT_FOUND, {"interface": iface})
+        else:
+            await call.error(METHOD_NOT_FOUND, {"method": call.method})
+
+    def _forget(self, conn: _Connection) -> None:
+        self._conns.discard(conn)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("boxy")
+    except Exception:
+        return "unknown"
+
+
+class _Connection:
+    def __init__(
+        self,
+        server: VarlinkServer,
+        loop: asyncio.AbstractEventLoop,
+        sock: socket.socket,
+        peer: Peer,
+    ) -> None:
+        self._server = server
+        self._loop = loop
+        self._sock = sock
+        self._fd = sock.fileno()
+        self.peer = peer
+        self.closed = asyncio.Event()
+        self._decoder = Decoder()
+        self._wbuf = bytearray()
+        self._writing = False
+        self._reading = False
+        self._queue: deque[Call] = deque()  # calls that expect replies, in order
+        self._worker: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # running oneway calls
+
+    def start(self) -> None:
+        self._set_reading(True)
+
+    # reading
+
+    def _set_reading(self, on: bool) -> None:
+        if self.closed.is_set() or on == self._reading:
+            return
+        self._reading = on
+        if on:
+            self._loop.add_reader(self._fd, self._on_readable)
+        else:
+            self._loop.remove_reader(self._fd)
+
+    def _pending(self) -> int:
+        return len(self._queue) + len(self._tasks) + (self._worker is not None)
+
+    def _on_readable(self) -> None:
+        try:
+            data, fds = recv_with_fds(self._sock)
+        except (BlockingIOError, InterruptedError):
+            return
+        except ProtocolError as e:
+            self.close(str(e))
+            return
+        except OSError as e:
+            self.close(e.strerror or str(e))
+            return
+        if not data:
+            self.close(None)
+            return
+        try:
+            messages = self._decoder.feed(data, fds)
+        except ProtocolError as e:
+            self.close(str(e))
+            return
+        for i, (msg, msg_fds) in enumerate(messages):
+            call = self._make_call(msg, msg_fds)
+            if call is None:
+                for _, rest in messages[i + 1 :]:
+                    close_fds(rest)
+                return
+            self._submit(call)
+        if self._pending() >= MAX_PENDING_CALLS:
+            self._set_reading(False)  # back-pressure: resumed as calls finish
+
+    def _make_call(self, msg: dict[str, Any], fds: list[int]) -> Call | None:
+        method = msg.get("method")
+        params = msg.get("parameters", {})
+        more = msg.get("more", False)
+        oneway = msg.get("oneway", False)
+        if (
+            not isinstance(method, str)
+            or not isinstance(params, dict)
+            or not isinstance(more, bool)
+            or not isinstance(oneway, bool)
+            or (more and oneway)
+            or msg.get("upgrade")
+        ):
+            close_fds(fds)
+            self.close("invalid call message")
+            return None
+        return Call(self, method, params, fds, more, oneway)
+
+    def _submit(self, call: Call) -> None:
+        if call.oneway:
+            task = self._loop.create_task(self._server._dispatch(call))
+            self._tasks.add(task)
+            task.add_done_callback(self._oneway_done)
+        else:
+            self._queue.append(call)
+            if self._worker is None:
+                self._worker = self._loop.create_task(self._work())
+
+    def _oneway_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._maybe_resume()
+
+    def _maybe_resume(self) -> None:
+        if self._pending() < MAX_PENDING_CALLS // 2:
+            self._set_reading(True)
+
+    async def _work(self) -> None:
+        try:
+            while self._queue and not self.closed.is_set():
+                await self._server._dispatch(self._queue.popleft())
+                self._maybe_resume()
+        finally:
+            self._worker = None
+            self._maybe_resume()
+
+    # writing
+
+    def write(self, data: bytes) -> None:
+        """Queue DATA; never blocks. Dropped silently once the connection is closed."""
+        if self.closed.is_set():
+            return
+        if not self._wbuf:
+            try:
+                sent = self._sock.send(data, socket.MSG_NOSIGNAL)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as e:
+                self.close(e.strerror or str(e))
+                return
+            data = data[sent:]
+            if not data:
+                return
+        self._wbuf += data
+        if len(self._wbuf) > self._server.max_write_buffer:
+            self.close(f"peer is not reading ({len(self._wbuf)} bytes unsent)")
+            return
+        if not self._writing:
+            self._writing = True
+            self._loop.add_writer(self._fd, self._on_writable)
+
+    def _on_writable(self) -> None:
+        try:
+            sent = self._sock.send(self._wbuf, socket.MSG_NOSIGNAL)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self.close(e.strerror or str(e))
+            return
+        del self._wbuf[:sent]
+        if not self._wbuf:
+            self._writing = False
+            self._loop.remove_writer(self._fd)
+
+    # teardown
+
+    def close(self, reason: str | None) -> None:
+        """Drop the connection; running handlers keep going and see `closed`."""
+        if self.closed.is_set():
+            return
+        if reason:
+            log.info("varlink: dropping connection of pid %d: %s", self.peer.pid, reason)
+        if self._reading:
+            self._loop.remove_reader(self._fd)
+        if self._writing:
+            self._loop.remove_writer(self._fd)
+        self._reading = self._writing = False
+        self.closed.set()
+        self._sock.close()
+        self._wbuf.clear()
+        self._decoder.close()
+        while self._queue:  # calls not started yet: nobody will answer them
+            close_fds(self._queue.popleft().take_fds())
+        self._server._forget(self)

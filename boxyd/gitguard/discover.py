@@ -1,0 +1,567 @@
+"""Find the git repositories in a writable tree and the entries in them to pin.
+
+The tree belongs to the payload between runs (and during concurrent runs), so it is
+read only through directory fds opened with O_NOFOLLOW, one component at a time:
+a symlink is reported, never followed, and a path cannot be swapped under us.
+
+What is found, for one writable tree ``root``:
+
+- every gitdir: ``.git`` directories at any depth, bare repositories (a directory
+  with a valid HEAD, objects/ and refs/ — git runs in them too), submodule gitdirs
+  under ``modules/**``, linked-worktree gitdirs under ``worktrees/*``, and the
+  targets of ``.git`` files and ``commondir`` files when they resolve inside root
+  through real directories (anything else is never followed);
+- in each gitdir its control entries: ``config*``, ``commondir``, ``gitdir``,
+  ``hooks`` (and everything under it), ``modules``, ``worktrees`` and their entries;
+- every ``.git`` entry in the work trees, whatever its type.
+
+Absent entries: ``prepare`` creates an absent ``hooks`` directory so that it can be
+pinned read-only. An absent ``config.worktree``, ``commondir`` (an empty one breaks
+git) or ``config`` is not created: those are left to the post-run scan (scan.py),
+which catches any that appear.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from boxyd.gitguard.gitconfig import parse
+
+O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: opening a FIFO planted in place of a file must not hang the daemon
+O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+MAX_DEPTH = 256  # one open fd per level; deeper directories are reported, not walked
+POINTER_MAX = 64 * 1024  # a .git / commondir / gitdir file larger than this is not a pointer
+
+Type = Literal["file", "dir", "symlink", "other"]
+Role = Literal[
+    "dotgit",  # a .git entry in a work tree
+    "config",  # config* in a gitdir
+    "commondir",
+    "backlink",  # the "gitdir" file of a worktree/module gitdir
+    "hooks",
+    "hook",  # anything under hooks/
+    "modules",
+    "module",  # anything under modules/ down to the submodule gitdirs
+    "worktrees",
+    "worktree",  # an entry of worktrees/
+    "hookspath",  # a directory that core.hooksPath names inside the tree (scanned, not pinned)
+]
+
+# directories git itself keeps in a gitdir: never a submodule namespace under modules/
+_GITDIR_INTERNALS = frozenset(
+    {
+        "objects",
+        "refs",
+        "logs",
+        "hooks",
+        "info",
+        "modules",
+        "worktrees",
+        "branches",
+        "rr-cache",
+        "lfs",
+        "svn",
+        "fsmonitor--daemon",
+        "sequencer",
+        "rebase-merge",
+        "rebase-apply",
+    }
+)
+_GITDIR_MARKERS = ("HEAD", "config", "commondir", "objects", "refs", "hooks")
+_AREA_ROLE: dict[str, Role] = {"hooks": "hook", "modules": "module", "worktrees": "worktree"}
+_HEX_OID = re.compile(rb"[0-9a-f]{40}([0-9a-f]{24})?\s*")
+
+
+@dataclass(frozen=True)
+class Protection:
+    """One entry of a writable tree to mount over before the payload runs.
+
+    ``self``: bind the directory onto itself (a mount point cannot be renamed away);
+    ``ro``: bind read-only. ``symlink``: a symlink sits where the entry belongs — it
+    is never followed; the caller must refuse it (DESIGN: a protected symlink is
+    refused). An ``ro`` directory that is absent is created by ``prepare``.
+    """
+
+    rel: str
+    kind: Literal["ro", "self"]
+    is_dir: bool
+    symlink: bool = False
+
+
+@dataclass(frozen=True)
+class Control:
+    rel: str
+    role: Role
+    type: Type
+
+
+@dataclass(frozen=True)
+class GitDir:
+    rel: str  # "" when root is itself a (bare) repository
+    shares_common: bool  # has a commondir file: hooks and config live in the common dir
+    has_hooks: bool
+
+
+@dataclass(frozen=True)
+class Layout:
+    gitdirs: tuple[GitDir, ...]
+    controls: tuple[Control, ...]
+    unreadable: tuple[str, ...]  # directories that could not be walked (permissions, depth, races)
+
+
+def join(rel: str, name: str) -> str:
+    return f"{rel}/{name}" if rel else name
+
+
+def parts(rel: str) -> list[str]:
+    """Components of a relative path made by this module; refuses anything else."""
+    comps = rel.split("/") if rel else []
+    if any(c in ("", ".", "..") for c in comps):
+        raise ValueError(f"not a plain relative path: {rel!r}")
+    return comps
+
+
+def open_dir(root_fd: int, rel: str) -> int:
+    """Open directory ``rel`` beneath ``root_fd``, one O_NOFOLLOW step at a time."""
+    fd = os.dup(root_fd)
+    try:
+        for name in parts(rel):
+            nfd = os.open(name, O_DIR, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_root(root: str) -> int:
+    # the root itself is the daemon's own, already checked host path: its ancestors
+    # may be symlinks (/home -> /usr/home); nothing beneath it is followed
+    return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def read_small(dir_fd: int, name: str, limit: int) -> bytes | None:
+    """Content of a regular file, or None (not a regular file, unreadable, too big)."""
+    try:
+        # lstat first: never open a FIFO or a device node planted in place of a file
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            return None
+        fd = os.open(name, O_FILE, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            size += len(chunk)
+        return None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _kind(e: os.DirEntry[str]) -> Type | None:
+    try:
+        if e.is_dir(follow_symlinks=False):
+            return "dir"
+        if e.is_symlink():
+            return "symlink"
+        return "file" if e.is_file(follow_symlinks=False) else "other"
+    except OSError:
+        return None  # vanished while listing
+
+
+def _list(fd: int) -> dict[str, Type]:
+    out: dict[str, Type] = {}
+    with os.scandir(fd) as it:
+        for e in it:
+            k = _kind(e)
+            if k is not None:
+                out[e.name] = k
+    return out
+
+
+# --- pointers (.git files, commondir, gitdir) ----------------------------------------
+
+
+def pointer_text(data: bytes, dotgit: bool) -> str | None:
+    """The path a pointer file names, as git reads it; None when git would not."""
+    if b"\0" in data:
+        return None
+    if dotgit:  # read_gitfile_gently(): "gitdir: " prefix, trailing CR/LF dropped
+        if not data.startswith(b"gitdir: "):
+            return None
+        path = data[len(b"gitdir: ") :].rstrip(b"\r\n")
+    else:  # commondir / gitdir: strbuf_rtrim()
+        path = data.rstrip(b" \t\n\r")
+    return os.fsdecode(path) if path else None
+
+
+def place(roots: Sequence[str], base: str, target: str) -> list[str] | None:
+    """Components of ``target`` relative to root, ``..`` still unresolved.
+
+    ``base`` is the relative directory a relative target is taken from; an absolute
+    target must start with one spelling of root (as given, or its realpath — git
+    writes worktree pointers through realpath). None: outside root.
+    """
+    comps = [c for c in target.split("/") if c not in ("", ".")]
+    if not target.startswith("/"):
+        return (base.split("/") if base else []) + comps
+    for r in roots:
+        rc = [c for c in r.split("/") if c not in ("", ".")]
+        if comps[: len(rc)] == rc:
+            return comps[len(rc) :]
+    return None
+
+
+def walk_beneath(root_fd: int, comps: Sequence[str], last_dir: bool = True) -> str | None:
+    """Resolve components beneath root through real directories only.
+
+    ``..`` pops a directory that was itself opened with O_NOFOLLOW, so a lexical
+    result is what the kernel would find. Returns the clean relative path, or None
+    when the path leaves root, meets a symlink or a missing/non-directory entry.
+    With ``last_dir`` False, the last component need not exist or be a directory.
+    """
+    fds = [os.dup(root_fd)]
+    names: list[str] = []
+    try:
+        for i, name in enumerate(comps):
+            if name == "..":
+                if not names:
+                    return None
+                os.close(fds.pop())
+                names.pop()
+                continue
+            if i == len(comps) - 1 and not last_dir:
+                names.append(name)
+                break
+            try:
+                fds.append(os.open(name, O_DIR, dir_fd=fds[-1]))
+            except OSError:
+                return None
+            names.append(name)
+        return "/".join(names)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _valid_head(dir_fd: int, kind: Type) -> bool:
+    """git's validate_headref(), loosely (loose errs towards 'is a repository')."""
+    if kind == "symlink":
+        try:
+            return os.readlink("HEAD", dir_fd=dir_fd).startswith("refs/")
+        except OSError:
+            return False
+    data = read_small(dir_fd, "HEAD", 4096)
+    return data is not None and (data.startswith(b"ref:") or bool(_HEX_OID.fullmatch(data)))
+
+
+# --- the walk --------------------------------------------------------------------------
+
+
+class _Walker:
+    def __init__(self, root: str, root_fd: int) -> None:
+        self.root_fd = root_fd
+        self.roots = [os.path.abspath(root), os.path.realpath(root)]
+        self.gitdirs: dict[str, GitDir] = {}
+        self.controls: dict[str, Control] = {}
+        self.unreadable: list[str] = []
+        self.pending: list[str] = []  # pointer targets inside root, to explore after the walk
+
+    def control(self, rel: str, role: Role, kind: Type) -> None:
+        self.controls.setdefault(rel, Control(rel, role, kind))
+
+    def follow(self, dir_fd: int, name: str, base: str, dotgit: bool) -> None:
+        """Queue the gitdir a pointer file names, if it lies inside root."""
+        data = read_small(dir_fd, name, POINTER_MAX)
+        text = pointer_text(data, dotgit) if data is not None else None
+        comps = place(self.roots, base, text) if text else None
+        target = walk_beneath(self.root_fd, comps) if comps is not None else None
+        if target is not None:
+            self.pending.append(target)
+
+    def run(self) -> Layout:
+        self.walk_tree()
+        while self.pending:
+            rel = self.pending.pop()
+            if rel in self.gitdirs:
+                continue
+            try:
+                fd = open_dir(self.root_fd, rel)
+            except OSError:
+                continue
+            try:
+                self.explore_gitdir(fd, rel, _list(fd))
+            except OSError:
+                self.unreadable.append(rel)
+            finally:
+                os.close(fd)
+        return Layout(
+            tuple(self.gitdirs.values()), tuple(self.controls.values()), tuple(self.unreadable)
+        )
+
+    def walk_tree(self) -> None:
+        """Every directory of the work tree(s), depth first, one fd per level."""
+        stack: list[tuple[int, str, Iterator[str]]] = []
+
+        def enter(fd: int, rel: str) -> None:
+            try:
+                entries = _list(fd)
+                subdirs = self.visit(fd, rel, entries)
+            except OSError:
+                os.close(fd)
+                self.unreadable.append(rel)
+                return
+            stack.append((fd, rel, iter(subdirs)))
+
+        enter(os.dup(self.root_fd), "")
+        while stack:
+            fd, rel, it = stack[-1]
+            name = next(it, None)
+            if name is None:
+                os.close(fd)
+                stack.pop()
+                continue
+            child = join(rel, name)
+            if len(stack) >= MAX_DEPTH:
+                self.unreadable.append(child)
+                continue
+            try:
+                cfd = os.open(name, O_DIR, dir_fd=fd)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                self.unreadable.append(child)  # unreadable, or swapped for a symlink
+                continue
+            enter(cfd, child)
+
+    def visit(self, fd: int, rel: str, entries: dict[str, Type]) -> list[str]:
+        """One work-tree directory: its .git entry, itself as a bare repository."""
+        kind = entries.get(".git")
+        if kind is not None:
+            dotgit = join(rel, ".git")
+            self.control(dotgit, "dotgit", kind)
+            if kind == "dir":
+                gfd = os.open(".git", O_DIR, dir_fd=fd)
+                try:
+                    self.explore_gitdir(gfd, dotgit, _list(gfd), worktree=rel)
+                finally:
+                    os.close(gfd)
+            elif kind == "file":
+                self.follow(fd, ".git", rel, dotgit=True)
+        bare = (
+            entries.get("HEAD") in ("file", "symlink")
+            and entries.get("objects") in ("dir", "symlink")
+            and entries.get("refs") in ("dir", "symlink")
+            and _valid_head(fd, entries["HEAD"])
+        )
+        if bare:
+            self.explore_gitdir(fd, rel, entries, worktree=rel)
+        return [
+            n
+            for n, k in entries.items()
+            if k == "dir" and n != ".git" and not (bare and n == "objects")
+        ]
+
+    def explore_gitdir(
+        self, fd: int, rel: str, entries: dict[str, Type], worktree: str | None = None
+    ) -> None:
+        """One gitdir; ``worktree``: where its hooks run, when known (for core.hooksPath)."""
+        if rel in self.gitdirs:
+            return
+        self.gitdirs[rel] = GitDir(rel, "commondir" in entries, "hooks" in entries)
+        for name, kind in entries.items():
+            sub = join(rel, name)
+            if name.startswith("config"):
+                self.control(sub, "config", kind)
+            elif name == "commondir":
+                self.control(sub, "commondir", kind)
+                if kind == "file":
+                    self.follow(fd, name, rel, dotgit=False)
+            elif name == "gitdir":
+                self.control(sub, "backlink", kind)
+            elif name in ("hooks", "modules", "worktrees"):
+                self.control(sub, name, kind)
+                if kind == "dir":
+                    self.below(fd, name, sub, name, 0)
+        for name in ("config", "config.worktree"):
+            if entries.get(name) == "file":
+                self.hooks_path(fd, name, worktree)
+
+    def hooks_path(self, fd: int, name: str, worktree: str | None) -> None:
+        """A core.hooksPath (the user's own: config is pinned) naming a directory in the
+        tree, e.g. husky's ``.husky/_``: its files run like hooks, so they are scanned
+        like hooks. Not pinned: tools such as husky rewrite them on install."""
+        data = read_small(fd, name, 1 << 20)
+        if data is None:
+            return
+        paths = [
+            e.value
+            for e in parse(data).entries
+            if (e.section, e.subsection, e.name) == ("core", None, "hookspath") and e.value
+        ]
+        if not paths or paths[-1].startswith("~") or (worktree is None and paths[-1][0] != "/"):
+            return  # ~ is $HOME, outside the tree; a relative one needs the work tree
+        comps = place(self.roots, worktree or "", paths[-1])
+        target = walk_beneath(self.root_fd, comps) if comps is not None else None
+        if not target or target in self.controls:
+            return
+        parent, _, leaf = target.rpartition("/")
+        self.control(target, "hookspath", "dir")
+        try:
+            pfd = open_dir(self.root_fd, parent)
+        except OSError:
+            return
+        try:
+            self.below(pfd, leaf, target, "hooks", 0)
+        finally:
+            os.close(pfd)
+
+    def below(self, parent_fd: int, name: str, rel: str, area: str, depth: int) -> None:
+        """The entries under hooks/ (all), worktrees/ (each a gitdir), modules/ (down
+        to each submodule gitdir: names may hold slashes, and may nest, "a" and "a/b")."""
+        if depth >= MAX_DEPTH // 4:
+            self.unreadable.append(rel)
+            return
+        try:
+            fd = os.open(name, O_DIR, dir_fd=parent_fd)
+        except OSError:
+            self.unreadable.append(rel)
+            return
+        try:
+            entries = _list(fd)
+            if depth > 0 and area == "modules" and any(m in entries for m in _GITDIR_MARKERS):
+                self.explore_gitdir(fd, rel, entries)
+                entries = {
+                    n: k for n, k in entries.items() if k == "dir" and n not in _GITDIR_INTERNALS
+                }
+            role = _AREA_ROLE[area]
+            for n, k in entries.items():
+                sub = join(rel, n)
+                self.control(sub, role, k)
+                if k != "dir":
+                    continue
+                if area == "worktrees":
+                    cfd = os.open(n, O_DIR, dir_fd=fd)
+                    try:
+                        self.explore_gitdir(cfd, sub, _list(cfd))
+                    finally:
+                        os.close(cfd)
+                else:
+                    self.below(fd, n, sub, area, depth + 1)
+        except OSError:
+            self.unreadable.append(rel)
+        finally:
+            os.close(fd)
+
+
+def layout(root: str) -> Layout:
+    """Every gitdir and git control entry in the tree ``root`` (an absolute host path)."""
+    root_fd = open_root(root)
+    try:
+        return _Walker(root, root_fd).run()
+    finally:
+        os.close(root_fd)
+
+
+# --- protections -----------------------------------------------------------------------
+
+
+def _ancestors(rel: str) -> list[str]:
+    comps = parts(rel)
+    return ["/".join(comps[:i]) for i in range(1, len(comps))]
+
+
+_PINNED = {"config", "config.worktree", "commondir", "gitdir"}
+
+
+def plan_protections(lay: Layout) -> list[Protection]:
+    """Pure: the mounts for a layout, parents before children."""
+    out: dict[str, Protection] = {}
+
+    def add(p: Protection) -> None:
+        old = out.get(p.rel)
+        if old is None or (old.kind == "self" and p.kind == "ro"):
+            out[p.rel] = p  # ro is the stronger of the two, and a mount point as well
+
+    for g in lay.gitdirs:
+        if g.rel:  # "": root is itself a bare repository, and mounted anyway
+            for a in _ancestors(g.rel):
+                add(Protection(a, "self", True))
+            add(Protection(g.rel, "self", True))
+        if not g.has_hooks and not g.shares_common:
+            # git reads hooks from the common dir only: a worktree gitdir needs none
+            add(Protection(join(g.rel, "hooks"), "ro", True))
+    for c in lay.controls:
+        name = c.rel.rsplit("/", 1)[-1]
+        pinned = (
+            c.role == "dotgit"
+            or c.role == "hooks"
+            or (c.role in ("config", "commondir", "backlink") and name in _PINNED)
+        )
+        if c.role == "dotgit":
+            for a in _ancestors(c.rel):
+                add(Protection(a, "self", True))
+        if c.type == "symlink" and (
+            pinned or c.role in ("module", "worktree", "modules", "worktrees")
+        ):
+            add(Protection(c.rel, "ro", False, symlink=True))
+        elif pinned and c.type in ("file", "other"):
+            add(Protection(c.rel, "ro", False))
+        elif c.role == "hooks" and c.type == "dir":
+            add(Protection(c.rel, "ro", True))
+    return sorted(out.values(), key=lambda p: p.rel.split("/"))
+
+
+def protections(root: str) -> list[Protection]:
+    """The mounts that pin the git control entries of the writable tree ``root``."""
+    return plan_protections(layout(root))
+
+
+def prepare(root: str, prots: Sequence[Protection] | None = None) -> list[str]:
+    """Create each absent read-only directory (hooks/) so it can be pinned; returns them.
+
+    Created as ``git init`` would (empty, 0755), through O_NOFOLLOW dir fds.
+    """
+    if prots is None:
+        prots = protections(root)
+    created: list[str] = []
+    root_fd = open_root(root)
+    try:
+        for p in prots:
+            if p.kind != "ro" or not p.is_dir or p.symlink:
+                continue
+            parent, _, name = p.rel.rpartition("/")
+            pfd = open_dir(root_fd, parent)
+            try:
+                try:
+                    os.mkdir(name, 0o755, dir_fd=pfd)
+                except FileExistsError:
+                    continue  # present (a symlink there is refused when mounting)
+                fd = os.open(name, O_DIR, dir_fd=pfd)
+                try:
+                    os.fchmod(fd, 0o755)  # whatever the daemon's umask
+                finally:
+                    os.close(fd)
+                created.append(p.rel)
+            finally:
+                os.close(pfd)
+    finally:
+        os.close(root_fd)
+    return created

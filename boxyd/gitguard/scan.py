@@ -1,0 +1,295 @@
+"""After a run: move aside the git control files the payload added or changed that
+would make the host's git run a command.
+
+The mounts in discover.py pin the control files that exist before a run; they cannot
+pin what does not exist yet (a new nested repository, a new modules/X, a gitlink in
+the index that sends ``git status`` into it). So ``snapshot`` fingerprints every
+control file before the run and ``scan`` compares after it. A new or changed entry
+is quarantined when it is
+
+- a hook: anything under a ``hooks/`` directory (or under a directory in the tree
+  that the user's own ``core.hooksPath`` names) not ending in ``.sample``;
+- a config file (``config*``) with keys that run commands, or one git cannot parse;
+- a ``.git`` file, ``commondir`` or ``gitdir`` pointer that leaves the tree (or goes
+  through a symlink, or cannot be read);
+- a symlink, FIFO or other non-regular file where a control file belongs.
+
+``.gitmodules`` is not a control file: ``update = !cmd`` is honoured only from
+``.git/config`` (git rejects it from .gitmodules), which is scanned.
+
+Entries unchanged since the snapshot are never touched: they were the user's own.
+The scan runs once the payload has exited; a concurrent run in the same tree could
+still change a file after it was checked — the mounts are the layer for that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from boxyd.gitguard import discover
+from boxyd.gitguard.discover import O_DIR, O_FILE, POINTER_MAX, Control, Role, Type
+from boxyd.gitguard.gitconfig import dangerous_keys, parse
+
+HASH_MAX = 1 << 20  # content is hashed up to this size; larger files are compared by inode/ctime
+CONFIG_MAX = 64 << 20  # a config larger than this is not read, and counts as dangerous
+
+
+@dataclass(frozen=True)
+class Record:
+    role: Role
+    type: Type
+    fingerprint: tuple[object, ...]  # equal fingerprints: the entry did not change
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    root: str
+    records: Mapping[str, Record]  # by path relative to root
+    unreadable: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Finding:
+    rel: str  # relative to the work tree
+    reason: str
+    keys: tuple[str, ...] = ()  # the config keys that run commands
+    dest: str = ""  # absolute path in quarantine; "" when it was left in place
+
+
+def _fingerprint(dir_fd: int, name: str) -> tuple[object, ...] | None:
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            return ("symlink", os.readlink(name, dir_fd=dir_fd))
+        if stat.S_ISDIR(st.st_mode):
+            return ("dir",)
+        mode = stat.S_IMODE(st.st_mode)  # exec bits decide whether a hook runs
+        if not stat.S_ISREG(st.st_mode):
+            return ("other", stat.S_IFMT(st.st_mode), mode, st.st_ino)
+        if st.st_size > HASH_MAX:
+            return ("file", mode, st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        fd = os.open(name, O_FILE, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return ("error", exc.errno)
+    try:
+        digest = hashlib.sha256()
+        while chunk := os.read(fd, 65536):
+            digest.update(chunk)
+        return ("file", mode, digest.hexdigest())
+    except OSError as exc:
+        return ("error", exc.errno)
+    finally:
+        os.close(fd)
+
+
+def _by_parent(controls: tuple[Control, ...]) -> dict[str, list[Control]]:
+    groups: dict[str, list[Control]] = {}
+    for c in sorted(controls, key=lambda c: c.rel.split("/")):  # parents first
+        groups.setdefault(c.rel.rpartition("/")[0], []).append(c)
+    return groups
+
+
+def snapshot(root: str) -> Snapshot:
+    """Fingerprint every git control entry in the tree ``root`` (before a run)."""
+    lay = discover.layout(root)
+    records: dict[str, Record] = {}
+    root_fd = discover.open_root(root)
+    try:
+        for parent, controls in _by_parent(lay.controls).items():
+            try:
+                pfd = discover.open_dir(root_fd, parent)
+            except OSError:
+                continue
+            try:
+                for c in controls:
+                    fp = _fingerprint(pfd, c.rel.rpartition("/")[2])
+                    if fp is not None:
+                        records[c.rel] = Record(c.role, c.type, fp)
+            finally:
+                os.close(pfd)
+    finally:
+        os.close(root_fd)
+    return Snapshot(root, records, frozenset(lay.unreadable))
+
+
+_LABEL = {
+    "dotgit": ".git entry",
+    "config": "config file",
+    "commondir": "commondir file",
+    "backlink": "gitdir file",
+    "hooks": "hooks directory",
+    "hook": "hook",
+    "modules": "modules directory",
+    "module": "submodule gitdir",
+    "worktrees": "worktrees directory",
+    "worktree": "worktree gitdir",
+    "hookspath": "core.hooksPath directory",
+}
+
+
+class _Judge:
+    def __init__(self, root: str, root_fd: int) -> None:
+        self.root_fd = root_fd
+        self.roots = [os.path.abspath(root), os.path.realpath(root)]
+
+    def __call__(self, c: Control, kind: object, pfd: int) -> tuple[str, tuple[str, ...]] | None:
+        parent, _, name = c.rel.rpartition("/")
+        label = _LABEL[c.role]
+        if c.role == "hook":
+            if kind == "dir" or name.endswith(".sample"):
+                return None  # git never runs a .sample
+            return "a new or changed git hook", ()
+        if kind == "symlink":
+            return f"a symlink where git expects a {label}", ()
+        if kind == "error":
+            return f"a {label} that could not be read to check it", ()
+        if kind == "other":
+            return f"not a regular file where git expects a {label}", ()
+        if kind != "file":
+            return None
+        if c.role == "config":
+            data = discover.read_small(pfd, name, CONFIG_MAX)
+            if data is None:
+                return "a git config file too large or unreadable to check", ()
+            parsed = parse(data)
+            keys = tuple(dangerous_keys(parsed.entries))
+            if not parsed.complete:
+                return "a git config file git cannot parse", keys
+            if keys:
+                return "git config that makes git run commands", keys
+            return None
+        if c.role in ("dotgit", "commondir", "backlink"):
+            data = discover.read_small(pfd, name, POINTER_MAX)
+            text = discover.pointer_text(data, c.role == "dotgit") if data is not None else None
+            if text is None:
+                return f"a {label} git cannot read", ()
+            comps = discover.place(self.roots, parent, text)
+            # a backlink names the worktree's .git file, which need not be a directory
+            last_dir = c.role != "backlink"
+            if comps is None or discover.walk_beneath(self.root_fd, comps, last_dir) is None:
+                return f"a {label} pointing outside the work directory (or through a symlink)", ()
+        return None
+
+
+def _exists(name: str, dir_fd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _copy_out(src_fd: int, name: str, dst_fd: int, dest: str) -> None:
+    """Move across filesystems: copy through O_NOFOLLOW fds, then unlink."""
+    st = os.stat(name, dir_fd=src_fd, follow_symlinks=False)
+    if stat.S_ISLNK(st.st_mode):
+        os.symlink(os.readlink(name, dir_fd=src_fd), dest, dir_fd=dst_fd)
+    elif stat.S_ISREG(st.st_mode):
+        fd = os.open(name, O_FILE, dir_fd=src_fd)
+        try:
+            out = os.open(
+                dest,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=dst_fd,
+            )
+            try:
+                while chunk := os.read(fd, 1 << 20):
+                    os.write(out, chunk)
+            finally:
+                os.close(out)
+        finally:
+            os.close(fd)
+    # anything else (a FIFO, a socket) has no content worth keeping: it is just removed
+    os.unlink(name, dir_fd=src_fd)
+
+
+def _move(src_fd: int, rel: str, quarantine: str, q_fd: int) -> str:
+    *dirs, leaf = discover.parts(rel)
+    dfd = os.dup(q_fd)
+    try:
+        for d in dirs:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(d, 0o700, dir_fd=dfd)
+            nfd = os.open(d, O_DIR, dir_fd=dfd)
+            os.close(dfd)
+            dfd = nfd
+        dest, n = leaf, 0
+        while _exists(dest, dfd):  # an earlier finding at the same path
+            n += 1
+            dest = f"{leaf}.{n}"
+        try:
+            os.rename(leaf, dest, src_dir_fd=src_fd, dst_dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            _copy_out(src_fd, leaf, dfd, dest)
+    finally:
+        os.close(dfd)
+    return os.path.join(quarantine, *dirs, dest)
+
+
+def scan(root: str, before: Snapshot, quarantine: str) -> list[Finding]:
+    """Quarantine the control entries of ``root`` that are new or changed since
+    ``before`` and would make git run a command; returns what was found."""
+    lay = discover.layout(root)
+    findings: list[Finding] = []
+    os.makedirs(quarantine, mode=0o700, exist_ok=True)
+    q_fd = os.open(quarantine, O_DIR)
+    root_fd = discover.open_root(root)
+    judge = _Judge(root, root_fd)
+    try:
+        for parent, controls in _by_parent(lay.controls).items():
+            try:
+                pfd = discover.open_dir(root_fd, parent)
+            except OSError:
+                continue  # moved away with an earlier finding, or gone
+            try:
+                for c in controls:
+                    fp = _fingerprint(pfd, c.rel.rpartition("/")[2])
+                    old = before.records.get(c.rel)
+                    if fp is None or (old is not None and old.fingerprint == fp):
+                        continue
+                    verdict = judge(c, fp[0], pfd)
+                    if verdict is None:
+                        continue
+                    reason, keys = verdict
+                    try:
+                        dest = _move(pfd, c.rel, quarantine, q_fd)
+                    except OSError as exc:
+                        reason = f"{reason}; could not be moved: {os.strerror(exc.errno or 0)}"
+                        dest = ""
+                    findings.append(Finding(c.rel, reason, keys, dest))
+            finally:
+                os.close(pfd)
+        for rel in lay.unreadable:
+            if rel not in before.unreadable:
+                findings.append(
+                    Finding(rel, "a directory that could not be read, so was not checked")
+                )
+    finally:
+        os.close(root_fd)
+        os.close(q_fd)
+    return findings
+
+
+def describe(findings: list[Finding]) -> list[str]:
+    """One line per finding, for the user."""
+    lines = []
+    for f in findings:
+        keys = f" ({', '.join(f.keys)})" if f.keys else ""
+        if f.dest:
+            lines.append(f"git guard: moved {f.rel} to {f.dest}: {f.reason}{keys}")
+        else:
+            lines.append(
+                f"git guard: {f.rel}: {f.reason}{keys} — left in place; check it before running git there"
+            )
+    return lines

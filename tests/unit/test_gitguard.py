@@ -1,0 +1,602 @@
+"""The git guard on real repositories built with git: what is pinned, what is quarantined."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from boxyd.gitguard import discover, scan
+from boxyd.gitguard.discover import Protection, prepare, protections
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+
+
+class Git:
+    """git with nothing of the host's configuration: no system config, a fresh HOME."""
+
+    def __init__(self, home: Path) -> None:
+        home.mkdir(exist_ok=True)
+        self.env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(home),
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@example.com",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@example.com",
+        }
+
+    def __call__(self, cwd: Path, *args: str) -> str:
+        r = subprocess.run(
+            ["git", *args], cwd=cwd, env=self.env, capture_output=True, text=True, check=False
+        )
+        assert r.returncode == 0, f"git {' '.join(args)}: {r.stderr}"
+        return r.stdout.strip()
+
+    def repo(self, path: Path, commit: bool = True) -> Path:
+        path.mkdir(parents=True, exist_ok=True)
+        self(path, "init", "-q", "-b", "main")
+        if commit:
+            (path / "file").write_text("x\n")
+            self(path, "add", "file")
+            self(path, "commit", "-q", "-m", "init")
+        return path
+
+
+@pytest.fixture
+def git(tmp_path: Path) -> Git:
+    return Git(tmp_path / "home")
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "work"
+
+
+def rels(prots: list[Protection]) -> dict[str, tuple[str, bool, bool]]:
+    return {p.rel: (p.kind, p.is_dir, p.symlink) for p in prots}
+
+
+def assert_parents_first(prots: list[Protection]) -> None:
+    seen: set[str] = set()
+    for p in prots:
+        parts = p.rel.split("/")
+        for i in range(1, len(parts)):
+            anc = "/".join(parts[:i])
+            assert anc not in {q.rel for q in prots} or anc in seen, f"{anc} after {p.rel}"
+        seen.add(p.rel)
+
+
+SELF_DIR = ("self", True, False)
+RO_DIR = ("ro", True, False)
+RO_FILE = ("ro", False, False)
+RO_LINK = ("ro", False, True)
+
+# --- protections -------------------------------------------------------------------
+
+
+def test_plain_repo(git: Git, root: Path) -> None:
+    git.repo(root)
+    prots = protections(str(root))
+    assert rels(prots) == {".git": SELF_DIR, ".git/config": RO_FILE, ".git/hooks": RO_DIR}
+    assert [p.rel for p in prots] == [".git", ".git/config", ".git/hooks"]
+
+
+def test_not_a_repository(root: Path) -> None:
+    (root / "src" / "node_modules" / "x").mkdir(parents=True)
+    assert protections(str(root)) == []
+
+
+def test_submodule(git: Git, root: Path) -> None:
+    git.repo(root)
+    git.repo(root / "other")
+    git(root, "-c", "protocol.file.allow=always", "submodule", "add", "-q", "./other", "sub")
+    prots = protections(str(root))
+    got = rels(prots)
+    expected = {
+        ".git": SELF_DIR,
+        ".git/config": RO_FILE,
+        ".git/hooks": RO_DIR,
+        ".git/modules": SELF_DIR,
+        ".git/modules/sub": SELF_DIR,
+        ".git/modules/sub/config": RO_FILE,
+        ".git/modules/sub/hooks": RO_DIR,
+        "sub": SELF_DIR,
+        "sub/.git": RO_FILE,  # the gitdir: pointer
+        "other": SELF_DIR,  # the nested repository the submodule was cloned from
+        "other/.git": SELF_DIR,
+        "other/.git/config": RO_FILE,
+        "other/.git/hooks": RO_DIR,
+    }
+    assert got == expected
+    assert_parents_first(prots)
+
+
+def test_nested_submodule_name_with_slash(git: Git, root: Path) -> None:
+    git.repo(root)
+    git.repo(root / "other")
+    git(root, "-c", "protocol.file.allow=always", "submodule", "add", "-q", "./other", "lib/deep")
+    got = rels(protections(str(root)))
+    for rel in (".git/modules/lib", ".git/modules/lib/deep", "lib", "lib/deep"):
+        assert got[rel] == SELF_DIR
+    assert got[".git/modules/lib/deep/config"] == RO_FILE
+    assert got[".git/modules/lib/deep/hooks"] == RO_DIR
+    assert got["lib/deep/.git"] == RO_FILE
+
+
+def test_linked_worktrees(git: Git, tmp_path: Path, root: Path) -> None:
+    git.repo(root)
+    git(root, "worktree", "add", "-q", "inner")
+    git(root, "worktree", "add", "-q", str(tmp_path / "outside"))
+    got = rels(protections(str(root)))
+    assert got[".git/worktrees"] == SELF_DIR
+    for wt in ("inner", "outside"):
+        assert got[f".git/worktrees/{wt}"] == SELF_DIR
+        assert got[f".git/worktrees/{wt}/commondir"] == RO_FILE
+        assert got[f".git/worktrees/{wt}/gitdir"] == RO_FILE
+        # git reads hooks from the common dir: none is created in a worktree gitdir
+        assert f".git/worktrees/{wt}/hooks" not in got
+    assert got["inner"] == SELF_DIR
+    assert got["inner/.git"] == RO_FILE
+    assert not any(r.startswith("..") or r.startswith("/") for r in got)
+
+
+def test_worktree_config(git: Git, root: Path) -> None:
+    git.repo(root)
+    git(root, "config", "extensions.worktreeConfig", "true")
+    git(root, "config", "--worktree", "core.sparseCheckout", "false")
+    assert rels(protections(str(root)))[".git/config.worktree"] == RO_FILE
+
+
+def test_nested_repo_two_levels_deep(git: Git, root: Path) -> None:
+    git.repo(root)
+    git.repo(root / "a" / "b")
+    prots = protections(str(root))
+    got = rels(prots)
+    assert got["a"] == SELF_DIR
+    assert got["a/b"] == SELF_DIR
+    assert got["a/b/.git"] == SELF_DIR
+    assert got["a/b/.git/config"] == RO_FILE
+    assert got["a/b/.git/hooks"] == RO_DIR
+    assert_parents_first(prots)
+
+
+def test_nested_repo_without_outer_repo(git: Git, root: Path) -> None:
+    git.repo(root / "x" / "y" / "z")
+    got = rels(protections(str(root)))
+    assert [r for r, v in got.items() if v == SELF_DIR] == ["x", "x/y", "x/y/z", "x/y/z/.git"]
+
+
+def test_bare_repository_in_tree(git: Git, root: Path) -> None:
+    root.mkdir()
+    git(root, "init", "-q", "--bare", "fixture.git")
+    got = rels(protections(str(root)))
+    assert got["fixture.git"] == SELF_DIR
+    assert got["fixture.git/config"] == RO_FILE
+    assert got["fixture.git/hooks"] == RO_DIR
+
+
+def test_lookalike_bare_directory_is_not_a_repository(root: Path) -> None:
+    d = root / "proj"
+    (d / "objects").mkdir(parents=True)
+    (d / "refs").mkdir()
+    (d / "HEAD").write_text("not a ref\n")
+    assert protections(str(root)) == []
+
+
+def test_dotgit_file_pointing_outside_is_not_followed(git: Git, tmp_path: Path, root: Path) -> None:
+    outside = git.repo(tmp_path / "outside")
+    root.mkdir()
+    (root / "x").mkdir()
+    (root / "x" / ".git").write_text(f"gitdir: {outside / '.git'}\n")
+    (root / "y").mkdir()
+    (root / "y" / ".git").write_text("gitdir: ../../outside/.git\n")
+    lay = discover.layout(str(root))
+    assert [g.rel for g in lay.gitdirs] == []
+    assert rels(protections(str(root))) == {
+        "x": SELF_DIR,
+        "x/.git": RO_FILE,
+        "y": SELF_DIR,
+        "y/.git": RO_FILE,
+    }
+
+
+def test_dotgit_file_through_a_symlink_is_not_followed(
+    git: Git, tmp_path: Path, root: Path
+) -> None:
+    git.repo(tmp_path / "outside")
+    root.mkdir()
+    (root / "link").symlink_to(tmp_path / "outside")
+    (root / "x").mkdir()
+    (root / "x" / ".git").write_text("gitdir: ../link/.git\n")
+    assert [g.rel for g in discover.layout(str(root)).gitdirs] == []
+
+
+def test_dotgit_file_inside_root_is_followed(git: Git, root: Path) -> None:
+    git.repo(root)
+    (root / "store").mkdir()
+    git(root / "store", "init", "-q", "--bare", "g")
+    (root / "w").mkdir()
+    (root / "w" / ".git").write_text("gitdir: ../store/g\n")
+    got = rels(protections(str(root)))
+    assert got["store/g"] == SELF_DIR
+    assert got["store/g/config"] == RO_FILE
+
+
+def test_symlinked_hooks_reported_not_followed(git: Git, tmp_path: Path, root: Path) -> None:
+    git.repo(root)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "post-checkout").write_text("#!/bin/sh\n")
+    shutil.rmtree(root / ".git" / "hooks")
+    (root / ".git" / "hooks").symlink_to(elsewhere)
+    got = rels(protections(str(root)))
+    assert got[".git/hooks"] == RO_LINK
+    lay = discover.layout(str(root))
+    assert not any(c.rel.startswith(".git/hooks/") for c in lay.controls)
+
+
+def test_symlinked_dotgit_reported(git: Git, tmp_path: Path, root: Path) -> None:
+    repo = git.repo(tmp_path / "real")
+    root.mkdir()
+    (root / "sub").mkdir()
+    (root / "sub" / ".git").symlink_to(repo / ".git")
+    got = rels(protections(str(root)))
+    assert got == {"sub": SELF_DIR, "sub/.git": RO_LINK}
+
+
+def test_prepare_creates_hooks(git: Git, root: Path) -> None:
+    git.repo(root)
+    shutil.rmtree(root / ".git" / "hooks")
+    prots = protections(str(root))
+    assert rels(prots)[".git/hooks"] == RO_DIR
+    old = os.umask(0o077)
+    try:
+        assert prepare(str(root), prots) == [".git/hooks"]
+    finally:
+        os.umask(old)
+    hooks = root / ".git" / "hooks"
+    st = os.lstat(hooks)
+    assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o755
+    assert list(hooks.iterdir()) == []
+    assert prepare(str(root)) == []  # present now
+
+
+def test_prepare_never_goes_through_a_symlink(tmp_path: Path, root: Path) -> None:
+    root.mkdir()
+    target = tmp_path / "target"
+    target.mkdir()
+    (root / "link").symlink_to(target)
+    with pytest.raises(OSError):
+        prepare(str(root), [Protection("link/hooks", "ro", True)])
+    assert not (target / "hooks").exists()
+
+
+def test_node_modules_sized_tree_is_walked(git: Git, root: Path) -> None:
+    """A wide tree with one git dependency deep inside it: found, and nothing else."""
+    git.repo(root)
+    nm = root / "node_modules"
+    for i in range(300):
+        d = nm / f"pkg{i}" / "lib"
+        d.mkdir(parents=True)
+        for j in range(10):
+            (d / f"f{j}.js").write_text("")
+    git.repo(nm / "pkg7" / "vendor" / "dep")
+    got = rels(protections(str(root)))
+    assert {r for r in got if r.startswith("node_modules")} == {
+        "node_modules",
+        "node_modules/pkg7",
+        "node_modules/pkg7/vendor",
+        "node_modules/pkg7/vendor/dep",
+        "node_modules/pkg7/vendor/dep/.git",
+        "node_modules/pkg7/vendor/dep/.git/config",
+        "node_modules/pkg7/vendor/dep/.git/hooks",
+    }
+
+
+# --- snapshot / scan ---------------------------------------------------------------
+
+
+@pytest.fixture
+def quarantine(tmp_path: Path) -> Path:
+    return tmp_path / "quarantine"
+
+
+def hook_script(path: Path, marker: Path) -> None:
+    path.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    path.chmod(0o755)
+
+
+def test_unchanged_tree_has_no_findings(git: Git, root: Path, quarantine: Path) -> None:
+    git.repo(root)
+    before = scan.snapshot(str(root))
+    assert ".git/config" in before.records
+    assert ".git/hooks/pre-commit.sample" in before.records
+    assert scan.scan(str(root), before, str(quarantine)) == []
+
+
+def test_planted_hook_is_moved(git: Git, tmp_path: Path, root: Path, quarantine: Path) -> None:
+    git.repo(root)
+    git(root, "branch", "other")
+    before = scan.snapshot(str(root))
+    marker = tmp_path / "marker"
+    hook_script(root / ".git" / "hooks" / "post-checkout", marker)
+    findings = scan.scan(str(root), before, str(quarantine))
+    assert [(f.rel, f.dest) for f in findings] == [
+        (".git/hooks/post-checkout", str(quarantine / ".git" / "hooks" / "post-checkout"))
+    ]
+    assert not (root / ".git" / "hooks" / "post-checkout").exists()
+    assert (quarantine / ".git" / "hooks" / "post-checkout").read_text().startswith("#!/bin/sh")
+    assert stat.S_IMODE(os.stat(quarantine / ".git").st_mode) == 0o700
+    git(root, "checkout", "-q", "other")
+    assert not marker.exists()
+
+
+def test_changed_hook_is_moved(git: Git, tmp_path: Path, root: Path, quarantine: Path) -> None:
+    git.repo(root)
+    hook = root / ".git" / "hooks" / "pre-commit"
+    hook_script(hook, tmp_path / "mine")
+    before = scan.snapshot(str(root))
+    hook_script(hook, tmp_path / "theirs")
+    findings = scan.scan(str(root), before, str(quarantine))
+    assert [f.rel for f in findings] == [".git/hooks/pre-commit"]
+    assert "theirs" in (quarantine / ".git" / "hooks" / "pre-commit").read_text()
+
+
+def test_hook_made_executable_is_moved(
+    git: Git, tmp_path: Path, root: Path, quarantine: Path
+) -> None:
+    git.repo(root)
+    hook = root / ".git" / "hooks" / "pre-commit"
+    hook.write_text("#!/bin/sh\nexit 0\n")
+    hook.chmod(0o644)  # git does not run it
+    before = scan.snapshot(str(root))
+    hook.chmod(0o755)
+    assert [f.rel for f in scan.scan(str(root), before, str(quarantine))] == [
+        ".git/hooks/pre-commit"
+    ]
+
+
+def test_unchanged_hook_and_changed_sample_stay(
+    git: Git, tmp_path: Path, root: Path, quarantine: Path
+) -> None:
+    git.repo(root)
+    hook_script(root / ".git" / "hooks" / "pre-commit", tmp_path / "mine")
+    before = scan.snapshot(str(root))
+    (root / ".git" / "hooks" / "pre-push.sample").write_text("changed\n")
+    assert scan.scan(str(root), before, str(quarantine)) == []
+    assert (root / ".git" / "hooks" / "pre-commit").exists()
+
+
+def test_fsmonitor_in_new_config_worktree(git: Git, root: Path, quarantine: Path) -> None:
+    git.repo(root)
+    before = scan.snapshot(str(root))
+    (root / ".git" / "config.worktree").write_text("[core]\n\tfsmonitor = ./evil\n")
+    findings = scan.scan(str(root), before, str(quarantine))
+    assert [(f.rel, f.keys) for f in findings] == [(".git/config.worktree", ("core.fsmonitor",))]
+    assert not (root / ".git" / "config.worktree").exists()
+
+
+def test_benign_config_change_stays(git: Git, root: Path, quarantine: Path) -> None:
+    git.repo(root)
+    before = scan.snapshot(str(root))
+    git(root, "config", "user.name", "someone")
+    assert scan.scan(str(root), before, str(quarantine)) == []
+
+
+def test_unparseable_config_is_moved(git: Git, root: Path, quarantine: Path) -> None:
+    git.repo(root)
+    before = scan.snapshot(str(root))
+    with open(root / ".git" / "config", "a") as f:
+        f.write("[core\n")
+    (finding,) = scan.scan(str(root), before, str(quarantine))
+    assert finding.rel == ".git/config" and "parse" in finding.reason
+
+
+def test_user_dangerous_config_before_snapshot_stays(
+    git: Git, root: Path, quarantine: Path
+) -> None:
+    git.repo(root)
+    git(root, "config", "core.pager", "less -R")
+    git(root, "config", "alias.lg", "!git log --graph")
+    before = scan.snapshot(str(root))
+    assert scan.scan(str(root), before, str(quarantine)) == []
+    assert "less -R" in (root / ".git" / "config").read_text()
+
+
+def test_planted_commondir(git: Git, tmp_path: Path, root: Path, quarantine: Path) -> None:
+    git.repo(root)
+    evil = git.repo(tmp_path / "evil")
+    before = scan.snapshot(str(root))
+    (root / ".git" / "commondir").write_text(f"{evil / '.git'}\n")
+    findings = scan.scan(str(root), before, str(quarantine))
+    assert [f.rel for f in findings] == [".git/commondir"]
+    assert "outside" in findings[0].reason
+    assert not (root / ".git" / "commondir").exists()
+
+
+def test_commondir_inside_root_leads_to_its_config(git: Git, root: Path, quarantine: Path) -> None:
+    git.repo(root)
+    git(root, "worktree", "add", "-q", "wt")
+    before = scan.snapshot(str(root))
+    common = root / "stash"
+    (common / "hooks").mkdir(parents=True)
+    (common / "config").write_text("[core]\n\tpager = evil\n")
+    (root / ".git" / "worktrees" / "wt" / "commondir").write_text("../../../stash\n")
+    findings = scan.scan(str(root), before, str(quarantine))
+    assert [(f.rel, f.keys) for f in findings] == [("stash/config", ("core.pager",))]
+
+
+def test_new_dotgit_file_pointing_outside(
+    git: Git, tmp_path: Path, root: Path, quarantine: Path
+) -> None:
+    git.repo(root)
+    outside = git.repo(tmp_path / "outside")
+    before = scan.snapshot(str(root))
+    (root / "d").mkdir()
+    (root / "d" / ".git").write_text(f"gitdir: {outside / '.git'}\n")
+    assert [f.rel for f in scan.scan(str(root), before, str(quarantine))] == ["d/.git"]
+
+
+def test_new_symlinked_dotgit_is_moved(
+    git: Git, tmp_path: Path, root: Path, quarantine: Path
+) -> None:
+    git.repo(root)
+    outside = git.repo(tmp_path / "outside")
+    before = scan.snapshot(str(root))
+    (root / "d").mkdir()
+    (root / "d" / ".git").symlink_to(outside / ".git")
+    (finding,) = scan.scan(str(root), before, str(quarantine))
+    assert finding.rel == "d/.git" and "symlink" in finding.reason
+    assert os.readlink(quarantine / "d" / ".git") == str(outside / ".git")
+    assert (outside / ".git" / "config").exists()  # the target was not touched
+
+
+def test_symlink_replacing_config_is_moved(git: Git, root: Path, quarantine: Path) -> None:
+    git.repo(root)
+    before = scan.snapshot(str(root))
+    (root / "notes.txt").write_text("[core]\n\tpager = evil\n")
+    cfg = root / ".git" / "config"
+    cfg.unlink()
+    cfg.symlink_to("../notes.txt")
+    (finding,) = scan.scan(str(root), before, str(quarantine))
+    assert finding.rel == ".git/config" and "symlink" in finding.reason
+    assert (root / "notes.txt").exists()
+
+
+def test_new_benign_nested_repo_is_left_alone(git: Git, root: Path, quarantine: Path) -> None:
+    git.repo(root)
+    before = scan.snapshot(str(root))
+    git.repo(root / "node_modules" / "dep")
+    assert scan.scan(str(root), before, str(quarantine)) == []
+
+
+def test_new_submodule_gitdir_with_hook(
+    git: Git, tmp_path: Path, root: Path, quarantine: Path
+) -> None:
+    git.repo(root)
+    git.repo(root / "other")
+    before = scan.snapshot(str(root))
+    git(root, "-c", "protocol.file.allow=always", "submodule", "add", "-q", "./other", "sub")
+    hook_script(root / ".git" / "modules" / "sub" / "hooks" / "post-checkout", tmp_path / "m")
+    findings = scan.scan(str(root), before, str(quarantine))
+    assert [f.rel for f in findings] == [".git/modules/sub/hooks/post-checkout"]
+
+
+def test_quarantine_keeps_earlier_copies(git: Git, root: Path, quarantine: Path) -> None:
+    git.repo(root)
+    cw = root / ".git" / "config.worktree"
+    for n in range(2):
+        before = scan.snapshot(str(root))
+        cw.write_text(f"[core]\n\tpager = evil{n}\n")
+        assert len(scan.scan(str(root), before, str(quarantine))) == 1
+    assert (quarantine / ".git" / "config.worktree").read_text().endswith("evil0\n")
+    assert (quarantine / ".git" / "config.worktree.1").read_text().endswith("evil1\n")
+
+
+def test_move_across_filesystems(git: Git, root: Path, tmp_path: Path) -> None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no second filesystem to move to")
+    git.repo(root)
+    q = Path(shm) / f"boxy-test-quarantine-{os.getpid()}"
+    try:
+        before = scan.snapshot(str(root))
+        (root / ".git" / "hooks" / "pre-commit").write_text("#!/bin/sh\n")
+        (root / "d").mkdir()
+        (root / "d" / ".git").symlink_to("/etc")
+        findings = scan.scan(str(root), before, str(q))
+        assert sorted(f.rel for f in findings) == [".git/hooks/pre-commit", "d/.git"]
+        assert (q / ".git" / "hooks" / "pre-commit").read_text() == "#!/bin/sh\n"
+        assert os.readlink(q / "d" / ".git") == "/etc"
+        assert not (root / ".git" / "hooks" / "pre-commit").exists()
+        assert not os.path.lexists(root / "d" / ".git")
+    finally:
+        shutil.rmtree(q, ignore_errors=True)
+
+
+def test_too_deep_is_reported(
+    root: Path, quarantine: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root.mkdir()
+    before = scan.snapshot(str(root))
+    monkeypatch.setattr(discover, "MAX_DEPTH", 4)
+    (root / "a" / "b" / "c" / "d" / "e").mkdir(parents=True)
+    findings = scan.scan(str(root), before, str(quarantine))
+    assert [(f.rel, f.dest) for f in findings] == [("a/b/c/d", "")]
+    assert "not checked" in scan.describe(findings)[0]
+
+
+def test_describe(git: Git, root: Path, quarantine: Path) -> None:
+    git.repo(root)
+    before = scan.snapshot(str(root))
+    (root / ".git" / "config.worktree").write_text("[core]\n\tfsmonitor = x\n[alias]\n\ty = !z\n")
+    (line,) = scan.describe(scan.scan(str(root), before, str(quarantine)))
+    assert ".git/config.worktree" in line
+    assert str(quarantine / ".git" / "config.worktree") in line
+    assert "core.fsmonitor, alias.y" in line
+
+
+# --- the attack, end to end --------------------------------------------------------
+
+
+def plant_nested_fsmonitor(git: Git, tmp_path: Path, root: Path) -> Path:
+    """What a payload can do with a writable work tree and no access to .git/config:
+    a new repository with core.fsmonitor, registered as a gitlink in the outer index
+    (the index is not a control file), so the host's next `git status` recurses into it.
+    Returns the marker the fsmonitor hook creates."""
+    sub = git.repo(root / "sub")
+    marker = tmp_path / "marker"
+    hook = root / "fsmon.sh"
+    hook.write_text(f"#!/bin/sh\ntouch {marker}\nprintf '\\0'\n")
+    hook.chmod(0o755)
+    git(sub, "config", "core.fsmonitor", str(hook))
+    sha = git(sub, "rev-parse", "HEAD")
+    git(root, "update-index", "--add", "--cacheinfo", f"160000,{sha},sub")
+    return marker
+
+
+def test_nested_repo_attack_is_real(git: Git, tmp_path: Path, root: Path) -> None:
+    git.repo(root)
+    marker = plant_nested_fsmonitor(git, tmp_path, root)
+    marker.unlink(missing_ok=True)
+    git(root, "status", "--short")
+    assert marker.exists()  # without the guard, the host runs the payload's program
+
+
+def test_nested_repo_attack_is_quarantined(
+    git: Git, tmp_path: Path, root: Path, quarantine: Path
+) -> None:
+    git.repo(root)
+    before = scan.snapshot(str(root))
+    marker = plant_nested_fsmonitor(git, tmp_path, root)
+    marker.unlink(missing_ok=True)
+    findings = scan.scan(str(root), before, str(quarantine))
+    assert [(f.rel, f.keys) for f in findings] == [("sub/.git/config", ("core.fsmonitor",))]
+    git(root, "status", "--short")
+    assert not marker.exists()
+
+
+def test_hooks_path_inside_tree_is_scanned_not_pinned(
+    git: Git, tmp_path: Path, root: Path, quarantine: Path
+) -> None:
+    """husky: the user's config points core.hooksPath into the work tree."""
+    git.repo(root)
+    git(root, "config", "core.hooksPath", ".husky/_")
+    husky = root / ".husky" / "_"
+    husky.mkdir(parents=True)
+    hook_script(husky / "pre-commit", tmp_path / "mine")
+    (husky / "h").write_text("# sourced by every hook\n")
+    assert not any(p.rel.startswith(".husky") for p in protections(str(root)))
+    before = scan.snapshot(str(root))
+    assert scan.scan(str(root), before, str(quarantine)) == []
+    (husky / "h").write_text("touch /tmp/pwned\n")
+    hook_script(husky / "post-checkout", tmp_path / "theirs")
+    findings = scan.scan(str(root), before, str(quarantine))
+    assert sorted(f.rel for f in findings) == [".husky/_/h", ".husky/_/post-checkout"]
+    assert (husky / "pre-commit").exists()

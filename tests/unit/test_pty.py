@@ -1,0 +1,287 @@
+"""PtyRelay with a real PTY pair standing in for the client's terminal.
+
+The test plays the terminal emulator on the pair's master (ctl_master); the
+relay gets dups of the pair's slave (ctl_slave), as boxyd gets the client's fds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import threading
+import time
+import tty
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from boxyctl.tty import on_winch, raw_mode, window_size
+from boxyd.daemon.pty import PtyRelay
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def terminal() -> Iterator[tuple[int, int]]:
+    ctl_master, ctl_slave = os.openpty()
+    fcntl.ioctl(ctl_slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))
+    attrs = termios.tcgetattr(ctl_slave)
+    attrs[6][termios.VERASE] = b"\x08"  # something the relay must copy
+    termios.tcsetattr(ctl_slave, termios.TCSANOW, attrs)
+    yield ctl_master, ctl_slave
+    os.close(ctl_master)
+    os.close(ctl_slave)
+
+
+def nonblocking(fd: int) -> bool:
+    return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK)
+
+
+def read_exactly(fd: int, n: int, timeout: float = 10) -> bytes:
+    out = bytearray()
+    deadline = time.monotonic() + timeout
+    while len(out) < n:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        out += os.read(fd, n - len(out))
+    return bytes(out)
+
+
+def start(target: object, *args: object) -> threading.Thread:
+    t = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
+    t.start()
+    return t
+
+
+async def test_typed_bytes_reach_the_payload_and_its_echo_comes_back(
+    terminal: tuple[int, int],
+) -> None:
+    ctl_master, ctl_slave = terminal
+    fd = os.dup(ctl_slave)
+    relay = PtyRelay(fd, fd)  # stdin and stdout the same terminal fd
+    try:
+        tty.setraw(ctl_slave)  # as boxyctl does once the run started
+        os.write(ctl_master, b"hello\n")
+        got = await asyncio.to_thread(read_exactly, relay.slave_fd, 6)
+        assert got == b"hello\n"
+        # The PTY kept the client's cooked settings: it echoes, with ONLCR.
+        assert await asyncio.to_thread(read_exactly, ctl_master, 7) == b"hello\r\n"
+    finally:
+        relay.close()
+    assert not nonblocking(ctl_slave)
+
+
+async def test_termios_and_window_size_copied_and_resize_applies(
+    terminal: tuple[int, int],
+) -> None:
+    _, ctl_slave = terminal
+    relay = PtyRelay(os.dup(ctl_slave), os.dup(ctl_slave))
+    try:
+        assert relay.slave_fd is not None
+        assert termios.tcgetattr(relay.slave_fd)[6][termios.VERASE] == b"\x08"
+        assert window_size(relay.slave_fd) == (30, 120)
+        relay.resize(40, 100)
+        assert window_size(relay.slave_fd) == (40, 100)
+        with pytest.raises(ValueError):
+            relay.resize(-1, 70000)
+    finally:
+        relay.close()
+
+
+async def test_one_mib_of_output_arrives_in_order_and_drain_follows_the_slave(
+    terminal: tuple[int, int],
+) -> None:
+    ctl_master, ctl_slave = terminal
+    tty.setraw(ctl_slave)
+    relay = PtyRelay(os.dup(ctl_slave), os.dup(ctl_slave))
+    try:
+        assert relay.slave_fd is not None
+        tty.setraw(relay.slave_fd)  # the payload's choice: bytes untouched
+        payload = os.dup(relay.slave_fd)
+        relay.close_slave()
+        data = os.urandom(MiB)
+
+        def write_and_exit() -> None:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(payload, view[:8192]) :]
+            os.close(payload)
+
+        start(write_and_exit)
+        got = await asyncio.to_thread(read_exactly, ctl_master, MiB, 20)
+        await asyncio.wait_for(relay.wait_drained(), 5)
+        assert len(got) == MiB
+        assert got == data
+    finally:
+        relay.close()
+    assert not nonblocking(ctl_slave)
+
+
+async def test_drain_waits_for_every_slave_holder(terminal: tuple[int, int]) -> None:
+    _, ctl_slave = terminal
+    relay = PtyRelay(None, os.dup(ctl_slave))
+    try:
+        assert relay.slave_fd is not None
+        payload = os.dup(relay.slave_fd)
+        relay.close_slave()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(relay.wait_drained(), 0.3)
+        os.close(payload)
+        await asyncio.wait_for(relay.wait_drained(), 5)
+        assert relay.drained
+    finally:
+        relay.close()
+
+
+async def test_stopped_terminal_back_pressures_the_payload_not_the_loop(
+    terminal: tuple[int, int],
+) -> None:
+    """Nobody reads the client terminal (Ctrl-S): the payload blocks, the relay
+    buffers one chunk at most, the event loop stays free, and nothing is lost."""
+    ctl_master, ctl_slave = terminal
+    tty.setraw(ctl_slave)
+    fds_before = len(os.listdir("/proc/self/fd"))
+    relay = PtyRelay(os.dup(ctl_slave), os.dup(ctl_slave))
+    assert relay.slave_fd is not None
+    tty.setraw(relay.slave_fd)
+    payload = os.dup(relay.slave_fd)
+    relay.close_slave()
+    data = os.urandom(4 * MiB)
+    progress = [0]
+
+    def write_and_exit() -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(payload, view[:4096])
+            progress[0] += n
+            view = view[n:]
+        os.close(payload)
+
+    writer = start(write_and_exit)
+    start_t = time.monotonic()
+    for _ in range(20):
+        await asyncio.sleep(0.025)  # the loop keeps running
+    assert time.monotonic() - start_t < 2
+    relay.resize(10, 20)  # and the relay still answers
+    assert writer.is_alive()
+    assert progress[0] < MiB, f"{progress[0]} bytes accepted while the terminal is stopped"
+    got = await asyncio.to_thread(read_exactly, ctl_master, 4 * MiB, 30)
+    await asyncio.wait_for(relay.wait_drained(), 5)
+    assert got == data
+    relay.close()
+    writer.join(5)
+    assert not nonblocking(ctl_slave)
+    deadline = time.monotonic() + 5  # the threads close their own fds as they exit
+    while len(os.listdir("/proc/self/fd")) != fds_before and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert len(os.listdir("/proc/self/fd")) == fds_before
+
+
+async def test_close_does_not_wait_for_a_stopped_terminal(terminal: tuple[int, int]) -> None:
+    ctl_master, ctl_slave = terminal
+    tty.setraw(ctl_slave)
+    relay = PtyRelay(os.dup(ctl_slave), os.dup(ctl_slave))
+    assert relay.slave_fd is not None
+    tty.setraw(relay.slave_fd)
+    payload = os.dup(relay.slave_fd)
+    os.set_blocking(payload, False)
+    with pytest.raises(BlockingIOError):  # fill everything up to the payload
+        while True:
+            os.write(payload, b"x" * 4096)
+    t = time.monotonic()
+    relay.close()
+    await asyncio.wait_for(relay.wait_drained(), 1)
+    assert time.monotonic() - t < 1
+    os.close(payload)
+    assert not nonblocking(ctl_slave)
+
+
+def test_refuses_fds_that_are_not_terminals() -> None:
+    r, w = os.pipe()
+    with pytest.raises(ValueError):
+        PtyRelay(r, w)
+    with pytest.raises(OSError):  # the relay owned them and closed them
+        os.fstat(w)
+    with pytest.raises(OSError):
+        os.fstat(r)
+    with pytest.raises(ValueError):
+        PtyRelay(None, None)
+
+
+# --- boxyctl.tty: the client's own terminal ----------------------------------------
+
+
+def test_raw_mode_restores_the_terminal(terminal: tuple[int, int]) -> None:
+    _, ctl_slave = terminal
+    before = termios.tcgetattr(ctl_slave)
+    with raw_mode(ctl_slave):
+        lflag = termios.tcgetattr(ctl_slave)[3]
+        assert not lflag & (termios.ICANON | termios.ECHO | termios.ISIG)
+    assert termios.tcgetattr(ctl_slave) == before
+
+
+RAW_CHILD = """
+import os, signal, sys, time
+from boxyctl.tty import raw_mode
+fd = int(sys.argv[1])
+if sys.argv[2] == "forward":
+    signal.signal(signal.SIGTERM, lambda *_: print("forwarded", flush=True))
+with raw_mode(fd):
+    print("raw", flush=True)
+    time.sleep(2 if sys.argv[2] == "forward" else 30)
+"""
+
+
+@pytest.mark.parametrize("mode", ["default", "forward"])
+def test_sigterm_in_raw_mode(terminal: tuple[int, int], mode: str) -> None:
+    """SIGTERM with the default action restores the terminal, then kills the client
+    by that signal; a handler the client installed first gets the signal instead."""
+    _, ctl_slave = terminal
+    before = termios.tcgetattr(ctl_slave)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RAW_CHILD, str(ctl_slave), mode],
+        pass_fds=[ctl_slave],
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"raw\n"
+        assert not termios.tcgetattr(ctl_slave)[3] & termios.ICANON
+        proc.send_signal(signal.SIGTERM)
+        if mode == "default":
+            assert proc.wait(10) == -signal.SIGTERM
+        else:
+            assert proc.stdout.readline() == b"forwarded\n"
+            assert not termios.tcgetattr(ctl_slave)[3] & termios.ICANON  # still raw
+            assert proc.wait(10) == 0
+        assert termios.tcgetattr(ctl_slave) == before
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_on_winch_reports_the_new_size(terminal: tuple[int, int]) -> None:
+    _, ctl_slave = terminal
+    seen: list[tuple[int, int]] = []
+    undo = on_winch(lambda rows, cols: seen.append((rows, cols)), ctl_slave)
+    try:
+        fcntl.ioctl(ctl_slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))
+        signal.raise_signal(signal.SIGWINCH)
+        assert seen == [(50, 160)]
+    finally:
+        undo()
+    assert signal.getsignal(signal.SIGWINCH) == signal.SIG_DFL
+    r, w = os.pipe()
+    assert window_size(r) is None
+    os.close(r)
+    os.close(w)

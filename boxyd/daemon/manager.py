@@ -198,17 +198,25 @@ class Manager:
             s.pty.close()
 
     def _limit_warnings(self, s: Session) -> list[str]:
-        """A limit without a controller is reported, not faked (until transient scopes)."""
-        out = []
-        flags = s.spec
-        if flags.cpus is not None:
-            out.append(f"--cpus {flags.cpus:g}: not enforced (no cpu controller delegated to boxy yet)")
-            s.record("cgroup", limit="cpus", value=flags.cpus, enforced=False)
-        out.append(f"--memory: sizes the scratch tmpfs ($HOME, /tmp, /dev/shm) to {flags.memory} bytes; "
-                   "the memory limit itself is not enforced (no memory controller)")
-        s.record("cgroup", limit="memory", value=flags.memory, enforced=False)
-        s.record("cgroup", limit="pids", value=flags.pids, enforced=True, by="RLIMIT_NPROC")
-        return out if flags.verbose or flags.cpus is not None else []
+        """What the user should hear before the payload starts. A limit without a
+        controller is reported, not faked (until transient scopes arrive)."""
+        spec = s.spec
+        out: list[str] = []
+        if spec.seccomp == "compat":
+            out.append("--seccomp compat: forbidden system calls fail with EPERM instead of killing the "
+                       "process; this is for diagnosis, do not leave it on")
+        if spec.cpus is not None:
+            out.append(f"--cpus {spec.cpus:g}: not enforced (no cpu controller is delegated to boxy)")
+            s.record("cgroup", limit="cpus", value=spec.cpus, enforced=False, reason="no cpu controller")
+        s.record("cgroup", limit="memory", value=spec.memory, enforced=False, reason="no memory controller",
+                 note="sizes the scratch tmpfs only")
+        s.record("cgroup", limit="pids", value=spec.pids, enforced=True, by="RLIMIT_NPROC")
+        if spec.verbose:
+            out.append(f"--memory {spec.memory}: sizes the scratch tmpfs ($HOME, /tmp, /dev/shm); the memory "
+                       "limit itself is not enforced (no memory controller)")
+            out.append(f"--pids {spec.pids}: enforced with RLIMIT_NPROC in the sandbox's user namespace")
+            out.extend(spec.notes)
+        return out
 
     def _timeout(self, s: Session) -> None:
         s.timed_out = True

@@ -77,12 +77,17 @@ def limits(plan: Plan) -> None:
         f.write("1000")
 
 
+def terminal_fd() -> int:
+    """The first of fds 0–2 that is the session's PTY (stdin may be a pipe: `… | boxyctl run`)."""
+    return next((fd for fd in (0, 1, 2) if os.isatty(fd)), 0)
+
+
 def controlling_terminal(plan: Plan) -> None:
     """With a session PTY, make it our controlling terminal so job control and ^C work
     (TIOCSCTTY is denied by seccomp later). Without one, /dev/tty gives ENXIO."""
     if plan.ctty:
         os.setsid()
-        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        fcntl.ioctl(terminal_fd(), termios.TIOCSCTTY, 0)
 
 
 def drop_privileges() -> None:
@@ -126,7 +131,7 @@ def start_payload(plan: Plan) -> int:
         os.setpgid(pid, pid)
     if plan.ctty:
         with contextlib.suppress(OSError):
-            os.tcsetpgrp(0, pid)
+            os.tcsetpgrp(terminal_fd(), pid)
     os.close(go_w)
     err = os.read(err_r, 16)
     os.close(err_r)

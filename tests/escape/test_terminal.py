@@ -1,0 +1,250 @@
+"""Terminal escapes: no host terminal fd may enter the sandbox, and /dev/tty inside never
+reaches the user's terminal (DESIGN.md "Daemon, sessions, APIs"; threat: keystroke
+injection through TIOCSTI/TIOCLINUX into the shell that ran `boxyctl run`).
+
+The test owns a real PTY (pty.openpty()) whose slave is the client's terminal; the
+payload must only ever see a PTY of boxy's, told apart by its device number.
+`run_on_pty` is also used by test_kernel.py (TIOCSTI on a real terminal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import select
+import struct
+import subprocess
+import termios
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from tests.conftest import BIN, Boxy, User
+
+pytestmark = pytest.mark.sandbox
+
+Stream = Literal["pty", "pipe"]
+HOST_RDEV = "@HOST_RDEV@"
+
+
+@dataclass
+class PtyRun:
+    returncode: int
+    tty: str  # everything written to the test's terminal, \r\n folded to \n
+    stdout: str  # the stdout pipe when stdout was not the terminal
+    stderr: str  # the stderr pipe when stderr was not the terminal
+    slave_rdev: int  # device number of the test's terminal (the client's)
+    slave_name: str
+
+
+def run_on_pty(user: User, workdir: Path, flags: list[str], cmd: list[str], *,
+               stdin: Stream = "pty", stdout: Stream = "pty", stderr: Stream = "pty",
+               winsize: tuple[int, int] | None = None, send: bytes | None = None,
+               send_after: str | None = None, stdin_data: bytes = b"",
+               timeout: float = 30) -> PtyRun:
+    """`boxyctl run FLAGS -- CMD` as the test user with the chosen fds on a fresh PTY.
+
+    "@HOST_RDEV@" in CMD becomes the device number of the test's terminal (so the
+    payload can recognise it). SEND is typed into the terminal once SEND_AFTER has
+    appeared on it. The run is over when the client has exited and the terminal has
+    gone quiet."""
+    master, slave = os.openpty()
+    try:
+        if winsize is not None:
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", winsize[0], winsize[1], 0, 0))
+        st = os.fstat(slave)
+        slave_name = os.ttyname(slave)
+        cmd = [c.replace(HOST_RDEV, str(st.st_rdev)) for c in cmd]
+        argv = user.cmd([str(BIN / "boxyctl"), "run", *flags, "--", *cmd])
+        proc = subprocess.Popen(
+            argv, cwd=workdir,
+            stdin=slave if stdin == "pty" else subprocess.PIPE,
+            stdout=slave if stdout == "pty" else subprocess.PIPE,
+            stderr=slave if stderr == "pty" else subprocess.PIPE,
+        )
+    except BaseException:
+        os.close(master)
+        raise
+    finally:
+        os.close(slave)  # only the client (and boxyd's copy) hold it now
+    if proc.stdin is not None:
+        # a pipe, not the pytest process's own stdin (which may be a terminal)
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.write(stdin_data)
+        proc.stdin.close()
+    out_fd = proc.stdout.fileno() if proc.stdout is not None else None
+    err_fd = proc.stderr.fileno() if proc.stderr is not None else None
+    bufs: dict[int, bytearray] = {fd: bytearray() for fd in (master, out_fd, err_fd) if fd is not None}
+    open_fds = set(bufs)
+    deadline = time.monotonic() + timeout
+    quiet_since: float | None = None
+    try:
+        while open_fds:
+            now = time.monotonic()
+            if now > deadline:
+                raise TimeoutError(f"boxyctl did not finish in {timeout}s; terminal so far: "
+                                   f"{bytes(bufs[master])!r}")
+            if proc.poll() is not None:
+                # the client is gone; give the relay a moment to flush, then stop
+                quiet_since = quiet_since or now
+                if now - quiet_since > 1.0:
+                    break
+            ready, _, _ = select.select(list(open_fds), [], [], 0.1)
+            for fd in ready:
+                try:
+                    data = os.read(fd, 65536)
+                except OSError:  # EIO: no slave left open
+                    data = b""
+                if not data:
+                    open_fds.discard(fd)
+                    continue
+                quiet_since = None
+                bufs[fd] += data
+                if (fd == master and send is not None and send_after is not None
+                        and send_after.encode() in bufs[master]):
+                    os.write(master, send)
+                    send = None
+        returncode = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for f in (proc.stdout, proc.stderr):
+            if f is not None:
+                f.close()
+        os.close(master)
+
+    def text(fd: int | None) -> str:
+        return "" if fd is None else bufs[fd].decode(errors="replace").replace("\r\n", "\n")
+
+    return PtyRun(
+        returncode=returncode,
+        tty=text(master),
+        stdout=text(out_fd),
+        stderr=text(err_fd),
+        slave_rdev=st.st_rdev,
+        slave_name=slave_name,
+    )
+
+
+# Reports what fds 0-2 are, as one JSON line on stdout; prints ESCAPED if any of
+# them is the test's own terminal (its device number is argv[1]).
+FD_REPORT = r"""
+import json, os, stat, sys
+host_rdev = int(sys.argv[1])
+rep = {}
+for fd in (0, 1, 2):
+    st = os.fstat(fd)
+    try:
+        name = os.ttyname(fd)
+    except OSError as e:
+        name = "error:" + str(e.errno)
+    rep[fd] = {"link": os.readlink(f"/proc/self/fd/{fd}"), "ttyname": name,
+               "isatty": os.isatty(fd), "fifo": stat.S_ISFIFO(st.st_mode),
+               "chr": stat.S_ISCHR(st.st_mode), "rdev": st.st_rdev}
+    if stat.S_ISCHR(st.st_mode) and st.st_rdev == host_rdev:
+        print(f"ESCAPED fd {fd} is the host terminal", file=sys.stderr, flush=True)
+        os.write(1, f"ESCAPED fd {fd} is the host terminal\n".encode())
+rep["fds"] = sorted(os.listdir("/proc/self/fd"))
+os.write(1, ("REPORT " + json.dumps(rep) + "\n").encode())
+os.write(2, b"STDERR-LINE\n")
+"""
+
+
+def _report(text: str) -> dict:
+    lines = [ln for ln in text.splitlines() if ln.startswith("REPORT ")]
+    assert len(lines) == 1, f"no fd report from the payload: {text!r}"
+    return {k if not k.isdigit() else int(k): v for k, v in json.loads(lines[0][7:]).items()}
+
+
+def _is_pty(entry: dict, host_rdev: int) -> bool:
+    # Unix98 PTY slaves have majors 136-143; boxy's must not be the client's own.
+    return (entry["isatty"] and entry["chr"] and 136 <= os.major(entry["rdev"]) <= 143
+            and entry["rdev"] != host_rdev)
+
+
+def test_dev_tty_is_enxio_without_a_pty(boxy: Boxy) -> None:
+    payload = r"""
+import errno, os
+print("TTYS", [os.isatty(fd) for fd in (0, 1, 2)])
+try:
+    fd = os.open("/dev/tty", os.O_RDWR)
+except OSError as e:
+    print("TRIED open /dev/tty:", errno.errorcode.get(e.errno, e.errno))
+else:
+    print("ESCAPED /dev/tty opened:", os.ttyname(fd))
+"""
+    # input=b"": stdin is a pipe even when pytest itself runs on a terminal
+    r = boxy.run("--net", "none", cmd=["python3", "-c", payload], input=b"", timeout=60)
+    out = r.stdout.decode()
+    assert "ESCAPED" not in out
+    assert r.returncode == 0, r.stderr
+    assert "TTYS [False, False, False]" in out
+    assert "TRIED open /dev/tty: ENXIO" in out
+
+
+def test_no_host_terminal_fd_enters(user: User, workdir: Path) -> None:
+    # All three fds on the test's terminal: the payload must see one PTY of boxy's.
+    r = run_on_pty(user, workdir, ["--net", "none"], ["python3", "-c", FD_REPORT, HOST_RDEV])
+    assert "ESCAPED" not in r.tty
+    assert r.returncode == 0, r.tty
+    rep = _report(r.tty)
+    for fd in (0, 1, 2):
+        assert _is_pty(rep[fd], r.slave_rdev), (fd, rep[fd], r.slave_rdev)
+        # a name it resolves to must not be the client's terminal
+        assert rep[fd]["link"] != r.slave_name or rep[fd]["rdev"] != r.slave_rdev
+    assert rep[0]["rdev"] == rep[1]["rdev"] == rep[2]["rdev"], "one session PTY for all three"
+    assert rep["fds"] == ["0", "1", "2", "3"], rep["fds"]  # 3: the listing itself
+    assert "STDERR-LINE" in r.tty
+
+
+def test_stdout_pipe_stdin_stderr_pty(user: User, workdir: Path) -> None:
+    # `boxyctl run ... | less`: fd 1 passes through as the pipe, 0 and 2 are boxy's PTY.
+    r = run_on_pty(user, workdir, ["--net", "none"], ["python3", "-c", FD_REPORT, HOST_RDEV],
+                   stdout="pipe")
+    assert "ESCAPED" not in r.stdout + r.tty
+    assert r.returncode == 0, r.tty
+    rep = _report(r.stdout)
+    assert rep[1]["fifo"] and not rep[1]["isatty"], rep[1]
+    assert _is_pty(rep[0], r.slave_rdev), rep[0]
+    assert _is_pty(rep[2], r.slave_rdev), rep[2]
+    assert "STDERR-LINE" in r.tty and "STDERR-LINE" not in r.stdout
+
+
+def test_stderr_only_on_terminal(user: User, workdir: Path) -> None:
+    r = run_on_pty(user, workdir, ["--net", "none"], ["python3", "-c", FD_REPORT, HOST_RDEV],
+                   stdin="pipe", stdout="pipe")
+    assert "ESCAPED" not in r.stdout + r.tty
+    assert r.returncode == 0, r.tty
+    rep = _report(r.stdout)
+    assert rep[0]["fifo"] and not rep[0]["isatty"], rep[0]
+    assert rep[1]["fifo"] and not rep[1]["isatty"], rep[1]
+    assert _is_pty(rep[2], r.slave_rdev), rep[2]
+    assert "STDERR-LINE" in r.tty
+
+
+def test_typed_input_reaches_payload(user: User, workdir: Path) -> None:
+    # READY first, so the line is typed while `head -1` is reading the session PTY;
+    # GOT: tells the payload's copy apart from any terminal echo.
+    r = run_on_pty(user, workdir, ["--net", "none"],
+                   ["sh", "-c", "echo READY; head -1 | sed 's/^/GOT:/'"],
+                   send=b"hello\n", send_after="READY", timeout=30)
+    assert r.returncode == 0, r.tty
+    assert "GOT:hello" in r.tty.splitlines(), r.tty
+
+
+def test_window_size_propagated(user: User, workdir: Path) -> None:
+    r = run_on_pty(user, workdir, ["--net", "none"], ["stty", "size"], winsize=(33, 111))
+    assert r.returncode == 0, r.tty
+    assert "33 111" in r.tty.splitlines(), r.tty
+
+
+@pytest.mark.parametrize(("script", "status"), [("echo x; exit 42", 42), ("kill -TERM $$", 143)])
+def test_exit_status_through_pty(user: User, workdir: Path, script: str, status: int) -> None:
+    r = run_on_pty(user, workdir, ["--net", "none"], ["sh", "-c", script])
+    assert r.returncode == status, r.tty

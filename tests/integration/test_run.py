@@ -1,0 +1,217 @@
+"""`boxyctl run --net none` end to end: what must keep working (a sandbox that blocks
+the job is useless) and how bad input is refused before anything starts."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Boxy, User
+
+pytestmark = pytest.mark.sandbox
+
+NET = ("--net", "none")
+
+
+def out(r) -> str:
+    return r.stdout.decode(errors="replace")
+
+
+def err(r) -> str:
+    return r.stderr.decode(errors="replace")
+
+
+# --- ordinary work ------------------------------------------------------------------
+
+
+def test_shell_pipeline(boxy: Boxy) -> None:
+    r = boxy.sh("seq 1 1000 | sort -rn | head -3", input=b"")
+    assert r.returncode == 0, err(r)
+    assert out(r) == "1000\n999\n998\n"
+
+
+def test_python(boxy: Boxy) -> None:
+    r = boxy.run(*NET, cmd=["python3", "-c", "import sys, json; print(json.dumps([sys.version_info[0], 6 * 7]))"],
+                 input=b"")
+    assert r.returncode == 0, err(r)
+    assert out(r) == "[3, 42]\n"
+
+
+def test_node(boxy: Boxy) -> None:
+    # libuv probes io_uring (refused with ENOSYS) and uses its thread pool for fs.
+    script = ("const fs = require('fs');"
+              "fs.promises.writeFile('node-out.txt', 'from node')"
+              ".then(() => fs.promises.readFile('node-out.txt', 'utf8'))"
+              ".then(t => console.log(t, 6 * 7));")
+    r = boxy.run(*NET, cmd=["node", "-e", script], input=b"")
+    assert r.returncode == 0, err(r)
+    assert out(r) == "from node 42\n"
+    assert (boxy.workdir / "node-out.txt").read_text() == "from node"
+
+
+def test_cc_compile_and_run(boxy: Boxy) -> None:
+    src = boxy.workdir / "hello.c"
+    src.write_text('#include <stdio.h>\nint main(void) { printf("hello from c %d\\n", 6 * 7); return 0; }\n')
+    boxy.user.chown(src)
+    r = boxy.sh("cc -O2 -o hello hello.c && ./hello", input=b"")
+    assert r.returncode == 0, err(r)
+    assert out(r) == "hello from c 42\n"
+    assert (boxy.workdir / "hello").is_file()  # the binary landed in the work directory
+
+
+def test_stdin_from_pipe(boxy: Boxy) -> None:
+    data = b"line one\nline two\n" * 1000
+    r = boxy.run(*NET, cmd=["python3", "-c", "import sys, hashlib; d = sys.stdin.buffer.read();"
+                            "print(len(d), hashlib.sha256(d).hexdigest())"], input=data)
+    assert r.returncode == 0, err(r)
+    assert out(r) == f"{len(data)} {hashlib.sha256(data).hexdigest()}\n"
+
+
+LOOPBACK = r"""
+import socket, sys, threading
+for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+    srv = socket.socket(family, socket.SOCK_STREAM)
+    srv.bind((host, 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    def serve():
+        conn, _ = srv.accept()
+        with conn:
+            conn.sendall(b"echo:" + conn.recv(100))
+    t = threading.Thread(target=serve)
+    t.start()
+    with socket.create_connection((host, port), timeout=5) as c:
+        c.sendall(host.encode())
+        print(c.recv(100).decode())
+    t.join()
+    srv.close()
+"""
+
+
+def test_loopback_tcp_under_net_none(boxy: Boxy) -> None:
+    r = boxy.run(*NET, cmd=["python3", "-c", LOOPBACK], input=b"", timeout=60)
+    assert r.returncode == 0, err(r)
+    assert out(r) == "echo:127.0.0.1\necho:::1\n"
+
+
+# --- exit statuses ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("script", "status"), [
+    ("exit 0", 0), ("exit 3", 3), ("exit 255", 255),
+    ("kill -KILL $$", 137), ("kill -TERM $$", 143),
+])
+def test_exit_status_propagated(boxy: Boxy, script: str, status: int) -> None:
+    r = boxy.sh(f"echo started; {script}; echo not-reached", input=b"")
+    assert out(r) == "started\n"
+    assert r.returncode == status, err(r)
+
+
+def test_missing_command_inside(boxy: Boxy) -> None:
+    r = boxy.run(*NET, cmd=["does-not-exist"], input=b"")
+    assert r.returncode == 127, err(r)
+    assert "does-not-exist" in err(r) and "not found" in err(r), err(r)
+    assert "Traceback" not in err(r)
+
+
+# --- bad input: refused before anything starts ------------------------------------------
+
+
+def _snapshot(d: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(d)): (p.stat().st_mtime_ns, p.stat().st_size) for p in d.rglob("*")}
+
+
+@pytest.mark.parametrize("flags", [
+    ["--bogus-flag"],
+    ["--memory", "2XB"],
+    ["--ro", "/does/not/exist"],
+    ["--pcap", "x"],
+    [],  # no command at all
+], ids=["unknown-flag", "bad-size", "missing-ro", "pcap-net-none", "no-command"])
+def test_bad_input_refused(boxy: Boxy, workdir: Path, flags: list[str]) -> None:
+    (workdir / "existing").write_text("keep")
+    boxy.user.chown(workdir)
+    before = _snapshot(workdir)
+    # If anything did start, it would leave `started` in the work directory.
+    cmd = None if not flags else ["sh", "-c", "touch started"]
+    r = boxy.run(*NET, *flags, cmd=cmd, input=b"")
+    lines = err(r).splitlines()
+    assert r.returncode == 2, (r.returncode, err(r))
+    assert len(lines) == 1, lines
+    assert "Traceback" not in err(r)
+    assert lines[0].startswith("boxyctl: "), lines
+    assert out(r) == ""
+    assert _snapshot(workdir) == before
+    assert not (workdir / "started").exists()
+
+
+# --- environment and fds -----------------------------------------------------------------
+
+
+def test_env_flags(boxy: Boxy) -> None:
+    r = boxy.run(*NET, "-e", "FOO=bar", "-e", "HOME_ONLY", "-e", "EMPTY=",
+                 cmd=["python3", "-c", "import os; print(repr(os.environ.get('FOO')),"
+                      "repr(os.environ.get('HOME_ONLY')), repr(os.environ.get('EMPTY')))"],
+                 input=b"", extra_env={"HOME_ONLY": "from-client"})
+    assert r.returncode == 0, err(r)
+    assert out(r) == "'bar' 'from-client' ''\n"
+
+
+ALLOWED_ENV = {"HOME", "USER", "LOGNAME", "SHELL", "PATH", "TERM", "LANG", "LANGUAGE", "TZ",
+               "COLORTERM", "NO_COLOR"}
+
+
+def test_env_is_scrubbed(boxy: Boxy, user: User) -> None:
+    secrets = {
+        "SSH_AUTH_SOCK": "/tmp/ssh-agent.sock", "GITHUB_TOKEN": "ghp_secret",
+        "NPM_TOKEN": "npm_secret", "MY_API_TOKEN": "tok", "AWS_SECRET_ACCESS_KEY": "aws",
+        "DBUS_SESSION_BUS_ADDRESS": "unix:path=/run/user/1001/bus", "RANDOM_HOST_VAR": "x",
+    }
+    r = boxy.run(*NET, cmd=["python3", "-c", "import os\nfor k in sorted(os.environ): print(k)"],
+                 input=b"", extra_env=secrets)
+    assert r.returncode == 0, err(r)
+    names = set(out(r).split())
+    assert {"HOME", "PATH", "USER"} <= names, names
+    for bad in ("SSH_AUTH_SOCK", "XDG_RUNTIME_DIR", *secrets):
+        assert bad not in names, f"{bad} leaked into the sandbox"
+    assert not [n for n in names if "TOKEN" in n], names
+    extra = {n for n in names if n not in ALLOWED_ENV and not n.startswith("LC_")}
+    assert not extra, f"names outside the allowlist: {extra}"
+
+
+def test_only_stdio_fds_open(boxy: Boxy) -> None:
+    r = boxy.run(*NET, cmd=["python3", "-c", "import os; print(sorted(os.listdir('/proc/self/fd'), key=int))"],
+                 input=b"")
+    assert r.returncode == 0, err(r)
+    # 0-2, plus the fd listdir itself holds open while reading the directory
+    assert out(r) == "['0', '1', '2', '3']\n"
+
+
+def test_workdir_flag(boxy: Boxy, user: User, workdir: Path) -> None:
+    other = workdir.parent / f"{workdir.name}-other"
+    other.mkdir()
+    user.chown(other)
+    try:
+        r = boxy.run(*NET, "--workdir", str(other), cmd=["sh", "-c", "pwd; echo hi > made-here"],
+                     input=b"")
+        assert r.returncode == 0, err(r)
+        assert out(r) == f"{other}\n"
+        assert (other / "made-here").read_text() == "hi\n"
+        assert not (workdir / "made-here").exists()
+    finally:
+        for p in other.iterdir():
+            p.unlink()
+        other.rmdir()
+
+
+def test_workdir_relative(boxy: Boxy, user: User, workdir: Path) -> None:
+    sub = workdir / "sub"
+    sub.mkdir()
+    user.chown(sub)
+    r = boxy.run(*NET, "-w", "sub", cmd=["pwd"], input=b"")
+    assert r.returncode == 0, err(r)
+    assert out(r) == f"{sub}\n"
+    assert os.path.samefile(out(r).strip(), sub)

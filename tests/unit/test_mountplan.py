@@ -1,0 +1,71 @@
+"""The mount plan: order, safe resolution under writable trees, refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from boxyd import mountplan
+from boxyd.errors import UsageError
+from boxyd.gitguard.discover import Protection
+from boxyd.plan import Bind, Copy, Plan, Symlink
+from boxyd.spec import CopyEntry, PathEntry, RunSpec
+
+
+def _spec(**kw) -> RunSpec:
+    return RunSpec(argv=["true"], workdir="/home/u/proj", **kw)
+
+
+def _binds(plan_ops) -> list[Bind]:
+    return [op for op in plan_ops if isinstance(op, Bind)]
+
+
+def test_workdir_is_a_writable_bind_from_the_host_path() -> None:
+    ops, rules = mountplan.user_ops(_spec(), {})
+    (b,) = _binds(ops)
+    assert (b.src, b.dst, b.ro, b.src_base, b.dst_base) == ("/home/u/proj", "/home/u/proj", False, None, None)
+    assert [(r.path, r.access) for r in rules] == [("/home/u/proj", "rw")]
+
+
+def test_paths_inside_a_writable_tree_are_resolved_beneath_it() -> None:
+    spec = _spec(ro=[PathEntry("/home/u/proj/vendor")], protect=[PathEntry("/home/u/proj/.env")])
+    ops, _ = mountplan.user_ops(spec, {})
+    binds = _binds(ops)
+    assert [b.dst for b in binds] == ["/home/u/proj", "vendor", ".env"]
+    for b in binds[1:]:
+        assert b.src_base == b.dst_base == "/home/u/proj" and b.ro
+
+
+def test_parents_are_mounted_before_children() -> None:
+    spec = _spec(ro=[PathEntry("/home/u")], rw=[PathEntry("/home/u/proj/out")])
+    ops, _ = mountplan.user_ops(spec, {})
+    order = [(b.src_base or "") + "/" + b.src if b.src_base else b.src for b in _binds(ops)]
+    assert order.index("/home/u") < order.index("/home/u/proj")
+
+
+def test_git_protections_follow_their_tree_and_symlinks_are_refused() -> None:
+    prots = {"/home/u/proj": [Protection(".git", "self", True), Protection(".git/hooks", "ro", True)]}
+    ops, _ = mountplan.user_ops(_spec(), prots)
+    binds = _binds(ops)
+    assert [(b.dst, b.ro, b.dst_base) for b in binds[1:]] == [(".git", False, "/home/u/proj"),
+                                                               (".git/hooks", True, "/home/u/proj")]
+    bad = {"/home/u/proj": [Protection(".git/hooks", "ro", True, symlink=True)]}
+    with pytest.raises(UsageError, match="symlink"):
+        mountplan.user_ops(_spec(), bad)
+
+
+def test_copy_into_an_exposed_tree_is_refused() -> None:
+    with pytest.raises(UsageError, match="inside the exposed tree"):
+        mountplan.user_ops(_spec(copy=[CopyEntry("/home/u/.creds", "/home/u/proj/.creds")]), {})
+    ops, rules = mountplan.user_ops(_spec(copy_ro=[CopyEntry("/home/u/.creds", "/home/u/.creds")]), {})
+    assert any(isinstance(op, Copy) and op.ro for op in ops)
+    assert ("/home/u/.creds", "ro") in [(r.path, r.access) for r in rules]
+
+
+def test_plan_round_trips_through_json_and_has_no_host_etc() -> None:
+    plan = mountplan.build(_spec(), seccomp_bpf=b"\0" * 8, protections={}, ctty=False)
+    again = Plan.from_json(plan.to_json())
+    assert again == plan
+    etc_binds = [b.src for b in _binds(plan.ops) if b.src.startswith("/etc")]
+    assert "/etc/passwd" not in etc_binds and "/etc/shadow" not in etc_binds and "/etc" not in etc_binds
+    assert all(isinstance(op, (Bind, Symlink)) for op in plan.ops if getattr(op, "dst", "") in ("/bin", "/usr"))
+    assert ("/", "dir") in [(r.path, r.access) for r in plan.landlock]

@@ -14,7 +14,9 @@ IFACE = "dev.boxy.Manager"
 
 
 def _prog() -> str:
-    return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "boxyctl"
+    from boxyctl.cli import prog_name
+
+    return prog_name(sys.argv[0] if sys.argv else "boxyctl")
 
 
 def say(msg: str) -> None:
@@ -28,7 +30,15 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     try:
-        cmd = cli.parse(argv, environ=dict(os.environ), cwd=os.getcwd())
+        cmd = cli.parse(argv, environ=dict(os.environ), cwd=os.getcwd(), prog=_prog())
+        if cmd.name == "help":
+            sys.stdout.write(cmd.args["text"])
+            return 0
+        if cmd.name == "version":
+            from boxyd.buildid import build_id
+
+            print(f"boxy 0.1.0 (build {build_id()})")
+            return 0
         if cmd.name == "run":
             return run(cmd.args)
         if cmd.name == "doctor":

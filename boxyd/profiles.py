@@ -1,0 +1,440 @@
+"""Profiles: YAML presets and user files, validated strictly, templates expanded.
+
+A profile is read once per run by the daemon, so every mistake in it must come
+back as one line naming the file, the key and what was expected. Host templates
+for registries ({npm_registry}, {pip_index} …) are kept as written here and
+resolved later by ``resolve_hosts`` with a resolver the daemon supplies, because
+the answer lives in the tool's own configuration, not in boxy.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from boxyd.envpolicy import check_name
+from boxyd.errors import ProfileError, UsageError
+from boxyd.spec import CopyEntry, PathEntry
+from boxyd.units import parse_duration, parse_host_spec, parse_size
+
+PATH_TEMPLATES = ("workdir", "workdir_slug", "home")
+# Filled from the tool's own configuration at run time (never a host name written here).
+HOST_TEMPLATES = ("npm_registry", "pip_index", "pip_files", "go_proxy", "go_sumdb")
+
+NETS = ("public", "allowlist", "none")
+SECCOMP_MODES = ("strict", "compat")
+_TOP_KEYS = (
+    "description",
+    "extends",
+    "net",
+    "allow_hosts",
+    "allow_ports",
+    "filesystem",
+    "env",
+    "env_pass",
+    "limits",
+    "seccomp",
+)
+_FS_KEYS = ("ro", "rw", "mkdir", "protect", "copy", "copy_ro")
+_LIMIT_KEYS = ("memory", "pids", "cpus", "timeout")
+_PRESET_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")
+_TEMPLATE_RE = re.compile(r"\{([^{}]*)\}")
+_MAX_FILE = 1 << 20  # a profile is a screenful; refuse reading a runaway file into memory
+
+
+@dataclass
+class Profile:
+    name: str  # as given (preset name or path)
+    source: str  # how messages name it: the preset name or the file path
+    description: str = ""
+    net: str | None = None
+    allow_hosts: list[str] = field(default_factory=list)  # may hold HOST_TEMPLATES
+    allow_ports: list[int] = field(default_factory=list)
+    ro: list[PathEntry] = field(default_factory=list)
+    rw: list[PathEntry] = field(default_factory=list)
+    mkdir: list[PathEntry] = field(default_factory=list)
+    protect: list[PathEntry] = field(default_factory=list)
+    copy: list[CopyEntry] = field(default_factory=list)
+    copy_ro: list[CopyEntry] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    env_pass: list[str] = field(default_factory=list)
+    memory: int | None = None
+    pids: int | None = None
+    cpus: float | None = None
+    timeout: float | None = None
+    seccomp: str | None = None
+
+
+def workdir_slug(workdir: str) -> str:
+    """The directory name Claude Code files a project's transcripts under.
+
+    Claude Code replaces every character that is not an ASCII letter or digit with
+    '-' (so '/home/u/p' → '-home-u-p'); doing the same also guarantees the slug can
+    never hold a '/' or '..' that would climb out of ~/.claude/projects.
+    """
+    return re.sub(r"[^A-Za-z0-9]", "-", workdir)
+
+
+def is_path(name_or_path: str) -> bool:
+    return "/" in name_or_path or name_or_path.endswith((".yaml", ".yml"))
+
+
+def _preset_dir() -> Any:
+    return importlib.resources.files("boxyd") / "profiles"
+
+
+def list_profiles() -> list[str]:
+    """The preset names, sorted."""
+    return sorted(
+        entry.name.removesuffix(".yaml")
+        for entry in _preset_dir().iterdir()
+        if entry.name.endswith(".yaml")
+    )
+
+
+def _read(name_or_path: str) -> tuple[str, str]:
+    """(label for messages, text) of a preset or a profile file."""
+    if is_path(name_or_path):
+        label = name_or_path
+        try:
+            with open(name_or_path, "rb") as f:
+                data = f.read(_MAX_FILE + 1)
+        except OSError as e:
+            raise ProfileError(f"profile {label}: {e.strerror.lower()}") from None
+    else:
+        label = name_or_path
+        if not _PRESET_NAME_RE.fullmatch(name_or_path) or name_or_path not in list_profiles():
+            raise ProfileError(
+                f"unknown profile {name_or_path!r} (presets: {', '.join(list_profiles())}; "
+                "or give a path to a .yaml file)"
+            )
+        data = (_preset_dir() / f"{name_or_path}.yaml").read_bytes()
+    if len(data) > _MAX_FILE:
+        raise ProfileError(f"profile {label}: larger than {_MAX_FILE} bytes")
+    try:
+        return label, data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ProfileError(f"profile {label}: not UTF-8 text (byte {e.start})") from None
+
+
+def profile_text(name: str) -> str:
+    """The text of a preset (or a profile file), for `boxyctl profile show`."""
+    return _read(name)[1]
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a repeated key (PyYAML silently keeps the last one)."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            mark = key_node.start_mark
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=True)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _parse_yaml(label: str, text: str) -> dict[str, Any]:
+    try:
+        doc = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        raise ProfileError(f"profile {label}: invalid YAML{where}: {e.problem or e}") from None
+    except yaml.YAMLError as e:
+        raise ProfileError(f"profile {label}: invalid YAML: {e}") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ProfileError(f"profile {label}: expected a mapping of keys at the top level")
+    return doc
+
+
+class _Checker:
+    """Validation of one profile document; every error names the file and key."""
+
+    def __init__(self, label: str, context: Mapping[str, str]) -> None:
+        self.label = label
+        self.values = {
+            "workdir": context["workdir"],
+            "home": context["home"],
+            "workdir_slug": context.get("workdir_slug") or workdir_slug(context["workdir"]),
+        }
+
+    def fail(self, key: str, expected: str) -> ProfileError:
+        return ProfileError(f"profile {self.label}: key {key}: {expected}")
+
+    def keys(self, doc: Mapping[Any, Any], allowed: tuple[str, ...], prefix: str = "") -> None:
+        for key in doc:
+            if key not in allowed:
+                raise ProfileError(
+                    f"profile {self.label}: unknown key {prefix + str(key)!r} "
+                    f"(expected one of: {', '.join(allowed)})"
+                )
+
+    def string(self, key: str, value: Any, expected: str = "expected a string") -> str:
+        if not isinstance(value, str):
+            raise self.fail(key, expected)
+        return value
+
+    def choice(self, key: str, value: Any, choices: tuple[str, ...]) -> str:
+        if value not in choices:
+            raise self.fail(key, f"expected one of: {', '.join(choices)}")
+        return value
+
+    def list_of(self, key: str, value: Any) -> list[Any]:
+        if not isinstance(value, list):
+            raise self.fail(key, "expected a list")
+        return value
+
+    def boolean(self, key: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(key, "expected true or false")
+        return value
+
+    def expand(self, key: str, raw: str) -> str:
+        """Templates and ~ expanded; the result must be an absolute path."""
+
+        def sub(m: re.Match[str]) -> str:
+            if m.group(1) not in PATH_TEMPLATES:
+                raise self.fail(
+                    key,
+                    f"unknown template {{{m.group(1)}}} "
+                    f"(expected one of: {', '.join('{' + t + '}' for t in PATH_TEMPLATES)})",
+                )
+            return self.values[m.group(1)]
+
+        path = _TEMPLATE_RE.sub(sub, raw)
+        if path == "~" or path.startswith("~/"):
+            path = self.values["home"] + path[1:]
+        if not path.startswith("/") or "\0" in path:
+            raise self.fail(
+                key, f"{raw!r} is not an absolute path (start with /, ~ or {{workdir}})"
+            )
+        return os.path.normpath(path)
+
+    def path_entry(self, key: str, value: Any) -> PathEntry:
+        expected = "expected a path string or {path:, optional:}"
+        if isinstance(value, str):
+            return PathEntry(self.expand(key, value))
+        if isinstance(value, dict) and "path" in value:
+            self.keys(value, ("path", "optional"), f"{key}.")
+            path = self.string(f"{key}.path", value["path"], expected)
+            optional = self.boolean(f"{key}.optional", value.get("optional", False))
+            return PathEntry(self.expand(f"{key}.path", path), optional)
+        raise self.fail(key, expected)
+
+    def copy_entry(self, key: str, value: Any) -> CopyEntry:
+        expected = "expected 'SRC[:DST]' or {src:, dst:, optional:}"
+        optional = False
+        if isinstance(value, str):
+            src, _, dst = value.partition(":")
+            if not src or (":" in value and not dst):
+                raise self.fail(key, expected)
+        elif isinstance(value, dict) and "src" in value:
+            self.keys(value, ("src", "dst", "optional"), f"{key}.")
+            src = self.string(f"{key}.src", value["src"], expected)
+            dst = value.get("dst") or ""
+            self.string(f"{key}.dst", dst, expected)
+            optional = self.boolean(f"{key}.optional", value.get("optional", False))
+        else:
+            raise self.fail(key, expected)
+        src = self.expand(f"{key}", src)
+        return CopyEntry(src, self.expand(f"{key}", dst) if dst else src, optional)
+
+    def host(self, key: str, value: Any) -> str:
+        text = self.string(key, value, "expected a host name string (HOST[:PORT[,PORT]][/udp])")
+        templates = _TEMPLATE_RE.findall(text)
+        for name in templates:
+            if name not in HOST_TEMPLATES:
+                raise self.fail(
+                    key,
+                    f"unknown template {{{name}}} "
+                    f"(expected one of: {', '.join('{' + t + '}' for t in HOST_TEMPLATES)})",
+                )
+        if not templates:
+            try:
+                parse_host_spec(text, what=key)
+            except UsageError as e:
+                raise ProfileError(f"profile {self.label}: {e}") from None
+        return text
+
+    def port(self, key: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+            raise self.fail(key, "expected a port number (1–65535)")
+        return value
+
+    def size(self, key: str, value: Any) -> int:
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        if isinstance(value, str):
+            try:
+                return parse_size(value, what=key)
+            except UsageError as e:
+                raise ProfileError(f"profile {self.label}: key {e}") from None
+        raise self.fail(key, "expected a size such as 512MiB or 2GiB")
+
+    def duration(self, key: str, value: Any) -> float:
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return parse_duration(value, what=key)
+            except UsageError as e:
+                raise ProfileError(f"profile {self.label}: key {e}") from None
+        raise self.fail(key, "expected a duration such as 10m or 1h30m")
+
+    def positive_int(self, key: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise self.fail(key, "expected a positive whole number")
+        return value
+
+    def positive_number(self, key: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise self.fail(key, "expected a positive number")
+        return float(value)
+
+
+def _build(name: str, label: str, doc: Mapping[str, Any], context: Mapping[str, str]) -> Profile:
+    c = _Checker(label, context)
+    c.keys(doc, _TOP_KEYS)
+    p = Profile(name=name, source=label)
+    if "description" in doc:
+        p.description = c.string("description", doc["description"])
+    if "net" in doc:
+        p.net = c.choice("net", doc["net"], NETS)
+    if "seccomp" in doc:
+        p.seccomp = c.choice("seccomp", doc["seccomp"], SECCOMP_MODES)
+    for i, v in enumerate(c.list_of("allow_hosts", doc.get("allow_hosts", []))):
+        p.allow_hosts.append(c.host(f"allow_hosts[{i}]", v))
+    for i, v in enumerate(c.list_of("allow_ports", doc.get("allow_ports", []))):
+        p.allow_ports.append(c.port(f"allow_ports[{i}]", v))
+    fs = doc.get("filesystem", {})
+    if not isinstance(fs, dict):
+        raise c.fail("filesystem", f"expected a mapping with keys {', '.join(_FS_KEYS)}")
+    c.keys(fs, _FS_KEYS, "filesystem.")
+    for kind in ("ro", "rw", "mkdir", "protect"):
+        for i, v in enumerate(c.list_of(f"filesystem.{kind}", fs.get(kind, []))):
+            getattr(p, kind).append(c.path_entry(f"filesystem.{kind}[{i}]", v))
+    for kind in ("copy", "copy_ro"):
+        for i, v in enumerate(c.list_of(f"filesystem.{kind}", fs.get(kind, []))):
+            getattr(p, kind).append(c.copy_entry(f"filesystem.{kind}[{i}]", v))
+    env = doc.get("env", {})
+    if not isinstance(env, dict):
+        raise c.fail("env", "expected a mapping of NAME: VALUE")
+    for k, v in env.items():
+        if not isinstance(k, str):
+            raise c.fail(f"env.{k}", "expected a variable name")
+        try:
+            check_name(k, what="env")
+        except UsageError as e:
+            raise ProfileError(f"profile {label}: key {e}") from None
+        # YAML reads 'false' and 1 as bool/int; an environment only holds strings.
+        value = c.string(f"env.{k}", v, "expected a string (quote true/false and numbers)")
+        if "\0" in value:
+            raise c.fail(f"env.{k}", "the value contains a NUL byte")
+        p.env[k] = value
+    for i, v in enumerate(c.list_of("env_pass", doc.get("env_pass", []))):
+        key = f"env_pass[{i}]"
+        try:
+            p.env_pass.append(check_name(c.string(key, v, "expected a variable name"), what=key))
+        except UsageError as e:
+            raise ProfileError(f"profile {label}: key {e}") from None
+    limits = doc.get("limits", {})
+    if not isinstance(limits, dict):
+        raise c.fail("limits", f"expected a mapping with keys {', '.join(_LIMIT_KEYS)}")
+    c.keys(limits, _LIMIT_KEYS, "limits.")
+    if "memory" in limits:
+        p.memory = c.size("limits.memory", limits["memory"])
+    if "pids" in limits:
+        p.pids = c.positive_int("limits.pids", limits["pids"])
+    if "cpus" in limits:
+        p.cpus = c.positive_number("limits.cpus", limits["cpus"])
+    if "timeout" in limits:
+        p.timeout = c.duration("limits.timeout", limits["timeout"])
+    return p
+
+
+def _merge(base: Profile, child: Profile) -> Profile:
+    """child extends base: lists concatenate (base first), scalars and env keys override."""
+    out = Profile(name=child.name, source=child.source)
+    out.description = child.description or base.description
+    for attr in ("net", "memory", "pids", "cpus", "timeout", "seccomp"):
+        child_value = getattr(child, attr)
+        setattr(out, attr, child_value if child_value is not None else getattr(base, attr))
+    for attr in ("allow_hosts", "allow_ports", "ro", "rw", "mkdir", "protect", "copy", "copy_ro"):
+        setattr(out, attr, getattr(base, attr) + getattr(child, attr))
+    out.env = {**base.env, **child.env}
+    out.env_pass = base.env_pass + [n for n in child.env_pass if n not in base.env_pass]
+    return out
+
+
+def load_profile(name_or_path: str, *, context: Mapping[str, str]) -> Profile:
+    """Load, validate and expand a preset (a bare name) or a file (a value holding '/'
+    or ending in .yaml/.yml). ``context`` holds 'workdir' and 'home' (and may hold
+    'workdir_slug'). ``extends`` may name a preset or a file (relative to this one),
+    one level deep."""
+    label, text = _read(name_or_path)
+    doc = _parse_yaml(label, text)
+    base_name = doc.get("extends")
+    profile = _build(name_or_path, label, {k: v for k, v in doc.items() if k != "extends"}, context)
+    if base_name is None:
+        return profile
+    if not isinstance(base_name, str) or not base_name:
+        raise ProfileError(f"profile {label}: key extends: expected a profile name or path")
+    if is_path(base_name) and not base_name.startswith("/") and is_path(name_or_path):
+        base_name = os.path.normpath(os.path.join(os.path.dirname(name_or_path), base_name))
+    base_label, base_text = _read(base_name)
+    base_doc = _parse_yaml(base_label, base_text)
+    if "extends" in base_doc:
+        raise ProfileError(
+            f"profile {label}: key extends: {base_name} extends another profile itself; "
+            "only one level is supported"
+        )
+    return _merge(_build(base_name, base_label, base_doc, context), profile)
+
+
+Registry = Callable[[str], "str | None"]
+
+
+def resolve_hosts(
+    hosts: list[str], registry: Registry | None, *, source: str, notes: list[str]
+) -> list[str]:
+    """Fill HOST_TEMPLATES via ``registry`` (name → host, or None when the tool has no
+    configuration). An entry that cannot be resolved, or resolves to something that is
+    not a host name, is dropped with a note: the run goes on without that host."""
+    out: list[str] = []
+    for entry in hosts:
+        missing: list[str] = []
+
+        def sub(m: re.Match[str], missing: list[str] = missing) -> str:
+            value = registry(m.group(1)) if registry else None
+            if not value:
+                missing.append(m.group(1))
+                return ""
+            return value
+
+        text = _TEMPLATE_RE.sub(sub, entry)
+        if missing:
+            notes.append(
+                f"profile {source}: allow_hosts {entry}: no {{{missing[0]}}} configured; dropped"
+            )
+            continue
+        try:
+            out.append(str(parse_host_spec(text, what=f"profile {source}: allow_hosts {entry}")))
+        except UsageError as e:
+            notes.append(f"{e}; dropped")
+    return out

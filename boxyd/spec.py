@@ -1,0 +1,389 @@
+"""RunSpec: one run's request after the profile and the flags are merged and checked.
+
+Built by ``build_spec`` from the client's Run parameters; everything downstream
+(mount plan, seccomp, limits) reads only this. Pure: no I/O beyond reading the
+profile file and stat()ing the paths it names.
+
+Paths in ro/rw/mkdir are kept as given (absolute, normalised, not realpath'd):
+each is mounted at that same path inside, and the kernel resolves the source
+(so a profile's ~/.local/bin/claude symlink lands on the real binary). The
+workdir and protect entries are realpath'd: they are located inside writable
+trees by the mount code.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from boxyd.errors import ProfileError, UsageError
+
+
+@dataclass
+class PathEntry:
+    path: str  # absolute host path (templates expanded, ~ expanded)
+    optional: bool = False  # from a profile: skipped when absent (said under -v)
+
+
+@dataclass
+class CopyEntry:
+    src: str  # absolute host path
+    dst: str  # absolute path inside the sandbox
+    optional: bool = False
+
+
+@dataclass
+class RunSpec:
+    argv: list[str]
+    workdir: str  # absolute host path, realpath'd; also the payload's cwd
+    profile: str | None = None  # preset name or path, as given
+    ro: list[PathEntry] = field(default_factory=list)
+    rw: list[PathEntry] = field(default_factory=list)
+    protect: list[PathEntry] = field(default_factory=list)
+    mkdir: list[PathEntry] = field(default_factory=list)
+    copy: list[CopyEntry] = field(default_factory=list)
+    copy_ro: list[CopyEntry] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # the payload's final environment
+    net: str = "none"  # public | allowlist | none
+    allow_hosts: list[str] = field(default_factory=list)
+    allow_ports: list[int] = field(default_factory=list)
+    allow_cidrs: list[str] = field(default_factory=list)
+    tailscale: bool = False
+    memory: int = 2 << 30  # bytes
+    pids: int = 512
+    cpus: float | None = None
+    timeout: float | None = None  # seconds
+    audit_log: str | None = None
+    net_log: str | None = None
+    pcap: str | None = None
+    pcap_max: int = 1 << 30
+    seccomp: str = "strict"  # strict | compat
+    tty: bool = False
+    verbose: bool = False
+    detach: bool = False
+    allow_git_write: bool = False
+    # said to the user under -v (skipped optional entries …)
+    notes: list[str] = field(default_factory=list)
+
+
+# --- building a RunSpec from the client's Run parameters -------------------------------
+
+DEFAULT_PROFILE = "generic"
+DEFAULT_NET = "public"  # a profile that leaves net unset gets what the product promises
+DEFAULT_MEMORY = 2 << 30
+DEFAULT_PIDS = 512
+DEFAULT_PCAP_MAX = 1 << 30
+
+# Run's "options" keys (boxyctl.cli builds exactly these); anything else is a client bug.
+OPTION_KEYS = (
+    "profile", "ro", "rw", "protect", "mkdir", "copy", "copy_ro", "workdir", "net",
+    "allow_host", "allow_port", "allow_cidr", "tailscale", "env", "memory", "pids",
+    "cpus", "timeout", "audit_log", "net_log", "pcap", "pcap_max", "seccomp", "tty",
+    "verbose", "detach", "allow_git_write",
+)  # fmt: skip
+
+
+class _Wire:
+    """Typed reads of the Run parameters: they arrive as JSON from a client, so a wrong
+    shape is reported as a usage error, never a traceback."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.options = options
+
+    @staticmethod
+    def fail(key: str, expected: str) -> UsageError:
+        return UsageError(f"Run: options.{key}: expected {expected}")
+
+    def get(self, key: str, kind: type | tuple[type, ...], expected: str) -> Any:
+        value = self.options.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) and kind is not bool:
+            raise self.fail(key, expected)
+        if not isinstance(value, kind):
+            raise self.fail(key, expected)
+        return value
+
+    def flag(self, key: str) -> bool:
+        return bool(self.get(key, bool, "true or false"))
+
+    def strings(self, key: str) -> list[str]:
+        values = self.get(key, list, "a list of strings") or []
+        if not all(isinstance(v, str) for v in values):
+            raise self.fail(key, "a list of strings")
+        return values
+
+    def positive(self, key: str, kind: type | tuple[type, ...], expected: str) -> Any:
+        value = self.get(key, kind, expected)
+        if value is not None and value <= 0:
+            raise self.fail(key, expected)
+        return value
+
+
+def _contains(tree: str, path: str) -> bool:
+    # "/".rstrip("/") + "/" is "/": the root contains every absolute path
+    return path == tree or path.startswith(tree.rstrip("/") + "/")
+
+
+def _abs(path: str, base: str) -> str:
+    return os.path.normpath(os.path.join(base, path))
+
+
+def _dedupe(items: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for item in items:
+        if item not in out:
+            out.append(item)
+    return out
+
+
+def build_spec(
+    params: dict[str, Any],
+    *,
+    uid: int,
+    user: str,
+    home: str,
+    registry: Callable[[str], str | None] | None = None,
+) -> RunSpec:
+    """Merge the client's Run parameters with the profile and check them into a RunSpec.
+
+    ``params`` is {"argv", "cwd", "options", "client_env"} as boxyctl.cli builds it;
+    ``registry`` resolves the profile's host templates (npm_registry, pip_index, …)
+    from the tools' own configuration. The profile defaults to ``generic``; flags
+    add to the profile's lists and override its scalars; ``--allow-host`` without
+    ``--net`` means allowlist. Reads the filesystem (stat, realpath, the profile)
+    but changes nothing. Raises UsageError/ProfileError with one line.
+    """
+    # Imported here: stage 2 and the plan compiler import this module for the
+    # dataclasses alone and must not pull in YAML.
+    from boxyd import envpolicy, exposure, profiles, units
+
+    if not isinstance(params, dict):
+        raise UsageError("Run: parameters must be an object")
+    argv = params.get("argv")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise UsageError("missing command (boxyctl run [flags] -- COMMAND [ARGS...])")
+    if any("\0" in a for a in argv):
+        raise UsageError("the command contains a NUL byte")
+    cwd = params.get("cwd")
+    if not isinstance(cwd, str) or not cwd.startswith("/"):
+        raise UsageError("Run: cwd: expected an absolute path")
+    client_env = params.get("client_env") or {}
+    if not isinstance(client_env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in client_env.items()
+    ):
+        raise UsageError("Run: client_env: expected an object of strings")
+    options = params.get("options") or {}
+    if not isinstance(options, dict):
+        raise UsageError("Run: options: expected an object")
+    for key in options:
+        if key not in OPTION_KEYS:
+            raise UsageError(f"Run: unknown option {key!r}")
+    o = _Wire(options)
+    notes: list[str] = []
+
+    # The work directory, resolved once: every later containment check uses this form.
+    workdir_flag = o.get("workdir", str, "a path")
+    raw_workdir = _abs(workdir_flag or cwd, cwd)
+    workdir = os.path.realpath(raw_workdir)
+    if not os.path.isdir(workdir):
+        what = "--workdir" if workdir_flag else "the current directory"
+        raise UsageError(f"{what} {raw_workdir}: not a directory")
+
+    profile_name = o.get("profile", str, "a profile name or path") or DEFAULT_PROFILE
+    profile_ref = profile_name
+    if profiles.is_path(profile_name):
+        if profile_name == "~" or profile_name.startswith("~/"):
+            profile_ref = home + profile_name[1:]
+        profile_ref = _abs(profile_ref, cwd)
+    prof = profiles.load_profile(profile_ref, context={"workdir": workdir, "home": home})
+    src = prof.source
+
+    spec = RunSpec(argv=list(argv), workdir=workdir, profile=profile_name, notes=notes)
+
+    # --- network ---
+    net_flag = o.get("net", str, "public, allowlist or none")
+    if net_flag is not None and net_flag not in profiles.NETS:
+        raise o.fail("net", "public, allowlist or none")
+    flag_hosts = [str(units.parse_host_spec(h)) for h in o.strings("allow_host")]
+    if flag_hosts and net_flag in ("public", "none"):
+        raise UsageError(
+            f"--allow-host: cannot be combined with --net {net_flag} (it implies allowlist)"
+        )
+    spec.net = net_flag or ("allowlist" if flag_hosts else None) or prof.net or DEFAULT_NET
+    if spec.net == "allowlist":
+        hosts = profiles.resolve_hosts(prof.allow_hosts, registry, source=src, notes=notes)
+    else:
+        hosts = []
+        if prof.allow_hosts:
+            notes.append(f"profile {src}: allow_hosts not used with --net {spec.net}")
+    spec.allow_hosts = _dedupe(hosts + flag_hosts)
+    ports = o.get("allow_port", list, "a list of port numbers") or []
+    for port in ports:
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise UsageError(f"--allow-port: {port!r} is not a port number (1–65535)")
+    spec.allow_ports = _dedupe(prof.allow_ports + ports)
+    spec.allow_cidrs = _dedupe([units.parse_cidr(c) for c in o.strings("allow_cidr")])
+    spec.tailscale = o.flag("tailscale")
+    if spec.net == "none":
+        for flag, given in (
+            ("--tailscale", spec.tailscale),
+            ("--allow-port", bool(ports)),
+            ("--allow-cidr", bool(spec.allow_cidrs)),
+            ("--pcap", bool(options.get("pcap"))),
+        ):
+            if given:
+                raise UsageError(f"{flag}: cannot be combined with --net none (no network at all)")
+
+    # --- filesystem ---
+    labels: dict[tuple[str, str], str] = {}  # (kind, path) → what exposed it, for messages
+
+    def check_paths(kind: str) -> list[PathEntry]:
+        entries = [(f"profile {src}: filesystem.{kind}", e, True) for e in getattr(prof, kind)]
+        entries += [(f"--{kind}", PathEntry(_abs(p, cwd)), False) for p in o.strings(kind)]
+        out: list[PathEntry] = []
+        for label, entry, from_profile in entries:
+            if any(e.path == entry.path for e in out):
+                continue
+            if kind == "mkdir":
+                if os.path.exists(entry.path) and not os.path.isdir(entry.path):
+                    raise _err(from_profile, f"{label} {entry.path}: exists and is not a directory")
+            elif not os.path.exists(entry.path):
+                if entry.optional:
+                    notes.append(f"{label} {entry.path}: absent; skipped")
+                    continue
+                raise _err(from_profile, f"{label} {entry.path}: no such file or directory")
+            labels[(kind, entry.path)] = label
+            out.append(entry)
+        return out
+
+    spec.ro, spec.rw, spec.mkdir = check_paths("ro"), check_paths("rw"), check_paths("mkdir")
+    for entry in spec.ro:
+        if any(e.path == entry.path for e in spec.rw):
+            raise UsageError(f"{entry.path}: exposed both read-only and read-write")
+    writable = [workdir] + [os.path.realpath(e.path) for e in spec.rw + spec.mkdir]
+    for entry in check_paths("protect"):
+        if os.path.islink(entry.path):
+            raise UsageError(f"--protect {entry.path}: is a symlink; name what it points to")
+        real = os.path.realpath(entry.path)
+        if not any(_contains(tree, real) for tree in writable):
+            raise UsageError(
+                f"--protect {entry.path}: not inside the work directory or a --rw path"
+            )
+        spec.protect.append(PathEntry(real, entry.optional))
+
+    exposed = [("workdir", workdir)]
+    exposed += [
+        (labels[k, e.path], e.path) for k in ("ro", "rw", "mkdir") for e in getattr(spec, k)
+    ]
+    exposure.check_exposed(exposed, exposure.sensitive_paths(client_env, home, uid))
+
+    copies = _check_copies(o, prof, cwd, home, notes)
+    trees = [workdir] + [e.path for e in spec.ro + spec.rw + spec.mkdir]
+    for label, entry in copies:
+        for tree in trees:
+            if _contains(tree, entry.dst):
+                raise UsageError(
+                    f"{label} {entry.src}:{entry.dst}: the destination lies inside the exposed "
+                    f"path {tree}; a copy goes onto the sandbox's own tmpfs"
+                )
+        (spec.copy_ro if label.endswith("copy_ro") or label == "--copy-ro" else spec.copy).append(
+            entry
+        )
+
+    # --- environment ---
+    requested: list[tuple[str, str | None]] = []
+    for item in o.get("env", list, "a list of {name, value, present}") or []:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise o.fail("env", "a list of {name, value, present}")
+        name, value = item["name"], item.get("value")
+        if item.get("present", value is not None) is False or value is None:
+            envpolicy.check_name(name)
+            notes.append(f"-e {name}: not set in your environment; skipped")
+            continue
+        if not isinstance(value, str):
+            raise o.fail("env", "a list of {name, value, present}")
+        requested.append((name, value))
+    spec.env = envpolicy.sandbox_env(
+        client_env, requested, home=home, user=user,
+        profile_env=prof.env, env_pass=prof.env_pass, notes=notes,
+    )  # fmt: skip
+
+    # --- limits and the rest ---
+    spec.memory = o.positive("memory", int, "a size in bytes") or prof.memory or DEFAULT_MEMORY
+    spec.pids = o.positive("pids", int, "a positive whole number") or prof.pids or DEFAULT_PIDS
+    spec.cpus = o.positive("cpus", (int, float), "a positive number") or prof.cpus
+    spec.timeout = o.positive("timeout", (int, float), "seconds") or prof.timeout
+    if spec.cpus is not None:
+        spec.cpus = float(spec.cpus)
+    if spec.timeout is not None:
+        spec.timeout = float(spec.timeout)
+    seccomp = o.get("seccomp", str, "strict or compat")
+    if seccomp is not None and seccomp not in profiles.SECCOMP_MODES:
+        raise o.fail("seccomp", "strict or compat")
+    spec.seccomp = seccomp or prof.seccomp or "strict"
+    for key, flag in (("audit_log", "--audit-log"), ("net_log", "--net-log"), ("pcap", "--pcap")):
+        value = o.get(key, str, "a path")
+        if value is None:
+            continue
+        path = _abs(value, cwd)
+        if not os.path.isdir(os.path.dirname(path)):
+            raise UsageError(f"{flag} {path}: {os.path.dirname(path)} is not a directory")
+        setattr(spec, key, path)
+    pcap_max = o.positive("pcap_max", int, "a size in bytes")
+    if pcap_max is not None and spec.pcap is None:
+        raise UsageError("--pcap-max: needs --pcap")
+    spec.pcap_max = pcap_max or DEFAULT_PCAP_MAX
+    spec.tty, spec.verbose = o.flag("tty"), o.flag("verbose")
+    spec.detach, spec.allow_git_write = o.flag("detach"), o.flag("allow_git_write")
+    return spec
+
+
+def _err(from_profile: bool, message: str) -> UsageError:
+    return ProfileError(message) if from_profile else UsageError(message)
+
+
+def _check_copies(
+    o: _Wire, prof: Any, cwd: str, home: str, notes: list[str]
+) -> list[tuple[str, CopyEntry]]:
+    """Profile and flag copies, checked; a flag replaces a profile copy to the same
+    destination (the seed's --copy other.json:$HOME/.claude.json)."""
+    flagged: list[tuple[str, CopyEntry]] = []
+    for key, flag in (("copy", "--copy"), ("copy_ro", "--copy-ro")):
+        items = o.get(key, list, "a list of {src, dst}") or []
+        for item in items:
+            if not isinstance(item, dict) or not isinstance(item.get("src"), str):
+                raise o.fail(key, "a list of {src, dst}")
+            dst = item.get("dst")
+            if dst is not None and not isinstance(dst, str):
+                raise o.fail(key, "a list of {src, dst}")
+            src_path = _abs(item["src"], cwd)
+            if dst is not None and not dst.startswith("/"):
+                raise UsageError(f"{flag} {item['src']}:{dst}: the destination must be absolute")
+            flagged.append((flag, CopyEntry(src_path, os.path.normpath(dst or src_path))))
+    profiled = [(f"profile {prof.source}: filesystem.copy", e) for e in prof.copy]
+    profiled += [(f"profile {prof.source}: filesystem.copy_ro", e) for e in prof.copy_ro]
+    out: list[tuple[str, CopyEntry]] = []
+    seen: dict[str, str] = {}
+    for label, entry in flagged + profiled:
+        from_profile = label.startswith("profile ")
+        if entry.dst in seen:
+            if from_profile and not seen[entry.dst].startswith("profile "):
+                notes.append(f"{label} {entry.src}: replaced by {seen[entry.dst]} to {entry.dst}")
+                continue
+            raise _err(from_profile, f"{label} {entry.src}: a second copy to {entry.dst}")
+        try:
+            st = os.stat(entry.src)
+        except OSError:
+            if entry.optional:
+                notes.append(f"{label} {entry.src}: absent; skipped")
+                continue
+            raise _err(from_profile, f"{label} {entry.src}: no such file or directory") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise _err(from_profile, f"{label} {entry.src}: not a regular file")
+        seen[entry.dst] = label
+        out.append((label, entry))
+    return out

@@ -1,0 +1,242 @@
+"""Typed command-line values: sizes, durations, ports, host specs, CIDRs.
+
+Pure (no I/O) and standard library only: the client imports this module at
+start-up, and the daemon re-checks the same values with the same code. Every
+parse function raises ``UsageError`` with one line that names the flag (``what``)
+and the bad value.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+
+from boxyd.errors import UsageError
+
+# K/M/G/T and KiB/MiB/… are binary (what --memory users mean); KB/MB/… decimal.
+_SIZE_UNITS: dict[str, int] = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kib": 1 << 10,
+    "kb": 10**3,
+    "m": 1 << 20,
+    "mib": 1 << 20,
+    "mb": 10**6,
+    "g": 1 << 30,
+    "gib": 1 << 30,
+    "gb": 10**9,
+    "t": 1 << 40,
+    "tib": 1 << 40,
+    "tb": 10**12,
+}
+_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)")
+_SIZE_EXAMPLES = "examples: 512MiB, 2GiB"
+# Nothing a sandbox does needs more; bounds what int() and the kernel are given.
+_MAX_SIZE = 1 << 60
+
+_DURATION_UNITS: dict[str, Fraction] = {
+    "ms": Fraction(1, 1000),
+    "s": Fraction(1),
+    "m": Fraction(60),
+    "h": Fraction(3600),
+    "d": Fraction(86400),
+}
+_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_DURATION_EXAMPLES = "examples: 90, 500ms, 10m, 1h30m"
+_MAX_DURATION = 365 * 86400
+
+_HOST_LABEL_RE = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
+
+# The sandbox's own link: an exception here would open the gateway itself.
+SANDBOX_NETS = (ipaddress.ip_network("10.0.2.0/24"), ipaddress.ip_network("fd00::/64"))
+
+
+def _bad(what: str, value: str, kind: str, examples: str) -> UsageError:
+    return UsageError(f"{what}: {value!r} is not {kind} ({examples})")
+
+
+def parse_size(s: str, *, what: str = "size", allow_zero: bool = False) -> int:
+    """'2GiB' → 2147483648. A plain number is bytes; fractions of a byte round down."""
+    m = _SIZE_RE.fullmatch(s.strip())
+    if not m or m.group(2).lower() not in _SIZE_UNITS:
+        raise _bad(what, s, "a size", _SIZE_EXAMPLES)
+    n = int(Fraction(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+    if n == 0 and not allow_zero:
+        raise UsageError(f"{what}: {s!r} is zero; give a positive size ({_SIZE_EXAMPLES})")
+    if n > _MAX_SIZE:
+        raise UsageError(f"{what}: {s!r} is too large")
+    return n
+
+
+def parse_duration(s: str, *, what: str = "duration", allow_zero: bool = False) -> float:
+    """'1h30m' → 5400.0; a plain number is seconds. Parts may be ms, s, m, h, d."""
+    text = s.strip()
+    if re.fullmatch(r"\d+(?:\.\d+)?", text):
+        total = Fraction(text)
+    else:
+        parts = _DURATION_PART_RE.findall(text)
+        if not parts or "".join(n + u for n, u in parts) != text:
+            raise _bad(what, s, "a duration", _DURATION_EXAMPLES)
+        units = [u for _, u in parts]
+        if len(set(units)) != len(units):
+            raise _bad(what, s, "a duration (a unit is repeated)", _DURATION_EXAMPLES)
+        total = sum((Fraction(n) * _DURATION_UNITS[u] for n, u in parts), Fraction(0))
+    if total == 0 and not allow_zero:
+        raise UsageError(f"{what}: {s!r} is zero; give a positive duration ({_DURATION_EXAMPLES})")
+    if total > _MAX_DURATION:
+        raise UsageError(f"{what}: {s!r} is too long (at most 365d)")
+    return float(total)
+
+
+def parse_count(s: str, *, what: str, minimum: int = 1, maximum: int = 1 << 31) -> int:
+    """A positive decimal integer such as --pids 512 (no signs, no 0x, no '1e3')."""
+    text = s.strip()
+    if not re.fullmatch(r"\d{1,19}", text):
+        raise UsageError(f"{what}: {s!r} is not a whole number")
+    n = int(text)
+    if not minimum <= n <= maximum:
+        raise UsageError(f"{what}: {n} is out of range ({minimum}–{maximum})")
+    return n
+
+
+def parse_cpus(s: str, *, what: str = "--cpus") -> float:
+    """A positive number of CPUs, fractions allowed (--cpus 0.5)."""
+    if not re.fullmatch(r"\d{1,6}(?:\.\d{1,6})?", s.strip()):
+        raise UsageError(f"{what}: {s!r} is not a number of CPUs (examples: 0.5, 2)")
+    n = float(s)
+    if n <= 0:
+        raise UsageError(f"{what}: {s!r} is zero; give a positive number of CPUs")
+    return n
+
+
+def format_size(n: int) -> str:
+    """38.4KiB, 6.1MiB, 0B: one decimal from KiB up, binary units (as parse_size reads them)."""
+    if n < 0:
+        return "-" + format_size(-n)
+    if n < 1024:
+        return f"{n}B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        value /= 1024
+        # 1023.96KiB would print as "1024.0KiB": move up instead.
+        if round(value, 1) < 1024 or unit == "PiB":
+            return f"{value:.1f}{unit}"
+    raise AssertionError("unreachable")
+
+
+def format_duration(seconds: float) -> str:
+    """500ms, 9s, 2.5s, 1m5s, 1h30m, 2d3h: parse_duration reads every result back."""
+    if seconds < 0:
+        return "-" + format_duration(-seconds)
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    if seconds < 10 and seconds != int(seconds):
+        return f"{seconds:.1f}s"
+    total = int(seconds)
+    out = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        q, total = divmod(total, size)
+        if q:
+            out.append(f"{q}{unit}")
+    return "".join(out)
+
+
+def parse_port(s: str, *, what: str = "--allow-port") -> int:
+    """A TCP/UDP port number, 1–65535, in decimal."""
+    if not re.fullmatch(r"\d{1,5}", s) or not 1 <= int(s) <= 65535:
+        raise UsageError(f"{what}: {s!r} is not a port number (1–65535)")
+    return int(s)
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """One --allow-host value: a name, optional ports, and whether the ports are UDP."""
+
+    host: str  # lower-case, no trailing dot
+    ports: tuple[int, ...] = ()  # empty: the global --allow-port list applies
+    udp: bool = False
+
+    def __str__(self) -> str:
+        text = self.host
+        if self.ports:
+            text += ":" + ",".join(str(p) for p in self.ports)
+        return text + ("/udp" if self.udp else "")
+
+
+def parse_host_name(s: str, *, what: str = "--allow-host") -> str:
+    """A DNS name (single-label names such as a tailnet's 'nas' included), normalised."""
+    name = s.lower().removesuffix(".")
+    if "*" in name:
+        raise UsageError(f"{what}: {s!r}: wildcards are not supported; name each host")
+    try:
+        ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
+        pass
+    else:
+        raise UsageError(
+            f"{what}: {s!r} is an address, not a host name (use --allow-cidr for addresses)"
+        )
+    labels = name.split(".")
+    if (
+        not name
+        or len(name) > 253
+        or not all(_HOST_LABEL_RE.fullmatch(label) for label in labels)
+        or labels[-1].isdigit()  # 'a.123' or '123' would be read as an IPv4 address
+    ):
+        raise UsageError(f"{what}: {s!r} is not a host name")
+    return name
+
+
+def parse_host_spec(s: str, *, what: str = "--allow-host") -> HostSpec:
+    """HOST, HOST:PORT[,PORT...], HOST:PORT[,PORT...]/udp (or /tcp, the default)."""
+    text, udp = s, False
+    for suffix, is_udp in (("/udp", True), ("/tcp", False)):
+        if text.lower().endswith(suffix):
+            text, udp = text[: -len(suffix)], is_udp
+            break
+    if text.startswith("[") or text.count(":") > 1:  # an IPv6 literal, bracketed or not
+        literal = text[1:].partition("]")[0] if text.startswith("[") else text
+        try:
+            ipaddress.IPv6Address(literal)
+        except ValueError:
+            raise UsageError(f"{what}: {s!r} is not a host name") from None
+        raise UsageError(
+            f"{what}: {s!r} is an address, not a host name (use --allow-cidr for addresses)"
+        )
+    host, sep, port_text = text.partition(":")
+    if sep and not port_text:
+        raise UsageError(f"{what}: {s!r}: no port after ':' (HOST[:PORT[,PORT]][/udp])")
+    name = parse_host_name(host, what=what) if host else ""
+    if not name:
+        raise UsageError(f"{what}: {s!r}: no host name (HOST[:PORT[,PORT]][/udp])")
+    ports: list[int] = []
+    if sep:
+        for p in port_text.split(","):
+            port = parse_port(p, what=f"{what} {s}")
+            if port not in ports:
+                ports.append(port)
+    if udp and not ports:
+        raise UsageError(f"{what}: {s!r}: /udp needs explicit ports (HOST:PORT/udp)")
+    return HostSpec(name, tuple(ports), udp)
+
+
+def parse_cidr(s: str, *, what: str = "--allow-cidr") -> str:
+    """A v4/v6 prefix (a bare address is a /32 or /128), normalised; never 'everything'
+    and never the sandbox's own link."""
+    try:
+        net = ipaddress.ip_network(s.strip(), strict=True)
+    except ValueError as e:
+        try:
+            loose = ipaddress.ip_network(s.strip(), strict=False)
+        except ValueError:
+            raise UsageError(f"{what}: {s!r} is not an address range ({e})") from None
+        raise UsageError(f"{what}: {s!r} has host bits set (did you mean {loose}?)") from None
+    if net.prefixlen == 0:
+        raise UsageError(f"{what}: {s!r} would permit every address; name the ranges you need")
+    for own in SANDBOX_NETS:
+        if net.version == own.version and net.overlaps(own):
+            raise UsageError(f"{what}: {s!r} overlaps the sandbox's own network {own}")
+    return str(net)

@@ -1,0 +1,305 @@
+"""boxyctl.cli: every subcommand, the Run parameters, and one-line refusals."""
+
+import subprocess
+import sys
+
+import pytest
+
+from boxyctl.cli import Command, parse, parse_or_exit, prog_name, usage
+from boxyd.errors import UsageError
+
+ENV = {
+    "HOME": "/home/u",
+    "USER": "u",
+    "TERM": "xterm",
+    "LANG": "C.UTF-8",
+    "LC_TIME": "de_DE",
+    "PATH": "/usr/bin",
+    "SSH_AUTH_SOCK": "/tmp/ssh/agent",
+    "XDG_RUNTIME_DIR": "/run/user/1000",
+    "GITHUB_TOKEN": "ghp",
+    "EDITOR": "vim",
+}
+CWD = "/home/u/proj"
+
+
+def p(*argv, environ=ENV):
+    return parse(list(argv), environ=environ, cwd=CWD)
+
+
+def run_opts(*argv, **kw):
+    return p("run", *argv, "--", "true", **kw).args["options"]
+
+
+def refused(*argv, environ=ENV):
+    with pytest.raises(UsageError) as e:
+        p(*argv, environ=environ)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_run_defaults_are_exactly_the_run_parameters():
+    cmd = p("run", "--", "npm", "ci")
+    assert cmd == Command(
+        "run",
+        {
+            "argv": ["npm", "ci"],
+            "cwd": CWD,
+            "options": {
+                "profile": None, "ro": [], "rw": [], "protect": [], "mkdir": [], "copy": [],
+                "copy_ro": [], "workdir": None, "net": None, "allow_host": [], "allow_port": [],
+                "allow_cidr": [], "tailscale": False, "env": [], "memory": None, "pids": None,
+                "cpus": None, "timeout": None, "audit_log": None, "net_log": None, "pcap": None,
+                "pcap_max": None, "seccomp": None, "tty": False, "verbose": False,
+                "detach": False, "allow_git_write": False,
+            },
+            "client_env": {
+                "HOME": "/home/u", "USER": "u", "TERM": "xterm", "LANG": "C.UTF-8",
+                "LC_TIME": "de_DE", "SSH_AUTH_SOCK": "/tmp/ssh/agent",
+                "XDG_RUNTIME_DIR": "/run/user/1000",
+            },
+        },
+    )  # fmt: skip
+
+
+def test_option_keys_match_the_daemon():
+    from boxyd.spec import OPTION_KEYS
+
+    assert sorted(run_opts()) == sorted(OPTION_KEYS)
+
+
+@pytest.mark.parametrize(
+    "argv,command",
+    [
+        (["--", "ls", "-la"], ["ls", "-la"]),
+        (["ls", "-la"], ["ls", "-la"]),
+        (["--net", "none", "ls", "--net", "x"], ["ls", "--net", "x"]),
+        (["ls", "--", "x"], ["ls", "--", "x"]),
+        (["--", "--", "x"], ["--", "x"]),
+        (["-v", "--", "-weird"], ["-weird"]),
+    ],
+)
+def test_command_with_or_without_double_dash(argv, command):
+    assert p("run", *argv).args["argv"] == command
+
+
+@pytest.mark.parametrize(
+    "argv", [["run"], ["run", "--"], ["run", "-v"], ["run", "-p", "node", "--"]]
+)
+def test_missing_command(argv):
+    assert refused(*argv).startswith("run: missing command")
+
+
+def test_every_flag():
+    o = run_opts(
+        "-p", "node", "--ro", "a", "--ro", "/abs", "--rw", "~/data", "--protect", "./.env",
+        "--mkdir", "~", "--allow-git-write", "--copy", "~/c.json", "--copy", "x:/etc/y",
+        "--copy-ro", "r:~/r", "-w", "../other", "--net", "allowlist", "--allow-host", "A.example",
+        "--allow-host", "nas:22,2222", "--allow-host", "dns.example:53/udp", "--allow-port", "8080",
+        "--allow-cidr", "192.168.4.0/24", "--tailscale", "-e", "EDITOR", "--env", "X=1=2",
+        "-e", "NOPE", "--memory", "1GiB", "--pids", "64", "--cpus", "0.5", "--timeout", "1h30m",
+        "--audit-log", "a.json", "--net-log", "/var/tmp/n.json", "--pcap", "c.pcap",
+        "--pcap-max", "10MiB", "--seccomp", "compat", "--tty", "-v", "-d",
+    )  # fmt: skip
+    assert o == {
+        "profile": "node",
+        "ro": ["/home/u/proj/a", "/abs"],
+        "rw": ["/home/u/data"],
+        "protect": ["/home/u/proj/.env"],
+        "mkdir": ["/home/u"],
+        "copy": [
+            {"src": "/home/u/c.json", "dst": None},
+            {"src": "/home/u/proj/x", "dst": "/etc/y"},
+        ],
+        "copy_ro": [{"src": "/home/u/proj/r", "dst": "/home/u/r"}],
+        "workdir": "/home/u/other",
+        "net": "allowlist",
+        "allow_host": ["a.example", "nas:22,2222", "dns.example:53/udp"],
+        "allow_port": [8080],
+        "allow_cidr": ["192.168.4.0/24"],
+        "tailscale": True,
+        "env": [
+            {"name": "EDITOR", "value": "vim", "present": True},
+            {"name": "X", "value": "1=2", "present": True},
+            {"name": "NOPE", "value": None, "present": False},
+        ],
+        "memory": 1 << 30,
+        "pids": 64,
+        "cpus": 0.5,
+        "timeout": 5400.0,
+        "audit_log": "/home/u/proj/a.json",
+        "net_log": "/var/tmp/n.json",
+        "pcap": "/home/u/proj/c.pcap",
+        "pcap_max": 10 << 20,
+        "seccomp": "compat",
+        "tty": True,
+        "verbose": True,
+        "detach": True,
+        "allow_git_write": True,
+    }
+
+
+def test_profile_path_made_absolute():
+    assert run_opts("-p", "my.yaml")["profile"] == "/home/u/proj/my.yaml"
+    assert run_opts("-p", "~/p/x.yml")["profile"] == "/home/u/p/x.yml"
+    assert run_opts("-p", "./conf/x")["profile"] == "/home/u/proj/conf/x"
+    assert run_opts("-p", "claude")["profile"] == "claude"
+
+
+def test_client_env_never_carries_secrets():
+    env = p("run", "true").args["client_env"]
+    assert "GITHUB_TOKEN" not in env and "PATH" not in env and "EDITOR" not in env
+
+
+def test_e_name_reads_the_client_environment():
+    assert run_opts("-e", "GITHUB_TOKEN")["env"] == [
+        {"name": "GITHUB_TOKEN", "value": "ghp", "present": True}
+    ]
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["run", "--bogus", "ls"], "unrecognized arguments: --bogus"),
+        (["run", "--mem", "1G", "ls"], "unrecognized arguments: --mem"),  # no abbreviations
+        (
+            ["run", "--memory", "2XB", "ls"],
+            "--memory: '2XB' is not a size (examples: 512MiB, 2GiB)",
+        ),
+        (["run", "--memory", "0", "ls"], "--memory: '0' is zero"),
+        (["run", "--memory"], "--memory: expected one argument"),
+        (["run", "--pids", "-1", "ls"], "--pids: '-1' is not a whole number"),
+        (["run", "--cpus", "0", "ls"], "--cpus: '0' is zero"),
+        (["run", "--timeout", "soon", "ls"], "--timeout: 'soon' is not a duration"),
+        (["run", "--pcap", "c", "--pcap-max", "1XB", "ls"], "--pcap-max: '1XB' is not a size"),
+        (["run", "--net", "open", "ls"], "--net: invalid choice: 'open'"),
+        (["run", "--seccomp", "off", "ls"], "--seccomp: invalid choice: 'off'"),
+        (["run", "--allow-host", "a.example:0", "ls"], "is not a port number"),
+        (["run", "--allow-host", "10.0.0.1", "ls"], "is an address, not a host name"),
+        (["run", "--allow-port", "65536", "ls"], "--allow-port: '65536' is not a port number"),
+        (["run", "--allow-cidr", "0.0.0.0/0", "ls"], "would permit every address"),
+        (["run", "--allow-cidr", "::/0", "ls"], "would permit every address"),
+        (
+            ["run", "--allow-cidr", "10.0.2.0/23", "ls"],
+            "overlaps the sandbox's own network 10.0.2.0/24",
+        ),
+        (
+            ["run", "--allow-cidr", "fd00::/16", "ls"],
+            "overlaps the sandbox's own network fd00::/64",
+        ),
+        (["run", "--allow-cidr", "lan", "ls"], "is not an address range"),
+        (["run", "-e", "1X", "ls"], "-e '1X': not a valid variable name"),
+        (["run", "-e", "=v", "ls"], "not a valid variable name"),
+        (["run", "--ro", "", "ls"], "--ro: empty path"),
+        (["run", "--ro", "~root/x", "ls"], "--ro ~root/x: only ~ and ~/ are expanded"),
+        (["run", "--copy", "a:", "ls"], "--copy 'a:': expected SRC[:DST]"),
+        (["run", "--copy", ":b", "ls"], "expected SRC[:DST]"),
+        (["run", "--copy-ro", "a:rel", "ls"], "DST must be an absolute path"),
+        (["run", "-p", "", "ls"], "--profile: empty name"),
+        (
+            ["run", "--pcap", "c", "--net", "none", "ls"],
+            "--pcap: cannot be combined with --net none",
+        ),
+        (
+            ["run", "--allow-host", "a.b", "--net", "none", "ls"],
+            "--allow-host: cannot be combined with --net none",
+        ),
+        (
+            ["run", "--allow-host", "a.b", "--net", "public", "ls"],
+            "--allow-host: cannot be combined with --net public",
+        ),
+        (
+            ["run", "--tailscale", "--net", "none", "ls"],
+            "--tailscale: cannot be combined with --net none",
+        ),
+        (["run", "--allow-port", "22", "--net", "none", "ls"], "--allow-port: cannot be combined"),
+        (
+            ["run", "--allow-cidr", "192.168.1.0/24", "--net", "none", "ls"],
+            "--allow-cidr: cannot be combined",
+        ),
+        (["run", "--pcap-max", "1GiB", "ls"], "--pcap-max: needs --pcap"),
+        ([], "missing command (run, ps, show"),
+        (["frobnicate"], "COMMAND: invalid choice: 'frobnicate'"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["show"], "show: the following arguments are required: ID"),
+        (["stop", "-k"], "stop: the following arguments are required: ID"),
+        (["show", "../x"], "'../x' is not a session id"),
+        (["ps", "extra"], "unrecognized arguments: extra"),
+        (["profile"], "profile: missing action (list, show NAME)"),
+        (["profile", "edit"], "ACTION: invalid choice: 'edit'"),
+        (["profile", "show"], "the following arguments are required: NAME"),
+        (["daemon"], "daemon: missing action (status, restart, stop)"),
+        (["daemon", "kill"], "invalid choice: 'kill'"),
+    ],
+)
+def test_refusals(argv, message):
+    assert message in refused(*argv)
+
+
+def test_tilde_without_home():
+    assert "HOME is not set" in refused("run", "--ro", "~/x", "ls", environ={})
+
+
+def test_relative_cwd_refused():
+    with pytest.raises(UsageError, match="not an absolute path"):
+        parse(["ps"], environ=ENV, cwd="rel")
+
+
+@pytest.mark.parametrize(
+    "argv,command",
+    [
+        (["ps"], Command("ps", {"all": False})),
+        (["ps", "-a"], Command("ps", {"all": True})),
+        (["show", "9f3c1ba2"], Command("show", {"id": "9f3c1ba2"})),
+        (["watch"], Command("watch", {"id": None})),
+        (["watch", "9f3c1ba2"], Command("watch", {"id": "9f3c1ba2"})),
+        (["attach", "9f3c1ba2"], Command("attach", {"id": "9f3c1ba2"})),
+        (["stop", "9f3c1ba2"], Command("stop", {"id": "9f3c1ba2", "kill": False})),
+        (["stop", "-k", "9f3c1ba2"], Command("stop", {"id": "9f3c1ba2", "kill": True})),
+        (["doctor"], Command("doctor", {})),
+        (["profile", "list"], Command("profile", {"action": "list"})),
+        (["profile", "show", "node"], Command("profile", {"action": "show", "name": "node"})),
+        (["daemon", "status"], Command("daemon", {"action": "status"})),
+        (["daemon", "restart"], Command("daemon", {"action": "restart"})),
+        (["daemon", "stop"], Command("daemon", {"action": "stop"})),
+        (["--version"], Command("version", {})),
+    ],
+)
+def test_subcommands(argv, command):
+    assert p(*argv) == command
+
+
+def test_help():
+    top = p("--help")
+    assert top.name == "help" and "run" in top.args["text"] and "daemon" in top.args["text"]
+    run = p("run", "--help")
+    assert run.name == "help"
+    for flag in ["--profile", "--allow-host", "--pcap-max", "--seccomp", "--detach", "--copy-ro"]:
+        assert flag in run.args["text"]
+    assert usage("boxy", "run").startswith("usage: boxy run [flags] -- COMMAND [ARGS...]")
+    assert usage().startswith("usage: boxyctl")
+
+
+def test_parse_or_exit_prints_one_line_and_exits_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_or_exit(["run", "--memory", "2XB", "ls"], environ=ENV, cwd=CWD, prog="boxy")
+    assert e.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == "boxy: --memory: '2XB' is not a size (examples: 512MiB, 2GiB)\n"
+
+
+def test_prog_name():
+    assert prog_name("/usr/bin/boxy") == "boxy"
+    assert prog_name("boxyctl") == "boxyctl"
+    assert prog_name("/tmp/x/__main__.py") == "boxyctl"
+
+
+def test_imports_stay_light():
+    code = (
+        "import sys, boxyctl.cli; "
+        "bad = [m for m in ('yaml', 'asyncio', 'dbus_fast', 'boxyd.spec', 'boxyd.profiles') "
+        "if m in sys.modules]; print(bad)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,309 @@
+"""boxyd.profiles: presets, strict validation with file/key/expected, templates."""
+
+import pytest
+
+from boxyd.errors import ProfileError
+from boxyd.profiles import (
+    HOST_TEMPLATES,
+    list_profiles,
+    load_profile,
+    profile_text,
+    resolve_hosts,
+    workdir_slug,
+)
+from boxyd.spec import CopyEntry, PathEntry
+
+CTX = {"workdir": "/home/u/p", "home": "/home/u"}
+PRESETS = ["claude", "generic", "node", "offline", "python"]
+
+
+def write(tmp_path, text, name="p.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def load(tmp_path, text):
+    return load_profile(write(tmp_path, text), context=CTX)
+
+
+def test_list_profiles():
+    assert list_profiles() == PRESETS
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_presets_load_and_say_what_they_are_for(name):
+    profile = load_profile(name, context=CTX)
+    assert profile.description
+    assert profile.source == name
+    assert profile_text(name).startswith(f"# {name}:")
+
+
+def test_generic_and_offline():
+    assert load_profile("generic", context=CTX).net == "public"
+    assert load_profile("offline", context=CTX).net == "none"
+
+
+@pytest.mark.parametrize("name", ["node", "python"])
+def test_registry_presets_name_no_host(name):
+    """Registry hosts come from the tool's configuration, never the preset."""
+    profile = load_profile(name, context=CTX)
+    assert profile.net == "allowlist"
+    assert profile.allow_hosts
+    for host in profile.allow_hosts:
+        assert host.startswith("{") and host.strip("{}") in HOST_TEMPLATES
+
+
+def test_node_preset():
+    p = load_profile("node", context=CTX)
+    assert p.env == {"NPM_CONFIG_UPDATE_NOTIFIER": "false"}
+    assert (p.memory, p.pids) == (4 << 30, 1024)
+    assert not (p.ro or p.rw or p.copy)  # no ~/.npmrc: it may hold tokens
+
+
+def test_python_preset():
+    p = load_profile("python", context=CTX)
+    assert p.allow_hosts == ["{pip_index}", "{pip_files}"]
+    assert p.env == {"PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+
+
+def test_claude_preset():
+    p = load_profile("claude", context=CTX)
+    assert p.net == "allowlist"
+    literal = [h for h in p.allow_hosts if not h.startswith("{")]
+    assert literal and all(h.endswith((".anthropic.com", "claude.ai")) for h in literal)
+    assert "{go_proxy}" in p.allow_hosts and "{go_sumdb}" in p.allow_hosts
+    assert p.ro == [PathEntry("/home/u/.local/bin/claude", True)]
+    assert p.mkdir == [PathEntry("/home/u/.claude/projects/-home-u-p")]
+    assert p.copy == [
+        CopyEntry("/home/u/.claude/.credentials.json", "/home/u/.claude/.credentials.json", True),
+        CopyEntry("/home/u/.config/boxy/claude-mcp.json", "/home/u/.claude.json", True),
+    ]
+    assert p.copy_ro == [CopyEntry("/home/u/.claude/CLAUDE.md", "/home/u/.claude/CLAUDE.md", True)]
+    assert not p.rw
+
+
+@pytest.mark.parametrize(
+    "workdir,slug",
+    [("/home/u/p", "-home-u-p"), ("/", "-"), ("/a/b.c/d_e", "-a-b-c-d-e"), ("/x/../y", "-x----y")],
+)
+def test_workdir_slug(workdir, slug):
+    assert workdir_slug(workdir) == slug
+    assert "/" not in slug and ".." not in slug
+
+
+def test_unknown_preset():
+    with pytest.raises(ProfileError, match="unknown profile 'nope' .presets: claude, generic"):
+        load_profile("nope", context=CTX)
+
+
+def test_missing_file():
+    with pytest.raises(ProfileError, match="profile /no/such.yaml: no such file"):
+        load_profile("/no/such.yaml", context=CTX)
+
+
+def test_full_schema(tmp_path):
+    p = load(
+        tmp_path,
+        """
+description: everything
+net: allowlist
+allow_hosts: [a.example, "b.example:22", "c.example:53/udp", "{npm_registry}"]
+allow_ports: [8080]
+filesystem:
+  ro: [/usr/share/dict, {path: "~/.gitconfig", optional: true}]
+  rw: ["{workdir}/../shared"]
+  mkdir: ["~/.cache/x-{workdir_slug}"]
+  protect: ["{workdir}/.env"]
+  copy: ["~/a.json:{home}/b.json", {src: /etc/hostname, optional: false}]
+  copy_ro: [{src: ~/c, dst: /opt/c}]
+env: {A: "1", B: x}
+env_pass: [EDITOR]
+limits: {memory: 1GiB, pids: 100, cpus: 1.5, timeout: 10m}
+seccomp: compat
+""",
+    )
+    assert p.description == "everything"
+    assert p.allow_hosts == ["a.example", "b.example:22", "c.example:53/udp", "{npm_registry}"]
+    assert p.allow_ports == [8080]
+    assert p.ro == [PathEntry("/usr/share/dict"), PathEntry("/home/u/.gitconfig", True)]
+    assert p.rw == [PathEntry("/home/u/shared")]
+    assert p.mkdir == [PathEntry("/home/u/.cache/x--home-u-p")]
+    assert p.protect == [PathEntry("/home/u/p/.env")]
+    assert p.copy == [
+        CopyEntry("/home/u/a.json", "/home/u/b.json"),
+        CopyEntry("/etc/hostname", "/etc/hostname"),
+    ]
+    assert p.copy_ro == [CopyEntry("/home/u/c", "/opt/c")]
+    assert p.env == {"A": "1", "B": "x"}
+    assert p.env_pass == ["EDITOR"]
+    assert (p.memory, p.pids, p.cpus, p.timeout) == (1 << 30, 100, 1.5, 600.0)
+    assert p.seccomp == "compat"
+
+
+def test_empty_file_is_an_empty_profile(tmp_path):
+    p = load(tmp_path, "# nothing\n")
+    assert p.net is None and not p.allow_hosts
+
+
+def error(tmp_path, text):
+    path = write(tmp_path, text)
+    with pytest.raises(ProfileError) as e:
+        load_profile(path, context=CTX)
+    message = str(e.value)
+    assert message.startswith(f"profile {path}: ")
+    assert "\n" not in message
+    return message[len(f"profile {path}: ") :]
+
+
+def test_unknown_top_key(tmp_path):
+    assert error(tmp_path, "filesytem: {}\n") == (
+        "unknown key 'filesytem' (expected one of: description, extends, net, allow_hosts, "
+        "allow_ports, filesystem, env, env_pass, limits, seccomp)"
+    )
+
+
+def test_unknown_nested_keys(tmp_path):
+    assert error(tmp_path, "filesystem: {rox: []}").startswith(
+        "unknown key 'filesystem.rox' (expected one of: ro, rw, mkdir"
+    )
+    assert "unknown key 'limits.mem'" in error(tmp_path, "limits: {mem: 1G}")
+    assert "unknown key 'filesystem.ro[0].opt'" in error(
+        tmp_path, "filesystem: {ro: [{path: /x, opt: true}]}"
+    )
+
+
+def test_wrong_path_entry_type(tmp_path):
+    assert error(tmp_path, "filesystem:\n  ro: [/a, /b, 3]\n") == (
+        "key filesystem.ro[2]: expected a path string or {path:, optional:}"
+    )
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("net: offline", "key net: expected one of: public, allowlist, none"),
+        ("net: off", "key net: expected one of"),  # YAML 1.1 reads 'off' as false
+        ("seccomp: loose", "key seccomp: expected one of: strict, compat"),
+        ("description: 3", "key description: expected a string"),
+        ("allow_hosts: a.example", "key allow_hosts: expected a list"),
+        ("allow_hosts: [3]", "key allow_hosts[0]: expected a host name string"),
+        ("allow_hosts: ['1.2.3.4']", "allow_hosts[0]: '1.2.3.4' is an address"),
+        ("allow_hosts: ['{npm}']", "key allow_hosts[0]: unknown template {npm}"),
+        ("allow_ports: [0]", "key allow_ports[0]: expected a port number"),
+        ("allow_ports: ['443']", "key allow_ports[0]: expected a port number"),
+        ("allow_ports: [true]", "key allow_ports[0]: expected a port number"),
+        ("filesystem: []", "key filesystem: expected a mapping"),
+        (
+            "filesystem: {ro: [relative/x]}",
+            "key filesystem.ro[0]: 'relative/x' is not an absolute path",
+        ),
+        ("filesystem: {ro: ['{workdri}/x']}", "key filesystem.ro[0]: unknown template {workdri}"),
+        (
+            "filesystem: {ro: [{path: /x, optional: maybe}]}",
+            "key filesystem.ro[0].optional: expected true or false",
+        ),
+        ("filesystem: {ro: [{optional: true}]}", "key filesystem.ro[0]: expected a path string"),
+        ("filesystem: {copy: [3]}", "key filesystem.copy[0]: expected 'SRC[:DST]'"),
+        ("filesystem: {copy: ['/a:']}", "key filesystem.copy[0]: expected 'SRC[:DST]'"),
+        (
+            "filesystem: {copy: [{src: /a, dst: 3}]}",
+            "key filesystem.copy[0].dst: expected 'SRC[:DST]'",
+        ),
+        ("filesystem: {copy: ['/a:rel']}", "key filesystem.copy[0]: 'rel' is not an absolute path"),
+        ("env: [A]", "key env: expected a mapping"),
+        ("env: {A: 1}", "key env.A: expected a string (quote true/false and numbers)"),
+        ("env: {A: false}", "key env.A: expected a string"),
+        ("env: {1A: x}", "env '1A': not a valid variable name"),
+        ("env_pass: [A-B]", "env_pass[0] 'A-B': not a valid variable name"),
+        ("limits: {memory: 2XB}", "key limits.memory: '2XB' is not a size"),
+        ("limits: {memory: -1}", "key limits.memory: expected a size"),
+        ("limits: {pids: 0}", "key limits.pids: expected a positive whole number"),
+        ("limits: {pids: 1.5}", "key limits.pids: expected a positive whole number"),
+        ("limits: {cpus: 0}", "key limits.cpus: expected a positive number"),
+        ("limits: {timeout: forever}", "key limits.timeout: 'forever' is not a duration"),
+        ("limits: 5", "key limits: expected a mapping"),
+        ("extends: 3", "key extends: expected a profile name or path"),
+        ("- a\n- b", "expected a mapping of keys at the top level"),
+    ],
+)
+def test_wrong_values(tmp_path, text, expected):
+    assert expected in error(tmp_path, text)
+
+
+def test_invalid_yaml_names_line_and_column(tmp_path):
+    message = error(tmp_path, "net: public\nfilesystem:\n  ro: [/a\n  rw: x\n")
+    assert message.startswith("invalid YAML at line ")
+    assert "column" in message
+
+
+def test_invalid_yaml_position(tmp_path):
+    message = error(tmp_path, "net: public\nenv: {A: 'x}\n")
+    assert message.startswith("invalid YAML at line 3 column 1: ")
+
+
+def test_duplicate_key_refused(tmp_path):
+    assert error(tmp_path, "net: none\nnet: public\n") == (
+        "invalid YAML at line 2 column 1: duplicate key 'net'"
+    )
+
+
+def test_not_utf8(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_bytes(b"net: \xff\n")
+    with pytest.raises(ProfileError, match="not UTF-8"):
+        load_profile(str(path), context=CTX)
+
+
+def test_extends_preset(tmp_path):
+    p = load(
+        tmp_path,
+        "extends: node\nallow_hosts: [github.com]\nenv: {A: b}\nlimits: {pids: 2000}\n",
+    )
+    assert p.net == "allowlist"
+    assert p.allow_hosts == ["{npm_registry}", "github.com"]
+    assert p.env == {"NPM_CONFIG_UPDATE_NOTIFIER": "false", "A": "b"}
+    assert (p.memory, p.pids) == (4 << 30, 2000)
+    assert p.description  # inherited
+
+
+def test_extends_relative_file(tmp_path):
+    write(tmp_path, "net: none\nfilesystem: {ro: [/base]}\n", "base.yaml")
+    p = load(tmp_path, "extends: ./base.yaml\nfilesystem: {ro: [/child]}\n")
+    assert p.net == "none"
+    assert [e.path for e in p.ro] == ["/base", "/child"]
+
+
+def test_extends_one_level_only(tmp_path):
+    write(tmp_path, "extends: node\n", "base.yaml")
+    assert "only one level" in error(tmp_path, "extends: ./base.yaml\n")
+
+
+def test_extends_base_errors_name_the_base(tmp_path):
+    base = write(tmp_path, "nett: none\n", "base.yaml")
+    path = write(tmp_path, "extends: ./base.yaml\n")
+    with pytest.raises(ProfileError, match=f"profile {base}: unknown key 'nett'"):
+        load_profile(path, context=CTX)
+
+
+def test_resolve_hosts():
+    notes: list[str] = []
+    table = {"npm_registry": "registry.internal.example", "pip_index": "not a host!"}
+    hosts = resolve_hosts(
+        ["a.example:22", "{npm_registry}", "{npm_registry}:8443", "{pip_index}", "{pip_files}"],
+        table.get,
+        source="x",
+        notes=notes,
+    )
+    assert hosts == ["a.example:22", "registry.internal.example", "registry.internal.example:8443"]
+    assert len(notes) == 2
+    assert "{pip_index}" in notes[0] and "dropped" in notes[0]
+    assert "no {pip_files} configured; dropped" in notes[1]
+
+
+def test_resolve_hosts_without_resolver():
+    notes: list[str] = []
+    assert resolve_hosts(["{go_proxy}", "b.example"], None, source="x", notes=notes) == [
+        "b.example"
+    ]
+    assert notes == ["profile x: allow_hosts {go_proxy}: no {go_proxy} configured; dropped"]

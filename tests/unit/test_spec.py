@@ -1,0 +1,358 @@
+"""boxyd.spec.build_spec: merging flags and profile into a checked RunSpec."""
+
+import os
+import re
+
+import pytest
+
+from boxyctl.cli import parse
+from boxyd.errors import ProfileError, UsageError
+from boxyd.spec import CopyEntry, PathEntry, build_spec
+
+
+@pytest.fixture
+def fs(tmp_path):
+    home = tmp_path / "home"
+    wd = home / "proj"
+    wd.mkdir(parents=True)
+    (wd / ".env").write_text("x")
+    (home / "data").mkdir()
+    (home / "file.txt").write_text("f")
+    return {"tmp": tmp_path, "home": str(home), "wd": str(wd)}
+
+
+def build(fs, argv=("true",), client_env=None, registry=None, **options):
+    params = {
+        "argv": list(argv),
+        "cwd": fs["wd"],
+        "options": options,
+        "client_env": client_env or {},
+    }
+    return build_spec(params, uid=os.getuid(), user="u", home=fs["home"], registry=registry)
+
+
+def test_defaults(fs):
+    spec = build(fs)
+    assert spec.argv == ["true"]
+    assert spec.workdir == fs["wd"]
+    assert spec.profile == "generic"
+    assert spec.net == "public"
+    assert (spec.memory, spec.pids, spec.cpus, spec.timeout) == (2 << 30, 512, None, None)
+    assert spec.seccomp == "strict"
+    assert spec.pcap_max == 1 << 30
+    assert spec.env["HOME"] == fs["home"]
+    assert spec.env["USER"] == spec.env["LOGNAME"] == "u"
+    assert not (spec.ro or spec.rw or spec.copy or spec.notes)
+
+
+def test_missing_command(fs):
+    with pytest.raises(UsageError, match="missing command"):
+        build(fs, argv=[])
+
+
+def test_workdir_flag_relative_and_realpath(fs):
+    os.symlink(fs["wd"], os.path.join(fs["home"], "link"))
+    assert build(fs, workdir="../link").workdir == fs["wd"]
+
+
+def test_workdir_not_a_directory(fs):
+    with pytest.raises(UsageError) as e:
+        build(fs, workdir=fs["home"] + "/file.txt")
+    assert str(e.value) == f"--workdir {fs['home']}/file.txt: not a directory"
+    with pytest.raises(UsageError, match="--workdir .*/nope: not a directory"):
+        build(fs, workdir="nope")
+
+
+def test_flag_paths_must_exist(fs):
+    for kind in ("ro", "rw", "protect"):
+        with pytest.raises(UsageError) as e:
+            build(fs, **{kind: ["/no/such/x"]})
+        assert str(e.value) == f"--{kind} /no/such/x: no such file or directory"
+
+
+def test_ro_rw_added(fs):
+    spec = build(fs, ro=["/usr/share"], rw=[fs["home"] + "/data"])
+    assert spec.ro == [PathEntry("/usr/share")]
+    assert spec.rw == [PathEntry(fs["home"] + "/data")]
+
+
+def test_ro_and_rw_same_path(fs):
+    with pytest.raises(UsageError, match="both read-only and read-write"):
+        build(fs, ro=["/usr/share"], rw=["/usr/share"])
+
+
+def test_paths_keep_their_given_form(fs):
+    """A symlink is mounted at its own path; the kernel resolves the source."""
+    link = fs["home"] + "/dlink"
+    os.symlink(fs["home"] + "/data", link)
+    assert build(fs, ro=[link]).ro == [PathEntry(link)]
+
+
+def test_mkdir(fs):
+    spec = build(fs, mkdir=[fs["home"] + "/new/dir"])
+    assert spec.mkdir == [PathEntry(fs["home"] + "/new/dir")]
+    with pytest.raises(UsageError, match="exists and is not a directory"):
+        build(fs, mkdir=[fs["home"] + "/file.txt"])
+
+
+def test_protect(fs):
+    spec = build(fs, protect=[".env"], rw=[fs["home"] + "/data"])
+    assert spec.protect == [PathEntry(fs["wd"] + "/.env")]
+    assert build(fs, protect=[fs["home"] + "/data"], rw=[fs["home"] + "/data"]).protect
+    with pytest.raises(UsageError, match="not inside the work directory or a --rw path"):
+        build(fs, protect=[fs["home"] + "/file.txt"])
+    os.symlink(".env", fs["wd"] + "/envlink")
+    with pytest.raises(UsageError, match="is a symlink"):
+        build(fs, protect=["envlink"])
+
+
+def test_copy(fs):
+    src = fs["home"] + "/file.txt"
+    spec = build(fs, copy=[{"src": src, "dst": None}], copy_ro=[{"src": src, "dst": "/opt/f"}])
+    assert spec.copy == [CopyEntry(src, src)]
+    assert spec.copy_ro == [CopyEntry(src, "/opt/f")]
+
+
+def test_copy_errors(fs):
+    with pytest.raises(UsageError) as e:
+        build(fs, copy=[{"src": "/no/such", "dst": None}])
+    assert str(e.value) == "--copy /no/such: no such file or directory"
+    with pytest.raises(UsageError, match="--copy-ro .*/data: not a regular file"):
+        build(fs, copy_ro=[{"src": fs["home"] + "/data", "dst": "/x"}])
+    with pytest.raises(UsageError, match="the destination must be absolute"):
+        build(fs, copy=[{"src": fs["home"] + "/file.txt", "dst": "rel"}])
+    with pytest.raises(UsageError, match="a second copy to /x"):
+        src = fs["home"] + "/file.txt"
+        build(fs, copy=[{"src": src, "dst": "/x"}], copy_ro=[{"src": src, "dst": "/x"}])
+
+
+def test_copy_into_an_exposed_tree_refused(fs):
+    with pytest.raises(UsageError, match="destination lies inside the exposed path"):
+        build(fs, copy=[{"src": fs["home"] + "/file.txt", "dst": fs["wd"] + "/f"}])
+
+
+def profile_file(fs, text):
+    path = os.path.join(fs["tmp"], "prof.yaml")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def test_profile_optional_entries_skipped_with_note(fs):
+    path = profile_file(
+        fs,
+        "filesystem:\n  ro: [{path: /no/such, optional: true}, /usr/share]\n"
+        "  copy: [{src: ~/absent.json, optional: true}]\n",
+    )
+    spec = build(fs, profile=path)
+    assert spec.profile == path
+    assert spec.ro == [PathEntry("/usr/share")]
+    assert not spec.copy
+    assert any("/no/such: absent; skipped" in n for n in spec.notes)
+    assert any("absent.json: absent; skipped" in n for n in spec.notes)
+
+
+def test_profile_required_entry_missing(fs):
+    path = profile_file(fs, "filesystem:\n  rw: [/no/such]\n")
+    with pytest.raises(ProfileError, match=f"profile {path}: filesystem.rw /no/such: no such"):
+        build(fs, profile=path)
+
+
+def test_profile_relative_path_against_cwd(fs):
+    profile_file(fs, "net: none\n")
+    assert build(fs, profile="../../prof.yaml").net == "none"
+
+
+def test_claude_profile(fs):
+    home = fs["home"]
+    os.makedirs(home + "/.claude")
+    os.makedirs(home + "/.config/boxy")
+    with open(home + "/.claude/.credentials.json", "w") as f:
+        f.write("{}")
+    with open(home + "/.config/boxy/claude-mcp.json", "w") as f:
+        f.write("{}")
+    with open(home + "/other.json", "w") as f:
+        f.write("{}")
+    spec = build(fs, profile="claude")
+    slug = re.sub(r"[^A-Za-z0-9]", "-", fs["wd"])
+    assert spec.mkdir == [PathEntry(f"{home}/.claude/projects/{slug}")]
+    assert [c.dst for c in spec.copy] == [
+        f"{home}/.claude/.credentials.json",
+        f"{home}/.claude.json",
+    ]
+    assert not spec.copy_ro and not spec.ro  # CLAUDE.md and the binary are absent here
+    assert spec.env["DISABLE_AUTOUPDATER"] == "1"
+    assert spec.allow_hosts[0] == "api.anthropic.com"
+    # a flag copy to the same destination replaces the profile's
+    spec = build(
+        fs, profile="claude", copy=[{"src": home + "/other.json", "dst": home + "/.claude.json"}]
+    )
+    assert CopyEntry(home + "/other.json", home + "/.claude.json") in spec.copy
+    assert len([c for c in spec.copy if c.dst == home + "/.claude.json"]) == 1
+    assert any("replaced by --copy" in n for n in spec.notes)
+
+
+def test_allow_host_implies_allowlist(fs):
+    spec = build(fs, allow_host=["github.com", "nas:22"])
+    assert spec.net == "allowlist"
+    assert spec.allow_hosts == ["github.com", "nas:22"]
+    assert spec.allow_ports == []  # nas:22 stays with nas
+
+
+def test_allow_host_overrides_an_offline_profile(fs):
+    assert build(fs, profile="offline", allow_host=["a.example"]).net == "allowlist"
+
+
+def test_registry_templates_resolved(fs):
+    spec = build(fs, profile="node", registry={"npm_registry": "npm.mirror.example"}.get)
+    assert spec.net == "allowlist"
+    assert spec.allow_hosts == ["npm.mirror.example"]
+    assert (spec.memory, spec.pids) == (4 << 30, 1024)
+    spec = build(fs, profile="python", registry=lambda name: None)
+    assert spec.allow_hosts == []
+    assert len(spec.notes) == 2 and all("dropped" in n for n in spec.notes)
+
+
+def test_profile_hosts_unused_with_public(fs):
+    spec = build(fs, profile="node", net="public")
+    assert spec.net == "public" and spec.allow_hosts == []
+    assert any("allow_hosts not used with --net public" in n for n in spec.notes)
+
+
+def test_dedupe_hosts_ports_cidrs(fs):
+    spec = build(
+        fs,
+        allow_host=["a.example", "A.example."],
+        allow_port=[443, 443, 22],
+        allow_cidr=["192.168.4.0/24", "192.168.4.0/24"],
+    )
+    assert spec.allow_hosts == ["a.example"]
+    assert spec.allow_ports == [443, 22]
+    assert spec.allow_cidrs == ["192.168.4.0/24"]
+
+
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        (
+            {"net": "public", "allow_host": ["a.example"]},
+            "--allow-host: cannot be combined with --net public",
+        ),
+        (
+            {"net": "none", "allow_host": ["a.example"]},
+            "--allow-host: cannot be combined with --net none",
+        ),
+        ({"net": "none", "pcap": "x.pcap"}, "--pcap: cannot be combined with --net none"),
+        ({"profile": "offline", "pcap": "x.pcap"}, "--pcap: cannot be combined with --net none"),
+        (
+            {"profile": "offline", "tailscale": True},
+            "--tailscale: cannot be combined with --net none",
+        ),
+        ({"net": "none", "allow_port": [22]}, "--allow-port: cannot be combined"),
+        ({"net": "none", "allow_cidr": ["192.168.0.0/16"]}, "--allow-cidr: cannot be combined"),
+        ({"allow_cidr": ["0.0.0.0/0"]}, "every address"),
+        ({"allow_cidr": ["10.0.0.0/8"]}, "overlaps the sandbox's own network"),
+        ({"allow_host": ["1.2.3.4"]}, "is an address"),
+        ({"allow_port": [0]}, "--allow-port: 0 is not a port number"),
+        ({"pcap_max": 100}, "--pcap-max: needs --pcap"),
+        (
+            {"audit_log": "/no/such/dir/a.json"},
+            "--audit-log /no/such/dir/a.json: /no/such/dir is not a directory",
+        ),
+        ({"net": "offline"}, "options.net: expected public, allowlist or none"),
+        ({"seccomp": "loose"}, "options.seccomp: expected strict or compat"),
+        ({"memory": "2GiB"}, "options.memory: expected a size in bytes"),
+        ({"memory": 0}, "options.memory: expected a size in bytes"),
+        ({"pids": True}, "options.pids: expected a positive whole number"),
+        ({"ro": "/usr"}, "options.ro: expected a list of strings"),
+        ({"tty": "yes"}, "options.tty: expected true or false"),
+        ({"bogus": 1}, "unknown option 'bogus'"),
+        ({"env": [{"name": "1X", "value": "v", "present": True}]}, "not a valid variable name"),
+        ({"env": [{"name": "A", "value": 3, "present": True}]}, "options.env: expected"),
+        ({"profile": "nope"}, "unknown profile 'nope'"),
+    ],
+)
+def test_refusals(fs, options, message):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build(fs, **options)
+
+
+def test_limits_flags_override_profile(fs):
+    spec = build(fs, profile="node", memory=1 << 30, pids=64, cpus=1.5, timeout=60.0)
+    assert (spec.memory, spec.pids, spec.cpus, spec.timeout) == (1 << 30, 64, 1.5, 60.0)
+
+
+def test_logs_made_absolute(fs):
+    spec = build(
+        fs,
+        net_log="net.json",
+        pcap="c.pcap",
+        pcap_max=1000,
+        audit_log="/tmp/a.json",
+        seccomp="compat",
+    )
+    assert spec.net_log == fs["wd"] + "/net.json"
+    assert spec.pcap == fs["wd"] + "/c.pcap"
+    assert (spec.pcap_max, spec.audit_log, spec.seccomp) == (1000, "/tmp/a.json", "compat")
+
+
+def test_bools(fs):
+    spec = build(fs, tty=True, verbose=True, detach=True, allow_git_write=True, tailscale=True)
+    assert spec.tty and spec.verbose and spec.detach and spec.allow_git_write and spec.tailscale
+
+
+def test_env(fs):
+    client = {"TERM": "xterm", "GITHUB_TOKEN": "t", "SSH_AUTH_SOCK": "/nowhere/agent"}
+    spec = build(
+        fs,
+        client_env=client,
+        env=[
+            {"name": "GITHUB_TOKEN", "value": "t", "present": True},
+            {"name": "MISSING", "value": None, "present": False},
+            {"name": "SSH_AUTH_SOCK", "value": None, "present": False},
+            {"name": "A", "value": "b", "present": True},
+        ],
+    )
+    assert spec.env["GITHUB_TOKEN"] == "t"
+    assert spec.env["A"] == "b"
+    assert spec.env["TERM"] == "xterm"
+    assert "MISSING" not in spec.env
+    # present: false is not filled from client_env, which only feeds the exposure check
+    assert "SSH_AUTH_SOCK" not in spec.env
+    assert sum("not set in your environment" in n for n in spec.notes) == 2
+
+
+def test_exposure_checked_for_workdir_and_flags(fs):
+    with pytest.raises(UsageError, match=r"workdir .*/home: exposes .*/home/.gnupg \(GPG"):
+        build(fs, workdir=fs["home"])
+    sock_dir = fs["home"] + "/data"
+    with pytest.raises(
+        UsageError, match=r"--ro .*/data: exposes .*/data/agent \(SSH agent socket\)"
+    ):
+        build(fs, ro=[sock_dir], client_env={"SSH_AUTH_SOCK": sock_dir + "/agent"})
+    with pytest.raises(UsageError, match="--ro /: exposes"):
+        build(fs, ro=["/"])
+
+
+def test_from_the_command_line(fs):
+    """boxyctl.cli's Run parameters are exactly what build_spec takes."""
+    home = fs["home"]
+    cmd = parse(
+        ["run", "-p", "node", "--ro", "~/data", "--allow-host", "github.com:443", "-e", "X=1",
+         "--memory", "1GiB", "--timeout", "10m", "--copy", "~/file.txt:/opt/f", "--", "npm", "ci"],
+        environ={"HOME": home, "TERM": "dumb"},
+        cwd=fs["wd"],
+    )  # fmt: skip
+    spec = build_spec(cmd.args, uid=os.getuid(), user="u", home=home, registry=lambda n: None)
+    assert spec.argv == ["npm", "ci"]
+    assert spec.ro == [PathEntry(home + "/data")]
+    assert spec.allow_hosts == ["github.com:443"]
+    assert spec.env["X"] == "1" and spec.env["TERM"] == "dumb"
+    assert (spec.memory, spec.timeout) == (1 << 30, 600.0)
+    assert spec.copy == [CopyEntry(home + "/file.txt", "/opt/f")]
+
+
+def test_exposure_message_names_the_profile(fs):
+    path = profile_file(fs, "filesystem:\n  ro: ['{home}']\n")
+    with pytest.raises(UsageError, match=f"profile {path}: filesystem.ro .*/home: exposes"):
+        build(fs, profile=path)

@@ -1,0 +1,272 @@
+"""boxyd.units: every accepted spelling, every refusal, and the round trips."""
+
+import pytest
+
+from boxyd.errors import UsageError
+from boxyd.units import (
+    HostSpec,
+    format_duration,
+    format_size,
+    parse_cidr,
+    parse_count,
+    parse_cpus,
+    parse_duration,
+    parse_host_name,
+    parse_host_spec,
+    parse_port,
+    parse_size,
+)
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("2GiB", 2 << 30),
+        ("2G", 2 << 30),
+        ("2g", 2 << 30),
+        ("512MiB", 512 << 20),
+        ("512M", 512 << 20),
+        ("1KiB", 1024),
+        ("1K", 1024),
+        ("1KB", 1000),
+        ("1MB", 10**6),
+        ("1GB", 10**9),
+        ("1TB", 10**12),
+        ("1TiB", 1 << 40),
+        ("1.5GiB", 3 << 29),
+        ("100", 100),
+        ("100B", 100),
+        (" 2 GiB ", 2 << 30),
+        ("0.5K", 512),
+    ],
+)
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text", ["2XB", "", "GiB", "-1G", "1e9", "0x10", "1.G", "2 G B", "1,5G", "∞"]
+)
+def test_parse_size_refuses(text):
+    with pytest.raises(UsageError, match="is not a size"):
+        parse_size(text, what="--memory")
+
+
+def test_parse_size_message_names_flag_and_examples():
+    with pytest.raises(UsageError) as e:
+        parse_size("2XB", what="--memory")
+    assert str(e.value) == "--memory: '2XB' is not a size (examples: 512MiB, 2GiB)"
+
+
+def test_parse_size_zero():
+    with pytest.raises(UsageError, match="zero"):
+        parse_size("0")
+    with pytest.raises(UsageError, match="zero"):
+        parse_size("0.1B")  # rounds down to nothing
+    assert parse_size("0", allow_zero=True) == 0
+
+
+def test_parse_size_too_large():
+    with pytest.raises(UsageError, match="too large"):
+        parse_size("99999999999TiB")
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("10m", 600.0),
+        ("2s", 2.0),
+        ("1h30m", 5400.0),
+        ("500ms", 0.5),
+        ("90", 90.0),
+        ("1.5h", 5400.0),
+        ("1d", 86400.0),
+        ("1m30s", 90.0),
+        ("0.25", 0.25),
+        ("2h5m3s100ms", 7503.1),
+    ],
+)
+def test_parse_duration(text, expected):
+    assert parse_duration(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text", ["", "m", "10x", "1h 30m", "-5s", "1h1h", "10mins", "1.s", "s10"])
+def test_parse_duration_refuses(text):
+    with pytest.raises(UsageError, match="--timeout: .* is not a duration"):
+        parse_duration(text, what="--timeout")
+
+
+def test_parse_duration_zero_and_bounds():
+    with pytest.raises(UsageError, match="zero"):
+        parse_duration("0s")
+    assert parse_duration("0", allow_zero=True) == 0.0
+    with pytest.raises(UsageError, match="too long"):
+        parse_duration("400d")
+
+
+def test_parse_count():
+    assert parse_count("512", what="--pids") == 512
+    for bad in ["0", "-1", "1.5", "abc", "", "1e3", "0x10"]:
+        with pytest.raises(UsageError, match="--pids"):
+            parse_count(bad, what="--pids")
+    with pytest.raises(UsageError, match="out of range"):
+        parse_count(str(1 << 40), what="--pids")
+
+
+def test_parse_cpus():
+    assert parse_cpus("2") == 2.0
+    assert parse_cpus("0.5") == 0.5
+    for bad in ["0", "0.0", "-1", "two", "", "1e2", "nan", "inf"]:
+        with pytest.raises(UsageError, match="--cpus"):
+            parse_cpus(bad)
+
+
+@pytest.mark.parametrize(
+    "n,text",
+    [
+        (0, "0B"),
+        (1, "1B"),
+        (1023, "1023B"),
+        (1024, "1.0KiB"),
+        (39322, "38.4KiB"),
+        (6396314, "6.1MiB"),
+        (5120, "5.0KiB"),
+        (1048575, "1.0MiB"),  # not "1024.0KiB"
+        (2 << 30, "2.0GiB"),
+        (-2048, "-2.0KiB"),
+    ],
+)
+def test_format_size(n, text):
+    assert format_size(n) == text
+
+
+@pytest.mark.parametrize(
+    "seconds,text",
+    [
+        (0.5, "500ms"),
+        (0, "0ms"),
+        (9, "9s"),
+        (2.5, "2.5s"),
+        (65, "1m5s"),
+        (5400, "1h30m"),
+        (600, "10m"),
+        (183600, "2d3h"),
+    ],
+)
+def test_format_duration(seconds, text):
+    assert format_duration(seconds) == text
+
+
+@pytest.mark.parametrize("seconds", [1, 59, 60, 61, 3599, 3600, 3661, 86400, 90061, 0.25, 2.5])
+def test_format_duration_round_trips(seconds):
+    assert parse_duration(format_duration(seconds)) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("n", [1, 1023, 1024, 5 << 20, 3 << 30])
+def test_format_size_reads_back_close(n):
+    assert abs(parse_size(format_size(n)) - n) <= n * 0.05
+
+
+def test_parse_port():
+    assert parse_port("1") == 1
+    assert parse_port("65535") == 65535
+    for bad in ["0", "65536", "-1", "http", "", "443 ", "1e3", "080808"]:
+        with pytest.raises(UsageError, match="not a port number"):
+            parse_port(bad)
+
+
+@pytest.mark.parametrize(
+    "text,spec",
+    [
+        ("github.com", HostSpec("github.com")),
+        ("GitHub.COM.", HostSpec("github.com")),
+        ("nas", HostSpec("nas")),
+        ("nas:22", HostSpec("nas", (22,))),
+        ("db.tail0a1b2.ts.net:5432", HostSpec("db.tail0a1b2.ts.net", (5432,))),
+        ("h.example:80,443", HostSpec("h.example", (80, 443))),
+        ("h.example:443,443", HostSpec("h.example", (443,))),
+        ("dns.example:53/udp", HostSpec("dns.example", (53,), True)),
+        ("h.example:22/tcp", HostSpec("h.example", (22,))),
+        ("_srv.x-y.example", HostSpec("_srv.x-y.example")),
+    ],
+)
+def test_parse_host_spec(text, spec):
+    assert parse_host_spec(text) == spec
+
+
+def test_host_spec_str_round_trips():
+    for text in ["a.example", "a.example:1,2", "a.example:53/udp"]:
+        assert str(parse_host_spec(text)) == text
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("", "no host name"),
+        (":443", "no host name"),
+        ("host:", "no port"),
+        ("host:0", "not a port"),
+        ("host:http", "not a port"),
+        ("host:1,", "not a port"),
+        ("host/udp", "needs explicit ports"),
+        ("1.2.3.4", "an address"),
+        ("[::1]", "an address"),
+        ("::1", "an address"),
+        ("[::1]:443", "an address"),
+        ("[bad", "not a host name"),
+        ("a:1:2", "not a host name"),
+        ("*.example.com", "wildcards"),
+        ("-bad.example", "not a host name"),
+        ("bad-.example", "not a host name"),
+        ("a..b", "not a host name"),
+        ("a.123", "not a host name"),
+        ("ex ample.com", "not a host name"),
+        ("x" * 64 + ".com", "not a host name"),
+        ("https://example.com", "not a port"),
+    ],
+)
+def test_parse_host_spec_refuses(text, message):
+    with pytest.raises(UsageError, match=message):
+        parse_host_spec(text)
+
+
+def test_parse_host_name_length():
+    long = ".".join(["a" * 60] * 5)  # 304 characters
+    with pytest.raises(UsageError):
+        parse_host_name(long)
+
+
+@pytest.mark.parametrize(
+    "text,norm",
+    [
+        ("192.168.4.0/24", "192.168.4.0/24"),
+        ("192.168.4.7", "192.168.4.7/32"),
+        ("100.64.0.0/10", "100.64.0.0/10"),
+        ("fd7a:115c:a1e0::/48", "fd7a:115c:a1e0::/48"),
+        ("10.0.3.0/24", "10.0.3.0/24"),
+        ("fd00:0:0:1::/64", "fd00:0:0:1::/64"),
+    ],
+)
+def test_parse_cidr(text, norm):
+    assert parse_cidr(text) == norm
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("0.0.0.0/0", "every address"),
+        ("::/0", "every address"),
+        ("10.0.0.0/8", "overlaps the sandbox's own network 10.0.2.0/24"),
+        ("10.0.2.15", "overlaps"),
+        ("10.0.2.128/25", "overlaps"),
+        ("fd00::/8", "overlaps the sandbox's own network fd00::/64"),
+        ("fd00::15", "overlaps"),
+        ("192.168.4.1/24", "host bits set .did you mean 192.168.4.0/24"),
+        ("192.168.4.0/33", "not an address range"),
+        ("lan", "not an address range"),
+        ("", "not an address range"),
+    ],
+)
+def test_parse_cidr_refuses(text, message):
+    with pytest.raises(UsageError, match=message):
+        parse_cidr(text)

@@ -82,6 +82,10 @@ def sensitive_paths(client_env: Mapping[str, str], home: str, uid: int) -> list[
         ("/var/run", "system runtime directory (system bus, service sockets)"),
         ("/tmp/.X11-unix", "X11 display sockets"),
     ]
+    if home.startswith("/") and home != "/":
+        # Last, so a socket inside is what an error names: exposing the home directory
+        # itself hands over ~/.ssh, ~/.aws, ~/.kube …
+        out.append((home, "your home directory, with its keys and credentials"))
     seen: set[str] = set()
     unique = []
     for path, why in out:

@@ -136,3 +136,11 @@ def test_symlinks_are_resolved_on_both_sides():
             sens,
             realpath=lambda p: {"/home/u/.gnupg": "/keys/gnupg"}.get(p, p),
         )
+
+
+def test_the_home_directory_itself_is_never_exposed() -> None:
+    sens = sensitive_paths({}, "/home/u", 1000)
+    for label, path in (("workdir", "/home/u"), ("--ro", "/home"), ("--rw", "/")):
+        with pytest.raises(UsageError, match="exposes"):
+            check_exposed([(label, path)], sens, realpath=lambda p: p)
+    check_exposed([("workdir", "/home/u/project")], sens, realpath=lambda p: p)

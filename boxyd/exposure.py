@@ -9,8 +9,10 @@ default) so tests can model symlinks without a filesystem.
 
 from __future__ import annotations
 
+import os
 import os.path
 import posixpath
+import stat
 from collections.abc import Callable, Iterable, Mapping
 
 from boxyd.errors import UsageError
@@ -118,3 +120,38 @@ def check_exposed(
         for spath, why, forms in sensitive:
             if any(_contains(t, s) for t in trees for s in forms):
                 raise UsageError(f"{what} {path}: exposes {spath} ({why}); expose a narrower path")
+
+
+# Bounds on the walk below: a tree too large to check is refused, never passed unchecked.
+SOCKET_SCAN_ENTRIES = 200_000
+
+
+def refuse_sockets(label: str, tree: str, *, limit: int = SOCKET_SCAN_ENTRIES) -> None:
+    """Refuse to expose a tree that holds a unix socket (a tmux server, a password
+    manager's agent, an IDE's helper …): a socket is reachable through a read-only
+    bind, and Landlock below ABI 9 cannot stop a pathname connect(). Walks without
+    following symlinks (a symlink to a socket outside the tree does not resolve in
+    the sandbox). The work directory is not walked: it is the project itself."""
+    seen = 0
+    stack = [tree]
+    while stack:
+        top = stack.pop()
+        try:
+            it = os.scandir(top)
+        except OSError:
+            continue
+        with it:
+            for e in it:
+                seen += 1
+                if seen > limit:
+                    raise UsageError(f"{label} {tree}: too large to check for unix sockets (over {limit} "
+                                     "entries); expose a narrower path")
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISSOCK(st.st_mode):
+                    raise UsageError(f"{label} {tree}: holds the unix socket {e.path}, which the sandbox "
+                                     "could connect to; expose a narrower path")
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append(e.path)

@@ -280,6 +280,8 @@ def build_spec(
         (labels[k, e.path], e.path) for k in ("ro", "rw", "mkdir") for e in getattr(spec, k)
     ]
     exposure.check_exposed(exposed, exposure.sensitive_paths(client_env, home, uid))
+    for label, path in exposed[1:]:
+        exposure.refuse_sockets(label, path)
 
     copies = _check_copies(o, prof, cwd, home, notes)
     trees = [workdir] + [e.path for e in spec.ro + spec.rw + spec.mkdir]

@@ -36,7 +36,9 @@ O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO planted in place of a file must not hang the daemon
 O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
-MAX_DEPTH = 256  # one open fd per level; deeper directories are reported, not walked
+# One open fd per level. 2048 single-letter levels already exceed PATH_MAX, past
+# which git itself cannot reach a repository; deeper directories are reported.
+MAX_DEPTH = 2048
 POINTER_MAX = 64 * 1024  # a .git / commondir / gitdir file larger than this is not a pointer
 
 Type = Literal["file", "dir", "symlink", "other"]
@@ -140,6 +142,19 @@ def open_dir(root_fd: int, rel: str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def open_child(dir_fd: int, name: str) -> int:
+    """Open a subdirectory; one the payload made unreadable (chmod 0111 still lets git
+    through to a path it knows) is given back its owner's u+rx first — it is ours."""
+    try:
+        return os.open(name, O_DIR, dir_fd=dir_fd)
+    except PermissionError:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            raise
+        os.chmod(name, stat.S_IMODE(st.st_mode) | 0o500, dir_fd=dir_fd, follow_symlinks=False)
+        return os.open(name, O_DIR, dir_fd=dir_fd)
 
 
 def open_root(root: str) -> int:
@@ -343,7 +358,7 @@ class _Walker:
                 self.unreadable.append(child)
                 continue
             try:
-                cfd = os.open(name, O_DIR, dir_fd=fd)
+                cfd = open_child(fd, name)
             except FileNotFoundError:
                 continue
             except OSError:

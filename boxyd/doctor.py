@@ -25,6 +25,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from boxyd.stage2.sys import (
+    CLONE_NEWCGROUP,
+    CLONE_NEWIPC,
+    CLONE_NEWNET,
+    CLONE_NEWNS,
+    CLONE_NEWPID,
+    CLONE_NEWUSER,
+    CLONE_NEWUTS,
+)
+
 
 @dataclass(frozen=True)
 class Check:
@@ -37,14 +47,6 @@ class Check:
 Facts = dict[str, object]
 Probe = Callable[[Facts], list[Check]]
 
-# Namespaces, from <linux/sched.h>.
-CLONE_NEWNS = 0x00020000
-CLONE_NEWCGROUP = 0x02000000
-CLONE_NEWUTS = 0x04000000
-CLONE_NEWIPC = 0x08000000
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWNET = 0x40000000
 
 # landlock_create_ruleset is 444 on every architecture (new syscalls share one table).
 SYS_landlock_create_ruleset = 444

@@ -10,15 +10,17 @@ import struct
 from boxyd.errors import SetupError
 from boxyd.plan import Plan
 from boxyd.stage2 import mounts as m
-from boxyd.stage2.sys import check, libc
-
-CLONE_NEWNS = 0x00020000
-CLONE_NEWCGROUP = 0x02000000
-CLONE_NEWUTS = 0x04000000
-CLONE_NEWIPC = 0x08000000
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWNET = 0x40000000
+from boxyd.stage2.sys import (
+    CLONE_NEWCGROUP,
+    CLONE_NEWIPC,
+    CLONE_NEWNET,
+    CLONE_NEWNS,
+    CLONE_NEWPID,
+    CLONE_NEWUSER,
+    CLONE_NEWUTS,
+    check,
+    libc,
+)
 
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914

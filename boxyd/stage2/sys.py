@@ -11,6 +11,15 @@ import os
 
 from boxyd.errors import SetupError
 
+# Namespaces, from <linux/sched.h> (shared with the doctor's probes).
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
 libc = ctypes.CDLL(None, use_errno=True)
 _syscall = libc.syscall
 _syscall.restype = ctypes.c_long

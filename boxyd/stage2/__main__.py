@@ -149,4 +149,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Nothing to flush or finalise: skip interpreter shutdown, boxyd is waiting to reap us.
+    os._exit(main())

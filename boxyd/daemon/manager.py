@@ -202,6 +202,9 @@ class Manager:
         controller is reported, not faked (until transient scopes arrive)."""
         spec = s.spec
         out: list[str] = []
+        if os.getuid() == 0:
+            out.append("running as root: the payload runs as uid 0 (with no capabilities, mapped to "
+                       "itself); prefer an unprivileged user")
         if spec.seccomp == "compat":
             out.append("--seccomp compat: forbidden system calls fail with EPERM instead of killing the "
                        "process; this is for diagnosis, do not leave it on")

@@ -58,13 +58,23 @@ def scratch(plan: Plan) -> None:
     _bind_scratch("tmp", "/tmp")
 
 
+def _graft(src_fd: int, target_fd: int, attrs: int | None, step: str, path: str) -> None:
+    """Clone the mount tree at SRC_FD, optionally set ATTRS on all of it, and move it
+    onto TARGET_FD: fds end to end, so no path is resolved twice."""
+    tree = m.open_tree_clone(src_fd, step, path)
+    try:
+        if attrs is not None:
+            m.set_attr(tree, attrs, step, path, recursive=True)
+        m.move_mount_to_fd(tree, target_fd, step, path)
+    finally:
+        os.close(tree)
+
+
 def _bind_scratch(sub: str, dst: str) -> None:
     target = _target_on_tmpfs(dst, is_dir=True, step=f"scratch {sub}")
     src = os.open(f"{SCRATCH}/{sub}", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        tree = m.open_tree_clone(src, "scratch " + sub, dst)
-        m.move_mount_to_fd(tree, target, "scratch " + sub, dst)
-        os.close(tree)
+        _graft(src, target, None, "scratch " + sub, dst)
     finally:
         os.close(src)
         os.close(target)
@@ -113,10 +123,10 @@ def mask_proc() -> None:
             if not os.path.lexists(path):
                 continue
             tfd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
-            tree = m.open_tree_clone(null, "mask /proc", path)
-            m.move_mount_to_fd(tree, tfd, "mask /proc", path)
-            os.close(tree)
-            os.close(tfd)
+            try:
+                _graft(null, tfd, None, "mask /proc", path)
+            finally:
+                os.close(tfd)
     finally:
         os.close(null)
     for name in PROC_MASK_DIRS:
@@ -126,12 +136,11 @@ def mask_proc() -> None:
                     "mode=0555,size=0", "mask /proc")
     # /proc/sys read-only (bound onto itself): sysctls were written above, before this.
     sysfd = os.open(NEW + "/proc/sys", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    tree = m.open_tree_clone(sysfd, "/proc/sys read-only", "/proc/sys")
-    m.set_attr(tree, m.MOUNT_ATTR_RDONLY | m.MOUNT_ATTR_NOSUID | m.MOUNT_ATTR_NODEV,
-               "/proc/sys read-only", "/proc/sys", recursive=True)
-    m.move_mount_to_fd(tree, sysfd, "/proc/sys read-only", "/proc/sys")
-    os.close(tree)
-    os.close(sysfd)
+    try:
+        ro = m.MOUNT_ATTR_RDONLY | m.MOUNT_ATTR_NOSUID | m.MOUNT_ATTR_NODEV
+        _graft(sysfd, sysfd, ro, "/proc/sys read-only", "/proc/sys")
+    finally:
+        os.close(sysfd)
 
 
 def apply_ops(plan: Plan) -> None:
@@ -221,16 +230,12 @@ def apply_bind(b: Bind) -> None:
     if src is None:
         return
     try:
-        is_dir = m.is_dir_fd(src)
-        tree = m.open_tree_clone(src, step, b.src)
         attrs = m.MOUNT_ATTR_NOSUID | (0 if b.dev else m.MOUNT_ATTR_NODEV) | (m.MOUNT_ATTR_RDONLY if b.ro else 0)
-        m.set_attr(tree, attrs, step, b.src, recursive=True)
-        target = _open_target(b, is_dir)
+        target = _open_target(b, m.is_dir_fd(src))
         try:
-            m.move_mount_to_fd(tree, target, step, b.dst)
+            _graft(src, target, attrs, step, b.dst)
         finally:
             os.close(target)
-            os.close(tree)
     finally:
         os.close(src)
 
@@ -269,15 +274,12 @@ def apply_copy(c: Copy, plan: Plan) -> None:
 def _bind_local(src: str, dst: str, ro: bool, step: str) -> None:
     sfd = os.open(src, os.O_PATH | os.O_CLOEXEC)
     try:
-        tree = m.open_tree_clone(sfd, step, src)
         attrs = m.MOUNT_ATTR_NOSUID | m.MOUNT_ATTR_NODEV | (m.MOUNT_ATTR_RDONLY if ro else 0)
-        m.set_attr(tree, attrs, step, src, recursive=True)
         target = _target_on_tmpfs(dst, is_dir=False, step=step)
         try:
-            m.move_mount_to_fd(tree, target, step, dst)
+            _graft(sfd, target, attrs, step, dst)
         finally:
             os.close(target)
-            os.close(tree)
     finally:
         os.close(sfd)
 

@@ -110,13 +110,11 @@ TRICKY = [
 ]
 
 
-@pytest.mark.skipif(GIT is None, reason="git is not installed")
 @pytest.mark.parametrize("data", TRICKY)
 def test_parser_agrees_with_git(tmp_path: Path, data: bytes) -> None:
     assert ours(data) == git_list(tmp_path, data)
 
 
-@pytest.mark.skipif(GIT is None, reason="git is not installed")
 def test_parser_agrees_with_git_on_random_input(tmp_path: Path) -> None:
     rng = random.Random(1234)
     alphabet = list(b'[]"\\ \t\n\r=#;.aAbz0-!\x00\xc3') + [ord("\n")] * 3

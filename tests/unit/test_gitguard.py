@@ -13,8 +13,6 @@ import pytest
 from boxyd.gitguard import discover, scan
 from boxyd.gitguard.discover import Protection, prepare, protections
 
-pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
-
 
 class Git:
     """git with nothing of the host's configuration: no system config, a fresh HOME."""

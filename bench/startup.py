@@ -20,7 +20,9 @@ BIN = Path(sys.executable).parent
 
 
 def measure(argv: list[str], n: int) -> float:
-    subprocess.run(argv, check=True, capture_output=True)  # warm (daemon start, page cache)
+    warm = subprocess.run(argv, capture_output=True)  # daemon start, page cache
+    if warm.returncode != 0:
+        sys.exit(f"{' '.join(argv)}: exit {warm.returncode}: {warm.stderr.decode(errors='replace').strip()}")
     times = []
     for _ in range(n):
         t = time.perf_counter()

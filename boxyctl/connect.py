@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import subprocess
 import sys
 import time
 
@@ -51,6 +50,8 @@ def _start_daemon() -> Client:
     log_dir = ensure_private_dir(state_dir())
     env = {k: os.environ[k] for k in DAEMON_ENV if k in os.environ}
     with open(log_dir / "boxyd.log", "ab") as log:
+        import subprocess  # only to start the daemon: not on every run's path
+
         proc = subprocess.Popen(
             [sys.executable, "-m", "boxyd.daemon.main"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,

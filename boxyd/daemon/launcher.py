@@ -1,10 +1,12 @@
 """Start stage 2 for one run and talk to it over its control socket.
 
-stage 2 is a freshly exec'd, single-threaded interpreter (``python -I -m
-boxyd.stage2``) with an empty environment: unshare(CLONE_NEWUSER) fails in a
-multithreaded process, and forking the asyncio daemon itself is unsafe. It is
-spawned from the event-loop thread, so its PR_SET_PDEATHSIG (which follows the
-parent *thread*) fires exactly when boxyd dies.
+Stage 2 is forked per run from one template process (``python -I -m
+boxyd.stage2``): a freshly exec'd, single-threaded interpreter with an empty
+environment that has already imported everything a run needs (see
+boxyd/stage2/__main__.py). unshare(CLONE_NEWUSER) fails in a multithreaded process,
+and forking the asyncio daemon itself is unsafe. The template is spawned from the
+event-loop thread, so its PR_SET_PDEATHSIG (which follows the parent *thread*)
+fires exactly when boxyd dies, and each run's fires when the template does.
 """
 
 from __future__ import annotations
@@ -12,32 +14,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
 
+from boxyd.errors import SetupError
 from boxyd.plan import Plan
 
+log = logging.getLogger("boxyd")
 MAX_MSG = 1 << 16
 
 
-class Stage2:
-    def __init__(self, proc: subprocess.Popen[bytes], ctl: socket.socket) -> None:
-        self.proc = proc
-        self.ctl = ctl
-        self._queue: asyncio.Queue[dict | None] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-        loop.add_reader(ctl.fileno(), self._readable)
-        self._closed = False
+class Template:
+    """The pre-imported stage-2 process. Started at most once at a time; restarted on
+    the next run if it died."""
 
-    @classmethod
-    async def start(cls, plan: Plan, stdio: list[int]) -> Stage2:
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._ctl: socket.socket | None = None
+
+    def start(self) -> None:
+        """Must run on the event-loop thread (the death signal follows the thread)."""
+        self.close()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        parent.setblocking(False)
         try:
-            proc = subprocess.Popen(
+            self._proc = subprocess.Popen(
                 [sys.executable, "-I", "-m", "boxyd.stage2", str(os.getpid()), str(child.fileno())],
                 env={},
                 cwd="/",
@@ -46,11 +50,69 @@ class Stage2:
                 pass_fds=(child.fileno(),),
                 start_new_session=True,  # setsid(): the host terminal is never its controlling tty
             )
+        except OSError as e:
+            parent.close()
+            raise SetupError(f"stage 2: cannot start {sys.executable}: {e.strerror}") from None
         finally:
             child.close()
-        stage2 = cls(proc, parent)
+        self._ctl = parent
+
+    def spawn(self) -> socket.socket:
+        """A control socket to a freshly forked outer stage 2."""
+        for attempt in (1, 2):
+            if self._ctl is None or self._proc is None or self._proc.poll() is not None:
+                if self._proc is not None:
+                    log.warning("stage-2 template exited (status %s); restarting it", self._proc.returncode)
+                self.start()
+            assert self._ctl is not None
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                socket.send_fds(self._ctl, [b"run"], [theirs.fileno()])
+            except OSError as e:
+                ours.close()
+                if attempt == 2:
+                    raise SetupError(f"stage 2: the template does not answer: {e.strerror}") from None
+                self.close()
+                continue
+            finally:
+                theirs.close()
+            return ours
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        """Closing its socket ends the template — and, by their death signal, every
+        sandbox it forked: only for a restart after it died, or when boxyd stops."""
+        if self._ctl is not None:
+            self._ctl.close()
+            self._ctl = None
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=2)
+            if self._proc.returncode is None:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+
+class Stage2:
+    def __init__(self, ctl: socket.socket) -> None:
+        self.ctl = ctl
+        self._queue: asyncio.Queue[dict | None] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        loop.add_reader(ctl.fileno(), self._readable)
+        self._closed = False
+
+    @classmethod
+    def start(cls, template: Template, plan: Plan, stdio: list[int]) -> Stage2:
+        ctl = template.spawn()
+        ctl.setblocking(False)
+        stage2 = cls(ctl)
         payload = json.dumps(plan.to_json()).encode()
-        socket.send_fds(parent, [payload], stdio)
+        try:
+            socket.send_fds(ctl, [payload], stdio)
+        except OSError as e:
+            stage2.close()
+            raise SetupError(f"stage 2: cannot send the plan: {e.strerror}") from None
         return stage2
 
     def _readable(self) -> None:
@@ -80,22 +142,6 @@ class Stage2:
             return
         with contextlib.suppress(OSError):
             self.ctl.send(json.dumps({"signal": sig}).encode())
-
-    async def wait(self) -> int:
-        """Reap stage 2 (it exits right after its last message): a pidfd turns
-        readable when it has exited, without a child watcher thread or polling."""
-        loop = asyncio.get_running_loop()
-        pidfd = os.pidfd_open(self.proc.pid)
-        exited = loop.create_future()
-        loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
-        try:
-            await asyncio.wait_for(exited, 10)
-        except TimeoutError:
-            self.proc.kill()
-        finally:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
-        return self.proc.wait()
 
     def close(self) -> None:
         if not self._closed:

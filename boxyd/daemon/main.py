@@ -99,6 +99,7 @@ def sd_notify(state: str) -> None:
 
 async def serve(sock: socket.socket) -> None:
     manager = Manager()
+    manager.start()
     service = VarlinkService(manager)
     server = VarlinkServer(service.handle)
     stop = asyncio.Event()
@@ -114,6 +115,7 @@ async def serve(sock: socket.socket) -> None:
     sd_notify("STOPPING=1")
     server.close()
     task.cancel()
+    manager.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 from boxyd import mountplan
 from boxyd.buildid import build_id
-from boxyd.daemon.launcher import Stage2
+from boxyd.daemon.launcher import Stage2, Template
 from boxyd.daemon.pty import PtyRelay
-from boxyd.errors import BoxyError, UsageError
+from boxyd.errors import BoxyError, SetupError, UsageError
 from boxyd.gitguard import discover, scan
 from boxyd.paths import ensure_private_dir, state_dir
 from boxyd.policy.seccomp import build_filter
@@ -59,6 +59,19 @@ class Manager:
         self.sessions: dict[str, Session] = {}
         self.user = pwd.getpwuid(os.getuid())
         self.started_at = time.time()
+        self.template = Template()
+
+    def start(self) -> None:
+        """On the event-loop thread, before the first call: the stage-2 template
+        imports while the first request is being read. If it cannot start, each run
+        retries and reports why."""
+        try:
+            self.template.start()
+        except SetupError as e:
+            log.warning("%s", e)
+
+    def close(self) -> None:
+        self.template.close()
 
     # -- queries ---------------------------------------------------------------------
     def version(self) -> dict:
@@ -139,7 +152,7 @@ class Manager:
             plan = mountplan.build(spec, seccomp_bpf=build_filter(spec.seccomp),
                                    protections=protections, ctty=s.pty is not None)
             s.record("seccomp", mode=spec.seccomp)
-            s.stage2 = await Stage2.start(plan, stdio)
+            s.stage2 = Stage2.start(self.template, plan, stdio)
         except BoxyError as e:
             self._close_all(fds, s)
             return self._finish(s, {"exit_status": EXIT_SETUP, "reason": "setup", "message": str(e)})
@@ -165,7 +178,6 @@ class Manager:
         if timer is not None:
             timer.cancel()
         s.stage2.close()
-        await s.stage2.wait()
         if s.pty is not None:
             await s.pty.wait_drained()
             s.pty.close()

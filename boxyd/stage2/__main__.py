@@ -1,10 +1,16 @@
 """The outer stage 2: DESIGN.md steps 1–5, then it waits outside the PID namespace.
 
-Started by boxyd as ``python -I -m boxyd.stage2 DAEMON_PID CTL_FD`` — a fresh,
-single-threaded process (unshare(CLONE_NEWUSER) fails in a threaded one) with an
-empty environment and nothing secret in its argv. CTL_FD is a SOCK_SEQPACKET
-control socket to boxyd: it receives the plan (and the payload's stdio as SCM_RIGHTS) and sends
-back what happened. It is the only process of the sandbox that talks to boxyd.
+boxyd starts ONE template per daemon: ``python -I -m boxyd.stage2 DAEMON_PID CTL_FD``
+— a fresh interpreter with an empty environment and nothing secret in its argv, that
+imports everything a run needs once and then stays single-threaded, forking one
+outer stage 2 per run (unshare(CLONE_NEWUSER) fails in a threaded process, and
+forking the asyncio daemon itself is unsafe). Importing costs more than all of a
+run's namespace work, so this is what makes start-up fast.
+
+The template's CTL_FD only ever carries one thing: a fresh SOCK_SEQPACKET socket per
+run (SCM_RIGHTS). The forked child owns that socket alone: it receives the plan (and
+the payload's stdio) on it and sends back what happened. The child is the only
+process of the sandbox that talks to boxyd; the template never reads a plan.
 """
 
 from __future__ import annotations
@@ -119,12 +125,8 @@ def _drain(fd: int) -> bytes:
         out += chunk
 
 
-def main() -> int:
-    daemon_pid, ctl_fd = int(sys.argv[1]), int(sys.argv[2])
-    caps.die_with_parent(signal.SIGKILL)
-    if os.getppid() != daemon_pid:  # boxyd died before the line above
-        return 1
-    ctl = socket.socket(fileno=ctl_fd)
+def run(ctl: socket.socket) -> int:
+    """One sandbox, in a child forked from the template."""
     try:
         plan, stdio = receive_plan(ctl)
         namespaces.enter_user_namespace(plan.uid, plan.gid)
@@ -148,6 +150,53 @@ def main() -> int:
     return supervise(ctl, pid, status_r)
 
 
+def fork_run(template_ctl: socket.socket, run_ctl: socket.socket) -> None:
+    """Fork the outer stage 2 of one run; it never returns into the template's loop."""
+    template_pid = os.getpid()
+    if os.fork() != 0:
+        run_ctl.close()
+        return
+    status = 1
+    try:
+        template_ctl.close()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # it waits for its PID 1
+        os.setsid()  # its own session: no terminal of any earlier run can follow it
+        # The death signal follows the parent: template dies with boxyd, runs with it.
+        caps.die_with_parent(signal.SIGKILL)
+        if os.getppid() == template_pid:
+            status = run(run_ctl)
+    finally:
+        os._exit(status)
+
+
+def template(ctl: socket.socket) -> int:
+    """Wait for run sockets from boxyd and fork one outer stage 2 for each."""
+    # Children are reaped by the kernel: boxyd learns a run ended from its socket.
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    while True:
+        try:
+            data, fds, flags, _ = socket.recv_fds(ctl, 16, 1, socket.MSG_CMSG_CLOEXEC)
+        except InterruptedError:
+            continue
+        except OSError:
+            return 1
+        if not data:
+            return 0  # boxyd closed its end
+        if flags & socket.MSG_CTRUNC or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            continue
+        fork_run(ctl, socket.socket(fileno=fds[0]))
+
+
+def main() -> int:
+    daemon_pid, ctl_fd = int(sys.argv[1]), int(sys.argv[2])
+    caps.die_with_parent(signal.SIGKILL)
+    if os.getppid() != daemon_pid:  # boxyd died before the line above
+        return 1
+    return template(socket.socket(fileno=ctl_fd))
+
+
 if __name__ == "__main__":
-    # Nothing to flush or finalise: skip interpreter shutdown, boxyd is waiting to reap us.
+    # Nothing to flush or finalise: skip interpreter shutdown.
     os._exit(main())

@@ -211,6 +211,41 @@ def test_killing_boxyd_kills_the_sandbox(user: User, workdir: Path,
             os.kill(pid, signal.SIGKILL)
 
 
+def test_killing_the_stage2_template_kills_its_sandboxes(user: User, workdir: Path,
+                                                        own_daemon: dict[str, str]) -> None:
+    """Runs are forked from one pre-imported stage-2 template: its death takes every
+    sandbox it forked with it, and boxyd starts a new one for the next run."""
+    n = 100000 + uuid.uuid4().int % 900000
+    marker = f"^sleep 60\\.{n}$"
+    argv = user.cmd([str(BIN / "boxyctl"), "run", *NET, "--", "sh", "-c",
+                     f"echo READY; sleep 60.$(({n}))"], own_daemon)
+    client = subprocess.Popen(argv, cwd=workdir, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert client.stdout is not None
+        assert client.stdout.readline() == b"READY\n"
+        assert _wait(lambda: bool(_pgrep(marker)), 10), "payload not found"
+        status = user.run([str(BIN / "boxyctl"), "daemon", "status"], extra_env=own_daemon)
+        m = re.search(rb"pid (\d+)", status.stdout)
+        assert m, status
+        templates = [p for p in _children(int(m.group(1)))
+                     if b"boxyd.stage2" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(templates) == 1, templates
+        os.kill(templates[0], signal.SIGKILL)
+        assert _wait(lambda: not _pgrep(marker), 5), "the sandbox survived its template"
+        client.wait(timeout=10)
+        assert client.returncode != 0
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+        for pid in _pgrep(marker):
+            os.kill(pid, signal.SIGKILL)
+    again = user.run([str(BIN / "boxyctl"), "run", *NET, "--", "echo", "again"],
+                     extra_env=own_daemon, cwd=workdir)
+    assert (again.returncode, again.stdout) == (0, b"again\n"), again.stderr
+
+
 def test_client_sigterm_is_forwarded(user: User, workdir: Path) -> None:
     script = ("trap 'echo term > got-sigterm; exit 7' TERM; echo READY; "
               "i=0; while [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; echo NOSIGNAL")

@@ -1,0 +1,104 @@
+"""Where the user's package tools fetch from, asked of the tools themselves.
+
+Profiles name registries by template ({npm_registry}, {pip_index}, {pip_files},
+{go_proxy}, {go_sumdb}) and never by host: a private mirror configured in
+~/.npmrc or pip.conf just works, and boxy holds no opinion on which public registry
+is the right one. The tool is run on the host, as the user, with a bounded time;
+an environment override the client sent (npm_config_registry, PIP_INDEX_URL …)
+wins, as it would for the tool itself. Answers are cached briefly: asking npm costs
+a node start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from urllib.parse import urlsplit
+
+TIMEOUT = 10.0
+CACHE_SECONDS = 60.0
+
+# The override each template honours, in the tool's own precedence.
+ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
+    "npm_registry": ("npm_config_registry", "NPM_CONFIG_REGISTRY"),
+    "pip_index": ("PIP_INDEX_URL",),
+    "go_proxy": ("GOPROXY",),
+    "go_sumdb": ("GOSUMDB",),
+}
+
+# Asked of pip's own code, so the default index is pip's and not a guess of ours.
+_PIP_DEFAULTS = (
+    "from pip._internal.models.index import PyPI\n"
+    "print(PyPI.url)\nprint(PyPI.file_storage_domain)\n"
+)
+
+
+def host_of(value: str) -> str | None:
+    """The host name in a registry setting: a URL (https://h:8443/path), or the first
+    entry of a GOPROXY-style list; None for off/direct or anything without a host."""
+    value = value.strip().split(",")[0].split("|")[0].strip()
+    if not value or value in ("off", "direct"):
+        return None
+    if "://" not in value:
+        value = "https://" + value  # GOSUMDB and bare GOPROXY entries name just a host
+    try:
+        host = urlsplit(value).hostname
+    except ValueError:
+        return None
+    return host or None
+
+
+class Registries:
+    """A resolver for profiles.resolve_hosts: template name → host, or None."""
+
+    def __init__(self, env: Mapping[str, str], run: Callable[[list[str]], str | None] | None = None
+                 ) -> None:
+        self._env = dict(env)
+        self._run = run or self._run_tool
+        self._cache: dict[str, tuple[float, str | None]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, name: str) -> str | None:
+        for var in ENV_OVERRIDES.get(name, ()):
+            if self._env.get(var):
+                return host_of(self._env[var])
+        with self._lock:
+            hit = self._cache.get(name)
+            if hit is not None and time.monotonic() - hit[0] < CACHE_SECONDS:
+                return hit[1]
+        value = self._ask(name)
+        with self._lock:
+            self._cache[name] = (time.monotonic(), value)
+        return value
+
+    def _ask(self, name: str) -> str | None:
+        if name == "npm_registry":
+            out = self._run(["npm", "config", "get", "registry"])
+            return host_of(out) if out else None
+        if name in ("pip_index", "pip_files"):
+            configured = self._run(["python3", "-m", "pip", "config", "get", "global.index-url"])
+            defaults = (self._run(["python3", "-c", _PIP_DEFAULTS]) or "").split()
+            if name == "pip_index":
+                return host_of(configured or (defaults[0] if defaults else ""))
+            # Files come from the index's own host unless it is pip's default index.
+            if configured and defaults and host_of(configured) != host_of(defaults[0]):
+                return host_of(configured)
+            return host_of(defaults[1]) if len(defaults) > 1 else None
+        if name in ("go_proxy", "go_sumdb"):
+            out = self._run(["go", "env", "GOPROXY" if name == "go_proxy" else "GOSUMDB"])
+            return host_of(out) if out else None
+        return None
+
+    def _run_tool(self, argv: list[str]) -> str | None:
+        env = {k: v for k, v in self._env.items() if k in ("HOME", "PATH", "USER", "LANG")}
+        env.setdefault("PATH", os.defpath)
+        try:
+            r = subprocess.run(argv, env=env, cwd=env.get("HOME", "/"), capture_output=True,
+                               stdin=subprocess.DEVNULL, timeout=TIMEOUT, text=True)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        out = r.stdout.strip()
+        return out if r.returncode == 0 and out and out != "undefined" else None

@@ -1,0 +1,71 @@
+"""Registry hosts are read from the tools' configuration; the template → host logic."""
+
+from __future__ import annotations
+
+import pytest
+
+from boxyd.registries import Registries, host_of
+
+
+@pytest.mark.parametrize(("value", "host"), [
+    ("https://registry.example.test/", "registry.example.test"),
+    ("http://mirror.example.test:8080/npm/\n", "mirror.example.test"),
+    ("https://proxy.example.test,direct", "proxy.example.test"),
+    ("https://proxy.example.test|https://other.example.test", "proxy.example.test"),
+    ("sum.example.test", "sum.example.test"),
+    ("off", None), ("direct", None), ("", None), ("https://", None), ("http://[::1", None),
+])
+def test_host_of(value: str, host: str | None) -> None:
+    assert host_of(value) == host
+
+
+class Tools:
+    """What the tools would print; records what was asked."""
+
+    def __init__(self, answers: dict[str, str | None]) -> None:
+        self.answers = answers
+        self.asked: list[str] = []
+
+    def __call__(self, argv: list[str]) -> str | None:
+        key = " ".join(argv[:3]) if argv[0] != "python3" or argv[1] == "-m" else "pip-defaults"
+        self.asked.append(key)
+        return self.answers.get(key)
+
+
+DEFAULTS = "https://index.example.test/simple\nfiles.example.test"
+
+
+def test_npm_from_tool_and_cached() -> None:
+    tools = Tools({"npm config get": "https://npm.example.test/"})
+    reg = Registries({}, run=tools)
+    assert reg("npm_registry") == "npm.example.test"
+    assert reg("npm_registry") == "npm.example.test"
+    assert tools.asked == ["npm config get"]
+
+
+def test_env_override_wins_without_asking() -> None:
+    tools = Tools({})
+    reg = Registries({"npm_config_registry": "https://mirror.example.test/npm/"}, run=tools)
+    assert reg("npm_registry") == "mirror.example.test"
+    assert tools.asked == []
+
+
+def test_pip_default_index_and_files() -> None:
+    reg = Registries({}, run=Tools({"pip-defaults": DEFAULTS}))
+    assert reg("pip_index") == "index.example.test"
+    assert reg("pip_files") == "files.example.test"
+
+
+def test_pip_private_index_serves_its_own_files() -> None:
+    tools = Tools({"pip-defaults": DEFAULTS,
+                   "python3 -m pip": "https://devpi.example.test/root/simple"})
+    reg = Registries({}, run=tools)
+    assert reg("pip_index") == "devpi.example.test"
+    assert reg("pip_files") == "devpi.example.test"
+
+
+def test_missing_tool_gives_none() -> None:
+    reg = Registries({}, run=Tools({}))
+    assert reg("npm_registry") is None
+    assert reg("go_proxy") is None
+    assert reg("no_such_template") is None

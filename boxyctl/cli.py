@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 from boxyd.errors import UsageError
 from boxyd.units import (
-    parse_cidr,
+    parse_cidrs,
     parse_count,
     parse_cpus,
     parse_duration,
@@ -31,7 +31,11 @@ from boxyd.units import (
 # What the client tells the daemon about its environment. The first group may be
 # passed on to the payload; the rest only feed the daemon's exposure check (which
 # sockets must not be inside an exposed tree) and are never passed on.
-CLIENT_ENV_NAMES = ("TERM", "LANG", "LANGUAGE", "TZ", "COLORTERM", "NO_COLOR", "HOME", "USER")
+CLIENT_ENV_NAMES = ("TERM", "LANG", "LANGUAGE", "TZ", "COLORTERM", "NO_COLOR", "HOME", "USER",
+                    # which registry a profile's {npm_registry}/{pip_index}… means: the
+                    # tools' own overrides, and the PATH that finds those tools
+                    "PATH", "npm_config_registry", "NPM_CONFIG_REGISTRY", "PIP_INDEX_URL",
+                    "GOPROXY", "GOSUMDB")
 CLIENT_ENV_PREFIXES = ("LC_",)
 EXPOSURE_ENV_NAMES = (
     "SSH_AUTH_SOCK",
@@ -274,7 +278,7 @@ def _run_args(ns: argparse.Namespace, environ: dict[str, str], cwd: str) -> dict
         "net": ns.net,
         "allow_host": [str(parse_host_spec(h)) for h in ns.allow_host],
         "allow_port": [parse_port(p) for p in ns.allow_port],
-        "allow_cidr": [parse_cidr(c) for c in ns.allow_cidr],
+        "allow_cidr": [n for c in ns.allow_cidr for n in parse_cidrs(c)],
         "tailscale": ns.tailscale,
         "env": [_env_entry(e, environ) for e in ns.env],
         "memory": parse_size(ns.memory, what="--memory") if ns.memory is not None else None,

@@ -15,7 +15,8 @@ from boxyd.paths import ensure_private_dir, runtime_dir, socket_path, state_dir
 START_TIMEOUT = 10.0
 # The daemon's own environment: where things are, never the caller's secrets.
 DAEMON_ENV = ("HOME", "USER", "LOGNAME", "PATH", "LANG", "LC_ALL", "XDG_RUNTIME_DIR", "XDG_STATE_HOME",
-              "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "DBUS_SESSION_BUS_ADDRESS")
+              "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "DBUS_SESSION_BUS_ADDRESS",
+              "BOXY_UPSTREAM_DNS")
 
 
 def _try_connect() -> Client | None:

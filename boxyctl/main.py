@@ -121,7 +121,9 @@ def _run_once(client, args: dict) -> int:
     final: dict = {}
     with raw:
         for reply in client.stream(f"{IFACE}.Run", args, fds=_stdio()):
-            if reply.get("state") == "running":
+            if "notice" in reply:  # -v: a denial, as it happens
+                say(str(reply["notice"]))
+            elif reply.get("state") == "running":
                 sid.append(reply["id"])
                 for w in reply.get("warnings", []):
                     say(w)
@@ -130,6 +132,8 @@ def _run_once(client, args: dict) -> int:
                     tty.on_winch(winch)
             else:
                 final = reply
+    if final.get("destinations"):  # every run with network: where it went
+        os.write(2, str(final["destinations"]).encode(errors="replace"))
     if final.get("message"):
         say(final["message"])
     for line in final.get("findings", []):

@@ -94,6 +94,10 @@ class Plan:
     seccomp_bpf: str  # base64 of the compiled filter
     nproc: int  # RLIMIT_NPROC inside the sandbox's user namespace
     net: str = "none"
+    # --net public/allowlist: the gateway netns's nftables ruleset (JSON, loaded by
+    # stage 2 in one transaction) and, in allowlist mode, Landlock's TCP connect ports
+    net_ruleset: dict[str, Any] | None = None
+    landlock_ports: list[int] | None = None
     ctty: bool = False  # stdio is a PTY that becomes the controlling terminal
     landlock_scopes: bool = True
     extra: dict[str, Any] = field(default_factory=dict)

@@ -226,7 +226,7 @@ def build_spec(
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
             raise UsageError(f"--allow-port: {port!r} is not a port number (1–65535)")
     spec.allow_ports = _dedupe(prof.allow_ports + ports)
-    spec.allow_cidrs = _dedupe([units.parse_cidr(c) for c in o.strings("allow_cidr")])
+    spec.allow_cidrs = _dedupe([n for c in o.strings("allow_cidr") for n in units.parse_cidrs(c)])
     spec.tailscale = o.flag("tailscale")
     if spec.net == "none":
         for flag, given in (

@@ -1,9 +1,9 @@
 """Typed command-line values: sizes, durations, ports, host specs, CIDRs.
 
-Pure (no I/O) and standard library only: the client imports this module at
-start-up, and the daemon re-checks the same values with the same code. Every
-parse function raises ``UsageError`` with one line that names the flag (``what``)
-and the bad value.
+Pure (no I/O) and standard library only (``boxyd.net.ranges``, imported for
+SANDBOX_NETS, is too): the client imports this module at start-up, and the daemon
+re-checks the same values with the same code. Every parse function raises
+``UsageError`` with one line that names the flag (``what``) and the bad value.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from boxyd.errors import UsageError
+from boxyd.net.ranges import SANDBOX_NETS
 
 # K/M/G/T and KiB/MiB/… are binary (what --memory users mean); KB/MB/… decimal.
 _SIZE_UNITS: dict[str, int] = {
@@ -49,9 +50,6 @@ _DURATION_EXAMPLES = "examples: 90, 500ms, 10m, 1h30m"
 _MAX_DURATION = 365 * 86400
 
 _HOST_LABEL_RE = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
-
-# The sandbox's own link: an exception here would open the gateway itself.
-SANDBOX_NETS = (ipaddress.ip_network("10.0.2.0/24"), ipaddress.ip_network("fd00::/64"))
 
 
 def _bad(what: str, value: str, kind: str, examples: str) -> UsageError:
@@ -167,10 +165,20 @@ class HostSpec:
 
 
 def parse_host_name(s: str, *, what: str = "--allow-host") -> str:
-    """A DNS name (single-label names such as a tailnet's 'nas' included), normalised."""
+    """A DNS name (single-label names such as a tailnet's 'nas' included), normalised.
+
+    A leading '*.' over at least two labels ('*.example.com') is a wildcard for every
+    name strictly below it; '*' anywhere else, or over a single label, is refused.
+    """
     name = s.lower().removesuffix(".")
+    body = name  # the name without its wildcard label
     if "*" in name:
-        raise UsageError(f"{what}: {s!r}: wildcards are not supported; name each host")
+        body = name.removeprefix("*.")
+        if "*" in body or body == name or "." not in body:
+            raise UsageError(
+                f"{what}: {s!r}: a wildcard must be a leading '*.' over at least two labels "
+                "(e.g. *.example.com)"
+            )
     try:
         ipaddress.ip_address(name.strip("[]"))
     except ValueError:
@@ -179,9 +187,9 @@ def parse_host_name(s: str, *, what: str = "--allow-host") -> str:
         raise UsageError(
             f"{what}: {s!r} is an address, not a host name (use --allow-cidr for addresses)"
         )
-    labels = name.split(".")
+    labels = body.split(".")
     if (
-        not name
+        not body
         or len(name) > 253
         or not all(_HOST_LABEL_RE.fullmatch(label) for label in labels)
         or labels[-1].isdigit()  # 'a.123' or '123' would be read as an IPv4 address
@@ -240,3 +248,16 @@ def parse_cidr(s: str, *, what: str = "--allow-cidr") -> str:
         if net.version == own.version and net.overlaps(own):
             raise UsageError(f"{what}: {s!r} overlaps the sandbox's own network {own}")
     return str(net)
+
+
+def parse_cidrs(s: str, *, what: str = "--allow-cidr") -> list[str]:
+    """A comma-separated list of prefixes ('192.168.4.0/24,fd12::/48'), each as
+    ``parse_cidr`` reads it; duplicates dropped, order kept."""
+    out: list[str] = []
+    for part in s.split(","):
+        if not part.strip():
+            raise UsageError(f"{what}: {s!r}: empty entry in the list (CIDR[,CIDR...])")
+        net = parse_cidr(part, what=what)
+        if net not in out:
+            out.append(net)
+    return out

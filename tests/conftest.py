@@ -114,3 +114,53 @@ class Boxy:
 @pytest.fixture
 def boxy(user: User, workdir: Path) -> Boxy:
     return Boxy(user, workdir)
+
+
+# --- the test internet (tests/harness/topology.py) -------------------------------------
+
+
+@pytest.fixture(scope="session")
+def topology():
+    """The test internet, built once per session. Building network namespaces needs
+    root (CI runs the suite as root); the sandboxes in it still run as the test user."""
+    if os.getuid() != 0:
+        pytest.skip("the test internet (network namespaces) is built as root: run `make test` as root")
+    from tests.harness import topology as topo
+
+    t = topo.up()
+    try:
+        yield t
+    finally:
+        topo.down(state_dir=t.state_dir)
+
+
+@pytest.fixture
+def net(topology):
+    """Before every network test: the daemon's netns routes nowhere but the topology."""
+    topology.assert_isolated()
+    topology.reset_records()
+    return topology
+
+
+class NetBoxy(Boxy):
+    """boxyctl as the test user inside the topology's host netns, talking to a boxyd of
+    its own there (its own XDG_RUNTIME_DIR: a daemon in the machine's netns must never
+    serve these runs, its upstream connections would leave the machine)."""
+
+    def __init__(self, user: User, workdir: Path, topo) -> None:
+        super().__init__(user, workdir)
+        self.topo = topo
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        return {**self.topo.user_env(self.user.uid, self.user.gid), **(extra or {})}
+
+    def run(self, *args: str, cmd: list[str] | None = None, input: bytes | None = None,
+            timeout: float = 120, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        argv = [str(BIN / "boxyctl"), "run", *args, *(["--", *cmd] if cmd is not None else [])]
+        return subprocess.run(self.topo.exec_in_host(self.user.cmd(argv, self.env(extra_env))),
+                              input=input, capture_output=True, timeout=timeout, cwd=self.workdir)
+
+
+@pytest.fixture
+def netboxy(user: User, workdir: Path, net) -> NetBoxy:
+    return NetBoxy(user, workdir, net)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Callable
@@ -65,7 +66,11 @@ class VarlinkService:
             if call.more:
                 await call.reply({"id": s.id, "state": "running", "warnings": warnings}, continues=True)
 
-        result = await self.manager.run(params, fds, started)
+        def notice(text: str) -> None:  # -v: denials as they happen
+            if call.more:
+                asyncio.get_running_loop().create_task(call.reply({"notice": text}, continues=True))
+
+        result = await self.manager.run(params, fds, started, notice)
         await call.reply(result)
 
     async def do_Resize(self, call: Call) -> None:

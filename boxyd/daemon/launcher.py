@@ -26,6 +26,7 @@ from boxyd.plan import Plan
 
 log = logging.getLogger("boxyd")
 MAX_MSG = 1 << 16
+MAX_FDS = 16
 
 
 class Template:
@@ -116,20 +117,33 @@ class Stage2:
         return stage2
 
     def _readable(self) -> None:
+        """One message; only "listeners" may carry fds (the gateway's sockets, in the
+        order of its list of names) and anything else sent along is closed."""
         try:
-            data = self.ctl.recv(MAX_MSG)
+            data, fds, _, _ = socket.recv_fds(self.ctl, MAX_MSG, MAX_FDS, socket.MSG_CMSG_CLOEXEC)
         except BlockingIOError:
             return
         except OSError:
-            data = b""
+            data, fds = b"", []
         if not data:
+            for fd in fds:
+                os.close(fd)
             asyncio.get_running_loop().remove_reader(self.ctl.fileno())
             self._queue.put_nowait(None)
             return
         try:
             msg = json.loads(data)
         except ValueError:
-            return
+            msg = None
+        if isinstance(msg, dict) and "listeners" in msg:
+            names = msg.get("listeners")
+            if isinstance(names, list) and len(names) == len(fds):
+                msg["sockets"] = {str(n): socket.socket(fileno=fd) for n, fd in zip(names, fds, strict=True)}
+                self._queue.put_nowait(msg)
+                return
+            msg = None
+        for fd in fds:
+            os.close(fd)
         if isinstance(msg, dict):
             self._queue.put_nowait(msg)
 

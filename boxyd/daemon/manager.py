@@ -18,16 +18,19 @@ from dataclasses import dataclass, field
 from boxyd import mountplan
 from boxyd.buildid import build_id
 from boxyd.daemon.launcher import Stage2, Template
+from boxyd.daemon.network import Network, make_dns_proxy
 from boxyd.daemon.pty import PtyRelay
 from boxyd.errors import BoxyError, SetupError, UsageError
 from boxyd.gitguard import discover, scan
 from boxyd.paths import ensure_private_dir, state_dir
 from boxyd.policy.seccomp import build_filter
+from boxyd.registries import Registries
 from boxyd.spec import RunSpec, build_spec
 
 log = logging.getLogger("boxyd")
 
 GRACE = 5.0  # seconds between SIGTERM and SIGKILL (timeout, stop)
+MAX_AUDIT = 200_000  # records kept per session for --audit-log
 EXIT_SETUP = 125
 EXIT_NOEXEC = 126
 EXIT_NOTFOUND = 127
@@ -44,6 +47,8 @@ class Session:
     result: dict | None = None
     timed_out: bool = False
     audit: list[dict] = field(default_factory=list)
+    audit_dropped: int = 0
+    net: Network | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def signal(self, sig: int) -> None:
@@ -51,6 +56,9 @@ class Session:
             self.stage2.signal(sig)
 
     def record(self, layer: str, **fields: object) -> None:
+        if len(self.audit) >= MAX_AUDIT:  # a flood of denials must not grow the daemon
+            self.audit_dropped += 1
+            return
         self.audit.append({"t": round(time.time(), 3), "session": self.id, "layer": layer, **fields})
 
 
@@ -60,6 +68,7 @@ class Manager:
         self.user = pwd.getpwuid(os.getuid())
         self.started_at = time.time()
         self.template = Template()
+        self._dns = None
 
     def start(self) -> None:
         """On the event-loop thread, before the first call: the stage-2 template
@@ -111,22 +120,29 @@ class Manager:
 
     # -- run -------------------------------------------------------------------------
     async def run(self, params: dict, fds: list[int],
-                  on_started: Callable[[Session, list[str]], Awaitable[None]]) -> dict:
+                  on_started: Callable[[Session, list[str]], Awaitable[None]],
+                  on_notice: Callable[[str], None] | None = None) -> dict:
         """Validate, launch, wait. FDS (the client's stdin, stdout, stderr) are ours to close."""
         try:
-            spec = build_spec(params, uid=os.getuid(), user=self.user.pw_name, home=self.user.pw_dir)
+            client_env = params.get("client_env") if isinstance(params.get("client_env"), dict) else {}
+            registry = Registries({**{k: v for k, v in os.environ.items() if k in ("PATH", "HOME")},
+                                   **{k: str(v) for k, v in client_env.items()}})
+            # Asking npm/pip for their registry runs a tool: not on the event loop.
+            spec = await asyncio.to_thread(build_spec, params, uid=os.getuid(), user=self.user.pw_name,
+                                           home=self.user.pw_dir, registry=registry)
             if len(fds) != 3:
                 raise UsageError("Run needs exactly three file descriptors (stdin, stdout, stderr)")
             if spec.tty and not any(os.isatty(fd) for fd in fds):
                 raise UsageError("--tty: none of boxyctl's stdin, stdout, stderr is a terminal")
+            session = Session(id=secrets.token_hex(4), spec=spec)
             if spec.net != "none":
-                raise UsageError(f"--net {spec.net}: the network gateway is not available in this build; "
-                                 "use --net none")
+                session.net = Network(spec, record=session.record, notice=on_notice)
+                if self._dns is None:
+                    self._dns = make_dns_proxy()
         except BoxyError:
             for fd in fds:
                 os.close(fd)
             raise
-        session = Session(id=secrets.token_hex(4), spec=spec)
         self.sessions[session.id] = session
         try:
             return await self._run(session, fds, on_started)
@@ -151,6 +167,8 @@ class Manager:
                 snapshots[root] = scan.snapshot(root)
             plan = mountplan.build(spec, seccomp_bpf=build_filter(spec.seccomp),
                                    protections=protections, ctty=s.pty is not None)
+            if s.net is not None:
+                s.net.configure(plan)
             s.record("seccomp", mode=spec.seccomp)
             s.stage2 = Stage2.start(self.template, plan, stdio)
         except BoxyError as e:
@@ -165,7 +183,17 @@ class Manager:
         timer = None
         final: dict = {}
         async for msg in s.stage2.messages():
-            if "started" in msg:
+            if "listeners" in msg:
+                if s.net is None:
+                    for sock in msg["sockets"].values():
+                        sock.close()
+                    continue
+                try:
+                    s.net.attach(msg["sockets"], self._dns)
+                except BoxyError as e:
+                    log.warning("session %s: %s", s.id, e)
+                    s.stage2.signal(signal.SIGKILL)
+            elif "started" in msg:
                 s.state = "running"
                 if spec.timeout:
                     timer = asyncio.get_running_loop().call_later(spec.timeout, self._timeout, s)
@@ -178,10 +206,12 @@ class Manager:
         if timer is not None:
             timer.cancel()
         s.stage2.close()
+        net_out = await s.net.finish() if s.net is not None else {}
         if s.pty is not None:
             await s.pty.wait_drained()
             s.pty.close()
         result = self._result(s, final)
+        result.update(net_out)
         if s.state == "starting":  # setup failed before the payload started
             await on_started(s, warnings)
         for root, before in snapshots.items():

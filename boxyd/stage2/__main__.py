@@ -22,10 +22,11 @@ import select
 import signal
 import socket
 import sys
+import traceback
 
 from boxyd.errors import SetupError
 from boxyd.plan import Plan
-from boxyd.stage2 import caps, namespaces, pid1
+from boxyd.stage2 import caps, namespaces, netns, pid1
 
 MAX_PLAN = 1 << 20
 
@@ -130,6 +131,12 @@ def run(ctl: socket.socket) -> int:
     try:
         plan, stdio = receive_plan(ctl)
         namespaces.enter_user_namespace(plan.uid, plan.gid)
+        if plan.net != "none":
+            if plan.net_ruleset is None:
+                raise SetupError(f"--net {plan.net}: the plan holds no gateway ruleset")
+            gateway = netns.enter_gateway_netns(plan.net_ruleset)
+            netns.enter_payload_netns(gateway)
+            netns.send_listeners(ctl, gateway)
         namespaces.enter_sandbox_namespaces(plan)
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
         alive_r, alive_w = os.pipe2(os.O_CLOEXEC)
@@ -165,6 +172,9 @@ def fork_run(template_ctl: socket.socket, run_ctl: socket.socket) -> None:
         caps.die_with_parent(signal.SIGKILL)
         if os.getppid() == template_pid:
             status = run(run_ctl)
+    except BaseException as e:  # a bug, not a refusal: say so rather than die silently
+        traceback.print_exc()
+        send(run_ctl, {"done": {"error": f"stage 2: internal error: {type(e).__name__}: {e}"}})
     finally:
         os._exit(status)
 

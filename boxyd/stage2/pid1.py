@@ -101,7 +101,8 @@ def drop_privileges() -> None:
 
 def confine(plan: Plan) -> list[str]:
     """Steps 8 and 9: Landlock before seccomp, which denies the landlock syscalls."""
-    notes = landlock.apply([(r.path, r.access) for r in plan.landlock], connect_ports=None, scope=plan.landlock_scopes)
+    notes = landlock.apply([(r.path, r.access) for r in plan.landlock],
+                           connect_ports=plan.landlock_ports, scope=plan.landlock_scopes)
     seccomp.load(base64.b64decode(plan.seccomp_bpf))
     return notes
 

@@ -42,4 +42,6 @@ rc=$?
 set -e
 # Leave no daemon of the test user behind.
 pkill -u "$user" -f 'boxyd.daemon.main' 2>/dev/null || true
+# And no test internet (network namespaces, servers) if a crash left one up.
+"$stage/.venv/bin/python3" -m tests.harness.topology down >/dev/null 2>&1 || true
 exit $rc

@@ -56,7 +56,7 @@ def test_run_defaults_are_exactly_the_run_parameters():
             "client_env": {
                 "HOME": "/home/u", "USER": "u", "TERM": "xterm", "LANG": "C.UTF-8",
                 "LC_TIME": "de_DE", "SSH_AUTH_SOCK": "/tmp/ssh/agent",
-                "XDG_RUNTIME_DIR": "/run/user/1000",
+                "XDG_RUNTIME_DIR": "/run/user/1000", "PATH": "/usr/bin",
             },
         },
     )  # fmt: skip
@@ -148,7 +148,10 @@ def test_profile_path_made_absolute():
 
 def test_client_env_never_carries_secrets():
     env = p("run", "true").args["client_env"]
-    assert "GITHUB_TOKEN" not in env and "PATH" not in env and "EDITOR" not in env
+    assert "GITHUB_TOKEN" not in env and "EDITOR" not in env
+    # PATH travels (the daemon asks the user's own npm/pip for their registry) but never
+    # becomes the sandbox's: that is envpolicy's sandbox PATH.
+    assert env["PATH"] == "/usr/bin"
 
 
 def test_e_name_reads_the_client_environment():

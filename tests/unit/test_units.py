@@ -8,6 +8,7 @@ from boxyd.units import (
     format_duration,
     format_size,
     parse_cidr,
+    parse_cidrs,
     parse_count,
     parse_cpus,
     parse_duration,
@@ -188,6 +189,10 @@ def test_parse_port():
         ("dns.example:53/udp", HostSpec("dns.example", (53,), True)),
         ("h.example:22/tcp", HostSpec("h.example", (22,))),
         ("_srv.x-y.example", HostSpec("_srv.x-y.example")),
+        ("*.example.com", HostSpec("*.example.com")),
+        ("*.Example.COM.", HostSpec("*.example.com")),
+        ("*.example.com:443,8443", HostSpec("*.example.com", (443, 8443))),
+        ("*.a.b.example:5353/udp", HostSpec("*.a.b.example", (5353,), True)),
     ],
 )
 def test_parse_host_spec(text, spec):
@@ -215,7 +220,6 @@ def test_host_spec_str_round_trips():
         ("[::1]:443", "an address"),
         ("[bad", "not a host name"),
         ("a:1:2", "not a host name"),
-        ("*.example.com", "wildcards"),
         ("-bad.example", "not a host name"),
         ("bad-.example", "not a host name"),
         ("a..b", "not a host name"),
@@ -228,6 +232,47 @@ def test_host_spec_str_round_trips():
 def test_parse_host_spec_refuses(text, message):
     with pytest.raises(UsageError, match=message):
         parse_host_spec(text)
+
+
+WILDCARD_RULE = "a wildcard must be a leading '\\*\\.' over at least two labels"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "*",
+        "*.",
+        "*.com",
+        "*.com.",
+        "a.*.com",
+        "*foo.com",
+        "*.*.example.com",
+        "**.example.com",
+        "example.*",
+        "*.example.*",
+        "f*o.example.com",
+    ],
+)
+def test_parse_host_name_wildcard_refused(text):
+    with pytest.raises(UsageError, match=WILDCARD_RULE) as e:
+        parse_host_name(text)
+    assert str(e.value).startswith(f"--allow-host: {text!r}: ")
+
+
+@pytest.mark.parametrize(
+    "text", ["*.-bad.example", "*.a..b", "*.a.123", "*.1.2.3.4", "*.ex ample.com"]
+)
+def test_parse_host_name_wildcard_body_checked(text):
+    with pytest.raises(UsageError, match=f"{text!r} is not a host name".replace("*", "\\*")):
+        parse_host_name(text)
+
+
+def test_parse_host_name_wildcard_length():
+    body = ".".join(["a" * 62] * 4)  # 251 characters: fine alone, 253 with "*."
+    assert parse_host_name(body + "x") == body + "x"
+    assert parse_host_name("*." + body) == "*." + body
+    with pytest.raises(UsageError, match="not a host name"):
+        parse_host_name("*." + body + "x")
 
 
 def test_parse_host_name_length():
@@ -270,3 +315,36 @@ def test_parse_cidr(text, norm):
 def test_parse_cidr_refuses(text, message):
     with pytest.raises(UsageError, match=message):
         parse_cidr(text)
+
+
+@pytest.mark.parametrize(
+    "text,nets",
+    [
+        ("192.168.4.0/24", ["192.168.4.0/24"]),
+        ("192.168.4.0/24,fd12::/48", ["192.168.4.0/24", "fd12::/48"]),
+        (" 192.168.4.7 , 100.64.0.0/10 ", ["192.168.4.7/32", "100.64.0.0/10"]),
+        ("192.168.4.0/24,192.168.4.0/24", ["192.168.4.0/24"]),
+        ("fd12::/48,192.168.4.0/24", ["fd12::/48", "192.168.4.0/24"]),
+    ],
+)
+def test_parse_cidrs(text, nets):
+    assert parse_cidrs(text) == nets
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("", "empty entry"),
+        ("192.168.4.0/24,", "empty entry"),
+        ("192.168.4.0/24,,fd12::/48", "empty entry"),
+        (",192.168.4.0/24", "empty entry"),
+        ("192.168.4.0/24,lan", "'lan' is not an address range"),
+        ("192.168.4.0/24,10.0.2.0/24", "overlaps the sandbox's own network"),
+        ("192.168.4.0/24;10.1.0.0/16", "not an address range"),
+        ("0.0.0.0/0,192.168.4.0/24", "every address"),
+    ],
+)
+def test_parse_cidrs_refuses(text, message):
+    with pytest.raises(UsageError, match=message) as e:
+        parse_cidrs(text, what="--allow-cidr")
+    assert str(e.value).startswith("--allow-cidr: ")

@@ -1,0 +1,130 @@
+"""A session's network, from the daemon's side: the policy compiled for stage 2
+(nftables ruleset, Landlock ports), the gateway once stage 2 has sent its listeners,
+and what is left afterwards (--net-log, the destinations table, audit records).
+
+The DNS proxy is one per daemon (shared upstream slots); everything else is per
+session.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+from boxyd.errors import SetupError
+from boxyd.net import netlog, ranges, ruleset
+from boxyd.net.dnsproxy import DnsProxy
+from boxyd.net.gateway import LISTENERS, Gateway
+from boxyd.net.policy import NetPolicy
+from boxyd.plan import Plan
+from boxyd.spec import RunSpec
+
+log = logging.getLogger("boxyd")
+
+UPSTREAM_ENV = "BOXY_UPSTREAM_DNS"  # "ip[:port],…": the daemon's resolvers (tests)
+MAX_NOTICES = 200  # -v denial lines per run; the rest are counted
+
+
+def upstream_servers(value: str | None) -> list[tuple[str, int]] | None:
+    """BOXY_UPSTREAM_DNS, or None for the host's resolv.conf."""
+    if not value:
+        return None
+    out: list[tuple[str, int]] = []
+    for item in value.split(","):
+        item = item.strip()
+        host, port = item, 53
+        if item.startswith("["):
+            host, _, rest = item[1:].partition("]")
+            port = int(rest[1:]) if rest.startswith(":") else 53
+        elif item.count(":") == 1:
+            host, _, p = item.partition(":")
+            port = int(p)
+        out.append((host, port))
+    return out
+
+
+class Network:
+    """One session's network. Build it before stage 2 starts (bad flags are refused
+    there), then ``attach`` the listeners stage 2 sends."""
+
+    def __init__(self, spec: RunSpec, *, record: Callable[..., None],
+                 notice: Callable[[str], None] | None) -> None:
+        # Raises UsageError (one line, exit 2) for what the spec could not catch alone.
+        self.policy = NetPolicy.from_spec(spec.net, spec.allow_hosts, spec.allow_ports,
+                                          spec.allow_cidrs, spec.tailscale)
+        self.spec = spec
+        self.record = record
+        self.notice = notice
+        self.gateway: Gateway | None = None
+        self._notices = 0
+        self._muted = 0
+        record("net.policy", mode=spec.net, allow_hosts=spec.allow_hosts,
+               allow_ports=sorted(self.policy.global_ports),
+               allow_cidrs=spec.allow_cidrs, tailscale=spec.tailscale)
+
+    def configure(self, plan: Plan) -> None:
+        """What stage 2 applies: the gateway netns's ruleset, Landlock's connect ports."""
+        prefixes = ranges.static_prefixes(self.policy.exceptions)
+        ports = self.policy.landlock_ports()
+        plan.net_ruleset = ruleset.gateway_ruleset(
+            mode=self.policy.mode, deny_v4=prefixes.deny_v4, deny_v6=prefixes.deny_v6,
+            except_v4=prefixes.accept_v4, except_v6=prefixes.accept_v6, tcp_ports=ports)
+        plan.landlock_ports = ports
+
+    def attach(self, listeners: dict, dns: DnsProxy) -> None:
+        if self.gateway is not None or set(listeners) != set(LISTENERS):
+            for sock in listeners.values():
+                sock.close()
+            raise SetupError("stage 2 sent an unexpected set of gateway sockets")
+        self.gateway = Gateway(self.policy, listeners, dns, on_event=self._event)
+        self.gateway.start()
+
+    def _event(self, ev: dict) -> None:
+        fields = {k: v for k, v in ev.items() if v not in (None, "") and k != "layer"}
+        self.record(str(ev.get("layer", "net")), **fields)
+        if ev.get("verdict") == "deny" and self.spec.verbose and self.notice is not None:
+            if self._notices < MAX_NOTICES:
+                self._notices += 1
+                self.notice(describe(ev))
+            else:
+                self._muted += 1
+
+    async def finish(self) -> dict:
+        """Close every flow; write --net-log; the destinations table for stderr."""
+        out: dict = {}
+        if self.gateway is None:
+            return out
+        await self.gateway.close()
+        log_ = self.gateway.netlog
+        if self._muted:
+            out["notices_muted"] = self._muted
+        if self.spec.net_log:
+            try:
+                netlog.write(self.spec.net_log, log_)
+            except OSError as e:
+                out["net_log_error"] = f"--net-log {self.spec.net_log}: {e.strerror}"
+        out["destinations"] = netlog.destinations_table(log_)
+        return out
+
+
+def describe(ev: dict) -> str:
+    """One -v line for a denial: layer, what, why."""
+    layer = ev.get("layer", "net")
+    if layer == "net.dns":
+        what = str(ev.get("name", "?"))
+    else:
+        addr, port = ev.get("addr", "?"), ev.get("port", "?")
+        what = f"{ev.get('proto', 'tcp')}://{f'[{addr}]' if ':' in str(addr) else addr}:{port}"
+        if ev.get("sni"):
+            what += f" (name {ev['sni']})"
+        elif ev.get("host"):
+            what += f" ({ev['host']})"
+    return f"{layer} deny {what}: {ev.get('reason') or 'denied'}"
+
+
+def make_dns_proxy() -> DnsProxy:
+    try:
+        return DnsProxy(upstream_servers(os.environ.get(UPSTREAM_ENV)))
+    except (ValueError, OSError) as e:
+        raise SetupError(f"DNS proxy: {e}") from None

@@ -1,0 +1,363 @@
+"""boxy's DNS proxy: the I/O around dnsfilter, for every session's port-53 traffic.
+
+The gateway hands each query (a UDP datagram, or a TCP stream via
+:meth:`DnsProxy.serve_tcp`) to :meth:`DnsProxy.answer` with the session it came
+from. A query is parsed, checked (dnsfilter.decide_query: refused names never
+leave), resolved upstream with a fresh query carrying only the question, filtered
+(dnsfilter.filter_answer), its addresses bound in the session's Bindings, and only
+then answered. Every decision is reported to the session's ``on_event``.
+
+Bounds, so that one session cannot starve the others or hang its own payload:
+
+- a per-session token bucket on queries (over it: REFUSED, counted, no event —
+  a flood must not flood the event stream too);
+- a per-session cap on queries waiting for upstream (over it: REFUSED) and a
+  daemon-wide cap on concurrent upstream queries (waited for, within the
+  deadline);
+- one deadline per query across all upstream servers (UDP, then TCP when the
+  answer is truncated); past it the client gets SERVFAIL, quickly enough that its
+  own resolver does not time out first;
+- UDP answers fit the client's advertised EDNS size (at most ``EDNS_PAYLOAD``;
+  512 without EDNS); a bigger one is truncated with TC set so the client asks
+  again over TCP;
+- TCP: 2-byte length framing, queries of at most ``TCP_MAX_QUERY`` bytes, an idle
+  timeout between queries and a read timeout within one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dns.asyncquery
+import dns.exception
+import dns.flags
+import dns.message
+import dns.rcode
+import dns.rdatatype
+
+from boxyd.net.bindings import Bindings
+from boxyd.net.dnsfilter import (
+    EDNS_PAYLOAD,
+    DnsPolicy,
+    Filtered,
+    decide_query,
+    filter_answer,
+    name_text,
+    refusal_response,
+    response_for,
+    upstream_query,
+)
+
+Upstream = tuple[str, int]
+Event = dict[str, Any]
+
+QUERY_TIMEOUT = 3.0  # per client query, all upstream attempts included
+RATE = 100.0  # queries per second per session, sustained
+BURST = 200  # ... and in a burst (a cold `npm install` resolves a few dozen names at once)
+SESSION_INFLIGHT = 32
+GLOBAL_INFLIGHT = 256
+TCP_MAX_QUERY = 4096  # a query is a name and a few EDNS options; anything bigger is not DNS
+TCP_IDLE_TIMEOUT = 10.0
+TCP_READ_TIMEOUT = 5.0
+
+_QR = 0x8000
+_RA = 0x0080
+_OPCODE_RD = 0x7800 | 0x0100
+
+
+class UpstreamError(Exception):
+    """No upstream server answered the query in time."""
+
+
+class TokenBucket:
+    """RATE tokens a second, at most BURST saved up; :meth:`take` spends one."""
+
+    def __init__(self, rate: float, burst: float, now: Callable[[], float] = time.monotonic) -> None:
+        if rate <= 0 or burst < 1:
+            raise ValueError(f"token bucket needs rate > 0 and burst >= 1, not {rate}/{burst}")
+        self.rate = rate
+        self.burst = float(burst)
+        self.now = now
+        self.tokens = float(burst)
+        self.last = now()
+
+    def take(self) -> bool:
+        t = self.now()
+        self.tokens = min(self.burst, self.tokens + (t - self.last) * self.rate)
+        self.last = t
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+@dataclass
+class DnsStats:
+    queries: int = 0
+    malformed: int = 0
+    refused: int = 0  # answered locally by decide_query (names not allowed, ANY, AXFR, …)
+    rate_limited: int = 0
+    busy: int = 0  # over the session's in-flight cap
+    upstream_errors: int = 0
+    truncated: int = 0  # UDP answers sent with TC
+
+
+@dataclass
+class DnsSession:
+    """What the proxy needs of one session."""
+
+    policy: DnsPolicy
+    bindings: Bindings = field(default_factory=Bindings)
+    on_event: Callable[[Event], None] | None = None
+    limiter: TokenBucket = field(default_factory=lambda: TokenBucket(RATE, BURST))
+    max_inflight: int = SESSION_INFLIGHT
+    inflight: int = 0
+    stats: DnsStats = field(default_factory=DnsStats)
+
+
+def resolv_conf_nameservers(path: str | Path = "/etc/resolv.conf") -> list[Upstream]:
+    """The ``nameserver`` lines of PATH, as (address, 53)."""
+    servers: list[Upstream] = []
+    for line in Path(path).read_text(errors="replace").splitlines():
+        fields = line.split()
+        if len(fields) < 2 or fields[0] != "nameserver":
+            continue
+        try:
+            ipaddress.ip_address(fields[1].split("%", 1)[0])
+        except ValueError:
+            continue
+        servers.append((fields[1], 53))
+    return servers
+
+
+def host_has_ipv6_route(route_table: str | None = None) -> bool:
+    """Whether the host has a usable IPv6 default route (/proc/net/ipv6_route format).
+
+    Without one, AAAA answers are dropped: a client given only unreachable v6
+    addresses next to working v4 ones stalls in Happy Eyeballs."""
+    if route_table is None:
+        try:
+            route_table = Path("/proc/net/ipv6_route").read_text()
+        except OSError:
+            return False  # IPv6 disabled in this kernel
+    rtf_up, rtf_reject = 0x0001, 0x0200
+    for line in route_table.splitlines():
+        fields = line.split()
+        if len(fields) < 10:
+            continue
+        dest, plen, flags, dev = fields[0], fields[1], int(fields[8], 16), fields[9]
+        if int(dest, 16) == 0 and int(plen, 16) == 0 and dev != "lo" \
+                and flags & rtf_up and not flags & rtf_reject:
+            return True
+    return False
+
+
+class DnsProxy:
+    """Answers sessions' DNS queries; one instance serves every session."""
+
+    def __init__(
+        self,
+        upstreams: Sequence[Upstream] | None = None,
+        *,
+        ipv6: bool | None = None,
+        timeout: float = QUERY_TIMEOUT,
+        max_inflight: int = GLOBAL_INFLIGHT,
+        max_udp_payload: int = EDNS_PAYLOAD,
+        tcp_idle_timeout: float = TCP_IDLE_TIMEOUT,
+        tcp_read_timeout: float = TCP_READ_TIMEOUT,
+        resolv_conf: str | Path = "/etc/resolv.conf",
+    ) -> None:
+        if upstreams is None:
+            upstreams = resolv_conf_nameservers(resolv_conf)
+            if not upstreams:
+                raise ValueError(f"{resolv_conf} lists no nameserver: "
+                                 "configure upstream_dns for boxy's DNS proxy")
+        if not upstreams:
+            raise ValueError("the DNS proxy needs at least one upstream server")
+        self.upstreams = [(str(host), int(port)) for host, port in upstreams]
+        # Re-evaluate (set the attribute) if the host's routes can change under a long-lived daemon.
+        self.ipv6 = host_has_ipv6_route() if ipv6 is None else ipv6
+        self.timeout = timeout
+        self.max_udp_payload = max(512, max_udp_payload)
+        self.tcp_idle_timeout = tcp_idle_timeout
+        self.tcp_read_timeout = tcp_read_timeout
+        self._upstream_slots = asyncio.Semaphore(max_inflight)
+
+    async def answer(self, wire: bytes, *, tcp: bool, session: DnsSession) -> bytes | None:
+        """The wire response to the query WIRE from SESSION, or None to send nothing
+        (not a query, or too broken to answer)."""
+        session.stats.queries += 1
+        try:
+            query = dns.message.from_wire(wire)
+        except Exception:  # hostile bytes: any parser failure is FORMERR
+            session.stats.malformed += 1
+            return _formerr(wire)
+        if query.flags & dns.flags.QR:
+            return None  # a response sent to us: answering could start a loop
+        if not session.limiter.take():
+            session.stats.rate_limited += 1
+            return self._wire(response_for(query, dns.rcode.REFUSED), query, tcp, session)
+
+        refusal = decide_query(query, session.policy)
+        if refusal is not None:
+            session.stats.refused += 1
+            self._emit(session, query, "deny", refusal.reason, refusal.rcode)
+            return self._wire(refusal_response(query, refusal), query, tcp, session)
+
+        if session.inflight >= session.max_inflight:
+            session.stats.busy += 1
+            return self._wire(response_for(query, dns.rcode.REFUSED), query, tcp, session)
+        session.inflight += 1
+        try:
+            upstream = await self._resolve(upstream_query(query))
+        except UpstreamError as e:
+            session.stats.upstream_errors += 1
+            self._emit(session, query, "allow", f"upstream failed: {e}", dns.rcode.SERVFAIL)
+            return self._wire(response_for(query, dns.rcode.SERVFAIL), query, tcp, session)
+        finally:
+            session.inflight -= 1
+
+        bindings = session.bindings
+        try:
+            filtered = filter_answer(query, upstream, session.policy, ipv6=self.ipv6,
+                                     ttl_floor=bindings.ttl_floor, ttl_cap=bindings.ttl_cap)
+        except (ValueError, dns.exception.DNSException) as e:
+            filtered = Filtered(response_for(query, dns.rcode.SERVFAIL),
+                                error=f"unusable upstream answer: {e}")
+        if filtered.error is not None:
+            self._emit(session, query, "allow", filtered.error, dns.rcode.SERVFAIL)
+            return self._wire(filtered.response, query, tcp, session)
+        # Bind before answering: the client may connect the moment it has the answer.
+        for b in filtered.bind:
+            if not bindings.bind(b.ip, b.name, b.ttl):
+                reason = f"too many DNS bindings in this session ({bindings.max_entries})"
+                self._emit(session, query, "deny", reason, dns.rcode.SERVFAIL)
+                return self._wire(response_for(query, dns.rcode.SERVFAIL), query, tcp, session)
+        self._emit_filtered(session, query, filtered)
+        return self._wire(filtered.response, query, tcp, session)
+
+    async def serve_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                        session: DnsSession) -> None:
+        """Answer DNS over one TCP connection until the client closes it, idles, or
+        sends something that is not a DNS query. Closes WRITER."""
+        try:
+            while True:
+                try:
+                    header = await asyncio.wait_for(reader.readexactly(2), self.tcp_idle_timeout)
+                except (TimeoutError, asyncio.IncompleteReadError):
+                    return
+                size = int.from_bytes(header, "big")
+                if size < 12 or size > TCP_MAX_QUERY:
+                    return
+                wire = await asyncio.wait_for(reader.readexactly(size), self.tcp_read_timeout)
+                response = await self.answer(wire, tcp=True, session=session)
+                if response is None:
+                    return
+                writer.write(len(response).to_bytes(2, "big") + response)
+                await asyncio.wait_for(writer.drain(), self.tcp_idle_timeout)
+        except (TimeoutError, asyncio.IncompleteReadError, OSError):
+            return
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(writer.wait_closed(), 1.0)
+
+    async def _resolve(self, q: dns.message.Message) -> dns.message.Message:
+        """Q's answer from the first upstream that gives one within the deadline."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        errors: list[str] = []
+        try:
+            async with asyncio.timeout(self.timeout), self._upstream_slots:
+                for i, (host, port) in enumerate(self.upstreams):
+                    # Later servers keep their share of the deadline.
+                    share = (deadline - loop.time()) / (len(self.upstreams) - i)
+                    try:
+                        response, _ = await dns.asyncquery.udp_with_fallback(
+                            q, host, timeout=share, port=port,
+                            ignore_unexpected=True, ignore_errors=True)
+                    except (dns.exception.DNSException, OSError, EOFError) as e:
+                        errors.append(f"{host}:{port}: {_describe(e)}")
+                        continue
+                    last = i == len(self.upstreams) - 1
+                    if response.rcode() in (dns.rcode.SERVFAIL, dns.rcode.REFUSED) and not last:
+                        errors.append(f"{host}:{port}: {dns.rcode.to_text(response.rcode())}")
+                        continue
+                    return response
+        except TimeoutError:
+            errors.append(f"no answer within {self.timeout:g}s")
+        raise UpstreamError("; ".join(errors) or "no upstream server")
+
+    def _wire(self, response: dns.message.Message, query: dns.message.Message, tcp: bool,
+              session: DnsSession) -> bytes:
+        if tcp:
+            limit = 65535
+        else:
+            advertised = query.payload if query.edns >= 0 else 512
+            limit = max(512, min(advertised, self.max_udp_payload))
+        try:
+            wire = response.to_wire(max_size=limit, prefer_truncation=not tcp)
+        except dns.exception.TooBig:
+            return response_for(query, dns.rcode.SERVFAIL).to_wire()
+        if not tcp and wire[2] & (dns.flags.TC >> 8):
+            session.stats.truncated += 1
+        return wire
+
+    def _emit(self, session: DnsSession, query: dns.message.Message, verdict: str,
+              reason: str | None, rcode: dns.rcode.Rcode, **extra: Any) -> None:
+        if session.on_event is None:
+            return
+        question = query.question[0] if query.question else None
+        event: Event = {
+            "layer": "net.dns",
+            "verdict": verdict,
+            "name": name_text(question.name) if question is not None else "",
+            "qtype": dns.rdatatype.to_text(question.rdtype) if question is not None else "",
+            "addrs": [],
+            "reason": reason,
+            "rcode": dns.rcode.to_text(rcode),
+        }
+        event.update(extra)
+        session.on_event(event)
+
+    def _emit_filtered(self, session: DnsSession, query: dns.message.Message,
+                       filtered: Filtered) -> None:
+        addrs = list(dict.fromkeys(str(b.ip) for b in filtered.bind))
+        extra: dict[str, Any] = {"addrs": addrs}
+        reason = None
+        if filtered.denied:
+            reason = "answer in a denied range removed: " + ", ".join(
+                f"{addr} ({why})" for addr, why in filtered.denied)
+            extra["denied"] = [list(d) for d in filtered.denied]
+        if filtered.unrouted:
+            extra["unrouted"] = list(filtered.unrouted)
+        if filtered.ech_stripped:
+            extra["ech_stripped"] = True
+        if len(filtered.chain) > 1:
+            extra["chain"] = list(filtered.chain)
+        verdict = "deny" if filtered.denied else "allow"
+        self._emit(session, query, verdict, reason, filtered.response.rcode(), **extra)
+
+
+def _formerr(wire: bytes) -> bytes | None:
+    """A bare FORMERR for an unparseable query, when it has a query header to answer."""
+    if len(wire) < 12:
+        return None
+    flags = int.from_bytes(wire[2:4], "big")
+    if flags & _QR:
+        return None
+    flags = _QR | _RA | (flags & _OPCODE_RD) | dns.rcode.FORMERR
+    return wire[:2] + flags.to_bytes(2, "big") + bytes(8)
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, dns.exception.Timeout):
+        return "timed out"
+    return str(e) or type(e).__name__

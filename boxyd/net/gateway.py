@@ -1,0 +1,424 @@
+"""One session's gateway in boxyd: every flow out of the sandbox ends here.
+
+Stage 2 made the listener sockets in the gateway netns (TPROXY'd TCP, DNS over UDP
+and TCP, other UDP) and handed them over; nftables there already refused what is
+decidable from addresses and ports alone. This module decides the rest — by name
+— and dials allowed flows from the host netns. Order per TCP flow (DESIGN.md
+"Network"): address ranges, the DNS binding of the destination, the name in the
+first record (SNI or Host, read off the wire, never decrypted), ports. A denial
+after the handshake closes the client with a reset.
+
+Fair share: each session has its own listeners (one session's full backlog never
+delays another's) and its own caps on concurrent flows, flows still waiting for
+their first record, UDP flows and accepts per second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from boxyd.net import relay, sni, udpsock
+from boxyd.net.bindings import Bindings
+from boxyd.net.dnsproxy import DnsProxy, DnsSession, TokenBucket
+from boxyd.net.netlog import NetLog
+from boxyd.net.policy import ECH_REFUSED, NetPolicy, Verdict
+from boxyd.net.ruleset import GATEWAY_SOCKETS
+
+log = logging.getLogger("boxyd")
+
+LISTENERS = GATEWAY_SOCKETS  # see boxyd.net.ruleset
+
+
+@dataclass(frozen=True)
+class Limits:
+    flows: int = 1024  # concurrent TCP flows
+    pending: int = 128  # flows not yet past their first record
+    first_record_timeout: float = 10.0  # a client that never finishes its ClientHello
+    server_first_wait: float = 0.25  # how long a silent client delays an opaque-allowed dial
+    connect_timeout: float = 15.0
+    idle_timeout: float = 600.0  # no byte either way
+    accept_rate: float = 500.0  # per second, with a burst of twice that
+    udp_flows: int = 256
+    udp_idle_timeout: float = 60.0
+    sample_interval: float = 0.33  # byte counters into the net log, about three times a second
+
+
+Event = dict[str, object]
+
+
+@dataclass
+class _UdpFlow:
+    upstream: socket.socket
+    client: tuple[str, int]
+    dst: tuple[str, int]
+    handle: int
+    up: int = 0
+    down: int = 0
+    last: float = field(default_factory=time.monotonic)
+
+
+class Gateway:
+    def __init__(self, policy: NetPolicy, listeners: dict[str, socket.socket], dns: DnsProxy, *,
+                 on_event: Callable[[Event], None], limits: Limits | None = None) -> None:
+        self.policy = policy
+        self.listeners = listeners
+        self._reply = {4: listeners["udp_reply4"], 6: listeners["udp_reply6"]}
+        self.dns = dns
+        self.limits = limits or Limits()
+        self.on_event = on_event
+        self.netlog = NetLog()
+        self.bindings = Bindings()
+        self.dns_session = DnsSession(policy=policy, bindings=self.bindings, on_event=self._dns_event)
+        self.started = time.monotonic()
+        self._accepts = TokenBucket(self.limits.accept_rate, 2 * self.limits.accept_rate)
+        self._tasks: set[asyncio.Task] = set()
+        self._flows: dict[int, tuple[relay.Flow, int]] = {}  # id(flow) -> (flow, netlog handle)
+        self._pending = 0
+        self._udp: dict[tuple, _UdpFlow] = {}
+        self._closed = False
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for name, sock in self.listeners.items():
+            sock.setblocking(False)
+            if name in ("tcp4", "tcp6"):
+                self._spawn(self._accept_loop(sock, self._tcp_flow))
+            elif name in ("dns_tcp4", "dns_tcp6"):
+                self._spawn(self._accept_loop(sock, self._dns_tcp))
+            elif name in ("dns_udp4", "dns_udp6"):
+                loop.add_reader(sock.fileno(), self._dns_udp_readable, sock)
+            elif name in ("udp4", "udp6"):
+                loop.add_reader(sock.fileno(), self._udp_readable, sock)
+        self._spawn(self._sampler())
+
+    async def close(self) -> None:
+        """Abort every flow (each client gets a reset) and close the listeners."""
+        if self._closed:
+            return
+        self._closed = True
+        loop = asyncio.get_running_loop()
+        for name, sock in self.listeners.items():
+            if name.startswith(("udp", "dns_udp")):
+                with contextlib.suppress(ValueError, OSError):
+                    loop.remove_reader(sock.fileno())
+        for flow, _ in list(self._flows.values()):
+            flow.abort()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        for key in list(self._udp):
+            self._udp_close(key)
+        for sock in self.listeners.values():
+            sock.close()
+        self._sample()
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _t_ms(self) -> int:
+        return int((time.monotonic() - self.started) * 1000)
+
+    # -- events -------------------------------------------------------------------------
+    def _decide(self, proto: str, addr: str, port: int, v: Verdict, *, host: str | None = None,
+                name: str | None = None) -> int:
+        """One policy decision: into the net log and out as an event. Returns the
+        net-log handle (for byte counts of an allowed flow)."""
+        verdict = "allow" if v.allow else "deny"
+        handle = self.netlog.conn(self._t_ms(), proto, verdict, addr, port, host, name,
+                                  v.reason or None)
+        self.on_event({"layer": v.layer, "proto": proto, "verdict": verdict, "addr": addr,
+                       "port": port, "host": host, "sni": name, "reason": v.reason})
+        return handle
+
+    def _dns_event(self, event) -> None:
+        ev = dict(event)
+        if ev.get("verdict") == "allow" and ev.get("name") and ev.get("addrs"):
+            self.netlog.resolution(str(ev["name"]), [str(a) for a in ev["addrs"]])  # type: ignore[union-attr]
+        ev.setdefault("layer", "net.dns")
+        self.on_event(ev)
+
+    async def _sampler(self) -> None:
+        while True:
+            await asyncio.sleep(self.limits.sample_interval)
+            self._sample()
+            self.bindings.expire()
+            self._udp_expire()
+
+    def _sample(self) -> None:
+        for flow, handle in self._flows.values():
+            with contextlib.suppress(KeyError, ValueError):
+                self.netlog.update(handle, flow.counters.up, flow.counters.down)
+        for udp in self._udp.values():
+            with contextlib.suppress(KeyError, ValueError):
+                self.netlog.update(udp.handle, udp.up, udp.down)
+
+    # -- TCP ----------------------------------------------------------------------------
+    async def _accept_loop(self, listener: socket.socket, handler) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                client, _ = await loop.sock_accept(listener)
+            except OSError as e:  # EMFILE and friends: back off rather than spin
+                log.warning("gateway accept: %s", e.strerror)
+                await asyncio.sleep(0.1)
+                continue
+            client.setblocking(False)
+            if not self._accepts.take():
+                relay.reset(client)
+                continue
+            self._spawn(handler(client))
+
+    async def _tcp_flow(self, client: socket.socket) -> None:
+        try:
+            addr, port = client.getsockname()[:2]
+        except OSError:
+            client.close()
+            return
+        ip = ipaddress.ip_address(addr)
+        addr = str(ip)
+        if len(self._flows) + self._pending >= self.limits.flows:
+            self._deny(client, "tcp", addr, port,
+                       Verdict(False, "net.ip", f"too many connections in this session ({self.limits.flows})"))
+            return
+        v = self.policy.address(ip)
+        if v.allow:
+            names = self.bindings.names(ip)
+            v = self.policy.tcp_connect(ip, port, names)
+        if not v.allow:
+            self._deny(client, "tcp", addr, port, v)
+            return
+        if self._pending >= self.limits.pending:
+            self._deny(client, "tcp", addr, port,
+                       Verdict(False, "net.sni", "too many connections waiting for their first record"))
+            return
+        names = self.bindings.hold(ip)
+        try:
+            await self._tcp_checked(client, ip, addr, port, names)
+        finally:
+            self.bindings.release(ip)
+
+    async def _tcp_checked(self, client: socket.socket, ip, addr: str, port: int,
+                           names: frozenset[str]) -> None:
+        host = min(names) if names else None
+        opaque = self.policy.tcp_opaque(ip, port, names)
+        # Server-first protocols (SSH, SMTP …) and public mode: dial as soon as the
+        # address passes; client bytes are still held until their first record is read.
+        dial = asyncio.create_task(self._dial(ip, port)) if opaque.allow else None
+        self._pending += 1
+        try:
+            first, data = await self._first_record(
+                client, self.limits.server_first_wait if dial else self.limits.first_record_timeout)
+        finally:
+            self._pending -= 1
+        v, name = self._judge(first, data, ip, port, names, opaque)
+        if not v.allow or data is None:
+            if dial is not None:
+                dial.cancel()
+                with contextlib.suppress(BaseException):
+                    upstream = await dial
+                    upstream.close()
+            if data is None:  # the client closed without a byte
+                client.close()
+                return
+            self._deny(client, "tcp", addr, port, v, host=host, name=name)
+            return
+        try:
+            upstream = await (dial or self._dial(ip, port))
+        except OSError as e:
+            handle = self.netlog.conn(self._t_ms(), "tcp", "error", addr, port, host, name,
+                                      f"upstream: {e.strerror or e}")
+            self.netlog.update(handle, 0, 0, final=True)
+            relay.reset(client)
+            return
+        handle = self._decide("tcp", addr, port, v, host=host, name=name)
+        flow = relay.Flow(client, upstream, idle_timeout=self.limits.idle_timeout, initial_a_to_b=data)
+        self._flows[id(flow)] = (flow, handle)
+        try:
+            reason = await flow.run()
+        finally:
+            del self._flows[id(flow)]
+            self.netlog.update(handle, flow.counters.up, flow.counters.down, final=True)
+        self.on_event({"layer": "net.tcp", "proto": "tcp", "verdict": "close", "addr": addr, "port": port,
+                       "host": host, "up": flow.counters.up, "down": flow.counters.down,
+                       "reason": reason.value})
+
+    async def _first_record(self, client: socket.socket, wait: float) -> tuple[sni.Result, bytes | None]:
+        """Read until the first record decides, the client goes quiet for WAIT, or it
+        closes. Bounded in bytes (sni.MAX_INSPECT_BYTES) and time."""
+        loop = asyncio.get_running_loop()
+        data = b""
+        deadline = loop.time() + wait
+        result: sni.Result = sni.NeedMore()
+        while isinstance(result, sni.NeedMore):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            try:
+                chunk = await asyncio.wait_for(loop.sock_recv(client, 16384), remaining)
+            except TimeoutError:
+                break
+            except OSError:
+                return result, None
+            if not chunk:
+                return result, (data or None)
+            data += chunk
+            result = sni.inspect(data)
+        return result, data
+
+    def _judge(self, first: sni.Result, data: bytes | None, ip, port: int, names: frozenset[str],
+               opaque: Verdict) -> tuple[Verdict, str | None]:
+        if isinstance(first, sni.TLS):
+            if first.ech and self.policy.mode == "allowlist":
+                return ECH_REFUSED, first.sni
+            return self.policy.tcp_name(ip, port, first.sni or "", names, kind="sni"), first.sni
+        if isinstance(first, sni.HTTP):
+            return self.policy.tcp_name(ip, port, first.host or "", names, kind="host"), first.host
+        if isinstance(first, sni.Malformed):
+            return Verdict(False, "net.sni", f"malformed first record: {first.reason}"), None
+        if isinstance(first, sni.Opaque) or opaque.allow:
+            return opaque, None
+        waited = self.limits.first_record_timeout
+        return Verdict(False, "net.sni", f"no complete TLS or HTTP first record within {waited:g}s"), None
+
+    async def _dial(self, ip, port: int) -> socket.socket:
+        family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, (str(ip), port)),
+                                   self.limits.connect_timeout)
+        except TimeoutError:
+            sock.close()
+            raise OSError(f"no answer within {self.limits.connect_timeout:g}s") from None
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def _deny(self, client: socket.socket, proto: str, addr: str, port: int, v: Verdict, *,
+              host: str | None = None, name: str | None = None) -> None:
+        self._decide(proto, addr, port, v, host=host, name=name)
+        relay.reset(client)
+
+    async def _dns_tcp(self, client: socket.socket) -> None:
+        reader, writer = await asyncio.open_connection(sock=client)
+        await self.dns.serve_tcp(reader, writer, self.dns_session)
+
+    # -- DNS over UDP -------------------------------------------------------------------
+    def _dns_udp_readable(self, sock: socket.socket) -> None:
+        try:
+            dgram = udpsock.recv_datagram(sock, 4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            log.warning("gateway dns: %s", e.strerror)
+            return
+        if dgram.truncated or dgram.orig_dst is None:
+            return
+        self._spawn(self._dns_udp_answer(sock, dgram))
+
+    async def _dns_udp_answer(self, sock: socket.socket, dgram) -> None:
+        wire = await self.dns.answer(dgram.data, tcp=False, session=self.dns_session)
+        if wire is not None:
+            with contextlib.suppress(OSError, ValueError):
+                udpsock.send_from(sock, wire, dgram.orig_dst, dgram.src)
+
+    # -- other UDP ----------------------------------------------------------------------
+    def _udp_readable(self, sock: socket.socket) -> None:
+        try:
+            dgram = udpsock.recv_datagram(sock, 65535)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            log.warning("gateway udp: %s", e.strerror)
+            return
+        if dgram.orig_dst is None or dgram.truncated:
+            return
+        key = (dgram.src, dgram.orig_dst)
+        flow = self._udp.get(key)
+        if flow is None:
+            flow = self._udp_open(dgram)
+            if flow is None:
+                return
+        try:
+            flow.upstream.send(dgram.data)
+        except OSError:
+            return
+        flow.up += len(dgram.data)
+        flow.last = time.monotonic()
+
+    def _udp_open(self, dgram) -> _UdpFlow | None:
+        addr, port = dgram.orig_dst[0], dgram.orig_dst[1]
+        ip = ipaddress.ip_address(addr)
+        addr = str(ip)
+        v = self.policy.address(ip)
+        if v.allow:
+            v = self.policy.udp(ip, port, self.bindings.names(ip))
+        if v.allow and len(self._udp) >= self.limits.udp_flows:
+            v = Verdict(False, "net.ip", f"too many UDP flows in this session ({self.limits.udp_flows})")
+        if not v.allow:
+            self._decide("udp", addr, port, v)
+            return None
+        names = self.bindings.hold(ip)
+        family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+        up = socket.socket(family, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+        try:
+            up.connect((addr, port))
+        except OSError as e:
+            up.close()
+            self.bindings.release(ip)
+            handle = self.netlog.conn(self._t_ms(), "udp", "error", addr, port, None, None,
+                                      f"upstream: {e.strerror}")
+            self.netlog.update(handle, 0, 0, final=True)
+            return None
+        handle = self._decide("udp", addr, port, v, host=min(names) if names else None)
+        flow = _UdpFlow(up, dgram.src, dgram.orig_dst, handle)
+        key = (dgram.src, dgram.orig_dst)
+        self._udp[key] = flow
+        asyncio.get_running_loop().add_reader(up.fileno(), self._udp_reply, key, self._reply[ip.version])
+        return flow
+
+    def _udp_reply(self, key: tuple, sender: socket.socket) -> None:
+        flow = self._udp.get(key)
+        if flow is None:
+            return
+        try:
+            data = flow.upstream.recv(65535)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:  # ICMP unreachable and the like: the flow is over
+            self._udp_close(key)
+            return
+        flow.down += len(data)
+        flow.last = time.monotonic()
+        with contextlib.suppress(OSError, ValueError):
+            udpsock.send_from(sender, data, flow.dst, flow.client)
+
+    def _udp_expire(self) -> None:
+        now = time.monotonic()
+        for key, flow in list(self._udp.items()):
+            if now - flow.last > self.limits.udp_idle_timeout:
+                self._udp_close(key)
+
+    def _udp_close(self, key: tuple) -> None:
+        flow = self._udp.pop(key, None)
+        if flow is None:
+            return
+        with contextlib.suppress(ValueError, OSError):
+            asyncio.get_running_loop().remove_reader(flow.upstream.fileno())
+        flow.upstream.close()
+        self.bindings.release(ipaddress.ip_address(flow.dst[0]))
+        with contextlib.suppress(KeyError, ValueError):
+            self.netlog.update(flow.handle, flow.up, flow.down, final=True)

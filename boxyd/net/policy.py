@@ -1,0 +1,331 @@
+"""The per-flow egress decision (pure: no I/O, no clock, no binding table).
+
+``NetPolicy`` is built once per run from the spec and answers one question per
+event; the gateway supplies what it has seen (the destination, the names the
+session's DNS answers bound to that address, the SNI or Host it peeked) and
+reports the ``Verdict``. The order is DESIGN.md's "Policy, in order":
+
+1. Address ranges, in every mode (``boxyd.net.ranges``; NAT64, 6to4, mapped,
+   compatible and Teredo decoded first). ``--allow-cidr`` prefixes and, with
+   ``--tailscale``, the tailnet's ranges are the exceptions.
+2. DNS bindings (allowlist mode): a flow needs a live binding whose name is
+   allowed. One exception: an address inside an ``--allow-cidr`` prefix needs no
+   binding on the global TCP ports — that is what the flag is for (a LAN printer
+   dialled by address, a registry in a reserved range). The tailnet's ranges get
+   no such pass: ``--tailscale`` lifts the range objection and nothing else.
+3. SNI / Host: the name on the wire must be allowed on that port *and* bound to
+   the address. Bytes that are neither TLS nor HTTP pass only for hosts allowed
+   with explicit ports (``--allow-host nas:22``). ECH is refused in every mode.
+4. Ports: ``HOST:PORT[,PORT]`` keeps those ports to that host; a host without
+   ports gets the global list (``--allow-port``, or 80 and 443 when none given).
+5. UDP (allowlist mode): only ``HOST:PORT/udp`` pairs with a binding; UDP/443
+   (QUIC) is refused outright, so clients fall back to TCP where the name is seen.
+
+Public mode: whatever passes step 1, any port, TCP or UDP (QUIC included); names
+are not checked and no binding is needed — but ECH is still refused.
+
+Names are compared case-insensitively with the trailing dot ignored;
+``*.example.com`` matches every name strictly below example.com, not
+example.com itself. Every refusal carries a short reason for the logs.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from boxyd.errors import UsageError
+from boxyd.net.ranges import TAILSCALE_NETS, Address, Network, denied
+from boxyd.units import parse_cidr, parse_host_spec
+
+# Audit-log layers (DESIGN.md, "Network").
+IP, DNS, SNI, PORT = "net.ip", "net.dns", "net.sni", "net.port"
+
+DEFAULT_PORTS = (80, 443)
+DNS_PORT = 53
+QUIC_PORT = 443
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One decision: allowed or not, the layer that decided, and why (empty when allowed)."""
+
+    allow: bool
+    layer: str  # IP, DNS, SNI or PORT
+    reason: str = ""
+
+
+# The gateway reports this when a ClientHello carries encrypted_client_hello: the
+# name it shows is only the outer one, so the name check would be meaningless.
+ECH_REFUSED = Verdict(False, SNI, "ECH refused (the real server name is encrypted)")
+
+
+@dataclass(frozen=True)
+class _Ports:
+    """What one name may reach: explicit TCP ports, the global list, UDP ports."""
+
+    tcp: frozenset[int] = frozenset()
+    tcp_global: bool = False  # named without ports: the global list applies
+    udp: frozenset[int] = frozenset()
+
+    def __or__(self, other: _Ports) -> _Ports:
+        return _Ports(
+            self.tcp | other.tcp, self.tcp_global or other.tcp_global, self.udp | other.udp
+        )
+
+
+def _norm(name: str) -> str:
+    return name.strip().lower().removesuffix(".")
+
+
+@dataclass(frozen=True)
+class NetPolicy:
+    """The network policy of one run. Build it with ``from_spec``."""
+
+    mode: Literal["public", "allowlist"]
+    global_ports: frozenset[int] = frozenset(DEFAULT_PORTS)
+    cidrs: tuple[Network, ...] = ()  # --allow-cidr: range exception + binding-free pass
+    exceptions: tuple[Network, ...] = ()  # cidrs, plus the tailnet's with --tailscale
+    # name → ports, and ".example.com" → ports for *.example.com. Never mutated after
+    # from_spec; left out of the hash since a dict has none.
+    exact: dict[str, _Ports] = field(default_factory=dict, hash=False)
+    wildcards: dict[str, _Ports] = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def from_spec(
+        cls,
+        mode: str,
+        allow_hosts: Iterable[str] = (),
+        allow_ports: Iterable[int] = (),
+        allow_cidrs: Iterable[str] = (),
+        tailscale: bool = False,
+    ) -> NetPolicy:
+        """Check and compile a run's network flags (RunSpec.net, allow_hosts, …).
+
+        ``allow_hosts`` are ``HostSpec`` strings (``nas:22``, ``*.example.com``,
+        ``dns.example:5353/udp``); ``allow_cidrs`` single prefixes. Everything is
+        re-parsed with ``boxyd.units``, so a bad value raises ``UsageError`` here as
+        it would on the command line. ``--allow-port`` means nothing in public mode
+        (every port is open) and is ignored there.
+        """
+        if mode not in ("public", "allowlist"):
+            raise UsageError(f"--net: {mode!r} has no gateway policy (public or allowlist)")
+        hosts = [parse_host_spec(h) for h in allow_hosts]
+        if hosts and mode == "public":
+            raise UsageError("--allow-host: cannot be combined with --net public")
+        ports = []
+        for port in allow_ports:
+            if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+                raise UsageError(f"--allow-port: {port!r} is not a port number (1–65535)")
+            ports.append(port)
+        cidrs = tuple(ipaddress.ip_network(parse_cidr(c)) for c in allow_cidrs)
+        exceptions = cidrs + (TAILSCALE_NETS if tailscale else ())
+        exact: dict[str, _Ports] = {}
+        wildcards: dict[str, _Ports] = {}
+        for spec in hosts:
+            if spec.udp and QUIC_PORT in spec.ports:
+                raise UsageError(
+                    f"--allow-host: {spec}: QUIC (UDP/443) is refused in allowlist mode; "
+                    "clients fall back to TCP/443"
+                )
+            if spec.udp:
+                entry = _Ports(udp=frozenset(spec.ports))
+            elif spec.ports:
+                entry = _Ports(tcp=frozenset(spec.ports))
+            else:
+                entry = _Ports(tcp_global=True)
+            table, key = (
+                (wildcards, spec.host[1:]) if spec.host.startswith("*.") else (exact, spec.host)
+            )
+            table[key] = table.get(key, _Ports()) | entry
+        return cls(
+            mode="public" if mode == "public" else "allowlist",
+            global_ports=frozenset(ports or DEFAULT_PORTS),
+            cidrs=cidrs,
+            exceptions=exceptions,
+            exact=exact,
+            wildcards=wildcards,
+        )
+
+    # --- names ---------------------------------------------------------------
+
+    def _ports_for(self, name: str) -> _Ports | None:
+        """The union of every rule matching ``name`` (already normalised), or None."""
+        found = self.exact.get(name)
+        for suffix, ports in self.wildcards.items():
+            if name.endswith(suffix):  # suffix is ".example.com": strictly below
+                found = ports if found is None else found | ports
+        return found
+
+    def _tcp_ports(self, name: str) -> frozenset[int]:
+        p = self._ports_for(name)
+        if p is None:
+            return frozenset()
+        return p.tcp | self.global_ports if p.tcp_global else p.tcp
+
+    def dns(self, name: str) -> Verdict:
+        """May ``name`` be resolved upstream? Public: always. Allowlist: if any rule
+        matches it, whatever its ports or protocol."""
+        if self.mode == "public" or self._ports_for(_norm(name)) is not None:
+            return Verdict(True, DNS)
+        return Verdict(False, DNS, "hostname not on the allowlist")
+
+    def name_allowed(self, name: str) -> bool:
+        """``dns(name).allow``."""
+        return self.dns(name).allow
+
+    # --- addresses -----------------------------------------------------------
+
+    def address(self, ip: Address | str) -> Verdict:
+        """The range check alone (every mode): also what filters DNS answers (rebinding)."""
+        reason = self.address_denied(ip)
+        return Verdict(False, IP, reason) if reason else Verdict(True, IP)
+
+    def address_denied(self, ip: Address | str) -> str | None:
+        """Why ``ip`` is refused by range, or None (``dnsfilter.DnsPolicy``'s question)."""
+        return denied(ip, self.exceptions)
+
+    def _cidr_pass(self, ip: Address | str, port: int) -> bool:
+        """Inside an --allow-cidr prefix, on a global TCP port: no binding needed.
+
+        An IPv4-mapped address counts as its IPv4 address (the same socket target);
+        other encodings (NAT64, 6to4, Teredo) need a binding like any address."""
+        if port not in self.global_ports or not self.cidrs:
+            return False
+        addr = ipaddress.ip_address(ip) if isinstance(ip, str) else ip
+        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped
+        return any(addr in net for net in self.cidrs)
+
+    def tcp_connect(self, ip: Address | str, port: int, bound_names: Iterable[str]) -> Verdict:
+        """At accept time, before any byte is read.
+
+        Allowlist: some bound name must be allowed on ``port`` (its explicit ports,
+        or the global list when it was named without ports), or the address must
+        be inside an --allow-cidr prefix and the port a global one.
+        """
+        verdict = self.address(ip)
+        if not verdict.allow or self.mode == "public":
+            return verdict
+        names = sorted({_norm(n) for n in bound_names})
+        if any(port in self._tcp_ports(n) for n in names) or self._cidr_pass(ip, port):
+            return Verdict(True, DNS)
+        return self._refusal(names, port, "TCP")
+
+    def _refusal(self, names: list[str], port: int, proto: str) -> Verdict:
+        if not names:
+            return Verdict(False, DNS, "no DNS binding for this address (hard-coded IP?)")
+        allowed = [n for n in names if self._ports_for(n) is not None]
+        if not allowed:
+            return Verdict(False, DNS, "hostname not on the allowlist")
+        what = "port" if proto == "TCP" else "UDP port"
+        return Verdict(False, PORT, f"{what} {port} not allowed for {', '.join(allowed)}")
+
+    def tcp_name(
+        self,
+        ip: Address | str,
+        port: int,
+        name: str,
+        bound_names: Iterable[str],
+        *,
+        kind: Literal["sni", "host"] = "sni",
+    ) -> Verdict:
+        """The TLS SNI or the plaintext HTTP Host header, once peeked.
+
+        Allowlist: the name must be allowed on ``port`` and be one of the names bound
+        to ``ip`` — so an allowed name sent to another host's address, and an
+        unlisted name sent to an allowed host's shared CDN address, are both
+        refused. A Host header's ":port" is ignored. A ClientHello without SNI is
+        judged as opaque bytes. Inside an --allow-cidr prefix on a global port the
+        name is not checked (the address alone was allowed). Public: allowed.
+        """
+        verdict = self.address(ip)
+        if not verdict.allow or self.mode == "public":
+            return verdict
+        label = "SNI" if kind == "sni" else "Host"
+        wire = _host_header_name(name) if kind == "host" else _norm(name)
+        if not wire:
+            opaque = self.tcp_opaque(ip, port, bound_names)
+            if opaque.allow or opaque.layer != SNI:  # SNI: only the explicit port was missing
+                return opaque
+            missing = "TLS without SNI" if kind == "sni" else "HTTP without Host"
+            return Verdict(False, SNI, f"{missing}: only a host allowed with :{port} takes that")
+        if self._cidr_pass(ip, port):
+            return Verdict(True, SNI)
+        if self._ports_for(wire) is None:
+            return Verdict(False, SNI, f"{label} names {wire}: hostname not on the allowlist")
+        if wire not in {_norm(n) for n in bound_names}:
+            return Verdict(False, SNI, f"{label} names {wire}, not bound to this address")
+        if port not in self._tcp_ports(wire):
+            return Verdict(False, PORT, f"port {port} not allowed for {wire}")
+        return Verdict(True, SNI)
+
+    def tcp_opaque(self, ip: Address | str, port: int, bound_names: Iterable[str]) -> Verdict:
+        """First bytes neither TLS nor HTTP: the binding alone decides, and only for a
+        host allowed with ``port`` listed explicitly (``--allow-host nas:22``), since no
+        name on the wire narrows a shared address. Inside an --allow-cidr prefix on a
+        global port: allowed. Public: allowed."""
+        verdict = self.address(ip)
+        if not verdict.allow or self.mode == "public":
+            return verdict
+        names = sorted({_norm(n) for n in bound_names})
+        for n in names:
+            p = self._ports_for(n)
+            if p is not None and port in p.tcp:
+                return Verdict(True, DNS)
+        if self._cidr_pass(ip, port):
+            return Verdict(True, DNS)
+        if any(port in self._tcp_ports(n) for n in names):
+            return Verdict(
+                False, SNI, f"neither TLS nor HTTP on port {port}: allow the host with :{port}"
+            )
+        return self._refusal(names, port, "TCP")
+
+    def udp(self, ip: Address | str, port: int, bound_names: Iterable[str]) -> Verdict:
+        """A UDP flow (DNS never comes here: port 53 is the gateway's own resolver).
+
+        Allowlist: only a bound name given as ``HOST:PORT/udp`` with this port;
+        UDP/443 is QUIC and always refused. --allow-cidr gives no binding-free
+        pass here (the global list is TCP). Public: anything past the range check.
+        """
+        verdict = self.address(ip)
+        if not verdict.allow or self.mode == "public":
+            return verdict
+        if port == QUIC_PORT:
+            return Verdict(False, PORT, "QUIC refused in allowlist mode (clients fall back to TCP)")
+        names = sorted({_norm(n) for n in bound_names})
+        for n in names:
+            p = self._ports_for(n)
+            if p is not None and port in p.udp:
+                return Verdict(True, DNS)
+        return self._refusal(names, port, "UDP")
+
+    def landlock_ports(self) -> list[int] | None:
+        """The TCP ports the payload may connect() to, for the Landlock backstop.
+
+        Allowlist: 53 (DNS over TCP to the gateway), every explicit TCP port, and
+        the global list when a host without ports or an --allow-cidr uses it.
+        Landlock filters by port only and covers loopback too. Public: None (not
+        handled at all).
+        """
+        if self.mode == "public":
+            return None
+        rules = list(self.exact.values()) + list(self.wildcards.values())
+        ports = {DNS_PORT}
+        for p in rules:
+            ports |= p.tcp
+        if self.cidrs or any(p.tcp_global for p in rules):
+            ports |= self.global_ports
+        return sorted(ports)
+
+
+def _host_header_name(value: str) -> str:
+    """'Example.com:8080' → 'example.com'; '[::1]:80' → '::1'."""
+    text = value.strip()
+    if text.startswith("["):
+        return text[1:].partition("]")[0].lower()
+    if text.count(":") == 1:
+        text = text.partition(":")[0]
+    return _norm(text)

@@ -1,0 +1,271 @@
+"""The gateway netns's nftables ruleset, as libnftables JSON (pure: no I/O).
+
+Everything arriving on gw0 from the sandbox is decided here first, in this order:
+
+1. ICMPv6 neighbour discovery passes; pings are refused, other ICMP dropped.
+2. DNS (UDP and TCP port 53, to ANY address) goes to boxy's DNS listener, so
+   hard-coding 8.8.8.8 or the LAN resolver reaches boxy and nothing else.
+3. The gateway itself (its addresses, the whole sandbox link, anything the
+   kernel calls local/broadcast/multicast) is refused: the listener ports must
+   not be dialled directly.
+4. Denied ranges, unless excepted (--allow-cidr, --tailscale), are refused at
+   SYN time: TPROXY completes the handshake before boxyd decides anything.
+5. Refused ports (UDP/443 in allowlist mode, so QUIC falls back to TCP where
+   the name is checked) are refused.
+6. The rest is TPROXY'd, marked, to the TCP or UDP relay listener.
+
+Refusals are a TCP reset or an ICMP error, never a silent drop: a client fails
+at once instead of waiting for its timeout. Whatever matches no rule is dropped
+(chain policy). The listeners are bound to the wildcard address (TPROXY looks
+them up by the packet's own destination), which is why step 3 exists.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from typing import Any
+
+from boxyd.errors import SetupError
+
+# The sandbox link (DESIGN.md "Network"). --allow-cidr may not overlap these.
+SANDBOX_V4 = "10.0.2.15"
+GATEWAY_V4 = "10.0.2.2"
+LINK_V4 = "10.0.2.0/24"
+SANDBOX_V6 = "fd00::15"
+GATEWAY_V6 = "fd00::2"
+LINK_V6 = "fd00::/64"
+PAYLOAD_IF = "eth0"
+GATEWAY_IF = "gw0"
+
+TABLE = "boxy"
+FAMILY = "inet"
+MODES = ("public", "allowlist")
+
+TCP_PORT = 15001
+UDP_PORT = 15002
+# DNS listens on 53 itself: a UDP reply leaves the listener with IP_PKTINFO, which
+# sets the source address but not the port, and a client drops an answer that does
+# not come from the port it asked (measured). The gateway netns may bind 53: stage 2
+# holds CAP_NET_BIND_SERVICE over it.
+DNS_PORT = 53
+MARK = 1
+# The sockets stage 2 makes in the gateway netns and sends to boxyd (step 4), in
+# this order. DNS listens on port 53 itself so its replies can leave with
+# IP_PKTINFO; replies to other UDP leave through the raw senders, since IP_PKTINFO
+# sets a source address but never a source port.
+GATEWAY_SOCKETS = ("tcp4", "tcp6", "udp4", "udp6", "dns_udp4", "dns_udp6", "dns_tcp4", "dns_tcp6",
+                   "udp_reply4", "udp_reply6")
+
+# Neighbour discovery must pass or IPv6 on the link cannot work. Router
+# solicitations are harmless: a netns with forwarding off ignores them.
+ND_TYPES = ["nd-neighbor-solicit", "nd-neighbor-advert", "nd-router-solicit"]
+
+
+def _fail(msg: str) -> SetupError:
+    return SetupError(f"gateway netns: nftables ruleset: {msg}")
+
+
+def _port(value: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise _fail(f"{what} {value!r} is not a port number (1-65535)")
+    return value
+
+
+def _prefixes(items: Iterable[str], version: int, what: str) -> list[dict[str, Any]]:
+    """Validate, then merge overlapping and adjacent prefixes: an interval set refuses
+    overlapping elements, and the IANA registries overlap (192.0.0.0/24 ⊃ /29)."""
+    if isinstance(items, str):
+        raise _fail(f"{what} must be a list of prefixes, not one string")
+    nets = []
+    for item in items:
+        try:
+            net = ipaddress.ip_network(item, strict=True)
+        except (TypeError, ValueError) as e:
+            raise _fail(f"{what}: {item!r} is not a prefix ({e})") from None
+        if net.version != version:
+            raise _fail(f"{what}: {item} is not an IPv{version} prefix")
+        nets.append(net)
+    return [
+        {"prefix": {"addr": str(n.network_address), "len": n.prefixlen}}
+        for n in ipaddress.collapse_addresses(nets)  # type: ignore[type-var]
+    ]
+
+
+# Expressions, in libnftables-json(5) terms.
+
+
+def _match(left: dict[str, Any], right: Any, op: str = "==") -> dict[str, Any]:
+    return {"match": {"op": op, "left": left, "right": right}}
+
+
+def _meta(key: str) -> dict[str, Any]:
+    return {"meta": {"key": key}}
+
+
+def _payload(protocol: str, field: str) -> dict[str, Any]:
+    return {"payload": {"protocol": protocol, "field": field}}
+
+
+def _prefix(cidr: str) -> dict[str, Any]:
+    net = ipaddress.ip_network(cidr)
+    return {"prefix": {"addr": str(net.network_address), "len": net.prefixlen}}
+
+
+ACCEPT: dict[str, Any] = {"accept": None}
+DROP: dict[str, Any] = {"drop": None}
+TCP_RESET: dict[str, Any] = {"reject": {"type": "tcp reset"}}
+PROHIBITED: dict[str, Any] = {"reject": {"type": "icmpx", "expr": "admin-prohibited"}}
+PORT_UNREACHABLE: dict[str, Any] = {"reject": {"type": "icmpx", "expr": "port-unreachable"}}
+L4_TCP = _match(_meta("l4proto"), "tcp")
+L4_UDP = _match(_meta("l4proto"), "udp")
+
+
+def _goto(chain: str) -> dict[str, Any]:
+    return {"goto": {"target": chain}}
+
+
+def _tproxy(port: int, mark: int) -> list[dict[str, Any]]:
+    # Without an address, TPROXY looks the socket up by the packet's own destination
+    # and this port, in either family. If no listener is found the rule does not match
+    # and the packet falls through to the chain's drop policy: fail closed.
+    return [
+        {"tproxy": {"port": port}},
+        {"mangle": {"key": _meta("mark"), "value": mark}},
+        ACCEPT,
+    ]
+
+
+def _rule(chain: str, comment: str, *expr: dict[str, Any]) -> dict[str, Any]:
+    return {"rule": {"family": FAMILY, "table": TABLE, "chain": chain,
+                     "comment": comment, "expr": list(expr)}}
+
+
+def _set(name: str, type_: str, elems: list[Any], interval: bool = True) -> dict[str, Any]:
+    body: dict[str, Any] = {"family": FAMILY, "table": TABLE, "name": name, "type": type_}
+    if interval:
+        body["flags"] = ["interval"]
+    if elems:
+        body["elem"] = elems
+    return {"set": body}
+
+
+def _chain(name: str, hook: str | None = None, prio: int = 0, policy: str = "drop") -> dict[str, Any]:
+    body: dict[str, Any] = {"family": FAMILY, "table": TABLE, "name": name}
+    if hook:
+        body.update(type="filter", hook=hook, prio=prio, policy=policy)
+    return {"chain": body}
+
+
+def gateway_ruleset(
+    *,
+    mode: str,
+    deny_v4: list[str],
+    deny_v6: list[str],
+    except_v4: list[str],
+    except_v6: list[str],
+    tcp_port: int = TCP_PORT,
+    udp_port: int = UDP_PORT,
+    dns_port: int = DNS_PORT,
+    refuse_udp_ports: list[int] | None = None,
+    tcp_ports: list[int] | None = None,
+    mark: int = MARK,
+) -> dict[str, Any]:
+    """The whole table ``inet boxy``, loaded by stage 2 in one transaction.
+
+    ``deny_*``: prefixes refused at SYN time unless inside an ``except_*`` prefix.
+    ``refuse_udp_ports``: None means [443] in allowlist mode, none in public mode.
+    ``tcp_ports``: None relays TCP to any port; a list relays only those ports and
+    resets the rest at SYN time (the union of every port policy could allow).
+    ``mark``: set on every TPROXY'd packet; stage 2 routes it to the local table.
+    """
+    if mode not in MODES:
+        raise _fail(f"mode {mode!r} has no gateway (expected one of {', '.join(MODES)})")
+    for port, what in ((tcp_port, "tcp_port"), (udp_port, "udp_port"), (dns_port, "dns_port")):
+        _port(port, what)
+    if dns_port in (tcp_port, udp_port):
+        # DNS listens on both TCP and UDP; the relays may share one number.
+        raise _fail(f"dns_port {dns_port} is also a relay port")
+    if isinstance(mark, bool) or not isinstance(mark, int) or not 0 < mark <= 0xFFFFFFFF:
+        raise _fail(f"mark {mark!r} must be a non-zero 32-bit integer")
+    if refuse_udp_ports is None:
+        refuse_udp_ports = [443] if mode == "allowlist" else []
+    refused = sorted({_port(p, "refused UDP port") for p in refuse_udp_ports})
+    allowed_tcp = None if tcp_ports is None else sorted({_port(p, "TCP port") for p in tcp_ports})
+
+    sets = [
+        _set("deny4", "ipv4_addr", _prefixes(deny_v4, 4, "deny_v4")),
+        _set("deny6", "ipv6_addr", _prefixes(deny_v6, 6, "deny_v6")),
+        _set("except4", "ipv4_addr", _prefixes(except_v4, 4, "except_v4")),
+        _set("except6", "ipv6_addr", _prefixes(except_v6, 6, "except_v6")),
+        _set("refused_udp_ports", "inet_service", refused, interval=False),
+    ]
+    if allowed_tcp is not None:
+        sets.append(_set("tcp_ports", "inet_service", allowed_tcp, interval=False))
+
+    def pre(comment: str, *expr: dict[str, Any]) -> dict[str, Any]:
+        return _rule("prerouting", comment, *expr)
+
+    icmp_v4 = _match(_meta("l4proto"), "icmp")
+    icmp_v6 = _match(_meta("l4proto"), "ipv6-icmp")
+    nd = _match(_payload("icmpv6", "type"), {"set": ND_TYPES})
+    daddr4 = _payload("ip", "daddr")
+    daddr6 = _payload("ip6", "daddr")
+    prerouting = [
+        pre("loopback", _match(_meta("iifname"), "lo"), ACCEPT),
+        pre("only the sandbox link", _match(_meta("iifname"), GATEWAY_IF, "!="), DROP),
+        pre("neighbour discovery", nd, ACCEPT),
+        # Pings fail at once ("prohibited") rather than hang; no echo reply ever returns.
+        pre("ping refused", _match(_payload("icmp", "type"), "echo-request"), PROHIBITED),
+        pre("ping6 refused", _match(_payload("icmpv6", "type"), "echo-request"), PROHIBITED),
+        pre("other icmp", icmp_v4, DROP),
+        pre("other icmpv6", icmp_v6, DROP),
+        # DNS before any address check: port 53 to ANY address is boxy's to answer.
+        pre("dns udp", _match(_payload("udp", "dport"), 53), *_tproxy(dns_port, mark)),
+        pre("dns tcp", _match(_payload("tcp", "dport"), 53), *_tproxy(dns_port, mark)),
+        # Port 53 must never reach the relays, even with the DNS listener missing.
+        pre("dns without listener", _match(_meta("l4proto"), {"set": ["tcp", "udp"]}),
+            _match(_payload("th", "dport"), 53), DROP),
+        # The gateway is no destination: its listeners are bound to the wildcard address.
+        pre("gateway address", _match(daddr4, _prefix(LINK_V4)), _goto("refuse")),
+        pre("gateway address v6", _match(daddr6, _prefix(LINK_V6)), _goto("refuse")),
+        pre("gateway link-local", _match(daddr6, _prefix("fe80::/10")), _goto("refuse")),
+        pre("gateway local", _match({"fib": {"result": "type", "flags": ["daddr"]}},
+                                    {"set": ["local", "broadcast", "multicast"]}), _goto("refuse")),
+        # Static denials, at SYN time. An exception only lifts a denial.
+        pre("denied range", _match(daddr4, "@deny4"), _match(daddr4, "@except4", "!="),
+            _goto("refuse")),
+        pre("denied range v6", _match(daddr6, "@deny6"), _match(daddr6, "@except6", "!="),
+            _goto("refuse")),
+        pre("refused udp port", _match(_payload("udp", "dport"), "@refused_udp_ports"),
+            PORT_UNREACHABLE),
+    ]
+    if allowed_tcp is not None:
+        prerouting.append(pre("refused tcp port",
+                              _match(_payload("tcp", "dport"), "@tcp_ports", "!="), TCP_RESET))
+    prerouting += [
+        pre("tcp relay", L4_TCP, *_tproxy(tcp_port, mark)),
+        pre("udp relay", L4_UDP, *_tproxy(udp_port, mark)),
+    ]
+    refuse = [
+        _rule("refuse", "tcp", L4_TCP, TCP_RESET),
+        _rule("refuse", "other", PROHIBITED),
+    ]
+    input_ = [
+        _rule("input", "loopback", _match(_meta("iifname"), "lo"), ACCEPT),
+        _rule("input", "tproxied", _match(_meta("mark"), mark), ACCEPT),
+        _rule("input", "neighbour discovery", nd, ACCEPT),
+    ]
+    return {"nftables": [
+        {"metainfo": {"json_schema_version": 1}},
+        {"table": {"family": FAMILY, "name": TABLE}},
+        *sets,
+        _chain("refuse"),
+        _chain("prerouting", "prerouting", -150),  # mangle priority: where TPROXY belongs
+        _chain("input", "input"),
+        _chain("forward", "forward"),
+        _chain("output", "output", policy="accept"),  # replies of the transparent sockets
+        *refuse,
+        *prerouting,
+        *input_,
+    ]}

@@ -1,0 +1,282 @@
+"""DESIGN.md steps 2 and 3: the gateway netns, then the payload netns joined to it by a veth.
+
+Both run in the outer stage 2 after step 1 (the user namespace), which gave it every
+capability over that namespace; PID 1 drops them all in step 7, and the outer stage 2
+never runs payload code. Links, addresses, routes and rules go through pyroute2 in
+this process (an exec'd `ip` would have no capability), nftables through libnftables.
+
+The listener sockets are created in the gateway netns and stay bound to it wherever
+their fds travel: step 4 sends them to boxyd, in the host netns, which accepts from them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pyroute2 import IPRoute, NetlinkError
+
+from boxyd.errors import SetupError
+from boxyd.net import ruleset as rs
+from boxyd.net import udpsock
+from boxyd.stage2 import nft
+from boxyd.stage2.sys import CLONE_NEWNET, check, libc
+
+IFA_F_NODAD = 0x02
+IFA_F_TENTATIVE = 0x40
+IFF_LOWER_UP = 0x10000
+LOOPBACK_IFINDEX = 1  # lo is always the first device of a network namespace
+RT_SCOPE_HOST = 254  # a local route must say so (IPv4 refuses the default scope, EINVAL)
+ROUTE_TABLE = 100  # TPROXY'd packets (fwmark) are delivered locally through this table
+BACKLOG = 4096  # capped by net.core.somaxconn of the gateway netns
+LINK_TIMEOUT = 5.0  # seconds for both ends of the veth to come up
+
+GW = "gateway netns"
+PAYLOAD = "payload netns"
+
+
+@dataclass
+class Gateway:
+    """What step 2 leaves behind: the listeners step 4 hands to boxyd, and what step 3
+    needs to reach back into the gateway netns (closed once the veth is configured)."""
+
+    tcp4: socket.socket
+    tcp6: socket.socket
+    udp4: socket.socket
+    udp6: socket.socket
+    dns_udp4: socket.socket
+    dns_udp6: socket.socket
+    dns_tcp4: socket.socket
+    dns_tcp6: socket.socket
+    udp_reply4: socket.socket
+    udp_reply6: socket.socket
+    netns_fd: int
+    rtnl: IPRoute | None = field(default=None, repr=False)
+
+    LISTENERS: ClassVar[tuple[str, ...]] = rs.GATEWAY_SOCKETS
+
+    def listeners(self) -> dict[str, socket.socket]:
+        """In a fixed order, for SCM_RIGHTS."""
+        return {name: getattr(self, name) for name in self.LISTENERS}
+
+    def release_netns(self) -> None:
+        """Give up the way back into the gateway netns (end of step 3)."""
+        if self.rtnl is not None:
+            self.rtnl.close()
+            self.rtnl = None
+        if self.netns_fd >= 0:
+            os.close(self.netns_fd)
+            self.netns_fd = -1
+
+    def close(self) -> None:
+        """Once step 4 has sent the listeners: stage 2 must not keep them (nor fork PID 1
+        with them)."""
+        self.release_netns()
+        for sock in self.listeners().values():
+            sock.close()
+
+
+@contextlib.contextmanager
+def _step(what: str) -> Iterator[None]:
+    """Turn a kernel refusal into SetupError naming the step."""
+    try:
+        yield
+    except NetlinkError as e:
+        raise SetupError(f"{what}: {os.strerror(e.code)} (netlink errno {e.code})") from None
+    except OSError as e:
+        raise SetupError(f"{what}: {e.strerror or e}") from None
+
+
+def _sysctl(name: str, value: int, where: str) -> None:
+    """Write a net sysctl of the current network namespace and read it back."""
+    path = "/proc/sys/net/" + name
+    with _step(f"{where}: sysctl {name}={value}"):
+        with open(path, "w") as f:
+            f.write(str(value))
+        with open(path) as f:
+            now = f.read().strip()
+    if now != str(value):
+        raise SetupError(f"{where}: sysctl {name} is {now} after writing {value}")
+
+
+def _unshare_net(where: str) -> None:
+    """Needs CAP_SYS_ADMIN over the user namespace of step 1."""
+    check(libc.unshare(CLONE_NEWNET), f"{where}: unshare(CLONE_NEWNET)")
+
+
+def _rtnl(where: str) -> IPRoute:
+    """A route netlink socket bound to the current network namespace for its whole life.
+    No multicast groups: nothing but our own replies is queued on it."""
+    with _step(f"{where}: netlink socket"):
+        return IPRoute(groups=0)
+
+
+def _listener(family: int, kind: int, port: int) -> socket.socket:
+    """A transparent socket on the wildcard address: TPROXY finds it by the packet's
+    own destination, which getsockname() (TCP) or IP_ORIGDSTADDR (UDP) then reports.
+    IP_TRANSPARENT needs CAP_NET_ADMIN over the gateway netns."""
+    v6 = family == socket.AF_INET6
+    proto = "tcp" if kind == socket.SOCK_STREAM else "udp"
+    with _step(f"{GW}: {proto}{6 if v6 else 4} listener on port {port}"):
+        if kind == socket.SOCK_STREAM:
+            return udpsock.make_transparent_tcp_listener(family, port, backlog=BACKLOG)
+        return udpsock.make_transparent_udp(family, port)
+
+
+def _reply_sender(family: int) -> socket.socket:
+    """A send-only raw UDP socket: replies to relayed UDP must come from the original
+    destination's address AND port, which IP_PKTINFO cannot set. Needs CAP_NET_RAW
+    over the gateway netns (dropped in step 7); the fd needs none to send."""
+    with _step(f"{GW}: udp{6 if family == socket.AF_INET6 else 4} reply sender"):
+        return udpsock.make_udp_reply_sender(family)
+
+
+def enter_gateway_netns(
+    ruleset: dict[str, Any],
+    *,
+    tcp_port: int = rs.TCP_PORT,
+    udp_port: int = rs.UDP_PORT,
+    dns_port: int = rs.DNS_PORT,
+    mark: int = rs.MARK,
+) -> Gateway:
+    """Step 2. Needs CAP_SYS_ADMIN (unshare) and CAP_NET_ADMIN (nftables, routing,
+    sysctls, IP_TRANSPARENT) over step 1's user namespace; step 7 drops them.
+
+    The ports and mark must be those ``ruleset`` was built with (else TPROXY finds no
+    listener and the traffic is dropped: closed, not open).
+    """
+    _unshare_net(GW)
+    with contextlib.ExitStack() as undo:  # on any failure, close what was opened
+        with _step(f"{GW}: open /proc/self/ns/net"):
+            netns_fd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        undo.callback(os.close, netns_fd)
+        ipr = _rtnl(GW)
+        undo.callback(ipr.close)
+        with _step(f"{GW}: bring up lo"):
+            ipr.link("set", index=LOOPBACK_IFINDEX, state="up")
+        # A new netns copies ip_forward from the host's (docker hosts: 1): set, not assume.
+        _sysctl("ipv4/ip_forward", 0, GW)
+        _sysctl("ipv6/conf/all/forwarding", 0, GW)
+        # gw0 is born here in step 3 and takes these defaults: no DAD, no RA.
+        _sysctl("ipv6/conf/default/accept_dad", 0, GW)
+        _sysctl("ipv6/conf/default/accept_ra", 0, GW)
+        nft.apply(ruleset)
+        for family, default in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+            with _step(f"{GW}: policy routing (fwmark {mark} -> table {ROUTE_TABLE})"):
+                ipr.route("add", family=family, dst=default, dst_len=0, type="local",
+                          scope=RT_SCOPE_HOST, table=ROUTE_TABLE, oif=LOOPBACK_IFINDEX)
+                ipr.rule("add", family=family, fwmark=mark, table=ROUTE_TABLE)
+        socks: dict[str, socket.socket] = {}
+        for name, kind, port in (
+            ("tcp", socket.SOCK_STREAM, tcp_port),
+            ("udp", socket.SOCK_DGRAM, udp_port),
+            ("dns_udp", socket.SOCK_DGRAM, dns_port),
+            ("dns_tcp", socket.SOCK_STREAM, dns_port),
+        ):
+            for family, v in ((socket.AF_INET, "4"), (socket.AF_INET6, "6")):
+                socks[name + v] = undo.enter_context(_listener(family, kind, port))
+        socks["udp_reply4"] = undo.enter_context(_reply_sender(socket.AF_INET))
+        socks["udp_reply6"] = undo.enter_context(_reply_sender(socket.AF_INET6))
+        gw = Gateway(**socks, netns_fd=netns_fd, rtnl=ipr)
+        undo.pop_all()  # success: the Gateway owns all of it now
+    return gw
+
+
+def _link_index(ipr: IPRoute, name: str, where: str) -> int:
+    with _step(f"{where}: find {name}"):
+        found = ipr.link_lookup(ifname=name)
+    if not found:
+        raise SetupError(f"{where}: {name} does not exist after creating the veth")
+    return found[0]
+
+
+def _address(ipr: IPRoute, index: int, addr: str, prefixlen: int, where: str,
+             flags: int = 0) -> None:
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    with _step(f"{where}: address {addr}/{prefixlen}"):
+        ipr.addr("add", index=index, family=family, address=addr, prefixlen=prefixlen,
+                 flags=flags)
+
+
+def _ready(ipr: IPRoute, index: int) -> bool:
+    """Carrier on, and no IPv6 address still tentative (one would not be usable yet)."""
+    (link,) = ipr.link("get", index=index)
+    if not link["flags"] & IFF_LOWER_UP:
+        return False
+    addrs = ipr.addr("dump", index=index, family=socket.AF_INET6)
+    return not any((a.get_attr("IFA_FLAGS") or a["flags"]) & IFA_F_TENTATIVE for a in addrs)
+
+
+def _wait_ready(links: list[tuple[IPRoute, int, str]]) -> None:
+    """Carrier and addrconf follow the link state asynchronously (linkwatch): poll,
+    starting at 100 µs, backing off to 10 ms."""
+    deadline = time.monotonic() + LINK_TIMEOUT
+    delay = 0.0001
+    pending = list(links)
+    while pending:
+        with _step(f"{PAYLOAD}: wait for the veth"):
+            pending = [(ipr, i, n) for ipr, i, n in pending if not _ready(ipr, i)]
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            names = ", ".join(n for _, _, n in pending)
+            raise SetupError(f"{PAYLOAD}: {names} not up after {LINK_TIMEOUT:.0f} s")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.01)
+
+
+def enter_payload_netns(gw: Gateway) -> None:
+    """Step 3. Needs CAP_SYS_ADMIN (unshare) and CAP_NET_ADMIN over both network
+    namespaces (a veth end moved into the gateway netns, addresses, routes); step 7
+    drops them. On return this process is in the payload netns and no longer holds
+    anything that reaches the gateway netns but the listeners."""
+    if gw.rtnl is None or gw.netns_fd < 0:
+        raise SetupError(f"{PAYLOAD}: the gateway netns was already released")
+    _unshare_net(PAYLOAD)
+    ipr = _rtnl(PAYLOAD)
+    try:
+        with _step(f"{PAYLOAD}: bring up lo"):
+            ipr.link("set", index=LOOPBACK_IFINDEX, state="up")
+        with _step(f"{PAYLOAD}: create veth {rs.PAYLOAD_IF} <-> {rs.GATEWAY_IF}"):
+            ipr.link("add", ifname=rs.PAYLOAD_IF, kind="veth",
+                     peer={"ifname": rs.GATEWAY_IF, "net_ns_fd": gw.netns_fd})
+        eth0 = _link_index(ipr, rs.PAYLOAD_IF, PAYLOAD)
+        # Before the link is up: no router advertisement may configure it, no DAD delay.
+        _sysctl(f"ipv6/conf/{rs.PAYLOAD_IF}/accept_ra", 0, PAYLOAD)
+        _sysctl(f"ipv6/conf/{rs.PAYLOAD_IF}/accept_dad", 0, PAYLOAD)
+        _address(ipr, eth0, rs.SANDBOX_V4, 24, PAYLOAD)
+        _address(ipr, eth0, rs.SANDBOX_V6, 64, PAYLOAD, IFA_F_NODAD)
+        with _step(f"{PAYLOAD}: bring up {rs.PAYLOAD_IF}"):
+            ipr.link("set", index=eth0, state="up")
+
+        gw0 = _link_index(gw.rtnl, rs.GATEWAY_IF, GW)
+        _address(gw.rtnl, gw0, rs.GATEWAY_V4, 24, GW)
+        _address(gw.rtnl, gw0, rs.GATEWAY_V6, 64, GW, IFA_F_NODAD)
+        with _step(f"{GW}: bring up {rs.GATEWAY_IF}"):
+            gw.rtnl.link("set", index=gw0, state="up")
+
+        for family, default, via in ((socket.AF_INET, "0.0.0.0", rs.GATEWAY_V4),
+                                     (socket.AF_INET6, "::", rs.GATEWAY_V6)):
+            with _step(f"{PAYLOAD}: default route via {via}"):
+                ipr.route("add", family=family, dst=default, dst_len=0, gateway=via, oif=eth0)
+        _wait_ready([(ipr, eth0, rs.PAYLOAD_IF), (gw.rtnl, gw0, rs.GATEWAY_IF)])
+    finally:
+        ipr.close()
+    gw.release_netns()
+
+
+def send_listeners(ctl: socket.socket, gw: Gateway) -> None:
+    """Step 4. Needs nothing. One message ``{"listeners": [names]}`` carrying the eight
+    fds in that order (boxyd receives with MSG_CMSG_CLOEXEC), then stage 2 closes its
+    copies: neither it nor PID 1, which it forks next, keeps a listener."""
+    listeners = gw.listeners()
+    fds = [sock.fileno() for sock in listeners.values()]
+    with _step("send the gateway's listeners to boxyd"):
+        socket.send_fds(ctl, [json.dumps({"listeners": list(listeners)}).encode()], fds)
+    gw.close()

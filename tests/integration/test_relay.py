@@ -1,0 +1,481 @@
+"""The gateway's byte pump against real loopback TCP connections.
+
+Each flow is built as the gateway sees it: ``client ⇄ a`` (the accepted side) and
+``b ⇄ server`` (the dialled side), both over 127.0.0.1; the pump relays a ⇄ b.
+Peers that move bulk data run in threads with blocking sockets, so the event
+loop runs nothing but the pump.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from boxyd.net import relay
+from boxyd.net.relay import CloseReason, Counters, Flow, pump
+
+MODES = ["auto", "copy", "splice"]
+MiB = 1024 * 1024
+PEER_TIMEOUT = 60.0
+
+
+def tcp_pair() -> tuple[socket.socket, socket.socket]:
+    """(connecting side, accepted side) of one loopback TCP connection."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        c = socket.create_connection(listener.getsockname())
+        s, _ = listener.accept()
+    return c, s
+
+
+class Topology:
+    """client ⇄ a   [pump]   b ⇄ server"""
+
+    def __init__(self) -> None:
+        self.client, self.a = tcp_pair()
+        self.b, self.server = tcp_pair()
+        for s in (self.client, self.server):
+            s.settimeout(PEER_TIMEOUT)
+
+    def close_peers(self) -> None:
+        self.client.close()
+        self.server.close()
+
+
+@pytest.fixture
+def topo() -> Iterator[Topology]:
+    t = Topology()
+    yield t
+    t.close_peers()
+    for s in (t.a, t.b):  # the pump closes these; only a failed test leaves them open
+        s.close()
+
+
+def stream(seed: int, total: int) -> Iterator[bytes]:
+    """Deterministic, incompressible-looking chunks; each carries its index, so a
+    reordered or repeated chunk changes the digest."""
+    block = hashlib.shake_256(seed.to_bytes(8, "little")).digest(MiB)
+    i = 0
+    while total > 0:
+        n = min(total, MiB)
+        yield (struct.pack("<Q", i) + block[8:])[:n]
+        total -= n
+        i += 1
+
+
+def expected_digest(seed: int, total: int) -> str:
+    h = hashlib.sha256()
+    for chunk in stream(seed, total):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+class Sender(threading.Thread):
+    def __init__(self, sock: socket.socket, seed: int, total: int, shut: bool = True) -> None:
+        super().__init__(daemon=True)
+        self.sock, self.seed, self.total, self.shut = sock, seed, total, shut
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for chunk in stream(self.seed, self.total):
+                self.sock.sendall(chunk)
+            if self.shut:
+                self.sock.shutdown(socket.SHUT_WR)
+        except BaseException as e:  # reported by the test
+            self.error = e
+
+
+class Receiver(threading.Thread):
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__(daemon=True)
+        self.sock = sock
+        self.sha = hashlib.sha256()
+        self.count = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        buf = memoryview(bytearray(MiB))
+        try:
+            while n := self.sock.recv_into(buf):
+                self.sha.update(buf[:n])
+                self.count += n
+        except BaseException as e:
+            self.error = e
+
+
+async def join(*threads: threading.Thread) -> None:
+    for t in threads:
+        await asyncio.to_thread(t.join, PEER_TIMEOUT)
+        assert not t.is_alive(), f"{t} did not finish"
+        assert getattr(t, "error", None) is None, t.error  # type: ignore[attr-defined]
+
+
+async def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    return await asyncio.to_thread(_recv_exactly, sock, n)
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            break
+        out += chunk
+    return bytes(out)
+
+
+def sees_reset(sock: socket.socket) -> str:
+    """How the stream on SOCK ends for a blocking reader: 'reset' or 'eof' (data
+    still queued before the end is read and dropped)."""
+    try:
+        while sock.recv(MiB):
+            pass
+    except ConnectionResetError:
+        return "reset"
+    return "eof"
+
+
+def fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+# -- bulk ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_bulk_both_directions_at_once_arrives_intact(topo: Topology, mode: str) -> None:
+    total = 200 * MiB
+    counters = Counters()
+    up_tx, down_tx = Sender(topo.client, 1, total), Sender(topo.server, 2, total)
+    up_rx, down_rx = Receiver(topo.server), Receiver(topo.client)
+    for t in (up_rx, down_rx, up_tx, down_tx):
+        t.start()
+    reason = await pump(topo.a, topo.b, counters=counters, idle_timeout=30, mode=mode)  # type: ignore[arg-type]
+    await join(up_tx, down_tx, up_rx, down_rx)
+    assert reason is CloseReason.DONE
+    assert (up_rx.count, down_rx.count) == (total, total)
+    assert up_rx.sha.hexdigest() == expected_digest(1, total)
+    assert down_rx.sha.hexdigest() == expected_digest(2, total)
+    assert (counters.up, counters.down) == (total, total)
+    assert topo.a.fileno() == -1 and topo.b.fileno() == -1, "the flow closes both sockets"
+
+
+async def test_slow_reader_back_pressures_instead_of_buffering(topo: Topology) -> None:
+    # Far more than every kernel buffer on the path plus one pipe can hold: if the
+    # pump buffered without bound, the sender would finish while nobody reads.
+    total = 128 * MiB
+    flow = Flow(topo.a, topo.b, idle_timeout=30)
+    task = asyncio.ensure_future(flow.run())
+    tx = Sender(topo.client, 3, total)
+    tx.start()
+    await asyncio.sleep(1.0)
+    assert tx.is_alive(), "the sender finished although nobody read: the pump buffered it all"
+    stuck_at = flow.counters.up
+    assert stuck_at < 64 * MiB
+    rx = Receiver(topo.server)
+    rx.start()
+    await join(tx)
+    topo.server.shutdown(socket.SHUT_WR)
+    await join(rx)
+    assert await task is CloseReason.DONE
+    assert rx.sha.hexdigest() == expected_digest(3, total)
+    assert flow.counters.up == total
+
+
+# -- half-close -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("first", ["client", "server"])
+async def test_half_close_keeps_the_other_direction(topo: Topology, mode: str, first: str) -> None:
+    closer, other = (topo.client, topo.server) if first == "client" else (topo.server, topo.client)
+    counters = Counters()
+    task = asyncio.ensure_future(
+        pump(topo.a, topo.b, counters=counters, idle_timeout=30, mode=mode))  # type: ignore[arg-type]
+    closer.sendall(b"last words")
+    closer.shutdown(socket.SHUT_WR)
+    assert await recv_exactly(other, 10) == b"last words"
+    assert await asyncio.to_thread(sees_reset, other) == "eof", "the EOF follows the data"
+    # The closed direction is done; the other still carries data, a lot of it.
+    tx, rx = Sender(other, 4, 3 * MiB), Receiver(closer)
+    rx.start()
+    tx.start()
+    await join(tx, rx)
+    assert rx.sha.hexdigest() == expected_digest(4, 3 * MiB)
+    assert await asyncio.wait_for(task, 10) is CloseReason.DONE
+    sent_first = 10
+    if first == "client":
+        assert (counters.up, counters.down) == (sent_first, 3 * MiB)
+    else:
+        assert (counters.up, counters.down) == (3 * MiB, sent_first)
+
+
+# -- resets -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("who", ["client", "server"])
+async def test_reset_is_propagated_as_reset(topo: Topology, mode: str, who: str) -> None:
+    resetter, victim = (topo.client, topo.server) if who == "client" else (topo.server, topo.client)
+    task = asyncio.ensure_future(
+        pump(topo.a, topo.b, counters=Counters(), idle_timeout=30, mode=mode))  # type: ignore[arg-type]
+    victim.sendall(b"ping")
+    assert await recv_exactly(resetter, 4) == b"ping"
+    relay.reset(resetter)
+    assert await asyncio.to_thread(sees_reset, victim) == "reset"
+    expected = CloseReason.RESET_BY_A if who == "client" else CloseReason.RESET_BY_B
+    assert await asyncio.wait_for(task, 10) is expected
+
+
+async def test_reset_after_a_half_close_is_still_a_reset(topo: Topology) -> None:
+    # The client finished sending (FIN) and then aborts while the server streams
+    # to it: the server must see a reset, not a clean end of a truncated reply.
+    task = asyncio.ensure_future(pump(topo.a, topo.b, counters=Counters(), idle_timeout=30))
+    topo.client.shutdown(socket.SHUT_WR)
+    assert await asyncio.to_thread(sees_reset, topo.server) == "eof"
+    topo.server.sendall(b"x" * 1000)
+    assert await recv_exactly(topo.client, 1000) == b"x" * 1000
+    relay.reset(topo.client)
+
+    def write_until_reset() -> str:
+        try:
+            for _ in range(1000):
+                topo.server.sendall(b"y" * 65536)
+                time.sleep(0.005)
+        except (ConnectionResetError, BrokenPipeError):
+            return "reset"
+        return "never reset"
+
+    assert await asyncio.to_thread(write_until_reset) == "reset"
+    assert await asyncio.wait_for(task, 10) is CloseReason.RESET_BY_A
+
+
+def test_reset_helper_sends_rst() -> None:
+    c, s = tcp_pair()
+    try:
+        s.settimeout(10)
+        relay.reset(c)
+        assert c.fileno() == -1
+        assert sees_reset(s) == "reset"
+        relay.reset(c)  # already closed: nothing to do, no error
+    finally:
+        s.close()
+
+
+# -- idle, abort, initial bytes -------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["copy", "splice"])
+async def test_idle_flow_is_reset_after_the_bound(topo: Topology, mode: str) -> None:
+    idle = 0.4
+    task = asyncio.ensure_future(
+        pump(topo.a, topo.b, counters=Counters(), idle_timeout=idle, mode=mode))  # type: ignore[arg-type]
+    # Traffic keeps it alive well past the bound...
+    for i in range(8):
+        if i:
+            await asyncio.sleep(idle / 3)
+        topo.client.sendall(b".")
+        assert await recv_exactly(topo.server, 1) == b"."
+        last = time.monotonic()
+    assert not task.done()
+    # ...and silence ends it between the bound and a quarter more.
+    assert await asyncio.wait_for(task, 5) is CloseReason.IDLE
+    waited = time.monotonic() - last
+    assert idle * 0.95 <= waited <= idle * 1.25 + 0.1, waited
+    assert await asyncio.to_thread(sees_reset, topo.client) == "reset"
+    assert await asyncio.to_thread(sees_reset, topo.server) == "reset"
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_abort_resets_both_sides_promptly(topo: Topology, mode: str) -> None:
+    flow = Flow(topo.a, topo.b, idle_timeout=30, mode=mode)  # type: ignore[arg-type]
+    task = asyncio.ensure_future(flow.run())
+    tx, rx = Sender(topo.client, 5, 1024 * MiB), Receiver(topo.server)  # streaming when aborted
+    rx.start()
+    tx.start()
+    while flow.counters.up < 4 * MiB:
+        await asyncio.sleep(0.01)
+        assert not task.done()
+    t0 = time.monotonic()
+    flow.abort()
+    assert await asyncio.wait_for(task, 1) is CloseReason.ABORTED
+    assert time.monotonic() - t0 < 0.5
+    assert flow.reason is CloseReason.ABORTED
+    for t in (tx, rx):
+        await asyncio.to_thread(t.join, PEER_TIMEOUT)
+        assert isinstance(t.error, ConnectionResetError | BrokenPipeError), t.error
+    flow.abort()  # idempotent
+
+
+async def test_cancelling_the_task_aborts_the_flow(topo: Topology) -> None:
+    task = asyncio.ensure_future(pump(topo.a, topo.b, counters=Counters(), idle_timeout=30))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await asyncio.to_thread(sees_reset, topo.client) == "reset"
+    assert await asyncio.to_thread(sees_reset, topo.server) == "reset"
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("size", [5, 8 * MiB])
+async def test_initial_bytes_go_first(topo: Topology, mode: str, size: int) -> None:
+    # 8 MiB exceeds what the server's socket buffers take at once, so the initial
+    # bytes are themselves sent in several rounds under back-pressure.
+    initial = b"HELLO"[:size] if size < 6 else bytes(range(256)) * (size // 256)
+    counters = Counters()
+    task = asyncio.ensure_future(pump(topo.a, topo.b, counters=counters, idle_timeout=30,
+                                      initial_a_to_b=initial, mode=mode))  # type: ignore[arg-type]
+    topo.client.sendall(b"WORLD")
+    topo.client.shutdown(socket.SHUT_WR)
+    await asyncio.sleep(0.2)  # the server is late: everything waits in buffers
+    assert await recv_exactly(topo.server, len(initial) + 6) == initial + b"WORLD"
+    topo.server.shutdown(socket.SHUT_WR)
+    assert await asyncio.wait_for(task, 10) is CloseReason.DONE
+    assert counters.up == len(initial) + 5
+
+
+# -- counters ---------------------------------------------------------------------------
+
+
+async def test_counters_are_exact_and_may_be_shared() -> None:
+    session = Counters()
+    sizes = [(0, 0), (1, 0), (0, 1), (1000, 7), (300_000, 2 * MiB + 3)]
+    topos = [Topology() for _ in sizes]
+    try:
+        tasks = [asyncio.ensure_future(pump(t.a, t.b, counters=session, idle_timeout=30))
+                 for t in topos]
+        threads: list[threading.Thread] = []
+        for t, (up, down) in zip(topos, sizes, strict=True):
+            threads += [Sender(t.client, 6, up), Sender(t.server, 7, down),
+                        Receiver(t.server), Receiver(t.client)]
+        for th in threads:
+            th.start()
+        await join(*threads)
+        assert set(await asyncio.gather(*tasks)) == {CloseReason.DONE}
+        assert session.up == sum(u for u, _ in sizes)
+        assert session.down == sum(d for _, d in sizes)
+    finally:
+        for t in topos:
+            t.close_peers()
+
+
+async def test_counters_move_while_the_flow_runs(topo: Topology) -> None:
+    flow = Flow(topo.a, topo.b, idle_timeout=30)
+    task = asyncio.ensure_future(flow.run())
+    topo.server.sendall(b"z" * 12345)
+    assert await recv_exactly(topo.client, 12345) == b"z" * 12345
+    assert (flow.counters.up, flow.counters.down) == (0, 12345)
+    flow.abort()
+    await task
+
+
+# -- resources --------------------------------------------------------------------------
+
+
+def _loop_registrations(loop: asyncio.AbstractEventLoop) -> int:
+    selector = getattr(loop, "_selector", None)
+    assert selector is not None, "test needs the selector event loop"
+    return len(selector.get_map())
+
+
+async def _short_flow(i: int) -> CloseReason:
+    """One flow, ending in one of the ways a flow ends (by i)."""
+    t = Topology()
+    try:
+        flow = Flow(t.a, t.b, idle_timeout=0.2 if i % 5 == 4 else 30,
+                    mode=MODES[i % 3])  # type: ignore[arg-type]
+        task = asyncio.ensure_future(flow.run())
+        kind = i % 5
+        payload = b"q" * (300_000 if i % 7 == 0 else 100)  # some flows switch to splice
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendall(t.client, payload)
+        got = await asyncio.to_thread(_recv_exactly, t.server, len(payload))
+        assert got == payload
+        if kind == 0:  # clean close both ways
+            t.client.shutdown(socket.SHUT_WR)
+            t.server.shutdown(socket.SHUT_WR)
+        elif kind == 1:
+            relay.reset(t.client)
+        elif kind == 2:
+            relay.reset(t.server)
+        elif kind == 3:
+            flow.abort()
+        return await asyncio.wait_for(task, 10)  # kind 4: idle
+    finally:
+        t.close_peers()
+
+
+async def test_no_fd_or_callback_leak_over_1000_flows() -> None:
+    loop = asyncio.get_running_loop()
+    await _short_flow(0)  # warm up lazily created fds (thread pool, self-pipe)
+    fds, regs = fd_count(), _loop_registrations(loop)
+    reasons: list[CloseReason] = []
+    for start in range(0, 1000, 50):
+        reasons += await asyncio.gather(*(_short_flow(i) for i in range(start, start + 50)))
+    assert set(reasons) == set(CloseReason), "every way of ending was exercised"
+    assert fd_count() == fds
+    assert _loop_registrations(loop) == regs
+    assert relay._Pipes.in_use == 0
+
+
+async def test_200_parallel_flows() -> None:
+    n, size = 200, 512 * 1024
+    topos = [Topology() for _ in range(n)]
+    session = Counters()
+    try:
+        loop = asyncio.get_running_loop()
+        for t in topos:
+            for s in (t.client, t.server):
+                s.setblocking(False)
+        tasks = [asyncio.ensure_future(pump(t.a, t.b, counters=session, idle_timeout=30))
+                 for t in topos]
+
+        async def peer_pair(i: int, t: Topology) -> None:
+            up = b"".join(stream(i, size))
+            down = b"".join(stream(i + 1000, size))
+
+            async def send(s: socket.socket, data: bytes) -> None:
+                await loop.sock_sendall(s, data)
+                s.shutdown(socket.SHUT_WR)
+
+            async def recv(s: socket.socket) -> bytes:
+                out = bytearray()
+                while chunk := await loop.sock_recv(s, 65536):
+                    out += chunk
+                return bytes(out)
+
+            _, _, got_up, got_down = await asyncio.gather(
+                send(t.client, up), send(t.server, down), recv(t.server), recv(t.client))
+            assert got_up == up and got_down == down, f"flow {i} corrupted"
+
+        await asyncio.wait_for(asyncio.gather(*(peer_pair(i, t) for i, t in enumerate(topos))), 120)
+        assert set(await asyncio.gather(*tasks)) == {CloseReason.DONE}
+        assert (session.up, session.down) == (n * size, n * size)
+    finally:
+        for t in topos:
+            t.close_peers()
+            for s in (t.a, t.b):
+                with contextlib.suppress(OSError):
+                    s.close()
+
+
+def test_bad_arguments_are_refused() -> None:
+    c, s = tcp_pair()
+    try:
+        with pytest.raises(ValueError, match="idle_timeout"):
+            Flow(c, s, idle_timeout=0)
+        with pytest.raises(ValueError, match="two different sockets"):
+            Flow(c, c, idle_timeout=1)
+    finally:
+        c.close()
+        s.close()

@@ -1,0 +1,392 @@
+"""boxyd.net.policy: the per-flow decision in both modes, layer by layer."""
+
+from __future__ import annotations
+
+from ipaddress import IPv4Address, IPv6Address
+
+import pytest
+
+from boxyd.errors import UsageError
+from boxyd.net.policy import DNS, ECH_REFUSED, IP, PORT, SNI, NetPolicy, Verdict
+
+PUB = "93.184.216.34"  # a public address the DNS answer bound
+CDN = "151.101.1.1"  # a public address shared by several names
+LAN = "192.168.4.9"
+NO_BINDING = "no DNS binding for this address (hard-coded IP?)"
+NOT_LISTED = "hostname not on the allowlist"
+QUIC = "QUIC refused in allowlist mode (clients fall back to TCP)"
+
+
+def allowlist(*hosts: str, ports=(), cidrs=(), tailscale=False) -> NetPolicy:
+    return NetPolicy.from_spec("allowlist", list(hosts), list(ports), list(cidrs), tailscale)
+
+
+PUBLIC = NetPolicy.from_spec("public", [], [], [], False)
+OK_DNS = Verdict(True, DNS)
+
+
+def refused(v: Verdict, layer: str, reason: str) -> bool:
+    return not v.allow and v.layer == layer and v.reason == reason
+
+
+# --- from_spec --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("none", [], [], [], False), "--net: 'none' has no gateway policy"),
+        (("both", [], [], [], False), "--net: 'both'"),
+        (("public", ["a.example"], [], [], False), "cannot be combined with --net public"),
+        (("allowlist", ["a.example:0"], [], [], False), "not a port number"),
+        (("allowlist", ["*.com"], [], [], False), "a wildcard must be"),
+        (("allowlist", ["1.2.3.4"], [], [], False), "an address, not a host name"),
+        (("allowlist", [], [0], [], False), "--allow-port: 0 is not a port number"),
+        (("allowlist", [], [65536], [], False), "--allow-port: 65536"),
+        (("allowlist", [], [True], [], False), "--allow-port: True"),
+        (("allowlist", [], ["80"], [], False), "--allow-port: '80'"),
+        (("allowlist", [], [], ["0.0.0.0/0"], False), "every address"),
+        (("allowlist", [], [], ["::/0"], False), "every address"),
+        (("allowlist", [], [], ["10.0.0.0/8"], False), "overlaps the sandbox's own network"),
+        (("allowlist", [], [], ["fd00::/64"], False), "overlaps the sandbox's own network"),
+        (("public", [], [], ["10.0.2.15"], False), "overlaps"),
+        (("allowlist", [], [], ["lan"], False), "not an address range"),
+        (("allowlist", ["h.example:443/udp"], [], [], False), "QUIC .UDP/443. is refused"),
+        (("allowlist", ["h.example:53,443/udp"], [], [], False), "QUIC"),
+    ],
+)
+def test_from_spec_refuses(args, message):
+    with pytest.raises(UsageError, match=message):
+        NetPolicy.from_spec(*args)
+
+
+def test_from_spec_compiles():
+    p = allowlist("A.Example.", "nas:22", "nas", "*.cdn.example:8443", "dns.example:53/udp")
+    assert p.mode == "allowlist"
+    assert p.global_ports == {80, 443}
+    assert set(p.exact) == {"a.example", "nas", "dns.example"}
+    assert set(p.wildcards) == {".cdn.example"}
+    assert allowlist(ports=[8080, 8080]).global_ports == {8080}
+    # --allow-port means nothing in public mode; still a valid spec.
+    assert NetPolicy.from_spec("public", [], [22], [], False).mode == "public"
+
+
+# --- DNS --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name,allowed",
+    [
+        ("a.example", True),
+        ("A.EXAMPLE.", True),
+        ("b.a.example", False),  # exact names do not cover subdomains
+        ("example", False),
+        ("x.cdn.example", True),
+        ("X.Y.CDN.Example.", True),
+        ("cdn.example", False),  # a wildcard is strictly below
+        ("xcdn.example", False),
+        ("cdn.example.evil", False),
+        ("dns.example", True),  # allowed for UDP only, still resolvable
+        ("nas", True),
+        ("evil.test", False),
+    ],
+)
+def test_dns(name, allowed):
+    p = allowlist("a.example", "*.cdn.example", "dns.example:5353/udp", "nas:22")
+    assert p.name_allowed(name) is allowed
+    v = p.dns(name)
+    assert v == (Verdict(True, DNS) if allowed else Verdict(False, DNS, NOT_LISTED))
+    assert PUBLIC.name_allowed(name)
+
+
+def test_address_and_address_denied():
+    p = allowlist("a.example", cidrs=["192.168.4.0/24"])
+    assert p.address(PUB) == Verdict(True, IP)
+    assert p.address(LAN) == Verdict(True, IP)
+    assert p.address("192.168.5.1") == Verdict(False, IP, "private (RFC 1918)")
+    assert p.address_denied("64:ff9b::192.168.4.9") is None
+    assert p.address_denied("64:ff9b::127.0.0.1") == "NAT64-encoded 127.0.0.1: loopback"
+    assert PUBLIC.address("169.254.169.254") == Verdict(False, IP, "link-local / cloud metadata")
+    assert PUBLIC.address_denied(IPv6Address("2002:c0a8:101::")) is not None
+
+
+# --- public mode ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("port", [1, 22, 80, 443, 8443, 65535])
+def test_public_any_port_no_binding(port):
+    assert PUBLIC.tcp_connect(PUB, port, []).allow
+    assert PUBLIC.tcp_opaque(PUB, port, []).allow
+    assert PUBLIC.tcp_name(PUB, port, "anything.test", [], kind="sni").allow
+    assert PUBLIC.tcp_name(PUB, port, "other.test:81", ["x.test"], kind="host").allow
+    assert PUBLIC.udp(PUB, port, []).allow
+
+
+@pytest.mark.parametrize(
+    "ip", ["10.1.2.3", "127.0.0.1", "169.254.169.254", "fd00::2", "64:ff9b::10.0.0.1", "::1"]
+)
+def test_public_still_checks_ranges(ip):
+    for v in (
+        PUBLIC.tcp_connect(ip, 443, ["a.example"]),
+        PUBLIC.tcp_name(ip, 443, "a.example", ["a.example"]),
+        PUBLIC.tcp_opaque(ip, 22, []),
+        PUBLIC.udp(ip, 443, []),
+    ):
+        assert not v.allow and v.layer == IP and v.reason
+
+
+def test_public_quic_allowed_and_ech_refused():
+    assert PUBLIC.udp(PUB, 443, []) == Verdict(True, IP)
+    assert ECH_REFUSED.allow is False and ECH_REFUSED.layer == SNI and "ECH" in ECH_REFUSED.reason
+
+
+def test_public_cidr_and_tailscale_are_exceptions():
+    p = NetPolicy.from_spec("public", [], [], ["192.168.4.0/24"], True)
+    assert p.tcp_connect(LAN, 631, []).allow
+    assert p.tcp_connect("100.100.7.7", 22, []).allow
+    assert p.tcp_connect("fd7a:115c:a1e0::5", 22, []).allow
+    assert not p.tcp_connect("192.168.5.1", 80, []).allow
+
+
+# --- allowlist: TCP connect -------------------------------------------------------
+
+
+def test_connect_needs_a_binding():
+    p = allowlist("a.example")
+    assert refused(p.tcp_connect(PUB, 443, []), DNS, NO_BINDING)
+    assert p.tcp_connect(PUB, 443, ["a.example"]) == OK_DNS
+    assert p.tcp_connect(PUB, 443, ["A.Example."]) == OK_DNS
+
+
+def test_connect_ranges_come_first():
+    p = allowlist("a.example")
+    # A rebinding answer that slipped through still meets the range check.
+    v = p.tcp_connect("10.9.9.9", 443, ["a.example"])
+    assert refused(v, IP, "private (RFC 1918)")
+    v = p.tcp_connect("64:ff9b::a9fe:a9fe", 443, ["a.example"])
+    assert refused(v, IP, "NAT64-encoded 169.254.169.254: link-local / cloud metadata")
+
+
+@pytest.mark.parametrize(
+    "hosts,ports,port,allowed",
+    [
+        (["a.b.example"], [], 443, True),  # global default 80, 443
+        (["a.b.example"], [], 80, True),
+        (["a.b.example"], [], 22, False),
+        (["a.b.example"], [8080], 8080, True),  # --allow-port replaces the default
+        (["a.b.example"], [8080], 443, False),
+        (["a.b.example:22"], [], 22, True),  # explicit ports only
+        (["a.b.example:22"], [], 443, False),
+        (["a.b.example:22", "a.b.example"], [], 443, True),  # both rules apply
+        (["a.b.example:22", "a.b.example"], [], 22, True),
+        (["a.b.example:8443,9443"], [8080], 9443, True),
+        (["a.b.example:8443,9443"], [8080], 8080, False),
+        (["a.b.example:5353/udp"], [], 443, False),  # UDP ports grant no TCP
+        (["a.b.example:5353/udp"], [], 5353, False),
+        (["*.b.example"], [], 443, True),
+        (["*.b.example:22"], [], 22, True),
+        (["*.b.example:22"], [], 443, False),
+        (["*.b.example:22", "a.b.example"], [], 443, True),  # rules for one name add up
+        (["*.b.example:22", "a.b.example"], [], 22, True),
+    ],
+)
+def test_connect_ports(hosts, ports, port, allowed):
+    p = allowlist(*hosts, ports=ports)
+    v = p.tcp_connect(PUB, port, ["a.b.example"])
+    if allowed:
+        assert v == OK_DNS
+    else:
+        assert refused(v, PORT, f"port {port} not allowed for a.b.example")
+
+
+def test_connect_bound_names_any_may_allow():
+    p = allowlist("a.example", "b.example:22")
+    assert p.tcp_connect(CDN, 22, ["a.example", "b.example"]) == OK_DNS
+    assert p.tcp_connect(CDN, 443, ["a.example", "b.example"]) == OK_DNS
+    v = p.tcp_connect(CDN, 25, ["b.example", "a.example"])
+    assert refused(v, PORT, "port 25 not allowed for a.example, b.example")
+
+
+def test_connect_bound_name_not_listed():
+    v = allowlist("a.example").tcp_connect(PUB, 443, ["stale.test"])
+    assert refused(v, DNS, NOT_LISTED)
+
+
+def test_connect_tailnet():
+    hosts = ("nas:22",)
+    assert refused(
+        allowlist(*hosts).tcp_connect("100.101.1.2", 22, ["nas"]), IP, "CGNAT / tailnet (RFC 6598)"
+    )
+    p = allowlist(*hosts, tailscale=True)
+    assert p.tcp_connect("100.101.1.2", 22, ["nas"]) == OK_DNS
+    assert p.tcp_connect("fd7a:115c:a1e0::9", 22, ["nas"]) == OK_DNS
+    # --tailscale lifts the range objection only: a hard-coded tailnet address is refused.
+    assert refused(p.tcp_connect("100.101.1.2", 443, []), DNS, NO_BINDING)
+    assert refused(p.tcp_connect("100.101.1.2", 443, ["nas"]), PORT, "port 443 not allowed for nas")
+    assert not p.tcp_connect("192.168.1.1", 22, ["nas"]).allow
+
+
+def test_connect_allow_cidr_needs_no_binding_on_global_ports():
+    p = allowlist("printer.local:631", cidrs=["192.168.4.0/24"])
+    assert p.tcp_connect(LAN, 443, []) == OK_DNS
+    assert p.tcp_connect(LAN, 80, []) == OK_DNS
+    assert p.tcp_connect("::ffff:192.168.4.9", 443, []) == OK_DNS
+    assert refused(p.tcp_connect(LAN, 22, []), DNS, NO_BINDING)
+    assert p.tcp_connect(LAN, 631, ["printer.local"]) == OK_DNS
+    assert refused(p.tcp_connect("192.168.5.9", 443, []), IP, "private (RFC 1918)")
+    # A public prefix works the same way: the user named it.
+    q = allowlist(cidrs=["198.51.100.0/24"], ports=[8443])
+    assert q.tcp_connect("198.51.100.7", 8443, []) == OK_DNS
+    assert refused(q.tcp_connect("198.51.100.7", 443, []), DNS, NO_BINDING)
+    # The tailnet's ranges get no such pass.
+    t = allowlist(tailscale=True)
+    assert refused(t.tcp_connect("100.101.1.2", 443, []), DNS, NO_BINDING)
+
+
+# --- allowlist: SNI / Host --------------------------------------------------------
+
+
+def test_sni_allowed():
+    p = allowlist("a.example", "*.cdn.example")
+    assert p.tcp_name(PUB, 443, "a.example", ["a.example"]) == Verdict(True, SNI)
+    assert p.tcp_name(PUB, 443, "A.EXAMPLE.", ["a.example"]) == Verdict(True, SNI)
+    assert p.tcp_name(CDN, 443, "x.cdn.example", ["x.cdn.example", "b.test"]).allow
+
+
+def test_sni_names_allowed_host_not_bound_here():
+    # Forged SNI: an allowed name, sent to an address bound to another (allowed) name.
+    p = allowlist("a.example", "b.example")
+    v = p.tcp_name(CDN, 443, "a.example", ["b.example"])
+    assert refused(v, SNI, "SNI names a.example, not bound to this address")
+
+
+def test_sni_names_unlisted_host_on_shared_address():
+    p = allowlist("a.example")
+    v = p.tcp_name(CDN, 443, "evil.test", ["a.example"])
+    assert refused(v, SNI, "SNI names evil.test: hostname not on the allowlist")
+    # Even if evil.test is bound too (shared answer), it is not on the list.
+    v = p.tcp_name(CDN, 443, "evil.test", ["a.example", "evil.test"])
+    assert refused(v, SNI, "SNI names evil.test: hostname not on the allowlist")
+
+
+def test_sni_wildcard_apex_not_covered():
+    p = allowlist("*.cdn.example")
+    v = p.tcp_name(CDN, 443, "cdn.example", ["cdn.example", "x.cdn.example"])
+    assert refused(v, SNI, "SNI names cdn.example: hostname not on the allowlist")
+
+
+def test_sni_port_checked_per_name():
+    p = allowlist("a.example", "b.example:22")
+    v = p.tcp_name(CDN, 22, "a.example", ["a.example", "b.example"])
+    assert refused(v, PORT, "port 22 not allowed for a.example")
+    assert p.tcp_name(CDN, 443, "a.example", ["a.example", "b.example"]).allow
+
+
+@pytest.mark.parametrize(
+    "header,allowed",
+    [
+        ("a.example", True),
+        ("A.Example:80", True),
+        ("a.example.:8080", True),  # the Host port is not the connection's
+        (" a.example ", True),
+        ("b.example", False),
+        ("[::1]:80", False),
+        ("93.184.216.34", False),
+        ("a.example:80:80", False),
+    ],
+)
+def test_host_header(header, allowed):
+    p = allowlist("a.example")
+    v = p.tcp_name(PUB, 80, header, ["a.example"], kind="host")
+    assert v.allow is allowed
+    if not allowed:
+        assert v.layer == SNI and v.reason.startswith("Host names ")
+
+
+def test_missing_name():
+    p = allowlist("a.example", "nas:443")
+    v = p.tcp_name(PUB, 443, "", ["a.example"])
+    assert refused(v, SNI, "TLS without SNI: only a host allowed with :443 takes that")
+    v = p.tcp_name(PUB, 443, "", ["a.example"], kind="host")
+    assert refused(v, SNI, "HTTP without Host: only a host allowed with :443 takes that")
+    assert p.tcp_name(PUB, 443, "", ["nas"]).allow
+    assert refused(p.tcp_name(PUB, 443, "", []), DNS, NO_BINDING)
+
+
+def test_name_inside_allow_cidr_not_checked():
+    p = allowlist(cidrs=["192.168.4.0/24"])
+    assert p.tcp_name(LAN, 443, "registry.internal", []) == Verdict(True, SNI)
+    assert refused(
+        p.tcp_name(LAN, 8443, "registry.internal", []),
+        SNI,
+        "SNI names registry.internal: hostname not on the allowlist",
+    )
+
+
+# --- allowlist: opaque bytes ------------------------------------------------------
+
+
+def test_opaque_needs_explicit_port():
+    p = allowlist("a.example", "nas:22", "git.example:443")
+    assert p.tcp_opaque(PUB, 22, ["nas"]) == OK_DNS
+    assert p.tcp_opaque(PUB, 443, ["git.example"]) == OK_DNS
+    v = p.tcp_opaque(PUB, 443, ["a.example"])
+    assert refused(v, SNI, "neither TLS nor HTTP on port 443: allow the host with :443")
+    assert refused(p.tcp_opaque(PUB, 22, ["a.example"]), PORT, "port 22 not allowed for a.example")
+    assert refused(p.tcp_opaque(PUB, 22, []), DNS, NO_BINDING)
+    assert refused(p.tcp_opaque(PUB, 23, ["nas"]), PORT, "port 23 not allowed for nas")
+
+
+def test_opaque_inside_allow_cidr():
+    p = allowlist(cidrs=["192.168.4.0/24"])
+    assert p.tcp_opaque(LAN, 443, []).allow
+    assert not p.tcp_opaque(LAN, 9100, []).allow
+
+
+# --- allowlist: UDP ---------------------------------------------------------------
+
+
+def test_udp():
+    p = allowlist("a.example", "dns.example:5353,8853/udp", "nas:22", cidrs=["192.168.4.0/24"])
+    assert p.udp(PUB, 5353, ["dns.example"]) == OK_DNS
+    assert p.udp(PUB, 8853, ["DNS.example."]) == OK_DNS
+    assert refused(
+        p.udp(PUB, 5354, ["dns.example"]), PORT, "UDP port 5354 not allowed for dns.example"
+    )
+    assert refused(p.udp(PUB, 80, ["a.example"]), PORT, "UDP port 80 not allowed for a.example")
+    assert refused(p.udp(PUB, 22, ["nas"]), PORT, "UDP port 22 not allowed for nas")
+    assert refused(p.udp(PUB, 5353, []), DNS, NO_BINDING)
+    assert refused(p.udp(LAN, 80, []), DNS, NO_BINDING)  # no cidr pass for UDP
+    assert refused(p.udp(PUB, 5353, ["other.test"]), DNS, NOT_LISTED)
+    assert refused(p.udp("10.0.0.53", 5353, ["dns.example"]), IP, "private (RFC 1918)")
+
+
+@pytest.mark.parametrize("bound", [[], ["a.example"], ["dns.example"]])
+def test_udp_quic_refused(bound):
+    p = allowlist("a.example", "dns.example:5353/udp")
+    assert refused(p.udp(PUB, 443, bound), PORT, QUIC)
+    assert refused(p.udp(IPv4Address(PUB), 443, bound), PORT, QUIC)
+
+
+# --- Landlock ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "hosts,ports,cidrs,expected",
+    [
+        (["a.example"], [], [], [53, 80, 443]),
+        (["nas:22"], [], [], [22, 53]),
+        (["nas:22", "a.example"], [8443], [], [22, 53, 8443]),
+        (["*.b.example:9000"], [], [], [53, 9000]),
+        (["dns.example:5353/udp"], [], [], [53]),
+        ([], [], ["192.168.4.0/24"], [53, 80, 443]),
+        (["nas:22"], [631], ["192.168.4.0/24"], [22, 53, 631]),
+        ([], [], [], [53]),
+    ],
+)
+def test_landlock_ports(hosts, ports, cidrs, expected):
+    assert allowlist(*hosts, ports=ports, cidrs=cidrs).landlock_ports() == expected
+
+
+def test_landlock_public():
+    assert PUBLIC.landlock_ports() is None

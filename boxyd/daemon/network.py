@@ -111,15 +111,16 @@ class Network:
 def describe(ev: dict) -> str:
     """One -v line for a denial: layer, what, why."""
     layer = ev.get("layer", "net")
-    if layer == "net.dns":
-        what = str(ev.get("name", "?"))
-    else:
-        addr, port = ev.get("addr", "?"), ev.get("port", "?")
-        what = f"{ev.get('proto', 'tcp')}://{f'[{addr}]' if ':' in str(addr) else addr}:{port}"
+    if ev.get("addr"):
+        addr, port = str(ev["addr"]), ev.get("port")
+        what = f"{ev.get('proto', 'tcp')}://{f'[{addr}]' if ':' in addr else addr}"
+        what += f":{port}" if port else ""
         if ev.get("sni"):
             what += f" (name {ev['sni']})"
         elif ev.get("host"):
             what += f" ({ev['host']})"
+    else:
+        what = str(ev.get("name", "?"))
     return f"{layer} deny {what}: {ev.get('reason') or 'denied'}"
 
 

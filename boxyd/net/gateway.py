@@ -24,11 +24,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from boxyd.net import relay, sni, udpsock
+from boxyd.net import nflog, relay, sni, udpsock
 from boxyd.net.bindings import Bindings
 from boxyd.net.dnsproxy import DnsProxy, DnsSession, TokenBucket
 from boxyd.net.netlog import NetLog
 from boxyd.net.policy import ECH_REFUSED, NetPolicy, Verdict
+from boxyd.net.ranges import SANDBOX_NETS
 from boxyd.net.ruleset import GATEWAY_SOCKETS
 
 log = logging.getLogger("boxyd")
@@ -97,6 +98,8 @@ class Gateway:
                 loop.add_reader(sock.fileno(), self._dns_udp_readable, sock)
             elif name in ("udp4", "udp6"):
                 loop.add_reader(sock.fileno(), self._udp_readable, sock)
+            elif name == "nflog":
+                loop.add_reader(sock.fileno(), self._nflog_readable, sock)
         self._spawn(self._sampler())
 
     async def close(self) -> None:
@@ -106,7 +109,7 @@ class Gateway:
         self._closed = True
         loop = asyncio.get_running_loop()
         for name, sock in self.listeners.items():
-            if name.startswith(("udp", "dns_udp")):
+            if name.startswith(("udp", "dns_udp", "nflog")):
                 with contextlib.suppress(ValueError, OSError):
                     loop.remove_reader(sock.fileno())
         for flow, _ in list(self._flows.values()):
@@ -315,6 +318,37 @@ class Gateway:
     async def _dns_tcp(self, client: socket.socket) -> None:
         reader, writer = await asyncio.open_connection(sock=client)
         await self.dns.serve_tcp(reader, writer, self.dns_session)
+
+    # -- refused at SYN time by the ruleset ------------------------------------------
+    def _nflog_readable(self, sock: socket.socket) -> None:
+        for _ in range(64):  # a burst at most per wake-up: other flows get their turn
+            try:
+                data = sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # ENOBUFS: reports were lost in a flood; the refusals were not
+                continue
+            for r in nflog.parse(data):
+                self._refused(r)
+
+    def _refused(self, r: nflog.Refused) -> None:
+        """Say why nftables refused it, in the same words boxyd's own checks use."""
+        ip = ipaddress.ip_address(r.addr)
+        if any(ip in net for net in SANDBOX_NETS) or ip.is_link_local or ip.is_multicast:
+            v = Verdict(False, "net.ip", "the gateway itself is not a destination")
+        else:
+            v = self.policy.address(ip)
+            if v.allow and r.proto == "tcp":
+                v = self.policy.tcp_connect(ip, r.port, self.bindings.names(ip))
+            elif v.allow and r.proto == "udp":
+                v = self.policy.udp(ip, r.port, self.bindings.names(ip))
+            if v.allow:
+                v = Verdict(False, "net.ip", "refused by the gateway's ruleset")
+        if r.proto in ("tcp", "udp"):
+            self._decide(r.proto, str(ip), r.port, v)
+        else:
+            self.on_event({"layer": v.layer, "proto": r.proto, "verdict": "deny", "addr": str(ip),
+                           "reason": v.reason})
 
     # -- DNS over UDP -------------------------------------------------------------------
     def _dns_udp_readable(self, sock: socket.socket) -> None:

@@ -50,12 +50,15 @@ UDP_PORT = 15002
 # holds CAP_NET_BIND_SERVICE over it.
 DNS_PORT = 53
 MARK = 1
+NFLOG_GROUP = 1  # per gateway netns: each session has its own
+NFLOG_SNAPLEN = 96  # IP and transport headers are all boxyd reads
+NFLOG_RATE = 1000  # reports per second; refusals past it still happen, unreported
 # The sockets stage 2 makes in the gateway netns and sends to boxyd (step 4), in
 # this order. DNS listens on port 53 itself so its replies can leave with
 # IP_PKTINFO; replies to other UDP leave through the raw senders, since IP_PKTINFO
 # sets a source address but never a source port.
 GATEWAY_SOCKETS = ("tcp4", "tcp6", "udp4", "udp6", "dns_udp4", "dns_udp6", "dns_tcp4", "dns_tcp6",
-                   "udp_reply4", "udp_reply6")
+                   "udp_reply4", "udp_reply6", "nflog")
 
 # Neighbour discovery must pass or IPv6 on the link cannot work. Router
 # solicitations are harmless: a netns with forwarding off ignores them.
@@ -238,18 +241,27 @@ def gateway_ruleset(
         pre("denied range v6", _match(daddr6, "@deny6"), _match(daddr6, "@except6", "!="),
             _goto("refuse")),
         pre("refused udp port", _match(_payload("udp", "dport"), "@refused_udp_ports"),
-            PORT_UNREACHABLE),
+            _goto("refuse_port")),
     ]
     if allowed_tcp is not None:
         prerouting.append(pre("refused tcp port",
-                              _match(_payload("tcp", "dport"), "@tcp_ports", "!="), TCP_RESET))
+                              _match(_payload("tcp", "dport"), "@tcp_ports", "!="),
+                              _goto("refuse_port")))
     prerouting += [
         pre("tcp relay", L4_TCP, *_tproxy(tcp_port, mark)),
         pre("udp relay", L4_UDP, *_tproxy(udp_port, mark)),
     ]
+    # Every refusal is also copied (headers only, rate-bounded) to boxyd over NFLOG:
+    # it never sees these flows otherwise, and -v, --net-log and --audit-log must.
+    report = [{"limit": {"rate": NFLOG_RATE, "per": "second", "burst": NFLOG_RATE}},
+              {"log": {"group": NFLOG_GROUP, "snaplen": NFLOG_SNAPLEN}}]
     refuse = [
+        _rule("refuse", "report", *report),
         _rule("refuse", "tcp", L4_TCP, TCP_RESET),
         _rule("refuse", "other", PROHIBITED),
+        _rule("refuse_port", "report", *report),
+        _rule("refuse_port", "tcp", L4_TCP, TCP_RESET),
+        _rule("refuse_port", "udp", PORT_UNREACHABLE),
     ]
     input_ = [
         _rule("input", "loopback", _match(_meta("iifname"), "lo"), ACCEPT),
@@ -261,6 +273,7 @@ def gateway_ruleset(
         {"table": {"family": FAMILY, "name": TABLE}},
         *sets,
         _chain("refuse"),
+        _chain("refuse_port"),
         _chain("prerouting", "prerouting", -150),  # mangle priority: where TPROXY belongs
         _chain("input", "input"),
         _chain("forward", "forward"),

@@ -23,8 +23,8 @@ from typing import Any, ClassVar
 from pyroute2 import IPRoute, NetlinkError
 
 from boxyd.errors import SetupError
+from boxyd.net import nflog, udpsock
 from boxyd.net import ruleset as rs
-from boxyd.net import udpsock
 from boxyd.stage2 import nft
 from boxyd.stage2.sys import CLONE_NEWNET, check, libc
 
@@ -56,6 +56,7 @@ class Gateway:
     dns_tcp6: socket.socket
     udp_reply4: socket.socket
     udp_reply6: socket.socket
+    nflog: socket.socket
     netns_fd: int
     rtnl: IPRoute | None = field(default=None, repr=False)
 
@@ -183,6 +184,8 @@ def enter_gateway_netns(
                 socks[name + v] = undo.enter_context(_listener(family, kind, port))
         socks["udp_reply4"] = undo.enter_context(_reply_sender(socket.AF_INET))
         socks["udp_reply6"] = undo.enter_context(_reply_sender(socket.AF_INET6))
+        with _step(f"{GW}: nflog group {rs.NFLOG_GROUP} (the ruleset's refusals, for boxyd)"):
+            socks["nflog"] = undo.enter_context(nflog.open_socket(rs.NFLOG_GROUP, rs.NFLOG_SNAPLEN))
         gw = Gateway(**socks, netns_fd=netns_fd, rtnl=ipr)
         undo.pop_all()  # success: the Gateway owns all of it now
     return gw

@@ -215,9 +215,22 @@ def test_denials_are_lifted_only_by_exceptions() -> None:
 
 def test_refuse_chain_resets_tcp_and_prohibits_the_rest() -> None:
     assert [r["expr"] for r in rules(build(), "refuse")] == [
+        # every refusal is reported to boxyd first (NFLOG, rate-bounded), then refused
+        [{"limit": {"rate": rs.NFLOG_RATE, "per": "second", "burst": rs.NFLOG_RATE}},
+         {"log": {"group": rs.NFLOG_GROUP, "snaplen": rs.NFLOG_SNAPLEN}}],
         [{"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}},
          {"reject": {"type": "tcp reset"}}],
         [{"reject": {"type": "icmpx", "expr": "admin-prohibited"}}],
+    ]
+
+
+def test_refused_ports_are_reported_then_refused_as_closed_ports() -> None:
+    assert [r["expr"] for r in rules(build(), "refuse_port")] == [
+        [{"limit": {"rate": rs.NFLOG_RATE, "per": "second", "burst": rs.NFLOG_RATE}},
+         {"log": {"group": rs.NFLOG_GROUP, "snaplen": rs.NFLOG_SNAPLEN}}],
+        [{"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}},
+         {"reject": {"type": "tcp reset"}}],
+        [{"reject": {"type": "icmpx", "expr": "port-unreachable"}}],
     ]
 
 
@@ -226,7 +239,7 @@ def test_refused_udp_ports_get_port_unreachable() -> None:
     assert matches(expr) == [{"op": "==", "left": {"payload": {"protocol": "udp",
                                                                "field": "dport"}},
                               "right": "@refused_udp_ports"}]
-    assert verdict(expr) == {"reject": {"type": "icmpx", "expr": "port-unreachable"}}
+    assert verdict(expr) == {"goto": {"target": "refuse_port"}}
 
 
 @pytest.mark.parametrize("mode,ports", [("allowlist", [443]), ("public", [])])
@@ -249,7 +262,7 @@ def test_tcp_port_list_resets_other_ports() -> None:
     assert matches(expr) == [{"op": "!=", "left": {"payload": {"protocol": "tcp",
                                                                "field": "dport"}},
                               "right": "@tcp_ports"}]
-    assert verdict(expr) == {"reject": {"type": "tcp reset"}}
+    assert verdict(expr) == {"goto": {"target": "refuse_port"}}
 
 
 def test_no_tcp_port_list_means_no_set_and_no_rule() -> None:

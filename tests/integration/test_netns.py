@@ -78,6 +78,19 @@ def _orig_dst(ancdata: list) -> str | None:
     return None
 
 
+def _refusals_reported(sock: socket.socket) -> list[list]:
+    from boxyd.net import nflog
+
+    sock.setblocking(False)
+    out: list[list] = []
+    while True:
+        try:
+            data = sock.recv(65536)
+        except BlockingIOError:
+            return out
+        out += [[r.proto, r.addr, r.port] for r in nflog.parse(data)]
+
+
 class Sandbox:
     """The probes, run from the payload netns against the listeners boxyd would hold."""
 
@@ -186,6 +199,8 @@ class Sandbox:
         """Whatever still waits on a listener was never meant to get through."""
         left: dict[str, int] = {}
         for name, s in self.ls.items():
+            if name == "nflog":  # holds the refusals' reports, by design: counted apart
+                continue
             s.setblocking(False)
             n = 0
             while True:
@@ -346,6 +361,7 @@ def child(root: str) -> dict[str, Any]:
     for host in (PUBLIC4, "10.0.2.2", PUBLIC6, "fd00::2"):
         report["ping"][host] = sb.ping(host)
     report["queued"] = sb.queued()
+    report["refusals_reported"] = _refusals_reported(sb.ls["nflog"])
     return report
 
 
@@ -437,6 +453,12 @@ def test_static_denials_reset_at_syn_time(report: dict, target: str) -> None:
 
 def test_nothing_refused_was_accepted_or_received(report: dict) -> None:
     assert report["queued"] == {}
+
+
+def test_refusals_are_reported_over_nflog(report: dict) -> None:
+    got = {tuple(r) for r in report["refusals_reported"]}
+    assert ("tcp", "192.168.1.10", 80) in got, got
+    assert ("tcp", "169.254.169.254", 80) in got, got
 
 
 @pytest.mark.parametrize("case,listener,orig", [

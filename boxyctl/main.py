@@ -134,6 +134,8 @@ def _run_once(client, args: dict) -> int:
                 final = reply
     if final.get("destinations"):  # every run with network: where it went
         os.write(2, str(final["destinations"]).encode(errors="replace"))
+    for note in final.get("notes", []):
+        say(str(note))
     if final.get("message"):
         say(final["message"])
     for line in final.get("findings", []):

@@ -98,6 +98,7 @@ class Plan:
     # stage 2 in one transaction) and, in allowlist mode, Landlock's TCP connect ports
     net_ruleset: dict[str, Any] | None = None
     landlock_ports: list[int] | None = None
+    pcap: bool = False  # stage 2 also sends an AF_PACKET socket on eth0
     ctty: bool = False  # stdio is a PTY that becomes the controlling terminal
     landlock_scopes: bool = True
     extra: dict[str, Any] = field(default_factory=dict)

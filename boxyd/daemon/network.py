@@ -8,12 +8,13 @@ session.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Callable
 
-from boxyd.errors import SetupError
-from boxyd.net import netlog, ranges, ruleset
+from boxyd.errors import SetupError, UsageError
+from boxyd.net import netlog, pcap, ranges, ruleset
 from boxyd.net.dnsproxy import DnsProxy
 from boxyd.net.gateway import LISTENERS, Gateway
 from boxyd.net.policy import NetPolicy
@@ -57,6 +58,13 @@ class Network:
         self.record = record
         self.notice = notice
         self.gateway: Gateway | None = None
+        self._capture: pcap.Writer | None = None
+        self._capture_sock = None
+        if spec.pcap:  # before anything starts: a capture that cannot be written fails the run
+            try:
+                self._capture = pcap.Writer(pcap.open_capture(spec.pcap), spec.pcap_max)
+            except OSError as e:
+                raise UsageError(f"--pcap {spec.pcap}: {e.strerror}") from None
         self._notices = 0
         self._muted = 0
         record("net.policy", mode=spec.net, allow_hosts=spec.allow_hosts,
@@ -71,12 +79,18 @@ class Network:
             mode=self.policy.mode, deny_v4=prefixes.deny_v4, deny_v6=prefixes.deny_v6,
             except_v4=prefixes.accept_v4, except_v6=prefixes.accept_v6, tcp_ports=ports)
         plan.landlock_ports = ports
+        plan.pcap = self._capture is not None
 
     def attach(self, listeners: dict, dns: DnsProxy) -> None:
-        if self.gateway is not None or set(listeners) != set(LISTENERS):
+        expected = set(LISTENERS) | ({"pcap"} if self._capture is not None else set())
+        if self.gateway is not None or set(listeners) != expected:
             for sock in listeners.values():
                 sock.close()
             raise SetupError("stage 2 sent an unexpected set of gateway sockets")
+        if self._capture is not None:
+            self._capture_sock = sock = listeners.pop("pcap")
+            sock.setblocking(False)
+            asyncio.get_running_loop().add_reader(sock.fileno(), self._capture.drain, sock)
         self.gateway = Gateway(self.policy, listeners, dns, on_event=self._event)
         self.gateway.start()
 
@@ -93,19 +107,39 @@ class Network:
     async def finish(self) -> dict:
         """Close every flow; write --net-log; the destinations table for stderr."""
         out: dict = {}
+        if self._capture is not None:
+            out.update(self._close_capture())
         if self.gateway is None:
             return out
         await self.gateway.close()
         log_ = self.gateway.netlog
+        notes = out.setdefault("notes", [])
         if self._muted:
-            out["notices_muted"] = self._muted
+            notes.append(f"-v: {self._muted} more denials not shown (see --audit-log)")
         if self.spec.net_log:
             try:
                 netlog.write(self.spec.net_log, log_)
             except OSError as e:
-                out["net_log_error"] = f"--net-log {self.spec.net_log}: {e.strerror}"
+                notes.append(f"--net-log {self.spec.net_log}: not written: {e.strerror}")
         out["destinations"] = netlog.destinations_table(log_)
         return out
+
+
+    def _close_capture(self) -> dict:
+        cap, sock = self._capture, self._capture_sock
+        assert cap is not None
+        if sock is not None:
+            cap.drain(sock, budget=1 << 16)  # what is still queued belongs to the run
+            asyncio.get_running_loop().remove_reader(sock.fileno())
+            sock.close()
+        cap.close()
+        self._capture = None
+        self.record("net.pcap", file=self.spec.pcap, frames=cap.frames, bytes=cap.written,
+                    stopped_at_limit=cap.full)
+        if cap.full:
+            return {"notes": [f"--pcap {self.spec.pcap}: stopped at --pcap-max "
+                              f"({cap.frames} frames kept)"]}
+        return {}
 
 
 def describe(ev: dict) -> str:

@@ -52,6 +52,7 @@ class Limits:
 
 
 Event = dict[str, object]
+NFLOG_SETTLE = 0.025  # seconds: one timer tick of NFLOG delivery, with margin
 
 
 @dataclass
@@ -108,6 +109,11 @@ class Gateway:
             return
         self._closed = True
         loop = asyncio.get_running_loop()
+        if "nflog" in self.listeners:
+            # Refusals of the last moments still count: the kernel delivers NFLOG
+            # reports on its next timer tick (about 10 ms here), not at once.
+            await asyncio.sleep(NFLOG_SETTLE)
+            self._nflog_readable(self.listeners["nflog"])
         for name, sock in self.listeners.items():
             if name.startswith(("udp", "dns_udp", "nflog")):
                 with contextlib.suppress(ValueError, OSError):

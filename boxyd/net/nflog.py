@@ -25,6 +25,7 @@ NFULNL_MSG_PACKET = 0
 NFULNL_MSG_CONFIG = 1
 NFULA_CFG_CMD = 1
 NFULA_CFG_MODE = 2
+NFULA_CFG_TIMEOUT = 3
 NFULA_CFG_QTHRESH = 4
 NFULNL_CFG_CMD_BIND = 1
 NFULNL_COPY_PACKET = 2
@@ -65,8 +66,10 @@ def open_socket(group: int, snaplen: int) -> socket.socket:
             _attr(NFULA_CFG_CMD, struct.pack("=B3x", NFULNL_CFG_CMD_BIND)),
             _attr(NFULA_CFG_MODE, struct.pack("!IBx", snaplen, NFULNL_COPY_PACKET)),
             # The kernel batches 100 packets or a second by default: a short run would end
-            # before its refusals were delivered. The ruleset's rate limit bounds the cost.
+            # before its refusals were delivered. Flush at once, or at the next timer
+            # tick; the ruleset's rate limit bounds the cost.
             _attr(NFULA_CFG_QTHRESH, struct.pack("!I", 1)),
+            _attr(NFULA_CFG_TIMEOUT, struct.pack("!I", 0)),
         ), start=1):
             body = _NFGEN.pack(socket.AF_UNSPEC, 0, socket.htons(group)) + attr
             sock.send(_NLMSG.pack(_NLMSG.size + len(body), msg_type, NLM_F_REQUEST | NLM_F_ACK,

@@ -136,7 +136,8 @@ def run(ctl: socket.socket) -> int:
                 raise SetupError(f"--net {plan.net}: the plan holds no gateway ruleset")
             gateway = netns.enter_gateway_netns(plan.net_ruleset)
             netns.enter_payload_netns(gateway)
-            netns.send_listeners(ctl, gateway)
+            extra = {"pcap": netns.open_capture_socket()} if plan.pcap else {}
+            netns.send_listeners(ctl, gateway, extra)
         namespaces.enter_sandbox_namespaces(plan)
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
         alive_r, alive_w = os.pipe2(os.O_CLOEXEC)

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 from pyroute2 import IPRoute, NetlinkError
 
 from boxyd.errors import SetupError
-from boxyd.net import nflog, udpsock
+from boxyd.net import nflog, pcap, udpsock
 from boxyd.net import ruleset as rs
 from boxyd.stage2 import nft
 from boxyd.stage2.sys import CLONE_NEWNET, check, libc
@@ -274,12 +274,27 @@ def enter_payload_netns(gw: Gateway) -> None:
     gw.release_netns()
 
 
-def send_listeners(ctl: socket.socket, gw: Gateway) -> None:
-    """Step 4. Needs nothing. One message ``{"listeners": [names]}`` carrying the eight
-    fds in that order (boxyd receives with MSG_CMSG_CLOEXEC), then stage 2 closes its
-    copies: neither it nor PID 1, which it forks next, keeps a listener."""
-    listeners = gw.listeners()
-    fds = [sock.fileno() for sock in listeners.values()]
-    with _step("send the gateway's listeners to boxyd"):
-        socket.send_fds(ctl, [json.dumps({"listeners": list(listeners)}).encode()], fds)
-    gw.close()
+def open_capture_socket() -> socket.socket:
+    """--pcap, end of step 3: an AF_PACKET socket on eth0 for boxyd's capture. Needs
+    CAP_NET_RAW over the payload netns (dropped in step 7); sent in step 4 and never
+    kept by stage 2 or PID 1."""
+    with _step(f"{PAYLOAD}: packet capture on {rs.PAYLOAD_IF}"):
+        return pcap.open_socket(rs.PAYLOAD_IF)
+
+
+def send_listeners(ctl: socket.socket, gw: Gateway, extra: dict[str, socket.socket] | None = None
+                   ) -> None:
+    """Step 4. Needs nothing. One message ``{"listeners": [names]}`` carrying the
+    gateway's sockets (and EXTRA's, e.g. the capture socket) in that order (boxyd
+    receives with MSG_CMSG_CLOEXEC), then stage 2 closes its copies: neither it nor
+    PID 1, which it forks next, keeps one."""
+    socks = {**gw.listeners(), **(extra or {})}
+    names = list(socks)
+    try:
+        with _step("send the gateway's listeners to boxyd"):
+            socket.send_fds(ctl, [json.dumps({"listeners": names}).encode()],
+                            [socks[n].fileno() for n in names])
+    finally:
+        gw.close()
+        for sock in (extra or {}).values():
+            sock.close()

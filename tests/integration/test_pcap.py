@@ -1,0 +1,70 @@
+"""--pcap: the frames on the sandbox's link, including what the ruleset refused."""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+from pathlib import Path
+
+import pytest
+
+
+def frames(path: Path) -> list[bytes]:
+    data = path.read_bytes()
+    magic, major, minor, _, _, snaplen, linktype = struct.unpack_from("=IHHiIII", data)
+    assert (magic, major, minor, linktype) == (0xA1B2C3D4, 2, 4, 1)
+    out, pos = [], 24
+    while pos < len(data):
+        _, _, incl, orig = struct.unpack_from("=IIII", data, pos)
+        assert incl == orig, "a frame was truncated"
+        out.append(data[pos + 16: pos + 16 + incl])
+        pos += 16 + incl
+    assert pos == len(data), "a record runs past the end of the file"
+    return out
+
+
+def tcp_syns(frames_: list[bytes]) -> set[tuple[str, int]]:
+    out = set()
+    for f in frames_:
+        if f[12:14] == b"\x08\x00" and f[14 + 9] == 6:  # IPv4, TCP
+            ihl = (f[14] & 0x0F) * 4
+            tcp = 14 + ihl
+            if f[tcp + 13] & 0x12 == 0x02:  # SYN without ACK
+                dst = str(ipaddress.IPv4Address(f[14 + 16: 14 + 20]))
+                out.add((dst, struct.unpack_from("!H", f, tcp + 2)[0]))
+    return out
+
+
+def test_capture_holds_the_refused_syn_and_the_dns_query(netboxy, net) -> None:
+    cap = netboxy.workdir / "run.pcap"
+    r = netboxy.run("--net", "allowlist", "--allow-host", "www.boxy.test", "--pcap", str(cap),
+                    cmd=["sh", "-c", "getent hosts www.boxy.test; "
+                         "curl -s --max-time 3 http://192.168.1.10/ || echo refused"])
+    assert r.returncode == 0, r.stderr
+    assert b"refused" in r.stdout
+    got = frames(cap)
+    assert ("192.168.1.10", 80) in tcp_syns(got)
+    assert any(b"\x03www\x04boxy\x04test\x00" in f for f in got), "no DNS query captured"
+    assert cap.stat().st_mode & 0o777 == 0o600
+    assert net.recorder_hits("lan") == 0
+
+
+def test_capture_stops_at_its_limit(netboxy) -> None:
+    cap = netboxy.workdir / "small.pcap"
+    r = netboxy.run("--net", "public", "--pcap", str(cap), "--pcap-max", "1KiB",
+                    cmd=["sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10; do getent hosts www.boxy.test; done"])
+    assert r.returncode == 0, r.stderr
+    assert cap.stat().st_size <= 1024
+    assert frames(cap), "nothing fitted"
+    assert b"stopped at --pcap-max" in r.stderr
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--net", "none", "--pcap", "x.pcap"], b"--pcap"),
+    (["--net", "public", "--pcap", "/nonexistent-dir/x.pcap"], b"--pcap /nonexistent-dir/x.pcap"),
+])
+def test_capture_refused_before_anything_starts(netboxy, flags: list[str], message: bytes) -> None:
+    r = netboxy.run(*flags, cmd=["touch", "ran"])
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and b"Traceback" not in r.stderr
+    assert not (netboxy.workdir / "ran").exists()

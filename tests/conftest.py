@@ -127,11 +127,14 @@ def topology():
         pytest.skip("the test internet (network namespaces) is built as root: run `make test` as root")
     from tests.harness import topology as topo
 
-    t = topo.up()
+    # One topology per pytest process: two suites on one machine must not tear down
+    # each other's test internet (`up` first removes what its prefix left behind).
+    prefix = f"boxyt{os.getpid()}"
+    t = topo.up(state_dir=f"/run/{prefix}", prefix=prefix)
     try:
         yield t
     finally:
-        topo.down(state_dir=t.state_dir)
+        topo.down(prefix, state_dir=t.state_dir)
 
 
 @pytest.fixture

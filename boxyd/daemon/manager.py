@@ -22,6 +22,7 @@ from boxyd.daemon.network import Network, make_dns_proxy
 from boxyd.daemon.pty import PtyRelay
 from boxyd.errors import BoxyError, SetupError, UsageError
 from boxyd.gitguard import discover, scan
+from boxyd.net.tailscale import magicdns_suffix
 from boxyd.paths import ensure_private_dir, state_dir
 from boxyd.policy.seccomp import build_filter
 from boxyd.registries import Registries
@@ -136,7 +137,8 @@ class Manager:
                 raise UsageError("--tty: none of boxyctl's stdin, stdout, stderr is a terminal")
             session = Session(id=secrets.token_hex(4), spec=spec)
             if spec.net != "none":
-                session.net = Network(spec, record=session.record, notice=on_notice)
+                tailnet = await asyncio.to_thread(magicdns_suffix) if spec.tailscale else None
+                session.net = Network(spec, record=session.record, notice=on_notice, tailnet=tailnet)
                 if self._dns is None:
                     self._dns = make_dns_proxy()
         except BoxyError:
@@ -152,7 +154,7 @@ class Manager:
 
     async def _run(self, s: Session, fds: list[int], on_started: Callable[[Session, list[str]], Awaitable[None]]) -> dict:
         spec = s.spec
-        warnings = self._limit_warnings(s)
+        warnings = self._limit_warnings(s) + (s.net.warnings if s.net is not None else [])
         stdio = list(fds)
         try:
             s.pty = self._terminal(fds)

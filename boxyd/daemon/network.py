@@ -14,11 +14,11 @@ import os
 from collections.abc import Callable
 
 from boxyd.errors import SetupError, UsageError
-from boxyd.net import netlog, pcap, ranges, ruleset
+from boxyd.net import netlog, pcap, ranges, ruleset, tailscale
 from boxyd.net.dnsproxy import DnsProxy
 from boxyd.net.gateway import LISTENERS, Gateway
 from boxyd.net.policy import NetPolicy
-from boxyd.plan import Plan
+from boxyd.plan import File, Plan
 from boxyd.spec import RunSpec
 
 log = logging.getLogger("boxyd")
@@ -50,9 +50,19 @@ class Network:
     there), then ``attach`` the listeners stage 2 sends."""
 
     def __init__(self, spec: RunSpec, *, record: Callable[..., None],
-                 notice: Callable[[str], None] | None) -> None:
+                 notice: Callable[[str], None] | None, tailnet: str | None = None) -> None:
+        """TAILNET: the MagicDNS suffix of a running tailscaled (--tailscale)."""
+        self.warnings: list[str] = []
+        hosts = spec.allow_hosts
+        if tailnet:
+            hosts = tailscale.qualify_hosts(hosts, tailnet)
+        elif spec.tailscale:
+            self.warnings.append("--tailscale: tailscaled is not running (or `tailscale status` "
+                                 "failed): the tailnet's ranges are allowed, but MagicDNS names "
+                                 "will not resolve")
+        self.tailnet = tailnet
         # Raises UsageError (one line, exit 2) for what the spec could not catch alone.
-        self.policy = NetPolicy.from_spec(spec.net, spec.allow_hosts, spec.allow_ports,
+        self.policy = NetPolicy.from_spec(spec.net, hosts, spec.allow_ports,
                                           spec.allow_cidrs, spec.tailscale)
         self.spec = spec
         self.record = record
@@ -80,6 +90,10 @@ class Network:
             except_v4=prefixes.accept_v4, except_v6=prefixes.accept_v6, tcp_ports=ports)
         plan.landlock_ports = ports
         plan.pcap = self._capture is not None
+        if self.tailnet:
+            for op in plan.ops:
+                if isinstance(op, File) and op.dst == "/etc/resolv.conf":
+                    op.content = tailscale.resolv_conf(op.content, self.tailnet)
 
     def attach(self, listeners: dict, dns: DnsProxy) -> None:
         expected = set(LISTENERS) | ({"pcap"} if self._capture is not None else set())
@@ -92,6 +106,8 @@ class Network:
             sock.setblocking(False)
             asyncio.get_running_loop().add_reader(sock.fileno(), self._capture.drain, sock)
         self.gateway = Gateway(self.policy, listeners, dns, on_event=self._event)
+        if self.tailnet:
+            self.gateway.dns_session.routes = ((self.tailnet, (tailscale.MAGICDNS,)),)
         self.gateway.start()
 
     def _event(self, ev: dict) -> None:

@@ -118,6 +118,9 @@ class DnsSession:
     on_event: Callable[[Event], None] | None = None
     limiter: TokenBucket = field(default_factory=lambda: TokenBucket(RATE, BURST))
     max_inflight: int = SESSION_INFLIGHT
+    # (suffix, servers): names under a suffix go to those servers instead of the
+    # daemon's upstreams — --tailscale routes the tailnet's MagicDNS suffix this way
+    routes: tuple[tuple[str, tuple[Upstream, ...]], ...] = ()
     inflight: int = 0
     stats: DnsStats = field(default_factory=DnsStats)
 
@@ -216,7 +219,7 @@ class DnsProxy:
             return self._wire(response_for(query, dns.rcode.REFUSED), query, tcp, session)
         session.inflight += 1
         try:
-            upstream = await self._resolve(upstream_query(query))
+            upstream = await self._resolve(upstream_query(query), route_for(session, query))
         except UpstreamError as e:
             session.stats.upstream_errors += 1
             self._emit(session, query, "allow", f"upstream failed: {e}", dns.rcode.SERVFAIL)
@@ -269,16 +272,19 @@ class DnsProxy:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer.wait_closed(), 1.0)
 
-    async def _resolve(self, q: dns.message.Message) -> dns.message.Message:
-        """Q's answer from the first upstream that gives one within the deadline."""
+    async def _resolve(self, q: dns.message.Message,
+                       servers: Sequence[Upstream] | None = None) -> dns.message.Message:
+        """Q's answer from the first of SERVERS (default: the upstreams) that gives one
+        within the deadline."""
+        servers = list(servers or self.upstreams)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         errors: list[str] = []
         try:
             async with asyncio.timeout(self.timeout), self._upstream_slots:
-                for i, (host, port) in enumerate(self.upstreams):
+                for i, (host, port) in enumerate(servers):
                     # Later servers keep their share of the deadline.
-                    share = (deadline - loop.time()) / (len(self.upstreams) - i)
+                    share = (deadline - loop.time()) / (len(servers) - i)
                     try:
                         response, _ = await dns.asyncquery.udp_with_fallback(
                             q, host, timeout=share, port=port,
@@ -286,7 +292,7 @@ class DnsProxy:
                     except (dns.exception.DNSException, OSError, EOFError) as e:
                         errors.append(f"{host}:{port}: {_describe(e)}")
                         continue
-                    last = i == len(self.upstreams) - 1
+                    last = i == len(servers) - 1
                     if response.rcode() in (dns.rcode.SERVFAIL, dns.rcode.REFUSED) and not last:
                         errors.append(f"{host}:{port}: {dns.rcode.to_text(response.rcode())}")
                         continue
@@ -344,6 +350,15 @@ class DnsProxy:
             extra["chain"] = list(filtered.chain)
         verdict = "deny" if filtered.denied else "allow"
         self._emit(session, query, verdict, reason, filtered.response.rcode(), **extra)
+
+
+def route_for(session: DnsSession, query: dns.message.Message) -> tuple[Upstream, ...] | None:
+    """The servers for QUERY's name when it falls under one of the session's routes."""
+    name = name_text(query.question[0].name) if query.question else ""
+    for suffix, servers in session.routes:
+        if name == suffix or name.endswith("." + suffix):
+            return servers
+    return None
 
 
 def _formerr(wire: bytes) -> bytes | None:

@@ -43,5 +43,7 @@ set -e
 # Leave no daemon of the test user behind.
 pkill -u "$user" -f 'boxyd.daemon.main' 2>/dev/null || true
 # And no test internet (network namespaces, servers) if a crash left one up.
-"$stage/.venv/bin/python3" -m tests.harness.topology down >/dev/null 2>&1 || true
+for prefix in $(ip netns list 2>/dev/null | awk '{print $1}' | sed -n 's/^\(boxyt[0-9]*\)-host$/\1/p'); do
+  "$stage/.venv/bin/python3" -m tests.harness.topology down --prefix "$prefix" >/dev/null 2>&1 || true
+done
 exit $rc

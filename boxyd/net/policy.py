@@ -239,7 +239,9 @@ class NetPolicy:
         unlisted name sent to an allowed host's shared CDN address, are both
         refused. A Host header's ":port" is ignored. A ClientHello without SNI is
         judged as opaque bytes. Inside an --allow-cidr prefix on a global port the
-        name is not checked (the address alone was allowed). Public: allowed.
+        binding is waived but a name on the wire must still be allowed on ``port``:
+        otherwise every name a shared address serves (a mirror, a CDN) would be
+        reachable once its prefix is opened. Public: allowed.
         """
         verdict = self.address(ip)
         if not verdict.allow or self.mode == "public":
@@ -252,10 +254,12 @@ class NetPolicy:
                 return opaque
             missing = "TLS without SNI" if kind == "sni" else "HTTP without Host"
             return Verdict(False, SNI, f"{missing}: only a host allowed with :{port} takes that")
-        if self._cidr_pass(ip, port):
-            return Verdict(True, SNI)
         if self._ports_for(wire) is None:
             return Verdict(False, SNI, f"{label} names {wire}: hostname not on the allowlist")
+        if self._cidr_pass(ip, port):
+            if port not in self._tcp_ports(wire):
+                return Verdict(False, PORT, f"port {port} not allowed for {wire}")
+            return Verdict(True, SNI)
         if wire not in {_norm(n) for n in bound_names}:
             return Verdict(False, SNI, f"{label} names {wire}, not bound to this address")
         if port not in self._tcp_ports(wire):

@@ -40,8 +40,8 @@ set +e
 "$stage/.venv/bin/python3" -m pytest -q -p no:cacheprovider tests
 rc=$?
 set -e
-# Leave no daemon of the test user behind.
-pkill -u "$user" -f 'boxyd.daemon.main' 2>/dev/null || true
+# Leave no daemon of this suite behind (only this venv's: other suites may be running).
+pkill -u "$user" -f "^$stage/.venv/bin/python3 -m boxyd.daemon.main" 2>/dev/null || true
 # And no test internet (network namespaces, servers) if a crash left one up.
 for prefix in $(ip netns list 2>/dev/null | awk '{print $1}' | sed -n 's/^\(boxyt[0-9]*\)-host$/\1/p'); do
   "$stage/.venv/bin/python3" -m tests.harness.topology down --prefix "$prefix" >/dev/null 2>&1 || true

@@ -313,14 +313,30 @@ def test_missing_name():
     assert refused(p.tcp_name(PUB, 443, "", []), DNS, NO_BINDING)
 
 
-def test_name_inside_allow_cidr_not_checked():
-    p = allowlist(cidrs=["192.168.4.0/24"])
+def test_allow_cidr_waives_the_binding_not_the_name():
+    # A shared address (mirror, CDN) inside an opened prefix: the allowed name passes
+    # without a DNS binding; any other name it would serve is still refused.
+    p = allowlist("registry.internal", cidrs=["192.168.4.0/24"])
     assert p.tcp_name(LAN, 443, "registry.internal", []) == Verdict(True, SNI)
+    assert p.tcp_name(LAN, 443, "Registry.Internal.", [], kind="sni") == Verdict(True, SNI)
     assert refused(
-        p.tcp_name(LAN, 8443, "registry.internal", []),
+        p.tcp_name(LAN, 443, "other.internal", []),
         SNI,
-        "SNI names registry.internal: hostname not on the allowlist",
+        "SNI names other.internal: hostname not on the allowlist",
     )
+    assert refused(
+        p.tcp_name(LAN, 443, "other.internal:443", [], kind="host"),
+        SNI,
+        "Host names other.internal: hostname not on the allowlist",
+    )
+    # a nameless flow keeps the prefix's pass
+    assert p.tcp_name(LAN, 443, "", []).allow
+
+
+def test_allow_cidr_name_must_be_allowed_on_the_port():
+    p = allowlist("registry.internal:443", cidrs=["192.168.4.0/24"], ports=[443, 8443])
+    assert refused(p.tcp_name(LAN, 8443, "registry.internal", []), PORT,
+                   "port 8443 not allowed for registry.internal")
 
 
 # --- allowlist: opaque bytes ------------------------------------------------------

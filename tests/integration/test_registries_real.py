@@ -1,0 +1,392 @@
+"""Real world, outside the test internet (issue 3): a sandboxed `npm install` and
+`pip install` in allowlist mode reach the registry their tool is configured with,
+and a hostile install script reaches nothing else.
+
+These are the ONLY tests that leave the machine. They run in the machine's own
+netns with the ordinary daemon (the `boxy` fixture), in allowlist mode only, and
+the only hosts they ever name are registry hosts read at test time from the tools'
+own configuration (`boxyd.registries`, what the node and python profiles use):
+nothing in this file names a host. Where the registry's address sits in a
+special-purpose range (a TLS-intercepting mirror, say), exactly that address is
+opened with --allow-cidr, as a user of such a machine would have to.
+
+The "extra host" a hostile script tries is the *other* tool's registry: it
+resolves and answers on this machine, so every probe here would get through
+without boxy, and the only place a leak could reach is another package registry.
+Each probe prints ESCAPED only when a server answered; the test also asserts the
+refusal itself (the error the script saw, boxy's audit record).
+
+A registry outage is a failure here, not a skip: only a missing tool skips.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+from boxyd.net.ranges import classify
+from boxyd.registries import Registries
+from tests.conftest import Boxy, User
+
+pytestmark = pytest.mark.sandbox
+
+TIMEOUT = 180  # one install, cold: resolving, a few registry round trips, npm's start-up
+SMALL_NPM = "is-number"  # no dependencies
+SMALL_PIP = "six"  # one pure-Python module, no dependencies
+
+# How the probe scripts report a refusal; anything else that is not "refused …"
+# means some server answered. The codes each probe may end with are asserted below.
+REFUSED_DNS = ("dns-nxdomain", "dns-again")
+REFUSED_RESET = ("reset",)
+
+NODE_PROBE = r"""'use strict';
+// A postinstall script as a hostile package would write it: reach a host the
+// sandbox was not given. ESCAPED only if a server answered.
+const fs = require('fs'), path = require('path'), tls = require('tls');
+const t = JSON.parse(fs.readFileSync(path.join(__dirname, 'target.json'), 'utf8'));
+const CODES = {ENOTFOUND: 'dns-nxdomain', EAI_AGAIN: 'dns-again', ECONNRESET: 'reset',
+               EPIPE: 'reset', ECONNREFUSED: 'connect', EHOSTUNREACH: 'unreachable',
+               ENETUNREACH: 'unreachable', ETIMEDOUT: 'timeout'};
+let done = false;
+function report(line) {
+  if (done) return;
+  done = true;
+  fs.writeFileSync(t.result, line + '\n');
+  console.log('probe: ' + line);
+}
+const s = tls.connect({host: t.host, port: t.port, servername: t.servername,
+                       rejectUnauthorized: false, ALPNProtocols: ['http/1.1']});
+s.setTimeout(15000, () => { report('refused timeout'); s.destroy(); });
+s.on('secureConnect', () => {
+  report('ESCAPED: TLS handshake with ' + t.servername + ' via ' + s.remoteAddress);
+  s.destroy();
+});
+s.on('error', e => report(CODES[e.code] ? 'refused ' + CODES[e.code] + ' (' + e.code + ')'
+                                        : 'ESCAPED: a server answered: ' + (e.code || e.message)));
+"""
+
+PY_PROBE = r"""# After the install, in the same sandbox: reach a host the sandbox was not given.
+import errno, json, socket, ssl, sys
+
+t = json.load(open(sys.argv[1]))
+
+def probe():
+    try:
+        infos = socket.getaddrinfo(t["host"], t["port"], type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        code = {socket.EAI_NONAME: "dns-nxdomain", socket.EAI_AGAIN: "dns-again"}.get(e.errno)
+        return f"refused {code} ({e})" if code else f"refused dns-other ({e})"
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        with socket.create_connection(infos[0][4][:2], timeout=15) as raw, \
+                ctx.wrap_socket(raw, server_hostname=t["servername"]) as s:
+            return f"ESCAPED: TLS handshake with {t['servername']} via {s.getpeername()[0]}"
+    except (ConnectionResetError, BrokenPipeError):
+        return "refused reset"
+    except ConnectionRefusedError:
+        return "refused connect"
+    except TimeoutError:
+        return "refused timeout"
+    except ssl.SSLError as e:
+        return f"ESCAPED: a server answered: {e}"
+    except OSError as e:
+        return f"refused {errno.errorcode.get(e.errno, e.errno)}"
+
+line = probe()
+open(t["result"], "w").write(line + "\n")
+print("probe:", line)
+"""
+
+
+def out(r) -> str:
+    return r.stdout.decode(errors="replace")
+
+
+def err(r) -> str:
+    return r.stderr.decode(errors="replace")
+
+
+def both(r) -> str:
+    return f"exit {r.returncode}\n--- stdout\n{out(r)[-4000:]}\n--- stderr\n{err(r)[-4000:]}"
+
+
+# --- what the tools are configured with, asked of the tools (as the test user) -------
+
+
+def _tool(user: User, argv: list[str]) -> str | None:
+    if shutil.which(argv[0]) is None:
+        return None
+    r = user.run(argv, timeout=60, cwd=user.home)
+    text = out(r).strip()
+    return text if r.returncode == 0 and text and text not in ("undefined", "null") else None
+
+
+_REGISTRIES: dict[str, str | None] = {}
+
+
+def registry(user: User, name: str) -> str | None:
+    """The host profile template NAME ({npm_registry}, {pip_index}, {pip_files})
+    stands for, found the way boxyd finds it."""
+    if name not in _REGISTRIES:
+        _REGISTRIES[name] = Registries(user.env(), run=lambda argv: _tool(user, argv))(name)
+    return _REGISTRIES[name]
+
+
+def need_npm() -> None:
+    for tool in ("node", "npm"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed (`make setup` installs nodejs and npm)")
+
+
+def need_pip(user: User) -> None:
+    if _tool(user, ["python3", "-m", "pip", "--version"]) is None:
+        pytest.skip("pip is not installed for python3")
+
+
+def addresses(host: str) -> list[str]:
+    """HOST's addresses, as this machine resolves them (boxyd asks the same resolver)."""
+    try:
+        infos = socket.getaddrinfo(host, 443, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        pytest.fail(f"the registry host {host} does not resolve on this machine: {e}")
+    return list(dict.fromkeys(str(ipaddress.ip_address(i[4][0].split("%")[0])) for i in infos))
+
+
+def cidr_flags(hosts: list[str]) -> list[str]:
+    """--allow-cidr for exactly each registry address in a special-purpose range."""
+    flags: list[str] = []
+    for host in hosts:
+        for addr in addresses(host):
+            if classify(addr) is not None:
+                prefix = f"{addr}/{32 if ipaddress.ip_address(addr).version == 4 else 128}"
+                if prefix not in flags:
+                    flags += ["--allow-cidr", prefix]
+    return flags
+
+
+# --- the CA a TLS-intercepting mirror needs -------------------------------------------
+
+# tool -> (the host-side question, the same question inside, the env var the tool reads)
+_CA_QUERIES = {
+    "npm": (["npm", "config", "get", "cafile"], "npm config get cafile", "npm_config_cafile"),
+    "pip": (["python3", "-m", "pip", "config", "list"],
+            "python3 -m pip config list", "PIP_CERT"),
+}
+_CA_FLAGS: dict[str, list[str]] = {}
+
+
+def _pip_cert(listing: str | None) -> str | None:
+    m = re.search(r"^global\.cert='(.*)'$", listing or "", re.M)
+    return m.group(1) if m else None
+
+
+def ca_flags(boxy: Boxy, tool: str) -> list[str]:
+    """What the sandboxed TOOL needs to trust the CA file the host's TOOL is
+    configured with: nothing when it already reads the same setting inside (npm's
+    global npmrc lives under /usr, which the sandbox sees), else the setting as an
+    environment variable, and the file itself when the sandbox cannot read it
+    (/etc there holds only boxyd.mountplan.ETC_FROM_HOST)."""
+    if tool in _CA_FLAGS:
+        return _CA_FLAGS[tool]
+    host_argv, inside_cmd, var = _CA_QUERIES[tool]
+    raw = _tool(boxy.user, host_argv)
+    cafile = _pip_cert(raw) if tool == "pip" else raw
+    flags: list[str] = []
+    if cafile:
+        r = boxy.run("--net", "none", cmd=["sh", "-c", f'{inside_cmd}; test -r "$0" && echo READABLE',
+                                           cafile], timeout=60)
+        assert r.returncode in (0, 1), both(r)
+        lines = out(r).splitlines()
+        inside = _pip_cert(out(r)) if tool == "pip" else (lines[0].strip() if lines else None)
+        path = cafile
+        if "READABLE" not in lines:
+            # Not visible in the sandbox: a read-only copy outside the work directory.
+            path = f"{boxy.user.home}/.boxy-test-ca/{tool}-{Path(cafile).name}"
+            flags += ["--copy-ro", f"{cafile}:{path}"]
+        if inside != path:
+            flags += ["-e", f"{var}={path}"]
+    _CA_FLAGS[tool] = flags
+    return flags
+
+
+# --- running and reading ----------------------------------------------------------------
+
+
+def audit(boxy: Boxy) -> list[dict]:
+    path = boxy.workdir / "audit.jsonl"
+    assert path.exists(), "boxyd wrote no audit log"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def policy_record(records: list[dict]) -> dict:
+    found = [r for r in records if r.get("layer") == "net.policy"]
+    assert found, "no net.policy record in the audit log"
+    return found[0]
+
+
+def _norm(name: object) -> str:
+    return str(name or "").lower().rstrip(".")
+
+
+def write(boxy: Boxy, rel: str, text: str) -> Path:
+    path = boxy.workdir / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    boxy.user.chown(boxy.workdir)
+    return path
+
+
+def extra_host(user: User, allowed: list[str], candidates: list[str]) -> str:
+    """The first of the other tool's registry hosts that this run does not allow."""
+    hosts = [h for h in (registry(user, c) for c in candidates) if h]
+    for h in hosts:
+        if _norm(h) not in {_norm(a) for a in allowed}:
+            return h
+    pytest.skip(f"no second registry host to try: {', '.join(candidates)} "
+                f"{'is the allowed host' if hosts else 'not configured (tool not installed)'}")
+
+
+def probe_target(kind: str, extra: str, registry_addr: str, result: Path) -> dict:
+    """By name: the extra host through DNS. Forged SNI: the allowed registry's own
+    address (what any script can resolve), naming the extra host in the ClientHello
+    (a mirror or CDN serving both would hand it over)."""
+    if kind == "by-name":
+        return {"host": extra, "port": 443, "servername": extra, "result": str(result)}
+    return {"host": registry_addr, "port": 443, "servername": extra, "result": str(result)}
+
+
+PROBES = ("by-name", "forged-sni")
+EXPECTED = {"by-name": REFUSED_DNS, "forged-sni": REFUSED_RESET}
+
+
+def check_probe(boxy: Boxy, r, kind: str, extra: str) -> None:
+    result = boxy.workdir / "probe-result.txt"
+    assert "ESCAPED" not in out(r) + err(r), both(r)
+    assert result.exists(), f"the probe never ran\n{both(r)}"
+    line = result.read_text().strip()
+    assert "ESCAPED" not in line, line
+    code = line.removeprefix("refused ").split(" ", 1)[0]
+    assert line.startswith("refused ") and code in EXPECTED[kind], \
+        f"{kind} probe of {extra}: expected a refusal {EXPECTED[kind]}, got {line!r}\n{both(r)}"
+    records = audit(boxy)
+    leaked = [x for x in records if x.get("verdict") == "allow"
+              and extra.lower() in (_norm(x.get("name")), _norm(x.get("sni")), _norm(x.get("host")))]
+    assert not leaked, f"boxy allowed the extra host {extra}: {leaked}"
+    layer, field = ("net.dns", "name") if kind == "by-name" else ("net.sni", "sni")
+    denials = [x for x in records if x.get("layer") == layer and x.get("verdict") == "deny"
+               and _norm(x.get(field)) == extra.lower()]
+    assert denials, f"no {layer} denial naming {extra} in the audit log: " \
+                    f"{[x for x in records if x.get('layer', '').startswith('net.')]}"
+
+
+# --- npm --------------------------------------------------------------------------------
+
+
+def npm_setup(boxy: Boxy) -> tuple[str, list[str]]:
+    """The registry host and the flags for `boxyctl run --profile node`."""
+    need_npm()
+    host = registry(boxy.user, "npm_registry")
+    assert host, "npm has no registry configured (`npm config get registry`)"
+    write(boxy, "package.json", json.dumps({"name": "boxy-real-npm", "version": "1.0.0",
+                                            "private": True}) + "\n")
+    flags = ["--profile", "node", *cidr_flags([host]), *ca_flags(boxy, "npm"),
+             "--audit-log", "audit.jsonl", "-v"]
+    return host, flags
+
+
+def check_npm_installed(boxy: Boxy, r, host: str) -> None:
+    assert r.returncode == 0, both(r)
+    manifest = boxy.workdir / "node_modules" / SMALL_NPM / "package.json"
+    assert manifest.exists(), both(r)
+    assert json.loads(manifest.read_text())["name"] == SMALL_NPM
+    pol = policy_record(audit(boxy))
+    assert pol["mode"] == "allowlist", pol
+    # The profile allowed exactly the host npm is configured with, and nothing else.
+    assert [_norm(h) for h in pol["allow_hosts"]] == [_norm(host)], pol
+
+
+def test_npm_install_reaches_only_its_registry(boxy: Boxy) -> None:
+    host, flags = npm_setup(boxy)
+    r = boxy.run(*flags, cmd=["npm", "install", SMALL_NPM], timeout=TIMEOUT, input=b"")
+    check_npm_installed(boxy, r, host)
+    conns = [x for x in audit(boxy) if x.get("layer") in ("net.sni", "net.dns", "net.ip")
+             and x.get("verdict") == "allow" and x.get("proto") == "tcp"]
+    assert conns, "the install made no connection boxy recorded"
+    assert {_norm(x.get("sni") or x.get("host")) for x in conns} == {_norm(host)}, conns
+
+
+@pytest.mark.parametrize("kind", PROBES)
+def test_npm_postinstall_cannot_reach_another_host(boxy: Boxy, kind: str) -> None:
+    host, flags = npm_setup(boxy)
+    extra = extra_host(boxy.user, [host], ["pip_index", "pip_files"])
+    addr = addresses(host)[0]
+    write(boxy, "probe-pkg/package.json", json.dumps({
+        "name": "boxy-probe", "version": "1.0.0",
+        "scripts": {"postinstall": "node probe.js"}}) + "\n")
+    write(boxy, "probe-pkg/probe.js", NODE_PROBE)
+    target = probe_target(kind, extra, addr, boxy.workdir / "probe-result.txt")
+    write(boxy, "probe-pkg/target.json", json.dumps(target))
+    r = boxy.run(*flags, cmd=["npm", "install", "--foreground-scripts", SMALL_NPM, "./probe-pkg"],
+                 timeout=TIMEOUT, input=b"")
+    # The job still works (the probe reports and exits 0), and the probe was refused.
+    check_npm_installed(boxy, r, host)
+    check_probe(boxy, r, kind, extra)
+
+
+# --- pip --------------------------------------------------------------------------------
+
+
+def pip_setup(boxy: Boxy) -> tuple[list[str], list[str]]:
+    need_pip(boxy.user)
+    hosts = [h for h in (registry(boxy.user, n) for n in ("pip_index", "pip_files")) if h]
+    assert hosts, "pip has no index configured and none of its own"
+    flags = ["--profile", "python", *cidr_flags(hosts), *ca_flags(boxy, "pip"),
+             "--audit-log", "audit.jsonl", "-v"]
+    return hosts, flags
+
+
+PIP_INSTALL = f"python3 -m pip install --no-input --target ./site {SMALL_PIP}"
+
+
+def check_pip_installed(boxy: Boxy, r, hosts: list[str]) -> None:
+    assert r.returncode == 0, both(r)
+    assert (boxy.workdir / "site" / f"{SMALL_PIP}.py").exists(), both(r)
+    pol = policy_record(audit(boxy))
+    assert pol["mode"] == "allowlist", pol
+    assert sorted({_norm(h) for h in pol["allow_hosts"]}) == sorted({_norm(h) for h in hosts}), pol
+
+
+def test_pip_install_reaches_only_its_index(boxy: Boxy) -> None:
+    hosts, flags = pip_setup(boxy)
+    r = boxy.run(*flags, cmd=["sh", "-c", f"{PIP_INSTALL} && python3 -c "
+                              f"'import sys; sys.path.insert(0, \"site\"); import {SMALL_PIP}; "
+                              f"print(\"imported\", {SMALL_PIP}.__name__)'"],
+                 timeout=TIMEOUT, input=b"")
+    check_pip_installed(boxy, r, hosts)
+    assert f"imported {SMALL_PIP}" in out(r), both(r)
+    conns = [x for x in audit(boxy) if x.get("verdict") == "allow" and x.get("proto") == "tcp"]
+    assert conns, "the install made no connection boxy recorded"
+    assert {_norm(x.get("sni") or x.get("host")) for x in conns} <= {_norm(h) for h in hosts}, conns
+
+
+@pytest.mark.parametrize("kind", PROBES)
+def test_pip_run_script_cannot_reach_another_host(boxy: Boxy, kind: str) -> None:
+    hosts, flags = pip_setup(boxy)
+    need_npm()  # the other registry is npm's
+    extra = extra_host(boxy.user, hosts, ["npm_registry"])
+    addr = addresses(hosts[0])[0]
+    write(boxy, "probe.py", PY_PROBE)
+    target = probe_target(kind, extra, addr, boxy.workdir / "probe-result.txt")
+    write(boxy, "target.json", json.dumps(target))
+    r = boxy.run(*flags, cmd=["sh", "-c", f"{PIP_INSTALL} && python3 probe.py target.json"],
+                 timeout=TIMEOUT, input=b"")
+    check_pip_installed(boxy, r, hosts)
+    check_probe(boxy, r, kind, extra)

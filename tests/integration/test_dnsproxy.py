@@ -26,6 +26,7 @@ import dns.rdatatype
 import dns.rrset
 import pytest
 
+from boxyd.net import dnsproxy
 from boxyd.net.bindings import TTL_FLOOR, Address, Bindings
 from boxyd.net.dnsfilter import NOT_ALLOWED, name_text
 from boxyd.net.dnsproxy import (
@@ -397,7 +398,7 @@ async def test_rate_limit_refuses_and_counts(proxy: DnsProxy, server: AuthServer
     rcodes = [(await ask(proxy, session, "www.ok.test")).rcode() for _ in range(5)]
     assert rcodes == [dns.rcode.NOERROR] * 3 + [dns.rcode.REFUSED] * 2
     assert session.stats.rate_limited == 2
-    assert len(server.seen) == 3
+    assert len(server.seen) == 1  # the same query again is replayed from the session's cache
     now[0] += 1.0  # one token back
     assert (await ask(proxy, session, "www.ok.test")).rcode() == dns.rcode.NOERROR
 
@@ -487,3 +488,32 @@ def test_host_has_ipv6_route() -> None:
     assert not host_has_ipv6_route(lo_reject + link)
     assert host_has_ipv6_route(link + default + lo_reject)
     assert not host_has_ipv6_route("")
+
+
+async def test_replayed_answers_keep_the_id_renew_bindings_and_expire(
+        proxy: DnsProxy, server: AuthServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(dnsproxy.time, "monotonic", lambda: clock[0])
+    bindings = Bindings(now=lambda: clock[0])
+    session = DnsSession(Policy(), bindings=bindings)
+    first = dns.message.make_query("www.ok.test", "A")
+    a = dns.message.from_wire(await proxy.answer(first.to_wire(), tcp=False, session=session))
+    again = dns.message.make_query("www.ok.test", "A")
+    again.id = (first.id + 1) % 65536
+    clock[0] += 5
+    b = dns.message.from_wire(await proxy.answer(again.to_wire(), tcp=False, session=session))
+    assert b.id == again.id and addresses(b) == addresses(a)
+    assert len(server.seen) == 1
+    # the replay bound the addresses again from its own time
+    clock[0] += bindings.ttl_floor - 1
+    assert all(bindings.names(ip) for ip in addresses(b))
+    clock[0] += dnsproxy.CACHE_SECONDS
+    await proxy.answer(again.to_wire(), tcp=False, session=session)
+    assert len(server.seen) == 2  # expired: asked upstream again
+
+
+async def test_sessions_do_not_share_replays(proxy: DnsProxy, server: AuthServer) -> None:
+    q = dns.message.make_query("www.ok.test", "A").to_wire()
+    for _ in range(2):
+        await proxy.answer(q, tcp=False, session=DnsSession(Policy()))
+    assert len(server.seen) == 2

@@ -39,6 +39,9 @@ demo: setup
 
 bench: venv
 	$(VENV)/bin/python bench/startup.py
+	$(VENV)/bin/python bench/relay.py
+	@if [ "$$(id -u)" = 0 ]; then $(VENV)/bin/python bench/net.py; \
+	 else echo "bench/net.py builds its test internet as root: sudo $(VENV)/bin/python bench/net.py"; fi
 
 clean:
 	rm -rf $(VENV) build *.egg-info

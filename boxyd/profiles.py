@@ -26,6 +26,9 @@ from boxyd.units import parse_duration, parse_host_spec, parse_size
 PATH_TEMPLATES = ("workdir", "workdir_slug", "home")
 # Filled from the tool's own configuration at run time (never a host name written here).
 HOST_TEMPLATES = ("npm_registry", "pip_index", "pip_files", "go_proxy", "go_sumdb")
+# The tool's own settings, for env values: the sandbox does not see ~/.npmrc or
+# pip.conf (they hold tokens), so what the allowlist was built from is handed in.
+ENV_TEMPLATES = ("npm_registry_url", "npm_cafile", "pip_index_url", "pip_cert")
 
 NETS = ("public", "allowlist", "none")
 SECCOMP_MODES = ("strict", "compat")
@@ -346,6 +349,10 @@ def _build(name: str, label: str, doc: Mapping[str, Any], context: Mapping[str, 
         value = c.string(f"env.{k}", v, "expected a string (quote true/false and numbers)")
         if "\0" in value:
             raise c.fail(f"env.{k}", "the value contains a NUL byte")
+        for name in _TEMPLATE_RE.findall(value):
+            if name not in ENV_TEMPLATES:
+                raise c.fail(f"env.{k}", f"unknown template {{{name}}} (expected one of: "
+                                         f"{', '.join('{' + t + '}' for t in ENV_TEMPLATES)})")
         p.env[k] = value
     for i, v in enumerate(c.list_of("env_pass", doc.get("env_pass", []))):
         key = f"env_pass[{i}]"
@@ -437,4 +444,27 @@ def resolve_hosts(
             out.append(str(parse_host_spec(text, what=f"profile {source}: allow_hosts {entry}")))
         except UsageError as e:
             notes.append(f"{e}; dropped")
+    return out
+
+
+def resolve_env(env: Mapping[str, str], registry: Registry | None, *, source: str,
+                notes: list[str]) -> dict[str, str]:
+    """Fill ENV_TEMPLATES via ``registry``; a variable whose setting the tool does not
+    have is left out (the tool then uses its own default), with a note."""
+    out: dict[str, str] = {}
+    for name, value in env.items():
+        missing: list[str] = []
+
+        def sub(m: re.Match[str], missing: list[str] = missing) -> str:
+            got = registry(m.group(1)) if registry else None
+            if not got:
+                missing.append(m.group(1))
+                return ""
+            return got
+
+        text = _TEMPLATE_RE.sub(sub, value)
+        if missing:
+            notes.append(f"profile {source}: env {name}: no {{{missing[0]}}} configured; not set")
+            continue
+        out[name] = text
     return out

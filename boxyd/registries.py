@@ -24,7 +24,11 @@ CACHE_SECONDS = 60.0
 # The override each template honours, in the tool's own precedence.
 ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
     "npm_registry": ("npm_config_registry", "NPM_CONFIG_REGISTRY"),
+    "npm_registry_url": ("npm_config_registry", "NPM_CONFIG_REGISTRY"),
+    "npm_cafile": ("npm_config_cafile", "NPM_CONFIG_CAFILE"),
     "pip_index": ("PIP_INDEX_URL",),
+    "pip_index_url": ("PIP_INDEX_URL",),
+    "pip_cert": ("PIP_CERT",),
     "go_proxy": ("GOPROXY",),
     "go_sumdb": ("GOSUMDB",),
 }
@@ -52,7 +56,8 @@ def host_of(value: str) -> str | None:
 
 
 class Registries:
-    """A resolver for profiles.resolve_hosts: template name → host, or None."""
+    """A resolver for profiles.resolve_hosts and resolve_env: template name → host
+    (or URL, or file), or None."""
 
     def __init__(self, env: Mapping[str, str], run: Callable[[list[str]], str | None] | None = None
                  ) -> None:
@@ -64,7 +69,7 @@ class Registries:
     def __call__(self, name: str) -> str | None:
         for var in ENV_OVERRIDES.get(name, ()):
             if self._env.get(var):
-                return host_of(self._env[var])
+                return self._shape(name, self._env[var])
         with self._lock:
             hit = self._cache.get(name)
             if hit is not None and time.monotonic() - hit[0] < CACHE_SECONDS:
@@ -74,10 +79,31 @@ class Registries:
             self._cache[name] = (time.monotonic(), value)
         return value
 
+    @staticmethod
+    def _shape(name: str, value: str) -> str | None:
+        """A host for host templates; a credential-free URL or an existing file for
+        the env templates (a URL with a token in it is never handed to the sandbox)."""
+        if name.endswith("_url"):
+            try:
+                parts = urlsplit(value.strip())
+            except ValueError:
+                return None
+            if parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc:
+                return None
+            return value.strip()
+        if name in ("npm_cafile", "pip_cert"):
+            return value if value.startswith("/") and os.path.isfile(value) else None
+        return host_of(value)
+
     def _ask(self, name: str) -> str | None:
-        if name == "npm_registry":
-            out = self._run(["npm", "config", "get", "registry"])
-            return host_of(out) if out else None
+        if name in ("npm_registry", "npm_registry_url", "npm_cafile"):
+            key = "cafile" if name == "npm_cafile" else "registry"
+            out = self._run(["npm", "config", "get", key])
+            return self._shape(name, out) if out and out != "null" else None
+        if name in ("pip_index_url", "pip_cert"):
+            key = "global.index-url" if name == "pip_index_url" else "global.cert"
+            out = self._run(["python3", "-m", "pip", "config", "get", key])
+            return self._shape(name, out) if out else None
         if name in ("pip_index", "pip_files"):
             configured = self._run(["python3", "-m", "pip", "config", "get", "global.index-url"])
             defaults = (self._run(["python3", "-c", _PIP_DEFAULTS]) or "").split()

@@ -311,7 +311,8 @@ def build_spec(
         requested.append((name, value))
     spec.env = envpolicy.sandbox_env(
         client_env, requested, home=home, user=user,
-        profile_env=prof.env, env_pass=prof.env_pass, notes=notes,
+        profile_env=profiles.resolve_env(prof.env, registry, source=src, notes=notes),
+        env_pass=prof.env_pass, notes=notes,
     )  # fmt: skip
 
     # --- limits and the rest ---

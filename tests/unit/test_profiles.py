@@ -56,7 +56,9 @@ def test_registry_presets_name_no_host(name):
 
 def test_node_preset():
     p = load_profile("node", context=CTX)
-    assert p.env == {"NPM_CONFIG_UPDATE_NOTIFIER": "false"}
+    assert p.env == {"NPM_CONFIG_UPDATE_NOTIFIER": "false",
+                     "npm_config_registry": "{npm_registry_url}",
+                     "npm_config_cafile": "{npm_cafile}", "NODE_EXTRA_CA_CERTS": "{npm_cafile}"}
     assert (p.memory, p.pids) == (4 << 30, 1024)
     assert not (p.ro or p.rw or p.copy)  # no ~/.npmrc: it may hold tokens
 
@@ -64,7 +66,8 @@ def test_node_preset():
 def test_python_preset():
     p = load_profile("python", context=CTX)
     assert p.allow_hosts == ["{pip_index}", "{pip_files}"]
-    assert p.env == {"PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    assert p.env == {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_INDEX_URL": "{pip_index_url}",
+                     "PIP_CERT": "{pip_cert}"}
 
 
 def test_claude_preset():
@@ -262,7 +265,8 @@ def test_extends_preset(tmp_path):
     )
     assert p.net == "allowlist"
     assert p.allow_hosts == ["{npm_registry}", "github.com"]
-    assert p.env == {"NPM_CONFIG_UPDATE_NOTIFIER": "false", "A": "b"}
+    assert p.env["A"] == "b" and p.env["NPM_CONFIG_UPDATE_NOTIFIER"] == "false"
+    assert p.env["npm_config_registry"] == "{npm_registry_url}"  # inherited, unresolved
     assert (p.memory, p.pids) == (4 << 30, 2000)
     assert p.description  # inherited
 
@@ -307,3 +311,22 @@ def test_resolve_hosts_without_resolver():
         "b.example"
     ]
     assert notes == ["profile x: allow_hosts {go_proxy}: no {go_proxy} configured; dropped"]
+
+
+def test_env_templates_filled_from_the_tools_or_left_out():
+    from boxyd.profiles import resolve_env
+
+    notes: list[str] = []
+    got = resolve_env({"A": "{npm_registry_url}", "B": "{pip_cert}", "C": "plain"},
+                      {"npm_registry_url": "https://m.example.test/"}.get, source="p", notes=notes)
+    assert got == {"A": "https://m.example.test/", "C": "plain"}
+    assert notes == ["profile p: env B: no {pip_cert} configured; not set"]
+
+
+def test_unknown_env_template_is_refused(tmp_path):
+    from boxyd.profiles import load_profile
+
+    f = tmp_path / "p.yaml"
+    f.write_text('env:\n  X: "{secret_sauce}"\n')
+    with pytest.raises(ProfileError, match=r"env\.X.*unknown template \{secret_sauce\}"):
+        load_profile(str(f), context={"workdir": "/w", "home": "/h"})

@@ -69,3 +69,23 @@ def test_missing_tool_gives_none() -> None:
     assert reg("npm_registry") is None
     assert reg("go_proxy") is None
     assert reg("no_such_template") is None
+
+
+@pytest.mark.parametrize(("value", "shaped"), [
+    ("https://mirror.example.test/npm/", "https://mirror.example.test/npm/"),
+    ("https://user:tok@mirror.example.test/", None),  # credentials never enter the sandbox
+    ("ftp://mirror.example.test/", None),
+    ("not a url", None),
+])
+def test_registry_urls_without_credentials(value: str, shaped: str | None) -> None:
+    reg = Registries({"npm_config_registry": value}, run=Tools({}))
+    assert reg("npm_registry_url") == shaped
+
+
+def test_ca_files_must_exist(tmp_path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    tools = Tools({"npm config get": str(ca)})
+    assert Registries({}, run=tools)("npm_cafile") == str(ca)
+    assert Registries({}, run=Tools({"npm config get": "null"}))("npm_cafile") is None
+    assert Registries({"PIP_CERT": str(tmp_path / "missing.pem")}, run=Tools({}))("pip_cert") is None

@@ -204,13 +204,21 @@ def test_allow_host_overrides_an_offline_profile(fs):
 
 
 def test_registry_templates_resolved(fs):
-    spec = build(fs, profile="node", registry={"npm_registry": "npm.mirror.example"}.get)
+    spec = build(fs, profile="node", registry={
+        "npm_registry": "npm.mirror.example",
+        "npm_registry_url": "https://npm.mirror.example/npm/"}.get)
     assert spec.net == "allowlist"
     assert spec.allow_hosts == ["npm.mirror.example"]
     assert (spec.memory, spec.pids) == (4 << 30, 1024)
+    # the sandboxed npm is told the registry the allowlist names (it cannot read ~/.npmrc)
+    assert spec.env["npm_config_registry"] == "https://npm.mirror.example/npm/"
+    assert "npm_config_cafile" not in spec.env  # none configured: npm's default
     spec = build(fs, profile="python", registry=lambda name: None)
     assert spec.allow_hosts == []
-    assert len(spec.notes) == 2 and all("dropped" in n for n in spec.notes)
+    assert [n for n in spec.notes if "dropped" in n] == [
+        "profile python: allow_hosts {pip_index}: no {pip_index} configured; dropped",
+        "profile python: allow_hosts {pip_files}: no {pip_files} configured; dropped"]
+    assert "PIP_INDEX_URL" not in spec.env
 
 
 def test_profile_hosts_unused_with_public(fs):

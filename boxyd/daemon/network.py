@@ -87,7 +87,8 @@ class Network:
         ports = self.policy.landlock_ports()
         plan.net_ruleset = ruleset.gateway_ruleset(
             mode=self.policy.mode, deny_v4=prefixes.deny_v4, deny_v6=prefixes.deny_v6,
-            except_v4=prefixes.accept_v4, except_v6=prefixes.accept_v6, tcp_ports=ports)
+            except_v4=prefixes.accept_v4, except_v6=prefixes.accept_v6, tcp_ports=ports,
+            udp_ports=self.policy.udp_ports())
         plan.landlock_ports = ports
         plan.pcap = self._capture is not None
         if self.tailnet:

@@ -69,6 +69,7 @@ SESSION_INFLIGHT = 32
 # session, so no session learns what another resolved. Bindings are renewed on
 # every replay, with the TTL the replayed answer carries.
 CACHE_SECONDS = 10.0
+IPV6_RECHECK = 1.0  # seconds between looks at the host's IPv6 default route
 CACHE_ENTRIES = 512
 GLOBAL_INFLIGHT = 256
 TCP_MAX_QUERY = 4096  # a query is a name and a few EDNS options; anything bigger is not DNS
@@ -202,13 +203,26 @@ class DnsProxy:
         if not upstreams:
             raise ValueError("the DNS proxy needs at least one upstream server")
         self.upstreams = [(str(host), int(port)) for host, port in upstreams]
-        # Re-evaluate (set the attribute) if the host's routes can change under a long-lived daemon.
-        self.ipv6 = host_has_ipv6_route() if ipv6 is None else ipv6
+        self._ipv6_fixed = ipv6  # None: follow the host's routes (they change under a daemon)
+        self._ipv6_checked = (-1.0, False)
         self.timeout = timeout
         self.max_udp_payload = max(512, max_udp_payload)
         self.tcp_idle_timeout = tcp_idle_timeout
         self.tcp_read_timeout = tcp_read_timeout
         self._upstream_slots = asyncio.Semaphore(max_inflight)
+
+    @property
+    def ipv6(self) -> bool:
+        """Whether AAAA answers are kept: the host has an IPv6 default route now
+        (looked up at most once a second), unless fixed at construction."""
+        if self._ipv6_fixed is not None:
+            return self._ipv6_fixed
+        when, value = self._ipv6_checked
+        now = time.monotonic()
+        if now - when > IPV6_RECHECK:
+            value = host_has_ipv6_route()
+            self._ipv6_checked = (now, value)
+        return value
 
     async def answer(self, wire: bytes, *, tcp: bool, session: DnsSession) -> bytes | None:
         """The wire response to the query WIRE from SESSION, or None to send nothing

@@ -246,10 +246,9 @@ class Gateway:
         try:
             upstream = await (dial or self._dial(ip, port))
         except OSError as e:
-            handle = self.netlog.conn(self._t_ms(), "tcp", "error", addr, port, host, name,
-                                      f"upstream: {e.strerror or e}")
-            self.netlog.update(handle, 0, 0, final=True)
-            relay.reset(client)
+            relay.reset(client)  # the sandbox learns at once, as from the real peer
+            self.netlog.conn(self._t_ms(), "tcp", "error", addr, port, host, name,
+                             f"upstream: {e.strerror or e}")
             return
         handle = self._decide("tcp", addr, port, v, host=host, name=name)
         flow = relay.Flow(client, upstream, idle_timeout=self.limits.idle_timeout, initial_a_to_b=data)
@@ -419,9 +418,8 @@ class Gateway:
         except OSError as e:
             up.close()
             self.bindings.release(ip)
-            handle = self.netlog.conn(self._t_ms(), "udp", "error", addr, port, None, None,
-                                      f"upstream: {e.strerror}")
-            self.netlog.update(handle, 0, 0, final=True)
+            self.netlog.conn(self._t_ms(), "udp", "error", addr, port, None, None,
+                             f"upstream: {e.strerror}")
             return None
         handle = self._decide("udp", addr, port, v, host=min(names) if names else None)
         flow = _UdpFlow(up, dgram.src, dgram.orig_dst, handle)

@@ -306,6 +306,15 @@ class NetPolicy:
                 return Verdict(True, DNS)
         return self._refusal(names, port, "UDP")
 
+    def udp_ports(self) -> list[int] | None:
+        """Allowlist: the only UDP ports any host may be reached on (``HOST:PORT/udp``),
+        so the gateway refuses every other one at once (port unreachable) instead of
+        letting the client wait. Public: None (any port)."""
+        if self.mode == "public":
+            return None
+        rules = list(self.exact.values()) + list(self.wildcards.values())
+        return sorted(set().union(*(p.udp for p in rules)) - {QUIC_PORT})
+
     def landlock_ports(self) -> list[int] | None:
         """The TCP ports the payload may connect() to, for the Landlock backstop.
 

@@ -172,12 +172,14 @@ def gateway_ruleset(
     dns_port: int = DNS_PORT,
     refuse_udp_ports: list[int] | None = None,
     tcp_ports: list[int] | None = None,
+    udp_ports: list[int] | None = None,
     mark: int = MARK,
 ) -> dict[str, Any]:
     """The whole table ``inet boxy``, loaded by stage 2 in one transaction.
 
     ``deny_*``: prefixes refused at SYN time unless inside an ``except_*`` prefix.
     ``refuse_udp_ports``: None means [443] in allowlist mode, none in public mode.
+    ``udp_ports``: likewise for UDP (allowlist: the ``HOST:PORT/udp`` ports).
     ``tcp_ports``: None relays TCP to any port; a list relays only those ports and
     resets the rest at SYN time (the union of every port policy could allow).
     ``mark``: set on every TPROXY'd packet; stage 2 routes it to the local table.
@@ -195,6 +197,7 @@ def gateway_ruleset(
         refuse_udp_ports = [443] if mode == "allowlist" else []
     refused = sorted({_port(p, "refused UDP port") for p in refuse_udp_ports})
     allowed_tcp = None if tcp_ports is None else sorted({_port(p, "TCP port") for p in tcp_ports})
+    allowed_udp = None if udp_ports is None else sorted({_port(p, "UDP port") for p in udp_ports})
 
     sets = [
         _set("deny4", "ipv4_addr", _prefixes(deny_v4, 4, "deny_v4")),
@@ -205,6 +208,8 @@ def gateway_ruleset(
     ]
     if allowed_tcp is not None:
         sets.append(_set("tcp_ports", "inet_service", allowed_tcp, interval=False))
+    if allowed_udp is not None:
+        sets.append(_set("udp_ports", "inet_service", allowed_udp, interval=False))
 
     def pre(comment: str, *expr: dict[str, Any]) -> dict[str, Any]:
         return _rule("prerouting", comment, *expr)
@@ -246,6 +251,10 @@ def gateway_ruleset(
     if allowed_tcp is not None:
         prerouting.append(pre("refused tcp port",
                               _match(_payload("tcp", "dport"), "@tcp_ports", "!="),
+                              _goto("refuse_port")))
+    if allowed_udp is not None:
+        prerouting.append(pre("udp port not allowed",
+                              _match(_payload("udp", "dport"), "@udp_ports", "!="),
                               _goto("refuse_port")))
     prerouting += [
         pre("tcp relay", L4_TCP, *_tproxy(tcp_port, mark)),

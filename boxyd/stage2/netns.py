@@ -164,6 +164,11 @@ def enter_gateway_netns(
         # A new netns copies ip_forward from the host's (docker hosts: 1): set, not assume.
         _sysctl("ipv4/ip_forward", 0, GW)
         _sysctl("ipv6/conf/all/forwarding", 0, GW)
+        # Every refusal is an ICMP error the client must see at once; the per-peer
+        # rate limit would turn a burst of them into silent drops (a client waiting
+        # out its timeout). The host-wide icmp_msgs_per_sec still bounds a flood.
+        _sysctl("ipv4/icmp_ratelimit", 0, GW)
+        _sysctl("ipv6/icmp/ratelimit", 0, GW)
         # gw0 is born here in step 3 and takes these defaults: no DAD, no RA.
         _sysctl("ipv6/conf/default/accept_dad", 0, GW)
         _sysctl("ipv6/conf/default/accept_ra", 0, GW)

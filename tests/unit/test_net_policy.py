@@ -406,3 +406,10 @@ def test_landlock_ports(hosts, ports, cidrs, expected):
 
 def test_landlock_public():
     assert PUBLIC.landlock_ports() is None
+
+
+def test_udp_ports_for_the_ruleset():
+    assert PUBLIC.udp_ports() is None
+    assert allowlist("a.example").udp_ports() == []
+    assert allowlist("dns.example:5353/udp", "v.example:9999,9998/udp", "a.example:22"
+                     ).udp_ports() == [5353, 9998, 9999]

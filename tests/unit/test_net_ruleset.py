@@ -383,3 +383,22 @@ def test_modes_without_a_gateway_are_refused(mode: str) -> None:
 def test_tcp_and_udp_relays_may_share_a_port() -> None:
     r = build(tcp_port=15000, udp_port=15000)
     assert rule(r, "prerouting", "tcp relay")[1] == rule(r, "prerouting", "udp relay")[1]
+
+
+def test_udp_port_list_refuses_other_ports_as_closed() -> None:
+    r = build(udp_ports=[9999, 5353, 9999])
+    assert elems(r, "udp_ports") == [5353, 9999]
+    expr = rule(r, "prerouting", "udp port not allowed")
+    assert matches(expr) == [{"op": "!=", "left": {"payload": {"protocol": "udp",
+                                                               "field": "dport"}},
+                              "right": "@udp_ports"}]
+    assert verdict(expr) == {"goto": {"target": "refuse_port"}}
+    # after DNS (port 53 is the gateway's own) and before the relay
+    order = comments(r, "prerouting")
+    assert order.index("dns udp") < order.index("udp port not allowed") < order.index("udp relay")
+
+
+def test_no_udp_port_list_means_no_set_and_no_rule() -> None:
+    r = build()
+    assert "udp_ports" not in sets(r)
+    assert "udp port not allowed" not in comments(r, "prerouting")

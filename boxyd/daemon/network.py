@@ -170,6 +170,8 @@ def describe(ev: dict) -> str:
             what += f" (name {ev['sni']})"
         elif ev.get("host"):
             what += f" ({ev['host']})"
+    elif ev.get("count"):
+        what = f"{ev['count']} connections"
     else:
         what = str(ev.get("name", "?"))
     return f"{layer} deny {what}: {ev.get('reason') or 'denied'}"

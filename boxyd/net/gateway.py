@@ -82,8 +82,10 @@ class Gateway:
         self._accepts = TokenBucket(self.limits.accept_rate, 2 * self.limits.accept_rate)
         self._tasks: set[asyncio.Task] = set()
         self._flows: dict[int, tuple[relay.Flow, int]] = {}  # id(flow) -> (flow, netlog handle)
-        self._pending = 0
+        self._waiting: dict[asyncio.Task, None] = {}  # first record not read yet, oldest first
+        self._evicted: set[asyncio.Task] = set()
         self._udp: dict[tuple, _UdpFlow] = {}
+        self.rate_limited = 0  # connections reset by the accept-rate cap
         self._closed = False
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -129,6 +131,10 @@ class Gateway:
         for sock in self.listeners.values():
             sock.close()
         self._sample()
+        if self.rate_limited:
+            self.on_event({"layer": "net.ip", "proto": "tcp", "verdict": "deny",
+                           "count": self.rate_limited,
+                           "reason": f"connections over {self.limits.accept_rate:g}/s reset at accept"})
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
@@ -186,6 +192,7 @@ class Gateway:
             client.setblocking(False)
             if not self._accepts.take():
                 relay.reset(client)
+                self.rate_limited += 1  # counted, not logged one by one: it is a flood
                 continue
             self._spawn(handler(client))
 
@@ -197,7 +204,7 @@ class Gateway:
             return
         ip = ipaddress.ip_address(addr)
         addr = str(ip)
-        if len(self._flows) + self._pending >= self.limits.flows:
+        if len(self._flows) + len(self._waiting) >= self.limits.flows:
             self._deny(client, "tcp", addr, port,
                        Verdict(False, "net.ip", f"too many connections in this session ({self.limits.flows})"))
             return
@@ -208,10 +215,12 @@ class Gateway:
         if not v.allow:
             self._deny(client, "tcp", addr, port, v)
             return
-        if self._pending >= self.limits.pending:
-            self._deny(client, "tcp", addr, port,
-                       Verdict(False, "net.sni", "too many connections waiting for their first record"))
-            return
+        if len(self._waiting) >= self.limits.pending:
+            # The oldest waiter makes room: stalled clients (a ClientHello never
+            # finished) cannot keep a session's real connections out for the timeout.
+            oldest = next(iter(self._waiting))
+            self._evicted.add(oldest)
+            oldest.cancel()
         names = self.bindings.hold(ip)
         try:
             await self._tcp_checked(client, ip, addr, port, names)
@@ -225,13 +234,26 @@ class Gateway:
         # Server-first protocols (SSH, SMTP …) and public mode: dial as soon as the
         # address passes; client bytes are still held until their first record is read.
         dial = asyncio.create_task(self._dial(ip, port)) if opaque.allow else None
-        self._pending += 1
+        me = asyncio.current_task()
+        assert me is not None
+        self._waiting[me] = None
         try:
             first, data = await self._first_record(
                 client, self.limits.server_first_wait if dial else self.limits.first_record_timeout)
+            v, name = self._judge(first, data, ip, port, names, opaque)
+        except asyncio.CancelledError:
+            if me not in self._evicted:  # the gateway is closing
+                relay.reset(client)
+                if dial is not None:
+                    dial.cancel()
+                raise
+            self._evicted.discard(me)
+            me.uncancel()
+            data, name = b"", None
+            v = Verdict(False, "net.sni", "the oldest of too many connections waiting for "
+                                          f"their first record ({self.limits.pending})")
         finally:
-            self._pending -= 1
-        v, name = self._judge(first, data, ip, port, names, opaque)
+            self._waiting.pop(me, None)
         if not v.allow or data is None:
             if dial is not None:
                 dial.cancel()

@@ -32,7 +32,7 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,20 +69,34 @@ def _target(addr, port, scope=""):
         return socket.AF_INET6, info[0][4]
     return socket.AF_INET, (addr, port)
 
-def tcp(addr, port, timeout=1.0, send=HTTP_GET, scope=""):
-    """Connect; then (unless SEND is None) send SEND and wait for the first bytes."""
-    t0 = time.monotonic()
+def _open(addr, port, kind, timeout, scope="", t0=0.0):
+    """(socket with TIMEOUT, sockaddr), or (None, the failure record)."""
     try:
         fam, sa = _target(addr, port, scope)
-        s = socket.socket(fam, socket.SOCK_STREAM)
+        s = socket.socket(fam, kind)
     except OSError as e:
-        return _fail(e, t0)
+        return None, _fail(e, t0)
     s.settimeout(timeout)
+    return s, sa
+
+def _connect(addr, port, timeout, scope="", t0=0.0):
+    """(connected TCP socket, None), or (None, the failure record)."""
+    s, sa = _open(addr, port, socket.SOCK_STREAM, timeout, scope, t0)
+    if s is None:
+        return None, sa
     try:
         s.connect(sa)
     except OSError as e:
         s.close()
-        return _fail(e, t0)
+        return None, _fail(e, t0)
+    return s, None
+
+def tcp(addr, port, timeout=1.0, send=HTTP_GET, scope=""):
+    """Connect; then (unless SEND is None) send SEND and wait for the first bytes."""
+    t0 = time.monotonic()
+    s, failure = _connect(addr, port, timeout, scope, t0)
+    if s is None:
+        return failure
     connect_ms = _ms(t0)
     if send is None:
         s.close()
@@ -106,12 +120,9 @@ def tcp(addr, port, timeout=1.0, send=HTTP_GET, scope=""):
 def udp(addr, port, payload=b"boxy-probe", timeout=1.0, scope=""):
     """A connected UDP socket: send PAYLOAD, wait for one datagram or an ICMP error."""
     t0 = time.monotonic()
-    try:
-        fam, sa = _target(addr, port, scope)
-        s = socket.socket(fam, socket.SOCK_DGRAM)
-    except OSError as e:
-        return _fail(e, t0)
-    s.settimeout(timeout)
+    s, sa = _open(addr, port, socket.SOCK_DGRAM, timeout, scope, t0)
+    if s is None:
+        return sa
     try:
         s.connect(sa)
         s.send(payload)
@@ -233,6 +244,13 @@ def install_ca(topology: Any, workdir: Path, user: User, name: str = "ca.pem") -
     shutil.copyfile(topology.ca, dst)
     user.chown(dst)
     return name
+
+
+def mode_flags(mode: str, hosts: Iterable[str]) -> list[str]:
+    """``--net public``, or allowlist mode allowing HOSTS."""
+    if mode == "public":
+        return ["--net", "public"]
+    return ["--net", "allowlist", *(f"--allow-host={h}" for h in hosts)]
 
 
 @contextlib.contextmanager

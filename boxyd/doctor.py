@@ -407,37 +407,25 @@ def _apparmor(f: Facts) -> list[Check]:
 
 # ---- nftables -----------------------------------------------------------------------
 
-NFT_LIBRARY = "libnftables.so.1"
-NFT_PROBE = (
-    "add table inet boxyprobe; "
-    "add chain inet boxyprobe pre { type filter hook prerouting priority -150; }; "
-    "add rule inet boxyprobe pre meta l4proto tcp tproxy ip to 127.0.0.1:1"
-)
-
-
 def _nft_probe() -> str:
-    try:
-        lib = ctypes.CDLL(NFT_LIBRARY)
-    except OSError:
-        raise _StepFailed(f"{NFT_LIBRARY} not found: install libnftables1") from None
-    lib.nft_ctx_new.restype = ctypes.c_void_p
-    lib.nft_ctx_new.argtypes = [ctypes.c_uint32]
-    for fn in ("nft_ctx_buffer_output", "nft_ctx_buffer_error"):
-        getattr(lib, fn).argtypes = [ctypes.c_void_p]
-    lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-    lib.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
-    lib.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
+    """Load the gateway's own ruleset (TPROXY, fib, sets, NFLOG reporting) in a new
+    netns of a new user namespace, and bind its NFLOG group: what stage 2 does."""
+    from boxyd.errors import SetupError
+    from boxyd.net import nflog, ruleset
+    from boxyd.stage2 import nft
+
+    probe = ruleset.gateway_ruleset(mode="allowlist", deny_v4=["10.0.0.0/8"], deny_v6=["fc00::/7"],
+                                    except_v4=[], except_v6=[], tcp_ports=[443], udp_ports=[])
     _enter_userns()
     _unshare(CLONE_NEWNET, "unshare(CLONE_NEWNET)")
-    ctx = lib.nft_ctx_new(0)
-    if not ctx:
-        raise _StepFailed("nft_ctx_new failed")
-    lib.nft_ctx_buffer_output(ctx)
-    lib.nft_ctx_buffer_error(ctx)
-    if lib.nft_run_cmd_from_buffer(ctx, NFT_PROBE.encode()) != 0:
-        err = (lib.nft_ctx_get_error_buffer(ctx) or b"").decode(errors="replace")
-        first = next((ln for ln in err.splitlines() if ln.strip()), "no error text")
-        raise _StepFailed(f"nft (table, prerouting chain, tproxy rule): {first.strip()}")
+    try:
+        nft.apply(probe)
+    except SetupError as e:
+        raise _StepFailed(str(e)) from None
+    try:
+        nflog.open_socket(ruleset.NFLOG_GROUP, ruleset.NFLOG_SNAPLEN).close()
+    except OSError as e:
+        raise _StepFailed(f"nflog (refusal reports): {e.strerror or e}") from None
     return "ok"
 
 
@@ -446,7 +434,8 @@ def _nftables(f: Facts) -> list[Check]:
     f["nftables_tproxy"] = ok
     if ok:
         return [
-            Check("nftables", True, "nf_tables with TPROXY in an unprivileged netns", hard=False)
+            Check("nftables", True, "the gateway's ruleset (TPROXY, fib, NFLOG) loads in an "
+                  "unprivileged netns", hard=False)
         ]
     return [
         Check(

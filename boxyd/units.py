@@ -1,8 +1,8 @@
 """Typed command-line values: sizes, durations, ports, host specs, CIDRs.
 
-Pure (no I/O) and standard library only (``boxyd.net.ranges``, imported for
-SANDBOX_NETS, is too): the client imports this module at start-up, and the daemon
-re-checks the same values with the same code. Every parse function raises
+Pure (no I/O) and standard library only: the client imports this module at
+start-up (so what only some flags need is imported when they are given), and the
+daemon re-checks the same values with the same code. Every parse function raises
 ``UsageError`` with one line that names the flag (``what``) and the bad value.
 """
 
@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass
-from fractions import Fraction
+from typing import NamedTuple
 
 from boxyd.errors import UsageError
-from boxyd.net.ranges import SANDBOX_NETS
 
 # K/M/G/T and KiB/MiB/… are binary (what --memory users mean); KB/MB/… decimal.
 _SIZE_UNITS: dict[str, int] = {
@@ -38,13 +36,7 @@ _SIZE_EXAMPLES = "examples: 512MiB, 2GiB"
 # Nothing a sandbox does needs more; bounds what int() and the kernel are given.
 _MAX_SIZE = 1 << 60
 
-_DURATION_UNITS: dict[str, Fraction] = {
-    "ms": Fraction(1, 1000),
-    "s": Fraction(1),
-    "m": Fraction(60),
-    "h": Fraction(3600),
-    "d": Fraction(86400),
-}
+_DURATION_UNITS: dict[str, str] = {"ms": "1/1000", "s": "1", "m": "60", "h": "3600", "d": "86400"}
 _DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _DURATION_EXAMPLES = "examples: 90, 500ms, 10m, 1h30m"
 _MAX_DURATION = 365 * 86400
@@ -61,6 +53,8 @@ def parse_size(s: str, *, what: str = "size", allow_zero: bool = False) -> int:
     m = _SIZE_RE.fullmatch(s.strip())
     if not m or m.group(2).lower() not in _SIZE_UNITS:
         raise _bad(what, s, "a size", _SIZE_EXAMPLES)
+    from fractions import Fraction  # exact decimals; imported only when a size is given
+
     n = int(Fraction(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
     if n == 0 and not allow_zero:
         raise UsageError(f"{what}: {s!r} is zero; give a positive size ({_SIZE_EXAMPLES})")
@@ -71,6 +65,8 @@ def parse_size(s: str, *, what: str = "size", allow_zero: bool = False) -> int:
 
 def parse_duration(s: str, *, what: str = "duration", allow_zero: bool = False) -> float:
     """'1h30m' → 5400.0; a plain number is seconds. Parts may be ms, s, m, h, d."""
+    from fractions import Fraction  # exact decimals; imported only when a duration is given
+
     text = s.strip()
     if re.fullmatch(r"\d+(?:\.\d+)?", text):
         total = Fraction(text)
@@ -81,7 +77,7 @@ def parse_duration(s: str, *, what: str = "duration", allow_zero: bool = False) 
         units = [u for _, u in parts]
         if len(set(units)) != len(units):
             raise _bad(what, s, "a duration (a unit is repeated)", _DURATION_EXAMPLES)
-        total = sum((Fraction(n) * _DURATION_UNITS[u] for n, u in parts), Fraction(0))
+        total = sum((Fraction(n) * Fraction(_DURATION_UNITS[u]) for n, u in parts), Fraction(0))
     if total == 0 and not allow_zero:
         raise UsageError(f"{what}: {s!r} is zero; give a positive duration ({_DURATION_EXAMPLES})")
     if total > _MAX_DURATION:
@@ -149,9 +145,9 @@ def parse_port(s: str, *, what: str = "--allow-port") -> int:
     return int(s)
 
 
-@dataclass(frozen=True)
-class HostSpec:
-    """One --allow-host value: a name, optional ports, and whether the ports are UDP."""
+class HostSpec(NamedTuple):
+    """One --allow-host value: a name, optional ports, and whether the ports are UDP.
+    (A NamedTuple: the client imports this module, and dataclasses costs it 11 ms.)"""
 
     host: str  # lower-case, no trailing dot
     ports: tuple[int, ...] = ()  # empty: the global --allow-port list applies
@@ -244,6 +240,8 @@ def parse_cidr(s: str, *, what: str = "--allow-cidr") -> str:
         raise UsageError(f"{what}: {s!r} has host bits set (did you mean {loose}?)") from None
     if net.prefixlen == 0:
         raise UsageError(f"{what}: {s!r} would permit every address; name the ranges you need")
+    from boxyd.net.ranges import SANDBOX_NETS  # only when a range is given
+
     for own in SANDBOX_NETS:
         if net.version == own.version and net.overlaps(own):
             raise UsageError(f"{what}: {s!r} overlaps the sandbox's own network {own}")

@@ -94,11 +94,27 @@ class _VersionAction(argparse.Action):
         raise _Version()
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse builds a formatter for every add_argument and asks shutil for the
+    terminal width each time; shutil pulls in bz2, lzma and zlib (4 ms on every run).
+    The width is only needed when help is printed: ask the terminal directly."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        if width is None:
+            try:
+                width = os.get_terminal_size(sys.stdout.fileno()).columns - 2
+            except (OSError, ValueError):
+                width = 78
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that raises UsageError (one line) instead of printing usage and exiting."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("add_help", False)
+        kwargs.setdefault("formatter_class", _Formatter)
         # '--mem' must not silently mean '--memory': exact flags only.
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
@@ -113,7 +129,9 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _build_parser(prog: str) -> _Parser:
+def _build_parser(prog: str, *, run_only: bool = False) -> _Parser:
+    """RUN_ONLY: just the `run` subcommand — every sandboxed run pays for building the
+    parser, and the other subcommands cost it several milliseconds."""
     parser = _Parser(
         prog=prog,
         description="Run an untrusted program with its project directory and nothing else.",
@@ -126,7 +144,7 @@ def _build_parser(prog: str) -> _Parser:
         help="run a command in a sandbox",
         usage=f"{prog} run [flags] -- COMMAND [ARGS...]",
         description=RUN_DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_Formatter,
     )
     a = run.add_argument
     # fmt: off
@@ -160,6 +178,8 @@ def _build_parser(prog: str) -> _Parser:
     # REMAINDER: like bwrap, the first non-option word starts the command; '--' is optional.
     a("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]", help=argparse.SUPPRESS)
 
+    if run_only:
+        return parser
     ps = sub.add_parser("ps", help="list running sessions")
     ps.add_argument("-a", "--all", action="store_true", help="every session on record")
     sub.add_parser("show", help="one session in full").add_argument("id", metavar="ID")
@@ -324,7 +344,7 @@ def parse(argv: list[str], *, environ: dict[str, str], cwd: str, prog: str = "bo
     --help gives Command('help', {'text': …}), --version Command('version')."""
     if not cwd.startswith("/"):
         raise UsageError(f"the current directory {cwd!r} is not an absolute path")
-    parser = _build_parser(prog)
+    parser = _build_parser(prog, run_only=bool(argv) and argv[0] == "run")
     try:
         ns = parser.parse_args(argv)
     except _Help as h:

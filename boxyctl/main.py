@@ -103,8 +103,6 @@ def run(args: dict) -> int:
 
 
 def _run_once(client, args: dict) -> int:
-    from boxyctl import tty
-
     sid: list[str] = []
 
     def forward(signum: int, _frame: object) -> None:
@@ -128,6 +126,8 @@ def _run_once(client, args: dict) -> int:
                 for w in reply.get("warnings", []):
                     say(w)
                 if os.isatty(0) and not args["options"].get("detach"):
+                    from boxyctl import tty  # threading and termios: only for a terminal
+
                     raw.enter_context(tty.raw_mode(0))
                     tty.on_winch(winch)
             else:

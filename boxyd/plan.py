@@ -99,6 +99,10 @@ class Plan:
     net_ruleset: dict[str, Any] | None = None
     landlock_ports: list[int] | None = None
     pcap: bool = False  # stage 2 also sends an AF_PACKET socket on eth0
+    # a session terminal: PID 1 makes a PTY in the sandbox's devpts with these
+    # settings ({"termios", "winsize"}), puts its slave at stdio positions "fds" and
+    # sends the master to boxyd
+    pty: dict[str, Any] | None = None
     ctty: bool = False  # stdio is a PTY that becomes the controlling terminal
     landlock_scopes: bool = True
     extra: dict[str, Any] = field(default_factory=dict)

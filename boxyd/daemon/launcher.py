@@ -117,8 +117,9 @@ class Stage2:
         return stage2
 
     def _readable(self) -> None:
-        """One message; only "listeners" may carry fds (the gateway's sockets, in the
-        order of its list of names) and anything else sent along is closed."""
+        """One message; only "listeners" (the gateway's sockets, in the order of its
+        list of names) and "pty" (the session PTY's master) may carry fds, and
+        anything else sent along is closed."""
         try:
             data, fds, _, _ = socket.recv_fds(self.ctl, MAX_MSG, MAX_FDS, socket.MSG_CMSG_CLOEXEC)
         except BlockingIOError:
@@ -142,9 +143,12 @@ class Stage2:
                 self._queue.put_nowait(msg)
                 return
             msg = None
+        if isinstance(msg, dict) and msg.get("pty") is True and len(fds) == 1 and os.isatty(fds[0]):
+            self._queue.put_nowait({"pty": True, "pty_fd": fds[0]})
+            return
         for fd in fds:
             os.close(fd)
-        if isinstance(msg, dict):
+        if isinstance(msg, dict) and "pty" not in msg:
             self._queue.put_nowait(msg)
 
     async def messages(self) -> AsyncIterator[dict]:

@@ -156,10 +156,16 @@ class Manager:
         spec = s.spec
         warnings = self._limit_warnings(s) + (s.net.warnings if s.net is not None else [])
         stdio = list(fds)
+        placeholders: list[int] = []
         try:
             s.pty = self._terminal(fds)
             if s.pty is not None:
-                stdio = [s.pty.slave_fd if os.isatty(fd) else fd for fd in fds]
+                # PID 1 puts the slave of a PTY in the sandbox's own devpts at these
+                # positions; until then they hold /dev/null, never the host terminal.
+                ttys = [i for i, fd in enumerate(fds) if os.isatty(fd)]
+                for i in ttys:
+                    placeholders.append(os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC))
+                    stdio[i] = placeholders[-1]
             roots = [] if spec.allow_git_write else mountplan.writable_roots(spec)
             protections = {}
             snapshots = {}
@@ -171,15 +177,15 @@ class Manager:
                                    protections=protections, ctty=s.pty is not None)
             if s.net is not None:
                 s.net.configure(plan)
+            if s.pty is not None:
+                plan.pty = {**s.pty.settings, "fds": ttys}
             s.record("seccomp", mode=spec.seccomp)
             s.stage2 = Stage2.start(self.template, plan, stdio)
         except BoxyError as e:
             self._close_all(fds, s)
             return self._finish(s, {"exit_status": EXIT_SETUP, "reason": "setup", "message": str(e)})
         finally:
-            if s.pty is not None:
-                s.pty.close_slave()
-            for fd in fds:
+            for fd in [*placeholders, *fds]:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         timer = None
@@ -195,6 +201,11 @@ class Manager:
                 except BoxyError as e:
                     log.warning("session %s: %s", s.id, e)
                     s.stage2.signal(signal.SIGKILL)
+            elif "pty" in msg:
+                if s.pty is not None:
+                    s.pty.attach(msg["pty_fd"])
+                else:
+                    os.close(msg["pty_fd"])
             elif "started" in msg:
                 s.state = "running"
                 if spec.timeout:
@@ -210,7 +221,8 @@ class Manager:
         s.stage2.close()
         net_out = await s.net.finish() if s.net is not None else {}
         if s.pty is not None:
-            await s.pty.wait_drained()
+            if s.pty.attached:
+                await s.pty.wait_drained()
             s.pty.close()
         result = self._result(s, final)
         result.update(net_out)

@@ -1,5 +1,11 @@
-"""The daemon-owned terminal: a PTY whose slave goes to the sandbox, relayed to the
-client's terminal fds, so no host terminal fd ever enters the sandbox.
+"""The daemon's side of a session terminal: the master of a PTY whose slave lives in
+the sandbox, relayed to the client's terminal fds, so no host terminal fd ever
+enters the sandbox.
+
+The pair is made by the sandbox's PID 1 in the sandbox's own devpts instance (so
+ttyname() and /dev/tty work inside), with the client terminal's settings captured
+here; the master comes back through the outer stage 2 and is attached. Until then
+nothing is relayed (keystrokes wait in the client's terminal).
 
 Client side through threads, by choice. The client's fds share their open file
 description with the user's shell, so O_NONBLOCK on them would leak into the shell
@@ -34,6 +40,8 @@ import termios
 import threading
 from collections.abc import Callable
 
+from boxyd import termsettings
+
 CHUNK = 64 * 1024
 _WINSIZE = struct.Struct("HHHH")
 
@@ -45,12 +53,13 @@ def _close(fd: int | None) -> None:
 
 
 class PtyRelay:
-    """Relay between a new PTY and the client's terminal.
+    """Relay between a PTY master (attached later) and the client's terminal.
 
     Takes ownership of IN_FD (the client's stdin, a tty) and OUT_FD (the client's
     first terminal fd for output), also when it raises; either may be None, and
-    they may be the same fd. ValueError when neither is a terminal. The PTY slave starts with the client terminal's termios and window
-    size, so create the relay before the client switches its terminal to raw mode.
+    they may be the same fd. ValueError when neither is a terminal. ``settings``
+    holds the client terminal's termios and window size for the sandbox's PTY, so
+    create the relay before the client switches its terminal to raw mode.
     """
 
     def __init__(self, in_fd: int | None, out_fd: int | None) -> None:
@@ -61,31 +70,41 @@ class PtyRelay:
         self._threads: list[threading.Thread] = []
         self._closed = False
         self.master_fd: int | None = None
-        self.slave_fd: int | None = None
+        self._pending_size: tuple[int, int] | None = None
         try:
             src = in_fd if in_fd is not None and os.isatty(in_fd) else out_fd
             if src is None or not os.isatty(src):
                 raise ValueError("PtyRelay needs a client fd that is a terminal")
-            master, slave = os.openpty()  # both close-on-exec
-            self.master_fd, self.slave_fd = master, slave
-            termios.tcsetattr(slave, termios.TCSANOW, termios.tcgetattr(src))
-            size = fcntl.ioctl(src, termios.TIOCGWINSZ, bytes(_WINSIZE.size))
-            fcntl.ioctl(slave, termios.TIOCSWINSZ, size)
-            # O_NONBLOCK on our own master only (its description is ours alone).
-            os.set_blocking(master, False)
+            self.settings = termsettings.capture(src)
             # Separate fds per thread: each thread closes exactly what it owns.
             if in_fd is not None and out_fd == in_fd:
                 out_fd = os.dup(out_fd)
-            self._start(self._pump_output, out_fd, name="pty-out")
-            out_fd = None
-            if in_fd is not None:
-                self._start(self._pump_input, in_fd, name="pty-in")
-                in_fd = None
         except BaseException:
-            self.close()
             _close(in_fd)
             _close(out_fd)
             raise
+        self._in_fd, self._out_fd = in_fd, out_fd
+
+    def attach(self, master: int) -> None:
+        """Start relaying through MASTER (the sandbox's PTY master; now ours)."""
+        with self._lock:
+            if self._closed or self.master_fd is not None:
+                _close(master)
+                return
+            self.master_fd = master
+        # O_NONBLOCK on our own master only (its description is ours alone).
+        os.set_blocking(master, False)
+        if self._pending_size is not None:
+            self.resize(*self._pending_size)
+        out_fd, self._out_fd = self._out_fd, None
+        self._start(self._pump_output, out_fd, name="pty-out")
+        in_fd, self._in_fd = self._in_fd, None
+        if in_fd is not None:
+            self._start(self._pump_input, in_fd, name="pty-in")
+
+    @property
+    def attached(self) -> bool:
+        return self.master_fd is not None
 
     def _start(
         self, target: Callable[[int, int | None, int], None], client_fd: int | None, name: str
@@ -102,18 +121,15 @@ class PtyRelay:
 
     # public API
 
-    def close_slave(self) -> None:
-        """Close the daemon's copy of the slave once the sandbox holds its own; the
-        relay ends when the last slave holder exits."""
-        fd, self.slave_fd = self.slave_fd, None
-        _close(fd)
-
     def resize(self, rows: int, cols: int) -> None:
         """Set the PTY's window size (the payload's foreground group gets SIGWINCH)."""
         if not (0 <= rows <= 0xFFFF and 0 <= cols <= 0xFFFF):
             raise ValueError(f"window size {rows}x{cols} out of range")
-        if self.master_fd is not None:
-            fcntl.ioctl(self.master_fd, termios.TIOCSWINSZ, _WINSIZE.pack(rows, cols, 0, 0))
+        if self.master_fd is None:
+            self._pending_size = (rows, cols)
+            return
+        # On a master, TIOCSWINSZ sets the slave's size: the payload's group gets SIGWINCH.
+        fcntl.ioctl(self.master_fd, termios.TIOCSWINSZ, _WINSIZE.pack(rows, cols, 0, 0))
 
     @property
     def drained(self) -> bool:
@@ -139,7 +155,9 @@ class PtyRelay:
         for fd in self._wakes:
             _close(fd)
         self._wakes = []
-        self.close_slave()
+        _close(self._in_fd)  # never attached: the client fds are still ours
+        _close(self._out_fd)
+        self._in_fd = self._out_fd = None
         fd, self.master_fd = self.master_fd, None
         _close(fd)
         # Nothing more will be relayed; don't make waiters depend on a thread that

@@ -65,14 +65,36 @@ def parse_status(line: bytes) -> dict:
     return out
 
 
-def supervise(ctl: socket.socket, pid: int, status_r: int) -> int:
-    """Relay signals from boxyd to PID 1 and PID 1's reports to boxyd until it exits."""
+def forward_pty(ctl: socket.socket, pty: socket.socket) -> None:
+    """PID 1's one message: the session PTY's master, passed on to boxyd."""
+    try:
+        _, fds, _, _ = socket.recv_fds(pty, 16, 1, socket.MSG_CMSG_CLOEXEC)
+    except OSError:
+        return
+    try:
+        if len(fds) == 1:
+            socket.send_fds(ctl, [json.dumps({"pty": True}).encode()], fds)
+    except OSError:
+        pass
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def supervise(ctl: socket.socket, pid: int, status_r: int, pty: socket.socket | None = None) -> int:
+    """Relay signals from boxyd to PID 1 and PID 1's reports (and the session PTY's
+    master) to boxyd until it exits."""
     pidfd = os.pidfd_open(pid)
     buf = b""
     final: dict = {}
     exited = False
     while not exited:
-        ready = select.select([ctl, status_r, pidfd], [], [])[0]
+        watched: list = [ctl, status_r, pidfd] + ([pty] if pty is not None else [])
+        ready = select.select(watched, [], [])[0]
+        if pty is not None and pty in ready:
+            forward_pty(ctl, pty)
+            pty.close()
+            pty = None
         if ctl in ready:
             try:
                 data = ctl.recv(4096)
@@ -141,6 +163,9 @@ def run(ctl: socket.socket) -> int:
         namespaces.enter_sandbox_namespaces(plan)
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
         alive_r, alive_w = os.pipe2(os.O_CLOEXEC)
+        # The session PTY's master comes back from PID 1 on this (a pipe carries no fds).
+        pty_ours, pty_theirs = (socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                                if plan.pty is not None else (None, None))
         pid = os.fork()  # the child is PID 1 of the new PID namespace
     except SetupError as e:
         send(ctl, {"done": {"error": str(e)}})
@@ -149,13 +174,17 @@ def run(ctl: socket.socket) -> int:
         ctl.close()
         os.close(status_r)
         os.close(alive_w)
-        pid1.main(plan, stdio, status_w, alive_r)
+        if pty_ours is not None:
+            pty_ours.close()
+        pid1.main(plan, stdio, status_w, alive_r, pty_theirs)
     os.close(status_w)
     os.close(alive_r)
+    if pty_theirs is not None:
+        pty_theirs.close()
     for fd in stdio:
         os.close(fd)
     send(ctl, {"started": pid})
-    return supervise(ctl, pid, status_r)
+    return supervise(ctl, pid, status_r, pty_ours)
 
 
 def fork_run(template_ctl: socket.socket, run_ctl: socket.socket) -> None:

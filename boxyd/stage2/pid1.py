@@ -16,9 +16,12 @@ import os
 import resource
 import select
 import signal
+import socket
+import struct
 import termios
 from typing import NoReturn
 
+from boxyd import termsettings
 from boxyd.errors import SetupError
 from boxyd.plan import Plan
 from boxyd.stage2 import caps, landlock, rootfs, seccomp
@@ -75,6 +78,40 @@ def limits(plan: Plan) -> None:
     os.setpriority(os.PRIO_PROCESS, 0, 19)
     with open("/proc/self/oom_score_adj", "w") as f:
         f.write("1000")
+
+
+# Missing from Python's termios module (asm-generic/ioctls.h).
+TIOCSPTLCK = 0x40045431  # _IOW('T', 0x31, int): unlock the slave
+TIOCGPTPEER = 0x5441  # _IO('T', 0x41): open the slave through its master, race-free
+
+
+def session_terminal(plan: Plan, pty: socket.socket | None) -> None:
+    """A session terminal, after step 6: a PTY pair in the sandbox's own devpts (so
+    ttyname() and /dev/tty name it inside), set to the client terminal's settings
+    before the payload can read them. The slave replaces the /dev/null placeholders
+    at plan.pty["fds"]; the master goes to boxyd, through the outer stage 2, and PID 1
+    keeps neither. Needs nothing beyond the devpts that step 6 mounted."""
+    if plan.pty is None or pty is None:
+        return
+    try:
+        master = os.open("/dev/pts/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+        try:
+            fcntl.ioctl(master, TIOCSPTLCK, struct.pack("i", 0))
+            slave = fcntl.ioctl(master, TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY)
+            try:
+                termsettings.apply(slave, plan.pty)
+                for i in plan.pty["fds"]:
+                    if i in (0, 1, 2):
+                        os.dup2(slave, i)
+            finally:
+                os.close(slave)
+            socket.send_fds(pty, [b"pty"], [master])
+        finally:
+            os.close(master)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise SetupError(f"session terminal: {e}") from None
+    finally:
+        pty.close()
 
 
 def terminal_fd() -> int:
@@ -167,7 +204,8 @@ def supervise(pid: int) -> NoReturn:
                 os._exit(0)
 
 
-def main(plan: Plan, stdio: list[int], status_w: int, alive_r: int) -> NoReturn:
+def main(plan: Plan, stdio: list[int], status_w: int, alive_r: int,
+         pty: socket.socket | None = None) -> NoReturn:
     try:
         caps.die_with_parent(signal.SIGKILL)
         # The outer stage 2 may have died before the line above: its end of this pipe
@@ -176,6 +214,7 @@ def main(plan: Plan, stdio: list[int], status_w: int, alive_r: int) -> NoReturn:
             os._exit(1)
         arrange_fds(stdio, status_w)
         build_root(plan)
+        session_terminal(plan, pty)
         limits(plan)
         controlling_terminal(plan)
         drop_privileges()
@@ -188,6 +227,9 @@ def main(plan: Plan, stdio: list[int], status_w: int, alive_r: int) -> NoReturn:
         os._exit(125)
     except OSError as e:
         report({"error": f"sandbox setup: {e}"})
+        os._exit(125)
+    except Exception as e:  # a bug, not a refusal: say so (stderr is the payload's)
+        report({"error": f"sandbox setup: internal error: {type(e).__name__}: {e}"})
         os._exit(125)
     supervise(pid)
 

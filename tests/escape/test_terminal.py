@@ -38,7 +38,7 @@ class PtyRun:
     tty: str  # everything written to the test's terminal, \r\n folded to \n
     stdout: str  # the stdout pipe when stdout was not the terminal
     stderr: str  # the stderr pipe when stderr was not the terminal
-    slave_rdev: int  # device number of the test's terminal (the client's)
+    slave_id: tuple[int, int]  # (st_dev, st_ino): the same file, whatever devpts it shows in
     slave_name: str
 
 
@@ -59,7 +59,7 @@ def run_on_pty(user: User, workdir: Path, flags: list[str], cmd: list[str], *,
             fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", winsize[0], winsize[1], 0, 0))
         st = os.fstat(slave)
         slave_name = os.ttyname(slave)
-        cmd = [c.replace(HOST_RDEV, str(st.st_rdev)) for c in cmd]
+        cmd = [c.replace(HOST_RDEV, f"{st.st_dev}:{st.st_ino}") for c in cmd]
         argv = user.cmd([str(BIN / "boxyctl"), "run", *flags, "--", *cmd])
         proc = subprocess.Popen(
             argv, cwd=workdir,
@@ -127,16 +127,17 @@ def run_on_pty(user: User, workdir: Path, flags: list[str], cmd: list[str], *,
         tty=text(master),
         stdout=text(out_fd),
         stderr=text(err_fd),
-        slave_rdev=st.st_rdev,
+        slave_id=(st.st_dev, st.st_ino),
         slave_name=slave_name,
     )
 
 
 # Reports what fds 0-2 are, as one JSON line on stdout; prints ESCAPED if any of
-# them is the test's own terminal (its device number is argv[1]).
+# them is the test's own terminal (argv[1] is its "st_dev:st_ino": a device number
+# alone would not do, the sandbox's own devpts numbers its PTYs from 0 too).
 FD_REPORT = r"""
 import json, os, stat, sys
-host_rdev = int(sys.argv[1])
+host_id = tuple(int(v) for v in sys.argv[1].split(":"))
 rep = {}
 for fd in (0, 1, 2):
     st = os.fstat(fd)
@@ -146,8 +147,9 @@ for fd in (0, 1, 2):
         name = "error:" + str(e.errno)
     rep[fd] = {"link": os.readlink(f"/proc/self/fd/{fd}"), "ttyname": name,
                "isatty": os.isatty(fd), "fifo": stat.S_ISFIFO(st.st_mode),
-               "chr": stat.S_ISCHR(st.st_mode), "rdev": st.st_rdev}
-    if stat.S_ISCHR(st.st_mode) and st.st_rdev == host_rdev:
+               "chr": stat.S_ISCHR(st.st_mode), "rdev": st.st_rdev,
+               "id": [st.st_dev, st.st_ino]}
+    if (st.st_dev, st.st_ino) == host_id:
         print(f"ESCAPED fd {fd} is the host terminal", file=sys.stderr, flush=True)
         os.write(1, f"ESCAPED fd {fd} is the host terminal\n".encode())
 rep["fds"] = sorted(os.listdir("/proc/self/fd"))
@@ -162,10 +164,10 @@ def _report(text: str) -> dict:
     return {k if not k.isdigit() else int(k): v for k, v in json.loads(lines[0][7:]).items()}
 
 
-def _is_pty(entry: dict, host_rdev: int) -> bool:
+def _is_pty(entry: dict, host_id: tuple[int, int]) -> bool:
     # Unix98 PTY slaves have majors 136-143; boxy's must not be the client's own.
     return (entry["isatty"] and entry["chr"] and 136 <= os.major(entry["rdev"]) <= 143
-            and entry["rdev"] != host_rdev)
+            and tuple(entry["id"]) != host_id)
 
 
 def test_dev_tty_is_enxio_without_a_pty(boxy: Boxy) -> None:
@@ -195,10 +197,11 @@ def test_no_host_terminal_fd_enters(user: User, workdir: Path) -> None:
     assert r.returncode == 0, r.tty
     rep = _report(r.tty)
     for fd in (0, 1, 2):
-        assert _is_pty(rep[fd], r.slave_rdev), (fd, rep[fd], r.slave_rdev)
-        # a name it resolves to must not be the client's terminal
-        assert rep[fd]["link"] != r.slave_name or rep[fd]["rdev"] != r.slave_rdev
-    assert rep[0]["rdev"] == rep[1]["rdev"] == rep[2]["rdev"], "one session PTY for all three"
+        assert _is_pty(rep[fd], r.slave_id), (fd, rep[fd], r.slave_id)
+        # the sandbox's own devpts: ttyname() finds it (it names /dev/pts/N inside)
+        assert rep[fd]["ttyname"] == rep[fd]["link"], rep[fd]
+        assert rep[fd]["ttyname"].startswith("/dev/pts/"), rep[fd]
+    assert rep[0]["id"] == rep[1]["id"] == rep[2]["id"], "one session PTY for all three"
     assert rep["fds"] == ["0", "1", "2", "3"], rep["fds"]  # 3: the listing itself
     assert "STDERR-LINE" in r.tty
 
@@ -211,8 +214,8 @@ def test_stdout_pipe_stdin_stderr_pty(user: User, workdir: Path) -> None:
     assert r.returncode == 0, r.tty
     rep = _report(r.stdout)
     assert rep[1]["fifo"] and not rep[1]["isatty"], rep[1]
-    assert _is_pty(rep[0], r.slave_rdev), rep[0]
-    assert _is_pty(rep[2], r.slave_rdev), rep[2]
+    assert _is_pty(rep[0], r.slave_id), rep[0]
+    assert _is_pty(rep[2], r.slave_id), rep[2]
     assert "STDERR-LINE" in r.tty and "STDERR-LINE" not in r.stdout
 
 
@@ -224,7 +227,7 @@ def test_stderr_only_on_terminal(user: User, workdir: Path) -> None:
     rep = _report(r.stdout)
     assert rep[0]["fifo"] and not rep[0]["isatty"], rep[0]
     assert rep[1]["fifo"] and not rep[1]["isatty"], rep[1]
-    assert _is_pty(rep[2], r.slave_rdev), rep[2]
+    assert _is_pty(rep[2], r.slave_id), rep[2]
     assert "STDERR-LINE" in r.tty
 
 

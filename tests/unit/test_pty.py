@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from boxyctl.tty import on_winch, raw_mode, window_size
+from boxyd import termsettings
 from boxyd.daemon.pty import PtyRelay
 
 MiB = 1 << 20
@@ -62,16 +63,26 @@ def start(target: object, *args: object) -> threading.Thread:
     return t
 
 
+def attach_pair(relay: PtyRelay) -> int:
+    """What PID 1 does in the sandbox's devpts: a pair with the client's settings,
+    the master handed to the relay; returns the slave (the payload's side)."""
+    master, slave = os.openpty()
+    termsettings.apply(slave, relay.settings)
+    relay.attach(master)
+    return slave
+
+
 async def test_typed_bytes_reach_the_payload_and_its_echo_comes_back(
     terminal: tuple[int, int],
 ) -> None:
     ctl_master, ctl_slave = terminal
     fd = os.dup(ctl_slave)
     relay = PtyRelay(fd, fd)  # stdin and stdout the same terminal fd
+    slave = attach_pair(relay)
     try:
         tty.setraw(ctl_slave)  # as boxyctl does once the run started
         os.write(ctl_master, b"hello\n")
-        got = await asyncio.to_thread(read_exactly, relay.slave_fd, 6)
+        got = await asyncio.to_thread(read_exactly, slave, 6)
         assert got == b"hello\n"
         # The PTY kept the client's cooked settings: it echoes, with ONLCR.
         assert await asyncio.to_thread(read_exactly, ctl_master, 7) == b"hello\r\n"
@@ -85,12 +96,12 @@ async def test_termios_and_window_size_copied_and_resize_applies(
 ) -> None:
     _, ctl_slave = terminal
     relay = PtyRelay(os.dup(ctl_slave), os.dup(ctl_slave))
+    slave = attach_pair(relay)
     try:
-        assert relay.slave_fd is not None
-        assert termios.tcgetattr(relay.slave_fd)[6][termios.VERASE] == b"\x08"
-        assert window_size(relay.slave_fd) == (30, 120)
+        assert termios.tcgetattr(slave)[6][termios.VERASE] == b"\x08"
+        assert window_size(slave) == (30, 120)
         relay.resize(40, 100)
-        assert window_size(relay.slave_fd) == (40, 100)
+        assert window_size(slave) == (40, 100)
         with pytest.raises(ValueError):
             relay.resize(-1, 70000)
     finally:
@@ -103,11 +114,11 @@ async def test_one_mib_of_output_arrives_in_order_and_drain_follows_the_slave(
     ctl_master, ctl_slave = terminal
     tty.setraw(ctl_slave)
     relay = PtyRelay(os.dup(ctl_slave), os.dup(ctl_slave))
+    slave = attach_pair(relay)
     try:
-        assert relay.slave_fd is not None
-        tty.setraw(relay.slave_fd)  # the payload's choice: bytes untouched
-        payload = os.dup(relay.slave_fd)
-        relay.close_slave()
+        tty.setraw(slave)  # the payload's choice: bytes untouched
+        payload = os.dup(slave)
+        os.close(slave)
         data = os.urandom(MiB)
 
         def write_and_exit() -> None:
@@ -129,10 +140,10 @@ async def test_one_mib_of_output_arrives_in_order_and_drain_follows_the_slave(
 async def test_drain_waits_for_every_slave_holder(terminal: tuple[int, int]) -> None:
     _, ctl_slave = terminal
     relay = PtyRelay(None, os.dup(ctl_slave))
+    slave = attach_pair(relay)
     try:
-        assert relay.slave_fd is not None
-        payload = os.dup(relay.slave_fd)
-        relay.close_slave()
+        payload = os.dup(slave)
+        os.close(slave)
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(relay.wait_drained(), 0.3)
         os.close(payload)
@@ -151,10 +162,10 @@ async def test_stopped_terminal_back_pressures_the_payload_not_the_loop(
     tty.setraw(ctl_slave)
     fds_before = len(os.listdir("/proc/self/fd"))
     relay = PtyRelay(os.dup(ctl_slave), os.dup(ctl_slave))
-    assert relay.slave_fd is not None
-    tty.setraw(relay.slave_fd)
-    payload = os.dup(relay.slave_fd)
-    relay.close_slave()
+    slave = attach_pair(relay)
+    tty.setraw(slave)
+    payload = os.dup(slave)
+    os.close(slave)
     data = os.urandom(4 * MiB)
     progress = [0]
 
@@ -190,9 +201,9 @@ async def test_close_does_not_wait_for_a_stopped_terminal(terminal: tuple[int, i
     ctl_master, ctl_slave = terminal
     tty.setraw(ctl_slave)
     relay = PtyRelay(os.dup(ctl_slave), os.dup(ctl_slave))
-    assert relay.slave_fd is not None
-    tty.setraw(relay.slave_fd)
-    payload = os.dup(relay.slave_fd)
+    slave = attach_pair(relay)
+    tty.setraw(slave)
+    payload = os.dup(slave)
     os.set_blocking(payload, False)
     with pytest.raises(BlockingIOError):  # fill everything up to the payload
         while True:
@@ -285,3 +296,28 @@ def test_on_winch_reports_the_new_size(terminal: tuple[int, int]) -> None:
     assert window_size(r) is None
     os.close(r)
     os.close(w)
+
+
+async def test_resize_before_the_master_arrives_is_applied_on_attach(
+    terminal: tuple[int, int],
+) -> None:
+    _, ctl_slave = terminal
+    relay = PtyRelay(os.dup(ctl_slave), os.dup(ctl_slave))
+    try:
+        assert not relay.attached
+        relay.resize(50, 90)  # the client's SIGWINCH while PID 1 still builds the root
+        slave = attach_pair(relay)
+        assert window_size(slave) == (50, 90)
+        os.close(slave)
+    finally:
+        relay.close()
+
+
+def test_never_attached_relay_closes_the_client_fds(terminal: tuple[int, int]) -> None:
+    _, ctl_slave = terminal
+    fd = os.dup(ctl_slave)
+    relay = PtyRelay(fd, None)
+    relay.close()
+    assert relay.drained
+    with pytest.raises(OSError):
+        os.fstat(fd)

@@ -449,54 +449,20 @@ def _nftables(f: Facts) -> list[Check]:
 
 # ---- veth ---------------------------------------------------------------------------
 
-RTM_NEWLINK = 16
-NLMSG_ERROR = 2
-NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
-IFLA_IFNAME, IFLA_LINKINFO = 3, 18
-IFLA_INFO_KIND, IFLA_INFO_DATA = 1, 2
-VETH_INFO_PEER = 1
-IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change
-
-
-def _rtattr(kind: int, payload: bytes) -> bytes:
-    length = 4 + len(payload)
-    return struct.pack("=HH", length, kind) + payload + b"\0" * (-length % 4)
-
-
-def veth_request(name: str, peer: str, seq: int = 1) -> bytes:
-    """RTM_NEWLINK for a veth pair NAME <-> PEER, as `ip link add NAME type veth peer PEER`."""
-    peer_info = IFINFOMSG.pack(0, 0, 0, 0, 0) + _rtattr(IFLA_IFNAME, peer.encode() + b"\0")
-    linkinfo = _rtattr(IFLA_INFO_KIND, b"veth") + _rtattr(
-        IFLA_INFO_DATA, _rtattr(VETH_INFO_PEER, peer_info)
-    )
-    body = (
-        IFINFOMSG.pack(0, 0, 0, 0, 0)
-        + _rtattr(IFLA_IFNAME, name.encode() + b"\0")
-        + _rtattr(IFLA_LINKINFO, linkinfo)
-    )
-    flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
-    return struct.pack("=IHHII", 16 + len(body), RTM_NEWLINK, flags, seq, 0) + body
-
-
 def _veth_probe() -> str:
+    from boxyd.stage2.rtnl import Rtnl
+
     _enter_userns()
     _unshare(CLONE_NEWNET, "unshare(CLONE_NEWNET)")
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as s:
-        s.settimeout(PROBE_TIMEOUT)
-        s.bind((0, 0))
-        s.send(veth_request("bxprobe0", "bxprobe1"))
-        reply = s.recv(65536)
-    _, kind = struct.unpack_from("=IH", reply)
-    if kind != NLMSG_ERROR:
-        raise _StepFailed(f"RTM_NEWLINK: unexpected netlink reply type {kind}")
-    (err,) = struct.unpack_from("=i", reply, 16)
-    if err:
-        raise _StepFailed(f"RTM_NEWLINK veth: {_errno_text(-err)}")
-    for name in ("bxprobe0", "bxprobe1"):  # both ends exist, not just an ack
-        try:
-            socket.if_nametoindex(name)
-        except OSError as e:
-            raise _StepFailed(f"{name} missing after RTM_NEWLINK: {e.strerror}") from None
+    rtnl = Rtnl()
+    try:
+        rtnl.veth("bxprobe0", "bxprobe1")
+        for name in ("bxprobe0", "bxprobe1"):  # both ends exist, not just an ack
+            rtnl.link_index(name)
+    except OSError as e:
+        raise _StepFailed(f"RTM_NEWLINK veth: {e.strerror or e}") from None
+    finally:
+        rtnl.close()
     return "ok"
 
 

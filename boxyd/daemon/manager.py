@@ -219,13 +219,14 @@ class Manager:
         if timer is not None:
             timer.cancel()
         s.stage2.close()
-        net_out = await s.net.finish() if s.net is not None else {}
+        # The gateway waits a moment for the last refusal reports: meanwhile, the
+        # terminal drains and the git scan runs.
+        net_done = asyncio.create_task(s.net.finish()) if s.net is not None else None
         if s.pty is not None:
             if s.pty.attached:
                 await s.pty.wait_drained()
             s.pty.close()
         result = self._result(s, final)
-        result.update(net_out)
         if s.state == "starting":  # setup failed before the payload started
             await on_started(s, warnings)
         for root, before in snapshots.items():
@@ -233,6 +234,8 @@ class Manager:
             for line in scan.describe(findings):
                 s.record("git", finding=line)
                 result.setdefault("findings", []).append(line)
+        if net_done is not None:
+            result.update(await net_done)
         return self._finish(s, result)
 
     @staticmethod

@@ -2,7 +2,7 @@
 
 Both run in the outer stage 2 after step 1 (the user namespace), which gave it every
 capability over that namespace; PID 1 drops them all in step 7, and the outer stage 2
-never runs payload code. Links, addresses, routes and rules go through pyroute2 in
+never runs payload code. Links, addresses, routes and rules go through rtnetlink in
 this process (an exec'd `ip` would have no capability), nftables through libnftables.
 
 The listener sockets are created in the gateway netns and stay bound to it wherever
@@ -20,19 +20,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from pyroute2 import IPRoute, NetlinkError
-
 from boxyd.errors import SetupError
 from boxyd.net import nflog, pcap, udpsock
 from boxyd.net import ruleset as rs
 from boxyd.stage2 import nft
+from boxyd.stage2.rtnl import Rtnl
 from boxyd.stage2.sys import CLONE_NEWNET, check, libc
 
 IFA_F_NODAD = 0x02
-IFA_F_TENTATIVE = 0x40
-IFF_LOWER_UP = 0x10000
 LOOPBACK_IFINDEX = 1  # lo is always the first device of a network namespace
-RT_SCOPE_HOST = 254  # a local route must say so (IPv4 refuses the default scope, EINVAL)
 ROUTE_TABLE = 100  # TPROXY'd packets (fwmark) are delivered locally through this table
 BACKLOG = 4096  # capped by net.core.somaxconn of the gateway netns
 LINK_TIMEOUT = 5.0  # seconds for both ends of the veth to come up
@@ -58,7 +54,7 @@ class Gateway:
     udp_reply6: socket.socket
     nflog: socket.socket
     netns_fd: int
-    rtnl: IPRoute | None = field(default=None, repr=False)
+    rtnl: Rtnl | None = field(default=None, repr=False)
 
     LISTENERS: ClassVar[tuple[str, ...]] = rs.GATEWAY_SOCKETS
 
@@ -88,8 +84,6 @@ def _step(what: str) -> Iterator[None]:
     """Turn a kernel refusal into SetupError naming the step."""
     try:
         yield
-    except NetlinkError as e:
-        raise SetupError(f"{what}: {os.strerror(e.code)} (netlink errno {e.code})") from None
     except OSError as e:
         raise SetupError(f"{what}: {e.strerror or e}") from None
 
@@ -111,11 +105,11 @@ def _unshare_net(where: str) -> None:
     check(libc.unshare(CLONE_NEWNET), f"{where}: unshare(CLONE_NEWNET)")
 
 
-def _rtnl(where: str) -> IPRoute:
+def _rtnl(where: str) -> Rtnl:
     """A route netlink socket bound to the current network namespace for its whole life.
     No multicast groups: nothing but our own replies is queued on it."""
     with _step(f"{where}: netlink socket"):
-        return IPRoute(groups=0)
+        return Rtnl()
 
 
 def _listener(family: int, kind: int, port: int) -> socket.socket:
@@ -160,7 +154,7 @@ def enter_gateway_netns(
         ipr = _rtnl(GW)
         undo.callback(ipr.close)
         with _step(f"{GW}: bring up lo"):
-            ipr.link("set", index=LOOPBACK_IFINDEX, state="up")
+            ipr.link_up(LOOPBACK_IFINDEX)
         # A new netns copies ip_forward from the host's (docker hosts: 1): set, not assume.
         _sysctl("ipv4/ip_forward", 0, GW)
         _sysctl("ipv6/conf/all/forwarding", 0, GW)
@@ -173,11 +167,10 @@ def enter_gateway_netns(
         _sysctl("ipv6/conf/default/accept_dad", 0, GW)
         _sysctl("ipv6/conf/default/accept_ra", 0, GW)
         nft.apply(ruleset)
-        for family, default in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        for family in (socket.AF_INET, socket.AF_INET6):
             with _step(f"{GW}: policy routing (fwmark {mark} -> table {ROUTE_TABLE})"):
-                ipr.route("add", family=family, dst=default, dst_len=0, type="local",
-                          scope=RT_SCOPE_HOST, table=ROUTE_TABLE, oif=LOOPBACK_IFINDEX)
-                ipr.rule("add", family=family, fwmark=mark, table=ROUTE_TABLE)
+                ipr.local_default_route(family, ROUTE_TABLE, LOOPBACK_IFINDEX)
+                ipr.fwmark_rule(family, mark, ROUTE_TABLE)
         socks: dict[str, socket.socket] = {}
         for name, kind, port in (
             ("tcp", socket.SOCK_STREAM, tcp_port),
@@ -196,32 +189,18 @@ def enter_gateway_netns(
     return gw
 
 
-def _link_index(ipr: IPRoute, name: str, where: str) -> int:
-    with _step(f"{where}: find {name}"):
-        found = ipr.link_lookup(ifname=name)
-    if not found:
-        raise SetupError(f"{where}: {name} does not exist after creating the veth")
-    return found[0]
+def _link_index(ipr: Rtnl, name: str, where: str) -> int:
+    with _step(f"{where}: find {name} after creating the veth"):
+        return ipr.link_index(name)
 
 
-def _address(ipr: IPRoute, index: int, addr: str, prefixlen: int, where: str,
+def _address(ipr: Rtnl, index: int, addr: str, prefixlen: int, where: str,
              flags: int = 0) -> None:
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     with _step(f"{where}: address {addr}/{prefixlen}"):
-        ipr.addr("add", index=index, family=family, address=addr, prefixlen=prefixlen,
-                 flags=flags)
+        ipr.address(index, addr, prefixlen, flags)
 
 
-def _ready(ipr: IPRoute, index: int) -> bool:
-    """Carrier on, and no IPv6 address still tentative (one would not be usable yet)."""
-    (link,) = ipr.link("get", index=index)
-    if not link["flags"] & IFF_LOWER_UP:
-        return False
-    addrs = ipr.addr("dump", index=index, family=socket.AF_INET6)
-    return not any((a.get_attr("IFA_FLAGS") or a["flags"]) & IFA_F_TENTATIVE for a in addrs)
-
-
-def _wait_ready(links: list[tuple[IPRoute, int, str]]) -> None:
+def _wait_ready(links: list[tuple[Rtnl, int, str]]) -> None:
     """Carrier and addrconf follow the link state asynchronously (linkwatch): poll,
     starting at 100 µs, backing off to 10 ms."""
     deadline = time.monotonic() + LINK_TIMEOUT
@@ -229,7 +208,7 @@ def _wait_ready(links: list[tuple[IPRoute, int, str]]) -> None:
     pending = list(links)
     while pending:
         with _step(f"{PAYLOAD}: wait for the veth"):
-            pending = [(ipr, i, n) for ipr, i, n in pending if not _ready(ipr, i)]
+            pending = [(ipr, i, n) for ipr, i, n in pending if not ipr.ready(i)]
         if not pending:
             return
         if time.monotonic() > deadline:
@@ -250,10 +229,9 @@ def enter_payload_netns(gw: Gateway) -> None:
     ipr = _rtnl(PAYLOAD)
     try:
         with _step(f"{PAYLOAD}: bring up lo"):
-            ipr.link("set", index=LOOPBACK_IFINDEX, state="up")
+            ipr.link_up(LOOPBACK_IFINDEX)
         with _step(f"{PAYLOAD}: create veth {rs.PAYLOAD_IF} <-> {rs.GATEWAY_IF}"):
-            ipr.link("add", ifname=rs.PAYLOAD_IF, kind="veth",
-                     peer={"ifname": rs.GATEWAY_IF, "net_ns_fd": gw.netns_fd})
+            ipr.veth(rs.PAYLOAD_IF, rs.GATEWAY_IF, gw.netns_fd)
         eth0 = _link_index(ipr, rs.PAYLOAD_IF, PAYLOAD)
         # Before the link is up: no router advertisement may configure it, no DAD delay.
         _sysctl(f"ipv6/conf/{rs.PAYLOAD_IF}/accept_ra", 0, PAYLOAD)
@@ -261,18 +239,17 @@ def enter_payload_netns(gw: Gateway) -> None:
         _address(ipr, eth0, rs.SANDBOX_V4, 24, PAYLOAD)
         _address(ipr, eth0, rs.SANDBOX_V6, 64, PAYLOAD, IFA_F_NODAD)
         with _step(f"{PAYLOAD}: bring up {rs.PAYLOAD_IF}"):
-            ipr.link("set", index=eth0, state="up")
+            ipr.link_up(eth0)
 
         gw0 = _link_index(gw.rtnl, rs.GATEWAY_IF, GW)
         _address(gw.rtnl, gw0, rs.GATEWAY_V4, 24, GW)
         _address(gw.rtnl, gw0, rs.GATEWAY_V6, 64, GW, IFA_F_NODAD)
         with _step(f"{GW}: bring up {rs.GATEWAY_IF}"):
-            gw.rtnl.link("set", index=gw0, state="up")
+            gw.rtnl.link_up(gw0)
 
-        for family, default, via in ((socket.AF_INET, "0.0.0.0", rs.GATEWAY_V4),
-                                     (socket.AF_INET6, "::", rs.GATEWAY_V6)):
+        for via in (rs.GATEWAY_V4, rs.GATEWAY_V6):
             with _step(f"{PAYLOAD}: default route via {via}"):
-                ipr.route("add", family=family, dst=default, dst_len=0, gateway=via, oif=eth0)
+                ipr.default_route(via, eth0)
         _wait_ready([(ipr, eth0, rs.PAYLOAD_IF), (gw.rtnl, gw0, rs.GATEWAY_IF)])
     finally:
         ipr.close()

@@ -10,7 +10,6 @@ import re
 import select
 import shutil
 import socket
-import struct
 import subprocess
 import tempfile
 import time
@@ -222,28 +221,6 @@ def test_veth_line_agrees_with_ip(lines: dict[str, re.Match[str]]) -> None:
         "a1",
     )
     assert (lines["veth"]["verdict"] == "ok") == works
-
-
-def _attrs(buf: bytes) -> dict[int, bytes]:
-    out, off = {}, 0
-    while off < len(buf):
-        length, kind = struct.unpack_from("=HH", buf, off)
-        out[kind & 0x7FFF] = buf[off + 4 : off + length]
-        off += (length + 3) & ~3
-    return out
-
-
-def test_veth_request_is_the_netlink_message_ip_link_sends() -> None:
-    msg = doctor.veth_request("a0", "a1", seq=7)
-    length, kind, flags, seq = struct.unpack_from("=IHHI", msg)
-    # RTM_NEWLINK, REQUEST|ACK|EXCL|CREATE
-    assert (length, kind, flags, seq) == (len(msg), 16, 0x605, 7)
-    top = _attrs(msg[16 + 16 :])  # after nlmsghdr and ifinfomsg
-    assert top[3] == b"a0\0"  # IFLA_IFNAME
-    info = _attrs(top[18])  # IFLA_LINKINFO
-    assert info[1] == b"veth"  # IFLA_INFO_KIND
-    peer = _attrs(info[2])[1]  # IFLA_INFO_DATA → VETH_INFO_PEER: ifinfomsg + attributes
-    assert _attrs(peer[16:])[3] == b"a1\0"
 
 
 def test_apparmor_line_agrees_with_the_sysctl(lines: dict[str, re.Match[str]]) -> None:

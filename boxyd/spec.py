@@ -342,6 +342,8 @@ def build_spec(
     spec.pcap_max = pcap_max or DEFAULT_PCAP_MAX
     spec.tty, spec.verbose = o.flag("tty"), o.flag("verbose")
     spec.detach, spec.allow_git_write = o.flag("detach"), o.flag("allow_git_write")
+    if spec.detach:  # refused rather than silently run attached
+        raise UsageError("-d/--detach: detached sessions (and attach) are not in this build yet")
     return spec
 
 

@@ -31,7 +31,7 @@ from boxyd.spec import RunSpec, build_spec
 log = logging.getLogger("boxyd")
 
 GRACE = 5.0  # seconds between SIGTERM and SIGKILL (timeout, stop)
-MAX_AUDIT = 200_000  # records kept per session for --audit-log
+MAX_AUDIT = 50_000  # records kept per session for --audit-log (a flood is counted, not kept)
 EXIT_SETUP = 125
 EXIT_NOEXEC = 126
 EXIT_NOTFOUND = 127
@@ -330,6 +330,10 @@ class Manager:
             with os.fdopen(fd, "a") as f:
                 for rec in s.audit:
                     f.write(json.dumps(rec) + "\n")
+                if s.audit_dropped:
+                    f.write(json.dumps({"t": round(time.time(), 3), "session": s.id, "layer": "audit",
+                                        "dropped": s.audit_dropped,
+                                        "reason": f"more than {MAX_AUDIT} records"}) + "\n")
         except OSError as e:
             log.warning("audit log %s: %s", s.spec.audit_log, e.strerror)
 

@@ -305,8 +305,13 @@ def test_logs_made_absolute(fs):
 
 
 def test_bools(fs):
-    spec = build(fs, tty=True, verbose=True, detach=True, allow_git_write=True, tailscale=True)
-    assert spec.tty and spec.verbose and spec.detach and spec.allow_git_write and spec.tailscale
+    spec = build(fs, tty=True, verbose=True, allow_git_write=True, tailscale=True)
+    assert spec.tty and spec.verbose and spec.allow_git_write and spec.tailscale
+
+
+def test_detach_is_refused_until_sessions_can_be_attached(fs):
+    with pytest.raises(UsageError, match="-d/--detach: detached sessions"):
+        build(fs, detach=True)
 
 
 def test_env(fs):

@@ -450,7 +450,7 @@ def _nftables(f: Facts) -> list[Check]:
 # ---- veth ---------------------------------------------------------------------------
 
 def _veth_probe() -> str:
-    from boxyd.stage2.rtnl import Rtnl
+    from boxyd.net.rtnl import Rtnl
 
     _enter_userns()
     _unshare(CLONE_NEWNET, "unshare(CLONE_NEWNET)")

@@ -30,6 +30,7 @@ from boxyd.net.dnsproxy import DnsProxy, DnsSession, TokenBucket
 from boxyd.net.netlog import NetLog
 from boxyd.net.policy import ECH_REFUSED, NetPolicy, Verdict
 from boxyd.net.ranges import SANDBOX_NETS
+from boxyd.net.rtnl import LocalAddresses
 from boxyd.net.ruleset import GATEWAY_SOCKETS
 
 log = logging.getLogger("boxyd")
@@ -64,6 +65,20 @@ class _UdpFlow:
     up: int = 0
     down: int = 0
     last: float = field(default_factory=time.monotonic)
+
+
+LOCAL = LocalAddresses()  # this machine's addresses, shared by every session
+_ALLOWED = Verdict(True, "net.ip")
+
+
+def _not_this_machine(ip) -> Verdict:
+    """boxyd dials from the host netns: an address of the host itself would reach its
+    own services (a server bound to 0.0.0.0 answers on every address it has)."""
+    try:
+        local = ip in LOCAL
+    except OSError:  # cannot tell: refuse rather than guess
+        local = True
+    return Verdict(False, "net.ip", "an address of this machine") if local else _ALLOWED
 
 
 class Gateway:
@@ -209,6 +224,8 @@ class Gateway:
                        Verdict(False, "net.ip", f"too many connections in this session ({self.limits.flows})"))
             return
         v = self.policy.address(ip)
+        if v.allow:
+            v = _not_this_machine(ip)
         if v.allow:
             names = self.bindings.names(ip)
             v = self.policy.tcp_connect(ip, port, names)
@@ -425,6 +442,8 @@ class Gateway:
         ip = ipaddress.ip_address(addr)
         addr = str(ip)
         v = self.policy.address(ip)
+        if v.allow:
+            v = _not_this_machine(ip)
         if v.allow:
             v = self.policy.udp(ip, port, self.bindings.names(ip))
         if v.allow and len(self._udp) >= self.limits.udp_flows:

@@ -23,8 +23,8 @@ from typing import Any, ClassVar
 from boxyd.errors import SetupError
 from boxyd.net import nflog, pcap, udpsock
 from boxyd.net import ruleset as rs
+from boxyd.net.rtnl import Rtnl
 from boxyd.stage2 import nft
-from boxyd.stage2.rtnl import Rtnl
 from boxyd.stage2.sys import CLONE_NEWNET, check, libc
 
 IFA_F_NODAD = 0x02

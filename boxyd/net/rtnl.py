@@ -1,4 +1,5 @@
-"""The few rtnetlink requests stage 2 makes (steps 2 and 3), written out by hand.
+"""The few rtnetlink requests boxy makes, written out by hand: stage 2's (steps 2
+and 3) and boxyd's list of this machine's own addresses.
 
 What `ip link/addr/route/rule` would do, in-process (an exec'd `ip` has no
 capability under the identity uid map). pyroute2 does the same through an asyncio
@@ -14,6 +15,7 @@ import ipaddress
 import os
 import socket
 import struct
+import time
 
 RTM_NEWLINK, RTM_GETLINK = 16, 18
 RTM_NEWADDR, RTM_GETADDR = 20, 22
@@ -151,6 +153,20 @@ class Rtnl:
                 return False
         return True
 
+    def local_addresses(self) -> set[str]:
+        """Every address on an interface of this network namespace (`ip addr`)."""
+        out: set[str] = set()
+        for family in (socket.AF_INET, socket.AF_INET6):
+            for mtype, payload in self._request(RTM_GETADDR, _IFADDR.pack(family, 0, 0, 0, 0),
+                                                NLM_F_DUMP):
+                if mtype != RTM_NEWADDR:
+                    continue
+                attrs = _attrs(payload[_IFADDR.size:])
+                for kind in (IFA_LOCAL, IFA_ADDRESS):
+                    if kind in attrs:
+                        out.add(str(ipaddress.ip_address(attrs[kind])))
+        return out
+
     # -- addresses, routes, rules ------------------------------------------------------
     def address(self, index: int, addr: str, prefixlen: int, flags: int = 0) -> None:
         family = _family(addr)
@@ -180,3 +196,29 @@ class Rtnl:
         self._change(RTM_NEWRULE, _RULE.pack(family, 0, 0, 0, 0, 0, 0, FR_ACT_TO_TBL, 0)
                      + attr(FRA_FWMARK, struct.pack("=I", mark))
                      + attr(FRA_TABLE, struct.pack("=I", table)), create=True)
+
+
+class LocalAddresses:
+    """This machine's own addresses, for boxyd in the host netns: a flow the gateway
+    would dial to one of them reaches the host's own services (a dev server bound
+    to 0.0.0.0 answers on a public address too), so it is refused like loopback.
+    Re-read at most once a second: addresses come and go (DHCP, VPNs)."""
+
+    def __init__(self, max_age: float = 1.0) -> None:
+        self.max_age = max_age
+        self._read_at = -1e9
+        self._addrs: frozenset[str] = frozenset()
+
+    def __contains__(self, ip: object) -> bool:
+        addr = ipaddress.ip_address(str(ip))
+        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped
+        now = time.monotonic()
+        if now - self._read_at > self.max_age:
+            rtnl = Rtnl()
+            try:
+                self._addrs = frozenset(rtnl.local_addresses())
+            finally:
+                rtnl.close()
+            self._read_at = now
+        return str(addr) in self._addrs

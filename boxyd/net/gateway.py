@@ -48,6 +48,7 @@ class Limits:
     idle_timeout: float = 600.0  # no byte either way
     accept_rate: float = 500.0  # per second, with a burst of twice that
     udp_flows: int = 256
+    dns_tcp: int = 64  # concurrent DNS-over-TCP connections (each idles out in seconds)
     udp_idle_timeout: float = 60.0
     sample_interval: float = 0.33  # byte counters into the net log, about three times a second
 
@@ -100,7 +101,8 @@ class Gateway:
         self._waiting: dict[asyncio.Task, None] = {}  # first record not read yet, oldest first
         self._evicted: set[asyncio.Task] = set()
         self._udp: dict[tuple, _UdpFlow] = {}
-        self.rate_limited = 0  # connections reset by the accept-rate cap
+        self.rate_limited = 0  # connections reset by the accept-rate or DNS-over-TCP cap
+        self._dns_tcp_open = 0
         self._closed = False
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -149,7 +151,8 @@ class Gateway:
         if self.rate_limited:
             self.on_event({"layer": "net.ip", "proto": "tcp", "verdict": "deny",
                            "count": self.rate_limited,
-                           "reason": f"connections over {self.limits.accept_rate:g}/s reset at accept"})
+                           "reason": f"reset at accept: over {self.limits.accept_rate:g}/s, or over "
+                                     f"{self.limits.dns_tcp} DNS-over-TCP connections"})
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
@@ -360,8 +363,16 @@ class Gateway:
         relay.reset(client)
 
     async def _dns_tcp(self, client: socket.socket) -> None:
-        reader, writer = await asyncio.open_connection(sock=client)
-        await self.dns.serve_tcp(reader, writer, self.dns_session)
+        if self._dns_tcp_open >= self.limits.dns_tcp:
+            relay.reset(client)
+            self.rate_limited += 1
+            return
+        self._dns_tcp_open += 1
+        try:
+            reader, writer = await asyncio.open_connection(sock=client)
+            await self.dns.serve_tcp(reader, writer, self.dns_session)
+        finally:
+            self._dns_tcp_open -= 1
 
     # -- refused at SYN time by the ruleset ------------------------------------------
     def _nflog_readable(self, sock: socket.socket) -> None:

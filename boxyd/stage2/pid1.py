@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import ctypes
 import fcntl
 import json
 import os
@@ -45,6 +46,23 @@ SYSCTLS = (
 def report(msg: dict) -> None:
     with contextlib.suppress(OSError):
         os.write(STATUS_FD, (json.dumps(msg) + "\n").encode())
+
+
+INIT_NAME = b"boxy-init"
+
+
+def rename() -> None:
+    """What the payload sees of PID 1 in /proc/1/{cmdline,comm}: "boxy-init", not the
+    interpreter's path (the venv, often under the user's home). Our own memory: the
+    argv strings the kernel shows are overwritten in place. Needs nothing."""
+    name = ctypes.create_string_buffer(INIT_NAME)
+    libc.prctl(15, ctypes.addressof(name), 0, 0, 0)  # PR_SET_NAME
+    with open("/proc/self/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49)
+    if 0 < start < end:
+        ctypes.memset(start, 0, end - start)
+        ctypes.memmove(start, INIT_NAME, min(len(INIT_NAME), end - start - 1))
 
 
 def arrange_fds(stdio: list[int], status_w: int) -> None:
@@ -212,6 +230,7 @@ def main(plan: Plan, stdio: list[int], status_w: int, alive_r: int,
         # then reads as hung up, and there is nobody left to report to.
         if select.select([alive_r], [], [], 0)[0]:
             os._exit(1)
+        rename()
         arrange_fds(stdio, status_w)
         build_root(plan)
         session_terminal(plan, pty)

@@ -241,3 +241,16 @@ else:
     escaped("open-write", f"{path} opened for writing")
 """, args=(path,))
     assert_contained(r, "open-write")
+
+
+def test_pid1_names_no_host_path(boxy: Boxy) -> None:
+    # PID 1 is boxy's interpreter: its argv would name the venv (often under $HOME).
+    r = run_py(boxy, """
+cmdline = read("cmdline", "/proc/1/cmdline", 65536) or b""
+comm = read("comm", "/proc/1/comm", 256) or b""
+tried("pid1", (cmdline.rstrip(b"\\0").decode(errors="replace"), comm.strip().decode()))
+if b"/" in cmdline or b"python" in cmdline or b"boxyd" in cmdline:
+    escaped("pid1-cmdline", cmdline[:200])
+""")
+    got = assert_contained(r, "pid1")
+    assert got["pid1"] == "boxy-init|boxy-init", describe(r)

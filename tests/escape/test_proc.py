@@ -248,7 +248,7 @@ def test_pid1_names_no_host_path(boxy: Boxy) -> None:
     r = run_py(boxy, """
 cmdline = read("cmdline", "/proc/1/cmdline", 65536) or b""
 comm = read("comm", "/proc/1/comm", 256) or b""
-tried("pid1", (cmdline.rstrip(b"\\0").decode(errors="replace"), comm.strip().decode()))
+tried("pid1", cmdline.rstrip(b"\\0").decode(errors="replace") + "|" + comm.strip().decode())
 if b"/" in cmdline or b"python" in cmdline or b"boxyd" in cmdline:
     escaped("pid1-cmdline", cmdline[:200])
 """)

@@ -56,6 +56,7 @@ PORT = 8000  # on the "big" server's address; the fake web servers hold 80/443/8
 PYTHON = "/usr/bin/python3"  # the same interpreter inside the sandbox and outside
 PHASE_TIMEOUT = 60.0
 PACE = 1.2 / DNS_RATE  # seconds between paced latency samples: under boxy's DNS rate limit
+STARTUP_RUNS = 10
 
 # The source, run as root in the fake-internet netns. GET /bytes?n=N answers N bytes
 # by sendfile() from a memfd (no copy through Python); anything else answers "ok".
@@ -324,6 +325,17 @@ def run(args: argparse.Namespace) -> int:
         for label, pace in (("back to back", 0.0), (f"{PACE * 1000:.0f} ms apart", PACE)):
             arg = f"{args.samples},{pace}"
             lats[label] = {"direct": direct.ask("latency", arg), "boxy": boxed.ask("latency", arg)}
+        # Start-up of a whole run per mode, in the same topology (ip netns exec and
+        # runuser included): what the network steps add to `--net none`.
+        startup: dict[str, float] = {}
+        for mode, extra in (("none", []), ("public", []), ("allowlist", ["--allow-host", name])):
+            argv = env.argv([str(BIN / "boxyctl"), "run", "--net", mode, *extra, "--", "true"])
+            times = []
+            for _ in range(STARTUP_RUNS):
+                t = time.perf_counter()
+                subprocess.run(argv, cwd=work, capture_output=True, check=True, timeout=60)
+                times.append((time.perf_counter() - t) * 1000)
+            startup[mode] = statistics.median(times)
         direct.close()
         boxed.close()
     finally:
@@ -367,6 +379,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{'  failed lookups/connections':34}{lat['direct']['errors']:10d}"
               f"{lat['boxy']['errors']:10d}"
               + "".join(f"   {k}: {v['error_kinds']}" for k, v in lat.items() if v["error_kinds"]))
+    print(f"{f'start-up ms, median of {STARTUP_RUNS}':34}" + "".join(
+        f"  {mode} {ms:.1f}" for mode, ms in startup.items())
+          + f"   (network adds {startup['public'] - startup['none']:.1f} ms)")
     return 0
 
 

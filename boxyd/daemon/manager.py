@@ -31,6 +31,7 @@ from boxyd.spec import RunSpec, build_spec
 log = logging.getLogger("boxyd")
 
 GRACE = 5.0  # seconds between SIGTERM and SIGKILL (timeout, stop)
+KEEP_FINISHED = 64  # finished sessions kept in memory (the rest live in their records)
 MAX_AUDIT = 50_000  # records kept per session for --audit-log (a flood is counted, not kept)
 EXIT_SETUP = 125
 EXIT_NOEXEC = 126
@@ -322,7 +323,20 @@ class Manager:
         if s.spec.audit_log:
             self._write_audit(s)
         self._write_record(s)
+        self._forget_old(s)
         return result
+
+    def _forget_old(self, s: Session) -> None:
+        """A long-lived daemon keeps only what a finished run still needs in memory:
+        its audit records are written out, and only the newest finished sessions
+        stay listed (their records on disk are the history)."""
+        s.audit = []
+        if s.net is not None:
+            s.net.discard()
+            s.net = None
+        finished = [x for x in self.sessions.values() if x.state == "exited"]
+        for old in finished[:-KEEP_FINISHED]:
+            self.sessions.pop(old.id, None)
 
     def _write_audit(self, s: Session) -> None:
         try:

@@ -142,6 +142,12 @@ class Network:
         return out
 
 
+    def discard(self) -> None:
+        """After a run that never started: release what was opened ahead of it."""
+        if self._capture is not None and self.gateway is None:
+            self._capture.close()
+            self._capture = None
+
     def _close_capture(self) -> dict:
         cap, sock = self._capture, self._capture_sock
         assert cap is not None

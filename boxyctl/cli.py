@@ -11,11 +11,11 @@ environment are not the user's.
 
 from __future__ import annotations
 
-import argparse
 import os.path
 import re
 import sys
-from typing import Any, NoReturn
+from types import SimpleNamespace
+from typing import Any, NamedTuple
 
 from boxyd.errors import UsageError
 from boxyd.units import (
@@ -69,149 +69,93 @@ class Command:
         return f"Command({self.name!r}, {self.args!r})"
 
 
-class _Help(Exception):
-    def __init__(self, text: str) -> None:
-        self.text = text
+class Flag(NamedTuple):
+    """One `run` flag: the argparse parser and the fast path read this same table."""
+
+    names: tuple[str, ...]
+    kind: str  # "value" | "append" | "true" (store_true)
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    help: str = ""
+
+    @property
+    def dest(self) -> str:
+        return self.names[-1].lstrip("-").replace("-", "_")
 
 
-class _Version(Exception):
-    pass
+# fmt: off
+RUN_FLAGS: tuple[Flag, ...] = (
+    Flag(('-p', '--profile'), 'value', metavar='NAME|PATH', help='preset (node, python, generic, offline, claude) or a YAML file'),
+    Flag(('--ro',), 'append', metavar='PATH', help='expose a path read-only (repeatable)'),
+    Flag(('--rw',), 'append', metavar='PATH', help='expose a path read-write (repeatable)'),
+    Flag(('--protect',), 'append', metavar='PATH', help='keep a path read-only inside a writable mount (repeatable)'),
+    Flag(('--mkdir',), 'append', metavar='PATH', help='expose a directory read-write, creating it if absent (repeatable)'),
+    Flag(('--allow-git-write',), 'true', help='let the sandbox write .git/hooks and .git/config'),
+    Flag(('--copy',), 'append', metavar='SRC[:DST]', help='copy one file in, writable (repeatable)'),
+    Flag(('--copy-ro',), 'append', metavar='SRC[:DST]', help='copy one file in, read-only (repeatable)'),
+    Flag(('-w', '--workdir'), 'value', metavar='PATH', help='working directory, read-write (default: the current directory)'),
+    Flag(('--net',), 'value', choices=('public', 'allowlist', 'none'), help='network mode'),
+    Flag(('--allow-host',), 'append', metavar='HOST[:PORT[,PORT]][/udp]', help='reachable host name; implies allowlist (repeatable)'),
+    Flag(('--allow-port',), 'append', metavar='N', help='permitted outbound TCP port (repeatable)'),
+    Flag(('--allow-cidr',), 'append', metavar='CIDR', help='address range to permit despite the private-address denylist (repeatable)'),
+    Flag(('--tailscale',), 'true', help="reach this machine's tailnet by MagicDNS name"),
+    Flag(('-e', '--env'), 'append', metavar='NAME[=VAL]', help='pass (NAME) or set (NAME=VAL) an environment variable (repeatable)'),
+    Flag(('--memory',), 'value', metavar='SIZE', help='memory limit (default 2GiB)'),
+    Flag(('--pids',), 'value', metavar='N', help='process/thread limit (default 512)'),
+    Flag(('--cpus',), 'value', metavar='N', help='CPU limit, fractions allowed'),
+    Flag(('--timeout',), 'value', metavar='DURATION', help='stop the run after this long (e.g. 10m, 1h30m)'),
+    Flag(('--audit-log',), 'value', metavar='FILE', help='policy decisions as JSON lines'),
+    Flag(('--net-log',), 'value', metavar='FILE', help='every connection, hostname and SNI'),
+    Flag(('--pcap',), 'value', metavar='FILE', help="every packet on the sandbox's link, pcap format"),
+    Flag(('--pcap-max',), 'value', metavar='SIZE', help='stop the capture at this size (default 1GiB)'),
+    Flag(('--seccomp',), 'value', choices=('strict', 'compat'), help='strict (default) or compat (kills become EPERM)'),
+    Flag(('--tty',), 'true', help='expose /dev/tty to the sandbox'),
+    Flag(('-v', '--verbose'), 'true', help='report denials and skipped entries on stderr'),
+    Flag(('-d', '--detach'), 'true', help='print the session id and do not attach'),
+)
+# fmt: on
+_BY_NAME = {name: f for f in RUN_FLAGS for name in f.names}
 
 
-class _HelpAction(argparse.Action):
-    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, nargs=0, help="show this help")
-
-    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
-        raise _Help(parser.format_help())
-
-
-class _VersionAction(argparse.Action):
-    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, nargs=0, help="print the version")
-
-    def __call__(self, *_: Any) -> None:
-        raise _Version()
-
-
-class _Formatter(argparse.RawDescriptionHelpFormatter):
-    """argparse builds a formatter for every add_argument and asks shutil for the
-    terminal width each time; shutil pulls in bz2, lzma and zlib (4 ms on every run).
-    The width is only needed when help is printed: ask the terminal directly."""
-
-    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
-                 width: int | None = None) -> None:
-        if width is None:
-            try:
-                width = os.get_terminal_size(sys.stdout.fileno()).columns - 2
-            except (OSError, ValueError):
-                width = 78
-        super().__init__(prog, indent_increment, max_help_position, width)
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises UsageError (one line) instead of printing usage and exiting."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("add_help", False)
-        kwargs.setdefault("formatter_class", _Formatter)
-        # '--mem' must not silently mean '--memory': exact flags only.
-        kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)
-        self.add_argument("-h", "--help", action=_HelpAction)
-
-    def error(self, message: str) -> NoReturn:
-        message = message.removeprefix("argument ")
-        if message.startswith("the following arguments are required"):
-            # 'boxyctl stop' → 'stop: …', so the line says which command is missing what
-            sub = self.prog.partition(" ")[2]
-            message = f"{sub}: {message}" if sub else message
-        raise UsageError(message)
-
-
-def _build_parser(prog: str, *, run_only: bool = False) -> _Parser:
-    """RUN_ONLY: just the `run` subcommand — every sandboxed run pays for building the
-    parser, and the other subcommands cost it several milliseconds."""
-    parser = _Parser(
-        prog=prog,
-        description="Run an untrusted program with its project directory and nothing else.",
-    )
-    parser.add_argument("--version", action=_VersionAction)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-
-    run = sub.add_parser(
-        "run",
-        help="run a command in a sandbox",
-        usage=f"{prog} run [flags] -- COMMAND [ARGS...]",
-        description=RUN_DESCRIPTION,
-        formatter_class=_Formatter,
-    )
-    a = run.add_argument
-    # fmt: off
-    a("-p", "--profile", metavar="NAME|PATH", help="preset (node, python, generic, offline, claude) or a YAML file")
-    a("--ro", action="append", default=[], metavar="PATH", help="expose a path read-only (repeatable)")
-    a("--rw", action="append", default=[], metavar="PATH", help="expose a path read-write (repeatable)")
-    a("--protect", action="append", default=[], metavar="PATH", help="keep a path read-only inside a writable mount (repeatable)")
-    a("--mkdir", action="append", default=[], metavar="PATH", help="expose a directory read-write, creating it if absent (repeatable)")
-    a("--allow-git-write", action="store_true", help="let the sandbox write .git/hooks and .git/config")
-    a("--copy", action="append", default=[], metavar="SRC[:DST]", help="copy one file in, writable (repeatable)")
-    a("--copy-ro", action="append", default=[], metavar="SRC[:DST]", help="copy one file in, read-only (repeatable)")
-    a("-w", "--workdir", metavar="PATH", help="working directory, read-write (default: the current directory)")
-    a("--net", choices=("public", "allowlist", "none"), help="network mode")
-    a("--allow-host", action="append", default=[], metavar="HOST[:PORT[,PORT]][/udp]", help="reachable host name; implies allowlist (repeatable)")
-    a("--allow-port", action="append", default=[], metavar="N", help="permitted outbound TCP port (repeatable)")
-    a("--allow-cidr", action="append", default=[], metavar="CIDR", help="address range to permit despite the private-address denylist (repeatable)")
-    a("--tailscale", action="store_true", help="reach this machine's tailnet by MagicDNS name")
-    a("-e", "--env", action="append", default=[], metavar="NAME[=VAL]", help="pass (NAME) or set (NAME=VAL) an environment variable (repeatable)")
-    a("--memory", metavar="SIZE", help="memory limit (default 2GiB)")
-    a("--pids", metavar="N", help="process/thread limit (default 512)")
-    a("--cpus", metavar="N", help="CPU limit, fractions allowed")
-    a("--timeout", metavar="DURATION", help="stop the run after this long (e.g. 10m, 1h30m)")
-    a("--audit-log", metavar="FILE", help="policy decisions as JSON lines")
-    a("--net-log", metavar="FILE", help="every connection, hostname and SNI")
-    a("--pcap", metavar="FILE", help="every packet on the sandbox's link, pcap format")
-    a("--pcap-max", metavar="SIZE", help="stop the capture at this size (default 1GiB)")
-    a("--seccomp", choices=("strict", "compat"), help="strict (default) or compat (kills become EPERM)")
-    a("--tty", action="store_true", help="expose /dev/tty to the sandbox")
-    a("-v", "--verbose", action="store_true", help="report denials and skipped entries on stderr")
-    a("-d", "--detach", action="store_true", help="print the session id and do not attach")
-    # REMAINDER: like bwrap, the first non-option word starts the command; '--' is optional.
-    a("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]", help=argparse.SUPPRESS)
-
-    if run_only:
-        return parser
-    ps = sub.add_parser("ps", help="list running sessions")
-    ps.add_argument("-a", "--all", action="store_true", help="every session on record")
-    sub.add_parser("show", help="one session in full").add_argument("id", metavar="ID")
-    sub.add_parser("watch", help="follow a session as it happens").add_argument("id", metavar="ID", nargs="?")
-    sub.add_parser("attach", help="take over a session's terminal").add_argument("id", metavar="ID")
-    stop = sub.add_parser("stop", help="SIGTERM, then SIGKILL")
-    stop.add_argument("-k", "--kill", action="store_true", help="SIGKILL now")
-    stop.add_argument("id", metavar="ID")
-    sub.add_parser("doctor", help="check what this kernel and host provide")
-
-    profile = sub.add_parser("profile", help="list or show profiles")
-    psub = profile.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
-    psub.add_parser("list", help="the presets")
-    psub.add_parser("show", help="a preset's text").add_argument("name", metavar="NAME")
-
-    daemon = sub.add_parser("daemon", help="the boxyd daemon")
-    dsub = daemon.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
-    dsub.add_parser("status", help="which build is running, and how busy it is")
-    dsub.add_parser("restart", help="replace it with this build")
-    dsub.add_parser("stop", help="stop it (refused while sessions are running)")
-    # fmt: on
-    return parser
-
-
-def usage(prog: str = "boxyctl", command: str | None = None) -> str:
-    """The help text of the program, or of one subcommand ('run', 'ps' …)."""
-    argv = [command, "--help"] if command else ["--help"]
-    try:
-        _build_parser(prog).parse_args(argv)
-    except _Help as h:
-        return h.text
-    raise AssertionError("--help did not produce help")
+def _fast_run(argv: list[str]) -> SimpleNamespace | None:
+    """`run`'s flags without argparse, for the plain command lines nearly every run
+    has; None (argparse decides, with its help and errors) for anything else: an
+    unknown flag, -h, joined short flags, a missing value or one that starts with
+    '-', a value outside its choices, --flag=value on a switch."""
+    ns = SimpleNamespace(command="run", **{f.dest: [] if f.kind == "append" else
+                                           (False if f.kind == "true" else None)
+                                           for f in RUN_FLAGS})
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--" or not token.startswith("-") or token == "-":
+            if token == "-":
+                return None
+            break  # like argparse.REMAINDER: the rest is the command
+        name, eq, value = token.partition("=") if token.startswith("--") else (token, "", "")
+        flag = _BY_NAME.get(name)
+        if flag is None:
+            return None
+        if flag.kind == "true":
+            if eq:
+                return None
+            setattr(ns, flag.dest, True)
+            i += 1
+            continue
+        if not eq:
+            if i + 1 >= len(argv):
+                return None
+            value = argv[i + 1]
+            i += 1
+        if value.startswith("-") or (flag.choices and value not in flag.choices):
+            return None
+        if flag.kind == "append":
+            getattr(ns, flag.dest).append(value)
+        else:
+            setattr(ns, flag.dest, value)
+        i += 1
+    ns.argv = argv[i:]
+    return ns
 
 
 def client_env(environ: dict[str, str]) -> dict[str, str]:
@@ -268,7 +212,7 @@ def _session_id(value: str | None) -> str | None:
     return value
 
 
-def _run_args(ns: argparse.Namespace, environ: dict[str, str], cwd: str) -> dict[str, Any]:
+def _run_args(ns: Any, environ: dict[str, str], cwd: str) -> dict[str, Any]:
     command = list(ns.argv)
     if command[:1] == ["--"]:
         command = command[1:]
@@ -344,14 +288,29 @@ def parse(argv: list[str], *, environ: dict[str, str], cwd: str, prog: str = "bo
     --help gives Command('help', {'text': …}), --version Command('version')."""
     if not cwd.startswith("/"):
         raise UsageError(f"the current directory {cwd!r} is not an absolute path")
-    parser = _build_parser(prog, run_only=bool(argv) and argv[0] == "run")
+    if argv[:1] == ["run"]:
+        fast = _fast_run(argv[1:])
+        if fast is not None:
+            return Command("run", _run_args(fast, environ, cwd))
+    return _parse_with_argparse(argv, environ=environ, cwd=cwd, prog=prog)
+
+
+def _parse_with_argparse(argv: list[str], *, environ: dict[str, str], cwd: str,
+                         prog: str) -> Command:
+    from boxyctl import parser as p
+
     try:
-        ns = parser.parse_args(argv)
-    except _Help as h:
+        ns = p.build_parser(prog, run_only=argv[:1] == ["run"]).parse_args(argv)
+    except p.Help as h:
         return Command("help", {"text": h.text})
-    except _Version:
+    except p.Version:
         return Command("version")
     name = ns.command
+    if name == "run":
+        for f in RUN_FLAGS:  # argparse takes '--pids=--' as no value at all: a list
+            got = getattr(ns, f.dest)
+            if isinstance(got, list) and (f.kind == "value" or any(isinstance(v, list) for v in got)):
+                raise UsageError(f"{f.names[-1]}: expected one value")
     if name is None:
         raise UsageError(f"missing command ({', '.join(COMMANDS)}); see {prog} --help")
     if name == "run":
@@ -388,3 +347,10 @@ def parse_or_exit(
     except UsageError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def usage(prog: str = "boxyctl", command: str | None = None) -> str:
+    """The help text of the program, or of one subcommand ('run', 'ps' …)."""
+    from boxyctl.parser import usage as parser_usage
+
+    return parser_usage(prog, command)

@@ -306,3 +306,77 @@ def test_imports_stay_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _both(argv: list[str]):
+    """(fast path result, argparse result) for `run` ARGV: each a dict, the error
+    text, or None when the fast path declined."""
+    from boxyctl import cli as c
+
+    def finish(ns):
+        try:
+            return c._run_args(ns, dict(ENV), CWD)
+        except UsageError as e:
+            return f"error: {e}"
+
+    fast = c._fast_run(argv)
+    try:
+        slow = c._parse_with_argparse(["run", *argv], environ=dict(ENV), cwd=CWD,
+                                      prog="boxyctl").args
+    except UsageError as e:
+        slow = f"error: {e}"
+    return (None if fast is None else finish(fast)), slow
+
+
+def test_fast_path_agrees_with_argparse_wherever_it_answers():
+    import random
+
+    from boxyctl.cli import RUN_FLAGS
+
+    rng = random.Random(1234)
+    values = ["none", "public", "allowlist", "strict", "compat", "2GiB", "10", "1.5", "/tmp/x",
+              "~/p", "rel/path", "a.example:443", "192.168.4.0/24", "NAME", "NAME=v", "", "-x",
+              "--", "a=b", "10m"]
+    answered = 0
+    for _ in range(3000):
+        argv: list[str] = []
+        for _ in range(rng.randint(0, 5)):
+            flag = rng.choice(RUN_FLAGS)
+            name = rng.choice(flag.names)
+            if flag.kind == "true":
+                argv.append(name if rng.random() > 0.05 else name + "=1")
+            elif name.startswith("--") and rng.random() < 0.3:
+                argv.append(f"{name}={rng.choice(values)}")
+            else:
+                argv += [name, rng.choice(values)] if rng.random() > 0.05 else [name]
+        argv += rng.choice([["--", "true"], ["true", "-v"], ["--"], [], ["ls", "--", "-la"]])
+        fast, slow = _both(argv)
+        if fast is not None:
+            answered += 1
+            assert fast == slow, argv
+    assert answered > 1000  # the fast path takes the common lines
+
+
+@pytest.mark.parametrize("argv", [
+    ["--net", "none", "--", "true"], ["-e", "A=b", "-v", "sh", "-c", "x"],
+    ["--ro=/etc/hosts", "--timeout", "5s", "make", "-j4"], ["--tty", "--", "-weird-cmd"],
+])
+def test_fast_path_takes_plain_run_lines(argv: list[str]):
+    fast, slow = _both(argv)
+    assert fast is not None and fast == slow
+
+
+def test_a_flag_given_no_value_is_one_line_not_a_traceback():
+    # argparse reads '--pids=--' as an empty value list
+    for argv in (["--pids=--", "true"], ["--ro=--", "true"]):
+        assert "expected one value" in refused("run", *argv)
+
+
+@pytest.mark.parametrize("argv", [
+    ["-h"], ["--bogus", "x"], ["-vd", "true"], ["-pnode", "true"], ["--net", "nope", "true"],
+    ["--memory"], ["--ro", "-x", "true"], ["--tty=yes", "true"], ["-", "true"],
+])
+def test_fast_path_leaves_the_rest_to_argparse(argv: list[str]):
+    from boxyctl.cli import _fast_run
+
+    assert _fast_run(argv) is None

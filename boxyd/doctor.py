@@ -637,6 +637,26 @@ def _session_bus(f: Facts) -> list[Check]:
     ]
 
 
+def _host_network(f: Facts) -> list[Check]:
+    """What the gateway's DNS proxy will use: the host's resolvers and its IPv6."""
+    from boxyd.net import hostnet
+
+    try:
+        servers = (hostnet.upstream_servers(os.environ.get(hostnet.UPSTREAM_ENV))
+                   or hostnet.resolv_conf_nameservers())
+    except (OSError, ValueError) as e:
+        servers, why = [], str(e)
+    else:
+        why = "no nameserver in /etc/resolv.conf"
+    f["dns_upstreams"] = [f"{h}:{p}" for h, p in servers]
+    f["ipv6_route"] = v6 = hostnet.host_has_ipv6_route()
+    out = [Check("dns-upstream", True, ", ".join(f["dns_upstreams"]), hard=False) if servers else
+           Check("dns-upstream", False, f"{why}: --net public/allowlist resolve nothing", hard=False)]
+    out.append(Check("ipv6-route", v6, "default route present" if v6 else
+                     "none: AAAA answers are dropped so clients use IPv4 at once", hard=False))
+    return out
+
+
 PROBES: tuple[Probe, ...] = (
     _kernel,
     _landlock,
@@ -645,6 +665,7 @@ PROBES: tuple[Probe, ...] = (
     _apparmor,
     _nftables,
     _veth,
+    _host_network,
     _cgroup2,
     _systemd_user,
     _session_bus,

@@ -18,32 +18,14 @@ from boxyd.errors import SetupError, UsageError
 from boxyd.net import netlog, pcap, ranges, ruleset, tailscale
 from boxyd.net.dnsproxy import DnsProxy
 from boxyd.net.gateway import LISTENERS, Gateway
+from boxyd.net.hostnet import UPSTREAM_ENV, upstream_servers
 from boxyd.net.policy import NetPolicy
 from boxyd.plan import File, Plan
 from boxyd.spec import RunSpec
 
 log = logging.getLogger("boxyd")
 
-UPSTREAM_ENV = "BOXY_UPSTREAM_DNS"  # "ip[:port],…": the daemon's resolvers (tests)
 MAX_NOTICES = 200  # -v denial lines per run; the rest are counted
-
-
-def upstream_servers(value: str | None) -> list[tuple[str, int]] | None:
-    """BOXY_UPSTREAM_DNS, or None for the host's resolv.conf."""
-    if not value:
-        return None
-    out: list[tuple[str, int]] = []
-    for item in value.split(","):
-        item = item.strip()
-        host, port = item, 53
-        if item.startswith("["):
-            host, _, rest = item[1:].partition("]")
-            port = int(rest[1:]) if rest.startswith(":") else 53
-        elif item.count(":") == 1:
-            host, _, p = item.partition(":")
-            port = int(p)
-        out.append((host, port))
-    return out
 
 
 class Network:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -55,8 +54,8 @@ from boxyd.net.dnsfilter import (
     response_for,
     upstream_query,
 )
+from boxyd.net.hostnet import Upstream, host_has_ipv6_route, resolv_conf_nameservers
 
-Upstream = tuple[str, int]
 Event = dict[str, Any]
 
 QUERY_TIMEOUT = 3.0  # per client query, all upstream attempts included
@@ -141,43 +140,6 @@ class DnsSession:
     cache: dict[tuple[bool, bool, bytes], _Cached] = field(default_factory=dict)
     inflight: int = 0
     stats: DnsStats = field(default_factory=DnsStats)
-
-
-def resolv_conf_nameservers(path: str | Path = "/etc/resolv.conf") -> list[Upstream]:
-    """The ``nameserver`` lines of PATH, as (address, 53)."""
-    servers: list[Upstream] = []
-    for line in Path(path).read_text(errors="replace").splitlines():
-        fields = line.split()
-        if len(fields) < 2 or fields[0] != "nameserver":
-            continue
-        try:
-            ipaddress.ip_address(fields[1].split("%", 1)[0])
-        except ValueError:
-            continue
-        servers.append((fields[1], 53))
-    return servers
-
-
-def host_has_ipv6_route(route_table: str | None = None) -> bool:
-    """Whether the host has a usable IPv6 default route (/proc/net/ipv6_route format).
-
-    Without one, AAAA answers are dropped: a client given only unreachable v6
-    addresses next to working v4 ones stalls in Happy Eyeballs."""
-    if route_table is None:
-        try:
-            route_table = Path("/proc/net/ipv6_route").read_text()
-        except OSError:
-            return False  # IPv6 disabled in this kernel
-    rtf_up, rtf_reject = 0x0001, 0x0200
-    for line in route_table.splitlines():
-        fields = line.split()
-        if len(fields) < 10:
-            continue
-        dest, plen, flags, dev = fields[0], fields[1], int(fields[8], 16), fields[9]
-        if int(dest, 16) == 0 and int(plen, 16) == 0 and dev != "lo" \
-                and flags & rtf_up and not flags & rtf_reject:
-            return True
-    return False
 
 
 class DnsProxy:

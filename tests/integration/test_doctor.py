@@ -32,6 +32,8 @@ NAMES = (
     "apparmor",
     "nftables",
     "veth",
+    "dns-upstream",
+    "ipv6-route",
     "cgroup2",
     "systemd-user",
     "session-bus",
@@ -333,3 +335,16 @@ def test_missing_lines_are_red_only_on_a_terminal() -> None:
             assert ln.startswith("\x1b[31m") and ln.endswith("\x1b[0m"), repr(ln)
         else:
             assert ln == plain, repr(ln)
+
+
+def test_host_network_lines_agree_with_the_host(lines: dict[str, re.Match[str]]) -> None:
+    # /proc/net/ipv6_route read here with a plain search, not the doctor's parser
+    routes = Path("/proc/net/ipv6_route").read_text() if Path("/proc/net/ipv6_route").exists() else ""
+    default = any(ln.split()[0] == "0" * 32 and ln.split()[1] == "00" and ln.split()[9] != "lo"
+                  and not int(ln.split()[8], 16) & 0x200 for ln in routes.splitlines())
+    assert (lines["ipv6-route"]["verdict"] == "ok") == default
+    resolvers = [ln.split()[1] for ln in Path("/etc/resolv.conf").read_text().splitlines()
+                 if ln.startswith("nameserver")]
+    if resolvers:
+        assert lines["dns-upstream"]["verdict"] == "ok"
+        assert resolvers[0] in lines["dns-upstream"]["detail"]

@@ -4,13 +4,14 @@ Stage 2 made the listener sockets in the gateway netns (TPROXY'd TCP, DNS over U
 and TCP, other UDP) and handed them over; nftables there already refused what is
 decidable from addresses and ports alone. This module decides the rest — by name
 — and dials allowed flows from the host netns. Order per TCP flow (DESIGN.md
-"Network"): address ranges, the DNS binding of the destination, the name in the
-first record (SNI or Host, read off the wire, never decrypted), ports. A denial
-after the handshake closes the client with a reset.
+"Network"): address ranges, then this machine's own addresses, the DNS binding of
+the destination, the name in the first record (SNI or Host, read off the wire,
+never decrypted), ports. A denial after the handshake closes the client with a
+reset.
 
 Fair share: each session has its own listeners (one session's full backlog never
 delays another's) and its own caps on concurrent flows, flows still waiting for
-their first record, UDP flows and accepts per second.
+their first record, UDP flows, DNS-over-TCP connections and accepts per second.
 """
 
 from __future__ import annotations

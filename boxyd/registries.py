@@ -55,6 +55,10 @@ def host_of(value: str) -> str | None:
     return host or None
 
 
+_TOOL_CACHE: dict[tuple, tuple[float, str | None]] = {}
+_TOOL_LOCK = threading.Lock()
+
+
 class Registries:
     """A resolver for profiles.resolve_hosts and resolve_env: template name → host
     (or URL, or file), or None."""
@@ -119,8 +123,24 @@ class Registries:
         return None
 
     def _run_tool(self, argv: list[str]) -> str | None:
+        """The tool's answer, cached across runs (a Registries lives for one run; a
+        node start-up per question would cost every npm run a second)."""
         env = {k: v for k, v in self._env.items() if k in ("HOME", "PATH", "USER", "LANG")}
         env.setdefault("PATH", os.defpath)
+        key = (tuple(argv), tuple(sorted(env.items())))
+        with _TOOL_LOCK:
+            hit = _TOOL_CACHE.get(key)
+            if hit is not None and time.monotonic() - hit[0] < CACHE_SECONDS:
+                return hit[1]
+        answer = self._ask_tool(argv, env)
+        with _TOOL_LOCK:
+            if len(_TOOL_CACHE) > 256:
+                _TOOL_CACHE.clear()
+            _TOOL_CACHE[key] = (time.monotonic(), answer)
+        return answer
+
+    @staticmethod
+    def _ask_tool(argv: list[str], env: dict[str, str]) -> str | None:
         try:
             r = subprocess.run(argv, env=env, cwd=env.get("HOME", "/"), capture_output=True,
                                stdin=subprocess.DEVNULL, timeout=TIMEOUT, text=True)

@@ -89,3 +89,16 @@ def test_ca_files_must_exist(tmp_path) -> None:
     assert Registries({}, run=tools)("npm_cafile") == str(ca)
     assert Registries({}, run=Tools({"npm config get": "null"}))("npm_cafile") is None
     assert Registries({"PIP_CERT": str(tmp_path / "missing.pem")}, run=Tools({}))("pip_cert") is None
+
+
+def test_the_tools_answer_is_kept_across_runs(tmp_path) -> None:
+    # One Registries per run; asking npm costs a node start-up, so the answer is
+    # kept for the next runs. A real executable stands in for npm here.
+    calls = tmp_path / "calls"
+    npm = tmp_path / "npm"
+    npm.write_text(f"#!/bin/sh\necho x >> {calls}\necho https://cached.example.test/\n")
+    npm.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    assert Registries(env)("npm_registry") == "cached.example.test"
+    assert Registries(env)("npm_registry_url") == "https://cached.example.test/"
+    assert calls.read_text().count("x") == 1

@@ -97,7 +97,7 @@ RUN_FLAGS: tuple[Flag, ...] = (
     Flag(('-w', '--workdir'), 'value', metavar='PATH', help='working directory, read-write (default: the current directory)'),
     Flag(('--net',), 'value', choices=('public', 'allowlist', 'none'), help='network mode'),
     Flag(('--allow-host',), 'append', metavar='HOST[:PORT[,PORT]][/udp]', help='reachable host name; implies allowlist (repeatable)'),
-    Flag(('--allow-port',), 'append', metavar='N', help='permitted outbound TCP port (repeatable)'),
+    Flag(('--allow-port',), 'append', metavar='N', help='permitted outbound TCP port in allowlist mode; replaces the default 80, 443 (repeatable)'),
     Flag(('--allow-cidr',), 'append', metavar='CIDR', help='address range to permit despite the private-address denylist (repeatable)'),
     Flag(('--tailscale',), 'true', help="reach this machine's tailnet by MagicDNS name"),
     Flag(('-e', '--env'), 'append', metavar='NAME[=VAL]', help='pass (NAME) or set (NAME=VAL) an environment variable (repeatable)'),

@@ -48,6 +48,8 @@ EXPOSURE_ENV_NAMES = (
     "DBUS_SESSION_BUS_ADDRESS",
     "XDG_RUNTIME_DIR",
 )
+PUBLIC_PORTS = ("--allow-port: cannot be combined with --net public (public mode allows every "
+                "port; the list applies to --net allowlist)")
 COMMANDS = ("run", "ps", "show", "watch", "attach", "stop", "doctor", "profile", "daemon")
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -271,6 +273,8 @@ def _check_combinations(o: dict[str, Any]) -> None:
         raise UsageError(
             f"--allow-host: cannot be combined with --net {net} (it implies allowlist)"
         )
+    if o["allow_port"] and net == "public":
+        raise UsageError(PUBLIC_PORTS)
     if net == "none":
         for key, flag in (
             ("pcap", "--pcap"),

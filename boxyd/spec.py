@@ -228,6 +228,9 @@ def build_spec(
     spec.allow_ports = _dedupe(prof.allow_ports + ports)
     spec.allow_cidrs = _dedupe([n for c in o.strings("allow_cidr") for n in units.parse_cidrs(c)])
     spec.tailscale = o.flag("tailscale")
+    if spec.net == "public" and ports:
+        raise UsageError("--allow-port: cannot be combined with --net public (public mode allows "
+                         "every port; the list applies to --net allowlist)")
     if spec.net == "none":
         for flag, given in (
             ("--tailscale", spec.tailscale),

@@ -380,3 +380,8 @@ def test_fast_path_leaves_the_rest_to_argparse(argv: list[str]):
     from boxyctl.cli import _fast_run
 
     assert _fast_run(argv) is None
+
+
+def test_allow_port_with_public_is_refused():
+    assert "cannot be combined with --net public" in refused("run", "--net", "public",
+                                                             "--allow-port", "22", "true")

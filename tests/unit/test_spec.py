@@ -369,3 +369,9 @@ def test_exposure_message_names_the_profile(fs):
     path = profile_file(fs, "filesystem:\n  ro: ['{home}']\n")
     with pytest.raises(UsageError, match=f"profile {path}: filesystem.ro .*/home: exposes"):
         build(fs, profile=path)
+
+
+def test_allow_port_with_public_is_refused_by_the_daemon_too(fs):
+    # the profile may make it public (generic) when the client did not say --net
+    with pytest.raises(UsageError, match="cannot be combined with --net public"):
+        build(fs, allow_port=[22])

@@ -278,6 +278,7 @@ def _check_combinations(o: dict[str, Any]) -> None:
     if net == "none":
         for key, flag in (
             ("pcap", "--pcap"),
+            ("net_log", "--net-log"),
             ("tailscale", "--tailscale"),
             ("allow_port", "--allow-port"),
             ("allow_cidr", "--allow-cidr"),

@@ -237,6 +237,7 @@ def build_spec(
             ("--allow-port", bool(ports)),
             ("--allow-cidr", bool(spec.allow_cidrs)),
             ("--pcap", bool(options.get("pcap"))),
+            ("--net-log", bool(options.get("net_log"))),
         ):
             if given:
                 raise UsageError(f"{flag}: cannot be combined with --net none (no network at all)")

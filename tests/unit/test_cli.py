@@ -385,3 +385,8 @@ def test_fast_path_leaves_the_rest_to_argparse(argv: list[str]):
 def test_allow_port_with_public_is_refused():
     assert "cannot be combined with --net public" in refused("run", "--net", "public",
                                                              "--allow-port", "22", "true")
+
+
+def test_net_log_with_none_is_refused():
+    assert "--net-log: cannot be combined with --net none" in refused(
+        "run", "--net", "none", "--net-log", "/tmp/n.json", "true")

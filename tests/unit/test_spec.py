@@ -375,3 +375,9 @@ def test_allow_port_with_public_is_refused_by_the_daemon_too(fs):
     # the profile may make it public (generic) when the client did not say --net
     with pytest.raises(UsageError, match="cannot be combined with --net public"):
         build(fs, allow_port=[22])
+
+
+def test_net_log_with_the_offline_profile_is_refused(fs):
+    # the profile, not a flag, made it --net none: the daemon refuses what the client could not
+    with pytest.raises(UsageError, match="--net-log: cannot be combined with --net none"):
+        build(fs, profile="offline", net_log=fs["wd"] + "/n.json")

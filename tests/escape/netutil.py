@@ -106,16 +106,28 @@ def tcp(addr, port, timeout=1.0, send=HTTP_GET, scope=""):
             s.sendall(send)
         data = s.recv(4096)
     except OSError as e:
+        s.close()
         r = _fail(e, t0)
         if r["outcome"] == "timeout":
             r["outcome"] = "silent"
         r["connect_ms"] = connect_ms
         return r
+    # The rest of a reply that came in more than one segment (headers, then the body),
+    # without waiting out a server that keeps the connection open.
+    s.settimeout(0.2)
+    try:
+        while data and len(data) < 8192:
+            more = s.recv(4096)
+            if not more:
+                break
+            data += more
+    except OSError:
+        pass
     finally:
         s.close()
     out = "answered" if data else "closed"
     return {"outcome": out, "errno": None, "ms": _ms(t0), "connect_ms": connect_ms,
-            "data": data[:200].decode("latin-1")}
+            "data": data[:1000].decode("latin-1")}
 
 def udp(addr, port, payload=b"boxy-probe", timeout=1.0, scope=""):
     """A connected UDP socket: send PAYLOAD, wait for one datagram or an ICMP error."""

@@ -32,7 +32,7 @@ from boxyd.net.netlog import NetLog
 from boxyd.net.policy import ECH_REFUSED, NetPolicy, Verdict
 from boxyd.net.ranges import SANDBOX_NETS
 from boxyd.net.rtnl import LocalAddresses
-from boxyd.net.ruleset import GATEWAY_SOCKETS
+from boxyd.net.ruleset import GATEWAY_SOCKETS, NFLOG_GROUP
 
 log = logging.getLogger("boxyd")
 
@@ -131,9 +131,16 @@ class Gateway:
         loop = asyncio.get_running_loop()
         if "nflog" in self.listeners:
             # Refusals of the last moments still count: the kernel delivers NFLOG
-            # reports on its next timer tick (about 10 ms here), not at once.
-            await asyncio.sleep(NFLOG_SETTLE)
-            self._nflog_readable(self.listeners["nflog"])
+            # reports on its next timer tick, and unbinding the group flushes them.
+            sock = self.listeners["nflog"]
+            self._nflog_readable(sock)
+            try:
+                for r in nflog.unbind(sock, NFLOG_GROUP):
+                    self._refused(r)
+            except OSError as e:  # not expected; wait out the tick instead
+                log.warning("gateway: %s", e)
+                await asyncio.sleep(NFLOG_SETTLE)
+                self._nflog_readable(sock)
         for name, sock in self.listeners.items():
             if name.startswith(("udp", "dns_udp", "nflog")):
                 with contextlib.suppress(ValueError, OSError):

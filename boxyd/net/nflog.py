@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import select
 import socket
 import struct
+import time
 from dataclasses import dataclass
 
 NETLINK_NETFILTER = 12
@@ -28,6 +30,7 @@ NFULA_CFG_MODE = 2
 NFULA_CFG_TIMEOUT = 3
 NFULA_CFG_QTHRESH = 4
 NFULNL_CFG_CMD_BIND = 1
+NFULNL_CFG_CMD_UNBIND = 2
 NFULNL_COPY_PACKET = 2
 NFULA_PAYLOAD = 9
 NLM_F_REQUEST = 0x1
@@ -80,6 +83,43 @@ def open_socket(group: int, snaplen: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def unbind(sock: socket.socket, group: int, timeout: float = 0.1) -> list[Refused]:
+    """Unbind GROUP and return every report still queued. The kernel delivers reports
+    on its next timer tick; unbinding flushes them at once, ahead of its ack, so the
+    last refusals of a run are counted without waiting for that tick."""
+    body = _NFGEN.pack(socket.AF_UNSPEC, 0, socket.htons(group)) + _attr(
+        NFULA_CFG_CMD, struct.pack("=B3x", NFULNL_CFG_CMD_UNBIND))
+    msg_type = (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_CONFIG
+    sock.send(_NLMSG.pack(_NLMSG.size + len(body), msg_type, NLM_F_REQUEST | NLM_F_ACK, 0xB0C5, 0)
+              + body)
+    out: list[Refused] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([sock], [], [], left)[0]:
+            raise OSError("nflog: no answer to unbind")
+        data = sock.recv(65536)
+        out += parse(data)
+        err = _ack(data)
+        if err is not None:
+            if err:
+                raise OSError(err, f"nflog: unbind: {os.strerror(err)}")
+            return out
+
+
+def _ack(data: bytes) -> int | None:
+    """The errno of the netlink ack in DATA (0: success), or None if there is none."""
+    pos = 0
+    while pos + _NLMSG.size + 4 <= len(data):
+        length, kind, _, _, _ = _NLMSG.unpack_from(data, pos)
+        if kind == NLMSG_ERROR:
+            return -struct.unpack_from("=i", data, pos + _NLMSG.size)[0]
+        if length < _NLMSG.size:
+            return None
+        pos += (length + 3) & ~3
+    return None
 
 
 def _expect_ack(data: bytes) -> None:

@@ -62,3 +62,14 @@ def test_garbage_is_skipped_not_raised(data: bytes) -> None:
 def test_truncated_transport_header_keeps_the_address() -> None:
     assert nflog.parse(message(ipv4("100.64.1.1", 6, b"\x9c"))) == [
         nflog.Refused("tcp", "100.64.1.1", 0)]
+
+
+def test_the_ack_is_found_behind_flushed_reports() -> None:
+    # unbind flushes the queued reports ahead of its ack, often in the same read
+    ack = struct.pack("=IHHII", 36, nflog.NLMSG_ERROR, 0, 0, 0) + struct.pack("=i", 0) + b"\0" * 16
+    data = message(ipv4("192.168.1.10", 6, PORTS)) + ack
+    assert nflog._ack(data) == 0
+    assert nflog.parse(data) == [nflog.Refused("tcp", "192.168.1.10", 80)]
+    eperm = struct.pack("=IHHII", 36, nflog.NLMSG_ERROR, 0, 0, 0) + struct.pack("=i", -1) + b"\0" * 16
+    assert nflog._ack(eperm) == 1
+    assert nflog._ack(message(ipv4("192.168.1.10", 6, PORTS))) is None

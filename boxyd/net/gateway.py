@@ -89,6 +89,8 @@ class Gateway:
         self.policy = policy
         self.listeners = listeners
         self._reply = {4: listeners["udp_reply4"], 6: listeners["udp_reply6"]}
+        self._icmp = {4: listeners["icmp4"], 6: listeners["icmp6"]}
+        self._icmp_budget = TokenBucket(200, 400)  # refused datagrams told per second
         self.dns = dns
         self.limits = limits or Limits()
         self.on_event = on_event
@@ -470,6 +472,10 @@ class Gateway:
             v = Verdict(False, "net.ip", f"too many UDP flows in this session ({self.limits.udp_flows})")
         if not v.allow:
             self._decide("udp", addr, port, v)
+            if self._icmp_budget.take():  # the client learns at once, as from a closed port
+                with contextlib.suppress(OSError, ValueError):
+                    udpsock.send_port_unreachable(self._icmp[ip.version], dgram.src,
+                                                  dgram.orig_dst, dgram.data)
             return None
         names = self.bindings.hold(ip)
         family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET

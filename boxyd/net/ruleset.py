@@ -58,7 +58,7 @@ NFLOG_RATE = 1000  # reports per second; refusals past it still happen, unreport
 # IP_PKTINFO; replies to other UDP leave through the raw senders, since IP_PKTINFO
 # sets a source address but never a source port.
 GATEWAY_SOCKETS = ("tcp4", "tcp6", "udp4", "udp6", "dns_udp4", "dns_udp6", "dns_tcp4", "dns_tcp6",
-                   "udp_reply4", "udp_reply6", "nflog")
+                   "udp_reply4", "udp_reply6", "icmp4", "icmp6", "nflog")
 
 # Neighbour discovery must pass or IPv6 on the link cannot work. Router
 # solicitations are harmless: a netns with forwarding off ignores them.

@@ -217,6 +217,46 @@ def make_udp_reply_sender(family: socket.AddressFamily) -> socket.socket:
     return sock
 
 
+def make_icmp_sender(family: socket.AddressFamily) -> socket.socket:
+    """A send-only raw ICMP (ICMPv6) socket for ``send_port_unreachable``. Needs
+    CAP_NET_RAW in the network namespace's user namespace when made (stage 2)."""
+    proto = socket.IPPROTO_ICMPV6 if family == socket.AF_INET6 else socket.IPPROTO_ICMP
+    sock = socket.socket(family, socket.SOCK_RAW | _CLOEXEC_NONBLOCK, proto)
+    try:
+        _attach_drop_all(sock)  # it would get a copy of every ICMP packet otherwise
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def send_port_unreachable(sock: socket.socket, client: Address, dst: Address, data: bytes) -> None:
+    """Tell CLIENT that its datagram to DST was refused, as a closed port would: the
+    client's kernel matches the quoted headers to its socket and fails its next
+    send/recv with ECONNREFUSED, instead of the client waiting out a timeout. The
+    error is sent from the gateway's own address (no transparency needed); the
+    quoted IP and UDP headers are rebuilt from what recvmsg reported."""
+    src_ip, dst_ip = ipaddress.ip_address(client[0]), ipaddress.ip_address(dst[0])
+    quoted = data[:8]
+    udp = _UDP_HEADER.pack(client[1], dst[1], _UDP_HEADER.size + len(data), 0)
+    if src_ip.version == 4:
+        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + _UDP_HEADER.size + len(data), 0, 0, 64,
+                         socket.IPPROTO_UDP, 0, src_ip.packed, dst_ip.packed)
+        ip = ip[:10] + struct.pack("!H", _checksum(ip)) + ip[12:]
+        body = struct.pack("!I", 0) + ip + udp + quoted
+        icmp = struct.pack("!BBH", 3, 3, 0) + body  # destination unreachable, port unreachable
+        icmp = icmp[:2] + struct.pack("!H", _checksum(icmp)) + icmp[4:]
+        sock.sendto(icmp, (client[0], 0))
+    else:
+        ip = struct.pack("!IHBB16s16s", 6 << 28, _UDP_HEADER.size + len(data), socket.IPPROTO_UDP,
+                         64, src_ip.packed, dst_ip.packed)
+        # type 1 (destination unreachable), code 4 (port unreachable); the kernel fills
+        # the checksum of an ICMPv6 raw socket
+        icmp = struct.pack("!BBHI", 1, 4, 0, 0) + ip + udp + quoted
+        sock.sendto(icmp, (client[0], 0))
+
+
 def _attach_drop_all(sock: socket.socket) -> None:
     # struct sock_filter {u16 code; u8 jt, jf; u32 k}: one "ret #0" (BPF_RET|BPF_K)
     insn = (ctypes.c_ubyte * 8).from_buffer_copy(struct.pack("=HBBI", 0x06, 0, 0, 0))

@@ -52,6 +52,8 @@ class Gateway:
     dns_tcp6: socket.socket
     udp_reply4: socket.socket
     udp_reply6: socket.socket
+    icmp4: socket.socket
+    icmp6: socket.socket
     nflog: socket.socket
     netns_fd: int
     rtnl: Rtnl | None = field(default=None, repr=False)
@@ -182,6 +184,10 @@ def enter_gateway_netns(
                 socks[name + v] = undo.enter_context(_listener(family, kind, port))
         socks["udp_reply4"] = undo.enter_context(_reply_sender(socket.AF_INET))
         socks["udp_reply6"] = undo.enter_context(_reply_sender(socket.AF_INET6))
+        for family, v in ((socket.AF_INET, "4"), (socket.AF_INET6, "6")):
+            # boxyd's "port unreachable" for UDP it refuses (CAP_NET_RAW, dropped in step 7)
+            with _step(f"{GW}: icmp{v} sender"):
+                socks["icmp" + v] = undo.enter_context(udpsock.make_icmp_sender(family))
         with _step(f"{GW}: nflog group {rs.NFLOG_GROUP} (the ruleset's refusals, for boxyd)"):
             socks["nflog"] = undo.enter_context(nflog.open_socket(rs.NFLOG_GROUP, rs.NFLOG_SNAPLEN))
         gw = Gateway(**socks, netns_fd=netns_fd, rtnl=ipr)

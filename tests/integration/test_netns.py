@@ -419,9 +419,10 @@ def test_step3_releases_the_gateway_netns(report: dict) -> None:
 def test_step4_sends_every_listener_and_keeps_none(report: dict) -> None:
     s4 = report["step4"]
     assert s4["names"] == ["tcp4", "tcp6", "udp4", "udp6", "dns_udp4", "dns_udp6",
-                           "dns_tcp4", "dns_tcp6", "udp_reply4", "udp_reply6", "nflog"]
-    assert s4["fds"] == 11
-    assert s4["closed"] == [-1] * 11
+                           "dns_tcp4", "dns_tcp6", "udp_reply4", "udp_reply6", "icmp4", "icmp6",
+                           "nflog"]
+    assert s4["fds"] == 13
+    assert s4["closed"] == [-1] * 13
 
 
 @pytest.mark.parametrize("case,orig", [

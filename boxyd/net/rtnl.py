@@ -15,7 +15,6 @@ import ipaddress
 import os
 import socket
 import struct
-import time
 
 RTM_NEWLINK, RTM_GETLINK = 16, 18
 RTM_NEWADDR, RTM_GETADDR = 20, 22
@@ -198,27 +197,47 @@ class Rtnl:
                      + attr(FRA_TABLE, struct.pack("=I", table)), create=True)
 
 
+RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR = 0x10, 0x100
+
+
 class LocalAddresses:
     """This machine's own addresses, for boxyd in the host netns: a flow the gateway
     would dial to one of them reaches the host's own services (a dev server bound
     to 0.0.0.0 answers on a public address too), so it is refused like loopback.
-    Re-read at most once a second: addresses come and go (DHCP, VPNs)."""
 
-    def __init__(self, max_age: float = 1.0) -> None:
-        self.max_age = max_age
-        self._read_at = -1e9
-        self._addrs: frozenset[str] = frozenset()
+    Addresses come and go (DHCP, VPNs). A netlink socket subscribed to address
+    changes is checked before every answer: the kernel queues the notification when
+    the address changes, so an address added before a flow is always seen (a
+    time-based refresh would leave a window open). Re-read only after a change."""
+
+    def __init__(self) -> None:
+        self._addrs: frozenset[str] | None = None
+        self._monitor: socket.socket | None = None
+
+    def _changed(self) -> bool:
+        if self._monitor is None:
+            self._monitor = socket.socket(socket.AF_NETLINK,
+                                          socket.SOCK_RAW | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC,
+                                          socket.NETLINK_ROUTE)
+            self._monitor.bind((0, RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR))
+            return True
+        changed = False
+        while True:
+            try:
+                changed |= bool(self._monitor.recv(1 << 16))
+            except BlockingIOError:
+                return changed
+            except OSError:  # ENOBUFS: notifications were lost, so re-read
+                changed = True
 
     def __contains__(self, ip: object) -> bool:
         addr = ipaddress.ip_address(str(ip))
         if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
             addr = addr.ipv4_mapped
-        now = time.monotonic()
-        if now - self._read_at > self.max_age:
+        if self._changed() or self._addrs is None:
             rtnl = Rtnl()
             try:
                 self._addrs = frozenset(rtnl.local_addresses())
             finally:
                 rtnl.close()
-            self._read_at = now
         return str(addr) in self._addrs

@@ -14,19 +14,21 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from boxyd import mountplan
 from boxyd.buildid import build_id
 from boxyd.daemon.launcher import Stage2, Template
-from boxyd.daemon.network import Network, make_dns_proxy
 from boxyd.daemon.pty import PtyRelay
 from boxyd.errors import BoxyError, SetupError, UsageError
 from boxyd.gitguard import discover, scan
-from boxyd.net.tailscale import magicdns_suffix
 from boxyd.paths import ensure_private_dir, state_dir
 from boxyd.policy.seccomp import build_filter
 from boxyd.registries import Registries
 from boxyd.spec import RunSpec, build_spec
+
+if TYPE_CHECKING:
+    from boxyd.daemon.network import Network
 
 log = logging.getLogger("boxyd")
 
@@ -138,6 +140,11 @@ class Manager:
                 raise UsageError("--tty: none of boxyctl's stdin, stdout, stderr is a terminal")
             session = Session(id=secrets.token_hex(4), spec=spec)
             if spec.net != "none":
+                # The gateway's modules (dnspython among them) load with the first
+                # networked run, not with the daemon: --net none never pays for them.
+                from boxyd.daemon.network import Network, make_dns_proxy
+                from boxyd.net.tailscale import magicdns_suffix
+
                 tailnet = await asyncio.to_thread(magicdns_suffix) if spec.tailscale else None
                 session.net = Network(spec, record=session.record, notice=on_notice, tailnet=tailnet)
                 if self._dns is None:

@@ -69,3 +69,17 @@ def test_plan_round_trips_through_json_and_has_no_host_etc() -> None:
     assert "/etc/passwd" not in etc_binds and "/etc/shadow" not in etc_binds and "/etc" not in etc_binds
     assert all(isinstance(op, (Bind, Symlink)) for op in plan.ops if getattr(op, "dst", "") in ("/bin", "/usr"))
     assert ("/", "dir") in [(r.path, r.access) for r in plan.landlock]
+
+
+def test_plan_to_json_is_asdict_and_round_trips():
+    import dataclasses
+    import json
+
+    from boxyd.plan import Bind, File, LandlockRule, Plan
+
+    p = Plan(argv=["true"], env={"A": "b"}, cwd="/w", uid=1, gid=1, home="/h", hostname="x",
+             scratch_size=1, ops=[Bind("/usr", "/usr", True), File("/etc/x", "c")],
+             landlock=[LandlockRule("/", "dir")], seccomp_bpf="", nproc=5,
+             pty={"termios": [1, 2], "winsize": [1, 2, 0, 0], "fds": [0]})
+    assert p.to_json() == dataclasses.asdict(p)
+    assert Plan.from_json(json.loads(json.dumps(p.to_json()))) == p

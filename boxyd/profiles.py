@@ -417,6 +417,22 @@ def load_profile(name_or_path: str, *, context: Mapping[str, str]) -> Profile:
 Registry = Callable[[str], "str | None"]
 
 
+def _fill(text: str, registry: Registry | None) -> tuple[str, str | None]:
+    """TEXT with its {templates} filled by REGISTRY, and the first one it could not
+    fill (None when all were)."""
+    missing: list[str] = []
+
+    def sub(m: re.Match[str]) -> str:
+        value = registry(m.group(1)) if registry else None
+        if not value:
+            missing.append(m.group(1))
+            return ""
+        return value
+
+    filled = _TEMPLATE_RE.sub(sub, text)
+    return filled, (missing[0] if missing else None)
+
+
 def resolve_hosts(
     hosts: list[str], registry: Registry | None, *, source: str, notes: list[str]
 ) -> list[str]:
@@ -425,19 +441,10 @@ def resolve_hosts(
     not a host name, is dropped with a note: the run goes on without that host."""
     out: list[str] = []
     for entry in hosts:
-        missing: list[str] = []
-
-        def sub(m: re.Match[str], missing: list[str] = missing) -> str:
-            value = registry(m.group(1)) if registry else None
-            if not value:
-                missing.append(m.group(1))
-                return ""
-            return value
-
-        text = _TEMPLATE_RE.sub(sub, entry)
+        text, missing = _fill(entry, registry)
         if missing:
             notes.append(
-                f"profile {source}: allow_hosts {entry}: no {{{missing[0]}}} configured; dropped"
+                f"profile {source}: allow_hosts {entry}: no {{{missing}}} configured; dropped"
             )
             continue
         try:
@@ -453,18 +460,9 @@ def resolve_env(env: Mapping[str, str], registry: Registry | None, *, source: st
     have is left out (the tool then uses its own default), with a note."""
     out: dict[str, str] = {}
     for name, value in env.items():
-        missing: list[str] = []
-
-        def sub(m: re.Match[str], missing: list[str] = missing) -> str:
-            got = registry(m.group(1)) if registry else None
-            if not got:
-                missing.append(m.group(1))
-                return ""
-            return got
-
-        text = _TEMPLATE_RE.sub(sub, value)
+        text, missing = _fill(value, registry)
         if missing:
-            notes.append(f"profile {source}: env {name}: no {{{missing[0]}}} configured; not set")
+            notes.append(f"profile {source}: env {name}: no {{{missing}}} configured; not set")
             continue
         out[name] = text
     return out

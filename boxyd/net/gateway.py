@@ -417,17 +417,25 @@ class Gateway:
                            "reason": v.reason})
 
     # -- DNS over UDP -------------------------------------------------------------------
-    def _dns_udp_readable(self, sock: socket.socket) -> None:
+    @staticmethod
+    def _datagram(sock: socket.socket, size: int, what: str) -> udpsock.Datagram | None:
+        """One whole datagram with its original destination, or None (nothing there,
+        or nothing to act on: truncated, or no destination reported)."""
         try:
-            dgram = udpsock.recv_datagram(sock, 4096)
+            dgram = udpsock.recv_datagram(sock, size)
         except (BlockingIOError, InterruptedError):
-            return
+            return None
         except OSError as e:
-            log.warning("gateway dns: %s", e.strerror)
-            return
+            log.warning("gateway %s: %s", what, e.strerror)
+            return None
         if dgram.truncated or dgram.orig_dst is None:
-            return
-        self._spawn(self._dns_udp_answer(sock, dgram))
+            return None
+        return dgram
+
+    def _dns_udp_readable(self, sock: socket.socket) -> None:
+        dgram = self._datagram(sock, 4096, "dns")
+        if dgram is not None:
+            self._spawn(self._dns_udp_answer(sock, dgram))
 
     async def _dns_udp_answer(self, sock: socket.socket, dgram) -> None:
         wire = await self.dns.answer(dgram.data, tcp=False, session=self.dns_session)
@@ -437,14 +445,8 @@ class Gateway:
 
     # -- other UDP ----------------------------------------------------------------------
     def _udp_readable(self, sock: socket.socket) -> None:
-        try:
-            dgram = udpsock.recv_datagram(sock, 65535)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as e:
-            log.warning("gateway udp: %s", e.strerror)
-            return
-        if dgram.orig_dst is None or dgram.truncated:
+        dgram = self._datagram(sock, 65535, "udp")
+        if dgram is None:
             return
         key = (dgram.src, dgram.orig_dst)
         flow = self._udp.get(key)

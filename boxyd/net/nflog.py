@@ -21,6 +21,9 @@ import struct
 import time
 from dataclasses import dataclass
 
+from boxyd.net import netlink
+from boxyd.net.netlink import NLM_F_ACK, NLM_F_REQUEST, NLMSG_ERROR, attr, attrs
+
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_ULOG = 4
 NFULNL_MSG_PACKET = 0
@@ -33,14 +36,10 @@ NFULNL_CFG_CMD_BIND = 1
 NFULNL_CFG_CMD_UNBIND = 2
 NFULNL_COPY_PACKET = 2
 NFULA_PAYLOAD = 9
-NLM_F_REQUEST = 0x1
-NLM_F_ACK = 0x4
-NLMSG_ERROR = 2
-NLA_TYPE_MASK = 0x3FFF  # strips NLA_F_NESTED and NLA_F_NET_BYTEORDER
 
-_NLMSG = struct.Struct("=IHHII")  # len, type, flags, seq, pid
 _NFGEN = struct.Struct("=BBH")  # family, version, res_id (big-endian group)
-_NLA = struct.Struct("=HH")
+_CONFIG = (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_CONFIG
+_PACKET = (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_PACKET
 PROTOCOLS = {6: "tcp", 17: "udp", 1: "icmp", 58: "icmp"}
 
 
@@ -53,31 +52,22 @@ class Refused:
     port: int  # 0 when the protocol has none
 
 
-def _attr(kind: int, value: bytes) -> bytes:
-    body = _NLA.pack(_NLA.size + len(value), kind) + value
-    return body + b"\0" * (-len(body) % 4)
-
-
 def open_socket(group: int, snaplen: int) -> socket.socket:
     """Bind a netlink socket to nflog GROUP in the current network namespace, copying
     SNAPLEN bytes of each packet. Needs CAP_NET_ADMIN over that namespace."""
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_NETFILTER)
     try:
         sock.bind((0, 0))
-        msg_type = (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_CONFIG
-        for seq, attr in enumerate((
-            _attr(NFULA_CFG_CMD, struct.pack("=B3x", NFULNL_CFG_CMD_BIND)),
-            _attr(NFULA_CFG_MODE, struct.pack("!IBx", snaplen, NFULNL_COPY_PACKET)),
+        for setting in (
+            attr(NFULA_CFG_CMD, struct.pack("=B3x", NFULNL_CFG_CMD_BIND)),
+            attr(NFULA_CFG_MODE, struct.pack("!IBx", snaplen, NFULNL_COPY_PACKET)),
             # The kernel batches 100 packets or a second by default: a short run would end
             # before its refusals were delivered. Flush at once, or at the next timer
             # tick; the ruleset's rate limit bounds the cost.
-            _attr(NFULA_CFG_QTHRESH, struct.pack("!I", 1)),
-            _attr(NFULA_CFG_TIMEOUT, struct.pack("!I", 0)),
-        ), start=1):
-            body = _NFGEN.pack(socket.AF_UNSPEC, 0, socket.htons(group)) + attr
-            sock.send(_NLMSG.pack(_NLMSG.size + len(body), msg_type, NLM_F_REQUEST | NLM_F_ACK,
-                                  seq, 0) + body)
-            _expect_ack(sock.recv(65536))
+            attr(NFULA_CFG_QTHRESH, struct.pack("!I", 1)),
+            attr(NFULA_CFG_TIMEOUT, struct.pack("!I", 0)),
+        ):
+            _configure(sock, group, setting, "binding the group")
         sock.setblocking(False)
     except BaseException:
         sock.close()
@@ -85,80 +75,58 @@ def open_socket(group: int, snaplen: int) -> socket.socket:
     return sock
 
 
-def unbind(sock: socket.socket, group: int, timeout: float = 0.1) -> list[Refused]:
+def unbind(sock: socket.socket, group: int) -> list[Refused]:
     """Unbind GROUP and return every report still queued. The kernel delivers reports
     on its next timer tick; unbinding flushes them at once, ahead of its ack, so the
     last refusals of a run are counted without waiting for that tick."""
-    body = _NFGEN.pack(socket.AF_UNSPEC, 0, socket.htons(group)) + _attr(
-        NFULA_CFG_CMD, struct.pack("=B3x", NFULNL_CFG_CMD_UNBIND))
-    msg_type = (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_CONFIG
-    sock.send(_NLMSG.pack(_NLMSG.size + len(body), msg_type, NLM_F_REQUEST | NLM_F_ACK, 0xB0C5, 0)
-              + body)
-    out: list[Refused] = []
+    setting = attr(NFULA_CFG_CMD, struct.pack("=B3x", NFULNL_CFG_CMD_UNBIND))
+    return _configure(sock, group, setting, "unbind", timeout=0.1)
+
+
+def _configure(sock: socket.socket, group: int, setting: bytes, what: str,
+               timeout: float = 1.0) -> list[Refused]:
+    """One config message for GROUP; the reports read before its ack come back."""
+    body = _NFGEN.pack(socket.AF_UNSPEC, 0, socket.htons(group)) + setting
+    sock.send(netlink.message(_CONFIG, NLM_F_REQUEST | NLM_F_ACK, 0, body))
+    reports: list[Refused] = []
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
         if left <= 0 or not select.select([sock], [], [], left)[0]:
-            raise OSError("nflog: no answer to unbind")
+            raise OSError(f"nflog: {what}: no answer")
         data = sock.recv(65536)
-        out += parse(data)
+        reports += parse(data)
         err = _ack(data)
         if err is not None:
             if err:
-                raise OSError(err, f"nflog: unbind: {os.strerror(err)}")
-            return out
+                raise OSError(err, f"nflog: {what}: {os.strerror(err)}")
+            return reports
 
 
 def _ack(data: bytes) -> int | None:
     """The errno of the netlink ack in DATA (0: success), or None if there is none."""
-    pos = 0
-    while pos + _NLMSG.size + 4 <= len(data):
-        length, kind, _, _, _ = _NLMSG.unpack_from(data, pos)
-        if kind == NLMSG_ERROR:
-            return -struct.unpack_from("=i", data, pos + _NLMSG.size)[0]
-        if length < _NLMSG.size:
-            return None
-        pos += (length + 3) & ~3
+    try:
+        for kind, _, payload in netlink.messages(data):
+            if kind == NLMSG_ERROR:
+                return netlink.error(payload)
+    except ValueError:
+        pass
     return None
-
-
-def _expect_ack(data: bytes) -> None:
-    if len(data) < _NLMSG.size + 4:
-        raise OSError("nflog: short netlink reply")
-    _, kind, _, _, _ = _NLMSG.unpack_from(data)
-    if kind == NLMSG_ERROR:
-        (err,) = struct.unpack_from("=i", data, _NLMSG.size)
-        if err != 0:
-            raise OSError(-err, f"nflog: binding the group failed: {os.strerror(-err)}")
 
 
 def parse(data: bytes) -> list[Refused]:
     """Every refused packet in one netlink read (several messages may share it)."""
     out: list[Refused] = []
-    pos = 0
-    while pos + _NLMSG.size <= len(data):
-        length, kind, _, _, _ = _NLMSG.unpack_from(data, pos)
-        if length < _NLMSG.size or pos + length > len(data):
-            break
-        if kind == (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_PACKET:
-            payload = _payload(data[pos + _NLMSG.size + _NFGEN.size: pos + length])
-            refused = _packet(payload) if payload else None
-            if refused is not None:
-                out.append(refused)
-        pos += (length + 3) & ~3
+    try:
+        for kind, _, message in netlink.messages(data):
+            if kind == _PACKET:
+                payload = attrs(message[_NFGEN.size:]).get(NFULA_PAYLOAD)
+                refused = _packet(payload) if payload else None
+                if refused is not None:
+                    out.append(refused)
+    except ValueError:
+        pass  # what came before the malformed message still counts
     return out
-
-
-def _payload(attrs: bytes) -> bytes | None:
-    pos = 0
-    while pos + _NLA.size <= len(attrs):
-        length, kind = _NLA.unpack_from(attrs, pos)
-        if length < _NLA.size or pos + length > len(attrs):
-            return None
-        if kind & NLA_TYPE_MASK == NFULA_PAYLOAD:
-            return attrs[pos + _NLA.size: pos + length]
-        pos += (length + 3) & ~3
-    return None
 
 
 def _packet(p: bytes) -> Refused | None:

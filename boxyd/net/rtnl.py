@@ -16,12 +16,14 @@ import os
 import socket
 import struct
 
+from boxyd.net import netlink
+from boxyd.net.netlink import NLM_F_ACK, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, attr, attrs
+
 RTM_NEWLINK, RTM_GETLINK = 16, 18
 RTM_NEWADDR, RTM_GETADDR = 20, 22
 RTM_NEWROUTE = 24
 RTM_NEWRULE = 32
-NLMSG_ERROR, NLMSG_DONE = 2, 3
-NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE, NLM_F_DUMP = 0x1, 0x4, 0x200, 0x400, 0x300
+NLM_F_EXCL, NLM_F_CREATE, NLM_F_DUMP = 0x200, 0x400, 0x300
 
 IFF_UP = 0x1
 IFF_LOWER_UP = 0x10000
@@ -37,29 +39,10 @@ RTPROT_BOOT = 3
 FR_ACT_TO_TBL = 1
 FRA_FWMARK, FRA_TABLE = 10, 15
 
-_NLMSG = struct.Struct("=IHHII")
 _IFINFO = struct.Struct("=BxHiII")  # family, type, index, flags, change
 _IFADDR = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
 _RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
 _RULE = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, res1, res2, action, flags
-_RTA = struct.Struct("=HH")
-
-
-def attr(kind: int, payload: bytes) -> bytes:
-    length = _RTA.size + len(payload)
-    return _RTA.pack(length, kind) + payload + b"\0" * (-length % 4)
-
-
-def _attrs(data: bytes) -> dict[int, bytes]:
-    out: dict[int, bytes] = {}
-    pos = 0
-    while pos + _RTA.size <= len(data):
-        length, kind = _RTA.unpack_from(data, pos)
-        if length < _RTA.size:
-            break
-        out[kind & 0x3FFF] = data[pos + _RTA.size: pos + length]
-        pos += (length + 3) & ~3
-    return out
 
 
 def _family(addr: str) -> int:
@@ -81,30 +64,25 @@ class Rtnl:
         """Send one request; its replies (type, payload) until the ack or the dump's end."""
         self._seq += 1
         seq = self._seq
-        self.sock.send(_NLMSG.pack(_NLMSG.size + len(body), kind, NLM_F_REQUEST | flags, seq, 0)
-                       + body)
+        self.sock.send(netlink.message(kind, NLM_F_REQUEST | flags, seq, body))
         replies: list[tuple[int, bytes]] = []
         while True:
-            data = self.sock.recv(1 << 16)
-            pos = 0
-            while pos + _NLMSG.size <= len(data):
-                length, mtype, _, mseq, _ = _NLMSG.unpack_from(data, pos)
-                if length < _NLMSG.size:
-                    raise OSError("rtnetlink: malformed reply")
-                payload = data[pos + _NLMSG.size: pos + length]
-                pos += (length + 3) & ~3
-                if mseq != seq:
-                    continue
-                if mtype == NLMSG_ERROR:
-                    (err,) = struct.unpack_from("=i", payload)
-                    if err:
-                        raise OSError(-err, os.strerror(-err))
-                    return replies
-                if mtype == NLMSG_DONE:
-                    return replies
-                replies.append((mtype, payload))
-                if not flags & NLM_F_DUMP and not flags & NLM_F_ACK:
-                    return replies
+            try:
+                for mtype, mseq, payload in netlink.messages(self.sock.recv(1 << 16)):
+                    if mseq != seq:
+                        continue
+                    if mtype == NLMSG_ERROR:
+                        err = netlink.error(payload)
+                        if err:
+                            raise OSError(err, os.strerror(err))
+                        return replies
+                    if mtype == NLMSG_DONE:
+                        return replies
+                    replies.append((mtype, payload))
+                    if not flags & NLM_F_DUMP and not flags & NLM_F_ACK:
+                        return replies
+            except ValueError as e:
+                raise OSError(f"rtnetlink: {e}") from None
 
     def _change(self, kind: int, body: bytes, create: bool = False) -> None:
         self._request(kind, body, NLM_F_ACK | (NLM_F_CREATE | NLM_F_EXCL if create else 0))
@@ -145,7 +123,7 @@ class Rtnl:
             if mtype != RTM_NEWADDR:
                 continue
             _, _, flags, _, idx = _IFADDR.unpack_from(payload)
-            extra = _attrs(payload[_IFADDR.size:]).get(IFA_FLAGS)
+            extra = attrs(payload[_IFADDR.size:]).get(IFA_FLAGS)
             if extra is not None:
                 flags = struct.unpack("=I", extra)[0]
             if idx == index and flags & IFA_F_TENTATIVE:
@@ -160,10 +138,10 @@ class Rtnl:
                                                 NLM_F_DUMP):
                 if mtype != RTM_NEWADDR:
                     continue
-                attrs = _attrs(payload[_IFADDR.size:])
+                found = attrs(payload[_IFADDR.size:])
                 for kind in (IFA_LOCAL, IFA_ADDRESS):
-                    if kind in attrs:
-                        out.add(str(ipaddress.ip_address(attrs[kind])))
+                    if kind in found:
+                        out.add(str(ipaddress.ip_address(found[kind])))
         return out
 
     # -- addresses, routes, rules ------------------------------------------------------

@@ -165,23 +165,35 @@ def own_daemon(user: User) -> Iterator[dict[str, str]]:
         os.chown(runtime, user.uid, user.gid)
     env = {"XDG_RUNTIME_DIR": str(runtime)}
     yield env
+    pid = _daemon_pid(user, env)
+    if pid is not None:
+        os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(runtime, ignore_errors=True)
+
+
+def _daemon_pid(user: User, env: dict[str, str]) -> int | None:
     status = user.run([str(BIN / "boxyctl"), "daemon", "status"], extra_env=env, timeout=30)
     m = re.search(rb"pid (\d+)", status.stdout)
-    if m:
-        os.kill(int(m.group(1)), signal.SIGKILL)
-    shutil.rmtree(runtime, ignore_errors=True)
+    return int(m.group(1)) if m else None
+
+
+def _start_marked(user: User, workdir: Path, env: dict[str, str],
+                  script: str) -> tuple[subprocess.Popen, str]:
+    """A run whose `sleep 60.N` only the shell inside spells out (SCRIPT's {sleep}):
+    the client's argv (runuser, boxyctl) holds $((N)), never the expanded marker,
+    so pgrep finds the sandbox's processes alone. Returns the client and the marker."""
+    n = 100000 + uuid.uuid4().int % 900000
+    argv = user.cmd([str(BIN / "boxyctl"), "run", *NET, "--", "sh", "-c",
+                     script.format(sleep=f"sleep 60.$(({n}))")], env)
+    client = subprocess.Popen(argv, cwd=workdir, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return client, f"^sleep 60\\.{n}$"
 
 
 def test_killing_boxyd_kills_the_sandbox(user: User, workdir: Path,
                                          own_daemon: dict[str, str]) -> None:
-    # A unique `sleep` argument that only the shell inside spells out: the client's
-    # argv (runuser, boxyctl) holds $((N)), never the expanded marker.
-    n = 100000 + uuid.uuid4().int % 900000
-    marker = f"^sleep 60\\.{n}$"
-    argv = user.cmd([str(BIN / "boxyctl"), "run", *NET, "--", "sh", "-c",
-                     f"sleep 60.$(({n})) & echo READY; sleep 60.$(({n})); wait"], own_daemon)
-    client = subprocess.Popen(argv, cwd=workdir, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    client, marker = _start_marked(user, workdir, own_daemon,
+                                   "{sleep} & echo READY; {sleep}; wait")
 
     def sandboxed() -> list[int]:
         return _pgrep(marker)
@@ -190,10 +202,8 @@ def test_killing_boxyd_kills_the_sandbox(user: User, workdir: Path,
         assert client.stdout is not None
         assert client.stdout.readline() == b"READY\n"
         assert _wait(lambda: len(sandboxed()) >= 2, 10), "payload processes not found"
-        status = user.run([str(BIN / "boxyctl"), "daemon", "status"], extra_env=own_daemon)
-        m = re.search(rb"pid (\d+)", status.stdout)
-        assert m, status
-        daemon = int(m.group(1))
+        daemon = _daemon_pid(user, own_daemon)
+        assert daemon is not None, "boxyctl daemon status: no pid"
         tree = _descendants(daemon)  # stage 2, PID 1 and the payload, as the host sees them
         assert set(sandboxed()) <= tree, "the payload is not below this boxyd"
         os.kill(daemon, signal.SIGKILL)
@@ -215,20 +225,14 @@ def test_killing_the_stage2_template_kills_its_sandboxes(user: User, workdir: Pa
                                                         own_daemon: dict[str, str]) -> None:
     """Runs are forked from one pre-imported stage-2 template: its death takes every
     sandbox it forked with it, and boxyd starts a new one for the next run."""
-    n = 100000 + uuid.uuid4().int % 900000
-    marker = f"^sleep 60\\.{n}$"
-    argv = user.cmd([str(BIN / "boxyctl"), "run", *NET, "--", "sh", "-c",
-                     f"echo READY; sleep 60.$(({n}))"], own_daemon)
-    client = subprocess.Popen(argv, cwd=workdir, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    client, marker = _start_marked(user, workdir, own_daemon, "echo READY; {sleep}")
     try:
         assert client.stdout is not None
         assert client.stdout.readline() == b"READY\n"
         assert _wait(lambda: bool(_pgrep(marker)), 10), "payload not found"
-        status = user.run([str(BIN / "boxyctl"), "daemon", "status"], extra_env=own_daemon)
-        m = re.search(rb"pid (\d+)", status.stdout)
-        assert m, status
-        templates = [p for p in _children(int(m.group(1)))
+        daemon = _daemon_pid(user, own_daemon)
+        assert daemon is not None, "boxyctl daemon status: no pid"
+        templates = [p for p in _children(daemon)
                      if b"boxyd.stage2" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert len(templates) == 1, templates
         os.kill(templates[0], signal.SIGKILL)

@@ -1,0 +1,56 @@
+"""Netlink framing, shared by boxy's two netlink users: rtnetlink requests
+(boxyd.net.rtnl) and the NFLOG refusal reports (boxyd.net.nflog). Messages and
+attributes only; what they mean is each user's business."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+NLM_F_REQUEST, NLM_F_ACK = 0x1, 0x4
+NLA_TYPE_MASK = 0x3FFF  # strips NLA_F_NESTED and NLA_F_NET_BYTEORDER
+
+HEADER = struct.Struct("=IHHII")  # len, type, flags, seq, pid
+_ATTR = struct.Struct("=HH")
+
+
+def message(kind: int, flags: int, seq: int, body: bytes) -> bytes:
+    return HEADER.pack(HEADER.size + len(body), kind, flags, seq, 0) + body
+
+
+def messages(data: bytes) -> Iterator[tuple[int, int, bytes]]:
+    """(type, seq, payload) of each message in one read; ValueError at a length that
+    does not fit (after the messages before it)."""
+    pos = 0
+    while pos + HEADER.size <= len(data):
+        length, kind, _, seq, _ = HEADER.unpack_from(data, pos)
+        if length < HEADER.size or pos + length > len(data):
+            raise ValueError("netlink: malformed message length")
+        yield kind, seq, data[pos + HEADER.size: pos + length]
+        pos += (length + 3) & ~3
+
+
+def error(payload: bytes) -> int:
+    """The errno an NLMSG_ERROR payload carries (0: an ack)."""
+    if len(payload) < 4:
+        raise ValueError("netlink: short error message")
+    return -struct.unpack_from("=i", payload)[0]
+
+
+def attr(kind: int, payload: bytes) -> bytes:
+    length = _ATTR.size + len(payload)
+    return _ATTR.pack(length, kind) + payload + b"\0" * (-length % 4)
+
+
+def attrs(data: bytes) -> dict[int, bytes]:
+    """Attribute type → value; stops at the first one whose length does not fit."""
+    out: dict[int, bytes] = {}
+    pos = 0
+    while pos + _ATTR.size <= len(data):
+        length, kind = _ATTR.unpack_from(data, pos)
+        if length < _ATTR.size or pos + length > len(data):
+            break
+        out[kind & NLA_TYPE_MASK] = data[pos + _ATTR.size: pos + length]
+        pos += (length + 3) & ~3
+    return out

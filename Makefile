@@ -8,16 +8,12 @@ DEB_PACKAGES = python3 python3-venv python3-dev gcc pkg-config libsystemd-dev li
 .PHONY: setup packages venv test lint demo bench clean
 
 setup: packages venv
+	@if [ "$$(id -u)" = 0 ]; then packaging/install-apparmor.sh "$(abspath $(VENV))/bin/python3"; fi
 
+# Installs what is missing (as root) or prints the sudo line (as a user), then
+# probes every part; any failure stops here, naming it.
 packages:
-	@if [ "$$(id -u)" = 0 ]; then \
-	  missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
-	  if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi; \
-	  packaging/install-apparmor.sh "$(abspath $(VENV))/bin/python3" || true; \
-	else \
-	  missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
-	  if [ -n "$$missing" ]; then echo "run: sudo apt-get install $$missing"; exit 1; fi; \
-	fi
+	@packaging/install-packages.sh $(DEB_PACKAGES)
 
 venv: $(VENV)/.installed
 

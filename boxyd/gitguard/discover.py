@@ -6,14 +6,23 @@ a symlink is reported, never followed, and a path cannot be swapped under us.
 
 What is found, for one writable tree ``root``:
 
-- every gitdir: ``.git`` directories at any depth, bare repositories (a directory
-  with a valid HEAD, objects/ and refs/ — git runs in them too), submodule gitdirs
-  under ``modules/**``, linked-worktree gitdirs under ``worktrees/*``, and the
-  targets of ``.git`` files and ``commondir`` files when they resolve inside root
-  through real directories (anything else is never followed);
+- every gitdir: ``.git`` directories at any depth, every directory git's own
+  ``is_git_directory()`` accepts (setup.c: a valid HEAD, and ``objects`` and ``refs``
+  in the common directory that pass ``access(X_OK)`` — an executable *file* does;
+  any ``commondir`` counts), submodule gitdirs under ``modules/**``, linked-worktree
+  gitdirs under ``worktrees/*``, and the targets of ``.git`` files and ``commondir``
+  files when they resolve inside root through real directories (anything else is
+  never followed);
 - in each gitdir its control entries: ``config*``, ``commondir``, ``gitdir``,
   ``hooks`` (and everything under it), ``modules``, ``worktrees`` and their entries;
+- the files its config includes (``include.path``, ``includeIf.*.path``, transitively:
+  git reads them as its own config) and the directory ``core.hooksPath`` names,
+  when they lie in the tree — or the first symlink on the way to them;
 - every ``.git`` entry in the work trees, whatever its type.
+
+A directory the user cannot list (mode 0111, 0000) is never chmod'ed: the guard does
+not change the host tree. It is reported; known names inside one are still reached
+(``visit_known``: O_PATH lookups need only the search bit, as git's do).
 
 Absent entries: ``prepare`` creates an absent ``hooks`` directory so that it can be
 pinned read-only. An absent ``config.worktree``, ``commondir`` (an empty one breaks
@@ -26,13 +35,15 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from boxyd.gitguard.gitconfig import parse
 
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# a step through a directory that need not be listable (git only needs +x to pass)
+O_STEP = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO planted in place of a file must not hang the daemon
 O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
@@ -40,6 +51,8 @@ O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 # which git itself cannot reach a repository; deeper directories are reported.
 MAX_DEPTH = 2048
 POINTER_MAX = 64 * 1024  # a .git / commondir / gitdir file larger than this is not a pointer
+CONFIG_MAX = 64 << 20  # a config larger than this is not read (and is judged dangerous)
+MAX_INCLUDE_DEPTH = 10  # git's own limit (config.c MAX_INCLUDE_DEPTH)
 
 Type = Literal["file", "dir", "symlink", "other"]
 Role = Literal[
@@ -53,7 +66,8 @@ Role = Literal[
     "module",  # anything under modules/ down to the submodule gitdirs
     "worktrees",
     "worktree",  # an entry of worktrees/
-    "hookspath",  # a directory that core.hooksPath names inside the tree (scanned, not pinned)
+    "hookspath",  # the directory core.hooksPath names in the tree: a mount point, its files scanned
+    "include",  # a file a config includes: read by git as config, so pinned and judged as one
 ]
 
 # directories git itself keeps in a gitdir: never a submodule namespace under modules/
@@ -78,7 +92,7 @@ _GITDIR_INTERNALS = frozenset(
 )
 _GITDIR_MARKERS = ("HEAD", "config", "commondir", "objects", "refs", "hooks")
 _AREA_ROLE: dict[str, Role] = {"hooks": "hook", "modules": "module", "worktrees": "worktree"}
-_HEX_OID = re.compile(rb"[0-9a-f]{40}([0-9a-f]{24})?\s*")
+_HEX_PREFIX = re.compile(rb"[0-9a-fA-F]{40}")  # get_oid_hex(): the first 40, whatever follows
 
 
 @dataclass(frozen=True)
@@ -131,11 +145,15 @@ def parts(rel: str) -> list[str]:
 
 
 def open_dir(root_fd: int, rel: str) -> int:
-    """Open directory ``rel`` beneath ``root_fd``, one O_NOFOLLOW step at a time."""
+    """Open directory ``rel`` beneath ``root_fd``, one O_NOFOLLOW step at a time.
+
+    The steps on the way are O_PATH: like git, passing through a directory needs
+    only its search bit, so a parent made unlistable (0111) hides nothing known."""
+    comps = parts(rel)
     fd = os.dup(root_fd)
     try:
-        for name in parts(rel):
-            nfd = os.open(name, O_DIR, dir_fd=fd)
+        for i, name in enumerate(comps):
+            nfd = os.open(name, O_DIR if i == len(comps) - 1 else O_STEP, dir_fd=fd)
             os.close(fd)
             fd = nfd
     except BaseException:
@@ -145,16 +163,9 @@ def open_dir(root_fd: int, rel: str) -> int:
 
 
 def open_child(dir_fd: int, name: str) -> int:
-    """Open a subdirectory; one the payload made unreadable (chmod 0111 still lets git
-    through to a path it knows) is given back its owner's u+rx first — it is ours."""
-    try:
-        return os.open(name, O_DIR, dir_fd=dir_fd)
-    except PermissionError:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-            raise
-        os.chmod(name, stat.S_IMODE(st.st_mode) | 0o500, dir_fd=dir_fd, follow_symlinks=False)
-        return os.open(name, O_DIR, dir_fd=dir_fd)
+    """Open a subdirectory to list it. One the payload made unlistable raises
+    PermissionError: it is reported, never chmod'ed (the host tree is not ours)."""
+    return os.open(name, O_DIR, dir_fd=dir_fd)
 
 
 def open_root(root: str) -> int:
@@ -244,6 +255,40 @@ def place(roots: Sequence[str], base: str, target: str) -> list[str] | None:
     return None
 
 
+def locate(root_fd: int, comps: Sequence[str]) -> tuple[str, Type] | None:
+    """The entry ``comps`` names beneath root, or the first symlink on the way to it
+    (which git would follow and we never do). None: outside root, or missing."""
+    fds = [os.dup(root_fd)]
+    names: list[str] = []
+    try:
+        for i, name in enumerate(comps):
+            if name == "..":
+                if not names:
+                    return None
+                os.close(fds.pop())
+                names.pop()
+                continue
+            names.append(name)
+            try:
+                st = os.stat(name, dir_fd=fds[-1], follow_symlinks=False)
+            except OSError:
+                return None
+            if stat.S_ISLNK(st.st_mode):
+                return "/".join(names), "symlink"
+            if i == len(comps) - 1:
+                kind: Type = "dir" if stat.S_ISDIR(st.st_mode) else (
+                    "file" if stat.S_ISREG(st.st_mode) else "other")
+                return "/".join(names), kind
+            try:
+                fds.append(os.open(name, O_STEP, dir_fd=fds[-1]))
+            except OSError:
+                return None
+        return ("/".join(names), "dir") if names else None
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def walk_beneath(root_fd: int, comps: Sequence[str], last_dir: bool = True) -> str | None:
     """Resolve components beneath root through real directories only.
 
@@ -266,7 +311,7 @@ def walk_beneath(root_fd: int, comps: Sequence[str], last_dir: bool = True) -> s
                 names.append(name)
                 break
             try:
-                fds.append(os.open(name, O_DIR, dir_fd=fds[-1]))
+                fds.append(os.open(name, O_STEP, dir_fd=fds[-1]))
             except OSError:
                 return None
             names.append(name)
@@ -276,15 +321,47 @@ def walk_beneath(root_fd: int, comps: Sequence[str], last_dir: bool = True) -> s
             os.close(fd)
 
 
-def _valid_head(dir_fd: int, kind: Type) -> bool:
-    """git's validate_headref(), loosely (loose errs towards 'is a repository')."""
-    if kind == "symlink":
-        try:
-            return os.readlink("HEAD", dir_fd=dir_fd).startswith("refs/")
-        except OSError:
-            return False
-    data = read_small(dir_fd, "HEAD", 4096)
-    return data is not None and (data.startswith(b"ref:") or bool(_HEX_OID.fullmatch(data)))
+def valid_head(dir_fd: int) -> bool:
+    """git's validate_headref() (setup.c): a symlink into refs/, a file starting with
+    "ref:" then (after spaces) "refs/", or one starting with a hex object id — git
+    reads only the first 255 bytes and ignores whatever follows. A FIFO or device,
+    which git would block on or misread, counts as valid: loose errs towards 'is a
+    repository'."""
+    try:
+        st = os.stat("HEAD", dir_fd=dir_fd, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            return os.readlink("HEAD", dir_fd=dir_fd)[:5] == "refs/"
+        if stat.S_ISDIR(st.st_mode):
+            return False  # git's read() fails with EISDIR
+        if not stat.S_ISREG(st.st_mode):
+            return True
+        fd = os.open("HEAD", O_FILE, dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        data = os.read(fd, 255).split(b"\0", 1)[0]  # a C string from here on
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    if data.startswith(b"ref:") and data[4:].lstrip(b" \t\n\r").startswith(b"refs/"):
+        return True
+    return bool(_HEX_PREFIX.match(data))
+
+
+def is_git_directory(dir_fd: int, entries: Mapping[str, Type]) -> bool:
+    """git's is_git_directory() for a directory we hold open: a valid HEAD, then
+    ``objects`` and ``refs`` that pass access(X_OK) — of any type, through any
+    symlink — in the common directory. With a ``commondir`` entry the common
+    directory is elsewhere: counted as a repository without looking there (its
+    target is explored, or judged, on its own)."""
+    if "HEAD" not in entries or not valid_head(dir_fd):
+        return False
+    if "commondir" in entries:
+        return True
+    return all(
+        n in entries and os.access(n, os.X_OK, dir_fd=dir_fd) for n in ("objects", "refs")
+    )
 
 
 # --- the walk --------------------------------------------------------------------------
@@ -380,12 +457,7 @@ class _Walker:
                     os.close(gfd)
             elif kind == "file":
                 self.follow(fd, ".git", rel, dotgit=True)
-        bare = (
-            entries.get("HEAD") in ("file", "symlink")
-            and entries.get("objects") in ("dir", "symlink")
-            and entries.get("refs") in ("dir", "symlink")
-            and _valid_head(fd, entries["HEAD"])
-        )
+        bare = is_git_directory(fd, entries)
         if bare:
             self.explore_gitdir(fd, rel, entries, worktree=rel)
         return [
@@ -417,28 +489,62 @@ class _Walker:
                     self.below(fd, name, sub, name, 0)
         for name in ("config", "config.worktree"):
             if entries.get(name) == "file":
-                self.hooks_path(fd, name, worktree)
+                self.read_config(fd, rel, name, worktree, 0)
 
-    def hooks_path(self, fd: int, name: str, worktree: str | None) -> None:
-        """A core.hooksPath (the user's own: config is pinned) naming a directory in the
-        tree, e.g. husky's ``.husky/_``: its files run like hooks, so they are scanned
-        like hooks. Not pinned: tools such as husky rewrite them on install."""
-        data = read_small(fd, name, 1 << 20)
+    def read_config(self, fd: int, rel: str, name: str, worktree: str | None, depth: int) -> None:
+        """What a config file (the user's own: it is pinned) makes git read or run from
+        the tree: the files it includes, transitively, and core.hooksPath's directory
+        — e.g. husky's ``.husky/_``, whose files run like hooks."""
+        data = read_small(fd, name, CONFIG_MAX)
         if data is None:
             return
+        entries = parse(data).entries
+        for e in entries:
+            if e.name == "path" and e.value and (
+                e.section == "include" and e.subsection is None or e.section == "includeif"
+            ):
+                self.include(rel, e.value, worktree, depth + 1)
         paths = [
             e.value
-            for e in parse(data).entries
+            for e in entries
             if (e.section, e.subsection, e.name) == ("core", None, "hookspath") and e.value
         ]
         if not paths or paths[-1].startswith("~") or (worktree is None and paths[-1][0] != "/"):
             return  # ~ is $HOME, outside the tree; a relative one needs the work tree
-        comps = place(self.roots, worktree or "", paths[-1])
-        target = walk_beneath(self.root_fd, comps) if comps is not None else None
-        if not target or target in self.controls:
+        self.hooks_dir(place(self.roots, worktree or "", paths[-1]))
+
+    def include(self, base: str, path: str, worktree: str | None, depth: int) -> None:
+        """An included file, relative to the including file's directory (config.c
+        handle_path_include); every includeIf counts, whatever its condition."""
+        if depth > MAX_INCLUDE_DEPTH or path.startswith("~"):
+            return  # git stops there too; ~ is $HOME, outside every work tree
+        comps = place(self.roots, base, path)
+        found = locate(self.root_fd, comps) if comps is not None else None
+        if found is None or found[0] in self.controls:
             return
+        target, kind = found
+        self.control(target, "include", kind)
+        if kind != "file":
+            return  # a symlink is judged (and refused) as it stands, never followed
         parent, _, leaf = target.rpartition("/")
-        self.control(target, "hookspath", "dir")
+        try:
+            pfd = open_dir(self.root_fd, parent)
+        except OSError:
+            return
+        try:
+            self.read_config(pfd, parent, leaf, worktree, depth)
+        finally:
+            os.close(pfd)
+
+    def hooks_dir(self, comps: list[str] | None) -> None:
+        found = locate(self.root_fd, comps) if comps is not None else None
+        if found is None or found[0] in self.controls:
+            return
+        target, kind = found
+        self.control(target, "hookspath", kind)
+        if kind != "dir":
+            return  # a symlink on the way: judged as it stands, never followed
+        parent, _, leaf = target.rpartition("/")
         try:
             pfd = open_dir(self.root_fd, parent)
         except OSError:
@@ -526,17 +632,21 @@ def plan_protections(lay: Layout) -> list[Protection]:
     for c in lay.controls:
         name = c.rel.rsplit("/", 1)[-1]
         pinned = (
-            c.role == "dotgit"
-            or c.role == "hooks"
+            c.role in ("dotgit", "hooks", "include", "hookspath")
             or (c.role in ("config", "commondir", "backlink") and name in _PINNED)
         )
-        if c.role == "dotgit":
+        if c.role in ("dotgit", "include", "hookspath"):
+            # outside a gitdir: renaming a parent would carry the pinned entry away
             for a in _ancestors(c.rel):
                 add(Protection(a, "self", True))
         if c.type == "symlink" and (
             pinned or c.role in ("module", "worktree", "modules", "worktrees")
         ):
             add(Protection(c.rel, "ro", False, symlink=True))
+        elif c.role == "hookspath" and c.type == "dir":
+            # a mount point: cannot be removed or swapped for a symlink; its files stay
+            # writable (husky rewrites them) and are scanned after the run
+            add(Protection(c.rel, "self", True))
         elif pinned and c.type in ("file", "other"):
             add(Protection(c.rel, "ro", False))
         elif c.role == "hooks" and c.type == "dir":

@@ -9,7 +9,8 @@ is quarantined when it is
 
 - a hook: anything under a ``hooks/`` directory (or under a directory in the tree
   that the user's own ``core.hooksPath`` names) not ending in ``.sample``;
-- a config file (``config*``) with keys that run commands, or one git cannot parse;
+- a config file (``config*``, or a file a config includes) with keys that run
+  commands, or one git cannot parse;
 - a ``.git`` file, ``commondir`` or ``gitdir`` pointer that leaves the tree (or goes
   through a symlink, or cannot be read);
 - a symlink, FIFO or other non-regular file where a control file belongs.
@@ -33,11 +34,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from boxyd.gitguard import discover
-from boxyd.gitguard.discover import O_DIR, O_FILE, POINTER_MAX, Control, Role, Type
+from boxyd.gitguard.discover import CONFIG_MAX, O_DIR, O_FILE, POINTER_MAX, Control, Role, Type
 from boxyd.gitguard.gitconfig import dangerous_keys, parse
 
 HASH_MAX = 1 << 20  # content is hashed up to this size; larger files are compared by inode/ctime
-CONFIG_MAX = 64 << 20  # a config larger than this is not read, and counts as dangerous
 
 
 @dataclass(frozen=True)
@@ -132,6 +132,7 @@ _LABEL = {
     "worktrees": "worktrees directory",
     "worktree": "worktree gitdir",
     "hookspath": "core.hooksPath directory",
+    "include": "file a git config includes",
 }
 
 
@@ -155,7 +156,7 @@ class _Judge:
             return f"not a regular file where git expects a {label}", ()
         if kind != "file":
             return None
-        if c.role == "config":
+        if c.role in ("config", "include"):
             data = discover.read_small(pfd, name, CONFIG_MAX)
             if data is None:
                 return "a git config file too large or unreadable to check", ()

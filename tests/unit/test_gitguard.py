@@ -5,13 +5,19 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import pickle
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from boxyd.gitguard import discover, scan
 from boxyd.gitguard.discover import Protection, prepare, protections
+from tests.conftest import User
+
+T = TypeVar("T")
 
 
 class Git:
@@ -23,6 +29,10 @@ class Git:
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(home),
             "GIT_CONFIG_NOSYSTEM": "1",
+            # trees handed to the test user are built as root (CI) before the chown
+            "GIT_CONFIG_COUNT": "1",
+            "GIT_CONFIG_KEY_0": "safe.directory",
+            "GIT_CONFIG_VALUE_0": "*",
             "GIT_AUTHOR_NAME": "t",
             "GIT_AUTHOR_EMAIL": "t@example.com",
             "GIT_COMMITTER_NAME": "t",
@@ -580,17 +590,20 @@ def test_nested_repo_attack_is_quarantined(
     assert not marker.exists()
 
 
-def test_hooks_path_inside_tree_is_scanned_not_pinned(
+def test_hooks_path_inside_tree_is_a_mount_point_and_scanned(
     git: Git, tmp_path: Path, root: Path, quarantine: Path
 ) -> None:
-    """husky: the user's config points core.hooksPath into the work tree."""
+    """husky: the user's config points core.hooksPath into the work tree. The directory
+    (and its parents) become mount points, so it cannot be swapped for a symlink; its
+    files stay writable and are scanned."""
     git.repo(root)
     git(root, "config", "core.hooksPath", ".husky/_")
     husky = root / ".husky" / "_"
     husky.mkdir(parents=True)
     hook_script(husky / "pre-commit", tmp_path / "mine")
     (husky / "h").write_text("# sourced by every hook\n")
-    assert not any(p.rel.startswith(".husky") for p in protections(str(root)))
+    husky_prots = {k: v for k, v in rels(protections(str(root))).items() if k.startswith(".husky")}
+    assert husky_prots == {".husky": SELF_DIR, ".husky/_": SELF_DIR}
     before = scan.snapshot(str(root))
     assert scan.scan(str(root), before, str(quarantine)) == []
     (husky / "h").write_text("touch /tmp/pwned\n")
@@ -598,3 +611,170 @@ def test_hooks_path_inside_tree_is_scanned_not_pinned(
     findings = scan.scan(str(root), before, str(quarantine))
     assert sorted(f.rel for f in findings) == [".husky/_/h", ".husky/_/post-checkout"]
     assert (husky / "pre-commit").exists()
+
+
+# --- git's own rules: what git accepts as a repository, what its config pulls in ----------
+
+
+def fake_bare(d: Path, tmp_path: Path, objects_file: bool = True) -> Path:
+    """Reproduction 1 of the review: a directory git takes for a bare repository although
+    `objects` is an executable *file* (git checks only access(X_OK)). Returns the marker
+    its core.fsmonitor touches."""
+    (d / "HEAD").write_text("ref: refs/heads/main\n")
+    if objects_file:
+        (d / "objects").write_text("#!/bin/sh\n")
+        (d / "objects").chmod(0o755)
+    else:
+        (d / "objects").mkdir()
+    (d / "refs").mkdir(exist_ok=True)
+    marker = tmp_path / f"marker-{d.name}"
+    hook_script(d / "fsmon.sh", marker)
+    (d / "config").write_text(f"[core]\n\tworktree = .\n\tfsmonitor = {d / 'fsmon.sh'}\n")
+    return marker
+
+
+def as_user(user: User, fn: Callable[[], T]) -> T:
+    """FN's result, computed as the unprivileged test user: access(X_OK) and unlistable
+    directories mean nothing to root, which the suite runs as in CI."""
+    if os.getuid() == user.uid:
+        return fn()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(r)
+        try:
+            os.setgroups([])
+            os.setresgid(user.gid, user.gid, user.gid)
+            os.setresuid(user.uid, user.uid, user.uid)
+            data = pickle.dumps((True, fn()))
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            data = pickle.dumps((False, repr(e)))
+        with os.fdopen(w, "wb") as f:
+            f.write(data)
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        ok, value = pickle.loads(f.read())
+    os.waitpid(pid, 0)
+    assert ok, value
+    return value
+
+
+def user_git(user: User, cwd: Path, *args: str) -> str:
+    r = user.run(["git", *args], cwd=cwd, extra_env={"GIT_CONFIG_NOSYSTEM": "1"})
+    return r.stdout.decode().strip() if r.returncode == 0 else f"rc={r.returncode}"
+
+
+def test_executable_file_as_objects_makes_a_bare_repository(
+    git: Git, tmp_path: Path, user: User, workdir: Path
+) -> None:
+    git.repo(workdir)
+    fake_bare(workdir, tmp_path)
+    (workdir / ".git/refs").chmod(0o644)  # git now rejects .git and falls back to root itself
+    user.chown(workdir)
+    # the premise, from git itself: it really takes the directory for the repository
+    assert user_git(user, workdir, "rev-parse", "--absolute-git-dir") == str(workdir)
+    lay = as_user(user, lambda: discover.layout(str(workdir)))
+    assert "" in {g.rel for g in lay.gitdirs}
+    assert {c.rel: c.role for c in lay.controls}["config"] == "config"
+
+
+@pytest.mark.parametrize("head,valid", [
+    (b"ref: refs/heads/main\n", True),
+    (b"ref:\t \n refs/x", True),
+    (b"0123456789abcdef0123456789ABCDEF01234567 and anything after", True),
+    (b"0123456789abcdef0123456789abcdef0123456", False),  # 39 digits
+    (b"ref: heads/main\n", False),
+    (b"ref:\0refs/heads/main", False),
+    (b"", False),
+], ids=["ref", "ref-spaces", "oid-prefix", "short-oid", "not-refs", "nul", "empty"])
+def test_head_is_validated_as_git_does(git: Git, tmp_path: Path, head: bytes, valid: bool) -> None:
+    d = tmp_path / "cand"
+    d.mkdir()
+    fake_bare(d, tmp_path, objects_file=False)
+    (d / "HEAD").write_bytes(head)
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert discover.is_git_directory(fd, {n: "file" for n in os.listdir(d)}) is valid
+    finally:
+        os.close(fd)
+    r = subprocess.run(["git", "rev-parse", "--absolute-git-dir"], cwd=d, env=git.env,
+                       capture_output=True, text=True, check=False)
+    assert (r.returncode == 0 and r.stdout.strip() == str(d)) is valid, r.stderr  # git agrees
+
+
+def test_head_and_commondir_make_a_repository(git: Git, tmp_path: Path, root: Path) -> None:
+    common = tmp_path / "work" / "common"
+    common.mkdir(parents=True)
+    fake_bare(common, tmp_path, objects_file=False)
+    sub = root / "sub"
+    sub.mkdir()
+    (sub / "HEAD").write_text("ref: refs/heads/main\n")
+    (sub / "commondir").write_text("../common\n")
+    assert git(sub, "rev-parse", "--absolute-git-dir") == str(sub)
+    assert {"sub", "common"} <= {g.rel for g in discover.layout(str(root)).gitdirs}
+
+
+def test_unlistable_directory_is_reported_not_chmoded(git: Git, user: User, workdir: Path) -> None:
+    git.repo(workdir)
+    locked = workdir / "locked"
+    locked.mkdir()
+    user.chown(workdir)
+    locked.chmod(0o111)
+    lay = as_user(user, lambda: discover.layout(str(workdir)))
+    assert "locked" in lay.unreadable
+    assert stat.S_IMODE(locked.stat().st_mode) == 0o111  # the host tree is not changed
+    locked.chmod(0o755)
+
+
+def test_included_files_are_pinned_and_judged(git: Git, tmp_path: Path, root: Path,
+                                              quarantine: Path) -> None:
+    """Reproduction 3: include.path to a file in the work tree, transitively, and every
+    includeIf whatever its condition."""
+    git.repo(root)
+    (root / "shared").mkdir()
+    (root / ".gitconfig").write_text("[include]\n\tpath = shared/more\n")
+    (root / "shared/more").write_text("[user]\n\tname = x\n")
+    (root / "cond").write_text("")
+    git(root, "config", "include.path", "../.gitconfig")
+    git(root, "config", "includeIf.onbranch:nope.path", "../cond")
+    prots = rels(protections(str(root)))
+    assert prots[".gitconfig"] == RO_FILE and prots["shared/more"] == RO_FILE
+    assert prots["cond"] == RO_FILE and prots["shared"] == SELF_DIR
+    before = scan.snapshot(str(root))
+    marker = tmp_path / "marker"
+    hook_script(tmp_path / "fsmon.sh", marker)
+    with (root / "shared/more").open("a") as f:  # what the bind stops inside the sandbox
+        f.write(f"[core]\n\tfsmonitor = {tmp_path / 'fsmon.sh'}\n")
+    assert git(root, "config", "core.fsmonitor") == str(tmp_path / "fsmon.sh")  # git reads it
+    found = scan.scan(str(root), before, str(quarantine))
+    assert [(f.rel, f.keys) for f in found] == [("shared/more", ("core.fsmonitor",))]
+    git(root, "status", "--short")
+    assert not marker.exists()
+
+
+def test_include_through_a_symlink_is_refused(git: Git, root: Path) -> None:
+    git.repo(root)
+    (root / "real").mkdir()
+    (root / "real/inc").write_text("")
+    (root / "link").symlink_to("real")
+    git(root, "config", "include.path", "../link/inc")
+    assert rels(protections(str(root)))["link"] == RO_LINK
+
+
+def test_hooks_path_symlink_is_refused_and_judged(git: Git, tmp_path: Path, root: Path,
+                                                  quarantine: Path) -> None:
+    """Reproduction 4: core.hooksPath's directory swapped for a symlink to hooks elsewhere."""
+    git.repo(root)
+    git(root, "config", "core.hooksPath", ".githooks")
+    (root / ".githooks").mkdir()
+    before = scan.snapshot(str(root))
+    (root / ".githooks").rmdir()  # what the mount point stops inside the sandbox
+    (root / "evil").mkdir()
+    hook_script(root / "evil/pre-commit", tmp_path / "marker")
+    (root / ".githooks").symlink_to("evil")
+    assert rels(protections(str(root)))[".githooks"] == RO_LINK
+    found = scan.scan(str(root), before, str(quarantine))
+    assert [f.rel for f in found] == [".githooks"]
+    git(root, "commit", "-q", "--allow-empty", "-m", "x")
+    assert not (tmp_path / "marker").exists()

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import stat
-import pickle
 import subprocess
 from collections.abc import Callable
 from pathlib import Path

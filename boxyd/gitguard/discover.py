@@ -130,6 +130,9 @@ class Layout:
     gitdirs: tuple[GitDir, ...]
     controls: tuple[Control, ...]
     unreadable: tuple[str, ...]  # directories that could not be walked (permissions, depth, races)
+    # where the host's git may find a repository: root, and every directory with a .git
+    # or a HEAD entry (scan.py asks git itself there)
+    candidates: tuple[str, ...] = ()
 
 
 def join(rel: str, name: str) -> str:
@@ -367,7 +370,11 @@ def is_git_directory(dir_fd: int, entries: Mapping[str, Type]) -> bool:
 # --- the walk --------------------------------------------------------------------------
 
 
-class _Walker:
+class Walker:
+    """One walk of one tree. ``run`` walks it all; ``visit_known``, ``config_file`` and
+    ``hooks_dir`` add what something else (the host's git) named; ``layout`` is the
+    result so far."""
+
     def __init__(self, root: str, root_fd: int) -> None:
         self.root_fd = root_fd
         self.roots = [os.path.abspath(root), os.path.realpath(root)]
@@ -375,6 +382,7 @@ class _Walker:
         self.controls: dict[str, Control] = {}
         self.unreadable: list[str] = []
         self.pending: list[str] = []  # pointer targets inside root, to explore after the walk
+        self.candidates: dict[str, None] = {"": None}
 
     def control(self, rel: str, role: Role, kind: Type) -> None:
         self.controls.setdefault(rel, Control(rel, role, kind))
@@ -390,6 +398,44 @@ class _Walker:
 
     def run(self) -> Layout:
         self.walk_tree()
+        return self.drain()
+
+    def layout(self) -> Layout:
+        return Layout(
+            tuple(self.gitdirs.values()),
+            tuple(self.controls.values()),
+            tuple(self.unreadable),
+            tuple(self.candidates),
+        )
+
+    def inside(self, path: str) -> list[str] | None:
+        """Components of an absolute host path beneath root; None: outside it."""
+        return place(self.roots, "", path)
+
+    def visit_known(self, rel: str) -> None:
+        """One directory named from outside the walk (a gitlink in an index), reached
+        through O_PATH steps: its parents need not be listable."""
+        try:
+            fd = open_dir(self.root_fd, rel)
+        except (OSError, ValueError):
+            return
+        try:
+            self.visit(fd, rel, _list(fd))
+        except OSError:
+            self.unreadable.append(rel)
+        finally:
+            os.close(fd)
+        self.drain()
+
+    def config_file(self, comps: list[str]) -> str | None:
+        """A file git reads as config: judged like one. Returns its relative path (or
+        that of the symlink on the way to it)."""
+        found = locate(self.root_fd, comps)
+        if found is not None:
+            self.control(found[0], "include", found[1])
+        return found[0] if found else None
+
+    def drain(self) -> Layout:
         while self.pending:
             rel = self.pending.pop()
             if rel in self.gitdirs:
@@ -404,9 +450,7 @@ class _Walker:
                 self.unreadable.append(rel)
             finally:
                 os.close(fd)
-        return Layout(
-            tuple(self.gitdirs.values()), tuple(self.controls.values()), tuple(self.unreadable)
-        )
+        return self.layout()
 
     def walk_tree(self) -> None:
         """Every directory of the work tree(s), depth first, one fd per level."""
@@ -446,6 +490,8 @@ class _Walker:
     def visit(self, fd: int, rel: str, entries: dict[str, Type]) -> list[str]:
         """One work-tree directory: its .git entry, itself as a bare repository."""
         kind = entries.get(".git")
+        if kind is not None or "HEAD" in entries:
+            self.candidates.setdefault(rel)
         if kind is not None:
             dotgit = join(rel, ".git")
             self.control(dotgit, "dotgit", kind)
@@ -537,6 +583,7 @@ class _Walker:
             os.close(pfd)
 
     def hooks_dir(self, comps: list[str] | None) -> None:
+        """core.hooksPath's directory (or the first symlink on the way to it)."""
         found = locate(self.root_fd, comps) if comps is not None else None
         if found is None or found[0] in self.controls:
             return
@@ -596,7 +643,7 @@ def layout(root: str) -> Layout:
     """Every gitdir and git control entry in the tree ``root`` (an absolute host path)."""
     root_fd = open_root(root)
     try:
-        return _Walker(root, root_fd).run()
+        return Walker(root, root_fd).run()
     finally:
         os.close(root_fd)
 

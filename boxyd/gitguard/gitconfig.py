@@ -148,7 +148,7 @@ def _value(r: _Reader) -> str | None:
         out.append(c)
 
 
-def _split_key(full: str, value: str | None) -> Entry:
+def split_key(full: str, value: str | None) -> Entry:
     first, last = full.find("."), full.rfind(".")
     if first < 0:
         return Entry("", None, full, value)
@@ -200,7 +200,7 @@ def parse(data: bytes | str) -> ParsedConfig:
             value = _value(r)
             if value is None:
                 break
-        entries.append(_split_key(base + "".join(key), value))
+        entries.append(split_key(base + "".join(key), value))
     return ParsedConfig(tuple(entries), False)
 
 
@@ -268,7 +268,7 @@ _SUBMODULE_UPDATE = frozenset({"checkout", "rebase", "merge", "none"})
 _RUNNING_URL = ("ext::", "fd::")  # transports that run a command
 
 
-def _dangerous(e: Entry) -> bool:
+def is_dangerous(e: Entry) -> bool:
     s, n, v = e.section, e.name, e.value
     # a subsection is ignored on purpose: [core "x"] fsmonitor is inert to git, but
     # flagging it costs nothing and keeps the rules simple
@@ -297,6 +297,6 @@ def dangerous_keys(entries: Iterable[Entry]) -> list[str]:
     """The keys (as git spells them, each once) that can make git run a command."""
     seen: dict[str, None] = {}
     for e in entries:
-        if _dangerous(e):
+        if is_dangerous(e):
             seen.setdefault(e.key)
     return list(seen)

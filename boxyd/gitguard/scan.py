@@ -33,9 +33,9 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from boxyd.gitguard import discover
+from boxyd.gitguard import discover, hostgit
 from boxyd.gitguard.discover import CONFIG_MAX, O_DIR, O_FILE, POINTER_MAX, Control, Role, Type
-from boxyd.gitguard.gitconfig import dangerous_keys, parse
+from boxyd.gitguard.gitconfig import dangerous_keys, is_dangerous, parse
 
 HASH_MAX = 1 << 20  # content is hashed up to this size; larger files are compared by inode/ctime
 
@@ -238,16 +238,76 @@ def _move(src_fd: int, rel: str, quarantine: str, q_fd: int) -> str:
     return os.path.join(quarantine, *dirs, dest)
 
 
-def scan(root: str, before: Snapshot, quarantine: str) -> list[Finding]:
+MAX_ASKED = 256  # directories the host's git is asked about per tree and run
+
+
+def consult_git(walker: discover.Walker, root: str, home: str) -> tuple[dict[str, list[str]], list[Finding]]:
+    """Ask the host's git in every directory where it may find a repository, and add
+    to the walk what it names inside the tree: the config files it reads (with the
+    keys in them that run commands, by git's own parse), its hooks directory, and the
+    gitlinks its index holds (each a directory ``git status`` recurses into, found
+    even inside a directory nobody can list). Returns those keys by file, and notes."""
+    real = os.path.realpath(root)
+    env = hostgit.environment(home, os.path.dirname(real))
+    keys: dict[str, list[str]] = {}
+    notes: list[Finding] = []
+    asked: set[str] = set()
+    while todo := [c for c in walker.candidates if c not in asked]:
+        for rel in todo:
+            asked.add(rel)
+            if len(asked) > MAX_ASKED:
+                notes.append(Finding(rel, f"more than {MAX_ASKED} places where git may find a "
+                                     "repository: the rest were not checked with the host's git"))
+                return keys, notes
+            try:
+                answer = _ask(walker, rel, os.path.join(real, rel), env)
+            except hostgit.GitUnanswered as e:
+                notes.append(Finding(rel or ".", f"the host's git could not be asked here ({e})"))
+                continue
+            if answer is not None:
+                _add(walker, answer, keys)
+    return keys, notes
+
+
+def _ask(walker: discover.Walker, rel: str, cwd: str, env: dict[str, str]) -> hostgit.Answer | None:
+    try:
+        fd = discover.open_dir(walker.root_fd, rel)
+    except OSError:
+        return None
+    try:
+        return hostgit.ask(fd, cwd, env)
+    finally:
+        os.close(fd)
+
+
+def _add(walker: discover.Walker, answer: hostgit.Answer, keys: dict[str, list[str]]) -> None:
+    for path, entry in answer.config:
+        comps = walker.inside(path)
+        rel = walker.config_file(comps) if comps is not None else None
+        if rel is not None and is_dangerous(entry) and entry.key not in keys.setdefault(rel, []):
+            keys[rel].append(entry.key)
+    hooks = walker.inside(answer.hooks)
+    if hooks is not None:
+        walker.hooks_dir(hooks)
+    for link in answer.gitlinks:
+        comps = walker.inside(link)
+        if comps:
+            walker.visit_known("/".join(comps))
+
+
+def scan(root: str, before: Snapshot, quarantine: str, home: str | None = None) -> list[Finding]:
     """Quarantine the control entries of ``root`` that are new or changed since
     ``before`` and would make git run a command; returns what was found."""
-    lay = discover.layout(root)
     findings: list[Finding] = []
     os.makedirs(quarantine, mode=0o700, exist_ok=True)
     q_fd = os.open(quarantine, O_DIR)
     root_fd = discover.open_root(root)
     judge = _Judge(root, root_fd)
     try:
+        walker = discover.Walker(root, root_fd)
+        walker.run()
+        git_keys, findings = consult_git(walker, root, home or os.path.expanduser("~"))
+        lay = walker.layout()
         for parent, controls in _by_parent(lay.controls).items():
             try:
                 pfd = discover.open_dir(root_fd, parent)
@@ -260,9 +320,13 @@ def scan(root: str, before: Snapshot, quarantine: str) -> list[Finding]:
                     if fp is None or (old is not None and old.fingerprint == fp):
                         continue
                     verdict = judge(c, fp[0], pfd)
+                    named = tuple(git_keys.get(c.rel, ()))
+                    if verdict is None and named:  # git's parse saw what ours did not
+                        verdict = ("git config that makes git run commands", named)
                     if verdict is None:
                         continue
                     reason, keys = verdict
+                    keys = keys + tuple(k for k in named if k not in keys)
                     try:
                         dest = _move(pfd, c.rel, quarantine, q_fd)
                     except OSError as exc:

@@ -21,9 +21,13 @@ import pytest
 
 from tests.conftest import Boxy, User
 from tests.escape.conftest import (
+    GIT_FLAGS,
     assert_contained,
     boxy_argv,
     describe,
+    findings,
+    git,
+    init_repo,
     output,
     run_py,
     stop,
@@ -32,43 +36,6 @@ from tests.escape.conftest import (
 )
 
 pytestmark = pytest.mark.sandbox
-
-IDENTITY = {"GIT_AUTHOR_NAME": "Boxy", "GIT_AUTHOR_EMAIL": "boxy@example.invalid",
-            "GIT_COMMITTER_NAME": "Boxy", "GIT_COMMITTER_EMAIL": "boxy@example.invalid"}
-HOST_GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", **IDENTITY}
-# the identity inside the sandbox: a fresh $HOME has no ~/.gitconfig
-GIT_FLAGS = [x for k, v in IDENTITY.items() for x in ("-e", f"{k}={v}")]
-
-HOOK = b"#!/bin/sh\ntouch /tmp/boxy-escape-hook-ran\n"
-
-
-def git(user: User, cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """git on the host, as the user, as they would run it later."""
-    r = user.run(["git", *args], cwd=cwd, extra_env=HOST_GIT_ENV)
-    if check:
-        assert r.returncode == 0, f"git {' '.join(args)}: {r.stderr.decode()}"
-    return r
-
-
-def init_repo(user: User, path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    user.chown(path)
-    git(user, path, "init", "-q")
-    (path / "README").write_text("hello\n")
-    user.chown(path / "README")
-    git(user, path, "add", "README")
-    git(user, path, "commit", "-q", "-m", "init")
-    return path
-
-
-@pytest.fixture
-def repo(user: User, workdir: Path) -> Path:
-    return init_repo(user, workdir)
-
-
-def findings(r: subprocess.CompletedProcess) -> list[str]:
-    return [ln for ln in r.stderr.decode().splitlines() if "git guard" in ln]
-
 
 # --- pinned entries ------------------------------------------------------------------
 

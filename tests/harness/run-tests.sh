@@ -5,11 +5,14 @@
 # runs every `boxyctl` as that user. As a normal user: everything runs as you.
 set -euo pipefail
 venv=${1:-.venv}
+shift || true
+# the rest: pytest's own arguments (default: the whole suite)
+(($#)) || set -- tests
 src=$(cd "$(dirname "$0")/../.." && pwd)
 
 if [ "$(id -u)" != 0 ]; then
   cd "$src"
-  exec "$venv/bin/python3" -m pytest -q -p no:cacheprovider tests
+  exec "$venv/bin/python3" -m pytest -q -p no:cacheprovider "$@"
 fi
 
 user=${BOXY_TEST_USER:-boxytest}
@@ -37,7 +40,7 @@ install -d -m 0700 -o "$user" -g "$(id -g "$user")" "/run/user/$uid"
 cd "$stage"
 export BOXY_TEST_USER="$user"
 set +e
-"$stage/.venv/bin/python3" -m pytest -q -p no:cacheprovider tests
+"$stage/.venv/bin/python3" -m pytest -q -p no:cacheprovider "$@"
 rc=$?
 set -e
 # Leave no daemon of this suite behind (only this venv's: other suites may be running).

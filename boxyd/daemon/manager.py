@@ -21,7 +21,8 @@ from boxyd.buildid import build_id
 from boxyd.daemon.launcher import Stage2, Template
 from boxyd.daemon.pty import PtyRelay
 from boxyd.errors import BoxyError, SetupError, UsageError
-from boxyd.gitguard import discover, scan
+from boxyd.gitguard import guard
+from boxyd.gitguard.scan import Snapshot
 from boxyd.paths import ensure_private_dir, state_dir
 from boxyd.policy.seccomp import build_filter
 from boxyd.registries import Registries
@@ -53,6 +54,9 @@ class Session:
     audit: list[dict] = field(default_factory=list)
     audit_dropped: int = 0
     net: Network | None = None
+    # the git guard's baselines while the session runs: a session starting meanwhile on
+    # an overlapping tree inherits them (guard.py)
+    baselines: dict[str, Snapshot] = field(default_factory=dict)
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def signal(self, sig: int) -> None:
@@ -175,14 +179,12 @@ class Manager:
                     placeholders.append(os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC))
                     stdio[i] = placeholders[-1]
             roots = [] if spec.allow_git_write else mountplan.writable_roots(spec)
-            protections = {}
-            snapshots = {}
-            for root in roots:
-                discover.prepare(root)
-                protections[root] = discover.protections(root)
-                snapshots[root] = scan.snapshot(root)
+            # tree walks block: a worker thread, so no other session or API call waits
+            guarded = await asyncio.to_thread(guard.prepare, roots)
+            live = [b for x in self.sessions.values() if x is not s for b in x.baselines.values()]
+            s.baselines = guard.inherit_live(guarded.baselines, live)
             plan = mountplan.build(spec, seccomp_bpf=build_filter(spec.seccomp),
-                                   protections=protections, ctty=s.pty is not None)
+                                   protections=guarded.protections, ctty=s.pty is not None)
             if s.net is not None:
                 s.net.configure(plan)
             if s.pty is not None:
@@ -192,6 +194,12 @@ class Manager:
         except BoxyError as e:
             self._close_all(fds, s)
             return self._finish(s, {"exit_status": EXIT_SETUP, "reason": "setup", "message": str(e)})
+        except Exception as e:  # a bug, not the user's doing: still one line, every fd closed
+            log.exception("session %s: setup failed", s.id)
+            self._close_all(fds, s)
+            return self._finish(s, {"exit_status": EXIT_SETUP, "reason": "setup",
+                                    "message": f"internal error in boxyd ({type(e).__name__}: {e}); "
+                                               "see its log"})
         finally:
             for fd in [*placeholders, *fds]:
                 with contextlib.suppress(OSError):
@@ -237,9 +245,10 @@ class Manager:
         result = self._result(s, final)
         if s.state == "starting":  # setup failed before the payload started
             await on_started(s, warnings)
-        for root, before in snapshots.items():
-            findings = scan.scan(root, before, str(self._quarantine(s) / root.strip("/").replace("/", "_")))
-            for line in scan.describe(findings):
+        if s.baselines:
+            lines = await asyncio.to_thread(guard.check, s.baselines, str(self._quarantine(s)),
+                                            self.user.pw_dir)
+            for line in lines:
                 s.record("git", finding=line)
                 result.setdefault("findings", []).append(line)
         if net_done is not None:
@@ -338,6 +347,7 @@ class Manager:
         its audit records are written out, and only the newest finished sessions
         stay listed (their records on disk are the history)."""
         s.audit = []
+        s.baselines = {}  # checked: no longer the user's state for a session starting now
         if s.net is not None:
             s.net.discard()
             s.net = None

@@ -51,6 +51,7 @@ O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 # which git itself cannot reach a repository; deeper directories are reported.
 MAX_DEPTH = 2048
 POINTER_MAX = 64 * 1024  # a .git / commondir / gitdir file larger than this is not a pointer
+MAX_DIRS = 2_000_000  # directories one walk lists before it gives up (about 15 s here)
 CONFIG_MAX = 64 << 20  # a config larger than this is not read (and is judged dangerous)
 MAX_INCLUDE_DEPTH = 10  # git's own limit (config.c MAX_INCLUDE_DEPTH)
 
@@ -370,19 +371,25 @@ def is_git_directory(dir_fd: int, entries: Mapping[str, Type]) -> bool:
 # --- the walk --------------------------------------------------------------------------
 
 
+class TooLarge(Exception):
+    """The tree holds more directories than one walk lists (MAX_DIRS)."""
+
+
 class Walker:
     """One walk of one tree. ``run`` walks it all; ``visit_known``, ``config_file`` and
     ``hooks_dir`` add what something else (the host's git) named; ``layout`` is the
     result so far."""
 
-    def __init__(self, root: str, root_fd: int) -> None:
+    def __init__(self, root: str, root_fd: int, limit: int | None = MAX_DIRS) -> None:
         self.root_fd = root_fd
+        self.limit = limit
         self.roots = [os.path.abspath(root), os.path.realpath(root)]
         self.gitdirs: dict[str, GitDir] = {}
         self.controls: dict[str, Control] = {}
         self.unreadable: list[str] = []
         self.pending: list[str] = []  # pointer targets inside root, to explore after the walk
         self.candidates: dict[str, None] = {"": None}
+        self.listed = 0  # directories listed so far
 
     def control(self, rel: str, role: Role, kind: Type) -> None:
         self.controls.setdefault(rel, Control(rel, role, kind))
@@ -457,6 +464,10 @@ class Walker:
         stack: list[tuple[int, str, Iterator[str]]] = []
 
         def enter(fd: int, rel: str) -> None:
+            self.listed += 1
+            if self.limit is not None and self.listed > self.limit:
+                os.close(fd)
+                raise TooLarge(f"more than {self.limit:,} directories")
             try:
                 entries = _list(fd)
                 subdirs = self.visit(fd, rel, entries)
@@ -466,26 +477,30 @@ class Walker:
                 return
             stack.append((fd, rel, iter(subdirs)))
 
-        enter(os.dup(self.root_fd), "")
-        while stack:
-            fd, rel, it = stack[-1]
-            name = next(it, None)
-            if name is None:
+        try:
+            enter(os.dup(self.root_fd), "")
+            while stack:
+                fd, rel, it = stack[-1]
+                name = next(it, None)
+                if name is None:
+                    os.close(fd)
+                    stack.pop()
+                    continue
+                child = join(rel, name)
+                if len(stack) >= MAX_DEPTH:
+                    self.unreadable.append(child)
+                    continue
+                try:
+                    cfd = open_child(fd, name)
+                except FileNotFoundError:
+                    continue
+                except OSError:
+                    self.unreadable.append(child)  # unreadable, or swapped for a symlink
+                    continue
+                enter(cfd, child)
+        finally:
+            for fd, _, _ in stack:
                 os.close(fd)
-                stack.pop()
-                continue
-            child = join(rel, name)
-            if len(stack) >= MAX_DEPTH:
-                self.unreadable.append(child)
-                continue
-            try:
-                cfd = open_child(fd, name)
-            except FileNotFoundError:
-                continue
-            except OSError:
-                self.unreadable.append(child)  # unreadable, or swapped for a symlink
-                continue
-            enter(cfd, child)
 
     def visit(self, fd: int, rel: str, entries: dict[str, Type]) -> list[str]:
         """One work-tree directory: its .git entry, itself as a bare repository."""

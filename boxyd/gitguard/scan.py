@@ -30,7 +30,7 @@ import errno
 import hashlib
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from boxyd.gitguard import discover, hostgit
@@ -97,9 +97,11 @@ def _by_parent(controls: tuple[Control, ...]) -> dict[str, list[Control]]:
     return groups
 
 
-def snapshot(root: str) -> Snapshot:
-    """Fingerprint every git control entry in the tree ``root`` (before a run)."""
-    lay = discover.layout(root)
+def snapshot(root: str, lay: discover.Layout | None = None) -> Snapshot:
+    """Fingerprint every git control entry in the tree ``root`` (before a run); LAY:
+    the walk already made of it, if any."""
+    if lay is None:
+        lay = discover.layout(root)
     records: dict[str, Record] = {}
     root_fd = discover.open_root(root)
     try:
@@ -118,6 +120,39 @@ def snapshot(root: str) -> Snapshot:
     finally:
         os.close(root_fd)
     return Snapshot(root, records, frozenset(lay.unreadable))
+
+
+def _beneath(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def _rebase(rels: Iterable[str], src: str, dst: str) -> Iterator[tuple[str, str]]:
+    """(old key, new key) for paths relative to root SRC that lie beneath DST."""
+    for rel in rels:
+        path = os.path.join(src, rel) if rel else src
+        if _beneath(path, dst):
+            yield rel, (os.path.relpath(path, dst) if path != dst else "")
+
+
+def inherit(own: Snapshot, older: Snapshot) -> Snapshot:
+    """Pure: OWN with the part it shares with OLDER — the baseline of a session still
+    live on an overlapping tree — taken from OLDER. What that session planted is then
+    new to this one too, and cannot be laundered by two runs (one plants, the other
+    starts, the first deletes, the second re-creates it identically)."""
+    a, b = own.root, older.root
+    if not (_beneath(a, b) or _beneath(b, a)):
+        return own
+    shared = a if _beneath(a, b) else b  # the deeper root
+    part = os.path.relpath(shared, a) if shared != a else ""  # relative to a
+
+    def in_shared(rel: str) -> bool:
+        return not part or rel == part or rel.startswith(part + "/")
+
+    records = {k: v for k, v in own.records.items() if not in_shared(k)}
+    records.update((new, older.records[old]) for old, new in _rebase(older.records, b, a))
+    unreadable = {u for u in own.unreadable if not in_shared(u)}
+    unreadable.update(new for _, new in _rebase(older.unreadable, b, a))
+    return Snapshot(a, records, frozenset(unreadable))
 
 
 _LABEL = {
@@ -304,7 +339,8 @@ def scan(root: str, before: Snapshot, quarantine: str, home: str | None = None) 
     root_fd = discover.open_root(root)
     judge = _Judge(root, root_fd)
     try:
-        walker = discover.Walker(root, root_fd)
+        # unbounded: a payload that makes the tree huge delays only its own session's end
+        walker = discover.Walker(root, root_fd, limit=None)
         walker.run()
         git_keys, findings = consult_git(walker, root, home or os.path.expanduser("~"))
         lay = walker.layout()

@@ -7,13 +7,23 @@ command, so a guarded pass is never vacuous.
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import Boxy, User
-from tests.escape.conftest import describe, findings, git, run_py
+from tests.escape.conftest import (
+    boxy_argv,
+    describe,
+    findings,
+    git,
+    run_py,
+    stop,
+    wait_for,
+    write_payload,
+)
 
 pytestmark = pytest.mark.sandbox
 
@@ -205,3 +215,63 @@ def test_hooks_the_user_installed_still_run_on_host(boxy: Boxy, user: User, repo
         assert ran.exists(), "the user's own hook no longer runs on the host"
     finally:
         ran.unlink(missing_ok=True)
+
+
+LAUNDER_A = """
+marker = sys.argv[1]
+hook = f"#!/bin/sh\\ntouch {marker}\\n".encode()
+with open(".husky/_/pre-commit", "wb") as f:
+    f.write(hook)
+os.chmod(".husky/_/pre-commit", 0o755)
+open("a-planted", "w").close()
+deadline = time.monotonic() + 60
+while not os.path.exists("b-started") and time.monotonic() < deadline:
+    time.sleep(0.05)
+os.unlink(".husky/_/pre-commit")  # so that A's own scan finds nothing
+tried("a", f"b-started={os.path.exists('b-started')}")
+"""
+
+LAUNDER_B = """
+marker = sys.argv[1]
+hook = f"#!/bin/sh\\ntouch {marker}\\n".encode()
+open("b-started", "w").close()
+deadline = time.monotonic() + 60
+while not os.path.exists("a-exited") and time.monotonic() < deadline:
+    time.sleep(0.05)
+if write("recreate", ".husky/_/pre-commit", hook):  # byte-identical to what B saw at its start
+    os.chmod(".husky/_/pre-commit", 0o755)
+tried("b", f"a-exited={os.path.exists('a-exited')}")
+"""
+
+
+def test_two_concurrent_runs_cannot_launder_a_hook(boxy: Boxy, user: User, repo: Path) -> None:
+    """Reproduction 2: run A plants a hook; run B starts while it exists (so, on its own,
+    B would call it the user's); A deletes it before exiting (A's scan finds nothing);
+    B re-creates it byte-identical. B's baseline is A's, so B's scan sees it as new."""
+    git(user, repo, "config", "core.hooksPath", ".husky/_")
+    (repo / ".husky/_").mkdir(parents=True)
+    user.chown(repo / ".husky")
+    marker = _marker(user, "launder")
+    write_payload(boxy, LAUNDER_A, "a.py")
+    write_payload(boxy, LAUNDER_B, "b.py")
+    a = subprocess.Popen(user.cmd(boxy_argv(cmd=["python3", "a.py", str(marker)])), cwd=repo,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    b = None
+    try:
+        wait_for(lambda: (repo / "a-planted").exists() or a.poll() is not None, 60, "run A")
+        b = subprocess.Popen(user.cmd(boxy_argv(cmd=["python3", "b.py", str(marker)])), cwd=repo,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        ra = subprocess.CompletedProcess(a.args, a.wait(timeout=90), *a.communicate(timeout=10))
+        (repo / "a-exited").touch()
+        rb = subprocess.CompletedProcess(b.args, b.wait(timeout=90), *b.communicate(timeout=10))
+    finally:
+        stop(a)
+        if b is not None:
+            stop(b)
+    assert b"TRIED a b-started=True" in ra.stdout, describe(ra)
+    assert not findings(ra), describe(ra)  # A really left nothing behind
+    assert b"TRIED recreate written" in rb.stdout and b"a-exited=True" in rb.stdout, describe(rb)
+    git(user, repo, "commit", "-q", "--allow-empty", "-m", "host", check=False)
+    assert not marker.exists(), f"ESCAPED: a laundered hook ran on the host\n{describe(rb)}"
+    assert any(".husky/_/pre-commit" in ln for ln in findings(rb)), describe(rb)
+    marker.unlink(missing_ok=True)

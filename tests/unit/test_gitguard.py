@@ -778,3 +778,60 @@ def test_hooks_path_symlink_is_refused_and_judged(git: Git, tmp_path: Path, root
     assert [f.rel for f in found] == [".githooks"]
     git(root, "commit", "-q", "--allow-empty", "-m", "x")
     assert not (tmp_path / "marker").exists()
+
+
+# --- baselines of sessions live on an overlapping tree -------------------------------------
+
+
+def _snap(root: str, *rels: str, unreadable: tuple[str, ...] = ()) -> scan.Snapshot:
+    return scan.Snapshot(root, {r: scan.Record("config", "file", (root, r)) for r in rels},
+                         frozenset(unreadable))
+
+
+@pytest.mark.parametrize("own_root,older_root,want", [
+    # the same tree: the older baseline, whole (what it lacks is new to both)
+    ("/w", "/w", {"a/config": ("/w", "a/config")}),
+    # this tree inside the older one: its part of the older baseline, re-keyed
+    ("/w/sub", "/w", {"x/config": ("/w", "sub/x/config")}),
+    # the older tree inside this one: that part from the older baseline, the rest ours
+    ("/w", "/w/sub", {"top/config": ("/w", "top/config"), "sub/y/config": ("/w/sub", "y/config")}),
+    # disjoint (a sibling sharing a prefix of the name): ours
+    ("/w", "/w2", {"top/config": ("/w", "top/config"), "sub/planted/config": ("/w", "sub/planted/config"),
+                   "sub/x/config": ("/w", "sub/x/config")}),
+], ids=["same", "inside", "contains", "disjoint"])
+def test_inherit_takes_the_live_sessions_baseline(own_root: str, older_root: str,
+                                                  want: dict[str, tuple[str, str]]) -> None:
+    own = {"/w": _snap("/w", "top/config", "sub/planted/config", "sub/x/config"),
+           "/w/sub": _snap("/w/sub", "planted/config", "x/config")}[own_root]
+    older = {"/w": _snap("/w", "a/config") if own_root == "/w" else _snap("/w", "sub/x/config"),
+             "/w/sub": _snap("/w/sub", "y/config"),
+             "/w2": _snap("/w2", "other/config")}[older_root]
+    got = scan.inherit(own, older)
+    assert got.root == own.root
+    assert {k: v.fingerprint for k, v in got.records.items()} == want
+
+
+def test_inherit_carries_unreadable_directories() -> None:
+    got = scan.inherit(_snap("/w", unreadable=("mine", "sub/theirs-now")),
+                       _snap("/w/sub", unreadable=("old",)))
+    assert got.unreadable == {"mine", "sub/old"}
+
+
+def test_two_runs_cannot_launder_a_planted_config(git: Git, tmp_path: Path, root: Path,
+                                                  quarantine: Path) -> None:
+    """Reproduction 2: run A plants x/.git/config; run B starts while it exists; A deletes
+    it; B re-creates it byte-identical. B's baseline is A's, so B's scan sees it as new."""
+    git.repo(root)
+    a_base = scan.snapshot(str(root))  # A starts
+    planted = root / "x/.git"
+    git.repo(root / "x", commit=False)
+    (planted / "config").write_text("[core]\n\tfsmonitor = touch /tmp/x\n")
+    b_own = scan.snapshot(str(root))  # B starts while it exists
+    assert "x/.git/config" in b_own.records  # on its own, B would call it the user's
+    b_base = scan.inherit(b_own, a_base)
+    data = (planted / "config").read_bytes()
+    (planted / "config").unlink()
+    assert scan.scan(str(root), a_base, str(quarantine / "a")) == []  # A ends: nothing there
+    (planted / "config").write_bytes(data)  # B re-creates it, identical
+    found = scan.scan(str(root), b_base, str(quarantine / "b"))
+    assert [(f.rel, f.keys) for f in found] == [("x/.git/config", ("core.fsmonitor",))]

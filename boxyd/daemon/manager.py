@@ -23,6 +23,7 @@ from boxyd.daemon.pty import PtyRelay
 from boxyd.errors import BoxyError, SetupError, UsageError
 from boxyd.gitguard import guard
 from boxyd.gitguard.scan import Snapshot
+from boxyd.hostfile import Outputs, open_outputs, replaced
 from boxyd.paths import ensure_private_dir, state_dir
 from boxyd.policy.seccomp import build_filter
 from boxyd.registries import Registries
@@ -57,6 +58,7 @@ class Session:
     # the git guard's baselines while the session runs: a session starting meanwhile on
     # an overlapping tree inherits them (guard.py)
     baselines: dict[str, Snapshot] = field(default_factory=dict)
+    outputs: Outputs = field(default_factory=Outputs)  # --audit-log, --net-log, --pcap
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def signal(self, sig: int) -> None:
@@ -131,6 +133,7 @@ class Manager:
                   on_started: Callable[[Session, list[str]], Awaitable[None]],
                   on_notice: Callable[[str], None] | None = None) -> dict:
         """Validate, launch, wait. FDS (the client's stdin, stdout, stderr) are ours to close."""
+        outputs = Outputs()
         try:
             client_env = params.get("client_env") if isinstance(params.get("client_env"), dict) else {}
             registry = Registries({**{k: v for k, v in os.environ.items() if k in ("PATH", "HOME")},
@@ -142,7 +145,13 @@ class Manager:
                 raise UsageError("Run needs exactly three file descriptors (stdin, stdout, stderr)")
             if spec.tty and not any(os.isatty(fd) for fd in fds):
                 raise UsageError("--tty: none of boxyctl's stdin, stdout, stderr is a terminal")
-            session = Session(id=secrets.token_hex(4), spec=spec)
+            # before the payload starts, never by name afterwards (hostfile.py); the trees of
+            # every live session count as hostile, not only this one's
+            hostile = [r for x in [spec, *(x.spec for x in self.sessions.values() if x.state != "exited")]
+                       for r in mountplan.writable_roots(x)]
+            outputs = await asyncio.to_thread(open_outputs, spec.audit_log, spec.net_log, spec.pcap,
+                                              hostile)
+            session = Session(id=secrets.token_hex(4), spec=spec, outputs=outputs)
             if spec.net != "none":
                 # The gateway's modules (dnspython among them) load with the first
                 # networked run, not with the daemon: --net none never pays for them.
@@ -150,10 +159,12 @@ class Manager:
                 from boxyd.net.tailscale import magicdns_suffix
 
                 tailnet = await asyncio.to_thread(magicdns_suffix) if spec.tailscale else None
-                session.net = Network(spec, record=session.record, notice=on_notice, tailnet=tailnet)
+                session.net = Network(spec, record=session.record, notice=on_notice, tailnet=tailnet,
+                                      outputs=outputs)
                 if self._dns is None:
                     self._dns = make_dns_proxy()
         except BoxyError:
+            outputs.close()
             for fd in fds:
                 os.close(fd)
             raise
@@ -336,8 +347,9 @@ class Manager:
         result["id"] = s.id
         s.result = result
         s.state = "exited"
-        if s.spec.audit_log:
-            self._write_audit(s)
+        if s.outputs.audit is not None:
+            self._write_audit(s, s.outputs.audit)
+        s.outputs.close()
         self._write_record(s)
         self._forget_old(s)
         return result
@@ -355,18 +367,39 @@ class Manager:
         for old in finished[:-KEEP_FINISHED]:
             self.sessions.pop(old.id, None)
 
-    def _write_audit(self, s: Session) -> None:
+    def _write_audit(self, s: Session, fd: int) -> None:
+        """Through the descriptor opened before the run (O_APPEND: each write lands at
+        the end, so concurrent sessions sharing one log interleave whole records)."""
+        lines = [json.dumps(rec) + "\n" for rec in s.audit]
+        if s.audit_dropped:
+            lines.append(json.dumps({"t": round(time.time(), 3), "session": s.id, "layer": "audit",
+                                     "dropped": s.audit_dropped,
+                                     "reason": f"more than {MAX_AUDIT} records"}) + "\n")
+        data = "".join(lines).encode()
+        problem = ""
         try:
-            fd = os.open(s.spec.audit_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "a") as f:
-                for rec in s.audit:
-                    f.write(json.dumps(rec) + "\n")
-                if s.audit_dropped:
-                    f.write(json.dumps({"t": round(time.time(), 3), "session": s.id, "layer": "audit",
-                                        "dropped": s.audit_dropped,
-                                        "reason": f"more than {MAX_AUDIT} records"}) + "\n")
+            while data:
+                data = data[os.write(fd, data):]
         except OSError as e:
-            log.warning("audit log %s: %s", s.spec.audit_log, e.strerror)
+            problem = f"not fully written: {e.strerror}"
+        if not problem and replaced(fd):
+            problem = "removed or replaced during the run (by the payload?)"
+        if problem:  # never lose the trail silently: it is kept with the session's record
+            log.warning("audit log %s: %s", s.spec.audit_log, problem)
+            kept = self._save_record_file(s, "audit.jsonl", "".join(lines).encode())
+            if s.result is not None:
+                s.result.setdefault("notes", []).append(
+                    f"--audit-log {s.spec.audit_log}: {problem}; the records are in {kept}")
+
+    def _save_record_file(self, s: Session, name: str, data: bytes) -> str:
+        try:
+            d = ensure_private_dir(ensure_private_dir(ensure_private_dir(state_dir()) / "sessions") / s.id)
+            fd = os.open(d / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            return str(d / name)
+        except (OSError, BoxyError) as e:
+            return f"no file ({e})"
 
     def _write_record(self, s: Session) -> None:
         """$XDG_STATE_HOME/boxy/sessions/<id>/ (0700): meta and exit status, for later inspection."""

@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable
 
 from boxyd.errors import SetupError, UsageError
+from boxyd.hostfile import Outputs, replaced
 from boxyd.net import netlog, pcap, ranges, ruleset, tailscale
 from boxyd.net.dnsproxy import DnsProxy
 from boxyd.net.gateway import LISTENERS, Gateway
@@ -33,8 +34,10 @@ class Network:
     there), then ``attach`` the listeners stage 2 sends."""
 
     def __init__(self, spec: RunSpec, *, record: Callable[..., None],
-                 notice: Callable[[str], None] | None, tailnet: str | None = None) -> None:
-        """TAILNET: the MagicDNS suffix of a running tailscaled (--tailscale)."""
+                 notice: Callable[[str], None] | None, tailnet: str | None = None,
+                 outputs: Outputs | None = None) -> None:
+        """TAILNET: the MagicDNS suffix of a running tailscaled (--tailscale). OUTPUTS:
+        the session's --net-log and --pcap files, open already (borrowed, not owned)."""
         self.warnings: list[str] = []
         hosts = spec.allow_hosts
         if tailnet:
@@ -53,11 +56,13 @@ class Network:
         self.gateway: Gateway | None = None
         self._capture: pcap.Writer | None = None
         self._capture_sock = None
-        if spec.pcap:  # before anything starts: a capture that cannot be written fails the run
+        self._netlog_fd = outputs.net_log if outputs is not None else None
+        if outputs is not None and outputs.pcap is not None:  # a capture that cannot be fails the run
             try:
-                self._capture = pcap.Writer(pcap.open_capture(spec.pcap), spec.pcap_max)
+                pcap.write_header(outputs.pcap)
             except OSError as e:
                 raise UsageError(f"--pcap {spec.pcap}: {e.strerror}") from None
+            self._capture = pcap.Writer(outputs.pcap, spec.pcap_max)
         self._notices = 0
         self._muted = 0
         record("net.policy", mode=spec.net, allow_hosts=spec.allow_hosts,
@@ -115,11 +120,15 @@ class Network:
         notes = out.setdefault("notes", [])
         if self._muted:
             notes.append(f"-v: {self._muted} more denials not shown (see --audit-log)")
-        if self.spec.net_log:
+        if self._netlog_fd is not None:
             try:
-                netlog.write(self.spec.net_log, log_)
+                await asyncio.to_thread(netlog.write, self._netlog_fd, log_)
             except OSError as e:
                 notes.append(f"--net-log {self.spec.net_log}: not written: {e.strerror}")
+            else:
+                if replaced(self._netlog_fd):
+                    notes.append(f"--net-log {self.spec.net_log}: removed or replaced during the "
+                                 "run (by the payload?): the log was written to the removed file")
         out["destinations"] = netlog.destinations_table(log_)
         return out
 
@@ -127,7 +136,6 @@ class Network:
     def discard(self) -> None:
         """After a run that never started: release what was opened ahead of it."""
         if self._capture is not None and self.gateway is None:
-            self._capture.close()
             self._capture = None
 
     def _close_capture(self) -> dict:
@@ -137,7 +145,6 @@ class Network:
             cap.drain(sock, budget=1 << 16)  # what is still queued belongs to the run
             asyncio.get_running_loop().remove_reader(sock.fileno())
             sock.close()
-        cap.close()
         self._capture = None
         self.record("net.pcap", file=self.spec.pcap, frames=cap.frames, bytes=cap.written,
                     stopped_at_limit=cap.full)

@@ -36,12 +36,9 @@ ones are summed in one ``(other)`` summary row. A name keeps at most
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 from boxyd.units import format_size
 
@@ -250,33 +247,17 @@ def _compact(value: object) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=True)
 
 
-def write(path: str | os.PathLike[str], netlog: NetLog) -> None:
-    """Write the log to PATH atomically, mode 0600: a complete file or the old one.
-
-    A temporary file in the same directory is written, synced and renamed over
-    PATH (a symlink at PATH is replaced, not followed). OSError reaches the caller,
-    with the temporary file already removed.
-    """
-    target = Path(path)
-    text = dumps(netlog).encode()
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o600)
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    # The rename is durable only once the directory is synced.
-    dir_fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+def write(fd: int, netlog: NetLog) -> None:
+    """Write the log through FD, which boxyd opened before the run (hostfile.py): never
+    by name, since the payload may have changed what the name means since. Replaces
+    whatever the file held; synced. OSError reaches the caller."""
+    data = dumps(netlog).encode()
+    os.ftruncate(fd, 0)
+    view = memoryview(data)
+    offset = 0
+    while offset < len(data):
+        offset += os.pwrite(fd, view[offset:], offset)
+    os.fsync(fd)
 
 
 def destinations_table(netlog: NetLog) -> str:

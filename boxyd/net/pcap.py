@@ -23,15 +23,9 @@ _RECORD = struct.Struct("=IIII")
 ETH_P_ALL = 0x0003
 
 
-def open_capture(path: str) -> int:
-    """The capture file, created (0600, never through a symlink) with its header."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, _GLOBAL.pack(0xA1B2C3D4, 2, 4, 0, 0, SNAPLEN, LINKTYPE_ETHERNET))
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
+def write_header(fd: int) -> None:
+    """The global header, into the capture file boxyd opened before the run (hostfile.py)."""
+    os.write(fd, _GLOBAL.pack(0xA1B2C3D4, 2, 4, 0, 0, SNAPLEN, LINKTYPE_ETHERNET))
 
 
 def open_socket(ifname: str) -> socket.socket:
@@ -46,7 +40,8 @@ def open_socket(ifname: str) -> socket.socket:
 
 
 class Writer:
-    """Drains the packet socket into the file until the size bound."""
+    """Drains the packet socket into the file until the size bound. The fd is the
+    session's (hostfile.Outputs), closed with it."""
 
     def __init__(self, fd: int, limit: int) -> None:
         self.fd = fd
@@ -75,5 +70,3 @@ class Writer:
             self.written += len(record)
             self.frames += 1
 
-    def close(self) -> None:
-        os.close(self.fd)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 
 import pytest
 
+from boxyd.hostfile import open_output
 from boxyd.net.netlog import CONN_FIELDS, Destination, NetLog, destinations_table, dumps, write
 
 
@@ -240,47 +240,30 @@ def test_destinations_table_empty() -> None:
 # --- writing --------------------------------------------------------------------------
 
 
-def test_write_complete_file_mode_0600(tmp_path: Path) -> None:
+def test_write_replaces_what_the_file_held(tmp_path: Path) -> None:
     path = tmp_path / "net.json"
-    old_umask = os.umask(0)
+    path.write_text("a much longer previous run " * 1000)
+    fd = open_output("--net-log", str(path), [], truncate=False)
     try:
-        write(path, sample())
+        write(fd, sample())
     finally:
-        os.umask(old_umask)
+        os.close(fd)
     assert json.loads(path.read_text()) == sample().to_json()
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert os.listdir(tmp_path) == ["net.json"]
 
 
-def test_write_replaces_instead_of_rewriting_in_place(tmp_path: Path) -> None:
+def test_write_goes_through_the_descriptor_never_the_name(tmp_path: Path) -> None:
+    """What the payload does to the name after the open changes nothing boxyd writes."""
     path = tmp_path / "net.json"
-    path.write_text("previous run\n")
-    path.chmod(0o644)
-    with open(path) as reader:  # a reader of the old file never sees a partial new one
-        write(path, sample())
-        assert reader.read() == "previous run\n"
-    assert json.loads(path.read_text())["version"] == 1
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
-
-
-def test_write_replaces_a_symlink_without_following_it(tmp_path: Path) -> None:
-    victim = tmp_path / "victim"
-    victim.write_text("keep\n")
-    path = tmp_path / "net.json"
-    path.symlink_to(victim)
-    write(path, sample())
+    fd = open_output("--net-log", str(path), [], truncate=False)
+    try:
+        os.rename(path, tmp_path / "moved")
+        victim = tmp_path / "victim"
+        victim.write_text("keep\n")
+        path.symlink_to(victim)
+        write(fd, sample())
+    finally:
+        os.close(fd)
     assert victim.read_text() == "keep\n"
-    assert not path.is_symlink() and json.loads(path.read_text())["version"] == 1
-
-
-def test_failed_write_leaves_nothing_behind(tmp_path: Path) -> None:
-    path = tmp_path / "net.json"
-    path.mkdir()
-    (path / "inside").write_text("x")
-    with pytest.raises(OSError):
-        write(path, sample())
-    assert sorted(os.listdir(tmp_path)) == ["net.json"]
-    assert os.listdir(path) == ["inside"]
-    with pytest.raises(FileNotFoundError):
-        write(tmp_path / "missing" / "net.json", sample())
+    assert json.loads((tmp_path / "moved").read_text())["version"] == 1
 

@@ -38,7 +38,7 @@ TYPE_CHECKING = False  # typing costs the client 4 ms at start-up; annotations o
 if TYPE_CHECKING:
     from typing import Any
 
-MAX_MESSAGE = 1 << 20  # bytes, NUL excluded
+MAX_MESSAGE = 16 << 20  # bytes, NUL excluded: an ARG_MAX-sized argv (2 MiB) fits, escaped
 MAX_FDS = 8  # per message
 RECV_SIZE = 64 * 1024
 _FD_SIZE = array.array("i").itemsize

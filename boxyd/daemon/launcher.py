@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -95,6 +96,23 @@ class Template:
             self._proc = None
 
 
+def plan_memfd(data: bytes) -> int:
+    """The plan in a sealed memfd: a datagram caps it at the socket's buffer (a tree of
+    3,000 nested repositories or a 200 KB argv did not fit), a memfd at nothing a
+    payload can reach. Sealed, so what stage 2 reads is what was written."""
+    fd = os.memfd_create("boxy-plan", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK
+                    | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class Stage2:
     def __init__(self, ctl: socket.socket) -> None:
         self.ctl = ctl
@@ -108,12 +126,18 @@ class Stage2:
         ctl = template.spawn()
         ctl.setblocking(False)
         stage2 = cls(ctl)
-        payload = json.dumps(plan.to_json()).encode()
         try:
-            socket.send_fds(ctl, [payload], stdio)
+            plan_fd = plan_memfd(json.dumps(plan.to_json()).encode())
+        except OSError as e:
+            stage2.close()
+            raise SetupError(f"stage 2: cannot hold the plan: {e.strerror}") from None
+        try:
+            socket.send_fds(ctl, [b"plan"], [plan_fd, *stdio])
         except OSError as e:
             stage2.close()
             raise SetupError(f"stage 2: cannot send the plan: {e.strerror}") from None
+        finally:
+            os.close(plan_fd)
         return stage2
 
     def _readable(self) -> None:

@@ -28,7 +28,7 @@ from boxyd.errors import SetupError
 from boxyd.plan import Plan
 from boxyd.stage2 import caps, namespaces, netns, pid1
 
-MAX_PLAN = 1 << 20
+MAX_PLAN = 256 << 20  # read from boxyd's sealed memfd; far beyond any argv or tree
 
 
 def send(ctl: socket.socket, msg: dict) -> None:
@@ -37,10 +37,21 @@ def send(ctl: socket.socket, msg: dict) -> None:
 
 
 def receive_plan(ctl: socket.socket) -> tuple[Plan, list[int]]:
-    data, fds, flags, _ = socket.recv_fds(ctl, MAX_PLAN, 3, socket.MSG_CMSG_CLOEXEC)
-    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != 3:
+    """The plan (a memfd, first) and the payload's stdio: four fds in one message."""
+    data, fds, flags, _ = socket.recv_fds(ctl, 16, 4, socket.MSG_CMSG_CLOEXEC)
+    if data != b"plan" or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != 4:
+        for fd in fds:
+            os.close(fd)
         raise SetupError("control: malformed plan message")
-    return Plan.from_json(json.loads(data)), fds
+    plan_fd, stdio = fds[0], fds[1:]
+    try:
+        size = os.fstat(plan_fd).st_size
+        if size > MAX_PLAN:
+            raise SetupError(f"control: the plan is larger than {MAX_PLAN >> 20} MiB")
+        text = os.pread(plan_fd, size, 0)
+    finally:
+        os.close(plan_fd)
+    return Plan.from_json(json.loads(text)), stdio
 
 
 def parse_status(line: bytes) -> dict:

@@ -215,3 +215,24 @@ def test_workdir_relative(boxy: Boxy, user: User, workdir: Path) -> None:
     assert r.returncode == 0, err(r)
     assert out(r) == f"{sub}\n"
     assert os.path.samefile(out(r).strip(), sub)
+
+
+# --- nothing in the plan's size that a payload can reach -----------------------------------
+
+
+def test_thousands_of_nested_repositories_do_not_lock_the_directory(boxy: Boxy) -> None:
+    """3,000 `d$i/.git` made the plan (one bind each) too long for one datagram: every
+    later run in that directory failed."""
+    r = boxy.sh("i=0; while [ $i -lt 3000 ]; do mkdir -p d$i/.git; i=$((i+1)); done; echo made")
+    assert r.returncode == 0 and out(r) == "made\n", err(r)
+    r = boxy.sh("ls -d d*/.git | wc -l")
+    assert r.returncode == 0 and out(r).strip() == "3000", err(r)
+
+
+def test_an_arg_max_sized_argv_runs(boxy: Boxy) -> None:
+    """What bwrap and a plain shell run: 15 arguments of 100 KB (1.5 MB of argv)."""
+    args = [f"{i:02d}" + "x" * 100_000 for i in range(15)]
+    r = boxy.run(*NET, cmd=["python3", "-c", "import sys; print(len(sys.argv) - 1, sum(map(len, sys.argv[1:])))",
+                            *args], input=b"")
+    assert r.returncode == 0, err(r)
+    assert out(r) == f"15 {sum(map(len, args))}\n"

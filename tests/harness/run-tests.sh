@@ -16,6 +16,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 user=${BOXY_TEST_USER:-boxytest}
+# another stage (BOXY_TEST_STAGE) lets a second suite run beside this one
 stage=${BOXY_TEST_STAGE:-/opt/boxy-test}
 id "$user" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$user"
 uid=$(id -u "$user")
@@ -40,13 +41,15 @@ install -d -m 0700 -o "$user" -g "$(id -g "$user")" "/run/user/$uid"
 cd "$stage"
 export BOXY_TEST_USER="$user"
 set +e
-"$stage/.venv/bin/python3" -m pytest -q -p no:cacheprovider "$@"
+"$stage/.venv/bin/python3" -m pytest -q -p no:cacheprovider "$@" &
+pytest_pid=$!
+wait "$pytest_pid"
 rc=$?
 set -e
 # Leave no daemon of this suite behind (only this venv's: other suites may be running).
 pkill -u "$user" -f "^$stage/.venv/bin/python3 -m boxyd.daemon.main" 2>/dev/null || true
-# And no test internet (network namespaces, servers) if a crash left one up.
-for prefix in $(ip netns list 2>/dev/null | awk '{print $1}' | sed -n 's/^\(boxyt[0-9]*\)-host$/\1/p'); do
-  "$stage/.venv/bin/python3" -m tests.harness.topology down --prefix "$prefix" >/dev/null 2>&1 || true
-done
+# And no test internet of this suite's (its prefix names its pytest) if a crash left one up.
+if ip netns list 2>/dev/null | grep -q "^boxyt$pytest_pid-host"; then
+  "$stage/.venv/bin/python3" -m tests.harness.topology down --prefix "boxyt$pytest_pid" >/dev/null 2>&1 || true
+fi
 exit $rc

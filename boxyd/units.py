@@ -154,7 +154,7 @@ class HostSpec(namedtuple("HostSpec", "host ports udp", defaults=((), False))):
     __slots__ = ()
 
     def __str__(self) -> str:
-        text = self.host
+        text = f"[{self.host}]" if ":" in self.host and self.ports else self.host
         if self.ports:
             text += ":" + ",".join(str(p) for p in self.ports)
         return text + ("/udp" if self.udp else "")
@@ -195,25 +195,28 @@ def parse_host_name(s: str, *, what: str = "--allow-host") -> str:
 
 
 def parse_host_spec(s: str, *, what: str = "--allow-host") -> HostSpec:
-    """HOST, HOST:PORT[,PORT...], HOST:PORT[,PORT...]/udp (or /tcp, the default)."""
+    """HOST, HOST:PORT[,PORT...], HOST:PORT[,PORT...]/udp (or /tcp, the default). HOST
+    may be an address (192.168.4.7:22, [fd00::7]:22): a device reached by its literal
+    address is named as itself, and allows that address only."""
     text, udp = s, False
     for suffix, is_udp in (("/udp", True), ("/tcp", False)):
         if text.lower().endswith(suffix):
             text, udp = text[: -len(suffix)], is_udp
             break
     if text.startswith("[") or text.count(":") > 1:  # an IPv6 literal, bracketed or not
-        literal = text[1:].partition("]")[0] if text.startswith("[") else text
+        literal, sep, port_text = text[1:].partition("]") if text.startswith("[") else (text, "", "")
+        if sep and port_text and not port_text.startswith(":"):
+            raise UsageError(f"{what}: {s!r} is not a host name")
+        host, sep, port_text = literal, (":" if port_text else ""), port_text[1:]
         try:
-            ipaddress.IPv6Address(literal)
+            name = str(ipaddress.IPv6Address(host))
         except ValueError:
             raise UsageError(f"{what}: {s!r} is not a host name") from None
-        raise UsageError(
-            f"{what}: {s!r} is an address, not a host name (use --allow-cidr for addresses)"
-        )
-    host, sep, port_text = text.partition(":")
+    else:
+        host, sep, port_text = text.partition(":")
+        name = _ipv4_literal(host) or (parse_host_name(host, what=what) if host else "")
     if sep and not port_text:
         raise UsageError(f"{what}: {s!r}: no port after ':' (HOST[:PORT[,PORT]][/udp])")
-    name = parse_host_name(host, what=what) if host else ""
     if not name:
         raise UsageError(f"{what}: {s!r}: no host name (HOST[:PORT[,PORT]][/udp])")
     ports: list[int] = []
@@ -225,6 +228,14 @@ def parse_host_spec(s: str, *, what: str = "--allow-host") -> HostSpec:
     if udp and not ports:
         raise UsageError(f"{what}: {s!r}: /udp needs explicit ports (HOST:PORT/udp)")
     return HostSpec(name, tuple(ports), udp)
+
+
+def _ipv4_literal(text: str) -> str:
+    """A dotted-quad address as a host (its own binding: that address, nothing else)."""
+    try:
+        return str(ipaddress.IPv4Address(text))
+    except ValueError:
+        return ""
 
 
 def parse_cidr(s: str, *, what: str = "--allow-cidr") -> str:

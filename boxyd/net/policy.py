@@ -9,10 +9,11 @@ reports the ``Verdict``. The order is DESIGN.md's "Policy, in order":
    compatible and Teredo decoded first). ``--allow-cidr`` prefixes and, with
    ``--tailscale``, the tailnet's ranges are the exceptions.
 2. DNS bindings (allowlist mode): a flow needs a live binding whose name is
-   allowed. One exception: an address inside an ``--allow-cidr`` prefix needs no
-   binding on the global TCP ports — that is what the flag is for (a LAN printer
-   dialled by address, a registry in a reserved range). The tailnet's ranges get
-   no such pass: ``--tailscale`` lifts the range objection and nothing else.
+   allowed. ``--allow-cidr`` and ``--tailscale`` lift the range objection and
+   nothing else: an address inside an opened prefix still needs a binding, like
+   a public one. A device reached by its literal address is named as itself,
+   ``--allow-host 192.168.4.7:22``: that address is its own binding (no name on
+   the wire is asked of it) and allows that one address only.
 3. SNI / Host: the name on the wire must be allowed on that port *and* bound to
    the address. Bytes that are neither TLS nor HTTP pass only for hosts allowed
    with explicit ports (``--allow-host nas:22``). ECH is refused in every mode.
@@ -86,8 +87,7 @@ class NetPolicy:
 
     mode: Literal["public", "allowlist"]
     global_ports: frozenset[int] = frozenset(DEFAULT_PORTS)
-    cidrs: tuple[Network, ...] = ()  # --allow-cidr: range exception + binding-free pass
-    exceptions: tuple[Network, ...] = ()  # cidrs, plus the tailnet's with --tailscale
+    exceptions: tuple[Network, ...] = ()  # --allow-cidr, plus the tailnet's with --tailscale
     # name → ports, and ".example.com" → ports for *.example.com. Never mutated after
     # from_spec; left out of the hash since a dict has none.
     exact: dict[str, _Ports] = field(default_factory=dict, hash=False)
@@ -122,6 +122,10 @@ class NetPolicy:
             ports.append(port)
         cidrs = tuple(ipaddress.ip_network(parse_cidr(c)) for c in allow_cidrs)
         exceptions = cidrs + (TAILSCALE_NETS if tailscale else ())
+        for spec in hosts:
+            if _literal(spec.host) and (why := denied(spec.host, exceptions)):
+                raise UsageError(f"--allow-host {spec}: the address is in a denied range ({why}); "
+                                 f"open it with --allow-cidr {spec.host} as well")
         exact: dict[str, _Ports] = {}
         wildcards: dict[str, _Ports] = {}
         for spec in hosts:
@@ -143,7 +147,6 @@ class NetPolicy:
         return cls(
             mode="public" if mode == "public" else "allowlist",
             global_ports=frozenset(ports or DEFAULT_PORTS),
-            cidrs=cidrs,
             exceptions=exceptions,
             exact=exact,
             wildcards=wildcards,
@@ -168,7 +171,7 @@ class NetPolicy:
     def dns(self, name: str) -> Verdict:
         """May ``name`` be resolved upstream? Public: always. Allowlist: if any rule
         matches it, whatever its ports or protocol."""
-        if self.mode == "public" or self._ports_for(_norm(name)) is not None:
+        if self.mode == "public" or self._ports_for(_norm(name)) is not None and not _literal(name):
             return Verdict(True, DNS)
         return Verdict(False, DNS, "hostname not on the allowlist")
 
@@ -187,30 +190,33 @@ class NetPolicy:
         """Why ``ip`` is refused by range, or None (``dnsfilter.DnsPolicy``'s question)."""
         return denied(ip, self.exceptions)
 
-    def _cidr_pass(self, ip: Address | str, port: int) -> bool:
-        """Inside an --allow-cidr prefix, on a global TCP port: no binding needed.
+    def _bound(self, ip: Address | str, bound_names: Iterable[str]) -> list[str]:
+        """The names bound to IP, plus IP itself when it was allowed as a literal host
+        (an IPv4-mapped address counts as its IPv4 address: the same socket target)."""
+        names = {_norm(n) for n in bound_names}
+        lit = self._literal_for(ip)
+        if lit is not None:
+            names.add(lit)
+        return sorted(names)
 
-        An IPv4-mapped address counts as its IPv4 address (the same socket target);
-        other encodings (NAT64, 6to4, Teredo) need a binding like any address."""
-        if port not in self.global_ports or not self.cidrs:
-            return False
+    def _literal_for(self, ip: Address | str) -> str | None:
         addr = ipaddress.ip_address(ip) if isinstance(ip, str) else ip
         if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
             addr = addr.ipv4_mapped
-        return any(addr in net for net in self.cidrs)
+        key = str(addr)
+        return key if key in self.exact else None
 
     def tcp_connect(self, ip: Address | str, port: int, bound_names: Iterable[str]) -> Verdict:
         """At accept time, before any byte is read.
 
         Allowlist: some bound name must be allowed on ``port`` (its explicit ports,
-        or the global list when it was named without ports), or the address must
-        be inside an --allow-cidr prefix and the port a global one.
+        or the global list when it was named without ports).
         """
         verdict = self.address(ip)
         if not verdict.allow or self.mode == "public":
             return verdict
-        names = sorted({_norm(n) for n in bound_names})
-        if any(port in self._tcp_ports(n) for n in names) or self._cidr_pass(ip, port):
+        names = self._bound(ip, bound_names)
+        if any(port in self._tcp_ports(n) for n in names):
             return Verdict(True, DNS)
         return self._refusal(names, port, "TCP")
 
@@ -238,14 +244,15 @@ class NetPolicy:
         to ``ip`` — so an allowed name sent to another host's address, and an
         unlisted name sent to an allowed host's shared CDN address, are both
         refused. A Host header's ":port" is ignored. A ClientHello without SNI is
-        judged as opaque bytes. Inside an --allow-cidr prefix on a global port the
-        binding is waived but a name on the wire must still be allowed on ``port``:
-        otherwise every name a shared address serves (a mirror, a CDN) would be
-        reachable once its prefix is opened. Public: allowed.
+        judged as opaque bytes. An address allowed as a literal host is its own
+        name: what the client writes on the wire is not asked of it. Public: allowed.
         """
         verdict = self.address(ip)
         if not verdict.allow or self.mode == "public":
             return verdict
+        lit = self._literal_for(ip)
+        if lit is not None and port in self._tcp_ports(lit):
+            return Verdict(True, DNS)
         label = "SNI" if kind == "sni" else "Host"
         wire = _host_header_name(name) if kind == "host" else _norm(name)
         if not wire:
@@ -256,10 +263,6 @@ class NetPolicy:
             return Verdict(False, SNI, f"{missing}: only a host allowed with :{port} takes that")
         if self._ports_for(wire) is None:
             return Verdict(False, SNI, f"{label} names {wire}: hostname not on the allowlist")
-        if self._cidr_pass(ip, port):
-            if port not in self._tcp_ports(wire):
-                return Verdict(False, PORT, f"port {port} not allowed for {wire}")
-            return Verdict(True, SNI)
         if wire not in {_norm(n) for n in bound_names}:
             return Verdict(False, SNI, f"{label} names {wire}, not bound to this address")
         if port not in self._tcp_ports(wire):
@@ -269,18 +272,19 @@ class NetPolicy:
     def tcp_opaque(self, ip: Address | str, port: int, bound_names: Iterable[str]) -> Verdict:
         """First bytes neither TLS nor HTTP: the binding alone decides, and only for a
         host allowed with ``port`` listed explicitly (``--allow-host nas:22``), since no
-        name on the wire narrows a shared address. Inside an --allow-cidr prefix on a
-        global port: allowed. Public: allowed."""
+        name on the wire narrows a shared address — or for an address allowed as a
+        literal host, on any of its ports (it is its own name). Public: allowed."""
         verdict = self.address(ip)
         if not verdict.allow or self.mode == "public":
             return verdict
-        names = sorted({_norm(n) for n in bound_names})
+        lit = self._literal_for(ip)
+        if lit is not None and port in self._tcp_ports(lit):
+            return Verdict(True, DNS)
+        names = self._bound(ip, bound_names)
         for n in names:
             p = self._ports_for(n)
             if p is not None and port in p.tcp:
                 return Verdict(True, DNS)
-        if self._cidr_pass(ip, port):
-            return Verdict(True, DNS)
         if any(port in self._tcp_ports(n) for n in names):
             return Verdict(
                 False, SNI, f"neither TLS nor HTTP on port {port}: allow the host with :{port}"
@@ -291,15 +295,14 @@ class NetPolicy:
         """A UDP flow (DNS never comes here: port 53 is the gateway's own resolver).
 
         Allowlist: only a bound name given as ``HOST:PORT/udp`` with this port;
-        UDP/443 is QUIC and always refused. --allow-cidr gives no binding-free
-        pass here (the global list is TCP). Public: anything past the range check.
+        UDP/443 is QUIC and always refused. Public: anything past the range check.
         """
         verdict = self.address(ip)
         if not verdict.allow or self.mode == "public":
             return verdict
         if port == QUIC_PORT:
             return Verdict(False, PORT, "QUIC refused in allowlist mode (clients fall back to TCP)")
-        names = sorted({_norm(n) for n in bound_names})
+        names = self._bound(ip, bound_names)
         for n in names:
             p = self._ports_for(n)
             if p is not None and port in p.udp:
@@ -319,7 +322,7 @@ class NetPolicy:
         """The TCP ports the payload may connect() to, for the Landlock backstop.
 
         Allowlist: 53 (DNS over TCP to the gateway), every explicit TCP port, and
-        the global list when a host without ports or an --allow-cidr uses it.
+        the global list when a host without ports uses it.
         Landlock filters by port only and covers loopback too. Public: None (not
         handled at all).
         """
@@ -329,9 +332,17 @@ class NetPolicy:
         ports = {DNS_PORT}
         for p in rules:
             ports |= p.tcp
-        if self.cidrs or any(p.tcp_global for p in rules):
+        if any(p.tcp_global for p in rules):
             ports |= self.global_ports
         return sorted(ports)
+
+
+def _literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _host_header_name(value: str) -> str:

@@ -178,7 +178,7 @@ def test_e_name_reads_the_client_environment():
         (["run", "--net", "open", "ls"], "--net: invalid choice: 'open'"),
         (["run", "--seccomp", "off", "ls"], "--seccomp: invalid choice: 'off'"),
         (["run", "--allow-host", "a.example:0", "ls"], "is not a port number"),
-        (["run", "--allow-host", "10.0.0.1", "ls"], "is an address, not a host name"),
+        (["run", "--allow-host", "[10.0.0.1]", "ls"], "not a host name"),
         (["run", "--allow-port", "65536", "ls"], "--allow-port: '65536' is not a port number"),
         (["run", "--allow-cidr", "0.0.0.0/0", "ls"], "would permit every address"),
         (["run", "--allow-cidr", "::/0", "ls"], "would permit every address"),

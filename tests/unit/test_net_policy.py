@@ -40,7 +40,10 @@ def refused(v: Verdict, layer: str, reason: str) -> bool:
         (("public", ["a.example"], [], [], False), "cannot be combined with --net public"),
         (("allowlist", ["a.example:0"], [], [], False), "not a port number"),
         (("allowlist", ["*.com"], [], [], False), "a wildcard must be"),
-        (("allowlist", ["1.2.3.4"], [], [], False), "an address, not a host name"),
+        (("allowlist", ["192.168.4.7:22"], [], [], False),
+         r"192\.168\.4\.7:22: the address is in a denied range .private .RFC 1918..; open it with "
+         r"--allow-cidr 192\.168\.4\.7 as well"),
+        (("allowlist", ["[fd00::7]:22"], [], [], False), "overlaps|denied range"),
         (("allowlist", [], [0], [], False), "--allow-port: 0 is not a port number"),
         (("allowlist", [], [65536], [], False), "--allow-port: 65536"),
         (("allowlist", [], [True], [], False), "--allow-port: True"),
@@ -226,21 +229,41 @@ def test_connect_tailnet():
     assert not p.tcp_connect("192.168.1.1", 22, ["nas"]).allow
 
 
-def test_connect_allow_cidr_needs_no_binding_on_global_ports():
-    p = allowlist("printer.local:631", cidrs=["192.168.4.0/24"])
-    assert p.tcp_connect(LAN, 443, []) == OK_DNS
-    assert p.tcp_connect(LAN, 80, []) == OK_DNS
-    assert p.tcp_connect("::ffff:192.168.4.9", 443, []) == OK_DNS
-    assert refused(p.tcp_connect(LAN, 22, []), DNS, NO_BINDING)
+def test_allow_cidr_lifts_the_range_objection_and_only_that():
+    """An address inside an opened prefix needs a binding, exactly like a public one."""
+    p = allowlist("printer.local:631", "a.example", cidrs=["192.168.4.0/24"])
+    assert refused(p.tcp_connect(LAN, 443, []), DNS, NO_BINDING)
+    assert refused(p.tcp_connect("::ffff:192.168.4.9", 443, []), DNS, NO_BINDING)
     assert p.tcp_connect(LAN, 631, ["printer.local"]) == OK_DNS
     assert refused(p.tcp_connect("192.168.5.9", 443, []), IP, "private (RFC 1918)")
-    # A public prefix works the same way: the user named it.
+    assert refused(p.tcp_opaque(LAN, 443, []), DNS, NO_BINDING)  # an SSH banner, say
+    assert refused(p.tcp_name(LAN, 443, "", []), DNS, NO_BINDING)  # TLS without SNI
+    assert refused(p.tcp_name(LAN, 443, "a.example", []), SNI,
+                   "SNI names a.example, not bound to this address")
+    # A public prefix works the same way; so do the tailnet's ranges.
     q = allowlist(cidrs=["198.51.100.0/24"], ports=[8443])
-    assert q.tcp_connect("198.51.100.7", 8443, []) == OK_DNS
-    assert refused(q.tcp_connect("198.51.100.7", 443, []), DNS, NO_BINDING)
-    # The tailnet's ranges get no such pass.
+    assert refused(q.tcp_connect("198.51.100.7", 8443, []), DNS, NO_BINDING)
     t = allowlist(tailscale=True)
     assert refused(t.tcp_connect("100.101.1.2", 443, []), DNS, NO_BINDING)
+
+
+@pytest.mark.parametrize("addr,mapped", [("192.168.4.7", "::ffff:192.168.4.7"), ("fd42::7", None)])
+def test_a_literal_host_is_its_own_binding(addr: str, mapped: str | None) -> None:
+    host = f"[{addr}]:22" if ":" in addr else f"{addr}:22"
+    cidr = "192.168.4.0/24" if "." in addr else "fd42::/64"
+    p = allowlist(host, f"{addr}", "dns.example:5353/udp", cidrs=[cidr])
+    assert p.tcp_connect(addr, 22, []) == OK_DNS
+    assert p.tcp_opaque(addr, 22, []) == OK_DNS  # an SSH banner: the address is the name
+    assert p.tcp_name(addr, 443, "", []) == OK_DNS  # TLS to an address carries no SNI
+    assert p.tcp_name(addr, 443, "anything.example", []) == OK_DNS
+    if mapped:
+        assert p.tcp_connect(mapped, 22, []) == OK_DNS
+    other = addr[:-1] + "8"  # the next address of the same opened prefix
+    assert refused(p.tcp_connect(other, 22, []), DNS, NO_BINDING)
+    assert refused(p.tcp_opaque(other, 22, []), DNS, NO_BINDING)
+    assert refused(p.tcp_connect(addr, 23, []), PORT, f"port 23 not allowed for {addr}")
+    assert refused(p.udp(addr, 5353, []), PORT, f"UDP port 5353 not allowed for {addr}")
+    assert not p.dns(addr).allow  # an address is never looked up
 
 
 # --- allowlist: SNI / Host --------------------------------------------------------
@@ -313,32 +336,6 @@ def test_missing_name():
     assert refused(p.tcp_name(PUB, 443, "", []), DNS, NO_BINDING)
 
 
-def test_allow_cidr_waives_the_binding_not_the_name():
-    # A shared address (mirror, CDN) inside an opened prefix: the allowed name passes
-    # without a DNS binding; any other name it would serve is still refused.
-    p = allowlist("registry.internal", cidrs=["192.168.4.0/24"])
-    assert p.tcp_name(LAN, 443, "registry.internal", []) == Verdict(True, SNI)
-    assert p.tcp_name(LAN, 443, "Registry.Internal.", [], kind="sni") == Verdict(True, SNI)
-    assert refused(
-        p.tcp_name(LAN, 443, "other.internal", []),
-        SNI,
-        "SNI names other.internal: hostname not on the allowlist",
-    )
-    assert refused(
-        p.tcp_name(LAN, 443, "other.internal:443", [], kind="host"),
-        SNI,
-        "Host names other.internal: hostname not on the allowlist",
-    )
-    # a nameless flow keeps the prefix's pass
-    assert p.tcp_name(LAN, 443, "", []).allow
-
-
-def test_allow_cidr_name_must_be_allowed_on_the_port():
-    p = allowlist("registry.internal:443", cidrs=["192.168.4.0/24"], ports=[443, 8443])
-    assert refused(p.tcp_name(LAN, 8443, "registry.internal", []), PORT,
-                   "port 8443 not allowed for registry.internal")
-
-
 # --- allowlist: opaque bytes ------------------------------------------------------
 
 
@@ -351,12 +348,6 @@ def test_opaque_needs_explicit_port():
     assert refused(p.tcp_opaque(PUB, 22, ["a.example"]), PORT, "port 22 not allowed for a.example")
     assert refused(p.tcp_opaque(PUB, 22, []), DNS, NO_BINDING)
     assert refused(p.tcp_opaque(PUB, 23, ["nas"]), PORT, "port 23 not allowed for nas")
-
-
-def test_opaque_inside_allow_cidr():
-    p = allowlist(cidrs=["192.168.4.0/24"])
-    assert p.tcp_opaque(LAN, 443, []).allow
-    assert not p.tcp_opaque(LAN, 9100, []).allow
 
 
 # --- allowlist: UDP ---------------------------------------------------------------
@@ -372,7 +363,7 @@ def test_udp():
     assert refused(p.udp(PUB, 80, ["a.example"]), PORT, "UDP port 80 not allowed for a.example")
     assert refused(p.udp(PUB, 22, ["nas"]), PORT, "UDP port 22 not allowed for nas")
     assert refused(p.udp(PUB, 5353, []), DNS, NO_BINDING)
-    assert refused(p.udp(LAN, 80, []), DNS, NO_BINDING)  # no cidr pass for UDP
+    assert refused(p.udp(LAN, 80, []), DNS, NO_BINDING)  # an opened prefix is no binding
     assert refused(p.udp(PUB, 5353, ["other.test"]), DNS, NOT_LISTED)
     assert refused(p.udp("10.0.0.53", 5353, ["dns.example"]), IP, "private (RFC 1918)")
 
@@ -395,8 +386,9 @@ def test_udp_quic_refused(bound):
         (["nas:22", "a.example"], [8443], [], [22, 53, 8443]),
         (["*.b.example:9000"], [], [], [53, 9000]),
         (["dns.example:5353/udp"], [], [], [53]),
-        ([], [], ["192.168.4.0/24"], [53, 80, 443]),
-        (["nas:22"], [631], ["192.168.4.0/24"], [22, 53, 631]),
+        ([], [], ["192.168.4.0/24"], [53]),  # a prefix opens no port: its hosts do
+        (["nas:22"], [631], ["192.168.4.0/24"], [22, 53]),
+        (["192.168.4.7"], [631], ["192.168.4.0/24"], [53, 631]),
         ([], [], [], [53]),
     ],
 )

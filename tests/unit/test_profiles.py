@@ -191,7 +191,7 @@ def test_wrong_path_entry_type(tmp_path):
         ("description: 3", "key description: expected a string"),
         ("allow_hosts: a.example", "key allow_hosts: expected a list"),
         ("allow_hosts: [3]", "key allow_hosts[0]: expected a host name string"),
-        ("allow_hosts: ['1.2.3.4']", "allow_hosts[0]: '1.2.3.4' is an address"),
+        ("allow_hosts: ['1.2.3.4:']", "allow_hosts[0]: '1.2.3.4:': no port"),
         ("allow_hosts: ['{npm}']", "key allow_hosts[0]: unknown template {npm}"),
         ("allow_ports: [0]", "key allow_ports[0]: expected a port number"),
         ("allow_ports: ['443']", "key allow_ports[0]: expected a port number"),

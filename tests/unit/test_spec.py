@@ -260,7 +260,7 @@ def test_dedupe_hosts_ports_cidrs(fs):
         ({"net": "none", "allow_cidr": ["192.168.0.0/16"]}, "--allow-cidr: cannot be combined"),
         ({"allow_cidr": ["0.0.0.0/0"]}, "every address"),
         ({"allow_cidr": ["10.0.0.0/8"]}, "overlaps the sandbox's own network"),
-        ({"allow_host": ["1.2.3.4"]}, "is an address"),
+        ({"allow_host": ["1.2.3.4:"]}, "no port after"),
         ({"allow_port": [0]}, "--allow-port: 0 is not a port number"),
         ({"pcap_max": 100}, "--pcap-max: needs --pcap"),
         (

@@ -193,6 +193,13 @@ def test_parse_port():
         ("*.Example.COM.", HostSpec("*.example.com")),
         ("*.example.com:443,8443", HostSpec("*.example.com", (443, 8443))),
         ("*.a.b.example:5353/udp", HostSpec("*.a.b.example", (5353,), True)),
+        # an address is a host of its own (that address only)
+        ("192.168.4.7", HostSpec("192.168.4.7")),
+        ("192.168.4.7:22", HostSpec("192.168.4.7", (22,))),
+        ("[fd00:0::7]:22,80", HostSpec("fd00::7", (22, 80))),
+        ("fd00::7", HostSpec("fd00::7")),
+        ("[fd00::7]", HostSpec("fd00::7")),
+        ("[fd00::7]:5353/udp", HostSpec("fd00::7", (5353,), True)),
     ],
 )
 def test_parse_host_spec(text, spec):
@@ -200,7 +207,8 @@ def test_parse_host_spec(text, spec):
 
 
 def test_host_spec_str_round_trips():
-    for text in ["a.example", "a.example:1,2", "a.example:53/udp"]:
+    for text in ["a.example", "a.example:1,2", "a.example:53/udp", "10.1.2.3:22", "[fd00::7]:22",
+                 "fd00::7"]:
         assert str(parse_host_spec(text)) == text
 
 
@@ -214,10 +222,11 @@ def test_host_spec_str_round_trips():
         ("host:http", "not a port"),
         ("host:1,", "not a port"),
         ("host/udp", "needs explicit ports"),
-        ("1.2.3.4", "an address"),
-        ("[::1]", "an address"),
-        ("::1", "an address"),
-        ("[::1]:443", "an address"),
+        ("[::1]:", "no port"),
+        ("[::1]x", "not a host name"),
+        ("[::1]:x", "not a port"),
+        ("1.2.3.4:", "no port"),
+        ("1.2.3:80", "not a host name"),
         ("[bad", "not a host name"),
         ("a:1:2", "not a host name"),
         ("-bad.example", "not a host name"),

@@ -657,6 +657,33 @@ def _host_network(f: Facts) -> list[Check]:
     return out
 
 
+def _git(f: Facts) -> list[Check]:
+    """The host-side layer against a directory that merely looks like a bare repository
+    (git >= 2.38): with safe.bareRepository=explicit git refuses to use one it finds."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        f["git_safe_bare"] = None
+        return [Check("git", False, "not installed: the git guard's check with the host's git "
+                      "cannot run (runs refuse nothing; install git)", hard=False)]
+    try:
+        r = subprocess.run(["git", "config", "--global", "--get", "safe.bareRepository"],
+                           capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL,
+                           check=False)
+        value = r.stdout.strip().lower()
+    except (OSError, subprocess.TimeoutExpired):
+        value = ""
+    f["git_safe_bare"] = value or None
+    if value == "explicit":
+        return [Check("git", True, "safe.bareRepository=explicit: implicit bare repositories are "
+                      "refused on the host too", hard=False)]
+    return [Check("git", False, f"safe.bareRepository={value or 'all (unset)'}: a payload can make "
+                  "a directory look like a bare repository; boxy's git guard quarantines it, and "
+                  "`git config --global safe.bareRepository explicit` closes it on the host too",
+                  hard=False)]
+
+
 PROBES: tuple[Probe, ...] = (
     _kernel,
     _landlock,
@@ -666,6 +693,7 @@ PROBES: tuple[Probe, ...] = (
     _nftables,
     _veth,
     _host_network,
+    _git,
     _cgroup2,
     _systemd_user,
     _session_bus,

@@ -10,10 +10,14 @@ import base64
 import grp
 import os
 import pwd
+from typing import TYPE_CHECKING
 
 from boxyd.errors import UsageError
-from boxyd.plan import Bind, Copy, Dir, File, LandlockRule, MountOp, Plan, Symlink
+from boxyd.plan import Bind, Copy, Dir, File, LandlockRule, Mask, MountOp, Plan, Symlink
 from boxyd.spec import RunSpec
+
+if TYPE_CHECKING:
+    from boxyd.masking import Found
 
 HOSTNAME = "boxy"
 
@@ -102,9 +106,11 @@ def _bind(path: str, roots: list[str], *, ro: bool, optional: bool = False, crea
     return Bind(src=rel, dst=rel, ro=ro, src_base=base, dst_base=base, optional=optional, create=create)
 
 
-def user_ops(spec: RunSpec, protections: dict[str, list]) -> tuple[list[MountOp], list[LandlockRule]]:
+def user_ops(spec: RunSpec, protections: dict[str, list],
+             masks: dict[str, list[Found]] | None = None) -> tuple[list[MountOp], list[LandlockRule]]:
     """Workdir, --ro, --rw and --mkdir, parents before children; then each writable
-    tree's git protections and --protect entries on top; then copies."""
+    tree's git protections, --protect entries and covered credentials on top (a
+    credential's stand-in last: over .git/config it stacks on the pin); then copies."""
     roots = writable_roots(spec)
     entries: list[tuple[str, bool, bool, bool]] = [(spec.workdir, False, False, False)]
     entries += [(e.path, True, e.optional, False) for e in spec.ro]
@@ -129,6 +135,10 @@ def user_ops(spec: RunSpec, protections: dict[str, list]) -> tuple[list[MountOp]
             ops.append(Bind(src=p.rel, dst=p.rel, ro=p.kind == "ro", src_base=root, dst_base=root))
     for e in spec.protect:
         ops.append(_bind(e.path, roots, ro=True))
+    for root in roots:
+        for f in (masks or {}).get(root, []):
+            ops.append(Mask(dst=f.rel, dst_base=root, is_dir=f.is_dir,
+                            content=base64.b64encode(f.content).decode()))
     exposed = [spec.workdir] + [e.path for e in (*spec.ro, *spec.rw, *spec.mkdir)]
     for c, ro in [(c, False) for c in spec.copy] + [(c, True) for c in spec.copy_ro]:
         for tree in exposed:
@@ -140,12 +150,13 @@ def user_ops(spec: RunSpec, protections: dict[str, list]) -> tuple[list[MountOp]
     return ops, rules
 
 
-def build(spec: RunSpec, *, seccomp_bpf: bytes, protections: dict[str, list], ctty: bool) -> Plan:
+def build(spec: RunSpec, *, seccomp_bpf: bytes, protections: dict[str, list], ctty: bool,
+          masks: dict[str, list[Found]] | None = None) -> Plan:
     uid, gid = os.getuid(), os.getgid()
     pw = pwd.getpwuid(uid)
     home = pw.pw_dir or f"/home/{pw.pw_name}"
     sys_ops, sys_rules = system_ops()
-    u_ops, u_rules = user_ops(spec, protections)
+    u_ops, u_rules = user_ops(spec, protections, masks)
     ops: list[MountOp] = [Dir("/etc"), *etc_files(uid, gid, pw.pw_name, home, spec.net), *sys_ops, *u_ops]
     rules = [
         LandlockRule("/", "dir"),

@@ -70,7 +70,21 @@ class Dir:
     op: str = "dir"
 
 
-MountOp = Bind | Copy | Symlink | File | Dir
+@dataclass
+class Mask:
+    """Cover an entry of a writable tree (DST beneath the sandbox directory DST_BASE)
+    with boxy's own read-only stand-in: an empty directory, or a file holding CONTENT
+    (base64: a scrubbed copy, or nothing). A mount point, so the payload can neither
+    read the original through it nor replace it."""
+
+    dst: str
+    dst_base: str
+    is_dir: bool
+    content: str = ""
+    op: str = "mask"
+
+
+MountOp = Bind | Copy | Symlink | File | Dir | Mask
 
 
 @dataclass
@@ -119,7 +133,8 @@ class Plan:
     def from_json(cls, data: dict[str, Any]) -> Plan:
         ops: list[MountOp] = []
         for raw in data["ops"]:
-            kind = {"bind": Bind, "copy": Copy, "symlink": Symlink, "file": File, "dir": Dir}[raw["op"]]
+            kind = {"bind": Bind, "copy": Copy, "symlink": Symlink, "file": File, "dir": Dir,
+                    "mask": Mask}[raw["op"]]
             ops.append(kind(**raw))
         rules = [LandlockRule(**r) for r in data["landlock"]]
         rest = {k: v for k, v in data.items() if k not in ("ops", "landlock")}

@@ -44,7 +44,7 @@ _TOP_KEYS = (
     "limits",
     "seccomp",
 )
-_FS_KEYS = ("ro", "rw", "mkdir", "protect", "copy", "copy_ro")
+_FS_KEYS = ("ro", "rw", "mkdir", "protect", "reveal", "copy", "copy_ro")
 _LIMIT_KEYS = ("memory", "pids", "cpus", "timeout")
 _PRESET_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")
 _TEMPLATE_RE = re.compile(r"\{([^{}]*)\}")
@@ -63,6 +63,7 @@ class Profile:
     rw: list[PathEntry] = field(default_factory=list)
     mkdir: list[PathEntry] = field(default_factory=list)
     protect: list[PathEntry] = field(default_factory=list)
+    reveal: list[PathEntry] = field(default_factory=list)  # credentials shown, not covered
     copy: list[CopyEntry] = field(default_factory=list)
     copy_ro: list[CopyEntry] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
@@ -329,7 +330,7 @@ def _build(name: str, label: str, doc: Mapping[str, Any], context: Mapping[str, 
     if not isinstance(fs, dict):
         raise c.fail("filesystem", f"expected a mapping with keys {', '.join(_FS_KEYS)}")
     c.keys(fs, _FS_KEYS, "filesystem.")
-    for kind in ("ro", "rw", "mkdir", "protect"):
+    for kind in ("ro", "rw", "mkdir", "protect", "reveal"):
         for i, v in enumerate(c.list_of(f"filesystem.{kind}", fs.get(kind, []))):
             getattr(p, kind).append(c.path_entry(f"filesystem.{kind}[{i}]", v))
     for kind in ("copy", "copy_ro"):
@@ -382,7 +383,8 @@ def _merge(base: Profile, child: Profile) -> Profile:
     for attr in ("net", "memory", "pids", "cpus", "timeout", "seccomp"):
         child_value = getattr(child, attr)
         setattr(out, attr, child_value if child_value is not None else getattr(base, attr))
-    for attr in ("allow_hosts", "allow_ports", "ro", "rw", "mkdir", "protect", "copy", "copy_ro"):
+    for attr in ("allow_hosts", "allow_ports", "ro", "rw", "mkdir", "protect", "reveal", "copy",
+                 "copy_ro"):
         setattr(out, attr, getattr(base, attr) + getattr(child, attr))
     out.env = {**base.env, **child.env}
     out.env_pass = base.env_pass + [n for n in child.env_pass if n not in base.env_pass]

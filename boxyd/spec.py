@@ -43,6 +43,7 @@ class RunSpec:
     ro: list[PathEntry] = field(default_factory=list)
     rw: list[PathEntry] = field(default_factory=list)
     protect: list[PathEntry] = field(default_factory=list)
+    reveal: list[str] = field(default_factory=list)  # credentials in the tree shown as they are
     mkdir: list[PathEntry] = field(default_factory=list)
     copy: list[CopyEntry] = field(default_factory=list)
     copy_ro: list[CopyEntry] = field(default_factory=list)
@@ -79,7 +80,7 @@ DEFAULT_PCAP_MAX = 1 << 30
 
 # Run's "options" keys (boxyctl.cli builds exactly these); anything else is a client bug.
 OPTION_KEYS = (
-    "profile", "ro", "rw", "protect", "mkdir", "copy", "copy_ro", "workdir", "net",
+    "profile", "ro", "rw", "protect", "reveal", "mkdir", "copy", "copy_ro", "workdir", "net",
     "allow_host", "allow_port", "allow_cidr", "tailscale", "env", "memory", "pids",
     "cpus", "timeout", "audit_log", "net_log", "pcap", "pcap_max", "seccomp", "tty",
     "verbose", "detach", "allow_git_write",
@@ -278,6 +279,8 @@ def build_spec(
                 f"--protect {entry.path}: not inside the work directory or a --rw path"
             )
         spec.protect.append(PathEntry(real, entry.optional))
+    # lexical, not realpath'd: the entries they name are matched as the walk found them
+    spec.reveal = _dedupe([e.path for e in prof.reveal] + [_abs(p, cwd) for p in o.strings("reveal")])
 
     exposed = [("workdir", workdir)]
     exposed += [

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from boxyd import mountplan
+from boxyd import masking, mountplan, worktree
 from boxyd.buildid import build_id
 from boxyd.daemon.launcher import Stage2, Template
 from boxyd.daemon.pty import PtyRelay
@@ -189,13 +189,17 @@ class Manager:
                 for i in ttys:
                     placeholders.append(os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC))
                     stdio[i] = placeholders[-1]
-            roots = [] if spec.allow_git_write else mountplan.writable_roots(spec)
-            # tree walks block: a worker thread, so no other session or API call waits
-            guarded = await asyncio.to_thread(guard.prepare, roots)
+            # the run's one walk per writable tree; it blocks: a worker thread, so no
+            # other session or API call waits
+            trees = await asyncio.to_thread(worktree.prepare, mountplan.writable_roots(spec),
+                                            git_guard=not spec.allow_git_write)
             live = [b for x in self.sessions.values() if x is not s for b in x.baselines.values()]
-            s.baselines = guard.inherit_live(guarded.baselines, live)
+            s.baselines = guard.inherit_live(
+                {r: t.baseline for r, t in trees.items() if t.baseline is not None}, live)
+            masks = self._credentials(s, trees, warnings)
             plan = mountplan.build(spec, seccomp_bpf=build_filter(spec.seccomp),
-                                   protections=guarded.protections, ctty=s.pty is not None)
+                                   protections={r: t.protections for r, t in trees.items()},
+                                   masks=masks, ctty=s.pty is not None)
             if s.net is not None:
                 s.net.configure(plan)
             if s.pty is not None:
@@ -265,6 +269,33 @@ class Manager:
         if net_done is not None:
             result.update(await net_done)
         return self._finish(s, result)
+
+    @staticmethod
+    def _credentials(s: Session, trees: dict[str, worktree.Tree], warnings: list[str]) -> dict[str, list]:
+        """Which credentials found in the trees are covered (all but --reveal's), said
+        once before the payload starts and listed under -v and in the audit log."""
+        masks: dict[str, list] = {}
+        covered_all, shown_all = [], []
+        for root, tree in trees.items():
+            covered, shown = masking.revealed(tree.credentials, root, s.spec.reveal)
+            masks[root] = covered
+            covered_all += [(root, f) for f in covered]
+            shown_all += [(root, f) for f in shown]
+        for what, items in (("covered", covered_all), ("revealed", shown_all)):
+            for root, f in items:
+                path = os.path.join(root, f.rel)
+                s.record("fs.secret", path=path, kind=f.kind, action=what if what == "revealed"
+                         else f.action.value)
+                if s.spec.verbose:
+                    how = {"scrub": "a copy without its credentials", "empty": "an empty stand-in"}
+                    told = "revealed (--reveal): the payload can read it" if what == "revealed" \
+                        else f"shown as {how[f.action.value]}"
+                    warnings.append(f"{path}: {f.kind}, {told}")
+        if covered_all:
+            n = len(covered_all)
+            warnings.append(f"{n} credential file{'s' if n != 1 else ''} masked "
+                            "(-v lists them; --reveal PATH exposes one)")
+        return masks
 
     @staticmethod
     def _terminal(fds: list[int]) -> PtyRelay | None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -380,9 +380,11 @@ class Walker:
     ``hooks_dir`` add what something else (the host's git) named; ``layout`` is the
     result so far."""
 
-    def __init__(self, root: str, root_fd: int, limit: int | None = MAX_DIRS) -> None:
+    def __init__(self, root: str, root_fd: int, limit: int | None = MAX_DIRS,
+                 observer: Callable[[int, str, Mapping[str, Type]], None] | None = None) -> None:
         self.root_fd = root_fd
         self.limit = limit
+        self.observer = observer  # shown every work-tree directory listed (the run's one walk)
         self.roots = [os.path.abspath(root), os.path.realpath(root)]
         self.gitdirs: dict[str, GitDir] = {}
         self.controls: dict[str, Control] = {}
@@ -471,6 +473,8 @@ class Walker:
             try:
                 entries = _list(fd)
                 subdirs = self.visit(fd, rel, entries)
+                if self.observer is not None:
+                    self.observer(fd, rel, entries)
             except OSError:
                 os.close(fd)
                 self.unreadable.append(rel)

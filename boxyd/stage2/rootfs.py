@@ -7,10 +7,11 @@ reachable under /oldroot only until ``enter`` detaches it.
 
 from __future__ import annotations
 
+import base64
 import os
 
 from boxyd.errors import SetupError
-from boxyd.plan import Bind, Copy, Dir, File, Plan, Symlink
+from boxyd.plan import Bind, Copy, Dir, File, Mask, Plan, Symlink
 from boxyd.stage2 import mounts as m
 
 BASE = "/tmp"  # staging mount point in our private mount namespace only
@@ -54,6 +55,7 @@ def scratch(plan: Plan) -> None:
         os.mkdir(f"{SCRATCH}/{d}")
         os.chmod(f"{SCRATCH}/{d}", 0o1777)
     os.mkdir(SCRATCH + "/copies", 0o700)
+    os.mkdir(SCRATCH + "/masks", 0o700)  # credentials' stand-ins: seen only where grafted
     _bind_scratch("home", plan.home)
     _bind_scratch("tmp", "/tmp")
 
@@ -159,6 +161,8 @@ def apply_ops(plan: Plan) -> None:
                 f.write(op.content)
         elif isinstance(op, Dir):
             os.close(m.walk_create(_new_fd(), op.dst, leaf="dir", step="mkdir", mode=op.mode))
+        elif isinstance(op, Mask):
+            apply_mask(op)
 
 
 def _new_fd() -> int:
@@ -269,6 +273,41 @@ def apply_copy(c: Copy, plan: Plan) -> None:
     finally:
         os.close(sfd)
     _bind_local(tmp, c.dst, c.ro, step)
+
+
+_masks = 0
+
+
+def apply_mask(mk: Mask) -> None:
+    """A credential's stand-in (made on the scratch tmpfs, where nothing in the sandbox
+    sees it) grafted read-only over the entry, resolved beneath its writable tree with
+    openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS)."""
+    global _masks
+    step = f"cover {mk.dst_base}/{mk.dst}"
+    _masks += 1
+    stand_in = f"{SCRATCH}/masks/{_masks}"
+    if mk.is_dir:
+        os.mkdir(stand_in, 0o555)
+    else:
+        fd = os.open(stand_in, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+        with os.fdopen(fd, "wb") as f:
+            f.write(base64.b64decode(mk.content))
+    src = os.open(stand_in, os.O_PATH | os.O_CLOEXEC)
+    try:
+        base = os.open(NEW + mk.dst_base, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            target = m.openat2(base, mk.dst, os.O_PATH, step)
+        finally:
+            os.close(base)
+        try:
+            if m.is_dir_fd(target) != mk.is_dir:
+                raise SetupError(f"{step}: changed type since it was found (refused)")
+            _graft(src, target, m.MOUNT_ATTR_RDONLY | m.MOUNT_ATTR_NOSUID | m.MOUNT_ATTR_NODEV,
+                   step, mk.dst)
+        finally:
+            os.close(target)
+    finally:
+        os.close(src)
 
 
 def _bind_local(src: str, dst: str, ro: bool, step: str) -> None:

@@ -34,6 +34,7 @@ NAMES = (
     "veth",
     "dns-upstream",
     "ipv6-route",
+    "git",
     "cgroup2",
     "systemd-user",
     "session-bus",
@@ -348,3 +349,13 @@ def test_host_network_lines_agree_with_the_host(lines: dict[str, re.Match[str]])
     if resolvers:
         assert lines["dns-upstream"]["verdict"] == "ok"
         assert resolvers[0] in lines["dns-upstream"]["detail"]
+
+
+@pytest.mark.parametrize("value,ok", [(None, False), ("explicit", True), ("all", False)])
+def test_git_line_agrees_with_git_config(tmp_path: Path, value: str | None, ok: bool) -> None:
+    if value is not None:
+        (tmp_path / ".gitconfig").write_text(f"[safe]\n\tbareRepository = {value}\n")
+    r = run_doctor(as_user=False, env={"HOME": str(tmp_path)})
+    line = parse(r.stdout)["git"]
+    assert (line["verdict"] == "ok") is ok, r.stdout
+    assert f"safe.bareRepository={value or 'all (unset)'}" in line["detail"]

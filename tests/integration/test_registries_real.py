@@ -390,3 +390,60 @@ def test_pip_run_script_cannot_reach_another_host(boxy: Boxy, kind: str) -> None
                  timeout=TIMEOUT, input=b"")
     check_pip_installed(boxy, r, hosts)
     check_probe(boxy, r, kind, extra)
+
+
+# --- a worm's first step: the project's own credentials ------------------------------------
+
+SECRET = "boxySECRETworm"  # harvest.js assembles the same marker
+HARVEST = r"""'use strict';
+// A worm-shaped postinstall: harvest every credential in the project it was installed
+// into (npm gives the project's directory as INIT_CWD), then report what it got.
+const fs = require('fs'), path = require('path');
+// the marker is put together here, so that this package's own files do not hold it
+const root = process.env.INIT_CWD, secret = ['boxySECRET', 'worm'].join('');
+const got = [];
+(function walk(dir) {
+  for (const e of fs.readdirSync(dir, {withFileTypes: true})) {
+    const p = path.join(dir, e.name);
+    if (e.name === 'node_modules') continue;
+    if (e.isDirectory()) { walk(p); continue; }
+    try { if (fs.readFileSync(p, 'utf8').includes(secret)) got.push(path.relative(root, p)); }
+    catch (err) { /* unreadable: nothing got */ }
+  }
+})(root);
+for (const [k, v] of Object.entries(process.env)) if (String(v).includes(secret)) got.push('env:' + k);
+fs.writeFileSync(path.join(root, 'harvest.json'), JSON.stringify({got}));
+console.log('harvest: ' + (got.length ? 'ESCAPED ' + got.join(' ') : 'nothing'));
+"""
+
+
+def test_npm_postinstall_harvests_no_project_credential(boxy: Boxy) -> None:
+    """Installed under --profile node from a local package, in a project holding each
+    kind of credential: it reads none, the real package still installs, and the
+    project .npmrc's other settings still apply."""
+    host, flags = npm_setup(boxy)
+    registry_url = _tool(boxy.user, ["npm", "config", "get", "registry"])
+    assert registry_url
+    write(boxy, ".npmrc", f"registry={registry_url}\nfund=false\n"
+                          f"//{host}/:_authToken={SECRET}\n")
+    write(boxy, ".env", f"NPM_TOKEN={SECRET}\n")
+    write(boxy, ".git/config", f'[remote "origin"]\n\turl = https://ci:{SECRET}@git.example/r.git\n'
+                               f'[http "https://git.example/"]\n\textraheader = AUTHORIZATION: basic {SECRET}\n')
+    write(boxy, ".git/HEAD", "ref: refs/heads/main\n")
+    for d in (".git/objects", ".git/refs"):
+        (boxy.workdir / d).mkdir(parents=True, exist_ok=True)
+    write(boxy, "deploy/id_rsa", f"-----BEGIN RSA PRIVATE KEY-----\n{SECRET}\n-----END RSA PRIVATE KEY-----\n")
+    write(boxy, ".pypirc", f"[pypi]\npassword = {SECRET}\n")
+    write(boxy, "harvest-pkg/package.json", json.dumps({
+        "name": "boxy-harvest", "version": "1.0.0",
+        "scripts": {"postinstall": "node harvest.js"}}) + "\n")
+    write(boxy, "harvest-pkg/harvest.js", HARVEST)
+    r = boxy.run(*flags, cmd=["sh", "-c", f"npm install --foreground-scripts {SMALL_NPM} ./harvest-pkg "
+                              "&& echo project-npmrc-fund=$(npm config get fund)"],
+                 timeout=TIMEOUT, input=b"")
+    check_npm_installed(boxy, r, host)
+    report = json.loads((boxy.workdir / "harvest.json").read_text())
+    assert report["got"] == [], f"ESCAPED: the postinstall read {report['got']}\n{both(r)}"
+    assert "project-npmrc-fund=false" in out(r), f"the project .npmrc was not read\n{both(r)}"
+    assert "credential files masked" in err(r), both(r)
+    assert f"_authToken={SECRET}" in (boxy.workdir / ".npmrc").read_text()  # the host's is intact

@@ -46,7 +46,7 @@ def test_run_defaults_are_exactly_the_run_parameters():
             "argv": ["npm", "ci"],
             "cwd": CWD,
             "options": {
-                "profile": None, "ro": [], "rw": [], "protect": [], "mkdir": [], "copy": [],
+                "profile": None, "ro": [], "rw": [], "protect": [], "reveal": [], "mkdir": [], "copy": [],
                 "copy_ro": [], "workdir": None, "net": None, "allow_host": [], "allow_port": [],
                 "allow_cidr": [], "tailscale": False, "env": [], "memory": None, "pids": None,
                 "cpus": None, "timeout": None, "audit_log": None, "net_log": None, "pcap": None,
@@ -92,7 +92,7 @@ def test_missing_command(argv):
 
 def test_every_flag():
     o = run_opts(
-        "-p", "node", "--ro", "a", "--ro", "/abs", "--rw", "~/data", "--protect", "./.env",
+        "-p", "node", "--ro", "a", "--ro", "/abs", "--rw", "~/data", "--protect", "./.env", "--reveal", ".npmrc",
         "--mkdir", "~", "--allow-git-write", "--copy", "~/c.json", "--copy", "x:/etc/y",
         "--copy-ro", "r:~/r", "-w", "../other", "--net", "allowlist", "--allow-host", "A.example",
         "--allow-host", "nas:22,2222", "--allow-host", "dns.example:53/udp", "--allow-port", "8080",
@@ -106,6 +106,7 @@ def test_every_flag():
         "ro": ["/home/u/proj/a", "/abs"],
         "rw": ["/home/u/data"],
         "protect": ["/home/u/proj/.env"],
+        "reveal": ["/home/u/proj/.npmrc"],
         "mkdir": ["/home/u"],
         "copy": [
             {"src": "/home/u/c.json", "dst": None},

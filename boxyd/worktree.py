@@ -1,17 +1,20 @@
-"""The run's one walk of each writable tree, before the payload starts: what the git
-guard pins and fingerprints, and which credentials are covered. Blocking (a tree can
-hold hundreds of thousands of directories): the daemon runs it in a worker thread.
+"""The run's walks of each writable tree. Before the payload starts, one walk gives what
+the git guard pins and fingerprints, which credentials are covered, and the
+fingerprints of the files other tools run later; after it, one walk (the git guard's
+scan) checks them all again. Blocking (a tree can hold hundreds of thousands of
+directories): the daemon runs both in a worker thread.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from boxyd.errors import SetupError
+from boxyd.execfiles import Watch, changes
 from boxyd.gitguard import discover, scan
-from boxyd.gitguard.discover import Protection
+from boxyd.gitguard.discover import Protection, Type
 from boxyd.masking import Finder, Found
 
 
@@ -20,6 +23,7 @@ class Tree:
     protections: list[Protection] = field(default_factory=list)  # empty with --allow-git-write
     baseline: scan.Snapshot | None = None  # None with --allow-git-write
     credentials: list[Found] = field(default_factory=list)
+    tools: dict[str, tuple[str, str]] = field(default_factory=dict)  # execfiles.Watch.seen
 
 
 def walk(root: str, *, git_guard: bool) -> Tree:
@@ -29,16 +33,22 @@ def walk(root: str, *, git_guard: bool) -> Tree:
         root_fd = discover.open_root(root)
         try:
             finder = Finder(root_fd, [os.path.abspath(root), os.path.realpath(root)])
-            lay = discover.Walker(root, root_fd, observer=finder).run()
+            watch = Watch()
+
+            def observe(fd: int, rel: str, entries: Mapping[str, Type]) -> None:
+                finder(fd, rel, entries)
+                watch(fd, rel, entries)
+
+            lay = discover.Walker(root, root_fd, observer=observe).run()
             finder.git_configs(lay)
         finally:
             os.close(root_fd)
         found = sorted(finder.found.values(), key=lambda f: f.rel)
         if not git_guard:
-            return Tree(credentials=found)
+            return Tree(credentials=found, tools=watch.seen)
         prots = discover.plan_protections(lay)
         discover.prepare(root, prots)
-        return Tree(prots, scan.snapshot(root, lay), found)
+        return Tree(prots, scan.snapshot(root, lay), found, watch.seen)
     except discover.TooLarge as e:
         raise SetupError(f"{root} holds {e}, too many to check; narrow the work directory") from e
     except OSError as e:
@@ -49,3 +59,31 @@ def walk(root: str, *, git_guard: bool) -> Tree:
 
 def prepare(roots: Sequence[str], *, git_guard: bool) -> dict[str, Tree]:
     return {root: walk(root, git_guard=git_guard) for root in roots}
+
+
+def after(trees: dict[str, Tree], baselines: dict[str, scan.Snapshot], quarantine: str,
+          home: str) -> tuple[list[str], list[str]]:
+    """After the run, one walk per tree: (git guard findings, the tools' files the run
+    created or changed), one line each. BASELINES: the git guard's, inherited from
+    live sessions where trees overlap (none with --allow-git-write). Never raises: a
+    tree that cannot be checked is itself a finding."""
+    git_lines: list[str] = []
+    tool_lines: list[str] = []
+    for root, tree in trees.items():
+        watch = Watch()
+        try:
+            if root in baselines:
+                dest = os.path.join(quarantine, root.strip("/").replace("/", "_"))
+                git_lines += scan.describe(scan.scan(root, baselines[root], dest, home, watch))
+            else:
+                root_fd = discover.open_root(root)
+                try:
+                    discover.Walker(root, root_fd, limit=None, observer=watch).run()
+                finally:
+                    os.close(root_fd)
+        except OSError as e:
+            git_lines.append(f"git guard: {root} could not be checked ({e}); check it before "
+                             "running git there")
+            continue
+        tool_lines += changes(tree.tools, watch.seen, root)
+    return git_lines, tool_lines

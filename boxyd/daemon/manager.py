@@ -59,6 +59,7 @@ class Session:
     # an overlapping tree inherits them (guard.py)
     baselines: dict[str, Snapshot] = field(default_factory=dict)
     outputs: Outputs = field(default_factory=Outputs)  # --audit-log, --net-log, --pcap
+    trees: dict[str, worktree.Tree] = field(default_factory=dict)  # the walk before the run
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def signal(self, sig: int) -> None:
@@ -194,6 +195,7 @@ class Manager:
             trees = await asyncio.to_thread(worktree.prepare, mountplan.writable_roots(spec),
                                             git_guard=not spec.allow_git_write)
             live = [b for x in self.sessions.values() if x is not s for b in x.baselines.values()]
+            s.trees = trees
             s.baselines = guard.inherit_live(
                 {r: t.baseline for r, t in trees.items() if t.baseline is not None}, live)
             masks = self._credentials(s, trees, warnings)
@@ -260,12 +262,14 @@ class Manager:
         result = self._result(s, final)
         if s.state == "starting":  # setup failed before the payload started
             await on_started(s, warnings)
-        if s.baselines:
-            lines = await asyncio.to_thread(guard.check, s.baselines, str(self._quarantine(s)),
-                                            self.user.pw_dir)
-            for line in lines:
-                s.record("git", finding=line)
-                result.setdefault("findings", []).append(line)
+        git_lines, tool_lines = await asyncio.to_thread(
+            worktree.after, s.trees, s.baselines, str(self._quarantine(s)), self.user.pw_dir)
+        for line in git_lines:
+            s.record("git", finding=line)
+            result.setdefault("findings", []).append(line)
+        for line in tool_lines:
+            s.record("fs.exec", finding=line)
+            result.setdefault("findings", []).append(f"tools' files: {line}")
         if net_done is not None:
             result.update(await net_done)
         return self._finish(s, result)
@@ -391,6 +395,7 @@ class Manager:
         stay listed (their records on disk are the history)."""
         s.audit = []
         s.baselines = {}  # checked: no longer the user's state for a session starting now
+        s.trees = {}
         if s.net is not None:
             s.net.discard()
             s.net = None

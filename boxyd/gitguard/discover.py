@@ -371,6 +371,10 @@ def is_git_directory(dir_fd: int, entries: Mapping[str, Type]) -> bool:
 # --- the walk --------------------------------------------------------------------------
 
 
+# shown each work-tree directory the walk lists: (its fd, its path relative to root, entries)
+Observer = Callable[[int, str, Mapping[str, Type]], None]
+
+
 class TooLarge(Exception):
     """The tree holds more directories than one walk lists (MAX_DIRS)."""
 
@@ -381,7 +385,7 @@ class Walker:
     result so far."""
 
     def __init__(self, root: str, root_fd: int, limit: int | None = MAX_DIRS,
-                 observer: Callable[[int, str, Mapping[str, Type]], None] | None = None) -> None:
+                 observer: Observer | None = None) -> None:
         self.root_fd = root_fd
         self.limit = limit
         self.observer = observer  # shown every work-tree directory listed (the run's one walk)

@@ -1,7 +1,5 @@
-"""The git guard for one run, as the daemon uses it: the baselines of live sessions,
-and the post-run check. (The walk before the run is boxyd/worktree.py: it serves the
-credentials too.) The check is blocking (tree walks, git subprocesses): the daemon
-runs it in a worker thread, never on its event loop.
+"""The baselines of sessions live on overlapping trees (the walks before and after a
+run are boxyd/worktree.py: they serve the credentials and the tools' files too).
 
 Sessions live at the same time on overlapping trees share the user's baseline: a new
 session's baseline is, where the trees overlap, the one the live session took when it
@@ -10,7 +8,6 @@ started (scan.inherit), so one run cannot plant a file for another to launder.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 from boxyd.gitguard import scan
@@ -27,19 +24,3 @@ def inherit_live(own: dict[str, scan.Snapshot], live: Sequence[scan.Snapshot]) -
             snap = scan.inherit(snap, older)
         out[root] = snap
     return out
-
-
-def check(baselines: dict[str, scan.Snapshot], quarantine: str, home: str) -> list[str]:
-    """After the run: quarantine what would make the host's git run a command; one line
-    per finding. Never raises: a tree that cannot be checked is itself a finding."""
-    lines: list[str] = []
-    for root, before in baselines.items():
-        dest = os.path.join(quarantine, root.strip("/").replace("/", "_"))
-        try:
-            findings = scan.scan(root, before, dest, home)
-        except OSError as e:
-            lines.append(f"git guard: {root} could not be checked ({e}); check it before running "
-                         "git there")
-            continue
-        lines.extend(scan.describe(findings))
-    return lines

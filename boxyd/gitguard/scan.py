@@ -330,7 +330,8 @@ def _add(walker: discover.Walker, answer: hostgit.Answer, keys: dict[str, list[s
             walker.visit_known("/".join(comps))
 
 
-def scan(root: str, before: Snapshot, quarantine: str, home: str | None = None) -> list[Finding]:
+def scan(root: str, before: Snapshot, quarantine: str, home: str | None = None,
+         observer: discover.Observer | None = None) -> list[Finding]:
     """Quarantine the control entries of ``root`` that are new or changed since
     ``before`` and would make git run a command; returns what was found."""
     findings: list[Finding] = []
@@ -340,7 +341,7 @@ def scan(root: str, before: Snapshot, quarantine: str, home: str | None = None) 
     judge = _Judge(root, root_fd)
     try:
         # unbounded: a payload that makes the tree huge delays only its own session's end
-        walker = discover.Walker(root, root_fd, limit=None)
+        walker = discover.Walker(root, root_fd, limit=None, observer=observer)
         walker.run()
         git_keys, findings = consult_git(walker, root, home or os.path.expanduser("~"))
         lay = walker.layout()

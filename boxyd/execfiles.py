@@ -1,0 +1,144 @@
+"""Files the host's tools run later, outside git: reported when a run created, changed or
+removed them (audit layer ``fs.exec``; one line each at the end of the run). Never
+blocked here — the node and python presets make the ones an install never writes
+read-only, and the README says which.
+
+- ``.vscode/`` (tasks with ``runOn: folderOpen``, settings naming programs),
+  ``.idea/`` (run configurations), ``.devcontainer/`` (``postCreateCommand``…),
+  ``.github/workflows/``, ``.husky/``, at any depth;
+- ``.gitlab-ci.yml``, ``.envrc`` (direnv runs it on ``cd``), ``.pre-commit-config.yaml``;
+- the ``scripts`` of every ``package.json`` (npm runs them; the rest of the file
+  changes with every ``npm install <pkg>``, so only the scripts are compared).
+
+The walk shows each directory to ``Watch`` (the same walk as the git guard's);
+``node_modules`` is skipped (its packages' scripts are the install itself).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from collections.abc import Mapping
+
+from boxyd.gitguard.discover import O_DIR, O_FILE, Type, join
+
+DIRS = {
+    ".vscode": "VS Code runs its tasks (runOn: folderOpen) and reads its settings",
+    ".idea": "JetBrains IDEs run its run configurations",
+    ".devcontainer": "dev containers run its lifecycle commands",
+    ".husky": "husky's git hooks",
+}
+FILES = {
+    ".gitlab-ci.yml": "GitLab CI runs it",
+    ".envrc": "direnv runs it when you enter the directory",
+    ".pre-commit-config.yaml": "pre-commit runs the hooks it names",
+}
+WORKFLOWS = "GitHub Actions runs it"
+SCRIPTS = "npm runs its scripts"
+MAX_FILES = 2000  # per watched directory; the rest is one entry saying so
+READ_MAX = 4 << 20
+
+
+def _digest(dir_fd: int, name: str, scripts_only: bool = False) -> str:
+    try:
+        fd = os.open(name, O_FILE, dir_fd=dir_fd)
+    except OSError as e:
+        return f"error:{e.errno}"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return f"type:{stat.S_IFMT(st.st_mode)}"
+        data = os.read(fd, READ_MAX + 1)
+    except OSError as e:
+        return f"error:{e.errno}"
+    finally:
+        os.close(fd)
+    if scripts_only:
+        try:
+            doc = json.loads(data)
+            data = json.dumps(doc.get("scripts") if isinstance(doc, dict) else None,
+                              sort_keys=True).encode()
+        except ValueError:
+            pass  # not JSON: npm would refuse it; compared whole
+    return f"{stat.S_IMODE(st.st_mode):o}:{hashlib.sha256(data).hexdigest()}"
+
+
+def _tree(dir_fd: int, name: str) -> str:
+    """One digest for a directory: every file's path, mode and content, symlinks' targets."""
+    h = hashlib.sha256()
+    count = 0
+    stack = [("", os.open(name, O_DIR, dir_fd=dir_fd))]
+    try:
+        while stack:
+            rel, fd = stack.pop()
+            try:
+                with os.scandir(fd) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except OSError:
+                entries = []
+            for e in entries:
+                count += 1
+                if count > MAX_FILES:
+                    h.update(b"...more")
+                    return h.hexdigest()
+                path = join(rel, e.name)
+                if e.is_symlink():
+                    h.update(f"L {path} {os.readlink(e.name, dir_fd=fd)}\n".encode())
+                elif e.is_dir(follow_symlinks=False):
+                    try:
+                        stack.append((path, os.open(e.name, O_DIR, dir_fd=fd)))
+                    except OSError:
+                        h.update(f"D? {path}\n".encode())
+                else:
+                    h.update(f"F {path} {_digest(fd, e.name)}\n".encode())
+            os.close(fd)
+    finally:
+        for _, fd in stack:
+            os.close(fd)
+    return h.hexdigest()
+
+
+class Watch:
+    """An observer for discover.Walker: fingerprints of every watched entry of a tree."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, tuple[str, str]] = {}  # rel -> (why it matters, fingerprint)
+
+    def __call__(self, dir_fd: int, rel: str, entries: Mapping[str, Type]) -> None:
+        comps = rel.split("/") if rel else []
+        if "node_modules" in comps:
+            return
+        for name, kind in entries.items():
+            path = join(rel, name)
+            try:
+                if kind == "dir" and name in DIRS:
+                    self.seen[path] = (DIRS[name], _tree(dir_fd, name))
+                elif kind == "dir" and name == "workflows" and comps[-1:] == [".github"]:
+                    self.seen[path] = (WORKFLOWS, _tree(dir_fd, name))
+                elif name in FILES:
+                    self.seen[path] = (FILES[name], kind + _digest(dir_fd, name))
+                elif name == "package.json":
+                    self.seen[path] = (SCRIPTS, kind + _digest(dir_fd, name, scripts_only=True))
+                elif kind == "symlink" and name in DIRS:
+                    self.seen[path] = (DIRS[name], "symlink:" + os.readlink(name, dir_fd=dir_fd))
+            except OSError as e:
+                self.seen[path] = ("unreadable", f"error:{e.errno}")
+
+
+def changes(before: Mapping[str, tuple[str, str]], after: Mapping[str, tuple[str, str]],
+            root: str) -> list[str]:
+    """Pure: one line per watched entry of the tree ROOT the run created, changed or
+    removed."""
+    lines = []
+    for rel in sorted(set(before) | set(after)):
+        old, new = before.get(rel), after.get(rel)
+        if old == new:
+            continue
+        what = "created" if old is None else "removed" if new is None else "changed"
+        why = (new or old)[0]  # type: ignore[index]
+        if rel.endswith("package.json") and what == "changed":
+            what = "changed the scripts of"
+        lines.append(f"{what} {os.path.join(root, rel)} ({why}): review it before your tools run it")
+    return lines

@@ -102,12 +102,55 @@ def run(args: dict) -> int:
     return 1
 
 
+ANSWER_WAIT = 5.0  # seconds after a forwarded signal before asking whether boxyd answers
+
+
+def _daemon_answers(timeout: float = 2.0) -> bool:
+    """Does boxyd answer a Version call on a fresh connection (from a signal handler,
+    while the run's own connection is blocked in recv)?"""
+    import socket
+
+    from boxyctl.varlink import encode
+    from boxyd.paths import socket_path
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(str(socket_path()))
+        sock.sendall(encode({"method": f"{IFACE}.Version", "parameters": {}}))
+        return bool(sock.recv(4096))
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
 def _run_once(client, args: dict) -> int:
     sid: list[str] = []
+    got: list[int] = []
+
+    def stop_waiting(why: str) -> DaemonError:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        tail = f"; the session may still be running (boxyctl stop {sid[0]})" if sid else ""
+        return DaemonError(f"{why}: stopped waiting for boxyd{tail}")
 
     def forward(signum: int, _frame: object) -> None:
+        """Passed on to the session; a second one, or a daemon that stops answering
+        after the first, ends the wait (never a client that ignores ^C forever)."""
+        got.append(signum)
+        if len(got) > 1:
+            raise stop_waiting(f"{signal.Signals(signum).name} again")
         if sid:
             client.send_oneway(f"{IFACE}.Signal", {"id": sid[0], "signal": signum})
+        signal.setitimer(signal.ITIMER_REAL, ANSWER_WAIT)
+
+    def still_there(_signum: int, _frame: object) -> None:
+        if not _daemon_answers():
+            raise stop_waiting(f"boxyd did not answer within {ANSWER_WAIT:g}s of the "
+                               f"{signal.Signals(got[0]).name}")
+        signal.setitimer(signal.ITIMER_REAL, ANSWER_WAIT)
+
+    signal.signal(signal.SIGALRM, still_there)
 
     def winch(rows: int, cols: int) -> None:
         if sid:
@@ -116,6 +159,7 @@ def _run_once(client, args: dict) -> int:
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(s, forward)
     raw = contextlib.ExitStack()
+    raw.callback(signal.setitimer, signal.ITIMER_REAL, 0)  # no liveness ping past the run
     final: dict = {}
     with raw:
         for reply in client.stream(f"{IFACE}.Run", args, fds=_stdio()):

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""The run's walks of a big work directory, and what they cost everyone else.
+
+For work directories of 20,000 and 300,000 directories (and one git repository):
+
+- the walk before the run and the walk after it, timed in this process
+  (boxyd.worktree: the git guard's layout, the credentials, the tools' files;
+  then the guard's scan with the host's git);
+- `boxyctl run -w TREE -- true` end to end, against the same run in a small tree;
+- another session's `boxyctl run -- true` while the big run is being prepared,
+  against an idle daemon measured in the same run: the daemon must keep serving.
+
+Run as the user who will use boxy (not root): `.venv/bin/python bench/walk.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from boxyd import worktree  # noqa: E402
+
+BIN = Path(sys.executable).parent
+
+
+def make_tree(root: Path, dirs: int) -> None:
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    width = 1000
+    for i in range(0, dirs, width):
+        parent = root / f"d{i // width}"
+        parent.mkdir()
+        for j in range(min(width, dirs - i) - 1):
+            (parent / f"e{j}").mkdir()
+
+
+def boxy(workdir: Path) -> float:
+    t = time.perf_counter()
+    subprocess.run([str(BIN / "boxyctl"), "run", "--net", "none", "-w", str(workdir), "--", "true"],
+                   check=True, capture_output=True)
+    return time.perf_counter() - t
+
+
+def median(f, n: int) -> float:
+    return statistics.median(f() for _ in range(n))
+
+
+def during(big: Path, small: Path, n: int) -> list[float]:
+    """Start-ups of a small run while the big one is being walked (the big one is
+    restarted whenever it ends, so every sample overlaps a walk)."""
+    times: list[float] = []
+    proc = None
+    try:
+        while len(times) < n:
+            if proc is None or proc.poll() is not None:
+                proc = subprocess.Popen([str(BIN / "boxyctl"), "run", "--net", "none", "-w", str(big),
+                                         "--", "true"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                time.sleep(0.05)  # let it reach its walk
+            times.append(boxy(small))
+    finally:
+        if proc is not None:
+            proc.wait()
+    return times
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="20000,300000")
+    ap.add_argument("-n", type=int, default=10)
+    args = ap.parse_args()
+    if os.getuid() == 0:
+        sys.exit("run as the user who will use boxy, not root")
+    base = Path(tempfile.mkdtemp(prefix="boxy-bench-walk-", dir=Path.home()))
+    try:
+        small = base / "small"
+        make_tree(small, 10)
+        boxy(small)  # daemon start, page cache
+        idle = median(lambda: boxy(small), args.n)
+        print(f"idle daemon: `boxyctl run -- true` in a small tree  {idle * 1000:8.1f} ms (reference)")
+        for size in (int(s) for s in args.sizes.split(",")):
+            tree = base / f"t{size}"
+            make_tree(tree, size)
+            t = time.perf_counter()
+            trees = worktree.prepare([str(tree)], git_guard=True)
+            before = time.perf_counter() - t
+            t = time.perf_counter()
+            worktree.after(trees, {str(tree): trees[str(tree)].baseline}, str(base / "q"),
+                           str(Path.home()))
+            after = time.perf_counter() - t
+            run = median(lambda tree=tree: boxy(tree), 3)
+            others = during(tree, small, args.n)
+            print(f"{size:>7} directories: walk before {before:6.2f} s, after {after:6.2f} s; "
+                  f"the run {run:6.2f} s ({run / idle:5.1f}x the small run)")
+            print(f"{'':>7}  another session during its walk: median {statistics.median(others) * 1000:7.1f} ms,"
+                  f" max {max(others) * 1000:7.1f} ms  = {statistics.median(others) / idle:4.2f}x idle")
+            shutil.rmtree(tree)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,7 +13,7 @@ import os
 import os.path
 import posixpath
 import stat
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from boxyd.errors import UsageError
 
@@ -83,6 +83,11 @@ def sensitive_paths(client_env: Mapping[str, str], home: str, uid: int) -> list[
         ("/run", "system runtime directory (system bus, service sockets)"),
         ("/var/run", "system runtime directory (system bus, service sockets)"),
         ("/tmp/.X11-unix", "X11 display sockets"),
+        # the sandbox gets its own of these: the host's would hand over every process's
+        # environment and fds (/proc), the kernel's and the devices' controls (/sys, /dev)
+        ("/proc", "the host's process table (every process's environment, cmdline and fds)"),
+        ("/sys", "the host's kernel and device controls"),
+        ("/dev", "the host's devices"),
     ]
     if home.startswith("/") and home != "/":
         # Last, so a socket inside is what an error names: exposing the home directory
@@ -141,7 +146,7 @@ def refuse_sockets(label: str, tree: str, *, limit: int = SOCKET_SCAN_ENTRIES) -
         except OSError:
             continue
         with it:
-            for e in it:
+            for e in _entries(it):
                 seen += 1
                 if seen > limit:
                     raise UsageError(f"{label} {tree}: too large to check for unix sockets (over {limit} "
@@ -155,3 +160,14 @@ def refuse_sockets(label: str, tree: str, *, limit: int = SOCKET_SCAN_ENTRIES) -
                                      "could connect to; expose a narrower path")
                 if stat.S_ISDIR(st.st_mode):
                     stack.append(e.path)
+
+
+def _entries(it: Iterator[os.DirEntry[str]]) -> Iterator[os.DirEntry[str]]:
+    """A directory's entries, ending quietly when reading it fails half-way (a file
+    system that refuses getdents, a directory removed meanwhile)."""
+    while True:
+        try:
+            e = next(it)
+        except (StopIteration, OSError):
+            return
+        yield e

@@ -164,10 +164,11 @@ class Manager:
                                       outputs=outputs)
                 if self._dns is None:
                     self._dns = make_dns_proxy()
-        except BoxyError:
+        except BaseException:  # a usage error, or a bug: either way every fd goes back
             outputs.close()
             for fd in fds:
-                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
             raise
         self.sessions[session.id] = session
         try:

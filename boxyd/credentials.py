@@ -92,6 +92,7 @@ _USERINFO = re.compile(rb"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s\"']+@")
 _NPM_SECRET_KEYS = frozenset({"_authtoken", "_auth", "_password", "password", "token",
                               "certfile", "keyfile"})
 _YARN_SECRET_KEYS = frozenset({"npmauthtoken", "npmauthident", "npmpassword"})
+_PYPI_SECRET_KEYS = frozenset({"password", "token"})
 _INI_KEY = re.compile(rb"^\s*([^=:\s]+)\s*[=:]")  # Python's configparser (.pypirc)
 _NPM_KEY = re.compile(rb"^\s*([^=\s][^=]*?)\s*=")  # npm's ini: the key may hold ':'
 
@@ -105,34 +106,29 @@ def _lines(data: bytes) -> list[bytes]:
     return data.splitlines(keepends=True)
 
 
+def _drop_keys(data: bytes, key: re.Pattern[bytes], secret: frozenset[str]) -> bytes:
+    """Every line whose key (KEY's group 1, lower-cased, after its last ':') is in
+    SECRET dropped; the userinfo of every URL left removed."""
+    out = []
+    for line in _lines(data):
+        m = key.match(line)
+        if not (m and m.group(1).rsplit(b":", 1)[-1].lower().decode("latin-1") in secret):
+            out.append(line)
+    return _USERINFO.sub(rb"\1", b"".join(out))
+
+
 def scrub_npmrc(data: bytes) -> bytes:
     """Drop ``_authToken``, ``_auth``, ``_password``… — also scoped, as npm writes them
     (``//registry.example/:_authToken=…``); keep the registry settings."""
-    out = []
-    for line in _lines(data):
-        m = _NPM_KEY.match(line)
-        key = m.group(1).rsplit(b":", 1)[-1].lower().decode("latin-1") if m else ""
-        if key not in _NPM_SECRET_KEYS:
-            out.append(line)
-    return _USERINFO.sub(rb"\1", b"".join(out))
+    return _drop_keys(data, _NPM_KEY, _NPM_SECRET_KEYS)
 
 
 def scrub_yarnrc(data: bytes) -> bytes:
-    out = []
-    for line in _lines(data):
-        m = _YAML_KEY.match(line)
-        if not (m and m.group(1).lower().decode("latin-1") in _YARN_SECRET_KEYS):
-            out.append(line)
-    return _USERINFO.sub(rb"\1", b"".join(out))
+    return _drop_keys(data, _YAML_KEY, _YARN_SECRET_KEYS)
 
 
 def scrub_pypirc(data: bytes) -> bytes:
-    out = []
-    for line in _lines(data):
-        m = _INI_KEY.match(line)
-        if not (m and m.group(1).lower() in (b"password", b"token")):
-            out.append(line)
-    return _USERINFO.sub(rb"\1", b"".join(out))
+    return _drop_keys(data, _INI_KEY, _PYPI_SECRET_KEYS)
 
 
 def scrub_netrc(data: bytes) -> bytes:

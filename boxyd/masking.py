@@ -12,14 +12,13 @@ sandbox can see.
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from boxyd import credentials
 from boxyd.credentials import Action, Rule
 from boxyd.gitguard import discover
-from boxyd.gitguard.discover import O_FILE, Layout, Type
+from boxyd.gitguard.discover import Layout, Type
 
 
 @dataclass(frozen=True)
@@ -32,21 +31,6 @@ class Found:
     via: str = ""  # the symlink (relative) that named it, if any
 
 
-def _read(dir_fd: int, name: str, limit: int) -> bytes | None:
-    try:
-        fd = os.open(name, O_FILE, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return os.read(fd, limit)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
 def judge(dir_fd: int, name: str, rule: Rule) -> Found | None:
     """The stand-in for one entry the rule names, or None (nothing to cover)."""
     if rule.is_dir:
@@ -54,7 +38,7 @@ def judge(dir_fd: int, name: str, rule: Rule) -> Found | None:
     if rule.action is Action.EMPTY and not rule.needs_content:
         return Found("", rule.kind, rule.action, False)
     limit = credentials.KEY_PROBE if rule.action is Action.EMPTY else credentials.SCRUB_MAX + 1
-    data = _read(dir_fd, name, limit)
+    data = discover.read_head(dir_fd, name, limit)
     if data is None:
         return None
     if rule.action is Action.EMPTY:  # a .pem or .key: only a private key is covered

@@ -178,12 +178,11 @@ def open_root(root: str) -> int:
     return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
-def read_small(dir_fd: int, name: str, limit: int) -> bytes | None:
-    """Content of a regular file, or None (not a regular file, unreadable, too big)."""
+def read_head(dir_fd: int, name: str, limit: int) -> bytes | None:
+    """Up to LIMIT bytes of a regular file, or None (not a regular file, unreadable)."""
     try:
         # lstat first: never open a FIFO or a device node planted in place of a file
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+        if not stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
             return None
         fd = os.open(name, O_FILE, dir_fd=dir_fd)
     except OSError:
@@ -192,17 +191,23 @@ def read_small(dir_fd: int, name: str, limit: int) -> bytes | None:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
         chunks, size = [], 0
-        while size <= limit:
-            chunk = os.read(fd, 65536)
+        while size < limit:
+            chunk = os.read(fd, min(65536, limit - size))
             if not chunk:
-                return b"".join(chunks)
+                break
             chunks.append(chunk)
             size += len(chunk)
-        return None
+        return b"".join(chunks)
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def read_small(dir_fd: int, name: str, limit: int) -> bytes | None:
+    """Content of a regular file, or None (not a regular file, unreadable, too big)."""
+    data = read_head(dir_fd, name, limit + 1)
+    return data if data is not None and len(data) <= limit else None
 
 
 def _kind(e: os.DirEntry[str]) -> Type | None:
@@ -259,11 +264,15 @@ def place(roots: Sequence[str], base: str, target: str) -> list[str] | None:
     return None
 
 
-def locate(root_fd: int, comps: Sequence[str]) -> tuple[str, Type] | None:
-    """The entry ``comps`` names beneath root, or the first symlink on the way to it
-    (which git would follow and we never do). None: outside root, or missing."""
+def _resolve(root_fd: int, comps: Sequence[str]) -> tuple[list[str], Type] | None:
+    """Walk COMPS beneath root, one O_NOFOLLOW step at a time: the clean components
+    reached and the type of the last — or of the first symlink met, where it stops
+    (a symlink is never followed). ``..`` pops a directory that was itself opened this
+    way, so the lexical result is what the kernel would find. None: the path leaves
+    root, or an entry is missing or not a directory where one is needed."""
     fds = [os.dup(root_fd)]
     names: list[str] = []
+    kind: Type = "dir"  # root itself
     try:
         for i, name in enumerate(comps):
             if name == "..":
@@ -271,6 +280,7 @@ def locate(root_fd: int, comps: Sequence[str]) -> tuple[str, Type] | None:
                     return None
                 os.close(fds.pop())
                 names.pop()
+                kind = "dir"
                 continue
             names.append(name)
             try:
@@ -278,51 +288,37 @@ def locate(root_fd: int, comps: Sequence[str]) -> tuple[str, Type] | None:
             except OSError:
                 return None
             if stat.S_ISLNK(st.st_mode):
-                return "/".join(names), "symlink"
+                return names, "symlink"
+            kind = "dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else "other"
             if i == len(comps) - 1:
-                kind: Type = "dir" if stat.S_ISDIR(st.st_mode) else (
-                    "file" if stat.S_ISREG(st.st_mode) else "other")
-                return "/".join(names), kind
-            try:
-                fds.append(os.open(name, O_STEP, dir_fd=fds[-1]))
-            except OSError:
-                return None
-        return ("/".join(names), "dir") if names else None
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
-def walk_beneath(root_fd: int, comps: Sequence[str], last_dir: bool = True) -> str | None:
-    """Resolve components beneath root through real directories only.
-
-    ``..`` pops a directory that was itself opened with O_NOFOLLOW, so a lexical
-    result is what the kernel would find. Returns the clean relative path, or None
-    when the path leaves root, meets a symlink or a missing/non-directory entry.
-    With ``last_dir`` False, the last component need not exist or be a directory.
-    """
-    fds = [os.dup(root_fd)]
-    names: list[str] = []
-    try:
-        for i, name in enumerate(comps):
-            if name == "..":
-                if not names:
-                    return None
-                os.close(fds.pop())
-                names.pop()
-                continue
-            if i == len(comps) - 1 and not last_dir:
-                names.append(name)
                 break
             try:
                 fds.append(os.open(name, O_STEP, dir_fd=fds[-1]))
             except OSError:
                 return None
-            names.append(name)
-        return "/".join(names)
+        return names, kind
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def locate(root_fd: int, comps: Sequence[str]) -> tuple[str, Type] | None:
+    """The entry ``comps`` names beneath root, or the first symlink on the way to it
+    (which git would follow and we never do). None: outside root, missing, or root."""
+    found = _resolve(root_fd, comps)
+    return ("/".join(found[0]), found[1]) if found and found[0] else None
+
+
+def walk_beneath(root_fd: int, comps: Sequence[str], last_dir: bool = True) -> str | None:
+    """The clean relative path of the directory ``comps`` names beneath root, through
+    real directories only; None when it leaves root or meets a symlink or a missing or
+    non-directory entry. With ``last_dir`` False, the last component need not exist
+    (nor be a directory): only the path up to it must."""
+    if not last_dir and comps and comps[-1] != "..":
+        head = _resolve(root_fd, comps[:-1])
+        return join("/".join(head[0]), comps[-1]) if head and head[1] == "dir" else None
+    found = _resolve(root_fd, comps)
+    return "/".join(found[0]) if found and found[1] == "dir" else None
 
 
 def valid_head(dir_fd: int) -> bool:

@@ -222,6 +222,8 @@ def _run_args(ns: Any, environ: dict[str, str], cwd: str) -> dict[str, Any]:
         command = command[1:]
     if not command:
         raise UsageError("run: missing command (run [flags] -- COMMAND [ARGS...])")
+    if not command[0]:
+        raise UsageError("run: the command is an empty string (run [flags] -- COMMAND [ARGS...])")
     path = _Paths(environ, cwd)
 
     def opt_path(flag: str, value: str | None) -> str | None:
@@ -291,12 +293,24 @@ def _check_combinations(o: dict[str, Any]) -> None:
         raise UsageError("--pcap-max: needs --pcap")
 
 
+def _refuse_negative(argv: list[str]) -> None:
+    """`--timeout -5s`: argparse would take the value for a flag and say 'expected one
+    argument'; the mistake is the sign."""
+    for flag, value in zip(argv, argv[1:], strict=False):
+        if flag == "--":
+            return
+        f = _BY_NAME.get(flag)
+        if f is not None and f.kind != "true" and re.fullmatch(r"-\d[\w.]*", value):
+            raise UsageError(f"{flag}: {value} is negative; give a positive value")
+
+
 def parse(argv: list[str], *, environ: dict[str, str], cwd: str, prog: str = "boxyctl") -> Command:
     """Parse ``argv`` (without the program name). Raises UsageError with one line;
     --help gives Command('help', {'text': …}), --version Command('version')."""
     if not cwd.startswith("/"):
         raise UsageError(f"the current directory {cwd!r} is not an absolute path")
     if argv[:1] == ["run"]:
+        _refuse_negative(argv[1:])
         fast = _fast_run(argv[1:])
         if fast is not None:
             return Command("run", _run_args(fast, environ, cwd))

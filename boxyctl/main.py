@@ -20,9 +20,12 @@ def _prog() -> str:
 
 
 def say(msg: str) -> None:
-    """One line on stderr; \\r\\n when the terminal may be in raw mode."""
+    """One line on stderr; \\r\\n when the terminal may be in raw mode. A control
+    character in the message (a newline in a path, an escape sequence in a file name)
+    is shown escaped: one line, and nothing that drives the terminal."""
     end = "\r\n" if os.isatty(2) else "\n"
-    os.write(2, f"{_prog()}: {msg}{end}".encode(errors="replace"))
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in msg)
+    os.write(2, f"{_prog()}: {text}{end}".encode(errors="replace"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,8 +179,10 @@ def _run_once(client, args: dict) -> int:
                     tty.on_winch(winch)
             else:
                 final = reply
-    if final.get("destinations"):  # every run with network: where it went
-        os.write(2, str(final["destinations"]).encode(errors="replace"))
+    if final.get("destinations"):  # a run with network that went somewhere: where
+        head, _, table = str(final["destinations"]).partition("\n")
+        say(head)
+        os.write(2, table.encode(errors="replace"))
     for note in final.get("notes", []):
         say(str(note))
     if final.get("message"):

@@ -83,6 +83,7 @@ def sensitive_paths(client_env: Mapping[str, str], home: str, uid: int) -> list[
         ("/run", "system runtime directory (system bus, service sockets)"),
         ("/var/run", "system runtime directory (system bus, service sockets)"),
         ("/tmp/.X11-unix", "X11 display sockets"),
+        ("/tmp", "the shared /tmp, with other programs' sockets (tmux, ssh-agent, X11)"),
         # the sandbox gets its own of these: the host's would hand over every process's
         # environment and fds (/proc), the kernel's and the devices' controls (/sys, /dev)
         ("/proc", "the host's process table (every process's environment, cmdline and fds)"),
@@ -90,9 +91,9 @@ def sensitive_paths(client_env: Mapping[str, str], home: str, uid: int) -> list[
         ("/dev", "the host's devices"),
     ]
     if home.startswith("/") and home != "/":
-        # Last, so a socket inside is what an error names: exposing the home directory
-        # itself hands over ~/.ssh, ~/.aws, ~/.kube …
-        out.append((home, "your home directory, with its keys and credentials"))
+        # First of all: exposing the home directory itself (or a directory holding it)
+        # hands over ~/.ssh, ~/.aws, ~/.kube …, and that is what the user must hear
+        out.insert(0, (home, HOME_WHY))
     seen: set[str] = set()
     unique = []
     for path, why in out:
@@ -101,6 +102,9 @@ def sensitive_paths(client_env: Mapping[str, str], home: str, uid: int) -> list[
             seen.add(path)
             unique.append((path, why))
     return unique
+
+
+HOME_WHY = "your home directory, with its keys and credentials"
 
 
 def _contains(tree: str, path: str) -> bool:
@@ -113,18 +117,26 @@ def check_exposed(
     sensitive: Iterable[Sensitive],
     *,
     realpath: Callable[[str], str] = os.path.realpath,
+    exists: Callable[[str], bool] = os.path.lexists,
 ) -> None:
-    """Raise UsageError when an exposed path equals or contains a sensitive one.
+    """Raise UsageError when an exposed path equals or contains a sensitive one that
+    exists (an error never names a path that is not there).
 
     Both sides are compared as given and as resolved: /var/run is usually a link
     to /run, and a home directory may be reached through a symlink.
     """
-    sensitive = [(path, why, {path, realpath(path)}) for path, why in sensitive]
+    sensitive = [(path, why, {path, realpath(path)}) for path, why in sensitive if exists(path)]
     for what, path in exposed:
         trees = {posixpath.normpath(path), realpath(path)}
         for spath, why, forms in sensitive:
-            if any(_contains(t, s) for t in trees for s in forms):
-                raise UsageError(f"{what} {path}: exposes {spath} ({why}); expose a narrower path")
+            if not any(_contains(t, s) for t in trees for s in forms):
+                continue
+            if why == HOME_WHY:
+                verb = "is" if spath in trees else "holds"
+                fix = "pass -w ~/project" if what == "workdir" else "expose a project inside it"
+                raise UsageError(f"{what} {path}: {verb} your home directory {spath}, whose keys and "
+                                 f"credentials are never exposed; run in a project directory, or {fix}")
+            raise UsageError(f"{what} {path}: exposes {spath} ({why}); expose a narrower path")
 
 
 # Bounds on the walk below: a tree too large to check is refused, never passed unchecked.

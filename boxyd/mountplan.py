@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from boxyd.errors import UsageError
 from boxyd.plan import Bind, Copy, Dir, File, LandlockRule, Mask, MountOp, Plan, Symlink
-from boxyd.spec import RunSpec
+from boxyd.spec import SYSTEM_TREES, RunSpec
 
 if TYPE_CHECKING:
     from boxyd.masking import Found
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 HOSTNAME = "boxy"
 
 # Read-only system trees. A symlink on the host (merged /usr) is recreated as a symlink.
-SYSTEM_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
 # The only host files of /etc the sandbox sees: the dynamic linker's cache, TLS trust,
 # the alternatives that /usr/bin links point through, time zone, service/protocol

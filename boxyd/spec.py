@@ -74,6 +74,12 @@ class RunSpec:
 
 DEFAULT_PROFILE = "generic"
 DEFAULT_NET = "public"  # a profile that leaves net unset gets what the product promises
+# the host's system trees the sandbox sees, read-only (mountplan binds them)
+SYSTEM_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# where a --copy cannot land: those, and what boxy builds read-only itself
+READ_ONLY_TREES = (*SYSTEM_TREES, "/etc", "/proc", "/dev", "/sys")
+MIN_MEMORY = 1 << 20  # the scratch tmpfs holds $HOME: below this nothing starts
+MIN_PIDS = 8  # the sandbox's own init, the payload, a shell's children count too
 DEFAULT_MEMORY = 2 << 30
 DEFAULT_PIDS = 512
 DEFAULT_PCAP_MAX = 1 << 30
@@ -214,6 +220,9 @@ def build_spec(
         raise UsageError(
             f"--allow-host: cannot be combined with --net {net_flag} (it implies allowlist)"
         )
+    if flag_hosts and not net_flag and prof.net == "none":
+        raise UsageError(f"--allow-host: the profile {prof.name} has no network (net: none); "
+                         "give --net allowlist as well to open one")
     spec.net = net_flag or ("allowlist" if flag_hosts else None) or prof.net or DEFAULT_NET
     if spec.net == "allowlist":
         hosts = profiles.resolve_hosts(prof.allow_hosts, registry, source=src, notes=notes)
@@ -325,6 +334,12 @@ def build_spec(
     # --- limits and the rest ---
     spec.memory = o.positive("memory", int, "a size in bytes") or prof.memory or DEFAULT_MEMORY
     spec.pids = o.positive("pids", int, "a positive whole number") or prof.pids or DEFAULT_PIDS
+    if spec.memory < MIN_MEMORY:
+        raise UsageError(f"--memory {units.format_size(spec.memory)}: below the minimum of 1MiB "
+                         "(a plain number is bytes: write 512MiB or 2GiB)")
+    if spec.pids < MIN_PIDS:
+        raise UsageError(f"--pids {spec.pids}: below the minimum of {MIN_PIDS} (the sandbox's own "
+                         "init, the payload and its shell's children all count)")
     spec.cpus = o.positive("cpus", (int, float), "a positive number") or prof.cpus
     spec.timeout = o.positive("timeout", (int, float), "seconds") or prof.timeout
     if spec.cpus is not None:
@@ -396,6 +411,14 @@ def _check_copies(
             raise _err(from_profile, f"{label} {entry.src}: no such file or directory") from None
         if not stat.S_ISREG(st.st_mode):
             raise _err(from_profile, f"{label} {entry.src}: not a regular file")
+        if not os.access(entry.src, os.R_OK):
+            raise _err(from_profile, f"{label} {entry.src}: not readable by you")
+        if entry.dst == "/":
+            raise _err(from_profile, f"{label} {entry.src}:/: the destination must name a file")
+        for tree in READ_ONLY_TREES:
+            if _contains(tree, entry.dst):
+                raise _err(from_profile, f"{label} {entry.src}:{entry.dst}: the destination lies on "
+                           f"the sandbox's read-only {tree}; copy it under $HOME or /tmp")
         seen[entry.dst] = label
         out.append((label, entry))
     return out

@@ -227,6 +227,9 @@ def parse_host_spec(s: str, *, what: str = "--allow-host") -> HostSpec:
                 ports.append(port)
     if udp and not ports:
         raise UsageError(f"{what}: {s!r}: /udp needs explicit ports (HOST:PORT/udp)")
+    if not udp and not ports and text != s:  # "/tcp" alone would silently mean nothing
+        raise UsageError(f"{what}: {s!r}: /tcp needs explicit ports (HOST:PORT/tcp); "
+                         "HOST alone takes the --allow-port list")
     return HostSpec(name, tuple(ports), udp)
 
 

@@ -26,9 +26,13 @@ class Tree:
     tools: dict[str, tuple[str, str]] = field(default_factory=dict)  # execfiles.Watch.seen
 
 
-def walk(root: str, *, git_guard: bool) -> Tree:
+def walk(root: str, *, git_guard: bool, created: bool = False) -> Tree:
     """One walk of ROOT: the git layout (pinned, absent hooks directories created, then
-    fingerprinted) and the credentials found on the way."""
+    fingerprinted) and the credentials found on the way. CREATED: a --mkdir directory
+    stage 2 will create; absent, it is an empty tree (everything in it after the run is
+    new)."""
+    if created and not os.path.lexists(root):
+        return Tree(baseline=scan.Snapshot(root, {}, frozenset()) if git_guard else None)
     try:
         root_fd = discover.open_root(root)
         try:
@@ -57,8 +61,8 @@ def walk(root: str, *, git_guard: bool) -> Tree:
                          "run again") from e
 
 
-def prepare(roots: Sequence[str], *, git_guard: bool) -> dict[str, Tree]:
-    return {root: walk(root, git_guard=git_guard) for root in roots}
+def prepare(roots: Sequence[str], *, git_guard: bool, created: Sequence[str] = ()) -> dict[str, Tree]:
+    return {root: walk(root, git_guard=git_guard, created=root in created) for root in roots}
 
 
 def after(trees: dict[str, Tree], baselines: dict[str, scan.Snapshot], quarantine: str,

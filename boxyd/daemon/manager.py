@@ -194,7 +194,8 @@ class Manager:
             # the run's one walk per writable tree; it blocks: a worker thread, so no
             # other session or API call waits
             trees = await asyncio.to_thread(worktree.prepare, mountplan.writable_roots(spec),
-                                            git_guard=not spec.allow_git_write)
+                                            git_guard=not spec.allow_git_write,
+                                            created=[e.path for e in spec.mkdir])
             live = [b for x in self.sessions.values() if x is not s for b in x.baselines.values()]
             s.trees = trees
             s.baselines = guard.inherit_live(
@@ -209,9 +210,10 @@ class Manager:
                 plan.pty = {**s.pty.settings, "fds": ttys}
             s.record("seccomp", mode=spec.seccomp)
             s.stage2 = Stage2.start(self.template, plan, stdio)
-        except BoxyError as e:
+        except BoxyError as e:  # the user's input (2), or a layer that cannot be applied (125)
             self._close_all(fds, s)
-            return self._finish(s, {"exit_status": EXIT_SETUP, "reason": "setup", "message": str(e)})
+            status = e.exit_status if isinstance(e, UsageError) else EXIT_SETUP
+            return self._finish(s, {"exit_status": status, "reason": "setup", "message": str(e)})
         except Exception as e:  # a bug, not the user's doing: still one line, every fd closed
             log.exception("session %s: setup failed", s.id)
             self._close_all(fds, s)

@@ -261,13 +261,16 @@ def write(fd: int, netlog: NetLog) -> None:
 
 
 def destinations_table(netlog: NetLog) -> str:
-    """The text printed on stderr after a run with network (ends with a newline)."""
+    """The text printed on stderr after a run with network (ends with a newline; the
+    client puts its name before the first line); empty when the run went nowhere."""
     return format_destinations(netlog.summary())
 
 
 def format_destinations(rows: list[Destination]) -> str:
     """The destinations table for summary rows (already sorted), columns fitted."""
-    lines = [f"boxy: network destinations ({len(rows)})"]
+    if not rows:
+        return ""
+    lines = [f"network destinations ({len(rows)})"]
     if rows:
         table = [["DESTINATION", "CONNS", "DENIED", "ADDRS", "SENT", "RECEIVED"]]
         for r in rows:

@@ -1372,10 +1372,10 @@ def test_audit_log_layers(format_run: FormatRun) -> None:
 
 def test_destinations_table(format_run: FormatRun) -> None:
     err = format_run.live.stderr.splitlines()
-    head = [i for i, line in enumerate(err) if line.startswith("boxy: network destinations")]
+    head = [i for i, line in enumerate(err) if line.startswith("boxyctl: network destinations")]
     assert head, format_run.live.stderr
     i = head[-1]
-    assert err[i] == "boxy: network destinations (2)", err[i]
+    assert err[i] == "boxyctl: network destinations (2)", err[i]
     assert err[i + 1].split() == ["DESTINATION", "CONNS", "DENIED", "ADDRS", "SENT", "RECEIVED"]
     rows = {line.split()[0]: line.split() for line in err[i + 2:i + 4]}
     assert rows["www.boxy.test"][1:4] == ["2", "0", "1"], rows
@@ -1384,7 +1384,7 @@ def test_destinations_table(format_run: FormatRun) -> None:
 
 def _denial_lines(r: FormatRun) -> list[tuple[float, str]]:
     return [(t, line) for t, line in r.live.err
-            if " deny " in line and not line.startswith("boxy: network destinations")]
+            if " deny " in line and not line.startswith("boxyctl: network destinations")]
 
 
 def test_verbose_denials_as_they_happen(format_run: FormatRun) -> None:

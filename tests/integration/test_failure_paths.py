@@ -30,7 +30,7 @@ CASES = {
     "host-proc": (["--ro", "/proc"], None, 2, "the host's process table"),
     "bad-size": (["--memory", "lots"], None, 2, "--memory"),
     # refused while the sandbox is planned (a protected git entry is a symlink)
-    "symlinked-hooks": ([], _setup_symlinked_hooks, 125, "a protected git entry is a symlink"),
+    "symlinked-hooks": ([], _setup_symlinked_hooks, 2, "a protected git entry is a symlink"),
     # the payload cannot even start
     "not-found": ([], None, 127, "command not found"),
 }

@@ -127,23 +127,51 @@ def _snapshot(d: Path) -> dict[str, tuple[int, int]]:
     return {str(p.relative_to(d)): (p.stat().st_mtime_ns, p.stat().st_size) for p in d.rglob("*")}
 
 
-@pytest.mark.parametrize("flags", [
-    ["--bogus-flag"],
-    ["--memory", "2XB"],
-    ["--ro", "/does/not/exist"],
-    ["--pcap", "x"],
-    [],  # no command at all
-], ids=["unknown-flag", "bad-size", "missing-ro", "pcap-net-none", "no-command"])
-def test_bad_input_refused(boxy: Boxy, workdir: Path, flags: list[str]) -> None:
+BAD_INPUT = {
+    "unknown-flag": (["--bogus-flag"], "unrecognized"),
+    "bad-size": (["--memory", "2XB"], "is not a size"),
+    "missing-ro": (["--ro", "/does/not/exist"], "no such file or directory"),
+    "pcap-net-none": (["--pcap", "x"], "--pcap"),
+    "no-command": ([], "missing command"),
+    # the review's first hour (issue 8 §2)
+    "pids-1": (["--pids", "1"], "below the minimum of 8"),
+    "pids-2": (["--pids", "2"], "below the minimum of 8"),
+    "memory-1": (["--memory", "1"], "below the minimum of 1MiB (a plain number is bytes"),
+    "memory-1k": (["--memory", "1k"], "below the minimum of 1MiB"),
+    "memory-2.5": (["--memory", "2.5"], "below the minimum of 1MiB"),
+    "timeout-negative": (["--timeout", "-5s"], "--timeout: -5s is negative"),
+    "copy-to-root": (["--copy", "existing:/"], "the destination must name a file"),
+    "copy-to-usr": (["--copy", "existing:/usr/bin/x"], "read-only /usr; copy it under $HOME or /tmp"),
+    "copy-unreadable": (["--copy-ro", "locked"], "locked: not readable by you"),
+    "audit-log-dir": (["--audit-log", "."], "Is a directory"),
+    "audit-log-unwritable": (["--audit-log", "ro/audit.jsonl"], "Permission denied"),
+    "tcp-without-ports": (["--allow-host", "example.com/tcp"], "/tcp needs explicit ports"),
+    "offline-allow-host": (["-p", "offline", "--allow-host", "x.example"], "has no network"),
+    "newline-in-path": (["--ro", "/a\nb"], "--ro /a\\nb: no such file"),
+    "empty-command": (["EMPTY"], "the command is an empty string"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUT)
+def test_bad_input_refused(boxy: Boxy, workdir: Path, case: str) -> None:
+    flags, words = BAD_INPUT[case]
+    (workdir / "locked").write_text("secret")
+    (workdir / "ro").mkdir()
     (workdir / "existing").write_text("keep")
     boxy.user.chown(workdir)
+    (workdir / "locked").chmod(0)
+    (workdir / "ro").chmod(0o555)
     before = _snapshot(workdir)
     # If anything did start, it would leave `started` in the work directory.
     cmd = None if not flags else ["sh", "-c", "touch started"]
-    r = boxy.run(*NET, *flags, cmd=cmd, input=b"")
+    if flags == ["EMPTY"]:
+        flags, cmd = [], [""]
+    net = () if "-p" in flags or "--allow-host" in flags else NET
+    r = boxy.run(*net, *flags, cmd=cmd, input=b"")
     lines = err(r).splitlines()
     assert r.returncode == 2, (r.returncode, err(r))
     assert len(lines) == 1, lines
+    assert words in lines[0], lines
     assert "Traceback" not in err(r)
     assert lines[0].startswith("boxyctl: "), lines
     assert out(r) == ""
@@ -288,3 +316,29 @@ def test_a_huge_tree_does_not_stall_another_session(boxy: Boxy, user: User, huge
     assert still_walking, "the big run ended before the samples: they overlapped nothing"
     assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
     assert statistics.median(during) < 2 * idle, (during, idle)
+
+
+def test_mkdir_of_a_missing_directory_works_and_is_guarded(boxy: Boxy, user: User, workdir: Path) -> None:
+    """--mkdir's whole purpose (the claude preset's first run in every new project): the
+    directory is created, and what the payload plants in it is still checked."""
+    new = workdir.parent / f"{workdir.name}-made"
+    try:
+        r = boxy.sh(f"cd {new} && git init -q && printf '#!/bin/sh\\n' > .git/hooks/pre-commit && "
+                    "chmod +x .git/hooks/pre-commit && echo made", "--mkdir", str(new))
+        assert r.returncode == 0 and out(r) == "made\n", err(r)
+        assert new.is_dir()
+        assert "git guard: moved .git/hooks/pre-commit" in err(r), err(r)
+        assert not (new / ".git/hooks/pre-commit").exists()
+    finally:
+        subprocess.run(["rm", "-rf", str(new)], check=False)
+
+
+@pytest.mark.parametrize("where", ["home", "root"])
+def test_running_from_home_says_why(boxy: Boxy, user: User, where: str) -> None:
+    cwd = user.home if where == "home" else Path("/")
+    r = user.run([str(BIN / "boxyctl"), "run", "--net", "none", "--", "true"], cwd=cwd)
+    lines = err(r).splitlines()
+    assert r.returncode == 2 and len(lines) == 1, err(r)
+    verb = "is" if where == "home" else "holds"
+    assert f"{verb} your home directory {user.home}, whose keys and credentials are never exposed; " \
+           "run in a project directory, or pass -w ~/project" in lines[0]

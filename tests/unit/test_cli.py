@@ -172,7 +172,7 @@ def test_e_name_reads_the_client_environment():
         ),
         (["run", "--memory", "0", "ls"], "--memory: '0' is zero"),
         (["run", "--memory"], "--memory: expected one argument"),
-        (["run", "--pids", "-1", "ls"], "--pids: '-1' is not a whole number"),
+        (["run", "--pids", "-1", "ls"], "--pids: -1 is negative"),
         (["run", "--cpus", "0", "ls"], "--cpus: '0' is zero"),
         (["run", "--timeout", "soon", "ls"], "--timeout: 'soon' is not a duration"),
         (["run", "--pcap", "c", "--pcap-max", "1XB", "ls"], "--pcap-max: '1XB' is not a size"),

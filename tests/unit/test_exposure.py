@@ -59,16 +59,14 @@ def test_no_duplicates():
     assert len(listed) == len(set(listed))
 
 
-def check(exposed, realpath=lambda p: p):
-    check_exposed(exposed, sensitive_paths(ENV, HOME, 1000), realpath=realpath)
+def check(exposed, realpath=lambda p: p, exists=lambda p: True):
+    check_exposed(exposed, sensitive_paths(ENV, HOME, 1000), realpath=realpath, exists=exists)
 
 
 @pytest.mark.parametrize(
     "exposed,hit",
     [
-        (("--ro", "/home/u"), "/home/u/.gnupg"),
         (("--ro", "/home/u/.gnupg"), "/home/u/.gnupg"),
-        (("--rw", "/"), "/tmp/ssh-XYZ/agent.123"),
         (("--ro", "/tmp"), "/tmp/ssh-XYZ/agent.123"),
         (("--ro", "/tmp/ssh-XYZ"), "/tmp/ssh-XYZ/agent.123"),
         (("--ro", "/run/user"), "/run/user/1000/gnupg"),
@@ -91,10 +89,30 @@ def test_exposing_a_sensitive_tree_is_refused(exposed, hit):
 
 def test_message_shape():
     with pytest.raises(UsageError) as e:
-        check([("--ro", "/home/u")])
+        check([("--ro", "/home/u/.gnupg")])
     assert str(e.value) == (
-        "--ro /home/u: exposes /home/u/.gnupg (GPG home and agent socket); expose a narrower path"
+        "--ro /home/u/.gnupg: exposes /home/u/.gnupg (GPG home and agent socket); expose a narrower path"
     )
+
+
+@pytest.mark.parametrize("exposed,verb", [
+    (("workdir", "/home/u"), "is"), (("workdir", "/"), "holds"), (("--rw", "/home"), "holds"),
+    (("--ro", "/home/u"), "is"),
+])
+def test_the_home_directory_is_the_reason_given_first(exposed, verb):
+    """Running from $HOME or / names the real reason, not a socket inside."""
+    with pytest.raises(UsageError) as e:
+        check([exposed])
+    assert str(e.value).startswith(f"{exposed[0]} {exposed[1]}: {verb} your home directory /home/u, "
+                                   "whose keys and credentials are never exposed; run in a project")
+
+
+def test_absent_sensitive_paths_are_never_named():
+    present = {"/tmp"}
+    with pytest.raises(UsageError) as e:
+        check([("workdir", "/tmp")], exists=lambda p: p in present)
+    assert "exposes /tmp (the shared /tmp" in str(e.value)
+    check([("--ro", "/tmp/.X11-unix")], exists=lambda p: p in present)  # absent: nothing to name
 
 
 @pytest.mark.parametrize(
@@ -123,11 +141,12 @@ def test_symlinks_are_resolved_on_both_sides():
         check([("--ro", "/home/u/link")], realpath)
     # a home reached through a symlink still contains ~/.gnupg
     sens = sensitive_paths({}, "/home/u", 1000)
-    with pytest.raises(UsageError, match="/home/u/.gnupg"):
+    with pytest.raises(UsageError, match="your home directory /home/u"):
         check_exposed(
             [("--ro", "/data/homes/u")],
             sens,
             realpath=lambda p: {"/data/homes/u": "/home/u"}.get(p, p),
+            exists=lambda p: True,
         )
     # a sensitive path that resolves into the exposed tree is caught too
     with pytest.raises(UsageError, match="/home/u/.gnupg"):
@@ -135,12 +154,13 @@ def test_symlinks_are_resolved_on_both_sides():
             [("--ro", "/keys")],
             sens,
             realpath=lambda p: {"/home/u/.gnupg": "/keys/gnupg"}.get(p, p),
+            exists=lambda p: True,
         )
 
 
 def test_the_home_directory_itself_is_never_exposed() -> None:
     sens = sensitive_paths({}, "/home/u", 1000)
     for label, path in (("workdir", "/home/u"), ("--ro", "/home"), ("--rw", "/")):
-        with pytest.raises(UsageError, match="exposes"):
-            check_exposed([(label, path)], sens, realpath=lambda p: p)
-    check_exposed([("workdir", "/home/u/project")], sens, realpath=lambda p: p)
+        with pytest.raises(UsageError, match="your home directory"):
+            check_exposed([(label, path)], sens, realpath=lambda p: p, exists=lambda p: True)
+    check_exposed([("workdir", "/home/u/project")], sens, realpath=lambda p: p, exists=lambda p: True)

@@ -217,7 +217,7 @@ def test_destinations_table_exact_text() -> None:
                    final=True)
     log.conn(99, "tcp", "deny", "169.254.169.254", 80, reason="link-local / cloud metadata")
     assert destinations_table(log) == (
-        "boxy: network destinations (2)\n"
+        "network destinations (2)\n"
         "  DESTINATION       CONNS  DENIED  ADDRS  SENT     RECEIVED\n"
         "  registry.example  14     0       3      38.4KiB  6.1MiB\n"
         "  169.254.169.254   1      1       1      0B       0B\n"
@@ -234,7 +234,7 @@ def test_destinations_table_columns_follow_content() -> None:
 
 
 def test_destinations_table_empty() -> None:
-    assert destinations_table(NetLog()) == "boxy: network destinations (0)\n"
+    assert destinations_table(NetLog()) == ""  # a run that went nowhere says nothing
 
 
 # --- writing --------------------------------------------------------------------------

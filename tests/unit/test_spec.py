@@ -2,6 +2,7 @@
 
 import os
 import re
+import socket
 
 import pytest
 
@@ -199,8 +200,12 @@ def test_allow_host_implies_allowlist(fs):
     assert spec.allow_ports == []  # nas:22 stays with nas
 
 
-def test_allow_host_overrides_an_offline_profile(fs):
-    assert build(fs, profile="offline", allow_host=["a.example"]).net == "allowlist"
+def test_allow_host_with_an_offline_profile_needs_the_net_flag(fs):
+    """Not silently: `-p offline --allow-host x` is refused like `--net none --allow-host x`."""
+    with pytest.raises(UsageError, match="the profile offline has no network .net: none.; give "
+                                         "--net allowlist as well"):
+        build(fs, profile="offline", allow_host=["a.example"])
+    assert build(fs, profile="offline", allow_host=["a.example"], net="allowlist").net == "allowlist"
 
 
 def test_registry_templates_resolved(fs):
@@ -336,14 +341,18 @@ def test_env(fs):
 
 
 def test_exposure_checked_for_workdir_and_flags(fs):
-    with pytest.raises(UsageError, match=r"workdir .*/home: exposes .*/home/.gnupg \(GPG"):
+    with pytest.raises(UsageError, match=r"workdir .*/home: is your home directory .*/home, whose keys"):
         build(fs, workdir=fs["home"])
     sock_dir = fs["home"] + "/data"
+    os.makedirs(sock_dir, exist_ok=True)
+    agent = socket.socket(socket.AF_UNIX)
+    agent.bind(sock_dir + "/agent")  # only a path that exists is ever named
     with pytest.raises(
         UsageError, match=r"--ro .*/data: exposes .*/data/agent \(SSH agent socket\)"
     ):
         build(fs, ro=[sock_dir], client_env={"SSH_AUTH_SOCK": sock_dir + "/agent"})
-    with pytest.raises(UsageError, match="--ro /: exposes"):
+    agent.close()
+    with pytest.raises(UsageError, match="--ro /: holds your home directory"):
         build(fs, ro=["/"])
 
 
@@ -367,7 +376,7 @@ def test_from_the_command_line(fs):
 
 def test_exposure_message_names_the_profile(fs):
     path = profile_file(fs, "filesystem:\n  ro: ['{home}']\n")
-    with pytest.raises(UsageError, match=f"profile {path}: filesystem.ro .*/home: exposes"):
+    with pytest.raises(UsageError, match=f"profile {path}: filesystem.ro .*/home: is your home directory"):
         build(fs, profile=path)
 
 

@@ -307,8 +307,10 @@ def _refuse_negative(argv: list[str]) -> None:
 def parse(argv: list[str], *, environ: dict[str, str], cwd: str, prog: str = "boxyctl") -> Command:
     """Parse ``argv`` (without the program name). Raises UsageError with one line;
     --help gives Command('help', {'text': …}), --version Command('version')."""
-    if not cwd.startswith("/"):
-        raise UsageError(f"the current directory {cwd!r} is not an absolute path")
+    if argv[:1] == ["run"] and not cwd.startswith("/"):
+        raise UsageError("the current directory was removed (or is not reachable): cd to a "
+                         "project directory and run again" if not cwd else
+                         f"the current directory {cwd!r} is not an absolute path")
     if argv[:1] == ["run"]:
         _refuse_negative(argv[1:])
         fast = _fast_run(argv[1:])

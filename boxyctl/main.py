@@ -4,6 +4,8 @@ dnspython to run a command: start-up time is part of every sandboxed run."""
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import os
 import signal
 import sys
@@ -25,15 +27,59 @@ def say(msg: str) -> None:
     is shown escaped: one line, and nothing that drives the terminal."""
     end = "\r\n" if os.isatty(2) else "\n"
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in msg)
-    os.write(2, f"{_prog()}: {text}{end}".encode(errors="replace"))
+    with contextlib.suppress(OSError):  # stderr closed or full: nowhere left to say it
+        os.write(2, f"{_prog()}: {text}{end}".encode(errors="replace"))
+
+
+class _ClosedStdout(io.TextIOBase):
+    """sys.stdout when boxyctl was started with it closed: a write fails as it would."""
+
+    def write(self, s: str) -> int:
+        raise OSError(errno.EBADF, "it is closed")
+
+    def fileno(self) -> int:
+        raise OSError(errno.EBADF, "it is closed")
+
+
+def _cwd() -> str:
+    """The current directory, or "" when it was removed (cli.parse says so for `run`)."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return ""
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Never a traceback, whatever state stdout or the current directory is in: one
+    line on stderr and an exit status (BOXY_DEBUG=1 shows the traceback of a bug)."""
+    if sys.stdout is None:  # started with fd 1 closed
+        os.open(os.devnull, os.O_WRONLY)  # holds fd 1: no socket of ours may land there
+        sys.stdout = _ClosedStdout()
+    try:
+        status = _main(argv)
+        sys.stdout.flush()
+        return status
+    except OSError as e:  # stdout closed, full (/dev/full) or a closed pipe
+        if e.errno not in (errno.EBADF, errno.ENOSPC, errno.EPIPE, errno.EIO):
+            raise
+        say(f"cannot write to standard output: {e.strerror}")
+        # the interpreter flushes stdout again at exit: let that one land nowhere
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        return 1
+    except Exception as e:  # a bug: still one line
+        if os.environ.get("BOXY_DEBUG"):
+            raise
+        say(f"internal error: {type(e).__name__}: {e} (BOXY_DEBUG=1 shows where)")
+        return 1
+
+
+def _main(argv: list[str] | None) -> int:
     from boxyctl import cli
 
     argv = sys.argv[1:] if argv is None else argv
     try:
-        cmd = cli.parse(argv, environ=dict(os.environ), cwd=os.getcwd(), prog=_prog())
+        cmd = cli.parse(argv, environ=dict(os.environ), cwd=_cwd(), prog=_prog())
         if cmd.name == "help":
             sys.stdout.write(cmd.args["text"])
             return 0

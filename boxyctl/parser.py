@@ -49,7 +49,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         if width is None:
             try:
                 width = os.get_terminal_size(sys.stdout.fileno()).columns - 2
-            except (OSError, ValueError):
+            except (OSError, ValueError, AttributeError):  # not a terminal, or no stdout
                 width = 78
         super().__init__(prog, indent_increment, max_help_position, width)
 

@@ -8,11 +8,20 @@ from boxyd.errors import DaemonError
 
 
 def runtime_dir() -> Path:
-    """$XDG_RUNTIME_DIR/boxy, or /tmp/boxy-UID when no runtime directory is set."""
+    """$XDG_RUNTIME_DIR/boxy; without it /run/user/UID/boxy when that directory exists
+    and is the user's own (what systemd makes it: so that a shell without the variable
+    finds the same daemon as one with it); /tmp/boxy-UID only when neither exists."""
     base = os.environ.get("XDG_RUNTIME_DIR")
     if base and os.path.isabs(base):
         return Path(base) / "boxy"
-    return Path(f"/tmp/boxy-{os.getuid()}")
+    uid = os.getuid()
+    try:
+        st = os.stat(f"/run/user/{uid}", follow_symlinks=False)
+    except OSError:
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077:
+        return Path(f"/run/user/{uid}/boxy")
+    return Path(f"/tmp/boxy-{uid}")
 
 
 def socket_path() -> Path:

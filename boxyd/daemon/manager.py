@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from boxyd import masking, mountplan, worktree
+from boxyd import masking, mountplan, units, worktree
 from boxyd.buildid import build_id
 from boxyd.daemon.launcher import Stage2, Template
 from boxyd.daemon.pty import PtyRelay
@@ -37,6 +37,7 @@ log = logging.getLogger("boxyd")
 GRACE = 5.0  # seconds between SIGTERM and SIGKILL (timeout, stop)
 KEEP_FINISHED = 64  # finished sessions kept in memory (the rest live in their records)
 MAX_AUDIT = 50_000  # records kept per session for --audit-log (a flood is counted, not kept)
+EXIT_TIMEOUT = 124  # as timeout(1)
 EXIT_SETUP = 125
 EXIT_NOEXEC = 126
 EXIT_NOTFOUND = 127
@@ -340,8 +341,8 @@ class Manager:
                  note="sizes the scratch tmpfs only")
         s.record("cgroup", limit="pids", value=spec.pids, enforced=True, by="RLIMIT_NPROC")
         if spec.verbose:
-            out.append(f"--memory {spec.memory}: sizes the scratch tmpfs ($HOME, /tmp, /dev/shm); the memory "
-                       "limit itself is not enforced (no memory controller)")
+            out.append(f"--memory {units.format_size(spec.memory)}: sizes the scratch tmpfs ($HOME, /tmp, "
+                       "/dev/shm); the memory limit itself is not enforced (no memory controller)")
             out.append(f"--pids {spec.pids}: enforced with RLIMIT_NPROC in the sandbox's user namespace")
             out.extend(spec.notes)
         return out
@@ -368,15 +369,19 @@ class Manager:
                 out["message"] = "killed by seccomp: the payload made a forbidden system call"
                 s.record("seccomp", action="kill", signal=sig)
             if s.timed_out:
-                out["reason"] = "timeout"
-                out["message"] = f"timed out after {s.spec.timeout:g}s"
+                out.update(self._timed_out(s))
             return out
         code = int(final.get("exit", EXIT_SETUP))
         out = {"exit_status": code, "reason": "exit"}
-        if s.timed_out:
-            out["reason"] = "timeout"
-            out["message"] = f"timed out after {s.spec.timeout:g}s"
+        if s.timed_out:  # even a payload that caught SIGTERM and exited 0
+            out.update(self._timed_out(s))
         return out
+
+    @staticmethod
+    def _timed_out(s: Session) -> dict:
+        """timeout(1)'s status, 124, and a line that says so."""
+        return {"exit_status": EXIT_TIMEOUT, "reason": "timeout",
+                "message": f"timed out after {units.format_duration(s.spec.timeout or 0)}"}
 
     def _quarantine(self, s: Session):
         return state_dir() / "quarantine" / s.id

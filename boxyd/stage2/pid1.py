@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import errno
 import fcntl
 import json
 import os
@@ -162,6 +163,22 @@ def confine(plan: Plan) -> list[str]:
     return notes
 
 
+def execvp_like_libc(argv: list[str], env: dict[str, str]) -> None:
+    """os.execvpe, and then what libc's execvp does that Python's does not: a file the
+    kernel will not run (ENOEXEC: a script without #!) runs through /bin/sh."""
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as e:
+        if e.errno != errno.ENOEXEC:
+            raise
+    path = argv[0]
+    if "/" not in path:
+        dirs = env.get("PATH", os.defpath).split(":")
+        path = next((os.path.join(d or ".", argv[0]) for d in dirs
+                     if os.access(os.path.join(d or ".", argv[0]), os.X_OK)), argv[0])
+    os.execve("/bin/sh", ["/bin/sh", path, *argv[1:]], env)
+
+
 def start_payload(plan: Plan) -> int:
     """Step 10: fork; the child gets its own process group (the terminal's foreground),
     exactly fds 0–2, default signal dispositions, and execs the payload."""
@@ -177,7 +194,7 @@ def start_payload(plan: Plan) -> int:
                 signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, [])
             os.close(STATUS_FD)
-            os.execvpe(plan.argv[0], plan.argv, plan.env)
+            execvp_like_libc(plan.argv, plan.env)
         except OSError as e:
             os.write(err_w, str(e.errno or 0).encode())
         os._exit(127)

@@ -136,8 +136,17 @@ def test_timeout_stops_sleep(boxy: Boxy) -> None:
     elapsed = time.monotonic() - t0
     assert elapsed < 10, f"took {elapsed:.1f}s"
     assert elapsed >= 1.5, f"stopped before the timeout ({elapsed:.1f}s)"
-    assert r.returncode in (143, 137), (r.returncode, r.stderr)
-    assert "timed out" in r.stderr.decode(), r.stderr
+    assert r.returncode == 124, (r.returncode, r.stderr)  # as timeout(1)
+    assert "boxyctl: timed out after 2s" in r.stderr.decode(), r.stderr
+
+
+def test_a_timeout_is_never_invisible(boxy: Boxy) -> None:
+    """A payload that handles SIGTERM and exits 0 still makes the run exit 124."""
+    r = boxy.sh("trap 'exit 0' TERM; echo TRIED; sleep 30 & wait", "--timeout", "1s", input=b"",
+                timeout=40)
+    assert b"TRIED" in r.stdout
+    assert r.returncode == 124, (r.returncode, r.stderr)
+    assert "boxyctl: timed out after 1s" in r.stderr.decode(), r.stderr
 
 
 def test_timeout_with_sigterm_ignored(boxy: Boxy) -> None:
@@ -147,7 +156,7 @@ def test_timeout_with_sigterm_ignored(boxy: Boxy) -> None:
                 "--timeout", "1s", input=b"", timeout=40)
     elapsed = time.monotonic() - t0
     assert b"TRIED" in r.stdout
-    assert r.returncode == 137, (r.returncode, r.stderr)
+    assert r.returncode == 124, (r.returncode, r.stderr)
     assert elapsed < 15, f"took {elapsed:.1f}s"
     assert "timed out" in r.stderr.decode(), r.stderr
 

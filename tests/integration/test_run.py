@@ -342,3 +342,37 @@ def test_running_from_home_says_why(boxy: Boxy, user: User, where: str) -> None:
     verb = "is" if where == "home" else "holds"
     assert f"{verb} your home directory {user.home}, whose keys and credentials are never exposed; " \
            "run in a project directory, or pass -w ~/project" in lines[0]
+
+
+def test_a_script_without_shebang_runs_through_sh(boxy: Boxy, workdir: Path) -> None:
+    """As execvp(3) (and bwrap) do: the kernel's ENOEXEC means /bin/sh reads it."""
+    script = workdir / "plain-script"
+    script.write_text('echo "ran with $# args: $1"\n')
+    script.chmod(0o755)
+    boxy.user.chown(workdir)
+    r = boxy.run(*NET, cmd=["./plain-script", "one"], input=b"")
+    assert r.returncode == 0 and out(r) == "ran with 1 args: one\n", err(r)
+    r = boxy.run(*NET, "-e", f"PATH={workdir}:/usr/bin:/bin", cmd=["plain-script"], input=b"")
+    assert r.returncode == 0 and out(r) == "ran with 0 args: \n", err(r)
+
+
+def test_verbose_sizes_as_people_write_them(boxy: Boxy) -> None:
+    r = boxy.sh("true", "-v", "--memory", "2GiB")
+    assert "--memory 2.0GiB: sizes the scratch tmpfs" in err(r), err(r)
+
+
+def test_one_daemon_with_or_without_xdg_runtime_dir(boxy: Boxy, user: User) -> None:
+    """Without XDG_RUNTIME_DIR the client looks in /run/user/UID, as systemd makes it:
+    one user never gets two daemons."""
+    with_var = user.run([str(BIN / "boxyctl"), "run", "--net", "none", "--", "true"], cwd=boxy.workdir)
+    assert with_var.returncode == 0, err(with_var)
+    env = {k: v for k, v in user.env().items() if k != "XDG_RUNTIME_DIR"}
+    argv = ["env", "-i", *(f"{k}={v}" for k, v in env.items()), str(BIN / "boxyctl"), "daemon", "status"]
+    import os as _os
+
+    cmd = argv if _os.getuid() == user.uid else ["runuser", "-u", user.name, "--", *argv]
+    without = subprocess.run(cmd, capture_output=True, timeout=30)
+    status = user.run([str(BIN / "boxyctl"), "daemon", "status"])
+    pid = status.stdout.split(b"pid ")[1].split()[0] if b"pid " in status.stdout else b"?"
+    assert b"running" in without.stdout and f"pid {pid.decode()} ".encode() in without.stdout, \
+        (without, status)

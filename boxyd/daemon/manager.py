@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from boxyd import masking, mountplan, units, worktree
+from boxyd import masking, mountplan, retention, units, worktree
 from boxyd.buildid import build_id
 from boxyd.daemon.launcher import Stage2, Template
 from boxyd.daemon.pty import PtyRelay
@@ -455,3 +455,6 @@ class Manager:
             (d / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
         except (OSError, BoxyError) as e:
             log.warning("session record %s: %s", s.id, e)
+            return
+        # a bounded history: pruning lists directories, so not on the event loop
+        asyncio.get_running_loop().run_in_executor(None, retention.prune_state, base)

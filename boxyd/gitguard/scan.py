@@ -335,8 +335,14 @@ def scan(root: str, before: Snapshot, quarantine: str, home: str | None = None,
     """Quarantine the control entries of ``root`` that are new or changed since
     ``before`` and would make git run a command; returns what was found."""
     findings: list[Finding] = []
-    os.makedirs(quarantine, mode=0o700, exist_ok=True)
-    q_fd = os.open(quarantine, O_DIR)
+    q_fds: list[int] = []  # the quarantine, made with the first finding (none: no directory)
+
+    def q_fd() -> int:
+        if not q_fds:
+            os.makedirs(quarantine, mode=0o700, exist_ok=True)
+            q_fds.append(os.open(quarantine, O_DIR))
+        return q_fds[0]
+
     root_fd = discover.open_root(root)
     judge = _Judge(root, root_fd)
     try:
@@ -365,7 +371,7 @@ def scan(root: str, before: Snapshot, quarantine: str, home: str | None = None,
                     reason, keys = verdict
                     keys = keys + tuple(k for k in named if k not in keys)
                     try:
-                        dest = _move(pfd, c.rel, quarantine, q_fd)
+                        dest = _move(pfd, c.rel, quarantine, q_fd())
                     except OSError as exc:
                         reason = f"{reason}; could not be moved: {os.strerror(exc.errno or 0)}"
                         dest = ""
@@ -379,7 +385,8 @@ def scan(root: str, before: Snapshot, quarantine: str, home: str | None = None,
                 )
     finally:
         os.close(root_fd)
-        os.close(q_fd)
+        for fd in q_fds:
+            os.close(fd)
     return findings
 
 

@@ -32,10 +32,7 @@ CASES = {
 def test_no_traceback(user: User, workdir: Path, case: str) -> None:
     how, args, status, words = CASES[case]
     cmd = shlex.join([BOXYCTL, *args])
-    if how == "gone":
-        script = f"mkdir gone && cd gone && rmdir ../gone && {cmd}"
-    else:
-        script = f"{cmd} {how}"
+    script = f"mkdir gone && cd gone && rmdir ../gone && {cmd}" if how == "gone" else f"{cmd} {how}"
     r = user.run(["bash", "-c", script], cwd=workdir, timeout=60)
     err = r.stderr.decode()
     assert "Traceback" not in err and "Exception ignored" not in err, err

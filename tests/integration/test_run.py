@@ -376,3 +376,14 @@ def test_one_daemon_with_or_without_xdg_runtime_dir(boxy: Boxy, user: User) -> N
     pid = status.stdout.split(b"pid ")[1].split()[0] if b"pid " in status.stdout else b"?"
     assert b"running" in without.stdout and f"pid {pid.decode()} ".encode() in without.stdout, \
         (without, status)
+
+
+def test_a_clean_run_leaves_no_quarantine_directory(boxy: Boxy, user: User, workdir: Path) -> None:
+    subprocess.run(["git", "init", "-q", str(workdir)], check=True)
+    user.chown(workdir)
+    q = user.home / ".local/state/boxy/quarantine"
+    before = set(os.listdir(q)) if q.exists() else set()
+    r = boxy.sh("true")
+    assert r.returncode == 0, err(r)
+    after = set(os.listdir(q)) if q.exists() else set()
+    assert after == before, f"a run with nothing to quarantine made {after - before}"

@@ -226,6 +226,10 @@ def build_spec(
     spec.net = net_flag or ("allowlist" if flag_hosts else None) or prof.net or DEFAULT_NET
     if spec.net == "allowlist":
         hosts = profiles.resolve_hosts(prof.allow_hosts, registry, source=src, notes=notes)
+        if prof.allow_hosts and not hosts and not flag_hosts:  # never a silent empty allowlist
+            raise UsageError(f"profile {prof.name}: no host to allow: {', '.join(prof.allow_hosts)} "
+                             "could not be read from the tool's configuration (is the tool "
+                             "installed, and on your PATH?); name the host with --allow-host HOST")
     else:
         hosts = []
         if prof.allow_hosts:

@@ -21,6 +21,7 @@ from boxyd.net.dnsproxy import DnsProxy
 from boxyd.net.gateway import LISTENERS, Gateway
 from boxyd.net.hostnet import UPSTREAM_ENV, upstream_servers
 from boxyd.net.policy import NetPolicy
+from boxyd.net.refusals import Tally
 from boxyd.plan import File, Plan
 from boxyd.spec import RunSpec
 
@@ -65,6 +66,7 @@ class Network:
             self._capture = pcap.Writer(outputs.pcap, spec.pcap_max)
         self._notices = 0
         self._muted = 0
+        self.refused = Tally()
         record("net.policy", mode=spec.net, allow_hosts=spec.allow_hosts,
                allow_ports=sorted(self.policy.global_ports),
                allow_cidrs=spec.allow_cidrs, tailscale=spec.tailscale)
@@ -101,6 +103,7 @@ class Network:
     def _event(self, ev: dict) -> None:
         fields = {k: v for k, v in ev.items() if v not in (None, "") and k != "layer"}
         self.record(str(ev.get("layer", "net")), **fields)
+        self.refused.add(ev)
         if ev.get("verdict") == "deny" and self.spec.verbose and self.notice is not None:
             if self._notices < MAX_NOTICES:
                 self._notices += 1
@@ -118,6 +121,7 @@ class Network:
         await self.gateway.close()
         log_ = self.gateway.netlog
         notes = out.setdefault("notes", [])
+        notes += self.refused.lines()  # said without -v: a silent refusal looks like a broken network
         if self._muted:
             notes.append(f"-v: {self._muted} more denials not shown (see --audit-log)")
         if self._netlog_fd is not None:

@@ -244,9 +244,12 @@ def test_tilde_without_home():
     assert "HOME is not set" in refused("run", "--ro", "~/x", "ls", environ={})
 
 
-def test_relative_cwd_refused():
+def test_relative_or_removed_cwd_refused_for_run_only():
     with pytest.raises(UsageError, match="not an absolute path"):
-        parse(["ps"], environ=ENV, cwd="rel")
+        parse(["run", "--", "ls"], environ=ENV, cwd="rel")
+    with pytest.raises(UsageError, match="the current directory was removed"):
+        parse(["run", "--", "ls"], environ=ENV, cwd="")
+    assert parse(["ps"], environ=ENV, cwd="").name == "ps"  # needs no directory
 
 
 @pytest.mark.parametrize(

@@ -218,12 +218,17 @@ def test_registry_templates_resolved(fs):
     # the sandboxed npm is told the registry the allowlist names (it cannot read ~/.npmrc)
     assert spec.env["npm_config_registry"] == "https://npm.mirror.example/npm/"
     assert "npm_config_cafile" not in spec.env  # none configured: npm's default
-    spec = build(fs, profile="python", registry=lambda name: None)
-    assert spec.allow_hosts == []
+    spec = build(fs, profile="python", registry={"pip_index": "pypi.mirror.example"}.get)
+    assert spec.allow_hosts == ["pypi.mirror.example"]
     assert [n for n in spec.notes if "dropped" in n] == [
-        "profile python: allow_hosts {pip_index}: no {pip_index} configured; dropped",
         "profile python: allow_hosts {pip_files}: no {pip_files} configured; dropped"]
     assert "PIP_INDEX_URL" not in spec.env
+    # nothing at all to allow: an error naming the cause and the flag, never an empty allowlist
+    with pytest.raises(UsageError, match=r"profile python: no host to allow: \{pip_index\}, "
+                                         r"\{pip_files\} could not be read .* --allow-host HOST"):
+        build(fs, profile="python", registry=lambda name: None)
+    assert build(fs, profile="python", registry=lambda name: None,
+                 allow_host=["pypi.mirror.example"]).allow_hosts == ["pypi.mirror.example"]
 
 
 def test_profile_hosts_unused_with_public(fs):
@@ -291,7 +296,8 @@ def test_refusals(fs, options, message):
 
 
 def test_limits_flags_override_profile(fs):
-    spec = build(fs, profile="node", memory=1 << 30, pids=64, cpus=1.5, timeout=60.0)
+    spec = build(fs, profile="node", memory=1 << 30, pids=64, cpus=1.5, timeout=60.0,
+                 registry={"npm_registry": "npm.mirror.example"}.get)
     assert (spec.memory, spec.pids, spec.cpus, spec.timeout) == (1 << 30, 64, 1.5, 60.0)
 
 

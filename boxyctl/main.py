@@ -211,6 +211,14 @@ def _run_once(client, args: dict) -> int:
     raw.callback(signal.setitimer, signal.ITIMER_REAL, 0)  # no liveness ping past the run
     final: dict = {}
     with raw:
+        if os.isatty(0) and not args["options"].get("detach"):
+            from boxyctl import tty  # threading and termios: only for a terminal
+            from boxyd import termsettings
+
+            # Raw before the payload can write a byte (its first lines came out as
+            # \r\r\n otherwise); the sandbox's PTY gets the settings from before.
+            args = {**args, "terminal": termsettings.capture(0)}
+            raw.enter_context(tty.raw_mode(0))
         for reply in client.stream(f"{IFACE}.Run", args, fds=_stdio()):
             if "notice" in reply:  # -v: a denial, as it happens
                 say(str(reply["notice"]))
@@ -218,10 +226,7 @@ def _run_once(client, args: dict) -> int:
                 sid.append(reply["id"])
                 for w in reply.get("warnings", []):
                     say(w)
-                if os.isatty(0) and not args["options"].get("detach"):
-                    from boxyctl import tty  # threading and termios: only for a terminal
-
-                    raw.enter_context(tty.raw_mode(0))
+                if "terminal" in args:
                     tty.on_winch(winch)
             else:
                 final = reply

@@ -60,6 +60,8 @@ class Session:
     # an overlapping tree inherits them (guard.py)
     baselines: dict[str, Snapshot] = field(default_factory=dict)
     outputs: Outputs = field(default_factory=Outputs)  # --audit-log, --net-log, --pcap
+    # the client terminal's settings from before it went raw (termsettings.capture)
+    terminal: dict | None = None
     trees: dict[str, worktree.Tree] = field(default_factory=dict)  # the walk before the run
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -72,6 +74,19 @@ class Session:
             self.audit_dropped += 1
             return
         self.audit.append({"t": round(time.time(), 3), "session": self.id, "layer": layer, **fields})
+
+
+def _terminal_settings(value: object) -> dict | None:
+    """The client's termios and window size as it sent them (checked for shape only:
+    they are the user's own; PID 1 applies them and refuses a bad one)."""
+    if not isinstance(value, dict):
+        return None
+    attrs, size = value.get("termios"), value.get("winsize")
+    if (isinstance(attrs, list) and len(attrs) == 7 and all(isinstance(a, int) for a in attrs[:6])
+            and isinstance(attrs[6], list) and all(isinstance(c, int) for c in attrs[6])
+            and isinstance(size, list) and len(size) == 4 and all(isinstance(v, int) for v in size)):
+        return {"termios": attrs, "winsize": size}
+    return None
 
 
 class Manager:
@@ -153,7 +168,8 @@ class Manager:
                        for r in mountplan.writable_roots(x)]
             outputs = await asyncio.to_thread(open_outputs, spec.audit_log, spec.net_log, spec.pcap,
                                               hostile)
-            session = Session(id=secrets.token_hex(4), spec=spec, outputs=outputs)
+            session = Session(id=secrets.token_hex(4), spec=spec, outputs=outputs,
+                              terminal=_terminal_settings(params.get("terminal")))
             if spec.net != "none":
                 # The gateway's modules (dnspython among them) load with the first
                 # networked run, not with the daemon: --net none never pays for them.
@@ -185,6 +201,8 @@ class Manager:
         placeholders: list[int] = []
         try:
             s.pty = self._terminal(fds)
+            if s.pty is not None and s.terminal is not None:
+                s.pty.settings = s.terminal  # the client is raw already: its settings from before
             if s.pty is not None:
                 # PID 1 puts the slave of a PTY in the sandbox's own devpts at these
                 # positions; until then they hold /dev/null, never the host terminal.

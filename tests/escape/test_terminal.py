@@ -251,3 +251,14 @@ def test_window_size_propagated(user: User, workdir: Path) -> None:
 def test_exit_status_through_pty(user: User, workdir: Path, script: str, status: int) -> None:
     r = run_on_pty(user, workdir, ["--net", "none"], ["sh", "-c", script])
     assert r.returncode == status, r.tty
+
+
+def test_first_lines_never_race_raw_mode(user: User, workdir: Path) -> None:
+    """The client is raw before the payload can write: output from its very first
+    instant comes out as the sandbox's PTY wrote it (\\r\\n), never the host
+    terminal's own translation on top (\\r\\r\\n; about one run in seven before)."""
+    for _ in range(12):
+        r = run_on_pty(user, workdir, ["--net", "none"], ["printf", "a\\nb\\n"])
+        assert r.returncode == 0, r.tty
+        # run_on_pty folds \r\n to \n: a doubled \r would be left over
+        assert "a\nb\n" in r.tty and "\r" not in r.tty, repr(r.tty)

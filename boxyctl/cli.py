@@ -98,13 +98,13 @@ RUN_FLAGS: tuple[Flag, ...] = (
     Flag(('--copy',), 'append', metavar='SRC[:DST]', help='copy one file in, writable (repeatable)'),
     Flag(('--copy-ro',), 'append', metavar='SRC[:DST]', help='copy one file in, read-only (repeatable)'),
     Flag(('-w', '--workdir'), 'value', metavar='PATH', help='working directory, read-write (default: the current directory)'),
-    Flag(('--net',), 'value', choices=('public', 'allowlist', 'none'), help='network mode'),
+    Flag(('--net',), 'value', choices=('public', 'allowlist', 'none'), help="network mode (default: the profile's; public without one; allowlist with --allow-host)"),
     Flag(('--allow-host',), 'append', metavar='HOST[:PORT[,PORT]][/udp]', help='reachable host name, or an address (that address only); implies allowlist (repeatable)'),
     Flag(('--allow-port',), 'append', metavar='N', help='permitted outbound TCP port in allowlist mode; replaces the default 80, 443 (repeatable)'),
     Flag(('--allow-cidr',), 'append', metavar='CIDR', help='lift the private-address denial for a range (its hosts still need --allow-host) (repeatable)'),
     Flag(('--tailscale',), 'true', help="reach this machine's tailnet by MagicDNS name"),
     Flag(('-e', '--env'), 'append', metavar='NAME[=VAL]', help='pass (NAME) or set (NAME=VAL) an environment variable (repeatable)'),
-    Flag(('--memory',), 'value', metavar='SIZE', help='memory limit (default 2GiB)'),
+    Flag(('--memory',), 'value', metavar='SIZE', help='size of the scratch tmpfs ($HOME, /tmp, /dev/shm), and the memory limit where a controller is delegated (default 2GiB)'),
     Flag(('--pids',), 'value', metavar='N', help='process/thread limit (default 512)'),
     Flag(('--cpus',), 'value', metavar='N', help='CPU limit, fractions allowed'),
     Flag(('--timeout',), 'value', metavar='DURATION', help='stop the run after this long (e.g. 10m, 1h30m)'),
@@ -113,9 +113,9 @@ RUN_FLAGS: tuple[Flag, ...] = (
     Flag(('--pcap',), 'value', metavar='FILE', help="every packet on the sandbox's link, pcap format"),
     Flag(('--pcap-max',), 'value', metavar='SIZE', help='stop the capture at this size (default 1GiB)'),
     Flag(('--seccomp',), 'value', choices=('strict', 'compat'), help='strict (default) or compat (kills become EPERM)'),
-    Flag(('--tty',), 'true', help='expose /dev/tty to the sandbox'),
+    Flag(('--tty',), 'true', help='require a terminal: refused unless stdin, stdout or stderr is one (a terminal is always relayed through a PTY)'),
     Flag(('-v', '--verbose'), 'true', help='report denials and skipped entries on stderr'),
-    Flag(('-d', '--detach'), 'true', help='print the session id and do not attach'),
+    Flag(('-d', '--detach'), 'true', help='print the session id and do not attach (refused in this build: sessions cannot be attached yet)'),
 )
 # fmt: on
 _BY_NAME = {name: f for f in RUN_FLAGS for name in f.names}

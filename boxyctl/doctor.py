@@ -19,13 +19,36 @@ def _color(stream: TextIO) -> bool:
     return stream.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
 
 
+# What provides each line, said when it is missing.
+TO_GET_IT = {
+    "landlock": "a kernel with Landlock (5.13+) enabled in its lsm= list",
+    "landlock-unix": "a kernel whose Landlock has ABI 9 (unix-socket rights)",
+    "seccomp": "a kernel built with seccomp filters (CONFIG_SECCOMP_FILTER)",
+    "userns": "unprivileged user namespaces (user.max_user_namespaces > 0; on Debian "
+              "kernel.unprivileged_userns_clone=1)",
+    "apparmor": "boxy's AppArmor profile: sudo packaging/install-apparmor.sh .venv/bin/python3",
+    "nftables": "nf_tables with TPROXY and fib, and Debian's libnftables1 and python3-nftables",
+    "veth": "the veth kernel module",
+    "dns-upstream": "a nameserver in /etc/resolv.conf, or BOXY_UPSTREAM_DNS=HOST[:PORT]",
+    "ipv6-route": "an IPv6 default route on the host",
+    "git": "git config --global safe.bareRepository explicit (git 2.38 or later)",
+    "cgroup2": "systemd.unified_cgroup_hierarchy=1 on the kernel command line, and a user "
+               "manager (systemd --user) that delegates memory, pids and cpu",
+    "systemd-user": "a login session, or loginctl enable-linger $USER",
+    "session-bus": "dbus-user-session, started by the user manager",
+}
+
+
 def render(results: list[Check], color: bool = False) -> list[str]:
-    """` + name  ok       detail` / ` - name  missing  detail`, names and verdicts aligned."""
+    """` + name  ok       required  detail` / ` - name  missing  optional  detail; to
+    get it: …`, columns aligned. Required lines are the ones boxy cannot run without."""
     width = max((len(c.name) for c in results), default=0)
     lines = []
     for c in results:
         sign, verdict = ("+", "ok") if c.ok else ("-", "missing")
-        line = f" {sign} {c.name:<{width}}  {verdict:<7}  {c.detail}"
+        need = "required" if c.hard else "optional"
+        fix = f"; to get it: {TO_GET_IT[c.name]}" if not c.ok and c.name in TO_GET_IT else ""
+        line = f" {sign} {c.name:<{width}}  {verdict:<7}  {need}  {c.detail}{fix}"
         lines.append(f"{RED}{line}{RESET}" if color and not c.ok else line)
     return lines
 

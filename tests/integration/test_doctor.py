@@ -41,7 +41,8 @@ NAMES = (
 )
 HARD = {"landlock", "seccomp", "userns", "apparmor"}
 LINE = re.compile(
-    r"^ (?P<sign>[+-]) (?P<name>[a-z0-9-]+) +(?P<verdict>ok|missing) +(?P<detail>\S.*)$"
+    r"^ (?P<sign>[+-]) (?P<name>[a-z0-9-]+) +(?P<verdict>ok|missing) +(?P<need>required|optional)"
+    r" +(?P<detail>\S.*)$"
 )
 AS_USER = ["runuser", "-u", "nobody", "--"] if os.geteuid() == 0 else []
 
@@ -301,10 +302,10 @@ def test_user_manager_and_session_bus_found_by_their_sockets(runtime_dir: Path) 
 
 def test_missing_lines_are_red_only_on_a_terminal() -> None:
     results = [Check("a", True, "fine", False), Check("bb", False, "gone", False)]
-    assert render(results) == [" + a   ok       fine", " - bb  missing  gone"]
+    assert render(results) == [" + a   ok       optional  fine", " - bb  missing  optional  gone"]
     colored = render(results, color=True)
-    assert colored[0] == " + a   ok       fine"
-    assert colored[1] == "\x1b[31m - bb  missing  gone\x1b[0m"
+    assert colored[0] == " + a   ok       optional  fine"
+    assert colored[1] == "\x1b[31m - bb  missing  optional  gone\x1b[0m"
     # And the real command decides by isatty: under a pty the '-' lines are red.
     master, slave = pty.openpty()
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "TERM": "xterm"}
@@ -359,3 +360,15 @@ def test_git_line_agrees_with_git_config(tmp_path: Path, value: str | None, ok: 
     line = parse(r.stdout)["git"]
     assert (line["verdict"] == "ok") is ok, r.stdout
     assert f"safe.bareRepository={value or 'all (unset)'}" in line["detail"]
+
+
+def test_lines_say_required_or_optional_and_how_to_get_what_is_missing(
+    lines: dict[str, re.Match[str]],
+) -> None:
+    from boxyctl.doctor import TO_GET_IT
+
+    for name, m in lines.items():
+        assert (m["need"] == "required") == (name in HARD), m.group(0)
+        if m["verdict"] == "missing":
+            assert m["detail"].endswith(f"; to get it: {TO_GET_IT[name]}"), m.group(0)
+    assert set(TO_GET_IT) == set(NAMES) - {"kernel"}

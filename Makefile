@@ -3,11 +3,11 @@ PYTHON  ?= /usr/bin/python3
 VENV    ?= .venv
 DEB_PACKAGES = python3 python3-venv python3-dev gcc pkg-config libsystemd-dev libseccomp2 \
                nftables libnftables1 python3-nftables python3-systemd git bubblewrap util-linux \
-               iproute2 dbus-user-session nodejs npm
+               iproute2 dbus-user-session man-db nodejs npm
 
-.PHONY: setup packages venv test lint demo bench clean
+.PHONY: setup packages venv docs test lint demo bench clean
 
-setup: packages venv
+setup: packages venv docs
 	@if [ "$$(id -u)" = 0 ]; then packaging/install-apparmor.sh "$(abspath $(VENV))/bin/python3"; fi
 
 # Installs what is missing (as root) or prints the sudo line (as a user), then
@@ -24,7 +24,21 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/python3 -m compileall -q boxyd boxyctl >/dev/null
 	@touch $@
 
-test: venv
+# boxyctl(1) and the bash/zsh/fish completions, generated from the parser: for every
+# user under /usr/local/share as root, under $XDG_DATA_HOME (~/.local/share) otherwise
+docs: venv
+	@if [ "$$(id -u)" = 0 ]; then share=/usr/local/share; else share=$${XDG_DATA_HOME:-$$HOME/.local/share}; fi; \
+	set -e; \
+	install -d "$$share/man/man1" "$$share/bash-completion/completions" "$$share/zsh/site-functions" \
+	  "$$share/fish/vendor_completions.d"; \
+	$(VENV)/bin/python -m boxyctl.completion man > "$$share/man/man1/boxyctl.1"; \
+	$(VENV)/bin/python -m boxyctl.completion bash > "$$share/bash-completion/completions/boxyctl"; \
+	ln -sf boxyctl "$$share/bash-completion/completions/boxy"; \
+	$(VENV)/bin/python -m boxyctl.completion zsh > "$$share/zsh/site-functions/_boxyctl"; \
+	$(VENV)/bin/python -m boxyctl.completion fish > "$$share/fish/vendor_completions.d/boxyctl.fish"; \
+	echo "boxy: boxyctl(1) and shell completions installed under $$share"
+
+test: venv docs
 	tests/harness/run-tests.sh $(VENV)
 
 lint: venv

@@ -50,7 +50,8 @@ EXPOSURE_ENV_NAMES = (
 )
 PUBLIC_PORTS = ("--allow-port: cannot be combined with --net public (public mode allows every "
                 "port; the list applies to --net allowlist)")
-COMMANDS = ("run", "ps", "show", "watch", "attach", "stop", "doctor", "profile", "daemon")
+COMMANDS = ("run", "ps", "show", "watch", "attach", "stop", "doctor", "profile", "daemon",
+            "completion")
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -345,6 +346,8 @@ def _parse_with_argparse(argv: list[str], *, environ: dict[str, str], cwd: str,
         return Command(name, {"id": _session_id(ns.id)})
     if name == "stop":
         return Command("stop", {"id": _session_id(ns.id), "kill": ns.kill})
+    if name == "completion":
+        return Command("completion", {"shell": ns.shell})
     if name in ("profile", "daemon"):
         if ns.action is None:
             choices = "list, show NAME" if name == "profile" else "status, restart, stop"

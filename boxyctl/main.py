@@ -98,6 +98,12 @@ def _main(argv: list[str] | None) -> int:
             return daemon(cmd.args)
         if cmd.name == "profile":
             return profile(cmd.args)
+        if cmd.name == "completion":
+            from boxyctl import completion
+
+            sys.stdout.write({"bash": completion.bash, "zsh": completion.zsh,
+                              "fish": completion.fish}[cmd.args["shell"]]())
+            return 0
         say(f"{cmd.name}: sessions are not inspectable in this build yet")
         return 1
     except BoxyError as e:

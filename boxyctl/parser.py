@@ -127,6 +127,8 @@ def build_parser(prog: str, *, run_only: bool = False) -> _Parser:
     dsub.add_parser("status", help="which build is running, and how busy it is")
     dsub.add_parser("restart", help="replace it with this build")
     dsub.add_parser("stop", help="stop it (refused while sessions are running)")
+    comp = sub.add_parser("completion", help="print the shell completion script")
+    comp.add_argument("shell", metavar="SHELL", choices=("bash", "zsh", "fish"))
     return parser
 
 

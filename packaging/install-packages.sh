@@ -63,6 +63,7 @@ probe "dbus-run-session (dbus-user-session)" dbus-run-session -- true
 probe "node" node --version
 probe "npm" npm --version
 probe "git" git --version
+probe "man (man-db)" man --version
 if ((${#failed[@]})); then
   say "installed, but these do not work: $(IFS=';'; echo "${failed[*]}" | sed 's/;/, /g')"
   exit 1

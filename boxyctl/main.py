@@ -224,10 +224,14 @@ def _run_once(client, args: dict) -> int:
             # Raw before the payload can write a byte (its first lines came out as
             # \r\r\n otherwise); the sandbox's PTY gets the settings from before.
             args = {**args, "terminal": termsettings.capture(0)}
-            raw.enter_context(tty.raw_mode(0))
+            term = raw.enter_context(tty.raw_mode(0))
         for reply in client.stream(f"{IFACE}.Run", args, fds=_stdio()):
             if "notice" in reply:  # -v: a denial, as it happens
                 say(str(reply["notice"]))
+            elif "stopped" in reply and "terminal" in args:  # ^Z: stop with the payload
+                term.suspend()
+                if sid:  # `fg`: the payload goes on too
+                    client.send_oneway(f"{IFACE}.Signal", {"id": sid[0], "signal": signal.SIGCONT})
             elif reply.get("state") == "running":
                 sid.append(reply["id"])
                 for w in reply.get("warnings", []):

@@ -45,20 +45,42 @@ def _make_raw(attrs: list) -> list:
     return new
 
 
+class Raw:
+    """The terminal while a run owns it (what raw_mode yields)."""
+
+    def __init__(self, fd: int, saved: list) -> None:
+        self.fd = fd
+        self.saved = saved
+
+    def restore(self) -> None:
+        # TCSANOW: TCSADRAIN could wait forever on a terminal stopped with Ctrl-S.
+        with contextlib.suppress(termios.error, OSError):
+            termios.tcsetattr(self.fd, termios.TCSANOW, self.saved)
+
+    def suspend(self) -> None:
+        """The payload stopped (^Z): give the shell its terminal back as it was and stop
+        as a job does; once `fg` continues us, take the terminal's settings as they are
+        now (the user may have changed them meanwhile) and go raw again."""
+        self.restore()
+        previous = signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        try:
+            os.kill(os.getpid(), signal.SIGTSTP)  # returns once we are continued
+        finally:
+            signal.signal(signal.SIGTSTP, previous)
+        with contextlib.suppress(termios.error, OSError):
+            self.saved = termios.tcgetattr(self.fd)
+            termios.tcsetattr(self.fd, termios.TCSANOW, _make_raw(self.saved))
+
+
 @contextlib.contextmanager
-def raw_mode(fd: int) -> Iterator[None]:
+def raw_mode(fd: int) -> Iterator[Raw]:
     """Put terminal FD in raw mode; restore the saved attributes on exit, and also
     when SIGTERM, SIGHUP or SIGQUIT would end the process: restore, then die of the
     signal's default action. A Python handler installed before entering is still
     called instead (its exception unwinds through here and restores too); an
     ignored signal stays ignored. Handlers are only installed on the main thread."""
-    saved = termios.tcgetattr(fd)
-
-    def restore() -> None:
-        # TCSANOW: TCSADRAIN could wait forever on a terminal stopped with Ctrl-S.
-        with contextlib.suppress(termios.error, OSError):
-            termios.tcsetattr(fd, termios.TCSANOW, saved)
-
+    raw = Raw(fd, termios.tcgetattr(fd))
+    restore = raw.restore
     previous: dict[int, Any] = {}
 
     def on_fatal(signum: int, frame: FrameType | None) -> None:
@@ -77,8 +99,8 @@ def raw_mode(fd: int) -> Iterator[None]:
         for sig in _FATAL:
             previous[sig] = signal.signal(sig, on_fatal)
     try:
-        termios.tcsetattr(fd, termios.TCSANOW, _make_raw(saved))
-        yield
+        termios.tcsetattr(fd, termios.TCSANOW, _make_raw(raw.saved))
+        yield raw
     finally:
         restore()
         for sig, handler in previous.items():

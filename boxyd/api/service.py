@@ -70,7 +70,11 @@ class VarlinkService:
             if call.more:
                 asyncio.get_running_loop().create_task(call.reply({"notice": text}, continues=True))
 
-        result = await self.manager.run(params, fds, started, notice)
+        def stopped(sig: int) -> None:  # the payload stopped (^Z): the client follows suit
+            if call.more:
+                asyncio.get_running_loop().create_task(call.reply({"stopped": sig}, continues=True))
+
+        result = await self.manager.run(params, fds, started, notice, stopped)
         await call.reply(result)
 
     async def do_Resize(self, call: Call) -> None:

@@ -133,6 +133,8 @@ class Manager:
     def signal(self, sid: str, sig: int) -> None:
         s = self.sessions.get(sid)
         if s is not None and 0 < sig < 65:
+            if sig == signal.SIGCONT and s.pty is not None:  # the client is back (fg)
+                s.pty.resume_input()
             s.signal(sig)
 
     def stop(self, sid: str, kill: bool) -> None:
@@ -148,7 +150,10 @@ class Manager:
     # -- run -------------------------------------------------------------------------
     async def run(self, params: dict, fds: list[int],
                   on_started: Callable[[Session, list[str]], Awaitable[None]],
-                  on_notice: Callable[[str], None] | None = None) -> dict:
+                  on_notice: Callable[[str], None] | None = None,
+                  on_stopped: Callable[[int], None] | None = None) -> dict:
+        """ON_STOPPED: the payload stopped (^Z): the client stops too, and continues it
+        with SIGCONT when it is continued itself."""
         """Validate, launch, wait. FDS (the client's stdin, stdout, stderr) are ours to close."""
         outputs = Outputs()
         try:
@@ -189,12 +194,13 @@ class Manager:
             raise
         self.sessions[session.id] = session
         try:
-            return await self._run(session, fds, on_started)
+            return await self._run(session, fds, on_started, on_stopped)
         finally:
             session.state = "exited"
             session.done.set()
 
-    async def _run(self, s: Session, fds: list[int], on_started: Callable[[Session, list[str]], Awaitable[None]]) -> dict:
+    async def _run(self, s: Session, fds: list[int], on_started: Callable[[Session, list[str]], Awaitable[None]],
+                   on_stopped: Callable[[int], None] | None = None) -> dict:
         spec = s.spec
         warnings = self._limit_warnings(s) + (s.net.warnings if s.net is not None else [])
         stdio = list(fds)
@@ -266,6 +272,10 @@ class Manager:
                 if spec.timeout:
                     timer = asyncio.get_running_loop().call_later(spec.timeout, self._timeout, s)
                 await on_started(s, warnings)
+            elif "stopped" in msg:
+                if on_stopped is not None and s.pty is not None:  # job control needs a terminal
+                    s.pty.pause_input()  # before the client stops and its shell reads again
+                    on_stopped(int(msg["stopped"]))
             elif "confined" in msg:
                 for note in msg["confined"]:
                     s.record("landlock", note=note)

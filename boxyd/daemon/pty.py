@@ -69,6 +69,11 @@ class PtyRelay:
         self._wakes: list[int] = []  # write ends; closing one wakes its thread
         self._threads: list[threading.Thread] = []
         self._closed = False
+        # cleared while the payload is stopped (^Z): the client's shell owns the terminal
+        # then, and what is typed is the shell's, not the payload's
+        self._input_open = threading.Event()
+        self._input_open.set()
+        self._nudge_r, self._nudge_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self.master_fd: int | None = None
         self._pending_size: tuple[int, int] | None = None
         try:
@@ -121,6 +126,20 @@ class PtyRelay:
 
     # public API
 
+    def pause_input(self) -> None:
+        """Stop reading the client's terminal (the payload stopped; the user's shell
+        has the terminal back and its input must not be taken)."""
+        self._input_open.clear()
+        self._nudge()
+
+    def resume_input(self) -> None:
+        self._input_open.set()
+        self._nudge()
+
+    def _nudge(self) -> None:
+        with contextlib.suppress(OSError):  # full: a nudge is pending anyway
+            os.write(self._nudge_w, b"!")
+
     def resize(self, rows: int, cols: int) -> None:
         """Set the PTY's window size (the payload's foreground group gets SIGWINCH)."""
         if not (0 <= rows <= 0xFFFF and 0 <= cols <= 0xFFFF):
@@ -155,6 +174,8 @@ class PtyRelay:
         for fd in self._wakes:
             _close(fd)
         self._wakes = []
+        for fd in (self._nudge_r, self._nudge_w):
+            _close(fd)
         _close(self._in_fd)  # never attached: the client fds are still ours
         _close(self._out_fd)
         self._in_fd = self._out_fd = None
@@ -209,12 +230,23 @@ class PtyRelay:
         """Client terminal -> PTY master until either side is gone or close()."""
         try:
             poller = select.poll()
-            poller.register(in_fd, select.POLLIN)
             poller.register(wake, select.POLLIN)
+            poller.register(self._nudge_r, select.POLLIN)
+            reading = False
             while True:
+                if self._input_open.is_set() != reading:  # paused or resumed
+                    reading = not reading
+                    if reading:
+                        poller.register(in_fd, select.POLLIN)
+                    else:
+                        poller.unregister(in_fd)
                 events = dict(poller.poll())
                 if wake in events:
                     return
+                if self._nudge_r in events:
+                    with contextlib.suppress(OSError):
+                        os.read(self._nudge_r, 64)
+                    continue
                 try:
                     data = os.read(in_fd, CHUNK)
                 except BlockingIOError:  # the fd was already non-blocking; keep it so

@@ -67,6 +67,8 @@ def parse_status(line: bytes) -> dict:
     for key in ("exit", "signal", "exec_error"):
         if isinstance(msg.get(key), int) and 0 <= msg[key] < 4096:
             out[key] = msg[key]
+    if isinstance(msg.get("stopped"), int) and 0 < msg["stopped"] < 65:
+        out["stopped"] = msg["stopped"]
     if isinstance(msg.get("error"), str):
         out["error"] = msg["error"][:2000]
     if isinstance(msg.get("confined"), list):
@@ -126,6 +128,7 @@ def supervise(ctl: socket.socket, pid: int, status_r: int, pty: socket.socket | 
             buf += chunk
             if len(buf) > 1 << 20:
                 buf = b""
+            buf = _relay_stops(ctl, buf)
         if pidfd in ready:
             exited = True
     _, wstatus = os.waitpid(pid, 0)
@@ -144,6 +147,20 @@ def supervise(ctl: socket.socket, pid: int, status_r: int, pty: socket.socket | 
             final = {"error": f"sandbox init exited with status {os.WEXITSTATUS(wstatus)} without a report"}
     send(ctl, {"done": final})
     return 0
+
+
+def _relay_stops(ctl: socket.socket, buf: bytes) -> bytes:
+    """Pass on at once each complete report that the payload stopped (job control
+    cannot wait for the end); everything else stays for the final report."""
+    *lines, rest = buf.split(b"\n")
+    kept = []
+    for line in lines:
+        msg = parse_status(line)
+        if "stopped" in msg:
+            send(ctl, {"stopped": msg["stopped"]})
+        else:
+            kept.append(line)
+    return b"".join(ln + b"\n" for ln in kept) + rest
 
 
 def _drain(fd: int) -> bytes:

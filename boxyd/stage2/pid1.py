@@ -226,11 +226,16 @@ def supervise(pid: int) -> NoReturn:
             continue
         while True:
             try:
-                child, status = os.waitpid(-1, os.WNOHANG)
+                # WUNTRACED: the payload stopping (^Z on the session PTY) is reported, so
+                # the client can stop too and give the user's shell its prompt back
+                child, status = os.waitpid(-1, os.WNOHANG | os.WUNTRACED)
             except ChildProcessError:
                 child = 0
             if child == 0:
                 break
+            if child == pid and os.WIFSTOPPED(status):
+                report({"stopped": os.WSTOPSIG(status)})
+                continue
             if child == pid:
                 if os.WIFSIGNALED(status):
                     report({"signal": os.WTERMSIG(status), "core": os.WCOREDUMP(status)})

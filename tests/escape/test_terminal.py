@@ -262,3 +262,56 @@ def test_first_lines_never_race_raw_mode(user: User, workdir: Path) -> None:
         assert r.returncode == 0, r.tty
         # run_on_pty folds \r\n to \n: a doubled \r would be left over
         assert "a\nb\n" in r.tty and "\r" not in r.tty, repr(r.tty)
+
+
+def test_ctrl_z_stops_the_client_and_fg_continues_the_payload(user: User, workdir: Path) -> None:
+    """Job control is transparent, as with sudo or bwrap, under a real interactive bash:
+    ^Z on a payload that is not a shell stops it inside, the client gives the terminal
+    back and stops itself (bash prints its prompt, and what is typed then is bash's);
+    `fg` continues the client, which goes raw again and continues the payload."""
+    master, slave = os.openpty()
+
+    def controlling_terminal() -> None:  # what a terminal emulator does for its shell
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    shell = subprocess.Popen(
+        user.cmd(["bash", "--norc", "--noprofile", "-i"], {"PS1": "PROMPT$ ", "TERM": "dumb"}),
+        cwd=workdir, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+        preexec_fn=controlling_terminal)
+    seen = bytearray()
+
+    pos = [0]  # where the next marker is looked for
+
+    def until(marker: bytes, timeout: float = 30) -> None:
+        """Read the terminal until MARKER appears after the previous one."""
+        deadline = time.monotonic() + timeout
+        while (found := seen.find(marker, pos[0])) < 0:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {marker!r} on the terminal: {bytes(seen)!r}")
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if ready:
+                with contextlib.suppress(OSError):
+                    seen.extend(os.read(master, 4096))
+        pos[0] = found + len(marker)
+
+    try:
+        until(b"PROMPT$ ")
+        os.write(master, f"{BIN / 'boxyctl'} run --net none -- sh -c "
+                         "'echo READY; read line; echo GOT:$line'\r".encode())
+        until(b"\nREADY")
+        os.write(master, b"\x1a")  # ^Z
+        until(b"Stopped")
+        until(b"PROMPT$ ")
+        os.write(master, b"echo SHELL-GOT-THIS\r")  # typed while stopped: the shell's
+        until(b"\nSHELL-GOT-THIS")
+        os.write(master, b"fg\r")
+        time.sleep(1)
+        os.write(master, b"hello\r")
+        until(b"GOT:hello")
+        until(b"PROMPT$ ")
+        assert b"GOT:echo" not in seen, f"the payload read the shell's input: {bytes(seen)!r}"
+    finally:
+        shell.kill()
+        shell.wait()
+        os.close(master)
+        os.close(slave)

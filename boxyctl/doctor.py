@@ -61,7 +61,7 @@ def run() -> int:
     sys.stdout.flush()
     blocking = [c.name for c in results if c.hard and not c.ok]
     if blocking:
-        print(f"boxy cannot run here: {', '.join(blocking)} missing", file=sys.stderr)
+        print(f"boxyctl: boxy cannot run here: {', '.join(blocking)} missing", file=sys.stderr)
         return 1
     return 0
 

@@ -3,9 +3,11 @@ opened, nothing else is, and the missing MagicDNS is said out loud."""
 
 from __future__ import annotations
 
+# connect, then wait for the far side to have the bytes (the recorder closes once it
+# read them): the local handshake alone completes before boxyd has even dialled
 PROBE = ("import socket\n"
-         "s = socket.socket(); s.settimeout(2)\n"
-         "try:\n    s.connect(('100.64.1.1', 80)); print('connected')\n"
+         "s = socket.socket(); s.settimeout(5)\n"
+         "try:\n    s.connect(('100.64.1.1', 80)); s.sendall(b'hi'); s.recv(16); print('connected')\n"
          "except OSError as e:\n    print('refused', e.errno)\n")
 
 

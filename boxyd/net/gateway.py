@@ -189,6 +189,8 @@ class Gateway:
         ev = dict(event)
         if ev.get("verdict") == "allow" and ev.get("name") and ev.get("addrs"):
             self.netlog.resolution(str(ev["name"]), [str(a) for a in ev["addrs"]])  # type: ignore[union-attr]
+        if ev.get("verdict") == "deny" and ev.get("name") and ev.get("denied"):
+            self.netlog.removed(str(ev["name"]), len(ev["denied"]))  # type: ignore[arg-type]
         ev.setdefault("layer", "net.dns")
         self.on_event(ev)
 

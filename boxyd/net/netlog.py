@@ -171,6 +171,11 @@ class NetLog:
         if final:
             del self._open[handle]
 
+    def removed(self, name: str, count: int) -> None:
+        """COUNT answers for NAME removed (they pointed into a refused range): denials of
+        that destination in the table, though no connection was ever tried."""
+        self._dest(name).denied += count
+
     def resolution(self, name: str, addrs: list[str] | tuple[str, ...]) -> None:
         """Addresses boxy's resolver answered NAME with (a union over the run, in order)."""
         known = self._resolutions.get(name)

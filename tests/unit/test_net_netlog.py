@@ -267,3 +267,10 @@ def test_write_goes_through_the_descriptor_never_the_name(tmp_path: Path) -> Non
     assert victim.read_text() == "keep\n"
     assert json.loads((tmp_path / "moved").read_text())["version"] == 1
 
+
+
+def test_removed_answers_count_as_denials_of_their_name() -> None:
+    log = NetLog()
+    log.removed("registry.example", 2)
+    assert [(d.name, d.conns, d.denied) for d in log.summary()] == [("registry.example", 0, 2)]
+    assert "registry.example" in destinations_table(log)

@@ -421,19 +421,24 @@ class Walker:
         """Components of an absolute host path beneath root; None: outside it."""
         return place(self.roots, "", path)
 
-    def visit_known(self, rel: str) -> None:
-        """One directory named from outside the walk (a gitlink in an index), reached
-        through O_PATH steps: its parents need not be listable."""
+    def _in_dir(self, rel: str, fn: Callable[[int, str, dict[str, Type]], object]) -> None:
+        """FN(fd, rel, entries) for the directory REL; one that cannot be listed is
+        reported, one that is gone is skipped."""
         try:
             fd = open_dir(self.root_fd, rel)
         except (OSError, ValueError):
             return
         try:
-            self.visit(fd, rel, _list(fd))
+            fn(fd, rel, _list(fd))
         except OSError:
             self.unreadable.append(rel)
         finally:
             os.close(fd)
+
+    def visit_known(self, rel: str) -> None:
+        """One directory named from outside the walk (a gitlink in an index), reached
+        through O_PATH steps: its parents need not be listable."""
+        self._in_dir(rel, self.visit)
         self.drain()
 
     def config_file(self, comps: list[str]) -> str | None:
@@ -447,18 +452,8 @@ class Walker:
     def drain(self) -> Layout:
         while self.pending:
             rel = self.pending.pop()
-            if rel in self.gitdirs:
-                continue
-            try:
-                fd = open_dir(self.root_fd, rel)
-            except OSError:
-                continue
-            try:
-                self.explore_gitdir(fd, rel, _list(fd))
-            except OSError:
-                self.unreadable.append(rel)
-            finally:
-                os.close(fd)
+            if rel not in self.gitdirs:
+                self._in_dir(rel, self.explore_gitdir)
         return self.layout()
 
     def walk_tree(self) -> None:

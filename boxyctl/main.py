@@ -285,13 +285,24 @@ def daemon(args: dict) -> int:
 
 
 def profile(args: dict) -> int:
-    from boxyd import profiles
+    from boxyd import profiles, profileview
+    from boxyd.registries import Registries
 
+    home = os.environ.get("HOME") or os.path.expanduser("~")
     if args.get("action") == "list":
-        for name in profiles.list_profiles():
-            print(name)
+        for line in profileview.list_lines(home):
+            print(line)
         return 0
-    sys.stdout.write(profiles.profile_text(args["name"]))
+    name = args["name"]
+    if profiles.is_path(name):
+        name = os.path.abspath(os.path.expanduser(name))
+    kind, location = profiles.where(name, home)
+    workdir = _cwd() or home
+    context = {"workdir": workdir, "home": home, "workdir_slug": profiles.workdir_slug(workdir)}
+    prof = profiles.load_profile(name, context=context)  # a file that is no profile: refused
+    registry = Registries({k: v for k, v in os.environ.items()})
+    for line in profileview.show_lines(prof, registry, kind, location):
+        print(line)
     return 0
 
 

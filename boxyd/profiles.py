@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.resources
 import os
 import re
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,34 +103,69 @@ def list_profiles() -> list[str]:
     )
 
 
-def _read(name_or_path: str) -> tuple[str, str]:
-    """(label for messages, text) of a preset or a profile file."""
+def user_dir(home: str | None = None) -> str:
+    """$XDG_CONFIG_HOME/boxy/profiles (~/.config/boxy/profiles): the user's own."""
+    base = os.environ.get("XDG_CONFIG_HOME")
+    if not base or not os.path.isabs(base):
+        base = os.path.join(home or os.path.expanduser("~"), ".config")
+    return os.path.join(base, "boxy", "profiles")
+
+
+def user_profiles(home: str | None = None) -> dict[str, str]:
+    """NAME -> path of every user profile (NAME.yaml under user_dir)."""
+    try:
+        names = os.listdir(user_dir(home))
+    except OSError:
+        return {}
+    return {n.removesuffix(".yaml"): os.path.join(user_dir(home), n) for n in sorted(names)
+            if n.endswith(".yaml") and _PRESET_NAME_RE.fullmatch(n.removesuffix(".yaml"))}
+
+
+def where(name_or_path: str, home: str | None = None, *, preset_only: bool = False) -> tuple[str, str]:
+    """(kind, location) a name is found at, in lookup order: a path; the user's
+    profile NAME.yaml; the preset NAME (PRESET_ONLY: a user profile extending the
+    preset it is named after)."""
     if is_path(name_or_path):
-        label = name_or_path
-        try:
-            with open(name_or_path, "rb") as f:
-                data = f.read(_MAX_FILE + 1)
-        except OSError as e:
-            raise ProfileError(f"profile {label}: {e.strerror.lower()}") from None
-    else:
-        label = name_or_path
-        if not _PRESET_NAME_RE.fullmatch(name_or_path) or name_or_path not in list_profiles():
-            raise ProfileError(
-                f"unknown profile {name_or_path!r} (presets: {', '.join(list_profiles())}; "
-                "or give a path to a .yaml file)"
-            )
+        return "file", name_or_path
+    user = None if preset_only else user_profiles(home).get(name_or_path)
+    if user is not None:
+        return "user", user
+    if _PRESET_NAME_RE.fullmatch(name_or_path) and name_or_path in list_profiles():
+        return "preset", name_or_path
+    raise ProfileError(
+        f"unknown profile {name_or_path!r} (presets: {', '.join(list_profiles())}; your own "
+        f"under {user_dir(home)}/NAME.yaml; or give a path to a .yaml file)")
+
+
+def _read_file(label: str, path: str) -> bytes:
+    """A profile file: O_NONBLOCK|O_NOFOLLOW on the last component (a FIFO there must
+    not hang the daemon's worker), a regular file, bounded."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise ProfileError(f"profile {label}: {(e.strerror or str(e)).lower()}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ProfileError(f"profile {label}: not a regular file")
+        return os.read(fd, _MAX_FILE + 1)
+    finally:
+        os.close(fd)
+
+
+def _read(name_or_path: str, home: str | None = None, *, preset_only: bool = False) -> tuple[str, str]:
+    """(label for messages, text) of a profile file, a user profile or a preset."""
+    kind, location = where(name_or_path, home, preset_only=preset_only)
+    label = name_or_path if kind != "user" else location
+    if kind == "preset":
         data = (_preset_dir() / f"{name_or_path}.yaml").read_bytes()
+    else:
+        data = _read_file(label, location)
     if len(data) > _MAX_FILE:
         raise ProfileError(f"profile {label}: larger than {_MAX_FILE} bytes")
     try:
         return label, data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ProfileError(f"profile {label}: not UTF-8 text (byte {e.start})") from None
-
-
-def profile_text(name: str) -> str:
-    """The text of a preset (or a profile file), for `boxyctl profile show`."""
-    return _read(name)[1]
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -396,7 +432,7 @@ def load_profile(name_or_path: str, *, context: Mapping[str, str]) -> Profile:
     or ending in .yaml/.yml). ``context`` holds 'workdir' and 'home' (and may hold
     'workdir_slug'). ``extends`` may name a preset or a file (relative to this one),
     one level deep."""
-    label, text = _read(name_or_path)
+    label, text = _read(name_or_path, context.get("home"))
     doc = _parse_yaml(label, text)
     base_name = doc.get("extends")
     profile = _build(name_or_path, label, {k: v for k, v in doc.items() if k != "extends"}, context)
@@ -406,7 +442,8 @@ def load_profile(name_or_path: str, *, context: Mapping[str, str]) -> Profile:
         raise ProfileError(f"profile {label}: key extends: expected a profile name or path")
     if is_path(base_name) and not base_name.startswith("/") and is_path(name_or_path):
         base_name = os.path.normpath(os.path.join(os.path.dirname(name_or_path), base_name))
-    base_label, base_text = _read(base_name)
+    # `node.yaml` of the user's that says `extends: node` means the preset
+    base_label, base_text = _read(base_name, context.get("home"), preset_only=base_name == name_or_path)
     base_doc = _parse_yaml(base_label, base_text)
     if "extends" in base_doc:
         raise ProfileError(

@@ -1,13 +1,15 @@
 """boxyd.profiles: presets, strict validation with file/key/expected, templates."""
 
+import os
+
 import pytest
 
+from boxyd import profiles
 from boxyd.errors import ProfileError
 from boxyd.profiles import (
     HOST_TEMPLATES,
     list_profiles,
     load_profile,
-    profile_text,
     resolve_hosts,
     workdir_slug,
 )
@@ -36,7 +38,7 @@ def test_presets_load_and_say_what_they_are_for(name):
     profile = load_profile(name, context=CTX)
     assert profile.description
     assert profile.source == name
-    assert profile_text(name).startswith(f"# {name}:")
+    assert (profiles._preset_dir() / f"{name}.yaml").read_text().startswith(f"# {name}:")
 
 
 def test_generic_and_offline():
@@ -330,3 +332,28 @@ def test_unknown_env_template_is_refused(tmp_path):
     f.write_text('env:\n  X: "{secret_sauce}"\n')
     with pytest.raises(ProfileError, match=r"env\.X.*unknown template \{secret_sauce\}"):
         load_profile(str(f), context={"workdir": "/w", "home": "/h"})
+
+
+def test_user_profiles_are_looked_up_before_the_presets(tmp_path, monkeypatch):
+    """NAME: a path, then $XDG_CONFIG_HOME/boxy/profiles/NAME.yaml, then the preset."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    d = tmp_path / "boxy" / "profiles"
+    d.mkdir(parents=True)
+    (d / "mine.yaml").write_text("description: mine\nnet: none\n")
+    (d / "node.yaml").write_text("description: my node\nextends: node\n")
+    assert profiles.where("mine") == ("user", str(d / "mine.yaml"))
+    assert load_profile("mine", context=CTX).description == "mine"
+    assert load_profile("node", context=CTX).description == "my node"  # shadows the preset
+    assert load_profile("node", context=CTX).allow_hosts == ["{npm_registry}"]  # merged
+    assert profiles.where("python") == ("preset", "python")
+    with pytest.raises(ProfileError, match=r"unknown profile 'nope' .*your own under .*/boxy/profiles/NAME.yaml"):
+        profiles.where("nope")
+
+
+def test_a_fifo_or_a_non_profile_is_refused(tmp_path):
+    fifo = tmp_path / "p.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ProfileError, match="not a regular file"):
+        load_profile(str(fifo), context=CTX)
+    with pytest.raises(ProfileError, match="expected a mapping"):
+        load_profile("/etc/passwd", context=CTX)

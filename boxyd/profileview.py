@@ -1,0 +1,81 @@
+"""`boxyctl profile list` and `profile show NAME`: what a profile does, resolved — its
+templates expanded, the registry hosts derived from the tools' configuration (and
+where each came from), `extends` merged — in plain lines. Only profiles are shown: a
+path that is not a valid profile is refused like any other invalid profile."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from boxyd import profiles, units
+from boxyd.profiles import Profile, Registry
+
+# where each template's value comes from, said next to what it became
+ORIGIN = {
+    "npm_registry": "npm's configured registry (NPM_CONFIG_REGISTRY, or `npm config get registry`)",
+    "pip_index": "pip's configured index (PIP_INDEX_URL, pip.conf, or pip's own default)",
+    "pip_files": "the host pip's index serves files from",
+    "go_proxy": "the Go module proxy (GOPROXY)",
+    "go_sumdb": "the Go checksum database (GOSUMDB)",
+}
+
+
+def list_lines(home: str | None = None) -> list[str]:
+    """One line per profile: name, where it comes from, description. A user profile
+    of a preset's name is the one used, and says so."""
+    rows = []
+    users = profiles.user_profiles(home)
+    for name, path in users.items():
+        shadow = " (instead of the preset)" if name in profiles.list_profiles() else ""
+        rows.append((name, f"user {path}{shadow}", _description(name, home)))
+    for name in profiles.list_profiles():
+        if name not in users:
+            rows.append((name, "preset", _description(name, home)))
+    width = max((len(r[0]) for r in rows), default=0)
+    kind_w = max((len(r[1]) for r in rows), default=0)
+    return [f"{n:<{width}}  {k:<{kind_w}}  {d}".rstrip() for n, k, d in sorted(rows)]
+
+
+def _description(name: str, home: str | None) -> str:
+    try:
+        context = {"workdir": "/nonexistent/workdir", "home": home or os.path.expanduser("~")}
+        return profiles.load_profile(name, context=context).description
+    except profiles.ProfileError as e:
+        return f"(invalid: {e})"
+
+
+def show_lines(profile: Profile, registry: Registry | None, kind: str, location: str) -> list[str]:
+    """The resolved profile, one setting per line."""
+    notes: list[str] = []
+    out = [f"profile {profile.name}: {kind} {location}"]
+    if profile.description:
+        out.append(f"  description: {profile.description}")
+    out.append(f"  net: {profile.net or 'public (the default)'}")
+    for entry in profile.allow_hosts:
+        hosts = profiles.resolve_hosts([entry], registry, source=profile.source, notes=notes)
+        template = entry[1:-1] if entry.startswith("{") and entry.endswith("}") else None
+        origin = f"  ({ORIGIN.get(template, template)})" if template else ""
+        shown = hosts[0] if hosts else "none configured: dropped"
+        out.append(f"  allow_host: {shown}{'  from ' + entry if template else ''}{origin}")
+    if profile.allow_ports:
+        out.append(f"  allow_port: {', '.join(map(str, profile.allow_ports))}")
+    for kind_name in ("ro", "rw", "mkdir", "protect", "reveal"):
+        for e in getattr(profile, kind_name):
+            out.append(f"  {kind_name}: {e.path}{'  (optional)' if e.optional else ''}")
+    for kind_name in ("copy", "copy_ro"):
+        for c in getattr(profile, kind_name):
+            out.append(f"  {kind_name}: {c.src} -> {c.dst}{'  (optional)' if c.optional else ''}")
+    env = profiles.resolve_env(profile.env, registry, source=profile.source, notes=notes)
+    for name in profile.env:
+        out.append(f"  env {name}: {env[name]}" if name in env else f"  env {name}: not set (none configured)")
+    for name in profile.env_pass:
+        out.append(f"  env {name}: passed from your environment")
+    limits: Mapping[str, object] = {
+        "memory": units.format_size(profile.memory) if profile.memory else None,
+        "pids": profile.pids, "cpus": profile.cpus,
+        "timeout": units.format_duration(profile.timeout) if profile.timeout else None,
+        "seccomp": profile.seccomp,
+    }
+    out += [f"  {k}: {v}" for k, v in limits.items() if v is not None]
+    return out

@@ -105,6 +105,7 @@ RUN_FLAGS: tuple[Flag, ...] = (
     Flag(('--allow-cidr',), 'append', metavar='CIDR', help='lift the private-address denial for a range (its hosts still need --allow-host) (repeatable)'),
     Flag(('--tailscale',), 'true', help="reach this machine's tailnet by MagicDNS name"),
     Flag(('-e', '--env'), 'append', metavar='NAME[=VAL]', help='pass (NAME) or set (NAME=VAL) an environment variable (repeatable)'),
+    Flag(('--secret',), 'append', metavar='NAME', help="pass NAME's value from your environment as a secret: never in an argv, a log or a record (repeatable)"),
     Flag(('--memory',), 'value', metavar='SIZE', help='size of the scratch tmpfs ($HOME, /tmp, /dev/shm), and the memory limit where a controller is delegated (default 2GiB)'),
     Flag(('--pids',), 'value', metavar='N', help='process/thread limit (default 512)'),
     Flag(('--cpus',), 'value', metavar='N', help='CPU limit, fractions allowed'),
@@ -211,6 +212,19 @@ def _env_entry(value: str, environ: dict[str, str]) -> dict[str, Any]:
     return {"name": name, "value": None, "present": False}
 
 
+def _secret_entry(name: str, environ: dict[str, str]) -> dict[str, str]:
+    """--secret NAME: the value from our environment, never from the command line (ps
+    shows every argv on the machine). The messages never hold a value."""
+    if "=" in name:
+        raise UsageError(f"--secret {name.partition('=')[0]}: takes a name; the value comes from "
+                         "your environment (for a setting that is no secret: -e NAME=VALUE)")
+    if not _NAME_RE.fullmatch(name):
+        raise UsageError(f"--secret {name!r}: not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
+    if name not in environ:
+        raise UsageError(f"--secret {name}: not set in your environment")
+    return {"name": name, "value": environ[name]}
+
+
 def _session_id(value: str | None) -> str | None:
     if value is not None and not _ID_RE.fullmatch(value):
         raise UsageError(f"{value!r} is not a session id")
@@ -253,6 +267,7 @@ def _run_args(ns: Any, environ: dict[str, str], cwd: str) -> dict[str, Any]:
         "allow_cidr": [n for c in ns.allow_cidr for n in parse_cidrs(c)],
         "tailscale": ns.tailscale,
         "env": [_env_entry(e, environ) for e in ns.env],
+        "secret": [_secret_entry(n, environ) for n in ns.secret],
         "memory": parse_size(ns.memory, what="--memory") if ns.memory is not None else None,
         "pids": parse_count(ns.pids, what="--pids") if ns.pids is not None else None,
         "cpus": parse_cpus(ns.cpus) if ns.cpus is not None else None,

@@ -87,7 +87,7 @@ DEFAULT_PCAP_MAX = 1 << 30
 # Run's "options" keys (boxyctl.cli builds exactly these); anything else is a client bug.
 OPTION_KEYS = (
     "profile", "ro", "rw", "protect", "reveal", "mkdir", "copy", "copy_ro", "workdir", "net",
-    "allow_host", "allow_port", "allow_cidr", "tailscale", "env", "memory", "pids",
+    "allow_host", "allow_port", "allow_cidr", "tailscale", "env", "secret", "memory", "pids",
     "cpus", "timeout", "audit_log", "net_log", "pcap", "pcap_max", "seccomp", "tty",
     "verbose", "detach", "allow_git_write",
 )  # fmt: skip
@@ -329,6 +329,13 @@ def build_spec(
         if not isinstance(value, str):
             raise o.fail("env", "a list of {name, value, present}")
         requested.append((name, value))
+    for item in o.get("secret", list, "a list of {name, value}") or []:
+        if not (isinstance(item, dict) and isinstance(item.get("name"), str)
+                and isinstance(item.get("value"), str)):
+            raise o.fail("secret", "a list of {name, value}")
+        envpolicy.check_name(item["name"], what="--secret")
+        requested.append((item["name"], envpolicy.check_value(item["name"], item["value"],
+                                                              what="--secret")))
     spec.env = envpolicy.sandbox_env(
         client_env, requested, home=home, user=user,
         profile_env=profiles.resolve_env(prof.env, registry, source=src, notes=notes),

@@ -48,7 +48,7 @@ def test_run_defaults_are_exactly_the_run_parameters():
             "options": {
                 "profile": None, "ro": [], "rw": [], "protect": [], "reveal": [], "mkdir": [], "copy": [],
                 "copy_ro": [], "workdir": None, "net": None, "allow_host": [], "allow_port": [],
-                "allow_cidr": [], "tailscale": False, "env": [], "memory": None, "pids": None,
+                "allow_cidr": [], "tailscale": False, "env": [], "secret": [], "memory": None, "pids": None,
                 "cpus": None, "timeout": None, "audit_log": None, "net_log": None, "pcap": None,
                 "pcap_max": None, "seccomp": None, "tty": False, "verbose": False,
                 "detach": False, "allow_git_write": False,
@@ -97,7 +97,7 @@ def test_every_flag():
         "--copy-ro", "r:~/r", "-w", "../other", "--net", "allowlist", "--allow-host", "A.example",
         "--allow-host", "nas:22,2222", "--allow-host", "dns.example:53/udp", "--allow-port", "8080",
         "--allow-cidr", "192.168.4.0/24", "--tailscale", "-e", "EDITOR", "--env", "X=1=2",
-        "-e", "NOPE", "--memory", "1GiB", "--pids", "64", "--cpus", "0.5", "--timeout", "1h30m",
+        "-e", "NOPE", "--secret", "EDITOR", "--memory", "1GiB", "--pids", "64", "--cpus", "0.5", "--timeout", "1h30m",
         "--audit-log", "a.json", "--net-log", "/var/tmp/n.json", "--pcap", "c.pcap",
         "--pcap-max", "10MiB", "--seccomp", "compat", "--tty", "-v", "-d",
     )  # fmt: skip
@@ -124,6 +124,7 @@ def test_every_flag():
             {"name": "X", "value": "1=2", "present": True},
             {"name": "NOPE", "value": None, "present": False},
         ],
+        "secret": [{"name": "EDITOR", "value": "vim"}],
         "memory": 1 << 30,
         "pids": 64,
         "cpus": 0.5,
@@ -394,3 +395,14 @@ def test_allow_port_with_public_is_refused():
 def test_net_log_with_none_is_refused():
     assert "--net-log: cannot be combined with --net none" in refused(
         "run", "--net", "none", "--net-log", "/tmp/n.json", "true")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--secret", "TOKEN=hunter2"], "--secret TOKEN: takes a name; the value comes from your environment"),
+    (["--secret", "ABSENT"], "--secret ABSENT: not set in your environment"),
+    (["--secret", "1BAD"], "not a valid variable name"),
+])
+def test_secret_refusals_never_show_a_value(argv, message):
+    with pytest.raises(UsageError) as e:
+        p("run", *argv, "--", "true")
+    assert message in str(e.value) and "hunter2" not in str(e.value)

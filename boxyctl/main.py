@@ -98,6 +98,8 @@ def _main(argv: list[str] | None) -> int:
             return daemon(cmd.args)
         if cmd.name == "profile":
             return profile(cmd.args)
+        if cmd.name == "cache":
+            return cache(cmd.args)
         if cmd.name == "completion":
             from boxyctl import completion
 
@@ -281,6 +283,27 @@ def daemon(args: dict) -> int:
     if action == "restart":
         connect().close()
         print("boxyd: restarted")
+    return 0
+
+
+def cache(args: dict) -> int:
+    """`cache list` / `cache clean [--all]`: boxy's own directories, no daemon needed."""
+    import time
+
+    from boxyd import caches, units
+
+    found = caches.entries()
+    if args["action"] == "list":
+        for e in found:
+            age = units.format_duration(max(0.0, time.time() - e.last_used))
+            print(f"{e.profile:<8}  {units.format_size(e.size):>9}  used {age} ago  {e.workdir}")
+        return 0
+    here = os.path.realpath(args["cwd"]) if args.get("cwd") else None
+    gone = [e for e in found if args["all"] or e.workdir == here]
+    for e in gone:
+        caches.remove(e)
+    say(f"removed {len(gone)} package cache{'s' if len(gone) != 1 else ''} "
+        f"({units.format_size(sum(e.size for e in gone))})")
     return 0
 
 

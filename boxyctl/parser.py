@@ -127,6 +127,11 @@ def build_parser(prog: str, *, run_only: bool = False) -> _Parser:
     dsub.add_parser("status", help="which build is running, and how busy it is")
     dsub.add_parser("restart", help="replace it with this build")
     dsub.add_parser("stop", help="stop it (refused while sessions are running)")
+    cache = sub.add_parser("cache", help="the per-project package caches of the node and python profiles")
+    csub = cache.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    csub.add_parser("list", help="every project's cache: profile, size, last use, work directory")
+    clean = csub.add_parser("clean", help="remove this work directory's caches")
+    clean.add_argument("--all", action="store_true", help="every project's")
     comp = sub.add_parser("completion", help="print the shell completion script")
     comp.add_argument("shell", metavar="SHELL", choices=("bash", "zsh", "fish"))
     return parser

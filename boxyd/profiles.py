@@ -19,12 +19,14 @@ from typing import Any
 
 import yaml
 
+from boxyd import caches
 from boxyd.envpolicy import check_name
 from boxyd.errors import ProfileError, UsageError
 from boxyd.spec import CopyEntry, PathEntry
 from boxyd.units import parse_duration, parse_host_spec, parse_size
 
-PATH_TEMPLATES = ("workdir", "workdir_slug", "home")
+# {cache}: boxy's own package cache for this work directory and profile (caches.py)
+PATH_TEMPLATES = ("workdir", "workdir_slug", "home", "cache")
 # Filled from the tool's own configuration at run time (never a host name written here).
 HOST_TEMPLATES = ("npm_registry", "pip_index", "pip_files", "go_proxy", "go_sumdb")
 # The tool's own settings, for env values: the sandbox does not see ~/.npmrc or
@@ -212,6 +214,8 @@ class _Checker:
             "workdir": context["workdir"],
             "home": context["home"],
             "workdir_slug": context.get("workdir_slug") or workdir_slug(context["workdir"]),
+            "cache": context.get("cache") or caches.project_dir(context["home"], label,
+                                                                 context["workdir"]),
         }
 
     def fail(self, key: str, expected: str) -> ProfileError:
@@ -387,10 +391,13 @@ def _build(name: str, label: str, doc: Mapping[str, Any], context: Mapping[str, 
         if "\0" in value:
             raise c.fail(f"env.{k}", "the value contains a NUL byte")
         for name in _TEMPLATE_RE.findall(value):
-            if name not in ENV_TEMPLATES:
+            if name not in ENV_TEMPLATES and name not in PATH_TEMPLATES:
+                known = (*ENV_TEMPLATES, *PATH_TEMPLATES)
                 raise c.fail(f"env.{k}", f"unknown template {{{name}}} (expected one of: "
-                                         f"{', '.join('{' + t + '}' for t in ENV_TEMPLATES)})")
-        p.env[k] = value
+                                         f"{', '.join('{' + t + '}' for t in known)})")
+        # path templates now; the registry's (ENV_TEMPLATES) when the run resolves them
+        p.env[k] = _TEMPLATE_RE.sub(
+            lambda m: c.values[m.group(1)] if m.group(1) in PATH_TEMPLATES else m.group(0), value)
     for i, v in enumerate(c.list_of("env_pass", doc.get("env_pass", []))):
         key = f"env_pass[{i}]"
         try:

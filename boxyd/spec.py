@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from boxyd.errors import ProfileError, UsageError
+from boxyd.errors import BoxyError, ProfileError, UsageError
 
 
 @dataclass
@@ -166,7 +166,7 @@ def build_spec(
     """
     # Imported here: stage 2 and the plan compiler import this module for the
     # dataclasses alone and must not pull in YAML.
-    from boxyd import envpolicy, exposure, profiles, units
+    from boxyd import caches, envpolicy, exposure, profiles, units
 
     if not isinstance(params, dict):
         raise UsageError("Run: parameters must be an object")
@@ -206,8 +206,17 @@ def build_spec(
         if profile_name == "~" or profile_name.startswith("~/"):
             profile_ref = home + profile_name[1:]
         profile_ref = _abs(profile_ref, cwd)
-    prof = profiles.load_profile(profile_ref, context={"workdir": workdir, "home": home})
+    cache = caches.project_dir(home, profile_name, workdir)
+    prof = profiles.load_profile(profile_ref, context={"workdir": workdir, "home": home,
+                                                        "cache": cache})
     src = prof.source
+    for entry in prof.mkdir:  # the profile's package cache: boxy's own directory, made here
+        if caches.is_cache(entry.path, home):
+            try:
+                caches.prepare(entry.path, workdir, home)
+            except (OSError, BoxyError) as e:
+                raise UsageError(f"profile {src}: the package cache {entry.path}: {e}; "
+                                 "`boxyctl cache clean` removes it") from None
 
     spec = RunSpec(argv=list(argv), workdir=workdir, profile=profile_name, notes=notes)
 

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from boxyd import masking, mountplan, retention, units, worktree
+from boxyd import caches, masking, mountplan, retention, units, worktree
 from boxyd.buildid import build_id
 from boxyd.daemon.launcher import Stage2, Template
 from boxyd.daemon.pty import PtyRelay
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("boxyd")
 
+CACHE_PRUNE_EVERY = 3600.0  # seconds between bounding the package caches
 GRACE = 5.0  # seconds between SIGTERM and SIGKILL (timeout, stop)
 KEEP_FINISHED = 64  # finished sessions kept in memory (the rest live in their records)
 MAX_AUDIT = 50_000  # records kept per session for --audit-log (a flood is counted, not kept)
@@ -95,6 +96,7 @@ class Manager:
         self.user = pwd.getpwuid(os.getuid())
         self.started_at = time.time()
         self.template = Template()
+        self._caches_pruned = -CACHE_PRUNE_EVERY
         self._dns = None
 
     def start(self) -> None:
@@ -218,7 +220,9 @@ class Manager:
                     stdio[i] = placeholders[-1]
             # the run's one walk per writable tree; it blocks: a worker thread, so no
             # other session or API call waits
-            trees = await asyncio.to_thread(worktree.prepare, mountplan.writable_roots(spec),
+            # boxy's own package caches are writable but no project: not walked
+            walked = [r for r in mountplan.writable_roots(spec) if not caches.is_cache(r, self.user.pw_dir)]
+            trees = await asyncio.to_thread(worktree.prepare, walked,
                                             git_guard=not spec.allow_git_write,
                                             created=[e.path for e in spec.mkdir])
             live = [b for x in self.sessions.values() if x is not s for b in x.baselines.values()]
@@ -485,4 +489,8 @@ class Manager:
             log.warning("session record %s: %s", s.id, e)
             return
         # a bounded history: pruning lists directories, so not on the event loop
-        asyncio.get_running_loop().run_in_executor(None, retention.prune_state, base)
+        loop = asyncio.get_running_loop()
+        loop.run_in_executor(None, retention.prune_state, base)
+        if time.monotonic() - self._caches_pruned > CACHE_PRUNE_EVERY:  # sizes cost a walk
+            self._caches_pruned = time.monotonic()
+            loop.run_in_executor(None, caches.prune, self.user.pw_dir)

@@ -447,3 +447,39 @@ def test_npm_postinstall_harvests_no_project_credential(boxy: Boxy) -> None:
     assert "project-npmrc-fund=false" in out(r), f"the project .npmrc was not read\n{both(r)}"
     assert "credential files masked" in err(r), both(r)
     assert f"_authToken={SECRET}" in (boxy.workdir / ".npmrc").read_text()  # the host's is intact
+
+
+# --- per-project package caches ------------------------------------------------------------
+
+
+def _cache_dirs(user: User) -> set[str]:
+    base = user.home / ".cache/boxy/cache/node"
+    return {p.name for p in base.iterdir() if p.is_dir()} if base.exists() else set()
+
+
+def test_npm_cache_is_per_project_and_a_second_ci_downloads_nothing(boxy: Boxy, user: User,
+                                                                     tmp_path: Path) -> None:
+    host, flags = npm_setup(boxy)
+    before = _cache_dirs(user)
+    r = boxy.run(*flags, cmd=["npm", "install", "--no-audit", "--no-fund", SMALL_NPM],
+                 timeout=TIMEOUT, input=b"")
+    check_npm_installed(boxy, r, host)
+    mine = _cache_dirs(user) - before
+    assert len(mine) == 1, mine  # this project's own cache, made for it
+    shutil.rmtree(boxy.workdir / "node_modules")
+    (boxy.workdir / "audit.jsonl").unlink()
+    r = boxy.run(*flags, cmd=["npm", "ci", "--no-audit", "--no-fund"], timeout=TIMEOUT, input=b"")
+    assert r.returncode == 0 and (boxy.workdir / "node_modules" / SMALL_NPM).is_dir(), both(r)
+    conns = [x for x in audit(boxy) if x.get("verdict") == "allow" and x.get("proto") == "tcp"]
+    assert conns == [], f"the warm npm ci still went to the registry: {conns}"
+    # another project gets a cache of its own: nothing of the first one's
+    other = Boxy(user, boxy.workdir.parent / f"{boxy.workdir.name}-other")
+    other.workdir.mkdir()
+    try:
+        write(other, "package.json", json.dumps({"name": "other", "version": "1.0.0", "private": True}))
+        r = other.run(*flags, cmd=["sh", "-c", "ls -A $npm_config_cache 2>/dev/null | wc -l"],
+                      timeout=TIMEOUT, input=b"")
+        assert r.returncode == 0 and out(r).strip() == "0", both(r)
+        assert len(_cache_dirs(user) - before) == 2
+    finally:
+        shutil.rmtree(other.workdir, ignore_errors=True)

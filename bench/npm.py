@@ -49,13 +49,32 @@ def registry_flags() -> list[str]:
     return registry_flags_for([url.split("://", 1)[-1].split("/", 1)[0]])
 
 
-def timed(argv: list[str], cwd: Path) -> float:
-    shutil.rmtree(cwd / "node_modules", ignore_errors=True)
+def timed(argv: list[str], cwd: Path, fresh: str = "node_modules") -> float:
+    """Wall time of ARGV in CWD, with what it installs (FRESH) removed first."""
+    shutil.rmtree(cwd / fresh, ignore_errors=True)
     t = time.perf_counter()
     r = subprocess.run(argv, cwd=cwd, capture_output=True)
     if r.returncode != 0:
         sys.exit(f"{' '.join(argv)}: exit {r.returncode}\n{r.stderr.decode(errors='replace')[-2000:]}")
     return time.perf_counter() - t
+
+
+def compare(what: str, outside_argv: list[str], boxy_argv: list[str], work: Path, profile: str,
+            n: int, fresh: str) -> None:
+    """Outside (warm host cache), then boxy with its project cache cold, then warm."""
+    cache = caches.project_dir(None, profile, os.path.realpath(work))
+    outside = statistics.median(timed(outside_argv, work, fresh) for _ in range(n))
+    cold = []
+    for _ in range(n):
+        shutil.rmtree(cache, ignore_errors=True)
+        cold.append(timed(boxy_argv, work, fresh))
+    warm = statistics.median(timed(boxy_argv, work, fresh) for _ in range(n))
+    print(f"{what}, median of {n}")
+    print(f"  outside the sandbox, warm cache     {outside:6.2f} s  (reference)")
+    print(f"  boxy --profile {profile}, cold cache {statistics.median(cold):6.2f} s  "
+          f"{statistics.median(cold) / outside:5.2f}x")
+    print(f"  boxy --profile {profile}, warm cache {warm:6.2f} s  {warm / outside:5.2f}x")
+    shutil.rmtree(cache, ignore_errors=True)
 
 
 def main() -> int:
@@ -73,19 +92,8 @@ def main() -> int:
         count = len(json.loads((work / "package-lock.json").read_text())["packages"]) - 1
         npm_ci = ["npm", "ci", "--no-audit", "--no-fund"]
         boxy = [str(BIN / "boxyctl"), "run", "--profile", "node", *registry_flags(), "--", *npm_ci]
-        outside = statistics.median(timed(npm_ci, work) for _ in range(n))
-        cold = []
-        for _ in range(n):
-            shutil.rmtree(caches.project_dir(None, "node", os.path.realpath(work)), ignore_errors=True)
-            cold.append(timed(boxy, work))
-        warm = statistics.median(timed(boxy, work) for _ in range(n))
-        print(f"npm ci of {count} packages, median of {n}")
-        print(f"  outside the sandbox, warm cache   {outside:6.2f} s  (reference)")
-        print(f"  boxy --profile node, cold cache   {statistics.median(cold):6.2f} s  "
-              f"{statistics.median(cold) / outside:5.2f}x")
-        print(f"  boxy --profile node, warm cache   {warm:6.2f} s  {warm / outside:5.2f}x")
+        compare(f"npm ci of {count} packages", npm_ci, boxy, work, "node", n, "node_modules")
     finally:
-        shutil.rmtree(caches.project_dir(None, "node", os.path.realpath(work)), ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     return 0
 

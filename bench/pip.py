@@ -12,31 +12,18 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.npm import registry_flags_for  # noqa: E402
-from boxyd import caches  # noqa: E402
+from bench.npm import compare, registry_flags_for, timed  # noqa: E402
 from boxyd.registries import Registries  # noqa: E402
 
 REQUIREMENTS = "six\nidna\ncertifi\ncharset-normalizer\nurllib3\nrequests\n"
 PY = "/usr/bin/python3"
-
-
-def timed(argv: list[str], cwd: Path) -> float:
-    shutil.rmtree(cwd / "site", ignore_errors=True)
-    t = time.perf_counter()
-    r = subprocess.run(argv, cwd=cwd, capture_output=True)
-    if r.returncode != 0:
-        sys.exit(f"{' '.join(argv)}: exit {r.returncode}\n{r.stderr.decode(errors='replace')[-2000:]}")
-    return time.perf_counter() - t
 
 
 def main() -> int:
@@ -50,24 +37,14 @@ def main() -> int:
         (work / "requirements.txt").write_text(REQUIREMENTS)
         install = [PY, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
                    "--target", "site", "-r", "requirements.txt"]
-        timed(install, work)  # warms the host's own cache
+        timed(install, work, "site")  # warms the host's own cache
         reg = Registries(dict(os.environ))
         hosts = [h for h in (reg("pip_index"), reg("pip_files")) if h]
         boxy = [str(BIN / "boxyctl"), "run", "--profile", "python", *registry_flags_for(hosts),
                 "--", *install]
-        outside = statistics.median(timed(install, work) for _ in range(n))
-        cold = []
-        for _ in range(n):
-            shutil.rmtree(caches.project_dir(None, "python", os.path.realpath(work)), ignore_errors=True)
-            cold.append(timed(boxy, work))
-        warm = statistics.median(timed(boxy, work) for _ in range(n))
-        print(f"pip install -r of {len(REQUIREMENTS.split())} packages, median of {n}")
-        print(f"  outside the sandbox, warm cache   {outside:6.2f} s  (reference)")
-        print(f"  boxy --profile python, cold cache {statistics.median(cold):6.2f} s  "
-              f"{statistics.median(cold) / outside:5.2f}x")
-        print(f"  boxy --profile python, warm cache {warm:6.2f} s  {warm / outside:5.2f}x")
+        compare(f"pip install -r of {len(REQUIREMENTS.split())} packages", install, boxy, work,
+                "python", n, "site")
     finally:
-        shutil.rmtree(caches.project_dir(None, "python", os.path.realpath(work)), ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     return 0
 

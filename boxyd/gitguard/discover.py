@@ -578,40 +578,33 @@ class Walker:
         handle_path_include); every includeIf counts, whatever its condition."""
         if depth > MAX_INCLUDE_DEPTH or path.startswith("~"):
             return  # git stops there too; ~ is $HOME, outside every work tree
-        comps = place(self.roots, base, path)
-        found = locate(self.root_fd, comps) if comps is not None else None
-        if found is None or found[0] in self.controls:
-            return
-        target, kind = found
-        self.control(target, "include", kind)
-        if kind != "file":
-            return  # a symlink is judged (and refused) as it stands, never followed
-        parent, _, leaf = target.rpartition("/")
-        try:
-            pfd = open_dir(self.root_fd, parent)
-        except OSError:
-            return
-        try:
-            self.read_config(pfd, parent, leaf, worktree, depth)
-        finally:
-            os.close(pfd)
+        self._claim(place(self.roots, base, path), "include", "file",
+                    lambda fd, parent, leaf: self.read_config(fd, parent, leaf, worktree, depth))
 
     def hooks_dir(self, comps: list[str] | None) -> None:
         """core.hooksPath's directory (or the first symlink on the way to it)."""
+        self._claim(comps, "hookspath", "dir",
+                    lambda fd, parent, leaf: self.below(fd, leaf, join(parent, leaf), "hooks", 0))
+
+    def _claim(self, comps: list[str] | None, role: Role, want: Type,
+               then: Callable[[int, str, str], None]) -> None:
+        """Record the entry COMPS names (or the first symlink on the way to it) as ROLE;
+        when it is a WANT, THEN(parent_fd, parent, name). A symlink is judged as it
+        stands, never followed."""
         found = locate(self.root_fd, comps) if comps is not None else None
         if found is None or found[0] in self.controls:
             return
         target, kind = found
-        self.control(target, "hookspath", kind)
-        if kind != "dir":
-            return  # a symlink on the way: judged as it stands, never followed
+        self.control(target, role, kind)
+        if kind != want:
+            return
         parent, _, leaf = target.rpartition("/")
         try:
             pfd = open_dir(self.root_fd, parent)
         except OSError:
             return
         try:
-            self.below(pfd, leaf, target, "hooks", 0)
+            then(pfd, parent, leaf)
         finally:
             os.close(pfd)
 

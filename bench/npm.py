@@ -77,13 +77,18 @@ def compare(what: str, outside_argv: list[str], boxy_argv: list[str], work: Path
     shutil.rmtree(cache, ignore_errors=True)
 
 
-def main() -> int:
+def start(name: str) -> tuple[int, Path]:
+    """-n (runs per case), and a fresh project directory under $HOME."""
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=3)
     n = ap.parse_args().n
     if os.getuid() == 0:
         sys.exit("run as the user who will use boxy, not root")
-    work = Path(tempfile.mkdtemp(prefix="boxy-bench-npm-", dir=Path.home()))
+    return n, Path(tempfile.mkdtemp(prefix=f"boxy-bench-{name}-", dir=Path.home()))
+
+
+def main() -> int:
+    n, work = start("npm")
     try:
         (work / "package.json").write_text(json.dumps(
             {"name": "bench", "version": "1.0.0", "private": True, "dependencies": DEPS}))

@@ -9,17 +9,15 @@ Run as the user who will use boxy (not root): `.venv/bin/python bench/pip.py [-n
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.npm import compare, registry_flags_for, timed  # noqa: E402
+from bench.npm import compare, registry_flags_for, start, timed  # noqa: E402
 from boxyd.registries import Registries  # noqa: E402
 
 REQUIREMENTS = "six\nidna\ncertifi\ncharset-normalizer\nurllib3\nrequests\n"
@@ -27,12 +25,7 @@ PY = "/usr/bin/python3"
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("-n", type=int, default=3)
-    n = ap.parse_args().n
-    if os.getuid() == 0:
-        sys.exit("run as the user who will use boxy, not root")
-    work = Path(tempfile.mkdtemp(prefix="boxy-bench-pip-", dir=Path.home()))
+    n, work = start("pip")
     try:
         (work / "requirements.txt").write_text(REQUIREMENTS)
         install = [PY, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",

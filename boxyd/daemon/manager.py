@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from boxyd import caches, masking, mountplan, retention, units, worktree
@@ -21,8 +22,7 @@ from boxyd.buildid import build_id
 from boxyd.daemon.launcher import Stage2, Template
 from boxyd.daemon.pty import PtyRelay
 from boxyd.errors import BoxyError, SetupError, UsageError
-from boxyd.gitguard import guard
-from boxyd.gitguard.scan import Snapshot
+from boxyd.gitguard.scan import Snapshot, inherit_live
 from boxyd.hostfile import Outputs, open_outputs, replaced
 from boxyd.paths import ensure_private_dir, state_dir
 from boxyd.policy.seccomp import build_filter
@@ -58,7 +58,7 @@ class Session:
     audit_dropped: int = 0
     net: Network | None = None
     # the git guard's baselines while the session runs: a session starting meanwhile on
-    # an overlapping tree inherits them (guard.py)
+    # an overlapping tree inherits them (scan.inherit_live)
     baselines: dict[str, Snapshot] = field(default_factory=dict)
     outputs: Outputs = field(default_factory=Outputs)  # --audit-log, --net-log, --pcap
     # the client terminal's settings from before it went raw (termsettings.capture)
@@ -227,7 +227,7 @@ class Manager:
                                             created=[e.path for e in spec.mkdir])
             live = [b for x in self.sessions.values() if x is not s for b in x.baselines.values()]
             s.trees = trees
-            s.baselines = guard.inherit_live(
+            s.baselines = inherit_live(
                 {r: t.baseline for r, t in trees.items() if t.baseline is not None}, live)
             masks = self._credentials(s, trees, warnings)
             plan = mountplan.build(spec, seccomp_bpf=build_filter(spec.seccomp),
@@ -467,9 +467,14 @@ class Manager:
                 s.result.setdefault("notes", []).append(
                     f"--audit-log {s.spec.audit_log}: {problem}; the records are in {kept}")
 
+    @staticmethod
+    def _record_dir(s: Session) -> Path:
+        """$XDG_STATE_HOME/boxy/sessions/<id>/, each level 0700 and checked."""
+        return ensure_private_dir(ensure_private_dir(ensure_private_dir(state_dir()) / "sessions") / s.id)
+
     def _save_record_file(self, s: Session, name: str, data: bytes) -> str:
         try:
-            d = ensure_private_dir(ensure_private_dir(ensure_private_dir(state_dir()) / "sessions") / s.id)
+            d = self._record_dir(s)
             fd = os.open(d / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -480,8 +485,7 @@ class Manager:
     def _write_record(self, s: Session) -> None:
         """$XDG_STATE_HOME/boxy/sessions/<id>/ (0700): meta and exit status, for later inspection."""
         try:
-            base = ensure_private_dir(state_dir())
-            d = ensure_private_dir(ensure_private_dir(base / "sessions") / s.id)
+            d = self._record_dir(s)
             meta = {"id": s.id, "argv": s.spec.argv, "workdir": s.spec.workdir, "profile": s.spec.profile,
                     "started_at": s.started_at, "result": s.result}
             (d / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
@@ -490,7 +494,7 @@ class Manager:
             return
         # a bounded history: pruning lists directories, so not on the event loop
         loop = asyncio.get_running_loop()
-        loop.run_in_executor(None, retention.prune_state, base)
+        loop.run_in_executor(None, retention.prune_state, state_dir())
         if time.monotonic() - self._caches_pruned > CACHE_PRUNE_EVERY:  # sizes cost a walk
             self._caches_pruned = time.monotonic()
             loop.run_in_executor(None, caches.prune, self.user.pw_dir)

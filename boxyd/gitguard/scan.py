@@ -30,7 +30,7 @@ import errno
 import hashlib
 import os
 import stat
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from boxyd.gitguard import discover, hostgit
@@ -153,6 +153,19 @@ def inherit(own: Snapshot, older: Snapshot) -> Snapshot:
     unreadable = {u for u in own.unreadable if not in_shared(u)}
     unreadable.update(new for _, new in _rebase(older.unreadable, b, a))
     return Snapshot(a, records, frozenset(unreadable))
+
+
+def inherit_live(own: Mapping[str, Snapshot], live: Sequence[Snapshot]) -> dict[str, Snapshot]:
+    """OWN, where it overlaps a tree a live session runs on, replaced by that session's
+    baseline. LIVE: oldest first. Taken once the walk is done, so that every session
+    whose payload started before this walk ended is in it (a session sets its baselines
+    before its payload starts)."""
+    out = {}
+    for root, snap in own.items():
+        for older in reversed(live):  # newest first: the oldest live baseline wins
+            snap = inherit(snap, older)
+        out[root] = snap
+    return out
 
 
 _LABEL = {

@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	@[ -x $(VENV)/bin/python3 ] || $(PYTHON) -m venv --copies --system-site-packages $(VENV)
 	$(VENV)/bin/pip install -q -e '.[test]' --config-settings editable_mode=compat
 	@# Byte-compile now: other users (and stage 2) cannot write __pycache__ here.
-	$(VENV)/bin/python3 -m compileall -q boxyd boxyctl >/dev/null
+	$(VENV)/bin/python3 -m compileall -q boxy boxyd boxyctl >/dev/null
 	@touch $@
 
 # boxyctl(1) and the bash/zsh/fish completions, generated from the parser: for every
@@ -42,7 +42,7 @@ test: venv docs
 	tests/harness/run-tests.sh $(VENV)
 
 lint: venv
-	$(VENV)/bin/ruff check boxyd boxyctl tests bench
+	$(VENV)/bin/ruff check boxy boxyd boxyctl tests bench
 
 demo: setup
 	$(VENV)/bin/boxyctl run --net none -- sh -c 'echo "hello from $$(hostname): $$(id)"; ls -A $$HOME; cat ~/.ssh/id_* 2>&1 | head -1'

@@ -1,9 +1,9 @@
 """boxyctl's command line: argv → a Command, or one line saying what is wrong.
 
-Only the standard library and ``boxyd.units`` are imported: this runs on every
-client start, so no YAML, asyncio or D-Bus here. For ``run`` the result is exactly
-the varlink Run parameters; the daemon merges them with the profile and re-checks
-them (``boxyd.spec.build_spec``). Everything knowable without the profile is
+Only the standard library and ``boxy`` are imported: this runs on every client
+start, so no YAML, asyncio or D-Bus here. For ``run`` the result is a typed
+``boxy.request.RunRequest``; the daemon merges it with the profile and re-checks
+it (``boxyd.spec.build_spec``). Everything knowable without the profile is
 refused here, before a daemon is contacted. Paths are made absolute against the
 client's cwd (with ``~`` from the client's HOME) because the daemon's cwd and
 environment are not the user's.
@@ -17,8 +17,9 @@ import sys
 from collections import namedtuple
 from types import SimpleNamespace
 
-from boxyd.errors import UsageError
-from boxyd.units import (
+from boxy.errors import UsageError
+from boxy.request import CopyItem, EnvItem, RunOptions, RunRequest, Secret
+from boxy.values import (
     parse_cidrs,
     parse_count,
     parse_cpus,
@@ -191,28 +192,24 @@ class _Paths:
             value = self.home + value[1:]
         return os.path.normpath(os.path.join(self.cwd, value))
 
-    def copy(self, flag: str, value: str) -> dict[str, str | None]:
+    def copy(self, flag: str, value: str) -> CopyItem:
         src, sep, dst = value.partition(":")
         if not src or (sep and not dst):
             raise UsageError(f"{flag} {value!r}: expected SRC[:DST]")
         if dst and not (dst.startswith("/") or dst == "~" or dst.startswith("~/")):
             raise UsageError(f"{flag} {value}: DST must be an absolute path (or start with ~)")
-        return {"src": self(flag, src), "dst": self(flag, dst) if dst else None}
+        return CopyItem(self(flag, src), self(flag, dst) if dst else None)
 
 
-def _env_entry(value: str, environ: dict[str, str]) -> dict[str, Any]:
+def _env_entry(value: str, environ: dict[str, str]) -> EnvItem:
     name, sep, val = value.partition("=")
     if not _NAME_RE.fullmatch(name):
         raise UsageError(f"-e {value!r}: not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
-    if sep:
-        return {"name": name, "value": val, "present": True}
     # -e NAME: the value is the client's, never the daemon's.
-    if name in environ:
-        return {"name": name, "value": environ[name], "present": True}
-    return {"name": name, "value": None, "present": False}
+    return EnvItem(name, val if sep else environ.get(name))
 
 
-def _secret_entry(name: str, environ: dict[str, str]) -> dict[str, str]:
+def _secret_entry(name: str, environ: dict[str, str]) -> Secret:
     """--secret NAME: the value from our environment, never from the command line (ps
     shows every argv on the machine). The messages never hold a value."""
     if "=" in name:
@@ -222,7 +219,7 @@ def _secret_entry(name: str, environ: dict[str, str]) -> dict[str, str]:
         raise UsageError(f"--secret {name!r}: not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
     if name not in environ:
         raise UsageError(f"--secret {name}: not set in your environment")
-    return {"name": name, "value": environ[name]}
+    return Secret(name, environ[name])
 
 
 def _session_id(value: str | None) -> str | None:
@@ -231,7 +228,7 @@ def _session_id(value: str | None) -> str | None:
     return value
 
 
-def _run_args(ns: Any, environ: dict[str, str], cwd: str) -> dict[str, Any]:
+def _run_request(ns: Any, environ: dict[str, str], cwd: str) -> RunRequest:
     command = list(ns.argv)
     if command[:1] == ["--"]:
         command = command[1:]
@@ -251,7 +248,7 @@ def _run_args(ns: Any, environ: dict[str, str], cwd: str) -> dict[str, Any]:
         if "/" in profile or profile.endswith((".yaml", ".yml")):
             profile = path("--profile", profile)
     pcap_max = parse_size(ns.pcap_max, what="--pcap-max") if ns.pcap_max is not None else None
-    options: dict[str, Any] = {
+    options = RunOptions(**{
         "profile": profile,
         "ro": [path("--ro", p) for p in ns.ro],
         "rw": [path("--rw", p) for p in ns.rw],
@@ -281,19 +278,19 @@ def _run_args(ns: Any, environ: dict[str, str], cwd: str) -> dict[str, Any]:
         "verbose": ns.verbose,
         "detach": ns.detach,
         "allow_git_write": ns.allow_git_write,
-    }
+    })
     _check_combinations(options)
-    return {"argv": command, "cwd": cwd, "options": options, "client_env": client_env(environ)}
+    return RunRequest(command, cwd, options, client_env(environ))
 
 
-def _check_combinations(o: dict[str, Any]) -> None:
+def _check_combinations(o: RunOptions) -> None:
     """Refuse what can never work, whatever the profile says."""
-    net = o["net"]
-    if o["allow_host"] and net in ("none", "public"):
+    net = o.net
+    if o.allow_host and net in ("none", "public"):
         raise UsageError(
             f"--allow-host: cannot be combined with --net {net} (it implies allowlist)"
         )
-    if o["allow_port"] and net == "public":
+    if o.allow_port and net == "public":
         raise UsageError(PUBLIC_PORTS)
     if net == "none":
         for key, flag in (
@@ -303,9 +300,9 @@ def _check_combinations(o: dict[str, Any]) -> None:
             ("allow_port", "--allow-port"),
             ("allow_cidr", "--allow-cidr"),
         ):
-            if o[key]:
+            if getattr(o, key):
                 raise UsageError(f"{flag}: cannot be combined with --net none (no network at all)")
-    if o["pcap_max"] is not None and o["pcap"] is None:
+    if o.pcap_max is not None and o.pcap is None:
         raise UsageError("--pcap-max: needs --pcap")
 
 
@@ -331,7 +328,7 @@ def parse(argv: list[str], *, environ: dict[str, str], cwd: str, prog: str = "bo
         _refuse_negative(argv[1:])
         fast = _fast_run(argv[1:])
         if fast is not None:
-            return Command("run", _run_args(fast, environ, cwd))
+            return Command("run", {"request": _run_request(fast, environ, cwd)})
     return _parse_with_argparse(argv, environ=environ, cwd=cwd, prog=prog)
 
 
@@ -354,7 +351,7 @@ def _parse_with_argparse(argv: list[str], *, environ: dict[str, str], cwd: str,
     if name is None:
         raise UsageError(f"missing command ({', '.join(COMMANDS)}); see {prog} --help")
     if name == "run":
-        return Command("run", _run_args(ns, environ, cwd))
+        return Command("run", {"request": _run_request(ns, environ, cwd)})
     if name == "ps":
         return Command("ps", {"all": ns.all})
     if name in ("show", "attach", "watch"):

@@ -167,10 +167,11 @@ def _roff(text: str) -> str:
 
 
 def man() -> str:
-    from boxyd.buildid import build_id
+    from boxy import VERSION
+    from boxy.buildid import build_id
 
     root = tree()
-    out = [".TH BOXYCTL 1 \"\" \"boxy 0.1.0 (build " + build_id() + ")\" \"User Commands\"",
+    out = [f".TH BOXYCTL 1 \"\" \"boxy {VERSION} (build {build_id()})\" \"User Commands\"",
            ".SH NAME", "boxyctl, boxy \\- run an untrusted program with its project directory "
            "and nothing else",
            ".SH SYNOPSIS",

@@ -8,9 +8,9 @@ import os
 import sys
 import time
 
-from boxyctl.varlink import Client, DaemonUnavailable
-from boxyd.errors import DaemonError
-from boxyd.paths import ensure_private_dir, runtime_dir, socket_path, state_dir
+from boxy.errors import DaemonError
+from boxy.paths import ensure_private_dir, runtime_dir, socket_path, state_dir
+from boxy.varlink import Client, DaemonUnavailable
 
 START_TIMEOUT = 10.0
 # The daemon's own environment: where things are, never the caller's secrets.

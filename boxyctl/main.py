@@ -10,9 +10,9 @@ import os
 import signal
 import sys
 
-from boxyd.errors import BoxyError, DaemonError
-
-IFACE = "dev.boxy.Manager"
+from boxy import INTERFACE as IFACE
+from boxy import VERSION
+from boxy.errors import BoxyError, BuildMismatch, Busy, DaemonError
 
 
 def _prog() -> str:
@@ -84,9 +84,9 @@ def _main(argv: list[str] | None) -> int:
             sys.stdout.write(cmd.args["text"])
             return 0
         if cmd.name == "version":
-            from boxyd.buildid import build_id
+            from boxy.buildid import build_id
 
-            print(f"boxy 0.1.0 (build {build_id()})")
+            print(f"boxy {VERSION} (build {build_id()})")
             return 0
         if cmd.name == "run":
             return run(cmd.args)
@@ -128,32 +128,26 @@ def _stdio() -> list[int]:
 
 
 def run(args: dict) -> int:
+    from boxy.buildid import build_id
     from boxyctl.connect import connect, wait_gone
-    from boxyctl.varlink import VarlinkError
-    from boxyd.buildid import build_id
 
-    args = {**args, "build": build_id()}
+    request = args["request"]
+    request.build = build_id()
     for attempt in (1, 2):
         client = connect()
         try:
-            return _run_once(client, args)
-        except VarlinkError as e:
-            name = e.name.removeprefix(IFACE + ".")
-            if name == "BuildMismatch" and attempt == 1:
-                try:
-                    client.call(f"{IFACE}.Shutdown", {})
-                except VarlinkError as busy:
-                    raise DaemonError(
-                        f"boxyd is running another build ({e.parameters.get('daemon_build')}) and has "
-                        "sessions; run `boxyctl daemon restart` when they finish") from busy
-                say("replaced an idle boxyd of another build")
-                wait_gone()
-                continue
-            msg = e.parameters.get("message") or name
-            if name == "InvalidArgument":
-                say(msg)
-                return 2
-            raise DaemonError(msg) from None
+            return _run_once(client, request)
+        except BuildMismatch as e:
+            if attempt == 2:
+                raise
+            try:
+                client.call(f"{IFACE}.Shutdown", {})
+            except Busy:
+                raise DaemonError(
+                    f"boxyd is running another build ({e.daemon_build}) and has sessions; "
+                    "run `boxyctl daemon restart` when they finish") from None
+            say("replaced an idle boxyd of another build")
+            wait_gone()
         finally:
             client.close()
     return 1
@@ -167,8 +161,8 @@ def _daemon_answers(timeout: float = 2.0) -> bool:
     while the run's own connection is blocked in recv)?"""
     import socket
 
-    from boxyctl.varlink import encode
-    from boxyd.paths import socket_path
+    from boxy.paths import socket_path
+    from boxy.varlink import encode
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
@@ -182,13 +176,14 @@ def _daemon_answers(timeout: float = 2.0) -> bool:
         sock.close()
 
 
-def _run_once(client, args: dict) -> int:
+def _run_once(client, request) -> int:
     sid: list[str] = []
     got: list[int] = []
 
     def stop_waiting(why: str) -> DaemonError:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        tail = f"; the session may still be running (boxyctl stop {sid[0]})" if sid else ""
+        # the connection closes as we go: boxyd hangs the session up (SIGHUP, then a stop)
+        tail = f"; boxyd stops session {sid[0]} when it sees this client gone" if sid else ""
         return DaemonError(f"{why}: stopped waiting for boxyd{tail}")
 
     def forward(signum: int, _frame: object) -> None:
@@ -219,18 +214,19 @@ def _run_once(client, args: dict) -> int:
     raw.callback(signal.setitimer, signal.ITIMER_REAL, 0)  # no liveness ping past the run
     final: dict = {}
     with raw:
-        if os.isatty(0) and not args["options"].get("detach"):
+        if os.isatty(0) and not request.options.detach:
+            from boxy import termsettings
+            from boxy.request import Terminal
             from boxyctl import tty  # threading and termios: only for a terminal
-            from boxyd import termsettings
 
             # Raw before the payload can write a byte (its first lines came out as
             # \r\r\n otherwise); the sandbox's PTY gets the settings from before.
-            args = {**args, "terminal": termsettings.capture(0)}
+            request.terminal = Terminal.from_wire(termsettings.capture(0))
             term = raw.enter_context(tty.raw_mode(0))
-        for reply in client.stream(f"{IFACE}.Run", args, fds=_stdio()):
+        for reply in client.stream(f"{IFACE}.Run", request.to_wire(), fds=_stdio()):
             if "notice" in reply:  # -v: a denial, as it happens
                 say(str(reply["notice"]))
-            elif "stopped" in reply and "terminal" in args:  # ^Z: stop with the payload
+            elif "stopped" in reply and request.terminal is not None:  # ^Z: stop with the payload
                 term.suspend()
                 if sid:  # `fg`: the payload goes on too
                     client.send_oneway(f"{IFACE}.Signal", {"id": sid[0], "signal": signal.SIGCONT})
@@ -238,26 +234,36 @@ def _run_once(client, args: dict) -> int:
                 sid.append(reply["id"])
                 for w in reply.get("warnings", []):
                     say(w)
-                if "terminal" in args:
+                if request.terminal is not None:
                     tty.on_winch(winch)
             else:
                 final = reply
-    if final.get("destinations"):  # a run with network that went somewhere: where
-        head, _, table = str(final["destinations"]).partition("\n")
+    return _report(final)
+
+
+def _report(final: dict) -> int:
+    """The end of a run, on stderr; the payload's exit status."""
+    from boxy.outcome import Outcome
+
+    outcome = Outcome.from_wire(final)
+    for w in outcome.warnings:  # a run that never started: not said yet
+        say(w)
+    if outcome.destinations:  # a run with network that went somewhere: where
+        head, _, table = outcome.destinations.partition("\n")
         say(head)
-        os.write(2, table.encode(errors="replace"))
-    for note in final.get("notes", []):
-        say(str(note))
-    if final.get("message"):
-        say(final["message"])
-    for line in final.get("findings", []):
+        with contextlib.suppress(OSError):
+            os.write(2, table.encode(errors="replace"))
+    for note in outcome.notes:
+        say(note)
+    if outcome.message:
+        say(outcome.message)
+    for line in outcome.findings:
         say(line)
-    return int(final.get("exit_status", 1))
+    return outcome.exit_status
 
 
 def daemon(args: dict) -> int:
     from boxyctl.connect import connect, wait_gone
-    from boxyctl.varlink import VarlinkError
 
     action = args.get("action", "status")
     if action == "status":
@@ -274,8 +280,8 @@ def daemon(args: dict) -> int:
         client = connect(start=False)
         try:
             client.call(f"{IFACE}.Shutdown", {})
-        except VarlinkError as e:
-            say(f"daemon {action}: {e.parameters.get('message', e.name)}")
+        except Busy as e:
+            say(f"daemon {action}: {e}")
             return 1
         wait_gone()
     except DaemonError:
@@ -290,20 +296,21 @@ def cache(args: dict) -> int:
     """`cache list` / `cache clean [--all]`: boxy's own directories, no daemon needed."""
     import time
 
-    from boxyd import caches, units
+    from boxy import values
+    from boxyd import caches
 
     found = caches.entries()
     if args["action"] == "list":
         for e in found:
-            age = units.format_duration(max(0.0, time.time() - e.last_used))
-            print(f"{e.profile:<8}  {units.format_size(e.size):>9}  used {age} ago  {e.workdir}")
+            age = values.format_duration(max(0.0, time.time() - e.last_used))
+            print(f"{e.profile:<8}  {values.format_size(e.size):>9}  used {age} ago  {e.workdir}")
         return 0
     here = os.path.realpath(args["cwd"]) if args.get("cwd") else None
     gone = [e for e in found if args["all"] or e.workdir == here]
     for e in gone:
         caches.remove(e)
     say(f"removed {len(gone)} package cache{'s' if len(gone) != 1 else ''} "
-        f"({units.format_size(sum(e.size for e in gone))})")
+        f"({values.format_size(sum(e.size for e in gone))})")
     return 0
 
 

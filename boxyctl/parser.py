@@ -10,8 +10,8 @@ import os
 import sys
 from typing import Any, NoReturn
 
+from boxy.errors import UsageError
 from boxyctl.cli import RUN_DESCRIPTION, RUN_FLAGS
-from boxyd.errors import UsageError
 
 
 class Help(Exception):

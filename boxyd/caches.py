@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from boxyd.paths import ensure_private_dir
+from boxy.paths import ensure_private_dir
 
 MAX_BYTES = 10 << 30
 MAX_AGE = 30 * 86400.0

@@ -410,7 +410,7 @@ def _apparmor(f: Facts) -> list[Check]:
 def _nft_probe() -> str:
     """Load the gateway's own ruleset (TPROXY, fib, sets, NFLOG reporting) in a new
     netns of a new user namespace, and bind its NFLOG group: what stage 2 does."""
-    from boxyd.errors import SetupError
+    from boxy.errors import SetupError
     from boxyd.net import nflog, ruleset
     from boxyd.stage2 import nft
 

@@ -13,7 +13,7 @@ import fnmatch
 import re
 from collections.abc import Iterable, Mapping
 
-from boxyd.errors import UsageError
+from boxy.errors import UsageError
 
 # Harmless and needed for a usable terminal; the only names ever taken by default.
 PASSTHROUGH = ("TERM", "LANG", "LANGUAGE", "TZ", "COLORTERM", "NO_COLOR")

@@ -15,7 +15,7 @@ import posixpath
 import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from boxyd.errors import UsageError
+from boxy.errors import UsageError
 
 Sensitive = tuple[str, str]  # (absolute path, why it matters)
 Exposed = tuple[str, str]  # (what exposes it, e.g. "--ro" or "workdir"; absolute path)

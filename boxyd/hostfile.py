@@ -25,7 +25,7 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from boxyd.errors import UsageError
+from boxy.errors import UsageError
 
 _STEP = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_LINKS = 40  # symlinks followed above the hostile trees, as the kernel allows

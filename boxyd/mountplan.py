@@ -12,7 +12,7 @@ import os
 import pwd
 from typing import TYPE_CHECKING
 
-from boxyd.errors import UsageError
+from boxy.errors import UsageError
 from boxyd.plan import Bind, Copy, Dir, File, LandlockRule, Mask, MountOp, Plan, Symlink
 from boxyd.spec import SYSTEM_TREES, RunSpec
 

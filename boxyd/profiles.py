@@ -19,11 +19,11 @@ from typing import Any
 
 import yaml
 
+from boxy.errors import ProfileError, UsageError
+from boxy.values import parse_duration, parse_host_spec, parse_size
 from boxyd import caches
 from boxyd.envpolicy import check_name
-from boxyd.errors import ProfileError, UsageError
 from boxyd.spec import CopyEntry, PathEntry
-from boxyd.units import parse_duration, parse_host_spec, parse_size
 
 # {cache}: boxy's own package cache for this work directory and profile (caches.py)
 PATH_TEMPLATES = ("workdir", "workdir_slug", "home", "cache")

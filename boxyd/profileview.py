@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from boxyd import profiles, units
+from boxy import values
+from boxyd import profiles
 from boxyd.profiles import Profile, Registry
 
 # where each template's value comes from, said next to what it became
@@ -72,9 +73,9 @@ def show_lines(profile: Profile, registry: Registry | None, kind: str, location:
     for name in profile.env_pass:
         out.append(f"  env {name}: passed from your environment")
     limits: Mapping[str, object] = {
-        "memory": units.format_size(profile.memory) if profile.memory else None,
+        "memory": values.format_size(profile.memory) if profile.memory else None,
         "pids": profile.pids, "cpus": profile.cpus,
-        "timeout": units.format_duration(profile.timeout) if profile.timeout else None,
+        "timeout": values.format_duration(profile.timeout) if profile.timeout else None,
         "seccomp": profile.seccomp,
     }
     out += [f"  {k}: {v}" for k, v in limits.items() if v is not None]

@@ -1,6 +1,6 @@
 """RunSpec: one run's request after the profile and the flags are merged and checked.
 
-Built by ``build_spec`` from the client's Run parameters; everything downstream
+Built by ``build_spec`` from a client's RunRequest (boxy.request); everything downstream
 (mount plan, seccomp, limits) reads only this. Pure: no I/O beyond reading the
 profile file and stat()ing the paths it names.
 
@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from boxyd.errors import BoxyError, ProfileError, UsageError
+from boxy.errors import BoxyError, ProfileError, UsageError
+from boxy.request import RunOptions, RunRequest
 
 
 @dataclass
@@ -84,52 +85,6 @@ DEFAULT_MEMORY = 2 << 30
 DEFAULT_PIDS = 512
 DEFAULT_PCAP_MAX = 1 << 30
 
-# Run's "options" keys (boxyctl.cli builds exactly these); anything else is a client bug.
-OPTION_KEYS = (
-    "profile", "ro", "rw", "protect", "reveal", "mkdir", "copy", "copy_ro", "workdir", "net",
-    "allow_host", "allow_port", "allow_cidr", "tailscale", "env", "secret", "memory", "pids",
-    "cpus", "timeout", "audit_log", "net_log", "pcap", "pcap_max", "seccomp", "tty",
-    "verbose", "detach", "allow_git_write",
-)  # fmt: skip
-
-
-class _Wire:
-    """Typed reads of the Run parameters: they arrive as JSON from a client, so a wrong
-    shape is reported as a usage error, never a traceback."""
-
-    def __init__(self, options: dict[str, Any]) -> None:
-        self.options = options
-
-    @staticmethod
-    def fail(key: str, expected: str) -> UsageError:
-        return UsageError(f"Run: options.{key}: expected {expected}")
-
-    def get(self, key: str, kind: type | tuple[type, ...], expected: str) -> Any:
-        value = self.options.get(key)
-        if value is None:
-            return None
-        if isinstance(value, bool) and kind is not bool:
-            raise self.fail(key, expected)
-        if not isinstance(value, kind):
-            raise self.fail(key, expected)
-        return value
-
-    def flag(self, key: str) -> bool:
-        return bool(self.get(key, bool, "true or false"))
-
-    def strings(self, key: str) -> list[str]:
-        values = self.get(key, list, "a list of strings") or []
-        if not all(isinstance(v, str) for v in values):
-            raise self.fail(key, "a list of strings")
-        return values
-
-    def positive(self, key: str, kind: type | tuple[type, ...], expected: str) -> Any:
-        value = self.get(key, kind, expected)
-        if value is not None and value <= 0:
-            raise self.fail(key, expected)
-        return value
-
-
 def _contains(tree: str, path: str) -> bool:
     # "/".rstrip("/") + "/" is "/": the root contains every absolute path
     return path == tree or path.startswith(tree.rstrip("/") + "/")
@@ -148,16 +103,15 @@ def _dedupe(items: list[Any]) -> list[Any]:
 
 
 def build_spec(
-    params: dict[str, Any],
+    request: RunRequest,
     *,
     uid: int,
     user: str,
     home: str,
     registry: Callable[[str], str | None] | None = None,
 ) -> RunSpec:
-    """Merge the client's Run parameters with the profile and check them into a RunSpec.
+    """Merge a client's RunRequest with the profile and check them into a RunSpec.
 
-    ``params`` is {"argv", "cwd", "options", "client_env"} as boxyctl.cli builds it;
     ``registry`` resolves the profile's host templates (npm_registry, pip_index, …)
     from the tools' own configuration. The profile defaults to ``generic``; flags
     add to the profile's lists and override its scalars; ``--allow-host`` without
@@ -166,41 +120,25 @@ def build_spec(
     """
     # Imported here: stage 2 and the plan compiler import this module for the
     # dataclasses alone and must not pull in YAML.
-    from boxyd import caches, envpolicy, exposure, profiles, units
+    from boxy import values
+    from boxyd import caches, envpolicy, exposure, profiles
 
-    if not isinstance(params, dict):
-        raise UsageError("Run: parameters must be an object")
-    argv = params.get("argv")
-    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+    argv, cwd, client_env, o = request.argv, request.cwd, request.client_env, request.options
+    if not argv:
         raise UsageError("missing command (boxyctl run [flags] -- COMMAND [ARGS...])")
     if any("\0" in a for a in argv):
         raise UsageError("the command contains a NUL byte")
-    cwd = params.get("cwd")
-    if not isinstance(cwd, str) or not cwd.startswith("/"):
-        raise UsageError("Run: cwd: expected an absolute path")
-    client_env = params.get("client_env") or {}
-    if not isinstance(client_env, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in client_env.items()
-    ):
-        raise UsageError("Run: client_env: expected an object of strings")
-    options = params.get("options") or {}
-    if not isinstance(options, dict):
-        raise UsageError("Run: options: expected an object")
-    for key in options:
-        if key not in OPTION_KEYS:
-            raise UsageError(f"Run: unknown option {key!r}")
-    o = _Wire(options)
     notes: list[str] = []
 
     # The work directory, resolved once: every later containment check uses this form.
-    workdir_flag = o.get("workdir", str, "a path")
+    workdir_flag = o.workdir
     raw_workdir = _abs(workdir_flag or cwd, cwd)
     workdir = os.path.realpath(raw_workdir)
     if not os.path.isdir(workdir):
         what = "--workdir" if workdir_flag else "the current directory"
         raise UsageError(f"{what} {raw_workdir}: not a directory")
 
-    profile_name = o.get("profile", str, "a profile name or path") or DEFAULT_PROFILE
+    profile_name = o.profile or DEFAULT_PROFILE
     profile_ref = profile_name
     if profiles.is_path(profile_name):
         if profile_name == "~" or profile_name.startswith("~/"):
@@ -221,10 +159,10 @@ def build_spec(
     spec = RunSpec(argv=list(argv), workdir=workdir, profile=profile_name, notes=notes)
 
     # --- network ---
-    net_flag = o.get("net", str, "public, allowlist or none")
+    net_flag = o.net
     if net_flag is not None and net_flag not in profiles.NETS:
-        raise o.fail("net", "public, allowlist or none")
-    flag_hosts = [str(units.parse_host_spec(h)) for h in o.strings("allow_host")]
+        raise UsageError("Run: options.net: expected public, allowlist or none")
+    flag_hosts = [str(values.parse_host_spec(h)) for h in o.allow_host]
     if flag_hosts and net_flag in ("public", "none"):
         raise UsageError(
             f"--allow-host: cannot be combined with --net {net_flag} (it implies allowlist)"
@@ -244,13 +182,13 @@ def build_spec(
         if prof.allow_hosts:
             notes.append(f"profile {src}: allow_hosts not used with --net {spec.net}")
     spec.allow_hosts = _dedupe(hosts + flag_hosts)
-    ports = o.get("allow_port", list, "a list of port numbers") or []
+    ports = o.allow_port
     for port in ports:
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        if not 1 <= port <= 65535:
             raise UsageError(f"--allow-port: {port!r} is not a port number (1–65535)")
     spec.allow_ports = _dedupe(prof.allow_ports + ports)
-    spec.allow_cidrs = _dedupe([n for c in o.strings("allow_cidr") for n in units.parse_cidrs(c)])
-    spec.tailscale = o.flag("tailscale")
+    spec.allow_cidrs = _dedupe([n for c in o.allow_cidr for n in values.parse_cidrs(c)])
+    spec.tailscale = o.tailscale
     if spec.net == "public" and ports:
         raise UsageError("--allow-port: cannot be combined with --net public (public mode allows "
                          "every port; the list applies to --net allowlist)")
@@ -259,8 +197,8 @@ def build_spec(
             ("--tailscale", spec.tailscale),
             ("--allow-port", bool(ports)),
             ("--allow-cidr", bool(spec.allow_cidrs)),
-            ("--pcap", bool(options.get("pcap"))),
-            ("--net-log", bool(options.get("net_log"))),
+            ("--pcap", bool(o.pcap)),
+            ("--net-log", bool(o.net_log)),
         ):
             if given:
                 raise UsageError(f"{flag}: cannot be combined with --net none (no network at all)")
@@ -270,7 +208,7 @@ def build_spec(
 
     def check_paths(kind: str) -> list[PathEntry]:
         entries = [(f"profile {src}: filesystem.{kind}", e, True) for e in getattr(prof, kind)]
-        entries += [(f"--{kind}", PathEntry(_abs(p, cwd)), False) for p in o.strings(kind)]
+        entries += [(f"--{kind}", PathEntry(_abs(p, cwd)), False) for p in getattr(o, kind)]
         out: list[PathEntry] = []
         for label, entry, from_profile in entries:
             if any(e.path == entry.path for e in out):
@@ -302,7 +240,7 @@ def build_spec(
             )
         spec.protect.append(PathEntry(real, entry.optional))
     # lexical, not realpath'd: the entries they name are matched as the walk found them
-    spec.reveal = _dedupe([e.path for e in prof.reveal] + [_abs(p, cwd) for p in o.strings("reveal")])
+    spec.reveal = _dedupe([e.path for e in prof.reveal] + [_abs(p, cwd) for p in o.reveal])
 
     exposed = [("workdir", workdir)]
     exposed += [
@@ -327,23 +265,15 @@ def build_spec(
 
     # --- environment ---
     requested: list[tuple[str, str | None]] = []
-    for item in o.get("env", list, "a list of {name, value, present}") or []:
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            raise o.fail("env", "a list of {name, value, present}")
-        name, value = item["name"], item.get("value")
-        if item.get("present", value is not None) is False or value is None:
-            envpolicy.check_name(name)
-            notes.append(f"-e {name}: not set in your environment; skipped")
+    for item in o.env:
+        if item.value is None:
+            envpolicy.check_name(item.name)
+            notes.append(f"-e {item.name}: not set in your environment; skipped")
             continue
-        if not isinstance(value, str):
-            raise o.fail("env", "a list of {name, value, present}")
-        requested.append((name, value))
-    for item in o.get("secret", list, "a list of {name, value}") or []:
-        if not (isinstance(item, dict) and isinstance(item.get("name"), str)
-                and isinstance(item.get("value"), str)):
-            raise o.fail("secret", "a list of {name, value}")
-        envpolicy.check_name(item["name"], what="--secret")
-        requested.append((item["name"], envpolicy.check_value(item["name"], item["value"],
+        requested.append((item.name, item.value))
+    for secret in o.secret:
+        envpolicy.check_name(secret.name, what="--secret")
+        requested.append((secret.name, envpolicy.check_value(secret.name, secret.value,
                                                               what="--secret")))
     spec.env = envpolicy.sandbox_env(
         client_env, requested, home=home, user=user,
@@ -352,38 +282,38 @@ def build_spec(
     )  # fmt: skip
 
     # --- limits and the rest ---
-    spec.memory = o.positive("memory", int, "a size in bytes") or prof.memory or DEFAULT_MEMORY
-    spec.pids = o.positive("pids", int, "a positive whole number") or prof.pids or DEFAULT_PIDS
+    spec.memory = o.memory or prof.memory or DEFAULT_MEMORY
+    spec.pids = o.pids or prof.pids or DEFAULT_PIDS
     if spec.memory < MIN_MEMORY:
-        raise UsageError(f"--memory {units.format_size(spec.memory)}: below the minimum of 1MiB "
+        raise UsageError(f"--memory {values.format_size(spec.memory)}: below the minimum of 1MiB "
                          "(a plain number is bytes: write 512MiB or 2GiB)")
     if spec.pids < MIN_PIDS:
         raise UsageError(f"--pids {spec.pids}: below the minimum of {MIN_PIDS} (the sandbox's own "
                          "init, the payload and its shell's children all count)")
-    spec.cpus = o.positive("cpus", (int, float), "a positive number") or prof.cpus
-    spec.timeout = o.positive("timeout", (int, float), "seconds") or prof.timeout
+    spec.cpus = o.cpus or prof.cpus
+    spec.timeout = o.timeout or prof.timeout
     if spec.cpus is not None:
         spec.cpus = float(spec.cpus)
     if spec.timeout is not None:
         spec.timeout = float(spec.timeout)
-    seccomp = o.get("seccomp", str, "strict or compat")
+    seccomp = o.seccomp
     if seccomp is not None and seccomp not in profiles.SECCOMP_MODES:
-        raise o.fail("seccomp", "strict or compat")
+        raise UsageError("Run: options.seccomp: expected strict or compat")
     spec.seccomp = seccomp or prof.seccomp or "strict"
     for key, flag in (("audit_log", "--audit-log"), ("net_log", "--net-log"), ("pcap", "--pcap")):
-        value = o.get(key, str, "a path")
+        value = getattr(o, key)
         if value is None:
             continue
         path = _abs(value, cwd)
         if not os.path.isdir(os.path.dirname(path)):
             raise UsageError(f"{flag} {path}: {os.path.dirname(path)} is not a directory")
         setattr(spec, key, path)
-    pcap_max = o.positive("pcap_max", int, "a size in bytes")
+    pcap_max = o.pcap_max
     if pcap_max is not None and spec.pcap is None:
         raise UsageError("--pcap-max: needs --pcap")
     spec.pcap_max = pcap_max or DEFAULT_PCAP_MAX
-    spec.tty, spec.verbose = o.flag("tty"), o.flag("verbose")
-    spec.detach, spec.allow_git_write = o.flag("detach"), o.flag("allow_git_write")
+    spec.tty, spec.verbose = o.tty, o.verbose
+    spec.detach, spec.allow_git_write = o.detach, o.allow_git_write
     if spec.detach:  # refused rather than silently run attached
         raise UsageError("-d/--detach: detached sessions (and attach) are not in this build yet")
     return spec
@@ -394,22 +324,17 @@ def _err(from_profile: bool, message: str) -> UsageError:
 
 
 def _check_copies(
-    o: _Wire, prof: Any, cwd: str, home: str, notes: list[str]
+    o: RunOptions, prof: Any, cwd: str, home: str, notes: list[str]
 ) -> list[tuple[str, CopyEntry]]:
     """Profile and flag copies, checked; a flag replaces a profile copy to the same
     destination (the seed's --copy other.json:$HOME/.claude.json)."""
     flagged: list[tuple[str, CopyEntry]] = []
-    for key, flag in (("copy", "--copy"), ("copy_ro", "--copy-ro")):
-        items = o.get(key, list, "a list of {src, dst}") or []
+    for items, flag in ((o.copy, "--copy"), (o.copy_ro, "--copy-ro")):
         for item in items:
-            if not isinstance(item, dict) or not isinstance(item.get("src"), str):
-                raise o.fail(key, "a list of {src, dst}")
-            dst = item.get("dst")
-            if dst is not None and not isinstance(dst, str):
-                raise o.fail(key, "a list of {src, dst}")
-            src_path = _abs(item["src"], cwd)
+            dst = item.dst
+            src_path = _abs(item.src, cwd)
             if dst is not None and not dst.startswith("/"):
-                raise UsageError(f"{flag} {item['src']}:{dst}: the destination must be absolute")
+                raise UsageError(f"{flag} {item.src}:{dst}: the destination must be absolute")
             flagged.append((flag, CopyEntry(src_path, os.path.normpath(dst or src_path))))
     profiled = [(f"profile {prof.source}: filesystem.copy", e) for e in prof.copy]
     profiled += [(f"profile {prof.source}: filesystem.copy_ro", e) for e in prof.copy_ro]

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from boxyd.errors import SetupError
+from boxy.errors import SetupError
 from boxyd.execfiles import Watch, changes
 from boxyd.gitguard import discover, scan
 from boxyd.gitguard.discover import Protection, Type

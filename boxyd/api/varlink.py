@@ -1,7 +1,7 @@
 """boxyd's varlink server (asyncio): connections, framing, dispatch, replies.
 
 Thin: it knows the wire and nothing about sessions; every call goes to one handler.
-The framing and the fd rule are shared with the client (boxyctl.varlink).
+The framing and the fd rule are shared with the client (boxy.varlink).
 
 Per connection:
 - the peer must run as our uid (SO_PEERCRED), else it is closed before any read;
@@ -26,7 +26,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, NamedTuple
 
-from boxyctl.varlink import (
+from boxy import INTERFACE, VERSION
+from boxy.errors import InternalError, varlink_error
+from boxy.varlink import (
     Decoder,
     ProtocolError,
     close_fds,
@@ -37,14 +39,13 @@ from boxyctl.varlink import (
 
 log = logging.getLogger(__name__)
 
-INTERFACE = "dev.boxy.Manager"
-IDL_FILE = "dev.boxy.Manager.varlink"
+IDL_FILE = INTERFACE + ".varlink"  # shipped in the boxy package
 SERVICE = "org.varlink.service"
 METHOD_NOT_FOUND = f"{SERVICE}.MethodNotFound"
 INTERFACE_NOT_FOUND = f"{SERVICE}.InterfaceNotFound"
 INVALID_PARAMETER = f"{SERVICE}.InvalidParameter"
 # Sent when a handler raised or returned without a final reply (a daemon bug).
-INTERNAL_ERROR = f"{INTERFACE}.InternalError"
+INTERNAL_ERROR = varlink_error(InternalError(""))[0]
 
 MAX_WRITE_BUFFER = 4 << 20
 MAX_PENDING_CALLS = 64  # queued + running oneway calls before reading pauses
@@ -52,7 +53,7 @@ MAX_PENDING_CALLS = 64  # queued + running oneway calls before reading pauses
 
 def interface_description() -> str:
     """The IDL text shipped in the package."""
-    return importlib.resources.files(__package__).joinpath(IDL_FILE).read_text()
+    return importlib.resources.files("boxy").joinpath(IDL_FILE).read_text()
 
 
 def interface_methods(description: str) -> frozenset[str]:
@@ -233,7 +234,7 @@ class VarlinkServer:
                 {
                     "vendor": "boxy",
                     "product": "boxyd",
-                    "version": _version(),
+                    "version": VERSION,
                     "url": "",
                     "interfaces": [SERVICE, INTERFACE],
                 }
@@ -249,15 +250,6 @@ class VarlinkServer:
 
     def _forget(self, conn: _Connection) -> None:
         self._conns.discard(conn)
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("boxy")
-    except Exception:
-        return "unknown"
 
 
 class _Connection:

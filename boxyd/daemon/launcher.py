@@ -22,7 +22,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 
-from boxyd.errors import SetupError
+from boxy.errors import SetupError
 from boxyd.plan import Plan
 
 log = logging.getLogger("boxyd")

@@ -18,11 +18,13 @@ import signal
 import socket
 import sys
 
+from boxy.errors import BoxyError
+from boxy.paths import ensure_private_dir, runtime_dir, socket_path
 from boxyd.api.service import VarlinkService
 from boxyd.api.varlink import VarlinkServer
 from boxyd.daemon.manager import Manager
-from boxyd.errors import BoxyError
-from boxyd.paths import ensure_private_dir, runtime_dir, socket_path
+from boxyd.daemon.records import Records
+from boxyd.daemon.sandbox import StageLauncher
 
 log = logging.getLogger("boxyd")
 SD_LISTEN_FDS_START = 3
@@ -98,8 +100,9 @@ def sd_notify(state: str) -> None:
 
 
 async def serve(sock: socket.socket) -> None:
-    manager = Manager()
-    manager.start()
+    launcher = StageLauncher()
+    manager = Manager(launcher, Records(launcher.user.pw_dir))
+    manager.start_launcher()
     service = VarlinkService(manager)
     server = VarlinkServer(service.handle)
     stop = asyncio.Event()
@@ -110,12 +113,12 @@ async def serve(sock: socket.socket) -> None:
     sock.setblocking(False)
     task = asyncio.create_task(server.serve(sock))
     sd_notify("READY=1")
-    log.info("listening (build %s)", manager.version()["build"])
+    log.info("listening (build %s)", manager.status().build)
     await stop.wait()
     sd_notify("STOPPING=1")
-    server.close()
+    server.close()  # no new calls; running sessions are stopped and recorded
     task.cancel()
-    manager.close()
+    await manager.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:

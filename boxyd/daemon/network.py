@@ -14,7 +14,7 @@ import logging
 import os
 from collections.abc import Callable
 
-from boxyd.errors import SetupError, UsageError
+from boxy.errors import SetupError, UsageError
 from boxyd.hostfile import Outputs, replaced
 from boxyd.net import netlog, pcap, ranges, ruleset, tailscale
 from boxyd.net.dnsproxy import DnsProxy

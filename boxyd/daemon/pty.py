@@ -40,7 +40,7 @@ import termios
 import threading
 from collections.abc import Callable
 
-from boxyd import termsettings
+from boxy import termsettings
 
 CHUNK = 64 * 1024
 _WINSIZE = struct.Struct("HHHH")

@@ -40,7 +40,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from boxyd.units import format_size
+from boxy.values import format_size
 
 VERSION = 1
 CONN_FIELDS = ("t_ms", "proto", "verdict", "addr", "port", "host", "sni", "reason", "up", "down")

@@ -37,9 +37,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from boxyd.errors import UsageError
+from boxy.errors import UsageError
+from boxy.values import parse_cidr, parse_host_spec
 from boxyd.net.ranges import TAILSCALE_NETS, Address, Network, denied
-from boxyd.units import parse_cidr, parse_host_spec
 
 # Audit-log layers (DESIGN.md, "Network").
 IP, DNS, SNI, PORT = "net.ip", "net.dns", "net.sni", "net.port"
@@ -106,7 +106,7 @@ class NetPolicy:
 
         ``allow_hosts`` are ``HostSpec`` strings (``nas:22``, ``*.example.com``,
         ``dns.example:5353/udp``); ``allow_cidrs`` single prefixes. Everything is
-        re-parsed with ``boxyd.units``, so a bad value raises ``UsageError`` here as
+        re-parsed with ``boxy.values``, so a bad value raises ``UsageError`` here as
         it would on the command line. ``--allow-port`` means nothing in public mode
         (every port is open) and is ignored there.
         """

@@ -41,14 +41,13 @@ from collections.abc import Iterable
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import NamedTuple
 
+from boxy import values
+
 Address = IPv4Address | IPv6Address
 Network = IPv4Network | IPv6Network
 
 # The sandbox's own link: an exception here would open the gateway itself.
-SANDBOX_NETS: tuple[Network, ...] = (
-    ipaddress.ip_network("10.0.2.0/24"),
-    ipaddress.ip_network("fd00::/64"),
-)
+SANDBOX_NETS: tuple[Network, ...] = tuple(ipaddress.ip_network(n) for n in values.SANDBOX_NETS)
 
 # What --tailscale adds to the exceptions: Tailscale's CGNAT and ULA ranges.
 TAILSCALE_NETS: tuple[Network, ...] = (
@@ -147,7 +146,7 @@ _compiled: dict[int, tuple[_Entry, ...]] = {}
 
 
 def _table(version: int) -> tuple[_Entry, ...]:
-    # Compiled on first use: boxyctl imports this module (through boxyd.units) on
+    # Compiled on first use: boxyctl imports this module (through boxy.values) on
     # every start and never looks anything up.
     entries = _compiled.get(version)
     if entries is None:

@@ -26,7 +26,7 @@ import ipaddress
 from collections.abc import Iterable
 from typing import Any
 
-from boxyd.errors import SetupError
+from boxy.errors import SetupError
 
 # The sandbox link (DESIGN.md "Network"). --allow-cidr may not overlap these.
 SANDBOX_V4 = "10.0.2.15"

@@ -84,7 +84,7 @@ _REQUEST_LINE = re.compile(rb"([A-Z]+) ([\x21-\x7e]+) HTTP/(\d)\.(\d)")
 _HEADER = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*(.*?)[ \t]*")
 _CTL = re.compile(rb"[\x00-\x08\x0a-\x0c\x0e-\x1f\x7f]")  # HTAB is allowed; CR separately
 _PORT = re.compile(r"\d{0,5}")
-# Host-name labels as boxyd.units reads --allow-host names (underscores included).
+# Host-name labels as boxy.values reads --allow-host names (underscores included).
 # Not shared with it: the command line also takes '*.' patterns, the wire never.
 _LABEL = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
 

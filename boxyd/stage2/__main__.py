@@ -24,7 +24,7 @@ import socket
 import sys
 import traceback
 
-from boxyd.errors import SetupError
+from boxy.errors import SetupError
 from boxyd.plan import Plan
 from boxyd.stage2 import caps, namespaces, netns, pid1
 

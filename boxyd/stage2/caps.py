@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 
-from boxyd.errors import SetupError
+from boxy.errors import SetupError
 from boxyd.stage2.sys import check, libc
 
 PR_SET_PDEATHSIG = 1

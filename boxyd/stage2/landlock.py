@@ -15,7 +15,7 @@ import stat
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from boxyd.errors import SetupError
+from boxy.errors import SetupError
 from boxyd.stage2 import sys as ksys
 
 if TYPE_CHECKING:

@@ -160,7 +160,7 @@ def _open_nofollow(dirfd: int, name: str, flags: int, step: str, rel: str) -> in
 
 
 def raise_setup(step: str, path: str, why: str) -> None:
-    from boxyd.errors import SetupError
+    from boxy.errors import SetupError
 
     raise SetupError(f"{step}: {path}: {why}")
 

@@ -7,7 +7,7 @@ import fcntl
 import socket
 import struct
 
-from boxyd.errors import SetupError
+from boxy.errors import SetupError
 from boxyd.plan import Plan
 from boxyd.stage2 import mounts as m
 from boxyd.stage2.sys import (

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from boxyd.errors import SetupError
+from boxy.errors import SetupError
 from boxyd.net import nflog, pcap, udpsock
 from boxyd.net import ruleset as rs
 from boxyd.net.rtnl import Rtnl

@@ -11,7 +11,7 @@ import ctypes
 import json
 from typing import Any
 
-from boxyd.errors import SetupError
+from boxy.errors import SetupError
 
 STEP = "gateway netns: nftables"
 NFT_CTX_DEFAULT = 0

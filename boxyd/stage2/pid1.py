@@ -23,8 +23,8 @@ import struct
 import termios
 from typing import NoReturn
 
-from boxyd import termsettings
-from boxyd.errors import SetupError
+from boxy import termsettings
+from boxy.errors import SetupError
 from boxyd.plan import Plan
 from boxyd.stage2 import caps, landlock, rootfs, seccomp
 from boxyd.stage2.sys import libc

@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import os
 
-from boxyd.errors import SetupError
+from boxy.errors import SetupError
 from boxyd.plan import Bind, Copy, Dir, File, Mask, Plan, Symlink
 from boxyd.stage2 import mounts as m
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 
-from boxyd.errors import SetupError
+from boxy.errors import SetupError
 from boxyd.stage2 import sys as _sys
 
 SYS_SECCOMP = 317  # x86_64

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from boxyd.errors import SetupError
+from boxy.errors import SetupError
 
 # Namespaces, from <linux/sched.h> (shared with the doctor's probes).
 CLONE_NEWNS = 0x00020000

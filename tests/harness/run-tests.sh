@@ -32,7 +32,7 @@ if ! cmp -s "$src/pyproject.toml" "$stage/.venv/.pyproject" ; then
   "$stage/.venv/bin/pip" install -q -e "$stage[test]" --config-settings editable_mode=compat
   cp "$src/pyproject.toml" "$stage/.venv/.pyproject"
 fi
-"$stage/.venv/bin/python3" -m compileall -q "$stage/boxyd" "$stage/boxyctl" >/dev/null
+"$stage/.venv/bin/python3" -m compileall -q "$stage/boxy" "$stage/boxyd" "$stage/boxyctl" >/dev/null
 chmod -R a+rX "$stage"
 
 # A runtime directory as a login would give the user.

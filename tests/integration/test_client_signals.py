@@ -90,4 +90,37 @@ def test_a_second_interrupt_ends_the_wait(boxy: Boxy, user: User, workdir: Path)
         subprocess.run(["pkill", "-u", str(user.uid), "-f", "^sleep 60$"], check=False)
     err = _err(workdir)
     assert proc.returncode == 1, err
-    assert "SIGINT again: stopped waiting for boxyd; the session may still be running" in err, err
+    assert "SIGINT again: stopped waiting for boxyd; boxyd stops session" in err, err
+
+
+def _sessions_running(user: User) -> int:
+    words = user.run([str(BIN / "boxyctl"), "daemon", "status"]).stdout.decode().split()
+    # boxyd: running  pid N  build B  sessions running N  up Ts
+    return int(words[words.index("sessions") + 2]) if "sessions" in words else 0
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT])
+def test_a_client_gone_hangs_its_session_up(boxy: Boxy, user: User, workdir: Path,
+                                            how: signal.Signals) -> None:
+    """An attached session whose client goes away (killed; or given up after a second
+    ^C) gets SIGHUP as from a closed terminal, and is stopped: a cancelled CI job
+    leaves nothing running."""
+    hup = workdir / "hup.txt"
+    script = ("trap 'echo hup >> hup.txt; exit 129' HUP; trap '' INT TERM; echo ready; "
+              "while :; do sleep 0.1; done")
+    proc, client = _client(user, workdir, script)
+    try:
+        assert _sessions_running(user) == 1
+        os.kill(client, how)
+        if how == signal.SIGINT:
+            time.sleep(0.3)
+            os.kill(client, how)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _sessions_running(user) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _sessions_running(user) == 0, "the session outlived its client"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert hup.read_text() == "hup\n"

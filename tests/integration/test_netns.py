@@ -259,7 +259,7 @@ def child(root: str) -> dict[str, Any]:
     from pyroute2 import IPRoute
     report: dict[str, Any] = {"pyroute2_import_ms": (time.perf_counter() - start) * 1000}
 
-    from boxyd.errors import SetupError
+    from boxy.errors import SetupError
     from boxyd.net import ruleset
     from boxyd.stage2 import namespaces, netns, nft
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from boxyd.errors import SetupError
+from boxy.errors import SetupError
 from boxyd.policy.seccomp import build_filter
 from boxyd.stage2 import seccomp as loader
 

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
+from boxy.errors import UsageError
 from boxyctl.cli import Command, parse, parse_or_exit, prog_name, usage
-from boxyd.errors import UsageError
 
 ENV = {
     "HOME": "/home/u",
@@ -27,8 +27,14 @@ def p(*argv, environ=ENV):
     return parse(list(argv), environ=environ, cwd=CWD)
 
 
+def wire(cmd):
+    """A run's request as the Run call carries it."""
+    assert cmd.name == "run"
+    return cmd.args["request"].to_wire()
+
+
 def run_opts(*argv, **kw):
-    return p("run", *argv, "--", "true", **kw).args["options"]
+    return wire(p("run", *argv, "--", "true", **kw))["options"]
 
 
 def refused(*argv, environ=ENV):
@@ -40,8 +46,7 @@ def refused(*argv, environ=ENV):
 
 def test_run_defaults_are_exactly_the_run_parameters():
     cmd = p("run", "--", "npm", "ci")
-    assert cmd == Command(
-        "run",
+    assert wire(cmd) == (
         {
             "argv": ["npm", "ci"],
             "cwd": CWD,
@@ -58,14 +63,21 @@ def test_run_defaults_are_exactly_the_run_parameters():
                 "LC_TIME": "de_DE", "SSH_AUTH_SOCK": "/tmp/ssh/agent",
                 "XDG_RUNTIME_DIR": "/run/user/1000", "PATH": "/usr/bin",
             },
-        },
+        }
     )  # fmt: skip
 
 
-def test_option_keys_match_the_daemon():
-    from boxyd.spec import OPTION_KEYS
+def test_the_request_survives_the_wire():
+    """What the CLI builds is what the daemon decodes, every option included."""
+    from boxy.request import OPTIONS, RunRequest
 
-    assert sorted(run_opts()) == sorted(OPTION_KEYS)
+    cmd = p("run", "-p", "node", "--ro", "/data", "--copy", "/a:/b", "-e", "X=1", "-e", "NOPE",
+            "--secret", "GITHUB_TOKEN", "--allow-host", "example.org:443", "--allow-port", "8443",
+            "--memory", "1GiB", "--cpus", "1.5", "--timeout", "10m", "--tty", "--", "npm", "ci")
+    request = cmd.args["request"]
+    assert sorted(run_opts()) == sorted(OPTIONS)
+    assert RunRequest.from_wire(request.to_wire()) == request
+    assert "ghp" not in repr(request)  # a secret's value never shows in a repr
 
 
 @pytest.mark.parametrize(
@@ -80,7 +92,7 @@ def test_option_keys_match_the_daemon():
     ],
 )
 def test_command_with_or_without_double_dash(argv, command):
-    assert p("run", *argv).args["argv"] == command
+    assert wire(p("run", *argv))["argv"] == command
 
 
 @pytest.mark.parametrize(
@@ -149,7 +161,7 @@ def test_profile_path_made_absolute():
 
 
 def test_client_env_never_carries_secrets():
-    env = p("run", "true").args["client_env"]
+    env = wire(p("run", "true"))["client_env"]
     assert "GITHUB_TOKEN" not in env and "EDITOR" not in env
     # PATH travels (the daemon asks the user's own npm/pip for their registry) but never
     # becomes the sandbox's: that is envpolicy's sandbox PATH.
@@ -320,14 +332,14 @@ def _both(argv: list[str]):
 
     def finish(ns):
         try:
-            return c._run_args(ns, dict(ENV), CWD)
+            return c._run_request(ns, dict(ENV), CWD)
         except UsageError as e:
             return f"error: {e}"
 
     fast = c._fast_run(argv)
     try:
         slow = c._parse_with_argparse(["run", *argv], environ=dict(ENV), cwd=CWD,
-                                      prog="boxyctl").args
+                                      prog="boxyctl").args["request"]
     except UsageError as e:
         slow = f"error: {e}"
     return (None if fast is None else finish(fast)), slow

@@ -2,8 +2,8 @@
 
 import pytest
 
+from boxy.errors import UsageError
 from boxyd.envpolicy import SYSTEM_PATH, is_sensitive, sandbox_env
-from boxyd.errors import UsageError
 
 CLIENT = {
     "TERM": "xterm-256color",

@@ -2,7 +2,7 @@
 
 import pytest
 
-from boxyd.errors import UsageError
+from boxy.errors import UsageError
 from boxyd.exposure import check_exposed, sensitive_paths
 
 HOME = "/home/u"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from boxyd.errors import UsageError
+from boxy.errors import UsageError
 from boxyd.hostfile import open_output, open_outputs
 
 

@@ -6,7 +6,7 @@ import ctypes
 
 import pytest
 
-from boxyd.errors import SetupError
+from boxy.errors import SetupError
 from boxyd.stage2 import landlock as ll
 
 ABIS = range(1, 10)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from boxy.errors import UsageError
 from boxyd import mountplan
-from boxyd.errors import UsageError
 from boxyd.gitguard.discover import Protection
 from boxyd.plan import Bind, Copy, Plan, Symlink
 from boxyd.spec import CopyEntry, PathEntry, RunSpec

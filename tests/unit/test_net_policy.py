@@ -6,7 +6,7 @@ from ipaddress import IPv4Address, IPv6Address
 
 import pytest
 
-from boxyd.errors import UsageError
+from boxy.errors import UsageError
 from boxyd.net.policy import DNS, ECH_REFUSED, IP, PORT, SNI, NetPolicy, Verdict
 
 PUB = "93.184.216.34"  # a public address the DNS answer bound

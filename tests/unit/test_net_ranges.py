@@ -10,8 +10,8 @@ from ipaddress import IPv4Address, IPv6Address, ip_address, ip_network
 
 import pytest
 
-from boxyd import units
-from boxyd.errors import UsageError
+from boxy import values
+from boxy.errors import UsageError
 from boxyd.net import ranges
 from boxyd.net.ranges import (
     SANDBOX_NETS,
@@ -388,10 +388,10 @@ def test_exceptions(addr, exceptions, expected):
 def test_constants():
     assert [str(n) for n in TAILSCALE_NETS] == ["100.64.0.0/10", "fd7a:115c:a1e0::/48"]
     assert [str(n) for n in SANDBOX_NETS] == ["10.0.2.0/24", "fd00::/64"]
-    # units refuses --allow-cidr over these very prefixes
+    # values refuses --allow-cidr over these very prefixes
     for net in SANDBOX_NETS:
         with pytest.raises(UsageError, match="overlaps the sandbox's own network"):
-            units.parse_cidr(str(net))
+            values.parse_cidr(str(net))
 
 
 # --- the static nftables prefixes -------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from boxyd.errors import SetupError
+from boxy.errors import SetupError
 from boxyd.net import ruleset as rs
 
 BASE: dict[str, Any] = {

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
+from boxy.errors import ProfileError
 from boxyd import profiles
-from boxyd.errors import ProfileError
 from boxyd.profiles import (
     HOST_TEMPLATES,
     list_profiles,

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from boxy import termsettings
 from boxyctl.tty import on_winch, raw_mode, window_size
-from boxyd import termsettings
 from boxyd.daemon.pty import PtyRelay
 
 MiB = 1 << 20

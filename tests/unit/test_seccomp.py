@@ -13,7 +13,7 @@ import struct
 import pyseccomp
 import pytest
 
-from boxyd.errors import SetupError
+from boxy.errors import SetupError
 from boxyd.policy.seccomp import build_filter
 from boxyd.stage2 import seccomp as loader
 

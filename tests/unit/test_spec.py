@@ -6,8 +6,9 @@ import socket
 
 import pytest
 
+from boxy.errors import ProfileError, UsageError
+from boxy.request import RunRequest
 from boxyctl.cli import parse
-from boxyd.errors import ProfileError, UsageError
 from boxyd.spec import CopyEntry, PathEntry, build_spec
 
 
@@ -29,7 +30,9 @@ def build(fs, argv=("true",), client_env=None, registry=None, **options):
         "options": options,
         "client_env": client_env or {},
     }
-    return build_spec(params, uid=os.getuid(), user="u", home=fs["home"], registry=registry)
+    # decoded as the daemon decodes a Run call: a wrong shape is refused there
+    return build_spec(RunRequest.from_wire(params), uid=os.getuid(), user="u", home=fs["home"],
+                      registry=registry)
 
 
 def test_defaults(fs):
@@ -371,7 +374,7 @@ def test_from_the_command_line(fs):
         environ={"HOME": home, "TERM": "dumb"},
         cwd=fs["wd"],
     )  # fmt: skip
-    spec = build_spec(cmd.args, uid=os.getuid(), user="u", home=home, registry=lambda n: None)
+    spec = build_spec(cmd.args["request"], uid=os.getuid(), user="u", home=home, registry=lambda n: None)
     assert spec.argv == ["npm", "ci"]
     assert spec.ro == [PathEntry(home + "/data")]
     assert spec.allow_hosts == ["github.com:443"]

@@ -1,9 +1,9 @@
-"""boxyd.units: every accepted spelling, every refusal, and the round trips."""
+"""boxy.values: every accepted spelling, every refusal, and the round trips."""
 
 import pytest
 
-from boxyd.errors import UsageError
-from boxyd.units import (
+from boxy.errors import UsageError
+from boxy.values import (
     HostSpec,
     format_duration,
     format_size,

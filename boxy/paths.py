@@ -4,7 +4,7 @@ import os
 import stat
 from pathlib import Path
 
-from boxyd.errors import DaemonError
+from boxy.errors import DaemonError
 
 
 def runtime_dir() -> Path:

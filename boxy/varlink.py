@@ -1,7 +1,7 @@
 """The varlink wire: framing shared by both ends, and boxyctl's synchronous client.
 
 Standard library only and no asyncio: this module is on the client's start-up path
-(boxyd's asyncio server imports the framing from here).
+(boxyd's asyncio server, boxyd.api.varlink, imports the framing from here).
 
 Framing: every message is one JSON object followed by a NUL byte on a SOCK_STREAM
 unix socket. File descriptors travel as SCM_RIGHTS (as in systemd's varlink).
@@ -32,7 +32,7 @@ import struct
 from collections import deque
 from collections.abc import Iterator, Sequence
 
-from boxyd.errors import BoxyError, DaemonError
+from boxy.errors import BoxyError, DaemonError, from_wire
 
 TYPE_CHECKING = False  # typing costs the client 4 ms at start-up; annotations only
 if TYPE_CHECKING:
@@ -51,8 +51,8 @@ class ProtocolError(Exception):
 
 
 class VarlinkError(BoxyError):
-    """An error reply from the daemon: NAME (e.g. dev.boxy.Manager.NoSuchSession)
-    and its PARAMETERS."""
+    """An error reply outside boxy's error table (org.varlink.service.*): NAME and
+    its PARAMETERS. boxy's own errors arrive as their exceptions (boxy.errors)."""
 
     def __init__(self, name: str, parameters: dict[str, Any]) -> None:
         self.name = name
@@ -305,5 +305,6 @@ class Client:
         if not isinstance(params, dict):
             raise DaemonError("boxyd sent a reply whose parameters are not an object")
         if "error" in msg:
-            raise VarlinkError(str(msg["error"]), params)
+            name = str(msg["error"])
+            raise from_wire(name, params) or VarlinkError(name, params)
         return params, bool(msg.get("continues", False))

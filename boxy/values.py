@@ -12,7 +12,10 @@ import ipaddress
 import re
 from collections import namedtuple
 
-from boxyd.errors import UsageError
+from boxy.errors import UsageError
+
+# The sandbox's own link (its gateway and its address): never a range to open.
+SANDBOX_NETS = ("10.0.2.0/24", "fd00::/64")
 
 # K/M/G/T and KiB/MiB/… are binary (what --memory users mean); KB/MB/… decimal.
 _SIZE_UNITS: dict[str, int] = {
@@ -254,9 +257,7 @@ def parse_cidr(s: str, *, what: str = "--allow-cidr") -> str:
         raise UsageError(f"{what}: {s!r} has host bits set (did you mean {loose}?)") from None
     if net.prefixlen == 0:
         raise UsageError(f"{what}: {s!r} would permit every address; name the ranges you need")
-    from boxyd.net.ranges import SANDBOX_NETS  # only when a range is given
-
-    for own in SANDBOX_NETS:
+    for own in map(ipaddress.ip_network, SANDBOX_NETS):
         if net.version == own.version and net.overlaps(own):
             raise UsageError(f"{what}: {s!r} overlaps the sandbox's own network {own}")
     return str(net)

@@ -12,7 +12,7 @@ import os
 import zlib
 from functools import lru_cache
 
-_PACKAGES = ("boxyd", "boxyctl")
+_PACKAGES = ("boxy", "boxyd", "boxyctl")
 _SUFFIXES = (".py", ".yaml", ".varlink")
 
 

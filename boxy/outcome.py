@@ -1,0 +1,86 @@
+"""How a session ends: its State and its Outcome, as the daemon reports them and
+every client reads them (the final Run reply, `show`, the D-Bus properties)."""
+
+from __future__ import annotations
+
+import enum
+
+from boxy.request import Value
+
+TYPE_CHECKING = False  # typing costs the client 4 ms at start-up; annotations only
+if TYPE_CHECKING:
+    from typing import Any
+
+
+class State(enum.Enum):
+    STARTING = "starting"  # checked, being set up: the walk, the plan, stage 2
+    RUNNING = "running"  # the payload runs
+    EXITED = "exited"  # the payload exited by itself (any status)
+    KILLED = "killed"  # a signal ended it (stop, the payload's own, seccomp)
+    TIMED_OUT = "timed-out"  # --timeout ended it
+    FAILED = "failed"  # it never ran: a layer could not be applied, or exec failed
+
+    @property
+    def finished(self) -> bool:
+        return self not in (State.STARTING, State.RUNNING)
+
+
+class Reason(enum.Enum):
+    """Why the exit status is what it is."""
+
+    EXIT = "exit"
+    SIGNAL = "signal"
+    SECCOMP = "seccomp"  # killed by SIGSYS: a forbidden system call
+    TIMEOUT = "timeout"
+    SETUP = "setup"  # the sandbox could not be built (125, or 2 for bad input found late)
+    EXEC = "exec"  # the command could not be executed (126, 127)
+
+
+_STATE_OF = {Reason.EXIT: State.EXITED, Reason.SIGNAL: State.KILLED, Reason.SECCOMP: State.KILLED,
+             Reason.TIMEOUT: State.TIMED_OUT, Reason.SETUP: State.FAILED, Reason.EXEC: State.FAILED}
+
+
+class Outcome(Value):
+    """EXIT_STATUS as a shell would report it; SIGNAL when one ended the payload;
+    MESSAGE one line for the user; FINDINGS what the guard found after the run;
+    NOTES other lines said at the end; DESTINATIONS the table of where the network
+    went; WARNINGS what was said at the start (kept for a run that never started)."""
+
+    __slots__ = ("exit_status", "reason", "message", "signal", "findings", "notes",
+                 "destinations", "warnings")
+
+    def __init__(self, exit_status: int, reason: Reason, message: str = "",
+                 signal: int | None = None, findings: list[str] | None = None,
+                 notes: list[str] | None = None, destinations: str = "",
+                 warnings: list[str] | None = None) -> None:
+        self.exit_status, self.reason, self.message, self.signal = exit_status, reason, message, signal
+        self.findings = findings if findings is not None else []
+        self.notes = notes if notes is not None else []
+        self.destinations = destinations
+        self.warnings = warnings if warnings is not None else []
+
+    @property
+    def state(self) -> State:
+        return _STATE_OF[self.reason]
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"exit_status": self.exit_status, "reason": self.reason.value,
+                               "state": self.state.value}
+        for key in ("message", "signal", "findings", "notes", "destinations", "warnings"):
+            value = getattr(self, key)
+            if value:
+                out[key] = value
+        return out
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> Outcome:
+        """Lenient: a reply from a daemon of this build; a missing field is empty."""
+        try:
+            reason = Reason(d.get("reason"))
+        except ValueError:
+            reason = Reason.SETUP
+        status = d.get("exit_status")
+        return cls(status if type(status) is int else 1, reason, str(d.get("message") or ""),
+                   d.get("signal") if type(d.get("signal")) is int else None,
+                   [str(x) for x in d.get("findings") or []], [str(x) for x in d.get("notes") or []],
+                   str(d.get("destinations") or ""), [str(x) for x in d.get("warnings") or []])

@@ -1,0 +1,101 @@
+"""The seam between the core (Session, Manager) and what builds sandboxes.
+
+The core knows a run only through these Protocols: the real launcher
+(boxyd.daemon.sandbox) builds stage 2, the gateway and the git guard behind them;
+the core's unit tests use a fake one. What a sandbox tells the core comes as the
+typed values below, never as stage 2's messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from boxy.request import RunRequest
+from boxyd.spec import RunSpec
+
+
+@dataclass(frozen=True)
+class Started:
+    """The payload was executed (PID 1 reported it)."""
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """The payload stopped (^Z, SIGTTIN…): an attached client stops too."""
+
+    signal: int
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How stage 2 ended: exactly one of CODE, SIGNAL, EXEC_ERRNO (with CMD) or
+    ERROR (a layer that could not be applied); all None when it died unheard."""
+
+    code: int | None = None
+    signal: int | None = None
+    exec_errno: int | None = None
+    cmd: str = ""
+    error: str | None = None
+
+
+SandboxEvent = Started | Stopped | Exit
+
+
+@dataclass
+class Report:
+    """What is known once the payload is gone: the guard's findings (git, tools'
+    files), further lines for the user, the destinations table."""
+
+    findings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    destinations: str = ""
+
+
+class Sink(Protocol):
+    """What a sandbox may tell its session while it runs."""
+
+    id: str
+
+    def record(self, layer: str, **fields: object) -> None:
+        """One audit record (the session bounds them)."""
+
+    def notice(self, text: str) -> None:
+        """One line for an attached client now (-v: a denial as it happens)."""
+
+
+class Sandbox(Protocol):
+    spec: RunSpec
+
+    async def start(self) -> list[str]:
+        """Build and start it; the warnings to say before the payload runs.
+        Raises UsageError (bad input found late: 2) or another BoxyError (125)."""
+
+    def events(self) -> AsyncIterator[SandboxEvent]:
+        """Started, Stopped…, then one Exit, after which the iteration ends."""
+
+    def signal(self, sig: int) -> None:
+        """To the payload; ignored once it has exited."""
+
+    def resize(self, rows: int, cols: int) -> None: ...
+
+    async def finish(self) -> Report:
+        """After the Exit: drain the terminal, close the network, judge the trees."""
+
+    def audit_log(self) -> int | None:
+        """The open --audit-log descriptor, if one was asked for."""
+
+    def close(self) -> None:
+        """Release everything still held (idempotent; also after a failed start)."""
+
+
+class Launcher(Protocol):
+    async def prepare(self, request: RunRequest, stdio: list[int], sink: Sink) -> Sandbox:
+        """Check REQUEST into a sandbox not yet started. Owns STDIO from the call on
+        (closed on failure). Raises UsageError before anything starts."""
+
+    def start(self) -> None:
+        """Warm up on the event loop (the stage-2 template)."""
+
+    def close(self) -> None: ...

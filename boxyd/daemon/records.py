@@ -1,0 +1,110 @@
+"""What outlives a session: its record under $XDG_STATE_HOME/boxy/sessions/<id>/
+(0700), its audit records through the --audit-log descriptor opened before the run,
+and the bounds on both (retention.py, and the package caches' size and age).
+
+Blocking file I/O: the Manager calls `Records.write` in a worker thread, once the
+session has its outcome and before anyone hears it, and `prune` after that.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+from boxy.errors import BoxyError
+from boxy.paths import ensure_private_dir, state_dir
+from boxyd import caches, retention
+from boxyd.daemon.session import MAX_AUDIT, Session
+from boxyd.hostfile import replaced
+
+log = logging.getLogger("boxyd")
+
+CACHE_PRUNE_EVERY = 3600.0  # seconds between bounding the package caches (sizes cost a walk)
+
+
+def record_dir(sid: str) -> Path:
+    """$XDG_STATE_HOME/boxy/sessions/<id>/, each level 0700 and checked."""
+    return ensure_private_dir(ensure_private_dir(ensure_private_dir(state_dir()) / "sessions") / sid)
+
+
+def save_file(sid: str, name: str, data: bytes) -> str:
+    """A new file in the session's record; its path, or why there is none."""
+    try:
+        d = record_dir(sid)
+        fd = os.open(d / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return str(d / name)
+    except (OSError, BoxyError) as e:
+        return f"no file ({e})"
+
+
+def audit_lines(s: Session) -> bytes:
+    lines = [json.dumps(rec) + "\n" for rec in s.audit]
+    if s.audit_dropped:
+        lines.append(json.dumps({"t": round(time.time(), 3), "session": s.id, "layer": "audit",
+                                 "dropped": s.audit_dropped,
+                                 "reason": f"more than {MAX_AUDIT} records"}) + "\n")
+    return "".join(lines).encode()
+
+
+def write_audit(s: Session, fd: int) -> str | None:
+    """Through the descriptor opened before the run (O_APPEND: each write lands at the
+    end, so concurrent sessions sharing one log interleave whole records). A note for
+    the user when the log did not take them; they are then kept with the record."""
+    data = audit_lines(s)
+    rest, problem = data, ""
+    try:
+        while rest:
+            rest = rest[os.write(fd, rest):]
+    except OSError as e:
+        problem = f"not fully written: {e.strerror}"
+    if not problem and replaced(fd):
+        problem = "removed or replaced during the run (by the payload?)"
+    if not problem:
+        return None
+    log.warning("audit log %s: %s", s.spec.audit_log, problem)  # never lose the trail silently
+    kept = save_file(s.id, "audit.jsonl", data)
+    return f"--audit-log {s.spec.audit_log}: {problem}; the records are in {kept}"
+
+
+def write_meta(s: Session) -> None:
+    """meta.json: what `ps -a` and `show` read once the session is gone."""
+    assert s.outcome is not None
+    meta = {"id": s.id, "argv": s.spec.argv, "workdir": s.spec.workdir, "profile": s.spec.profile,
+            "started_at": s.started_at, "ended_at": s.ended_at, "state": s.outcome.state.value,
+            "result": s.outcome.to_wire()}
+    try:
+        (record_dir(s.id) / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    except (OSError, BoxyError) as e:
+        log.warning("session record %s: %s", s.id, e)
+
+
+class Records:
+    """Writes each finished session's record and keeps the history bounded."""
+
+    def __init__(self, home: str) -> None:
+        self.home = home
+        self._lock = threading.Lock()  # two sessions ending together prune one at a time
+        self._caches_pruned = -CACHE_PRUNE_EVERY
+
+    def write(self, s: Session) -> None:
+        assert s.sandbox is not None and s.outcome is not None
+        fd = s.sandbox.audit_log()
+        if fd is not None:
+            note = write_audit(s, fd)
+            if note:
+                s.outcome.notes.append(note)
+        write_meta(s)
+
+    def prune(self) -> None:
+        """Not awaited by anyone: the caches' sizes can take a while to add up."""
+        with self._lock:
+            retention.prune_state(state_dir())
+            if time.monotonic() - self._caches_pruned > CACHE_PRUNE_EVERY:
+                self._caches_pruned = time.monotonic()
+                caches.prune(self.home)

@@ -1,0 +1,341 @@
+"""The real launcher: a request becomes a RunSpec, host outputs opened, the trees
+walked, a mount plan, stage 2 forked from the template, the gateway attached; and
+afterwards the terminal drained, the network closed and the trees judged.
+
+The core (Session, Manager) sees this only through boxyd.daemon.launch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import pwd
+import signal
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from boxy import values
+from boxy.errors import SetupError, UsageError
+from boxy.paths import state_dir
+from boxy.request import RunRequest, Terminal
+from boxyd import caches, masking, mountplan, worktree
+from boxyd.daemon.launch import Exit, Report, SandboxEvent, Sink, Started, Stopped
+from boxyd.daemon.launcher import Stage2, Template
+from boxyd.daemon.pty import PtyRelay
+from boxyd.gitguard.scan import Snapshot, inherit_live
+from boxyd.hostfile import Outputs, open_outputs
+from boxyd.policy.seccomp import build_filter
+from boxyd.registries import Registries
+from boxyd.spec import RunSpec, build_spec
+
+if TYPE_CHECKING:
+    from boxyd.daemon.network import Network
+    from boxyd.net.dnsproxy import DnsProxy
+
+log = logging.getLogger("boxyd")
+
+
+class StageLauncher:
+    """Launches sandboxes through stage 2. Knows the sandboxes it launched that are
+    still open: their trees count as hostile for every new run's host files, and
+    their git baselines are inherited by a run on an overlapping tree."""
+
+    def __init__(self, user: pwd.struct_passwd | None = None) -> None:
+        self.user = user or pwd.getpwuid(os.getuid())
+        self.template = Template()
+        self.live: set[StageSandbox] = set()
+        self._dns: DnsProxy | None = None
+
+    def start(self) -> None:
+        """On the event-loop thread, before the first call: the stage-2 template
+        imports while the first request is being read. If it cannot start, each run
+        retries and reports why."""
+        try:
+            self.template.start()
+        except SetupError as e:
+            log.warning("%s", e)
+
+    def close(self) -> None:
+        self.template.close()
+
+    async def prepare(self, request: RunRequest, stdio: list[int], sink: Sink) -> StageSandbox:
+        outputs = Outputs()
+        try:
+            spec = await self._spec(request)
+            if len(stdio) != 3:
+                raise UsageError("Run needs exactly three file descriptors (stdin, stdout, stderr)")
+            if spec.tty and not any(os.isatty(fd) for fd in stdio):
+                raise UsageError("--tty: none of boxyctl's stdin, stdout, stderr is a terminal")
+            # before the payload starts, never by name afterwards (hostfile.py); the trees of
+            # every live sandbox count as hostile, not only this one's
+            hostile = [r for x in [spec, *(sb.spec for sb in self.live)]
+                       for r in mountplan.writable_roots(x)]
+            outputs = await asyncio.to_thread(open_outputs, spec.audit_log, spec.net_log, spec.pcap,
+                                              hostile)
+            net = await self._network(spec, sink, outputs) if spec.net != "none" else None
+        except BaseException:  # a usage error, or a bug: either way every fd goes back
+            outputs.close()
+            _close(stdio)
+            raise
+        sandbox = StageSandbox(self, spec, stdio, outputs, net, sink, request.terminal)
+        self.live.add(sandbox)
+        return sandbox
+
+    async def _spec(self, request: RunRequest) -> RunSpec:
+        registry = Registries({**{k: v for k, v in os.environ.items() if k in ("PATH", "HOME")},
+                               **request.client_env})
+        # Asking npm/pip for their registry runs a tool: not on the event loop.
+        return await asyncio.to_thread(build_spec, request, uid=os.getuid(), user=self.user.pw_name,
+                                       home=self.user.pw_dir, registry=registry)
+
+    async def _network(self, spec: RunSpec, sink: Sink, outputs: Outputs) -> Network:
+        # The gateway's modules (dnspython among them) load with the first networked
+        # run, not with the daemon: --net none never pays for them.
+        from boxyd.daemon.network import Network, make_dns_proxy
+        from boxyd.net.tailscale import magicdns_suffix
+
+        tailnet = await asyncio.to_thread(magicdns_suffix) if spec.tailscale else None
+        net = Network(spec, record=sink.record, notice=sink.notice, tailnet=tailnet, outputs=outputs)
+        if self._dns is None:
+            self._dns = make_dns_proxy()
+        return net
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+class StageSandbox:
+    def __init__(self, launcher: StageLauncher, spec: RunSpec, stdio: list[int], outputs: Outputs,
+                 net: Network | None, sink: Sink, terminal: Terminal | None) -> None:
+        self.spec = spec
+        self._launcher = launcher
+        self._stdio = stdio  # the client's 0–2: ours to close once stage 2 has them
+        self.outputs = outputs  # --audit-log, --net-log, --pcap
+        self.net = net
+        self._sink = sink
+        self._terminal = terminal
+        self.pty: PtyRelay | None = None
+        self.stage2: Stage2 | None = None
+        self.trees: dict[str, worktree.Tree] = {}  # the walk before the run
+        # the git guard's baselines while the session runs: a session starting meanwhile on
+        # an overlapping tree inherits them (scan.inherit_live)
+        self.baselines: dict[str, Snapshot] = {}
+
+    # -- before the payload ----------------------------------------------------------
+    async def start(self) -> list[str]:
+        spec, fds = self.spec, self._stdio
+        warnings = self._limit_warnings() + (self.net.warnings if self.net is not None else [])
+        stdio = list(fds)
+        placeholders: list[int] = []
+        try:
+            self.pty = _terminal(fds)
+            ttys = [i for i, fd in enumerate(fds) if os.isatty(fd)]
+            if self.pty is not None:
+                if self._terminal is not None:  # the client is raw already: its settings from before
+                    self.pty.settings = self._terminal.to_wire()
+                # PID 1 puts the slave of a PTY in the sandbox's own devpts at these
+                # positions; until then they hold /dev/null, never the host terminal.
+                for i in ttys:
+                    placeholders.append(os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC))
+                    stdio[i] = placeholders[-1]
+            # the run's one walk per writable tree; it blocks: a worker thread, so no
+            # other session or API call waits. boxy's own package caches are writable
+            # but no project: not walked
+            home = self._launcher.user.pw_dir
+            walked = [r for r in mountplan.writable_roots(spec) if not caches.is_cache(r, home)]
+            self.trees = await asyncio.to_thread(worktree.prepare, walked,
+                                                 git_guard=not spec.allow_git_write,
+                                                 created=[e.path for e in spec.mkdir])
+            live = [b for x in self._launcher.live if x is not self for b in x.baselines.values()]
+            self.baselines = inherit_live(
+                {r: t.baseline for r, t in self.trees.items() if t.baseline is not None}, live)
+            masks = self._credentials(warnings)
+            plan = mountplan.build(spec, seccomp_bpf=build_filter(spec.seccomp),
+                                   protections={r: t.protections for r, t in self.trees.items()},
+                                   masks=masks, ctty=self.pty is not None)
+            if self.net is not None:
+                self.net.configure(plan)
+            if self.pty is not None:
+                plan.pty = {**self.pty.settings, "fds": ttys}
+            self._sink.record("seccomp", mode=spec.seccomp)
+            self.stage2 = Stage2.start(self._launcher.template, plan, stdio)
+        finally:
+            _close([*placeholders, *fds])
+            self._stdio = []
+        return warnings
+
+    def _credentials(self, warnings: list[str]) -> dict[str, list]:
+        """Which credentials found in the trees are covered (all but --reveal's), said
+        once before the payload starts and listed under -v and in the audit log."""
+        masks: dict[str, list] = {}
+        covered_all, shown_all = [], []
+        for root, tree in self.trees.items():
+            covered, shown = masking.revealed(tree.credentials, root, self.spec.reveal)
+            masks[root] = covered
+            covered_all += [(root, f) for f in covered]
+            shown_all += [(root, f) for f in shown]
+        for what, items in (("covered", covered_all), ("revealed", shown_all)):
+            for root, f in items:
+                path = os.path.join(root, f.rel)
+                self._sink.record("fs.secret", path=path, kind=f.kind,
+                                  action=what if what == "revealed" else f.action.value)
+                if self.spec.verbose:
+                    how = {"scrub": "a copy without its credentials", "empty": "an empty stand-in"}
+                    told = "revealed (--reveal): the payload can read it" if what == "revealed" \
+                        else f"shown as {how[f.action.value]}"
+                    warnings.append(f"{path}: {f.kind}, {told}")
+        if covered_all:
+            n = len(covered_all)
+            warnings.append(f"{n} credential file{'s' if n != 1 else ''} masked "
+                            "(-v lists them; --reveal PATH exposes one)")
+        return masks
+
+    def _limit_warnings(self) -> list[str]:
+        """What the user should hear before the payload starts. A limit without a
+        controller is reported, not faked (until transient scopes arrive)."""
+        spec, record = self.spec, self._sink.record
+        out: list[str] = []
+        if os.getuid() == 0:
+            out.append("running as root: the payload runs as uid 0 (with no capabilities, mapped to "
+                       "itself); prefer an unprivileged user")
+        if spec.seccomp == "compat":
+            out.append("--seccomp compat: forbidden system calls fail with EPERM instead of killing the "
+                       "process; this is for diagnosis, do not leave it on")
+        if spec.cpus is not None:
+            out.append(f"--cpus {spec.cpus:g}: not enforced (no cpu controller is delegated to boxy)")
+            record("cgroup", limit="cpus", value=spec.cpus, enforced=False, reason="no cpu controller")
+        record("cgroup", limit="memory", value=spec.memory, enforced=False, reason="no memory controller",
+               note="sizes the scratch tmpfs only")
+        record("cgroup", limit="pids", value=spec.pids, enforced=True, by="RLIMIT_NPROC")
+        if spec.verbose:
+            out.append(f"--memory {values.format_size(spec.memory)}: sizes the scratch tmpfs ($HOME, "
+                       "/tmp, /dev/shm); the memory limit itself is not enforced (no memory controller)")
+            out.append(f"--pids {spec.pids}: enforced with RLIMIT_NPROC in the sandbox's user namespace")
+            out.extend(spec.notes)
+        return out
+
+    # -- while it runs ---------------------------------------------------------------
+    async def events(self) -> AsyncIterator[SandboxEvent]:
+        assert self.stage2 is not None
+        final: dict = {}
+        async for msg in self.stage2.messages():
+            if "listeners" in msg:
+                self._attach_network(msg["sockets"])
+            elif "pty" in msg:
+                if self.pty is not None:
+                    self.pty.attach(msg["pty_fd"])
+                else:
+                    os.close(msg["pty_fd"])
+            elif "started" in msg:
+                yield Started()
+            elif "stopped" in msg:
+                if self.pty is not None:  # job control needs a terminal
+                    self.pty.pause_input()  # before the client stops and its shell reads again
+                    yield Stopped(int(msg["stopped"]))
+            elif "confined" in msg:
+                for note in msg["confined"]:
+                    self._sink.record("landlock", note=note)
+            elif "done" in msg:
+                final = msg["done"] if isinstance(msg["done"], dict) else {}
+        yield _exit(final)
+
+    def _attach_network(self, sockets: dict) -> None:
+        if self.net is None or self._launcher._dns is None:
+            for sock in sockets.values():
+                sock.close()
+            return
+        try:
+            self.net.attach(sockets, self._launcher._dns)
+        except SetupError as e:
+            log.warning("session %s: %s", self._sink.id, e)
+            self.signal(signal.SIGKILL)
+
+    def signal(self, sig: int) -> None:
+        if self.stage2 is None:
+            return
+        if sig == signal.SIGCONT and self.pty is not None:  # the client is back (fg)
+            self.pty.resume_input()
+        self.stage2.signal(sig)
+
+    def resize(self, rows: int, cols: int) -> None:
+        if self.pty is not None:
+            self.pty.resize(rows, cols)
+
+    # -- afterwards ------------------------------------------------------------------
+    async def finish(self) -> Report:
+        if self.stage2 is not None:
+            self.stage2.close()
+        # The gateway waits a moment for the last refusal reports: meanwhile, the
+        # terminal drains and the git scan runs.
+        net_done = asyncio.create_task(self.net.finish()) if self.net is not None else None
+        if self.pty is not None:
+            if self.pty.attached:
+                await self.pty.wait_drained()
+            self.pty.close()
+        report = Report()
+        quarantine = str(state_dir() / "quarantine" / self._sink.id)
+        git_lines, tool_lines = await asyncio.to_thread(
+            worktree.after, self.trees, self.baselines, quarantine, self._launcher.user.pw_dir)
+        for line in git_lines:
+            self._sink.record("git", finding=line)
+            report.findings.append(line)
+        for line in tool_lines:
+            self._sink.record("fs.exec", finding=line)
+            report.findings.append(f"tools' files: {line}")
+        if net_done is not None:
+            got = await net_done
+            report.notes += got.get("notes", [])
+            report.destinations = got.get("destinations", "")
+        return report
+
+    def audit_log(self) -> int | None:
+        return self.outputs.audit
+
+    def close(self) -> None:
+        """Everything a finished (or never started) run still holds; its baselines are
+        no longer the user's state for a session starting now."""
+        self._launcher.live.discard(self)
+        _close(self._stdio)
+        self._stdio = []
+        if self.pty is not None:
+            self.pty.close()
+        if self.stage2 is not None:
+            self.stage2.close()
+        self.outputs.close()
+        if self.net is not None:
+            self.net.discard()
+            self.net = None
+        self.trees, self.baselines = {}, {}
+
+
+def _terminal(fds: list[int]) -> PtyRelay | None:
+    """Decided per fd: every terminal among the client's 0–2 is replaced by one PTY
+    that boxyd owns (its slave becomes the sandbox's controlling terminal); pipes
+    and files pass straight through. No host terminal fd enters the sandbox."""
+    ttys = [os.isatty(fd) for fd in fds]
+    if not any(ttys):
+        return None
+    in_fd = os.dup(fds[0]) if ttys[0] else None
+    out = next((fd for fd, t in zip(fds[1:], ttys[1:], strict=True) if t), None)
+    if out is None and ttys[0]:
+        out = fds[0]  # only stdin is a terminal: echo goes back to it
+    return PtyRelay(in_fd=in_fd, out_fd=os.dup(out) if out is not None else None)
+
+
+def _exit(final: dict) -> Exit:
+    """Stage 2's last message as a typed value (its fields checked: it is our own
+    process, but one that ran next to the payload)."""
+    def num(key: str) -> int | None:
+        v = final.get(key)
+        return v if type(v) is int else None
+
+    if "error" in final:
+        return Exit(error=str(final["error"]))
+    if num("exec_error") is not None:
+        return Exit(exec_errno=num("exec_error"), cmd=str(final.get("cmd", "")))
+    return Exit(code=num("exit"), signal=num("signal"))

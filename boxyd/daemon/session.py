@@ -1,0 +1,210 @@
+"""A Session: one run, from the checked request to its Outcome.
+
+It owns its lifecycle (starting → running → exited | killed | timed-out | failed),
+its timers (--timeout, the grace between SIGTERM and SIGKILL), its audit records
+and its event fan-out. What the sandbox is made of stays behind the Sandbox
+protocol (boxyd.daemon.launch); the Manager owns the task that runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Collection
+
+from boxy import values
+from boxy.errors import BoxyError, UsageError
+from boxy.outcome import Outcome, Reason, State
+from boxy.request import RunRequest
+from boxyd.daemon.events import Fanout, Subscription
+from boxyd.daemon.launch import Exit, Sandbox, Started, Stopped
+from boxyd.spec import RunSpec
+
+log = logging.getLogger("boxyd")
+
+GRACE = 5.0  # seconds between SIGTERM and SIGKILL (timeout, stop)
+MAX_AUDIT = 50_000  # records kept per session for --audit-log (a flood is counted, not kept)
+EXIT_TIMEOUT = 124  # as timeout(1)
+EXIT_SETUP = 125
+EXIT_NOEXEC = 126
+EXIT_NOTFOUND = 127
+
+
+class Session:
+    def __init__(self, sid: str, request: RunRequest, *, grace: float = GRACE) -> None:
+        self.id = sid
+        self.request = request
+        self.sandbox: Sandbox | None = None  # set by the Manager once prepared
+        self.state = State.STARTING
+        self.started_at = time.time()
+        self.ended_at: float | None = None
+        self.outcome: Outcome | None = None
+        self.warnings: list[str] = []
+        self.audit: list[dict] = []
+        self.audit_dropped = 0
+        self.events = Fanout()
+        self._grace = grace
+        self._done = asyncio.Event()
+        self._timed_out = False
+        self._stop: int | None = None  # a signal asked for before the sandbox could take it
+        self._kill_timer: asyncio.TimerHandle | None = None
+
+    @property
+    def spec(self) -> RunSpec:
+        assert self.sandbox is not None
+        return self.sandbox.spec
+
+    # -- what the sandbox tells us (launch.Sink) ---------------------------------------
+    def record(self, layer: str, **fields: object) -> None:
+        if len(self.audit) >= MAX_AUDIT:  # a flood of denials must not grow the daemon
+            self.audit_dropped += 1
+            return
+        rec = {"t": round(time.time(), 3), "session": self.id, "layer": layer, **fields}
+        self.audit.append(rec)
+        self.events.publish("audit", record=rec)
+
+    def notice(self, text: str) -> None:
+        self.events.publish("notice", text=text)
+
+    # -- control -------------------------------------------------------------------------
+    def subscribe(self, kinds: Collection[str] | None = None) -> Subscription:
+        return self.events.subscribe(kinds)
+
+    async def wait(self) -> Outcome:
+        await self._done.wait()
+        assert self.outcome is not None
+        return self.outcome
+
+    def signal(self, sig: int) -> None:
+        """A signal for the payload (from the client: ^C, SIGCONT after fg); dropped
+        unless it runs."""
+        if self.state is State.RUNNING and self.sandbox is not None:
+            self.sandbox.signal(sig)
+
+    def resize(self, rows: int, cols: int) -> None:
+        if self.sandbox is not None and not self.state.finished:
+            self.sandbox.resize(rows, cols)
+
+    def stop(self, kill: bool = False) -> None:
+        """SIGTERM, then SIGKILL after the grace; KILL: SIGKILL now. Before the payload
+        runs, the stop waits for the sandbox and is then a SIGKILL (nothing to save)."""
+        if self.state.finished:
+            return
+        if self.state is State.STARTING:
+            self._stop = signal.SIGKILL
+            return
+        assert self.sandbox is not None
+        if kill:
+            self.sandbox.signal(signal.SIGKILL)
+        else:
+            self.sandbox.signal(signal.SIGTERM)
+            if self._kill_timer is None:
+                self._kill_timer = asyncio.get_running_loop().call_later(
+                    self._grace, self.sandbox.signal, signal.SIGKILL)
+
+    def hangup(self) -> None:
+        """The attached client went away: SIGHUP as from a closed terminal, then a stop."""
+        if self.state is State.RUNNING and self.sandbox is not None:
+            self.sandbox.signal(signal.SIGHUP)
+        self.stop()
+
+    def _timeout(self) -> None:
+        self._timed_out = True
+        self.stop()
+
+    def _set_state(self, state: State) -> None:
+        self.state = state
+        self.events.publish("state", state=state.value)
+
+    # -- the lifecycle, run by the Manager's task -----------------------------------------
+    async def run(self, finished: Callable[[Session], Awaitable[None]]) -> None:
+        """Start, relay, end; then FINISHED (records) before anyone hears the outcome."""
+        assert self.sandbox is not None
+        try:
+            self.outcome = await self._lifecycle(self.sandbox)
+            self.ended_at = time.time()
+            await finished(self)
+        except asyncio.CancelledError:  # boxyd is going away without waiting
+            if self.outcome is None:
+                self.outcome = Outcome(EXIT_SETUP, Reason.SETUP, "boxyd stopped during the run")
+            raise
+        except Exception as e:  # a bug: still an outcome, and the end
+            log.exception("session %s failed", self.id)
+            if self.outcome is None:
+                self.outcome = Outcome(EXIT_SETUP, Reason.SETUP, _internal(e))
+        finally:
+            if self._kill_timer is not None:
+                self._kill_timer.cancel()
+            self.sandbox.close()
+            assert self.outcome is not None
+            self._set_state(self.outcome.state)
+            self.events.publish("exited", outcome=self.outcome)
+            self.events.close()
+            self._done.set()
+
+    async def _lifecycle(self, sandbox: Sandbox) -> Outcome:
+        try:
+            self.warnings = await sandbox.start()
+        except BoxyError as e:  # the user's input (2), or a layer that cannot be applied (125)
+            status = e.exit_status if isinstance(e, UsageError) else EXIT_SETUP
+            return Outcome(status, Reason.SETUP, str(e), warnings=self.warnings)
+        except Exception as e:  # a bug, not the user's doing: still one line
+            log.exception("session %s: setup failed", self.id)
+            return Outcome(EXIT_SETUP, Reason.SETUP, _internal(e))
+        if self._stop is not None:
+            sandbox.signal(self._stop)
+        timer = None
+        end = Exit()
+        async for event in sandbox.events():
+            if isinstance(event, Started):
+                self._set_state(State.RUNNING)
+                if self.spec.timeout:
+                    timer = asyncio.get_running_loop().call_later(self.spec.timeout, self._timeout)
+                self.events.publish("started", warnings=self.warnings)
+            elif isinstance(event, Stopped):
+                self.events.publish("stopped", signal=event.signal)
+            elif isinstance(event, Exit):
+                end = event
+        if timer is not None:
+            timer.cancel()
+        started = self.state is State.RUNNING
+        report = await sandbox.finish()
+        outcome = outcome_of(end, timed_out=self._timed_out, timeout=self.spec.timeout)
+        if outcome.reason is Reason.SECCOMP:
+            self.record("seccomp", action="kill", signal=outcome.signal)
+        outcome.findings, outcome.notes = report.findings, report.notes
+        outcome.destinations = report.destinations
+        if not started:  # never said: the client hears them with the outcome
+            outcome.warnings = self.warnings
+        return outcome
+
+
+def _internal(e: BaseException) -> str:
+    return f"internal error in boxyd ({type(e).__name__}: {e}); see its log"
+
+
+def outcome_of(end: Exit, *, timed_out: bool, timeout: float | None) -> Outcome:
+    """The exit status a shell would see, and why (pure)."""
+    if end.error is not None:
+        return Outcome(EXIT_SETUP, Reason.SETUP, end.error)
+    if end.exec_errno is not None:
+        if end.exec_errno == errno.ENOENT:
+            return Outcome(EXIT_NOTFOUND, Reason.EXEC, f"{end.cmd}: command not found")
+        return Outcome(EXIT_NOEXEC, Reason.EXEC, f"{end.cmd}: {os.strerror(end.exec_errno)}")
+    if timed_out and (end.signal is not None or end.code is not None):
+        # timeout(1)'s status, even for a payload that caught SIGTERM and exited 0
+        return Outcome(EXIT_TIMEOUT, Reason.TIMEOUT,
+                       f"timed out after {values.format_duration(timeout or 0)}", signal=end.signal)
+    if end.signal is not None:
+        if end.signal == signal.SIGSYS:
+            return Outcome(128 + end.signal, Reason.SECCOMP,
+                           "killed by seccomp: the payload made a forbidden system call",
+                           signal=end.signal)
+        return Outcome(128 + end.signal, Reason.SIGNAL, signal=end.signal)
+    if end.code is not None:
+        return Outcome(end.code, Reason.EXIT)
+    return Outcome(EXIT_SETUP, Reason.SETUP, "stage 2 ended without a word (see boxyd's log)")

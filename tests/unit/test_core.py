@@ -1,0 +1,306 @@
+"""The daemon core (Manager, Session, the event fan-out) against a fake launcher:
+the lifecycle, stop and its grace, timeouts, outcomes, watchers that fall behind,
+the registry's events. The real launcher is tested through real sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import signal
+from collections.abc import AsyncIterator
+
+import pytest
+
+from boxy.errors import NoSuchSession, SetupError, UsageError
+from boxy.outcome import Reason, State
+from boxy.request import RunOptions, RunRequest
+from boxyd.daemon.events import LOST, Fanout
+from boxyd.daemon.launch import Exit, Report, SandboxEvent, Sink, Started, Stopped
+from boxyd.daemon.manager import Manager
+from boxyd.daemon.session import outcome_of
+from boxyd.spec import RunSpec
+
+
+class FakeSandbox:
+    """A payload that runs until a signal it does not ignore, or until told to exit."""
+
+    def __init__(self, sink: Sink, *, fail: Exception | None = None, ignore: tuple[int, ...] = (),
+                 exit_code: int | None = None, timeout: float | None = None) -> None:
+        self.spec = RunSpec(argv=["true"], workdir="/w", timeout=timeout)
+        self.sink = sink
+        self.fail = fail
+        self.ignore = ignore
+        self.signals: list[int] = []
+        self.closed = False
+        self.finished = False
+        self._events: asyncio.Queue[SandboxEvent] = asyncio.Queue()
+        if exit_code is not None:
+            self._events.put_nowait(Exit(code=exit_code))
+
+    async def start(self) -> list[str]:
+        await asyncio.sleep(0)
+        if self.fail is not None:
+            raise self.fail
+        self.sink.record("test", what="started")
+        self._events.put_nowait(Started())
+        return ["a warning"]
+
+    async def events(self) -> AsyncIterator[SandboxEvent]:
+        while True:
+            ev = await self._events.get()
+            yield ev
+            if isinstance(ev, Exit):
+                return
+
+    def signal(self, sig: int) -> None:
+        self.signals.append(sig)
+        if sig not in self.ignore or sig == signal.SIGKILL:
+            self._events.put_nowait(Exit(signal=sig))
+
+    def push(self, ev: SandboxEvent) -> None:
+        self._events.put_nowait(ev)
+
+    def resize(self, rows: int, cols: int) -> None:
+        self.size = (rows, cols)
+
+    async def finish(self) -> Report:
+        self.finished = True
+        return Report(findings=["a finding"], notes=["a note"], destinations="table")
+
+    def audit_log(self) -> int | None:
+        return None
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeLauncher:
+    def __init__(self, **sandbox_args: object) -> None:
+        self.args = sandbox_args
+        self.made: list[FakeSandbox] = []
+        self.closed = False
+
+    async def prepare(self, request: RunRequest, stdio: list[int], sink: Sink) -> FakeSandbox:
+        if request.argv == ["bad"]:
+            raise UsageError("bad command")
+        sb = FakeSandbox(sink, **self.args)  # type: ignore[arg-type]
+        self.made.append(sb)
+        return sb
+
+    def start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def request(*argv: str) -> RunRequest:
+    return RunRequest(list(argv or ["true"]), "/w", RunOptions())
+
+
+async def started(session) -> None:
+    for _ in range(100):
+        if session.state is State.RUNNING:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"still {session.state}")
+
+
+async def test_start_returns_at_once_and_the_session_runs_without_its_caller() -> None:
+    m = Manager(FakeLauncher())
+    s = await m.start(request(), [])
+    assert s.state is State.STARTING and m.get(s.id) is s and m.busy()
+    await started(s)
+    assert [r["layer"] for r in s.audit] == ["test"] and s.audit[0]["session"] == s.id
+    sb = m.launcher.made[0]
+    sb.push(Exit(code=3))
+    out = await s.wait()
+    assert (out.exit_status, out.reason, out.state) == (3, Reason.EXIT, State.EXITED)
+    assert (out.findings, out.notes, out.destinations) == (["a finding"], ["a note"], "table")
+    assert out.warnings == []  # said when it started, not again
+    assert s.state is State.EXITED and sb.finished and sb.closed and not m.busy()
+    assert s.audit == []  # written out, not held by a long-lived daemon
+
+
+async def test_bad_input_starts_nothing() -> None:
+    m = Manager(FakeLauncher())
+    with pytest.raises(UsageError):
+        await m.start(request("bad"), [])
+    assert m.list() == [] and m.launcher.made == []
+
+
+async def test_unknown_session() -> None:
+    m = Manager(FakeLauncher())
+    with pytest.raises(NoSuchSession) as e:
+        m.get("feedbeef")
+    assert e.value.sid == "feedbeef" and "feedbeef" in str(e.value)
+    with pytest.raises(NoSuchSession):
+        m.stop("feedbeef")
+
+
+@pytest.mark.parametrize("fail, status", [(UsageError("late"), 2), (SetupError("no landlock"), 125),
+                                          (RuntimeError("bug"), 125)])
+async def test_a_setup_failure_is_an_outcome(fail: Exception, status: int) -> None:
+    m = Manager(FakeLauncher(fail=fail))
+    s = await m.start(request(), [])
+    out = await s.wait()
+    assert (out.exit_status, out.reason, out.state) == (status, Reason.SETUP, State.FAILED)
+    assert str(fail) in out.message
+    assert m.launcher.made[0].closed and not m.launcher.made[0].finished
+
+
+async def test_stop_is_sigterm_then_sigkill_after_the_grace() -> None:
+    m = Manager(FakeLauncher(ignore=(signal.SIGTERM,)), grace=0.05)
+    s = await m.start(request(), [])
+    await started(s)
+    m.stop(s.id)
+    out = await asyncio.wait_for(s.wait(), 2)
+    assert m.launcher.made[0].signals == [signal.SIGTERM, signal.SIGKILL]
+    assert (out.exit_status, out.reason, out.state) == (137, Reason.SIGNAL, State.KILLED)
+
+
+async def test_stop_kill_is_sigkill_now() -> None:
+    m = Manager(FakeLauncher(ignore=(signal.SIGTERM,)), grace=60)
+    s = await m.start(request(), [])
+    await started(s)
+    m.stop(s.id, kill=True)
+    await asyncio.wait_for(s.wait(), 2)
+    assert m.launcher.made[0].signals == [signal.SIGKILL]
+
+
+async def test_a_stop_before_the_payload_runs_kills_it_once_it_can() -> None:
+    m = Manager(FakeLauncher())
+    s = await m.start(request(), [])
+    s.stop()  # still starting
+    out = await asyncio.wait_for(s.wait(), 2)
+    assert m.launcher.made[0].signals[0] == signal.SIGKILL and out.state is State.KILLED
+
+
+async def test_hangup_sends_sighup_then_stops() -> None:
+    m = Manager(FakeLauncher(ignore=(signal.SIGHUP, signal.SIGTERM)), grace=0.05)
+    s = await m.start(request(), [])
+    await started(s)
+    s.hangup()
+    await asyncio.wait_for(s.wait(), 2)
+    assert m.launcher.made[0].signals == [signal.SIGHUP, signal.SIGTERM, signal.SIGKILL]
+
+
+async def test_timeout_is_124_even_when_the_payload_exits_0_on_sigterm() -> None:
+    m = Manager(FakeLauncher(timeout=0.05, ignore=(signal.SIGTERM,)))
+    s = await m.start(request(), [])
+    await started(s)
+    await asyncio.sleep(0.1)
+    m.launcher.made[0].push(Exit(code=0))  # it caught SIGTERM and exited 0
+    out = await asyncio.wait_for(s.wait(), 2)
+    assert (out.exit_status, out.reason, out.state) == (124, Reason.TIMEOUT, State.TIMED_OUT)
+    assert out.message.startswith("timed out after")
+
+
+async def test_signals_reach_only_a_running_payload() -> None:
+    m = Manager(FakeLauncher(ignore=(signal.SIGINT,)))
+    s = await m.start(request(), [])
+    s.signal(signal.SIGINT)  # starting: dropped
+    await started(s)
+    s.signal(signal.SIGINT)
+    s.resize(24, 80)
+    sb = m.launcher.made[0]
+    assert sb.signals == [signal.SIGINT] and sb.size == (24, 80)
+    sb.push(Exit(code=0))
+    await s.wait()
+    s.signal(signal.SIGINT)
+    assert sb.signals == [signal.SIGINT]
+
+
+async def test_events_in_order_and_the_stream_ends() -> None:
+    m = Manager(FakeLauncher())
+    s = await m.start(request(), [])
+    sub = s.subscribe(("started", "stopped", "state", "exited"))
+    await started(s)
+    m.launcher.made[0].push(Stopped(signal.SIGTSTP))
+    m.launcher.made[0].push(Exit(code=0))
+    got = [(e.kind, e.fields.get("state") or e.fields.get("signal")) async for e in sub]
+    assert got[:3] == [("state", "running"), ("started", None), ("stopped", signal.SIGTSTP)]
+    assert got[3:] == [("state", "exited"), ("exited", None)]
+    late = s.subscribe()
+    assert [e async for e in late] == []  # subscribing after the end: an empty stream
+
+
+async def test_a_watcher_that_never_reads_loses_events_and_slows_nothing() -> None:
+    fan = Fanout(bound=10)
+    stuck, reader = fan.subscribe(), fan.subscribe()
+    for i in range(10_000):
+        fan.publish("audit", n=i)
+    fan.close()
+    assert stuck.lost_total == 10_000 - 10
+    events = [e async for e in stuck]
+    assert [e.fields["n"] for e in events[:10]] == list(range(10))
+    assert events[10].kind == LOST and events[10].fields["count"] == 9_990
+    assert len([e async for e in reader]) == 11
+
+
+async def test_a_flood_of_audit_records_never_drops_the_run_stream_events() -> None:
+    m = Manager(FakeLauncher())
+    s = await m.start(request(), [])
+    run_stream = s.subscribe(("started", "notice"))
+    await started(s)
+    for i in range(5000):
+        s.record("net", n=i)
+    s.notice("denied")
+    m.launcher.made[0].push(Exit(code=0))
+    kinds = [e.kind async for e in run_stream]
+    assert kinds == ["started", "notice"]
+
+
+async def test_session_new_and_removed_and_the_bound_on_finished_sessions() -> None:
+    m = Manager(FakeLauncher(exit_code=0), keep_finished=2)
+    watch = m.subscribe()
+    ids = []
+    for _ in range(4):
+        s = await m.start(request(), [])
+        ids.append(s.id)
+        await s.wait()
+    assert len(set(ids)) == 4
+    assert [s.id for s in m.list()] == ids[2:]
+    m.events.close()
+    got = [(e.kind, e.fields["id"]) async for e in watch]
+    assert [g for g in got if g[0] == "session-new"] == [("session-new", i) for i in ids]
+    assert [g for g in got if g[0] == "session-removed"] == [("session-removed", i) for i in ids[:2]]
+
+
+async def test_shutdown_stops_every_running_session_and_waits() -> None:
+    m = Manager(FakeLauncher(), grace=0.05)
+    sessions = [await m.start(request(), []) for _ in range(5)]
+    for s in sessions:
+        await started(s)
+    await asyncio.wait_for(m.shutdown(), 2)
+    assert all(s.state is State.KILLED for s in sessions) and m.launcher.closed
+
+
+async def test_fifty_sessions_at_once() -> None:
+    m = Manager(FakeLauncher())
+    sessions = [await m.start(request(), []) for _ in range(50)]
+    for s in sessions:
+        await started(s)
+    assert len(m.running()) == 50 and m.status().sessions_running == 50
+    for sb in m.launcher.made:
+        sb.push(Exit(code=0))
+    outs = await asyncio.gather(*(s.wait() for s in sessions))
+    assert all(o.exit_status == 0 for o in outs) and not m.busy()
+
+
+@pytest.mark.parametrize("end, timed_out, want", [
+    (Exit(code=0), False, (0, Reason.EXIT, "")),
+    (Exit(code=7), False, (7, Reason.EXIT, "")),
+    (Exit(signal=9), False, (137, Reason.SIGNAL, "")),
+    (Exit(signal=signal.SIGSYS), False, (159, Reason.SECCOMP, "killed by seccomp: the payload "
+                                              "made a forbidden system call")),
+    (Exit(signal=15), True, (124, Reason.TIMEOUT, "timed out after 1m")),
+    (Exit(code=0), True, (124, Reason.TIMEOUT, "timed out after 1m")),
+    (Exit(exec_errno=errno.ENOENT, cmd="nope"), False, (127, Reason.EXEC, "nope: command not found")),
+    (Exit(exec_errno=errno.EACCES, cmd="x"), False, (126, Reason.EXEC, "x: Permission denied")),
+    (Exit(error="landlock: not supported"), False, (125, Reason.SETUP, "landlock: not supported")),
+    (Exit(), False, (125, Reason.SETUP, "stage 2 ended without a word (see boxyd's log)")),
+])  # fmt: skip
+def test_outcome_of(end: Exit, timed_out: bool, want: tuple) -> None:
+    out = outcome_of(end, timed_out=timed_out, timeout=60.0)
+    assert (out.exit_status, out.reason, out.message) == want

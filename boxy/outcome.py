@@ -1,5 +1,6 @@
-"""How a session ends: its State and its Outcome, as the daemon reports them and
-every client reads them (the final Run reply, `show`, the D-Bus properties)."""
+"""How a session stands and ends: its State, its Outcome, and the SessionInfo that
+List and Show report, as the daemon sends them and every client reads them (the
+final Run reply, `ps`, `show`, the D-Bus properties)."""
 
 from __future__ import annotations
 
@@ -84,3 +85,44 @@ class Outcome(Value):
                    d.get("signal") if type(d.get("signal")) is int else None,
                    [str(x) for x in d.get("findings") or []], [str(x) for x in d.get("notes") or []],
                    str(d.get("destinations") or ""), [str(x) for x in d.get("warnings") or []])
+
+
+class SessionInfo(Value):
+    """One session as List and Show report it, running or from its record. Times
+    are seconds since the epoch; OUTCOME is None while it runs."""
+
+    __slots__ = ("id", "state", "argv", "workdir", "profile", "started_at", "ended_at",
+                 "outcome")
+
+    def __init__(self, id: str, state: State, argv: list[str], workdir: str,
+                 profile: str | None, started_at: float, ended_at: float | None = None,
+                 outcome: Outcome | None = None) -> None:
+        self.id, self.state, self.argv, self.workdir = id, state, argv, workdir
+        self.profile, self.started_at, self.ended_at = profile, started_at, ended_at
+        self.outcome = outcome
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"id": self.id, "state": self.state.value, "argv": self.argv,
+                "workdir": self.workdir, "profile": self.profile, "started_at": self.started_at,
+                "ended_at": self.ended_at,
+                "outcome": self.outcome.to_wire() if self.outcome is not None else None}
+
+    @classmethod
+    def from_wire(cls, d: object) -> SessionInfo | None:
+        """None for a record that is not one (a truncated file, another version's)."""
+        if not isinstance(d, dict):
+            return None
+        try:
+            state = State(d.get("state"))
+        except ValueError:
+            return None
+        argv, started = d.get("argv"), d.get("started_at")
+        if not isinstance(d.get("id"), str) or not isinstance(argv, list) \
+                or type(started) not in (int, float):
+            return None
+        ended = d.get("ended_at")
+        out = d.get("outcome")
+        return cls(d["id"], state, [str(a) for a in argv], str(d.get("workdir", "")),
+                   d.get("profile") if isinstance(d.get("profile"), str) else None, float(started),
+                   float(ended) if type(ended) in (int, float) else None,
+                   Outcome.from_wire(out) if isinstance(out, dict) else None)

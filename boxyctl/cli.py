@@ -371,6 +371,8 @@ def _parse_with_argparse(argv: list[str], *, environ: dict[str, str], cwd: str,
         args: dict[str, Any] = {"action": ns.action}
         if name == "profile" and ns.action == "show":
             args["name"] = ns.name
+        if name == "daemon" and ns.action in ("restart", "stop"):
+            args["force"] = ns.force
         return Command(name, args)
     return Command(name)
 

@@ -106,7 +106,11 @@ def _main(argv: list[str] | None) -> int:
             sys.stdout.write({"bash": completion.bash, "zsh": completion.zsh,
                               "fish": completion.fish}[cmd.args["shell"]]())
             return 0
-        say(f"{cmd.name}: sessions are not inspectable in this build yet")
+        if cmd.name in ("ps", "show", "stop"):
+            return sessions(cmd.name, cmd.args)
+        if cmd.name == "watch":
+            return watch(cmd.args)
+        say(f"{cmd.name}: not in this build yet")
         return 1
     except BoxyError as e:
         say(str(e))
@@ -262,6 +266,67 @@ def _report(final: dict) -> int:
     return outcome.exit_status
 
 
+def sessions(name: str, args: dict) -> int:
+    """ps [-a], show ID, stop [-k] ID: questions for a running boxyd (none running:
+    no session runs, and `ps -a`/`show` read the records it left)."""
+    import time
+
+    from boxy.outcome import SessionInfo
+    from boxyctl import sessions as text
+    from boxyctl.connect import connect
+
+    client = connect()
+    try:
+        if name == "ps":
+            reply = client.call(f"{IFACE}.List", {"all": bool(args.get("all"))})
+            infos = [i for d in reply.get("sessions", []) if (i := SessionInfo.from_wire(d))]
+            lines = text.ps_lines(infos, time.time())
+        else:
+            method = "Show" if name == "show" else "Stop"
+            params = {"id": args["id"], **({"kill": bool(args["kill"])} if name == "stop" else {})}
+            info = SessionInfo.from_wire(client.call(f"{IFACE}.{method}", params).get("session"))
+            if info is None:
+                raise DaemonError(f"{name}: boxyd sent no session")
+            lines = text.show_lines(info, time.time()) if name == "show" else [text.stop_line(info)]
+    finally:
+        client.close()
+    for line in lines:
+        print(line)
+    return 0
+
+
+def watch(args: dict) -> int:
+    """One line per event as it happens (a pipe: `boxyctl watch ID | grep deny`); a
+    finished session prints its summary. ^C ends the watching, not the session."""
+    import time
+
+    from boxy.outcome import SessionInfo
+    from boxyctl import sessions as text
+    from boxyctl.connect import connect
+
+    # ^C ends the watching (exit 130), even when started with SIGINT ignored (a
+    # background job of a script): the session is not ours to stop
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    client = connect()
+    color = os.isatty(1)
+    last: SessionInfo | None = None
+    try:
+        params = {"id": args["id"]} if args.get("id") else {}
+        for reply in client.stream(f"{IFACE}.Watch", params):
+            if "event" in reply and isinstance(reply["event"], dict):
+                print(text.event_line(reply["event"], color=color), flush=True)
+            elif (info := SessionInfo.from_wire(reply.get("session"))) is not None:
+                if last is None and not info.state.finished:
+                    print(text.header_line(info, time.time()), flush=True)
+                last = info
+    finally:
+        client.close()
+    if last is not None and last.state.finished:
+        for line in text.show_lines(last, time.time()):
+            print(line)
+    return 0
+
+
 def daemon(args: dict) -> int:
     from boxyctl.connect import connect, wait_gone
 
@@ -279,11 +344,11 @@ def daemon(args: dict) -> int:
     try:
         client = connect(start=False)
         try:
-            client.call(f"{IFACE}.Shutdown", {})
+            client.call(f"{IFACE}.Shutdown", {"force": bool(args.get("force"))})
         except Busy as e:
             say(f"daemon {action}: {e}")
             return 1
-        wait_gone()
+        wait_gone(timeout=15.0 if args.get("force") else 5.0)  # forced: sessions get a grace
     except DaemonError:
         pass
     if action == "restart":

@@ -125,8 +125,11 @@ def build_parser(prog: str, *, run_only: bool = False) -> _Parser:
     daemon = sub.add_parser("daemon", help="the boxyd daemon")
     dsub = daemon.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
     dsub.add_parser("status", help="which build is running, and how busy it is")
-    dsub.add_parser("restart", help="replace it with this build")
-    dsub.add_parser("stop", help="stop it (refused while sessions are running)")
+    for action, what in (("restart", "replace it with this build"),
+                         ("stop", "stop it (refused while sessions are running)")):
+        p = dsub.add_parser(action, help=what)
+        p.add_argument("--force", action="store_true",
+                       help="stop running sessions first (SIGTERM, grace, SIGKILL; recorded)")
     cache = sub.add_parser("cache", help="the per-project package caches of the node and python profiles")
     csub = cache.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
     csub.add_parser("list", help="every project's cache: profile, size, last use, work directory")

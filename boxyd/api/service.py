@@ -8,17 +8,34 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable
+from typing import Any
 
 from boxy import INTERFACE
 from boxy.buildid import build_id
-from boxy.errors import BoxyError, BuildMismatch, Busy, InternalError, UsageError, varlink_error
+from boxy.errors import (
+    BoxyError,
+    BuildMismatch,
+    Busy,
+    InternalError,
+    NoSuchSession,
+    UsageError,
+    varlink_error,
+)
+from boxy.outcome import Outcome
 from boxy.request import RunRequest
 from boxyd.api.varlink import Call
+from boxyd.daemon.events import Event
 from boxyd.daemon.manager import Manager
 from boxyd.daemon.session import Session
 
 log = logging.getLogger("boxyd")
 RUN_EVENTS = ("started", "notice", "stopped")  # what an attached client hears during Run
+
+
+def event_wire(ev: Event) -> dict[str, Any]:
+    """{kind, t, ...fields}; an outcome as its wire form."""
+    fields = {k: (v.to_wire() if isinstance(v, Outcome) else v) for k, v in ev.fields.items()}
+    return {"kind": ev.kind, "t": round(ev.t, 3), **fields}
 
 
 class VarlinkService:
@@ -50,8 +67,12 @@ class VarlinkService:
                           "uptime": st.uptime, "sessions_running": st.sessions_running})
 
     async def do_Shutdown(self, call: Call) -> None:
-        if self.manager.busy():
-            raise Busy("sessions are still running")
+        """Refused while sessions run, unless forced: then they are stopped and
+        recorded first (boxyd's own exit path does that)."""
+        running = self.manager.running()
+        if running and call.parameters.get("force") is not True:
+            ids = ", ".join(s.id for s in running)
+            raise Busy(f"sessions are running ({ids}); --force stops them first")
         await call.reply({})
         self.on_shutdown()
 
@@ -86,6 +107,30 @@ class VarlinkService:
             events.close()
         await call.reply({"id": session.id, **outcome.to_wire()})
 
+    async def do_Watch(self, call: Call) -> None:
+        """Streamed: the session first, then each event as it happens, then the
+        session as it ended. Waits for the peer to read (Call.drain): a watcher that
+        falls behind loses events in its own bounded queue and is told how many."""
+        if not call.more:
+            raise UsageError("Watch: streams its replies; call it with more")
+        sid = call.parameters.get("id")
+        try:
+            session = self.manager.watched(sid if isinstance(sid, str) else None)
+        except NoSuchSession:  # finished and forgotten: its record, and the end at once
+            await call.reply({"session": (await self.manager.info(str(sid))).to_wire()})
+            return
+        events = session.subscribe()
+        try:
+            await call.reply({"session": session.info().to_wire()}, continues=True)
+            async for ev in events:
+                await call.drain()
+                if call.connection_closed.is_set():
+                    return
+                await call.reply({"event": event_wire(ev)}, continues=True)
+        finally:
+            events.close()
+        await call.reply({"session": session.info().to_wire()})
+
     @staticmethod
     async def _hangup(call: Call, session: Session) -> None:
         """The attached client went away (killed, crashed, connection dropped)."""
@@ -106,6 +151,15 @@ class VarlinkService:
         self.manager.get(str(p.get("id"))).signal(sig)
 
     async def do_Stop(self, call: Call) -> None:
+        """Replies once the session has ended (SIGTERM, grace, SIGKILL: bounded)."""
         p = call.parameters
-        self.manager.stop(str(p.get("id")), bool(p.get("kill")))
-        await call.reply({})
+        info = await self.manager.stop_and_wait(str(p.get("id")), p.get("kill") is True)
+        await call.reply({"session": info.to_wire()})
+
+    async def do_List(self, call: Call) -> None:
+        infos = await self.manager.infos(all=call.parameters.get("all") is True)
+        await call.reply({"sessions": [i.to_wire() for i in infos]})
+
+    async def do_Show(self, call: Call) -> None:
+        info = await self.manager.info(str(call.parameters.get("id")))
+        await call.reply({"session": info.to_wire()})

@@ -48,6 +48,7 @@ INVALID_PARAMETER = f"{SERVICE}.InvalidParameter"
 INTERNAL_ERROR = varlink_error(InternalError(""))[0]
 
 MAX_WRITE_BUFFER = 4 << 20
+DRAIN_LOW = 64 << 10  # Call.drain() returns once no more than this is unsent
 MAX_PENDING_CALLS = 64  # queued + running oneway calls before reading pauses
 
 
@@ -96,6 +97,12 @@ class Call:
         self.peer: Peer = conn.peer
         self.connection_closed: asyncio.Event = conn.closed
         self.done = oneway  # a oneway call never gets a reply
+
+    async def drain(self) -> None:
+        """Wait until the peer has read what it was sent, down to DRAIN_LOW bytes (or
+        is gone): a streamed call that waits here leaves the loss to the producer's
+        own bounded queue instead of growing this connection's buffer."""
+        await self._conn.drained.wait()
 
     def take_fds(self) -> list[int]:
         """Hand every fd of the call to the caller, who must close them."""
@@ -164,14 +171,18 @@ class VarlinkServer:
         finally:
             self.close()
 
-    def close(self) -> None:
-        """Stop accepting, drop every connection (handlers see connection_closed)."""
-        self._stopped.set()
+    def stop_accepting(self) -> None:
+        """No new connections; those open keep being served (their runs' last replies)."""
         if self._sock is not None:
             if self._loop is not None and not self._loop.is_closed():
                 self._loop.remove_reader(self._sock.fileno())
             self._sock.close()
             self._sock = None
+
+    def close(self) -> None:
+        """Stop accepting, drop every connection (handlers see connection_closed)."""
+        self._stopped.set()
+        self.stop_accepting()
         for conn in list(self._conns):
             conn.close("server closing")
 
@@ -266,6 +277,8 @@ class _Connection:
         self._fd = sock.fileno()
         self.peer = peer
         self.closed = asyncio.Event()
+        self.drained = asyncio.Event()  # set while at most DRAIN_LOW bytes wait to be sent
+        self.drained.set()
         self._decoder = Decoder()
         self._wbuf = bytearray()
         self._writing = False
@@ -383,6 +396,8 @@ class _Connection:
             if not data:
                 return
         self._wbuf += data
+        if len(self._wbuf) > DRAIN_LOW:
+            self.drained.clear()
         if len(self._wbuf) > self._server.max_write_buffer:
             self.close(f"peer is not reading ({len(self._wbuf)} bytes unsent)")
             return
@@ -399,6 +414,8 @@ class _Connection:
             self.close(e.strerror or str(e))
             return
         del self._wbuf[:sent]
+        if len(self._wbuf) <= DRAIN_LOW:
+            self.drained.set()
         if not self._wbuf:
             self._writing = False
             self._loop.remove_writer(self._fd)
@@ -417,6 +434,7 @@ class _Connection:
             self._loop.remove_writer(self._fd)
         self._reading = self._writing = False
         self.closed.set()
+        self.drained.set()  # nobody waits on a dead peer
         self._sock.close()
         self._wbuf.clear()
         self._decoder.close()

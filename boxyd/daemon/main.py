@@ -116,9 +116,10 @@ async def serve(sock: socket.socket) -> None:
     log.info("listening (build %s)", manager.status().build)
     await stop.wait()
     sd_notify("STOPPING=1")
-    server.close()  # no new calls; running sessions are stopped and recorded
+    server.stop_accepting()  # running sessions are stopped and recorded, and their
+    await manager.shutdown()  # clients, still connected, hear how they ended
+    server.close()
     task.cancel()
-    await manager.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:

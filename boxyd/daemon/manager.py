@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 from boxy import VERSION
 from boxy.buildid import build_id
-from boxy.errors import NoSuchSession
+from boxy.errors import DaemonError, NoSuchSession, UsageError
+from boxy.outcome import SessionInfo
 from boxy.request import RunRequest
+from boxyd.daemon import records
 from boxyd.daemon.events import Fanout, Subscription
 from boxyd.daemon.launch import Launcher
 from boxyd.daemon.records import Records
@@ -48,6 +50,7 @@ class Manager:
         self._keep = keep_finished
         self._grace = grace
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._closing = False
 
     def start_launcher(self) -> None:
         self.launcher.start()
@@ -72,6 +75,18 @@ class Manager:
         except KeyError:
             raise NoSuchSession(sid) from None
 
+    def watched(self, sid: str | None) -> Session:
+        """`watch [ID]`: that session; without an id the only running one."""
+        if sid is not None:
+            return self.get(sid)
+        running = self.running()
+        if len(running) == 1:
+            return running[0]
+        if not running:
+            raise UsageError("watch: no session is running (`boxyctl ps -a` lists finished ones)")
+        raise UsageError("watch: several sessions are running ("
+                         + ", ".join(s.id for s in running) + "); name one")
+
     def subscribe(self) -> Subscription:
         return self.events.subscribe()
 
@@ -80,10 +95,12 @@ class Manager:
         """Check REQUEST and start its session; returns once it is under way (the run
         goes on in a task of ours, whoever asked). STDIO are ours from the call on.
         Raises UsageError (nothing started, nothing changed)."""
+        if self._closing:
+            raise DaemonError("boxyd is stopping; run again in a moment")
         session = Session(self._new_id(), request, grace=self._grace)
         session.sandbox = await self.launcher.prepare(request, stdio, session)
         self.sessions[session.id] = session
-        task = asyncio.get_running_loop().create_task(session.run(self._finished),
+        task = asyncio.get_running_loop().create_task(session.run(self._begin, self._finished),
                                                       name=f"session {session.id}")
         self._tasks[session.id] = task
         task.add_done_callback(lambda _t, sid=session.id: self._tasks.pop(sid, None))
@@ -93,9 +110,37 @@ class Manager:
     def stop(self, sid: str, kill: bool = False) -> None:
         self.get(sid).stop(kill)
 
+    async def stop_and_wait(self, sid: str, kill: bool = False) -> SessionInfo:
+        """`boxyctl stop`: the session as it ended (a finished one as it is)."""
+        try:
+            s = self.get(sid)
+        except NoSuchSession:
+            return await self.info(sid)
+        s.stop(kill)
+        await s.wait()
+        return s.info()
+
+    async def infos(self, all: bool = False) -> list[SessionInfo]:
+        """The sessions in memory (running, and the newest finished ones); ALL: and
+        every one on record, from before a restart too. Oldest first."""
+        found = {s.id: s.info() for s in self.sessions.values() if all or not s.state.finished}
+        if all and self.records is not None:
+            for info in await asyncio.to_thread(records.read_all):
+                found.setdefault(info.id, info)
+        return sorted(found.values(), key=lambda i: i.started_at)
+
+    async def info(self, sid: str) -> SessionInfo:
+        if sid in self.sessions:
+            return self.sessions[sid].info()
+        info = await asyncio.to_thread(records.read_meta, sid) if self.records is not None else None
+        if info is None:
+            raise NoSuchSession(sid)
+        return info
+
     async def shutdown(self) -> None:
         """boxyd is told to stop: every running session is stopped (SIGTERM, grace,
         SIGKILL) and recorded before it returns."""
+        self._closing = True
         for s in self.running():
             s.stop()
         tasks = list(self._tasks.values())
@@ -108,6 +153,11 @@ class Manager:
             sid = secrets.token_hex(4)
             if sid not in self.sessions:
                 return sid
+
+    async def _begin(self, s: Session) -> None:
+        """A record while it runs: `ps -a` after a crash of boxyd still lists it."""
+        if self.records is not None:
+            await asyncio.to_thread(self.records.begin, s)
 
     async def _finished(self, s: Session) -> None:
         """The session has its outcome: its record is written before anyone hears it."""

@@ -11,19 +11,22 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import threading
 import time
 from pathlib import Path
 
 from boxy.errors import BoxyError
+from boxy.outcome import SessionInfo
 from boxy.paths import ensure_private_dir, state_dir
 from boxyd import caches, retention
-from boxyd.daemon.session import MAX_AUDIT, Session
+from boxyd.daemon.session import MAX_AUDIT, SESSION_ID, Session
 from boxyd.hostfile import replaced
 
 log = logging.getLogger("boxyd")
 
 CACHE_PRUNE_EVERY = 3600.0  # seconds between bounding the package caches (sizes cost a walk)
+MAX_META = 1 << 24  # bytes of a meta.json read back (an argv is at most a few MiB)
 
 
 def record_dir(sid: str) -> Path:
@@ -72,16 +75,41 @@ def write_audit(s: Session, fd: int) -> str | None:
     return f"--audit-log {s.spec.audit_log}: {problem}; the records are in {kept}"
 
 
-def write_meta(s: Session) -> None:
-    """meta.json: what `ps -a` and `show` read once the session is gone."""
-    assert s.outcome is not None
-    meta = {"id": s.id, "argv": s.spec.argv, "workdir": s.spec.workdir, "profile": s.spec.profile,
-            "started_at": s.started_at, "ended_at": s.ended_at, "state": s.outcome.state.value,
-            "result": s.outcome.to_wire()}
+def write_meta(s: Session, info: SessionInfo) -> None:
+    """meta.json: what `ps -a` and `show` read once the session is gone (or boxyd is).
+    Written whole under another name, then renamed: a reader never sees half."""
     try:
-        (record_dir(s.id) / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+        d = record_dir(s.id)
+        tmp = d / "meta.json.tmp"
+        tmp.write_text(json.dumps(info.to_wire(), indent=1) + "\n")
+        os.replace(tmp, d / "meta.json")
     except (OSError, BoxyError) as e:
         log.warning("session record %s: %s", s.id, e)
+
+
+def read_meta(sid: str) -> SessionInfo | None:
+    """The record of session SID, or None (no such id, no record, not one)."""
+    if not SESSION_ID.fullmatch(sid):  # the id names a directory: nothing else gets that far
+        return None
+    path = state_dir() / "sessions" / sid / "meta.json"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
+            data = f.read(MAX_META)
+        return SessionInfo.from_wire(json.loads(data))
+    except (OSError, ValueError):
+        return None
+
+
+def read_all() -> list[SessionInfo]:
+    """Every session on record (retention bounds how many)."""
+    try:
+        names = os.listdir(state_dir() / "sessions")
+    except OSError:
+        return []
+    return [info for n in names if (info := read_meta(n)) is not None]
 
 
 class Records:
@@ -99,7 +127,10 @@ class Records:
             note = write_audit(s, fd)
             if note:
                 s.outcome.notes.append(note)
-        write_meta(s)
+        write_meta(s, s.info())
+
+    def begin(self, s: Session) -> None:
+        write_meta(s, s.info())
 
     def prune(self) -> None:
         """Not awaited by anyone: the caches' sizes can take a while to add up."""

@@ -12,13 +12,14 @@ import asyncio
 import errno
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Awaitable, Callable, Collection
 
 from boxy import values
 from boxy.errors import BoxyError, UsageError
-from boxy.outcome import Outcome, Reason, State
+from boxy.outcome import Outcome, Reason, SessionInfo, State
 from boxy.request import RunRequest
 from boxyd.daemon.events import Fanout, Subscription
 from boxyd.daemon.launch import Exit, Sandbox, Started, Stopped
@@ -32,6 +33,9 @@ EXIT_TIMEOUT = 124  # as timeout(1)
 EXIT_SETUP = 125
 EXIT_NOEXEC = 126
 EXIT_NOTFOUND = 127
+SESSION_ID = re.compile(r"[0-9a-f]{8}")  # secrets.token_hex(4): anything else names no session
+
+Hook = Callable[["Session"], Awaitable[None]]
 
 
 class Session:
@@ -121,12 +125,23 @@ class Session:
         self.events.publish("state", state=state.value)
 
     # -- the lifecycle, run by the Manager's task -----------------------------------------
-    async def run(self, finished: Callable[[Session], Awaitable[None]]) -> None:
-        """Start, relay, end; then FINISHED (records) before anyone hears the outcome."""
+    def info(self) -> SessionInfo:
+        spec = self.sandbox.spec if self.sandbox is not None else None
+        return SessionInfo(self.id, self.state, spec.argv if spec else self.request.argv,
+                           spec.workdir if spec else self.request.cwd,
+                           spec.profile if spec else self.request.options.profile,
+                           self.started_at, self.ended_at,
+                           self.outcome if self.state.finished else None)
+
+    async def run(self, begin: Hook, finished: Hook) -> None:
+        """BEGIN (the record of a session under way), start, relay, end; then FINISHED
+        (the final record) before anyone hears the outcome."""
         assert self.sandbox is not None
         try:
+            await begin(self)
             self.outcome = await self._lifecycle(self.sandbox)
             self.ended_at = time.time()
+            self.state = self.outcome.state  # announced once the record is written
             await finished(self)
         except asyncio.CancelledError:  # boxyd is going away without waiting
             if self.outcome is None:
@@ -141,6 +156,7 @@ class Session:
                 self._kill_timer.cancel()
             self.sandbox.close()
             assert self.outcome is not None
+            self.ended_at = self.ended_at or time.time()
             self._set_state(self.outcome.state)
             self.events.publish("exited", outcome=self.outcome)
             self.events.close()

@@ -280,8 +280,9 @@ def test_relative_or_removed_cwd_refused_for_run_only():
         (["profile", "list"], Command("profile", {"action": "list"})),
         (["profile", "show", "node"], Command("profile", {"action": "show", "name": "node"})),
         (["daemon", "status"], Command("daemon", {"action": "status"})),
-        (["daemon", "restart"], Command("daemon", {"action": "restart"})),
-        (["daemon", "stop"], Command("daemon", {"action": "stop"})),
+        (["daemon", "restart"], Command("daemon", {"action": "restart", "force": False})),
+        (["daemon", "stop"], Command("daemon", {"action": "stop", "force": False})),
+        (["daemon", "stop", "--force"], Command("daemon", {"action": "stop", "force": True})),
         (["--version"], Command("version", {})),
     ],
 )

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from boxy.errors import NoSuchSession, SetupError, UsageError
+from boxy.errors import DaemonError, NoSuchSession, SetupError, UsageError
 from boxy.outcome import Reason, State
 from boxy.request import RunOptions, RunRequest
 from boxyd.daemon.events import LOST, Fanout
@@ -304,3 +304,29 @@ async def test_fifty_sessions_at_once() -> None:
 def test_outcome_of(end: Exit, timed_out: bool, want: tuple) -> None:
     out = outcome_of(end, timed_out=timed_out, timeout=60.0)
     assert (out.exit_status, out.reason, out.message) == want
+
+
+async def test_a_record_outlives_the_manager(tmp_path, monkeypatch) -> None:
+    from boxyd.daemon import records
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    m = Manager(FakeLauncher(exit_code=4), records.Records(str(tmp_path)))
+    s = await m.start(request("echo", "x"), [])
+    await s.wait()
+    again = Manager(FakeLauncher(), records.Records(str(tmp_path)))
+    info = await again.info(s.id)
+    assert (info.state, info.argv, info.outcome.exit_status) == (State.EXITED, ["true"], 4)
+    assert [i.id for i in await again.infos(all=True)] == [s.id]
+    assert await again.infos() == []
+    for bad in ("../../etc", "..", "", "DEADBEEF", "deadbeef0", s.id + "/"):
+        assert records.read_meta(bad) is None
+        with pytest.raises(NoSuchSession):
+            await again.info(bad)
+    assert (tmp_path / "boxy" / "sessions" / s.id).stat().st_mode & 0o777 == 0o700
+
+
+async def test_no_new_session_once_shutting_down() -> None:
+    m = Manager(FakeLauncher(exit_code=0))
+    await m.shutdown()
+    with pytest.raises(DaemonError, match="boxyd is stopping"):
+        await m.start(request(), [])

@@ -1,0 +1,181 @@
+"""Sessions as another client sees them: `ps`, `show` and `stop` against real
+sandboxes, and the records that outlive a restart of boxyd."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, Boxy, User
+from tests.integration.clients import client_err, start_client
+
+pytestmark = pytest.mark.sandbox
+
+
+def ctl(user: User, *args: str) -> subprocess.CompletedProcess:
+    return user.run([str(BIN / "boxyctl"), *args], timeout=60)
+
+
+def running_id(user: User, marker: str) -> str:
+    """The id of the one running session whose command holds MARKER."""
+    r = ctl(user, "ps")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.decode().splitlines()
+    assert lines[0].split() == ["ID", "STATE", "STARTED", "TIME", "PROFILE", "COMMAND"]
+    mine = [ln for ln in lines[1:] if marker in ln]
+    assert len(mine) == 1, lines
+    assert mine[0].split()[1] == "running"
+    return mine[0].split()[0]
+
+
+def test_ps_show_and_stop_a_running_session(boxy: Boxy, user: User, workdir: Path) -> None:
+    proc, _ = start_client(user, workdir, "echo ready; exec sleep 61")
+    try:
+        sid = running_id(user, "sleep 61")
+        shown = ctl(user, "show", sid).stdout.decode()
+        assert f"session   {sid}" in shown and "state     running" in shown
+        assert f"workdir   {workdir}" in shown and "running   for" in shown
+        r = ctl(user, "stop", sid)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.decode().strip() == f"session {sid}: killed SIGTERM"
+        assert proc.wait(timeout=10) == 128 + 15
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert sid not in ctl(user, "ps").stdout.decode()
+    listed = [ln for ln in ctl(user, "ps", "-a").stdout.decode().splitlines() if ln.startswith(sid)]
+    assert len(listed) == 1 and listed[0].split()[1:3] == ["killed", "SIGTERM"], listed
+
+
+def test_stop_waits_out_the_grace_and_stop_k_does_not(boxy: Boxy, user: User, workdir: Path) -> None:
+    proc, _ = start_client(user, workdir, "trap '' TERM; echo ready; while :; do sleep 0.1; done")
+    try:
+        sid = running_id(user, "trap")
+        r = ctl(user, "stop", sid)  # SIGTERM is ignored: SIGKILL after the grace
+        assert r.stdout.decode().strip() == f"session {sid}: killed SIGKILL", r.stderr
+        assert proc.wait(timeout=10) == 128 + 9
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    proc, _ = start_client(user, workdir, "trap '' TERM; echo ready; while :; do sleep 0.1; done")
+    try:
+        sid = running_id(user, "trap")
+        r = ctl(user, "stop", "-k", sid)
+        assert r.stdout.decode().strip() == f"session {sid}: killed SIGKILL", r.stderr
+        assert proc.wait(timeout=3) == 128 + 9
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_show_and_ps_a_after_a_daemon_restart(boxy: Boxy, user: User, workdir: Path) -> None:
+    r = boxy.run("--", "sh", "-c", "echo hi; exit 3")
+    assert r.returncode == 3
+    sid = next(ln.split()[0] for ln in reversed(ctl(user, "ps", "-a").stdout.decode().splitlines())
+               if "exit 3" in ln and ln.split()[1:3] == ["exited", "3"])
+    assert ctl(user, "daemon", "restart").returncode == 0
+    listed = [ln for ln in ctl(user, "ps", "-a").stdout.decode().splitlines() if ln.startswith(sid)]
+    assert len(listed) == 1 and listed[0].split()[1:3] == ["exited", "3"]
+    shown = ctl(user, "show", sid).stdout.decode()
+    assert "state     exited 3" in shown and "exit      3 (exit)" in shown
+    assert "command   sh -c 'echo hi; exit 3'" in shown and "ended     " in shown
+
+
+def test_unknown_and_malformed_ids(boxy: Boxy, user: User) -> None:
+    r = ctl(user, "show", "deadbeef")
+    assert r.returncode == 1
+    assert r.stderr.decode().strip().endswith("no session deadbeef (`boxyctl ps -a` lists them)")
+    r = ctl(user, "stop", "../../etc")
+    assert r.returncode == 2 and b"is not a session id" in r.stderr
+
+
+def test_a_stopped_client_line_names_the_session(boxy: Boxy, user: User, workdir: Path) -> None:
+    """What the client says when it gives up names a session `ps -a` knows."""
+    proc, client = start_client(user, workdir, "trap '' INT; echo ready; sleep 62")
+    try:
+        sid = running_id(user, "sleep 62")
+        os.kill(client, signal.SIGINT)
+        time.sleep(0.3)
+        os.kill(client, signal.SIGINT)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert f"boxyd stops session {sid} when it sees this client gone" in client_err(workdir)
+
+
+def test_daemon_stop_refuses_while_a_session_runs_unless_forced(boxy: Boxy, user: User,
+                                                                workdir: Path) -> None:
+    proc, _ = start_client(user, workdir, "echo ready; exec sleep 63")
+    try:
+        sid = running_id(user, "sleep 63")
+        r = ctl(user, "daemon", "stop")
+        assert r.returncode == 1
+        assert f"sessions are running ({sid}); --force stops them first" in r.stderr.decode()
+        assert running_id(user, "sleep 63") == sid  # refused: nothing changed
+        r = ctl(user, "daemon", "stop", "--force")
+        assert r.returncode == 0, r.stderr
+        assert proc.wait(timeout=15) == 128 + 15, client_err(workdir)  # its client heard the end
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    listed = [ln for ln in ctl(user, "ps", "-a").stdout.decode().splitlines() if ln.startswith(sid)]
+    assert len(listed) == 1 and listed[0].split()[1] == "killed", listed
+
+
+def _watch(user: User) -> subprocess.Popen:
+    return subprocess.Popen(user.cmd([str(BIN / "boxyctl"), "watch"]), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def test_watch_on_a_pipe_one_line_per_event_then_the_summary(boxy: Boxy, user: User,
+                                                             workdir: Path) -> None:
+    proc, _ = start_client(user, workdir, "echo ready; while [ ! -e go ]; do sleep 0.05; done; exit 5")
+    watcher = None
+    try:
+        sid = running_id(user, "while")
+        watcher = _watch(user)  # no id: the only running session
+        first = watcher.stdout.readline().decode()
+        assert first.startswith(f"session {sid} running "), first
+        (workdir / "go").touch()
+        out, err = watcher.communicate(timeout=20)
+        assert watcher.returncode == 0, err
+        assert proc.wait(timeout=10) == 5
+    finally:
+        for p in (proc, watcher):
+            if p is not None and p.poll() is None:
+                p.kill()
+    lines = out.decode().splitlines()
+    assert any(ln.split()[1:] == ["state", "state=exited"] for ln in lines), lines
+    assert "\x1b" not in out.decode()  # a pipe gets no colours and no repaint
+    assert "state     exited 5" in lines and "exit      5 (exit)" in lines
+
+
+def test_watch_refuses_to_guess_and_ctrl_c_ends_only_the_watching(boxy: Boxy, user: User,
+                                                                  workdir: Path) -> None:
+    procs = [start_client(user, workdir, "echo ready; exec sleep 64")[0]]
+    try:
+        sid = running_id(user, "sleep 64")
+        watcher = subprocess.Popen(user.cmd([str(BIN / "boxyctl"), "watch", sid]),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert watcher.stdout.readline().decode().startswith(f"session {sid} running")
+        kid = subprocess.run(["pgrep", "-P", str(watcher.pid)], capture_output=True,
+                             text=True).stdout.split()
+        os.kill(int(kid[0]) if kid and os.getuid() != user.uid else watcher.pid, signal.SIGINT)
+        assert watcher.wait(timeout=10) == 130
+        assert running_id(user, "sleep 64") == sid  # the session goes on
+        (workdir / "second").mkdir()
+        user.chown(workdir / "second")
+        procs.append(start_client(user, workdir / "second", "echo ready; exec sleep 65")[0])
+        r = ctl(user, "watch")
+        assert r.returncode == 2 and b"several sessions are running (" in r.stderr, r.stderr
+        assert b"); name one" in r.stderr
+    finally:
+        for p in procs:
+            p.kill()
+        subprocess.run(["pkill", "-u", str(user.uid), "-f", "^sleep 6[45]$"], check=False)

@@ -1,0 +1,183 @@
+"""The varlink adapter over the real server and the real core, with the fake launcher
+of test_core: Run, the hang-up of a dropped client, Watch and its back-pressure, the
+error table on the wire."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from boxy import INTERFACE
+from boxy.buildid import build_id
+from boxy.outcome import State
+from boxyd.api.service import VarlinkService
+from boxyd.api.varlink import VarlinkServer
+from boxyd.daemon.manager import Manager
+from tests.unit.test_core import FakeLauncher, request, started
+
+M = INTERFACE + "."
+
+
+class Peer:
+    """A raw varlink client on the test's own loop."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def connect(cls, path: str) -> Peer:
+        return cls(*await asyncio.open_unix_connection(path))
+
+    def send(self, method: str, params: dict, **flags: bool) -> None:
+        self.writer.write(json.dumps({"method": M + method, "parameters": params, **flags}).encode()
+                          + b"\0")
+
+    async def reply(self) -> dict:
+        return json.loads((await asyncio.wait_for(self.reader.readuntil(b"\0"), 5))[:-1])
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+@pytest.fixture
+async def daemon(tmp_path: Path):
+    manager = Manager(FakeLauncher(), grace=0.05)
+    server = VarlinkServer(VarlinkService(manager).handle)
+    path = str(tmp_path / "s")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.listen()
+    task = asyncio.create_task(server.serve(sock))
+    yield manager, path
+    server.close()
+    task.cancel()
+
+
+async def test_run_streams_the_start_and_replies_the_outcome(daemon) -> None:
+    manager, path = daemon
+    peer = await Peer.connect(path)
+    peer.send("Run", {"argv": ["true"], "cwd": "/w", "build": build_id()}, more=True)
+    first = await peer.reply()
+    assert first["continues"] and first["parameters"]["state"] == "running"
+    assert first["parameters"]["warnings"] == ["a warning"]
+    sid = first["parameters"]["id"]
+    manager.stop(sid)
+    last = (await peer.reply())["parameters"]
+    assert (last["id"], last["exit_status"], last["state"]) == (sid, 143, "killed")
+    peer.close()
+
+
+@pytest.mark.parametrize("params, error", [
+    ({"argv": ["true"], "cwd": "/w", "build": "other"}, "BuildMismatch"),
+    ({"argv": [], "cwd": "/w"}, "InvalidArgument"),
+    ({"argv": ["bad"], "cwd": "/w", "build": None}, "InvalidArgument"),
+])  # fmt: skip
+async def test_refusals_are_named_errors(daemon, params: dict, error: str) -> None:
+    _, path = daemon
+    if params.get("build") is None:
+        params = {**params, "build": build_id()}
+    peer = await Peer.connect(path)
+    peer.send("Run", params, more=True)
+    got = await peer.reply()
+    assert got["error"] == M + error and "message" in got["parameters"]
+    peer.send("Show", {"id": "../../etc"})
+    assert (await peer.reply())["error"] == M + "NoSuchSession"
+    peer.close()
+
+
+async def test_a_dropped_client_hangs_its_session_up(daemon) -> None:
+    manager, path = daemon
+    peer = await Peer.connect(path)
+    peer.send("Run", {"argv": ["true"], "cwd": "/w", "build": build_id()}, more=True)
+    sid = (await peer.reply())["parameters"]["id"]
+    peer.close()
+    out = await asyncio.wait_for(manager.get(sid).wait(), 5)
+    assert manager.launcher.made[0].signals[0] == signal.SIGHUP and out.state is State.KILLED
+
+
+async def test_a_watcher_that_never_reads_stalls_nothing(daemon) -> None:
+    manager, path = daemon
+    s = await manager.start(request(), [])
+    await started(s)
+    stuck = await Peer.connect(path)
+    stuck.send("Watch", {"id": s.id}, more=True)
+    stuck.writer.transport.pause_reading()  # and never reads again
+    await asyncio.sleep(0.05)
+    t = time.monotonic()
+    for i in range(200_000):  # a flood: each record is an event for the watcher
+        s.record("net", verdict="deny", n=i, pad="x" * 64)
+    flood = time.monotonic() - t
+    other = await Peer.connect(path)
+    other.send("Version", {})
+    assert (await other.reply())["parameters"]["build"] == build_id()
+    manager.stop(s.id)
+    await asyncio.wait_for(s.wait(), 5)  # the session ended while the watcher sat there
+    assert flood < 10, f"200,000 events took {flood:.1f}s to publish"
+    stuck.close()
+    other.close()
+
+
+async def test_a_slow_watcher_is_told_what_it_lost(daemon) -> None:
+    manager, path = daemon
+    s = await manager.start(request(), [])
+    await started(s)
+    peer = await Peer.connect(path)
+    peer.send("Watch", {}, more=True)  # no id: the only running session
+    head = (await peer.reply())["parameters"]["session"]
+    assert head["id"] == s.id and head["state"] == "running"
+    peer.writer.transport.pause_reading()
+    for i in range(20_000):
+        s.record("net", n=i, pad="y" * 200)
+    await asyncio.sleep(0.2)
+    peer.writer.transport.resume_reading()
+    manager.stop(s.id)
+    kinds, lost = [], 0
+    while True:
+        msg = (await peer.reply())["parameters"]
+        if "event" not in msg:
+            assert msg["session"]["state"] == "killed"
+            break
+        kinds.append(msg["event"]["kind"])
+        lost += msg["event"].get("count", 0) if msg["event"]["kind"] == "lost" else 0
+    assert lost > 0 and kinds.count("audit") + lost == 20_000
+    assert kinds[-1] == "exited"
+    peer.close()
+
+
+async def test_watch_without_an_id_needs_exactly_one_running(daemon) -> None:
+    manager, path = daemon
+    peer = await Peer.connect(path)
+    peer.send("Watch", {}, more=True)
+    got = await peer.reply()
+    assert got["error"] == M + "InvalidArgument" and "no session is running" in got["parameters"]["message"]
+    a, b = await manager.start(request(), []), await manager.start(request(), [])
+    peer.send("Watch", {}, more=True)
+    got = await peer.reply()
+    assert f"several sessions are running ({a.id}, {b.id}); name one" in got["parameters"]["message"]
+    peer.close()
+
+
+async def test_fds_of_a_refused_run_are_closed(daemon) -> None:
+    """BuildMismatch closes what came with the call: the pipe's reader sees EOF."""
+    _, path = daemon
+    r, w = os.pipe()
+
+    def call() -> dict:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(path)
+            msg = {"method": M + "Run", "parameters": {"argv": ["true"], "cwd": "/w", "build": "x"}}
+            socket.send_fds(sock, [json.dumps(msg).encode() + b"\0"], [w, w, w])
+            os.close(w)
+            return json.loads(sock.recv(65536).rstrip(b"\0"))
+
+    assert (await asyncio.to_thread(call))["error"] == M + "BuildMismatch"
+    os.set_blocking(r, False)
+    assert os.read(r, 1) == b""  # every write end closed: the daemon kept none
+    os.close(r)

@@ -1,0 +1,63 @@
+"""ps, show, stop and watch as text (boxyctl.sessions): columns, states, escaping."""
+
+from __future__ import annotations
+
+import time
+
+from boxy import values
+from boxy.outcome import Outcome, Reason, SessionInfo, State
+from boxyctl import sessions as text
+
+NOW = time.time()
+
+
+def info(state: State, outcome: Outcome | None = None, argv=("npm", "ci"), ended: float | None = None):
+    return SessionInfo("0123abcd", state, list(argv), "/home/u/p", "node", NOW - 65, ended, outcome)
+
+
+def test_ps_columns_and_states() -> None:
+    rows = [info(State.RUNNING),
+            info(State.KILLED, Outcome(143, Reason.SIGNAL, signal=15), ended=NOW),
+            info(State.EXITED, Outcome(3, Reason.EXIT), ended=NOW),
+            info(State.TIMED_OUT, Outcome(124, Reason.TIMEOUT), ended=NOW)]
+    lines = text.ps_lines(rows, NOW)
+    assert lines[0].split() == ["ID", "STATE", "STARTED", "TIME", "PROFILE", "COMMAND"]
+    assert [ln.split()[1:3] for ln in lines[1:]] == [
+        ["running", time.strftime("%H:%M:%S", time.localtime(NOW - 65))],
+        ["killed", "SIGTERM"], ["exited", "3"], ["timed-out", time.strftime("%H:%M:%S", time.localtime(NOW - 65))]]
+    assert all(ln.endswith("npm ci") for ln in lines[1:])
+    assert lines[1].split()[3] == values.format_duration(65)
+
+
+def test_a_hostile_argv_never_drives_the_terminal() -> None:
+    evil = info(State.RUNNING, argv=["sh", "-c", "\x1b]0;pwned\x07\x1b[2J" + "x" * 100])
+    line = text.ps_lines([evil], NOW)[1]
+    assert "\x1b" not in line and "\x07" not in line and line.endswith("…")
+    shown = "\n".join(text.show_lines(evil, NOW))
+    assert "\x1b" not in shown and "x" * 100 in shown  # show prints the whole command
+
+
+def test_show_everything_of_a_finished_session() -> None:
+    out = Outcome(1, Reason.EXIT, "a message", findings=["git: .git/hooks/pre-commit quarantined"],
+                  notes=["a note"], destinations="2 destinations\nHOST  CONN\nexample.org  1")
+    lines = text.show_lines(info(State.EXITED, out, ended=NOW), NOW)
+    assert "state     exited 1" in lines and "exit      1 (exit)" in lines
+    assert "message   a message" in lines and "findings:" in lines
+    assert "  git: .git/hooks/pre-commit quarantined" in lines
+    assert lines[-3:] == ["  2 destinations", "  HOST  CONN", "  example.org  1"]
+    assert text.stop_line(info(State.KILLED, Outcome(137, Reason.SIGNAL, signal=9), ended=NOW)) \
+        == "session 0123abcd: killed SIGKILL"
+
+
+def test_event_lines() -> None:
+    deny = {"kind": "audit", "t": NOW, "record": {"t": NOW, "session": "x", "layer": "net",
+                                                     "verdict": "deny", "host": "evil.example"}}
+    assert text.event_line(deny, color=False).endswith(" net verdict=deny host=evil.example")
+    assert text.event_line(deny, color=True).startswith(text.RED)
+    ok = {"kind": "audit", "t": NOW, "record": {"layer": "net", "verdict": "allow"}}
+    assert not text.event_line(ok, color=True).startswith(text.RED)
+    assert text.event_line({"kind": "lost", "t": NOW, "count": 7}, color=False).endswith(
+        " lost 7 events (this watcher fell behind)")
+    assert text.event_line({"kind": "state", "t": NOW, "state": "running"}, color=False).endswith(
+        " state state=running")
+    assert "\x1b" not in text.event_line({"kind": "notice", "t": NOW, "text": "\x1b[31m"}, color=False)

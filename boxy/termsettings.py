@@ -28,3 +28,18 @@ def apply(fd: int, settings: dict[str, Any]) -> None:
     termios.tcsetattr(fd, termios.TCSANOW, [int(a) for a in attrs[:6]] + [attrs[6]])
     rows, cols, xpix, ypix = (int(v) for v in settings["winsize"])
     fcntl.ioctl(fd, termios.TIOCSWINSZ, _WINSIZE.pack(rows, cols, xpix, ypix))
+
+
+def defaults(rows: int = 24, cols: int = 80) -> dict[str, Any]:
+    """A fresh PTY's settings (cooked, echo, the kernel's control characters) at
+    ROWS x COLS: for a session started with no terminal of the client's to copy."""
+    import os
+
+    master, slave = os.openpty()
+    try:
+        settings = capture(slave)
+    finally:
+        os.close(master)
+        os.close(slave)
+    settings["winsize"] = [rows, cols, 0, 0]
+    return settings

@@ -118,7 +118,7 @@ RUN_FLAGS: tuple[Flag, ...] = (
     Flag(('--seccomp',), 'value', choices=('strict', 'compat'), help='strict (default) or compat (kills become EPERM)'),
     Flag(('--tty',), 'true', help='require a terminal: refused unless stdin, stdout or stderr is one (a terminal is always relayed through a PTY)'),
     Flag(('-v', '--verbose'), 'true', help='report denials and skipped entries on stderr'),
-    Flag(('-d', '--detach'), 'true', help='print the session id and do not attach (refused in this build: sessions cannot be attached yet)'),
+    Flag(('-d', '--detach'), 'true', help='run in the background: print the session id (boxyctl attach ID takes it over)'),
 )
 # fmt: on
 _BY_NAME = {name: f for f in RUN_FLAGS for name in f.names}

@@ -110,8 +110,9 @@ def _main(argv: list[str] | None) -> int:
             return sessions(cmd.name, cmd.args)
         if cmd.name == "watch":
             return watch(cmd.args)
-        say(f"{cmd.name}: not in this build yet")
-        return 1
+        if cmd.name == "attach":
+            return attach(cmd.args)
+        raise AssertionError(f"unhandled command {cmd.name}")
     except BoxyError as e:
         say(str(e))
         return e.exit_status
@@ -181,7 +182,35 @@ def _daemon_answers(timeout: float = 2.0) -> bool:
 
 
 def _run_once(client, request) -> int:
-    sid: list[str] = []
+    if request.options.detach:
+        return _run_detached(client, request)
+    return _follow(client, "Run", request.to_wire(), [])
+
+
+def _run_detached(client, request) -> int:
+    """run -d: the session gets a terminal of its own (this one's settings, when
+    there is one) and none of our fds; its id on stdout."""
+    if os.isatty(0):
+        from boxy import termsettings
+        from boxy.request import Terminal
+
+        request.terminal = Terminal.from_wire(termsettings.capture(0))
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        reply = client.call(f"{IFACE}.Run", request.to_wire(), fds=[null, null, null])
+    finally:
+        os.close(null)
+    if reply.get("state") != "running":  # it never started: how it ended
+        return _report(reply)
+    for w in reply.get("warnings", []):
+        say(w)
+    print(reply["id"])
+    return 0
+
+
+def _follow(client, method: str, params: dict, sid: list[str]) -> int:
+    """Run or Attach: our stdio (a terminal in raw mode) is the session's until it
+    ends or we detach (Ctrl-]); signals and window sizes are passed on."""
     got: list[int] = []
 
     def stop_waiting(why: str) -> DaemonError:
@@ -217,32 +246,46 @@ def _run_once(client, request) -> int:
     raw = contextlib.ExitStack()
     raw.callback(signal.setitimer, signal.ITIMER_REAL, 0)  # no liveness ping past the run
     final: dict = {}
+    terminal = os.isatty(0)
     with raw:
-        if os.isatty(0) and not request.options.detach:
+        if terminal:
             from boxy import termsettings
-            from boxy.request import Terminal
             from boxyctl import tty  # threading and termios: only for a terminal
 
             # Raw before the payload can write a byte (its first lines came out as
             # \r\r\n otherwise); the sandbox's PTY gets the settings from before.
-            request.terminal = Terminal.from_wire(termsettings.capture(0))
+            params = {**params, "terminal": termsettings.capture(0)}
             term = raw.enter_context(tty.raw_mode(0))
-        for reply in client.stream(f"{IFACE}.Run", request.to_wire(), fds=_stdio()):
+        for reply in client.stream(f"{IFACE}.{method}", params, fds=_stdio()):
             if "notice" in reply:  # -v: a denial, as it happens
                 say(str(reply["notice"]))
-            elif "stopped" in reply and request.terminal is not None:  # ^Z: stop with the payload
+            elif "stopped" in reply and terminal:  # ^Z: stop with the payload
                 term.suspend()
                 if sid:  # `fg`: the payload goes on too
                     client.send_oneway(f"{IFACE}.Signal", {"id": sid[0], "signal": signal.SIGCONT})
-            elif reply.get("state") == "running":
-                sid.append(reply["id"])
+            elif reply.get("state") == "running" and "exit_status" not in reply:
+                sid[:] = [reply["id"]]
                 for w in reply.get("warnings", []):
                     say(w)
-                if request.terminal is not None:
+                if terminal:
                     tty.on_winch(winch)
             else:
                 final = reply
+    if final.get("detached"):
+        say(f"detached from session {final.get('id')}; `boxyctl attach {final.get('id')}` "
+            "takes it back")
+        return 0
     return _report(final)
+
+
+def attach(args: dict) -> int:
+    from boxyctl.connect import connect
+
+    client = connect()
+    try:
+        return _follow(client, "Attach", {"id": args["id"]}, [args["id"]])
+    finally:
+        client.close()
 
 
 def _report(final: dict) -> int:

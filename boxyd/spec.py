@@ -314,8 +314,9 @@ def build_spec(
     spec.pcap_max = pcap_max or DEFAULT_PCAP_MAX
     spec.tty, spec.verbose = o.tty, o.verbose
     spec.detach, spec.allow_git_write = o.detach, o.allow_git_write
-    if spec.detach:  # refused rather than silently run attached
-        raise UsageError("-d/--detach: detached sessions (and attach) are not in this build yet")
+    if spec.detach and spec.tty:
+        raise UsageError("--tty: cannot be combined with -d (a detached session has its own "
+                         "terminal; `boxyctl attach` takes it over)")
     return spec
 
 

@@ -22,14 +22,14 @@ from boxy.errors import (
     varlink_error,
 )
 from boxy.outcome import Outcome
-from boxy.request import RunRequest
+from boxy.request import RunRequest, Terminal
 from boxyd.api.varlink import Call
-from boxyd.daemon.events import Event
+from boxyd.daemon.events import Event, Subscription
 from boxyd.daemon.manager import Manager
 from boxyd.daemon.session import Session
 
 log = logging.getLogger("boxyd")
-RUN_EVENTS = ("started", "notice", "stopped")  # what an attached client hears during Run
+FOLLOW_EVENTS = ("started", "notice", "stopped", "detached")  # what an attached client hears
 
 
 def event_wire(ev: Event) -> dict[str, Any]:
@@ -88,8 +88,33 @@ class VarlinkService:
                     os.close(fd)
             raise
         session = await self.manager.start(request, fds)
-        events = session.subscribe(RUN_EVENTS)
-        hangup = asyncio.get_running_loop().create_task(self._hangup(call, session))
+        if request.options.detach:  # the id once it runs, and the session is on its own
+            events = session.subscribe(("started",))
+            async for ev in events:
+                await call.reply({"id": session.id, "state": "running",
+                                  "warnings": ev.fields["warnings"]})
+                return
+            await call.reply({"id": session.id, **(await session.wait()).to_wire()})
+            return
+        await self._follow(call, session, session.subscribe(FOLLOW_EVENTS))
+
+    async def do_Attach(self, call: Call) -> None:
+        """As Run, for a session already under way whose terminal nobody holds."""
+        # a refusal before the fds are taken: the server closes them with the call
+        session = self.manager.get(str(call.parameters.get("id")))
+        events = session.subscribe(FOLLOW_EVENTS)
+        try:
+            session.attach(call.take_fds(), Terminal.from_wire(call.parameters.get("terminal")))
+        except BaseException:
+            events.close()
+            raise
+        await call.reply({"id": session.id, "state": "running", "warnings": []}, continues=True)
+        await self._follow(call, session, events)
+
+    async def _follow(self, call: Call, session: Session, events: Subscription) -> None:
+        """Relay to an attached client until the session ends or it detaches; a
+        client that goes away hangs its session up (Session.client_gone)."""
+        gone = asyncio.get_running_loop().create_task(self._client_gone(call, session))
         try:
             async for ev in events:
                 if not call.more:
@@ -101,9 +126,12 @@ class VarlinkService:
                     await call.reply({"notice": ev.fields["text"]}, continues=True)
                 elif ev.kind == "stopped":
                     await call.reply({"stopped": ev.fields["signal"]}, continues=True)
+                elif ev.kind == "detached":
+                    await call.reply({"id": session.id, "detached": True})
+                    return
             outcome = await session.wait()
         finally:
-            hangup.cancel()
+            gone.cancel()
             events.close()
         await call.reply({"id": session.id, **outcome.to_wire()})
 
@@ -132,10 +160,10 @@ class VarlinkService:
         await call.reply({"session": session.info().to_wire()})
 
     @staticmethod
-    async def _hangup(call: Call, session: Session) -> None:
+    async def _client_gone(call: Call, session: Session) -> None:
         """The attached client went away (killed, crashed, connection dropped)."""
         await call.connection_closed.wait()
-        session.hangup()
+        session.client_gone()
 
     async def do_Resize(self, call: Call) -> None:
         p = call.parameters

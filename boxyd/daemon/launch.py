@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from boxy.request import RunRequest
+from boxy.request import RunRequest, Terminal
 from boxyd.spec import RunSpec
 
 
@@ -64,6 +64,9 @@ class Sink(Protocol):
     def notice(self, text: str) -> None:
         """One line for an attached client now (-v: a denial as it happens)."""
 
+    def detach_requested(self) -> None:
+        """Ctrl-] on the session's terminal: the client leaves, the session goes on."""
+
 
 class Sandbox(Protocol):
     spec: RunSpec
@@ -79,6 +82,12 @@ class Sandbox(Protocol):
         """To the payload; ignored once it has exited."""
 
     def resize(self, rows: int, cols: int) -> None: ...
+
+    def detach(self) -> bool:
+        """Let the client's terminal go; False when there is none to keep."""
+
+    def attach_client(self, stdio: list[int], terminal: Terminal | None) -> None:
+        """A new client's fds (ours from the call on) take over the terminal."""
 
     async def finish(self) -> Report:
         """After the Exit: drain the terminal, close the network, judge the trees."""

@@ -19,6 +19,11 @@ and the event loop never touches a client fd:
 - input thread: poll(in_fd) -> read -> write to the master (non-blocking, waiting
   with poll when the payload is not reading its input).
 
+The client can change while the session runs (detach with Ctrl-], `boxyctl
+attach`): the output thread takes each new client fd from a hand-over slot, first
+writes it the last RING bytes of output, and keeps those bytes, and the output log
+of a detached session (bounded), itself. Each client's input has its own thread.
+
 Each thread owns its own dup of the master, its client fd and the read end of a
 wake-up pipe, and closes them itself on exit, so close() never closes an fd under
 a thread that still uses it (a reused fd number could otherwise receive the
@@ -43,6 +48,9 @@ from collections.abc import Callable
 from boxy import termsettings
 
 CHUNK = 64 * 1024
+RING = 64 * 1024  # output replayed to a client that attaches (about a screenful, redrawn)
+MAX_LOG = 64 << 20  # bytes of a detached session's output kept in its log file
+DETACH_KEY = b"\x1d"  # Ctrl-]
 _WINSIZE = struct.Struct("HHHH")
 
 
@@ -62,7 +70,9 @@ class PtyRelay:
     create the relay before the client switches its terminal to raw mode.
     """
 
-    def __init__(self, in_fd: int | None, out_fd: int | None) -> None:
+    def __init__(self, in_fd: int | None, out_fd: int | None,
+                 settings: dict | None = None) -> None:
+        """SETTINGS: for a relay with no client terminal (run -d): the PTY's own."""
         self._lock = threading.Lock()
         self._drained = threading.Event()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
@@ -76,11 +86,25 @@ class PtyRelay:
         self._nudge_r, self._nudge_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self.master_fd: int | None = None
         self._pending_size: tuple[int, int] | None = None
+        self._ring = bytearray()
+        self._log_fd: int | None = None  # a detached session's output log (ours)
+        self._logged = 0
+        # the hand-over slot: the output fd of the next client, and its generation
+        self._next_out: int | None = None
+        self._out_gen = 0
+        self._replay = False
+        self._swap_r, self._swap_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._in_wake: int | None = None  # closing it ends the current input thread
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.on_detach: Callable[[], None] | None = None  # Ctrl-] typed (on the loop)
         try:
             src = in_fd if in_fd is not None and os.isatty(in_fd) else out_fd
-            if src is None or not os.isatty(src):
+            if settings is not None and in_fd is None and out_fd is None:
+                self.settings = settings
+            elif src is None or not os.isatty(src):
                 raise ValueError("PtyRelay needs a client fd that is a terminal")
-            self.settings = termsettings.capture(src)
+            else:
+                self.settings = termsettings.capture(src)
             # Separate fds per thread: each thread closes exactly what it owns.
             if in_fd is not None and out_fd == in_fd:
                 out_fd = os.dup(out_fd)
@@ -99,13 +123,52 @@ class PtyRelay:
             self.master_fd = master
         # O_NONBLOCK on our own master only (its description is ours alone).
         os.set_blocking(master, False)
+        self._loop = asyncio.get_running_loop()
         if self._pending_size is not None:
             self.resize(*self._pending_size)
         out_fd, self._out_fd = self._out_fd, None
-        self._start(self._pump_output, out_fd, name="pty-out")
         in_fd, self._in_fd = self._in_fd, None
+        self._start(self._pump_output, None, name="pty-out")
+        self.connect(in_fd, out_fd, replay=False)
+
+    def connect(self, in_fd: int | None, out_fd: int | None, *, replay: bool = True) -> None:
+        """A (new) client: its output fd goes through the hand-over slot (REPLAY: the
+        ring first), its input gets a thread of its own. Takes ownership of both."""
+        if self.master_fd is None:  # not attached yet: the first client waits
+            _close(self._in_fd)
+            _close(self._out_fd)
+            self._in_fd, self._out_fd = in_fd, out_fd
+            return
+        self.disconnect()
+        with self._lock:
+            self._next_out, self._out_gen = out_fd, self._out_gen + 1
+            self._replay = replay
+        self._swap()
         if in_fd is not None:
-            self._start(self._pump_input, in_fd, name="pty-in")
+            self._in_wake = self._start(self._pump_input, in_fd, name="pty-in")
+
+    def disconnect(self) -> None:
+        """The client goes (detached): its input thread ends, its output fd is
+        dropped by the output thread; the payload's output goes on into the ring."""
+        with self._lock:
+            _close(self._next_out)
+            self._next_out, self._out_gen = None, self._out_gen + 1
+        self._swap()
+        if self._in_wake is not None:
+            _close(self._in_wake)
+            self._wakes.remove(self._in_wake)
+            self._in_wake = None
+        self._input_open.set()
+
+    def log_to(self, fd: int) -> None:
+        """Keep the output in FD (ours from now on), up to MAX_LOG bytes."""
+        with self._lock:
+            _close(self._log_fd)
+            self._log_fd = fd
+
+    def _swap(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._swap_w, b"!")
 
     @property
     def attached(self) -> bool:
@@ -113,7 +176,8 @@ class PtyRelay:
 
     def _start(
         self, target: Callable[[int, int | None, int], None], client_fd: int | None, name: str
-    ) -> None:
+    ) -> int:
+        """A thread on a dup of the master; returns the write end that ends it."""
         assert self.master_fd is not None
         wake_r, wake_w = os.pipe2(os.O_CLOEXEC)
         master = os.dup(self.master_fd)
@@ -123,6 +187,7 @@ class PtyRelay:
         )
         self._threads.append(thread)
         thread.start()
+        return wake_w
 
     # public API
 
@@ -174,11 +239,18 @@ class PtyRelay:
         for fd in self._wakes:
             _close(fd)
         self._wakes = []
-        for fd in (self._nudge_r, self._nudge_w):
+        for fd in (self._nudge_r, self._nudge_w, self._swap_w):
             _close(fd)
         _close(self._in_fd)  # never attached: the client fds are still ours
         _close(self._out_fd)
         self._in_fd = self._out_fd = None
+        with self._lock:  # the output thread closes what it holds itself
+            _close(self._next_out)
+            self._next_out = None
+            if self.master_fd is None:  # no output thread ever ran: ours to close
+                _close(self._swap_r)
+                _close(self._log_fd)
+                self._log_fd = None
         fd, self.master_fd = self.master_fd, None
         _close(fd)
         # Nothing more will be relayed; don't make waiters depend on a thread that
@@ -195,16 +267,51 @@ class PtyRelay:
             with contextlib.suppress(RuntimeError):  # that loop is gone
                 loop.call_soon_threadsafe(_resolve, fut)
 
-    def _pump_output(self, master: int, out_fd: int | None, wake: int) -> None:
-        """PTY master -> client terminal until the slave side is gone (EIO/EOF)."""
+    def _take_client(self, gen: int, out_fd: int | None, wake: int) -> tuple[int, int | None]:
+        """The hand-over: a newer client's output fd replaces OUT_FD (closed here),
+        and gets the ring first when it asked for a replay."""
+        with self._lock:
+            if gen == self._out_gen:
+                return gen, out_fd
+            gen, new, self._next_out = self._out_gen, self._next_out, None
+            replay = bytes(self._ring) if self._replay else b""
+        _close(out_fd)
+        if new is not None and replay and not _write_all(new, replay, wake):
+            _close(new)
+            new = None
+        return gen, new
+
+    def _keep(self, data: bytes) -> None:
+        """The ring, and the log of a detached session (bounded)."""
+        with self._lock:
+            self._ring += data
+            del self._ring[:-RING]
+            log = self._log_fd
+            room = MAX_LOG - self._logged
+        if log is not None and room > 0:
+            with contextlib.suppress(OSError):
+                self._logged += os.write(log, data[:room])
+
+    def _pump_output(self, master: int, _unused: int | None, wake: int) -> None:
+        """PTY master -> the client of the moment, until the slave side is gone
+        (EIO/EOF). Without a client the output still drains (the payload never
+        blocks on a full PTY) into the ring and the log."""
+        gen, out_fd = -1, None
         try:
             poller = select.poll()
             poller.register(master, select.POLLIN)
             poller.register(wake, select.POLLIN)
+            poller.register(self._swap_r, select.POLLIN)
             while True:
                 events = dict(poller.poll())
                 if wake in events:
                     return
+                if self._swap_r in events:
+                    with contextlib.suppress(OSError):
+                        os.read(self._swap_r, 64)
+                gen, out_fd = self._take_client(gen, out_fd, wake)
+                if master not in events:
+                    continue
                 try:
                     data = os.read(master, CHUNK)
                 except BlockingIOError:
@@ -215,20 +322,30 @@ class PtyRelay:
                     raise
                 if not data:
                     return
+                self._keep(data)
                 if out_fd is not None and not _write_all(out_fd, data, wake):
-                    # The client terminal is gone: keep draining so the payload
-                    # never blocks on a full PTY, but discard.
+                    # The client terminal is gone: keep draining, but discard.
                     _close(out_fd)
                     out_fd = None
         finally:
             _close(master)
             _close(out_fd)
             _close(wake)
+            with self._lock:
+                _close(self._swap_r)
+                _close(self._log_fd)
+                self._log_fd = None
             self._set_drained()
+
+    def _detach_requested(self) -> None:
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # that loop is gone
+                self._loop.call_soon_threadsafe(_call, self.on_detach)
 
     def _pump_input(self, master: int, in_fd: int, wake: int) -> None:
         """Client terminal -> PTY master until either side is gone or close()."""
         try:
+            detachable = os.isatty(in_fd) and self.on_detach is not None
             poller = select.poll()
             poller.register(wake, select.POLLIN)
             poller.register(self._nudge_r, select.POLLIN)
@@ -253,12 +370,23 @@ class PtyRelay:
                     continue
                 except OSError:  # EIO: the client's terminal hung up
                     return
-                if not data or not _write_all(master, data, wake):
+                typed, key, _ = data.partition(DETACH_KEY) if detachable else (data, b"", b"")
+                if typed and not _write_all(master, typed, wake):
+                    return
+                if key:  # Ctrl-]: the client leaves, the session goes on
+                    self._detach_requested()
+                    return
+                if not data:
                     return
         finally:
             _close(master)
             _close(in_fd)
             _close(wake)
+
+
+def _call(fn: Callable[[], None] | None) -> None:
+    if fn is not None:
+        fn()
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

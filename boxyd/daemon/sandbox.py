@@ -16,11 +16,12 @@ import signal
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from boxy import values
+from boxy import termsettings, values
 from boxy.errors import SetupError, UsageError
 from boxy.paths import state_dir
 from boxy.request import RunRequest, Terminal
 from boxyd import caches, masking, mountplan, worktree
+from boxyd.daemon import records
 from boxyd.daemon.launch import Exit, Report, SandboxEvent, Sink, Started, Stopped
 from boxyd.daemon.launcher import Stage2, Template
 from boxyd.daemon.pty import PtyRelay
@@ -133,9 +134,16 @@ class StageSandbox:
         stdio = list(fds)
         placeholders: list[int] = []
         try:
-            self.pty = _terminal(fds)
-            ttys = [i for i, fd in enumerate(fds) if os.isatty(fd)]
+            if spec.detach:  # a terminal of its own for all three, attachable later
+                settings = self._terminal.to_wire() if self._terminal else termsettings.defaults()
+                self.pty = PtyRelay(None, None, settings=settings)
+                self.pty.log_to(self._output_log())
+                ttys = [0, 1, 2]
+            else:
+                self.pty = _terminal(fds)
+                ttys = [i for i, fd in enumerate(fds) if os.isatty(fd)]
             if self.pty is not None:
+                self.pty.on_detach = self._sink.detach_requested
                 if self._terminal is not None:  # the client is raw already: its settings from before
                     self.pty.settings = self._terminal.to_wire()
                 # PID 1 puts the slave of a PTY in the sandbox's own devpts at these
@@ -265,6 +273,38 @@ class StageSandbox:
     def resize(self, rows: int, cols: int) -> None:
         if self.pty is not None:
             self.pty.resize(rows, cols)
+
+    def detach(self) -> bool:
+        """The client leaves: its terminal is let go, the output goes on into the
+        ring and the session's output log. False without a terminal to keep."""
+        if self.pty is None:
+            return False
+        self.pty.disconnect()
+        self.pty.log_to(self._output_log())
+        return True
+
+    def attach_client(self, stdio: list[int], terminal: Terminal | None) -> None:
+        """A new client takes over the session's terminal (its fds are ours)."""
+        try:
+            if self.pty is None:
+                raise UsageError("this session has no terminal to attach to (it was started "
+                                 "without one)")
+            ttys = [os.isatty(fd) for fd in stdio]
+            if len(stdio) != 3 or not any(ttys):
+                raise UsageError("attach: none of boxyctl's stdin, stdout, stderr is a terminal")
+            in_fd = os.dup(stdio[0]) if ttys[0] else None
+            out = next((fd for fd, t in zip(stdio[1:], ttys[1:], strict=True) if t), stdio[0])
+            self.pty.connect(in_fd, os.dup(out))
+            if terminal is not None:
+                self.pty.resize(terminal.winsize[0], terminal.winsize[1])
+        finally:
+            _close(stdio)
+
+    def _output_log(self) -> int:
+        """sessions/<id>/output.log: what a detached session writes (bounded)."""
+        path = records.record_dir(self._sink.id) / "output.log"
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       0o600)
 
     # -- afterwards ------------------------------------------------------------------
     async def finish(self) -> Report:

@@ -9,6 +9,7 @@ protocol (boxyd.daemon.launch); the Manager owns the task that runs it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -18,9 +19,9 @@ import time
 from collections.abc import Awaitable, Callable, Collection
 
 from boxy import values
-from boxy.errors import BoxyError, UsageError
+from boxy.errors import BoxyError, Busy, UsageError
 from boxy.outcome import Outcome, Reason, SessionInfo, State
-from boxy.request import RunRequest
+from boxy.request import RunRequest, Terminal
 from boxyd.daemon.events import Fanout, Subscription
 from boxyd.daemon.launch import Exit, Sandbox, Started, Stopped
 from boxyd.spec import RunSpec
@@ -56,6 +57,9 @@ class Session:
         self._timed_out = False
         self._stop: int | None = None  # a signal asked for before the sandbox could take it
         self._kill_timer: asyncio.TimerHandle | None = None
+        # a client follows it (Run, Attach): when that client goes, the session is
+        # hung up; a detached one (-d, Ctrl-]) lives on
+        self.attached = not request.options.detach
 
     @property
     def spec(self) -> RunSpec:
@@ -115,6 +119,37 @@ class Session:
         if self.state is State.RUNNING and self.sandbox is not None:
             self.sandbox.signal(signal.SIGHUP)
         self.stop()
+
+    def client_gone(self) -> None:
+        """The connection of the client that followed it closed."""
+        if self.attached:
+            self.hangup()
+
+    def detach_requested(self) -> None:
+        """Ctrl-] (launch.Sink): the client is told, and leaves; the session goes on."""
+        if not self.attached or self.state.finished or self.sandbox is None:
+            return
+        if self.sandbox.detach():
+            self.attached = False
+            self.events.publish("detached")
+
+    def attach(self, stdio: list[int], terminal: Terminal | None) -> None:
+        """A client takes over the terminal of a detached session (STDIO are ours)."""
+        try:
+            if self.state.finished:
+                raise UsageError(f"session {self.id} has ended (`boxyctl show {self.id}`)")
+            if self.attached:
+                raise Busy(f"session {self.id} is attached to another client (Ctrl-] there "
+                           "detaches it)")
+        except BoxyError:
+            for fd in stdio:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            raise
+        assert self.sandbox is not None
+        self.sandbox.attach_client(stdio, terminal)
+        self.attached = True
+        self.events.publish("attached")
 
     def _timeout(self) -> None:
         self._timed_out = True

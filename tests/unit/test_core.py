@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from boxy.errors import DaemonError, NoSuchSession, SetupError, UsageError
+from boxy.errors import Busy, DaemonError, NoSuchSession, SetupError, UsageError
 from boxy.outcome import Reason, State
 from boxy.request import RunOptions, RunRequest
 from boxyd.daemon.events import LOST, Fanout
@@ -62,6 +62,13 @@ class FakeSandbox:
 
     def resize(self, rows: int, cols: int) -> None:
         self.size = (rows, cols)
+
+    def detach(self) -> bool:
+        self.detached = True
+        return True
+
+    def attach_client(self, stdio: list[int], terminal: object) -> None:
+        self.clients = getattr(self, "clients", 0) + 1
 
     async def finish(self) -> Report:
         self.finished = True
@@ -330,3 +337,34 @@ async def test_no_new_session_once_shutting_down() -> None:
     await m.shutdown()
     with pytest.raises(DaemonError, match="boxyd is stopping"):
         await m.start(request(), [])
+
+
+async def test_detach_and_attach() -> None:
+    m = Manager(FakeLauncher(), grace=0.05)
+    s = await m.start(request(), [])
+    await started(s)
+    sub = s.subscribe(("detached", "attached"))
+    with pytest.raises(Busy, match="is attached to another client"):
+        s.attach([], None)
+    s.detach_requested()
+    assert not s.attached and m.launcher.made[0].detached
+    s.client_gone()  # the client that detached closes its connection: no hang-up
+    assert m.launcher.made[0].signals == []
+    s.attach([], None)
+    assert s.attached and m.launcher.made[0].clients == 1
+    s.client_gone()  # this one is killed: hung up
+    out = await asyncio.wait_for(s.wait(), 2)
+    assert m.launcher.made[0].signals[0] == signal.SIGHUP and out.state is State.KILLED
+    assert [e.kind async for e in sub] == ["detached", "attached"]
+    with pytest.raises(UsageError, match="has ended"):
+        s.attach([], None)
+
+
+async def test_a_detached_run_is_not_hung_up() -> None:
+    m = Manager(FakeLauncher())
+    s = await m.start(RunRequest(["true"], "/w", RunOptions(detach=True)), [])
+    await started(s)
+    s.client_gone()
+    assert m.launcher.made[0].signals == [] and s.state is State.RUNNING
+    m.stop(s.id, kill=True)
+    await s.wait()

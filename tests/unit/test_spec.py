@@ -323,9 +323,10 @@ def test_bools(fs):
     assert spec.tty and spec.verbose and spec.allow_git_write and spec.tailscale
 
 
-def test_detach_is_refused_until_sessions_can_be_attached(fs):
-    with pytest.raises(UsageError, match="-d/--detach: detached sessions"):
-        build(fs, detach=True)
+def test_detach(fs):
+    assert build(fs, detach=True).detach
+    with pytest.raises(UsageError, match="--tty: cannot be combined with -d"):
+        build(fs, detach=True, tty=True)
 
 
 def test_env(fs):

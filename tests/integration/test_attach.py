@@ -1,0 +1,149 @@
+"""Detach and attach through a real PTY: `run -d`, `attach` with the output so far,
+typed input and the window size, Ctrl-] leaving a session running, one client at
+a time."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import select
+import struct
+import subprocess
+import termios
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, Boxy, User
+
+pytestmark = pytest.mark.sandbox
+
+
+class Term:
+    """A boxyctl command as the test user on a fresh PTY the test holds."""
+
+    def __init__(self, user: User, workdir: Path, args: list[str],
+                 size: tuple[int, int] = (24, 80)) -> None:
+        self.master, slave = os.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", *size, 0, 0))
+        try:
+            self.proc = subprocess.Popen(user.cmd([str(BIN / "boxyctl"), *args]), cwd=workdir,
+                                         stdin=slave, stdout=slave, stderr=slave,
+                                         start_new_session=True)
+        finally:
+            os.close(slave)
+        self.seen = bytearray()
+
+    def expect(self, pattern: str, timeout: float = 20) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while True:
+            m = re.search(pattern, self.seen.decode(errors="replace"))
+            if m:
+                return m
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{pattern!r} never appeared; terminal: {bytes(self.seen)!r}")
+            ready, _, _ = select.select([self.master], [], [], min(left, 0.2))
+            if ready:
+                try:
+                    self.seen += os.read(self.master, 65536)
+                except OSError:  # EIO: the client is gone
+                    time.sleep(0.05)
+
+    def send(self, data: bytes) -> None:
+        os.write(self.master, data)
+
+    def wait(self, timeout: float = 20) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.master < 0:
+            return
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        try:
+            while select.select([self.master], [], [], 0)[0]:
+                self.seen += os.read(self.master, 65536)
+        except OSError:
+            pass
+        os.close(self.master)
+        self.master = -1
+
+
+def ctl(user: User, *args: str) -> subprocess.CompletedProcess:
+    return user.run([str(BIN / "boxyctl"), *args], timeout=60)
+
+
+def state_of(user: User, sid: str) -> str:
+    line = next((ln for ln in ctl(user, "ps", "-a").stdout.decode().splitlines()
+                 if ln.startswith(sid)), "")
+    return line.split()[1] if line else "absent"
+
+
+def test_run_d_then_attach_round_trip(boxy: Boxy, user: User, workdir: Path) -> None:
+    r = ctl(user, "run", "-d", "--net", "none", "--", "sh", "-c",
+            "echo hello-from-detached; read line; stty size; echo got:$line; exit 7")
+    assert r.returncode == 0, r.stderr
+    sid = r.stdout.decode().strip()
+    assert re.fullmatch(r"[0-9a-f]{8}", sid), r.stdout
+    time.sleep(0.5)
+    assert state_of(user, sid) == "running"  # its client is gone; it is not
+    term = Term(user, workdir, ["attach", sid], size=(33, 101))
+    try:
+        term.expect("hello-from-detached")  # written before anyone attached: the ring
+        term.send(b"abc\r")
+        term.expect(r"33 101")  # the window size followed the new client
+        term.expect("got:abc")
+        assert term.wait() == 7
+    finally:
+        term.close()
+    assert state_of(user, sid) == "exited"
+    log = user.home / ".local/state/boxy/sessions" / sid / "output.log"
+    assert b"hello-from-detached" in log.read_bytes()
+
+
+def test_ctrl_bracket_detaches_and_the_session_lives_on(boxy: Boxy, user: User,
+                                                        workdir: Path) -> None:
+    script = "i=0; while :; do i=$((i+1)); echo tick$i; sleep 0.2; done"
+    term = Term(user, workdir, ["run", "--net", "none", "--", "sh", "-c", script])
+    try:
+        term.expect("tick2")
+        term.send(b"\x1d")
+        assert term.wait() == 0
+        sid = re.search(r"detached from session ([0-9a-f]{8})", term.seen.decode()).group(1)
+    finally:
+        term.close()
+    time.sleep(0.5)
+    assert state_of(user, sid) == "running"
+    again = Term(user, workdir, ["attach", sid])
+    try:
+        n = int(again.expect(r"tick(\d+)\r?\n").group(1))
+        again.expect(rf"tick{n + 2}")  # live output, not only the replay
+        busy = ctl(user, "attach", sid)  # one client at a time
+        assert busy.returncode == 1
+        assert f"session {sid} is attached to another client" in busy.stderr.decode()
+        again.send(b"\x1d")
+        assert again.wait() == 0
+    finally:
+        again.close()
+    assert state_of(user, sid) == "running"
+    r = ctl(user, "stop", "-k", sid)
+    assert r.stdout.decode().strip() == f"session {sid}: killed SIGKILL", r.stderr
+
+
+def test_attach_to_what_cannot_be_attached(boxy: Boxy, user: User, workdir: Path) -> None:
+    r = ctl(user, "attach", "deadbeef")
+    assert r.returncode == 1 and b"no session deadbeef" in r.stderr
+    r = boxy.run("--", "true")
+    assert r.returncode == 0
+    sid = next(ln.split()[0] for ln in reversed(ctl(user, "ps", "-a").stdout.decode().splitlines())
+               if ln.endswith(" true"))
+    r = ctl(user, "attach", sid)
+    assert r.returncode in (1, 2)
+    assert f"session {sid} has ended" in r.stderr.decode() or b"no session" in r.stderr

@@ -87,25 +87,49 @@ class Outcome(Value):
                    str(d.get("destinations") or ""), [str(x) for x in d.get("warnings") or []])
 
 
+class Counters(Value):
+    """What a session's network did so far (the gateway's totals)."""
+
+    __slots__ = ("connections", "denials", "bytes_up", "bytes_down", "destinations")
+
+    def __init__(self, connections: int = 0, denials: int = 0, bytes_up: int = 0,
+                 bytes_down: int = 0, destinations: int = 0) -> None:
+        self.connections, self.denials = connections, denials
+        self.bytes_up, self.bytes_down, self.destinations = bytes_up, bytes_down, destinations
+
+    def to_wire(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    @classmethod
+    def from_wire(cls, d: object) -> Counters:
+        if not isinstance(d, dict):
+            return cls()
+        return cls(*(d.get(k) if type(d.get(k)) is int else 0 for k in cls.__slots__))
+
+
 class SessionInfo(Value):
     """One session as List and Show report it, running or from its record. Times
     are seconds since the epoch; OUTCOME is None while it runs."""
 
     __slots__ = ("id", "state", "argv", "workdir", "profile", "started_at", "ended_at",
-                 "outcome")
+                 "outcome", "counters", "attached")
 
     def __init__(self, id: str, state: State, argv: list[str], workdir: str,
                  profile: str | None, started_at: float, ended_at: float | None = None,
-                 outcome: Outcome | None = None) -> None:
+                 outcome: Outcome | None = None, counters: Counters | None = None,
+                 attached: bool = False) -> None:
         self.id, self.state, self.argv, self.workdir = id, state, argv, workdir
         self.profile, self.started_at, self.ended_at = profile, started_at, ended_at
         self.outcome = outcome
+        self.counters = counters if counters is not None else Counters()
+        self.attached = attached
 
     def to_wire(self) -> dict[str, Any]:
         return {"id": self.id, "state": self.state.value, "argv": self.argv,
                 "workdir": self.workdir, "profile": self.profile, "started_at": self.started_at,
                 "ended_at": self.ended_at,
-                "outcome": self.outcome.to_wire() if self.outcome is not None else None}
+                "outcome": self.outcome.to_wire() if self.outcome is not None else None,
+                "counters": self.counters.to_wire(), "attached": self.attached}
 
     @classmethod
     def from_wire(cls, d: object) -> SessionInfo | None:
@@ -125,4 +149,5 @@ class SessionInfo(Value):
         return cls(d["id"], state, [str(a) for a in argv], str(d.get("workdir", "")),
                    d.get("profile") if isinstance(d.get("profile"), str) else None, float(started),
                    float(ended) if type(ended) in (int, float) else None,
-                   Outcome.from_wire(out) if isinstance(out, dict) else None)
+                   Outcome.from_wire(out) if isinstance(out, dict) else None,
+                   Counters.from_wire(d.get("counters")), d.get("attached") is True)

@@ -351,16 +351,30 @@ def watch(args: dict) -> int:
     # background job of a script): the session is not ours to stop
     signal.signal(signal.SIGINT, signal.default_int_handler)
     client = connect()
-    color = os.isatty(1)
+    screen = os.isatty(1)  # a terminal: repainted; a pipe: one line per event, no repaint
     last: SessionInfo | None = None
+    board: text.Board | None = None
+    painted = 0.0
     try:
         params = {"id": args["id"]} if args.get("id") else {}
         for reply in client.stream(f"{IFACE}.Watch", params):
-            if "event" in reply and isinstance(reply["event"], dict):
-                print(text.event_line(reply["event"], color=color), flush=True)
+            ev = reply.get("event")
+            if isinstance(ev, dict):
+                if board is not None:
+                    board.event(ev)
+                    # a flood repaints ten times a second, not once an event
+                    if ev.get("kind") in ("counters", "state") or time.monotonic() - painted > 0.1:
+                        _paint(board.render(time.time()))
+                        painted = time.monotonic()
+                elif ev.get("kind") != "counters":  # snapshots, not events
+                    print(text.event_line(ev, color=False), flush=True)
             elif (info := SessionInfo.from_wire(reply.get("session"))) is not None:
                 if last is None and not info.state.finished:
-                    print(text.header_line(info, time.time()), flush=True)
+                    if screen:
+                        board = text.Board(info)
+                        _paint(board.render(time.time()))
+                    else:
+                        print(text.header_line(info, time.time()), flush=True)
                 last = info
     finally:
         client.close()
@@ -368,6 +382,12 @@ def watch(args: dict) -> int:
         for line in text.show_lines(last, time.time()):
             print(line)
     return 0
+
+
+def _paint(lines: list[str]) -> None:
+    """Home, clear, the board: one write, so a frame never shows half drawn."""
+    sys.stdout.write("\x1b[H\x1b[J" + "\n".join(lines) + "\n")
+    sys.stdout.flush()
 
 
 def daemon(args: dict) -> int:

@@ -6,6 +6,7 @@ control characters escaped: a line of `ps` never drives the terminal.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import signal
 import time
@@ -78,6 +79,11 @@ def show_lines(info: SessionInfo, now: float) -> list[str]:
         lines.append(f"ended     {when(info.ended_at)} (after {_elapsed(info, now)})")
     else:
         lines.append(f"running   for {_elapsed(info, now)}")
+    c = info.counters
+    if c.connections or c.denials or c.destinations:
+        lines.append(f"network   {c.connections} connections, {c.denials} denied, "
+                     f"up {values.format_size(c.bytes_up)}, down {values.format_size(c.bytes_down)}, "
+                     f"{c.destinations} destinations")
     out = info.outcome
     if out is None:
         return lines
@@ -134,3 +140,56 @@ def _field(v: object) -> str:
     if isinstance(v, list):
         return ",".join(_field(x) for x in v)
     return str(v)
+
+
+class Board:
+    """`watch` on a terminal: a header (session, state, elapsed, command; totals and
+    rates), the busiest destinations and the RECENT events, repainted as they come."""
+
+    RECENT = 12
+
+    def __init__(self, info: SessionInfo) -> None:
+        self.info = info
+        self.counters: dict = info.counters.to_wire()
+        self.destinations: list[list] = []
+        self.recent: list[str] = []
+        self._last: tuple[float, int, int] | None = None  # (t, up, down) of the last snapshot
+        self.rates = (0.0, 0.0)
+
+    def event(self, ev: dict) -> None:
+        if ev.get("kind") == "counters":
+            c = ev.get("counters") if isinstance(ev.get("counters"), dict) else {}
+            t = float(ev.get("t") or 0)
+            up, down = int(c.get("bytes_up", 0)), int(c.get("bytes_down", 0))
+            if self._last is not None and t > self._last[0]:
+                dt = t - self._last[0]
+                self.rates = ((up - self._last[1]) / dt, (down - self._last[2]) / dt)
+            self._last = (t, up, down)
+            self.counters = c
+            rows = ev.get("destinations")
+            self.destinations = rows if isinstance(rows, list) else []
+            return
+        if ev.get("kind") == "state" and isinstance(ev.get("state"), str):
+            with contextlib.suppress(ValueError):
+                self.info.state = State(ev["state"])
+        self.recent = [*self.recent, event_line(ev, color=True)][-self.RECENT:]
+
+    def render(self, now: float) -> list[str]:
+        c = self.counters
+        size = values.format_size
+        lines = [header_line(self.info, now),
+                 f"connections {c.get('connections', 0)}  denials {c.get('denials', 0)}  "
+                 f"up {size(int(c.get('bytes_up', 0)))} ({size(int(self.rates[0]))}/s)  "
+                 f"down {size(int(c.get('bytes_down', 0)))} ({size(int(self.rates[1]))}/s)  "
+                 f"destinations {c.get('destinations', 0)}", ""]
+        if self.destinations:
+            lines.append(f"{'DESTINATION':<40} {'CONN':>6} {'DENIED':>6} {'UP':>9} {'DOWN':>9}")
+            for row in self.destinations:
+                name, conns, denied, sent, received = (list(row) + [0] * 5)[:5]
+                line = (f"{clean(str(name))[:40]:<40} {conns:>6} {denied:>6} "
+                        f"{size(int(sent)):>9} {size(int(received)):>9}")
+                lines.append(f"{RED}{line}{RESET}" if denied else line)
+            lines.append("")
+        lines.append("RECENT")
+        lines += self.recent
+        return lines

@@ -114,6 +114,10 @@ class Fanout:
         if sub in self._subs:
             self._subs.remove(sub)
 
+    def wants(self, kind: str) -> bool:
+        """Would anyone receive KIND (worth computing a snapshot for)?"""
+        return any(sub.kinds is None or kind in sub.kinds for sub in self._subs)
+
     @property
     def watchers(self) -> int:
         return len(self._subs)

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from boxy.outcome import Counters
 from boxy.request import RunRequest, Terminal
 from boxyd.spec import RunSpec
 
@@ -82,6 +83,12 @@ class Sandbox(Protocol):
         """To the payload; ignored once it has exited."""
 
     def resize(self, rows: int, cols: int) -> None: ...
+
+    def counters(self) -> Counters:
+        """The network's totals so far (zeros without one)."""
+
+    def destinations(self, limit: int) -> list[list]:
+        """The busiest LIMIT destinations so far: [name, conns, denied, sent, received]."""
 
     def detach(self) -> bool:
         """Let the client's terminal go; False when there is none to keep."""

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from boxy import termsettings, values
 from boxy.errors import SetupError, UsageError
+from boxy.outcome import Counters
 from boxy.paths import state_dir
 from boxy.request import RunRequest, Terminal
 from boxyd import caches, masking, mountplan, worktree
@@ -273,6 +274,17 @@ class StageSandbox:
     def resize(self, rows: int, cols: int) -> None:
         if self.pty is not None:
             self.pty.resize(rows, cols)
+
+    def counters(self) -> Counters:
+        gateway = self.net.gateway if self.net is not None else None
+        return Counters(*gateway.netlog.totals()) if gateway is not None else Counters()
+
+    def destinations(self, limit: int) -> list[list]:
+        gateway = self.net.gateway if self.net is not None else None
+        if gateway is None:
+            return []
+        return [[d.name, d.conns, d.denied, d.sent, d.received]
+                for d in gateway.netlog.summary()[:limit]]
 
     def detach(self) -> bool:
         """The client leaves: its terminal is let go, the output goes on into the

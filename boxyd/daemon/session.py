@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Collection
 
 from boxy import values
 from boxy.errors import BoxyError, Busy, UsageError
-from boxy.outcome import Outcome, Reason, SessionInfo, State
+from boxy.outcome import Counters, Outcome, Reason, SessionInfo, State
 from boxy.request import RunRequest, Terminal
 from boxyd.daemon.events import Fanout, Subscription
 from boxyd.daemon.launch import Exit, Sandbox, Started, Stopped
@@ -34,6 +34,8 @@ EXIT_TIMEOUT = 124  # as timeout(1)
 EXIT_SETUP = 125
 EXIT_NOEXEC = 126
 EXIT_NOTFOUND = 127
+TICK = 1.0  # seconds between counters snapshots for watchers
+TOP_DESTINATIONS = 10
 SESSION_ID = re.compile(r"[0-9a-f]{8}")  # secrets.token_hex(4): anything else names no session
 
 Hook = Callable[["Session"], Awaitable[None]]
@@ -60,6 +62,7 @@ class Session:
         # a client follows it (Run, Attach): when that client goes, the session is
         # hung up; a detached one (-d, Ctrl-]) lives on
         self.attached = not request.options.detach
+        self._counters: Counters | None = None  # set at the end
 
     @property
     def spec(self) -> RunSpec:
@@ -166,7 +169,24 @@ class Session:
                            spec.workdir if spec else self.request.cwd,
                            spec.profile if spec else self.request.options.profile,
                            self.started_at, self.ended_at,
-                           self.outcome if self.state.finished else None)
+                           self.outcome if self.state.finished else None, self.counters(),
+                           self.attached)
+
+    def counters(self) -> Counters:
+        """Live while it runs; the last totals once it has ended."""
+        if self._counters is None and self.sandbox is not None:
+            return self.sandbox.counters()
+        return self._counters or Counters()
+
+    async def _tick(self) -> None:
+        """Once a second while it runs, for whoever watches: the totals and the
+        busiest destinations (computed only when someone wants them)."""
+        assert self.sandbox is not None
+        while True:
+            await asyncio.sleep(TICK)
+            if self.events.wants("counters"):
+                self.events.publish("counters", counters=self.sandbox.counters().to_wire(),
+                                    destinations=self.sandbox.destinations(TOP_DESTINATIONS))
 
     async def run(self, begin: Hook, finished: Hook) -> None:
         """BEGIN (the record of a session under way), start, relay, end; then FINISHED
@@ -209,12 +229,14 @@ class Session:
         if self._stop is not None:
             sandbox.signal(self._stop)
         timer = None
+        ticker: asyncio.Task[None] | None = None
         end = Exit()
         async for event in sandbox.events():
             if isinstance(event, Started):
                 self._set_state(State.RUNNING)
                 if self.spec.timeout:
                     timer = asyncio.get_running_loop().call_later(self.spec.timeout, self._timeout)
+                ticker = asyncio.get_running_loop().create_task(self._tick())
                 self.events.publish("started", warnings=self.warnings)
             elif isinstance(event, Stopped):
                 self.events.publish("stopped", signal=event.signal)
@@ -222,8 +244,11 @@ class Session:
                 end = event
         if timer is not None:
             timer.cancel()
+        if ticker is not None:
+            ticker.cancel()
         started = self.state is State.RUNNING
         report = await sandbox.finish()
+        self._counters = sandbox.counters()  # the network is let go with the sandbox
         outcome = outcome_of(end, timed_out=self._timed_out, timeout=self.spec.timeout)
         if outcome.reason is Reason.SECCOMP:
             self.record("seccomp", action="kill", signal=outcome.signal)

@@ -190,6 +190,14 @@ class NetLog:
             if addr not in known:
                 known.append(addr)
 
+    def totals(self) -> tuple[int, int, int, int, int]:
+        """(connections, denials, bytes sent, bytes received, destinations) so far."""
+        conns = denied = sent = received = 0
+        for d in self._dests.values():
+            conns, denied = conns + d.conns, denied + d.denied
+            sent, received = sent + d.sent, received + d.received
+        return conns, denied, sent, received, len(self._dests)
+
     def summary(self) -> list[Destination]:
         """One row per destination, most connections first, then by name."""
         rows = [

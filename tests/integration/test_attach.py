@@ -87,7 +87,7 @@ def state_of(user: User, sid: str) -> str:
 
 
 def test_run_d_then_attach_round_trip(boxy: Boxy, user: User, workdir: Path) -> None:
-    r = ctl(user, "run", "-d", "--net", "none", "--", "sh", "-c",
+    r = ctl(user, "run", "-d", "-w", str(workdir), "--net", "none", "--", "sh", "-c",
             "echo hello-from-detached; read line; stty size; echo got:$line; exit 7")
     assert r.returncode == 0, r.stderr
     sid = r.stdout.decode().strip()
@@ -147,3 +147,20 @@ def test_attach_to_what_cannot_be_attached(boxy: Boxy, user: User, workdir: Path
     r = ctl(user, "attach", sid)
     assert r.returncode in (1, 2)
     assert f"session {sid} has ended" in r.stderr.decode() or b"no session" in r.stderr
+
+
+def test_watch_on_a_terminal_repaints_the_board(boxy: Boxy, user: User, workdir: Path) -> None:
+    r = ctl(user, "run", "-d", "-w", str(workdir), "--net", "none", "--", "sh", "-c",
+            "while [ ! -e go ]; do sleep 0.05; done; exit 5")
+    sid = r.stdout.decode().strip()
+    term = Term(user, workdir, ["watch", sid])
+    try:
+        term.expect(r"\x1b\[H\x1b\[J" + f"session {sid} running ")
+        term.expect(r"connections 0  denials 0  up 0B \(0B/s\)")
+        term.expect("RECENT")
+        (workdir / "go").touch()
+        term.expect(r"state     exited 5")  # the summary once it ended
+        assert term.wait() == 0
+    finally:
+        term.close()
+        ctl(user, "stop", "-k", sid)  # (a no-op once it ended)

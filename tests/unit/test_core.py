@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from boxy.errors import Busy, DaemonError, NoSuchSession, SetupError, UsageError
-from boxy.outcome import Reason, State
+from boxy.outcome import Counters, Reason, State
 from boxy.request import RunOptions, RunRequest
 from boxyd.daemon.events import LOST, Fanout
 from boxyd.daemon.launch import Exit, Report, SandboxEvent, Sink, Started, Stopped
@@ -62,6 +62,12 @@ class FakeSandbox:
 
     def resize(self, rows: int, cols: int) -> None:
         self.size = (rows, cols)
+
+    def counters(self) -> Counters:
+        return Counters(connections=len(self.signals))
+
+    def destinations(self, limit: int) -> list[list]:
+        return [["example.org", 1, 0, 10, 20]][:limit]
 
     def detach(self) -> bool:
         self.detached = True
@@ -368,3 +374,22 @@ async def test_a_detached_run_is_not_hung_up() -> None:
     assert m.launcher.made[0].signals == [] and s.state is State.RUNNING
     m.stop(s.id, kill=True)
     await s.wait()
+
+
+async def test_counters_once_a_tick_for_watchers_and_kept_after_the_end(monkeypatch) -> None:
+    from boxyd.daemon import session as session_mod
+
+    monkeypatch.setattr(session_mod, "TICK", 0.01)
+    m = Manager(FakeLauncher(ignore=(signal.SIGINT,)))
+    s = await m.start(request(), [])
+    await started(s)
+    s.signal(signal.SIGINT)  # the fake counts signals as connections
+    sub = s.subscribe(("counters",))
+    await asyncio.sleep(0.1)
+    m.launcher.made[0].push(Exit(code=0))
+    await s.wait()
+    got = [e.fields async for e in sub]
+    assert len(got) >= 3
+    assert got[0]["counters"]["connections"] == 1
+    assert got[0]["destinations"] == [["example.org", 1, 0, 10, 20]]
+    assert s.info().counters == Counters(connections=1)  # the totals outlive the sandbox

@@ -61,3 +61,24 @@ def test_event_lines() -> None:
     assert text.event_line({"kind": "state", "t": NOW, "state": "running"}, color=False).endswith(
         " state state=running")
     assert "\x1b" not in text.event_line({"kind": "notice", "t": NOW, "text": "\x1b[31m"}, color=False)
+
+
+def test_the_board_totals_rates_destinations_and_recent() -> None:
+    board = text.Board(info(State.RUNNING))
+    snap = {"connections": 3, "denials": 1, "bytes_up": 1000, "bytes_down": 4000, "destinations": 2}
+    board.event({"kind": "counters", "t": NOW, "counters": snap,
+                 "destinations": [["example.org", 2, 0, 1000, 4000], ["evil.example", 1, 1, 0, 0]]})
+    board.event({"kind": "counters", "t": NOW + 2, "counters": {**snap, "bytes_down": 6048},
+                 "destinations": [["example.org", 2, 0, 1000, 6048], ["evil.example", 1, 1, 0, 0]]})
+    for i in range(20):
+        board.event({"kind": "audit", "t": NOW, "record": {"layer": "net", "n": i}})
+    board.event({"kind": "state", "t": NOW, "state": "exited"})
+    lines = board.render(NOW + 2)
+    assert lines[0].startswith("session 0123abcd exited ")
+    assert lines[1] == ("connections 3  denials 1  up 1000B (0B/s)  down 5.9KiB (1.0KiB/s)  "
+                        "destinations 2")
+    assert lines[3].split() == ["DESTINATION", "CONN", "DENIED", "UP", "DOWN"]
+    assert lines[4].startswith("example.org") and not lines[4].startswith(text.RED)
+    assert lines[5].startswith(text.RED + "evil.example")  # a refused destination in red
+    recent = lines[lines.index("RECENT") + 1:]
+    assert len(recent) == text.Board.RECENT and recent[-1].endswith("state state=exited")

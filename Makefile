@@ -9,6 +9,9 @@ DEB_PACKAGES = python3 python3-venv python3-dev gcc pkg-config libsystemd-dev li
 
 setup: packages venv docs
 	@if [ "$$(id -u)" = 0 ]; then packaging/install-apparmor.sh "$(abspath $(VENV))/bin/python3"; fi
+	@# boxyd's systemd user units, for the user running make (socket enabled when a
+	@# user manager runs; without one boxyctl starts boxyd on demand)
+	$(VENV)/bin/boxyctl setup
 
 # Installs what is missing (as root) or prints the sudo line (as a user), then
 # probes every part; any failure stops here, naming it.

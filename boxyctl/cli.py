@@ -52,7 +52,7 @@ EXPOSURE_ENV_NAMES = (
 PUBLIC_PORTS = ("--allow-port: cannot be combined with --net public (public mode allows every "
                 "port; the list applies to --net allowlist)")
 COMMANDS = ("run", "ps", "show", "watch", "attach", "stop", "doctor", "profile", "daemon",
-            "cache", "completion")
+            "cache", "setup", "completion")
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 

@@ -16,7 +16,7 @@ START_TIMEOUT = 10.0
 # The daemon's own environment: where things are, never the caller's secrets.
 DAEMON_ENV = ("HOME", "USER", "LOGNAME", "PATH", "LANG", "LC_ALL", "XDG_RUNTIME_DIR", "XDG_STATE_HOME",
               "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "DBUS_SESSION_BUS_ADDRESS",
-              "BOXY_UPSTREAM_DNS")
+              "BOXY_UPSTREAM_DNS", "BOXY_IDLE_EXIT")
 
 
 def _try_connect() -> Client | None:

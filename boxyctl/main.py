@@ -100,6 +100,8 @@ def _main(argv: list[str] | None) -> int:
             return profile(cmd.args)
         if cmd.name == "cache":
             return cache(cmd.args)
+        if cmd.name == "setup":
+            return setup()
         if cmd.name == "completion":
             from boxyctl import completion
 
@@ -388,6 +390,30 @@ def _paint(lines: list[str]) -> None:
     """Home, clear, the board: one write, so a frame never shows half drawn."""
     sys.stdout.write("\x1b[H\x1b[J" + "\n".join(lines) + "\n")
     sys.stdout.flush()
+
+
+def setup() -> int:
+    """Install the user units; an idle boxyd started on demand makes way for the
+    socket (one with sessions keeps them, and nobody reaches it once they end)."""
+    from boxyctl import userunits
+    from boxyctl.connect import connect, wait_gone
+
+    environ = dict(os.environ)
+    if userunits.user_manager(environ) and userunits.systemctl(
+            "is-active", "boxyd.socket").stdout.strip() != "active":
+        try:
+            client = connect(start=False)
+        except DaemonError:
+            client = None
+        if client is not None:
+            try:
+                client.call(f"{IFACE}.Shutdown", {})
+                wait_gone()
+            except Busy as e:
+                say(f"setup: the running boxyd keeps its sessions ({e}); new runs go to the socket")
+            finally:
+                client.close()
+    return userunits.setup(environ, print)
 
 
 def daemon(args: dict) -> int:

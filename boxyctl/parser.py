@@ -135,6 +135,7 @@ def build_parser(prog: str, *, run_only: bool = False) -> _Parser:
     csub.add_parser("list", help="every project's cache: profile, size, last use, work directory")
     clean = csub.add_parser("clean", help="remove this work directory's caches")
     clean.add_argument("--all", action="store_true", help="every project's")
+    sub.add_parser("setup", help="install boxyd's systemd user units and enable its socket")
     comp = sub.add_parser("completion", help="print the shell completion script")
     comp.add_argument("shell", metavar="SHELL", choices=("bash", "zsh", "fish"))
     return parser

@@ -171,6 +171,10 @@ class VarlinkServer:
         finally:
             self.close()
 
+    @property
+    def connections(self) -> int:
+        return len(self._conns)
+
     def stop_accepting(self) -> None:
         """No new connections; those open keep being served (their runs' last replies)."""
         if self._sock is not None:

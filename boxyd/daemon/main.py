@@ -17,6 +17,7 @@ import resource
 import signal
 import socket
 import sys
+import time
 
 from boxy.errors import BoxyError
 from boxy.paths import ensure_private_dir, runtime_dir, socket_path
@@ -28,11 +29,14 @@ from boxyd.daemon.sandbox import StageLauncher
 
 log = logging.getLogger("boxyd")
 SD_LISTEN_FDS_START = 3
+JOURNAL_SOCKET = "/run/systemd/journal/socket"
+IDLE_EXIT = 600.0  # seconds with no session and no client before boxyd exits
 
 
 def setup_logging() -> None:
     handler: logging.Handler
-    if os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID"):
+    under_systemd = os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID")
+    if under_systemd and os.path.exists(JOURNAL_SOCKET):
         try:
             from systemd.journal import JournalHandler  # type: ignore[import-not-found]
 
@@ -64,15 +68,21 @@ def activated_socket() -> socket.socket | None:
     return sock
 
 
-def own_socket() -> tuple[socket.socket, int]:
-    """Bind our socket under the verified runtime directory. A lock held for the
-    daemon's lifetime makes a second daemon exit instead of stealing the path."""
+def lifetime_lock() -> int:
+    """A lock held for the daemon's lifetime: a second daemon exits instead of
+    stealing the socket path, and a client waiting for a restart knows when."""
     d = ensure_private_dir(runtime_dir())
     lock = os.open(d / "boxyd.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        os.close(lock)
         raise BoxyError("another boxyd is already running for this user") from None
+    return lock
+
+
+def own_socket() -> socket.socket:
+    """Bind our socket under the verified runtime directory (the lock is held)."""
     path = socket_path()
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
@@ -83,7 +93,7 @@ def own_socket() -> tuple[socket.socket, int]:
     finally:
         os.umask(old)
     sock.listen(64)
-    return sock, lock
+    return sock
 
 
 def sd_notify(state: str) -> None:
@@ -112,14 +122,53 @@ async def serve(sock: socket.socket) -> None:
         loop.add_signal_handler(sig, stop.set)
     sock.setblocking(False)
     task = asyncio.create_task(server.serve(sock))
-    sd_notify("READY=1")
+    sd_notify(f"READY=1\nSTATUS={status_line(0)}")
     log.info("listening (build %s)", manager.status().build)
+    watcher = asyncio.create_task(report_status(manager))
+    idle = asyncio.create_task(exit_when_idle(manager, server, stop, idle_limit()))
     await stop.wait()
+    watcher.cancel()
+    idle.cancel()
     sd_notify("STOPPING=1")
     server.stop_accepting()  # running sessions are stopped and recorded, and their
     await manager.shutdown()  # clients, still connected, hear how they ended
     server.close()
     task.cancel()
+
+
+def status_line(running: int) -> str:
+    return f"{running} session{'s' if running != 1 else ''} running"
+
+
+async def report_status(manager: Manager) -> None:
+    """STATUS= for `systemctl --user status boxyd`, as sessions come and go."""
+    async for _ in manager.subscribe():
+        sd_notify(f"STATUS={status_line(len(manager.running()))}")
+
+
+def idle_limit() -> float:
+    """BOXY_IDLE_EXIT seconds (0: never); unset: IDLE_EXIT."""
+    try:
+        return max(0.0, float(os.environ.get("BOXY_IDLE_EXIT", IDLE_EXIT)))
+    except ValueError:
+        return IDLE_EXIT
+
+
+async def exit_when_idle(manager: Manager, server: VarlinkServer, stop: asyncio.Event,
+                         limit: float) -> None:
+    """No session and no client for LIMIT seconds: exit (the socket, or the next
+    boxyctl, starts boxyd again; the stage-2 template is not held for nothing)."""
+    if not limit:
+        return
+    idle_since = time.monotonic()
+    while True:
+        await asyncio.sleep(min(limit, 1.0))
+        if manager.busy() or server.connections:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since >= limit:
+            log.info("idle for %gs: exiting", limit)
+            stop.set()
+            return
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,13 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     raise_nofile()
     try:
-        sock = activated_socket()
-        if sock is None:
-            sock, _lock = own_socket()
+        lock = lifetime_lock()  # held until exit: `daemon restart` waits on it
+        sock = activated_socket() or own_socket()
     except BoxyError as e:
         log.error("%s", e)
         return 1
     asyncio.run(serve(sock))
+    os.close(lock)
     return 0
 
 

@@ -161,6 +161,7 @@ class Manager:
 
     async def _finished(self, s: Session) -> None:
         """The session has its outcome: its record is written before anyone hears it."""
+        self.events.publish("session-ended", id=s.id)
         if self.records is not None:
             await asyncio.to_thread(self.records.write, s)
             asyncio.get_running_loop().run_in_executor(None, self.records.prune)

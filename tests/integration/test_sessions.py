@@ -179,3 +179,22 @@ def test_watch_refuses_to_guess_and_ctrl_c_ends_only_the_watching(boxy: Boxy, us
         for p in procs:
             p.kill()
         subprocess.run(["pkill", "-u", str(user.uid), "-f", "^sleep 6[45]$"], check=False)
+
+
+def daemon_pids(user: User) -> list[int]:
+    out = subprocess.run(["pgrep", "-u", str(user.uid), "-f", "boxyd.daemon.main"],
+                         capture_output=True, text=True).stdout.split()
+    return [int(p) for p in out]
+
+
+def test_an_idle_on_demand_daemon_exits_by_itself(boxy: Boxy, user: User, workdir: Path) -> None:
+    ctl(user, "daemon", "stop", "--force")
+    r = subprocess.run(user.cmd([str(BIN / "boxyctl"), "run", "--net", "none", "--", "true"],
+                                {"BOXY_IDLE_EXIT": "1"}), cwd=workdir, capture_output=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert daemon_pids(user), "the run started no daemon"
+    deadline = time.monotonic() + 10
+    while daemon_pids(user) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert daemon_pids(user) == [], "boxyd did not exit after 1 s idle"

@@ -1,0 +1,89 @@
+"""`boxyctl setup`: install boxyd's systemd user units for the calling user, and
+enable the socket when a user manager runs. Idempotent: a unit whose text is
+already there is left alone; each file is written whole and renamed into place.
+
+Without a user manager nothing more is needed: boxyctl starts boxyd on demand.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from boxy.errors import BoxyError
+
+UNITS = ("boxyd.socket", "boxyd.service")
+SOURCE = Path(__file__).resolve().parent.parent / "units"
+
+
+def unit_dir(environ: dict[str, str]) -> Path:
+    base = environ.get("XDG_CONFIG_HOME") or ""
+    if not os.path.isabs(base):
+        base = os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".config")
+    return Path(base) / "systemd" / "user"
+
+
+def daemon_command() -> str:
+    """This installation's boxyd: the entry point next to this interpreter, or the
+    interpreter running the module."""
+    exe = Path(sys.executable).parent / "boxyd"
+    return str(exe) if os.access(exe, os.X_OK) else f"{sys.executable} -m boxyd.daemon.main"
+
+
+def render(name: str, command: str) -> str:
+    try:
+        text = (SOURCE / name).read_text()
+    except OSError as e:
+        raise BoxyError(f"setup: cannot read {SOURCE / name}: {e.strerror}") from None
+    return text.replace("@BOXYD@", command)
+
+
+def write_if_changed(path: Path, text: str) -> bool:
+    """True when PATH had other content (or none) and now has TEXT."""
+    try:
+        if path.read_text() == text:
+            return False
+    except OSError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.boxy-tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return True
+
+
+def user_manager(environ: dict[str, str]) -> bool:
+    """A systemd user manager answers for this user."""
+    runtime = environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
+    return os.path.exists(os.path.join(runtime, "systemd", "private"))
+
+
+def systemctl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["systemctl", "--user", *args], capture_output=True, text=True,
+                          timeout=30)
+
+
+def setup(environ: dict[str, str], say) -> int:
+    target = unit_dir(environ)
+    command = daemon_command()
+    changed = False
+    for name in UNITS:
+        try:
+            wrote = write_if_changed(target / name, render(name, command))
+        except OSError as e:
+            raise BoxyError(f"setup: cannot write {target / name}: {e.strerror}") from None
+        changed |= wrote
+        say(f"{target / name}: {'installed' if wrote else 'up to date'}")
+    if not user_manager(environ):
+        say("no systemd user manager: boxyctl starts boxyd on demand")
+        return 0
+    steps = ([("daemon-reload",)] if changed else []) + [("enable", "--now", "boxyd.socket")]
+    for step in steps:
+        r = systemctl(*step)
+        if r.returncode != 0:
+            raise BoxyError(f"setup: systemctl --user {' '.join(step)}: "
+                            f"{r.stderr.strip() or f'exit {r.returncode}'}")
+    say("boxyd.socket enabled: the first connection starts boxyd")
+    return 0

@@ -71,11 +71,13 @@ class Session:
 
     # -- what the sandbox tells us (launch.Sink) ---------------------------------------
     def record(self, layer: str, **fields: object) -> None:
-        if len(self.audit) >= MAX_AUDIT:  # a flood of denials must not grow the daemon
-            self.audit_dropped += 1
-            return
+        """One audit record: kept for --audit-log and the record (bounded: a flood of
+        denials must not grow the daemon), and an event for watchers (always)."""
         rec = {"t": round(time.time(), 3), "session": self.id, "layer": layer, **fields}
-        self.audit.append(rec)
+        if len(self.audit) < MAX_AUDIT:
+            self.audit.append(rec)
+        else:
+            self.audit_dropped += 1
         self.events.publish("audit", record=rec)
 
     def notice(self, text: str) -> None:

@@ -42,3 +42,19 @@ def sessions_running(user: User) -> int:
     words = user.run([str(BIN / "boxyctl"), "daemon", "status"]).stdout.decode().split()
     # boxyd: running  pid N  build B  sessions running N  up Ts
     return int(words[words.index("sessions") + 2]) if "sessions" in words else 0
+
+
+def daemon_pids(user: User) -> list[int]:
+    """USER's boxyd processes serving its own runtime directory (not the one a
+    network test runs in the topology with a runtime directory of its own)."""
+    out = subprocess.run(["pgrep", "-u", str(user.uid), "-f", "boxyd.daemon.main|bin/boxyd$"],
+                         capture_output=True, text=True).stdout.split()
+    mine = []
+    for pid in out:
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"XDG_RUNTIME_DIR={user.runtime}".encode() in env:
+            mine.append(int(pid))
+    return mine

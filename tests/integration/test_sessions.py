@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BIN, Boxy, User
-from tests.integration.clients import client_err, start_client
+from tests.integration.clients import client_err, daemon_pids, start_client
 
 pytestmark = pytest.mark.sandbox
 
@@ -181,12 +181,6 @@ def test_watch_refuses_to_guess_and_ctrl_c_ends_only_the_watching(boxy: Boxy, us
         subprocess.run(["pkill", "-u", str(user.uid), "-f", "^sleep 6[45]$"], check=False)
 
 
-def daemon_pids(user: User) -> list[int]:
-    out = subprocess.run(["pgrep", "-u", str(user.uid), "-f", "boxyd.daemon.main"],
-                         capture_output=True, text=True).stdout.split()
-    return [int(p) for p in out]
-
-
 def test_an_idle_on_demand_daemon_exits_by_itself(boxy: Boxy, user: User, workdir: Path) -> None:
     ctl(user, "daemon", "stop", "--force")
     r = subprocess.run(user.cmd([str(BIN / "boxyctl"), "run", "--net", "none", "--", "true"],
@@ -198,3 +192,30 @@ def test_an_idle_on_demand_daemon_exits_by_itself(boxy: Boxy, user: User, workdi
     while daemon_pids(user) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert daemon_pids(user) == [], "boxyd did not exit after 1 s idle"
+
+
+def test_fifty_concurrent_sessions(boxy: Boxy, user: User, workdir: Path) -> None:
+    ids = []
+    try:
+        for _ in range(50):
+            r = ctl(user, "run", "-d", "-w", str(workdir), "--net", "none", "--", "sleep", "67")
+            assert r.returncode == 0, r.stderr
+            ids.append(r.stdout.decode().strip())
+        assert len(set(ids)) == 50
+        listed = {ln.split()[0]: ln.split()[1] for ln in ctl(user, "ps").stdout.decode().splitlines()[1:]}
+        assert all(listed.get(sid) == "running" for sid in ids), listed
+    finally:
+        for sid in ids:
+            ctl(user, "stop", "-k", sid)
+    listed = {ln.split()[0]: ln.split()[1:3] for ln in ctl(user, "ps", "-a").stdout.decode().splitlines()[1:]}
+    assert all(listed.get(sid) == ["killed", "SIGKILL"] for sid in ids)
+
+
+def test_the_daemon_holds_no_more_than_the_user(boxy: Boxy, user: User) -> None:
+    words = ctl(user, "daemon", "status").stdout.decode().split()
+    pid = int(words[words.index("pid") + 1])
+    status = dict(ln.split(":", 1) for ln in Path(f"/proc/{pid}/status").read_text().splitlines()
+                  if ":" in ln)
+    assert status["Uid"].split() == [str(user.uid)] * 4 and status["Gid"].split() == [str(user.gid)] * 4
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+        assert int(status[cap], 16) == 0, (cap, status[cap])

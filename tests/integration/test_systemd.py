@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import BIN, Boxy, User
 from tests.harness.usermanager import UserManager
+from tests.integration.clients import daemon_pids
 
 pytestmark = pytest.mark.sandbox
 
@@ -23,12 +24,6 @@ def ctl(user: User, *args: str, extra_env: dict[str, str] | None = None,
         manager: UserManager | None = None) -> subprocess.CompletedProcess:
     env = {**(manager.env() if manager else {}), **(extra_env or {})}
     return user.run([str(BIN / "boxyctl"), *args], extra_env=env, timeout=60)
-
-
-def daemon_pids(user: User) -> list[int]:
-    out = subprocess.run(["pgrep", "-u", str(user.uid), "-f", "boxyd.daemon.main|bin/boxyd$"],
-                         capture_output=True, text=True).stdout.split()
-    return [int(p) for p in out]
 
 
 @pytest.fixture(scope="module")

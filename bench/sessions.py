@@ -27,6 +27,15 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
+def pss_kib(pid: int) -> int:
+    """Proportional set size: forked stage-2 processes share most pages with the
+    template, which RSS counts once per process."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1])
+    return 0
+
+
 def children(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
@@ -41,10 +50,10 @@ def measure(label: str) -> None:
     pid = daemon_pid()
     kids = children(pid)
     template = [k for k in kids if "boxyd.stage2" in Path(f"/proc/{k}/cmdline").read_text()]
-    runs = sum(rss_kib(g) for t in template for g in children(t))
-    print(f"  {label:<22} boxyd {rss_kib(pid) / 1024:7.1f} MiB   template "
-          f"{sum(rss_kib(t) for t in template) / 1024:6.1f} MiB   sessions' stage 2 "
-          f"{runs / 1024:7.1f} MiB")
+    runs = [g for t in template for g in children(t)]
+    print(f"  {label:<22} boxyd {rss_kib(pid) / 1024:6.1f} MiB   template "
+          f"{sum(rss_kib(t) for t in template) / 1024:5.1f} MiB   sessions' stage 2: RSS "
+          f"{sum(map(rss_kib, runs)) / 1024:6.1f} MiB, PSS {sum(map(pss_kib, runs)) / 1024:6.1f} MiB")
 
 
 def main() -> int:

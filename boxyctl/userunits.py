@@ -1,5 +1,5 @@
-"""`boxyctl setup`: install boxyd's systemd user units for the calling user, and
-enable the socket when a user manager runs. Idempotent: a unit whose text is
+"""`boxyctl setup`: install boxyd's systemd user units and its D-Bus activation
+file for the calling user, and enable the socket when a user manager runs. Idempotent: a unit whose text is
 already there is left alone; each file is written whole and renamed into place.
 
 Without a user manager nothing more is needed: boxyctl starts boxyd on demand.
@@ -15,6 +15,7 @@ from pathlib import Path
 from boxy.errors import BoxyError
 
 UNITS = ("boxyd.socket", "boxyd.service")
+DBUS_SERVICE = "dev.boxy.Daemon.service"
 SOURCE = Path(__file__).resolve().parent.parent / "units"
 
 
@@ -23,6 +24,13 @@ def unit_dir(environ: dict[str, str]) -> Path:
     if not os.path.isabs(base):
         base = os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".config")
     return Path(base) / "systemd" / "user"
+
+
+def dbus_service_dir(environ: dict[str, str]) -> Path:
+    base = environ.get("XDG_DATA_HOME") or ""
+    if not os.path.isabs(base):
+        base = os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "dbus-1" / "services"
 
 
 def daemon_command() -> str:
@@ -69,13 +77,15 @@ def setup(environ: dict[str, str], say) -> int:
     target = unit_dir(environ)
     command = daemon_command()
     changed = False
-    for name in UNITS:
+    files = [(target / name, name) for name in UNITS]
+    files.append((dbus_service_dir(environ) / DBUS_SERVICE, DBUS_SERVICE))
+    for path, name in files:
         try:
-            wrote = write_if_changed(target / name, render(name, command))
+            wrote = write_if_changed(path, render(name, command))
         except OSError as e:
-            raise BoxyError(f"setup: cannot write {target / name}: {e.strerror}") from None
-        changed |= wrote
-        say(f"{target / name}: {'installed' if wrote else 'up to date'}")
+            raise BoxyError(f"setup: cannot write {path}: {e.strerror}") from None
+        changed |= wrote and name in UNITS
+        say(f"{path}: {'installed' if wrote else 'up to date'}")
     if not user_manager(environ):
         say("no systemd user manager: boxyctl starts boxyd on demand")
         return 0

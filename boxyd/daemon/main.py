@@ -124,16 +124,46 @@ async def serve(sock: socket.socket) -> None:
     task = asyncio.create_task(server.serve(sock))
     sd_notify(f"READY=1\nSTATUS={status_line(0)}")
     log.info("listening (build %s)", manager.status().build)
+    bus = await start_dbus(manager, stop)
     watcher = asyncio.create_task(report_status(manager))
     idle = asyncio.create_task(exit_when_idle(manager, server, stop, idle_limit()))
     await stop.wait()
     watcher.cancel()
     idle.cancel()
+    if bus is not None:
+        bus.close()
     sd_notify("STOPPING=1")
     server.stop_accepting()  # running sessions are stopped and recorded, and their
     await manager.shutdown()  # clients, still connected, hear how they ended
     server.close()
     task.cancel()
+
+
+async def start_dbus(manager: Manager, stop: asyncio.Event):  # -> DbusService | None
+    """dev.boxy.Daemon on the session bus when there is one (dbus-fast loads only
+    then). Without it varlink still serves; a bus lost later stops boxyd under
+    systemd (which restarts it on the next call), and only the D-Bus API otherwise."""
+    # started by the bus itself (D-Bus activation without systemd): its address
+    address = os.environ.get("DBUS_SESSION_BUS_ADDRESS") or os.environ.get("DBUS_STARTER_ADDRESS")
+    if not address:
+        return None
+    try:
+        from boxyd.api.dbus import DbusService
+
+        service = DbusService(manager)
+        await service.start(address)
+    except Exception as e:  # no bus, or the name taken: varlink alone
+        log.warning("D-Bus API off: %s", e)
+        return None
+
+    async def watch_bus() -> None:
+        await service.lost()
+        log.warning("lost the session bus")
+        if os.environ.get("INVOCATION_ID"):
+            stop.set()
+
+    asyncio.get_running_loop().create_task(watch_bus())
+    return service
 
 
 def status_line(running: int) -> str:

@@ -40,6 +40,7 @@ def systemd_user(user: User) -> Iterator[UserManager]:
         manager.down()
         for name in ("boxyd.socket", "boxyd.service"):
             (user.home / ".config/systemd/user" / name).unlink(missing_ok=True)
+        (user.home / ".local/share/dbus-1/services/dev.boxy.Daemon.service").unlink(missing_ok=True)
 
 
 def test_setup_installs_enables_and_is_idempotent(boxy: Boxy, user: User,
@@ -56,7 +57,9 @@ def test_setup_installs_enables_and_is_idempotent(boxy: Boxy, user: User,
     assert systemd_user.systemctl("is-active", "boxyd.socket").stdout.strip() == "active"
     again = ctl(user, "setup", manager=systemd_user)
     assert again.returncode == 0, again.stderr
-    assert again.stdout.decode().count("up to date") == 2
+    assert again.stdout.decode().count("up to date") == 3
+    activation = (user.home / ".local/share/dbus-1/services/dev.boxy.Daemon.service").read_text()
+    assert "Name=dev.boxy.Daemon\n" in activation and "SystemdService=boxyd.service\n" in activation
 
 
 def test_the_first_run_starts_boxyd_by_socket_activation(boxy: Boxy, user: User, workdir: Path,
@@ -95,3 +98,113 @@ def test_a_stop_from_systemd_stops_and_records_the_sessions(boxy: Boxy, user: Us
     shown = ctl(user, "show", sid, manager=systemd_user)  # the socket starts boxyd again
     assert shown.returncode == 0, shown.stderr
     assert "state     killed SIGTERM" in shown.stdout.decode(), shown.stdout
+
+
+def busctl(um: UserManager, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(um.user_cmd(["busctl", "--user", *args]), capture_output=True,
+                          text=True, timeout=30)
+
+
+def _detached(user: User, workdir: Path, um: UserManager, script: str) -> str:
+    r = ctl(user, "run", "-d", "-w", str(workdir), "--net", "none", "--", "sh", "-c", script,
+            manager=um)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.decode().strip()
+
+
+def test_dbus_tree_introspect_call_and_monitor(boxy: Boxy, user: User, workdir: Path,
+                                               systemd_user: UserManager) -> None:
+    ctl(user, "setup", manager=systemd_user)
+    sid = _detached(user, workdir, systemd_user, "while [ ! -e go ]; do sleep 0.05; done; exit 4")
+    path = f"/dev/boxy/session/{sid}"
+    tree = busctl(systemd_user, "tree", "dev.boxy.Daemon")
+    assert "/dev/boxy/Manager" in tree.stdout and path in tree.stdout, tree.stdout + tree.stderr
+    intro = busctl(systemd_user, "introspect", "dev.boxy.Daemon", path).stdout
+    for member in ("dev.boxy.Session1", ".State", ".Argv", ".ExitStatus", ".Connections", ".Event"):
+        assert member in intro, intro
+    listed = busctl(systemd_user, "call", "dev.boxy.Daemon", "/dev/boxy/Manager",
+                    "dev.boxy.Manager1", "List", "b", "false").stdout
+    assert f'"{sid}" "running" "{path}"' in listed, listed
+    state = busctl(systemd_user, "get-property", "dev.boxy.Daemon", path, "dev.boxy.Session1",
+                   "State").stdout.strip()
+    assert state == 's "running"'
+    monitor = subprocess.Popen(systemd_user.user_cmd(["busctl", "--user", "monitor",
+                                                      "dev.boxy.Daemon"]),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(1.5)  # monitoring has begun (busctl prints nothing until a message)
+        (workdir / "go").touch()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and busctl(
+                systemd_user, "get-property", "dev.boxy.Daemon", path, "dev.boxy.Session1",
+                "ExitStatus").stdout.strip() != "i 4":
+            time.sleep(0.1)
+        time.sleep(0.5)
+    finally:
+        monitor.terminate()
+        out = monitor.communicate(timeout=10)[0]
+    assert busctl(systemd_user, "get-property", "dev.boxy.Daemon", path, "dev.boxy.Session1",
+                  "ExitStatus").stdout.strip() == "i 4"
+    assert "Member=Event" in out and 'STRING "exited"' in out, out[-3000:]
+    assert "Member=PropertiesChanged" in out, out[-3000:]
+
+
+def test_dbus_stop_and_a_named_error(boxy: Boxy, user: User, workdir: Path,
+                                     systemd_user: UserManager) -> None:
+    ctl(user, "setup", manager=systemd_user)
+    sid = _detached(user, workdir, systemd_user, "exec sleep 68")
+    r = busctl(systemd_user, "call", "dev.boxy.Daemon", "/dev/boxy/Manager", "dev.boxy.Manager1",
+               "Stop", "sb", sid, "true")
+    assert r.stdout.strip() == 's "killed"', r.stderr
+    r = busctl(systemd_user, "call", "dev.boxy.Daemon", "/dev/boxy/Manager", "dev.boxy.Manager1",
+               "Stop", "sb", "deadbeef", "false")
+    assert r.returncode != 0 and "no session deadbeef" in r.stderr, r.stderr
+
+
+BURST = r"""
+import asyncio, sys
+from dbus_fast import Message, MessageType
+from dbus_fast.aio import MessageBus
+from boxyd.api.dbus import wait_when_full
+
+async def main():
+    bus = await MessageBus(bus_address=sys.argv[1]).connect()
+    wait_when_full(bus)  # the client has dbus-fast's EAGAIN defect too
+    calls = [bus.call(Message(destination="dev.boxy.Daemon", path="/dev/boxy/Manager",
+                              interface="dev.boxy.Manager1", member="List", signature="b",
+                              body=[False])) for _ in range(3000)]
+    replies = await asyncio.gather(*calls, return_exceptions=True)
+    print(sum(1 for r in replies if getattr(r, "message_type", None) == MessageType.METHOD_RETURN))
+
+asyncio.run(main())
+"""
+
+
+def test_a_burst_of_3000_calls_leaves_the_daemon_on_the_bus(boxy: Boxy, user: User, workdir: Path,
+                                                            systemd_user: UserManager) -> None:
+    ctl(user, "setup", manager=systemd_user)
+    for _ in range(5):  # sessions to list: replies of some size
+        _detached(user, workdir, systemd_user, "exec sleep 69")
+    pid = busctl(systemd_user, "status", "dev.boxy.Daemon").stdout
+    r = subprocess.run(systemd_user.user_cmd([str(BIN / "python3"), "-c", BURST,
+                                              systemd_user.env()["DBUS_SESSION_BUS_ADDRESS"]]),
+                       capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "3000", r.stderr[-2000:]
+    after = busctl(systemd_user, "call", "dev.boxy.Daemon", "/dev/boxy/Manager",
+                   "dev.boxy.Manager1", "List", "b", "false")
+    assert after.returncode == 0 and after.stdout.startswith("a(sso) "), after.stderr
+    assert busctl(systemd_user, "status", "dev.boxy.Daemon").stdout.split("\n")[0] == pid.split("\n")[0]
+    for line in ctl(user, "ps", manager=systemd_user).stdout.decode().splitlines()[1:]:
+        if "sleep 69" in line:
+            ctl(user, "stop", "-k", line.split()[0], manager=systemd_user)
+
+
+def test_calling_the_bus_name_starts_boxyd(boxy: Boxy, user: User, systemd_user: UserManager) -> None:
+    """D-Bus activation: the bus asks systemd for boxyd.service (SystemdService=)."""
+    ctl(user, "setup", manager=systemd_user)
+    systemd_user.systemctl("stop", "boxyd.service")
+    assert daemon_pids(user) == []
+    r = busctl(systemd_user, "call", "dev.boxy.Daemon", "/dev/boxy/Manager", "dev.boxy.Manager1",
+               "List", "b", "false")
+    assert r.returncode == 0 and r.stdout.startswith("a(sso) "), r.stderr
+    assert systemd_user.systemctl("is-active", "boxyd.service").stdout.strip() == "active"

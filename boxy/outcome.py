@@ -112,24 +112,26 @@ class SessionInfo(Value):
     are seconds since the epoch; OUTCOME is None while it runs."""
 
     __slots__ = ("id", "state", "argv", "workdir", "profile", "started_at", "ended_at",
-                 "outcome", "counters", "attached")
+                 "outcome", "counters", "attached", "limits")
 
     def __init__(self, id: str, state: State, argv: list[str], workdir: str,
                  profile: str | None, started_at: float, ended_at: float | None = None,
                  outcome: Outcome | None = None, counters: Counters | None = None,
-                 attached: bool = False) -> None:
+                 attached: bool = False, limits: list[str] | None = None) -> None:
         self.id, self.state, self.argv, self.workdir = id, state, argv, workdir
         self.profile, self.started_at, self.ended_at = profile, started_at, ended_at
         self.outcome = outcome
         self.counters = counters if counters is not None else Counters()
         self.attached = attached
+        self.limits = limits if limits is not None else []  # what each limit amounts to
 
     def to_wire(self) -> dict[str, Any]:
         return {"id": self.id, "state": self.state.value, "argv": self.argv,
                 "workdir": self.workdir, "profile": self.profile, "started_at": self.started_at,
                 "ended_at": self.ended_at,
                 "outcome": self.outcome.to_wire() if self.outcome is not None else None,
-                "counters": self.counters.to_wire(), "attached": self.attached}
+                "counters": self.counters.to_wire(), "attached": self.attached,
+                "limits": self.limits}
 
     @classmethod
     def from_wire(cls, d: object) -> SessionInfo | None:
@@ -150,4 +152,5 @@ class SessionInfo(Value):
                    d.get("profile") if isinstance(d.get("profile"), str) else None, float(started),
                    float(ended) if type(ended) in (int, float) else None,
                    Outcome.from_wire(out) if isinstance(out, dict) else None,
-                   Counters.from_wire(d.get("counters")), d.get("attached") is True)
+                   Counters.from_wire(d.get("counters")), d.get("attached") is True,
+                   [str(x) for x in d.get("limits") or []])

@@ -84,6 +84,9 @@ def show_lines(info: SessionInfo, now: float) -> list[str]:
         lines.append(f"network   {c.connections} connections, {c.denials} denied, "
                      f"up {values.format_size(c.bytes_up)}, down {values.format_size(c.bytes_down)}, "
                      f"{c.destinations} destinations")
+    if info.limits:
+        lines.append("limits:")
+        lines += [f"  {clean(x)}" for x in info.limits]
     out = info.outcome
     if out is None:
         return lines

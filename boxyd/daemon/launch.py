@@ -84,6 +84,9 @@ class Sandbox(Protocol):
 
     def resize(self, rows: int, cols: int) -> None: ...
 
+    def limit_lines(self) -> list[str]:
+        """What each limit amounts to (its scope's controllers, or the fallbacks)."""
+
     def counters(self) -> Counters:
         """The network's totals so far (zeros without one)."""
 

@@ -180,10 +180,14 @@ class Stage2:
             yield msg
 
     def signal(self, sig: int) -> None:
+        self.send({"signal": sig})
+
+    def send(self, msg: dict) -> None:
+        """One message to the outer stage 2 (a signal, the scope's placement)."""
         if self._closed:
             return
         with contextlib.suppress(OSError):
-            self.ctl.send(json.dumps({"signal": sig}).encode())
+            self.ctl.send(json.dumps(msg).encode())
 
     def close(self) -> None:
         if not self._closed:

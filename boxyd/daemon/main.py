@@ -125,6 +125,7 @@ async def serve(sock: socket.socket) -> None:
     sd_notify(f"READY=1\nSTATUS={status_line(0)}")
     log.info("listening (build %s)", manager.status().build)
     bus = await start_dbus(manager, stop)
+    launcher.scopes.bus = bus.bus if bus is not None else None  # the user manager is on it
     watcher = asyncio.create_task(report_status(manager))
     idle = asyncio.create_task(exit_when_idle(manager, server, stop, idle_limit()))
     await stop.wait()

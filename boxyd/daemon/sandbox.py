@@ -16,7 +16,7 @@ import signal
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from boxy import termsettings, values
+from boxy import termsettings
 from boxy.errors import SetupError, UsageError
 from boxy.outcome import Counters
 from boxy.paths import state_dir
@@ -26,6 +26,7 @@ from boxyd.daemon import records
 from boxyd.daemon.launch import Exit, Report, SandboxEvent, Sink, Started, Stopped
 from boxyd.daemon.launcher import Stage2, Template
 from boxyd.daemon.pty import PtyRelay
+from boxyd.daemon.scopes import Limit, Scopes, limits
 from boxyd.gitguard.scan import Snapshot, inherit_live
 from boxyd.hostfile import Outputs, open_outputs
 from boxyd.policy.seccomp import build_filter
@@ -47,6 +48,7 @@ class StageLauncher:
     def __init__(self, user: pwd.struct_passwd | None = None) -> None:
         self.user = user or pwd.getpwuid(os.getuid())
         self.template = Template()
+        self.scopes = Scopes()  # its bus is set once boxyd is on the session bus
         self.live: set[StageSandbox] = set()
         self._dns: DnsProxy | None = None
 
@@ -124,6 +126,8 @@ class StageSandbox:
         self.pty: PtyRelay | None = None
         self.stage2: Stage2 | None = None
         self.trees: dict[str, worktree.Tree] = {}  # the walk before the run
+        self._warnings: list[str] = []
+        self.limits: list[Limit] = []
         # the git guard's baselines while the session runs: a session starting meanwhile on
         # an overlapping tree inherits them (scan.inherit_live)
         self.baselines: dict[str, Snapshot] = {}
@@ -131,7 +135,9 @@ class StageSandbox:
     # -- before the payload ----------------------------------------------------------
     async def start(self) -> list[str]:
         spec, fds = self.spec, self._stdio
-        warnings = self._limit_warnings() + (self.net.warnings if self.net is not None else [])
+        # the one list: the scope's limits join it before the payload starts (_place)
+        warnings = self._warnings
+        warnings += self._limit_warnings() + (self.net.warnings if self.net is not None else [])
         stdio = list(fds)
         placeholders: list[int] = []
         try:
@@ -207,7 +213,7 @@ class StageSandbox:
     def _limit_warnings(self) -> list[str]:
         """What the user should hear before the payload starts. A limit without a
         controller is reported, not faked (until transient scopes arrive)."""
-        spec, record = self.spec, self._sink.record
+        spec = self.spec
         out: list[str] = []
         if os.getuid() == 0:
             out.append("running as root: the payload runs as uid 0 (with no capabilities, mapped to "
@@ -215,25 +221,33 @@ class StageSandbox:
         if spec.seccomp == "compat":
             out.append("--seccomp compat: forbidden system calls fail with EPERM instead of killing the "
                        "process; this is for diagnosis, do not leave it on")
-        if spec.cpus is not None:
-            out.append(f"--cpus {spec.cpus:g}: not enforced (no cpu controller is delegated to boxy)")
-            record("cgroup", limit="cpus", value=spec.cpus, enforced=False, reason="no cpu controller")
-        record("cgroup", limit="memory", value=spec.memory, enforced=False, reason="no memory controller",
-               note="sizes the scratch tmpfs only")
-        record("cgroup", limit="pids", value=spec.pids, enforced=True, by="RLIMIT_NPROC")
         if spec.verbose:
-            out.append(f"--memory {values.format_size(spec.memory)}: sizes the scratch tmpfs ($HOME, "
-                       "/tmp, /dev/shm); the memory limit itself is not enforced (no memory controller)")
-            out.append(f"--pids {spec.pids}: enforced with RLIMIT_NPROC in the sandbox's user namespace")
             out.extend(spec.notes)
         return out
+
+    async def _place(self, pid: int) -> None:
+        """Step 0 of stage 2: the run's scope, and what its limits amount to (said
+        before the payload starts: the warnings are the ones start() returned)."""
+        placement = await self._launcher.scopes.place(self._sink.id, pid, self.spec)
+        self.limits = limits(self.spec, placement)
+        record = self._sink.record
+        record("cgroup", scope=placement.unit, controllers=sorted(placement.controllers),
+               **({"reason": placement.reason} if placement.reason else {}))
+        for lim in self.limits:
+            record("cgroup", limit=lim.name, value=lim.value, enforced=lim.enforced, by=lim.by)
+            if (not lim.enforced and lim.name == "cpus") or self.spec.verbose:
+                self._warnings.append(lim.line)
+        assert self.stage2 is not None
+        self.stage2.send({"placed": placement.unit is not None})
 
     # -- while it runs ---------------------------------------------------------------
     async def events(self) -> AsyncIterator[SandboxEvent]:
         assert self.stage2 is not None
         final: dict = {}
         async for msg in self.stage2.messages():
-            if "listeners" in msg:
+            if "pid" in msg and isinstance(msg["pid"], int) and not self.limits:
+                await self._place(msg["pid"])
+            elif "listeners" in msg:
                 self._attach_network(msg["sockets"])
             elif "pty" in msg:
                 if self.pty is not None:
@@ -274,6 +288,9 @@ class StageSandbox:
     def resize(self, rows: int, cols: int) -> None:
         if self.pty is not None:
             self.pty.resize(rows, cols)
+
+    def limit_lines(self) -> list[str]:
+        return [lim.line for lim in self.limits]
 
     def counters(self) -> Counters:
         gateway = self.net.gateway if self.net is not None else None

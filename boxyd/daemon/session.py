@@ -172,7 +172,8 @@ class Session:
                            spec.profile if spec else self.request.options.profile,
                            self.started_at, self.ended_at,
                            self.outcome if self.state.finished else None, self.counters(),
-                           self.attached)
+                           self.attached,
+                           self.sandbox.limit_lines() if self.sandbox is not None else [])
 
     def counters(self) -> Counters:
         """Live while it runs; the last totals once it has ended."""

@@ -1,4 +1,5 @@
-"""The outer stage 2: DESIGN.md steps 1–5, then it waits outside the PID namespace.
+"""The outer stage 2: step 0 (its scope), DESIGN.md steps 1–5, then it waits outside
+the PID namespace.
 
 boxyd starts ONE template per daemon: ``python -I -m boxyd.stage2 DAEMON_PID CTL_FD``
 — a fresh interpreter with an empty environment and nothing secret in its argv, that
@@ -176,10 +177,37 @@ def _drain(fd: int) -> bytes:
         out += chunk
 
 
+def join_scope(ctl: socket.socket) -> int | None:
+    """Step 0 (no privilege; before anything is unshared): boxyd moves this process
+    into the run's transient scope through the user manager, and says when it is
+    done; every process of the sandbox then starts in it, and step 5's
+    CLONE_NEWCGROUP makes it the sandbox's cgroup root. A signal meanwhile (a stop)
+    ends the run as if the payload had died of it: returned."""
+    send(ctl, {"pid": os.getpid()})
+    while True:
+        data = ctl.recv(4096)
+        if not data:
+            raise SetupError("control: boxyd went away before the run started")
+        try:
+            msg = json.loads(data)
+        except ValueError:
+            msg = None
+        if isinstance(msg, dict) and "placed" in msg:
+            return None
+        if isinstance(msg, dict) and isinstance(msg.get("signal"), int) and 0 < msg["signal"] < 65:
+            return int(msg["signal"])
+
+
 def run(ctl: socket.socket) -> int:
     """One sandbox, in a child forked from the template."""
     try:
         plan, stdio = receive_plan(ctl)
+        stopped = join_scope(ctl)
+        if stopped is not None:
+            for fd in stdio:
+                os.close(fd)
+            send(ctl, {"done": {"signal": stopped}})
+            return 0
         namespaces.enter_user_namespace(plan.uid, plan.gid)
         if plan.net != "none":
             if plan.net_ruleset is None:

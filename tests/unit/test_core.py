@@ -63,6 +63,9 @@ class FakeSandbox:
     def resize(self, rows: int, cols: int) -> None:
         self.size = (rows, cols)
 
+    def limit_lines(self) -> list[str]:
+        return ["--pids 512: enforced"]
+
     def counters(self) -> Counters:
         return Counters(connections=len(self.signals))
 
@@ -393,3 +396,34 @@ async def test_counters_once_a_tick_for_watchers_and_kept_after_the_end(monkeypa
     assert got[0]["counters"]["connections"] == 1
     assert got[0]["destinations"] == [["example.org", 1, 0, 10, 20]]
     assert s.info().counters == Counters(connections=1)  # the totals outlive the sandbox
+
+
+@pytest.mark.parametrize("controllers, unit, want", [
+    (frozenset(), "boxy-a.scope", {"memory": False, "pids": True, "cpus": False}),
+    (frozenset({"memory", "pids", "cpu"}), "boxy-a.scope", {"memory": True, "pids": True, "cpus": True}),
+    (frozenset({"memory", "pids", "cpu"}), None, {"memory": False, "pids": True, "cpus": False}),
+    (frozenset({"pids"}), "boxy-a.scope", {"memory": False, "pids": True, "cpus": False}),
+])  # fmt: skip
+def test_what_each_limit_amounts_to(controllers, unit, want) -> None:
+    from boxyd.daemon.scopes import Placement, limits
+
+    spec = RunSpec(argv=["true"], workdir="/w", memory=1 << 30, pids=300, cpus=0.5)
+    got = limits(spec, Placement(unit, controllers, "" if unit else "no session bus"))
+    assert {lim.name: lim.enforced for lim in got} == want
+    for lim in got:
+        if not lim.enforced:
+            assert "not enforced" in lim.line
+            assert (f"in {unit})" if unit else "no scope (no session bus)") in lim.line
+    pids = next(lim for lim in got if lim.name == "pids")
+    assert ("TasksMax" in pids.by) == ("pids" in controllers and unit is not None)
+
+
+def test_the_scope_asks_for_every_limit() -> None:
+    from boxyd.daemon.scopes import unit_properties
+
+    spec = RunSpec(argv=["true"], workdir="/w", memory=1 << 30, pids=300, cpus=0.5)
+    props = dict(unit_properties(42, spec, "abcd1234"))
+    assert props["PIDs"] == ("au", [42]) and props["Delegate"] == ("b", True)
+    assert props["MemoryMax"] == ("t", 1 << 30) and props["TasksMax"] == ("t", 300)
+    assert props["CPUQuotaPerSecUSec"] == ("t", 500_000)
+    assert "CPUQuotaPerSecUSec" not in dict(unit_properties(42, RunSpec(argv=["x"], workdir="/"), "x"))

@@ -47,7 +47,12 @@ _UCRED = struct.Struct("3i")
 
 
 class ProtocolError(Exception):
-    """The peer broke the framing rules; the connection must be dropped."""
+    """The peer broke the framing rules; the connection must be dropped. PARSED:
+    the complete messages before the bad one (with their fds: the caller's)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.parsed: list[tuple[dict[str, Any], list[int]]] = []
 
 
 class VarlinkError(BoxyError):
@@ -87,7 +92,8 @@ def close_fds(fds: Sequence[int]) -> None:
 
 class Decoder:
     """Splits a byte stream into messages and attaches fds by the rule in the module
-    docstring. Any violation raises ProtocolError after closing every fd it held."""
+    docstring. Any violation raises ProtocolError after closing every fd it held,
+    but for those of the messages before the bad one (ProtocolError.parsed)."""
 
     def __init__(self) -> None:
         self._buf = bytearray()
@@ -102,6 +108,7 @@ class Decoder:
             raise ProtocolError("file descriptors without data")
         self._buf += data
         out: list[tuple[dict[str, Any], list[int]]] = []
+        bad: list[int] = []  # the fds of the message being parsed
         try:
             while (end := self._buf.find(b"\0", self._scanned)) >= 0:
                 raw = bytes(self._buf[:end])
@@ -111,8 +118,9 @@ class Decoder:
                 if not self._buf and fds:  # the read ended on this message's NUL
                     mine += fds
                     fds = []
-                out.append(({}, mine))  # registered first, so an error closes them
-                out[-1] = (self._parse(raw, mine), mine)
+                bad = mine  # registered first, so an error closes them
+                out.append((self._parse(raw, mine), mine))
+                bad = []
             self._scanned = len(self._buf)
             self._fds += fds
             fds = []
@@ -120,10 +128,10 @@ class Decoder:
                 raise ProtocolError(f"message exceeds {MAX_MESSAGE} bytes")
             if len(self._fds) > MAX_FDS:
                 raise ProtocolError(f"more than {MAX_FDS} file descriptors in one message")
-        except ProtocolError:
+        except ProtocolError as e:
             close_fds(fds)
-            for _, got in out:
-                close_fds(got)
+            close_fds(bad)
+            e.parsed = out
             self.close()
             raise
         return out
@@ -295,6 +303,8 @@ class Client:
                     close_fds(got)  # the daemon sends no fds to clients
                     self._replies.append(msg)
             except ProtocolError as e:
+                for _, got in e.parsed:
+                    close_fds(got)
                 raise DaemonError(f"boxyd broke the varlink protocol: {e}") from None
             except OSError as e:
                 if e.errno == errno.EINTR:  # pragma: no cover - Python retries EINTR itself

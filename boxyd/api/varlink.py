@@ -10,7 +10,9 @@ Per connection:
   Signal) are dispatched at once, concurrently with a Run stream in progress;
 - writes are buffered and never block the loop; a peer whose unread replies exceed
   max_write_buffer is dropped; reading pauses while too many calls are pending;
-- a malformed message (framing, JSON, fds) drops the connection.
+- a malformed message (framing, JSON, fds, not a call) gets one error reply
+  (org.varlink.service.InvalidParameter) after the calls before it, and then
+  the connection is closed.
 """
 
 from __future__ import annotations
@@ -287,6 +289,7 @@ class _Connection:
         self._wbuf = bytearray()
         self._writing = False
         self._reading = False
+        self._refusing = False  # a malformed message came: only its error reply is left
         self._queue: deque[Call] = deque()  # calls that expect replies, in order
         self._worker: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # running oneway calls
@@ -297,7 +300,7 @@ class _Connection:
     # reading
 
     def _set_reading(self, on: bool) -> None:
-        if self.closed.is_set() or on == self._reading:
+        if self.closed.is_set() or on == self._reading or (on and self._refusing):
             return
         self._reading = on
         if on:
@@ -314,7 +317,7 @@ class _Connection:
         except (BlockingIOError, InterruptedError):
             return
         except ProtocolError as e:
-            self.close(str(e))
+            self._refuse(str(e))
             return
         except OSError as e:
             self.close(e.strerror or str(e))
@@ -324,9 +327,15 @@ class _Connection:
             return
         try:
             messages = self._decoder.feed(data, fds)
-        except ProtocolError as e:
-            self.close(str(e))
+        except ProtocolError as e:  # the calls before the bad message are still answered
+            self._submit_all(e.parsed)
+            self._refuse(str(e))
             return
+        self._submit_all(messages)
+        if self._pending() >= MAX_PENDING_CALLS:
+            self._set_reading(False)  # back-pressure: resumed as calls finish
+
+    def _submit_all(self, messages: list[tuple[dict[str, Any], list[int]]]) -> None:
         for i, (msg, msg_fds) in enumerate(messages):
             call = self._make_call(msg, msg_fds)
             if call is None:
@@ -334,8 +343,6 @@ class _Connection:
                     close_fds(rest)
                 return
             self._submit(call)
-        if self._pending() >= MAX_PENDING_CALLS:
-            self._set_reading(False)  # back-pressure: resumed as calls finish
 
     def _make_call(self, msg: dict[str, Any], fds: list[int]) -> Call | None:
         method = msg.get("method")
@@ -351,9 +358,27 @@ class _Connection:
             or msg.get("upgrade")
         ):
             close_fds(fds)
-            self.close("invalid call message")
+            self._refuse("not a varlink call")
             return None
         return Call(self, method, params, fds, more, oneway)
+
+    def _refuse(self, reason: str) -> None:
+        """A malformed message: no more reading; once the calls before it are
+        answered (replies carry no call id: order is all), one error reply naming
+        what was wrong, then the connection is closed. The daemon goes on."""
+        self._set_reading(False)
+        self._refusing = True
+        self._loop.create_task(self._refuse_after_pending(reason))
+
+    async def _refuse_after_pending(self, reason: str) -> None:
+        while self._pending() and not self.closed.is_set():
+            await asyncio.sleep(0.01)
+        self.write(encode({"error": INVALID_PARAMETER,
+                           "parameters": {"parameter": "message", "message": reason[:200]}}))
+        deadline = self._loop.time() + 5
+        while self._wbuf and not self.closed.is_set() and self._loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        self.close(reason)
 
     def _submit(self, call: Call) -> None:
         if call.oneway:

@@ -219,3 +219,35 @@ def test_the_daemon_holds_no_more_than_the_user(boxy: Boxy, user: User) -> None:
     assert status["Uid"].split() == [str(user.uid)] * 4 and status["Gid"].split() == [str(user.gid)] * 4
     for cap in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
         assert int(status[cap], 16) == 0, (cap, status[cap])
+
+
+MALFORMED = r"""
+import socket, sys
+from boxy.paths import socket_path
+cases = [b"{oops\0", b"[]\0", b'{"method": 3}\0', b"\xff\0", b"[" * 200000 + b"\0",
+         b'{"method": "dev.boxy.Manager.Run", "parameters": {"argv": "x"}}\0']
+answers = []
+for case in cases:
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(10)
+    s.connect(str(socket_path()))
+    s.sendall(case)
+    answers.append(s.recv(65536).split(b"\0")[0].decode(errors="replace"))
+    s.close()
+s = socket.socket(socket.AF_UNIX)
+s.connect(str(socket_path()))
+s.sendall(b'{"method": "dev.boxy.Manager.Version", "parameters": {}}\0')
+answers.append(s.recv(65536).decode())
+print("\n".join(answers))
+"""
+
+
+def test_malformed_input_gets_an_error_and_the_daemon_goes_on(boxy: Boxy, user: User) -> None:
+    ctl(user, "daemon", "status")
+    boxy.run("--net", "none", "--", "true")  # a daemon is up
+    r = user.run([str(BIN / "python3"), "-c", MALFORMED], timeout=60)
+    lines = r.stdout.decode().splitlines()
+    assert r.returncode == 0 and len(lines) == 7, (r.stdout, r.stderr)
+    for line in lines[:6]:
+        assert "org.varlink.service.InvalidParameter" in line or "InvalidArgument" in line, line
+    assert '"build"' in lines[-1]  # still answering

@@ -181,3 +181,73 @@ async def test_fds_of_a_refused_run_are_closed(daemon) -> None:
     os.set_blocking(r, False)
     assert os.read(r, 1) == b""  # every write end closed: the daemon kept none
     os.close(r)
+
+
+def _fuzz_cases(rng) -> list[bytes]:
+    """Framing and JSON gone wrong, and calls of the wrong shape: each one message."""
+    valid = {"method": M + "Run", "parameters": {"argv": ["true"], "cwd": "/w", "build": "x",
+                                                 "options": {"memory": 1, "env": []}}, "more": True}
+    text = json.dumps(valid)
+    cases = [b"\0", b"{}\0", b"[]\0", b"null\0", b'"x"\0', b"{\0", b"\xff\xfe\0", b"[" * 100_000 + b"\0",
+             json.dumps({"method": 3}).encode() + b"\0",
+             json.dumps({"method": M + "Version", "more": True, "oneway": True}).encode() + b"\0",
+             json.dumps({"method": M + "Version", "upgrade": True}).encode() + b"\0",
+             json.dumps({"method": M + "Version", "parameters": []}).encode() + b"\0",
+             json.dumps({"method": M + "Run", "parameters": {"argv": "true"}}).encode() + b"\0",
+             json.dumps({"method": M + "Show", "parameters": {"id": {"x": 1}}}).encode() + b"\0",
+             json.dumps({"method": M + "Signal", "parameters": {"id": "x", "signal": "9"},
+                         "oneway": True}).encode() + b"\0",
+             json.dumps({"method": M + "Watch", "parameters": {"id": 7}}).encode() + b"\0",
+             json.dumps({"method": "org.varlink.service.GetInterfaceDescription",
+                         "parameters": {"interface": []}}).encode() + b"\0"]
+    for _ in range(300):
+        raw = bytearray(text.encode())
+        for _ in range(rng.randint(1, 8)):
+            op = rng.randrange(3)
+            pos = rng.randrange(len(raw))
+            if op == 0:
+                raw[pos] = rng.randrange(256)
+            elif op == 1:
+                del raw[pos]
+            else:
+                raw.insert(pos, rng.choice(b'{}[]",:0\\\x00'))
+        cases.append(bytes(raw).replace(b"\0", b"") + b"\0")
+    return cases
+
+
+async def test_malformed_varlink_never_takes_the_daemon_down(daemon) -> None:
+    import random
+
+    manager, path = daemon
+    rng = random.Random(1234)  # the same cases every run
+    replies = {"error": 0, "reply": 0, "closed": 0, "silent": 0}
+    for case in _fuzz_cases(rng):
+        peer = await Peer.connect(path)
+        peer.writer.write(case)
+        try:
+            got = await asyncio.wait_for(peer.reader.readuntil(b"\0"), 1)
+            replies["error" if b'"error"' in got else "reply"] += 1
+        except asyncio.IncompleteReadError:
+            replies["closed"] += 1
+        except TimeoutError:  # a oneway call that still parsed: no reply is due
+            replies["silent"] += 1
+        peer.close()
+        for s in manager.running():  # a mutated Run that still parsed: end it
+            s.stop(kill=True)
+    check = await Peer.connect(path)
+    check.send("Version", {})
+    assert (await check.reply())["parameters"]["build"] == build_id()
+    check.close()
+    assert replies["error"] > 250 and replies["closed"] == 0, replies
+
+
+async def test_a_malformed_message_after_a_call_is_answered_in_order(daemon) -> None:
+    _, path = daemon
+    peer = await Peer.connect(path)
+    peer.writer.write(json.dumps({"method": M + "Version", "parameters": {}}).encode() + b"\0{oops\0")
+    first, second = await peer.reply(), await peer.reply()
+    assert first["parameters"]["build"] == build_id()
+    assert second["error"] == "org.varlink.service.InvalidParameter"
+    assert "malformed JSON" in second["parameters"]["message"]
+    assert await peer.reader.read() == b""  # and then closed
+    peer.close()

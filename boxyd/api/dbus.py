@@ -2,8 +2,8 @@
 Manager core. No logic here: the objects mirror the core's sessions and events.
 
 - /dev/boxy/Manager, dev.boxy.Manager1: List(b all) -> a(sso) (id, state, path),
-  Stop(s id, b kill) -> s (the state it ended in); signals SessionNew(s, o) and
-  SessionRemoved(s, o).
+  Stop(s id, b kill) -> s (the state it ended in), Run(s request, h, h, h) -> so;
+  signals SessionNew(s, o) and SessionRemoved(s, o).
 - /dev/boxy/session/<id>, dev.boxy.Session1: read-only properties State, Argv,
   Profile, WorkDir, StartedAt, ExitStatus (-1 while it runs) and the counters,
   with PropertiesChanged as they change; signal Event(s kind, a{sv} fields).
@@ -18,13 +18,15 @@ import json
 import logging
 from typing import Any
 
-from dbus_fast import Variant
+from dbus_fast import Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
 from dbus_fast.constants import NameFlag, PropertyAccess, RequestNameReply
 from dbus_fast.errors import DBusError
 from dbus_fast.service import ServiceInterface, dbus_property, method, signal
 
-from boxy.errors import BoxyError, dbus_error_name
+from boxy.errors import BoxyError, UsageError, dbus_error_name
+from boxy.request import RunRequest
+from boxy.varlink import close_fds
 from boxyd.daemon.events import Event
 from boxyd.daemon.manager import Manager
 from boxyd.daemon.session import Session
@@ -33,6 +35,7 @@ log = logging.getLogger("boxyd")
 
 BUS_NAME = "dev.boxy.Daemon"
 MANAGER_PATH = "/dev/boxy/Manager"
+MANAGER_INTERFACE = "dev.boxy.Manager1"
 CONNECT_TIMEOUT = 5.0
 
 
@@ -42,6 +45,29 @@ def session_path(sid: str) -> str:
 
 def _error(e: BoxyError) -> DBusError:
     return DBusError(dbus_error_name(e), str(e))
+
+
+def _json(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise UsageError(f"Run: the request is not JSON ({e})") from None
+
+
+def check_fds(msg: Message) -> bool | None:
+    """Runs before dbus-fast dispatches a call (a message handler). dbus-fast hands
+    a method the raw index of an "h" argument when no fds came with the call, as if
+    it were one of the daemon's own fds: Run must come with exactly its three fds,
+    at indices 0, 1, 2. Any fds a call brings and Run does not take are closed."""
+    if (msg.message_type == MessageType.METHOD_CALL and msg.path == MANAGER_PATH
+            and msg.member == "Run" and msg.interface in (None, MANAGER_INTERFACE)):
+        if msg.signature != "shhh" or list(msg.body[1:]) != [0, 1, 2] or len(msg.unix_fds) != 3:
+            close_fds(msg.unix_fds)
+            raise DBusError(dbus_error_name(UsageError("")),
+                            "Run: attach exactly three file descriptors (stdin, stdout, stderr)")
+        return None  # the method owns them
+    close_fds(msg.unix_fds)
+    return None
 
 
 def variant(value: object) -> Variant | None:
@@ -80,28 +106,47 @@ def event_fields(ev: Event) -> dict[str, Variant]:
 
 class ManagerInterface(ServiceInterface):
     def __init__(self, manager: Manager) -> None:
-        super().__init__("dev.boxy.Manager1")
+        super().__init__(MANAGER_INTERFACE)
         self.manager = manager
 
     @method()
-    async def List(self, all: b) -> a(sso):
+    async def List(self, all: "b") -> "a(sso)":
         infos = await self.manager.infos(all=all)
         return [[i.id, i.state.value, session_path(i.id)] for i in infos]
 
     @method()
-    async def Stop(self, id: s, kill: b) -> s:
+    async def Stop(self, id: "s", kill: "b") -> "s":
         try:
             info = await self.manager.stop_and_wait(id, kill)
         except BoxyError as e:
             raise _error(e) from None
         return info.state.value
 
+    @method()
+    async def Run(self, request: "s", stdin: "h", stdout: "h", stderr: "h") -> "so":
+        """REQUEST: the JSON of varlink's Run parameters (boxy.request); the three fds
+        are the payload's stdio (checked to be attached: check_fds). Returns once
+        the session is under way; it lives until it ends or is stopped (no client
+        follows it over D-Bus)."""
+        fds = [stdin, stdout, stderr]
+        try:
+            req = RunRequest.from_wire(_json(request))
+        except BoxyError as e:
+            close_fds(fds)
+            raise _error(e) from None
+        try:
+            session = await self.manager.start(req, fds)
+        except BoxyError as e:
+            raise _error(e) from None
+        session.attached = False
+        return [session.id, session_path(session.id)]
+
     @signal()
-    def SessionNew(self, id: str, path: str) -> so:
+    def SessionNew(self, id: str, path: str) -> "so":
         return [id, path]
 
     @signal()
-    def SessionRemoved(self, id: str, path: str) -> so:
+    def SessionRemoved(self, id: str, path: str) -> "so":
         return [id, path]
 
 
@@ -114,7 +159,7 @@ class SessionInterface(ServiceInterface):
         return self.session.info()
 
     @dbus_property(access=PropertyAccess.READ)
-    def State(self) -> s:
+    def State(self) -> "s":
         return self.session.state.value
 
     @dbus_property(access=PropertyAccess.READ)
@@ -122,36 +167,36 @@ class SessionInterface(ServiceInterface):
         return list(self._info().argv)
 
     @dbus_property(access=PropertyAccess.READ)
-    def Profile(self) -> s:
+    def Profile(self) -> "s":
         return self._info().profile or "generic"
 
     @dbus_property(access=PropertyAccess.READ)
-    def WorkDir(self) -> s:
+    def WorkDir(self) -> "s":
         return self._info().workdir
 
     @dbus_property(access=PropertyAccess.READ)
-    def StartedAt(self) -> d:
+    def StartedAt(self) -> "d":
         return self.session.started_at
 
     @dbus_property(access=PropertyAccess.READ)
-    def ExitStatus(self) -> i:
+    def ExitStatus(self) -> "i":
         out = self.session.outcome
         return out.exit_status if out is not None and self.session.state.finished else -1
 
     @dbus_property(access=PropertyAccess.READ)
-    def Connections(self) -> t:
+    def Connections(self) -> "t":
         return self.session.counters().connections
 
     @dbus_property(access=PropertyAccess.READ)
-    def Denials(self) -> t:
+    def Denials(self) -> "t":
         return self.session.counters().denials
 
     @dbus_property(access=PropertyAccess.READ)
-    def BytesUp(self) -> t:
+    def BytesUp(self) -> "t":
         return self.session.counters().bytes_up
 
     @dbus_property(access=PropertyAccess.READ)
-    def BytesDown(self) -> t:
+    def BytesDown(self) -> "t":
         return self.session.counters().bytes_down
 
     @signal()
@@ -208,6 +253,7 @@ class DbusService:
         bus = await asyncio.wait_for(MessageBus(bus_address=address, negotiate_unix_fd=True)
                                      .connect(), CONNECT_TIMEOUT)
         wait_when_full(bus)
+        bus.add_message_handler(check_fds)
         bus.export(MANAGER_PATH, self._iface)
         reply = await bus.request_name(BUS_NAME, NameFlag.DO_NOT_QUEUE)
         if reply not in (RequestNameReply.PRIMARY_OWNER, RequestNameReply.ALREADY_OWNER):

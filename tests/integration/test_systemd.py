@@ -249,3 +249,60 @@ def test_each_run_is_a_delegated_transient_scope(boxy: Boxy, user: User, workdir
             == "active":
         time.sleep(0.1)
     assert systemd_user.systemctl("is-active", unit).stdout.strip() != "active"  # gone with the run
+
+
+RUN_OVER_DBUS = r"""
+import asyncio, json, os, sys
+from dbus_fast import Message, MessageType
+from dbus_fast.aio import MessageBus
+
+M = dict(destination="dev.boxy.Daemon", path="/dev/boxy/Manager", interface="dev.boxy.Manager1")
+
+async def main():
+    bus = await MessageBus(bus_address=sys.argv[1], negotiate_unix_fd=True).connect()
+    request = json.dumps({"argv": ["sh", "-c", "echo hello-over-dbus; exit 3"], "cwd": sys.argv[2],
+                          "options": {"net": "none"}})
+    r, w = os.pipe()
+    null = os.open(os.devnull, os.O_RDWR)
+    reply = await bus.call(Message(**M, member="Run", signature="shhh", body=[request, 0, 1, 2],
+                                   unix_fds=[null, w, null]))
+    os.close(w)
+    out = b""
+    while chunk := os.read(r, 4096):
+        out += chunk
+    print("RUN", reply.message_type.name, reply.body[0] if reply.body else reply.error_name)
+    print("OUT", out.decode().strip())
+    # an "h" argument without the fds: refused, never taken for one of the daemon's fds
+    bad = await bus.call(Message(**M, member="Run", signature="shhh", body=[request, 0, 1, 2]))
+    print("NOFDS", bad.message_type.name, bad.error_name)
+    # fds brought to a call that takes none: closed by the daemon (our reader sees EOF)
+    r2, w2 = os.pipe()
+    listed = await bus.call(Message(**M, member="List", signature="b", body=[False], unix_fds=[w2]))
+    os.close(w2)
+    os.set_blocking(r2, True)
+    print("LIST", listed.message_type.name, os.read(r2, 1) == b"")
+
+asyncio.run(main())
+"""
+
+
+def test_run_over_dbus_with_fds_and_the_fd_defects(boxy: Boxy, user: User, workdir: Path,
+                                                   systemd_user: UserManager) -> None:
+    ctl(user, "setup", manager=systemd_user)
+    r = subprocess.run(systemd_user.user_cmd([str(BIN / "python3"), "-c", RUN_OVER_DBUS,
+                                              systemd_user.env()["DBUS_SESSION_BUS_ADDRESS"],
+                                              str(workdir)]),
+                       capture_output=True, text=True, timeout=60)
+    lines = dict(ln.split(" ", 1) for ln in r.stdout.splitlines())
+    assert lines.get("RUN", "").startswith("METHOD_RETURN "), r.stdout + r.stderr
+    sid = lines["RUN"].split()[1]
+    assert lines["OUT"] == "hello-over-dbus"
+    assert lines["NOFDS"] == "ERROR dev.boxy.Error.InvalidArgument"
+    assert lines["LIST"] == "METHOD_RETURN True"
+    deadline = time.monotonic() + 10
+    status = ""
+    while time.monotonic() < deadline and status != "i 3":
+        status = busctl(systemd_user, "get-property", "dev.boxy.Daemon", f"/dev/boxy/session/{sid}",
+                        "dev.boxy.Session1", "ExitStatus").stdout.strip()
+        time.sleep(0.1)
+    assert status == "i 3"

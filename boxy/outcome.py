@@ -125,6 +125,20 @@ class SessionInfo(Value):
         self.attached = attached
         self.limits = limits if limits is not None else []  # what each limit amounts to
 
+    def summary(self) -> SessionInfo:
+        """What a listing needs: the argv cut short (a 2 MiB one exists), the outcome
+        without its findings, notes and table, no limits (`show` has them all)."""
+        argv, room = [], 1024
+        for a in self.argv[:32]:
+            argv.append(a[:room])
+            room -= len(argv[-1])
+            if room <= 0:
+                break
+        out = self.outcome
+        brief = Outcome(out.exit_status, out.reason, signal=out.signal) if out is not None else None
+        return SessionInfo(self.id, self.state, argv, self.workdir, self.profile, self.started_at,
+                           self.ended_at, brief, self.counters, self.attached)
+
     def to_wire(self) -> dict[str, Any]:
         return {"id": self.id, "state": self.state.value, "argv": self.argv,
                 "workdir": self.workdir, "profile": self.profile, "started_at": self.started_at,

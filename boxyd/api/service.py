@@ -186,7 +186,7 @@ class VarlinkService:
 
     async def do_List(self, call: Call) -> None:
         infos = await self.manager.infos(all=call.parameters.get("all") is True)
-        await call.reply({"sessions": [i.to_wire() for i in infos]})
+        await call.reply({"sessions": [i.summary().to_wire() for i in infos]})
 
     async def do_Show(self, call: Call) -> None:
         info = await self.manager.info(str(call.parameters.get("id")))

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 from boxy import INTERFACE, VERSION
 from boxy.errors import InternalError, varlink_error
 from boxy.varlink import (
+    MAX_MESSAGE,
     Decoder,
     ProtocolError,
     close_fds,
@@ -49,7 +50,9 @@ INVALID_PARAMETER = f"{SERVICE}.InvalidParameter"
 # Sent when a handler raised or returned without a final reply (a daemon bug).
 INTERNAL_ERROR = varlink_error(InternalError(""))[0]
 
-MAX_WRITE_BUFFER = 4 << 20
+# unsent bytes before a peer counts as not reading: any one reply fits (up to the
+# largest message) with room to spare; streams wait for the peer (Call.drain)
+MAX_WRITE_BUFFER = MAX_MESSAGE + (4 << 20)
 DRAIN_LOW = 64 << 10  # Call.drain() returns once no more than this is unsent
 MAX_PENDING_CALLS = 64  # queued + running oneway calls before reading pauses
 

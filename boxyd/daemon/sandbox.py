@@ -26,7 +26,7 @@ from boxyd.daemon import records
 from boxyd.daemon.launch import Exit, Report, SandboxEvent, Sink, Started, Stopped
 from boxyd.daemon.launcher import Stage2, Template
 from boxyd.daemon.pty import PtyRelay
-from boxyd.daemon.scopes import Limit, Scopes, limits
+from boxyd.daemon.scopes import Limit, Placement, Scopes, limits, read_events, remove_subtree
 from boxyd.gitguard.scan import Snapshot, inherit_live
 from boxyd.hostfile import Outputs, open_outputs
 from boxyd.policy.seccomp import build_filter
@@ -128,6 +128,9 @@ class StageSandbox:
         self.trees: dict[str, worktree.Tree] = {}  # the walk before the run
         self._warnings: list[str] = []
         self.limits: list[Limit] = []
+        self._scope_path: str | None = None
+        self._placement: Placement | None = None
+        self._limit_hits: list[tuple[str, int]] = []
         # the git guard's baselines while the session runs: a session starting meanwhile on
         # an overlapping tree inherits them (scan.inherit_live)
         self.baselines: dict[str, Snapshot] = {}
@@ -229,6 +232,8 @@ class StageSandbox:
         """Step 0 of stage 2: the run's scope, and what its limits amount to (said
         before the payload starts: the warnings are the ones start() returned)."""
         placement = await self._launcher.scopes.place(self._sink.id, pid, self.spec)
+        self._scope_path = placement.path
+        self._placement = placement
         self.limits = limits(self.spec, placement)
         record = self._sink.record
         record("cgroup", scope=placement.unit, controllers=sorted(placement.controllers),
@@ -265,6 +270,8 @@ class StageSandbox:
                     self._sink.record("landlock", note=note)
             elif "done" in msg:
                 final = msg["done"] if isinstance(msg["done"], dict) else {}
+                # the scope goes with its last process: its counters now
+                self._limit_hits = await asyncio.to_thread(read_events, self._scope_path)
         yield _exit(final)
 
     def _attach_network(self, sockets: dict) -> None:
@@ -347,6 +354,9 @@ class StageSandbox:
                 await self.pty.wait_drained()
             self.pty.close()
         report = Report()
+        for what, count in self._limit_hits:  # only where a controller counted them
+            self._sink.record("cgroup", event=what, count=count)
+            report.notes.append(f"{what} ({count}x)")
         quarantine = str(state_dir() / "quarantine" / self._sink.id)
         git_lines, tool_lines = await asyncio.to_thread(
             worktree.after, self.trees, self.baselines, quarantine, self._launcher.user.pw_dir)
@@ -360,6 +370,11 @@ class StageSandbox:
             got = await net_done
             report.notes += got.get("notes", [])
             report.destinations = got.get("destinations", "")
+        for _ in range(20):  # a child of boxyd's cgroup empties as stage 2 exits
+            if self._placement is None or remove_subtree(self._placement):
+                self._placement = None
+                break
+            await asyncio.sleep(0.05)
         return report
 
     def audit_log(self) -> int | None:
@@ -376,6 +391,9 @@ class StageSandbox:
         if self.stage2 is not None:
             self.stage2.close()
         self.outputs.close()
+        if self._placement is not None:  # a child of boxyd's own cgroup: ours to remove
+            remove_subtree(self._placement)
+            self._placement = None
         if self.net is not None:
             self.net.discard()
             self.net = None

@@ -12,6 +12,7 @@ sandbox runs starts inside the scope.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -36,6 +37,32 @@ class Placement:
     unit: str | None = None  # boxy-<id>.scope, when the run is in one
     controllers: frozenset[str] = field(default_factory=frozenset)
     reason: str = ""  # why there is no scope
+    path: str | None = None  # the scope's directory in the v2 hierarchy
+
+
+def limit_events(files: dict[str, str]) -> list[tuple[str, int]]:
+    """What the controllers counted (pure): FILES maps memory.events and pids.events
+    to their text; (what, count) for each limit the run hit."""
+    hits = []
+    for name, key, what in (("memory.events", "oom_kill", "the memory limit killed a process"),
+                            ("memory.events", "max", "the memory limit was reached"),
+                            ("pids.events", "max", "the pids limit refused a fork")):
+        for line in files.get(name, "").splitlines():
+            k, _, v = line.partition(" ")
+            if k == key and v.strip().isdigit() and int(v) > 0:
+                hits.append((what, int(v)))
+    return hits
+
+
+def read_events(path: str | None) -> list[tuple[str, int]]:
+    """The scope's event counters, while it still exists (blocking: a thread)."""
+    if path is None:
+        return []
+    files = {}
+    for name in ("memory.events", "pids.events"):
+        with contextlib.suppress(OSError):
+            files[name] = Path(path, name).read_text()
+    return limit_events(files)
 
 
 @dataclass(frozen=True)
@@ -97,6 +124,49 @@ def unit_properties(pid: int, spec: RunSpec, sid: str) -> list[tuple[str, tuple[
     return props
 
 
+def place_in_own_subtree(sid: str, pid: int, spec: RunSpec, why: str) -> Placement:
+    """Without a user manager: a child boxy-<id> of boxyd's own cgroup, when that
+    cgroup is delegated to us (ours and writable); its limits where the parent
+    enables the controller. Else no placement, and WHY (blocking: a thread)."""
+    rel = _cgroup_of(os.getpid())
+    if rel is None or rel == "/":
+        return Placement(reason=f"{why}; boxyd's own cgroup is the root, not delegated")
+    parent, _ = _cgroup_dir(rel)
+    if parent is None:
+        return Placement(reason=f"{why}; no cgroup v2 hierarchy")
+    try:
+        st = os.stat(parent)
+        if st.st_uid != os.getuid() or not os.access(os.path.join(parent, "cgroup.procs"), os.W_OK):
+            return Placement(reason=f"{why}; boxyd's cgroup {parent} is not delegated to you")
+        child = os.path.join(parent, f"boxy-{sid}")
+        os.mkdir(child, 0o755)
+        enabled = frozenset(Path(parent, "cgroup.subtree_control").read_text().split())
+        for controller, name, value in (("memory", "memory.max", str(spec.memory)),
+                                        ("pids", "pids.max", str(spec.pids)),
+                                        ("cpu", "cpu.max", f"{int((spec.cpus or 0) * 100_000)} 100000")):
+            if controller in enabled and (controller != "cpu" or spec.cpus is not None):
+                Path(child, name).write_text(value)
+        Path(child, "cgroup.procs").write_text(str(pid))
+    except OSError as e:
+        return Placement(reason=f"{why}; cannot use boxyd's cgroup {parent}: {e.strerror}")
+    controllers = frozenset(Path(child, "cgroup.controllers").read_text().split())
+    return Placement(f"boxy-{sid}", controllers, path=child)
+
+
+def remove_subtree(placement: Placement) -> bool:
+    """The child made by place_in_own_subtree, once it is empty (no user manager
+    collects it); True when there is nothing (more) to remove."""
+    if placement.path is None or not placement.unit or placement.unit.endswith(".scope"):
+        return True
+    try:
+        os.rmdir(placement.path)
+    except FileNotFoundError:
+        return True
+    except OSError:  # EBUSY: not empty yet
+        return False
+    return True
+
+
 def _cgroup_of(pid: int) -> str | None:
     try:
         text = Path(f"/proc/{pid}/cgroup").read_text()
@@ -105,19 +175,21 @@ def _cgroup_of(pid: int) -> str | None:
     return next((ln[3:] for ln in text.splitlines() if ln.startswith("0::")), None)
 
 
-def _controllers(rel: str) -> frozenset[str]:
+def _cgroup_dir(rel: str) -> tuple[str | None, frozenset[str]]:
+    """The directory of REL in the v2 hierarchy, and its controllers."""
     from boxyd.doctor import cgroup_mounts
 
     for kind, mount, root in cgroup_mounts():
         if kind != "cgroup2":
             continue
         sub = rel[len(root):] if root != "/" and rel.startswith(root) else rel
+        path = os.path.join(mount, sub.lstrip("/"))
         try:
-            with open(os.path.join(mount, sub.lstrip("/"), "cgroup.controllers")) as f:
-                return frozenset(f.read().split())
+            with open(os.path.join(path, "cgroup.controllers")) as f:
+                return path, frozenset(f.read().split())
         except OSError:
             continue
-    return frozenset()
+    return None, frozenset()
 
 
 class Scopes:
@@ -129,7 +201,8 @@ class Scopes:
 
     async def place(self, sid: str, pid: int, spec: RunSpec) -> Placement:
         if self.bus is None:
-            return Placement(reason="no session bus to reach a user manager")
+            return await asyncio.to_thread(place_in_own_subtree, sid, pid, spec,
+                                           "no session bus to reach a user manager")
         from dbus_fast import Message, MessageType, Variant
 
         unit = f"boxy-{sid}.scope"
@@ -140,15 +213,18 @@ class Scopes:
                 member="StartTransientUnit", signature="ssa(sv)a(sa(sv))",
                 body=[unit, "fail", props, []])), PLACE_TIMEOUT)
         except (TimeoutError, OSError, Exception) as e:  # the bus is boxyd's; the run goes on
-            return Placement(reason=f"the user manager did not answer ({type(e).__name__})")
+            return await asyncio.to_thread(place_in_own_subtree, sid, pid, spec,
+                                           f"the user manager did not answer ({type(e).__name__})")
         if reply.message_type == MessageType.ERROR:
             detail = reply.body[0] if reply.body else reply.error_name
-            return Placement(reason=f"no scope: {detail}")
+            return await asyncio.to_thread(place_in_own_subtree, sid, pid, spec,
+                                           f"no scope from the user manager: {detail}")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + PLACE_TIMEOUT
         while loop.time() < deadline:  # the job moves the process: wait to see it there
             rel = await asyncio.to_thread(_cgroup_of, pid)
             if rel is not None and rel.endswith("/" + unit):
-                return Placement(unit, await asyncio.to_thread(_controllers, rel))
+                path, controllers = await asyncio.to_thread(_cgroup_dir, rel)
+                return Placement(unit, controllers, path=path)
             await asyncio.sleep(0.01)
         return Placement(reason=f"{unit} was made but the run is not in it")

@@ -251,3 +251,69 @@ def test_malformed_input_gets_an_error_and_the_daemon_goes_on(boxy: Boxy, user: 
     for line in lines[:6]:
         assert "org.varlink.service.InvalidParameter" in line or "InvalidArgument" in line, line
     assert '"build"' in lines[-1]  # still answering
+
+
+def test_a_daemon_of_another_build_is_replaced_when_idle_and_kept_when_busy(
+        boxy: Boxy, user: User, workdir: Path) -> None:
+    """The client's build id is its installed sources' (boxy.buildid): touching one
+    makes the running daemon another build."""
+    source = BIN.parent.parent / "boxy" / "__init__.py"
+    st = source.stat()
+    r = ctl(user, "run", "-d", "-w", str(workdir), "--net", "none", "--", "sleep", "71")
+    assert r.returncode == 0, r.stderr
+    sid = r.stdout.decode().strip()
+    try:
+        os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        busy = boxy.run("--net", "none", "--", "true")
+        assert busy.returncode == 1
+        assert "boxyd is running another build" in busy.stderr.decode()
+        assert "has sessions; run `boxyctl daemon restart` when they finish" in busy.stderr.decode()
+        assert running_id(user, "sleep 71") == sid  # refused: nothing changed
+        ctl(user, "stop", "-k", sid)
+        idle = boxy.run("--net", "none", "--", "echo", "new-build")
+        assert idle.returncode == 0 and idle.stdout == b"new-build\n", idle.stderr
+        assert "replaced an idle boxyd of another build" in idle.stderr.decode()
+    finally:
+        os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns))
+        ctl(user, "stop", "-k", sid)
+
+
+def test_without_a_user_manager_a_delegated_cgroup_holds_each_run(boxy: Boxy, user: User,
+                                                                  workdir: Path) -> None:
+    """boxyd started inside a cgroup delegated to the user: each run in a child
+    boxy-<id> of it (the harness, as root, delegates it and moves the client there)."""
+    if os.getuid() != 0:
+        pytest.skip("delegating a cgroup to the test user needs root: run `make test` as root")
+    mount = next(ln.split()[4] for ln in Path("/proc/self/mountinfo").read_text().splitlines()
+                 if " - cgroup2 " in ln)
+    deleg = Path(mount) / f"boxyt-deleg-{user.uid}"
+    deleg.mkdir(exist_ok=True)
+    for p in (deleg, deleg / "cgroup.procs", deleg / "cgroup.subtree_control", deleg / "cgroup.threads"):
+        os.chown(p, user.uid, user.gid)
+    ctl(user, "daemon", "stop", "--force")
+    argv = user.cmd([str(BIN / "boxyctl"), "run", "-d", "-w", str(workdir), "--net", "none",
+                     "--", "sleep", "72"])
+    script = f'echo $$ > {deleg}/cgroup.procs && exec "$@"'
+    r = subprocess.run(["sh", "-c", script, "sh", *argv], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    sid = r.stdout.decode().strip()
+    try:
+        shown = ctl(user, "show", sid).stdout.decode()
+        assert f"(no memory controller in boxy-{sid})" in shown, shown
+        sleeper = subprocess.run(["pgrep", "-u", str(user.uid), "-x", "sleep"], capture_output=True,
+                                 text=True).stdout.split()
+        groups = [Path(f"/proc/{p}/cgroup").read_text() for p in sleeper]
+        assert any(f"/boxyt-deleg-{user.uid}/boxy-{sid}\n" in g for g in groups), groups
+    finally:
+        ctl(user, "stop", "-k", sid)
+        ctl(user, "daemon", "stop", "--force")
+        deadline = time.monotonic() + 10
+        while (deleg / f"boxy-{sid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not (deleg / f"boxy-{sid}").exists(), "the run's cgroup was left behind"
+        for _ in range(50):
+            try:
+                deleg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)

@@ -427,3 +427,15 @@ def test_the_scope_asks_for_every_limit() -> None:
     assert props["MemoryMax"] == ("t", 1 << 30) and props["TasksMax"] == ("t", 300)
     assert props["CPUQuotaPerSecUSec"] == ("t", 500_000)
     assert "CPUQuotaPerSecUSec" not in dict(unit_properties(42, RunSpec(argv=["x"], workdir="/"), "x"))
+
+
+def test_limit_events_counted_by_the_controllers() -> None:
+    from boxyd.daemon.scopes import limit_events
+
+    files = {"memory.events": "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\n",
+             "pids.events": "max 7\n"}
+    assert limit_events(files) == [("the memory limit killed a process", 1),
+                                   ("the memory limit was reached", 12),
+                                   ("the pids limit refused a fork", 7)]
+    assert limit_events({"memory.events": "max 0\noom_kill 0\n"}) == []
+    assert limit_events({}) == []  # no controller: nothing counted, nothing said

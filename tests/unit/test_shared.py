@@ -4,6 +4,7 @@ the IDL that agrees with both, and the import rules that keep it shared."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -148,3 +149,15 @@ def test_outcome_states_and_wire(reason: Reason, state: State) -> None:
     assert Outcome.from_wire(out.to_wire()) == out
     assert out.to_wire()["state"] == state.value
     assert not State.RUNNING.finished and not State.STARTING.finished
+
+
+def test_a_listing_carries_a_summary() -> None:
+    from boxy.outcome import Counters, SessionInfo
+
+    out = Outcome(1, Reason.EXIT, "m", findings=["f"] * 100, destinations="t" * 10_000)
+    info = SessionInfo("0123abcd", State.EXITED, ["x" * 2_000_000, "y"], "/w", None, 1.0, 2.0, out,
+                       Counters(connections=3), limits=["l"])
+    brief = info.summary()
+    assert len(json.dumps(brief.to_wire())) < 4096
+    assert brief.argv == ["x" * 1024] and brief.outcome.exit_status == 1
+    assert brief.outcome.findings == [] and brief.limits == [] and brief.counters.connections == 3

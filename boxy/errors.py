@@ -88,6 +88,25 @@ class BuildMismatch(DaemonError):
         return cls(str(params.get("daemon_build", "")), str(params.get("client_build", "")))
 
 
+class SecretsNeeded(UsageError):
+    """The profile passes secrets by name (env_secrets) that the client did not send:
+    it sends them from its environment and asks again. Names only, never a value."""
+
+    def __init__(self, names: list[str], profile: str) -> None:
+        super().__init__(f"profile {profile}: env_secrets {', '.join(names)}: boxyctl passes "
+                         "them from its environment")
+        self.names, self.profile = names, profile
+
+    def parameters(self) -> dict[str, Any]:
+        return {"message": str(self), "names": self.names, "profile": self.profile}
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, Any]) -> BoxyError:
+        names = params.get("names")
+        return cls([str(n) for n in names] if isinstance(names, list) else [],
+                   str(params.get("profile", "")))
+
+
 class InternalError(BoxyError):
     """A bug in boxyd; the message says so and points at its log."""
 
@@ -95,6 +114,7 @@ class InternalError(BoxyError):
 # The table. The most specific class wins (ProfileError before UsageError); a
 # BoxyError not listed is sent as the nearest listed base.
 ERRORS: tuple[tuple[type[BoxyError], str], ...] = (
+    (SecretsNeeded, "SecretsNeeded"),
     (ProfileError, "InvalidProfile"),
     (UsageError, "InvalidArgument"),
     (SetupError, "SetupFailed"),

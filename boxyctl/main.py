@@ -12,7 +12,7 @@ import sys
 
 from boxy import INTERFACE as IFACE
 from boxy import VERSION
-from boxy.errors import BoxyError, BuildMismatch, Busy, DaemonError
+from boxy.errors import BoxyError, BuildMismatch, Busy, DaemonError, SecretsNeeded, UsageError
 
 
 def _prog() -> str:
@@ -140,10 +140,14 @@ def run(args: dict) -> int:
 
     request = args["request"]
     request.build = build_id()
-    for attempt in (1, 2):
+    for attempt in (1, 2, 3):
         client = connect()
         try:
             return _run_once(client, request)
+        except SecretsNeeded as e:  # the profile's env_secrets: ours to send, by name
+            if attempt == 3 or not e.names:
+                raise
+            _add_secrets(request, e)
         except BuildMismatch as e:
             if attempt == 2:
                 raise
@@ -158,6 +162,19 @@ def run(args: dict) -> int:
         finally:
             client.close()
     return 1
+
+
+def _add_secrets(request, e) -> None:
+    from boxy.request import Secret
+
+    have = {s.name for s in request.options.secret}
+    for name in e.names:
+        if name in have:
+            continue
+        if name not in os.environ:
+            raise UsageError(f"profile {e.profile}: env_secrets {name}: not set in your "
+                             "environment (the profile passes it into the sandbox as a secret)")
+        request.options.secret.append(Secret(name, os.environ[name]))
 
 
 ANSWER_WAIT = 5.0  # seconds after a forwarded signal before asking whether boxyd answers

@@ -165,6 +165,7 @@ def build(spec: RunSpec, *, seccomp_bpf: bytes, protections: dict[str, list], ct
         LandlockRule("/dev/shm", "rw"),
         LandlockRule("/tmp", "rw"),
         LandlockRule(home, "rw"),
+        *(LandlockRule(p, "rw") for p in spec.tmpfs),
         *u_rules,
     ]
     return Plan(
@@ -182,4 +183,5 @@ def build(spec: RunSpec, *, seccomp_bpf: bytes, protections: dict[str, list], ct
         nproc=spec.pids,
         net=spec.net,
         ctty=ctty,
+        tmpfs=list(spec.tmpfs),
     )

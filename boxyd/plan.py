@@ -119,6 +119,9 @@ class Plan:
     pty: dict[str, Any] | None = None
     ctty: bool = False  # stdio is a PTY that becomes the controlling terminal
     landlock_scopes: bool = True
+    # filesystem.tmpfs: empty writable directories at these paths, on the scratch
+    # tmpfs (so they count against --memory with $HOME and /tmp)
+    tmpfs: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from boxy.errors import ProfileError, UsageError
-from boxy.values import parse_duration, parse_host_spec, parse_size
+from boxy.values import parse_cidrs, parse_duration, parse_host_spec, parse_size
 from boxyd import caches
 from boxyd.envpolicy import check_name
 from boxyd.spec import CopyEntry, PathEntry
@@ -41,13 +41,17 @@ _TOP_KEYS = (
     "net",
     "allow_hosts",
     "allow_ports",
+    "allow_cidr",
+    "tailscale",
     "filesystem",
     "env",
     "env_pass",
+    "env_secrets",
     "limits",
     "seccomp",
+    "tty",
 )
-_FS_KEYS = ("ro", "rw", "mkdir", "protect", "reveal", "copy", "copy_ro")
+_FS_KEYS = ("ro", "rw", "mkdir", "protect", "reveal", "copy", "copy_ro", "tmpfs")
 _LIMIT_KEYS = ("memory", "pids", "cpus", "timeout")
 _PRESET_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")
 _TEMPLATE_RE = re.compile(r"\{([^{}]*)\}")
@@ -62,6 +66,8 @@ class Profile:
     net: str | None = None
     allow_hosts: list[str] = field(default_factory=list)  # may hold HOST_TEMPLATES
     allow_ports: list[int] = field(default_factory=list)
+    allow_cidrs: list[str] = field(default_factory=list)  # ranges whose denial is lifted
+    tailscale: bool | None = None
     ro: list[PathEntry] = field(default_factory=list)
     rw: list[PathEntry] = field(default_factory=list)
     mkdir: list[PathEntry] = field(default_factory=list)
@@ -71,6 +77,10 @@ class Profile:
     copy_ro: list[CopyEntry] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     env_pass: list[str] = field(default_factory=list)
+    # passed from boxyctl's environment as --secret NAME is (never logged)
+    env_secrets: list[str] = field(default_factory=list)
+    tmpfs: list[str] = field(default_factory=list)  # absolute paths inside: a fresh tmpfs each
+    tty: bool | None = None
     memory: int | None = None
     pids: int | None = None
     cpus: float | None = None
@@ -341,6 +351,20 @@ class _Checker:
                 raise ProfileError(f"profile {self.label}: key {e}") from None
         raise self.fail(key, "expected a duration such as 10m or 1h30m")
 
+    def cidrs(self, key: str, value: Any) -> list[str]:
+        text = self.string(key, value, "expected an address range such as 192.168.4.0/24")
+        try:
+            return parse_cidrs(text, what=key)
+        except UsageError as e:
+            raise ProfileError(f"profile {self.label}: key {e}") from None
+
+    def tmpfs_path(self, key: str, value: Any) -> str:
+        """An absolute path inside the sandbox, templates expanded, not / or a system tree."""
+        text = os.path.normpath(self.expand(key, self.string(key, value, "expected a path")))
+        if not text.startswith("/") or text == "/":
+            raise self.fail(key, "expected an absolute path inside the sandbox (not /)")
+        return text
+
     def positive_int(self, key: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise self.fail(key, "expected a positive whole number")
@@ -366,6 +390,11 @@ def _build(name: str, label: str, doc: Mapping[str, Any], context: Mapping[str, 
         p.allow_hosts.append(c.host(f"allow_hosts[{i}]", v))
     for i, v in enumerate(c.list_of("allow_ports", doc.get("allow_ports", []))):
         p.allow_ports.append(c.port(f"allow_ports[{i}]", v))
+    for i, v in enumerate(c.list_of("allow_cidr", doc.get("allow_cidr", []))):
+        p.allow_cidrs += c.cidrs(f"allow_cidr[{i}]", v)
+    for key in ("tailscale", "tty"):
+        if key in doc:
+            setattr(p, key, c.boolean(key, doc[key]))
     fs = doc.get("filesystem", {})
     if not isinstance(fs, dict):
         raise c.fail("filesystem", f"expected a mapping with keys {', '.join(_FS_KEYS)}")
@@ -376,6 +405,8 @@ def _build(name: str, label: str, doc: Mapping[str, Any], context: Mapping[str, 
     for kind in ("copy", "copy_ro"):
         for i, v in enumerate(c.list_of(f"filesystem.{kind}", fs.get(kind, []))):
             getattr(p, kind).append(c.copy_entry(f"filesystem.{kind}[{i}]", v))
+    for i, v in enumerate(c.list_of("filesystem.tmpfs", fs.get("tmpfs", []))):
+        p.tmpfs.append(c.tmpfs_path(f"filesystem.tmpfs[{i}]", v))
     env = doc.get("env", {})
     if not isinstance(env, dict):
         raise c.fail("env", "expected a mapping of NAME: VALUE")
@@ -398,12 +429,14 @@ def _build(name: str, label: str, doc: Mapping[str, Any], context: Mapping[str, 
         # path templates now; the registry's (ENV_TEMPLATES) when the run resolves them
         p.env[k] = _TEMPLATE_RE.sub(
             lambda m: c.values[m.group(1)] if m.group(1) in PATH_TEMPLATES else m.group(0), value)
-    for i, v in enumerate(c.list_of("env_pass", doc.get("env_pass", []))):
-        key = f"env_pass[{i}]"
-        try:
-            p.env_pass.append(check_name(c.string(key, v, "expected a variable name"), what=key))
-        except UsageError as e:
-            raise ProfileError(f"profile {label}: key {e}") from None
+    for list_key in ("env_pass", "env_secrets"):
+        for i, v in enumerate(c.list_of(list_key, doc.get(list_key, []))):
+            key = f"{list_key}[{i}]"
+            try:
+                name = check_name(c.string(key, v, "expected a variable name"), what=key)
+            except UsageError as e:
+                raise ProfileError(f"profile {label}: key {e}") from None
+            getattr(p, list_key).append(name)
     limits = doc.get("limits", {})
     if not isinstance(limits, dict):
         raise c.fail("limits", f"expected a mapping with keys {', '.join(_LIMIT_KEYS)}")
@@ -423,14 +456,16 @@ def _merge(base: Profile, child: Profile) -> Profile:
     """child extends base: lists concatenate (base first), scalars and env keys override."""
     out = Profile(name=child.name, source=child.source)
     out.description = child.description or base.description
-    for attr in ("net", "memory", "pids", "cpus", "timeout", "seccomp"):
+    for attr in ("net", "memory", "pids", "cpus", "timeout", "seccomp", "tailscale", "tty"):
         child_value = getattr(child, attr)
         setattr(out, attr, child_value if child_value is not None else getattr(base, attr))
     for attr in ("allow_hosts", "allow_ports", "ro", "rw", "mkdir", "protect", "reveal", "copy",
                  "copy_ro"):
         setattr(out, attr, getattr(base, attr) + getattr(child, attr))
     out.env = {**base.env, **child.env}
-    out.env_pass = base.env_pass + [n for n in child.env_pass if n not in base.env_pass]
+    for attr in ("env_pass", "env_secrets", "allow_cidrs", "tmpfs"):  # lists without repeats
+        got = getattr(base, attr)
+        setattr(out, attr, got + [n for n in getattr(child, attr) if n not in got])
     return out
 
 

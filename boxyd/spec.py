@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from boxy.errors import BoxyError, ProfileError, UsageError
+from boxy.errors import BoxyError, ProfileError, SecretsNeeded, UsageError
 from boxy.request import RunOptions, RunRequest
 
 
@@ -46,6 +46,7 @@ class RunSpec:
     protect: list[PathEntry] = field(default_factory=list)
     reveal: list[str] = field(default_factory=list)  # credentials in the tree shown as they are
     mkdir: list[PathEntry] = field(default_factory=list)
+    tmpfs: list[str] = field(default_factory=list)  # fresh writable dirs inside (profile)
     copy: list[CopyEntry] = field(default_factory=list)
     copy_ro: list[CopyEntry] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # the payload's final environment
@@ -187,8 +188,16 @@ def build_spec(
         if not 1 <= port <= 65535:
             raise UsageError(f"--allow-port: {port!r} is not a port number (1–65535)")
     spec.allow_ports = _dedupe(prof.allow_ports + ports)
-    spec.allow_cidrs = _dedupe([n for c in o.allow_cidr for n in values.parse_cidrs(c)])
+    flag_cidrs = [n for c in o.allow_cidr for n in values.parse_cidrs(c)]
     spec.tailscale = o.tailscale
+    if spec.net == "none":  # the profile's network settings have nothing to apply to
+        spec.allow_cidrs = flag_cidrs
+        for key, given in (("allow_cidr", prof.allow_cidrs), ("tailscale", prof.tailscale)):
+            if given:
+                notes.append(f"profile {src}: {key} not used with --net none")
+    else:
+        spec.allow_cidrs = _dedupe(prof.allow_cidrs + flag_cidrs)
+        spec.tailscale = o.tailscale or bool(prof.tailscale)
     if spec.net == "public" and ports:
         raise UsageError("--allow-port: cannot be combined with --net public (public mode allows "
                          "every port; the list applies to --net allowlist)")
@@ -263,7 +272,13 @@ def build_spec(
             entry
         )
 
+    spec.tmpfs = _check_tmpfs(prof, trees, home)
+
     # --- environment ---
+    sent = {secret.name for secret in o.secret}
+    missing = [n for n in prof.env_secrets if n not in sent]
+    if missing:  # the client holds them: it sends them and asks again
+        raise SecretsNeeded(missing, src)
     requested: list[tuple[str, str | None]] = []
     for item in o.env:
         if item.value is None:
@@ -312,12 +327,29 @@ def build_spec(
     if pcap_max is not None and spec.pcap is None:
         raise UsageError("--pcap-max: needs --pcap")
     spec.pcap_max = pcap_max or DEFAULT_PCAP_MAX
-    spec.tty, spec.verbose = o.tty, o.verbose
+    spec.tty, spec.verbose = o.tty or bool(prof.tty), o.verbose
     spec.detach, spec.allow_git_write = o.detach, o.allow_git_write
     if spec.detach and spec.tty:
         raise UsageError("--tty: cannot be combined with -d (a detached session has its own "
                          "terminal; `boxyctl attach` takes it over)")
     return spec
+
+
+def _check_tmpfs(prof: Any, trees: list[str], home: str) -> list[str]:
+    """filesystem.tmpfs: each path on the sandbox's own tmpfs, never on a tree that
+    is bound in (an exposed path, the system's read-only trees, /proc, /dev)."""
+    out: list[str] = []
+    for path in prof.tmpfs:
+        label = f"profile {prof.source}: filesystem.tmpfs {path}"
+        if path in (home, "/tmp", "/dev/shm"):
+            raise ProfileError(f"{label}: already a fresh tmpfs")
+        for tree in (*READ_ONLY_TREES, *trees):
+            if _contains(tree, path) or _contains(path, tree):
+                raise ProfileError(f"{label}: overlaps {tree}, which is bound in; a tmpfs goes "
+                                   "on the sandbox's own filesystem (under $HOME, /tmp, /opt …)")
+        if path not in out:
+            out.append(path)
+    return out
 
 
 def _err(from_profile: bool, message: str) -> UsageError:

@@ -58,6 +58,9 @@ def scratch(plan: Plan) -> None:
     os.mkdir(SCRATCH + "/masks", 0o700)  # credentials' stand-ins: seen only where grafted
     _bind_scratch("home", plan.home)
     _bind_scratch("tmp", "/tmp")
+    for i, dst in enumerate(plan.tmpfs):  # the profile's filesystem.tmpfs
+        os.mkdir(f"{SCRATCH}/tmpfs{i}", 0o700)
+        _bind_scratch(f"tmpfs{i}", dst)
 
 
 def _graft(src_fd: int, target_fd: int, attrs: int | None, step: str, path: str) -> None:

@@ -53,3 +53,28 @@ def test_a_secret_reaches_the_payload_and_nothing_else(netboxy: NetBoxy, net) ->
     assert places["audit log"] and places["net log"]  # really written
     leaked = [where for where, data in places.items() if SECRET.encode() in data]
     assert not leaked, f"ESCAPED: the secret is in {leaked}"
+
+
+def test_a_profile_passes_secrets_by_name_and_makes_its_tmpfs(netboxy: NetBoxy, net) -> None:
+    """env_secrets: boxyctl learns the names from boxyd (SecretsNeeded) and sends the
+    values from its own environment; filesystem.tmpfs: an empty writable directory."""
+    profile = netboxy.workdir / "secretive.yaml"
+    profile.write_text("net: allowlist\nallow_hosts: [www.boxy.test]\nenv_secrets: [BOXY_TEST_TOKEN]\n"
+                       "filesystem: {tmpfs: [/opt/scratch]}\n")
+    netboxy.user.chown(profile)
+    probe = PROBE + ("print('TMPFS', os.listdir('/opt/scratch'))\n"
+                     "open('/opt/scratch/x', 'w').write('w')\nprint('WROTE', os.listdir('/opt/scratch'))\n")
+    r = netboxy.run("-p", str(profile), "--audit-log", "audit.jsonl", "-v",
+                    cmd=["python3", "-c", probe], extra_env={"BOXY_TEST_TOKEN": SECRET})
+    assert r.returncode == 0, r.stderr
+    assert f"HASH {hashlib.sha256(SECRET.encode()).hexdigest()}".encode() in r.stdout
+    assert b"TMPFS []" in r.stdout and b"WROTE ['x']" in r.stdout
+    env = netboxy.env()
+    places = {"client output": r.stdout + r.stderr,
+              "audit log": (netboxy.workdir / "audit.jsonl").read_bytes(),
+              "state": _everything_under(Path(env["XDG_STATE_HOME"]))}
+    leaked = [where for where, data in places.items() if SECRET.encode() in data]
+    assert not leaked, f"ESCAPED: the secret is in {leaked}"
+    missing = netboxy.run("-p", str(profile), cmd=["true"])  # not in boxyctl's environment
+    assert missing.returncode == 2
+    assert b"env_secrets BOXY_TEST_TOKEN: not set in your environment" in missing.stderr

@@ -166,7 +166,8 @@ def error(tmp_path, text):
 def test_unknown_top_key(tmp_path):
     assert error(tmp_path, "filesytem: {}\n") == (
         "unknown key 'filesytem' (expected one of: description, extends, net, allow_hosts, "
-        "allow_ports, filesystem, env, env_pass, limits, seccomp)"
+        "allow_ports, allow_cidr, tailscale, filesystem, env, env_pass, env_secrets, limits, "
+        "seccomp, tty)"
     )
 
 
@@ -359,3 +360,32 @@ def test_a_fifo_or_a_non_profile_is_refused(tmp_path):
         load_profile(str(fifo), context=CTX)
     with pytest.raises(ProfileError, match="expected a mapping"):
         load_profile("/etc/passwd", context=CTX)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("allow_cidr: 10.1.0.0/16", "key allow_cidr: expected a list"),
+    ("allow_cidr: [7]", "key allow_cidr[0]: expected an address range such as 192.168.4.0/24"),
+    ("allow_cidr: [0.0.0.0/0]", "would permit every address"),
+    ("allow_cidr: [10.0.2.0/24]", "overlaps the sandbox's own network"),
+    ("tailscale: yes please", "key tailscale: expected true or false"),
+    ("tty: 1", "key tty: expected true or false"),
+    ("env_secrets: TOKEN", "key env_secrets: expected a list"),
+    ("env_secrets: [1BAD]", "env_secrets[0]"),
+    ("filesystem: {tmpfs: [relative/dir]}", "key filesystem.tmpfs[0]: 'relative/dir' is not an absolute path"),
+    ("filesystem: {tmpfs: [7]}", "key filesystem.tmpfs[0]: expected a path"),
+    ("filesystem: {tmpfs: ['{nope}']}", "key filesystem.tmpfs[0]: unknown template {nope}"),
+])  # fmt: skip
+def test_new_keys_refused_with_one_line(tmp_path, text, message):
+    assert message in error(tmp_path, text + "\n")
+
+
+def test_new_keys_read_and_merged(tmp_path):
+    base = write(tmp_path, "allow_cidr: [192.168.4.0/24]\nenv_secrets: [A]\ntailscale: true\n"
+                           "filesystem: {tmpfs: ['{home}/.cache/x']}\n", name="base.yaml")
+    child = write(tmp_path, f"extends: {base}\nallow_cidr: ['192.168.4.0/24,fd12::/48']\n"
+                            "env_secrets: [A, B]\ntty: true\nfilesystem: {tmpfs: [/opt/scratch]}\n",
+                  name="child.yaml")
+    p = load_profile(child, context=CTX)
+    assert p.allow_cidrs == ["192.168.4.0/24", "fd12::/48"]
+    assert p.env_secrets == ["A", "B"] and p.tailscale is True and p.tty is True
+    assert p.tmpfs == [CTX["home"] + "/.cache/x", "/opt/scratch"]

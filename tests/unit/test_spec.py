@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from boxy.errors import ProfileError, UsageError
+from boxy.errors import ProfileError, SecretsNeeded, UsageError
 from boxy.request import RunRequest
 from boxyctl.cli import parse
 from boxyd.spec import CopyEntry, PathEntry, build_spec
@@ -400,3 +400,40 @@ def test_net_log_with_the_offline_profile_is_refused(fs):
     # the profile, not a flag, made it --net none: the daemon refuses what the client could not
     with pytest.raises(UsageError, match="--net-log: cannot be combined with --net none"):
         build(fs, profile="offline", net_log=fs["wd"] + "/n.json")
+
+
+def test_profile_network_keys_tty_and_tmpfs(fs):
+    prof = profile_file(fs, "net: allowlist\nallow_hosts: [example.org]\n"
+                            "allow_cidr: [192.168.4.0/24]\ntailscale: true\ntty: true\n"
+                            "filesystem: {tmpfs: ['{home}/.cache/tool', /opt/scratch]}\n")
+    spec = build(fs, profile=prof, allow_cidr=["10.9.0.0/16"])
+    assert spec.allow_cidrs == ["192.168.4.0/24", "10.9.0.0/16"]
+    assert spec.tailscale and spec.tty
+    assert spec.tmpfs == [fs["home"] + "/.cache/tool", "/opt/scratch"]
+    offline = build(fs, profile=prof, net="none")  # nothing to apply them to: said, not used
+    assert offline.allow_cidrs == [] and not offline.tailscale
+    assert f"profile {prof}: allow_cidr not used with --net none" in offline.notes
+
+
+@pytest.mark.parametrize("path, message", [
+    ("/usr/local/x", "overlaps /usr, which is bound in"),
+    ("{workdir}/build", "overlaps {wd}, which is bound in"),
+    ("/", "not /"),
+    ("/tmp", "already a fresh tmpfs"),
+    ("{home}", "already a fresh tmpfs"),
+])  # fmt: skip
+def test_profile_tmpfs_refused(fs, path, message):
+    prof = profile_file(fs, f"filesystem: {{tmpfs: ['{path}']}}\n")
+    with pytest.raises(ProfileError) as e:
+        build(fs, profile=prof)
+    assert message.format(wd=fs["wd"]) in str(e.value)
+
+
+def test_profile_secrets_are_asked_of_the_client_by_name(fs):
+    prof = profile_file(fs, "env_secrets: [API_TOKEN, OTHER]\n")
+    with pytest.raises(SecretsNeeded) as e:
+        build(fs, profile=prof, secret=[{"name": "OTHER", "value": "s3cr3t-other"}])
+    assert e.value.names == ["API_TOKEN"] and "s3cr3t" not in str(e.value)
+    spec = build(fs, profile=prof, secret=[{"name": "API_TOKEN", "value": "s3cr3t-tok"},
+                                           {"name": "OTHER", "value": "s3cr3t-other"}])
+    assert spec.env["API_TOKEN"] == "s3cr3t-tok" and spec.env["OTHER"] == "s3cr3t-other"

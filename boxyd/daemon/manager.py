@@ -51,6 +51,7 @@ class Manager:
         self._grace = grace
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._closing = False
+        self._begun: dict[str, asyncio.Future[None]] = {}  # start records being written
 
     def start_launcher(self) -> None:
         self.launcher.start()
@@ -155,13 +156,18 @@ class Manager:
                 return sid
 
     async def _begin(self, s: Session) -> None:
-        """A record while it runs: `ps -a` after a crash of boxyd still lists it."""
+        """A record while it runs: `ps -a` after a crash of boxyd still lists it.
+        Written meanwhile (not on the start-up path); the final one waits for it."""
         if self.records is not None:
-            await asyncio.to_thread(self.records.begin, s)
+            self._begun[s.id] = asyncio.get_running_loop().run_in_executor(
+                None, self.records.begin, s)
 
     async def _finished(self, s: Session) -> None:
         """The session has its outcome: its record is written before anyone hears it."""
         self.events.publish("session-ended", id=s.id)
+        begun = self._begun.pop(s.id, None)
+        if begun is not None:
+            await begun
         if self.records is not None:
             await asyncio.to_thread(self.records.write, s)
             asyncio.get_running_loop().run_in_executor(None, self.records.prune)

@@ -198,11 +198,11 @@ class Scopes:
 
     def __init__(self) -> None:
         self.bus: MessageBus | None = None
+        self._own: str | None = None  # why boxyd's own cgroup cannot hold runs, once known
 
     async def place(self, sid: str, pid: int, spec: RunSpec) -> Placement:
         if self.bus is None:
-            return await asyncio.to_thread(place_in_own_subtree, sid, pid, spec,
-                                           "no session bus to reach a user manager")
+            return await self._in_own_subtree(sid, pid, spec, "no session bus to reach a user manager")
         from dbus_fast import Message, MessageType, Variant
 
         unit = f"boxy-{sid}.scope"
@@ -213,12 +213,12 @@ class Scopes:
                 member="StartTransientUnit", signature="ssa(sv)a(sa(sv))",
                 body=[unit, "fail", props, []])), PLACE_TIMEOUT)
         except (TimeoutError, OSError, Exception) as e:  # the bus is boxyd's; the run goes on
-            return await asyncio.to_thread(place_in_own_subtree, sid, pid, spec,
-                                           f"the user manager did not answer ({type(e).__name__})")
+            return await self._in_own_subtree(sid, pid, spec, "the user manager did not answer "
+                                              f"({type(e).__name__})")
         if reply.message_type == MessageType.ERROR:
             detail = reply.body[0] if reply.body else reply.error_name
-            return await asyncio.to_thread(place_in_own_subtree, sid, pid, spec,
-                                           f"no scope from the user manager: {detail}")
+            return await self._in_own_subtree(sid, pid, spec,
+                                              f"no scope from the user manager: {detail}")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + PLACE_TIMEOUT
         while loop.time() < deadline:  # the job moves the process: wait to see it there
@@ -228,3 +228,14 @@ class Scopes:
                 return Placement(unit, controllers, path=path)
             await asyncio.sleep(0.01)
         return Placement(reason=f"{unit} was made but the run is not in it")
+
+    async def _in_own_subtree(self, sid: str, pid: int, spec: RunSpec, why: str) -> Placement:
+        """boxyd's cgroup does not move: once it is known not to be delegated, every
+        later run is told so at once, with no thread and no file read."""
+        if self._own is not None:
+            return Placement(reason=f"{why}; {self._own}")
+        rel = await asyncio.to_thread(_cgroup_of, os.getpid())
+        if rel is None or rel == "/":
+            self._own = "boxyd's own cgroup is the root, not delegated"
+            return Placement(reason=f"{why}; {self._own}")
+        return await asyncio.to_thread(place_in_own_subtree, sid, pid, spec, why)

@@ -90,10 +90,13 @@ class VarlinkService:
         session = await self.manager.start(request, fds)
         if request.options.detach:  # the id once it runs, and the session is on its own
             events = session.subscribe(("started",))
-            async for ev in events:
-                await call.reply({"id": session.id, "state": "running",
-                                  "warnings": ev.fields["warnings"]})
-                return
+            try:
+                async for ev in events:
+                    await call.reply({"id": session.id, "state": "running",
+                                      "warnings": ev.fields["warnings"]})
+                    return
+            finally:
+                events.close()
             await call.reply({"id": session.id, **(await session.wait()).to_wire()})
             return
         await self._follow(call, session, session.subscribe(FOLLOW_EVENTS))
@@ -142,8 +145,10 @@ class VarlinkService:
         if not call.more:
             raise UsageError("Watch: streams its replies; call it with more")
         sid = call.parameters.get("id")
+        if sid is not None and not isinstance(sid, str):
+            raise UsageError("Watch: id: expected a session id")
         try:
-            session = self.manager.watched(sid if isinstance(sid, str) else None)
+            session = self.manager.watched(sid)
         except NoSuchSession:  # finished and forgotten: its record, and the end at once
             await call.reply({"session": (await self.manager.info(str(sid))).to_wire()})
             return

@@ -63,6 +63,7 @@ class Session:
         # hung up; a detached one (-d, Ctrl-]) lives on
         self.attached = not request.options.detach
         self._counters: Counters | None = None  # set at the end
+        self._launched = False  # sandbox.start() has returned: signals reach stage 2
 
     @property
     def spec(self) -> RunSpec:
@@ -109,6 +110,9 @@ class Session:
             return
         if self.state is State.STARTING:
             self._stop = signal.SIGKILL
+            if self._launched:  # stage 2 is there: it ends the run wherever it is
+                assert self.sandbox is not None
+                self.sandbox.signal(signal.SIGKILL)
             return
         assert self.sandbox is not None
         if kill:
@@ -229,6 +233,7 @@ class Session:
         except Exception as e:  # a bug, not the user's doing: still one line
             log.exception("session %s: setup failed", self.id)
             return Outcome(EXIT_SETUP, Reason.SETUP, _internal(e))
+        self._launched = True
         if self._stop is not None:
             sandbox.signal(self._stop)
         timer = None

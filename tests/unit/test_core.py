@@ -25,7 +25,8 @@ class FakeSandbox:
     """A payload that runs until a signal it does not ignore, or until told to exit."""
 
     def __init__(self, sink: Sink, *, fail: Exception | None = None, ignore: tuple[int, ...] = (),
-                 exit_code: int | None = None, timeout: float | None = None) -> None:
+                 exit_code: int | None = None, timeout: float | None = None,
+                 hold: bool = False) -> None:
         self.spec = RunSpec(argv=["true"], workdir="/w", timeout=timeout)
         self.sink = sink
         self.fail = fail
@@ -33,6 +34,7 @@ class FakeSandbox:
         self.signals: list[int] = []
         self.closed = False
         self.finished = False
+        self.hold = hold  # the payload has not started until the test says so
         self._events: asyncio.Queue[SandboxEvent] = asyncio.Queue()
         if exit_code is not None:
             self._events.put_nowait(Exit(code=exit_code))
@@ -42,7 +44,8 @@ class FakeSandbox:
         if self.fail is not None:
             raise self.fail
         self.sink.record("test", what="started")
-        self._events.put_nowait(Started())
+        if not self.hold:
+            self._events.put_nowait(Started())
         return ["a warning"]
 
     async def events(self) -> AsyncIterator[SandboxEvent]:
@@ -439,3 +442,18 @@ def test_limit_events_counted_by_the_controllers() -> None:
                                    ("the pids limit refused a fork", 7)]
     assert limit_events({"memory.events": "max 0\noom_kill 0\n"}) == []
     assert limit_events({}) == []  # no controller: nothing counted, nothing said
+
+
+async def test_a_stop_after_launch_but_before_the_payload_runs_reaches_stage_2() -> None:
+    m = Manager(FakeLauncher(hold=True))
+    s = await m.start(request(), [])
+    sb = None
+    for _ in range(100):  # launched: start() has returned, the payload not started
+        if s._launched:
+            sb = m.launcher.made[0]
+            break
+        await asyncio.sleep(0)
+    assert sb is not None and s.state is State.STARTING
+    s.stop()
+    out = await asyncio.wait_for(s.wait(), 2)
+    assert signal.SIGKILL in sb.signals and out.state is State.KILLED

@@ -37,6 +37,7 @@ BUS_NAME = "dev.boxy.Daemon"
 MANAGER_PATH = "/dev/boxy/Manager"
 MANAGER_INTERFACE = "dev.boxy.Manager1"
 CONNECT_TIMEOUT = 5.0
+MAX_QUEUED = 1024  # messages waiting in dbus-fast's writer before a follower waits
 
 
 def session_path(sid: str) -> str:
@@ -303,6 +304,10 @@ class DbusService:
     async def _follow_session(self, s: Session, iface: SessionInterface) -> None:
         last_counters: dict = {}
         async for ev in s.subscribe():
+            # dbus-fast queues what it cannot send yet without bound: wait for the bus,
+            # and let this follower's bounded queue lose (and count) the flood instead
+            while self.bus is not None and len(self.bus._writer.messages) > MAX_QUEUED:
+                await asyncio.sleep(0.01)
             iface.Event(ev.kind, event_fields(ev))
             if ev.kind in ("state", "exited"):
                 iface.emit_properties_changed({"State": s.state.value,

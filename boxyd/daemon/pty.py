@@ -128,8 +128,11 @@ class PtyRelay:
             self.resize(*self._pending_size)
         out_fd, self._out_fd = self._out_fd, None
         in_fd, self._in_fd = self._in_fd, None
+        with self._lock:  # the first client is in the slot before any output is read
+            self._next_out, self._out_gen, self._replay = out_fd, self._out_gen + 1, False
         self._start(self._pump_output, None, name="pty-out")
-        self.connect(in_fd, out_fd, replay=False)
+        if in_fd is not None:
+            self._in_wake = self._start(self._pump_input, in_fd, name="pty-in")
 
     def connect(self, in_fd: int | None, out_fd: int | None, *, replay: bool = True) -> None:
         """A (new) client: its output fd goes through the hand-over slot (REPLAY: the
@@ -139,10 +142,10 @@ class PtyRelay:
             _close(self._out_fd)
             self._in_fd, self._out_fd = in_fd, out_fd
             return
-        self.disconnect()
-        with self._lock:
-            self._next_out, self._out_gen = out_fd, self._out_gen + 1
-            self._replay = replay
+        self._stop_input()
+        with self._lock:  # one step: the output thread never sees a gap between clients
+            _close(self._next_out)
+            self._next_out, self._out_gen, self._replay = out_fd, self._out_gen + 1, replay
         self._swap()
         if in_fd is not None:
             self._in_wake = self._start(self._pump_input, in_fd, name="pty-in")
@@ -154,6 +157,10 @@ class PtyRelay:
             _close(self._next_out)
             self._next_out, self._out_gen = None, self._out_gen + 1
         self._swap()
+        self._stop_input()
+
+    def _stop_input(self) -> None:
+        """The current client's input thread ends (it closes its fd itself)."""
         if self._in_wake is not None:
             _close(self._in_wake)
             self._wakes.remove(self._in_wake)

@@ -53,6 +53,7 @@ demo: setup
 bench: venv
 	$(VENV)/bin/python bench/startup.py
 	$(VENV)/bin/python bench/relay.py
+	$(VENV)/bin/python bench/events.py
 	@if [ "$$(id -u)" = 0 ]; then $(VENV)/bin/python bench/net.py; \
 	 else echo "bench/net.py builds its test internet as root: sudo $(VENV)/bin/python bench/net.py"; fi
 

@@ -10,7 +10,7 @@ import ctypes
 import os
 import stat
 
-from boxyd.stage2.sys import check, errno_call, libc
+from boxyd.stage2.sys import check, errno_call, libc, syscall
 
 # x86_64 syscall numbers
 SYS_pivot_root = 155
@@ -44,6 +44,7 @@ MOUNT_ATTR_NODEV = 0x4
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_BENEATH = 0x08
+RESOLVE_IN_ROOT = 0x10
 
 libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
@@ -87,6 +88,16 @@ def openat2(dirfd: int, path: str, flags: int, step: str, *, beneath: bool = Tru
     the path is an error (ELOOP), which is what a swapped-in symlink must be."""
     how = _OpenHow(flags | os.O_CLOEXEC, 0, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | (RESOLVE_BENEATH if beneath else 0))
     return errno_call(step, path, SYS_openat2, ctypes.c_int(dirfd), _b(path), ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+
+
+def open_in_root(dirfd: int, path: str, flags: int) -> int:
+    """Open PATH inside the tree at DIRFD following symlinks as the host would, with
+    DIRFD as their root (RESOLVE_IN_ROOT: an absolute target is read from DIRFD, not
+    from our staging root). Magic links never. Returns -errno instead of raising."""
+    how = _OpenHow(flags | os.O_CLOEXEC, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+    fd = syscall(SYS_openat2, ctypes.c_int(dirfd), _b(path), ctypes.byref(how),
+                 ctypes.c_size_t(ctypes.sizeof(how)))
+    return fd if fd >= 0 else -ctypes.get_errno()
 
 
 def open_tree_clone(fd: int, step: str, path: str) -> int:

@@ -8,6 +8,7 @@ reachable under /oldroot only until ``enter`` detaches it.
 from __future__ import annotations
 
 import base64
+import errno
 import os
 
 from boxy.errors import SetupError
@@ -202,14 +203,16 @@ def _open_source(b: Bind) -> int | None:
             if b.optional and not os.path.lexists(f"{base_path}/{b.src}"):
                 return None
             return m.openat2(base, b.src, os.O_PATH, step)
-        try:
-            return os.open(b.src.lstrip("/"), os.O_PATH | os.O_CLOEXEC, dir_fd=base)
-        except FileNotFoundError:
+        # a host path the user named: its symlinks are followed as on the host (a
+        # profile's ~/.local/bin/claude lands on the versioned binary it points to)
+        fd = m.open_in_root(base, b.src.lstrip("/"), os.O_PATH)
+        if fd >= 0:
+            return fd
+        if -fd == errno.ENOENT:
             if b.optional:
                 return None
-            raise SetupError(f"{step}: {b.src}: no such file or directory") from None
-        except OSError as e:
-            raise SetupError(f"{step}: {b.src}: {e.strerror}") from None
+            raise SetupError(f"{step}: {b.src}: no such file or directory")
+        raise SetupError(f"{step}: {b.src}: {os.strerror(-fd)}")
     finally:
         os.close(base)
 

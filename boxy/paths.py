@@ -35,6 +35,14 @@ def state_dir() -> Path:
     return Path(base) / "boxy"
 
 
+def config_home(home: str | None = None) -> str:
+    """$XDG_CONFIG_HOME, or ~/.config (HOME's)."""
+    base = os.environ.get("XDG_CONFIG_HOME")
+    if not base or not os.path.isabs(base):
+        base = os.path.join(home or os.path.expanduser("~"), ".config")
+    return base
+
+
 def ensure_private_dir(path: Path) -> Path:
     """Create PATH (mode 0700) if needed and verify it: a directory, not a symlink,
     owned by us, with no access for group or others. A directory another user could

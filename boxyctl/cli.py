@@ -52,7 +52,7 @@ EXPOSURE_ENV_NAMES = (
 PUBLIC_PORTS = ("--allow-port: cannot be combined with --net public (public mode allows every "
                 "port; the list applies to --net allowlist)")
 COMMANDS = ("run", "ps", "show", "watch", "attach", "stop", "doctor", "profile", "daemon",
-            "cache", "setup", "completion")
+            "cache", "setup", "trust", "completion")
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -360,6 +360,8 @@ def _parse_with_argparse(argv: list[str], *, environ: dict[str, str], cwd: str,
         return Command("stop", {"id": _session_id(ns.id), "kill": ns.kill})
     if name == "completion":
         return Command("completion", {"shell": ns.shell})
+    if name == "trust":
+        return Command("trust", {"list": ns.list, "revoke": ns.revoke, "cwd": cwd})
     if name == "cache":
         if ns.action is None:
             raise UsageError("cache: missing action (list, clean [--all])")

@@ -102,6 +102,8 @@ def _main(argv: list[str] | None) -> int:
             return cache(cmd.args)
         if cmd.name == "setup":
             return setup()
+        if cmd.name == "trust":
+            return trust(cmd.args)
         if cmd.name == "completion":
             from boxyctl import completion
 
@@ -407,6 +409,39 @@ def _paint(lines: list[str]) -> None:
     """Home, clear, the board: one write, so a frame never shows half drawn."""
     sys.stdout.write("\x1b[H\x1b[J" + "\n".join(lines) + "\n")
     sys.stdout.flush()
+
+
+def trust(args: dict) -> int:
+    """`trust`: approve this directory's .boxy.yaml as it is now (printed: what is
+    approved is what you see); --list, --revoke. No daemon needed."""
+    import time
+
+    from boxy.paths import config_home
+    from boxyctl.sessions import clean
+    from boxyd import projectconfig
+
+    home = config_home(os.environ.get("HOME"))
+    if args["list"]:
+        for r in projectconfig.approvals(home):
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.get("approved_at", 0)))
+            print(f"{when}  {str(r.get('sha256', ''))[:12]}  {clean(r['workdir'])}")
+        return 0
+    if not args.get("cwd"):
+        raise UsageError("trust: the current directory was removed; cd to the project")
+    workdir = os.path.realpath(args["cwd"])
+    if args["revoke"]:
+        n = projectconfig.revoke(workdir, home)
+        say(f"revoked {n} approval{'s' if n != 1 else ''} for {workdir}")
+        return 0
+    cfg = projectconfig.read(workdir)
+    if cfg is None:
+        raise UsageError(f"trust: {workdir} has no {projectconfig.NAME}")
+    for line in cfg.content.decode(errors="replace").splitlines():
+        print(f"  {clean(line)}")
+    projectconfig.approve(cfg, home)
+    say(f"approved {cfg.path} as shown (sha256 {cfg.digest[:12]}); any change needs "
+        "`boxyctl trust` again")
+    return 0
 
 
 def setup() -> int:

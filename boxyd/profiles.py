@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from boxy.errors import ProfileError, UsageError
+from boxy.paths import config_home
 from boxy.values import parse_cidrs, parse_duration, parse_host_spec, parse_size
 from boxyd import caches
 from boxyd.envpolicy import check_name
@@ -117,10 +118,7 @@ def list_profiles() -> list[str]:
 
 def user_dir(home: str | None = None) -> str:
     """$XDG_CONFIG_HOME/boxy/profiles (~/.config/boxy/profiles): the user's own."""
-    base = os.environ.get("XDG_CONFIG_HOME")
-    if not base or not os.path.isabs(base):
-        base = os.path.join(home or os.path.expanduser("~"), ".config")
-    return os.path.join(base, "boxy", "profiles")
+    return os.path.join(config_home(home), "boxy", "profiles")
 
 
 def user_profiles(home: str | None = None) -> dict[str, str]:
@@ -493,6 +491,29 @@ def load_profile(name_or_path: str, *, context: Mapping[str, str]) -> Profile:
             "only one level is supported"
         )
     return _merge(_build(base_name, base_label, base_doc, context), profile)
+
+
+def project_layer(base: Profile, text: str, label: str,
+                  context: Mapping[str, str]) -> Profile:
+    """An approved .boxy.yaml on top of BASE (its `profile` key was used to choose
+    BASE): the profile keys, merged as `extends` merges; messages name both."""
+    doc = {k: v for k, v in _parse_yaml(label, text).items() if k != "profile"}
+    if "extends" in doc:
+        raise ProfileError(f"{label}: key extends: a project names its profile with profile: NAME")
+    merged = _merge(base, _build(label, label, doc, context))
+    merged.name, merged.source = base.name, f"{base.source} + {label}"
+    return merged
+
+
+def project_keys(text: str, label: str) -> tuple[list[str], str | None]:
+    """The top-level keys of a .boxy.yaml, and the profile it names (for the line
+    that says what was held back; nothing of it is applied)."""
+    try:
+        doc = _parse_yaml(label, text)
+    except ProfileError:
+        return ["(not valid YAML)"], None
+    named = doc.get("profile")
+    return sorted(str(k) for k in doc), named if isinstance(named, str) and named else None
 
 
 Registry = Callable[[str], "str | None"]

@@ -70,6 +70,8 @@ class RunSpec:
     allow_git_write: bool = False
     # said to the user under -v (skipped optional entries …)
     notes: list[str] = field(default_factory=list)
+    # said always, before the payload starts (what of .boxy.yaml was held back)
+    warnings: list[str] = field(default_factory=list)
 
 
 # --- building a RunSpec from the client's Run parameters -------------------------------
@@ -122,7 +124,8 @@ def build_spec(
     # Imported here: stage 2 and the plan compiler import this module for the
     # dataclasses alone and must not pull in YAML.
     from boxy import values
-    from boxyd import caches, envpolicy, exposure, profiles
+    from boxy.paths import config_home
+    from boxyd import caches, envpolicy, exposure, profiles, projectconfig
 
     argv, cwd, client_env, o = request.argv, request.cwd, request.client_env, request.options
     if not argv:
@@ -139,15 +142,29 @@ def build_spec(
         what = "--workdir" if workdir_flag else "the current directory"
         raise UsageError(f"{what} {raw_workdir}: not a directory")
 
-    profile_name = o.profile or DEFAULT_PROFILE
+    # The project's .boxy.yaml: the payload can write it, so it applies only as approved
+    project = projectconfig.read(workdir)
+    approved = project is not None and projectconfig.is_trusted(project, config_home(home))
+    text = project.content.decode(errors="replace") if project is not None else ""
+    warnings: list[str] = []
+    named = None
+    if project is not None:
+        keys, named = profiles.project_keys(text, project.path)
+        if not approved:
+            warnings.append(f"{project.path}: not approved, so ignored ({', '.join(keys)}); "
+                            f"`boxyctl trust` in {workdir} approves this content")
+    profile_name = o.profile or (named if approved else None) or DEFAULT_PROFILE
     profile_ref = profile_name
     if profiles.is_path(profile_name):
         if profile_name == "~" or profile_name.startswith("~/"):
             profile_ref = home + profile_name[1:]
-        profile_ref = _abs(profile_ref, cwd)
+        profile_ref = _abs(profile_ref, workdir if profile_name == named else cwd)
     cache = caches.project_dir(home, profile_name, workdir)
-    prof = profiles.load_profile(profile_ref, context={"workdir": workdir, "home": home,
-                                                        "cache": cache})
+    context = {"workdir": workdir, "home": home, "cache": cache}
+    prof = profiles.load_profile(profile_ref, context=context)
+    if approved and project is not None:
+        prof = profiles.project_layer(prof, text, project.path, context)
+        notes.append(f"{project.path}: approved; applied on top of profile {profile_name}")
     src = prof.source
     for entry in prof.mkdir:  # the profile's package cache: boxy's own directory, made here
         if caches.is_cache(entry.path, home):
@@ -157,7 +174,8 @@ def build_spec(
                 raise UsageError(f"profile {src}: the package cache {entry.path}: {e}; "
                                  "`boxyctl cache clean` removes it") from None
 
-    spec = RunSpec(argv=list(argv), workdir=workdir, profile=profile_name, notes=notes)
+    spec = RunSpec(argv=list(argv), workdir=workdir, profile=profile_name, notes=notes,
+                   warnings=warnings)
 
     # --- network ---
     net_flag = o.net

@@ -217,7 +217,7 @@ class StageSandbox:
         """What the user should hear before the payload starts. A limit without a
         controller is reported, not faked (until transient scopes arrive)."""
         spec = self.spec
-        out: list[str] = []
+        out: list[str] = list(spec.warnings)
         if os.getuid() == 0:
             out.append("running as root: the payload runs as uid 0 (with no capabilities, mapped to "
                        "itself); prefer an unprivileged user")

@@ -4,9 +4,7 @@ decode, call the core, encode; errors through boxy.errors' one table."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +21,7 @@ from boxy.errors import (
 )
 from boxy.outcome import Outcome
 from boxy.request import RunRequest, Terminal
+from boxy.varlink import close_fds
 from boxyd.api.varlink import Call
 from boxyd.daemon.events import Event, Subscription
 from boxyd.daemon.manager import Manager
@@ -83,9 +82,7 @@ class VarlinkService:
             if request.build != build_id():
                 raise BuildMismatch(build_id(), request.build)
         except BaseException:
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            close_fds(fds)
             raise
         session = await self.manager.start(request, fds)
         if request.options.detach:  # the id once it runs, and the session is on its own

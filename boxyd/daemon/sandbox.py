@@ -8,7 +8,6 @@ The core (Session, Manager) sees this only through boxyd.daemon.launch.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import pwd
@@ -21,6 +20,7 @@ from boxy.errors import SetupError, UsageError
 from boxy.outcome import Counters
 from boxy.paths import state_dir
 from boxy.request import RunRequest, Terminal
+from boxy.varlink import close_fds
 from boxyd import caches, masking, mountplan, worktree
 from boxyd.daemon import records
 from boxyd.daemon.launch import Exit, Report, SandboxEvent, Sink, Started, Stopped
@@ -81,7 +81,7 @@ class StageLauncher:
             net = await self._network(spec, sink, outputs) if spec.net != "none" else None
         except BaseException:  # a usage error, or a bug: either way every fd goes back
             outputs.close()
-            _close(stdio)
+            close_fds(stdio)
             raise
         sandbox = StageSandbox(self, spec, stdio, outputs, net, sink, request.terminal)
         self.live.add(sandbox)
@@ -105,12 +105,6 @@ class StageLauncher:
         if self._dns is None:
             self._dns = make_dns_proxy()
         return net
-
-
-def _close(fds: list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
 
 
 class StageSandbox:
@@ -183,7 +177,7 @@ class StageSandbox:
             self._sink.record("seccomp", mode=spec.seccomp)
             self.stage2 = Stage2.start(self._launcher.template, plan, stdio)
         finally:
-            _close([*placeholders, *fds])
+            close_fds([*placeholders, *fds])
             self._stdio = []
         return warnings
 
@@ -334,7 +328,7 @@ class StageSandbox:
             if terminal is not None:
                 self.pty.resize(terminal.winsize[0], terminal.winsize[1])
         finally:
-            _close(stdio)
+            close_fds(stdio)
 
     def _output_log(self) -> int:
         """sessions/<id>/output.log: what a detached session writes (bounded)."""
@@ -384,7 +378,7 @@ class StageSandbox:
         """Everything a finished (or never started) run still holds; its baselines are
         no longer the user's state for a session starting now."""
         self._launcher.live.discard(self)
-        _close(self._stdio)
+        close_fds(self._stdio)
         self._stdio = []
         if self.pty is not None:
             self.pty.close()

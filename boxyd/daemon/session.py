@@ -9,7 +9,6 @@ protocol (boxyd.daemon.launch); the Manager owns the task that runs it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
 import os
@@ -22,6 +21,7 @@ from boxy import values
 from boxy.errors import BoxyError, Busy, UsageError
 from boxy.outcome import Counters, Outcome, Reason, SessionInfo, State
 from boxy.request import RunRequest, Terminal
+from boxy.varlink import close_fds
 from boxyd.daemon.events import Fanout, Subscription
 from boxyd.daemon.launch import Exit, Sandbox, Started, Stopped
 from boxyd.spec import RunSpec
@@ -151,9 +151,7 @@ class Session:
                 raise Busy(f"session {self.id} is attached to another client (Ctrl-] there "
                            "detaches it)")
         except BoxyError:
-            for fd in stdio:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            close_fds(stdio)
             raise
         assert self.sandbox is not None
         self.sandbox.attach_client(stdio, terminal)

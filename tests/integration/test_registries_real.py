@@ -21,6 +21,7 @@ A registry outage is a failure here, not a skip: only a missing tool skips.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -28,6 +29,7 @@ import re
 import shutil
 import socket
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -489,6 +491,23 @@ def test_npm_cache_is_per_project_and_a_second_ci_downloads_nothing(boxy: Boxy, 
 
 # --- the hostile package, end to end ---------------------------------------------------------
 
+
+@contextlib.contextmanager
+def agent_socket(user: User) -> Iterator[Path]:
+    """A listening stand-in for the SSH agent, the user's; afterwards it goes, and so
+    do the sleeps a hostile script forked."""
+    agent = user.home / f".boxy-agent-{os.getpid()}.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(agent))
+    server.listen()
+    os.chown(agent, user.uid, user.gid)
+    try:
+        yield agent
+    finally:
+        server.close()
+        agent.unlink(missing_ok=True)
+        subprocess.run(["pkill", "-u", str(user.uid), "-x", "sleep"], check=False)
+
 HOSTILE = r"""'use strict';
 // A postinstall that tries everything in DESIGN.md's threat model at once, and says
 // ESCAPED:<what> for anything that works. HOSTILE-RAN proves it ran at all.
@@ -555,19 +574,14 @@ def test_the_hostile_package_gets_nothing_and_the_next_run_is_no_wider(boxy: Box
     subprocess.run(["git", "init", "-q", str(boxy.workdir)], check=True)
     write(boxy, ".env", f"NPM_TOKEN={marker}\n")
     write(boxy, ".npmrc", f"//{host}/:_authToken={marker}\n")
-    agent = user.home / f".boxy-agent-{os.getpid()}.sock"
-    server = socket.socket(socket.AF_UNIX)
-    server.bind(str(agent))
-    server.listen()
-    os.chown(agent, user.uid, user.gid)
-    write(boxy, "hostile-pkg/package.json", json.dumps({
-        "name": "boxy-hostile", "version": "1.0.0",
-        "scripts": {"preinstall": "node hostile.js", "postinstall": "node hostile.js"}}) + "\n")
-    write(boxy, "hostile-pkg/hostile.js", HOSTILE)
-    write(boxy, "hostile-pkg/targets.json", json.dumps(
-        {"home": str(user.home), "marker": marker, "agent": str(agent), "extra": extra}))
-    env = {"NPM_TOKEN": marker, "GITHUB_TOKEN": marker, "SSH_AUTH_SOCK": str(agent)}
-    try:
+    with agent_socket(user) as agent:
+        write(boxy, "hostile-pkg/package.json", json.dumps({
+            "name": "boxy-hostile", "version": "1.0.0",
+            "scripts": {"preinstall": "node hostile.js", "postinstall": "node hostile.js"}}) + "\n")
+        write(boxy, "hostile-pkg/hostile.js", HOSTILE)
+        write(boxy, "hostile-pkg/targets.json", json.dumps(
+            {"home": str(user.home), "marker": marker, "agent": str(agent), "extra": extra}))
+        env = {"NPM_TOKEN": marker, "GITHUB_TOKEN": marker, "SSH_AUTH_SOCK": str(agent)}
         r = boxy.run(*flags, "--pids", "256", "--memory", "512MiB",
                      cmd=["npm", "install", "--foreground-scripts",
                      "--no-audit", "--no-fund", "./hostile-pkg", SMALL_NPM],
@@ -586,10 +600,6 @@ def test_the_hostile_package_gets_nothing_and_the_next_run_is_no_wider(boxy: Box
         second = policy_record(audit(boxy))
         assert (second["mode"], second["allow_hosts"]) == (first["mode"], first["allow_hosts"])
         assert not (boxy.workdir / ".git/hooks/pre-commit").exists()
-    finally:
-        server.close()
-        agent.unlink(missing_ok=True)
-        subprocess.run(["pkill", "-u", str(user.uid), "-x", "sleep"], check=False)
 
 
 # --- the hostile sdist, end to end (pip) -------------------------------------------------------
@@ -697,19 +707,14 @@ def test_the_hostile_sdist_gets_nothing_and_the_next_run_is_no_wider(boxy: Boxy,
     subprocess.run(["git", "init", "-q", str(boxy.workdir)], check=True)
     write(boxy, ".env", f"PYPI_TOKEN={marker}\n")
     write(boxy, ".pypirc", f"[pypi]\npassword = {marker}\n")
-    agent = user.home / f".boxy-agent-{os.getpid()}.sock"
-    server = socket.socket(socket.AF_UNIX)
-    server.bind(str(agent))
-    server.listen()
-    os.chown(agent, user.uid, user.gid)
-    write(boxy, "hostile-sdist/setup.py", HOSTILE_SETUP)
-    write(boxy, "hostile-sdist/targets.json", json.dumps(
-        {"home": str(user.home), "marker": marker, "agent": str(agent), "extra": extra,
-         "root": str(boxy.workdir)}))
-    env = {"PYPI_TOKEN": marker, "GITHUB_TOKEN": marker, "SSH_AUTH_SOCK": str(agent)}
-    install = ("python3 -m pip install --no-input -v --no-build-isolation --target ./site "
-               f"./hostile-sdist {SMALL_PIP}")
-    try:
+    with agent_socket(user) as agent:
+        write(boxy, "hostile-sdist/setup.py", HOSTILE_SETUP)
+        write(boxy, "hostile-sdist/targets.json", json.dumps(
+            {"home": str(user.home), "marker": marker, "agent": str(agent), "extra": extra,
+             "root": str(boxy.workdir)}))
+        env = {"PYPI_TOKEN": marker, "GITHUB_TOKEN": marker, "SSH_AUTH_SOCK": str(agent)}
+        install = ("python3 -m pip install --no-input -v --no-build-isolation --target ./site "
+                   f"./hostile-sdist {SMALL_PIP}")
         r = boxy.run(*flags, "--pids", "256", "--memory", "512MiB", cmd=["sh", "-c", install],
                      timeout=TIMEOUT, input=b"", extra_env=env)
         check_pip_installed(boxy, r, hosts)
@@ -726,7 +731,3 @@ def test_the_hostile_sdist_gets_nothing_and_the_next_run_is_no_wider(boxy: Boxy,
         second = policy_record(audit(boxy))
         assert (second["mode"], second["allow_hosts"]) == (first["mode"], first["allow_hosts"])
         assert not (boxy.workdir / ".git/hooks/pre-commit").exists()
-    finally:
-        server.close()
-        agent.unlink(missing_ok=True)
-        subprocess.run(["pkill", "-u", str(user.uid), "-x", "sleep"], check=False)

@@ -89,22 +89,27 @@ class BuildMismatch(DaemonError):
 
 
 class SecretsNeeded(UsageError):
-    """The profile passes secrets by name (env_secrets) that the client did not send:
-    it sends them from its environment and asks again. Names only, never a value."""
+    """The profile passes variables by name that the client did not send: secrets
+    (env_secrets, NAMES) and plain ones (env_pass, PASSED). It sends them from its
+    environment, says which it does not have, and asks again. Names, never a value."""
 
-    def __init__(self, names: list[str], profile: str) -> None:
-        super().__init__(f"profile {profile}: env_secrets {', '.join(names)}: boxyctl passes "
-                         "them from its environment")
-        self.names, self.profile = names, profile
+    def __init__(self, names: list[str], profile: str, passed: list[str] | None = None) -> None:
+        what = [f"env_secrets {', '.join(names)}"] if names else []
+        what += [f"env_pass {', '.join(passed)}"] if passed else []
+        super().__init__(f"profile {profile}: {'; '.join(what)}: boxyctl passes them from its "
+                         "environment")
+        self.names, self.profile, self.passed = names, profile, list(passed or [])
 
     def parameters(self) -> dict[str, Any]:
-        return {"message": str(self), "names": self.names, "profile": self.profile}
+        return {"message": str(self), "names": self.names, "profile": self.profile,
+                "passed": self.passed}
 
     @classmethod
     def from_parameters(cls, params: dict[str, Any]) -> BoxyError:
-        names = params.get("names")
-        return cls([str(n) for n in names] if isinstance(names, list) else [],
-                   str(params.get("profile", "")))
+        def names(key: str) -> list[str]:
+            got = params.get(key)
+            return [str(n) for n in got] if isinstance(got, list) else []
+        return cls(names("names"), str(params.get("profile", "")), names("passed"))
 
 
 class InternalError(BoxyError):

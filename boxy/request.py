@@ -231,22 +231,26 @@ def _decode_list(key: str, kind: str, value: object) -> list[Any]:
 class RunRequest(Value):
     """One run as a client asks for it: ARGV in CWD (the client's, absolute) with
     OPTIONS; CLIENT_ENV the part of the client's environment it sends
-    (boxyctl.cli.client_env); TERMINAL its settings when it went raw; BUILD its
-    build id (a daemon of another build refuses the call)."""
+    (boxyctl.cli.client_env) and ENV_UNSET the names a profile's env_pass asked for
+    that it does not have; TERMINAL its settings when it went raw; BUILD its build id
+    (a daemon of another build refuses the call)."""
 
-    __slots__ = ("argv", "cwd", "options", "client_env", "terminal", "build")
+    __slots__ = ("argv", "cwd", "options", "client_env", "env_unset", "terminal", "build")
 
     def __init__(self, argv: list[str], cwd: str, options: RunOptions | None = None,
                  client_env: dict[str, str] | None = None, terminal: Terminal | None = None,
-                 build: str = "") -> None:
+                 build: str = "", env_unset: list[str] | None = None) -> None:
         self.argv, self.cwd = argv, cwd
         self.options = options if options is not None else RunOptions()
         self.client_env = client_env if client_env is not None else {}
+        self.env_unset = env_unset if env_unset is not None else []
         self.terminal, self.build = terminal, build
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"argv": list(self.argv), "cwd": self.cwd,
                                "options": self.options.to_wire(), "client_env": dict(self.client_env)}
+        if self.env_unset:
+            out["env_unset"] = list(self.env_unset)
         if self.terminal is not None:
             out["terminal"] = self.terminal.to_wire()
         if self.build:
@@ -269,7 +273,10 @@ class RunRequest(Value):
             isinstance(k, str) and isinstance(v, str) for k, v in client_env.items()
         ):
             raise UsageError("Run: client_env: expected an object of strings")
+        env_unset = params.get("env_unset", [])
+        if not isinstance(env_unset, list) or not all(isinstance(n, str) for n in env_unset):
+            raise UsageError("Run: env_unset: expected a list of names")
         build = params.get("build", "")
         return cls(argv, cwd, RunOptions.from_wire(params.get("options", {})), client_env,
                    Terminal.from_wire(params.get("terminal")),
-                   build if isinstance(build, str) else "")
+                   build if isinstance(build, str) else "", env_unset)

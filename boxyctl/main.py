@@ -7,8 +7,10 @@ import contextlib
 import errno
 import io
 import os
+import pwd
 import signal
 import sys
+from typing import Any
 
 from boxy import INTERFACE as IFACE
 from boxy import VERSION
@@ -147,7 +149,7 @@ def run(args: dict) -> int:
         try:
             return _run_once(client, request)
         except SecretsNeeded as e:  # the profile's env_secrets: ours to send, by name
-            if attempt == 3 or not e.names:
+            if attempt == 3 or not (e.names or e.passed):
                 raise
             _add_secrets(request, e)
         except BuildMismatch as e:
@@ -167,8 +169,15 @@ def run(args: dict) -> int:
 
 
 def _add_secrets(request, e) -> None:
+    """Answer SecretsNeeded from our environment: env_secrets as secrets (never in
+    client_env), env_pass values into client_env, the unset ones named as unset."""
     from boxy.request import Secret
 
+    for name in e.passed:
+        if name in os.environ:
+            request.client_env[name] = os.environ[name]
+        elif name not in request.env_unset:
+            request.env_unset.append(name)
     have = {s.name for s in request.options.secret}
     for name in e.names:
         if name in have:
@@ -421,10 +430,15 @@ def trust(args: dict) -> int:
     from boxyd import projectconfig
 
     home = config_home(os.environ.get("HOME"))
+    me = pwd.getpwuid(os.getuid())
     if args["list"]:
         for r in projectconfig.approvals(home):
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.get("approved_at", 0)))
-            print(f"{when}  {str(r.get('sha256', ''))[:12]}  {clean(r['workdir'])}")
+            what = [projectconfig.NAME] if r.get("boxy_yaml") else []
+            what += [f"{x.get('key')} {x.get('url')}" for x in r.get("registries", [])
+                     if isinstance(x, dict)]
+            print(f"{when}  {str(r.get('digest', ''))[:12]}  {clean(r['workdir'])}  "
+                  f"{clean(', '.join(map(str, what)))}".rstrip())
         return 0
     if not args.get("cwd"):
         raise UsageError("trust: the current directory was removed; cd to the project")
@@ -433,15 +447,35 @@ def trust(args: dict) -> int:
         n = projectconfig.revoke(workdir, home)
         say(f"revoked {n} approval{'s' if n != 1 else ''} for {workdir}")
         return 0
-    cfg = projectconfig.read(workdir)
-    if cfg is None:
-        raise UsageError(f"trust: {workdir} has no {projectconfig.NAME}")
-    for line in cfg.content.decode(errors="replace").splitlines():
-        print(f"  {clean(line)}")
-    projectconfig.approve(cfg, home)
-    say(f"approved {cfg.path} as shown (sha256 {cfg.digest[:12]}); any change needs "
-        "`boxyctl trust` again")
+    project = projectconfig.read(workdir, projectconfig.run_env(me.pw_dir, me.pw_name, os.environ))
+    if project.empty:
+        raise UsageError(f"trust: {workdir} has no {projectconfig.NAME}, and no .npmrc or "
+                         "pip.conf of its own naming a registry")
+    _check_project(project, me.pw_dir)
+    if project.config is not None:
+        print(f"{project.path}:")
+        for line in project.text.splitlines():
+            print(f"  {clean(line)}")
+    for r in project.registries:
+        print(f"{clean(r.source)}: {clean(r.key)} = {clean(r.url)}")
+    projectconfig.approve(project, home)
+    say(f"approved {workdir}'s configuration as shown; a change to what widens the sandbox "
+        "needs `boxyctl trust` again")
     return 0
+
+
+def _check_project(project: Any, home: str) -> None:
+    """What is approved must load: its profile and keys, as a run would take them."""
+    from boxyd import caches, profiles
+    from boxyd.spec import DEFAULT_PROFILE
+
+    if project.config is None:
+        return
+    doc = profiles.project_doc(project.text, project.path)
+    name = doc.get("profile") or DEFAULT_PROFILE
+    context = {"workdir": project.workdir, "home": home,
+               "cache": caches.project_dir(home, name, project.workdir)}
+    profiles.project_layer(profiles.load_profile(name, context=context), doc, project.path, context)
 
 
 def setup() -> int:

@@ -493,27 +493,27 @@ def load_profile(name_or_path: str, *, context: Mapping[str, str]) -> Profile:
     return _merge(_build(base_name, base_label, base_doc, context), profile)
 
 
-def project_layer(base: Profile, text: str, label: str,
-                  context: Mapping[str, str]) -> Profile:
-    """An approved .boxy.yaml on top of BASE (its `profile` key was used to choose
-    BASE): the profile keys, merged as `extends` merges; messages name both."""
-    doc = {k: v for k, v in _parse_yaml(label, text).items() if k != "profile"}
+def project_doc(text: str, label: str) -> dict[str, Any]:
+    """A .boxy.yaml parsed: profile keys, plus `profile: NAME` naming a preset or a
+    user profile (never a file: one in the project could change after approval)."""
+    doc = _parse_yaml(label, text)
     if "extends" in doc:
         raise ProfileError(f"{label}: key extends: a project names its profile with profile: NAME")
-    merged = _merge(base, _build(label, label, doc, context))
+    named = doc.get("profile")
+    if named is not None and (not isinstance(named, str) or not named or is_path(named)):
+        raise ProfileError(f"{label}: key profile: expected the name of a preset or of one of "
+                           f"your profiles ({user_dir()}/NAME.yaml), not a path")
+    return doc
+
+
+def project_layer(base: Profile, doc: Mapping[str, Any], label: str,
+                  context: Mapping[str, str]) -> Profile:
+    """A .boxy.yaml's keys (DOC, from project_doc) on top of BASE, the profile it names
+    or the run's: merged as `extends` merges; messages name both."""
+    merged = _merge(base, _build(label, label, {k: v for k, v in doc.items() if k != "profile"},
+                                 context))
     merged.name, merged.source = base.name, f"{base.source} + {label}"
     return merged
-
-
-def project_keys(text: str, label: str) -> tuple[list[str], str | None]:
-    """The top-level keys of a .boxy.yaml, and the profile it names (for the line
-    that says what was held back; nothing of it is applied)."""
-    try:
-        doc = _parse_yaml(label, text)
-    except ProfileError:
-        return ["(not valid YAML)"], None
-    named = doc.get("profile")
-    return sorted(str(k) for k in doc), named if isinstance(named, str) and named else None
 
 
 Registry = Callable[[str], "str | None"]

@@ -1,101 +1,201 @@
-"""A project's `.boxy.yaml`, and the approvals that let it apply.
+"""A project's own configuration, and the approvals that let it widen the sandbox.
 
-The file sits in the work directory, which the payload can write: it is executable
-input. It applies only once a person has approved that exact content for that work
-directory (`boxyctl trust`, recorded by content hash under
-$XDG_CONFIG_HOME/boxy/trust/); any change needs approval again. Until then every
-key of it is held back, and the run says so in one line.
+Three kinds of file in the work directory, which the payload can write, say how the
+next run should look: `.boxy.yaml` (the project's profile and settings), `.npmrc` at
+npm's project root, and `pip.conf` of a virtual environment in the project (the
+registries they name). They are executable input: what of them would widen the
+sandbox applies only once a person approved it for that work directory
+(`boxyctl trust`, recorded by hash under $XDG_CONFIG_HOME/boxy/trust/). An approval
+commits to every key that could widen (widening.approval_view) and to the
+registries named, so a change to those needs approval again; until then the run
+takes only what is no wider than the defaults and says what it held back.
 
-Read once, as data: no symlink followed, non-blocking (a FIFO fails at once), a
-regular file of bounded size; the bytes that were judged are the bytes applied.
+Read once, as data: beneath the work directory with no symlink in any component
+(openat2), non-blocking (a FIFO fails at once), a regular file of bounded size; the
+bytes that were judged are the bytes applied.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import json
 import os
 import stat
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from boxy.errors import UsageError
 from boxy.paths import ensure_private_dir
+from boxyd import projectregistries as pr
+from boxyd.projectregistries import ProjectRegistry
 
 NAME = ".boxy.yaml"
 MAX_SIZE = 64 << 10
+VENV_MARK = "pyvenv.cfg"
+MAX_ENTRIES = 4096  # of the work directory looked at for virtual environments
+
+
+def read_data(workdir: str, rel: str, *, strict: bool) -> bytes | None:
+    """The bytes of WORKDIR/REL, or None when it is absent. Anything else that is not
+    a small regular file reached without a symlink is a UsageError when STRICT (the
+    project's own .boxy.yaml: said, never followed or read past), else None."""
+    from boxyd.stage2.mounts import open_beneath
+
+    where = f"{workdir}/{rel}"
+    try:
+        dirfd = os.open(workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fd = open_beneath(dirfd, rel, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    finally:
+        os.close(dirfd)
+    if fd < 0:
+        if -fd in (errno.ENOENT, errno.ENOTDIR) or not strict:
+            return None
+        why = "a symlink (never followed)" if -fd in (errno.ELOOP, errno.EXDEV) else os.strerror(-fd)
+        raise UsageError(f"{where}: {why}")
+    try:
+        st = os.fstat(fd)
+        problem = ("not a regular file" if not stat.S_ISREG(st.st_mode) else
+                   f"larger than {MAX_SIZE >> 10} KiB" if st.st_size > MAX_SIZE else None)
+        content = os.read(fd, MAX_SIZE + 1) if problem is None else b""
+    finally:
+        os.close(fd)
+    if problem is None and len(content) > MAX_SIZE:
+        problem = f"larger than {MAX_SIZE >> 10} KiB"
+    if problem is not None:
+        if strict:
+            raise UsageError(f"{where}: {problem}")
+        return None
+    return content
 
 
 @dataclass(frozen=True)
-class ProjectConfig:
+class Project:
     workdir: str
-    content: bytes
+    config: bytes | None = None  # .boxy.yaml as read, or None
+    registries: tuple[ProjectRegistry, ...] = field(default_factory=tuple)
+    view: Any = None  # what an approval of .boxy.yaml commits to (widening.approval_view)
 
     @property
     def path(self) -> str:
         return os.path.join(self.workdir, NAME)
 
     @property
+    def empty(self) -> bool:
+        return self.config is None and not self.registries
+
+    @property
     def digest(self) -> str:
-        return hashlib.sha256(self.content).hexdigest()
+        """What an approval commits to: the widening part of .boxy.yaml and the
+        registries named, canonically encoded."""
+        body = {"boxy": self.view, "registries": [r.wire() for r in self.registries]}
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def text(self) -> str:
+        return self.config.decode(errors="replace") if self.config is not None else ""
 
 
-def read(workdir: str) -> ProjectConfig | None:
-    """WORKDIR/.boxy.yaml, or None when there is none; UsageError for one that is
-    not a regular file or too large (said, never followed or read past)."""
+def read(workdir: str, env: Mapping[str, str] | None = None) -> Project:
+    """The project's configuration as the next run would see it (the payload starts
+    in the work directory, npm's project root). ENV is what npm expands ${VAR} with
+    and where $VIRTUAL_ENV is read."""
+    from boxyd import profiles, widening
+
+    config = read_data(workdir, NAME, strict=True)
+    view: Any = None
+    if config is not None:
+        try:
+            view = widening.approval_view(profiles.project_doc(config.decode(errors="replace"),
+                                                               os.path.join(workdir, NAME)))
+            json.dumps(view, sort_keys=True)  # YAML may hold dates, or keys of mixed types
+        except (UsageError, TypeError, ValueError):  # then an approval commits to the bytes
+            view = {"unparsed": hashlib.sha256(config).hexdigest()}
+    return Project(workdir, config, tuple(_registries(workdir, env or {})), view)
+
+
+def run_env(home: str, user: str, client_env: Mapping[str, str]) -> dict[str, str]:
+    """What `read` expands and looks in for a run of USER's: the sandbox's HOME and USER
+    (npm inside expands ${VAR} with its own environment), and the client's
+    $VIRTUAL_ENV. The run and `boxyctl trust` must read the project alike."""
+    venv = {k: v for k, v in client_env.items() if k == "VIRTUAL_ENV"}
+    return {"HOME": home, "USER": user, **venv}
+
+
+def _registries(workdir: str, env: Mapping[str, str]) -> list[ProjectRegistry]:
+    out: list[ProjectRegistry] = []
+    data = read_data(workdir, pr.NPMRC, strict=False)
+    if data is not None:
+        out += pr.registries(os.path.join(workdir, pr.NPMRC), "npm",
+                             pr.parse_npmrc(data.decode(errors="replace"), env))
+    for rel in _venvs(workdir, env):
+        path = os.path.join(rel, pr.PIP_CONF)
+        data = read_data(workdir, path, strict=False)
+        if data is not None:
+            out += pr.registries(os.path.join(workdir, path), "pip",
+                                 pr.parse_pip_conf(data.decode(errors="replace")))
+    return out
+
+
+def _rel(workdir: str, path: str) -> str | None:
+    if path == workdir:
+        return ""
+    return path[len(workdir) + 1:] if path.startswith(workdir.rstrip("/") + "/") else None
+
+
+def _venvs(workdir: str, env: Mapping[str, str]) -> list[str]:
+    """Virtual environments pip could run from: each directory directly in the work
+    directory holding pyvenv.cfg, and $VIRTUAL_ENV when it lies inside."""
+    out: list[str] = []
     try:
-        dirfd = os.open(workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        with os.scandir(workdir) as it:  # bounded: the payload can fill the directory
+            entries = sorted(itertools.islice(it, MAX_ENTRIES), key=lambda e: e.name)
     except OSError:
-        return None
-    try:
-        fd = os.open(NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        why = "a symlink (never followed)" if e.errno == errno.ELOOP else e.strerror
-        raise UsageError(f"{workdir}/{NAME}: {why}") from None
-    finally:
-        os.close(dirfd)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"{workdir}/{NAME}: not a regular file")
-        if st.st_size > MAX_SIZE:
-            raise UsageError(f"{workdir}/{NAME}: larger than {MAX_SIZE >> 10} KiB")
-        content = os.read(fd, MAX_SIZE + 1)
-    finally:
-        os.close(fd)
-    if len(content) > MAX_SIZE:
-        raise UsageError(f"{workdir}/{NAME}: larger than {MAX_SIZE >> 10} KiB")
-    return ProjectConfig(workdir, content)
+        return out
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False) and \
+                os.path.lexists(os.path.join(entry.path, VENV_MARK)):
+            out.append(entry.name)
+    venv = _rel(workdir, os.path.normpath(env.get("VIRTUAL_ENV", "")))
+    if venv and venv not in out:
+        out.append(venv)
+    return out
 
 
 def trust_dir(config_home: str) -> Path:
     return Path(config_home) / "boxy" / "trust"
 
 
-def _approval(cfg: ProjectConfig) -> str:
-    """One file per (work directory, content): the name commits to both."""
-    return hashlib.sha256(f"{cfg.workdir}\0{cfg.digest}".encode()).hexdigest() + ".json"
+def _approval(project: Project) -> str:
+    """One file per (work directory, what is approved): the name commits to both."""
+    return hashlib.sha256(f"{project.workdir}\0{project.digest}".encode()).hexdigest() + ".json"
 
 
-def is_trusted(cfg: ProjectConfig, config_home: str) -> bool:
-    path = trust_dir(config_home) / _approval(cfg)
+def is_trusted(project: Project, config_home: str) -> bool:
+    path = trust_dir(config_home) / _approval(project)
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return False
-    return record.get("workdir") == cfg.workdir and record.get("sha256") == cfg.digest
+    return isinstance(record, dict) and record.get("workdir") == project.workdir \
+        and record.get("digest") == project.digest
 
 
-def approve(cfg: ProjectConfig, config_home: str) -> Path:
+def approve(project: Project, config_home: str) -> Path:
     d = ensure_private_dir(trust_dir(config_home))  # ~/.config/boxy itself may be 0755
-    path = d / _approval(cfg)
+    path = d / _approval(project)
     tmp = d / f".{path.name}.tmp"
-    tmp.write_text(json.dumps({"workdir": cfg.workdir, "sha256": cfg.digest,
-                               "approved_at": time.time(), "size": len(cfg.content)}) + "\n")
+    record = {"workdir": project.workdir, "digest": project.digest, "approved_at": time.time(),
+              "boxy_yaml": project.config is not None,
+              "registries": [r.wire() for r in project.registries]}
+    tmp.write_text(json.dumps(record) + "\n")
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)
     return path

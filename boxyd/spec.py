@@ -125,7 +125,7 @@ def build_spec(
     # dataclasses alone and must not pull in YAML.
     from boxy import values
     from boxy.paths import config_home
-    from boxyd import caches, envpolicy, exposure, profiles, projectconfig
+    from boxyd import caches, envpolicy, exposure, profiles, projectconfig, projectregistries
 
     argv, cwd, client_env, o = request.argv, request.cwd, request.client_env, request.options
     if not argv:
@@ -142,29 +142,35 @@ def build_spec(
         what = "--workdir" if workdir_flag else "the current directory"
         raise UsageError(f"{what} {raw_workdir}: not a directory")
 
-    # The project's .boxy.yaml: the payload can write it, so it applies only as approved
-    project = projectconfig.read(workdir)
-    approved = project is not None and projectconfig.is_trusted(project, config_home(home))
-    text = project.content.decode(errors="replace") if project is not None else ""
-    warnings: list[str] = []
-    named = None
-    if project is not None:
-        keys, named = profiles.project_keys(text, project.path)
-        if not approved:
-            warnings.append(f"{project.path}: not approved, so ignored ({', '.join(keys)}); "
-                            f"`boxyctl trust` in {workdir} approves this content")
-    profile_name = o.profile or (named if approved else None) or DEFAULT_PROFILE
+    # The project's own configuration: the payload can write it, so only what is no
+    # wider than the defaults applies until a person approves it (projectconfig)
+    project = projectconfig.read(workdir, projectconfig.run_env(home, user, client_env))
+    trusted = not project.empty and projectconfig.is_trusted(project, config_home(home))
+    held: list[str] = []  # said in one line once the network is known
+    doc = _project_doc(project, trusted, held)
+    named = doc.get("profile") if doc is not None else None
+    profile_name = o.profile or named or DEFAULT_PROFILE
     profile_ref = profile_name
     if profiles.is_path(profile_name):
         if profile_name == "~" or profile_name.startswith("~/"):
             profile_ref = home + profile_name[1:]
-        profile_ref = _abs(profile_ref, workdir if profile_name == named else cwd)
+        profile_ref = _abs(profile_ref, cwd)
     cache = caches.project_dir(home, profile_name, workdir)
     context = {"workdir": workdir, "home": home, "cache": cache}
-    prof = profiles.load_profile(profile_ref, context=context)
-    if approved and project is not None:
-        prof = profiles.project_layer(prof, text, project.path, context)
+    if doc is None:
+        prof = profiles.load_profile(profile_ref, context=context)
+    elif trusted:
+        prof = profiles.project_layer(profiles.load_profile(profile_ref, context=context), doc,
+                                      project.path, context)
         notes.append(f"{project.path}: approved; applied on top of profile {profile_name}")
+    else:
+        prof = _unapproved_layer(o.profile or DEFAULT_PROFILE, profile_ref, doc, project.path,
+                                 context, held)
+        profile_name = prof.name
+    if trusted and project.registries:
+        registry = projectregistries.resolver(registry, project.registries, client_env)
+        notes.append(f"{workdir}: approved registries: "
+                     f"{', '.join(r.host or r.url for r in project.registries)}")
     src = prof.source
     for entry in prof.mkdir:  # the profile's package cache: boxy's own directory, made here
         if caches.is_cache(entry.path, home):
@@ -174,8 +180,7 @@ def build_spec(
                 raise UsageError(f"profile {src}: the package cache {entry.path}: {e}; "
                                  "`boxyctl cache clean` removes it") from None
 
-    spec = RunSpec(argv=list(argv), workdir=workdir, profile=profile_name, notes=notes,
-                   warnings=warnings)
+    spec = RunSpec(argv=list(argv), workdir=workdir, profile=profile_name, notes=notes)
 
     # --- network ---
     net_flag = o.net
@@ -200,7 +205,12 @@ def build_spec(
         hosts = []
         if prof.allow_hosts:
             notes.append(f"profile {src}: allow_hosts not used with --net {spec.net}")
+    if spec.net == "allowlist":
+        hosts += _project_hosts(project, trusted, prof.allow_hosts, hosts, held)
     spec.allow_hosts = _dedupe(hosts + flag_hosts)
+    if held:
+        spec.warnings.append(f"{workdir}: not approved, so held back: {'; '.join(held)}; "
+                             f"`boxyctl trust` in {workdir} approves it")
     ports = o.allow_port
     for port in ports:
         if not 1 <= port <= 65535:
@@ -295,8 +305,11 @@ def build_spec(
     # --- environment ---
     sent = {secret.name for secret in o.secret}
     missing = [n for n in prof.env_secrets if n not in sent]
-    if missing:  # the client holds them: it sends them and asks again
-        raise SecretsNeeded(missing, src)
+    # env_pass reads the client's environment, which sends only a few names unasked
+    unasked = [n for n in prof.env_pass if n not in client_env and n not in request.env_unset
+               and not envpolicy.is_sensitive(n)]
+    if missing or unasked:  # the client holds them: it sends them and asks again
+        raise SecretsNeeded(missing, src, unasked)
     requested: list[tuple[str, str | None]] = []
     for item in o.env:
         if item.value is None:
@@ -351,6 +364,61 @@ def build_spec(
         raise UsageError("--tty: cannot be combined with -d (a detached session has its own "
                          "terminal; `boxyctl attach` takes it over)")
     return spec
+
+
+def _project_doc(project: Any, trusted: bool, held: list[str]) -> dict[str, Any] | None:
+    """The parsed .boxy.yaml, or None when there is none or it is neither approved
+    nor valid (then ignored whole, and said: the payload could have written it)."""
+    from boxyd import profiles
+
+    if project.config is None:
+        return None
+    try:
+        return profiles.project_doc(project.text, project.path)
+    except ProfileError as e:
+        if trusted:
+            raise
+        held.append(f"{project.path}, which is not valid ({e})")
+        return None
+
+
+def _unapproved_layer(base_ref: str, profile_ref: str, doc: dict[str, Any], label: str,
+                      context: dict[str, str], held: list[str]) -> Any:
+    """The profile an unapproved .boxy.yaml asks for, less everything in which it is
+    wider than BASE_REF's (widening.hold_back); BASE_REF's profile when it does not
+    load (said: nothing of an unapproved file may stop the run)."""
+    from boxyd import profiles, widening
+
+    # the base's {cache} is its own (the profile's name is in it), not the one in use
+    base = profiles.load_profile(base_ref, context={k: v for k, v in context.items()
+                                                    if k != "cache"})
+    try:
+        candidate = profiles.project_layer(profiles.load_profile(profile_ref, context=context),
+                                           doc, label, context)
+    except ProfileError as e:
+        held.append(f"{label}, which does not load ({e})")
+        base.name = base_ref
+        return base
+    prof, keys = widening.hold_back(base, candidate, own_cache=context["cache"])
+    if keys:
+        held.append(f"{', '.join(map(str, keys))} of {label}")
+    return prof
+
+
+def _project_hosts(project: Any, trusted: bool, allow_hosts: list[str], hosts: list[str],
+                   held: list[str]) -> list[str]:
+    """Hosts the project's .npmrc or pip.conf names, for a profile that reaches that
+    tool's registry: added when approved, else named in HELD."""
+    from boxyd import projectregistries
+
+    families = {f for f, t in (("npm", "{npm_registry}"), ("pip", "{pip_index}")) if t in allow_hosts}
+    named = [r for r in project.registries if r.family in families and r.host]
+    if trusted:
+        return projectregistries.extra_hosts(list(named), families)
+    for r in named:
+        if r.host not in hosts:
+            held.append(f"{r.key} {r.host} of {r.source}")
+    return []
 
 
 def _check_tmpfs(prof: Any, trees: list[str], home: str) -> list[str]:

@@ -90,14 +90,26 @@ def openat2(dirfd: int, path: str, flags: int, step: str, *, beneath: bool = Tru
     return errno_call(step, path, SYS_openat2, ctypes.c_int(dirfd), _b(path), ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
 
 
+def open_how(dirfd: int, path: str, flags: int, resolve: int) -> int:
+    """openat2(2) with RESOLVE flags; the fd, or -errno instead of raising."""
+    how = _OpenHow(flags | os.O_CLOEXEC, 0, resolve)
+    fd = syscall(SYS_openat2, ctypes.c_int(dirfd), _b(path), ctypes.byref(how),
+                 ctypes.c_size_t(ctypes.sizeof(how)))
+    return fd if fd >= 0 else -ctypes.get_errno()
+
+
 def open_in_root(dirfd: int, path: str, flags: int) -> int:
     """Open PATH inside the tree at DIRFD following symlinks as the host would, with
     DIRFD as their root (RESOLVE_IN_ROOT: an absolute target is read from DIRFD, not
     from our staging root). Magic links never. Returns -errno instead of raising."""
-    how = _OpenHow(flags | os.O_CLOEXEC, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
-    fd = syscall(SYS_openat2, ctypes.c_int(dirfd), _b(path), ctypes.byref(how),
-                 ctypes.c_size_t(ctypes.sizeof(how)))
-    return fd if fd >= 0 else -ctypes.get_errno()
+    return open_how(dirfd, path, flags, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+
+
+def open_beneath(dirfd: int, path: str, flags: int) -> int:
+    """Open PATH beneath DIRFD with no symlink in any component (the payload's tree:
+    a swapped-in symlink must fail, ELOOP/EXDEV). Returns -errno instead of raising."""
+    return open_how(dirfd, path, flags,
+                    RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
 
 
 def open_tree_clone(fd: int, step: str, path: str) -> int:

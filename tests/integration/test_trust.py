@@ -4,6 +4,7 @@ approves that exact content."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,44 +13,98 @@ from tests.conftest import BIN, Boxy, User
 
 pytestmark = pytest.mark.sandbox
 
-PRINT = ["sh", "-c", "echo FROM_PROJECT=${FROM_PROJECT:-unset}"]
+PRINT = ["sh", "-c", "echo FROM_PROJECT=${FROM_PROJECT:-unset} FROM_HOST=${FROM_HOST:-unset}"]
+HOST_ENV = {"FROM_HOST": "host-value"}
 
 
-def ctl(user: User, workdir: Path, *args: str):
-    return user.run([str(BIN / "boxyctl"), *args], cwd=workdir, timeout=60)
+def ctl(user: User, workdir: Path, *args: str, extra_env: dict[str, str] | None = None):
+    return user.run([str(BIN / "boxyctl"), *args], cwd=workdir, timeout=60, extra_env=extra_env)
 
 
 def test_approve_apply_change_and_revoke(boxy: Boxy, user: User, workdir: Path) -> None:
     config = workdir / ".boxy.yaml"
-    config.write_text("env: {FROM_PROJECT: 'yes'}\n")
+    config.write_text("env: {FROM_PROJECT: 'yes'}\nenv_pass: [FROM_HOST]\n")
     user.chown(config)
     try:
-        r = boxy.run("--net", "none", cmd=PRINT, input=b"")
-        assert r.stdout == b"FROM_PROJECT=unset\n", r.stderr
-        assert f"{config}: not approved, so ignored (env); `boxyctl trust` in {workdir} approves " \
-               "this content" in r.stderr.decode()
+        # unapproved: what cannot widen applies (env), what would (env_pass) does not
+        r = boxy.run("--net", "none", cmd=PRINT, input=b"", extra_env=HOST_ENV)
+        assert r.stdout == b"FROM_PROJECT=yes FROM_HOST=unset\n", r.stderr
+        assert f"{workdir}: not approved, so held back: env_pass (FROM_HOST) of {config}; " \
+               f"`boxyctl trust` in {workdir} approves it" in r.stderr.decode(), r.stderr
         t = ctl(user, workdir, "trust")
-        assert t.returncode == 0 and b"  env: {FROM_PROJECT: 'yes'}" in t.stdout, t.stderr
-        assert f"approved {config} as shown" in t.stderr.decode()
-        r = boxy.run("--net", "none", cmd=PRINT, input=b"")
-        assert r.stdout == b"FROM_PROJECT=yes\n" and b"not approved" not in r.stderr, r.stderr
-        # the payload rewrites it: the next run is back to the defaults, and says so
-        r = boxy.run("--net", "none", cmd=["sh", "-c", "echo 'net: public' >> .boxy.yaml"], input=b"")
+        assert t.returncode == 0 and b"  env_pass: [FROM_HOST]" in t.stdout, t.stderr
+        assert f"approved {workdir}'s configuration as shown" in t.stderr.decode()
+        r = boxy.run("--net", "none", cmd=PRINT, input=b"", extra_env=HOST_ENV)
+        assert r.stdout == b"FROM_PROJECT=yes FROM_HOST=host-value\n", r.stderr
+        assert b"not approved" not in r.stderr, r.stderr
+        r = boxy.run("--net", "none", cmd=PRINT, input=b"")  # not set here: asked once, skipped
+        assert (r.returncode, r.stdout) == (0, b"FROM_PROJECT=yes FROM_HOST=unset\n"), r.stderr
+        # the payload edits a value that cannot widen: still approved
+        r = boxy.run("--net", "none", cmd=["sed", "-i", "s/yes/edited/", ".boxy.yaml"], input=b"")
         assert r.returncode == 0, r.stderr
-        r = boxy.run("--net", "none", cmd=PRINT, input=b"")
-        assert r.stdout == b"FROM_PROJECT=unset\n"
-        assert b"not approved, so ignored (env, net)" in r.stderr, r.stderr
+        r = boxy.run("--net", "none", cmd=PRINT, input=b"", extra_env=HOST_ENV)
+        assert r.stdout == b"FROM_PROJECT=edited FROM_HOST=host-value\n", r.stderr
+        # it adds a key that widens: the next run is back to the defaults, and says so
+        r = boxy.run("--net", "none", cmd=["sh", "-c", "echo 'seccomp: compat' >> .boxy.yaml"],
+                     input=b"")
+        assert r.returncode == 0, r.stderr
+        r = boxy.run("--net", "none", "--audit-log", "audit.jsonl", cmd=PRINT, input=b"",
+                     extra_env=HOST_ENV)
+        assert r.stdout == b"FROM_PROJECT=edited FROM_HOST=unset\n"
+        assert b"held back: env_pass (FROM_HOST), seccomp of" in r.stderr, r.stderr
+        records = [json.loads(x) for x in (workdir / "audit.jsonl").read_text().splitlines()]
+        assert [x["mode"] for x in records if x.get("layer") == "seccomp"] == ["strict"], records
         listed = ctl(user, workdir, "trust", "--list").stdout.decode()
-        assert str(workdir) in listed
+        assert str(workdir) in listed and ".boxy.yaml" in listed
     finally:
         gone = ctl(user, workdir, "trust", "--revoke")
     assert b"revoked 1 approval for" in gone.stderr, gone.stderr
     assert str(workdir) not in ctl(user, workdir, "trust", "--list").stdout.decode()
 
 
+# A project's own registry: what the payload writes into .npmrc or a venv's pip.conf
+# opens nothing for the next run until approved (the topology's hosts stand in).
+PROBE = ["python3", "-c", "import json, urllib.request as u\ntry:\n print('GOT', json.loads(u.urlopen("
+         "'http://other.boxy.test/', timeout=5).read())['server'])\n"
+         "except OSError as e:\n print('REFUSED', e)"]
+FAMILIES = {
+    "npm": ("{npm_registry}", {"npm_config_registry": "http://www.boxy.test/"},
+            ".npmrc", "@corp:registry=http://other.boxy.test/\n"),
+    "pip": ("{pip_index}", {"PIP_INDEX_URL": "http://www.boxy.test/simple"},
+            "venv/pip.conf", "[global]\nextra-index-url = http://other.boxy.test/simple\n"),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_registry_the_payload_names_opens_nothing_until_approved(
+        netboxy, user: User, workdir: Path, family: str) -> None:
+    template, env, name, line = FAMILIES[family]
+    profiles = user.home / ".config/boxy/profiles"
+    profiles.mkdir(parents=True, exist_ok=True)
+    (profiles / f"reg-{family}.yaml").write_text(f'net: allowlist\nallow_hosts: ["{template}"]\n')
+    user.chown(user.home / ".config")
+    flags = ["--profile", f"reg-{family}", "--audit-log", "audit.jsonl"]
+    plant = f"mkdir -p venv && touch venv/pyvenv.cfg && printf '{line}' > {name}"
+    try:
+        r = netboxy.run(*flags, cmd=["sh", "-c", plant], extra_env=env)
+        assert r.returncode == 0, r.stderr
+        r = netboxy.run(*flags, cmd=PROBE, extra_env=env)
+        assert r.stdout.startswith(b"REFUSED"), (r.stdout, r.stderr)
+        assert f"held back: {'@corp:registry' if family == 'npm' else 'global.extra-index-url'} " \
+               f"other.boxy.test of {workdir}/{name}" in r.stderr.decode(), r.stderr
+        t = ctl(user, workdir, "trust", extra_env=env)
+        assert t.returncode == 0 and b"other.boxy.test" in t.stdout, t.stderr
+        r = netboxy.run(*flags, cmd=PROBE, extra_env=env)
+        assert r.stdout == b"GOT other\n", (r.stdout, r.stderr)
+        assert b"held back" not in r.stderr
+    finally:
+        ctl(user, workdir, "trust", "--revoke")
+        (profiles / f"reg-{family}.yaml").unlink()
+
+
 def test_trust_refuses_what_it_cannot_read_as_data(boxy: Boxy, user: User, workdir: Path) -> None:
     r = ctl(user, workdir, "trust")
-    assert r.returncode == 2 and b"has no .boxy.yaml" in r.stderr
+    assert r.returncode == 2 and b"has no .boxy.yaml, and no .npmrc" in r.stderr
     (workdir / ".boxy.yaml").symlink_to("/etc/passwd")
     r = ctl(user, workdir, "trust")
     assert r.returncode == 2 and b".boxy.yaml: a symlink (never followed)" in r.stderr, r.stderr

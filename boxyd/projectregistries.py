@@ -1,0 +1,205 @@
+"""Registries a project names in its own package-tool configuration, read as data.
+
+npm reads `.npmrc` at the project's root (its "local prefix": the nearest directory
+from the current one up holding package.json or node_modules); pip reads `pip.conf`
+at the root of the virtual environment it runs from. Both sit in the work directory,
+which the payload can write: a `registry=https://elsewhere/` it plants there must
+not open a host for the next run. So those files are parsed here with each tool's
+own rules (never by running the tool with the project's configuration), and what
+they name widens the allowlist only once `boxyctl trust` approved it (spec.py).
+
+Pure: projectconfig reads the files. What npm accepts: @npmcli/config reads the file with the
+`ini` package (`key = value`, `;`/`#` comments, quoted values, `key[]` arrays,
+`[section]`s whose keys npm never reads as settings), then replaces `${VAR}` and
+`${VAR?}` in keys and values; a scope's registry is `@scope:registry`. What pip
+accepts: configparser sections `global` and one per command, option names
+lower-cased with `_` as `-` and a leading `--` dropped; list options are split on
+whitespace.
+"""
+
+from __future__ import annotations
+
+import configparser
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+NPMRC = ".npmrc"
+PIP_CONF = "pip.conf"
+
+# pip options that name where packages come from; the template the primary one fills
+PIP_SOURCES = {"index-url": "pip_index", "extra-index-url": None, "find-links": None}
+# pip commands that read an index (their sections apply to them)
+PIP_COMMANDS = ("global", "install", "download", "wheel", "index", "lock")
+
+_ENV_EXPR = re.compile(r"(?<!\\)(\\*)\$\{([^${}?]+)(\?)?\}")
+_INI_LINE = re.compile(r"^\[([^\]]*)\]\s*$|^([^=]+)(=(.*))?$")
+
+
+@dataclass(frozen=True)
+class ProjectRegistry:
+    source: str  # the file that names it
+    key: str  # as the tool names it: registry, @corp:registry, global.index-url …
+    url: str
+    template: str | None  # the host template it stands in for; None: a host added beside it
+    family: str  # "npm" or "pip": added only where the profile uses that tool's registry
+
+    @property
+    def host(self) -> str | None:
+        try:
+            parts = urlsplit(self.url)
+        except ValueError:
+            return None
+        if parts.scheme not in ("http", "https") or "@" in parts.netloc:
+            return None  # a file path, or credentials in the URL: never handed on
+        return parts.hostname or None
+
+    def wire(self) -> dict[str, str]:
+        return {"source": self.source, "key": self.key, "url": self.url}
+
+
+# --- npm ---------------------------------------------------------------------------
+
+def env_replace(text: str, env: Mapping[str, str]) -> str:
+    """@npmcli/config's env-replace: ${VAR} (kept as written when unset), ${VAR?}
+    (empty when unset), and backslash escapes of the `$`."""
+    def sub(m: re.Match[str]) -> str:
+        esc, name, optional = m.group(1), m.group(2), m.group(3)
+        if len(esc) % 2:
+            return m.group(0)[(len(esc) + 1) // 2:]
+        value = env.get(name, "" if optional else "${" + name + "}")
+        return esc[len(esc) // 2:] + value
+    return _ENV_EXPR.sub(sub, text)
+
+
+def _ini_unsafe(value: str) -> str:
+    """The `ini` package's value decoding: quoted → JSON-decoded (single quotes
+    stripped first); otherwise cut at the first unescaped ; or #."""
+    value = value.strip()
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        inner = value[1:-1] if value[0] == "'" else value
+        try:
+            decoded = json.loads(inner)
+        except ValueError:
+            return inner
+        return decoded if isinstance(decoded, str) else inner
+    out, esc = [], False
+    for c in value:
+        if esc:
+            out.append(c if c in "\\;#" else "\\" + c)
+            esc = False
+        elif c in ";#":
+            break
+        elif c == "\\":
+            esc = True
+        else:
+            out.append(c)
+    if esc:
+        out.append("\\")
+    return "".join(out).strip()
+
+
+def parse_npmrc(text: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(key, url) for `registry` and every `@scope:registry` npm would read from
+    this file, in file order; a later line replaces an earlier one, as in npm."""
+    found: dict[str, str] = {}
+    in_section = False
+    for line in re.split(r"[\r\n]+", text):
+        if not line.strip() or re.match(r"^\s*[;#]", line):
+            continue
+        m = _INI_LINE.match(line)
+        if m is None:
+            continue
+        if m.group(1) is not None:
+            in_section = True  # nested keys: npm does not read them as settings
+            continue
+        if in_section or m.group(3) is None:
+            continue
+        raw_key = _ini_unsafe(m.group(2))
+        if raw_key.endswith("[]") and len(raw_key) > 2:
+            continue  # an array: npm's registry settings are single strings
+        key = env_replace(raw_key, env)
+        if key != "registry" and not (key.startswith("@") and key.endswith(":registry")):
+            continue
+        value = env_replace(_ini_unsafe(m.group(4)), env).strip()
+        if value in ("", "true", "false", "null"):
+            found.pop(key, None)
+            continue
+        found[key] = value
+    return list(found.items())
+
+
+# --- pip ---------------------------------------------------------------------------
+
+def parse_pip_conf(text: str) -> list[tuple[str, str]]:
+    """(section.option, url) for every index or find-links URL pip would read from
+    this file for an install; a file pip itself would refuse yields nothing."""
+    parser = configparser.RawConfigParser()
+    try:
+        parser.read_string(text)
+    except configparser.Error:
+        return []  # pip stops with "could not load configuration": nothing is fetched
+    out: list[tuple[str, str]] = []
+    for section in parser.sections():
+        if section not in PIP_COMMANDS:
+            continue
+        for name, value in parser.items(section):
+            option = name.lower().replace("_", "-")
+            option = option[2:] if option.startswith("--") else option
+            if option not in PIP_SOURCES or not value:
+                continue
+            urls = value.split() if PIP_SOURCES[option] is None else [value.strip()]
+            out += [(f"{section}.{option}", url) for url in urls if "://" in url]
+    return out
+
+
+def registries(source: str, family: str, pairs: list[tuple[str, str]]) -> list[ProjectRegistry]:
+    """Typed entries for one file's (key, url) pairs. pip's primary index is a
+    command section's index-url over global's (pip reads [install] after [global]);
+    any other index-url is a host beside it."""
+    if family == "npm":
+        return [ProjectRegistry(source, k, u, "npm_registry" if k == "registry" else None,
+                                family) for k, u in pairs]
+    indexes = [k for k, _ in pairs if k.endswith(".index-url")]
+    primary = next((k for k in indexes if not k.startswith("global.")), indexes[0] if indexes
+                   else None)
+    return [ProjectRegistry(source, k, u, "pip_index" if k == primary else None, family)
+            for k, u in pairs]
+
+
+def template_value(regs: list[ProjectRegistry], name: str) -> str | None:
+    """What a project's registries say for template NAME (npm_registry, npm_registry_url,
+    pip_index, pip_index_url), or None when they do not name it."""
+    family = name.removesuffix("_url")
+    for r in regs:
+        if r.template == family and r.host is not None:
+            return r.url if name.endswith("_url") else r.host
+    return None
+
+
+def resolver(registry: Callable[[str], str | None] | None, regs: Iterable[ProjectRegistry],
+             client_env: Mapping[str, str]) -> Callable[[str], str | None]:
+    """REGISTRY with an approved project's registries first, as the tool orders them:
+    an environment override (npm_config_registry, PIP_INDEX_URL) over the project's
+    file over the user's configuration."""
+    from boxyd.registries import ENV_OVERRIDES
+
+    regs = list(regs)
+
+    def resolve(name: str) -> str | None:
+        overridden = any(client_env.get(v) for v in ENV_OVERRIDES.get(name, ()))
+        value = None if overridden else template_value(regs, name)
+        return value if value is not None else (registry(name) if registry else None)
+    return resolve
+
+
+def extra_hosts(regs: list[ProjectRegistry], families: set[str]) -> list[str]:
+    """The hosts a project names beside its primary registry (npm scopes, pip's extra
+    indexes and find-links), for the tool FAMILIES the profile reaches."""
+    out: list[str] = []
+    for r in regs:
+        if r.family in families and r.template is None and r.host and r.host not in out:
+            out.append(r.host)
+    return out

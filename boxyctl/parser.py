@@ -136,9 +136,10 @@ def build_parser(prog: str, *, run_only: bool = False) -> _Parser:
     clean = csub.add_parser("clean", help="remove this work directory's caches")
     clean.add_argument("--all", action="store_true", help="every project's")
     sub.add_parser("setup", help="install boxyd's systemd user units and enable its socket")
-    trust = sub.add_parser("trust", help="approve this directory's .boxy.yaml as it is now")
+    trust = sub.add_parser("trust", help="approve this directory's .boxy.yaml and the registries "
+                                         "its .npmrc or pip.conf names")
     how = trust.add_mutually_exclusive_group()
-    how.add_argument("--list", action="store_true", help="every approval: directory, content hash")
+    how.add_argument("--list", action="store_true", help="every approval: directory, hash, what")
     how.add_argument("--revoke", action="store_true", help="withdraw this directory's approvals")
     comp = sub.add_parser("completion", help="print the shell completion script")
     comp.add_argument("shell", metavar="SHELL", choices=("bash", "zsh", "fish"))

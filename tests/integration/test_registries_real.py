@@ -548,11 +548,11 @@ for (const [label, fn] of [
   ['git-hook', () => fs.writeFileSync(path.join(root, '.git/hooks/pre-commit'), '#!/bin/sh\n')],
   ['git-config', () => fs.appendFileSync(path.join(root, '.git/config'), '[core]\n\thooksPath = /tmp\n')],
 ]) { try { fn(); say('ESCAPED:' + label); } catch (e) {} }
-// these land (the work directory is writable); the next run must not be any wider
-// (the project .npmrc is a read-only stand-in: its write fails, .boxy.yaml's lands)
+// these land (the work directory is writable; written whole, as each hook runs this
+// script); the next run must not be any wider
 for (const [p, text] of [['.boxy.yaml', 'net: public\nallow_hosts: ["' + t.extra + '"]\n'],
                          ['.npmrc', '\nregistry=https://' + t.extra + '/\n']]) {
-  try { fs.appendFileSync(path.join(root, p), text); say('planted ' + p); } catch (e) {}
+  try { fs.writeFileSync(path.join(root, p), text); say('planted ' + p); } catch (e) {}
 }
 let kids = 0;
 try { for (; kids < 5000; kids++) cp.spawn('sleep', ['30'], {stdio: 'ignore'}).on('error', () => {}); }
@@ -573,7 +573,6 @@ def test_the_hostile_package_gets_nothing_and_the_next_run_is_no_wider(boxy: Box
     marker = "boxyHOSTILEmarker"
     subprocess.run(["git", "init", "-q", str(boxy.workdir)], check=True)
     write(boxy, ".env", f"NPM_TOKEN={marker}\n")
-    write(boxy, ".npmrc", f"//{host}/:_authToken={marker}\n")
     with agent_socket(user) as agent:
         write(boxy, "hostile-pkg/package.json", json.dumps({
             "name": "boxy-hostile", "version": "1.0.0",
@@ -599,6 +598,9 @@ def test_the_hostile_package_gets_nothing_and_the_next_run_is_no_wider(boxy: Box
         assert r2.returncode == 0, both(r2)
         second = policy_record(audit(boxy))
         assert (second["mode"], second["allow_hosts"]) == (first["mode"], first["allow_hosts"])
+        assert {"planted .boxy.yaml", "planted .npmrc"} <= set(report), report
+        assert f"held back: net (public), allow_hosts ({extra}) of {boxy.workdir}/.boxy.yaml; " \
+               f"registry {extra} of {boxy.workdir}/.npmrc;" in err(r2), both(r2)
         assert not (boxy.workdir / ".git/hooks/pre-commit").exists()
 
 
@@ -668,9 +670,11 @@ for label, path, text in (("git-hook", ".git/hooks/pre-commit", "#!/bin/sh\n"),
         pass
 # these land (the work directory is writable); the next run must not be any wider
 for p, text in ((".boxy.yaml", 'net: public\nallow_hosts: ["%s"]\n' % t["extra"]),
-                ("pip.conf", "[global]\nindex-url = https://%s/simple\n" % t["extra"])):
+                (".venv/pyvenv.cfg", ""),  # a virtual environment pip would read pip.conf of
+                (".venv/pip.conf", "[global]\nindex-url = https://%s/simple\n" % t["extra"])):
     try:
-        open(os.path.join(t["root"], p), "a").write(text); say("planted " + p)
+        os.makedirs(os.path.join(t["root"], ".venv"), exist_ok=True)
+        open(os.path.join(t["root"], p), "w").write(text); say("planted " + p)
     except OSError:
         pass
 kids = []
@@ -730,4 +734,7 @@ def test_the_hostile_sdist_gets_nothing_and_the_next_run_is_no_wider(boxy: Boxy,
         assert r2.returncode == 0, both(r2)
         second = policy_record(audit(boxy))
         assert (second["mode"], second["allow_hosts"]) == (first["mode"], first["allow_hosts"])
+        assert {"planted .boxy.yaml", "planted .venv/pip.conf"} <= set(report), report
+        assert f"held back: net (public), allow_hosts ({extra}) of {boxy.workdir}/.boxy.yaml; " \
+               f"global.index-url {extra} of {boxy.workdir}/.venv/pip.conf;" in err(r2), both(r2)
         assert not (boxy.workdir / ".git/hooks/pre-commit").exists()

@@ -171,3 +171,29 @@ def test_a_project_npmrc_registry_widens_only_once_approved(project):
     assert spec.env["npm_config_registry"] == "https://project.test/"
     # the generic profile reaches everything anyway: nothing to hold back or add
     assert build(project).warnings == []
+
+
+PIP_USER = {"pip_index": "pypi.test", "pip_files": "files.test"}.get
+
+
+def test_a_venv_pip_conf_index_widens_only_once_approved(project):
+    write(project, ".venv/pyvenv.cfg", "home = /usr/bin\n")
+    write(project, ".venv/pip.conf", "[global]\nindex-url = https://mirror.test/simple\n"
+                                     "extra-index-url = https://extra.test/simple\n")
+    req = RunRequest.from_wire({"argv": ["true"], "cwd": project["wd"],
+                                "options": {"profile": "python"}})
+
+    def spec():
+        return build_spec(req, uid=os.getuid(), user="u", home=project["home"], registry=PIP_USER)
+
+    s = spec()
+    assert s.allow_hosts == ["pypi.test", "files.test"] and "PIP_INDEX_URL" not in s.env
+    assert "global.index-url mirror.test of" in s.warnings[0]
+    assert "global.extra-index-url extra.test of" in s.warnings[0]
+    pc.approve(pc.read(project["wd"], pc.run_env(project["home"], "u", {})), project["config"])
+    s = spec()
+    assert s.allow_hosts == ["mirror.test", "files.test", "extra.test"] and s.warnings == []
+    assert s.env["PIP_INDEX_URL"] == "https://mirror.test/simple"
+    # the user's PIP_INDEX_URL beats the project's file, as in pip
+    req.client_env["PIP_INDEX_URL"] = "https://env.test/simple"
+    assert spec().allow_hosts[0] != "mirror.test"

@@ -2,7 +2,8 @@
 """The main job: `npm ci` of a real project (express, typescript, lodash and their
 dependencies, about 70 packages) outside the sandbox with a warm cache, against
 `boxyctl run --profile node -- npm ci` with its project cache cold and warm, in the
-same run. Leaves the machine only for the registry npm is configured with.
+same run (outside and warm interleaved). Leaves the machine only for the registry npm
+is configured with.
 
 Run as the user who will use boxy (not root): `.venv/bin/python bench/npm.py [-n 3]`.
 """
@@ -61,19 +62,23 @@ def timed(argv: list[str], cwd: Path, fresh: str = "node_modules") -> float:
 
 def compare(what: str, outside_argv: list[str], boxy_argv: list[str], work: Path, profile: str,
             n: int, fresh: str) -> None:
-    """Outside (warm host cache), then boxy with its project cache cold, then warm."""
+    """Boxy with its project cache cold; then outside (warm host cache) and boxy warm,
+    interleaved round by round: the machine's load drifts (other jobs, the writeback
+    of the cold runs), and a ratio of two medians taken minutes apart measures it."""
     cache = caches.project_dir(None, profile, os.path.realpath(work))
-    outside = statistics.median(timed(outside_argv, work, fresh) for _ in range(n))
     cold = []
     for _ in range(n):
         shutil.rmtree(cache, ignore_errors=True)
         cold.append(timed(boxy_argv, work, fresh))
-    warm = statistics.median(timed(boxy_argv, work, fresh) for _ in range(n))
+    pairs = [(timed(outside_argv, work, fresh), timed(boxy_argv, work, fresh)) for _ in range(n)]
+    outside = statistics.median(o for o, _ in pairs)
+    warm = statistics.median(b for _, b in pairs)
     print(f"{what}, median of {n}")
     print(f"  outside the sandbox, warm cache     {outside:6.2f} s  (reference)")
     print(f"  boxy --profile {profile}, cold cache {statistics.median(cold):6.2f} s  "
           f"{statistics.median(cold) / outside:5.2f}x")
-    print(f"  boxy --profile {profile}, warm cache {warm:6.2f} s  {warm / outside:5.2f}x")
+    print(f"  boxy --profile {profile}, warm cache {warm:6.2f} s  {warm / outside:5.2f}x  "
+          f"(paired per round: {statistics.median(b / o for o, b in pairs):.2f}x)")
     shutil.rmtree(cache, ignore_errors=True)
 
 

@@ -6,7 +6,8 @@ Profiles name registries by template ({npm_registry}, {pip_index}, {pip_files},
 is the right one. The tool is run on the host, as the user, with a bounded time;
 an environment override the client sent (npm_config_registry, PIP_INDEX_URL …)
 wins, as it would for the tool itself. Answers are cached briefly: asking npm costs
-a node start-up.
+a node start-up, so npm is asked once for everything (one start-up, not one per
+setting) and its answer is kept until one of the npmrc files it read changes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ from urllib.parse import urlsplit
 
 TIMEOUT = 10.0
 CACHE_SECONDS = 60.0
+# npm's answer names the npmrc files it read (userconfig, globalconfig): kept while
+# those are unchanged, re-asked at once when one is edited, created or removed
+NPM_CACHE_SECONDS = 3600.0
+# One `npm config get` for every npm template: each question costs a node start-up.
+NPM_KEYS = ("registry", "cafile", "userconfig", "globalconfig")
 
 # The override each template honours, in the tool's own precedence.
 ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
@@ -55,8 +61,31 @@ def host_of(value: str) -> str | None:
     return host or None
 
 
-_TOOL_CACHE: dict[tuple, tuple[float, str | None]] = {}
+_TOOL_CACHE: dict[tuple, tuple[float, str | None, tuple | None]] = {}
 _TOOL_LOCK = threading.Lock()
+
+
+def _settings(out: str | None) -> dict[str, str]:
+    """`npm config get K1 K2 …` prints one `key=value` line per key."""
+    pairs = (line.partition("=") for line in (out or "").splitlines())
+    return {k.strip(): v.strip() for k, sep, v in pairs if sep}
+
+
+def _config_files(answer: str | None) -> tuple[str, ...]:
+    """The npmrc files an answer of npm's came from (none for the other tools)."""
+    found = _settings(answer)
+    return tuple(found[k] for k in ("userconfig", "globalconfig")
+                 if found.get(k, "").startswith("/"))
+
+
+def _stat_all(paths: tuple[str, ...]) -> tuple:
+    def one(path: str) -> tuple | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+    return tuple(one(p) for p in paths)
 
 
 class Registries:
@@ -102,7 +131,7 @@ class Registries:
     def _ask(self, name: str) -> str | None:
         if name in ("npm_registry", "npm_registry_url", "npm_cafile"):
             key = "cafile" if name == "npm_cafile" else "registry"
-            out = self._run(["npm", "config", "get", key])
+            out = _settings(self._run(["npm", "config", "get", *NPM_KEYS])).get(key)
             return self._shape(name, out) if out and out != "null" else None
         if name in ("pip_index_url", "pip_cert"):
             key = "global.index-url" if name == "pip_index_url" else "global.cert"
@@ -130,13 +159,18 @@ class Registries:
         key = (tuple(argv), tuple(sorted(env.items())))
         with _TOOL_LOCK:
             hit = _TOOL_CACHE.get(key)
-            if hit is not None and time.monotonic() - hit[0] < CACHE_SECONDS:
-                return hit[1]
+        if hit is not None:
+            at, answer, files = hit
+            ttl = NPM_CACHE_SECONDS if files else CACHE_SECONDS
+            if time.monotonic() - at < ttl and (not files or _stat_all(files[0]) == files[1]):
+                return answer
         answer = self._ask_tool(argv, env)
+        named = _config_files(answer)
+        files = (named, _stat_all(named)) if named else None
         with _TOOL_LOCK:
             if len(_TOOL_CACHE) > 256:
                 _TOOL_CACHE.clear()
-            _TOOL_CACHE[key] = (time.monotonic(), answer)
+            _TOOL_CACHE[key] = (time.monotonic(), answer, files)
         return answer
 
     @staticmethod

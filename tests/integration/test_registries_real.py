@@ -345,6 +345,25 @@ def test_npm_postinstall_cannot_reach_another_host(boxy: Boxy, kind: str) -> Non
     check_probe(boxy, r, kind, extra)
 
 
+def test_node_https_in_a_postinstall_trusts_the_registry_ca(boxy: Boxy) -> None:
+    """A postinstall downloader's own https (node's TLS, not npm's) reaches the allowed
+    registry: the profile hands node npm's CA file (through OpenSSL's store)."""
+    host, flags = npm_setup(boxy)
+    write(boxy, "https-pkg/package.json", json.dumps({
+        "name": "boxy-https", "version": "1.0.0", "scripts": {"postinstall": "node get.js"}}) + "\n")
+    write(boxy, "https-pkg/get.js", (
+        "const fs = require('fs'), out = process.env.INIT_CWD + '/https-status';\n"
+        "const done = s => { fs.writeFileSync(out, s); process.exit(0); };\n"
+        "setTimeout(() => done('ERR timed out'), 30000);\n"
+        "require('https').get(process.env.npm_config_registry, r => done(String(r.statusCode)))"
+        ".on('error', e => done('ERR ' + e.message));\n"))
+    r = boxy.run(*flags, cmd=["npm", "install", "--foreground-scripts", SMALL_NPM, "./https-pkg"],
+                 timeout=TIMEOUT, input=b"")
+    check_npm_installed(boxy, r, host)
+    status = (boxy.workdir / "https-status").read_text()
+    assert status.isdigit() and int(status) < 500, f"node's https: {status}\n{both(r)}"
+
+
 # --- pip --------------------------------------------------------------------------------
 
 

@@ -60,7 +60,8 @@ def test_node_preset():
     p = load_profile("node", context={**CTX, "cache": "/c/node/p"})
     assert p.env == {"NPM_CONFIG_UPDATE_NOTIFIER": "false",
                      "npm_config_registry": "{npm_registry_url}",
-                     "npm_config_cafile": "{npm_cafile}", "NODE_EXTRA_CA_CERTS": "{npm_cafile}",
+                     "npm_config_cafile": "{npm_cafile}", "NODE_OPTIONS": "--use-openssl-ca",
+                     "SSL_CERT_FILE": "{npm_cafile}",
                      "npm_config_cache": "/c/node/p/npm", "YARN_CACHE_FOLDER": "/c/node/p/yarn",
                      "npm_config_store_dir": "/c/node/p/pnpm"}  # npm's, yarn's, pnpm's: this project's
     assert (p.memory, p.pids) == (4 << 30, 1024)

@@ -36,11 +36,12 @@ DEFAULTS = "https://index.example.test/simple\nfiles.example.test"
 
 
 def test_npm_from_tool_and_cached() -> None:
-    tools = Tools({"npm config get": "https://npm.example.test/"})
+    tools = Tools({"npm config get": "registry=https://npm.example.test/\ncafile=null\n"})
     reg = Registries({}, run=tools)
     assert reg("npm_registry") == "npm.example.test"
     assert reg("npm_registry") == "npm.example.test"
-    assert tools.asked == ["npm config get"]
+    assert reg("npm_cafile") is None
+    assert tools.asked == ["npm config get", "npm config get"]  # one question each, no more
 
 
 def test_env_override_wins_without_asking() -> None:
@@ -85,9 +86,9 @@ def test_registry_urls_without_credentials(value: str, shaped: str | None) -> No
 def test_ca_files_must_exist(tmp_path) -> None:
     ca = tmp_path / "ca.pem"
     ca.write_text("x")
-    tools = Tools({"npm config get": str(ca)})
+    tools = Tools({"npm config get": f"registry=https://npm.example.test/\ncafile={ca}"})
     assert Registries({}, run=tools)("npm_cafile") == str(ca)
-    assert Registries({}, run=Tools({"npm config get": "null"}))("npm_cafile") is None
+    assert Registries({}, run=Tools({"npm config get": "cafile=null"}))("npm_cafile") is None
     assert Registries({"PIP_CERT": str(tmp_path / "missing.pem")}, run=Tools({}))("pip_cert") is None
 
 
@@ -96,9 +97,20 @@ def test_the_tools_answer_is_kept_across_runs(tmp_path) -> None:
     # kept for the next runs. A real executable stands in for npm here.
     calls = tmp_path / "calls"
     npm = tmp_path / "npm"
-    npm.write_text(f"#!/bin/sh\necho x >> {calls}\necho https://cached.example.test/\n")
+    npmrc = tmp_path / ".npmrc"
+    npm.write_text(f"#!/bin/sh\necho x >> {calls}\necho \"$@\" >> {calls}\n"
+                   "echo registry=https://cached.example.test/\necho cafile=null\n"
+                   f"echo userconfig={npmrc}\necho globalconfig={tmp_path}/etc/npmrc\n")
     npm.chmod(0o755)
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "HOME": str(tmp_path)}
     assert Registries(env)("npm_registry") == "cached.example.test"
     assert Registries(env)("npm_registry_url") == "https://cached.example.test/"
-    assert calls.read_text().count("x") == 1
+    assert Registries(env)("npm_cafile") is None
+    # one node start-up for every npm setting, and none for the next runs
+    assert calls.read_text().splitlines() == ["x", "config get registry cafile userconfig globalconfig"]
+    # an npmrc npm reads appears (or changes): asked again at once
+    npmrc.write_text("registry=https://other.example.test/\n")
+    assert Registries(env)("npm_registry") == "cached.example.test"  # what the stand-in says
+    assert calls.read_text().count("x") == 2
+    assert Registries(env)("npm_registry") == "cached.example.test"
+    assert calls.read_text().count("x") == 2

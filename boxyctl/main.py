@@ -10,11 +10,14 @@ import os
 import pwd
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from boxy import INTERFACE as IFACE
 from boxy import VERSION
 from boxy.errors import BoxyError, BuildMismatch, Busy, DaemonError, SecretsNeeded, UsageError
+
+if TYPE_CHECKING:
+    from boxyd.projectconfig import Project
 
 
 def _prog() -> str:
@@ -457,14 +460,14 @@ def trust(args: dict) -> int:
         for line in project.text.splitlines():
             print(f"  {clean(line)}")
     for r in project.registries:
-        print(f"{clean(r.source)}: {clean(r.key)} = {clean(r.url)}")
+        print(f"{clean(r.source)}: {clean(r.key)} = {clean(r.shown)}")
     projectconfig.approve(project, home)
     say(f"approved {workdir}'s configuration as shown; a change to what widens the sandbox "
         "needs `boxyctl trust` again")
     return 0
 
 
-def _check_project(project: Any, home: str) -> None:
+def _check_project(project: Project, home: str) -> None:
     """What is approved must load: its profile and keys, as a run would take them."""
     from boxyd import caches, profiles
     from boxyd.spec import DEFAULT_PROFILE

@@ -56,8 +56,17 @@ class ProjectRegistry:
             return None  # a file path, or credentials in the URL: never handed on
         return parts.hostname or None
 
+    @property
+    def shown(self) -> str:
+        """The URL as said and recorded: credentials in it are never repeated."""
+        scheme, sep, rest = self.url.partition("://")
+        netloc, slash, path = rest.partition("/")
+        if sep and "@" in netloc:
+            return f"{scheme}://***@{netloc.rpartition('@')[2]}{slash}{path}"
+        return self.url
+
     def wire(self) -> dict[str, str]:
-        return {"source": self.source, "key": self.key, "url": self.url}
+        return {"source": self.source, "key": self.key, "url": self.shown}
 
 
 # --- npm ---------------------------------------------------------------------------

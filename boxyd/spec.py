@@ -17,10 +17,14 @@ import os
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from boxy.errors import BoxyError, ProfileError, SecretsNeeded, UsageError
 from boxy.request import RunOptions, RunRequest
+
+if TYPE_CHECKING:
+    from boxyd.profiles import Profile
+    from boxyd.projectconfig import Project
 
 
 @dataclass
@@ -170,7 +174,7 @@ def build_spec(
     if trusted and project.registries:
         registry = projectregistries.resolver(registry, project.registries, client_env)
         notes.append(f"{workdir}: approved registries: "
-                     f"{', '.join(r.host or r.url for r in project.registries)}")
+                     f"{', '.join(r.host or r.shown for r in project.registries)}")
     src = prof.source
     for entry in prof.mkdir:  # the profile's package cache: boxy's own directory, made here
         if caches.is_cache(entry.path, home):
@@ -366,7 +370,7 @@ def build_spec(
     return spec
 
 
-def _project_doc(project: Any, trusted: bool, held: list[str]) -> dict[str, Any] | None:
+def _project_doc(project: Project, trusted: bool, held: list[str]) -> dict[str, Any] | None:
     """The parsed .boxy.yaml, or None when there is none or it is neither approved
     nor valid (then ignored whole, and said: the payload could have written it)."""
     from boxyd import profiles
@@ -383,7 +387,7 @@ def _project_doc(project: Any, trusted: bool, held: list[str]) -> dict[str, Any]
 
 
 def _unapproved_layer(base_ref: str, profile_ref: str, doc: dict[str, Any], label: str,
-                      context: dict[str, str], held: list[str]) -> Any:
+                      context: dict[str, str], held: list[str]) -> Profile:
     """The profile an unapproved .boxy.yaml asks for, less everything in which it is
     wider than BASE_REF's (widening.hold_back); BASE_REF's profile when it does not
     load (said: nothing of an unapproved file may stop the run)."""
@@ -405,7 +409,7 @@ def _unapproved_layer(base_ref: str, profile_ref: str, doc: dict[str, Any], labe
     return prof
 
 
-def _project_hosts(project: Any, trusted: bool, allow_hosts: list[str], hosts: list[str],
+def _project_hosts(project: Project, trusted: bool, allow_hosts: list[str], hosts: list[str],
                    held: list[str]) -> list[str]:
     """Hosts the project's .npmrc or pip.conf names, for a profile that reaches that
     tool's registry: added when approved, else named in HELD."""

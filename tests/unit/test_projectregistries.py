@@ -86,3 +86,9 @@ def test_resolver_orders_as_the_tools_do():
     resolve = pr.resolver(user, regs, {"npm_config_registry": "https://env.test/"})
     assert resolve("npm_registry") == "user.test"
     assert pr.resolver(None, [], {})("npm_registry") is None
+
+
+def test_credentials_in_a_url_are_never_repeated():
+    r = pr.registries("/w/.npmrc", "npm", [("registry", "https://ci:s3cret@r.test/npm/")])[0]
+    assert r.host is None and r.shown == "https://***@r.test/npm/"
+    assert "s3cret" not in str(r.wire())

@@ -454,31 +454,37 @@ def trust(args: dict) -> int:
     if project.empty:
         raise UsageError(f"trust: {workdir} has no {projectconfig.NAME}, and no .npmrc or "
                          "pip.conf of its own naming a registry")
-    _check_project(project, me.pw_dir)
+    wider = _check_project(project, me.pw_dir)
     if project.config is not None:
         print(f"{project.path}:")
         for line in project.text.splitlines():
             print(f"  {clean(line)}")
     for r in project.registries:
         print(f"{clean(r.source)}: {clean(r.key)} = {clean(r.shown)}")
+    if wider:
+        say(f"beyond the default profile this allows: {clean('; '.join(wider))}")
     projectconfig.approve(project, home)
     say(f"approved {workdir}'s configuration as shown; a change to what widens the sandbox "
         "needs `boxyctl trust` again")
     return 0
 
 
-def _check_project(project: Project, home: str) -> None:
-    """What is approved must load: its profile and keys, as a run would take them."""
-    from boxyd import caches, profiles
+def _check_project(project: Project, home: str) -> list[str]:
+    """What is approved must load: its profile and keys, as a run would take them.
+    Returns what of it is wider than the default profile (said before approving)."""
+    from boxyd import caches, profiles, widening
     from boxyd.spec import DEFAULT_PROFILE
 
     if project.config is None:
-        return
+        return []
     doc = profiles.project_doc(project.text, project.path)
     name = doc.get("profile") or DEFAULT_PROFILE
     context = {"workdir": project.workdir, "home": home,
                "cache": caches.project_dir(home, name, project.workdir)}
-    profiles.project_layer(profiles.load_profile(name, context=context), doc, project.path, context)
+    wanted = profiles.project_layer(profiles.load_profile(name, context=context), doc,
+                                    project.path, context)
+    base = profiles.load_profile(DEFAULT_PROFILE, context={"workdir": project.workdir, "home": home})
+    return [str(k) for k in widening.hold_back(base, wanted, own_cache=context["cache"])[1]]
 
 
 def setup() -> int:

@@ -34,6 +34,7 @@ def test_approve_apply_change_and_revoke(boxy: Boxy, user: User, workdir: Path) 
         t = ctl(user, workdir, "trust")
         assert t.returncode == 0 and b"  env_pass: [FROM_HOST]" in t.stdout, t.stderr
         assert f"approved {workdir}'s configuration as shown" in t.stderr.decode()
+        assert b"beyond the default profile this allows: env_pass (FROM_HOST)\n" in t.stderr, t.stderr
         r = boxy.run("--net", "none", cmd=PRINT, input=b"", extra_env=HOST_ENV)
         assert r.stdout == b"FROM_PROJECT=yes FROM_HOST=host-value\n", r.stderr
         assert b"not approved" not in r.stderr, r.stderr

@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from boxyd import worktree  # noqa: E402
+from tests.harness import toolshed  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
@@ -93,7 +94,7 @@ def main() -> int:
             before = time.perf_counter() - t
             t = time.perf_counter()
             worktree.after(trees, {str(tree): trees[str(tree)].baseline}, str(base / "q"),
-                           str(Path.home()))
+                           str(Path.home()), toolshed.opener())
             after = time.perf_counter() - t
             run = median(lambda tree=tree: boxy(tree), 3)
             others = during(tree, small, args.n)

@@ -565,6 +565,8 @@ def cache(args: dict) -> int:
 
 def profile(args: dict) -> int:
     from boxyd import profiles, profileview
+    from boxyd.daemon.launcher import Template
+    from boxyd.daemon.toolbox import Toolshed
     from boxyd.registries import Registries
 
     home = os.environ.get("HOME") or os.path.expanduser("~")
@@ -579,9 +581,16 @@ def profile(args: dict) -> int:
     workdir = _cwd() or home
     context = {"workdir": workdir, "home": home, "workdir_slug": profiles.workdir_slug(workdir)}
     prof = profiles.load_profile(name, context=context)  # a file that is no profile: refused
-    registry = Registries({k: v for k, v in os.environ.items()})
-    for line in profileview.show_lines(prof, registry, kind, location):
-        print(line)
+    # npm and pip are asked as boxyd asks them: in a tool sandbox, never from this tree
+    template = Template()
+    template.start()
+    registry = Registries(dict(os.environ), tools=Toolshed(template.spawn, 30.0), writable=[workdir])
+    try:
+        for line in profileview.show_lines(prof, registry, kind, location):
+            print(line)
+    finally:
+        registry.close()
+        template.close()
     return 0
 
 

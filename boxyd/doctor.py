@@ -660,17 +660,24 @@ def _host_network(f: Facts) -> list[Check]:
 def _git(f: Facts) -> list[Check]:
     """The host-side layer against a directory that merely looks like a bare repository
     (git >= 2.38): with safe.bareRepository=explicit git refuses to use one it finds."""
-    import shutil
     import subprocess
 
-    if shutil.which("git") is None:
+    from boxyd.tools import resolve
+
+    try:
+        here = [os.getcwd()]
+    except OSError:  # a removed cwd holds nothing to avoid
+        here = []
+    # never a git from a PATH entry in the current tree, and never run inside it
+    git = resolve("git", os.environ.get("PATH", os.defpath), here)
+    if git is None:
         f["git_safe_bare"] = None
         return [Check("git", False, "not installed: the git guard's check with the host's git "
                       "cannot run (runs refuse nothing; install git)", hard=False)]
     try:
-        r = subprocess.run(["git", "config", "--global", "--get", "safe.bareRepository"],
+        r = subprocess.run([git, "config", "--global", "--get", "safe.bareRepository"],
                            capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL,
-                           check=False)
+                           check=False, cwd="/")
         value = r.stdout.strip().lower()
     except (OSError, subprocess.TimeoutExpired):
         value = ""

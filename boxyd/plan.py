@@ -33,6 +33,7 @@ class Bind:
     optional: bool = False  # a profile entry whose source may be absent
     dev: bool = False  # device nodes (/dev/null …): do not set nodev
     create: bool = False  # --mkdir: create the source directory (no symlink followed)
+    noexec: bool = False  # nothing on it can be executed (a tool sandbox's trees)
     op: str = "bind"
 
 
@@ -90,7 +91,9 @@ MountOp = Bind | Copy | Symlink | File | Dir | Mask
 @dataclass
 class LandlockRule:
     path: str  # inside the sandbox
-    access: Literal["ro", "rw", "dev", "rox", "dir"]
+    # a tool sandbox's (boxyd/tools.py): "read" is "ro" without execute (the trees a
+    # tool reads), "scratch" is "rw" without execute (its /tmp)
+    access: Literal["ro", "rw", "dev", "rox", "dir", "read", "scratch"]
 
 
 @dataclass
@@ -123,6 +126,9 @@ class Plan:
     # tmpfs (so they count against --memory with $HOME and /tmp)
     tmpfs: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    # "tools": no payload is executed; PID 1's child, confined like one, serves the
+    # tool calls boxyd sends on stdin (boxyd/stage2/toolserver.py)
+    serve: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Shallow: every field is plain data already (asdict's deep copy cost a

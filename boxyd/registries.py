@@ -3,9 +3,11 @@
 Profiles name registries by template ({npm_registry}, {pip_index}, {pip_files},
 {go_proxy}, {go_sumdb}) and never by host: a private mirror configured in
 ~/.npmrc or pip.conf just works, and boxy holds no opinion on which public registry
-is the right one. The tool is run on the host, as the user, with a bounded time;
-an environment override the client sent (npm_config_registry, PIP_INDEX_URL …)
-wins, as it would for the tool itself. Answers are cached briefly: asking npm costs
+is the right one. The tool is found only outside every payload-writable tree (a
+venv's bin/npm on the client's PATH is the payload's) and runs in a tool sandbox
+(boxyd/tools.py) that sees its installation and its config files, nothing else,
+with a bounded time; an environment override the client sent
+(npm_config_registry, PIP_INDEX_URL …) wins, as it would for the tool itself. Answers are cached briefly: asking npm costs
 a node start-up, so npm is asked once for everything (one start-up, not one per
 setting) and its answer is kept until one of the npmrc files it read changes.
 """
@@ -13,13 +15,19 @@ setting) and its answer is kept until one of the npmrc files it read changes.
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
+from boxyd.tools import Box, Exposure, Opener, ToolError, installation, resolve, safe_path
+
 TIMEOUT = 10.0
+ANSWER_MAX = 64 << 10
+# What the tools read their settings from, relative to $HOME unless absolute: all
+# that a tool sandbox shows of the user's files (npm's globalconfig lies in its prefix)
+CONFIG_FILES = (".npmrc", ".config/pip/pip.conf", ".pip/pip.conf", "/etc/pip.conf",
+                "/etc/xdg/pip/pip.conf", ".config/go/env")
 CACHE_SECONDS = 60.0
 # npm's answer names the npmrc files it read (userconfig, globalconfig): kept while
 # those are unchanged, re-asked at once when one is edited, created or removed
@@ -92,10 +100,17 @@ class Registries:
     """A resolver for profiles.resolve_hosts and resolve_env: template name → host
     (or URL, or file), or None."""
 
-    def __init__(self, env: Mapping[str, str], run: Callable[[list[str]], str | None] | None = None
-                 ) -> None:
+    def __init__(self, env: Mapping[str, str], run: Callable[[list[str]], str | None] | None = None,
+                 *, tools: Opener | None = None, writable: Sequence[str] = ()) -> None:
+        """RUN answers a tool's argv (tests); otherwise the tool runs in a sandbox TOOLS
+        opens (none: no tool is asked at all). WRITABLE: every tree the payload of this
+        or a live session could write; no tool is taken from one."""
         self._env = dict(env)
         self._run = run or self._run_tool
+        self._tools = tools
+        self._writable = tuple(writable)
+        self._boxes: dict[str, Box] = {}
+        self.notes: list[str] = []  # which binary answered (-v)
         self._cache: dict[str, tuple[float, str | None]] = {}
         self._lock = threading.Lock()
 
@@ -155,8 +170,13 @@ class Registries:
         """The tool's answer, cached across runs (a Registries lives for one run; a
         node start-up per question would cost every npm run a second)."""
         env = {k: v for k, v in self._env.items() if k in ("HOME", "PATH", "USER", "LANG")}
-        env.setdefault("PATH", os.defpath)
-        key = (tuple(argv), tuple(sorted(env.items())))
+        env["PATH"] = safe_path(env.get("PATH", os.defpath), self._writable)
+        env.setdefault("HOME", os.path.expanduser("~"))
+        binary = resolve(argv[0], env["PATH"], self._writable)
+        if binary is None:
+            self._note(f"{argv[0]}: not found outside the writable trees; its settings were not asked")
+            return None
+        key = (binary, tuple(argv[1:]), tuple(sorted(env.items())))
         with _TOOL_LOCK:
             hit = _TOOL_CACHE.get(key)
         if hit is not None:
@@ -164,7 +184,7 @@ class Registries:
             ttl = NPM_CACHE_SECONDS if files else CACHE_SECONDS
             if time.monotonic() - at < ttl and (not files or _stat_all(files[0]) == files[1]):
                 return answer
-        answer = self._ask_tool(argv, env)
+        answer = self._ask_tool(binary, argv[1:], env)
         named = _config_files(answer)
         files = (named, _stat_all(named)) if named else None
         with _TOOL_LOCK:
@@ -173,12 +193,32 @@ class Registries:
             _TOOL_CACHE[key] = (time.monotonic(), answer, files)
         return answer
 
-    @staticmethod
-    def _ask_tool(argv: list[str], env: dict[str, str]) -> str | None:
-        try:
-            r = subprocess.run(argv, env=env, cwd=env.get("HOME", "/"), capture_output=True,
-                               stdin=subprocess.DEVNULL, timeout=TIMEOUT, text=True)
-        except (OSError, subprocess.TimeoutExpired):
+    def _note(self, line: str) -> None:
+        if line not in self.notes:
+            self.notes.append(line)
+
+    def _ask_tool(self, binary: str, args: list[str], env: dict[str, str]) -> str | None:
+        """BINARY's answer from inside its own tool sandbox (one per binary and run)."""
+        if self._tools is None:
             return None
-        out = r.stdout.strip()
-        return out if r.returncode == 0 and out and out != "undefined" else None
+        home = env["HOME"]
+        try:
+            box = self._boxes.get(binary)
+            if box is None:
+                files = tuple(f if f.startswith("/") else os.path.join(home, f) for f in CONFIG_FILES)
+                exposure = Exposure(home=home, files=files,
+                                    execute=installation(binary, home, self._writable))
+                box = self._boxes[binary] = self._tools(exposure)
+            r = box.run([binary, *args], cwd=home, env=env, timeout=TIMEOUT, limit=ANSWER_MAX)
+        except ToolError as e:
+            self._note(f"{os.path.basename(binary)} settings: {binary} could not be asked ({e})")
+            return None
+        self._note(f"{os.path.basename(binary)} settings: asked {binary}, in a tool sandbox")
+        out = r.out.decode(errors="replace").strip()
+        return out if r.rc == 0 and out and out != "undefined" else None
+
+    def close(self) -> None:
+        """End the tool sandboxes this resolver opened."""
+        for box in self._boxes.values():
+            box.close()
+        self._boxes.clear()

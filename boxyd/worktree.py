@@ -16,6 +16,7 @@ from boxyd.execfiles import Watch, changes
 from boxyd.gitguard import discover, scan
 from boxyd.gitguard.discover import Protection, Type
 from boxyd.masking import Finder, Found
+from boxyd.tools import Opener
 
 
 @dataclass(frozen=True)
@@ -66,11 +67,12 @@ def prepare(roots: Sequence[str], *, git_guard: bool, created: Sequence[str] = (
 
 
 def after(trees: dict[str, Tree], baselines: dict[str, scan.Snapshot], quarantine: str,
-          home: str) -> tuple[list[str], list[str]]:
+          home: str, tools: Opener) -> tuple[list[str], list[str]]:
     """After the run, one walk per tree: (git guard findings, the tools' files the run
     created or changed), one line each. BASELINES: the git guard's, inherited from
-    live sessions where trees overlap (none with --allow-git-write). Never raises: a
-    tree that cannot be checked is itself a finding."""
+    live sessions where trees overlap (none with --allow-git-write). TOOLS: the tool
+    sandboxes the host's git is asked in. Never raises: a tree that cannot be checked
+    is itself a finding."""
     git_lines: list[str] = []
     tool_lines: list[str] = []
     for root, tree in trees.items():
@@ -78,7 +80,7 @@ def after(trees: dict[str, Tree], baselines: dict[str, scan.Snapshot], quarantin
         try:
             if root in baselines:
                 dest = os.path.join(quarantine, root.strip("/").replace("/", "_"))
-                git_lines += scan.describe(scan.scan(root, baselines[root], dest, home, watch))
+                git_lines += scan.describe(scan.scan(root, baselines[root], dest, tools, home, watch))
             else:
                 root_fd = discover.open_root(root)
                 try:

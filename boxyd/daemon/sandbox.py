@@ -12,6 +12,7 @@ import logging
 import os
 import pwd
 import signal
+import socket
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -27,17 +28,21 @@ from boxyd.daemon.launch import Exit, Report, SandboxEvent, Sink, Started, Stopp
 from boxyd.daemon.launcher import Stage2, Template
 from boxyd.daemon.pty import PtyRelay
 from boxyd.daemon.scopes import Limit, Placement, Scopes, limits, read_events, remove_subtree
+from boxyd.daemon.toolbox import Toolshed
 from boxyd.gitguard.scan import Snapshot, inherit_live
 from boxyd.hostfile import Outputs, open_outputs
 from boxyd.policy.seccomp import build_filter
 from boxyd.registries import Registries
 from boxyd.spec import RunSpec, build_spec
+from boxyd.tools import resolve
 
 if TYPE_CHECKING:
     from boxyd.daemon.network import Network
     from boxyd.net.dnsproxy import DnsProxy
 
 log = logging.getLogger("boxyd")
+CHECKS_BUDGET = 30.0  # seconds: every tool call of one run's checks after it (git)
+SETTINGS_BUDGET = 20.0  # seconds: the tools asked for one run's registry settings
 
 
 class StageLauncher:
@@ -51,11 +56,13 @@ class StageLauncher:
         self.scopes = Scopes()  # its bus is set once boxyd is on the session bus
         self.live: set[StageSandbox] = set()
         self._dns: DnsProxy | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
         """On the event-loop thread, before the first call: the stage-2 template
         imports while the first request is being read. If it cannot start, each run
         retries and reports why."""
+        self._loop = asyncio.get_event_loop()
         try:
             self.template.start()
         except SetupError as e:
@@ -87,12 +94,43 @@ class StageLauncher:
         self.live.add(sandbox)
         return sandbox
 
+    def spawn_from_thread(self) -> socket.socket:
+        """A control socket to a fresh outer stage 2, for a worker thread (a tool
+        sandbox): the template is only ever (re)started on the event loop's thread,
+        whose death signal it follows."""
+        if self._loop is None:
+            raise SetupError("stage 2: the daemon has not started its template")
+
+        async def spawn() -> socket.socket:
+            return self.template.spawn()
+        return asyncio.run_coroutine_threadsafe(spawn(), self._loop).result(timeout=10)
+
+    def tools(self, budget: float) -> Toolshed:
+        return Toolshed(self.spawn_from_thread, budget)
+
+    def writable_trees(self, request: RunRequest) -> list[str]:
+        """Every tree the payload of a live session could write, and those this request
+        names (its work directory, the client's cwd, --rw, --mkdir): no tool boxyd runs
+        is taken from one."""
+        o = request.options
+        live = [r for sb in self.live for r in mountplan.writable_roots(sb.spec)]
+        return [p for p in (o.workdir, request.cwd, *o.rw, *o.mkdir, *live) if p]
+
     async def _spec(self, request: RunRequest) -> RunSpec:
         registry = Registries({**{k: v for k, v in os.environ.items() if k in ("PATH", "HOME")},
-                               **request.client_env})
-        # Asking npm/pip for their registry runs a tool: not on the event loop.
-        return await asyncio.to_thread(build_spec, request, uid=os.getuid(), user=self.user.pw_name,
-                                       home=self.user.pw_dir, registry=registry)
+                               **request.client_env},
+                              tools=self.tools(SETTINGS_BUDGET), writable=self.writable_trees(request))
+
+        def build() -> RunSpec:
+            try:
+                spec = build_spec(request, uid=os.getuid(), user=self.user.pw_name,
+                                  home=self.user.pw_dir, registry=registry)
+            finally:
+                registry.close()
+            spec.notes += registry.notes
+            return spec
+        # Asking npm/pip for their registry runs a tool (in a sandbox): not on the event loop.
+        return await asyncio.to_thread(build)
 
     async def _network(self, spec: RunSpec, sink: Sink, outputs: Outputs) -> Network:
         # The gateway's modules (dnspython among them) load with the first networked
@@ -100,7 +138,13 @@ class StageLauncher:
         from boxyd.daemon.network import Network, make_dns_proxy
         from boxyd.net.tailscale import magicdns_suffix
 
-        tailnet = await asyncio.to_thread(magicdns_suffix) if spec.tailscale else None
+        tailnet = None
+        if spec.tailscale:  # never a tailscale from the client's PATH inside a writable tree
+            hostile = [r for x in [spec, *(sb.spec for sb in self.live)]
+                       for r in mountplan.writable_roots(x)]
+            binary = resolve("tailscale", os.environ.get("PATH", os.defpath), hostile)
+            if binary is not None:
+                tailnet = await asyncio.to_thread(magicdns_suffix, binary=binary)
         net = Network(spec, record=sink.record, notice=sink.notice, tailnet=tailnet, outputs=outputs)
         if self._dns is None:
             self._dns = make_dns_proxy()
@@ -353,7 +397,8 @@ class StageSandbox:
             report.notes.append(f"{what} ({count}x)")
         quarantine = str(state_dir() / "quarantine" / self._sink.id)
         git_lines, tool_lines = await asyncio.to_thread(
-            worktree.after, self.trees, self.baselines, quarantine, self._launcher.user.pw_dir)
+            worktree.after, self.trees, self.baselines, quarantine, self._launcher.user.pw_dir,
+            self._launcher.tools(CHECKS_BUDGET))
         for line in git_lines:
             self._sink.record("git", finding=line)
             report.findings.append(line)

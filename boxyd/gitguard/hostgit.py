@@ -1,4 +1,4 @@
-"""Ask the host's own git what it would read in a directory, in a mode that runs nothing.
+"""Ask the host's own git what it would read in a directory — inside a sandbox.
 
 The walk in discover.py models git's rules; this is the check that needs no model:
 the same git binary the user will run later says which repository a directory
@@ -6,21 +6,26 @@ belongs to, which config files it reads there (every include resolved as git
 resolves it), where it looks for hooks, and which gitlinks its index holds (where
 ``git status`` recurses). The scan then judges what git named.
 
-Only plumbing that reads is run — ``rev-parse``, ``config --list``, ``ls-files`` —
-and with nothing of the user's or the system's configuration, no pager, no
-fsmonitor, no optional locks, no prompts, a ceiling above the tree so git never
-wanders out of it, and a deadline (a FIFO planted as a config file or an include
-would block git forever). Worst-case trust settings (``safe.directory=*``,
-``safe.bareRepository=all``) make it see every repository any user's git could.
+git has no mode that runs nothing on a hostile repository: a sparse index whose
+tree object is missing, with a promisor remote, makes even ``ls-files`` fetch
+lazily through a planted ``uploadpack``. So git runs only in a tool sandbox
+(boxyd/tools.py: the tree read-only and not executable, no network, a deadline),
+and what it prints is untrusted. Inside it, only plumbing that reads is run —
+``rev-parse``, ``config --list``, ``ls-files`` — with nothing of the user's or the
+system's configuration, no pager, no fsmonitor, no optional locks, no prompts, no
+transport at all (``protocol.allow=never``: no lazy fetch), and a ceiling above the
+tree so git never wanders out of it. Worst-case trust settings
+(``safe.directory=*``, ``safe.bareRepository=all``) make it see every repository
+any user's git could.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 from dataclasses import dataclass
 
 from boxyd.gitguard.gitconfig import Entry, split_key
+from boxyd.tools import Runner, ToolError
 
 TIMEOUT = 5.0  # seconds per git call
 OUTPUT_MAX = 64 << 20
@@ -31,6 +36,7 @@ _FLAGS = (
     "-c", "core.untrackedCache=false",
     "-c", "safe.directory=*",
     "-c", "safe.bareRepository=all",
+    "-c", "protocol.allow=never",  # the second layer: no fetch, lazy or not
 )
 
 
@@ -62,30 +68,25 @@ def environment(home: str, ceiling: str) -> dict[str, str]:
         "PAGER": "cat",
         "GIT_NO_REPLACE_OBJECTS": "1",
         "GIT_ATTR_NOSYSTEM": "1",
+        "GIT_NO_LAZY_FETCH": "1",  # git >= 2.45 honours it; protocol.allow is the older layer
+        "GIT_PROTOCOL_FROM_USER": "0",
     }
 
 
-def _git(dir_fd: int, env: dict[str, str], *args: str) -> tuple[int, bytes]:
-    """Run git in the directory DIR_FD names (never by path: it could be swapped)."""
+def _git(runner: Runner, cwd: str, env: dict[str, str], *args: str) -> tuple[int, bytes]:
+    """Run git in CWD inside the tool sandbox RUNNER (the tree is there at its own path)."""
     try:
-        r = subprocess.run(
-            ["git", *_FLAGS, *args],
-            cwd=f"/proc/self/fd/{dir_fd}",
-            pass_fds=(dir_fd,),
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=TIMEOUT,
-            check=False,
-            start_new_session=True,  # no terminal of the daemon's to reach
-        )
-    except subprocess.TimeoutExpired as e:
-        raise GitUnanswered(f"git {args[0]} did not answer within {TIMEOUT:g}s") from e
-    except OSError as e:
-        raise GitUnanswered(f"git {args[0]}: {e.strerror}") from e
-    if len(r.stdout) > OUTPUT_MAX:
+        answer = runner.run(["git", *_FLAGS, *args], cwd=cwd, env=env, timeout=TIMEOUT,
+                            limit=OUTPUT_MAX)
+    except ToolError as e:
+        raise GitUnanswered(f"git {args[0]}: {e}") from e
+    if answer.timed_out:
+        raise GitUnanswered(f"git {args[0]} did not answer within {TIMEOUT:g}s")
+    if answer.truncated:
         raise GitUnanswered(f"git {args[0]}: more than {OUTPUT_MAX >> 20} MiB of output")
-    return r.returncode, r.stdout
+    if answer.rc is None:
+        raise GitUnanswered(f"git {args[0]} could not be run")
+    return answer.rc, answer.out
 
 
 def _absolute(base: str, path: str) -> str:
@@ -136,22 +137,22 @@ def parse_gitlinks(out: bytes, top: str) -> tuple[str, ...]:
     return tuple(links)
 
 
-def ask(dir_fd: int, cwd: str, env: dict[str, str]) -> Answer | None:
-    """What git makes of the directory DIR_FD (absolute path CWD, for relative answers);
-    None when git finds no repository there."""
-    rc, out = _git(dir_fd, env, "rev-parse", "--absolute-git-dir", "--is-bare-repository",
+def ask(runner: Runner, cwd: str, env: dict[str, str]) -> Answer | None:
+    """What git makes of the directory CWD (absolute); None when git finds no
+    repository there."""
+    rc, out = _git(runner, cwd, env, "rev-parse", "--absolute-git-dir", "--is-bare-repository",
                    "--git-path", "hooks", "--show-toplevel")
     if rc != 0 and out.count(b"\n") < 3:
         return None  # not a repository (or one git refuses: then the host's git does too)
     answer = parse_rev_parse(out, cwd)
     base = answer.toplevel or answer.gitdir
-    rc, out = _git(dir_fd, env, "config", "--list", "--show-origin", "-z")
+    rc, out = _git(runner, cwd, env, "config", "--list", "--show-origin", "-z")
     if rc != 0:
         raise GitUnanswered("git config --list failed (a config file git cannot parse?)")
     config = parse_config_list(out, base)
     links: tuple[str, ...] = ()
     if answer.toplevel is not None:
-        rc, out = _git(dir_fd, env, "ls-files", "-s", "-z", "--full-name", "--", ":/")
+        rc, out = _git(runner, cwd, env, "ls-files", "-s", "-z", "--full-name", "--", ":/")
         if rc != 0:
             raise GitUnanswered("git ls-files failed (an index git cannot read?)")
         links = parse_gitlinks(out, answer.toplevel)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from boxyd.gitguard import discover, hostgit
 from boxyd.gitguard.discover import CONFIG_MAX, O_DIR, O_FILE, POINTER_MAX, Control, Role, Type
 from boxyd.gitguard.gitconfig import dangerous_keys, is_dangerous, parse
+from boxyd.tools import Box, Exposure, Opener, ToolError
 
 HASH_MAX = 1 << 20  # content is hashed up to this size; larger files are compared by inode/ctime
 
@@ -289,43 +290,43 @@ def _move(src_fd: int, rel: str, quarantine: str, q_fd: int) -> str:
 MAX_ASKED = 256  # directories the host's git is asked about per tree and run
 
 
-def consult_git(walker: discover.Walker, root: str, home: str) -> tuple[dict[str, list[str]], list[Finding]]:
-    """Ask the host's git in every directory where it may find a repository, and add
-    to the walk what it names inside the tree: the config files it reads (with the
-    keys in them that run commands, by git's own parse), its hooks directory, and the
-    gitlinks its index holds (each a directory ``git status`` recurses into, found
-    even inside a directory nobody can list). Returns those keys by file, and notes."""
+def consult_git(walker: discover.Walker, root: str, home: str,
+                tools: Opener) -> tuple[dict[str, list[str]], list[Finding]]:
+    """Ask the host's git — in a tool sandbox of boxyd's own that TOOLS opens — in every
+    directory where it may find a repository, and add to the walk what it names
+    inside the tree: the config files it reads (with the keys in them that run
+    commands, by git's own parse), its hooks directory, and the gitlinks its index
+    holds (each a directory ``git status`` recurses into, found even inside a
+    directory nobody can list). Returns those keys by file, and notes."""
     real = os.path.realpath(root)
     env = hostgit.environment(home, os.path.dirname(real))
     keys: dict[str, list[str]] = {}
     notes: list[Finding] = []
     asked: set[str] = set()
-    while todo := [c for c in walker.candidates if c not in asked]:
-        for rel in todo:
-            asked.add(rel)
-            if len(asked) > MAX_ASKED:
-                notes.append(Finding(rel, f"more than {MAX_ASKED} places where git may find a "
-                                     "repository: the rest were not checked with the host's git"))
-                return keys, notes
-            try:
-                answer = _ask(walker, rel, os.path.join(real, rel), env)
-            except hostgit.GitUnanswered as e:
-                notes.append(Finding(rel or ".", f"the host's git could not be asked here ({e})"))
-                continue
-            if answer is not None:
-                _add(walker, answer, keys)
-    return keys, notes
-
-
-def _ask(walker: discover.Walker, rel: str, cwd: str, env: dict[str, str]) -> hostgit.Answer | None:
+    box: Box | None = None
     try:
-        fd = discover.open_dir(walker.root_fd, rel)
-    except OSError:
-        return None
-    try:
-        return hostgit.ask(fd, cwd, env)
+        while todo := [c for c in walker.candidates if c not in asked]:
+            if box is None:  # only a tree where git may find a repository costs a sandbox
+                box = tools(Exposure(home=home, read=(real,)))
+            for rel in todo:
+                asked.add(rel)
+                if len(asked) > MAX_ASKED:
+                    notes.append(Finding(rel, f"more than {MAX_ASKED} places where git may find a "
+                                         "repository: the rest were not checked with the host's git"))
+                    return keys, notes
+                try:
+                    answer = hostgit.ask(box, os.path.join(real, rel), env)
+                except hostgit.GitUnanswered as e:
+                    notes.append(Finding(rel or ".", f"the host's git could not be asked here ({e})"))
+                    continue
+                if answer is not None:
+                    _add(walker, answer, keys)
+    except ToolError as e:
+        notes.append(Finding(".", f"the host's git could not be asked ({e})"))
     finally:
-        os.close(fd)
+        if box is not None:
+            box.close()
+    return keys, notes
 
 
 def _add(walker: discover.Walker, answer: hostgit.Answer, keys: dict[str, list[str]]) -> None:
@@ -343,7 +344,7 @@ def _add(walker: discover.Walker, answer: hostgit.Answer, keys: dict[str, list[s
             walker.visit_known("/".join(comps))
 
 
-def scan(root: str, before: Snapshot, quarantine: str, home: str | None = None,
+def scan(root: str, before: Snapshot, quarantine: str, tools: Opener, home: str | None = None,
          observer: discover.Observer | None = None) -> list[Finding]:
     """Quarantine the control entries of ``root`` that are new or changed since
     ``before`` and would make git run a command; returns what was found."""
@@ -362,7 +363,7 @@ def scan(root: str, before: Snapshot, quarantine: str, home: str | None = None,
         # unbounded: a payload that makes the tree huge delays only its own session's end
         walker = discover.Walker(root, root_fd, limit=None, observer=observer)
         walker.run()
-        git_keys, findings = consult_git(walker, root, home or os.path.expanduser("~"))
+        git_keys, findings = consult_git(walker, root, home or os.path.expanduser("~"), tools)
         lay = walker.layout()
         for parent, controls in _by_parent(lay.controls).items():
             try:

@@ -18,10 +18,11 @@ MAGICDNS = ("100.100.100.100", 53)
 TIMEOUT = 3.0
 
 
-def magicdns_suffix(run=subprocess.run) -> str | None:
-    """The tailnet's MagicDNS suffix from a running tailscaled, else None."""
+def magicdns_suffix(run=subprocess.run, binary: str = "tailscale") -> str | None:
+    """The tailnet's MagicDNS suffix from a running tailscaled, else None. BINARY: the
+    tailscale found outside every payload-writable tree (boxyd/tools.py resolve)."""
     try:
-        r = run(["tailscale", "status", "--json", "--peers=false"], capture_output=True,
+        r = run([binary, "status", "--json", "--peers=false"], capture_output=True,
                 stdin=subprocess.DEVNULL, timeout=TIMEOUT, text=True)
     except (OSError, subprocess.TimeoutExpired):
         return None

@@ -63,7 +63,7 @@ FS_FILE_RIGHTS = (
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_GET_NO_NEW_PRIVS = 39
 
-ACCESS_CLASSES = ("ro", "rox", "rw", "dev", "dir")
+ACCESS_CLASSES = ("ro", "rox", "rw", "dev", "dir", "read", "scratch")
 
 
 class RulesetAttr(ctypes.Structure):
@@ -117,6 +117,10 @@ def rights_for(access: str, abi: int) -> int:
         mask = FS_READ_FILE | FS_WRITE_FILE | FS_IOCTL_DEV | FS_TRUNCATE
     elif access == "dir":
         mask = FS_READ_DIR
+    elif access == "read":  # a payload-writable tree under a tool of boxyd's own
+        mask = FS_READ_FILE | FS_READ_DIR
+    elif access == "scratch":  # a tool sandbox's /tmp: written, never executed
+        mask = known & ~(FS_EXECUTE | FS_IOCTL_DEV | FS_RESOLVE_UNIX)
     else:
         raise SetupError(
             f"landlock: unknown access class {access!r} (expected one of {ACCESS_CLASSES})"

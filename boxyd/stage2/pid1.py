@@ -26,7 +26,7 @@ from typing import NoReturn
 from boxy import termsettings
 from boxy.errors import SetupError
 from boxyd.plan import Plan
-from boxyd.stage2 import caps, landlock, rootfs, seccomp
+from boxyd.stage2 import caps, landlock, rootfs, seccomp, toolserver
 from boxyd.stage2.sys import libc
 
 STATUS_FD = 3
@@ -194,6 +194,9 @@ def start_payload(plan: Plan) -> int:
                 signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, [])
             os.close(STATUS_FD)
+            if plan.serve == "tools":  # nothing is executed in its place: see toolserver.py
+                os.close(err_w)
+                os._exit(toolserver.serve())
             execvp_like_libc(plan.argv, plan.env)
         except OSError as e:
             os.write(err_w, str(e.errno or 0).encode())

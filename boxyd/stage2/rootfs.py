@@ -240,7 +240,8 @@ def apply_bind(b: Bind) -> None:
     if src is None:
         return
     try:
-        attrs = m.MOUNT_ATTR_NOSUID | (0 if b.dev else m.MOUNT_ATTR_NODEV) | (m.MOUNT_ATTR_RDONLY if b.ro else 0)
+        attrs = (m.MOUNT_ATTR_NOSUID | (0 if b.dev else m.MOUNT_ATTR_NODEV)
+                 | (m.MOUNT_ATTR_RDONLY if b.ro else 0) | (m.MOUNT_ATTR_NOEXEC if b.noexec else 0))
         target = _open_target(b, m.is_dir_fd(src))
         try:
             _graft(src, target, attrs, step, b.dst)

@@ -16,6 +16,7 @@ import pytest
 from boxyd.gitguard import discover, scan
 from boxyd.gitguard.discover import Protection, prepare, protections
 from tests.conftest import User
+from tests.harness import toolshed
 
 T = TypeVar("T")
 
@@ -325,7 +326,7 @@ def test_unchanged_tree_has_no_findings(git: Git, root: Path, quarantine: Path) 
     before = scan.snapshot(str(root))
     assert ".git/config" in before.records
     assert ".git/hooks/pre-commit.sample" in before.records
-    assert scan.scan(str(root), before, str(quarantine)) == []
+    assert scan.scan(str(root), before, str(quarantine), toolshed.opener()) == []
 
 
 def test_planted_hook_is_moved(git: Git, tmp_path: Path, root: Path, quarantine: Path) -> None:
@@ -334,7 +335,7 @@ def test_planted_hook_is_moved(git: Git, tmp_path: Path, root: Path, quarantine:
     before = scan.snapshot(str(root))
     marker = tmp_path / "marker"
     hook_script(root / ".git" / "hooks" / "post-checkout", marker)
-    findings = scan.scan(str(root), before, str(quarantine))
+    findings = scan.scan(str(root), before, str(quarantine), toolshed.opener())
     assert [(f.rel, f.dest) for f in findings] == [
         (".git/hooks/post-checkout", str(quarantine / ".git" / "hooks" / "post-checkout"))
     ]
@@ -351,7 +352,7 @@ def test_changed_hook_is_moved(git: Git, tmp_path: Path, root: Path, quarantine:
     hook_script(hook, tmp_path / "mine")
     before = scan.snapshot(str(root))
     hook_script(hook, tmp_path / "theirs")
-    findings = scan.scan(str(root), before, str(quarantine))
+    findings = scan.scan(str(root), before, str(quarantine), toolshed.opener())
     assert [f.rel for f in findings] == [".git/hooks/pre-commit"]
     assert "theirs" in (quarantine / ".git" / "hooks" / "pre-commit").read_text()
 
@@ -365,7 +366,7 @@ def test_hook_made_executable_is_moved(
     hook.chmod(0o644)  # git does not run it
     before = scan.snapshot(str(root))
     hook.chmod(0o755)
-    assert [f.rel for f in scan.scan(str(root), before, str(quarantine))] == [
+    assert [f.rel for f in scan.scan(str(root), before, str(quarantine), toolshed.opener())] == [
         ".git/hooks/pre-commit"
     ]
 
@@ -377,7 +378,7 @@ def test_unchanged_hook_and_changed_sample_stay(
     hook_script(root / ".git" / "hooks" / "pre-commit", tmp_path / "mine")
     before = scan.snapshot(str(root))
     (root / ".git" / "hooks" / "pre-push.sample").write_text("changed\n")
-    assert scan.scan(str(root), before, str(quarantine)) == []
+    assert scan.scan(str(root), before, str(quarantine), toolshed.opener()) == []
     assert (root / ".git" / "hooks" / "pre-commit").exists()
 
 
@@ -385,7 +386,7 @@ def test_fsmonitor_in_new_config_worktree(git: Git, root: Path, quarantine: Path
     git.repo(root)
     before = scan.snapshot(str(root))
     (root / ".git" / "config.worktree").write_text("[core]\n\tfsmonitor = ./evil\n")
-    findings = scan.scan(str(root), before, str(quarantine))
+    findings = scan.scan(str(root), before, str(quarantine), toolshed.opener())
     assert [(f.rel, f.keys) for f in findings] == [(".git/config.worktree", ("core.fsmonitor",))]
     assert not (root / ".git" / "config.worktree").exists()
 
@@ -394,7 +395,7 @@ def test_benign_config_change_stays(git: Git, root: Path, quarantine: Path) -> N
     git.repo(root)
     before = scan.snapshot(str(root))
     git(root, "config", "user.name", "someone")
-    assert scan.scan(str(root), before, str(quarantine)) == []
+    assert scan.scan(str(root), before, str(quarantine), toolshed.opener()) == []
 
 
 def test_unparseable_config_is_moved(git: Git, root: Path, quarantine: Path) -> None:
@@ -402,7 +403,7 @@ def test_unparseable_config_is_moved(git: Git, root: Path, quarantine: Path) -> 
     before = scan.snapshot(str(root))
     with open(root / ".git" / "config", "a") as f:
         f.write("[core\n")
-    (finding,) = scan.scan(str(root), before, str(quarantine))
+    (finding,) = scan.scan(str(root), before, str(quarantine), toolshed.opener())
     assert finding.rel == ".git/config" and "parse" in finding.reason
 
 
@@ -413,7 +414,7 @@ def test_user_dangerous_config_before_snapshot_stays(
     git(root, "config", "core.pager", "less -R")
     git(root, "config", "alias.lg", "!git log --graph")
     before = scan.snapshot(str(root))
-    assert scan.scan(str(root), before, str(quarantine)) == []
+    assert scan.scan(str(root), before, str(quarantine), toolshed.opener()) == []
     assert "less -R" in (root / ".git" / "config").read_text()
 
 
@@ -422,7 +423,7 @@ def test_planted_commondir(git: Git, tmp_path: Path, root: Path, quarantine: Pat
     evil = git.repo(tmp_path / "evil")
     before = scan.snapshot(str(root))
     (root / ".git" / "commondir").write_text(f"{evil / '.git'}\n")
-    findings = scan.scan(str(root), before, str(quarantine))
+    findings = scan.scan(str(root), before, str(quarantine), toolshed.opener())
     assert [f.rel for f in findings] == [".git/commondir"]
     assert "outside" in findings[0].reason
     assert not (root / ".git" / "commondir").exists()
@@ -436,7 +437,7 @@ def test_commondir_inside_root_leads_to_its_config(git: Git, root: Path, quarant
     (common / "hooks").mkdir(parents=True)
     (common / "config").write_text("[core]\n\tpager = evil\n")
     (root / ".git" / "worktrees" / "wt" / "commondir").write_text("../../../stash\n")
-    findings = scan.scan(str(root), before, str(quarantine))
+    findings = scan.scan(str(root), before, str(quarantine), toolshed.opener())
     assert [(f.rel, f.keys) for f in findings] == [("stash/config", ("core.pager",))]
 
 
@@ -448,7 +449,7 @@ def test_new_dotgit_file_pointing_outside(
     before = scan.snapshot(str(root))
     (root / "d").mkdir()
     (root / "d" / ".git").write_text(f"gitdir: {outside / '.git'}\n")
-    assert [f.rel for f in scan.scan(str(root), before, str(quarantine))] == ["d/.git"]
+    assert [f.rel for f in scan.scan(str(root), before, str(quarantine), toolshed.opener())] == ["d/.git"]
 
 
 def test_new_symlinked_dotgit_is_moved(
@@ -459,7 +460,7 @@ def test_new_symlinked_dotgit_is_moved(
     before = scan.snapshot(str(root))
     (root / "d").mkdir()
     (root / "d" / ".git").symlink_to(outside / ".git")
-    (finding,) = scan.scan(str(root), before, str(quarantine))
+    (finding,) = scan.scan(str(root), before, str(quarantine), toolshed.opener())
     assert finding.rel == "d/.git" and "symlink" in finding.reason
     assert os.readlink(quarantine / "d" / ".git") == str(outside / ".git")
     assert (outside / ".git" / "config").exists()  # the target was not touched
@@ -472,7 +473,7 @@ def test_symlink_replacing_config_is_moved(git: Git, root: Path, quarantine: Pat
     cfg = root / ".git" / "config"
     cfg.unlink()
     cfg.symlink_to("../notes.txt")
-    (finding,) = scan.scan(str(root), before, str(quarantine))
+    (finding,) = scan.scan(str(root), before, str(quarantine), toolshed.opener())
     assert finding.rel == ".git/config" and "symlink" in finding.reason
     assert (root / "notes.txt").exists()
 
@@ -481,7 +482,7 @@ def test_new_benign_nested_repo_is_left_alone(git: Git, root: Path, quarantine: 
     git.repo(root)
     before = scan.snapshot(str(root))
     git.repo(root / "node_modules" / "dep")
-    assert scan.scan(str(root), before, str(quarantine)) == []
+    assert scan.scan(str(root), before, str(quarantine), toolshed.opener()) == []
 
 
 def test_new_submodule_gitdir_with_hook(
@@ -492,7 +493,7 @@ def test_new_submodule_gitdir_with_hook(
     before = scan.snapshot(str(root))
     git(root, "-c", "protocol.file.allow=always", "submodule", "add", "-q", "./other", "sub")
     hook_script(root / ".git" / "modules" / "sub" / "hooks" / "post-checkout", tmp_path / "m")
-    findings = scan.scan(str(root), before, str(quarantine))
+    findings = scan.scan(str(root), before, str(quarantine), toolshed.opener())
     assert [f.rel for f in findings] == [".git/modules/sub/hooks/post-checkout"]
 
 
@@ -502,7 +503,7 @@ def test_quarantine_keeps_earlier_copies(git: Git, root: Path, quarantine: Path)
     for n in range(2):
         before = scan.snapshot(str(root))
         cw.write_text(f"[core]\n\tpager = evil{n}\n")
-        assert len(scan.scan(str(root), before, str(quarantine))) == 1
+        assert len(scan.scan(str(root), before, str(quarantine), toolshed.opener())) == 1
     assert (quarantine / ".git" / "config.worktree").read_text().endswith("evil0\n")
     assert (quarantine / ".git" / "config.worktree.1").read_text().endswith("evil1\n")
 
@@ -518,7 +519,7 @@ def test_move_across_filesystems(git: Git, root: Path, tmp_path: Path) -> None:
         (root / ".git" / "hooks" / "pre-commit").write_text("#!/bin/sh\n")
         (root / "d").mkdir()
         (root / "d" / ".git").symlink_to("/etc")
-        findings = scan.scan(str(root), before, str(q))
+        findings = scan.scan(str(root), before, str(q), toolshed.opener())
         assert sorted(f.rel for f in findings) == [".git/hooks/pre-commit", "d/.git"]
         assert (q / ".git" / "hooks" / "pre-commit").read_text() == "#!/bin/sh\n"
         assert os.readlink(q / "d" / ".git") == "/etc"
@@ -535,7 +536,7 @@ def test_too_deep_is_reported(
     before = scan.snapshot(str(root))
     monkeypatch.setattr(discover, "MAX_DEPTH", 4)
     (root / "a" / "b" / "c" / "d" / "e").mkdir(parents=True)
-    findings = scan.scan(str(root), before, str(quarantine))
+    findings = scan.scan(str(root), before, str(quarantine), toolshed.opener())
     assert [(f.rel, f.dest) for f in findings] == [("a/b/c/d", "")]
     assert "not checked" in scan.describe(findings)[0]
 
@@ -544,7 +545,7 @@ def test_describe(git: Git, root: Path, quarantine: Path) -> None:
     git.repo(root)
     before = scan.snapshot(str(root))
     (root / ".git" / "config.worktree").write_text("[core]\n\tfsmonitor = x\n[alias]\n\ty = !z\n")
-    (line,) = scan.describe(scan.scan(str(root), before, str(quarantine)))
+    (line,) = scan.describe(scan.scan(str(root), before, str(quarantine), toolshed.opener()))
     assert ".git/config.worktree" in line
     assert str(quarantine / ".git" / "config.worktree") in line
     assert "core.fsmonitor, alias.y" in line
@@ -584,7 +585,7 @@ def test_nested_repo_attack_is_quarantined(
     before = scan.snapshot(str(root))
     marker = plant_nested_fsmonitor(git, tmp_path, root)
     marker.unlink(missing_ok=True)
-    findings = scan.scan(str(root), before, str(quarantine))
+    findings = scan.scan(str(root), before, str(quarantine), toolshed.opener())
     assert [(f.rel, f.keys) for f in findings] == [("sub/.git/config", ("core.fsmonitor",))]
     git(root, "status", "--short")
     assert not marker.exists()
@@ -605,10 +606,10 @@ def test_hooks_path_inside_tree_is_a_mount_point_and_scanned(
     husky_prots = {k: v for k, v in rels(protections(str(root))).items() if k.startswith(".husky")}
     assert husky_prots == {".husky": SELF_DIR, ".husky/_": SELF_DIR}
     before = scan.snapshot(str(root))
-    assert scan.scan(str(root), before, str(quarantine)) == []
+    assert scan.scan(str(root), before, str(quarantine), toolshed.opener()) == []
     (husky / "h").write_text("touch /tmp/pwned\n")
     hook_script(husky / "post-checkout", tmp_path / "theirs")
-    findings = scan.scan(str(root), before, str(quarantine))
+    findings = scan.scan(str(root), before, str(quarantine), toolshed.opener())
     assert sorted(f.rel for f in findings) == [".husky/_/h", ".husky/_/post-checkout"]
     assert (husky / "pre-commit").exists()
 
@@ -747,7 +748,7 @@ def test_included_files_are_pinned_and_judged(git: Git, tmp_path: Path, root: Pa
     with (root / "shared/more").open("a") as f:  # what the bind stops inside the sandbox
         f.write(f"[core]\n\tfsmonitor = {tmp_path / 'fsmon.sh'}\n")
     assert git(root, "config", "core.fsmonitor") == str(tmp_path / "fsmon.sh")  # git reads it
-    found = scan.scan(str(root), before, str(quarantine))
+    found = scan.scan(str(root), before, str(quarantine), toolshed.opener())
     assert [(f.rel, f.keys) for f in found] == [("shared/more", ("core.fsmonitor",))]
     git(root, "status", "--short")
     assert not marker.exists()
@@ -774,7 +775,7 @@ def test_hooks_path_symlink_is_refused_and_judged(git: Git, tmp_path: Path, root
     hook_script(root / "evil/pre-commit", tmp_path / "marker")
     (root / ".githooks").symlink_to("evil")
     assert rels(protections(str(root)))[".githooks"] == RO_LINK
-    found = scan.scan(str(root), before, str(quarantine))
+    found = scan.scan(str(root), before, str(quarantine), toolshed.opener())
     assert [f.rel for f in found] == [".githooks"]
     git(root, "commit", "-q", "--allow-empty", "-m", "x")
     assert not (tmp_path / "marker").exists()
@@ -831,7 +832,7 @@ def test_two_runs_cannot_launder_a_planted_config(git: Git, tmp_path: Path, root
     b_base = scan.inherit(b_own, a_base)
     data = (planted / "config").read_bytes()
     (planted / "config").unlink()
-    assert scan.scan(str(root), a_base, str(quarantine / "a")) == []  # A ends: nothing there
+    assert scan.scan(str(root), a_base, str(quarantine / "a"), toolshed.opener()) == []  # A ends: nothing there
     (planted / "config").write_bytes(data)  # B re-creates it, identical
-    found = scan.scan(str(root), b_base, str(quarantine / "b"))
+    found = scan.scan(str(root), b_base, str(quarantine / "b"), toolshed.opener())
     assert [(f.rel, f.keys) for f in found] == [("x/.git/config", ("core.fsmonitor",))]

@@ -10,7 +10,7 @@ from boxy.errors import SetupError
 from boxyd.stage2 import landlock as ll
 
 ABIS = range(1, 10)
-CLASSES = ("ro", "rox", "rw", "dev", "dir")
+CLASSES = ("ro", "rox", "rw", "dev", "dir", "read", "scratch")
 DIR_ONLY = ll.handled_fs(9) & ~ll.FS_FILE_RIGHTS
 
 
@@ -42,6 +42,16 @@ def test_read_classes(abi: int) -> None:
 
 
 @pytest.mark.parametrize("abi", ABIS)
+def test_tool_sandbox_classes_never_execute(abi: int) -> None:
+    """A tool of boxyd's own reads the payload's tree ("read") and writes only its /tmp
+    ("scratch"); nothing on either can be executed."""
+    assert ll.rights_for("read", abi) == ll.FS_READ_FILE | ll.FS_READ_DIR
+    scratch = ll.rights_for("scratch", abi)
+    assert scratch == ll.rights_for("rw", abi) & ~ll.FS_EXECUTE
+    assert not scratch & ll.FS_EXECUTE and scratch & ll.FS_WRITE_FILE
+
+
+@pytest.mark.parametrize("abi", ABIS)
 def test_rw_is_everything_but_ioctl_and_unix_sockets(abi: int) -> None:
     rw = ll.rights_for("rw", abi)
     assert rw == ll.handled_fs(abi) & ~(ll.FS_IOCTL_DEV | ll.FS_RESOLVE_UNIX)
@@ -53,7 +63,7 @@ def test_rw_is_everything_but_ioctl_and_unix_sockets(abi: int) -> None:
 @pytest.mark.parametrize("abi", ABIS)
 def test_refer_only_in_rw(abi: int) -> None:
     for access in CLASSES:
-        assert bool(ll.rights_for(access, abi) & ll.FS_REFER) == (access == "rw" and abi >= 2)
+        assert bool(ll.rights_for(access, abi) & ll.FS_REFER) == (access in ("rw", "scratch") and abi >= 2)
 
 
 @pytest.mark.parametrize("abi", ABIS)

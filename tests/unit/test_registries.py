@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from boxyd.registries import Registries, host_of
+from tests.harness import toolshed
 
 
 @pytest.mark.parametrize(("value", "host"), [
@@ -92,25 +93,59 @@ def test_ca_files_must_exist(tmp_path) -> None:
     assert Registries({"PIP_CERT": str(tmp_path / "missing.pem")}, run=Tools({}))("pip_cert") is None
 
 
+class Counting:
+    """A real tool sandbox (tests/harness/toolshed.py) that counts the calls made in it."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def __call__(self, exposure):
+        box = toolshed.opener()(exposure)
+        calls = self.calls
+
+        class Box:
+            def run(self, argv, **kw):
+                calls.append(list(argv))
+                return box.run(argv, **kw)
+
+            def close(self) -> None:
+                box.close()
+        return Box()
+
+
 def test_the_tools_answer_is_kept_across_runs(tmp_path) -> None:
     # One Registries per run; asking npm costs a node start-up, so the answer is
     # kept for the next runs. A real executable stands in for npm here.
-    calls = tmp_path / "calls"
     npm = tmp_path / "npm"
     npmrc = tmp_path / ".npmrc"
-    npm.write_text(f"#!/bin/sh\necho x >> {calls}\necho \"$@\" >> {calls}\n"
-                   "echo registry=https://cached.example.test/\necho cafile=null\n"
+    npm.write_text("#!/bin/sh\necho registry=https://cached.example.test/\necho cafile=null\n"
                    f"echo userconfig={npmrc}\necho globalconfig={tmp_path}/etc/npmrc\n")
     npm.chmod(0o755)
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "HOME": str(tmp_path)}
-    assert Registries(env)("npm_registry") == "cached.example.test"
-    assert Registries(env)("npm_registry_url") == "https://cached.example.test/"
-    assert Registries(env)("npm_cafile") is None
+    tools = Counting()
+    assert Registries(env, tools=tools)("npm_registry") == "cached.example.test"
+    assert Registries(env, tools=tools)("npm_registry_url") == "https://cached.example.test/"
+    assert Registries(env, tools=tools)("npm_cafile") is None
     # one node start-up for every npm setting, and none for the next runs
-    assert calls.read_text().splitlines() == ["x", "config get registry cafile userconfig globalconfig"]
+    assert tools.calls == [[str(npm), "config", "get", "registry", "cafile", "userconfig",
+                            "globalconfig"]]
     # an npmrc npm reads appears (or changes): asked again at once
     npmrc.write_text("registry=https://other.example.test/\n")
-    assert Registries(env)("npm_registry") == "cached.example.test"  # what the stand-in says
-    assert calls.read_text().count("x") == 2
-    assert Registries(env)("npm_registry") == "cached.example.test"
-    assert calls.read_text().count("x") == 2
+    assert Registries(env, tools=tools)("npm_registry") == "cached.example.test"  # the stand-in's
+    assert len(tools.calls) == 2
+    assert Registries(env, tools=tools)("npm_registry") == "cached.example.test"
+    assert len(tools.calls) == 2
+
+
+def test_a_tool_in_a_writable_tree_is_never_asked(tmp_path) -> None:
+    project = tmp_path / "project"
+    (project / ".venv/bin").mkdir(parents=True)
+    planted = project / ".venv/bin/npm"
+    planted.write_text("#!/bin/sh\necho registry=https://planted.example.test/\n")
+    planted.chmod(0o755)
+    env = {"PATH": f"{planted.parent}:/nonexistent", "HOME": str(tmp_path)}
+    tools = Counting()
+    reg = Registries(env, tools=tools, writable=[str(project)])
+    assert reg("npm_registry") is None
+    assert tools.calls == []
+    assert reg.notes == ["npm: not found outside the writable trees; its settings were not asked"]

@@ -1,0 +1,225 @@
+"""A tool sandbox carried out through stage 2, driven synchronously from a worker thread.
+
+boxyd.tools decides what the sandbox holds; this starts it from the stage-2
+template (through the event loop: the template's death signal follows the loop's
+thread), sends it tool calls on a pipe and reads the answers back, bounded in
+size and time. Everything read back is untrusted: it comes from inside a sandbox
+whose trees the payload wrote. A ToolBox that failed once stays failed.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import functools
+import json
+import os
+import select
+import socket
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+
+from boxyd import tools
+from boxyd.daemon.launcher import plan_memfd
+from boxyd.plan import Plan
+from boxyd.policy.seccomp import build_filter
+from boxyd.tools import Answer, Exposure, ToolError
+
+START_TIMEOUT = 10.0  # the sandbox's own set-up, before the first call
+HEAD_MAX = 4096
+GRACE = 2.0  # past a call's own timeout: the sandbox's answer that it killed the tool
+MSG_MAX = 1 << 16
+
+Spawn = Callable[[], socket.socket]  # a control socket to a fresh outer stage 2
+
+
+class ToolBox:
+    """One tool sandbox: started by ``open``, closed (and killed) by ``close``. Every
+    call shares the box's deadline, so all the checks of a run are one budget."""
+
+    def __init__(self, ctl: socket.socket, to_box: int, from_box: int, deadline: float) -> None:
+        self._ctl = ctl
+        self._to = to_box
+        self._from = from_box
+        self._deadline = deadline
+        self._wait_until = deadline  # the current call's answer is awaited until then
+        self._broken: str | None = None
+
+    @classmethod
+    def open(cls, spawn: Spawn, plan: Plan, budget: float) -> ToolBox:
+        """Start a sandbox for PLAN with BUDGET seconds for everything done in it."""
+        deadline = time.monotonic() + budget
+        ctl = spawn()
+        fds: list[int] = []
+        try:
+            req_r, req_w = os.pipe2(os.O_CLOEXEC)
+            fds += [req_r, req_w]
+            resp_r, resp_w = os.pipe2(os.O_CLOEXEC)
+            fds += [resp_r, resp_w]
+            null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+            fds.append(null)
+            plan_fd = plan_memfd(json.dumps(plan.to_json()).encode())
+            try:
+                socket.send_fds(ctl, [b"plan"], [plan_fd, req_r, resp_w, null])
+            finally:
+                os.close(plan_fd)
+            for fd in (req_r, resp_w, null):  # the sandbox's now
+                os.close(fd)
+                fds.remove(fd)
+            _handshake(ctl, min(deadline, time.monotonic() + START_TIMEOUT))
+        except OSError as e:
+            _close(ctl, fds)
+            raise ToolError(f"tool sandbox: cannot start it: {e.strerror or e}") from None
+        except ToolError:
+            _close(ctl, fds)
+            raise
+        return cls(ctl, req_w, resp_r, deadline)
+
+    def run(self, argv: Sequence[str], *, cwd: str, env: dict[str, str], timeout: float,
+            limit: int) -> Answer:
+        """One call; its TIMEOUT is cut to what is left of the box's budget."""
+        if self._broken is not None:
+            raise ToolError(self._broken)
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise self._fail("the checks' time budget is spent")
+        timeout = min(timeout, left)
+        self._wait_until = time.monotonic() + timeout + GRACE
+        req = {"argv": list(argv), "cwd": cwd, "env": env, "timeout": timeout, "limit": limit}
+        try:
+            _write_all(self._to, json.dumps(req).encode() + b"\n")
+            head = self._head(limit)
+            out = self._read_exact(int(head["size"]))
+        except OSError as e:
+            raise self._fail(f"the tool sandbox went away ({e.strerror or e})") from None
+        if head["error"] is not None:
+            return Answer(rc=None, out=b"")
+        rc = head["rc"]
+        return Answer(rc=rc if isinstance(rc, int) else None, out=out,
+                      timed_out=head["timeout"] is True, truncated=head["truncated"] is True)
+
+    def _head(self, limit: int) -> dict[str, object]:
+        line = bytearray()
+        while not line.endswith(b"\n"):
+            line += self._read(1 if len(line) < HEAD_MAX else 0)
+        try:
+            head = json.loads(line)
+        except ValueError:
+            head = None
+        if (not isinstance(head, dict) or type(head.get("size")) is not int
+                or not 0 <= head["size"] <= limit
+                or not (head.get("error") is None or isinstance(head.get("error"), str))):
+            raise self._fail("the tool sandbox sent an answer that cannot be read")
+        return head
+
+    def _read_exact(self, n: int) -> bytes:
+        out = bytearray()
+        while len(out) < n:
+            out += self._read(n - len(out))
+        return bytes(out)
+
+    def _read(self, n: int) -> bytes:
+        """Up to N bytes (N=0: the header is too long), within the box's deadline."""
+        if n <= 0:
+            raise self._fail("the tool sandbox sent an answer that cannot be read")
+        left = self._wait_until - time.monotonic()
+        if left <= 0 or not select.select([self._from], [], [], left)[0]:
+            raise self._fail("the tool sandbox did not answer in time")
+        chunk = os.read(self._from, min(n, 1 << 20))
+        if not chunk:
+            raise self._fail(f"the tool sandbox ended{self._why()}")
+        return chunk
+
+    def _why(self) -> str:
+        """Stage 2's own account of an early end (a set-up error), if it gave one."""
+        self._ctl.settimeout(0.5)
+        with contextlib.suppress(OSError, ValueError):
+            while data := self._ctl.recv(MSG_MAX):
+                msg = json.loads(data)
+                done = msg.get("done") if isinstance(msg, dict) else None
+                if isinstance(done, dict) and isinstance(done.get("error"), str):
+                    return f": {done['error'][:300]}"
+        return ""
+
+    def _fail(self, why: str) -> ToolError:
+        self._broken = why
+        self.close()
+        return ToolError(why)
+
+    def close(self) -> None:
+        """Closing the control socket ends the sandbox (stage 2 kills its PID 1)."""
+        _close(self._ctl, [self._to, self._from])
+        self._to = self._from = -1
+
+    def __enter__(self) -> ToolBox:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, v: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class Toolshed:
+    """The tool sandboxes of one purpose (a run's checks, one run's settings): every
+    box it opens draws on one budget, so a tree that makes git slow costs its own
+    run that budget and nothing more. Callable as a boxyd.tools.Opener."""
+
+    def __init__(self, spawn: Spawn, budget: float) -> None:
+        self._spawn = spawn
+        self._deadline = time.monotonic() + budget
+
+    def __call__(self, exposure: Exposure) -> ToolBox:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise ToolError("the checks' time budget is spent")
+        return ToolBox.open(self._spawn, tools.plan(exposure, seccomp_bpf=_filter()), left)
+
+
+@functools.cache
+def _filter() -> str:
+    """The payload's own strict filter, compiled once."""
+    return base64.b64encode(build_filter("strict")).decode()
+
+
+def _handshake(ctl: socket.socket, deadline: float) -> None:
+    """Step 0 gets no scope (a tool sandbox is boxyd's, bounded by its own limits),
+    then wait until PID 1 runs; a set-up error is said as stage 2 gave it."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ToolError("tool sandbox: it did not start in time")
+        ctl.settimeout(left)
+        try:
+            data = ctl.recv(MSG_MAX)
+        except TimeoutError:
+            continue
+        if not data:
+            raise ToolError("tool sandbox: stage 2 ended before it started")
+        try:
+            msg = json.loads(data)
+        except ValueError:
+            msg = None
+        if not isinstance(msg, dict):
+            continue
+        if "pid" in msg:
+            ctl.send(json.dumps({"placed": False}).encode())
+        elif "started" in msg:
+            return
+        elif "done" in msg:
+            done = msg["done"] if isinstance(msg["done"], dict) else {}
+            raise ToolError(f"tool sandbox: {str(done.get('error', 'it ended at once'))[:300]}")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _close(ctl: socket.socket, fds: list[int]) -> None:
+    for fd in fds:
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    ctl.close()

@@ -665,7 +665,7 @@ def _git(f: Facts) -> list[Check]:
     from boxyd.tools import resolve
 
     try:
-        here = [os.getcwd()]
+        here = [d for d in [os.getcwd()] if d != "/"]  # "/" is nobody's project
     except OSError:  # a removed cwd holds nothing to avoid
         here = []
     # never a git from a PATH entry in the current tree, and never run inside it

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from boxy.errors import SetupError
+from boxyd import live
 from boxyd.execfiles import Watch, changes
 from boxyd.gitguard import discover, scan
 from boxyd.gitguard.discover import Protection, Type
@@ -25,6 +26,9 @@ class Tree:
     baseline: scan.Snapshot | None = None  # None with --allow-git-write
     credentials: list[Found] = field(default_factory=list)
     tools: dict[str, tuple[str, str]] = field(default_factory=dict)  # execfiles.Watch.seen
+    # directories where a credential may appear during the session (the live guard's;
+    # in walk order, not those credentials.SKIP_DIRS names, at most live.MAX_WATCHED)
+    dirs: tuple[str, ...] = ()
 
 
 def walk(root: str, *, git_guard: bool, created: bool = False) -> Tree:
@@ -39,10 +43,13 @@ def walk(root: str, *, git_guard: bool, created: bool = False) -> Tree:
         try:
             finder = Finder(root_fd, [os.path.abspath(root), os.path.realpath(root)])
             watch = Watch()
+            dirs: list[str] = []
 
             def observe(fd: int, rel: str, entries: Mapping[str, Type]) -> None:
                 finder(fd, rel, entries)
                 watch(fd, rel, entries)
+                if len(dirs) < live.MAX_WATCHED and not live.skipped(rel):
+                    dirs.append(rel)
 
             lay = discover.Walker(root, root_fd, observer=observe).run()
             finder.git_configs(lay)
@@ -50,10 +57,10 @@ def walk(root: str, *, git_guard: bool, created: bool = False) -> Tree:
             os.close(root_fd)
         found = sorted(finder.found.values(), key=lambda f: f.rel)
         if not git_guard:
-            return Tree(credentials=found, tools=watch.seen)
+            return Tree(credentials=found, tools=watch.seen, dirs=tuple(dirs))
         prots = discover.plan_protections(lay)
         discover.prepare(root, prots)
-        return Tree(prots, scan.snapshot(root, lay), found, watch.seen)
+        return Tree(prots, scan.snapshot(root, lay), found, watch.seen, tuple(dirs))
     except discover.TooLarge as e:
         raise SetupError(f"{root} holds {e}, too many to check; narrow the work directory") from e
     except OSError as e:

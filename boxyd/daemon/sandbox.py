@@ -22,14 +22,15 @@ from boxy.outcome import Counters
 from boxy.paths import state_dir
 from boxy.request import RunRequest, Terminal
 from boxy.varlink import close_fds
-from boxyd import caches, masking, mountplan, worktree
+from boxyd import caches, live, masking, mountplan, worktree
 from boxyd.daemon import records
 from boxyd.daemon.launch import Exit, Report, SandboxEvent, Sink, Started, Stopped
 from boxyd.daemon.launcher import Stage2, Template
+from boxyd.daemon.liveguard import LiveGuard
 from boxyd.daemon.pty import PtyRelay
 from boxyd.daemon.scopes import Limit, Placement, Scopes, limits, read_events, remove_subtree
 from boxyd.daemon.toolbox import Toolshed
-from boxyd.gitguard.scan import Snapshot, inherit_live
+from boxyd.gitguard.scan import Snapshot, adopt, inherit_live, restore
 from boxyd.hostfile import Outputs, open_outputs
 from boxyd.policy.seccomp import build_filter
 from boxyd.registries import Registries
@@ -113,8 +114,8 @@ class StageLauncher:
         names (its work directory, the client's cwd, --rw, --mkdir): no tool boxyd runs
         is taken from one."""
         o = request.options
-        live = [r for sb in self.live for r in mountplan.writable_roots(sb.spec)]
-        return [p for p in (o.workdir, request.cwd, *o.rw, *o.mkdir, *live) if p]
+        others = [r for sb in self.live for r in mountplan.writable_roots(sb.spec)]
+        return [p for p in (o.workdir, request.cwd, *o.rw, *o.mkdir, *others) if p]
 
     async def _spec(self, request: RunRequest) -> RunSpec:
         registry = Registries({**{k: v for k, v in os.environ.items() if k in ("PATH", "HOME")},
@@ -172,6 +173,9 @@ class StageSandbox:
         # the git guard's baselines while the session runs: a session starting meanwhile on
         # an overlapping tree inherits them (scan.inherit_live)
         self.baselines: dict[str, Snapshot] = {}
+        self._watched: list[live.Watched] = []  # what the live guard keeps covered
+        self.live_guard: LiveGuard | None = None
+        self.live_findings: list[str] = []  # what the live guard moved aside
 
     # -- before the payload ----------------------------------------------------------
     async def start(self) -> list[str]:
@@ -207,10 +211,12 @@ class StageSandbox:
             self.trees = await asyncio.to_thread(worktree.prepare, walked,
                                                  git_guard=not spec.allow_git_write,
                                                  created=[e.path for e in spec.mkdir])
-            live = [b for x in self._launcher.live if x is not self for b in x.baselines.values()]
+            others = [b for x in self._launcher.live if x is not self for b in x.baselines.values()]
             self.baselines = inherit_live(
-                {r: t.baseline for r, t in self.trees.items() if t.baseline is not None}, live)
+                {r: t.baseline for r, t in self.trees.items() if t.baseline is not None}, others)
             masks = self._credentials(warnings)
+            self._watched = [live.watched(r, t.protections, masks.get(r, []), spec.reveal, t.dirs)
+                             for r, t in self.trees.items()]
             plan = mountplan.build(spec, seccomp_bpf=build_filter(spec.seccomp),
                                    protections={r: t.protections for r, t in self.trees.items()},
                                    masks=masks, ctty=self.pty is not None)
@@ -298,7 +304,11 @@ class StageSandbox:
                 else:
                     os.close(msg["pty_fd"])
             elif "started" in msg:
+                self._start_live_guard()
                 yield Started()
+            elif "live_done" in msg:
+                if self.live_guard is not None:
+                    self.live_guard.done(msg["live_done"], msg.get("error"))
             elif "stopped" in msg:
                 if self.pty is not None:  # job control needs a terminal
                     self.pty.pause_input()  # before the client stops and its shell reads again
@@ -311,6 +321,46 @@ class StageSandbox:
                 # the scope goes with its last process: its counters now
                 self._limit_hits = await asyncio.to_thread(read_events, self._scope_path)
         yield _exit(final)
+
+    def _start_live_guard(self) -> None:
+        """The payload runs: from now on a host change to a covered or pinned entry is
+        covered again at once (boxyd/live.py)."""
+        if not self._watched or self.stage2 is None:
+            return
+        quiet = not self.spec.verbose
+        self.live_guard = LiveGuard(self._watched, self.stage2.send, self._sink.record,
+                                    self._adopt, (lambda _: None) if quiet else self._sink.notice)
+        try:
+            for note in self.live_guard.start():
+                self._sink.record("fs.live", note=note)
+                self._sink.notice(note)
+        except OSError as e:  # no inotify instance left: said, and the run goes on
+            self._sink.record("fs.live", note=f"not watched: {e.strerror}")
+            self._sink.notice(f"live guard: {e.strerror}: host changes during the run are not "
+                              "covered until it ends")
+
+    def _adopt(self, root: str, rel: str) -> str | None:
+        """The host changed a pinned entry (in a worker thread): the scan after the run
+        takes the user's version as the baseline, unless it now holds keys that run
+        commands it did not hold before — then it is moved aside at once and the
+        version before it put back, so that no host git meanwhile runs what the payload
+        may have raced into it. The line to say, or None."""
+        if root not in self.baselines:
+            return None
+        self.baselines[root], why = adopt(self.baselines[root], rel)
+        if why is None or why == "gone":
+            return None
+        quarantine = os.path.join(str(state_dir() / "quarantine" / self._sink.id),
+                                  root.strip("/").replace("/", "_"))
+        try:
+            dest, back = restore(self.baselines[root], rel, quarantine)
+        except OSError as e:
+            line = f"git guard: {rel}: {why}; could not be moved: {e.strerror}"
+        else:
+            line = (f"git guard: moved {rel} to {dest} during the run: {why}"
+                    + ("; the version from before it is back" if back else ""))
+        self.live_findings.append(line)
+        return line
 
     def _attach_network(self, sockets: dict) -> None:
         if self.net is None or self._launcher._dns is None:
@@ -382,6 +432,8 @@ class StageSandbox:
 
     # -- afterwards ------------------------------------------------------------------
     async def finish(self) -> Report:
+        if self.live_guard is not None:
+            self.live_guard.close()
         if self.stage2 is not None:
             self.stage2.close()
         # The gateway waits a moment for the last refusal reports: meanwhile, the
@@ -396,6 +448,7 @@ class StageSandbox:
             self._sink.record("cgroup", event=what, count=count)
             report.notes.append(f"{what} ({count}x)")
         quarantine = str(state_dir() / "quarantine" / self._sink.id)
+        report.findings += self.live_findings
         git_lines, tool_lines = await asyncio.to_thread(
             worktree.after, self.trees, self.baselines, quarantine, self._launcher.user.pw_dir,
             self._launcher.tools(CHECKS_BUDGET))
@@ -427,6 +480,9 @@ class StageSandbox:
         self._stdio = []
         if self.pty is not None:
             self.pty.close()
+        if self.live_guard is not None:
+            self.live_guard.close()
+            self.live_guard = None
         if self.stage2 is not None:
             self.stage2.close()
         self.outputs.close()

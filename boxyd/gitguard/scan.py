@@ -46,6 +46,10 @@ class Record:
     role: Role
     type: Type
     fingerprint: tuple[object, ...]  # equal fingerprints: the entry did not change
+    # a config file's keys that run commands, as they were: a change the host makes
+    # during the session that adds none is the user's to keep (adopt)
+    keys: tuple[str, ...] = ()
+    content: bytes | None = None  # a config file's bytes (small ones): what restore puts back
 
 
 @dataclass(frozen=True)
@@ -115,12 +119,108 @@ def snapshot(root: str, lay: discover.Layout | None = None) -> Snapshot:
                 for c in controls:
                     fp = _fingerprint(pfd, c.rel.rpartition("/")[2])
                     if fp is not None:
-                        records[c.rel] = Record(c.role, c.type, fp)
+                        records[c.rel] = Record(c.role, c.type, fp, *_config(pfd, c, fp))
             finally:
                 os.close(pfd)
     finally:
         os.close(root_fd)
     return Snapshot(root, records, frozenset(lay.unreadable))
+
+
+RESTORE_MAX = 1 << 16  # a config file kept whole in the baseline, to put back if need be
+
+
+def _config(pfd: int, c: Control, fp: tuple[object, ...]) -> tuple[tuple[str, ...], bytes | None]:
+    """A config file's keys that run commands, and its bytes when small."""
+    if c.role not in ("config", "include") or fp[0] != "file":
+        return (), None
+    data = discover.read_small(pfd, c.rel.rpartition("/")[2], CONFIG_MAX)
+    if data is None:
+        return (), None
+    return tuple(dangerous_keys(parse(data).entries)), data if len(data) <= RESTORE_MAX else None
+
+
+def adopt(snap: Snapshot, rel: str) -> tuple[Snapshot, str | None]:
+    """The host changed the pinned control entry REL during the session (the live
+    guard saw it): SNAP with REL's record taken from the entry as it is now, so the
+    scan after the run leaves the user's change alone — unless the entry now holds what
+    the scan would move aside and did not hold before (the payload may have raced the
+    host's rename). Returns the snapshot and, when the change is not adopted, why."""
+    old = snap.records.get(rel)
+    if old is None:
+        return snap, None  # not a control entry of the baseline: the scan judges it
+    parent, _, name = rel.rpartition("/")
+    control = Control(rel, old.role, old.type)
+    root_fd = discover.open_root(snap.root)
+    try:
+        pfd = discover.open_dir(root_fd, parent)
+        try:
+            fp = _fingerprint(pfd, name)
+            if fp is None:
+                return snap, "gone"
+            verdict = _Judge(snap.root, root_fd)(control, fp[0], pfd)
+            keys, content = _config(pfd, control, fp)
+        finally:
+            os.close(pfd)
+    except OSError as exc:
+        return snap, os.strerror(exc.errno or 0)
+    finally:
+        os.close(root_fd)
+    known = verdict is not None and verdict[0] == "git config that makes git run commands" \
+        and set(keys) <= set(old.keys)
+    if verdict is not None and not known:
+        new = [k for k in verdict[1] if k not in old.keys]
+        return snap, verdict[0] + (f" ({', '.join(new or verdict[1])})" if verdict[1] else "")
+    records = dict(snap.records)
+    records[rel] = Record(old.role, old.type, fp, keys, content)
+    return Snapshot(snap.root, records, snap.unreadable), None
+
+
+def restore(snap: Snapshot, rel: str, quarantine: str) -> tuple[str, bool]:
+    """The live guard refused a change to the pinned entry REL: move what is there now
+    to QUARANTINE and put the baseline's version back (written beside it, renamed over
+    the name: the name is never left free for the payload). Returns where the entry
+    went, and whether the baseline's version is back (only a small config file's is
+    kept)."""
+    old = snap.records.get(rel)
+    os.makedirs(quarantine, mode=0o700, exist_ok=True)
+    q_fd = os.open(quarantine, O_DIR)
+    root_fd = discover.open_root(snap.root)
+    try:
+        pfd = discover.open_dir(root_fd, rel.rpartition("/")[0])
+        try:
+            back = old is not None and old.content is not None and old.fingerprint[0] == "file"
+            tmp = _write_beside(pfd, old.content or b"", int(old.fingerprint[1])) \
+                if back and old is not None else None
+            dest = _move(pfd, rel, quarantine, q_fd)
+            if tmp is not None:
+                os.rename(tmp, rel.rpartition("/")[2], src_dir_fd=pfd, dst_dir_fd=pfd)
+            return dest, tmp is not None
+        finally:
+            os.close(pfd)
+    finally:
+        os.close(root_fd)
+        os.close(q_fd)
+
+
+def _write_beside(pfd: int, data: bytes, mode: int) -> str:
+    """A new file of DATA in the directory PFD under a fresh name (never an existing
+    entry: the payload may have planted one)."""
+    for _ in range(16):
+        name = f".boxy-restore-{os.urandom(6).hex()}"
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         mode & 0o777, dir_fd=pfd)
+        except FileExistsError:
+            continue
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        return name
+    raise FileExistsError(errno.EEXIST, "no fresh name to restore into")
 
 
 def _beneath(path: str, top: str) -> bool:

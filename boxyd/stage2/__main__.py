@@ -27,7 +27,7 @@ import traceback
 
 from boxy.errors import SetupError
 from boxyd.plan import Plan
-from boxyd.stage2 import caps, namespaces, netns, pid1
+from boxyd.stage2 import caps, live, namespaces, netns, pid1
 
 MAX_PLAN = 256 << 20  # read from boxyd's sealed memfd; far beyond any argv or tree
 
@@ -102,6 +102,7 @@ def supervise(ctl: socket.socket, pid: int, status_r: int, pty: socket.socket | 
     buf = b""
     final: dict = {}
     exited = False
+    requests = LiveRequests(ctl)
     while not exited:
         watched: list = [ctl, status_r, pidfd] + ([pty] if pty is not None else [])
         ready = select.select(watched, [], [])[0]
@@ -117,19 +118,13 @@ def supervise(ctl: socket.socket, pid: int, status_r: int, pty: socket.socket | 
             if not data:  # boxyd is gone: so is the sandbox
                 os.kill(pid, signal.SIGKILL)
             else:
-                try:
-                    sig = int(json.loads(data).get("signal", 0))
-                except (ValueError, AttributeError, TypeError):
-                    sig = 0
-                if 0 < sig < 65:
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, sig)
+                from_boxyd(pid, data, requests)
         if status_r in ready:
             chunk = os.read(status_r, 65536)
             buf += chunk
             if len(buf) > 1 << 20:
                 buf = b""
-            buf = _relay_stops(ctl, buf)
+            buf = _relay_stops(ctl, buf, requests)
         if pidfd in ready:
             exited = True
     _, wstatus = os.waitpid(pid, 0)
@@ -150,13 +145,54 @@ def supervise(ctl: socket.socket, pid: int, status_r: int, pty: socket.socket | 
     return 0
 
 
-def _relay_stops(ctl: socket.socket, buf: bytes) -> bytes:
+class LiveRequests:
+    """The live guard's requests wait until PID 1 has pivoted into the sandbox's root
+    (its "confined" report): before that, a path would resolve in the host's view."""
+
+    def __init__(self, ctl: socket.socket) -> None:
+        self.ctl = ctl
+        self.rooted = False
+        self.waiting: list[dict] = []
+
+    def ask(self, msg: dict) -> None:
+        if not self.rooted:
+            self.waiting.append(msg)
+            return
+        send(self.ctl, {"live_done": msg["id"], "error": live.apply(msg["live"])})
+
+    def now_rooted(self) -> None:
+        self.rooted = True
+        waiting, self.waiting = self.waiting, []
+        for msg in waiting:
+            self.ask(msg)
+
+
+def from_boxyd(pid: int, data: bytes, requests: LiveRequests) -> None:
+    """A signal for PID 1, or a live-guard request (boxyd/stage2/live.py)."""
+    try:
+        msg = json.loads(data)
+    except ValueError:
+        return
+    if not isinstance(msg, dict):
+        return
+    if isinstance(msg.get("live"), dict) and isinstance(msg.get("id"), int):
+        requests.ask(msg)
+        return
+    sig = msg.get("signal")
+    if isinstance(sig, int) and 0 < sig < 65:
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
+
+
+def _relay_stops(ctl: socket.socket, buf: bytes, requests: LiveRequests) -> bytes:
     """Pass on at once each complete report that the payload stopped (job control
     cannot wait for the end); everything else stays for the final report."""
     *lines, rest = buf.split(b"\n")
     kept = []
     for line in lines:
         msg = parse_status(line)
+        if "confined" in msg and not requests.rooted:
+            requests.now_rooted()
         if "stopped" in msg:
             send(ctl, {"stopped": msg["stopped"]})
         else:

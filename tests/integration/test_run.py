@@ -315,7 +315,9 @@ def test_a_huge_tree_does_not_stall_another_session(boxy: Boxy, user: User, huge
         proc.wait(timeout=120)
     assert still_walking, "the big run ended before the samples: they overlapped nothing"
     assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
-    assert statistics.median(during) < 2 * idle, (during, idle)
+    # a bound a loaded 2-core machine still meets (the walk used to hold others 20x);
+    # the figures themselves are bench/walk.py's
+    assert statistics.median(during) < max(4 * idle, idle + 1.5), (during, idle)
 
 
 def test_mkdir_of_a_missing_directory_works_and_is_guarded(boxy: Boxy, user: User, workdir: Path) -> None:

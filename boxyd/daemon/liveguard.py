@@ -1,0 +1,306 @@
+"""The live guard of one session: inotify on the directories boxyd/live.py names, and
+each change re-applied in the sandbox through the outer stage 2 (stage2/live.py).
+
+The window that remains is from the host's rename to the stand-in or pin being in
+place again: the event is read on the event loop, the file judged in a worker
+thread, the mount made by stage 2. Each redo is recorded (audit layer ``fs.live``)
+with that window in milliseconds, and said under -v.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import ctypes
+import logging
+import os
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from boxyd import credentials, live, masking
+from boxyd.gitguard import discover
+from boxyd.live import Redo, Watched
+from boxyd.masking import Found
+
+log = logging.getLogger("boxyd")
+
+IN_MOVED_TO = 0x00000080
+IN_CREATE = 0x00000100
+IN_Q_OVERFLOW = 0x00004000
+IN_IGNORED = 0x00008000
+IN_ONLYDIR = 0x01000000
+IN_EXCL_UNLINK = 0x04000000
+IN_ISDIR = 0x40000000
+# by /proc/self/fd/N: following that one (magic) link is the point, so no IN_DONT_FOLLOW
+WATCH = IN_CREATE | IN_MOVED_TO | IN_ONLYDIR | IN_EXCL_UNLINK
+_EVENT = struct.Struct("iIII")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+
+LIVE_TIMEOUT = 10.0  # seconds for stage 2 to answer one request
+Send = Callable[[dict[str, object]], None]  # one message to the outer stage 2
+Record = Callable[..., None]  # Sink.record
+
+
+@dataclass
+class _Pending:
+    rel: str
+    what: str
+    since: float
+    done: asyncio.Future[bool]  # True: in place
+
+
+class LiveGuard:
+    """Started once the payload runs; closed when the session ends."""
+
+    def __init__(self, trees: list[Watched], send: Send, record: Record,
+                 adopt: Callable[[str, str], str | None], notice: Callable[[str], None]) -> None:
+        self._trees = {w.root: w for w in trees}
+        self._send = send
+        self._record = record
+        self._adopt = adopt  # (root, rel) of a pin the host changed -> a finding, if any
+        self._notice = notice
+        self._fd = -1
+        self._wds: dict[int, tuple[str, str]] = {}  # wd -> (root, directory rel)
+        self._pending: dict[int, _Pending] = {}
+        self._ids = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self) -> list[str]:
+        """Watch every directory the policy names; what could not be watched, said."""
+        notes: list[str] = []
+        self._fd = _inotify_init()
+        for w in self._trees.values():
+            notes += self._watch_tree(w)
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._fd, self._readable)
+        task = loop.create_task(self._catch_up(time.monotonic()))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return notes
+
+    async def _catch_up(self, since: float) -> None:
+        """What appeared between the run's walk and the watches (no event told of it):
+        every watched directory listed once, in a worker thread."""
+        watched = list(self._wds.values())
+        found = await asyncio.to_thread(_listings, watched)
+        known = {(root, rel) for root, rel in watched}
+        for root, rel, entries in found:
+            w = self._trees[root]
+            for name, is_dir in entries:
+                sub = f"{rel}/{name}" if rel else name
+                if is_dir and (root, sub) not in known:
+                    self._new_dir(w, rel, name, since)
+                    continue
+                redo = None if is_dir or sub in w.masks else live.on_change(w, rel, name, False)
+                if redo is not None and redo.rule is not None:  # never covered; pins are intact
+                    self._spawn(w, redo, since)
+
+    def _watch_tree(self, w: Watched) -> list[str]:
+        try:
+            root_fd = discover.open_root(w.root)
+        except OSError as e:
+            return [f"live guard: {w.root}: {e.strerror}; not watched"]
+        try:
+            for rel in live.watch_dirs(w):
+                why = self._watch(w.root, root_fd, rel)
+                if why is not None:
+                    return [f"live guard: {w.root}/{rel}: {why}; the rest not watched"]
+        finally:
+            os.close(root_fd)
+        if len(self._wds) >= live.MAX_WATCHED:
+            return [f"live guard: {w.root}: more than {live.MAX_WATCHED} directories; "
+                    "a credential created in the others during the run is covered only by the next run"]
+        return []
+
+    def _watch(self, root: str, root_fd: int, rel: str) -> str | None:
+        """Watch REL by fd (a directory swapped for a symlink is never what is
+        watched); None when done or gone, else why it could not be."""
+        if len(self._wds) >= live.MAX_WATCHED:
+            return None
+        try:
+            fd = discover.open_dir(root_fd, rel)
+        except OSError:
+            return None  # gone, or moved away: nothing to cover there
+        try:
+            wd = _libc.inotify_add_watch(self._fd, f"/proc/self/fd/{fd}".encode(), WATCH)
+        finally:
+            os.close(fd)
+        if wd < 0:
+            return os.strerror(ctypes.get_errno())
+        self._wds[wd] = (root, rel)
+        return None
+
+    def _new_dir(self, w: Watched, dir_rel: str, name: str, since: float) -> None:
+        """A directory created or moved in: watched too, and what it already holds judged."""
+        rel = live.new_dir(w, dir_rel, name)
+        if rel is None:
+            return
+        try:
+            root_fd = discover.open_root(w.root)
+        except OSError:
+            return
+        try:
+            self._watch(w.root, root_fd, rel)
+            try:
+                fd = discover.open_dir(root_fd, rel)
+            except OSError:
+                return
+            try:
+                entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in os.scandir(fd)][:1000]
+            finally:
+                os.close(fd)
+        finally:
+            os.close(root_fd)
+        for entry, is_dir in entries:
+            if not is_dir and (redo := live.on_change(w, rel, entry, False)) is not None:
+                self._spawn(w, redo, since)
+
+    def _readable(self) -> None:
+        now = time.monotonic()
+        try:
+            data = os.read(self._fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        pos = 0
+        while pos + _EVENT.size <= len(data):
+            wd, mask, _, length = _EVENT.unpack_from(data, pos)
+            name = data[pos + _EVENT.size: pos + _EVENT.size + length].rstrip(b"\0")
+            pos += _EVENT.size + length
+            if mask & IN_Q_OVERFLOW:
+                for w in self._trees.values():
+                    for redo in live.everything(w):
+                        self._spawn(w, redo, now)
+                continue
+            if mask & IN_IGNORED or wd not in self._wds:
+                self._wds.pop(wd, None)
+                continue
+            root, rel = self._wds[wd]
+            w, entry = self._trees[root], os.fsdecode(name)
+            redo = live.on_change(w, rel, entry, bool(mask & IN_ISDIR))
+            if redo is not None:
+                self._spawn(w, redo, now)
+            elif mask & IN_ISDIR:
+                self._new_dir(w, rel, entry, now)
+
+    def _spawn(self, w: Watched, redo: Redo, since: float) -> None:
+        task = asyncio.get_running_loop().create_task(self._redo(w, redo, since))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _redo(self, w: Watched, redo: Redo, since: float) -> None:
+        if redo.pin is not None:
+            p = redo.pin
+            pinned = self._ask({"bind": {"src": p.rel, "dst": p.rel, "ro": True, "src_base": w.root,
+                                         "dst_base": w.root}}, p.rel, "pinned again", since, w.root)
+            # judged once pinned: from then on the payload cannot change what is judged
+            await asyncio.wait_for(asyncio.shield(pinned), LIVE_TIMEOUT)
+            line = await asyncio.to_thread(self._adopt, w.root, p.rel)
+            if line is not None:
+                self._record("git", finding=line)
+                self._notice(line)
+        mask = redo.mask
+        if mask is None and redo.rule is None:
+            return
+        found = await asyncio.to_thread(_stand_in, w.root, redo)
+        if found is None:
+            return  # nothing in it to cover now (or gone)
+        w.masks[redo.rel] = found  # a later rename over it is covered again too
+        self._ask({"mask": {"dst": redo.rel, "dst_base": w.root, "is_dir": found.is_dir,
+                            "content": base64.b64encode(found.content).decode()}},
+                  redo.rel, "covered again" if mask is not None else "covered new", since, w.root)
+
+    def _ask(self, op: dict[str, object], rel: str, what: str, since: float,
+             root: str) -> asyncio.Future[bool]:
+        self._ids += 1
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._pending[self._ids] = _Pending(os.path.join(root, rel), what, since, fut)
+        self._send({"live": op, "id": self._ids})
+        return fut
+
+    def done(self, ident: object, error: object) -> None:
+        """Stage 2's answer to one request (its "live_done" message)."""
+        pending = self._pending.pop(ident, None) if isinstance(ident, int) else None
+        if pending is None:
+            return
+        ms = round((time.monotonic() - pending.since) * 1000, 1)
+        if not pending.done.done():
+            pending.done.set_result(error is None)
+        if error is None:
+            self._record("fs.live", path=pending.rel, action=pending.what, window_ms=ms)
+            self._notice(f"live guard: {pending.rel}: {pending.what} ({ms:g} ms after the change)")
+        else:
+            self._record("fs.live", path=pending.rel, action=f"{pending.what}: failed",
+                         error=str(error)[:300])
+            self._notice(f"live guard: {pending.rel}: could not be {pending.what}: {str(error)[:300]}")
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(RuntimeError, ValueError):
+                asyncio.get_running_loop().remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+        for task in self._tasks:
+            task.cancel()
+
+
+def _listings(watched: list[tuple[str, str]]) -> list[tuple[str, str, list[tuple[str, bool]]]]:
+    """(root, rel, [(name, is_dir)]) of each directory, read through the tree's fds."""
+    out = []
+    for root, rel in watched:
+        try:
+            root_fd = discover.open_root(root)
+            try:
+                fd = discover.open_dir(root_fd, rel)
+            finally:
+                os.close(root_fd)
+        except OSError:
+            continue
+        try:
+            out.append((root, rel, [(e.name, e.is_dir(follow_symlinks=False))
+                                    for e in os.scandir(fd)][:10000]))
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return out
+
+
+def _stand_in(root: str, redo: Redo) -> Found | None:
+    """What covers REDO's entry now (read through the tree's own fds), or None."""
+    parent, _, name = redo.rel.rpartition("/")
+    is_dir = redo.mask.is_dir if redo.mask is not None else bool(redo.rule and redo.rule.is_dir)
+    if redo.mask is not None and redo.mask.kind == credentials.GIT_CONFIG.kind:
+        rule = credentials.GIT_CONFIG
+    else:
+        rule = credentials.rule_for(parent.rpartition("/")[2], name, is_dir) or redo.rule
+    if rule is None:
+        return None
+    try:
+        root_fd = discover.open_root(root)
+        try:
+            pfd = discover.open_dir(root_fd, parent)
+        finally:
+            os.close(root_fd)
+    except OSError:
+        return None
+    try:
+        found = masking.judge(pfd, name, rule)
+    finally:
+        os.close(pfd)
+    return None if found is None else Found(redo.rel, found.kind, found.action, found.is_dir,
+                                            found.content)
+
+
+def _inotify_init() -> int:
+    fd = _libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    if fd < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"inotify_init1: {os.strerror(e)}")
+    return int(fd)

@@ -1,0 +1,99 @@
+"""The live guard's policy (pure): which directories to watch during a session, and
+what a change in one of them calls for.
+
+Stand-ins and pins are bind mounts on single files; a host rename over one (an
+editor's save, ``git config``) detaches it in the sandbox, and a credential file
+the user creates during a session was never covered. boxyd.daemon.liveguard
+watches the directories this names and re-applies what this says, through the
+outer stage 2 (boxyd/stage2/live.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from boxyd import credentials
+from boxyd.credentials import Rule
+from boxyd.gitguard.discover import Protection
+from boxyd.masking import Found
+
+MAX_WATCHED = 4096  # directories per session (the user's inotify budget is shared)
+
+
+@dataclass(frozen=True)
+class Watched:
+    """What the live guard keeps covered in one writable tree."""
+
+    root: str
+    pins: Mapping[str, Protection] = field(default_factory=dict)  # read-only pins, by rel
+    # covered credentials, by rel; the live guard adds those it covers during the session
+    masks: dict[str, Found] = field(default_factory=dict)
+    reveal: tuple[str, ...] = ()  # --reveal: absolute paths never covered
+    dirs: tuple[str, ...] = ()  # the walk's directories (where a credential may appear)
+
+
+@dataclass(frozen=True)
+class Redo:
+    """What one change calls for, in this order: the pin again, then the stand-in
+    again (its content read anew), or a new credential's first stand-in (RULE)."""
+
+    rel: str
+    pin: Protection | None = None
+    mask: Found | None = None
+    rule: Rule | None = None
+
+
+def watched(root: str, pins: Iterable[Protection], masks: Iterable[Found],
+            reveal: Iterable[str], dirs: Iterable[str] = ()) -> Watched:
+    """Only read-only pins: a ``self`` pin is a directory bound onto itself, which the
+    host renaming it away ends for the host as well (nothing left to guard there)."""
+    return Watched(root, {p.rel: p for p in pins if p.kind == "ro"},
+                   {f.rel: f for f in masks}, tuple(reveal), tuple(dirs))
+
+
+def skipped(rel: str) -> bool:
+    """A directory no credential is looked for in (node_modules, .git: by git's rules)."""
+    return any(c in credentials.SKIP_DIRS for c in rel.split("/")) if rel else False
+
+
+def watch_dirs(w: Watched) -> list[str]:
+    """The directory of every pin and stand-in first (those must be watched), then the
+    walk's directories, parents first; at most MAX_WATCHED."""
+    must = {r.rpartition("/")[0] for r in (*w.pins, *w.masks)}
+    first = sorted(must, key=lambda d: (d.count("/") if d else -1, d))
+    rest = sorted({"", *w.dirs} - must, key=lambda d: (d.count("/") if d else -1, d))
+    return (first + rest)[:MAX_WATCHED]
+
+
+def new_dir(w: Watched, dir_rel: str, name: str) -> str | None:
+    """A directory created (or moved in) during the session, to watch as well."""
+    rel = f"{dir_rel}/{name}" if dir_rel else name
+    return None if skipped(rel) else rel
+
+
+def _revealed(w: Watched, rel: str) -> bool:
+    path = os.path.join(w.root, rel)
+    return any(path == t.rstrip("/") or path.startswith(t.rstrip("/") + "/") for t in w.reveal)
+
+
+def on_change(w: Watched, dir_rel: str, name: str, is_dir: bool) -> Redo | None:
+    """A new entry NAME appeared in the watched directory DIR_REL (created, or renamed
+    over what was there): what to re-apply, if anything."""
+    rel = f"{dir_rel}/{name}" if dir_rel else name
+    pin, mask = w.pins.get(rel), w.masks.get(rel)
+    if pin is not None or mask is not None:
+        return Redo(rel, pin=pin if pin is not None and pin.is_dir == is_dir else None,
+                    mask=mask if mask is not None and mask.is_dir == is_dir else None)
+    parent = dir_rel.rpartition("/")[2]
+    if skipped(dir_rel) or _revealed(w, rel):
+        return None
+    rule = credentials.rule_for(parent, name, is_dir)
+    return Redo(rel, rule=rule) if rule is not None else None
+
+
+def everything(w: Watched) -> list[Redo]:
+    """After lost events (the inotify queue overflowed): re-apply every pin and stand-in."""
+    rels = sorted(set(w.pins) | set(w.masks), key=lambda r: r.split("/"))
+    return [Redo(r, pin=w.pins.get(r), mask=w.masks.get(r)) for r in rels]

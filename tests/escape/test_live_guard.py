@@ -1,0 +1,159 @@
+"""The guard is live: a session runs beside the user's editor and git, and what the host
+changes meanwhile must not un-mask or un-pin anything. Each case runs a detached
+session whose payload keeps looking, changes the host tree as an editor or git
+does (a new file renamed over the old), and takes the verdict from the payload's
+own record of what it saw, and from the host's git.
+
+A window remains between the host's rename and the stand-in or pin being back
+(bench/liveguard.py measures it); a case prints ESCAPED only when the payload could
+still see the secret, or write the pinned file, a full second after the change.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Boxy, User
+from tests.escape.conftest import GIT_FLAGS, describe, git, init_repo, run_py, wait_for
+
+pytestmark = pytest.mark.sandbox
+
+# Reads the named files in a loop and appends what it saw, with the time, to obs.jsonl.
+WATCHER = """
+import json
+names, seconds = sys.argv[1].split(","), float(sys.argv[2])
+end = time.time() + seconds
+with open("obs.jsonl", "a") as log:
+    while time.time() < end:
+        seen = {}
+        for n in names:
+            try:
+                with open(n) as f:
+                    seen[n] = f.read()
+            except OSError as e:
+                seen[n] = "!" + ename(e)
+        log.write(json.dumps({"t": time.time(), "seen": seen}) + "\\n")
+        log.flush()
+        time.sleep(0.01)
+tried("watched", str(seconds))
+"""
+
+
+def _observations(workdir: Path) -> list[dict]:
+    path = workdir / "obs.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.endswith("}")]
+
+
+def _detached(boxy: Boxy, code: str, *args: str) -> str:
+    r = run_py(boxy, code, "-d", args=args)
+    assert r.returncode == 0, describe(r)
+    return r.stdout.decode().strip().splitlines()[-1]
+
+
+def _replace(path: Path, text: str, user: User) -> float:
+    """As an editor saves: a new file, renamed over the old one. Returns the time."""
+    tmp = path.with_name(f".{path.name}.swp-{uuid.uuid4().hex[:6]}")
+    tmp.write_text(text)
+    user.chown(tmp)
+    t = time.time()
+    tmp.rename(path)
+    return t
+
+
+def _after(obs: list[dict], t: float) -> list[dict]:
+    return [o for o in obs if o["t"] > t]
+
+
+def test_a_credential_the_host_replaces_stays_covered(boxy: Boxy, user: User) -> None:
+    env = boxy.workdir / ".env"
+    env.write_text("TOKEN=before\n")
+    user.chown(env)
+    _detached(boxy, WATCHER, ".env", "6")
+    wait_for(lambda: len(_observations(boxy.workdir)) > 5, 30, "the payload to start looking")
+    t = _replace(env, "TOKEN=saved-by-the-editor\n", user)
+    time.sleep(2.5)
+    obs = _observations(boxy.workdir)
+    late = [o for o in _after(obs, t + 1.0) if "saved-by" in o["seen"][".env"]]
+    if late:
+        print(f"ESCAPED the payload read the replaced .env {late[0]['t'] - t:.2f}s after the save")
+    assert not late
+    assert _after(obs, t + 1.0), "the payload stopped looking: the case proves nothing"
+    # the kernel detaches the stand-in before it moves the new file in (vfs_rename:
+    # detach_mounts, then d_move): in that moment the old file is reachable; never else
+    old = [o for o in obs if "before" in o["seen"][".env"] and not t - 0.05 < o["t"] < t + 0.5]
+    if old:
+        print(f"ESCAPED the payload read the covered .env away from the host's save: {old[:3]}")
+    assert not old
+    assert env.read_text() == "TOKEN=saved-by-the-editor\n"  # the user's file is the user's
+
+
+def test_a_credential_created_during_the_run_is_covered(boxy: Boxy, user: User) -> None:
+    _detached(boxy, WATCHER, ".env.local,config/.npmrc", "5")
+    (boxy.workdir / "config").mkdir()
+    user.chown(boxy.workdir / "config")
+    wait_for(lambda: len(_observations(boxy.workdir)) > 5, 30, "the payload to start looking")
+    t = time.time()
+    for rel, text in ((".env.local", "KEY=created-later\n"),
+                      ("config/.npmrc", "//r.example.test/:_authToken=npm-secret\nregistry=x\n")):
+        (boxy.workdir / rel).write_text(text)
+        user.chown(boxy.workdir / rel)
+    time.sleep(2.5)
+    late = [o for o in _after(_observations(boxy.workdir), t + 1.0)
+            if "created-later" in o["seen"][".env.local"] or "npm-secret" in o["seen"]["config/.npmrc"]]
+    if late:
+        print(f"ESCAPED the payload read a credential created during the run: {late[0]}")
+    assert not late
+    # the .npmrc is shown scrubbed, not hidden: what is not a credential still reads
+    last = _observations(boxy.workdir)[-1]["seen"]
+    assert "registry=x" in last["config/.npmrc"], last
+
+
+def test_git_config_replaced_by_host_git_stays_pinned(boxy: Boxy, user: User, workdir: Path) -> None:
+    """The payload keeps trying to set core.fsmonitor; the user runs `git config` on the
+    host meanwhile (which renames a new .git/config over the pinned one)."""
+    repo = init_repo(user, workdir)
+    marker = user.home / f".boxy-escape-live-fsmonitor-{uuid.uuid4().hex[:8]}"
+    try:
+        r = run_py(boxy, """
+import subprocess
+marker, seconds = sys.argv[1], float(sys.argv[2])
+end, wrote = time.time() + seconds, 0
+while time.time() < end:
+    r = subprocess.run(["git", "config", "core.fsmonitor", f"touch {marker}"], capture_output=True)
+    if r.returncode == 0:
+        wrote += 1
+        with open("wrote.log", "a") as f:
+            f.write(f"{time.time()}\\n")
+    time.sleep(0.002)
+tried("fsmonitor-writes", str(wrote))
+""", "-d", *GIT_FLAGS, args=(str(marker), "5"))
+        assert r.returncode == 0, describe(r)
+        time.sleep(1)
+        changed = []
+        for i in range(5):
+            # a lock the payload's own attempt holds makes host git fail now and then
+            for _ in range(20):
+                if git(user, repo, "config", f"branch.b{i}.remote", "origin", check=False).returncode == 0:
+                    changed.append(time.time())
+                    break
+                time.sleep(0.05)
+            time.sleep(0.3)
+        assert changed, "the host's git config never succeeded: the case proves nothing"
+        time.sleep(1.5)
+        st = git(user, repo, "status", check=False)  # what the user does, during the session
+        log = repo / "wrote.log"
+        writes = [float(x) for x in log.read_text().split()] if log.exists() else []
+        late = [w for w in writes if all(w - c > 1.0 for c in changed)]
+        if marker.exists() or late:
+            print(f"ESCAPED the payload set core.fsmonitor during the session: {late}")
+        assert not marker.exists(), st.stderr.decode()
+        assert not late
+    finally:
+        marker.unlink(missing_ok=True)

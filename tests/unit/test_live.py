@@ -1,0 +1,163 @@
+"""The live guard's policy (boxyd/live.py) and the scan's side of it (adopt, restore)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from boxyd import credentials, live
+from boxyd.credentials import Action
+from boxyd.gitguard import scan
+from boxyd.gitguard.discover import Protection
+from boxyd.masking import Found
+from tests.harness import toolshed
+
+PIN = Protection(".git/config", "ro", False)
+HOOKS = Protection(".git/hooks", "ro", True)
+SELF = Protection(".git", "self", True)
+ENV = Found("app/.env", "environment file", Action.EMPTY, False)
+
+
+def tree(**kw: object) -> live.Watched:
+    return live.watched("/w", [PIN, HOOKS, SELF], [ENV], kw.get("reveal", ()),  # type: ignore[arg-type]
+                        kw.get("dirs", ()))  # type: ignore[arg-type]
+
+
+def test_only_read_only_pins_are_watched() -> None:
+    assert set(tree().pins) == {".git/config", ".git/hooks"}
+
+
+def test_watch_dirs_put_the_covered_first_then_the_walk() -> None:
+    w = tree(dirs=("", "src", "src/deep", "app", ".git"))
+    assert live.watch_dirs(w) == [".git", "app", "", "src", "src/deep"]
+
+
+def test_watch_dirs_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(live, "MAX_WATCHED", 3)
+    w = tree(dirs=tuple(f"d{i}" for i in range(10)))
+    assert live.watch_dirs(w)[:2] == [".git", "app"] and len(live.watch_dirs(w)) == 3
+
+
+@pytest.mark.parametrize("dir_rel,name,is_dir,expect", [
+    (".git", "config", False, ("pin", None)),  # git config renamed over the pin
+    (".git", "hooks", True, ("pin", None)),
+    (".git", "hooks", False, (None, None)),  # a file where the pinned directory was: the scan's
+    ("app", ".env", False, (None, "mask")),
+    ("", ".env", False, (None, "rule")),  # a new credential
+    ("src", ".env.production", False, (None, "rule")),
+    ("src", ".env.example", False, None),  # not a credential
+    ("src", "id_ed25519", False, (None, "rule")),
+    ("src", "id_ed25519.pub", False, None),
+    ("", ".aws", True, (None, "rule")),
+    ("node_modules/x", ".env", False, None),  # where no credential is looked for
+    (".git/modules/a", ".npmrc", False, None),
+    ("", "README", False, None),
+])
+def test_on_change(dir_rel: str, name: str, is_dir: bool, expect: tuple | None) -> None:
+    redo = live.on_change(tree(), dir_rel, name, is_dir)
+    if expect is None:
+        assert redo is None
+        return
+    assert redo is not None and redo.rel == (f"{dir_rel}/{name}" if dir_rel else name)
+    pin, what = expect
+    assert (redo.pin is not None) == (pin == "pin")
+    assert (redo.mask is not None) == (what == "mask")
+    assert (redo.rule is not None) == (what == "rule")
+
+
+def test_a_revealed_credential_is_not_covered_live() -> None:
+    w = tree(reveal=("/w/src",))
+    assert live.on_change(w, "src", ".env", False) is None
+    assert live.on_change(w, "", ".env", False) is not None
+
+
+def test_new_dirs_to_watch() -> None:
+    assert live.new_dir(tree(), "", "config") == "config"
+    assert live.new_dir(tree(), "a", "node_modules") is None
+    assert live.new_dir(tree(), "", ".git") is None
+
+
+def test_everything_redoes_each_pin_and_stand_in_once() -> None:
+    redos = live.everything(tree())
+    assert [r.rel for r in redos] == [".git/config", ".git/hooks", "app/.env"]
+    assert redos[0].pin == PIN and redos[2].mask == ENV
+
+
+def test_the_git_config_rule_is_credentials_own() -> None:
+    assert credentials.GIT_CONFIG.action is Action.SCRUB
+
+
+# --- adopt and restore, on a real repository -----------------------------------------
+
+GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent", "PATH": "/usr/bin:/bin"}
+
+
+def _repo(path: Path, *config: tuple[str, str]) -> scan.Snapshot:
+    path.mkdir()
+    subprocess.run(["git", "init", "-q", str(path)], check=True, env=GIT_ENV)
+    for key, value in config:
+        subprocess.run(["git", "-C", str(path), "config", key, value], check=True, env=GIT_ENV)
+    return scan.snapshot(str(path))
+
+
+def _set(path: Path, key: str, value: str) -> None:
+    subprocess.run(["git", "-C", str(path), "config", key, value], check=True, env=GIT_ENV)
+
+
+def test_a_harmless_change_is_adopted(tmp_path: Path) -> None:
+    work = tmp_path / "w"
+    before = _repo(work)
+    _set(work, "remote.origin.url", "https://example.test/x.git")
+    after, why = scan.adopt(before, ".git/config")
+    assert why is None
+    assert after.records[".git/config"].fingerprint != before.records[".git/config"].fingerprint
+    # the scan after the run then leaves the user's change where it is
+    assert scan.scan(str(work), after, str(tmp_path / "q"), toolshed.opener()) == []
+
+
+def test_keys_that_were_there_already_do_not_stop_an_adoption(tmp_path: Path) -> None:
+    work = tmp_path / "w"
+    before = _repo(work, ("core.editor", "vim"))
+    assert before.records[".git/config"].keys == ("core.editor",)
+    _set(work, "branch.main.remote", "origin")
+    assert scan.adopt(before, ".git/config")[1] is None
+
+
+def test_a_new_key_that_runs_commands_is_refused_and_restored(tmp_path: Path) -> None:
+    work = tmp_path / "w"
+    before = _repo(work, ("core.editor", "vim"))
+    original = (work / ".git/config").read_bytes()
+    _set(work, "core.fsmonitor", "touch /tmp/x")
+    snap, why = scan.adopt(before, ".git/config")
+    assert why is not None and "core.fsmonitor" in why and "core.editor" not in why
+    assert snap is before
+    dest, back = scan.restore(snap, ".git/config", str(tmp_path / "q"))
+    assert back and (work / ".git/config").read_bytes() == original
+    assert b"fsmonitor" in Path(dest).read_bytes()
+    assert not [n for n in os.listdir(work / ".git") if n.startswith(".boxy-restore")]
+
+
+def test_restore_never_writes_through_a_planted_name(tmp_path: Path) -> None:
+    work = tmp_path / "w"
+    before = _repo(work)
+    victim = tmp_path / "victim"
+    victim.write_text("mine\n")
+    (work / ".git/config").unlink()
+    (work / ".git/config").symlink_to(victim)
+    assert scan.adopt(before, ".git/config")[1] is not None  # a symlink: refused
+    scan.restore(before, ".git/config", str(tmp_path / "q"))
+    assert victim.read_text() == "mine\n"
+    assert not (work / ".git/config").is_symlink()
+
+
+def test_listing_helpers_stay_beneath_the_tree(tmp_path: Path) -> None:
+    from boxyd.daemon.liveguard import _listings
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a/.env").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    got = {rel: sorted(e) for _, rel, e in _listings([(str(tmp_path), "a"), (str(tmp_path), "link")])}
+    assert got == {"a": [(".env", False)]}

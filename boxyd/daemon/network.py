@@ -21,7 +21,7 @@ from boxyd.net.dnsproxy import DnsProxy
 from boxyd.net.gateway import LISTENERS, Gateway
 from boxyd.net.hostnet import UPSTREAM_ENV, upstream_servers
 from boxyd.net.policy import NetPolicy
-from boxyd.net.refusals import Tally
+from boxyd.net.refusals import Tally, plural
 from boxyd.plan import File, Plan
 from boxyd.spec import RunSpec
 
@@ -123,7 +123,8 @@ class Network:
         notes = out.setdefault("notes", [])
         notes += self.refused.lines()  # said without -v: a silent refusal looks like a broken network
         if self._muted:
-            notes.append(f"-v: {self._muted} more denials not shown (see --audit-log)")
+            notes.append(f"-v: {plural(self._muted, 'more denial')} not shown "
+                         "(see --audit-log)")
         if self._netlog_fd is not None:
             try:
                 await asyncio.to_thread(netlog.write, self._netlog_fd, log_)
@@ -183,7 +184,7 @@ def describe(ev: dict) -> str:
         elif ev.get("host"):
             what += f" ({ev['host']})"
     elif ev.get("count"):
-        what = f"{ev['count']} connections"
+        what = plural(int(ev["count"]), "connection")
     else:
         what = str(ev.get("name", "?"))
     return f"{layer} deny {what}: {ev.get('reason') or 'denied'}"

@@ -30,7 +30,6 @@ from boxyd.net.bindings import Bindings
 from boxyd.net.dnsproxy import DnsProxy, DnsSession, TokenBucket
 from boxyd.net.netlog import NetLog
 from boxyd.net.policy import ECH_REFUSED, NetPolicy, Verdict
-from boxyd.net.ranges import SANDBOX_NETS
 from boxyd.net.rtnl import LocalAddresses
 from boxyd.net.ruleset import GATEWAY_SOCKETS, NFLOG_GROUP
 
@@ -402,16 +401,7 @@ class Gateway:
     def _refused(self, r: nflog.Refused) -> None:
         """Say why nftables refused it, in the same words boxyd's own checks use."""
         ip = ipaddress.ip_address(r.addr)
-        if any(ip in net for net in SANDBOX_NETS) or ip.is_link_local or ip.is_multicast:
-            v = Verdict(False, "net.ip", "the gateway itself is not a destination")
-        else:
-            v = self.policy.address(ip)
-            if v.allow and r.proto == "tcp":
-                v = self.policy.tcp_connect(ip, r.port, self.bindings.names(ip))
-            elif v.allow and r.proto == "udp":
-                v = self.policy.udp(ip, r.port, self.bindings.names(ip))
-            if v.allow:
-                v = Verdict(False, "net.ip", "refused by the gateway's ruleset")
+        v = self.policy.early_refusal(ip, r.proto, r.port, self.bindings.names(ip))
         if r.proto in ("tcp", "udp"):
             self._decide(r.proto, str(ip), r.port, v)
         else:

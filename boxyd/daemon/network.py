@@ -75,9 +75,10 @@ class Network:
         """What stage 2 applies: the gateway netns's ruleset, Landlock's connect ports."""
         ports = self.policy.landlock_ports()
         udp = self.policy.udp_ports()
+        literals = tuple(self.policy.literal_addresses()) if self.policy.mode == "allowlist" else None
         plan.net_ruleset = gateway_ruleset(self.policy.mode, self.policy.exceptions,
                                            None if ports is None else tuple(ports),
-                                           None if udp is None else tuple(udp))
+                                           None if udp is None else tuple(udp), literals)
         plan.landlock_ports = ports
         plan.pcap = self._capture is not None
         if self.tailnet:
@@ -161,7 +162,7 @@ class Network:
 
 @functools.lru_cache(maxsize=64)
 def gateway_ruleset(mode: str, exceptions: tuple, tcp_ports: tuple[int, ...] | None,
-                    udp_ports: tuple[int, ...] | None) -> dict:
+                    udp_ports: tuple[int, ...] | None, bound: tuple[str, ...] | None = None) -> dict:
     """The same flags give the same ruleset: built once (~12 ms), then reused. The
     result is shared: only ever serialised, never changed."""
     prefixes = ranges.static_prefixes(exceptions)
@@ -169,7 +170,8 @@ def gateway_ruleset(mode: str, exceptions: tuple, tcp_ports: tuple[int, ...] | N
         mode=mode, deny_v4=prefixes.deny_v4, deny_v6=prefixes.deny_v6,
         except_v4=prefixes.accept_v4, except_v6=prefixes.accept_v6,
         tcp_ports=None if tcp_ports is None else list(tcp_ports),
-        udp_ports=None if udp_ports is None else list(udp_ports))
+        udp_ports=None if udp_ports is None else list(udp_ports),
+        bound=None if bound is None else list(bound))
 
 
 def describe(ev: dict) -> str:

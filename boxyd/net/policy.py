@@ -338,6 +338,11 @@ class NetPolicy:
         why = classify(addr)
         return Verdict(False, IP, why or "refused by the gateway's ruleset")
 
+    def literal_addresses(self) -> list[str]:
+        """Addresses allowed as literal hosts (``--allow-host 192.168.4.7:22``): bound
+        for the whole run, with no DNS answer to bind them."""
+        return sorted(name for name in self.exact if _literal(name))
+
     def udp_ports(self) -> list[int] | None:
         """Allowlist: the only UDP ports any host may be reached on (``HOST:PORT/udp``),
         so the gateway refuses every other one at once (port unreachable) instead of

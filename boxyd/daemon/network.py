@@ -21,7 +21,7 @@ from boxyd.net.dnsproxy import DnsProxy
 from boxyd.net.gateway import LISTENERS, Gateway
 from boxyd.net.hostnet import UPSTREAM_ENV, upstream_servers
 from boxyd.net.policy import NetPolicy
-from boxyd.net.refusals import Tally
+from boxyd.net.refusals import Tally, plural
 from boxyd.plan import File, Plan
 from boxyd.spec import RunSpec
 
@@ -75,9 +75,10 @@ class Network:
         """What stage 2 applies: the gateway netns's ruleset, Landlock's connect ports."""
         ports = self.policy.landlock_ports()
         udp = self.policy.udp_ports()
+        literals = tuple(self.policy.literal_addresses()) if self.policy.mode == "allowlist" else None
         plan.net_ruleset = gateway_ruleset(self.policy.mode, self.policy.exceptions,
                                            None if ports is None else tuple(ports),
-                                           None if udp is None else tuple(udp))
+                                           None if udp is None else tuple(udp), literals)
         plan.landlock_ports = ports
         plan.pcap = self._capture is not None
         if self.tailnet:
@@ -123,7 +124,8 @@ class Network:
         notes = out.setdefault("notes", [])
         notes += self.refused.lines()  # said without -v: a silent refusal looks like a broken network
         if self._muted:
-            notes.append(f"-v: {self._muted} more denials not shown (see --audit-log)")
+            notes.append(f"-v: {plural(self._muted, 'more denial')} not shown "
+                         "(see --audit-log)")
         if self._netlog_fd is not None:
             try:
                 await asyncio.to_thread(netlog.write, self._netlog_fd, log_)
@@ -160,7 +162,7 @@ class Network:
 
 @functools.lru_cache(maxsize=64)
 def gateway_ruleset(mode: str, exceptions: tuple, tcp_ports: tuple[int, ...] | None,
-                    udp_ports: tuple[int, ...] | None) -> dict:
+                    udp_ports: tuple[int, ...] | None, bound: tuple[str, ...] | None = None) -> dict:
     """The same flags give the same ruleset: built once (~12 ms), then reused. The
     result is shared: only ever serialised, never changed."""
     prefixes = ranges.static_prefixes(exceptions)
@@ -168,7 +170,8 @@ def gateway_ruleset(mode: str, exceptions: tuple, tcp_ports: tuple[int, ...] | N
         mode=mode, deny_v4=prefixes.deny_v4, deny_v6=prefixes.deny_v6,
         except_v4=prefixes.accept_v4, except_v6=prefixes.accept_v6,
         tcp_ports=None if tcp_ports is None else list(tcp_ports),
-        udp_ports=None if udp_ports is None else list(udp_ports))
+        udp_ports=None if udp_ports is None else list(udp_ports),
+        bound=None if bound is None else list(bound))
 
 
 def describe(ev: dict) -> str:
@@ -183,7 +186,7 @@ def describe(ev: dict) -> str:
         elif ev.get("host"):
             what += f" ({ev['host']})"
     elif ev.get("count"):
-        what = f"{ev['count']} connections"
+        what = plural(int(ev["count"]), "connection")
     else:
         what = str(ev.get("name", "?"))
     return f"{layer} deny {what}: {ev.get('reason') or 'denied'}"

@@ -19,6 +19,12 @@ When it is full, expired pairs are evicted first; if none are, the new binding i
 live one, which could cut a legitimate flow's binding. The caller then fails the
 DNS answer, so no client is handed an address it could not connect to.
 
+Published. In allowlist mode the gateway's ruleset resets a SYN to an address that
+is not in its set of bound addresses, so every bind is also *published* there
+(``publish(addr, seconds)``, the address's whole remaining lifetime) before it is
+recorded; a bind whose publication fails is refused like one over the bound, so
+the client is never handed an address the gateway would refuse.
+
 Addresses are ``ipaddress`` objects; an IPv4-mapped IPv6 address (``::ffff:a.b.c.d``)
 is the IPv4 address it carries, since that is the host a socket would reach.
 Names are lower-case without the trailing dot.
@@ -76,6 +82,7 @@ class Bindings:
         ttl_cap: int = TTL_CAP,
         grace: float = EXPIRY_GRACE,
         max_entries: int = MAX_ENTRIES,
+        publish: Callable[[Address, float], bool] | None = None,
     ) -> None:
         if ttl_floor < 0 or ttl_cap < ttl_floor:
             raise ValueError(f"TTL floor {ttl_floor} / cap {ttl_cap}: need 0 <= floor <= cap")
@@ -86,7 +93,9 @@ class Bindings:
         self.ttl_cap = ttl_cap
         self.grace = grace
         self.max_entries = max_entries
+        self.publish = publish
         self.refused = 0  # bindings refused because the table was full of live entries
+        self.unpublished = 0  # bindings refused because the gateway's set took no element
         self._table: dict[Address, dict[str, float]] = {}
         self._holds: dict[Address, int] = {}
         self._count = 0
@@ -111,6 +120,8 @@ class Bindings:
         expiry = self.now() + self.clamp(ttl) + self.grace
         names = self._table.get(addr)
         if names is not None and name in names:
+            if not self._published(addr, names, expiry):
+                return False
             names[name] = max(names[name], expiry)
             return True
         if self._count >= self.max_entries:
@@ -119,12 +130,24 @@ class Bindings:
                 self.refused += 1
                 return False
             names = self._table.get(addr)
+        if not self._published(addr, names, expiry):
+            return False
         if names is None:
             names = self._table[addr] = {}
         names[name] = expiry
         self._count += 1
         self._earliest = min(self._earliest, expiry)
         return True
+
+    def _published(self, addr: Address, names: dict[str, float] | None, expiry: float) -> bool:
+        """Publish ADDR for the longest of its lifetimes; False (counted) on failure."""
+        if self.publish is None:
+            return True
+        lifetime = max([expiry, *(names.values() if names else ())]) - self.now()
+        if self.publish(addr, lifetime):
+            return True
+        self.unpublished += 1
+        return False
 
     def names(self, ip: str | Address) -> frozenset[str]:
         """The names IP is bound to now (all of them while a flow holds IP)."""
@@ -136,6 +159,10 @@ class Bindings:
             return frozenset(names)
         now = self.now()
         return frozenset(n for n, expiry in names.items() if expiry > now)
+
+    def held_addresses(self) -> list[Address]:
+        """The addresses flows use now (their published elements need refreshing)."""
+        return [addr for addr, n in self._holds.items() if n > 0]
 
     def hold(self, ip: str | Address) -> frozenset[str]:
         """A flow starts using IP: keep its live names alive until :meth:`release`.

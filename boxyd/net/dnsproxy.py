@@ -240,9 +240,12 @@ class DnsProxy:
             self._emit(session, query, "allow", filtered.error, dns.rcode.SERVFAIL)
             return self._wire(filtered.response, query, tcp, session)
         # Bind before answering: the client may connect the moment it has the answer.
+        unpublished = bindings.unpublished
         for b in filtered.bind:
             if not bindings.bind(b.ip, b.name, b.ttl):
-                reason = f"too many DNS bindings in this session ({bindings.max_entries})"
+                reason = (f"the gateway did not take {b.ip} into its bound addresses"
+                          if bindings.unpublished > unpublished else
+                          f"too many DNS bindings in this session ({bindings.max_entries})")
                 self._emit(session, query, "deny", reason, dns.rcode.SERVFAIL)
                 return self._wire(response_for(query, dns.rcode.SERVFAIL), query, tcp, session)
         event = self._emit_filtered(session, query, filtered)

@@ -25,14 +25,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from boxyd.net import nflog, relay, sni, udpsock
+from boxyd.net import nflog, nftset, relay, sni, udpsock
 from boxyd.net.bindings import Bindings
 from boxyd.net.dnsproxy import DnsProxy, DnsSession, TokenBucket
 from boxyd.net.netlog import NetLog
 from boxyd.net.policy import ECH_REFUSED, NetPolicy, Verdict
-from boxyd.net.ranges import SANDBOX_NETS
 from boxyd.net.rtnl import LocalAddresses
-from boxyd.net.ruleset import GATEWAY_SOCKETS, NFLOG_GROUP
+from boxyd.net.ruleset import BOUND_SETS, GATEWAY_SOCKETS, NFLOG_GROUP, TABLE
 
 log = logging.getLogger("boxyd")
 
@@ -95,7 +94,14 @@ class Gateway:
         self.limits = limits or Limits()
         self.on_event = on_event
         self.netlog = NetLog()
-        self.bindings = Bindings()
+        # Allowlist: every binding goes into the gateway's set of bound addresses
+        # first, or the ruleset would reset the client's SYN (and it is refused).
+        self.bound: nftset.Publisher | None = None
+        if policy.mode == "allowlist":
+            self.bound = nftset.Publisher(
+                nftset.BoundSet(listeners["nftset"], TABLE, BOUND_SETS),
+                on_error=lambda e: log.warning("gateway: %s (binding refused)", e))
+        self.bindings = Bindings(publish=self.bound.publish if self.bound else None)
         self.dns_session = DnsSession(policy=policy, bindings=self.bindings, on_event=self._dns_event)
         self.started = time.monotonic()
         self._accepts = TokenBucket(self.limits.accept_rate, 2 * self.limits.accept_rate)
@@ -198,6 +204,8 @@ class Gateway:
         while True:
             await asyncio.sleep(self.limits.sample_interval)
             self._sample()
+            if self.bound is not None:
+                self.bound.refresh(self.bindings.held_addresses())
             self.bindings.expire()
             self._udp_expire()
 
@@ -402,16 +410,7 @@ class Gateway:
     def _refused(self, r: nflog.Refused) -> None:
         """Say why nftables refused it, in the same words boxyd's own checks use."""
         ip = ipaddress.ip_address(r.addr)
-        if any(ip in net for net in SANDBOX_NETS) or ip.is_link_local or ip.is_multicast:
-            v = Verdict(False, "net.ip", "the gateway itself is not a destination")
-        else:
-            v = self.policy.address(ip)
-            if v.allow and r.proto == "tcp":
-                v = self.policy.tcp_connect(ip, r.port, self.bindings.names(ip))
-            elif v.allow and r.proto == "udp":
-                v = self.policy.udp(ip, r.port, self.bindings.names(ip))
-            if v.allow:
-                v = Verdict(False, "net.ip", "refused by the gateway's ruleset")
+        v = self.policy.early_refusal(ip, r.proto, r.port, self.bindings.names(ip))
         if r.proto in ("tcp", "udp"):
             self._decide(r.proto, str(ip), r.port, v)
         else:

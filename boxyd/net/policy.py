@@ -39,10 +39,16 @@ from typing import Literal
 
 from boxy.errors import UsageError
 from boxy.values import parse_cidr, parse_host_spec
-from boxyd.net.ranges import TAILSCALE_NETS, Address, Network, denied
+from boxyd.net.ranges import SANDBOX_NETS, TAILSCALE_NETS, Address, Network, classify, denied
 
 # Audit-log layers (DESIGN.md, "Network").
 IP, DNS, SNI, PORT = "net.ip", "net.dns", "net.sni", "net.port"
+
+# The gateway's own addresses on the sandbox link (boxyd.net.ruleset GATEWAY_V4/V6);
+# only these are "the gateway". The rest of the link is the sandbox's own.
+GATEWAY_ADDRS = frozenset({ipaddress.ip_address("10.0.2.2"), ipaddress.ip_address("fd00::2")})
+GATEWAY_ITSELF = "the gateway itself is not a destination"
+OWN_LINK = "the sandbox's own link"
 
 DEFAULT_PORTS = (80, 443)
 DNS_PORT = 53
@@ -308,6 +314,34 @@ class NetPolicy:
             if p is not None and port in p.udp:
                 return Verdict(True, DNS)
         return self._refusal(names, port, "UDP")
+
+    def early_refusal(self, ip: Address | str, proto: str, port: int,
+                      bound_names: Iterable[str]) -> Verdict:
+        """Why the gateway's ruleset refused a packet before boxyd saw it (NFLOG), in
+        the words boxyd's own checks use: each address named by its range (link-local /
+        cloud metadata, multicast …), only the gateway's two addresses as the gateway.
+        Always a refusal: the ruleset already refused it."""
+        addr = ipaddress.ip_address(ip) if isinstance(ip, str) else ip
+        if addr in GATEWAY_ADDRS:
+            return Verdict(False, IP, GATEWAY_ITSELF)
+        if any(addr in net for net in SANDBOX_NETS):
+            return Verdict(False, IP, OWN_LINK)
+        v = self.address(addr)
+        if v.allow and proto == "tcp":
+            v = self.tcp_connect(addr, port, bound_names)
+        elif v.allow and proto == "udp":
+            v = self.udp(addr, port, bound_names)
+        if not v.allow:
+            return v
+        # An exception opened the range, yet the ruleset's own check of local,
+        # broadcast and multicast destinations refused it: name the range.
+        why = classify(addr)
+        return Verdict(False, IP, why or "refused by the gateway's ruleset")
+
+    def literal_addresses(self) -> list[str]:
+        """Addresses allowed as literal hosts (``--allow-host 192.168.4.7:22``): bound
+        for the whole run, with no DNS answer to bind them."""
+        return sorted(name for name in self.exact if _literal(name))
 
     def udp_ports(self) -> list[int] | None:
         """Allowlist: the only UDP ports any host may be reached on (``HOST:PORT/udp``),

@@ -31,7 +31,8 @@ lift a denial only when they contain the address *that denial is about*: the
 address itself for a table entry, the embedded IPv4 address for an encoded one.
 So ``--allow-cidr 192.168.4.0/24`` also opens ``64:ff9b::192.168.4.7``, while
 ``--allow-cidr 64:ff9b::/96`` or ``2002::/16`` never opens an encoded private
-address. The sandbox's own link (``SANDBOX_NETS``) is never lifted.
+address. The sandbox's own link (``SANDBOX_NETS``) and Tailscale's own service
+addresses (``TAILSCALE_SERVICE_NETS``) are never lifted.
 """
 
 from __future__ import annotations
@@ -55,6 +56,18 @@ TAILSCALE_NETS: tuple[Network, ...] = (
     ipaddress.ip_network("fd7a:115c:a1e0::/48"),
 )
 
+# Tailscale's own services inside the tailnet's ranges (quad-100 and its IPv6 twin:
+# MagicDNS, the web client, the peer API on 80 and 8080). boxyd's resolver reaches
+# MagicDNS from the host; the sandbox never reaches them, whatever opens the tailnet.
+TAILSCALE_SERVICE_NETS: tuple[Network, ...] = (
+    ipaddress.ip_network("100.100.100.100/32"),
+    ipaddress.ip_network("fd7a:115c:a1e0::53/128"),
+)
+TAILSCALE_SERVICE = "Tailscale's own services (boxy's upstream resolver only)"
+
+# No exception ever lifts these.
+NEVER_LIFTED: tuple[Network, ...] = SANDBOX_NETS + TAILSCALE_SERVICE_NETS
+
 _PRIVATE = "private (RFC 1918)"
 _DOC = "documentation"
 _AS112 = "AS112 DNS sink"
@@ -64,6 +77,7 @@ V4_TABLE: tuple[tuple[str, str], ...] = (
     ("0.0.0.0/8", "this network"),
     ("10.0.0.0/8", _PRIVATE),
     ("100.64.0.0/10", "CGNAT / tailnet (RFC 6598)"),
+    ("100.100.100.100/32", TAILSCALE_SERVICE),
     ("127.0.0.0/8", "loopback"),
     ("169.254.0.0/16", "link-local / cloud metadata"),
     ("172.16.0.0/12", _PRIVATE),
@@ -120,6 +134,7 @@ V6_TABLE: tuple[tuple[str, str | None], ...] = (
     ("3fff::/20", _DOC),
     ("5f00::/16", "SRv6 SIDs (RFC 9602)"),
     ("fc00::/7", "unique local (ULA)"),
+    ("fd7a:115c:a1e0::53/128", TAILSCALE_SERVICE),
     ("fe80::/10", "link-local"),
     ("fec0::/10", "site-local (deprecated)"),
     ("ff00::/8", "multicast"),
@@ -207,7 +222,7 @@ def _within(value: int, version: int, net: Network) -> bool:
 
 
 def _lifted(value: int, version: int, exceptions: Iterable[Network]) -> bool:
-    if any(_within(value, version, own) for own in SANDBOX_NETS):
+    if any(_within(value, version, own) for own in NEVER_LIFTED):
         return False
     return any(_within(value, version, net) for net in exceptions)
 
@@ -299,6 +314,25 @@ def _denied_nets(entries: tuple[_Entry, ...], version: int) -> list[Network]:
     return out
 
 
+def _carve(nets: tuple[Network, ...], holes: tuple[Network, ...]) -> tuple[Network, ...]:
+    """NETS with every HOLE cut out: an exception's accept set must not open what no
+    exception lifts (the ruleset would accept what denied() refuses)."""
+    out: list[Network] = []
+    for net in nets:
+        pieces = [net]
+        for hole in holes:
+            kept: list[Network] = []
+            for piece in pieces:
+                if hole.version != piece.version or not hole.overlaps(piece):  # type: ignore[arg-type]
+                    kept.append(piece)
+                elif hole.subnet_of(piece):  # type: ignore[arg-type]
+                    kept.extend(piece.address_exclude(hole))  # type: ignore[arg-type]
+                # else: the piece lies inside the hole and is dropped
+            pieces = kept
+        out.extend(pieces)
+    return tuple(out)
+
+
 def static_prefixes(exceptions: Iterable[Network] = ()) -> StaticPrefixes:
     """The prefixes for the gateway's nftables ruleset, as strings, collapsed.
 
@@ -308,7 +342,7 @@ def static_prefixes(exceptions: Iterable[Network] = ()) -> StaticPrefixes:
     addresses reached that way. accept_v6 likewise holds the encoded forms of the
     IPv4 exceptions, since ``denied()`` lets those through.
     """
-    exceptions = tuple(exceptions)
+    exceptions = _carve(tuple(exceptions), NEVER_LIFTED)
     deny_v4 = _denied_nets(_table(4), 4)
     deny_v6 = _denied_nets(_table(6), 6)
     deny_v6 += [enc for net in deny_v4 for enc in _encode_v4_prefix(net)]

@@ -11,42 +11,56 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """'1 connection', '2 connections'; MANY for an irregular plural ('denials')."""
+    return f"{n} {word if n == 1 else many or word + 's'}"
 
 
 @dataclass
 class Tally:
-    connections: int = 0  # flows refused (TCP or UDP), at SYN time or after
+    """Counted the way the destinations table counts (boxyd.net.netlog), so the two
+    agree: every refused connection is a row there, whichever layer refused it (a
+    connection refused for want of a DNS binding is layer net.dns, yet a connection),
+    and every removed DNS answer adds to its name's DENIED."""
+
+    connections: int = 0  # flows refused (TCP or UDP), at SYN time or after: table rows
+    reset: int = 0  # connections reset in bulk by the rate limits: no table row
     names: set[str] = field(default_factory=set)  # names the allowlist does not hold
+    answers: int = 0  # answers removed, each time one was (as the table counts them)
     removed: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> addr -> why
 
     def add(self, ev: Mapping[str, Any]) -> None:
         if ev.get("verdict") != "deny":
             return
-        if ev.get("layer") == "net.dns":
-            denied = ev.get("denied") or []
-            if denied:  # an allowed name whose answers pointed into a refused range
-                name = str(ev.get("name") or "?")
-                for addr, why in denied:
-                    self.removed.setdefault(name, {})[str(addr)] = str(why)
-            elif ev.get("name"):
-                self.names.add(str(ev["name"]).lower().rstrip("."))
+        if ev.get("proto") in ("tcp", "udp"):  # a connection, whatever layer refused it
+            if ev.get("addr"):
+                self.connections += 1
+            else:  # one event for a whole flood (Gateway.close)
+                self.reset += int(ev.get("count") or 1)
             return
-        if ev.get("proto") in ("tcp", "udp"):
-            self.connections += int(ev.get("count") or 1)
+        if ev.get("layer") != "net.dns":
+            return
+        denied = ev.get("denied") or []
+        if denied:  # an allowed name whose answers pointed into a refused range
+            name = str(ev.get("name") or "?")
+            self.answers += len(denied)
+            for addr, why in denied:
+                self.removed.setdefault(name, {})[str(addr)] = str(why)
+        elif ev.get("name"):
+            self.names.add(str(ev["name"]).lower().rstrip("."))
 
     def lines(self) -> list[str]:
         """One summary line when anything was refused, then one per name whose every
         answer was removed, saying which --allow-cidr would open it."""
         parts = []
         if self.connections:
-            parts.append(f"{_plural(self.connections, 'connection')} refused")
+            parts.append(f"{plural(self.connections, 'connection')} refused")
+        if self.reset:
+            parts.append(f"{plural(self.reset, 'connection')} reset over the rate limits")
         if self.names:
-            parts.append(f"{_plural(len(self.names), 'name')} not allowed")
-        answers = sum(len(a) for a in self.removed.values())
-        if answers:
-            parts.append(f"{_plural(answers, 'DNS answer')} in a refused range removed")
+            parts.append(f"{plural(len(self.names), 'name')} not allowed")
+        if self.answers:
+            parts.append(f"{plural(self.answers, 'DNS answer')} in a refused range removed")
         if not parts:
             return []
         out = [", ".join(parts) + " (-v or --audit-log for details)"]

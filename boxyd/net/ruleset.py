@@ -12,7 +12,10 @@ Everything arriving on gw0 from the sandbox is decided here first, in this order
    SYN time: TPROXY completes the handshake before boxyd decides anything.
 5. Refused ports (UDP/443 in allowlist mode, so QUIC falls back to TCP where
    the name is checked) are refused.
-6. The rest is TPROXY'd, marked, to the TCP or UDP relay listener.
+6. Allowlist mode: a TCP SYN to an address with no live DNS binding (not in the
+   ``bound4``/``bound6`` sets, whose elements boxyd adds as bindings appear, each
+   with the binding's lifetime as its timeout) is reset before TPROXY answers it.
+7. The rest is TPROXY'd, marked, to the TCP or UDP relay listener.
 
 Refusals are a TCP reset or an ICMP error, never a silent drop: a client fails
 at once instead of waiting for its timeout. Whatever matches no rule is dropped
@@ -57,8 +60,11 @@ NFLOG_RATE = 1000  # reports per second; refusals past it still happen, unreport
 # this order. DNS listens on port 53 itself so its replies can leave with
 # IP_PKTINFO; replies to other UDP leave through the raw senders, since IP_PKTINFO
 # sets a source address but never a source port.
+# "nftset" is the netlink socket through which boxyd keeps the bound-address sets.
 GATEWAY_SOCKETS = ("tcp4", "tcp6", "udp4", "udp6", "dns_udp4", "dns_udp6", "dns_tcp4", "dns_tcp6",
-                   "udp_reply4", "udp_reply6", "icmp4", "icmp6", "nflog")
+                   "udp_reply4", "udp_reply6", "icmp4", "icmp6", "nflog", "nftset")
+BOUND_SETS = ("bound4", "bound6")
+BOUND_SIZE = 65536  # elements per family: boxyd.net.bindings.MAX_ENTRIES
 
 # Neighbour discovery must pass or IPv6 on the link cannot work. Router
 # solicitations are harmless: a netns with forwarding off ignores them.
@@ -93,6 +99,18 @@ def _prefixes(items: Iterable[str], version: int, what: str) -> list[dict[str, A
         {"prefix": {"addr": str(n.network_address), "len": n.prefixlen}}
         for n in ipaddress.collapse_addresses(nets)  # type: ignore[type-var]
     ]
+
+
+def _addresses(items: list[str], version: int) -> list[str]:
+    out = []
+    for item in items:
+        try:
+            addr = ipaddress.ip_address(item)
+        except (TypeError, ValueError) as e:
+            raise _fail(f"bound address {item!r} is not an address ({e})") from None
+        if addr.version == version:
+            out.append(str(addr))
+    return sorted(set(out))
 
 
 # Expressions, in libnftables-json(5) terms.
@@ -144,10 +162,14 @@ def _rule(chain: str, comment: str, *expr: dict[str, Any]) -> dict[str, Any]:
                      "comment": comment, "expr": list(expr)}}
 
 
-def _set(name: str, type_: str, elems: list[Any], interval: bool = True) -> dict[str, Any]:
+def _set(name: str, type_: str, elems: list[Any], interval: bool = True,
+         timeout: bool = False) -> dict[str, Any]:
     body: dict[str, Any] = {"family": FAMILY, "table": TABLE, "name": name, "type": type_}
     if interval:
         body["flags"] = ["interval"]
+    if timeout:  # elements may carry a timeout; those without one never expire
+        body["flags"] = ["timeout"]
+        body["size"] = BOUND_SIZE
     if elems:
         body["elem"] = elems
     return {"set": body}
@@ -160,74 +182,26 @@ def _chain(name: str, hook: str | None = None, prio: int = 0, policy: str = "dro
     return {"chain": body}
 
 
-def gateway_ruleset(
-    *,
-    mode: str,
-    deny_v4: list[str],
-    deny_v6: list[str],
-    except_v4: list[str],
-    except_v6: list[str],
-    tcp_port: int = TCP_PORT,
-    udp_port: int = UDP_PORT,
-    dns_port: int = DNS_PORT,
-    refuse_udp_ports: list[int] | None = None,
-    tcp_ports: list[int] | None = None,
-    udp_ports: list[int] | None = None,
-    mark: int = MARK,
-) -> dict[str, Any]:
-    """The whole table ``inet boxy``, loaded by stage 2 in one transaction.
+ND = _match(_payload("icmpv6", "type"), {"set": ND_TYPES})
 
-    ``deny_*``: prefixes refused at SYN time unless inside an ``except_*`` prefix.
-    ``refuse_udp_ports``: None means [443] in allowlist mode, none in public mode.
-    ``udp_ports``: likewise for UDP (allowlist: the ``HOST:PORT/udp`` ports).
-    ``tcp_ports``: None relays TCP to any port; a list relays only those ports and
-    resets the rest at SYN time (the union of every port policy could allow).
-    ``mark``: set on every TPROXY'd packet; stage 2 routes it to the local table.
-    """
-    if mode not in MODES:
-        raise _fail(f"mode {mode!r} has no gateway (expected one of {', '.join(MODES)})")
-    for port, what in ((tcp_port, "tcp_port"), (udp_port, "udp_port"), (dns_port, "dns_port")):
-        _port(port, what)
-    if dns_port in (tcp_port, udp_port):
-        # DNS listens on both TCP and UDP; the relays may share one number.
-        raise _fail(f"dns_port {dns_port} is also a relay port")
-    if isinstance(mark, bool) or not isinstance(mark, int) or not 0 < mark <= 0xFFFFFFFF:
-        raise _fail(f"mark {mark!r} must be a non-zero 32-bit integer")
-    if refuse_udp_ports is None:
-        refuse_udp_ports = [443] if mode == "allowlist" else []
-    refused = sorted({_port(p, "refused UDP port") for p in refuse_udp_ports})
-    allowed_tcp = None if tcp_ports is None else sorted({_port(p, "TCP port") for p in tcp_ports})
-    allowed_udp = None if udp_ports is None else sorted({_port(p, "UDP port") for p in udp_ports})
 
-    sets = [
-        _set("deny4", "ipv4_addr", _prefixes(deny_v4, 4, "deny_v4")),
-        _set("deny6", "ipv6_addr", _prefixes(deny_v6, 6, "deny_v6")),
-        _set("except4", "ipv4_addr", _prefixes(except_v4, 4, "except_v4")),
-        _set("except6", "ipv6_addr", _prefixes(except_v6, 6, "except_v6")),
-        _set("refused_udp_ports", "inet_service", refused, interval=False),
-    ]
-    if allowed_tcp is not None:
-        sets.append(_set("tcp_ports", "inet_service", allowed_tcp, interval=False))
-    if allowed_udp is not None:
-        sets.append(_set("udp_ports", "inet_service", allowed_udp, interval=False))
-
+def _prerouting(dns_port: int, mark: int, tcp_list: bool, udp_list: bool,
+                bound: bool) -> list[dict[str, Any]]:
+    """Every prerouting rule before the relays, in the module docstring's order."""
     def pre(comment: str, *expr: dict[str, Any]) -> dict[str, Any]:
         return _rule("prerouting", comment, *expr)
 
-    icmp_v4 = _match(_meta("l4proto"), "icmp")
-    icmp_v6 = _match(_meta("l4proto"), "ipv6-icmp")
-    nd = _match(_payload("icmpv6", "type"), {"set": ND_TYPES})
     daddr4 = _payload("ip", "daddr")
     daddr6 = _payload("ip6", "daddr")
-    prerouting = [
+    rules = [
         pre("loopback", _match(_meta("iifname"), "lo"), ACCEPT),
         pre("only the sandbox link", _match(_meta("iifname"), GATEWAY_IF, "!="), DROP),
-        pre("neighbour discovery", nd, ACCEPT),
+        pre("neighbour discovery", ND, ACCEPT),
         # Pings fail at once ("prohibited") rather than hang; no echo reply ever returns.
         pre("ping refused", _match(_payload("icmp", "type"), "echo-request"), PROHIBITED),
         pre("ping6 refused", _match(_payload("icmpv6", "type"), "echo-request"), PROHIBITED),
-        pre("other icmp", icmp_v4, DROP),
-        pre("other icmpv6", icmp_v6, DROP),
+        pre("other icmp", _match(_meta("l4proto"), "icmp"), DROP),
+        pre("other icmpv6", _match(_meta("l4proto"), "ipv6-icmp"), DROP),
         # DNS before any address check: port 53 to ANY address is boxy's to answer.
         pre("dns udp", _match(_payload("udp", "dport"), 53), *_tproxy(dns_port, mark)),
         pre("dns tcp", _match(_payload("tcp", "dport"), 53), *_tproxy(dns_port, mark)),
@@ -248,23 +222,40 @@ def gateway_ruleset(
         pre("refused udp port", _match(_payload("udp", "dport"), "@refused_udp_ports"),
             _goto("refuse_port")),
     ]
-    if allowed_tcp is not None:
-        prerouting.append(pre("refused tcp port",
-                              _match(_payload("tcp", "dport"), "@tcp_ports", "!="),
-                              _goto("refuse_port")))
-    if allowed_udp is not None:
-        prerouting.append(pre("udp port not allowed",
-                              _match(_payload("udp", "dport"), "@udp_ports", "!="),
-                              _goto("refuse_port")))
-    prerouting += [
-        pre("tcp relay", L4_TCP, *_tproxy(tcp_port, mark)),
-        pre("udp relay", L4_UDP, *_tproxy(udp_port, mark)),
-    ]
+    if tcp_list:
+        rules.append(pre("refused tcp port", _match(_payload("tcp", "dport"), "@tcp_ports", "!="),
+                         _goto("refuse_port")))
+    if udp_list:
+        rules.append(pre("udp port not allowed",
+                         _match(_payload("udp", "dport"), "@udp_ports", "!="), _goto("refuse_port")))
+    if bound:
+        # Only a SYN: an established flow outlives its binding (boxyd holds it).
+        syn = _match({"&": [_payload("tcp", "flags"), {"|": ["syn", "ack"]}]}, "syn")
+        rules += [
+            pre("unbound address", syn, _match(daddr4, "@bound4", "!="), _goto("refuse")),
+            pre("unbound address v6", syn, _match(daddr6, "@bound6", "!="), _goto("refuse")),
+        ]
+    return rules
+
+
+def _check(mode: str, tcp_port: int, udp_port: int, dns_port: int, mark: int) -> None:
+    if mode not in MODES:
+        raise _fail(f"mode {mode!r} has no gateway (expected one of {', '.join(MODES)})")
+    for port, what in ((tcp_port, "tcp_port"), (udp_port, "udp_port"), (dns_port, "dns_port")):
+        _port(port, what)
+    if dns_port in (tcp_port, udp_port):
+        # DNS listens on both TCP and UDP; the relays may share one number.
+        raise _fail(f"dns_port {dns_port} is also a relay port")
+    if isinstance(mark, bool) or not isinstance(mark, int) or not 0 < mark <= 0xFFFFFFFF:
+        raise _fail(f"mark {mark!r} must be a non-zero 32-bit integer")
+
+
+def _refusal_chains() -> list[dict[str, Any]]:
     # Every refusal is also copied (headers only, rate-bounded) to boxyd over NFLOG:
     # it never sees these flows otherwise, and -v, --net-log and --audit-log must.
     report = [{"limit": {"rate": NFLOG_RATE, "per": "second", "burst": NFLOG_RATE}},
               {"log": {"group": NFLOG_GROUP, "snaplen": NFLOG_SNAPLEN}}]
-    refuse = [
+    return [
         _rule("refuse", "report", *report),
         _rule("refuse", "tcp", L4_TCP, TCP_RESET),
         _rule("refuse", "other", PROHIBITED),
@@ -272,11 +263,76 @@ def gateway_ruleset(
         _rule("refuse_port", "tcp", L4_TCP, TCP_RESET),
         _rule("refuse_port", "udp", PORT_UNREACHABLE),
     ]
-    input_ = [
+
+
+def _input_rules(mark: int) -> list[dict[str, Any]]:
+    return [
         _rule("input", "loopback", _match(_meta("iifname"), "lo"), ACCEPT),
         _rule("input", "tproxied", _match(_meta("mark"), mark), ACCEPT),
-        _rule("input", "neighbour discovery", nd, ACCEPT),
+        _rule("input", "neighbour discovery", ND, ACCEPT),
     ]
+
+
+def gateway_ruleset(
+    *,
+    mode: str,
+    deny_v4: list[str],
+    deny_v6: list[str],
+    except_v4: list[str],
+    except_v6: list[str],
+    tcp_port: int = TCP_PORT,
+    udp_port: int = UDP_PORT,
+    dns_port: int = DNS_PORT,
+    refuse_udp_ports: list[int] | None = None,
+    tcp_ports: list[int] | None = None,
+    udp_ports: list[int] | None = None,
+    mark: int = MARK,
+    bound: list[str] | None = None,
+) -> dict[str, Any]:
+    """The whole table ``inet boxy``, loaded by stage 2 in one transaction.
+
+    ``deny_*``: prefixes refused at SYN time unless inside an ``except_*`` prefix.
+    ``refuse_udp_ports``: None means [443] in allowlist mode, none in public mode.
+    ``udp_ports``: likewise for UDP (allowlist: the ``HOST:PORT/udp`` ports).
+    ``tcp_ports``: None relays TCP to any port; a list relays only those ports and
+    resets the rest at SYN time (the union of every port policy could allow).
+    ``mark``: set on every TPROXY'd packet; stage 2 routes it to the local table.
+    ``bound``: allowlist mode only: the addresses bound for good (literal
+    ``--allow-host`` addresses); boxyd adds the DNS bindings as they appear.
+    """
+    _check(mode, tcp_port, udp_port, dns_port, mark)
+    if bound is not None and mode != "allowlist":
+        raise _fail("bound addresses mean something in allowlist mode only")
+    if mode == "allowlist":
+        bound = list(bound or [])
+    if refuse_udp_ports is None:
+        refuse_udp_ports = [443] if mode == "allowlist" else []
+    refused = sorted({_port(p, "refused UDP port") for p in refuse_udp_ports})
+    allowed_tcp = None if tcp_ports is None else sorted({_port(p, "TCP port") for p in tcp_ports})
+    allowed_udp = None if udp_ports is None else sorted({_port(p, "UDP port") for p in udp_ports})
+
+    sets = [
+        _set("deny4", "ipv4_addr", _prefixes(deny_v4, 4, "deny_v4")),
+        _set("deny6", "ipv6_addr", _prefixes(deny_v6, 6, "deny_v6")),
+        _set("except4", "ipv4_addr", _prefixes(except_v4, 4, "except_v4")),
+        _set("except6", "ipv6_addr", _prefixes(except_v6, 6, "except_v6")),
+        _set("refused_udp_ports", "inet_service", refused, interval=False),
+    ]
+    if allowed_tcp is not None:
+        sets.append(_set("tcp_ports", "inet_service", allowed_tcp, interval=False))
+    if allowed_udp is not None:
+        sets.append(_set("udp_ports", "inet_service", allowed_udp, interval=False))
+    if bound is not None:
+        for version, name in zip((4, 6), BOUND_SETS, strict=True):
+            sets.append(_set(name, f"ipv{version}_addr", _addresses(bound, version),
+                             interval=False, timeout=True))
+    prerouting = _prerouting(dns_port, mark, allowed_tcp is not None, allowed_udp is not None,
+                             bound is not None)
+    prerouting += [
+        _rule("prerouting", "tcp relay", L4_TCP, *_tproxy(tcp_port, mark)),
+        _rule("prerouting", "udp relay", L4_UDP, *_tproxy(udp_port, mark)),
+    ]
+    refuse, input_ = _refusal_chains(), _input_rules(mark)
     return {"nftables": [
         {"metainfo": {"json_schema_version": 1}},
         {"table": {"family": FAMILY, "name": TABLE}},

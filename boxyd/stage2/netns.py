@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from boxy.errors import SetupError
-from boxyd.net import nflog, pcap, udpsock
+from boxyd.net import nflog, nftset, pcap, udpsock
 from boxyd.net import ruleset as rs
 from boxyd.net.rtnl import Rtnl
 from boxyd.stage2 import nft
@@ -55,6 +55,7 @@ class Gateway:
     icmp4: socket.socket
     icmp6: socket.socket
     nflog: socket.socket
+    nftset: socket.socket
     netns_fd: int
     rtnl: Rtnl | None = field(default=None, repr=False)
 
@@ -190,6 +191,8 @@ def enter_gateway_netns(
                 socks["icmp" + v] = undo.enter_context(udpsock.make_icmp_sender(family))
         with _step(f"{GW}: nflog group {rs.NFLOG_GROUP} (the ruleset's refusals, for boxyd)"):
             socks["nflog"] = undo.enter_context(nflog.open_socket(rs.NFLOG_GROUP, rs.NFLOG_SNAPLEN))
+        with _step(f"{GW}: netlink socket for the bound-address sets (for boxyd)"):
+            socks["nftset"] = undo.enter_context(nftset.open_socket())
         gw = Gateway(**socks, netns_fd=netns_fd, rtnl=ipr)
         undo.pop_all()  # success: the Gateway owns all of it now
     return gw

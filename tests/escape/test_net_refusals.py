@@ -4,9 +4,11 @@ refused range) is named with the --allow-cidr that would open it. Quiet otherwis
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from tests.escape.netutil import run_probes
+from tests.escape.netutil import run_probes, write_script
 from tests.harness.fakenet import plan
 
 pytestmark = pytest.mark.sandbox
@@ -44,3 +46,74 @@ def test_a_quiet_run_is_quiet(net, user, workdir) -> None:
     run = run_probes(net, user, workdir, "--net", "allowlist", "--allow-host", "www.boxy.test",
                      cmd=["true"])
     assert run.proc.returncode == 0 and run.stderr == "", run.describe()
+
+
+# Each refused destination is named by its range — link-local / cloud metadata,
+# multicast, broadcast — and only the gateway's own two addresses are "the gateway";
+# the summary line counts what the table counts, in the right number.
+NAMED = r"""
+import json, socket
+report("meta tcp", tcp("169.254.169.254", 80))
+report("meta udp", udp("169.254.169.254", 80))
+report("meta6 tcp", tcp("META6", 80))
+report("mdns", udp("224.0.0.251", 5353))
+report("ssdp", udp("239.255.255.250", 1900))
+report("mdns6", udp("ff02::fb", 5353, scope="eth0"))
+report("gateway", tcp("10.0.2.2", 80))
+report("gateway6", tcp("fd00::2", 80))
+report("no binding", tcp("OTHER", 80))
+""".replace("META6", plan.METADATA_V6).replace("OTHER", plan.SERVER_BY_NAME["other"].v4 or "")
+
+EXPECTED = {  # what -v and the audit log say of each destination
+    "169.254.169.254": "link-local / cloud metadata",
+    f"[{plan.METADATA_V6}]": "unique local (ULA)",
+    "224.0.0.251": "multicast",
+    "239.255.255.250": "multicast",
+    "[ff02::fb]": "multicast",
+    "10.0.2.2": "the gateway itself is not a destination",
+    "[fd00::2]": "the gateway itself is not a destination",
+    plan.SERVER_BY_NAME["other"].v4: "no DNS binding for this address (hard-coded IP?)",
+}
+
+
+def _table_denied(stderr: str) -> int:
+    lines = stderr.splitlines()
+    head = next(i for i, ln in enumerate(lines) if "DESTINATION" in ln and "DENIED" in ln)
+    total = 0
+    for ln in lines[head + 1:]:
+        cells = ln.split()
+        if len(cells) != 6 or not cells[2].isdigit():
+            break
+        total += int(cells[2])
+    return total
+
+
+def test_refusals_are_named_by_their_range_and_counted_as_the_table(net, user, workdir) -> None:
+    script = write_script(workdir, user, "named.py", NAMED)
+    run = run_probes(net, user, workdir, "--net", "allowlist", "--allow-host", "www.boxy.test",
+                     "-v", "--audit-log", "audit.jsonl", cmd=["python3", script])
+    assert run.proc.returncode == 0, run.describe()
+    assert "ESCAPED" not in run.stdout
+    for probe, got in run.probes.items():
+        # No ICMP error is ever sent about a multicast datagram (RFC 1122): those time out.
+        quiet = ("timeout",) if probe in ("mdns", "ssdp", "mdns6") else ()
+        assert got["outcome"] in ("refused", "unreachable", "denied", *quiet), (probe, got)
+    verbose = [ln for ln in run.stderr.splitlines() if " deny " in ln]
+    for dest, reason in EXPECTED.items():
+        assert any(f"://{dest}:" in ln and ln.endswith(f": {reason}") for ln in verbose), (
+            dest, reason, run.stderr)
+    gateway = [ln for ln in verbose if "the gateway itself" in ln]
+    assert {ln.split("://")[1].rsplit(":", 2)[0] for ln in gateway} == {"10.0.2.2", "[fd00::2]"}, \
+        gateway
+    audit = [json.loads(ln) for ln in (workdir / "audit.jsonl").read_text().splitlines()]
+    denials = {(r.get("addr"), r.get("reason")) for r in audit if r.get("verdict") == "deny"}
+    for dest, reason in EXPECTED.items():
+        assert (dest.strip("[]"), reason) in denials, (dest, denials)
+    assert not any(r.get("reason") == "the gateway itself is not a destination"
+                   and r.get("addr") not in ("10.0.2.2", "fd00::2") for r in audit), audit
+    summary = [ln for ln in run.stderr.splitlines() if ln.endswith("(-v or --audit-log for details)")]
+    assert len(summary) == 1, run.stderr
+    refused = int(summary[0].removeprefix("boxyctl: ").split(" connection")[0])
+    assert refused == _table_denied(run.stderr) == len(run.probes), run.stderr
+    assert f"{refused} connections refused" in summary[0]
+    assert net.recorder_hits("metadata") == 0

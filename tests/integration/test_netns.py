@@ -39,6 +39,10 @@ EXCEPT_V6 = ["fd77::/64"]
 TCP_PORTS = [80, 443]
 
 PUBLIC4, PUBLIC6 = "11.22.33.44", "2a00:1450:4001::1"
+# Allowlist: only these have a binding (the bound sets' static elements here); a SYN
+# to any other address is reset before TPROXY answers it.
+BOUND = [PUBLIC4, PUBLIC6, "192.168.77.5", "fd77::5"]
+UNBOUND = ["11.22.33.45:443", "[2a00:1450:4001::2]:443", "192.168.77.6:80"]
 IP_ORIGDSTADDR, IPV6_ORIGDSTADDR = 20, 74
 IP_PKTINFO, IPV6_PKTINFO = 8, 50
 IP_TRANSPARENT, IPV6_TRANSPARENT = 19, 75
@@ -264,7 +268,8 @@ def child(root: str) -> dict[str, Any]:
     from boxyd.stage2 import namespaces, netns, nft
 
     rules = ruleset.gateway_ruleset(mode="allowlist", deny_v4=DENY_V4, deny_v6=DENY_V6,
-                                    except_v4=EXCEPT_V4, except_v6=EXCEPT_V6, tcp_ports=TCP_PORTS)
+                                    except_v4=EXCEPT_V4, except_v6=EXCEPT_V6, tcp_ports=TCP_PORTS,
+                                    bound=BOUND)
     report["errors"] = {"no_userns": _in_fork(lambda: netns.enter_gateway_netns(rules))}
     namespaces.enter_user_namespace(os.getuid(), os.getgid())
     bogus = {"rule": {"family": "inet", "table": "boxy", "chain": "input", "comment": "bogus",
@@ -327,7 +332,7 @@ def child(root: str) -> dict[str, Any]:
                "172.16.0.1:443", "[fd12::1]:80", "[64:ff9b::c0a8:10a]:80",
                "[2002:c0a8:10a::1]:80", "[::ffff:192.168.1.10]:80", f"{PUBLIC4}:22",
                "10.0.2.2:15001", "10.0.2.2:80", "10.0.2.2:15002", "[fd00::2]:15001",
-               "[fd00::2]:443"]
+               "[fd00::2]:443", *UNBOUND]
     refused += [f"[{ll}]:15001" for ll in report["gateway"]["link_local"]]
     report["refused"] = {}
     for target in refused:
@@ -420,9 +425,9 @@ def test_step4_sends_every_listener_and_keeps_none(report: dict) -> None:
     s4 = report["step4"]
     assert s4["names"] == ["tcp4", "tcp6", "udp4", "udp6", "dns_udp4", "dns_udp6",
                            "dns_tcp4", "dns_tcp6", "udp_reply4", "udp_reply6", "icmp4", "icmp6",
-                           "nflog"]
-    assert s4["fds"] == 13
-    assert s4["closed"] == [-1] * 13
+                           "nflog", "nftset"]
+    assert s4["fds"] == 14
+    assert s4["closed"] == [-1] * 14
 
 
 @pytest.mark.parametrize("case,orig", [
@@ -442,7 +447,7 @@ def test_tcp_reaches_its_listener_with_the_original_destination(report: dict, ca
     "192.168.1.10:80", "169.254.169.254:80", "10.1.2.3:443", "100.64.0.1:443", "172.16.0.1:443",
     "[fd12::1]:80", "[64:ff9b::c0a8:10a]:80", "[2002:c0a8:10a::1]:80", "[::ffff:192.168.1.10]:80",
     f"{PUBLIC4}:22", "10.0.2.2:15001", "10.0.2.2:80", "10.0.2.2:15002", "[fd00::2]:15001",
-    "[fd00::2]:443", "link-local",
+    "[fd00::2]:443", "link-local", *UNBOUND,
 ])
 def test_static_denials_reset_at_syn_time(report: dict, target: str) -> None:
     if target == "link-local":

@@ -68,3 +68,41 @@ def test_capture_refused_before_anything_starts(netboxy, flags: list[str], messa
     assert r.returncode == 2, r.stderr
     assert message in r.stderr and b"Traceback" not in r.stderr
     assert not (netboxy.workdir / "ran").exists()
+
+
+def tcp_segments(frames_: list[bytes]) -> list[tuple[str, int, str, int, int]]:
+    """(src, sport, dst, dport, flags) of every IPv4 TCP segment, in capture order."""
+    out = []
+    for f in frames_:
+        if f[12:14] == b"\x08\x00" and f[14 + 9] == 6:
+            tcp = 14 + (f[14] & 0x0F) * 4
+            src = str(ipaddress.IPv4Address(f[14 + 12: 14 + 16]))
+            dst = str(ipaddress.IPv4Address(f[14 + 16: 14 + 20]))
+            sport, dport = struct.unpack_from("!HH", f, tcp)
+            out.append((src, sport, dst, dport, f[tcp + 13]))
+    return out
+
+
+SYN, RST, ACK = 0x02, 0x04, 0x10
+
+
+def test_an_unbound_address_is_refused_at_the_syn_and_a_bound_one_connects(netboxy, net) -> None:
+    from tests.harness.fakenet import plan
+    other, www = plan.SERVER_BY_NAME["other"].v4, plan.SERVER_BY_NAME["www"].v4
+    cap = netboxy.workdir / "syn.pcap"
+    r = netboxy.run("--net", "allowlist", "--allow-host", "www.boxy.test", "--pcap", str(cap),
+                    cmd=["sh", "-c", f"curl -s --max-time 3 http://{other}/ || echo refused $?; "
+                         "curl -s --max-time 5 -o /dev/null -w 'status %{http_code}\\n' "
+                         "http://www.boxy.test/"])
+    assert r.returncode == 0, r.stderr
+    assert b"refused 7" in r.stdout, r.stdout  # curl 7: could not connect (not 56: reset later)
+    assert b"status 200" in r.stdout, (r.stdout, r.stderr)
+    segs = tcp_segments(frames(cap))
+    to_other = [s for s in segs if s[2] == other and s[3] == 80]
+    from_other = [s for s in segs if s[0] == other and s[1] == 80]
+    assert to_other and all(s[4] == SYN for s in to_other), to_other  # only SYNs went out
+    assert from_other and all(s[4] & RST for s in from_other), from_other  # answered by a reset
+    assert not any(s[4] & SYN for s in from_other), "the gateway completed a handshake"
+    from_www = [s for s in segs if s[0] == www and s[1] == 80]
+    assert any(s[4] & (SYN | ACK) == SYN | ACK for s in from_www), segs  # the bound one connects
+    assert net.recorder_hits("lan") == 0

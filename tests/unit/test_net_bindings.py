@@ -187,3 +187,54 @@ def test_bad_configuration_is_refused() -> None:
         Bindings(ttl_floor=100, ttl_cap=10)
     with pytest.raises(ValueError):
         Bindings(max_entries=0)
+
+
+# --- published into the gateway's set of bound addresses (allowlist mode) ----------
+
+
+class Published:
+    """A publish() that records its calls and answers as told."""
+
+    def __init__(self, ok: bool = True) -> None:
+        self.ok = ok
+        self.calls: list[tuple[str, float]] = []
+
+    def __call__(self, addr, seconds: float) -> bool:
+        self.calls.append((str(addr), seconds))
+        return self.ok
+
+
+def test_every_bind_is_published_first_for_the_address_whole_lifetime() -> None:
+    clock = [100.0]
+    pub = Published()
+    b = Bindings(lambda: clock[0], publish=pub, grace=5.0)
+    assert b.bind("11.0.0.10", "www.example", 300)
+    assert b.bind("11.0.0.10", "alias.example", 60)  # shorter: the element keeps the longest
+    assert b.bind("::ffff:11.0.0.10", "www.example", 600)
+    assert pub.calls == [("11.0.0.10", 305.0), ("11.0.0.10", 305.0), ("11.0.0.10", 605.0)]
+
+
+def test_a_bind_the_gateway_did_not_take_is_refused_and_counted() -> None:
+    pub = Published(ok=False)
+    b = Bindings(publish=pub)
+    assert not b.bind("11.0.0.10", "www.example", 300)
+    assert b.names("11.0.0.10") == frozenset() and b.unpublished == 1 and len(b) == 0
+    pub.ok = True
+    assert b.bind("11.0.0.10", "www.example", 300) and b.names("11.0.0.10") == {"www.example"}
+
+
+def test_a_bind_refused_for_a_full_table_is_not_published() -> None:
+    pub = Published()
+    b = Bindings(publish=pub, max_entries=1)
+    assert b.bind("11.0.0.10", "a.example", 300)
+    assert not b.bind("11.0.0.11", "b.example", 300)
+    assert [a for a, _ in pub.calls] == ["11.0.0.10"] and b.refused == 1
+
+
+def test_held_addresses() -> None:
+    b = Bindings()
+    b.bind("11.0.0.10", "a.example", 300)
+    assert b.held_addresses() == []
+    with b.held("11.0.0.10"):
+        assert [str(a) for a in b.held_addresses()] == ["11.0.0.10"]
+    assert b.held_addresses() == []

@@ -405,3 +405,66 @@ def test_udp_ports_for_the_ruleset():
     assert allowlist("a.example").udp_ports() == []
     assert allowlist("dns.example:5353/udp", "v.example:9999,9998/udp", "a.example:22"
                      ).udp_ports() == [5353, 9998, 9999]
+
+
+# --- what the gateway's ruleset refused before boxyd saw it (NFLOG) ---------------
+
+GATEWAY = "the gateway itself is not a destination"
+OWN_LINK = "the sandbox's own link"
+META = "link-local / cloud metadata"
+TS_SVC = "Tailscale's own services (boxy's upstream resolver only)"
+
+
+@pytest.mark.parametrize("policy", [PUBLIC, allowlist("www.example"),
+                                    allowlist("www.example", tailscale=True)])
+@pytest.mark.parametrize(("addr", "proto", "port", "reason"), [
+    ("10.0.2.2", "tcp", 15001, GATEWAY),
+    ("fd00::2", "tcp", 80, GATEWAY),
+    ("10.0.2.2", "icmp", 0, GATEWAY),
+    ("10.0.2.15", "tcp", 80, OWN_LINK),  # the sandbox itself
+    ("10.0.2.255", "udp", 9, OWN_LINK),  # the link's broadcast
+    ("fd00::15", "udp", 9, OWN_LINK),
+    ("fd00::7", "tcp", 80, OWN_LINK),
+    ("169.254.169.254", "tcp", 80, META),
+    ("169.254.169.254", "udp", 80, META),
+    ("169.254.0.1", "icmp", 0, META),
+    ("fe80::1", "tcp", 80, "link-local"),
+    ("224.0.0.251", "udp", 5353, "multicast"),
+    ("239.255.255.250", "udp", 1900, "multicast"),
+    ("ff02::fb", "udp", 5353, "multicast"),
+    ("255.255.255.255", "udp", 67, "limited broadcast"),
+    ("127.0.0.1", "tcp", 22, "loopback"),
+    ("192.168.1.10", "tcp", 22, "private (RFC 1918)"),
+    ("fd12::1", "tcp", 22, "unique local (ULA)"),
+    ("240.0.0.1", "tcp", 22, "reserved"),
+    ("192.0.2.10", "tcp", 80, "documentation"),
+    ("198.18.0.10", "tcp", 80, "benchmarking"),
+    ("100.100.100.100", "tcp", 8080, TS_SVC),
+    ("fd7a:115c:a1e0::53", "udp", 41641, TS_SVC),
+])
+def test_early_refusal_names_the_range(policy: NetPolicy, addr: str, proto: str, port: int,
+                                       reason: str) -> None:
+    v = policy.early_refusal(addr, proto, port, [])
+    assert refused(v, IP, reason), v
+    assert "gateway" not in v.reason or addr in ("10.0.2.2", "fd00::2")
+
+
+def test_gateway_addresses_agree_with_the_ruleset() -> None:
+    from boxyd.net import policy, ruleset
+    assert {str(a) for a in policy.GATEWAY_ADDRS} == {ruleset.GATEWAY_V4, ruleset.GATEWAY_V6}
+
+
+def test_early_refusal_of_a_port_or_a_missing_binding() -> None:
+    assert refused(allowlist("www.example").early_refusal(PUB, "udp", 443, []), PORT, QUIC)
+    assert refused(allowlist("www.example").early_refusal(PUB, "tcp", 80, []), DNS, NO_BINDING)
+    assert refused(allowlist("www.example").early_refusal(PUB, "tcp", 22, ["www.example"]), PORT,
+                   "port 22 not allowed for www.example")
+
+
+def test_early_refusal_of_an_opened_range_names_the_range() -> None:
+    # --allow-cidr opens multicast for boxyd, but the ruleset's local/broadcast/multicast
+    # check still refused it: say which range, not the gateway.
+    p = NetPolicy.from_spec("public", [], [], ["224.0.0.0/4"], False)
+    assert refused(p.early_refusal("224.0.0.251", "udp", 5353, []), IP, "multicast")
+    # A public address the ruleset refused anyway (nothing in boxyd's policy would)
+    assert refused(PUBLIC.early_refusal(PUB, "tcp", 80, []), IP, "refused by the gateway's ruleset")

@@ -126,6 +126,7 @@ PREROUTING = [
     "dns udp", "dns tcp", "dns without listener",
     "gateway address", "gateway address v6", "gateway link-local", "gateway local",
     "denied range", "denied range v6", "refused udp port",
+    "unbound address", "unbound address v6",
     "tcp relay", "udp relay",
 ]
 
@@ -136,7 +137,7 @@ def test_prerouting_order() -> None:
 
 def test_prerouting_order_with_a_tcp_port_list() -> None:
     got = comments(build(tcp_ports=[443, 80]), "prerouting")
-    assert got == [*PREROUTING[:-2], "refused tcp port", "tcp relay", "udp relay"]
+    assert got == [*PREROUTING[:-4], "refused tcp port", *PREROUTING[-4:]]
 
 
 def test_dns_before_gateway_before_denials_before_tproxy() -> None:
@@ -402,3 +403,51 @@ def test_no_udp_port_list_means_no_set_and_no_rule() -> None:
     r = build()
     assert "udp_ports" not in sets(r)
     assert "udp port not allowed" not in comments(r, "prerouting")
+
+
+# ------------------------------------------------------- bound addresses (allowlist) ---
+
+SYN = {"match": {"op": "==", "left": {"&": [{"payload": {"protocol": "tcp", "field": "flags"}},
+                                             {"|": ["syn", "ack"]}]}, "right": "syn"}}
+
+
+def test_allowlist_resets_a_syn_to_an_unbound_address_before_tproxy() -> None:
+    r = build(bound=["192.0.2.7", "2001:db8::7", "192.0.2.7"])
+    c = comments(r, "prerouting")
+    assert c.index("refused udp port") < c.index("unbound address") < c.index("tcp relay")
+    for comment, proto, name in (("unbound address", "ip", "bound4"),
+                                 ("unbound address v6", "ip6", "bound6")):
+        expr = rule(r, "prerouting", comment)
+        assert expr[0] == SYN  # a SYN only: established flows outlive their binding
+        assert expr[1] == {"match": {"op": "!=", "left": {"payload": {"protocol": proto,
+                                                                      "field": "daddr"}},
+                                     "right": f"@{name}"}}
+        assert verdict(expr) == {"goto": {"target": "refuse"}}  # reported, then a reset
+    s = sets(r)
+    for name, kind, elem in (("bound4", "ipv4_addr", ["192.0.2.7"]),
+                             ("bound6", "ipv6_addr", ["2001:db8::7"])):
+        assert s[name]["type"] == kind and s[name]["flags"] == ["timeout"], s[name]
+        assert s[name]["size"] == rs.BOUND_SIZE
+        assert s[name].get("elem") == elem  # literal hosts: no timeout, never expire
+
+
+def test_allowlist_without_literal_hosts_starts_with_empty_bound_sets() -> None:
+    s = sets(build())
+    assert "elem" not in s["bound4"] and "elem" not in s["bound6"]
+
+
+def test_public_mode_has_no_bound_sets_and_refuses_them() -> None:
+    r = build("public")
+    assert "bound4" not in sets(r) and "unbound address" not in comments(r, "prerouting")
+    with pytest.raises(SetupError, match="allowlist mode only"):
+        build("public", bound=["192.0.2.7"])
+
+
+def test_a_bad_bound_address_is_refused() -> None:
+    with pytest.raises(SetupError, match="bound address 'nas' is not an address"):
+        build(bound=["nas"])
+
+
+def test_bound_set_names_and_the_socket_for_them() -> None:
+    assert rs.BOUND_SETS == ("bound4", "bound6")
+    assert rs.GATEWAY_SOCKETS[-1] == "nftset"

@@ -76,6 +76,7 @@ LAN_HOST = "192.168.1.10"
 LAN_RESOLVER = "192.168.1.1"
 METADATA_V4, METADATA_V6 = "169.254.169.254", "fd00:ec2::254"
 CGNAT_HOST = "100.64.1.1"
+QUAD100_V4, QUAD100_V6 = "100.100.100.100", "fd7a:115c:a1e0::53"  # tailscaled's own addresses
 ULA_HOST = "fd12::1"
 NAT64_LAN = "64:ff9b::c0a8:10a"  # 192.168.1.10 behind the NAT64 well-known prefix
 SIXTOFOUR_LAN = "2002:c0a8:10a::1"  # 192.168.1.10 as 6to4
@@ -210,6 +211,8 @@ RECORDERS: tuple[Recorder, ...] = (
     Recorder("metadata", "net", (METADATA_V4, METADATA_V6), _TCP, _UDP),
     Recorder("cgnat", "net", (CGNAT_HOST,), _TCP, _UDP),
     Recorder("tailnet", "net", ("100.101.102.103", "fd7a:115c:a1e0::1"), _TCP, _UDP),
+    # Tailscale's own services (MagicDNS, web client, peer API): never the sandbox's.
+    Recorder("quad100", "net", (QUAD100_V4, QUAD100_V6), _TCP, _UDP),
     Recorder("ula", "net", (ULA_HOST,), _TCP, _UDP),
     Recorder("nat64", "net", (NAT64_LAN,), _TCP, _UDP),
     Recorder("sixtofour", "net", (SIXTOFOUR_LAN,), _TCP, _UDP),

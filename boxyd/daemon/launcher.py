@@ -27,7 +27,7 @@ from boxyd.plan import Plan
 
 log = logging.getLogger("boxyd")
 MAX_MSG = 1 << 16
-MAX_FDS = 16
+MAX_FDS = 32  # the gateway sends 15 with --pcap
 
 
 class Template:

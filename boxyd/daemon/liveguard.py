@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from boxyd import credentials, live, masking
+from boxyd.credentials import Action, Rule
 from boxyd.gitguard import discover
 from boxyd.live import Redo, Watched
 from boxyd.masking import Found
@@ -208,7 +209,11 @@ class LiveGuard:
         mask = redo.mask
         if mask is None and redo.rule is None:
             return
-        found = await asyncio.to_thread(_stand_in, w.root, redo)
+        rule = _rule(redo)
+        if rule is not None and rule.action is Action.EMPTY and not rule.needs_content:
+            found: Found | None = Found(redo.rel, rule.kind, rule.action, rule.is_dir)  # nothing to read
+        else:
+            found = await asyncio.to_thread(_stand_in, w.root, redo, rule)
         if found is None:
             return  # nothing in it to cover now (or gone)
         w.masks[redo.rel] = found  # a later rename over it is covered again too
@@ -272,16 +277,20 @@ def _listings(watched: list[tuple[str, str]]) -> list[tuple[str, str, list[tuple
     return out
 
 
-def _stand_in(root: str, redo: Redo) -> Found | None:
-    """What covers REDO's entry now (read through the tree's own fds), or None."""
+def _rule(redo: Redo) -> Rule | None:
+    """What covers REDO's entry: its own rule again (git's config has credentials' own)."""
     parent, _, name = redo.rel.rpartition("/")
-    is_dir = redo.mask.is_dir if redo.mask is not None else bool(redo.rule and redo.rule.is_dir)
     if redo.mask is not None and redo.mask.kind == credentials.GIT_CONFIG.kind:
-        rule = credentials.GIT_CONFIG
-    else:
-        rule = credentials.rule_for(parent.rpartition("/")[2], name, is_dir) or redo.rule
+        return credentials.GIT_CONFIG
+    is_dir = redo.mask.is_dir if redo.mask is not None else bool(redo.rule and redo.rule.is_dir)
+    return credentials.rule_for(parent.rpartition("/")[2], name, is_dir) or redo.rule
+
+
+def _stand_in(root: str, redo: Redo, rule: Rule | None) -> Found | None:
+    """What covers REDO's entry now (read through the tree's own fds), or None."""
     if rule is None:
         return None
+    parent, _, name = redo.rel.rpartition("/")
     try:
         root_fd = discover.open_root(root)
         try:

@@ -31,11 +31,11 @@ class Tree:
     dirs: tuple[str, ...] = ()
 
 
-def walk(root: str, *, git_guard: bool, created: bool = False) -> Tree:
+def walk(root: str, *, git_guard: bool, created: bool = False, user_hooks: str | None = None) -> Tree:
     """One walk of ROOT: the git layout (pinned, absent hooks directories created, then
     fingerprinted) and the credentials found on the way. CREATED: a --mkdir directory
     stage 2 will create; absent, it is an empty tree (everything in it after the run is
-    new)."""
+    new). USER_HOOKS: the user's global core.hooksPath (gitguard/userconfig.py)."""
     if created and not os.path.lexists(root):
         return Tree(baseline=scan.Snapshot(root, {}, frozenset()) if git_guard else None)
     try:
@@ -51,7 +51,7 @@ def walk(root: str, *, git_guard: bool, created: bool = False) -> Tree:
                 if len(dirs) < live.MAX_WATCHED and not live.skipped(rel):
                     dirs.append(rel)
 
-            lay = discover.Walker(root, root_fd, observer=observe).run()
+            lay = discover.Walker(root, root_fd, observer=observe, user_hooks=user_hooks).run()
             finder.git_configs(lay)
         finally:
             os.close(root_fd)
@@ -69,12 +69,14 @@ def walk(root: str, *, git_guard: bool, created: bool = False) -> Tree:
                          "run again") from e
 
 
-def prepare(roots: Sequence[str], *, git_guard: bool, created: Sequence[str] = ()) -> dict[str, Tree]:
-    return {root: walk(root, git_guard=git_guard, created=root in created) for root in roots}
+def prepare(roots: Sequence[str], *, git_guard: bool, created: Sequence[str] = (),
+            user_hooks: str | None = None) -> dict[str, Tree]:
+    return {root: walk(root, git_guard=git_guard, created=root in created, user_hooks=user_hooks)
+            for root in roots}
 
 
 def after(trees: dict[str, Tree], baselines: dict[str, scan.Snapshot], quarantine: str,
-          home: str, tools: Opener) -> tuple[list[str], list[str]]:
+          home: str, tools: Opener, user_hooks: str | None = None) -> tuple[list[str], list[str]]:
     """After the run, one walk per tree: (git guard findings, the tools' files the run
     created or changed), one line each. BASELINES: the git guard's, inherited from
     live sessions where trees overlap (none with --allow-git-write). TOOLS: the tool
@@ -87,7 +89,7 @@ def after(trees: dict[str, Tree], baselines: dict[str, scan.Snapshot], quarantin
         try:
             if root in baselines:
                 dest = os.path.join(quarantine, root.strip("/").replace("/", "_"))
-                git_lines += scan.describe(scan.scan(root, baselines[root], dest, tools, home, watch))
+                git_lines += scan.describe(scan.scan(root, baselines[root], dest, tools, home, watch, user_hooks))
             else:
                 root_fd = discover.open_root(root)
                 try:

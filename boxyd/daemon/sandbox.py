@@ -30,6 +30,7 @@ from boxyd.daemon.liveguard import LiveGuard
 from boxyd.daemon.pty import PtyRelay
 from boxyd.daemon.scopes import Limit, Placement, Scopes, limits, read_events, remove_subtree
 from boxyd.daemon.toolbox import Toolshed
+from boxyd.gitguard import userconfig
 from boxyd.gitguard.scan import Snapshot, adopt, inherit_live, restore
 from boxyd.hostfile import Outputs, open_outputs
 from boxyd.policy.seccomp import build_filter
@@ -176,6 +177,7 @@ class StageSandbox:
         self._watched: list[live.Watched] = []  # what the live guard keeps covered
         self.live_guard: LiveGuard | None = None
         self.live_findings: list[str] = []  # what the live guard moved aside
+        self._user_hooks: str | None = None
 
     # -- before the payload ----------------------------------------------------------
     async def start(self) -> list[str]:
@@ -208,9 +210,11 @@ class StageSandbox:
             # but no project: not walked
             home = self._launcher.user.pw_dir
             walked = [r for r in mountplan.writable_roots(spec) if not caches.is_cache(r, home)]
+            self._user_hooks = await asyncio.to_thread(userconfig.hooks_path, home)  # global core.hooksPath
             self.trees = await asyncio.to_thread(worktree.prepare, walked,
                                                  git_guard=not spec.allow_git_write,
-                                                 created=[e.path for e in spec.mkdir])
+                                                 created=[e.path for e in spec.mkdir],
+                                                 user_hooks=self._user_hooks)
             others = [b for x in self._launcher.live if x is not self for b in x.baselines.values()]
             self.baselines = inherit_live(
                 {r: t.baseline for r, t in self.trees.items() if t.baseline is not None}, others)
@@ -451,7 +455,7 @@ class StageSandbox:
         report.findings += self.live_findings
         git_lines, tool_lines = await asyncio.to_thread(
             worktree.after, self.trees, self.baselines, quarantine, self._launcher.user.pw_dir,
-            self._launcher.tools(CHECKS_BUDGET))
+            self._launcher.tools(CHECKS_BUDGET), self._user_hooks)
         for line in git_lines:
             self._sink.record("git", finding=line)
             report.findings.append(line)

@@ -381,8 +381,10 @@ class Walker:
     result so far."""
 
     def __init__(self, root: str, root_fd: int, limit: int | None = MAX_DIRS,
-                 observer: Observer | None = None) -> None:
+                 observer: Observer | None = None, user_hooks: str | None = None) -> None:
         self.root_fd = root_fd
+        # the user's global core.hooksPath (userconfig.py): every repository's hooks too
+        self.user_hooks = user_hooks
         self.limit = limit
         self.observer = observer  # shown every work-tree directory listed (the run's one walk)
         self.roots = [os.path.abspath(root), os.path.realpath(root)]
@@ -550,6 +552,9 @@ class Walker:
         for name in ("config", "config.worktree"):
             if entries.get(name) == "file":
                 self.read_config(fd, rel, name, worktree, 0)
+        if self.user_hooks and not self.user_hooks.startswith("~"):
+            # relative: from the work tree (a bare repository's: the gitdir), as git runs hooks
+            self.hooks_dir(place(self.roots, rel if worktree is None else worktree, self.user_hooks))
 
     def read_config(self, fd: int, rel: str, name: str, worktree: str | None, depth: int) -> None:
         """What a config file (the user's own: it is pinned) makes git read or run from
@@ -646,11 +651,11 @@ class Walker:
             os.close(fd)
 
 
-def layout(root: str) -> Layout:
+def layout(root: str, user_hooks: str | None = None) -> Layout:
     """Every gitdir and git control entry in the tree ``root`` (an absolute host path)."""
     root_fd = open_root(root)
     try:
-        return Walker(root, root_fd).run()
+        return Walker(root, root_fd, user_hooks=user_hooks).run()
     finally:
         os.close(root_fd)
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from boxyd.gitguard import discover, hostgit
 from boxyd.gitguard.discover import CONFIG_MAX, O_DIR, O_FILE, POINTER_MAX, Control, Role, Type
-from boxyd.gitguard.gitconfig import dangerous_keys, is_dangerous, parse
+from boxyd.gitguard.gitconfig import Entry, dangerous_keys, is_dangerous, parse
 from boxyd.tools import Box, Exposure, Opener, ToolError
 
 HASH_MAX = 1 << 20  # content is hashed up to this size; larger files are compared by inode/ctime
@@ -315,7 +315,8 @@ class _Judge:
                 return "a git config file git cannot parse", keys
             if keys:
                 return "git config that makes git run commands", keys
-            return None
+            return self._worktree(c, parent, parsed.entries)
+
         if c.role in ("dotgit", "commondir", "backlink"):
             data = discover.read_small(pfd, name, POINTER_MAX)
             text = discover.pointer_text(data, c.role == "dotgit") if data is not None else None
@@ -326,6 +327,24 @@ class _Judge:
             last_dir = c.role != "backlink"
             if comps is None or discover.walk_beneath(self.root_fd, comps, last_dir) is None:
                 return f"a {label} pointing outside the work directory (or through a symlink)", ()
+        return None
+
+
+    def _worktree(self, c: Control, gitdir: str, entries: Sequence[Entry]) -> tuple[str, tuple[str, ...]] | None:
+        """core.worktree naming a directory outside the work directory: the user's next
+        `git reset --hard` or `git checkout` there writes files outside it (~/.bashrc).
+        Relative to the gitdir, as git takes it; in an included file git's gitdir is
+        not known here, so any core.worktree there is a finding."""
+        values = [e.value for e in entries
+                  if (e.section, e.subsection, e.name) == ("core", None, "worktree") and e.value]
+        if not values:
+            return None
+        if c.role == "include":
+            return "core.worktree in a file a git config includes", ("core.worktree",)
+        comps = discover.place(self.roots, gitdir, values[-1])
+        if comps is None or discover.walk_beneath(self.root_fd, comps) is None:
+            return "core.worktree pointing outside the work directory (or through a symlink)", \
+                ("core.worktree",)
         return None
 
 
@@ -445,7 +464,7 @@ def _add(walker: discover.Walker, answer: hostgit.Answer, keys: dict[str, list[s
 
 
 def scan(root: str, before: Snapshot, quarantine: str, tools: Opener, home: str | None = None,
-         observer: discover.Observer | None = None) -> list[Finding]:
+         observer: discover.Observer | None = None, user_hooks: str | None = None) -> list[Finding]:
     """Quarantine the control entries of ``root`` that are new or changed since
     ``before`` and would make git run a command; returns what was found."""
     findings: list[Finding] = []
@@ -461,7 +480,7 @@ def scan(root: str, before: Snapshot, quarantine: str, tools: Opener, home: str 
     judge = _Judge(root, root_fd)
     try:
         # unbounded: a payload that makes the tree huge delays only its own session's end
-        walker = discover.Walker(root, root_fd, limit=None, observer=observer)
+        walker = discover.Walker(root, root_fd, limit=None, observer=observer, user_hooks=user_hooks)
         walker.run()
         git_keys, findings = consult_git(walker, root, home or os.path.expanduser("~"), tools)
         lay = walker.layout()

@@ -54,9 +54,8 @@ OSC_CAP = 4096  # bytes of an allowed OSC (a hyperlink's URI; browsers stop near
 ESC, BEL, CAN, SUB, ENQ, DEL = 0x1B, 0x07, 0x18, 0x1A, 0x05, 0x7F
 
 # a chunk without these passes whole (the fast path)
-_SPECIAL = re.compile(rb"[\x05\x1b\x80-\x9f]")
-_GROUND_STOP = re.compile(rb"[\x05\x1b]")
-_C1_BYTE = re.compile(rb"[\x80-\x9f]")
+_SPECIAL = bytes((ENQ, ESC, *range(0x80, 0xA0)))
+_C1 = bytes(range(0x80, 0xA0))
 _C1_UTF8 = re.compile(rb"\xc2[\x80-\x9f]")
 # valid UTF-8 multi-byte characters other than U+0080–U+009F, kept (group 1); a C1
 # control in UTF-8 and a lone byte in 0x80–0x9f, removed
@@ -92,6 +91,14 @@ _ESC_LINE = frozenset(b"34568")  # ESC # : line size, DECALN
 # --- what passes: OSC ------------------------------------------------------------
 _OSC_TEXT = frozenset({0, 1, 2, 8})  # titles, hyperlinks
 _OSC_COLOURS = frozenset({4, 5, *range(10, 20), 104, 105, *range(110, 120)})
+
+# ASCII text and the commonest sequences that pass (SGR, cursor, erase, DEC modes
+# but those dropped), matched in one go: a coloured or redrawn screen costs no
+# Python per sequence. Anything else goes the long way, which decides the same.
+_ASCII = rb"[\x00-\x04\x06-\x1a\x1c-\x7f]*"
+_MODE = rb"0*(?:[0145-9]|1\d|2\d|3[0-79]|4[1-57-9]|[5-9]\d|[1-9]\d\d+)?"  # not 2 3 38 40 46
+_RUN = re.compile(rb"%s(?:(?:\x1b\[[0-9:;]{0,%d}[%s]|\x1b\[(?=[0-?]{0,%d}[hl])\?%s(?:;%s)*[hl])%s)*" % (
+    _ASCII, CSI_CAP, re.escape(bytes(sorted(_PLAIN - {ord("T")}))), CSI_CAP, _MODE, _MODE, _ASCII))
 
 # states
 _GROUND, _ESCAPE, _CSI, _OSC, _STRING = range(5)
@@ -165,6 +172,13 @@ _CSI_SHAPE = re.compile(rb"[<=>?]?[0-9:;]*[\x20-\x2f]*")  # a marker first, or i
 _STRING_END = re.compile(rb"[\x18\x1a\x1b]")  # CAN, SUB abort a string; ESC \ ends it
 
 
+def _plain(data: bytes, special: bytes = _SPECIAL) -> bool:
+    """No byte of SPECIAL in DATA (ASCII: two memchr; else one translate)."""
+    if data.isascii():
+        return b"\x1b" not in data and b"\x05" not in data
+    return len(data.translate(None, special)) == len(data)
+
+
 def _incomplete_tail(seg: bytes) -> int:
     """How many bytes at the end of SEG start a UTF-8 character they do not finish."""
     for k in range(1, min(3, len(seg)) + 1):
@@ -188,12 +202,14 @@ class TermFilter:
         self._drop = False  # the current sequence is dropped whole (no longer buffered)
         self._st = False  # in a string, the last byte was ESC (ST is ESC \)
         self._pending = b""  # the start of a UTF-8 character the last chunk cut
+        self._enq = -1  # where the next ENQ is in the chunk being read
 
     def feed(self, data: bytes) -> bytes:
         """What of DATA (the next chunk) may reach the terminal now."""
-        if (self._state == _GROUND and not self._pending and _SPECIAL.search(data) is None
+        if (self._state == _GROUND and not self._pending and _plain(data)
                 and not _incomplete_tail(data)):
             return data  # the fast path: text and harmless C0 controls only
+        self._enq = data.find(b"\x05")
         out: list[bytes] = []
         pos, end = 0, len(data)
         while pos < end:
@@ -217,20 +233,27 @@ class TermFilter:
             seg, self._pending = self._pending + seg, b""
         if not complete and (k := _incomplete_tail(seg)):
             seg, self._pending = seg[:-k], seg[-k:]
-        if _C1_BYTE.search(seg) is None:
+        if _plain(seg, _C1):
             return seg  # no byte that is, or could encode, a C1 control
         try:
             seg.decode()
         except UnicodeDecodeError:  # lone bytes in 0x80–0x9f go, valid characters stay
             return _UTF8_FIX.sub(rb"\1", seg)
-        return _C1_UTF8.sub(b"", seg)
+        return _C1_UTF8.sub(b"", seg) if b"\xc2" in seg else seg
 
     def _ground(self, data: bytes, pos: int, out: list[bytes]) -> int:
-        m = _GROUND_STOP.search(data, pos)
-        stop = m.start() if m is not None else len(data)
+        if not self._pending:
+            run = _RUN.match(data, pos).end()
+            if run > pos:
+                out.append(data[pos:run])
+                return run
+        if 0 <= self._enq < pos:
+            self._enq = data.find(b"\x05", pos)
+        esc = data.find(b"\x1b", pos)
+        stop = min(i for i in (esc, self._enq, len(data)) if i >= 0)
         if stop > pos or self._pending:
-            out.append(self._text(data[pos:stop], complete=m is not None))
-        if m is None:
+            out.append(self._text(data[pos:stop], complete=stop < len(data)))
+        if stop == len(data):
             return stop
         if data[stop] == ESC:
             self._enter(_ESCAPE)

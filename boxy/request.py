@@ -109,7 +109,7 @@ OPTIONS: dict[str, str] = {
     "allow_host": "strs", "allow_port": "ports", "allow_cidr": "strs", "tailscale": "bool",
     "env": "env", "secret": "secrets", "memory": "size", "pids": "count", "cpus": "number",
     "timeout": "number", "audit_log": "str", "net_log": "str", "pcap": "str", "pcap_max": "size",
-    "seccomp": "str", "tty": "bool", "verbose": "bool", "detach": "bool",
+    "seccomp": "str", "tty": "bool", "tty_raw": "bool", "verbose": "bool", "detach": "bool",
     "allow_git_write": "bool",
 }  # fmt: skip
 _LISTS = ("strs", "ports", "env", "secrets", "copies")
@@ -152,6 +152,7 @@ class RunOptions(Value):
     pcap_max: int | None
     seccomp: str | None
     tty: bool
+    tty_raw: bool
     verbose: bool
     detach: bool
     allow_git_write: bool

@@ -117,6 +117,7 @@ RUN_FLAGS: tuple[Flag, ...] = (
     Flag(('--pcap-max',), 'value', metavar='SIZE', help='stop the capture at this size (default 1GiB)'),
     Flag(('--seccomp',), 'value', choices=('strict', 'compat'), help='strict (default) or compat (kills become EPERM)'),
     Flag(('--tty',), 'true', help='require a terminal: refused unless stdin, stdout or stderr is one (a terminal is always relayed through a PTY)'),
+    Flag(('--tty-raw',), 'true', help="pass the payload's output to the terminal unfiltered: clipboard writes (OSC 52) and queries whose answers the terminal would type included"),
     Flag(('-v', '--verbose'), 'true', help='report denials and skipped entries on stderr'),
     Flag(('-d', '--detach'), 'true', help='run in the background: print the session id (boxyctl attach ID takes it over)'),
 )
@@ -275,6 +276,7 @@ def _run_request(ns: Any, environ: dict[str, str], cwd: str) -> RunRequest:
         "pcap_max": pcap_max,
         "seccomp": ns.seccomp,
         "tty": ns.tty,
+        "tty_raw": ns.tty_raw,
         "verbose": ns.verbose,
         "detach": ns.detach,
         "allow_git_write": ns.allow_git_write,

@@ -51,6 +51,7 @@ _TOP_KEYS = (
     "limits",
     "seccomp",
     "tty",
+    "tty_raw",
 )
 _FS_KEYS = ("ro", "rw", "mkdir", "protect", "reveal", "copy", "copy_ro", "tmpfs")
 _LIMIT_KEYS = ("memory", "pids", "cpus", "timeout")
@@ -82,6 +83,7 @@ class Profile:
     env_secrets: list[str] = field(default_factory=list)
     tmpfs: list[str] = field(default_factory=list)  # absolute paths inside: a fresh tmpfs each
     tty: bool | None = None
+    tty_raw: bool | None = None  # the terminal output unfiltered (--tty-raw)
     memory: int | None = None
     pids: int | None = None
     cpus: float | None = None
@@ -390,7 +392,7 @@ def _build(name: str, label: str, doc: Mapping[str, Any], context: Mapping[str, 
         p.allow_ports.append(c.port(f"allow_ports[{i}]", v))
     for i, v in enumerate(c.list_of("allow_cidr", doc.get("allow_cidr", []))):
         p.allow_cidrs += c.cidrs(f"allow_cidr[{i}]", v)
-    for key in ("tailscale", "tty"):
+    for key in ("tailscale", "tty", "tty_raw"):
         if key in doc:
             setattr(p, key, c.boolean(key, doc[key]))
     fs = doc.get("filesystem", {})
@@ -454,7 +456,8 @@ def _merge(base: Profile, child: Profile) -> Profile:
     """child extends base: lists concatenate (base first), scalars and env keys override."""
     out = Profile(name=child.name, source=child.source)
     out.description = child.description or base.description
-    for attr in ("net", "memory", "pids", "cpus", "timeout", "seccomp", "tailscale", "tty"):
+    for attr in ("net", "memory", "pids", "cpus", "timeout", "seccomp", "tailscale", "tty",
+                 "tty_raw"):
         child_value = getattr(child, attr)
         setattr(out, attr, child_value if child_value is not None else getattr(base, attr))
     for attr in ("allow_hosts", "allow_ports", "ro", "rw", "mkdir", "protect", "reveal", "copy",

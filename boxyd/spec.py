@@ -69,6 +69,7 @@ class RunSpec:
     pcap_max: int = 1 << 30
     seccomp: str = "strict"  # strict | compat
     tty: bool = False
+    tty_raw: bool = False  # the payload's terminal output unfiltered (termfilter)
     verbose: bool = False
     detach: bool = False
     allow_git_write: bool = False
@@ -362,12 +363,23 @@ def build_spec(
     if pcap_max is not None and spec.pcap is None:
         raise UsageError("--pcap-max: needs --pcap")
     spec.pcap_max = pcap_max or DEFAULT_PCAP_MAX
-    spec.tty, spec.verbose = o.tty or bool(prof.tty), o.verbose
-    spec.detach, spec.allow_git_write = o.detach, o.allow_git_write
+    spec.verbose, spec.allow_git_write = o.verbose, o.allow_git_write
+    _terminal(spec, o, prof)
+    return spec
+
+
+def _terminal(spec: RunSpec, o: RunOptions, prof: Profile) -> None:
+    """--tty, --tty-raw, -d. --tty-raw without a terminal is harmless (nothing is
+    relayed, so nothing is filtered): accepted."""
+    spec.tty, spec.detach = o.tty or bool(prof.tty), o.detach
     if spec.detach and spec.tty:
         raise UsageError("--tty: cannot be combined with -d (a detached session has its own "
                          "terminal; `boxyctl attach` takes it over)")
-    return spec
+    spec.tty_raw = o.tty_raw or bool(prof.tty_raw)
+    if spec.tty_raw:
+        spec.notes.append(f"{'--tty-raw' if o.tty_raw else f'profile {prof.source}: tty_raw'}: "
+                          "the payload's output reaches the terminal unfiltered (clipboard "
+                          "writes and queries included)")
 
 
 def _project_doc(project: Project, trusted: bool, held: list[str]) -> dict[str, Any] | None:

@@ -11,7 +11,8 @@ Wider means: a wider network mode (none < allowlist < public); a host, port or
 range allowed that BASE does not allow; tailscale; a host path exposed or copied
 in, or a credential revealed, that BASE does not expose; a BASE protect entry
 gone; an environment variable passed from the host (env_pass, env_secrets);
-seccomp compat; a limit raised (or lifted); a terminal. Never wider: description,
+seccomp compat; a limit raised (or lifted); a terminal; an unfiltered terminal
+(tty_raw). Never wider: description,
 env (values set inside the sandbox only), filesystem.tmpfs (empty directories on the
 sandbox's own tmpfs), more protect entries, a lower limit, this project's own
 package cache (boxy's directory for this work directory, not the host's).
@@ -79,6 +80,9 @@ def hold_back(base: Profile, candidate: Profile, *, own_cache: str) -> tuple[Pro
     if out.tty and not base.tty:
         out.tty = base.tty
         held.append(Held("tty"))
+    if out.tty_raw and not base.tty_raw:  # the payload's output could act on the terminal
+        out.tty_raw = base.tty_raw
+        held.append(Held("tty_raw"))
     return out, held
 
 

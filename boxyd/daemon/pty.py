@@ -24,6 +24,12 @@ attach`): the output thread takes each new client fd from a hand-over slot, firs
 writes it the last RING bytes of output, and keeps those bytes, and the output log
 of a detached session (bounded), itself. Each client's input has its own thread.
 
+The output is filtered (termfilter) on its way to every client, unless the run
+asked for --tty-raw (``raw``): what would set the clipboard or make the terminal
+answer into the user's shell never reaches it. The ring and the output log keep
+the filtered output (the log may be `cat`-ed to a terminal later), and a replay is
+filtered again from a fresh state, since the ring's cut can fall inside a sequence.
+
 Each thread owns its own dup of the master, its client fd and the read end of a
 wake-up pipe, and closes them itself on exit, so close() never closes an fd under
 a thread that still uses it (a reused fd number could otherwise receive the
@@ -46,6 +52,7 @@ import threading
 from collections.abc import Callable
 
 from boxy import termsettings
+from boxyd.daemon.termfilter import TermFilter, filter_once
 
 CHUNK = 64 * 1024
 RING = 64 * 1024  # output replayed to a client that attaches (about a screenful, redrawn)
@@ -85,6 +92,7 @@ class PtyRelay:
         self._input_open.set()
         self._nudge_r, self._nudge_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self.master_fd: int | None = None
+        self.raw = False  # --tty-raw: the output unfiltered (set before attach)
         self._pending_size: tuple[int, int] | None = None
         self._ring = bytearray()
         self._log_fd: int | None = None  # a detached session's output log (ours)
@@ -282,6 +290,8 @@ class PtyRelay:
                 return gen, out_fd
             gen, new, self._next_out = self._out_gen, self._next_out, None
             replay = bytes(self._ring) if self._replay else b""
+        if not self.raw:
+            replay = filter_once(replay)  # the ring's cut may fall inside a sequence
         _close(out_fd)
         if new is not None and replay and not _write_all(new, replay, wake):
             _close(new)
@@ -304,6 +314,7 @@ class PtyRelay:
         (EIO/EOF). Without a client the output still drains (the payload never
         blocks on a full PTY) into the ring and the log."""
         gen, out_fd = -1, None
+        screen = None if self.raw else TermFilter()
         try:
             poller = select.poll()
             poller.register(master, select.POLLIN)
@@ -329,6 +340,10 @@ class PtyRelay:
                     raise
                 if not data:
                     return
+                if screen is not None:
+                    data = screen.feed(data)
+                    if not data:  # all of it dropped, or the start of a sequence held
+                        continue
                 self._keep(data)
                 if out_fd is not None and not _write_all(out_fd, data, wake):
                     # The client terminal is gone: keep draining, but discard.

@@ -198,6 +198,7 @@ class StageSandbox:
                 ttys = [i for i, fd in enumerate(fds) if os.isatty(fd)]
             if self.pty is not None:
                 self.pty.on_detach = self._sink.detach_requested
+                self.pty.raw = spec.tty_raw  # --tty-raw: the output unfiltered (termfilter)
                 if self._terminal is not None:  # the client is raw already: its settings from before
                     self.pty.settings = self._terminal.to_wire()
                 # PID 1 puts the slave of a PTY in the sandbox's own devpts at these

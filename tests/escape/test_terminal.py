@@ -315,3 +315,55 @@ def test_ctrl_z_stops_the_client_and_fg_continues_the_payload(user: User, workdi
         shell.wait()
         os.close(master)
         os.close(slave)
+
+
+# What a payload prints to make the user's terminal act (DESIGN.md threat model): set
+# the clipboard, and queries whose answers the terminal would type into the user's
+# shell once the payload has gone: the cursor position, the title (after setting it),
+# a setting (DECRQSS). And what it may print: a colour, a title.
+HOSTILE = {
+    "OSC 52 (clipboard)": b"\x1b]52;c;ZWNobyBwd25lZAo=\x07",
+    "CSI 6 n (cursor report)": b"\x1b[6n",
+    "CSI 21 t (title report)": b"\x1b[21t",
+    "DECRQSS": b"\x1bP$qm\x1b\\",
+}
+HARMLESS = b"\x1b[31mRED\x1b[0m\x1b]2;boxy-title\x07"
+# prints the sequences between BEGIN and END; reads a line first when argv[1] is "wait"
+PRINT_SEQUENCES = r"""
+import sys
+if sys.argv[1] == "wait":
+    print("READY", flush=True)
+    sys.stdin.readline()
+out = sys.stdout.buffer
+out.write(b"BEGIN" + b"".join(bytes.fromhex(h) for h in sys.argv[2:]) + b"END\n")
+out.flush()
+if sys.argv[1] == "wait":
+    sys.stdin.readline()
+"""
+
+
+def print_sequences_cmd(wait: bool = False) -> list[str]:
+    return ["python3", "-c", PRINT_SEQUENCES, "wait" if wait else "now",
+            *(s.hex() for s in HOSTILE.values()), HARMLESS.hex()]
+
+
+def reached(seen: bytes) -> list[str]:
+    """The hostile sequences that reached the terminal."""
+    return [f"ESCAPED: {name} reached the terminal" for name, seq in HOSTILE.items()
+            if seq in seen]
+
+
+def test_clipboard_and_queries_never_reach_the_terminal(user: User, workdir: Path) -> None:
+    r = run_on_pty(user, workdir, ["--net", "none"], print_sequences_cmd())
+    assert r.returncode == 0, r.tty
+    seen = r.tty.encode()
+    assert reached(seen) == []
+    assert b"BEGIN" + HARMLESS + b"END" in seen  # what draws passes, exactly
+
+
+def test_tty_raw_passes_them_and_says_so(user: User, workdir: Path) -> None:
+    """The control: the same output with --tty-raw reaches the terminal whole."""
+    r = run_on_pty(user, workdir, ["--net", "none", "--tty-raw", "-v"], print_sequences_cmd())
+    assert r.returncode == 0, r.tty
+    assert b"BEGIN" + b"".join(HOSTILE.values()) + HARMLESS + b"END" in r.tty.encode()
+    assert "--tty-raw: the payload's output reaches the terminal unfiltered" in r.tty

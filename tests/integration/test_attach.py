@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BIN, Boxy, User
+from tests.escape.test_terminal import HARMLESS, print_sequences_cmd, reached
 
 pytestmark = pytest.mark.sandbox
 
@@ -106,6 +107,37 @@ def test_run_d_then_attach_round_trip(boxy: Boxy, user: User, workdir: Path) -> 
     assert state_of(user, sid) == "exited"
     log = user.home / ".local/state/boxy/sessions" / sid / "output.log"
     assert b"hello-from-detached" in log.read_bytes()
+
+
+def test_attach_replay_and_output_log_are_filtered(boxy: Boxy, user: User,
+                                                   workdir: Path) -> None:
+    """What a detached payload printed reaches the next client, and output.log,
+    filtered as a live terminal is: OSC 52 and the queries are gone, colour and
+    title are there."""
+    r = ctl(user, "run", "-d", "-w", str(workdir), "--net", "none", "--",
+            *print_sequences_cmd(wait=True))
+    assert r.returncode == 0, r.stderr
+    sid = r.stdout.decode().strip()
+    log = user.home / ".local/state/boxy/sessions" / sid / "output.log"
+    term = Term(user, workdir, ["attach", sid])
+    try:
+        term.expect("READY")
+        term.send(b"\r")
+        term.expect("END")  # printed while attached: live
+        term.send(b"\x1d")
+        assert term.wait() == 0
+    finally:
+        term.close()
+    again = Term(user, workdir, ["attach", sid])  # and now from the ring
+    try:
+        again.expect("END")
+        again.send(b"\r")
+        assert again.wait() == 0
+    finally:
+        again.close()
+    for seen in (bytes(term.seen), bytes(again.seen), log.read_bytes()):
+        assert reached(seen) == []
+        assert b"BEGIN" + HARMLESS + b"END" in seen
 
 
 def test_ctrl_bracket_detaches_and_the_session_lives_on(boxy: Boxy, user: User,

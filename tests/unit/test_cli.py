@@ -55,7 +55,7 @@ def test_run_defaults_are_exactly_the_run_parameters():
                 "copy_ro": [], "workdir": None, "net": None, "allow_host": [], "allow_port": [],
                 "allow_cidr": [], "tailscale": False, "env": [], "secret": [], "memory": None, "pids": None,
                 "cpus": None, "timeout": None, "audit_log": None, "net_log": None, "pcap": None,
-                "pcap_max": None, "seccomp": None, "tty": False, "verbose": False,
+                "pcap_max": None, "seccomp": None, "tty": False, "tty_raw": False, "verbose": False,
                 "detach": False, "allow_git_write": False,
             },
             "client_env": {
@@ -111,7 +111,7 @@ def test_every_flag():
         "--allow-cidr", "192.168.4.0/24", "--tailscale", "-e", "EDITOR", "--env", "X=1=2",
         "-e", "NOPE", "--secret", "EDITOR", "--memory", "1GiB", "--pids", "64", "--cpus", "0.5", "--timeout", "1h30m",
         "--audit-log", "a.json", "--net-log", "/var/tmp/n.json", "--pcap", "c.pcap",
-        "--pcap-max", "10MiB", "--seccomp", "compat", "--tty", "-v", "-d",
+        "--pcap-max", "10MiB", "--seccomp", "compat", "--tty", "--tty-raw", "-v", "-d",
     )  # fmt: skip
     assert o == {
         "profile": "node",
@@ -147,6 +147,7 @@ def test_every_flag():
         "pcap_max": 10 << 20,
         "seccomp": "compat",
         "tty": True,
+        "tty_raw": True,
         "verbose": True,
         "detach": True,
         "allow_git_write": True,

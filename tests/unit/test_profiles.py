@@ -169,7 +169,7 @@ def test_unknown_top_key(tmp_path):
     assert error(tmp_path, "filesytem: {}\n") == (
         "unknown key 'filesytem' (expected one of: description, extends, net, allow_hosts, "
         "allow_ports, allow_cidr, tailscale, filesystem, env, env_pass, env_secrets, limits, "
-        "seccomp, tty)"
+        "seccomp, tty, tty_raw)"
     )
 
 
@@ -371,6 +371,7 @@ def test_a_fifo_or_a_non_profile_is_refused(tmp_path):
     ("allow_cidr: [10.0.2.0/24]", "overlaps the sandbox's own network"),
     ("tailscale: yes please", "key tailscale: expected true or false"),
     ("tty: 1", "key tty: expected true or false"),
+    ("tty_raw: yes please", "key tty_raw: expected true or false"),
     ("env_secrets: TOKEN", "key env_secrets: expected a list"),
     ("env_secrets: [1BAD]", "env_secrets[0]"),
     ("filesystem: {tmpfs: [relative/dir]}", "key filesystem.tmpfs[0]: 'relative/dir' is not an absolute path"),
@@ -385,9 +386,10 @@ def test_new_keys_read_and_merged(tmp_path):
     base = write(tmp_path, "allow_cidr: [192.168.4.0/24]\nenv_secrets: [A]\ntailscale: true\n"
                            "filesystem: {tmpfs: ['{home}/.cache/x']}\n", name="base.yaml")
     child = write(tmp_path, f"extends: {base}\nallow_cidr: ['192.168.4.0/24,fd12::/48']\n"
-                            "env_secrets: [A, B]\ntty: true\nfilesystem: {tmpfs: [/opt/scratch]}\n",
+                            "env_secrets: [A, B]\ntty: true\ntty_raw: true\nfilesystem: {tmpfs: [/opt/scratch]}\n",
                   name="child.yaml")
     p = load_profile(child, context=CTX)
     assert p.allow_cidrs == ["192.168.4.0/24", "fd12::/48"]
     assert p.env_secrets == ["A", "B"] and p.tailscale is True and p.tty is True
+    assert p.tty_raw is True
     assert p.tmpfs == [CTX["home"] + "/.cache/x", "/opt/scratch"]

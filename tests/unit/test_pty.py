@@ -25,7 +25,7 @@ import pytest
 
 from boxy import termsettings
 from boxyctl.tty import on_winch, raw_mode, window_size
-from boxyd.daemon.pty import PtyRelay
+from boxyd.daemon.pty import RING, PtyRelay
 
 MiB = 1 << 20
 
@@ -114,6 +114,7 @@ async def test_one_mib_of_output_arrives_in_order_and_drain_follows_the_slave(
     ctl_master, ctl_slave = terminal
     tty.setraw(ctl_slave)
     relay = PtyRelay(os.dup(ctl_slave), os.dup(ctl_slave))
+    relay.raw = True  # random bytes: the transport, not the terminal filter
     slave = attach_pair(relay)
     try:
         tty.setraw(slave)  # the payload's choice: bytes untouched
@@ -162,6 +163,7 @@ async def test_stopped_terminal_back_pressures_the_payload_not_the_loop(
     tty.setraw(ctl_slave)
     fds_before = len(os.listdir("/proc/self/fd"))
     relay = PtyRelay(os.dup(ctl_slave), os.dup(ctl_slave))
+    relay.raw = True  # random bytes: the transport, not the terminal filter
     slave = attach_pair(relay)
     tty.setraw(slave)
     payload = os.dup(slave)
@@ -214,6 +216,78 @@ async def test_close_does_not_wait_for_a_stopped_terminal(terminal: tuple[int, i
     assert time.monotonic() - t < 1
     os.close(payload)
     assert not nonblocking(ctl_slave)
+
+
+# What the payload prints that would make the terminal act: OSC 52 (clipboard), a
+# cursor report, a title report, DECRQSS; and what is harmless: a colour, a title.
+HOSTILE = b"\x1b]52;c;ZWNobyBwd25lZA==\x07\x1b[6n\x1b[21t\x1bP$qm\x1b\\"
+HARMLESS = b"\x1b[31mred\x1b]2;boxy title\x07\x1b[0m"
+
+
+async def _relay_output(terminal: tuple[int, int], raw: bool, data: bytes) -> bytes:
+    """DATA written by the payload; what reached the client's terminal."""
+    ctl_master, ctl_slave = terminal
+    tty.setraw(ctl_slave)
+    relay = PtyRelay(None, os.dup(ctl_slave))
+    relay.raw = raw
+    slave = attach_pair(relay)
+    try:
+        tty.setraw(slave)
+        os.write(slave, data + b"END")
+        os.close(slave)
+        await asyncio.wait_for(relay.wait_drained(), 5)
+        return await asyncio.to_thread(read_until, ctl_master, b"END")
+    finally:
+        relay.close()
+
+
+def read_until(fd: int, end: bytes, timeout: float = 10) -> bytes:
+    out = bytearray()
+    deadline = time.monotonic() + timeout
+    while not out.endswith(end):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        out += os.read(fd, 65536)
+    return bytes(out)
+
+
+async def test_output_to_the_client_is_filtered(terminal: tuple[int, int]) -> None:
+    got = await _relay_output(terminal, False, b"a" + HOSTILE + HARMLESS + b"\x05z")
+    assert got == b"a" + HARMLESS + b"zEND"
+
+
+async def test_tty_raw_passes_everything(terminal: tuple[int, int]) -> None:
+    got = await _relay_output(terminal, True, b"a" + HOSTILE + HARMLESS + b"\x05z")
+    assert got == b"a" + HOSTILE + HARMLESS + b"\x05zEND"
+
+
+async def test_replay_and_log_are_filtered(terminal: tuple[int, int], tmp_path: Path) -> None:
+    """A detached session's output: the log and the replay to the next client hold no
+    hostile sequence, and a ring cut inside a character (before its 0x9b byte, CSI
+    to a terminal outside UTF-8) does not make one."""
+    ctl_master, ctl_slave = terminal
+    tty.setraw(ctl_slave)
+    relay = PtyRelay(None, None, settings=termsettings.defaults())
+    log = tmp_path / "output.log"
+    relay.log_to(os.open(log, os.O_WRONLY | os.O_CREAT, 0o600))
+    slave = attach_pair(relay)
+    try:
+        tty.setraw(slave)
+        tail = b"\x9b6n" + b"b" * (RING - 3)  # the last RING bytes the ring keeps
+        os.write(slave, HOSTILE + HARMLESS)
+        await asyncio.to_thread(os.write, slave, b"\xe2\x80" + tail)
+        deadline = time.monotonic() + 10
+        while bytes(relay._ring) != tail and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert bytes(relay._ring) == tail
+        relay.connect(None, os.dup(ctl_slave))
+        assert await asyncio.to_thread(read_exactly, ctl_master, RING - 1) == tail[1:]
+        os.close(slave)
+        await asyncio.wait_for(relay.wait_drained(), 5)
+    finally:
+        relay.close()
+    assert log.read_bytes() == HARMLESS + b"\xe2\x80" + tail
 
 
 def test_refuses_fds_that_are_not_terminals() -> None:

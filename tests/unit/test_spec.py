@@ -287,6 +287,7 @@ def test_dedupe_hosts_ports_cidrs(fs):
         ({"pids": True}, "options.pids: expected a positive whole number"),
         ({"ro": "/usr"}, "options.ro: expected a list of strings"),
         ({"tty": "yes"}, "options.tty: expected true or false"),
+        ({"tty_raw": 1}, "options.tty_raw: expected true or false"),
         ({"bogus": 1}, "unknown option 'bogus'"),
         ({"env": [{"name": "1X", "value": "v", "present": True}]}, "not a valid variable name"),
         ({"env": [{"name": "A", "value": 3, "present": True}]}, "options.env: expected"),
@@ -321,6 +322,29 @@ def test_logs_made_absolute(fs):
 def test_bools(fs):
     spec = build(fs, tty=True, verbose=True, allow_git_write=True, tailscale=True)
     assert spec.tty and spec.verbose and spec.allow_git_write and spec.tailscale
+
+
+def test_tty_raw_from_the_flag_or_the_profile_and_said_under_v(fs):
+    assert not build(fs).tty_raw
+    assert not any("unfiltered" in n for n in build(fs).notes)
+    spec = build(fs, tty_raw=True)
+    assert spec.tty_raw
+    assert "--tty-raw: the payload's output reaches the terminal unfiltered (clipboard writes " \
+           "and queries included)" in spec.notes
+    prof = profile_file(fs, "tty_raw: true\n")
+    spec = build(fs, profile=prof)
+    assert spec.tty_raw and any(n.startswith(f"profile {prof}: tty_raw: ") for n in spec.notes)
+    assert build(fs, detach=True, tty_raw=True).tty_raw  # harmless without a terminal
+
+
+def test_an_unapproved_project_cannot_unfilter_the_terminal(fs, monkeypatch):
+    """The payload can write .boxy.yaml: tty_raw in it is a widening, held back."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(fs["tmp"] / "config"))
+    with open(os.path.join(fs["wd"], ".boxy.yaml"), "w") as f:
+        f.write("tty_raw: true\n")
+    spec = build(fs)
+    assert not spec.tty_raw
+    assert "not approved, so held back: tty_raw of" in spec.warnings[0]
 
 
 def test_detach(fs):

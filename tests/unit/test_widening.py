@@ -75,6 +75,13 @@ def test_tailscale_seccomp_tty():
     assert held(same, P(seccomp="strict", tty=False))[1] == []
 
 
+def test_an_unfiltered_terminal_is_held():
+    out, keys = held(GENERIC, P(tty_raw=True))
+    assert keys == ["tty_raw"] and out.tty_raw is None
+    assert held(P(tty_raw=True), P(tty_raw=True))[1] == []
+    assert held(GENERIC, P(tty_raw=False))[1] == []
+
+
 @pytest.mark.parametrize("kind", ["ro", "rw", "mkdir", "reveal"])
 def test_every_exposure_of_a_host_path_is_held(kind):
     cand = P(**{kind: [PathEntry("/home/u/.ssh"), PathEntry("/home/u/.aws", True)]})

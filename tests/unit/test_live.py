@@ -161,3 +161,19 @@ def test_listing_helpers_stay_beneath_the_tree(tmp_path: Path) -> None:
     (tmp_path / "link").symlink_to(tmp_path / "a")
     got = {rel: sorted(e) for _, rel, e in _listings([(str(tmp_path), "a"), (str(tmp_path), "link")])}
     assert got == {"a": [(".env", False)]}
+
+
+@pytest.mark.parametrize("value,found", [("../../..", True), ("/etc", True), ("..", False),
+                                         ("../sub", False)])
+def test_core_worktree_outside_the_tree_is_a_finding(tmp_path: Path, value: str, found: bool) -> None:
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "pkg/sub").mkdir(parents=True)
+    before = scan.snapshot(str(work))
+    subprocess.run(["git", "init", "-q", str(work / "pkg")], check=True, env=GIT_ENV)
+    _set(work / "pkg", "core.worktree", value)
+    findings = scan.scan(str(work), before, str(tmp_path / "q"), toolshed.opener())
+    hits = [f for f in findings if f.rel == "pkg/.git/config"]
+    assert bool(hits) == found, findings
+    if found:
+        assert hits[0].keys == ("core.worktree",) and hits[0].dest

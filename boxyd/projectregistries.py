@@ -19,7 +19,6 @@ whitespace.
 
 from __future__ import annotations
 
-import configparser
 import decimal
 import math
 import re
@@ -277,16 +276,14 @@ def parse_npmrc(text: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
 def parse_pip_conf(text: str) -> list[tuple[str, str]]:
     """(section.option, url) for every index or find-links URL pip would read from
     this file for an install; a file pip itself would refuse yields nothing."""
-    parser = configparser.RawConfigParser()
-    try:
-        parser.read_string(text)
-    except configparser.Error:
+    sections = _configparser_items(text)
+    if sections is None:
         return []  # pip stops with "could not load configuration": nothing is fetched
     out: list[tuple[str, str]] = []
-    for section in parser.sections():
+    for section, items in sections:
         if section not in PIP_COMMANDS:
             continue
-        for name, value in parser.items(section):
+        for name, value in items:
             option = name.lower().replace("_", "-")
             option = option[2:] if option.startswith("--") else option
             if option not in PIP_SOURCES or not value:
@@ -294,6 +291,58 @@ def parse_pip_conf(text: str) -> list[tuple[str, str]]:
             urls = value.split() if PIP_SOURCES[option] is None else [value.strip()]
             out += [(f"{section}.{option}", url) for url in urls if "://" in url]
     return out
+
+
+_DELIMITER = re.compile(r"[=:]")
+
+
+def _configparser_items(text: str) -> list[tuple[str, list[tuple[str, str]]]] | None:
+    """What configparser.RawConfigParser() (pip's) gives for TEXT: each section with
+    its items() ([DEFAULT]'s under it), or None where read_string raises. The same
+    rules as its _read, in linear time: its option regex ``(.*?)\\s*[=:]`` costs
+    O(n²) on a long run of blanks (20 s for one 64 KiB line), and its ParsingError
+    grows its message by concatenation, once per bad line."""
+    defaults: dict[str, list[str]] = {}
+    sections: dict[str, dict[str, list[str]]] = {}
+    added: set[str | tuple[str, str]] = set()  # what strict mode refuses twice
+    cursect: dict[str, list[str]] | None = None
+    sectname = optname = ""
+    indent_level = 0
+    for line in text.split("\n"):  # io.StringIO's lines: only \n ends one
+        value = line.strip()
+        if value.startswith(("#", ";")):
+            continue  # a comment line is not even an empty line of a value
+        if not value:
+            if cursect is not None and optname:
+                cursect[optname].append("")
+            continue
+        indent = len(line) - len(line.lstrip())
+        if cursect is not None and optname and indent > indent_level:
+            cursect[optname].append(value)  # a continuation line
+            continue
+        indent_level = indent
+        close = value.rfind("]")
+        if value.startswith("[") and close >= 2:  # \[(.+)\] matched at the start
+            sectname, optname = value[1:close], ""
+            if sectname == "DEFAULT":
+                cursect = defaults
+            elif sectname in added:
+                return None  # DuplicateSectionError
+            else:
+                cursect = sections.setdefault(sectname, {})
+                added.add(sectname)
+            continue
+        delimiter = _DELIMITER.search(value)
+        if cursect is None or delimiter is None or delimiter.start() == 0:
+            return None  # MissingSectionHeaderError, or a ParsingError at the end
+        optname = value[: delimiter.start()].rstrip().lower()
+        if (sectname, optname) in added:
+            return None  # DuplicateOptionError
+        added.add((sectname, optname))
+        cursect[optname] = [value[delimiter.end() :].strip()]
+    joined = {name: "\n".join(lines).rstrip() for name, lines in defaults.items()}
+    return [(name, list({**joined, **{k: "\n".join(v).rstrip() for k, v in opts.items()}}.items()))
+            for name, opts in sections.items()]
 
 
 def registries(source: str, family: str, pairs: list[tuple[str, str]]) -> list[ProjectRegistry]:

@@ -4,6 +4,8 @@ its sections and name normalisation)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from boxyd import projectregistries as pr
@@ -193,3 +195,83 @@ def test_npmrc_size_sweep_is_linear():
     assert_linear(lambda n: "registry=a\n" * n, run, 200)
     assert_linear(lambda n: "registry=" + "${" * n + "\n", run, 1000)
     assert_linear(lambda n: "registry=" + "\\" * n + "${X}\n", run, 1000)
+
+
+# --- pip.conf: configparser's rules, in linear time ------------------------------------
+
+def test_pip_conf_long_blank_run_is_linear():
+    """The issue: one 64 KiB line took configparser 20 s, once per venv."""
+    t0 = time.process_time()
+    assert pr.parse_pip_conf("[global]\na" + " " * 65500 + "b\n") == []
+    assert pr.parse_pip_conf("[global]\n" + "a\n" * 32000) == []  # 3 s: ParsingError's message
+    assert pr.parse_pip_conf("[global]\nindex-url" + " " * 65000 + "= https://a.test/\n") == \
+        [("global.index-url", "https://a.test/")]
+    assert time.process_time() - t0 < 1.0
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("[DEFAULT]\nindex-url = https://d.test/\n[global]\nx = 1\n",
+     [("global.index-url", "https://d.test/")]),  # items() holds DEFAULT's
+    ("[global]\nindex-url = https://a.test/\n[global]\n", []),  # DuplicateSectionError
+    ("[global]\nindex-url = https://a.test/\nINDEX-URL = https://b.test/\n", []),  # duplicate
+    ("[global]\nindex-url = https://a.test/\nbogus line\n", []),  # ParsingError
+    ("[global]\n= https://a.test/\n", []),
+    ("[global]junk\nindex-url: https://a.test/\n", [("global.index-url", "https://a.test/")]),
+    ("[global]\nextra-index-url = https://a.test/\n\n  # c\n  https://b.test/\n",
+     [("global.extra-index-url", "https://a.test/"), ("global.extra-index-url", "https://b.test/")]),
+    ("[global]\r\nindex-url = https://a.test/\r\n", [("global.index-url", "https://a.test/")]),
+])  # fmt: skip
+def test_pip_conf_configparser_rules(text, expected):
+    assert pr.parse_pip_conf(text) == expected
+
+
+def configparser_reference(text):
+    import configparser
+
+    parser = configparser.RawConfigParser()
+    try:
+        parser.read_string(text)
+    except configparser.Error:
+        return None
+    return [(s, parser.items(s)) for s in parser.sections()]
+
+
+def test_pip_conf_agrees_with_configparser():
+    """A differential check against pip's own parser on random small files."""
+    import random
+
+    rng = random.Random(3)
+    atoms = ["[global]", "[DEFAULT]", "[install]", "[", "]", "=", ":", " ", "  ", "\t", "\n",
+             "\r\n", "#", ";", "a", "B", "index-url", "\u2028", "\x0b", "\x85", "\u00a0",
+             "[a]b", "[]", "[]]", " = ", "\n  ", "\n\n"]
+    for _ in range(8000):
+        text = "".join(rng.choice(atoms) for _ in range(rng.randint(1, 14)))
+        assert pr._configparser_items(text) == configparser_reference(text), text
+
+
+PIP_SEEDS = [
+    b"[global]\nindex-url = https://a.test/simple\nextra-index-url =\n  https://b.test/\n",
+    b"[DEFAULT]\ntimeout: 5\n[install]\n--index_url=https://c.test/\nfind-links = /x https://d.test/\n",
+]
+PIP_TOKENS = [b"[", b"]", b"=", b":", b" ", b"\t", b"\n", b"\r", b"#", b";", b"[global]",
+              b"[DEFAULT]", b"\n  ", b"index-url", b"\x00", b"\xc2\xa0", b"%(x)s"]
+
+
+def test_fuzz_pip_conf_agrees_with_configparser():
+    from tests.unit.parserfuzz import mutations
+
+    for data in mutations(PIP_SEEDS, PIP_TOKENS, seed=3):
+        text = data.decode(errors="replace")
+        got = pr._configparser_items(text)
+        if len(text) < 2000:  # configparser itself is quadratic past that
+            assert got == configparser_reference(text), text
+        pr.parse_pip_conf(text)
+
+
+def test_pip_conf_size_sweep_is_linear():
+    from tests.unit.parserfuzz import assert_linear
+
+    assert_linear(lambda n: "[global]\na" + " " * n + "b\n", pr.parse_pip_conf, 4000)
+    assert_linear(lambda n: "[global]\n" + "a\n" * n, pr.parse_pip_conf, 1000)
+    assert_linear(lambda n: "[global]\n" + "".join(f"k{i} = v\n  more\n" for i in range(n)),
+                  pr.parse_pip_conf, 300)

@@ -13,7 +13,7 @@ import importlib.resources
 import os
 import re
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,8 +180,91 @@ def _read(name_or_path: str, home: str | None = None, *, preset_only: bool = Fal
         raise ProfileError(f"profile {label}: not UTF-8 text (byte {e.start})") from None
 
 
+# Nesting a real profile needs is 4 (filesystem → ro → entry → path); PyYAML's
+# scanner is quadratic and its composer recursive in depth, so refuse far past that.
+MAX_DEPTH = 32
+# Values a user profile may expand to through aliases: a screenful is a few hundred.
+MAX_NODES = 100_000
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a repeated key (PyYAML silently keeps the last one)."""
+    """SafeLoader that refuses a repeated key, nesting deeper than MAX_DEPTH, and a
+    document larger than MAX_NODES values once its aliases are expanded. Every error
+    comes out as a yaml.YAMLError with the line it was found at."""
+
+    allow_aliases = True
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._nodes = 0  # values composed so far, an alias counting as all it stands for
+        self._sizes: dict[str, int] = {}  # anchor -> values under it, once composed
+
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:  # noqa: N803 - PyYAML's name
+        # checked here, not in the composer: the scanner reads all of '[[[[…' ahead
+        if self.flow_level >= MAX_DEPTH:
+            raise _error(f"nested deeper than {MAX_DEPTH} levels", self.get_mark())
+        super().fetch_flow_collection_start(TokenClass)
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or event.anchor is not None:
+            if not self.allow_aliases:
+                raise _error("anchors and aliases (&, *) are not allowed in a project file",
+                             event.start_mark)
+            if isinstance(event, yaml.AliasEvent):
+                return self._alias(event)
+        if self._depth >= MAX_DEPTH:
+            raise _error(f"nested deeper than {MAX_DEPTH} levels", event.start_mark)
+        self._depth += 1
+        before = self._nodes
+        self._count(1, event.start_mark)
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        if event.anchor is not None:
+            self._sizes[event.anchor] = self._nodes - before
+        return node
+
+    def _alias(self, event: yaml.AliasEvent) -> Any:
+        if event.anchor in self.anchors and event.anchor not in self._sizes:
+            raise _error(f"alias *{event.anchor} refers to a value that contains it",
+                         event.start_mark)
+        self._count(self._sizes.get(event.anchor, 0), event.start_mark)
+        return super().compose_node(None, None)  # PyYAML's own undefined-alias check
+
+    def _count(self, n: int, mark: Any) -> None:
+        self._nodes += n
+        if self._nodes > MAX_NODES:
+            raise _error(f"more than {MAX_NODES} values once its aliases are expanded", mark)
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (yaml.YAMLError, RecursionError):
+            raise
+        except Exception as e:  # noqa: BLE001 - PyYAML's constructors on hostile scalars
+            # raise whatever they hit: ValueError (!!int y, 5,000 digits, a bad date),
+            # AttributeError (!!timestamp x), binascii.Error (!!binary), TypeError …
+            raise _error(f"cannot read {node.tag.rpartition(':')[2]} {_short(node)}: {e}",
+                         node.start_mark) from None
+
+
+class _ProjectLoader(_StrictLoader):
+    """A project file: the payload may have written it, and an alias bomb of a few
+    hundred bytes expands to gigabytes in whatever walks the result."""
+
+    allow_aliases = False
+
+
+def _error(problem: str, mark: Any) -> yaml.YAMLError:
+    return yaml.constructor.ConstructorError(None, None, problem, mark)
+
+
+def _short(node: yaml.Node) -> str:
+    value = node.value if isinstance(node, yaml.ScalarNode) else ""
+    return repr(value[:40] + ("…" if len(value) > 40 else ""))
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -189,9 +272,10 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[An
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=True)
+        if not isinstance(key, Hashable):
+            raise _error("a key that is a list or mapping", key_node.start_mark)
         if key in seen:
-            mark = key_node.start_mark
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", mark)
+            raise _error(f"duplicate key {key!r}", key_node.start_mark)
         seen.add(key)
     return loader.construct_mapping(node, deep=True)
 
@@ -199,15 +283,18 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[An
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def _parse_yaml(label: str, text: str) -> dict[str, Any]:
+def _parse_yaml(label: str, text: str, loader: type[_StrictLoader] = _StrictLoader) -> dict[str, Any]:
+    """TEXT as a mapping; anything wrong with it is one ProfileError naming LABEL."""
     try:
-        doc = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        doc = yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         raise ProfileError(f"profile {label}: invalid YAML{where}: {e.problem or e}") from None
-    except yaml.YAMLError as e:
-        raise ProfileError(f"profile {label}: invalid YAML: {e}") from None
+    except yaml.YAMLError as e:  # the reader's: a character YAML does not allow
+        raise ProfileError(f"profile {label}: invalid YAML: {' '.join(str(e).split())}") from None
+    except RecursionError:  # unreachable past MAX_DEPTH; kept so no file can crash a reader
+        raise ProfileError(f"profile {label}: invalid YAML: nested too deeply") from None
     if doc is None:
         return {}
     if not isinstance(doc, dict):
@@ -499,7 +586,7 @@ def load_profile(name_or_path: str, *, context: Mapping[str, str]) -> Profile:
 def project_doc(text: str, label: str) -> dict[str, Any]:
     """A .boxy.yaml parsed: profile keys, plus `profile: NAME` naming a preset or a
     user profile (never a file: one in the project could change after approval)."""
-    doc = _parse_yaml(label, text)
+    doc = _parse_yaml(label, text, _ProjectLoader)
     if "extends" in doc:
         raise ProfileError(f"{label}: key extends: a project names its profile with profile: NAME")
     named = doc.get("profile")

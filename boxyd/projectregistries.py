@@ -19,8 +19,8 @@ whitespace.
 
 from __future__ import annotations
 
-import configparser
-import json
+import decimal
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -83,17 +83,19 @@ def env_replace(text: str, env: Mapping[str, str]) -> str:
     return _ENV_EXPR.sub(sub, text)
 
 
-def _ini_unsafe(value: str) -> str:
-    """The `ini` package's value decoding: quoted → JSON-decoded (single quotes
-    stripped first); otherwise cut at the first unescaped ; or #."""
+def _ini_unsafe(value: str) -> tuple[str, bool]:
+    """The `ini` package's value decoding, and whether the result is a JS string: a
+    value that starts and ends with the same quote is JSON.parse'd (single quotes
+    stripped first) and kept as written when that throws; any other is cut at the
+    first unescaped ; or #. A JSON value that is not a string is taken as
+    JavaScript's String() makes it, which is what npm's keys and URL checks see."""
     value = value.strip()
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+    if value and value[0] == value[-1] and value[0] in "\"'":
         inner = value[1:-1] if value[0] == "'" else value
-        try:
-            decoded = json.loads(inner)
-        except ValueError:
-            return inner
-        return decoded if isinstance(decoded, str) else inner
+        decoded = _json_parse(inner)
+        if decoded is None:
+            return inner, True
+        return decoded
     out, esc = [], False
     for c in value:
         if esc:
@@ -107,7 +109,134 @@ def _ini_unsafe(value: str) -> str:
             out.append(c)
     if esc:
         out.append("\\")
-    return "".join(out).strip()
+    return "".join(out).strip(), True
+
+
+# JSON.parse (ECMA-404) without recursion: Python's json module recurses once per
+# '[' and raises RecursionError on a few thousand, where V8's parser does not.
+# A value is (its String(), or None for null; whether it is a string).
+_JSValue = tuple[str | None, bool]
+_JSON_WS = re.compile(r"[ \t\n\r]*")
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_JSON_CHARS = re.compile(r'[^"\\\x00-\x1f]*')
+_JSON_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r",
+                 "t": "\t"}
+_JSON_HEX4 = re.compile(r"[0-9A-Fa-f]{4}")
+_JSON_WORDS: dict[str, _JSValue] = {"true": ("true", False), "false": ("false", False),
+                                    "null": (None, False)}
+
+
+def _json_parse(text: str) -> tuple[str, bool] | None:
+    """String(JSON.parse(TEXT)) and whether it is a string; None where JSON.parse
+    throws. Linear time: an open array or object is a list entry, not a frame."""
+    stack: list[list[str | None] | None] = []  # per open array its elements; None: an object
+    pos = _JSON_WS.match(text).end()
+    while True:  # a value starts at POS
+        value: _JSValue | None
+        if text.startswith(("[", "{"), pos):
+            stack.append([] if text[pos] == "[" else None)
+            pos = _JSON_WS.match(text, pos + 1).end()
+            if not text.startswith("]" if stack[-1] is not None else "}", pos):
+                if stack[-1] is None and (pos := _json_key(text, pos)) < 0:
+                    return None
+                continue
+            value, pos = _close(stack.pop()), pos + 1
+        else:
+            value, pos = _json_scalar(text, pos)
+            if value is None:
+                return None
+        while True:  # VALUE ends before POS: into its container, closing those that end
+            pos = _JSON_WS.match(text, pos).end()
+            if not stack:
+                return ("null" if value[0] is None else value[0], value[1]) \
+                    if pos == len(text) else None
+            top = stack[-1]
+            if top is not None:
+                top.append(value[0])
+            if text.startswith(",", pos):
+                pos = _JSON_WS.match(text, pos + 1).end()
+                if top is None and (pos := _json_key(text, pos)) < 0:
+                    return None
+                break
+            if not text.startswith("]" if top is not None else "}", pos):
+                return None
+            value, pos = _close(stack.pop()), pos + 1
+
+
+def _close(elements: list[str | None] | None) -> _JSValue:
+    """String() of a finished array (elements joined by ',', null as '') or object."""
+    if elements is None:
+        return "[object Object]", False
+    return ",".join("" if e is None else e for e in elements), False
+
+
+def _json_key(text: str, pos: int) -> int:
+    """Past `"name" :` and the blanks after it; -1 when that is not at POS."""
+    key, pos = _json_scalar(text, pos) if text.startswith('"', pos) else (None, pos)
+    if key is None:
+        return -1
+    pos = _JSON_WS.match(text, pos).end()
+    return _JSON_WS.match(text, pos + 1).end() if text.startswith(":", pos) else -1
+
+
+def _json_scalar(text: str, pos: int) -> tuple[_JSValue | None, int]:
+    """The string, number, true, false or null at POS and the position after it;
+    None when there is none."""
+    if text.startswith('"', pos):
+        return _json_string(text, pos + 1)
+    m = _JSON_NUMBER.match(text, pos)
+    if m:
+        return (_js_number(m.group()), False), m.end()
+    for word, value in _JSON_WORDS.items():
+        if text.startswith(word, pos):
+            return value, pos + len(word)
+    return None, pos
+
+
+def _json_string(text: str, pos: int) -> tuple[_JSValue | None, int]:
+    """After the opening quote: the string and the position after its closing quote."""
+    out: list[str] = []
+    pairs = False  # \\u escapes: JavaScript strings are UTF-16, so a pair is one character
+    while True:
+        m = _JSON_CHARS.match(text, pos)
+        out.append(m.group())
+        pos = m.end()
+        if text.startswith('"', pos):
+            s = "".join(out)
+            if pairs:
+                s = s.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+            return (s, True), pos + 1
+        c = text[pos + 1 : pos + 2] if text.startswith("\\", pos) else ""
+        if c == "u" and _JSON_HEX4.fullmatch(text, pos + 2, pos + 6):
+            out.append(chr(int(text[pos + 2 : pos + 6], 16)))
+            pairs = True
+            pos += 6
+        elif c in _JSON_ESCAPES:  # "" (a control character, or the end) is not in it
+            out.append(_JSON_ESCAPES[c])
+            pos += 2
+        else:
+            return None, pos
+
+
+def _js_number(literal: str) -> str:
+    """JavaScript's Number.prototype.toString() of a JSON number literal."""
+    x = float(literal)
+    if x in (math.inf, -math.inf):
+        return "Infinity" if x > 0 else "-Infinity"
+    if x == 0:
+        return "0"
+    sign, digits_t, exp = decimal.Decimal(repr(abs(x))).normalize().as_tuple()
+    digits = "".join(map(str, digits_t))
+    k, n = len(digits), int(exp) + len(digits)  # x = 0.DIGITS × 10ⁿ
+    head = "-" if x < 0 else ""
+    if k <= n <= 21:
+        return head + digits + "0" * (n - k)
+    if 0 < n <= 21:
+        return head + digits[:n] + "." + digits[n:]
+    if -6 < n <= 0:
+        return head + "0." + "0" * -n + digits
+    e = f"e{'+' if n > 0 else '-'}{abs(n - 1)}"
+    return head + digits[0] + ("." + digits[1:] if k > 1 else "") + e
 
 
 def parse_npmrc(text: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -126,13 +255,15 @@ def parse_npmrc(text: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
             continue
         if in_section or m.group(3) is None:
             continue
-        raw_key = _ini_unsafe(m.group(2))
-        if raw_key.endswith("[]") and len(raw_key) > 2:
+        raw_key, key_is_string = _ini_unsafe(m.group(2))
+        if key_is_string and raw_key.endswith("[]") and len(raw_key) > 2:
             continue  # an array: npm's registry settings are single strings
         key = env_replace(raw_key, env)
         if key != "registry" and not (key.startswith("@") and key.endswith(":registry")):
             continue
-        value = env_replace(_ini_unsafe(m.group(4)), env).strip()
+        raw_value, value_is_string = _ini_unsafe(m.group(4))
+        # @npmcli/config replaces ${VAR} in strings only (a JSON array is kept as parsed)
+        value = (env_replace(raw_value, env) if value_is_string else raw_value).strip()
         if value in ("", "true", "false", "null"):
             found.pop(key, None)
             continue
@@ -145,16 +276,14 @@ def parse_npmrc(text: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
 def parse_pip_conf(text: str) -> list[tuple[str, str]]:
     """(section.option, url) for every index or find-links URL pip would read from
     this file for an install; a file pip itself would refuse yields nothing."""
-    parser = configparser.RawConfigParser()
-    try:
-        parser.read_string(text)
-    except configparser.Error:
+    sections = _configparser_items(text)
+    if sections is None:
         return []  # pip stops with "could not load configuration": nothing is fetched
     out: list[tuple[str, str]] = []
-    for section in parser.sections():
+    for section, items in sections:
         if section not in PIP_COMMANDS:
             continue
-        for name, value in parser.items(section):
+        for name, value in items:
             option = name.lower().replace("_", "-")
             option = option[2:] if option.startswith("--") else option
             if option not in PIP_SOURCES or not value:
@@ -162,6 +291,58 @@ def parse_pip_conf(text: str) -> list[tuple[str, str]]:
             urls = value.split() if PIP_SOURCES[option] is None else [value.strip()]
             out += [(f"{section}.{option}", url) for url in urls if "://" in url]
     return out
+
+
+_DELIMITER = re.compile(r"[=:]")
+
+
+def _configparser_items(text: str) -> list[tuple[str, list[tuple[str, str]]]] | None:
+    """What configparser.RawConfigParser() (pip's) gives for TEXT: each section with
+    its items() ([DEFAULT]'s under it), or None where read_string raises. The same
+    rules as its _read, in linear time: its option regex ``(.*?)\\s*[=:]`` costs
+    O(n²) on a long run of blanks (20 s for one 64 KiB line), and its ParsingError
+    grows its message by concatenation, once per bad line."""
+    defaults: dict[str, list[str]] = {}
+    sections: dict[str, dict[str, list[str]]] = {}
+    added: set[str | tuple[str, str]] = set()  # what strict mode refuses twice
+    cursect: dict[str, list[str]] | None = None
+    sectname = optname = ""
+    indent_level = 0
+    for line in text.split("\n"):  # io.StringIO's lines: only \n ends one
+        value = line.strip()
+        if value.startswith(("#", ";")):
+            continue  # a comment line is not even an empty line of a value
+        if not value:
+            if cursect is not None and optname:
+                cursect[optname].append("")
+            continue
+        indent = len(line) - len(line.lstrip())
+        if cursect is not None and optname and indent > indent_level:
+            cursect[optname].append(value)  # a continuation line
+            continue
+        indent_level = indent
+        close = value.rfind("]")
+        if value.startswith("[") and close >= 2:  # \[(.+)\] matched at the start
+            sectname, optname = value[1:close], ""
+            if sectname == "DEFAULT":
+                cursect = defaults
+            elif sectname in added:
+                return None  # DuplicateSectionError
+            else:
+                cursect = sections.setdefault(sectname, {})
+                added.add(sectname)
+            continue
+        delimiter = _DELIMITER.search(value)
+        if cursect is None or delimiter is None or delimiter.start() == 0:
+            return None  # MissingSectionHeaderError, or a ParsingError at the end
+        optname = value[: delimiter.start()].rstrip().lower()
+        if (sectname, optname) in added:
+            return None  # DuplicateOptionError
+        added.add((sectname, optname))
+        cursect[optname] = [value[delimiter.end() :].strip()]
+    joined = {name: "\n".join(lines).rstrip() for name, lines in defaults.items()}
+    return [(name, list({**joined, **{k: "\n".join(v).rstrip() for k, v in opts.items()}}.items()))
+            for name, opts in sections.items()]
 
 
 def registries(source: str, family: str, pairs: list[tuple[str, str]]) -> list[ProjectRegistry]:

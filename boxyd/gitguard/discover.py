@@ -52,7 +52,9 @@ O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 MAX_DEPTH = 2048
 POINTER_MAX = 64 * 1024  # a .git / commondir / gitdir file larger than this is not a pointer
 MAX_DIRS = 2_000_000  # directories one walk lists before it gives up (about 15 s here)
-CONFIG_MAX = 64 << 20  # a config larger than this is not read (and is judged dangerous)
+# A config larger than this is not read (and is judged dangerous: "too large to
+# check"). A real one is a few KiB; parsing costs ~2 s and ~10-30 MB per MiB.
+CONFIG_MAX = 1 << 20
 MAX_INCLUDE_DEPTH = 10  # git's own limit (config.c MAX_INCLUDE_DEPTH)
 
 Type = Literal["file", "dir", "symlink", "other"]

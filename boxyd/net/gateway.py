@@ -82,6 +82,31 @@ def _not_this_machine(ip) -> Verdict:
     return Verdict(False, "net.ip", "an address of this machine") if local else _ALLOWED
 
 
+async def first_record(client: socket.socket, wait: float) -> tuple[sni.Result, bytes | None]:
+    """Read until the first record decides, the client goes quiet for WAIT, or it
+    closes. Bounded in bytes (sni.MAX_INSPECT_BYTES), reads (sni.MAX_INSPECT_READS)
+    and time; each byte is inspected once, however the client splits them."""
+    loop = asyncio.get_running_loop()
+    inspector = sni.Inspector()
+    deadline = loop.time() + wait
+    result: sni.Result = sni.NeedMore()
+    while isinstance(result, sni.NeedMore):
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            break
+        try:
+            async with asyncio.timeout(remaining):  # no extra task, unlike wait_for
+                chunk = await loop.sock_recv(client, 16384)
+        except TimeoutError:
+            break
+        except OSError:
+            return result, None
+        if not chunk:
+            return result, (bytes(inspector.data) or None)
+        result = inspector.feed(chunk)
+    return result, bytes(inspector.data)
+
+
 class Gateway:
     def __init__(self, policy: NetPolicy, listeners: dict[str, socket.socket], dns: DnsProxy, *,
                  on_event: Callable[[Event], None], limits: Limits | None = None) -> None:
@@ -278,7 +303,7 @@ class Gateway:
         assert me is not None
         self._waiting[me] = None
         try:
-            first, data = await self._first_record(
+            first, data = await first_record(
                 client, self.limits.server_first_wait if dial else self.limits.first_record_timeout)
             v, name = self._judge(first, data, ip, port, names, opaque)
         except asyncio.CancelledError:
@@ -323,30 +348,6 @@ class Gateway:
         self.on_event({"layer": "net.tcp", "proto": "tcp", "verdict": "close", "addr": addr, "port": port,
                        "host": host, "up": flow.counters.up, "down": flow.counters.down,
                        "reason": reason.value})
-
-    async def _first_record(self, client: socket.socket, wait: float) -> tuple[sni.Result, bytes | None]:
-        """Read until the first record decides, the client goes quiet for WAIT, or it
-        closes. Bounded in bytes (sni.MAX_INSPECT_BYTES) and time."""
-        loop = asyncio.get_running_loop()
-        data = b""
-        deadline = loop.time() + wait
-        result: sni.Result = sni.NeedMore()
-        while isinstance(result, sni.NeedMore):
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                break
-            try:
-                async with asyncio.timeout(remaining):  # no extra task, unlike wait_for
-                    chunk = await loop.sock_recv(client, 16384)
-            except TimeoutError:
-                break
-            except OSError:
-                return result, None
-            if not chunk:
-                return result, (data or None)
-            data += chunk
-            result = sni.inspect(data)
-        return result, data
 
     def _judge(self, first: sni.Result, data: bytes | None, ip, port: int, names: frozenset[str],
                opaque: Verdict) -> tuple[Verdict, str | None]:

@@ -1,9 +1,12 @@
 """Learn which name a TCP client asks for from its first bytes: the TLS ClientHello's
-server_name, or a plaintext HTTP/1.x request's Host. Pure: no I/O, no state.
+server_name, or a plaintext HTTP/1.x request's Host. Pure: no I/O.
 
 The gateway peeks at what the sandboxed client sends before anything reaches the
-far end, and calls ``inspect`` with *all* bytes received so far after every read.
-Nothing is decrypted or rewritten; this only parses.
+far end, and feeds each read to an ``Inspector``, which answers what ``inspect``
+would of *all* bytes received so far while looking only at the new ones (so a
+client sending a byte at a time costs linear time, not quadratic), and gives up
+after ``MAX_INSPECT_READS`` reads. Nothing is decrypted or rewritten; this only
+parses.
 
 Results (small frozen dataclasses; ``Result`` is their union):
 
@@ -57,6 +60,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # TLS bounds. A real ClientHello is under 2 KiB (a few KiB with PSKs or
@@ -67,6 +71,10 @@ MAX_RECORDS = 512  # records the ClientHello may be split into
 MAX_HTTP_HEAD = 16 * 1024  # request line + headers + the blank line
 # From this many bytes on, inspect() never says NeedMore: the caller's buffer cap.
 MAX_INSPECT_BYTES = max(MAX_RECORDS * 5 + 4 + MAX_CLIENT_HELLO, MAX_HTTP_HEAD)
+# Reads an Inspector takes before it gives up: each costs the event loop a wake-up
+# whatever it holds. Real clients send a ClientHello or request head in one to a
+# few; MAX_RECORDS records each written as header and body is 1,024.
+MAX_INSPECT_READS = 2048
 
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "CONNECT", "TRACE")
 
@@ -81,7 +89,7 @@ _NAME_TYPE_HOST = 0
 
 _METHOD_TOKENS = tuple(m.encode() + b" " for m in HTTP_METHODS)
 _REQUEST_LINE = re.compile(rb"([A-Z]+) ([\x21-\x7e]+) HTTP/(\d)\.(\d)")
-_HEADER = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*(.*?)[ \t]*")
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _CTL = re.compile(rb"[\x00-\x08\x0a-\x0c\x0e-\x1f\x7f]")  # HTAB is allowed; CR separately
 _PORT = re.compile(r"\d{0,5}")
 # Host-name labels as boxy.values reads --allow-host names (underscores included).
@@ -132,14 +140,43 @@ class _Bad(Exception):
 
 def inspect(data: bytes) -> Result:
     """Classify the first bytes a client sent (all of them so far; see the module doc)."""
-    result = _classify(bytes(data))
-    if isinstance(result, NeedMore) and len(data) >= MAX_INSPECT_BYTES:
-        # Unreachable by construction; kept so the caller's byte cap always holds.
-        return Malformed(f"no decision after {len(data)} bytes")
-    return result
+    return Inspector().feed(data)
 
 
-def _classify(data: bytes) -> Result:
+class Inspector:
+    """inspect() over a stream: ``feed`` each read as it arrives and get what
+    inspect() says of all bytes so far, in time linear in their total. Decisions
+    are final: after one, feed returns it again and keeps nothing more."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()  # every byte fed until the decision
+        self.reads = 0
+        self._result: Result = NeedMore()
+        self._stream: _TLSStream | _HTTPStream | None = None
+
+    def feed(self, chunk: bytes) -> Result:
+        if not isinstance(self._result, NeedMore):
+            return self._result
+        self.data += chunk
+        self.reads += 1
+        if self._stream is None:
+            first = _classify(self.data)
+            self._stream = first if isinstance(first, _TLSStream | _HTTPStream) else None
+            result = first if self._stream is None else self._stream.step(self.data)
+        else:
+            result = self._stream.step(self.data)
+        if isinstance(result, NeedMore) and len(self.data) >= MAX_INSPECT_BYTES:
+            # Unreachable by construction; kept so the caller's byte cap always holds.
+            result = Malformed(f"no decision after {len(self.data)} bytes")
+        elif isinstance(result, NeedMore) and self.reads >= MAX_INSPECT_READS:
+            result = Malformed(f"no decision after {self.reads} reads")
+        self._result = result
+        return result
+
+
+def _classify(data: bytearray) -> Result | _TLSStream | _HTTPStream:
+    """What the first bytes say: a result, or the parser for the rest. Looks at
+    eight bytes at most."""
     if not data:
         return NeedMore()
     first = data[0]
@@ -147,16 +184,13 @@ def _classify(data: bytes) -> Result:
         if len(data) < 2:
             return NeedMore()
         # Any 3.x record version is taken as TLS: what a server might accept, we parse.
-        return _inspect_tls(data) if data[1] == 3 else Opaque()
+        return _TLSStream() if data[1] == 3 else Opaque()
     if first & 0x80:
-        return _inspect_sslv2(data)
+        return _inspect_sslv2(bytes(data[:5]))
     maybe_http = False
     for token in _METHOD_TOKENS:
         if data.startswith(token):
-            try:
-                return _inspect_http(data)
-            except _Bad as e:
-                return Malformed(str(e))
+            return _HTTPStream()
         if token.startswith(data):
             maybe_http = True
     return NeedMore() if maybe_http else Opaque()
@@ -165,56 +199,77 @@ def _classify(data: bytes) -> Result:
 # --- TLS ------------------------------------------------------------------------------
 
 
-def _inspect_tls(data: bytes) -> Result:
-    """Walk the records, reassembling handshake bytes until the ClientHello is whole.
+class _TLSStream:
+    """Walk the records, reassembling handshake bytes until the ClientHello is whole;
+    each record is taken once, when it is complete.
 
     Bytes of a record that has not fully arrived count too: a server parses the
     same bytes once the record completes, so deciding early changes nothing.
     """
-    handshake = bytearray()
-    pos = records = 0
-    while pos < len(data):
-        if records == MAX_RECORDS:
-            return Malformed(f"ClientHello split over more than {MAX_RECORDS} TLS records")
-        header = data[pos : pos + 5]
-        if header[0] != _HANDSHAKE:
-            return Malformed(
-                f"TLS record of content type {header[0]} before the ClientHello was complete"
-            )
-        if len(header) >= 2 and header[1] != 3:
-            return Malformed(f"TLS record version {header[1]}.x is not 3.x")
-        if len(header) < 5:
-            return NeedMore()
-        length = int.from_bytes(header[3:5], "big")
-        if length == 0:
-            return Malformed("empty TLS handshake record")  # RFC 8446 §5.1 forbids them
-        if length > MAX_RECORD_LEN:
-            return Malformed(f"TLS record of {length} bytes exceeds {MAX_RECORD_LEN}")
-        records += 1
-        body = data[pos + 5 : pos + 5 + length]
-        handshake += body
-        result = _check_handshake(handshake)
-        if result is not None:
-            return result
-        pos += 5 + length
-    return NeedMore()
+
+    def __init__(self) -> None:
+        self.pos = 0  # where the first record not yet complete starts
+        self.records = 0  # complete ones
+        self.handshake = bytearray()  # their bodies
+        self.need = 0  # handshake bytes the ClientHello's header says are needed, once read
+
+    def step(self, data: bytearray) -> Result:
+        while self.pos < len(data):
+            if self.records == MAX_RECORDS:
+                return Malformed(f"ClientHello split over more than {MAX_RECORDS} TLS records")
+            header = data[self.pos : self.pos + 5]
+            if header[0] != _HANDSHAKE:
+                return Malformed(
+                    f"TLS record of content type {header[0]} before the ClientHello was complete"
+                )
+            if len(header) >= 2 and header[1] != 3:
+                return Malformed(f"TLS record version {header[1]}.x is not 3.x")
+            if len(header) < 5:
+                return NeedMore()
+            length = int.from_bytes(header[3:5], "big")
+            if length == 0:
+                return Malformed("empty TLS handshake record")  # RFC 8446 §5.1 forbids them
+            if length > MAX_RECORD_LEN:
+                return Malformed(f"TLS record of {length} bytes exceeds {MAX_RECORD_LEN}")
+            start, end = self.pos + 5, self.pos + 5 + length
+            if end > len(data):  # what has arrived of it, without copying it each time
+                if len(self.handshake) + len(data) - start < self.need:
+                    return NeedMore()
+                return _check_handshake(self.handshake, data[start : start + 4], len(data) - start,
+                                        lambda s=start: self.handshake + data[s:]) or NeedMore()
+            self.records += 1
+            self.handshake += data[start:end]
+            if len(self.handshake) >= self.need:  # else undecided still, as before
+                result = _check_handshake(self.handshake)
+                if result is not None:
+                    return result
+                if len(self.handshake) >= 4:
+                    self.need = 4 + int.from_bytes(self.handshake[1:4], "big")
+            self.pos = end
+        return NeedMore()
 
 
-def _check_handshake(hs: bytearray) -> Result | None:
-    """A result once the handshake bytes decide; None while they do not yet."""
-    if not hs:
+def _check_handshake(hs: bytearray, more: bytes = b"", more_len: int = 0,
+                     whole: Callable[[], bytearray] | None = None) -> Result | None:
+    """A result once the handshake bytes decide; None while they do not yet. The
+    bytes are HS followed by MORE_LEN more, whose first ones are MORE and which
+    WHOLE joins to HS (called once, when they decide)."""
+    head = bytes(hs[:4]) + bytes(more[: 4 - min(len(hs), 4)])
+    total = len(hs) + more_len
+    if not head:
         return None
-    if hs[0] != _CLIENT_HELLO:
-        return Malformed(f"first TLS handshake message is type {hs[0]}, not a ClientHello")
-    if len(hs) < 4:
+    if head[0] != _CLIENT_HELLO:
+        return Malformed(f"first TLS handshake message is type {head[0]}, not a ClientHello")
+    if len(head) < 4:
         return None
-    length = int.from_bytes(hs[1:4], "big")
+    length = int.from_bytes(head[1:4], "big")
     if length > MAX_CLIENT_HELLO:
         return Malformed(f"ClientHello claims {length} bytes (limit {MAX_CLIENT_HELLO})")
-    if len(hs) < 4 + length:
+    if total < 4 + length:
         return None
+    body = whole() if whole is not None else hs
     try:
-        return _parse_client_hello(bytes(hs[4 : 4 + length]))
+        return _parse_client_hello(bytes(body[4 : 4 + length]))
     except _Bad as e:
         return Malformed(str(e))
 
@@ -335,37 +390,51 @@ def _inspect_sslv2(data: bytes) -> Result:
 # --- HTTP/1.x -------------------------------------------------------------------------
 
 
-def _inspect_http(data: bytes) -> Result:
-    """Validate each complete line as it arrives; decide at the blank line."""
-    limit = min(len(data), MAX_HTTP_HEAD)
-    request: tuple[str, bytes] | None = None
-    hosts: list[bytes] = []
-    pos = 0
-    while True:
-        nl = data.find(b"\n", pos, limit)
-        segment = data[pos : nl if nl >= 0 else limit]
-        # Checked before the line is complete, so a bad byte is refused as soon as it
-        # arrives (and the same reason is given whatever follows); a CR at the end
-        # may be the first half of the line ending.
-        content = segment.removesuffix(b"\r")
-        if _CTL.search(content) or b"\r" in content:
-            raise _Bad("HTTP: control character in the request head")
-        if nl < 0:
-            break
-        if not segment.endswith(b"\r"):
-            raise _Bad("HTTP: bare LF line ending")
-        pos = nl + 1
-        if request is None:
-            request = _request_line(content)
-        elif not content:
-            return _http_result(request, hosts)
-        else:
-            name, value = _header(content)
-            if name.lower() == b"host":
-                hosts.append(value)
-    if len(data) >= MAX_HTTP_HEAD:
-        raise _Bad(f"HTTP: no end of the request head within {MAX_HTTP_HEAD} bytes")
-    return NeedMore()
+class _HTTPStream:
+    """Validate each complete line as it arrives; decide at the blank line. Each
+    byte is looked at once: lines already taken are not read again."""
+
+    def __init__(self) -> None:
+        self.pos = 0  # start of the line not yet complete
+        self.scanned = 0  # bytes before this hold no line end and no bad byte
+        self.request: tuple[str, bytes] | None = None
+        self.hosts: list[bytes] = []
+
+    def step(self, data: bytearray) -> Result:
+        try:
+            return self._lines(data)
+        except _Bad as e:
+            return Malformed(str(e))
+
+    def _lines(self, data: bytearray) -> Result:
+        limit = min(len(data), MAX_HTTP_HEAD)
+        while True:
+            new = max(self.pos, self.scanned)
+            nl = data.find(b"\n", new, limit)
+            end = nl if nl >= 0 else limit
+            # Checked before the line is complete, so a bad byte is refused as soon as it
+            # arrives (and the same reason is given whatever follows); a CR at the end
+            # may be the first half of the line ending, one before the new bytes no more.
+            if _CTL.search(data, new, end) or data.find(b"\r", max(self.pos, new - 1), end - 1) >= 0:
+                raise _Bad("HTTP: control character in the request head")
+            if nl < 0:
+                self.scanned = limit
+                break
+            if nl == self.pos or data[nl - 1] != 0x0D:
+                raise _Bad("HTTP: bare LF line ending")
+            content = bytes(data[self.pos : nl - 1])
+            self.pos = self.scanned = nl + 1
+            if self.request is None:
+                self.request = _request_line(content)
+            elif not content:
+                return _http_result(self.request, self.hosts)
+            else:
+                name, value = _header(content)
+                if name.lower() == b"host":
+                    self.hosts.append(value)
+        if len(data) >= MAX_HTTP_HEAD:
+            raise _Bad(f"HTTP: no end of the request head within {MAX_HTTP_HEAD} bytes")
+        return NeedMore()
 
 
 def _request_line(line: bytes) -> tuple[str, bytes]:
@@ -380,10 +449,12 @@ def _request_line(line: bytes) -> tuple[str, bytes]:
 def _header(line: bytes) -> tuple[bytes, bytes]:
     if line[:1] in (b" ", b"\t"):  # obs-fold: RFC 9112 §5.2 lets servers differ
         raise _Bad("HTTP: folded header line")
-    m = _HEADER.fullmatch(line)
-    if not m:
+    # name ":" value, blanks around the value dropped: split, not a regex, since
+    # `:[ \t]*(.*?)[ \t]*` backtracks quadratically over a run of blanks
+    name, colon, value = line.partition(b":")
+    if not colon or not _TOKEN.fullmatch(name):
         raise _Bad(f"HTTP: malformed header line {_show(line)}")
-    return m.group(1), m.group(2)
+    return name, value.strip(b" \t")
 
 
 def _http_result(request: tuple[str, bytes], hosts: list[bytes]) -> HTTP:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from boxyd.gitguard.gitconfig import Entry, dangerous_keys, parse
+from boxyd.gitguard.gitconfig import Entry, dangerous_keys, is_dangerous, parse
 
 GIT = shutil.which("git")
 
@@ -256,3 +256,52 @@ DANGEROUS = [
 @pytest.mark.parametrize(("text", "expected"), DANGEROUS)
 def test_dangerous_keys(text: str, expected: list[str]) -> None:
     assert keys(text) == expected
+
+
+# --- bounded: memory per byte read, time per byte, and what fuzzing can reach ------------
+
+def test_parse_memory_is_a_small_multiple_of_the_input():
+    """'b\\n' lines cost ~85 bytes kept per byte read (a frozen dataclass with a
+    __dict__ per entry); entries are slotted now, and each distinct one kept once."""
+    import tracemalloc
+
+    from boxyd.gitguard.discover import CONFIG_MAX
+
+    size = CONFIG_MAX // 8  # tracemalloc slows the parse down a lot; the ratio is the point
+    for data in (b"b\n" * (size // 2), b"[a]\n" + b"k = v\n" * (size // 6)):
+        tracemalloc.start()
+        try:
+            parsed = parse(data)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert parsed.complete and len(parsed.entries) > 10_000
+        assert peak < 16 * len(data), peak / len(data)
+
+
+GIT_SEEDS = [
+    b'[core]\n\tfsmonitor = ./x\n[remote "o"]\n\turl = ext::sh -c x\n[include]\n\tpath = ../c\n',
+    b'[alias]\n\tst = "!sh -c \\"x\\"" ; c\n[a.B]\n\tk\n[s "x\\"y"]\nk = a\\\nb # c\n',
+]
+GIT_TOKENS = [b"[", b"]", b'"', b"\\", b"=", b";", b"#", b"\n", b"\r\n", b"\t", b" ", b".", b"\x00",
+              b"\xff", b"\xef\xbb\xbf", b"core", b"hookspath", b"a", b"-"]
+
+
+def test_fuzz_parse_never_raises():
+    from tests.unit.parserfuzz import mutations
+
+    for data in mutations(GIT_SEEDS, GIT_TOKENS, seed=5):
+        parsed = parse(data)
+        assert isinstance(parsed.complete, bool)
+        for e in parsed.entries:
+            assert isinstance(e.key, str) and (e.value is None or isinstance(e.value, str))
+            is_dangerous(e)
+
+
+def test_parse_size_sweep_is_linear():
+    from tests.unit.parserfuzz import assert_linear
+
+    assert_linear(lambda n: b"b\n" * n, parse, 2000)
+    assert_linear(lambda n: b"[a]\nk = " + b" x" * n + b"\n", parse, 2000)
+    assert_linear(lambda n: b'[s "' + b"\\x" * n + b'"]\n', parse, 2000)
+    assert_linear(lambda n: b"k = " + b"\\\n" * n + b"v\n", parse, 2000)

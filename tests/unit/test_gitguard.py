@@ -836,3 +836,24 @@ def test_two_runs_cannot_launder_a_planted_config(git: Git, tmp_path: Path, root
     (planted / "config").write_bytes(data)  # B re-creates it, identical
     found = scan.scan(str(root), b_base, str(quarantine / "b"), toolshed.opener())
     assert [(f.rel, f.keys) for f in found] == [("x/.git/config", ("core.fsmonitor",))]
+
+
+def test_a_16_mib_config_is_too_large_to_check(git: Git, root: Path, quarantine: Path) -> None:
+    """The issue: the 64 MiB cap let a 16 MiB config of 'b' lines hold the next run
+    34 s and boxyd at 1.2 GB. Past CONFIG_MAX (1 MiB) it is not parsed at all, and
+    reading it to find that out reads CONFIG_MAX + 1 bytes."""
+    import time
+
+    git.repo(root)
+    before = scan.snapshot(str(root))
+    (root / ".git" / "config").write_bytes(b"b\n" * (8 << 20))
+    fd = os.open(root / ".git", os.O_PATH | os.O_DIRECTORY)
+    try:
+        t0 = time.process_time()
+        assert discover.read_small(fd, "config", discover.CONFIG_MAX) is None
+        assert time.process_time() - t0 < 0.5
+    finally:
+        os.close(fd)
+    findings = scan.scan(str(root), before, str(quarantine))
+    assert (".git/config", "a git config file too large or unreadable to check") in [
+        (f.rel, f.reason) for f in findings]

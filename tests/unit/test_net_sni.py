@@ -518,3 +518,142 @@ def test_inspect_never_raises_on_random_bytes() -> None:
         data = prefix + rng.randbytes(rng.randint(0, 200))
         seen.add(type(assert_final(data)))
     assert {Opaque, Malformed, NeedMore} <= seen
+
+
+# --- linear time: the header regex, and inspection as the bytes arrive ----------------
+
+ISSUE_HEAD = b"GET / HTTP/1.1\r\nX: a" + b" " * 16300 + b"b\r\n"
+
+
+def test_header_with_a_long_run_of_blanks_is_linear():
+    """The issue: `[ \\t]*(.*?)[ \\t]*` took 0.65 s on this, on the event loop."""
+    import time
+
+    t0 = time.process_time()
+    assert inspect(ISSUE_HEAD) == NeedMore()
+    assert inspect(ISSUE_HEAD + b"\r\n") == HTTP(None, "GET")
+    assert inspect(ISSUE_HEAD[:-3] + b" " * 100 + b"b\r\n") == Malformed(
+        f"HTTP: no end of the request head within {sni.MAX_HTTP_HEAD} bytes")
+    assert inspect(b"GET / HTTP/1.1\r\nHost:" + b" \t" * 4000 + b"a.example" + b"\t " * 4000
+                   + b"\r\n\r\n") == HTTP("a.example", "GET")
+    assert time.process_time() - t0 < 0.1
+
+
+@pytest.mark.parametrize("line, ok", [
+    (b"X: a b ", (b"X", b"a b")), (b"X:", (b"X", b"")), (b"X:\t \t", (b"X", b"")),
+    (b"X:a:b", (b"X", b"a:b")), (b"X : a", None), (b": a", None), (b"X\x80: a", None),
+    (b"X", None), (b" X: a", None),
+])  # fmt: skip
+def test_header_split(line, ok):
+    if ok is None:
+        with pytest.raises(sni._Bad):
+            sni._header(line)
+    else:
+        assert sni._header(line) == ok
+
+
+def stream(data: bytes, sizes) -> list[object]:
+    """What an Inspector answers, read by read, for DATA cut into SIZES."""
+    ins, out, pos = sni.Inspector(), [], 0
+    for size in sizes:
+        if pos >= len(data):
+            break
+        out.append(ins.feed(data[pos : pos + size]))
+        pos += size
+    return out
+
+
+def test_inspector_answers_as_inspect_on_everything_so_far(real):
+    rng = random.Random(5)
+    cases = [real, tb.records(real[5:], [1, 7, 300, 2000]), b"GET / HTTP/1.1\r\nHost: a.example\r\n\r\n",
+             b"GET / HTTP/1.1\r\nX: a\rb\r\n\r\n", b"GET / HTTP/1.1\nHost: a\r\n\r\n",
+             b"\x16\x03\x01\x00\x05\x02\x00\x00\x01\x00", b"\x80\x2e\x01\x03\x01", b"SSH-2.0-x\r\n"]
+    for data in cases:
+        for _ in range(20):
+            sizes = [rng.choice((1, 2, 5, 100, 5000)) for _ in range(len(data))]
+            answers, pos = stream(data, sizes), 0
+            for size, answer in zip(sizes, answers, strict=False):
+                pos += size
+                assert answer == inspect(data[:pos]), (data[:60], pos)
+
+
+def test_inspector_is_linear_in_the_bytes_whatever_the_reads():
+    """A byte per read used to re-inspect the whole buffer each time: O(n²)."""
+    from tests.unit.parserfuzz import assert_linear
+
+    def http(n):
+        return b"GET / HTTP/1.1\r\n" + b"X-A: b\r\n" * n
+
+    def tls(n):
+        hello = tb.client_hello(tb.server_name(b"a.example"), tb.extension(21, b"\x00" * 8 * n))
+        return tb.records(hello, [7] * (len(hello) // 7 + 1))
+
+    def feed_bytes(data, step=1):
+        ins = sni.Inspector()
+        ins.reads = -len(data)  # the read cap is not what is measured here
+        for i in range(0, len(data), step):
+            ins.feed(data[i : i + step])
+    assert_linear(http, feed_bytes, 60)
+    assert_linear(lambda n: ISSUE_HEAD[:16 + n], feed_bytes, 1500)
+    assert_linear(tls, lambda d: feed_bytes(d, 5), 20)
+
+
+def test_inspector_gives_up_after_max_reads():
+    ins = sni.Inspector()
+    answers = [ins.feed(b"GET / HTTP/1.1\r\n"[i : i + 1]) for i in range(16)]
+    answers += [ins.feed(b"X" if i % 2 else b"-") for i in range(sni.MAX_INSPECT_READS - 17)]
+    assert set(map(type, answers)) == {NeedMore}
+    assert ins.feed(b"x") == Malformed(f"no decision after {sni.MAX_INSPECT_READS} reads")
+    assert ins.feed(b"\r\n\r\n") == Malformed(f"no decision after {sni.MAX_INSPECT_READS} reads")
+
+
+async def test_gateway_reads_a_byte_at_a_time_client_in_bounded_time():
+    """The issue: 40 such connections held another project's run 23.5 s. Over a real
+    socket pair, a client dribbling the head a byte per read is refused after
+    MAX_INSPECT_READS reads, and what it sent is kept for the relay."""
+    import asyncio
+    import socket
+    import time
+
+    from boxyd.net.gateway import first_record
+
+    loop = asyncio.get_running_loop()
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    theirs.setblocking(False)
+
+    async def dribble():
+        for i in range(len(ISSUE_HEAD)):
+            await loop.sock_sendall(theirs, ISSUE_HEAD[i : i + 1])
+            await asyncio.sleep(0)
+
+    sender = asyncio.create_task(dribble())
+    t0 = time.process_time()
+    try:
+        result, data = await first_record(ours, 30)
+    finally:
+        sender.cancel()
+        ours.close()
+        theirs.close()
+    assert isinstance(result, Malformed) and "reads" in result.reason, result
+    assert data is not None and ISSUE_HEAD.startswith(data)
+    assert time.process_time() - t0 < 5  # CPU, the sender's included
+
+
+@pytest.mark.parametrize("seed", [1])
+def test_fuzz_inspect_only_results(seed, real):
+    from tests.unit.parserfuzz import mutations
+
+    seeds = [real, tb.records(real[5:], [10, 50, 3000]), b"GET / HTTP/1.1\r\nHost: a.example\r\n\r\n",
+             b"CONNECT a.example:443 HTTP/1.1\r\nHost: a.example:443\r\n\r\n",
+             b"GET http://a.example/x HTTP/1.1\r\nHost: a.example\r\n\r\n", b"\x80\x2e\x01\x03\x01"]
+    tokens = [b"\r\n", b"\r", b"\n", b"\x16\x03\x01", b" ", b"\t", b":", b"Host: ", b"\x00", b"\x7f",
+              b"\xff", b"GET ", b"\x01\x00\x00", b"[::1]", b"%", b"@"]
+    rng = random.Random(seed)
+    for data in mutations(seeds, tokens, seed=seed):
+        whole = inspect(data)
+        assert isinstance(whole, NeedMore | TLS | HTTP | Opaque | Malformed)
+        cut = rng.randrange(len(data) + 1)
+        ins = sni.Inspector()
+        ins.feed(data[:cut])
+        assert ins.feed(data[cut:]) == whole or isinstance(inspect(data[:cut]), TLS | HTTP | Opaque | Malformed)

@@ -1,6 +1,7 @@
 """boxyd.profiles: presets, strict validation with file/key/expected, templates."""
 
 import os
+import time
 
 import pytest
 
@@ -393,3 +394,95 @@ def test_new_keys_read_and_merged(tmp_path):
     assert p.env_secrets == ["A", "B"] and p.tailscale is True and p.tty is True
     assert p.tty_raw is True
     assert p.tmpfs == [CTX["home"] + "/.cache/x", "/opt/scratch"]
+
+
+# --- what the payload can write: .boxy.yaml is read with the same loader ----------------
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(6))
+
+
+def project_error(text):
+    with pytest.raises(ProfileError) as e:
+        profiles.project_doc(text, "/w/.boxy.yaml")
+    message = str(e.value)
+    assert message.startswith("profile /w/.boxy.yaml: invalid YAML") and "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize("text, message", [
+    ("x: !!int y\n", "line 1 column 4: cannot read int 'y'"),
+    ("a: !!float x\n", "line 1 column 4: cannot read float 'x'"),
+    ("a: 2001-13-45\n", "line 1 column 4: cannot read timestamp '2001-13-45'"),
+    ("a: " + "1" * 5000 + "\n", "line 1 column 4: cannot read int '1111"),
+    ("? [a]\n: 1\n", "line 1 column 3: a key that is a list or mapping"),
+    ("env: " + "[" * 3000, "line 1 column 38: nested deeper than 32 levels"),
+    ("env:\n" + "- " * 3000 + "x\n", "nested deeper than 32 levels"),
+    ("net: &n public\n", "line 1 column 6: anchors and aliases (&, *) are not allowed in a project file"),
+    ("net: *n\n", "line 1 column 6: anchors and aliases"),
+    (BOMB, "line 1 column 4: anchors and aliases"),
+    ("a: \x00\n", "unacceptable character #x0000"),
+])  # fmt: skip
+def test_project_file_values_that_break_pyyaml_are_one_line(text, message):
+    """The issue's reproductions: each was a ValueError, TypeError or RecursionError
+    out of PyYAML ("internal error" for every later run)."""
+    assert message in project_error(text)
+
+
+def test_deep_nesting_is_refused_before_pyyaml_scans_it():
+    """'[' * N used to cost PyYAML's scanner O(N²) before a RecursionError."""
+    t0 = time.process_time()
+    project_error("env: " + "[" * 60000)
+    assert time.process_time() - t0 < 1.0  # 0.8 s for 3,000 before; now it stops at 33
+
+
+def test_user_profile_may_use_aliases_within_a_bound(tmp_path):
+    p = load(tmp_path, "description: &h shared\nenv: {A: *h}\n")
+    assert p.env == {"A": "shared"} and p.description == "shared"
+    message = error(tmp_path, BOMB)  # 9⁷ values once expanded
+    assert "more than 100000 values once its aliases are expanded" in message
+    assert "anchors" not in message
+
+
+def test_user_profile_alias_to_its_own_container_is_refused(tmp_path):
+    assert "alias *a refers to a value that contains it" in error(tmp_path, "env: &a {A: *a}\n")
+
+
+def test_nesting_depth_32_is_fine():
+    assert profiles.project_doc("description: " + "[" * 31 + "]" * 31 + "\n", "x")["description"]
+
+
+YAML_SEEDS = [
+    b"profile: node\nnet: allowlist\nallow_hosts: [a.example, '{npm_registry}']\n",
+    b"filesystem:\n  ro:\n    - ~/.gitconfig\n    - {path: /opt/x, optional: true}\n"
+    b"  copy: ['~/.npmrc:/tmp/npmrc']\nlimits: {memory: 2GiB, pids: 100, timeout: 10m}\n",
+    b"env: {A: 'x', B: \"y\\u0041\"}\nenv_pass: [TERM]\ntty: true\nseccomp: compat\n",
+    b"description: >\n  folded\n  text\n? complex\n: 1\n",
+]
+YAML_TOKENS = [b"[", b"{", b"]", b"}", b"- ", b"? ", b": ", b"&a ", b"*a", b"!!int ", b"!!float ",
+               b"!!timestamp ", b"!!binary ", b"!!set ", b"<<: ", b"\n  ", b"'", b'"', b"\\", b"#",
+               b"%YAML 1.1\n", b"---\n", b"1", b"2001-13-45", b"\t", b"\xef\xbb\xbf", b"|\n"]
+
+
+def test_fuzz_project_yaml_only_ever_profile_error():
+    from tests.unit.parserfuzz import mutations
+
+    for data in mutations(YAML_SEEDS, YAML_TOKENS, seed=1):
+        text = data.decode(errors="replace")
+        for loader in (profiles._StrictLoader, profiles._ProjectLoader):
+            try:
+                profiles._parse_yaml("fuzz", text, loader)
+            except ProfileError as e:
+                assert "\n" not in str(e)
+
+
+def test_yaml_size_sweep_is_linear():
+    from tests.unit.parserfuzz import assert_linear
+
+    def hosts(n):
+        return "allow_hosts:\n" + "".join(f"  - h{i}.example   # a comment\n" for i in range(n))
+    assert_linear(hosts, lambda t: profiles.project_doc(t, "x"), 200)
+    assert_linear(lambda n: "description: " + "word " * n + "\n",
+                  lambda t: profiles.project_doc(t, "x"), 500)
+    assert_linear(lambda n: "env: [" + "[[[]]], " * n + "]\n",
+                  lambda t: profiles.project_doc(t, "x"), 100)

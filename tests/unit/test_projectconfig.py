@@ -197,3 +197,24 @@ def test_a_venv_pip_conf_index_widens_only_once_approved(project):
     # the user's PIP_INDEX_URL beats the project's file, as in pip
     req.client_env["PIP_INDEX_URL"] = "https://env.test/simple"
     assert spec().allow_hosts[0] != "mirror.test"
+
+
+@pytest.mark.parametrize("text", [
+    "x: !!int y\n", "a: !!float x\n", "a: 2001-13-45\n", "a: " + "1" * 5000 + "\n",
+    "? [a]\n: 1\n", "env: " + "[" * 3000, "net: &n public\nx: *n\n",
+])  # fmt: skip
+def test_a_yaml_file_pyyaml_chokes_on_is_named_and_the_run_goes_on(project, text):
+    """The issue's files: each made every later run "internal error in boxyd", and
+    `boxyctl trust` crash, until someone deleted it."""
+    from boxy.errors import ProfileError
+    from boxyctl.main import _check_project
+
+    write(project, pc.NAME, text)
+    project_ = pc.read(project["wd"])
+    assert "unparsed" in project_.view  # an approval would commit to the bytes
+    spec = build(project)
+    assert spec.profile == "generic" and len(spec.warnings) == 1
+    assert "which is not valid (profile " in spec.warnings[0] and "invalid YAML" in spec.warnings[0]
+    with pytest.raises(ProfileError, match="invalid YAML at line") as e:  # trust says it, once
+        _check_project(project_, project["home"])
+    assert "\n" not in str(e.value)

@@ -4,6 +4,8 @@ its sections and name normalisation)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from boxyd import projectregistries as pr
@@ -92,3 +94,184 @@ def test_credentials_in_a_url_are_never_repeated():
     r = pr.registries("/w/.npmrc", "npm", [("registry", "https://ci:s3cret@r.test/npm/")])[0]
     assert r.host is None and r.shown == "https://***@r.test/npm/"
     assert "s3cret" not in str(r.wire())
+
+
+# --- .npmrc: the `ini` package JSON.parses a quoted value ------------------------------
+
+@pytest.mark.parametrize("text,expected", [
+    # the issue: 5,000 '[' in quotes made json.loads raise RecursionError in boxyd
+    ("'" + "[" * 5000 + "'=https://a.test/\n", []),
+    ("registry='" + "[" * 5000 + "'\n", [("registry", "[" * 5000)]),  # kept as written, as npm
+    ("registry=\"" + "[" * 5000 + "\"\n", [("registry", "[" * 5000)]),  # a JSON string
+    ("registry='" + "[" * 5000 + "]" * 5000 + "'\n", []),  # String([[…]]) is ''
+    # JSON that is not a string is what JavaScript's String() makes of it
+    ("'[\"registry\"]'=https://a.test/\n", [("registry", "https://a.test/")]),
+    ("registry='[\"https://a.test/\"]'\n", [("registry", "https://a.test/")]),
+    ("registry='[\"https://a.test/\", null, 1e21]'\n", [("registry", "https://a.test/,,1e+21")]),
+    ("registry='{\"a\": 1}'\n", [("registry", "[object Object]")]),
+    ("registry='null'\n", []),
+    ("registry='[\"${REG}\"]'\n", [("registry", "${REG}")]),  # env-replace takes strings only
+    ("registry='${REG}'\n", [("registry", "https://mirror.test/npm/")]),
+    ('registry="\\u0068ttps://a.test/\\ud83d\\ude00"\n', [("registry", "https://a.test/\U0001f600")]),
+    ("'[\"registry[]\"]'=https://a.test/\n", []),  # only a string key ends in [] for ini
+    ("registry='\"https://a.test/\"'\n", [("registry", "https://a.test/")]),
+    ("registry='https://a.test/'x'\n", [("registry", "https://a.test/'x")]),
+    ("registry='\n", []),  # ini: '' (the quotes stripped, JSON.parse('') throws)
+])  # fmt: skip
+def test_npmrc_quoted_values_are_json_as_npm_reads_them(text, expected):
+    assert pr.parse_npmrc(text, ENV) == expected
+
+
+@pytest.mark.parametrize("literal,shown", [
+    ("1e21", "1e+21"), ("1e20", "100000000000000000000"), ("0.000001", "0.000001"),
+    ("1e-7", "1e-7"), ("-1.5", "-1.5"), ("123e-2", "1.23"), ("1e400", "Infinity"),
+    ("-1e400", "-Infinity"), ("-0", "0"), ("5e-324", "5e-324"), ("0.1", "0.1"),
+    ("1.7976931348623157e308", "1.7976931348623157e+308"), ("1.25e2", "125"),
+])  # fmt: skip
+def test_json_numbers_as_javascript_prints_them(literal, shown):
+    assert pr._js_number(literal) == shown
+
+
+def test_json_parse_agrees_with_python_json_where_it_can_recurse():
+    """A differential check on random JSON-ish text: the same accept/refuse and the
+    same String() as Python's json module gives (NaN and Infinity aside: JSON.parse
+    refuses them)."""
+    import json
+    import random
+
+    def js(v):
+        if isinstance(v, bool) or v is None:
+            return json.dumps(v)
+        if isinstance(v, int | float):
+            return pr._js_number(repr(float(v)) if isinstance(v, float) else str(v))
+        if isinstance(v, list):
+            return ",".join("" if e is None else js(e) for e in v)
+        return v if isinstance(v, str) else "[object Object]"
+
+    def reference(text):
+        def refuse(constant):
+            raise ValueError(constant)
+        try:
+            v = json.loads(text, parse_constant=refuse)
+        except ValueError:
+            return None
+        return js(v), isinstance(v, str)
+
+    rng = random.Random(7)
+    atoms = ["[", "]", "{", "}", ",", ":", '"a"', '"\\u00e9"', '"\\ud83d\\ude00"', '"\\ud800"',
+             "1", "-0", "1.5e3", "1e21", "1e-7", "12345678901234567890123", "true", "false",
+             "null", " ", "\n", '"x\\n"', '"\\q"', "01", '"', "\\", "nul", "1.", '"\x01"',
+             "NaN", "[null]", '{"k":1}']
+    for _ in range(20000):
+        text = "".join(rng.choice(atoms) for _ in range(rng.randint(1, 8)))
+        assert pr._json_parse(text) == reference(text), text
+
+
+NPMRC_SEEDS = [
+    b"registry=https://a.test/\n@corp:registry = \"https://corp.test/\" ; c\n",
+    b"'registry'='[\"https://a.test/\"]'\n//a.test/:_authToken=${TOKEN}\n[sec]\nx=1\n",
+    b"registry=${REG}\nkey[]=1\nkey[]=2\n# c\n; c\nregistry=\\;x\\#y\n",
+]
+NPMRC_TOKENS = [b"[", b"]", b"{", b"}", b'"', b"'", b"=", b"\\", b";", b"#", b"${", b"}", b"?",
+                b"\\u", b"\\ud800", b"\n", b"\r\n", b" ", b"\t", b"registry", b"@s:registry",
+                b",", b":", b"1e400", b"null", b"\x00", b"\xe2\x80\xa8"]
+
+
+def test_fuzz_npmrc_never_raises():
+    from tests.unit.parserfuzz import mutations
+
+    for data in mutations(NPMRC_SEEDS, NPMRC_TOKENS, seed=2):
+        for key, value in pr.parse_npmrc(data.decode(errors="replace"), ENV):
+            assert isinstance(key, str) and isinstance(value, str)
+
+
+def test_npmrc_size_sweep_is_linear():
+    from tests.unit.parserfuzz import assert_linear
+
+    run = lambda text: pr.parse_npmrc(text, ENV)  # noqa: E731
+    assert_linear(lambda n: "registry='" + "[" * n + "'\n", run, 2000)
+    assert_linear(lambda n: "registry='" + "[" * n + "]" * n + "'\n", run, 1000)
+    assert_linear(lambda n: "registry=\"" + "\\u0041" * n + "\"\n", run, 1000)
+    assert_linear(lambda n: "registry=a\n" * n, run, 200)
+    assert_linear(lambda n: "registry=" + "${" * n + "\n", run, 1000)
+    assert_linear(lambda n: "registry=" + "\\" * n + "${X}\n", run, 1000)
+
+
+# --- pip.conf: configparser's rules, in linear time ------------------------------------
+
+def test_pip_conf_long_blank_run_is_linear():
+    """The issue: one 64 KiB line took configparser 20 s, once per venv."""
+    t0 = time.process_time()
+    assert pr.parse_pip_conf("[global]\na" + " " * 65500 + "b\n") == []
+    assert pr.parse_pip_conf("[global]\n" + "a\n" * 32000) == []  # 3 s: ParsingError's message
+    assert pr.parse_pip_conf("[global]\nindex-url" + " " * 65000 + "= https://a.test/\n") == \
+        [("global.index-url", "https://a.test/")]
+    assert time.process_time() - t0 < 1.0
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("[DEFAULT]\nindex-url = https://d.test/\n[global]\nx = 1\n",
+     [("global.index-url", "https://d.test/")]),  # items() holds DEFAULT's
+    ("[global]\nindex-url = https://a.test/\n[global]\n", []),  # DuplicateSectionError
+    ("[global]\nindex-url = https://a.test/\nINDEX-URL = https://b.test/\n", []),  # duplicate
+    ("[global]\nindex-url = https://a.test/\nbogus line\n", []),  # ParsingError
+    ("[global]\n= https://a.test/\n", []),
+    ("[global]junk\nindex-url: https://a.test/\n", [("global.index-url", "https://a.test/")]),
+    ("[global]\nextra-index-url = https://a.test/\n\n  # c\n  https://b.test/\n",
+     [("global.extra-index-url", "https://a.test/"), ("global.extra-index-url", "https://b.test/")]),
+    ("[global]\r\nindex-url = https://a.test/\r\n", [("global.index-url", "https://a.test/")]),
+])  # fmt: skip
+def test_pip_conf_configparser_rules(text, expected):
+    assert pr.parse_pip_conf(text) == expected
+
+
+def configparser_reference(text):
+    import configparser
+
+    parser = configparser.RawConfigParser()
+    try:
+        parser.read_string(text)
+    except configparser.Error:
+        return None
+    return [(s, parser.items(s)) for s in parser.sections()]
+
+
+def test_pip_conf_agrees_with_configparser():
+    """A differential check against pip's own parser on random small files."""
+    import random
+
+    rng = random.Random(3)
+    atoms = ["[global]", "[DEFAULT]", "[install]", "[", "]", "=", ":", " ", "  ", "\t", "\n",
+             "\r\n", "#", ";", "a", "B", "index-url", "\u2028", "\x0b", "\x85", "\u00a0",
+             "[a]b", "[]", "[]]", " = ", "\n  ", "\n\n"]
+    for _ in range(8000):
+        text = "".join(rng.choice(atoms) for _ in range(rng.randint(1, 14)))
+        assert pr._configparser_items(text) == configparser_reference(text), text
+
+
+PIP_SEEDS = [
+    b"[global]\nindex-url = https://a.test/simple\nextra-index-url =\n  https://b.test/\n",
+    b"[DEFAULT]\ntimeout: 5\n[install]\n--index_url=https://c.test/\nfind-links = /x https://d.test/\n",
+]
+PIP_TOKENS = [b"[", b"]", b"=", b":", b" ", b"\t", b"\n", b"\r", b"#", b";", b"[global]",
+              b"[DEFAULT]", b"\n  ", b"index-url", b"\x00", b"\xc2\xa0", b"%(x)s"]
+
+
+def test_fuzz_pip_conf_agrees_with_configparser():
+    from tests.unit.parserfuzz import mutations
+
+    for data in mutations(PIP_SEEDS, PIP_TOKENS, seed=3):
+        text = data.decode(errors="replace")
+        got = pr._configparser_items(text)
+        if len(text) < 2000:  # configparser itself is quadratic past that
+            assert got == configparser_reference(text), text
+        pr.parse_pip_conf(text)
+
+
+def test_pip_conf_size_sweep_is_linear():
+    from tests.unit.parserfuzz import assert_linear
+
+    assert_linear(lambda n: "[global]\na" + " " * n + "b\n", pr.parse_pip_conf, 4000)
+    assert_linear(lambda n: "[global]\n" + "a\n" * n, pr.parse_pip_conf, 1000)
+    assert_linear(lambda n: "[global]\n" + "".join(f"k{i} = v\n  more\n" for i in range(n)),
+                  pr.parse_pip_conf, 300)

@@ -1,0 +1,79 @@
+"""Shared by the parser tests: a seeded mutation fuzzer bounded in CPU time, and a
+size sweep that fails on superlinear growth.
+
+Neither makes a speed claim. The fuzzer's inputs are the same for a given seed
+(how many of them run depends on the machine); the sweep compares a parser with
+itself at sizes N and 8N, which catches O(n²) (a ratio near 64) on any machine.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+FUZZ_SECONDS = 2.0
+MIN_CASES = 50  # fewer than this in FUZZ_SECONDS: the parser is far too slow on small input
+
+
+def mutations(seeds: Sequence[bytes], tokens: Sequence[bytes], *, seed: int,
+              seconds: float = FUZZ_SECONDS) -> Iterator[bytes]:
+    """Mutants of SEEDS (bytes inserted, dropped, flipped, slices repeated, TOKENS
+    spliced in, sometimes thousands of times) until SECONDS of CPU have gone."""
+    rng = random.Random(seed)
+    deadline = time.process_time() + seconds
+    cases = 0
+    while time.process_time() < deadline or cases < MIN_CASES:
+        data = bytearray(rng.choice(seeds))
+        for _ in range(rng.randint(1, 6)):
+            _mutate(rng, data, tokens)
+        cases += 1
+        yield bytes(data)
+    assert time.process_time() < deadline + seconds, f"only {cases} cases in {2 * seconds}s"
+
+
+def _mutate(rng: random.Random, data: bytearray, tokens: Sequence[bytes]) -> None:
+    at = rng.randint(0, len(data))
+    op = rng.randrange(6)
+    if op == 0:
+        data[at:at] = bytes([rng.randrange(256)])
+    elif op == 1 and data:
+        del data[at : at + rng.randint(1, 8)]
+    elif op == 2 and at < len(data):
+        data[at] ^= 1 << rng.randrange(8)
+    elif op == 3 and data:
+        start = rng.randrange(len(data))
+        data[at:at] = data[start : start + rng.randint(1, 16)] * rng.randint(1, 4)
+    elif op == 4:
+        data[at:at] = rng.choice(tokens)
+    else:  # the shapes that find quadratic and recursive paths: long runs of one token
+        data[at:at] = rng.choice(tokens) * rng.choice((10, 100, 1000, 5000))
+
+
+def _cpu(run: Callable[[Any], Any], arg: Any) -> float:
+    """CPU seconds of one RUN(ARG), the best of a few (repeated so a fast one
+    is still measured above the clock's resolution)."""
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.process_time()
+        reps = 0
+        while True:
+            run(arg)
+            reps += 1
+            spent = time.process_time() - t0
+            if spent >= 0.05:
+                break
+        best = min(best, spent / reps)
+    return best
+
+
+def assert_linear(make: Callable[[int], Any], run: Callable[[Any], Any], n: int, *,
+                  factor: int = 8, bound: float = 30.0) -> None:
+    """RUN on MAKE(FACTOR*N) must cost less than BOUND times RUN on MAKE(N): linear
+    growth gives about FACTOR, quadratic FACTOR²."""
+    small, big = make(n), make(factor * n)
+    t_small, t_big = _cpu(run, small), _cpu(run, big)
+    ratio = t_big / max(t_small, 1e-9)
+    assert ratio < bound, (f"{factor}x the input cost {ratio:.1f}x the time "
+                           f"({t_small * 1e3:.2f} ms -> {t_big * 1e3:.2f} ms)")

@@ -854,6 +854,6 @@ def test_a_16_mib_config_is_too_large_to_check(git: Git, root: Path, quarantine:
         assert time.process_time() - t0 < 0.5
     finally:
         os.close(fd)
-    findings = scan.scan(str(root), before, str(quarantine))
+    findings = scan.scan(str(root), before, str(quarantine), toolshed.opener())
     assert (".git/config", "a git config file too large or unreadable to check") in [
         (f.rel, f.reason) for f in findings]

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from boxyd import credentials
-from boxyd.credentials import Rule
+from boxyd.credentials import Action, Rule
 from boxyd.gitguard.discover import Protection
 from boxyd.masking import Found
 
@@ -91,6 +91,22 @@ def on_change(w: Watched, dir_rel: str, name: str, is_dir: bool) -> Redo | None:
         return None
     rule = credentials.rule_for(parent, name, is_dir)
     return Redo(rel, rule=rule) if rule is not None else None
+
+
+def on_write(w: Watched, dir_rel: str, name: str) -> Redo | None:
+    """A file in DIR_REL was written and closed in place (no new dentry: any stand-in on
+    it stays). What the content decides is judged again: a covered scrubbed copy is
+    made anew from the host's new content (the host wrote the file beneath it: the
+    payload cannot reach it), and a credential created empty and then written (an
+    ``.npmrc`` that had no token when it appeared) is covered now."""
+    rel = f"{dir_rel}/{name}" if dir_rel else name
+    mask = w.masks.get(rel)
+    if mask is not None:
+        return Redo(rel, mask=mask) if mask.action is Action.SCRUB else None
+    if rel in w.pins:
+        return None
+    redo = on_change(w, dir_rel, name, False)
+    return redo if redo is not None and redo.rule is not None and redo.rule.needs_content else None
 
 
 def everything(w: Watched) -> list[Redo]:

@@ -28,6 +28,7 @@ from boxyd.masking import Found
 
 log = logging.getLogger("boxyd")
 
+IN_CLOSE_WRITE = 0x00000008
 IN_MOVED_TO = 0x00000080
 IN_CREATE = 0x00000100
 IN_Q_OVERFLOW = 0x00004000
@@ -36,7 +37,7 @@ IN_ONLYDIR = 0x01000000
 IN_EXCL_UNLINK = 0x04000000
 IN_ISDIR = 0x40000000
 # by /proc/self/fd/N: following that one (magic) link is the point, so no IN_DONT_FOLLOW
-WATCH = IN_CREATE | IN_MOVED_TO | IN_ONLYDIR | IN_EXCL_UNLINK
+WATCH = IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | IN_ONLYDIR | IN_EXCL_UNLINK
 _EVENT = struct.Struct("iIII")
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -184,6 +185,10 @@ class LiveGuard:
                 continue
             root, rel = self._wds[wd]
             w, entry = self._trees[root], os.fsdecode(name)
+            if mask & IN_CLOSE_WRITE:
+                if (redo := live.on_write(w, rel, entry)) is not None:
+                    self._spawn(w, redo, now)
+                continue
             redo = live.on_change(w, rel, entry, bool(mask & IN_ISDIR))
             if redo is not None:
                 self._spawn(w, redo, now)

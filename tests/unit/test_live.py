@@ -177,3 +177,17 @@ def test_core_worktree_outside_the_tree_is_a_finding(tmp_path: Path, value: str,
     assert bool(hits) == found, findings
     if found:
         assert hits[0].keys == ("core.worktree",) and hits[0].dest
+
+
+NPMRC = Found(".npmrc", "npm config", Action.SCRUB, False, b"registry=x\n")
+
+
+def test_on_write_remakes_a_scrubbed_copy_and_covers_what_was_created_empty() -> None:
+    w = live.watched("/w", [PIN], [ENV, NPMRC], ())
+    assert live.on_write(w, "", ".npmrc") == live.Redo(".npmrc", mask=NPMRC)
+    assert live.on_write(w, "app", ".env") is None  # an empty stand-in: the content is nothing to it
+    assert live.on_write(w, ".git", "config") is None  # a pin: only a rename detaches it
+    new = live.on_write(w, "sub", ".npmrc")
+    assert new is not None and new.rule is not None and new.rule.needs_content
+    assert live.on_write(w, "sub", ".env") is None  # covered when it appeared, whatever it holds
+    assert live.on_write(w, "", "README") is None

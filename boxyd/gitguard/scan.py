@@ -178,10 +178,9 @@ def adopt(snap: Snapshot, rel: str) -> tuple[Snapshot, str | None]:
 
 def restore(snap: Snapshot, rel: str, quarantine: str) -> tuple[str, bool]:
     """The live guard refused a change to the pinned entry REL: move what is there now
-    to QUARANTINE and put the baseline's version back (written beside it, renamed over
-    the name: the name is never left free for the payload). Returns where the entry
-    went, and whether the baseline's version is back (only a small config file's is
-    kept)."""
+    to QUARANTINE and put the baseline's version back (the name is free only between
+    the two renames). Returns where the entry went, and whether the baseline's version
+    is back (only a small config file's is kept)."""
     old = snap.records.get(rel)
     os.makedirs(quarantine, mode=0o700, exist_ok=True)
     q_fd = os.open(quarantine, O_DIR)
@@ -189,13 +188,9 @@ def restore(snap: Snapshot, rel: str, quarantine: str) -> tuple[str, bool]:
     try:
         pfd = discover.open_dir(root_fd, rel.rpartition("/")[0])
         try:
-            back = old is not None and old.content is not None and old.fingerprint[0] == "file"
-            tmp = _write_beside(pfd, old.content or b"", int(old.fingerprint[1])) \
-                if back and old is not None else None
             dest = _move(pfd, rel, quarantine, q_fd)
-            if tmp is not None:
-                os.rename(tmp, rel.rpartition("/")[2], src_dir_fd=pfd, dst_dir_fd=pfd)
-            return dest, tmp is not None
+            back = old is not None and old.content is not None and _put_back(pfd, rel, old)
+            return dest, back
         finally:
             os.close(pfd)
     finally:
@@ -466,61 +461,99 @@ def _add(walker: discover.Walker, answer: hostgit.Answer, keys: dict[str, list[s
 def scan(root: str, before: Snapshot, quarantine: str, tools: Opener, home: str | None = None,
          observer: discover.Observer | None = None, user_hooks: str | None = None) -> list[Finding]:
     """Quarantine the control entries of ``root`` that are new or changed since
-    ``before`` and would make git run a command; returns what was found."""
-    findings: list[Finding] = []
-    q_fds: list[int] = []  # the quarantine, made with the first finding (none: no directory)
-
-    def q_fd() -> int:
-        if not q_fds:
-            os.makedirs(quarantine, mode=0o700, exist_ok=True)
-            q_fds.append(os.open(quarantine, O_DIR))
-        return q_fds[0]
-
+    ``before`` and would make git run a command; returns what was found. The pure
+    parser judges first, so no git ever reads what it moves aside; then the host's
+    git (in a tool sandbox) names what else it would read, and that is judged too."""
     root_fd = discover.open_root(root)
-    judge = _Judge(root, root_fd)
+    run = _Scan(root, root_fd, before, quarantine)
     try:
         # unbounded: a payload that makes the tree huge delays only its own session's end
         walker = discover.Walker(root, root_fd, limit=None, observer=observer, user_hooks=user_hooks)
         walker.run()
-        git_keys, findings = consult_git(walker, root, home or os.path.expanduser("~"), tools)
+        run.judge_all(walker.layout().controls, {})
+        git_keys, notes = consult_git(walker, root, home or os.path.expanduser("~"), tools)
+        run.findings += notes
         lay = walker.layout()
-        for parent, controls in _by_parent(lay.controls).items():
-            try:
-                pfd = discover.open_dir(root_fd, parent)
-            except OSError:
-                continue  # moved away with an earlier finding, or gone
-            try:
-                for c in controls:
-                    fp = _fingerprint(pfd, c.rel.rpartition("/")[2])
-                    old = before.records.get(c.rel)
-                    if fp is None or (old is not None and old.fingerprint == fp):
-                        continue
-                    verdict = judge(c, fp[0], pfd)
-                    named = tuple(git_keys.get(c.rel, ()))
-                    if verdict is None and named:  # git's parse saw what ours did not
-                        verdict = ("git config that makes git run commands", named)
-                    if verdict is None:
-                        continue
-                    reason, keys = verdict
-                    keys = keys + tuple(k for k in named if k not in keys)
-                    try:
-                        dest = _move(pfd, c.rel, quarantine, q_fd())
-                    except OSError as exc:
-                        reason = f"{reason}; could not be moved: {os.strerror(exc.errno or 0)}"
-                        dest = ""
-                    findings.append(Finding(c.rel, reason, keys, dest))
-            finally:
-                os.close(pfd)
+        run.judge_all(lay.controls, git_keys)
         for rel in lay.unreadable:
             if rel not in before.unreadable:
-                findings.append(
+                run.findings.append(
                     Finding(rel, "a directory that could not be read, so was not checked")
                 )
     finally:
         os.close(root_fd)
-        for fd in q_fds:
-            os.close(fd)
-    return findings
+        run.close()
+    return run.findings
+
+
+class _Scan:
+    """One scan's state: what was moved (never judged twice), the quarantine (made with
+    the first finding), the findings."""
+
+    def __init__(self, root: str, root_fd: int, before: Snapshot, quarantine: str) -> None:
+        self.root_fd = root_fd
+        self.before = before
+        self.quarantine = quarantine
+        self.judge = _Judge(root, root_fd)
+        self.findings: list[Finding] = []
+        self.moved: set[str] = set()
+        self._q_fd: int | None = None
+
+    def q_fd(self) -> int:
+        if self._q_fd is None:
+            os.makedirs(self.quarantine, mode=0o700, exist_ok=True)
+            self._q_fd = os.open(self.quarantine, O_DIR)
+        return self._q_fd
+
+    def judge_all(self, controls: tuple[Control, ...], git_keys: Mapping[str, list[str]]) -> None:
+        for parent, group in _by_parent(tuple(c for c in controls if c.rel not in self.moved)).items():
+            try:
+                pfd = discover.open_dir(self.root_fd, parent)
+            except OSError:
+                continue  # moved away with an earlier finding, or gone
+            try:
+                for c in group:
+                    self.judge_one(pfd, c, tuple(git_keys.get(c.rel, ())))
+            finally:
+                os.close(pfd)
+
+    def judge_one(self, pfd: int, c: Control, named: tuple[str, ...]) -> None:
+        fp = _fingerprint(pfd, c.rel.rpartition("/")[2])
+        old = self.before.records.get(c.rel)
+        if fp is None or (old is not None and old.fingerprint == fp):
+            return
+        verdict = self.judge(c, fp[0], pfd)
+        if verdict is None and named:  # git's parse saw what ours did not
+            verdict = ("git config that makes git run commands", named)
+        if verdict is None:
+            return
+        reason, keys = verdict
+        keys = keys + tuple(k for k in named if k not in keys)
+        self.moved.add(c.rel)
+        try:
+            dest = _move(pfd, c.rel, self.quarantine, self.q_fd())
+        except OSError as exc:
+            self.findings.append(Finding(c.rel, f"{reason}; could not be moved: "
+                                         f"{os.strerror(exc.errno or 0)}", keys))
+            return
+        if old is not None and old.content is not None and _put_back(pfd, c.rel, old):
+            reason += "; the version from before the run is back"  # the user's, not none
+        self.findings.append(Finding(c.rel, reason, keys, dest))
+
+    def close(self) -> None:
+        if self._q_fd is not None:
+            os.close(self._q_fd)
+
+
+def _put_back(pfd: int, rel: str, old: Record) -> bool:
+    """The baseline's bytes of a config file under its name again (a fresh file renamed
+    in: whatever the payload put at the name is already moved away)."""
+    try:
+        tmp = _write_beside(pfd, old.content or b"", int(old.fingerprint[1]))  # type: ignore[call-overload]
+        os.rename(tmp, rel.rpartition("/")[2], src_dir_fd=pfd, dst_dir_fd=pfd)
+    except (OSError, ValueError, TypeError):
+        return False
+    return True
 
 
 def describe(findings: list[Finding]) -> list[str]:

@@ -46,11 +46,18 @@ class Redo:
 
 
 def watched(root: str, pins: Iterable[Protection], masks: Iterable[Found],
-            reveal: Iterable[str], dirs: Iterable[str] = ()) -> Watched:
+            reveal: Iterable[str], dirs: Iterable[str] = (), protect: Iterable[str] = ()) -> Watched:
     """Only read-only pins: a ``self`` pin is a directory bound onto itself, which the
-    host renaming it away ends for the host as well (nothing left to guard there)."""
-    return Watched(root, {p.rel: p for p in pins if p.kind == "ro"},
-                   {f.rel: f for f in masks}, tuple(reveal), tuple(dirs))
+    host renaming it away ends for the host as well (nothing left to guard there).
+    PROTECT: --protect (and the presets' tools' files) as absolute paths; those in this
+    tree that are files are pinned again like git's (a directory bind survives the
+    host's renames inside it)."""
+    own = {p.rel: p for p in pins if p.kind == "ro"}
+    top = root.rstrip("/") + "/"
+    for path in protect:
+        if path.startswith(top) and path[len(top):] not in own:
+            own[path[len(top):]] = Protection(path[len(top):], "ro", False)
+    return Watched(root, own, {f.rel: f for f in masks}, tuple(reveal), tuple(dirs))
 
 
 def skipped(rel: str) -> bool:

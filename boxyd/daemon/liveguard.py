@@ -60,11 +60,13 @@ class LiveGuard:
     """Started once the payload runs; closed when the session ends."""
 
     def __init__(self, trees: list[Watched], send: Send, record: Record,
-                 adopt: Callable[[str, str], str | None], notice: Callable[[str], None]) -> None:
+                 adopt: Callable[[str, str, bytes | None], str | None],
+                 notice: Callable[[str], None]) -> None:
         self._trees = {w.root: w for w in trees}
         self._send = send
         self._record = record
-        self._adopt = adopt  # (root, rel) of a pin the host changed -> a finding, if any
+        # (root, rel, what the host saved) of a pin the host changed -> a finding, if any
+        self._adopt = adopt
         self._notice = notice
         self._fd = -1
         self._wds: dict[int, tuple[str, str]] = {}  # wd -> (root, directory rel)
@@ -203,11 +205,14 @@ class LiveGuard:
     async def _redo(self, w: Watched, redo: Redo, since: float) -> None:
         if redo.pin is not None:
             p = redo.pin
+            # what the host saved, read while the pin goes back on (the payload's window)
+            saved = asyncio.ensure_future(asyncio.to_thread(discover.read_beneath, w.root, p.rel,
+                                                              discover.CONFIG_MAX))
             pinned = self._ask({"bind": {"src": p.rel, "dst": p.rel, "ro": True, "src_base": w.root,
                                          "dst_base": w.root}}, p.rel, "pinned again", since, w.root)
             # judged once pinned: from then on the payload cannot change what is judged
             await asyncio.wait_for(asyncio.shield(pinned), LIVE_TIMEOUT)
-            line = await asyncio.to_thread(self._adopt, w.root, p.rel)
+            line = await asyncio.to_thread(self._adopt, w.root, p.rel, await saved)
             if line is not None:
                 self._record("git", finding=line)
                 self._notice(line)

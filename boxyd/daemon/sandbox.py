@@ -31,7 +31,8 @@ from boxyd.daemon.pty import PtyRelay
 from boxyd.daemon.scopes import Limit, Placement, Scopes, limits, read_events, remove_subtree
 from boxyd.daemon.toolbox import Toolshed
 from boxyd.gitguard import userconfig
-from boxyd.gitguard.scan import Snapshot, adopt, inherit_live, restore
+from boxyd.gitguard.discover import CONFIG_MAX, read_beneath
+from boxyd.gitguard.scan import Snapshot, adopt, inherit_live, overwrite, restore
 from boxyd.hostfile import Outputs, open_outputs
 from boxyd.policy.seccomp import build_filter
 from boxyd.registries import Registries
@@ -220,7 +221,9 @@ class StageSandbox:
             self.baselines = inherit_live(
                 {r: t.baseline for r, t in self.trees.items() if t.baseline is not None}, others)
             masks = self._credentials(warnings)
-            self._watched = [live.watched(r, t.protections, masks.get(r, []), spec.reveal, t.dirs)
+            protect = [e.path for e in spec.protect]
+            self._watched = [live.watched(r, t.protections, masks.get(r, []), spec.reveal, t.dirs,
+                                          [p for p in protect if _innermost(p, self.trees) == r])
                              for r, t in self.trees.items()]
             plan = mountplan.build(spec, seccomp_bpf=build_filter(spec.seccomp),
                                    protections={r: t.protections for r, t in self.trees.items()},
@@ -344,28 +347,34 @@ class StageSandbox:
             self._sink.notice(f"live guard: {e.strerror}: host changes during the run are not "
                               "covered until it ends")
 
-    def _adopt(self, root: str, rel: str) -> str | None:
-        """The host changed a pinned entry (in a worker thread): the scan after the run
-        takes the user's version as the baseline, unless it now holds keys that run
-        commands it did not hold before — then it is moved aside at once and the
-        version before it put back, so that no host git meanwhile runs what the payload
-        may have raced into it. The line to say, or None."""
-        if root not in self.baselines:
-            return None
-        self.baselines[root], why = adopt(self.baselines[root], rel)
-        if why is None or why == "gone":
-            return None
+    def _adopt(self, root: str, rel: str, saved: bytes | None) -> str | None:
+        """The host replaced a pinned file (in a worker thread; SAVED: what it held as the
+        guard first read it). Written to in the moment it was unpinned, it gets SAVED
+        back in place. A git control file is then taken as the user's new baseline,
+        unless it adds keys that run commands: then the version from before it is put
+        back at once, so no host git meanwhile runs what the payload may have raced
+        into it. The line to say, or None."""
         quarantine = os.path.join(str(state_dir() / "quarantine" / self._sink.id),
                                   root.strip("/").replace("/", "_"))
-        try:
-            dest, back = restore(self.baselines[root], rel, quarantine)
-        except OSError as e:
-            line = f"git guard: {rel}: {why}; could not be moved: {e.strerror}"
-        else:
-            line = (f"git guard: moved {rel} to {dest} during the run: {why}"
-                    + ("; the version from before it is back" if back else ""))
-        self.live_findings.append(line)
-        return line
+        lines = []
+        path = os.path.join(root, rel)
+        if saved is not None and read_beneath(root, rel, CONFIG_MAX) not in (saved, None):
+            dest = overwrite(root, rel, saved, quarantine)
+            lines.append(f"live guard: {path} was written in the moment it was unpinned; "
+                         + (f"put back as the host saved it (the write is in {dest})" if dest
+                            else "it could not be put back: check it"))
+        if root in self.baselines:
+            self.baselines[root], why = adopt(self.baselines[root], rel)
+            if why is not None and why != "gone":
+                try:
+                    dest, back = restore(self.baselines[root], rel, quarantine)
+                except OSError as e:
+                    lines.append(f"git guard: {rel}: {why}; could not be moved: {e.strerror}")
+                else:
+                    lines.append(f"git guard: moved {rel} to {dest} during the run: {why}"
+                                 + ("; the version from before it is back" if back else ""))
+        self.live_findings += lines
+        return "; ".join(lines) or None
 
     def _attach_network(self, sockets: dict) -> None:
         if self.net is None or self._launcher._dns is None:
@@ -498,6 +507,12 @@ class StageSandbox:
             self.net.discard()
             self.net = None
         self.trees, self.baselines = {}, {}
+
+
+def _innermost(path: str, trees: dict[str, worktree.Tree]) -> str | None:
+    """The deepest walked tree holding PATH (its protect binds are based on it)."""
+    holding = [r for r in trees if path.startswith(r.rstrip("/") + "/")]
+    return max(holding, key=len) if holding else None
 
 
 def _terminal(fds: list[int]) -> PtyRelay | None:

@@ -212,6 +212,23 @@ def read_small(dir_fd: int, name: str, limit: int) -> bytes | None:
     return data if data is not None and len(data) <= limit else None
 
 
+def read_beneath(root: str, rel: str, limit: int) -> bytes | None:
+    """read_small of REL beneath the tree ROOT, through fds from its root (no symlink)."""
+    parent, _, name = rel.rpartition("/")
+    try:
+        root_fd = open_root(root)
+        try:
+            pfd = open_dir(root_fd, parent)
+        finally:
+            os.close(root_fd)
+    except OSError:
+        return None
+    try:
+        return read_small(pfd, name, limit)
+    finally:
+        os.close(pfd)
+
+
 def _kind(e: os.DirEntry[str]) -> Type | None:
     try:
         if e.is_dir(follow_symlinks=False):

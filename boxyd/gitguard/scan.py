@@ -177,11 +177,16 @@ def adopt(snap: Snapshot, rel: str) -> tuple[Snapshot, str | None]:
 
 
 def restore(snap: Snapshot, rel: str, quarantine: str) -> tuple[str, bool]:
-    """The live guard refused a change to the pinned entry REL: move what is there now
-    to QUARANTINE and put the baseline's version back (the name is free only between
-    the two renames). Returns where the entry went, and whether the baseline's version
-    is back (only a small config file's is kept)."""
+    """The live guard refused a change to the pinned entry REL: the baseline's version
+    back, rewritten in place (overwrite) when it can be, else what is there moved to
+    QUARANTINE and the baseline's renamed in (the name is free only between the two
+    renames). Returns where what it held went, and whether the baseline's version is
+    back (only a small config file's is kept)."""
     old = snap.records.get(rel)
+    if old is not None and old.content is not None:
+        done = overwrite(snap.root, rel, old.content, quarantine)
+        if done is not None:
+            return done, True
     os.makedirs(quarantine, mode=0o700, exist_ok=True)
     q_fd = os.open(quarantine, O_DIR)
     root_fd = discover.open_root(snap.root)
@@ -376,7 +381,9 @@ def _copy_out(src_fd: int, name: str, dst_fd: int, dest: str) -> None:
     os.unlink(name, dir_fd=src_fd)
 
 
-def _move(src_fd: int, rel: str, quarantine: str, q_fd: int) -> str:
+def _slot(q_fd: int, rel: str) -> tuple[int, str]:
+    """The quarantine's directory for REL (made as needed; an fd the caller closes) and a
+    free name in it (an earlier finding at the same path keeps its own)."""
     *dirs, leaf = discover.parts(rel)
     dfd = os.dup(q_fd)
     try:
@@ -386,10 +393,20 @@ def _move(src_fd: int, rel: str, quarantine: str, q_fd: int) -> str:
             nfd = os.open(d, O_DIR, dir_fd=dfd)
             os.close(dfd)
             dfd = nfd
-        dest, n = leaf, 0
-        while _exists(dest, dfd):  # an earlier finding at the same path
-            n += 1
-            dest = f"{leaf}.{n}"
+    except BaseException:
+        os.close(dfd)
+        raise
+    dest, n = leaf, 0
+    while _exists(dest, dfd):
+        n += 1
+        dest = f"{leaf}.{n}"
+    return dfd, dest
+
+
+def _move(src_fd: int, rel: str, quarantine: str, q_fd: int) -> str:
+    dfd, dest = _slot(q_fd, rel)
+    leaf = rel.rpartition("/")[2]
+    try:
         try:
             os.rename(leaf, dest, src_dir_fd=src_fd, dst_dir_fd=dfd)
         except OSError as exc:
@@ -398,7 +415,53 @@ def _move(src_fd: int, rel: str, quarantine: str, q_fd: int) -> str:
             _copy_out(src_fd, leaf, dfd, dest)
     finally:
         os.close(dfd)
-    return os.path.join(quarantine, *dirs, dest)
+    return os.path.join(quarantine, *discover.parts(rel)[:-1], dest)
+
+
+def overwrite(root: str, rel: str, data: bytes, quarantine: str) -> str | None:
+    """Put DATA into the pinned file REL in place — the live guard's undo: the pin stays on
+    the same inode, so no window opens as a rename would — after copying what it held
+    to QUARANTINE. Only a regular file with one link (another name would be changed
+    too); None when it is not one, or could not be done."""
+    root_fd = discover.open_root(root)
+    try:
+        pfd = discover.open_dir(root_fd, rel.rpartition("/")[0])
+    finally:
+        os.close(root_fd)
+    try:
+        fd = os.open(rel.rpartition("/")[2], os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=pfd)
+    except OSError:
+        os.close(pfd)
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_size > CONFIG_MAX:
+            return None
+        held = os.pread(fd, st.st_size + 1, 0)
+        os.makedirs(quarantine, mode=0o700, exist_ok=True)
+        q_fd = os.open(quarantine, O_DIR)
+        try:
+            dfd, dest = _slot(q_fd, rel)
+        finally:
+            os.close(q_fd)
+        try:
+            out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          0o600, dir_fd=dfd)
+            try:
+                os.write(out, held)
+            finally:
+                os.close(out)
+        finally:
+            os.close(dfd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+        return os.path.join(quarantine, *discover.parts(rel)[:-1], dest)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+        os.close(pfd)
 
 
 MAX_ASKED = 256  # directories the host's git is asked about per tree and run

@@ -191,3 +191,34 @@ def test_on_write_remakes_a_scrubbed_copy_and_covers_what_was_created_empty() ->
     assert new is not None and new.rule is not None and new.rule.needs_content
     assert live.on_write(w, "sub", ".env") is None  # covered when it appeared, whatever it holds
     assert live.on_write(w, "", "README") is None
+
+
+def test_protected_files_are_pinned_again_too() -> None:
+    w = live.watched("/w", [PIN], [], (), protect=["/w/.npmrc", "/w/.vscode", "/other/x", "/w/.git/config"])
+    assert set(w.pins) == {".git/config", ".npmrc", ".vscode"}
+    redo = live.on_change(w, "", ".npmrc", False)
+    assert redo is not None and redo.pin == Protection(".npmrc", "ro", False)
+    dir_redo = live.on_change(w, "", ".vscode", True)  # a directory renamed over: not re-pinned
+    assert dir_redo is not None and dir_redo.pin is None and dir_redo.mask is None
+
+
+def test_overwrite_keeps_the_inode_and_what_it_held(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    f = tmp_path / "d/.envrc"
+    f.write_text("payload line\n")
+    ino = f.stat().st_ino
+    dest = scan.overwrite(str(tmp_path), "d/.envrc", b"the user's\n", str(tmp_path / "q"))
+    assert dest is not None and Path(dest).read_text() == "payload line\n"
+    assert f.read_text() == "the user's\n" and f.stat().st_ino == ino  # a pin on it stays
+
+
+def test_overwrite_refuses_a_second_name_and_a_symlink(tmp_path: Path) -> None:
+    other = tmp_path / "src.py"
+    other.write_text("code\n")
+    os.link(other, tmp_path / ".envrc")
+    assert scan.overwrite(str(tmp_path), ".envrc", b"x", str(tmp_path / "q")) is None
+    assert other.read_text() == "code\n"
+    (tmp_path / ".envrc").unlink()
+    (tmp_path / ".envrc").symlink_to(other)
+    assert scan.overwrite(str(tmp_path), ".envrc", b"x", str(tmp_path / "q")) is None
+    assert other.read_text() == "code\n"

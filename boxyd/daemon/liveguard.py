@@ -270,11 +270,7 @@ def _listings(watched: list[tuple[str, str]]) -> list[tuple[str, str, list[tuple
     out = []
     for root, rel in watched:
         try:
-            root_fd = discover.open_root(root)
-            try:
-                fd = discover.open_dir(root_fd, rel)
-            finally:
-                os.close(root_fd)
+            fd = discover.open_in_tree(root, rel)
         except OSError:
             continue
         try:
@@ -302,11 +298,7 @@ def _stand_in(root: str, redo: Redo, rule: Rule | None) -> Found | None:
         return None
     parent, _, name = redo.rel.rpartition("/")
     try:
-        root_fd = discover.open_root(root)
-        try:
-            pfd = discover.open_dir(root_fd, parent)
-        finally:
-            os.close(root_fd)
+        pfd = discover.open_in_tree(root, parent)
     except OSError:
         return None
     try:

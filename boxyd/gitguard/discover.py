@@ -212,15 +212,21 @@ def read_small(dir_fd: int, name: str, limit: int) -> bytes | None:
     return data if data is not None and len(data) <= limit else None
 
 
+def open_in_tree(root: str, rel: str) -> int:
+    """Directory REL of the tree ROOT, opened from its root one O_NOFOLLOW step at a time
+    (open_dir); for callers holding no fd of the root."""
+    root_fd = open_root(root)
+    try:
+        return open_dir(root_fd, rel)
+    finally:
+        os.close(root_fd)
+
+
 def read_beneath(root: str, rel: str, limit: int) -> bytes | None:
     """read_small of REL beneath the tree ROOT, through fds from its root (no symlink)."""
     parent, _, name = rel.rpartition("/")
     try:
-        root_fd = open_root(root)
-        try:
-            pfd = open_dir(root_fd, parent)
-        finally:
-            os.close(root_fd)
+        pfd = open_in_tree(root, parent)
     except OSError:
         return None
     try:

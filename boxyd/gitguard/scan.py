@@ -189,9 +189,8 @@ def restore(snap: Snapshot, rel: str, quarantine: str) -> tuple[str, bool]:
             return done, True
     os.makedirs(quarantine, mode=0o700, exist_ok=True)
     q_fd = os.open(quarantine, O_DIR)
-    root_fd = discover.open_root(snap.root)
     try:
-        pfd = discover.open_dir(root_fd, rel.rpartition("/")[0])
+        pfd = discover.open_in_tree(snap.root, rel.rpartition("/")[0])
         try:
             dest = _move(pfd, rel, quarantine, q_fd)
             back = old is not None and old.content is not None and _put_back(pfd, rel, old)
@@ -199,7 +198,6 @@ def restore(snap: Snapshot, rel: str, quarantine: str) -> tuple[str, bool]:
         finally:
             os.close(pfd)
     finally:
-        os.close(root_fd)
         os.close(q_fd)
 
 
@@ -423,11 +421,10 @@ def overwrite(root: str, rel: str, data: bytes, quarantine: str) -> str | None:
     the same inode, so no window opens as a rename would — after copying what it held
     to QUARANTINE. Only a regular file with one link (another name would be changed
     too); None when it is not one, or could not be done."""
-    root_fd = discover.open_root(root)
     try:
-        pfd = discover.open_dir(root_fd, rel.rpartition("/")[0])
-    finally:
-        os.close(root_fd)
+        pfd = discover.open_in_tree(root, rel.rpartition("/")[0])
+    except OSError:
+        return None
     try:
         fd = os.open(rel.rpartition("/")[2], os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                      dir_fd=pfd)

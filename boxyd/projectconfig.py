@@ -82,6 +82,9 @@ class Project:
     config: bytes | None = None  # .boxy.yaml as read, or None
     registries: tuple[ProjectRegistry, ...] = field(default_factory=tuple)
     view: Any = None  # what an approval of .boxy.yaml commits to (widening.approval_view)
+    # why .boxy.yaml could not be read as data (a symlink, a FIFO, too large): a run
+    # says it in one line and goes on without it; `boxyctl trust` refuses
+    unreadable: str | None = None
 
     @property
     def path(self) -> str:
@@ -103,13 +106,20 @@ class Project:
         return self.config.decode(errors="replace") if self.config is not None else ""
 
 
-def read(workdir: str, env: Mapping[str, str] | None = None) -> Project:
+def read(workdir: str, env: Mapping[str, str] | None = None, *, strict: bool = True) -> Project:
     """The project's configuration as the next run would see it (the payload starts
     in the work directory, npm's project root). ENV is what npm expands ${VAR} with
-    and where $VIRTUAL_ENV is read."""
+    and where $VIRTUAL_ENV is read. STRICT: a .boxy.yaml that cannot be read as data
+    is a UsageError (`boxyctl trust`); else it is left out and named in UNREADABLE
+    (a run: the payload planted it, and it must not stop every later run)."""
     from boxyd import profiles, widening
 
-    config = read_data(workdir, NAME, strict=True)
+    try:
+        config = read_data(workdir, NAME, strict=True)
+    except UsageError as e:
+        if strict:
+            raise
+        return Project(workdir, None, tuple(_registries(workdir, env or {})), None, str(e))
     view: Any = None
     if config is not None:
         try:

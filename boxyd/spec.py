@@ -149,9 +149,10 @@ def build_spec(
 
     # The project's own configuration: the payload can write it, so only what is no
     # wider than the defaults applies until a person approves it (projectconfig)
-    project = projectconfig.read(workdir, projectconfig.run_env(home, user, client_env))
+    project = projectconfig.read(workdir, projectconfig.run_env(home, user, client_env), strict=False)
     trusted = not project.empty and projectconfig.is_trusted(project, config_home(home))
     held: list[str] = []  # said in one line once the network is known
+
     doc = _project_doc(project, trusted, held)
     named = doc.get("profile") if doc is not None else None
     profile_name = o.profile or named or DEFAULT_PROFILE
@@ -186,6 +187,8 @@ def build_spec(
                                  "`boxyctl cache clean` removes it") from None
 
     spec = RunSpec(argv=list(argv), workdir=workdir, profile=profile_name, notes=notes)
+    if project.unreadable is not None:  # said always: the payload may have planted it
+        spec.warnings.append(f"{project.unreadable}, so it was not read")
 
     # --- network ---
     net_flag = o.net

@@ -8,6 +8,7 @@ Without a user manager nothing more is needed: boxyctl starts boxyd on demand.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -69,8 +70,9 @@ def user_manager(environ: dict[str, str]) -> bool:
 
 
 def systemctl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["systemctl", "--user", *args], capture_output=True, text=True,
-                          timeout=30)
+    # systemd's own, never one a PATH entry in a project (an activated venv) provides
+    binary = shutil.which("systemctl", path="/usr/bin:/bin") or "/usr/bin/systemctl"
+    return subprocess.run([binary, "--user", *args], capture_output=True, text=True, timeout=30)
 
 
 def setup(environ: dict[str, str], say) -> int:

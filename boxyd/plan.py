@@ -129,6 +129,9 @@ class Plan:
     # "tools": no payload is executed; PID 1's child, confined like one, serves the
     # tool calls boxyd sends on stdin (boxyd/stage2/toolserver.py)
     serve: str | None = None
+    # RLIMIT_AS, for a tool sandbox only: git on a crafted index must not take the
+    # machine's memory (a payload's runtimes reserve address space: never for them)
+    address_space: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Shallow: every field is plain data already (asdict's deep copy cost a

@@ -31,6 +31,7 @@ from boxyd.spec import SYSTEM_TREES
 
 SCRATCH_SIZE = 64 << 20  # its /tmp; a tool that needs more is not one boxyd should run
 NPROC = 64  # git runs a few helpers; a fork bomb planted for it stops here
+ADDRESS_SPACE = 4 << 30  # per process: git on a crafted index stops here, not at the machine's
 
 
 class ToolError(Exception):
@@ -153,4 +154,5 @@ def plan(exposure: Exposure, *, seccomp_bpf: str, uid: int | None = None,
         ops.append(Bind(src=name, dst=path, ro=True, src_base=parent, optional=True, noexec=True))
     return Plan(argv=["boxy-tools"], env={}, cwd="/", uid=uid, gid=gid, home=exposure.home,
                 hostname=HOSTNAME, scratch_size=SCRATCH_SIZE, ops=ops, landlock=rules,
-                seccomp_bpf=seccomp_bpf, nproc=NPROC, net="none", serve="tools")
+                seccomp_bpf=seccomp_bpf, nproc=NPROC, net="none", serve="tools",
+                address_space=ADDRESS_SPACE)

@@ -94,6 +94,8 @@ def limits(plan: Plan) -> None:
     bypass it, and step 7 removes that."""
     resource.setrlimit(resource.RLIMIT_NPROC, (plan.nproc, plan.nproc))
     resource.setrlimit(resource.RLIMIT_RTPRIO, (0, 0))
+    if plan.address_space is not None:
+        resource.setrlimit(resource.RLIMIT_AS, (plan.address_space, plan.address_space))
     os.setpriority(os.PRIO_PROCESS, 0, 19)
     with open("/proc/self/oom_score_adj", "w") as f:
         f.write("1000")

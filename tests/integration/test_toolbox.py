@@ -170,3 +170,11 @@ def _cmd(pid: str) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b"").decode()
     except OSError:
         return ""
+
+
+def test_a_tool_cannot_take_the_machines_memory(home: Path) -> None:
+    with toolshed.opener()(Exposure(home=str(home))) as box:
+        r = box.run(["python3", "-c", "b = bytearray(6 << 30); print('allocated')"], cwd="/",
+                    env=ENV, timeout=20, limit=4096)
+        assert b"allocated" not in r.out and r.rc != 0, r
+        assert sh(box, "echo fine").out == b"fine\n"

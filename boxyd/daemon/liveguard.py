@@ -84,7 +84,7 @@ class LiveGuard:
         loop.add_reader(self._fd, self._readable)
         task = loop.create_task(self._catch_up(time.monotonic()))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
         return notes
 
     async def _catch_up(self, since: float) -> None:
@@ -200,7 +200,14 @@ class LiveGuard:
     def _spawn(self, w: Watched, redo: Redo, since: float) -> None:
         task = asyncio.get_running_loop().create_task(self._redo(w, redo, since))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            e = task.exception()
+            self._record("fs.live", note=f"a redo failed: {type(e).__name__}: {e}")
+            log.warning("live guard: %s: %s", type(e).__name__, e)
 
     async def _redo(self, w: Watched, redo: Redo, since: float) -> None:
         if redo.pin is not None:

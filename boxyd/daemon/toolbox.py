@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
+from boxy.errors import BoxyError
 from boxyd import tools
 from boxyd.daemon.launcher import plan_memfd
 from boxyd.plan import Plan
@@ -50,7 +51,10 @@ class ToolBox:
     def open(cls, spawn: Spawn, plan: Plan, budget: float) -> ToolBox:
         """Start a sandbox for PLAN with BUDGET seconds for everything done in it."""
         deadline = time.monotonic() + budget
-        ctl = spawn()
+        try:
+            ctl = spawn()
+        except (BoxyError, OSError, TimeoutError) as e:  # no template: said, never raised past
+            raise ToolError(f"tool sandbox: stage 2 cannot be started ({e})") from None
         fds: list[int] = []
         try:
             req_r, req_w = os.pipe2(os.O_CLOEXEC)

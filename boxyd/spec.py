@@ -49,6 +49,7 @@ class RunSpec:
     rw: list[PathEntry] = field(default_factory=list)
     protect: list[PathEntry] = field(default_factory=list)
     reveal: list[str] = field(default_factory=list)  # credentials in the tree shown as they are
+    secrets: list[str] = field(default_factory=list)  # filesystem.secrets: the user's own patterns
     mkdir: list[PathEntry] = field(default_factory=list)
     tmpfs: list[str] = field(default_factory=list)  # fresh writable dirs inside (profile)
     copy: list[CopyEntry] = field(default_factory=list)
@@ -282,6 +283,7 @@ def build_spec(
         spec.protect.append(PathEntry(real, entry.optional))
     # lexical, not realpath'd: the entries they name are matched as the walk found them
     spec.reveal = _dedupe([e.path for e in prof.reveal] + [_abs(p, cwd) for p in o.reveal])
+    spec.secrets = list(prof.secrets)
 
     exposed = [("workdir", workdir)]
     exposed += [

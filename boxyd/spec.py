@@ -276,6 +276,11 @@ def build_spec(
         if os.path.islink(entry.path):
             raise UsageError(f"--protect {entry.path}: is a symlink; name what it points to")
         real = os.path.realpath(entry.path)
+        if not any(_contains(tree, real) for tree in writable) and entry.optional:
+            # a preset's venv pip.conf through a .venv symlink to elsewhere: not writable
+            # inside (the sandbox does not see where it points), so nothing to protect
+            notes.append(f"protect {entry.path}: leads outside the writable trees; skipped")
+            continue
         if not any(_contains(tree, real) for tree in writable):
             raise UsageError(
                 f"--protect {entry.path}: not inside the work directory or a --rw path"

@@ -172,7 +172,7 @@ def test_every_ecosystem_and_includes_in_one_run(boxy: Boxy, user: User, workdir
     for rel in MORE:
         said = dirs.get(rel, rel)
         assert f"{repo}/{said}:" in err, f"{said} not said under -v\n{describe(r)}"
-    assert "TRIED remote https://github.example/o/r.git" in r.stdout.decode(), describe(r)
+    assert "TRIED npmrc registry=https://npm.internal.example/" in r.stdout.decode(), describe(r)
 
 
 # linked under another name, then renamed: the live guard covers a .env.local the moment

@@ -9,14 +9,16 @@ covered by a read-only stand-in (a mount point: it can be neither read through n
 replaced):
 
 - **scrub**: a copy without the auth lines, so the tool's other settings (a project
-  registry, remotes, branches) still work — ``.npmrc``, ``.yarnrc.yml``, ``.pypirc``,
-  ``.netrc``, ``.git-credentials``, ``.docker/config.json`` and git's own config
-  files (``http.*.extraheader``, ``credential.*`` user names, and userinfo in any
-  URL removed). Only a file that had something to remove is covered;
+  registry, remotes, branches) still work — git's own config files and what they
+  include, ``.npmrc``, ``.yarnrc``/``.yarnrc.yml``, ``pip.conf``, ``.pypirc``,
+  Poetry's, cargo's config, Composer's ``auth.json``, Bundler's, Docker's,
+  Terraform's, kubeconfigs, ``.netrc``… (the table below: ``_BY_NAME``,
+  ``_BY_PARENT``). Only a file that had something to remove is covered;
 - **empty**: an empty file or directory — ``.env`` and ``.env.*`` (not the
-  example/sample/template/dist ones), private keys (``id_rsa*``, ``id_ed25519*``,
-  ``id_ecdsa*``, ``id_dsa*`` but not ``*.pub``; ``*.pem``/``*.key`` holding a
-  PRIVATE KEY block), ``.aws/``, ``credentials.json``, ``*.p12``/``*.pfx``.
+  example/sample/template/dist ones), private keys, files that hold nothing but
+  credentials (cargo's, RubyGems', Terraform's, Rails' keys, ``.pgpass``…), the cloud
+  CLIs' directories (``.aws/``, ``.azure/``, ``.config/gcloud/``), and the profile's
+  own patterns (``filesystem.secrets``: ``user_rule``).
 
 ``node_modules`` is not searched: what is in it came from the registry, public by
 definition (and covering files in it would pin directories npm must replace).

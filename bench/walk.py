@@ -10,6 +10,12 @@ For work directories of 20,000 and 300,000 directories (and one git repository):
 - another session's `boxyctl run -- true` while the big run is being prepared,
   against an idle daemon measured in the same run: the daemon must keep serving.
 
+With `--walk-only`, just the walk before the run, three ways on the same tree (with
+`--files` regular files in every directory): no credential with a second link (the
+hard-link check costs one lstat per credential), a `.env` hard-linked deep in the tree
+(the whole tree searched by the listings' inode numbers), and that search with an
+lstat of every regular file (what checking every file's link count would cost).
+
 Run as the user who will use boxy (not root): `.venv/bin/python bench/walk.py`.
 """
 
@@ -27,13 +33,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from boxyd import worktree  # noqa: E402
+from boxyd import masking, worktree  # noqa: E402
 from tests.harness import toolshed  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
 
-def make_tree(root: Path, dirs: int) -> None:
+def make_tree(root: Path, dirs: int, files: int = 0) -> None:
     subprocess.run(["git", "init", "-q", str(root)], check=True)
     width = 1000
     for i in range(0, dirs, width):
@@ -41,6 +47,41 @@ def make_tree(root: Path, dirs: int) -> None:
         parent.mkdir()
         for j in range(min(width, dirs - i) - 1):
             (parent / f"e{j}").mkdir()
+            for k in range(files):
+                (parent / f"e{j}" / f"f{k}").touch()
+
+
+def links(base: Path, size: int, files: int, n: int) -> None:
+    """The walk before the run with and without a hard-linked credential (same tree)."""
+    tree = base / f"l{size}"
+    make_tree(tree, size, files)
+    (tree / ".env").write_text("KEY=x\n")
+
+    def timed() -> float:
+        t = time.perf_counter()
+        worktree.prepare([str(tree)], git_guard=True)
+        return time.perf_counter() - t
+
+    timed()  # page cache
+    plain = median(timed, n)
+    last = sorted(tree.glob("d*/e*"))[-1]
+    os.link(tree / ".env", last / "linked")
+    linked = median(timed, n)
+    found = {f.rel: f.note for f in worktree.walk(str(tree), git_guard=False).credentials}
+    assert found.get(str((last / "linked").relative_to(tree))) == "a hard link of .env", found
+    root_fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        st = os.stat(tree / ".env")
+        t = time.perf_counter()
+        masking.search_links(root_fd, {(st.st_dev, st.st_ino): masking._Linked(".env", 99, [])},
+                             stat_all=True, limit=None)
+        every = time.perf_counter() - t
+    finally:
+        os.close(root_fd)
+    print(f"{size:>7} directories, {size * files:,} files: walk before {plain:6.2f} s; with a "
+          f"hard-linked .env {linked:6.2f} s (+{linked - plain:.2f} s: the search); "
+          f"the search with an lstat of every file {every:6.2f} s")
+    shutil.rmtree(tree)
 
 
 def boxy(workdir: Path) -> float:
@@ -76,10 +117,19 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="20000,300000")
     ap.add_argument("-n", type=int, default=10)
+    ap.add_argument("--walk-only", action="store_true", help="only the walk, with and without a hard link")
+    ap.add_argument("--files", type=int, default=5, help="files per directory (--walk-only)")
     args = ap.parse_args()
     if os.getuid() == 0:
         sys.exit("run as the user who will use boxy, not root")
     base = Path(tempfile.mkdtemp(prefix="boxy-bench-walk-", dir=Path.home()))
+    if args.walk_only:
+        try:
+            for size in (int(s) for s in args.sizes.split(",")):
+                links(base, size, args.files, max(3, args.n // 3))
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+        return 0
     try:
         small = base / "small"
         make_tree(small, 10)

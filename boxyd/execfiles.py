@@ -8,7 +8,12 @@ read-only, and the README says which.
   ``.github/workflows/``, ``.husky/``, at any depth;
 - ``.gitlab-ci.yml``, ``.envrc`` (direnv runs it on ``cd``), ``.pre-commit-config.yaml``;
 - the ``scripts`` of every ``package.json`` (npm runs them; the rest of the file
-  changes with every ``npm install <pkg>``, so only the scripts are compared).
+  changes with every ``npm install <pkg>``, so only the scripts are compared);
+- ``.pnpmfile.cjs`` and ``yarn.config.cjs`` (pnpm and yarn load them as code);
+- the package managers' own config files (``.npmrc``, ``.yarnrc``, ``.yarnrc.yml``,
+  ``pnpm-workspace.yaml``, ``pip.conf``/``pip.ini``), by the keys in them that make
+  the tool run something or change what runs (toolconfig.py): reported when a run
+  leaves such a key new or changed, never for the rest (an auth token, a timeout).
 
 The walk shows each directory to ``Watch`` (the same walk as the git guard's);
 ``node_modules`` is skipped (its packages' scripts are the install itself).
@@ -22,7 +27,8 @@ import os
 import stat
 from collections.abc import Mapping
 
-from boxyd.gitguard.discover import O_DIR, O_FILE, Type, join
+from boxyd import toolconfig
+from boxyd.gitguard.discover import O_DIR, O_FILE, Type, join, read_head
 
 DIRS = {
     ".vscode": "VS Code runs its tasks (runOn: folderOpen) and reads its settings",
@@ -34,11 +40,14 @@ FILES = {
     ".gitlab-ci.yml": "GitLab CI runs it",
     ".envrc": "direnv runs it when you enter the directory",
     ".pre-commit-config.yaml": "pre-commit runs the hooks it names",
+    ".pnpmfile.cjs": "pnpm runs it on every install",
+    "yarn.config.cjs": "yarn runs it (constraints)",
 }
 WORKFLOWS = "GitHub Actions runs it"
 SCRIPTS = "npm runs its scripts"
 MAX_FILES = 2000  # per watched directory; the rest is one entry saying so
 READ_MAX = 4 << 20
+KEYS = "keys:"  # the fingerprint of a tool's config: only its settings that run something
 
 
 def _digest(dir_fd: int, name: str, scripts_only: bool = False) -> str:
@@ -121,10 +130,25 @@ class Watch:
                     self.seen[path] = (FILES[name], kind + _digest(dir_fd, name))
                 elif name == "package.json":
                     self.seen[path] = (SCRIPTS, kind + _digest(dir_fd, name, scripts_only=True))
-                elif kind == "symlink" and name in DIRS:
-                    self.seen[path] = (DIRS[name], "symlink:" + os.readlink(name, dir_fd=dir_fd))
+                elif kind == "symlink" and (name in DIRS or name in toolconfig.TOOLS):
+                    why = DIRS.get(name) or f"{toolconfig.TOOLS[name][0]} reads it as its config"
+                    self.seen[path] = (why, "symlink:" + os.readlink(name, dir_fd=dir_fd))
+                elif kind == "file" and name in toolconfig.TOOLS:
+                    self._config(dir_fd, name, path)
             except OSError as e:
                 self.seen[path] = ("unreadable", f"error:{e.errno}")
+
+    def _config(self, dir_fd: int, name: str, path: str) -> None:
+        """A tool's config file counts only while it holds a key that runs something."""
+        data = read_head(dir_fd, name, READ_MAX)
+        settings = toolconfig.exec_settings(name, data) if data is not None else []
+        if not settings:
+            return
+        tool = toolconfig.TOOLS[name][0]
+        keys = ", ".join(dict.fromkeys(k for k, _ in settings))
+        digest = hashlib.sha256(json.dumps(sorted(settings)).encode()).hexdigest()
+        self.seen[path] = (f"{tool} runs or installs what {keys} say{'s' if ',' not in keys else ''}",
+                           KEYS + digest)
 
 
 def changes(before: Mapping[str, tuple[str, str]], after: Mapping[str, tuple[str, str]],
@@ -134,8 +158,8 @@ def changes(before: Mapping[str, tuple[str, str]], after: Mapping[str, tuple[str
     lines = []
     for rel in sorted(set(before) | set(after)):
         old, new = before.get(rel), after.get(rel)
-        if old == new:
-            continue
+        if old == new or (new is None and old is not None and old[1].startswith(KEYS)):
+            continue  # the keys that run something gone (or the file): nothing to review
         what = "created" if old is None else "removed" if new is None else "changed"
         why = (new or old)[0]  # type: ignore[index]
         if rel.endswith("package.json") and what == "changed":

@@ -7,13 +7,23 @@ must be a regular file. A symlink with a credential's name is followed only insi
 tree and only through real directories; its target is covered then (in the sandbox the
 link resolves to that target), and one that leaves the tree points at nothing the
 sandbox can see.
+
+A credential file with more than one name (``st_nlink > 1``: the payload ran
+``ln .env.local node_modules/.cache/e`` in an earlier run, and the user filled the
+file in later) is covered under every name in the tree: ``links`` searches the whole
+tree for its inode — ``node_modules`` and ``.git`` included — only when a
+credential's link count says it has other names, so a tree without one pays nothing.
+The search compares the inode number each directory listing already holds (no
+``stat`` per file); a listing whose numbers are not the files' own (overlayfs without
+xino) is detected on the credential itself, and then every regular file is stat'ed.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import stat
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from boxyd import credentials
 from boxyd.credentials import Action, Rule
@@ -28,7 +38,8 @@ class Found:
     action: Action
     is_dir: bool
     content: bytes = b""  # the stand-in file's content (scrubbed copy, or empty)
-    via: str = ""  # the symlink (relative) that named it, if any
+    via: str = ""  # the symlink (relative), or the other hard link, that named it, if any
+    note: str = ""  # said with it under -v and in the audit log (its other hard links)
 
 
 def judge(dir_fd: int, name: str, rule: Rule) -> Found | None:
@@ -49,14 +60,25 @@ def judge(dir_fd: int, name: str, rule: Rule) -> Found | None:
     return None if clean == data else Found("", rule.kind, rule.action, False, clean)
 
 
+@dataclass
+class _Linked:
+    rel: str  # the credential's name the walk found
+    nlink: int
+    names: list[str]  # every name of its inode found in the tree so far
+
+
 class Finder:
     """Called by the walk for each directory of one tree (``discover.Walker``'s
-    observer); ``found`` is the result."""
+    observer); ``found`` is the result. SECRETS: the profile's own patterns
+    (``filesystem.secrets``)."""
 
-    def __init__(self, root_fd: int, roots: list[str]) -> None:
+    def __init__(self, root_fd: int, roots: list[str], secrets: Sequence[str] = ()) -> None:
         self.root_fd = root_fd
         self.roots = roots
+        self.secrets = tuple(secrets)
         self.found: dict[str, Found] = {}
+        self.linked: dict[tuple[int, int], _Linked] = {}  # (st_dev, st_ino) of credentials
+        self.d_ino_ok = True  # the listings' inode numbers are the files' own
 
     def __call__(self, dir_fd: int, rel: str, entries: Mapping[str, Type]) -> None:
         comps = rel.split("/") if rel else []
@@ -70,9 +92,11 @@ class Finder:
             if kind not in ("file", "dir"):
                 continue
             rule = credentials.rule_for(parent, name, kind == "dir")
+            if rule is None and self.secrets:
+                rule = credentials.user_rule(self.secrets, discover.join(rel, name), kind == "dir")
             found = judge(dir_fd, name, rule) if rule is not None else None
             if found is not None:
-                self._add(discover.join(rel, name), found)
+                self._add(discover.join(rel, name), found, dir_fd=dir_fd, name=name)
 
     def _link(self, dir_fd: int, rel: str, parent: str, name: str) -> None:
         rule = credentials.rule_for(parent, name, False) or credentials.rule_for(parent, name, True)
@@ -86,39 +110,133 @@ class Finder:
         spot = discover.locate(self.root_fd, comps) if comps is not None else None
         if spot is None or spot[1] not in ("file", "dir") or (spot[1] == "dir") != rule.is_dir:
             return  # outside the tree, through another symlink, or not what the name says
-        tparent, _, tname = spot[0].rpartition("/")
+        self._judge_at(spot[0], rule, via=discover.join(rel, name))
+
+    def _judge_at(self, rel: str, rule: Rule, via: str = "") -> None:
+        """Judge the entry REL of the tree (reached through real directories only)."""
+        parent, _, name = rel.rpartition("/")
         try:
-            pfd = discover.open_dir(self.root_fd, tparent)
+            pfd = discover.open_dir(self.root_fd, parent)
         except OSError:
             return
         try:
-            found = judge(pfd, tname, rule)
+            found = judge(pfd, name, rule)
+            if found is not None:
+                self._add(rel, found, via=via, dir_fd=pfd, name=name)
         finally:
             os.close(pfd)
-        if found is not None:
-            self._add(spot[0], found, via=discover.join(rel, name))
 
-    def _add(self, rel: str, found: Found, via: str = "") -> None:
-        self.found.setdefault(rel, Found(rel, found.kind, found.action, found.is_dir,
-                                         found.content, via))
+    def _add(self, rel: str, found: Found, via: str = "", dir_fd: int = -1, name: str = "") -> None:
+        if rel in self.found:
+            return
+        self.found[rel] = Found(rel, found.kind, found.action, found.is_dir, found.content, via)
+        if found.is_dir or dir_fd < 0:
+            return
+        try:  # the same lstat judge made: a file's other names are not in its name
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            return
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            self.linked.setdefault((st.st_dev, st.st_ino), _Linked(rel, st.st_nlink, []))
+            self.d_ino_ok = self.d_ino_ok and _listed_ino(dir_fd, name) == st.st_ino
 
     def git_configs(self, lay: Layout) -> None:
-        """git's own config files (every gitdir's config and config.worktree): a CI
-        checkout's token lives there."""
+        """git's own config files — every gitdir's config and config.worktree, and
+        every file a config includes (``include.path``, ``includeIf.*.path``, found by
+        the walk): a CI checkout's token lives there, and git reads an included file
+        as its own config."""
         for c in lay.controls:
-            parent, _, name = c.rel.rpartition("/")
-            if c.role != "config" or c.type != "file" or name not in ("config", "config.worktree"):
+            name = c.rel.rpartition("/")[2]
+            if c.type != "file" or not (
+                c.role == "config" and name in ("config", "config.worktree") or c.role == "include"
+            ):
+                continue
+            self._judge_at(c.rel, credentials.GIT_CONFIG)
+
+    def links(self, limit: int | None = discover.MAX_DIRS) -> None:
+        """Every other name of each credential with more than one link, covered with
+        the same stand-in (and said so); a link count higher than the names found
+        means the rest lie outside the tree, which is said too."""
+        if not self.linked:
+            return
+        search_links(self.root_fd, self.linked, stat_all=not self.d_ino_ok, limit=limit)
+        for link in self.linked.values():
+            primary = self.found[link.rel]
+            others = [n for n in link.names if n != link.rel]
+            missing = link.nlink - len(set(link.names) | {link.rel})
+            note = f"{link.nlink} hard links: also {', '.join(others) or 'none in the tree'}"
+            if missing > 0:
+                note += f"; {missing} outside the tree (not shown to the payload, but not covered there)"
+            self.found[link.rel] = replace(primary, note=note)
+            for other in others:
+                self.found.setdefault(other, replace(primary, rel=other, via=link.rel,
+                                                     note=f"a hard link of {link.rel}"))
+
+
+def _listed_ino(dir_fd: int, name: str) -> int:
+    """The inode number NAME's directory listing holds (d_ino)."""
+    with os.scandir(dir_fd) as it:
+        for e in it:
+            if e.name == name:
+                return e.inode()
+    return -1
+
+
+def search_links(root_fd: int, wanted: Mapping[tuple[int, int], _Linked], *, stat_all: bool,
+                 limit: int | None) -> None:
+    """Append to each WANTED entry's ``names`` every name of its inode in the tree,
+    walking every directory depth first through O_NOFOLLOW fds (one open per level);
+    stops once every link is found. A directory that cannot be listed is skipped (the
+    payload, the same user, cannot list it either)."""
+    inos = {ino for _, ino in wanted}
+    left = sum(w.nlink for w in wanted.values())
+    stack: list[tuple[int, str, Iterator[str]]] = []
+    listed = 0
+
+    def enter(fd: int, rel: str) -> None:
+        nonlocal left
+        subdirs = []
+        try:
+            with os.scandir(fd) as it:
+                for e in it:
+                    if e.is_dir(follow_symlinks=False):
+                        subdirs.append(e.name)
+                    elif (stat_all or e.inode() in inos) and e.is_file(follow_symlinks=False):
+                        left -= _match(fd, e.name, discover.join(rel, e.name), wanted)
+        except OSError:
+            pass
+        stack.append((fd, rel, iter(subdirs)))
+
+    try:
+        enter(os.dup(root_fd), "")
+        while stack and left > 0 and (limit is None or listed < limit):
+            fd, rel, names = stack[-1]
+            name = next(names, None)
+            if name is None or len(stack) >= discover.MAX_DEPTH:
+                os.close(fd)
+                stack.pop()
                 continue
             try:
-                pfd = discover.open_dir(self.root_fd, parent)
+                child = discover.open_child(fd, name)
             except OSError:
                 continue
-            try:
-                found = judge(pfd, name, credentials.GIT_CONFIG)
-            finally:
-                os.close(pfd)
-            if found is not None:
-                self._add(c.rel, found)
+            listed += 1
+            enter(child, discover.join(rel, name))
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
+
+
+def _match(fd: int, name: str, rel: str, wanted: Mapping[tuple[int, int], _Linked]) -> int:
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return 0
+    link = wanted.get((st.st_dev, st.st_ino))
+    if link is None or not stat.S_ISREG(st.st_mode):
+        return 0
+    link.names.append(rel)
+    return 1
 
 
 def revealed(found: Iterable[Found], root: str, reveal: Iterable[str]) -> tuple[list[Found], list[Found]]:

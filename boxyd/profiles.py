@@ -53,7 +53,7 @@ _TOP_KEYS = (
     "tty",
     "tty_raw",
 )
-_FS_KEYS = ("ro", "rw", "mkdir", "protect", "reveal", "copy", "copy_ro", "tmpfs")
+_FS_KEYS = ("ro", "rw", "mkdir", "protect", "reveal", "copy", "copy_ro", "tmpfs", "secrets")
 _LIMIT_KEYS = ("memory", "pids", "cpus", "timeout")
 _PRESET_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")
 _TEMPLATE_RE = re.compile(r"\{([^{}]*)\}")
@@ -82,6 +82,8 @@ class Profile:
     # passed from boxyctl's environment as --secret NAME is (never logged)
     env_secrets: list[str] = field(default_factory=list)
     tmpfs: list[str] = field(default_factory=list)  # absolute paths inside: a fresh tmpfs each
+    # the user's own credential patterns (globs, relative to each writable tree): covered empty
+    secrets: list[str] = field(default_factory=list)
     tty: bool | None = None
     tty_raw: bool | None = None  # the terminal output unfiltered (--tty-raw)
     memory: int | None = None
@@ -452,6 +454,16 @@ class _Checker:
             raise self.fail(key, "expected an absolute path inside the sandbox (not /)")
         return text
 
+    def secret_glob(self, key: str, value: Any) -> str:
+        """A glob of the entries to cover, relative to each writable tree: a name
+        (``*.secret``, any depth) or a path from the tree's top (``conf/prod/*.yaml``)."""
+        text = self.string(key, value, "expected a glob string such as '*.secret' or 'conf/*.key'")
+        comps = text.strip("/").split("/")
+        if text.startswith("/") or "\0" in text or any(c in ("", ".", "..") for c in comps):
+            raise self.fail(key, f"{text!r}: expected a glob relative to the work directory "
+                            "(no leading /, no . or .. components)")
+        return text.strip("/")
+
     def positive_int(self, key: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise self.fail(key, "expected a positive whole number")
@@ -494,6 +506,8 @@ def _build(name: str, label: str, doc: Mapping[str, Any], context: Mapping[str, 
             getattr(p, kind).append(c.copy_entry(f"filesystem.{kind}[{i}]", v))
     for i, v in enumerate(c.list_of("filesystem.tmpfs", fs.get("tmpfs", []))):
         p.tmpfs.append(c.tmpfs_path(f"filesystem.tmpfs[{i}]", v))
+    for i, v in enumerate(c.list_of("filesystem.secrets", fs.get("secrets", []))):
+        p.secrets.append(c.secret_glob(f"filesystem.secrets[{i}]", v))
     env = doc.get("env", {})
     if not isinstance(env, dict):
         raise c.fail("env", "expected a mapping of NAME: VALUE")
@@ -551,7 +565,7 @@ def _merge(base: Profile, child: Profile) -> Profile:
                  "copy_ro"):
         setattr(out, attr, getattr(base, attr) + getattr(child, attr))
     out.env = {**base.env, **child.env}
-    for attr in ("env_pass", "env_secrets", "allow_cidrs", "tmpfs"):  # lists without repeats
+    for attr in ("env_pass", "env_secrets", "allow_cidrs", "tmpfs", "secrets"):  # without repeats
         got = getattr(base, attr)
         setattr(out, attr, got + [n for n in getattr(child, attr) if n not in got])
     return out

@@ -64,6 +64,8 @@ def show_lines(profile: Profile, registry: Registry | None, kind: str, location:
     for kind_name in ("ro", "rw", "mkdir", "protect", "reveal"):
         for e in getattr(profile, kind_name):
             out.append(f"  {kind_name}: {e.path}{'  (optional)' if e.optional else ''}")
+    for glob in profile.secrets:
+        out.append(f"  secrets: {glob}  (covered empty in every writable tree)")
     for kind_name in ("copy", "copy_ro"):
         for c in getattr(profile, kind_name):
             out.append(f"  {kind_name}: {c.src} -> {c.dst}{'  (optional)' if c.optional else ''}")

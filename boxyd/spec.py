@@ -49,6 +49,7 @@ class RunSpec:
     rw: list[PathEntry] = field(default_factory=list)
     protect: list[PathEntry] = field(default_factory=list)
     reveal: list[str] = field(default_factory=list)  # credentials in the tree shown as they are
+    secrets: list[str] = field(default_factory=list)  # filesystem.secrets: the user's own patterns
     mkdir: list[PathEntry] = field(default_factory=list)
     tmpfs: list[str] = field(default_factory=list)  # fresh writable dirs inside (profile)
     copy: list[CopyEntry] = field(default_factory=list)
@@ -279,6 +280,11 @@ def build_spec(
         if os.path.islink(entry.path):
             raise UsageError(f"--protect {entry.path}: is a symlink; name what it points to")
         real = os.path.realpath(entry.path)
+        if not any(_contains(tree, real) for tree in writable) and entry.optional:
+            # a preset's venv pip.conf through a .venv symlink to elsewhere: not writable
+            # inside (the sandbox does not see where it points), so nothing to protect
+            notes.append(f"protect {entry.path}: leads outside the writable trees; skipped")
+            continue
         if not any(_contains(tree, real) for tree in writable):
             raise UsageError(
                 f"--protect {entry.path}: not inside the work directory or a --rw path"
@@ -286,6 +292,7 @@ def build_spec(
         spec.protect.append(PathEntry(real, entry.optional))
     # lexical, not realpath'd: the entries they name are matched as the walk found them
     spec.reveal = _dedupe([e.path for e in prof.reveal] + [_abs(p, cwd) for p in o.reveal])
+    spec.secrets = list(prof.secrets)
 
     exposed = [("workdir", workdir)]
     exposed += [

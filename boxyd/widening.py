@@ -12,9 +12,10 @@ range allowed that BASE does not allow; tailscale; a host path exposed or copied
 in, or a credential revealed, that BASE does not expose; a BASE protect entry
 gone; an environment variable passed from the host (env_pass, env_secrets);
 seccomp compat; a limit raised (or lifted); a terminal; an unfiltered terminal
-(tty_raw). Never wider: description,
+(tty_raw); a BASE filesystem.secrets pattern gone. Never wider: description,
 env (values set inside the sandbox only), filesystem.tmpfs (empty directories on the
-sandbox's own tmpfs), more protect entries, a lower limit, this project's own
+sandbox's own tmpfs), more protect entries, more filesystem.secrets patterns (more
+covered), a lower limit, this project's own
 package cache (boxy's directory for this work directory, not the host's).
 
 Pure: no I/O. Profiles here are as loaded (host templates still unresolved: a
@@ -37,7 +38,7 @@ NET_RANK = {"none": 0, "allowlist": 1, "public": 2}
 # Top-level keys (and filesystem.* keys) of a .boxy.yaml that cannot widen anything:
 # an approval does not commit to them, so editing them needs no new approval.
 NEVER_WIDENS = ("description", "env")
-NEVER_WIDENS_FS = ("tmpfs", "protect")
+NEVER_WIDENS_FS = ("tmpfs", "protect", "secrets")  # secrets: more is covered, never less
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,10 @@ def _filesystem(base: Profile, out: Profile, held: list[Held], own_cache: str) -
     if gone:
         out.protect = out.protect + gone
         held.append(Held(fs + "protect", tuple(e.path for e in gone)))
+    lost = [g for g in base.secrets if g not in out.secrets]  # a pattern dropped uncovers files
+    if lost:
+        out.secrets = out.secrets + lost
+        held.append(Held(fs + "secrets", tuple(lost)))
 
 
 def _limits(base: Profile, out: Profile, held: list[Held]) -> None:

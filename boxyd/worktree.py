@@ -31,17 +31,20 @@ class Tree:
     dirs: tuple[str, ...] = ()
 
 
-def walk(root: str, *, git_guard: bool, created: bool = False, user_hooks: str | None = None) -> Tree:
+def walk(root: str, *, git_guard: bool, created: bool = False, user_hooks: str | None = None,
+         secrets: Sequence[str] = ()) -> Tree:
     """One walk of ROOT: the git layout (pinned, absent hooks directories created, then
-    fingerprinted) and the credentials found on the way. CREATED: a --mkdir directory
-    stage 2 will create; absent, it is an empty tree (everything in it after the run is
-    new). USER_HOOKS: the user's global core.hooksPath (gitguard/userconfig.py)."""
+    fingerprinted) and the credentials found on the way (SECRETS: the profile's own
+    patterns), then every other name of a credential with more than one hard link.
+    CREATED: a --mkdir directory stage 2 will create; absent, it is an empty tree
+    (everything in it after the run is new). USER_HOOKS: the user's global
+    core.hooksPath (gitguard/userconfig.py)."""
     if created and not os.path.lexists(root):
         return Tree(baseline=scan.Snapshot(root, {}, frozenset()) if git_guard else None)
     try:
         root_fd = discover.open_root(root)
         try:
-            finder = Finder(root_fd, [os.path.abspath(root), os.path.realpath(root)])
+            finder = Finder(root_fd, [os.path.abspath(root), os.path.realpath(root)], secrets)
             watch = Watch()
             dirs: list[str] = []
 
@@ -53,6 +56,7 @@ def walk(root: str, *, git_guard: bool, created: bool = False, user_hooks: str |
 
             lay = discover.Walker(root, root_fd, observer=observe, user_hooks=user_hooks).run()
             finder.git_configs(lay)
+            finder.links()
         finally:
             os.close(root_fd)
         found = sorted(finder.found.values(), key=lambda f: f.rel)
@@ -70,8 +74,9 @@ def walk(root: str, *, git_guard: bool, created: bool = False, user_hooks: str |
 
 
 def prepare(roots: Sequence[str], *, git_guard: bool, created: Sequence[str] = (),
-            user_hooks: str | None = None) -> dict[str, Tree]:
-    return {root: walk(root, git_guard=git_guard, created=root in created, user_hooks=user_hooks)
+            user_hooks: str | None = None, secrets: Sequence[str] = ()) -> dict[str, Tree]:
+    return {root: walk(root, git_guard=git_guard, created=root in created, user_hooks=user_hooks,
+                       secrets=secrets)
             for root in roots}
 
 

@@ -216,7 +216,8 @@ class StageSandbox:
             self.trees = await asyncio.to_thread(worktree.prepare, walked,
                                                  git_guard=not spec.allow_git_write,
                                                  created=[e.path for e in spec.mkdir],
-                                                 user_hooks=self._user_hooks)
+                                                 user_hooks=self._user_hooks,
+                                                 secrets=spec.secrets)
             others = [b for x in self._launcher.live if x is not self for b in x.baselines.values()]
             self.baselines = inherit_live(
                 {r: t.baseline for r, t in self.trees.items() if t.baseline is not None}, others)
@@ -253,12 +254,13 @@ class StageSandbox:
             for root, f in items:
                 path = os.path.join(root, f.rel)
                 self._sink.record("fs.secret", path=path, kind=f.kind,
-                                  action=what if what == "revealed" else f.action.value)
+                                  action=what if what == "revealed" else f.action.value,
+                                  **({"note": f.note} if f.note else {}))
                 if self.spec.verbose:
                     how = {"scrub": "a copy without its credentials", "empty": "an empty stand-in"}
                     told = "revealed (--reveal): the payload can read it" if what == "revealed" \
                         else f"shown as {how[f.action.value]}"
-                    warnings.append(f"{path}: {f.kind}, {told}")
+                    warnings.append(f"{path}: {f.kind}, {told}" + (f" ({f.note})" if f.note else ""))
         if covered_all:
             n = len(covered_all)
             warnings.append(f"{n} credential file{'s' if n != 1 else ''} masked "

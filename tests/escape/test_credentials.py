@@ -7,6 +7,7 @@ every one it can find; none of the secrets may come back, and what the tools nee
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,98 @@ def test_reveal_shows_one_and_only_that_one(boxy: Boxy, user: User, workdir: Pat
     assert f"API_KEY={SECRET}" not in out, describe(r)  # the rest stays covered
     assert f"boxyctl: {len(FILES)} credential files masked" in r.stderr.decode(), describe(r)
     assert (repo / ".npmrc").exists()
+
+
+# §5: the other ecosystems' credential files, git's included configs, the profile's own
+# patterns — all read by one payload in one run
+MORE = {
+    "ci/auth.inc": f'[http "https://github.example/"]\n\textraheader = AUTHORIZATION: basic {SECRET}\n',
+    ".venv/pip.conf": f"[global]\nindex-url = https://__token__:{SECRET}@pypi.internal.example/simple\n",
+    ".yarnrc": f'registry "https://npm.internal.example/"\n"//npm.internal.example/:_authToken" {SECRET}\n',
+    "php/auth.json": json.dumps({"http-basic": {"repo.example": {"username": "u", "password": SECRET}}}),
+    ".cargo/credentials.toml": f'[registry]\ntoken = "{SECRET}"\n',
+    ".cargo/config.toml": f'[registries.corp]\nindex = "sparse+https://c.example/"\ntoken = "{SECRET}"\n',
+    "poetry.toml": f'[http-basic.corp]\nusername = "u"\npassword = "{SECRET}"\n',
+    ".gem/credentials": f"---\n:rubygems_api_key: {SECRET}\n",
+    ".bundle/config": f'---\nBUNDLE_GEMS__EXAMPLE__COM: "u:{SECRET}"\n',
+    ".azure/accessTokens.json": json.dumps([{"accessToken": SECRET}]),
+    ".config/gcloud/credentials.db": SECRET,
+    ".terraformrc": f'credentials "app.terraform.example" {{\n  token = "{SECRET}"\n}}\n',
+    ".terraform.d/credentials.tfrc.json": json.dumps({"credentials": {"x": {"token": SECRET}}}),
+    "rails/config/master.key": SECRET,
+    "rails/config/credentials/production.key": SECRET,
+    ".kube/config": f"users:\n- name: u\n  user:\n    token: {SECRET}\n",
+    "deploy/kubeconfig": f"users:\n- name: u\n  user:\n    client-key-data: |\n      {SECRET}\n",
+    "_netrc": f"machine m.example login bob password {SECRET}\n",
+    "conf/db.secret": SECRET,  # the profile's own pattern
+}
+
+
+def test_every_ecosystem_and_includes_in_one_run(boxy: Boxy, user: User, workdir: Path) -> None:
+    repo = init_repo(user, workdir)
+    git(user, repo, "config", "--add", "include.path", "../ci/auth.inc")
+    for rel, text in {**FILES, **MORE}.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    profile = workdir.parent / f"{workdir.name}-secrets.yaml"
+    profile.write_text("filesystem:\n  secrets: ['*.secret']\n")
+    user.chown(repo)
+    user.chown(profile)
+    # the host's git does read the token through the include
+    assert SECRET in git(user, repo, "config", "--list").stdout.decode()
+    r = run_py(boxy, READER, "-v", "--profile", str(profile), args=(SECRET,))
+    assert "ESCAPED" not in r.stdout.decode(), describe(r)
+    assert r.returncode == 0, describe(r)
+    err = r.stderr.decode()
+    dirs = {".azure/accessTokens.json": ".azure", ".config/gcloud/credentials.db": ".config/gcloud"}
+    for rel in MORE:
+        said = dirs.get(rel, rel)
+        assert f"{repo}/{said}:" in err, f"{said} not said under -v\n{describe(r)}"
+    assert "TRIED npmrc registry=https://npm.internal.example/" in r.stdout.decode(), describe(r)
+
+
+# linked under another name, then renamed: the live guard covers a .env.local the moment
+# it appears, and a link to a mount point would fail (EXDEV)
+LINK = """set -e
+touch later
+mkdir -p node_modules/.cache
+ln later node_modules/.cache/e
+mv later .env.local
+echo TRIED linked
+"""
+
+
+def test_a_hard_link_planted_earlier_is_covered_too(boxy: Boxy, user: User, workdir: Path) -> None:
+    r = boxy.sh(LINK)
+    assert r.returncode == 0 and b"TRIED linked" in r.stdout, describe(r)
+    with open(workdir / ".env.local", "a") as f:  # the user adds a key later, in place
+        f.write(f"API_KEY={SECRET}\n")
+    assert SECRET in (workdir / "node_modules/.cache/e").read_text()  # the link shows it on the host
+    r = boxy.sh("cat node_modules/.cache/e .env.local; echo; echo TRIED read; "
+                "echo x >> node_modules/.cache/e || echo TRIED write-refused",
+                "-v", "--audit-log", "audit.jsonl")
+    assert SECRET not in r.stdout.decode(), "ESCAPED the key through a hard link\n" + describe(r)
+    assert b"TRIED read" in r.stdout and b"TRIED write-refused" in r.stdout, describe(r)
+    err = r.stderr.decode()
+    assert f"{workdir}/node_modules/.cache/e: environment file, shown as an empty stand-in " \
+           "(a hard link of .env.local)" in err, describe(r)
+    assert f"{workdir}/.env.local: environment file, shown as an empty stand-in (2 hard links: " \
+           "also node_modules/.cache/e)" in err, describe(r)
+    records = [json.loads(x) for x in (workdir / "audit.jsonl").read_text().splitlines()]
+    notes = {x["path"]: x.get("note") for x in records if x.get("layer") == "fs.secret"}
+    assert notes[f"{workdir}/node_modules/.cache/e"] == "a hard link of .env.local", notes
+    assert SECRET in (workdir / ".env.local").read_text()  # the host's file untouched
+
+
+def test_a_link_outside_the_tree_is_said(boxy: Boxy, user: User, workdir: Path) -> None:
+    (workdir / ".env").write_text(f"API_KEY={SECRET}\n")
+    outside = workdir.parent / f"{workdir.name}-env-link"
+    os.link(workdir / ".env", outside)
+    user.chown(workdir)
+    try:
+        r = boxy.sh("cat .env; echo TRIED read", "-v")
+        assert SECRET not in r.stdout.decode() and b"TRIED read" in r.stdout, describe(r)
+        assert "1 outside the tree (not shown to the payload, but not covered there)" in r.stderr.decode(), \
+            describe(r)
+    finally:
+        outside.unlink()

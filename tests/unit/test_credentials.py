@@ -140,3 +140,142 @@ def test_git_config_scrubbed_and_still_read_by_git(tmp_path: Path) -> None:
 
 def test_git_config_key_on_the_header_line() -> None:
     assert b"SECRET" not in c.scrub_git_config(b"[http] extraheader = Authorization: SECRET\n")
+
+
+# --- the table: every row, with a file of its kind holding a secret ---------------------
+
+S = "SECRETvalue"
+ROWS: list[tuple[str, str, str, str | None]] = [  # parent, name, content, kept (None: empty)
+    ("p", ".git-credentials", f"https://bob:{S}@git.example\n", "https://git.example"),
+    ("p", ".npmrc", f"registry=https://r.example/\n//r.example/:_authToken={S}\n", "registry="),
+    ("p", ".yarnrc", f'registry "https://r.example/"\n"//r.example/:_authToken" {S}\n_auth {S}\n',
+     'registry "https://r.example/"'),
+    ("p", ".yarnrc.yml", f"npmRegistryServer: https://r.example\nnpmScopes:\n  corp:\n"
+     f"    npmAuthToken: >-\n      {S}\n    npmAlwaysAuth: true\nnpmAuthIdent: {S}\n", "npmAlwaysAuth"),
+    ("p", "pip.conf", f"[global]\nindex-url = https://__token__:{S}@i.example/simple\n"
+     f"extra-index-url =\n    https://u:{S}@x.example/simple\n", "https://i.example/simple"),
+    ("p", "pip.ini", f"[global]\nindex-url = https://u:{S}@i.example/simple\n", "i.example"),
+    ("p", ".pypirc", f"[pypi]\nusername = __token__\npassword = {S}\n", "username"),
+    ("p", "poetry.toml", f'[virtualenvs]\nin-project = true\n[http-basic.corp]\nusername = "bob"\n'
+     f'password = "{S}"\n[pypi-token]\npypi = "{S}"\n', "in-project"),
+    ("pypoetry", "auth.toml", f'http-basic.corp.password = "{S}"\npypi-token.pypi = "{S}"\n'
+     'http-basic.corp.username = "bob"\n', "username"),
+    ("p", "auth.json", json.dumps({"http-basic": {"r.example": {"username": "u", "password": S}},
+                                   "github-oauth": {"github.example": S}, "bearer": {"x": S}}), None),
+    ("p", ".netrc", f"machine m.example login bob password {S}\n", "machine m.example"),
+    ("p", "_netrc", f"machine m.example login bob password {S}\n", "machine m.example"),
+    ("p", ".terraformrc", f'plugin_cache_dir = "/c"\ncredentials "app.example" {{\n  token = "{S}"\n}}\n',
+     "plugin_cache_dir"),
+    ("p", "terraform.rc", f'credentials "app.example" {{ token = "{S}" }}\n', "credentials"),
+    ("p", "kubeconfig", f"clusters:\n- cluster:\n    server: https://k.example\nusers:\n- name: u\n"
+     f"  user:\n    token: {S}\n    client-key-data: |\n      {S}\n", "server: https://k.example"),
+    ("p", "kubeconfig.yaml", f"users:\n- user:\n    password: {S}\n    username: bob\n", "username"),
+    ("p", "kubeconfig.yml", f"users:\n- user:\n    auth-provider:\n      config:\n"
+     f"        refresh-token: {S}\n        id-token: {S}\n        client-secret: {S}\n", "auth-provider"),
+    ("p", "prod.kubeconfig", json.dumps({"users": [{"user": {"token": S}}], "kind": "Config"}), "Config"),
+    ("p", ".my.cnf", f"[client]\nuser = bob\npassword = {S}\n", "user = bob"),
+    ("p", "credentials.json", json.dumps({"private_key": S}), None),
+    ("p", "application_default_credentials.json", json.dumps({"refresh_token": S}), None),
+    ("p", ".pgpass", f"db.example:5432:*:bob:{S}\n", None),
+    ("p", ".vault-token", S, None),
+    (".docker", "config.json", json.dumps({"auths": {"r.example": {"auth": S}}, "credsStore": "x"}),
+     "credsStore"),
+    (".cargo", "credentials", f'[registry]\ntoken = "{S}"\n', None),
+    (".cargo", "credentials.toml", f'[registries.corp]\ntoken = "{S}"\n', None),
+    (".cargo", "config", f'[registry]\ntoken = "{S}"\n[build]\njobs = 2\n', "jobs = 2"),
+    (".cargo", "config.toml", f'[registries.corp]\nindex = "sparse+https://c.example/"\ntoken = "{S}"\n'
+     f'secret-key = "{S}"\n', "index ="),
+    (".gem", "credentials", f"---\n:rubygems_api_key: {S}\n", None),
+    (".bundle", "config", f'---\nBUNDLE_PATH: "vendor/bundle"\nBUNDLE_GEMS__EXAMPLE__COM: "u:{S}"\n',
+     "BUNDLE_PATH"),
+    (".kube", "config", f"users:\n- name: u\n  user:\n    token: {S}\n", "name: u"),
+    (".terraform.d", "credentials.tfrc.json", json.dumps({"credentials": {"app.example": {"token": S}}}),
+     None),
+    ("config", "master.key", S, None),
+    ("credentials", "production.key", S, None),
+    ("gh", "hosts.yml", f"github.example:\n    oauth_token: {S}\n", None),
+]
+
+
+@pytest.mark.parametrize("parent,name,content,kept", ROWS, ids=[f"{r[0]}/{r[1]}" for r in ROWS])
+def test_every_row_covers_its_secret(parent: str, name: str, content: str, kept: str | None) -> None:
+    rule = c.rule_for(parent, name, False)
+    assert rule is not None
+    if kept is None and rule.action is Action.EMPTY:
+        assert not rule.is_dir
+        return  # an empty stand-in: nothing of it shown
+    assert rule.action is Action.SCRUB
+    out = c.scrub(rule, content.encode())
+    assert S.encode() not in out, out
+    if kept is not None:
+        assert kept.encode() in out, out
+
+
+def test_the_table_is_all_tested() -> None:
+    tested = {(p, n) for p, n, _, _ in ROWS}
+    names = {n for _, n in tested}
+    assert set(c._BY_NAME) <= names
+    assert set(c._BY_PARENT) <= tested
+
+
+@pytest.mark.parametrize("parent,name,kind", [
+    ("p", ".aws", "AWS credentials"), ("p", ".azure", "Azure CLI credentials"),
+    (".config", "gcloud", "gcloud credentials"),
+])
+def test_directories_covered_whole(parent: str, name: str, kind: str) -> None:
+    rule = c.rule_for(parent, name, True)
+    assert rule is not None and (rule.kind, rule.action, rule.is_dir) == (kind, Action.EMPTY, True)
+
+
+@pytest.mark.parametrize("parent,name,is_dir", [
+    ("p", "gcloud", True),  # only under .config
+    ("p", "master.key", False),  # a .key file elsewhere: a PEM check decides
+    (".cargo", "registry", True), ("p", "config", False), ("p", "hosts.yml", False),
+    ("p", "credentials", False), ("p", "config.toml", False), ("p", "auth.json", True),
+])
+def test_not_without_their_parent(parent: str, name: str, is_dir: bool) -> None:
+    rule = c.rule_for(parent, name, is_dir)
+    assert rule is None or rule.needs_content and rule.kind == "private key"
+
+
+@pytest.mark.parametrize("kind,data", [
+    ("Composer auth", b'{"config": {"x": 1}}'),  # no credential in it: nothing to cover
+    ("kubeconfig", b"clusters:\n- cluster:\n    server: https://k.example\n"),
+    ("pip config", b"[global]\nindex-url = https://i.example/simple\n"),
+    ("cargo config", b"[build]\njobs = 2\n"),
+    ("Bundler config", b'---\nBUNDLE_MIRROR__HTTPS://RUBYGEMS__ORG/: "https://m.example"\n'),
+    ("Terraform CLI config", b'plugin_cache_dir = "/c"\n'),
+])
+def test_nothing_to_remove_is_left_as_is(kind: str, data: bytes) -> None:
+    assert c.scrub(c.Rule(kind, Action.SCRUB, needs_content=True), data) == data
+
+
+def test_composer_not_json_shows_nothing() -> None:
+    assert c.scrub_composer_auth(b"not json") == b"{}\n"
+    assert c.scrub_composer_auth(b"[1]") == b"{}\n"
+
+
+def test_yaml_block_value_goes_whole_and_siblings_stay() -> None:
+    out = c.scrub_kubeconfig(b"users:\n- user:\n    token: |\n      a\n\n      b\n    username: u\n")
+    assert out == b"users:\n- user:\n    username: u\n"
+
+
+def test_toml_multiline_token_goes_whole() -> None:
+    out = c.scrub_toml(b'[registry]\ntoken = """\nSECRET\n"""\ndefault = "x"\n')
+    assert out == b'[registry]\ndefault = "x"\n'
+
+
+@pytest.mark.parametrize("patterns,rel,is_dir,covered", [
+    (["*.secret"], "a/b/db.secret", False, True),
+    (["*.secret"], "db.secret.txt", False, False),
+    (["conf/prod/*.yaml"], "conf/prod/db.yaml", False, True),
+    (["conf/prod/*.yaml"], "x/conf/prod/db.yaml", False, False),  # a path: from the top
+    (["vault"], "deploy/vault", True, True),
+    (["/keys/"], "keys", True, True),
+    ([], ".env.whatever", False, False),
+])
+def test_user_patterns(patterns: list[str], rel: str, is_dir: bool, covered: bool) -> None:
+    rule = c.user_rule(patterns, rel, is_dir)
+    assert (rule is not None) is covered
+    if rule is not None:
+        assert (rule.action, rule.is_dir, rule.kind) == (Action.EMPTY, is_dir, c.USER_KIND)

@@ -53,3 +53,42 @@ def test_mode_and_removal_count(tmp_path: Path) -> None:
     assert [ln.split(" (")[0] for ln in changes(before, seen(tmp_path), "/w")] == ["changed /w/.envrc"]
     (tmp_path / ".envrc").unlink()
     assert [ln.split(" (")[0] for ln in changes(before, seen(tmp_path), "/w")] == ["removed /w/.envrc"]
+
+
+def test_tool_configs_by_the_keys_that_run_something(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / ".npmrc").write_text("//r.example/:_authToken=x\n")
+    (tmp_path / "pkg/.yarnrc.yml").write_text("yarnPath: .yarn/releases/y.cjs\n")
+    before = seen(tmp_path)
+    assert set(before) == {"pkg/.yarnrc.yml"}  # an auth line alone runs nothing
+    (tmp_path / ".npmrc").write_text("//r.example/:_authToken=y\n")
+    assert changes(before, seen(tmp_path), "/w") == []  # a new token: nothing to review
+    (tmp_path / ".npmrc").write_text("//r.example/:_authToken=y\nnode-options=--require=./h.js\n")
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv/pip.conf").write_text("[global]\npython = /tmp/p\nindex-url = https://i.example/\n")
+    (tmp_path / ".pnpmfile.cjs").write_text("module.exports = {}\n")
+    assert changes(before, seen(tmp_path), "/w") == [
+        "created /w/.npmrc (npm runs or installs what node-options says): review it before your tools run it",
+        "created /w/.pnpmfile.cjs (pnpm runs it on every install): review it before your tools run it",
+        "created /w/.venv/pip.conf (pip runs or installs what python, index-url say): review it before "
+        "your tools run it"]
+    middle = seen(tmp_path)
+    (tmp_path / "pkg/.yarnrc.yml").write_text("yarnPath: .yarn/releases/other.cjs\n")
+    (tmp_path / ".npmrc").write_text("fund=false\n")  # the keys gone: nothing to review
+    assert changes(middle, seen(tmp_path), "/w") == [
+        "changed /w/pkg/.yarnrc.yml (yarn runs or installs what yarnPath says): review it before your "
+        "tools run it"]
+
+
+def test_a_tool_config_symlink_is_reported(tmp_path: Path) -> None:
+    before = seen(tmp_path)
+    (tmp_path / "x").write_text("node-options=--require=./h.js\n")
+    os.symlink("x", tmp_path / ".npmrc")
+    got = changes(before, seen(tmp_path), "/w")
+    assert got == ["created /w/.npmrc (npm reads it as its config): review it before your tools run it"]
+
+
+def test_node_modules_configs_are_not_watched(tmp_path: Path) -> None:
+    (tmp_path / "node_modules/p").mkdir(parents=True)
+    (tmp_path / "node_modules/p/.npmrc").write_text("node-options=x\n")
+    assert seen(tmp_path) == {}

@@ -378,6 +378,11 @@ def test_a_fifo_or_a_non_profile_is_refused(tmp_path):
     ("filesystem: {tmpfs: [relative/dir]}", "key filesystem.tmpfs[0]: 'relative/dir' is not an absolute path"),
     ("filesystem: {tmpfs: [7]}", "key filesystem.tmpfs[0]: expected a path"),
     ("filesystem: {tmpfs: ['{nope}']}", "key filesystem.tmpfs[0]: unknown template {nope}"),
+    ("filesystem: {secrets: '*.key'}", "key filesystem.secrets: expected a list"),
+    ("filesystem: {secrets: [7]}", "key filesystem.secrets[0]: expected a glob string"),
+    ("filesystem: {secrets: ['/etc/x']}", "key filesystem.secrets[0]: '/etc/x': expected a glob relative"),
+    ("filesystem: {secrets: ['../x']}", "key filesystem.secrets[0]: '../x': expected a glob relative"),
+    ("filesystem: {secrets: ['a//b']}", "key filesystem.secrets[0]: 'a//b': expected a glob relative"),
 ])  # fmt: skip
 def test_new_keys_refused_with_one_line(tmp_path, text, message):
     assert message in error(tmp_path, text + "\n")
@@ -486,3 +491,19 @@ def test_yaml_size_sweep_is_linear():
                   lambda t: profiles.project_doc(t, "x"), 500)
     assert_linear(lambda n: "env: [" + "[[[]]], " * n + "]\n",
                   lambda t: profiles.project_doc(t, "x"), 100)
+
+def test_secrets_patterns_load_and_merge(tmp_path):
+    p = load(tmp_path, "filesystem:\n  secrets: ['*.secret', 'conf/prod/*.yaml', 'vault/']\n")
+    assert p.secrets == ["*.secret", "conf/prod/*.yaml", "vault"]
+    base = write(tmp_path, "filesystem: {secrets: ['*.secret']}\n", "base.yaml")
+    child = load(tmp_path, f"extends: {base}\nfilesystem: {{secrets: ['*.secret', '*.tok']}}\n")
+    assert child.secrets == ["*.secret", "*.tok"]
+
+
+@pytest.mark.parametrize("name", ["node", "python"])
+def test_install_presets_protect_the_tools_configs(name):
+    p = load_profile(name, context={**CTX, "cache": "/c/p"})
+    protected = {e.path.removeprefix(CTX["workdir"] + "/") for e in p.protect if e.optional}
+    assert {".npmrc", ".yarnrc", ".yarnrc.yml", ".pnpmfile.cjs", ".venv/pip.conf", "venv/pip.conf",
+            ".vscode", ".envrc"} <= protected
+    assert all(e.optional for e in p.protect)

@@ -127,6 +127,14 @@ def test_a_protect_entry_of_the_base_is_never_dropped():
     assert {e.path for e in out.protect} == {"/w/.github", "/w/.idea", "/w/.vscode"}
 
 
+def test_secrets_patterns_only_narrow():
+    out, keys = held(P(secrets=["*.key"]), P(secrets=["*.key", "*.tok"]))
+    assert keys == [] and out.secrets == ["*.key", "*.tok"]  # more covered: applies at once
+    out, keys = held(P(secrets=["*.key", "*.pem"]), P(secrets=["*.tok"]))
+    assert keys == ["filesystem.secrets (*.key, *.pem)"] and out.secrets == ["*.tok", "*.key", "*.pem"]
+    assert widening.approval_view({"filesystem": {"secrets": ["*.tok"]}}) == {"filesystem": {}}
+
+
 def test_environment_from_the_host():
     base = P(env_pass=["TERM"], env_secrets=["NPM_TOKEN"])
     cand = P(env_pass=["TERM", "AWS_SECRET_ACCESS_KEY"], env_secrets=["NPM_TOKEN", "GH_TOKEN"],

@@ -1,0 +1,89 @@
+"""masking.py over real trees: the credentials a walk finds, the files git's config
+includes, the profile's own patterns, and every name of a hard-linked credential."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from boxyd import worktree
+from boxyd.masking import Found
+
+S = "SECRETvalue"
+
+
+def found(root: Path, **kw: object) -> dict[str, Found]:
+    return {f.rel: f for f in worktree.walk(str(root), git_guard=False, **kw).credentials}  # type: ignore[arg-type]
+
+
+def test_included_git_configs_are_scrubbed(tmp_path: Path) -> None:
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "ci").mkdir()
+    (tmp_path / "ci/auth.inc").write_text(f'[http "https://g.example/"]\n\textraheader = AUTHORIZATION: basic {S}\n'
+                                          "[core]\n\tinclude = x\n")
+    (tmp_path / "ci/cond.inc").write_text(f"[remote \"o\"]\n\turl = https://x:{S}@g.example/r\n")
+    (tmp_path / "ci/plain.inc").write_text("[user]\n\tname = bob\n")
+    with open(tmp_path / ".git/config", "a") as f:
+        f.write("[include]\n\tpath = ../ci/auth.inc\n[includeIf \"gitdir:/nowhere/\"]\n\tpath = ../ci/cond.inc\n"
+                "[include]\n\tpath = ../ci/plain.inc\n")
+    got = found(tmp_path)
+    assert {"ci/auth.inc", "ci/cond.inc"} <= set(got) and "ci/plain.inc" not in got
+    for rel in ("ci/auth.inc", "ci/cond.inc"):
+        assert got[rel].kind == "git config" and S.encode() not in got[rel].content
+    assert b"[core]" in got["ci/auth.inc"].content
+    assert "https://g.example/r" in got["ci/cond.inc"].content.decode()
+
+
+def test_profile_patterns(tmp_path: Path) -> None:
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf/db.secret").write_text(S)
+    (tmp_path / "vault").mkdir()
+    (tmp_path / "node_modules/p").mkdir(parents=True)
+    (tmp_path / "node_modules/p/x.secret").write_text(S)
+    got = found(tmp_path, secrets=["*.secret", "vault"])
+    assert set(got) == {"conf/db.secret", "vault"}
+    assert got["vault"].is_dir and not got["conf/db.secret"].is_dir
+    assert found(tmp_path) == {}
+
+
+def test_a_hard_link_is_covered_under_every_name(tmp_path: Path) -> None:
+    (tmp_path / ".env.local").write_text(f"KEY={S}\n")
+    (tmp_path / "node_modules/.cache").mkdir(parents=True)
+    os.link(tmp_path / ".env.local", tmp_path / "node_modules/.cache/e")
+    (tmp_path / ".git/objects").mkdir(parents=True)
+    os.link(tmp_path / ".env.local", tmp_path / ".git/objects/x")
+    (tmp_path / "other").write_text("not linked")
+    got = found(tmp_path)
+    assert set(got) == {".env.local", "node_modules/.cache/e", ".git/objects/x"}
+    assert got["node_modules/.cache/e"].note == "a hard link of .env.local"
+    assert got["node_modules/.cache/e"].kind == "environment file" and not got["node_modules/.cache/e"].is_dir
+    assert "3 hard links" in got[".env.local"].note and "outside" not in got[".env.local"].note
+
+
+def test_a_scrubbed_credential_links_get_the_scrubbed_copy(tmp_path: Path) -> None:
+    (tmp_path / ".npmrc").write_text(f"registry=https://r.example/\n//r.example/:_authToken={S}\n")
+    (tmp_path / "a/b").mkdir(parents=True)
+    os.link(tmp_path / ".npmrc", tmp_path / "a/b/copy.txt")
+    got = found(tmp_path)
+    assert got["a/b/copy.txt"].content == got[".npmrc"].content
+    assert S.encode() not in got["a/b/copy.txt"].content and b"registry=" in got[".npmrc"].content
+
+
+def test_a_link_outside_the_tree_is_said(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / ".env").write_text(S)
+    os.link(tree / ".env", tmp_path / "outside")
+    got = found(tree)
+    assert set(got) == {".env"}
+    assert got[".env"].note == "2 hard links: also none in the tree; 1 outside the tree " \
+        "(not shown to the payload, but not covered there)"
+
+
+def test_no_linked_credential_no_search(tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text(S)
+    (tmp_path / "x").write_text("x")
+    os.link(tmp_path / "x", tmp_path / "y")  # linked, but not a credential
+    got = found(tmp_path)
+    assert set(got) == {".env"} and got[".env"].note == ""

@@ -133,9 +133,14 @@ class Records:
         write_meta(s, s.info())
 
     def prune(self) -> None:
-        """Not awaited by anyone: the caches' sizes can take a while to add up."""
-        with self._lock:
+        """Not awaited by anyone: the caches' sizes can take a while to add up. One at
+        a time, and none queued behind it (the records' pool writes records too)."""
+        if not self._lock.acquire(blocking=False):
+            return  # one is under way: it prunes what this one would have
+        try:
             retention.prune_state(state_dir())
             if time.monotonic() - self._caches_pruned > CACHE_PRUNE_EVERY:
                 self._caches_pruned = time.monotonic()
                 caches.prune(self.home)
+        finally:
+            self._lock.release()

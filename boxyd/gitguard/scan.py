@@ -282,6 +282,7 @@ _LABEL = {
     "worktree": "worktree gitdir",
     "hookspath": "core.hooksPath directory",
     "include": "file a git config includes",
+    "head": "HEAD",
 }
 
 
@@ -405,7 +406,7 @@ def consult_git(walker: discover.Walker, root: str, home: str,
     asked: set[str] = set()
     box: Box | None = None
     try:
-        while todo := [c for c in walker.candidates if c not in asked]:
+        while todo := [c for c in walker.askable() if c not in asked]:
             if box is None:  # only a tree where git may find a repository costs a sandbox
                 box = tools(Exposure(home=home, read=(real,)))
             for rel in todo:

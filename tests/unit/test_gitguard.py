@@ -7,6 +7,7 @@ import pickle
 import shutil
 import stat
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -836,3 +837,63 @@ def test_two_runs_cannot_launder_a_planted_config(git: Git, tmp_path: Path, root
     (planted / "config").write_bytes(data)  # B re-creates it, identical
     found = scan.scan(str(root), b_base, str(quarantine / "b"), toolshed.opener())
     assert [(f.rel, f.keys) for f in found] == [("x/.git/config", ("core.fsmonitor",))]
+
+
+# --- FIFOs where git expects a file ------------------------------------------------
+
+
+def plant_fifo_heads(root: Path, n: int) -> list[str]:
+    """N nested repositories whose HEAD is a FIFO: the host's git (and the user's
+    `git status` at the root) would block on each."""
+    rels = []
+    for i in range(n):
+        gitdir = root / "vendor" / f"x{i}" / ".git"
+        (gitdir / "objects").mkdir(parents=True)
+        (gitdir / "refs").mkdir()
+        os.mkfifo(gitdir / "HEAD")
+        rels.append(f"vendor/x{i}/.git/HEAD")
+    return rels
+
+
+def test_fifo_heads_are_no_candidates_and_are_moved(git: Git, root: Path, quarantine: Path) -> None:
+    git.repo(root)
+    before = scan.snapshot(str(root))
+    heads = plant_fifo_heads(root, 300)
+    os.mkfifo(root / "HEAD")  # where git looks for a bare repository: the root itself
+    (root / "sub").mkdir()
+    os.mkfifo(root / "sub" / ".git")
+    fd = discover.open_root(str(root))
+    try:
+        walker = discover.Walker(str(root), fd)
+        walker.run()
+    finally:
+        os.close(fd)
+    assert "vendor/x0" in walker.candidates and not walker.askable()  # the root blocks all
+    os.unlink(root / "HEAD")
+    t = time.monotonic()
+    findings = scan.scan(str(root), before, str(quarantine), toolshed.opener())
+    took = time.monotonic() - t
+    moved = {f.rel: f for f in findings}
+    assert set(heads) | {"sub/.git"} <= set(moved), sorted(moved)[:5]
+    assert "not a regular file where git expects a HEAD" in moved[heads[0]].reason
+    assert all(moved[h].dest for h in heads)
+    assert not any(os.path.lexists(root / h) for h in heads)
+    # 300 asked with a FIFO each would take the whole checks budget: a loaded machine's bound
+    assert took < 20, took
+    r = subprocess.run(["git", "status", "--porcelain"], cwd=root, env=git.env, capture_output=True,
+                       timeout=30, check=False)
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_fifo_head_blocks_the_directories_below_it(root: Path) -> None:
+    (root / "a" / "b" / ".git").mkdir(parents=True)
+    (root / "c" / ".git").mkdir(parents=True)
+    os.mkfifo(root / "a" / "HEAD")
+    fd = discover.open_root(str(root))
+    try:
+        walker = discover.Walker(str(root), fd)
+        lay = walker.run()
+    finally:
+        os.close(fd)
+    assert lay.candidates == ("", "c")  # git run in a/b discovers upwards through a/HEAD
+    assert discover.Control("a/HEAD", "head", "other") in lay.controls

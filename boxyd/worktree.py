@@ -82,12 +82,14 @@ def after(trees: dict[str, Tree], baselines: dict[str, scan.Snapshot], quarantin
     is itself a finding."""
     git_lines: list[str] = []
     tool_lines: list[str] = []
+    budget = scan.Budget(os.path.dirname(quarantine))  # the run's, across its trees
     for root, tree in trees.items():
         watch = Watch()
         try:
             if root in baselines:
                 dest = os.path.join(quarantine, root.strip("/").replace("/", "_"))
-                git_lines += scan.describe(scan.scan(root, baselines[root], dest, tools, home, watch))
+                git_lines += scan.describe(scan.scan(root, baselines[root], dest, tools, home, watch,
+                                                         budget))
             else:
                 root_fd = discover.open_root(root)
                 try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import shutil
@@ -897,3 +898,88 @@ def test_a_fifo_head_blocks_the_directories_below_it(root: Path) -> None:
         os.close(fd)
     assert lay.candidates == ("", "c")  # git run in a/b discovers upwards through a/HEAD
     assert discover.Control("a/HEAD", "head", "other") in lay.controls
+
+
+# --- the quarantine's budget ---------------------------------------------------------
+
+
+@pytest.fixture
+def shm_root(tmp_path: Path):
+    """A work tree on a tmpfs while the quarantine is on tmp_path's disk: every move
+    is a copy across filesystems."""
+    base = Path("/dev/shm") / f"boxy-test-{os.getpid()}-{tmp_path.name}"
+    assert os.stat("/dev/shm").st_dev != os.stat(tmp_path).st_dev
+    try:
+        yield base / "work"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_sparse_hook_is_copied_sparse_across_filesystems(git: Git, shm_root: Path,
+                                                           quarantine: Path) -> None:
+    """A 1 GiB hook of holes used to become 1.1 GiB in the quarantine (kept 90 days)."""
+    git.repo(shm_root)
+    before = scan.snapshot(str(shm_root))
+    hook = shm_root / ".git" / "hooks" / "pre-commit"
+    with open(hook, "wb") as f:
+        f.write(b"#!/bin/sh\necho planted\n")
+        f.seek(512 << 20)
+        f.write(b"middle")
+        f.truncate(1 << 30)
+    (finding,) = scan.scan(str(shm_root), before, str(quarantine), toolshed.opener())
+    kept = Path(finding.dest)
+    assert kept == quarantine / ".git" / "hooks" / "pre-commit" and not hook.exists()
+    st = kept.stat()
+    assert st.st_size == 1 << 30 and st.st_blocks * 512 < 1 << 20, st
+    with open(kept, "rb") as f:
+        assert f.read(23) == b"#!/bin/sh\necho planted\n"
+        f.seek(512 << 20)
+        assert f.read(6) == b"middle"
+
+
+def test_past_the_budget_only_metadata_and_a_hash_are_kept(git: Git, shm_root: Path,
+                                                           quarantine: Path) -> None:
+    git.repo(shm_root)
+    before = scan.snapshot(str(shm_root))
+    hooks = shm_root / ".git" / "hooks"
+    data = os.urandom(1 << 20) * (scan.RUN_BYTES // (1 << 20) + 6)  # 70 MiB, no holes
+    (hooks / "post-checkout").write_bytes(data)
+    (hooks / "pre-push").write_text("#!/bin/sh\n")
+    found = {f.rel: f for f in scan.scan(str(shm_root), before, str(quarantine), toolshed.opener())}
+    big = found[".git/hooks/post-checkout"]
+    digest = hashlib.sha256(data).hexdigest()
+    assert "over the quarantine's budget" in big.reason and f"sha256 {digest}" in big.reason
+    assert big.dest == str(quarantine / ".git" / "hooks" / "post-checkout.removed")
+    assert digest in Path(big.dest).read_text() and not (hooks / "post-checkout").exists()
+    assert (quarantine / ".git" / "hooks" / "pre-push").read_text() == "#!/bin/sh\n"
+    assert "budget" not in found[".git/hooks/pre-push"].reason
+    assert sum(p.stat().st_size for p in quarantine.rglob("*") if p.is_file()) < 1 << 20
+
+
+def test_the_total_budget_counts_what_the_quarantine_holds(git: Git, root: Path,
+                                                           tmp_path: Path) -> None:
+    top = tmp_path / "q"
+    (top / "older").mkdir(parents=True)
+    (top / "older" / "kept").write_bytes(b"x" * (3 << 20))
+    git.repo(root)
+    before = scan.snapshot(str(root))
+    (root / ".git" / "hooks" / "pre-commit").write_bytes(b"#!/bin/sh\n" + b"y" * (2 << 20))
+    budget = scan.Budget(str(top), total=4 << 20)
+    (f,) = scan.scan(str(root), before, str(top / "now"), toolshed.opener(), budget=budget)
+    assert "over the quarantine's budget (4 MiB in all" in f.reason and f.dest.endswith(".removed")
+
+
+def test_the_hash_of_a_sparse_file_is_its_content_s(tmp_path: Path) -> None:
+    path = tmp_path / "sparse"
+    with open(path, "wb") as f:
+        f.seek(3 << 20)
+        f.write(b"a" * 1000)
+        f.seek(7 << 20)
+        f.write(b"b")
+        f.truncate(9 << 20)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = scan._digest(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+    assert got == f"sha256 {hashlib.sha256(path.read_bytes()).hexdigest()}"

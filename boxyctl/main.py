@@ -10,6 +10,7 @@ import os
 import pwd
 import signal
 import sys
+import time
 from typing import TYPE_CHECKING
 
 from boxy import INTERFACE as IFACE
@@ -147,6 +148,9 @@ def run(args: dict) -> int:
 
     request = args["request"]
     request.build = build_id()
+    # until a session follows (_follow): connecting, starting boxyd, `run -d`'s call
+    for s in _ENDING:
+        signal.signal(s, _end_now)
     for attempt in (1, 2, 3):
         client = connect()
         try:
@@ -192,6 +196,18 @@ def _add_secrets(request, e) -> None:
 
 
 ANSWER_WAIT = 5.0  # seconds after a forwarded signal before asking whether boxyd answers
+# seconds after a SIGTERM, SIGHUP or SIGQUIT passed on to a running session before the
+# client ends whatever boxyd does (its grace is 5 s; the checks after a run can take
+# longer: `boxyctl show` has the outcome then)
+END_WAIT = 12.0
+_ENDING = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+def _end_now(signum: int, _frame: object) -> None:
+    """No session to pass it on to yet: the client ends (a session boxyd starts for a
+    client already gone is stopped as it notices)."""
+    raise DaemonError(f"{signal.Signals(signum).name} before the session started: stopped waiting "
+                      "for boxyd")
 
 
 def _daemon_answers(timeout: float = 2.0) -> bool:
@@ -245,6 +261,7 @@ def _follow(client, method: str, params: dict, sid: list[str]) -> int:
     """Run or Attach: our stdio (a terminal in raw mode) is the session's until it
     ends or we detach (Ctrl-]); signals and window sizes are passed on."""
     got: list[int] = []
+    end_by: list[float] = []  # when a SIGTERM (HUP, QUIT) ends the wait, whatever boxyd does
 
     def stop_waiting(why: str) -> DaemonError:
         signal.setitimer(signal.ITIMER_REAL, 0)
@@ -258,15 +275,22 @@ def _follow(client, method: str, params: dict, sid: list[str]) -> int:
         got.append(signum)
         if len(got) > 1:
             raise stop_waiting(f"{signal.Signals(signum).name} again")
-        if sid:
-            client.send_oneway(f"{IFACE}.Signal", {"id": sid[0], "signal": signum})
+        if not sid:  # nothing runs yet to pass it on to
+            raise stop_waiting(f"{signal.Signals(signum).name} before the session started")
+        client.send_oneway(f"{IFACE}.Signal", {"id": sid[0], "signal": signum})
+        if signum in _ENDING:
+            end_by.append(time.monotonic() + END_WAIT)
         signal.setitimer(signal.ITIMER_REAL, ANSWER_WAIT)
 
     def still_there(_signum: int, _frame: object) -> None:
+        if end_by and time.monotonic() >= end_by[0]:
+            raise stop_waiting(f"no outcome within {END_WAIT:g}s of the "
+                               f"{signal.Signals(got[0]).name} (`boxyctl show {sid[0]}` will have it)")
         if not _daemon_answers():
             raise stop_waiting(f"boxyd did not answer within {ANSWER_WAIT:g}s of the "
                                f"{signal.Signals(got[0]).name}")
-        signal.setitimer(signal.ITIMER_REAL, ANSWER_WAIT)
+        left = end_by[0] - time.monotonic() if end_by else ANSWER_WAIT
+        signal.setitimer(signal.ITIMER_REAL, max(0.05, min(ANSWER_WAIT, left)))
 
     signal.signal(signal.SIGALRM, still_there)
 

@@ -31,6 +31,19 @@ log = logging.getLogger("boxyd")
 FOLLOW_EVENTS = ("started", "notice", "stopped", "detached")  # what an attached client hears
 
 
+async def final_reply(call: Call, params: dict[str, Any]) -> None:
+    """A run's last reply; one over the wire's limit (the outcome's lists are bounded:
+    a bug, or a near-ARG_MAX argv in the message) still brings the exit status."""
+    try:
+        await call.reply(params)
+    except ValueError:
+        log.error("varlink: %s: the final reply is over the wire's limit", call.method)
+        keep = ("id", "exit_status", "reason", "state", "signal")
+        await call.reply({**{k: params[k] for k in keep if k in params},
+                          "message": "the outcome was too large to send; "
+                                     f"`boxyctl show {params.get('id')}` has it"})
+
+
 def event_wire(ev: Event) -> dict[str, Any]:
     """{kind, t, ...fields}; an outcome as its wire form."""
     fields = {k: (v.to_wire() if isinstance(v, Outcome) else v) for k, v in ev.fields.items()}
@@ -94,7 +107,7 @@ class VarlinkService:
                     return
             finally:
                 events.close()
-            await call.reply({"id": session.id, **(await session.wait()).to_wire()})
+            await final_reply(call, {"id": session.id, **(await session.wait()).to_wire()})
             return
         await self._follow(call, session, session.subscribe(FOLLOW_EVENTS))
 
@@ -133,7 +146,7 @@ class VarlinkService:
         finally:
             gone.cancel()
             events.close()
-        await call.reply({"id": session.id, **outcome.to_wire()})
+        await final_reply(call, {"id": session.id, **outcome.to_wire()})
 
     async def do_Watch(self, call: Call) -> None:
         """Streamed: the session first, then each event as it happens, then the
@@ -192,4 +205,7 @@ class VarlinkService:
 
     async def do_Show(self, call: Call) -> None:
         info = await self.manager.info(str(call.parameters.get("id")))
-        await call.reply({"session": info.to_wire()})
+        try:
+            await call.reply({"session": info.to_wire()})
+        except ValueError:  # over the wire's limit (an argv near it, and an outcome)
+            await call.reply({"session": info.summary().to_wire()})

@@ -126,9 +126,10 @@ class Call:
         msg: dict[str, Any] = {"parameters": parameters}
         if continues:
             msg["continues"] = True
-        else:
+        data = encode(msg)  # over the wire's limit: ValueError, and the call is not done
+        if not continues:
             self.done = True
-        self._conn.write(encode(msg))
+        self._conn.write(data)
 
     async def error(self, name: str, parameters: dict[str, Any]) -> None:
         """Send the error reply NAME; it ends the call."""

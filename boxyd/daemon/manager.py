@@ -19,7 +19,7 @@ from boxy.buildid import build_id
 from boxy.errors import DaemonError, NoSuchSession, UsageError
 from boxy.outcome import SessionInfo
 from boxy.request import RunRequest
-from boxyd.daemon import records
+from boxyd.daemon import pools, records
 from boxyd.daemon.events import Fanout, Subscription
 from boxyd.daemon.launch import Launcher
 from boxyd.daemon.records import Records
@@ -126,14 +126,14 @@ class Manager:
         every one on record, from before a restart too. Oldest first."""
         found = {s.id: s.info() for s in self.sessions.values() if all or not s.state.finished}
         if all and self.records is not None:
-            for info in await asyncio.to_thread(records.read_all):
+            for info in await pools.run(pools.RECORDS, records.read_all):
                 found.setdefault(info.id, info)
         return sorted(found.values(), key=lambda i: i.started_at)
 
     async def info(self, sid: str) -> SessionInfo:
         if sid in self.sessions:
             return self.sessions[sid].info()
-        info = await asyncio.to_thread(records.read_meta, sid) if self.records is not None else None
+        info = await pools.run(pools.RECORDS, records.read_meta, sid) if self.records is not None else None
         if info is None:
             raise NoSuchSession(sid)
         return info
@@ -159,8 +159,7 @@ class Manager:
         """A record while it runs: `ps -a` after a crash of boxyd still lists it.
         Written meanwhile (not on the start-up path); the final one waits for it."""
         if self.records is not None:
-            self._begun[s.id] = asyncio.get_running_loop().run_in_executor(
-                None, self.records.begin, s)
+            self._begun[s.id] = pools.submit(pools.RECORDS, self.records.begin, s)
 
     async def _finished(self, s: Session) -> None:
         """The session has its outcome: its record is written before anyone hears it."""
@@ -169,8 +168,8 @@ class Manager:
         if begun is not None:
             await begun
         if self.records is not None:
-            await asyncio.to_thread(self.records.write, s)
-            asyncio.get_running_loop().run_in_executor(None, self.records.prune)
+            await pools.run(pools.RECORDS, self.records.write, s)
+            pools.submit(pools.RECORDS, self.records.prune)
         s.audit = []  # written out (or kept in the record): not held by a long-lived daemon
         self._forget_old(s)
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from boxy.errors import BoxyError
-from boxy.outcome import SessionInfo
+from boxy.outcome import SessionInfo, clip, clipped
 from boxy.paths import ensure_private_dir, state_dir
 from boxyd import caches, retention
 from boxyd.daemon.session import MAX_AUDIT, SESSION_ID, Session
@@ -44,6 +44,29 @@ def save_file(sid: str, name: str, data: bytes) -> str:
         return str(d / name)
     except (OSError, BoxyError) as e:
         return f"no file ({e})"
+
+
+def bounded(lines: list[str], what: str, sid: str | None) -> list[str]:
+    """LINES as a reply or a record holds them (outcome.clip); when cut, the whole
+    list is a new file in session SID's record (0600, created O_EXCL|O_NOFOLLOW in
+    the checked 0700 directory); SID None: not kept."""
+    if not clipped(lines):
+        return lines
+    where = "not kept"
+    if sid is not None:
+        kept = save_file(sid, f"{what}.txt", "".join(x + "\n" for x in lines).encode(errors="replace"))
+        where = f"the full list is in {kept}" if kept.startswith("/") else f"the full list: {kept}"
+    return clip(lines, what, where)
+
+
+def bound_outcome(s: Session) -> None:
+    """The outcome's lists, bounded before anyone hears them (the Run reply, `show`,
+    the record, watchers): counts and the first MAX_LINES, the rest in files."""
+    out = s.outcome
+    assert out is not None
+    out.findings = bounded(out.findings, "findings", s.id)
+    out.notes = bounded(out.notes, "notes", s.id)
+    out.warnings = bounded(out.warnings, "warnings", s.id)
 
 
 def audit_lines(s: Session) -> bytes:
@@ -98,9 +121,14 @@ def read_meta(sid: str) -> SessionInfo | None:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 return None
             data = f.read(MAX_META)
-        return SessionInfo.from_wire(json.loads(data))
+        info = SessionInfo.from_wire(json.loads(data))
     except (OSError, ValueError):
         return None
+    if info is not None and info.outcome is not None:  # a record written before the bounds
+        out = info.outcome
+        out.findings, out.notes, out.warnings = (bounded(x, what, None) for x, what in (
+            (out.findings, "findings"), (out.notes, "notes"), (out.warnings, "warnings")))
+    return info
 
 
 def read_all() -> list[SessionInfo]:
@@ -122,6 +150,7 @@ class Records:
 
     def write(self, s: Session) -> None:
         assert s.sandbox is not None and s.outcome is not None
+        bound_outcome(s)
         fd = s.sandbox.audit_log()
         if fd is not None:
             note = write_audit(s, fd)
@@ -133,9 +162,14 @@ class Records:
         write_meta(s, s.info())
 
     def prune(self) -> None:
-        """Not awaited by anyone: the caches' sizes can take a while to add up."""
-        with self._lock:
+        """Not awaited by anyone: the caches' sizes can take a while to add up. One at
+        a time, and none queued behind it (the records' pool writes records too)."""
+        if not self._lock.acquire(blocking=False):
+            return  # one is under way: it prunes what this one would have
+        try:
             retention.prune_state(state_dir())
             if time.monotonic() - self._caches_pruned > CACHE_PRUNE_EVERY:
                 self._caches_pruned = time.monotonic()
                 caches.prune(self.home)
+        finally:
+            self._lock.release()

@@ -23,7 +23,7 @@ from boxy.paths import state_dir
 from boxy.request import RunRequest, Terminal
 from boxy.varlink import close_fds
 from boxyd import caches, live, masking, mountplan, worktree
-from boxyd.daemon import records
+from boxyd.daemon import pools, records
 from boxyd.daemon.launch import Exit, Report, SandboxEvent, Sink, Started, Stopped
 from boxyd.daemon.launcher import Stage2, Template
 from boxyd.daemon.liveguard import LiveGuard
@@ -86,8 +86,8 @@ class StageLauncher:
             # every live sandbox count as hostile, not only this one's
             hostile = [r for x in [spec, *(sb.spec for sb in self.live)]
                        for r in mountplan.writable_roots(x)]
-            outputs = await asyncio.to_thread(open_outputs, spec.audit_log, spec.net_log, spec.pcap,
-                                              hostile)
+            outputs = await pools.run(pools.START, open_outputs, spec.audit_log, spec.net_log,
+                                      spec.pcap, hostile)
             net = await self._network(spec, sink, outputs) if spec.net != "none" else None
         except BaseException:  # a usage error, or a bug: either way every fd goes back
             outputs.close()
@@ -133,7 +133,7 @@ class StageLauncher:
             spec.notes += registry.notes
             return spec
         # Asking npm/pip for their registry runs a tool (in a sandbox): not on the event loop.
-        return await asyncio.to_thread(build)
+        return await pools.run(pools.START, build)
 
     async def _network(self, spec: RunSpec, sink: Sink, outputs: Outputs) -> Network:
         # The gateway's modules (dnspython among them) load with the first networked
@@ -212,12 +212,11 @@ class StageSandbox:
             # but no project: not walked
             home = self._launcher.user.pw_dir
             walked = [r for r in mountplan.writable_roots(spec) if not caches.is_cache(r, home)]
-            self._user_hooks = await asyncio.to_thread(userconfig.hooks_path, home)  # global core.hooksPath
-            self.trees = await asyncio.to_thread(worktree.prepare, walked,
-                                                 git_guard=not spec.allow_git_write,
-                                                 created=[e.path for e in spec.mkdir],
-                                                 user_hooks=self._user_hooks,
-                                                 secrets=spec.secrets)
+            self._user_hooks = await pools.run(pools.WALKS, userconfig.hooks_path, home)
+            self.trees = await pools.run(pools.WALKS, worktree.prepare, walked,
+                                         git_guard=not spec.allow_git_write,
+                                         created=[e.path for e in spec.mkdir],
+                                         user_hooks=self._user_hooks, secrets=spec.secrets)
             others = [b for x in self._launcher.live if x is not self for b in x.baselines.values()]
             self.baselines = inherit_live(
                 {r: t.baseline for r, t in self.trees.items() if t.baseline is not None}, others)
@@ -329,7 +328,7 @@ class StageSandbox:
             elif "done" in msg:
                 final = msg["done"] if isinstance(msg["done"], dict) else {}
                 # the scope goes with its last process: its counters now
-                self._limit_hits = await asyncio.to_thread(read_events, self._scope_path)
+                self._limit_hits = await pools.run(pools.START, read_events, self._scope_path)
         yield _exit(final)
 
     def _start_live_guard(self) -> None:
@@ -465,9 +464,9 @@ class StageSandbox:
             report.notes.append(f"{what} ({count}x)")
         quarantine = str(state_dir() / "quarantine" / self._sink.id)
         report.findings += self.live_findings
-        git_lines, tool_lines = await asyncio.to_thread(
-            worktree.after, self.trees, self.baselines, quarantine, self._launcher.user.pw_dir,
-            self._launcher.tools(CHECKS_BUDGET), self._user_hooks)
+        git_lines, tool_lines = await pools.run(
+            pools.CHECKS, worktree.after, self.trees, self.baselines, quarantine,
+            self._launcher.user.pw_dir, self._launcher.tools(CHECKS_BUDGET), self._user_hooks)
         for line in git_lines:
             self._sink.record("git", finding=line)
             report.findings.append(line)

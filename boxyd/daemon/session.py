@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Collection
 
 from boxy import values
 from boxy.errors import BoxyError, Busy, UsageError
-from boxy.outcome import Counters, Outcome, Reason, SessionInfo, State
+from boxy.outcome import Counters, Outcome, Reason, SessionInfo, State, clip
 from boxy.request import RunRequest, Terminal
 from boxy.varlink import close_fds
 from boxyd.daemon.events import Fanout, Subscription
@@ -224,7 +224,8 @@ class Session:
 
     async def _lifecycle(self, sandbox: Sandbox) -> Outcome:
         try:
-            self.warnings = await sandbox.start()
+            # -v lists every credential covered: the audit log holds them all
+            self.warnings = clip(await sandbox.start(), "warnings", "-v and the audit log list them")
         except BoxyError as e:  # the user's input (2), or a layer that cannot be applied (125)
             status = e.exit_status if isinstance(e, UsageError) else EXIT_SETUP
             return Outcome(status, Reason.SETUP, str(e), warnings=self.warnings)

@@ -71,6 +71,7 @@ Role = Literal[
     "worktree",  # an entry of worktrees/
     "hookspath",  # the directory core.hooksPath names in the tree: a mount point, its files scanned
     "include",  # a file a config includes: read by git as config, so pinned and judged as one
+    "head",  # a HEAD that is a FIFO, socket or device: git blocks on it (only those are kept)
 ]
 
 # directories git itself keeps in a gitdir: never a submodule namespace under modules/
@@ -95,6 +96,9 @@ _GITDIR_INTERNALS = frozenset(
 )
 _GITDIR_MARKERS = ("HEAD", "config", "commondir", "objects", "refs", "hooks")
 _AREA_ROLE: dict[str, Role] = {"hooks": "hook", "modules": "module", "worktrees": "worktree"}
+# entries git opens and reads where it looks for a repository: one of them that is a
+# FIFO, a socket or a device makes the host's git block (or misread) there
+_BLOCKING = ("HEAD", "config", "commondir")
 _HEX_PREFIX = re.compile(rb"[0-9a-fA-F]{40}")  # get_oid_hex(): the first 40, whatever follows
 
 
@@ -418,6 +422,10 @@ class Walker:
         self.unreadable: list[str] = []
         self.pending: list[str] = []  # pointer targets inside root, to explore after the walk
         self.candidates: dict[str, None] = {"": None}
+        # directories where git would meet a FIFO (or another non-regular file) as its
+        # HEAD, config, commondir or .git: never a place to ask the host's git (it would
+        # block there until its deadline), and neither is anything below one
+        self.blocked: set[str] = set()
         self.listed = 0  # directories listed so far
 
     def control(self, rel: str, role: Role, kind: Type) -> None:
@@ -441,8 +449,26 @@ class Walker:
             tuple(self.gitdirs.values()),
             tuple(self.controls.values()),
             tuple(self.unreadable),
-            tuple(self.candidates),
+            tuple(self.askable()),
         )
+
+    def askable(self) -> list[str]:
+        """The candidates where the host's git may be asked: none at or below a
+        directory whose git files are not regular files (git discovers upwards)."""
+        if not self.blocked:
+            return list(self.candidates)
+        return [c for c in self.candidates
+                if not any(c == b or c.startswith(b + "/") or not b for b in self.blocked)]
+
+    def _nonregular(self, rel: str, entries: Mapping[str, Type], where: str) -> None:
+        """A HEAD, config or commondir in REL that is a FIFO, socket or device: WHERE
+        (the work tree git would be run in) is no place to ask git; a HEAD is kept as
+        a control entry (judged and moved aside after a run, like the others)."""
+        bad = [n for n in _BLOCKING if entries.get(n) == "other"]
+        if bad:
+            self.blocked.add(where)
+        if "HEAD" in bad:
+            self.control(join(rel, "HEAD"), "head", "other")
 
     def inside(self, path: str) -> list[str] | None:
         """Components of an absolute host path beneath root; None: outside it."""
@@ -533,6 +559,9 @@ class Walker:
         kind = entries.get(".git")
         if kind is not None or "HEAD" in entries:
             self.candidates.setdefault(rel)
+        self._nonregular(rel, entries, rel)
+        if kind == "other":
+            self.blocked.add(rel)
         if kind is not None:
             dotgit = join(rel, ".git")
             self.control(dotgit, "dotgit", kind)
@@ -560,6 +589,7 @@ class Walker:
         if rel in self.gitdirs:
             return
         self.gitdirs[rel] = GitDir(rel, "commondir" in entries, "hooks" in entries)
+        self._nonregular(rel, entries, worktree if worktree is not None else rel)
         for name, kind in entries.items():
             sub = join(rel, name)
             if name.startswith("config"):

@@ -280,6 +280,7 @@ _LABEL = {
     "worktree": "worktree gitdir",
     "hookspath": "core.hooksPath directory",
     "include": "file a git config includes",
+    "head": "HEAD",
 }
 
 
@@ -354,28 +355,155 @@ def _exists(name: str, dir_fd: int) -> bool:
     return True
 
 
+RUN_BYTES = 64 << 20  # what one run's findings may keep in the quarantine
+TOTAL_BYTES = 1 << 30  # what the quarantine keeps across sessions (it is kept 90 days)
+HASH_LIMIT = 4 << 30  # a file larger than this is not hashed either (its size says enough)
+_O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class Budget:
+    """The bytes the quarantine may still keep: RUN for one run (across its trees), and
+    TOTAL across sessions, counted from what TOP (the quarantine) holds when the run's
+    first finding needs it. Past it an entry is removed and only its metadata and
+    sha256 are kept (``over``: the line for its finding, by destination)."""
+
+    def __init__(self, top: str, run: int = RUN_BYTES, total: int = TOTAL_BYTES) -> None:
+        self.top, self.left, self.total = top, run, total
+        self.used: int | None = None
+        self.over: dict[str, str] = {}
+
+    def take(self, size: int) -> bool:
+        if self.used is None:
+            self.used = _usage(self.top)
+        if size > self.left or self.used + size > self.total:
+            return False
+        self.left -= size
+        self.used += size
+        return True
+
+
+def _usage(top: str) -> int:
+    """Bytes allocated under TOP (nothing followed)."""
+    used = 0
+    with contextlib.suppress(OSError):
+        for _, _, files, dfd in os.fwalk(top):
+            for f in files:
+                with contextlib.suppress(OSError):
+                    used += os.stat(f, dir_fd=dfd, follow_symlinks=False).st_blocks * 512
+    return used
+
+
+def _data_ranges(fd: int, size: int) -> Iterator[tuple[int, int]]:
+    """(offset, length) of each data segment of a regular file (SEEK_DATA/SEEK_HOLE):
+    a hole is never read, copied or allocated."""
+    pos = 0
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # only a hole from here to the end
+                return
+            raise
+        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        yield start, end - start
+        pos = end
+
+
+def _copy_sparse(fd: int, out: int, size: int, limit: int) -> bool:
+    """FD's content into OUT, holes kept as holes; False once more than LIMIT bytes of
+    data were met (the file grew since it was measured)."""
+    copied = 0
+    for start, length in _data_ranges(fd, size):
+        done = 0
+        while done < length:
+            chunk = os.pread(fd, min(1 << 20, length - done), start + done)
+            if not chunk:
+                break
+            copied += len(chunk)
+            if copied > limit:
+                return False
+            os.pwrite(out, chunk, start + done)
+            done += len(chunk)
+    os.ftruncate(out, size)
+    return True
+
+
+def _digest(fd: int, size: int) -> str:
+    """sha256 of a regular file's SIZE bytes, streamed; holes hashed as the zeros they
+    read as, without reading them."""
+    if size > HASH_LIMIT:
+        return f"not hashed (over {HASH_LIMIT >> 30} GiB)"
+    h, pos, zeros = hashlib.sha256(), 0, bytes(1 << 20)
+    for start, length in [*_data_ranges(fd, size), (size, 0)]:
+        while pos < start:  # the hole before this segment
+            n = min(len(zeros), start - pos)
+            h.update(zeros[:n])
+            pos += n
+        end = start + length
+        while pos < end and (chunk := os.pread(fd, min(1 << 20, end - pos), pos)):
+            h.update(chunk)
+            pos += len(chunk)
+    return f"sha256 {h.hexdigest()}"
+
+
+def _keep_metadata(fd: int, st: os.stat_result, dst_fd: int, dest: str,
+                   budget: Budget) -> tuple[str, str]:
+    """Past the budget: a small file DEST.removed with what the entry was, instead of
+    the entry; returns its name and what the finding says."""
+    line = (f"{st.st_size:,} bytes ({st.st_blocks * 512:,} allocated), mode "
+            f"{stat.S_IMODE(st.st_mode):o}, modified {st.st_mtime:.0f}, {_digest(fd, st.st_size)}")
+    name = f"{dest}.removed"
+    out = os.open(name, _O_NEW, 0o600, dir_fd=dst_fd)
+    try:
+        os.write(out, (line + "\n").encode())
+    finally:
+        os.close(out)
+    return name, (f"removed, over the quarantine's budget ({budget.total >> 20} MiB in all, "
+                  f"{RUN_BYTES >> 20} MiB a run): kept only {line}")
+
+
+def _keep(src_fd: int, name: str, dst_fd: int, dest: str, budget: Budget,
+          same_fs: bool) -> tuple[str, str | None]:
+    """A regular file: renamed (same filesystem) or copied sparse-aware within the
+    budget; past it, removed and its metadata kept. Returns the name it has there, and
+    what the finding says when only its metadata is."""
+    fd = os.open(name, O_FILE, dir_fd=src_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file any more")
+        allocated = st.st_blocks * 512
+        if budget.take(allocated):
+            try:
+                if same_fs:
+                    os.rename(name, dest, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+                    return dest, None
+            except OSError as exc:  # one device, two mounts
+                if exc.errno != errno.EXDEV:
+                    raise
+            out = os.open(dest, _O_NEW, 0o600, dir_fd=dst_fd)
+            try:
+                kept = _copy_sparse(fd, out, st.st_size, allocated)
+            finally:
+                os.close(out)
+            if kept:
+                os.unlink(name, dir_fd=src_fd)
+                return dest, None
+            os.unlink(dest, dir_fd=dst_fd)
+        kept_as = _keep_metadata(fd, st, dst_fd, dest, budget)
+        os.unlink(name, dir_fd=src_fd)
+        return kept_as
+    finally:
+        os.close(fd)
+
+
 def _copy_out(src_fd: int, name: str, dst_fd: int, dest: str) -> None:
-    """Move across filesystems: copy through O_NOFOLLOW fds, then unlink."""
+    """Move across filesystems (what is not a regular file): a symlink is made again
+    there; anything else (a FIFO, a socket) has no content worth keeping: it is just
+    removed."""
     st = os.stat(name, dir_fd=src_fd, follow_symlinks=False)
     if stat.S_ISLNK(st.st_mode):
         os.symlink(os.readlink(name, dir_fd=src_fd), dest, dir_fd=dst_fd)
-    elif stat.S_ISREG(st.st_mode):
-        fd = os.open(name, O_FILE, dir_fd=src_fd)
-        try:
-            out = os.open(
-                dest,
-                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o600,
-                dir_fd=dst_fd,
-            )
-            try:
-                while chunk := os.read(fd, 1 << 20):
-                    os.write(out, chunk)
-            finally:
-                os.close(out)
-        finally:
-            os.close(fd)
-    # anything else (a FIFO, a socket) has no content worth keeping: it is just removed
     os.unlink(name, dir_fd=src_fd)
 
 
@@ -395,22 +523,29 @@ def _slot(q_fd: int, rel: str) -> tuple[int, str]:
         os.close(dfd)
         raise
     dest, n = leaf, 0
-    while _exists(dest, dfd):
+    while _exists(dest, dfd) or _exists(f"{dest}.removed", dfd):  # an earlier finding there
         n += 1
         dest = f"{leaf}.{n}"
     return dfd, dest
 
 
-def _move(src_fd: int, rel: str, quarantine: str, q_fd: int) -> str:
+def _move(src_fd: int, rel: str, quarantine: str, q_fd: int, budget: Budget | None = None) -> str:
     dfd, dest = _slot(q_fd, rel)
     leaf = rel.rpartition("/")[2]
     try:
-        try:
-            os.rename(leaf, dest, src_dir_fd=src_fd, dst_dir_fd=dfd)
-        except OSError as exc:
-            if exc.errno != errno.EXDEV:
-                raise
-            _copy_out(src_fd, leaf, dfd, dest)
+        if stat.S_ISREG(os.stat(leaf, dir_fd=src_fd, follow_symlinks=False).st_mode):
+            same = os.fstat(src_fd).st_dev == os.fstat(dfd).st_dev
+            budget = budget or Budget(os.path.dirname(quarantine))
+            dest, over = _keep(src_fd, leaf, dfd, dest, budget, same)
+            if over is not None:
+                budget.over[os.path.join(quarantine, *discover.parts(rel)[:-1], dest)] = over
+        else:
+            try:
+                os.rename(leaf, dest, src_dir_fd=src_fd, dst_dir_fd=dfd)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                _copy_out(src_fd, leaf, dfd, dest)
     finally:
         os.close(dfd)
     return os.path.join(quarantine, *discover.parts(rel)[:-1], dest)
@@ -479,7 +614,7 @@ def consult_git(walker: discover.Walker, root: str, home: str,
     asked: set[str] = set()
     box: Box | None = None
     try:
-        while todo := [c for c in walker.candidates if c not in asked]:
+        while todo := [c for c in walker.askable() if c not in asked]:
             if box is None:  # only a tree where git may find a repository costs a sandbox
                 box = tools(Exposure(home=home, read=(real,)))
             for rel in todo:
@@ -519,13 +654,15 @@ def _add(walker: discover.Walker, answer: hostgit.Answer, keys: dict[str, list[s
 
 
 def scan(root: str, before: Snapshot, quarantine: str, tools: Opener, home: str | None = None,
-         observer: discover.Observer | None = None, user_hooks: str | None = None) -> list[Finding]:
+         observer: discover.Observer | None = None, user_hooks: str | None = None,
+         budget: Budget | None = None) -> list[Finding]:
     """Quarantine the control entries of ``root`` that are new or changed since
     ``before`` and would make git run a command; returns what was found. The pure
     parser judges first, so no git ever reads what it moves aside; then the host's
-    git (in a tool sandbox) names what else it would read, and that is judged too."""
+    git (in a tool sandbox) names what else it would read, and that is judged too.
+    BUDGET: the run's bytes in the quarantine (one for all its trees)."""
     root_fd = discover.open_root(root)
-    run = _Scan(root, root_fd, before, quarantine)
+    run = _Scan(root, root_fd, before, quarantine, budget or Budget(os.path.dirname(quarantine)))
     try:
         # unbounded: a payload that makes the tree huge delays only its own session's end
         walker = discover.Walker(root, root_fd, limit=None, observer=observer, user_hooks=user_hooks)
@@ -550,8 +687,10 @@ class _Scan:
     """One scan's state: what was moved (never judged twice), the quarantine (made with
     the first finding), the findings."""
 
-    def __init__(self, root: str, root_fd: int, before: Snapshot, quarantine: str) -> None:
+    def __init__(self, root: str, root_fd: int, before: Snapshot, quarantine: str,
+                 budget: Budget) -> None:
         self.root_fd = root_fd
+        self.budget = budget
         self.before = before
         self.quarantine = quarantine
         self.judge = _Judge(root, root_fd)
@@ -591,7 +730,9 @@ class _Scan:
         keys = keys + tuple(k for k in named if k not in keys)
         self.moved.add(c.rel)
         try:
-            dest = _move(pfd, c.rel, self.quarantine, self.q_fd())
+            dest = _move(pfd, c.rel, self.quarantine, self.q_fd(), self.budget)
+            if dest in self.budget.over:
+                reason = f"{reason}; {self.budget.over[dest]}"
         except OSError as exc:
             self.findings.append(Finding(c.rel, f"{reason}; could not be moved: "
                                          f"{os.strerror(exc.errno or 0)}", keys))

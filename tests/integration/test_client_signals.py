@@ -47,6 +47,41 @@ def test_a_stopped_daemon_does_not_hang_the_client(boxy: Boxy, user: User, workd
     assert took < 15, f"the client gave up only after {took:.1f}s"
 
 
+def test_sigterm_ends_a_client_whose_session_never_started(boxy: Boxy, user: User,
+                                                           workdir: Path) -> None:
+    """boxyd not answering at all (stopped) before the session started: there is
+    nothing to pass the signal on to, and `timeout`'s SIGTERM used to be ignored."""
+    assert boxy.sh("true").returncode == 0  # boxyd is up
+    daemon = _daemon_pid(user)
+    os.kill(daemon, signal.SIGSTOP)
+    argv = user.cmd([str(BIN / "boxyctl"), "run", "--net", "none", "--", "true"])
+    # a file, not a pipe: the fds sent with the Run wait in the socket, held open
+    errfile = workdir.parent / f"{workdir.name}.err"
+    with open(errfile, "wb") as errf:
+        proc = subprocess.Popen(argv, cwd=workdir, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=errf)
+    try:
+        time.sleep(1.5)  # connected (the listener's backlog), its Run sent, waiting
+        assert proc.poll() is None, "the client ended before the signal"
+        kids = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                              text=True).stdout.split()
+        client = int(kids[0]) if os.getuid() != user.uid else proc.pid
+        start = time.monotonic()
+        os.kill(client, signal.SIGTERM)
+        proc.wait(timeout=30)
+        took = time.monotonic() - start
+    finally:
+        os.kill(daemon, signal.SIGCONT)
+        os.kill(daemon, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+    stderr = errfile.read_text()
+    lines = stderr.strip().splitlines()
+    assert proc.returncode not in (0, None) and len(lines) == 1, stderr
+    assert "SIGTERM before the session started: stopped waiting for boxyd" in lines[0], lines
+    assert took < 3, f"the client ended only after {took:.1f}s"
+
+
 def test_a_second_interrupt_ends_the_wait(boxy: Boxy, user: User, workdir: Path) -> None:
     proc, client = start_client(user, workdir, "trap '' INT; echo ready; sleep 60")
     try:

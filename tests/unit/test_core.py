@@ -26,7 +26,7 @@ class FakeSandbox:
 
     def __init__(self, sink: Sink, *, fail: Exception | None = None, ignore: tuple[int, ...] = (),
                  exit_code: int | None = None, timeout: float | None = None,
-                 hold: bool = False) -> None:
+                 hold: bool = False, findings: list[str] | None = None) -> None:
         self.spec = RunSpec(argv=["true"], workdir="/w", timeout=timeout)
         self.sink = sink
         self.fail = fail
@@ -35,6 +35,7 @@ class FakeSandbox:
         self.closed = False
         self.finished = False
         self.hold = hold  # the payload has not started until the test says so
+        self.findings = findings if findings is not None else ["a finding"]
         self._events: asyncio.Queue[SandboxEvent] = asyncio.Queue()
         if exit_code is not None:
             self._events.put_nowait(Exit(code=exit_code))
@@ -84,7 +85,7 @@ class FakeSandbox:
 
     async def finish(self) -> Report:
         self.finished = True
-        return Report(findings=["a finding"], notes=["a note"], destinations="table")
+        return Report(findings=self.findings, notes=["a note"], destinations="table")
 
     def audit_log(self) -> int | None:
         return None
@@ -457,3 +458,27 @@ async def test_a_stop_after_launch_but_before_the_payload_runs_reaches_stage_2()
     s.stop()
     out = await asyncio.wait_for(s.wait(), 2)
     assert signal.SIGKILL in sb.signals and out.state is State.KILLED
+
+
+async def test_an_outcome_is_bounded_and_its_lists_kept_in_files(tmp_path, monkeypatch) -> None:
+    """100,000 long-named planted hooks: the reply and the record hold counts and the
+    first lines; the whole list is a 0600 file in the session's record."""
+    from boxy.outcome import MAX_LINES
+    from boxy.varlink import MAX_MESSAGE, encode
+    from boxyd.daemon import records
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    lines = [f"git guard: moved .git/hooks/{i:06d}{'h' * 400} to /q: a new or changed git hook"
+             for i in range(100_000)]
+    m = Manager(FakeLauncher(exit_code=3, findings=lines), records.Records(str(tmp_path)))
+    s = await m.start(request(), [])
+    out = await s.wait()
+    assert out.exit_status == 3 and len(out.findings) == MAX_LINES and out.findings[0] == lines[0]
+    full = tmp_path / "boxy" / "sessions" / s.id / "findings.txt"
+    assert f"… and {100_000 - MAX_LINES + 1:,} more findings (100,000 in all; the full list is in " \
+           f"{full})" == out.findings[-1]
+    assert full.read_text().splitlines() == lines and full.stat().st_mode & 0o777 == 0o600
+    assert len(encode({"parameters": out.to_wire()})) < MAX_MESSAGE // 100
+    shown = records.read_meta(s.id)
+    assert shown is not None and shown.outcome is not None
+    assert shown.outcome.findings == out.findings  # bounded again: nothing changes

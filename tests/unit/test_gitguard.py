@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import shutil
 import stat
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -857,3 +859,148 @@ def test_a_16_mib_config_is_too_large_to_check(git: Git, root: Path, quarantine:
     findings = scan.scan(str(root), before, str(quarantine), toolshed.opener())
     assert any(f.rel == ".git/config" and f.reason.startswith(
         "a git config file too large or unreadable to check") for f in findings), findings
+
+
+# --- FIFOs where git expects a file ------------------------------------------------
+
+
+def plant_fifo_heads(root: Path, n: int) -> list[str]:
+    """N nested repositories whose HEAD is a FIFO: the host's git (and the user's
+    `git status` at the root) would block on each."""
+    rels = []
+    for i in range(n):
+        gitdir = root / "vendor" / f"x{i}" / ".git"
+        (gitdir / "objects").mkdir(parents=True)
+        (gitdir / "refs").mkdir()
+        os.mkfifo(gitdir / "HEAD")
+        rels.append(f"vendor/x{i}/.git/HEAD")
+    return rels
+
+
+def test_fifo_heads_are_no_candidates_and_are_moved(git: Git, root: Path, quarantine: Path) -> None:
+    git.repo(root)
+    before = scan.snapshot(str(root))
+    heads = plant_fifo_heads(root, 300)
+    os.mkfifo(root / "HEAD")  # where git looks for a bare repository: the root itself
+    (root / "sub").mkdir()
+    os.mkfifo(root / "sub" / ".git")
+    fd = discover.open_root(str(root))
+    try:
+        walker = discover.Walker(str(root), fd)
+        walker.run()
+    finally:
+        os.close(fd)
+    assert "vendor/x0" in walker.candidates and not walker.askable()  # the root blocks all
+    os.unlink(root / "HEAD")
+    t = time.monotonic()
+    findings = scan.scan(str(root), before, str(quarantine), toolshed.opener())
+    took = time.monotonic() - t
+    moved = {f.rel: f for f in findings}
+    assert set(heads) | {"sub/.git"} <= set(moved), sorted(moved)[:5]
+    assert "not a regular file where git expects a HEAD" in moved[heads[0]].reason
+    assert all(moved[h].dest for h in heads)
+    assert not any(os.path.lexists(root / h) for h in heads)
+    # 300 asked with a FIFO each would take the whole checks budget: a loaded machine's bound
+    assert took < 20, took
+    r = subprocess.run(["git", "status", "--porcelain"], cwd=root, env=git.env, capture_output=True,
+                       timeout=30, check=False)
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_fifo_head_blocks_the_directories_below_it(root: Path) -> None:
+    (root / "a" / "b" / ".git").mkdir(parents=True)
+    (root / "c" / ".git").mkdir(parents=True)
+    os.mkfifo(root / "a" / "HEAD")
+    fd = discover.open_root(str(root))
+    try:
+        walker = discover.Walker(str(root), fd)
+        lay = walker.run()
+    finally:
+        os.close(fd)
+    assert lay.candidates == ("", "c")  # git run in a/b discovers upwards through a/HEAD
+    assert discover.Control("a/HEAD", "head", "other") in lay.controls
+
+
+# --- the quarantine's budget ---------------------------------------------------------
+
+
+@pytest.fixture
+def shm_root(tmp_path: Path):
+    """A work tree on a tmpfs while the quarantine is on tmp_path's disk: every move
+    is a copy across filesystems."""
+    base = Path("/dev/shm") / f"boxy-test-{os.getpid()}-{tmp_path.name}"
+    assert os.stat("/dev/shm").st_dev != os.stat(tmp_path).st_dev
+    try:
+        yield base / "work"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_sparse_hook_is_copied_sparse_across_filesystems(git: Git, shm_root: Path,
+                                                           quarantine: Path) -> None:
+    """A 1 GiB hook of holes used to become 1.1 GiB in the quarantine (kept 90 days)."""
+    git.repo(shm_root)
+    before = scan.snapshot(str(shm_root))
+    hook = shm_root / ".git" / "hooks" / "pre-commit"
+    with open(hook, "wb") as f:
+        f.write(b"#!/bin/sh\necho planted\n")
+        f.seek(512 << 20)
+        f.write(b"middle")
+        f.truncate(1 << 30)
+    (finding,) = scan.scan(str(shm_root), before, str(quarantine), toolshed.opener())
+    kept = Path(finding.dest)
+    assert kept == quarantine / ".git" / "hooks" / "pre-commit" and not hook.exists()
+    st = kept.stat()
+    assert st.st_size == 1 << 30 and st.st_blocks * 512 < 1 << 20, st
+    with open(kept, "rb") as f:
+        assert f.read(23) == b"#!/bin/sh\necho planted\n"
+        f.seek(512 << 20)
+        assert f.read(6) == b"middle"
+
+
+def test_past_the_budget_only_metadata_and_a_hash_are_kept(git: Git, shm_root: Path,
+                                                           quarantine: Path) -> None:
+    git.repo(shm_root)
+    before = scan.snapshot(str(shm_root))
+    hooks = shm_root / ".git" / "hooks"
+    data = os.urandom(1 << 20) * (scan.RUN_BYTES // (1 << 20) + 6)  # 70 MiB, no holes
+    (hooks / "post-checkout").write_bytes(data)
+    (hooks / "pre-push").write_text("#!/bin/sh\n")
+    found = {f.rel: f for f in scan.scan(str(shm_root), before, str(quarantine), toolshed.opener())}
+    big = found[".git/hooks/post-checkout"]
+    digest = hashlib.sha256(data).hexdigest()
+    assert "over the quarantine's budget" in big.reason and f"sha256 {digest}" in big.reason
+    assert big.dest == str(quarantine / ".git" / "hooks" / "post-checkout.removed")
+    assert digest in Path(big.dest).read_text() and not (hooks / "post-checkout").exists()
+    assert (quarantine / ".git" / "hooks" / "pre-push").read_text() == "#!/bin/sh\n"
+    assert "budget" not in found[".git/hooks/pre-push"].reason
+    assert sum(p.stat().st_size for p in quarantine.rglob("*") if p.is_file()) < 1 << 20
+
+
+def test_the_total_budget_counts_what_the_quarantine_holds(git: Git, root: Path,
+                                                           tmp_path: Path) -> None:
+    top = tmp_path / "q"
+    (top / "older").mkdir(parents=True)
+    (top / "older" / "kept").write_bytes(b"x" * (3 << 20))
+    git.repo(root)
+    before = scan.snapshot(str(root))
+    (root / ".git" / "hooks" / "pre-commit").write_bytes(b"#!/bin/sh\n" + b"y" * (2 << 20))
+    budget = scan.Budget(str(top), total=4 << 20)
+    (f,) = scan.scan(str(root), before, str(top / "now"), toolshed.opener(), budget=budget)
+    assert "over the quarantine's budget (4 MiB in all" in f.reason and f.dest.endswith(".removed")
+
+
+def test_the_hash_of_a_sparse_file_is_its_content_s(tmp_path: Path) -> None:
+    path = tmp_path / "sparse"
+    with open(path, "wb") as f:
+        f.seek(3 << 20)
+        f.write(b"a" * 1000)
+        f.seek(7 << 20)
+        f.write(b"b")
+        f.truncate(9 << 20)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = scan._digest(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+    assert got == f"sha256 {hashlib.sha256(path.read_bytes()).hexdigest()}"

@@ -251,3 +251,30 @@ async def test_a_malformed_message_after_a_call_is_answered_in_order(daemon) -> 
     assert "malformed JSON" in second["parameters"]["message"]
     assert await peer.reader.read() == b""  # and then closed
     peer.close()
+
+
+async def test_a_final_reply_over_the_wire_limit_still_brings_the_status(tmp_path: Path) -> None:
+    """No records (so nothing bounded the outcome): the reply would be 45 MB; the
+    client still hears how the payload ended, and the connection goes on."""
+    huge = [f"finding {i:06d} " + "x" * 400 for i in range(100_000)]
+    manager = Manager(FakeLauncher(findings=huge), grace=0.05)
+    server = VarlinkServer(VarlinkService(manager).handle)
+    path = str(tmp_path / "s")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.listen()
+    task = asyncio.create_task(server.serve(sock))
+    try:
+        peer = await Peer.connect(path)
+        peer.send("Run", {"argv": ["true"], "cwd": "/w", "build": build_id()}, more=True)
+        sid = (await peer.reply())["parameters"]["id"]
+        manager.stop(sid)
+        last = (await peer.reply())["parameters"]
+        assert (last["id"], last["exit_status"], last["state"]) == (sid, 143, "killed")
+        assert "too large to send" in last["message"] and "findings" not in last
+        peer.send("Version", {})
+        assert "version" in (await peer.reply())["parameters"]
+        peer.close()
+    finally:
+        server.close()
+        task.cancel()

@@ -32,6 +32,7 @@ class Watched:
     masks: dict[str, Found] = field(default_factory=dict)
     reveal: tuple[str, ...] = ()  # --reveal: absolute paths never covered
     dirs: tuple[str, ...] = ()  # the walk's directories (where a credential may appear)
+    secrets: tuple[str, ...] = ()  # the profile's own patterns (filesystem.secrets)
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,8 @@ class Redo:
 
 
 def watched(root: str, pins: Iterable[Protection], masks: Iterable[Found],
-            reveal: Iterable[str], dirs: Iterable[str] = (), protect: Iterable[str] = ()) -> Watched:
+            reveal: Iterable[str], dirs: Iterable[str] = (), protect: Iterable[str] = (),
+            secrets: Iterable[str] = ()) -> Watched:
     """Only read-only pins: a ``self`` pin is a directory bound onto itself, which the
     host renaming it away ends for the host as well (nothing left to guard there).
     PROTECT: --protect (and the presets' tools' files) as absolute paths; those in this
@@ -57,7 +59,8 @@ def watched(root: str, pins: Iterable[Protection], masks: Iterable[Found],
     for path in protect:
         if path.startswith(top) and path[len(top):] not in own:
             own[path[len(top):]] = Protection(path[len(top):], "ro", False)
-    return Watched(root, own, {f.rel: f for f in masks}, tuple(reveal), tuple(dirs))
+    return Watched(root, own, {f.rel: f for f in masks}, tuple(reveal), tuple(dirs),
+                   tuple(secrets))
 
 
 def skipped(rel: str) -> bool:
@@ -97,6 +100,8 @@ def on_change(w: Watched, dir_rel: str, name: str, is_dir: bool) -> Redo | None:
     if skipped(dir_rel) or _revealed(w, rel):
         return None
     rule = credentials.rule_for(parent, name, is_dir)
+    if rule is None and w.secrets:
+        rule = credentials.user_rule(w.secrets, rel, is_dir)
     return Redo(rel, rule=rule) if rule is not None else None
 
 

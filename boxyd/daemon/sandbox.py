@@ -223,7 +223,8 @@ class StageSandbox:
             masks = self._credentials(warnings)
             protect = [e.path for e in spec.protect]
             self._watched = [live.watched(r, t.protections, masks.get(r, []), spec.reveal, t.dirs,
-                                          [p for p in protect if _innermost(p, self.trees) == r])
+                                          [p for p in protect if _innermost(p, self.trees) == r],
+                                          spec.secrets)
                              for r, t in self.trees.items()]
             plan = mountplan.build(spec, seccomp_bpf=build_filter(spec.seccomp),
                                    protections={r: t.protections for r, t in self.trees.items()},

@@ -222,3 +222,11 @@ def test_overwrite_refuses_a_second_name_and_a_symlink(tmp_path: Path) -> None:
     (tmp_path / ".envrc").symlink_to(other)
     assert scan.overwrite(str(tmp_path), ".envrc", b"x", str(tmp_path / "q")) is None
     assert other.read_text() == "code\n"
+
+
+def test_the_profiles_own_patterns_are_covered_live() -> None:
+    w = live.watched("/w", [], [], (), secrets=["*.secret", "conf/prod.yml"])
+    redo = live.on_change(w, "a/b", "db.secret", False)
+    assert redo is not None and redo.rule is not None and redo.rule.kind == credentials.USER_KIND
+    assert live.on_change(w, "conf", "prod.yml", False) is not None
+    assert live.on_change(w, "other", "prod.yml", False) is None

@@ -4,18 +4,15 @@ fingerprints of the files other tools run later; after it, one walk (the git gua
 scan) checks them all again. Blocking (a tree can hold hundreds of thousands of
 directories): the daemon runs each in a pool of its own (boxyd.daemon.pools).
 
-Still threads, not a process: a thread walking holds the GIL for each entry's
-bytecode (another session's start-up measured 170 ms during a 300,000-directory walk
-on a loaded 2-core machine, 53 ms idle). ``prepare`` could move to a forkserver
-worker (multiprocessing, boxyd.worktree preloaded): it returns plain, picklable data
-(protections, snapshot, credentials, the tools' fingerprints, dirs) and needs nothing
-of the daemon's. ``after`` cannot as it stands: the scan interleaves its walk with the
-host's git, whose tool sandboxes are spawned through the stage-2 template on the event
-loop's thread (Toolshed) and whose answers feed the same Walker (visit_known,
-config_file, hooks_dir on its root fd). Moving it takes either the tool sandboxes'
-control sockets passed to the worker (SCM_RIGHTS) or the scan split in three —
-walk (worker), ask git (daemon), walk what git named, judge and move (worker) — with
-the Walker's state carried between them as plain data.
+``prepare`` runs in a process of its own (boxyd/walkproc.py): a thread walking holds
+the GIL for each entry's bytecode (another session's start-up measured 170 ms during a
+300,000-directory walk on a loaded 2-core machine, 53 ms idle). ``after`` still runs
+in the daemon's checks pool: the scan interleaves its walk with the host's git, whose
+tool sandboxes are spawned through the stage-2 template on the event loop's thread
+(Toolshed) and whose answers feed the same Walker. Moving it takes either the tool
+sandboxes' control sockets passed to the walk process (SCM_RIGHTS) or the scan split
+in three — walk, ask git (daemon), walk what git named, judge and move — with the
+Walker's state carried between them as plain data.
 """
 
 from __future__ import annotations

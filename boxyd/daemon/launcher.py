@@ -34,7 +34,9 @@ class Template:
     """The pre-imported stage-2 process. Started at most once at a time; restarted on
     the next run if it died."""
 
-    def __init__(self) -> None:
+    def __init__(self, module: str = "boxyd.stage2", kind: int = socket.SOCK_SEQPACKET) -> None:
+        self.module = module  # boxyd.stage2, or boxyd.walkproc (the walks before a run)
+        self.kind = kind  # of each request's socket
         self._proc: subprocess.Popen[bytes] | None = None
         self._ctl: socket.socket | None = None
 
@@ -44,7 +46,7 @@ class Template:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-m", "boxyd.stage2", str(os.getpid()), str(child.fileno())],
+                [sys.executable, "-I", "-m", self.module, str(os.getpid()), str(child.fileno())],
                 env={},
                 cwd="/",
                 stdin=subprocess.DEVNULL,
@@ -54,7 +56,7 @@ class Template:
             )
         except OSError as e:
             parent.close()
-            raise SetupError(f"stage 2: cannot start {sys.executable}: {e.strerror}") from None
+            raise SetupError(f"{self.module}: cannot start {sys.executable}: {e.strerror}") from None
         finally:
             child.close()
         self._ctl = parent
@@ -64,16 +66,17 @@ class Template:
         for attempt in (1, 2):
             if self._ctl is None or self._proc is None or self._proc.poll() is not None:
                 if self._proc is not None:
-                    log.warning("stage-2 template exited (status %s); restarting it", self._proc.returncode)
+                    log.warning("%s template exited (status %s); restarting it", self.module,
+                                self._proc.returncode)
                 self.start()
             assert self._ctl is not None
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            ours, theirs = socket.socketpair(socket.AF_UNIX, self.kind)
             try:
                 socket.send_fds(self._ctl, [b"run"], [theirs.fileno()])
             except OSError as e:
                 ours.close()
                 if attempt == 2:
-                    raise SetupError(f"stage 2: the template does not answer: {e.strerror}") from None
+                    raise SetupError(f"{self.module}: the template does not answer: {e.strerror}") from None
                 self.close()
                 continue
             finally:

@@ -30,6 +30,7 @@ from boxyd.daemon.liveguard import LiveGuard
 from boxyd.daemon.pty import PtyRelay
 from boxyd.daemon.scopes import Limit, Placement, Scopes, limits, read_events, remove_subtree
 from boxyd.daemon.toolbox import Toolshed
+from boxyd.daemon.walks import Walks
 from boxyd.gitguard import userconfig
 from boxyd.gitguard.discover import CONFIG_MAX, read_beneath
 from boxyd.gitguard.scan import Snapshot, adopt, inherit_live, overwrite, restore
@@ -56,6 +57,7 @@ class StageLauncher:
     def __init__(self, user: pwd.struct_passwd | None = None) -> None:
         self.user = user or pwd.getpwuid(os.getuid())
         self.template = Template()
+        self.walks = Walks()  # the walks before a run, in a process of their own
         self.scopes = Scopes()  # its bus is set once boxyd is on the session bus
         self.live: set[StageSandbox] = set()
         self._dns: DnsProxy | None = None
@@ -70,9 +72,11 @@ class StageLauncher:
             self.template.start()
         except SetupError as e:
             log.warning("%s", e)
+        self.walks.start()
 
     def close(self) -> None:
         self.template.close()
+        self.walks.close()
 
     async def prepare(self, request: RunRequest, stdio: list[int], sink: Sink) -> StageSandbox:
         outputs = Outputs()
@@ -213,10 +217,10 @@ class StageSandbox:
             home = self._launcher.user.pw_dir
             walked = [r for r in mountplan.writable_roots(spec) if not caches.is_cache(r, home)]
             self._user_hooks = await pools.run(pools.WALKS, userconfig.hooks_path, home)
-            self.trees = await pools.run(pools.WALKS, worktree.prepare, walked,
-                                         git_guard=not spec.allow_git_write,
-                                         created=[e.path for e in spec.mkdir],
-                                         user_hooks=self._user_hooks, secrets=spec.secrets)
+            self.trees = await self._launcher.walks.prepare(walked, git_guard=not spec.allow_git_write,
+                                                            created=[e.path for e in spec.mkdir],
+                                                            user_hooks=self._user_hooks,
+                                                            secrets=spec.secrets)
             others = [b for x in self._launcher.live if x is not self for b in x.baselines.values()]
             self.baselines = inherit_live(
                 {r: t.baseline for r, t in self.trees.items() if t.baseline is not None}, others)

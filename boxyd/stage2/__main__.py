@@ -8,8 +8,8 @@ outer stage 2 per run (unshare(CLONE_NEWUSER) fails in a threaded process, and
 forking the asyncio daemon itself is unsafe). Importing costs more than all of a
 run's namespace work, so this is what makes start-up fast.
 
-The template's CTL_FD only ever carries one thing: a fresh SOCK_SEQPACKET socket per
-run (SCM_RIGHTS). The forked child owns that socket alone: it receives the plan (and
+The template (boxyd/stage2/template.py) receives a fresh SOCK_SEQPACKET socket per run
+(SCM_RIGHTS) and forks a child that owns it alone: it receives the plan (and
 the payload's stdio) on it and sends back what happened. The child is the only
 process of the sandbox that talks to boxyd; the template never reads a plan.
 """
@@ -22,12 +22,11 @@ import os
 import select
 import signal
 import socket
-import sys
 import traceback
 
 from boxy.errors import SetupError
 from boxyd.plan import Plan
-from boxyd.stage2 import caps, live, namespaces, netns, pid1
+from boxyd.stage2 import live, namespaces, netns, pid1, template
 
 MAX_PLAN = 256 << 20  # read from boxyd's sealed memfd; far beyond any argv or tree
 
@@ -279,56 +278,16 @@ def run(ctl: socket.socket) -> int:
     return supervise(ctl, pid, status_r, pty_ours)
 
 
-def fork_run(template_ctl: socket.socket, run_ctl: socket.socket) -> None:
-    """Fork the outer stage 2 of one run; it never returns into the template's loop."""
-    template_pid = os.getpid()
-    if os.fork() != 0:
-        run_ctl.close()
-        return
-    status = 1
+def run_child(run_ctl: socket.socket) -> int:
+    """One outer stage 2, in a child forked from the template (boxyd/stage2/template.py)."""
     try:
-        template_ctl.close()
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # it waits for its PID 1
-        os.setsid()  # its own session: no terminal of any earlier run can follow it
-        # The death signal follows the parent: template dies with boxyd, runs with it.
-        caps.die_with_parent(signal.SIGKILL)
-        if os.getppid() == template_pid:
-            status = run(run_ctl)
+        return run(run_ctl)
     except BaseException as e:  # a bug, not a refusal: say so rather than die silently
         traceback.print_exc()
         send(run_ctl, {"done": {"error": f"stage 2: internal error: {type(e).__name__}: {e}"}})
-    finally:
-        os._exit(status)
-
-
-def template(ctl: socket.socket) -> int:
-    """Wait for run sockets from boxyd and fork one outer stage 2 for each."""
-    # Children are reaped by the kernel: boxyd learns a run ended from its socket.
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-    while True:
-        try:
-            data, fds, flags, _ = socket.recv_fds(ctl, 16, 1, socket.MSG_CMSG_CLOEXEC)
-        except InterruptedError:
-            continue
-        except OSError:
-            return 1
-        if not data:
-            return 0  # boxyd closed its end
-        if flags & socket.MSG_CTRUNC or len(fds) != 1:
-            for fd in fds:
-                os.close(fd)
-            continue
-        fork_run(ctl, socket.socket(fileno=fds[0]))
-
-
-def main() -> int:
-    daemon_pid, ctl_fd = int(sys.argv[1]), int(sys.argv[2])
-    caps.die_with_parent(signal.SIGKILL)
-    if os.getppid() != daemon_pid:  # boxyd died before the line above
         return 1
-    return template(socket.socket(fileno=ctl_fd))
 
 
 if __name__ == "__main__":
     # Nothing to flush or finalise: skip interpreter shutdown.
-    os._exit(main())
+    os._exit(template.main(run_child))

@@ -1,0 +1,85 @@
+"""The walks before a run, asked of the walk process (boxyd/walkproc.py) from the
+event loop: a request socket from the walk template, one frame out, one frame back.
+
+If the walk template cannot be started, the walk runs in the daemon's walk pool as
+before (slower for other sessions while it lasts, never less checked), and that is
+logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+from boxy.errors import SetupError
+from boxyd import walkproc, walkwire, worktree
+from boxyd.daemon import pools
+from boxyd.daemon.launcher import Template
+from boxyd.worktree import Tree
+
+log = logging.getLogger("boxyd")
+
+
+class Walks:
+    def __init__(self) -> None:
+        self.template = Template("boxyd.walkproc", socket.SOCK_STREAM)
+
+    def start(self) -> None:
+        """On the event loop's thread (the template's death signal follows it)."""
+        try:
+            self.template.start()
+        except SetupError as e:
+            log.warning("%s", e)
+
+    def close(self) -> None:
+        self.template.close()
+
+    async def prepare(self, roots: Sequence[str], *, git_guard: bool, created: Sequence[str],
+                      user_hooks: str | None, secrets: Sequence[str]) -> dict[str, Tree]:
+        """worktree.prepare, in a child of the walk template. Raises SetupError as it does."""
+        req = {"roots": list(roots), "git_guard": git_guard, "created": list(created),
+               "user_hooks": user_hooks, "secrets": list(secrets)}
+        try:
+            conn = self.template.spawn()
+        except SetupError as e:
+            log.warning("%s; walking in the daemon", e)
+            return await pools.run(pools.WALKS, worktree.prepare, roots, git_guard=git_guard,
+                                   created=created, user_hooks=user_hooks, secrets=secrets)
+        with conn:
+            conn.setblocking(False)
+            loop = asyncio.get_running_loop()
+            data = json.dumps(req).encode()
+            await loop.sock_sendall(conn, walkproc.FRAME.pack(len(data)) + data)
+            reply = await _frame(loop, conn)
+        if not isinstance(reply, dict) or "error" in reply:
+            why = reply.get("error") if isinstance(reply, dict) else None
+            raise SetupError(str(why or "the walk process gave no answer"))
+        try:
+            return await pools.run(pools.WALKS, _decode, reply["trees"])
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+            raise SetupError(f"the walk process gave an answer that cannot be read ({e})") from None
+
+
+async def _frame(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> Any:
+    async def exactly(n: int) -> bytes:
+        out = bytearray()
+        while len(out) < n:
+            chunk = await loop.sock_recv(conn, min(n - len(out), 1 << 20))
+            if not chunk:
+                raise SetupError("the walk process ended without an answer")
+            out += chunk
+        return bytes(out)
+
+    (size,) = walkproc.FRAME.unpack(await exactly(walkproc.FRAME.size))
+    if size > walkproc.REPLY_MAX:
+        raise SetupError(f"the walk process answered {size} bytes (more than "
+                         f"{walkproc.REPLY_MAX >> 20} MiB)")
+    return json.loads(await exactly(size))
+
+
+def _decode(trees: dict[str, Any]) -> dict[str, Tree]:
+    return {str(root): walkwire.decode(t) for root, t in trees.items()}

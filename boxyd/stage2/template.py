@@ -1,0 +1,69 @@
+"""A pre-imported, single-threaded process that forks one child per request.
+
+boxyd keeps two: the stage-2 template (every sandbox's outer stage 2) and the walk
+template (the walks before a run, in a process of their own so that a walk of
+300,000 directories holds no GIL another session's start-up needs). Each is a fresh
+interpreter (``python -I -m MODULE DAEMON_PID CTL_FD``, empty environment) that
+imports what its children need once. Its CTL_FD only ever carries one thing: a fresh
+socket per request (SCM_RIGHTS), which the forked child owns alone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+
+from boxyd.stage2 import caps
+
+Child = Callable[[socket.socket], int]  # one request on its socket; the exit status
+
+
+def serve(ctl: socket.socket, child: Child) -> int:
+    """Wait for request sockets from boxyd and fork one CHILD for each."""
+    # Children are reaped by the kernel: boxyd learns a request ended from its socket.
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    while True:
+        try:
+            data, fds, flags, _ = socket.recv_fds(ctl, 16, 1, socket.MSG_CMSG_CLOEXEC)
+        except InterruptedError:
+            continue
+        except OSError:
+            return 1
+        if not data:
+            return 0  # boxyd closed its end
+        if flags & socket.MSG_CTRUNC or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            continue
+        _fork(ctl, socket.socket(fileno=fds[0]), child)
+
+
+def _fork(template_ctl: socket.socket, conn: socket.socket, child: Child) -> None:
+    """Fork the child of one request; it never returns into the template's loop."""
+    template_pid = os.getpid()
+    if os.fork() != 0:
+        conn.close()
+        return
+    status = 1
+    try:
+        template_ctl.close()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # it may wait for children of its own
+        os.setsid()  # its own session: no terminal of any earlier request can follow it
+        # The death signal follows the parent: the template dies with boxyd, children with it.
+        caps.die_with_parent(signal.SIGKILL)
+        if os.getppid() == template_pid:
+            status = child(conn)
+    finally:
+        os._exit(status)
+
+
+def main(child: Child) -> int:
+    """The template's main: ``MODULE DAEMON_PID CTL_FD``."""
+    daemon_pid, ctl_fd = int(sys.argv[1]), int(sys.argv[2])
+    caps.die_with_parent(signal.SIGKILL)
+    if os.getppid() != daemon_pid:  # boxyd died before the line above
+        return 1
+    return serve(socket.socket(fileno=ctl_fd), child)

@@ -1,0 +1,78 @@
+"""The walk's result as data (boxyd/walkwire.py), and the walk process end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from boxy.errors import SetupError
+from boxyd import walkwire, worktree
+from boxyd.daemon.walks import Walks
+
+GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent", "PATH": "/usr/bin:/bin"}
+
+
+def _tree(tmp_path: Path) -> Path:
+    work = tmp_path / "w"
+    (work / "sub").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(work)], check=True, env=GIT_ENV)
+    subprocess.run(["git", "-C", str(work), "config", "core.editor", "vim"], check=True, env=GIT_ENV)
+    (work / ".env").write_text("KEY=1\n")
+    (work / ".npmrc").write_text("//r.example.test/:_authToken=t\nregistry=https://r.example.test/\n")
+    (work / ".vscode").mkdir()
+    (work / ".vscode/tasks.json").write_text("{}")
+    os.mkfifo(work / "sub/fifo")
+    return work
+
+
+def test_a_tree_survives_the_wire_unchanged(tmp_path: Path) -> None:
+    work = _tree(tmp_path)
+    tree = worktree.prepare([str(work)], git_guard=True, secrets=["*.secret"])[str(work)]
+    assert tree.protections and tree.baseline and tree.credentials and tree.tools and tree.dirs
+    import json
+    back = walkwire.decode(json.loads(json.dumps(walkwire.encode(tree))))
+    assert back == tree  # fingerprints are tuples again: the scan compares them with ==
+
+
+def test_malformed_data_raises_a_value_error() -> None:
+    with pytest.raises((KeyError, IndexError, TypeError, ValueError, AttributeError)):
+        walkwire.decode({"protections": [["x"]], "baseline": None, "credentials": [], "tools": {},
+                         "dirs": []})
+    with pytest.raises((KeyError, IndexError, TypeError, ValueError, AttributeError)):
+        walkwire.decode({"protections": [], "baseline": None,
+                         "credentials": [["a", "k", "nonsense", False, None, "", ""]], "tools": {},
+                         "dirs": []})
+
+
+def test_the_walk_process_walks_as_the_daemon_would(tmp_path: Path) -> None:
+    work = _tree(tmp_path)
+
+    async def go() -> dict[str, worktree.Tree]:
+        walks = Walks()
+        walks.start()
+        try:
+            return await walks.prepare([str(work)], git_guard=True, created=[], user_hooks=None,
+                                       secrets=[])
+        finally:
+            walks.close()
+
+    got = asyncio.run(go())
+    assert got == worktree.prepare([str(work)], git_guard=True)
+
+
+def test_a_refusal_of_the_walk_process_is_its_line(tmp_path: Path) -> None:
+    async def go() -> None:
+        walks = Walks()
+        walks.start()
+        try:
+            await walks.prepare([str(tmp_path / "gone")], git_guard=True, created=[], user_hooks=None,
+                                secrets=[])
+        finally:
+            walks.close()
+
+    with pytest.raises(SetupError, match="gone"):
+        asyncio.run(go())

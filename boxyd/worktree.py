@@ -41,14 +41,19 @@ class Tree:
     dirs: tuple[str, ...] = ()
 
 
+class LargerThan(Exception):
+    """The walk stopped at the LIMIT it was given (having changed nothing)."""
+
+
 def walk(root: str, *, git_guard: bool, created: bool = False, user_hooks: str | None = None,
-         secrets: Sequence[str] = ()) -> Tree:
+         secrets: Sequence[str] = (), limit: int | None = None) -> Tree:
     """One walk of ROOT: the git layout (pinned, absent hooks directories created, then
     fingerprinted) and the credentials found on the way (SECRETS: the profile's own
     patterns), then every other name of a credential with more than one hard link.
     CREATED: a --mkdir directory stage 2 will create; absent, it is an empty tree
     (everything in it after the run is new). USER_HOOKS: the user's global
-    core.hooksPath (gitguard/userconfig.py)."""
+    core.hooksPath (gitguard/userconfig.py). LIMIT: stop (LargerThan) past that many
+    directories, before anything is created."""
     if created and not os.path.lexists(root):
         return Tree(baseline=scan.Snapshot(root, {}, frozenset()) if git_guard else None)
     try:
@@ -64,7 +69,8 @@ def walk(root: str, *, git_guard: bool, created: bool = False, user_hooks: str |
                 if len(dirs) < live.MAX_WATCHED and not live.skipped(rel):
                     dirs.append(rel)
 
-            lay = discover.Walker(root, root_fd, observer=observe, user_hooks=user_hooks).run()
+            lay = discover.Walker(root, root_fd, observer=observe, user_hooks=user_hooks,
+                                  limit=discover.MAX_DIRS if limit is None else limit).run()
             finder.git_configs(lay)
             finder.links()
         finally:
@@ -76,6 +82,8 @@ def walk(root: str, *, git_guard: bool, created: bool = False, user_hooks: str |
         discover.prepare(root, prots)
         return Tree(prots, scan.snapshot(root, lay), found, watch.seen, tuple(dirs))
     except discover.TooLarge as e:
+        if limit is not None:
+            raise LargerThan(str(e)) from None
         raise SetupError(f"{root} holds {e}, too many to check; narrow the work directory") from e
     except OSError as e:
         where = e.filename if isinstance(e.filename, str) else root
@@ -84,9 +92,12 @@ def walk(root: str, *, git_guard: bool, created: bool = False, user_hooks: str |
 
 
 def prepare(roots: Sequence[str], *, git_guard: bool, created: Sequence[str] = (),
-            user_hooks: str | None = None, secrets: Sequence[str] = ()) -> dict[str, Tree]:
+            user_hooks: str | None = None, secrets: Sequence[str] = (),
+            limit: int | None = None) -> dict[str, Tree]:
+    """Every root's walk; LIMIT: of each (LargerThan past it; what an earlier root's walk
+    created — absent hooks directories — a second walk finds in place)."""
     return {root: walk(root, git_guard=git_guard, created=root in created, user_hooks=user_hooks,
-                       secrets=secrets)
+                       secrets=secrets, limit=limit)
             for root in roots}
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from boxyd import credentials, live, masking
 from boxyd.credentials import Action, Rule
+from boxyd.daemon import pools
 from boxyd.gitguard import discover
 from boxyd.live import Redo, Watched
 from boxyd.masking import Found
@@ -266,7 +267,9 @@ class LiveGuard:
         if self._fd >= 0:
             with contextlib.suppress(RuntimeError, ValueError):
                 asyncio.get_running_loop().remove_reader(self._fd)
-            os.close(self._fd)
+            # closing an inotify instance waits for an RCU grace period (~10 ms measured
+            # here): not on the event loop, nor on the session's way to its end
+            pools.CLOSING.submit(os.close, self._fd)
             self._fd = -1
         for task in self._tasks:
             task.cancel()

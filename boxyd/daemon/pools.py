@@ -12,7 +12,9 @@ another session's walks or checks.
   the way to the payload (the scope's counters);
 - WALKS: the walk of each writable tree before the payload starts;
 - CHECKS: the git guard's scan and the tools' files after a run (worktree.after);
-- RECORDS: session records, pruning, the full lists beside a record.
+- RECORDS: session records, pruning, the full lists beside a record;
+- CLOSING: descriptors whose close(2) waits on the kernel (an inotify instance's
+  close waits for an RCU grace period: ~10 ms, never on the event loop).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ START = ThreadPoolExecutor(max_workers=8, thread_name_prefix="boxyd-start")
 WALKS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="boxyd-walk")
 CHECKS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="boxyd-checks")
 RECORDS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="boxyd-records")
+CLOSING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="boxyd-closing")
 
 
 def submit(pool: ThreadPoolExecutor, fn: Callable[P, R], *args: P.args,

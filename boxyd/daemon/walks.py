@@ -1,5 +1,6 @@
-"""The walks before a run, asked of the walk process (boxyd/walkproc.py) from the
-event loop: a request socket from the walk template, one frame out, one frame back.
+"""The walks before a run: a small tree walked in the daemon's walk pool, a larger one
+asked of the walk process (boxyd/walkproc.py) from the event loop — a request socket
+from the walk template, one frame out, one frame back.
 
 If the walk template cannot be started, the walk runs in the daemon's walk pool as
 before (slower for other sessions while it lasts, never less checked), and that is
@@ -22,6 +23,7 @@ from boxyd.daemon.launcher import Template
 from boxyd.worktree import Tree
 
 log = logging.getLogger("boxyd")
+SMALL = 2000  # directories a walk may have in a thread (~20 ms of GIL): past it, a process
 
 
 class Walks:
@@ -39,8 +41,17 @@ class Walks:
         self.template.close()
 
     async def prepare(self, roots: Sequence[str], *, git_guard: bool, created: Sequence[str],
-                      user_hooks: str | None, secrets: Sequence[str]) -> dict[str, Tree]:
-        """worktree.prepare, in a child of the walk template. Raises SetupError as it does."""
+                      user_hooks: str | None, secrets: Sequence[str], small: int = SMALL
+                      ) -> dict[str, Tree]:
+        """worktree.prepare: a small tree in the walk pool (a fork and its reply cost
+        more than the walk), a larger one in a child of the walk template. Raises
+        SetupError as it does."""
+        try:
+            return await pools.run(pools.WALKS, worktree.prepare, roots, git_guard=git_guard,
+                                   created=created, user_hooks=user_hooks, secrets=secrets,
+                                   limit=small)
+        except worktree.LargerThan:
+            pass
         req = {"roots": list(roots), "git_guard": git_guard, "created": list(created),
                "user_hooks": user_hooks, "secrets": list(secrets)}
         try:

@@ -421,7 +421,9 @@ class Walker:
         self.controls: dict[str, Control] = {}
         self.unreadable: list[str] = []
         self.pending: list[str] = []  # pointer targets inside root, to explore after the walk
-        self.candidates: dict[str, None] = {"": None}
+        # (the root only when it has a .git or HEAD entry itself: with the ceiling above it,
+        # git finds a repository there no other way, and asking costs a tool sandbox)
+        self.candidates: dict[str, None] = {}
         # directories where git would meet a FIFO (or another non-regular file) as its
         # HEAD, config, commondir or .git: never a place to ask the host's git (it would
         # block there until its deadline), and neither is anything below one

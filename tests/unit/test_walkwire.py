@@ -56,7 +56,7 @@ def test_the_walk_process_walks_as_the_daemon_would(tmp_path: Path) -> None:
         walks.start()
         try:
             return await walks.prepare([str(work)], git_guard=True, created=[], user_hooks=None,
-                                       secrets=[])
+                                       secrets=[], small=0)  # always the process
         finally:
             walks.close()
 
@@ -70,9 +70,29 @@ def test_a_refusal_of_the_walk_process_is_its_line(tmp_path: Path) -> None:
         walks.start()
         try:
             await walks.prepare([str(tmp_path / "gone")], git_guard=True, created=[], user_hooks=None,
-                                secrets=[])
+                                secrets=[], small=0)
         finally:
             walks.close()
 
     with pytest.raises(SetupError, match="gone"):
         asyncio.run(go())
+
+
+def test_a_small_tree_is_walked_without_the_process_a_larger_one_with_it(tmp_path: Path) -> None:
+    work = tmp_path / "w"
+    for i in range(30):
+        (work / f"d{i}").mkdir(parents=True)
+    with pytest.raises(worktree.LargerThan):
+        worktree.prepare([str(work)], git_guard=True, limit=10)
+    assert not (work / ".git").exists()  # stopped before anything was made
+
+    async def go(small: int) -> dict[str, worktree.Tree]:
+        walks = Walks()
+        walks.start()
+        try:
+            return await walks.prepare([str(work)], git_guard=True, created=[], user_hooks=None,
+                                       secrets=[], small=small)
+        finally:
+            walks.close()
+
+    assert asyncio.run(go(10)) == asyncio.run(go(1000)) == worktree.prepare([str(work)], git_guard=True)

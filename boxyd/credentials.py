@@ -32,6 +32,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 
 class Action(Enum):
@@ -287,14 +288,20 @@ _COMPOSER_AUTH = frozenset({"http-basic", "github-oauth", "gitlab-oauth", "gitla
                             "client-certificate"})
 
 
+def _json_object(data: bytes) -> dict[str, Any] | None:
+    """DATA as a JSON object, or None (not JSON, or JSON of another kind)."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def scrub_composer_auth(data: bytes) -> bytes:
     """Composer's ``auth.json``: every kind of credential it holds removed; a file that is
     not a JSON object becomes ``{}`` (it cannot be scrubbed)."""
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        return b"{}\n"
-    if not isinstance(doc, dict):
+    doc = _json_object(data)
+    if doc is None:
         return b"{}\n"
     kept = {k: v for k, v in doc.items() if k not in _COMPOSER_AUTH}
     return data if kept == doc else (json.dumps(kept, indent=4) + "\n").encode()
@@ -346,11 +353,8 @@ def scrub_urls(data: bytes) -> bytes:
 def scrub_docker_config(data: bytes) -> bytes:
     """``auths.*.auth``/``identitytoken``/``registrytoken``/``password`` removed; a file
     that is not JSON becomes ``{}`` (it cannot be scrubbed, so nothing of it is shown)."""
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        return b"{}\n"
-    if not isinstance(doc, dict):
+    doc = _json_object(data)
+    if doc is None:
         return b"{}\n"
     auths = doc.get("auths")
     if isinstance(auths, dict):

@@ -75,18 +75,21 @@ class LiveGuard:
         self._ids = 0
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def start(self) -> list[str]:
-        """Watch every directory the policy names; what could not be watched, said."""
-        notes: list[str] = []
+    async def start(self) -> list[str]:
+        """Watch every directory the policy names (up to 4096 opens and watches: in a
+        worker thread; events are queued from each watch on, so none is lost meanwhile);
+        what could not be watched, said. Raises OSError without an inotify instance."""
         self._fd = _inotify_init()
-        for w in self._trees.values():
-            notes += self._watch_tree(w)
-        loop = asyncio.get_running_loop()
-        loop.add_reader(self._fd, self._readable)
-        task = loop.create_task(self._catch_up(time.monotonic()))
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
+        since = time.monotonic()
+        notes = await pools.run(pools.WALKS, self._watch_all)
+        if self._fd < 0:
+            return notes  # closed meanwhile: the session ended
+        asyncio.get_running_loop().add_reader(self._fd, self._readable)
+        await self._catch_up(since)
         return notes
+
+    def _watch_all(self) -> list[str]:
+        return [note for w in self._trees.values() for note in self._watch_tree(w)]
 
     async def _catch_up(self, since: float) -> None:
         """What appeared between the run's walk and the watches (no event told of it):

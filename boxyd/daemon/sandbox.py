@@ -181,6 +181,7 @@ class StageSandbox:
         self.baselines: dict[str, Snapshot] = {}
         self._watched: list[live.Watched] = []  # what the live guard keeps covered
         self.live_guard: LiveGuard | None = None
+        self._live_start: asyncio.Task[None] | None = None
         self.live_findings: list[str] = []  # what the live guard moved aside
         self._user_hooks: str | None = None
 
@@ -338,14 +339,17 @@ class StageSandbox:
 
     def _start_live_guard(self) -> None:
         """The payload runs: from now on a host change to a covered or pinned entry is
-        covered again at once (boxyd/live.py)."""
+        covered again at once (boxyd/live.py). Its watches are set up beside the run."""
         if not self._watched or self.stage2 is None:
             return
         quiet = not self.spec.verbose
         self.live_guard = LiveGuard(self._watched, self.stage2.send, self._sink.record,
                                     self._adopt, (lambda _: None) if quiet else self._sink.notice)
+        self._live_start = asyncio.get_running_loop().create_task(self._watch(self.live_guard))
+
+    async def _watch(self, guard: LiveGuard) -> None:
         try:
-            for note in self.live_guard.start():
+            for note in await guard.start():
                 self._sink.record("fs.live", note=note)
                 self._sink.notice(note)
         except OSError as e:  # no inotify instance left: said, and the run goes on
@@ -452,6 +456,8 @@ class StageSandbox:
 
     # -- afterwards ------------------------------------------------------------------
     async def finish(self) -> Report:
+        if self._live_start is not None:
+            self._live_start.cancel()
         if self.live_guard is not None:
             self.live_guard.close()
         if self.stage2 is not None:
@@ -500,6 +506,8 @@ class StageSandbox:
         self._stdio = []
         if self.pty is not None:
             self.pty.close()
+        if self._live_start is not None:
+            self._live_start.cancel()
         if self.live_guard is not None:
             self.live_guard.close()
             self.live_guard = None

@@ -277,6 +277,12 @@ def build_spec(
             raise UsageError(f"{entry.path}: exposed both read-only and read-write")
     writable = [workdir] + [os.path.realpath(e.path) for e in spec.rw + spec.mkdir]
     for entry in check_paths("protect"):
+        if os.path.islink(entry.path) and entry.optional:  # a preset's tools' file
+            # refused, not skipped: a symlink cannot be pinned, and one a payload planted
+            # is exactly what the protection is for
+            raise UsageError(f"profile {src}: {entry.path} is a symlink, which cannot be made "
+                             "read-only (an earlier run may have planted it); look at it and "
+                             "remove it")
         if os.path.islink(entry.path):
             raise UsageError(f"--protect {entry.path}: is a symlink; name what it points to")
         real = os.path.realpath(entry.path)

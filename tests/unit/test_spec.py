@@ -461,3 +461,20 @@ def test_profile_secrets_are_asked_of_the_client_by_name(fs):
     spec = build(fs, profile=prof, secret=[{"name": "API_TOKEN", "value": "s3cr3t-tok"},
                                            {"name": "OTHER", "value": "s3cr3t-other"}])
     assert spec.env["API_TOKEN"] == "s3cr3t-tok" and spec.env["OTHER"] == "s3cr3t-other"
+
+
+def test_a_presets_tools_file_planted_as_a_symlink_is_refused_with_what_to_do(tmp_path) -> None:
+    """The node preset pins .npmrc read-only; a payload that made it a symlink must not
+    get an unpinned .npmrc (refused), and the line says what to do about it."""
+    import pwd
+
+    from boxy.errors import UsageError
+    from boxy.request import RunOptions, RunRequest
+    from boxyd.spec import build_spec
+
+    (tmp_path / "elsewhere").write_text("registry=x\n")
+    (tmp_path / ".npmrc").symlink_to(tmp_path / "elsewhere")
+    pw = pwd.getpwuid(os.getuid())
+    req = RunRequest(["true"], str(tmp_path), RunOptions(profile="node", net="none"))
+    with pytest.raises(UsageError, match=r"\.npmrc is a symlink, which cannot be made read-only"):
+        build_spec(req, uid=os.getuid(), user=pw.pw_name, home=pw.pw_dir, registry=lambda n: None)

@@ -677,10 +677,36 @@ def scan(root: str, before: Snapshot, quarantine: str, tools: Opener, home: str 
                 run.findings.append(
                     Finding(rel, "a directory that could not be read, so was not checked")
                 )
+        run.findings += _locks(root_fd, lay.gitdirs)
     finally:
         os.close(root_fd)
         run.close()
     return run.findings
+
+
+# git's lock files for what the payload can make the host's git refuse to change: git
+# removes its own on exit, so one left after the run is a dead or hostile process's
+LOCKS = ("config.lock", "index.lock", "HEAD.lock", "packed-refs.lock", "shallow.lock")
+
+
+def _locks(root_fd: int, gitdirs: Sequence[discover.GitDir]) -> list[Finding]:
+    """Lock files in the gitdirs after the run: named, never removed (a git the user runs
+    on the host right now holds its own)."""
+    out = []
+    for g in gitdirs:
+        try:
+            fd = discover.open_dir(root_fd, g.rel)
+        except OSError:
+            continue
+        try:
+            for name in LOCKS:
+                if _exists(name, fd):
+                    out.append(Finding(discover.join(g.rel, name), "a git lock file: the host's git "
+                                       "refuses to change this repository while it is there (remove "
+                                       "it if no git of yours is running)"))
+        finally:
+            os.close(fd)
+    return out
 
 
 class _Scan:

@@ -230,3 +230,17 @@ def test_the_profiles_own_patterns_are_covered_live() -> None:
     assert redo is not None and redo.rule is not None and redo.rule.kind == credentials.USER_KIND
     assert live.on_change(w, "conf", "prod.yml", False) is not None
     assert live.on_change(w, "other", "prod.yml", False) is None
+
+
+def test_a_lock_file_left_behind_is_named_and_left(tmp_path: Path) -> None:
+    """A payload that leaves .git/config.lock makes the host's `git config` fail
+    ("could not lock config file"): said, never removed (the user's git may hold it)."""
+    work = tmp_path / "w"
+    before = _repo(work)
+    (work / ".git/config.lock").write_text("")
+    findings = scan.scan(str(work), before, str(tmp_path / "q"), toolshed.opener())
+    (lock,) = [f for f in findings if f.rel == ".git/config.lock"]
+    assert lock.dest == "" and "lock file" in lock.reason
+    assert (work / ".git/config.lock").exists()
+    r = subprocess.run(["git", "-C", str(work), "config", "a.b", "c"], env=GIT_ENV, capture_output=True)
+    assert r.returncode != 0  # the control: the host's git really is stuck

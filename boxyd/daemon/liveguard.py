@@ -154,19 +154,12 @@ class LiveGuard:
             return
         try:
             self._watch(w.root, root_fd, rel)
-            try:
-                fd = discover.open_dir(root_fd, rel)
-            except OSError:
-                return
-            try:
-                entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in os.scandir(fd)][:1000]
-            finally:
-                os.close(fd)
         finally:
             os.close(root_fd)
-        for entry, is_dir in entries:
-            if not is_dir and (redo := live.on_change(w, rel, entry, False)) is not None:
-                self._spawn(w, redo, since)
+        for _, _, entries in _listings([(w.root, rel)]):
+            for entry, is_dir in entries[:1000]:
+                if not is_dir and (redo := live.on_change(w, rel, entry, False)) is not None:
+                    self._spawn(w, redo, since)
 
     def _readable(self) -> None:
         now = time.monotonic()

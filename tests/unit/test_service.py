@@ -46,15 +46,20 @@ class Peer:
         self.writer.close()
 
 
-@pytest.fixture
-async def daemon(tmp_path: Path):
-    manager = Manager(FakeLauncher(), grace=0.05)
+def serve(tmp_path: Path, manager: Manager) -> tuple[str, VarlinkServer, asyncio.Task]:
+    """The real varlink server over MANAGER, on a socket in TMP_PATH."""
     server = VarlinkServer(VarlinkService(manager).handle)
     path = str(tmp_path / "s")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(path)
     sock.listen()
-    task = asyncio.create_task(server.serve(sock))
+    return path, server, asyncio.create_task(server.serve(sock))
+
+
+@pytest.fixture
+async def daemon(tmp_path: Path):
+    manager = Manager(FakeLauncher(), grace=0.05)
+    path, server, task = serve(tmp_path, manager)
     yield manager, path
     server.close()
     task.cancel()
@@ -258,12 +263,7 @@ async def test_a_final_reply_over_the_wire_limit_still_brings_the_status(tmp_pat
     client still hears how the payload ended, and the connection goes on."""
     huge = [f"finding {i:06d} " + "x" * 400 for i in range(100_000)]
     manager = Manager(FakeLauncher(findings=huge), grace=0.05)
-    server = VarlinkServer(VarlinkService(manager).handle)
-    path = str(tmp_path / "s")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(path)
-    sock.listen()
-    task = asyncio.create_task(server.serve(sock))
+    path, server, task = serve(tmp_path, manager)
     try:
         peer = await Peer.connect(path)
         peer.send("Run", {"argv": ["true"], "cwd": "/w", "build": build_id()}, more=True)

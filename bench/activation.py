@@ -51,7 +51,9 @@ def main() -> int:
     subprocess.run(stop, capture_output=True)
     um.up()
     try:
-        subprocess.run(um.user_cmd([str(BIN / "boxyctl"), "setup"]), check=True, capture_output=True)
+        subprocess.run(
+            um.user_cmd([str(BIN / "boxyctl"), "setup"]), check=True, capture_output=True
+        )
         start = ["systemctl", "--user", "start", "boxyd.socket"]
         for _ in range(args.n):
             um.systemctl("stop", "boxyd.service", "boxyd.socket")
@@ -66,9 +68,11 @@ def main() -> int:
             (Path(pw.pw_dir) / ".config/systemd/user" / name).unlink(missing_ok=True)
     ref = statistics.median(warm)
     print(f"median of {args.n} (warm: {len(warm)})")
-    for label, xs in (("warm daemon: boxyctl run --net none -- true", warm),
-                      ("no daemon, boxyctl starts it, first run", on_demand),
-                      ("systemctl --user start boxyd.socket, then the first run", activated)):
+    for label, xs in (
+        ("warm daemon: boxyctl run --net none -- true", warm),
+        ("no daemon, boxyctl starts it, first run", on_demand),
+        ("systemctl --user start boxyd.socket, then the first run", activated),
+    ):
         m = statistics.median(xs)
         print(f"  {m * 1000:8.1f} ms  {m / ref:6.2f}x  {label}")
     return 0

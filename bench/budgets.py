@@ -23,15 +23,21 @@ import time
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
-FIFOS = ("i=0; while [ $i -lt 300 ]; do d=vendor/x$i/.git; mkdir -p $d/objects $d/refs; "
-         "mkfifo $d/HEAD; i=$((i+1)); done")
+FIFOS = (
+    "i=0; while [ $i -lt 300 ]; do d=vendor/x$i/.git; mkdir -p $d/objects $d/refs; "
+    "mkfifo $d/HEAD; i=$((i+1)); done"
+)
 
 
 def start_up(workdir: Path) -> float:
     """Seconds from `boxyctl run` to the payload's first line."""
     t = time.perf_counter()
-    proc = subprocess.Popen([str(BIN / "boxyctl"), "run", "--net", "none", "--", "echo", "ready"],
-                            cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(BIN / "boxyctl"), "run", "--net", "none", "--", "echo", "ready"],
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     took = time.perf_counter() - t
@@ -43,8 +49,9 @@ def start_up(workdir: Path) -> float:
 
 
 def running() -> int:
-    words = subprocess.run([str(BIN / "boxyctl"), "daemon", "status"], capture_output=True,
-                           text=True).stdout.split()
+    words = subprocess.run(
+        [str(BIN / "boxyctl"), "daemon", "status"], capture_output=True, text=True
+    ).stdout.split()
     return int(words[words.index("sessions") + 2]) if "sessions" in words else 0
 
 
@@ -55,8 +62,12 @@ def attack(base: Path, n: int) -> float:
         d = base / f"attack{i}"
         d.mkdir()
         subprocess.run(["git", "init", "-q", str(d)], check=True)
-        subprocess.run([str(BIN / "boxyctl"), "run", "-d", "--net", "none", "--", "sh", "-c", FIFOS],
-                       cwd=d, check=True, capture_output=True)
+        subprocess.run(
+            [str(BIN / "boxyctl"), "run", "-d", "--net", "none", "--", "sh", "-c", FIFOS],
+            cwd=d,
+            check=True,
+            capture_output=True,
+        )
     return time.monotonic()
 
 
@@ -81,13 +92,17 @@ def main() -> int:
         while running() > 0:
             time.sleep(0.2)
         ended = time.monotonic() - t0
-        print(f"idle daemon: another session's start-up  median {statistics.median(idle) * 1000:7.1f} ms,"
-              f" max {max(idle) * 1000:7.1f} ms")
+        print(
+            f"idle daemon: another session's start-up  median {statistics.median(idle) * 1000:7.1f} ms,"
+            f" max {max(idle) * 1000:7.1f} ms"
+        )
         if during:
-            print(f"{args.sessions} sessions planting 300 FIFO HEADs each: median "
-                  f"{statistics.median(during) * 1000:7.1f} ms, max {max(during) * 1000:7.1f} ms "
-                  f"({len(during)} samples, {statistics.median(overlapped):.0f} sessions live) "
-                  f"= {statistics.median(during) / statistics.median(idle):4.2f}x idle")
+            print(
+                f"{args.sessions} sessions planting 300 FIFO HEADs each: median "
+                f"{statistics.median(during) * 1000:7.1f} ms, max {max(during) * 1000:7.1f} ms "
+                f"({len(during)} samples, {statistics.median(overlapped):.0f} sessions live) "
+                f"= {statistics.median(during) / statistics.median(idle):4.2f}x idle"
+            )
         print(f"the attacking sessions all ended {ended:5.1f} s after they were started")
     finally:
         shutil.rmtree(base, ignore_errors=True)

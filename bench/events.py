@@ -65,8 +65,9 @@ async def main() -> None:
     s = await manager.start(request(), [])
     await started(s)
     # the watcher: another process, boxyctl's own synchronous client
-    child = await asyncio.create_subprocess_exec(sys.executable, "-c", WATCHER, path, s.id,
-                                                 stdout=asyncio.subprocess.PIPE)
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", WATCHER, path, s.id, stdout=asyncio.subprocess.PIPE
+    )
     while not s.events.watchers:
         await asyncio.sleep(0.01)
     took_publish = await publish(s, N)
@@ -75,10 +76,14 @@ async def main() -> None:
     await child.wait()
     print(f"{N} audit events")
     print(f"  publishing, nobody watching   {N / ref:10.0f} events/s  (reference)")
-    print(f"  publishing, one watcher       {N / took_publish:10.0f} events/s  "
-          f"{ref / took_publish:5.2f}x the reference")
-    print(f"  the watcher received          {got / took:10.0f} events/s  ({got} received, "
-          f"{lost} lost and told)")
+    print(
+        f"  publishing, one watcher       {N / took_publish:10.0f} events/s  "
+        f"{ref / took_publish:5.2f}x the reference"
+    )
+    print(
+        f"  the watcher received          {got / took:10.0f} events/s  ({got} received, "
+        f"{lost} lost and told)"
+    )
     alone.stop(kill=True)
     server.close()
     serving.cancel()

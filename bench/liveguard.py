@@ -55,9 +55,25 @@ def main() -> int:
         (work / "watch.py").write_text(WATCHER)
         audit = work.parent / f".boxy-bench-audit-{os.getpid()}.jsonl"
         seconds = 1.5 + n * 0.25
-        r = subprocess.run([str(BIN / "boxyctl"), "run", "-d", "--net", "none", "--audit-log", str(audit),
-                            "--", "python3", "watch.py", ".env,.env.local", str(seconds)],
-                           cwd=work, capture_output=True, text=True)
+        r = subprocess.run(
+            [
+                str(BIN / "boxyctl"),
+                "run",
+                "-d",
+                "--net",
+                "none",
+                "--audit-log",
+                str(audit),
+                "--",
+                "python3",
+                "watch.py",
+                ".env,.env.local",
+                str(seconds),
+            ],
+            cwd=work,
+            capture_output=True,
+            text=True,
+        )
         if r.returncode:
             sys.exit(f"boxyctl run: {r.stderr.strip()}")
         time.sleep(1.0)
@@ -75,7 +91,9 @@ def main() -> int:
             time.sleep(0.1)
         time.sleep(0.5)
         obs = json.loads((work / "obs.json").read_text())
-        audit_lines = [json.loads(ln) for ln in audit.read_text().splitlines()] if audit.exists() else []
+        audit_lines = (
+            [json.loads(ln) for ln in audit.read_text().splitlines()] if audit.exists() else []
+        )
         audit.unlink(missing_ok=True)
     report(obs, saves, created, audit_lines, n)
     return 0
@@ -108,21 +126,34 @@ def report(obs: dict, saves: list, created: float, audit: list, n: int) -> None:
     print(f"the payload's own read period: {ref:.3f} ms (reference)")
     if windows:
         med = statistics.median(windows) * 1e3
-        print(f"{n} host saves of a covered .env: covered again {med:.1f} ms after the rename "
-              f"(median; max {max(windows) * 1e3:.1f} ms; {med / ref:.0f}x the read period)")
-    print(f"  the payload read the newly saved secret within that window after {new_read} of {n} saves,")
-    print(f"  and the file the save replaced after {old_read} (vfs_rename detaches the stand-in before "
-          "it moves the new file in)")
+        print(
+            f"{n} host saves of a covered .env: covered again {med:.1f} ms after the rename "
+            f"(median; max {max(windows) * 1e3:.1f} ms; {med / ref:.0f}x the read period)"
+        )
+    print(
+        f"  the payload read the newly saved secret within that window after {new_read} of {n} saves,"
+    )
+    print(
+        f"  and the file the save replaced after {old_read} (vfs_rename detaches the stand-in before "
+        "it moves the new file in)"
+    )
     if guard:
         g = statistics.median(guard)
-        print(f"the guard's figure (inotify event to mount, {len(guard)} redos): median {g:.1f} ms, "
-              f"max {max(guard):.1f} ms ({g / ref:.0f}x the read period)")
+        print(
+            f"the guard's figure (inotify event to mount, {len(guard)} redos): median {g:.1f} ms, "
+            f"max {max(guard):.1f} ms ({g / ref:.0f}x the read period)"
+        )
     cov = _cover(seen, ".env.local", created)
     leaked = cov is not None and _read(seen, ".env.local", created, cov, "KEY=created\n")
-    print("a .env.local created during the session: "
-          + ("NOT covered" if cov is None else
-             f"covered {(cov - created) * 1e3:.1f} ms after it was written"
-             + ("; read before that" if leaked else "; never read")))
+    print(
+        "a .env.local created during the session: "
+        + (
+            "NOT covered"
+            if cov is None
+            else f"covered {(cov - created) * 1e3:.1f} ms after it was written"
+            + ("; read before that" if leaked else "; never read")
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ STARTUP_RUNS = 10
 
 # The source, run as root in the fake-internet netns. GET /bytes?n=N answers N bytes
 # by sendfile() from a memfd (no copy through Python); anything else answers "ok".
-SERVER = r'''
+SERVER = r"""
 import os, socket, sys, threading
 addr, port = sys.argv[1], int(sys.argv[2])
 BLOCK = 16 << 20
@@ -96,11 +96,11 @@ print("ready", flush=True)
 while True:
     c, _ = s.accept()
     threading.Thread(target=serve, args=(c,), daemon=True).start()
-'''
+"""
 
 # The client, stdlib only (it runs in the sandbox too). One command per stdin line,
 # one JSON answer per line, so the bench can read boxyd's CPU between phases.
-CLIENT = r'''
+CLIENT = r"""
 import json, socket, statistics, sys, time
 name, addr, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
 
@@ -185,7 +185,7 @@ for line in sys.stdin:
     else:
         out = {"bulk": bulk, "conns": conns}[cmd](int(arg))
     print(json.dumps(out), flush=True)
-'''
+"""
 
 
 class BenchError(RuntimeError):
@@ -206,8 +206,10 @@ class Peer:
         if not line:
             self.proc.kill()
             _, err = self.proc.communicate(timeout=10)
-            raise BenchError(f"{self.label}: no answer (exit {self.proc.returncode}): "
-                             f"{err.decode(errors='replace').strip()[-2000:]}")
+            raise BenchError(
+                f"{self.label}: no answer (exit {self.proc.returncode}): "
+                f"{err.decode(errors='replace').strip()[-2000:]}"
+            )
         return json.loads(line)
 
     def ask(self, cmd: str, arg: int | str) -> dict:
@@ -232,26 +234,41 @@ class Env:
     def __init__(self, topo: topo_mod.Topology, user: str) -> None:
         self.topo = topo
         self.pw = pwd.getpwnam(user)
-        self.env = {"HOME": self.pw.pw_dir, "USER": user, "LOGNAME": user, "LANG": "C.UTF-8",
-                    "PATH": f"{BIN}:/usr/local/bin:/usr/bin:/bin",
-                    **topo.user_env(self.pw.pw_uid, self.pw.pw_gid)}
+        self.env = {
+            "HOME": self.pw.pw_dir,
+            "USER": user,
+            "LOGNAME": user,
+            "LANG": "C.UTF-8",
+            "PATH": f"{BIN}:/usr/local/bin:/usr/bin:/bin",
+            **topo.user_env(self.pw.pw_uid, self.pw.pw_gid),
+        }
 
     def argv(self, argv: list[str]) -> list[str]:
         env = [f"{k}={v}" for k, v in self.env.items()]
-        return self.topo.exec_in_host(["runuser", "-u", self.pw.pw_name, "--", "env", "-i",
-                                       *env, *argv])
+        return self.topo.exec_in_host(
+            ["runuser", "-u", self.pw.pw_name, "--", "env", "-i", *env, *argv]
+        )
 
     def spawn(self, label: str, argv: list[str], cwd: Path) -> Peer:
-        proc = subprocess.Popen(self.argv(argv), cwd=cwd, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            self.argv(argv),
+            cwd=cwd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         peer = Peer(label, proc)
         if not peer.read().get("ready"):
             raise BenchError(f"{label}: did not start")
         return peer
 
     def boxyd_pid(self) -> int:
-        out = subprocess.run(self.argv([str(BIN / "boxyctl"), "daemon", "status"]),
-                             capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run(
+            self.argv([str(BIN / "boxyctl"), "daemon", "status"]),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
         m = re.search(r"pid (\d+)", out)
         if not m:
             raise BenchError(f"boxyctl daemon status: no pid in {out.strip()!r}")
@@ -265,8 +282,11 @@ def cpu_seconds(pid: int) -> float:
 
 
 def start_server(topo: topo_mod.Topology, addr: str) -> subprocess.Popen:
-    proc = subprocess.Popen(topo.exec_in_net([sys.executable, "-c", SERVER, addr, str(PORT)]),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        topo.exec_in_net([sys.executable, "-c", SERVER, addr, str(PORT)]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], 10)
     if not ready or proc.stdout.readline().strip() != b"ready":
@@ -298,8 +318,9 @@ def run(args: argparse.Namespace) -> int:
         client = [PYTHON, "-I", "client.py", name, addr, str(PORT)]
         direct = env.spawn("direct", client, work)
         t0 = time.perf_counter()
-        boxed = env.spawn("boxy", [str(BIN / "boxyctl"), "run", "--net", "public", "--", *client],
-                          work)
+        boxed = env.spawn(
+            "boxy", [str(BIN / "boxyctl"), "run", "--net", "public", "--", *client], work
+        )
         start = time.perf_counter() - t0
         pid = env.boxyd_pid()
 
@@ -353,35 +374,53 @@ def run(args: argparse.Namespace) -> int:
 
     g = {k: statistics.median(gbps(r) for r in v) for k, v in bulk.items()}
     cps = {k: v["ok"] / v["seconds"] for k, v in conns.items()}
-    added = {label: lat["boxy"]["median_ms"] - lat["direct"]["median_ms"]
-             for label, lat in lats.items()}
+    added = {
+        label: lat["boxy"]["median_ms"] - lat["direct"]["median_ms"] for label, lat in lats.items()
+    }
     bulk_ok = g["boxy"] >= 3 and g["boxy"] >= g["direct"] / 2
-    print(f"boxy network bench: {os.cpu_count()} CPUs, topology {PREFIX}, server {name}:{PORT}; "
-          f"sandbox ready in {start:.2f} s")
+    print(
+        f"boxy network bench: {os.cpu_count()} CPUs, topology {PREFIX}, server {name}:{PORT}; "
+        f"sandbox ready in {start:.2f} s"
+    )
     print(f"{'':34}{'direct':>10}{'boxy':>10}{'boxy/dir':>10}   target")
-    print(f"{f'bulk Gbit/s ({args.size_mib} MiB, median of {args.repeat})':34}"
-          f"{g['direct']:10.2f}{g['boxy']:10.2f}{g['boxy'] / g['direct']:10.2f}   "
-          f">= 3 and >= 0.5x: {'met' if bulk_ok else 'MISSED'}")
+    print(
+        f"{f'bulk Gbit/s ({args.size_mib} MiB, median of {args.repeat})':34}"
+        f"{g['direct']:10.2f}{g['boxy']:10.2f}{g['boxy'] / g['direct']:10.2f}   "
+        f">= 3 and >= 0.5x: {'met' if bulk_ok else 'MISSED'}"
+    )
     print(f"{'  boxyd CPU s/GB (median)':34}{'':10}{statistics.median(cpu_per_gb):10.3f}")
-    print(f"{f'conns/s ({args.conns} sequential)':34}{cps['direct']:10.0f}{cps['boxy']:10.0f}"
-          f"{cps['boxy'] / cps['direct']:10.2f}")
-    print(f"{'  failed connections':34}{conns['direct']['errors']:10d}{conns['boxy']['errors']:10d}")
+    print(
+        f"{f'conns/s ({args.conns} sequential)':34}{cps['direct']:10.0f}{cps['boxy']:10.0f}"
+        f"{cps['boxy'] / cps['direct']:10.2f}"
+    )
+    print(
+        f"{'  failed connections':34}{conns['direct']['errors']:10d}{conns['boxy']['errors']:10d}"
+    )
     print(f"{'  boxyd CPU ms/connection':34}{'':10}{conn_cpu_ms:10.3f}")
     for label, lat in lats.items():
         a = added[label]
-        print(f"{f'new conn ms ({label}), median':34}{lat['direct']['median_ms']:10.3f}"
-              f"{lat['boxy']['median_ms']:10.3f}{'':10}   < 1 ms added: {a:.3f} ms "
-              f"{'met' if a < 1 else 'MISSED'}")
-        for key, what in (("dns_ms", "DNS lookup"), ("connect_ms", "connect"),
-                          ("first_byte_ms", "request to first byte")):
+        print(
+            f"{f'new conn ms ({label}), median':34}{lat['direct']['median_ms']:10.3f}"
+            f"{lat['boxy']['median_ms']:10.3f}{'':10}   < 1 ms added: {a:.3f} ms "
+            f"{'met' if a < 1 else 'MISSED'}"
+        )
+        for key, what in (
+            ("dns_ms", "DNS lookup"),
+            ("connect_ms", "connect"),
+            ("first_byte_ms", "request to first byte"),
+        ):
             print(f"{f'  {what}, median ms':34}{lat['direct'][key]:10.3f}{lat['boxy'][key]:10.3f}")
         print(f"{'  p90 ms':34}{lat['direct']['p90_ms']:10.3f}{lat['boxy']['p90_ms']:10.3f}")
-        print(f"{'  failed lookups/connections':34}{lat['direct']['errors']:10d}"
-              f"{lat['boxy']['errors']:10d}"
-              + "".join(f"   {k}: {v['error_kinds']}" for k, v in lat.items() if v["error_kinds"]))
-    print(f"{f'start-up ms, median of {STARTUP_RUNS}':34}" + "".join(
-        f"  {mode} {ms:.1f}" for mode, ms in startup.items())
-          + f"   (network adds {startup['public'] - startup['none']:.1f} ms)")
+        print(
+            f"{'  failed lookups/connections':34}{lat['direct']['errors']:10d}"
+            f"{lat['boxy']['errors']:10d}"
+            + "".join(f"   {k}: {v['error_kinds']}" for k, v in lat.items() if v["error_kinds"])
+        )
+    print(
+        f"{f'start-up ms, median of {STARTUP_RUNS}':34}"
+        + "".join(f"  {mode} {ms:.1f}" for mode, ms in startup.items())
+        + f"   (network adds {startup['public'] - startup['none']:.1f} ms)"
+    )
     return 0
 
 
@@ -390,9 +429,13 @@ def main() -> int:
     ap.add_argument("--size-mib", type=int, default=1024, help="bytes per bulk transfer")
     ap.add_argument("--repeat", type=int, default=3, help="bulk transfers per side")
     ap.add_argument("--conns", type=int, default=1000, help="sequential short connections")
-    ap.add_argument("--samples", type=int, default=DNS_BURST * 3 // 4,
-                    help="timed new connections by name, per latency run (back to back: "
-                         f"keep under boxy's DNS burst of {DNS_BURST})")
+    ap.add_argument(
+        "--samples",
+        type=int,
+        default=DNS_BURST * 3 // 4,
+        help="timed new connections by name, per latency run (back to back: "
+        f"keep under boxy's DNS burst of {DNS_BURST})",
+    )
     ap.add_argument("--user", default=os.environ.get("BOXY_TEST_USER", "boxytest"))
     ap.add_argument("--keep", action="store_true", help="leave the topology up afterwards")
     args = ap.parse_args()

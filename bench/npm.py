@@ -45,8 +45,9 @@ def registry_flags_for(hosts: list[str]) -> list[str]:
 
 
 def registry_flags() -> list[str]:
-    url = subprocess.run(["npm", "config", "get", "registry"], capture_output=True, text=True,
-                         check=True).stdout.strip()
+    url = subprocess.run(
+        ["npm", "config", "get", "registry"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     return registry_flags_for([url.split("://", 1)[-1].split("/", 1)[0]])
 
 
@@ -56,12 +57,21 @@ def timed(argv: list[str], cwd: Path, fresh: str = "node_modules") -> float:
     t = time.perf_counter()
     r = subprocess.run(argv, cwd=cwd, capture_output=True)
     if r.returncode != 0:
-        sys.exit(f"{' '.join(argv)}: exit {r.returncode}\n{r.stderr.decode(errors='replace')[-2000:]}")
+        sys.exit(
+            f"{' '.join(argv)}: exit {r.returncode}\n{r.stderr.decode(errors='replace')[-2000:]}"
+        )
     return time.perf_counter() - t
 
 
-def compare(what: str, outside_argv: list[str], boxy_argv: list[str], work: Path, profile: str,
-            n: int, fresh: str) -> None:
+def compare(
+    what: str,
+    outside_argv: list[str],
+    boxy_argv: list[str],
+    work: Path,
+    profile: str,
+    n: int,
+    fresh: str,
+) -> None:
     """Boxy with its project cache cold; then outside (warm host cache) and boxy warm,
     interleaved round by round: the machine's load drifts (other jobs, the writeback
     of the cold runs), and a ratio of two medians taken minutes apart measures it."""
@@ -75,10 +85,14 @@ def compare(what: str, outside_argv: list[str], boxy_argv: list[str], work: Path
     warm = statistics.median(b for _, b in pairs)
     print(f"{what}, median of {n}")
     print(f"  outside the sandbox, warm cache     {outside:6.2f} s  (reference)")
-    print(f"  boxy --profile {profile}, cold cache {statistics.median(cold):6.2f} s  "
-          f"{statistics.median(cold) / outside:5.2f}x")
-    print(f"  boxy --profile {profile}, warm cache {warm:6.2f} s  {warm / outside:5.2f}x  "
-          f"(paired per round: {statistics.median(b / o for o, b in pairs):.2f}x)")
+    print(
+        f"  boxy --profile {profile}, cold cache {statistics.median(cold):6.2f} s  "
+        f"{statistics.median(cold) / outside:5.2f}x"
+    )
+    print(
+        f"  boxy --profile {profile}, warm cache {warm:6.2f} s  {warm / outside:5.2f}x  "
+        f"(paired per round: {statistics.median(b / o for o, b in pairs):.2f}x)"
+    )
     shutil.rmtree(cache, ignore_errors=True)
 
 
@@ -95,10 +109,12 @@ def start(name: str) -> tuple[int, Path]:
 def main() -> int:
     n, work = start("npm")
     try:
-        (work / "package.json").write_text(json.dumps(
-            {"name": "bench", "version": "1.0.0", "private": True, "dependencies": DEPS}))
-        subprocess.run(["npm", "install", "--no-audit", "--no-fund"], cwd=work, check=True,
-                       capture_output=True)  # the lock file, and a warm host cache
+        (work / "package.json").write_text(
+            json.dumps({"name": "bench", "version": "1.0.0", "private": True, "dependencies": DEPS})
+        )
+        subprocess.run(
+            ["npm", "install", "--no-audit", "--no-fund"], cwd=work, check=True, capture_output=True
+        )  # the lock file, and a warm host cache
         count = len(json.loads((work / "package-lock.json").read_text())["packages"]) - 1
         npm_ci = ["npm", "ci", "--no-audit", "--no-fund"]
         boxy = [str(BIN / "boxyctl"), "run", "--profile", "node", *registry_flags(), "--", *npm_ci]

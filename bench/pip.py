@@ -28,15 +28,39 @@ def main() -> int:
     n, work = start("pip")
     try:
         (work / "requirements.txt").write_text(REQUIREMENTS)
-        install = [PY, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
-                   "--target", "site", "-r", "requirements.txt"]
+        install = [
+            PY,
+            "-m",
+            "pip",
+            "install",
+            "--no-input",
+            "--disable-pip-version-check",
+            "--target",
+            "site",
+            "-r",
+            "requirements.txt",
+        ]
         timed(install, work, "site")  # warms the host's own cache
         reg = Registries(dict(os.environ))
         hosts = [h for h in (reg("pip_index"), reg("pip_files")) if h]
-        boxy = [str(BIN / "boxyctl"), "run", "--profile", "python", *registry_flags_for(hosts),
-                "--", *install]
-        compare(f"pip install -r of {len(REQUIREMENTS.split())} packages", install, boxy, work,
-                "python", n, "site")
+        boxy = [
+            str(BIN / "boxyctl"),
+            "run",
+            "--profile",
+            "python",
+            *registry_flags_for(hosts),
+            "--",
+            *install,
+        ]
+        compare(
+            f"pip install -r of {len(REQUIREMENTS.split())} packages",
+            install,
+            boxy,
+            work,
+            "python",
+            n,
+            "site",
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

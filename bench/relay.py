@@ -140,8 +140,12 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=3, help="runs per case (median reported)")
     ap.add_argument("--mode", choices=["auto", "copy", "splice", "all"], default="all")
     ap.add_argument("--direction", choices=["up", "down", "both"], default="both")
-    ap.add_argument("--pipe-kib", type=int, help=f"splice pipe size (default {relay_mod.PIPE_SIZE >> 10})")
-    ap.add_argument("--copy-kib", type=int, help=f"copy buffer (default {relay_mod.COPY_BUFFER >> 10})")
+    ap.add_argument(
+        "--pipe-kib", type=int, help=f"splice pipe size (default {relay_mod.PIPE_SIZE >> 10})"
+    )
+    ap.add_argument(
+        "--copy-kib", type=int, help=f"copy buffer (default {relay_mod.COPY_BUFFER >> 10})"
+    )
     args = ap.parse_args()
     if args.pipe_kib:
         relay_mod.PIPE_SIZE = args.pipe_kib * 1024
@@ -150,8 +154,10 @@ def main() -> int:
     total = args.size_mib * 1024 * 1024
     modes = ["auto", "copy", "splice"] if args.mode == "all" else [args.mode]
     dirs = ["up", "down"] if args.direction == "both" else [args.direction]
-    print(f"{args.size_mib} MiB per transfer, median of {args.n}, {os.cpu_count()} CPUs, "
-          f"pipe {relay_mod.PIPE_SIZE >> 10} KiB, copy buffer {relay_mod.COPY_BUFFER >> 10} KiB")
+    print(
+        f"{args.size_mib} MiB per transfer, median of {args.n}, {os.cpu_count()} CPUs, "
+        f"pipe {relay_mod.PIPE_SIZE >> 10} KiB, copy buffer {relay_mod.COPY_BUFFER >> 10} KiB"
+    )
     for d in dirs:
         up = d == "up"
         direct = statistics.median(run_once(total, up, None)[0] for _ in range(args.n))
@@ -162,8 +168,10 @@ def main() -> int:
             elapsed = statistics.median(r[0] for r in runs)
             cpu = statistics.median(r[1] for r in runs)
             gbps = total * 8 / elapsed / 1e9
-            print(f"[{d:4}] pump {mode:8} {gbps:6.2f} Gbit/s  ratio {gbps / gbps_direct:4.2f}"
-                  f"  relay CPU {cpu / (total / 1e9):5.3f} s/GB")
+            print(
+                f"[{d:4}] pump {mode:8} {gbps:6.2f} Gbit/s  ratio {gbps / gbps_direct:4.2f}"
+                f"  relay CPU {cpu / (total / 1e9):5.3f} s/GB"
+            )
     return 0
 
 

@@ -16,8 +16,9 @@ BIN = Path(sys.executable).parent
 
 
 def ctl(*args: str) -> str:
-    return subprocess.run([str(BIN / "boxyctl"), *args], check=True, capture_output=True,
-                          text=True).stdout
+    return subprocess.run(
+        [str(BIN / "boxyctl"), *args], check=True, capture_output=True, text=True
+    ).stdout
 
 
 def rss_kib(pid: int) -> int:
@@ -51,9 +52,11 @@ def measure(label: str) -> None:
     kids = children(pid)
     template = [k for k in kids if "boxyd.stage2" in Path(f"/proc/{k}/cmdline").read_text()]
     runs = [g for t in template for g in children(t)]
-    print(f"  {label:<22} boxyd {rss_kib(pid) / 1024:6.1f} MiB   template "
-          f"{sum(rss_kib(t) for t in template) / 1024:5.1f} MiB   sessions' stage 2: RSS "
-          f"{sum(map(rss_kib, runs)) / 1024:6.1f} MiB, PSS {sum(map(pss_kib, runs)) / 1024:6.1f} MiB")
+    print(
+        f"  {label:<22} boxyd {rss_kib(pid) / 1024:6.1f} MiB   template "
+        f"{sum(rss_kib(t) for t in template) / 1024:5.1f} MiB   sessions' stage 2: RSS "
+        f"{sum(map(rss_kib, runs)) / 1024:6.1f} MiB, PSS {sum(map(pss_kib, runs)) / 1024:6.1f} MiB"
+    )
 
 
 def main() -> int:

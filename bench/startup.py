@@ -22,7 +22,9 @@ BIN = Path(sys.executable).parent
 def measure(argv: list[str], n: int) -> float:
     warm = subprocess.run(argv, capture_output=True)  # daemon start, page cache
     if warm.returncode != 0:
-        sys.exit(f"{' '.join(argv)}: exit {warm.returncode}: {warm.stderr.decode(errors='replace').strip()}")
+        sys.exit(
+            f"{' '.join(argv)}: exit {warm.returncode}: {warm.stderr.decode(errors='replace').strip()}"
+        )
     times = []
     for _ in range(n):
         t = time.perf_counter()
@@ -36,15 +38,42 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=30)
     n = ap.parse_args().n
     cases: dict[str, list[str]] = {
-        "boxyctl run --net none -- true": [str(BIN / "boxyctl"), "run", "--net", "none", "--", "true"],
+        "boxyctl run --net none -- true": [
+            str(BIN / "boxyctl"),
+            "run",
+            "--net",
+            "none",
+            "--",
+            "true",
+        ],
         "python3 -c pass (interpreter start)": [sys.executable, "-I", "-c", "pass"],
         "unshare -Urmpf --mount-proc true": ["unshare", "-Urmpf", "--mount-proc", "true"],
     }
     if shutil.which("bwrap"):
         cases["bwrap --unshare-all --die-with-parent … true"] = [
-            "bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr",
-            "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "true"]
+            "bwrap",
+            "--unshare-all",
+            "--die-with-parent",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+            "--symlink",
+            "usr/bin",
+            "/bin",
+            "--symlink",
+            "usr/lib",
+            "/lib",
+            "--symlink",
+            "usr/lib64",
+            "/lib64",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/tmp",
+            "true",
+        ]
     results = {name: measure(argv, n) for name, argv in cases.items()}
     ref = results["boxyctl run --net none -- true"]
     print(f"median of {n} runs")

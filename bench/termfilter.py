@@ -44,7 +44,7 @@ def filter_alone(data: bytes) -> float:
     f = TermFilter()
     t = time.perf_counter()
     for i in range(0, len(data), CHUNK):
-        f.feed(data[i:i + CHUNK])
+        f.feed(data[i : i + CHUNK])
     return len(data) / MiB / (time.perf_counter() - t)
 
 
@@ -61,7 +61,7 @@ def _write(fd: int, data: bytes) -> None:
     """The payload."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view[:CHUNK]):]
+        view = view[os.write(fd, view[:CHUNK]) :]
 
 
 def _fork(target: Callable[..., None], *args: object) -> int:
@@ -110,12 +110,16 @@ def main() -> int:
     for kind, line in KINDS.items():
         data = _sample(line, size)
         alone = statistics.median(filter_alone(data) for _ in range(args.n))
-        runs = [(asyncio.run(relayed(data, True)), asyncio.run(relayed(data, False)))
-                for _ in range(args.n)]  # interleaved: a busy moment hits both alike
+        runs = [
+            (asyncio.run(relayed(data, True)), asyncio.run(relayed(data, False)))
+            for _ in range(args.n)
+        ]  # interleaved: a busy moment hits both alike
         raw = statistics.median(r for r, _ in runs)
         filt = statistics.median(f for _, f in runs)
-        print(f"{kind:26} filter alone {alone:8.0f} MiB/s   relay raw {raw:6.0f} MiB/s   "
-              f"filtered {filt:6.0f} MiB/s   ratio {filt / raw:4.2f}")
+        print(
+            f"{kind:26} filter alone {alone:8.0f} MiB/s   relay raw {raw:6.0f} MiB/s   "
+            f"filtered {filt:6.0f} MiB/s   ratio {filt / raw:4.2f}"
+        )
     return 0
 
 

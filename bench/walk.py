@@ -73,21 +73,30 @@ def links(base: Path, size: int, files: int, n: int) -> None:
     try:
         st = os.stat(tree / ".env")
         t = time.perf_counter()
-        masking.search_links(root_fd, {(st.st_dev, st.st_ino): masking._Linked(".env", 99, [])},
-                             stat_all=True, limit=None)
+        masking.search_links(
+            root_fd,
+            {(st.st_dev, st.st_ino): masking._Linked(".env", 99, [])},
+            stat_all=True,
+            limit=None,
+        )
         every = time.perf_counter() - t
     finally:
         os.close(root_fd)
-    print(f"{size:>7} directories, {size * files:,} files: walk before {plain:6.2f} s; with a "
-          f"hard-linked .env {linked:6.2f} s (+{linked - plain:.2f} s: the search); "
-          f"the search with an lstat of every file {every:6.2f} s")
+    print(
+        f"{size:>7} directories, {size * files:,} files: walk before {plain:6.2f} s; with a "
+        f"hard-linked .env {linked:6.2f} s (+{linked - plain:.2f} s: the search); "
+        f"the search with an lstat of every file {every:6.2f} s"
+    )
     shutil.rmtree(tree)
 
 
 def boxy(workdir: Path) -> float:
     t = time.perf_counter()
-    subprocess.run([str(BIN / "boxyctl"), "run", "--net", "none", "-w", str(workdir), "--", "true"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [str(BIN / "boxyctl"), "run", "--net", "none", "-w", str(workdir), "--", "true"],
+        check=True,
+        capture_output=True,
+    )
     return time.perf_counter() - t
 
 
@@ -103,8 +112,11 @@ def during(big: Path, small: Path, n: int) -> list[float]:
     try:
         while len(times) < n:
             if proc is None or proc.poll() is not None:
-                proc = subprocess.Popen([str(BIN / "boxyctl"), "run", "--net", "none", "-w", str(big),
-                                         "--", "true"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                proc = subprocess.Popen(
+                    [str(BIN / "boxyctl"), "run", "--net", "none", "-w", str(big), "--", "true"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
                 time.sleep(0.05)  # let it reach its walk
             times.append(boxy(small))
     finally:
@@ -117,7 +129,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="20000,300000")
     ap.add_argument("-n", type=int, default=10)
-    ap.add_argument("--walk-only", action="store_true", help="only the walk, with and without a hard link")
+    ap.add_argument(
+        "--walk-only", action="store_true", help="only the walk, with and without a hard link"
+    )
     ap.add_argument("--files", type=int, default=5, help="files per directory (--walk-only)")
     args = ap.parse_args()
     if os.getuid() == 0:
@@ -135,7 +149,9 @@ def main() -> int:
         make_tree(small, 10)
         boxy(small)  # daemon start, page cache
         idle = median(lambda: boxy(small), args.n)
-        print(f"idle daemon: `boxyctl run -- true` in a small tree  {idle * 1000:8.1f} ms (reference)")
+        print(
+            f"idle daemon: `boxyctl run -- true` in a small tree  {idle * 1000:8.1f} ms (reference)"
+        )
         for size in (int(s) for s in args.sizes.split(",")):
             tree = base / f"t{size}"
             make_tree(tree, size)
@@ -143,15 +159,24 @@ def main() -> int:
             trees = worktree.prepare([str(tree)], git_guard=True)
             before = time.perf_counter() - t
             t = time.perf_counter()
-            worktree.after(trees, {str(tree): trees[str(tree)].baseline}, str(base / "q"),
-                           str(Path.home()), toolshed.opener())
+            worktree.after(
+                trees,
+                {str(tree): trees[str(tree)].baseline},
+                str(base / "q"),
+                str(Path.home()),
+                toolshed.opener(),
+            )
             after = time.perf_counter() - t
             run = median(lambda tree=tree: boxy(tree), 3)
             others = during(tree, small, args.n)
-            print(f"{size:>7} directories: walk before {before:6.2f} s, after {after:6.2f} s; "
-                  f"the run {run:6.2f} s ({run / idle:5.1f}x the small run)")
-            print(f"{'':>7}  another session during its walk: median {statistics.median(others) * 1000:7.1f} ms,"
-                  f" max {max(others) * 1000:7.1f} ms  = {statistics.median(others) / idle:4.2f}x idle")
+            print(
+                f"{size:>7} directories: walk before {before:6.2f} s, after {after:6.2f} s; "
+                f"the run {run:6.2f} s ({run / idle:5.1f}x the small run)"
+            )
+            print(
+                f"{'':>7}  another session during its walk: median {statistics.median(others) * 1000:7.1f} ms,"
+                f" max {max(others) * 1000:7.1f} ms  = {statistics.median(others) / idle:4.2f}x idle"
+            )
             shutil.rmtree(tree)
     finally:
         shutil.rmtree(base, ignore_errors=True)

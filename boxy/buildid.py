@@ -27,6 +27,8 @@ def build_id() -> str:
                 if name.endswith(_SUFFIXES):
                     path = os.path.join(dirpath, name)
                     st = os.stat(path)
-                    listing.append(f"{os.path.relpath(path, here)}\0{st.st_size}\0{st.st_mtime_ns}\n")
+                    listing.append(
+                        f"{os.path.relpath(path, here)}\0{st.st_size}\0{st.st_mtime_ns}\n"
+                    )
     data = "".join(listing).encode()
     return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}"

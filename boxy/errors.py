@@ -80,8 +80,11 @@ class BuildMismatch(DaemonError):
         self.client_build = client_build
 
     def parameters(self) -> dict[str, Any]:
-        return {"message": str(self), "daemon_build": self.daemon_build,
-                "client_build": self.client_build}
+        return {
+            "message": str(self),
+            "daemon_build": self.daemon_build,
+            "client_build": self.client_build,
+        }
 
     @classmethod
     def from_parameters(cls, params: dict[str, Any]) -> BoxyError:
@@ -96,19 +99,25 @@ class SecretsNeeded(UsageError):
     def __init__(self, names: list[str], profile: str, passed: list[str] | None = None) -> None:
         what = [f"env_secrets {', '.join(names)}"] if names else []
         what += [f"env_pass {', '.join(passed)}"] if passed else []
-        super().__init__(f"profile {profile}: {'; '.join(what)}: boxyctl passes them from its "
-                         "environment")
+        super().__init__(
+            f"profile {profile}: {'; '.join(what)}: boxyctl passes them from its environment"
+        )
         self.names, self.profile, self.passed = names, profile, list(passed or [])
 
     def parameters(self) -> dict[str, Any]:
-        return {"message": str(self), "names": self.names, "profile": self.profile,
-                "passed": self.passed}
+        return {
+            "message": str(self),
+            "names": self.names,
+            "profile": self.profile,
+            "passed": self.passed,
+        }
 
     @classmethod
     def from_parameters(cls, params: dict[str, Any]) -> BoxyError:
         def names(key: str) -> list[str]:
             got = params.get(key)
             return [str(n) for n in got] if isinstance(got, list) else []
+
         return cls(names("names"), str(params.get("profile", "")), names("passed"))
 
 
@@ -151,6 +160,6 @@ def from_wire(name: str, params: dict[str, Any]) -> BoxyError | None:
     """The exception an error reply NAME (varlink or D-Bus) stands for; None for a
     name outside the table (org.varlink.service.*, or a newer daemon's)."""
     for prefix in (VARLINK_PREFIX, DBUS_PREFIX):
-        if name.startswith(prefix) and name[len(prefix):] in _BY_NAME:
-            return _BY_NAME[name[len(prefix):]].from_parameters(params)
+        if name.startswith(prefix) and name[len(prefix) :] in _BY_NAME:
+            return _BY_NAME[name[len(prefix) :]].from_parameters(params)
     return None

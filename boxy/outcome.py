@@ -31,8 +31,10 @@ def clip(lines: list[str], what: str, where: str) -> list[str]:
     nothing. LINES itself when it is within bounds."""
     if not clipped(lines):
         return lines
-    head = [x if len(x) <= MAX_LINE else x[:MAX_LINE] + f"… ({len(x):,} characters)"
-            for x in lines[:MAX_LINES - 1]]
+    head = [
+        x if len(x) <= MAX_LINE else x[:MAX_LINE] + f"… ({len(x):,} characters)"
+        for x in lines[: MAX_LINES - 1]
+    ]
     rest = len(lines) - len(head)
     more = f"and {rest:,} more {what}" if rest else f"{what} cut short"
     return [*head, f"… {more} ({len(lines):,} in all; {where})"]
@@ -62,8 +64,14 @@ class Reason(enum.Enum):
     EXEC = "exec"  # the command could not be executed (126, 127)
 
 
-_STATE_OF = {Reason.EXIT: State.EXITED, Reason.SIGNAL: State.KILLED, Reason.SECCOMP: State.KILLED,
-             Reason.TIMEOUT: State.TIMED_OUT, Reason.SETUP: State.FAILED, Reason.EXEC: State.FAILED}
+_STATE_OF = {
+    Reason.EXIT: State.EXITED,
+    Reason.SIGNAL: State.KILLED,
+    Reason.SECCOMP: State.KILLED,
+    Reason.TIMEOUT: State.TIMED_OUT,
+    Reason.SETUP: State.FAILED,
+    Reason.EXEC: State.FAILED,
+}
 
 
 class Outcome(Value):
@@ -72,14 +80,34 @@ class Outcome(Value):
     NOTES other lines said at the end; DESTINATIONS the table of where the network
     went; WARNINGS what was said at the start (kept for a run that never started)."""
 
-    __slots__ = ("exit_status", "reason", "message", "signal", "findings", "notes",
-                 "destinations", "warnings")
+    __slots__ = (
+        "exit_status",
+        "reason",
+        "message",
+        "signal",
+        "findings",
+        "notes",
+        "destinations",
+        "warnings",
+    )
 
-    def __init__(self, exit_status: int, reason: Reason, message: str = "",
-                 signal: int | None = None, findings: list[str] | None = None,
-                 notes: list[str] | None = None, destinations: str = "",
-                 warnings: list[str] | None = None) -> None:
-        self.exit_status, self.reason, self.message, self.signal = exit_status, reason, message, signal
+    def __init__(
+        self,
+        exit_status: int,
+        reason: Reason,
+        message: str = "",
+        signal: int | None = None,
+        findings: list[str] | None = None,
+        notes: list[str] | None = None,
+        destinations: str = "",
+        warnings: list[str] | None = None,
+    ) -> None:
+        self.exit_status, self.reason, self.message, self.signal = (
+            exit_status,
+            reason,
+            message,
+            signal,
+        )
         self.findings = findings if findings is not None else []
         self.notes = notes if notes is not None else []
         self.destinations = destinations
@@ -90,8 +118,11 @@ class Outcome(Value):
         return _STATE_OF[self.reason]
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"exit_status": self.exit_status, "reason": self.reason.value,
-                               "state": self.state.value}
+        out: dict[str, Any] = {
+            "exit_status": self.exit_status,
+            "reason": self.reason.value,
+            "state": self.state.value,
+        }
         for key in ("message", "signal", "findings", "notes", "destinations", "warnings"):
             value = getattr(self, key)
             if value:
@@ -106,10 +137,16 @@ class Outcome(Value):
         except ValueError:
             reason = Reason.SETUP
         status = d.get("exit_status")
-        return cls(status if type(status) is int else 1, reason, str(d.get("message") or ""),
-                   d.get("signal") if type(d.get("signal")) is int else None,
-                   [str(x) for x in d.get("findings") or []], [str(x) for x in d.get("notes") or []],
-                   str(d.get("destinations") or ""), [str(x) for x in d.get("warnings") or []])
+        return cls(
+            status if type(status) is int else 1,
+            reason,
+            str(d.get("message") or ""),
+            d.get("signal") if type(d.get("signal")) is int else None,
+            [str(x) for x in d.get("findings") or []],
+            [str(x) for x in d.get("notes") or []],
+            str(d.get("destinations") or ""),
+            [str(x) for x in d.get("warnings") or []],
+        )
 
 
 class Counters(Value):
@@ -117,8 +154,14 @@ class Counters(Value):
 
     __slots__ = ("connections", "denials", "bytes_up", "bytes_down", "destinations")
 
-    def __init__(self, connections: int = 0, denials: int = 0, bytes_up: int = 0,
-                 bytes_down: int = 0, destinations: int = 0) -> None:
+    def __init__(
+        self,
+        connections: int = 0,
+        denials: int = 0,
+        bytes_up: int = 0,
+        bytes_down: int = 0,
+        destinations: int = 0,
+    ) -> None:
         self.connections, self.denials = connections, denials
         self.bytes_up, self.bytes_down, self.destinations = bytes_up, bytes_down, destinations
 
@@ -136,13 +179,34 @@ class SessionInfo(Value):
     """One session as List and Show report it, running or from its record. Times
     are seconds since the epoch; OUTCOME is None while it runs."""
 
-    __slots__ = ("id", "state", "argv", "workdir", "profile", "started_at", "ended_at",
-                 "outcome", "counters", "attached", "limits")
+    __slots__ = (
+        "id",
+        "state",
+        "argv",
+        "workdir",
+        "profile",
+        "started_at",
+        "ended_at",
+        "outcome",
+        "counters",
+        "attached",
+        "limits",
+    )
 
-    def __init__(self, id: str, state: State, argv: list[str], workdir: str,
-                 profile: str | None, started_at: float, ended_at: float | None = None,
-                 outcome: Outcome | None = None, counters: Counters | None = None,
-                 attached: bool = False, limits: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        id: str,
+        state: State,
+        argv: list[str],
+        workdir: str,
+        profile: str | None,
+        started_at: float,
+        ended_at: float | None = None,
+        outcome: Outcome | None = None,
+        counters: Counters | None = None,
+        attached: bool = False,
+        limits: list[str] | None = None,
+    ) -> None:
         self.id, self.state, self.argv, self.workdir = id, state, argv, workdir
         self.profile, self.started_at, self.ended_at = profile, started_at, ended_at
         self.outcome = outcome
@@ -161,16 +225,33 @@ class SessionInfo(Value):
                 break
         out = self.outcome
         brief = Outcome(out.exit_status, out.reason, signal=out.signal) if out is not None else None
-        return SessionInfo(self.id, self.state, argv, self.workdir, self.profile, self.started_at,
-                           self.ended_at, brief, self.counters, self.attached)
+        return SessionInfo(
+            self.id,
+            self.state,
+            argv,
+            self.workdir,
+            self.profile,
+            self.started_at,
+            self.ended_at,
+            brief,
+            self.counters,
+            self.attached,
+        )
 
     def to_wire(self) -> dict[str, Any]:
-        return {"id": self.id, "state": self.state.value, "argv": self.argv,
-                "workdir": self.workdir, "profile": self.profile, "started_at": self.started_at,
-                "ended_at": self.ended_at,
-                "outcome": self.outcome.to_wire() if self.outcome is not None else None,
-                "counters": self.counters.to_wire(), "attached": self.attached,
-                "limits": self.limits}
+        return {
+            "id": self.id,
+            "state": self.state.value,
+            "argv": self.argv,
+            "workdir": self.workdir,
+            "profile": self.profile,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "outcome": self.outcome.to_wire() if self.outcome is not None else None,
+            "counters": self.counters.to_wire(),
+            "attached": self.attached,
+            "limits": self.limits,
+        }
 
     @classmethod
     def from_wire(cls, d: object) -> SessionInfo | None:
@@ -182,14 +263,24 @@ class SessionInfo(Value):
         except ValueError:
             return None
         argv, started = d.get("argv"), d.get("started_at")
-        if not isinstance(d.get("id"), str) or not isinstance(argv, list) \
-                or type(started) not in (int, float):
+        if (
+            not isinstance(d.get("id"), str)
+            or not isinstance(argv, list)
+            or type(started) not in (int, float)
+        ):
             return None
         ended = d.get("ended_at")
         out = d.get("outcome")
-        return cls(d["id"], state, [str(a) for a in argv], str(d.get("workdir", "")),
-                   d.get("profile") if isinstance(d.get("profile"), str) else None, float(started),
-                   float(ended) if type(ended) in (int, float) else None,
-                   Outcome.from_wire(out) if isinstance(out, dict) else None,
-                   Counters.from_wire(d.get("counters")), d.get("attached") is True,
-                   [str(x) for x in d.get("limits") or []])
+        return cls(
+            d["id"],
+            state,
+            [str(a) for a in argv],
+            str(d.get("workdir", "")),
+            d.get("profile") if isinstance(d.get("profile"), str) else None,
+            float(started),
+            float(ended) if type(ended) in (int, float) else None,
+            Outcome.from_wire(out) if isinstance(out, dict) else None,
+            Counters.from_wire(d.get("counters")),
+            d.get("attached") is True,
+            [str(x) for x in d.get("limits") or []],
+        )

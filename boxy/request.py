@@ -92,11 +92,16 @@ class Terminal(Value):
         if not isinstance(value, dict):
             return None
         attrs, size = value.get("termios"), value.get("winsize")
-        if (isinstance(attrs, list) and len(attrs) == 7
-                and all(type(a) is int for a in attrs[:6]) and isinstance(attrs[6], list)
-                and all(type(c) is int for c in attrs[6])
-                and isinstance(size, list) and len(size) == 4
-                and all(type(v) is int for v in size)):
+        if (
+            isinstance(attrs, list)
+            and len(attrs) == 7
+            and all(type(a) is int for a in attrs[:6])
+            and isinstance(attrs[6], list)
+            and all(type(c) is int for c in attrs[6])
+            and isinstance(size, list)
+            and len(size) == 4
+            and all(type(v) is int for v in size)
+        ):
             return cls(attrs, size)
         return None
 
@@ -114,10 +119,16 @@ OPTIONS: dict[str, str] = {
 }  # fmt: skip
 _LISTS = ("strs", "ports", "env", "secrets", "copies")
 _EXPECTED = {
-    "str": "a string", "strs": "a list of strings", "bool": "true or false",
-    "count": "a positive whole number", "size": "a size in bytes", "number": "a positive number",
-    "ports": "a list of port numbers", "env": "a list of {name, value, present}",
-    "secrets": "a list of {name, value}", "copies": "a list of {src, dst}",
+    "str": "a string",
+    "strs": "a list of strings",
+    "bool": "true or false",
+    "count": "a positive whole number",
+    "size": "a size in bytes",
+    "number": "a positive number",
+    "ports": "a list of port numbers",
+    "env": "a list of {name, value, present}",
+    "secrets": "a list of {name, value}",
+    "copies": "a list of {src, dst}",
 }
 
 
@@ -169,8 +180,11 @@ class RunOptions(Value):
         out: dict[str, Any] = {}
         for key, kind in OPTIONS.items():
             value = getattr(self, key)
-            out[key] = [v.to_wire() for v in value] if kind in ("env", "secrets", "copies") \
+            out[key] = (
+                [v.to_wire() for v in value]
+                if kind in ("env", "secrets", "copies")
                 else (list(value) if kind in _LISTS else value)
+            )
         return out
 
     @classmethod
@@ -214,15 +228,27 @@ def _decode_list(key: str, kind: str, value: object) -> list[Any]:
             out.append(item)
         elif kind == "ports" and type(item) is int:
             out.append(item)  # the range is checked with the profile's ports (boxyd.spec)
-        elif kind == "env" and isinstance(item, dict) and isinstance(item.get("name"), str) \
-                and (item.get("value") is None or isinstance(item.get("value"), str)):
+        elif (
+            kind == "env"
+            and isinstance(item, dict)
+            and isinstance(item.get("name"), str)
+            and (item.get("value") is None or isinstance(item.get("value"), str))
+        ):
             present = item.get("present", item.get("value") is not None) is not False
             out.append(EnvItem(item["name"], item.get("value") if present else None))
-        elif kind == "secrets" and isinstance(item, dict) and isinstance(item.get("name"), str) \
-                and isinstance(item.get("value"), str):
+        elif (
+            kind == "secrets"
+            and isinstance(item, dict)
+            and isinstance(item.get("name"), str)
+            and isinstance(item.get("value"), str)
+        ):
             out.append(Secret(item["name"], item["value"]))
-        elif kind == "copies" and isinstance(item, dict) and isinstance(item.get("src"), str) \
-                and (item.get("dst") is None or isinstance(item.get("dst"), str)):
+        elif (
+            kind == "copies"
+            and isinstance(item, dict)
+            and isinstance(item.get("src"), str)
+            and (item.get("dst") is None or isinstance(item.get("dst"), str))
+        ):
             out.append(CopyItem(item["src"], item.get("dst")))
         else:
             raise _fail(key, kind)
@@ -238,9 +264,16 @@ class RunRequest(Value):
 
     __slots__ = ("argv", "cwd", "options", "client_env", "env_unset", "terminal", "build")
 
-    def __init__(self, argv: list[str], cwd: str, options: RunOptions | None = None,
-                 client_env: dict[str, str] | None = None, terminal: Terminal | None = None,
-                 build: str = "", env_unset: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        cwd: str,
+        options: RunOptions | None = None,
+        client_env: dict[str, str] | None = None,
+        terminal: Terminal | None = None,
+        build: str = "",
+        env_unset: list[str] | None = None,
+    ) -> None:
         self.argv, self.cwd = argv, cwd
         self.options = options if options is not None else RunOptions()
         self.client_env = client_env if client_env is not None else {}
@@ -248,8 +281,12 @@ class RunRequest(Value):
         self.terminal, self.build = terminal, build
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"argv": list(self.argv), "cwd": self.cwd,
-                               "options": self.options.to_wire(), "client_env": dict(self.client_env)}
+        out: dict[str, Any] = {
+            "argv": list(self.argv),
+            "cwd": self.cwd,
+            "options": self.options.to_wire(),
+            "client_env": dict(self.client_env),
+        }
         if self.env_unset:
             out["env_unset"] = list(self.env_unset)
         if self.terminal is not None:
@@ -278,6 +315,12 @@ class RunRequest(Value):
         if not isinstance(env_unset, list) or not all(isinstance(n, str) for n in env_unset):
             raise UsageError("Run: env_unset: expected a list of names")
         build = params.get("build", "")
-        return cls(argv, cwd, RunOptions.from_wire(params.get("options", {})), client_env,
-                   Terminal.from_wire(params.get("terminal")),
-                   build if isinstance(build, str) else "", env_unset)
+        return cls(
+            argv,
+            cwd,
+            RunOptions.from_wire(params.get("options", {})),
+            client_env,
+            Terminal.from_wire(params.get("terminal")),
+            build if isinstance(build, str) else "",
+            env_unset,
+        )

@@ -207,7 +207,9 @@ def parse_host_spec(s: str, *, what: str = "--allow-host") -> HostSpec:
             text, udp = text[: -len(suffix)], is_udp
             break
     if text.startswith("[") or text.count(":") > 1:  # an IPv6 literal, bracketed or not
-        literal, sep, port_text = text[1:].partition("]") if text.startswith("[") else (text, "", "")
+        literal, sep, port_text = (
+            text[1:].partition("]") if text.startswith("[") else (text, "", "")
+        )
         if sep and port_text and not port_text.startswith(":"):
             raise UsageError(f"{what}: {s!r} is not a host name")
         host, sep, port_text = literal, (":" if port_text else ""), port_text[1:]
@@ -231,8 +233,10 @@ def parse_host_spec(s: str, *, what: str = "--allow-host") -> HostSpec:
     if udp and not ports:
         raise UsageError(f"{what}: {s!r}: /udp needs explicit ports (HOST:PORT/udp)")
     if not udp and not ports and text != s:  # "/tcp" alone would silently mean nothing
-        raise UsageError(f"{what}: {s!r}: /tcp needs explicit ports (HOST:PORT/tcp); "
-                         "HOST alone takes the --allow-port list")
+        raise UsageError(
+            f"{what}: {s!r}: /tcp needs explicit ports (HOST:PORT/tcp); "
+            "HOST alone takes the --allow-port list"
+        )
     return HostSpec(name, tuple(ports), udp)
 
 

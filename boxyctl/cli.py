@@ -36,11 +36,24 @@ if TYPE_CHECKING:
 # What the client tells the daemon about its environment. The first group may be
 # passed on to the payload; the rest only feed the daemon's exposure check (which
 # sockets must not be inside an exposed tree) and are never passed on.
-CLIENT_ENV_NAMES = ("TERM", "LANG", "LANGUAGE", "TZ", "COLORTERM", "NO_COLOR", "HOME", "USER",
-                    # which registry a profile's {npm_registry}/{pip_index}… means: the
-                    # tools' own overrides, and the PATH that finds those tools
-                    "PATH", "npm_config_registry", "NPM_CONFIG_REGISTRY", "PIP_INDEX_URL",
-                    "GOPROXY", "GOSUMDB")
+CLIENT_ENV_NAMES = (
+    "TERM",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "COLORTERM",
+    "NO_COLOR",
+    "HOME",
+    "USER",
+    # which registry a profile's {npm_registry}/{pip_index}… means: the
+    # tools' own overrides, and the PATH that finds those tools
+    "PATH",
+    "npm_config_registry",
+    "NPM_CONFIG_REGISTRY",
+    "PIP_INDEX_URL",
+    "GOPROXY",
+    "GOSUMDB",
+)
 CLIENT_ENV_PREFIXES = ("LC_",)
 EXPOSURE_ENV_NAMES = (
     "SSH_AUTH_SOCK",
@@ -49,10 +62,25 @@ EXPOSURE_ENV_NAMES = (
     "DBUS_SESSION_BUS_ADDRESS",
     "XDG_RUNTIME_DIR",
 )
-PUBLIC_PORTS = ("--allow-port: cannot be combined with --net public (public mode allows every "
-                "port; the list applies to --net allowlist)")
-COMMANDS = ("run", "ps", "show", "watch", "attach", "stop", "doctor", "profile", "daemon",
-            "cache", "setup", "trust", "completion")
+PUBLIC_PORTS = (
+    "--allow-port: cannot be combined with --net public (public mode allows every "
+    "port; the list applies to --net allowlist)"
+)
+COMMANDS = (
+    "run",
+    "ps",
+    "show",
+    "watch",
+    "attach",
+    "stop",
+    "doctor",
+    "profile",
+    "daemon",
+    "cache",
+    "setup",
+    "trust",
+    "completion",
+)
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -130,9 +158,13 @@ def _fast_run(argv: list[str]) -> SimpleNamespace | None:
     has; None (argparse decides, with its help and errors) for anything else: an
     unknown flag, -h, joined short flags, a missing value or one that starts with
     '-', a value outside its choices, --flag=value on a switch."""
-    ns = SimpleNamespace(command="run", **{f.dest: [] if f.kind == "append" else
-                                           (False if f.kind == "true" else None)
-                                           for f in RUN_FLAGS})
+    ns = SimpleNamespace(
+        command="run",
+        **{
+            f.dest: [] if f.kind == "append" else (False if f.kind == "true" else None)
+            for f in RUN_FLAGS
+        },
+    )
     i = 0
     while i < len(argv):
         token = argv[i]
@@ -214,8 +246,10 @@ def _secret_entry(name: str, environ: dict[str, str]) -> Secret:
     """--secret NAME: the value from our environment, never from the command line (ps
     shows every argv on the machine). The messages never hold a value."""
     if "=" in name:
-        raise UsageError(f"--secret {name.partition('=')[0]}: takes a name; the value comes from "
-                         "your environment (for a setting that is no secret: -e NAME=VALUE)")
+        raise UsageError(
+            f"--secret {name.partition('=')[0]}: takes a name; the value comes from "
+            "your environment (for a setting that is no secret: -e NAME=VALUE)"
+        )
     if not _NAME_RE.fullmatch(name):
         raise UsageError(f"--secret {name!r}: not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
     if name not in environ:
@@ -249,38 +283,42 @@ def _run_request(ns: Any, environ: dict[str, str], cwd: str) -> RunRequest:
         if "/" in profile or profile.endswith((".yaml", ".yml")):
             profile = path("--profile", profile)
     pcap_max = parse_size(ns.pcap_max, what="--pcap-max") if ns.pcap_max is not None else None
-    options = RunOptions(**{
-        "profile": profile,
-        "ro": [path("--ro", p) for p in ns.ro],
-        "rw": [path("--rw", p) for p in ns.rw],
-        "protect": [path("--protect", p) for p in ns.protect],
-        "reveal": [path("--reveal", p) for p in ns.reveal],
-        "mkdir": [path("--mkdir", p) for p in ns.mkdir],
-        "copy": [path.copy("--copy", c) for c in ns.copy],
-        "copy_ro": [path.copy("--copy-ro", c) for c in ns.copy_ro],
-        "workdir": opt_path("--workdir", ns.workdir),
-        "net": ns.net,
-        "allow_host": [str(parse_host_spec(h)) for h in ns.allow_host],
-        "allow_port": [parse_port(p) for p in ns.allow_port],
-        "allow_cidr": [n for c in ns.allow_cidr for n in parse_cidrs(c)],
-        "tailscale": ns.tailscale,
-        "env": [_env_entry(e, environ) for e in ns.env],
-        "secret": [_secret_entry(n, environ) for n in ns.secret],
-        "memory": parse_size(ns.memory, what="--memory") if ns.memory is not None else None,
-        "pids": parse_count(ns.pids, what="--pids") if ns.pids is not None else None,
-        "cpus": parse_cpus(ns.cpus) if ns.cpus is not None else None,
-        "timeout": parse_duration(ns.timeout, what="--timeout") if ns.timeout is not None else None,
-        "audit_log": opt_path("--audit-log", ns.audit_log),
-        "net_log": opt_path("--net-log", ns.net_log),
-        "pcap": opt_path("--pcap", ns.pcap),
-        "pcap_max": pcap_max,
-        "seccomp": ns.seccomp,
-        "tty": ns.tty,
-        "tty_raw": ns.tty_raw,
-        "verbose": ns.verbose,
-        "detach": ns.detach,
-        "allow_git_write": ns.allow_git_write,
-    })
+    options = RunOptions(
+        **{
+            "profile": profile,
+            "ro": [path("--ro", p) for p in ns.ro],
+            "rw": [path("--rw", p) for p in ns.rw],
+            "protect": [path("--protect", p) for p in ns.protect],
+            "reveal": [path("--reveal", p) for p in ns.reveal],
+            "mkdir": [path("--mkdir", p) for p in ns.mkdir],
+            "copy": [path.copy("--copy", c) for c in ns.copy],
+            "copy_ro": [path.copy("--copy-ro", c) for c in ns.copy_ro],
+            "workdir": opt_path("--workdir", ns.workdir),
+            "net": ns.net,
+            "allow_host": [str(parse_host_spec(h)) for h in ns.allow_host],
+            "allow_port": [parse_port(p) for p in ns.allow_port],
+            "allow_cidr": [n for c in ns.allow_cidr for n in parse_cidrs(c)],
+            "tailscale": ns.tailscale,
+            "env": [_env_entry(e, environ) for e in ns.env],
+            "secret": [_secret_entry(n, environ) for n in ns.secret],
+            "memory": parse_size(ns.memory, what="--memory") if ns.memory is not None else None,
+            "pids": parse_count(ns.pids, what="--pids") if ns.pids is not None else None,
+            "cpus": parse_cpus(ns.cpus) if ns.cpus is not None else None,
+            "timeout": parse_duration(ns.timeout, what="--timeout")
+            if ns.timeout is not None
+            else None,
+            "audit_log": opt_path("--audit-log", ns.audit_log),
+            "net_log": opt_path("--net-log", ns.net_log),
+            "pcap": opt_path("--pcap", ns.pcap),
+            "pcap_max": pcap_max,
+            "seccomp": ns.seccomp,
+            "tty": ns.tty,
+            "tty_raw": ns.tty_raw,
+            "verbose": ns.verbose,
+            "detach": ns.detach,
+            "allow_git_write": ns.allow_git_write,
+        }
+    )
     _check_combinations(options)
     return RunRequest(command, cwd, options, client_env(environ))
 
@@ -323,9 +361,12 @@ def parse(argv: list[str], *, environ: dict[str, str], cwd: str, prog: str = "bo
     """Parse ``argv`` (without the program name). Raises UsageError with one line;
     --help gives Command('help', {'text': …}), --version Command('version')."""
     if argv[:1] == ["run"] and not cwd.startswith("/"):
-        raise UsageError("the current directory was removed (or is not reachable): cd to a "
-                         "project directory and run again" if not cwd else
-                         f"the current directory {cwd!r} is not an absolute path")
+        raise UsageError(
+            "the current directory was removed (or is not reachable): cd to a "
+            "project directory and run again"
+            if not cwd
+            else f"the current directory {cwd!r} is not an absolute path"
+        )
     if argv[:1] == ["run"]:
         _refuse_negative(argv[1:])
         fast = _fast_run(argv[1:])
@@ -334,8 +375,9 @@ def parse(argv: list[str], *, environ: dict[str, str], cwd: str, prog: str = "bo
     return _parse_with_argparse(argv, environ=environ, cwd=cwd, prog=prog)
 
 
-def _parse_with_argparse(argv: list[str], *, environ: dict[str, str], cwd: str,
-                         prog: str) -> Command:
+def _parse_with_argparse(
+    argv: list[str], *, environ: dict[str, str], cwd: str, prog: str
+) -> Command:
     from boxyctl import parser as p
 
     try:
@@ -348,7 +390,9 @@ def _parse_with_argparse(argv: list[str], *, environ: dict[str, str], cwd: str,
     if name == "run":
         for f in RUN_FLAGS:  # argparse takes '--pids=--' as no value at all: a list
             got = getattr(ns, f.dest)
-            if isinstance(got, list) and (f.kind == "value" or any(isinstance(v, list) for v in got)):
+            if isinstance(got, list) and (
+                f.kind == "value" or any(isinstance(v, list) for v in got)
+            ):
                 raise UsageError(f"{f.names[-1]}: expected one value")
     if name is None:
         raise UsageError(f"missing command ({', '.join(COMMANDS)}); see {prog} --help")

@@ -14,9 +14,22 @@ from boxy.varlink import Client, DaemonUnavailable
 
 START_TIMEOUT = 10.0
 # The daemon's own environment: where things are, never the caller's secrets.
-DAEMON_ENV = ("HOME", "USER", "LOGNAME", "PATH", "LANG", "LC_ALL", "XDG_RUNTIME_DIR", "XDG_STATE_HOME",
-              "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "DBUS_SESSION_BUS_ADDRESS",
-              "BOXY_UPSTREAM_DNS", "BOXY_IDLE_EXIT")
+DAEMON_ENV = (
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "XDG_RUNTIME_DIR",
+    "XDG_STATE_HOME",
+    "XDG_CONFIG_HOME",
+    "XDG_DATA_HOME",
+    "XDG_CACHE_HOME",
+    "DBUS_SESSION_BUS_ADDRESS",
+    "BOXY_UPSTREAM_DNS",
+    "BOXY_IDLE_EXIT",
+)
 
 
 def _try_connect() -> Client | None:
@@ -55,8 +68,13 @@ def _start_daemon() -> Client:
 
         proc = subprocess.Popen(
             [sys.executable, "-m", "boxyd.daemon.main"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-            env=env, cwd="/", start_new_session=True, close_fds=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            env=env,
+            cwd="/",
+            start_new_session=True,
+            close_fds=True,
         )
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
@@ -64,7 +82,9 @@ def _start_daemon() -> Client:
         if client is not None:
             return client
         if proc.poll() is not None:
-            raise DaemonError(f"boxyd exited at start (status {proc.returncode}); see {log_dir / 'boxyd.log'}")
+            raise DaemonError(
+                f"boxyd exited at start (status {proc.returncode}); see {log_dir / 'boxyd.log'}"
+            )
         time.sleep(0.005)
     raise DaemonError(f"boxyd did not start within {START_TIMEOUT:g}s; see {log_dir / 'boxyd.log'}")
 

@@ -25,7 +25,7 @@ TO_GET_IT = {
     "landlock-unix": "a kernel whose Landlock has ABI 9 (unix-socket rights)",
     "seccomp": "a kernel built with seccomp filters (CONFIG_SECCOMP_FILTER)",
     "userns": "unprivileged user namespaces (user.max_user_namespaces > 0; on Debian "
-              "kernel.unprivileged_userns_clone=1)",
+    "kernel.unprivileged_userns_clone=1)",
     "apparmor": "boxy's AppArmor profile: sudo packaging/install-apparmor.sh .venv/bin/python3",
     "nftables": "nf_tables with TPROXY and fib, and Debian's libnftables1 and python3-nftables",
     "veth": "the veth kernel module",
@@ -33,7 +33,7 @@ TO_GET_IT = {
     "ipv6-route": "an IPv6 default route on the host",
     "git": "git config --global safe.bareRepository explicit (git 2.38 or later)",
     "cgroup2": "systemd.unified_cgroup_hierarchy=1 on the kernel command line, and a user "
-               "manager (systemd --user) that delegates memory, pids and cpu",
+    "manager (systemd --user) that delegates memory, pids and cpu",
     "systemd-user": "a login session, or loginctl enable-linger $USER",
     "session-bus": "dbus-user-session, started by the user manager",
 }

@@ -113,8 +113,11 @@ def _main(argv: list[str] | None) -> int:
         if cmd.name == "completion":
             from boxyctl import completion
 
-            sys.stdout.write({"bash": completion.bash, "zsh": completion.zsh,
-                              "fish": completion.fish}[cmd.args["shell"]]())
+            sys.stdout.write(
+                {"bash": completion.bash, "zsh": completion.zsh, "fish": completion.fish}[
+                    cmd.args["shell"]
+                ]()
+            )
             return 0
         if cmd.name in ("ps", "show", "stop"):
             return sessions(cmd.name, cmd.args)
@@ -167,7 +170,8 @@ def run(args: dict) -> int:
             except Busy:
                 raise DaemonError(
                     f"boxyd is running another build ({e.daemon_build}) and has sessions; "
-                    "run `boxyctl daemon restart` when they finish") from None
+                    "run `boxyctl daemon restart` when they finish"
+                ) from None
             say("replaced an idle boxyd of another build")
             wait_gone()
         finally:
@@ -190,8 +194,10 @@ def _add_secrets(request, e) -> None:
         if name in have:
             continue
         if name not in os.environ:
-            raise UsageError(f"profile {e.profile}: env_secrets {name}: not set in your "
-                             "environment (the profile passes it into the sandbox as a secret)")
+            raise UsageError(
+                f"profile {e.profile}: env_secrets {name}: not set in your "
+                "environment (the profile passes it into the sandbox as a secret)"
+            )
         request.options.secret.append(Secret(name, os.environ[name]))
 
 
@@ -206,8 +212,9 @@ _ENDING = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 def _end_now(signum: int, _frame: object) -> None:
     """No session to pass it on to yet: the client ends (a session boxyd starts for a
     client already gone is stopped as it notices)."""
-    raise DaemonError(f"{signal.Signals(signum).name} before the session started: stopped waiting "
-                      "for boxyd")
+    raise DaemonError(
+        f"{signal.Signals(signum).name} before the session started: stopped waiting for boxyd"
+    )
 
 
 def _daemon_answers(timeout: float = 2.0) -> bool:
@@ -284,11 +291,14 @@ def _follow(client, method: str, params: dict, sid: list[str]) -> int:
 
     def still_there(_signum: int, _frame: object) -> None:
         if end_by and time.monotonic() >= end_by[0]:
-            raise stop_waiting(f"no outcome within {END_WAIT:g}s of the "
-                               f"{signal.Signals(got[0]).name} (`boxyctl show {sid[0]}` will have it)")
+            raise stop_waiting(
+                f"no outcome within {END_WAIT:g}s of the "
+                f"{signal.Signals(got[0]).name} (`boxyctl show {sid[0]}` will have it)"
+            )
         if not _daemon_answers():
-            raise stop_waiting(f"boxyd did not answer within {ANSWER_WAIT:g}s of the "
-                               f"{signal.Signals(got[0]).name}")
+            raise stop_waiting(
+                f"boxyd did not answer within {ANSWER_WAIT:g}s of the {signal.Signals(got[0]).name}"
+            )
         left = end_by[0] - time.monotonic() if end_by else ANSWER_WAIT
         signal.setitimer(signal.ITIMER_REAL, max(0.05, min(ANSWER_WAIT, left)))
 
@@ -329,8 +339,10 @@ def _follow(client, method: str, params: dict, sid: list[str]) -> int:
             else:
                 final = reply
     if final.get("detached"):
-        say(f"detached from session {final.get('id')}; `boxyctl attach {final.get('id')}` "
-            "takes it back")
+        say(
+            f"detached from session {final.get('id')}; `boxyctl attach {final.get('id')}` "
+            "takes it back"
+        )
         return 0
     return _report(final)
 
@@ -462,10 +474,15 @@ def trust(args: dict) -> int:
         for r in projectconfig.approvals(home):
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.get("approved_at", 0)))
             what = [projectconfig.NAME] if r.get("boxy_yaml") else []
-            what += [f"{x.get('key')} {x.get('url')}" for x in r.get("registries", [])
-                     if isinstance(x, dict)]
-            print(f"{when}  {str(r.get('digest', ''))[:12]}  {clean(r['workdir'])}  "
-                  f"{clean(', '.join(map(str, what)))}".rstrip())
+            what += [
+                f"{x.get('key')} {x.get('url')}"
+                for x in r.get("registries", [])
+                if isinstance(x, dict)
+            ]
+            print(
+                f"{when}  {str(r.get('digest', ''))[:12]}  {clean(r['workdir'])}  "
+                f"{clean(', '.join(map(str, what)))}".rstrip()
+            )
         return 0
     if not args.get("cwd"):
         raise UsageError("trust: the current directory was removed; cd to the project")
@@ -476,8 +493,10 @@ def trust(args: dict) -> int:
         return 0
     project = projectconfig.read(workdir, projectconfig.run_env(me.pw_dir, me.pw_name, os.environ))
     if project.empty:
-        raise UsageError(f"trust: {workdir} has no {projectconfig.NAME}, and no .npmrc or "
-                         "pip.conf of its own naming a registry")
+        raise UsageError(
+            f"trust: {workdir} has no {projectconfig.NAME}, and no .npmrc or "
+            "pip.conf of its own naming a registry"
+        )
     wider = _check_project(project, me.pw_dir)
     if project.config is not None:
         print(f"{project.path}:")
@@ -488,8 +507,10 @@ def trust(args: dict) -> int:
     if wider:
         say(f"beyond the default profile this allows: {clean('; '.join(wider))}")
     projectconfig.approve(project, home)
-    say(f"approved {workdir}'s configuration as shown; a change to what widens the sandbox "
-        "needs `boxyctl trust` again")
+    say(
+        f"approved {workdir}'s configuration as shown; a change to what widens the sandbox "
+        "needs `boxyctl trust` again"
+    )
     return 0
 
 
@@ -503,11 +524,17 @@ def _check_project(project: Project, home: str) -> list[str]:
         return []
     doc = profiles.project_doc(project.text, project.path)
     name = doc.get("profile") or DEFAULT_PROFILE
-    context = {"workdir": project.workdir, "home": home,
-               "cache": caches.project_dir(home, name, project.workdir)}
-    wanted = profiles.project_layer(profiles.load_profile(name, context=context), doc,
-                                    project.path, context)
-    base = profiles.load_profile(DEFAULT_PROFILE, context={"workdir": project.workdir, "home": home})
+    context = {
+        "workdir": project.workdir,
+        "home": home,
+        "cache": caches.project_dir(home, name, project.workdir),
+    }
+    wanted = profiles.project_layer(
+        profiles.load_profile(name, context=context), doc, project.path, context
+    )
+    base = profiles.load_profile(
+        DEFAULT_PROFILE, context={"workdir": project.workdir, "home": home}
+    )
     return [str(k) for k in widening.hold_back(base, wanted, own_cache=context["cache"])[1]]
 
 
@@ -518,8 +545,10 @@ def setup() -> int:
     from boxyctl.connect import connect, wait_gone
 
     environ = dict(os.environ)
-    if userunits.user_manager(environ) and userunits.systemctl(
-            "is-active", "boxyd.socket").stdout.strip() != "active":
+    if (
+        userunits.user_manager(environ)
+        and userunits.systemctl("is-active", "boxyd.socket").stdout.strip() != "active"
+    ):
         try:
             client = connect(start=False)
         except DaemonError:
@@ -546,8 +575,10 @@ def daemon(args: dict) -> int:
             print("boxyd: not running")
             return 0
         st = client.call(f"{IFACE}.DaemonStatus", {})
-        print(f"boxyd: running  pid {st.get('pid')}  build {st.get('build')}  "
-              f"sessions running {st.get('sessions_running')}  up {st.get('uptime')}s")
+        print(
+            f"boxyd: running  pid {st.get('pid')}  build {st.get('build')}  "
+            f"sessions running {st.get('sessions_running')}  up {st.get('uptime')}s"
+        )
         return 0
     try:
         client = connect(start=False)
@@ -582,8 +613,10 @@ def cache(args: dict) -> int:
     gone = [e for e in found if args["all"] or e.workdir == here]
     for e in gone:
         caches.remove(e)
-    say(f"removed {len(gone)} package cache{'s' if len(gone) != 1 else ''} "
-        f"({values.format_size(sum(e.size for e in gone))})")
+    say(
+        f"removed {len(gone)} package cache{'s' if len(gone) != 1 else ''} "
+        f"({values.format_size(sum(e.size for e in gone))})"
+    )
     return 0
 
 
@@ -608,7 +641,9 @@ def profile(args: dict) -> int:
     # npm and pip are asked as boxyd asks them: in a tool sandbox, never from this tree
     template = Template()
     template.start()
-    registry = Registries(dict(os.environ), tools=Toolshed(template.spawn, 30.0), writable=[workdir])
+    registry = Registries(
+        dict(os.environ), tools=Toolshed(template.spawn, 30.0), writable=[workdir]
+    )
     try:
         for line in profileview.show_lines(prof, registry, kind, location):
             print(line)

@@ -44,8 +44,13 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
     terminal width each time; shutil pulls in bz2, lzma and zlib (4 ms on every run).
     The width is only needed when help is printed: ask the terminal directly."""
 
-    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
-                 width: int | None = None) -> None:
+    def __init__(
+        self,
+        prog: str,
+        indent_increment: int = 2,
+        max_help_position: int = 24,
+        width: int | None = None,
+    ) -> None:
         if width is None:
             try:
                 width = os.get_terminal_size(sys.stdout.fileno()).columns - 2
@@ -103,14 +108,18 @@ def build_parser(prog: str, *, run_only: bool = False) -> _Parser:
                 kw["choices"] = flag.choices
         run.add_argument(*flag.names, **kw)
     # REMAINDER: like bwrap, the first non-option word starts the command; '--' is optional.
-    run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]", help=argparse.SUPPRESS)
+    run.add_argument(
+        "argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]", help=argparse.SUPPRESS
+    )
 
     if run_only:
         return parser
     ps = sub.add_parser("ps", help="list running sessions")
     ps.add_argument("-a", "--all", action="store_true", help="every session on record")
     sub.add_parser("show", help="one session in full").add_argument("id", metavar="ID")
-    sub.add_parser("watch", help="follow a session as it happens").add_argument("id", metavar="ID", nargs="?")
+    sub.add_parser("watch", help="follow a session as it happens").add_argument(
+        "id", metavar="ID", nargs="?"
+    )
     sub.add_parser("attach", help="take over a session's terminal").add_argument("id", metavar="ID")
     stop = sub.add_parser("stop", help="SIGTERM, then SIGKILL")
     stop.add_argument("-k", "--kill", action="store_true", help="SIGKILL now")
@@ -125,19 +134,28 @@ def build_parser(prog: str, *, run_only: bool = False) -> _Parser:
     daemon = sub.add_parser("daemon", help="the boxyd daemon")
     dsub = daemon.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
     dsub.add_parser("status", help="which build is running, and how busy it is")
-    for action, what in (("restart", "replace it with this build"),
-                         ("stop", "stop it (refused while sessions are running)")):
+    for action, what in (
+        ("restart", "replace it with this build"),
+        ("stop", "stop it (refused while sessions are running)"),
+    ):
         p = dsub.add_parser(action, help=what)
-        p.add_argument("--force", action="store_true",
-                       help="stop running sessions first (SIGTERM, grace, SIGKILL; recorded)")
-    cache = sub.add_parser("cache", help="the per-project package caches of the node and python profiles")
+        p.add_argument(
+            "--force",
+            action="store_true",
+            help="stop running sessions first (SIGTERM, grace, SIGKILL; recorded)",
+        )
+    cache = sub.add_parser(
+        "cache", help="the per-project package caches of the node and python profiles"
+    )
     csub = cache.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
     csub.add_parser("list", help="every project's cache: profile, size, last use, work directory")
     clean = csub.add_parser("clean", help="remove this work directory's caches")
     clean.add_argument("--all", action="store_true", help="every project's")
     sub.add_parser("setup", help="install boxyd's systemd user units and enable its socket")
-    trust = sub.add_parser("trust", help="approve this directory's .boxy.yaml and the registries "
-                                         "its .npmrc or pip.conf names")
+    trust = sub.add_parser(
+        "trust",
+        help="approve this directory's .boxy.yaml and the registries its .npmrc or pip.conf names",
+    )
     how = trust.add_mutually_exclusive_group()
     how.add_argument("--list", action="store_true", help="every approval: directory, hash, what")
     how.add_argument("--revoke", action="store_true", help="withdraw this directory's approvals")

@@ -61,29 +61,46 @@ def _signame(sig: int) -> str:
 def ps_lines(infos: list[SessionInfo], now: float) -> list[str]:
     rows = [("ID", "STATE", "STARTED", "TIME", "PROFILE", "COMMAND")]
     for i in infos:
-        rows.append((i.id, _status(i), _when(i.started_at, now), _elapsed(i, now),
-                     clean(i.profile or "generic"), _command(i.argv)))
+        rows.append(
+            (
+                i.id,
+                _status(i),
+                _when(i.started_at, now),
+                _elapsed(i, now),
+                clean(i.profile or "generic"),
+                _command(i.argv),
+            )
+        )
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]) - 1)]
-    return ["  ".join([*(r[c].ljust(widths[c]) for c in range(len(widths))), r[-1]]).rstrip()
-            for r in rows]
+    return [
+        "  ".join([*(r[c].ljust(widths[c]) for c in range(len(widths))), r[-1]]).rstrip()
+        for r in rows
+    ]
 
 
 def show_lines(info: SessionInfo, now: float) -> list[str]:
     def when(t: float) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
-    lines = [f"session   {info.id}", f"state     {_status(info)}",
-             f"command   {_command(info.argv, None)}", f"workdir   {clean(info.workdir)}",
-             f"profile   {clean(info.profile or 'generic')}", f"started   {when(info.started_at)}"]
+    lines = [
+        f"session   {info.id}",
+        f"state     {_status(info)}",
+        f"command   {_command(info.argv, None)}",
+        f"workdir   {clean(info.workdir)}",
+        f"profile   {clean(info.profile or 'generic')}",
+        f"started   {when(info.started_at)}",
+    ]
     if info.ended_at is not None:
         lines.append(f"ended     {when(info.ended_at)} (after {_elapsed(info, now)})")
     else:
         lines.append(f"running   for {_elapsed(info, now)}")
     c = info.counters
     if c.connections or c.denials or c.destinations:
-        lines.append(f"network   {c.connections} connections, {c.denials} denied, "
-                     f"up {values.format_size(c.bytes_up)}, down {values.format_size(c.bytes_down)}, "
-                     f"{c.destinations} destinations")
+        lines.append(
+            f"network   {c.connections} connections, {c.denials} denied, "
+            f"up {values.format_size(c.bytes_up)}, down {values.format_size(c.bytes_down)}, "
+            f"{c.destinations} destinations"
+        )
     if info.limits:
         lines.append("limits:")
         lines += [f"  {clean(x)}" for x in info.limits]
@@ -93,8 +110,11 @@ def show_lines(info: SessionInfo, now: float) -> list[str]:
     lines.append(f"exit      {out.exit_status} ({out.reason.value})")
     if out.message:
         lines.append(f"message   {clean(out.message)}")
-    for title, items in (("warnings", out.warnings), ("findings", out.findings),
-                         ("notes", out.notes)):
+    for title, items in (
+        ("warnings", out.warnings),
+        ("findings", out.findings),
+        ("notes", out.notes),
+    ):
         if items:
             lines.append(f"{title}:")
             lines += [f"  {clean(x)}" for x in items]
@@ -130,8 +150,9 @@ def event_line(ev: dict, *, color: bool) -> str:
     elif kind == "exited":
         text = "exited"
     else:
-        text = " ".join([kind] + [f"{k}={_field(v)}" for k, v in fields.items()
-                                  if k not in (*_QUIET, "kind")])
+        text = " ".join(
+            [kind] + [f"{k}={_field(v)}" for k, v in fields.items() if k not in (*_QUIET, "kind")]
+        )
     line = clean(f"{stamp} {text}")
     denied = fields.get("verdict") == "deny" or fields.get("action") == "kill"
     return f"{RED}{line}{RESET}" if color and denied else line
@@ -175,22 +196,27 @@ class Board:
         if ev.get("kind") == "state" and isinstance(ev.get("state"), str):
             with contextlib.suppress(ValueError):
                 self.info.state = State(ev["state"])
-        self.recent = [*self.recent, event_line(ev, color=True)][-self.RECENT:]
+        self.recent = [*self.recent, event_line(ev, color=True)][-self.RECENT :]
 
     def render(self, now: float) -> list[str]:
         c = self.counters
         size = values.format_size
-        lines = [header_line(self.info, now),
-                 f"connections {c.get('connections', 0)}  denials {c.get('denials', 0)}  "
-                 f"up {size(int(c.get('bytes_up', 0)))} ({size(int(self.rates[0]))}/s)  "
-                 f"down {size(int(c.get('bytes_down', 0)))} ({size(int(self.rates[1]))}/s)  "
-                 f"destinations {c.get('destinations', 0)}", ""]
+        lines = [
+            header_line(self.info, now),
+            f"connections {c.get('connections', 0)}  denials {c.get('denials', 0)}  "
+            f"up {size(int(c.get('bytes_up', 0)))} ({size(int(self.rates[0]))}/s)  "
+            f"down {size(int(c.get('bytes_down', 0)))} ({size(int(self.rates[1]))}/s)  "
+            f"destinations {c.get('destinations', 0)}",
+            "",
+        ]
         if self.destinations:
             lines.append(f"{'DESTINATION':<40} {'CONN':>6} {'DENIED':>6} {'UP':>9} {'DOWN':>9}")
             for row in self.destinations:
                 name, conns, denied, sent, received = (list(row) + [0] * 5)[:5]
-                line = (f"{clean(str(name))[:40]:<40} {conns:>6} {denied:>6} "
-                        f"{size(int(sent)):>9} {size(int(received)):>9}")
+                line = (
+                    f"{clean(str(name))[:40]:<40} {conns:>6} {denied:>6} "
+                    f"{size(int(sent)):>9} {size(int(received)):>9}"
+                )
                 lines.append(f"{RED}{line}{RESET}" if denied else line)
             lines.append("")
         lines.append("RECENT")

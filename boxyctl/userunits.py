@@ -95,7 +95,9 @@ def setup(environ: dict[str, str], say) -> int:
     for step in steps:
         r = systemctl(*step)
         if r.returncode != 0:
-            raise BoxyError(f"setup: systemctl --user {' '.join(step)}: "
-                            f"{r.stderr.strip() or f'exit {r.returncode}'}")
+            raise BoxyError(
+                f"setup: systemctl --user {' '.join(step)}: "
+                f"{r.stderr.strip() or f'exit {r.returncode}'}"
+            )
     say("boxyd.socket enabled: the first connection starts boxyd")
     return 0

@@ -107,8 +107,15 @@ def entries(home: str | None = None) -> list[Entry]:
                     meta = json.loads(Path(f"{path}.meta").read_text())
                 except (OSError, ValueError):
                     meta = {}
-                out.append(Entry(prof, str(path), str(meta.get("workdir", "?")),
-                                 float(meta.get("last_used", 0)), _size(str(path))))
+                out.append(
+                    Entry(
+                        prof,
+                        str(path),
+                        str(meta.get("workdir", "?")),
+                        float(meta.get("last_used", 0)),
+                        _size(str(path)),
+                    )
+                )
     return sorted(out, key=lambda e: -e.last_used)
 
 
@@ -118,8 +125,9 @@ def remove(entry: Entry) -> None:
         os.unlink(f"{entry.path}.meta")
 
 
-def evictable(items: list[Entry], now: float, max_bytes: int = MAX_BYTES,
-              max_age: float = MAX_AGE) -> list[Entry]:
+def evictable(
+    items: list[Entry], now: float, max_bytes: int = MAX_BYTES, max_age: float = MAX_AGE
+) -> list[Entry]:
     """Pure: the caches to remove, oldest projects first, until the rest fits."""
     ordered = sorted(items, key=lambda e: e.last_used)
     total = sum(e.size for e in items)

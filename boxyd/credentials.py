@@ -145,8 +145,9 @@ def holds_private_key(head: bytes) -> bool:
 
 # scheme://user[:password]@ — the userinfo of a URL, wherever it appears
 _USERINFO = re.compile(rb"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s\"']+@")
-_NPM_SECRET_KEYS = frozenset({"_authtoken", "_auth", "_password", "password", "token",
-                              "certfile", "keyfile"})
+_NPM_SECRET_KEYS = frozenset(
+    {"_authtoken", "_auth", "_password", "password", "token", "certfile", "keyfile"}
+)
 _YARN_SECRET_KEYS = frozenset({"npmauthtoken", "npmauthident", "npmpassword"})
 _PYPI_SECRET_KEYS = frozenset({"password", "token"})
 _INI_KEY = re.compile(rb"^\s*([^=:\s]+)\s*[=:]")  # Python's configparser (.pypirc)
@@ -238,8 +239,17 @@ def _drop_json(doc: object, secret: frozenset[str]) -> object:
     return doc
 
 
-_KUBE_SECRET_KEYS = frozenset({"token", "client-key-data", "password", "access-token",
-                               "refresh-token", "id-token", "client-secret"})
+_KUBE_SECRET_KEYS = frozenset(
+    {
+        "token",
+        "client-key-data",
+        "password",
+        "access-token",
+        "refresh-token",
+        "id-token",
+        "client-secret",
+    }
+)
 
 
 def scrub_kubeconfig(data: bytes) -> bytes:
@@ -249,7 +259,9 @@ def scrub_kubeconfig(data: bytes) -> bytes:
 
 
 _TOML_SECTION = re.compile(rb"^\s*\[+\s*([^\]]+?)\s*\]")
-_TOML_KEY = re.compile(rb"""^\s*((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=""")
+_TOML_KEY = re.compile(
+    rb"""^\s*((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*="""
+)
 _TOML_SECRET = frozenset({"password", "token", "secret-key"})
 
 
@@ -274,7 +286,7 @@ def scrub_toml(data: bytes) -> bytes:
         if key:
             parts = section + _toml_parts(key.group(1))
             if parts[-1] in _TOML_SECRET or any(p.startswith("pypi-token") for p in parts):
-                value = line[key.end():].strip()
+                value = line[key.end() :].strip()
                 quote = value[:3]
                 if quote in (b'"""', b"'''") and value.count(quote) < 2:
                     closing = quote
@@ -283,9 +295,19 @@ def scrub_toml(data: bytes) -> bytes:
     return _USERINFO.sub(rb"\1", b"".join(out))
 
 
-_COMPOSER_AUTH = frozenset({"http-basic", "github-oauth", "gitlab-oauth", "gitlab-token",
-                            "bitbucket-oauth", "bearer", "forgejo-token", "custom-headers",
-                            "client-certificate"})
+_COMPOSER_AUTH = frozenset(
+    {
+        "http-basic",
+        "github-oauth",
+        "gitlab-oauth",
+        "gitlab-token",
+        "bitbucket-oauth",
+        "bearer",
+        "forgejo-token",
+        "custom-headers",
+        "client-certificate",
+    }
+)
 
 
 def _json_object(data: bytes) -> dict[str, Any] | None:

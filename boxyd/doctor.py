@@ -407,6 +407,7 @@ def _apparmor(f: Facts) -> list[Check]:
 
 # ---- nftables -----------------------------------------------------------------------
 
+
 def _nft_probe() -> str:
     """Load the gateway's own ruleset (TPROXY, fib, sets, NFLOG reporting) in a new
     netns of a new user namespace, and bind its NFLOG group: what stage 2 does."""
@@ -414,8 +415,15 @@ def _nft_probe() -> str:
     from boxyd.net import nflog, ruleset
     from boxyd.stage2 import nft
 
-    probe = ruleset.gateway_ruleset(mode="allowlist", deny_v4=["10.0.0.0/8"], deny_v6=["fc00::/7"],
-                                    except_v4=[], except_v6=[], tcp_ports=[443], udp_ports=[])
+    probe = ruleset.gateway_ruleset(
+        mode="allowlist",
+        deny_v4=["10.0.0.0/8"],
+        deny_v6=["fc00::/7"],
+        except_v4=[],
+        except_v6=[],
+        tcp_ports=[443],
+        udp_ports=[],
+    )
     _enter_userns()
     _unshare(CLONE_NEWNET, "unshare(CLONE_NEWNET)")
     try:
@@ -434,8 +442,12 @@ def _nftables(f: Facts) -> list[Check]:
     f["nftables_tproxy"] = ok
     if ok:
         return [
-            Check("nftables", True, "the gateway's ruleset (TPROXY, fib, NFLOG) loads in an "
-                  "unprivileged netns", hard=False)
+            Check(
+                "nftables",
+                True,
+                "the gateway's ruleset (TPROXY, fib, NFLOG) loads in an unprivileged netns",
+                hard=False,
+            )
         ]
     return [
         Check(
@@ -448,6 +460,7 @@ def _nftables(f: Facts) -> list[Check]:
 
 
 # ---- veth ---------------------------------------------------------------------------
+
 
 def _veth_probe() -> str:
     from boxyd.net.rtnl import Rtnl
@@ -642,18 +655,33 @@ def _host_network(f: Facts) -> list[Check]:
     from boxyd.net import hostnet
 
     try:
-        servers = (hostnet.upstream_servers(os.environ.get(hostnet.UPSTREAM_ENV))
-                   or hostnet.resolv_conf_nameservers())
+        servers = (
+            hostnet.upstream_servers(os.environ.get(hostnet.UPSTREAM_ENV))
+            or hostnet.resolv_conf_nameservers()
+        )
     except (OSError, ValueError) as e:
         servers, why = [], str(e)
     else:
         why = "no nameserver in /etc/resolv.conf"
     f["dns_upstreams"] = [f"{h}:{p}" for h, p in servers]
     f["ipv6_route"] = v6 = hostnet.host_has_ipv6_route()
-    out = [Check("dns-upstream", True, ", ".join(f["dns_upstreams"]), hard=False) if servers else
-           Check("dns-upstream", False, f"{why}: --net public/allowlist resolve nothing", hard=False)]
-    out.append(Check("ipv6-route", v6, "default route present" if v6 else
-                     "none: AAAA answers are dropped so clients use IPv4 at once", hard=False))
+    out = [
+        Check("dns-upstream", True, ", ".join(f["dns_upstreams"]), hard=False)
+        if servers
+        else Check(
+            "dns-upstream", False, f"{why}: --net public/allowlist resolve nothing", hard=False
+        )
+    ]
+    out.append(
+        Check(
+            "ipv6-route",
+            v6,
+            "default route present"
+            if v6
+            else "none: AAAA answers are dropped so clients use IPv4 at once",
+            hard=False,
+        )
+    )
     return out
 
 
@@ -672,23 +700,49 @@ def _git(f: Facts) -> list[Check]:
     git = resolve("git", os.environ.get("PATH", os.defpath), here)
     if git is None:
         f["git_safe_bare"] = None
-        return [Check("git", False, "not installed: the git guard's check with the host's git "
-                      "cannot run (runs refuse nothing; install git)", hard=False)]
+        return [
+            Check(
+                "git",
+                False,
+                "not installed: the git guard's check with the host's git "
+                "cannot run (runs refuse nothing; install git)",
+                hard=False,
+            )
+        ]
     try:
-        r = subprocess.run([git, "config", "--global", "--get", "safe.bareRepository"],
-                           capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL,
-                           check=False, cwd="/")
+        r = subprocess.run(
+            [git, "config", "--global", "--get", "safe.bareRepository"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            stdin=subprocess.DEVNULL,
+            check=False,
+            cwd="/",
+        )
         value = r.stdout.strip().lower()
     except (OSError, subprocess.TimeoutExpired):
         value = ""
     f["git_safe_bare"] = value or None
     if value == "explicit":
-        return [Check("git", True, "safe.bareRepository=explicit: implicit bare repositories are "
-                      "refused on the host too", hard=False)]
-    return [Check("git", False, f"safe.bareRepository={value or 'all (unset)'}: a payload can make "
-                  "a directory look like a bare repository; boxy's git guard quarantines it, and "
-                  "`git config --global safe.bareRepository explicit` closes it on the host too",
-                  hard=False)]
+        return [
+            Check(
+                "git",
+                True,
+                "safe.bareRepository=explicit: implicit bare repositories are "
+                "refused on the host too",
+                hard=False,
+            )
+        ]
+    return [
+        Check(
+            "git",
+            False,
+            f"safe.bareRepository={value or 'all (unset)'}: a payload can make "
+            "a directory look like a bare repository; boxy's git guard quarantines it, and "
+            "`git config --global safe.bareRepository explicit` closes it on the host too",
+            hard=False,
+        )
+    ]
 
 
 PROBES: tuple[Probe, ...] = (

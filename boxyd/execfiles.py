@@ -67,8 +67,9 @@ def _digest(dir_fd: int, name: str, scripts_only: bool = False) -> str:
     if scripts_only:
         try:
             doc = json.loads(data)
-            data = json.dumps(doc.get("scripts") if isinstance(doc, dict) else None,
-                              sort_keys=True).encode()
+            data = json.dumps(
+                doc.get("scripts") if isinstance(doc, dict) else None, sort_keys=True
+            ).encode()
         except ValueError:
             pass  # not JSON: npm would refuse it; compared whole
     return f"{stat.S_IMODE(st.st_mode):o}:{hashlib.sha256(data).hexdigest()}"
@@ -147,12 +148,15 @@ class Watch:
         tool = toolconfig.TOOLS[name][0]
         keys = ", ".join(dict.fromkeys(k for k, _ in settings))
         digest = hashlib.sha256(json.dumps(sorted(settings)).encode()).hexdigest()
-        self.seen[path] = (f"{tool} runs or installs what {keys} say{'s' if ',' not in keys else ''}",
-                           KEYS + digest)
+        self.seen[path] = (
+            f"{tool} runs or installs what {keys} say{'s' if ',' not in keys else ''}",
+            KEYS + digest,
+        )
 
 
-def changes(before: Mapping[str, tuple[str, str]], after: Mapping[str, tuple[str, str]],
-            root: str) -> list[str]:
+def changes(
+    before: Mapping[str, tuple[str, str]], after: Mapping[str, tuple[str, str]], root: str
+) -> list[str]:
     """Pure: one line per watched entry of the tree ROOT the run created, changed or
     removed."""
     lines = []
@@ -164,5 +168,7 @@ def changes(before: Mapping[str, tuple[str, str]], after: Mapping[str, tuple[str
         why = (new or old)[0]  # type: ignore[index]
         if rel.endswith("package.json") and what == "changed":
             what = "changed the scripts of"
-        lines.append(f"{what} {os.path.join(root, rel)} ({why}): review it before your tools run it")
+        lines.append(
+            f"{what} {os.path.join(root, rel)} ({why}): review it before your tools run it"
+        )
     return lines

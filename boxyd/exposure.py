@@ -134,8 +134,10 @@ def check_exposed(
             if why == HOME_WHY:
                 verb = "is" if spath in trees else "holds"
                 fix = "pass -w ~/project" if what == "workdir" else "expose a project inside it"
-                raise UsageError(f"{what} {path}: {verb} your home directory {spath}, whose keys and "
-                                 f"credentials are never exposed; run in a project directory, or {fix}")
+                raise UsageError(
+                    f"{what} {path}: {verb} your home directory {spath}, whose keys and "
+                    f"credentials are never exposed; run in a project directory, or {fix}"
+                )
             raise UsageError(f"{what} {path}: exposes {spath} ({why}); expose a narrower path")
 
 
@@ -161,15 +163,19 @@ def refuse_sockets(label: str, tree: str, *, limit: int = SOCKET_SCAN_ENTRIES) -
             for e in _entries(it):
                 seen += 1
                 if seen > limit:
-                    raise UsageError(f"{label} {tree}: too large to check for unix sockets (over {limit} "
-                                     "entries); expose a narrower path")
+                    raise UsageError(
+                        f"{label} {tree}: too large to check for unix sockets (over {limit} "
+                        "entries); expose a narrower path"
+                    )
                 try:
                     st = e.stat(follow_symlinks=False)
                 except OSError:
                     continue
                 if stat.S_ISSOCK(st.st_mode):
-                    raise UsageError(f"{label} {tree}: holds the unix socket {e.path}, which the sandbox "
-                                     "could connect to; expose a narrower path")
+                    raise UsageError(
+                        f"{label} {tree}: holds the unix socket {e.path}, which the sandbox "
+                        "could connect to; expose a narrower path"
+                    )
                 if stat.S_ISDIR(st.st_mode):
                     stack.append(e.path)
 

@@ -51,8 +51,10 @@ def _parent(flag: str, path: str, hostile: set[tuple[int, int]]) -> int:
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             if stat.S_ISLNK(st.st_mode):
                 if inside:
-                    raise UsageError(f"{flag} {path}: {name} is a symlink inside a tree the sandbox "
-                                     "can write (refused: it could point anywhere)")
+                    raise UsageError(
+                        f"{flag} {path}: {name} is a symlink inside a tree the sandbox "
+                        "can write (refused: it could point anywhere)"
+                    )
                 links += 1
                 if links > MAX_LINKS:
                     raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
@@ -63,8 +65,10 @@ def _parent(flag: str, path: str, hostile: set[tuple[int, int]]) -> int:
                 todo[:0] = [c for c in target.split("/") if c]
                 continue
             if inside and name == "..":  # only a followed symlink's target can hold one
-                raise UsageError(f"{flag} {path}: goes through '..' inside a tree the sandbox can "
-                                 "write (refused)")
+                raise UsageError(
+                    f"{flag} {path}: goes through '..' inside a tree the sandbox can "
+                    "write (refused)"
+                )
             nfd = os.open(name, _STEP | os.O_DIRECTORY, dir_fd=fd)
             os.close(fd)
             fd = nfd
@@ -83,22 +87,34 @@ def open_output(flag: str, path: str, hostile_roots: Iterable[str], *, truncate:
     try:
         pfd = _parent(flag, path, hostile)
         try:
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW
-                         | os.O_CLOEXEC | (0 if truncate else os.O_APPEND), 0o600, dir_fd=pfd)
+            fd = os.open(
+                name,
+                os.O_WRONLY
+                | os.O_CREAT
+                | os.O_NONBLOCK
+                | os.O_NOFOLLOW
+                | os.O_CLOEXEC
+                | (0 if truncate else os.O_APPEND),
+                0o600,
+                dir_fd=pfd,
+            )
         finally:
             os.close(pfd)
     except OSError as e:
-        why = {errno.ELOOP: "is a symlink (refused)",
-               errno.ENXIO: "is a FIFO or socket (refused: not a regular file)"}.get(
-            e.errno or 0, e.strerror or str(e))
+        why = {
+            errno.ELOOP: "is a symlink (refused)",
+            errno.ENXIO: "is a FIFO or socket (refused: not a regular file)",
+        }.get(e.errno or 0, e.strerror or str(e))
         raise UsageError(f"{flag} {path}: {why}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise UsageError(f"{flag} {path}: not a regular file (refused)")
         if st.st_nlink > 1:
-            raise UsageError(f"{flag} {path}: has {st.st_nlink} hard links (refused: boxyd would "
-                             "write into the other name too)")
+            raise UsageError(
+                f"{flag} {path}: has {st.st_nlink} hard links (refused: boxyd would "
+                "write into the other name too)"
+            )
         os.set_blocking(fd, True)  # a regular file: writes complete
         if truncate:
             os.ftruncate(fd, 0)
@@ -124,8 +140,9 @@ class Outputs:
                 os.close(fd)
 
 
-def open_outputs(audit: str | None, net_log: str | None, pcap: str | None,
-                 hostile_roots: Iterable[str]) -> Outputs:
+def open_outputs(
+    audit: str | None, net_log: str | None, pcap: str | None, hostile_roots: Iterable[str]
+) -> Outputs:
     """Blocking (an open on a network filesystem can take its time): off the event loop."""
     roots = list(hostile_roots)
     out = Outputs()

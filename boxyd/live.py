@@ -46,9 +46,15 @@ class Redo:
     rule: Rule | None = None
 
 
-def watched(root: str, pins: Iterable[Protection], masks: Iterable[Found],
-            reveal: Iterable[str], dirs: Iterable[str] = (), protect: Iterable[str] = (),
-            secrets: Iterable[str] = ()) -> Watched:
+def watched(
+    root: str,
+    pins: Iterable[Protection],
+    masks: Iterable[Found],
+    reveal: Iterable[str],
+    dirs: Iterable[str] = (),
+    protect: Iterable[str] = (),
+    secrets: Iterable[str] = (),
+) -> Watched:
     """Only read-only pins: a ``self`` pin is a directory bound onto itself, which the
     host renaming it away ends for the host as well (nothing left to guard there).
     PROTECT: --protect (and the presets' tools' files) as absolute paths; those in this
@@ -57,10 +63,9 @@ def watched(root: str, pins: Iterable[Protection], masks: Iterable[Found],
     own = {p.rel: p for p in pins if p.kind == "ro"}
     top = root.rstrip("/") + "/"
     for path in protect:
-        if path.startswith(top) and path[len(top):] not in own:
-            own[path[len(top):]] = Protection(path[len(top):], "ro", False)
-    return Watched(root, own, {f.rel: f for f in masks}, tuple(reveal), tuple(dirs),
-                   tuple(secrets))
+        if path.startswith(top) and path[len(top) :] not in own:
+            own[path[len(top) :]] = Protection(path[len(top) :], "ro", False)
+    return Watched(root, own, {f.rel: f for f in masks}, tuple(reveal), tuple(dirs), tuple(secrets))
 
 
 def skipped(rel: str) -> bool:
@@ -94,8 +99,11 @@ def on_change(w: Watched, dir_rel: str, name: str, is_dir: bool) -> Redo | None:
     rel = f"{dir_rel}/{name}" if dir_rel else name
     pin, mask = w.pins.get(rel), w.masks.get(rel)
     if pin is not None or mask is not None:
-        return Redo(rel, pin=pin if pin is not None and pin.is_dir == is_dir else None,
-                    mask=mask if mask is not None and mask.is_dir == is_dir else None)
+        return Redo(
+            rel,
+            pin=pin if pin is not None and pin.is_dir == is_dir else None,
+            mask=mask if mask is not None and mask.is_dir == is_dir else None,
+        )
     parent = dir_rel.rpartition("/")[2]
     if skipped(dir_rel) or _revealed(w, rel):
         return None

@@ -53,7 +53,11 @@ def judge(dir_fd: int, name: str, rule: Rule) -> Found | None:
     if data is None:
         return None
     if rule.action is Action.EMPTY:  # a .pem or .key: only a private key is covered
-        return Found("", rule.kind, rule.action, False) if credentials.holds_private_key(data) else None
+        return (
+            Found("", rule.kind, rule.action, False)
+            if credentials.holds_private_key(data)
+            else None
+        )
     if len(data) > credentials.SCRUB_MAX:  # too large to scrub: nothing of it is shown
         return Found("", rule.kind, Action.EMPTY, False)
     clean = credentials.scrub(rule, data)
@@ -169,8 +173,10 @@ class Finder:
                 note += f"; {missing} outside the tree (not shown to the payload, but not covered there)"
             self.found[link.rel] = replace(primary, note=note)
             for other in others:
-                self.found.setdefault(other, replace(primary, rel=other, via=link.rel,
-                                                     note=f"a hard link of {link.rel}"))
+                self.found.setdefault(
+                    other,
+                    replace(primary, rel=other, via=link.rel, note=f"a hard link of {link.rel}"),
+                )
 
 
 def _listed_ino(dir_fd: int, name: str) -> int:
@@ -182,8 +188,9 @@ def _listed_ino(dir_fd: int, name: str) -> int:
     return -1
 
 
-def search_links(root_fd: int, wanted: Mapping[tuple[int, int], _Linked], *, stat_all: bool,
-                 limit: int | None) -> None:
+def search_links(
+    root_fd: int, wanted: Mapping[tuple[int, int], _Linked], *, stat_all: bool, limit: int | None
+) -> None:
     """Append to each WANTED entry's ``names`` every name of its inode in the tree,
     walking every directory depth first through O_NOFOLLOW fds (one open per level);
     stops once every link is found. A directory that cannot be listed is skipped (the
@@ -239,7 +246,9 @@ def _match(fd: int, name: str, rel: str, wanted: Mapping[tuple[int, int], _Linke
     return 1
 
 
-def revealed(found: Iterable[Found], root: str, reveal: Iterable[str]) -> tuple[list[Found], list[Found]]:
+def revealed(
+    found: Iterable[Found], root: str, reveal: Iterable[str]
+) -> tuple[list[Found], list[Found]]:
     """(covered, revealed): an entry is revealed when --reveal names it, the symlink that
     led to it, or a directory above it (absolute paths)."""
     tops = [r.rstrip("/") for r in reveal]

@@ -27,13 +27,38 @@ HOSTNAME = "boxy"
 # the alternatives that /usr/bin links point through, time zone, service/protocol
 # names. Never the host's whole /etc (passwd, shadow, the package managers' configs).
 ETC_FROM_HOST = (
-    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "ssl", "ca-certificates", "ca-certificates.conf",
-    "pki", "crypto-policies", "alternatives", "localtime", "timezone", "protocols", "services",
-    "gai.conf", "mime.types", "inputrc", "bash.bashrc", "profile", "login.defs", "host.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "pki",
+    "crypto-policies",
+    "alternatives",
+    "localtime",
+    "timezone",
+    "protocols",
+    "services",
+    "gai.conf",
+    "mime.types",
+    "inputrc",
+    "bash.bashrc",
+    "profile",
+    "login.defs",
+    "host.conf",
 )
 
 # Devices the payload may ioctl (Landlock IOCTL_DEV): terminals and the harmless nodes.
-DEV_RULES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/pts")
+DEV_RULES = (
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+    "/dev/pts",
+)
 
 
 def _depth(path: str) -> int:
@@ -67,14 +92,22 @@ def etc_files(uid: int, gid: int, user: str, home: str, net: str) -> list[MountO
         group = grp.getgrgid(gid).gr_name
     except KeyError:
         group = user
-    resolv = "# boxy: no network\n" if net == "none" else "nameserver 10.0.2.2\noptions edns0 trust-ad\n"
+    resolv = (
+        "# boxy: no network\n" if net == "none" else "nameserver 10.0.2.2\noptions edns0 trust-ad\n"
+    )
     return [
         File("/etc/passwd", f"{user}:x:{uid}:{gid}:{user}:{home}:/bin/sh\n"),
         File("/etc/group", f"{group}:x:{gid}:\n"),
         File("/etc/hostname", HOSTNAME + "\n"),
-        File("/etc/hosts", f"127.0.0.1\tlocalhost {HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n"),
-        File("/etc/nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n"
-             "networks: files\nprotocols: files\nservices: files\n"),
+        File(
+            "/etc/hosts",
+            f"127.0.0.1\tlocalhost {HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+        ),
+        File(
+            "/etc/nsswitch.conf",
+            "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n"
+            "networks: files\nprotocols: files\nservices: files\n",
+        ),
         File("/etc/resolv.conf", resolv),
     ]
 
@@ -100,13 +133,18 @@ def _based(path: str, roots: list[str]) -> tuple[str, str | None]:
     return os.path.relpath(path, best), best
 
 
-def _bind(path: str, roots: list[str], *, ro: bool, optional: bool = False, create: bool = False) -> Bind:
+def _bind(
+    path: str, roots: list[str], *, ro: bool, optional: bool = False, create: bool = False
+) -> Bind:
     rel, base = _based(path, roots)
-    return Bind(src=rel, dst=rel, ro=ro, src_base=base, dst_base=base, optional=optional, create=create)
+    return Bind(
+        src=rel, dst=rel, ro=ro, src_base=base, dst_base=base, optional=optional, create=create
+    )
 
 
-def user_ops(spec: RunSpec, protections: dict[str, list],
-             masks: dict[str, list[Found]] | None = None) -> tuple[list[MountOp], list[LandlockRule]]:
+def user_ops(
+    spec: RunSpec, protections: dict[str, list], masks: dict[str, list[Found]] | None = None
+) -> tuple[list[MountOp], list[LandlockRule]]:
     """Workdir, --ro, --rw and --mkdir, parents before children; then each writable
     tree's git protections, --protect entries and covered credentials on top (a
     credential's stand-in last: over .git/config it stacks on the pin); then copies."""
@@ -129,34 +167,55 @@ def user_ops(spec: RunSpec, protections: dict[str, list],
     for root in roots:
         for p in protections.get(root, []):
             if p.symlink:
-                raise UsageError(f"{root}/{p.rel}: a protected git entry is a symlink (refused: it would be "
-                                 "followed on the host); remove it, or run with --allow-git-write")
+                raise UsageError(
+                    f"{root}/{p.rel}: a protected git entry is a symlink (refused: it would be "
+                    "followed on the host); remove it, or run with --allow-git-write"
+                )
             ops.append(Bind(src=p.rel, dst=p.rel, ro=p.kind == "ro", src_base=root, dst_base=root))
     for e in spec.protect:
         ops.append(_bind(e.path, roots, ro=True))
     for root in roots:
         for f in (masks or {}).get(root, []):
-            ops.append(Mask(dst=f.rel, dst_base=root, is_dir=f.is_dir,
-                            content=base64.b64encode(f.content).decode()))
+            ops.append(
+                Mask(
+                    dst=f.rel,
+                    dst_base=root,
+                    is_dir=f.is_dir,
+                    content=base64.b64encode(f.content).decode(),
+                )
+            )
     exposed = [spec.workdir] + [e.path for e in (*spec.ro, *spec.rw, *spec.mkdir)]
     for c, ro in [(c, False) for c in spec.copy] + [(c, True) for c in spec.copy_ro]:
         for tree in exposed:
             if _inside(c.dst, tree):
-                raise UsageError(f"--copy{'-ro' if ro else ''} {c.src}:{c.dst}: the destination lies inside "
-                                 f"the exposed tree {tree}; copy it somewhere else (e.g. under $HOME)")
+                raise UsageError(
+                    f"--copy{'-ro' if ro else ''} {c.src}:{c.dst}: the destination lies inside "
+                    f"the exposed tree {tree}; copy it somewhere else (e.g. under $HOME)"
+                )
         ops.append(Copy(src=c.src, dst=c.dst, ro=ro))
         rules.append(LandlockRule(c.dst, "ro" if ro else "rw"))
     return ops, rules
 
 
-def build(spec: RunSpec, *, seccomp_bpf: bytes, protections: dict[str, list], ctty: bool,
-          masks: dict[str, list[Found]] | None = None) -> Plan:
+def build(
+    spec: RunSpec,
+    *,
+    seccomp_bpf: bytes,
+    protections: dict[str, list],
+    ctty: bool,
+    masks: dict[str, list[Found]] | None = None,
+) -> Plan:
     uid, gid = os.getuid(), os.getgid()
     pw = pwd.getpwuid(uid)
     home = pw.pw_dir or f"/home/{pw.pw_name}"
     sys_ops, sys_rules = system_ops()
     u_ops, u_rules = user_ops(spec, protections, masks)
-    ops: list[MountOp] = [Dir("/etc"), *etc_files(uid, gid, pw.pw_name, home, spec.net), *sys_ops, *u_ops]
+    ops: list[MountOp] = [
+        Dir("/etc"),
+        *etc_files(uid, gid, pw.pw_name, home, spec.net),
+        *sys_ops,
+        *u_ops,
+    ]
     rules = [
         LandlockRule("/", "dir"),
         *sys_rules,

@@ -145,8 +145,14 @@ class Plan:
     def from_json(cls, data: dict[str, Any]) -> Plan:
         ops: list[MountOp] = []
         for raw in data["ops"]:
-            kind = {"bind": Bind, "copy": Copy, "symlink": Symlink, "file": File, "dir": Dir,
-                    "mask": Mask}[raw["op"]]
+            kind = {
+                "bind": Bind,
+                "copy": Copy,
+                "symlink": Symlink,
+                "file": File,
+                "dir": Dir,
+                "mask": Mask,
+            }[raw["op"]]
             ops.append(kind(**raw))
         rules = [LandlockRule(**r) for r in data["landlock"]]
         rest = {k: v for k, v in data.items() if k not in ("ops", "landlock")}

@@ -131,11 +131,16 @@ def user_profiles(home: str | None = None) -> dict[str, str]:
         names = os.listdir(user_dir(home))
     except OSError:
         return {}
-    return {n.removesuffix(".yaml"): os.path.join(user_dir(home), n) for n in sorted(names)
-            if n.endswith(".yaml") and _PRESET_NAME_RE.fullmatch(n.removesuffix(".yaml"))}
+    return {
+        n.removesuffix(".yaml"): os.path.join(user_dir(home), n)
+        for n in sorted(names)
+        if n.endswith(".yaml") and _PRESET_NAME_RE.fullmatch(n.removesuffix(".yaml"))
+    }
 
 
-def where(name_or_path: str, home: str | None = None, *, preset_only: bool = False) -> tuple[str, str]:
+def where(
+    name_or_path: str, home: str | None = None, *, preset_only: bool = False
+) -> tuple[str, str]:
     """(kind, location) a name is found at, in lookup order: a path; the user's
     profile NAME.yaml; the preset NAME (PRESET_ONLY: a user profile extending the
     preset it is named after)."""
@@ -148,7 +153,8 @@ def where(name_or_path: str, home: str | None = None, *, preset_only: bool = Fal
         return "preset", name_or_path
     raise ProfileError(
         f"unknown profile {name_or_path!r} (presets: {', '.join(list_profiles())}; your own "
-        f"under {user_dir(home)}/NAME.yaml; or give a path to a .yaml file)")
+        f"under {user_dir(home)}/NAME.yaml; or give a path to a .yaml file)"
+    )
 
 
 def _read_file(label: str, path: str) -> bytes:
@@ -166,7 +172,9 @@ def _read_file(label: str, path: str) -> bytes:
         os.close(fd)
 
 
-def _read(name_or_path: str, home: str | None = None, *, preset_only: bool = False) -> tuple[str, str]:
+def _read(
+    name_or_path: str, home: str | None = None, *, preset_only: bool = False
+) -> tuple[str, str]:
     """(label for messages, text) of a profile file, a user profile or a preset."""
     kind, location = where(name_or_path, home, preset_only=preset_only)
     label = name_or_path if kind != "user" else location
@@ -212,8 +220,9 @@ class _StrictLoader(yaml.SafeLoader):
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) or event.anchor is not None:
             if not self.allow_aliases:
-                raise _error("anchors and aliases (&, *) are not allowed in a project file",
-                             event.start_mark)
+                raise _error(
+                    "anchors and aliases (&, *) are not allowed in a project file", event.start_mark
+                )
             if isinstance(event, yaml.AliasEvent):
                 return self._alias(event)
         if self._depth >= MAX_DEPTH:
@@ -231,8 +240,9 @@ class _StrictLoader(yaml.SafeLoader):
 
     def _alias(self, event: yaml.AliasEvent) -> Any:
         if event.anchor in self.anchors and event.anchor not in self._sizes:
-            raise _error(f"alias *{event.anchor} refers to a value that contains it",
-                         event.start_mark)
+            raise _error(
+                f"alias *{event.anchor} refers to a value that contains it", event.start_mark
+            )
         self._count(self._sizes.get(event.anchor, 0), event.start_mark)
         return super().compose_node(None, None)  # PyYAML's own undefined-alias check
 
@@ -249,8 +259,9 @@ class _StrictLoader(yaml.SafeLoader):
         except Exception as e:  # noqa: BLE001 - PyYAML's constructors on hostile scalars
             # raise whatever they hit: ValueError (!!int y, 5,000 digits, a bad date),
             # AttributeError (!!timestamp x), binascii.Error (!!binary), TypeError …
-            raise _error(f"cannot read {node.tag.rpartition(':')[2]} {_short(node)}: {e}",
-                         node.start_mark) from None
+            raise _error(
+                f"cannot read {node.tag.rpartition(':')[2]} {_short(node)}: {e}", node.start_mark
+            ) from None
 
 
 class _ProjectLoader(_StrictLoader):
@@ -285,7 +296,9 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[An
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def _parse_yaml(label: str, text: str, loader: type[_StrictLoader] = _StrictLoader) -> dict[str, Any]:
+def _parse_yaml(
+    label: str, text: str, loader: type[_StrictLoader] = _StrictLoader
+) -> dict[str, Any]:
     """TEXT as a mapping; anything wrong with it is one ProfileError naming LABEL."""
     try:
         doc = yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader subclass
@@ -313,8 +326,8 @@ class _Checker:
             "workdir": context["workdir"],
             "home": context["home"],
             "workdir_slug": context.get("workdir_slug") or workdir_slug(context["workdir"]),
-            "cache": context.get("cache") or caches.project_dir(context["home"], label,
-                                                                 context["workdir"]),
+            "cache": context.get("cache")
+            or caches.project_dir(context["home"], label, context["workdir"]),
         }
 
     def fail(self, key: str, expected: str) -> ProfileError:
@@ -460,8 +473,11 @@ class _Checker:
         text = self.string(key, value, "expected a glob string such as '*.secret' or 'conf/*.key'")
         comps = text.strip("/").split("/")
         if text.startswith("/") or "\0" in text or any(c in ("", ".", "..") for c in comps):
-            raise self.fail(key, f"{text!r}: expected a glob relative to the work directory "
-                            "(no leading /, no . or .. components)")
+            raise self.fail(
+                key,
+                f"{text!r}: expected a glob relative to the work directory "
+                "(no leading /, no . or .. components)",
+            )
         return text.strip("/")
 
     def positive_int(self, key: str, value: Any) -> int:
@@ -525,11 +541,15 @@ def _build(name: str, label: str, doc: Mapping[str, Any], context: Mapping[str, 
         for name in _TEMPLATE_RE.findall(value):
             if name not in ENV_TEMPLATES and name not in PATH_TEMPLATES:
                 known = (*ENV_TEMPLATES, *PATH_TEMPLATES)
-                raise c.fail(f"env.{k}", f"unknown template {{{name}}} (expected one of: "
-                                         f"{', '.join('{' + t + '}' for t in known)})")
+                raise c.fail(
+                    f"env.{k}",
+                    f"unknown template {{{name}}} (expected one of: "
+                    f"{', '.join('{' + t + '}' for t in known)})",
+                )
         # path templates now; the registry's (ENV_TEMPLATES) when the run resolves them
         p.env[k] = _TEMPLATE_RE.sub(
-            lambda m: c.values[m.group(1)] if m.group(1) in PATH_TEMPLATES else m.group(0), value)
+            lambda m: c.values[m.group(1)] if m.group(1) in PATH_TEMPLATES else m.group(0), value
+        )
     for list_key in ("env_pass", "env_secrets"):
         for i, v in enumerate(c.list_of(list_key, doc.get(list_key, []))):
             key = f"{list_key}[{i}]"
@@ -557,12 +577,30 @@ def _merge(base: Profile, child: Profile) -> Profile:
     """child extends base: lists concatenate (base first), scalars and env keys override."""
     out = Profile(name=child.name, source=child.source)
     out.description = child.description or base.description
-    for attr in ("net", "memory", "pids", "cpus", "timeout", "seccomp", "tailscale", "tty",
-                 "tty_raw"):
+    for attr in (
+        "net",
+        "memory",
+        "pids",
+        "cpus",
+        "timeout",
+        "seccomp",
+        "tailscale",
+        "tty",
+        "tty_raw",
+    ):
         child_value = getattr(child, attr)
         setattr(out, attr, child_value if child_value is not None else getattr(base, attr))
-    for attr in ("allow_hosts", "allow_ports", "ro", "rw", "mkdir", "protect", "reveal", "copy",
-                 "copy_ro"):
+    for attr in (
+        "allow_hosts",
+        "allow_ports",
+        "ro",
+        "rw",
+        "mkdir",
+        "protect",
+        "reveal",
+        "copy",
+        "copy_ro",
+    ):
         setattr(out, attr, getattr(base, attr) + getattr(child, attr))
     out.env = {**base.env, **child.env}
     for attr in ("env_pass", "env_secrets", "allow_cidrs", "tmpfs", "secrets"):  # without repeats
@@ -587,7 +625,9 @@ def load_profile(name_or_path: str, *, context: Mapping[str, str]) -> Profile:
     if is_path(base_name) and not base_name.startswith("/") and is_path(name_or_path):
         base_name = os.path.normpath(os.path.join(os.path.dirname(name_or_path), base_name))
     # `node.yaml` of the user's that says `extends: node` means the preset
-    base_label, base_text = _read(base_name, context.get("home"), preset_only=base_name == name_or_path)
+    base_label, base_text = _read(
+        base_name, context.get("home"), preset_only=base_name == name_or_path
+    )
     base_doc = _parse_yaml(base_label, base_text)
     if "extends" in base_doc:
         raise ProfileError(
@@ -605,17 +645,21 @@ def project_doc(text: str, label: str) -> dict[str, Any]:
         raise ProfileError(f"{label}: key extends: a project names its profile with profile: NAME")
     named = doc.get("profile")
     if named is not None and (not isinstance(named, str) or not named or is_path(named)):
-        raise ProfileError(f"{label}: key profile: expected the name of a preset or of one of "
-                           f"your profiles ({user_dir()}/NAME.yaml), not a path")
+        raise ProfileError(
+            f"{label}: key profile: expected the name of a preset or of one of "
+            f"your profiles ({user_dir()}/NAME.yaml), not a path"
+        )
     return doc
 
 
-def project_layer(base: Profile, doc: Mapping[str, Any], label: str,
-                  context: Mapping[str, str]) -> Profile:
+def project_layer(
+    base: Profile, doc: Mapping[str, Any], label: str, context: Mapping[str, str]
+) -> Profile:
     """A .boxy.yaml's keys (DOC, from project_doc) on top of BASE, the profile it names
     or the run's: merged as `extends` merges; messages name both."""
-    merged = _merge(base, _build(label, label, {k: v for k, v in doc.items() if k != "profile"},
-                                 context))
+    merged = _merge(
+        base, _build(label, label, {k: v for k, v in doc.items() if k != "profile"}, context)
+    )
     merged.name, merged.source = base.name, f"{base.source} + {label}"
     return merged
 
@@ -660,8 +704,9 @@ def resolve_hosts(
     return out
 
 
-def resolve_env(env: Mapping[str, str], registry: Registry | None, *, source: str,
-                notes: list[str]) -> dict[str, str]:
+def resolve_env(
+    env: Mapping[str, str], registry: Registry | None, *, source: str, notes: list[str]
+) -> dict[str, str]:
     """Fill ENV_TEMPLATES via ``registry``; a variable whose setting the tool does not
     have is left out (the tool then uses its own default), with a note."""
     out: dict[str, str] = {}

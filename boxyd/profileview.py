@@ -71,12 +71,17 @@ def show_lines(profile: Profile, registry: Registry | None, kind: str, location:
             out.append(f"  {kind_name}: {c.src} -> {c.dst}{'  (optional)' if c.optional else ''}")
     env = profiles.resolve_env(profile.env, registry, source=profile.source, notes=notes)
     for name in profile.env:
-        out.append(f"  env {name}: {env[name]}" if name in env else f"  env {name}: not set (none configured)")
+        out.append(
+            f"  env {name}: {env[name]}"
+            if name in env
+            else f"  env {name}: not set (none configured)"
+        )
     for name in profile.env_pass:
         out.append(f"  env {name}: passed from your environment")
     limits: Mapping[str, object] = {
         "memory": values.format_size(profile.memory) if profile.memory else None,
-        "pids": profile.pids, "cpus": profile.cpus,
+        "pids": profile.pids,
+        "cpus": profile.cpus,
         "timeout": values.format_duration(profile.timeout) if profile.timeout else None,
         "seccomp": profile.seccomp,
     }

@@ -58,12 +58,19 @@ def read_data(workdir: str, rel: str, *, strict: bool) -> bytes | None:
     if fd < 0:
         if -fd in (errno.ENOENT, errno.ENOTDIR) or not strict:
             return None
-        why = "a symlink (never followed)" if -fd in (errno.ELOOP, errno.EXDEV) else os.strerror(-fd)
+        why = (
+            "a symlink (never followed)" if -fd in (errno.ELOOP, errno.EXDEV) else os.strerror(-fd)
+        )
         raise UsageError(f"{where}: {why}")
     try:
         st = os.fstat(fd)
-        problem = ("not a regular file" if not stat.S_ISREG(st.st_mode) else
-                   f"larger than {MAX_SIZE >> 10} KiB" if st.st_size > MAX_SIZE else None)
+        problem = (
+            "not a regular file"
+            if not stat.S_ISREG(st.st_mode)
+            else f"larger than {MAX_SIZE >> 10} KiB"
+            if st.st_size > MAX_SIZE
+            else None
+        )
         content = os.read(fd, MAX_SIZE + 1) if problem is None else b""
     finally:
         os.close(fd)
@@ -123,8 +130,9 @@ def read(workdir: str, env: Mapping[str, str] | None = None, *, strict: bool = T
     view: Any = None
     if config is not None:
         try:
-            view = widening.approval_view(profiles.project_doc(config.decode(errors="replace"),
-                                                               os.path.join(workdir, NAME)))
+            view = widening.approval_view(
+                profiles.project_doc(config.decode(errors="replace"), os.path.join(workdir, NAME))
+            )
             json.dumps(view, sort_keys=True)  # YAML may hold dates, or keys of mixed types
         except (UsageError, TypeError, ValueError):  # then an approval commits to the bytes
             view = {"unparsed": hashlib.sha256(config).hexdigest()}
@@ -143,21 +151,25 @@ def _registries(workdir: str, env: Mapping[str, str]) -> list[ProjectRegistry]:
     out: list[ProjectRegistry] = []
     data = read_data(workdir, pr.NPMRC, strict=False)
     if data is not None:
-        out += pr.registries(os.path.join(workdir, pr.NPMRC), "npm",
-                             pr.parse_npmrc(data.decode(errors="replace"), env))
+        out += pr.registries(
+            os.path.join(workdir, pr.NPMRC),
+            "npm",
+            pr.parse_npmrc(data.decode(errors="replace"), env),
+        )
     for rel in _venvs(workdir, env):
         path = os.path.join(rel, pr.PIP_CONF)
         data = read_data(workdir, path, strict=False)
         if data is not None:
-            out += pr.registries(os.path.join(workdir, path), "pip",
-                                 pr.parse_pip_conf(data.decode(errors="replace")))
+            out += pr.registries(
+                os.path.join(workdir, path), "pip", pr.parse_pip_conf(data.decode(errors="replace"))
+            )
     return out
 
 
 def _rel(workdir: str, path: str) -> str | None:
     if path == workdir:
         return ""
-    return path[len(workdir) + 1:] if path.startswith(workdir.rstrip("/") + "/") else None
+    return path[len(workdir) + 1 :] if path.startswith(workdir.rstrip("/") + "/") else None
 
 
 def _venvs(workdir: str, env: Mapping[str, str]) -> list[str]:
@@ -170,8 +182,9 @@ def _venvs(workdir: str, env: Mapping[str, str]) -> list[str]:
     except OSError:
         return out
     for entry in entries:
-        if entry.is_dir(follow_symlinks=False) and \
-                os.path.lexists(os.path.join(entry.path, VENV_MARK)):
+        if entry.is_dir(follow_symlinks=False) and os.path.lexists(
+            os.path.join(entry.path, VENV_MARK)
+        ):
             out.append(entry.name)
     venv = _rel(workdir, os.path.normpath(env.get("VIRTUAL_ENV", "")))
     if venv and venv not in out:
@@ -194,17 +207,24 @@ def is_trusted(project: Project, config_home: str) -> bool:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(record, dict) and record.get("workdir") == project.workdir \
+    return (
+        isinstance(record, dict)
+        and record.get("workdir") == project.workdir
         and record.get("digest") == project.digest
+    )
 
 
 def approve(project: Project, config_home: str) -> Path:
     d = ensure_private_dir(trust_dir(config_home))  # ~/.config/boxy itself may be 0755
     path = d / _approval(project)
     tmp = d / f".{path.name}.tmp"
-    record = {"workdir": project.workdir, "digest": project.digest, "approved_at": time.time(),
-              "boxy_yaml": project.config is not None,
-              "registries": [r.wire() for r in project.registries]}
+    record = {
+        "workdir": project.workdir,
+        "digest": project.digest,
+        "approved_at": time.time(),
+        "boxy_yaml": project.config is not None,
+        "registries": [r.wire() for r in project.registries],
+    }
     tmp.write_text(json.dumps(record) + "\n")
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)

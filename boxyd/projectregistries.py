@@ -71,15 +71,18 @@ class ProjectRegistry:
 
 # --- npm ---------------------------------------------------------------------------
 
+
 def env_replace(text: str, env: Mapping[str, str]) -> str:
     """@npmcli/config's env-replace: ${VAR} (kept as written when unset), ${VAR?}
     (empty when unset), and backslash escapes of the `$`."""
+
     def sub(m: re.Match[str]) -> str:
         esc, name, optional = m.group(1), m.group(2), m.group(3)
         if len(esc) % 2:
-            return m.group(0)[(len(esc) + 1) // 2:]
+            return m.group(0)[(len(esc) + 1) // 2 :]
         value = env.get(name, "" if optional else "${" + name + "}")
-        return esc[len(esc) // 2:] + value
+        return esc[len(esc) // 2 :] + value
+
     return _ENV_EXPR.sub(sub, text)
 
 
@@ -119,11 +122,22 @@ _JSValue = tuple[str | None, bool]
 _JSON_WS = re.compile(r"[ \t\n\r]*")
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _JSON_CHARS = re.compile(r'[^"\\\x00-\x1f]*')
-_JSON_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r",
-                 "t": "\t"}
+_JSON_ESCAPES = {
+    '"': '"',
+    "\\": "\\",
+    "/": "/",
+    "b": "\b",
+    "f": "\f",
+    "n": "\n",
+    "r": "\r",
+    "t": "\t",
+}
 _JSON_HEX4 = re.compile(r"[0-9A-Fa-f]{4}")
-_JSON_WORDS: dict[str, _JSValue] = {"true": ("true", False), "false": ("false", False),
-                                    "null": (None, False)}
+_JSON_WORDS: dict[str, _JSValue] = {
+    "true": ("true", False),
+    "false": ("false", False),
+    "null": (None, False),
+}
 
 
 def _json_parse(text: str) -> tuple[str, bool] | None:
@@ -148,8 +162,11 @@ def _json_parse(text: str) -> tuple[str, bool] | None:
         while True:  # VALUE ends before POS: into its container, closing those that end
             pos = _JSON_WS.match(text, pos).end()
             if not stack:
-                return ("null" if value[0] is None else value[0], value[1]) \
-                    if pos == len(text) else None
+                return (
+                    ("null" if value[0] is None else value[0], value[1])
+                    if pos == len(text)
+                    else None
+                )
             top = stack[-1]
             if top is not None:
                 top.append(value[0])
@@ -273,6 +290,7 @@ def parse_npmrc(text: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
 
 # --- pip ---------------------------------------------------------------------------
 
+
 def parse_pip_conf(text: str) -> list[tuple[str, str]]:
     """(section.option, url) for every index or find-links URL pip would read from
     this file for an install; a file pip itself would refuse yields nothing."""
@@ -341,8 +359,10 @@ def _configparser_items(text: str) -> list[tuple[str, list[tuple[str, str]]]] | 
         added.add((sectname, optname))
         cursect[optname] = [value[delimiter.end() :].strip()]
     joined = {name: "\n".join(lines).rstrip() for name, lines in defaults.items()}
-    return [(name, list({**joined, **{k: "\n".join(v).rstrip() for k, v in opts.items()}}.items()))
-            for name, opts in sections.items()]
+    return [
+        (name, list({**joined, **{k: "\n".join(v).rstrip() for k, v in opts.items()}}.items()))
+        for name, opts in sections.items()
+    ]
 
 
 def registries(source: str, family: str, pairs: list[tuple[str, str]]) -> list[ProjectRegistry]:
@@ -350,13 +370,18 @@ def registries(source: str, family: str, pairs: list[tuple[str, str]]) -> list[P
     command section's index-url over global's (pip reads [install] after [global]);
     any other index-url is a host beside it."""
     if family == "npm":
-        return [ProjectRegistry(source, k, u, "npm_registry" if k == "registry" else None,
-                                family) for k, u in pairs]
+        return [
+            ProjectRegistry(source, k, u, "npm_registry" if k == "registry" else None, family)
+            for k, u in pairs
+        ]
     indexes = [k for k, _ in pairs if k.endswith(".index-url")]
-    primary = next((k for k in indexes if not k.startswith("global.")), indexes[0] if indexes
-                   else None)
-    return [ProjectRegistry(source, k, u, "pip_index" if k == primary else None, family)
-            for k, u in pairs]
+    primary = next(
+        (k for k in indexes if not k.startswith("global.")), indexes[0] if indexes else None
+    )
+    return [
+        ProjectRegistry(source, k, u, "pip_index" if k == primary else None, family)
+        for k, u in pairs
+    ]
 
 
 def template_value(regs: list[ProjectRegistry], name: str) -> str | None:
@@ -369,8 +394,11 @@ def template_value(regs: list[ProjectRegistry], name: str) -> str | None:
     return None
 
 
-def resolver(registry: Callable[[str], str | None] | None, regs: Iterable[ProjectRegistry],
-             client_env: Mapping[str, str]) -> Callable[[str], str | None]:
+def resolver(
+    registry: Callable[[str], str | None] | None,
+    regs: Iterable[ProjectRegistry],
+    client_env: Mapping[str, str],
+) -> Callable[[str], str | None]:
     """REGISTRY with an approved project's registries first, as the tool orders them:
     an environment override (npm_config_registry, PIP_INDEX_URL) over the project's
     file over the user's configuration."""
@@ -382,6 +410,7 @@ def resolver(registry: Callable[[str], str | None] | None, regs: Iterable[Projec
         overridden = any(client_env.get(v) for v in ENV_OVERRIDES.get(name, ()))
         value = None if overridden else template_value(regs, name)
         return value if value is not None else (registry(name) if registry else None)
+
     return resolve
 
 

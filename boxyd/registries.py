@@ -26,8 +26,14 @@ TIMEOUT = 10.0
 ANSWER_MAX = 64 << 10
 # What the tools read their settings from, relative to $HOME unless absolute: all
 # that a tool sandbox shows of the user's files (npm's globalconfig lies in its prefix)
-CONFIG_FILES = (".npmrc", ".config/pip/pip.conf", ".pip/pip.conf", "/etc/pip.conf",
-                "/etc/xdg/pip/pip.conf", ".config/go/env")
+CONFIG_FILES = (
+    ".npmrc",
+    ".config/pip/pip.conf",
+    ".pip/pip.conf",
+    "/etc/pip.conf",
+    "/etc/xdg/pip/pip.conf",
+    ".config/go/env",
+)
 CACHE_SECONDS = 60.0
 # npm's answer names the npmrc files it read (userconfig, globalconfig): kept while
 # those are unchanged, re-asked at once when one is edited, created or removed
@@ -82,8 +88,9 @@ def _settings(out: str | None) -> dict[str, str]:
 def _config_files(answer: str | None) -> tuple[str, ...]:
     """The npmrc files an answer of npm's came from (none for the other tools)."""
     found = _settings(answer)
-    return tuple(found[k] for k in ("userconfig", "globalconfig")
-                 if found.get(k, "").startswith("/"))
+    return tuple(
+        found[k] for k in ("userconfig", "globalconfig") if found.get(k, "").startswith("/")
+    )
 
 
 def _stat_all(paths: tuple[str, ...]) -> tuple:
@@ -93,6 +100,7 @@ def _stat_all(paths: tuple[str, ...]) -> tuple:
         except OSError:
             return None
         return (st.st_ino, st.st_mtime_ns, st.st_size)
+
     return tuple(one(p) for p in paths)
 
 
@@ -100,8 +108,14 @@ class Registries:
     """A resolver for profiles.resolve_hosts and resolve_env: template name → host
     (or URL, or file), or None."""
 
-    def __init__(self, env: Mapping[str, str], run: Callable[[list[str]], str | None] | None = None,
-                 *, tools: Opener | None = None, writable: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        run: Callable[[list[str]], str | None] | None = None,
+        *,
+        tools: Opener | None = None,
+        writable: Sequence[str] = (),
+    ) -> None:
         """RUN answers a tool's argv (tests); otherwise the tool runs in a sandbox TOOLS
         opens (none: no tool is asked at all). WRITABLE: every tree the payload of this
         or a live session could write; no tool is taken from one."""
@@ -174,7 +188,9 @@ class Registries:
         env.setdefault("HOME", os.path.expanduser("~"))
         binary = resolve(argv[0], env["PATH"], self._writable)
         if binary is None:
-            self._note(f"{argv[0]}: not found outside the writable trees; its settings were not asked")
+            self._note(
+                f"{argv[0]}: not found outside the writable trees; its settings were not asked"
+            )
             return None
         key = (binary, tuple(argv[1:]), tuple(sorted(env.items())))
         with _TOOL_LOCK:
@@ -205,9 +221,12 @@ class Registries:
         try:
             box = self._boxes.get(binary)
             if box is None:
-                files = tuple(f if f.startswith("/") else os.path.join(home, f) for f in CONFIG_FILES)
-                exposure = Exposure(home=home, files=files,
-                                    execute=installation(binary, home, self._writable))
+                files = tuple(
+                    f if f.startswith("/") else os.path.join(home, f) for f in CONFIG_FILES
+                )
+                exposure = Exposure(
+                    home=home, files=files, execute=installation(binary, home, self._writable)
+                )
                 box = self._boxes[binary] = self._tools(exposure)
             r = box.run([binary, *args], cwd=home, env=env, timeout=TIMEOUT, limit=ANSWER_MAX)
         except ToolError as e:

@@ -17,7 +17,9 @@ RECORDS = (500, 30 * DAY)  # sessions/<id>: how many, how old
 QUARANTINE = (500, 90 * DAY)  # quarantine/<id>: evidence of an attack, kept longer
 
 
-def expired(entries: Iterable[tuple[str, float]], now: float, keep: int, max_age: float) -> list[str]:
+def expired(
+    entries: Iterable[tuple[str, float]], now: float, keep: int, max_age: float
+) -> list[str]:
     """Pure: the names to remove from (name, mtime) pairs — beyond the KEEP newest, or
     older than MAX_AGE."""
     ordered = sorted(entries, key=lambda e: e[1], reverse=True)
@@ -28,8 +30,11 @@ def prune(directory: Path, keep: int, max_age: float, *, now: float | None = Non
     """Remove the expired entries of DIRECTORY (directories only; nothing followed)."""
     try:
         with os.scandir(directory) as it:
-            entries = [(e.name, e.stat(follow_symlinks=False).st_mtime) for e in it
-                       if stat.S_ISDIR(e.stat(follow_symlinks=False).st_mode)]
+            entries = [
+                (e.name, e.stat(follow_symlinks=False).st_mtime)
+                for e in it
+                if stat.S_ISDIR(e.stat(follow_symlinks=False).st_mode)
+            ]
     except OSError:
         return []
     gone = expired(entries, time.time() if now is None else now, keep, max_age)

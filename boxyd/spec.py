@@ -94,6 +94,7 @@ DEFAULT_MEMORY = 2 << 30
 DEFAULT_PIDS = 512
 DEFAULT_PCAP_MAX = 1 << 30
 
+
 def _contains(tree: str, path: str) -> bool:
     # "/".rstrip("/") + "/" is "/": the root contains every absolute path
     return path == tree or path.startswith(tree.rstrip("/") + "/")
@@ -150,7 +151,9 @@ def build_spec(
 
     # The project's own configuration: the payload can write it, so only what is no
     # wider than the defaults applies until a person approves it (projectconfig)
-    project = projectconfig.read(workdir, projectconfig.run_env(home, user, client_env), strict=False)
+    project = projectconfig.read(
+        workdir, projectconfig.run_env(home, user, client_env), strict=False
+    )
     trusted = not project.empty and projectconfig.is_trusted(project, config_home(home))
     held: list[str] = []  # said in one line once the network is known
 
@@ -167,25 +170,31 @@ def build_spec(
     if doc is None:
         prof = profiles.load_profile(profile_ref, context=context)
     elif trusted:
-        prof = profiles.project_layer(profiles.load_profile(profile_ref, context=context), doc,
-                                      project.path, context)
+        prof = profiles.project_layer(
+            profiles.load_profile(profile_ref, context=context), doc, project.path, context
+        )
         notes.append(f"{project.path}: approved; applied on top of profile {profile_name}")
     else:
-        prof = _unapproved_layer(o.profile or DEFAULT_PROFILE, profile_ref, doc, project.path,
-                                 context, held)
+        prof = _unapproved_layer(
+            o.profile or DEFAULT_PROFILE, profile_ref, doc, project.path, context, held
+        )
         profile_name = prof.name
     if trusted and project.registries:
         registry = projectregistries.resolver(registry, project.registries, client_env)
-        notes.append(f"{workdir}: approved registries: "
-                     f"{', '.join(r.host or r.shown for r in project.registries)}")
+        notes.append(
+            f"{workdir}: approved registries: "
+            f"{', '.join(r.host or r.shown for r in project.registries)}"
+        )
     src = prof.source
     for entry in prof.mkdir:  # the profile's package cache: boxy's own directory, made here
         if caches.is_cache(entry.path, home):
             try:
                 caches.prepare(entry.path, workdir, home)
             except (OSError, BoxyError) as e:
-                raise UsageError(f"profile {src}: the package cache {entry.path}: {e}; "
-                                 "`boxyctl cache clean` removes it") from None
+                raise UsageError(
+                    f"profile {src}: the package cache {entry.path}: {e}; "
+                    "`boxyctl cache clean` removes it"
+                ) from None
 
     spec = RunSpec(argv=list(argv), workdir=workdir, profile=profile_name, notes=notes)
     if project.unreadable is not None:  # said always: the payload may have planted it
@@ -201,15 +210,19 @@ def build_spec(
             f"--allow-host: cannot be combined with --net {net_flag} (it implies allowlist)"
         )
     if flag_hosts and not net_flag and prof.net == "none":
-        raise UsageError(f"--allow-host: the profile {prof.name} has no network (net: none); "
-                         "give --net allowlist as well to open one")
+        raise UsageError(
+            f"--allow-host: the profile {prof.name} has no network (net: none); "
+            "give --net allowlist as well to open one"
+        )
     spec.net = net_flag or ("allowlist" if flag_hosts else None) or prof.net or DEFAULT_NET
     if spec.net == "allowlist":
         hosts = profiles.resolve_hosts(prof.allow_hosts, registry, source=src, notes=notes)
         if prof.allow_hosts and not hosts and not flag_hosts:  # never a silent empty allowlist
-            raise UsageError(f"profile {prof.name}: no host to allow: {', '.join(prof.allow_hosts)} "
-                             "could not be read from the tool's configuration (is the tool "
-                             "installed, and on your PATH?); name the host with --allow-host HOST")
+            raise UsageError(
+                f"profile {prof.name}: no host to allow: {', '.join(prof.allow_hosts)} "
+                "could not be read from the tool's configuration (is the tool "
+                "installed, and on your PATH?); name the host with --allow-host HOST"
+            )
     else:
         hosts = []
         if prof.allow_hosts:
@@ -218,8 +231,10 @@ def build_spec(
         hosts += _project_hosts(project, trusted, prof.allow_hosts, hosts, held)
     spec.allow_hosts = _dedupe(hosts + flag_hosts)
     if held:
-        spec.warnings.append(f"{workdir}: not approved, so held back: {'; '.join(held)}; "
-                             f"`boxyctl trust` in {workdir} approves it")
+        spec.warnings.append(
+            f"{workdir}: not approved, so held back: {'; '.join(held)}; "
+            f"`boxyctl trust` in {workdir} approves it"
+        )
     ports = o.allow_port
     for port in ports:
         if not 1 <= port <= 65535:
@@ -236,8 +251,10 @@ def build_spec(
         spec.allow_cidrs = _dedupe(prof.allow_cidrs + flag_cidrs)
         spec.tailscale = o.tailscale or bool(prof.tailscale)
     if spec.net == "public" and ports:
-        raise UsageError("--allow-port: cannot be combined with --net public (public mode allows "
-                         "every port; the list applies to --net allowlist)")
+        raise UsageError(
+            "--allow-port: cannot be combined with --net public (public mode allows "
+            "every port; the list applies to --net allowlist)"
+        )
     if spec.net == "none":
         for flag, given in (
             ("--tailscale", spec.tailscale),
@@ -280,9 +297,11 @@ def build_spec(
         if os.path.islink(entry.path) and entry.optional:  # a preset's tools' file
             # refused, not skipped: a symlink cannot be pinned, and one a payload planted
             # is exactly what the protection is for
-            raise UsageError(f"profile {src}: {entry.path} is a symlink, which cannot be made "
-                             "read-only (an earlier run may have planted it); look at it and "
-                             "remove it")
+            raise UsageError(
+                f"profile {src}: {entry.path} is a symlink, which cannot be made "
+                "read-only (an earlier run may have planted it); look at it and "
+                "remove it"
+            )
         if os.path.islink(entry.path):
             raise UsageError(f"--protect {entry.path}: is a symlink; name what it points to")
         real = os.path.realpath(entry.path)
@@ -327,8 +346,11 @@ def build_spec(
     sent = {secret.name for secret in o.secret}
     missing = [n for n in prof.env_secrets if n not in sent]
     # env_pass reads the client's environment, which sends only a few names unasked
-    unasked = [n for n in prof.env_pass if n not in client_env and n not in request.env_unset
-               and not envpolicy.is_sensitive(n)]
+    unasked = [
+        n
+        for n in prof.env_pass
+        if n not in client_env and n not in request.env_unset and not envpolicy.is_sensitive(n)
+    ]
     if missing or unasked:  # the client holds them: it sends them and asks again
         raise SecretsNeeded(missing, src, unasked)
     requested: list[tuple[str, str | None]] = []
@@ -340,8 +362,9 @@ def build_spec(
         requested.append((item.name, item.value))
     for secret in o.secret:
         envpolicy.check_name(secret.name, what="--secret")
-        requested.append((secret.name, envpolicy.check_value(secret.name, secret.value,
-                                                              what="--secret")))
+        requested.append(
+            (secret.name, envpolicy.check_value(secret.name, secret.value, what="--secret"))
+        )
     spec.env = envpolicy.sandbox_env(
         client_env, requested, home=home, user=user,
         profile_env=profiles.resolve_env(prof.env, registry, source=src, notes=notes),
@@ -352,11 +375,15 @@ def build_spec(
     spec.memory = o.memory or prof.memory or DEFAULT_MEMORY
     spec.pids = o.pids or prof.pids or DEFAULT_PIDS
     if spec.memory < MIN_MEMORY:
-        raise UsageError(f"--memory {values.format_size(spec.memory)}: below the minimum of 1MiB "
-                         "(a plain number is bytes: write 512MiB or 2GiB)")
+        raise UsageError(
+            f"--memory {values.format_size(spec.memory)}: below the minimum of 1MiB "
+            "(a plain number is bytes: write 512MiB or 2GiB)"
+        )
     if spec.pids < MIN_PIDS:
-        raise UsageError(f"--pids {spec.pids}: below the minimum of {MIN_PIDS} (the sandbox's own "
-                         "init, the payload and its shell's children all count)")
+        raise UsageError(
+            f"--pids {spec.pids}: below the minimum of {MIN_PIDS} (the sandbox's own "
+            "init, the payload and its shell's children all count)"
+        )
     spec.cpus = o.cpus or prof.cpus
     spec.timeout = o.timeout or prof.timeout
     if spec.cpus is not None:
@@ -389,13 +416,17 @@ def _terminal(spec: RunSpec, o: RunOptions, prof: Profile) -> None:
     relayed, so nothing is filtered): accepted."""
     spec.tty, spec.detach = o.tty or bool(prof.tty), o.detach
     if spec.detach and spec.tty:
-        raise UsageError("--tty: cannot be combined with -d (a detached session has its own "
-                         "terminal; `boxyctl attach` takes it over)")
+        raise UsageError(
+            "--tty: cannot be combined with -d (a detached session has its own "
+            "terminal; `boxyctl attach` takes it over)"
+        )
     spec.tty_raw = o.tty_raw or bool(prof.tty_raw)
     if spec.tty_raw:
-        spec.notes.append(f"{'--tty-raw' if o.tty_raw else f'profile {prof.source}: tty_raw'}: "
-                          "the payload's output reaches the terminal unfiltered (clipboard "
-                          "writes and queries included)")
+        spec.notes.append(
+            f"{'--tty-raw' if o.tty_raw else f'profile {prof.source}: tty_raw'}: "
+            "the payload's output reaches the terminal unfiltered (clipboard "
+            "writes and queries included)"
+        )
 
 
 def _project_doc(project: Project, trusted: bool, held: list[str]) -> dict[str, Any] | None:
@@ -414,19 +445,27 @@ def _project_doc(project: Project, trusted: bool, held: list[str]) -> dict[str, 
         return None
 
 
-def _unapproved_layer(base_ref: str, profile_ref: str, doc: dict[str, Any], label: str,
-                      context: dict[str, str], held: list[str]) -> Profile:
+def _unapproved_layer(
+    base_ref: str,
+    profile_ref: str,
+    doc: dict[str, Any],
+    label: str,
+    context: dict[str, str],
+    held: list[str],
+) -> Profile:
     """The profile an unapproved .boxy.yaml asks for, less everything in which it is
     wider than BASE_REF's (widening.hold_back); BASE_REF's profile when it does not
     load (said: nothing of an unapproved file may stop the run)."""
     from boxyd import profiles, widening
 
     # the base's {cache} is its own (the profile's name is in it), not the one in use
-    base = profiles.load_profile(base_ref, context={k: v for k, v in context.items()
-                                                    if k != "cache"})
+    base = profiles.load_profile(
+        base_ref, context={k: v for k, v in context.items() if k != "cache"}
+    )
     try:
-        candidate = profiles.project_layer(profiles.load_profile(profile_ref, context=context),
-                                           doc, label, context)
+        candidate = profiles.project_layer(
+            profiles.load_profile(profile_ref, context=context), doc, label, context
+        )
     except ProfileError as e:
         held.append(f"{label}, which does not load ({e})")
         base.name = base_ref
@@ -437,13 +476,16 @@ def _unapproved_layer(base_ref: str, profile_ref: str, doc: dict[str, Any], labe
     return prof
 
 
-def _project_hosts(project: Project, trusted: bool, allow_hosts: list[str], hosts: list[str],
-                   held: list[str]) -> list[str]:
+def _project_hosts(
+    project: Project, trusted: bool, allow_hosts: list[str], hosts: list[str], held: list[str]
+) -> list[str]:
     """Hosts the project's .npmrc or pip.conf names, for a profile that reaches that
     tool's registry: added when approved, else named in HELD."""
     from boxyd import projectregistries
 
-    families = {f for f, t in (("npm", "{npm_registry}"), ("pip", "{pip_index}")) if t in allow_hosts}
+    families = {
+        f for f, t in (("npm", "{npm_registry}"), ("pip", "{pip_index}")) if t in allow_hosts
+    }
     named = [r for r in project.registries if r.family in families and r.host]
     if trusted:
         return projectregistries.extra_hosts(list(named), families)
@@ -463,8 +505,10 @@ def _check_tmpfs(prof: Any, trees: list[str], home: str) -> list[str]:
             raise ProfileError(f"{label}: already a fresh tmpfs")
         for tree in (*READ_ONLY_TREES, *trees):
             if _contains(tree, path) or _contains(path, tree):
-                raise ProfileError(f"{label}: overlaps {tree}, which is bound in; a tmpfs goes "
-                                   "on the sandbox's own filesystem (under $HOME, /tmp, /opt …)")
+                raise ProfileError(
+                    f"{label}: overlaps {tree}, which is bound in; a tmpfs goes "
+                    "on the sandbox's own filesystem (under $HOME, /tmp, /opt …)"
+                )
         if path not in out:
             out.append(path)
     return out
@@ -513,8 +557,11 @@ def _check_copies(
             raise _err(from_profile, f"{label} {entry.src}:/: the destination must name a file")
         for tree in READ_ONLY_TREES:
             if _contains(tree, entry.dst):
-                raise _err(from_profile, f"{label} {entry.src}:{entry.dst}: the destination lies on "
-                           f"the sandbox's read-only {tree}; copy it under $HOME or /tmp")
+                raise _err(
+                    from_profile,
+                    f"{label} {entry.src}:{entry.dst}: the destination lies on "
+                    f"the sandbox's read-only {tree}; copy it under $HOME or /tmp",
+                )
         seen[entry.dst] = label
         out.append((label, entry))
     return out

@@ -72,52 +72,132 @@ def _table(**keys: Value) -> dict[str, Value]:
 # npm (definitions.js), and what pnpm and yarn classic read from .npmrc too
 NPMRC = _table(
     # runs
-    node_options=_any, script_shell=_any, shell=_any, git=_any, editor=_any, browser=_any,
-    viewer=_any, node_gyp=_any, init_module=_any, onload_script=_any, call=_any, package=_any,
+    node_options=_any,
+    script_shell=_any,
+    shell=_any,
+    git=_any,
+    editor=_any,
+    browser=_any,
+    viewer=_any,
+    node_gyp=_any,
+    init_module=_any,
+    onload_script=_any,
+    call=_any,
+    package=_any,
     yes=_truthy,  # npx installs and runs a package without asking
     # scripts
-    ignore_scripts=_falsy, allow_scripts=_any, dangerously_allow_all_scripts=_truthy,
-    strict_allow_scripts=_falsy, rebuild_bundle=_truthy, allow_git=_any, allow_remote=_any,
-    allow_file=_any, allow_directory=_any,
+    ignore_scripts=_falsy,
+    allow_scripts=_any,
+    dangerously_allow_all_scripts=_truthy,
+    strict_allow_scripts=_falsy,
+    rebuild_bundle=_truthy,
+    allow_git=_any,
+    allow_remote=_any,
+    allow_file=_any,
+    allow_directory=_any,
     # config
-    userconfig=_any, globalconfig=_any,
+    userconfig=_any,
+    globalconfig=_any,
     # source, target
-    registry=_any, replace_registry_host=_any, cache=_any, strict_ssl=_falsy, prefix=_any,
+    registry=_any,
+    replace_registry_host=_any,
+    cache=_any,
+    strict_ssl=_falsy,
+    prefix=_any,
     # pnpm's own keys in .npmrc
-    pnpmfile=_any, global_pnpmfile=_any, ignore_pnpmfile=_falsy, shell_emulator=_truthy,
-    use_node_version=_any, node_version=_any, unsafe_perm=_truthy, enable_pre_post_scripts=_truthy,
-    only_built_dependencies=_any, only_built_dependencies_file=_any, never_built_dependencies=_any,
-    dangerously_allow_all_builds=_truthy, ignore_dep_scripts=_falsy, verify_deps_before_run=_any,
-    store_dir=_any, virtual_store_dir=_any, global_dir=_any, global_bin_dir=_any,
-    side_effects_cache_readonly=_any, config_dependencies=_any,
+    pnpmfile=_any,
+    global_pnpmfile=_any,
+    ignore_pnpmfile=_falsy,
+    shell_emulator=_truthy,
+    use_node_version=_any,
+    node_version=_any,
+    unsafe_perm=_truthy,
+    enable_pre_post_scripts=_truthy,
+    only_built_dependencies=_any,
+    only_built_dependencies_file=_any,
+    never_built_dependencies=_any,
+    dangerously_allow_all_builds=_truthy,
+    ignore_dep_scripts=_falsy,
+    verify_deps_before_run=_any,
+    store_dir=_any,
+    virtual_store_dir=_any,
+    global_dir=_any,
+    global_bin_dir=_any,
+    side_effects_cache_readonly=_any,
+    config_dependencies=_any,
 )
 # yarn classic's .yarnrc: its own keys, and npm's (it reads both)
-YARNRC = {**NPMRC, **_table(yarn_path=_any, yarn_offline_mirror=_any, cache_folder=_any,
-                            global_folder=_any, offline_mirror=_any)}
+YARNRC = {
+    **NPMRC,
+    **_table(
+        yarn_path=_any,
+        yarn_offline_mirror=_any,
+        cache_folder=_any,
+        global_folder=_any,
+        offline_mirror=_any,
+    ),
+}
 # yarn berry's .yarnrc.yml (every mapping key, at any depth: npmScopes.*.npmRegistryServer)
 YARNRC_YML = _table(
-    yarnPath=_any, plugins=_any, injectEnvironmentFiles=_any, enableScripts=_truthy,
-    npmRegistryServer=_any, unsafeHttpWhitelist=_any, enableStrictSsl=_falsy,
-    httpsCaFilePath=_any, caFilePath=_any, cacheFolder=_any, globalFolder=_any,
-    enableGlobalCache=_any, packageExtensions=_any, checksumBehavior=_not("throw"),
-    enableHardenedMode=_falsy, approvedGitRepositories=_any, pnpUnpluggedFolder=_any,
-    virtualFolder=_any, pnpDataPath=_any, enableMirror=_any,
+    yarnPath=_any,
+    plugins=_any,
+    injectEnvironmentFiles=_any,
+    enableScripts=_truthy,
+    npmRegistryServer=_any,
+    unsafeHttpWhitelist=_any,
+    enableStrictSsl=_falsy,
+    httpsCaFilePath=_any,
+    caFilePath=_any,
+    cacheFolder=_any,
+    globalFolder=_any,
+    enableGlobalCache=_any,
+    packageExtensions=_any,
+    checksumBehavior=_not("throw"),
+    enableHardenedMode=_falsy,
+    approvedGitRepositories=_any,
+    pnpUnpluggedFolder=_any,
+    virtualFolder=_any,
+    pnpDataPath=_any,
+    enableMirror=_any,
 )
 # pnpm-workspace.yaml: pnpm's settings (camelCase) beside the package globs
 PNPM_WORKSPACE = {
     **{k: v for k, v in NPMRC.items()},
-    **_table(pnpmfilePath=_any, overrides=_any, patchedDependencies=_any, packageExtensions=_any,
-             configDependencies=_any, executionEnv=_any, catalog=_any, catalogs=_any,
-             allowBuilds=_any),
+    **_table(
+        pnpmfilePath=_any,
+        overrides=_any,
+        patchedDependencies=_any,
+        packageExtensions=_any,
+        configDependencies=_any,
+        executionEnv=_any,
+        catalog=_any,
+        catalogs=_any,
+        allowBuilds=_any,
+    ),
 }
 # pip: every long option is a config key, in any section ([global], [install]…)
 PIP = _table(
-    python=_any, keyring_provider=_not("disabled"),  # runs
-    requirement=_any, constraint=_any, editable=_any,  # installs more, or other versions
-    index_url=_any, extra_index_url=_any, find_links=_any, no_index=_any, trusted_host=_any,
-    cert=_any, cache_dir=_any, no_binary=_any,  # source
-    global_option=_any, build_option=_any, install_option=_any, config_settings=_any,
-    target=_any, prefix=_any, root=_any, user=_truthy,  # target
+    python=_any,
+    keyring_provider=_not("disabled"),  # runs
+    requirement=_any,
+    constraint=_any,
+    editable=_any,  # installs more, or other versions
+    index_url=_any,
+    extra_index_url=_any,
+    find_links=_any,
+    no_index=_any,
+    trusted_host=_any,
+    cert=_any,
+    cache_dir=_any,
+    no_binary=_any,  # source
+    global_option=_any,
+    build_option=_any,
+    install_option=_any,
+    config_settings=_any,
+    target=_any,
+    prefix=_any,
+    root=_any,
+    user=_truthy,  # target
 )
 
 TOOLS = {  # file name -> (tool, table, format)

@@ -49,8 +49,9 @@ class Answer:
 class Runner(Protocol):
     """Runs one tool call inside a tool sandbox (boxyd.daemon.toolbox.ToolBox)."""
 
-    def run(self, argv: Sequence[str], *, cwd: str, env: dict[str, str], timeout: float,
-            limit: int) -> Answer: ...
+    def run(
+        self, argv: Sequence[str], *, cwd: str, env: dict[str, str], timeout: float, limit: int
+    ) -> Answer: ...
 
 
 class Box(Runner, Protocol):
@@ -125,8 +126,9 @@ def installation(binary: str, home: str, writable: Sequence[str]) -> tuple[str, 
     return tuple(out)
 
 
-def plan(exposure: Exposure, *, seccomp_bpf: str, uid: int | None = None,
-         gid: int | None = None) -> Plan:
+def plan(
+    exposure: Exposure, *, seccomp_bpf: str, uid: int | None = None, gid: int | None = None
+) -> Plan:
     """The tool sandbox: no network, the system trees, EXPOSURE; execute rights only on
     the system trees and EXECUTE. Its PID 1 serves tool calls instead of a payload."""
     uid = os.getuid() if uid is None else uid
@@ -137,9 +139,14 @@ def plan(exposure: Exposure, *, seccomp_bpf: str, uid: int | None = None,
         user = str(uid)
     sys_ops, sys_rules = system_ops()
     ops: list[MountOp] = [Dir("/etc"), *etc_files(uid, gid, user, exposure.home, "none"), *sys_ops]
-    rules = [LandlockRule("/", "dir"), *sys_rules, LandlockRule("/proc", "read"),
-             *(LandlockRule(d, "dev") for d in DEV_RULES), LandlockRule("/tmp", "scratch"),
-             LandlockRule(exposure.home, "read")]
+    rules = [
+        LandlockRule("/", "dir"),
+        *sys_rules,
+        LandlockRule("/proc", "read"),
+        *(LandlockRule(d, "dev") for d in DEV_RULES),
+        LandlockRule("/tmp", "scratch"),
+        LandlockRule(exposure.home, "read"),
+    ]
     for tree in exposure.execute:
         ops.append(Bind(src=tree, dst=tree, ro=True, optional=True))
         rules.append(LandlockRule(tree, "ro"))
@@ -152,7 +159,20 @@ def plan(exposure: Exposure, *, seccomp_bpf: str, uid: int | None = None,
         if not os.path.isdir(parent):
             continue  # an optional bind needs its directory; without it there is no file
         ops.append(Bind(src=name, dst=path, ro=True, src_base=parent, optional=True, noexec=True))
-    return Plan(argv=["boxy-tools"], env={}, cwd="/", uid=uid, gid=gid, home=exposure.home,
-                hostname=HOSTNAME, scratch_size=SCRATCH_SIZE, ops=ops, landlock=rules,
-                seccomp_bpf=seccomp_bpf, nproc=NPROC, net="none", serve="tools",
-                address_space=ADDRESS_SPACE)
+    return Plan(
+        argv=["boxy-tools"],
+        env={},
+        cwd="/",
+        uid=uid,
+        gid=gid,
+        home=exposure.home,
+        hostname=HOSTNAME,
+        scratch_size=SCRATCH_SIZE,
+        ops=ops,
+        landlock=rules,
+        seccomp_bpf=seccomp_bpf,
+        nproc=NPROC,
+        net="none",
+        serve="tools",
+        address_space=ADDRESS_SPACE,
+    )

@@ -54,9 +54,13 @@ def recv_frame(sock: socket.socket, limit: int) -> Any:
 def walk(req: dict[str, Any]) -> dict[str, Any]:
     """One run's walk; a refusal (a tree too large, a race) comes back as its line."""
     try:
-        trees = worktree.prepare([str(r) for r in req["roots"]], git_guard=bool(req["git_guard"]),
-                                 created=[str(c) for c in req["created"]],
-                                 user_hooks=req["user_hooks"], secrets=[str(s) for s in req["secrets"]])
+        trees = worktree.prepare(
+            [str(r) for r in req["roots"]],
+            git_guard=bool(req["git_guard"]),
+            created=[str(c) for c in req["created"]],
+            user_hooks=req["user_hooks"],
+            secrets=[str(s) for s in req["secrets"]],
+        )
     except SetupError as e:
         return {"error": str(e)}
     return {"trees": {root: walkwire.encode(tree) for root, tree in trees.items()}}

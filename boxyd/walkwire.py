@@ -30,12 +30,20 @@ def encode(tree: Tree) -> dict[str, Any]:
     snap = tree.baseline
     return {
         "protections": [[p.rel, p.kind, p.is_dir, p.symlink] for p in tree.protections],
-        "baseline": None if snap is None else {
-            "root": snap.root, "unreadable": sorted(snap.unreadable),
-            "records": {rel: [r.role, r.type, list(r.fingerprint), list(r.keys), _b64(r.content)]
-                        for rel, r in snap.records.items()}},
-        "credentials": [[f.rel, f.kind, f.action.value, f.is_dir, _b64(f.content), f.via, f.note]
-                        for f in tree.credentials],
+        "baseline": None
+        if snap is None
+        else {
+            "root": snap.root,
+            "unreadable": sorted(snap.unreadable),
+            "records": {
+                rel: [r.role, r.type, list(r.fingerprint), list(r.keys), _b64(r.content)]
+                for rel, r in snap.records.items()
+            },
+        },
+        "credentials": [
+            [f.rel, f.kind, f.action.value, f.is_dir, _b64(f.content), f.via, f.note]
+            for f in tree.credentials
+        ],
         "tools": {k: list(v) for k, v in tree.tools.items()},
         "dirs": list(tree.dirs),
     }
@@ -45,16 +53,35 @@ def decode(data: dict[str, Any]) -> Tree:
     """Raises KeyError, IndexError, TypeError, ValueError or AttributeError on anything
     malformed."""
     snap = data["baseline"]
-    baseline = None if snap is None else Snapshot(
-        str(snap["root"]),
-        {str(rel): Record(r[0], r[1], tuple(r[2]), tuple(str(k) for k in r[3]), _unb64(r[4]))
-         for rel, r in snap["records"].items()},
-        frozenset(str(u) for u in snap["unreadable"]))
+    baseline = (
+        None
+        if snap is None
+        else Snapshot(
+            str(snap["root"]),
+            {
+                str(rel): Record(r[0], r[1], tuple(r[2]), tuple(str(k) for k in r[3]), _unb64(r[4]))
+                for rel, r in snap["records"].items()
+            },
+            frozenset(str(u) for u in snap["unreadable"]),
+        )
+    )
     return Tree(
-        protections=[Protection(str(p[0]), p[1], bool(p[2]), bool(p[3])) for p in data["protections"]],
+        protections=[
+            Protection(str(p[0]), p[1], bool(p[2]), bool(p[3])) for p in data["protections"]
+        ],
         baseline=baseline,
-        credentials=[Found(str(f[0]), str(f[1]), Action(f[2]), bool(f[3]), _unb64(f[4]) or b"",
-                           str(f[5]), str(f[6])) for f in data["credentials"]],
+        credentials=[
+            Found(
+                str(f[0]),
+                str(f[1]),
+                Action(f[2]),
+                bool(f[3]),
+                _unb64(f[4]) or b"",
+                str(f[5]),
+                str(f[6]),
+            )
+            for f in data["credentials"]
+        ],
         tools={str(k): (str(v[0]), str(v[1])) for k, v in data["tools"].items()},
         dirs=tuple(str(d) for d in data["dirs"]),
     )

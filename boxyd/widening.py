@@ -87,9 +87,16 @@ def hold_back(base: Profile, candidate: Profile, *, own_cache: str) -> tuple[Pro
     return out, held
 
 
-def _entries(out: Profile, key: str, allowed: Iterable[Any], held: list[Held],
-             *, label: str | None = None, covered: Callable[[Any], bool] | None = None,
-             show: Callable[[Any], str] = str) -> None:
+def _entries(
+    out: Profile,
+    key: str,
+    allowed: Iterable[Any],
+    held: list[Held],
+    *,
+    label: str | None = None,
+    covered: Callable[[Any], bool] | None = None,
+    show: Callable[[Any], str] = str,
+) -> None:
     """Drop from OUT.KEY what ALLOWED (or COVERED) does not already grant."""
     allowed = list(allowed)
     keep, dropped = [], []
@@ -112,8 +119,14 @@ def _network(base: Profile, out: Profile, held: list[Held]) -> None:
         _entries(out, "allow_ports", base.allow_ports, held)
     if net != "none":
         nets = [ipaddress.ip_network(c) for c in base.allow_cidrs]
-        _entries(out, "allow_cidrs", base.allow_cidrs, held, label="allow_cidr",
-                 covered=lambda c: any(_within(c, n) for n in nets))
+        _entries(
+            out,
+            "allow_cidrs",
+            base.allow_cidrs,
+            held,
+            label="allow_cidr",
+            covered=lambda c: any(_within(c, n) for n in nets),
+        )
         if out.tailscale and not base.tailscale:
             out.tailscale = base.tailscale
             held.append(Held("tailscale"))
@@ -133,20 +146,62 @@ def _filesystem(base: Profile, out: Profile, held: list[Held], own_cache: str) -
 
     readable, writable = paths("ro", "rw", "mkdir"), paths("rw", "mkdir")
     fs = "filesystem."
-    _entries(out, "ro", (), held, label=fs + "ro", show=lambda e: e.path,
-             covered=lambda e: e.path in readable or mine(e.path))
-    _entries(out, "rw", (), held, label=fs + "rw", show=lambda e: e.path,
-             covered=lambda e: e.path in writable or mine(e.path))
-    _entries(out, "mkdir", (), held, label=fs + "mkdir", show=lambda e: e.path,
-             covered=lambda e: e.path in writable or mine(e.path))
-    _entries(out, "reveal", (), held, label=fs + "reveal", show=lambda e: e.path,
-             covered=lambda e: e.path in paths("reveal"))
+    _entries(
+        out,
+        "ro",
+        (),
+        held,
+        label=fs + "ro",
+        show=lambda e: e.path,
+        covered=lambda e: e.path in readable or mine(e.path),
+    )
+    _entries(
+        out,
+        "rw",
+        (),
+        held,
+        label=fs + "rw",
+        show=lambda e: e.path,
+        covered=lambda e: e.path in writable or mine(e.path),
+    )
+    _entries(
+        out,
+        "mkdir",
+        (),
+        held,
+        label=fs + "mkdir",
+        show=lambda e: e.path,
+        covered=lambda e: e.path in writable or mine(e.path),
+    )
+    _entries(
+        out,
+        "reveal",
+        (),
+        held,
+        label=fs + "reveal",
+        show=lambda e: e.path,
+        covered=lambda e: e.path in paths("reveal"),
+    )
     copies = {(c.src, c.dst) for c in base.copy}
-    _entries(out, "copy", (), held, label=fs + "copy", show=lambda e: e.src,
-             covered=lambda e: (e.src, e.dst) in copies)
+    _entries(
+        out,
+        "copy",
+        (),
+        held,
+        label=fs + "copy",
+        show=lambda e: e.src,
+        covered=lambda e: (e.src, e.dst) in copies,
+    )
     copies |= {(c.src, c.dst) for c in base.copy_ro}
-    _entries(out, "copy_ro", (), held, label=fs + "copy_ro", show=lambda e: e.src,
-             covered=lambda e: (e.src, e.dst) in copies)
+    _entries(
+        out,
+        "copy_ro",
+        (),
+        held,
+        label=fs + "copy_ro",
+        show=lambda e: e.src,
+        covered=lambda e: (e.src, e.dst) in copies,
+    )
     kept = {e.path for e in out.protect}
     gone = [e for e in base.protect if e.path not in kept]
     if gone:
@@ -160,8 +215,12 @@ def _filesystem(base: Profile, out: Profile, held: list[Held], own_cache: str) -
 
 def _limits(base: Profile, out: Profile, held: list[Held]) -> None:
     # memory and pids unset mean boxy's defaults; cpus and timeout unset mean none
-    for key, unset in (("memory", DEFAULT_MEMORY), ("pids", DEFAULT_PIDS),
-                       ("cpus", float("inf")), ("timeout", float("inf"))):
+    for key, unset in (
+        ("memory", DEFAULT_MEMORY),
+        ("pids", DEFAULT_PIDS),
+        ("cpus", float("inf")),
+        ("timeout", float("inf")),
+    ):
         mine, theirs = getattr(out, key), getattr(base, key)
         if (unset if mine is None else mine) > (unset if theirs is None else theirs):
             setattr(out, key, theirs)

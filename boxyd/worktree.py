@@ -45,8 +45,15 @@ class LargerThan(Exception):
     """The walk stopped at the LIMIT it was given (having changed nothing)."""
 
 
-def walk(root: str, *, git_guard: bool, created: bool = False, user_hooks: str | None = None,
-         secrets: Sequence[str] = (), limit: int | None = None) -> Tree:
+def walk(
+    root: str,
+    *,
+    git_guard: bool,
+    created: bool = False,
+    user_hooks: str | None = None,
+    secrets: Sequence[str] = (),
+    limit: int | None = None,
+) -> Tree:
     """One walk of ROOT: the git layout (pinned, absent hooks directories created, then
     fingerprinted) and the credentials found on the way (SECRETS: the profile's own
     patterns), then every other name of a credential with more than one hard link.
@@ -69,8 +76,13 @@ def walk(root: str, *, git_guard: bool, created: bool = False, user_hooks: str |
                 if len(dirs) < live.MAX_WATCHED and not live.skipped(rel):
                     dirs.append(rel)
 
-            lay = discover.Walker(root, root_fd, observer=observe, user_hooks=user_hooks,
-                                  limit=discover.MAX_DIRS if limit is None else limit).run()
+            lay = discover.Walker(
+                root,
+                root_fd,
+                observer=observe,
+                user_hooks=user_hooks,
+                limit=discover.MAX_DIRS if limit is None else limit,
+            ).run()
             finder.git_configs(lay)
             finder.links()
         finally:
@@ -87,22 +99,43 @@ def walk(root: str, *, git_guard: bool, created: bool = False, user_hooks: str |
         raise SetupError(f"{root} holds {e}, too many to check; narrow the work directory") from e
     except OSError as e:
         where = e.filename if isinstance(e.filename, str) else root
-        raise SetupError(f"{where}: {e.strerror or e} (the tree changed while it was being read?); "
-                         "run again") from e
+        raise SetupError(
+            f"{where}: {e.strerror or e} (the tree changed while it was being read?); run again"
+        ) from e
 
 
-def prepare(roots: Sequence[str], *, git_guard: bool, created: Sequence[str] = (),
-            user_hooks: str | None = None, secrets: Sequence[str] = (),
-            limit: int | None = None) -> dict[str, Tree]:
+def prepare(
+    roots: Sequence[str],
+    *,
+    git_guard: bool,
+    created: Sequence[str] = (),
+    user_hooks: str | None = None,
+    secrets: Sequence[str] = (),
+    limit: int | None = None,
+) -> dict[str, Tree]:
     """Every root's walk; LIMIT: of each (LargerThan past it; what an earlier root's walk
     created — absent hooks directories — a second walk finds in place)."""
-    return {root: walk(root, git_guard=git_guard, created=root in created, user_hooks=user_hooks,
-                       secrets=secrets, limit=limit)
-            for root in roots}
+    return {
+        root: walk(
+            root,
+            git_guard=git_guard,
+            created=root in created,
+            user_hooks=user_hooks,
+            secrets=secrets,
+            limit=limit,
+        )
+        for root in roots
+    }
 
 
-def after(trees: dict[str, Tree], baselines: dict[str, scan.Snapshot], quarantine: str,
-          home: str, tools: Opener, user_hooks: str | None = None) -> tuple[list[str], list[str]]:
+def after(
+    trees: dict[str, Tree],
+    baselines: dict[str, scan.Snapshot],
+    quarantine: str,
+    home: str,
+    tools: Opener,
+    user_hooks: str | None = None,
+) -> tuple[list[str], list[str]]:
     """After the run, one walk per tree: (git guard findings, the tools' files the run
     created or changed), one line each. BASELINES: the git guard's, inherited from
     live sessions where trees overlap (none with --allow-git-write). TOOLS: the tool
@@ -116,8 +149,9 @@ def after(trees: dict[str, Tree], baselines: dict[str, scan.Snapshot], quarantin
         try:
             if root in baselines:
                 dest = os.path.join(quarantine, root.strip("/").replace("/", "_"))
-                git_lines += scan.describe(scan.scan(root, baselines[root], dest, tools, home, watch,
-                                                     user_hooks, budget))
+                git_lines += scan.describe(
+                    scan.scan(root, baselines[root], dest, tools, home, watch, user_hooks, budget)
+                )
             else:
                 root_fd = discover.open_root(root)
                 try:
@@ -125,8 +159,9 @@ def after(trees: dict[str, Tree], baselines: dict[str, scan.Snapshot], quarantin
                 finally:
                     os.close(root_fd)
         except OSError as e:
-            git_lines.append(f"git guard: {root} could not be checked ({e}); check it before "
-                             "running git there")
+            git_lines.append(
+                f"git guard: {root} could not be checked ({e}); check it before running git there"
+            )
             continue
         tool_lines += changes(tree.tools, watch.seen, root)
     return git_lines, tool_lines

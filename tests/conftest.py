@@ -45,10 +45,24 @@ class User:
             return ["env", "-i", *env, *argv]
         return ["runuser", "-u", self.name, "--", "env", "-i", *env, *argv]
 
-    def run(self, argv: list[str], *, extra_env: dict[str, str] | None = None, timeout: float = 120,
-            input: bytes | None = None, cwd: str | Path | None = None, **kw) -> subprocess.CompletedProcess:
-        return subprocess.run(self.cmd(argv, extra_env), input=input, capture_output=True,
-                              timeout=timeout, cwd=cwd, **kw)
+    def run(
+        self,
+        argv: list[str],
+        *,
+        extra_env: dict[str, str] | None = None,
+        timeout: float = 120,
+        input: bytes | None = None,
+        cwd: str | Path | None = None,
+        **kw,
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self.cmd(argv, extra_env),
+            input=input,
+            capture_output=True,
+            timeout=timeout,
+            cwd=cwd,
+            **kw,
+        )
 
     def chown(self, path: Path) -> None:
         if os.getuid() == 0:
@@ -66,8 +80,11 @@ def _test_user() -> User:
             pw = pwd.getpwnam(name)
     else:
         pw = pwd.getpwuid(os.getuid())
-    runtime = Path(os.environ.get("XDG_RUNTIME_DIR", "")) if os.getuid() == pw.pw_uid and os.environ.get(
-        "XDG_RUNTIME_DIR") else Path(f"/run/user/{pw.pw_uid}")
+    runtime = (
+        Path(os.environ.get("XDG_RUNTIME_DIR", ""))
+        if os.getuid() == pw.pw_uid and os.environ.get("XDG_RUNTIME_DIR")
+        else Path(f"/run/user/{pw.pw_uid}")
+    )
     if os.getuid() == 0:
         runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chown(runtime, pw.pw_uid, pw.pw_gid)
@@ -100,12 +117,20 @@ class Boxy:
         self.user = user
         self.workdir = workdir
 
-    def run(self, *args: str, cmd: list[str] | None = None, input: bytes | None = None,
-            timeout: float = 120, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    def run(
+        self,
+        *args: str,
+        cmd: list[str] | None = None,
+        input: bytes | None = None,
+        timeout: float = 120,
+        extra_env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess:
         argv = [str(BIN / "boxyctl"), "run", *args]
         if cmd is not None:
             argv += ["--", *cmd]
-        return self.user.run(argv, input=input, timeout=timeout, cwd=self.workdir, extra_env=extra_env)
+        return self.user.run(
+            argv, input=input, timeout=timeout, cwd=self.workdir, extra_env=extra_env
+        )
 
     def sh(self, script: str, *flags: str, **kw) -> subprocess.CompletedProcess:
         return self.run("--net", "none", *flags, cmd=["sh", "-c", script], **kw)
@@ -124,7 +149,9 @@ def topology():
     """The test internet, built once per session. Building network namespaces needs
     root (CI runs the suite as root); the sandboxes in it still run as the test user."""
     if os.getuid() != 0:
-        pytest.skip("the test internet (network namespaces) is built as root: run `make test` as root")
+        pytest.skip(
+            "the test internet (network namespaces) is built as root: run `make test` as root"
+        )
     from tests.harness import topology as topo
 
     # One topology per pytest process: two suites on one machine must not tear down
@@ -157,11 +184,22 @@ class NetBoxy(Boxy):
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         return {**self.topo.user_env(self.user.uid, self.user.gid), **(extra or {})}
 
-    def run(self, *args: str, cmd: list[str] | None = None, input: bytes | None = None,
-            timeout: float = 120, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    def run(
+        self,
+        *args: str,
+        cmd: list[str] | None = None,
+        input: bytes | None = None,
+        timeout: float = 120,
+        extra_env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess:
         argv = [str(BIN / "boxyctl"), "run", *args, *(["--", *cmd] if cmd is not None else [])]
-        return subprocess.run(self.topo.exec_in_host(self.user.cmd(argv, self.env(extra_env))),
-                              input=input, capture_output=True, timeout=timeout, cwd=self.workdir)
+        return subprocess.run(
+            self.topo.exec_in_host(self.user.cmd(argv, self.env(extra_env))),
+            input=input,
+            capture_output=True,
+            timeout=timeout,
+            cwd=self.workdir,
+        )
 
 
 @pytest.fixture

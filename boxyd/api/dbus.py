@@ -60,12 +60,18 @@ def check_fds(msg: Message) -> bool | None:
     a method the raw index of an "h" argument when no fds came with the call, as if
     it were one of the daemon's own fds: Run must come with exactly its three fds,
     at indices 0, 1, 2. Any fds a call brings and Run does not take are closed."""
-    if (msg.message_type == MessageType.METHOD_CALL and msg.path == MANAGER_PATH
-            and msg.member == "Run" and msg.interface in (None, MANAGER_INTERFACE)):
+    if (
+        msg.message_type == MessageType.METHOD_CALL
+        and msg.path == MANAGER_PATH
+        and msg.member == "Run"
+        and msg.interface in (None, MANAGER_INTERFACE)
+    ):
         if msg.signature != "shhh" or list(msg.body[1:]) != [0, 1, 2] or len(msg.unix_fds) != 3:
             close_fds(msg.unix_fds)
-            raise DBusError(dbus_error_name(UsageError("")),
-                            "Run: attach exactly three file descriptors (stdin, stdout, stderr)")
+            raise DBusError(
+                dbus_error_name(UsageError("")),
+                "Run: attach exactly three file descriptors (stdin, stdout, stderr)",
+            )
         return None  # the method owns them
     close_fds(msg.unix_fds)
     return None
@@ -251,8 +257,9 @@ class DbusService:
 
     async def start(self, address: str) -> None:
         """Connect, export, own the name; raises on failure (the caller logs it)."""
-        bus = await asyncio.wait_for(MessageBus(bus_address=address, negotiate_unix_fd=True)
-                                     .connect(), CONNECT_TIMEOUT)
+        bus = await asyncio.wait_for(
+            MessageBus(bus_address=address, negotiate_unix_fd=True).connect(), CONNECT_TIMEOUT
+        )
         wait_when_full(bus)
         bus.add_message_handler(check_fds)
         bus.export(MANAGER_PATH, self._iface)
@@ -310,12 +317,17 @@ class DbusService:
                 await asyncio.sleep(0.01)
             iface.Event(ev.kind, event_fields(ev))
             if ev.kind in ("state", "exited"):
-                iface.emit_properties_changed({"State": s.state.value,
-                                               "ExitStatus": iface.ExitStatus})
+                iface.emit_properties_changed(
+                    {"State": s.state.value, "ExitStatus": iface.ExitStatus}
+                )
             elif ev.kind == "counters":
                 c = s.counters()
-                now = {"Connections": c.connections, "Denials": c.denials,
-                       "BytesUp": c.bytes_up, "BytesDown": c.bytes_down}
+                now = {
+                    "Connections": c.connections,
+                    "Denials": c.denials,
+                    "BytesUp": c.bytes_up,
+                    "BytesDown": c.bytes_down,
+                }
                 changed = {k: v for k, v in now.items() if last_counters.get(k) != v}
                 if changed:
                     iface.emit_properties_changed(changed)

@@ -39,9 +39,13 @@ async def final_reply(call: Call, params: dict[str, Any]) -> None:
     except ValueError:
         log.error("varlink: %s: the final reply is over the wire's limit", call.method)
         keep = ("id", "exit_status", "reason", "state", "signal")
-        await call.reply({**{k: params[k] for k in keep if k in params},
-                          "message": "the outcome was too large to send; "
-                                     f"`boxyctl show {params.get('id')}` has it"})
+        await call.reply(
+            {
+                **{k: params[k] for k in keep if k in params},
+                "message": "the outcome was too large to send; "
+                f"`boxyctl show {params.get('id')}` has it",
+            }
+        )
 
 
 def event_wire(ev: Event) -> dict[str, Any]:
@@ -57,7 +61,9 @@ class VarlinkService:
 
     async def handle(self, call: Call) -> None:
         name = call.method.removeprefix(INTERFACE + ".")
-        method = getattr(self, "do_" + name, None) if call.method.startswith(INTERFACE + ".") else None
+        method = (
+            getattr(self, "do_" + name, None) if call.method.startswith(INTERFACE + ".") else None
+        )
         if method is None:
             await call.error("org.varlink.service.MethodNotFound", {"method": call.method})
             return
@@ -75,8 +81,15 @@ class VarlinkService:
 
     async def do_DaemonStatus(self, call: Call) -> None:
         st = self.manager.status()
-        await call.reply({"build": st.build, "version": st.version, "pid": st.pid,
-                          "uptime": st.uptime, "sessions_running": st.sessions_running})
+        await call.reply(
+            {
+                "build": st.build,
+                "version": st.version,
+                "pid": st.pid,
+                "uptime": st.uptime,
+                "sessions_running": st.sessions_running,
+            }
+        )
 
     async def do_Shutdown(self, call: Call) -> None:
         """Refused while sessions run, unless forced: then they are stopped and
@@ -102,8 +115,9 @@ class VarlinkService:
             events = session.subscribe(("started",))
             try:
                 async for ev in events:
-                    await call.reply({"id": session.id, "state": "running",
-                                      "warnings": ev.fields["warnings"]})
+                    await call.reply(
+                        {"id": session.id, "state": "running", "warnings": ev.fields["warnings"]}
+                    )
                     return
             finally:
                 events.close()
@@ -133,8 +147,10 @@ class VarlinkService:
                 if not call.more:
                     continue
                 if ev.kind == "started":
-                    await call.reply({"id": session.id, "state": "running",
-                                      "warnings": ev.fields["warnings"]}, continues=True)
+                    await call.reply(
+                        {"id": session.id, "state": "running", "warnings": ev.fields["warnings"]},
+                        continues=True,
+                    )
                 elif ev.kind == "notice":
                     await call.reply({"notice": ev.fields["text"]}, continues=True)
                 elif ev.kind == "stopped":

@@ -377,8 +377,14 @@ class _Connection:
     async def _refuse_after_pending(self, reason: str) -> None:
         while self._pending() and not self.closed.is_set():
             await asyncio.sleep(0.01)
-        self.write(encode({"error": INVALID_PARAMETER,
-                           "parameters": {"parameter": "message", "message": reason[:200]}}))
+        self.write(
+            encode(
+                {
+                    "error": INVALID_PARAMETER,
+                    "parameters": {"parameter": "message", "message": reason[:200]},
+                }
+            )
+        )
         deadline = self._loop.time() + 5
         while self._wbuf and not self.closed.is_set() and self._loop.time() < deadline:
             await asyncio.sleep(0.01)

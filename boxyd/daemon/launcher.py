@@ -56,7 +56,9 @@ class Template:
             )
         except OSError as e:
             parent.close()
-            raise SetupError(f"{self.module}: cannot start {sys.executable}: {e.strerror}") from None
+            raise SetupError(
+                f"{self.module}: cannot start {sys.executable}: {e.strerror}"
+            ) from None
         finally:
             child.close()
         self._ctl = parent
@@ -66,8 +68,11 @@ class Template:
         for attempt in (1, 2):
             if self._ctl is None or self._proc is None or self._proc.poll() is not None:
                 if self._proc is not None:
-                    log.warning("%s template exited (status %s); restarting it", self.module,
-                                self._proc.returncode)
+                    log.warning(
+                        "%s template exited (status %s); restarting it",
+                        self.module,
+                        self._proc.returncode,
+                    )
                 self.start()
             assert self._ctl is not None
             ours, theirs = socket.socketpair(socket.AF_UNIX, self.kind)
@@ -76,7 +81,9 @@ class Template:
             except OSError as e:
                 ours.close()
                 if attempt == 2:
-                    raise SetupError(f"{self.module}: the template does not answer: {e.strerror}") from None
+                    raise SetupError(
+                        f"{self.module}: the template does not answer: {e.strerror}"
+                    ) from None
                 self.close()
                 continue
             finally:
@@ -107,9 +114,12 @@ def plan_memfd(data: bytes) -> int:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK
-                    | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
+            view = view[os.write(fd, view) :]
+        fcntl.fcntl(
+            fd,
+            fcntl.F_ADD_SEALS,
+            fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE,
+        )
     except BaseException:
         os.close(fd)
         raise
@@ -166,7 +176,9 @@ class Stage2:
         if isinstance(msg, dict) and "listeners" in msg:
             names = msg.get("listeners")
             if isinstance(names, list) and len(names) == len(fds):
-                msg["sockets"] = {str(n): socket.socket(fileno=fd) for n, fd in zip(names, fds, strict=True)}
+                msg["sockets"] = {
+                    str(n): socket.socket(fileno=fd) for n, fd in zip(names, fds, strict=True)
+                }
                 self._queue.put_nowait(msg)
                 return
             msg = None

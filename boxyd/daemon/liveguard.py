@@ -60,9 +60,14 @@ class _Pending:
 class LiveGuard:
     """Started once the payload runs; closed when the session ends."""
 
-    def __init__(self, trees: list[Watched], send: Send, record: Record,
-                 adopt: Callable[[str, str, bytes | None], str | None],
-                 notice: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        trees: list[Watched],
+        send: Send,
+        record: Record,
+        adopt: Callable[[str, str, bytes | None], str | None],
+        notice: Callable[[str], None],
+    ) -> None:
         self._trees = {w.root: w for w in trees}
         self._send = send
         self._record = record
@@ -121,8 +126,10 @@ class LiveGuard:
         finally:
             os.close(root_fd)
         if len(self._wds) >= live.MAX_WATCHED:
-            return [f"live guard: {w.root}: more than {live.MAX_WATCHED} directories; "
-                    "a credential created in the others during the run is covered only by the next run"]
+            return [
+                f"live guard: {w.root}: more than {live.MAX_WATCHED} directories; "
+                "a credential created in the others during the run is covered only by the next run"
+            ]
         return []
 
     def _watch(self, root: str, root_fd: int, rel: str) -> str | None:
@@ -172,7 +179,7 @@ class LiveGuard:
         pos = 0
         while pos + _EVENT.size <= len(data):
             wd, mask, _, length = _EVENT.unpack_from(data, pos)
-            name = data[pos + _EVENT.size: pos + _EVENT.size + length].rstrip(b"\0")
+            name = data[pos + _EVENT.size : pos + _EVENT.size + length].rstrip(b"\0")
             pos += _EVENT.size + length
             if mask & IN_Q_OVERFLOW:
                 for w in self._trees.values():
@@ -210,10 +217,24 @@ class LiveGuard:
         if redo.pin is not None:
             p = redo.pin
             # what the host saved, read while the pin goes back on (the payload's window)
-            saved = asyncio.ensure_future(asyncio.to_thread(discover.read_beneath, w.root, p.rel,
-                                                              discover.CONFIG_MAX))
-            pinned = self._ask({"bind": {"src": p.rel, "dst": p.rel, "ro": True, "src_base": w.root,
-                                         "dst_base": w.root}}, p.rel, "pinned again", since, w.root)
+            saved = asyncio.ensure_future(
+                asyncio.to_thread(discover.read_beneath, w.root, p.rel, discover.CONFIG_MAX)
+            )
+            pinned = self._ask(
+                {
+                    "bind": {
+                        "src": p.rel,
+                        "dst": p.rel,
+                        "ro": True,
+                        "src_base": w.root,
+                        "dst_base": w.root,
+                    }
+                },
+                p.rel,
+                "pinned again",
+                since,
+                w.root,
+            )
             # judged once pinned: from then on the payload cannot change what is judged
             await asyncio.wait_for(asyncio.shield(pinned), LIVE_TIMEOUT)
             line = await asyncio.to_thread(self._adopt, w.root, p.rel, await saved)
@@ -225,18 +246,32 @@ class LiveGuard:
             return
         rule = _rule(redo)
         if rule is not None and rule.action is Action.EMPTY and not rule.needs_content:
-            found: Found | None = Found(redo.rel, rule.kind, rule.action, rule.is_dir)  # nothing to read
+            found: Found | None = Found(
+                redo.rel, rule.kind, rule.action, rule.is_dir
+            )  # nothing to read
         else:
             found = await asyncio.to_thread(_stand_in, w.root, redo, rule)
         if found is None:
             return  # nothing in it to cover now (or gone)
         w.masks[redo.rel] = found  # a later rename over it is covered again too
-        self._ask({"mask": {"dst": redo.rel, "dst_base": w.root, "is_dir": found.is_dir,
-                            "content": base64.b64encode(found.content).decode()}},
-                  redo.rel, "covered again" if mask is not None else "covered new", since, w.root)
+        self._ask(
+            {
+                "mask": {
+                    "dst": redo.rel,
+                    "dst_base": w.root,
+                    "is_dir": found.is_dir,
+                    "content": base64.b64encode(found.content).decode(),
+                }
+            },
+            redo.rel,
+            "covered again" if mask is not None else "covered new",
+            since,
+            w.root,
+        )
 
-    def _ask(self, op: dict[str, object], rel: str, what: str, since: float,
-             root: str) -> asyncio.Future[bool]:
+    def _ask(
+        self, op: dict[str, object], rel: str, what: str, since: float, root: str
+    ) -> asyncio.Future[bool]:
         self._ids += 1
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._pending[self._ids] = _Pending(os.path.join(root, rel), what, since, fut)
@@ -255,9 +290,15 @@ class LiveGuard:
             self._record("fs.live", path=pending.rel, action=pending.what, window_ms=ms)
             self._notice(f"live guard: {pending.rel}: {pending.what} ({ms:g} ms after the change)")
         else:
-            self._record("fs.live", path=pending.rel, action=f"{pending.what}: failed",
-                         error=str(error)[:300])
-            self._notice(f"live guard: {pending.rel}: could not be {pending.what}: {str(error)[:300]}")
+            self._record(
+                "fs.live",
+                path=pending.rel,
+                action=f"{pending.what}: failed",
+                error=str(error)[:300],
+            )
+            self._notice(
+                f"live guard: {pending.rel}: could not be {pending.what}: {str(error)[:300]}"
+            )
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -280,8 +321,13 @@ def _listings(watched: list[tuple[str, str]]) -> list[tuple[str, str, list[tuple
         except OSError:
             continue
         try:
-            out.append((root, rel, [(e.name, e.is_dir(follow_symlinks=False))
-                                    for e in os.scandir(fd)][:10000]))
+            out.append(
+                (
+                    root,
+                    rel,
+                    [(e.name, e.is_dir(follow_symlinks=False)) for e in os.scandir(fd)][:10000],
+                )
+            )
         except OSError:
             pass
         finally:
@@ -311,8 +357,11 @@ def _stand_in(root: str, redo: Redo, rule: Rule | None) -> Found | None:
         found = masking.judge(pfd, name, rule)
     finally:
         os.close(pfd)
-    return None if found is None else Found(redo.rel, found.kind, found.action, found.is_dir,
-                                            found.content)
+    return (
+        None
+        if found is None
+        else Found(redo.rel, found.kind, found.action, found.is_dir, found.content)
+    )
 
 
 def _inotify_init() -> int:

@@ -45,7 +45,9 @@ def setup_logging() -> None:
             handler = logging.StreamHandler(sys.stderr)
     else:
         handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s boxyd[%(process)d] %(levelname)s %(message)s"))
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s boxyd[%(process)d] %(levelname)s %(message)s")
+    )
     logging.basicConfig(level=logging.INFO, handlers=[handler])
 
 
@@ -185,8 +187,9 @@ def idle_limit() -> float:
         return IDLE_EXIT
 
 
-async def exit_when_idle(manager: Manager, server: VarlinkServer, stop: asyncio.Event,
-                         limit: float) -> None:
+async def exit_when_idle(
+    manager: Manager, server: VarlinkServer, stop: asyncio.Event, limit: float
+) -> None:
     """No session and no client for LIMIT seconds: exit (the socket, or the next
     boxyctl, starts boxyd again; the stage-2 template is not held for nothing)."""
     if not limit:

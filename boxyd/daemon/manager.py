@@ -40,8 +40,14 @@ class DaemonStatus:
 
 
 class Manager:
-    def __init__(self, launcher: Launcher, records: Records | None = None, *,
-                 keep_finished: int = KEEP_FINISHED, grace: float = GRACE) -> None:
+    def __init__(
+        self,
+        launcher: Launcher,
+        records: Records | None = None,
+        *,
+        keep_finished: int = KEEP_FINISHED,
+        grace: float = GRACE,
+    ) -> None:
         self.launcher = launcher
         self.records = records
         self.sessions: dict[str, Session] = {}
@@ -58,8 +64,13 @@ class Manager:
 
     # -- queries ---------------------------------------------------------------------
     def status(self) -> DaemonStatus:
-        return DaemonStatus(build_id(), VERSION, os.getpid(), round(time.time() - self.started_at, 1),
-                            len(self.running()))
+        return DaemonStatus(
+            build_id(),
+            VERSION,
+            os.getpid(),
+            round(time.time() - self.started_at, 1),
+            len(self.running()),
+        )
 
     def running(self) -> list[Session]:
         return [s for s in self.sessions.values() if not s.state.finished]
@@ -85,8 +96,11 @@ class Manager:
             return running[0]
         if not running:
             raise UsageError("watch: no session is running (`boxyctl ps -a` lists finished ones)")
-        raise UsageError("watch: several sessions are running ("
-                         + ", ".join(s.id for s in running) + "); name one")
+        raise UsageError(
+            "watch: several sessions are running ("
+            + ", ".join(s.id for s in running)
+            + "); name one"
+        )
 
     def subscribe(self) -> Subscription:
         return self.events.subscribe()
@@ -101,8 +115,9 @@ class Manager:
         session = Session(self._new_id(), request, grace=self._grace)
         session.sandbox = await self.launcher.prepare(request, stdio, session)
         self.sessions[session.id] = session
-        task = asyncio.get_running_loop().create_task(session.run(self._begin, self._finished),
-                                                      name=f"session {session.id}")
+        task = asyncio.get_running_loop().create_task(
+            session.run(self._begin, self._finished), name=f"session {session.id}"
+        )
         self._tasks[session.id] = task
         task.add_done_callback(lambda _t, sid=session.id: self._tasks.pop(sid, None))
         self.events.publish("session-new", id=session.id)
@@ -133,7 +148,11 @@ class Manager:
     async def info(self, sid: str) -> SessionInfo:
         if sid in self.sessions:
             return self.sessions[sid].info()
-        info = await pools.run(pools.RECORDS, records.read_meta, sid) if self.records is not None else None
+        info = (
+            await pools.run(pools.RECORDS, records.read_meta, sid)
+            if self.records is not None
+            else None
+        )
         if info is None:
             raise NoSuchSession(sid)
         return info
@@ -177,6 +196,6 @@ class Manager:
         """A long-lived daemon keeps only the newest finished sessions in memory (their
         records on disk are the history)."""
         finished = [s for s in self.sessions.values() if s.state.finished or s is ending]
-        for old in finished[:max(0, len(finished) - self._keep)]:
+        for old in finished[: max(0, len(finished) - self._keep)]:
             del self.sessions[old.id]
             self.events.publish("session-removed", id=old.id)

@@ -34,9 +34,15 @@ class Network:
     """One session's network. Build it before stage 2 starts (bad flags are refused
     there), then ``attach`` the listeners stage 2 sends."""
 
-    def __init__(self, spec: RunSpec, *, record: Callable[..., None],
-                 notice: Callable[[str], None] | None, tailnet: str | None = None,
-                 outputs: Outputs | None = None) -> None:
+    def __init__(
+        self,
+        spec: RunSpec,
+        *,
+        record: Callable[..., None],
+        notice: Callable[[str], None] | None,
+        tailnet: str | None = None,
+        outputs: Outputs | None = None,
+    ) -> None:
         """TAILNET: the MagicDNS suffix of a running tailscaled (--tailscale). OUTPUTS:
         the session's --net-log and --pcap files, open already (borrowed, not owned)."""
         self.warnings: list[str] = []
@@ -44,13 +50,16 @@ class Network:
         if tailnet:
             hosts = tailscale.qualify_hosts(hosts, tailnet)
         elif spec.tailscale:
-            self.warnings.append("--tailscale: tailscaled is not running (or `tailscale status` "
-                                 "failed): the tailnet's ranges are allowed, but MagicDNS names "
-                                 "will not resolve")
+            self.warnings.append(
+                "--tailscale: tailscaled is not running (or `tailscale status` "
+                "failed): the tailnet's ranges are allowed, but MagicDNS names "
+                "will not resolve"
+            )
         self.tailnet = tailnet
         # Raises UsageError (one line, exit 2) for what the spec could not catch alone.
-        self.policy = NetPolicy.from_spec(spec.net, hosts, spec.allow_ports,
-                                          spec.allow_cidrs, spec.tailscale)
+        self.policy = NetPolicy.from_spec(
+            spec.net, hosts, spec.allow_ports, spec.allow_cidrs, spec.tailscale
+        )
         self.spec = spec
         self.record = record
         self.notice = notice
@@ -58,7 +67,9 @@ class Network:
         self._capture: pcap.Writer | None = None
         self._capture_sock = None
         self._netlog_fd = outputs.net_log if outputs is not None else None
-        if outputs is not None and outputs.pcap is not None:  # a capture that cannot be fails the run
+        if (
+            outputs is not None and outputs.pcap is not None
+        ):  # a capture that cannot be fails the run
             try:
                 pcap.write_header(outputs.pcap)
             except OSError as e:
@@ -67,18 +78,29 @@ class Network:
         self._notices = 0
         self._muted = 0
         self.refused = Tally()
-        record("net.policy", mode=spec.net, allow_hosts=spec.allow_hosts,
-               allow_ports=sorted(self.policy.global_ports),
-               allow_cidrs=spec.allow_cidrs, tailscale=spec.tailscale)
+        record(
+            "net.policy",
+            mode=spec.net,
+            allow_hosts=spec.allow_hosts,
+            allow_ports=sorted(self.policy.global_ports),
+            allow_cidrs=spec.allow_cidrs,
+            tailscale=spec.tailscale,
+        )
 
     def configure(self, plan: Plan) -> None:
         """What stage 2 applies: the gateway netns's ruleset, Landlock's connect ports."""
         ports = self.policy.landlock_ports()
         udp = self.policy.udp_ports()
-        literals = tuple(self.policy.literal_addresses()) if self.policy.mode == "allowlist" else None
-        plan.net_ruleset = gateway_ruleset(self.policy.mode, self.policy.exceptions,
-                                           None if ports is None else tuple(ports),
-                                           None if udp is None else tuple(udp), literals)
+        literals = (
+            tuple(self.policy.literal_addresses()) if self.policy.mode == "allowlist" else None
+        )
+        plan.net_ruleset = gateway_ruleset(
+            self.policy.mode,
+            self.policy.exceptions,
+            None if ports is None else tuple(ports),
+            None if udp is None else tuple(udp),
+            literals,
+        )
         plan.landlock_ports = ports
         plan.pcap = self._capture is not None
         if self.tailnet:
@@ -122,10 +144,11 @@ class Network:
         await self.gateway.close()
         log_ = self.gateway.netlog
         notes = out.setdefault("notes", [])
-        notes += self.refused.lines()  # said without -v: a silent refusal looks like a broken network
+        notes += (
+            self.refused.lines()
+        )  # said without -v: a silent refusal looks like a broken network
         if self._muted:
-            notes.append(f"-v: {plural(self._muted, 'more denial')} not shown "
-                         "(see --audit-log)")
+            notes.append(f"-v: {plural(self._muted, 'more denial')} not shown (see --audit-log)")
         if self._netlog_fd is not None:
             try:
                 await asyncio.to_thread(netlog.write, self._netlog_fd, log_)
@@ -133,11 +156,12 @@ class Network:
                 notes.append(f"--net-log {self.spec.net_log}: not written: {e.strerror}")
             else:
                 if replaced(self._netlog_fd):
-                    notes.append(f"--net-log {self.spec.net_log}: removed or replaced during the "
-                                 "run (by the payload?): the log was written to the removed file")
+                    notes.append(
+                        f"--net-log {self.spec.net_log}: removed or replaced during the "
+                        "run (by the payload?): the log was written to the removed file"
+                    )
         out["destinations"] = netlog.destinations_table(log_)
         return out
-
 
     def discard(self) -> None:
         """After a run that never started: release what was opened ahead of it."""
@@ -152,26 +176,43 @@ class Network:
             asyncio.get_running_loop().remove_reader(sock.fileno())
             sock.close()
         self._capture = None
-        self.record("net.pcap", file=self.spec.pcap, frames=cap.frames, bytes=cap.written,
-                    stopped_at_limit=cap.full)
+        self.record(
+            "net.pcap",
+            file=self.spec.pcap,
+            frames=cap.frames,
+            bytes=cap.written,
+            stopped_at_limit=cap.full,
+        )
         if cap.full:
-            return {"notes": [f"--pcap {self.spec.pcap}: stopped at --pcap-max "
-                              f"({cap.frames} frames kept)"]}
+            return {
+                "notes": [
+                    f"--pcap {self.spec.pcap}: stopped at --pcap-max ({cap.frames} frames kept)"
+                ]
+            }
         return {}
 
 
 @functools.lru_cache(maxsize=64)
-def gateway_ruleset(mode: str, exceptions: tuple, tcp_ports: tuple[int, ...] | None,
-                    udp_ports: tuple[int, ...] | None, bound: tuple[str, ...] | None = None) -> dict:
+def gateway_ruleset(
+    mode: str,
+    exceptions: tuple,
+    tcp_ports: tuple[int, ...] | None,
+    udp_ports: tuple[int, ...] | None,
+    bound: tuple[str, ...] | None = None,
+) -> dict:
     """The same flags give the same ruleset: built once (~12 ms), then reused. The
     result is shared: only ever serialised, never changed."""
     prefixes = ranges.static_prefixes(exceptions)
     return ruleset.gateway_ruleset(
-        mode=mode, deny_v4=prefixes.deny_v4, deny_v6=prefixes.deny_v6,
-        except_v4=prefixes.accept_v4, except_v6=prefixes.accept_v6,
+        mode=mode,
+        deny_v4=prefixes.deny_v4,
+        deny_v6=prefixes.deny_v6,
+        except_v4=prefixes.accept_v4,
+        except_v6=prefixes.accept_v6,
         tcp_ports=None if tcp_ports is None else list(tcp_ports),
         udp_ports=None if udp_ports is None else list(udp_ports),
-        bound=None if bound is None else list(bound))
+        bound=None if bound is None else list(bound),
+    )
 
 
 def describe(ev: dict) -> str:

@@ -38,8 +38,9 @@ RECORDS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="boxyd-records")
 CLOSING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="boxyd-closing")
 
 
-def submit(pool: ThreadPoolExecutor, fn: Callable[P, R], *args: P.args,
-           **kwargs: P.kwargs) -> asyncio.Future[R]:
+def submit(
+    pool: ThreadPoolExecutor, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs
+) -> asyncio.Future[R]:
     """FN(*ARGS, **KWARGS) in POOL, as a future of the running loop (the caller's
     context variables go with it, as with asyncio.to_thread)."""
     ctx = contextvars.copy_context()

@@ -77,8 +77,7 @@ class PtyRelay:
     create the relay before the client switches its terminal to raw mode.
     """
 
-    def __init__(self, in_fd: int | None, out_fd: int | None,
-                 settings: dict | None = None) -> None:
+    def __init__(self, in_fd: int | None, out_fd: int | None, settings: dict | None = None) -> None:
         """SETTINGS: for a relay with no client terminal (run -d): the PTY's own."""
         self._lock = threading.Lock()
         self._drained = threading.Event()

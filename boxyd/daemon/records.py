@@ -31,14 +31,18 @@ MAX_META = 1 << 24  # bytes of a meta.json read back (an argv is at most a few M
 
 def record_dir(sid: str) -> Path:
     """$XDG_STATE_HOME/boxy/sessions/<id>/, each level 0700 and checked."""
-    return ensure_private_dir(ensure_private_dir(ensure_private_dir(state_dir()) / "sessions") / sid)
+    return ensure_private_dir(
+        ensure_private_dir(ensure_private_dir(state_dir()) / "sessions") / sid
+    )
 
 
 def save_file(sid: str, name: str, data: bytes) -> str:
     """A new file in the session's record; its path, or why there is none."""
     try:
         d = record_dir(sid)
-        fd = os.open(d / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = os.open(
+            d / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         return str(d / name)
@@ -54,7 +58,9 @@ def bounded(lines: list[str], what: str, sid: str | None) -> list[str]:
         return lines
     where = "not kept"
     if sid is not None:
-        kept = save_file(sid, f"{what}.txt", "".join(x + "\n" for x in lines).encode(errors="replace"))
+        kept = save_file(
+            sid, f"{what}.txt", "".join(x + "\n" for x in lines).encode(errors="replace")
+        )
         where = f"the full list is in {kept}" if kept.startswith("/") else f"the full list: {kept}"
     return clip(lines, what, where)
 
@@ -72,9 +78,18 @@ def bound_outcome(s: Session) -> None:
 def audit_lines(s: Session) -> bytes:
     lines = [json.dumps(rec) + "\n" for rec in s.audit]
     if s.audit_dropped:
-        lines.append(json.dumps({"t": round(time.time(), 3), "session": s.id, "layer": "audit",
-                                 "dropped": s.audit_dropped,
-                                 "reason": f"more than {MAX_AUDIT} records"}) + "\n")
+        lines.append(
+            json.dumps(
+                {
+                    "t": round(time.time(), 3),
+                    "session": s.id,
+                    "layer": "audit",
+                    "dropped": s.audit_dropped,
+                    "reason": f"more than {MAX_AUDIT} records",
+                }
+            )
+            + "\n"
+        )
     return "".join(lines).encode()
 
 
@@ -86,7 +101,7 @@ def write_audit(s: Session, fd: int) -> str | None:
     rest, problem = data, ""
     try:
         while rest:
-            rest = rest[os.write(fd, rest):]
+            rest = rest[os.write(fd, rest) :]
     except OSError as e:
         problem = f"not fully written: {e.strerror}"
     if not problem and replaced(fd):
@@ -126,8 +141,14 @@ def read_meta(sid: str) -> SessionInfo | None:
         return None
     if info is not None and info.outcome is not None:  # a record written before the bounds
         out = info.outcome
-        out.findings, out.notes, out.warnings = (bounded(x, what, None) for x, what in (
-            (out.findings, "findings"), (out.notes, "notes"), (out.warnings, "warnings")))
+        out.findings, out.notes, out.warnings = (
+            bounded(x, what, None)
+            for x, what in (
+                (out.findings, "findings"),
+                (out.notes, "notes"),
+                (out.warnings, "warnings"),
+            )
+        )
     return info
 
 

@@ -88,10 +88,14 @@ class StageLauncher:
                 raise UsageError("--tty: none of boxyctl's stdin, stdout, stderr is a terminal")
             # before the payload starts, never by name afterwards (hostfile.py); the trees of
             # every live sandbox count as hostile, not only this one's
-            hostile = [r for x in [spec, *(sb.spec for sb in self.live)]
-                       for r in mountplan.writable_roots(x)]
-            outputs = await pools.run(pools.START, open_outputs, spec.audit_log, spec.net_log,
-                                      spec.pcap, hostile)
+            hostile = [
+                r
+                for x in [spec, *(sb.spec for sb in self.live)]
+                for r in mountplan.writable_roots(x)
+            ]
+            outputs = await pools.run(
+                pools.START, open_outputs, spec.audit_log, spec.net_log, spec.pcap, hostile
+            )
             net = await self._network(spec, sink, outputs) if spec.net != "none" else None
         except BaseException:  # a usage error, or a bug: either way every fd goes back
             outputs.close()
@@ -110,6 +114,7 @@ class StageLauncher:
 
         async def spawn() -> socket.socket:
             return self.template.spawn()
+
         return asyncio.run_coroutine_threadsafe(spawn(), self._loop).result(timeout=10)
 
     def tools(self, budget: float) -> Toolshed:
@@ -124,18 +129,29 @@ class StageLauncher:
         return [p for p in (o.workdir, request.cwd, *o.rw, *o.mkdir, *others) if p]
 
     async def _spec(self, request: RunRequest) -> RunSpec:
-        registry = Registries({**{k: v for k, v in os.environ.items() if k in ("PATH", "HOME")},
-                               **request.client_env},
-                              tools=self.tools(SETTINGS_BUDGET), writable=self.writable_trees(request))
+        registry = Registries(
+            {
+                **{k: v for k, v in os.environ.items() if k in ("PATH", "HOME")},
+                **request.client_env,
+            },
+            tools=self.tools(SETTINGS_BUDGET),
+            writable=self.writable_trees(request),
+        )
 
         def build() -> RunSpec:
             try:
-                spec = build_spec(request, uid=os.getuid(), user=self.user.pw_name,
-                                  home=self.user.pw_dir, registry=registry)
+                spec = build_spec(
+                    request,
+                    uid=os.getuid(),
+                    user=self.user.pw_name,
+                    home=self.user.pw_dir,
+                    registry=registry,
+                )
             finally:
                 registry.close()
             spec.notes += registry.notes
             return spec
+
         # Asking npm/pip for their registry runs a tool (in a sandbox): not on the event loop.
         return await pools.run(pools.START, build)
 
@@ -147,20 +163,33 @@ class StageLauncher:
 
         tailnet = None
         if spec.tailscale:  # never a tailscale from the client's PATH inside a writable tree
-            hostile = [r for x in [spec, *(sb.spec for sb in self.live)]
-                       for r in mountplan.writable_roots(x)]
+            hostile = [
+                r
+                for x in [spec, *(sb.spec for sb in self.live)]
+                for r in mountplan.writable_roots(x)
+            ]
             binary = resolve("tailscale", os.environ.get("PATH", os.defpath), hostile)
             if binary is not None:
                 tailnet = await asyncio.to_thread(magicdns_suffix, binary=binary)
-        net = Network(spec, record=sink.record, notice=sink.notice, tailnet=tailnet, outputs=outputs)
+        net = Network(
+            spec, record=sink.record, notice=sink.notice, tailnet=tailnet, outputs=outputs
+        )
         if self._dns is None:
             self._dns = make_dns_proxy()
         return net
 
 
 class StageSandbox:
-    def __init__(self, launcher: StageLauncher, spec: RunSpec, stdio: list[int], outputs: Outputs,
-                 net: Network | None, sink: Sink, terminal: Terminal | None) -> None:
+    def __init__(
+        self,
+        launcher: StageLauncher,
+        spec: RunSpec,
+        stdio: list[int],
+        outputs: Outputs,
+        net: Network | None,
+        sink: Sink,
+        terminal: Terminal | None,
+    ) -> None:
         self.spec = spec
         self._launcher = launcher
         self._stdio = stdio  # the client's 0–2: ours to close once stage 2 has them
@@ -205,7 +234,9 @@ class StageSandbox:
             if self.pty is not None:
                 self.pty.on_detach = self._sink.detach_requested
                 self.pty.raw = spec.tty_raw  # --tty-raw: the output unfiltered (termfilter)
-                if self._terminal is not None:  # the client is raw already: its settings from before
+                if (
+                    self._terminal is not None
+                ):  # the client is raw already: its settings from before
                     self.pty.settings = self._terminal.to_wire()
                 # PID 1 puts the slave of a PTY in the sandbox's own devpts at these
                 # positions; until then they hold /dev/null, never the host terminal.
@@ -218,22 +249,38 @@ class StageSandbox:
             home = self._launcher.user.pw_dir
             walked = [r for r in mountplan.writable_roots(spec) if not caches.is_cache(r, home)]
             self._user_hooks = await pools.run(pools.WALKS, userconfig.hooks_path, home)
-            self.trees = await self._launcher.walks.prepare(walked, git_guard=not spec.allow_git_write,
-                                                            created=[e.path for e in spec.mkdir],
-                                                            user_hooks=self._user_hooks,
-                                                            secrets=spec.secrets)
+            self.trees = await self._launcher.walks.prepare(
+                walked,
+                git_guard=not spec.allow_git_write,
+                created=[e.path for e in spec.mkdir],
+                user_hooks=self._user_hooks,
+                secrets=spec.secrets,
+            )
             others = [b for x in self._launcher.live if x is not self for b in x.baselines.values()]
             self.baselines = inherit_live(
-                {r: t.baseline for r, t in self.trees.items() if t.baseline is not None}, others)
+                {r: t.baseline for r, t in self.trees.items() if t.baseline is not None}, others
+            )
             masks = self._credentials(warnings)
             protect = [e.path for e in spec.protect]
-            self._watched = [live.watched(r, t.protections, masks.get(r, []), spec.reveal, t.dirs,
-                                          [p for p in protect if _innermost(p, self.trees) == r],
-                                          spec.secrets)
-                             for r, t in self.trees.items()]
-            plan = mountplan.build(spec, seccomp_bpf=build_filter(spec.seccomp),
-                                   protections={r: t.protections for r, t in self.trees.items()},
-                                   masks=masks, ctty=self.pty is not None)
+            self._watched = [
+                live.watched(
+                    r,
+                    t.protections,
+                    masks.get(r, []),
+                    spec.reveal,
+                    t.dirs,
+                    [p for p in protect if _innermost(p, self.trees) == r],
+                    spec.secrets,
+                )
+                for r, t in self.trees.items()
+            ]
+            plan = mountplan.build(
+                spec,
+                seccomp_bpf=build_filter(spec.seccomp),
+                protections={r: t.protections for r, t in self.trees.items()},
+                masks=masks,
+                ctty=self.pty is not None,
+            )
             if self.net is not None:
                 self.net.configure(plan)
             if self.pty is not None:
@@ -258,18 +305,29 @@ class StageSandbox:
         for what, items in (("covered", covered_all), ("revealed", shown_all)):
             for root, f in items:
                 path = os.path.join(root, f.rel)
-                self._sink.record("fs.secret", path=path, kind=f.kind,
-                                  action=what if what == "revealed" else f.action.value,
-                                  **({"note": f.note} if f.note else {}))
+                self._sink.record(
+                    "fs.secret",
+                    path=path,
+                    kind=f.kind,
+                    action=what if what == "revealed" else f.action.value,
+                    **({"note": f.note} if f.note else {}),
+                )
                 if self.spec.verbose:
                     how = {"scrub": "a copy without its credentials", "empty": "an empty stand-in"}
-                    told = "revealed (--reveal): the payload can read it" if what == "revealed" \
+                    told = (
+                        "revealed (--reveal): the payload can read it"
+                        if what == "revealed"
                         else f"shown as {how[f.action.value]}"
-                    warnings.append(f"{path}: {f.kind}, {told}" + (f" ({f.note})" if f.note else ""))
+                    )
+                    warnings.append(
+                        f"{path}: {f.kind}, {told}" + (f" ({f.note})" if f.note else "")
+                    )
         if covered_all:
             n = len(covered_all)
-            warnings.append(f"{n} credential file{'s' if n != 1 else ''} masked "
-                            "(-v lists them; --reveal PATH exposes one)")
+            warnings.append(
+                f"{n} credential file{'s' if n != 1 else ''} masked "
+                "(-v lists them; --reveal PATH exposes one)"
+            )
         return masks
 
     def _limit_warnings(self) -> list[str]:
@@ -278,11 +336,15 @@ class StageSandbox:
         spec = self.spec
         out: list[str] = list(spec.warnings)
         if os.getuid() == 0:
-            out.append("running as root: the payload runs as uid 0 (with no capabilities, mapped to "
-                       "itself); prefer an unprivileged user")
+            out.append(
+                "running as root: the payload runs as uid 0 (with no capabilities, mapped to "
+                "itself); prefer an unprivileged user"
+            )
         if spec.seccomp == "compat":
-            out.append("--seccomp compat: forbidden system calls fail with EPERM instead of killing the "
-                       "process; this is for diagnosis, do not leave it on")
+            out.append(
+                "--seccomp compat: forbidden system calls fail with EPERM instead of killing the "
+                "process; this is for diagnosis, do not leave it on"
+            )
         if spec.verbose:
             out.extend(spec.notes)
         return out
@@ -295,8 +357,12 @@ class StageSandbox:
         self._placement = placement
         self.limits = limits(self.spec, placement)
         record = self._sink.record
-        record("cgroup", scope=placement.unit, controllers=sorted(placement.controllers),
-               **({"reason": placement.reason} if placement.reason else {}))
+        record(
+            "cgroup",
+            scope=placement.unit,
+            controllers=sorted(placement.controllers),
+            **({"reason": placement.reason} if placement.reason else {}),
+        )
         for lim in self.limits:
             record("cgroup", limit=lim.name, value=lim.value, enforced=lim.enforced, by=lim.by)
             if (not lim.enforced and lim.name == "cpus") or self.spec.verbose:
@@ -343,8 +409,13 @@ class StageSandbox:
         if not self._watched or self.stage2 is None:
             return
         quiet = not self.spec.verbose
-        self.live_guard = LiveGuard(self._watched, self.stage2.send, self._sink.record,
-                                    self._adopt, (lambda _: None) if quiet else self._sink.notice)
+        self.live_guard = LiveGuard(
+            self._watched,
+            self.stage2.send,
+            self._sink.record,
+            self._adopt,
+            (lambda _: None) if quiet else self._sink.notice,
+        )
         self._live_start = asyncio.get_running_loop().create_task(self._watch(self.live_guard))
 
     async def _watch(self, guard: LiveGuard) -> None:
@@ -354,8 +425,10 @@ class StageSandbox:
                 self._sink.notice(note)
         except OSError as e:  # no inotify instance left: said, and the run goes on
             self._sink.record("fs.live", note=f"not watched: {e.strerror}")
-            self._sink.notice(f"live guard: {e.strerror}: host changes during the run are not "
-                              "covered until it ends")
+            self._sink.notice(
+                f"live guard: {e.strerror}: host changes during the run are not "
+                "covered until it ends"
+            )
 
     def _adopt(self, root: str, rel: str, saved: bytes | None) -> str | None:
         """The host replaced a pinned file (in a worker thread; SAVED: what it held as the
@@ -364,15 +437,21 @@ class StageSandbox:
         unless it adds keys that run commands: then the version from before it is put
         back at once, so no host git meanwhile runs what the payload may have raced
         into it. The line to say, or None."""
-        quarantine = os.path.join(str(state_dir() / "quarantine" / self._sink.id),
-                                  root.strip("/").replace("/", "_"))
+        quarantine = os.path.join(
+            str(state_dir() / "quarantine" / self._sink.id), root.strip("/").replace("/", "_")
+        )
         lines = []
         path = os.path.join(root, rel)
         if saved is not None and read_beneath(root, rel, CONFIG_MAX) not in (saved, None):
             dest = overwrite(root, rel, saved, quarantine)
-            lines.append(f"live guard: {path} was written in the moment it was unpinned; "
-                         + (f"put back as the host saved it (the write is in {dest})" if dest
-                            else "it could not be put back: check it"))
+            lines.append(
+                f"live guard: {path} was written in the moment it was unpinned; "
+                + (
+                    f"put back as the host saved it (the write is in {dest})"
+                    if dest
+                    else "it could not be put back: check it"
+                )
+            )
         if root in self.baselines:
             self.baselines[root], why = adopt(self.baselines[root], rel)
             if why is not None and why != "gone":
@@ -381,8 +460,10 @@ class StageSandbox:
                 except OSError as e:
                     lines.append(f"git guard: {rel}: {why}; could not be moved: {e.strerror}")
                 else:
-                    lines.append(f"git guard: moved {rel} to {dest} during the run: {why}"
-                                 + ("; the version from before it is back" if back else ""))
+                    lines.append(
+                        f"git guard: moved {rel} to {dest} during the run: {why}"
+                        + ("; the version from before it is back" if back else "")
+                    )
         self.live_findings += lines
         return "; ".join(lines) or None
 
@@ -419,8 +500,10 @@ class StageSandbox:
         gateway = self.net.gateway if self.net is not None else None
         if gateway is None:
             return []
-        return [[d.name, d.conns, d.denied, d.sent, d.received]
-                for d in gateway.netlog.summary()[:limit]]
+        return [
+            [d.name, d.conns, d.denied, d.sent, d.received]
+            for d in gateway.netlog.summary()[:limit]
+        ]
 
     def detach(self) -> bool:
         """The client leaves: its terminal is let go, the output goes on into the
@@ -435,8 +518,9 @@ class StageSandbox:
         """A new client takes over the session's terminal (its fds are ours)."""
         try:
             if self.pty is None:
-                raise UsageError("this session has no terminal to attach to (it was started "
-                                 "without one)")
+                raise UsageError(
+                    "this session has no terminal to attach to (it was started without one)"
+                )
             ttys = [os.isatty(fd) for fd in stdio]
             if len(stdio) != 3 or not any(ttys):
                 raise UsageError("attach: none of boxyctl's stdin, stdout, stderr is a terminal")
@@ -451,8 +535,9 @@ class StageSandbox:
     def _output_log(self) -> int:
         """sessions/<id>/output.log: what a detached session writes (bounded)."""
         path = records.record_dir(self._sink.id) / "output.log"
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
-                       0o600)
+        return os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
 
     # -- afterwards ------------------------------------------------------------------
     async def finish(self) -> Report:
@@ -476,8 +561,15 @@ class StageSandbox:
         quarantine = str(state_dir() / "quarantine" / self._sink.id)
         report.findings += self.live_findings
         git_lines, tool_lines = await pools.run(
-            pools.CHECKS, worktree.after, self.trees, self.baselines, quarantine,
-            self._launcher.user.pw_dir, self._launcher.tools(CHECKS_BUDGET), self._user_hooks)
+            pools.CHECKS,
+            worktree.after,
+            self.trees,
+            self.baselines,
+            quarantine,
+            self._launcher.user.pw_dir,
+            self._launcher.tools(CHECKS_BUDGET),
+            self._user_hooks,
+        )
         for line in git_lines:
             self._sink.record("git", finding=line)
             report.findings.append(line)
@@ -546,6 +638,7 @@ def _terminal(fds: list[int]) -> PtyRelay | None:
 def _exit(final: dict) -> Exit:
     """Stage 2's last message as a typed value (its fields checked: it is our own
     process, but one that ran next to the payload)."""
+
     def num(key: str) -> int | None:
         v = final.get(key)
         return v if type(v) is int else None

@@ -27,8 +27,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("boxyd")
 
-SYSTEMD = ("org.freedesktop.systemd1", "/org/freedesktop/systemd1",
-           "org.freedesktop.systemd1.Manager")
+SYSTEMD = (
+    "org.freedesktop.systemd1",
+    "/org/freedesktop/systemd1",
+    "org.freedesktop.systemd1.Manager",
+)
 PLACE_TIMEOUT = 3.0  # seconds for the user manager to move the process
 
 
@@ -44,9 +47,11 @@ def limit_events(files: dict[str, str]) -> list[tuple[str, int]]:
     """What the controllers counted (pure): FILES maps memory.events and pids.events
     to their text; (what, count) for each limit the run hit."""
     hits = []
-    for name, key, what in (("memory.events", "oom_kill", "the memory limit killed a process"),
-                            ("memory.events", "max", "the memory limit was reached"),
-                            ("pids.events", "max", "the pids limit refused a fork")):
+    for name, key, what in (
+        ("memory.events", "oom_kill", "the memory limit killed a process"),
+        ("memory.events", "max", "the memory limit was reached"),
+        ("pids.events", "max", "the pids limit refused a fork"),
+    ):
         for line in files.get(name, "").splitlines():
             k, _, v = line.partition(" ")
             if k == key and v.strip().isdigit() and int(v) > 0:
@@ -80,32 +85,77 @@ def limits(spec: RunSpec, placement: Placement) -> list[Limit]:
     have = placement.controllers if unit else frozenset()
 
     def missing(controller: str) -> str:
-        return (f"no {controller} controller in {unit}" if unit else
-                f"no {controller} controller: no scope ({placement.reason})")
+        return (
+            f"no {controller} controller in {unit}"
+            if unit
+            else f"no {controller} controller: no scope ({placement.reason})"
+        )
 
     size = values.format_size(spec.memory)
     out = []
     if "memory" in have:
-        out.append(Limit("memory", spec.memory, True, f"{unit} MemoryMax",
-                         f"--memory {size}: MemoryMax of {unit}, and the scratch tmpfs's size"))
+        out.append(
+            Limit(
+                "memory",
+                spec.memory,
+                True,
+                f"{unit} MemoryMax",
+                f"--memory {size}: MemoryMax of {unit}, and the scratch tmpfs's size",
+            )
+        )
     else:
-        out.append(Limit("memory", spec.memory, False, missing("memory"),
-                         f"--memory {size}: sizes the scratch tmpfs ($HOME, /tmp, /dev/shm); the "
-                         f"memory limit itself is not enforced ({missing('memory')})"))
+        out.append(
+            Limit(
+                "memory",
+                spec.memory,
+                False,
+                missing("memory"),
+                f"--memory {size}: sizes the scratch tmpfs ($HOME, /tmp, /dev/shm); the "
+                f"memory limit itself is not enforced ({missing('memory')})",
+            )
+        )
     if "pids" in have:
-        out.append(Limit("pids", spec.pids, True, f"{unit} TasksMax, RLIMIT_NPROC",
-                         f"--pids {spec.pids}: TasksMax of {unit}, and RLIMIT_NPROC"))
+        out.append(
+            Limit(
+                "pids",
+                spec.pids,
+                True,
+                f"{unit} TasksMax, RLIMIT_NPROC",
+                f"--pids {spec.pids}: TasksMax of {unit}, and RLIMIT_NPROC",
+            )
+        )
     else:
-        out.append(Limit("pids", spec.pids, True, "RLIMIT_NPROC",
-                         f"--pids {spec.pids}: enforced with RLIMIT_NPROC in the sandbox's user "
-                         f"namespace ({missing('pids')})"))
+        out.append(
+            Limit(
+                "pids",
+                spec.pids,
+                True,
+                "RLIMIT_NPROC",
+                f"--pids {spec.pids}: enforced with RLIMIT_NPROC in the sandbox's user "
+                f"namespace ({missing('pids')})",
+            )
+        )
     if spec.cpus is not None:
         if "cpu" in have:
-            out.append(Limit("cpus", spec.cpus, True, f"{unit} CPUQuota",
-                             f"--cpus {spec.cpus:g}: CPUQuota of {unit}"))
+            out.append(
+                Limit(
+                    "cpus",
+                    spec.cpus,
+                    True,
+                    f"{unit} CPUQuota",
+                    f"--cpus {spec.cpus:g}: CPUQuota of {unit}",
+                )
+            )
         else:
-            out.append(Limit("cpus", spec.cpus, False, missing("cpu"),
-                             f"--cpus {spec.cpus:g}: not enforced ({missing('cpu')})"))
+            out.append(
+                Limit(
+                    "cpus",
+                    spec.cpus,
+                    False,
+                    missing("cpu"),
+                    f"--cpus {spec.cpus:g}: not enforced ({missing('cpu')})",
+                )
+            )
     return out
 
 
@@ -141,9 +191,11 @@ def place_in_own_subtree(sid: str, pid: int, spec: RunSpec, why: str) -> Placeme
         child = os.path.join(parent, f"boxy-{sid}")
         os.mkdir(child, 0o755)
         enabled = frozenset(Path(parent, "cgroup.subtree_control").read_text().split())
-        for controller, name, value in (("memory", "memory.max", str(spec.memory)),
-                                        ("pids", "pids.max", str(spec.pids)),
-                                        ("cpu", "cpu.max", f"{int((spec.cpus or 0) * 100_000)} 100000")):
+        for controller, name, value in (
+            ("memory", "memory.max", str(spec.memory)),
+            ("pids", "pids.max", str(spec.pids)),
+            ("cpu", "cpu.max", f"{int((spec.cpus or 0) * 100_000)} 100000"),
+        ):
             if controller in enabled and (controller != "cpu" or spec.cpus is not None):
                 Path(child, name).write_text(value)
         Path(child, "cgroup.procs").write_text(str(pid))
@@ -182,7 +234,7 @@ def _cgroup_dir(rel: str) -> tuple[str | None, frozenset[str]]:
     for kind, mount, root in cgroup_mounts():
         if kind != "cgroup2":
             continue
-        sub = rel[len(root):] if root != "/" and rel.startswith(root) else rel
+        sub = rel[len(root) :] if root != "/" and rel.startswith(root) else rel
         path = os.path.join(mount, sub.lstrip("/"))
         try:
             with open(os.path.join(path, "cgroup.controllers")) as f:
@@ -202,23 +254,36 @@ class Scopes:
 
     async def place(self, sid: str, pid: int, spec: RunSpec) -> Placement:
         if self.bus is None:
-            return await self._in_own_subtree(sid, pid, spec, "no session bus to reach a user manager")
+            return await self._in_own_subtree(
+                sid, pid, spec, "no session bus to reach a user manager"
+            )
         from dbus_fast import Message, MessageType, Variant
 
         unit = f"boxy-{sid}.scope"
         props = [(k, Variant(sig, v)) for k, (sig, v) in unit_properties(pid, spec, sid)]
         try:
-            reply = await asyncio.wait_for(self.bus.call(Message(
-                destination=SYSTEMD[0], path=SYSTEMD[1], interface=SYSTEMD[2],
-                member="StartTransientUnit", signature="ssa(sv)a(sa(sv))",
-                body=[unit, "fail", props, []])), PLACE_TIMEOUT)
+            reply = await asyncio.wait_for(
+                self.bus.call(
+                    Message(
+                        destination=SYSTEMD[0],
+                        path=SYSTEMD[1],
+                        interface=SYSTEMD[2],
+                        member="StartTransientUnit",
+                        signature="ssa(sv)a(sa(sv))",
+                        body=[unit, "fail", props, []],
+                    )
+                ),
+                PLACE_TIMEOUT,
+            )
         except (TimeoutError, OSError, Exception) as e:  # the bus is boxyd's; the run goes on
-            return await self._in_own_subtree(sid, pid, spec, "the user manager did not answer "
-                                              f"({type(e).__name__})")
+            return await self._in_own_subtree(
+                sid, pid, spec, f"the user manager did not answer ({type(e).__name__})"
+            )
         if reply.message_type == MessageType.ERROR:
             detail = reply.body[0] if reply.body else reply.error_name
-            return await self._in_own_subtree(sid, pid, spec,
-                                              f"no scope from the user manager: {detail}")
+            return await self._in_own_subtree(
+                sid, pid, spec, f"no scope from the user manager: {detail}"
+            )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + PLACE_TIMEOUT
         while loop.time() < deadline:  # the job moves the process: wait to see it there

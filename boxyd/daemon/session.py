@@ -121,7 +121,8 @@ class Session:
             self.sandbox.signal(signal.SIGTERM)
             if self._kill_timer is None:
                 self._kill_timer = asyncio.get_running_loop().call_later(
-                    self._grace, self.sandbox.signal, signal.SIGKILL)
+                    self._grace, self.sandbox.signal, signal.SIGKILL
+                )
 
     def hangup(self) -> None:
         """The attached client went away: SIGHUP as from a closed terminal, then a stop."""
@@ -148,8 +149,9 @@ class Session:
             if self.state.finished:
                 raise UsageError(f"session {self.id} has ended (`boxyctl show {self.id}`)")
             if self.attached:
-                raise Busy(f"session {self.id} is attached to another client (Ctrl-] there "
-                           "detaches it)")
+                raise Busy(
+                    f"session {self.id} is attached to another client (Ctrl-] there detaches it)"
+                )
         except BoxyError:
             close_fds(stdio)
             raise
@@ -169,13 +171,19 @@ class Session:
     # -- the lifecycle, run by the Manager's task -----------------------------------------
     def info(self) -> SessionInfo:
         spec = self.sandbox.spec if self.sandbox is not None else None
-        return SessionInfo(self.id, self.state, spec.argv if spec else self.request.argv,
-                           spec.workdir if spec else self.request.cwd,
-                           spec.profile if spec else self.request.options.profile,
-                           self.started_at, self.ended_at,
-                           self.outcome if self.state.finished else None, self.counters(),
-                           self.attached,
-                           self.sandbox.limit_lines() if self.sandbox is not None else [])
+        return SessionInfo(
+            self.id,
+            self.state,
+            spec.argv if spec else self.request.argv,
+            spec.workdir if spec else self.request.cwd,
+            spec.profile if spec else self.request.options.profile,
+            self.started_at,
+            self.ended_at,
+            self.outcome if self.state.finished else None,
+            self.counters(),
+            self.attached,
+            self.sandbox.limit_lines() if self.sandbox is not None else [],
+        )
 
     def counters(self) -> Counters:
         """Live while it runs; the last totals once it has ended."""
@@ -190,8 +198,11 @@ class Session:
         while True:
             await asyncio.sleep(TICK)
             if self.events.wants("counters"):
-                self.events.publish("counters", counters=self.sandbox.counters().to_wire(),
-                                    destinations=self.sandbox.destinations(TOP_DESTINATIONS))
+                self.events.publish(
+                    "counters",
+                    counters=self.sandbox.counters().to_wire(),
+                    destinations=self.sandbox.destinations(TOP_DESTINATIONS),
+                )
 
     async def run(self, begin: Hook, finished: Hook) -> None:
         """BEGIN (the record of a session under way), start, relay, end; then FINISHED
@@ -225,7 +236,9 @@ class Session:
     async def _lifecycle(self, sandbox: Sandbox) -> Outcome:
         try:
             # -v lists every credential covered: the audit log holds them all
-            self.warnings = clip(await sandbox.start(), "warnings", "-v and the audit log list them")
+            self.warnings = clip(
+                await sandbox.start(), "warnings", "-v and the audit log list them"
+            )
         except BoxyError as e:  # the user's input (2), or a layer that cannot be applied (125)
             status = e.exit_status if isinstance(e, UsageError) else EXIT_SETUP
             return Outcome(status, Reason.SETUP, str(e), warnings=self.warnings)
@@ -280,13 +293,20 @@ def outcome_of(end: Exit, *, timed_out: bool, timeout: float | None) -> Outcome:
         return Outcome(EXIT_NOEXEC, Reason.EXEC, f"{end.cmd}: {os.strerror(end.exec_errno)}")
     if timed_out and (end.signal is not None or end.code is not None):
         # timeout(1)'s status, even for a payload that caught SIGTERM and exited 0
-        return Outcome(EXIT_TIMEOUT, Reason.TIMEOUT,
-                       f"timed out after {values.format_duration(timeout or 0)}", signal=end.signal)
+        return Outcome(
+            EXIT_TIMEOUT,
+            Reason.TIMEOUT,
+            f"timed out after {values.format_duration(timeout or 0)}",
+            signal=end.signal,
+        )
     if end.signal is not None:
         if end.signal == signal.SIGSYS:
-            return Outcome(128 + end.signal, Reason.SECCOMP,
-                           "killed by seccomp: the payload made a forbidden system call",
-                           signal=end.signal)
+            return Outcome(
+                128 + end.signal,
+                Reason.SECCOMP,
+                "killed by seccomp: the payload made a forbidden system call",
+                signal=end.signal,
+            )
         return Outcome(128 + end.signal, Reason.SIGNAL, signal=end.signal)
     if end.code is not None:
         return Outcome(end.code, Reason.EXIT)

@@ -97,8 +97,18 @@ _OSC_COLOURS = frozenset({4, 5, *range(10, 20), 104, 105, *range(110, 120)})
 # Python per sequence. Anything else goes the long way, which decides the same.
 _ASCII = rb"[\x00-\x04\x06-\x1a\x1c-\x7f]*"
 _MODE = rb"0*(?:[0145-9]|1\d|2\d|3[0-79]|4[1-57-9]|[5-9]\d|[1-9]\d\d+)?"  # not 2 3 38 40 46
-_RUN = re.compile(rb"%s(?:(?:\x1b\[[0-9:;]{0,%d}[%s]|\x1b\[(?=[0-?]{0,%d}[hl])\?%s(?:;%s)*[hl])%s)*" % (
-    _ASCII, CSI_CAP, re.escape(bytes(sorted(_PLAIN - {ord("T")}))), CSI_CAP, _MODE, _MODE, _ASCII))
+_RUN = re.compile(
+    rb"%s(?:(?:\x1b\[[0-9:;]{0,%d}[%s]|\x1b\[(?=[0-?]{0,%d}[hl])\?%s(?:;%s)*[hl])%s)*"
+    % (
+        _ASCII,
+        CSI_CAP,
+        re.escape(bytes(sorted(_PLAIN - {ord("T")}))),
+        CSI_CAP,
+        _MODE,
+        _MODE,
+        _ASCII,
+    )
+)
 
 # states
 _GROUND, _ESCAPE, _CSI, _OSC, _STRING = range(5)
@@ -116,8 +126,9 @@ def csi_allowed(body: bytes) -> bool:
     if marker is not None:
         if final not in _PRIVATE[marker]:
             return False
-        return marker != ord("?") or final not in b"hlsr" or \
-            not _numbers(params) & _DEC_MODES_DROPPED
+        return (
+            marker != ord("?") or final not in b"hlsr" or not _numbers(params) & _DEC_MODES_DROPPED
+        )
     if final not in _PLAIN and final not in b"hlt":
         return False
     numbers = params.split(b";")
@@ -206,8 +217,12 @@ class TermFilter:
 
     def feed(self, data: bytes) -> bytes:
         """What of DATA (the next chunk) may reach the terminal now."""
-        if (self._state == _GROUND and not self._pending and _plain(data)
-                and not _incomplete_tail(data)):
+        if (
+            self._state == _GROUND
+            and not self._pending
+            and _plain(data)
+            and not _incomplete_tail(data)
+        ):
             return data  # the fast path: text and harmless C0 controls only
         self._enq = data.find(b"\x05")
         out: list[bytes] = []
@@ -377,8 +392,13 @@ class TermFilter:
         return m.start() + 1
 
 
-_STEPS = (TermFilter._ground, TermFilter._escape, TermFilter._csi, TermFilter._osc,
-          TermFilter._string)  # indexed by state
+_STEPS = (
+    TermFilter._ground,
+    TermFilter._escape,
+    TermFilter._csi,
+    TermFilter._osc,
+    TermFilter._string,
+)  # indexed by state
 
 
 def filter_once(data: bytes) -> bytes:

@@ -80,8 +80,9 @@ class ToolBox:
             raise
         return cls(ctl, req_w, resp_r, deadline)
 
-    def run(self, argv: Sequence[str], *, cwd: str, env: dict[str, str], timeout: float,
-            limit: int) -> Answer:
+    def run(
+        self, argv: Sequence[str], *, cwd: str, env: dict[str, str], timeout: float, limit: int
+    ) -> Answer:
         """One call; its TIMEOUT is cut to what is left of the box's budget."""
         if self._broken is not None:
             raise ToolError(self._broken)
@@ -100,8 +101,12 @@ class ToolBox:
         if head["error"] is not None:
             return Answer(rc=None, out=b"")
         rc = head["rc"]
-        return Answer(rc=rc if isinstance(rc, int) else None, out=out,
-                      timed_out=head["timeout"] is True, truncated=head["truncated"] is True)
+        return Answer(
+            rc=rc if isinstance(rc, int) else None,
+            out=out,
+            timed_out=head["timeout"] is True,
+            truncated=head["truncated"] is True,
+        )
 
     def _head(self, limit: int) -> dict[str, object]:
         line = bytearray()
@@ -111,9 +116,12 @@ class ToolBox:
             head = json.loads(line)
         except ValueError:
             head = None
-        if (not isinstance(head, dict) or type(head.get("size")) is not int
-                or not 0 <= head["size"] <= limit
-                or not (head.get("error") is None or isinstance(head.get("error"), str))):
+        if (
+            not isinstance(head, dict)
+            or type(head.get("size")) is not int
+            or not 0 <= head["size"] <= limit
+            or not (head.get("error") is None or isinstance(head.get("error"), str))
+        ):
             raise self._fail("the tool sandbox sent an answer that cannot be read")
         return head
 
@@ -159,8 +167,9 @@ class ToolBox:
     def __enter__(self) -> ToolBox:
         return self
 
-    def __exit__(self, t: type[BaseException] | None, v: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 
@@ -218,7 +227,7 @@ def _handshake(ctl: socket.socket, deadline: float) -> None:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _close(ctl: socket.socket, fds: list[int]) -> None:

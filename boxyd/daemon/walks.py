@@ -40,26 +40,52 @@ class Walks:
     def close(self) -> None:
         self.template.close()
 
-    async def prepare(self, roots: Sequence[str], *, git_guard: bool, created: Sequence[str],
-                      user_hooks: str | None, secrets: Sequence[str], small: int = SMALL
-                      ) -> dict[str, Tree]:
+    async def prepare(
+        self,
+        roots: Sequence[str],
+        *,
+        git_guard: bool,
+        created: Sequence[str],
+        user_hooks: str | None,
+        secrets: Sequence[str],
+        small: int = SMALL,
+    ) -> dict[str, Tree]:
         """worktree.prepare: a small tree in the walk pool (a fork and its reply cost
         more than the walk), a larger one in a child of the walk template. Raises
         SetupError as it does."""
         try:
-            return await pools.run(pools.WALKS, worktree.prepare, roots, git_guard=git_guard,
-                                   created=created, user_hooks=user_hooks, secrets=secrets,
-                                   limit=small)
+            return await pools.run(
+                pools.WALKS,
+                worktree.prepare,
+                roots,
+                git_guard=git_guard,
+                created=created,
+                user_hooks=user_hooks,
+                secrets=secrets,
+                limit=small,
+            )
         except worktree.LargerThan:
             pass
-        req = {"roots": list(roots), "git_guard": git_guard, "created": list(created),
-               "user_hooks": user_hooks, "secrets": list(secrets)}
+        req = {
+            "roots": list(roots),
+            "git_guard": git_guard,
+            "created": list(created),
+            "user_hooks": user_hooks,
+            "secrets": list(secrets),
+        }
         try:
             conn = self.template.spawn()
         except SetupError as e:
             log.warning("%s; walking in the daemon", e)
-            return await pools.run(pools.WALKS, worktree.prepare, roots, git_guard=git_guard,
-                                   created=created, user_hooks=user_hooks, secrets=secrets)
+            return await pools.run(
+                pools.WALKS,
+                worktree.prepare,
+                roots,
+                git_guard=git_guard,
+                created=created,
+                user_hooks=user_hooks,
+                secrets=secrets,
+            )
         with conn:
             conn.setblocking(False)
             loop = asyncio.get_running_loop()
@@ -87,8 +113,9 @@ async def _frame(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> Any:
 
     (size,) = walkproc.FRAME.unpack(await exactly(walkproc.FRAME.size))
     if size > walkproc.REPLY_MAX:
-        raise SetupError(f"the walk process answered {size} bytes (more than "
-                         f"{walkproc.REPLY_MAX >> 20} MiB)")
+        raise SetupError(
+            f"the walk process answered {size} bytes (more than {walkproc.REPLY_MAX >> 20} MiB)"
+        )
     return json.loads(await exactly(size))
 
 

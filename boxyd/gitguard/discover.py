@@ -318,7 +318,13 @@ def _resolve(root_fd: int, comps: Sequence[str]) -> tuple[list[str], Type] | Non
                 return None
             if stat.S_ISLNK(st.st_mode):
                 return names, "symlink"
-            kind = "dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else "other"
+            kind = (
+                "dir"
+                if stat.S_ISDIR(st.st_mode)
+                else "file"
+                if stat.S_ISREG(st.st_mode)
+                else "other"
+            )
             if i == len(comps) - 1:
                 break
             try:
@@ -388,9 +394,7 @@ def is_git_directory(dir_fd: int, entries: Mapping[str, Type]) -> bool:
         return False
     if "commondir" in entries:
         return True
-    return all(
-        n in entries and os.access(n, os.X_OK, dir_fd=dir_fd) for n in ("objects", "refs")
-    )
+    return all(n in entries and os.access(n, os.X_OK, dir_fd=dir_fd) for n in ("objects", "refs"))
 
 
 # --- the walk --------------------------------------------------------------------------
@@ -409,8 +413,14 @@ class Walker:
     ``hooks_dir`` add what something else (the host's git) named; ``layout`` is the
     result so far."""
 
-    def __init__(self, root: str, root_fd: int, limit: int | None = MAX_DIRS,
-                 observer: Observer | None = None, user_hooks: str | None = None) -> None:
+    def __init__(
+        self,
+        root: str,
+        root_fd: int,
+        limit: int | None = MAX_DIRS,
+        observer: Observer | None = None,
+        user_hooks: str | None = None,
+    ) -> None:
         self.root_fd = root_fd
         # the user's global core.hooksPath (userconfig.py): every repository's hooks too
         self.user_hooks = user_hooks
@@ -459,8 +469,11 @@ class Walker:
         directory whose git files are not regular files (git discovers upwards)."""
         if not self.blocked:
             return list(self.candidates)
-        return [c for c in self.candidates
-                if not any(c == b or c.startswith(b + "/") or not b for b in self.blocked)]
+        return [
+            c
+            for c in self.candidates
+            if not any(c == b or c.startswith(b + "/") or not b for b in self.blocked)
+        ]
 
     def _nonregular(self, rel: str, entries: Mapping[str, Type], where: str) -> None:
         """A HEAD, config or commondir in REL that is a FIFO, socket or device: WHERE
@@ -611,7 +624,9 @@ class Walker:
                 self.read_config(fd, rel, name, worktree, 0)
         if self.user_hooks and not self.user_hooks.startswith("~"):
             # relative: from the work tree (a bare repository's: the gitdir), as git runs hooks
-            self.hooks_dir(place(self.roots, rel if worktree is None else worktree, self.user_hooks))
+            self.hooks_dir(
+                place(self.roots, rel if worktree is None else worktree, self.user_hooks)
+            )
 
     def read_config(self, fd: int, rel: str, name: str, worktree: str | None, depth: int) -> None:
         """What a config file (the user's own: it is pinned) makes git read or run from
@@ -622,8 +637,10 @@ class Walker:
             return
         entries = parse(data).entries
         for e in entries:
-            if e.name == "path" and e.value and (
-                e.section == "include" and e.subsection is None or e.section == "includeif"
+            if (
+                e.name == "path"
+                and e.value
+                and (e.section == "include" and e.subsection is None or e.section == "includeif")
             ):
                 self.include(rel, e.value, worktree, depth + 1)
         paths = [
@@ -640,16 +657,25 @@ class Walker:
         handle_path_include); every includeIf counts, whatever its condition."""
         if depth > MAX_INCLUDE_DEPTH or path.startswith("~"):
             return  # git stops there too; ~ is $HOME, outside every work tree
-        self._claim(place(self.roots, base, path), "include", "file",
-                    lambda fd, parent, leaf: self.read_config(fd, parent, leaf, worktree, depth))
+        self._claim(
+            place(self.roots, base, path),
+            "include",
+            "file",
+            lambda fd, parent, leaf: self.read_config(fd, parent, leaf, worktree, depth),
+        )
 
     def hooks_dir(self, comps: list[str] | None) -> None:
         """core.hooksPath's directory (or the first symlink on the way to it)."""
-        self._claim(comps, "hookspath", "dir",
-                    lambda fd, parent, leaf: self.below(fd, leaf, join(parent, leaf), "hooks", 0))
+        self._claim(
+            comps,
+            "hookspath",
+            "dir",
+            lambda fd, parent, leaf: self.below(fd, leaf, join(parent, leaf), "hooks", 0),
+        )
 
-    def _claim(self, comps: list[str] | None, role: Role, want: Type,
-               then: Callable[[int, str, str], None]) -> None:
+    def _claim(
+        self, comps: list[str] | None, role: Role, want: Type, then: Callable[[int, str, str], None]
+    ) -> None:
         """Record the entry COMPS names (or the first symlink on the way to it) as ROLE;
         when it is a WANT, THEN(parent_fd, parent, name). A symlink is judged as it
         stands, never followed."""
@@ -747,9 +773,8 @@ def plan_protections(lay: Layout) -> list[Protection]:
             add(Protection(join(g.rel, "hooks"), "ro", True))
     for c in lay.controls:
         name = c.rel.rsplit("/", 1)[-1]
-        pinned = (
-            c.role in ("dotgit", "hooks", "include", "hookspath")
-            or (c.role in ("config", "commondir", "backlink") and name in _PINNED)
+        pinned = c.role in ("dotgit", "hooks", "include", "hookspath") or (
+            c.role in ("config", "commondir", "backlink") and name in _PINNED
         )
         if c.role in ("dotgit", "include", "hookspath"):
             # outside a gitdir: renaming a parent would carry the pinned entry away

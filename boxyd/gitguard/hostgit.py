@@ -32,11 +32,16 @@ OUTPUT_MAX = 64 << 20
 
 _FLAGS = (
     "--no-pager",
-    "-c", "core.fsmonitor=false",
-    "-c", "core.untrackedCache=false",
-    "-c", "safe.directory=*",
-    "-c", "safe.bareRepository=all",
-    "-c", "protocol.allow=never",  # the second layer: no fetch, lazy or not
+    "-c",
+    "core.fsmonitor=false",
+    "-c",
+    "core.untrackedCache=false",
+    "-c",
+    "safe.directory=*",
+    "-c",
+    "safe.bareRepository=all",
+    "-c",
+    "protocol.allow=never",  # the second layer: no fetch, lazy or not
 )
 
 
@@ -76,8 +81,9 @@ def environment(home: str, ceiling: str) -> dict[str, str]:
 def _git(runner: Runner, cwd: str, env: dict[str, str], *args: str) -> tuple[int, bytes]:
     """Run git in CWD inside the tool sandbox RUNNER (the tree is there at its own path)."""
     try:
-        answer = runner.run(["git", *_FLAGS, *args], cwd=cwd, env=env, timeout=TIMEOUT,
-                            limit=OUTPUT_MAX)
+        answer = runner.run(
+            ["git", *_FLAGS, *args], cwd=cwd, env=env, timeout=TIMEOUT, limit=OUTPUT_MAX
+        )
     except ToolError as e:
         raise GitUnanswered(f"git {args[0]}: {e}") from e
     if answer.timed_out:
@@ -100,7 +106,9 @@ def parse_rev_parse(out: bytes, cwd: str) -> Answer:
     if lines and lines[-1] == "":
         lines.pop()
     if len(lines) not in (3, 4) or lines[1] not in ("true", "false"):
-        raise GitUnanswered("git rev-parse gave an answer that cannot be read (a newline in a path?)")
+        raise GitUnanswered(
+            "git rev-parse gave an answer that cannot be read (a newline in a path?)"
+        )
     bare = lines[1] == "true"
     top = lines[3] if len(lines) == 4 else None
     if not lines[0].startswith("/") or (top is not None and not top.startswith("/")):
@@ -140,8 +148,17 @@ def parse_gitlinks(out: bytes, top: str) -> tuple[str, ...]:
 def ask(runner: Runner, cwd: str, env: dict[str, str]) -> Answer | None:
     """What git makes of the directory CWD (absolute); None when git finds no
     repository there."""
-    rc, out = _git(runner, cwd, env, "rev-parse", "--absolute-git-dir", "--is-bare-repository",
-                   "--git-path", "hooks", "--show-toplevel")
+    rc, out = _git(
+        runner,
+        cwd,
+        env,
+        "rev-parse",
+        "--absolute-git-dir",
+        "--is-bare-repository",
+        "--git-path",
+        "hooks",
+        "--show-toplevel",
+    )
     if rc != 0 and out.count(b"\n") < 3:
         return None  # not a repository (or one git refuses: then the host's git does too)
     answer = parse_rev_parse(out, cwd)

@@ -166,8 +166,11 @@ def adopt(snap: Snapshot, rel: str) -> tuple[Snapshot, str | None]:
         return snap, os.strerror(exc.errno or 0)
     finally:
         os.close(root_fd)
-    known = verdict is not None and verdict[0] == "git config that makes git run commands" \
+    known = (
+        verdict is not None
+        and verdict[0] == "git config that makes git run commands"
         and set(keys) <= set(old.keys)
+    )
     if verdict is not None and not known:
         new = [k for k in verdict[1] if k not in old.keys]
         return snap, verdict[0] + (f" ({', '.join(new or verdict[1])})" if verdict[1] else "")
@@ -207,14 +210,18 @@ def _write_beside(pfd: int, data: bytes, mode: int) -> str:
     for _ in range(16):
         name = f".boxy-restore-{os.urandom(6).hex()}"
         try:
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         mode & 0o777, dir_fd=pfd)
+            fd = os.open(
+                name,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                mode & 0o777,
+                dir_fd=pfd,
+            )
         except FileExistsError:
             continue
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
         return name
@@ -328,22 +335,27 @@ class _Judge:
                 return f"a {label} pointing outside the work directory (or through a symlink)", ()
         return None
 
-
-    def _worktree(self, c: Control, gitdir: str, entries: Sequence[Entry]) -> tuple[str, tuple[str, ...]] | None:
+    def _worktree(
+        self, c: Control, gitdir: str, entries: Sequence[Entry]
+    ) -> tuple[str, tuple[str, ...]] | None:
         """core.worktree naming a directory outside the work directory: the user's next
         `git reset --hard` or `git checkout` there writes files outside it (~/.bashrc).
         Relative to the gitdir, as git takes it; in an included file git's gitdir is
         not known here, so any core.worktree there is a finding."""
-        values = [e.value for e in entries
-                  if (e.section, e.subsection, e.name) == ("core", None, "worktree") and e.value]
+        values = [
+            e.value
+            for e in entries
+            if (e.section, e.subsection, e.name) == ("core", None, "worktree") and e.value
+        ]
         if not values:
             return None
         if c.role == "include":
             return "core.worktree in a file a git config includes", ("core.worktree",)
         comps = discover.place(self.roots, gitdir, values[-1])
         if comps is None or discover.walk_beneath(self.root_fd, comps) is None:
-            return "core.worktree pointing outside the work directory (or through a symlink)", \
-                ("core.worktree",)
+            return "core.worktree pointing outside the work directory (or through a symlink)", (
+                "core.worktree",
+            )
         return None
 
 
@@ -446,24 +458,30 @@ def _digest(fd: int, size: int) -> str:
     return f"sha256 {h.hexdigest()}"
 
 
-def _keep_metadata(fd: int, st: os.stat_result, dst_fd: int, dest: str,
-                   budget: Budget) -> tuple[str, str]:
+def _keep_metadata(
+    fd: int, st: os.stat_result, dst_fd: int, dest: str, budget: Budget
+) -> tuple[str, str]:
     """Past the budget: a small file DEST.removed with what the entry was, instead of
     the entry; returns its name and what the finding says."""
-    line = (f"{st.st_size:,} bytes ({st.st_blocks * 512:,} allocated), mode "
-            f"{stat.S_IMODE(st.st_mode):o}, modified {st.st_mtime:.0f}, {_digest(fd, st.st_size)}")
+    line = (
+        f"{st.st_size:,} bytes ({st.st_blocks * 512:,} allocated), mode "
+        f"{stat.S_IMODE(st.st_mode):o}, modified {st.st_mtime:.0f}, {_digest(fd, st.st_size)}"
+    )
     name = f"{dest}.removed"
     out = os.open(name, _O_NEW, 0o600, dir_fd=dst_fd)
     try:
         os.write(out, (line + "\n").encode())
     finally:
         os.close(out)
-    return name, (f"removed, over the quarantine's budget ({budget.total >> 20} MiB in all, "
-                  f"{RUN_BYTES >> 20} MiB a run): kept only {line}")
+    return name, (
+        f"removed, over the quarantine's budget ({budget.total >> 20} MiB in all, "
+        f"{RUN_BYTES >> 20} MiB a run): kept only {line}"
+    )
 
 
-def _keep(src_fd: int, name: str, dst_fd: int, dest: str, budget: Budget,
-          same_fs: bool) -> tuple[str, str | None]:
+def _keep(
+    src_fd: int, name: str, dst_fd: int, dest: str, budget: Budget, same_fs: bool
+) -> tuple[str, str | None]:
     """A regular file: renamed (same filesystem) or copied sparse-aware within the
     budget; past it, removed and its metadata kept. Returns the name it has there, and
     what the finding says when only its metadata is."""
@@ -561,8 +579,11 @@ def overwrite(root: str, rel: str, data: bytes, quarantine: str) -> str | None:
     except OSError:
         return None
     try:
-        fd = os.open(rel.rpartition("/")[2], os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     dir_fd=pfd)
+        fd = os.open(
+            rel.rpartition("/")[2],
+            os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+            dir_fd=pfd,
+        )
     except OSError:
         os.close(pfd)
         return None
@@ -578,8 +599,12 @@ def overwrite(root: str, rel: str, data: bytes, quarantine: str) -> str | None:
         finally:
             os.close(q_fd)
         try:
-            out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                          0o600, dir_fd=dfd)
+            out = os.open(
+                dest,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=dfd,
+            )
             try:
                 os.write(out, held)
             finally:
@@ -599,8 +624,9 @@ def overwrite(root: str, rel: str, data: bytes, quarantine: str) -> str | None:
 MAX_ASKED = 256  # directories the host's git is asked about per tree and run
 
 
-def consult_git(walker: discover.Walker, root: str, home: str,
-                tools: Opener) -> tuple[dict[str, list[str]], list[Finding]]:
+def consult_git(
+    walker: discover.Walker, root: str, home: str, tools: Opener
+) -> tuple[dict[str, list[str]], list[Finding]]:
     """Ask the host's git — in a tool sandbox of boxyd's own that TOOLS opens — in every
     directory where it may find a repository, and add to the walk what it names
     inside the tree: the config files it reads (with the keys in them that run
@@ -620,13 +646,20 @@ def consult_git(walker: discover.Walker, root: str, home: str,
             for rel in todo:
                 asked.add(rel)
                 if len(asked) > MAX_ASKED:
-                    notes.append(Finding(rel, f"more than {MAX_ASKED} places where git may find a "
-                                         "repository: the rest were not checked with the host's git"))
+                    notes.append(
+                        Finding(
+                            rel,
+                            f"more than {MAX_ASKED} places where git may find a "
+                            "repository: the rest were not checked with the host's git",
+                        )
+                    )
                     return keys, notes
                 try:
                     answer = hostgit.ask(box, os.path.join(real, rel), env)
                 except hostgit.GitUnanswered as e:
-                    notes.append(Finding(rel or ".", f"the host's git could not be asked here ({e})"))
+                    notes.append(
+                        Finding(rel or ".", f"the host's git could not be asked here ({e})")
+                    )
                     continue
                 if answer is not None:
                     _add(walker, answer, keys)
@@ -653,9 +686,16 @@ def _add(walker: discover.Walker, answer: hostgit.Answer, keys: dict[str, list[s
             walker.visit_known("/".join(comps))
 
 
-def scan(root: str, before: Snapshot, quarantine: str, tools: Opener, home: str | None = None,
-         observer: discover.Observer | None = None, user_hooks: str | None = None,
-         budget: Budget | None = None) -> list[Finding]:
+def scan(
+    root: str,
+    before: Snapshot,
+    quarantine: str,
+    tools: Opener,
+    home: str | None = None,
+    observer: discover.Observer | None = None,
+    user_hooks: str | None = None,
+    budget: Budget | None = None,
+) -> list[Finding]:
     """Quarantine the control entries of ``root`` that are new or changed since
     ``before`` and would make git run a command; returns what was found. The pure
     parser judges first, so no git ever reads what it moves aside; then the host's
@@ -665,7 +705,9 @@ def scan(root: str, before: Snapshot, quarantine: str, tools: Opener, home: str 
     run = _Scan(root, root_fd, before, quarantine, budget or Budget(os.path.dirname(quarantine)))
     try:
         # unbounded: a payload that makes the tree huge delays only its own session's end
-        walker = discover.Walker(root, root_fd, limit=None, observer=observer, user_hooks=user_hooks)
+        walker = discover.Walker(
+            root, root_fd, limit=None, observer=observer, user_hooks=user_hooks
+        )
         walker.run()
         run.judge_all(walker.layout().controls, {})
         git_keys, notes = consult_git(walker, root, home or os.path.expanduser("~"), tools)
@@ -701,9 +743,14 @@ def _locks(root_fd: int, gitdirs: Sequence[discover.GitDir]) -> list[Finding]:
         try:
             for name in LOCKS:
                 if _exists(name, fd):
-                    out.append(Finding(discover.join(g.rel, name), "a git lock file: the host's git "
-                                       "refuses to change this repository while it is there (remove "
-                                       "it if no git of yours is running)"))
+                    out.append(
+                        Finding(
+                            discover.join(g.rel, name),
+                            "a git lock file: the host's git "
+                            "refuses to change this repository while it is there (remove "
+                            "it if no git of yours is running)",
+                        )
+                    )
         finally:
             os.close(fd)
     return out
@@ -713,8 +760,9 @@ class _Scan:
     """One scan's state: what was moved (never judged twice), the quarantine (made with
     the first finding), the findings."""
 
-    def __init__(self, root: str, root_fd: int, before: Snapshot, quarantine: str,
-                 budget: Budget) -> None:
+    def __init__(
+        self, root: str, root_fd: int, before: Snapshot, quarantine: str, budget: Budget
+    ) -> None:
         self.root_fd = root_fd
         self.budget = budget
         self.before = before
@@ -731,7 +779,9 @@ class _Scan:
         return self._q_fd
 
     def judge_all(self, controls: tuple[Control, ...], git_keys: Mapping[str, list[str]]) -> None:
-        for parent, group in _by_parent(tuple(c for c in controls if c.rel not in self.moved)).items():
+        for parent, group in _by_parent(
+            tuple(c for c in controls if c.rel not in self.moved)
+        ).items():
             try:
                 pfd = discover.open_dir(self.root_fd, parent)
             except OSError:
@@ -760,8 +810,9 @@ class _Scan:
             if dest in self.budget.over:
                 reason = f"{reason}; {self.budget.over[dest]}"
         except OSError as exc:
-            self.findings.append(Finding(c.rel, f"{reason}; could not be moved: "
-                                         f"{os.strerror(exc.errno or 0)}", keys))
+            self.findings.append(
+                Finding(c.rel, f"{reason}; could not be moved: {os.strerror(exc.errno or 0)}", keys)
+            )
             return
         if old is not None and old.content is not None and _put_back(pfd, c.rel, old):
             reason += "; the version from before the run is back"  # the user's, not none

@@ -55,8 +55,11 @@ def hooks_path(home: str, env: Mapping[str, str] | None = None) -> str | None:
         for e in parse(data).entries:
             if (e.section, e.subsection, e.name) == ("core", None, "hookspath") and e.value:
                 found[0] = os.path.join(home, e.value[2:]) if e.value.startswith("~/") else e.value
-            elif e.name == "path" and e.value and (
-                    e.section == "include" and e.subsection is None or e.section == "includeif"):
+            elif (
+                e.name == "path"
+                and e.value
+                and (e.section == "include" and e.subsection is None or e.section == "includeif")
+            ):
                 # every includeIf counts, whatever its condition: it may hold for a repository here
                 read(_expand(e.value, os.path.dirname(path), home), depth + 1)
 

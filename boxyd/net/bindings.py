@@ -56,7 +56,11 @@ def canonical_ip(ip: str | Address) -> Address:
     """IP as an address object; an IPv4-mapped IPv6 address becomes its IPv4 address.
 
     Raises ValueError for anything that is not an IP address."""
-    addr = ip if isinstance(ip, ipaddress.IPv4Address | ipaddress.IPv6Address) else ipaddress.ip_address(ip)
+    addr = (
+        ip
+        if isinstance(ip, ipaddress.IPv4Address | ipaddress.IPv6Address)
+        else ipaddress.ip_address(ip)
+    )
     if isinstance(addr, ipaddress.IPv6Address):
         if addr.ipv4_mapped is not None:
             return addr.ipv4_mapped

@@ -168,8 +168,9 @@ def decide_query(msg: dns.message.Message, policy: DnsPolicy) -> Refusal | None:
     return None
 
 
-def response_for(query: dns.message.Message, rcode: dns.rcode.Rcode = dns.rcode.NOERROR
-                 ) -> dns.message.Message:
+def response_for(
+    query: dns.message.Message, rcode: dns.rcode.Rcode = dns.rcode.NOERROR
+) -> dns.message.Message:
     """An empty response to QUERY (its id, question and EDNS presence) with RCODE."""
     response = dns.message.make_response(query, recursion_available=True, our_payload=EDNS_PAYLOAD)
     response.set_rcode(rcode)
@@ -186,8 +187,12 @@ def upstream_query(query: dns.message.Message) -> dns.message.Message:
     """A fresh query for QUERY's question: nothing else of the client's goes upstream."""
     question = query.question[0]
     return dns.message.make_query(
-        question.name, question.rdtype, question.rdclass,
-        use_edns=0, payload=EDNS_PAYLOAD, flags=dns.flags.RD,
+        question.name,
+        question.rdtype,
+        question.rdclass,
+        use_edns=0,
+        payload=EDNS_PAYLOAD,
+        flags=dns.flags.RD,
     )
 
 
@@ -245,8 +250,11 @@ def filter_answer(
     final = found.get((current, question.rdtype))
     if final is None:
         # Upstream's own negative answer: its SOA says how long to cache it.
-        out.authority = [_with_ttl(rr, ttl(rr)) for rr in response.authority
-                         if rr.rdtype == dns.rdatatype.SOA and rr.rdclass == dns.rdataclass.IN]
+        out.authority = [
+            _with_ttl(rr, ttl(rr))
+            for rr in response.authority
+            if rr.rdtype == dns.rdatatype.SOA and rr.rdclass == dns.rdataclass.IN
+        ]
         return Filtered(out, chain=chain)
 
     bind: list[Binding] = []
@@ -301,8 +309,10 @@ def _filter_service(
     if had_ech:
         del params[ParamKey.ECH]
         removed.add(ParamKey.ECH)
-    for key, cls, routed in ((ParamKey.IPV4HINT, IPv4HintParam, True),
-                             (ParamKey.IPV6HINT, IPv6HintParam, ipv6)):
+    for key, cls, routed in (
+        (ParamKey.IPV4HINT, IPv4HintParam, True),
+        (ParamKey.IPV6HINT, IPv6HintParam, ipv6),
+    ):
         hint = params.get(key)
         if hint is None:
             continue
@@ -322,8 +332,9 @@ def _filter_service(
     return rd.replace(params=params), had_ech
 
 
-def _rebuild(rrset: dns.rrset.RRset, ttl: int, rdatas: list[dns.rdata.Rdata]
-             ) -> dns.rrset.RRset | None:
+def _rebuild(
+    rrset: dns.rrset.RRset, ttl: int, rdatas: list[dns.rdata.Rdata]
+) -> dns.rrset.RRset | None:
     if not rdatas:
         return None
     return dns.rrset.from_rdata_list(rrset.name, ttl, rdatas)

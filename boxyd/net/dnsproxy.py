@@ -87,7 +87,9 @@ class UpstreamError(Exception):
 class TokenBucket:
     """RATE tokens a second, at most BURST saved up; :meth:`take` spends one."""
 
-    def __init__(self, rate: float, burst: float, now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, rate: float, burst: float, now: Callable[[], float] = time.monotonic
+    ) -> None:
         if rate <= 0 or burst < 1:
             raise ValueError(f"token bucket needs rate > 0 and burst >= 1, not {rate}/{burst}")
         self.rate = rate
@@ -160,8 +162,10 @@ class DnsProxy:
         if upstreams is None:
             upstreams = resolv_conf_nameservers(resolv_conf)
             if not upstreams:
-                raise ValueError(f"{resolv_conf} lists no nameserver: "
-                                 "configure upstream_dns for boxy's DNS proxy")
+                raise ValueError(
+                    f"{resolv_conf} lists no nameserver: "
+                    "configure upstream_dns for boxy's DNS proxy"
+                )
         if not upstreams:
             raise ValueError("the DNS proxy needs at least one upstream server")
         self.upstreams = [(str(host), int(port)) for host, port in upstreams]
@@ -204,7 +208,8 @@ class DnsProxy:
         hit = session.cache.get(key)
         if hit is not None:
             if hit.expires > time.monotonic() and all(
-                    session.bindings.bind(b.ip, b.name, b.ttl) for b in hit.bind):
+                session.bindings.bind(b.ip, b.name, b.ttl) for b in hit.bind
+            ):
                 if session.on_event is not None and hit.event is not None:
                     session.on_event(dict(hit.event))
                 return wire[:2] + hit.tail
@@ -231,11 +236,18 @@ class DnsProxy:
 
         bindings = session.bindings
         try:
-            filtered = filter_answer(query, upstream, session.policy, ipv6=self.ipv6,
-                                     ttl_floor=bindings.ttl_floor, ttl_cap=bindings.ttl_cap)
+            filtered = filter_answer(
+                query,
+                upstream,
+                session.policy,
+                ipv6=self.ipv6,
+                ttl_floor=bindings.ttl_floor,
+                ttl_cap=bindings.ttl_cap,
+            )
         except (ValueError, dns.exception.DNSException) as e:
-            filtered = Filtered(response_for(query, dns.rcode.SERVFAIL),
-                                error=f"unusable upstream answer: {e}")
+            filtered = Filtered(
+                response_for(query, dns.rcode.SERVFAIL), error=f"unusable upstream answer: {e}"
+            )
         if filtered.error is not None:
             self._emit(session, query, "allow", filtered.error, dns.rcode.SERVFAIL)
             return self._wire(filtered.response, query, tcp, session)
@@ -243,21 +255,25 @@ class DnsProxy:
         unpublished = bindings.unpublished
         for b in filtered.bind:
             if not bindings.bind(b.ip, b.name, b.ttl):
-                reason = (f"the gateway did not take {b.ip} into its bound addresses"
-                          if bindings.unpublished > unpublished else
-                          f"too many DNS bindings in this session ({bindings.max_entries})")
+                reason = (
+                    f"the gateway did not take {b.ip} into its bound addresses"
+                    if bindings.unpublished > unpublished
+                    else f"too many DNS bindings in this session ({bindings.max_entries})"
+                )
                 self._emit(session, query, "deny", reason, dns.rcode.SERVFAIL)
                 return self._wire(response_for(query, dns.rcode.SERVFAIL), query, tcp, session)
         event = self._emit_filtered(session, query, filtered)
         response = self._wire(filtered.response, query, tcp, session)
         if len(session.cache) >= CACHE_ENTRIES:
             session.cache.pop(next(iter(session.cache)))  # the oldest
-        session.cache[key] = _Cached(time.monotonic() + CACHE_SECONDS, response[2:],
-                                     list(filtered.bind), event)
+        session.cache[key] = _Cached(
+            time.monotonic() + CACHE_SECONDS, response[2:], list(filtered.bind), event
+        )
         return response
 
-    async def serve_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                        session: DnsSession) -> None:
+    async def serve_tcp(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, session: DnsSession
+    ) -> None:
         """Answer DNS over one TCP connection until the client closes it, idles, or
         sends something that is not a DNS query. Closes WRITER."""
         try:
@@ -282,8 +298,9 @@ class DnsProxy:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer.wait_closed(), 1.0)
 
-    async def _resolve(self, q: dns.message.Message,
-                       servers: Sequence[Upstream] | None = None) -> dns.message.Message:
+    async def _resolve(
+        self, q: dns.message.Message, servers: Sequence[Upstream] | None = None
+    ) -> dns.message.Message:
         """Q's answer from the first of SERVERS (default: the upstreams) that gives one
         within the deadline."""
         servers = list(servers or self.upstreams)
@@ -297,8 +314,13 @@ class DnsProxy:
                     share = (deadline - loop.time()) / (len(servers) - i)
                     try:
                         response, _ = await dns.asyncquery.udp_with_fallback(
-                            q, host, timeout=share, port=port,
-                            ignore_unexpected=True, ignore_errors=True)
+                            q,
+                            host,
+                            timeout=share,
+                            port=port,
+                            ignore_unexpected=True,
+                            ignore_errors=True,
+                        )
                     except (dns.exception.DNSException, OSError, EOFError) as e:
                         errors.append(f"{host}:{port}: {_describe(e)}")
                         continue
@@ -311,8 +333,13 @@ class DnsProxy:
             errors.append(f"no answer within {self.timeout:g}s")
         raise UpstreamError("; ".join(errors) or "no upstream server")
 
-    def _wire(self, response: dns.message.Message, query: dns.message.Message, tcp: bool,
-              session: DnsSession) -> bytes:
+    def _wire(
+        self,
+        response: dns.message.Message,
+        query: dns.message.Message,
+        tcp: bool,
+        session: DnsSession,
+    ) -> bytes:
         if tcp:
             limit = 65535
         else:
@@ -326,8 +353,15 @@ class DnsProxy:
             session.stats.truncated += 1
         return wire
 
-    def _emit(self, session: DnsSession, query: dns.message.Message, verdict: str,
-              reason: str | None, rcode: dns.rcode.Rcode, **extra: Any) -> Event | None:
+    def _emit(
+        self,
+        session: DnsSession,
+        query: dns.message.Message,
+        verdict: str,
+        reason: str | None,
+        rcode: dns.rcode.Rcode,
+        **extra: Any,
+    ) -> Event | None:
         if session.on_event is None:
             return None
         question = query.question[0] if query.question else None
@@ -344,14 +378,16 @@ class DnsProxy:
         session.on_event(dict(event))
         return event
 
-    def _emit_filtered(self, session: DnsSession, query: dns.message.Message,
-                       filtered: Filtered) -> Event | None:
+    def _emit_filtered(
+        self, session: DnsSession, query: dns.message.Message, filtered: Filtered
+    ) -> Event | None:
         addrs = list(dict.fromkeys(str(b.ip) for b in filtered.bind))
         extra: dict[str, Any] = {"addrs": addrs}
         reason = None
         if filtered.denied:
             reason = "answer in a denied range removed: " + ", ".join(
-                f"{addr} ({why})" for addr, why in filtered.denied)
+                f"{addr} ({why})" for addr, why in filtered.denied
+            )
             extra["denied"] = [list(d) for d in filtered.denied]
         if filtered.unrouted:
             extra["unrouted"] = list(filtered.unrouted)

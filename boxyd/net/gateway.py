@@ -108,8 +108,15 @@ async def first_record(client: socket.socket, wait: float) -> tuple[sni.Result, 
 
 
 class Gateway:
-    def __init__(self, policy: NetPolicy, listeners: dict[str, socket.socket], dns: DnsProxy, *,
-                 on_event: Callable[[Event], None], limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        policy: NetPolicy,
+        listeners: dict[str, socket.socket],
+        dns: DnsProxy,
+        *,
+        on_event: Callable[[Event], None],
+        limits: Limits | None = None,
+    ) -> None:
         self.policy = policy
         self.listeners = listeners
         self._reply = {4: listeners["udp_reply4"], 6: listeners["udp_reply6"]}
@@ -125,9 +132,12 @@ class Gateway:
         if policy.mode == "allowlist":
             self.bound = nftset.Publisher(
                 nftset.BoundSet(listeners["nftset"], TABLE, BOUND_SETS),
-                on_error=lambda e: log.warning("gateway: %s (binding refused)", e))
+                on_error=lambda e: log.warning("gateway: %s (binding refused)", e),
+            )
         self.bindings = Bindings(publish=self.bound.publish if self.bound else None)
-        self.dns_session = DnsSession(policy=policy, bindings=self.bindings, on_event=self._dns_event)
+        self.dns_session = DnsSession(
+            policy=policy, bindings=self.bindings, on_event=self._dns_event
+        )
         self.started = time.monotonic()
         self._accepts = TokenBucket(self.limits.accept_rate, 2 * self.limits.accept_rate)
         self._tasks: set[asyncio.Task] = set()
@@ -190,10 +200,16 @@ class Gateway:
             sock.close()
         self._sample()
         if self.rate_limited:
-            self.on_event({"layer": "net.ip", "proto": "tcp", "verdict": "deny",
-                           "count": self.rate_limited,
-                           "reason": f"reset at accept: over {self.limits.accept_rate:g}/s, or over "
-                                     f"{self.limits.dns_tcp} DNS-over-TCP connections"})
+            self.on_event(
+                {
+                    "layer": "net.ip",
+                    "proto": "tcp",
+                    "verdict": "deny",
+                    "count": self.rate_limited,
+                    "reason": f"reset at accept: over {self.limits.accept_rate:g}/s, or over "
+                    f"{self.limits.dns_tcp} DNS-over-TCP connections",
+                }
+            )
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
@@ -205,15 +221,34 @@ class Gateway:
         return int((time.monotonic() - self.started) * 1000)
 
     # -- events -------------------------------------------------------------------------
-    def _decide(self, proto: str, addr: str, port: int, v: Verdict, *, host: str | None = None,
-                name: str | None = None) -> int:
+    def _decide(
+        self,
+        proto: str,
+        addr: str,
+        port: int,
+        v: Verdict,
+        *,
+        host: str | None = None,
+        name: str | None = None,
+    ) -> int:
         """One policy decision: into the net log and out as an event. Returns the
         net-log handle (for byte counts of an allowed flow)."""
         verdict = "allow" if v.allow else "deny"
-        handle = self.netlog.conn(self._t_ms(), proto, verdict, addr, port, host, name,
-                                  v.reason or None)
-        self.on_event({"layer": v.layer, "proto": proto, "verdict": verdict, "addr": addr,
-                       "port": port, "host": host, "sni": name, "reason": v.reason})
+        handle = self.netlog.conn(
+            self._t_ms(), proto, verdict, addr, port, host, name, v.reason or None
+        )
+        self.on_event(
+            {
+                "layer": v.layer,
+                "proto": proto,
+                "verdict": verdict,
+                "addr": addr,
+                "port": port,
+                "host": host,
+                "sni": name,
+                "reason": v.reason,
+            }
+        )
         return handle
 
     def _dns_event(self, event) -> None:
@@ -268,8 +303,15 @@ class Gateway:
         ip = ipaddress.ip_address(addr)
         addr = str(ip)
         if len(self._flows) + len(self._waiting) >= self.limits.flows:
-            self._deny(client, "tcp", addr, port,
-                       Verdict(False, "net.ip", f"too many connections in this session ({self.limits.flows})"))
+            self._deny(
+                client,
+                "tcp",
+                addr,
+                port,
+                Verdict(
+                    False, "net.ip", f"too many connections in this session ({self.limits.flows})"
+                ),
+            )
             return
         v = self.policy.address(ip)
         if v.allow:
@@ -292,8 +334,9 @@ class Gateway:
         finally:
             self.bindings.release(ip)
 
-    async def _tcp_checked(self, client: socket.socket, ip, addr: str, port: int,
-                           names: frozenset[str]) -> None:
+    async def _tcp_checked(
+        self, client: socket.socket, ip, addr: str, port: int, names: frozenset[str]
+    ) -> None:
         host = min(names) if names else None
         opaque = self.policy.tcp_opaque(ip, port, names)
         # Server-first protocols (SSH, SMTP …) and public mode: dial as soon as the
@@ -304,7 +347,8 @@ class Gateway:
         self._waiting[me] = None
         try:
             first, data = await first_record(
-                client, self.limits.server_first_wait if dial else self.limits.first_record_timeout)
+                client, self.limits.server_first_wait if dial else self.limits.first_record_timeout
+            )
             v, name = self._judge(first, data, ip, port, names, opaque)
         except asyncio.CancelledError:
             if me not in self._evicted:  # the gateway is closing
@@ -315,8 +359,12 @@ class Gateway:
             self._evicted.discard(me)
             me.uncancel()
             data, name = b"", None
-            v = Verdict(False, "net.sni", "the oldest of too many connections waiting for "
-                                          f"their first record ({self.limits.pending})")
+            v = Verdict(
+                False,
+                "net.sni",
+                "the oldest of too many connections waiting for "
+                f"their first record ({self.limits.pending})",
+            )
         finally:
             self._waiting.pop(me, None)
         if not v.allow or data is None:
@@ -334,23 +382,43 @@ class Gateway:
             upstream = await (dial or self._dial(ip, port))
         except OSError as e:
             relay.reset(client)  # the sandbox learns at once, as from the real peer
-            self.netlog.conn(self._t_ms(), "tcp", "error", addr, port, host, name,
-                             f"upstream: {e.strerror or e}")
+            self.netlog.conn(
+                self._t_ms(), "tcp", "error", addr, port, host, name, f"upstream: {e.strerror or e}"
+            )
             return
         handle = self._decide("tcp", addr, port, v, host=host, name=name)
-        flow = relay.Flow(client, upstream, idle_timeout=self.limits.idle_timeout, initial_a_to_b=data)
+        flow = relay.Flow(
+            client, upstream, idle_timeout=self.limits.idle_timeout, initial_a_to_b=data
+        )
         self._flows[id(flow)] = (flow, handle)
         try:
             reason = await flow.run()
         finally:
             del self._flows[id(flow)]
             self.netlog.update(handle, flow.counters.up, flow.counters.down, final=True)
-        self.on_event({"layer": "net.tcp", "proto": "tcp", "verdict": "close", "addr": addr, "port": port,
-                       "host": host, "up": flow.counters.up, "down": flow.counters.down,
-                       "reason": reason.value})
+        self.on_event(
+            {
+                "layer": "net.tcp",
+                "proto": "tcp",
+                "verdict": "close",
+                "addr": addr,
+                "port": port,
+                "host": host,
+                "up": flow.counters.up,
+                "down": flow.counters.down,
+                "reason": reason.value,
+            }
+        )
 
-    def _judge(self, first: sni.Result, data: bytes | None, ip, port: int, names: frozenset[str],
-               opaque: Verdict) -> tuple[Verdict, str | None]:
+    def _judge(
+        self,
+        first: sni.Result,
+        data: bytes | None,
+        ip,
+        port: int,
+        names: frozenset[str],
+        opaque: Verdict,
+    ) -> tuple[Verdict, str | None]:
         if isinstance(first, sni.TLS):
             if first.ech and self.policy.mode == "allowlist":
                 return ECH_REFUSED, first.sni
@@ -362,11 +430,15 @@ class Gateway:
         if isinstance(first, sni.Opaque) or opaque.allow:
             return opaque, None
         waited = self.limits.first_record_timeout
-        return Verdict(False, "net.sni", f"no complete TLS or HTTP first record within {waited:g}s"), None
+        return Verdict(
+            False, "net.sni", f"no complete TLS or HTTP first record within {waited:g}s"
+        ), None
 
     async def _dial(self, ip, port: int) -> socket.socket:
         family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+        sock = socket.socket(
+            family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
+        )
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             async with asyncio.timeout(self.limits.connect_timeout):
@@ -379,8 +451,17 @@ class Gateway:
             raise
         return sock
 
-    def _deny(self, client: socket.socket, proto: str, addr: str, port: int, v: Verdict, *,
-              host: str | None = None, name: str | None = None) -> None:
+    def _deny(
+        self,
+        client: socket.socket,
+        proto: str,
+        addr: str,
+        port: int,
+        v: Verdict,
+        *,
+        host: str | None = None,
+        name: str | None = None,
+    ) -> None:
         self._decide(proto, addr, port, v, host=host, name=name)
         relay.reset(client)
 
@@ -415,8 +496,15 @@ class Gateway:
         if r.proto in ("tcp", "udp"):
             self._decide(r.proto, str(ip), r.port, v)
         else:
-            self.on_event({"layer": v.layer, "proto": r.proto, "verdict": "deny", "addr": str(ip),
-                           "reason": v.reason})
+            self.on_event(
+                {
+                    "layer": v.layer,
+                    "proto": r.proto,
+                    "verdict": "deny",
+                    "addr": str(ip),
+                    "reason": v.reason,
+                }
+            )
 
     # -- DNS over UDP -------------------------------------------------------------------
     @staticmethod
@@ -473,13 +561,16 @@ class Gateway:
         if v.allow:
             v = self.policy.udp(ip, port, self.bindings.names(ip))
         if v.allow and len(self._udp) >= self.limits.udp_flows:
-            v = Verdict(False, "net.ip", f"too many UDP flows in this session ({self.limits.udp_flows})")
+            v = Verdict(
+                False, "net.ip", f"too many UDP flows in this session ({self.limits.udp_flows})"
+            )
         if not v.allow:
             self._decide("udp", addr, port, v)
             if self._icmp_budget.take():  # the client learns at once, as from a closed port
                 with contextlib.suppress(OSError, ValueError):
-                    udpsock.send_port_unreachable(self._icmp[ip.version], dgram.src,
-                                                  dgram.orig_dst, dgram.data)
+                    udpsock.send_port_unreachable(
+                        self._icmp[ip.version], dgram.src, dgram.orig_dst, dgram.data
+                    )
             return None
         names = self.bindings.hold(ip)
         family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
@@ -489,14 +580,17 @@ class Gateway:
         except OSError as e:
             up.close()
             self.bindings.release(ip)
-            self.netlog.conn(self._t_ms(), "udp", "error", addr, port, None, None,
-                             f"upstream: {e.strerror}")
+            self.netlog.conn(
+                self._t_ms(), "udp", "error", addr, port, None, None, f"upstream: {e.strerror}"
+            )
             return None
         handle = self._decide("udp", addr, port, v, host=min(names) if names else None)
         flow = _UdpFlow(up, dgram.src, dgram.orig_dst, handle)
         key = (dgram.src, dgram.orig_dst)
         self._udp[key] = flow
-        asyncio.get_running_loop().add_reader(up.fileno(), self._udp_reply, key, self._reply[ip.version])
+        asyncio.get_running_loop().add_reader(
+            up.fileno(), self._udp_reply, key, self._reply[ip.version]
+        )
         return flow
 
     def _udp_reply(self, key: tuple, sender: socket.socket) -> None:

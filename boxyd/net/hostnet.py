@@ -59,7 +59,12 @@ def host_has_ipv6_route(route_table: str | None = None) -> bool:
         if len(fields) < 10:
             continue
         dest, plen, flags, dev = fields[0], fields[1], int(fields[8], 16), fields[9]
-        if int(dest, 16) == 0 and int(plen, 16) == 0 and dev != "lo" \
-                and flags & rtf_up and not flags & rtf_reject:
+        if (
+            int(dest, 16) == 0
+            and int(plen, 16) == 0
+            and dev != "lo"
+            and flags & rtf_up
+            and not flags & rtf_reject
+        ):
             return True
     return False

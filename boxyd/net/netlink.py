@@ -27,7 +27,7 @@ def messages(data: bytes) -> Iterator[tuple[int, int, bytes]]:
         length, kind, _, seq, _ = HEADER.unpack_from(data, pos)
         if length < HEADER.size or pos + length > len(data):
             raise ValueError("netlink: malformed message length")
-        yield kind, seq, data[pos + HEADER.size: pos + length]
+        yield kind, seq, data[pos + HEADER.size : pos + length]
         pos += (length + 3) & ~3
 
 
@@ -51,6 +51,6 @@ def attrs(data: bytes) -> dict[int, bytes]:
         length, kind = _ATTR.unpack_from(data, pos)
         if length < _ATTR.size or pos + length > len(data):
             break
-        out[kind & NLA_TYPE_MASK] = data[pos + _ATTR.size: pos + length]
+        out[kind & NLA_TYPE_MASK] = data[pos + _ATTR.size : pos + length]
         pos += (length + 3) & ~3
     return out

@@ -126,9 +126,13 @@ class NetLog:
     ) -> int:
         """Record one connection; returns its handle for ``update``."""
         if proto not in PROTOS:
-            raise ValueError(f"net log: unknown protocol {proto!r} (expected one of {sorted(PROTOS)})")
+            raise ValueError(
+                f"net log: unknown protocol {proto!r} (expected one of {sorted(PROTOS)})"
+            )
         if verdict not in VERDICTS:
-            raise ValueError(f"net log: unknown verdict {verdict!r} (expected one of {sorted(VERDICTS)})")
+            raise ValueError(
+                f"net log: unknown verdict {verdict!r} (expected one of {sorted(VERDICTS)})"
+            )
         if not 0 <= port <= 65535:
             raise ValueError(f"net log: port {port} is out of range")
         handle = self._conns

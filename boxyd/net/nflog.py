@@ -55,7 +55,9 @@ class Refused:
 def open_socket(group: int, snaplen: int) -> socket.socket:
     """Bind a netlink socket to nflog GROUP in the current network namespace, copying
     SNAPLEN bytes of each packet. Needs CAP_NET_ADMIN over that namespace."""
-    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_NETFILTER)
+    sock = socket.socket(
+        socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_NETFILTER
+    )
     try:
         sock.bind((0, 0))
         for setting in (
@@ -83,8 +85,9 @@ def unbind(sock: socket.socket, group: int) -> list[Refused]:
     return _configure(sock, group, setting, "unbind", timeout=0.1)
 
 
-def _configure(sock: socket.socket, group: int, setting: bytes, what: str,
-               timeout: float = 1.0) -> list[Refused]:
+def _configure(
+    sock: socket.socket, group: int, setting: bytes, what: str, timeout: float = 1.0
+) -> list[Refused]:
     """One config message for GROUP; the reports read before its ack come back."""
     body = _NFGEN.pack(socket.AF_UNSPEC, 0, socket.htons(group)) + setting
     sock.send(netlink.message(_CONFIG, NLM_F_REQUEST | NLM_F_ACK, 0, body))
@@ -120,7 +123,7 @@ def parse(data: bytes) -> list[Refused]:
     try:
         for kind, _, message in netlink.messages(data):
             if kind == _PACKET:
-                payload = attrs(message[_NFGEN.size:]).get(NFULA_PAYLOAD)
+                payload = attrs(message[_NFGEN.size :]).get(NFULA_PAYLOAD)
                 refused = _packet(payload) if payload else None
                 if refused is not None:
                     out.append(refused)

@@ -74,8 +74,9 @@ def element(addr: ipaddress.IPv4Address | ipaddress.IPv6Address, timeout_ms: int
     return _nested(NFTA_LIST_ELEM, body)
 
 
-def setelem_message(kind: int, table: str, set_name: str, elements: Iterable[bytes],
-                    seq: int) -> bytes:
+def setelem_message(
+    kind: int, table: str, set_name: str, elements: Iterable[bytes], seq: int
+) -> bytes:
     """NFT_MSG_NEWSETELEM (or DEL) for TABLE's SET (family inet), acknowledged."""
     elems = b"".join(elements)
     if not elems:
@@ -91,10 +92,15 @@ def setelem_message(kind: int, table: str, set_name: str, elements: Iterable[byt
 def batch(messages: list[bytes], seq: int) -> bytes:
     """MESSAGES between NFNL_MSG_BATCH_BEGIN (sequence SEQ) and _END: one transaction,
     all of it or none. The messages' own sequence numbers are the caller's."""
-    begin = netlink.message(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, seq,
-                            _nfgen(socket.AF_UNSPEC, NFNL_SUBSYS_NFTABLES))
-    end = netlink.message(NFNL_MSG_BATCH_END, NLM_F_REQUEST, seq + len(messages) + 1,
-                          _nfgen(socket.AF_UNSPEC, NFNL_SUBSYS_NFTABLES))
+    begin = netlink.message(
+        NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, seq, _nfgen(socket.AF_UNSPEC, NFNL_SUBSYS_NFTABLES)
+    )
+    end = netlink.message(
+        NFNL_MSG_BATCH_END,
+        NLM_F_REQUEST,
+        seq + len(messages) + 1,
+        _nfgen(socket.AF_UNSPEC, NFNL_SUBSYS_NFTABLES),
+    )
     return begin + b"".join(messages) + end
 
 
@@ -114,7 +120,9 @@ def open_socket() -> socket.socket:
     """Stage 2, in the gateway netns while it holds CAP_NET_ADMIN over its user
     namespace: the socket boxyd sends set elements through (the kernel checks the
     opener's capability along with the sender's)."""
-    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_NETFILTER)
+    sock = socket.socket(
+        socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_NETFILTER
+    )
     try:
         sock.bind((0, 0))
     except BaseException:
@@ -133,8 +141,9 @@ class BoundSet:
         self.sets = {4: sets[0], 6: sets[1]}
         self._seq = int(time.monotonic() * 1000) & 0x3FFFFFFF  # any start; ours alone
 
-    def add(self, addrs: Iterable[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, float]]
-            ) -> None:
+    def add(
+        self, addrs: Iterable[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, float]]
+    ) -> None:
         """Add (or refresh) each address with its timeout in seconds, in one batch.
         Raises OSError naming the step when the kernel refuses or does not answer."""
         by_family: dict[int, list[bytes]] = {4: [], 6: []}
@@ -144,8 +153,15 @@ class BoundSet:
         msgs = []
         for version, elems in by_family.items():
             if elems:
-                msgs.append(setelem_message(NFT_MSG_NEWSETELEM, self.table, self.sets[version],
-                                            elems, begin + 1 + len(msgs)))
+                msgs.append(
+                    setelem_message(
+                        NFT_MSG_NEWSETELEM,
+                        self.table,
+                        self.sets[version],
+                        elems,
+                        begin + 1 + len(msgs),
+                    )
+                )
         if not msgs:
             return
         self._seq = (begin + len(msgs) + 1) & 0x3FFFFFFF  # the end marker's number
@@ -185,8 +201,12 @@ class Publisher:
     """What boxyd's bindings publish into the gateway's sets, and for how long, so an
     address a flow still uses is refreshed before the kernel expires it."""
 
-    def __init__(self, bound: BoundSet, on_error: Callable[[str], None],
-                 now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        bound: BoundSet,
+        on_error: Callable[[str], None],
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.bound = bound
         self.on_error = on_error
         self.now = now

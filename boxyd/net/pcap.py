@@ -30,7 +30,9 @@ def write_header(fd: int) -> None:
 
 def open_socket(ifname: str) -> socket.socket:
     """Every frame in and out of IFNAME. Needs CAP_NET_RAW over its network namespace."""
-    sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.htons(ETH_P_ALL))
+    sock = socket.socket(
+        socket.AF_PACKET, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.htons(ETH_P_ALL)
+    )
     try:
         sock.bind((ifname, ETH_P_ALL))
     except BaseException:
@@ -69,4 +71,3 @@ class Writer:
             os.write(self.fd, record)
             self.written += len(record)
             self.frames += 1
-

@@ -130,8 +130,10 @@ class NetPolicy:
         exceptions = cidrs + (TAILSCALE_NETS if tailscale else ())
         for spec in hosts:
             if _literal(spec.host) and (why := denied(spec.host, exceptions)):
-                raise UsageError(f"--allow-host {spec}: the address is in a denied range ({why}); "
-                                 f"open it with --allow-cidr {spec.host} as well")
+                raise UsageError(
+                    f"--allow-host {spec}: the address is in a denied range ({why}); "
+                    f"open it with --allow-cidr {spec.host} as well"
+                )
         exact: dict[str, _Ports] = {}
         wildcards: dict[str, _Ports] = {}
         for spec in hosts:
@@ -315,8 +317,9 @@ class NetPolicy:
                 return Verdict(True, DNS)
         return self._refusal(names, port, "UDP")
 
-    def early_refusal(self, ip: Address | str, proto: str, port: int,
-                      bound_names: Iterable[str]) -> Verdict:
+    def early_refusal(
+        self, ip: Address | str, proto: str, port: int, bound_names: Iterable[str]
+    ) -> Verdict:
         """Why the gateway's ruleset refused a packet before boxyd saw it (NFLOG), in
         the words boxyd's own checks use: each address named by its range (link-local /
         cloud metadata, multicast …), only the gateway's two addresses as the gateway.

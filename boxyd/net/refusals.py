@@ -67,6 +67,8 @@ class Tally:
         for name, addrs in sorted(self.removed.items()):
             cidrs = " ".join(f"--allow-cidr {a}" for a in sorted(addrs))
             whys = sorted(set(addrs.values()))
-            out.append(f"{name} answered with {', '.join(sorted(addrs))} ({'; '.join(whys)}), "
-                       f"which boxy refuses; if that is really where it lives: {cidrs}")
+            out.append(
+                f"{name} answered with {', '.join(sorted(addrs))} ({'; '.join(whys)}), "
+                f"which boxy refuses; if that is really where it lives: {cidrs}"
+            )
         return out

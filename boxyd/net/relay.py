@@ -90,13 +90,41 @@ class _Direction:
     """One way of a flow: reads SRC, writes DST, holding at most one bounded intermediate."""
 
     __slots__ = (
-        "flow", "loop", "src", "dst", "src_fd", "dst_fd", "up", "mode", "moved",
-        "initial", "buf", "view", "start", "end", "pipe_r", "pipe_w", "cap", "held",
-        "eof", "stalled", "dst_blocked", "reading", "writing", "done",
+        "flow",
+        "loop",
+        "src",
+        "dst",
+        "src_fd",
+        "dst_fd",
+        "up",
+        "mode",
+        "moved",
+        "initial",
+        "buf",
+        "view",
+        "start",
+        "end",
+        "pipe_r",
+        "pipe_w",
+        "cap",
+        "held",
+        "eof",
+        "stalled",
+        "dst_blocked",
+        "reading",
+        "writing",
+        "done",
     )
 
-    def __init__(self, flow: Flow, src: socket.socket, dst: socket.socket, up: bool,
-                 mode: Mode, initial: bytes) -> None:
+    def __init__(
+        self,
+        flow: Flow,
+        src: socket.socket,
+        dst: socket.socket,
+        up: bool,
+        mode: Mode,
+        initial: bytes,
+    ) -> None:
         self.flow = flow
         self.loop: asyncio.AbstractEventLoop = flow.loop  # type: ignore[assignment]
         self.src, self.dst = src, dst
@@ -175,7 +203,7 @@ class _Direction:
                     self.view = memoryview(self.buf)
                 if self.end == COPY_BUFFER:
                     return -1
-                n = self.src.recv_into(self.view[self.end:])
+                n = self.src.recv_into(self.view[self.end :])
                 self.end += n
         except BlockingIOError:
             # In splice mode EAGAIN also means "pipe full" (a TCP splice may fill
@@ -203,7 +231,7 @@ class _Direction:
             if self.pipe_r >= 0:
                 n = os.splice(self.pipe_r, self.dst_fd, self.held, flags=_SPLICE_FLAGS)
             else:
-                n = self.dst.send(self.view[self.start:self.end])  # type: ignore[index]
+                n = self.dst.send(self.view[self.start : self.end])  # type: ignore[index]
                 self.start += n
                 if self.start == self.end:
                     self.start = self.end = 0
@@ -301,8 +329,16 @@ class Flow:
     ownership of both sockets and closes them when it ends.
     """
 
-    def __init__(self, a: socket.socket, b: socket.socket, *, counters: Counters | None = None,
-                 idle_timeout: float, initial_a_to_b: bytes = b"", mode: Mode = "auto") -> None:
+    def __init__(
+        self,
+        a: socket.socket,
+        b: socket.socket,
+        *,
+        counters: Counters | None = None,
+        idle_timeout: float,
+        initial_a_to_b: bytes = b"",
+        mode: Mode = "auto",
+    ) -> None:
         if idle_timeout <= 0:
             raise ValueError(f"idle_timeout must be positive, got {idle_timeout!r}")
         if a.fileno() == b.fileno():
@@ -407,9 +443,16 @@ class Flow:
                 s.close()
 
 
-async def pump(a: socket.socket, b: socket.socket, *, counters: Counters, idle_timeout: float,
-               initial_a_to_b: bytes = b"", mode: Mode = "auto") -> CloseReason:
+async def pump(
+    a: socket.socket,
+    b: socket.socket,
+    *,
+    counters: Counters,
+    idle_timeout: float,
+    initial_a_to_b: bytes = b"",
+    mode: Mode = "auto",
+) -> CloseReason:
     """Relay between A and B until done (see :class:`Flow`); closes both sockets."""
-    return await Flow(a, b, counters=counters, idle_timeout=idle_timeout,
-                      initial_a_to_b=initial_a_to_b, mode=mode).run()
-
+    return await Flow(
+        a, b, counters=counters, idle_timeout=idle_timeout, initial_a_to_b=initial_a_to_b, mode=mode
+    ).run()

@@ -41,8 +41,12 @@ FRA_FWMARK, FRA_TABLE = 10, 15
 
 _IFINFO = struct.Struct("=BxHiII")  # family, type, index, flags, change
 _IFADDR = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
-_RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
-_RULE = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, res1, res2, action, flags
+_RTMSG = struct.Struct(
+    "=BBBBBBBBI"
+)  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
+_RULE = struct.Struct(
+    "=BBBBBBBBI"
+)  # family, dst_len, src_len, tos, table, res1, res2, action, flags
 
 
 def _family(addr: str) -> int:
@@ -51,8 +55,9 @@ def _family(addr: str) -> int:
 
 class Rtnl:
     def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
-                                  socket.NETLINK_ROUTE)
+        self.sock = socket.socket(
+            socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE
+        )
         self.sock.bind((0, 0))  # no multicast groups: only our own replies are queued
         self._seq = 0
 
@@ -97,9 +102,13 @@ class Rtnl:
         if peer_netns_fd is not None:
             peer_info += attr(IFLA_NET_NS_FD, struct.pack("=I", peer_netns_fd))
         info = attr(IFLA_INFO_KIND, b"veth") + attr(IFLA_INFO_DATA, attr(VETH_INFO_PEER, peer_info))
-        self._change(RTM_NEWLINK, _IFINFO.pack(0, 0, 0, 0, 0)
-                     + attr(IFLA_IFNAME, name.encode() + b"\0") + attr(IFLA_LINKINFO, info),
-                     create=True)
+        self._change(
+            RTM_NEWLINK,
+            _IFINFO.pack(0, 0, 0, 0, 0)
+            + attr(IFLA_IFNAME, name.encode() + b"\0")
+            + attr(IFLA_LINKINFO, info),
+            create=True,
+        )
 
     def _link(self, index: int = 0, name: str | None = None) -> tuple[int, int]:
         body = _IFINFO.pack(0, 0, index, 0, 0)
@@ -118,12 +127,13 @@ class Rtnl:
         """Carrier on, and no IPv6 address still tentative (not usable yet)."""
         if not self._link(index)[1] & IFF_LOWER_UP:
             return False
-        for mtype, payload in self._request(RTM_GETADDR, _IFADDR.pack(socket.AF_INET6, 0, 0, 0, 0),
-                                            NLM_F_DUMP):
+        for mtype, payload in self._request(
+            RTM_GETADDR, _IFADDR.pack(socket.AF_INET6, 0, 0, 0, 0), NLM_F_DUMP
+        ):
             if mtype != RTM_NEWADDR:
                 continue
             _, _, flags, _, idx = _IFADDR.unpack_from(payload)
-            extra = attrs(payload[_IFADDR.size:]).get(IFA_FLAGS)
+            extra = attrs(payload[_IFADDR.size :]).get(IFA_FLAGS)
             if extra is not None:
                 flags = struct.unpack("=I", extra)[0]
             if idx == index and flags & IFA_F_TENTATIVE:
@@ -134,11 +144,12 @@ class Rtnl:
         """Every address on an interface of this network namespace (`ip addr`)."""
         out: set[str] = set()
         for family in (socket.AF_INET, socket.AF_INET6):
-            for mtype, payload in self._request(RTM_GETADDR, _IFADDR.pack(family, 0, 0, 0, 0),
-                                                NLM_F_DUMP):
+            for mtype, payload in self._request(
+                RTM_GETADDR, _IFADDR.pack(family, 0, 0, 0, 0), NLM_F_DUMP
+            ):
                 if mtype != RTM_NEWADDR:
                     continue
-                found = attrs(payload[_IFADDR.size:])
+                found = attrs(payload[_IFADDR.size :])
                 for kind in (IFA_LOCAL, IFA_ADDRESS):
                     if kind in found:
                         out.add(str(ipaddress.ip_address(found[kind])))
@@ -148,31 +159,47 @@ class Rtnl:
     def address(self, index: int, addr: str, prefixlen: int, flags: int = 0) -> None:
         family = _family(addr)
         packed = ipaddress.ip_address(addr).packed
-        self._change(RTM_NEWADDR, _IFADDR.pack(family, prefixlen, flags & 0xFF, RT_SCOPE_UNIVERSE,
-                                               index)
-                     + attr(IFA_LOCAL, packed) + attr(IFA_ADDRESS, packed)
-                     + attr(IFA_FLAGS, struct.pack("=I", flags)), create=True)
+        self._change(
+            RTM_NEWADDR,
+            _IFADDR.pack(family, prefixlen, flags & 0xFF, RT_SCOPE_UNIVERSE, index)
+            + attr(IFA_LOCAL, packed)
+            + attr(IFA_ADDRESS, packed)
+            + attr(IFA_FLAGS, struct.pack("=I", flags)),
+            create=True,
+        )
 
     def default_route(self, gateway: str, oif: int) -> None:
         """`ip route add default via GATEWAY dev OIF`."""
         family = _family(gateway)
-        self._change(RTM_NEWROUTE, _RTMSG.pack(family, 0, 0, 0, RT_TABLE_MAIN, RTPROT_BOOT,
-                                               RT_SCOPE_UNIVERSE, RTN_UNICAST, 0)
-                     + attr(RTA_GATEWAY, ipaddress.ip_address(gateway).packed)
-                     + attr(RTA_OIF, struct.pack("=I", oif)), create=True)
+        self._change(
+            RTM_NEWROUTE,
+            _RTMSG.pack(
+                family, 0, 0, 0, RT_TABLE_MAIN, RTPROT_BOOT, RT_SCOPE_UNIVERSE, RTN_UNICAST, 0
+            )
+            + attr(RTA_GATEWAY, ipaddress.ip_address(gateway).packed)
+            + attr(RTA_OIF, struct.pack("=I", oif)),
+            create=True,
+        )
 
     def local_default_route(self, family: int, table: int, oif: int) -> None:
         """`ip route add local default dev OIF table TABLE` (TPROXY delivery)."""
-        self._change(RTM_NEWROUTE, _RTMSG.pack(family, 0, 0, 0, 0, RTPROT_BOOT, RT_SCOPE_HOST,
-                                               RTN_LOCAL, 0)
-                     + attr(RTA_TABLE, struct.pack("=I", table))
-                     + attr(RTA_OIF, struct.pack("=I", oif)), create=True)
+        self._change(
+            RTM_NEWROUTE,
+            _RTMSG.pack(family, 0, 0, 0, 0, RTPROT_BOOT, RT_SCOPE_HOST, RTN_LOCAL, 0)
+            + attr(RTA_TABLE, struct.pack("=I", table))
+            + attr(RTA_OIF, struct.pack("=I", oif)),
+            create=True,
+        )
 
     def fwmark_rule(self, family: int, mark: int, table: int) -> None:
         """`ip rule add fwmark MARK lookup TABLE`."""
-        self._change(RTM_NEWRULE, _RULE.pack(family, 0, 0, 0, 0, 0, 0, FR_ACT_TO_TBL, 0)
-                     + attr(FRA_FWMARK, struct.pack("=I", mark))
-                     + attr(FRA_TABLE, struct.pack("=I", table)), create=True)
+        self._change(
+            RTM_NEWRULE,
+            _RULE.pack(family, 0, 0, 0, 0, 0, 0, FR_ACT_TO_TBL, 0)
+            + attr(FRA_FWMARK, struct.pack("=I", mark))
+            + attr(FRA_TABLE, struct.pack("=I", table)),
+            create=True,
+        )
 
 
 RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR = 0x10, 0x100
@@ -194,9 +221,11 @@ class LocalAddresses:
 
     def _changed(self) -> bool:
         if self._monitor is None:
-            self._monitor = socket.socket(socket.AF_NETLINK,
-                                          socket.SOCK_RAW | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC,
-                                          socket.NETLINK_ROUTE)
+            self._monitor = socket.socket(
+                socket.AF_NETLINK,
+                socket.SOCK_RAW | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC,
+                socket.NETLINK_ROUTE,
+            )
             self._monitor.bind((0, RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR))
             return True
         changed = False

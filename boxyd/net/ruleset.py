@@ -61,8 +61,22 @@ NFLOG_RATE = 1000  # reports per second; refusals past it still happen, unreport
 # IP_PKTINFO; replies to other UDP leave through the raw senders, since IP_PKTINFO
 # sets a source address but never a source port.
 # "nftset" is the netlink socket through which boxyd keeps the bound-address sets.
-GATEWAY_SOCKETS = ("tcp4", "tcp6", "udp4", "udp6", "dns_udp4", "dns_udp6", "dns_tcp4", "dns_tcp6",
-                   "udp_reply4", "udp_reply6", "icmp4", "icmp6", "nflog", "nftset")
+GATEWAY_SOCKETS = (
+    "tcp4",
+    "tcp6",
+    "udp4",
+    "udp6",
+    "dns_udp4",
+    "dns_udp6",
+    "dns_tcp4",
+    "dns_tcp6",
+    "udp_reply4",
+    "udp_reply6",
+    "icmp4",
+    "icmp6",
+    "nflog",
+    "nftset",
+)
 BOUND_SETS = ("bound4", "bound6")
 BOUND_SIZE = 65536  # elements per family: boxyd.net.bindings.MAX_ENTRIES
 
@@ -158,12 +172,20 @@ def _tproxy(port: int, mark: int) -> list[dict[str, Any]]:
 
 
 def _rule(chain: str, comment: str, *expr: dict[str, Any]) -> dict[str, Any]:
-    return {"rule": {"family": FAMILY, "table": TABLE, "chain": chain,
-                     "comment": comment, "expr": list(expr)}}
+    return {
+        "rule": {
+            "family": FAMILY,
+            "table": TABLE,
+            "chain": chain,
+            "comment": comment,
+            "expr": list(expr),
+        }
+    }
 
 
-def _set(name: str, type_: str, elems: list[Any], interval: bool = True,
-         timeout: bool = False) -> dict[str, Any]:
+def _set(
+    name: str, type_: str, elems: list[Any], interval: bool = True, timeout: bool = False
+) -> dict[str, Any]:
     body: dict[str, Any] = {"family": FAMILY, "table": TABLE, "name": name, "type": type_}
     if interval:
         body["flags"] = ["interval"]
@@ -175,7 +197,9 @@ def _set(name: str, type_: str, elems: list[Any], interval: bool = True,
     return {"set": body}
 
 
-def _chain(name: str, hook: str | None = None, prio: int = 0, policy: str = "drop") -> dict[str, Any]:
+def _chain(
+    name: str, hook: str | None = None, prio: int = 0, policy: str = "drop"
+) -> dict[str, Any]:
     body: dict[str, Any] = {"family": FAMILY, "table": TABLE, "name": name}
     if hook:
         body.update(type="filter", hook=hook, prio=prio, policy=policy)
@@ -185,9 +209,11 @@ def _chain(name: str, hook: str | None = None, prio: int = 0, policy: str = "dro
 ND = _match(_payload("icmpv6", "type"), {"set": ND_TYPES})
 
 
-def _prerouting(dns_port: int, mark: int, tcp_list: bool, udp_list: bool,
-                bound: bool) -> list[dict[str, Any]]:
+def _prerouting(
+    dns_port: int, mark: int, tcp_list: bool, udp_list: bool, bound: bool
+) -> list[dict[str, Any]]:
     """Every prerouting rule before the relays, in the module docstring's order."""
+
     def pre(comment: str, *expr: dict[str, Any]) -> dict[str, Any]:
         return _rule("prerouting", comment, *expr)
 
@@ -206,28 +232,59 @@ def _prerouting(dns_port: int, mark: int, tcp_list: bool, udp_list: bool,
         pre("dns udp", _match(_payload("udp", "dport"), 53), *_tproxy(dns_port, mark)),
         pre("dns tcp", _match(_payload("tcp", "dport"), 53), *_tproxy(dns_port, mark)),
         # Port 53 must never reach the relays, even with the DNS listener missing.
-        pre("dns without listener", _match(_meta("l4proto"), {"set": ["tcp", "udp"]}),
-            _match(_payload("th", "dport"), 53), DROP),
+        pre(
+            "dns without listener",
+            _match(_meta("l4proto"), {"set": ["tcp", "udp"]}),
+            _match(_payload("th", "dport"), 53),
+            DROP,
+        ),
         # The gateway is no destination: its listeners are bound to the wildcard address.
         pre("gateway address", _match(daddr4, _prefix(LINK_V4)), _goto("refuse")),
         pre("gateway address v6", _match(daddr6, _prefix(LINK_V6)), _goto("refuse")),
         pre("gateway link-local", _match(daddr6, _prefix("fe80::/10")), _goto("refuse")),
-        pre("gateway local", _match({"fib": {"result": "type", "flags": ["daddr"]}},
-                                    {"set": ["local", "broadcast", "multicast"]}), _goto("refuse")),
+        pre(
+            "gateway local",
+            _match(
+                {"fib": {"result": "type", "flags": ["daddr"]}},
+                {"set": ["local", "broadcast", "multicast"]},
+            ),
+            _goto("refuse"),
+        ),
         # Static denials, at SYN time. An exception only lifts a denial.
-        pre("denied range", _match(daddr4, "@deny4"), _match(daddr4, "@except4", "!="),
-            _goto("refuse")),
-        pre("denied range v6", _match(daddr6, "@deny6"), _match(daddr6, "@except6", "!="),
-            _goto("refuse")),
-        pre("refused udp port", _match(_payload("udp", "dport"), "@refused_udp_ports"),
-            _goto("refuse_port")),
+        pre(
+            "denied range",
+            _match(daddr4, "@deny4"),
+            _match(daddr4, "@except4", "!="),
+            _goto("refuse"),
+        ),
+        pre(
+            "denied range v6",
+            _match(daddr6, "@deny6"),
+            _match(daddr6, "@except6", "!="),
+            _goto("refuse"),
+        ),
+        pre(
+            "refused udp port",
+            _match(_payload("udp", "dport"), "@refused_udp_ports"),
+            _goto("refuse_port"),
+        ),
     ]
     if tcp_list:
-        rules.append(pre("refused tcp port", _match(_payload("tcp", "dport"), "@tcp_ports", "!="),
-                         _goto("refuse_port")))
+        rules.append(
+            pre(
+                "refused tcp port",
+                _match(_payload("tcp", "dport"), "@tcp_ports", "!="),
+                _goto("refuse_port"),
+            )
+        )
     if udp_list:
-        rules.append(pre("udp port not allowed",
-                         _match(_payload("udp", "dport"), "@udp_ports", "!="), _goto("refuse_port")))
+        rules.append(
+            pre(
+                "udp port not allowed",
+                _match(_payload("udp", "dport"), "@udp_ports", "!="),
+                _goto("refuse_port"),
+            )
+        )
     if bound:
         # Only a SYN: an established flow outlives its binding (boxyd holds it).
         syn = _match({"&": [_payload("tcp", "flags"), {"|": ["syn", "ack"]}]}, "syn")
@@ -253,8 +310,10 @@ def _check(mode: str, tcp_port: int, udp_port: int, dns_port: int, mark: int) ->
 def _refusal_chains() -> list[dict[str, Any]]:
     # Every refusal is also copied (headers only, rate-bounded) to boxyd over NFLOG:
     # it never sees these flows otherwise, and -v, --net-log and --audit-log must.
-    report = [{"limit": {"rate": NFLOG_RATE, "per": "second", "burst": NFLOG_RATE}},
-              {"log": {"group": NFLOG_GROUP, "snaplen": NFLOG_SNAPLEN}}]
+    report = [
+        {"limit": {"rate": NFLOG_RATE, "per": "second", "burst": NFLOG_RATE}},
+        {"log": {"group": NFLOG_GROUP, "snaplen": NFLOG_SNAPLEN}},
+    ]
     return [
         _rule("refuse", "report", *report),
         _rule("refuse", "tcp", L4_TCP, TCP_RESET),
@@ -324,26 +383,36 @@ def gateway_ruleset(
         sets.append(_set("udp_ports", "inet_service", allowed_udp, interval=False))
     if bound is not None:
         for version, name in zip((4, 6), BOUND_SETS, strict=True):
-            sets.append(_set(name, f"ipv{version}_addr", _addresses(bound, version),
-                             interval=False, timeout=True))
-    prerouting = _prerouting(dns_port, mark, allowed_tcp is not None, allowed_udp is not None,
-                             bound is not None)
+            sets.append(
+                _set(
+                    name,
+                    f"ipv{version}_addr",
+                    _addresses(bound, version),
+                    interval=False,
+                    timeout=True,
+                )
+            )
+    prerouting = _prerouting(
+        dns_port, mark, allowed_tcp is not None, allowed_udp is not None, bound is not None
+    )
     prerouting += [
         _rule("prerouting", "tcp relay", L4_TCP, *_tproxy(tcp_port, mark)),
         _rule("prerouting", "udp relay", L4_UDP, *_tproxy(udp_port, mark)),
     ]
     refuse, input_ = _refusal_chains(), _input_rules(mark)
-    return {"nftables": [
-        {"metainfo": {"json_schema_version": 1}},
-        {"table": {"family": FAMILY, "name": TABLE}},
-        *sets,
-        _chain("refuse"),
-        _chain("refuse_port"),
-        _chain("prerouting", "prerouting", -150),  # mangle priority: where TPROXY belongs
-        _chain("input", "input"),
-        _chain("forward", "forward"),
-        _chain("output", "output", policy="accept"),  # replies of the transparent sockets
-        *refuse,
-        *prerouting,
-        *input_,
-    ]}
+    return {
+        "nftables": [
+            {"metainfo": {"json_schema_version": 1}},
+            {"table": {"family": FAMILY, "name": TABLE}},
+            *sets,
+            _chain("refuse"),
+            _chain("refuse_port"),
+            _chain("prerouting", "prerouting", -150),  # mangle priority: where TPROXY belongs
+            _chain("input", "input"),
+            _chain("forward", "forward"),
+            _chain("output", "output", policy="accept"),  # replies of the transparent sockets
+            *refuse,
+            *prerouting,
+            *input_,
+        ]
+    }

@@ -235,8 +235,15 @@ class _TLSStream:
             if end > len(data):  # what has arrived of it, without copying it each time
                 if len(self.handshake) + len(data) - start < self.need:
                     return NeedMore()
-                return _check_handshake(self.handshake, data[start : start + 4], len(data) - start,
-                                        lambda s=start: self.handshake + data[s:]) or NeedMore()
+                return (
+                    _check_handshake(
+                        self.handshake,
+                        data[start : start + 4],
+                        len(data) - start,
+                        lambda s=start: self.handshake + data[s:],
+                    )
+                    or NeedMore()
+                )
             self.records += 1
             self.handshake += data[start:end]
             if len(self.handshake) >= self.need:  # else undecided still, as before
@@ -249,8 +256,12 @@ class _TLSStream:
         return NeedMore()
 
 
-def _check_handshake(hs: bytearray, more: bytes = b"", more_len: int = 0,
-                     whole: Callable[[], bytearray] | None = None) -> Result | None:
+def _check_handshake(
+    hs: bytearray,
+    more: bytes = b"",
+    more_len: int = 0,
+    whole: Callable[[], bytearray] | None = None,
+) -> Result | None:
     """A result once the handshake bytes decide; None while they do not yet. The
     bytes are HS followed by MORE_LEN more, whose first ones are MORE and which
     WHOLE joins to HS (called once, when they decide)."""
@@ -287,7 +298,9 @@ class _Reader:
 
     def take(self, n: int, field: str) -> bytes:
         if n > self.remaining():
-            raise _Bad(f"{self.what}: {field} runs past the end ({n} bytes, {self.remaining()} left)")
+            raise _Bad(
+                f"{self.what}: {field} runs past the end ({n} bytes, {self.remaining()} left)"
+            )
         out = self.buf[self.pos : self.pos + n]
         self.pos += n
         return out
@@ -415,7 +428,10 @@ class _HTTPStream:
             # Checked before the line is complete, so a bad byte is refused as soon as it
             # arrives (and the same reason is given whatever follows); a CR at the end
             # may be the first half of the line ending, one before the new bytes no more.
-            if _CTL.search(data, new, end) or data.find(b"\r", max(self.pos, new - 1), end - 1) >= 0:
+            if (
+                _CTL.search(data, new, end)
+                or data.find(b"\r", max(self.pos, new - 1), end - 1) >= 0
+            ):
                 raise _Bad("HTTP: control character in the request head")
             if nl < 0:
                 self.scanned = limit
@@ -467,8 +483,7 @@ def _http_result(request: tuple[str, bytes], hosts: list[bytes]) -> HTTP:
         return HTTP(header[0] if header else None, method)
     if header is not None and header[1] != target_host[1]:
         raise _Bad(
-            f"HTTP: Host header {_show(hosts[0])} does not match the request target "
-            f"{_show(target)}"
+            f"HTTP: Host header {_show(hosts[0])} does not match the request target {_show(target)}"
         )
     return HTTP(target_host[0], method)
 

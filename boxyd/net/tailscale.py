@@ -22,8 +22,13 @@ def magicdns_suffix(run=subprocess.run, binary: str = "tailscale") -> str | None
     """The tailnet's MagicDNS suffix from a running tailscaled, else None. BINARY: the
     tailscale found outside every payload-writable tree (boxyd/tools.py resolve)."""
     try:
-        r = run([binary, "status", "--json", "--peers=false"], capture_output=True,
-                stdin=subprocess.DEVNULL, timeout=TIMEOUT, text=True)
+        r = run(
+            [binary, "status", "--json", "--peers=false"],
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=TIMEOUT,
+            text=True,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if r.returncode != 0:

@@ -130,7 +130,8 @@ def send_from(sock: socket.socket, data: bytes, src: Address, dst: Address) -> i
         raise ValueError(
             f"cannot send from port {src[1]} through a UDP socket bound to port {bound}: "
             "IP_PKTINFO sets only the source address; use a raw reply sender "
-            "(make_udp_reply_sender) for replies from other ports")
+            "(make_udp_reply_sender) for replies from other ports"
+        )
     return sock.sendmsg([data], [_pktinfo(ip)], 0, dst)
 
 
@@ -153,8 +154,13 @@ def _family_opts(family: socket.AddressFamily) -> tuple[int, int, str]:
     raise ValueError(f"address family must be AF_INET or AF_INET6, not {family!r}")
 
 
-def _transparent(family: socket.AddressFamily, kind: int, port: int, host: str | None,
-                 extra: list[tuple[int, int, int]]) -> socket.socket:
+def _transparent(
+    family: socket.AddressFamily,
+    kind: int,
+    port: int,
+    host: str | None,
+    extra: list[tuple[int, int, int]],
+) -> socket.socket:
     level, transparent, any_addr = _family_opts(family)
     sock = socket.socket(family, kind | _CLOEXEC_NONBLOCK)
     try:
@@ -162,8 +168,11 @@ def _transparent(family: socket.AddressFamily, kind: int, port: int, host: str |
         try:
             sock.setsockopt(level, transparent, 1)
         except PermissionError as e:
-            raise PermissionError(e.errno, "IP_TRANSPARENT needs CAP_NET_ADMIN or CAP_NET_RAW "
-                                           "in the network namespace's user namespace") from None
+            raise PermissionError(
+                e.errno,
+                "IP_TRANSPARENT needs CAP_NET_ADMIN or CAP_NET_RAW "
+                "in the network namespace's user namespace",
+            ) from None
         if family == socket.AF_INET6:
             sock.setsockopt(SOL_IPV6, IPV6_V6ONLY, 1)  # v4 has its own socket
         for opt in extra:
@@ -175,8 +184,9 @@ def _transparent(family: socket.AddressFamily, kind: int, port: int, host: str |
     return sock
 
 
-def make_transparent_udp(family: socket.AddressFamily, port: int,
-                         host: str | None = None) -> socket.socket:
+def make_transparent_udp(
+    family: socket.AddressFamily, port: int, host: str | None = None
+) -> socket.socket:
     """A non-blocking UDP socket for TPROXY on PORT that reports each datagram's
     original destination (IP_RECVORIGDSTADDR) and may send from non-local addresses."""
     if family == socket.AF_INET6:
@@ -186,8 +196,9 @@ def make_transparent_udp(family: socket.AddressFamily, port: int,
     return _transparent(family, socket.SOCK_DGRAM, port, host, [recv_orig])
 
 
-def make_transparent_tcp_listener(family: socket.AddressFamily, port: int,
-                                  host: str | None = None, backlog: int = 1024) -> socket.socket:
+def make_transparent_tcp_listener(
+    family: socket.AddressFamily, port: int, host: str | None = None, backlog: int = 1024
+) -> socket.socket:
     """A non-blocking listening TCP socket for TPROXY on PORT; ``getsockname()`` of
     an accepted connection is the sandbox's original destination."""
     sock = _transparent(family, socket.SOCK_STREAM, port, host, [])
@@ -241,16 +252,34 @@ def send_port_unreachable(sock: socket.socket, client: Address, dst: Address, da
     quoted = data[:8]
     udp = _UDP_HEADER.pack(client[1], dst[1], _UDP_HEADER.size + len(data), 0)
     if src_ip.version == 4:
-        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + _UDP_HEADER.size + len(data), 0, 0, 64,
-                         socket.IPPROTO_UDP, 0, src_ip.packed, dst_ip.packed)
+        ip = struct.pack(
+            "!BBHHHBBH4s4s",
+            0x45,
+            0,
+            20 + _UDP_HEADER.size + len(data),
+            0,
+            0,
+            64,
+            socket.IPPROTO_UDP,
+            0,
+            src_ip.packed,
+            dst_ip.packed,
+        )
         ip = ip[:10] + struct.pack("!H", _checksum(ip)) + ip[12:]
         body = struct.pack("!I", 0) + ip + udp + quoted
         icmp = struct.pack("!BBH", 3, 3, 0) + body  # destination unreachable, port unreachable
         icmp = icmp[:2] + struct.pack("!H", _checksum(icmp)) + icmp[4:]
         sock.sendto(icmp, (client[0], 0))
     else:
-        ip = struct.pack("!IHBB16s16s", 6 << 28, _UDP_HEADER.size + len(data), socket.IPPROTO_UDP,
-                         64, src_ip.packed, dst_ip.packed)
+        ip = struct.pack(
+            "!IHBB16s16s",
+            6 << 28,
+            _UDP_HEADER.size + len(data),
+            socket.IPPROTO_UDP,
+            64,
+            src_ip.packed,
+            dst_ip.packed,
+        )
         # type 1 (destination unreachable), code 4 (port unreachable); the kernel fills
         # the checksum of an ICMPv6 raw socket
         icmp = struct.pack("!BBHI", 1, 4, 0, 0) + ip + udp + quoted

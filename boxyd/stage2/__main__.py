@@ -139,7 +139,9 @@ def supervise(ctl: socket.socket, pid: int, status_r: int, pty: socket.socket | 
         if os.WIFSIGNALED(wstatus):
             final = {"signal": os.WTERMSIG(wstatus), "killed": True}
         else:
-            final = {"error": f"sandbox init exited with status {os.WEXITSTATUS(wstatus)} without a report"}
+            final = {
+                "error": f"sandbox init exited with status {os.WEXITSTATUS(wstatus)} without a report"
+            }
     send(ctl, {"done": final})
     return 0
 
@@ -255,8 +257,11 @@ def run(ctl: socket.socket) -> int:
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
         alive_r, alive_w = os.pipe2(os.O_CLOEXEC)
         # The session PTY's master comes back from PID 1 on this (a pipe carries no fds).
-        pty_ours, pty_theirs = (socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-                                if plan.pty is not None else (None, None))
+        pty_ours, pty_theirs = (
+            socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            if plan.pty is not None
+            else (None, None)
+        )
         pid = os.fork()  # the child is PID 1 of the new PID namespace
     except SetupError as e:
         send(ctl, {"done": {"error": str(e)}})

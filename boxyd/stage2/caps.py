@@ -33,7 +33,11 @@ class _CapHeader(ctypes.Structure):
 
 
 class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
 
 
 def _last_cap() -> int:

@@ -44,16 +44,39 @@ def _stand_in_fs() -> int:
     path, and nothing in the sandbox can reach it otherwise."""
     global _stand_ins
     if _stand_ins is None:
-        fs = errno_call("live: fsopen", "tmpfs", SYS_fsopen, b"tmpfs", ctypes.c_uint(FSOPEN_CLOEXEC))
+        fs = errno_call(
+            "live: fsopen", "tmpfs", SYS_fsopen, b"tmpfs", ctypes.c_uint(FSOPEN_CLOEXEC)
+        )
         try:
-            errno_call("live: tmpfs size", None, SYS_fsconfig, ctypes.c_int(fs),
-                       ctypes.c_uint(FSCONFIG_SET_STRING), b"size", STAND_INS_SIZE.encode(),
-                       ctypes.c_int(0))
-            errno_call("live: tmpfs create", None, SYS_fsconfig, ctypes.c_int(fs),
-                       ctypes.c_uint(FSCONFIG_CMD_CREATE), None, None, ctypes.c_int(0))
+            errno_call(
+                "live: tmpfs size",
+                None,
+                SYS_fsconfig,
+                ctypes.c_int(fs),
+                ctypes.c_uint(FSCONFIG_SET_STRING),
+                b"size",
+                STAND_INS_SIZE.encode(),
+                ctypes.c_int(0),
+            )
+            errno_call(
+                "live: tmpfs create",
+                None,
+                SYS_fsconfig,
+                ctypes.c_int(fs),
+                ctypes.c_uint(FSCONFIG_CMD_CREATE),
+                None,
+                None,
+                ctypes.c_int(0),
+            )
             attrs = m.MOUNT_ATTR_NOSUID | m.MOUNT_ATTR_NODEV | m.MOUNT_ATTR_NOEXEC
-            _stand_ins = errno_call("live: fsmount", "tmpfs", SYS_fsmount, ctypes.c_int(fs),
-                                    ctypes.c_uint(FSMOUNT_CLOEXEC), ctypes.c_uint(attrs))
+            _stand_ins = errno_call(
+                "live: fsmount",
+                "tmpfs",
+                SYS_fsmount,
+                ctypes.c_int(fs),
+                ctypes.c_uint(FSMOUNT_CLOEXEC),
+                ctypes.c_uint(attrs),
+            )
         finally:
             os.close(fs)
     return _stand_ins
@@ -86,7 +109,9 @@ def cover(mk: Mask) -> None:
         target = _target(mk.dst_base, mk.dst, step)
         try:
             if m.is_dir_fd(target) != mk.is_dir:
-                raise SetupError(f"{step}: not a {'directory' if mk.is_dir else 'file'} now (refused)")
+                raise SetupError(
+                    f"{step}: not a {'directory' if mk.is_dir else 'file'} now (refused)"
+                )
             _graft(src, target, step, mk.dst)
         finally:
             os.close(target)

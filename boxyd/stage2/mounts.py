@@ -47,7 +47,13 @@ RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_BENEATH = 0x08
 RESOLVE_IN_ROOT = 0x10
 
-libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+libc.mount.argtypes = [
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_ulong,
+    ctypes.c_char_p,
+]
 libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 
@@ -68,9 +74,15 @@ def _b(path: str) -> bytes:
     return os.fsencode(path)
 
 
-def mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str | None, step: str) -> None:
+def mount(
+    src: str | None, dst: str, fstype: str | None, flags: int, data: str | None, step: str
+) -> None:
     ret = libc.mount(
-        _b(src) if src else None, _b(dst), _b(fstype) if fstype else None, flags, _b(data) if data else None
+        _b(src) if src else None,
+        _b(dst),
+        _b(fstype) if fstype else None,
+        flags,
+        _b(data) if data else None,
     )
     check(ret, step, dst)
 
@@ -87,15 +99,32 @@ def openat2(dirfd: int, path: str, flags: int, step: str, *, beneath: bool = Tru
     """Open PATH relative to DIRFD without following any symlink and, with BENEATH,
     without ever leaving DIRFD (no "..", no absolute jumps). A symlink anywhere in
     the path is an error (ELOOP), which is what a swapped-in symlink must be."""
-    how = _OpenHow(flags | os.O_CLOEXEC, 0, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | (RESOLVE_BENEATH if beneath else 0))
-    return errno_call(step, path, SYS_openat2, ctypes.c_int(dirfd), _b(path), ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+    how = _OpenHow(
+        flags | os.O_CLOEXEC,
+        0,
+        RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | (RESOLVE_BENEATH if beneath else 0),
+    )
+    return errno_call(
+        step,
+        path,
+        SYS_openat2,
+        ctypes.c_int(dirfd),
+        _b(path),
+        ctypes.byref(how),
+        ctypes.c_size_t(ctypes.sizeof(how)),
+    )
 
 
 def open_how(dirfd: int, path: str, flags: int, resolve: int) -> int:
     """openat2(2) with RESOLVE flags; the fd, or -errno instead of raising."""
     how = _OpenHow(flags | os.O_CLOEXEC, 0, resolve)
-    fd = syscall(SYS_openat2, ctypes.c_int(dirfd), _b(path), ctypes.byref(how),
-                 ctypes.c_size_t(ctypes.sizeof(how)))
+    fd = syscall(
+        SYS_openat2,
+        ctypes.c_int(dirfd),
+        _b(path),
+        ctypes.byref(how),
+        ctypes.c_size_t(ctypes.sizeof(how)),
+    )
     return fd if fd >= 0 else -ctypes.get_errno()
 
 
@@ -109,8 +138,9 @@ def open_in_root(dirfd: int, path: str, flags: int) -> int:
 def open_beneath(dirfd: int, path: str, flags: int) -> int:
     """Open PATH beneath DIRFD with no symlink in any component (the payload's tree:
     a swapped-in symlink must fail, ELOOP/EXDEV). Returns -errno instead of raising."""
-    return open_how(dirfd, path, flags,
-                    RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+    return open_how(
+        dirfd, path, flags, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
+    )
 
 
 def open_tree_clone(fd: int, step: str, path: str) -> int:
@@ -124,13 +154,30 @@ def set_attr(fd: int, attrs: int, step: str, path: str, *, recursive: bool) -> N
     user namespace (a plain remount leaves submounts writable)."""
     attr = _MountAttr(attrs, 0, 0, 0)
     flags = AT_EMPTY_PATH | (AT_RECURSIVE if recursive else 0)
-    errno_call(step, path, SYS_mount_setattr, ctypes.c_int(fd), b"", ctypes.c_uint(flags),
-               ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
+    errno_call(
+        step,
+        path,
+        SYS_mount_setattr,
+        ctypes.c_int(fd),
+        b"",
+        ctypes.c_uint(flags),
+        ctypes.byref(attr),
+        ctypes.c_size_t(ctypes.sizeof(attr)),
+    )
 
 
 def move_mount_to_fd(tree_fd: int, target_fd: int, step: str, path: str) -> None:
     flags = MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH
-    errno_call(step, path, SYS_move_mount, ctypes.c_int(tree_fd), b"", ctypes.c_int(target_fd), b"", ctypes.c_uint(flags))
+    errno_call(
+        step,
+        path,
+        SYS_move_mount,
+        ctypes.c_int(tree_fd),
+        b"",
+        ctypes.c_int(target_fd),
+        b"",
+        ctypes.c_uint(flags),
+    )
 
 
 def walk_create(root_fd: int, rel: str, *, leaf: str | None, step: str, mode: int = 0o755) -> int:
@@ -147,7 +194,12 @@ def walk_create(root_fd: int, rel: str, *, leaf: str | None, step: str, mode: in
             last = i == len(parts) - 1
             if last and leaf == "file":
                 try:
-                    nfd = os.open(part, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
+                    nfd = os.open(
+                        part,
+                        os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                        0o644,
+                        dir_fd=fd,
+                    )
                 except OSError as e:
                     raise_setup(step, rel, e.strerror or str(e))
                 os.close(fd)

@@ -203,8 +203,7 @@ def _link_index(ipr: Rtnl, name: str, where: str) -> int:
         return ipr.link_index(name)
 
 
-def _address(ipr: Rtnl, index: int, addr: str, prefixlen: int, where: str,
-             flags: int = 0) -> None:
+def _address(ipr: Rtnl, index: int, addr: str, prefixlen: int, where: str, flags: int = 0) -> None:
     with _step(f"{where}: address {addr}/{prefixlen}"):
         ipr.address(index, addr, prefixlen, flags)
 
@@ -273,8 +272,9 @@ def open_capture_socket() -> socket.socket:
         return pcap.open_socket(rs.PAYLOAD_IF)
 
 
-def send_listeners(ctl: socket.socket, gw: Gateway, extra: dict[str, socket.socket] | None = None
-                   ) -> None:
+def send_listeners(
+    ctl: socket.socket, gw: Gateway, extra: dict[str, socket.socket] | None = None
+) -> None:
     """Step 4. Needs nothing. One message ``{"listeners": [names]}`` carrying the
     gateway's sockets (and EXTRA's, e.g. the capture socket) in that order (boxyd
     receives with MSG_CMSG_CLOEXEC), then stage 2 closes its copies: neither it nor
@@ -283,8 +283,9 @@ def send_listeners(ctl: socket.socket, gw: Gateway, extra: dict[str, socket.sock
     names = list(socks)
     try:
         with _step("send the gateway's listeners to boxyd"):
-            socket.send_fds(ctl, [json.dumps({"listeners": names}).encode()],
-                            [socks[n].fileno() for n in names])
+            socket.send_fds(
+                ctl, [json.dumps({"listeners": names}).encode()], [socks[n].fileno() for n in names]
+            )
     finally:
         gw.close()
         for sock in (extra or {}).values():

@@ -28,8 +28,9 @@ def _load() -> ctypes.CDLL:
         try:
             lib = ctypes.CDLL("libnftables.so.1")
         except OSError as e:
-            raise SetupError(f"{STEP}: cannot load libnftables.so.1 ({e}); "
-                             "install the libnftables1 package") from None
+            raise SetupError(
+                f"{STEP}: cannot load libnftables.so.1 ({e}); install the libnftables1 package"
+            ) from None
         lib.nft_ctx_new.restype = ctypes.c_void_p
         lib.nft_ctx_new.argtypes = [ctypes.c_uint32]
         lib.nft_ctx_free.restype = None
@@ -103,5 +104,6 @@ def apply(ruleset_json: dict[str, Any]) -> None:
     err = _run(lib, ruleset_json)
     if err is not None:
         where = _first_failing(lib, ruleset_json)
-        raise SetupError(f"{STEP}: the ruleset was not loaded: {err}"
-                         + (f" (at {where})" if where else ""))
+        raise SetupError(
+            f"{STEP}: the ruleset was not loaded: {err}" + (f" (at {where})" if where else "")
+        )

@@ -30,8 +30,16 @@ from boxyd.stage2 import caps, landlock, rootfs, seccomp, toolserver
 from boxyd.stage2.sys import libc
 
 STATUS_FD = 3
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGWINCH, signal.SIGQUIT,
-             signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
+FORWARDED = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGWINCH,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGCONT,
+)
 WAITED = {signal.SIGCHLD, *FORWARDED}
 
 # Per-user-namespace limits written while PID 1 still holds its capabilities: no
@@ -159,8 +167,11 @@ def drop_privileges() -> None:
 
 def confine(plan: Plan) -> list[str]:
     """Steps 8 and 9: Landlock before seccomp, which denies the landlock syscalls."""
-    notes = landlock.apply([(r.path, r.access) for r in plan.landlock],
-                           connect_ports=plan.landlock_ports, scope=plan.landlock_scopes)
+    notes = landlock.apply(
+        [(r.path, r.access) for r in plan.landlock],
+        connect_ports=plan.landlock_ports,
+        scope=plan.landlock_scopes,
+    )
     seccomp.load(base64.b64decode(plan.seccomp_bpf))
     return notes
 
@@ -176,8 +187,14 @@ def execvp_like_libc(argv: list[str], env: dict[str, str]) -> None:
     path = argv[0]
     if "/" not in path:
         dirs = env.get("PATH", os.defpath).split(":")
-        path = next((os.path.join(d or ".", argv[0]) for d in dirs
-                     if os.access(os.path.join(d or ".", argv[0]), os.X_OK)), argv[0])
+        path = next(
+            (
+                os.path.join(d or ".", argv[0])
+                for d in dirs
+                if os.access(os.path.join(d or ".", argv[0]), os.X_OK)
+            ),
+            argv[0],
+        )
     os.execve("/bin/sh", ["/bin/sh", path, *argv[1:]], env)
 
 
@@ -249,8 +266,9 @@ def supervise(pid: int) -> NoReturn:
                 os._exit(0)
 
 
-def main(plan: Plan, stdio: list[int], status_w: int, alive_r: int,
-         pty: socket.socket | None = None) -> NoReturn:
+def main(
+    plan: Plan, stdio: list[int], status_w: int, alive_r: int, pty: socket.socket | None = None
+) -> NoReturn:
     try:
         caps.die_with_parent(signal.SIGKILL)
         # The outer stage 2 may have died before the line above: its end of this pipe

@@ -23,10 +23,34 @@ SCRATCH = "/scratch"
 # The procfs recon surface: files shadowed by /dev/null, directories by an empty
 # read-only tmpfs (what runc and bubblewrap-based tools mask, plus symbol tables).
 PROC_MASK_FILES = (
-    "kcore", "kallsyms", "keys", "key-users", "sysrq-trigger", "timer_list", "sched_debug",
-    "kmsg", "kpagecount", "kpageflags", "kpagecgroup", "latency_stats", "timer_stats",
-    "config.gz", "vmallocinfo", "slabinfo", "iomem", "ioports", "modules", "pagetypeinfo",
-    "buddyinfo", "zoneinfo", "mtrr", "dma", "softirqs", "interrupts", "lockdep", "lock_stat",
+    "kcore",
+    "kallsyms",
+    "keys",
+    "key-users",
+    "sysrq-trigger",
+    "timer_list",
+    "sched_debug",
+    "kmsg",
+    "kpagecount",
+    "kpageflags",
+    "kpagecgroup",
+    "latency_stats",
+    "timer_stats",
+    "config.gz",
+    "vmallocinfo",
+    "slabinfo",
+    "iomem",
+    "ioports",
+    "modules",
+    "pagetypeinfo",
+    "buddyinfo",
+    "zoneinfo",
+    "mtrr",
+    "dma",
+    "softirqs",
+    "interrupts",
+    "lockdep",
+    "lock_stat",
 )
 PROC_MASK_DIRS = ("acpi", "scsi", "irq", "bus", "driver", "fs", "tty", "sys/kernel/debug")
 DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -49,8 +73,14 @@ def root_tmpfs() -> None:
 def scratch(plan: Plan) -> None:
     """One tmpfs behind $HOME, /tmp and /dev/shm, sized from --memory: three separate
     ones would together allow three times the budget."""
-    m.mount("tmpfs", SCRATCH, "tmpfs", m.MS_NOSUID | m.MS_NODEV,
-            f"mode=0755,size={plan.scratch_size}", "scratch tmpfs")
+    m.mount(
+        "tmpfs",
+        SCRATCH,
+        "tmpfs",
+        m.MS_NOSUID | m.MS_NODEV,
+        f"mode=0755,size={plan.scratch_size}",
+        "scratch tmpfs",
+    )
     os.mkdir(SCRATCH + "/home", 0o700)
     for d in ("tmp", "shm"):
         os.mkdir(f"{SCRATCH}/{d}")
@@ -94,8 +124,14 @@ def dev() -> None:
     for node in DEV_NODES:
         apply_bind(Bind(src=f"/dev/{node}", dst=f"/dev/{node}", ro=False, dev=True))
     os.mkdir(NEW + "/dev/pts", 0o755)
-    m.mount("devpts", NEW + "/dev/pts", "devpts", m.MS_NOSUID | m.MS_NOEXEC,
-            "newinstance,ptmxmode=0666,mode=0620", "devpts")
+    m.mount(
+        "devpts",
+        NEW + "/dev/pts",
+        "devpts",
+        m.MS_NOSUID | m.MS_NOEXEC,
+        "newinstance,ptmxmode=0666,mode=0620",
+        "devpts",
+    )
     os.symlink("pts/ptmx", NEW + "/dev/ptmx")
     for i, name in enumerate(("stdin", "stdout", "stderr")):
         os.symlink(f"/proc/self/fd/{i}", f"{NEW}/dev/{name}")
@@ -138,8 +174,14 @@ def mask_proc() -> None:
     for name in PROC_MASK_DIRS:
         path = f"{NEW}/proc/{name}"
         if os.path.isdir(path):
-            m.mount("tmpfs", path, "tmpfs", m.MS_RDONLY | m.MS_NOSUID | m.MS_NODEV | m.MS_NOEXEC,
-                    "mode=0555,size=0", "mask /proc")
+            m.mount(
+                "tmpfs",
+                path,
+                "tmpfs",
+                m.MS_RDONLY | m.MS_NOSUID | m.MS_NODEV | m.MS_NOEXEC,
+                "mode=0555,size=0",
+                "mask /proc",
+            )
     # /proc/sys read-only (bound onto itself): sysctls were written above, before this.
     sysfd = os.open(NEW + "/proc/sys", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -160,7 +202,11 @@ def apply_ops(plan: Plan) -> None:
             os.symlink(op.target, NEW + op.dst)
         elif isinstance(op, File):
             _parent_on_tmpfs(op.dst, step="file")
-            fd = os.open(NEW + op.dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, op.mode)
+            fd = os.open(
+                NEW + op.dst,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                op.mode,
+            )
             with os.fdopen(fd, "w") as f:
                 f.write(op.content)
         elif isinstance(op, Dir):
@@ -240,8 +286,12 @@ def apply_bind(b: Bind) -> None:
     if src is None:
         return
     try:
-        attrs = (m.MOUNT_ATTR_NOSUID | (0 if b.dev else m.MOUNT_ATTR_NODEV)
-                 | (m.MOUNT_ATTR_RDONLY if b.ro else 0) | (m.MOUNT_ATTR_NOEXEC if b.noexec else 0))
+        attrs = (
+            m.MOUNT_ATTR_NOSUID
+            | (0 if b.dev else m.MOUNT_ATTR_NODEV)
+            | (m.MOUNT_ATTR_RDONLY if b.ro else 0)
+            | (m.MOUNT_ATTR_NOEXEC if b.noexec else 0)
+        )
         target = _open_target(b, m.is_dir_fd(src))
         try:
             _graft(src, target, attrs, step, b.dst)
@@ -269,12 +319,16 @@ def apply_copy(c: Copy, plan: Plan) -> None:
         st = os.fstat(sfd)
         if not (st.st_mode & 0o170000 == 0o100000):
             raise SetupError(f"{step}: {c.src}: not a regular file")
-        dfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, st.st_mode & 0o700 | 0o600)
+        dfd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, st.st_mode & 0o700 | 0o600
+        )
         try:
             while chunk := os.read(sfd, 1 << 16):
                 os.write(dfd, chunk)
         except OSError as e:
-            raise SetupError(f"{step}: {e.strerror} (is the scratch tmpfs, --memory, large enough?)") from None
+            raise SetupError(
+                f"{step}: {e.strerror} (is the scratch tmpfs, --memory, large enough?)"
+            ) from None
         finally:
             os.close(dfd)
     finally:
@@ -309,8 +363,13 @@ def apply_mask(mk: Mask) -> None:
         try:
             if m.is_dir_fd(target) != mk.is_dir:
                 raise SetupError(f"{step}: changed type since it was found (refused)")
-            _graft(src, target, m.MOUNT_ATTR_RDONLY | m.MOUNT_ATTR_NOSUID | m.MOUNT_ATTR_NODEV,
-                   step, mk.dst)
+            _graft(
+                src,
+                target,
+                m.MOUNT_ATTR_RDONLY | m.MOUNT_ATTR_NOSUID | m.MOUNT_ATTR_NODEV,
+                step,
+                mk.dst,
+            )
         finally:
             os.close(target)
     finally:
@@ -334,8 +393,13 @@ def seal_and_enter(cwd: str) -> None:
     """Make the root tmpfs read-only and pivot into it, detaching the host and the
     staging tree (pivot_root(".", ".") + lazy unmount leaves no /oldroot behind)."""
     rfd = _new_fd()
-    m.set_attr(rfd, m.MOUNT_ATTR_RDONLY | m.MOUNT_ATTR_NOSUID | m.MOUNT_ATTR_NODEV,
-               "root read-only", "/", recursive=False)
+    m.set_attr(
+        rfd,
+        m.MOUNT_ATTR_RDONLY | m.MOUNT_ATTR_NOSUID | m.MOUNT_ATTR_NODEV,
+        "root read-only",
+        "/",
+        recursive=False,
+    )
     os.close(rfd)
     os.chdir(NEW)
     m.pivot_root(".", ".")

@@ -39,5 +39,7 @@ def check(ret: int, step: str, path: str | None = None) -> int:
     return ret
 
 
-def errno_call(step: str, path: str | None, nr: int, *args: int | bytes | ctypes._CData | None) -> int:
+def errno_call(
+    step: str, path: str | None, nr: int, *args: int | bytes | ctypes._CData | None
+) -> int:
     return check(syscall(nr, *args), step, path)

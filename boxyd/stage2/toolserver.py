@@ -44,7 +44,7 @@ def _read_line(fd: int, buf: bytearray) -> bytes | None:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _collect(proc: subprocess.Popen[bytes], timeout: float, limit: int) -> tuple[bytes, bool, bool]:
@@ -80,23 +80,50 @@ def call(req: dict[str, object]) -> tuple[dict[str, object], bytes]:
     """One tool call: the response header and the tool's stdout."""
     argv, cwd, env = req.get("argv"), req.get("cwd"), req.get("env")
     timeout, limit = req.get("timeout"), req.get("limit")
-    if (not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv)
-            or not isinstance(cwd, str) or not isinstance(env, dict)
-            or not isinstance(timeout, (int, float)) or not isinstance(limit, int)):
-        return {"rc": None, "timeout": False, "error": "malformed request", "size": 0,
-                "truncated": False}, b""
+    if (
+        not isinstance(argv, list)
+        or not argv
+        or not all(isinstance(a, str) for a in argv)
+        or not isinstance(cwd, str)
+        or not isinstance(env, dict)
+        or not isinstance(timeout, (int, float))
+        or not isinstance(limit, int)
+    ):
+        return {
+            "rc": None,
+            "timeout": False,
+            "error": "malformed request",
+            "size": 0,
+            "truncated": False,
+        }, b""
     try:
-        proc = subprocess.Popen(argv, cwd=cwd, env={str(k): str(v) for k, v in env.items()},
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env={str(k): str(v) for k, v in env.items()},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     except OSError as e:
-        return {"rc": None, "timeout": False, "error": f"{argv[0]}: {e.strerror}", "size": 0,
-                "truncated": False}, b""
+        return {
+            "rc": None,
+            "timeout": False,
+            "error": f"{argv[0]}: {e.strerror}",
+            "size": 0,
+            "truncated": False,
+        }, b""
     with proc:
         out, timed_out, truncated = _collect(proc, float(timeout), min(limit, LIMIT_MAX))
         rc = proc.wait()
-    return {"rc": rc, "timeout": timed_out, "error": None, "size": len(out),
-            "truncated": truncated}, out
+    return {
+        "rc": rc,
+        "timeout": timed_out,
+        "error": None,
+        "size": len(out),
+        "truncated": truncated,
+    }, out
 
 
 def serve() -> int:

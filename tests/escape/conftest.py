@@ -89,8 +89,10 @@ def output(r: subprocess.CompletedProcess) -> str:
 
 
 def describe(r: subprocess.CompletedProcess) -> str:
-    return (f"exit {r.returncode}\n--- stdout\n{r.stdout.decode(errors='replace')}"
-            f"--- stderr\n{r.stderr.decode(errors='replace')}")
+    return (
+        f"exit {r.returncode}\n--- stdout\n{r.stdout.decode(errors='replace')}"
+        f"--- stderr\n{r.stderr.decode(errors='replace')}"
+    )
 
 
 def tried(r: subprocess.CompletedProcess) -> dict[str, str]:
@@ -103,8 +105,12 @@ def tried(r: subprocess.CompletedProcess) -> dict[str, str]:
     return out
 
 
-def assert_contained(r: subprocess.CompletedProcess, *labels: str, rc: int = 0,
-                     results: dict[str, set[str]] | None = None) -> dict[str, str]:
+def assert_contained(
+    r: subprocess.CompletedProcess,
+    *labels: str,
+    rc: int = 0,
+    results: dict[str, set[str]] | None = None,
+) -> dict[str, str]:
     """Nothing escaped; the payload ran to its end (exit RC) and made every attempt in
     LABELS; where RESULTS names the acceptable outcomes of an attempt, it had one."""
     assert "ESCAPED" not in output(r), describe(r)
@@ -113,7 +119,9 @@ def assert_contained(r: subprocess.CompletedProcess, *labels: str, rc: int = 0,
     missing = [label for label in labels if label not in got]
     assert not missing, f"attempts that never ran: {missing}\n{describe(r)}"
     for label, ok in (results or {}).items():
-        assert got.get(label) in ok, f"{label}: {got.get(label)!r} not in {sorted(ok)}\n{describe(r)}"
+        assert got.get(label) in ok, (
+            f"{label}: {got.get(label)!r} not in {sorted(ok)}\n{describe(r)}"
+        )
     return got
 
 
@@ -124,8 +132,14 @@ def write_payload(boxy: Boxy, code: str, name: str = "payload.py") -> Path:
     return path
 
 
-def run_py(boxy: Boxy, code: str, *flags: str, args: tuple[str, ...] = (), name: str = "payload.py",
-           **kw: object) -> subprocess.CompletedProcess:
+def run_py(
+    boxy: Boxy,
+    code: str,
+    *flags: str,
+    args: tuple[str, ...] = (),
+    name: str = "payload.py",
+    **kw: object,
+) -> subprocess.CompletedProcess:
     """Run CODE (after PRELUDE) as `python3 payload.py ARGS` in a --net none sandbox."""
     write_payload(boxy, code, name)
     return boxy.run("--net", "none", *flags, cmd=["python3", name, *args], **kw)  # type: ignore[arg-type]
@@ -138,13 +152,20 @@ def boxy_argv(*flags: str, cmd: list[str]) -> list[str]:
 # --- host-side processes of the test user ---------------------------------------------
 
 
-def spawn(user: User, argv: list[str], *, extra_env: dict[str, str] | None = None,
-          cwd: Path | None = None, **kw: object) -> subprocess.Popen:
+def spawn(
+    user: User,
+    argv: list[str],
+    *,
+    extra_env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    **kw: object,
+) -> subprocess.Popen:
     """A real process of the test user (its own pid, not runuser's), in its own session."""
     if os.getuid() == 0:
         kw.update(user=user.uid, group=user.gid, extra_groups=[])
-    return subprocess.Popen(argv, env=user.env(extra_env), cwd=cwd or user.home,
-                            start_new_session=True, **kw)  # type: ignore[call-overload]
+    return subprocess.Popen(
+        argv, env=user.env(extra_env), cwd=cwd or user.home, start_new_session=True, **kw
+    )  # type: ignore[call-overload]
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -167,14 +188,16 @@ def alive(pid: int) -> bool:
 @pytest.fixture
 def host_sleeper(user: User) -> Iterator[subprocess.Popen]:
     """A host process of the test user holding a secret in its environment."""
-    proc = spawn(user, ["sleep", "600"], extra_env={"BOXY_HOST_SECRET": "host-secret-" + uuid.uuid4().hex})
+    proc = spawn(
+        user, ["sleep", "600"], extra_env={"BOXY_HOST_SECRET": "host-secret-" + uuid.uuid4().hex}
+    )
     try:
         yield proc
     finally:
         stop(proc)
 
 
-LISTENER = r'''
+LISTENER = r"""
 import os, socket, sys
 path, log = sys.argv[1], sys.argv[2]
 addr = b"\0" + path[1:].encode() if path.startswith("@") else path
@@ -191,7 +214,7 @@ while True:
     except OSError:
         pass
     c.close()
-'''
+"""
 
 
 @dataclass
@@ -220,8 +243,7 @@ class Listeners:
         log = self.tmp / f"{len(self.all)}.log"
         log.touch()
         os.chmod(log, 0o666)
-        proc = spawn(self.user, [HOST_PY, "-c", LISTENER, path, str(log)],
-                     stdout=subprocess.PIPE)
+        proc = spawn(self.user, [HOST_PY, "-c", LISTENER, path, str(log)], stdout=subprocess.PIPE)
         assert proc.stdout is not None
         ready, _, _ = select.select([proc.stdout], [], [], 15)
         line = proc.stdout.readline() if ready else b""
@@ -232,8 +254,10 @@ class Listeners:
         self.all.append(listener)
         # positive control: the test user can reach it on the host
         addr = b"\0" + path[1:].encode() if path.startswith("@") else path
-        probe = (f"import socket; s=socket.socket(socket.AF_UNIX); s.connect({addr!r}); "
-                 "print(s.recv(64).decode())")
+        probe = (
+            f"import socket; s=socket.socket(socket.AF_UNIX); s.connect({addr!r}); "
+            "print(s.recv(64).decode())"
+        )
         r = self.user.run([HOST_PY, "-c", probe])
         assert b"HELLO-FROM-HOST" in r.stdout, r.stderr
         return listener
@@ -304,8 +328,12 @@ def wait_for(pred: object, timeout: float, what: str) -> None:
 
 # --- git repositories of the test user, and the host's git on them -----------------------
 
-IDENTITY = {"GIT_AUTHOR_NAME": "Boxy", "GIT_AUTHOR_EMAIL": "boxy@example.invalid",
-            "GIT_COMMITTER_NAME": "Boxy", "GIT_COMMITTER_EMAIL": "boxy@example.invalid"}
+IDENTITY = {
+    "GIT_AUTHOR_NAME": "Boxy",
+    "GIT_AUTHOR_EMAIL": "boxy@example.invalid",
+    "GIT_COMMITTER_NAME": "Boxy",
+    "GIT_COMMITTER_EMAIL": "boxy@example.invalid",
+}
 HOST_GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", **IDENTITY}
 # the identity inside the sandbox: a fresh $HOME has no ~/.gitconfig
 GIT_FLAGS = [x for k, v in IDENTITY.items() for x in ("-e", f"{k}={v}")]

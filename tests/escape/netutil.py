@@ -338,14 +338,20 @@ class NetRun:
 
     def describe(self, probe: str | None = None) -> str:
         """For assertion messages: the probe's record (or all), exit status, stderr."""
-        head = (json.dumps(self.probes.get(probe), sort_keys=True) if probe
-                else "\n".join(json.dumps(r, sort_keys=True) for r in self.probes.values()))
-        return (f"{head}\n--- exit {self.proc.returncode} after {self.seconds:.1f} s"
-                f"\n--- stderr\n{self.stderr[-2000:]}")
+        head = (
+            json.dumps(self.probes.get(probe), sort_keys=True)
+            if probe
+            else "\n".join(json.dumps(r, sort_keys=True) for r in self.probes.values())
+        )
+        return (
+            f"{head}\n--- exit {self.proc.returncode} after {self.seconds:.1f} s"
+            f"\n--- stderr\n{self.stderr[-2000:]}"
+        )
 
 
-def run_probes(topology: Any, user: User, workdir: Path, *flags: str, cmd: list[str],
-               timeout: float = 90) -> NetRun:
+def run_probes(
+    topology: Any, user: User, workdir: Path, *flags: str, cmd: list[str], timeout: float = 90
+) -> NetRun:
     """`boxyctl run FLAGS -- CMD` as the test user in the topology, after asserting it
     is isolated and zeroing its records; returns the run with the records it left."""
     topology.assert_isolated()
@@ -354,10 +360,17 @@ def run_probes(topology: Any, user: User, workdir: Path, *flags: str, cmd: list[
     t0 = time.monotonic()
     proc = box.run(*flags, cmd=cmd, timeout=timeout)
     seconds = time.monotonic() - t0
-    return NetRun(proc=proc, seconds=seconds, probes=parse_probes(proc.stdout),
-                  net_counters=topology.counters("net"), host_counters=topology.counters("host"),
-                  dns_queries=topology.dns_queries(), server_events=topology.server_events(),
-                  recorder_events=topology.recorder_events(), info=topology.info)
+    return NetRun(
+        proc=proc,
+        seconds=seconds,
+        probes=parse_probes(proc.stdout),
+        net_counters=topology.counters("net"),
+        host_counters=topology.counters("host"),
+        dns_queries=topology.dns_queries(),
+        server_events=topology.server_events(),
+        recorder_events=topology.recorder_events(),
+        info=topology.info,
+    )
 
 
 def stop_daemon(topology: Any, user: User) -> subprocess.CompletedProcess:
@@ -365,5 +378,6 @@ def stop_daemon(topology: Any, user: User) -> subprocess.CompletedProcess:
     starts a fresh one): for a test that changed the host netns under it."""
     argv = [str(BIN / "boxyctl"), "daemon", "stop"]
     env = topology.user_env(user.uid, user.gid)
-    return subprocess.run(topology.exec_in_host(user.cmd(argv, env)), capture_output=True,
-                          timeout=30)
+    return subprocess.run(
+        topology.exec_in_host(user.cmd(argv, env)), capture_output=True, timeout=30
+    )

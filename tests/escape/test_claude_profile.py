@@ -38,7 +38,11 @@ echo '{"type": "user", "text": "hi"}' > "$c/projects/$1/session-1.jsonl" && echo
 def fake_claude(user: User) -> Iterator[Path]:
     """~/.claude and ~/.local/bin/claude -> a versioned binary, in the test user's home."""
     home = user.home
-    made = [home / ".claude", home / ".local/share/claude-test", home / ".config/boxy/claude-mcp.json"]
+    made = [
+        home / ".claude",
+        home / ".local/share/claude-test",
+        home / ".config/boxy/claude-mcp.json",
+    ]
     link = home / ".local/bin/claude"
     for p in made + [link]:
         if p.exists() or p.is_symlink():
@@ -59,8 +63,16 @@ def fake_claude(user: User) -> Iterator[Path]:
     mcp = home / ".config/boxy/claude-mcp.json"
     mcp.parent.mkdir(parents=True, exist_ok=True)
     mcp.write_text('{"mcpServers": {}}\n')
-    for p in [*claude.rglob("*"), claude, binary, link, mcp, *binary.parents, *link.parents,
-              *mcp.parents]:
+    for p in [
+        *claude.rglob("*"),
+        claude,
+        binary,
+        link,
+        mcp,
+        *binary.parents,
+        *link.parents,
+        *mcp.parents,
+    ]:
         if p.is_relative_to(home) and p != home:
             user.chown(p)  # created as root: the user's, as its own tools would make them
     try:
@@ -72,13 +84,15 @@ def fake_claude(user: User) -> Iterator[Path]:
         mcp.unlink(missing_ok=True)
 
 
-def test_the_claude_profile_with_a_stand_in(boxy: Boxy, user: User, workdir: Path,
-                                            fake_claude: Path) -> None:
+def test_the_claude_profile_with_a_stand_in(
+    boxy: Boxy, user: User, workdir: Path, fake_claude: Path
+) -> None:
     slug = re.sub(r"[^A-Za-z0-9]", "-", str(workdir))
     transcripts = fake_claude / "projects" / slug
     assert not transcripts.exists()  # a new project: the first run creates it
-    r = boxy.run("-p", "claude", "--net", "none",
-                 cmd=[str(user.home / ".local/bin/claude"), slug], input=b"")
+    r = boxy.run(
+        "-p", "claude", "--net", "none", cmd=[str(user.home / ".local/bin/claude"), slug], input=b""
+    )
     out = r.stdout.decode()
     assert r.returncode == 0, (out, r.stderr.decode())
     assert "ESCAPED" not in out, out
@@ -88,6 +102,12 @@ def test_the_claude_profile_with_a_stand_in(boxy: Boxy, user: User, workdir: Pat
     assert (fake_claude / ".credentials.json").read_text() == TOKEN  # the host's is unchanged
     assert (fake_claude / "CLAUDE.md").read_text() == "Be brief.\n"
     assert (transcripts / "session-1.jsonl").read_text() == '{"type": "user", "text": "hi"}\n'
-    again = boxy.run("-p", "claude", "--net", "none", cmd=["ls", str(user.home / ".claude/projects"
-                                                                     f"/{slug}")], input=b"")
+    again = boxy.run(
+        "-p",
+        "claude",
+        "--net",
+        "none",
+        cmd=["ls", str(user.home / f".claude/projects/{slug}")],
+        input=b"",
+    )
     assert again.stdout.decode().split() == ["session-1.jsonl"]  # kept for /resume

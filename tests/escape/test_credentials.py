@@ -87,8 +87,21 @@ with open(".npmrc") as f:
 
 def _project(user: User, workdir: Path) -> Path:
     repo = init_repo(user, workdir)
-    git(user, repo, "remote", "add", "origin", f"https://x-access-token:{SECRET}@github.example/o/r.git")
-    git(user, repo, "config", "http.https://github.example/.extraheader", f"AUTHORIZATION: basic {SECRET}")
+    git(
+        user,
+        repo,
+        "remote",
+        "add",
+        "origin",
+        f"https://x-access-token:{SECRET}@github.example/o/r.git",
+    )
+    git(
+        user,
+        repo,
+        "config",
+        "http.https://github.example/.extraheader",
+        f"AUTHORIZATION: basic {SECRET}",
+    )
     for rel, text in {**FILES, **KEPT}.items():
         (repo / rel).parent.mkdir(parents=True, exist_ok=True)
         (repo / rel).write_text(text)
@@ -112,8 +125,12 @@ def test_credentials_in_the_work_tree_are_covered(boxy: Boxy, user: User, workdi
         assert (repo / rel).read_bytes() == before[rel], f"{rel} changed on the host"
     for rel in KEPT:
         assert rel not in err, f"{rel} is not a credential, yet it was covered\n{describe(r)}"
-    assert git(user, repo, "config", "--get", "remote.origin.url").stdout.decode().strip().endswith(
-        f"{SECRET}@github.example/o/r.git")  # the host's own config is untouched
+    assert (
+        git(user, repo, "config", "--get", "remote.origin.url")
+        .stdout.decode()
+        .strip()
+        .endswith(f"{SECRET}@github.example/o/r.git")
+    )  # the host's own config is untouched
 
 
 def test_reveal_shows_one_and_only_that_one(boxy: Boxy, user: User, workdir: Path) -> None:
@@ -133,7 +150,9 @@ MORE = {
     "ci/auth.inc": f'[http "https://github.example/"]\n\textraheader = AUTHORIZATION: basic {SECRET}\n',
     ".venv/pip.conf": f"[global]\nindex-url = https://__token__:{SECRET}@pypi.internal.example/simple\n",
     ".yarnrc": f'registry "https://npm.internal.example/"\n"//npm.internal.example/:_authToken" {SECRET}\n',
-    "php/auth.json": json.dumps({"http-basic": {"repo.example": {"username": "u", "password": SECRET}}}),
+    "php/auth.json": json.dumps(
+        {"http-basic": {"repo.example": {"username": "u", "password": SECRET}}}
+    ),
     ".cargo/credentials.toml": f'[registry]\ntoken = "{SECRET}"\n',
     ".cargo/config.toml": f'[registries.corp]\nindex = "sparse+https://c.example/"\ntoken = "{SECRET}"\n',
     "poetry.toml": f'[http-basic.corp]\nusername = "u"\npassword = "{SECRET}"\n',
@@ -191,17 +210,27 @@ def test_a_hard_link_planted_earlier_is_covered_too(boxy: Boxy, user: User, work
     assert r.returncode == 0 and b"TRIED linked" in r.stdout, describe(r)
     with open(workdir / ".env.local", "a") as f:  # the user adds a key later, in place
         f.write(f"API_KEY={SECRET}\n")
-    assert SECRET in (workdir / "node_modules/.cache/e").read_text()  # the link shows it on the host
-    r = boxy.sh("cat node_modules/.cache/e .env.local; echo; echo TRIED read; "
-                "echo x >> node_modules/.cache/e || echo TRIED write-refused",
-                "-v", "--audit-log", "audit.jsonl")
+    assert (
+        SECRET in (workdir / "node_modules/.cache/e").read_text()
+    )  # the link shows it on the host
+    r = boxy.sh(
+        "cat node_modules/.cache/e .env.local; echo; echo TRIED read; "
+        "echo x >> node_modules/.cache/e || echo TRIED write-refused",
+        "-v",
+        "--audit-log",
+        "audit.jsonl",
+    )
     assert SECRET not in r.stdout.decode(), "ESCAPED the key through a hard link\n" + describe(r)
     assert b"TRIED read" in r.stdout and b"TRIED write-refused" in r.stdout, describe(r)
     err = r.stderr.decode()
-    assert f"{workdir}/node_modules/.cache/e: environment file, shown as an empty stand-in " \
-           "(a hard link of .env.local)" in err, describe(r)
-    assert f"{workdir}/.env.local: environment file, shown as an empty stand-in (2 hard links: " \
-           "also node_modules/.cache/e)" in err, describe(r)
+    assert (
+        f"{workdir}/node_modules/.cache/e: environment file, shown as an empty stand-in "
+        "(a hard link of .env.local)" in err
+    ), describe(r)
+    assert (
+        f"{workdir}/.env.local: environment file, shown as an empty stand-in (2 hard links: "
+        "also node_modules/.cache/e)" in err
+    ), describe(r)
     records = [json.loads(x) for x in (workdir / "audit.jsonl").read_text().splitlines()]
     notes = {x["path"]: x.get("note") for x in records if x.get("layer") == "fs.secret"}
     assert notes[f"{workdir}/node_modules/.cache/e"] == "a hard link of .env.local", notes
@@ -216,7 +245,9 @@ def test_a_link_outside_the_tree_is_said(boxy: Boxy, user: User, workdir: Path) 
     try:
         r = boxy.sh("cat .env; echo TRIED read", "-v")
         assert SECRET not in r.stdout.decode() and b"TRIED read" in r.stdout, describe(r)
-        assert "1 outside the tree (not shown to the payload, but not covered there)" in r.stderr.decode(), \
-            describe(r)
+        assert (
+            "1 outside the tree (not shown to the payload, but not covered there)"
+            in r.stderr.decode()
+        ), describe(r)
     finally:
         outside.unlink()

@@ -58,8 +58,9 @@ tried("planted", tree)
 
 
 def _plant(boxy: Boxy, marker: Path, *flags: str) -> subprocess.CompletedProcess:
-    return run_py(boxy, PLANT_LAZY_FETCH, *flags, *GIT_FLAGS,
-                  args=(str(marker), "node_modules/.cache/lib"))
+    return run_py(
+        boxy, PLANT_LAZY_FETCH, *flags, *GIT_FLAGS, args=(str(marker), "node_modules/.cache/lib")
+    )
 
 
 def test_guard_git_never_runs_a_planted_upload_pack(boxy: Boxy, user: User) -> None:
@@ -71,8 +72,10 @@ def test_guard_git_never_runs_a_planted_upload_pack(boxy: Boxy, user: User) -> N
             print("ESCAPED the guard's own git ran the payload's upload-pack on the host")
         assert not marker.exists(), describe(r)
         lines = findings(r)
-        assert any("node_modules/.cache/lib/.git/config" in ln and "remote.origin.uploadpack" in ln
-                   for ln in lines), describe(r)
+        assert any(
+            "node_modules/.cache/lib/.git/config" in ln and "remote.origin.uploadpack" in ln
+            for ln in lines
+        ), describe(r)
     finally:
         marker.unlink(missing_ok=True)
 
@@ -86,32 +89,40 @@ def test_upload_pack_attack_is_real_against_host_git(boxy: Boxy, user: User) -> 
         r = _plant(boxy, marker, "--allow-git-write")
         assert b"TRIED planted" in r.stdout, describe(r)
         assert not marker.exists()
-        user.run(["git", "-c", "safe.directory=*", "ls-files", "-s", "--", ":/"],
-                 cwd=boxy.workdir / "node_modules/.cache/lib", extra_env=HOST_GIT_ENV)
+        user.run(
+            ["git", "-c", "safe.directory=*", "ls-files", "-s", "--", ":/"],
+            cwd=boxy.workdir / "node_modules/.cache/lib",
+            extra_env=HOST_GIT_ENV,
+        )
         assert marker.exists(), "the attack did not reproduce: the guarded test proves nothing"
     finally:
         marker.unlink(missing_ok=True)
 
 
-PLANTED_TOOL = "#!/bin/sh\ntouch {marker}\nexec /usr/bin/{name} \"$@\"\n"
+PLANTED_TOOL = '#!/bin/sh\ntouch {marker}\nexec /usr/bin/{name} "$@"\n'
 
 
 @pytest.mark.parametrize("profile,tool", [("node", "npm"), ("python", "python3")])
-def test_settings_never_run_a_tool_from_a_writable_tree(boxy: Boxy, user: User, profile: str,
-                                                        tool: str) -> None:
+def test_settings_never_run_a_tool_from_a_writable_tree(
+    boxy: Boxy, user: User, profile: str, tool: str
+) -> None:
     """A project venv on the client's PATH: the payload wrote .venv/bin/npm (python3)
     in one run; the next run's registry settings must not be asked of it."""
     marker = user.home / f".boxy-escape-tool-{uuid.uuid4().hex[:8]}"
     venv_bin = boxy.workdir / ".venv/bin"
     try:
-        r = run_py(boxy, """
+        r = run_py(
+            boxy,
+            """
 name, text = sys.argv[1], sys.argv[2]
 os.makedirs(".venv/bin", exist_ok=True)
 with open(".venv/bin/" + name, "w") as f:
     f.write(text)
 os.chmod(".venv/bin/" + name, 0o755)
 tried("planted", name)
-""", args=(tool, PLANTED_TOOL.format(marker=marker, name=tool)))
+""",
+            args=(tool, PLANTED_TOOL.format(marker=marker, name=tool)),
+        )
         assert b"TRIED planted" in r.stdout, describe(r)
         path = f"{venv_bin}:{BIN}:/usr/local/bin:/usr/bin:/bin"
         r = boxy.run("--net", "none", "-p", profile, "-v", cmd=["true"], extra_env={"PATH": path})

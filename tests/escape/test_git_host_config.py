@@ -50,8 +50,9 @@ def test_a_work_tree_outside_the_work_directory_is_a_finding(boxy: Boxy, user: U
         if outside.exists():
             print(f"ESCAPED the host's git reset wrote {outside}")
         assert not outside.exists(), describe(r)
-        assert any("packages/app/.git/config" in ln and "core.worktree" in ln for ln in findings(r)), \
-            describe(r)
+        assert any(
+            "packages/app/.git/config" in ln and "core.worktree" in ln for ln in findings(r)
+        ), describe(r)
     finally:
         outside.unlink(missing_ok=True)
 
@@ -101,8 +102,9 @@ def _commit(user: User, repo: Path) -> None:
     git(user, repo, "commit", "-q", "-m", "more", check=False)
 
 
-def test_the_users_global_hooks_path_is_guarded(boxy: Boxy, user: User, workdir: Path,
-                                                global_hooks_path: None) -> None:
+def test_the_users_global_hooks_path_is_guarded(
+    boxy: Boxy, user: User, workdir: Path, global_hooks_path: None
+) -> None:
     repo = init_repo(user, workdir)
     marker = user.home / f".boxy-escape-globalhooks-{uuid.uuid4().hex[:8]}"
     try:
@@ -117,8 +119,9 @@ def test_the_users_global_hooks_path_is_guarded(boxy: Boxy, user: User, workdir:
         marker.unlink(missing_ok=True)
 
 
-def test_the_global_hooks_path_attack_is_real_without_the_guard(boxy: Boxy, user: User, workdir: Path,
-                                                                global_hooks_path: None) -> None:
+def test_the_global_hooks_path_attack_is_real_without_the_guard(
+    boxy: Boxy, user: User, workdir: Path, global_hooks_path: None
+) -> None:
     repo = init_repo(user, workdir)
     marker = user.home / f".boxy-escape-globalhooks-{uuid.uuid4().hex[:8]}"
     try:

@@ -70,21 +70,26 @@ def _host_git(user: User, repo: Path, where: str) -> str:
     status stops early; the pager still runs)."""
     cwd = repo if where == "root" else repo / "sub"
     st = git(user, cwd, "status", check=False)
-    br = user.run(["script", "-qec", "git branch", "/dev/null"], cwd=cwd,
-                  extra_env={"GIT_CONFIG_NOSYSTEM": "1", "TERM": "dumb"})
+    br = user.run(
+        ["script", "-qec", "git branch", "/dev/null"],
+        cwd=cwd,
+        extra_env={"GIT_CONFIG_NOSYSTEM": "1", "TERM": "dumb"},
+    )
     return f"--- host git status\n{st.stderr.decode()}--- host git branch\n{br.stdout.decode()}"
 
 
 @pytest.mark.parametrize("where", ["root", "subdir", "commondir"])
-def test_fake_bare_repository_does_not_run_on_host(boxy: Boxy, user: User, repo: Path,
-                                                   where: str) -> None:
+def test_fake_bare_repository_does_not_run_on_host(
+    boxy: Boxy, user: User, repo: Path, where: str
+) -> None:
     marker = _marker(user, "bare")
     try:
         r = run_py(boxy, FAKE_BARE, args=(str(marker), where))
         assert b"TRIED planted" in r.stdout and b"ESCAPED" not in r.stdout, describe(r)
         host = _host_git(user, repo, where)
-        assert not marker.exists(), (f"ESCAPED: the host's git ran the fake bare repository's "
-                                     f"commands\n{describe(r)}{host}")
+        assert not marker.exists(), (
+            f"ESCAPED: the host's git ran the fake bare repository's commands\n{describe(r)}{host}"
+        )
         assert any("config" in ln for ln in findings(r)), describe(r)
     finally:
         marker.unlink(missing_ok=True)
@@ -92,7 +97,9 @@ def test_fake_bare_repository_does_not_run_on_host(boxy: Boxy, user: User, repo:
 
 
 @pytest.mark.parametrize("where", ["root", "subdir", "commondir"])
-def test_fake_bare_repository_attack_is_real(boxy: Boxy, user: User, repo: Path, where: str) -> None:
+def test_fake_bare_repository_attack_is_real(
+    boxy: Boxy, user: User, repo: Path, where: str
+) -> None:
     marker = _marker(user, "bare")
     try:
         r = run_py(boxy, FAKE_BARE, "--allow-git-write", args=(str(marker), where))
@@ -122,8 +129,9 @@ else:
 
 @pytest.mark.parametrize("present", [True, False], ids=["existing-include", "absent-include"])
 @pytest.mark.parametrize("guarded", [True, False], ids=["guarded", "control"])
-def test_included_config_does_not_run_on_host(boxy: Boxy, user: User, repo: Path, present: bool,
-                                              guarded: bool) -> None:
+def test_included_config_does_not_run_on_host(
+    boxy: Boxy, user: User, repo: Path, present: bool, guarded: bool
+) -> None:
     """include.path = ../.gitconfig, a common shared-config pattern: the payload appends
     core.fsmonitor to the included file (pinned when it exists, judged when it appears)."""
     git(user, repo, "config", "include.path", "../.gitconfig")
@@ -139,12 +147,16 @@ def test_included_config_does_not_run_on_host(boxy: Boxy, user: User, repo: Path
         if not guarded:
             assert marker.exists(), "the attack did not reproduce: the guarded test proves nothing"
             return
-        assert not marker.exists(), f"ESCAPED: the host's git ran an included fsmonitor\n{describe(r)}"
+        assert not marker.exists(), (
+            f"ESCAPED: the host's git ran an included fsmonitor\n{describe(r)}"
+        )
         if present:
             assert b"TRIED append EROFS" in r.stdout, describe(r)
             assert (repo / ".gitconfig").read_text() == "[user]\n\tname = Shared\n"
         else:
-            assert any(".gitconfig" in ln and "core.fsmonitor" in ln for ln in findings(r)), describe(r)
+            assert any(".gitconfig" in ln and "core.fsmonitor" in ln for ln in findings(r)), (
+                describe(r)
+            )
     finally:
         marker.unlink(missing_ok=True)
 
@@ -174,8 +186,9 @@ else:
 
 
 @pytest.mark.parametrize("guarded", [True, False], ids=["guarded", "control"])
-def test_hooks_path_swapped_for_symlink_does_not_run_on_host(boxy: Boxy, user: User, repo: Path,
-                                                             guarded: bool) -> None:
+def test_hooks_path_swapped_for_symlink_does_not_run_on_host(
+    boxy: Boxy, user: User, repo: Path, guarded: bool
+) -> None:
     """core.hooksPath = .githooks (husky uses .husky/_): the payload replaces the
     directory with a symlink to hooks of its own; the host's git commit runs them."""
     git(user, repo, "config", "core.hooksPath", ".githooks")
@@ -190,7 +203,9 @@ def test_hooks_path_swapped_for_symlink_does_not_run_on_host(boxy: Boxy, user: U
         if not guarded:
             assert marker.exists(), "the attack did not reproduce: the guarded test proves nothing"
             return
-        assert not marker.exists(), f"ESCAPED: the host's git commit ran a swapped-in hook\n{describe(r)}"
+        assert not marker.exists(), (
+            f"ESCAPED: the host's git commit ran a swapped-in hook\n{describe(r)}"
+        )
         assert b"TRIED rename EBUSY" in r.stdout, describe(r)  # a mount point
         assert (repo / ".githooks").is_dir() and not (repo / ".githooks").is_symlink()
     finally:
@@ -254,13 +269,21 @@ def test_two_concurrent_runs_cannot_launder_a_hook(boxy: Boxy, user: User, repo:
     marker = _marker(user, "launder")
     write_payload(boxy, LAUNDER_A, "a.py")
     write_payload(boxy, LAUNDER_B, "b.py")
-    a = subprocess.Popen(user.cmd(boxy_argv(cmd=["python3", "a.py", str(marker)])), cwd=repo,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    a = subprocess.Popen(
+        user.cmd(boxy_argv(cmd=["python3", "a.py", str(marker)])),
+        cwd=repo,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     b = None
     try:
         wait_for(lambda: (repo / "a-planted").exists() or a.poll() is not None, 60, "run A")
-        b = subprocess.Popen(user.cmd(boxy_argv(cmd=["python3", "b.py", str(marker)])), cwd=repo,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        b = subprocess.Popen(
+            user.cmd(boxy_argv(cmd=["python3", "b.py", str(marker)])),
+            cwd=repo,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         ra = subprocess.CompletedProcess(a.args, a.wait(timeout=90), *a.communicate(timeout=10))
         (repo / "a-exited").touch()
         rb = subprocess.CompletedProcess(b.args, b.wait(timeout=90), *b.communicate(timeout=10))

@@ -25,8 +25,12 @@ def _quick(boxy: Boxy) -> float:
 
 
 def test_fifo_swapped_in_during_the_run_does_not_freeze_the_daemon(boxy: Boxy) -> None:
-    r = boxy.sh("rm -f audit.jsonl && mkfifo audit.jsonl && echo TRIED fifo", "--audit-log",
-                "audit.jsonl", timeout=60)
+    r = boxy.sh(
+        "rm -f audit.jsonl && mkfifo audit.jsonl && echo TRIED fifo",
+        "--audit-log",
+        "audit.jsonl",
+        timeout=60,
+    )
     assert r.returncode == 0 and b"TRIED fifo" in r.stdout, describe(r)
     assert _quick(boxy) < 10  # the daemon still answers everyone
     err = r.stderr.decode()
@@ -55,12 +59,16 @@ def test_log_directory_swapped_for_a_symlink(boxy: Boxy, user: User) -> None:
     (boxy.workdir / "logs").mkdir()
     user.chown(boxy.workdir / "logs")
     try:
-        r1 = boxy.sh(f"rm -f logs/audit.jsonl; rmdir logs && ln -s {target} logs && echo TRIED swap",
-                     "--audit-log", "logs/audit.jsonl")
+        r1 = boxy.sh(
+            f"rm -f logs/audit.jsonl; rmdir logs && ln -s {target} logs && echo TRIED swap",
+            "--audit-log",
+            "logs/audit.jsonl",
+        )
         assert r1.returncode == 0 and b"TRIED swap" in r1.stdout, describe(r1)
         r2 = boxy.sh("echo TRIED second", "--audit-log", "logs/audit.jsonl")
-        assert list(target.iterdir()) == [], (f"ESCAPED: boxyd wrote into the symlink's target\n"
-                                              f"{describe(r1)}{describe(r2)}")
+        assert list(target.iterdir()) == [], (
+            f"ESCAPED: boxyd wrote into the symlink's target\n{describe(r1)}{describe(r2)}"
+        )
         assert r2.returncode == 2 and b"TRIED second" not in r2.stdout, describe(r2)
         assert "logs is a symlink inside a tree the sandbox can write" in r2.stderr.decode()
     finally:
@@ -71,8 +79,11 @@ def test_hard_link_to_another_file_is_refused(boxy: Boxy, user: User) -> None:
     make = boxy.workdir / "Makefile"
     make.write_text("all:\n\ttrue\n")
     user.chown(make)
-    r1 = boxy.sh("rm -f audit.jsonl && ln Makefile audit.jsonl && echo TRIED link",
-                 "--audit-log", "audit.jsonl")
+    r1 = boxy.sh(
+        "rm -f audit.jsonl && ln Makefile audit.jsonl && echo TRIED link",
+        "--audit-log",
+        "audit.jsonl",
+    )
     assert b"TRIED link" in r1.stdout, describe(r1)
     r2 = boxy.sh("echo TRIED second", "--audit-log", "audit.jsonl")
     assert make.read_text() == "all:\n\ttrue\n", "ESCAPED: boxyd appended to the linked file"

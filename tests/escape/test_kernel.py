@@ -22,16 +22,41 @@ pytestmark = pytest.mark.sandbox
 
 NET = ("--net", "none")
 
-SYS = {"ioctl": 16, "socket": 41, "clone": 56, "ptrace": 101, "personality": 135,
-       "mount": 165, "umount2": 166, "add_key": 248, "keyctl": 250, "unshare": 272,
-       "perf_event_open": 298, "process_vm_readv": 310, "bpf": 321, "userfaultfd": 323,
-       "setns": 308, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-       "open_tree": 428, "fsopen": 430, "clone3": 435, "pidfd_open": 434, "pidfd_getfd": 438}
+SYS = {
+    "ioctl": 16,
+    "socket": 41,
+    "clone": 56,
+    "ptrace": 101,
+    "personality": 135,
+    "mount": 165,
+    "umount2": 166,
+    "add_key": 248,
+    "keyctl": 250,
+    "unshare": 272,
+    "perf_event_open": 298,
+    "process_vm_readv": 310,
+    "bpf": 321,
+    "userfaultfd": 323,
+    "setns": 308,
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
+    "open_tree": 428,
+    "fsopen": 430,
+    "clone3": 435,
+    "pidfd_open": 434,
+    "pidfd_getfd": 438,
+}
 
 NAMESPACE_FLAGS = {
-    "CLONE_NEWUSER": 0x10000000, "CLONE_NEWNS": 0x00020000, "CLONE_NEWPID": 0x20000000,
-    "CLONE_NEWNET": 0x40000000, "CLONE_NEWUTS": 0x04000000, "CLONE_NEWIPC": 0x08000000,
-    "CLONE_NEWCGROUP": 0x02000000, "CLONE_NEWTIME": 0x00000080,
+    "CLONE_NEWUSER": 0x10000000,
+    "CLONE_NEWNS": 0x00020000,
+    "CLONE_NEWPID": 0x20000000,
+    "CLONE_NEWNET": 0x40000000,
+    "CLONE_NEWUTS": 0x04000000,
+    "CLONE_NEWIPC": 0x08000000,
+    "CLONE_NEWCGROUP": 0x02000000,
+    "CLONE_NEWTIME": 0x00000080,
 }
 
 
@@ -76,7 +101,9 @@ def out_of(r: subprocess.CompletedProcess) -> str:
     return r.stdout.decode(errors="replace")
 
 
-def assert_refused(r: subprocess.CompletedProcess, expected: dict[str, str | tuple[str, ...]]) -> None:
+def assert_refused(
+    r: subprocess.CompletedProcess, expected: dict[str, str | tuple[str, ...]]
+) -> None:
     """No ESCAPED line, the payload finished (DONE), and each case got its errno."""
     out = out_of(r)
     assert "ESCAPED" not in out, out
@@ -92,9 +119,11 @@ def assert_refused(r: subprocess.CompletedProcess, expected: dict[str, str | tup
 
 
 def test_mount_command_fails(boxy: Boxy) -> None:
-    script = ("mkdir -p /tmp/x; mount -t tmpfs none /tmp/x; echo \"TRIED mount status $?\"; "
-              "grep -q ' /tmp/x ' /proc/self/mountinfo && echo 'ESCAPED tmpfs mounted on /tmp/x'; "
-              "echo DONE")
+    script = (
+        'mkdir -p /tmp/x; mount -t tmpfs none /tmp/x; echo "TRIED mount status $?"; '
+        "grep -q ' /tmp/x ' /proc/self/mountinfo && echo 'ESCAPED tmpfs mounted on /tmp/x'; "
+        "echo DONE"
+    )
     r = boxy.sh(script, input=b"")
     out = out_of(r)
     assert "ESCAPED" not in out, out
@@ -115,16 +144,21 @@ if " /tmp/x " in open("/proc/self/mountinfo").read():
     print("ESCAPED something is mounted on /tmp/x")
 print("DONE")
 """
-    assert_refused(py(boxy, body), {c: "EPERM" for c in
-                                    ("mount", "mount-bind", "umount2", "fsopen", "open_tree")})
+    assert_refused(
+        py(boxy, body),
+        {c: "EPERM" for c in ("mount", "mount-bind", "umount2", "fsopen", "open_tree")},
+    )
 
 
 # --- user and other namespaces ------------------------------------------------
 
 
 def test_unshare_command_refused(boxy: Boxy) -> None:
-    r = boxy.sh("unshare -U true; echo \"TRIED unshare -U status $?\"; "
-                "unshare -Ur id -u; echo \"TRIED unshare -Ur status $?\"", input=b"")
+    r = boxy.sh(
+        'unshare -U true; echo "TRIED unshare -U status $?"; '
+        'unshare -Ur id -u; echo "TRIED unshare -Ur status $?"',
+        input=b"",
+    )
     out = out_of(r)
     statuses = re.findall(r"TRIED unshare -Ur? status (\d+)", out)
     assert len(statuses) == 2, out
@@ -213,12 +247,19 @@ os.kill(child, signal.SIGKILL)
 os.waitpid(child, 0)
 print("DONE")
 """
-    assert_refused(py(boxy, body), {
-        "ptrace-attach-pid1": "EPERM", "ptrace-seize-pid1": "EPERM",
-        "ptrace-attach-sibling": "EPERM", "ptrace-seize-sibling": "EPERM",
-        "process_vm_readv-pid1": "EPERM", "process_vm_readv-sibling": "EPERM",
-        "pidfd_open-sibling": "OK", "pidfd_getfd-sibling": "EPERM",
-    })
+    assert_refused(
+        py(boxy, body),
+        {
+            "ptrace-attach-pid1": "EPERM",
+            "ptrace-seize-pid1": "EPERM",
+            "ptrace-attach-sibling": "EPERM",
+            "ptrace-seize-sibling": "EPERM",
+            "process_vm_readv-pid1": "EPERM",
+            "process_vm_readv-sibling": "EPERM",
+            "pidfd_open-sibling": "OK",
+            "pidfd_getfd-sibling": "EPERM",
+        },
+    )
 
 
 def test_probed_syscalls_get_errno_and_survive(boxy: Boxy) -> None:
@@ -238,11 +279,19 @@ attempt("perf_event_open", SYS["perf_event_open"], pattr, 0, -1 & 0xFFFFFFFF, -1
 attempt("userfaultfd", SYS["userfaultfd"], 0)
 print("DONE")
 """
-    assert_refused(py(boxy, body), {
-        "io_uring_setup": "ENOSYS", "io_uring_enter": "ENOSYS", "io_uring_register": "ENOSYS",
-        "bpf": "EPERM", "keyctl": "EPERM", "add_key": "EPERM",
-        "perf_event_open": "EPERM", "userfaultfd": "EPERM",
-    })
+    assert_refused(
+        py(boxy, body),
+        {
+            "io_uring_setup": "ENOSYS",
+            "io_uring_enter": "ENOSYS",
+            "io_uring_register": "ENOSYS",
+            "bpf": "EPERM",
+            "keyctl": "EPERM",
+            "add_key": "EPERM",
+            "perf_event_open": "EPERM",
+            "userfaultfd": "EPERM",
+        },
+    )
 
 
 # --- terminal injection -------------------------------------------------------------
@@ -270,8 +319,12 @@ print("DONE")
 
 
 def _tty_expected(labels: tuple[str, ...]) -> dict[str, str | tuple[str, ...]]:
-    return {f"{req}{hi}-{label}": "EPERM" for label in labels
-            for req in ("TIOCSTI", "TIOCLINUX") for hi in ("", "-hi")}
+    return {
+        f"{req}{hi}-{label}": "EPERM"
+        for label in labels
+        for req in ("TIOCSTI", "TIOCLINUX")
+        for hi in ("", "-hi")
+    }
 
 
 def test_tiocsti_tioclinux_on_pipes(boxy: Boxy) -> None:
@@ -299,8 +352,7 @@ def test_tiocsti_tioclinux_on_pty(user: User, workdir: Path) -> None:
 
 
 def test_tiocsti_with_stdin_pty_stdout_pipe(user: User, workdir: Path) -> None:
-    r = run_on_pty(user, workdir, list(NET), ["python3", "-c", PRELUDE + TTY_BODY],
-                   stdout="pipe")
+    r = run_on_pty(user, workdir, list(NET), ["python3", "-c", PRELUDE + TTY_BODY], stdout="pipe")
     out = r.stdout
     assert "ESCAPED" not in out + r.tty, out
     assert r.returncode == 0, (out, r.tty)
@@ -335,8 +387,11 @@ def _int80(boxy: Boxy, *flags: str) -> subprocess.CompletedProcess:
     src.write_text(INT80_C)
     boxy.user.chown(src)
     # exec: the payload itself must die of SIGSYS, not a shell reporting a child
-    return boxy.sh("cc -O0 -o int80 int80.c || { echo COMPILE-FAILED; exit 99; }; exec ./int80",
-                   *flags, input=b"")
+    return boxy.sh(
+        "cc -O0 -o int80 int80.c || { echo COMPILE-FAILED; exit 99; }; exec ./int80",
+        *flags,
+        input=b"",
+    )
 
 
 def test_int80_killed_by_seccomp(boxy: Boxy) -> None:
@@ -405,9 +460,22 @@ for case, (fam, typ, proto) in {"inet-stream": (2, 1, 0), "unix-stream": (1, 1, 
     print("control-" + case, "OK" if r >= 0 else name(e))
 print("DONE")
 """
-    cases = ("vsock-stream", "vsock-dgram", "packet-raw", "packet-dgram", "inet-raw-icmp",
-             "inet-raw-raw", "inet6-raw-icmp", "alg", "ping4", "ping6", "key", "xdp",
-             "netlink-audit", "inet-stream-sctp")
+    cases = (
+        "vsock-stream",
+        "vsock-dgram",
+        "packet-raw",
+        "packet-dgram",
+        "inet-raw-icmp",
+        "inet-raw-raw",
+        "inet6-raw-icmp",
+        "alg",
+        "ping4",
+        "ping6",
+        "key",
+        "xdp",
+        "netlink-audit",
+        "inet-stream-sctp",
+    )
     expected: dict[str, str | tuple[str, ...]] = {f"socket-{c}": "EPERM" for c in cases}
     expected |= {f"control-{c}": "OK" for c in ("inet-stream", "unix-stream", "netlink-route")}
     assert_refused(py(boxy, body), expected)
@@ -456,5 +524,12 @@ if r not in (0, -1):
     print("ESCAPED personality is now", hex(r))
 print("DONE")
 """
-    assert_refused(py(boxy, body), {"query": "OK", "PER_LINUX32": "EPERM",
-                                    "ADDR_NO_RANDOMIZE": "EPERM", "READ_IMPLIES_EXEC": "EPERM"})
+    assert_refused(
+        py(boxy, body),
+        {
+            "query": "OK",
+            "PER_LINUX32": "EPERM",
+            "ADDR_NO_RANDOMIZE": "EPERM",
+            "READ_IMPLIES_EXEC": "EPERM",
+        },
+    )

@@ -92,8 +92,16 @@ if err is None:
 
 def test_fork_bomb_hits_pids_limit(boxy: Boxy, user: User) -> None:
     t0 = time.monotonic()
-    r = boxy.run(*NET, "--pids", "64", "--timeout", "20s", cmd=["python3", "-c", FORK_BOMB],
-                 input=b"", timeout=60)
+    r = boxy.run(
+        *NET,
+        "--pids",
+        "64",
+        "--timeout",
+        "20s",
+        cmd=["python3", "-c", FORK_BOMB],
+        input=b"",
+        timeout=60,
+    )
     out = r.stdout.decode()
     assert "ESCAPED" not in out, out
     m = re.search(r"FORKED (\d+) (\S+)", out)
@@ -142,8 +150,9 @@ def test_timeout_stops_sleep(boxy: Boxy) -> None:
 
 def test_a_timeout_is_never_invisible(boxy: Boxy) -> None:
     """A payload that handles SIGTERM and exits 0 still makes the run exit 124."""
-    r = boxy.sh("trap 'exit 0' TERM; echo TRIED; sleep 30 & wait", "--timeout", "1s", input=b"",
-                timeout=40)
+    r = boxy.sh(
+        "trap 'exit 0' TERM; echo TRIED; sleep 30 & wait", "--timeout", "1s", input=b"", timeout=40
+    )
     assert b"TRIED" in r.stdout
     assert r.returncode == 124, (r.returncode, r.stderr)
     assert "boxyctl: timed out after 1s" in r.stderr.decode(), r.stderr
@@ -152,8 +161,13 @@ def test_a_timeout_is_never_invisible(boxy: Boxy) -> None:
 def test_timeout_with_sigterm_ignored(boxy: Boxy) -> None:
     # A payload that ignores SIGTERM still ends: SIGKILL after the grace period.
     t0 = time.monotonic()
-    r = boxy.sh("trap '' TERM; echo TRIED; while :; do sleep 0.2; done",
-                "--timeout", "1s", input=b"", timeout=40)
+    r = boxy.sh(
+        "trap '' TERM; echo TRIED; while :; do sleep 0.2; done",
+        "--timeout",
+        "1s",
+        input=b"",
+        timeout=40,
+    )
     elapsed = time.monotonic() - t0
     assert b"TRIED" in r.stdout
     assert r.returncode == 124, (r.returncode, r.stderr)
@@ -186,23 +200,35 @@ def _daemon_pid(user: User, env: dict[str, str]) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _start_marked(user: User, workdir: Path, env: dict[str, str],
-                  script: str) -> tuple[subprocess.Popen, str]:
+def _start_marked(
+    user: User, workdir: Path, env: dict[str, str], script: str
+) -> tuple[subprocess.Popen, str]:
     """A run whose `sleep 60.N` only the shell inside spells out (SCRIPT's {sleep}):
     the client's argv (runuser, boxyctl) holds $((N)), never the expanded marker,
     so pgrep finds the sandbox's processes alone. Returns the client and the marker."""
     n = 100000 + uuid.uuid4().int % 900000
-    argv = user.cmd([str(BIN / "boxyctl"), "run", *NET, "--", "sh", "-c",
-                     script.format(sleep=f"sleep 60.$(({n}))")], env)
-    client = subprocess.Popen(argv, cwd=workdir, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    argv = user.cmd(
+        [
+            str(BIN / "boxyctl"),
+            "run",
+            *NET,
+            "--",
+            "sh",
+            "-c",
+            script.format(sleep=f"sleep 60.$(({n}))"),
+        ],
+        env,
+    )
+    client = subprocess.Popen(
+        argv, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     return client, f"^sleep 60\\.{n}$"
 
 
-def test_killing_boxyd_kills_the_sandbox(user: User, workdir: Path,
-                                         own_daemon: dict[str, str]) -> None:
-    client, marker = _start_marked(user, workdir, own_daemon,
-                                   "{sleep} & echo READY; {sleep}; wait")
+def test_killing_boxyd_kills_the_sandbox(
+    user: User, workdir: Path, own_daemon: dict[str, str]
+) -> None:
+    client, marker = _start_marked(user, workdir, own_daemon, "{sleep} & echo READY; {sleep}; wait")
 
     def sandboxed() -> list[int]:
         return _pgrep(marker)
@@ -217,8 +243,9 @@ def test_killing_boxyd_kills_the_sandbox(user: User, workdir: Path,
         assert set(sandboxed()) <= tree, "the payload is not below this boxyd"
         os.kill(daemon, signal.SIGKILL)
         assert _wait(lambda: not sandboxed(), 5), f"survived boxyd: {sandboxed()}"
-        assert _wait(lambda: not any(_alive(p) for p in tree), 5), \
+        assert _wait(lambda: not any(_alive(p) for p in tree), 5), (
             f"sandbox processes survived boxyd: {[p for p in tree if _alive(p)]}"
+        )
         # the client notices and does not hang
         client.wait(timeout=10)
         assert client.returncode != 0
@@ -230,8 +257,9 @@ def test_killing_boxyd_kills_the_sandbox(user: User, workdir: Path,
             os.kill(pid, signal.SIGKILL)
 
 
-def test_killing_the_stage2_template_kills_its_sandboxes(user: User, workdir: Path,
-                                                        own_daemon: dict[str, str]) -> None:
+def test_killing_the_stage2_template_kills_its_sandboxes(
+    user: User, workdir: Path, own_daemon: dict[str, str]
+) -> None:
     """Runs are forked from one pre-imported stage-2 template: its death takes every
     sandbox it forked with it, and boxyd starts a new one for the next run."""
     client, marker = _start_marked(user, workdir, own_daemon, "echo READY; {sleep}")
@@ -241,8 +269,11 @@ def test_killing_the_stage2_template_kills_its_sandboxes(user: User, workdir: Pa
         assert _wait(lambda: bool(_pgrep(marker)), 10), "payload not found"
         daemon = _daemon_pid(user, own_daemon)
         assert daemon is not None, "boxyctl daemon status: no pid"
-        templates = [p for p in _children(daemon)
-                     if b"boxyd.stage2" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        templates = [
+            p
+            for p in _children(daemon)
+            if b"boxyd.stage2" in Path(f"/proc/{p}/cmdline").read_bytes()
+        ]
         assert len(templates) == 1, templates
         os.kill(templates[0], signal.SIGKILL)
         assert _wait(lambda: not _pgrep(marker), 5), "the sandbox survived its template"
@@ -254,17 +285,23 @@ def test_killing_the_stage2_template_kills_its_sandboxes(user: User, workdir: Pa
             client.wait()
         for pid in _pgrep(marker):
             os.kill(pid, signal.SIGKILL)
-    again = user.run([str(BIN / "boxyctl"), "run", *NET, "--", "echo", "again"],
-                     extra_env=own_daemon, cwd=workdir)
+    again = user.run(
+        [str(BIN / "boxyctl"), "run", *NET, "--", "echo", "again"],
+        extra_env=own_daemon,
+        cwd=workdir,
+    )
     assert (again.returncode, again.stdout) == (0, b"again\n"), again.stderr
 
 
 def test_client_sigterm_is_forwarded(user: User, workdir: Path) -> None:
-    script = ("trap 'echo term > got-sigterm; exit 7' TERM; echo READY; "
-              "i=0; while [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; echo NOSIGNAL")
+    script = (
+        "trap 'echo term > got-sigterm; exit 7' TERM; echo READY; "
+        "i=0; while [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; echo NOSIGNAL"
+    )
     argv = user.cmd([str(BIN / "boxyctl"), "run", *NET, "--", "sh", "-c", script])
-    runner = subprocess.Popen(argv, cwd=workdir, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    runner = subprocess.Popen(
+        argv, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         assert runner.stdout is not None
         assert runner.stdout.readline() == b"READY\n"
@@ -297,12 +334,15 @@ def _memory_controller(user: User) -> bool:
 
 def test_memory_limit_is_reported(boxy: Boxy, user: User, workdir: Path) -> None:
     audit = workdir / "audit.jsonl"
-    r = boxy.run(*NET, "--memory", "1GiB", "-v", "--audit-log", str(audit),
-                 cmd=["echo", "TRIED"], input=b"")
+    r = boxy.run(
+        *NET, "--memory", "1GiB", "-v", "--audit-log", str(audit), cmd=["echo", "TRIED"], input=b""
+    )
     assert r.returncode == 0 and r.stdout == b"TRIED\n", r
     err = r.stderr.decode()
     records = [json.loads(line) for line in audit.read_text().splitlines()]
-    memory = [rec for rec in records if rec.get("layer") == "cgroup" and rec.get("limit") == "memory"]
+    memory = [
+        rec for rec in records if rec.get("layer") == "cgroup" and rec.get("limit") == "memory"
+    ]
     assert len(memory) == 1, records
     mem_lines = [ln for ln in err.splitlines() if "--memory" in ln or "memory limit" in ln]
     if _memory_controller(user):

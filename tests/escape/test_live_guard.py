@@ -100,13 +100,18 @@ def test_a_credential_created_during_the_run_is_covered(boxy: Boxy, user: User) 
     user.chown(boxy.workdir / "config")
     wait_for(lambda: len(_observations(boxy.workdir)) > 5, 30, "the payload to start looking")
     t = time.time()
-    for rel, text in ((".env.local", "KEY=created-later\n"),
-                      ("config/.npmrc", "//r.example.test/:_authToken=npm-secret\nregistry=x\n")):
+    for rel, text in (
+        (".env.local", "KEY=created-later\n"),
+        ("config/.npmrc", "//r.example.test/:_authToken=npm-secret\nregistry=x\n"),
+    ):
         (boxy.workdir / rel).write_text(text)
         user.chown(boxy.workdir / rel)
     time.sleep(2.5)
-    late = [o for o in _after(_observations(boxy.workdir), t + 1.0)
-            if "created-later" in o["seen"][".env.local"] or "npm-secret" in o["seen"]["config/.npmrc"]]
+    late = [
+        o
+        for o in _after(_observations(boxy.workdir), t + 1.0)
+        if "created-later" in o["seen"][".env.local"] or "npm-secret" in o["seen"]["config/.npmrc"]
+    ]
     if late:
         print(f"ESCAPED the payload read a credential created during the run: {late[0]}")
     assert not late
@@ -115,13 +120,17 @@ def test_a_credential_created_during_the_run_is_covered(boxy: Boxy, user: User) 
     assert "registry=x" in last["config/.npmrc"], last
 
 
-def test_git_config_replaced_by_host_git_stays_pinned(boxy: Boxy, user: User, workdir: Path) -> None:
+def test_git_config_replaced_by_host_git_stays_pinned(
+    boxy: Boxy, user: User, workdir: Path
+) -> None:
     """The payload keeps trying to set core.fsmonitor; the user runs `git config` on the
     host meanwhile (which renames a new .git/config over the pinned one)."""
     repo = init_repo(user, workdir)
     marker = user.home / f".boxy-escape-live-fsmonitor-{uuid.uuid4().hex[:8]}"
     try:
-        r = run_py(boxy, """
+        r = run_py(
+            boxy,
+            """
 import subprocess
 marker, seconds = sys.argv[1], float(sys.argv[2])
 end, wrote = time.time() + seconds, 0
@@ -133,14 +142,23 @@ while time.time() < end:
             f.write(f"{time.time()}\\n")
     time.sleep(0.002)
 tried("fsmonitor-writes", str(wrote))
-""", "-d", *GIT_FLAGS, args=(str(marker), "5"))
+""",
+            "-d",
+            *GIT_FLAGS,
+            args=(str(marker), "5"),
+        )
         assert r.returncode == 0, describe(r)
         time.sleep(1)
         changed = []
         for i in range(5):
             # a lock the payload's own attempt holds makes host git fail now and then
             for _ in range(20):
-                if git(user, repo, "config", f"branch.b{i}.remote", "origin", check=False).returncode == 0:
+                if (
+                    git(
+                        user, repo, "config", f"branch.b{i}.remote", "origin", check=False
+                    ).returncode
+                    == 0
+                ):
                     changed.append(time.time())
                     break
                 time.sleep(0.05)

@@ -48,9 +48,18 @@ TCP_LISTENER, UDP_LISTENER = 15001, 15002  # boxyd.net.ruleset.TCP_PORT / UDP_PO
 LO_PORTS = plan.RECORDER_BY_NAME["host_loopback"].tcp
 IF_PORTS = plan.RECORDER_BY_NAME["host_ifaddr"].tcp
 
-ALLOWLIST_FLAGS = ("--net", "allowlist", "--allow-host", "www.boxy.test",
-                   "--allow-host", "udp.boxy.test:9999/udp", "--allow-host", "v4only.boxy.test",
-                   "--allow-host", "aaaaonly.boxy.test")
+ALLOWLIST_FLAGS = (
+    "--net",
+    "allowlist",
+    "--allow-host",
+    "www.boxy.test",
+    "--allow-host",
+    "udp.boxy.test:9999/udp",
+    "--allow-host",
+    "v4only.boxy.test",
+    "--allow-host",
+    "aaaaonly.boxy.test",
+)
 
 # Outcomes (netutil): a TCP connect that fails outright, a UDP send that gets an error.
 NO_CONNECT = frozenset({"refused", "denied", "unreachable"})
@@ -87,9 +96,14 @@ class Probe:
     phase: int = 1
 
     def spec(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "args": self.args,
-                "escape": sorted(self.escape), "escape_addrs": list(self.escape_addrs),
-                "phase": self.phase}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "args": self.args,
+            "escape": sorted(self.escape),
+            "escape_addrs": list(self.escape_addrs),
+            "phase": self.phase,
+        }
 
 
 # --- checks on a record and its run ------------------------------------------------------
@@ -97,42 +111,54 @@ class Probe:
 
 def addrs_are(*want: str) -> Check:
     def check(rec: dict[str, Any], run: netutil.NetRun) -> None:
-        assert sorted(rec.get("addrs", [])) == sorted(want), \
+        assert sorted(rec.get("addrs", [])) == sorted(want), (
             f"answer {rec.get('addrs')} is not boxy's answer {list(want)}"
+        )
+
     return check
 
 
 def body_names(server: str) -> Check:
     def check(rec: dict[str, Any], run: netutil.NetRun) -> None:
         assert f'"server": "{server}"' in rec.get("data", ""), f"not {server}'s answer"
+
     return check
 
 
 def echo_of(size: int) -> Check:
     def check(rec: dict[str, Any], run: netutil.NetRun) -> None:
-        assert rec.get("size") == size and rec.get("echo_ok"), \
+        assert rec.get("size") == size and rec.get("echo_ok"), (
             f"the echo is not the {size} bytes sent"
+        )
+
     return check
 
 
-def server_silent(*, server: str | None = None, port: int | None = None,
-                  kind: str | None = None) -> Check:
+def server_silent(
+    *, server: str | None = None, port: int | None = None, kind: str | None = None
+) -> Check:
     """No public server logged an event matching SERVER/PORT/KIND during the run."""
+
     def check(rec: dict[str, Any], run: netutil.NetRun) -> None:
-        hits = [e for e in run.server_events
-                if (server is None or e.get("server") == server)
-                and (port is None or e.get("port") == port)
-                and (kind is None or e.get("kind") == kind)]
+        hits = [
+            e
+            for e in run.server_events
+            if (server is None or e.get("server") == server)
+            and (port is None or e.get("port") == port)
+            and (kind is None or e.get("kind") == kind)
+        ]
         assert not hits, f"the server saw it: {hits[:3]}"
+
     return check
-
-
 
 
 def server_saw(*, server: str, port: int, kind: str) -> Check:
     def check(rec: dict[str, Any], run: netutil.NetRun) -> None:
-        assert any(e.get("server") == server and e.get("port") == port and e.get("kind") == kind
-                   for e in run.server_events), f"{server} logged no {kind} on port {port}"
+        assert any(
+            e.get("server") == server and e.get("port") == port and e.get("kind") == kind
+            for e in run.server_events
+        ), f"{server} logged no {kind} on port {port}"
+
     return check
 
 
@@ -140,8 +166,9 @@ def no_evil_queries(rec: dict[str, Any], run: netutil.NetRun) -> None:
     evil = [q for q in run.dns_queries if str(q.get("qname", "")).endswith(plan.EVIL_ZONE)]
     assert not evil, f"tunnelled names reached the DNS server: {evil[:3]}"
     # positive control: the query log does record what boxy sends upstream
-    assert any(q.get("qname") == "www.boxy.test." for q in run.dns_queries), \
+    assert any(q.get("qname") == "www.boxy.test." for q in run.dns_queries), (
         f"the DNS server's log has no www.boxy.test.: {run.dns_queries[:5]}"
+    )
 
 
 def curl_fast(rec: dict[str, Any], run: netutil.NetRun) -> None:
@@ -160,8 +187,9 @@ def portscan_fast(rec: dict[str, Any], run: netutil.NetRun) -> None:
 
 
 def burst_fast(rec: dict[str, Any], run: netutil.NetRun) -> None:
-    slow = {a: o for a, o in rec.get("results", {}).items()
-            if o[0] not in UDP_ERROR or o[1] >= FAST_MS}
+    slow = {
+        a: o for a, o in rec.get("results", {}).items() if o[0] not in UDP_ERROR or o[1] >= FAST_MS
+    }
     assert not slow, f"refusals that did not come at once: {slow}"
 
 
@@ -169,57 +197,118 @@ def link_local_refused(rec: dict[str, Any], run: netutil.NetRun) -> None:
     """If the address exists on the link (neighbour discovery answered), the gateway
     must have refused at once, as for its other addresses."""
     if rec.get("resolved"):
-        assert rec["outcome"] in NO_CONNECT | UDP_ERROR and rec["ms"] < FAST_MS, \
+        assert rec["outcome"] in NO_CONNECT | UDP_ERROR and rec["ms"] < FAST_MS, (
             "the gateway's link-local address answered but was not refused at once"
+        )
 
 
 def all_chain(*checks: Check) -> Check:
     def check(rec: dict[str, Any], run: netutil.NetRun) -> None:
         for c in checks:
             c(rec, run)
+
     return check
 
 
 # --- the probe tables --------------------------------------------------------------------
 
 
-def _tcp(name: str, addr: str, port: int, *, expect: frozenset[str] = NO_CONNECT, fast: bool = True,
-         quiet: tuple[str, ...] = (), ranges: tuple[str, ...] = (), scope: str = "",
-         check: Check | None = None, timeout: float = 1.0) -> Probe:
+def _tcp(
+    name: str,
+    addr: str,
+    port: int,
+    *,
+    expect: frozenset[str] = NO_CONNECT,
+    fast: bool = True,
+    quiet: tuple[str, ...] = (),
+    ranges: tuple[str, ...] = (),
+    scope: str = "",
+    check: Check | None = None,
+    timeout: float = 1.0,
+) -> Probe:
     args: dict[str, Any] = {"addr": addr, "port": port, "timeout": timeout}
     if scope:
         args["scope"] = scope
-    return Probe(name, "tcp", args, expect, frozenset({"answered"}), fast=fast, quiet=quiet,
-                 ranges=ranges, check=check)
+    return Probe(
+        name,
+        "tcp",
+        args,
+        expect,
+        frozenset({"answered"}),
+        fast=fast,
+        quiet=quiet,
+        ranges=ranges,
+        check=check,
+    )
 
 
-def _udp(name: str, addr: str, port: int, *, expect: frozenset[str] = NO_REPLY, fast: bool = False,
-         quiet: tuple[str, ...] = (), ranges: tuple[str, ...] = (), size: int = 0, scope: str = "",
-         check: Check | None = None, timeout: float = 0.5, phase: int = 1) -> Probe:
+def _udp(
+    name: str,
+    addr: str,
+    port: int,
+    *,
+    expect: frozenset[str] = NO_REPLY,
+    fast: bool = False,
+    quiet: tuple[str, ...] = (),
+    ranges: tuple[str, ...] = (),
+    size: int = 0,
+    scope: str = "",
+    check: Check | None = None,
+    timeout: float = 0.5,
+    phase: int = 1,
+) -> Probe:
     """A UDP attempt. By default any outcome but a reply passes: the gateway kernel
     rate-limits its ICMP errors per peer, so which of many concurrent refusals arrive
     in time is not deterministic; `udp_refusals_burst` checks that property alone."""
     args: dict[str, Any] = {"addr": addr, "port": port, "timeout": timeout, "size": size}
     if scope:
         args["scope"] = scope
-    return Probe(name, "udp", args, expect, frozenset({"reply"}), fast=fast, quiet=quiet,
-                 ranges=ranges, check=check, phase=phase)
+    return Probe(
+        name,
+        "udp",
+        args,
+        expect,
+        frozenset({"reply"}),
+        fast=fast,
+        quiet=quiet,
+        ranges=ranges,
+        check=check,
+        phase=phase,
+    )
 
 
 def _works(p: Probe, ok: str) -> Probe:
     """A must-keep-working probe: success is the only acceptable outcome, not an escape;
     a generous timeout, since a busy machine must not turn a success into a failure."""
     args = {**p.args, "timeout": 3.0}
-    return Probe(p.name, p.kind, args, frozenset({ok}), frozenset(), fast=False, check=p.check,
-                 phase=p.phase)
+    return Probe(
+        p.name, p.kind, args, frozenset({ok}), frozenset(), fast=False, check=p.check, phase=p.phase
+    )
 
 
-def _dns(name: str, server: str, qname: str, qtype: str = "A", *, tcp: bool = False,
-         expect: frozenset[str] = frozenset({"answer"}), check: Check | None = None,
-         quiet: tuple[str, ...] = (), escape_addrs: tuple[str, ...] = (SENTINEL,),
-         phase: int = 1) -> Probe:
-    return Probe(name, "dns", {"server": server, "qname": qname, "qtype": qtype, "tcp": tcp},
-                 expect, escape_addrs=escape_addrs, quiet=quiet, check=check, phase=phase)
+def _dns(
+    name: str,
+    server: str,
+    qname: str,
+    qtype: str = "A",
+    *,
+    tcp: bool = False,
+    expect: frozenset[str] = frozenset({"answer"}),
+    check: Check | None = None,
+    quiet: tuple[str, ...] = (),
+    escape_addrs: tuple[str, ...] = (SENTINEL,),
+    phase: int = 1,
+) -> Probe:
+    return Probe(
+        name,
+        "dns",
+        {"server": server, "qname": qname, "qtype": qtype, "tcp": tcp},
+        expect,
+        escape_addrs=escape_addrs,
+        quiet=quiet,
+        check=check,
+        phase=phase,
+    )
 
 
 # (range as counted by the topology, a probe address in it, recorder at that address)
@@ -260,10 +349,30 @@ RANGE_PROBES: tuple[tuple[str, str, str | None], ...] = (
 )
 # Statically denied UDP destinations, sent one datagram each at once: every one must
 # get its ICMP error at once (DESIGN.md: a refusal is never a silent drop).
-BURST_V4 = ("10.1.2.3", "172.16.1.1", plan.LAN_HOST, plan.METADATA_V4, plan.CGNAT_HOST,
-            "198.18.0.10", "192.0.2.10", "203.0.113.10", GW4, "240.1.2.3")
-BURST_V6 = (plan.ULA_HOST, plan.METADATA_V6, plan.NAT64_LAN, plan.SIXTOFOUR_LAN, "2001:db8::10",
-            "3fff::1", "fec0::1", GW6, "5f00::1", "100::1")
+BURST_V4 = (
+    "10.1.2.3",
+    "172.16.1.1",
+    plan.LAN_HOST,
+    plan.METADATA_V4,
+    plan.CGNAT_HOST,
+    "198.18.0.10",
+    "192.0.2.10",
+    "203.0.113.10",
+    GW4,
+    "240.1.2.3",
+)
+BURST_V6 = (
+    plan.ULA_HOST,
+    plan.METADATA_V6,
+    plan.NAT64_LAN,
+    plan.SIXTOFOUR_LAN,
+    "2001:db8::10",
+    "3fff::1",
+    "fec0::1",
+    GW6,
+    "5f00::1",
+    "100::1",
+)
 
 
 def _slug(addr: str) -> str:
@@ -294,37 +403,100 @@ def _common() -> list[Probe]:
         # DNS to a hard-coded resolver: boxy answers (its answer, not the sentinel), and
         # the resolver never sees a packet.
         _dns("dns_8888_udp", "8.8.8.8", "www.boxy.test", check=addrs_are(WWW4), quiet=dns_quiet),
-        _dns("dns_8888_tcp", "8.8.8.8", "www.boxy.test", tcp=True, check=addrs_are(WWW4),
-             quiet=dns_quiet),
-        _dns("dns_8888_v6_udp", "2001:4860:4860::8888", "www.boxy.test", check=addrs_are(WWW4),
-             quiet=dns_quiet),
-        _dns("dns_8888_v6_tcp", "2001:4860:4860::8888", "www.boxy.test", tcp=True,
-             check=addrs_are(WWW4), quiet=dns_quiet),
-        _dns("dns_lan_resolver_udp", plan.LAN_RESOLVER, "www.boxy.test", check=addrs_are(WWW4),
-             quiet=dns_quiet),
-        _dns("dns_lan_resolver_tcp", plan.LAN_RESOLVER, "www.boxy.test", tcp=True,
-             check=addrs_are(WWW4), quiet=dns_quiet),
-        _dns("dns_router_udp", plan.ROUTER_V4, "www.boxy.test", check=addrs_are(WWW4),
-             quiet=dns_quiet),
-        _dns("dns_metadata_udp", plan.METADATA_V4, "www.boxy.test", check=addrs_are(WWW4),
-             quiet=("metadata",)),
+        _dns(
+            "dns_8888_tcp",
+            "8.8.8.8",
+            "www.boxy.test",
+            tcp=True,
+            check=addrs_are(WWW4),
+            quiet=dns_quiet,
+        ),
+        _dns(
+            "dns_8888_v6_udp",
+            "2001:4860:4860::8888",
+            "www.boxy.test",
+            check=addrs_are(WWW4),
+            quiet=dns_quiet,
+        ),
+        _dns(
+            "dns_8888_v6_tcp",
+            "2001:4860:4860::8888",
+            "www.boxy.test",
+            tcp=True,
+            check=addrs_are(WWW4),
+            quiet=dns_quiet,
+        ),
+        _dns(
+            "dns_lan_resolver_udp",
+            plan.LAN_RESOLVER,
+            "www.boxy.test",
+            check=addrs_are(WWW4),
+            quiet=dns_quiet,
+        ),
+        _dns(
+            "dns_lan_resolver_tcp",
+            plan.LAN_RESOLVER,
+            "www.boxy.test",
+            tcp=True,
+            check=addrs_are(WWW4),
+            quiet=dns_quiet,
+        ),
+        _dns(
+            "dns_router_udp",
+            plan.ROUTER_V4,
+            "www.boxy.test",
+            check=addrs_are(WWW4),
+            quiet=dns_quiet,
+        ),
+        _dns(
+            "dns_metadata_udp",
+            plan.METADATA_V4,
+            "www.boxy.test",
+            check=addrs_are(WWW4),
+            quiet=("metadata",),
+        ),
         # NAT64, 6to4, v4-mapped, v4-compatible and Teredo forms of 192.168.1.10.
         _tcp("nat64_lan_tcp", plan.NAT64_LAN, 80, quiet=("nat64", "lan"), ranges=("64:ff9b::/96",)),
-        _udp("nat64_lan_udp", plan.NAT64_LAN, 9999, quiet=("nat64", "lan"),
-             ranges=("64:ff9b::/96",)),
-        _tcp("sixtofour_lan_tcp", plan.SIXTOFOUR_LAN, 80, quiet=("sixtofour", "lan"),
-             ranges=("2002::/16",)),
-        _udp("sixtofour_lan_udp", plan.SIXTOFOUR_LAN, 9999, quiet=("sixtofour", "lan"),
-             ranges=("2002::/16",)),
+        _udp(
+            "nat64_lan_udp", plan.NAT64_LAN, 9999, quiet=("nat64", "lan"), ranges=("64:ff9b::/96",)
+        ),
+        _tcp(
+            "sixtofour_lan_tcp",
+            plan.SIXTOFOUR_LAN,
+            80,
+            quiet=("sixtofour", "lan"),
+            ranges=("2002::/16",),
+        ),
+        _udp(
+            "sixtofour_lan_udp",
+            plan.SIXTOFOUR_LAN,
+            9999,
+            quiet=("sixtofour", "lan"),
+            ranges=("2002::/16",),
+        ),
         _tcp("mapped_lan_tcp", plan.MAPPED_LAN, 80, quiet=("lan",), ranges=("192.168.0.0/16",)),
         _udp("mapped_lan_udp", plan.MAPPED_LAN, 9999, quiet=("lan",), ranges=("192.168.0.0/16",)),
         _tcp("compat_lan_tcp", "::c0a8:10a", 80, quiet=("lan",), ranges=("192.168.0.0/16",)),
         # The Teredo client is the bit-inverted tail: no prefix set matches it, so boxyd
         # decides after the handshake (a reset) — still at once.
-        _tcp("teredo_lan_tcp", plan.TEREDO_LAN, 80, expect=NOT_THROUGH - {"closed"},
-             quiet=("teredo", "lan"), ranges=("2001::/23",)),
-        _udp("teredo_lan_udp", plan.TEREDO_LAN, 9999, expect=NO_REPLY, fast=False,
-             quiet=("teredo", "lan"), ranges=("2001::/23",), timeout=0.5),
+        _tcp(
+            "teredo_lan_tcp",
+            plan.TEREDO_LAN,
+            80,
+            expect=NOT_THROUGH - {"closed"},
+            quiet=("teredo", "lan"),
+            ranges=("2001::/23",),
+        ),
+        _udp(
+            "teredo_lan_udp",
+            plan.TEREDO_LAN,
+            9999,
+            expect=NO_REPLY,
+            fast=False,
+            quiet=("teredo", "lan"),
+            ranges=("2001::/23",),
+            timeout=0.5,
+        ),
         # Cloud metadata.
         _tcp("metadata_tcp80", plan.METADATA_V4, 80, quiet=("metadata",)),
         _udp("metadata_udp", plan.METADATA_V4, 123, quiet=("metadata",)),
@@ -337,8 +509,13 @@ def _common() -> list[Probe]:
         *[_tcp(f"host_lo6_tcp{p}", "::1", p, quiet=("host_loopback",)) for p in LO_PORTS],
         _udp("host_lo_udp9999", "127.0.0.1", 9999, quiet=("host_loopback",)),
         _udp("host_lo6_udp9999", "::1", 9999, quiet=("host_loopback",)),
-        _dns("host_resolver_udp", "127.0.0.53", "www.boxy.test", expect=UDP_ERROR,
-             quiet=("host_resolver",)),
+        _dns(
+            "host_resolver_udp",
+            "127.0.0.53",
+            "www.boxy.test",
+            expect=UDP_ERROR,
+            quiet=("host_resolver",),
+        ),
         # The host's other interfaces, and its router into the (fake) internet.
         *[_tcp(f"host_if_tcp{p}", plan.HOST_V4, p, quiet=("host_ifaddr",)) for p in IF_PORTS],
         *[_tcp(f"host_if6_tcp{p}", plan.HOST_V6, p, quiet=("host_ifaddr",)) for p in IF_PORTS],
@@ -347,9 +524,16 @@ def _common() -> list[Probe]:
         _tcp("router_tcp80", plan.ROUTER_V4, 80, quiet=("router",)),
         _tcp("router6_tcp80", plan.ROUTER_V6, 80, quiet=("router",)),
         # A LAN port scan.
-        Probe("lan_portscan", "portscan", {"addr": plan.LAN_HOST, "lo": 1, "hi": 1024},
-              frozenset({"all-refused"}), frozenset({"open"}), quiet=("lan",),
-              ranges=("192.168.0.0/16",), check=portscan_fast),
+        Probe(
+            "lan_portscan",
+            "portscan",
+            {"addr": plan.LAN_HOST, "lo": 1, "hi": 1024},
+            frozenset({"all-refused"}),
+            frozenset({"open"}),
+            quiet=("lan",),
+            ranges=("192.168.0.0/16",),
+            check=portscan_fast,
+        ),
         _udp("lan_udp9999", plan.LAN_HOST, 9999, quiet=("lan",)),
         # The gateway itself: its addresses and listener ports, dialled directly.
         *[_tcp(f"gw_tcp{p}", GW4, p) for p in (TCP_LISTENER, UDP_LISTENER, 80, 443)],
@@ -357,46 +541,115 @@ def _common() -> list[Probe]:
         _udp("gw_udp15002", GW4, UDP_LISTENER),
         _udp("gw_udp15001", GW4, TCP_LISTENER),
         _udp("gw6_udp15002", GW6, UDP_LISTENER),
-        _tcp("gw_ll_fe80_1_tcp443", "fe80::1", 443, scope="eth0", expect=NO_CONNECT | {"timeout"},
-             fast=False, ranges=("fe80::/10",)),
-        Probe("gw_ll_eui64_tcp443", "gw_ll", {"proto": "tcp", "port": 443},
-              NO_CONNECT | {"timeout"}, frozenset({"answered"}), ranges=("fe80::/10",),
-              check=link_local_refused),
-        Probe("gw_ll_eui64_tcp15001", "gw_ll", {"proto": "tcp", "port": TCP_LISTENER},
-              NO_CONNECT | {"timeout"}, frozenset({"answered"}), ranges=("fe80::/10",),
-              check=link_local_refused),
-        Probe("gw_ll_eui64_udp15002", "gw_ll", {"proto": "udp", "port": UDP_LISTENER},
-              NO_REPLY, frozenset({"reply"}), ranges=("fe80::/10",), check=link_local_refused),
+        _tcp(
+            "gw_ll_fe80_1_tcp443",
+            "fe80::1",
+            443,
+            scope="eth0",
+            expect=NO_CONNECT | {"timeout"},
+            fast=False,
+            ranges=("fe80::/10",),
+        ),
+        Probe(
+            "gw_ll_eui64_tcp443",
+            "gw_ll",
+            {"proto": "tcp", "port": 443},
+            NO_CONNECT | {"timeout"},
+            frozenset({"answered"}),
+            ranges=("fe80::/10",),
+            check=link_local_refused,
+        ),
+        Probe(
+            "gw_ll_eui64_tcp15001",
+            "gw_ll",
+            {"proto": "tcp", "port": TCP_LISTENER},
+            NO_CONNECT | {"timeout"},
+            frozenset({"answered"}),
+            ranges=("fe80::/10",),
+            check=link_local_refused,
+        ),
+        Probe(
+            "gw_ll_eui64_udp15002",
+            "gw_ll",
+            {"proto": "udp", "port": UDP_LISTENER},
+            NO_REPLY,
+            frozenset({"reply"}),
+            ranges=("fe80::/10",),
+            check=link_local_refused,
+        ),
         # (A gateway with no link-local address at all would be "none-found": fine.)
-        Probe("gw_ll_neighbours", "gw_neigh", {"ports": [443, TCP_LISTENER]},
-              frozenset({"all-refused", "none-found"}), frozenset({"open"}), ranges=("fe80::/10",),
-              phase=2),
+        Probe(
+            "gw_ll_neighbours",
+            "gw_neigh",
+            {"ports": [443, TCP_LISTENER]},
+            frozenset({"all-refused", "none-found"}),
+            frozenset({"open"}),
+            ranges=("fe80::/10",),
+            phase=2,
+        ),
         # Ping sockets and raw ICMP: refused at socket() (seccomp), and no echo reply.
-        *[Probe(f"ping_{k}{v}", "ping", {"family": v, "raw": k == "raw",
-                                          "addr": WWW4 if v == 4 else WWW6},
-                frozenset({"denied", "no-reply"}), frozenset({"reply"}))
-          for k in ("dgram", "raw") for v in (4, 6)],
-        *[Probe(f"ping_{k}4_gateway", "ping", {"family": 4, "raw": k == "raw", "addr": GW4},
-                frozenset({"denied", "no-reply"}), frozenset({"reply"})) for k in ("dgram", "raw")],
+        *[
+            Probe(
+                f"ping_{k}{v}",
+                "ping",
+                {"family": v, "raw": k == "raw", "addr": WWW4 if v == 4 else WWW6},
+                frozenset({"denied", "no-reply"}),
+                frozenset({"reply"}),
+            )
+            for k in ("dgram", "raw")
+            for v in (4, 6)
+        ],
+        *[
+            Probe(
+                f"ping_{k}4_gateway",
+                "ping",
+                {"family": 4, "raw": k == "raw", "addr": GW4},
+                frozenset({"denied", "no-reply"}),
+                frozenset({"reply"}),
+            )
+            for k in ("dgram", "raw")
+        ],
         # Fragmented UDP to a denied address.
         _udp("frag_lan_udp", plan.LAN_HOST, 9999, size=3000, quiet=("lan",)),
         # A v4-only server: no AAAA, connects at once; a v6-only one works on v6.
         _dns("v4only_aaaa_empty", GW4, "v4only.boxy.test", "AAAA", check=addrs_are()),
         _dns("v4only_a", GW4, "v4only.boxy.test", check=addrs_are("11.0.0.11")),
-        Probe("v4only_curl", "curl", {"url": "https://v4only.boxy.test/"}, frozenset({"ok"}),
-              check=curl_fast),
-        Probe("v4only_getaddrinfo", "gai", {"name": "v4only.boxy.test"}, frozenset({"resolved"}),
-              check=addrs_are("11.0.0.11")),
-        Probe("aaaaonly_curl", "curl", {"url": "https://aaaaonly.boxy.test/"}, frozenset({"ok"}),
-              check=curl_fast),
+        Probe(
+            "v4only_curl",
+            "curl",
+            {"url": "https://v4only.boxy.test/"},
+            frozenset({"ok"}),
+            check=curl_fast,
+        ),
+        Probe(
+            "v4only_getaddrinfo",
+            "gai",
+            {"name": "v4only.boxy.test"},
+            frozenset({"resolved"}),
+            check=addrs_are("11.0.0.11"),
+        ),
+        Probe(
+            "aaaaonly_curl",
+            "curl",
+            {"url": "https://aaaaonly.boxy.test/"},
+            frozenset({"ok"}),
+            check=curl_fast,
+        ),
     ]
     return probes
 
 
 def _burst() -> Probe:
     """Last of phase 0, so the bulk's refusals cannot use up what it measures."""
-    return Probe("udp_refusals_burst", "udp_burst", {"addrs": [*BURST_V4, *BURST_V6], "port": 9999},
-                 frozenset({"all-refused"}), frozenset({"reply"}), check=burst_fast, phase=0)
+    return Probe(
+        "udp_refusals_burst",
+        "udp_burst",
+        {"addrs": [*BURST_V4, *BURST_V6], "port": 9999},
+        frozenset({"all-refused"}),
+        frozenset({"reply"}),
+        check=burst_fast,
+        phase=0,
+    )
 
 
 def _public() -> list[Probe]:
@@ -407,8 +660,9 @@ def _public() -> list[Probe]:
         _works(_tcp("hardcoded_v6_works", OTHER6, 80, check=body_names("other")), "answered"),
         # A public address with nothing on the port: boxyd's dial is refused upstream,
         # and the sandbox must learn it at once (a reset), not wait for a timeout.
-        _tcp("closed_port_fails_fast", OTHER4, 9, expect=frozenset({"reset", "refused"}),
-             timeout=2.0),
+        _tcp(
+            "closed_port_fails_fast", OTHER4, 9, expect=frozenset({"reset", "refused"}), timeout=2.0
+        ),
         _works(_udp("quic_works", WWW4, 443, check=echo_of(10)), "reply"),
         _works(_udp("quic6_works", WWW6, 443, check=echo_of(10)), "reply"),
         _works(_udp("udp_hardcoded_works", OTHER4, 9999, check=echo_of(10)), "reply"),
@@ -425,47 +679,139 @@ def _allowlist() -> list[Probe]:
     return [
         *_common(),
         # A hard-coded public IP with no binding: reset at accept (boxyd), at once.
-        _tcp("hardcoded_v4", OTHER4, 80, expect=NOT_THROUGH - {"closed"},
-             check=server_silent(server="other")),
-        _tcp("hardcoded_v6", OTHER6, 80, expect=NOT_THROUGH - {"closed"},
-             check=server_silent(server="other")),
-        _tcp("hardcoded_v4_tls", OTHER4, 443, expect=NOT_THROUGH - {"closed"},
-             check=server_silent(server="other")),
+        _tcp(
+            "hardcoded_v4",
+            OTHER4,
+            80,
+            expect=NOT_THROUGH - {"closed"},
+            check=server_silent(server="other"),
+        ),
+        _tcp(
+            "hardcoded_v6",
+            OTHER6,
+            80,
+            expect=NOT_THROUGH - {"closed"},
+            check=server_silent(server="other"),
+        ),
+        _tcp(
+            "hardcoded_v4_tls",
+            OTHER4,
+            443,
+            expect=NOT_THROUGH - {"closed"},
+            check=server_silent(server="other"),
+        ),
         # A name not allowed, asked of a hard-coded resolver: boxy's NXDOMAIN.
-        _dns("dns_8888_evil", "8.8.8.8", "leak.evil.test", expect=refused_name, escape_addrs=evil,
-             quiet=("public_resolver",)),
-        _dns("dns_lan_resolver_evil_tcp", plan.LAN_RESOLVER, "leak2.evil.test", "TXT", tcp=True,
-             expect=refused_name, escape_addrs=evil,
-             quiet=("lan_resolver",)),
+        _dns(
+            "dns_8888_evil",
+            "8.8.8.8",
+            "leak.evil.test",
+            expect=refused_name,
+            escape_addrs=evil,
+            quiet=("public_resolver",),
+        ),
+        _dns(
+            "dns_lan_resolver_evil_tcp",
+            plan.LAN_RESOLVER,
+            "leak2.evil.test",
+            "TXT",
+            tcp=True,
+            expect=refused_name,
+            escape_addrs=evil,
+            quiet=("lan_resolver",),
+        ),
         # DNS tunnelling: data in names under evil.test, many queries, several types.
-        Probe("tunnel_udp", "tunnel",
-              {"server": GW4, "count": 30, "qtypes": ["A", "TXT", "AAAA"]},
-              tunnel_ok, frozenset({"leaked"}), check=no_evil_queries),
-        Probe("tunnel_tcp", "tunnel",
-              {"server": GW4, "count": 10, "qtypes": ["TXT", "A"], "tcp": True},
-              tunnel_ok, frozenset({"leaked"}), check=no_evil_queries),
-        Probe("tunnel_8888", "tunnel",
-              {"server": "8.8.8.8", "count": 10, "qtypes": ["AAAA", "TXT"]},
-              tunnel_ok, frozenset({"leaked"}), quiet=("public_resolver",), check=no_evil_queries),
-        Probe("tunnel_libc", "tunnel_gai", {"count": 5}, tunnel_ok, frozenset({"leaked"}),
-              check=no_evil_queries),
+        Probe(
+            "tunnel_udp",
+            "tunnel",
+            {"server": GW4, "count": 30, "qtypes": ["A", "TXT", "AAAA"]},
+            tunnel_ok,
+            frozenset({"leaked"}),
+            check=no_evil_queries,
+        ),
+        Probe(
+            "tunnel_tcp",
+            "tunnel",
+            {"server": GW4, "count": 10, "qtypes": ["TXT", "A"], "tcp": True},
+            tunnel_ok,
+            frozenset({"leaked"}),
+            check=no_evil_queries,
+        ),
+        Probe(
+            "tunnel_8888",
+            "tunnel",
+            {"server": "8.8.8.8", "count": 10, "qtypes": ["AAAA", "TXT"]},
+            tunnel_ok,
+            frozenset({"leaked"}),
+            quiet=("public_resolver",),
+            check=no_evil_queries,
+        ),
+        Probe(
+            "tunnel_libc",
+            "tunnel_gai",
+            {"count": 5},
+            tunnel_ok,
+            frozenset({"leaked"}),
+            check=no_evil_queries,
+        ),
         # QUIC to an allowed, bound host: refused outright (port unreachable).
         # (Phase 0: before the bulk's refusals spend the gateway's ICMP allowance.)
-        _udp("quic_www", WWW4, 443, expect=frozenset({"refused"}), fast=True, phase=0,
-             check=server_silent(port=443, kind="udp")),
-        _udp("quic_www_v6", WWW6, 443, expect=frozenset({"refused"}), fast=True, phase=0,
-             check=server_silent(port=443, kind="udp")),
+        _udp(
+            "quic_www",
+            WWW4,
+            443,
+            expect=frozenset({"refused"}),
+            fast=True,
+            phase=0,
+            check=server_silent(port=443, kind="udp"),
+        ),
+        _udp(
+            "quic_www_v6",
+            WWW6,
+            443,
+            expect=frozenset({"refused"}),
+            fast=True,
+            phase=0,
+            check=server_silent(port=443, kind="udp"),
+        ),
         # UDP to an address no name resolved to, and to a bound one on a port not allowed.
-        _udp("udp_unbound", OTHER4, 9999, expect=NO_REPLY, fast=False, timeout=0.5,
-             check=server_silent(server="other", kind="udp")),
-        _udp("udp_port_not_allowed", UDP4, 9998, expect=frozenset({"refused"}), fast=True,
-             phase=0, check=server_silent(port=9998, kind="udp")),
-        _udp("frag_udp_unbound", OTHER4, 9999, size=3000, expect=NO_REPLY, fast=False, timeout=0.5,
-             check=server_silent(server="other", kind="udp")),
+        _udp(
+            "udp_unbound",
+            OTHER4,
+            9999,
+            expect=NO_REPLY,
+            fast=False,
+            timeout=0.5,
+            check=server_silent(server="other", kind="udp"),
+        ),
+        _udp(
+            "udp_port_not_allowed",
+            UDP4,
+            9998,
+            expect=frozenset({"refused"}),
+            fast=True,
+            phase=0,
+            check=server_silent(port=9998, kind="udp"),
+        ),
+        _udp(
+            "frag_udp_unbound",
+            OTHER4,
+            9999,
+            size=3000,
+            expect=NO_REPLY,
+            fast=False,
+            timeout=0.5,
+            check=server_silent(server="other", kind="udp"),
+        ),
         # What is allowed works, replies reaching the connected socket; fragments too.
-        _works(_udp("udp_allowed_works", UDP4, 9999,
-                    check=all_chain(echo_of(10), server_saw(server="udp", port=9999, kind="udp"))),
-               "reply"),
+        _works(
+            _udp(
+                "udp_allowed_works",
+                UDP4,
+                9999,
+                check=all_chain(echo_of(10), server_saw(server="udp", port=9999, kind="udp")),
+            ),
+            "reply",
+        ),
         _works(_udp("udp6_allowed_works", UDP6, 9999, check=echo_of(10)), "reply"),
         _works(_udp("frag_udp_works", UDP4, 9999, size=3000, check=echo_of(3000)), "reply"),
         _works(_udp("frag_udp6_works", UDP6, 9999, size=3000, check=echo_of(3000)), "reply"),
@@ -476,23 +822,52 @@ def _allowlist() -> list[Probe]:
 def _v4_host() -> list[Probe]:
     """With no IPv6 route on the host, boxy drops AAAA answers."""
     return [
-        _dns("aaaaonly_aaaa_dropped", GW4, "aaaaonly.boxy.test", "AAAA",
-             expect=frozenset({"answer", "nxdomain"}), check=addrs_are()),
+        _dns(
+            "aaaaonly_aaaa_dropped",
+            GW4,
+            "aaaaonly.boxy.test",
+            "AAAA",
+            expect=frozenset({"answer", "nxdomain"}),
+            check=addrs_are(),
+        ),
         _dns("www_aaaa_dropped", GW4, "www.boxy.test", "AAAA", check=addrs_are()),
         _dns("www_a_kept", GW4, "www.boxy.test", check=addrs_are(WWW4)),
-        Probe("www_getaddrinfo_v4", "gai", {"name": "www.boxy.test"}, frozenset({"resolved"}),
-              check=addrs_are(WWW4)),
-        Probe("www_curl", "curl", {"url": "https://www.boxy.test/"}, frozenset({"ok"}),
-              check=curl_fast),
-        Probe("v4only_curl", "curl", {"url": "https://v4only.boxy.test/"}, frozenset({"ok"}),
-              check=curl_fast),
-        Probe("aaaaonly_curl_fails_fast", "curl", {"url": "https://aaaaonly.boxy.test/"},
-              frozenset({"failed"}), check=fails_fast),
+        Probe(
+            "www_getaddrinfo_v4",
+            "gai",
+            {"name": "www.boxy.test"},
+            frozenset({"resolved"}),
+            check=addrs_are(WWW4),
+        ),
+        Probe(
+            "www_curl",
+            "curl",
+            {"url": "https://www.boxy.test/"},
+            frozenset({"ok"}),
+            check=curl_fast,
+        ),
+        Probe(
+            "v4only_curl",
+            "curl",
+            {"url": "https://v4only.boxy.test/"},
+            frozenset({"ok"}),
+            check=curl_fast,
+        ),
+        Probe(
+            "aaaaonly_curl_fails_fast",
+            "curl",
+            {"url": "https://aaaaonly.boxy.test/"},
+            frozenset({"failed"}),
+            check=fails_fast,
+        ),
     ]
 
 
-PROBES: dict[str, list[Probe]] = {"public": _public(), "allowlist": _allowlist(),
-                                  "v4host": _v4_host()}
+PROBES: dict[str, list[Probe]] = {
+    "public": _public(),
+    "allowlist": _allowlist(),
+    "v4host": _v4_host(),
+}
 
 
 # --- the sandbox side ------------------------------------------------------------------
@@ -856,15 +1231,18 @@ def _verify(run: netutil.NetRun, probe: Probe) -> None:
     assert rec is not None, f"probe {probe.name} never reported\n{run.describe()}"
     escaped = [ln for ln in run.escaped() if ln.split()[1:2] == [probe.name]]
     assert not escaped, f"{escaped}\n{run.describe(probe.name)}"
-    assert rec["outcome"] in probe.expect, \
-        f"{probe.name}: outcome {rec['outcome']!r}, expected one of {sorted(probe.expect)}\n" \
+    assert rec["outcome"] in probe.expect, (
+        f"{probe.name}: outcome {rec['outcome']!r}, expected one of {sorted(probe.expect)}\n"
         f"{run.describe(probe.name)}"
+    )
     if probe.fast:
-        assert rec["ms"] < FAST_MS, \
+        assert rec["ms"] < FAST_MS, (
             f"{probe.name}: refused after {rec['ms']} ms, not at once\n{run.describe(probe.name)}"
+        )
     for name in probe.quiet:
-        assert run.recorder_hits(name) == 0, \
+        assert run.recorder_hits(name) == 0, (
             f"recorder {name} saw {run.recorder_hits(name)} packets: {run.recorder_events[:5]}"
+        )
     for cidr in probe.ranges:
         assert run.range_hits(cidr) == 0, f"{run.range_hits(cidr)} packets reached {cidr}"
     if probe.check is not None:
@@ -885,9 +1263,10 @@ def _nothing_special_reached(run: netutil.NetRun) -> None:
     """Every packet that reached the fake internet went to a public server; nothing
     reached the host's own services; nothing tried to leave the topology."""
     net = run.net_counters
-    assert net["total"] == net["public"], \
-        f"{net['total'] - net['public']} packets reached non-public addresses: " \
+    assert net["total"] == net["public"], (
+        f"{net['total'] - net['public']} packets reached non-public addresses: "
         f"{ {k: v for k, v in net.items() if v and k not in ('total', 'public')} }"
+    )
     assert not any(run.host_counters.values()), f"host services reached: {run.host_counters}"
     assert net["leak"] == 0 and run.host_counters.get("leak", 0) == 0
 

@@ -61,11 +61,18 @@ for addr in ("11.0.0.50", "2a0b:4000::50"):  # udp.boxy.test, never resolved her
 def test_udp_refused_by_the_gateway_fails_fast(netboxy, net) -> None:
     # A datagram to an address no allowed name answered with: boxyd refuses it, and
     # the client learns it at once (port unreachable), like TCP's reset.
-    r = netboxy.run("--net", "allowlist", "--allow-host", "udp.boxy.test:9999/udp",
-                    cmd=["python3", "-c", UDP_NO_BINDING])
+    r = netboxy.run(
+        "--net",
+        "allowlist",
+        "--allow-host",
+        "udp.boxy.test:9999/udp",
+        cmd=["python3", "-c", UDP_NO_BINDING],
+    )
     assert b"ESCAPED" not in r.stdout
     lines = [line.split() for line in r.stdout.decode().splitlines()]
-    assert [line[:2] for line in lines] == [["11.0.0.50", "refused"], ["2a0b:4000::50", "refused"]], \
-        (r.stdout, r.stderr)
+    assert [line[:2] for line in lines] == [
+        ["11.0.0.50", "refused"],
+        ["2a0b:4000::50", "refused"],
+    ], (r.stdout, r.stderr)
     assert all(int(line[2]) < 500 for line in lines), lines
     assert not [e for e in net.server_events("udp") if e.get("kind") == "udp" or "udp" in str(e)]

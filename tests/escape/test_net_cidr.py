@@ -40,18 +40,39 @@ for label, port, data in (("tls-no-sni", 443, hello), ("opaque-443", 443, b"SSH-
 
 
 def _run(net, user, workdir, fam: str, *flags: str):
-    return run_probes(net, user, workdir, *flags, "--allow-port", "443", "--allow-port", "22",
-                      cmd=["python3", "-c", PROBE, ADDRS[fam]])
+    return run_probes(
+        net,
+        user,
+        workdir,
+        *flags,
+        "--allow-port",
+        "443",
+        "--allow-port",
+        "22",
+        cmd=["python3", "-c", PROBE, ADDRS[fam]],
+    )
 
 
 @pytest.mark.parametrize("fam", ["v4", "v6"])
 def test_allowlist_prefix_is_no_binding(net, user, workdir, fam: str) -> None:
-    run = _run(net, user, workdir, fam, "--net", "allowlist", "--allow-host", "www.boxy.test",
-               "--allow-cidr", PREFIX[fam])
+    run = _run(
+        net,
+        user,
+        workdir,
+        fam,
+        "--net",
+        "allowlist",
+        "--allow-host",
+        "www.boxy.test",
+        "--allow-cidr",
+        PREFIX[fam],
+    )
     assert run.proc.returncode == 0, run.describe()
     assert run.stdout.count("TRIED") == 3, run.describe()
     hits = run.recorder_hits(RECORDER[fam])
-    assert hits == 0, f"ESCAPED: {hits} packets reached {ADDRS[fam]} with no binding\n{run.describe()}"
+    assert hits == 0, (
+        f"ESCAPED: {hits} packets reached {ADDRS[fam]} with no binding\n{run.describe()}"
+    )
     # The three refusals are counted (they once were not: layer net.dns, yet connections).
     assert "boxyctl: 3 connections refused" in run.stderr, run.describe()
 
@@ -61,25 +82,53 @@ def test_allowlist_literal_host_reaches_that_address_only(net, user, workdir, fa
     """The kept-working case: the device named by its address, on its port."""
     addr = ADDRS[fam]
     literal = f"[{addr}]:22" if fam == "v6" else f"{addr}:22"
-    run = _run(net, user, workdir, fam, "--net", "allowlist", "--allow-host", literal,
-               "--allow-cidr", PREFIX[fam])
+    run = _run(
+        net,
+        user,
+        workdir,
+        fam,
+        "--net",
+        "allowlist",
+        "--allow-host",
+        literal,
+        "--allow-cidr",
+        PREFIX[fam],
+    )
     assert run.proc.returncode == 0, run.describe()
-    assert run.recorder_hits(RECORDER[fam]) > 0, f"the named device was not reached\n{run.describe()}"
+    assert run.recorder_hits(RECORDER[fam]) > 0, (
+        f"the named device was not reached\n{run.describe()}"
+    )
     reached = {e["port"] for e in run.recorder_events if e.get("recorder") == RECORDER[fam]}
     assert reached == {22}, f"reached {reached}: only :22 was allowed\n{run.describe()}"
 
 
 @pytest.mark.parametrize("fam", ["v4", "v6"])
 def test_public_prefix_is_open(net, user, workdir, fam: str) -> None:
-    run = run_probes(net, user, workdir, "--net", "public", "--allow-cidr", PREFIX[fam],
-                     cmd=["python3", "-c", PROBE, ADDRS[fam]])
+    run = run_probes(
+        net,
+        user,
+        workdir,
+        "--net",
+        "public",
+        "--allow-cidr",
+        PREFIX[fam],
+        cmd=["python3", "-c", PROBE, ADDRS[fam]],
+    )
     assert run.proc.returncode == 0, run.describe()
     reached = {e["port"] for e in run.recorder_events if e.get("recorder") == RECORDER[fam]}
     assert reached == {22, 443}, run.describe()
 
 
 def test_a_literal_in_a_denied_range_needs_the_prefix_opened(net, user, workdir) -> None:
-    run = run_probes(net, user, workdir, "--net", "allowlist", "--allow-host", f"{plan.LAN_HOST}:22",
-                     cmd=["true"])
+    run = run_probes(
+        net,
+        user,
+        workdir,
+        "--net",
+        "allowlist",
+        "--allow-host",
+        f"{plan.LAN_HOST}:22",
+        cmd=["true"],
+    )
     assert run.proc.returncode == 2, run.describe()
     assert f"open it with --allow-cidr {plan.LAN_HOST} as well" in run.stderr, run.describe()

@@ -43,13 +43,22 @@ for addr, port in (("HOST_PUBLIC", 18081), ("11.0.0.10", 8080)):
 def host_service(net, netboxy):
     # First a flow, so boxyd has looked at the host's addresses just before this one
     # appears (a cache refreshed on a timer would then still miss it).
-    warm = netboxy.run("--net", "public", cmd=["python3", "-c", "import socket; "
-                       "socket.create_connection(('11.0.0.10', 80), timeout=3).close()"])
+    warm = netboxy.run(
+        "--net",
+        "public",
+        cmd=[
+            "python3",
+            "-c",
+            "import socket; socket.create_connection(('11.0.0.10', 80), timeout=3).close()",
+        ],
+    )
     assert warm.returncode == 0, warm.stderr
-    subprocess.run(["ip", "-n", net.host_ns, "addr", "add", f"{HOST_PUBLIC}/32", "dev", "lo"],
-                   check=True)
-    server = subprocess.Popen(net.exec_in_host([sys.executable, "-c", LISTENER]),
-                              stdout=subprocess.PIPE, text=True)
+    subprocess.run(
+        ["ip", "-n", net.host_ns, "addr", "add", f"{HOST_PUBLIC}/32", "dev", "lo"], check=True
+    )
+    server = subprocess.Popen(
+        net.exec_in_host([sys.executable, "-c", LISTENER]), stdout=subprocess.PIPE, text=True
+    )
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "LISTENING"
         yield server
@@ -59,10 +68,15 @@ def host_service(net, netboxy):
         subprocess.run(["ip", "-n", net.host_ns, "addr", "del", f"{HOST_PUBLIC}/32", "dev", "lo"])
 
 
-@pytest.mark.parametrize("mode", [["--net", "public"],
-                                  # named as a host of its own: the binding is there, and
-                                  # only the host-address check stands in the way
-                                  ["--net", "allowlist", "--allow-host", f"{HOST_PUBLIC}:18081"]])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        ["--net", "public"],
+        # named as a host of its own: the binding is there, and
+        # only the host-address check stands in the way
+        ["--net", "allowlist", "--allow-host", f"{HOST_PUBLIC}:18081"],
+    ],
+)
 def test_the_hosts_own_public_address_is_refused(netboxy, host_service, mode: list[str]) -> None:
     started = time.monotonic()
     r = netboxy.run(*mode, "-v", cmd=["python3", "-c", PROBE])

@@ -314,14 +314,20 @@ def audit_records(path: Path) -> list[dict[str, Any]]:
 
 
 def upstream_asked(run: NetRun, qname: str, qtype: str | None = None) -> bool:
-    return any(q["qname"].rstrip(".").lower() == qname and q["server"] == "auth"
-               and (qtype is None or q["qtype"] in (qtype, "TYPE65" if qtype == "HTTPS" else ""))
-               for q in run.dns_queries)
+    return any(
+        q["qname"].rstrip(".").lower() == qname
+        and q["server"] == "auth"
+        and (qtype is None or q["qtype"] in (qtype, "TYPE65" if qtype == "HTTPS" else ""))
+        for q in run.dns_queries
+    )
 
 
 def events(run: NetRun, server: str, **match: object) -> list[dict[str, Any]]:
-    return [e for e in run.server_events if e.get("server") == server
-            and all(e.get(k) == v for k, v in match.items())]
+    return [
+        e
+        for e in run.server_events
+        if e.get("server") == server and all(e.get(k) == v for k, v in match.items())
+    ]
 
 
 @dataclass
@@ -379,9 +385,13 @@ class Live:
 def start_run(topology: Any, user: User, workdir: Path, *flags: str, cmd: list[str]) -> Live:
     box = NetBoxy(user, workdir, topology)
     argv = [str(BIN / "boxyctl"), "run", *flags, "--", *cmd]
-    proc = subprocess.Popen(topology.exec_in_host(user.cmd(argv, box.env())), cwd=workdir,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        topology.exec_in_host(user.cmd(argv, box.env())),
+        cwd=workdir,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     return Live(proc).start()
 
 
@@ -394,17 +404,49 @@ def probe_dir(topology: Any, user: User, label: str) -> Iterator[Path]:
 
 # --- DNS rebinding -----------------------------------------------------------------------
 
-REBIND = ("rebind-lan", "rebind-lo", "rebind-meta", "rebind-mixed", "rebind-cgnat",
-          "rebind-ula", "rebind-nat64", "rebind-6to4", "rebind-teredo", "rebind-mapped",
-          "rebind-cname", "svc-rebind")
+REBIND = (
+    "rebind-lan",
+    "rebind-lo",
+    "rebind-meta",
+    "rebind-mixed",
+    "rebind-cgnat",
+    "rebind-ula",
+    "rebind-nat64",
+    "rebind-6to4",
+    "rebind-teredo",
+    "rebind-mapped",
+    "rebind-cname",
+    "svc-rebind",
+)
 # Where the rebinding answers point: each dialled directly must fail at once.
-REBIND_TARGETS = (plan.LAN_HOST, "127.0.0.1", "::1", plan.METADATA_V4, plan.METADATA_V6,
-                  plan.CGNAT_HOST, plan.ULA_HOST, plan.NAT64_LAN, plan.SIXTOFOUR_LAN,
-                  plan.TEREDO_LAN, plan.MAPPED_LAN)
-REBIND_RECORDERS = ("lan", "metadata", "cgnat", "ula", "nat64", "sixtofour", "teredo",
-                    "host_loopback", "host_resolver", "host_ifaddr", "router")
+REBIND_TARGETS = (
+    plan.LAN_HOST,
+    "127.0.0.1",
+    "::1",
+    plan.METADATA_V4,
+    plan.METADATA_V6,
+    plan.CGNAT_HOST,
+    plan.ULA_HOST,
+    plan.NAT64_LAN,
+    plan.SIXTOFOUR_LAN,
+    plan.TEREDO_LAN,
+    plan.MAPPED_LAN,
+)
+REBIND_RECORDERS = (
+    "lan",
+    "metadata",
+    "cgnat",
+    "ula",
+    "nat64",
+    "sixtofour",
+    "teredo",
+    "host_loopback",
+    "host_resolver",
+    "host_ifaddr",
+    "router",
+)
 
-REBIND_BODY = r'''
+REBIND_BODY = r"""
 NAMES = %(names)r
 TARGETS = %(targets)r
 for n in NAMES:
@@ -429,7 +471,7 @@ for a in resolve("rebind-mixed.boxy.test"):
     r = https(a, 443, "rebind-mixed.boxy.test", verify=True)
     report(f"mixed-{a}", r)
 print("DONE", flush=True)
-'''
+"""
 
 
 @pytest.fixture(scope="module", params=["allowlist", "public"])
@@ -437,8 +479,12 @@ def rebind_run(request: pytest.FixtureRequest, topology: Any, user: User) -> Ite
     mode = request.param
     flags = mode_flags(mode, (f"{n}.boxy.test" for n in REBIND))
     with probe_dir(topology, user, f"rebind-{mode}") as wd:
-        name = script(wd, user, "rebind.py",
-                      REBIND_BODY % {"names": list(REBIND), "targets": list(REBIND_TARGETS)})
+        name = script(
+            wd,
+            user,
+            "rebind.py",
+            REBIND_BODY % {"names": list(REBIND), "targets": list(REBIND_TARGETS)},
+        )
         yield run_probes(topology, user, wd, *flags, cmd=["python3", name])
 
 
@@ -456,8 +502,9 @@ def test_rebinding_answers_are_removed(rebind_run: NetRun, name: str) -> None:
         assert all(is_public(a) for a in addrs), rebind_run.describe(f"dns-{name}-{qt}")
     gai = probe(rebind_run, f"gai-{name}")
     assert all(is_public(a) for a in gai["addrs"]), rebind_run.describe(f"gai-{name}")
-    assert upstream_asked(rebind_run, fq), \
+    assert upstream_asked(rebind_run, fq), (
         f"the fake DNS server was never asked for {fq}: {rebind_run.dns_queries}"
+    )
 
 
 def test_rebinding_mixed_keeps_public_answers(rebind_run: NetRun) -> None:
@@ -508,7 +555,7 @@ def test_rebinding_recorders_silent(rebind_run: NetRun) -> None:
 
 # --- forged SNI and Host on a shared address -----------------------------------------------
 
-SNI_BODY = r'''
+SNI_BODY = r"""
 # Before anything allowed is resolved: cdn-b (not allowed) and other are refused names.
 report("resolve-cdn-b", dnsq("cdn-b.boxy.test", "A"))
 report("resolve-other", dnsq("other.boxy.test", "A"))
@@ -541,11 +588,22 @@ report("ok-cdn-sni-cdn-a", https(CDN4, 443, "cdn-a.boxy.test", verify=True))
 report("ok-cdn-host-cdn-a", plain(CDN4, 80, "cdn-a.boxy.test"))
 report("ok-www-sni-www", https(WWW4, 443, "www.boxy.test", verify=True))
 print("DONE", flush=True)
-'''
-SNI_ATTACKS = ("unbound-sni-cdn-a", "other-sni-www", "other-host-www", "cdn-sni-cdn-b",
-               "cdn-sni-cdn-b-v6", "cdn-host-cdn-b", "cdn-host-cdn-b-v6", "cdn-sni-www",
-               "cdn-host-www", "cdn-no-sni", "www-sni-cdn-a", "www-host-cdn-a",
-               "other-sni-www-after")
+"""
+SNI_ATTACKS = (
+    "unbound-sni-cdn-a",
+    "other-sni-www",
+    "other-host-www",
+    "cdn-sni-cdn-b",
+    "cdn-sni-cdn-b-v6",
+    "cdn-host-cdn-b",
+    "cdn-host-cdn-b-v6",
+    "cdn-sni-www",
+    "cdn-host-www",
+    "cdn-no-sni",
+    "www-sni-cdn-a",
+    "www-host-cdn-a",
+    "other-sni-www-after",
+)
 UNBOUND_ATTACKS = ("unbound-sni-cdn-a", "other-sni-www", "other-host-www", "other-sni-www-after")
 
 
@@ -558,13 +616,23 @@ class AuditedRun:
 @pytest.fixture(scope="module")
 def sni_run(topology: Any, user: User) -> Iterator[AuditedRun]:
     with probe_dir(topology, user, "forged-sni") as wd:
-        consts = (f"CDN4, CDN6, WWW4, OTHER4 = {CDN.v4!r}, {CDN.v6!r}, {WWW.v4!r}, "
-                  f"{OTHER.v4!r}\n")
+        consts = f"CDN4, CDN6, WWW4, OTHER4 = {CDN.v4!r}, {CDN.v6!r}, {WWW.v4!r}, {OTHER.v4!r}\n"
         name = script(wd, user, "sni.py", consts + SNI_BODY)
         audit = wd / "audit.jsonl"
-        run = run_probes(topology, user, wd, "--net", "allowlist",
-                         "--allow-host", "cdn-a.boxy.test", "--allow-host", "www.boxy.test",
-                         "--audit-log", str(audit), cmd=["python3", name])
+        run = run_probes(
+            topology,
+            user,
+            wd,
+            "--net",
+            "allowlist",
+            "--allow-host",
+            "cdn-a.boxy.test",
+            "--allow-host",
+            "www.boxy.test",
+            "--audit-log",
+            str(audit),
+            cmd=["python3", name],
+        )
         yield AuditedRun(run, audit_records(audit))
 
 
@@ -603,8 +671,7 @@ def test_forged_sni_never_dialled(sni_run: AuditedRun) -> None:
     assert len(events(run, "cdn", kind="accept")) == 2, events(run, "cdn")
     assert len(events(run, "www", kind="accept")) == 1, events(run, "www")
     assert events(run, "other") == [], events(run, "other")
-    forged = [e for e in run.server_events
-              if "cdn-b.boxy.test" in (e.get("sni"), e.get("host"))]
+    forged = [e for e in run.server_events if "cdn-b.boxy.test" in (e.get("sni"), e.get("host"))]
     assert forged == [], forged
 
 
@@ -612,18 +679,22 @@ def test_forged_sni_audited(sni_run: AuditedRun) -> None:
     """Each name-level refusal is in the audit log under net.sni, with a reason."""
     run = sni_run.run
     assert_clean(run)
-    denials = [r for r in sni_run.audit if r.get("verdict") == "deny"
-               and r.get("layer") == "net.sni" and r.get("sni") == "cdn-b.boxy.test"]
+    denials = [
+        r
+        for r in sni_run.audit
+        if r.get("verdict") == "deny"
+        and r.get("layer") == "net.sni"
+        and r.get("sni") == "cdn-b.boxy.test"
+    ]
     assert len(denials) >= 4, json.dumps(sni_run.audit, indent=0)[-4000:]
     assert all(r.get("reason") for r in denials), denials
-    unbound = [r for r in sni_run.audit if r.get("verdict") == "deny"
-               and r.get("addr") == OTHER.v4]
+    unbound = [r for r in sni_run.audit if r.get("verdict") == "deny" and r.get("addr") == OTHER.v4]
     assert len(unbound) == 3, json.dumps(sni_run.audit, indent=0)[-4000:]
 
 
 # --- ports ------------------------------------------------------------------------------------
 
-PORTS_BODY = r'''
+PORTS_BODY = r"""
 WWW4 = %(www)r
 CASES = %(cases)r  # case -> what must happen ("ok" or a refusal)
 resolve("www.boxy.test")
@@ -675,23 +746,35 @@ for case in CASES:
     elif kind == "clientfirst":
         banner(case, WWW4, port, send_first=b"SSH-2.0-boxy_probe\r\n")
 print("DONE", flush=True)
-'''
+"""
 
 # flags, cases to run, and what must happen to each (the rest are denials).
 PORT_RUNS: dict[str, tuple[list[str], dict[str, str]]] = {
-    "global": (["--allow-host", "www.boxy.test"],
-               {"tls-443": "ok", "http-80": "ok", "tls-8443": "refused", "http-8080": "refused",
-                "banner-2222": "refused"}),
-    "explicit-8443": (["--allow-host", "www.boxy.test:8443"],
-                      {"tls-8443": "ok", "tls-443": "refused"}),
-    "explicit-2222": (["--allow-host", "www.boxy.test:2222"],
-                      {"banner-2222": "ok", "tls-443": "refused"}),
+    "global": (
+        ["--allow-host", "www.boxy.test"],
+        {
+            "tls-443": "ok",
+            "http-80": "ok",
+            "tls-8443": "refused",
+            "http-8080": "refused",
+            "banner-2222": "refused",
+        },
+    ),
+    "explicit-8443": (
+        ["--allow-host", "www.boxy.test:8443"],
+        {"tls-8443": "ok", "tls-443": "refused"},
+    ),
+    "explicit-2222": (
+        ["--allow-host", "www.boxy.test:2222"],
+        {"banner-2222": "ok", "tls-443": "refused"},
+    ),
     # The port is open globally, but only a host named with :2222 takes bytes that are
     # neither TLS nor HTTP: the binding alone must not let a server-first flow through.
     # (--allow-port replaces the default list, hence 443 again.)
-    "global-2222": (["--allow-host", "www.boxy.test", "--allow-port", "443",
-                     "--allow-port", "2222"],
-                    {"banner-2222": "no-banner", "clientfirst-2222": "reset", "tls-443": "ok"}),
+    "global-2222": (
+        ["--allow-host", "www.boxy.test", "--allow-port", "443", "--allow-port", "2222"],
+        {"banner-2222": "no-banner", "clientfirst-2222": "reset", "tls-443": "ok"},
+    ),
 }
 
 
@@ -700,15 +783,18 @@ def port_runs(topology: Any, user: User) -> Iterator[dict[str, NetRun]]:
     out: dict[str, NetRun] = {}
     with probe_dir(topology, user, "ports") as wd:
         for label, (flags, cases) in PORT_RUNS.items():
-            name = script(wd, user, f"ports-{label}.py",
-                          PORTS_BODY % {"www": WWW.v4, "cases": cases})
-            out[label] = run_probes(topology, user, wd, "--net", "allowlist", *flags,
-                                    cmd=["python3", name])
+            name = script(
+                wd, user, f"ports-{label}.py", PORTS_BODY % {"www": WWW.v4, "cases": cases}
+            )
+            out[label] = run_probes(
+                topology, user, wd, "--net", "allowlist", *flags, cmd=["python3", name]
+            )
         yield out
 
 
-@pytest.mark.parametrize("label,case", [(label, case) for label, (_, cases) in PORT_RUNS.items()
-                                        for case in cases])
+@pytest.mark.parametrize(
+    "label,case", [(label, case) for label, (_, cases) in PORT_RUNS.items() for case in cases]
+)
 def test_ports(port_runs: dict[str, NetRun], label: str, case: str) -> None:
     """A port not allowed to a host is refused (at SYN time or by Landlock), an
     explicitly allowed one works, a server-first protocol works on an explicitly
@@ -745,7 +831,7 @@ def test_ports_opaque_never_dialled(port_runs: dict[str, NetRun]) -> None:
 
 # --- the ClientHello on the wire: split, ECH ----------------------------------------------------
 
-WIRE_BODY = r'''
+WIRE_BODY = r"""
 WWW4 = %(www)r
 resolve("www.boxy.test")
 
@@ -823,7 +909,7 @@ split_https("split-other-3", WWW4, "other.boxy.test", 3, 11, False)
 raw_hello("ech-www", WWW4, "hello-ech.bin")
 raw_hello("noech-www", WWW4, "hello-plain.bin")
 print("DONE", flush=True)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -832,14 +918,23 @@ def wire_run(topology: Any, user: User) -> Iterator[AuditedRun]:
         # A synthetic ClientHello naming an allowed host, with and without an
         # encrypted_client_hello extension: the only difference between the two.
         sni = tlsbuild.server_name(b"www.boxy.test")
-        for fname, exts in (("hello-ech.bin", (sni, tlsbuild.ech())),
-                            ("hello-plain.bin", (sni,))):
+        for fname, exts in (("hello-ech.bin", (sni, tlsbuild.ech())), ("hello-plain.bin", (sni,))):
             (wd / fname).write_bytes(tlsbuild.record(tlsbuild.client_hello(*exts)))
             user.chown(wd / fname)
         name = script(wd, user, "wire.py", WIRE_BODY % {"www": WWW.v4})
         audit = wd / "audit.jsonl"
-        run = run_probes(topology, user, wd, "--net", "allowlist", "--allow-host",
-                         "www.boxy.test", "--audit-log", str(audit), cmd=["python3", name])
+        run = run_probes(
+            topology,
+            user,
+            wd,
+            "--net",
+            "allowlist",
+            "--allow-host",
+            "www.boxy.test",
+            "--audit-log",
+            str(audit),
+            cmd=["python3", name],
+        )
         yield AuditedRun(run, audit_records(audit))
 
 
@@ -862,8 +957,13 @@ def test_split_client_hello_disallowed_host_reset(wire_run: AuditedRun, label: s
     rec = probe(run, label)
     assert rec["outcome"] == "reset", run.describe(label)
     assert [e for e in run.server_events if e.get("sni") == "other.boxy.test"] == []
-    denied = [r for r in wire_run.audit if r.get("verdict") == "deny"
-              and r.get("sni") == "other.boxy.test" and r.get("layer") == "net.sni"]
+    denied = [
+        r
+        for r in wire_run.audit
+        if r.get("verdict") == "deny"
+        and r.get("sni") == "other.boxy.test"
+        and r.get("layer") == "net.sni"
+    ]
     assert len(denied) == 2, wire_run.audit
 
 
@@ -874,8 +974,9 @@ def test_ech_refused(wire_run: AuditedRun) -> None:
     assert_clean(run)
     assert probe(run, "ech-www")["outcome"] == "reset", run.describe("ech-www")
     assert probe(run, "noech-www")["outcome"] == "answered", run.describe("noech-www")
-    ech = [r for r in wire_run.audit if r.get("verdict") == "deny" and "ECH" in
-           str(r.get("reason"))]
+    ech = [
+        r for r in wire_run.audit if r.get("verdict") == "deny" and "ECH" in str(r.get("reason"))
+    ]
     assert len(ech) == 1 and ech[0].get("layer") == "net.sni", wire_run.audit
     # Only the plain synthetic hello reached www beyond the two split handshakes.
     assert len(events(run, "www", kind="accept")) == 3, events(run, "www")
@@ -883,7 +984,7 @@ def test_ech_refused(wire_run: AuditedRun) -> None:
 
 # --- a client that never finishes its ClientHello ------------------------------------------------
 
-STALL_BODY = r'''
+STALL_BODY = r"""
 WWW4 = resolve("www.boxy.test", socket.AF_INET)[0]
 hello = client_hello("www.boxy.test")[0]
 N = %(n)d
@@ -927,7 +1028,7 @@ report("stall-end", "ended", kinds=dict(kinds), left=len(by_fd),
        escaped=kinds.get("data", 0) > 0)
 report("after", https(WWW4, 443, "www.boxy.test", verify=True, timeout=5))
 print("DONE", flush=True)
-'''
+"""
 STALLED = 300
 
 
@@ -935,8 +1036,17 @@ STALLED = 300
 def stall_run(topology: Any, user: User) -> Iterator[NetRun]:
     with probe_dir(topology, user, "stall") as wd:
         name = script(wd, user, "stall.py", STALL_BODY % {"n": STALLED})
-        yield run_probes(topology, user, wd, "--net", "allowlist", "--allow-host",
-                         "www.boxy.test", cmd=["python3", name], timeout=60)
+        yield run_probes(
+            topology,
+            user,
+            wd,
+            "--net",
+            "allowlist",
+            "--allow-host",
+            "www.boxy.test",
+            cmd=["python3", name],
+            timeout=60,
+        )
 
 
 def test_stalled_client_hello_reset(stall_run: NetRun) -> None:
@@ -946,8 +1056,9 @@ def test_stalled_client_hello_reset(stall_run: NetRun) -> None:
     opened = probe(stall_run, "stall-open")
     assert opened["n"] == STALLED, stall_run.describe("stall-open")
     end = probe(stall_run, "stall-end")
-    assert end["left"] == 0 and end["kinds"] == {"ECONNRESET": STALLED}, \
-        stall_run.describe("stall-end")
+    assert end["left"] == 0 and end["kinds"] == {"ECONNRESET": STALLED}, stall_run.describe(
+        "stall-end"
+    )
     assert end["max_s"] < 15, stall_run.describe("stall-end")
     # Only the normal requests were dialled upstream, never a stalled flow.
     normal = sum(probe(stall_run, p)["outcome"] == "answered" for p in ("during", "after"))
@@ -970,7 +1081,7 @@ def test_stalled_clients_release_their_slots(stall_run: NetRun) -> None:
 
 # --- a connection flood in one session; a second session and the API keep working ---------------
 
-FLOOD_BODY = r'''
+FLOOD_BODY = r"""
 WWW4 = resolve("www.boxy.test", socket.AF_INET)[0]
 TARGETS = [(%(denied)r, 443), (WWW4, 443)]  # no binding (boxyd denies); allowed but silent
 MIN, RATE, MAX_S, MAX_OPEN = %(min)d, %(rate)d, %(max_s)d, 4000
@@ -999,15 +1110,15 @@ for s in held:
 report("flood-end", "ended", t=t1, attempts=attempts, errors=dict(errors),
        stopped=os.path.exists("flood.stop"))
 print("DONE", flush=True)
-'''
+"""
 
-CALM_BODY = r'''
+CALM_BODY = r"""
 WWW4 = resolve("www.boxy.test", socket.AF_INET)[0]
 for i in range(%(n)d):
     t = time.time()
     report(f"req-{i}", https(WWW4, 443, "www.boxy.test", verify=True, timeout=10), t=t)
 print("DONE", flush=True)
-'''
+"""
 FLOOD_MIN = 10_000
 CALM_REQUESTS = 20
 
@@ -1028,8 +1139,12 @@ def flood_run(topology: Any, user: User) -> Iterator[FloodResult]:
     with probe_dir(topology, user, "flood") as wd:
         topology.assert_isolated()
         topology.reset_records()
-        fname = script(wd, user, "flood.py", FLOOD_BODY % {
-            "denied": OTHER.v4, "min": FLOOD_MIN, "rate": 20_000, "max_s": 20})
+        fname = script(
+            wd,
+            user,
+            "flood.py",
+            FLOOD_BODY % {"denied": OTHER.v4, "min": FLOOD_MIN, "rate": 20_000, "max_s": 20},
+        )
         cname = script(wd, user, "calm.py", CALM_BODY % {"n": CALM_REQUESTS})
         flags = ("--net", "allowlist", "--allow-host", "www.boxy.test")
         flood = start_run(topology, user, wd, *flags, cmd=["python3", fname])
@@ -1038,8 +1153,9 @@ def flood_run(topology: Any, user: User) -> Iterator[FloodResult]:
             assert started is not None, f"the flood never started\n{flood.stdout}\n{flood.stderr}"
             time.sleep(0.5)  # the flood is at full rate
             box = NetBoxy(user, wd, topology)
-            status_argv = topology.exec_in_host(user.cmd([str(BIN / "boxyctl"), "daemon",
-                                                          "status"], box.env()))
+            status_argv = topology.exec_in_host(
+                user.cmd([str(BIN / "boxyctl"), "daemon", "status"], box.env())
+            )
             t = time.monotonic()
             status = subprocess.run(status_argv, capture_output=True, timeout=30)
             status_s = time.monotonic() - t
@@ -1047,11 +1163,18 @@ def flood_run(topology: Any, user: User) -> Iterator[FloodResult]:
         finally:
             (wd / "flood.stop").touch()
             rc = flood.finish(timeout=60)
-        yield FloodResult(flood, rc, calm, parse_probes(calm.stdout), status_s, status,
-                          f"--- flood exit {rc}\n{flood.stdout[-3000:]}\n{flood.stderr[-3000:]}"
-                          f"\n--- second session exit {calm.returncode}\n"
-                          f"{calm.stdout.decode(errors='replace')[-3000:]}"
-                          f"\n{calm.stderr.decode(errors='replace')[-3000:]}")
+        yield FloodResult(
+            flood,
+            rc,
+            calm,
+            parse_probes(calm.stdout),
+            status_s,
+            status,
+            f"--- flood exit {rc}\n{flood.stdout[-3000:]}\n{flood.stderr[-3000:]}"
+            f"\n--- second session exit {calm.returncode}\n"
+            f"{calm.stdout.decode(errors='replace')[-3000:]}"
+            f"\n{calm.stderr.decode(errors='replace')[-3000:]}",
+        )
 
 
 def test_flood_really_flooded(flood_run: FloodResult) -> None:
@@ -1073,8 +1196,9 @@ def test_flood_second_session_keeps_working(flood_run: FloodResult) -> None:
     assert max(ms) < 2000 and statistics.median(ms) < 500, (ms, r.describe)
     fl = parse_probes(r.flood.stdout)
     t_start, t_end = fl["flood-start"]["t"], fl["flood-end"]["t"]
-    assert all(t_start <= q["t"] <= t_end for q in reqs if q), \
+    assert all(t_start <= q["t"] <= t_end for q in reqs if q), (
         f"the requests did not overlap the flood ({t_start}..{t_end})\n{r.describe}"
+    )
 
 
 def test_flood_api_answers(flood_run: FloodResult) -> None:
@@ -1087,7 +1211,7 @@ def test_flood_api_answers(flood_run: FloodResult) -> None:
 
 # --- must keep working -----------------------------------------------------------------------
 
-WORK_BODY = r'''
+WORK_BODY = r"""
 import hashlib, subprocess
 MODE = %(mode)r
 OTHER4, OTHER6 = %(other4)r, %(other6)r
@@ -1191,10 +1315,15 @@ ok = slow.get("status") == 200 and slow.get("body_len") == 50 and slow["elapsed"
 report("slow", "ok" if ok else "failed", slow={k: slow.get(k) for k in (
     "outcome", "status", "body_len", "elapsed", "errno", "detail")})
 print("DONE", flush=True)
-'''
+"""
 
-WORK_HOSTS = ("www.boxy.test", "redirect.boxy.test", "big.boxy.test", "txt.boxy.test",
-              "*.wild.boxy.test")
+WORK_HOSTS = (
+    "www.boxy.test",
+    "redirect.boxy.test",
+    "big.boxy.test",
+    "txt.boxy.test",
+    "*.wild.boxy.test",
+)
 # probe -> (server it must land on, extra fields that must match)
 WORK_JSON: dict[str, tuple[str, dict[str, Any]]] = {
     "https-v4": ("www", {"family": 4, "tls": True}),
@@ -1206,8 +1335,15 @@ WORK_JSON: dict[str, tuple[str, dict[str, Any]]] = {
     "wildcard": ("wild", {"sni": "foo.wild.boxy.test"}),
     "wildcard-deep": ("wild", {"host": "a.b.wild.boxy.test", "tls": False}),
 }
-WORK_OTHER = ("big", "parallel-50", "dns-tcp", "dns-tcp-getent", "dns-txt-truncated",
-              "dns-txt-tcp", "slow")
+WORK_OTHER = (
+    "big",
+    "parallel-50",
+    "dns-tcp",
+    "dns-tcp-getent",
+    "dns-txt-truncated",
+    "dns-txt-tcp",
+    "slow",
+)
 
 
 @pytest.fixture(scope="module", params=["allowlist", "public"])
@@ -1215,9 +1351,14 @@ def work_run(request: pytest.FixtureRequest, topology: Any, user: User) -> Itera
     mode = request.param
     flags = mode_flags(mode, WORK_HOSTS)
     with probe_dir(topology, user, f"work-{mode}") as wd:
-        body = WORK_BODY % {"mode": mode, "other4": OTHER.v4, "other6": OTHER.v6,
-                            "www4": WWW.v4, "txt_n": plan.TXT_STRINGS,
-                            "txt_len": plan.TXT_STRING_LEN}
+        body = WORK_BODY % {
+            "mode": mode,
+            "other4": OTHER.v4,
+            "other6": OTHER.v6,
+            "www4": WWW.v4,
+            "txt_n": plan.TXT_STRINGS,
+            "txt_len": plan.TXT_STRING_LEN,
+        }
         name = script(wd, user, "work.py", body)
         run = run_probes(topology, user, wd, *flags, cmd=["python3", name], timeout=120)
         run.info = {**run.info, "mode": mode}
@@ -1264,7 +1405,7 @@ def test_keeps_working_by_ip(work_run: NetRun) -> None:
 
 # --- output: --net-log, --audit-log, the destinations table, -v -----------------------------------
 
-FORMAT_SCRIPT = r'''
+FORMAT_SCRIPT = r"""
 set -u
 curl -4 -sS --cacert ca.pem -o /dev/null https://www.boxy.test/ && echo ALLOWED-1
 curl -4 -sS -o /dev/null http://www.boxy.test/ && echo ALLOWED-2
@@ -1281,7 +1422,7 @@ getent hosts other.boxy.test || echo NAME-REFUSED
 echo MARK
 sleep 3
 echo DONE
-'''
+"""
 
 
 @dataclass
@@ -1302,9 +1443,21 @@ def format_run(topology: Any, user: User) -> Iterator[FormatRun]:
         sh.write_text(FORMAT_SCRIPT % {"other": OTHER.v4})
         user.chown(sh)
         netlog, audit = wd / "net.json", wd / "audit.jsonl"
-        live = start_run(topology, user, wd, "--net", "allowlist", "--allow-host",
-                         "www.boxy.test", "-v", "--net-log", str(netlog), "--audit-log",
-                         str(audit), cmd=["sh", "formats.sh"])
+        live = start_run(
+            topology,
+            user,
+            wd,
+            "--net",
+            "allowlist",
+            "--allow-host",
+            "www.boxy.test",
+            "-v",
+            "--net-log",
+            str(netlog),
+            "--audit-log",
+            str(audit),
+            cmd=["sh", "formats.sh"],
+        )
         mark = live.wait_line("MARK", 30)
         rc = live.finish(timeout=60)
         assert netlog.exists(), f"--net-log was not written\n{live.stdout}\n{live.stderr}"
@@ -1322,12 +1475,23 @@ def test_net_log_format(format_run: FormatRun) -> None:
     r = format_run
     assert r.rc == 0 and "ESCAPED" not in r.live.stdout, r.live.stdout + r.live.stderr
     assert "ALLOWED-1" in r.live.stdout and "ALLOWED-2" in r.live.stdout, r.live.stdout
-    assert "DENIED-3" in r.live.stdout and "NAME-REFUSED" in r.live.stdout, \
+    assert "DENIED-3" in r.live.stdout and "NAME-REFUSED" in r.live.stdout, (
         r.live.stdout + r.live.stderr
+    )
     doc = r.netlog
     assert doc["version"] == 1
-    assert doc["conn_fields"] == ["t_ms", "proto", "verdict", "addr", "port", "host", "sni",
-                                  "reason", "up", "down"]
+    assert doc["conn_fields"] == [
+        "t_ms",
+        "proto",
+        "verdict",
+        "addr",
+        "port",
+        "host",
+        "sni",
+        "reason",
+        "up",
+        "down",
+    ]
     strings = doc["strings"]
     assert all(isinstance(s, str) for s in strings) and len(set(strings)) == len(strings)
     rows = doc["conns"]
@@ -1361,16 +1525,27 @@ def test_audit_log_layers(format_run: FormatRun) -> None:
     unbound address's refusal with its reason."""
     audit = format_run.audit
     assert audit and all("layer" in r and "t" in r for r in audit), audit
-    dns_allow = [r for r in audit if r["layer"] == "net.dns" and r.get("verdict") == "allow"
-                 and r.get("name") == "www.boxy.test"]
-    dns_deny = [r for r in audit if r["layer"] == "net.dns" and r.get("verdict") == "deny"
-                and r.get("name") == "other.boxy.test"]
+    dns_allow = [
+        r
+        for r in audit
+        if r["layer"] == "net.dns"
+        and r.get("verdict") == "allow"
+        and r.get("name") == "www.boxy.test"
+    ]
+    dns_deny = [
+        r
+        for r in audit
+        if r["layer"] == "net.dns"
+        and r.get("verdict") == "deny"
+        and r.get("name") == "other.boxy.test"
+    ]
     sni_allow = [r for r in audit if r["layer"] == "net.sni" and r.get("verdict") == "allow"]
     unbound = [r for r in audit if r.get("verdict") == "deny" and r.get("addr") == OTHER.v4]
     assert dns_allow and dns_deny, audit
     assert sorted(r.get("port") for r in sni_allow) == [80, 443], sni_allow
-    assert len(unbound) == 1 and unbound[0]["layer"].startswith("net.") and \
-        unbound[0].get("reason"), unbound
+    assert (
+        len(unbound) == 1 and unbound[0]["layer"].startswith("net.") and unbound[0].get("reason")
+    ), unbound
 
 
 def test_destinations_table(format_run: FormatRun) -> None:
@@ -1380,14 +1555,17 @@ def test_destinations_table(format_run: FormatRun) -> None:
     i = head[-1]
     assert err[i] == "boxyctl: network destinations (2)", err[i]
     assert err[i + 1].split() == ["DESTINATION", "CONNS", "DENIED", "ADDRS", "SENT", "RECEIVED"]
-    rows = {line.split()[0]: line.split() for line in err[i + 2:i + 4]}
+    rows = {line.split()[0]: line.split() for line in err[i + 2 : i + 4]}
     assert rows["www.boxy.test"][1:4] == ["2", "0", "1"], rows
     assert rows[OTHER.v4][1:4] == ["1", "1", "1"], rows
 
 
 def _denial_lines(r: FormatRun) -> list[tuple[float, str]]:
-    return [(t, line) for t, line in r.live.err
-            if " deny " in line and not line.startswith("boxyctl: network destinations")]
+    return [
+        (t, line)
+        for t, line in r.live.err
+        if " deny " in line and not line.startswith("boxyctl: network destinations")
+    ]
 
 
 def test_verbose_denials_as_they_happen(format_run: FormatRun) -> None:
@@ -1408,12 +1586,12 @@ def test_verbose_denials_name_what(format_run: FormatRun) -> None:
     assert any("other.boxy.test" in line for line in lines), lines
 
 
-STATIC_BODY = r'''
+STATIC_BODY = r"""
 for a, port in ((%(lan)r, 443), (%(meta)r, 80)):
     r = tcp(a, port)
     report(f"static-{a}", r, escaped=r["outcome"] == "answered")
 print("DONE", flush=True)
-'''
+"""
 
 
 @dataclass
@@ -1426,12 +1604,25 @@ class StaticRun:
 @pytest.fixture(scope="module")
 def static_run(topology: Any, user: User) -> Iterator[StaticRun]:
     with probe_dir(topology, user, "static-denials") as wd:
-        name = script(wd, user, "static.py",
-                      STATIC_BODY % {"lan": plan.LAN_HOST, "meta": plan.METADATA_V4})
+        name = script(
+            wd, user, "static.py", STATIC_BODY % {"lan": plan.LAN_HOST, "meta": plan.METADATA_V4}
+        )
         netlog, audit = wd / "net.json", wd / "audit.jsonl"
-        run = run_probes(topology, user, wd, "--net", "allowlist", "--allow-host",
-                         "www.boxy.test", "-v", "--net-log", str(netlog), "--audit-log",
-                         str(audit), cmd=["python3", name])
+        run = run_probes(
+            topology,
+            user,
+            wd,
+            "--net",
+            "allowlist",
+            "--allow-host",
+            "www.boxy.test",
+            "-v",
+            "--net-log",
+            str(netlog),
+            "--audit-log",
+            str(audit),
+            cmd=["python3", name],
+        )
         assert netlog.exists(), run.describe()
         yield StaticRun(run, json.loads(netlog.read_text()), audit_records(audit))
 
@@ -1445,8 +1636,9 @@ def test_static_denial_reported(static_run: StaticRun, addr: str, port: int) -> 
     assert_clean(run)
     assert probe(run, f"static-{addr}")["outcome"] == "refused", run.describe()
     audit = [r for r in static_run.audit if r.get("addr") == addr]
-    assert [(r.get("layer"), r.get("verdict"), r.get("port")) for r in audit] == \
-        [("net.ip", "deny", port)], static_run.audit
+    assert [(r.get("layer"), r.get("verdict"), r.get("port")) for r in audit] == [
+        ("net.ip", "deny", port)
+    ], static_run.audit
     assert audit[0].get("reason"), audit
     doc = static_run.netlog
     rows = [dict(zip(doc["conn_fields"], row, strict=True)) for row in doc["conns"]]

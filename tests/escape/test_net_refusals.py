@@ -30,21 +30,34 @@ except OSError as e:
 
 
 def test_refusals_said_without_verbose(net, user, workdir) -> None:
-    run = run_probes(net, user, workdir, "--net", "allowlist", "--allow-host", "rebind-lan.boxy.test",
-                     "--allow-host", "www.boxy.test", cmd=["python3", "-c", PROBE])
+    run = run_probes(
+        net,
+        user,
+        workdir,
+        "--net",
+        "allowlist",
+        "--allow-host",
+        "rebind-lan.boxy.test",
+        "--allow-host",
+        "www.boxy.test",
+        cmd=["python3", "-c", PROBE],
+    )
     assert run.proc.returncode == 0, run.describe()
     lines = run.stderr.splitlines()
     summary = [ln for ln in lines if "(-v or --audit-log for details)" in ln]
-    assert summary == ["boxyctl: 1 connection refused, 1 name not allowed, 1 DNS answer in a "
-                       "refused range removed (-v or --audit-log for details)"], run.stderr
+    assert summary == [
+        "boxyctl: 1 connection refused, 1 name not allowed, 1 DNS answer in a "
+        "refused range removed (-v or --audit-log for details)"
+    ], run.stderr
     hint = [ln for ln in lines if ln.startswith("boxyctl: rebind-lan.boxy.test answered with")]
     assert hint and f"--allow-cidr {plan.LAN_HOST}" in hint[0], run.stderr
     assert not any(" deny " in ln for ln in lines), "the denials themselves are -v's"
 
 
 def test_a_quiet_run_is_quiet(net, user, workdir) -> None:
-    run = run_probes(net, user, workdir, "--net", "allowlist", "--allow-host", "www.boxy.test",
-                     cmd=["true"])
+    run = run_probes(
+        net, user, workdir, "--net", "allowlist", "--allow-host", "www.boxy.test", cmd=["true"]
+    )
     assert run.proc.returncode == 0 and run.stderr == "", run.describe()
 
 
@@ -80,7 +93,7 @@ def _table_denied(stderr: str) -> int:
     lines = stderr.splitlines()
     head = next(i for i, ln in enumerate(lines) if "DESTINATION" in ln and "DENIED" in ln)
     total = 0
-    for ln in lines[head + 1:]:
+    for ln in lines[head + 1 :]:
         cells = ln.split()
         if len(cells) != 6 or not cells[2].isdigit():
             break
@@ -90,8 +103,19 @@ def _table_denied(stderr: str) -> int:
 
 def test_refusals_are_named_by_their_range_and_counted_as_the_table(net, user, workdir) -> None:
     script = write_script(workdir, user, "named.py", NAMED)
-    run = run_probes(net, user, workdir, "--net", "allowlist", "--allow-host", "www.boxy.test",
-                     "-v", "--audit-log", "audit.jsonl", cmd=["python3", script])
+    run = run_probes(
+        net,
+        user,
+        workdir,
+        "--net",
+        "allowlist",
+        "--allow-host",
+        "www.boxy.test",
+        "-v",
+        "--audit-log",
+        "audit.jsonl",
+        cmd=["python3", script],
+    )
     assert run.proc.returncode == 0, run.describe()
     assert "ESCAPED" not in run.stdout
     for probe, got in run.probes.items():
@@ -101,17 +125,26 @@ def test_refusals_are_named_by_their_range_and_counted_as_the_table(net, user, w
     verbose = [ln for ln in run.stderr.splitlines() if " deny " in ln]
     for dest, reason in EXPECTED.items():
         assert any(f"://{dest}:" in ln and ln.endswith(f": {reason}") for ln in verbose), (
-            dest, reason, run.stderr)
+            dest,
+            reason,
+            run.stderr,
+        )
     gateway = [ln for ln in verbose if "the gateway itself" in ln]
-    assert {ln.split("://")[1].rsplit(":", 2)[0] for ln in gateway} == {"10.0.2.2", "[fd00::2]"}, \
+    assert {ln.split("://")[1].rsplit(":", 2)[0] for ln in gateway} == {"10.0.2.2", "[fd00::2]"}, (
         gateway
+    )
     audit = [json.loads(ln) for ln in (workdir / "audit.jsonl").read_text().splitlines()]
     denials = {(r.get("addr"), r.get("reason")) for r in audit if r.get("verdict") == "deny"}
     for dest, reason in EXPECTED.items():
         assert (dest.strip("[]"), reason) in denials, (dest, denials)
-    assert not any(r.get("reason") == "the gateway itself is not a destination"
-                   and r.get("addr") not in ("10.0.2.2", "fd00::2") for r in audit), audit
-    summary = [ln for ln in run.stderr.splitlines() if ln.endswith("(-v or --audit-log for details)")]
+    assert not any(
+        r.get("reason") == "the gateway itself is not a destination"
+        and r.get("addr") not in ("10.0.2.2", "fd00::2")
+        for r in audit
+    ), audit
+    summary = [
+        ln for ln in run.stderr.splitlines() if ln.endswith("(-v or --audit-log for details)")
+    ]
     assert len(summary) == 1, run.stderr
     refused = int(summary[0].removeprefix("boxyctl: ").split(" connection")[0])
     assert refused == _table_denied(run.stderr) == len(run.probes), run.stderr

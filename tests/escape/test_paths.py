@@ -69,7 +69,9 @@ def test_dotdot_traversal(boxy: Boxy, user: User) -> None:
     user.chown(sibling)
     host_home = {p.name for p in user.home.iterdir()} - {"boxy-tests"}
     try:
-        r = run_py(boxy, """
+        r = run_py(
+            boxy,
+            """
 import json
 for label, p in (("shadow3", "../../../etc/shadow"), ("shadow9", "../" * 9 + "etc/shadow"),
                  ("sibling", "../" + sys.argv[1] + "/secret")):
@@ -81,9 +83,18 @@ for label, p in (("ls-parent", ".."), ("ls-home", "../.."), ("ls-root", "../" * 
         tried(label, json.dumps(sorted(os.listdir(p))))
     except OSError as e:
         tried(label, ename(e))
-""", args=(sibling.name,))
-        got = assert_contained(r, "shadow3", "shadow9", "sibling", "ls-parent", "ls-home",
-                               results={"sibling": {"ENOENT"}})
+""",
+            args=(sibling.name,),
+        )
+        got = assert_contained(
+            r,
+            "shadow3",
+            "shadow9",
+            "sibling",
+            "ls-parent",
+            "ls-home",
+            results={"sibling": {"ENOENT"}},
+        )
         # the parent holds exactly the work directory (the mount point boxy made), no sibling
         assert got["ls-parent"] == f'["{boxy.workdir.name}"]', describe(r)
         leaked = [n for n in host_home if f'"{n}"' in got["ls-home"]]
@@ -93,15 +104,21 @@ for label, p in (("ls-parent", ".."), ("ls-home", "../.."), ("ls-root", "../" * 
         shutil.rmtree(sibling)
 
 
-def test_symlinks_out_of_workdir(boxy: Boxy, user: User, ssh_key: tuple[Path, str],
-                                 host_public_file: Path) -> None:
+def test_symlinks_out_of_workdir(
+    boxy: Boxy, user: User, ssh_key: tuple[Path, str], host_public_file: Path
+) -> None:
     key, marker = ssh_key
     # planted on the host before the run (as the payload's previous run could have)
-    for name, target in (("leak", key.parent), ("leak-srv", host_public_file),
-                         ("leak-shadow", Path("/etc/shadow"))):
+    for name, target in (
+        ("leak", key.parent),
+        ("leak-srv", host_public_file),
+        ("leak-shadow", Path("/etc/shadow")),
+    ):
         os.symlink(target, boxy.workdir / name)
         os.lchown(boxy.workdir / name, user.uid, user.gid)
-    r = run_py(boxy, """
+    r = run_py(
+        boxy,
+        """
 key_dir, srv = sys.argv[1], sys.argv[2]
 os.symlink(key_dir, "leak2")
 os.symlink(srv, "leak2-srv")
@@ -112,17 +129,30 @@ for label, p in (("host-link-key", "leak/id_ed25519"), ("host-link-srv", "leak-s
     data = read(label, p)
     if data:
         escaped(label, repr(data[:60]))
-""", args=(str(key.parent), str(host_public_file)))
-    got = assert_contained(r, "host-link-key", "host-link-srv", "host-link-shadow", "own-link-key",
-                           "own-link-srv", "own-link-root")
+""",
+        args=(str(key.parent), str(host_public_file)),
+    )
+    got = assert_contained(
+        r,
+        "host-link-key",
+        "host-link-srv",
+        "host-link-shadow",
+        "own-link-key",
+        "own-link-srv",
+        "own-link-root",
+    )
     assert all(v == "ENOENT" for v in got.values()), describe(r)
     assert marker not in output(r) and "boxy-secret-public" not in output(r)
 
 
-def test_proc_magic_links(boxy: Boxy, ssh_key: tuple[Path, str], host_sleeper: subprocess.Popen) -> None:
+def test_proc_magic_links(
+    boxy: Boxy, ssh_key: tuple[Path, str], host_sleeper: subprocess.Popen
+) -> None:
     key, marker = ssh_key
     pid = host_sleeper.pid
-    r = run_py(boxy, """
+    r = run_py(
+        boxy,
+        """
 key, pid = sys.argv[1], sys.argv[2]
 for label, p in (("self-root-shadow", "/proc/self/root/etc/shadow"),
                  ("self-root-key", "/proc/self/root" + key),
@@ -140,11 +170,22 @@ for label, p in (("pid1-cwd", "/proc/1/cwd"), ("pid1-root", "/proc/1/root"), ("h
         tried(label, ename(e))
     else:
         escaped(label, f"listed {names[:5]}")
-""", args=(str(key), str(pid)))
-    got = assert_contained(r, "self-root-shadow", "self-root-key", "pid1-root-shadow", "pid1-root-key",
-                           "host-environ", "host-root-key", "pid1-cwd", "pid1-root", "host-cwd",
-                           results={"host-environ": {"ENOENT"}, "host-cwd": {"ENOENT"},
-                                    "self-root-key": {"ENOENT"}})
+""",
+        args=(str(key), str(pid)),
+    )
+    got = assert_contained(
+        r,
+        "self-root-shadow",
+        "self-root-key",
+        "pid1-root-shadow",
+        "pid1-root-key",
+        "host-environ",
+        "host-root-key",
+        "pid1-cwd",
+        "pid1-root",
+        "host-cwd",
+        results={"host-environ": {"ENOENT"}, "host-cwd": {"ENOENT"}, "self-root-key": {"ENOENT"}},
+    )
     assert not any(v.startswith("read:") for v in got.values()), describe(r)
     assert marker not in output(r) and "BOXY_HOST_SECRET" not in output(r)
     assert host_sleeper.poll() is None  # the host process was real and still is
@@ -156,14 +197,20 @@ def test_writes_outside_workdir_do_not_reach_host(boxy: Boxy, user: User) -> Non
     other.mkdir()
     user.chown(other)
     # the user can write every one of these on the host: only the sandbox stops it
-    host_writable = {"other-dir": other / "planted", "parent": boxy.workdir.parent / tag,
-                     "home": user.home / tag, "var-tmp": Path("/var/tmp") / tag,
-                     "tmp": Path("/tmp") / tag}
+    host_writable = {
+        "other-dir": other / "planted",
+        "parent": boxy.workdir.parent / tag,
+        "home": user.home / tag,
+        "var-tmp": Path("/var/tmp") / tag,
+        "tmp": Path("/tmp") / tag,
+    }
     system = {"usr": Path("/usr") / tag, "etc": Path("/etc") / tag, "root": Path("/") / tag}
     targets = {**host_writable, **system}
     args = [f"{k}={v}" for k, v in targets.items()]
     try:
-        r = run_py(boxy, """
+        r = run_py(
+            boxy,
+            """
 for arg in sys.argv[1:]:
     label, path = arg.split("=", 1)
     try:
@@ -179,7 +226,9 @@ except OSError as e:
     tried("rename-workdir", ename(e))
 else:
     escaped("rename-workdir", "the work directory was renamed")
-""", args=tuple(args))
+""",
+            args=tuple(args),
+        )
         assert_contained(r, *targets, "rename-workdir")
         changed = [str(p) for p in targets.values() if os.path.lexists(p)]
         assert not changed, f"host changed: {changed}\n{describe(r)}"
@@ -201,8 +250,13 @@ def _digest(path: Path) -> str | None:
 
 def test_home_writes_vanish(boxy: Boxy, user: User) -> None:
     tag = f"boxy-escape-{uuid.uuid4().hex[:8]}"
-    watched = [user.home / ".bashrc", user.home / ".profile", user.home / ".ssh" / "authorized_keys",
-               user.home / tag, user.home / ".config" / tag]
+    watched = [
+        user.home / ".bashrc",
+        user.home / ".profile",
+        user.home / ".ssh" / "authorized_keys",
+        user.home / tag,
+        user.home / ".config" / tag,
+    ]
     before = {p: _digest(p) for p in watched}
     code = """
 tag = sys.argv[1]
@@ -219,9 +273,16 @@ with open(os.path.join(home, tag), "rb") as f:
     tried("readback", f.read().decode().strip())
 """
     r = run_py(boxy, code, args=(tag,))
-    got = assert_contained(r, "bashrc", "profile", "authorized-keys", "new", "config", "readback",
-                           results={k: {"written"} for k in ("bashrc", "profile", "authorized-keys",
-                                                             "new", "config")})
+    got = assert_contained(
+        r,
+        "bashrc",
+        "profile",
+        "authorized-keys",
+        "new",
+        "config",
+        "readback",
+        results={k: {"written"} for k in ("bashrc", "profile", "authorized-keys", "new", "config")},
+    )
     assert got["readback"] == f"boxy-escape-{tag}", describe(r)  # the writes were real
     assert {p: _digest(p) for p in watched} == before, describe(r)
     r2 = run_py(boxy, code, args=(tag,))  # a second run starts from an empty $HOME again
@@ -238,7 +299,9 @@ def ro_tree_with_submount(user: User) -> Iterator[Path]:
     sub = base / "sub"
     sub.mkdir(parents=True)
     (base / "plain.txt").write_text("plain\n")
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=1777", "boxy-escape", str(sub)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=1777", "boxy-escape", str(sub)], check=True
+    )
     try:
         (sub / "host-file").write_text("in-submount\n")
         os.chmod(sub / "host-file", 0o666)
@@ -253,7 +316,9 @@ def ro_tree_with_submount(user: User) -> Iterator[Path]:
 
 def test_submount_of_ro_tree_is_read_only(boxy: Boxy, ro_tree_with_submount: Path) -> None:
     base = ro_tree_with_submount
-    r = run_py(boxy, """
+    r = run_py(
+        boxy,
+        """
 base = sys.argv[1]
 tried("submount-read", open(base + "/sub/host-file").read().strip())
 for label, p, mode in (("sub-new", base + "/sub/new", "wb"), ("sub-existing", base + "/sub/host-file", "ab"),
@@ -266,10 +331,26 @@ except OSError as e:
     tried("sub-mkdir", ename(e))
 else:
     escaped("sub-mkdir", "created a directory in the submount")
-""", "--ro", str(base), args=(str(base),))
-    assert_contained(r, "submount-read", "sub-new", "sub-existing", "top-new", "top-existing", "sub-mkdir",
-                     results={"submount-read": {"in-submount"}, "sub-new": {"EROFS"},
-                              "sub-existing": {"EROFS"}, "sub-mkdir": {"EROFS"}})
+""",
+        "--ro",
+        str(base),
+        args=(str(base),),
+    )
+    assert_contained(
+        r,
+        "submount-read",
+        "sub-new",
+        "sub-existing",
+        "top-new",
+        "top-existing",
+        "sub-mkdir",
+        results={
+            "submount-read": {"in-submount"},
+            "sub-new": {"EROFS"},
+            "sub-existing": {"EROFS"},
+            "sub-mkdir": {"EROFS"},
+        },
+    )
     assert not (base / "sub" / "new").exists()
     assert (base / "sub" / "host-file").read_text() == "in-submount\n"
 
@@ -300,7 +381,9 @@ def test_later_host_mounts_do_not_propagate(boxy: Boxy, user: User, where: str) 
         shared = Path(f"/srv/boxy-shared-{uuid.uuid4().hex[:8]}")
         flags = ["--ro", str(shared)]
     shared.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "boxy-shared", str(shared)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "boxy-shared", str(shared)], check=True
+    )
     new = shared / "new"
     proc = None
     try:
@@ -308,16 +391,29 @@ def test_later_host_mounts_do_not_propagate(boxy: Boxy, user: User, where: str) 
         (shared / "before").write_text("before\n")
         new.mkdir()
         write_payload(boxy, PROPAGATION_PAYLOAD)
-        proc = subprocess.Popen(user.cmd(boxy_argv(*flags, cmd=["python3", "payload.py", str(shared)])),
-                                cwd=boxy.workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        wait_for(lambda: (boxy.workdir / "started").exists() or proc.poll() is not None, 60, "the sandbox")
+        proc = subprocess.Popen(
+            user.cmd(boxy_argv(*flags, cmd=["python3", "payload.py", str(shared)])),
+            cwd=boxy.workdir,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        wait_for(
+            lambda: (boxy.workdir / "started").exists() or proc.poll() is not None,
+            60,
+            "the sandbox",
+        )
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "boxy-late", str(new)], check=True)
         (new / "canary").write_text("late\n")
         (boxy.workdir / "go").write_text("1")
         out, err = proc.communicate(timeout=60)
         r = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-        assert_contained(r, "before", "go", "new-dir",
-                         results={"before": {"True"}, "go": {"True"}, "new-dir": {"True"}})
+        assert_contained(
+            r,
+            "before",
+            "go",
+            "new-dir",
+            results={"before": {"True"}, "go": {"True"}, "new-dir": {"True"}},
+        )
     finally:
         if proc is not None:
             stop(proc)
@@ -328,7 +424,9 @@ def test_later_host_mounts_do_not_propagate(boxy: Boxy, user: User, where: str) 
 
 
 def test_scratch_budget_is_shared_and_bounded(boxy: Boxy) -> None:
-    r = run_py(boxy, """
+    r = run_py(
+        boxy,
+        """
 import subprocess
 home = os.environ["HOME"]
 write("home-before", home + "/before", b"x" * 4096)
@@ -343,12 +441,26 @@ for label, p in (("home-full", home + "/after"), ("shm-full", "/dev/shm/after"),
         escaped(label, "room left beyond the shared budget")
 os.unlink("/tmp/fill")
 write("home-freed", home + "/again", b"z" * (1 << 20))
-""", "--memory", "64MiB")
-    got = assert_contained(r, "home-before", "dd", "home-full", "shm-full", "tmp-full", "home-freed",
-                           results={"home-before": {"written"}, "home-full": {"ENOSPC"},
-                                    "shm-full": {"ENOSPC"}, "tmp-full": {"ENOSPC"},
-                                    "home-freed": {"written"}})
+""",
+        "--memory",
+        "64MiB",
+    )
+    got = assert_contained(
+        r,
+        "home-before",
+        "dd",
+        "home-full",
+        "shm-full",
+        "tmp-full",
+        "home-freed",
+        results={
+            "home-before": {"written"},
+            "home-full": {"ENOSPC"},
+            "shm-full": {"ENOSPC"},
+            "tmp-full": {"ENOSPC"},
+            "home-freed": {"written"},
+        },
+    )
     fields = dict(kv.split("=") for kv in got["dd"].split(","))
     assert fields["rc"] != "0" and fields["enospc"] == "True", describe(r)
     assert 56 <= int(fields["mib"]) <= 64, describe(r)  # the budget is --memory, not less
-

@@ -15,10 +15,12 @@ from tests.conftest import NetBoxy
 pytestmark = pytest.mark.sandbox
 
 SECRET = "boxy-secret-3f1c9a7e-not-for-logs"
-PROBE = ("import hashlib, os, urllib.request\n"
-         "v = os.environ.get('BOXY_TEST_TOKEN', '')\n"
-         "print('HASH', hashlib.sha256(v.encode()).hexdigest())\n"
-         "urllib.request.urlopen('http://www.boxy.test/', timeout=5).read()\n")
+PROBE = (
+    "import hashlib, os, urllib.request\n"
+    "v = os.environ.get('BOXY_TEST_TOKEN', '')\n"
+    "print('HASH', hashlib.sha256(v.encode()).hexdigest())\n"
+    "urllib.request.urlopen('http://www.boxy.test/', timeout=5).read()\n"
+)
 
 
 def _everything_under(path: Path) -> bytes:
@@ -31,12 +33,25 @@ def _everything_under(path: Path) -> bytes:
 
 def test_a_secret_reaches_the_payload_and_nothing_else(netboxy: NetBoxy, net) -> None:
     seen: list[bytes] = []
-    ps = subprocess.Popen(["sh", "-c", "for i in $(seq 40); do ps -eo args; sleep 0.1; done"],
-                          stdout=subprocess.PIPE)  # every argv on the machine, during the run
+    ps = subprocess.Popen(
+        ["sh", "-c", "for i in $(seq 40); do ps -eo args; sleep 0.1; done"], stdout=subprocess.PIPE
+    )  # every argv on the machine, during the run
     try:
-        r = netboxy.run("--net", "allowlist", "--allow-host", "www.boxy.test", "--secret",
-                        "BOXY_TEST_TOKEN", "--audit-log", "audit.jsonl", "--net-log", "net.json", "-v",
-                        cmd=["python3", "-c", PROBE], extra_env={"BOXY_TEST_TOKEN": SECRET})
+        r = netboxy.run(
+            "--net",
+            "allowlist",
+            "--allow-host",
+            "www.boxy.test",
+            "--secret",
+            "BOXY_TEST_TOKEN",
+            "--audit-log",
+            "audit.jsonl",
+            "--net-log",
+            "net.json",
+            "-v",
+            cmd=["python3", "-c", PROBE],
+            extra_env={"BOXY_TEST_TOKEN": SECRET},
+        )
     finally:
         ps.kill()
         seen.append(ps.communicate()[0])
@@ -59,20 +74,33 @@ def test_a_profile_passes_secrets_by_name_and_makes_its_tmpfs(netboxy: NetBoxy, 
     """env_secrets: boxyctl learns the names from boxyd (SecretsNeeded) and sends the
     values from its own environment; filesystem.tmpfs: an empty writable directory."""
     profile = netboxy.workdir / "secretive.yaml"
-    profile.write_text("net: allowlist\nallow_hosts: [www.boxy.test]\nenv_secrets: [BOXY_TEST_TOKEN]\n"
-                       "filesystem: {tmpfs: [/opt/scratch]}\n")
+    profile.write_text(
+        "net: allowlist\nallow_hosts: [www.boxy.test]\nenv_secrets: [BOXY_TEST_TOKEN]\n"
+        "filesystem: {tmpfs: [/opt/scratch]}\n"
+    )
     netboxy.user.chown(profile)
-    probe = PROBE + ("print('TMPFS', os.listdir('/opt/scratch'))\n"
-                     "open('/opt/scratch/x', 'w').write('w')\nprint('WROTE', os.listdir('/opt/scratch'))\n")
-    r = netboxy.run("-p", str(profile), "--audit-log", "audit.jsonl", "-v",
-                    cmd=["python3", "-c", probe], extra_env={"BOXY_TEST_TOKEN": SECRET})
+    probe = PROBE + (
+        "print('TMPFS', os.listdir('/opt/scratch'))\n"
+        "open('/opt/scratch/x', 'w').write('w')\nprint('WROTE', os.listdir('/opt/scratch'))\n"
+    )
+    r = netboxy.run(
+        "-p",
+        str(profile),
+        "--audit-log",
+        "audit.jsonl",
+        "-v",
+        cmd=["python3", "-c", probe],
+        extra_env={"BOXY_TEST_TOKEN": SECRET},
+    )
     assert r.returncode == 0, r.stderr
     assert f"HASH {hashlib.sha256(SECRET.encode()).hexdigest()}".encode() in r.stdout
     assert b"TMPFS []" in r.stdout and b"WROTE ['x']" in r.stdout
     env = netboxy.env()
-    places = {"client output": r.stdout + r.stderr,
-              "audit log": (netboxy.workdir / "audit.jsonl").read_bytes(),
-              "state": _everything_under(Path(env["XDG_STATE_HOME"]))}
+    places = {
+        "client output": r.stdout + r.stderr,
+        "audit log": (netboxy.workdir / "audit.jsonl").read_bytes(),
+        "state": _everything_under(Path(env["XDG_STATE_HOME"])),
+    }
     leaked = [where for where, data in places.items() if SECRET.encode() in data]
     assert not leaked, f"ESCAPED: the secret is in {leaked}"
     missing = netboxy.run("-p", str(profile), cmd=["true"])  # not in boxyctl's environment

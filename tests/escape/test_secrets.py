@@ -49,7 +49,9 @@ def secrets(user: User) -> Iterator[dict[str, tuple[Path, str]]]:
     for name, rel in SECRET_FILES.items():
         marker = f"boxy-secret-{name}-{uuid.uuid4().hex}"
         path = user.home / rel
-        created += plant(user, path, f"-----BEGIN PRIVATE KEY-----\n{marker}\n-----END PRIVATE KEY-----\n")
+        created += plant(
+            user, path, f"-----BEGIN PRIVATE KEY-----\n{marker}\n-----END PRIVATE KEY-----\n"
+        )
         content = path.read_text()  # a pre-existing file keeps its own content
         out[name] = (path, marker if marker in content else content.strip()[:40])
     try:
@@ -61,14 +63,20 @@ def secrets(user: User) -> Iterator[dict[str, tuple[Path, str]]]:
 
 
 @pytest.mark.parametrize("name", sorted(SECRET_FILES))
-def test_secret_file_unreadable(boxy: Boxy, secrets: dict[str, tuple[Path, str]], name: str) -> None:
+def test_secret_file_unreadable(
+    boxy: Boxy, secrets: dict[str, tuple[Path, str]], name: str
+) -> None:
     path, marker = secrets[name]
-    r = run_py(boxy, """
+    r = run_py(
+        boxy,
+        """
 path = sys.argv[1]
 data = read("secret", path)
 if data:
     escaped("secret", f"{path}: {data[:80]!r}")
-""", args=(str(path),))
+""",
+        args=(str(path),),
+    )
     got = assert_contained(r, "secret")
     assert not got["secret"].startswith("read:"), describe(r)
     assert marker not in output(r)
@@ -76,7 +84,9 @@ if data:
 
 def test_no_secret_anywhere_in_sandbox(boxy: Boxy, secrets: dict[str, tuple[Path, str]]) -> None:
     """A payload that greps every file it can see for the planted key material."""
-    r = run_py(boxy, """
+    r = run_py(
+        boxy,
+        """
 needle = b"boxy-secret-"
 seen = 0
 for top in ("/", ):
@@ -97,7 +107,8 @@ for top in ("/", ):
             if needle in data:
                 escaped("grep", p)
 tried("grep", f"files:{seen}")
-""")
+""",
+    )
     got = assert_contained(r, "grep")
     assert int(got["grep"].split(":")[1]) > 5, describe(r)  # it really read files (/etc …)
     for _, marker in secrets.values():
@@ -105,7 +116,9 @@ tried("grep", f"files:{seen}")
 
 
 def test_etc_shadow_and_host_accounts(boxy: Boxy, user: User) -> None:
-    r = run_py(boxy, """
+    r = run_py(
+        boxy,
+        """
 for p in ("/etc/shadow", "/etc/gshadow", "/etc/sudoers"):
     data = read(p, p)
     if data:
@@ -115,7 +128,8 @@ names = [line.split(b":")[0].decode() for line in data.splitlines() if line]
 tried("accounts", ",".join(names))
 if names != [os.environ["USER"]]:
     escaped("passwd", f"host accounts visible: {names}")
-""")
+""",
+    )
     got = assert_contained(r, "/etc/shadow", "passwd", "accounts")
     assert not got["/etc/shadow"].startswith("read:"), describe(r)
     assert got["accounts"] == user.name, describe(r)
@@ -142,9 +156,13 @@ def host_only_files(user: User) -> Iterator[tuple[Path, Path]]:
         public.unlink()
 
 
-def test_other_users_and_host_only_files_invisible(boxy: Boxy, host_only_files: tuple[Path, Path]) -> None:
+def test_other_users_and_host_only_files_invisible(
+    boxy: Boxy, host_only_files: tuple[Path, Path]
+) -> None:
     private, public = host_only_files
-    r = run_py(boxy, """
+    r = run_py(
+        boxy,
+        """
 for label, p in (("private", sys.argv[1]), ("public", sys.argv[2])):
     if os.path.lexists(p):
         escaped(label, f"{p} is visible")
@@ -160,9 +178,17 @@ for label, p in (("private", sys.argv[1]), ("public", sys.argv[2])):
         tried(label + "-dir", f"entries:{len(names)}")
         if os.path.basename(p) in names:
             escaped(label + "-dir", f"{p} listed")
-""", args=(str(private), str(public)))
-    assert_contained(r, "private", "public", "private-dir", "public-dir",
-                     results={"private": {"ENOENT"}, "public": {"ENOENT"}})
+""",
+        args=(str(private), str(public)),
+    )
+    assert_contained(
+        r,
+        "private",
+        "public",
+        "private-dir",
+        "public-dir",
+        results={"private": {"ENOENT"}, "public": {"ENOENT"}},
+    )
 
 
 TOKENS = {
@@ -241,22 +267,35 @@ except OSError as e:
 
 
 @pytest.mark.parametrize("pass_env", [False, True], ids=["env-not-passed", "env-passed-with-e"])
-def test_runtime_sockets_unreachable(boxy: Boxy, user: User, listeners: Listeners, pass_env: bool) -> None:
+def test_runtime_sockets_unreachable(
+    boxy: Boxy, user: User, listeners: Listeners, pass_env: bool
+) -> None:
     tag = uuid.uuid4().hex[:8]
     rt = user.runtime
     agent = listeners.start(str(rt / f"boxy-escape-{tag}-ssh-agent.sock"))
     docker = listeners.start(str(rt / f"boxy-escape-{tag}-docker.sock"))
     bus = listeners.start(str(rt / f"boxy-escape-{tag}-bus"))
-    env = {"SSH_AUTH_SOCK": agent.path, "DOCKER_HOST": f"unix://{docker.path}",
-           "DBUS_SESSION_BUS_ADDRESS": f"unix:path={bus.path}"}
-    targets = {"ssh-agent": agent.path, "docker": docker.path, "dbus": bus.path,
-               # boxy's own front door: a run from inside could ask for a weaker sandbox
-               "boxyd": str(rt / "boxy" / "boxyd.sock")}
+    env = {
+        "SSH_AUTH_SOCK": agent.path,
+        "DOCKER_HOST": f"unix://{docker.path}",
+        "DBUS_SESSION_BUS_ADDRESS": f"unix:path={bus.path}",
+    }
+    targets = {
+        "ssh-agent": agent.path,
+        "docker": docker.path,
+        "dbus": bus.path,
+        # boxy's own front door: a run from inside could ask for a weaker sandbox
+        "boxyd": str(rt / "boxy" / "boxyd.sock"),
+    }
     for extra in ("bus", "docker.sock", "gnupg/S.gpg-agent", "systemd/private"):
         if (rt / extra).exists():  # whatever real ones the machine has, too
             targets["real-" + extra] = str(rt / extra)
     before = [x.accepts() for x in listeners.all]
-    flags = ["-e", "SSH_AUTH_SOCK", "-e", "DOCKER_HOST", "-e", "DBUS_SESSION_BUS_ADDRESS"] if pass_env else []
+    flags = (
+        ["-e", "SSH_AUTH_SOCK", "-e", "DOCKER_HOST", "-e", "DBUS_SESSION_BUS_ADDRESS"]
+        if pass_env
+        else []
+    )
     r = run_py(boxy, SOCKET_PAYLOAD, *flags, args=(json.dumps(targets),), extra_env=env)
     labels = list(targets) + ["runtime-dir"]
     if pass_env:
@@ -277,6 +316,7 @@ def test_abstract_socket_unreachable(boxy: Boxy, listeners: Listeners) -> None:
 
 # --- exposures refused before anything runs ----------------------------------------------
 
+
 def _assert_refused(r: subprocess.CompletedProcess, boxy: Boxy, *, names: str) -> None:
     lines = [ln for ln in r.stderr.decode().splitlines() if ln.strip()]
     assert r.returncode == 2, describe(r)
@@ -286,7 +326,9 @@ def _assert_refused(r: subprocess.CompletedProcess, boxy: Boxy, *, names: str) -
 
 
 @pytest.mark.parametrize("case", ["gnupg", "home", "runtime-rw", "run", "var-run", "ssh-agent-dir"])
-def test_exposing_socket_trees_refused(boxy: Boxy, user: User, listeners: Listeners, case: str) -> None:
+def test_exposing_socket_trees_refused(
+    boxy: Boxy, user: User, listeners: Listeners, case: str
+) -> None:
     created: list[Path] = []
     env: dict[str, str] = {}
     try:
@@ -298,7 +340,11 @@ def test_exposing_socket_trees_refused(boxy: Boxy, user: User, listeners: Listen
             if not sock.exists():
                 listeners.start(str(sock))
             assert stat.S_ISSOCK(os.lstat(sock).st_mode)
-            flags, names = (["--ro", "~/.gnupg"], ".gnupg") if case == "gnupg" else (["--ro", "~"], str(user.home))
+            flags, names = (
+                (["--ro", "~/.gnupg"], ".gnupg")
+                if case == "gnupg"
+                else (["--ro", "~"], str(user.home))
+            )
         elif case == "runtime-rw":
             flags, names = ["--rw", str(user.runtime)], str(user.runtime)
         elif case == "run":
@@ -321,7 +367,9 @@ def test_exposing_socket_trees_refused(boxy: Boxy, user: User, listeners: Listen
 
 
 @pytest.mark.parametrize("case", ["1password-agent", "tmux-server"])
-def test_unlisted_socket_in_exposed_tree(boxy: Boxy, user: User, listeners: Listeners, case: str) -> None:
+def test_unlisted_socket_in_exposed_tree(
+    boxy: Boxy, user: User, listeners: Listeners, case: str
+) -> None:
     """A live socket at a place no variable names: an SSH agent (1Password-style
     IdentityAgent ~/.1password/agent.sock) or a tmux server (/tmp/tmux-UID/, where a
     client can make the server run any command as the user). Exposing that tree must not
@@ -335,8 +383,13 @@ def test_unlisted_socket_in_exposed_tree(boxy: Boxy, user: User, listeners: List
     try:
         server = listeners.start(str(sock))
         before = server.accepts()
-        r = run_py(boxy, 'print("RAN", flush=True)\nconnect("socket", sys.argv[1])',
-                   "--ro", str(tree), args=(str(sock),))
+        r = run_py(
+            boxy,
+            'print("RAN", flush=True)\nconnect("socket", sys.argv[1])',
+            "--ro",
+            str(tree),
+            args=(str(sock),),
+        )
         assert "ESCAPED" not in output(r), describe(r)
         if r.returncode == 2:  # refused up front
             assert b"RAN" not in r.stdout, describe(r)

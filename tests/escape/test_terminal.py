@@ -42,11 +42,21 @@ class PtyRun:
     slave_name: str
 
 
-def run_on_pty(user: User, workdir: Path, flags: list[str], cmd: list[str], *,
-               stdin: Stream = "pty", stdout: Stream = "pty", stderr: Stream = "pty",
-               winsize: tuple[int, int] | None = None, send: bytes | None = None,
-               send_after: str | None = None, stdin_data: bytes = b"",
-               timeout: float = 30) -> PtyRun:
+def run_on_pty(
+    user: User,
+    workdir: Path,
+    flags: list[str],
+    cmd: list[str],
+    *,
+    stdin: Stream = "pty",
+    stdout: Stream = "pty",
+    stderr: Stream = "pty",
+    winsize: tuple[int, int] | None = None,
+    send: bytes | None = None,
+    send_after: str | None = None,
+    stdin_data: bytes = b"",
+    timeout: float = 30,
+) -> PtyRun:
     """`boxyctl run FLAGS -- CMD` as the test user with the chosen fds on a fresh PTY.
 
     "@HOST_RDEV@" in CMD becomes the device number of the test's terminal (so the
@@ -56,13 +66,16 @@ def run_on_pty(user: User, workdir: Path, flags: list[str], cmd: list[str], *,
     master, slave = os.openpty()
     try:
         if winsize is not None:
-            fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", winsize[0], winsize[1], 0, 0))
+            fcntl.ioctl(
+                slave, termios.TIOCSWINSZ, struct.pack("HHHH", winsize[0], winsize[1], 0, 0)
+            )
         st = os.fstat(slave)
         slave_name = os.ttyname(slave)
         cmd = [c.replace(HOST_RDEV, f"{st.st_dev}:{st.st_ino}") for c in cmd]
         argv = user.cmd([str(BIN / "boxyctl"), "run", *flags, "--", *cmd])
         proc = subprocess.Popen(
-            argv, cwd=workdir,
+            argv,
+            cwd=workdir,
             stdin=slave if stdin == "pty" else subprocess.PIPE,
             stdout=slave if stdout == "pty" else subprocess.PIPE,
             stderr=slave if stderr == "pty" else subprocess.PIPE,
@@ -79,7 +92,9 @@ def run_on_pty(user: User, workdir: Path, flags: list[str], cmd: list[str], *,
         proc.stdin.close()
     out_fd = proc.stdout.fileno() if proc.stdout is not None else None
     err_fd = proc.stderr.fileno() if proc.stderr is not None else None
-    bufs: dict[int, bytearray] = {fd: bytearray() for fd in (master, out_fd, err_fd) if fd is not None}
+    bufs: dict[int, bytearray] = {
+        fd: bytearray() for fd in (master, out_fd, err_fd) if fd is not None
+    }
     open_fds = set(bufs)
     deadline = time.monotonic() + timeout
     quiet_since: float | None = None
@@ -87,8 +102,10 @@ def run_on_pty(user: User, workdir: Path, flags: list[str], cmd: list[str], *,
         while open_fds:
             now = time.monotonic()
             if now > deadline:
-                raise TimeoutError(f"boxyctl did not finish in {timeout}s; terminal so far: "
-                                   f"{bytes(bufs[master])!r}")
+                raise TimeoutError(
+                    f"boxyctl did not finish in {timeout}s; terminal so far: "
+                    f"{bytes(bufs[master])!r}"
+                )
             if proc.poll() is not None:
                 # the client is gone; give the relay a moment to flush, then stop
                 quiet_since = quiet_since or now
@@ -105,8 +122,12 @@ def run_on_pty(user: User, workdir: Path, flags: list[str], cmd: list[str], *,
                     continue
                 quiet_since = None
                 bufs[fd] += data
-                if (fd == master and send is not None and send_after is not None
-                        and send_after.encode() in bufs[master]):
+                if (
+                    fd == master
+                    and send is not None
+                    and send_after is not None
+                    and send_after.encode() in bufs[master]
+                ):
                     os.write(master, send)
                     send = None
         returncode = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -166,8 +187,12 @@ def _report(text: str) -> dict:
 
 def _is_pty(entry: dict, host_id: tuple[int, int]) -> bool:
     # Unix98 PTY slaves have majors 136-143; boxy's must not be the client's own.
-    return (entry["isatty"] and entry["chr"] and 136 <= os.major(entry["rdev"]) <= 143
-            and tuple(entry["id"]) != host_id)
+    return (
+        entry["isatty"]
+        and entry["chr"]
+        and 136 <= os.major(entry["rdev"]) <= 143
+        and tuple(entry["id"]) != host_id
+    )
 
 
 def test_dev_tty_is_enxio_without_a_pty(boxy: Boxy) -> None:
@@ -208,8 +233,9 @@ def test_no_host_terminal_fd_enters(user: User, workdir: Path) -> None:
 
 def test_stdout_pipe_stdin_stderr_pty(user: User, workdir: Path) -> None:
     # `boxyctl run ... | less`: fd 1 passes through as the pipe, 0 and 2 are boxy's PTY.
-    r = run_on_pty(user, workdir, ["--net", "none"], ["python3", "-c", FD_REPORT, HOST_RDEV],
-                   stdout="pipe")
+    r = run_on_pty(
+        user, workdir, ["--net", "none"], ["python3", "-c", FD_REPORT, HOST_RDEV], stdout="pipe"
+    )
     assert "ESCAPED" not in r.stdout + r.tty
     assert r.returncode == 0, r.tty
     rep = _report(r.stdout)
@@ -220,8 +246,14 @@ def test_stdout_pipe_stdin_stderr_pty(user: User, workdir: Path) -> None:
 
 
 def test_stderr_only_on_terminal(user: User, workdir: Path) -> None:
-    r = run_on_pty(user, workdir, ["--net", "none"], ["python3", "-c", FD_REPORT, HOST_RDEV],
-                   stdin="pipe", stdout="pipe")
+    r = run_on_pty(
+        user,
+        workdir,
+        ["--net", "none"],
+        ["python3", "-c", FD_REPORT, HOST_RDEV],
+        stdin="pipe",
+        stdout="pipe",
+    )
     assert "ESCAPED" not in r.stdout + r.tty
     assert r.returncode == 0, r.tty
     rep = _report(r.stdout)
@@ -234,9 +266,15 @@ def test_stderr_only_on_terminal(user: User, workdir: Path) -> None:
 def test_typed_input_reaches_payload(user: User, workdir: Path) -> None:
     # READY first, so the line is typed while `head -1` is reading the session PTY;
     # GOT: tells the payload's copy apart from any terminal echo.
-    r = run_on_pty(user, workdir, ["--net", "none"],
-                   ["sh", "-c", "echo READY; head -1 | sed 's/^/GOT:/'"],
-                   send=b"hello\n", send_after="READY", timeout=30)
+    r = run_on_pty(
+        user,
+        workdir,
+        ["--net", "none"],
+        ["sh", "-c", "echo READY; head -1 | sed 's/^/GOT:/'"],
+        send=b"hello\n",
+        send_after="READY",
+        timeout=30,
+    )
     assert r.returncode == 0, r.tty
     assert "GOT:hello" in r.tty.splitlines(), r.tty
 
@@ -276,8 +314,13 @@ def test_ctrl_z_stops_the_client_and_fg_continues_the_payload(user: User, workdi
 
     shell = subprocess.Popen(
         user.cmd(["bash", "--norc", "--noprofile", "-i"], {"PS1": "PROMPT$ ", "TERM": "dumb"}),
-        cwd=workdir, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
-        preexec_fn=controlling_terminal)
+        cwd=workdir,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+        preexec_fn=controlling_terminal,
+    )
     seen = bytearray()
 
     pos = [0]  # where the next marker is looked for
@@ -296,8 +339,11 @@ def test_ctrl_z_stops_the_client_and_fg_continues_the_payload(user: User, workdi
 
     try:
         until(b"PROMPT$ ")
-        os.write(master, f"{BIN / 'boxyctl'} run --net none -- sh -c "
-                         "'echo READY; read line; echo GOT:$line'\r".encode())
+        os.write(
+            master,
+            f"{BIN / 'boxyctl'} run --net none -- sh -c "
+            "'echo READY; read line; echo GOT:$line'\r".encode(),
+        )
         until(b"\nREADY")
         os.write(master, b"\x1a")  # ^Z
         until(b"Stopped")
@@ -343,14 +389,19 @@ if sys.argv[1] == "wait":
 
 
 def print_sequences_cmd(wait: bool = False) -> list[str]:
-    return ["python3", "-c", PRINT_SEQUENCES, "wait" if wait else "now",
-            *(s.hex() for s in HOSTILE.values()), HARMLESS.hex()]
+    return [
+        "python3",
+        "-c",
+        PRINT_SEQUENCES,
+        "wait" if wait else "now",
+        *(s.hex() for s in HOSTILE.values()),
+        HARMLESS.hex(),
+    ]
 
 
 def reached(seen: bytes) -> list[str]:
     """The hostile sequences that reached the terminal."""
-    return [f"ESCAPED: {name} reached the terminal" for name, seq in HOSTILE.items()
-            if seq in seen]
+    return [f"ESCAPED: {name} reached the terminal" for name, seq in HOSTILE.items() if seq in seen]
 
 
 def test_clipboard_and_queries_never_reach_the_terminal(user: User, workdir: Path) -> None:

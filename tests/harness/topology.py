@@ -54,13 +54,17 @@ NETNS_DIR = Path("/run/netns")
 ETC_NETNS = Path("/etc/netns")
 TABLE = "boxyt"  # the nftables table (family inet) in both namespaces
 READY_TIMEOUT = 20.0
-LINK_NETS = (ipaddress.ip_network(f"{plan.ROUTER_V4}/{plan.LINK_V4_LEN}", strict=False),
-             ipaddress.ip_network(f"{plan.ROUTER_V6}/{plan.LINK_V6_LEN}", strict=False))
+LINK_NETS = (
+    ipaddress.ip_network(f"{plan.ROUTER_V4}/{plan.LINK_V4_LEN}", strict=False),
+    ipaddress.ip_network(f"{plan.ROUTER_V6}/{plan.LINK_V6_LEN}", strict=False),
+)
 
 # Link-layer chatter of the host kernel itself (neighbour discovery, MLD): not an escape.
-_ICMPV6_LINK = ("nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert, "
-                "nd-redirect, mld-listener-query, mld-listener-report, mld-listener-done, "
-                "mld2-listener-report")
+_ICMPV6_LINK = (
+    "nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert, "
+    "nd-redirect, mld-listener-query, mld-listener-report, mld-listener-done, "
+    "mld2-listener-report"
+)
 
 
 class TopologyError(RuntimeError):
@@ -98,16 +102,26 @@ def _net_addrs() -> list[str]:
     """Every address that must be local in the fake internet (on its lo)."""
     addrs = [plan.RESOLVER_V4, plan.RESOLVER_V6]
     addrs += [a for s in plan.SERVERS for a in s.addrs]
-    addrs += [a for r in plan.RECORDERS if r.where == "net" for a in r.addrs
-              if a not in (plan.ROUTER_V4, plan.ROUTER_V6)]
+    addrs += [
+        a
+        for r in plan.RECORDERS
+        if r.where == "net"
+        for a in r.addrs
+        if a not in (plan.ROUTER_V4, plan.ROUTER_V6)
+    ]
     return addrs
 
 
 def _host_lo_addrs() -> list[str]:
     # 127.0.0.1 and ::1 come with lo; anything else in 127/8 is local anyway, but
     # adding it makes `ip addr` show what the recorders listen on.
-    return [a for r in plan.RECORDERS if r.where == "host" for a in r.addrs
-            if a.startswith("127.") and a != "127.0.0.1"]
+    return [
+        a
+        for r in plan.RECORDERS
+        if r.where == "host"
+        for a in r.addrs
+        if a.startswith("127.") and a != "127.0.0.1"
+    ]
 
 
 def _addr_line(addr: str, dev: str, plen: int | None = None) -> str:
@@ -118,19 +132,40 @@ def _addr_line(addr: str, dev: str, plen: int | None = None) -> str:
 
 def _build_links(host: str, net: str) -> None:
     _run(["ip", "-batch", "-"], input=f"netns add {host}\nnetns add {net}\n")
-    _run(["ip", "-n", host, "link", "add", plan.HOST_IF, "type", "veth",
-          "peer", "name", plan.NET_IF, "netns", net])
-    net_lines = ["link set lo up", f"link set {plan.NET_IF} up",
-                 _addr_line(plan.ROUTER_V4, plan.NET_IF, plan.LINK_V4_LEN),
-                 _addr_line(plan.ROUTER_V6, plan.NET_IF, plan.LINK_V6_LEN)]
+    _run(
+        [
+            "ip",
+            "-n",
+            host,
+            "link",
+            "add",
+            plan.HOST_IF,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            plan.NET_IF,
+            "netns",
+            net,
+        ]
+    )
+    net_lines = [
+        "link set lo up",
+        f"link set {plan.NET_IF} up",
+        _addr_line(plan.ROUTER_V4, plan.NET_IF, plan.LINK_V4_LEN),
+        _addr_line(plan.ROUTER_V6, plan.NET_IF, plan.LINK_V6_LEN),
+    ]
     net_lines += [_addr_line(a, "lo") for a in _net_addrs()]
     _run(["ip", "-n", net, "-batch", "-"], input="\n".join(net_lines) + "\n")
-    host_lines = ["link set lo up", f"link set {plan.HOST_IF} up",
-                  _addr_line(plan.HOST_V4, plan.HOST_IF, plan.LINK_V4_LEN),
-                  _addr_line(plan.HOST_V6, plan.HOST_IF, plan.LINK_V6_LEN),
-                  *[_addr_line(a, "lo") for a in _host_lo_addrs()],
-                  f"route add 0.0.0.0/0 via {plan.ROUTER_V4} dev {plan.HOST_IF}",
-                  f"route add ::/0 via {plan.ROUTER_V6} dev {plan.HOST_IF}"]
+    host_lines = [
+        "link set lo up",
+        f"link set {plan.HOST_IF} up",
+        _addr_line(plan.HOST_V4, plan.HOST_IF, plan.LINK_V4_LEN),
+        _addr_line(plan.HOST_V6, plan.HOST_IF, plan.LINK_V6_LEN),
+        *[_addr_line(a, "lo") for a in _host_lo_addrs()],
+        f"route add 0.0.0.0/0 via {plan.ROUTER_V4} dev {plan.HOST_IF}",
+        f"route add ::/0 via {plan.ROUTER_V6} dev {plan.HOST_IF}",
+    ]
     _run(["ip", "-n", host, "-batch", "-"], input="\n".join(host_lines) + "\n")
 
 
@@ -148,9 +183,9 @@ def _guard(out_if: str) -> list[str]:
     """Chains both namespaces share: forward nothing, send only via lo and the veth."""
     return [
         "  counter leak { }",
-        "  chain guard_fwd { type filter hook forward priority 0; policy drop; counter name \"leak\"; }",
+        '  chain guard_fwd { type filter hook forward priority 0; policy drop; counter name "leak"; }',
         "  chain guard_out { type filter hook output priority 0; policy accept;",
-        f"    oifname != {{ \"lo\", \"{out_if}\" }} counter name \"leak\" drop",
+        f'    oifname != {{ "lo", "{out_if}" }} counter name "leak" drop',
         "  }",
     ]
 
@@ -158,31 +193,41 @@ def _guard(out_if: str) -> list[str]:
 def net_ruleset() -> str:
     counters = ["total", "public"] + [r.counter for r in plan.RECORDERS if r.where == "net"]
     counters += [plan.range_counter(c) for c in plan.RANGES]
-    rules = [f"iifname != \"{plan.NET_IF}\" return",
-             f"icmpv6 type {{ {_ICMPV6_LINK} }} return",
-             "counter name \"total\""]
+    rules = [
+        f'iifname != "{plan.NET_IF}" return',
+        f"icmpv6 type {{ {_ICMPV6_LINK} }} return",
+        'counter name "total"',
+    ]
     for fam, net in _daddr(list(plan.PUBLIC_NETS)):
-        rules.append(f"{fam} daddr {net} counter name \"public\"")
+        rules.append(f'{fam} daddr {net} counter name "public"')
     for rec in plan.RECORDERS:
         if rec.where == "net":
-            rules += [f"{fam} daddr {s} counter name \"{rec.counter}\"" for fam, s in _daddr(rec.addrs)]
+            rules += [
+                f'{fam} daddr {s} counter name "{rec.counter}"' for fam, s in _daddr(rec.addrs)
+            ]
     for cidr in plan.RANGES:
         fam = "ip6" if ":" in cidr else "ip"
-        rules.append(f"{fam} daddr {cidr} counter name \"{plan.range_counter(cidr)}\"")
+        rules.append(f'{fam} daddr {cidr} counter name "{plan.range_counter(cidr)}"')
     # Nobody holds the address: refuse at once (forwarding is off, so the kernel would
     # drop it silently and a probe would hang until its timeout).
-    rules += ["fib daddr type != { local, broadcast, multicast } meta l4proto tcp "
-              "reject with tcp reset",
-              "fib daddr type != { local, broadcast, multicast } reject with icmpx port-unreachable"]
-    return "\n".join([
-        f"table inet {TABLE} {{",
-        *[f"  counter {c} {{ }}" for c in counters],
-        "  chain count_pre { type filter hook prerouting priority -300; policy accept;",
-        *[f"    {r}" for r in rules],
-        "  }",
-        *_guard(plan.NET_IF),
-        "}",
-    ]) + "\n"
+    rules += [
+        "fib daddr type != { local, broadcast, multicast } meta l4proto tcp reject with tcp reset",
+        "fib daddr type != { local, broadcast, multicast } reject with icmpx port-unreachable",
+    ]
+    return (
+        "\n".join(
+            [
+                f"table inet {TABLE} {{",
+                *[f"  counter {c} {{ }}" for c in counters],
+                "  chain count_pre { type filter hook prerouting priority -300; policy accept;",
+                *[f"    {r}" for r in rules],
+                "  }",
+                *_guard(plan.NET_IF),
+                "}",
+            ]
+        )
+        + "\n"
+    )
 
 
 def host_ruleset() -> str:
@@ -193,42 +238,72 @@ def host_ruleset() -> str:
             if not ports:
                 continue
             pset = "{ " + ", ".join(map(str, ports)) + " }"
-            rules += [f"iifname \"lo\" {fam} daddr {s} {proto} dport {pset} counter name \"{rec.counter}\""
-                      for fam, s in _daddr(rec.addrs)]
-    return "\n".join([
-        f"table inet {TABLE} {{",
-        *[f"  counter {r.counter} {{ }}" for r in recs],
-        "  chain count_in { type filter hook input priority -300; policy accept;",
-        *[f"    {r}" for r in rules],
-        "  }",
-        *_guard(plan.HOST_IF),
-        "}",
-    ]) + "\n"
+            rules += [
+                f'iifname "lo" {fam} daddr {s} {proto} dport {pset} counter name "{rec.counter}"'
+                for fam, s in _daddr(rec.addrs)
+            ]
+    return (
+        "\n".join(
+            [
+                f"table inet {TABLE} {{",
+                *[f"  counter {r.counter} {{ }}" for r in recs],
+                "  chain count_in { type filter hook input priority -300; policy accept;",
+                *[f"    {r}" for r in rules],
+                "  }",
+                *_guard(plan.HOST_IF),
+                "}",
+            ]
+        )
+        + "\n"
+    )
 
 
 def _load_nft(ns: str, ruleset: str) -> None:
-    _run(_in_ns(ns, ["nft", "-f", "-"]), input=f"table inet {TABLE}\nflush table inet {TABLE}\n"
-         f"delete table inet {TABLE}\n" + ruleset)
+    _run(
+        _in_ns(ns, ["nft", "-f", "-"]),
+        input=f"table inet {TABLE}\nflush table inet {TABLE}\n"
+        f"delete table inet {TABLE}\n" + ruleset,
+    )
 
 
 def _write_resolv(ns: str) -> None:
     d = ETC_NETNS / ns
     d.mkdir(parents=True, exist_ok=True)
-    (d / "resolv.conf").write_text(f"# boxy test internet ({ns}); removed by topology down\n"
-                                   f"nameserver {plan.RESOLVER_V4}\nnameserver {plan.RESOLVER_V6}\n"
-                                   "options timeout:1 attempts:2\n")
+    (d / "resolv.conf").write_text(
+        f"# boxy test internet ({ns}); removed by topology down\n"
+        f"nameserver {plan.RESOLVER_V4}\nnameserver {plan.RESOLVER_V6}\n"
+        "options timeout:1 attempts:2\n"
+    )
     (d / "resolv.conf").chmod(0o644)
 
 
 def _start_server(ns: str, role: str, state: Path) -> subprocess.Popen:
-    env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
-           "PYTHONPATH": str(REPO), "LANG": "C.UTF-8"}
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+        "PYTHONPATH": str(REPO),
+        "LANG": "C.UTF-8",
+    }
     with open(state / f"serve-{role}.log", "wb") as log:
         return subprocess.Popen(
-            _in_ns(ns, [sys.executable, "-m", "tests.harness.fakenet.serve", "--role", role,
-                        "--state", str(state)]),
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
-            start_new_session=True)
+            _in_ns(
+                ns,
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.harness.fakenet.serve",
+                    "--role",
+                    role,
+                    "--state",
+                    str(state),
+                ],
+            ),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=env,
+            start_new_session=True,
+        )
 
 
 def _wait_ready(procs: dict[str, subprocess.Popen], state: Path) -> None:
@@ -242,8 +317,10 @@ def _wait_ready(procs: dict[str, subprocess.Popen], state: Path) -> None:
                 tail = (state / f"serve-{role}.log").read_text(errors="replace")[-3000:]
                 raise TopologyError(f"the {role} servers exited ({p.returncode}):\n{tail}")
         if pending and time.monotonic() > deadline:
-            raise TopologyError(f"servers not ready after {READY_TIMEOUT:.0f} s: {sorted(pending)}"
-                                f" (see {state}/serve-*.log)")
+            raise TopologyError(
+                f"servers not ready after {READY_TIMEOUT:.0f} s: {sorted(pending)}"
+                f" (see {state}/serve-*.log)"
+            )
         if pending:
             time.sleep(0.01)
 
@@ -266,22 +343,49 @@ def _describe(prefix: str, state: Path) -> dict[str, Any]:
         "prefix": prefix,
         "namespaces": {"host": host, "net": net},
         "interfaces": {"host": plan.HOST_IF, "net": plan.NET_IF},
-        "link": {"host_v4": plan.HOST_V4, "host_v6": plan.HOST_V6,
-                 "router_v4": plan.ROUTER_V4, "router_v6": plan.ROUTER_V6},
-        "dns": {"v4": plan.RESOLVER_V4, "v6": plan.RESOLVER_V6, "zone": plan.ZONE[:-1],
-                "evil_zone": plan.EVIL_ZONE[:-1]},
+        "link": {
+            "host_v4": plan.HOST_V4,
+            "host_v6": plan.HOST_V6,
+            "router_v4": plan.ROUTER_V4,
+            "router_v6": plan.ROUTER_V6,
+        },
+        "dns": {
+            "v4": plan.RESOLVER_V4,
+            "v6": plan.RESOLVER_V6,
+            "zone": plan.ZONE[:-1],
+            "evil_zone": plan.EVIL_ZONE[:-1],
+        },
         "ca": str(state / "ca.pem"),
         "names": _names_table(),
-        "servers": {s.name: {"v4": s.v4, "v6": s.v6, "http": list(plan.HTTP_PORTS),
-                             "https": list(plan.HTTPS_PORTS), "banner": plan.BANNER_PORT,
-                             "udp_echo": list(plan.UDP_ECHO_PORTS)} for s in plan.SERVERS},
-        "recorders": {r.name: {"where": r.where, "addrs": list(r.addrs), "tcp": list(r.tcp),
-                               "udp": list(r.udp), "dns": r.dns, "counter": r.counter}
-                      for r in plan.RECORDERS},
+        "servers": {
+            s.name: {
+                "v4": s.v4,
+                "v6": s.v6,
+                "http": list(plan.HTTP_PORTS),
+                "https": list(plan.HTTPS_PORTS),
+                "banner": plan.BANNER_PORT,
+                "udp_echo": list(plan.UDP_ECHO_PORTS),
+            }
+            for s in plan.SERVERS
+        },
+        "recorders": {
+            r.name: {
+                "where": r.where,
+                "addrs": list(r.addrs),
+                "tcp": list(r.tcp),
+                "udp": list(r.udp),
+                "dns": r.dns,
+                "counter": r.counter,
+            }
+            for r in plan.RECORDERS
+        },
         "ranges": {c: plan.range_counter(c) for c in plan.RANGES},
         "big": {"path": "/big", "size": plan.BIG_SIZE, "sha256_path": "/big.sha256"},
-        "files": {"dns_queries": str(state / QUERY_LOG), "servers": str(state / SERVER_LOG),
-                  "recorders": str(state / RECORDER_LOG)},
+        "files": {
+            "dns_queries": str(state / QUERY_LOG),
+            "servers": str(state / SERVER_LOG),
+            "recorders": str(state / RECORDER_LOG),
+        },
     }
 
 
@@ -305,7 +409,10 @@ def up(state_dir: str | Path = DEFAULT_STATE, prefix: str = DEFAULT_PREFIX) -> T
         _load_nft(host, host_ruleset())
         _write_resolv(host)
         _write_resolv(net)
-        procs = {"net": _start_server(net, "net", state), "host": _start_server(host, "host", state)}
+        procs = {
+            "net": _start_server(net, "net", state),
+            "host": _start_server(host, "host", state),
+        }
         _wait_ready(procs, state)
         topo = Topology(state, _describe(prefix, state))
         (state / "topology.json").write_text(json.dumps(topo.info, indent=1) + "\n")
@@ -391,9 +498,14 @@ def _isolation_problems(netns: str) -> list[str]:
             continue
         if same:
             problems.append(f"{netns} is the same netns as {ref}")
-    ids = {e.get("nsid"): e.get("name") for e in _json(["ip", "-n", netns, "-j", "netns", "list-id"])}
-    peer_links = {ln["ifname"]: ln for ln in _json(["ip", "-n", peer_ns, "-j", "link", "show"])} \
-        if _exists(peer_ns) else {}
+    ids = {
+        e.get("nsid"): e.get("name") for e in _json(["ip", "-n", netns, "-j", "netns", "list-id"])
+    }
+    peer_links = (
+        {ln["ifname"]: ln for ln in _json(["ip", "-n", peer_ns, "-j", "link", "show"])}
+        if _exists(peer_ns)
+        else {}
+    )
     for link in _json(["ip", "-n", netns, "-j", "-d", "link", "show"]):
         name = link["ifname"]
         if name not in allowed:
@@ -404,10 +516,16 @@ def _isolation_problems(netns: str) -> list[str]:
         kind = link.get("linkinfo", {}).get("info_kind")
         where = ids.get(link.get("link_netnsid"))
         peer = peer_links.get(peer_if)
-        if kind != "veth" or where != peer_ns or peer is None or \
-                peer.get("ifindex") != link.get("link_index"):
-            problems.append(f"{netns}: {name} is not a veth to {peer_if} in {peer_ns} "
-                            f"(kind {kind}, peer netns {where!r})")
+        if (
+            kind != "veth"
+            or where != peer_ns
+            or peer is None
+            or peer.get("ifindex") != link.get("link_index")
+        ):
+            problems.append(
+                f"{netns}: {name} is not a veth to {peer_if} in {peer_ns} "
+                f"(kind {kind}, peer netns {where!r})"
+            )
     for fam in ("-4", "-6"):
         for r in _json(["ip", "-n", netns, "-j", fam, "route", "show", "table", "all"]):
             if r.get("type") in ("blackhole", "unreachable", "prohibit"):
@@ -418,9 +536,11 @@ def _isolation_problems(netns: str) -> list[str]:
             if via and not any(ipaddress.ip_address(via) in n for n in LINK_NETS):
                 problems.append(f"{netns}: route {r.get('dst')} via {via}, outside the topology")
     try:
-        chains = {c["chain"]["name"]: c["chain"] for c in
-                  _json(_in_ns(netns, ["nft", "-j", "list", "table", "inet", TABLE]))["nftables"]
-                  if "chain" in c}
+        chains = {
+            c["chain"]["name"]: c["chain"]
+            for c in _json(_in_ns(netns, ["nft", "-j", "list", "table", "inet", TABLE]))["nftables"]
+            if "chain" in c
+        }
         rules = _run(_in_ns(netns, ["nft", "list", "chain", "inet", TABLE, "guard_out"]))
     except TopologyError as e:
         return [*problems, f"{netns}: no nftables guard: {e}"]
@@ -448,8 +568,11 @@ def status(prefix: str = DEFAULT_PREFIX) -> dict[str, Any]:
             out[ns] = {"exists": False}
             continue
         pids = _run(["ip", "netns", "pids", ns]).split()
-        out[ns] = {"exists": True, "pids": [int(p) for p in pids],
-                   "problems": _isolation_problems(ns)}
+        out[ns] = {
+            "exists": True,
+            "pids": [int(p) for p in pids],
+            "problems": _isolation_problems(ns),
+        }
     return out
 
 
@@ -467,8 +590,9 @@ class Topology:
         try:
             info = json.loads((state / "topology.json").read_text())
         except FileNotFoundError:
-            raise TopologyError(f"no topology in {state}: run `python -m "
-                                "tests.harness.topology up` (as root) first") from None
+            raise TopologyError(
+                f"no topology in {state}: run `python -m tests.harness.topology up` (as root) first"
+            ) from None
         return cls(state, info)
 
     @property
@@ -514,8 +638,11 @@ class Topology:
         for d in (base, base / "run", base / "state"):
             d.mkdir(mode=0o700, exist_ok=True)
             os.chown(d, uid, gid)
-        return {"XDG_RUNTIME_DIR": str(base / "run"), "XDG_STATE_HOME": str(base / "state"),
-                "BOXY_UPSTREAM_DNS": self.dns_v4}
+        return {
+            "XDG_RUNTIME_DIR": str(base / "run"),
+            "XDG_STATE_HOME": str(base / "state"),
+            "BOXY_UPSTREAM_DNS": self.dns_v4,
+        }
 
     def assert_isolated(self) -> None:
         problems = _isolation_problems(self.host_ns) + _isolation_problems(self.net_ns)
@@ -528,8 +655,11 @@ class Topology:
         """Packet counts of every nftables counter in the 'net' or 'host' netns."""
         ns = self.net_ns if where == "net" else self.host_ns
         data = _json(_in_ns(ns, ["nft", "-j", "list", "counters", "table", "inet", TABLE]))
-        return {c["counter"]["name"]: c["counter"]["packets"]
-                for c in data["nftables"] if "counter" in c}
+        return {
+            c["counter"]["name"]: c["counter"]["packets"]
+            for c in data["nftables"]
+            if "counter" in c
+        }
 
     def recorder_hits(self, name: str) -> int:
         """Packets that reached recorder NAME (any protocol, any port)."""
@@ -582,8 +712,10 @@ class Topology:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.harness.topology",
-                                 description="Build or remove the boxy test internet.")
+    ap = argparse.ArgumentParser(
+        prog="python -m tests.harness.topology",
+        description="Build or remove the boxy test internet.",
+    )
     ap.add_argument("action", choices=("up", "down", "status", "check"))
     ap.add_argument("--state", type=Path, default=DEFAULT_STATE)
     ap.add_argument("--prefix", default=DEFAULT_PREFIX)
@@ -591,8 +723,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     if args.action == "up":
         topo = up(args.state, args.prefix)
-        print(f"up in {time.monotonic() - t0:.2f} s: {topo.host_ns} / {topo.net_ns}, "
-              f"state {topo.state_dir}")
+        print(
+            f"up in {time.monotonic() - t0:.2f} s: {topo.host_ns} / {topo.net_ns}, "
+            f"state {topo.state_dir}"
+        )
     elif args.action == "down":
         down(args.prefix, args.state)
         print(f"down in {time.monotonic() - t0:.2f} s")

@@ -38,33 +38,61 @@ class UserManager:
         self.proc: subprocess.Popen | None = None
 
     def env(self) -> dict[str, str]:
-        return {"XDG_RUNTIME_DIR": str(self.runtime),
-                "DBUS_SESSION_BUS_ADDRESS": f"unix:path={self.runtime}/bus"}
+        return {
+            "XDG_RUNTIME_DIR": str(self.runtime),
+            "DBUS_SESSION_BUS_ADDRESS": f"unix:path={self.runtime}/bus",
+        }
 
     def user_cmd(self, argv: list[str]) -> list[str]:
-        env = [f"{k}={v}" for k, v in {"HOME": str(self.home), "USER": self.name,
-                                       "PATH": "/usr/local/bin:/usr/bin:/bin", **self.env()}.items()]
+        env = [
+            f"{k}={v}"
+            for k, v in {
+                "HOME": str(self.home),
+                "USER": self.name,
+                "PATH": "/usr/local/bin:/usr/bin:/bin",
+                **self.env(),
+            }.items()
+        ]
         return ["runuser", "-u", self.name, "--", "env", "-i", *env, *argv]
 
     def systemctl(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(self.user_cmd(["systemctl", "--user", *args]), capture_output=True,
-                              text=True, timeout=60)
+        return subprocess.run(
+            self.user_cmd(["systemctl", "--user", *args]),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     def up(self, timeout: float = 30) -> None:
         if not os.path.exists("/usr/lib/systemd/systemd"):
             raise RuntimeError("systemd is not installed")
         self._clear()
         self.proc = subprocess.Popen(
-            ["unshare", "-m", "--propagation", "private", "sh", "-c", START, "sh",
-             str(self.uid), self.name, str(self.home)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            [
+                "unshare",
+                "-m",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                START,
+                "sh",
+                str(self.uid),
+                self.name,
+                str(self.home),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"systemd --user exited: {self.proc.stderr.read().decode()}")
             # ("offline" is also what systemctl says when nothing answers: ask for more)
-            if (self.runtime / "systemd" / "private").exists() and \
-                    self.systemctl("show-environment").returncode == 0:
+            if (self.runtime / "systemd" / "private").exists() and self.systemctl(
+                "show-environment"
+            ).returncode == 0:
                 return
             time.sleep(0.1)
         self.down()
@@ -91,7 +119,9 @@ class UserManager:
         for root in CGROUP_ROOTS:
             top = Path(root) / "user.slice" / f"user-{self.uid}.slice"
             if top.is_dir():
-                for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                for d in sorted(
+                    (p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)
+                ):
                     with contextlib.suppress(OSError):
                         d.rmdir()
                 with contextlib.suppress(OSError):

@@ -10,21 +10,28 @@ from pathlib import Path
 from tests.conftest import BIN, User
 
 
-def start_client(user: User, workdir: Path, script: str, *flags: str) -> tuple[subprocess.Popen, int]:
+def start_client(
+    user: User, workdir: Path, script: str, *flags: str
+) -> tuple[subprocess.Popen, int]:
     """boxyctl run as USER, its output in files (the payload holds on to them: pipes
     would not reach EOF when the client goes); returns the process and boxyctl's own
     pid (the child of runuser, which only passes signals on)."""
     argv = [str(BIN / "boxyctl"), "run", "--net", "none", *flags, "--", "sh", "-c", script]
-    with open(workdir.parent / f"{workdir.name}.out", "wb") as out, \
-            open(workdir.parent / f"{workdir.name}.err", "wb") as err:
-        proc = subprocess.Popen(user.cmd(argv), cwd=workdir, stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=err)
+    with (
+        open(workdir.parent / f"{workdir.name}.out", "wb") as out,
+        open(workdir.parent / f"{workdir.name}.err", "wb") as err,
+    ):
+        proc = subprocess.Popen(
+            user.cmd(argv), cwd=workdir, stdin=subprocess.DEVNULL, stdout=out, stderr=err
+        )
     deadline = time.monotonic() + 30
     while client_out(workdir) != b"ready\n" and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
     assert client_out(workdir) == b"ready\n", client_err(workdir)
     if os.getuid() != user.uid:
-        kids = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        kids = subprocess.run(
+            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
+        ).stdout.split()
         assert len(kids) == 1, kids
         return proc, int(kids[0])
     return proc, proc.pid
@@ -47,8 +54,11 @@ def sessions_running(user: User) -> int:
 def daemon_pids(user: User) -> list[int]:
     """USER's boxyd processes serving its own runtime directory (not the one a
     network test runs in the topology with a runtime directory of its own)."""
-    out = subprocess.run(["pgrep", "-u", str(user.uid), "-f", "boxyd.daemon.main|bin/boxyd$"],
-                         capture_output=True, text=True).stdout.split()
+    out = subprocess.run(
+        ["pgrep", "-u", str(user.uid), "-f", "boxyd.daemon.main|bin/boxyd$"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     mine = []
     for pid in out:
         try:

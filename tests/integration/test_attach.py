@@ -25,14 +25,20 @@ pytestmark = pytest.mark.sandbox
 class Term:
     """A boxyctl command as the test user on a fresh PTY the test holds."""
 
-    def __init__(self, user: User, workdir: Path, args: list[str],
-                 size: tuple[int, int] = (24, 80)) -> None:
+    def __init__(
+        self, user: User, workdir: Path, args: list[str], size: tuple[int, int] = (24, 80)
+    ) -> None:
         self.master, slave = os.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", *size, 0, 0))
         try:
-            self.proc = subprocess.Popen(user.cmd([str(BIN / "boxyctl"), *args]), cwd=workdir,
-                                         stdin=slave, stdout=slave, stderr=slave,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                user.cmd([str(BIN / "boxyctl"), *args]),
+                cwd=workdir,
+                stdin=slave,
+                stdout=slave,
+                stderr=slave,
+                start_new_session=True,
+            )
         finally:
             os.close(slave)
         self.seen = bytearray()
@@ -82,14 +88,26 @@ def ctl(user: User, *args: str) -> subprocess.CompletedProcess:
 
 
 def state_of(user: User, sid: str) -> str:
-    line = next((ln for ln in ctl(user, "ps", "-a").stdout.decode().splitlines()
-                 if ln.startswith(sid)), "")
+    line = next(
+        (ln for ln in ctl(user, "ps", "-a").stdout.decode().splitlines() if ln.startswith(sid)), ""
+    )
     return line.split()[1] if line else "absent"
 
 
 def test_run_d_then_attach_round_trip(boxy: Boxy, user: User, workdir: Path) -> None:
-    r = ctl(user, "run", "-d", "-w", str(workdir), "--net", "none", "--", "sh", "-c",
-            "echo hello-from-detached; read line; stty size; echo got:$line; exit 7")
+    r = ctl(
+        user,
+        "run",
+        "-d",
+        "-w",
+        str(workdir),
+        "--net",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        "echo hello-from-detached; read line; stty size; echo got:$line; exit 7",
+    )
     assert r.returncode == 0, r.stderr
     sid = r.stdout.decode().strip()
     assert re.fullmatch(r"[0-9a-f]{8}", sid), r.stdout
@@ -109,13 +127,21 @@ def test_run_d_then_attach_round_trip(boxy: Boxy, user: User, workdir: Path) -> 
     assert b"hello-from-detached" in log.read_bytes()
 
 
-def test_attach_replay_and_output_log_are_filtered(boxy: Boxy, user: User,
-                                                   workdir: Path) -> None:
+def test_attach_replay_and_output_log_are_filtered(boxy: Boxy, user: User, workdir: Path) -> None:
     """What a detached payload printed reaches the next client, and output.log,
     filtered as a live terminal is: OSC 52 and the queries are gone, colour and
     title are there."""
-    r = ctl(user, "run", "-d", "-w", str(workdir), "--net", "none", "--",
-            *print_sequences_cmd(wait=True))
+    r = ctl(
+        user,
+        "run",
+        "-d",
+        "-w",
+        str(workdir),
+        "--net",
+        "none",
+        "--",
+        *print_sequences_cmd(wait=True),
+    )
     assert r.returncode == 0, r.stderr
     sid = r.stdout.decode().strip()
     log = user.home / ".local/state/boxy/sessions" / sid / "output.log"
@@ -140,8 +166,9 @@ def test_attach_replay_and_output_log_are_filtered(boxy: Boxy, user: User,
         assert b"BEGIN" + HARMLESS + b"END" in seen
 
 
-def test_ctrl_bracket_detaches_and_the_session_lives_on(boxy: Boxy, user: User,
-                                                        workdir: Path) -> None:
+def test_ctrl_bracket_detaches_and_the_session_lives_on(
+    boxy: Boxy, user: User, workdir: Path
+) -> None:
     script = "i=0; while :; do i=$((i+1)); echo tick$i; sleep 0.2; done"
     term = Term(user, workdir, ["run", "--net", "none", "--", "sh", "-c", script])
     try:
@@ -174,16 +201,30 @@ def test_attach_to_what_cannot_be_attached(boxy: Boxy, user: User, workdir: Path
     assert r.returncode == 1 and b"no session deadbeef" in r.stderr
     r = boxy.run("--", "true")
     assert r.returncode == 0
-    sid = next(ln.split()[0] for ln in reversed(ctl(user, "ps", "-a").stdout.decode().splitlines())
-               if ln.endswith(" true"))
+    sid = next(
+        ln.split()[0]
+        for ln in reversed(ctl(user, "ps", "-a").stdout.decode().splitlines())
+        if ln.endswith(" true")
+    )
     r = ctl(user, "attach", sid)
     assert r.returncode in (1, 2)
     assert f"session {sid} has ended" in r.stderr.decode() or b"no session" in r.stderr
 
 
 def test_watch_on_a_terminal_repaints_the_board(boxy: Boxy, user: User, workdir: Path) -> None:
-    r = ctl(user, "run", "-d", "-w", str(workdir), "--net", "none", "--", "sh", "-c",
-            "while [ ! -e go ]; do sleep 0.05; done; exit 5")
+    r = ctl(
+        user,
+        "run",
+        "-d",
+        "-w",
+        str(workdir),
+        "--net",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        "while [ ! -e go ]; do sleep 0.05; done; exit 5",
+    )
     sid = r.stdout.decode().strip()
     term = Term(user, workdir, ["watch", sid])
     try:

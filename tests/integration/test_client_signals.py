@@ -43,12 +43,15 @@ def test_a_stopped_daemon_does_not_hang_the_client(boxy: Boxy, user: User, workd
     err = client_err(workdir)
     lines = err.strip().splitlines()
     assert proc.returncode == 1, err
-    assert lines and "boxyd did not answer within 5s of the SIGTERM: stopped waiting" in lines[-1], err
+    assert (
+        lines and "boxyd did not answer within 5s of the SIGTERM: stopped waiting" in lines[-1]
+    ), err
     assert took < 15, f"the client gave up only after {took:.1f}s"
 
 
-def test_sigterm_ends_a_client_whose_session_never_started(boxy: Boxy, user: User,
-                                                           workdir: Path) -> None:
+def test_sigterm_ends_a_client_whose_session_never_started(
+    boxy: Boxy, user: User, workdir: Path
+) -> None:
     """boxyd not answering at all (stopped) before the session started: there is
     nothing to pass the signal on to, and `timeout`'s SIGTERM used to be ignored."""
     assert boxy.sh("true").returncode == 0  # boxyd is up
@@ -58,13 +61,15 @@ def test_sigterm_ends_a_client_whose_session_never_started(boxy: Boxy, user: Use
     # a file, not a pipe: the fds sent with the Run wait in the socket, held open
     errfile = workdir.parent / f"{workdir.name}.err"
     with open(errfile, "wb") as errf:
-        proc = subprocess.Popen(argv, cwd=workdir, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=errf)
+        proc = subprocess.Popen(
+            argv, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errf
+        )
     try:
         time.sleep(1.5)  # connected (the listener's backlog), its Run sent, waiting
         assert proc.poll() is None, "the client ended before the signal"
-        kids = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                              text=True).stdout.split()
+        kids = subprocess.run(
+            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
+        ).stdout.split()
         client = int(kids[0]) if os.getuid() != user.uid else proc.pid
         start = time.monotonic()
         os.kill(client, signal.SIGTERM)
@@ -102,14 +107,17 @@ def test_a_second_interrupt_ends_the_wait(boxy: Boxy, user: User, workdir: Path)
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT])
-def test_a_client_gone_hangs_its_session_up(boxy: Boxy, user: User, workdir: Path,
-                                            how: signal.Signals) -> None:
+def test_a_client_gone_hangs_its_session_up(
+    boxy: Boxy, user: User, workdir: Path, how: signal.Signals
+) -> None:
     """An attached session whose client goes away (killed; or given up after a second
     ^C) gets SIGHUP as from a closed terminal, and is stopped: a cancelled CI job
     leaves nothing running."""
     hup = workdir / "hup.txt"
-    script = ("trap 'echo hup >> hup.txt; exit 129' HUP; trap '' INT TERM; echo ready; "
-              "while :; do sleep 0.1; done")
+    script = (
+        "trap 'echo hup >> hup.txt; exit 129' HUP; trap '' INT TERM; echo ready; "
+        "while :; do sleep 0.1; done"
+    )
     proc, client = start_client(user, workdir, script)
     try:
         assert sessions_running(user) == 1

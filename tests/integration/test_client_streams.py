@@ -16,8 +16,12 @@ CASES = {
     # (shell redirection or setup, arguments, exit status, what stderr says: "" for nothing)
     "gone-cwd-help": ("gone", ["--help"], 0, ""),
     "gone-cwd-version": ("gone", ["--version"], 0, ""),
-    "gone-cwd-run": ("gone", ["run", "--net", "none", "--", "true"], 2,
-                     "the current directory was removed"),
+    "gone-cwd-run": (
+        "gone",
+        ["run", "--net", "none", "--", "true"],
+        2,
+        "the current directory was removed",
+    ),
     "closed-help": (">&-", ["--help"], 1, "cannot write to standard output: it is closed"),
     "closed-version": (">&-", ["--version"], 1, "cannot write to standard output: it is closed"),
     "closed-profile-list": (">&-", ["profile", "list"], 1, "cannot write to standard output"),

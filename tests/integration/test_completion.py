@@ -36,9 +36,14 @@ def test_make_setup_installed_what_the_parser_generates() -> None:
 def test_the_man_page_renders_and_documents_every_run_flag(tmp_path: Path) -> None:
     page = tmp_path / "boxyctl.1"
     page.write_text(completion.man())
-    r = subprocess.run(["man", "-l", str(page)], capture_output=True, text=True,
-                       env={"PATH": "/usr/bin:/bin", "MANWIDTH": "100", "MAN_KEEP_FORMATTING": "0"},
-                       timeout=30, check=False)
+    r = subprocess.run(
+        ["man", "-l", str(page)],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "MANWIDTH": "100", "MAN_KEEP_FORMATTING": "0"},
+        timeout=30,
+        check=False,
+    )
     assert r.returncode == 0 and not r.stderr.strip(), r.stderr
     text = re.sub(".\x08", "", r.stdout).replace("\u2010", "-")  # overstrike bold, hyphens
     for flag in RUN_FLAGS:
@@ -49,7 +54,7 @@ def test_the_man_page_renders_and_documents_every_run_flag(tmp_path: Path) -> No
 
 def _complete(script: Path, *words: str) -> list[str]:
     prog = f"""source {script}
-COMP_WORDS=({' '.join(repr(w) if w else '""' for w in words)})
+COMP_WORDS=({" ".join(repr(w) if w else '""' for w in words)})
 COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1)); COMPREPLY=()
 _boxyctl; printf '%s\\n' "${{COMPREPLY[@]}}"
 """
@@ -57,19 +62,26 @@ _boxyctl; printf '%s\\n' "${{COMPREPLY[@]}}"
     return [w for w in r.stdout.splitlines() if w]
 
 
-@pytest.mark.parametrize("words,want", [
-    (["boxyctl", "run", "--al"], ["--allow-git-write", "--allow-host", "--allow-port", "--allow-cidr"]),
-    (["boxyctl", "run", "--net", ""], ["public", "allowlist", "none"]),
-    (["boxyctl", "run", "--seccomp", "c"], ["compat"]),
-    (["boxy", "da"], ["daemon"]),
-    (["boxyctl", "daemon", ""], ["status", "restart", "stop"]),
-    (["boxyctl", "profile", "s"], ["show"]),
-    (["boxyctl", "completion", ""], ["bash", "zsh", "fish"]),
-    (["boxyctl", "run", "--memory", ""], []),  # a value: nothing to offer
-    (["boxyctl", "stop", "-"], ["-h", "--help", "-k", "--kill"]),
-])
-def test_bash_completion_offers_what_the_parser_takes(tmp_path: Path, words: list[str],
-                                                      want: list[str]) -> None:
+@pytest.mark.parametrize(
+    "words,want",
+    [
+        (
+            ["boxyctl", "run", "--al"],
+            ["--allow-git-write", "--allow-host", "--allow-port", "--allow-cidr"],
+        ),
+        (["boxyctl", "run", "--net", ""], ["public", "allowlist", "none"]),
+        (["boxyctl", "run", "--seccomp", "c"], ["compat"]),
+        (["boxy", "da"], ["daemon"]),
+        (["boxyctl", "daemon", ""], ["status", "restart", "stop"]),
+        (["boxyctl", "profile", "s"], ["show"]),
+        (["boxyctl", "completion", ""], ["bash", "zsh", "fish"]),
+        (["boxyctl", "run", "--memory", ""], []),  # a value: nothing to offer
+        (["boxyctl", "stop", "-"], ["-h", "--help", "-k", "--kill"]),
+    ],
+)
+def test_bash_completion_offers_what_the_parser_takes(
+    tmp_path: Path, words: list[str], want: list[str]
+) -> None:
     script = tmp_path / "boxyctl.bash"
     script.write_text(completion.bash())
     assert sorted(_complete(script, *words)) == sorted(want)

@@ -40,12 +40,15 @@ def full_list(text: str, what: str) -> Path:
     return Path(m.group(2))
 
 
-FIFOS = ("i=0; while [ $i -lt 300 ]; do d=vendor/x$i/.git; mkdir -p $d/objects $d/refs; "
-         "mkfifo $d/HEAD; i=$((i+1)); done; echo made")
+FIFOS = (
+    "i=0; while [ $i -lt 300 ]; do d=vendor/x$i/.git; mkdir -p $d/objects $d/refs; "
+    "mkfifo $d/HEAD; i=$((i+1)); done; echo made"
+)
 
 
-def test_fifo_heads_are_reported_moved_and_the_host_git_returns(boxy: Boxy, user: User,
-                                                                workdir: Path) -> None:
+def test_fifo_heads_are_reported_moved_and_the_host_git_returns(
+    boxy: Boxy, user: User, workdir: Path
+) -> None:
     """300 nested repositories with a FIFO as HEAD: each cost the host-git check 5 s
     and made the user's `git status` at the root hang forever."""
     git_init(user, workdir)
@@ -64,14 +67,17 @@ def test_fifo_heads_are_reported_moved_and_the_host_git_returns(boxy: Boxy, user
     assert status.returncode == 0, err(status)
 
 
-def test_a_flood_of_findings_still_ends_with_the_status_and_show_works(boxy: Boxy, user: User,
-                                                                       workdir: Path) -> None:
+def test_a_flood_of_findings_still_ends_with_the_status_and_show_works(
+    boxy: Boxy, user: User, workdir: Path
+) -> None:
     """100,000 long-named hooks made the Run reply 45.9 MB, over the wire's 16 MiB: the
     client never returned, and `show` hung on the record."""
     git_init(user, workdir)
     # in a new repository: the work directory's own hooks directory is pinned read-only
-    plant = ("import os\nos.makedirs('sub/.git/hooks')\nfor i in range(100_000):\n"
-             "    os.mknod(f'sub/.git/hooks/{i:06d}' + 'h' * 200)\nraise SystemExit(7)\n")
+    plant = (
+        "import os\nos.makedirs('sub/.git/hooks')\nfor i in range(100_000):\n"
+        "    os.mknod(f'sub/.git/hooks/{i:06d}' + 'h' * 200)\nraise SystemExit(7)\n"
+    )
     r = boxy.run("--net", "none", cmd=["python3", "-c", plant], timeout=300)
     assert r.returncode == 7, err(r)[-3000:]
     text = err(r)
@@ -92,8 +98,18 @@ def tmpfs_workdir(user: User, workdir: Path):
     ~/.local/state: every move out of it is a copy across filesystems."""
     d = workdir / "fs"
     d.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=2g,mode=0755,uid={user.uid},gid={user.gid}",
-                    "tmpfs", str(d)], check=True)
+    subprocess.run(
+        [
+            "mount",
+            "-t",
+            "tmpfs",
+            "-o",
+            f"size=2g,mode=0755,uid={user.uid},gid={user.gid}",
+            "tmpfs",
+            str(d),
+        ],
+        check=True,
+    )
     try:
         yield d
     finally:
@@ -104,9 +120,11 @@ def test_a_sparse_hook_does_not_fill_the_quarantine(user: User, tmpfs_workdir: P
     """A 1 GiB hook of holes became 1.1 GiB kept for 90 days; a dense one past the
     run's budget leaves only its metadata and hash."""
     git_init(user, tmpfs_workdir)
-    script = ("mkdir -p sub/.git/hooks; cd sub/.git/hooks; printf '#!/bin/sh\\n' > pre-commit; "
-              "truncate -s 1G pre-commit; head -c 70M /dev/urandom > post-checkout; "
-              "sha256sum post-checkout | cut -d' ' -f1")
+    script = (
+        "mkdir -p sub/.git/hooks; cd sub/.git/hooks; printf '#!/bin/sh\\n' > pre-commit; "
+        "truncate -s 1G pre-commit; head -c 70M /dev/urandom > post-checkout; "
+        "sha256sum post-checkout | cut -d' ' -f1"
+    )
     r = Boxy(user, tmpfs_workdir).sh(script, timeout=300)
     assert r.returncode == 0, err(r)
     digest = r.stdout.decode().strip()

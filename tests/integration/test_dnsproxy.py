@@ -51,17 +51,27 @@ ZONE: dict[str, list[tuple[str, str]]] = {
     "loop.ok.test": [("CNAME", "loop2.ok.test.")],
     "loop2.ok.test": [("CNAME", "loop.ok.test.")],
     "big.ok.test": [("TXT", BIG_TXT)],
-    "svc.ok.test": [("HTTPS", f"1 . alpn=h2 ipv4hint=93.184.216.37,10.0.0.1 ech={ECH} "
-                              "ipv6hint=2606:4700::1234")],
+    "svc.ok.test": [
+        ("HTTPS", f"1 . alpn=h2 ipv4hint=93.184.216.37,10.0.0.1 ech={ECH} ipv6hint=2606:4700::1234")
+    ],
     "v6only.ok.test": [("AAAA", "2606:4700::1")],
 }
 EVIL = "evil.test"  # every name under it has an A record: forwarding would "work"
 SOA = "ns.test. admin.test. 1 7200 900 1209600 300"
 
-DENIED = [ipaddress.ip_network(n) for n in (
-    "10.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12", "192.168.0.0/16",
-    "::1/128", "fc00::/7", "fe80::/10",
-)]
+DENIED = [
+    ipaddress.ip_network(n)
+    for n in (
+        "10.0.0.0/8",
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "::1/128",
+        "fc00::/7",
+        "fe80::/10",
+    )
+]
 
 
 class Policy:
@@ -91,7 +101,8 @@ class AuthServer:
         loop = asyncio.get_running_loop()
         for _ in range(20):  # TCP must share the UDP port: retry if it is taken
             udp, _proto = await loop.create_datagram_endpoint(
-                lambda: _Udp(self), local_addr=(LOOPBACK, 0))
+                lambda: _Udp(self), local_addr=(LOOPBACK, 0)
+            )
             port = udp.get_extra_info("sockname")[1]
             try:
                 self.tcp = await asyncio.start_server(self._serve_tcp, LOOPBACK, port)
@@ -157,7 +168,8 @@ class AuthServer:
     def _add(r: dns.message.Message, name: dns.name.Name, rdtype: str, text: str) -> None:
         t = dns.rdatatype.from_text(rdtype)
         r.find_rrset(r.answer, name, dns.rdataclass.IN, t, create=True).add(
-            dns.rdata.from_text(dns.rdataclass.IN, t, text), 5)
+            dns.rdata.from_text(dns.rdataclass.IN, t, text), 5
+        )
 
     async def _serve_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -217,8 +229,9 @@ def session(events: Recorder) -> DnsSession:
     return DnsSession(Policy(), on_event=events)
 
 
-async def ask(proxy: DnsProxy, session: DnsSession, name: str | dns.name.Name, rdtype: str = "A",
-              **kw: object) -> dns.message.Message:
+async def ask(
+    proxy: DnsProxy, session: DnsSession, name: str | dns.name.Name, rdtype: str = "A", **kw: object
+) -> dns.message.Message:
     q = dns.message.make_query(name, rdtype, **kw)
     wire = await proxy.answer(q.to_wire(), tcp=False, session=session)
     assert wire is not None
@@ -228,12 +241,17 @@ async def ask(proxy: DnsProxy, session: DnsSession, name: str | dns.name.Name, r
 
 
 def addresses(r: dns.message.Message) -> list[str]:
-    return sorted(rd.address for rr in r.answer
-                  if rr.rdtype in (dns.rdatatype.A, dns.rdatatype.AAAA) for rd in rr)
+    return sorted(
+        rd.address
+        for rr in r.answer
+        if rr.rdtype in (dns.rdatatype.A, dns.rdatatype.AAAA)
+        for rd in rr
+    )
 
 
 async def test_allowed_name_is_resolved_bound_and_reported(
-        proxy: DnsProxy, session: DnsSession, server: AuthServer, events: Recorder) -> None:
+    proxy: DnsProxy, session: DnsSession, server: AuthServer, events: Recorder
+) -> None:
     r = await ask(proxy, session, "WWW.ok.test")
     assert r.rcode() == dns.rcode.NOERROR
     assert addresses(r) == ["93.184.216.34"]
@@ -241,13 +259,19 @@ async def test_allowed_name_is_resolved_bound_and_reported(
     assert session.bindings.names("93.184.216.34") == {"www.ok.test"}
     assert ("www.ok.test", "A", "udp") in server.seen
     assert events.events[-1] == {
-        "layer": "net.dns", "verdict": "allow", "name": "www.ok.test", "qtype": "A",
-        "addrs": ["93.184.216.34"], "reason": None, "rcode": "NOERROR",
+        "layer": "net.dns",
+        "verdict": "allow",
+        "name": "www.ok.test",
+        "qtype": "A",
+        "addrs": ["93.184.216.34"],
+        "reason": None,
+        "rcode": "NOERROR",
     }
 
 
 async def test_disallowed_names_never_reach_upstream(
-        proxy: DnsProxy, session: DnsSession, server: AuthServer, events: Recorder) -> None:
+    proxy: DnsProxy, session: DnsSession, server: AuthServer, events: Recorder
+) -> None:
     tcp = await asyncio.start_server(lambda r, w: proxy.serve_tcp(r, w, session), LOOPBACK, 0)
     port = tcp.sockets[0].getsockname()[1]
     try:
@@ -279,7 +303,8 @@ async def test_disallowed_names_never_reach_upstream(
 
 
 async def test_rebinding_answer_is_emptied(
-        proxy: DnsProxy, session: DnsSession, events: Recorder) -> None:
+    proxy: DnsProxy, session: DnsSession, events: Recorder
+) -> None:
     r = await ask(proxy, session, "rebind.ok.test")
     assert r.rcode() == dns.rcode.NOERROR and r.answer == []
     for a in ("192.168.1.1", "127.0.0.1", "169.254.169.254"):
@@ -296,10 +321,15 @@ async def test_rebinding_answer_is_emptied(
 
 
 async def test_cname_chain_bound_to_the_question_name(
-        proxy: DnsProxy, session: DnsSession, events: Recorder) -> None:
+    proxy: DnsProxy, session: DnsSession, events: Recorder
+) -> None:
     r = await ask(proxy, session, "alias.ok.test")
     assert r.rcode() == dns.rcode.NOERROR
-    assert [rr.name.to_text() for rr in r.answer] == ["alias.ok.test.", "hop1.cdn.test.", "hop2.cdn.test."]
+    assert [rr.name.to_text() for rr in r.answer] == [
+        "alias.ok.test.",
+        "hop1.cdn.test.",
+        "hop2.cdn.test.",
+    ]
     assert addresses(r) == ["93.184.216.36"]
     assert session.bindings.names("93.184.216.36") == {"alias.ok.test"}
     assert events.events[-1]["chain"] == ["alias.ok.test", "hop1.cdn.test", "hop2.cdn.test"]
@@ -308,14 +338,17 @@ async def test_cname_chain_bound_to_the_question_name(
     assert r.rcode() == dns.rcode.NXDOMAIN
 
 
-async def test_cname_loop_is_servfail(proxy: DnsProxy, session: DnsSession, events: Recorder) -> None:
+async def test_cname_loop_is_servfail(
+    proxy: DnsProxy, session: DnsSession, events: Recorder
+) -> None:
     r = await ask(proxy, session, "loop.ok.test")
     assert r.rcode() == dns.rcode.SERVFAIL and r.answer == []
     assert "loop" in events.events[-1]["reason"]
 
 
 async def test_large_txt_truncates_over_udp_and_works_over_tcp(
-        proxy: DnsProxy, session: DnsSession, server: AuthServer) -> None:
+    proxy: DnsProxy, session: DnsSession, server: AuthServer
+) -> None:
     for kw in ({"use_edns": False}, {"use_edns": 0, "payload": 4096}):
         r = await ask(proxy, session, "big.ok.test", "TXT", **kw)
         assert r.flags & dns.flags.TC
@@ -337,7 +370,8 @@ async def test_large_txt_truncates_over_udp_and_works_over_tcp(
 
 
 async def test_https_record_loses_ech_and_unusable_hints(
-        proxy: DnsProxy, session: DnsSession, events: Recorder) -> None:
+    proxy: DnsProxy, session: DnsSession, events: Recorder
+) -> None:
     r = await ask(proxy, session, "svc.ok.test", "HTTPS")
     ((rd,),) = [list(rr) for rr in r.answer]
     assert rd.to_text() == '1 . alpn="h2" ipv4hint="93.184.216.37"'
@@ -347,8 +381,7 @@ async def test_https_record_loses_ech_and_unusable_hints(
     assert event["ech_stripped"] is True and event["unrouted"] == ["2606:4700::1234"]
 
 
-async def test_aaaa_only_name_on_a_v4_host(
-        server: AuthServer, session: DnsSession) -> None:
+async def test_aaaa_only_name_on_a_v4_host(server: AuthServer, session: DnsSession) -> None:
     v4 = DnsProxy([(LOOPBACK, server.port)], ipv6=False, timeout=1.0)
     r = await ask(v4, session, "v6only.ok.test", "AAAA")
     assert r.rcode() == dns.rcode.NOERROR and r.answer == []
@@ -370,7 +403,8 @@ async def test_sessions_do_not_share_bindings(proxy: DnsProxy) -> None:
 
 
 async def test_silent_upstream_is_a_quick_servfail(
-        server: AuthServer, session: DnsSession, events: Recorder) -> None:
+    server: AuthServer, session: DnsSession, events: Recorder
+) -> None:
     proxy = DnsProxy([(LOOPBACK, server.port)], ipv6=False, timeout=0.5)
     start = time.monotonic()
     r = await ask(proxy, session, HANG)
@@ -384,7 +418,9 @@ async def test_next_upstream_is_tried(server: AuthServer, session: DnsSession) -
     refusing = AuthServer(refuse=True)
     await refusing.start()
     try:
-        proxy = DnsProxy([(LOOPBACK, refusing.port), (LOOPBACK, server.port)], ipv6=False, timeout=1.0)
+        proxy = DnsProxy(
+            [(LOOPBACK, refusing.port), (LOOPBACK, server.port)], ipv6=False, timeout=1.0
+        )
         r = await ask(proxy, session, "www.ok.test")
     finally:
         await refusing.stop()
@@ -426,8 +462,9 @@ async def test_binding_table_full_is_servfail(proxy: DnsProxy, events: Recorder)
     assert session.bindings.names("93.184.216.36") == frozenset()
 
 
-async def test_malformed_and_non_queries(proxy: DnsProxy, session: DnsSession,
-                                         server: AuthServer) -> None:
+async def test_malformed_and_non_queries(
+    proxy: DnsProxy, session: DnsSession, server: AuthServer
+) -> None:
     garbage = bytes.fromhex("abcd0100") + b"\x00\x01\x00\x00\x00\x00\x00\x00" + b"\xff" * 20
     r = await proxy.answer(garbage, tcp=False, session=session)
     assert r is not None and r[:2] == b"\xab\xcd"
@@ -470,10 +507,15 @@ async def test_tcp_stream_bounds(server: AuthServer, session: DnsSession) -> Non
 
 def test_resolv_conf_nameservers(tmp_path: Path) -> None:
     conf = tmp_path / "resolv.conf"
-    conf.write_text("# comment\nsearch example\nnameserver 127.0.0.53\n"
-                    "nameserver fe80::1%eth0\nnameserver bogus\noptions edns0\n")
+    conf.write_text(
+        "# comment\nsearch example\nnameserver 127.0.0.53\n"
+        "nameserver fe80::1%eth0\nnameserver bogus\noptions edns0\n"
+    )
     assert resolv_conf_nameservers(conf) == [("127.0.0.53", 53), ("fe80::1%eth0", 53)]
-    assert DnsProxy(resolv_conf=conf, ipv6=False).upstreams == [("127.0.0.53", 53), ("fe80::1%eth0", 53)]
+    assert DnsProxy(resolv_conf=conf, ipv6=False).upstreams == [
+        ("127.0.0.53", 53),
+        ("fe80::1%eth0", 53),
+    ]
     empty = tmp_path / "empty"
     empty.write_text("search example\n")
     with pytest.raises(ValueError, match="lists no nameserver"):
@@ -491,7 +533,8 @@ def test_host_has_ipv6_route() -> None:
 
 
 async def test_replayed_answers_keep_the_id_renew_bindings_and_expire(
-        proxy: DnsProxy, server: AuthServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    proxy: DnsProxy, server: AuthServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     clock = [1000.0]
     monkeypatch.setattr(dnsproxy.time, "monotonic", lambda: clock[0])
     bindings = Bindings(now=lambda: clock[0])

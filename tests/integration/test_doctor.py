@@ -209,7 +209,9 @@ def test_nftables_line_agrees_with_nft(lines: dict[str, re.Match[str]]) -> None:
 
 
 def test_veth_line_agrees_with_ip(lines: dict[str, re.Match[str]]) -> None:
-    assert shutil.which("ip", path="/usr/sbin:/usr/bin:/sbin"), "ip(8) is missing: make setup installs iproute2"
+    assert shutil.which("ip", path="/usr/sbin:/usr/bin:/sbin"), (
+        "ip(8) is missing: make setup installs iproute2"
+    )
     works = as_user_ok(
         "unshare",
         "--map-root-user",
@@ -341,12 +343,22 @@ def test_missing_lines_are_red_only_on_a_terminal() -> None:
 
 def test_host_network_lines_agree_with_the_host(lines: dict[str, re.Match[str]]) -> None:
     # /proc/net/ipv6_route read here with a plain search, not the doctor's parser
-    routes = Path("/proc/net/ipv6_route").read_text() if Path("/proc/net/ipv6_route").exists() else ""
-    default = any(ln.split()[0] == "0" * 32 and ln.split()[1] == "00" and ln.split()[9] != "lo"
-                  and not int(ln.split()[8], 16) & 0x200 for ln in routes.splitlines())
+    routes = (
+        Path("/proc/net/ipv6_route").read_text() if Path("/proc/net/ipv6_route").exists() else ""
+    )
+    default = any(
+        ln.split()[0] == "0" * 32
+        and ln.split()[1] == "00"
+        and ln.split()[9] != "lo"
+        and not int(ln.split()[8], 16) & 0x200
+        for ln in routes.splitlines()
+    )
     assert (lines["ipv6-route"]["verdict"] == "ok") == default
-    resolvers = [ln.split()[1] for ln in Path("/etc/resolv.conf").read_text().splitlines()
-                 if ln.startswith("nameserver")]
+    resolvers = [
+        ln.split()[1]
+        for ln in Path("/etc/resolv.conf").read_text().splitlines()
+        if ln.startswith("nameserver")
+    ]
     if resolvers:
         assert lines["dns-upstream"]["verdict"] == "ok"
         assert resolvers[0] in lines["dns-upstream"]["detail"]

@@ -43,11 +43,12 @@ def test_the_pipe_reaches_eof(boxy: Boxy, user: User, workdir: Path, case: str) 
         setup(workdir, user)
     cmd = ["no-such-command-here"] if case == "not-found" else ["echo", "ran"]
     argv = [str(BIN / "boxyctl"), "run", "--net", "none", *flags, "--", *cmd]
-    script = f"{shlex.join(argv)} | cat; echo \"rc=${{PIPESTATUS[0]}}\""
+    script = f'{shlex.join(argv)} | cat; echo "rc=${{PIPESTATUS[0]}}"'
     r = user.run(["bash", "-c", script], cwd=workdir, timeout=30)  # a hang is a TimeoutExpired
     out = r.stdout.decode()
     assert f"rc={want}" in out, (out, r.stderr)
-    lines = [ln for ln in r.stderr.decode().strip().splitlines()
-             if "replaced an idle boxyd" not in ln]  # a daemon of an earlier build, once
+    lines = [
+        ln for ln in r.stderr.decode().strip().splitlines() if "replaced an idle boxyd" not in ln
+    ]  # a daemon of an earlier build, once
     assert len(lines) == 1 and words in lines[0], r.stderr
     assert "Traceback" not in r.stderr.decode() and "internal error" not in r.stderr.decode()

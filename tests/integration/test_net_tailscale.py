@@ -9,10 +9,12 @@ from tests.harness.fakenet import plan
 
 # connect, then wait for the far side to have the bytes (the recorder closes once it
 # read them): the local handshake alone completes before boxyd has even dialled
-PROBE = ("import socket\n"
-         "s = socket.socket(); s.settimeout(5)\n"
-         "try:\n    s.connect(('100.64.1.1', 80)); s.sendall(b'hi'); s.recv(16); print('connected')\n"
-         "except OSError as e:\n    print('refused', e.errno)\n")
+PROBE = (
+    "import socket\n"
+    "s = socket.socket(); s.settimeout(5)\n"
+    "try:\n    s.connect(('100.64.1.1', 80)); s.sendall(b'hi'); s.recv(16); print('connected')\n"
+    "except OSError as e:\n    print('refused', e.errno)\n"
+)
 
 
 def test_without_tailscaled_ranges_open_and_the_user_is_told(netboxy, net) -> None:
@@ -33,14 +35,22 @@ def test_without_tailscale_the_tailnet_range_is_refused(netboxy, net) -> None:
 def test_tailscale_relaxes_nothing_else_in_allowlist_mode(netboxy, net) -> None:
     # A hard-coded tailnet address has no DNS binding: still refused. (The handshake
     # may complete — TPROXY — but no byte from the host comes back.)
-    probe = ("import socket\n"
-             "s = socket.socket(); s.settimeout(3)\n"
-             "try:\n"
-             "    s.connect(('100.64.1.1', 80)); s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n')\n"
-             "    print('ESCAPED' if s.recv(100) else 'closed')\n"
-             "except OSError as e:\n    print('refused', e.errno)\n")
-    r = netboxy.run("--net", "allowlist", "--allow-host", "www.boxy.test", "--tailscale",
-                    cmd=["python3", "-c", probe])
+    probe = (
+        "import socket\n"
+        "s = socket.socket(); s.settimeout(3)\n"
+        "try:\n"
+        "    s.connect(('100.64.1.1', 80)); s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n')\n"
+        "    print('ESCAPED' if s.recv(100) else 'closed')\n"
+        "except OSError as e:\n    print('refused', e.errno)\n"
+    )
+    r = netboxy.run(
+        "--net",
+        "allowlist",
+        "--allow-host",
+        "www.boxy.test",
+        "--tailscale",
+        cmd=["python3", "-c", probe],
+    )
     assert b"ESCAPED" not in r.stdout
     assert r.stdout.startswith((b"refused", b"closed")), (r.stdout, r.stderr)
     assert net.recorder_hits("cgnat") == 0
@@ -71,8 +81,14 @@ for addr in sys.argv[1:]:
 def test_tailscales_own_addresses_are_refused_on_every_port(netboxy, net, mode: str) -> None:
     # Landlock would refuse an unlisted port before nftables sees it: list them all.
     flags = ["--allow-host", "www.boxy.test:80,8080,443,22"] if mode == "allowlist" else []
-    r = netboxy.run("--net", mode, *flags, "--tailscale", "-v",
-                    cmd=["python3", "-c", QUAD100_PROBE, plan.QUAD100_V4, plan.QUAD100_V6])
+    r = netboxy.run(
+        "--net",
+        mode,
+        *flags,
+        "--tailscale",
+        "-v",
+        cmd=["python3", "-c", QUAD100_PROBE, plan.QUAD100_V4, plan.QUAD100_V6],
+    )
     assert r.returncode == 0, r.stderr
     out = r.stdout.decode()
     assert "ESCAPED" not in out, out
@@ -85,7 +101,9 @@ def test_tailscales_own_addresses_are_refused_on_every_port(netboxy, net, mode: 
     err = r.stderr.decode()
     for addr in (plan.QUAD100_V4, f"[{plan.QUAD100_V6}]"):
         for port in (80, 8080):
-            assert (f"net.ip deny tcp://{addr}:{port}: Tailscale's own services "
-                    "(boxy's upstream resolver only)") in err, err
+            assert (
+                f"net.ip deny tcp://{addr}:{port}: Tailscale's own services "
+                "(boxy's upstream resolver only)"
+            ) in err, err
     assert net.recorder_hits("quad100") == 0
     assert net.recorder_hits("tailnet") == 0

@@ -29,11 +29,27 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-DENY_V4 = ["0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
-           "172.16.0.0/12", "192.168.0.0/16", "224.0.0.0/4", "240.0.0.0/4"]
+DENY_V4 = [
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+]
 # NAT64 and 6to4 images of 192.168/16 stand for what the ranges module may emit.
-DENY_V6 = ["::1/128", "::ffff:0:0/96", "64:ff9b::c0a8:0/112", "2002:c0a8::/32",
-           "fc00::/7", "fe80::/10", "ff00::/8"]
+DENY_V6 = [
+    "::1/128",
+    "::ffff:0:0/96",
+    "64:ff9b::c0a8:0/112",
+    "2002:c0a8::/32",
+    "fc00::/7",
+    "fe80::/10",
+    "ff00::/8",
+]
 EXCEPT_V4 = ["192.168.77.0/24"]
 EXCEPT_V6 = ["fd77::/64"]
 TCP_PORTS = [80, 443]
@@ -52,6 +68,7 @@ NOTHING = 0.3  # seconds to wait for something that must not arrive
 
 
 # ---------------------------------------------------------------- the script (child) ---
+
 
 def _outcome(fn: Any) -> str:
     try:
@@ -74,10 +91,10 @@ def _family(host: str) -> int:
 def _orig_dst(ancdata: list) -> str | None:
     for level, kind, data in ancdata:
         if (level, kind) == (socket.IPPROTO_IP, IP_ORIGDSTADDR):
-            port, = struct.unpack("!H", data[2:4])
+            (port,) = struct.unpack("!H", data[2:4])
             return f"{socket.inet_ntop(socket.AF_INET, data[4:8])}:{port}"
         if (level, kind) == (socket.IPPROTO_IPV6, IPV6_ORIGDSTADDR):
-            port, = struct.unpack("!H", data[2:4])
+            (port,) = struct.unpack("!H", data[2:4])
             return f"[{socket.inet_ntop(socket.AF_INET6, data[8:24])}]:{port}"
     return None
 
@@ -98,8 +115,9 @@ def _refusals_reported(sock: socket.socket) -> list[list]:
 class Sandbox:
     """The probes, run from the payload netns against the listeners boxyd would hold."""
 
-    def __init__(self, listeners: dict[str, socket.socket], eth0: int, gateway_ns: int,
-                 payload_ns: int) -> None:
+    def __init__(
+        self, listeners: dict[str, socket.socket], eth0: int, gateway_ns: int, payload_ns: int
+    ) -> None:
         self.ls = listeners
         self.eth0 = eth0
         self.netns = {"gateway": gateway_ns, "payload": payload_ns}
@@ -117,8 +135,14 @@ class Sandbox:
             v6 = ":" in orig[0]
             s = socket.socket(_family(orig[0]), socket.SOCK_DGRAM)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.setsockopt(*((socket.IPPROTO_IPV6, IPV6_TRANSPARENT) if v6
-                           else (socket.IPPROTO_IP, IP_TRANSPARENT)), 1)
+            s.setsockopt(
+                *(
+                    (socket.IPPROTO_IPV6, IPV6_TRANSPARENT)
+                    if v6
+                    else (socket.IPPROTO_IP, IP_TRANSPARENT)
+                ),
+                1,
+            )
             s.bind(orig)
             return s
         finally:
@@ -179,10 +203,16 @@ class Sandbox:
     @staticmethod
     def _pktinfo(orig: str) -> tuple[int, int, bytes]:
         if ":" in orig:
-            return socket.IPPROTO_IPV6, IPV6_PKTINFO, socket.inet_pton(socket.AF_INET6, orig) + \
-                struct.pack("=i", 0)
-        return socket.IPPROTO_IP, IP_PKTINFO, struct.pack("=i4s4s", 0, socket.inet_aton(orig),
-                                                          bytes(4))
+            return (
+                socket.IPPROTO_IPV6,
+                IPV6_PKTINFO,
+                socket.inet_pton(socket.AF_INET6, orig) + struct.pack("=i", 0),
+            )
+        return (
+            socket.IPPROTO_IP,
+            IP_PKTINFO,
+            struct.pack("=i4s4s", 0, socket.inet_aton(orig), bytes(4)),
+        )
 
     def ping(self, host: str) -> dict[str, Any]:
         v6 = ":" in host
@@ -252,8 +282,11 @@ def _gateway_view(ipr: Any) -> dict[str, Any]:
     for family in (socket.AF_INET, socket.AF_INET6):
         for r in ipr.route("dump", family=family, table=254):  # main
             routes.append(f"{r.get_attr('RTA_DST') or 'default'}/{r['dst_len']}")
-    ll = [a.get_attr("IFA_ADDRESS") for a in ipr.addr("dump", family=socket.AF_INET6)
-          if a.get_attr("IFA_ADDRESS", "").startswith("fe80")]
+    ll = [
+        a.get_attr("IFA_ADDRESS")
+        for a in ipr.addr("dump", family=socket.AF_INET6)
+        if a.get_attr("IFA_ADDRESS", "").startswith("fe80")
+    ]
     return {"links": sorted(links.values()), "main_routes": routes, "link_local": ll}
 
 
@@ -261,38 +294,76 @@ def child(root: str) -> dict[str, Any]:
     sys.path.insert(0, root)
     start = time.perf_counter()
     from pyroute2 import IPRoute
+
     report: dict[str, Any] = {"pyroute2_import_ms": (time.perf_counter() - start) * 1000}
 
     from boxy.errors import SetupError
     from boxyd.net import ruleset
     from boxyd.stage2 import namespaces, netns, nft
 
-    rules = ruleset.gateway_ruleset(mode="allowlist", deny_v4=DENY_V4, deny_v6=DENY_V6,
-                                    except_v4=EXCEPT_V4, except_v6=EXCEPT_V6, tcp_ports=TCP_PORTS,
-                                    bound=BOUND)
+    rules = ruleset.gateway_ruleset(
+        mode="allowlist",
+        deny_v4=DENY_V4,
+        deny_v6=DENY_V6,
+        except_v4=EXCEPT_V4,
+        except_v6=EXCEPT_V6,
+        tcp_ports=TCP_PORTS,
+        bound=BOUND,
+    )
     report["errors"] = {"no_userns": _in_fork(lambda: netns.enter_gateway_netns(rules))}
     namespaces.enter_user_namespace(os.getuid(), os.getgid())
-    bogus = {"rule": {"family": "inet", "table": "boxy", "chain": "input", "comment": "bogus",
-                      "expr": [{"match": {"op": "==", "left": {"meta": {"key": "mark"}},
-                                          "right": "@nosuchset"}}, {"accept": None}]}}
+    bogus = {
+        "rule": {
+            "family": "inet",
+            "table": "boxy",
+            "chain": "input",
+            "comment": "bogus",
+            "expr": [
+                {"match": {"op": "==", "left": {"meta": {"key": "mark"}}, "right": "@nosuchset"}},
+                {"accept": None},
+            ],
+        }
+    }
     bad = {"nftables": [*rules["nftables"], bogus]}
     report["errors"]["bad_ruleset"] = _in_fork(lambda: netns.enter_gateway_netns(bad))
     t0 = time.perf_counter()
     gw = netns.enter_gateway_netns(rules)
     t1 = time.perf_counter()
     report["step2_ms"] = (t1 - t0) * 1000
-    with open("/proc/sys/net/ipv4/ip_forward") as f4, \
-            open("/proc/sys/net/ipv6/conf/all/forwarding") as f6:
+    with (
+        open("/proc/sys/net/ipv4/ip_forward") as f4,
+        open("/proc/sys/net/ipv6/conf/all/forwarding") as f6,
+    ):
         report["forwarding"] = [f4.read().strip(), f6.read().strip()]
     # A batch whose second command fails must leave nothing behind (one transaction).
-    half = {"nftables": [
-        {"table": {"family": "inet", "name": "half"}},
-        {"rule": {"family": "inet", "table": "boxy", "chain": "input", "comment": "x", "expr": [
-            {"match": {"op": "==", "left": {"meta": {"key": "mark"}}, "right": "@nosuchset"}},
-            {"accept": None}]}}]}
+    half = {
+        "nftables": [
+            {"table": {"family": "inet", "name": "half"}},
+            {
+                "rule": {
+                    "family": "inet",
+                    "table": "boxy",
+                    "chain": "input",
+                    "comment": "x",
+                    "expr": [
+                        {
+                            "match": {
+                                "op": "==",
+                                "left": {"meta": {"key": "mark"}},
+                                "right": "@nosuchset",
+                            }
+                        },
+                        {"accept": None},
+                    ],
+                }
+            },
+        ]
+    }
     report["nft"] = {}
-    for name, batch in (("bad", half), ("delete_half", {"nftables": [
-            {"delete": {"table": {"family": "inet", "name": "half"}}}]})):
+    for name, batch in (
+        ("bad", half),
+        ("delete_half", {"nftables": [{"delete": {"table": {"family": "inet", "name": "half"}}}]}),
+    ):
         try:
             nft.apply(batch)
             report["nft"][name] = "loaded"
@@ -313,8 +384,11 @@ def child(root: str) -> dict[str, Any]:
     netns.send_listeners(ours, gw)
     msg, fds, _, _ = socket.recv_fds(theirs, 4096, 16, socket.MSG_CMSG_CLOEXEC)
     names = json.loads(msg)["listeners"]
-    report["step4"] = {"names": names, "fds": len(fds),
-                       "closed": [s.fileno() for s in gw.listeners().values()]}
+    report["step4"] = {
+        "names": names,
+        "fds": len(fds),
+        "closed": [s.fileno() for s in gw.listeners().values()],
+    }
     listeners = {n: socket.socket(fileno=fd) for n, fd in zip(names, fds, strict=True)}
     payload_ns = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     sb = Sandbox(listeners, socket.if_nametoindex("eth0"), gateway_ns, payload_ns)
@@ -328,11 +402,24 @@ def child(root: str) -> dict[str, Any]:
         "dns6": sb.tcp("2001:4860:4860::8888", 53, "dns_tcp6"),
         "dns_gateway": sb.tcp("10.0.2.2", 53, "dns_tcp4"),
     }
-    refused = ["192.168.1.10:80", "169.254.169.254:80", "10.1.2.3:443", "100.64.0.1:443",
-               "172.16.0.1:443", "[fd12::1]:80", "[64:ff9b::c0a8:10a]:80",
-               "[2002:c0a8:10a::1]:80", "[::ffff:192.168.1.10]:80", f"{PUBLIC4}:22",
-               "10.0.2.2:15001", "10.0.2.2:80", "10.0.2.2:15002", "[fd00::2]:15001",
-               "[fd00::2]:443", *UNBOUND]
+    refused = [
+        "192.168.1.10:80",
+        "169.254.169.254:80",
+        "10.1.2.3:443",
+        "100.64.0.1:443",
+        "172.16.0.1:443",
+        "[fd12::1]:80",
+        "[64:ff9b::c0a8:10a]:80",
+        "[2002:c0a8:10a::1]:80",
+        "[::ffff:192.168.1.10]:80",
+        f"{PUBLIC4}:22",
+        "10.0.2.2:15001",
+        "10.0.2.2:80",
+        "10.0.2.2:15002",
+        "[fd00::2]:15001",
+        "[fd00::2]:443",
+        *UNBOUND,
+    ]
     refused += [f"[{ll}]:15001" for ll in report["gateway"]["link_local"]]
     report["refused"] = {}
     for target in refused:
@@ -372,14 +459,18 @@ def child(root: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- the tests ---
 
+
 @pytest.fixture(scope="module")
 def report(user: Any) -> dict[str, Any]:
-    proc = user.run([sys.executable, "-I", str(Path(__file__).resolve()), str(ROOT)],
-                    timeout=120, cwd="/")
+    proc = user.run(
+        [sys.executable, "-I", str(Path(__file__).resolve()), str(ROOT)], timeout=120, cwd="/"
+    )
     assert proc.returncode == 0, proc.stderr.decode()
     rep = json.loads(proc.stdout.decode().splitlines()[-1])
-    print(f"\npyroute2 import {rep['pyroute2_import_ms']:.0f} ms, step 2 {rep['step2_ms']:.1f} ms,"
-          f" step 3 {rep['step3_ms']:.1f} ms")
+    print(
+        f"\npyroute2 import {rep['pyroute2_import_ms']:.0f} ms, step 2 {rep['step2_ms']:.1f} ms,"
+        f" step 3 {rep['step3_ms']:.1f} ms"
+    )
     return rep
 
 
@@ -398,14 +489,16 @@ def test_a_bad_ruleset_is_refused_whole_with_libnftables_words(report: dict) -> 
 
 def test_step2_without_a_user_namespace_says_so(report: dict) -> None:
     r = report["errors"]["no_userns"]
-    assert r["error"] == ("SetupError: gateway netns: unshare(CLONE_NEWNET): "
-                          "Operation not permitted (errno 1)")
+    assert r["error"] == (
+        "SetupError: gateway netns: unshare(CLONE_NEWNET): Operation not permitted (errno 1)"
+    )
 
 
 def test_step2_with_a_bad_ruleset_stops_clearly_and_leaks_nothing(report: dict) -> None:
     r = report["errors"]["bad_ruleset"]
-    assert r["error"].startswith("SetupError: gateway netns: nftables: the ruleset was not "
-                                 "loaded: "), r
+    assert r["error"].startswith(
+        "SetupError: gateway netns: nftables: the ruleset was not loaded: "
+    ), r
     assert r["error"].endswith("rule 'bogus' in chain input)"), r
     assert r["leaked"] == [], r  # netns fd, netlink socket: closed on the way out
 
@@ -423,32 +516,69 @@ def test_step3_releases_the_gateway_netns(report: dict) -> None:
 
 def test_step4_sends_every_listener_and_keeps_none(report: dict) -> None:
     s4 = report["step4"]
-    assert s4["names"] == ["tcp4", "tcp6", "udp4", "udp6", "dns_udp4", "dns_udp6",
-                           "dns_tcp4", "dns_tcp6", "udp_reply4", "udp_reply6", "icmp4", "icmp6",
-                           "nflog", "nftset"]
+    assert s4["names"] == [
+        "tcp4",
+        "tcp6",
+        "udp4",
+        "udp6",
+        "dns_udp4",
+        "dns_udp6",
+        "dns_tcp4",
+        "dns_tcp6",
+        "udp_reply4",
+        "udp_reply6",
+        "icmp4",
+        "icmp6",
+        "nflog",
+        "nftset",
+    ]
     assert s4["fds"] == 14
     assert s4["closed"] == [-1] * 14
 
 
-@pytest.mark.parametrize("case,orig", [
-    ("public4", f"{PUBLIC4}:443"), ("public6", f"[{PUBLIC6}]:443"),
-    ("excepted4", "192.168.77.5:80"), ("excepted6", "[fd77::5]:80"),
-    ("dns4", "8.8.8.8:53"), ("dns6", "[2001:4860:4860::8888]:53"), ("dns_gateway", "10.0.2.2:53"),
-])
-def test_tcp_reaches_its_listener_with_the_original_destination(report: dict, case: str,
-                                                                orig: str) -> None:
+@pytest.mark.parametrize(
+    "case,orig",
+    [
+        ("public4", f"{PUBLIC4}:443"),
+        ("public6", f"[{PUBLIC6}]:443"),
+        ("excepted4", "192.168.77.5:80"),
+        ("excepted6", "[fd77::5]:80"),
+        ("dns4", "8.8.8.8:53"),
+        ("dns6", "[2001:4860:4860::8888]:53"),
+        ("dns_gateway", "10.0.2.2:53"),
+    ],
+)
+def test_tcp_reaches_its_listener_with_the_original_destination(
+    report: dict, case: str, orig: str
+) -> None:
     r = report["tcp"][case]
     assert r["outcome"] == "ok", r
     assert r["accepted"] == orig
     assert r["data"] == ["up", "down"]
 
 
-@pytest.mark.parametrize("target", [
-    "192.168.1.10:80", "169.254.169.254:80", "10.1.2.3:443", "100.64.0.1:443", "172.16.0.1:443",
-    "[fd12::1]:80", "[64:ff9b::c0a8:10a]:80", "[2002:c0a8:10a::1]:80", "[::ffff:192.168.1.10]:80",
-    f"{PUBLIC4}:22", "10.0.2.2:15001", "10.0.2.2:80", "10.0.2.2:15002", "[fd00::2]:15001",
-    "[fd00::2]:443", "link-local", *UNBOUND,
-])
+@pytest.mark.parametrize(
+    "target",
+    [
+        "192.168.1.10:80",
+        "169.254.169.254:80",
+        "10.1.2.3:443",
+        "100.64.0.1:443",
+        "172.16.0.1:443",
+        "[fd12::1]:80",
+        "[64:ff9b::c0a8:10a]:80",
+        "[2002:c0a8:10a::1]:80",
+        "[::ffff:192.168.1.10]:80",
+        f"{PUBLIC4}:22",
+        "10.0.2.2:15001",
+        "10.0.2.2:80",
+        "10.0.2.2:15002",
+        "[fd00::2]:15001",
+        "[fd00::2]:443",
+        "link-local",
+        *UNBOUND,
+    ],
+)
 def test_static_denials_reset_at_syn_time(report: dict, target: str) -> None:
     if target == "link-local":
         target = f"[{report['gateway']['link_local'][0]}]:15001"
@@ -467,20 +597,24 @@ def test_refusals_are_reported_over_nflog(report: dict) -> None:
     assert ("tcp", "169.254.169.254", 80) in got, got
 
 
-@pytest.mark.parametrize("case,listener,orig", [
-    ("dns4", "dns_udp4", "8.8.8.8:53"),
-    ("dns_gateway", "dns_udp4", "10.0.2.2:53"),
-    ("dns_lan", "dns_udp4", "192.168.1.1:53"),
-    ("dns6", "dns_udp6", "[2001:4860:4860::8888]:53"),
-    ("dns6_gateway", "dns_udp6", "[fd00::2]:53"),
-    ("relay4", "udp4", f"{PUBLIC4}:9999"),
-    ("relay6", "udp6", f"[{PUBLIC6}]:9999"),
-    ("fragmented_dns4", "dns_udp4", "8.8.8.8:53"),
-    ("fragmented_dns6", "dns_udp6", "[2001:4860:4860::8888]:53"),
-    ("fragmented_relay4", "udp4", f"{PUBLIC4}:9999"),
-])
+@pytest.mark.parametrize(
+    "case,listener,orig",
+    [
+        ("dns4", "dns_udp4", "8.8.8.8:53"),
+        ("dns_gateway", "dns_udp4", "10.0.2.2:53"),
+        ("dns_lan", "dns_udp4", "192.168.1.1:53"),
+        ("dns6", "dns_udp6", "[2001:4860:4860::8888]:53"),
+        ("dns6_gateway", "dns_udp6", "[fd00::2]:53"),
+        ("relay4", "udp4", f"{PUBLIC4}:9999"),
+        ("relay6", "udp6", f"[{PUBLIC6}]:9999"),
+        ("fragmented_dns4", "dns_udp4", "8.8.8.8:53"),
+        ("fragmented_dns6", "dns_udp6", "[2001:4860:4860::8888]:53"),
+        ("fragmented_relay4", "udp4", f"{PUBLIC4}:9999"),
+    ],
+)
 def test_udp_reaches_its_listener_and_replies_come_from_the_destination(
-        report: dict, case: str, listener: str, orig: str) -> None:
+    report: dict, case: str, listener: str, orig: str
+) -> None:
     r = report["udp"][case]
     assert (r["got"], r["orig"]) == (listener, orig), r
     assert r["size"] == (3000 if case.startswith("fragmented") else 5)
@@ -488,14 +622,21 @@ def test_udp_reaches_its_listener_and_replies_come_from_the_destination(
     assert r["reply_from"] == ("listener" if "dns" in case else "flow socket")
 
 
-@pytest.mark.parametrize("case,error", [
-    ("quic4", "ECONNREFUSED"), ("quic6", "ECONNREFUSED"),  # port unreachable: QUIC falls back
-    ("denied4", "EHOSTUNREACH"), ("denied6", "EACCES"),  # admin-prohibited
-    ("gateway_port", "EHOSTUNREACH"),
-    ("fragmented_quic4", "ECONNREFUSED"), ("fragmented_denied4", "EHOSTUNREACH"),
-])
-def test_refused_udp_gets_an_icmp_error_and_reaches_nothing(report: dict, case: str,
-                                                            error: str) -> None:
+@pytest.mark.parametrize(
+    "case,error",
+    [
+        ("quic4", "ECONNREFUSED"),
+        ("quic6", "ECONNREFUSED"),  # port unreachable: QUIC falls back
+        ("denied4", "EHOSTUNREACH"),
+        ("denied6", "EACCES"),  # admin-prohibited
+        ("gateway_port", "EHOSTUNREACH"),
+        ("fragmented_quic4", "ECONNREFUSED"),
+        ("fragmented_denied4", "EHOSTUNREACH"),
+    ],
+)
+def test_refused_udp_gets_an_icmp_error_and_reaches_nothing(
+    report: dict, case: str, error: str
+) -> None:
     r = report["udp"][case]
     assert r["got"] is None, r
     assert r["recv"] == error, r

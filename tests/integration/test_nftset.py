@@ -29,6 +29,7 @@ A4, A6 = ipaddress.ip_address("11.0.0.60"), ipaddress.ip_address("2a0b:4000::60"
 def _sets() -> dict[str, list[dict[str, Any]]]:
     """The bound sets' elements as libnftables lists them (the child, in the netns)."""
     from boxyd.stage2 import nft
+
     lib = nft._load()
     lib.nft_ctx_get_output_buffer.restype = ctypes.c_char_p
     lib.nft_ctx_get_output_buffer.argtypes = [ctypes.c_void_p]
@@ -42,19 +43,32 @@ def _sets() -> dict[str, list[dict[str, Any]]]:
         listing = json.loads(lib.nft_ctx_get_output_buffer(ctx))
     finally:
         lib.nft_ctx_free(ctx)
-    return {o["set"]["name"]: [e["elem"] if isinstance(e, dict) else {"val": e}
-                               for e in o["set"].get("elem", [])]
-            for o in listing["nftables"] if "set" in o and o["set"]["name"].startswith("bound")}
+    return {
+        o["set"]["name"]: [
+            e["elem"] if isinstance(e, dict) else {"val": e} for e in o["set"].get("elem", [])
+        ]
+        for o in listing["nftables"]
+        if "set" in o and o["set"]["name"].startswith("bound")
+    }
 
 
 def stage2(ctl: socket.socket) -> None:
     from boxyd.net import nftset, ruleset
     from boxyd.stage2 import namespaces, nft
     from boxyd.stage2.sys import CLONE_NEWNET, check, libc
+
     namespaces.enter_user_namespace(os.getuid(), os.getgid())
     check(libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
-    nft.apply(ruleset.gateway_ruleset(mode="allowlist", deny_v4=["10.0.0.0/8"], deny_v6=[],
-                                      except_v4=[], except_v6=[], bound=["192.0.2.7"]))
+    nft.apply(
+        ruleset.gateway_ruleset(
+            mode="allowlist",
+            deny_v4=["10.0.0.0/8"],
+            deny_v6=[],
+            except_v4=[],
+            except_v6=[],
+            bound=["192.0.2.7"],
+        )
+    )
     sock = nftset.open_socket()
     socket.send_fds(ctl, [b"nftset"], [sock.fileno()])
     sock.close()
@@ -65,6 +79,7 @@ def stage2(ctl: socket.socket) -> None:
 
 def boxyd(root: str) -> dict[str, Any]:
     from boxyd.net import nftset, ruleset
+
     a, b = socket.socketpair()
     pid = os.fork()
     if pid == 0:
@@ -87,16 +102,20 @@ def boxyd(root: str) -> dict[str, Any]:
 
     clock = [1000.0]
     errors: list[str] = []
-    pub = nftset.Publisher(nftset.BoundSet(sock, ruleset.TABLE, ruleset.BOUND_SETS),
-                           on_error=errors.append, now=lambda: clock[0])
+    pub = nftset.Publisher(
+        nftset.BoundSet(sock, ruleset.TABLE, ruleset.BOUND_SETS),
+        on_error=errors.append,
+        now=lambda: clock[0],
+    )
     report["published"] = [pub.publish(A4, 65.0), pub.publish(A6, 65.0)]
     report["after_add"] = listing()
     report["shorter"] = pub.publish(A4, 10.0)  # nothing sent: it would shorten the element
     clock[0] += 60.0
     pub.refresh([A4])  # held, 5 s left: extended to nftset.REFRESH
     report["after_refresh"] = listing()
-    missing = nftset.Publisher(nftset.BoundSet(sock, ruleset.TABLE, ("nosuch4", "nosuch6")),
-                               on_error=errors.append)
+    missing = nftset.Publisher(
+        nftset.BoundSet(sock, ruleset.TABLE, ("nosuch4", "nosuch6")), on_error=errors.append
+    )
     report["missing_set"] = missing.publish(A4, 60.0)
     report["errors"] = errors
     a.close()
@@ -106,8 +125,9 @@ def boxyd(root: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def report(user: Any) -> dict[str, Any]:
-    proc = user.run([sys.executable, "-I", str(Path(__file__).resolve()), str(ROOT)],
-                    timeout=60, cwd="/")
+    proc = user.run(
+        [sys.executable, "-I", str(Path(__file__).resolve()), str(ROOT)], timeout=60, cwd="/"
+    )
     assert proc.returncode == 0, proc.stderr.decode()
     return json.loads(proc.stdout.decode().splitlines()[-1])
 
@@ -135,8 +155,9 @@ def test_a_held_address_is_refreshed_and_never_shortened(report) -> None:
 
 def test_a_failed_add_is_reported_with_the_kernels_errno(report) -> None:
     assert report["missing_set"] is False
-    assert report["errors"] == ["[Errno 2] nft set boxy nosuch4/nosuch6: add elements: "
-                                "No such file or directory"]
+    assert report["errors"] == [
+        "[Errno 2] nft set boxy nosuch4/nosuch6: add elements: No such file or directory"
+    ]
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ def frames(path: Path) -> list[bytes]:
     while pos < len(data):
         _, _, incl, orig = struct.unpack_from("=IIII", data, pos)
         assert incl == orig, "a frame was truncated"
-        out.append(data[pos + 16: pos + 16 + incl])
+        out.append(data[pos + 16 : pos + 16 + incl])
         pos += 16 + incl
     assert pos == len(data), "a record runs past the end of the file"
     return out
@@ -30,16 +30,26 @@ def tcp_syns(frames_: list[bytes]) -> set[tuple[str, int]]:
             ihl = (f[14] & 0x0F) * 4
             tcp = 14 + ihl
             if f[tcp + 13] & 0x12 == 0x02:  # SYN without ACK
-                dst = str(ipaddress.IPv4Address(f[14 + 16: 14 + 20]))
+                dst = str(ipaddress.IPv4Address(f[14 + 16 : 14 + 20]))
                 out.add((dst, struct.unpack_from("!H", f, tcp + 2)[0]))
     return out
 
 
 def test_capture_holds_the_refused_syn_and_the_dns_query(netboxy, net) -> None:
     cap = netboxy.workdir / "run.pcap"
-    r = netboxy.run("--net", "allowlist", "--allow-host", "www.boxy.test", "--pcap", str(cap),
-                    cmd=["sh", "-c", "getent hosts www.boxy.test; "
-                         "curl -s --max-time 3 http://192.168.1.10/ || echo refused"])
+    r = netboxy.run(
+        "--net",
+        "allowlist",
+        "--allow-host",
+        "www.boxy.test",
+        "--pcap",
+        str(cap),
+        cmd=[
+            "sh",
+            "-c",
+            "getent hosts www.boxy.test; curl -s --max-time 3 http://192.168.1.10/ || echo refused",
+        ],
+    )
     assert r.returncode == 0, r.stderr
     assert b"refused" in r.stdout
     got = frames(cap)
@@ -51,18 +61,31 @@ def test_capture_holds_the_refused_syn_and_the_dns_query(netboxy, net) -> None:
 
 def test_capture_stops_at_its_limit(netboxy) -> None:
     cap = netboxy.workdir / "small.pcap"
-    r = netboxy.run("--net", "public", "--pcap", str(cap), "--pcap-max", "1KiB",
-                    cmd=["sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10; do getent hosts www.boxy.test; done"])
+    r = netboxy.run(
+        "--net",
+        "public",
+        "--pcap",
+        str(cap),
+        "--pcap-max",
+        "1KiB",
+        cmd=["sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10; do getent hosts www.boxy.test; done"],
+    )
     assert r.returncode == 0, r.stderr
     assert cap.stat().st_size <= 1024
     assert frames(cap), "nothing fitted"
     assert b"stopped at --pcap-max" in r.stderr
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--net", "none", "--pcap", "x.pcap"], b"--pcap"),
-    (["--net", "public", "--pcap", "/nonexistent-dir/x.pcap"], b"--pcap /nonexistent-dir/x.pcap"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--net", "none", "--pcap", "x.pcap"], b"--pcap"),
+        (
+            ["--net", "public", "--pcap", "/nonexistent-dir/x.pcap"],
+            b"--pcap /nonexistent-dir/x.pcap",
+        ),
+    ],
+)
 def test_capture_refused_before_anything_starts(netboxy, flags: list[str], message: bytes) -> None:
     r = netboxy.run(*flags, cmd=["touch", "ran"])
     assert r.returncode == 2, r.stderr
@@ -76,8 +99,8 @@ def tcp_segments(frames_: list[bytes]) -> list[tuple[str, int, str, int, int]]:
     for f in frames_:
         if f[12:14] == b"\x08\x00" and f[14 + 9] == 6:
             tcp = 14 + (f[14] & 0x0F) * 4
-            src = str(ipaddress.IPv4Address(f[14 + 12: 14 + 16]))
-            dst = str(ipaddress.IPv4Address(f[14 + 16: 14 + 20]))
+            src = str(ipaddress.IPv4Address(f[14 + 12 : 14 + 16]))
+            dst = str(ipaddress.IPv4Address(f[14 + 16 : 14 + 20]))
             sport, dport = struct.unpack_from("!HH", f, tcp)
             out.append((src, sport, dst, dport, f[tcp + 13]))
     return out
@@ -88,12 +111,24 @@ SYN, RST, ACK = 0x02, 0x04, 0x10
 
 def test_an_unbound_address_is_refused_at_the_syn_and_a_bound_one_connects(netboxy, net) -> None:
     from tests.harness.fakenet import plan
+
     other, www = plan.SERVER_BY_NAME["other"].v4, plan.SERVER_BY_NAME["www"].v4
     cap = netboxy.workdir / "syn.pcap"
-    r = netboxy.run("--net", "allowlist", "--allow-host", "www.boxy.test", "--pcap", str(cap),
-                    cmd=["sh", "-c", f"curl -s --max-time 3 http://{other}/ || echo refused $?; "
-                         "curl -s --max-time 5 -o /dev/null -w 'status %{http_code}\\n' "
-                         "http://www.boxy.test/"])
+    r = netboxy.run(
+        "--net",
+        "allowlist",
+        "--allow-host",
+        "www.boxy.test",
+        "--pcap",
+        str(cap),
+        cmd=[
+            "sh",
+            "-c",
+            f"curl -s --max-time 3 http://{other}/ || echo refused $?; "
+            "curl -s --max-time 5 -o /dev/null -w 'status %{http_code}\\n' "
+            "http://www.boxy.test/",
+        ],
+    )
     assert r.returncode == 0, r.stderr
     assert b"refused 7" in r.stdout, r.stdout  # curl 7: could not connect (not 56: reset later)
     assert b"status 200" in r.stdout, (r.stdout, r.stderr)

@@ -33,7 +33,9 @@ def test_list_says_where_each_comes_from(user: User, workdir: Path, user_profile
     assert r.returncode == 0, r.stderr
     mine = [ln for ln in lines if ln.startswith("boxytest-mine ")]
     assert mine and f"user {user_profile}" in mine[0] and "the test's own" in mine[0], lines
-    assert any(ln.startswith("node ") and " preset " in ln and "registry" in ln for ln in lines), lines
+    assert any(ln.startswith("node ") and " preset " in ln and "registry" in ln for ln in lines), (
+        lines
+    )
 
 
 def test_show_is_resolved_and_refuses_what_is_not_a_profile(user: User, workdir: Path) -> None:

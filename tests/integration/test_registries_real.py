@@ -181,8 +181,7 @@ def cidr_flags(hosts: list[str]) -> list[str]:
 # tool -> (the host-side question, the same question inside, the env var the tool reads)
 _CA_QUERIES = {
     "npm": (["npm", "config", "get", "cafile"], "npm config get cafile", "npm_config_cafile"),
-    "pip": (["python3", "-m", "pip", "config", "list"],
-            "python3 -m pip config list", "PIP_CERT"),
+    "pip": (["python3", "-m", "pip", "config", "list"], "python3 -m pip config list", "PIP_CERT"),
 }
 _CA_FLAGS: dict[str, list[str]] = {}
 
@@ -205,8 +204,12 @@ def ca_flags(boxy: Boxy, tool: str) -> list[str]:
     cafile = _pip_cert(raw) if tool == "pip" else raw
     flags: list[str] = []
     if cafile:
-        r = boxy.run("--net", "none", cmd=["sh", "-c", f'{inside_cmd}; test -r "$0" && echo READABLE',
-                                           cafile], timeout=60)
+        r = boxy.run(
+            "--net",
+            "none",
+            cmd=["sh", "-c", f'{inside_cmd}; test -r "$0" && echo READABLE', cafile],
+            timeout=60,
+        )
         assert r.returncode in (0, 1), both(r)
         lines = out(r).splitlines()
         inside = _pip_cert(out(r)) if tool == "pip" else (lines[0].strip() if lines else None)
@@ -254,8 +257,10 @@ def extra_host(user: User, allowed: list[str], candidates: list[str]) -> str:
     for h in hosts:
         if _norm(h) not in {_norm(a) for a in allowed}:
             return h
-    pytest.skip(f"no second registry host to try: {', '.join(candidates)} "
-                f"{'is the allowed host' if hosts else 'not configured (tool not installed)'}")
+    pytest.skip(
+        f"no second registry host to try: {', '.join(candidates)} "
+        f"{'is the allowed host' if hosts else 'not configured (tool not installed)'}"
+    )
 
 
 def probe_target(kind: str, extra: str, registry_addr: str, result: Path) -> dict:
@@ -278,17 +283,29 @@ def check_probe(boxy: Boxy, r, kind: str, extra: str) -> None:
     line = result.read_text().strip()
     assert "ESCAPED" not in line, line
     code = line.removeprefix("refused ").split(" ", 1)[0]
-    assert line.startswith("refused ") and code in EXPECTED[kind], \
+    assert line.startswith("refused ") and code in EXPECTED[kind], (
         f"{kind} probe of {extra}: expected a refusal {EXPECTED[kind]}, got {line!r}\n{both(r)}"
+    )
     records = audit(boxy)
-    leaked = [x for x in records if x.get("verdict") == "allow"
-              and extra.lower() in (_norm(x.get("name")), _norm(x.get("sni")), _norm(x.get("host")))]
+    leaked = [
+        x
+        for x in records
+        if x.get("verdict") == "allow"
+        and extra.lower() in (_norm(x.get("name")), _norm(x.get("sni")), _norm(x.get("host")))
+    ]
     assert not leaked, f"boxy allowed the extra host {extra}: {leaked}"
     layer, field = ("net.dns", "name") if kind == "by-name" else ("net.sni", "sni")
-    denials = [x for x in records if x.get("layer") == layer and x.get("verdict") == "deny"
-               and _norm(x.get(field)) == extra.lower()]
-    assert denials, f"no {layer} denial naming {extra} in the audit log: " \
-                    f"{[x for x in records if x.get('layer', '').startswith('net.')]}"
+    denials = [
+        x
+        for x in records
+        if x.get("layer") == layer
+        and x.get("verdict") == "deny"
+        and _norm(x.get(field)) == extra.lower()
+    ]
+    assert denials, (
+        f"no {layer} denial naming {extra} in the audit log: "
+        f"{[x for x in records if x.get('layer', '').startswith('net.')]}"
+    )
 
 
 # --- npm --------------------------------------------------------------------------------
@@ -299,10 +316,20 @@ def npm_setup(boxy: Boxy) -> tuple[str, list[str]]:
     need_npm()
     host = registry(boxy.user, "npm_registry")
     assert host, "npm has no registry configured (`npm config get registry`)"
-    write(boxy, "package.json", json.dumps({"name": "boxy-real-npm", "version": "1.0.0",
-                                            "private": True}) + "\n")
-    flags = ["--profile", "node", *cidr_flags([host]), *ca_flags(boxy, "npm"),
-             "--audit-log", "audit.jsonl", "-v"]
+    write(
+        boxy,
+        "package.json",
+        json.dumps({"name": "boxy-real-npm", "version": "1.0.0", "private": True}) + "\n",
+    )
+    flags = [
+        "--profile",
+        "node",
+        *cidr_flags([host]),
+        *ca_flags(boxy, "npm"),
+        "--audit-log",
+        "audit.jsonl",
+        "-v",
+    ]
     return host, flags
 
 
@@ -321,8 +348,13 @@ def test_npm_install_reaches_only_its_registry(boxy: Boxy) -> None:
     host, flags = npm_setup(boxy)
     r = boxy.run(*flags, cmd=["npm", "install", SMALL_NPM], timeout=TIMEOUT, input=b"")
     check_npm_installed(boxy, r, host)
-    conns = [x for x in audit(boxy) if x.get("layer") in ("net.sni", "net.dns", "net.ip")
-             and x.get("verdict") == "allow" and x.get("proto") == "tcp"]
+    conns = [
+        x
+        for x in audit(boxy)
+        if x.get("layer") in ("net.sni", "net.dns", "net.ip")
+        and x.get("verdict") == "allow"
+        and x.get("proto") == "tcp"
+    ]
     assert conns, "the install made no connection boxy recorded"
     assert {_norm(x.get("sni") or x.get("host")) for x in conns} == {_norm(host)}, conns
 
@@ -332,14 +364,23 @@ def test_npm_postinstall_cannot_reach_another_host(boxy: Boxy, kind: str) -> Non
     host, flags = npm_setup(boxy)
     extra = extra_host(boxy.user, [host], ["pip_index", "pip_files"])
     addr = addresses(host)[0]
-    write(boxy, "probe-pkg/package.json", json.dumps({
-        "name": "boxy-probe", "version": "1.0.0",
-        "scripts": {"postinstall": "node probe.js"}}) + "\n")
+    write(
+        boxy,
+        "probe-pkg/package.json",
+        json.dumps(
+            {"name": "boxy-probe", "version": "1.0.0", "scripts": {"postinstall": "node probe.js"}}
+        )
+        + "\n",
+    )
     write(boxy, "probe-pkg/probe.js", NODE_PROBE)
     target = probe_target(kind, extra, addr, boxy.workdir / "probe-result.txt")
     write(boxy, "probe-pkg/target.json", json.dumps(target))
-    r = boxy.run(*flags, cmd=["npm", "install", "--foreground-scripts", SMALL_NPM, "./probe-pkg"],
-                 timeout=TIMEOUT, input=b"")
+    r = boxy.run(
+        *flags,
+        cmd=["npm", "install", "--foreground-scripts", SMALL_NPM, "./probe-pkg"],
+        timeout=TIMEOUT,
+        input=b"",
+    )
     # The job still works (the probe reports and exits 0), and the probe was refused.
     check_npm_installed(boxy, r, host)
     check_probe(boxy, r, kind, extra)
@@ -349,16 +390,31 @@ def test_node_https_in_a_postinstall_trusts_the_registry_ca(boxy: Boxy) -> None:
     """A postinstall downloader's own https (node's TLS, not npm's) reaches the allowed
     registry: the profile hands node npm's CA file (through OpenSSL's store)."""
     host, flags = npm_setup(boxy)
-    write(boxy, "https-pkg/package.json", json.dumps({
-        "name": "boxy-https", "version": "1.0.0", "scripts": {"postinstall": "node get.js"}}) + "\n")
-    write(boxy, "https-pkg/get.js", (
-        "const fs = require('fs'), out = process.env.INIT_CWD + '/https-status';\n"
-        "const done = s => { fs.writeFileSync(out, s); process.exit(0); };\n"
-        "setTimeout(() => done('ERR timed out'), 30000);\n"
-        "require('https').get(process.env.npm_config_registry, r => done(String(r.statusCode)))"
-        ".on('error', e => done('ERR ' + e.message));\n"))
-    r = boxy.run(*flags, cmd=["npm", "install", "--foreground-scripts", SMALL_NPM, "./https-pkg"],
-                 timeout=TIMEOUT, input=b"")
+    write(
+        boxy,
+        "https-pkg/package.json",
+        json.dumps(
+            {"name": "boxy-https", "version": "1.0.0", "scripts": {"postinstall": "node get.js"}}
+        )
+        + "\n",
+    )
+    write(
+        boxy,
+        "https-pkg/get.js",
+        (
+            "const fs = require('fs'), out = process.env.INIT_CWD + '/https-status';\n"
+            "const done = s => { fs.writeFileSync(out, s); process.exit(0); };\n"
+            "setTimeout(() => done('ERR timed out'), 30000);\n"
+            "require('https').get(process.env.npm_config_registry, r => done(String(r.statusCode)))"
+            ".on('error', e => done('ERR ' + e.message));\n"
+        ),
+    )
+    r = boxy.run(
+        *flags,
+        cmd=["npm", "install", "--foreground-scripts", SMALL_NPM, "./https-pkg"],
+        timeout=TIMEOUT,
+        input=b"",
+    )
     check_npm_installed(boxy, r, host)
     status = (boxy.workdir / "https-status").read_text()
     assert status.isdigit() and int(status) < 500, f"node's https: {status}\n{both(r)}"
@@ -371,8 +427,15 @@ def pip_setup(boxy: Boxy) -> tuple[list[str], list[str]]:
     need_pip(boxy.user)
     hosts = [h for h in (registry(boxy.user, n) for n in ("pip_index", "pip_files")) if h]
     assert hosts, "pip has no index configured and none of its own"
-    flags = ["--profile", "python", *cidr_flags(hosts), *ca_flags(boxy, "pip"),
-             "--audit-log", "audit.jsonl", "-v"]
+    flags = [
+        "--profile",
+        "python",
+        *cidr_flags(hosts),
+        *ca_flags(boxy, "pip"),
+        "--audit-log",
+        "audit.jsonl",
+        "-v",
+    ]
     return hosts, flags
 
 
@@ -389,10 +452,18 @@ def check_pip_installed(boxy: Boxy, r, hosts: list[str]) -> None:
 
 def test_pip_install_reaches_only_its_index(boxy: Boxy) -> None:
     hosts, flags = pip_setup(boxy)
-    r = boxy.run(*flags, cmd=["sh", "-c", f"{PIP_INSTALL} && python3 -c "
-                              f"'import sys; sys.path.insert(0, \"site\"); import {SMALL_PIP}; "
-                              f"print(\"imported\", {SMALL_PIP}.__name__)'"],
-                 timeout=TIMEOUT, input=b"")
+    r = boxy.run(
+        *flags,
+        cmd=[
+            "sh",
+            "-c",
+            f"{PIP_INSTALL} && python3 -c "
+            f'\'import sys; sys.path.insert(0, "site"); import {SMALL_PIP}; '
+            f'print("imported", {SMALL_PIP}.__name__)\'',
+        ],
+        timeout=TIMEOUT,
+        input=b"",
+    )
     check_pip_installed(boxy, r, hosts)
     assert f"imported {SMALL_PIP}" in out(r), both(r)
     conns = [x for x in audit(boxy) if x.get("verdict") == "allow" and x.get("proto") == "tcp"]
@@ -409,8 +480,12 @@ def test_pip_run_script_cannot_reach_another_host(boxy: Boxy, kind: str) -> None
     write(boxy, "probe.py", PY_PROBE)
     target = probe_target(kind, extra, addr, boxy.workdir / "probe-result.txt")
     write(boxy, "target.json", json.dumps(target))
-    r = boxy.run(*flags, cmd=["sh", "-c", f"{PIP_INSTALL} && python3 probe.py target.json"],
-                 timeout=TIMEOUT, input=b"")
+    r = boxy.run(
+        *flags,
+        cmd=["sh", "-c", f"{PIP_INSTALL} && python3 probe.py target.json"],
+        timeout=TIMEOUT,
+        input=b"",
+    )
     check_pip_installed(boxy, r, hosts)
     check_probe(boxy, r, kind, extra)
 
@@ -447,23 +522,47 @@ def test_npm_postinstall_harvests_no_project_credential(boxy: Boxy) -> None:
     host, flags = npm_setup(boxy)
     registry_url = _tool(boxy.user, ["npm", "config", "get", "registry"])
     assert registry_url
-    write(boxy, ".npmrc", f"registry={registry_url}\nfund=false\n"
-                          f"//{host}/:_authToken={SECRET}\n")
+    write(boxy, ".npmrc", f"registry={registry_url}\nfund=false\n//{host}/:_authToken={SECRET}\n")
     write(boxy, ".env", f"NPM_TOKEN={SECRET}\n")
-    write(boxy, ".git/config", f'[remote "origin"]\n\turl = https://ci:{SECRET}@git.example/r.git\n'
-                               f'[http "https://git.example/"]\n\textraheader = AUTHORIZATION: basic {SECRET}\n')
+    write(
+        boxy,
+        ".git/config",
+        f'[remote "origin"]\n\turl = https://ci:{SECRET}@git.example/r.git\n'
+        f'[http "https://git.example/"]\n\textraheader = AUTHORIZATION: basic {SECRET}\n',
+    )
     write(boxy, ".git/HEAD", "ref: refs/heads/main\n")
     for d in (".git/objects", ".git/refs"):
         (boxy.workdir / d).mkdir(parents=True, exist_ok=True)
-    write(boxy, "deploy/id_rsa", f"-----BEGIN RSA PRIVATE KEY-----\n{SECRET}\n-----END RSA PRIVATE KEY-----\n")
+    write(
+        boxy,
+        "deploy/id_rsa",
+        f"-----BEGIN RSA PRIVATE KEY-----\n{SECRET}\n-----END RSA PRIVATE KEY-----\n",
+    )
     write(boxy, ".pypirc", f"[pypi]\npassword = {SECRET}\n")
-    write(boxy, "harvest-pkg/package.json", json.dumps({
-        "name": "boxy-harvest", "version": "1.0.0",
-        "scripts": {"postinstall": "node harvest.js"}}) + "\n")
+    write(
+        boxy,
+        "harvest-pkg/package.json",
+        json.dumps(
+            {
+                "name": "boxy-harvest",
+                "version": "1.0.0",
+                "scripts": {"postinstall": "node harvest.js"},
+            }
+        )
+        + "\n",
+    )
     write(boxy, "harvest-pkg/harvest.js", HARVEST)
-    r = boxy.run(*flags, cmd=["sh", "-c", f"npm install --foreground-scripts {SMALL_NPM} ./harvest-pkg "
-                              "&& echo project-npmrc-fund=$(npm config get fund)"],
-                 timeout=TIMEOUT, input=b"")
+    r = boxy.run(
+        *flags,
+        cmd=[
+            "sh",
+            "-c",
+            f"npm install --foreground-scripts {SMALL_NPM} ./harvest-pkg "
+            "&& echo project-npmrc-fund=$(npm config get fund)",
+        ],
+        timeout=TIMEOUT,
+        input=b"",
+    )
     check_npm_installed(boxy, r, host)
     report = json.loads((boxy.workdir / "harvest.json").read_text())
     assert report["got"] == [], f"ESCAPED: the postinstall read {report['got']}\n{both(r)}"
@@ -480,12 +579,17 @@ def _cache_dirs(user: User) -> set[str]:
     return {p.name for p in base.iterdir() if p.is_dir()} if base.exists() else set()
 
 
-def test_npm_cache_is_per_project_and_a_second_ci_downloads_nothing(boxy: Boxy, user: User,
-                                                                     tmp_path: Path) -> None:
+def test_npm_cache_is_per_project_and_a_second_ci_downloads_nothing(
+    boxy: Boxy, user: User, tmp_path: Path
+) -> None:
     host, flags = npm_setup(boxy)
     before = _cache_dirs(user)
-    r = boxy.run(*flags, cmd=["npm", "install", "--no-audit", "--no-fund", SMALL_NPM],
-                 timeout=TIMEOUT, input=b"")
+    r = boxy.run(
+        *flags,
+        cmd=["npm", "install", "--no-audit", "--no-fund", SMALL_NPM],
+        timeout=TIMEOUT,
+        input=b"",
+    )
     check_npm_installed(boxy, r, host)
     mine = _cache_dirs(user) - before
     assert len(mine) == 1, mine  # this project's own cache, made for it
@@ -499,9 +603,17 @@ def test_npm_cache_is_per_project_and_a_second_ci_downloads_nothing(boxy: Boxy, 
     other = Boxy(user, boxy.workdir.parent / f"{boxy.workdir.name}-other")
     other.workdir.mkdir()
     try:
-        write(other, "package.json", json.dumps({"name": "other", "version": "1.0.0", "private": True}))
-        r = other.run(*flags, cmd=["sh", "-c", "ls -A $npm_config_cache 2>/dev/null | wc -l"],
-                      timeout=TIMEOUT, input=b"")
+        write(
+            other,
+            "package.json",
+            json.dumps({"name": "other", "version": "1.0.0", "private": True}),
+        )
+        r = other.run(
+            *flags,
+            cmd=["sh", "-c", "ls -A $npm_config_cache 2>/dev/null | wc -l"],
+            timeout=TIMEOUT,
+            input=b"",
+        )
         assert r.returncode == 0 and out(r).strip() == "0", both(r)
         assert len(_cache_dirs(user) - before) == 2
     finally:
@@ -526,6 +638,7 @@ def agent_socket(user: User) -> Iterator[Path]:
         server.close()
         agent.unlink(missing_ok=True)
         subprocess.run(["pkill", "-u", str(user.uid), "-x", "sleep"], check=False)
+
 
 HOSTILE = r"""'use strict';
 // A postinstall that tries everything in DESIGN.md's threat model at once, and says
@@ -585,25 +698,55 @@ Promise.all(tries).then(() => {
 """
 
 
-def test_the_hostile_package_gets_nothing_and_the_next_run_is_no_wider(boxy: Boxy, user: User,
-                                                                       tmp_path: Path) -> None:
+def test_the_hostile_package_gets_nothing_and_the_next_run_is_no_wider(
+    boxy: Boxy, user: User, tmp_path: Path
+) -> None:
     host, flags = npm_setup(boxy)
     extra = extra_host(boxy.user, [host], ["pip_index", "pip_files"])
     marker = "boxyHOSTILEmarker"
     subprocess.run(["git", "init", "-q", str(boxy.workdir)], check=True)
     write(boxy, ".env", f"NPM_TOKEN={marker}\n")
     with agent_socket(user) as agent:
-        write(boxy, "hostile-pkg/package.json", json.dumps({
-            "name": "boxy-hostile", "version": "1.0.0",
-            "scripts": {"preinstall": "node hostile.js", "postinstall": "node hostile.js"}}) + "\n")
+        write(
+            boxy,
+            "hostile-pkg/package.json",
+            json.dumps(
+                {
+                    "name": "boxy-hostile",
+                    "version": "1.0.0",
+                    "scripts": {"preinstall": "node hostile.js", "postinstall": "node hostile.js"},
+                }
+            )
+            + "\n",
+        )
         write(boxy, "hostile-pkg/hostile.js", HOSTILE)
-        write(boxy, "hostile-pkg/targets.json", json.dumps(
-            {"home": str(user.home), "marker": marker, "agent": str(agent), "extra": extra}))
+        write(
+            boxy,
+            "hostile-pkg/targets.json",
+            json.dumps(
+                {"home": str(user.home), "marker": marker, "agent": str(agent), "extra": extra}
+            ),
+        )
         env = {"NPM_TOKEN": marker, "GITHUB_TOKEN": marker, "SSH_AUTH_SOCK": str(agent)}
-        r = boxy.run(*flags, "--pids", "256", "--memory", "512MiB",
-                     cmd=["npm", "install", "--foreground-scripts",
-                     "--no-audit", "--no-fund", "./hostile-pkg", SMALL_NPM],
-                     timeout=TIMEOUT, input=b"", extra_env=env)
+        r = boxy.run(
+            *flags,
+            "--pids",
+            "256",
+            "--memory",
+            "512MiB",
+            cmd=[
+                "npm",
+                "install",
+                "--foreground-scripts",
+                "--no-audit",
+                "--no-fund",
+                "./hostile-pkg",
+                SMALL_NPM,
+            ],
+            timeout=TIMEOUT,
+            input=b"",
+            extra_env=env,
+        )
         check_npm_installed(boxy, r, host)
         assert "HOSTILE-RAN" in out(r), f"the hostile script never ran\n{both(r)}"
         report = json.loads((boxy.workdir / "hostile-report.json").read_text())
@@ -618,14 +761,16 @@ def test_the_hostile_package_gets_nothing_and_the_next_run_is_no_wider(boxy: Box
         second = policy_record(audit(boxy))
         assert (second["mode"], second["allow_hosts"]) == (first["mode"], first["allow_hosts"])
         assert {"planted .boxy.yaml", "planted .npmrc"} <= set(report), report
-        assert f"held back: net (public), allow_hosts ({extra}) of {boxy.workdir}/.boxy.yaml; " \
-               f"registry {extra} of {boxy.workdir}/.npmrc;" in err(r2), both(r2)
+        assert (
+            f"held back: net (public), allow_hosts ({extra}) of {boxy.workdir}/.boxy.yaml; "
+            f"registry {extra} of {boxy.workdir}/.npmrc;" in err(r2)
+        ), both(r2)
         assert not (boxy.workdir / ".git/hooks/pre-commit").exists()
 
 
 # --- the hostile sdist, end to end (pip) -------------------------------------------------------
 
-HOSTILE_SETUP = r'''# setup.py of a hostile sdist: its build step tries what a hostile package would,
+HOSTILE_SETUP = r"""# setup.py of a hostile sdist: its build step tries what a hostile package would,
 # and says ESCAPED:<what> for anything that works. HOSTILE-RAN proves it ran at all.
 import json, os, random, socket, struct, subprocess, sys
 t = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "targets.json")))
@@ -719,10 +864,12 @@ for k in kids:
 json.dump(out, open(os.path.join(t["root"], "hostile-report.json"), "w"))
 from setuptools import setup
 setup(name="boxy-hostile", version="1.0.0", py_modules=[])
-'''
+"""
 
 
-def test_the_hostile_sdist_gets_nothing_and_the_next_run_is_no_wider(boxy: Boxy, user: User) -> None:
+def test_the_hostile_sdist_gets_nothing_and_the_next_run_is_no_wider(
+    boxy: Boxy, user: User
+) -> None:
     hosts, flags = pip_setup(boxy)
     need_npm()  # the other registry is npm's
     extra = extra_host(boxy.user, hosts, ["npm_registry"])
@@ -732,14 +879,35 @@ def test_the_hostile_sdist_gets_nothing_and_the_next_run_is_no_wider(boxy: Boxy,
     write(boxy, ".pypirc", f"[pypi]\npassword = {marker}\n")
     with agent_socket(user) as agent:
         write(boxy, "hostile-sdist/setup.py", HOSTILE_SETUP)
-        write(boxy, "hostile-sdist/targets.json", json.dumps(
-            {"home": str(user.home), "marker": marker, "agent": str(agent), "extra": extra,
-             "root": str(boxy.workdir)}))
+        write(
+            boxy,
+            "hostile-sdist/targets.json",
+            json.dumps(
+                {
+                    "home": str(user.home),
+                    "marker": marker,
+                    "agent": str(agent),
+                    "extra": extra,
+                    "root": str(boxy.workdir),
+                }
+            ),
+        )
         env = {"PYPI_TOKEN": marker, "GITHUB_TOKEN": marker, "SSH_AUTH_SOCK": str(agent)}
-        install = ("python3 -m pip install --no-input -v --no-build-isolation --target ./site "
-                   f"./hostile-sdist {SMALL_PIP}")
-        r = boxy.run(*flags, "--pids", "256", "--memory", "512MiB", cmd=["sh", "-c", install],
-                     timeout=TIMEOUT, input=b"", extra_env=env)
+        install = (
+            "python3 -m pip install --no-input -v --no-build-isolation --target ./site "
+            f"./hostile-sdist {SMALL_PIP}"
+        )
+        r = boxy.run(
+            *flags,
+            "--pids",
+            "256",
+            "--memory",
+            "512MiB",
+            cmd=["sh", "-c", install],
+            timeout=TIMEOUT,
+            input=b"",
+            extra_env=env,
+        )
         check_pip_installed(boxy, r, hosts)
         assert "HOSTILE-RAN" in out(r) + err(r), f"the hostile build step never ran\n{both(r)}"
         report = json.loads((boxy.workdir / "hostile-report.json").read_text())
@@ -754,6 +922,8 @@ def test_the_hostile_sdist_gets_nothing_and_the_next_run_is_no_wider(boxy: Boxy,
         second = policy_record(audit(boxy))
         assert (second["mode"], second["allow_hosts"]) == (first["mode"], first["allow_hosts"])
         assert {"planted .boxy.yaml", "planted .venv/pip.conf"} <= set(report), report
-        assert f"held back: net (public), allow_hosts ({extra}) of {boxy.workdir}/.boxy.yaml; " \
-               f"global.index-url {extra} of {boxy.workdir}/.venv/pip.conf;" in err(r2), both(r2)
+        assert (
+            f"held back: net (public), allow_hosts ({extra}) of {boxy.workdir}/.boxy.yaml; "
+            f"global.index-url {extra} of {boxy.workdir}/.venv/pip.conf;" in err(r2)
+        ), both(r2)
         assert not (boxy.workdir / ".git/hooks/pre-commit").exists()

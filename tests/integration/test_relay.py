@@ -200,7 +200,8 @@ async def test_half_close_keeps_the_other_direction(topo: Topology, mode: str, f
     closer, other = (topo.client, topo.server) if first == "client" else (topo.server, topo.client)
     counters = Counters()
     task = asyncio.ensure_future(
-        pump(topo.a, topo.b, counters=counters, idle_timeout=30, mode=mode))  # type: ignore[arg-type]
+        pump(topo.a, topo.b, counters=counters, idle_timeout=30, mode=mode)
+    )  # type: ignore[arg-type]
     closer.sendall(b"last words")
     closer.shutdown(socket.SHUT_WR)
     assert await recv_exactly(other, 10) == b"last words"
@@ -227,7 +228,8 @@ async def test_half_close_keeps_the_other_direction(topo: Topology, mode: str, f
 async def test_reset_is_propagated_as_reset(topo: Topology, mode: str, who: str) -> None:
     resetter, victim = (topo.client, topo.server) if who == "client" else (topo.server, topo.client)
     task = asyncio.ensure_future(
-        pump(topo.a, topo.b, counters=Counters(), idle_timeout=30, mode=mode))  # type: ignore[arg-type]
+        pump(topo.a, topo.b, counters=Counters(), idle_timeout=30, mode=mode)
+    )  # type: ignore[arg-type]
     victim.sendall(b"ping")
     assert await recv_exactly(resetter, 4) == b"ping"
     relay.reset(resetter)
@@ -278,7 +280,8 @@ def test_reset_helper_sends_rst() -> None:
 async def test_idle_flow_is_reset_after_the_bound(topo: Topology, mode: str) -> None:
     idle = 0.4
     task = asyncio.ensure_future(
-        pump(topo.a, topo.b, counters=Counters(), idle_timeout=idle, mode=mode))  # type: ignore[arg-type]
+        pump(topo.a, topo.b, counters=Counters(), idle_timeout=idle, mode=mode)
+    )  # type: ignore[arg-type]
     # Traffic keeps it alive well past the bound...
     for i in range(8):
         if i:
@@ -333,8 +336,9 @@ async def test_initial_bytes_go_first(topo: Topology, mode: str, size: int) -> N
     # bytes are themselves sent in several rounds under back-pressure.
     initial = b"HELLO"[:size] if size < 6 else bytes(range(256)) * (size // 256)
     counters = Counters()
-    task = asyncio.ensure_future(pump(topo.a, topo.b, counters=counters, idle_timeout=30,
-                                      initial_a_to_b=initial, mode=mode))  # type: ignore[arg-type]
+    task = asyncio.ensure_future(
+        pump(topo.a, topo.b, counters=counters, idle_timeout=30, initial_a_to_b=initial, mode=mode)
+    )  # type: ignore[arg-type]
     topo.client.sendall(b"WORLD")
     topo.client.shutdown(socket.SHUT_WR)
     await asyncio.sleep(0.2)  # the server is late: everything waits in buffers
@@ -352,12 +356,17 @@ async def test_counters_are_exact_and_may_be_shared() -> None:
     sizes = [(0, 0), (1, 0), (0, 1), (1000, 7), (300_000, 2 * MiB + 3)]
     topos = [Topology() for _ in sizes]
     try:
-        tasks = [asyncio.ensure_future(pump(t.a, t.b, counters=session, idle_timeout=30))
-                 for t in topos]
+        tasks = [
+            asyncio.ensure_future(pump(t.a, t.b, counters=session, idle_timeout=30)) for t in topos
+        ]
         threads: list[threading.Thread] = []
         for t, (up, down) in zip(topos, sizes, strict=True):
-            threads += [Sender(t.client, 6, up), Sender(t.server, 7, down),
-                        Receiver(t.server), Receiver(t.client)]
+            threads += [
+                Sender(t.client, 6, up),
+                Sender(t.server, 7, down),
+                Receiver(t.server),
+                Receiver(t.client),
+            ]
         for th in threads:
             th.start()
         await join(*threads)
@@ -392,8 +401,7 @@ async def _short_flow(i: int) -> CloseReason:
     """One flow, ending in one of the ways a flow ends (by i)."""
     t = Topology()
     try:
-        flow = Flow(t.a, t.b, idle_timeout=0.2 if i % 5 == 4 else 30,
-                    mode=MODES[i % 3])  # type: ignore[arg-type]
+        flow = Flow(t.a, t.b, idle_timeout=0.2 if i % 5 == 4 else 30, mode=MODES[i % 3])  # type: ignore[arg-type]
         task = asyncio.ensure_future(flow.run())
         kind = i % 5
         payload = b"q" * (300_000 if i % 7 == 0 else 100)  # some flows switch to splice
@@ -437,8 +445,9 @@ async def test_200_parallel_flows() -> None:
         for t in topos:
             for s in (t.client, t.server):
                 s.setblocking(False)
-        tasks = [asyncio.ensure_future(pump(t.a, t.b, counters=session, idle_timeout=30))
-                 for t in topos]
+        tasks = [
+            asyncio.ensure_future(pump(t.a, t.b, counters=session, idle_timeout=30)) for t in topos
+        ]
 
         async def peer_pair(i: int, t: Topology) -> None:
             up = b"".join(stream(i, size))
@@ -455,7 +464,8 @@ async def test_200_parallel_flows() -> None:
                 return bytes(out)
 
             _, _, got_up, got_down = await asyncio.gather(
-                send(t.client, up), send(t.server, down), recv(t.server), recv(t.client))
+                send(t.client, up), send(t.server, down), recv(t.server), recv(t.client)
+            )
             assert got_up == up and got_down == down, f"flow {i} corrupted"
 
         await asyncio.wait_for(asyncio.gather(*(peer_pair(i, t) for i, t in enumerate(topos))), 120)

@@ -28,7 +28,11 @@ print(out)
 
 
 def test_an_address_added_just_now_is_this_machines() -> None:
-    r = subprocess.run(["unshare", "-rn", sys.executable, "-c", SCRIPT, str(ROOT)],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        ["unshare", "-rn", sys.executable, "-c", SCRIPT, str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[True, False, True, True, False]"

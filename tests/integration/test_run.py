@@ -37,18 +37,23 @@ def test_shell_pipeline(boxy: Boxy) -> None:
 
 
 def test_python(boxy: Boxy) -> None:
-    r = boxy.run(*NET, cmd=["python3", "-c", "import sys, json; print(json.dumps([sys.version_info[0], 6 * 7]))"],
-                 input=b"")
+    r = boxy.run(
+        *NET,
+        cmd=["python3", "-c", "import sys, json; print(json.dumps([sys.version_info[0], 6 * 7]))"],
+        input=b"",
+    )
     assert r.returncode == 0, err(r)
     assert out(r) == "[3, 42]\n"
 
 
 def test_node(boxy: Boxy) -> None:
     # libuv probes io_uring (refused with ENOSYS) and uses its thread pool for fs.
-    script = ("const fs = require('fs');"
-              "fs.promises.writeFile('node-out.txt', 'from node')"
-              ".then(() => fs.promises.readFile('node-out.txt', 'utf8'))"
-              ".then(t => console.log(t, 6 * 7));")
+    script = (
+        "const fs = require('fs');"
+        "fs.promises.writeFile('node-out.txt', 'from node')"
+        ".then(() => fs.promises.readFile('node-out.txt', 'utf8'))"
+        ".then(t => console.log(t, 6 * 7));"
+    )
     r = boxy.run(*NET, cmd=["node", "-e", script], input=b"")
     assert r.returncode == 0, err(r)
     assert out(r) == "from node 42\n"
@@ -57,7 +62,9 @@ def test_node(boxy: Boxy) -> None:
 
 def test_cc_compile_and_run(boxy: Boxy) -> None:
     src = boxy.workdir / "hello.c"
-    src.write_text('#include <stdio.h>\nint main(void) { printf("hello from c %d\\n", 6 * 7); return 0; }\n')
+    src.write_text(
+        '#include <stdio.h>\nint main(void) { printf("hello from c %d\\n", 6 * 7); return 0; }\n'
+    )
     boxy.user.chown(src)
     r = boxy.sh("cc -O2 -o hello hello.c && ./hello", input=b"")
     assert r.returncode == 0, err(r)
@@ -67,8 +74,16 @@ def test_cc_compile_and_run(boxy: Boxy) -> None:
 
 def test_stdin_from_pipe(boxy: Boxy) -> None:
     data = b"line one\nline two\n" * 1000
-    r = boxy.run(*NET, cmd=["python3", "-c", "import sys, hashlib; d = sys.stdin.buffer.read();"
-                            "print(len(d), hashlib.sha256(d).hexdigest())"], input=data)
+    r = boxy.run(
+        *NET,
+        cmd=[
+            "python3",
+            "-c",
+            "import sys, hashlib; d = sys.stdin.buffer.read();"
+            "print(len(d), hashlib.sha256(d).hexdigest())",
+        ],
+        input=data,
+    )
     assert r.returncode == 0, err(r)
     assert out(r) == f"{len(data)} {hashlib.sha256(data).hexdigest()}\n"
 
@@ -103,10 +118,16 @@ def test_loopback_tcp_under_net_none(boxy: Boxy) -> None:
 # --- exit statuses ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("script", "status"), [
-    ("exit 0", 0), ("exit 3", 3), ("exit 255", 255),
-    ("kill -KILL $$", 137), ("kill -TERM $$", 143),
-])
+@pytest.mark.parametrize(
+    ("script", "status"),
+    [
+        ("exit 0", 0),
+        ("exit 3", 3),
+        ("exit 255", 255),
+        ("kill -KILL $$", 137),
+        ("kill -TERM $$", 143),
+    ],
+)
 def test_exit_status_propagated(boxy: Boxy, script: str, status: int) -> None:
     r = boxy.sh(f"echo started; {script}; echo not-reached", input=b"")
     assert out(r) == "started\n"
@@ -141,7 +162,10 @@ BAD_INPUT = {
     "memory-2.5": (["--memory", "2.5"], "below the minimum of 1MiB"),
     "timeout-negative": (["--timeout", "-5s"], "--timeout: -5s is negative"),
     "copy-to-root": (["--copy", "existing:/"], "the destination must name a file"),
-    "copy-to-usr": (["--copy", "existing:/usr/bin/x"], "read-only /usr; copy it under $HOME or /tmp"),
+    "copy-to-usr": (
+        ["--copy", "existing:/usr/bin/x"],
+        "read-only /usr; copy it under $HOME or /tmp",
+    ),
     "copy-unreadable": (["--copy-ro", "locked"], "locked: not readable by you"),
     "audit-log-dir": (["--audit-log", "."], "Is a directory"),
     "audit-log-unwritable": (["--audit-log", "ro/audit.jsonl"], "Permission denied"),
@@ -183,26 +207,58 @@ def test_bad_input_refused(boxy: Boxy, workdir: Path, case: str) -> None:
 
 
 def test_env_flags(boxy: Boxy) -> None:
-    r = boxy.run(*NET, "-e", "FOO=bar", "-e", "HOME_ONLY", "-e", "EMPTY=",
-                 cmd=["python3", "-c", "import os; print(repr(os.environ.get('FOO')),"
-                      "repr(os.environ.get('HOME_ONLY')), repr(os.environ.get('EMPTY')))"],
-                 input=b"", extra_env={"HOME_ONLY": "from-client"})
+    r = boxy.run(
+        *NET,
+        "-e",
+        "FOO=bar",
+        "-e",
+        "HOME_ONLY",
+        "-e",
+        "EMPTY=",
+        cmd=[
+            "python3",
+            "-c",
+            "import os; print(repr(os.environ.get('FOO')),"
+            "repr(os.environ.get('HOME_ONLY')), repr(os.environ.get('EMPTY')))",
+        ],
+        input=b"",
+        extra_env={"HOME_ONLY": "from-client"},
+    )
     assert r.returncode == 0, err(r)
     assert out(r) == "'bar' 'from-client' ''\n"
 
 
-ALLOWED_ENV = {"HOME", "USER", "LOGNAME", "SHELL", "PATH", "TERM", "LANG", "LANGUAGE", "TZ",
-               "COLORTERM", "NO_COLOR"}
+ALLOWED_ENV = {
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "PATH",
+    "TERM",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "COLORTERM",
+    "NO_COLOR",
+}
 
 
 def test_env_is_scrubbed(boxy: Boxy, user: User) -> None:
     secrets = {
-        "SSH_AUTH_SOCK": "/tmp/ssh-agent.sock", "GITHUB_TOKEN": "ghp_secret",
-        "NPM_TOKEN": "npm_secret", "MY_API_TOKEN": "tok", "AWS_SECRET_ACCESS_KEY": "aws",
-        "DBUS_SESSION_BUS_ADDRESS": "unix:path=/run/user/1001/bus", "RANDOM_HOST_VAR": "x",
+        "SSH_AUTH_SOCK": "/tmp/ssh-agent.sock",
+        "GITHUB_TOKEN": "ghp_secret",
+        "NPM_TOKEN": "npm_secret",
+        "MY_API_TOKEN": "tok",
+        "AWS_SECRET_ACCESS_KEY": "aws",
+        "DBUS_SESSION_BUS_ADDRESS": "unix:path=/run/user/1001/bus",
+        "RANDOM_HOST_VAR": "x",
     }
-    r = boxy.run(*NET, cmd=["python3", "-c", "import os\nfor k in sorted(os.environ): print(k)"],
-                 input=b"", extra_env=secrets)
+    r = boxy.run(
+        *NET,
+        cmd=["python3", "-c", "import os\nfor k in sorted(os.environ): print(k)"],
+        input=b"",
+        extra_env=secrets,
+    )
     assert r.returncode == 0, err(r)
     names = set(out(r).split())
     assert {"HOME", "PATH", "USER"} <= names, names
@@ -214,8 +270,11 @@ def test_env_is_scrubbed(boxy: Boxy, user: User) -> None:
 
 
 def test_only_stdio_fds_open(boxy: Boxy) -> None:
-    r = boxy.run(*NET, cmd=["python3", "-c", "import os; print(sorted(os.listdir('/proc/self/fd'), key=int))"],
-                 input=b"")
+    r = boxy.run(
+        *NET,
+        cmd=["python3", "-c", "import os; print(sorted(os.listdir('/proc/self/fd'), key=int))"],
+        input=b"",
+    )
     assert r.returncode == 0, err(r)
     # 0-2, plus the fd listdir itself holds open while reading the directory
     assert out(r) == "['0', '1', '2', '3']\n"
@@ -226,8 +285,9 @@ def test_workdir_flag(boxy: Boxy, user: User, workdir: Path) -> None:
     other.mkdir()
     user.chown(other)
     try:
-        r = boxy.run(*NET, "--workdir", str(other), cmd=["sh", "-c", "pwd; echo hi > made-here"],
-                     input=b"")
+        r = boxy.run(
+            *NET, "--workdir", str(other), cmd=["sh", "-c", "pwd; echo hi > made-here"], input=b""
+        )
         assert r.returncode == 0, err(r)
         assert out(r) == f"{other}\n"
         assert (other / "made-here").read_text() == "hi\n"
@@ -263,8 +323,16 @@ def test_thousands_of_nested_repositories_do_not_lock_the_directory(boxy: Boxy) 
 def test_an_arg_max_sized_argv_runs(boxy: Boxy) -> None:
     """What bwrap and a plain shell run: 15 arguments of 100 KB (1.5 MB of argv)."""
     args = [f"{i:02d}" + "x" * 100_000 for i in range(15)]
-    r = boxy.run(*NET, cmd=["python3", "-c", "import sys; print(len(sys.argv) - 1, sum(map(len, sys.argv[1:])))",
-                            *args], input=b"")
+    r = boxy.run(
+        *NET,
+        cmd=[
+            "python3",
+            "-c",
+            "import sys; print(len(sys.argv) - 1, sum(map(len, sys.argv[1:])))",
+            *args,
+        ],
+        input=b"",
+    )
     assert r.returncode == 0, err(r)
     assert out(r) == f"15 {sum(map(len, args))}\n"
 
@@ -275,12 +343,27 @@ def huge_tree(user: User, workdir: Path):
     takes about 18 s to make them and 30 s to remove them, a tmpfs 2 s and nothing."""
     big = workdir / "big"
     big.mkdir()
-    mounted = os.getuid() == 0 and subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size=1g,mode=0755,uid={user.uid},gid={user.gid}", "tmpfs",
-         str(big)], capture_output=True).returncode == 0
+    mounted = (
+        os.getuid() == 0
+        and subprocess.run(
+            [
+                "mount",
+                "-t",
+                "tmpfs",
+                "-o",
+                f"size=1g,mode=0755,uid={user.uid},gid={user.gid}",
+                "tmpfs",
+                str(big),
+            ],
+            capture_output=True,
+        ).returncode
+        == 0
+    )
     user.chown(big)
-    script = ("import os, sys\nfor i in range(300):\n    for j in range(1000):\n"
-              "        os.makedirs(f'{sys.argv[1]}/d{i}/e{j}')\n")
+    script = (
+        "import os, sys\nfor i in range(300):\n    for j in range(1000):\n"
+        "        os.makedirs(f'{sys.argv[1]}/d{i}/e{j}')\n"
+    )
     made = user.run(["python3", "-c", script, str(big / "tree")], timeout=300)
     try:
         assert made.returncode == 0, err(made)
@@ -290,7 +373,9 @@ def huge_tree(user: User, workdir: Path):
             subprocess.run(["umount", "-l", str(big)], check=True)
 
 
-def test_a_huge_tree_does_not_stall_another_session(boxy: Boxy, user: User, huge_tree: Path) -> None:
+def test_a_huge_tree_does_not_stall_another_session(
+    boxy: Boxy, user: User, huge_tree: Path
+) -> None:
     """The walks of a 300,000-directory work tree run in a worker thread: another
     session keeps starting while one is being prepared (they used to run on the event
     loop: another session's `echo` took 8.3 s instead of 0.4 s)."""
@@ -305,8 +390,12 @@ def test_a_huge_tree_does_not_stall_another_session(boxy: Boxy, user: User, huge
         return time.monotonic() - t
 
     idle = statistics.median(start_up() for _ in range(5))
-    argv = user.cmd([str(BIN / "boxyctl"), "run", "--net", "none", "-w", str(huge_tree), "--", "true"])
-    proc = subprocess.Popen(argv, cwd=boxy.workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    argv = user.cmd(
+        [str(BIN / "boxyctl"), "run", "--net", "none", "-w", str(huge_tree), "--", "true"]
+    )
+    proc = subprocess.Popen(
+        argv, cwd=boxy.workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     try:
         time.sleep(0.3)  # into its walk (about 4 s for this tree)
         during = [start_up() for _ in range(5)]
@@ -320,13 +409,19 @@ def test_a_huge_tree_does_not_stall_another_session(boxy: Boxy, user: User, huge
     assert statistics.median(during) < max(4 * idle, idle + 1.5), (during, idle)
 
 
-def test_mkdir_of_a_missing_directory_works_and_is_guarded(boxy: Boxy, user: User, workdir: Path) -> None:
+def test_mkdir_of_a_missing_directory_works_and_is_guarded(
+    boxy: Boxy, user: User, workdir: Path
+) -> None:
     """--mkdir's whole purpose (the claude preset's first run in every new project): the
     directory is created, and what the payload plants in it is still checked."""
     new = workdir.parent / f"{workdir.name}-made"
     try:
-        r = boxy.sh(f"cd {new} && git init -q && printf '#!/bin/sh\\n' > .git/hooks/pre-commit && "
-                    "chmod +x .git/hooks/pre-commit && echo made", "--mkdir", str(new))
+        r = boxy.sh(
+            f"cd {new} && git init -q && printf '#!/bin/sh\\n' > .git/hooks/pre-commit && "
+            "chmod +x .git/hooks/pre-commit && echo made",
+            "--mkdir",
+            str(new),
+        )
         assert r.returncode == 0 and out(r) == "made\n", err(r)
         assert new.is_dir()
         assert "git guard: moved .git/hooks/pre-commit" in err(r), err(r)
@@ -342,8 +437,10 @@ def test_running_from_home_says_why(boxy: Boxy, user: User, where: str) -> None:
     lines = err(r).splitlines()
     assert r.returncode == 2 and len(lines) == 1, err(r)
     verb = "is" if where == "home" else "holds"
-    assert f"{verb} your home directory {user.home}, whose keys and credentials are never exposed; " \
-           "run in a project directory, or pass -w ~/project" in lines[0]
+    assert (
+        f"{verb} your home directory {user.home}, whose keys and credentials are never exposed; "
+        "run in a project directory, or pass -w ~/project" in lines[0]
+    )
 
 
 def test_a_script_without_shebang_runs_through_sh(boxy: Boxy, workdir: Path) -> None:
@@ -366,18 +463,29 @@ def test_verbose_sizes_as_people_write_them(boxy: Boxy) -> None:
 def test_one_daemon_with_or_without_xdg_runtime_dir(boxy: Boxy, user: User) -> None:
     """Without XDG_RUNTIME_DIR the client looks in /run/user/UID, as systemd makes it:
     one user never gets two daemons."""
-    with_var = user.run([str(BIN / "boxyctl"), "run", "--net", "none", "--", "true"], cwd=boxy.workdir)
+    with_var = user.run(
+        [str(BIN / "boxyctl"), "run", "--net", "none", "--", "true"], cwd=boxy.workdir
+    )
     assert with_var.returncode == 0, err(with_var)
     env = {k: v for k, v in user.env().items() if k != "XDG_RUNTIME_DIR"}
-    argv = ["env", "-i", *(f"{k}={v}" for k, v in env.items()), str(BIN / "boxyctl"), "daemon", "status"]
+    argv = [
+        "env",
+        "-i",
+        *(f"{k}={v}" for k, v in env.items()),
+        str(BIN / "boxyctl"),
+        "daemon",
+        "status",
+    ]
     import os as _os
 
     cmd = argv if _os.getuid() == user.uid else ["runuser", "-u", user.name, "--", *argv]
     without = subprocess.run(cmd, capture_output=True, timeout=30)
     status = user.run([str(BIN / "boxyctl"), "daemon", "status"])
     pid = status.stdout.split(b"pid ")[1].split()[0] if b"pid " in status.stdout else b"?"
-    assert b"running" in without.stdout and f"pid {pid.decode()} ".encode() in without.stdout, \
-        (without, status)
+    assert b"running" in without.stdout and f"pid {pid.decode()} ".encode() in without.stdout, (
+        without,
+        status,
+    )
 
 
 def test_a_clean_run_leaves_no_quarantine_directory(boxy: Boxy, user: User, workdir: Path) -> None:

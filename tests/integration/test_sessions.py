@@ -52,7 +52,9 @@ def test_ps_show_and_stop_a_running_session(boxy: Boxy, user: User, workdir: Pat
     assert len(listed) == 1 and listed[0].split()[1:3] == ["killed", "SIGTERM"], listed
 
 
-def test_stop_waits_out_the_grace_and_stop_k_does_not(boxy: Boxy, user: User, workdir: Path) -> None:
+def test_stop_waits_out_the_grace_and_stop_k_does_not(
+    boxy: Boxy, user: User, workdir: Path
+) -> None:
     proc, _ = start_client(user, workdir, "trap '' TERM; echo ready; while :; do sleep 0.1; done")
     try:
         sid = running_id(user, "trap")
@@ -76,8 +78,11 @@ def test_stop_waits_out_the_grace_and_stop_k_does_not(boxy: Boxy, user: User, wo
 def test_show_and_ps_a_after_a_daemon_restart(boxy: Boxy, user: User, workdir: Path) -> None:
     r = boxy.run("--", "sh", "-c", "echo hi; exit 3")
     assert r.returncode == 3
-    sid = next(ln.split()[0] for ln in reversed(ctl(user, "ps", "-a").stdout.decode().splitlines())
-               if "exit 3" in ln and ln.split()[1:3] == ["exited", "3"])
+    sid = next(
+        ln.split()[0]
+        for ln in reversed(ctl(user, "ps", "-a").stdout.decode().splitlines())
+        if "exit 3" in ln and ln.split()[1:3] == ["exited", "3"]
+    )
     assert ctl(user, "daemon", "restart").returncode == 0
     listed = [ln for ln in ctl(user, "ps", "-a").stdout.decode().splitlines() if ln.startswith(sid)]
     assert len(listed) == 1 and listed[0].split()[1:3] == ["exited", "3"]
@@ -109,8 +114,9 @@ def test_a_stopped_client_line_names_the_session(boxy: Boxy, user: User, workdir
     assert f"boxyd stops session {sid} when it sees this client gone" in client_err(workdir)
 
 
-def test_daemon_stop_refuses_while_a_session_runs_unless_forced(boxy: Boxy, user: User,
-                                                                workdir: Path) -> None:
+def test_daemon_stop_refuses_while_a_session_runs_unless_forced(
+    boxy: Boxy, user: User, workdir: Path
+) -> None:
     proc, _ = start_client(user, workdir, "echo ready; exec sleep 63")
     try:
         sid = running_id(user, "sleep 63")
@@ -129,13 +135,17 @@ def test_daemon_stop_refuses_while_a_session_runs_unless_forced(boxy: Boxy, user
 
 
 def _watch(user: User) -> subprocess.Popen:
-    return subprocess.Popen(user.cmd([str(BIN / "boxyctl"), "watch"]), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        user.cmd([str(BIN / "boxyctl"), "watch"]), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
 
 
-def test_watch_on_a_pipe_one_line_per_event_then_the_summary(boxy: Boxy, user: User,
-                                                             workdir: Path) -> None:
-    proc, _ = start_client(user, workdir, "echo ready; while [ ! -e go ]; do sleep 0.05; done; exit 5")
+def test_watch_on_a_pipe_one_line_per_event_then_the_summary(
+    boxy: Boxy, user: User, workdir: Path
+) -> None:
+    proc, _ = start_client(
+        user, workdir, "echo ready; while [ ! -e go ]; do sleep 0.05; done; exit 5"
+    )
     watcher = None
     try:
         sid = running_id(user, "while")
@@ -156,16 +166,21 @@ def test_watch_on_a_pipe_one_line_per_event_then_the_summary(boxy: Boxy, user: U
     assert "state     exited 5" in lines and "exit      5 (exit)" in lines
 
 
-def test_watch_refuses_to_guess_and_ctrl_c_ends_only_the_watching(boxy: Boxy, user: User,
-                                                                  workdir: Path) -> None:
+def test_watch_refuses_to_guess_and_ctrl_c_ends_only_the_watching(
+    boxy: Boxy, user: User, workdir: Path
+) -> None:
     procs = [start_client(user, workdir, "echo ready; exec sleep 64")[0]]
     try:
         sid = running_id(user, "sleep 64")
-        watcher = subprocess.Popen(user.cmd([str(BIN / "boxyctl"), "watch", sid]),
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        watcher = subprocess.Popen(
+            user.cmd([str(BIN / "boxyctl"), "watch", sid]),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         assert watcher.stdout.readline().decode().startswith(f"session {sid} running")
-        kid = subprocess.run(["pgrep", "-P", str(watcher.pid)], capture_output=True,
-                             text=True).stdout.split()
+        kid = subprocess.run(
+            ["pgrep", "-P", str(watcher.pid)], capture_output=True, text=True
+        ).stdout.split()
         os.kill(int(kid[0]) if kid and os.getuid() != user.uid else watcher.pid, signal.SIGINT)
         assert watcher.wait(timeout=10) == 130
         assert running_id(user, "sleep 64") == sid  # the session goes on
@@ -183,9 +198,14 @@ def test_watch_refuses_to_guess_and_ctrl_c_ends_only_the_watching(boxy: Boxy, us
 
 def test_an_idle_on_demand_daemon_exits_by_itself(boxy: Boxy, user: User, workdir: Path) -> None:
     ctl(user, "daemon", "stop", "--force")
-    r = subprocess.run(user.cmd([str(BIN / "boxyctl"), "run", "--net", "none", "--", "true"],
-                                {"BOXY_IDLE_EXIT": "1"}), cwd=workdir, capture_output=True,
-                       timeout=60)
+    r = subprocess.run(
+        user.cmd(
+            [str(BIN / "boxyctl"), "run", "--net", "none", "--", "true"], {"BOXY_IDLE_EXIT": "1"}
+        ),
+        cwd=workdir,
+        capture_output=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert daemon_pids(user), "the run started no daemon"
     deadline = time.monotonic() + 10
@@ -202,21 +222,30 @@ def test_fifty_concurrent_sessions(boxy: Boxy, user: User, workdir: Path) -> Non
             assert r.returncode == 0, r.stderr
             ids.append(r.stdout.decode().strip())
         assert len(set(ids)) == 50
-        listed = {ln.split()[0]: ln.split()[1] for ln in ctl(user, "ps").stdout.decode().splitlines()[1:]}
+        listed = {
+            ln.split()[0]: ln.split()[1] for ln in ctl(user, "ps").stdout.decode().splitlines()[1:]
+        }
         assert all(listed.get(sid) == "running" for sid in ids), listed
     finally:
         for sid in ids:
             ctl(user, "stop", "-k", sid)
-    listed = {ln.split()[0]: ln.split()[1:3] for ln in ctl(user, "ps", "-a").stdout.decode().splitlines()[1:]}
+    listed = {
+        ln.split()[0]: ln.split()[1:3]
+        for ln in ctl(user, "ps", "-a").stdout.decode().splitlines()[1:]
+    }
     assert all(listed.get(sid) == ["killed", "SIGKILL"] for sid in ids)
 
 
 def test_the_daemon_holds_no_more_than_the_user(boxy: Boxy, user: User) -> None:
     words = ctl(user, "daemon", "status").stdout.decode().split()
     pid = int(words[words.index("pid") + 1])
-    status = dict(ln.split(":", 1) for ln in Path(f"/proc/{pid}/status").read_text().splitlines()
-                  if ":" in ln)
-    assert status["Uid"].split() == [str(user.uid)] * 4 and status["Gid"].split() == [str(user.gid)] * 4
+    status = dict(
+        ln.split(":", 1) for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in ln
+    )
+    assert (
+        status["Uid"].split() == [str(user.uid)] * 4
+        and status["Gid"].split() == [str(user.gid)] * 4
+    )
     for cap in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
         assert int(status[cap], 16) == 0, (cap, status[cap])
 
@@ -254,7 +283,8 @@ def test_malformed_input_gets_an_error_and_the_daemon_goes_on(boxy: Boxy, user: 
 
 
 def test_a_daemon_of_another_build_is_replaced_when_idle_and_kept_when_busy(
-        boxy: Boxy, user: User, workdir: Path) -> None:
+    boxy: Boxy, user: User, workdir: Path
+) -> None:
     """The client's build id is its installed sources' (boxy.buildid): touching one
     makes the running daemon another build."""
     source = BIN.parent.parent / "boxy" / "__init__.py"
@@ -278,21 +308,42 @@ def test_a_daemon_of_another_build_is_replaced_when_idle_and_kept_when_busy(
         ctl(user, "stop", "-k", sid)
 
 
-def test_without_a_user_manager_a_delegated_cgroup_holds_each_run(boxy: Boxy, user: User,
-                                                                  workdir: Path) -> None:
+def test_without_a_user_manager_a_delegated_cgroup_holds_each_run(
+    boxy: Boxy, user: User, workdir: Path
+) -> None:
     """boxyd started inside a cgroup delegated to the user: each run in a child
     boxy-<id> of it (the harness, as root, delegates it and moves the client there)."""
     if os.getuid() != 0:
         pytest.skip("delegating a cgroup to the test user needs root: run `make test` as root")
-    mount = next(ln.split()[4] for ln in Path("/proc/self/mountinfo").read_text().splitlines()
-                 if " - cgroup2 " in ln)
+    mount = next(
+        ln.split()[4]
+        for ln in Path("/proc/self/mountinfo").read_text().splitlines()
+        if " - cgroup2 " in ln
+    )
     deleg = Path(mount) / f"boxyt-deleg-{user.uid}"
     deleg.mkdir(exist_ok=True)
-    for p in (deleg, deleg / "cgroup.procs", deleg / "cgroup.subtree_control", deleg / "cgroup.threads"):
+    for p in (
+        deleg,
+        deleg / "cgroup.procs",
+        deleg / "cgroup.subtree_control",
+        deleg / "cgroup.threads",
+    ):
         os.chown(p, user.uid, user.gid)
     ctl(user, "daemon", "stop", "--force")
-    argv = user.cmd([str(BIN / "boxyctl"), "run", "-d", "-w", str(workdir), "--net", "none",
-                     "--", "sleep", "72"])
+    argv = user.cmd(
+        [
+            str(BIN / "boxyctl"),
+            "run",
+            "-d",
+            "-w",
+            str(workdir),
+            "--net",
+            "none",
+            "--",
+            "sleep",
+            "72",
+        ]
+    )
     script = f'echo $$ > {deleg}/cgroup.procs && exec "$@"'
     r = subprocess.run(["sh", "-c", script, "sh", *argv], capture_output=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -300,8 +351,9 @@ def test_without_a_user_manager_a_delegated_cgroup_holds_each_run(boxy: Boxy, us
     try:
         shown = ctl(user, "show", sid).stdout.decode()
         assert f"(no memory controller in boxy-{sid})" in shown, shown
-        sleeper = subprocess.run(["pgrep", "-u", str(user.uid), "-x", "sleep"], capture_output=True,
-                                 text=True).stdout.split()
+        sleeper = subprocess.run(
+            ["pgrep", "-u", str(user.uid), "-x", "sleep"], capture_output=True, text=True
+        ).stdout.split()
         groups = [Path(f"/proc/{p}/cgroup").read_text() for p in sleeper]
         assert any(f"/boxyt-deleg-{user.uid}/boxy-{sid}\n" in g for g in groups), groups
     finally:

@@ -12,8 +12,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _make(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["make", "-s", "--no-print-directory", "-C", str(ROOT), *args],
-                          capture_output=True, text=True, timeout=600, check=False)
+    return subprocess.run(
+        ["make", "-s", "--no-print-directory", "-C", str(ROOT), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
 
 
 def test_an_uninstallable_package_fails_setup_naming_it() -> None:
@@ -30,4 +35,6 @@ def test_an_uninstallable_package_fails_setup_naming_it() -> None:
 
 def test_the_real_list_is_installed_and_every_part_works() -> None:
     r = _make("packages")
-    assert r.returncode == 0, r.stderr  # probes: nft, the bindings, bwrap, dbus-run-session, node, npm
+    assert r.returncode == 0, (
+        r.stderr
+    )  # probes: nft, the bindings, bwrap, dbus-run-session, node, npm

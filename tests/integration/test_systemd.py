@@ -21,8 +21,12 @@ from tests.integration.clients import daemon_pids
 pytestmark = pytest.mark.sandbox
 
 
-def ctl(user: User, *args: str, extra_env: dict[str, str] | None = None,
-        manager: UserManager | None = None) -> subprocess.CompletedProcess:
+def ctl(
+    user: User,
+    *args: str,
+    extra_env: dict[str, str] | None = None,
+    manager: UserManager | None = None,
+) -> subprocess.CompletedProcess:
     env = {**(manager.env() if manager else {}), **(extra_env or {})}
     return user.run([str(BIN / "boxyctl"), *args], extra_env=env, timeout=60)
 
@@ -30,7 +34,9 @@ def ctl(user: User, *args: str, extra_env: dict[str, str] | None = None,
 @pytest.fixture(scope="module")
 def systemd_user(user: User) -> Iterator[UserManager]:
     if os.getuid() != 0:
-        pytest.skip("a user manager for the test user is brought up as root: run `make test` as root")
+        pytest.skip(
+            "a user manager for the test user is brought up as root: run `make test` as root"
+        )
     ctl(user, "daemon", "stop", "--force")  # the on-demand daemon of earlier tests makes way
     manager = UserManager(user.name, user.uid, user.home, user.runtime)
     manager.up()
@@ -44,8 +50,9 @@ def systemd_user(user: User) -> Iterator[UserManager]:
         (user.home / ".local/share/dbus-1/services/dev.boxy.Daemon.service").unlink(missing_ok=True)
 
 
-def test_setup_installs_enables_and_is_idempotent(boxy: Boxy, user: User,
-                                                  systemd_user: UserManager) -> None:
+def test_setup_installs_enables_and_is_idempotent(
+    boxy: Boxy, user: User, systemd_user: UserManager
+) -> None:
     r = ctl(user, "setup", manager=systemd_user)
     assert r.returncode == 0, r.stderr
     unit_dir = user.home / ".config/systemd/user"
@@ -63,37 +70,70 @@ def test_setup_installs_enables_and_is_idempotent(boxy: Boxy, user: User,
     assert "Name=dev.boxy.Daemon\n" in activation and "SystemdService=boxyd.service\n" in activation
 
 
-def test_the_first_run_starts_boxyd_by_socket_activation(boxy: Boxy, user: User, workdir: Path,
-                                                         systemd_user: UserManager) -> None:
+def test_the_first_run_starts_boxyd_by_socket_activation(
+    boxy: Boxy, user: User, workdir: Path, systemd_user: UserManager
+) -> None:
     ctl(user, "setup", manager=systemd_user)
     systemd_user.systemctl("stop", "boxyd.service")
     assert systemd_user.systemctl("is-active", "boxyd.service").stdout.strip() != "active"
     assert daemon_pids(user) == []
-    r = subprocess.run(user.cmd([str(BIN / "boxyctl"), "run", "--net", "none", "--", "echo", "hi"],
-                                systemd_user.env()), cwd=workdir, capture_output=True, timeout=60)
+    r = subprocess.run(
+        user.cmd(
+            [str(BIN / "boxyctl"), "run", "--net", "none", "--", "echo", "hi"], systemd_user.env()
+        ),
+        cwd=workdir,
+        capture_output=True,
+        timeout=60,
+    )
     assert (r.returncode, r.stdout) == (0, b"hi\n"), r.stderr
     assert systemd_user.systemctl("is-active", "boxyd.service").stdout.strip() == "active"
-    main_pid = int(systemd_user.systemctl("show", "-p", "MainPID", "--value",
-                                          "boxyd.service").stdout)
+    main_pid = int(
+        systemd_user.systemctl("show", "-p", "MainPID", "--value", "boxyd.service").stdout
+    )
     status = ctl(user, "daemon", "status", manager=systemd_user).stdout.decode().split()
     assert int(status[status.index("pid") + 1]) == main_pid  # the run went to systemd's boxyd
-    assert systemd_user.systemctl("show", "-p", "StatusText", "--value",
-                                  "boxyd.service").stdout.strip() == "0 sessions running"
+    assert (
+        systemd_user.systemctl(
+            "show", "-p", "StatusText", "--value", "boxyd.service"
+        ).stdout.strip()
+        == "0 sessions running"
+    )
 
 
-def test_a_stop_from_systemd_stops_and_records_the_sessions(boxy: Boxy, user: User, workdir: Path,
-                                                            systemd_user: UserManager) -> None:
+def test_a_stop_from_systemd_stops_and_records_the_sessions(
+    boxy: Boxy, user: User, workdir: Path, systemd_user: UserManager
+) -> None:
     ctl(user, "setup", manager=systemd_user)
-    r = ctl(user, "run", "-d", "-w", str(workdir), "--net", "none", "--", "sleep", "66",
-            manager=systemd_user)
+    r = ctl(
+        user,
+        "run",
+        "-d",
+        "-w",
+        str(workdir),
+        "--net",
+        "none",
+        "--",
+        "sleep",
+        "66",
+        manager=systemd_user,
+    )
     assert r.returncode == 0, r.stderr
     sid = r.stdout.decode().strip()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and systemd_user.systemctl(
-            "show", "-p", "StatusText", "--value", "boxyd.service").stdout.strip() != "1 session running":
+    while (
+        time.monotonic() < deadline
+        and systemd_user.systemctl(
+            "show", "-p", "StatusText", "--value", "boxyd.service"
+        ).stdout.strip()
+        != "1 session running"
+    ):
         time.sleep(0.1)
-    assert systemd_user.systemctl("show", "-p", "StatusText", "--value",
-                                  "boxyd.service").stdout.strip() == "1 session running"
+    assert (
+        systemd_user.systemctl(
+            "show", "-p", "StatusText", "--value", "boxyd.service"
+        ).stdout.strip()
+        == "1 session running"
+    )
     stopped = systemd_user.systemctl("stop", "boxyd.service")
     assert stopped.returncode == 0, stopped.stderr
     shown = ctl(user, "show", sid, manager=systemd_user)  # the socket starts boxyd again
@@ -102,19 +142,22 @@ def test_a_stop_from_systemd_stops_and_records_the_sessions(boxy: Boxy, user: Us
 
 
 def busctl(um: UserManager, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(um.user_cmd(["busctl", "--user", *args]), capture_output=True,
-                          text=True, timeout=30)
+    return subprocess.run(
+        um.user_cmd(["busctl", "--user", *args]), capture_output=True, text=True, timeout=30
+    )
 
 
 def _detached(user: User, workdir: Path, um: UserManager, script: str) -> str:
-    r = ctl(user, "run", "-d", "-w", str(workdir), "--net", "none", "--", "sh", "-c", script,
-            manager=um)
+    r = ctl(
+        user, "run", "-d", "-w", str(workdir), "--net", "none", "--", "sh", "-c", script, manager=um
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout.decode().strip()
 
 
-def test_dbus_tree_introspect_call_and_monitor(boxy: Boxy, user: User, workdir: Path,
-                                               systemd_user: UserManager) -> None:
+def test_dbus_tree_introspect_call_and_monitor(
+    boxy: Boxy, user: User, workdir: Path, systemd_user: UserManager
+) -> None:
     ctl(user, "setup", manager=systemd_user)
     sid = _detached(user, workdir, systemd_user, "while [ ! -e go ]; do sleep 0.05; done; exit 4")
     path = f"/dev/boxy/session/{sid}"
@@ -123,42 +166,86 @@ def test_dbus_tree_introspect_call_and_monitor(boxy: Boxy, user: User, workdir: 
     intro = busctl(systemd_user, "introspect", "dev.boxy.Daemon", path).stdout
     for member in ("dev.boxy.Session1", ".State", ".Argv", ".ExitStatus", ".Connections", ".Event"):
         assert member in intro, intro
-    listed = busctl(systemd_user, "call", "dev.boxy.Daemon", "/dev/boxy/Manager",
-                    "dev.boxy.Manager1", "List", "b", "false").stdout
+    listed = busctl(
+        systemd_user,
+        "call",
+        "dev.boxy.Daemon",
+        "/dev/boxy/Manager",
+        "dev.boxy.Manager1",
+        "List",
+        "b",
+        "false",
+    ).stdout
     assert f'"{sid}" "running" "{path}"' in listed, listed
-    state = busctl(systemd_user, "get-property", "dev.boxy.Daemon", path, "dev.boxy.Session1",
-                   "State").stdout.strip()
+    state = busctl(
+        systemd_user, "get-property", "dev.boxy.Daemon", path, "dev.boxy.Session1", "State"
+    ).stdout.strip()
     assert state == 's "running"'
-    monitor = subprocess.Popen(systemd_user.user_cmd(["busctl", "--user", "monitor",
-                                                      "dev.boxy.Daemon"]),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    monitor = subprocess.Popen(
+        systemd_user.user_cmd(["busctl", "--user", "monitor", "dev.boxy.Daemon"]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         time.sleep(1.5)  # monitoring has begun (busctl prints nothing until a message)
         (workdir / "go").touch()
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and busctl(
-                systemd_user, "get-property", "dev.boxy.Daemon", path, "dev.boxy.Session1",
-                "ExitStatus").stdout.strip() != "i 4":
+        while (
+            time.monotonic() < deadline
+            and busctl(
+                systemd_user,
+                "get-property",
+                "dev.boxy.Daemon",
+                path,
+                "dev.boxy.Session1",
+                "ExitStatus",
+            ).stdout.strip()
+            != "i 4"
+        ):
             time.sleep(0.1)
         time.sleep(0.5)
     finally:
         monitor.terminate()
         out = monitor.communicate(timeout=10)[0]
-    assert busctl(systemd_user, "get-property", "dev.boxy.Daemon", path, "dev.boxy.Session1",
-                  "ExitStatus").stdout.strip() == "i 4"
+    assert (
+        busctl(
+            systemd_user, "get-property", "dev.boxy.Daemon", path, "dev.boxy.Session1", "ExitStatus"
+        ).stdout.strip()
+        == "i 4"
+    )
     assert "Member=Event" in out and 'STRING "exited"' in out, out[-3000:]
     assert "Member=PropertiesChanged" in out, out[-3000:]
 
 
-def test_dbus_stop_and_a_named_error(boxy: Boxy, user: User, workdir: Path,
-                                     systemd_user: UserManager) -> None:
+def test_dbus_stop_and_a_named_error(
+    boxy: Boxy, user: User, workdir: Path, systemd_user: UserManager
+) -> None:
     ctl(user, "setup", manager=systemd_user)
     sid = _detached(user, workdir, systemd_user, "exec sleep 68")
-    r = busctl(systemd_user, "call", "dev.boxy.Daemon", "/dev/boxy/Manager", "dev.boxy.Manager1",
-               "Stop", "sb", sid, "true")
+    r = busctl(
+        systemd_user,
+        "call",
+        "dev.boxy.Daemon",
+        "/dev/boxy/Manager",
+        "dev.boxy.Manager1",
+        "Stop",
+        "sb",
+        sid,
+        "true",
+    )
     assert r.stdout.strip() == 's "killed"', r.stderr
-    r = busctl(systemd_user, "call", "dev.boxy.Daemon", "/dev/boxy/Manager", "dev.boxy.Manager1",
-               "Stop", "sb", "deadbeef", "false")
+    r = busctl(
+        systemd_user,
+        "call",
+        "dev.boxy.Daemon",
+        "/dev/boxy/Manager",
+        "dev.boxy.Manager1",
+        "Stop",
+        "sb",
+        "deadbeef",
+        "false",
+    )
     assert r.returncode != 0 and "no session deadbeef" in r.stderr, r.stderr
 
 
@@ -181,43 +268,89 @@ asyncio.run(main())
 """
 
 
-def test_a_burst_of_3000_calls_leaves_the_daemon_on_the_bus(boxy: Boxy, user: User, workdir: Path,
-                                                            systemd_user: UserManager) -> None:
+def test_a_burst_of_3000_calls_leaves_the_daemon_on_the_bus(
+    boxy: Boxy, user: User, workdir: Path, systemd_user: UserManager
+) -> None:
     ctl(user, "setup", manager=systemd_user)
     for _ in range(5):  # sessions to list: replies of some size
         _detached(user, workdir, systemd_user, "exec sleep 69")
     pid = busctl(systemd_user, "status", "dev.boxy.Daemon").stdout
-    r = subprocess.run(systemd_user.user_cmd([str(BIN / "python3"), "-c", BURST,
-                                              systemd_user.env()["DBUS_SESSION_BUS_ADDRESS"]]),
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        systemd_user.user_cmd(
+            [str(BIN / "python3"), "-c", BURST, systemd_user.env()["DBUS_SESSION_BUS_ADDRESS"]]
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.stdout.strip() == "3000", r.stderr[-2000:]
-    after = busctl(systemd_user, "call", "dev.boxy.Daemon", "/dev/boxy/Manager",
-                   "dev.boxy.Manager1", "List", "b", "false")
+    after = busctl(
+        systemd_user,
+        "call",
+        "dev.boxy.Daemon",
+        "/dev/boxy/Manager",
+        "dev.boxy.Manager1",
+        "List",
+        "b",
+        "false",
+    )
     assert after.returncode == 0 and after.stdout.startswith("a(sso) "), after.stderr
-    assert busctl(systemd_user, "status", "dev.boxy.Daemon").stdout.split("\n")[0] == pid.split("\n")[0]
+    assert (
+        busctl(systemd_user, "status", "dev.boxy.Daemon").stdout.split("\n")[0]
+        == pid.split("\n")[0]
+    )
     for line in ctl(user, "ps", manager=systemd_user).stdout.decode().splitlines()[1:]:
         if "sleep 69" in line:
             ctl(user, "stop", "-k", line.split()[0], manager=systemd_user)
 
 
-def test_calling_the_bus_name_starts_boxyd(boxy: Boxy, user: User, systemd_user: UserManager) -> None:
+def test_calling_the_bus_name_starts_boxyd(
+    boxy: Boxy, user: User, systemd_user: UserManager
+) -> None:
     """D-Bus activation: the bus asks systemd for boxyd.service (SystemdService=)."""
     ctl(user, "setup", manager=systemd_user)
     systemd_user.systemctl("stop", "boxyd.service")
     assert daemon_pids(user) == []
-    r = busctl(systemd_user, "call", "dev.boxy.Daemon", "/dev/boxy/Manager", "dev.boxy.Manager1",
-               "List", "b", "false")
+    r = busctl(
+        systemd_user,
+        "call",
+        "dev.boxy.Daemon",
+        "/dev/boxy/Manager",
+        "dev.boxy.Manager1",
+        "List",
+        "b",
+        "false",
+    )
     assert r.returncode == 0 and r.stdout.startswith("a(sso) "), r.stderr
     assert systemd_user.systemctl("is-active", "boxyd.service").stdout.strip() == "active"
 
 
-def test_each_run_is_a_delegated_transient_scope(boxy: Boxy, user: User, workdir: Path,
-                                                 systemd_user: UserManager) -> None:
+def test_each_run_is_a_delegated_transient_scope(
+    boxy: Boxy, user: User, workdir: Path, systemd_user: UserManager
+) -> None:
     ctl(user, "setup", manager=systemd_user)
     audit = workdir / "audit.jsonl"
-    r = ctl(user, "run", "-d", "-w", str(workdir), "--net", "none", "--pids", "300",
-            "--memory", "1GiB", "--cpus", "0.5", "--audit-log", str(audit), "--", "sleep", "70",
-            manager=systemd_user)
+    r = ctl(
+        user,
+        "run",
+        "-d",
+        "-w",
+        str(workdir),
+        "--net",
+        "none",
+        "--pids",
+        "300",
+        "--memory",
+        "1GiB",
+        "--cpus",
+        "0.5",
+        "--audit-log",
+        str(audit),
+        "--",
+        "sleep",
+        "70",
+        manager=systemd_user,
+    )
     assert r.returncode == 0, r.stderr
     sid = r.stdout.decode().strip()
     unit = f"boxy-{sid}.scope"
@@ -225,17 +358,35 @@ def test_each_run_is_a_delegated_transient_scope(boxy: Boxy, user: User, workdir
         status = systemd_user.systemctl("status", unit)
         assert "Active: active (running)" in status.stdout, status.stdout + status.stderr
         assert "sleep 70" in status.stdout, status.stdout
-        props = systemd_user.systemctl("show", "-p", "Delegate", "-p", "TasksMax", "-p",
-                                       "MemoryMax", "-p", "CPUQuotaPerSecUSec", unit).stdout
-        for want in ("Delegate=yes", "TasksMax=300", f"MemoryMax={1 << 30}",
-                     "CPUQuotaPerSecUSec=500ms"):
+        props = systemd_user.systemctl(
+            "show",
+            "-p",
+            "Delegate",
+            "-p",
+            "TasksMax",
+            "-p",
+            "MemoryMax",
+            "-p",
+            "CPUQuotaPerSecUSec",
+            unit,
+        ).stdout
+        for want in (
+            "Delegate=yes",
+            "TasksMax=300",
+            f"MemoryMax={1 << 30}",
+            "CPUQuotaPerSecUSec=500ms",
+        ):
             assert want in props, props
         shown = ctl(user, "show", sid, manager=systemd_user).stdout.decode()
         # these machines' v2 hierarchy has no memory/pids/cpu controller: said, not faked
-        assert f"--memory 1.0GiB: sizes the scratch tmpfs ($HOME, /tmp, /dev/shm); the memory limit " \
-               f"itself is not enforced (no memory controller in {unit})" in shown, shown
-        assert f"--pids 300: enforced with RLIMIT_NPROC in the sandbox's user namespace " \
-               f"(no pids controller in {unit})" in shown, shown
+        assert (
+            f"--memory 1.0GiB: sizes the scratch tmpfs ($HOME, /tmp, /dev/shm); the memory limit "
+            f"itself is not enforced (no memory controller in {unit})" in shown
+        ), shown
+        assert (
+            f"--pids 300: enforced with RLIMIT_NPROC in the sandbox's user namespace "
+            f"(no pids controller in {unit})" in shown
+        ), shown
         assert f"--cpus 0.5: not enforced (no cpu controller in {unit})" in shown, shown
     finally:
         ctl(user, "stop", "-k", sid, manager=systemd_user)
@@ -245,8 +396,10 @@ def test_each_run_is_a_delegated_transient_scope(boxy: Boxy, user: User, workdir
     memory = [x for x in records if x.get("layer") == "cgroup" and x.get("limit") == "memory"]
     assert memory and memory[0]["enforced"] is False, records
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and systemd_user.systemctl("is-active", unit).stdout.strip() \
-            == "active":
+    while (
+        time.monotonic() < deadline
+        and systemd_user.systemctl("is-active", unit).stdout.strip() == "active"
+    ):
         time.sleep(0.1)
     assert systemd_user.systemctl("is-active", unit).stdout.strip() != "active"  # gone with the run
 
@@ -286,13 +439,24 @@ asyncio.run(main())
 """
 
 
-def test_run_over_dbus_with_fds_and_the_fd_defects(boxy: Boxy, user: User, workdir: Path,
-                                                   systemd_user: UserManager) -> None:
+def test_run_over_dbus_with_fds_and_the_fd_defects(
+    boxy: Boxy, user: User, workdir: Path, systemd_user: UserManager
+) -> None:
     ctl(user, "setup", manager=systemd_user)
-    r = subprocess.run(systemd_user.user_cmd([str(BIN / "python3"), "-c", RUN_OVER_DBUS,
-                                              systemd_user.env()["DBUS_SESSION_BUS_ADDRESS"],
-                                              str(workdir)]),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        systemd_user.user_cmd(
+            [
+                str(BIN / "python3"),
+                "-c",
+                RUN_OVER_DBUS,
+                systemd_user.env()["DBUS_SESSION_BUS_ADDRESS"],
+                str(workdir),
+            ]
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     lines = dict(ln.split(" ", 1) for ln in r.stdout.splitlines())
     assert lines.get("RUN", "").startswith("METHOD_RETURN "), r.stdout + r.stderr
     sid = lines["RUN"].split()[1]
@@ -302,7 +466,13 @@ def test_run_over_dbus_with_fds_and_the_fd_defects(boxy: Boxy, user: User, workd
     deadline = time.monotonic() + 10
     status = ""
     while time.monotonic() < deadline and status != "i 3":
-        status = busctl(systemd_user, "get-property", "dev.boxy.Daemon", f"/dev/boxy/session/{sid}",
-                        "dev.boxy.Session1", "ExitStatus").stdout.strip()
+        status = busctl(
+            systemd_user,
+            "get-property",
+            "dev.boxy.Daemon",
+            f"/dev/boxy/session/{sid}",
+            "dev.boxy.Session1",
+            "ExitStatus",
+        ).stdout.strip()
         time.sleep(0.1)
     assert status == "i 3"

@@ -58,8 +58,11 @@ def test_reads_the_tree_and_writes_nothing(tree: Path, home: Path) -> None:
 
 def test_executes_nothing_from_the_tree_or_its_tmp(tree: Path, home: Path) -> None:
     with toolshed.opener()(Exposure(home=str(home), read=(str(tree),))) as box:
-        r = sh(box, f"{tree}/run.sh; echo tree=$?; cp {tree}/run.sh /tmp/r && /tmp/r; echo tmp=$?;"
-               " /usr/bin/true; echo usr=$?")
+        r = sh(
+            box,
+            f"{tree}/run.sh; echo tree=$?; cp {tree}/run.sh /tmp/r && /tmp/r; echo tmp=$?;"
+            " /usr/bin/true; echo usr=$?",
+        )
         assert b"ran" not in r.out, r
         assert b"tree=126" in r.out and b"tmp=126" in r.out and b"usr=0" in r.out, r
 
@@ -73,14 +76,24 @@ def test_no_network_not_even_the_hosts_loopback(home: Path) -> None:
         with toolshed.opener()(Exposure(home=str(home))) as box:
             links = sh(box, "cat /proc/net/dev").out.decode()
             assert [ln.split(":")[0].strip() for ln in links.splitlines()[2:]] == ["lo"]
-            r = box.run(["python3", "-c", f"""
+            r = box.run(
+                [
+                    "python3",
+                    "-c",
+                    f"""
 import socket
 try:
     socket.create_connection(("127.0.0.1", {port}), timeout=2)
     print("connected")
 except OSError as e:
     print("refused", e.errno)
-"""], cwd="/", env=ENV, timeout=10, limit=4096)
+""",
+                ],
+                cwd="/",
+                env=ENV,
+                timeout=10,
+                limit=4096,
+            )
             assert r.out.startswith(b"refused"), r
     finally:
         listener.close()
@@ -98,7 +111,7 @@ def test_the_users_home_is_empty(home: Path) -> None:
 def test_the_servers_descriptors_are_out_of_reach(home: Path) -> None:
     """A tool's child forging the server's answers through /proc/PPID/fd/1."""
     with toolshed.opener()(Exposure(home=str(home))) as box:
-        r = sh(box, 'echo forged > /proc/$PPID/fd/1 2>/dev/null; echo rc=$?')
+        r = sh(box, "echo forged > /proc/$PPID/fd/1 2>/dev/null; echo rc=$?")
         assert r.out == b"rc=2\n" or r.out.endswith(b"rc=1\n"), r
         assert sh(box, "echo still").out == b"still\n"
 
@@ -131,8 +144,10 @@ def test_the_budget_bounds_every_call_of_the_box(home: Path) -> None:
 
 def test_a_set_up_error_is_said(tmp_path: Path, home: Path) -> None:
     missing = str(tmp_path / "gone")
-    with pytest.raises(ToolError, match="gone"), \
-            toolshed.opener()(Exposure(home=str(home), read=(missing,))) as box:
+    with (
+        pytest.raises(ToolError, match="gone"),
+        toolshed.opener()(Exposure(home=str(home), read=(missing,))) as box,
+    ):
         sh(box, "true")
 
 
@@ -151,7 +166,9 @@ def test_closing_ends_everything_inside(home: Path) -> None:
     deadline = time.monotonic() + 10
     sleepers: list[str] = []
     while time.monotonic() < deadline:
-        sleepers = [p for p in before if p.isdigit() and _comm(p) == "sleep" and _cmd(p) == "sleep300"]
+        sleepers = [
+            p for p in before if p.isdigit() and _comm(p) == "sleep" and _cmd(p) == "sleep300"
+        ]
         if not sleepers:
             break
         time.sleep(0.05)
@@ -174,7 +191,12 @@ def _cmd(pid: str) -> str:
 
 def test_a_tool_cannot_take_the_machines_memory(home: Path) -> None:
     with toolshed.opener()(Exposure(home=str(home))) as box:
-        r = box.run(["python3", "-c", "b = bytearray(6 << 30); print('allocated')"], cwd="/",
-                    env=ENV, timeout=20, limit=4096)
+        r = box.run(
+            ["python3", "-c", "b = bytearray(6 << 30); print('allocated')"],
+            cwd="/",
+            env=ENV,
+            timeout=20,
+            limit=4096,
+        )
         assert b"allocated" not in r.out and r.rc != 0, r
         assert sh(box, "echo fine").out == b"fine\n"

@@ -20,8 +20,9 @@ from tests.conftest import User
 from tests.harness import topology
 from tests.harness.fakenet import plan, web
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0,
-                                reason="the test internet is built as root (CI runs `make test` as root)")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="the test internet is built as root (CI runs `make test` as root)"
+)
 
 PREFIX = "boxyt-self"
 STATE = Path("/run/boxyt-self")
@@ -39,7 +40,9 @@ def topo():
     topology.down(PREFIX, STATE)
 
 
-def in_host(t: topology.Topology, argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+def in_host(
+    t: topology.Topology, argv: list[str], timeout: float = 60
+) -> subprocess.CompletedProcess:
     return subprocess.run(t.exec_in_host(argv), capture_output=True, text=True, timeout=timeout)
 
 
@@ -65,19 +68,38 @@ def test_up_is_fast_and_isolated(topo: topology.Topology) -> None:
 
 
 def test_machine_netns_untouched(topo: topology.Topology) -> None:
-    links = json.loads(subprocess.run(["ip", "-j", "link", "show"], capture_output=True,
-                                      text=True, check=True).stdout)
+    links = json.loads(
+        subprocess.run(
+            ["ip", "-j", "link", "show"], capture_output=True, text=True, check=True
+        ).stdout
+    )
     assert not [ln["ifname"] for ln in links if ln["ifname"].startswith("bxt-")]
-    routes = subprocess.run(["ip", "route", "show", "table", "all"], capture_output=True,
-                            text=True, check=True).stdout
-    routes += subprocess.run(["ip", "-6", "route", "show", "table", "all"], capture_output=True,
-                             text=True, check=True).stdout
+    routes = subprocess.run(
+        ["ip", "route", "show", "table", "all"], capture_output=True, text=True, check=True
+    ).stdout
+    routes += subprocess.run(
+        ["ip", "-6", "route", "show", "table", "all"], capture_output=True, text=True, check=True
+    ).stdout
     assert plan.ROUTER_V4 not in routes and plan.ROUTER_V6 not in routes
 
 
 def test_isolation_check_catches_a_stray_interface(topo: topology.Topology) -> None:
-    subprocess.run(["ip", "-n", topo.host_ns, "link", "add", "bxt-stray", "type", "veth",
-                    "peer", "name", "bxt-stray2"], check=True)
+    subprocess.run(
+        [
+            "ip",
+            "-n",
+            topo.host_ns,
+            "link",
+            "add",
+            "bxt-stray",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "bxt-stray2",
+        ],
+        check=True,
+    )
     try:
         with pytest.raises(topology.IsolationError, match="bxt-stray"):
             topology.assert_isolated(topo.host_ns)
@@ -87,7 +109,9 @@ def test_isolation_check_catches_a_stray_interface(topo: topology.Topology) -> N
 
 
 def test_isolation_check_catches_a_missing_guard(topo: topology.Topology) -> None:
-    subprocess.run(topo.exec_in_host(["nft", "delete", "table", "inet", topology.TABLE]), check=True)
+    subprocess.run(
+        topo.exec_in_host(["nft", "delete", "table", "inet", topology.TABLE]), check=True
+    )
     try:
         with pytest.raises(topology.IsolationError, match="nftables guard"):
             topology.assert_isolated(topo.host_ns)
@@ -183,8 +207,12 @@ def test_http_and_https(topo: topology.Topology, family: str) -> None:
     assert (body["server"], body["addr"], body["port"], body["tls"]) == ("www", addr, 80, False)
     r = curl(topo, family, "--cacert", str(topo.ca), "https://www.boxy.test:8443/")
     body = json.loads(r.stdout)
-    assert (body["addr"], body["port"], body["tls"], body["sni"]) == \
-        (addr, 8443, True, "www.boxy.test")
+    assert (body["addr"], body["port"], body["tls"], body["sni"]) == (
+        addr,
+        8443,
+        True,
+        "www.boxy.test",
+    )
     # Without the test CA the certificate is not trusted: it really is ours.
     assert curl(topo, family, "https://www.boxy.test/").returncode == 60
 
@@ -196,26 +224,47 @@ def test_sni_picks_the_certificate_on_the_shared_address(topo: topology.Topology
         body = json.loads(r.stdout)
         assert (body["server"], body["sni"]) == ("cdn", f"{name}.boxy.test")
     # A forged SNI: cdn-a's name, cdn-b's Host header, same address.
-    r = curl(topo, "--cacert", str(topo.ca), "-H", "Host: cdn-b.boxy.test", "https://cdn-a.boxy.test/")
+    r = curl(
+        topo, "--cacert", str(topo.ca), "-H", "Host: cdn-b.boxy.test", "https://cdn-a.boxy.test/"
+    )
     body = json.loads(r.stdout)
     assert (body["sni"], body["host"]) == ("cdn-a.boxy.test", "cdn-b.boxy.test")
 
 
 def test_redirect_across_names(topo: topology.Topology) -> None:
-    r = curl(topo, "-L", "--cacert", str(topo.ca), "-w", "\n%{url_effective}",
-             "https://redirect.boxy.test/x?y=1")
+    r = curl(
+        topo,
+        "-L",
+        "--cacert",
+        str(topo.ca),
+        "-w",
+        "\n%{url_effective}",
+        "https://redirect.boxy.test/x?y=1",
+    )
     body, url = r.stdout.rsplit("\n", 1)
     assert url == "https://www.boxy.test/x?y=1"
     assert json.loads(body)["server"] == "www"
-    r = curl(topo, "-o", "/dev/null", "-w", "%{http_code} %{redirect_url}",
-             "http://www.boxy.test/redirect?to=other.boxy.test")
+    r = curl(
+        topo,
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code} %{redirect_url}",
+        "http://www.boxy.test/redirect?to=other.boxy.test",
+    )
     assert r.stdout == "302 http://other.boxy.test/"
 
 
 def test_big_download_integrity(topo: topology.Topology) -> None:
     expected = web.BIG.sha256(plan.BIG_SIZE)
-    r = in_host(topo, ["bash", "-c", "curl -sS --max-time 60 http://big.boxy.test/big | "
-                       "tee >(wc -c >&2) | sha256sum"])
+    r = in_host(
+        topo,
+        [
+            "bash",
+            "-c",
+            "curl -sS --max-time 60 http://big.boxy.test/big | tee >(wc -c >&2) | sha256sum",
+        ],
+    )
     got, _ = r.stdout.split()
     assert got == expected
     assert int(r.stderr.split()[-1]) == plan.BIG_SIZE
@@ -258,7 +307,9 @@ def test_udp_echo_and_server_first_banner(topo: topology.Topology) -> None:
 
 def test_nobody_there_is_refused_at_once(topo: topology.Topology) -> None:
     topo.reset_records()
-    out = py_in_host(topo, """
+    out = py_in_host(
+        topo,
+        """
 import json, socket, time
 out = {}
 for addr in ("11.0.0.99", "2a0b:4000::99", "10.1.2.3"):
@@ -268,7 +319,8 @@ for addr in ("11.0.0.99", "2a0b:4000::99", "10.1.2.3"):
     except OSError as e:
         out[addr] = [e.errno, time.monotonic() - t]
 print(json.dumps(out))
-""")
+""",
+    )
     for addr, (err, secs) in out.items():
         assert err == 111 and secs < 1, addr  # ECONNREFUSED, not a timeout
     assert topo.range_hits("10.0.0.0/8") > 0
@@ -290,7 +342,9 @@ def test_ipv6_default_route_can_be_taken_away(topo: topology.Topology) -> None:
 def test_recorders_count_a_probe_from_the_host(topo: topology.Topology) -> None:
     topo.reset_records()
     assert topo.recorder_hits("lan") == 0
-    out = py_in_host(topo, """
+    out = py_in_host(
+        topo,
+        """
 import json, socket
 import dns.message, dns.query
 c = socket.create_connection(("192.168.1.10", 22), 3); c.sendall(b"probe"); c.close()
@@ -298,7 +352,8 @@ r = dns.query.udp(dns.message.make_query("probe.boxy.test", "A"), "192.168.1.1",
 h = socket.create_connection(("127.0.0.1", 8080), 3); h.close()
 i = socket.create_connection(("192.168.77.2", 22), 3); i.close()
 print(json.dumps({"lan_dns": [rd.to_text() for rrs in r.answer for rd in rrs]}))
-""")
+""",
+    )
     assert out["lan_dns"] == [plan.SENTINEL_V4]  # the LAN resolver answered: it was reached
     assert topo.recorder_hits("lan") > 0
     assert topo.recorder_hits("lan_resolver") > 0
@@ -308,12 +363,14 @@ print(json.dumps({"lan_dns": [rd.to_text() for rrs in r.answer for rd in rrs]}))
     assert topo.recorder_hits("metadata") == 0  # not probed, not counted
     deadline = time.monotonic() + 2  # the recorder logs first bytes after they arrive
     while time.monotonic() < deadline and not any(
-            e["kind"] == "tcp-data" for e in topo.recorder_events("lan")):
+        e["kind"] == "tcp-data" for e in topo.recorder_events("lan")
+    ):
         time.sleep(0.02)
     kinds = {(e["kind"], e["port"]) for e in topo.recorder_events("lan")}
     assert {("tcp", 22), ("tcp-data", 22)} <= kinds
-    assert [q["server"] for q in topo.dns_queries() if q["qname"] == "probe.boxy.test."] == \
-        ["lan_resolver"]
+    assert [q["server"] for q in topo.dns_queries() if q["qname"] == "probe.boxy.test."] == [
+        "lan_resolver"
+    ]
 
 
 # --- lifecycle (last: they rebuild and remove the module's topology) ------------------------

@@ -29,12 +29,16 @@ def test_approve_apply_change_and_revoke(boxy: Boxy, user: User, workdir: Path) 
         # unapproved: what cannot widen applies (env), what would (env_pass) does not
         r = boxy.run("--net", "none", cmd=PRINT, input=b"", extra_env=HOST_ENV)
         assert r.stdout == b"FROM_PROJECT=yes FROM_HOST=unset\n", r.stderr
-        assert f"{workdir}: not approved, so held back: env_pass (FROM_HOST) of {config}; " \
-               f"`boxyctl trust` in {workdir} approves it" in r.stderr.decode(), r.stderr
+        assert (
+            f"{workdir}: not approved, so held back: env_pass (FROM_HOST) of {config}; "
+            f"`boxyctl trust` in {workdir} approves it" in r.stderr.decode()
+        ), r.stderr
         t = ctl(user, workdir, "trust")
         assert t.returncode == 0 and b"  env_pass: [FROM_HOST]" in t.stdout, t.stderr
         assert f"approved {workdir}'s configuration as shown" in t.stderr.decode()
-        assert b"beyond the default profile this allows: env_pass (FROM_HOST)\n" in t.stderr, t.stderr
+        assert b"beyond the default profile this allows: env_pass (FROM_HOST)\n" in t.stderr, (
+            t.stderr
+        )
         r = boxy.run("--net", "none", cmd=PRINT, input=b"", extra_env=HOST_ENV)
         assert r.stdout == b"FROM_PROJECT=yes FROM_HOST=host-value\n", r.stderr
         assert b"not approved" not in r.stderr, r.stderr
@@ -46,11 +50,13 @@ def test_approve_apply_change_and_revoke(boxy: Boxy, user: User, workdir: Path) 
         r = boxy.run("--net", "none", cmd=PRINT, input=b"", extra_env=HOST_ENV)
         assert r.stdout == b"FROM_PROJECT=edited FROM_HOST=host-value\n", r.stderr
         # it adds a key that widens: the next run is back to the defaults, and says so
-        r = boxy.run("--net", "none", cmd=["sh", "-c", "echo 'seccomp: compat' >> .boxy.yaml"],
-                     input=b"")
+        r = boxy.run(
+            "--net", "none", cmd=["sh", "-c", "echo 'seccomp: compat' >> .boxy.yaml"], input=b""
+        )
         assert r.returncode == 0, r.stderr
-        r = boxy.run("--net", "none", "--audit-log", "audit.jsonl", cmd=PRINT, input=b"",
-                     extra_env=HOST_ENV)
+        r = boxy.run(
+            "--net", "none", "--audit-log", "audit.jsonl", cmd=PRINT, input=b"", extra_env=HOST_ENV
+        )
         assert r.stdout == b"FROM_PROJECT=edited FROM_HOST=unset\n"
         assert b"held back: env_pass (FROM_HOST), seccomp of" in r.stderr, r.stderr
         records = [json.loads(x) for x in (workdir / "audit.jsonl").read_text().splitlines()]
@@ -65,20 +71,33 @@ def test_approve_apply_change_and_revoke(boxy: Boxy, user: User, workdir: Path) 
 
 # A project's own registry: what the payload writes into .npmrc or a venv's pip.conf
 # opens nothing for the next run until approved (the topology's hosts stand in).
-PROBE = ["python3", "-c", "import json, urllib.request as u\ntry:\n print('GOT', json.loads(u.urlopen("
-         "'http://other.boxy.test/', timeout=5).read())['server'])\n"
-         "except OSError as e:\n print('REFUSED', e)"]
+PROBE = [
+    "python3",
+    "-c",
+    "import json, urllib.request as u\ntry:\n print('GOT', json.loads(u.urlopen("
+    "'http://other.boxy.test/', timeout=5).read())['server'])\n"
+    "except OSError as e:\n print('REFUSED', e)",
+]
 FAMILIES = {
-    "npm": ("{npm_registry}", {"npm_config_registry": "http://www.boxy.test/"},
-            ".npmrc", "@corp:registry=http://other.boxy.test/\n"),
-    "pip": ("{pip_index}", {"PIP_INDEX_URL": "http://www.boxy.test/simple"},
-            "venv/pip.conf", "[global]\nextra-index-url = http://other.boxy.test/simple\n"),
+    "npm": (
+        "{npm_registry}",
+        {"npm_config_registry": "http://www.boxy.test/"},
+        ".npmrc",
+        "@corp:registry=http://other.boxy.test/\n",
+    ),
+    "pip": (
+        "{pip_index}",
+        {"PIP_INDEX_URL": "http://www.boxy.test/simple"},
+        "venv/pip.conf",
+        "[global]\nextra-index-url = http://other.boxy.test/simple\n",
+    ),
 }
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_a_registry_the_payload_names_opens_nothing_until_approved(
-        netboxy, user: User, workdir: Path, family: str) -> None:
+    netboxy, user: User, workdir: Path, family: str
+) -> None:
     template, env, name, line = FAMILIES[family]
     profiles = user.home / ".config/boxy/profiles"
     profiles.mkdir(parents=True, exist_ok=True)
@@ -91,8 +110,10 @@ def test_a_registry_the_payload_names_opens_nothing_until_approved(
         assert r.returncode == 0, r.stderr
         r = netboxy.run(*flags, cmd=PROBE, extra_env=env)
         assert r.stdout.startswith(b"REFUSED"), (r.stdout, r.stderr)
-        assert f"held back: {'@corp:registry' if family == 'npm' else 'global.extra-index-url'} " \
-               f"other.boxy.test of {workdir}/{name}" in r.stderr.decode(), r.stderr
+        assert (
+            f"held back: {'@corp:registry' if family == 'npm' else 'global.extra-index-url'} "
+            f"other.boxy.test of {workdir}/{name}" in r.stderr.decode()
+        ), r.stderr
         t = ctl(user, workdir, "trust", extra_env=env)
         assert t.returncode == 0 and b"other.boxy.test" in t.stdout, t.stderr
         r = netboxy.run(*flags, cmd=PROBE, extra_env=env)
@@ -111,5 +132,7 @@ def test_trust_refuses_what_it_cannot_read_as_data(boxy: Boxy, user: User, workd
     assert r.returncode == 2 and b".boxy.yaml: a symlink (never followed)" in r.stderr, r.stderr
     # a run says it in one line and goes on: the payload may have planted it
     r = boxy.run("--net", "none", cmd=["true"], input=b"")
-    assert r.returncode == 0 and b".boxy.yaml: a symlink (never followed), so it was not read" \
-        in r.stderr, r.stderr
+    assert (
+        r.returncode == 0
+        and b".boxy.yaml: a symlink (never followed), so it was not read" in r.stderr
+    ), r.stderr

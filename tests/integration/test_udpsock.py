@@ -85,10 +85,13 @@ class Topology:
         c, g = self.cli, self.gw
         _run("ip", "netns", "add", c)
         _run("ip", "netns", "add", g)
-        _run("ip", "-n", c, "link", "add", "eth0", "type", "veth", "peer", "name", "gw0",
-             "netns", g)
-        for ns, dev, v4, v6 in ((c, "eth0", "10.0.2.15/24", "fd00::15/64"),
-                                (g, "gw0", "10.0.2.2/24", "fd00::2/64")):
+        _run(
+            "ip", "-n", c, "link", "add", "eth0", "type", "veth", "peer", "name", "gw0", "netns", g
+        )
+        for ns, dev, v4, v6 in (
+            (c, "eth0", "10.0.2.15/24", "fd00::15/64"),
+            (g, "gw0", "10.0.2.2/24", "fd00::2/64"),
+        ):
             _run("ip", "-n", ns, "link", "set", "lo", "up")
             _run("ip", "-n", ns, "addr", "add", v4, "dev", dev)
             _run("ip", "-n", ns, "-6", "addr", "add", v6, "dev", dev, "nodad")
@@ -98,8 +101,7 @@ class Topology:
         # TPROXY picks the socket; this makes the kernel deliver the packet locally.
         for v in ("-4", "-6"):
             _run("ip", "-n", g, v, "rule", "add", "fwmark", "1", "lookup", "100")
-            _run("ip", "-n", g, v, "route", "add", "local", "default", "dev", "lo",
-                 "table", "100")
+            _run("ip", "-n", g, v, "route", "add", "local", "default", "dev", "lo", "table", "100")
         try:
             _run("ip", "netns", "exec", g, "nft", "-f", "-", input=RULESET)
         except RuntimeError as e:
@@ -123,7 +125,9 @@ class Topology:
                 yield
             finally:
                 if _libc.setns(home, CLONE_NEWNET) != 0:  # never run on in the wrong netns
-                    os._exit(f"setns back to the test's own netns failed: errno {ctypes.get_errno()}")
+                    os._exit(
+                        f"setns back to the test's own netns failed: errno {ctypes.get_errno()}"
+                    )
         finally:
             os.close(home)
             os.close(target)
@@ -160,8 +164,9 @@ def receive(sock: socket.socket, bufsize: int = 65535) -> Datagram:
     return recv_datagram(sock, bufsize)
 
 
-def client_socket(topo: Topology, fam: Fam, made: list[socket.socket],
-                  kind: int = socket.SOCK_DGRAM) -> socket.socket:
+def client_socket(
+    topo: Topology, fam: Fam, made: list[socket.socket], kind: int = socket.SOCK_DGRAM
+) -> socket.socket:
     with topo.inside(topo.cli):
         s = socket.socket(fam.family, kind)
     s.settimeout(TIMEOUT)
@@ -180,8 +185,9 @@ def gateway_socket(topo: Topology, made: list[socket.socket], make, *args) -> so
 
 
 @FAMS
-def test_original_destination_and_a_reply_from_it(topo: Topology, fam: Fam,
-                                                  sockets: list[socket.socket]) -> None:
+def test_original_destination_and_a_reply_from_it(
+    topo: Topology, fam: Fam, sockets: list[socket.socket]
+) -> None:
     listener = gateway_socket(topo, sockets, make_transparent_udp, fam.family, UDP_PORT)
     sender = gateway_socket(topo, sockets, make_udp_reply_sender, fam.family)
     client = client_socket(topo, fam, sockets)
@@ -201,8 +207,9 @@ def test_original_destination_and_a_reply_from_it(topo: Topology, fam: Fam,
 
 
 @FAMS
-def test_one_client_socket_many_destinations(topo: Topology, fam: Fam,
-                                             sockets: list[socket.socket]) -> None:
+def test_one_client_socket_many_destinations(
+    topo: Topology, fam: Fam, sockets: list[socket.socket]
+) -> None:
     listener = gateway_socket(topo, sockets, make_transparent_udp, fam.family, UDP_PORT)
     sender = gateway_socket(topo, sockets, make_udp_reply_sender, fam.family)
     client = client_socket(topo, fam, sockets)  # unconnected: it sees every source
@@ -223,8 +230,9 @@ def test_one_client_socket_many_destinations(topo: Topology, fam: Fam,
 
 @FAMS
 @pytest.mark.parametrize("size", [0, 1, 1471, 4001, 60001])
-def test_replies_of_any_size_arrive_intact(topo: Topology, fam: Fam, size: int,
-                                           sockets: list[socket.socket]) -> None:
+def test_replies_of_any_size_arrive_intact(
+    topo: Topology, fam: Fam, size: int, sockets: list[socket.socket]
+) -> None:
     # Odd sizes exercise the checksum's padding; past the MTU (1500) the kernel
     # fragments. A wrong UDP checksum would make the sandbox's kernel drop it.
     listener = gateway_socket(topo, sockets, make_transparent_udp, fam.family, UDP_PORT)
@@ -239,8 +247,9 @@ def test_replies_of_any_size_arrive_intact(topo: Topology, fam: Fam, size: int,
 
 
 @FAMS
-def test_oversized_datagram_is_reported_truncated(topo: Topology, fam: Fam,
-                                                  sockets: list[socket.socket]) -> None:
+def test_oversized_datagram_is_reported_truncated(
+    topo: Topology, fam: Fam, sockets: list[socket.socket]
+) -> None:
     listener = gateway_socket(topo, sockets, make_transparent_udp, fam.family, UDP_PORT)
     client = client_socket(topo, fam, sockets)
     client.sendto(b"x" * 3000, (fam.remote, 9999))
@@ -251,8 +260,9 @@ def test_oversized_datagram_is_reported_truncated(topo: Topology, fam: Fam,
 
 
 @FAMS
-def test_pktinfo_reply_from_the_sockets_own_port(topo: Topology, fam: Fam,
-                                                 sockets: list[socket.socket]) -> None:
+def test_pktinfo_reply_from_the_sockets_own_port(
+    topo: Topology, fam: Fam, sockets: list[socket.socket]
+) -> None:
     # A listener bound to the very port being answered from (DNS on 53) needs no
     # raw sender: IP_PKTINFO supplies the foreign source address.
     dns = gateway_socket(topo, sockets, make_transparent_udp, fam.family, DNS_PORT)
@@ -266,8 +276,9 @@ def test_pktinfo_reply_from_the_sockets_own_port(topo: Topology, fam: Fam,
 
 
 @FAMS
-def test_pktinfo_cannot_change_the_source_port(topo: Topology, fam: Fam,
-                                               sockets: list[socket.socket]) -> None:
+def test_pktinfo_cannot_change_the_source_port(
+    topo: Topology, fam: Fam, sockets: list[socket.socket]
+) -> None:
     listener = gateway_socket(topo, sockets, make_transparent_udp, fam.family, UDP_PORT)
     client = client_socket(topo, fam, sockets)
     client.sendto(b"q", (fam.remote, 9999))
@@ -275,15 +286,17 @@ def test_pktinfo_cannot_change_the_source_port(topo: Topology, fam: Fam,
     with pytest.raises(ValueError, match="bound to port 15002"):
         send_from(listener, b"r", dgram.orig_dst, dgram.src)  # type: ignore[arg-type]
     # What the kernel would have done: source address right, port the listener's.
-    listener.sendmsg([b"r"], [udpsock._pktinfo(udpsock.ipaddress.ip_address(fam.remote))], 0,
-                     dgram.src)
+    listener.sendmsg(
+        [b"r"], [udpsock._pktinfo(udpsock.ipaddress.ip_address(fam.remote))], 0, dgram.src
+    )
     _, addr = client.recvfrom(100)
     assert addr[:2] == (fam.remote, UDP_PORT)
 
 
 @FAMS
-def test_reply_sender_never_queues_what_the_netns_receives(topo: Topology, fam: Fam,
-                                                           sockets: list[socket.socket]) -> None:
+def test_reply_sender_never_queues_what_the_netns_receives(
+    topo: Topology, fam: Fam, sockets: list[socket.socket]
+) -> None:
     listener = gateway_socket(topo, sockets, make_transparent_udp, fam.family, UDP_PORT)
     sender = gateway_socket(topo, sockets, make_udp_reply_sender, fam.family)
     client = client_socket(topo, fam, sockets)
@@ -299,8 +312,9 @@ def test_reply_sender_never_queues_what_the_netns_receives(topo: Topology, fam: 
 
 
 @FAMS
-def test_tcp_listener_sees_the_original_destination(topo: Topology, fam: Fam,
-                                                    sockets: list[socket.socket]) -> None:
+def test_tcp_listener_sees_the_original_destination(
+    topo: Topology, fam: Fam, sockets: list[socket.socket]
+) -> None:
     listener = gateway_socket(topo, sockets, make_transparent_tcp_listener, fam.family, TCP_PORT)
     client = client_socket(topo, fam, sockets, socket.SOCK_STREAM)
     client.connect((fam.remote, 443))
@@ -338,8 +352,10 @@ def test_helpers_work_under_the_identity_map_as_an_unprivileged_user(user) -> No
             udpsock.make_udp_reply_sender(fam).close()
         print("made all")
     """)
-    r = user.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
-                  + script], cwd="/")
+    r = user.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(REPO)!r})\n" + script],
+        cwd="/",
+    )
     assert r.returncode == 0, r.stderr.decode()
     assert r.stdout.decode().strip() == "made all"
 
@@ -375,8 +391,17 @@ def _reference_checksum(data: bytes) -> int:
     return c or 0xFFFF
 
 
-@pytest.mark.parametrize("data", [b"\x00\x11", b"\xff\xff", b"\xff\xfe\x00\x01", b"\x01",
-                                  bytes(range(256)) * 7 + b"\x9a", os.urandom(1501)])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x00\x11",
+        b"\xff\xff",
+        b"\xff\xfe\x00\x01",
+        b"\x01",
+        bytes(range(256)) * 7 + b"\x9a",
+        os.urandom(1501),
+    ],
+)
 def test_checksum_matches_rfc1071(data: bytes) -> None:
     assert udpsock._checksum(data) == _reference_checksum(data)
 

@@ -17,8 +17,9 @@ FUZZ_SECONDS = 2.0
 MIN_CASES = 50  # fewer than this in FUZZ_SECONDS: the parser is far too slow on small input
 
 
-def mutations(seeds: Sequence[bytes], tokens: Sequence[bytes], *, seed: int,
-              seconds: float = FUZZ_SECONDS) -> Iterator[bytes]:
+def mutations(
+    seeds: Sequence[bytes], tokens: Sequence[bytes], *, seed: int, seconds: float = FUZZ_SECONDS
+) -> Iterator[bytes]:
     """Mutants of SEEDS (bytes inserted, dropped, flipped, slices repeated, TOKENS
     spliced in, sometimes thousands of times) until SECONDS of CPU have gone."""
     rng = random.Random(seed)
@@ -68,12 +69,20 @@ def _cpu(run: Callable[[Any], Any], arg: Any) -> float:
     return best
 
 
-def assert_linear(make: Callable[[int], Any], run: Callable[[Any], Any], n: int, *,
-                  factor: int = 8, bound: float = 30.0) -> None:
+def assert_linear(
+    make: Callable[[int], Any],
+    run: Callable[[Any], Any],
+    n: int,
+    *,
+    factor: int = 8,
+    bound: float = 30.0,
+) -> None:
     """RUN on MAKE(FACTOR*N) must cost less than BOUND times RUN on MAKE(N): linear
     growth gives about FACTOR, quadratic FACTOR²."""
     small, big = make(n), make(factor * n)
     t_small, t_big = _cpu(run, small), _cpu(run, big)
     ratio = t_big / max(t_small, 1e-9)
-    assert ratio < bound, (f"{factor}x the input cost {ratio:.1f}x the time "
-                           f"({t_small * 1e3:.2f} ms -> {t_big * 1e3:.2f} ms)")
+    assert ratio < bound, (
+        f"{factor}x the input cost {ratio:.1f}x the time "
+        f"({t_small * 1e3:.2f} ms -> {t_big * 1e3:.2f} ms)"
+    )

@@ -23,7 +23,9 @@ def test_one_cache_per_project_and_profile(tmp_path: Path, monkeypatch: pytest.M
     assert all(caches.is_cache(p) for p in (a, b, a_py)) and not caches.is_cache("/home/u/a")
 
 
-def test_prepare_refuses_a_symlink_in_boxys_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prepare_refuses_a_symlink_in_boxys_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     path = caches.project_dir(None, "node", "/home/u/a")
     caches.prepare(path, "/home/u/a")
@@ -43,7 +45,14 @@ def _e(name: str, used: float, size: int) -> Entry:
 
 def test_oldest_projects_go_first_until_the_rest_fits() -> None:
     now = 100 * 86400.0
-    items = [_e("old", now - 40 * 86400, 1), _e("a", now - 3, 6), _e("b", now - 2, 6), _e("c", now - 1, 6)]
-    assert [e.path for e in evictable(items, now, max_bytes=12, max_age=30 * 86400)] == \
-        ["/c/old", "/c/a"]
+    items = [
+        _e("old", now - 40 * 86400, 1),
+        _e("a", now - 3, 6),
+        _e("b", now - 2, 6),
+        _e("c", now - 1, 6),
+    ]
+    assert [e.path for e in evictable(items, now, max_bytes=12, max_age=30 * 86400)] == [
+        "/c/old",
+        "/c/a",
+    ]
     assert evictable(items[1:], now, max_bytes=100, max_age=30 * 86400) == []

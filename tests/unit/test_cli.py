@@ -71,9 +71,35 @@ def test_the_request_survives_the_wire():
     """What the CLI builds is what the daemon decodes, every option included."""
     from boxy.request import OPTIONS, RunRequest
 
-    cmd = p("run", "-p", "node", "--ro", "/data", "--copy", "/a:/b", "-e", "X=1", "-e", "NOPE",
-            "--secret", "GITHUB_TOKEN", "--allow-host", "example.org:443", "--allow-port", "8443",
-            "--memory", "1GiB", "--cpus", "1.5", "--timeout", "10m", "--tty", "--", "npm", "ci")
+    cmd = p(
+        "run",
+        "-p",
+        "node",
+        "--ro",
+        "/data",
+        "--copy",
+        "/a:/b",
+        "-e",
+        "X=1",
+        "-e",
+        "NOPE",
+        "--secret",
+        "GITHUB_TOKEN",
+        "--allow-host",
+        "example.org:443",
+        "--allow-port",
+        "8443",
+        "--memory",
+        "1GiB",
+        "--cpus",
+        "1.5",
+        "--timeout",
+        "10m",
+        "--tty",
+        "--",
+        "npm",
+        "ci",
+    )
     request = cmd.args["request"]
     assert sorted(run_opts()) == sorted(OPTIONS)
     assert RunRequest.from_wire(request.to_wire()) == request
@@ -340,8 +366,9 @@ def _both(argv: list[str]):
 
     fast = c._fast_run(argv)
     try:
-        slow = c._parse_with_argparse(["run", *argv], environ=dict(ENV), cwd=CWD,
-                                      prog="boxyctl").args["request"]
+        slow = c._parse_with_argparse(
+            ["run", *argv], environ=dict(ENV), cwd=CWD, prog="boxyctl"
+        ).args["request"]
     except UsageError as e:
         slow = f"error: {e}"
     return (None if fast is None else finish(fast)), slow
@@ -353,9 +380,28 @@ def test_fast_path_agrees_with_argparse_wherever_it_answers():
     from boxyctl.cli import RUN_FLAGS
 
     rng = random.Random(1234)
-    values = ["none", "public", "allowlist", "strict", "compat", "2GiB", "10", "1.5", "/tmp/x",
-              "~/p", "rel/path", "a.example:443", "192.168.4.0/24", "NAME", "NAME=v", "", "-x",
-              "--", "a=b", "10m"]
+    values = [
+        "none",
+        "public",
+        "allowlist",
+        "strict",
+        "compat",
+        "2GiB",
+        "10",
+        "1.5",
+        "/tmp/x",
+        "~/p",
+        "rel/path",
+        "a.example:443",
+        "192.168.4.0/24",
+        "NAME",
+        "NAME=v",
+        "",
+        "-x",
+        "--",
+        "a=b",
+        "10m",
+    ]
     answered = 0
     for _ in range(3000):
         argv: list[str] = []
@@ -376,10 +422,15 @@ def test_fast_path_agrees_with_argparse_wherever_it_answers():
     assert answered > 1000  # the fast path takes the common lines
 
 
-@pytest.mark.parametrize("argv", [
-    ["--net", "none", "--", "true"], ["-e", "A=b", "-v", "sh", "-c", "x"],
-    ["--ro=/etc/hosts", "--timeout", "5s", "make", "-j4"], ["--tty", "--", "-weird-cmd"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--net", "none", "--", "true"],
+        ["-e", "A=b", "-v", "sh", "-c", "x"],
+        ["--ro=/etc/hosts", "--timeout", "5s", "make", "-j4"],
+        ["--tty", "--", "-weird-cmd"],
+    ],
+)
 def test_fast_path_takes_plain_run_lines(argv: list[str]):
     fast, slow = _both(argv)
     assert fast is not None and fast == slow
@@ -391,10 +442,20 @@ def test_a_flag_given_no_value_is_one_line_not_a_traceback():
         assert "expected one value" in refused("run", *argv)
 
 
-@pytest.mark.parametrize("argv", [
-    ["-h"], ["--bogus", "x"], ["-vd", "true"], ["-pnode", "true"], ["--net", "nope", "true"],
-    ["--memory"], ["--ro", "-x", "true"], ["--tty=yes", "true"], ["-", "true"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-h"],
+        ["--bogus", "x"],
+        ["-vd", "true"],
+        ["-pnode", "true"],
+        ["--net", "nope", "true"],
+        ["--memory"],
+        ["--ro", "-x", "true"],
+        ["--tty=yes", "true"],
+        ["-", "true"],
+    ],
+)
 def test_fast_path_leaves_the_rest_to_argparse(argv: list[str]):
     from boxyctl.cli import _fast_run
 
@@ -402,20 +463,28 @@ def test_fast_path_leaves_the_rest_to_argparse(argv: list[str]):
 
 
 def test_allow_port_with_public_is_refused():
-    assert "cannot be combined with --net public" in refused("run", "--net", "public",
-                                                             "--allow-port", "22", "true")
+    assert "cannot be combined with --net public" in refused(
+        "run", "--net", "public", "--allow-port", "22", "true"
+    )
 
 
 def test_net_log_with_none_is_refused():
     assert "--net-log: cannot be combined with --net none" in refused(
-        "run", "--net", "none", "--net-log", "/tmp/n.json", "true")
+        "run", "--net", "none", "--net-log", "/tmp/n.json", "true"
+    )
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--secret", "TOKEN=hunter2"], "--secret TOKEN: takes a name; the value comes from your environment"),
-    (["--secret", "ABSENT"], "--secret ABSENT: not set in your environment"),
-    (["--secret", "1BAD"], "not a valid variable name"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            ["--secret", "TOKEN=hunter2"],
+            "--secret TOKEN: takes a name; the value comes from your environment",
+        ),
+        (["--secret", "ABSENT"], "--secret ABSENT: not set in your environment"),
+        (["--secret", "1BAD"], "not a valid variable name"),
+    ],
+)
 def test_secret_refusals_never_show_a_value(argv, message):
     with pytest.raises(UsageError) as e:
         p("run", *argv, "--", "true")

@@ -24,9 +24,17 @@ from boxyd.spec import RunSpec
 class FakeSandbox:
     """A payload that runs until a signal it does not ignore, or until told to exit."""
 
-    def __init__(self, sink: Sink, *, fail: Exception | None = None, ignore: tuple[int, ...] = (),
-                 exit_code: int | None = None, timeout: float | None = None,
-                 hold: bool = False, findings: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        sink: Sink,
+        *,
+        fail: Exception | None = None,
+        ignore: tuple[int, ...] = (),
+        exit_code: int | None = None,
+        timeout: float | None = None,
+        hold: bool = False,
+        findings: list[str] | None = None,
+    ) -> None:
         self.spec = RunSpec(argv=["true"], workdir="/w", timeout=timeout)
         self.sink = sink
         self.fail = fail
@@ -158,8 +166,10 @@ async def test_unknown_session() -> None:
         m.stop("feedbeef")
 
 
-@pytest.mark.parametrize("fail, status", [(UsageError("late"), 2), (SetupError("no landlock"), 125),
-                                          (RuntimeError("bug"), 125)])
+@pytest.mark.parametrize(
+    "fail, status",
+    [(UsageError("late"), 2), (SetupError("no landlock"), 125), (RuntimeError("bug"), 125)],
+)
 async def test_a_setup_failure_is_an_outcome(fail: Exception, status: int) -> None:
     m = Manager(FakeLauncher(fail=fail))
     s = await m.start(request(), [])
@@ -284,7 +294,9 @@ async def test_session_new_and_removed_and_the_bound_on_finished_sessions() -> N
     m.events.close()
     got = [(e.kind, e.fields["id"]) async for e in watch]
     assert [g for g in got if g[0] == "session-new"] == [("session-new", i) for i in ids]
-    assert [g for g in got if g[0] == "session-removed"] == [("session-removed", i) for i in ids[:2]]
+    assert [g for g in got if g[0] == "session-removed"] == [
+        ("session-removed", i) for i in ids[:2]
+    ]
 
 
 async def test_shutdown_stops_every_running_session_and_waits() -> None:
@@ -430,17 +442,23 @@ def test_the_scope_asks_for_every_limit() -> None:
     assert props["PIDs"] == ("au", [42]) and props["Delegate"] == ("b", True)
     assert props["MemoryMax"] == ("t", 1 << 30) and props["TasksMax"] == ("t", 300)
     assert props["CPUQuotaPerSecUSec"] == ("t", 500_000)
-    assert "CPUQuotaPerSecUSec" not in dict(unit_properties(42, RunSpec(argv=["x"], workdir="/"), "x"))
+    assert "CPUQuotaPerSecUSec" not in dict(
+        unit_properties(42, RunSpec(argv=["x"], workdir="/"), "x")
+    )
 
 
 def test_limit_events_counted_by_the_controllers() -> None:
     from boxyd.daemon.scopes import limit_events
 
-    files = {"memory.events": "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\n",
-             "pids.events": "max 7\n"}
-    assert limit_events(files) == [("the memory limit killed a process", 1),
-                                   ("the memory limit was reached", 12),
-                                   ("the pids limit refused a fork", 7)]
+    files = {
+        "memory.events": "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\n",
+        "pids.events": "max 7\n",
+    }
+    assert limit_events(files) == [
+        ("the memory limit killed a process", 1),
+        ("the memory limit was reached", 12),
+        ("the pids limit refused a fork", 7),
+    ]
     assert limit_events({"memory.events": "max 0\noom_kill 0\n"}) == []
     assert limit_events({}) == []  # no controller: nothing counted, nothing said
 
@@ -468,15 +486,19 @@ async def test_an_outcome_is_bounded_and_its_lists_kept_in_files(tmp_path, monke
     from boxyd.daemon import records
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
-    lines = [f"git guard: moved .git/hooks/{i:06d}{'h' * 400} to /q: a new or changed git hook"
-             for i in range(100_000)]
+    lines = [
+        f"git guard: moved .git/hooks/{i:06d}{'h' * 400} to /q: a new or changed git hook"
+        for i in range(100_000)
+    ]
     m = Manager(FakeLauncher(exit_code=3, findings=lines), records.Records(str(tmp_path)))
     s = await m.start(request(), [])
     out = await s.wait()
     assert out.exit_status == 3 and len(out.findings) == MAX_LINES and out.findings[0] == lines[0]
     full = tmp_path / "boxy" / "sessions" / s.id / "findings.txt"
-    assert f"… and {100_000 - MAX_LINES + 1:,} more findings (100,000 in all; the full list is in " \
-           f"{full})" == out.findings[-1]
+    assert (
+        f"… and {100_000 - MAX_LINES + 1:,} more findings (100,000 in all; the full list is in "
+        f"{full})" == out.findings[-1]
+    )
     assert full.read_text().splitlines() == lines and full.stat().st_mode & 0o777 == 0o600
     assert len(encode({"parameters": out.to_wire()})) < MAX_MESSAGE // 100
     shown = records.read_meta(s.id)

@@ -13,65 +13,83 @@ from boxyd import credentials as c
 from boxyd.credentials import Action
 
 
-@pytest.mark.parametrize("parent,name,is_dir,kind,action", [
-    ("proj", ".npmrc", False, "npm config", Action.SCRUB),
-    ("proj", ".yarnrc.yml", False, "yarn config", Action.SCRUB),
-    ("proj", ".pypirc", False, "PyPI config", Action.SCRUB),
-    ("proj", ".netrc", False, "netrc", Action.SCRUB),
-    ("proj", ".git-credentials", False, "git credentials", Action.SCRUB),
-    (".docker", "config.json", False, "Docker config", Action.SCRUB),
-    ("proj", ".env", False, "environment file", Action.EMPTY),
-    ("proj", ".env.local", False, "environment file", Action.EMPTY),
-    ("proj", ".env.production", False, "environment file", Action.EMPTY),
-    ("proj", "id_rsa", False, "private key", Action.EMPTY),
-    ("proj", "id_ed25519_deploy", False, "private key", Action.EMPTY),
-    ("proj", "id_ecdsa", False, "private key", Action.EMPTY),
-    ("proj", "server.pem", False, "private key", Action.EMPTY),
-    ("proj", "tls.KEY", False, "private key", Action.EMPTY),
-    ("proj", "cert.p12", False, "PKCS#12 key store", Action.EMPTY),
-    ("proj", "store.pfx", False, "PKCS#12 key store", Action.EMPTY),
-    ("proj", "credentials.json", False, "credentials file", Action.EMPTY),
-    ("proj", ".aws", True, "AWS credentials", Action.EMPTY),
-])
+@pytest.mark.parametrize(
+    "parent,name,is_dir,kind,action",
+    [
+        ("proj", ".npmrc", False, "npm config", Action.SCRUB),
+        ("proj", ".yarnrc.yml", False, "yarn config", Action.SCRUB),
+        ("proj", ".pypirc", False, "PyPI config", Action.SCRUB),
+        ("proj", ".netrc", False, "netrc", Action.SCRUB),
+        ("proj", ".git-credentials", False, "git credentials", Action.SCRUB),
+        (".docker", "config.json", False, "Docker config", Action.SCRUB),
+        ("proj", ".env", False, "environment file", Action.EMPTY),
+        ("proj", ".env.local", False, "environment file", Action.EMPTY),
+        ("proj", ".env.production", False, "environment file", Action.EMPTY),
+        ("proj", "id_rsa", False, "private key", Action.EMPTY),
+        ("proj", "id_ed25519_deploy", False, "private key", Action.EMPTY),
+        ("proj", "id_ecdsa", False, "private key", Action.EMPTY),
+        ("proj", "server.pem", False, "private key", Action.EMPTY),
+        ("proj", "tls.KEY", False, "private key", Action.EMPTY),
+        ("proj", "cert.p12", False, "PKCS#12 key store", Action.EMPTY),
+        ("proj", "store.pfx", False, "PKCS#12 key store", Action.EMPTY),
+        ("proj", "credentials.json", False, "credentials file", Action.EMPTY),
+        ("proj", ".aws", True, "AWS credentials", Action.EMPTY),
+    ],
+)
 def test_covered(parent: str, name: str, is_dir: bool, kind: str, action: Action) -> None:
     rule = c.rule_for(parent, name, is_dir)
     assert rule is not None and (rule.kind, rule.action, rule.is_dir) == (kind, action, is_dir)
 
 
-@pytest.mark.parametrize("parent,name,is_dir", [
-    ("proj", ".env.example", False), ("proj", ".env.sample", False),
-    ("proj", ".env.template", False), ("proj", ".env.dist", False), ("proj", ".env.Example", False),
-    ("proj", "id_rsa.pub", False), ("proj", "id_ed25519.PUB", False),
-    ("proj", "config.json", False),  # not under .docker
-    ("proj", ".npmrc", True), ("proj", ".env", True),  # directories of those names
-    ("proj", ".aws", False), ("proj", "environment", False), ("proj", "package.json", False),
-    ("proj", ".envrc", False),
-])
+@pytest.mark.parametrize(
+    "parent,name,is_dir",
+    [
+        ("proj", ".env.example", False),
+        ("proj", ".env.sample", False),
+        ("proj", ".env.template", False),
+        ("proj", ".env.dist", False),
+        ("proj", ".env.Example", False),
+        ("proj", "id_rsa.pub", False),
+        ("proj", "id_ed25519.PUB", False),
+        ("proj", "config.json", False),  # not under .docker
+        ("proj", ".npmrc", True),
+        ("proj", ".env", True),  # directories of those names
+        ("proj", ".aws", False),
+        ("proj", "environment", False),
+        ("proj", "package.json", False),
+        ("proj", ".envrc", False),
+    ],
+)
 def test_not_covered(parent: str, name: str, is_dir: bool) -> None:
     assert c.rule_for(parent, name, is_dir) is None
 
 
-@pytest.mark.parametrize("head,private", [
-    (b"-----BEGIN RSA PRIVATE KEY-----\nMIIE", True),
-    (b"junk\n-----BEGIN OPENSSH PRIVATE KEY-----\n", True),
-    (b"-----BEGIN PRIVATE KEY-----\n", True),
-    (b"-----BEGIN ENCRYPTED PRIVATE KEY-----\n", True),
-    (b"-----BEGIN EC PRIVATE KEY-----\n", True),
-    (b"-----BEGIN CERTIFICATE-----\nMIIB", False),
-    (b"-----BEGIN PUBLIC KEY-----\n", False),
-])
+@pytest.mark.parametrize(
+    "head,private",
+    [
+        (b"-----BEGIN RSA PRIVATE KEY-----\nMIIE", True),
+        (b"junk\n-----BEGIN OPENSSH PRIVATE KEY-----\n", True),
+        (b"-----BEGIN PRIVATE KEY-----\n", True),
+        (b"-----BEGIN ENCRYPTED PRIVATE KEY-----\n", True),
+        (b"-----BEGIN EC PRIVATE KEY-----\n", True),
+        (b"-----BEGIN CERTIFICATE-----\nMIIB", False),
+        (b"-----BEGIN PUBLIC KEY-----\n", False),
+    ],
+)
 def test_pem_content(head: bytes, private: bool) -> None:
     assert c.holds_private_key(head) is private
 
 
 def test_npmrc_keeps_the_registry_drops_every_token() -> None:
-    data = (b"registry=https://npm.internal.example/\n"
-            b"//npm.internal.example/:_authToken=npm_SECRET1\n"
-            b"_auth = dXNlcjpTRUNSRVQy\n"
-            b"//other.example/:_password=U0VDUkVUMw==\n"
-            b"//other.example/:username=bob\n"
-            b"@scope:registry=https://user:SECRET4@scoped.example/\n"
-            b"always-auth=true\n")
+    data = (
+        b"registry=https://npm.internal.example/\n"
+        b"//npm.internal.example/:_authToken=npm_SECRET1\n"
+        b"_auth = dXNlcjpTRUNSRVQy\n"
+        b"//other.example/:_password=U0VDUkVUMw==\n"
+        b"//other.example/:username=bob\n"
+        b"@scope:registry=https://user:SECRET4@scoped.example/\n"
+        b"always-auth=true\n"
+    )
     out = c.scrub_npmrc(data)
     assert b"SECRET" not in out and b"dXNlcjpTRUNSRVQy" not in out and b"U0VDUkVUMw" not in out
     assert b"registry=https://npm.internal.example/\n" in out
@@ -80,24 +98,40 @@ def test_npmrc_keeps_the_registry_drops_every_token() -> None:
 
 
 def test_yarnrc_pypirc_netrc_git_credentials() -> None:
-    yarn = c.scrub_yarnrc(b'npmRegistryServer: "https://r.example"\nnpmAuthToken: SECRET1\n'
-                          b'npmScopes:\n  corp:\n    npmAuthIdent: "u:SECRET2"\n    npmAlwaysAuth: true\n')
+    yarn = c.scrub_yarnrc(
+        b'npmRegistryServer: "https://r.example"\nnpmAuthToken: SECRET1\n'
+        b'npmScopes:\n  corp:\n    npmAuthIdent: "u:SECRET2"\n    npmAlwaysAuth: true\n'
+    )
     assert b"SECRET" not in yarn and b"npmRegistryServer" in yarn and b"npmAlwaysAuth" in yarn
-    pypi = c.scrub_pypirc(b"[pypi]\nusername = __token__\npassword = pypi-SECRET\n[testpypi]\n"
-                          b"repository = https://test.example/legacy/\n")
+    pypi = c.scrub_pypirc(
+        b"[pypi]\nusername = __token__\npassword = pypi-SECRET\n[testpypi]\n"
+        b"repository = https://test.example/legacy/\n"
+    )
     assert b"SECRET" not in pypi and b"repository = https://test.example/legacy/" in pypi
-    netrc = c.scrub_netrc(b"machine api.example login bob password SECRET1\n"
-                          b"machine x.example\n  login alice\n  password SECRET2 account SECRET3\n")
+    netrc = c.scrub_netrc(
+        b"machine api.example login bob password SECRET1\n"
+        b"machine x.example\n  login alice\n  password SECRET2 account SECRET3\n"
+    )
     assert b"SECRET" not in netrc and b"machine api.example login bob" in netrc
-    creds = c.scrub_urls(b"https://bob:ghp_SECRET@github.example\nhttps://x-token:SECRET2@gitlab.example\n")
+    creds = c.scrub_urls(
+        b"https://bob:ghp_SECRET@github.example\nhttps://x-token:SECRET2@gitlab.example\n"
+    )
     assert creds == b"https://github.example\nhttps://gitlab.example\n"
 
 
 def test_docker_config() -> None:
-    doc = {"auths": {"r.example": {"auth": "U0VDUkVU", "email": "a@b"},
-                     "q.example": {"identitytoken": "SECRET"}}, "credsStore": "desktop"}
+    doc = {
+        "auths": {
+            "r.example": {"auth": "U0VDUkVU", "email": "a@b"},
+            "q.example": {"identitytoken": "SECRET"},
+        },
+        "credsStore": "desktop",
+    }
     out = json.loads(c.scrub_docker_config(json.dumps(doc).encode()))
-    assert out == {"auths": {"r.example": {"email": "a@b"}, "q.example": {}}, "credsStore": "desktop"}
+    assert out == {
+        "auths": {"r.example": {"email": "a@b"}, "q.example": {}},
+        "credsStore": "desktop",
+    }
     assert c.scrub_docker_config(b"not json") == b"{}\n"
 
 
@@ -127,8 +161,9 @@ def test_git_config_scrubbed_and_still_read_by_git(tmp_path: Path) -> None:
     assert b"SECRET" not in out and b"U0VDUkVUMg" not in out
     path = tmp_path / "config"
     path.write_bytes(out)
-    r = subprocess.run(["git", "config", "--file", str(path), "--list"], capture_output=True,
-                       text=True, check=True)
+    r = subprocess.run(
+        ["git", "config", "--file", str(path), "--list"], capture_output=True, text=True, check=True
+    )
     keys = dict(line.split("=", 1) for line in r.stdout.splitlines())
     assert keys["remote.origin.url"] == "https://github.example/org/repo.git"
     assert keys["branch.main.remote"] == "origin"
@@ -148,49 +183,124 @@ S = "SECRETvalue"
 ROWS: list[tuple[str, str, str, str | None]] = [  # parent, name, content, kept (None: empty)
     ("p", ".git-credentials", f"https://bob:{S}@git.example\n", "https://git.example"),
     ("p", ".npmrc", f"registry=https://r.example/\n//r.example/:_authToken={S}\n", "registry="),
-    ("p", ".yarnrc", f'registry "https://r.example/"\n"//r.example/:_authToken" {S}\n_auth {S}\n',
-     'registry "https://r.example/"'),
-    ("p", ".yarnrc.yml", f"npmRegistryServer: https://r.example\nnpmScopes:\n  corp:\n"
-     f"    npmAuthToken: >-\n      {S}\n    npmAlwaysAuth: true\nnpmAuthIdent: {S}\n", "npmAlwaysAuth"),
-    ("p", "pip.conf", f"[global]\nindex-url = https://__token__:{S}@i.example/simple\n"
-     f"extra-index-url =\n    https://u:{S}@x.example/simple\n", "https://i.example/simple"),
+    (
+        "p",
+        ".yarnrc",
+        f'registry "https://r.example/"\n"//r.example/:_authToken" {S}\n_auth {S}\n',
+        'registry "https://r.example/"',
+    ),
+    (
+        "p",
+        ".yarnrc.yml",
+        f"npmRegistryServer: https://r.example\nnpmScopes:\n  corp:\n"
+        f"    npmAuthToken: >-\n      {S}\n    npmAlwaysAuth: true\nnpmAuthIdent: {S}\n",
+        "npmAlwaysAuth",
+    ),
+    (
+        "p",
+        "pip.conf",
+        f"[global]\nindex-url = https://__token__:{S}@i.example/simple\n"
+        f"extra-index-url =\n    https://u:{S}@x.example/simple\n",
+        "https://i.example/simple",
+    ),
     ("p", "pip.ini", f"[global]\nindex-url = https://u:{S}@i.example/simple\n", "i.example"),
     ("p", ".pypirc", f"[pypi]\nusername = __token__\npassword = {S}\n", "username"),
-    ("p", "poetry.toml", f'[virtualenvs]\nin-project = true\n[http-basic.corp]\nusername = "bob"\n'
-     f'password = "{S}"\n[pypi-token]\npypi = "{S}"\n', "in-project"),
-    ("pypoetry", "auth.toml", f'http-basic.corp.password = "{S}"\npypi-token.pypi = "{S}"\n'
-     'http-basic.corp.username = "bob"\n', "username"),
-    ("p", "auth.json", json.dumps({"http-basic": {"r.example": {"username": "u", "password": S}},
-                                   "github-oauth": {"github.example": S}, "bearer": {"x": S}}), None),
+    (
+        "p",
+        "poetry.toml",
+        f'[virtualenvs]\nin-project = true\n[http-basic.corp]\nusername = "bob"\n'
+        f'password = "{S}"\n[pypi-token]\npypi = "{S}"\n',
+        "in-project",
+    ),
+    (
+        "pypoetry",
+        "auth.toml",
+        f'http-basic.corp.password = "{S}"\npypi-token.pypi = "{S}"\n'
+        'http-basic.corp.username = "bob"\n',
+        "username",
+    ),
+    (
+        "p",
+        "auth.json",
+        json.dumps(
+            {
+                "http-basic": {"r.example": {"username": "u", "password": S}},
+                "github-oauth": {"github.example": S},
+                "bearer": {"x": S},
+            }
+        ),
+        None,
+    ),
     ("p", ".netrc", f"machine m.example login bob password {S}\n", "machine m.example"),
     ("p", "_netrc", f"machine m.example login bob password {S}\n", "machine m.example"),
-    ("p", ".terraformrc", f'plugin_cache_dir = "/c"\ncredentials "app.example" {{\n  token = "{S}"\n}}\n',
-     "plugin_cache_dir"),
+    (
+        "p",
+        ".terraformrc",
+        f'plugin_cache_dir = "/c"\ncredentials "app.example" {{\n  token = "{S}"\n}}\n',
+        "plugin_cache_dir",
+    ),
     ("p", "terraform.rc", f'credentials "app.example" {{ token = "{S}" }}\n', "credentials"),
-    ("p", "kubeconfig", f"clusters:\n- cluster:\n    server: https://k.example\nusers:\n- name: u\n"
-     f"  user:\n    token: {S}\n    client-key-data: |\n      {S}\n", "server: https://k.example"),
-    ("p", "kubeconfig.yaml", f"users:\n- user:\n    password: {S}\n    username: bob\n", "username"),
-    ("p", "kubeconfig.yml", f"users:\n- user:\n    auth-provider:\n      config:\n"
-     f"        refresh-token: {S}\n        id-token: {S}\n        client-secret: {S}\n", "auth-provider"),
-    ("p", "prod.kubeconfig", json.dumps({"users": [{"user": {"token": S}}], "kind": "Config"}), "Config"),
+    (
+        "p",
+        "kubeconfig",
+        f"clusters:\n- cluster:\n    server: https://k.example\nusers:\n- name: u\n"
+        f"  user:\n    token: {S}\n    client-key-data: |\n      {S}\n",
+        "server: https://k.example",
+    ),
+    (
+        "p",
+        "kubeconfig.yaml",
+        f"users:\n- user:\n    password: {S}\n    username: bob\n",
+        "username",
+    ),
+    (
+        "p",
+        "kubeconfig.yml",
+        f"users:\n- user:\n    auth-provider:\n      config:\n"
+        f"        refresh-token: {S}\n        id-token: {S}\n        client-secret: {S}\n",
+        "auth-provider",
+    ),
+    (
+        "p",
+        "prod.kubeconfig",
+        json.dumps({"users": [{"user": {"token": S}}], "kind": "Config"}),
+        "Config",
+    ),
     ("p", ".my.cnf", f"[client]\nuser = bob\npassword = {S}\n", "user = bob"),
     ("p", "credentials.json", json.dumps({"private_key": S}), None),
     ("p", "application_default_credentials.json", json.dumps({"refresh_token": S}), None),
     ("p", ".pgpass", f"db.example:5432:*:bob:{S}\n", None),
     ("p", ".vault-token", S, None),
-    (".docker", "config.json", json.dumps({"auths": {"r.example": {"auth": S}}, "credsStore": "x"}),
-     "credsStore"),
+    (
+        ".docker",
+        "config.json",
+        json.dumps({"auths": {"r.example": {"auth": S}}, "credsStore": "x"}),
+        "credsStore",
+    ),
     (".cargo", "credentials", f'[registry]\ntoken = "{S}"\n', None),
     (".cargo", "credentials.toml", f'[registries.corp]\ntoken = "{S}"\n', None),
     (".cargo", "config", f'[registry]\ntoken = "{S}"\n[build]\njobs = 2\n', "jobs = 2"),
-    (".cargo", "config.toml", f'[registries.corp]\nindex = "sparse+https://c.example/"\ntoken = "{S}"\n'
-     f'secret-key = "{S}"\n', "index ="),
+    (
+        ".cargo",
+        "config.toml",
+        f'[registries.corp]\nindex = "sparse+https://c.example/"\ntoken = "{S}"\n'
+        f'secret-key = "{S}"\n',
+        "index =",
+    ),
     (".gem", "credentials", f"---\n:rubygems_api_key: {S}\n", None),
-    (".bundle", "config", f'---\nBUNDLE_PATH: "vendor/bundle"\nBUNDLE_GEMS__EXAMPLE__COM: "u:{S}"\n',
-     "BUNDLE_PATH"),
+    (
+        ".bundle",
+        "config",
+        f'---\nBUNDLE_PATH: "vendor/bundle"\nBUNDLE_GEMS__EXAMPLE__COM: "u:{S}"\n',
+        "BUNDLE_PATH",
+    ),
     (".kube", "config", f"users:\n- name: u\n  user:\n    token: {S}\n", "name: u"),
-    (".terraform.d", "credentials.tfrc.json", json.dumps({"credentials": {"app.example": {"token": S}}}),
-     None),
+    (
+        ".terraform.d",
+        "credentials.tfrc.json",
+        json.dumps({"credentials": {"app.example": {"token": S}}}),
+        None,
+    ),
     ("config", "master.key", S, None),
     ("credentials", "production.key", S, None),
     ("gh", "hosts.yml", f"github.example:\n    oauth_token: {S}\n", None),
@@ -198,7 +308,9 @@ ROWS: list[tuple[str, str, str, str | None]] = [  # parent, name, content, kept 
 
 
 @pytest.mark.parametrize("parent,name,content,kept", ROWS, ids=[f"{r[0]}/{r[1]}" for r in ROWS])
-def test_every_row_covers_its_secret(parent: str, name: str, content: str, kept: str | None) -> None:
+def test_every_row_covers_its_secret(
+    parent: str, name: str, content: str, kept: str | None
+) -> None:
     rule = c.rule_for(parent, name, False)
     assert rule is not None
     if kept is None and rule.action is Action.EMPTY:
@@ -218,34 +330,48 @@ def test_the_table_is_all_tested() -> None:
     assert set(c._BY_PARENT) <= tested
 
 
-@pytest.mark.parametrize("parent,name,kind", [
-    ("p", ".aws", "AWS credentials"), ("p", ".azure", "Azure CLI credentials"),
-    (".config", "gcloud", "gcloud credentials"),
-])
+@pytest.mark.parametrize(
+    "parent,name,kind",
+    [
+        ("p", ".aws", "AWS credentials"),
+        ("p", ".azure", "Azure CLI credentials"),
+        (".config", "gcloud", "gcloud credentials"),
+    ],
+)
 def test_directories_covered_whole(parent: str, name: str, kind: str) -> None:
     rule = c.rule_for(parent, name, True)
     assert rule is not None and (rule.kind, rule.action, rule.is_dir) == (kind, Action.EMPTY, True)
 
 
-@pytest.mark.parametrize("parent,name,is_dir", [
-    ("p", "gcloud", True),  # only under .config
-    ("p", "master.key", False),  # a .key file elsewhere: a PEM check decides
-    (".cargo", "registry", True), ("p", "config", False), ("p", "hosts.yml", False),
-    ("p", "credentials", False), ("p", "config.toml", False), ("p", "auth.json", True),
-])
+@pytest.mark.parametrize(
+    "parent,name,is_dir",
+    [
+        ("p", "gcloud", True),  # only under .config
+        ("p", "master.key", False),  # a .key file elsewhere: a PEM check decides
+        (".cargo", "registry", True),
+        ("p", "config", False),
+        ("p", "hosts.yml", False),
+        ("p", "credentials", False),
+        ("p", "config.toml", False),
+        ("p", "auth.json", True),
+    ],
+)
 def test_not_without_their_parent(parent: str, name: str, is_dir: bool) -> None:
     rule = c.rule_for(parent, name, is_dir)
     assert rule is None or rule.needs_content and rule.kind == "private key"
 
 
-@pytest.mark.parametrize("kind,data", [
-    ("Composer auth", b'{"config": {"x": 1}}'),  # no credential in it: nothing to cover
-    ("kubeconfig", b"clusters:\n- cluster:\n    server: https://k.example\n"),
-    ("pip config", b"[global]\nindex-url = https://i.example/simple\n"),
-    ("cargo config", b"[build]\njobs = 2\n"),
-    ("Bundler config", b'---\nBUNDLE_MIRROR__HTTPS://RUBYGEMS__ORG/: "https://m.example"\n'),
-    ("Terraform CLI config", b'plugin_cache_dir = "/c"\n'),
-])
+@pytest.mark.parametrize(
+    "kind,data",
+    [
+        ("Composer auth", b'{"config": {"x": 1}}'),  # no credential in it: nothing to cover
+        ("kubeconfig", b"clusters:\n- cluster:\n    server: https://k.example\n"),
+        ("pip config", b"[global]\nindex-url = https://i.example/simple\n"),
+        ("cargo config", b"[build]\njobs = 2\n"),
+        ("Bundler config", b'---\nBUNDLE_MIRROR__HTTPS://RUBYGEMS__ORG/: "https://m.example"\n'),
+        ("Terraform CLI config", b'plugin_cache_dir = "/c"\n'),
+    ],
+)
 def test_nothing_to_remove_is_left_as_is(kind: str, data: bytes) -> None:
     assert c.scrub(c.Rule(kind, Action.SCRUB, needs_content=True), data) == data
 
@@ -256,7 +382,9 @@ def test_composer_not_json_shows_nothing() -> None:
 
 
 def test_yaml_block_value_goes_whole_and_siblings_stay() -> None:
-    out = c.scrub_kubeconfig(b"users:\n- user:\n    token: |\n      a\n\n      b\n    username: u\n")
+    out = c.scrub_kubeconfig(
+        b"users:\n- user:\n    token: |\n      a\n\n      b\n    username: u\n"
+    )
     assert out == b"users:\n- user:\n    username: u\n"
 
 
@@ -265,15 +393,18 @@ def test_toml_multiline_token_goes_whole() -> None:
     assert out == b'[registry]\ndefault = "x"\n'
 
 
-@pytest.mark.parametrize("patterns,rel,is_dir,covered", [
-    (["*.secret"], "a/b/db.secret", False, True),
-    (["*.secret"], "db.secret.txt", False, False),
-    (["conf/prod/*.yaml"], "conf/prod/db.yaml", False, True),
-    (["conf/prod/*.yaml"], "x/conf/prod/db.yaml", False, False),  # a path: from the top
-    (["vault"], "deploy/vault", True, True),
-    (["/keys/"], "keys", True, True),
-    ([], ".env.whatever", False, False),
-])
+@pytest.mark.parametrize(
+    "patterns,rel,is_dir,covered",
+    [
+        (["*.secret"], "a/b/db.secret", False, True),
+        (["*.secret"], "db.secret.txt", False, False),
+        (["conf/prod/*.yaml"], "conf/prod/db.yaml", False, True),
+        (["conf/prod/*.yaml"], "x/conf/prod/db.yaml", False, False),  # a path: from the top
+        (["vault"], "deploy/vault", True, True),
+        (["/keys/"], "keys", True, True),
+        ([], ".env.whatever", False, False),
+    ],
+)
 def test_user_patterns(patterns: list[str], rel: str, is_dir: bool, covered: bool) -> None:
     rule = c.user_rule(patterns, rel, is_dir)
     assert (rule is not None) is covered

@@ -95,16 +95,23 @@ def test_message_shape():
     )
 
 
-@pytest.mark.parametrize("exposed,verb", [
-    (("workdir", "/home/u"), "is"), (("workdir", "/"), "holds"), (("--rw", "/home"), "holds"),
-    (("--ro", "/home/u"), "is"),
-])
+@pytest.mark.parametrize(
+    "exposed,verb",
+    [
+        (("workdir", "/home/u"), "is"),
+        (("workdir", "/"), "holds"),
+        (("--rw", "/home"), "holds"),
+        (("--ro", "/home/u"), "is"),
+    ],
+)
 def test_the_home_directory_is_the_reason_given_first(exposed, verb):
     """Running from $HOME or / names the real reason, not a socket inside."""
     with pytest.raises(UsageError) as e:
         check([exposed])
-    assert str(e.value).startswith(f"{exposed[0]} {exposed[1]}: {verb} your home directory /home/u, "
-                                   "whose keys and credentials are never exposed; run in a project")
+    assert str(e.value).startswith(
+        f"{exposed[0]} {exposed[1]}: {verb} your home directory /home/u, "
+        "whose keys and credentials are never exposed; run in a project"
+    )
 
 
 def test_absent_sensitive_paths_are_never_named():
@@ -163,4 +170,6 @@ def test_the_home_directory_itself_is_never_exposed() -> None:
     for label, path in (("workdir", "/home/u"), ("--ro", "/home"), ("--rw", "/")):
         with pytest.raises(UsageError, match="your home directory"):
             check_exposed([(label, path)], sens, realpath=lambda p: p, exists=lambda p: True)
-    check_exposed([("workdir", "/home/u/project")], sens, realpath=lambda p: p, exists=lambda p: True)
+    check_exposed(
+        [("workdir", "/home/u/project")], sens, realpath=lambda p: p, exists=lambda p: True
+    )

@@ -260,6 +260,7 @@ def test_dangerous_keys(text: str, expected: list[str]) -> None:
 
 # --- bounded: memory per byte read, time per byte, and what fuzzing can reach ------------
 
+
 def test_parse_memory_is_a_small_multiple_of_the_input():
     """'b\\n' lines cost ~85 bytes kept per byte read (a frozen dataclass with a
     __dict__ per entry); entries are slotted now, and each distinct one kept once."""
@@ -283,8 +284,27 @@ GIT_SEEDS = [
     b'[core]\n\tfsmonitor = ./x\n[remote "o"]\n\turl = ext::sh -c x\n[include]\n\tpath = ../c\n',
     b'[alias]\n\tst = "!sh -c \\"x\\"" ; c\n[a.B]\n\tk\n[s "x\\"y"]\nk = a\\\nb # c\n',
 ]
-GIT_TOKENS = [b"[", b"]", b'"', b"\\", b"=", b";", b"#", b"\n", b"\r\n", b"\t", b" ", b".", b"\x00",
-              b"\xff", b"\xef\xbb\xbf", b"core", b"hookspath", b"a", b"-"]
+GIT_TOKENS = [
+    b"[",
+    b"]",
+    b'"',
+    b"\\",
+    b"=",
+    b";",
+    b"#",
+    b"\n",
+    b"\r\n",
+    b"\t",
+    b" ",
+    b".",
+    b"\x00",
+    b"\xff",
+    b"\xef\xbb\xbf",
+    b"core",
+    b"hookspath",
+    b"a",
+    b"-",
+]
 
 
 def test_fuzz_parse_never_raises():

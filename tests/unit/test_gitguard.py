@@ -451,7 +451,9 @@ def test_new_dotgit_file_pointing_outside(
     before = scan.snapshot(str(root))
     (root / "d").mkdir()
     (root / "d" / ".git").write_text(f"gitdir: {outside / '.git'}\n")
-    assert [f.rel for f in scan.scan(str(root), before, str(quarantine), toolshed.opener())] == ["d/.git"]
+    assert [f.rel for f in scan.scan(str(root), before, str(quarantine), toolshed.opener())] == [
+        "d/.git"
+    ]
 
 
 def test_new_symlinked_dotgit_is_moved(
@@ -682,15 +684,19 @@ def test_executable_file_as_objects_makes_a_bare_repository(
     assert {c.rel: c.role for c in lay.controls}["config"] == "config"
 
 
-@pytest.mark.parametrize("head,valid", [
-    (b"ref: refs/heads/main\n", True),
-    (b"ref:\t \n refs/x", True),
-    (b"0123456789abcdef0123456789ABCDEF01234567 and anything after", True),
-    (b"0123456789abcdef0123456789abcdef0123456", False),  # 39 digits
-    (b"ref: heads/main\n", False),
-    (b"ref:\0refs/heads/main", False),
-    (b"", False),
-], ids=["ref", "ref-spaces", "oid-prefix", "short-oid", "not-refs", "nul", "empty"])
+@pytest.mark.parametrize(
+    "head,valid",
+    [
+        (b"ref: refs/heads/main\n", True),
+        (b"ref:\t \n refs/x", True),
+        (b"0123456789abcdef0123456789ABCDEF01234567 and anything after", True),
+        (b"0123456789abcdef0123456789abcdef0123456", False),  # 39 digits
+        (b"ref: heads/main\n", False),
+        (b"ref:\0refs/heads/main", False),
+        (b"", False),
+    ],
+    ids=["ref", "ref-spaces", "oid-prefix", "short-oid", "not-refs", "nul", "empty"],
+)
 def test_head_is_validated_as_git_does(git: Git, tmp_path: Path, head: bytes, valid: bool) -> None:
     d = tmp_path / "cand"
     d.mkdir()
@@ -701,8 +707,14 @@ def test_head_is_validated_as_git_does(git: Git, tmp_path: Path, head: bytes, va
         assert discover.is_git_directory(fd, {n: "file" for n in os.listdir(d)}) is valid
     finally:
         os.close(fd)
-    r = subprocess.run(["git", "rev-parse", "--absolute-git-dir"], cwd=d, env=git.env,
-                       capture_output=True, text=True, check=False)
+    r = subprocess.run(
+        ["git", "rev-parse", "--absolute-git-dir"],
+        cwd=d,
+        env=git.env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert (r.returncode == 0 and r.stdout.strip() == str(d)) is valid, r.stderr  # git agrees
 
 
@@ -730,8 +742,9 @@ def test_unlistable_directory_is_reported_not_chmoded(git: Git, user: User, work
     locked.chmod(0o755)
 
 
-def test_included_files_are_pinned_and_judged(git: Git, tmp_path: Path, root: Path,
-                                              quarantine: Path) -> None:
+def test_included_files_are_pinned_and_judged(
+    git: Git, tmp_path: Path, root: Path, quarantine: Path
+) -> None:
     """Reproduction 3: include.path to a file in the work tree, transitively, and every
     includeIf whatever its condition."""
     git.repo(root)
@@ -765,8 +778,9 @@ def test_include_through_a_symlink_is_refused(git: Git, root: Path) -> None:
     assert rels(protections(str(root)))["link"] == RO_LINK
 
 
-def test_hooks_path_symlink_is_refused_and_judged(git: Git, tmp_path: Path, root: Path,
-                                                  quarantine: Path) -> None:
+def test_hooks_path_symlink_is_refused_and_judged(
+    git: Git, tmp_path: Path, root: Path, quarantine: Path
+) -> None:
     """Reproduction 4: core.hooksPath's directory swapped for a symlink to hooks elsewhere."""
     git.repo(root)
     git(root, "config", "core.hooksPath", ".githooks")
@@ -787,41 +801,64 @@ def test_hooks_path_symlink_is_refused_and_judged(git: Git, tmp_path: Path, root
 
 
 def _snap(root: str, *rels: str, unreadable: tuple[str, ...] = ()) -> scan.Snapshot:
-    return scan.Snapshot(root, {r: scan.Record("config", "file", (root, r)) for r in rels},
-                         frozenset(unreadable))
+    return scan.Snapshot(
+        root, {r: scan.Record("config", "file", (root, r)) for r in rels}, frozenset(unreadable)
+    )
 
 
-@pytest.mark.parametrize("own_root,older_root,want", [
-    # the same tree: the older baseline, whole (what it lacks is new to both)
-    ("/w", "/w", {"a/config": ("/w", "a/config")}),
-    # this tree inside the older one: its part of the older baseline, re-keyed
-    ("/w/sub", "/w", {"x/config": ("/w", "sub/x/config")}),
-    # the older tree inside this one: that part from the older baseline, the rest ours
-    ("/w", "/w/sub", {"top/config": ("/w", "top/config"), "sub/y/config": ("/w/sub", "y/config")}),
-    # disjoint (a sibling sharing a prefix of the name): ours
-    ("/w", "/w2", {"top/config": ("/w", "top/config"), "sub/planted/config": ("/w", "sub/planted/config"),
-                   "sub/x/config": ("/w", "sub/x/config")}),
-], ids=["same", "inside", "contains", "disjoint"])
-def test_inherit_takes_the_live_sessions_baseline(own_root: str, older_root: str,
-                                                  want: dict[str, tuple[str, str]]) -> None:
-    own = {"/w": _snap("/w", "top/config", "sub/planted/config", "sub/x/config"),
-           "/w/sub": _snap("/w/sub", "planted/config", "x/config")}[own_root]
-    older = {"/w": _snap("/w", "a/config") if own_root == "/w" else _snap("/w", "sub/x/config"),
-             "/w/sub": _snap("/w/sub", "y/config"),
-             "/w2": _snap("/w2", "other/config")}[older_root]
+@pytest.mark.parametrize(
+    "own_root,older_root,want",
+    [
+        # the same tree: the older baseline, whole (what it lacks is new to both)
+        ("/w", "/w", {"a/config": ("/w", "a/config")}),
+        # this tree inside the older one: its part of the older baseline, re-keyed
+        ("/w/sub", "/w", {"x/config": ("/w", "sub/x/config")}),
+        # the older tree inside this one: that part from the older baseline, the rest ours
+        (
+            "/w",
+            "/w/sub",
+            {"top/config": ("/w", "top/config"), "sub/y/config": ("/w/sub", "y/config")},
+        ),
+        # disjoint (a sibling sharing a prefix of the name): ours
+        (
+            "/w",
+            "/w2",
+            {
+                "top/config": ("/w", "top/config"),
+                "sub/planted/config": ("/w", "sub/planted/config"),
+                "sub/x/config": ("/w", "sub/x/config"),
+            },
+        ),
+    ],
+    ids=["same", "inside", "contains", "disjoint"],
+)
+def test_inherit_takes_the_live_sessions_baseline(
+    own_root: str, older_root: str, want: dict[str, tuple[str, str]]
+) -> None:
+    own = {
+        "/w": _snap("/w", "top/config", "sub/planted/config", "sub/x/config"),
+        "/w/sub": _snap("/w/sub", "planted/config", "x/config"),
+    }[own_root]
+    older = {
+        "/w": _snap("/w", "a/config") if own_root == "/w" else _snap("/w", "sub/x/config"),
+        "/w/sub": _snap("/w/sub", "y/config"),
+        "/w2": _snap("/w2", "other/config"),
+    }[older_root]
     got = scan.inherit(own, older)
     assert got.root == own.root
     assert {k: v.fingerprint for k, v in got.records.items()} == want
 
 
 def test_inherit_carries_unreadable_directories() -> None:
-    got = scan.inherit(_snap("/w", unreadable=("mine", "sub/theirs-now")),
-                       _snap("/w/sub", unreadable=("old",)))
+    got = scan.inherit(
+        _snap("/w", unreadable=("mine", "sub/theirs-now")), _snap("/w/sub", unreadable=("old",))
+    )
     assert got.unreadable == {"mine", "sub/old"}
 
 
-def test_two_runs_cannot_launder_a_planted_config(git: Git, tmp_path: Path, root: Path,
-                                                  quarantine: Path) -> None:
+def test_two_runs_cannot_launder_a_planted_config(
+    git: Git, tmp_path: Path, root: Path, quarantine: Path
+) -> None:
     """Reproduction 2: run A plants x/.git/config; run B starts while it exists; A deletes
     it; B re-creates it byte-identical. B's baseline is A's, so B's scan sees it as new."""
     git.repo(root)
@@ -834,7 +871,9 @@ def test_two_runs_cannot_launder_a_planted_config(git: Git, tmp_path: Path, root
     b_base = scan.inherit(b_own, a_base)
     data = (planted / "config").read_bytes()
     (planted / "config").unlink()
-    assert scan.scan(str(root), a_base, str(quarantine / "a"), toolshed.opener()) == []  # A ends: nothing there
+    assert (
+        scan.scan(str(root), a_base, str(quarantine / "a"), toolshed.opener()) == []
+    )  # A ends: nothing there
     (planted / "config").write_bytes(data)  # B re-creates it, identical
     found = scan.scan(str(root), b_base, str(quarantine / "b"), toolshed.opener())
     assert [(f.rel, f.keys) for f in found] == [("x/.git/config", ("core.fsmonitor",))]
@@ -857,8 +896,11 @@ def test_a_16_mib_config_is_too_large_to_check(git: Git, root: Path, quarantine:
     finally:
         os.close(fd)
     findings = scan.scan(str(root), before, str(quarantine), toolshed.opener())
-    assert any(f.rel == ".git/config" and f.reason.startswith(
-        "a git config file too large or unreadable to check") for f in findings), findings
+    assert any(
+        f.rel == ".git/config"
+        and f.reason.startswith("a git config file too large or unreadable to check")
+        for f in findings
+    ), findings
 
 
 # --- FIFOs where git expects a file ------------------------------------------------
@@ -902,8 +944,14 @@ def test_fifo_heads_are_no_candidates_and_are_moved(git: Git, root: Path, quaran
     assert not any(os.path.lexists(root / h) for h in heads)
     # 300 asked with a FIFO each would take the whole checks budget: a loaded machine's bound
     assert took < 20, took
-    r = subprocess.run(["git", "status", "--porcelain"], cwd=root, env=git.env, capture_output=True,
-                       timeout=30, check=False)
+    r = subprocess.run(
+        ["git", "status", "--porcelain"],
+        cwd=root,
+        env=git.env,
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -936,8 +984,9 @@ def shm_root(tmp_path: Path):
         shutil.rmtree(base, ignore_errors=True)
 
 
-def test_a_sparse_hook_is_copied_sparse_across_filesystems(git: Git, shm_root: Path,
-                                                           quarantine: Path) -> None:
+def test_a_sparse_hook_is_copied_sparse_across_filesystems(
+    git: Git, shm_root: Path, quarantine: Path
+) -> None:
     """A 1 GiB hook of holes used to become 1.1 GiB in the quarantine (kept 90 days)."""
     git.repo(shm_root)
     before = scan.snapshot(str(shm_root))
@@ -958,8 +1007,9 @@ def test_a_sparse_hook_is_copied_sparse_across_filesystems(git: Git, shm_root: P
         assert f.read(6) == b"middle"
 
 
-def test_past_the_budget_only_metadata_and_a_hash_are_kept(git: Git, shm_root: Path,
-                                                           quarantine: Path) -> None:
+def test_past_the_budget_only_metadata_and_a_hash_are_kept(
+    git: Git, shm_root: Path, quarantine: Path
+) -> None:
     git.repo(shm_root)
     before = scan.snapshot(str(shm_root))
     hooks = shm_root / ".git" / "hooks"
@@ -977,8 +1027,9 @@ def test_past_the_budget_only_metadata_and_a_hash_are_kept(git: Git, shm_root: P
     assert sum(p.stat().st_size for p in quarantine.rglob("*") if p.is_file()) < 1 << 20
 
 
-def test_the_total_budget_counts_what_the_quarantine_holds(git: Git, root: Path,
-                                                           tmp_path: Path) -> None:
+def test_the_total_budget_counts_what_the_quarantine_holds(
+    git: Git, root: Path, tmp_path: Path
+) -> None:
     top = tmp_path / "q"
     (top / "older").mkdir(parents=True)
     (top / "older" / "kept").write_bytes(b"x" * (3 << 20))

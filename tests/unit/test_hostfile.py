@@ -82,15 +82,23 @@ def test_symlinks_above_the_writable_trees_are_followed(tmp_path: Path) -> None:
     real = tmp_path / "real"
     (real / "work/logs").mkdir(parents=True)
     (tmp_path / "alias").symlink_to(real)
-    fd = open_output("--audit-log", str(tmp_path / "alias/work/logs/a.jsonl"), [str(real / "work")],
-                     truncate=False)
+    fd = open_output(
+        "--audit-log",
+        str(tmp_path / "alias/work/logs/a.jsonl"),
+        [str(real / "work")],
+        truncate=False,
+    )
     os.close(fd)
     assert (real / "work/logs/a.jsonl").exists()
     # and reached through that alias, a symlink below the writable root is still refused
     (real / "work/link").symlink_to(real / "work/logs")
     with pytest.raises(UsageError, match="link is a symlink"):
-        open_output("--audit-log", str(tmp_path / "alias/work/link/a.jsonl"), [str(real / "work")],
-                    truncate=False)
+        open_output(
+            "--audit-log",
+            str(tmp_path / "alias/work/link/a.jsonl"),
+            [str(real / "work")],
+            truncate=False,
+        )
 
 
 def test_open_outputs_closes_what_it_opened_when_one_fails(tmp_path: Path) -> None:

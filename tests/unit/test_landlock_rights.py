@@ -63,7 +63,9 @@ def test_rw_is_everything_but_ioctl_and_unix_sockets(abi: int) -> None:
 @pytest.mark.parametrize("abi", ABIS)
 def test_refer_only_in_rw(abi: int) -> None:
     for access in CLASSES:
-        assert bool(ll.rights_for(access, abi) & ll.FS_REFER) == (access in ("rw", "scratch") and abi >= 2)
+        assert bool(ll.rights_for(access, abi) & ll.FS_REFER) == (
+            access in ("rw", "scratch") and abi >= 2
+        )
 
 
 @pytest.mark.parametrize("abi", ABIS)

@@ -22,8 +22,13 @@ ENV = Found("app/.env", "environment file", Action.EMPTY, False)
 
 
 def tree(**kw: object) -> live.Watched:
-    return live.watched("/w", [PIN, HOOKS, SELF], [ENV], kw.get("reveal", ()),  # type: ignore[arg-type]
-                        kw.get("dirs", ()))  # type: ignore[arg-type]
+    return live.watched(
+        "/w",
+        [PIN, HOOKS, SELF],
+        [ENV],
+        kw.get("reveal", ()),  # type: ignore[arg-type]
+        kw.get("dirs", ()),
+    )  # type: ignore[arg-type]
 
 
 def test_only_read_only_pins_are_watched() -> None:
@@ -41,21 +46,24 @@ def test_watch_dirs_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert live.watch_dirs(w)[:2] == [".git", "app"] and len(live.watch_dirs(w)) == 3
 
 
-@pytest.mark.parametrize("dir_rel,name,is_dir,expect", [
-    (".git", "config", False, ("pin", None)),  # git config renamed over the pin
-    (".git", "hooks", True, ("pin", None)),
-    (".git", "hooks", False, (None, None)),  # a file where the pinned directory was: the scan's
-    ("app", ".env", False, (None, "mask")),
-    ("", ".env", False, (None, "rule")),  # a new credential
-    ("src", ".env.production", False, (None, "rule")),
-    ("src", ".env.example", False, None),  # not a credential
-    ("src", "id_ed25519", False, (None, "rule")),
-    ("src", "id_ed25519.pub", False, None),
-    ("", ".aws", True, (None, "rule")),
-    ("node_modules/x", ".env", False, None),  # where no credential is looked for
-    (".git/modules/a", ".npmrc", False, None),
-    ("", "README", False, None),
-])
+@pytest.mark.parametrize(
+    "dir_rel,name,is_dir,expect",
+    [
+        (".git", "config", False, ("pin", None)),  # git config renamed over the pin
+        (".git", "hooks", True, ("pin", None)),
+        (".git", "hooks", False, (None, None)),  # a file where the pinned directory was: the scan's
+        ("app", ".env", False, (None, "mask")),
+        ("", ".env", False, (None, "rule")),  # a new credential
+        ("src", ".env.production", False, (None, "rule")),
+        ("src", ".env.example", False, None),  # not a credential
+        ("src", "id_ed25519", False, (None, "rule")),
+        ("src", "id_ed25519.pub", False, None),
+        ("", ".aws", True, (None, "rule")),
+        ("node_modules/x", ".env", False, None),  # where no credential is looked for
+        (".git/modules/a", ".npmrc", False, None),
+        ("", "README", False, None),
+    ],
+)
 def test_on_change(dir_rel: str, name: str, is_dir: bool, expect: tuple | None) -> None:
     redo = live.on_change(tree(), dir_rel, name, is_dir)
     if expect is None:
@@ -159,13 +167,18 @@ def test_listing_helpers_stay_beneath_the_tree(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "a/.env").write_text("x")
     (tmp_path / "link").symlink_to(tmp_path / "a")
-    got = {rel: sorted(e) for _, rel, e in _listings([(str(tmp_path), "a"), (str(tmp_path), "link")])}
+    got = {
+        rel: sorted(e) for _, rel, e in _listings([(str(tmp_path), "a"), (str(tmp_path), "link")])
+    }
     assert got == {"a": [(".env", False)]}
 
 
-@pytest.mark.parametrize("value,found", [("../../..", True), ("/etc", True), ("..", False),
-                                         ("../sub", False)])
-def test_core_worktree_outside_the_tree_is_a_finding(tmp_path: Path, value: str, found: bool) -> None:
+@pytest.mark.parametrize(
+    "value,found", [("../../..", True), ("/etc", True), ("..", False), ("../sub", False)]
+)
+def test_core_worktree_outside_the_tree_is_a_finding(
+    tmp_path: Path, value: str, found: bool
+) -> None:
     work = tmp_path / "w"
     work.mkdir()
     (work / "pkg/sub").mkdir(parents=True)
@@ -185,7 +198,9 @@ NPMRC = Found(".npmrc", "npm config", Action.SCRUB, False, b"registry=x\n")
 def test_on_write_remakes_a_scrubbed_copy_and_covers_what_was_created_empty() -> None:
     w = live.watched("/w", [PIN], [ENV, NPMRC], ())
     assert live.on_write(w, "", ".npmrc") == live.Redo(".npmrc", mask=NPMRC)
-    assert live.on_write(w, "app", ".env") is None  # an empty stand-in: the content is nothing to it
+    assert (
+        live.on_write(w, "app", ".env") is None
+    )  # an empty stand-in: the content is nothing to it
     assert live.on_write(w, ".git", "config") is None  # a pin: only a rename detaches it
     new = live.on_write(w, "sub", ".npmrc")
     assert new is not None and new.rule is not None and new.rule.needs_content
@@ -194,7 +209,9 @@ def test_on_write_remakes_a_scrubbed_copy_and_covers_what_was_created_empty() ->
 
 
 def test_protected_files_are_pinned_again_too() -> None:
-    w = live.watched("/w", [PIN], [], (), protect=["/w/.npmrc", "/w/.vscode", "/other/x", "/w/.git/config"])
+    w = live.watched(
+        "/w", [PIN], [], (), protect=["/w/.npmrc", "/w/.vscode", "/other/x", "/w/.git/config"]
+    )
     assert set(w.pins) == {".git/config", ".npmrc", ".vscode"}
     redo = live.on_change(w, "", ".npmrc", False)
     assert redo is not None and redo.pin == Protection(".npmrc", "ro", False)
@@ -242,5 +259,7 @@ def test_a_lock_file_left_behind_is_named_and_left(tmp_path: Path) -> None:
     (lock,) = [f for f in findings if f.rel == ".git/config.lock"]
     assert lock.dest == "" and "lock file" in lock.reason
     assert (work / ".git/config.lock").exists()
-    r = subprocess.run(["git", "-C", str(work), "config", "a.b", "c"], env=GIT_ENV, capture_output=True)
+    r = subprocess.run(
+        ["git", "-C", str(work), "config", "a.b", "c"], env=GIT_ENV, capture_output=True
+    )
     assert r.returncode != 0  # the control: the host's git really is stuck

@@ -20,13 +20,17 @@ def found(root: Path, **kw: object) -> dict[str, Found]:
 def test_included_git_configs_are_scrubbed(tmp_path: Path) -> None:
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     (tmp_path / "ci").mkdir()
-    (tmp_path / "ci/auth.inc").write_text(f'[http "https://g.example/"]\n\textraheader = AUTHORIZATION: basic {S}\n'
-                                          "[core]\n\tinclude = x\n")
-    (tmp_path / "ci/cond.inc").write_text(f"[remote \"o\"]\n\turl = https://x:{S}@g.example/r\n")
+    (tmp_path / "ci/auth.inc").write_text(
+        f'[http "https://g.example/"]\n\textraheader = AUTHORIZATION: basic {S}\n'
+        "[core]\n\tinclude = x\n"
+    )
+    (tmp_path / "ci/cond.inc").write_text(f'[remote "o"]\n\turl = https://x:{S}@g.example/r\n')
     (tmp_path / "ci/plain.inc").write_text("[user]\n\tname = bob\n")
     with open(tmp_path / ".git/config", "a") as f:
-        f.write("[include]\n\tpath = ../ci/auth.inc\n[includeIf \"gitdir:/nowhere/\"]\n\tpath = ../ci/cond.inc\n"
-                "[include]\n\tpath = ../ci/plain.inc\n")
+        f.write(
+            '[include]\n\tpath = ../ci/auth.inc\n[includeIf "gitdir:/nowhere/"]\n\tpath = ../ci/cond.inc\n'
+            "[include]\n\tpath = ../ci/plain.inc\n"
+        )
     got = found(tmp_path)
     assert {"ci/auth.inc", "ci/cond.inc"} <= set(got) and "ci/plain.inc" not in got
     for rel in ("ci/auth.inc", "ci/cond.inc"):
@@ -57,7 +61,10 @@ def test_a_hard_link_is_covered_under_every_name(tmp_path: Path) -> None:
     got = found(tmp_path)
     assert set(got) == {".env.local", "node_modules/.cache/e", ".git/objects/x"}
     assert got["node_modules/.cache/e"].note == "a hard link of .env.local"
-    assert got["node_modules/.cache/e"].kind == "environment file" and not got["node_modules/.cache/e"].is_dir
+    assert (
+        got["node_modules/.cache/e"].kind == "environment file"
+        and not got["node_modules/.cache/e"].is_dir
+    )
     assert "3 hard links" in got[".env.local"].note and "outside" not in got[".env.local"].note
 
 
@@ -77,8 +84,10 @@ def test_a_link_outside_the_tree_is_said(tmp_path: Path) -> None:
     os.link(tree / ".env", tmp_path / "outside")
     got = found(tree)
     assert set(got) == {".env"}
-    assert got[".env"].note == "2 hard links: also none in the tree; 1 outside the tree " \
+    assert (
+        got[".env"].note == "2 hard links: also none in the tree; 1 outside the tree "
         "(not shown to the payload, but not covered there)"
+    )
 
 
 def test_no_linked_credential_no_search(tmp_path: Path) -> None:

@@ -22,7 +22,13 @@ def _binds(plan_ops) -> list[Bind]:
 def test_workdir_is_a_writable_bind_from_the_host_path() -> None:
     ops, rules = mountplan.user_ops(_spec(), {})
     (b,) = _binds(ops)
-    assert (b.src, b.dst, b.ro, b.src_base, b.dst_base) == ("/home/u/proj", "/home/u/proj", False, None, None)
+    assert (b.src, b.dst, b.ro, b.src_base, b.dst_base) == (
+        "/home/u/proj",
+        "/home/u/proj",
+        False,
+        None,
+        None,
+    )
     assert [(r.path, r.access) for r in rules] == [("/home/u/proj", "rw")]
 
 
@@ -43,11 +49,15 @@ def test_parents_are_mounted_before_children() -> None:
 
 
 def test_git_protections_follow_their_tree_and_symlinks_are_refused() -> None:
-    prots = {"/home/u/proj": [Protection(".git", "self", True), Protection(".git/hooks", "ro", True)]}
+    prots = {
+        "/home/u/proj": [Protection(".git", "self", True), Protection(".git/hooks", "ro", True)]
+    }
     ops, _ = mountplan.user_ops(_spec(), prots)
     binds = _binds(ops)
-    assert [(b.dst, b.ro, b.dst_base) for b in binds[1:]] == [(".git", False, "/home/u/proj"),
-                                                               (".git/hooks", True, "/home/u/proj")]
+    assert [(b.dst, b.ro, b.dst_base) for b in binds[1:]] == [
+        (".git", False, "/home/u/proj"),
+        (".git/hooks", True, "/home/u/proj"),
+    ]
     bad = {"/home/u/proj": [Protection(".git/hooks", "ro", True, symlink=True)]}
     with pytest.raises(UsageError, match="symlink"):
         mountplan.user_ops(_spec(), bad)
@@ -56,7 +66,9 @@ def test_git_protections_follow_their_tree_and_symlinks_are_refused() -> None:
 def test_copy_into_an_exposed_tree_is_refused() -> None:
     with pytest.raises(UsageError, match="inside the exposed tree"):
         mountplan.user_ops(_spec(copy=[CopyEntry("/home/u/.creds", "/home/u/proj/.creds")]), {})
-    ops, rules = mountplan.user_ops(_spec(copy_ro=[CopyEntry("/home/u/.creds", "/home/u/.creds")]), {})
+    ops, rules = mountplan.user_ops(
+        _spec(copy_ro=[CopyEntry("/home/u/.creds", "/home/u/.creds")]), {}
+    )
     assert any(isinstance(op, Copy) and op.ro for op in ops)
     assert ("/home/u/.creds", "ro") in [(r.path, r.access) for r in rules]
 
@@ -66,8 +78,16 @@ def test_plan_round_trips_through_json_and_has_no_host_etc() -> None:
     again = Plan.from_json(plan.to_json())
     assert again == plan
     etc_binds = [b.src for b in _binds(plan.ops) if b.src.startswith("/etc")]
-    assert "/etc/passwd" not in etc_binds and "/etc/shadow" not in etc_binds and "/etc" not in etc_binds
-    assert all(isinstance(op, (Bind, Symlink)) for op in plan.ops if getattr(op, "dst", "") in ("/bin", "/usr"))
+    assert (
+        "/etc/passwd" not in etc_binds
+        and "/etc/shadow" not in etc_binds
+        and "/etc" not in etc_binds
+    )
+    assert all(
+        isinstance(op, (Bind, Symlink))
+        for op in plan.ops
+        if getattr(op, "dst", "") in ("/bin", "/usr")
+    )
     assert ("/", "dir") in [(r.path, r.access) for r in plan.landlock]
 
 
@@ -77,9 +97,20 @@ def test_plan_to_json_is_asdict_and_round_trips():
 
     from boxyd.plan import Bind, File, LandlockRule, Plan
 
-    p = Plan(argv=["true"], env={"A": "b"}, cwd="/w", uid=1, gid=1, home="/h", hostname="x",
-             scratch_size=1, ops=[Bind("/usr", "/usr", True), File("/etc/x", "c")],
-             landlock=[LandlockRule("/", "dir")], seccomp_bpf="", nproc=5,
-             pty={"termios": [1, 2], "winsize": [1, 2, 0, 0], "fds": [0]})
+    p = Plan(
+        argv=["true"],
+        env={"A": "b"},
+        cwd="/w",
+        uid=1,
+        gid=1,
+        home="/h",
+        hostname="x",
+        scratch_size=1,
+        ops=[Bind("/usr", "/usr", True), File("/etc/x", "c")],
+        landlock=[LandlockRule("/", "dir")],
+        seccomp_bpf="",
+        nproc=5,
+        pty={"termios": [1, 2], "winsize": [1, 2, 0, 0], "fds": [0]},
+    )
     assert p.to_json() == dataclasses.asdict(p)
     assert Plan.from_json(json.loads(json.dumps(p.to_json()))) == p

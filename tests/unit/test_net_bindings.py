@@ -82,7 +82,9 @@ def test_addresses_are_normalised(table: Bindings) -> None:
     assert table.names("93.184.216.35") == frozenset()
 
 
-def test_several_names_per_address_and_rebinding_never_shortens(table: Bindings, clock: Clock) -> None:
+def test_several_names_per_address_and_rebinding_never_shortens(
+    table: Bindings, clock: Clock
+) -> None:
     table.bind("93.184.216.34", "a.test", 600)
     table.bind("93.184.216.34", "b.test", 60)
     table.bind("93.184.216.34", "a.test", 60)  # a shorter re-answer keeps the longer life
@@ -176,7 +178,9 @@ def test_entry_released_while_live_is_evictable_later(clock: Clock) -> None:
 
 def test_flood_is_bounded(clock: Clock) -> None:
     table = Bindings(clock, max_entries=1000)
-    accepted = sum(table.bind(ipaddress.IPv4Address(0x5DB80000 + i), "a.test", 60) for i in range(5000))
+    accepted = sum(
+        table.bind(ipaddress.IPv4Address(0x5DB80000 + i), "a.test", 60) for i in range(5000)
+    )
     assert accepted == 1000
     assert len(table) == 1000
     assert table.refused == 4000

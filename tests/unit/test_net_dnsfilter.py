@@ -28,10 +28,19 @@ from boxyd.net.dnsfilter import (
     upstream_query,
 )
 
-DENIED = [ipaddress.ip_network(n) for n in (
-    "10.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12", "192.168.0.0/16",
-    "::1/128", "fc00::/7", "fe80::/10",
-)]
+DENIED = [
+    ipaddress.ip_network(n)
+    for n in (
+        "10.0.0.0/8",
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "::1/128",
+        "fc00::/7",
+        "fe80::/10",
+    )
+]
 ECH = base64.b64encode(b"\x00\x06secret").decode()
 
 
@@ -61,26 +70,37 @@ ALLOW = Policy()
 PUBLIC = Policy(allowed=None)
 
 
-def query(name: str | dns.name.Name = "www.ok.test", rdtype: str = "A", **kw: object
-          ) -> dns.message.Message:
+def query(
+    name: str | dns.name.Name = "www.ok.test", rdtype: str = "A", **kw: object
+) -> dns.message.Message:
     return dns.message.make_query(name, rdtype, **kw)
 
 
-def upstream(q: dns.message.Message, *records: tuple[str, int, str, str],
-             rcode: dns.rcode.Rcode = dns.rcode.NOERROR) -> dns.message.Message:
+def upstream(
+    q: dns.message.Message,
+    *records: tuple[str, int, str, str],
+    rcode: dns.rcode.Rcode = dns.rcode.NOERROR,
+) -> dns.message.Message:
     """An upstream response to Q with answer RECORDS (name, ttl, type, rdata)."""
     r = dns.message.make_response(upstream_query(q))
     r.set_rcode(rcode)
     for name, ttl, rdtype, rdata in records:
-        r.find_rrset(r.answer, dns.name.from_text(name), dns.rdataclass.IN,
-                     dns.rdatatype.from_text(rdtype), create=True).add(
-            dns.rdata.from_text(dns.rdataclass.IN, dns.rdatatype.from_text(rdtype), rdata), ttl)
+        r.find_rrset(
+            r.answer,
+            dns.name.from_text(name),
+            dns.rdataclass.IN,
+            dns.rdatatype.from_text(rdtype),
+            create=True,
+        ).add(dns.rdata.from_text(dns.rdataclass.IN, dns.rdatatype.from_text(rdtype), rdata), ttl)
     return r
 
 
 def answers(msg: dns.message.Message) -> list[tuple[str, str, int, str]]:
-    return sorted((rr.name.to_text(), dns.rdatatype.to_text(rr.rdtype), rr.ttl, rd.to_text())
-                  for rr in msg.answer for rd in rr)
+    return sorted(
+        (rr.name.to_text(), dns.rdatatype.to_text(rr.rdtype), rr.ttl, rd.to_text())
+        for rr in msg.answer
+        for rd in rr
+    )
 
 
 def roundtrip(msg: dns.message.Message) -> dns.message.Message:
@@ -105,12 +125,15 @@ def test_disallowed_name_is_nxdomain() -> None:
     assert decide_query(query("notok.test"), ALLOW) is not None
 
 
-@pytest.mark.parametrize("labels", [
-    [b"data.www.ok", b"test", b""],  # text "data\.www\.ok.test" ends with ".ok.test"
-    [b"x", b"ok\x00", b"test", b""],
-    [b"*", b"ok", b"test", b""],
-    [b"caf\xc3\xa9", b"ok", b"test", b""],
-])
+@pytest.mark.parametrize(
+    "labels",
+    [
+        [b"data.www.ok", b"test", b""],  # text "data\.www\.ok.test" ends with ".ok.test"
+        [b"x", b"ok\x00", b"test", b""],
+        [b"*", b"ok", b"test", b""],
+        [b"caf\xc3\xa9", b"ok", b"test", b""],
+    ],
+)
 def test_names_that_are_not_hostnames_are_refused_before_policy(labels: list[bytes]) -> None:
     for policy in (Policy(), Policy(allowed=None)):
         refusal = decide_query(query(dns.name.Name(labels)), policy)
@@ -184,8 +207,13 @@ def test_unknown_edns_version_is_badvers() -> None:
 
 
 def test_upstream_query_carries_only_the_question() -> None:
-    q = query("WwW.ok.test", "AAAA", use_edns=0, want_dnssec=True,
-              options=[dns.edns.GenericOption(65001, b"exfiltrated-bytes")])
+    q = query(
+        "WwW.ok.test",
+        "AAAA",
+        use_edns=0,
+        want_dnssec=True,
+        options=[dns.edns.GenericOption(65001, b"exfiltrated-bytes")],
+    )
     q.additional.append(dns.rrset.from_text("data.evil.test.", 1, "IN", "TXT", '"more bytes"'))
     up = upstream_query(q)
     assert up.question[0].name.to_text() == "WwW.ok.test."
@@ -220,15 +248,18 @@ def test_ttl_is_rewritten_to_match_the_binding(ttl: int, expected: int) -> None:
 
 def test_custom_floor() -> None:
     q = query()
-    f = filter_answer(q, upstream(q, ("www.ok.test", 5, "A", "93.184.216.34")), ALLOW,
-                      ipv6=True, ttl_floor=120)
+    f = filter_answer(
+        q, upstream(q, ("www.ok.test", 5, "A", "93.184.216.34")), ALLOW, ipv6=True, ttl_floor=120
+    )
     assert answers(f.response)[0][2] == 120 and f.bind[0].ttl == 120
 
 
 def test_rebinding_answers_are_removed_and_nothing_left_is_nodata() -> None:
     q = query("rebind.ok.test")
-    up = upstream(q, *[("rebind.ok.test", 60, "A", a)
-                       for a in ("192.168.1.1", "127.0.0.1", "169.254.169.254")])
+    up = upstream(
+        q,
+        *[("rebind.ok.test", 60, "A", a) for a in ("192.168.1.1", "127.0.0.1", "169.254.169.254")],
+    )
     f = filter_answer(q, up, ALLOW, ipv6=True)
     assert f.response.rcode() == dns.rcode.NOERROR
     assert f.response.answer == [] and f.response.authority == []
@@ -239,7 +270,9 @@ def test_rebinding_answers_are_removed_and_nothing_left_is_nodata() -> None:
 
 def test_mixed_answer_keeps_only_public_addresses() -> None:
     q = query("mixed.ok.test")
-    up = upstream(q, ("mixed.ok.test", 60, "A", "10.1.2.3"), ("mixed.ok.test", 60, "A", "93.184.216.34"))
+    up = upstream(
+        q, ("mixed.ok.test", 60, "A", "10.1.2.3"), ("mixed.ok.test", 60, "A", "93.184.216.34")
+    )
     f = filter_answer(q, up, ALLOW, ipv6=True)
     assert answers(f.response) == [("mixed.ok.test.", "A", 60, "93.184.216.34")]
     assert [str(b.ip) for b in f.bind] == ["93.184.216.34"]
@@ -248,7 +281,9 @@ def test_mixed_answer_keeps_only_public_addresses() -> None:
 
 def test_rebinding_filter_applies_in_public_mode() -> None:
     q = query("anything.example")
-    f = filter_answer(q, upstream(q, ("anything.example", 60, "A", "192.168.1.1")), PUBLIC, ipv6=True)
+    f = filter_answer(
+        q, upstream(q, ("anything.example", 60, "A", "192.168.1.1")), PUBLIC, ipv6=True
+    )
     assert f.response.answer == [] and f.denied
 
 
@@ -265,8 +300,13 @@ def test_aaaa_dropped_without_ipv6_route() -> None:
 
 def test_aaaa_in_denied_ranges_and_v4_mapped() -> None:
     q = query("v6.ok.test", "AAAA")
-    up = upstream(q, *[("v6.ok.test", 60, "AAAA", a)
-                       for a in ("fd00::1", "::ffff:192.168.1.1", "::ffff:93.184.216.34", "::1")])
+    up = upstream(
+        q,
+        *[
+            ("v6.ok.test", 60, "AAAA", a)
+            for a in ("fd00::1", "::ffff:192.168.1.1", "::ffff:93.184.216.34", "::1")
+        ],
+    )
     f = filter_answer(q, up, ALLOW, ipv6=True)
     assert answers(f.response) == [("v6.ok.test.", "AAAA", 60, "::ffff:93.184.216.34")]
     # A v4-mapped answer reaches the v4 host: it is bound as that address.
@@ -279,11 +319,13 @@ def test_aaaa_in_denied_ranges_and_v4_mapped() -> None:
 
 def test_cname_chain_is_followed_and_bound_to_the_question_name() -> None:
     q = query("www.ok.test")
-    up = upstream(q,
-                  ("www.ok.test", 300, "CNAME", "edge.cdn.example."),
-                  ("edge.cdn.example", 10, "CNAME", "e1.cdn.example."),
-                  ("e1.cdn.example", 20, "A", "93.184.216.34"),
-                  ("unrelated.example", 20, "A", "93.184.216.99"))
+    up = upstream(
+        q,
+        ("www.ok.test", 300, "CNAME", "edge.cdn.example."),
+        ("edge.cdn.example", 10, "CNAME", "e1.cdn.example."),
+        ("e1.cdn.example", 20, "A", "93.184.216.34"),
+        ("unrelated.example", 20, "A", "93.184.216.99"),
+    )
     up.authority.append(dns.rrset.from_text("cdn.example.", 60, "IN", "NS", "ns.cdn.example."))
     up.additional.append(dns.rrset.from_text("ns.cdn.example.", 60, "IN", "A", "93.184.216.98"))
     f = filter_answer(q, up, ALLOW, ipv6=True)
@@ -311,10 +353,13 @@ def test_chain_at_the_limit_passes_and_one_longer_is_servfail() -> None:
     assert "longer than" in (f.error or "")
 
 
-@pytest.mark.parametrize("records", [
-    [("loop.ok.test", 60, "CNAME", "loop.ok.test.")],
-    [("loop.ok.test", 60, "CNAME", "b.ok.test."), ("b.ok.test", 60, "CNAME", "LOOP.ok.test.")],
-])
+@pytest.mark.parametrize(
+    "records",
+    [
+        [("loop.ok.test", 60, "CNAME", "loop.ok.test.")],
+        [("loop.ok.test", 60, "CNAME", "b.ok.test."), ("b.ok.test", 60, "CNAME", "LOOP.ok.test.")],
+    ],
+)
 def test_cname_loop_is_servfail(records: list[tuple[str, int, str, str]]) -> None:
     q = query("loop.ok.test")
     f = filter_answer(q, upstream(q, *records), ALLOW, ipv6=True)
@@ -325,8 +370,11 @@ def test_cname_loop_is_servfail(records: list[tuple[str, int, str, str]]) -> Non
 
 def test_cname_question_is_not_chased() -> None:
     q = query("www.ok.test", "CNAME")
-    up = upstream(q, ("www.ok.test", 60, "CNAME", "e1.cdn.example."),
-                  ("e1.cdn.example", 60, "A", "93.184.216.34"))
+    up = upstream(
+        q,
+        ("www.ok.test", 60, "CNAME", "e1.cdn.example."),
+        ("e1.cdn.example", 60, "A", "93.184.216.34"),
+    )
     f = filter_answer(q, up, ALLOW, ipv6=True)
     assert answers(f.response) == [("www.ok.test.", "CNAME", 60, "e1.cdn.example.")]
     assert f.bind == ()
@@ -334,8 +382,11 @@ def test_cname_question_is_not_chased() -> None:
 
 def test_chain_to_rebinding_target_is_filtered() -> None:
     q = query("www.ok.test")
-    up = upstream(q, ("www.ok.test", 60, "CNAME", "evil.example."),
-                  ("evil.example", 60, "A", "169.254.169.254"))
+    up = upstream(
+        q,
+        ("www.ok.test", 60, "CNAME", "evil.example."),
+        ("evil.example", 60, "A", "169.254.169.254"),
+    )
     f = filter_answer(q, up, ALLOW, ipv6=True)
     assert answers(f.response) == [("www.ok.test.", "CNAME", 60, "evil.example.")]
     assert f.bind == () and f.denied[0][0] == "169.254.169.254"
@@ -346,9 +397,16 @@ def test_chain_to_rebinding_target_is_filtered() -> None:
 
 def test_https_ech_stripped_and_hints_filtered_and_bound() -> None:
     q = query("svc.ok.test", "HTTPS")
-    up = upstream(q, ("svc.ok.test", 30, "HTTPS",
-                      f"1 . alpn=h2,h3 ipv4hint=93.184.216.34,192.168.1.1 ech={ECH} "
-                      "ipv6hint=2606:4700::1,fd00::1"))
+    up = upstream(
+        q,
+        (
+            "svc.ok.test",
+            30,
+            "HTTPS",
+            f"1 . alpn=h2,h3 ipv4hint=93.184.216.34,192.168.1.1 ech={ECH} "
+            "ipv6hint=2606:4700::1,fd00::1",
+        ),
+    )
     f = filter_answer(q, up, ALLOW, ipv6=True)
     assert f.ech_stripped
     (rr,) = roundtrip(f.response).answer
@@ -365,8 +423,9 @@ def test_https_ech_stripped_and_hints_filtered_and_bound() -> None:
 
 def test_https_hints_without_ipv6_and_all_denied() -> None:
     q = query("svc.ok.test", "HTTPS")
-    up = upstream(q, ("svc.ok.test", 300, "HTTPS",
-                      "1 . alpn=h2 ipv4hint=10.0.0.1 ipv6hint=2606:4700::1"))
+    up = upstream(
+        q, ("svc.ok.test", 300, "HTTPS", "1 . alpn=h2 ipv4hint=10.0.0.1 ipv6hint=2606:4700::1")
+    )
     f = filter_answer(q, up, ALLOW, ipv6=False)
     (rr,) = f.response.answer
     assert next(iter(rr)).to_text() == '1 . alpn="h2"'
@@ -375,9 +434,11 @@ def test_https_hints_without_ipv6_and_all_denied() -> None:
 
 def test_svcb_record_with_mandatory_ech_is_dropped() -> None:
     q = query("_8443._foo.api.ok.test", "SVCB")
-    up = upstream(q,
-                  ("_8443._foo.api.ok.test", 60, "SVCB", f"1 svc.example. mandatory=ech ech={ECH}"),
-                  ("_8443._foo.api.ok.test", 60, "SVCB", f"2 svc2.example. port=8443 ech={ECH}"))
+    up = upstream(
+        q,
+        ("_8443._foo.api.ok.test", 60, "SVCB", f"1 svc.example. mandatory=ech ech={ECH}"),
+        ("_8443._foo.api.ok.test", 60, "SVCB", f"2 svc2.example. port=8443 ech={ECH}"),
+    )
     f = filter_answer(q, up, ALLOW, ipv6=True)
     assert f.ech_stripped
     assert [a[3] for a in answers(roundtrip(f.response))] == ['2 svc2.example. port="8443"']
@@ -385,7 +446,9 @@ def test_svcb_record_with_mandatory_ech_is_dropped() -> None:
 
 def test_https_alias_mode_passes() -> None:
     q = query("ok.test", "HTTPS")
-    f = filter_answer(q, upstream(q, ("ok.test", 3600, "HTTPS", "0 www.ok.test.")), ALLOW, ipv6=True)
+    f = filter_answer(
+        q, upstream(q, ("ok.test", 3600, "HTTPS", "0 www.ok.test.")), ALLOW, ipv6=True
+    )
     assert answers(f.response) == [("ok.test.", "HTTPS", 3600, "0 www.ok.test.")]
     assert not f.ech_stripped
 
@@ -405,9 +468,15 @@ def test_txt_passes_through_with_ttl_floor() -> None:
 def test_signatures_and_other_classes_are_dropped() -> None:
     q = query()
     up = upstream(q, ("www.ok.test", 60, "A", "93.184.216.34"))
-    up.answer.append(dns.rrset.from_text(
-        "www.ok.test.", 60, "IN", "RRSIG",
-        "A 13 3 60 20300101000000 20200101000000 12345 ok.test. AAAA"))
+    up.answer.append(
+        dns.rrset.from_text(
+            "www.ok.test.",
+            60,
+            "IN",
+            "RRSIG",
+            "A 13 3 60 20300101000000 20200101000000 12345 ok.test. AAAA",
+        )
+    )
     up.answer.append(dns.rrset.from_text("www.ok.test.", 60, "CH", "A", "ok.test. 1"))
     f = filter_answer(q, up, ALLOW, ipv6=True)
     assert answers(f.response) == [("www.ok.test.", "A", 60, "93.184.216.34")]
@@ -416,13 +485,18 @@ def test_signatures_and_other_classes_are_dropped() -> None:
 def test_upstream_nxdomain_keeps_its_soa() -> None:
     q = query("gone.ok.test")
     up = upstream(q, rcode=dns.rcode.NXDOMAIN)
-    up.authority.append(dns.rrset.from_text(
-        "ok.test.", 5, "IN", "SOA", "ns.ok.test. admin.ok.test. 1 7200 900 1209600 300"))
+    up.authority.append(
+        dns.rrset.from_text(
+            "ok.test.", 5, "IN", "SOA", "ns.ok.test. admin.ok.test. 1 7200 900 1209600 300"
+        )
+    )
     up.authority.append(dns.rrset.from_text("ok.test.", 5, "IN", "NS", "ns.ok.test."))
     f = filter_answer(q, up, ALLOW, ipv6=True)
     r = roundtrip(f.response)
     assert r.rcode() == dns.rcode.NXDOMAIN
-    assert [(dns.rdatatype.to_text(rr.rdtype), rr.ttl) for rr in r.authority] == [("SOA", TTL_FLOOR)]
+    assert [(dns.rdatatype.to_text(rr.rdtype), rr.ttl) for rr in r.authority] == [
+        ("SOA", TTL_FLOOR)
+    ]
 
 
 @pytest.mark.parametrize("rcode", [dns.rcode.SERVFAIL, dns.rcode.REFUSED, dns.rcode.FORMERR])

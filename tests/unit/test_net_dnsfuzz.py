@@ -24,16 +24,23 @@ TYPES = ("A", "AAAA", "HTTPS", "TXT", "CNAME", "ANY", "SVCB", "MX")
 
 
 def _queries() -> list[bytes]:
-    return [dns.message.make_query(n, t, use_edns=e).to_wire() for n in NAMES for t in TYPES
-            for e in (False, 0)]
+    return [
+        dns.message.make_query(n, t, use_edns=e).to_wire()
+        for n in NAMES
+        for t in TYPES
+        for e in (False, 0)
+    ]
 
 
 def _answers() -> list[tuple[bytes, dns.message.Message]]:
     out = []
     for name in NAMES:
-        for rdtype, rdatas in (("A", ["93.184.216.34", "10.0.0.1"]), ("AAAA", ["2001:db8::1", "::1"]),
-                               ("HTTPS", [f'1 . alpn="h2" ipv4hint="93.184.216.34" ech="{ECH}"']),
-                               ("CNAME", ["other.ok.test."])):
+        for rdtype, rdatas in (
+            ("A", ["93.184.216.34", "10.0.0.1"]),
+            ("AAAA", ["2001:db8::1", "::1"]),
+            ("HTTPS", [f'1 . alpn="h2" ipv4hint="93.184.216.34" ech="{ECH}"']),
+            ("CNAME", ["other.ok.test."]),
+        ):
             q = dns.message.make_query(name, rdtype)
             r = dns.message.make_response(q)
             r.answer.append(dns.rrset.from_text_list(name + ".", 300, "IN", rdtype, rdatas))
@@ -54,8 +61,11 @@ def test_mutated_queries_are_decided_or_formerr() -> None:
             continue  # a response: the proxy sends nothing back
         for policy in (ALLOW, PUBLIC):
             refusal = decide_query(query, policy)
-            reply = refusal_response(query, refusal) if refusal is not None else \
-                response_for(query, dns.rcode.NOERROR)
+            reply = (
+                refusal_response(query, refusal)
+                if refusal is not None
+                else response_for(query, dns.rcode.NOERROR)
+            )
             with contextlib.suppress(dns.exception.TooBig):  # the proxy sends SERVFAIL then
                 reply.to_wire(max_size=65535)
 
@@ -71,8 +81,9 @@ def test_mutated_upstream_answers_are_filtered_or_servfail() -> None:
             continue
         for policy in (ALLOW, PUBLIC):
             try:
-                filtered = filter_answer(query, answer, policy, ipv6=bool(i % 2),
-                                         ttl_floor=TTL_FLOOR, ttl_cap=TTL_CAP)
+                filtered = filter_answer(
+                    query, answer, policy, ipv6=bool(i % 2), ttl_floor=TTL_FLOOR, ttl_cap=TTL_CAP
+                )
             except (ValueError, dns.exception.DNSException):
                 continue  # caught by the proxy: SERVFAIL
             assert filtered.response is not None

@@ -213,8 +213,9 @@ def test_destinations_table_exact_text() -> None:
     log = NetLog()
     for i in range(14):
         h = log.conn(i, "tcp", "allow", f"104.16.{i % 3}.35", 443, "registry.example")
-        log.update(h, 39_322 // 14 + (i < 39_322 % 14), 6_396_314 // 14 + (i < 6_396_314 % 14),
-                   final=True)
+        log.update(
+            h, 39_322 // 14 + (i < 39_322 % 14), 6_396_314 // 14 + (i < 6_396_314 % 14), final=True
+        )
     log.conn(99, "tcp", "deny", "169.254.169.254", 80, reason="link-local / cloud metadata")
     assert destinations_table(log) == (
         "network destinations (2)\n"
@@ -229,7 +230,9 @@ def test_destinations_table_columns_follow_content() -> None:
     h = log.conn(0, "tcp", "allow", "2001:db8:ffff:ffff:ffff:ffff:ffff:1", 443)
     log.update(h, 3 << 30, 1023, final=True)
     lines = destinations_table(log).splitlines()
-    assert lines[1] == "  DESTINATION                          CONNS  DENIED  ADDRS  SENT    RECEIVED"
+    assert (
+        lines[1] == "  DESTINATION                          CONNS  DENIED  ADDRS  SENT    RECEIVED"
+    )
     assert lines[2] == "  2001:db8:ffff:ffff:ffff:ffff:ffff:1  1      0       1      3.0GiB  1023B"
 
 
@@ -266,7 +269,6 @@ def test_write_goes_through_the_descriptor_never_the_name(tmp_path: Path) -> Non
         os.close(fd)
     assert victim.read_text() == "keep\n"
     assert json.loads((tmp_path / "moved").read_text())["version"] == 1
-
 
 
 def test_removed_answers_count_as_denials_of_their_name() -> None:

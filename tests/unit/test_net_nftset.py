@@ -18,7 +18,7 @@ def nested(data: bytes) -> list[tuple[int, bytes]]:
     out, pos = [], 0
     while pos + 4 <= len(data):
         length, kind = struct.unpack_from("=HH", data, pos)
-        out.append((kind, data[pos + 4: pos + length]))
+        out.append((kind, data[pos + 4 : pos + length]))
         pos += (length + 3) & ~3
     return out
 
@@ -45,8 +45,13 @@ def test_element_timeout_out_of_range(bad: int) -> None:
 
 
 def test_newsetelem_message() -> None:
-    msg = nftset.setelem_message(nftset.NFT_MSG_NEWSETELEM, "boxy", "bound4",
-                                 [nftset.element(V4, 1000), nftset.element(V4, 2000)], 7)
+    msg = nftset.setelem_message(
+        nftset.NFT_MSG_NEWSETELEM,
+        "boxy",
+        "bound4",
+        [nftset.element(V4, 1000), nftset.element(V4, 2000)],
+        7,
+    )
     ((kind, seq, payload),) = list(netlink.messages(msg))
     assert kind == (10 << 8) | 12 and seq == 7
     flags = struct.unpack_from("=H", msg, 6)[0]
@@ -67,10 +72,12 @@ def test_a_message_needs_an_element() -> None:
 
 
 def test_batch_wraps_messages_in_begin_and_end() -> None:
-    one = nftset.setelem_message(nftset.NFT_MSG_NEWSETELEM, "boxy", "bound4",
-                                 [nftset.element(V4, 1000)], 11)
-    two = nftset.setelem_message(nftset.NFT_MSG_NEWSETELEM, "boxy", "bound6",
-                                 [nftset.element(V6, 1000)], 12)
+    one = nftset.setelem_message(
+        nftset.NFT_MSG_NEWSETELEM, "boxy", "bound4", [nftset.element(V4, 1000)], 11
+    )
+    two = nftset.setelem_message(
+        nftset.NFT_MSG_NEWSETELEM, "boxy", "bound6", [nftset.element(V6, 1000)], 12
+    )
     got = list(netlink.messages(nftset.batch([one, two], 10)))
     assert [(k, s) for k, s, _ in got] == [(0x10, 10), (0x0A0C, 11), (0x0A0C, 12), (0x11, 13)]
     # begin/end: AF_UNSPEC, version 0, res_id = the nftables subsystem, network order
@@ -80,6 +87,7 @@ def test_batch_wraps_messages_in_begin_and_end() -> None:
 def test_acks_read_errors_and_successes_by_sequence() -> None:
     def ack(seq: int, err: int) -> bytes:
         return netlink.message(netlink.NLMSG_ERROR, 0, seq, struct.pack("=i", -err) + b"\0" * 16)
+
     assert nftset.acks(ack(5, 0) + ack(6, 2)) == {5: 0, 6: 2}
     assert nftset.acks(ack(5, 0) + b"\xff\x00\x00\x00garbage") == {5: 0}  # stops, keeps
     assert nftset.acks(b"") == {}

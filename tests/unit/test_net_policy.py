@@ -40,9 +40,11 @@ def refused(v: Verdict, layer: str, reason: str) -> bool:
         (("public", ["a.example"], [], [], False), "cannot be combined with --net public"),
         (("allowlist", ["a.example:0"], [], [], False), "not a port number"),
         (("allowlist", ["*.com"], [], [], False), "a wildcard must be"),
-        (("allowlist", ["192.168.4.7:22"], [], [], False),
-         r"192\.168\.4\.7:22: the address is in a denied range .private .RFC 1918..; open it with "
-         r"--allow-cidr 192\.168\.4\.7 as well"),
+        (
+            ("allowlist", ["192.168.4.7:22"], [], [], False),
+            r"192\.168\.4\.7:22: the address is in a denied range .private .RFC 1918..; open it with "
+            r"--allow-cidr 192\.168\.4\.7 as well",
+        ),
         (("allowlist", ["[fd00::7]:22"], [], [], False), "overlaps|denied range"),
         (("allowlist", [], [0], [], False), "--allow-port: 0 is not a port number"),
         (("allowlist", [], [65536], [], False), "--allow-port: 65536"),
@@ -238,8 +240,9 @@ def test_allow_cidr_lifts_the_range_objection_and_only_that():
     assert refused(p.tcp_connect("192.168.5.9", 443, []), IP, "private (RFC 1918)")
     assert refused(p.tcp_opaque(LAN, 443, []), DNS, NO_BINDING)  # an SSH banner, say
     assert refused(p.tcp_name(LAN, 443, "", []), DNS, NO_BINDING)  # TLS without SNI
-    assert refused(p.tcp_name(LAN, 443, "a.example", []), SNI,
-                   "SNI names a.example, not bound to this address")
+    assert refused(
+        p.tcp_name(LAN, 443, "a.example", []), SNI, "SNI names a.example, not bound to this address"
+    )
     # A public prefix works the same way; so do the tailnet's ranges.
     q = allowlist(cidrs=["198.51.100.0/24"], ports=[8443])
     assert refused(q.tcp_connect("198.51.100.7", 8443, []), DNS, NO_BINDING)
@@ -403,8 +406,9 @@ def test_landlock_public():
 def test_udp_ports_for_the_ruleset():
     assert PUBLIC.udp_ports() is None
     assert allowlist("a.example").udp_ports() == []
-    assert allowlist("dns.example:5353/udp", "v.example:9999,9998/udp", "a.example:22"
-                     ).udp_ports() == [5353, 9998, 9999]
+    assert allowlist(
+        "dns.example:5353/udp", "v.example:9999,9998/udp", "a.example:22"
+    ).udp_ports() == [5353, 9998, 9999]
 
 
 # --- what the gateway's ruleset refused before boxyd saw it (NFLOG) ---------------
@@ -415,35 +419,40 @@ META = "link-local / cloud metadata"
 TS_SVC = "Tailscale's own services (boxy's upstream resolver only)"
 
 
-@pytest.mark.parametrize("policy", [PUBLIC, allowlist("www.example"),
-                                    allowlist("www.example", tailscale=True)])
-@pytest.mark.parametrize(("addr", "proto", "port", "reason"), [
-    ("10.0.2.2", "tcp", 15001, GATEWAY),
-    ("fd00::2", "tcp", 80, GATEWAY),
-    ("10.0.2.2", "icmp", 0, GATEWAY),
-    ("10.0.2.15", "tcp", 80, OWN_LINK),  # the sandbox itself
-    ("10.0.2.255", "udp", 9, OWN_LINK),  # the link's broadcast
-    ("fd00::15", "udp", 9, OWN_LINK),
-    ("fd00::7", "tcp", 80, OWN_LINK),
-    ("169.254.169.254", "tcp", 80, META),
-    ("169.254.169.254", "udp", 80, META),
-    ("169.254.0.1", "icmp", 0, META),
-    ("fe80::1", "tcp", 80, "link-local"),
-    ("224.0.0.251", "udp", 5353, "multicast"),
-    ("239.255.255.250", "udp", 1900, "multicast"),
-    ("ff02::fb", "udp", 5353, "multicast"),
-    ("255.255.255.255", "udp", 67, "limited broadcast"),
-    ("127.0.0.1", "tcp", 22, "loopback"),
-    ("192.168.1.10", "tcp", 22, "private (RFC 1918)"),
-    ("fd12::1", "tcp", 22, "unique local (ULA)"),
-    ("240.0.0.1", "tcp", 22, "reserved"),
-    ("192.0.2.10", "tcp", 80, "documentation"),
-    ("198.18.0.10", "tcp", 80, "benchmarking"),
-    ("100.100.100.100", "tcp", 8080, TS_SVC),
-    ("fd7a:115c:a1e0::53", "udp", 41641, TS_SVC),
-])
-def test_early_refusal_names_the_range(policy: NetPolicy, addr: str, proto: str, port: int,
-                                       reason: str) -> None:
+@pytest.mark.parametrize(
+    "policy", [PUBLIC, allowlist("www.example"), allowlist("www.example", tailscale=True)]
+)
+@pytest.mark.parametrize(
+    ("addr", "proto", "port", "reason"),
+    [
+        ("10.0.2.2", "tcp", 15001, GATEWAY),
+        ("fd00::2", "tcp", 80, GATEWAY),
+        ("10.0.2.2", "icmp", 0, GATEWAY),
+        ("10.0.2.15", "tcp", 80, OWN_LINK),  # the sandbox itself
+        ("10.0.2.255", "udp", 9, OWN_LINK),  # the link's broadcast
+        ("fd00::15", "udp", 9, OWN_LINK),
+        ("fd00::7", "tcp", 80, OWN_LINK),
+        ("169.254.169.254", "tcp", 80, META),
+        ("169.254.169.254", "udp", 80, META),
+        ("169.254.0.1", "icmp", 0, META),
+        ("fe80::1", "tcp", 80, "link-local"),
+        ("224.0.0.251", "udp", 5353, "multicast"),
+        ("239.255.255.250", "udp", 1900, "multicast"),
+        ("ff02::fb", "udp", 5353, "multicast"),
+        ("255.255.255.255", "udp", 67, "limited broadcast"),
+        ("127.0.0.1", "tcp", 22, "loopback"),
+        ("192.168.1.10", "tcp", 22, "private (RFC 1918)"),
+        ("fd12::1", "tcp", 22, "unique local (ULA)"),
+        ("240.0.0.1", "tcp", 22, "reserved"),
+        ("192.0.2.10", "tcp", 80, "documentation"),
+        ("198.18.0.10", "tcp", 80, "benchmarking"),
+        ("100.100.100.100", "tcp", 8080, TS_SVC),
+        ("fd7a:115c:a1e0::53", "udp", 41641, TS_SVC),
+    ],
+)
+def test_early_refusal_names_the_range(
+    policy: NetPolicy, addr: str, proto: str, port: int, reason: str
+) -> None:
     v = policy.early_refusal(addr, proto, port, [])
     assert refused(v, IP, reason), v
     assert "gateway" not in v.reason or addr in ("10.0.2.2", "fd00::2")
@@ -451,14 +460,18 @@ def test_early_refusal_names_the_range(policy: NetPolicy, addr: str, proto: str,
 
 def test_gateway_addresses_agree_with_the_ruleset() -> None:
     from boxyd.net import policy, ruleset
+
     assert {str(a) for a in policy.GATEWAY_ADDRS} == {ruleset.GATEWAY_V4, ruleset.GATEWAY_V6}
 
 
 def test_early_refusal_of_a_port_or_a_missing_binding() -> None:
     assert refused(allowlist("www.example").early_refusal(PUB, "udp", 443, []), PORT, QUIC)
     assert refused(allowlist("www.example").early_refusal(PUB, "tcp", 80, []), DNS, NO_BINDING)
-    assert refused(allowlist("www.example").early_refusal(PUB, "tcp", 22, ["www.example"]), PORT,
-                   "port 22 not allowed for www.example")
+    assert refused(
+        allowlist("www.example").early_refusal(PUB, "tcp", 22, ["www.example"]),
+        PORT,
+        "port 22 not allowed for www.example",
+    )
 
 
 def test_early_refusal_of_an_opened_range_names_the_range() -> None:

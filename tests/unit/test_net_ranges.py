@@ -377,7 +377,11 @@ LAN = ip_network("192.168.4.0/24")
         ("100.100.100.100", list(TAILSCALE_NETS), "Tailscale's own services"),
         ("100.100.100.100", [ip_network("100.100.100.100/32")], "Tailscale's own services"),
         ("fd7a:115c:a1e0::53", list(TAILSCALE_NETS), "Tailscale's own services"),
-        (nat64("100.100.100.100"), list(TAILSCALE_NETS), "NAT64-encoded 100.100.100.100: Tailscale"),
+        (
+            nat64("100.100.100.100"),
+            list(TAILSCALE_NETS),
+            "NAT64-encoded 100.100.100.100: Tailscale",
+        ),
         ("100.100.100.99", list(TAILSCALE_NETS), None),
         ("100.100.100.101", list(TAILSCALE_NETS), None),
         ("fd7a:115c:a1e0::52", list(TAILSCALE_NETS), None),
@@ -471,17 +475,35 @@ def test_static_v4_matches_classify_exactly():
         assert (classify(addr) is not None) == (addr in deny), addr
 
 
-@pytest.mark.parametrize("exceptions", [list(TAILSCALE_NETS), [ip_network("100.100.100.100/32")],
-                                        [ip_network("100.0.0.0/8"), ip_network("fd7a::/16")]])
+@pytest.mark.parametrize(
+    "exceptions",
+    [
+        list(TAILSCALE_NETS),
+        [ip_network("100.100.100.100/32")],
+        [ip_network("100.0.0.0/8"), ip_network("fd7a::/16")],
+    ],
+)
 def test_static_exceptions_never_open_tailscale_services(exceptions):
     s = static_prefixes(exceptions)
     accept, deny = _Set(s.accept_v4 + s.accept_v6), _Set(s.deny_v4 + s.deny_v6)
-    for addr in ("100.100.100.100", "fd7a:115c:a1e0::53", nat64("100.100.100.100"),
-                 sixtofour("100.100.100.100"), mapped("100.100.100.100")):
+    for addr in (
+        "100.100.100.100",
+        "fd7a:115c:a1e0::53",
+        nat64("100.100.100.100"),
+        sixtofour("100.100.100.100"),
+        mapped("100.100.100.100"),
+    ):
         assert addr not in accept and addr in deny, addr
     if exceptions == list(TAILSCALE_NETS):  # the neighbours are opened as before
-        for addr in ("100.100.100.99", "100.100.100.101", "100.64.0.0", "100.127.255.255",
-                     "fd7a:115c:a1e0::52", "fd7a:115c:a1e0::54", "fd7a:115c:a1e0:ffff::1"):
+        for addr in (
+            "100.100.100.99",
+            "100.100.100.101",
+            "100.64.0.0",
+            "100.127.255.255",
+            "fd7a:115c:a1e0::52",
+            "fd7a:115c:a1e0::54",
+            "fd7a:115c:a1e0:ffff::1",
+        ):
             assert addr in accept, addr
 
 
@@ -490,15 +512,24 @@ def test_static_exceptions_cover_every_lifted_denial():
     s = static_prefixes(exceptions)
     # 100.64.0.0/10 less Tailscale's own 100.100.100.100, which no exception opens
     tailnet = list(ip_network("100.64.0.0/10").address_exclude(ip_network("100.100.100.100/32")))
-    assert s.accept_v4 == [str(n) for n in ipaddress.collapse_addresses(tailnet)] + ["192.168.4.0/24"]
+    assert s.accept_v4 == [str(n) for n in ipaddress.collapse_addresses(tailnet)] + [
+        "192.168.4.0/24"
+    ]
     assert "fd12:3456::/32" in s.accept_v6
     assert "64:ff9b::c0a8:400/120" in s.accept_v6
     assert "2002:c0a8:400::/40" in s.accept_v6
     assert s.deny_v4 == STATIC.deny_v4 and s.deny_v6 == STATIC.deny_v6
     deny, accept = _Set(s.deny_v4 + s.deny_v6), _Set(s.accept_v4 + s.accept_v6)
     rng = random.Random(7)
-    candidates = ["192.168.4.7", "192.168.5.1", "fd12:3456::1", "fd12:3457::1", "100.100.0.1",
-                  "100.100.100.100", nat64("100.100.100.100")]
+    candidates = [
+        "192.168.4.7",
+        "192.168.5.1",
+        "fd12:3456::1",
+        "fd12:3457::1",
+        "100.100.0.1",
+        "100.100.100.100",
+        nat64("100.100.100.100"),
+    ]
     for _ in range(3000):
         v4 = str(IPv4Address(rng.choice([rng.getrandbits(32), 0xC0A80400 | rng.getrandbits(8)])))
         candidates += [

@@ -24,8 +24,14 @@ def test_counts_and_the_cidr_that_would_open_a_removed_answer() -> None:
     t.add({"layer": "net.port", "verdict": "deny", "proto": "udp", "addr": "11.0.0.1"})
     t.add({"layer": "net.dns", "verdict": "deny", "name": "Evil.example.", "reason": "not listed"})
     t.add({"layer": "net.dns", "verdict": "deny", "name": "evil.example"})
-    t.add({"layer": "net.dns", "verdict": "deny", "name": "registry.example",
-           "denied": [["10.9.8.7", "private (RFC 1918)"]]})
+    t.add(
+        {
+            "layer": "net.dns",
+            "verdict": "deny",
+            "name": "registry.example",
+            "denied": [["10.9.8.7", "private (RFC 1918)"]],
+        }
+    )
     assert t.lines() == [
         "4 connections refused, 5 connections reset over the rate limits, 1 name not allowed, "
         "1 DNS answer in a refused range removed "
@@ -39,8 +45,16 @@ def test_a_connection_refused_for_want_of_a_binding_is_a_connection() -> None:
     # Layer net.dns, yet a connection: it used to be taken for a DNS query and left out
     # of the count while the table showed it (2 refused said, 3 in the table).
     t = Tally()
-    t.add({"layer": "net.dns", "verdict": "deny", "proto": "tcp", "addr": "11.0.0.60", "port": 80,
-           "reason": "no DNS binding for this address (hard-coded IP?)"})
+    t.add(
+        {
+            "layer": "net.dns",
+            "verdict": "deny",
+            "proto": "tcp",
+            "addr": "11.0.0.60",
+            "port": 80,
+            "reason": "no DNS binding for this address (hard-coded IP?)",
+        }
+    )
     t.add({"layer": "net.dns", "verdict": "deny", "proto": "udp", "addr": "11.0.0.60", "port": 9})
     assert t.lines() == ["2 connections refused (-v or --audit-log for details)"]
     assert t.names == set()
@@ -49,17 +63,29 @@ def test_a_connection_refused_for_want_of_a_binding_is_a_connection() -> None:
 def test_each_removal_counts_as_the_table_counts_it() -> None:
     t = Tally()
     for _ in range(2):  # the same name asked twice: two answers removed, one hint
-        t.add({"layer": "net.dns", "verdict": "deny", "name": "m.example",
-               "denied": [["169.254.169.254", "link-local / cloud metadata"]]})
-    assert t.lines()[0] == "2 DNS answers in a refused range removed (-v or --audit-log for details)"
+        t.add(
+            {
+                "layer": "net.dns",
+                "verdict": "deny",
+                "name": "m.example",
+                "denied": [["169.254.169.254", "link-local / cloud metadata"]],
+            }
+        )
+    assert (
+        t.lines()[0] == "2 DNS answers in a refused range removed (-v or --audit-log for details)"
+    )
     assert len(t.lines()) == 2 and "--allow-cidr 169.254.169.254" in t.lines()[1]
 
 
-@pytest.mark.parametrize(("n", "text"), [(0, "0 connections"), (1, "1 connection"),
-                                         (2, "2 connections"), (11, "11 connections")])
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [(0, "0 connections"), (1, "1 connection"), (2, "2 connections"), (11, "11 connections")],
+)
 def test_plural(n: int, text: str) -> None:
     assert plural(n, "connection") == text
-    assert plural(n, "denial", "denials given") == (f"{n} denial" if n == 1 else f"{n} denials given")
+    assert plural(n, "denial", "denials given") == (
+        f"{n} denial" if n == 1 else f"{n} denials given"
+    )
 
 
 def test_one_of_each_is_singular() -> None:
@@ -67,10 +93,14 @@ def test_one_of_each_is_singular() -> None:
     t.add({"layer": "net.ip", "verdict": "deny", "proto": "tcp", "addr": "10.0.2.2"})
     t.add({"layer": "net.ip", "verdict": "deny", "proto": "tcp", "count": 1})
     t.add({"layer": "net.dns", "verdict": "deny", "name": "x.example"})
-    t.add({"layer": "net.dns", "verdict": "deny", "name": "m.example", "denied": [["10.1.1.1", "p"]]})
-    assert t.lines()[0] == ("1 connection refused, 1 connection reset over the rate limits, "
-                            "1 name not allowed, 1 DNS answer in a refused range removed "
-                            "(-v or --audit-log for details)")
+    t.add(
+        {"layer": "net.dns", "verdict": "deny", "name": "m.example", "denied": [["10.1.1.1", "p"]]}
+    )
+    assert t.lines()[0] == (
+        "1 connection refused, 1 connection reset over the rate limits, "
+        "1 name not allowed, 1 DNS answer in a refused range removed "
+        "(-v or --audit-log for details)"
+    )
 
 
 EVENTS = [
@@ -78,13 +108,29 @@ EVENTS = [
     {"layer": "net.ip", "verdict": "deny", "proto": "tcp", "addr": "169.254.169.254", "port": 80},
     {"layer": "net.ip", "verdict": "deny", "proto": "udp", "addr": "224.0.0.251", "port": 5353},
     {"layer": "net.dns", "verdict": "deny", "proto": "tcp", "addr": "11.0.0.60", "port": 80},
-    {"layer": "net.sni", "verdict": "deny", "proto": "tcp", "addr": "11.0.0.1", "port": 443,
-     "host": "www.example"},
-    {"layer": "net.sni", "verdict": "allow", "proto": "tcp", "addr": "11.0.0.1", "port": 443,
-     "host": "www.example"},
+    {
+        "layer": "net.sni",
+        "verdict": "deny",
+        "proto": "tcp",
+        "addr": "11.0.0.1",
+        "port": 443,
+        "host": "www.example",
+    },
+    {
+        "layer": "net.sni",
+        "verdict": "allow",
+        "proto": "tcp",
+        "addr": "11.0.0.1",
+        "port": 443,
+        "host": "www.example",
+    },
     {"layer": "net.dns", "verdict": "deny", "name": "m.example", "denied": [["10.1.1.1", "p"]]},
-    {"layer": "net.dns", "verdict": "deny", "name": "m.example",
-     "denied": [["10.1.1.1", "p"], ["fd00:1::1", "u"]]},
+    {
+        "layer": "net.dns",
+        "verdict": "deny",
+        "name": "m.example",
+        "denied": [["10.1.1.1", "p"], ["fd00:1::1", "u"]],
+    },
     {"layer": "net.dns", "verdict": "deny", "name": "nope.example"},
     {"layer": "net.ip", "verdict": "deny", "proto": "icmp", "addr": "10.0.2.2"},  # a ping: no row
 ]

@@ -71,6 +71,7 @@ def verdict(expr: list[dict[str, Any]]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------- the table ---
 
+
 def test_one_table_inet_boxy_and_every_object_in_it() -> None:
     r = build()
     assert objects(r, "table") == [{"family": "inet", "name": "boxy"}]
@@ -86,10 +87,19 @@ def test_is_plain_json_and_deterministic() -> None:
 def test_chains_hooks_priorities_policies() -> None:
     r = build()
     assert chain(r, "prerouting") == {
-        "family": "inet", "table": "boxy", "name": "prerouting",
-        "type": "filter", "hook": "prerouting", "prio": -150, "policy": "drop"}
-    assert (chain(r, "input")["hook"], chain(r, "input")["prio"], chain(r, "input")["policy"]) \
-        == ("input", 0, "drop")
+        "family": "inet",
+        "table": "boxy",
+        "name": "prerouting",
+        "type": "filter",
+        "hook": "prerouting",
+        "prio": -150,
+        "policy": "drop",
+    }
+    assert (chain(r, "input")["hook"], chain(r, "input")["prio"], chain(r, "input")["policy"]) == (
+        "input",
+        0,
+        "drop",
+    )
     assert (chain(r, "forward")["hook"], chain(r, "forward")["policy"]) == ("forward", "drop")
     assert rules(r, "forward") == []
     assert (chain(r, "output")["hook"], chain(r, "output")["policy"]) == ("output", "accept")
@@ -121,13 +131,27 @@ def test_every_chain_and_set_referenced_exists_and_is_declared_first() -> None:
 # ------------------------------------------------------------------ prerouting ---
 
 PREROUTING = [
-    "loopback", "only the sandbox link", "neighbour discovery",
-    "ping refused", "ping6 refused", "other icmp", "other icmpv6",
-    "dns udp", "dns tcp", "dns without listener",
-    "gateway address", "gateway address v6", "gateway link-local", "gateway local",
-    "denied range", "denied range v6", "refused udp port",
-    "unbound address", "unbound address v6",
-    "tcp relay", "udp relay",
+    "loopback",
+    "only the sandbox link",
+    "neighbour discovery",
+    "ping refused",
+    "ping6 refused",
+    "other icmp",
+    "other icmpv6",
+    "dns udp",
+    "dns tcp",
+    "dns without listener",
+    "gateway address",
+    "gateway address v6",
+    "gateway link-local",
+    "gateway local",
+    "denied range",
+    "denied range v6",
+    "refused udp port",
+    "unbound address",
+    "unbound address v6",
+    "tcp relay",
+    "udp relay",
 ]
 
 
@@ -151,27 +175,35 @@ def test_only_gw0_traffic_gets_past_the_second_rule() -> None:
     r = build()
     assert rule(r, "prerouting", "loopback") == [
         {"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": "lo"}},
-        {"accept": None}]
+        {"accept": None},
+    ]
     assert rule(r, "prerouting", "only the sandbox link") == [
         {"match": {"op": "!=", "left": {"meta": {"key": "iifname"}}, "right": "gw0"}},
-        {"drop": None}]
+        {"drop": None},
+    ]
 
 
 def test_dns_goes_to_the_dns_listener_from_any_address() -> None:
     r = build(dns_port=5353, mark=7)
     for proto in ("udp", "tcp"):
         expr = rule(r, "prerouting", f"dns {proto}")
-        assert matches(expr) == [{"op": "==", "left": {"payload": {"protocol": proto,
-                                                                   "field": "dport"}}, "right": 53}]
-        assert expr[1:] == [{"tproxy": {"port": 5353}},
-                            {"mangle": {"key": {"meta": {"key": "mark"}}, "value": 7}},
-                            {"accept": None}]
+        assert matches(expr) == [
+            {"op": "==", "left": {"payload": {"protocol": proto, "field": "dport"}}, "right": 53}
+        ]
+        assert expr[1:] == [
+            {"tproxy": {"port": 5353}},
+            {"mangle": {"key": {"meta": {"key": "mark"}}, "value": 7}},
+            {"accept": None},
+        ]
 
 
 def test_dns_never_falls_through_to_the_relays() -> None:
     expr = rule(build(), "prerouting", "dns without listener")
-    assert {"op": "==", "left": {"payload": {"protocol": "th", "field": "dport"}},
-            "right": 53} in matches(expr)
+    assert {
+        "op": "==",
+        "left": {"payload": {"protocol": "th", "field": "dport"}},
+        "right": 53,
+    } in matches(expr)
     assert verdict(expr) == {"drop": None}
 
 
@@ -182,25 +214,39 @@ def test_default_dns_port_is_53() -> None:
 
 def test_the_gateway_itself_is_refused() -> None:
     r = build()
-    daddr = {"ip": {"payload": {"protocol": "ip", "field": "daddr"}},
-             "ip6": {"payload": {"protocol": "ip6", "field": "daddr"}}}
+    daddr = {
+        "ip": {"payload": {"protocol": "ip", "field": "daddr"}},
+        "ip6": {"payload": {"protocol": "ip6", "field": "daddr"}},
+    }
     assert matches(rule(r, "prerouting", "gateway address")) == [
-        {"op": "==", "left": daddr["ip"], "right": prefix("10.0.2.0/24")}]
+        {"op": "==", "left": daddr["ip"], "right": prefix("10.0.2.0/24")}
+    ]
     assert matches(rule(r, "prerouting", "gateway address v6")) == [
-        {"op": "==", "left": daddr["ip6"], "right": prefix("fd00::/64")}]
+        {"op": "==", "left": daddr["ip6"], "right": prefix("fd00::/64")}
+    ]
     assert matches(rule(r, "prerouting", "gateway link-local")) == [
-        {"op": "==", "left": daddr["ip6"], "right": prefix("fe80::/10")}]
+        {"op": "==", "left": daddr["ip6"], "right": prefix("fe80::/10")}
+    ]
     assert matches(rule(r, "prerouting", "gateway local")) == [
-        {"op": "==", "left": {"fib": {"result": "type", "flags": ["daddr"]}},
-         "right": {"set": ["local", "broadcast", "multicast"]}}]
+        {
+            "op": "==",
+            "left": {"fib": {"result": "type", "flags": ["daddr"]}},
+            "right": {"set": ["local", "broadcast", "multicast"]},
+        }
+    ]
     for c in ("gateway address", "gateway address v6", "gateway link-local", "gateway local"):
         assert verdict(rule(r, "prerouting", c)) == {"goto": {"target": "refuse"}}
 
 
 def test_link_constants_agree_with_the_gateway_rule() -> None:
     import ipaddress
-    for host, link in ((rs.GATEWAY_V4, rs.LINK_V4), (rs.SANDBOX_V4, rs.LINK_V4),
-                       (rs.GATEWAY_V6, rs.LINK_V6), (rs.SANDBOX_V6, rs.LINK_V6)):
+
+    for host, link in (
+        (rs.GATEWAY_V4, rs.LINK_V4),
+        (rs.SANDBOX_V4, rs.LINK_V4),
+        (rs.GATEWAY_V6, rs.LINK_V6),
+        (rs.SANDBOX_V6, rs.LINK_V6),
+    ):
         assert ipaddress.ip_address(host) in ipaddress.ip_network(link)
 
 
@@ -209,37 +255,51 @@ def test_denials_are_lifted_only_by_exceptions() -> None:
     for comment, proto, suffix in (("denied range", "ip", "4"), ("denied range v6", "ip6", "6")):
         expr = rule(r, "prerouting", comment)
         left = {"payload": {"protocol": proto, "field": "daddr"}}
-        assert matches(expr) == [{"op": "==", "left": left, "right": f"@deny{suffix}"},
-                                 {"op": "!=", "left": left, "right": f"@except{suffix}"}]
+        assert matches(expr) == [
+            {"op": "==", "left": left, "right": f"@deny{suffix}"},
+            {"op": "!=", "left": left, "right": f"@except{suffix}"},
+        ]
         assert verdict(expr) == {"goto": {"target": "refuse"}}
 
 
 def test_refuse_chain_resets_tcp_and_prohibits_the_rest() -> None:
     assert [r["expr"] for r in rules(build(), "refuse")] == [
         # every refusal is reported to boxyd first (NFLOG, rate-bounded), then refused
-        [{"limit": {"rate": rs.NFLOG_RATE, "per": "second", "burst": rs.NFLOG_RATE}},
-         {"log": {"group": rs.NFLOG_GROUP, "snaplen": rs.NFLOG_SNAPLEN}}],
-        [{"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}},
-         {"reject": {"type": "tcp reset"}}],
+        [
+            {"limit": {"rate": rs.NFLOG_RATE, "per": "second", "burst": rs.NFLOG_RATE}},
+            {"log": {"group": rs.NFLOG_GROUP, "snaplen": rs.NFLOG_SNAPLEN}},
+        ],
+        [
+            {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}},
+            {"reject": {"type": "tcp reset"}},
+        ],
         [{"reject": {"type": "icmpx", "expr": "admin-prohibited"}}],
     ]
 
 
 def test_refused_ports_are_reported_then_refused_as_closed_ports() -> None:
     assert [r["expr"] for r in rules(build(), "refuse_port")] == [
-        [{"limit": {"rate": rs.NFLOG_RATE, "per": "second", "burst": rs.NFLOG_RATE}},
-         {"log": {"group": rs.NFLOG_GROUP, "snaplen": rs.NFLOG_SNAPLEN}}],
-        [{"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}},
-         {"reject": {"type": "tcp reset"}}],
+        [
+            {"limit": {"rate": rs.NFLOG_RATE, "per": "second", "burst": rs.NFLOG_RATE}},
+            {"log": {"group": rs.NFLOG_GROUP, "snaplen": rs.NFLOG_SNAPLEN}},
+        ],
+        [
+            {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}},
+            {"reject": {"type": "tcp reset"}},
+        ],
         [{"reject": {"type": "icmpx", "expr": "port-unreachable"}}],
     ]
 
 
 def test_refused_udp_ports_get_port_unreachable() -> None:
     expr = rule(build(), "prerouting", "refused udp port")
-    assert matches(expr) == [{"op": "==", "left": {"payload": {"protocol": "udp",
-                                                               "field": "dport"}},
-                              "right": "@refused_udp_ports"}]
+    assert matches(expr) == [
+        {
+            "op": "==",
+            "left": {"payload": {"protocol": "udp", "field": "dport"}},
+            "right": "@refused_udp_ports",
+        }
+    ]
     assert verdict(expr) == {"goto": {"target": "refuse_port"}}
 
 
@@ -251,8 +311,10 @@ def test_quic_refused_in_allowlist_mode_only(mode: str, ports: list[int]) -> Non
 
 
 def test_refused_udp_ports_explicit_sorted_deduplicated() -> None:
-    assert elems(build("public", refuse_udp_ports=[443, 3478, 443]), "refused_udp_ports") == \
-        [443, 3478]
+    assert elems(build("public", refuse_udp_ports=[443, 3478, 443]), "refused_udp_ports") == [
+        443,
+        3478,
+    ]
     assert elems(build("allowlist", refuse_udp_ports=[]), "refused_udp_ports") == []
 
 
@@ -260,9 +322,13 @@ def test_tcp_port_list_resets_other_ports() -> None:
     r = build(tcp_ports=[443, 80, 443])
     assert elems(r, "tcp_ports") == [80, 443]
     expr = rule(r, "prerouting", "refused tcp port")
-    assert matches(expr) == [{"op": "!=", "left": {"payload": {"protocol": "tcp",
-                                                               "field": "dport"}},
-                              "right": "@tcp_ports"}]
+    assert matches(expr) == [
+        {
+            "op": "!=",
+            "left": {"payload": {"protocol": "tcp", "field": "dport"}},
+            "right": "@tcp_ports",
+        }
+    ]
     assert verdict(expr) == {"goto": {"target": "refuse_port"}}
 
 
@@ -279,7 +345,8 @@ def test_relays_tproxy_with_mark() -> None:
             {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": proto}},
             {"tproxy": {"port": port}},
             {"mangle": {"key": {"meta": {"key": "mark"}}, "value": 0x42}},
-            {"accept": None}]
+            {"accept": None},
+        ]
 
 
 def test_prerouting_accepts_only_loopback_nd_and_tproxied() -> None:
@@ -287,21 +354,27 @@ def test_prerouting_accepts_only_loopback_nd_and_tproxied() -> None:
     for r in (build(), build("public", tcp_ports=[80])):
         for rl in rules(r, "prerouting"):
             if verdict(rl["expr"]) == {"accept": None}:
-                assert rl["comment"] in ("loopback", "neighbour discovery") or \
-                    any("tproxy" in e for e in rl["expr"]), rl
+                assert rl["comment"] in ("loopback", "neighbour discovery") or any(
+                    "tproxy" in e for e in rl["expr"]
+                ), rl
 
 
 def test_icmp() -> None:
     r = build()
     nd = rule(r, "prerouting", "neighbour discovery")
-    assert matches(nd)[0]["right"] == {"set": ["nd-neighbor-solicit", "nd-neighbor-advert",
-                                               "nd-router-solicit"]}
+    assert matches(nd)[0]["right"] == {
+        "set": ["nd-neighbor-solicit", "nd-neighbor-advert", "nd-router-solicit"]
+    }
     assert "echo-request" not in json.dumps(nd)
     for c, proto in (("ping refused", "icmp"), ("ping6 refused", "icmpv6")):
         expr = rule(r, "prerouting", c)
-        assert matches(expr) == [{"op": "==", "left": {"payload": {"protocol": proto,
-                                                                   "field": "type"}},
-                                  "right": "echo-request"}]
+        assert matches(expr) == [
+            {
+                "op": "==",
+                "left": {"payload": {"protocol": proto, "field": "type"}},
+                "right": "echo-request",
+            }
+        ]
         assert verdict(expr) == {"reject": {"type": "icmpx", "expr": "admin-prohibited"}}
     assert verdict(rule(r, "prerouting", "other icmp")) == {"drop": None}
     assert verdict(rule(r, "prerouting", "other icmpv6")) == {"drop": None}
@@ -309,22 +382,28 @@ def test_icmp() -> None:
 
 # ----------------------------------------------------------------------- input ---
 
+
 def test_input_accepts_loopback_tproxied_and_nd_only() -> None:
     r = build(mark=9)
     assert comments(r, "input") == ["loopback", "tproxied", "neighbour discovery"]
     assert rule(r, "input", "tproxied") == [
         {"match": {"op": "==", "left": {"meta": {"key": "mark"}}, "right": 9}},
-        {"accept": None}]
-    assert rule(r, "input", "neighbour discovery") == \
-        rule(r, "prerouting", "neighbour discovery")
+        {"accept": None},
+    ]
+    assert rule(r, "input", "neighbour discovery") == rule(r, "prerouting", "neighbour discovery")
 
 
 # ------------------------------------------------------------------------ sets ---
 
+
 def test_prefix_sets_are_interval_sets() -> None:
     s = sets(build())
-    for name, type_ in (("deny4", "ipv4_addr"), ("deny6", "ipv6_addr"),
-                        ("except4", "ipv4_addr"), ("except6", "ipv6_addr")):
+    for name, type_ in (
+        ("deny4", "ipv4_addr"),
+        ("deny6", "ipv6_addr"),
+        ("except4", "ipv4_addr"),
+        ("except6", "ipv6_addr"),
+    ):
         assert s[name]["type"] == type_
         assert s[name]["flags"] == ["interval"]
 
@@ -335,11 +414,15 @@ def test_empty_sets_have_no_elements_key() -> None:
 
 
 def test_overlapping_and_adjacent_prefixes_are_merged() -> None:
-    r = build(deny_v4=["192.0.0.0/24", "192.0.0.0/29", "10.0.0.0/9", "10.128.0.0/9",
-                       "203.0.113.0/24"],
-              deny_v6=["fe80::/10", "fe80::/64", "2001:db8::/32"])
-    assert elems(r, "deny4") == [prefix("10.0.0.0/8"), prefix("192.0.0.0/24"),
-                                 prefix("203.0.113.0/24")]
+    r = build(
+        deny_v4=["192.0.0.0/24", "192.0.0.0/29", "10.0.0.0/9", "10.128.0.0/9", "203.0.113.0/24"],
+        deny_v6=["fe80::/10", "fe80::/64", "2001:db8::/32"],
+    )
+    assert elems(r, "deny4") == [
+        prefix("10.0.0.0/8"),
+        prefix("192.0.0.0/24"),
+        prefix("203.0.113.0/24"),
+    ]
     assert elems(r, "deny6") == [prefix("2001:db8::/32"), prefix("fe80::/10")]
 
 
@@ -351,23 +434,27 @@ def test_single_addresses_become_full_length_prefixes() -> None:
 
 # ------------------------------------------------------------------ validation ---
 
-@pytest.mark.parametrize("kw,needle", [
-    ({"deny_v4": ["10.0.0.1/8"]}, "deny_v4: '10.0.0.1/8' is not a prefix"),
-    ({"deny_v4": ["nonsense"]}, "deny_v4: 'nonsense' is not a prefix"),
-    ({"deny_v4": ["fc00::/7"]}, "deny_v4: fc00::/7 is not an IPv4 prefix"),
-    ({"deny_v6": ["10.0.0.0/8"]}, "deny_v6: 10.0.0.0/8 is not an IPv6 prefix"),
-    ({"except_v4": "10.0.0.0/8"}, "except_v4 must be a list"),
-    ({"except_v6": [None]}, "except_v6: None is not a prefix"),
-    ({"tcp_port": 0}, "tcp_port 0 is not a port"),
-    ({"udp_port": 70000}, "udp_port 70000 is not a port"),
-    ({"dns_port": True}, "dns_port True is not a port"),
-    ({"dns_port": 15001}, "dns_port 15001 is also a relay port"),
-    ({"dns_port": 15002}, "dns_port 15002 is also a relay port"),
-    ({"refuse_udp_ports": [443, -1]}, "refused UDP port -1"),
-    ({"tcp_ports": ["80"]}, "TCP port '80'"),
-    ({"mark": 0}, "mark 0 must be a non-zero 32-bit integer"),
-    ({"mark": 1 << 32}, "must be a non-zero 32-bit integer"),
-])
+
+@pytest.mark.parametrize(
+    "kw,needle",
+    [
+        ({"deny_v4": ["10.0.0.1/8"]}, "deny_v4: '10.0.0.1/8' is not a prefix"),
+        ({"deny_v4": ["nonsense"]}, "deny_v4: 'nonsense' is not a prefix"),
+        ({"deny_v4": ["fc00::/7"]}, "deny_v4: fc00::/7 is not an IPv4 prefix"),
+        ({"deny_v6": ["10.0.0.0/8"]}, "deny_v6: 10.0.0.0/8 is not an IPv6 prefix"),
+        ({"except_v4": "10.0.0.0/8"}, "except_v4 must be a list"),
+        ({"except_v6": [None]}, "except_v6: None is not a prefix"),
+        ({"tcp_port": 0}, "tcp_port 0 is not a port"),
+        ({"udp_port": 70000}, "udp_port 70000 is not a port"),
+        ({"dns_port": True}, "dns_port True is not a port"),
+        ({"dns_port": 15001}, "dns_port 15001 is also a relay port"),
+        ({"dns_port": 15002}, "dns_port 15002 is also a relay port"),
+        ({"refuse_udp_ports": [443, -1]}, "refused UDP port -1"),
+        ({"tcp_ports": ["80"]}, "TCP port '80'"),
+        ({"mark": 0}, "mark 0 must be a non-zero 32-bit integer"),
+        ({"mark": 1 << 32}, "must be a non-zero 32-bit integer"),
+    ],
+)
 def test_bad_input_is_refused_with_a_clear_error(kw: dict[str, Any], needle: str) -> None:
     with pytest.raises(SetupError) as err:
         build(**kw)
@@ -390,9 +477,13 @@ def test_udp_port_list_refuses_other_ports_as_closed() -> None:
     r = build(udp_ports=[9999, 5353, 9999])
     assert elems(r, "udp_ports") == [5353, 9999]
     expr = rule(r, "prerouting", "udp port not allowed")
-    assert matches(expr) == [{"op": "!=", "left": {"payload": {"protocol": "udp",
-                                                               "field": "dport"}},
-                              "right": "@udp_ports"}]
+    assert matches(expr) == [
+        {
+            "op": "!=",
+            "left": {"payload": {"protocol": "udp", "field": "dport"}},
+            "right": "@udp_ports",
+        }
+    ]
     assert verdict(expr) == {"goto": {"target": "refuse_port"}}
     # after DNS (port 53 is the gateway's own) and before the relay
     order = comments(r, "prerouting")
@@ -407,25 +498,38 @@ def test_no_udp_port_list_means_no_set_and_no_rule() -> None:
 
 # ------------------------------------------------------- bound addresses (allowlist) ---
 
-SYN = {"match": {"op": "==", "left": {"&": [{"payload": {"protocol": "tcp", "field": "flags"}},
-                                             {"|": ["syn", "ack"]}]}, "right": "syn"}}
+SYN = {
+    "match": {
+        "op": "==",
+        "left": {"&": [{"payload": {"protocol": "tcp", "field": "flags"}}, {"|": ["syn", "ack"]}]},
+        "right": "syn",
+    }
+}
 
 
 def test_allowlist_resets_a_syn_to_an_unbound_address_before_tproxy() -> None:
     r = build(bound=["192.0.2.7", "2001:db8::7", "192.0.2.7"])
     c = comments(r, "prerouting")
     assert c.index("refused udp port") < c.index("unbound address") < c.index("tcp relay")
-    for comment, proto, name in (("unbound address", "ip", "bound4"),
-                                 ("unbound address v6", "ip6", "bound6")):
+    for comment, proto, name in (
+        ("unbound address", "ip", "bound4"),
+        ("unbound address v6", "ip6", "bound6"),
+    ):
         expr = rule(r, "prerouting", comment)
         assert expr[0] == SYN  # a SYN only: established flows outlive their binding
-        assert expr[1] == {"match": {"op": "!=", "left": {"payload": {"protocol": proto,
-                                                                      "field": "daddr"}},
-                                     "right": f"@{name}"}}
+        assert expr[1] == {
+            "match": {
+                "op": "!=",
+                "left": {"payload": {"protocol": proto, "field": "daddr"}},
+                "right": f"@{name}",
+            }
+        }
         assert verdict(expr) == {"goto": {"target": "refuse"}}  # reported, then a reset
     s = sets(r)
-    for name, kind, elem in (("bound4", "ipv4_addr", ["192.0.2.7"]),
-                             ("bound6", "ipv6_addr", ["2001:db8::7"])):
+    for name, kind, elem in (
+        ("bound4", "ipv4_addr", ["192.0.2.7"]),
+        ("bound6", "ipv6_addr", ["2001:db8::7"]),
+    ):
         assert s[name]["type"] == kind and s[name]["flags"] == ["timeout"], s[name]
         assert s[name]["size"] == rs.BOUND_SIZE
         assert s[name].get("elem") == elem  # literal hosts: no timeout, never expire

@@ -435,8 +435,9 @@ def test_http_absolute_form() -> None:
         (b"CONNECT a.example: HTTP/1.1", b"a.example", ["no port"]),
     ],
 )
-def test_http_target_authority_disagreeing_with_host(line: bytes, host: bytes,
-                                                     words: list[str]) -> None:
+def test_http_target_authority_disagreeing_with_host(
+    line: bytes, host: bytes, words: list[str]
+) -> None:
     assert_malformed(request(line, b"Host: " + host), *words)
 
 
@@ -446,8 +447,9 @@ def test_http_connect_to_an_address() -> None:
 
 
 def test_http_options_asterisk() -> None:
-    assert inspect(request(b"OPTIONS * HTTP/1.1", b"Host: a.example")) == HTTP("a.example",
-                                                                              "OPTIONS")
+    assert inspect(request(b"OPTIONS * HTTP/1.1", b"Host: a.example")) == HTTP(
+        "a.example", "OPTIONS"
+    )
 
 
 def test_http_bare_lf_is_refused_as_soon_as_it_arrives() -> None:
@@ -533,9 +535,11 @@ def test_header_with_a_long_run_of_blanks_is_linear():
     assert inspect(ISSUE_HEAD) == NeedMore()
     assert inspect(ISSUE_HEAD + b"\r\n") == HTTP(None, "GET")
     assert inspect(ISSUE_HEAD[:-3] + b" " * 100 + b"b\r\n") == Malformed(
-        f"HTTP: no end of the request head within {sni.MAX_HTTP_HEAD} bytes")
-    assert inspect(b"GET / HTTP/1.1\r\nHost:" + b" \t" * 4000 + b"a.example" + b"\t " * 4000
-                   + b"\r\n\r\n") == HTTP("a.example", "GET")
+        f"HTTP: no end of the request head within {sni.MAX_HTTP_HEAD} bytes"
+    )
+    assert inspect(
+        b"GET / HTTP/1.1\r\nHost:" + b" \t" * 4000 + b"a.example" + b"\t " * 4000 + b"\r\n\r\n"
+    ) == HTTP("a.example", "GET")
     assert time.process_time() - t0 < 0.1
 
 
@@ -565,9 +569,16 @@ def stream(data: bytes, sizes) -> list[object]:
 
 def test_inspector_answers_as_inspect_on_everything_so_far(real):
     rng = random.Random(5)
-    cases = [real, tb.records(real[5:], [1, 7, 300, 2000]), b"GET / HTTP/1.1\r\nHost: a.example\r\n\r\n",
-             b"GET / HTTP/1.1\r\nX: a\rb\r\n\r\n", b"GET / HTTP/1.1\nHost: a\r\n\r\n",
-             b"\x16\x03\x01\x00\x05\x02\x00\x00\x01\x00", b"\x80\x2e\x01\x03\x01", b"SSH-2.0-x\r\n"]
+    cases = [
+        real,
+        tb.records(real[5:], [1, 7, 300, 2000]),
+        b"GET / HTTP/1.1\r\nHost: a.example\r\n\r\n",
+        b"GET / HTTP/1.1\r\nX: a\rb\r\n\r\n",
+        b"GET / HTTP/1.1\nHost: a\r\n\r\n",
+        b"\x16\x03\x01\x00\x05\x02\x00\x00\x01\x00",
+        b"\x80\x2e\x01\x03\x01",
+        b"SSH-2.0-x\r\n",
+    ]
     for data in cases:
         for _ in range(20):
             sizes = [rng.choice((1, 2, 5, 100, 5000)) for _ in range(len(data))]
@@ -593,8 +604,9 @@ def test_inspector_is_linear_in_the_bytes_whatever_the_reads():
         ins.reads = -len(data)  # the read cap is not what is measured here
         for i in range(0, len(data), step):
             ins.feed(data[i : i + step])
+
     assert_linear(http, feed_bytes, 60)
-    assert_linear(lambda n: ISSUE_HEAD[:16 + n], feed_bytes, 1500)
+    assert_linear(lambda n: ISSUE_HEAD[: 16 + n], feed_bytes, 1500)
     assert_linear(tls, lambda d: feed_bytes(d, 5), 20)
 
 
@@ -644,11 +656,32 @@ async def test_gateway_reads_a_byte_at_a_time_client_in_bounded_time():
 def test_fuzz_inspect_only_results(seed, real):
     from tests.unit.parserfuzz import mutations
 
-    seeds = [real, tb.records(real[5:], [10, 50, 3000]), b"GET / HTTP/1.1\r\nHost: a.example\r\n\r\n",
-             b"CONNECT a.example:443 HTTP/1.1\r\nHost: a.example:443\r\n\r\n",
-             b"GET http://a.example/x HTTP/1.1\r\nHost: a.example\r\n\r\n", b"\x80\x2e\x01\x03\x01"]
-    tokens = [b"\r\n", b"\r", b"\n", b"\x16\x03\x01", b" ", b"\t", b":", b"Host: ", b"\x00", b"\x7f",
-              b"\xff", b"GET ", b"\x01\x00\x00", b"[::1]", b"%", b"@"]
+    seeds = [
+        real,
+        tb.records(real[5:], [10, 50, 3000]),
+        b"GET / HTTP/1.1\r\nHost: a.example\r\n\r\n",
+        b"CONNECT a.example:443 HTTP/1.1\r\nHost: a.example:443\r\n\r\n",
+        b"GET http://a.example/x HTTP/1.1\r\nHost: a.example\r\n\r\n",
+        b"\x80\x2e\x01\x03\x01",
+    ]
+    tokens = [
+        b"\r\n",
+        b"\r",
+        b"\n",
+        b"\x16\x03\x01",
+        b" ",
+        b"\t",
+        b":",
+        b"Host: ",
+        b"\x00",
+        b"\x7f",
+        b"\xff",
+        b"GET ",
+        b"\x01\x00\x00",
+        b"[::1]",
+        b"%",
+        b"@",
+    ]
     rng = random.Random(seed)
     for data in mutations(seeds, tokens, seed=seed):
         whole = inspect(data)
@@ -656,4 +689,6 @@ def test_fuzz_inspect_only_results(seed, real):
         cut = rng.randrange(len(data) + 1)
         ins = sni.Inspector()
         ins.feed(data[:cut])
-        assert ins.feed(data[cut:]) == whole or isinstance(inspect(data[:cut]), TLS | HTTP | Opaque | Malformed)
+        assert ins.feed(data[cut:]) == whole or isinstance(
+            inspect(data[:cut]), TLS | HTTP | Opaque | Malformed
+        )

@@ -16,17 +16,24 @@ def runner(rc: int, out: str):
     def run(argv, **_kw):
         assert argv[:2] == ["tailscale", "status"]
         return subprocess.CompletedProcess(argv, rc, out, "")
+
     return run
 
 
-@pytest.mark.parametrize(("rc", "out", "suffix"), [
-    (0, json.dumps({"BackendState": "Running", "MagicDNSSuffix": "Tail0a1b2.ts.net."}),
-     "tail0a1b2.ts.net"),
-    (0, json.dumps({"BackendState": "Stopped", "MagicDNSSuffix": "tail0a1b2.ts.net"}), None),
-    (0, json.dumps({"BackendState": "Running", "MagicDNSSuffix": ""}), None),
-    (0, "not json", None),
-    (1, "", None),
-])
+@pytest.mark.parametrize(
+    ("rc", "out", "suffix"),
+    [
+        (
+            0,
+            json.dumps({"BackendState": "Running", "MagicDNSSuffix": "Tail0a1b2.ts.net."}),
+            "tail0a1b2.ts.net",
+        ),
+        (0, json.dumps({"BackendState": "Stopped", "MagicDNSSuffix": "tail0a1b2.ts.net"}), None),
+        (0, json.dumps({"BackendState": "Running", "MagicDNSSuffix": ""}), None),
+        (0, "not json", None),
+        (1, "", None),
+    ],
+)
 def test_magicdns_suffix(rc: int, out: str, suffix: str | None) -> None:
     assert tailscale.magicdns_suffix(run=runner(rc, out)) == suffix
 
@@ -34,18 +41,27 @@ def test_magicdns_suffix(rc: int, out: str, suffix: str | None) -> None:
 def test_missing_binary_is_not_running() -> None:
     def run(argv, **_kw):
         raise FileNotFoundError(2, "No such file or directory", argv[0])
+
     assert tailscale.magicdns_suffix(run=run) is None
 
 
 def test_bare_names_also_allow_their_tailnet_name() -> None:
-    assert tailscale.qualify_hosts(["nas:22", "db.example.com", "*.wild.test", "printer"],
-                                   "t.ts.net") == [
-        "nas:22", "db.example.com", "*.wild.test", "printer", "nas.t.ts.net:22", "printer.t.ts.net"]
+    assert tailscale.qualify_hosts(
+        ["nas:22", "db.example.com", "*.wild.test", "printer"], "t.ts.net"
+    ) == [
+        "nas:22",
+        "db.example.com",
+        "*.wild.test",
+        "printer",
+        "nas.t.ts.net:22",
+        "printer.t.ts.net",
+    ]
 
 
 def test_search_domain() -> None:
     assert tailscale.resolv_conf("nameserver 10.0.2.2\n", "t.ts.net") == (
-        "nameserver 10.0.2.2\nsearch t.ts.net\n")
+        "nameserver 10.0.2.2\nsearch t.ts.net\n"
+    )
 
 
 def test_dns_routes_pick_the_suffix_only() -> None:

@@ -59,12 +59,16 @@ def test_registry_presets_name_no_host(name):
 
 def test_node_preset():
     p = load_profile("node", context={**CTX, "cache": "/c/node/p"})
-    assert p.env == {"NPM_CONFIG_UPDATE_NOTIFIER": "false",
-                     "npm_config_registry": "{npm_registry_url}",
-                     "npm_config_cafile": "{npm_cafile}", "NODE_OPTIONS": "--use-openssl-ca",
-                     "SSL_CERT_FILE": "{npm_cafile}",
-                     "npm_config_cache": "/c/node/p/npm", "YARN_CACHE_FOLDER": "/c/node/p/yarn",
-                     "npm_config_store_dir": "/c/node/p/pnpm"}  # npm's, yarn's, pnpm's: this project's
+    assert p.env == {
+        "NPM_CONFIG_UPDATE_NOTIFIER": "false",
+        "npm_config_registry": "{npm_registry_url}",
+        "npm_config_cafile": "{npm_cafile}",
+        "NODE_OPTIONS": "--use-openssl-ca",
+        "SSL_CERT_FILE": "{npm_cafile}",
+        "npm_config_cache": "/c/node/p/npm",
+        "YARN_CACHE_FOLDER": "/c/node/p/yarn",
+        "npm_config_store_dir": "/c/node/p/pnpm",
+    }  # npm's, yarn's, pnpm's: this project's
     assert (p.memory, p.pids) == (4 << 30, 1024)
     assert not (p.ro or p.rw or p.copy)  # no ~/.npmrc (it may hold tokens), no host cache
     assert [e.path for e in p.mkdir] == ["/c/node/p"]  # boxy's own cache for this project
@@ -73,8 +77,12 @@ def test_node_preset():
 def test_python_preset():
     p = load_profile("python", context={**CTX, "cache": "/c/python/p"})
     assert p.allow_hosts == ["{pip_index}", "{pip_files}"]
-    assert p.env == {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_INDEX_URL": "{pip_index_url}",
-                     "PIP_CERT": "{pip_cert}", "PIP_CACHE_DIR": "/c/python/p/pip"}
+    assert p.env == {
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "PIP_INDEX_URL": "{pip_index_url}",
+        "PIP_CERT": "{pip_cert}",
+        "PIP_CACHE_DIR": "/c/python/p/pip",
+    }
 
 
 def test_claude_preset():
@@ -325,8 +333,12 @@ def test_env_templates_filled_from_the_tools_or_left_out():
     from boxyd.profiles import resolve_env
 
     notes: list[str] = []
-    got = resolve_env({"A": "{npm_registry_url}", "B": "{pip_cert}", "C": "plain"},
-                      {"npm_registry_url": "https://m.example.test/"}.get, source="p", notes=notes)
+    got = resolve_env(
+        {"A": "{npm_registry_url}", "B": "{pip_cert}", "C": "plain"},
+        {"npm_registry_url": "https://m.example.test/"}.get,
+        source="p",
+        notes=notes,
+    )
     assert got == {"A": "https://m.example.test/", "C": "plain"}
     assert notes == ["profile p: env B: no {pip_cert} configured; not set"]
 
@@ -352,7 +364,9 @@ def test_user_profiles_are_looked_up_before_the_presets(tmp_path, monkeypatch):
     assert load_profile("node", context=CTX).description == "my node"  # shadows the preset
     assert load_profile("node", context=CTX).allow_hosts == ["{npm_registry}"]  # merged
     assert profiles.where("python") == ("preset", "python")
-    with pytest.raises(ProfileError, match=r"unknown profile 'nope' .*your own under .*/boxy/profiles/NAME.yaml"):
+    with pytest.raises(
+        ProfileError, match=r"unknown profile 'nope' .*your own under .*/boxy/profiles/NAME.yaml"
+    ):
         profiles.where("nope")
 
 
@@ -389,11 +403,18 @@ def test_new_keys_refused_with_one_line(tmp_path, text, message):
 
 
 def test_new_keys_read_and_merged(tmp_path):
-    base = write(tmp_path, "allow_cidr: [192.168.4.0/24]\nenv_secrets: [A]\ntailscale: true\n"
-                           "filesystem: {tmpfs: ['{home}/.cache/x']}\n", name="base.yaml")
-    child = write(tmp_path, f"extends: {base}\nallow_cidr: ['192.168.4.0/24,fd12::/48']\n"
-                            "env_secrets: [A, B]\ntty: true\ntty_raw: true\nfilesystem: {tmpfs: [/opt/scratch]}\n",
-                  name="child.yaml")
+    base = write(
+        tmp_path,
+        "allow_cidr: [192.168.4.0/24]\nenv_secrets: [A]\ntailscale: true\n"
+        "filesystem: {tmpfs: ['{home}/.cache/x']}\n",
+        name="base.yaml",
+    )
+    child = write(
+        tmp_path,
+        f"extends: {base}\nallow_cidr: ['192.168.4.0/24,fd12::/48']\n"
+        "env_secrets: [A, B]\ntty: true\ntty_raw: true\nfilesystem: {tmpfs: [/opt/scratch]}\n",
+        name="child.yaml",
+    )
     p = load_profile(child, context=CTX)
     assert p.allow_cidrs == ["192.168.4.0/24", "fd12::/48"]
     assert p.env_secrets == ["A", "B"] and p.tailscale is True and p.tty is True
@@ -404,7 +425,8 @@ def test_new_keys_read_and_merged(tmp_path):
 # --- what the payload can write: .boxy.yaml is read with the same loader ----------------
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(6))
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(6)
+)
 
 
 def project_error(text):
@@ -464,9 +486,35 @@ YAML_SEEDS = [
     b"env: {A: 'x', B: \"y\\u0041\"}\nenv_pass: [TERM]\ntty: true\nseccomp: compat\n",
     b"description: >\n  folded\n  text\n? complex\n: 1\n",
 ]
-YAML_TOKENS = [b"[", b"{", b"]", b"}", b"- ", b"? ", b": ", b"&a ", b"*a", b"!!int ", b"!!float ",
-               b"!!timestamp ", b"!!binary ", b"!!set ", b"<<: ", b"\n  ", b"'", b'"', b"\\", b"#",
-               b"%YAML 1.1\n", b"---\n", b"1", b"2001-13-45", b"\t", b"\xef\xbb\xbf", b"|\n"]
+YAML_TOKENS = [
+    b"[",
+    b"{",
+    b"]",
+    b"}",
+    b"- ",
+    b"? ",
+    b": ",
+    b"&a ",
+    b"*a",
+    b"!!int ",
+    b"!!float ",
+    b"!!timestamp ",
+    b"!!binary ",
+    b"!!set ",
+    b"<<: ",
+    b"\n  ",
+    b"'",
+    b'"',
+    b"\\",
+    b"#",
+    b"%YAML 1.1\n",
+    b"---\n",
+    b"1",
+    b"2001-13-45",
+    b"\t",
+    b"\xef\xbb\xbf",
+    b"|\n",
+]
 
 
 def test_fuzz_project_yaml_only_ever_profile_error():
@@ -486,11 +534,15 @@ def test_yaml_size_sweep_is_linear():
 
     def hosts(n):
         return "allow_hosts:\n" + "".join(f"  - h{i}.example   # a comment\n" for i in range(n))
+
     assert_linear(hosts, lambda t: profiles.project_doc(t, "x"), 200)
-    assert_linear(lambda n: "description: " + "word " * n + "\n",
-                  lambda t: profiles.project_doc(t, "x"), 500)
-    assert_linear(lambda n: "env: [" + "[[[]]], " * n + "]\n",
-                  lambda t: profiles.project_doc(t, "x"), 100)
+    assert_linear(
+        lambda n: "description: " + "word " * n + "\n", lambda t: profiles.project_doc(t, "x"), 500
+    )
+    assert_linear(
+        lambda n: "env: [" + "[[[]]], " * n + "]\n", lambda t: profiles.project_doc(t, "x"), 100
+    )
+
 
 def test_secrets_patterns_load_and_merge(tmp_path):
     p = load(tmp_path, "filesystem:\n  secrets: ['*.secret', 'conf/prod/*.yaml', 'vault/']\n")
@@ -504,6 +556,14 @@ def test_secrets_patterns_load_and_merge(tmp_path):
 def test_install_presets_protect_the_tools_configs(name):
     p = load_profile(name, context={**CTX, "cache": "/c/p"})
     protected = {e.path.removeprefix(CTX["workdir"] + "/") for e in p.protect if e.optional}
-    assert {".npmrc", ".yarnrc", ".yarnrc.yml", ".pnpmfile.cjs", ".venv/pip.conf", "venv/pip.conf",
-            ".vscode", ".envrc"} <= protected
+    assert {
+        ".npmrc",
+        ".yarnrc",
+        ".yarnrc.yml",
+        ".pnpmfile.cjs",
+        ".venv/pip.conf",
+        "venv/pip.conf",
+        ".vscode",
+        ".envrc",
+    } <= protected
     assert all(e.optional for e in p.protect)

@@ -72,10 +72,14 @@ def test_registry_files_are_read_only_as_data(project, tmp_path):
     write(project, "deep/env/pip.conf", "[global]\nindex-url = https://deep.test/simple\n")
     regs = pc.read(wd, {"HOME": "https://home.test"}).registries
     assert [(r.key, r.url, r.family) for r in regs] == [
-        ("registry", "https://r.test/", "npm"), ("@corp:registry", "https://home.test", "npm"),
-        ("global.index-url", "https://i.test/simple", "pip")]
+        ("registry", "https://r.test/", "npm"),
+        ("@corp:registry", "https://home.test", "npm"),
+        ("global.index-url", "https://i.test/simple", "pip"),
+    ]
     regs = pc.read(wd, {"VIRTUAL_ENV": os.path.join(wd, "deep", "env")}).registries
-    assert regs[-1].url == "https://deep.test/simple" and regs[-1].source.endswith("deep/env/pip.conf")
+    assert regs[-1].url == "https://deep.test/simple" and regs[-1].source.endswith(
+        "deep/env/pip.conf"
+    )
 
 
 def test_an_approval_is_for_this_content_in_this_directory(project):
@@ -100,8 +104,12 @@ def test_an_approval_is_for_this_content_in_this_directory(project):
 
 
 def test_unapproved_content_applies_only_what_is_no_wider(project):
-    write(project, pc.NAME, "profile: offline\nenv: {FROM_PROJECT: 'yes'}\n"
-                            "limits: {pids: 100, memory: 64GiB}\nfilesystem: {ro: [~/.ssh]}\n")
+    write(
+        project,
+        pc.NAME,
+        "profile: offline\nenv: {FROM_PROJECT: 'yes'}\n"
+        "limits: {pids: 100, memory: 64GiB}\nfilesystem: {ro: [~/.ssh]}\n",
+    )
     ssh = os.path.join(project["home"], ".ssh")
     os.makedirs(ssh)
     spec = build(project)
@@ -109,8 +117,10 @@ def test_unapproved_content_applies_only_what_is_no_wider(project):
     assert (spec.profile, spec.net, spec.pids, spec.memory) == ("offline", "none", 100, 2 << 30)
     assert spec.env["FROM_PROJECT"] == "yes" and spec.ro == []
     wd = project["wd"]
-    assert spec.warnings == [f"{wd}: not approved, so held back: filesystem.ro ({ssh}), "
-                             f"limits.memory of {wd}/.boxy.yaml; `boxyctl trust` in {wd} approves it"]
+    assert spec.warnings == [
+        f"{wd}: not approved, so held back: filesystem.ro ({ssh}), "
+        f"limits.memory of {wd}/.boxy.yaml; `boxyctl trust` in {wd} approves it"
+    ]
     # against -p offline, a network is a widening too
     write(project, pc.NAME, "net: public\n")
     spec = build(project, profile="offline")
@@ -118,10 +128,12 @@ def test_unapproved_content_applies_only_what_is_no_wider(project):
 
 
 def test_unapproved_content_that_does_not_load_is_ignored_and_said(project):
-    for text, why in (("profile: nonexistent\n", "unknown profile 'nonexistent'"),
-                      ("netw: public\n", "unknown key 'netw'"),
-                      ("profile: ./mine.yaml\n", "not a path"),
-                      ("[unclosed\n", "invalid YAML")):
+    for text, why in (
+        ("profile: nonexistent\n", "unknown profile 'nonexistent'"),
+        ("netw: public\n", "unknown key 'netw'"),
+        ("profile: ./mine.yaml\n", "not a path"),
+        ("[unclosed\n", "invalid YAML"),
+    ):
         write(project, pc.NAME, text)
         spec = build(project)
         assert spec.profile == "generic" and spec.net == "public"
@@ -129,19 +141,29 @@ def test_unapproved_content_that_does_not_load_is_ignored_and_said(project):
 
 
 def test_approved_content_applies_on_its_profile(project):
-    write(project, pc.NAME, "profile: offline\nenv: {FROM_PROJECT: 'yes'}\nlimits: {pids: 100}\n"
-                            "seccomp: compat\n")
+    write(
+        project,
+        pc.NAME,
+        "profile: offline\nenv: {FROM_PROJECT: 'yes'}\nlimits: {pids: 100}\nseccomp: compat\n",
+    )
     pc.approve(pc.read(project["wd"]), project["config"])
     spec = build(project)
-    assert (spec.profile, spec.net, spec.pids, spec.seccomp, spec.env["FROM_PROJECT"]) == \
-        ("offline", "none", 100, "compat", "yes")
+    assert (spec.profile, spec.net, spec.pids, spec.seccomp, spec.env["FROM_PROJECT"]) == (
+        "offline",
+        "none",
+        100,
+        "compat",
+        "yes",
+    )
     assert spec.warnings == []
     assert build(project, profile="generic").net == "public"  # the flag still wins
 
 
 def test_an_approved_file_may_not_extend_or_name_a_file(project):
-    for text, why in (("extends: node\n", "a project names its profile with profile: NAME"),
-                      ("profile: ./p.yaml\n", "not a path")):
+    for text, why in (
+        ("extends: node\n", "a project names its profile with profile: NAME"),
+        ("profile: ./p.yaml\n", "not a path"),
+    ):
         write(project, pc.NAME, text)
         pc.approve(pc.read(project["wd"]), project["config"])
         with pytest.raises(UsageError, match=why):
@@ -157,14 +179,20 @@ USER_REGISTRY = {"npm_registry": "user.test", "npm_registry_url": "https://user.
 
 
 def test_a_project_npmrc_registry_widens_only_once_approved(project):
-    write(project, ".npmrc", "registry=https://project.test/\n@corp:registry=https://corp.test/\n"
-                             "@same:registry=https://user.test/x/\n")
+    write(
+        project,
+        ".npmrc",
+        "registry=https://project.test/\n@corp:registry=https://corp.test/\n"
+        "@same:registry=https://user.test/x/\n",
+    )
     spec = build_node(project, USER_REGISTRY)
     assert spec.allow_hosts == ["user.test"]
     assert spec.env["npm_config_registry"] == "https://user.test/"  # overrides the file's
-    assert spec.warnings == [f"{project['wd']}: not approved, so held back: registry project.test "
-                             f"of {project['wd']}/.npmrc; @corp:registry corp.test of "
-                             f"{project['wd']}/.npmrc; `boxyctl trust` in {project['wd']} approves it"]
+    assert spec.warnings == [
+        f"{project['wd']}: not approved, so held back: registry project.test "
+        f"of {project['wd']}/.npmrc; @corp:registry corp.test of "
+        f"{project['wd']}/.npmrc; `boxyctl trust` in {project['wd']} approves it"
+    ]
     pc.approve(pc.read(project["wd"], pc.run_env(project["home"], "u", {})), project["config"])
     spec = build_node(project, USER_REGISTRY)
     assert spec.allow_hosts == ["project.test", "corp.test", "user.test"] and spec.warnings == []
@@ -178,10 +206,15 @@ PIP_USER = {"pip_index": "pypi.test", "pip_files": "files.test"}.get
 
 def test_a_venv_pip_conf_index_widens_only_once_approved(project):
     write(project, ".venv/pyvenv.cfg", "home = /usr/bin\n")
-    write(project, ".venv/pip.conf", "[global]\nindex-url = https://mirror.test/simple\n"
-                                     "extra-index-url = https://extra.test/simple\n")
-    req = RunRequest.from_wire({"argv": ["true"], "cwd": project["wd"],
-                                "options": {"profile": "python"}})
+    write(
+        project,
+        ".venv/pip.conf",
+        "[global]\nindex-url = https://mirror.test/simple\n"
+        "extra-index-url = https://extra.test/simple\n",
+    )
+    req = RunRequest.from_wire(
+        {"argv": ["true"], "cwd": project["wd"], "options": {"profile": "python"}}
+    )
 
     def spec():
         return build_spec(req, uid=os.getuid(), user="u", home=project["home"], registry=PIP_USER)

@@ -13,60 +13,93 @@ from boxyd import projectregistries as pr
 ENV = {"HOME": "/home/u", "REG": "https://mirror.test/npm/"}
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("registry=https://a.test/\n", [("registry", "https://a.test/")]),
-    ("  registry  =  https://a.test/  \n", [("registry", "https://a.test/")]),
-    ("registry=https://a.test/ ; a comment\n", [("registry", "https://a.test/")]),
-    ("registry=https://a.test/ # a comment\n", [("registry", "https://a.test/")]),
-    ('registry="https://a.test/"\n', [("registry", "https://a.test/")]),
-    ("registry='https://a.test/'\n", [("registry", "https://a.test/")]),
-    ('"registry"=https://a.test/\n', [("registry", "https://a.test/")]),
-    ("registry=https://a.test/\r\nregistry=https://b.test/\r\n", [("registry", "https://b.test/")]),
-    ("@corp:registry=https://corp.test/\n", [("@corp:registry", "https://corp.test/")]),
-    ("registry=${REG}\n", [("registry", "https://mirror.test/npm/")]),
-    ("registry=${UNSET?}https://c.test/\n", [("registry", "https://c.test/")]),
-    ("registry=${UNSET}\n", [("registry", "${UNSET}")]),
-    ("registry=\\${REG}\n", [("registry", "${REG}")]),
-    ("@${SCOPE?}corp:registry=https://corp.test/\n", [("@corp:registry", "https://corp.test/")]),
-    ("# registry=https://a.test/\n; registry=https://b.test/\n", []),
-    ("[section]\nregistry=https://a.test/\n", []),  # nested: npm reads no settings there
-    ("registry[]=https://a.test/\n", []),
-    ("registry\n", []),  # a bare key is `true`
-    ("registry=true\n", []),
-    ("registry=https://a.test/\nregistry=\n", []),
-    ("//a.test/:_authToken=secret\nalways-auth=true\n", []),
-    ("scope:registry=https://nope.test/\n", []),  # a scope starts with @
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("registry=https://a.test/\n", [("registry", "https://a.test/")]),
+        ("  registry  =  https://a.test/  \n", [("registry", "https://a.test/")]),
+        ("registry=https://a.test/ ; a comment\n", [("registry", "https://a.test/")]),
+        ("registry=https://a.test/ # a comment\n", [("registry", "https://a.test/")]),
+        ('registry="https://a.test/"\n', [("registry", "https://a.test/")]),
+        ("registry='https://a.test/'\n", [("registry", "https://a.test/")]),
+        ('"registry"=https://a.test/\n', [("registry", "https://a.test/")]),
+        (
+            "registry=https://a.test/\r\nregistry=https://b.test/\r\n",
+            [("registry", "https://b.test/")],
+        ),
+        ("@corp:registry=https://corp.test/\n", [("@corp:registry", "https://corp.test/")]),
+        ("registry=${REG}\n", [("registry", "https://mirror.test/npm/")]),
+        ("registry=${UNSET?}https://c.test/\n", [("registry", "https://c.test/")]),
+        ("registry=${UNSET}\n", [("registry", "${UNSET}")]),
+        ("registry=\\${REG}\n", [("registry", "${REG}")]),
+        (
+            "@${SCOPE?}corp:registry=https://corp.test/\n",
+            [("@corp:registry", "https://corp.test/")],
+        ),
+        ("# registry=https://a.test/\n; registry=https://b.test/\n", []),
+        ("[section]\nregistry=https://a.test/\n", []),  # nested: npm reads no settings there
+        ("registry[]=https://a.test/\n", []),
+        ("registry\n", []),  # a bare key is `true`
+        ("registry=true\n", []),
+        ("registry=https://a.test/\nregistry=\n", []),
+        ("//a.test/:_authToken=secret\nalways-auth=true\n", []),
+        ("scope:registry=https://nope.test/\n", []),  # a scope starts with @
+    ],
+)
 def test_npmrc(text, expected):
     assert pr.parse_npmrc(text, ENV) == expected
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("[global]\nindex-url = https://pypi.test/simple\n", [("global.index-url", "https://pypi.test/simple")]),
-    ("[install]\nindex_url = https://i.test/simple\n", [("install.index-url", "https://i.test/simple")]),
-    ("[global]\nINDEX-URL = https://i.test/\n", [("global.index-url", "https://i.test/")]),
-    ("[global]\n--index-url = https://i.test/\n", [("global.index-url", "https://i.test/")]),
-    ("[global]\nextra-index-url =\n  https://a.test/simple\n  https://b.test/simple\n",
-     [("global.extra-index-url", "https://a.test/simple"),
-      ("global.extra-index-url", "https://b.test/simple")]),
-    ("[download]\nfind-links = https://f.test/wheels /local/dir\n",
-     [("download.find-links", "https://f.test/wheels")]),
-    ("[freeze]\nindex-url = https://x.test/\n", []),  # a command that fetches nothing
-    ("[global]\ntrusted-host = x.test\ntimeout = 5\n", []),
-    ("index-url = https://x.test/\n", []),  # no section: pip fails to load it
-    ("[global\nindex-url = https://x.test/\n", []),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        (
+            "[global]\nindex-url = https://pypi.test/simple\n",
+            [("global.index-url", "https://pypi.test/simple")],
+        ),
+        (
+            "[install]\nindex_url = https://i.test/simple\n",
+            [("install.index-url", "https://i.test/simple")],
+        ),
+        ("[global]\nINDEX-URL = https://i.test/\n", [("global.index-url", "https://i.test/")]),
+        ("[global]\n--index-url = https://i.test/\n", [("global.index-url", "https://i.test/")]),
+        (
+            "[global]\nextra-index-url =\n  https://a.test/simple\n  https://b.test/simple\n",
+            [
+                ("global.extra-index-url", "https://a.test/simple"),
+                ("global.extra-index-url", "https://b.test/simple"),
+            ],
+        ),
+        (
+            "[download]\nfind-links = https://f.test/wheels /local/dir\n",
+            [("download.find-links", "https://f.test/wheels")],
+        ),
+        ("[freeze]\nindex-url = https://x.test/\n", []),  # a command that fetches nothing
+        ("[global]\ntrusted-host = x.test\ntimeout = 5\n", []),
+        ("index-url = https://x.test/\n", []),  # no section: pip fails to load it
+        ("[global\nindex-url = https://x.test/\n", []),
+    ],
+)
 def test_pip_conf(text, expected):
     assert pr.parse_pip_conf(text) == expected
 
 
 def test_primary_registries_and_the_hosts_beside_them():
-    npm = pr.registries("/w/.npmrc", "npm", [("registry", "https://r.test/"),
-                                             ("@corp:registry", "https://corp.test/")])
-    pip = pr.registries("/w/.venv/pip.conf", "pip", [
-        ("global.index-url", "https://g.test/simple"), ("install.index-url", "https://i.test/simple"),
-        ("global.extra-index-url", "https://e.test/simple"),
-        ("global.find-links", "https://user:pw@creds.test/")])
+    npm = pr.registries(
+        "/w/.npmrc",
+        "npm",
+        [("registry", "https://r.test/"), ("@corp:registry", "https://corp.test/")],
+    )
+    pip = pr.registries(
+        "/w/.venv/pip.conf",
+        "pip",
+        [
+            ("global.index-url", "https://g.test/simple"),
+            ("install.index-url", "https://i.test/simple"),
+            ("global.extra-index-url", "https://e.test/simple"),
+            ("global.find-links", "https://user:pw@creds.test/"),
+        ],
+    )
     regs = npm + pip
     assert pr.template_value(regs, "npm_registry") == "r.test"
     assert pr.template_value(regs, "npm_registry_url") == "https://r.test/"
@@ -97,6 +130,7 @@ def test_credentials_in_a_url_are_never_repeated():
 
 
 # --- .npmrc: the `ini` package JSON.parses a quoted value ------------------------------
+
 
 @pytest.mark.parametrize("text,expected", [
     # the issue: 5,000 '[' in quotes made json.loads raise RecursionError in boxyd
@@ -151,6 +185,7 @@ def test_json_parse_agrees_with_python_json_where_it_can_recurse():
     def reference(text):
         def refuse(constant):
             raise ValueError(constant)
+
         try:
             v = json.loads(text, parse_constant=refuse)
         except ValueError:
@@ -158,23 +193,79 @@ def test_json_parse_agrees_with_python_json_where_it_can_recurse():
         return js(v), isinstance(v, str)
 
     rng = random.Random(7)
-    atoms = ["[", "]", "{", "}", ",", ":", '"a"', '"\\u00e9"', '"\\ud83d\\ude00"', '"\\ud800"',
-             "1", "-0", "1.5e3", "1e21", "1e-7", "12345678901234567890123", "true", "false",
-             "null", " ", "\n", '"x\\n"', '"\\q"', "01", '"', "\\", "nul", "1.", '"\x01"',
-             "NaN", "[null]", '{"k":1}']
+    atoms = [
+        "[",
+        "]",
+        "{",
+        "}",
+        ",",
+        ":",
+        '"a"',
+        '"\\u00e9"',
+        '"\\ud83d\\ude00"',
+        '"\\ud800"',
+        "1",
+        "-0",
+        "1.5e3",
+        "1e21",
+        "1e-7",
+        "12345678901234567890123",
+        "true",
+        "false",
+        "null",
+        " ",
+        "\n",
+        '"x\\n"',
+        '"\\q"',
+        "01",
+        '"',
+        "\\",
+        "nul",
+        "1.",
+        '"\x01"',
+        "NaN",
+        "[null]",
+        '{"k":1}',
+    ]
     for _ in range(20000):
         text = "".join(rng.choice(atoms) for _ in range(rng.randint(1, 8)))
         assert pr._json_parse(text) == reference(text), text
 
 
 NPMRC_SEEDS = [
-    b"registry=https://a.test/\n@corp:registry = \"https://corp.test/\" ; c\n",
+    b'registry=https://a.test/\n@corp:registry = "https://corp.test/" ; c\n',
     b"'registry'='[\"https://a.test/\"]'\n//a.test/:_authToken=${TOKEN}\n[sec]\nx=1\n",
     b"registry=${REG}\nkey[]=1\nkey[]=2\n# c\n; c\nregistry=\\;x\\#y\n",
 ]
-NPMRC_TOKENS = [b"[", b"]", b"{", b"}", b'"', b"'", b"=", b"\\", b";", b"#", b"${", b"}", b"?",
-                b"\\u", b"\\ud800", b"\n", b"\r\n", b" ", b"\t", b"registry", b"@s:registry",
-                b",", b":", b"1e400", b"null", b"\x00", b"\xe2\x80\xa8"]
+NPMRC_TOKENS = [
+    b"[",
+    b"]",
+    b"{",
+    b"}",
+    b'"',
+    b"'",
+    b"=",
+    b"\\",
+    b";",
+    b"#",
+    b"${",
+    b"}",
+    b"?",
+    b"\\u",
+    b"\\ud800",
+    b"\n",
+    b"\r\n",
+    b" ",
+    b"\t",
+    b"registry",
+    b"@s:registry",
+    b",",
+    b":",
+    b"1e400",
+    b"null",
+    b"\x00",
+    b"\xe2\x80\xa8",
+]
 
 
 def test_fuzz_npmrc_never_raises():
@@ -191,7 +282,7 @@ def test_npmrc_size_sweep_is_linear():
     run = lambda text: pr.parse_npmrc(text, ENV)  # noqa: E731
     assert_linear(lambda n: "registry='" + "[" * n + "'\n", run, 2000)
     assert_linear(lambda n: "registry='" + "[" * n + "]" * n + "'\n", run, 1000)
-    assert_linear(lambda n: "registry=\"" + "\\u0041" * n + "\"\n", run, 1000)
+    assert_linear(lambda n: 'registry="' + "\\u0041" * n + '"\n', run, 1000)
     assert_linear(lambda n: "registry=a\n" * n, run, 200)
     assert_linear(lambda n: "registry=" + "${" * n + "\n", run, 1000)
     assert_linear(lambda n: "registry=" + "\\" * n + "${X}\n", run, 1000)
@@ -199,13 +290,15 @@ def test_npmrc_size_sweep_is_linear():
 
 # --- pip.conf: configparser's rules, in linear time ------------------------------------
 
+
 def test_pip_conf_long_blank_run_is_linear():
     """The issue: one 64 KiB line took configparser 20 s, once per venv."""
     t0 = time.process_time()
     assert pr.parse_pip_conf("[global]\na" + " " * 65500 + "b\n") == []
     assert pr.parse_pip_conf("[global]\n" + "a\n" * 32000) == []  # 3 s: ParsingError's message
-    assert pr.parse_pip_conf("[global]\nindex-url" + " " * 65000 + "= https://a.test/\n") == \
-        [("global.index-url", "https://a.test/")]
+    assert pr.parse_pip_conf("[global]\nindex-url" + " " * 65000 + "= https://a.test/\n") == [
+        ("global.index-url", "https://a.test/")
+    ]
     assert time.process_time() - t0 < 1.0
 
 
@@ -241,9 +334,35 @@ def test_pip_conf_agrees_with_configparser():
     import random
 
     rng = random.Random(3)
-    atoms = ["[global]", "[DEFAULT]", "[install]", "[", "]", "=", ":", " ", "  ", "\t", "\n",
-             "\r\n", "#", ";", "a", "B", "index-url", "\u2028", "\x0b", "\x85", "\u00a0",
-             "[a]b", "[]", "[]]", " = ", "\n  ", "\n\n"]
+    atoms = [
+        "[global]",
+        "[DEFAULT]",
+        "[install]",
+        "[",
+        "]",
+        "=",
+        ":",
+        " ",
+        "  ",
+        "\t",
+        "\n",
+        "\r\n",
+        "#",
+        ";",
+        "a",
+        "B",
+        "index-url",
+        "\u2028",
+        "\x0b",
+        "\x85",
+        "\u00a0",
+        "[a]b",
+        "[]",
+        "[]]",
+        " = ",
+        "\n  ",
+        "\n\n",
+    ]
     for _ in range(8000):
         text = "".join(rng.choice(atoms) for _ in range(rng.randint(1, 14)))
         assert pr._configparser_items(text) == configparser_reference(text), text
@@ -253,8 +372,25 @@ PIP_SEEDS = [
     b"[global]\nindex-url = https://a.test/simple\nextra-index-url =\n  https://b.test/\n",
     b"[DEFAULT]\ntimeout: 5\n[install]\n--index_url=https://c.test/\nfind-links = /x https://d.test/\n",
 ]
-PIP_TOKENS = [b"[", b"]", b"=", b":", b" ", b"\t", b"\n", b"\r", b"#", b";", b"[global]",
-              b"[DEFAULT]", b"\n  ", b"index-url", b"\x00", b"\xc2\xa0", b"%(x)s"]
+PIP_TOKENS = [
+    b"[",
+    b"]",
+    b"=",
+    b":",
+    b" ",
+    b"\t",
+    b"\n",
+    b"\r",
+    b"#",
+    b";",
+    b"[global]",
+    b"[DEFAULT]",
+    b"\n  ",
+    b"index-url",
+    b"\x00",
+    b"\xc2\xa0",
+    b"%(x)s",
+]
 
 
 def test_fuzz_pip_conf_agrees_with_configparser():
@@ -273,5 +409,8 @@ def test_pip_conf_size_sweep_is_linear():
 
     assert_linear(lambda n: "[global]\na" + " " * n + "b\n", pr.parse_pip_conf, 4000)
     assert_linear(lambda n: "[global]\n" + "a\n" * n, pr.parse_pip_conf, 1000)
-    assert_linear(lambda n: "[global]\n" + "".join(f"k{i} = v\n  more\n" for i in range(n)),
-                  pr.parse_pip_conf, 300)
+    assert_linear(
+        lambda n: "[global]\n" + "".join(f"k{i} = v\n  more\n" for i in range(n)),
+        pr.parse_pip_conf,
+        300,
+    )

@@ -8,14 +8,21 @@ from boxyd.registries import Registries, host_of
 from tests.harness import toolshed
 
 
-@pytest.mark.parametrize(("value", "host"), [
-    ("https://registry.example.test/", "registry.example.test"),
-    ("http://mirror.example.test:8080/npm/\n", "mirror.example.test"),
-    ("https://proxy.example.test,direct", "proxy.example.test"),
-    ("https://proxy.example.test|https://other.example.test", "proxy.example.test"),
-    ("sum.example.test", "sum.example.test"),
-    ("off", None), ("direct", None), ("", None), ("https://", None), ("http://[::1", None),
-])
+@pytest.mark.parametrize(
+    ("value", "host"),
+    [
+        ("https://registry.example.test/", "registry.example.test"),
+        ("http://mirror.example.test:8080/npm/\n", "mirror.example.test"),
+        ("https://proxy.example.test,direct", "proxy.example.test"),
+        ("https://proxy.example.test|https://other.example.test", "proxy.example.test"),
+        ("sum.example.test", "sum.example.test"),
+        ("off", None),
+        ("direct", None),
+        ("", None),
+        ("https://", None),
+        ("http://[::1", None),
+    ],
+)
 def test_host_of(value: str, host: str | None) -> None:
     assert host_of(value) == host
 
@@ -59,8 +66,9 @@ def test_pip_default_index_and_files() -> None:
 
 
 def test_pip_private_index_serves_its_own_files() -> None:
-    tools = Tools({"pip-defaults": DEFAULTS,
-                   "python3 -m pip": "https://devpi.example.test/root/simple"})
+    tools = Tools(
+        {"pip-defaults": DEFAULTS, "python3 -m pip": "https://devpi.example.test/root/simple"}
+    )
     reg = Registries({}, run=tools)
     assert reg("pip_index") == "devpi.example.test"
     assert reg("pip_files") == "devpi.example.test"
@@ -73,12 +81,15 @@ def test_missing_tool_gives_none() -> None:
     assert reg("no_such_template") is None
 
 
-@pytest.mark.parametrize(("value", "shaped"), [
-    ("https://mirror.example.test/npm/", "https://mirror.example.test/npm/"),
-    ("https://user:tok@mirror.example.test/", None),  # credentials never enter the sandbox
-    ("ftp://mirror.example.test/", None),
-    ("not a url", None),
-])
+@pytest.mark.parametrize(
+    ("value", "shaped"),
+    [
+        ("https://mirror.example.test/npm/", "https://mirror.example.test/npm/"),
+        ("https://user:tok@mirror.example.test/", None),  # credentials never enter the sandbox
+        ("ftp://mirror.example.test/", None),
+        ("not a url", None),
+    ],
+)
 def test_registry_urls_without_credentials(value: str, shaped: str | None) -> None:
     reg = Registries({"npm_config_registry": value}, run=Tools({}))
     assert reg("npm_registry_url") == shaped
@@ -90,7 +101,9 @@ def test_ca_files_must_exist(tmp_path) -> None:
     tools = Tools({"npm config get": f"registry=https://npm.example.test/\ncafile={ca}"})
     assert Registries({}, run=tools)("npm_cafile") == str(ca)
     assert Registries({}, run=Tools({"npm config get": "cafile=null"}))("npm_cafile") is None
-    assert Registries({"PIP_CERT": str(tmp_path / "missing.pem")}, run=Tools({}))("pip_cert") is None
+    assert (
+        Registries({"PIP_CERT": str(tmp_path / "missing.pem")}, run=Tools({}))("pip_cert") is None
+    )
 
 
 class Counting:
@@ -110,6 +123,7 @@ class Counting:
 
             def close(self) -> None:
                 box.close()
+
         return Box()
 
 
@@ -118,8 +132,10 @@ def test_the_tools_answer_is_kept_across_runs(tmp_path) -> None:
     # kept for the next runs. A real executable stands in for npm here.
     npm = tmp_path / "npm"
     npmrc = tmp_path / ".npmrc"
-    npm.write_text("#!/bin/sh\necho registry=https://cached.example.test/\necho cafile=null\n"
-                   f"echo userconfig={npmrc}\necho globalconfig={tmp_path}/etc/npmrc\n")
+    npm.write_text(
+        "#!/bin/sh\necho registry=https://cached.example.test/\necho cafile=null\n"
+        f"echo userconfig={npmrc}\necho globalconfig={tmp_path}/etc/npmrc\n"
+    )
     npm.chmod(0o755)
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "HOME": str(tmp_path)}
     tools = Counting()
@@ -127,8 +143,9 @@ def test_the_tools_answer_is_kept_across_runs(tmp_path) -> None:
     assert Registries(env, tools=tools)("npm_registry_url") == "https://cached.example.test/"
     assert Registries(env, tools=tools)("npm_cafile") is None
     # one node start-up for every npm setting, and none for the next runs
-    assert tools.calls == [[str(npm), "config", "get", "registry", "cafile", "userconfig",
-                            "globalconfig"]]
+    assert tools.calls == [
+        [str(npm), "config", "get", "registry", "cafile", "userconfig", "globalconfig"]
+    ]
     # an npmrc npm reads appears (or changes): asked again at once
     npmrc.write_text("registry=https://other.example.test/\n")
     assert Registries(env, tools=tools)("npm_registry") == "cached.example.test"  # the stand-in's

@@ -12,7 +12,14 @@ def test_expired_keeps_the_newest_and_the_young() -> None:
     now = 1000 * DAY
     entries = [(f"s{i}", now - i * DAY) for i in range(10)]
     assert expired(entries, now, keep=5, max_age=100 * DAY) == ["s5", "s6", "s7", "s8", "s9"]
-    assert expired(entries, now, keep=100, max_age=3.5 * DAY) == ["s4", "s5", "s6", "s7", "s8", "s9"]
+    assert expired(entries, now, keep=100, max_age=3.5 * DAY) == [
+        "s4",
+        "s5",
+        "s6",
+        "s7",
+        "s8",
+        "s9",
+    ]
     assert expired([], now, keep=1, max_age=DAY) == []
 
 

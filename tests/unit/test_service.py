@@ -36,8 +36,9 @@ class Peer:
         return cls(*await asyncio.open_unix_connection(path))
 
     def send(self, method: str, params: dict, **flags: bool) -> None:
-        self.writer.write(json.dumps({"method": M + method, "parameters": params, **flags}).encode()
-                          + b"\0")
+        self.writer.write(
+            json.dumps({"method": M + method, "parameters": params, **flags}).encode() + b"\0"
+        )
 
     async def reply(self) -> dict:
         return json.loads((await asyncio.wait_for(self.reader.readuntil(b"\0"), 5))[:-1])
@@ -161,11 +162,16 @@ async def test_watch_without_an_id_needs_exactly_one_running(daemon) -> None:
     peer = await Peer.connect(path)
     peer.send("Watch", {}, more=True)
     got = await peer.reply()
-    assert got["error"] == M + "InvalidArgument" and "no session is running" in got["parameters"]["message"]
+    assert (
+        got["error"] == M + "InvalidArgument"
+        and "no session is running" in got["parameters"]["message"]
+    )
     a, b = await manager.start(request(), []), await manager.start(request(), [])
     peer.send("Watch", {}, more=True)
     got = await peer.reply()
-    assert f"several sessions are running ({a.id}, {b.id}); name one" in got["parameters"]["message"]
+    assert (
+        f"several sessions are running ({a.id}, {b.id}); name one" in got["parameters"]["message"]
+    )
     peer.close()
 
 
@@ -190,21 +196,45 @@ async def test_fds_of_a_refused_run_are_closed(daemon) -> None:
 
 def _fuzz_cases(rng) -> list[bytes]:
     """Framing and JSON gone wrong, and calls of the wrong shape: each one message."""
-    valid = {"method": M + "Run", "parameters": {"argv": ["true"], "cwd": "/w", "build": "x",
-                                                 "options": {"memory": 1, "env": []}}, "more": True}
+    valid = {
+        "method": M + "Run",
+        "parameters": {
+            "argv": ["true"],
+            "cwd": "/w",
+            "build": "x",
+            "options": {"memory": 1, "env": []},
+        },
+        "more": True,
+    }
     text = json.dumps(valid)
-    cases = [b"\0", b"{}\0", b"[]\0", b"null\0", b'"x"\0', b"{\0", b"\xff\xfe\0", b"[" * 100_000 + b"\0",
-             json.dumps({"method": 3}).encode() + b"\0",
-             json.dumps({"method": M + "Version", "more": True, "oneway": True}).encode() + b"\0",
-             json.dumps({"method": M + "Version", "upgrade": True}).encode() + b"\0",
-             json.dumps({"method": M + "Version", "parameters": []}).encode() + b"\0",
-             json.dumps({"method": M + "Run", "parameters": {"argv": "true"}}).encode() + b"\0",
-             json.dumps({"method": M + "Show", "parameters": {"id": {"x": 1}}}).encode() + b"\0",
-             json.dumps({"method": M + "Signal", "parameters": {"id": "x", "signal": "9"},
-                         "oneway": True}).encode() + b"\0",
-             json.dumps({"method": M + "Watch", "parameters": {"id": 7}}).encode() + b"\0",
-             json.dumps({"method": "org.varlink.service.GetInterfaceDescription",
-                         "parameters": {"interface": []}}).encode() + b"\0"]
+    cases = [
+        b"\0",
+        b"{}\0",
+        b"[]\0",
+        b"null\0",
+        b'"x"\0',
+        b"{\0",
+        b"\xff\xfe\0",
+        b"[" * 100_000 + b"\0",
+        json.dumps({"method": 3}).encode() + b"\0",
+        json.dumps({"method": M + "Version", "more": True, "oneway": True}).encode() + b"\0",
+        json.dumps({"method": M + "Version", "upgrade": True}).encode() + b"\0",
+        json.dumps({"method": M + "Version", "parameters": []}).encode() + b"\0",
+        json.dumps({"method": M + "Run", "parameters": {"argv": "true"}}).encode() + b"\0",
+        json.dumps({"method": M + "Show", "parameters": {"id": {"x": 1}}}).encode() + b"\0",
+        json.dumps(
+            {"method": M + "Signal", "parameters": {"id": "x", "signal": "9"}, "oneway": True}
+        ).encode()
+        + b"\0",
+        json.dumps({"method": M + "Watch", "parameters": {"id": 7}}).encode() + b"\0",
+        json.dumps(
+            {
+                "method": "org.varlink.service.GetInterfaceDescription",
+                "parameters": {"interface": []},
+            }
+        ).encode()
+        + b"\0",
+    ]
     for _ in range(300):
         raw = bytearray(text.encode())
         for _ in range(rng.randint(1, 8)):
@@ -249,7 +279,9 @@ async def test_malformed_varlink_never_takes_the_daemon_down(daemon) -> None:
 async def test_a_malformed_message_after_a_call_is_answered_in_order(daemon) -> None:
     _, path = daemon
     peer = await Peer.connect(path)
-    peer.writer.write(json.dumps({"method": M + "Version", "parameters": {}}).encode() + b"\0{oops\0")
+    peer.writer.write(
+        json.dumps({"method": M + "Version", "parameters": {}}).encode() + b"\0{oops\0"
+    )
     first, second = await peer.reply(), await peer.reply()
     assert first["parameters"]["build"] == build_id()
     assert second["error"] == "org.varlink.service.InvalidParameter"

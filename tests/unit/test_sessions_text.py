@@ -11,20 +11,27 @@ from boxyctl import sessions as text
 NOW = time.time()
 
 
-def info(state: State, outcome: Outcome | None = None, argv=("npm", "ci"), ended: float | None = None):
+def info(
+    state: State, outcome: Outcome | None = None, argv=("npm", "ci"), ended: float | None = None
+):
     return SessionInfo("0123abcd", state, list(argv), "/home/u/p", "node", NOW - 65, ended, outcome)
 
 
 def test_ps_columns_and_states() -> None:
-    rows = [info(State.RUNNING),
-            info(State.KILLED, Outcome(143, Reason.SIGNAL, signal=15), ended=NOW),
-            info(State.EXITED, Outcome(3, Reason.EXIT), ended=NOW),
-            info(State.TIMED_OUT, Outcome(124, Reason.TIMEOUT), ended=NOW)]
+    rows = [
+        info(State.RUNNING),
+        info(State.KILLED, Outcome(143, Reason.SIGNAL, signal=15), ended=NOW),
+        info(State.EXITED, Outcome(3, Reason.EXIT), ended=NOW),
+        info(State.TIMED_OUT, Outcome(124, Reason.TIMEOUT), ended=NOW),
+    ]
     lines = text.ps_lines(rows, NOW)
     assert lines[0].split() == ["ID", "STATE", "STARTED", "TIME", "PROFILE", "COMMAND"]
     assert [ln.split()[1:3] for ln in lines[1:]] == [
         ["running", time.strftime("%H:%M:%S", time.localtime(NOW - 65))],
-        ["killed", "SIGTERM"], ["exited", "3"], ["timed-out", time.strftime("%H:%M:%S", time.localtime(NOW - 65))]]
+        ["killed", "SIGTERM"],
+        ["exited", "3"],
+        ["timed-out", time.strftime("%H:%M:%S", time.localtime(NOW - 65))],
+    ]
     assert all(ln.endswith("npm ci") for ln in lines[1:])
     assert lines[1].split()[3] == values.format_duration(65)
 
@@ -38,47 +45,81 @@ def test_a_hostile_argv_never_drives_the_terminal() -> None:
 
 
 def test_show_everything_of_a_finished_session() -> None:
-    out = Outcome(1, Reason.EXIT, "a message", findings=["git: .git/hooks/pre-commit quarantined"],
-                  notes=["a note"], destinations="2 destinations\nHOST  CONN\nexample.org  1")
+    out = Outcome(
+        1,
+        Reason.EXIT,
+        "a message",
+        findings=["git: .git/hooks/pre-commit quarantined"],
+        notes=["a note"],
+        destinations="2 destinations\nHOST  CONN\nexample.org  1",
+    )
     lines = text.show_lines(info(State.EXITED, out, ended=NOW), NOW)
     assert "state     exited 1" in lines and "exit      1 (exit)" in lines
     assert "message   a message" in lines and "findings:" in lines
     assert "  git: .git/hooks/pre-commit quarantined" in lines
     assert lines[-3:] == ["  2 destinations", "  HOST  CONN", "  example.org  1"]
-    assert text.stop_line(info(State.KILLED, Outcome(137, Reason.SIGNAL, signal=9), ended=NOW)) \
+    assert (
+        text.stop_line(info(State.KILLED, Outcome(137, Reason.SIGNAL, signal=9), ended=NOW))
         == "session 0123abcd: killed SIGKILL"
+    )
 
 
 def test_event_lines() -> None:
-    deny = {"kind": "audit", "t": NOW, "record": {"t": NOW, "session": "x", "layer": "net",
-                                                     "verdict": "deny", "host": "evil.example"}}
+    deny = {
+        "kind": "audit",
+        "t": NOW,
+        "record": {
+            "t": NOW,
+            "session": "x",
+            "layer": "net",
+            "verdict": "deny",
+            "host": "evil.example",
+        },
+    }
     assert text.event_line(deny, color=False).endswith(" net verdict=deny host=evil.example")
     assert text.event_line(deny, color=True).startswith(text.RED)
     ok = {"kind": "audit", "t": NOW, "record": {"layer": "net", "verdict": "allow"}}
     assert not text.event_line(ok, color=True).startswith(text.RED)
     assert text.event_line({"kind": "lost", "t": NOW, "count": 7}, color=False).endswith(
-        " lost 7 events (this watcher fell behind)")
+        " lost 7 events (this watcher fell behind)"
+    )
     assert text.event_line({"kind": "state", "t": NOW, "state": "running"}, color=False).endswith(
-        " state state=running")
-    assert "\x1b" not in text.event_line({"kind": "notice", "t": NOW, "text": "\x1b[31m"}, color=False)
+        " state state=running"
+    )
+    assert "\x1b" not in text.event_line(
+        {"kind": "notice", "t": NOW, "text": "\x1b[31m"}, color=False
+    )
 
 
 def test_the_board_totals_rates_destinations_and_recent() -> None:
     board = text.Board(info(State.RUNNING))
     snap = {"connections": 3, "denials": 1, "bytes_up": 1000, "bytes_down": 4000, "destinations": 2}
-    board.event({"kind": "counters", "t": NOW, "counters": snap,
-                 "destinations": [["example.org", 2, 0, 1000, 4000], ["evil.example", 1, 1, 0, 0]]})
-    board.event({"kind": "counters", "t": NOW + 2, "counters": {**snap, "bytes_down": 6048},
-                 "destinations": [["example.org", 2, 0, 1000, 6048], ["evil.example", 1, 1, 0, 0]]})
+    board.event(
+        {
+            "kind": "counters",
+            "t": NOW,
+            "counters": snap,
+            "destinations": [["example.org", 2, 0, 1000, 4000], ["evil.example", 1, 1, 0, 0]],
+        }
+    )
+    board.event(
+        {
+            "kind": "counters",
+            "t": NOW + 2,
+            "counters": {**snap, "bytes_down": 6048},
+            "destinations": [["example.org", 2, 0, 1000, 6048], ["evil.example", 1, 1, 0, 0]],
+        }
+    )
     for i in range(20):
         board.event({"kind": "audit", "t": NOW, "record": {"layer": "net", "n": i}})
     board.event({"kind": "state", "t": NOW, "state": "exited"})
     lines = board.render(NOW + 2)
     assert lines[0].startswith("session 0123abcd exited ")
-    assert lines[1] == ("connections 3  denials 1  up 1000B (0B/s)  down 5.9KiB (1.0KiB/s)  "
-                        "destinations 2")
+    assert lines[1] == (
+        "connections 3  denials 1  up 1000B (0B/s)  down 5.9KiB (1.0KiB/s)  destinations 2"
+    )
     assert lines[3].split() == ["DESTINATION", "CONN", "DENIED", "UP", "DOWN"]
     assert lines[4].startswith("example.org") and not lines[4].startswith(text.RED)
     assert lines[5].startswith(text.RED + "evil.example")  # a refused destination in red
-    recent = lines[lines.index("RECENT") + 1:]
+    recent = lines[lines.index("RECENT") + 1 :]
     assert len(recent) == text.Board.RECENT and recent[-1].endswith("state state=exited")

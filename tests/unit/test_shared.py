@@ -59,8 +59,11 @@ def test_the_idl_names_the_interface_and_every_error_of_the_table() -> None:
 
 
 def test_version_is_written_once() -> None:
-    hits = [p for p in ROOT.glob("*/**/*.py") if ".venv" not in p.parts and "tests" not in p.parts
-            and VERSION in p.read_text()]
+    hits = [
+        p
+        for p in ROOT.glob("*/**/*.py")
+        if ".venv" not in p.parts and "tests" not in p.parts and VERSION in p.read_text()
+    ]
     assert hits == [ROOT / "boxy" / "__init__.py"]
     assert 'dynamic = ["version"]' in (ROOT / "pyproject.toml").read_text()
 
@@ -87,13 +90,16 @@ def test_boxy_imports_neither_side_and_boxyd_never_imports_the_client() -> None:
 def test_the_run_path_of_the_client_loads_no_daemon_module() -> None:
     """`boxyctl run` parses and builds its request with boxy alone (and no asyncio,
     yaml or dns: start-up time is part of every run)."""
-    code = ("import sys; from boxyctl import cli; "
-            "c = cli.parse(['run', '-p', 'node', '-e', 'A=1', '--', 'true'], environ={'HOME': '/h'}, "
-            "cwd='/w'); c.args['request'].to_wire(); from boxy import outcome, varlink; "
-            "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('boxyd', 'asyncio', 'yaml', 'dns', 'dataclasses', 'typing'))))")
-    out = subprocess.run([sys.executable, "-I", "-c", code], cwd=ROOT, capture_output=True,
-                         text=True, check=True)
+    code = (
+        "import sys; from boxyctl import cli; "
+        "c = cli.parse(['run', '-p', 'node', '-e', 'A=1', '--', 'true'], environ={'HOME': '/h'}, "
+        "cwd='/w'); c.args['request'].to_wire(); from boxy import outcome, varlink; "
+        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('boxyd', 'asyncio', 'yaml', 'dns', 'dataclasses', 'typing'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     assert out.stdout.split() == []
 
 
@@ -110,11 +116,20 @@ def test_request_decoding_refuses_every_wrong_shape_with_one_line() -> None:
         ({**base, "options": {"memory": -1}}, "options.memory: expected a size in bytes"),
         ({**base, "options": {"pids": 1.5}}, "options.pids: expected a positive whole number"),
         ({**base, "options": {"timeout": 0}}, "options.timeout: expected a positive number"),
-        ({**base, "options": {"timeout": float("inf")}}, "options.timeout: expected a positive number"),
+        (
+            {**base, "options": {"timeout": float("inf")}},
+            "options.timeout: expected a positive number",
+        ),
         ({**base, "options": {"ro": "/x"}}, "options.ro: expected a list of strings"),
-        ({**base, "options": {"allow_port": [True]}}, "options.allow_port: expected a list of port"),
+        (
+            {**base, "options": {"allow_port": [True]}},
+            "options.allow_port: expected a list of port",
+        ),
         ({**base, "options": {"env": [{"value": "x"}]}}, "options.env: expected a list of {name"),
-        ({**base, "options": {"secret": [{"name": "A"}]}}, "options.secret: expected a list of {name"),
+        (
+            {**base, "options": {"secret": [{"name": "A"}]}},
+            "options.secret: expected a list of {name",
+        ),
         ({**base, "options": {"copy": [{"src": 1}]}}, "options.copy: expected a list of {src"),
         ({**base, "options": {"tty": "yes"}}, "options.tty: expected true or false"),
         ({**base, "options": {"profile": 3}}, "options.profile: expected a string"),
@@ -127,10 +142,22 @@ def test_request_decoding_refuses_every_wrong_shape_with_one_line() -> None:
 
 
 def test_request_round_trip_and_defaults() -> None:
-    req = RunRequest(["npm", "ci"], "/w", RunOptions(
-        ro=["/a"], copy=[CopyItem("/s", None)], env=[EnvItem("A", "1"), EnvItem("B", None)],
-        secret=[Secret("T", "s3cret")], memory=1 << 30, cpus=1.5, tty=True),
-        {"HOME": "/h"}, Terminal([0, 0, 0, 0, 38400, 38400, [0] * 32], [24, 80, 0, 0]), "b1")
+    req = RunRequest(
+        ["npm", "ci"],
+        "/w",
+        RunOptions(
+            ro=["/a"],
+            copy=[CopyItem("/s", None)],
+            env=[EnvItem("A", "1"), EnvItem("B", None)],
+            secret=[Secret("T", "s3cret")],
+            memory=1 << 30,
+            cpus=1.5,
+            tty=True,
+        ),
+        {"HOME": "/h"},
+        Terminal([0, 0, 0, 0, 38400, 38400, [0] * 32], [24, 80, 0, 0]),
+        "b1",
+    )
     assert RunRequest.from_wire(req.to_wire()) == req
     assert "s3cret" not in repr(req)
     assert RunRequest.from_wire({"argv": ["x"], "cwd": "/"}).options == RunOptions()
@@ -155,8 +182,18 @@ def test_a_listing_carries_a_summary() -> None:
     from boxy.outcome import Counters, SessionInfo
 
     out = Outcome(1, Reason.EXIT, "m", findings=["f"] * 100, destinations="t" * 10_000)
-    info = SessionInfo("0123abcd", State.EXITED, ["x" * 2_000_000, "y"], "/w", None, 1.0, 2.0, out,
-                       Counters(connections=3), limits=["l"])
+    info = SessionInfo(
+        "0123abcd",
+        State.EXITED,
+        ["x" * 2_000_000, "y"],
+        "/w",
+        None,
+        1.0,
+        2.0,
+        out,
+        Counters(connections=3),
+        limits=["l"],
+    )
     brief = info.summary()
     assert len(json.dumps(brief.to_wire())) < 4096
     assert brief.argv == ["x" * 1024] and brief.outcome.exit_status == 1

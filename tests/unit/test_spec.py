@@ -31,8 +31,9 @@ def build(fs, argv=("true",), client_env=None, registry=None, **options):
         "client_env": client_env or {},
     }
     # decoded as the daemon decodes a Run call: a wrong shape is refused there
-    return build_spec(RunRequest.from_wire(params), uid=os.getuid(), user="u", home=fs["home"],
-                      registry=registry)
+    return build_spec(
+        RunRequest.from_wire(params), uid=os.getuid(), user="u", home=fs["home"], registry=registry
+    )
 
 
 def test_defaults(fs):
@@ -205,16 +206,25 @@ def test_allow_host_implies_allowlist(fs):
 
 def test_allow_host_with_an_offline_profile_needs_the_net_flag(fs):
     """Not silently: `-p offline --allow-host x` is refused like `--net none --allow-host x`."""
-    with pytest.raises(UsageError, match="the profile offline has no network .net: none.; give "
-                                         "--net allowlist as well"):
+    with pytest.raises(
+        UsageError,
+        match="the profile offline has no network .net: none.; give --net allowlist as well",
+    ):
         build(fs, profile="offline", allow_host=["a.example"])
-    assert build(fs, profile="offline", allow_host=["a.example"], net="allowlist").net == "allowlist"
+    assert (
+        build(fs, profile="offline", allow_host=["a.example"], net="allowlist").net == "allowlist"
+    )
 
 
 def test_registry_templates_resolved(fs):
-    spec = build(fs, profile="node", registry={
-        "npm_registry": "npm.mirror.example",
-        "npm_registry_url": "https://npm.mirror.example/npm/"}.get)
+    spec = build(
+        fs,
+        profile="node",
+        registry={
+            "npm_registry": "npm.mirror.example",
+            "npm_registry_url": "https://npm.mirror.example/npm/",
+        }.get,
+    )
     assert spec.net == "allowlist"
     assert spec.allow_hosts == ["npm.mirror.example"]
     assert (spec.memory, spec.pids) == (4 << 30, 1024)
@@ -224,14 +234,19 @@ def test_registry_templates_resolved(fs):
     spec = build(fs, profile="python", registry={"pip_index": "pypi.mirror.example"}.get)
     assert spec.allow_hosts == ["pypi.mirror.example"]
     assert [n for n in spec.notes if "dropped" in n] == [
-        "profile python: allow_hosts {pip_files}: no {pip_files} configured; dropped"]
+        "profile python: allow_hosts {pip_files}: no {pip_files} configured; dropped"
+    ]
     assert "PIP_INDEX_URL" not in spec.env
     # nothing at all to allow: an error naming the cause and the flag, never an empty allowlist
-    with pytest.raises(UsageError, match=r"profile python: no host to allow: \{pip_index\}, "
-                                         r"\{pip_files\} could not be read .* --allow-host HOST"):
+    with pytest.raises(
+        UsageError,
+        match=r"profile python: no host to allow: \{pip_index\}, "
+        r"\{pip_files\} could not be read .* --allow-host HOST",
+    ):
         build(fs, profile="python", registry=lambda name: None)
-    assert build(fs, profile="python", registry=lambda name: None,
-                 allow_host=["pypi.mirror.example"]).allow_hosts == ["pypi.mirror.example"]
+    assert build(
+        fs, profile="python", registry=lambda name: None, allow_host=["pypi.mirror.example"]
+    ).allow_hosts == ["pypi.mirror.example"]
 
 
 def test_profile_hosts_unused_with_public(fs):
@@ -300,8 +315,15 @@ def test_refusals(fs, options, message):
 
 
 def test_limits_flags_override_profile(fs):
-    spec = build(fs, profile="node", memory=1 << 30, pids=64, cpus=1.5, timeout=60.0,
-                 registry={"npm_registry": "npm.mirror.example"}.get)
+    spec = build(
+        fs,
+        profile="node",
+        memory=1 << 30,
+        pids=64,
+        cpus=1.5,
+        timeout=60.0,
+        registry={"npm_registry": "npm.mirror.example"}.get,
+    )
     assert (spec.memory, spec.pids, spec.cpus, spec.timeout) == (1 << 30, 64, 1.5, 60.0)
 
 
@@ -329,8 +351,10 @@ def test_tty_raw_from_the_flag_or_the_profile_and_said_under_v(fs):
     assert not any("unfiltered" in n for n in build(fs).notes)
     spec = build(fs, tty_raw=True)
     assert spec.tty_raw
-    assert "--tty-raw: the payload's output reaches the terminal unfiltered (clipboard writes " \
-           "and queries included)" in spec.notes
+    assert (
+        "--tty-raw: the payload's output reaches the terminal unfiltered (clipboard writes "
+        "and queries included)" in spec.notes
+    )
     prof = profile_file(fs, "tty_raw: true\n")
     spec = build(fs, profile=prof)
     assert spec.tty_raw and any(n.startswith(f"profile {prof}: tty_raw: ") for n in spec.notes)
@@ -375,7 +399,9 @@ def test_env(fs):
 
 
 def test_exposure_checked_for_workdir_and_flags(fs):
-    with pytest.raises(UsageError, match=r"workdir .*/home: is your home directory .*/home, whose keys"):
+    with pytest.raises(
+        UsageError, match=r"workdir .*/home: is your home directory .*/home, whose keys"
+    ):
         build(fs, workdir=fs["home"])
     sock_dir = fs["home"] + "/data"
     os.makedirs(sock_dir, exist_ok=True)
@@ -399,7 +425,9 @@ def test_from_the_command_line(fs):
         environ={"HOME": home, "TERM": "dumb"},
         cwd=fs["wd"],
     )  # fmt: skip
-    spec = build_spec(cmd.args["request"], uid=os.getuid(), user="u", home=home, registry=lambda n: None)
+    spec = build_spec(
+        cmd.args["request"], uid=os.getuid(), user="u", home=home, registry=lambda n: None
+    )
     assert spec.argv == ["npm", "ci"]
     assert spec.ro == [PathEntry(home + "/data")]
     assert spec.allow_hosts == ["github.com:443"]
@@ -410,7 +438,9 @@ def test_from_the_command_line(fs):
 
 def test_exposure_message_names_the_profile(fs):
     path = profile_file(fs, "filesystem:\n  ro: ['{home}']\n")
-    with pytest.raises(UsageError, match=f"profile {path}: filesystem.ro .*/home: is your home directory"):
+    with pytest.raises(
+        UsageError, match=f"profile {path}: filesystem.ro .*/home: is your home directory"
+    ):
         build(fs, profile=path)
 
 
@@ -427,9 +457,12 @@ def test_net_log_with_the_offline_profile_is_refused(fs):
 
 
 def test_profile_network_keys_tty_and_tmpfs(fs):
-    prof = profile_file(fs, "net: allowlist\nallow_hosts: [example.org]\n"
-                            "allow_cidr: [192.168.4.0/24]\ntailscale: true\ntty: true\n"
-                            "filesystem: {tmpfs: ['{home}/.cache/tool', /opt/scratch]}\n")
+    prof = profile_file(
+        fs,
+        "net: allowlist\nallow_hosts: [example.org]\n"
+        "allow_cidr: [192.168.4.0/24]\ntailscale: true\ntty: true\n"
+        "filesystem: {tmpfs: ['{home}/.cache/tool', /opt/scratch]}\n",
+    )
     spec = build(fs, profile=prof, allow_cidr=["10.9.0.0/16"])
     assert spec.allow_cidrs == ["192.168.4.0/24", "10.9.0.0/16"]
     assert spec.tailscale and spec.tty
@@ -458,8 +491,14 @@ def test_profile_secrets_are_asked_of_the_client_by_name(fs):
     with pytest.raises(SecretsNeeded) as e:
         build(fs, profile=prof, secret=[{"name": "OTHER", "value": "s3cr3t-other"}])
     assert e.value.names == ["API_TOKEN"] and "s3cr3t" not in str(e.value)
-    spec = build(fs, profile=prof, secret=[{"name": "API_TOKEN", "value": "s3cr3t-tok"},
-                                           {"name": "OTHER", "value": "s3cr3t-other"}])
+    spec = build(
+        fs,
+        profile=prof,
+        secret=[
+            {"name": "API_TOKEN", "value": "s3cr3t-tok"},
+            {"name": "OTHER", "value": "s3cr3t-other"},
+        ],
+    )
     assert spec.env["API_TOKEN"] == "s3cr3t-tok" and spec.env["OTHER"] == "s3cr3t-other"
 
 

@@ -87,7 +87,8 @@ DROPPED = {
     "XTWINOPS report title": f"{E}[21t",
     "XTWINOPS report icon label": f"{E}[20t",
     "XTWINOPS report state, position, sizes": (
-        f"{E}[11t{E}[13t{E}[13;2t{E}[14t{E}[14;2t{E}[15t{E}[16t{E}[18t{E}[19t"),
+        f"{E}[11t{E}[13t{E}[13;2t{E}[14t{E}[14;2t{E}[15t{E}[16t{E}[18t{E}[19t"
+    ),
     "XTWINOPS iconify, deiconify": f"{E}[2t{E}[1t",
     "XTWINOPS move": f"{E}[3;0;0t",
     "XTWINOPS resize pixels, chars": f"{E}[4;2000;3000t{E}[8;200;300t",
@@ -218,8 +219,11 @@ def test_changed(data, expected):
 
 
 def _corpus() -> list[bytes]:
-    return ([_b(v) for v in PASSED.values()] + [_b(v) for v in DROPPED.values()]
-            + [d for d, _ in CHANGED])
+    return (
+        [_b(v) for v in PASSED.values()]
+        + [_b(v) for v in DROPPED.values()]
+        + [d for d, _ in CHANGED]
+    )
 
 
 def _one_shot(data: bytes) -> bytes:
@@ -242,15 +246,16 @@ def test_every_two_chunk_split_is_the_same(data):
 def test_byte_by_byte_is_the_same():
     stream = b"".join(_corpus())
     f = TermFilter()
-    got = b"".join(f.feed(stream[i:i + 1]) for i in range(len(stream))) + f.flush()
+    got = b"".join(f.feed(stream[i : i + 1]) for i in range(len(stream))) + f.flush()
     assert got == _one_shot(stream)
 
 
 def _garbage(rng: random.Random, n: int) -> bytes:
     """Random bytes rich in what the filter decides on."""
     alphabet = b"\x1b\x1b\x1b[]P^_X\\\x07\x05\x18\x1a\x9b\x9d\x9c\x90\xc2\xe2\x80\xbf?;:$ 0123456789cnqtmhlus\n"
-    return bytes(rng.choice(alphabet) if rng.random() < 0.8 else rng.randrange(256)
-                 for _ in range(n))
+    return bytes(
+        rng.choice(alphabet) if rng.random() < 0.8 else rng.randrange(256) for _ in range(n)
+    )
 
 
 def test_random_streams_split_anywhere_are_the_same():

@@ -8,9 +8,17 @@ import pytest
 from boxyd import toolconfig as t
 
 # a value that makes each key count; the tables' keys are normalised (no - _ .)
-TRIGGER = {"ignorescripts": "false", "strictallowscripts": "false", "strictssl": "false",
-           "ignorepnpmfile": "false", "ignoredepscripts": "false", "enablestrictssl": "false",
-           "enablehardenedmode": "false", "checksumbehavior": "ignore", "keyringprovider": "subprocess"}
+TRIGGER = {
+    "ignorescripts": "false",
+    "strictallowscripts": "false",
+    "strictssl": "false",
+    "ignorepnpmfile": "false",
+    "ignoredepscripts": "false",
+    "enablestrictssl": "false",
+    "enablehardenedmode": "false",
+    "checksumbehavior": "ignore",
+    "keyringprovider": "subprocess",
+}
 
 
 def _value(key: str) -> str:
@@ -45,59 +53,79 @@ def test_commented_out_it_does_not(name: str, key: str) -> None:
     assert t.exec_keys(name, b"# " + line) == []
 
 
-@pytest.mark.parametrize("name,data", [
-    (".npmrc", b"ignore-scripts=true\n"),  # a setting that narrows
-    (".npmrc", b"strict-ssl=true\nyes=false\n"),
-    (".npmrc", b"//r.example/:_authToken=x\nsave-exact=true\nfund=false\nloglevel=warn\n"),
-    (".npmrc", b"; node-options=--require=x\n"),
-    (".yarnrc.yml", b"enableScripts: false\nnodeLinker: node-modules\nnpmAuthToken: x\n"),
-    (".yarnrc.yml", b"checksumBehavior: throw\nenableHardenedMode: true\n"),
-    (".yarnrc", b'--install.frozen-lockfile true\nnetwork-timeout 60000\n'),
-    ("pip.conf", b"[global]\ntimeout = 60\nno-build-isolation = true\nsrc = ./src\n"),
-    ("pip.conf", b"[global]\nkeyring-provider = disabled\nuser = false\n"),
-    ("pnpm-workspace.yaml", b"packages:\n  - 'packages/*'\n"),
-    ("package.json", b'{"scripts": {}}'),  # not a config file of theirs
-])
+@pytest.mark.parametrize(
+    "name,data",
+    [
+        (".npmrc", b"ignore-scripts=true\n"),  # a setting that narrows
+        (".npmrc", b"strict-ssl=true\nyes=false\n"),
+        (".npmrc", b"//r.example/:_authToken=x\nsave-exact=true\nfund=false\nloglevel=warn\n"),
+        (".npmrc", b"; node-options=--require=x\n"),
+        (".yarnrc.yml", b"enableScripts: false\nnodeLinker: node-modules\nnpmAuthToken: x\n"),
+        (".yarnrc.yml", b"checksumBehavior: throw\nenableHardenedMode: true\n"),
+        (".yarnrc", b"--install.frozen-lockfile true\nnetwork-timeout 60000\n"),
+        ("pip.conf", b"[global]\ntimeout = 60\nno-build-isolation = true\nsrc = ./src\n"),
+        ("pip.conf", b"[global]\nkeyring-provider = disabled\nuser = false\n"),
+        ("pnpm-workspace.yaml", b"packages:\n  - 'packages/*'\n"),
+        ("package.json", b'{"scripts": {}}'),  # not a config file of theirs
+    ],
+)
 def test_harmless_settings(name: str, data: bytes) -> None:
     assert t.exec_keys(name, data) == []
 
 
-@pytest.mark.parametrize("name,data,keys", [
-    # npm's own spellings: scoped, array, quoted, bare (true), old dotted, env-expanded
-    (".npmrc", b"@corp:registry=https://r.example/\n", ["@corp:registry"]),
-    (".npmrc", b"allow-scripts[]=esbuild\n", ["allow-scripts[]"]),
-    (".npmrc", b'"node-options" = "--require ./x.js"\n', ['node-options']),
-    (".npmrc", b"  script-shell  =  /tmp/sh\n", ["script-shell"]),
-    (".npmrc", b"yes\n", ["yes"]),
-    (".npmrc", b"init.module=./x.js\n", ["init.module"]),
-    (".npmrc", b"${KEY}=--require=x\n", ["${KEY}"]),
-    (".npmrc", b"node_options=x\nNODE-OPTIONS=y\n", ["node_options", "NODE-OPTIONS"]),
-    (".npmrc", b"node-options=a\nnode-options=b\n", ["node-options"]),  # each key once
-    # yarn classic: quoted keys, command-scoped flags
-    (".yarnrc", b'"yarn-path" ".yarn/releases/y.cjs"\n', ["yarn-path"]),
-    (".yarnrc", b"--install.ignore-scripts false\n--*.ignore-scripts false\n",
-     ["--install.ignore-scripts", "--*.ignore-scripts"]),
-    # yarn berry: nested keys, quoted keys, flow style
-    (".yarnrc.yml", b"npmScopes:\n  corp:\n    npmRegistryServer: https://r.example\n",
-     ["npmRegistryServer"]),
-    (".yarnrc.yml", b'"yarnPath": .yarn/releases/y.cjs\n', ["yarnPath"]),
-    (".yarnrc.yml", b"{plugins: [{path: p.cjs}], enableScripts: true}\n", ["plugins", "enableScripts"]),
-    (".yarnrc.yml", b"plugins:\n  - path: .yarn/plugins/p.cjs\n", ["plugins"]),
-    # pnpm's workspace file: camelCase, npm's keys too
-    ("pnpm-workspace.yaml", b"onlyBuiltDependencies:\n  - evil\nscriptShell: /tmp/sh\n",
-     ["onlyBuiltDependencies", "scriptShell"]),
-    # pip: any section, _ or -, a leading --, ':' as the separator
-    ("pip.conf", b"[global]\nindex_url = https://i.example/simple\n", ["index_url"]),
-    ("pip.ini", b"[install]\n--no-binary: :all:\n", ["no-binary"]),
-    ("pip.conf", b"[freeze]\npython = /tmp/py\n", ["python"]),
-])
+@pytest.mark.parametrize(
+    "name,data,keys",
+    [
+        # npm's own spellings: scoped, array, quoted, bare (true), old dotted, env-expanded
+        (".npmrc", b"@corp:registry=https://r.example/\n", ["@corp:registry"]),
+        (".npmrc", b"allow-scripts[]=esbuild\n", ["allow-scripts[]"]),
+        (".npmrc", b'"node-options" = "--require ./x.js"\n', ["node-options"]),
+        (".npmrc", b"  script-shell  =  /tmp/sh\n", ["script-shell"]),
+        (".npmrc", b"yes\n", ["yes"]),
+        (".npmrc", b"init.module=./x.js\n", ["init.module"]),
+        (".npmrc", b"${KEY}=--require=x\n", ["${KEY}"]),
+        (".npmrc", b"node_options=x\nNODE-OPTIONS=y\n", ["node_options", "NODE-OPTIONS"]),
+        (".npmrc", b"node-options=a\nnode-options=b\n", ["node-options"]),  # each key once
+        # yarn classic: quoted keys, command-scoped flags
+        (".yarnrc", b'"yarn-path" ".yarn/releases/y.cjs"\n', ["yarn-path"]),
+        (
+            ".yarnrc",
+            b"--install.ignore-scripts false\n--*.ignore-scripts false\n",
+            ["--install.ignore-scripts", "--*.ignore-scripts"],
+        ),
+        # yarn berry: nested keys, quoted keys, flow style
+        (
+            ".yarnrc.yml",
+            b"npmScopes:\n  corp:\n    npmRegistryServer: https://r.example\n",
+            ["npmRegistryServer"],
+        ),
+        (".yarnrc.yml", b'"yarnPath": .yarn/releases/y.cjs\n', ["yarnPath"]),
+        (
+            ".yarnrc.yml",
+            b"{plugins: [{path: p.cjs}], enableScripts: true}\n",
+            ["plugins", "enableScripts"],
+        ),
+        (".yarnrc.yml", b"plugins:\n  - path: .yarn/plugins/p.cjs\n", ["plugins"]),
+        # pnpm's workspace file: camelCase, npm's keys too
+        (
+            "pnpm-workspace.yaml",
+            b"onlyBuiltDependencies:\n  - evil\nscriptShell: /tmp/sh\n",
+            ["onlyBuiltDependencies", "scriptShell"],
+        ),
+        # pip: any section, _ or -, a leading --, ':' as the separator
+        ("pip.conf", b"[global]\nindex_url = https://i.example/simple\n", ["index_url"]),
+        ("pip.ini", b"[install]\n--no-binary: :all:\n", ["no-binary"]),
+        ("pip.conf", b"[freeze]\npython = /tmp/py\n", ["python"]),
+    ],
+)
 def test_spellings(name: str, data: bytes, keys: list[str]) -> None:
     assert t.exec_keys(name, data) == keys
 
 
 def test_settings_hold_the_values() -> None:
     assert t.exec_settings(".npmrc", b"node-options=--require=./h.js\nfund=false\n") == [
-        ("node-options", "--require=./h.js")]
+        ("node-options", "--require=./h.js")
+    ]
 
 
 def test_binary_and_unknown_never_raise() -> None:

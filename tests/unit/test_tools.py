@@ -89,7 +89,8 @@ def test_installation_never_spans_the_home_or_a_writable_tree(tmp_path: Path) ->
     assert tools.installation(str(tool), str(home), []) == (str(home / "bin"),)
     inside = _exe(tmp_path / "opt/bin/tool")  # opt holds the writable tree opt/proj
     assert tools.installation(str(inside), str(home), [str(tmp_path / "opt/proj")]) == (
-        str(tmp_path / "opt/bin"),)
+        str(tmp_path / "opt/bin"),
+    )
 
 
 def test_installation_of_a_system_tool_is_nothing() -> None:
@@ -99,10 +100,16 @@ def test_installation_of_a_system_tool_is_nothing() -> None:
 def test_plan_executes_only_from_the_system_and_the_tool(tmp_path: Path) -> None:
     home = tmp_path / "home"
     (home / ".config/pip").mkdir(parents=True)
-    exposure = tools.Exposure(home=str(home), read=(str(tmp_path / "tree"),),
-                              files=(str(home / ".npmrc"), str(home / ".config/pip/pip.conf"),
-                                     str(tmp_path / "absent/file")),
-                              execute=(str(tmp_path / "opt"),))
+    exposure = tools.Exposure(
+        home=str(home),
+        read=(str(tmp_path / "tree"),),
+        files=(
+            str(home / ".npmrc"),
+            str(home / ".config/pip/pip.conf"),
+            str(tmp_path / "absent/file"),
+        ),
+        execute=(str(tmp_path / "opt"),),
+    )
     plan = tools.plan(exposure, seccomp_bpf="", uid=1000, gid=1000)
     assert plan.serve == "tools" and plan.net == "none" and plan.net_ruleset is None
     executable = {r.path for r in plan.landlock if r.access in ("ro", "rox", "rw")}
@@ -116,7 +123,12 @@ def test_plan_executes_only_from_the_system_and_the_tool(tmp_path: Path) -> None
     npmrc = binds[str(home / ".npmrc")]
     # a config file is opened beneath its directory, never through a symlink
     assert (npmrc.src_base, npmrc.src, npmrc.ro, npmrc.noexec, npmrc.optional) == (
-        str(home), ".npmrc", True, True, True)
+        str(home),
+        ".npmrc",
+        True,
+        True,
+        True,
+    )
     assert str(home / ".config/pip/pip.conf") in binds
     assert str(tmp_path / "absent/file") not in binds  # no directory: no file to show
     assert not binds[str(tmp_path / "opt")].noexec

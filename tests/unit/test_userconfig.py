@@ -41,7 +41,9 @@ def test_includes_and_include_ifs_are_followed(tmp_path: Path) -> None:
 
 
 def test_an_include_loop_ends(tmp_path: Path) -> None:
-    (tmp_path / ".gitconfig").write_text("[include]\n\tpath = .gitconfig\n[core]\n\thooksPath = x\n")
+    (tmp_path / ".gitconfig").write_text(
+        "[include]\n\tpath = .gitconfig\n[core]\n\thooksPath = x\n"
+    )
     assert userconfig.hooks_path(str(tmp_path), {}) == "x"
 
 

@@ -207,8 +207,14 @@ def test_parse_host_spec(text, spec):
 
 
 def test_host_spec_str_round_trips():
-    for text in ["a.example", "a.example:1,2", "a.example:53/udp", "10.1.2.3:22", "[fd00::7]:22",
-                 "fd00::7"]:
+    for text in [
+        "a.example",
+        "a.example:1,2",
+        "a.example:53/udp",
+        "10.1.2.3:22",
+        "[fd00::7]:22",
+        "fd00::7",
+    ]:
         assert str(parse_host_spec(text)) == text
 
 

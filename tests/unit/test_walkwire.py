@@ -20,9 +20,13 @@ def _tree(tmp_path: Path) -> Path:
     work = tmp_path / "w"
     (work / "sub").mkdir(parents=True)
     subprocess.run(["git", "init", "-q", str(work)], check=True, env=GIT_ENV)
-    subprocess.run(["git", "-C", str(work), "config", "core.editor", "vim"], check=True, env=GIT_ENV)
+    subprocess.run(
+        ["git", "-C", str(work), "config", "core.editor", "vim"], check=True, env=GIT_ENV
+    )
     (work / ".env").write_text("KEY=1\n")
-    (work / ".npmrc").write_text("//r.example.test/:_authToken=t\nregistry=https://r.example.test/\n")
+    (work / ".npmrc").write_text(
+        "//r.example.test/:_authToken=t\nregistry=https://r.example.test/\n"
+    )
     (work / ".vscode").mkdir()
     (work / ".vscode/tasks.json").write_text("{}")
     os.mkfifo(work / "sub/fifo")
@@ -34,18 +38,26 @@ def test_a_tree_survives_the_wire_unchanged(tmp_path: Path) -> None:
     tree = worktree.prepare([str(work)], git_guard=True, secrets=["*.secret"])[str(work)]
     assert tree.protections and tree.baseline and tree.credentials and tree.tools and tree.dirs
     import json
+
     back = walkwire.decode(json.loads(json.dumps(walkwire.encode(tree))))
     assert back == tree  # fingerprints are tuples again: the scan compares them with ==
 
 
 def test_malformed_data_raises_a_value_error() -> None:
     with pytest.raises((KeyError, IndexError, TypeError, ValueError, AttributeError)):
-        walkwire.decode({"protections": [["x"]], "baseline": None, "credentials": [], "tools": {},
-                         "dirs": []})
+        walkwire.decode(
+            {"protections": [["x"]], "baseline": None, "credentials": [], "tools": {}, "dirs": []}
+        )
     with pytest.raises((KeyError, IndexError, TypeError, ValueError, AttributeError)):
-        walkwire.decode({"protections": [], "baseline": None,
-                         "credentials": [["a", "k", "nonsense", False, None, "", ""]], "tools": {},
-                         "dirs": []})
+        walkwire.decode(
+            {
+                "protections": [],
+                "baseline": None,
+                "credentials": [["a", "k", "nonsense", False, None, "", ""]],
+                "tools": {},
+                "dirs": [],
+            }
+        )
 
 
 def test_the_walk_process_walks_as_the_daemon_would(tmp_path: Path) -> None:
@@ -55,8 +67,9 @@ def test_the_walk_process_walks_as_the_daemon_would(tmp_path: Path) -> None:
         walks = Walks()
         walks.start()
         try:
-            return await walks.prepare([str(work)], git_guard=True, created=[], user_hooks=None,
-                                       secrets=[], small=0)  # always the process
+            return await walks.prepare(
+                [str(work)], git_guard=True, created=[], user_hooks=None, secrets=[], small=0
+            )  # always the process
         finally:
             walks.close()
 
@@ -69,8 +82,14 @@ def test_a_refusal_of_the_walk_process_is_its_line(tmp_path: Path) -> None:
         walks = Walks()
         walks.start()
         try:
-            await walks.prepare([str(tmp_path / "gone")], git_guard=True, created=[], user_hooks=None,
-                                secrets=[], small=0)
+            await walks.prepare(
+                [str(tmp_path / "gone")],
+                git_guard=True,
+                created=[],
+                user_hooks=None,
+                secrets=[],
+                small=0,
+            )
         finally:
             walks.close()
 
@@ -90,9 +109,14 @@ def test_a_small_tree_is_walked_without_the_process_a_larger_one_with_it(tmp_pat
         walks = Walks()
         walks.start()
         try:
-            return await walks.prepare([str(work)], git_guard=True, created=[], user_hooks=None,
-                                       secrets=[], small=small)
+            return await walks.prepare(
+                [str(work)], git_guard=True, created=[], user_hooks=None, secrets=[], small=small
+            )
         finally:
             walks.close()
 
-    assert asyncio.run(go(10)) == asyncio.run(go(1000)) == worktree.prepare([str(work)], git_guard=True)
+    assert (
+        asyncio.run(go(10))
+        == asyncio.run(go(1000))
+        == worktree.prepare([str(work)], git_guard=True)
+    )

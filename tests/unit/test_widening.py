@@ -22,16 +22,33 @@ def held(base: Profile, cand: Profile) -> tuple[Profile, list[str]]:
 
 
 GENERIC = P(net="public")
-NODE = P(net="allowlist", allow_hosts=["{npm_registry}"], memory=4 << 30, pids=1024,
-         mkdir=[PathEntry(CACHE)], protect=[PathEntry("/w/.vscode", True)])
+NODE = P(
+    net="allowlist",
+    allow_hosts=["{npm_registry}"],
+    memory=4 << 30,
+    pids=1024,
+    mkdir=[PathEntry(CACHE)],
+    protect=[PathEntry("/w/.vscode", True)],
+)
 
 
-@pytest.mark.parametrize("base_net,net,wider", [
-    (None, "public", False), (None, "allowlist", False), (None, "none", False),
-    ("public", "public", False), ("allowlist", "public", True), ("none", "public", True),
-    ("none", "allowlist", True), ("allowlist", None, True), ("none", None, True),
-    ("allowlist", "allowlist", False), ("allowlist", "none", False), ("none", "none", False),
-])
+@pytest.mark.parametrize(
+    "base_net,net,wider",
+    [
+        (None, "public", False),
+        (None, "allowlist", False),
+        (None, "none", False),
+        ("public", "public", False),
+        ("allowlist", "public", True),
+        ("none", "public", True),
+        ("none", "allowlist", True),
+        ("allowlist", None, True),
+        ("none", None, True),
+        ("allowlist", "allowlist", False),
+        ("allowlist", "none", False),
+        ("none", "none", False),
+    ],
+)
 def test_network_mode_is_ordered(base_net, net, wider):
     out, keys = held(P(net=base_net), P(net=net))
     assert (keys != []) is wider
@@ -43,8 +60,11 @@ def test_network_mode_is_ordered(base_net, net, wider):
 
 def test_hosts_and_ports_widen_an_allowlist_only():
     base = P(net="allowlist", allow_hosts=["{npm_registry}"], allow_ports=[443])
-    cand = P(net="allowlist", allow_hosts=["{npm_registry}", "evil.example", "*.evil.example"],
-             allow_ports=[443, 22])
+    cand = P(
+        net="allowlist",
+        allow_hosts=["{npm_registry}", "evil.example", "*.evil.example"],
+        allow_ports=[443, 22],
+    )
     out, keys = held(base, cand)
     assert keys == ["allow_hosts (evil.example, *.evil.example)", "allow_ports (22)"]
     assert out.allow_hosts == ["{npm_registry}"] and out.allow_ports == [443]
@@ -91,8 +111,12 @@ def test_every_exposure_of_a_host_path_is_held(kind):
 
 def test_exposure_the_base_grants_is_kept():
     base = P(rw=[PathEntry("/data")], ro=[PathEntry("/opt/x")], reveal=[PathEntry("/w/.env")])
-    cand = P(ro=[PathEntry("/data"), PathEntry("/opt/x")], mkdir=[PathEntry("/data")],
-             rw=[PathEntry("/opt/x")], reveal=[PathEntry("/w/.env")])
+    cand = P(
+        ro=[PathEntry("/data"), PathEntry("/opt/x")],
+        mkdir=[PathEntry("/data")],
+        rw=[PathEntry("/opt/x")],
+        reveal=[PathEntry("/w/.env")],
+    )
     out, keys = held(base, cand)
     assert keys == ["filesystem.rw (/opt/x)"]  # read-only in the base: not writable
     assert [e.path for e in out.ro] == ["/data", "/opt/x"] and out.rw == []
@@ -109,10 +133,18 @@ def test_the_projects_own_cache_is_not_a_widening_but_another_projects_is():
 
 def test_copies_must_match_source_and_destination():
     base = P(copy=[CopyEntry("/h/a", "/h/a")], copy_ro=[CopyEntry("/h/b", "/h/b")])
-    cand = P(copy=[CopyEntry("/h/a", "/h/a"), CopyEntry("/h/a", "/elsewhere"),
-                   CopyEntry("/h/b", "/h/b")],
-             copy_ro=[CopyEntry("/h/a", "/h/a"), CopyEntry("/h/b", "/h/b"),
-                      CopyEntry("/h/.ssh/id", "/x")])
+    cand = P(
+        copy=[
+            CopyEntry("/h/a", "/h/a"),
+            CopyEntry("/h/a", "/elsewhere"),
+            CopyEntry("/h/b", "/h/b"),
+        ],
+        copy_ro=[
+            CopyEntry("/h/a", "/h/a"),
+            CopyEntry("/h/b", "/h/b"),
+            CopyEntry("/h/.ssh/id", "/x"),
+        ],
+    )
     out, keys = held(base, cand)
     # a writable copy of what the base copies read-only is wider; the reverse is not
     assert keys == ["filesystem.copy (/h/a, /h/b)", "filesystem.copy_ro (/h/.ssh/id)"]
@@ -131,27 +163,45 @@ def test_secrets_patterns_only_narrow():
     out, keys = held(P(secrets=["*.key"]), P(secrets=["*.key", "*.tok"]))
     assert keys == [] and out.secrets == ["*.key", "*.tok"]  # more covered: applies at once
     out, keys = held(P(secrets=["*.key", "*.pem"]), P(secrets=["*.tok"]))
-    assert keys == ["filesystem.secrets (*.key, *.pem)"] and out.secrets == ["*.tok", "*.key", "*.pem"]
+    assert keys == ["filesystem.secrets (*.key, *.pem)"] and out.secrets == [
+        "*.tok",
+        "*.key",
+        "*.pem",
+    ]
     assert widening.approval_view({"filesystem": {"secrets": ["*.tok"]}}) == {"filesystem": {}}
 
 
 def test_environment_from_the_host():
     base = P(env_pass=["TERM"], env_secrets=["NPM_TOKEN"])
-    cand = P(env_pass=["TERM", "AWS_SECRET_ACCESS_KEY"], env_secrets=["NPM_TOKEN", "GH_TOKEN"],
-             env={"ANYTHING": "set inside only"})
+    cand = P(
+        env_pass=["TERM", "AWS_SECRET_ACCESS_KEY"],
+        env_secrets=["NPM_TOKEN", "GH_TOKEN"],
+        env={"ANYTHING": "set inside only"},
+    )
     out, keys = held(base, cand)
     assert keys == ["env_pass (AWS_SECRET_ACCESS_KEY)", "env_secrets (GH_TOKEN)"]
     assert (out.env_pass, out.env_secrets) == (["TERM"], ["NPM_TOKEN"])
     assert out.env == {"ANYTHING": "set inside only"}
 
 
-@pytest.mark.parametrize("key,base_value,value,wider", [
-    ("memory", None, 2 << 30, False), ("memory", None, (2 << 30) + 1, True),
-    ("memory", 4 << 30, 1 << 30, False), ("memory", 1 << 30, None, True),
-    ("pids", None, 512, False), ("pids", None, 513, True), ("pids", 100, None, True),
-    ("cpus", None, 64.0, False), ("cpus", 1.0, 2.0, True), ("cpus", 1.0, None, True),
-    ("timeout", None, 1e9, False), ("timeout", 60.0, 30.0, False), ("timeout", 60.0, None, True),
-])
+@pytest.mark.parametrize(
+    "key,base_value,value,wider",
+    [
+        ("memory", None, 2 << 30, False),
+        ("memory", None, (2 << 30) + 1, True),
+        ("memory", 4 << 30, 1 << 30, False),
+        ("memory", 1 << 30, None, True),
+        ("pids", None, 512, False),
+        ("pids", None, 513, True),
+        ("pids", 100, None, True),
+        ("cpus", None, 64.0, False),
+        ("cpus", 1.0, 2.0, True),
+        ("cpus", 1.0, None, True),
+        ("timeout", None, 1e9, False),
+        ("timeout", 60.0, 30.0, False),
+        ("timeout", 60.0, None, True),
+    ],
+)
 def test_limits_raised_or_lifted(key, base_value, value, wider):
     out, keys = held(P(**{key: base_value}), P(**{key: value}))
     assert keys == ([f"limits.{key}"] if wider else [])
@@ -161,8 +211,12 @@ def test_limits_raised_or_lifted(key, base_value, value, wider):
 def test_node_asked_for_by_an_unapproved_file_keeps_the_default_limits():
     out, keys = held(GENERIC, NODE)
     assert keys == ["limits.memory", "limits.pids"]
-    assert (out.net, out.allow_hosts, out.memory, out.pids) == ("allowlist", ["{npm_registry}"],
-                                                                 None, None)
+    assert (out.net, out.allow_hosts, out.memory, out.pids) == (
+        "allowlist",
+        ["{npm_registry}"],
+        None,
+        None,
+    )
     assert [e.path for e in out.mkdir] == [CACHE] and out.protect == NODE.protect
     assert held(NODE, NODE)[1] == []  # a profile is never wider than itself
 
@@ -174,9 +228,17 @@ def test_the_candidate_is_not_changed_in_place():
 
 
 def test_approval_view_leaves_out_only_what_cannot_widen():
-    doc = {"profile": "node", "description": "d", "env": {"A": "1"}, "net": "public",
-           "limits": {"memory": "1GiB"},
-           "filesystem": {"tmpfs": ["/opt/x"], "protect": ["a"], "ro": ["~/.ssh"]}}
-    assert widening.approval_view(doc) == {"profile": "node", "net": "public",
-                                           "limits": {"memory": "1GiB"},
-                                           "filesystem": {"ro": ["~/.ssh"]}}
+    doc = {
+        "profile": "node",
+        "description": "d",
+        "env": {"A": "1"},
+        "net": "public",
+        "limits": {"memory": "1GiB"},
+        "filesystem": {"tmpfs": ["/opt/x"], "protect": ["a"], "ro": ["~/.ssh"]},
+    }
+    assert widening.approval_view(doc) == {
+        "profile": "node",
+        "net": "public",
+        "limits": {"memory": "1GiB"},
+        "filesystem": {"ro": ["~/.ssh"]},
+    }

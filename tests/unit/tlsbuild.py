@@ -51,7 +51,9 @@ def alpn(*protocols: bytes) -> bytes:
 
 def ech() -> bytes:
     # The outer ECH extension's content does not matter to the parser.
-    return extension(EXT_ECH, b"\x00\x00\x01\x00\x01\x42" + vec16(b"\x00" * 32) + vec16(b"\x01" * 64))
+    return extension(
+        EXT_ECH, b"\x00\x00\x01\x00\x01\x42" + vec16(b"\x00" * 32) + vec16(b"\x01" * 64)
+    )
 
 
 def client_hello_body(

@@ -31,12 +31,31 @@ authorityKeyIdentifier = keyid
 subjectAltName = {san}"""
 
 
-def _req(out_dir: Path, label: str, cn: str, ext: str, ca: tuple[Path, Path] | None) -> subprocess.Popen:
+def _req(
+    out_dir: Path, label: str, cn: str, ext: str, ca: tuple[Path, Path] | None
+) -> subprocess.Popen:
     cnf = out_dir / f"{label}.cnf"
     cnf.write_text(_CONFIG.format(cn=cn, ext=ext))
-    argv = [OPENSSL, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
-            "-nodes", "-keyout", str(out_dir / f"{label}.key"), "-out", str(out_dir / f"{label}.pem"),
-            "-days", _DAYS, "-config", str(cnf), "-extensions", "ext"]
+    argv = [
+        OPENSSL,
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        str(out_dir / f"{label}.key"),
+        "-out",
+        str(out_dir / f"{label}.pem"),
+        "-days",
+        _DAYS,
+        "-config",
+        str(cnf),
+        "-extensions",
+        "ext",
+    ]
     if ca is not None:
         argv += ["-CA", str(ca[0]), "-CAkey", str(ca[1])]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -46,12 +65,15 @@ def _wait(procs: dict[str, subprocess.Popen]) -> None:
     for label, p in procs.items():
         _, err = p.communicate()
         if p.returncode != 0:
-            raise RuntimeError(f"openssl failed making the {label} certificate: "
-                               f"{err.decode(errors='replace').strip()}")
+            raise RuntimeError(
+                f"openssl failed making the {label} certificate: "
+                f"{err.decode(errors='replace').strip()}"
+            )
 
 
-def make_pki(out_dir: Path, certs: dict[str, tuple[str, ...]],
-             ips: tuple[str, ...] = ()) -> dict[str, tuple[Path, Path]]:
+def make_pki(
+    out_dir: Path, certs: dict[str, tuple[str, ...]], ips: tuple[str, ...] = ()
+) -> dict[str, tuple[Path, Path]]:
     """Write ca.pem/ca.key and, per label, LABEL.pem/LABEL.key with those DNS names as
     SANs (the first certificate, "main", also gets IPS). Returns label -> (cert, key)."""
     out_dir.mkdir(parents=True, exist_ok=True)

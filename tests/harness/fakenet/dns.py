@@ -39,8 +39,9 @@ TCP_IDLE = 10.0  # seconds a DNS-over-TCP connection may sit idle
 Node = dict[int, dns.rrset.RRset]
 
 
-def _rrset(name: dns.name.Name, rdtype: str, ttl: int, texts: list[str],
-           origin: dns.name.Name) -> dns.rrset.RRset:
+def _rrset(
+    name: dns.name.Name, rdtype: str, ttl: int, texts: list[str], origin: dns.name.Name
+) -> dns.rrset.RRset:
     rt = dns.rdatatype.from_text(rdtype)
     rrs = dns.rrset.RRset(name, IN, rt)
     for text in texts:
@@ -61,14 +62,20 @@ class Authority:
             for rdtype, ttl, text in recs:
                 rt = dns.rdatatype.from_text(rdtype)
                 if rt in node:
-                    node[rt].add(dns.rdata.from_text(IN, rt, text, origin=self.origin,
-                                                     relativize=False), ttl)
+                    node[rt].add(
+                        dns.rdata.from_text(IN, rt, text, origin=self.origin, relativize=False), ttl
+                    )
                 else:
                     node[rt] = _rrset(name, rdtype, ttl, [text], self.origin)
         self.soa = {
             self.origin: self.nodes[self.origin][dns.rdatatype.SOA],
-            self.evil: _rrset(self.evil, "SOA", 300,
-                              ["ns.boxy.test. hostmaster.boxy.test. 1 300 60 600 5"], self.evil),
+            self.evil: _rrset(
+                self.evil,
+                "SOA",
+                300,
+                ["ns.boxy.test. hostmaster.boxy.test. 1 300 60 600 5"],
+                self.evil,
+            ),
         }
 
     def _zone(self, name: dns.name.Name) -> dns.name.Name | None:
@@ -82,8 +89,9 @@ class Authority:
             evil = plan.SERVER_BY_NAME["evil"]
             return {
                 dns.rdatatype.A: _rrset(name, "A", plan.DEFAULT_TTL, [evil.v4 or ""], self.evil),
-                dns.rdatatype.AAAA: _rrset(name, "AAAA", plan.DEFAULT_TTL, [evil.v6 or ""],
-                                           self.evil),
+                dns.rdatatype.AAAA: _rrset(
+                    name, "AAAA", plan.DEFAULT_TTL, [evil.v6 or ""], self.evil
+                ),
                 dns.rdatatype.TXT: _rrset(name, "TXT", plan.DEFAULT_TTL, ['"received"'], self.evil),
             }
         node = self.nodes.get(name)
@@ -103,8 +111,9 @@ class Authority:
     def answer(self, query: dns.message.Message) -> dns.message.Message:
         resp = dns.message.make_response(query)
         if query.opcode() != dns.opcode.QUERY or len(query.question) != 1:
-            resp.set_rcode(dns.rcode.NOTIMP if query.opcode() != dns.opcode.QUERY
-                           else dns.rcode.FORMERR)
+            resp.set_rcode(
+                dns.rcode.NOTIMP if query.opcode() != dns.opcode.QUERY else dns.rcode.FORMERR
+            )
             return resp
         q = query.question[0]
         zone = self._zone(q.name)
@@ -167,8 +176,9 @@ def _truncated(query: dns.message.Message) -> bytes:
 class Server:
     """Parses, logs and answers one DNS message at a time (thread-safe)."""
 
-    def __init__(self, log: LineLog, answer: Callable[[dns.message.Message], dns.message.Message],
-                 label: str) -> None:
+    def __init__(
+        self, log: LineLog, answer: Callable[[dns.message.Message], dns.message.Message], label: str
+    ) -> None:
         self.log = log
         self.answer = answer
         self.label = label
@@ -177,8 +187,10 @@ class Server:
         try:
             query = dns.message.from_wire(wire)
         except Exception as e:  # a malformed query is still a query that got here
-            self.log.line(f"{time.time():.3f}\t{transport}\t?\t?\t{peer}\t{self.label}\t"
-                          f"malformed:{type(e).__name__}:{wire[:64].hex()}")
+            self.log.line(
+                f"{time.time():.3f}\t{transport}\t?\t?\t{peer}\t{self.label}\t"
+                f"malformed:{type(e).__name__}:{wire[:64].hex()}"
+            )
             return None
         for q in query.question or [None]:
             qname = q.name.to_text() if q is not None else "?"
@@ -234,6 +246,14 @@ def parse_query_log(text: str) -> list[dict[str, str | float]]:
         parts = ln.split("\t")
         if len(parts) < 6:
             continue
-        out.append({"t": float(parts[0]), "transport": parts[1], "qname": parts[2],
-                    "qtype": parts[3], "peer": parts[4], "server": parts[5]})
+        out.append(
+            {
+                "t": float(parts[0]),
+                "transport": parts[1],
+                "qname": parts[2],
+                "qtype": parts[3],
+                "peer": parts[4],
+                "server": parts[5],
+            }
+        )
     return out

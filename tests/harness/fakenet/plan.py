@@ -85,15 +85,20 @@ MAPPED_LAN = "::ffff:192.168.1.10"  # unroutable: only ever an answer, never a r
 SENTINEL_V4 = "192.0.2.99"  # what the recorder resolvers answer: proof they were asked
 
 
-
 def _ech_config_list() -> str:
     """A well-formed but made-up ECHConfigList (RFC 9849): boxy must strip it."""
     public_name = b"boxy.test"
-    contents = (bytes([7]) + (0x0020).to_bytes(2, "big")  # config_id, KEM X25519
-                + (32).to_bytes(2, "big") + bytes(range(32))  # public key
-                + (4).to_bytes(2, "big") + bytes([0, 1, 0, 1])  # HKDF-SHA256, AES-128-GCM
-                + bytes([0, len(public_name)]) + public_name  # max name length, public name
-                + (0).to_bytes(2, "big"))  # no extensions
+    contents = (
+        bytes([7])
+        + (0x0020).to_bytes(2, "big")  # config_id, KEM X25519
+        + (32).to_bytes(2, "big")
+        + bytes(range(32))  # public key
+        + (4).to_bytes(2, "big")
+        + bytes([0, 1, 0, 1])  # HKDF-SHA256, AES-128-GCM
+        + bytes([0, len(public_name)])
+        + public_name  # max name length, public name
+        + (0).to_bytes(2, "big")
+    )  # no extensions
     config = (0xFE0D).to_bytes(2, "big") + len(contents).to_bytes(2, "big") + contents
     return base64.b64encode(len(config).to_bytes(2, "big") + config).decode()
 
@@ -139,9 +144,12 @@ RECORDS: dict[str, list[tuple[str, int, str]]] = {
     "short": _addr_records(_S["short"], SHORT_TTL),
     "svc": [
         *_addr_records(_S["svc"]),
-        ("HTTPS", DEFAULT_TTL,
-         f'1 . alpn="http/1.1" ech="{ECH_B64}" ipv4hint="{_S["svc-hint"].v4}" '
-         f'ipv6hint="{_S["svc-hint"].v6}"'),
+        (
+            "HTTPS",
+            DEFAULT_TTL,
+            f'1 . alpn="http/1.1" ech="{ECH_B64}" ipv4hint="{_S["svc-hint"].v4}" '
+            f'ipv6hint="{_S["svc-hint"].v6}"',
+        ),
     ],
     "svc-rebind": [
         *_addr_records(_S["svc"]),
@@ -174,7 +182,9 @@ _CDN_NAMES = ("cdn-a", "cdn-b")
 CERTS: dict[str, tuple[str, ...]] = {
     "main": (
         *(f"{n}.{ZONE[:-1]}" for n in RECORDS if n != "@" and n not in _CDN_NAMES),
-        "boxy.test", "evil.test", "*.evil.test",
+        "boxy.test",
+        "evil.test",
+        "*.evil.test",
     ),
     "cdn-a": ("cdn-a.boxy.test",),
     "cdn-b": ("cdn-b.boxy.test",),
@@ -217,8 +227,9 @@ RECORDERS: tuple[Recorder, ...] = (
     Recorder("nat64", "net", (NAT64_LAN,), _TCP, _UDP),
     Recorder("sixtofour", "net", (SIXTOFOUR_LAN,), _TCP, _UDP),
     Recorder("teredo", "net", (TEREDO_LAN,), _TCP, _UDP),
-    Recorder("doc", "net", ("192.0.2.10", "198.51.100.10", "203.0.113.10", "2001:db8::10"),
-             _TCP, _UDP),
+    Recorder(
+        "doc", "net", ("192.0.2.10", "198.51.100.10", "203.0.113.10", "2001:db8::10"), _TCP, _UDP
+    ),
     Recorder("bench", "net", ("198.18.0.10",), _TCP, _UDP),
     # In the host netns: its loopback services and its own interface address.
     Recorder("host_loopback", "host", ("127.0.0.1", "::1"), (22, 80, 631, 8080), (9999,)),
@@ -230,12 +241,36 @@ RECORDER_BY_NAME = {r.name: r for r in RECORDERS}
 # Special-purpose ranges counted in the fake internet: any packet from the host into
 # one of them is an escape (boxy's own upstream dials come from the host netns).
 RANGES: tuple[str, ...] = (
-    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
-    "172.16.0.0/12", "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24", "192.168.0.0/16",
-    "198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/4", "240.0.0.0/4",
-    "::/128", "::1/128", "::ffff:0:0/96", "64:ff9b::/96", "64:ff9b:1::/48", "100::/64",
-    "2001::/23", "2001:db8::/32", "2002::/16", "3fff::/20", "5f00::/16", "fc00::/7",
-    "fe80::/10", "fec0::/10", "ff00::/8",
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.0.0.0/24",
+    "192.0.2.0/24",
+    "192.88.99.0/24",
+    "192.168.0.0/16",
+    "198.18.0.0/15",
+    "198.51.100.0/24",
+    "203.0.113.0/24",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+    "::/128",
+    "::1/128",
+    "::ffff:0:0/96",
+    "64:ff9b::/96",
+    "64:ff9b:1::/48",
+    "100::/64",
+    "2001::/23",
+    "2001:db8::/32",
+    "2002::/16",
+    "3fff::/20",
+    "5f00::/16",
+    "fc00::/7",
+    "fe80::/10",
+    "fec0::/10",
+    "ff00::/8",
 )
 
 

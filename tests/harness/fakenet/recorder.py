@@ -27,9 +27,12 @@ class Spot:
     port: int
 
 
-def on_tcp(conn: socket.socket, peer: tuple, spot: Spot, log: LineLog,
-           dns: DnsServer | None) -> None:
-    log.event(kind="tcp", recorder=spot.recorder, addr=spot.addr, port=spot.port, peer=peer_text(peer))
+def on_tcp(
+    conn: socket.socket, peer: tuple, spot: Spot, log: LineLog, dns: DnsServer | None
+) -> None:
+    log.event(
+        kind="tcp", recorder=spot.recorder, addr=spot.addr, port=spot.port, peer=peer_text(peer)
+    )
     if dns is not None and spot.port == 53:
         dns.on_stream(conn, peer)
         return
@@ -40,13 +43,27 @@ def on_tcp(conn: socket.socket, peer: tuple, spot: Spot, log: LineLog,
         except OSError:
             return
         if first:
-            log.event(kind="tcp-data", recorder=spot.recorder, addr=spot.addr, port=spot.port,
-                      peer=peer_text(peer), first=first.hex())
+            log.event(
+                kind="tcp-data",
+                recorder=spot.recorder,
+                addr=spot.addr,
+                port=spot.port,
+                peer=peer_text(peer),
+                first=first.hex(),
+            )
 
 
-def on_udp(sock: socket.socket, data: bytes, peer: tuple, spot: Spot, log: LineLog,
-           dns: DnsServer | None) -> None:
-    log.event(kind="udp", recorder=spot.recorder, addr=spot.addr, port=spot.port,
-              peer=peer_text(peer), size=len(data), first=data[:64].hex())
+def on_udp(
+    sock: socket.socket, data: bytes, peer: tuple, spot: Spot, log: LineLog, dns: DnsServer | None
+) -> None:
+    log.event(
+        kind="udp",
+        recorder=spot.recorder,
+        addr=spot.addr,
+        port=spot.port,
+        peer=peer_text(peer),
+        size=len(data),
+        first=data[:64].hex(),
+    )
     if dns is not None and spot.port == 53:
         dns.on_datagram(sock, data, peer)

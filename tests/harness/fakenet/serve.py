@@ -59,15 +59,25 @@ def _recorders(role: str, log: LineLog, qlog: LineLog) -> list[Listener]:
     for rec in plan.RECORDERS:
         if rec.where != role:
             continue
-        dns = DnsServer(qlog, functools.partial(sentinel_answer, who=rec.name), rec.name) \
-            if rec.dns else None
+        dns = (
+            DnsServer(qlog, functools.partial(sentinel_answer, who=rec.name), rec.name)
+            if rec.dns
+            else None
+        )
         for addr in rec.addrs:
-            for proto, ports, fn in (("tcp", rec.tcp, recorder.on_tcp),
-                                     ("udp", rec.udp, recorder.on_udp)):
+            for proto, ports, fn in (
+                ("tcp", rec.tcp, recorder.on_tcp),
+                ("udp", rec.udp, recorder.on_udp),
+            ):
                 for port in ports:
                     spot = recorder.Spot(rec.name, addr, port)
-                    out.append((_bind(addr, port, proto), proto,
-                                functools.partial(fn, spot=spot, log=log, dns=dns)))
+                    out.append(
+                        (
+                            _bind(addr, port, proto),
+                            proto,
+                            functools.partial(fn, spot=spot, log=log, dns=dns),
+                        )
+                    )
     return out
 
 
@@ -80,18 +90,34 @@ def _public(state: Path, log: LineLog, qlog: LineLog) -> list[Listener]:
     certs = web.Certs(state)
     for srv in plan.SERVERS:
         for addr in srv.addrs:
-            for port, tls in [(p, False) for p in plan.HTTP_PORTS] + \
-                             [(p, True) for p in plan.HTTPS_PORTS]:
+            for port, tls in [(p, False) for p in plan.HTTP_PORTS] + [
+                (p, True) for p in plan.HTTPS_PORTS
+            ]:
                 ep = web.Endpoint(srv.name, addr, port, tls)
-                out.append((_bind(addr, port, "tcp"), "tcp",
-                            functools.partial(web.serve_http, ep=ep, log=log, certs=certs)))
+                out.append(
+                    (
+                        _bind(addr, port, "tcp"),
+                        "tcp",
+                        functools.partial(web.serve_http, ep=ep, log=log, certs=certs),
+                    )
+                )
             ep = web.Endpoint(srv.name, addr, plan.BANNER_PORT, False)
-            out.append((_bind(addr, plan.BANNER_PORT, "tcp"), "tcp",
-                        functools.partial(web.serve_banner, ep=ep, log=log)))
+            out.append(
+                (
+                    _bind(addr, plan.BANNER_PORT, "tcp"),
+                    "tcp",
+                    functools.partial(web.serve_banner, ep=ep, log=log),
+                )
+            )
             for port in plan.UDP_ECHO_PORTS:
                 ep = web.Endpoint(srv.name, addr, port, False)
-                out.append((_bind(addr, port, "udp"), "udp",
-                            functools.partial(web.on_udp_echo, ep=ep, log=log)))
+                out.append(
+                    (
+                        _bind(addr, port, "udp"),
+                        "udp",
+                        functools.partial(web.on_udp_echo, ep=ep, log=log),
+                    )
+                )
     return out
 
 

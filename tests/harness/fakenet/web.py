@@ -85,13 +85,18 @@ class Certs:
             ctx.load_cert_chain(state / f"{label}.pem", state / f"{label}.key")
             ctx.set_alpn_protocols(["http/1.1"])
             self.by_label[label] = ctx
-        self.by_name = {name: self.by_label[label] for label, names in plan.CERTS.items()
-                        if label != "main" for name in names}
+        self.by_name = {
+            name: self.by_label[label]
+            for label, names in plan.CERTS.items()
+            if label != "main"
+            for name in names
+        }
         self.main = self.by_label["main"]
         self.main.sni_callback = self._pick
 
-    def _pick(self, sock: ssl.SSLObject | ssl.SSLSocket, name: str | None,
-              _ctx: ssl.SSLContext) -> None:
+    def _pick(
+        self, sock: ssl.SSLObject | ssl.SSLSocket, name: str | None, _ctx: ssl.SSLContext
+    ) -> None:
         sock.boxyt_sni = name  # type: ignore[union-attr]
         alt = self.by_name.get(name or "")
         if alt is not None:
@@ -122,13 +127,27 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # events go to the JSON log instead
 
     def _identity(self, **extra: object) -> dict[str, object]:
-        return {"server": self.ep.server, "addr": self.ep.addr, "port": self.ep.port,
-                "family": 6 if ":" in self.ep.addr else 4, "tls": self.ep.tls, "sni": self.sni,
-                "host": self.headers.get("Host"), "method": self.command, "path": self.path,
-                "peer": peer_text(self.client_address), **extra}
+        return {
+            "server": self.ep.server,
+            "addr": self.ep.addr,
+            "port": self.ep.port,
+            "family": 6 if ":" in self.ep.addr else 4,
+            "tls": self.ep.tls,
+            "sni": self.sni,
+            "host": self.headers.get("Host"),
+            "method": self.command,
+            "path": self.path,
+            "peer": peer_text(self.client_address),
+            **extra,
+        }
 
-    def _send(self, code: int, body: bytes, ctype: str = "application/json",
-              headers: dict[str, str] | None = None) -> None:
+    def _send(
+        self,
+        code: int,
+        body: bytes,
+        ctype: str = "application/json",
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
@@ -142,10 +161,18 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(code, json.dumps(self._identity(**extra)).encode() + b"\n")
 
     def _record(self) -> None:
-        self.log.event(kind="http", server=self.ep.server, addr=self.ep.addr, port=self.ep.port,
-                       tls=self.ep.tls, sni=self.sni, host=self.headers.get("Host"),
-                       method=self.command, path=self.path,
-                       peer=peer_text(self.client_address))
+        self.log.event(
+            kind="http",
+            server=self.ep.server,
+            addr=self.ep.addr,
+            port=self.ep.port,
+            tls=self.ep.tls,
+            sni=self.sni,
+            host=self.headers.get("Host"),
+            method=self.command,
+            path=self.path,
+            peer=peer_text(self.client_address),
+        )
 
     def _redirect(self, host: str, path: str) -> None:
         scheme = "https" if self.ep.tls else "http"
@@ -217,12 +244,19 @@ class _Conn:
     log: LineLog
 
 
-def serve_http(conn: socket.socket, peer: tuple, ep: Endpoint, log: LineLog,
-               certs: Certs | None) -> None:
+def serve_http(
+    conn: socket.socket, peer: tuple, ep: Endpoint, log: LineLog, certs: Certs | None
+) -> None:
     """Serve HTTP (or HTTPS, with the handshake done here, off the accept loop) on CONN."""
     conn.settimeout(IDLE)
-    log.event(kind="accept", server=ep.server, addr=ep.addr, port=ep.port, tls=ep.tls,
-              peer=peer_text(peer))
+    log.event(
+        kind="accept",
+        server=ep.server,
+        addr=ep.addr,
+        port=ep.port,
+        tls=ep.tls,
+        peer=peer_text(peer),
+    )
     sock: socket.socket = conn
     try:
         if ep.tls and certs is not None:
@@ -230,8 +264,15 @@ def serve_http(conn: socket.socket, peer: tuple, ep: Endpoint, log: LineLog,
             sock.do_handshake()
         _Handler(sock, peer, _Conn(ep, getattr(sock, "boxyt_sni", None), log))  # type: ignore[arg-type]
     except ssl.SSLError as e:
-        log.event(kind="tls-error", server=ep.server, addr=ep.addr, port=ep.port,
-                  sni=getattr(sock, "boxyt_sni", None), error=str(e), peer=peer_text(peer))
+        log.event(
+            kind="tls-error",
+            server=ep.server,
+            addr=ep.addr,
+            port=ep.port,
+            sni=getattr(sock, "boxyt_sni", None),
+            error=str(e),
+            peer=peer_text(peer),
+        )
     except OSError:
         pass
     finally:
@@ -241,8 +282,7 @@ def serve_http(conn: socket.socket, peer: tuple, ep: Endpoint, log: LineLog,
 def serve_banner(conn: socket.socket, peer: tuple, ep: Endpoint, log: LineLog) -> None:
     """Server speaks first (like SSH): a banner line on accept, then echo lines back."""
     conn.settimeout(IDLE)
-    log.event(kind="banner", server=ep.server, addr=ep.addr, port=ep.port,
-              peer=peer_text(peer))
+    log.event(kind="banner", server=ep.server, addr=ep.addr, port=ep.port, peer=peer_text(peer))
     with conn:
         try:
             conn.sendall(f"SSH-2.0-boxyt_{ep.server}\r\n".encode())
@@ -253,6 +293,12 @@ def serve_banner(conn: socket.socket, peer: tuple, ep: Endpoint, log: LineLog) -
 
 
 def on_udp_echo(sock: socket.socket, data: bytes, peer: tuple, ep: Endpoint, log: LineLog) -> None:
-    log.event(kind="udp", server=ep.server, addr=ep.addr, port=ep.port, size=len(data),
-              peer=peer_text(peer))
+    log.event(
+        kind="udp",
+        server=ep.server,
+        addr=ep.addr,
+        port=ep.port,
+        size=len(data),
+        peer=peer_text(peer),
+    )
     sock.sendto(data, peer)

@@ -18,7 +18,7 @@ BIN = Path(sys.executable).parent
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.npm import compare, registry_flags_for, start, timed  # noqa: E402
-from boxyd.registries import Registries  # noqa: E402
+from boxyd.config.registries import Registries  # noqa: E402
 
 REQUIREMENTS = "six\nidna\ncertifi\ncharset-normalizer\nurllib3\nrequests\n"
 PY = "/usr/bin/python3"

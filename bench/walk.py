@@ -4,7 +4,7 @@
 For work directories of 20,000 and 300,000 directories (and one git repository):
 
 - the walk before the run and the walk after it, timed in this process
-  (boxyd.worktree: the git guard's layout, the credentials, the tools' files;
+  (boxyd.plan.worktree: the git guard's layout, the credentials, the tools' files;
   then the guard's scan with the host's git);
 - `boxyctl run -w TREE -- true` end to end, against the same run in a small tree;
 - another session's `boxyctl run -- true` while the big run is being prepared,
@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from boxyd import masking, worktree  # noqa: E402
+from boxyd.plan import masking, worktree  # noqa: E402
 from tests.harness import toolshed  # noqa: E402
 
 BIN = Path(sys.executable).parent

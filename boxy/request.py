@@ -3,7 +3,7 @@
 The CLI (and the Python library) build a RunRequest directly; each API adapter
 decodes one from its wire with `RunRequest.from_wire`, which checks every shape
 and reports a wrong one as a UsageError (a client bug or a hostile caller, never a
-traceback). The daemon merges it with the profile into a RunSpec (boxyd.spec).
+traceback). The daemon merges it with the profile into a RunSpec (boxyd.config.spec).
 
 Plain classes, not dataclasses: the dataclasses module costs the client 13 ms of
 every run.
@@ -227,7 +227,7 @@ def _decode_list(key: str, kind: str, value: object) -> list[Any]:
         if kind == "strs" and isinstance(item, str):
             out.append(item)
         elif kind == "ports" and type(item) is int:
-            out.append(item)  # the range is checked with the profile's ports (boxyd.spec)
+            out.append(item)  # the range is checked with the profile's ports (boxyd.config.spec)
         elif (
             kind == "env"
             and isinstance(item, dict)

@@ -1,6 +1,6 @@
 """`boxyctl doctor`: print what this machine gives boxy, one aligned line per check.
 
-Imports only the standard library and boxyd.doctor, so the command starts fast.
+Imports only the standard library and boxyd.daemon.doctor, so the command starts fast.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 import sys
 from typing import TextIO
 
-from boxyd.doctor import Check, checks
+from boxyd.daemon.doctor import Check, checks
 
 RED, RESET = "\x1b[31m", "\x1b[0m"
 

@@ -18,7 +18,7 @@ from boxy import VERSION
 from boxy.errors import BoxyError, BuildMismatch, Busy, DaemonError, SecretsNeeded, UsageError
 
 if TYPE_CHECKING:
-    from boxyd.projectconfig import Project
+    from boxyd.config.projectconfig import Project
 
 
 def _prog() -> str:
@@ -466,7 +466,7 @@ def trust(args: dict) -> int:
 
     from boxy.paths import config_home
     from boxyctl.sessions import clean
-    from boxyd import projectconfig
+    from boxyd.config import projectconfig
 
     home = config_home(os.environ.get("HOME"))
     me = pwd.getpwuid(os.getuid())
@@ -517,8 +517,8 @@ def trust(args: dict) -> int:
 def _check_project(project: Project, home: str) -> list[str]:
     """What is approved must load: its profile and keys, as a run would take them.
     Returns what of it is wider than the default profile (said before approving)."""
-    from boxyd import caches, profiles, widening
-    from boxyd.spec import DEFAULT_PROFILE
+    from boxyd.config import caches, profiles, widening
+    from boxyd.config.spec import DEFAULT_PROFILE
 
     if project.config is None:
         return []
@@ -601,7 +601,7 @@ def cache(args: dict) -> int:
     import time
 
     from boxy import values
-    from boxyd import caches
+    from boxyd.config import caches
 
     found = caches.entries()
     if args["action"] == "list":
@@ -621,10 +621,10 @@ def cache(args: dict) -> int:
 
 
 def profile(args: dict) -> int:
-    from boxyd import profiles, profileview
-    from boxyd.daemon.launcher import Template
+    from boxyd.config import profiles, profileview
+    from boxyd.config.registries import Registries
+    from boxyd.daemon.stage2proc import Template
     from boxyd.daemon.toolbox import Toolshed
-    from boxyd.registries import Registries
 
     home = os.environ.get("HOME") or os.path.expanduser("~")
     if args.get("action") == "list":

@@ -1,4 +1,4 @@
-"""The live guard of one session: inotify on the directories boxyd/live.py names, and
+"""The live guard of one session: inotify on the directories boxyd/plan/live.py names, and
 each change re-applied in the sandbox through the outer stage 2 (stage2/live.py).
 
 The window that remains is from the host's rename to the stand-in or pin being in
@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from boxyd import credentials, live, masking
-from boxyd.credentials import Action, Rule
 from boxyd.daemon import pools
 from boxyd.gitguard import discover
-from boxyd.live import Redo, Watched
-from boxyd.masking import Found
+from boxyd.plan import credentials, live, masking
+from boxyd.plan.credentials import Action, Rule
+from boxyd.plan.live import Redo, Watched
+from boxyd.plan.masking import Found
 
 log = logging.getLogger("boxyd")
 

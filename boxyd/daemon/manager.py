@@ -21,8 +21,8 @@ from boxy.outcome import SessionInfo
 from boxy.request import RunRequest
 from boxyd.daemon import pools, records
 from boxyd.daemon.events import Fanout, Subscription
-from boxyd.daemon.launch import Launcher
 from boxyd.daemon.records import Records
+from boxyd.daemon.seam import Launcher
 from boxyd.daemon.session import GRACE, Session
 
 log = logging.getLogger("boxyd")

@@ -15,15 +15,15 @@ import os
 from collections.abc import Callable
 
 from boxy.errors import SetupError, UsageError
-from boxyd.hostfile import Outputs, replaced
+from boxyd.config.spec import RunSpec
 from boxyd.net import netlog, pcap, ranges, ruleset, tailscale
 from boxyd.net.dnsproxy import DnsProxy
 from boxyd.net.gateway import LISTENERS, Gateway
 from boxyd.net.hostnet import UPSTREAM_ENV, upstream_servers
 from boxyd.net.policy import NetPolicy
 from boxyd.net.refusals import Tally, plural
-from boxyd.plan import File, Plan
-from boxyd.spec import RunSpec
+from boxyd.plan.hostfile import Outputs, replaced
+from boxyd.plan.ops import File, Plan
 
 log = logging.getLogger("boxyd")
 

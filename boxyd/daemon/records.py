@@ -19,9 +19,10 @@ from pathlib import Path
 from boxy.errors import BoxyError
 from boxy.outcome import SessionInfo, clip, clipped
 from boxy.paths import ensure_private_dir, state_dir
-from boxyd import caches, retention
+from boxyd.config import caches
+from boxyd.daemon import retention
 from boxyd.daemon.session import MAX_AUDIT, SESSION_ID, Session
-from boxyd.hostfile import replaced
+from boxyd.plan.hostfile import replaced
 
 log = logging.getLogger("boxyd")
 

@@ -2,7 +2,7 @@
 walked, a mount plan, stage 2 forked from the template, the gateway attached; and
 afterwards the terminal drained, the network closed and the trees judged.
 
-The core (Session, Manager) sees this only through boxyd.daemon.launch.
+The core (Session, Manager) sees this only through boxyd.daemon.seam.
 """
 
 from __future__ import annotations
@@ -22,23 +22,24 @@ from boxy.outcome import Counters
 from boxy.paths import state_dir
 from boxy.request import RunRequest, Terminal
 from boxy.varlink import close_fds
-from boxyd import caches, live, masking, mountplan, worktree
+from boxyd.config import caches
+from boxyd.config.hosttools import resolve
+from boxyd.config.registries import Registries
+from boxyd.config.spec import RunSpec, build_spec
 from boxyd.daemon import pools, records
-from boxyd.daemon.launch import Exit, Report, SandboxEvent, Sink, Started, Stopped
-from boxyd.daemon.launcher import Stage2, Template
 from boxyd.daemon.liveguard import LiveGuard
 from boxyd.daemon.pty import PtyRelay
 from boxyd.daemon.scopes import Limit, Placement, Scopes, limits, read_events, remove_subtree
+from boxyd.daemon.seam import Exit, Report, SandboxEvent, Sink, Started, Stopped
+from boxyd.daemon.stage2proc import Stage2, Template
 from boxyd.daemon.toolbox import Toolshed
 from boxyd.daemon.walks import Walks
 from boxyd.gitguard import userconfig
 from boxyd.gitguard.discover import CONFIG_MAX, read_beneath
 from boxyd.gitguard.scan import Snapshot, adopt, inherit_live, overwrite, restore
-from boxyd.hostfile import Outputs, open_outputs
-from boxyd.policy.seccomp import build_filter
-from boxyd.registries import Registries
-from boxyd.spec import RunSpec, build_spec
-from boxyd.tools import resolve
+from boxyd.plan import live, masking, mountplan, worktree
+from boxyd.plan.hostfile import Outputs, open_outputs
+from boxyd.plan.seccomp import build_filter
 
 if TYPE_CHECKING:
     from boxyd.daemon.network import Network
@@ -405,7 +406,7 @@ class StageSandbox:
 
     def _start_live_guard(self) -> None:
         """The payload runs: from now on a host change to a covered or pinned entry is
-        covered again at once (boxyd/live.py). Its watches are set up beside the run."""
+        covered again at once (boxyd/plan/live.py). Its watches are set up beside the run."""
         if not self._watched or self.stage2 is None:
             return
         quiet = not self.spec.verbose

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from boxy import values
-from boxyd.spec import RunSpec
+from boxyd.config.spec import RunSpec
 
 if TYPE_CHECKING:
     from dbus_fast.aio import MessageBus
@@ -229,7 +229,7 @@ def _cgroup_of(pid: int) -> str | None:
 
 def _cgroup_dir(rel: str) -> tuple[str | None, frozenset[str]]:
     """The directory of REL in the v2 hierarchy, and its controllers."""
-    from boxyd.doctor import cgroup_mounts
+    from boxyd.daemon.doctor import cgroup_mounts
 
     for kind, mount, root in cgroup_mounts():
         if kind != "cgroup2":

@@ -3,7 +3,7 @@
 It owns its lifecycle (starting → running → exited | killed | timed-out | failed),
 its timers (--timeout, the grace between SIGTERM and SIGKILL), its audit records
 and its event fan-out. What the sandbox is made of stays behind the Sandbox
-protocol (boxyd.daemon.launch); the Manager owns the task that runs it.
+protocol (boxyd.daemon.seam); the Manager owns the task that runs it.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from boxy.errors import BoxyError, Busy, UsageError
 from boxy.outcome import Counters, Outcome, Reason, SessionInfo, State, clip
 from boxy.request import RunRequest, Terminal
 from boxy.varlink import close_fds
+from boxyd.config.spec import RunSpec
 from boxyd.daemon.events import Fanout, Subscription
-from boxyd.daemon.launch import Exit, Sandbox, Started, Stopped
-from boxyd.spec import RunSpec
+from boxyd.daemon.seam import Exit, Sandbox, Started, Stopped
 
 log = logging.getLogger("boxyd")
 

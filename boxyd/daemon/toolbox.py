@@ -1,6 +1,6 @@
 """A tool sandbox carried out through stage 2, driven synchronously from a worker thread.
 
-boxyd.tools decides what the sandbox holds; this starts it from the stage-2
+boxyd.plan.tools decides what the sandbox holds; this starts it from the stage-2
 template (through the event loop: the template's death signal follows the loop's
 thread), sends it tool calls on a pipe and reads the answers back, bounded in
 size and time. Everything read back is untrusted: it comes from inside a sandbox
@@ -21,11 +21,11 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 
 from boxy.errors import BoxyError
-from boxyd import tools
-from boxyd.daemon.launcher import plan_memfd
-from boxyd.plan import Plan
-from boxyd.policy.seccomp import build_filter
-from boxyd.tools import Answer, Exposure, ToolError
+from boxyd.config.hosttools import Answer, Exposure, ToolError
+from boxyd.daemon.stage2proc import plan_memfd
+from boxyd.plan import tools
+from boxyd.plan.ops import Plan
+from boxyd.plan.seccomp import build_filter
 
 START_TIMEOUT = 10.0  # the sandbox's own set-up, before the first call
 HEAD_MAX = 4096
@@ -176,7 +176,7 @@ class ToolBox:
 class Toolshed:
     """The tool sandboxes of one purpose (a run's checks, one run's settings): every
     box it opens draws on one budget, so a tree that makes git slow costs its own
-    run that budget and nothing more. Callable as a boxyd.tools.Opener."""
+    run that budget and nothing more. Callable as a boxyd.config.hosttools.Opener."""
 
     def __init__(self, spawn: Spawn, budget: float) -> None:
         self._spawn = spawn

@@ -1,5 +1,5 @@
 """The walks before a run: a small tree walked in the daemon's walk pool, a larger one
-asked of the walk process (boxyd/walkproc.py) from the event loop — a request socket
+asked of the walk process (boxyd/daemon/walkproc.py) from the event loop — a request socket
 from the walk template, one frame out, one frame back.
 
 If the walk template cannot be started, the walk runs in the daemon's walk pool as
@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from boxy.errors import SetupError
-from boxyd import walkproc, walkwire, worktree
-from boxyd.daemon import pools
-from boxyd.daemon.launcher import Template
-from boxyd.worktree import Tree
+from boxyd.daemon import pools, walkproc
+from boxyd.daemon.stage2proc import Template
+from boxyd.plan import walkwire, worktree
+from boxyd.plan.worktree import Tree
 
 log = logging.getLogger("boxyd")
 SMALL = 2000  # directories a walk may have in a thread (~20 ms of GIL): past it, a process
@@ -28,7 +28,7 @@ SMALL = 2000  # directories a walk may have in a thread (~20 ms of GIL): past it
 
 class Walks:
     def __init__(self) -> None:
-        self.template = Template("boxyd.walkproc", socket.SOCK_STREAM)
+        self.template = Template("boxyd.daemon.walkproc", socket.SOCK_STREAM)
 
     def start(self) -> None:
         """On the event loop's thread (the template's death signal follows it)."""

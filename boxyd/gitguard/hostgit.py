@@ -9,7 +9,7 @@ resolves it), where it looks for hooks, and which gitlinks its index holds (wher
 git has no mode that runs nothing on a hostile repository: a sparse index whose
 tree object is missing, with a promisor remote, makes even ``ls-files`` fetch
 lazily through a planted ``uploadpack``. So git runs only in a tool sandbox
-(boxyd/tools.py: the tree read-only and not executable, no network, a deadline),
+(boxyd/plan/tools.py: the tree read-only and not executable, no network, a deadline),
 and what it prints is untrusted. Inside it, only plumbing that reads is run —
 ``rev-parse``, ``config --list``, ``ls-files`` — with nothing of the user's or the
 system's configuration, no pager, no fsmonitor, no optional locks, no prompts, no
@@ -24,8 +24,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from boxyd.config.hosttools import Runner, ToolError
 from boxyd.gitguard.gitconfig import Entry, split_key
-from boxyd.tools import Runner, ToolError
 
 TIMEOUT = 5.0  # seconds per git call
 OUTPUT_MAX = 64 << 20

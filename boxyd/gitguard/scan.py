@@ -33,10 +33,10 @@ import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from boxyd.config.hosttools import Box, Exposure, Opener, ToolError
 from boxyd.gitguard import discover, hostgit
 from boxyd.gitguard.discover import CONFIG_MAX, O_DIR, O_FILE, POINTER_MAX, Control, Role, Type
 from boxyd.gitguard.gitconfig import Entry, dangerous_keys, is_dangerous, parse
-from boxyd.tools import Box, Exposure, Opener, ToolError
 
 HASH_MAX = 1 << 20  # content is hashed up to this size; larger files are compared by inode/ctime
 

@@ -20,7 +20,7 @@ TIMEOUT = 3.0
 
 def magicdns_suffix(run=subprocess.run, binary: str = "tailscale") -> str | None:
     """The tailnet's MagicDNS suffix from a running tailscaled, else None. BINARY: the
-    tailscale found outside every payload-writable tree (boxyd/tools.py resolve)."""
+    tailscale found outside every payload-writable tree (boxyd/plan/tools.py resolve)."""
     try:
         r = run(
             [binary, "status", "--json", "--peers=false"],

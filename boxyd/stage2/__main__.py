@@ -25,7 +25,7 @@ import socket
 import traceback
 
 from boxy.errors import SetupError
-from boxyd.plan import Plan
+from boxyd.plan.ops import Plan
 from boxyd.stage2 import live, namespaces, netns, pid1, template
 
 MAX_PLAN = 256 << 20  # read from boxyd's sealed memfd; far beyond any argv or tree

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 
 from boxy.errors import SetupError
-from boxyd.stage2.sys import check, libc
+from boxyd.kernel.sys import check, libc
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4

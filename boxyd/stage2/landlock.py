@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from boxy.errors import SetupError
-from boxyd.stage2 import sys as ksys
+from boxyd.kernel import sys as ksys
 
 if TYPE_CHECKING:
-    from boxyd.plan import LandlockRule
+    from boxyd.plan.ops import LandlockRule
 
 SYS_landlock_create_ruleset = 444
 SYS_landlock_add_rule = 445

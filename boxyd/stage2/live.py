@@ -22,9 +22,10 @@ import ctypes
 import os
 
 from boxy.errors import SetupError
-from boxyd.plan import Bind, Mask
+from boxyd.kernel import openat
+from boxyd.kernel.sys import errno_call
+from boxyd.plan.ops import Bind, Mask
 from boxyd.stage2 import mounts as m
-from boxyd.stage2.sys import errno_call
 
 SYS_fsopen = 430
 SYS_fsconfig = 431
@@ -86,7 +87,7 @@ def _target(base: str, rel: str, step: str) -> int:
     """REL beneath the sandbox's BASE, as an O_PATH fd; never through a symlink."""
     bfd = os.open(base, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        return m.openat2(bfd, rel, os.O_PATH, step)
+        return openat.openat2(bfd, rel, os.O_PATH, step)
     finally:
         os.close(bfd)
 

@@ -10,13 +10,12 @@ import ctypes
 import os
 import stat
 
-from boxyd.stage2.sys import check, errno_call, libc, syscall
+from boxyd.kernel.sys import check, errno_call, libc
 
 # x86_64 syscall numbers
 SYS_pivot_root = 155
 SYS_open_tree = 428
 SYS_move_mount = 429
-SYS_openat2 = 437
 SYS_mount_setattr = 442
 
 MS_RDONLY = 0x1
@@ -42,11 +41,6 @@ MOUNT_ATTR_NOSUID = 0x2
 MOUNT_ATTR_NODEV = 0x4
 MOUNT_ATTR_NOEXEC = 0x8
 
-RESOLVE_NO_MAGICLINKS = 0x02
-RESOLVE_NO_SYMLINKS = 0x04
-RESOLVE_BENEATH = 0x08
-RESOLVE_IN_ROOT = 0x10
-
 libc.mount.argtypes = [
     ctypes.c_char_p,
     ctypes.c_char_p,
@@ -55,10 +49,6 @@ libc.mount.argtypes = [
     ctypes.c_char_p,
 ]
 libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
-
-
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
 class _MountAttr(ctypes.Structure):
@@ -93,54 +83,6 @@ def umount_detach(path: str, step: str) -> None:
 
 def pivot_root(new_root: str, put_old: str) -> None:
     errno_call("pivot_root", new_root, SYS_pivot_root, _b(new_root), _b(put_old))
-
-
-def openat2(dirfd: int, path: str, flags: int, step: str, *, beneath: bool = True) -> int:
-    """Open PATH relative to DIRFD without following any symlink and, with BENEATH,
-    without ever leaving DIRFD (no "..", no absolute jumps). A symlink anywhere in
-    the path is an error (ELOOP), which is what a swapped-in symlink must be."""
-    how = _OpenHow(
-        flags | os.O_CLOEXEC,
-        0,
-        RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | (RESOLVE_BENEATH if beneath else 0),
-    )
-    return errno_call(
-        step,
-        path,
-        SYS_openat2,
-        ctypes.c_int(dirfd),
-        _b(path),
-        ctypes.byref(how),
-        ctypes.c_size_t(ctypes.sizeof(how)),
-    )
-
-
-def open_how(dirfd: int, path: str, flags: int, resolve: int) -> int:
-    """openat2(2) with RESOLVE flags; the fd, or -errno instead of raising."""
-    how = _OpenHow(flags | os.O_CLOEXEC, 0, resolve)
-    fd = syscall(
-        SYS_openat2,
-        ctypes.c_int(dirfd),
-        _b(path),
-        ctypes.byref(how),
-        ctypes.c_size_t(ctypes.sizeof(how)),
-    )
-    return fd if fd >= 0 else -ctypes.get_errno()
-
-
-def open_in_root(dirfd: int, path: str, flags: int) -> int:
-    """Open PATH inside the tree at DIRFD following symlinks as the host would, with
-    DIRFD as their root (RESOLVE_IN_ROOT: an absolute target is read from DIRFD, not
-    from our staging root). Magic links never. Returns -errno instead of raising."""
-    return open_how(dirfd, path, flags, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
-
-
-def open_beneath(dirfd: int, path: str, flags: int) -> int:
-    """Open PATH beneath DIRFD with no symlink in any component (the payload's tree:
-    a swapped-in symlink must fail, ELOOP/EXDEV). Returns -errno instead of raising."""
-    return open_how(
-        dirfd, path, flags, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
-    )
 
 
 def open_tree_clone(fd: int, step: str, path: str) -> int:

@@ -8,9 +8,7 @@ import socket
 import struct
 
 from boxy.errors import SetupError
-from boxyd.plan import Plan
-from boxyd.stage2 import mounts as m
-from boxyd.stage2.sys import (
+from boxyd.kernel.sys import (
     CLONE_NEWCGROUP,
     CLONE_NEWIPC,
     CLONE_NEWNET,
@@ -21,6 +19,8 @@ from boxyd.stage2.sys import (
     check,
     libc,
 )
+from boxyd.plan.ops import Plan
+from boxyd.stage2 import mounts as m
 
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from boxy.errors import SetupError
+from boxyd.kernel.sys import CLONE_NEWNET, check, libc
 from boxyd.net import nflog, nftset, pcap, udpsock
 from boxyd.net import ruleset as rs
 from boxyd.net.rtnl import Rtnl
 from boxyd.stage2 import nft
-from boxyd.stage2.sys import CLONE_NEWNET, check, libc
 
 IFA_F_NODAD = 0x02
 LOOPBACK_IFINDEX = 1  # lo is always the first device of a network namespace

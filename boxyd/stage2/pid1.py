@@ -25,9 +25,9 @@ from typing import NoReturn
 
 from boxy import termsettings
 from boxy.errors import SetupError
-from boxyd.plan import Plan
+from boxyd.kernel.sys import libc
+from boxyd.plan.ops import Plan
 from boxyd.stage2 import caps, landlock, rootfs, seccomp, toolserver
-from boxyd.stage2.sys import libc
 
 STATUS_FD = 3
 FORWARDED = (

@@ -12,7 +12,8 @@ import errno
 import os
 
 from boxy.errors import SetupError
-from boxyd.plan import Bind, Copy, Dir, File, Mask, Plan, Symlink
+from boxyd.kernel import openat
+from boxyd.plan.ops import Bind, Copy, Dir, File, Mask, Plan, Symlink
 from boxyd.stage2 import mounts as m
 
 BASE = "/tmp"  # staging mount point in our private mount namespace only
@@ -248,10 +249,10 @@ def _open_source(b: Bind) -> int | None:
         if b.src_base is not None:
             if b.optional and not os.path.lexists(f"{base_path}/{b.src}"):
                 return None
-            return m.openat2(base, b.src, os.O_PATH, step)
+            return openat.openat2(base, b.src, os.O_PATH, step)
         # a host path the user named: its symlinks are followed as on the host (a
         # profile's ~/.local/bin/claude lands on the versioned binary it points to)
-        fd = m.open_in_root(base, b.src.lstrip("/"), os.O_PATH)
+        fd = openat.open_in_root(base, b.src.lstrip("/"), os.O_PATH)
         if fd >= 0:
             return fd
         if -fd == errno.ENOENT:
@@ -268,7 +269,7 @@ def _open_target(b: Bind, is_dir: bool) -> int:
     if b.dst_base is not None:
         base = os.open(NEW + b.dst_base, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            fd = m.openat2(base, b.dst, os.O_PATH, step)
+            fd = openat.openat2(base, b.dst, os.O_PATH, step)
         finally:
             os.close(base)
         if m.is_dir_fd(fd) != is_dir:
@@ -357,7 +358,7 @@ def apply_mask(mk: Mask) -> None:
     try:
         base = os.open(NEW + mk.dst_base, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            target = m.openat2(base, mk.dst, os.O_PATH, step)
+            target = openat.openat2(base, mk.dst, os.O_PATH, step)
         finally:
             os.close(base)
         try:

@@ -1,4 +1,4 @@
-"""Load the seccomp program the daemon compiled (boxyd.policy.seccomp) into this process.
+"""Load the seccomp program the daemon compiled (boxyd.plan.seccomp) into this process.
 
 Standard library only: stage 2 does not import libseccomp, it only hands the
 kernel the bytes. This is the last step before the payload's execve, so
@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 
 from boxy.errors import SetupError
-from boxyd.stage2 import sys as _sys
+from boxyd.kernel import sys as _sys
 
 SYS_SECCOMP = 317  # x86_64
 SECCOMP_SET_MODE_FILTER = 1

@@ -326,7 +326,7 @@ def test_client_sigterm_is_forwarded(user: User, workdir: Path) -> None:
 
 
 def _memory_controller(user: User) -> bool:
-    code = "import boxyd.doctor as d; print(d.facts()['memory_controller'])"
+    code = "import boxyd.daemon.doctor as d; print(d.facts()['memory_controller'])"
     r = user.run([str(BIN / "python"), "-c", code], timeout=60)
     assert r.returncode == 0, r.stderr
     return r.stdout.strip() == b"True"

@@ -4,7 +4,7 @@ in-process: one stage-2 template per pytest process, started on the main thread
 
 from __future__ import annotations
 
-from boxyd.daemon.launcher import Template
+from boxyd.daemon.stage2proc import Template
 from boxyd.daemon.toolbox import Toolshed
 
 _template: Template | None = None

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from boxyctl.doctor import render
-from boxyd import doctor
-from boxyd.doctor import Check
+from boxyd.daemon import doctor
+from boxyd.daemon.doctor import Check
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = (

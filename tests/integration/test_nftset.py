@@ -53,9 +53,9 @@ def _sets() -> dict[str, list[dict[str, Any]]]:
 
 
 def stage2(ctl: socket.socket) -> None:
+    from boxyd.kernel.sys import CLONE_NEWNET, check, libc
     from boxyd.net import nftset, ruleset
     from boxyd.stage2 import namespaces, nft
-    from boxyd.stage2.sys import CLONE_NEWNET, check, libc
 
     namespaces.enter_user_namespace(os.getuid(), os.getgid())
     check(libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")

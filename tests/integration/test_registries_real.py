@@ -5,7 +5,7 @@ and a hostile install script reaches nothing else.
 These are the ONLY tests that leave the machine. They run in the machine's own
 netns with the ordinary daemon (the `boxy` fixture), in allowlist mode only, and
 the only hosts they ever name are registry hosts read at test time from the tools'
-own configuration (`boxyd.registries`, what the node and python profiles use):
+own configuration (`boxyd.config.registries`, what the node and python profiles use):
 nothing in this file names a host. Where the registry's address sits in a
 special-purpose range (a TLS-intercepting mirror, say), exactly that address is
 opened with --allow-cidr, as a user of such a machine would have to.
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import pytest
 
+from boxyd.config.registries import Registries
 from boxyd.net.ranges import classify
-from boxyd.registries import Registries
 from tests.conftest import Boxy, User
 
 pytestmark = pytest.mark.sandbox
@@ -196,7 +196,7 @@ def ca_flags(boxy: Boxy, tool: str) -> list[str]:
     configured with: nothing when it already reads the same setting inside (npm's
     global npmrc lives under /usr, which the sandbox sees), else the setting as an
     environment variable, and the file itself when the sandbox cannot read it
-    (/etc there holds only boxyd.mountplan.ETC_FROM_HOST)."""
+    (/etc there holds only boxyd.plan.mountplan.ETC_FROM_HOST)."""
     if tool in _CA_FLAGS:
         return _CA_FLAGS[tool]
     host_argv, inside_cmd, var = _CA_QUERIES[tool]

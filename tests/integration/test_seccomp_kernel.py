@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from boxy.errors import SetupError
-from boxyd.policy.seccomp import build_filter
+from boxyd.plan.seccomp import build_filter
 from boxyd.stage2 import seccomp as loader
 
 PR_SET_NO_NEW_PRIVS = 38

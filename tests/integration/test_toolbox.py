@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from boxyd.tools import Answer, Exposure, ToolError
+from boxyd.config.hosttools import Answer, Exposure, ToolError
 from tests.harness import toolshed
 
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C"}

@@ -346,7 +346,7 @@ def test_prog_name():
 def test_imports_stay_light():
     code = (
         "import sys, boxyctl.cli; "
-        "bad = [m for m in ('yaml', 'asyncio', 'dbus_fast', 'boxyd.spec', 'boxyd.profiles') "
+        "bad = [m for m in ('yaml', 'asyncio', 'dbus_fast', 'boxyd.config.spec', 'boxyd.config.profiles') "
         "if m in sys.modules]; print(bad)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

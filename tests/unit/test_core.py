@@ -14,11 +14,11 @@ import pytest
 from boxy.errors import Busy, DaemonError, NoSuchSession, SetupError, UsageError
 from boxy.outcome import Counters, Reason, State
 from boxy.request import RunOptions, RunRequest
+from boxyd.config.spec import RunSpec
 from boxyd.daemon.events import LOST, Fanout
-from boxyd.daemon.launch import Exit, Report, SandboxEvent, Sink, Started, Stopped
 from boxyd.daemon.manager import Manager
+from boxyd.daemon.seam import Exit, Report, SandboxEvent, Sink, Started, Stopped
 from boxyd.daemon.session import outcome_of
-from boxyd.spec import RunSpec
 
 
 class FakeSandbox:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from boxyd import credentials as c
-from boxyd.credentials import Action
+from boxyd.plan import credentials as c
+from boxyd.plan.credentials import Action
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,9 @@
-"""boxyd.envpolicy: nothing from the client's environment but presentation variables."""
+"""boxyd.config.envpolicy: nothing from the client's environment but presentation variables."""
 
 import pytest
 
 from boxy.errors import UsageError
-from boxyd.envpolicy import SYSTEM_PATH, is_sensitive, sandbox_env
+from boxyd.config.envpolicy import SYSTEM_PATH, is_sensitive, sandbox_env
 
 CLIENT = {
     "TERM": "xterm-256color",

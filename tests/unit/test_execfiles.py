@@ -7,8 +7,8 @@ import json
 import os
 from pathlib import Path
 
-from boxyd.execfiles import Watch, changes
 from boxyd.gitguard import discover
+from boxyd.plan.execfiles import Watch, changes
 
 
 def seen(root: Path) -> dict[str, tuple[str, str]]:

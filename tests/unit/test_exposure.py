@@ -1,9 +1,9 @@
-"""boxyd.exposure: no exposed tree may hold an agent, bus or engine socket."""
+"""boxyd.config.exposure: no exposed tree may hold an agent, bus or engine socket."""
 
 import pytest
 
 from boxy.errors import UsageError
-from boxyd.exposure import check_exposed, sensitive_paths
+from boxyd.config.exposure import check_exposed, sensitive_paths
 
 HOME = "/home/u"
 ENV = {

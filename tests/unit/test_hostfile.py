@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from boxy.errors import UsageError
-from boxyd.hostfile import open_output, open_outputs
+from boxyd.plan.hostfile import open_output, open_outputs
 
 
 def test_regular_file_is_created_0600_and_appended(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The live guard's policy (boxyd/live.py) and the scan's side of it (adopt, restore)."""
+"""The live guard's policy (boxyd/plan/live.py) and the scan's side of it (adopt, restore)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from boxyd import credentials, live
-from boxyd.credentials import Action
 from boxyd.gitguard import scan
 from boxyd.gitguard.discover import Protection
-from boxyd.masking import Found
+from boxyd.plan import credentials, live
+from boxyd.plan.credentials import Action
+from boxyd.plan.masking import Found
 from tests.harness import toolshed
 
 PIN = Protection(".git/config", "ro", False)

@@ -7,8 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from boxyd import worktree
-from boxyd.masking import Found
+from boxyd.plan import worktree
+from boxyd.plan.masking import Found
 
 S = "SECRETvalue"
 

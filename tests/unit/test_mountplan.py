@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from boxy.errors import UsageError
-from boxyd import mountplan
+from boxyd.config.spec import CopyEntry, PathEntry, RunSpec
 from boxyd.gitguard.discover import Protection
-from boxyd.plan import Bind, Copy, Plan, Symlink
-from boxyd.spec import CopyEntry, PathEntry, RunSpec
+from boxyd.plan import mountplan
+from boxyd.plan.ops import Bind, Copy, Plan, Symlink
 
 
 def _spec(**kw) -> RunSpec:
@@ -95,7 +95,7 @@ def test_plan_to_json_is_asdict_and_round_trips():
     import dataclasses
     import json
 
-    from boxyd.plan import Bind, File, LandlockRule, Plan
+    from boxyd.plan.ops import Bind, File, LandlockRule, Plan
 
     p = Plan(
         argv=["true"],

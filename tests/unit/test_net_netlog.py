@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from boxyd.hostfile import open_output
 from boxyd.net.netlog import CONN_FIELDS, Destination, NetLog, destinations_table, dumps, write
+from boxyd.plan.hostfile import open_output
 
 
 def decoded(doc: dict) -> list[dict]:

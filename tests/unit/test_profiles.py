@@ -1,4 +1,4 @@
-"""boxyd.profiles: presets, strict validation with file/key/expected, templates."""
+"""boxyd.config.profiles: presets, strict validation with file/key/expected, templates."""
 
 import os
 import time
@@ -6,15 +6,15 @@ import time
 import pytest
 
 from boxy.errors import ProfileError
-from boxyd import profiles
-from boxyd.profiles import (
+from boxyd.config import profiles
+from boxyd.config.profiles import (
     HOST_TEMPLATES,
     list_profiles,
     load_profile,
     resolve_hosts,
     workdir_slug,
 )
-from boxyd.spec import CopyEntry, PathEntry
+from boxyd.config.spec import CopyEntry, PathEntry
 
 CTX = {"workdir": "/home/u/p", "home": "/home/u"}
 PRESETS = ["claude", "generic", "node", "offline", "python"]
@@ -330,7 +330,7 @@ def test_resolve_hosts_without_resolver():
 
 
 def test_env_templates_filled_from_the_tools_or_left_out():
-    from boxyd.profiles import resolve_env
+    from boxyd.config.profiles import resolve_env
 
     notes: list[str] = []
     got = resolve_env(
@@ -344,7 +344,7 @@ def test_env_templates_filled_from_the_tools_or_left_out():
 
 
 def test_unknown_env_template_is_refused(tmp_path):
-    from boxyd.profiles import load_profile
+    from boxyd.config.profiles import load_profile
 
     f = tmp_path / "p.yaml"
     f.write_text('env:\n  X: "{secret_sauce}"\n')

@@ -10,8 +10,8 @@ import pytest
 
 from boxy.errors import UsageError
 from boxy.request import RunRequest
-from boxyd import projectconfig as pc
-from boxyd.spec import build_spec
+from boxyd.config import projectconfig as pc
+from boxyd.config.spec import build_spec
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from boxyd import projectregistries as pr
+from boxyd.config import projectregistries as pr
 
 ENV = {"HOME": "/home/u", "REG": "https://mirror.test/npm/"}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from boxyd.registries import Registries, host_of
+from boxyd.config.registries import Registries, host_of
 from tests.harness import toolshed
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from boxyd.retention import DAY, expired, prune
+from boxyd.daemon.retention import DAY, expired, prune
 
 
 def test_expired_keeps_the_newest_and_the_young() -> None:

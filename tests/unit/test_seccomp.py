@@ -1,7 +1,7 @@
 """The seccomp policy, checked by running the exported BPF in tests/unit/bpfsim.py.
 
 The expected verdicts are written out here on purpose, independently of the
-tables in boxyd/policy/seccomp.py: changing the policy means changing both.
+tables in boxyd/plan/seccomp.py: changing the policy means changing both.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pyseccomp
 import pytest
 
 from boxy.errors import SetupError
-from boxyd.policy.seccomp import build_filter
+from boxyd.plan.seccomp import build_filter
 from boxyd.stage2 import seccomp as loader
 
 from . import bpfsim as B

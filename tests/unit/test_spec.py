@@ -1,4 +1,4 @@
-"""boxyd.spec.build_spec: merging flags and profile into a checked RunSpec."""
+"""boxyd.config.spec.build_spec: merging flags and profile into a checked RunSpec."""
 
 import os
 import re
@@ -9,7 +9,7 @@ import pytest
 from boxy.errors import ProfileError, SecretsNeeded, UsageError
 from boxy.request import RunRequest
 from boxyctl.cli import parse
-from boxyd.spec import CopyEntry, PathEntry, build_spec
+from boxyd.config.spec import CopyEntry, PathEntry, build_spec
 
 
 @pytest.fixture
@@ -509,7 +509,7 @@ def test_a_presets_tools_file_planted_as_a_symlink_is_refused_with_what_to_do(tm
 
     from boxy.errors import UsageError
     from boxy.request import RunOptions, RunRequest
-    from boxyd.spec import build_spec
+    from boxyd.config.spec import build_spec
 
     (tmp_path / "elsewhere").write_text("registry=x\n")
     (tmp_path / ".npmrc").symlink_to(tmp_path / "elsewhere")

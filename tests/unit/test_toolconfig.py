@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from boxyd import toolconfig as t
+from boxyd.plan import toolconfig as t
 
 # a value that makes each key count; the tables' keys are normalised (no - _ .)
 TRIGGER = {

@@ -1,4 +1,4 @@
-"""The walk's result as data (boxyd/walkwire.py), and the walk process end to end."""
+"""The walk's result as data (boxyd/plan/walkwire.py), and the walk process end to end."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from boxy.errors import SetupError
-from boxyd import walkwire, worktree
 from boxyd.daemon.walks import Walks
+from boxyd.plan import walkwire, worktree
 
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent", "PATH": "/usr/bin:/bin"}
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from boxyd import widening
-from boxyd.profiles import Profile
-from boxyd.spec import CopyEntry, PathEntry
+from boxyd.config import widening
+from boxyd.config.profiles import Profile
+from boxyd.config.spec import CopyEntry, PathEntry
 
 CACHE = "/home/u/.cache/boxy/cache/node/k"
 

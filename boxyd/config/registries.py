@@ -5,7 +5,7 @@ Profiles name registries by template ({npm_registry}, {pip_index}, {pip_files},
 ~/.npmrc or pip.conf just works, and boxy holds no opinion on which public registry
 is the right one. The tool is found only outside every payload-writable tree (a
 venv's bin/npm on the client's PATH is the payload's) and runs in a tool sandbox
-(boxyd/tools.py) that sees its installation and its config files, nothing else,
+(boxyd/plan/tools.py) that sees its installation and its config files, nothing else,
 with a bounded time; an environment override the client sent
 (npm_config_registry, PIP_INDEX_URL …) wins, as it would for the tool itself. Answers are cached briefly: asking npm costs
 a node start-up, so npm is asked once for everything (one start-up, not one per
@@ -20,7 +20,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
-from boxyd.tools import Box, Exposure, Opener, ToolError, installation, resolve, safe_path
+from boxyd.config.hosttools import (
+    Box,
+    Exposure,
+    Opener,
+    ToolError,
+    installation,
+    resolve,
+    safe_path,
+)
 
 TIMEOUT = 10.0
 ANSWER_MAX = 64 << 10

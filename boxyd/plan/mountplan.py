@@ -13,11 +13,11 @@ import pwd
 from typing import TYPE_CHECKING
 
 from boxy.errors import UsageError
-from boxyd.plan import Bind, Copy, Dir, File, LandlockRule, Mask, MountOp, Plan, Symlink
-from boxyd.spec import SYSTEM_TREES, RunSpec
+from boxyd.config.spec import SYSTEM_TREES, RunSpec
+from boxyd.plan.ops import Bind, Copy, Dir, File, LandlockRule, Mask, MountOp, Plan, Symlink
 
 if TYPE_CHECKING:
-    from boxyd.masking import Found
+    from boxyd.plan.masking import Found
 
 HOSTNAME = "boxy"
 

@@ -91,7 +91,7 @@ MountOp = Bind | Copy | Symlink | File | Dir | Mask
 @dataclass
 class LandlockRule:
     path: str  # inside the sandbox
-    # a tool sandbox's (boxyd/tools.py): "read" is "ro" without execute (the trees a
+    # a tool sandbox's (boxyd/plan/tools.py): "read" is "ro" without execute (the trees a
     # tool reads), "scratch" is "rw" without execute (its /tmp)
     access: Literal["ro", "rw", "dev", "rox", "dir", "read", "scratch"]
 

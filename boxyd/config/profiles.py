@@ -22,9 +22,9 @@ import yaml
 from boxy.errors import ProfileError, UsageError
 from boxy.paths import config_home
 from boxy.values import parse_cidrs, parse_duration, parse_host_spec, parse_size
-from boxyd import caches
-from boxyd.envpolicy import check_name
-from boxyd.spec import CopyEntry, PathEntry
+from boxyd.config import caches
+from boxyd.config.envpolicy import check_name
+from boxyd.config.spec import CopyEntry, PathEntry
 
 # {cache}: boxy's own package cache for this work directory and profile (caches.py)
 PATH_TEMPLATES = ("workdir", "workdir_slug", "home", "cache")

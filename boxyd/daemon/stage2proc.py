@@ -23,7 +23,7 @@ import sys
 from collections.abc import AsyncIterator
 
 from boxy.errors import SetupError
-from boxyd.plan import Plan
+from boxyd.plan.ops import Plan
 
 log = logging.getLogger("boxyd")
 MAX_MSG = 1 << 16
@@ -35,7 +35,7 @@ class Template:
     the next run if it died."""
 
     def __init__(self, module: str = "boxyd.stage2", kind: int = socket.SOCK_SEQPACKET) -> None:
-        self.module = module  # boxyd.stage2, or boxyd.walkproc (the walks before a run)
+        self.module = module  # boxyd.stage2, or boxyd.daemon.walkproc (the walks before a run)
         self.kind = kind  # of each request's socket
         self._proc: subprocess.Popen[bytes] | None = None
         self._ctl: socket.socket | None = None

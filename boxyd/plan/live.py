@@ -14,10 +14,10 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from boxyd import credentials
-from boxyd.credentials import Action, Rule
 from boxyd.gitguard.discover import Protection
-from boxyd.masking import Found
+from boxyd.plan import credentials
+from boxyd.plan.credentials import Action, Rule
+from boxyd.plan.masking import Found
 
 MAX_WATCHED = 4096  # directories per session (the user's inotify budget is shared)
 

@@ -4,7 +4,7 @@ fingerprints of the files other tools run later; after it, one walk (the git gua
 scan) checks them all again. Blocking (a tree can hold hundreds of thousands of
 directories): the daemon runs each in a pool of its own (boxyd.daemon.pools).
 
-``prepare`` runs in a process of its own (boxyd/walkproc.py): a thread walking holds
+``prepare`` runs in a process of its own (boxyd/daemon/walkproc.py): a thread walking holds
 the GIL for each entry's bytecode (another session's start-up measured 170 ms during a
 300,000-directory walk on a loaded 2-core machine, 53 ms idle). ``after`` still runs
 in the daemon's checks pool: the scan interleaves its walk with the host's git, whose
@@ -22,12 +22,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from boxy.errors import SetupError
-from boxyd import live
-from boxyd.execfiles import Watch, changes
+from boxyd.config.hosttools import Opener
 from boxyd.gitguard import discover, scan
 from boxyd.gitguard.discover import Protection, Type
-from boxyd.masking import Finder, Found
-from boxyd.tools import Opener
+from boxyd.plan import live
+from boxyd.plan.execfiles import Watch, changes
+from boxyd.plan.masking import Finder, Found
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 A walk of a large tree is Python bytecode per entry: in a thread of boxyd it holds
 the GIL that every other session's start-up needs (another session's start-up took
 170 ms instead of 53 ms during a 300,000-directory walk on a loaded 2-core machine).
-So boxyd keeps a walk template (``python -I -m boxyd.walkproc``, started with the
+So boxyd keeps a walk template (``python -I -m boxyd.daemon.walkproc``, started with the
 first run that walks; boxyd/stage2/template.py) that has imported the walk once and
 forks one child per run's walk.
 
@@ -21,7 +21,7 @@ import struct
 from typing import Any
 
 from boxy.errors import SetupError
-from boxyd import walkwire, worktree
+from boxyd.plan import walkwire, worktree
 from boxyd.stage2 import template
 
 FRAME = struct.Struct("!Q")

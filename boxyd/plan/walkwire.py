@@ -1,6 +1,6 @@
 """The walk before a run, as data between the walk process and boxyd (pure).
 
-A ``worktree.Tree`` goes from the walk process (boxyd/walkproc.py) to the daemon as
+A ``worktree.Tree`` goes from the walk process (boxyd/daemon/walkproc.py) to the daemon as
 JSON: plain values only, bytes as base64, tuples back as tuples (a fingerprint is
 compared with ``==``). What comes back is boxyd's own child's work; it is still
 decoded field by field into the typed values, never executed.
@@ -11,11 +11,11 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from boxyd.credentials import Action
 from boxyd.gitguard.discover import Protection
 from boxyd.gitguard.scan import Record, Snapshot
-from boxyd.masking import Found
-from boxyd.worktree import Tree
+from boxyd.plan.credentials import Action
+from boxyd.plan.masking import Found
+from boxyd.plan.worktree import Tree
 
 
 def _b64(data: bytes | None) -> str | None:

@@ -25,10 +25,10 @@ import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from boxyd import credentials
-from boxyd.credentials import Action, Rule
 from boxyd.gitguard import discover
 from boxyd.gitguard.discover import Layout, Type
+from boxyd.plan import credentials
+from boxyd.plan.credentials import Action, Rule
 
 
 @dataclass(frozen=True)

@@ -402,7 +402,7 @@ def resolver(
     """REGISTRY with an approved project's registries first, as the tool orders them:
     an environment override (npm_config_registry, PIP_INDEX_URL) over the project's
     file over the user's configuration."""
-    from boxyd.registries import ENV_OVERRIDES
+    from boxyd.config.registries import ENV_OVERRIDES
 
     regs = list(regs)
 

@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from boxyd.profiles import Profile
-from boxyd.spec import DEFAULT_MEMORY, DEFAULT_NET, DEFAULT_PIDS
+from boxyd.config.profiles import Profile
+from boxyd.config.spec import DEFAULT_MEMORY, DEFAULT_NET, DEFAULT_PIDS
 
 NET_RANK = {"none": 0, "allowlist": 1, "public": 2}
 

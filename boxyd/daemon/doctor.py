@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from boxyd.stage2.sys import (
+from boxyd.kernel.sys import (
     CLONE_NEWCGROUP,
     CLONE_NEWIPC,
     CLONE_NEWNET,
@@ -690,7 +690,7 @@ def _git(f: Facts) -> list[Check]:
     (git >= 2.38): with safe.bareRepository=explicit git refuses to use one it finds."""
     import subprocess
 
-    from boxyd.tools import resolve
+    from boxyd.config.hosttools import resolve
 
     try:
         here = [d for d in [os.getcwd()] if d != "/"]  # "/" is nobody's project

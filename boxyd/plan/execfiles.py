@@ -27,8 +27,8 @@ import os
 import stat
 from collections.abc import Mapping
 
-from boxyd import toolconfig
 from boxyd.gitguard.discover import O_DIR, O_FILE, Type, join, read_head
+from boxyd.plan import toolconfig
 
 DIRS = {
     ".vscode": "VS Code runs its tasks (runOn: folderOpen) and reads its settings",

@@ -9,8 +9,8 @@ import os
 from collections.abc import Mapping
 
 from boxy import values
-from boxyd import profiles
-from boxyd.profiles import Profile, Registry
+from boxyd.config import profiles
+from boxyd.config.profiles import Profile, Registry
 
 # where each template's value comes from, said next to what it became
 ORIGIN = {

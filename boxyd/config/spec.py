@@ -23,8 +23,8 @@ from boxy.errors import BoxyError, ProfileError, SecretsNeeded, UsageError
 from boxy.request import RunOptions, RunRequest
 
 if TYPE_CHECKING:
-    from boxyd.profiles import Profile
-    from boxyd.projectconfig import Project
+    from boxyd.config.profiles import Profile
+    from boxyd.config.projectconfig import Project
 
 
 @dataclass
@@ -132,7 +132,7 @@ def build_spec(
     # dataclasses alone and must not pull in YAML.
     from boxy import values
     from boxy.paths import config_home
-    from boxyd import caches, envpolicy, exposure, profiles, projectconfig, projectregistries
+    from boxyd.config import caches, envpolicy, exposure, profiles, projectconfig, projectregistries
 
     argv, cwd, client_env, o = request.argv, request.cwd, request.client_env, request.options
     if not argv:
@@ -432,7 +432,7 @@ def _terminal(spec: RunSpec, o: RunOptions, prof: Profile) -> None:
 def _project_doc(project: Project, trusted: bool, held: list[str]) -> dict[str, Any] | None:
     """The parsed .boxy.yaml, or None when there is none or it is neither approved
     nor valid (then ignored whole, and said: the payload could have written it)."""
-    from boxyd import profiles
+    from boxyd.config import profiles
 
     if project.config is None:
         return None
@@ -456,7 +456,7 @@ def _unapproved_layer(
     """The profile an unapproved .boxy.yaml asks for, less everything in which it is
     wider than BASE_REF's (widening.hold_back); BASE_REF's profile when it does not
     load (said: nothing of an unapproved file may stop the run)."""
-    from boxyd import profiles, widening
+    from boxyd.config import profiles, widening
 
     # the base's {cache} is its own (the profile's name is in it), not the one in use
     base = profiles.load_profile(
@@ -481,7 +481,7 @@ def _project_hosts(
 ) -> list[str]:
     """Hosts the project's .npmrc or pip.conf names, for a profile that reaches that
     tool's registry: added when approved, else named in HELD."""
-    from boxyd import projectregistries
+    from boxyd.config import projectregistries
 
     families = {
         f for f, t in (("npm", "{npm_registry}"), ("pip", "{pip_index}")) if t in allow_hosts

@@ -517,25 +517,9 @@ def trust(args: dict) -> int:
 def _check_project(project: Project, home: str) -> list[str]:
     """What is approved must load: its profile and keys, as a run would take them.
     Returns what of it is wider than the default profile (said before approving)."""
-    from boxyd.config import caches, profiles, widening
-    from boxyd.config.spec import DEFAULT_PROFILE
+    from boxyd.config import layering
 
-    if project.config is None:
-        return []
-    doc = profiles.project_doc(project.text, project.path)
-    name = doc.get("profile") or DEFAULT_PROFILE
-    context = {
-        "workdir": project.workdir,
-        "home": home,
-        "cache": caches.project_dir(home, name, project.workdir),
-    }
-    wanted = profiles.project_layer(
-        profiles.load_profile(name, context=context), doc, project.path, context
-    )
-    base = profiles.load_profile(
-        DEFAULT_PROFILE, context={"workdir": project.workdir, "home": home}
-    )
-    return [str(k) for k in widening.hold_back(base, wanted, own_cache=context["cache"])[1]]
+    return [str(k) for k in layering.project_widening(project, home)]
 
 
 def setup() -> int:

@@ -24,7 +24,7 @@ from boxy.paths import config_home
 from boxy.values import parse_cidrs, parse_duration, parse_host_spec, parse_size
 from boxyd.config import caches
 from boxyd.config.envpolicy import check_name
-from boxyd.config.spec import CopyEntry, PathEntry
+from boxyd.config.runspec import CopyEntry, PathEntry
 
 # {cache}: boxy's own package cache for this work directory and profile (caches.py)
 PATH_TEMPLATES = ("workdir", "workdir_slug", "home", "cache")

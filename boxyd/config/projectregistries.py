@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from boxyd.config.registries import ENV_OVERRIDES
+
 NPMRC = ".npmrc"
 PIP_CONF = "pip.conf"
 
@@ -402,8 +404,6 @@ def resolver(
     """REGISTRY with an approved project's registries first, as the tool orders them:
     an environment override (npm_config_registry, PIP_INDEX_URL) over the project's
     file over the user's configuration."""
-    from boxyd.config.registries import ENV_OVERRIDES
-
     regs = list(regs)
 
     def resolve(name: str) -> str | None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from boxyd.config.profiles import Profile
-from boxyd.config.spec import DEFAULT_MEMORY, DEFAULT_NET, DEFAULT_PIDS
+from boxyd.config.runspec import DEFAULT_MEMORY, DEFAULT_NET, DEFAULT_PIDS
 
 NET_RANK = {"none": 0, "allowlist": 1, "public": 2}
 

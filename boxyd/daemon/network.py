@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 
 from boxy.errors import SetupError, UsageError
-from boxyd.config.spec import RunSpec
+from boxyd.config.runspec import RunSpec
 from boxyd.net import netlog, pcap, ranges, ruleset, tailscale
 from boxyd.net.dnsproxy import DnsProxy
 from boxyd.net.gateway import LISTENERS, Gateway

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from boxy import values
-from boxyd.config.spec import RunSpec
+from boxyd.config.runspec import RunSpec
 
 if TYPE_CHECKING:
     from dbus_fast.aio import MessageBus

@@ -22,7 +22,7 @@ from boxy.errors import BoxyError, Busy, UsageError
 from boxy.outcome import Counters, Outcome, Reason, SessionInfo, State, clip
 from boxy.request import RunRequest, Terminal
 from boxy.varlink import close_fds
-from boxyd.config.spec import RunSpec
+from boxyd.config.runspec import RunSpec
 from boxyd.daemon.events import Fanout, Subscription
 from boxyd.daemon.seam import Exit, Sandbox, Started, Stopped
 

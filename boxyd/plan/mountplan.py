@@ -13,7 +13,7 @@ import pwd
 from typing import TYPE_CHECKING
 
 from boxy.errors import UsageError
-from boxyd.config.spec import SYSTEM_TREES, RunSpec
+from boxyd.config.runspec import SYSTEM_TREES, RunSpec
 from boxyd.plan.ops import Bind, Copy, Dir, File, LandlockRule, Mask, MountOp, Plan, Symlink
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ import pytest
 from boxy.errors import Busy, DaemonError, NoSuchSession, SetupError, UsageError
 from boxy.outcome import Counters, Reason, State
 from boxy.request import RunOptions, RunRequest
-from boxyd.config.spec import RunSpec
+from boxyd.config.runspec import RunSpec
 from boxyd.daemon.events import LOST, Fanout
 from boxyd.daemon.manager import Manager
 from boxyd.daemon.seam import Exit, Report, SandboxEvent, Sink, Started, Stopped

@@ -229,7 +229,7 @@ def approve(project: Project, config_home: str) -> Path:
     return path
 
 
-def approvals(config_home: str) -> list[dict]:
+def approvals(config_home: str) -> list[dict[str, Any]]:
     d = trust_dir(config_home)
     out = []
     for p in sorted(d.glob("*.json")) if d.is_dir() else []:

@@ -48,17 +48,11 @@ def build_spec(
         client_env=client_env, registry=registry, notes=notes, held=held,
     )  # fmt: skip
     prof, registry = layers.profile, layers.registry
+    # the package cache is made as soon as the profile is known: its refusal comes first
     filesystem.prepare_caches(prof, workdir, home)
-    warnings: list[str] = []
-    if layers.project.unreadable is not None:  # said always: the payload may have planted it
-        warnings.append(f"{layers.project.unreadable}, so it was not read")
     project = network.ProjectHosts(layers.project.registries, layers.trusted)
     net = network.decide(o, prof, registry, project, notes=notes, held=held)
-    if held:
-        warnings.append(
-            f"{workdir}: not approved, so held back: {'; '.join(held)}; "
-            f"`boxyctl trust` in {workdir} approves it"
-        )
+    warnings = _warnings(layers.project.unreadable, held, workdir)
     fs = filesystem.decide(
         o, prof, cwd=cwd, workdir=workdir, home=home, uid=uid, client_env=client_env, notes=notes
     )
@@ -73,6 +67,18 @@ def build_spec(
         verbose=o.verbose, allow_git_write=o.allow_git_write, notes=notes, warnings=warnings,
         **_fields(net), **_fields(fs), **_fields(lim), **_fields(logs), **_fields(term),
     )  # fmt: skip
+
+
+def _warnings(unreadable: str | None, held: list[str], workdir: str) -> list[str]:
+    """Said always, before the payload starts: the project's files the run did not
+    take (the payload may have planted them), in one line each."""
+    out = [f"{unreadable}, so it was not read"] if unreadable is not None else []
+    if held:
+        out.append(
+            f"{workdir}: not approved, so held back: {'; '.join(held)}; "
+            f"`boxyctl trust` in {workdir} approves it"
+        )
+    return out
 
 
 def check_argv(argv: list[str]) -> None:

@@ -48,9 +48,9 @@ Choices, and why:
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import dns.edns
 import dns.flags
@@ -329,11 +329,11 @@ def _filter_service(
     mandatory = params.get(ParamKey.MANDATORY)
     if mandatory is not None and removed.intersection(mandatory.keys):
         return None, had_ech
-    return rd.replace(params=params), had_ech
+    return cast(SVCBBase, rd.replace(params=params)), had_ech
 
 
 def _rebuild(
-    rrset: dns.rrset.RRset, ttl: int, rdatas: list[dns.rdata.Rdata]
+    rrset: dns.rrset.RRset, ttl: int, rdatas: Sequence[dns.rdata.Rdata]
 ) -> dns.rrset.RRset | None:
     if not rdatas:
         return None
@@ -341,7 +341,7 @@ def _rebuild(
 
 
 def _with_ttl(rrset: dns.rrset.RRset, ttl: int) -> dns.rrset.RRset:
-    copy = rrset.copy()
+    copy: dns.rrset.RRset = rrset.copy()
     copy.ttl = ttl
     return copy
 

@@ -150,7 +150,7 @@ class BoundSet:
         for addr, seconds in addrs:
             by_family[addr.version].append(element(addr, max(1, int(seconds * 1000))))
         begin = self._seq + 1
-        msgs = []
+        msgs: list[bytes] = []
         for version, elems in by_family.items():
             if elems:
                 msgs.append(

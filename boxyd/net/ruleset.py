@@ -310,7 +310,7 @@ def _check(mode: str, tcp_port: int, udp_port: int, dns_port: int, mark: int) ->
 def _refusal_chains() -> list[dict[str, Any]]:
     # Every refusal is also copied (headers only, rate-bounded) to boxyd over NFLOG:
     # it never sees these flows otherwise, and -v, --net-log and --audit-log must.
-    report = [
+    report: list[dict[str, Any]] = [
         {"limit": {"rate": NFLOG_RATE, "per": "second", "burst": NFLOG_RATE}},
         {"log": {"group": NFLOG_GROUP, "snaplen": NFLOG_SNAPLEN}},
     ]

@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 
 MAGICDNS = ("100.100.100.100", 53)
 TIMEOUT = 3.0
 
 
-def magicdns_suffix(run=subprocess.run, binary: str = "tailscale") -> str | None:
+def magicdns_suffix(
+    run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
+    binary: str = "tailscale",
+) -> str | None:
     """The tailnet's MagicDNS suffix from a running tailscaled, else None. BINARY: the
-    tailscale found outside every payload-writable tree (boxyd/plan/tools.py resolve)."""
+    tailscale found outside every payload-writable tree (boxyd/config/hosttools.py resolve)."""
     try:
         r = run(
             [binary, "status", "--json", "--peers=false"],

@@ -3,7 +3,7 @@
 Stage 2 made the listener sockets in the gateway netns (TPROXY'd TCP, DNS over UDP
 and TCP, other UDP) and handed them over; nftables there already refused what is
 decidable from addresses and ports alone. This module decides the rest — by name
-— and dials allowed flows from the host netns. Order per TCP flow (DESIGN.md
+— and dials allowed flows from the host netns. Order per TCP flow (docs/design.md,
 "Network"): address ranges, then this machine's own addresses, the DNS binding of
 the destination, the name in the first record (SNI or Host, read off the wire,
 never decrypted), ports. A denial after the handshake closes the client with a
@@ -361,37 +361,12 @@ class Gateway:
         # Server-first protocols (SSH, SMTP …) and public mode: dial as soon as the
         # address passes; client bytes are still held until their first record is read.
         dial = asyncio.create_task(self._dial(ip, port)) if opaque.allow else None
-        me = asyncio.current_task()
-        assert me is not None
-        self._waiting[me] = None
-        try:
-            first, data = await first_record(
-                client, self.limits.server_first_wait if dial else self.limits.first_record_timeout
-            )
-            v, name = self._judge(first, data, ip, port, names, opaque)
-        except asyncio.CancelledError:
-            if me not in self._evicted:  # the gateway is closing
-                relay.reset(client)
-                if dial is not None:
-                    dial.cancel()
-                raise
-            self._evicted.discard(me)
-            me.uncancel()
-            data, name = b"", None
-            v = Verdict(
-                False,
-                "net.sni",
-                "the oldest of too many connections waiting for "
-                f"their first record ({self.limits.pending})",
-            )
-        finally:
-            self._waiting.pop(me, None)
+        v, data, name = await self._first_record(client, ip, port, names, opaque, dial)
         if not v.allow or data is None:
             if dial is not None:
                 dial.cancel()
                 with contextlib.suppress(BaseException):
-                    upstream = await dial
-                    upstream.close()
+                    (await dial).close()
             if data is None:  # the client closed without a byte
                 client.close()
                 return
@@ -406,6 +381,54 @@ class Gateway:
             )
             return
         handle = self._decide("tcp", addr, port, v, host=host, name=name)
+        await self._relay_tcp(client, upstream, data, handle, addr, port, host)
+
+    async def _first_record(
+        self,
+        client: socket.socket,
+        ip: Address,
+        port: int,
+        names: frozenset[str],
+        opaque: Verdict,
+        dial: asyncio.Task[socket.socket] | None,
+    ) -> tuple[Verdict, bytes | None, str | None]:
+        """The verdict on the client's first record, the bytes read, the name they
+        carry. One of the oldest waiting when too many wait is evicted (refused)."""
+        me = asyncio.current_task()
+        assert me is not None
+        self._waiting[me] = None
+        try:
+            first, data = await first_record(
+                client, self.limits.server_first_wait if dial else self.limits.first_record_timeout
+            )
+            v, name = self._judge(first, data, ip, port, names, opaque)
+            return v, data, name
+        except asyncio.CancelledError:
+            if me not in self._evicted:  # the gateway is closing
+                relay.reset(client)
+                if dial is not None:
+                    dial.cancel()
+                raise
+            self._evicted.discard(me)
+            me.uncancel()
+            why = (
+                "the oldest of too many connections waiting for "
+                f"their first record ({self.limits.pending})"
+            )
+            return Verdict(False, "net.sni", why), b"", None
+        finally:
+            self._waiting.pop(me, None)
+
+    async def _relay_tcp(
+        self,
+        client: socket.socket,
+        upstream: socket.socket,
+        data: bytes,
+        handle: int,
+        addr: str,
+        port: int,
+        host: str | None,
+    ) -> None:
         flow = relay.Flow(
             client, upstream, idle_timeout=self.limits.idle_timeout, initial_a_to_b=data
         )

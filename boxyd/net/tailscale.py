@@ -1,6 +1,6 @@
 """--tailscale: reach this machine's tailnet by MagicDNS name, and nothing more.
 
-It does two things (DESIGN.md "Network", modes): the tailnet's ranges become
+It does two things (docs/design.md, "Network", modes): the tailnet's ranges become
 address exceptions (boxyd.net.policy), and names under the tailnet's MagicDNS
 suffix are resolved by tailscaled's resolver at 100.100.100.100 — which boxyd
 reaches from the host, the sandbox never. The suffix is also the sandbox's search

@@ -1,6 +1,7 @@
 """Shell completion (bash, zsh, fish) and the boxyctl(1) man page, both generated from
-the parser itself (boxyctl.parser.build_parser, which reads cli.RUN_FLAGS): a flag the
-parser takes is a flag completion offers and the man page documents, never a copy.
+the parser itself (boxyctl.parser.build_parser, which reads the option table,
+boxy.options.RUN_OPTIONS): a flag the parser takes is a flag completion offers and the
+man page documents, never a copy.
 
     boxyctl completion bash|zsh|fish     the script, on stdout
     python -m boxyctl.completion man     the man page (make setup installs both)
@@ -14,7 +15,6 @@ import sys
 from dataclasses import dataclass, field
 
 from boxyctl import parser as p
-from boxyctl.cli import RUN_DESCRIPTION
 
 SHELLS = ("bash", "zsh", "fish")
 _PATHLIKE = re.compile(r"PATH|FILE|SRC|DST")
@@ -200,7 +200,7 @@ def man() -> str:
         ".br",
         ".B boxyctl\n\\fICOMMAND\\fR ...",
         ".SH DESCRIPTION",
-        _roff(RUN_DESCRIPTION),
+        _roff(p.RUN_DESCRIPTION),
         ".SH COMMANDS",
     ]
     for name, help_text in root.helps.items():

@@ -65,6 +65,50 @@ def _contexts(ctx: Context, path: str = "") -> list[tuple[str, Context]]:
 # --- bash (zsh loads the same through bashcompinit) --------------------------------------
 
 
+# The end of _boxyctl_data, then the completion function: it walks the words typed so
+# far and asks _boxyctl_data (generated from the parser) what each context takes.
+_BASH_FUNCTION = [
+    "    esac",
+    "}",
+    "",
+    "_boxyctl() {",
+    "    local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}",
+    '    local ctx="" i w skip=0',
+    "    for ((i = 1; i < COMP_CWORD; i++)); do",
+    "        w=${COMP_WORDS[i]}",
+    "        if ((skip)); then skip=0; continue; fi",
+    "        if [[ $ctx == run && ( $w == -- || $w != -* ) ]]; then",
+    "            # the sandboxed command: its name, then its own arguments",
+    "            if [[ $w == -- && $i -eq $((COMP_CWORD - 1)) ]]; then",
+    '                COMPREPLY=($(compgen -c -- "$cur"))',
+    "            else",
+    '                COMPREPLY=($(compgen -f -- "$cur"))',
+    "            fi",
+    "            return",
+    "        fi",
+    '        if [[ " $(_boxyctl_data values "$ctx") " == *" $w "* ]]; then skip=1; continue; fi',
+    '        if [[ " $(_boxyctl_data commands "$ctx") " == *" $w "* ]]; then',
+    "            ctx=${ctx:+$ctx.}$w",
+    "        fi",
+    "    done",
+    "    local choices",
+    '    choices=$(_boxyctl_data choices "$ctx:$prev")',
+    "    case $choices in",
+    '        "<path>") COMPREPLY=($(compgen -f -- "$cur")); return ;;',
+    '        "<value>") COMPREPLY=(); return ;;',
+    '        ?*) COMPREPLY=($(compgen -W "$choices" -- "$cur")); return ;;',
+    "    esac",
+    "    if [[ $cur == -* ]]; then",
+    '        COMPREPLY=($(compgen -W "$(_boxyctl_data flags "$ctx")" -- "$cur"))',
+    "    else",
+    '        COMPREPLY=($(compgen -W "$(_boxyctl_data commands "$ctx")" -- "$cur"))',
+    "    fi",
+    "}",
+    "complete -F _boxyctl boxyctl boxy",
+    "",
+]
+
+
 def bash() -> str:
     contexts = _contexts(tree())
     lines = [
@@ -87,46 +131,7 @@ def bash() -> str:
                 lines.append(f'        "choices:{path}:{flag}") echo "<path>" ;;')
             elif takes_value(action):
                 lines.append(f'        "choices:{path}:{flag}") echo "<value>" ;;')
-    lines += [
-        "    esac",
-        "}",
-        "",
-        "_boxyctl() {",
-        "    local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}",
-        '    local ctx="" i w skip=0',
-        "    for ((i = 1; i < COMP_CWORD; i++)); do",
-        "        w=${COMP_WORDS[i]}",
-        "        if ((skip)); then skip=0; continue; fi",
-        "        if [[ $ctx == run && ( $w == -- || $w != -* ) ]]; then",
-        "            # the sandboxed command: its name, then its own arguments",
-        "            if [[ $w == -- && $i -eq $((COMP_CWORD - 1)) ]]; then",
-        '                COMPREPLY=($(compgen -c -- "$cur"))',
-        "            else",
-        '                COMPREPLY=($(compgen -f -- "$cur"))',
-        "            fi",
-        "            return",
-        "        fi",
-        '        if [[ " $(_boxyctl_data values "$ctx") " == *" $w "* ]]; then skip=1; continue; fi',
-        '        if [[ " $(_boxyctl_data commands "$ctx") " == *" $w "* ]]; then',
-        "            ctx=${ctx:+$ctx.}$w",
-        "        fi",
-        "    done",
-        "    local choices",
-        '    choices=$(_boxyctl_data choices "$ctx:$prev")',
-        "    case $choices in",
-        '        "<path>") COMPREPLY=($(compgen -f -- "$cur")); return ;;',
-        '        "<value>") COMPREPLY=(); return ;;',
-        '        ?*) COMPREPLY=($(compgen -W "$choices" -- "$cur")); return ;;',
-        "    esac",
-        "    if [[ $cur == -* ]]; then",
-        '        COMPREPLY=($(compgen -W "$(_boxyctl_data flags "$ctx")" -- "$cur"))',
-        "    else",
-        '        COMPREPLY=($(compgen -W "$(_boxyctl_data commands "$ctx")" -- "$cur"))',
-        "    fi",
-        "}",
-        "complete -F _boxyctl boxyctl boxy",
-        "",
-    ]
+    lines += _BASH_FUNCTION
     return "\n".join(lines)
 
 

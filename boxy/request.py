@@ -168,7 +168,10 @@ class RunOptions(Value):
                 raise TypeError(f"RunOptions: unknown option {key!r}")
         for key, kind in OPTIONS.items():
             default: Any = [] if kind in LIST_KINDS else (False if kind == "bool" else None)
-            setattr(self, key, values.get(key, default))
+            value = values.get(key, default)
+            if kind == "hosts":  # a caller's text is parsed here, once: the field is typed
+                value = [h if isinstance(h, HostSpec) else parse_host_spec(h) for h in value]
+            setattr(self, key, value)
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

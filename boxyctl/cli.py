@@ -2,11 +2,12 @@
 
 Only the standard library and ``boxy`` are imported: this runs on every client
 start, so no YAML, asyncio or D-Bus here. For ``run`` the result is a typed
-``boxy.request.RunRequest``; the daemon merges it with the profile and re-checks
-it (``boxyd.config.spec.build_spec``). Everything knowable without the profile is
-refused here, before a daemon is contacted. Paths are made absolute against the
-client's cwd (with ``~`` from the client's HOME) because the daemon's cwd and
-environment are not the user's.
+``boxy.request.RunRequest``, built from the option table (``boxy.options``: the
+flags, how each one's text is read, the combinations refused); the daemon merges
+it with the profile and re-checks it (``boxyd.config.spec.build_spec``). Everything
+knowable without the profile is refused here, before a daemon is contacted. Paths
+are made absolute against the client's cwd (with ``~`` from the client's HOME)
+because the daemon's cwd and environment are not the user's.
 """
 
 from __future__ import annotations

@@ -291,3 +291,11 @@ def test_a_host_spec_is_frozen_and_hashable() -> None:
     with pytest.raises(AttributeError):
         h.host = "b.example"  # type: ignore[misc]
     assert repr(h) == "HostSpec(host='a.example', ports=(443,), udp=False)"
+
+
+def test_a_host_given_as_text_is_parsed_once_into_its_type() -> None:
+    # the Python library may hand RunOptions a host's text: it is typed all the same
+    o = RunOptions(allow_host=["A.example:443", HostSpec("b.example")])
+    assert o.allow_host == [HostSpec("a.example", (443,)), HostSpec("b.example")]
+    with pytest.raises(UsageError, match="--allow-host a.example:0: '0' is not a port number"):
+        RunOptions(allow_host=["a.example:0"])

@@ -128,7 +128,9 @@ _EXPECTED = {
 
 class RunOptions(Value):
     """The run flags, as given (paths absolute against the client's cwd, sizes in
-    bytes, durations in seconds); the profile fills what is None or empty."""
+    bytes, durations in seconds); the profile fills what is None or empty. Fields and
+    wire kinds are the option table's (boxy.options); the annotations below are for
+    mypy, and tests/unit/test_options.py holds them to the table."""
 
     __slots__ = tuple(OPTIONS)
     profile: str | None

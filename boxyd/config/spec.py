@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from boxy import options
 from boxy.errors import BoxyError, ProfileError, SecretsNeeded, UsageError
 from boxy.request import RunOptions, RunRequest
 
@@ -82,17 +83,17 @@ class RunSpec:
 
 # --- building a RunSpec from the client's Run parameters -------------------------------
 
-DEFAULT_PROFILE = "generic"
-DEFAULT_NET = "public"  # a profile that leaves net unset gets what the product promises
+DEFAULT_PROFILE: str = options.default("profile")
+DEFAULT_NET: str = options.default("net")  # a profile that leaves net unset gets this
 # the host's system trees the sandbox sees, read-only (mountplan binds them)
 SYSTEM_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # where a --copy cannot land: those, and what boxy builds read-only itself
 READ_ONLY_TREES = (*SYSTEM_TREES, "/etc", "/proc", "/dev", "/sys")
 MIN_MEMORY = 1 << 20  # the scratch tmpfs holds $HOME: below this nothing starts
 MIN_PIDS = 8  # the sandbox's own init, the payload, a shell's children count too
-DEFAULT_MEMORY = 2 << 30
-DEFAULT_PIDS = 512
-DEFAULT_PCAP_MAX = 1 << 30
+DEFAULT_MEMORY: int = options.default("memory")
+DEFAULT_PIDS: int = options.default("pids")
+DEFAULT_PCAP_MAX: int = options.default("pcap_max")
 
 
 def _contains(tree: str, path: str) -> bool:
@@ -204,11 +205,7 @@ def build_spec(
     net_flag = o.net
     if net_flag is not None and net_flag not in profiles.NETS:
         raise UsageError("Run: options.net: expected public, allowlist or none")
-    flag_hosts = [str(values.parse_host_spec(h)) for h in o.allow_host]
-    if flag_hosts and net_flag in ("public", "none"):
-        raise UsageError(
-            f"--allow-host: cannot be combined with --net {net_flag} (it implies allowlist)"
-        )
+    flag_hosts = [str(h) for h in o.allow_host]  # parsed once, as RunOptions came off the wire
     if flag_hosts and not net_flag and prof.net == "none":
         raise UsageError(
             f"--allow-host: the profile {prof.name} has no network (net: none); "
@@ -250,21 +247,7 @@ def build_spec(
     else:
         spec.allow_cidrs = _dedupe(prof.allow_cidrs + flag_cidrs)
         spec.tailscale = o.tailscale or bool(prof.tailscale)
-    if spec.net == "public" and ports:
-        raise UsageError(
-            "--allow-port: cannot be combined with --net public (public mode allows "
-            "every port; the list applies to --net allowlist)"
-        )
-    if spec.net == "none":
-        for flag, given in (
-            ("--tailscale", spec.tailscale),
-            ("--allow-port", bool(ports)),
-            ("--allow-cidr", bool(spec.allow_cidrs)),
-            ("--pcap", bool(o.pcap)),
-            ("--net-log", bool(o.net_log)),
-        ):
-            if given:
-                raise UsageError(f"{flag}: cannot be combined with --net none (no network at all)")
+    options.check_combinations(o, net=spec.net)  # the client's checks, with the profile's net
 
     # --- filesystem ---
     labels: dict[tuple[str, str], str] = {}  # (kind, path) → what exposed it, for messages
@@ -402,10 +385,7 @@ def build_spec(
         if not os.path.isdir(os.path.dirname(path)):
             raise UsageError(f"{flag} {path}: {os.path.dirname(path)} is not a directory")
         setattr(spec, key, path)
-    pcap_max = o.pcap_max
-    if pcap_max is not None and spec.pcap is None:
-        raise UsageError("--pcap-max: needs --pcap")
-    spec.pcap_max = pcap_max or DEFAULT_PCAP_MAX
+    spec.pcap_max = o.pcap_max or DEFAULT_PCAP_MAX
     spec.verbose, spec.allow_git_write = o.verbose, o.allow_git_write
     _terminal(spec, o, prof)
     return spec

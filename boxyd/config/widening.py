@@ -30,8 +30,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from boxy import options
 from boxyd.config.profiles import Profile
-from boxyd.config.spec import DEFAULT_MEMORY, DEFAULT_NET, DEFAULT_PIDS
+
+# unset in a profile means boxy's defaults (the option table's)
+DEFAULT_NET: str = options.default("net")
+DEFAULT_MEMORY: int = options.default("memory")
+DEFAULT_PIDS: int = options.default("pids")
 
 NET_RANK = {"none": 0, "allowlist": 1, "public": 2}
 

@@ -83,7 +83,8 @@ def limits(o: RunOptions, prof: Profile) -> Limits:
 
 
 def logs(o: RunOptions, cwd: str) -> Logs:
-    """--audit-log, --net-log, --pcap against CWD, each in a directory that exists."""
+    """--audit-log, --net-log, --pcap against CWD, each in a directory that exists
+    (--pcap-max without --pcap: options.check_combinations refuses it)."""
     paths: dict[str, str | None] = {}
     for key, flag in (("audit_log", "--audit-log"), ("net_log", "--net-log"), ("pcap", "--pcap")):
         value = getattr(o, key)
@@ -91,8 +92,6 @@ def logs(o: RunOptions, cwd: str) -> Logs:
         if path is not None and not os.path.isdir(os.path.dirname(path)):
             raise UsageError(f"{flag} {path}: {os.path.dirname(path)} is not a directory")
         paths[key] = path
-    if o.pcap_max is not None and paths["pcap"] is None:
-        raise UsageError("--pcap-max: needs --pcap")
     return Logs(
         audit_log=paths["audit_log"],
         net_log=paths["net_log"],

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from boxy import values
+from boxy import options, values
 from boxy.errors import UsageError
 from boxy.request import RunOptions
 from boxyd.config import profiles, projectregistries
@@ -56,7 +56,7 @@ def decide(
     the profile reaches is added when approved, else named in HELD."""
     if o.net is not None and o.net not in profiles.NETS:
         raise UsageError("Run: options.net: expected public, allowlist or none")
-    flag_hosts = [str(values.parse_host_spec(h)) for h in o.allow_host]
+    flag_hosts = [str(h) for h in o.allow_host]  # parsed once, as RunOptions came off the wire
     net = mode(o.net, flag_hosts, prof)
     hosts = profile_hosts(net, prof, registry, flag_hosts, notes)
     if net == "allowlist":
@@ -66,7 +66,7 @@ def decide(
             raise UsageError(f"--allow-port: {port!r} is not a port number (1–65535)")
     flag_cidrs = [n for c in o.allow_cidr for n in values.parse_cidrs(c)]
     cidrs, tailscale = ranges(net, prof, flag_cidrs, o.tailscale, notes)
-    check_combinations(net, o, cidrs, tailscale)
+    options.check_combinations(o, net=net)  # the client's checks, with the profile's net
     return Network(
         net=net,
         allow_hosts=dedupe(hosts + flag_hosts),
@@ -77,11 +77,8 @@ def decide(
 
 
 def mode(net_flag: str | None, flag_hosts: list[str], prof: Profile) -> str:
-    """--net, else allowlist when hosts are named, else the profile's, else the default."""
-    if flag_hosts and net_flag in ("public", "none"):
-        raise UsageError(
-            f"--allow-host: cannot be combined with --net {net_flag} (it implies allowlist)"
-        )
+    """--net, else allowlist when hosts are named, else the profile's, else the default.
+    (--allow-host with --net public or none: options.check_combinations refuses it.)"""
     if flag_hosts and not net_flag and prof.net == "none":
         raise UsageError(
             f"--allow-host: the profile {prof.name} has no network (net: none); "
@@ -140,23 +137,3 @@ def ranges(
                 notes.append(f"profile {prof.source}: {key} not used with --net none")
         return flag_cidrs, flag_tailscale
     return dedupe(prof.allow_cidrs + flag_cidrs), flag_tailscale or bool(prof.tailscale)
-
-
-def check_combinations(net: str, o: RunOptions, cidrs: list[str], tailscale: bool) -> None:
-    """Flags that mean nothing with the mode decided."""
-    ports = o.allow_port
-    if net == "public" and ports:
-        raise UsageError(
-            "--allow-port: cannot be combined with --net public (public mode allows "
-            "every port; the list applies to --net allowlist)"
-        )
-    if net == "none":
-        for flag, given in (
-            ("--tailscale", tailscale),
-            ("--allow-port", bool(ports)),
-            ("--allow-cidr", bool(cidrs)),
-            ("--pcap", bool(o.pcap)),
-            ("--net-log", bool(o.net_log)),
-        ):
-            if given:
-                raise UsageError(f"{flag}: cannot be combined with --net none (no network at all)")

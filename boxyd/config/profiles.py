@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from boxy import options
 from boxy.errors import ProfileError, UsageError
 from boxy.paths import config_home
 from boxy.values import parse_cidrs, parse_duration, parse_host_spec, parse_size
@@ -34,8 +35,8 @@ HOST_TEMPLATES = ("npm_registry", "pip_index", "pip_files", "go_proxy", "go_sumd
 # pip.conf (they hold tokens), so what the allowlist was built from is handed in.
 ENV_TEMPLATES = ("npm_registry_url", "npm_cafile", "pip_index_url", "pip_cert")
 
-NETS = ("public", "allowlist", "none")
-SECCOMP_MODES = ("strict", "compat")
+NETS = options.choices("net")  # the profile keys take what the flags take
+SECCOMP_MODES = options.choices("seccomp")
 _TOP_KEYS = (
     "description",
     "extends",

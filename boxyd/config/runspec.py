@@ -2,7 +2,7 @@
 
 Types and defaults only, no building (boxyd.config.spec builds one): the plan
 compiler, stage 2's callers and the daemon import this module for the dataclasses
-alone, so it imports nothing (no YAML, no profile code).
+alone, so it imports nothing but the option table (no YAML, no profile code).
 
 Paths in ro/rw/mkdir are kept as given (absolute, normalised, not realpath'd):
 each is mounted at that same path inside, and the kernel resolves the source
@@ -15,13 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Each default a one-line definition: they are to come from one option table later.
-DEFAULT_PROFILE = "generic"
-DEFAULT_NET = "public"  # a profile that leaves net unset gets what the product promises
-DEFAULT_MEMORY = 2 << 30
-DEFAULT_PIDS = 512
-DEFAULT_PCAP_MAX = 1 << 30
-DEFAULT_SECCOMP = "strict"
+from boxy import options
+
+# What a run gets when neither the flag nor the profile sets it: the option table's.
+DEFAULT_PROFILE: str = options.default("profile")
+DEFAULT_NET: str = options.default("net")  # a profile that leaves net unset gets this
+DEFAULT_MEMORY: int = options.default("memory")
+DEFAULT_PIDS: int = options.default("pids")
+DEFAULT_PCAP_MAX: int = options.default("pcap_max")
+DEFAULT_SECCOMP: str = options.default("seccomp")
 MIN_MEMORY = 1 << 20  # the scratch tmpfs holds $HOME: below this nothing starts
 MIN_PIDS = 8  # the sandbox's own init, the payload, a shell's children count too
 # the host's system trees the sandbox sees, read-only (mountplan binds them)

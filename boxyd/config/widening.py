@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from boxyd.config.profiles import Profile
+
+# unset in a profile means boxy's defaults (the option table's)
 from boxyd.config.runspec import DEFAULT_MEMORY, DEFAULT_NET, DEFAULT_PIDS, CopyEntry, PathEntry
 
 NET_RANK = {"none": 0, "allowlist": 1, "public": 2}

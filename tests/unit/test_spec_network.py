@@ -72,8 +72,9 @@ def test_mode(flag: str | None, hosts: list[str], profile_net: str | None, want:
 
 @pytest.mark.parametrize("flag", ["public", "none"])
 def test_allow_host_with_a_mode_that_has_no_list_is_refused(flag: str) -> None:
+    assert network.mode(flag, ["a.test"], prof()) == flag  # the flag's mode, then refused:
     with pytest.raises(UsageError) as e:
-        network.mode(flag, ["a.test"], prof())
+        decide(RunOptions(net=flag, allow_host=["a.test"]))
     assert str(e.value) == (
         f"--allow-host: cannot be combined with --net {flag} (it implies allowlist)"
     )
@@ -213,6 +214,18 @@ def test_network_flags_with_net_none_are_refused(flag: str, options: dict[str, A
     with pytest.raises(UsageError) as e:
         decide(RunOptions(net="none", **options))
     assert str(e.value) == f"{flag}: cannot be combined with --net none (no network at all)"
+
+
+def test_the_profiles_net_none_refuses_network_flags_as_the_flag_would() -> None:
+    with pytest.raises(UsageError) as e:
+        decide(RunOptions(pcap="/tmp/x.pcap"), prof(net="none"))
+    assert str(e.value) == "--pcap: cannot be combined with --net none (no network at all)"
+
+
+def test_pcap_max_needs_pcap() -> None:
+    with pytest.raises(UsageError) as e:
+        decide(RunOptions(pcap_max=10))
+    assert str(e.value) == "--pcap-max: needs --pcap"
 
 
 def test_the_profile_net_none_keeps_its_ranges_out_without_refusing() -> None:

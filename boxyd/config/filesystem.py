@@ -75,8 +75,8 @@ def decide(
         if any(e.path == entry.path for _, e in rw):
             raise UsageError(f"{entry.path}: exposed both read-only and read-write")
     writable = [workdir] + [os.path.realpath(e.path) for _, e in rw + mkdir]
-    protect = check_paths("protect", prof, o.protect, cwd, notes)
-    protect_real = check_protect(protect, writable, prof.source, notes)
+    asked = [e for _, e in check_paths("protect", prof, o.protect, cwd, notes)]
+    protect = check_protect(asked, writable, prof.source, notes)
     # lexical, not realpath'd: the entries they name are matched as the walk found them
     reveal = dedupe([e.path for e in prof.reveal] + [absolute(p, cwd) for p in o.reveal])
     exposed = [("workdir", workdir)] + [(label, e.path) for label, e in ro + rw + mkdir]
@@ -90,7 +90,7 @@ def decide(
         ro=[e for _, e in ro],
         rw=[e for _, e in rw],
         mkdir=[e for _, e in mkdir],
-        protect=protect_real,
+        protect=protect,
         reveal=reveal,
         secrets=list(prof.secrets),
         copy=copy,
@@ -128,13 +128,13 @@ def check_paths(
 
 
 def check_protect(
-    entries: list[Labelled], writable: list[str], source: str, notes: list[str]
+    entries: list[PathEntry], writable: list[str], source: str, notes: list[str]
 ) -> list[PathEntry]:
     """Protect entries, realpath'd: each must lie in a writable tree (WRITABLE,
     realpath'd) and not be a symlink (one cannot be pinned read-only). An optional
     entry is the profile's (SOURCE): one leading outside is skipped, with a note."""
     out: list[PathEntry] = []
-    for _, entry in entries:
+    for entry in entries:
         if os.path.islink(entry.path) and entry.optional:  # a preset's tools' file
             # refused, not skipped: a symlink cannot be pinned, and one a payload planted
             # is exactly what the protection is for

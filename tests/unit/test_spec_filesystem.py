@@ -92,13 +92,13 @@ def test_one_path_both_read_only_and_writable_is_refused(tree: dict[str, str]) -
 
 def test_protect(tree: dict[str, str]) -> None:
     wd, data = tree["wd"], tree["home"] + "/data"
-    entries = [("--protect", PathEntry(wd + "/.env"))]
+    entries = [PathEntry(wd + "/.env")]
     assert filesystem.check_protect(entries, [wd], "p", []) == [PathEntry(wd + "/.env")]
     with pytest.raises(UsageError) as e:
-        filesystem.check_protect([("--protect", PathEntry(data))], [wd], "p", [])
+        filesystem.check_protect([PathEntry(data)], [wd], "p", [])
     assert str(e.value) == f"--protect {data}: not inside the work directory or a --rw path"
     notes: list[str] = []
-    optional = [("profile p: filesystem.protect", PathEntry(data, optional=True))]
+    optional = [PathEntry(data, optional=True)]
     assert filesystem.check_protect(optional, [wd], "p", notes) == []
     assert notes == [f"protect {data}: leads outside the writable trees; skipped"]
 
@@ -107,11 +107,11 @@ def test_protect_refuses_a_symlink(tree: dict[str, str]) -> None:
     link = tree["wd"] + "/envlink"
     os.symlink(".env", link)
     with pytest.raises(UsageError) as e:
-        filesystem.check_protect([("--protect", PathEntry(link))], [tree["wd"]], "p", [])
+        filesystem.check_protect([PathEntry(link)], [tree["wd"]], "p", [])
     assert str(e.value) == f"--protect {link}: is a symlink; name what it points to"
     with pytest.raises(UsageError) as e:
         entry = PathEntry(link, optional=True)
-        filesystem.check_protect([("profile p", entry)], [tree["wd"]], "p.yaml", [])
+        filesystem.check_protect([entry], [tree["wd"]], "p.yaml", [])
     assert str(e.value) == (
         f"profile p.yaml: {link} is a symlink, which cannot be made read-only (an earlier "
         "run may have planted it); look at it and remove it"

@@ -133,7 +133,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option(('--pcap-max',), 'size', 'size', 'stop the capture at this size (default {default})', metavar='SIZE', default=1 << 30,
            refuses=(Refusal('pcap', (None,), '{flag}: needs --pcap'),)),
     Option(('--seccomp',), 'str', 'choice', '{default} (default) or compat (kills become EPERM)', choices=('strict', 'compat'), default='strict', profile_key='seccomp'),
-    # --tty with -d is refused by the daemon alone (boxyd.config.spec), with the profile's tty
+    # --tty with -d is refused by the daemon alone (boxyd.config.limits.terminal), with the profile's tty
     Option(('--tty',), 'bool', 'switch', 'require a terminal: refused unless stdin, stdout or stderr is one (a terminal is always relayed through a PTY)', profile_key='tty'),
     Option(('--tty-raw',), 'bool', 'switch', "pass the payload's output to the terminal unfiltered: clipboard writes (OSC 52) and queries whose answers the terminal would type included", profile_key='tty_raw'),
     Option(('-v', '--verbose'), 'bool', 'switch', 'report denials and skipped entries on stderr'),

@@ -229,7 +229,7 @@ def _decode_list(key: str, kind: str, value: object) -> list[Any]:
         elif kind == "hosts" and isinstance(item, str):
             out.append(parse_host_spec(item))  # a bad one is refused as the flag's would be
         elif kind == "ports" and type(item) is int:
-            out.append(item)  # the range is checked with the profile's ports (boxyd.config.spec)
+            out.append(item)  # the range is checked with the profile's ports (boxyd.config.network)
         elif (
             kind == "env"
             and isinstance(item, dict)

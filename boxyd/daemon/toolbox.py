@@ -26,11 +26,11 @@ from boxyd.daemon.stage2proc import plan_memfd
 from boxyd.plan import tools
 from boxyd.plan.ops import Plan
 from boxyd.plan.seccomp import build_filter
+from boxyd.stage2 import protocol
 
 START_TIMEOUT = 10.0  # the sandbox's own set-up, before the first call
 HEAD_MAX = 4096
 GRACE = 2.0  # past a call's own timeout: the sandbox's answer that it killed the tool
-MSG_MAX = 1 << 16
 
 Spawn = Callable[[], socket.socket]  # a control socket to a fresh outer stage 2
 
@@ -65,7 +65,7 @@ class ToolBox:
             fds.append(null)
             plan_fd = plan_memfd(json.dumps(plan.to_json()).encode())
             try:
-                socket.send_fds(ctl, [b"plan"], [plan_fd, req_r, resp_w, null])
+                protocol.send(ctl, protocol.Plan(), [plan_fd, req_r, resp_w, null])
             finally:
                 os.close(plan_fd)
             for fd in (req_r, resp_w, null):  # the sandbox's now
@@ -95,7 +95,9 @@ class ToolBox:
         try:
             _write_all(self._to, json.dumps(req).encode() + b"\n")
             head = self._head(limit)
-            out = self._read_exact(int(head["size"]))
+            size = head["size"]
+            assert isinstance(size, int)  # _head checked it
+            out = self._read_exact(size)
         except OSError as e:
             raise self._fail(f"the tool sandbox went away ({e.strerror or e})") from None
         if head["error"] is not None:
@@ -146,12 +148,10 @@ class ToolBox:
     def _why(self) -> str:
         """Stage 2's own account of an early end (a set-up error), if it gave one."""
         self._ctl.settimeout(0.5)
-        with contextlib.suppress(OSError, ValueError):
-            while data := self._ctl.recv(MSG_MAX):
-                msg = json.loads(data)
-                done = msg.get("done") if isinstance(msg, dict) else None
-                if isinstance(done, dict) and isinstance(done.get("error"), str):
-                    return f": {done['error'][:300]}"
+        with contextlib.suppress(OSError):
+            while (msg := _report(self._ctl)) is not None:
+                if isinstance(msg, protocol.Done) and isinstance(msg.end, protocol.SetupFailed):
+                    return f": {msg.end.error[:300]}"
         return ""
 
     def _fail(self, why: str) -> ToolError:
@@ -204,24 +204,36 @@ def _handshake(ctl: socket.socket, deadline: float) -> None:
             raise ToolError("tool sandbox: it did not start in time")
         ctl.settimeout(left)
         try:
-            data = ctl.recv(MSG_MAX)
+            msg = _report(ctl)
         except TimeoutError:
             continue
-        if not data:
-            raise ToolError("tool sandbox: stage 2 ended before it started")
-        try:
-            msg = json.loads(data)
-        except ValueError:
-            msg = None
-        if not isinstance(msg, dict):
-            continue
-        if "pid" in msg:
-            ctl.send(json.dumps({"placed": False}).encode())
-        elif "started" in msg:
-            return
-        elif "done" in msg:
-            done = msg["done"] if isinstance(msg["done"], dict) else {}
-            raise ToolError(f"tool sandbox: {str(done.get('error', 'it ended at once'))[:300]}")
+        match msg:
+            case None:
+                raise ToolError("tool sandbox: stage 2 ended before it started")
+            case protocol.Pid():
+                protocol.send(ctl, protocol.Placed(in_scope=False))
+            case protocol.Started():
+                return
+            case protocol.Done(end=end):
+                why = end.error if isinstance(end, protocol.SetupFailed) else "it ended at once"
+                raise ToolError(f"tool sandbox: {why[:300]}")
+            case _:  # a report with fds (the box has no network or terminal), or unreadable
+                pass
+
+
+def _report(ctl: socket.socket) -> protocol.Report | protocol.ProtocolError | None:
+    """Stage 2's next report (None: it ended); one carrying fds has them closed."""
+    try:
+        data, fds = protocol.receive(ctl)
+    except protocol.ProtocolError as e:
+        return e
+    protocol.close(fds)
+    if not data:
+        return None
+    try:
+        return protocol.decode_report(data, len(fds))
+    except protocol.ProtocolError as e:
+        return e
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -12,7 +12,6 @@ their fds travel: step 4 sends them to boxyd, in the host netns, which accepts f
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import time
@@ -25,7 +24,7 @@ from boxyd.kernel.sys import CLONE_NEWNET, check, libc
 from boxyd.net import nflog, nftset, pcap, udpsock
 from boxyd.net import ruleset as rs
 from boxyd.net.rtnl import Rtnl
-from boxyd.stage2 import nft
+from boxyd.stage2 import nft, protocol
 
 IFA_F_NODAD = 0x02
 LOOPBACK_IFINDEX = 1  # lo is always the first device of a network namespace
@@ -275,7 +274,7 @@ def open_capture_socket() -> socket.socket:
 def send_listeners(
     ctl: socket.socket, gw: Gateway, extra: dict[str, socket.socket] | None = None
 ) -> None:
-    """Step 4. Needs nothing. One message ``{"listeners": [names]}`` carrying the
+    """Step 4. Needs nothing. One message, Listeners(names) (boxyd/stage2/protocol.py), carrying the
     gateway's sockets (and EXTRA's, e.g. the capture socket) in that order (boxyd
     receives with MSG_CMSG_CLOEXEC), then stage 2 closes its copies: neither it nor
     PID 1, which it forks next, keeps one."""
@@ -283,9 +282,7 @@ def send_listeners(
     names = list(socks)
     try:
         with _step("send the gateway's listeners to boxyd"):
-            socket.send_fds(
-                ctl, [json.dumps({"listeners": names}).encode()], [socks[n].fileno() for n in names]
-            )
+            protocol.send(ctl, protocol.Listeners(tuple(names)), [socks[n].fileno() for n in names])
     finally:
         gw.close()
         for sock in (extra or {}).values():

@@ -13,7 +13,6 @@ import contextlib
 import ctypes
 import errno
 import fcntl
-import json
 import os
 import resource
 import select
@@ -27,7 +26,7 @@ from boxy import termsettings
 from boxy.errors import SetupError
 from boxyd.kernel.sys import libc
 from boxyd.plan.ops import Plan
-from boxyd.stage2 import caps, landlock, rootfs, seccomp, toolserver
+from boxyd.stage2 import caps, landlock, protocol, rootfs, seccomp, toolserver
 
 STATUS_FD = 3
 FORWARDED = (
@@ -52,9 +51,10 @@ SYSCTLS = (
 )
 
 
-def report(msg: dict) -> None:
-    with contextlib.suppress(OSError):
-        os.write(STATUS_FD, (json.dumps(msg) + "\n").encode())
+def report(msg: protocol.Status) -> None:
+    """One line to the outer stage 2, which believes only a well-formed one."""
+    with contextlib.suppress(OSError, protocol.ProtocolError):
+        os.write(STATUS_FD, protocol.encode(msg) + b"\n")
 
 
 INIT_NAME = b"boxy-init"
@@ -134,7 +134,7 @@ def session_terminal(plan: Plan, pty: socket.socket | None) -> None:
                         os.dup2(slave, i)
             finally:
                 os.close(slave)
-            socket.send_fds(pty, [b"pty"], [master])
+            protocol.send(pty, protocol.Pty(), [master])
         finally:
             os.close(master)
     except (OSError, ValueError, TypeError, KeyError) as e:
@@ -231,7 +231,7 @@ def start_payload(plan: Plan) -> int:
     err = os.read(err_r, 16)
     os.close(err_r)
     if err:
-        report({"exec_error": int(err or b"0"), "cmd": plan.argv[0]})
+        report(protocol.ExecFailed(int(err or b"0"), plan.argv[0][: protocol.MAX_NOTE]))
     return pid
 
 
@@ -256,13 +256,13 @@ def supervise(pid: int) -> NoReturn:
             if child == 0:
                 break
             if child == pid and os.WIFSTOPPED(status):
-                report({"stopped": os.WSTOPSIG(status)})
+                report(protocol.Stopped(os.WSTOPSIG(status)))
                 continue
             if child == pid:
                 if os.WIFSIGNALED(status):
-                    report({"signal": os.WTERMSIG(status), "core": os.WCOREDUMP(status)})
+                    report(protocol.Killed(os.WTERMSIG(status), os.WCOREDUMP(status)))
                 else:
-                    report({"exit": os.WEXITSTATUS(status)})
+                    report(protocol.Exited(os.WEXITSTATUS(status)))
                 os._exit(0)
 
 
@@ -284,16 +284,19 @@ def main(
         drop_privileges()
         notes = confine(plan)
         signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)
-        report({"confined": notes})
+        report(
+            protocol.Confined(tuple(n[: protocol.MAX_NOTE] for n in notes[: protocol.MAX_NOTES]))
+        )
         pid = start_payload(plan)
     except SetupError as e:
-        report({"error": str(e)})
+        report(protocol.SetupFailed(str(e)[: protocol.MAX_TEXT]))
         os._exit(125)
     except OSError as e:
-        report({"error": f"sandbox setup: {e}"})
+        report(protocol.SetupFailed(f"sandbox setup: {e}"[: protocol.MAX_TEXT]))
         os._exit(125)
     except Exception as e:  # a bug, not a refusal: say so (stderr is the payload's)
-        report({"error": f"sandbox setup: internal error: {type(e).__name__}: {e}"})
+        why = f"sandbox setup: internal error: {type(e).__name__}: {e}"
+        report(protocol.SetupFailed(why[: protocol.MAX_TEXT]))
         os._exit(125)
     supervise(pid)
 

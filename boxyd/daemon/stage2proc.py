@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -235,10 +236,12 @@ Received = (
 
 
 def _received(msg: protocol.Report, fds: list[int]) -> Received:
-    """MSG with its fds made into what they are; a Pty whose fd is no terminal is a
-    protocol error too."""
+    """MSG with its fds made into what they are; a listener that is no socket, or a Pty
+    whose fd is no terminal, is a protocol error too (the caller closes the fds)."""
     match msg:
         case protocol.Listeners(names=names):
+            if not all(stat.S_ISSOCK(os.fstat(fd).st_mode) for fd in fds):
+                raise protocol.ProtocolError("listeners: an fd that is not a socket")
             return Gateway({n: socket.socket(fileno=fd) for n, fd in zip(names, fds, strict=True)})
         case protocol.Pty():
             if not os.isatty(fds[0]):

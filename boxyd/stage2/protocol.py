@@ -326,9 +326,13 @@ def _value(kind: str, name: str, v: object, hint: Any) -> object:
     elif hint == (str | None):
         if v is None or type(v) is str:
             return v
-    elif isinstance(hint, types.UnionType):
-        return _object(v, typing.get_args(hint))  # a nested message: Done's end
-    raise ProtocolError(f"{kind}: field {name!r} is not a valid {getattr(hint, '__name__', hint)}")
+    elif isinstance(hint, types.UnionType):  # a nested message: Done's end
+        try:
+            return _object(v, typing.get_args(hint))
+        except ProtocolError as e:
+            raise ProtocolError(f"{kind}: field {name!r}: {e}") from None
+    what = hint.__name__ if isinstance(hint, type) else str(hint)
+    raise ProtocolError(f"{kind}: field {name!r} is not a valid {what}")
 
 
 def _object(obj: object, allowed: tuple[type[_Message], ...]) -> _Message:

@@ -2,8 +2,8 @@
 
 Forked (not exec'd) by the outer stage 2 inside the new namespaces, so it starts
 with every capability over them; each step below removes something for good.
-Its reports go to the outer stage 2 through one status pipe as JSON lines; the
-outer side treats them as untrusted.
+Its reports go to the outer stage 2 through one status pipe, one line each
+(boxyd/stage2/protocol.py's Status); the outer side treats them as untrusted.
 """
 
 from __future__ import annotations
@@ -266,28 +266,41 @@ def supervise(pid: int) -> NoReturn:
                 os._exit(0)
 
 
+def confined_report(notes: list[str]) -> protocol.Confined:
+    """Landlock's notes, bounded as the outer stage 2 will check them."""
+    return protocol.Confined(tuple(n[: protocol.MAX_NOTE] for n in notes[: protocol.MAX_NOTES]))
+
+
+def setup(
+    plan: Plan, stdio: list[int], status_w: int, alive_r: int, pty: socket.socket | None
+) -> int:
+    """Steps 6–10 in order, each with the privilege it needs and the step that removes
+    it; the payload's pid."""
+    caps.die_with_parent(signal.SIGKILL)  # needs nothing; holds until PID 1 exits
+    # The outer stage 2 may have died before the line above: its end of this pipe
+    # then reads as hung up, and there is nobody left to report to.
+    if select.select([alive_r], [], [], 0)[0]:
+        os._exit(1)
+    rename()  # needs nothing: our own memory
+    arrange_fds(stdio, status_w)  # needs nothing; step 7 closes every other fd
+    build_root(plan)  # step 6: CAP_SYS_ADMIN over the mount namespace (step 7 drops it)
+    session_terminal(plan, pty)  # needs the devpts step 6 mounted; keeps no master
+    limits(plan)  # needs nothing; CAP_SYS_RESOURCE would bypass it (step 7 drops it)
+    controlling_terminal(plan)  # TIOCSCTTY: seccomp (step 9) denies it from then on
+    drop_privileges()  # step 7: CAP_SETPCAP, which it removes with every other one
+    notes = confine(plan)  # steps 8-9: Landlock, then seccomp (which denies landlock)
+    signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)  # the signals init waits for
+    report(confined_report(notes))  # the live guard's requests may run from now on
+    return start_payload(plan)  # step 10: needs nothing; the payload gets none of it
+
+
 def main(
     plan: Plan, stdio: list[int], status_w: int, alive_r: int, pty: socket.socket | None = None
 ) -> NoReturn:
+    """PID 1: the steps, then init until the payload exits; a step that fails is
+    reported and ends the sandbox."""
     try:
-        caps.die_with_parent(signal.SIGKILL)
-        # The outer stage 2 may have died before the line above: its end of this pipe
-        # then reads as hung up, and there is nobody left to report to.
-        if select.select([alive_r], [], [], 0)[0]:
-            os._exit(1)
-        rename()
-        arrange_fds(stdio, status_w)
-        build_root(plan)
-        session_terminal(plan, pty)
-        limits(plan)
-        controlling_terminal(plan)
-        drop_privileges()
-        notes = confine(plan)
-        signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)
-        report(
-            protocol.Confined(tuple(n[: protocol.MAX_NOTE] for n in notes[: protocol.MAX_NOTES]))
-        )
-        pid = start_payload(plan)
+        pid = setup(plan, stdio, status_w, alive_r, pty)
     except SetupError as e:
         report(protocol.SetupFailed(str(e)[: protocol.MAX_TEXT]))
         os._exit(125)

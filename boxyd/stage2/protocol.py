@@ -302,14 +302,11 @@ def encode(msg: _Message, nfds: int = 0) -> bytes:
 
 
 # -- decoding ------------------------------------------------------------------------
-def _hints(cls: type[_Message]) -> dict[str, Any]:
-    hints = _HINTS.get(cls)
-    if hints is None:
-        hints = _HINTS[cls] = typing.get_type_hints(cls)
-    return hints
-
-
-_HINTS: dict[type[_Message], dict[str, Any]] = {}
+# Resolved once, at import: the template imports this before it forks, so no run
+# pays for evaluating the annotations.
+_HINTS: dict[type[_Message], dict[str, Any]] = {
+    c: typing.get_type_hints(c) for c in _BY_KIND.values()
+}
 
 
 def _value(kind: str, name: str, v: object, hint: Any) -> object:
@@ -342,7 +339,7 @@ def _object(obj: object, allowed: tuple[type[_Message], ...]) -> _Message:
     cls = _BY_KIND.get(kind) if isinstance(kind, str) else None
     if cls is None or cls not in allowed:
         raise ProtocolError(f"unknown message kind {str(kind)[:40]!r}")
-    hints = _hints(cls)
+    hints = _HINTS[cls]
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     extra = set(obj) - names - {"kind"}
     if extra:

@@ -209,6 +209,7 @@ class StageSandbox:
         self._events: asyncio.Queue[SandboxEvent] = asyncio.Queue()
         self._held: protocol.Done | None = None  # a Done that came during the start-up
         self._relay: asyncio.Task[None] | None = None
+        self._kill_early = False  # a stop came before stage 2 could take it
         self.limits: list[Limit] = []
         self._scope_path: str | None = None
         self._placement: Placement | None = None
@@ -238,8 +239,16 @@ class StageSandbox:
             plan = self._plan(warnings, ttys)
             self._sink.record("seccomp", mode=self.spec.seccomp)
             self.stage2 = Stage2.start(self._launcher.template, plan, stdio)
+            if self._kill_early:  # stopped meanwhile: step 0 ends the run
+                self.stage2.signal(signal.SIGKILL)
         finally:
             close_fds([*placeholders, *fds])  # stage 2 has its own copies now
+        await self._come_up(warnings)
+        return warnings
+
+    async def _come_up(self, warnings: list[str]) -> None:
+        """Stage 2's start-up, step by step as it reports them; then the live guard, and
+        the relay of what it reports later (a Done that came early included)."""
         running = (
             await self._place(warnings)
             and await self._attach_network()
@@ -249,7 +258,6 @@ class StageSandbox:
         if running:
             self._start_live_guard()
         self._relay = asyncio.get_running_loop().create_task(self._relay_reports())
-        return warnings
 
     def _make_terminal(self, fds: list[int]) -> list[int]:
         """The session's PTY, if it has one (boxyd owns it; the client's terminal is
@@ -577,7 +585,11 @@ class StageSandbox:
         return "; ".join(lines) or None
 
     def signal(self, sig: int) -> None:
+        """To the payload, through stage 2. A stop while start() still walks the trees
+        is kept for stage 2, which then ends the run before anything runs."""
         if self.stage2 is None:
+            if sig == signal.SIGKILL:
+                self._kill_early = True
             return
         if sig == signal.SIGCONT and self.pty is not None:  # the client is back (fg)
             self.pty.resume_input()

@@ -147,7 +147,7 @@ class Stage2:
             stage2.close()
             raise SetupError(f"stage 2: cannot hold the plan: {e.strerror}") from None
         try:
-            protocol.send(ctl, protocol.Plan(), [plan_fd, *stdio])
+            protocol.send(ctl, protocol.PlanFds(), [plan_fd, *stdio])
         except OSError as e:
             stage2.close()
             raise SetupError(f"stage 2: cannot send the plan: {e.strerror}") from None

@@ -65,7 +65,7 @@ class ToolBox:
             fds.append(null)
             plan_fd = plan_memfd(json.dumps(plan.to_json()).encode())
             try:
-                protocol.send(ctl, protocol.Plan(), [plan_fd, req_r, resp_w, null])
+                protocol.send(ctl, protocol.PlanFds(), [plan_fd, req_r, resp_w, null])
             finally:
                 os.close(plan_fd)
             for fd in (req_r, resp_w, null):  # the sandbox's now

@@ -42,11 +42,11 @@ def send(ctl: socket.socket, msg: p.Report, fds: list[int] | None = None) -> Non
 def receive_plan(ctl: socket.socket) -> tuple[Plan, list[int]]:
     """The plan (a memfd, first) and the payload's stdio: four fds in one message."""
     try:
-        data, fds = p.receive(ctl, p.Plan.FDS)
+        data, fds = p.receive(ctl, p.PlanFds.FDS)
     except p.ProtocolError as e:
         raise SetupError(f"control: malformed plan message ({e})") from None
     try:
-        if not isinstance(p.decode_request(data, len(fds)), p.Plan):
+        if not isinstance(p.decode_request(data, len(fds)), p.PlanFds):
             raise p.ProtocolError("not the plan")
     except p.ProtocolError as e:
         p.close(fds)

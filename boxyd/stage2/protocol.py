@@ -60,7 +60,7 @@ def _signal_ok(sig: int) -> bool:
 
 # -- boxyd -> the outer stage 2 ------------------------------------------------------
 @dataclass(frozen=True)
-class Plan(_Message):
+class PlanFds(_Message):
     """The plan (a sealed memfd) and the payload's stdin, stdout, stderr."""
 
     KIND = "plan"
@@ -113,7 +113,7 @@ class LivePin(_Message):
         return None if len(self.rel) <= MAX_PATH and len(self.root) <= MAX_PATH else "too long"
 
 
-Request = Plan | Placed | Signal | LiveCover | LivePin
+Request = PlanFds | Placed | Signal | LiveCover | LivePin
 
 
 # -- PID 1 -> the outer stage 2 (and, passed on, to boxyd) ---------------------------
@@ -262,7 +262,7 @@ class Done(_Message):
 
 Report = Pid | Listeners | Started | Pty | LiveDone | Confined | Stopped | Done
 
-REQUESTS: tuple[type[_Message], ...] = (Plan, Placed, Signal, LiveCover, LivePin)
+REQUESTS: tuple[type[_Message], ...] = (PlanFds, Placed, Signal, LiveCover, LivePin)
 STATUSES: tuple[type[_Message], ...] = (Confined, Stopped, Exited, Killed, ExecFailed, SetupFailed)
 REPORTS: tuple[type[_Message], ...] = (
     Pid,

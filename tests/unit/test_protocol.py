@@ -16,7 +16,7 @@ from boxyd.stage2 import protocol as p
 
 # One of every message, each field set (Done once per way to end).
 SAMPLES: list[p._Message] = [
-    p.Plan(),
+    p.PlanFds(),
     p.Placed(in_scope=True),
     p.Signal(15),
     p.LiveCover(7, ".env", "/w", False, "c2VjcmV0"),
@@ -82,11 +82,11 @@ def test_wrong_fd_count_is_refused_both_ways(msg: p._Message) -> None:
 
 
 def test_fd_rules() -> None:
-    assert p.Plan().fd_count() == 4
+    assert p.PlanFds().fd_count() == 4
     assert p.Pty().fd_count() == 1
     assert p.Listeners(("a", "b", "c")).fd_count() == 3
     assert p.Listeners(()).fd_count() == 0
-    no_fds = [m for m in SAMPLES if not isinstance(m, p.Plan | p.Pty | p.Listeners)]
+    no_fds = [m for m in SAMPLES if not isinstance(m, p.PlanFds | p.Pty | p.Listeners)]
     assert all(m.fd_count() == 0 for m in no_fds)
 
 

@@ -19,7 +19,7 @@ from boxyd.config.spec import RunSpec
 
 @dataclass(frozen=True)
 class Started:
-    """The payload was executed (PID 1 reported it)."""
+    """The payload is under way: stage 2 forked PID 1, which executes it next."""
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from boxyd.stage2 import protocol
 
 START_TIMEOUT = 10.0  # the sandbox's own set-up, before the first call
 HEAD_MAX = 4096
+CALL_MAX = 1 << 20  # the tool server's own bound on a request line
 GRACE = 2.0  # past a call's own timeout: the sandbox's answer that it killed the tool
 
 Spawn = Callable[[], socket.socket]  # a control socket to a fresh outer stage 2
@@ -91,39 +92,30 @@ class ToolBox:
             raise self._fail("the checks' time budget is spent")
         timeout = min(timeout, left)
         self._wait_until = time.monotonic() + timeout + GRACE
-        req = {"argv": list(argv), "cwd": cwd, "env": env, "timeout": timeout, "limit": limit}
+        req = protocol.ToolCall(tuple(argv), cwd, dict(env), timeout, limit)
         try:
-            _write_all(self._to, json.dumps(req).encode() + b"\n")
+            _write_all(self._to, protocol.encode(req, limit=CALL_MAX) + b"\n")
             head = self._head(limit)
-            size = head["size"]
-            assert isinstance(size, int)  # _head checked it
-            out = self._read_exact(size)
+            out = self._read_exact(head.size)
         except OSError as e:
             raise self._fail(f"the tool sandbox went away ({e.strerror or e})") from None
-        if head["error"] is not None:
+        except protocol.ProtocolError as e:  # ours: a call too large to send
+            raise self._fail(f"the tool call cannot be sent ({e})") from None
+        if head.error is not None:
             return Answer(rc=None, out=b"")
-        rc = head["rc"]
-        return Answer(
-            rc=rc if isinstance(rc, int) else None,
-            out=out,
-            timed_out=head["timeout"] is True,
-            truncated=head["truncated"] is True,
-        )
+        return Answer(rc=head.rc, out=out, timed_out=head.timeout, truncated=head.truncated)
 
-    def _head(self, limit: int) -> dict[str, object]:
+    def _head(self, limit: int) -> protocol.ToolAnswer:
+        """The answer's header line, strictly (it comes from inside the sandbox); its
+        size at most the LIMIT asked for."""
         line = bytearray()
         while not line.endswith(b"\n"):
             line += self._read(1 if len(line) < HEAD_MAX else 0)
         try:
-            head = json.loads(line)
-        except ValueError:
+            head = protocol.decode_tool_answer(bytes(line[:-1]))
+        except protocol.ProtocolError:
             head = None
-        if (
-            not isinstance(head, dict)
-            or type(head.get("size")) is not int
-            or not 0 <= head["size"] <= limit
-            or not (head.get("error") is None or isinstance(head.get("error"), str))
-        ):
+        if head is None or head.size > limit:
             raise self._fail("the tool sandbox sent an answer that cannot be read")
         return head
 

@@ -1,12 +1,14 @@
 """The messages between boxyd and stage 2, typed end to end (standard library only:
 stage 2 and boxyd/daemon/stage2proc.py both import it).
 
-Three channels carry them:
+Four channels carry them:
 
 - boxyd -> the outer stage 2 (its control socket, SOCK_SEQPACKET): the plan, the
   scope's placement, signals for the payload, the live guard's requests.
 - the outer stage 2 -> boxyd (the same socket): what happened (``Report``).
 - PID 1 -> the outer stage 2 (the status pipe, one JSON line each): ``Status``.
+- boxyd <-> a tool sandbox's server (two pipes, one JSON line each): ToolCall,
+  answered by ToolAnswer and the tool's stdout.
 
 A frame is one JSON object ``{"kind": ..., field: value...}`` and, on the socket,
 the SCM_RIGHTS fds its kind carries (``fd_count``). Decoding is strict: PID 1 ends up
@@ -21,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import socket
 import types
@@ -262,6 +265,45 @@ class Done(_Message):
 
 Report = Pid | Listeners | Started | Pty | LiveDone | Confined | Stopped | Done
 
+
+# -- boxyd <-> a tool sandbox's server (boxyd/stage2/toolserver.py; its pipes) --------
+@dataclass(frozen=True)
+class ToolCall(_Message):
+    """One tool call: ARGV run in CWD with ENV, killed after TIMEOUT seconds or past
+    LIMIT bytes of output."""
+
+    KIND = "tool-call"
+    argv: tuple[str, ...]
+    cwd: str
+    env: dict[str, str]
+    timeout: float
+    limit: int
+
+    def check(self) -> str | None:
+        if not self.argv or self.timeout < 0 or self.limit < 0:
+            return "no command, or a negative timeout or limit"
+        return None
+
+
+@dataclass(frozen=True)
+class ToolAnswer(_Message):
+    """The call's end (RC None: it did not run, or was killed; ERROR why it did not
+    run), then SIZE bytes of its stdout (TRUNCATED: cut at the limit)."""
+
+    KIND = "tool-answer"
+    rc: int | None
+    timeout: bool
+    error: str | None
+    size: int
+    truncated: bool
+
+    def check(self) -> str | None:
+        if self.size < 0 or (self.error is not None and len(self.error) > MAX_TEXT):
+            return "a negative size, or an error too long"
+        return None
+
+
+TOOLS: tuple[type[_Message], ...] = (ToolCall, ToolAnswer)
 REQUESTS: tuple[type[_Message], ...] = (PlanFds, Placed, Signal, LiveCover, LivePin)
 STATUSES: tuple[type[_Message], ...] = (Confined, Stopped, Exited, Killed, ExecFailed, SetupFailed)
 REPORTS: tuple[type[_Message], ...] = (
@@ -275,7 +317,7 @@ REPORTS: tuple[type[_Message], ...] = (
     Done,
 )
 _ENDS: tuple[type[_Message], ...] = (Exited, Killed, ExecFailed, SetupFailed)
-_BY_KIND: dict[str, type[_Message]] = {c.KIND: c for c in (*REQUESTS, *STATUSES, *REPORTS)}
+_BY_KIND: dict[str, type[_Message]] = {c.KIND: c for c in (*REQUESTS, *STATUSES, *REPORTS, *TOOLS)}
 
 
 # -- encoding ------------------------------------------------------------------------
@@ -287,17 +329,17 @@ def _wire(msg: _Message) -> dict[str, Any]:
     return out
 
 
-def encode(msg: _Message, nfds: int = 0) -> bytes:
-    """MSG as one frame, to travel with NFDS fds; a message that breaks the rules is a
-    bug of ours and raises ProtocolError too."""
+def encode(msg: _Message, nfds: int = 0, *, limit: int = MAX_FRAME) -> bytes:
+    """MSG as one frame (at most LIMIT bytes), to travel with NFDS fds; a message that
+    breaks the rules is a bug of ours and raises ProtocolError too."""
     why = msg.check()
     if why is not None:
         raise ProtocolError(f"{msg.KIND}: {why}")
     if nfds != msg.fd_count():
         raise ProtocolError(f"{msg.KIND}: carries {msg.fd_count()} fds, not {nfds}")
     data = json.dumps(_wire(msg), separators=(",", ":")).encode()
-    if len(data) > MAX_FRAME:
-        raise ProtocolError(f"{msg.KIND}: {len(data)} bytes (more than {MAX_FRAME})")
+    if len(data) > limit:
+        raise ProtocolError(f"{msg.KIND}: {len(data)} bytes (more than {limit})")
     return data
 
 
@@ -309,27 +351,42 @@ _HINTS: dict[type[_Message], dict[str, Any]] = {
 }
 
 
+_NO = object()  # a value that is not of the type asked for
+
+
+def _plain(v: object, hint: Any) -> object:
+    """V as the plain type HINT, else _NO: a bool is never an int, an int is a float."""
+    if hint is bool or hint is str or hint is int:
+        return v if type(v) is hint else _NO
+    if hint is float:
+        ok = type(v) in (int, float) and math.isfinite(typing.cast(float, v))
+        return float(typing.cast(float, v)) if ok else _NO
+    if hint is type(None):
+        return v if v is None else _NO
+    if hint == tuple[str, ...]:
+        ok = type(v) is list and all(type(x) is str for x in v)
+        return tuple(typing.cast(list[str], v)) if ok else _NO
+    if hint == dict[str, str]:
+        ok = type(v) is dict and all(type(k) is str and type(x) is str for k, x in v.items())
+        return dict(typing.cast(dict[str, str], v)) if ok else _NO
+    if isinstance(hint, types.UnionType):  # int | None, str | None
+        return next((x for a in typing.get_args(hint) if (x := _plain(v, a)) is not _NO), _NO)
+    return _NO
+
+
 def _value(kind: str, name: str, v: object, hint: Any) -> object:
-    """V as field NAME's type HINT (int, bool, str, str | None, tuple[str, ...], End)."""
-    if hint is bool or hint is str:
-        if type(v) is hint:
-            return v
-    elif hint is int:
-        if type(v) is int:  # never a bool, never a float
-            return v
-    elif hint == tuple[str, ...]:
-        if type(v) is list and all(type(x) is str for x in v):
-            return tuple(v)
-    elif hint == (str | None):
-        if v is None or type(v) is str:
-            return v
-    elif isinstance(hint, types.UnionType):  # a nested message: Done's end
+    """V as field NAME's type HINT: a plain one, or a nested message (Done's end)."""
+    args = typing.get_args(hint) if isinstance(hint, types.UnionType) else ()
+    if args and all(isinstance(a, type) and issubclass(a, _Message) for a in args):
         try:
-            return _object(v, typing.get_args(hint))
+            return _object(v, args)
         except ProtocolError as e:
             raise ProtocolError(f"{kind}: field {name!r}: {e}") from None
-    what = hint.__name__ if isinstance(hint, type) else str(hint)
-    raise ProtocolError(f"{kind}: field {name!r} is not a valid {what}")
+    got = _plain(v, hint)
+    if got is _NO:
+        what = hint.__name__ if isinstance(hint, type) else str(hint)
+        raise ProtocolError(f"{kind}: field {name!r} is not a valid {what}")
+    return got
 
 
 def _object(obj: object, allowed: tuple[type[_Message], ...]) -> _Message:
@@ -357,11 +414,14 @@ def _object(obj: object, allowed: tuple[type[_Message], ...]) -> _Message:
     return msg
 
 
-def decode(data: bytes, nfds: int, allowed: tuple[type[_Message], ...]) -> _Message:
-    """One frame that arrived with NFDS fds, as one of ALLOWED (the direction's
-    messages); anything else raises ProtocolError. The fds stay the caller's."""
-    if len(data) > MAX_FRAME:
-        raise ProtocolError(f"a frame of {len(data)} bytes (more than {MAX_FRAME})")
+def decode(
+    data: bytes, nfds: int, allowed: tuple[type[_Message], ...], *, limit: int = MAX_FRAME
+) -> _Message:
+    """One frame (at most LIMIT bytes) that arrived with NFDS fds, as one of ALLOWED
+    (the direction's messages); anything else raises ProtocolError. The fds stay the
+    caller's."""
+    if len(data) > limit:
+        raise ProtocolError(f"a frame of {len(data)} bytes (more than {limit})")
     try:
         obj = json.loads(data)
     except ValueError:  # UnicodeDecodeError included
@@ -378,6 +438,16 @@ def decode_request(data: bytes, nfds: int = 0) -> Request:
 
 def decode_report(data: bytes, nfds: int = 0) -> Report:
     return typing.cast(Report, decode(data, nfds, REPORTS))
+
+
+def decode_tool_call(line: bytes, limit: int) -> ToolCall:
+    return typing.cast(ToolCall, decode(line, 0, (ToolCall,), limit=limit))
+
+
+def decode_tool_answer(line: bytes) -> ToolAnswer:
+    """A tool server's answer: it comes from inside a sandbox whose trees the payload
+    wrote."""
+    return typing.cast(ToolAnswer, decode(line, 0, (ToolAnswer,)))
 
 
 def decode_status(line: bytes) -> Status:

@@ -37,12 +37,15 @@ SAMPLES: list[p._Message] = [
     p.Done(p.Killed(9)),
     p.Done(p.ExecFailed(13, "./x")),
     p.Done(p.SetupFailed("stage 2: internal error")),
+    p.ToolCall(("git", "ls-files"), "/w", {"HOME": "/h"}, 2.5, 1 << 20),
+    p.ToolAnswer(0, False, None, 12, False),
+    p.ToolAnswer(None, True, "git: No such file or directory", 0, True),
 ]
-ALL = (*p.REQUESTS, *p.STATUSES, *p.REPORTS)
+ALL = (*p.REQUESTS, *p.STATUSES, *p.REPORTS, *p.TOOLS)
 
 
 def _direction(msg: p._Message) -> tuple[type[p._Message], ...]:
-    return next(d for d in (p.REQUESTS, p.REPORTS, p.STATUSES) if type(msg) in d)
+    return next(d for d in (p.REQUESTS, p.REPORTS, p.STATUSES, p.TOOLS) if type(msg) in d)
 
 
 def _wire(msg: p._Message) -> dict[str, typing.Any]:
@@ -113,6 +116,9 @@ WRONG: dict[str, list[object]] = {
     "bool": [1, 0, "true", None],
     "str": [1, None, [], {"x": 1}],
     "str | None": [1, False, [], {}],
+    "int | None": [True, 1.5, "1", [], {}],
+    "float": [True, "1", None, [], {}, 1e999],
+    "dict[str, str]": [[], "a=b", None, {"a": 1}, {"a": None}, {"a": ["b"]}],
     "tuple[str, ...]": ["abc", [1], [None], {}, None, [["a"]]],
     "End": [None, 1, "exited", {"kind": "pid", "pid": 1}, {"kind": "exited"}, {}],
 }
@@ -122,7 +128,7 @@ def _type_name(cls: type[p._Message], name: str) -> str:
     hint = typing.get_type_hints(cls)[name]
     if hint == p.End:
         return "End"
-    return "tuple[str, ...]" if hint == tuple[str, ...] else str(getattr(hint, "__name__", hint))
+    return hint.__name__ if isinstance(hint, type) else str(hint)
 
 
 @pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: m.KIND)
@@ -151,7 +157,7 @@ def test_an_unknown_field_is_refused(msg: p._Message) -> None:
     [{"kind": "nonsense"}, {"kind": 1}, {"pid": 1}, {}, {"kind": None}, {"kind": ["pid"]}],
 )
 def test_unknown_kinds(obj: object) -> None:
-    for direction in (p.REQUESTS, p.REPORTS, p.STATUSES):
+    for direction in (p.REQUESTS, p.REPORTS, p.STATUSES, p.TOOLS):
         assert _error(obj, direction).startswith("unknown message kind")
 
 
@@ -203,6 +209,9 @@ def test_an_oversized_frame_is_refused_either_way() -> None:
         p.Started(-5),
         p.Listeners(("a", "a")),
         p.LivePin(1, "x" * (p.MAX_PATH + 1), "/w"),
+        p.ToolCall((), "/w", {}, 1.0, 1),
+        p.ToolCall(("git",), "/w", {}, -1.0, 1),
+        p.ToolAnswer(0, False, None, -1, False),
     ],
     ids=lambda m: m.KIND,
 )
@@ -237,3 +246,18 @@ def test_over_a_socket_with_fds() -> None:
         os.close(r)
         os.close(w)
         theirs.close()
+
+
+def test_a_tool_call_may_be_larger_than_a_control_frame() -> None:
+    call = p.ToolCall(("git",), "/w", {"X": "y" * p.MAX_FRAME}, 1, 10)
+    with pytest.raises(p.ProtocolError, match="more than"):
+        p.encode(call)
+    line = p.encode(call, limit=1 << 20)
+    assert p.decode_tool_call(line, 1 << 20) == call
+    with pytest.raises(p.ProtocolError, match="more than"):
+        p.decode_tool_call(line, p.MAX_FRAME)
+    # an int timeout is a float (JSON has one kind of number); a float limit is not an int
+    assert p.decode_tool_call(p.encode(call, limit=1 << 20), 1 << 20).timeout == 1.0
+    assert _error({**_wire(p.ToolAnswer(0, False, None, 0, False)), "rc": True}, p.TOOLS) == (
+        "tool-answer: field 'rc' is not a valid int | None"
+    )

@@ -13,6 +13,7 @@ import asyncio
 import base64
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import struct
@@ -26,6 +27,7 @@ from boxyd.plan import credentials, live, masking
 from boxyd.plan.credentials import Action, Rule
 from boxyd.plan.live import Redo, Watched
 from boxyd.plan.masking import Found
+from boxyd.stage2.protocol import LiveCover, LivePin
 
 log = logging.getLogger("boxyd")
 
@@ -45,7 +47,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
 
 LIVE_TIMEOUT = 10.0  # seconds for stage 2 to answer one request
-Send = Callable[[dict[str, object]], None]  # one message to the outer stage 2
+Send = Callable[[LiveCover | LivePin], None]  # one request to the outer stage 2
 Record = Callable[..., None]  # Sink.record
 
 
@@ -192,12 +194,12 @@ class LiveGuard:
             root, rel = self._wds[wd]
             w, entry = self._trees[root], os.fsdecode(name)
             if mask & IN_CLOSE_WRITE:
-                if (redo := live.on_write(w, rel, entry)) is not None:
-                    self._spawn(w, redo, now)
+                if (written := live.on_write(w, rel, entry)) is not None:
+                    self._spawn(w, written, now)
                 continue
-            redo = live.on_change(w, rel, entry, bool(mask & IN_ISDIR))
-            if redo is not None:
-                self._spawn(w, redo, now)
+            changed = live.on_change(w, rel, entry, bool(mask & IN_ISDIR))
+            if changed is not None:
+                self._spawn(w, changed, now)
             elif mask & IN_ISDIR:
                 self._new_dir(w, rel, entry, now)
 
@@ -221,15 +223,7 @@ class LiveGuard:
                 asyncio.to_thread(discover.read_beneath, w.root, p.rel, discover.CONFIG_MAX)
             )
             pinned = self._ask(
-                {
-                    "bind": {
-                        "src": p.rel,
-                        "dst": p.rel,
-                        "ro": True,
-                        "src_base": w.root,
-                        "dst_base": w.root,
-                    }
-                },
+                functools.partial(LivePin, rel=p.rel, root=w.root),
                 p.rel,
                 "pinned again",
                 since,
@@ -255,14 +249,13 @@ class LiveGuard:
             return  # nothing in it to cover now (or gone)
         w.masks[redo.rel] = found  # a later rename over it is covered again too
         self._ask(
-            {
-                "mask": {
-                    "dst": redo.rel,
-                    "dst_base": w.root,
-                    "is_dir": found.is_dir,
-                    "content": base64.b64encode(found.content).decode(),
-                }
-            },
+            functools.partial(
+                LiveCover,
+                dst=redo.rel,
+                dst_base=w.root,
+                is_dir=found.is_dir,
+                content=base64.b64encode(found.content).decode(),
+            ),
             redo.rel,
             "covered again" if mask is not None else "covered new",
             since,
@@ -270,17 +263,23 @@ class LiveGuard:
         )
 
     def _ask(
-        self, op: dict[str, object], rel: str, what: str, since: float, root: str
+        self,
+        op: Callable[[int], LiveCover | LivePin],
+        rel: str,
+        what: str,
+        since: float,
+        root: str,
     ) -> asyncio.Future[bool]:
+        """OP (given its id) to stage 2; the future is its answer (True: done)."""
         self._ids += 1
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._pending[self._ids] = _Pending(os.path.join(root, rel), what, since, fut)
-        self._send({"live": op, "id": self._ids})
+        self._send(op(self._ids))
         return fut
 
-    def done(self, ident: object, error: object) -> None:
-        """Stage 2's answer to one request (its "live_done" message)."""
-        pending = self._pending.pop(ident, None) if isinstance(ident, int) else None
+    def done(self, ident: int, error: str | None) -> None:
+        """Stage 2's answer to one request (its LiveDone report)."""
+        pending = self._pending.pop(ident, None)
         if pending is None:
             return
         ms = round((time.monotonic() - pending.since) * 1000, 1)

@@ -50,6 +50,7 @@ import struct
 import termios
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from boxy import termsettings
 from boxyd.daemon.termfilter import TermFilter, filter_once
@@ -77,7 +78,9 @@ class PtyRelay:
     create the relay before the client switches its terminal to raw mode.
     """
 
-    def __init__(self, in_fd: int | None, out_fd: int | None, settings: dict | None = None) -> None:
+    def __init__(
+        self, in_fd: int | None, out_fd: int | None, settings: dict[str, Any] | None = None
+    ) -> None:
         """SETTINGS: for a relay with no client terminal (run -d): the PTY's own."""
         self._lock = threading.Lock()
         self._drained = threading.Event()
@@ -265,8 +268,8 @@ class PtyRelay:
                 _close(self._swap_r)
                 _close(self._log_fd)
                 self._log_fd = None
-        fd, self.master_fd = self.master_fd, None
-        _close(fd)
+        master, self.master_fd = self.master_fd, None
+        _close(master)
         # Nothing more will be relayed; don't make waiters depend on a thread that
         # may be stuck writing to a stopped terminal.
         self._set_drained()
@@ -363,8 +366,9 @@ class PtyRelay:
             with contextlib.suppress(RuntimeError):  # that loop is gone
                 self._loop.call_soon_threadsafe(_call, self.on_detach)
 
-    def _pump_input(self, master: int, in_fd: int, wake: int) -> None:
+    def _pump_input(self, master: int, in_fd: int | None, wake: int) -> None:
         """Client terminal -> PTY master until either side is gone or close()."""
+        assert in_fd is not None  # an input thread is only started for a client's input
         try:
             detachable = os.isatty(in_fd) and self.on_detach is not None
             poller = select.poll()

@@ -14,7 +14,7 @@ import pwd
 import signal
 import socket
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from boxy import termsettings
 from boxy.errors import SetupError, UsageError
@@ -32,7 +32,7 @@ from boxyd.daemon.liveguard import LiveGuard
 from boxyd.daemon.pty import PtyRelay
 from boxyd.daemon.scopes import Limit, Placement, Scopes, limits, read_events, remove_subtree
 from boxyd.daemon.seam import Exit, Report, SandboxEvent, Sink, Started, Stopped
-from boxyd.daemon.stage2proc import Stage2, Template
+from boxyd.daemon.stage2proc import Gateway, PtyMaster, Received, Stage2, Template
 from boxyd.daemon.toolbox import Toolshed
 from boxyd.daemon.walks import Walks
 from boxyd.gitguard import userconfig
@@ -40,7 +40,10 @@ from boxyd.gitguard.discover import CONFIG_MAX, read_beneath
 from boxyd.gitguard.scan import Snapshot, adopt, inherit_live, overwrite, restore
 from boxyd.plan import live, masking, mountplan, worktree
 from boxyd.plan.hostfile import Outputs, open_outputs
+from boxyd.plan.masking import Found
+from boxyd.plan.ops import Plan
 from boxyd.plan.seccomp import build_filter
+from boxyd.stage2 import protocol
 
 if TYPE_CHECKING:
     from boxyd.daemon.network import Network
@@ -49,6 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("boxyd")
 CHECKS_BUDGET = 30.0  # seconds: every tool call of one run's checks after it (git)
 SETTINGS_BUDGET = 20.0  # seconds: the tools asked for one run's registry settings
+_R = TypeVar("_R", bound=Received)
 
 
 class StageLauncher:
@@ -202,7 +206,11 @@ class StageSandbox:
         self.pty: PtyRelay | None = None
         self.stage2: Stage2 | None = None
         self.trees: dict[str, worktree.Tree] = {}  # the walk before the run
-        self._warnings: list[str] = []
+        # what the start-up and the relay of stage 2's reports tell the session
+        self._events: asyncio.Queue[SandboxEvent] = asyncio.Queue()
+        self._held: protocol.Done | None = None  # a Done that came during the start-up
+        self._relay: asyncio.Task[None] | None = None
+        self._kill_early = False  # a stop came before stage 2 could take it
         self.limits: list[Limit] = []
         self._scope_path: str | None = None
         self._placement: Placement | None = None
@@ -218,87 +226,141 @@ class StageSandbox:
 
     # -- before the payload ----------------------------------------------------------
     async def start(self) -> list[str]:
-        spec, fds = self.spec, self._stdio
-        # the one list: the scope's limits join it before the payload starts (_place)
-        warnings = self._warnings
-        warnings += self._limit_warnings() + (self.net.warnings if self.net is not None else [])
-        stdio = list(fds)
+        """Ordered steps: the terminal, the walk, the plan, stage 2; then, as stage 2
+        reports them, its scope, the network, PID 1 and the terminal's hand-over. It
+        returns once the sandbox runs (or stage 2 has ended: events() says how), with
+        every warning to say before the payload runs, the scope's limits among them."""
+        warnings = self._limit_warnings() + (self.net.warnings if self.net is not None else [])
+        fds, self._stdio = self._stdio, []
         placeholders: list[int] = []
         try:
-            if spec.detach:  # a terminal of its own for all three, attachable later
-                settings = self._terminal.to_wire() if self._terminal else termsettings.defaults()
-                self.pty = PtyRelay(None, None, settings=settings)
-                self.pty.log_to(self._output_log())
-                ttys = [0, 1, 2]
-            else:
-                self.pty = _terminal(fds)
-                ttys = [i for i, fd in enumerate(fds) if os.isatty(fd)]
-            if self.pty is not None:
-                self.pty.on_detach = self._sink.detach_requested
-                self.pty.raw = spec.tty_raw  # --tty-raw: the output unfiltered (termfilter)
-                if (
-                    self._terminal is not None
-                ):  # the client is raw already: its settings from before
-                    self.pty.settings = self._terminal.to_wire()
-                # PID 1 puts the slave of a PTY in the sandbox's own devpts at these
-                # positions; until then they hold /dev/null, never the host terminal.
-                for i in ttys:
-                    placeholders.append(os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC))
-                    stdio[i] = placeholders[-1]
-            # the run's one walk per writable tree; it blocks: a worker thread, so no
-            # other session or API call waits. boxy's own package caches are writable
-            # but no project: not walked
-            home = self._launcher.user.pw_dir
-            walked = [r for r in mountplan.writable_roots(spec) if not caches.is_cache(r, home)]
-            self._user_hooks = await pools.run(pools.WALKS, userconfig.hooks_path, home)
-            self.trees = await self._launcher.walks.prepare(
-                walked,
-                git_guard=not spec.allow_git_write,
-                created=[e.path for e in spec.mkdir],
-                user_hooks=self._user_hooks,
-                secrets=spec.secrets,
-            )
-            others = [b for x in self._launcher.live if x is not self for b in x.baselines.values()]
-            self.baselines = inherit_live(
-                {r: t.baseline for r, t in self.trees.items() if t.baseline is not None}, others
-            )
-            masks = self._credentials(warnings)
-            protect = [e.path for e in spec.protect]
-            self._watched = [
-                live.watched(
-                    r,
-                    t.protections,
-                    masks.get(r, []),
-                    spec.reveal,
-                    t.dirs,
-                    [p for p in protect if _innermost(p, self.trees) == r],
-                    spec.secrets,
-                )
-                for r, t in self.trees.items()
-            ]
-            plan = mountplan.build(
-                spec,
-                seccomp_bpf=build_filter(spec.seccomp),
-                protections={r: t.protections for r, t in self.trees.items()},
-                masks=masks,
-                ctty=self.pty is not None,
-            )
-            if self.net is not None:
-                self.net.configure(plan)
-            if self.pty is not None:
-                plan.pty = {**self.pty.settings, "fds": ttys}
-            self._sink.record("seccomp", mode=spec.seccomp)
+            ttys = self._make_terminal(fds)
+            stdio = self._placeholders(fds, ttys, placeholders)
+            await self._walk()
+            plan = self._plan(warnings, ttys)
+            self._sink.record("seccomp", mode=self.spec.seccomp)
             self.stage2 = Stage2.start(self._launcher.template, plan, stdio)
+            if self._kill_early:  # stopped meanwhile: step 0 ends the run
+                self.stage2.signal(signal.SIGKILL)
         finally:
-            close_fds([*placeholders, *fds])
-            self._stdio = []
+            close_fds([*placeholders, *fds])  # stage 2 has its own copies now
+        await self._come_up(warnings)
         return warnings
 
-    def _credentials(self, warnings: list[str]) -> dict[str, list]:
+    async def _come_up(self, warnings: list[str]) -> None:
+        """Stage 2's start-up, step by step as it reports them; then the live guard, and
+        the relay of what it reports later (a Done that came early included)."""
+        running = (
+            await self._place(warnings)
+            and await self._attach_network()
+            and await self._pid1_forked()
+            and await self._hand_over_terminal()
+        )
+        if running:
+            self._start_live_guard()
+        self._relay = asyncio.get_running_loop().create_task(self._relay_reports())
+
+    def _make_terminal(self, fds: list[int]) -> list[int]:
+        """The session's PTY, if it has one (boxyd owns it; the client's terminal is
+        never passed in): which of 0–2 get its slave."""
+        spec = self.spec
+        if spec.detach:  # a terminal of its own for all three, attachable later
+            settings = self._terminal.to_wire() if self._terminal else termsettings.defaults()
+            self.pty = PtyRelay(None, None, settings=settings)
+            self.pty.log_to(self._output_log())
+            ttys = [0, 1, 2]
+        else:
+            self.pty = _terminal(fds)
+            ttys = [i for i, fd in enumerate(fds) if os.isatty(fd)]
+        if self.pty is None:
+            return []
+        self.pty.on_detach = self._sink.detach_requested
+        self.pty.raw = spec.tty_raw  # --tty-raw: the output unfiltered (termfilter)
+        if self._terminal is not None:  # the client is raw already: its settings from before
+            self.pty.settings = self._terminal.to_wire()
+        return ttys
+
+    @staticmethod
+    def _placeholders(fds: list[int], ttys: list[int], opened: list[int]) -> list[int]:
+        """The stdio stage 2 gets: PID 1 puts the slave of the PTY in the sandbox's own
+        devpts at TTYS; until then they hold /dev/null (OPENED, the caller's to close),
+        never the host terminal."""
+        stdio = list(fds)
+        for i in ttys:
+            opened.append(os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC))
+            stdio[i] = opened[-1]
+        return stdio
+
+    async def _walk(self) -> None:
+        """The run's one walk per writable tree; it blocks: another process (walkproc),
+        so no other session or API call waits. boxy's own package caches are writable
+        but no project: not walked."""
+        spec, home = self.spec, self._launcher.user.pw_dir
+        walked = [r for r in mountplan.writable_roots(spec) if not caches.is_cache(r, home)]
+        self._user_hooks = await pools.run(pools.WALKS, userconfig.hooks_path, home)
+        self.trees = await self._launcher.walks.prepare(
+            walked,
+            git_guard=not spec.allow_git_write,
+            created=[e.path for e in spec.mkdir],
+            user_hooks=self._user_hooks,
+            secrets=spec.secrets,
+        )
+        others = [b for x in self._launcher.live if x is not self for b in x.baselines.values()]
+        self.baselines = inherit_live(
+            {r: t.baseline for r, t in self.trees.items() if t.baseline is not None}, others
+        )
+
+    def _plan(self, warnings: list[str], ttys: list[int]) -> Plan:
+        """The mount plan from the walk: what is covered and pinned, and what the live
+        guard keeps so."""
+        spec = self.spec
+        masks = self._credentials(warnings)
+        protect = [e.path for e in spec.protect]
+        self._watched = [
+            live.watched(
+                r,
+                t.protections,
+                masks.get(r, []),
+                spec.reveal,
+                t.dirs,
+                [p for p in protect if _innermost(p, self.trees) == r],
+                spec.secrets,
+            )
+            for r, t in self.trees.items()
+        ]
+        plan = mountplan.build(
+            spec,
+            seccomp_bpf=build_filter(spec.seccomp),
+            protections={r: t.protections for r, t in self.trees.items()},
+            masks=masks,
+            ctty=self.pty is not None,
+        )
+        if self.net is not None:
+            self.net.configure(plan)
+        if self.pty is not None:
+            plan.pty = {**self.pty.settings, "fds": ttys}
+        return plan
+
+    async def _expect(self, kind: type[_R]) -> _R | None:
+        """Stage 2's next report of the start-up, KIND; None once it has ended instead
+        (its Done held for the relay). What may come between (Landlock's notes) is
+        dealt with as it would be later."""
+        assert self.stage2 is not None
+        while (msg := await self.stage2.next()) is not None:
+            if isinstance(msg, kind):
+                return msg
+            if isinstance(msg, protocol.Done):
+                self._held = msg
+                return None
+            self._aside(msg)
+        return None
+
+    def _credentials(self, warnings: list[str]) -> dict[str, list[Found]]:
         """Which credentials found in the trees are covered (all but --reveal's), said
         once before the payload starts and listed under -v and in the audit log."""
-        masks: dict[str, list] = {}
-        covered_all, shown_all = [], []
+        masks: dict[str, list[Found]] = {}
+        covered_all: list[tuple[str, Found]] = []
+        shown_all: list[tuple[str, Found]] = []
         for root, tree in self.trees.items():
             covered, shown = masking.revealed(tree.credentials, root, self.spec.reveal)
             masks[root] = covered
@@ -351,10 +413,13 @@ class StageSandbox:
             out.extend(spec.notes)
         return out
 
-    async def _place(self, pid: int) -> None:
-        """Step 0 of stage 2: the run's scope, and what its limits amount to (said
-        before the payload starts: the warnings are the ones start() returned)."""
-        placement = await self._launcher.scopes.place(self._sink.id, pid, self.spec)
+    async def _place(self, warnings: list[str]) -> bool:
+        """Step 0 of stage 2: the run's scope, and what its limits amount to (among
+        WARNINGS, said before the payload starts). False: stage 2 ended first."""
+        reported = await self._expect(protocol.Pid)
+        if reported is None:
+            return False
+        placement = await self._launcher.scopes.place(self._sink.id, reported.pid, self.spec)
         self._scope_path = placement.path
         self._placement = placement
         self.limits = limits(self.spec, placement)
@@ -368,42 +433,93 @@ class StageSandbox:
         for lim in self.limits:
             record("cgroup", limit=lim.name, value=lim.value, enforced=lim.enforced, by=lim.by)
             if (not lim.enforced and lim.name == "cpus") or self.spec.verbose:
-                self._warnings.append(lim.line)
+                warnings.append(lim.line)
         assert self.stage2 is not None
-        self.stage2.send({"placed": placement.unit is not None})
+        self.stage2.send(protocol.Placed(in_scope=placement.unit is not None))
+        return True
+
+    async def _attach_network(self) -> bool:
+        """Step 4: the gateway's sockets, to the network boxyd runs for the sandbox; one
+        that cannot take them ends the run (the payload would have no network)."""
+        if self.net is None:
+            return True
+        got = await self._expect(Gateway)
+        if got is None:
+            return False
+        if self._launcher._dns is None:
+            _close_sockets(got)
+            return True
+        try:
+            self.net.attach(got.sockets, self._launcher._dns)
+        except SetupError as e:
+            log.warning("session %s: %s", self._sink.id, e)
+            self.signal(signal.SIGKILL)
+        return True
+
+    async def _pid1_forked(self) -> bool:
+        """Stage 2 forked PID 1: the payload is under way (Started, for the session)."""
+        if await self._expect(protocol.Started) is None:
+            return False
+        self._events.put_nowait(Started())
+        return True
+
+    async def _hand_over_terminal(self) -> bool:
+        """PID 1 made the session's PTY in the sandbox's devpts: its master, to the relay."""
+        if self.pty is None:
+            return True
+        got = await self._expect(PtyMaster)
+        if got is None:
+            return False
+        self.pty.attach(got.master)
+        return True
 
     # -- while it runs ---------------------------------------------------------------
-    async def events(self) -> AsyncIterator[SandboxEvent]:
-        assert self.stage2 is not None
-        final: dict = {}
-        async for msg in self.stage2.messages():
-            if "pid" in msg and isinstance(msg["pid"], int) and not self.limits:
-                await self._place(msg["pid"])
-            elif "listeners" in msg:
-                self._attach_network(msg["sockets"])
-            elif "pty" in msg:
-                if self.pty is not None:
-                    self.pty.attach(msg["pty_fd"])
-                else:
-                    os.close(msg["pty_fd"])
-            elif "started" in msg:
-                self._start_live_guard()
-                yield Started()
-            elif "live_done" in msg:
+    def _aside(self, msg: Received) -> None:
+        """A report that is not a step of the start-up, at whatever moment it comes."""
+        match msg:
+            case protocol.Confined(notes=notes):
+                for note in notes:
+                    self._sink.record("landlock", note=note)
+            case protocol.LiveDone(id=ident, error=error):
                 if self.live_guard is not None:
-                    self.live_guard.done(msg["live_done"], msg.get("error"))
-            elif "stopped" in msg:
+                    self.live_guard.done(ident, error)
+            case protocol.Stopped(signal=sig):
                 if self.pty is not None:  # job control needs a terminal
                     self.pty.pause_input()  # before the client stops and its shell reads again
-                    yield Stopped(int(msg["stopped"]))
-            elif "confined" in msg:
-                for note in msg["confined"]:
-                    self._sink.record("landlock", note=note)
-            elif "done" in msg:
-                final = msg["done"] if isinstance(msg["done"], dict) else {}
-                # the scope goes with its last process: its counters now
-                self._limit_hits = await pools.run(pools.START, read_events, self._scope_path)
-        yield _exit(final)
+                    self._events.put_nowait(Stopped(sig))
+            case Gateway():  # not asked for (now): stage 2 keeps no copy, nor do we
+                _close_sockets(msg)
+            case PtyMaster(master=fd):
+                os.close(fd)
+            case _:  # a second Pid or Started: nothing to do
+                log.warning(
+                    "session %s: stage 2: %s out of turn", self._sink.id, type(msg).__name__
+                )
+
+    async def _relay_reports(self) -> None:
+        """Stage 2's reports once the start-up is over, until its end; then the Exit."""
+        assert self.stage2 is not None
+        done, self._held = self._held, None
+        if done is None:
+            while (msg := await self.stage2.next()) is not None:
+                if isinstance(msg, protocol.Done):
+                    done = msg
+                    break
+                self._aside(msg)
+        if done is not None:
+            # the scope goes with its last process: its counters now
+            self._limit_hits = await pools.run(pools.START, read_events, self._scope_path)
+            while (msg := await self.stage2.next()) is not None:  # until stage 2 is gone
+                self._aside(msg)
+        self._events.put_nowait(_exit(done.end if done is not None else None))
+
+    async def events(self) -> AsyncIterator[SandboxEvent]:
+        """What the start-up and the relay queued: Started, Stopped…, one Exit."""
+        while True:
+            event = await self._events.get()
+            yield event
+            if isinstance(event, Exit):
+                return
 
     def _start_live_guard(self) -> None:
         """The payload runs: from now on a host change to a covered or pinned entry is
@@ -469,19 +585,12 @@ class StageSandbox:
         self.live_findings += lines
         return "; ".join(lines) or None
 
-    def _attach_network(self, sockets: dict) -> None:
-        if self.net is None or self._launcher._dns is None:
-            for sock in sockets.values():
-                sock.close()
-            return
-        try:
-            self.net.attach(sockets, self._launcher._dns)
-        except SetupError as e:
-            log.warning("session %s: %s", self._sink.id, e)
-            self.signal(signal.SIGKILL)
-
     def signal(self, sig: int) -> None:
+        """To the payload, through stage 2. A stop while start() still walks the trees
+        is kept for stage 2, which then ends the run before anything runs."""
         if self.stage2 is None:
+            if sig == signal.SIGKILL:
+                self._kill_early = True
             return
         if sig == signal.SIGCONT and self.pty is not None:  # the client is back (fg)
             self.pty.resume_input()
@@ -498,7 +607,7 @@ class StageSandbox:
         gateway = self.net.gateway if self.net is not None else None
         return Counters(*gateway.netlog.totals()) if gateway is not None else Counters()
 
-    def destinations(self, limit: int) -> list[list]:
+    def destinations(self, limit: int) -> list[list[str | int]]:
         gateway = self.net.gateway if self.net is not None else None
         if gateway is None:
             return []
@@ -602,6 +711,8 @@ class StageSandbox:
             self.pty.close()
         if self._live_start is not None:
             self._live_start.cancel()
+        if self._relay is not None:
+            self._relay.cancel()
         if self.live_guard is not None:
             self.live_guard.close()
             self.live_guard = None
@@ -637,16 +748,21 @@ def _terminal(fds: list[int]) -> PtyRelay | None:
     return PtyRelay(in_fd=in_fd, out_fd=os.dup(out) if out is not None else None)
 
 
-def _exit(final: dict) -> Exit:
-    """Stage 2's last message as a typed value (its fields checked: it is our own
-    process, but one that ran next to the payload)."""
+def _exit(end: protocol.End | None) -> Exit:
+    """Stage 2's account of the end as the seam's value (None: it died unheard)."""
+    match end:
+        case protocol.SetupFailed(error=error):
+            return Exit(error=error)
+        case protocol.ExecFailed(errno=errno, cmd=cmd):
+            return Exit(exec_errno=errno, cmd=cmd)
+        case protocol.Exited(code=code):
+            return Exit(code=code)
+        case protocol.Killed(signal=sig):
+            return Exit(signal=sig)
+        case _:
+            return Exit()
 
-    def num(key: str) -> int | None:
-        v = final.get(key)
-        return v if type(v) is int else None
 
-    if "error" in final:
-        return Exit(error=str(final["error"]))
-    if num("exec_error") is not None:
-        return Exit(exec_errno=num("exec_error"), cmd=str(final.get("cmd", "")))
-    return Exit(code=num("exit"), signal=num("signal"))
+def _close_sockets(gateway: Gateway) -> None:
+    for sock in gateway.sockets.values():
+        sock.close()

@@ -19,7 +19,7 @@ from boxyd.config.runspec import RunSpec
 
 @dataclass(frozen=True)
 class Started:
-    """The payload was executed (PID 1 reported it)."""
+    """The payload is under way: stage 2 forked PID 1, which executes it next."""
 
 
 @dataclass(frozen=True)
@@ -73,14 +73,17 @@ class Sandbox(Protocol):
     spec: RunSpec
 
     async def start(self) -> list[str]:
-        """Build and start it; the warnings to say before the payload runs.
+        """Build and start it: it returns once the payload is under way (or the sandbox
+        has ended: events() says how), with the warnings to say before the payload runs.
         Raises UsageError (bad input found late: 2) or another BoxyError (125)."""
 
     def events(self) -> AsyncIterator[SandboxEvent]:
-        """Started, Stopped…, then one Exit, after which the iteration ends."""
+        """Started, Stopped…, then one Exit, after which the iteration ends (no side
+        effects: what they report has happened)."""
 
     def signal(self, sig: int) -> None:
-        """To the payload; ignored once it has exited."""
+        """To the payload; ignored once it has exited. A stop may come while start()
+        still waits (SIGKILL: it ends the run wherever it is)."""
 
     def resize(self, rows: int, cols: int) -> None: ...
 
@@ -90,7 +93,7 @@ class Sandbox(Protocol):
     def counters(self) -> Counters:
         """The network's totals so far (zeros without one)."""
 
-    def destinations(self, limit: int) -> list[list]:
+    def destinations(self, limit: int) -> list[list[str | int]]:
         """The busiest LIMIT destinations so far: [name, conns, denied, sent, received]."""
 
     def detach(self) -> bool:

@@ -110,7 +110,7 @@ class Session:
             return
         if self.state is State.STARTING:
             self._stop = signal.SIGKILL
-            if self._launched:  # stage 2 is there: it ends the run wherever it is
+            if self.sandbox is not None:  # also while start() waits on stage 2: it ends the run
                 assert self.sandbox is not None
                 self.sandbox.signal(signal.SIGKILL)
             return

@@ -18,16 +18,16 @@ import json
 import logging
 import os
 import socket
+import stat
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from boxy.errors import SetupError
 from boxyd.plan.ops import Plan
+from boxyd.stage2 import protocol
 
 log = logging.getLogger("boxyd")
-MAX_MSG = 1 << 16
-MAX_FDS = 32  # the gateway sends 15 with --pcap
 
 
 class Template:
@@ -127,9 +127,11 @@ def plan_memfd(data: bytes) -> int:
 
 
 class Stage2:
+    """One outer stage 2 as boxyd sees it: typed reports in, typed requests out."""
+
     def __init__(self, ctl: socket.socket) -> None:
         self.ctl = ctl
-        self._queue: asyncio.Queue[dict | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[Received | None] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         loop.add_reader(ctl.fileno(), self._readable)
         self._closed = False
@@ -145,7 +147,7 @@ class Stage2:
             stage2.close()
             raise SetupError(f"stage 2: cannot hold the plan: {e.strerror}") from None
         try:
-            socket.send_fds(ctl, [b"plan"], [plan_fd, *stdio])
+            protocol.send(ctl, protocol.PlanFds(), [plan_fd, *stdio])
         except OSError as e:
             stage2.close()
             raise SetupError(f"stage 2: cannot send the plan: {e.strerror}") from None
@@ -154,55 +156,50 @@ class Stage2:
         return stage2
 
     def _readable(self) -> None:
-        """One message; only "listeners" (the gateway's sockets, in the order of its
-        list of names) and "pty" (the session PTY's master) may carry fds, and
-        anything else sent along is closed."""
+        """One report. Only Listeners (the gateway's sockets, in the order of its names)
+        and Pty (the session PTY's master) carry fds; a frame that breaks the protocol
+        is logged and dropped, its fds closed."""
         try:
-            data, fds, _, _ = socket.recv_fds(self.ctl, MAX_MSG, MAX_FDS, socket.MSG_CMSG_CLOEXEC)
+            data, fds = protocol.receive(self.ctl)
         except BlockingIOError:
+            return
+        except protocol.ProtocolError as e:
+            log.warning("stage 2: %s (dropped)", e)
             return
         except OSError:
             data, fds = b"", []
         if not data:
-            for fd in fds:
-                os.close(fd)
+            protocol.close(fds)
             asyncio.get_running_loop().remove_reader(self.ctl.fileno())
             self._queue.put_nowait(None)
             return
         try:
-            msg = json.loads(data)
-        except ValueError:
-            msg = None
-        if isinstance(msg, dict) and "listeners" in msg:
-            names = msg.get("listeners")
-            if isinstance(names, list) and len(names) == len(fds):
-                msg["sockets"] = {
-                    str(n): socket.socket(fileno=fd) for n, fd in zip(names, fds, strict=True)
-                }
-                self._queue.put_nowait(msg)
-                return
-            msg = None
-        if isinstance(msg, dict) and msg.get("pty") is True and len(fds) == 1 and os.isatty(fds[0]):
-            self._queue.put_nowait({"pty": True, "pty_fd": fds[0]})
-            return
-        for fd in fds:
-            os.close(fd)
-        if isinstance(msg, dict) and "pty" not in msg:
-            self._queue.put_nowait(msg)
+            self._queue.put_nowait(_received(protocol.decode_report(data, len(fds)), fds))
+        except protocol.ProtocolError as e:
+            protocol.close(fds)
+            log.warning("stage 2: %s (dropped)", e)
 
-    async def messages(self) -> AsyncIterator[dict]:
-        while (msg := await self._queue.get()) is not None:
-            yield msg
+    async def next(self) -> Received | None:
+        """The next report (with what it carried); None once stage 2 is gone."""
+        msg = await self._queue.get()
+        if msg is None:
+            self._queue.put_nowait(None)  # and for every later call
+        return msg
 
     def signal(self, sig: int) -> None:
-        self.send({"signal": sig})
+        self.send(protocol.Signal(sig))
 
-    def send(self, msg: dict) -> None:
-        """One message to the outer stage 2 (a signal, the scope's placement)."""
+    def send(self, msg: protocol.Request) -> None:
+        """One message to the outer stage 2 (a signal, the scope's placement, a live
+        request); one that cannot be sent is logged (stage 2's end is heard on its own)."""
         if self._closed:
             return
-        with contextlib.suppress(OSError):
-            self.ctl.send(json.dumps(msg).encode())
+        try:
+            protocol.send(self.ctl, msg)
+        except protocol.ProtocolError as e:
+            log.warning("stage 2: not sent: %s", e)
+        except OSError:
+            pass
 
     def close(self) -> None:
         if not self._closed:
@@ -210,3 +207,45 @@ class Stage2:
             with contextlib.suppress(RuntimeError, ValueError):
                 asyncio.get_running_loop().remove_reader(self.ctl.fileno())
             self.ctl.close()
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """Listeners, received: the gateway's sockets by name (ours to close)."""
+
+    sockets: dict[str, socket.socket]
+
+
+@dataclass(frozen=True)
+class PtyMaster:
+    """Pty, received: the session PTY's master (ours to close)."""
+
+    master: int
+
+
+Received = (
+    protocol.Pid
+    | Gateway
+    | protocol.Started
+    | PtyMaster
+    | protocol.LiveDone
+    | protocol.Confined
+    | protocol.Stopped
+    | protocol.Done
+)
+
+
+def _received(msg: protocol.Report, fds: list[int]) -> Received:
+    """MSG with its fds made into what they are; a listener that is no socket, or a Pty
+    whose fd is no terminal, is a protocol error too (the caller closes the fds)."""
+    match msg:
+        case protocol.Listeners(names=names):
+            if not all(stat.S_ISSOCK(os.fstat(fd).st_mode) for fd in fds):
+                raise protocol.ProtocolError("listeners: an fd that is not a socket")
+            return Gateway({n: socket.socket(fileno=fd) for n, fd in zip(names, fds, strict=True)})
+        case protocol.Pty():
+            if not os.isatty(fds[0]):
+                raise protocol.ProtocolError("pty: its fd is not a terminal")
+            return PtyMaster(fds[0])
+        case _:
+            return msg

@@ -26,11 +26,12 @@ from boxyd.daemon.stage2proc import plan_memfd
 from boxyd.plan import tools
 from boxyd.plan.ops import Plan
 from boxyd.plan.seccomp import build_filter
+from boxyd.stage2 import protocol
 
 START_TIMEOUT = 10.0  # the sandbox's own set-up, before the first call
 HEAD_MAX = 4096
+CALL_MAX = 1 << 20  # the tool server's own bound on a request line
 GRACE = 2.0  # past a call's own timeout: the sandbox's answer that it killed the tool
-MSG_MAX = 1 << 16
 
 Spawn = Callable[[], socket.socket]  # a control socket to a fresh outer stage 2
 
@@ -65,7 +66,7 @@ class ToolBox:
             fds.append(null)
             plan_fd = plan_memfd(json.dumps(plan.to_json()).encode())
             try:
-                socket.send_fds(ctl, [b"plan"], [plan_fd, req_r, resp_w, null])
+                protocol.send(ctl, protocol.PlanFds(), [plan_fd, req_r, resp_w, null])
             finally:
                 os.close(plan_fd)
             for fd in (req_r, resp_w, null):  # the sandbox's now
@@ -91,37 +92,30 @@ class ToolBox:
             raise self._fail("the checks' time budget is spent")
         timeout = min(timeout, left)
         self._wait_until = time.monotonic() + timeout + GRACE
-        req = {"argv": list(argv), "cwd": cwd, "env": env, "timeout": timeout, "limit": limit}
+        req = protocol.ToolCall(tuple(argv), cwd, dict(env), timeout, limit)
         try:
-            _write_all(self._to, json.dumps(req).encode() + b"\n")
+            _write_all(self._to, protocol.encode(req, limit=CALL_MAX) + b"\n")
             head = self._head(limit)
-            out = self._read_exact(int(head["size"]))
+            out = self._read_exact(head.size)
         except OSError as e:
             raise self._fail(f"the tool sandbox went away ({e.strerror or e})") from None
-        if head["error"] is not None:
+        except protocol.ProtocolError as e:  # ours: a call too large to send
+            raise self._fail(f"the tool call cannot be sent ({e})") from None
+        if head.error is not None:
             return Answer(rc=None, out=b"")
-        rc = head["rc"]
-        return Answer(
-            rc=rc if isinstance(rc, int) else None,
-            out=out,
-            timed_out=head["timeout"] is True,
-            truncated=head["truncated"] is True,
-        )
+        return Answer(rc=head.rc, out=out, timed_out=head.timeout, truncated=head.truncated)
 
-    def _head(self, limit: int) -> dict[str, object]:
+    def _head(self, limit: int) -> protocol.ToolAnswer:
+        """The answer's header line, strictly (it comes from inside the sandbox); its
+        size at most the LIMIT asked for."""
         line = bytearray()
         while not line.endswith(b"\n"):
             line += self._read(1 if len(line) < HEAD_MAX else 0)
         try:
-            head = json.loads(line)
-        except ValueError:
+            head = protocol.decode_tool_answer(bytes(line[:-1]))
+        except protocol.ProtocolError:
             head = None
-        if (
-            not isinstance(head, dict)
-            or type(head.get("size")) is not int
-            or not 0 <= head["size"] <= limit
-            or not (head.get("error") is None or isinstance(head.get("error"), str))
-        ):
+        if head is None or head.size > limit:
             raise self._fail("the tool sandbox sent an answer that cannot be read")
         return head
 
@@ -146,12 +140,10 @@ class ToolBox:
     def _why(self) -> str:
         """Stage 2's own account of an early end (a set-up error), if it gave one."""
         self._ctl.settimeout(0.5)
-        with contextlib.suppress(OSError, ValueError):
-            while data := self._ctl.recv(MSG_MAX):
-                msg = json.loads(data)
-                done = msg.get("done") if isinstance(msg, dict) else None
-                if isinstance(done, dict) and isinstance(done.get("error"), str):
-                    return f": {done['error'][:300]}"
+        with contextlib.suppress(OSError):
+            while (msg := _report(self._ctl)) is not None:
+                if isinstance(msg, protocol.Done) and isinstance(msg.end, protocol.SetupFailed):
+                    return f": {msg.end.error[:300]}"
         return ""
 
     def _fail(self, why: str) -> ToolError:
@@ -204,24 +196,36 @@ def _handshake(ctl: socket.socket, deadline: float) -> None:
             raise ToolError("tool sandbox: it did not start in time")
         ctl.settimeout(left)
         try:
-            data = ctl.recv(MSG_MAX)
+            msg = _report(ctl)
         except TimeoutError:
             continue
-        if not data:
-            raise ToolError("tool sandbox: stage 2 ended before it started")
-        try:
-            msg = json.loads(data)
-        except ValueError:
-            msg = None
-        if not isinstance(msg, dict):
-            continue
-        if "pid" in msg:
-            ctl.send(json.dumps({"placed": False}).encode())
-        elif "started" in msg:
-            return
-        elif "done" in msg:
-            done = msg["done"] if isinstance(msg["done"], dict) else {}
-            raise ToolError(f"tool sandbox: {str(done.get('error', 'it ended at once'))[:300]}")
+        match msg:
+            case None:
+                raise ToolError("tool sandbox: stage 2 ended before it started")
+            case protocol.Pid():
+                protocol.send(ctl, protocol.Placed(in_scope=False))
+            case protocol.Started():
+                return
+            case protocol.Done(end=end):
+                why = end.error if isinstance(end, protocol.SetupFailed) else "it ended at once"
+                raise ToolError(f"tool sandbox: {why[:300]}")
+            case _:  # a report with fds (the box has no network or terminal), or unreadable
+                pass
+
+
+def _report(ctl: socket.socket) -> protocol.Report | protocol.ProtocolError | None:
+    """Stage 2's next report (None: it ended); one carrying fds has them closed."""
+    try:
+        data, fds = protocol.receive(ctl)
+    except protocol.ProtocolError as e:
+        return e
+    protocol.close(fds)
+    if not data:
+        return None
+    try:
+        return protocol.decode_report(data, len(fds))
+    except protocol.ProtocolError as e:
+        return e
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -27,22 +27,30 @@ import traceback
 from boxy.errors import SetupError
 from boxyd.plan.ops import Plan
 from boxyd.stage2 import live, namespaces, netns, pid1, template
+from boxyd.stage2 import protocol as p
 
 MAX_PLAN = 256 << 20  # read from boxyd's sealed memfd; far beyond any argv or tree
+MAX_STATUS = 1 << 20  # PID 1's reports not yet read as lines: bounded
 
 
-def send(ctl: socket.socket, msg: dict) -> None:
+def send(ctl: socket.socket, msg: p.Report, fds: list[int] | None = None) -> None:
+    """One report to boxyd; a boxyd that went away is noticed on the next read."""
     with contextlib.suppress(OSError):
-        ctl.send(json.dumps(msg).encode())
+        p.send(ctl, msg, fds)
 
 
 def receive_plan(ctl: socket.socket) -> tuple[Plan, list[int]]:
     """The plan (a memfd, first) and the payload's stdio: four fds in one message."""
-    data, fds, flags, _ = socket.recv_fds(ctl, 16, 4, socket.MSG_CMSG_CLOEXEC)
-    if data != b"plan" or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != 4:
-        for fd in fds:
-            os.close(fd)
-        raise SetupError("control: malformed plan message")
+    try:
+        data, fds = p.receive(ctl, p.PlanFds.FDS)
+    except p.ProtocolError as e:
+        raise SetupError(f"control: malformed plan message ({e})") from None
+    try:
+        if not isinstance(p.decode_request(data, len(fds)), p.PlanFds):
+            raise p.ProtocolError("not the plan")
+    except p.ProtocolError as e:
+        p.close(fds)
+        raise SetupError(f"control: malformed plan message ({e})") from None
     plan_fd, stdio = fds[0], fds[1:]
     try:
         size = os.fstat(plan_fd).st_size
@@ -54,95 +62,136 @@ def receive_plan(ctl: socket.socket) -> tuple[Plan, list[int]]:
     return Plan.from_json(json.loads(text)), stdio
 
 
-def parse_status(line: bytes) -> dict:
-    """PID 1 shares its namespaces with the payload: believe only well-formed, bounded
-    values from it."""
+def request(ctl: socket.socket) -> p.Request | p.ProtocolError | None:
+    """The next message from boxyd; None once it is gone. One that breaks the protocol
+    comes back as its error, to be skipped (it is ours: a bug, not an attack)."""
     try:
-        msg = json.loads(line)
-    except ValueError:
-        return {}
-    if not isinstance(msg, dict):
-        return {}
-    out: dict = {}
-    for key in ("exit", "signal", "exec_error"):
-        if isinstance(msg.get(key), int) and 0 <= msg[key] < 4096:
-            out[key] = msg[key]
-    if isinstance(msg.get("stopped"), int) and 0 < msg["stopped"] < 65:
-        out["stopped"] = msg["stopped"]
-    if isinstance(msg.get("error"), str):
-        out["error"] = msg["error"][:2000]
-    if isinstance(msg.get("confined"), list):
-        out["confined"] = [str(n)[:500] for n in msg["confined"][:32]]
-    if "exec_error" in out:
-        out["cmd"] = str(msg.get("cmd", ""))[:500]
-    return out
+        data, fds = p.receive(ctl, 1)
+    except p.ProtocolError as e:
+        return e
+    except OSError:
+        return None
+    if not data:
+        return None
+    try:
+        return p.decode_request(data, len(fds))
+    except p.ProtocolError as e:
+        return e
+    finally:
+        p.close(fds)  # no request of boxyd's carries fds after the plan
+
+
+def parse_status(line: bytes) -> p.Status | None:
+    """PID 1 shares its namespaces with the payload: only a well-formed, bounded report
+    from it is believed."""
+    try:
+        return p.decode_status(line)
+    except p.ProtocolError:
+        return None
 
 
 def forward_pty(ctl: socket.socket, pty: socket.socket) -> None:
-    """PID 1's one message: the session PTY's master, passed on to boxyd."""
+    """PID 1's one message on its socket: the session PTY's master, passed on to boxyd."""
     try:
-        _, fds, _, _ = socket.recv_fds(pty, 16, 1, socket.MSG_CMSG_CLOEXEC)
-    except OSError:
+        data, fds = p.receive(pty, 1)
+    except (OSError, p.ProtocolError):
         return
     try:
-        if len(fds) == 1:
-            socket.send_fds(ctl, [json.dumps({"pty": True}).encode()], fds)
-    except OSError:
+        if isinstance(p.decode(data, len(fds), (p.Pty,)), p.Pty):
+            send(ctl, p.Pty(), fds)
+    except p.ProtocolError:
         pass
     finally:
-        for fd in fds:
-            os.close(fd)
+        p.close(fds)
+
+
+def ending(statuses: list[p.Status], wstatus: int) -> p.End:
+    """How the run ended: a layer that failed, else a command that could not run, else
+    the payload's last exit; PID 1 dead without a word (SIGKILL from stop -k, the
+    kernel's OOM killer) is said from its wait status."""
+    ends = [s for s in statuses if isinstance(s, p.End)]
+    for kind in (p.SetupFailed, p.ExecFailed):
+        found = [e for e in ends if isinstance(e, kind)]
+        if found:
+            return found[-1]
+    if ends:
+        return ends[-1]
+    if os.WIFSIGNALED(wstatus):
+        return p.Killed(os.WTERMSIG(wstatus))
+    return p.SetupFailed(
+        f"sandbox init exited with status {os.WEXITSTATUS(wstatus)} without a report"
+    )
+
+
+class Supervisor:
+    """Relays, until PID 1 exits, signals from boxyd to it, its reports that the payload
+    stopped to boxyd, the session PTY's master, and the live guard's requests."""
+
+    def __init__(self, ctl: socket.socket, pid: int, status_r: int) -> None:
+        self.ctl = ctl
+        self.pid = pid
+        self.status_r = status_r
+        self.buf = b""  # PID 1's reports not yet relayed: the final ones stay for the end
+        self.requests = LiveRequests(ctl)
+
+    def from_boxyd(self) -> None:
+        """A signal for PID 1, or a live-guard request (boxyd/stage2/live.py)."""
+        match request(self.ctl):
+            case None:  # boxyd is gone: so is the sandbox
+                with contextlib.suppress(OSError):
+                    os.kill(self.pid, signal.SIGKILL)
+            case p.Signal(signal=sig):
+                with contextlib.suppress(OSError):
+                    os.kill(self.pid, sig)
+            case p.LiveCover() | p.LivePin() as op:
+                self.requests.ask(op)
+            case _:  # a second plan or placement: nothing to do now
+                pass
+
+    def from_pid1(self) -> None:
+        self.buf += os.read(self.status_r, 65536)
+        if len(self.buf) > MAX_STATUS:
+            self.buf = b""
+        self.buf = _relay_stops(self.ctl, self.buf, self.requests)
+
+    def loop(self, pty: socket.socket | None) -> None:
+        pidfd = os.pidfd_open(self.pid)
+        try:
+            while True:
+                watched: list[socket.socket | int] = [self.ctl, self.status_r, pidfd]
+                if pty is not None:
+                    watched.append(pty)
+                ready = select.select(watched, [], [])[0]
+                if pty is not None and pty in ready:
+                    forward_pty(self.ctl, pty)
+                    pty.close()
+                    pty = None
+                if self.ctl in ready:
+                    self.from_boxyd()
+                if self.status_r in ready:
+                    self.from_pid1()
+                if pidfd in ready:
+                    return
+        finally:
+            os.close(pidfd)
+
+    def finish(self) -> None:
+        """PID 1 is gone: its last reports, then how it ended."""
+        _, wstatus = os.waitpid(self.pid, 0)
+        self.buf += _drain(self.status_r)
+        statuses = [s for s in map(parse_status, self.buf.splitlines()) if s is not None]
+        for s in statuses:
+            if isinstance(s, p.Confined):
+                send(self.ctl, s)
+        send(self.ctl, p.Done(ending(statuses, wstatus)))
 
 
 def supervise(ctl: socket.socket, pid: int, status_r: int, pty: socket.socket | None = None) -> int:
     """Relay signals from boxyd to PID 1 and PID 1's reports (and the session PTY's
     master) to boxyd until it exits."""
-    pidfd = os.pidfd_open(pid)
-    buf = b""
-    final: dict = {}
-    exited = False
-    requests = LiveRequests(ctl)
-    while not exited:
-        watched: list = [ctl, status_r, pidfd] + ([pty] if pty is not None else [])
-        ready = select.select(watched, [], [])[0]
-        if pty is not None and pty in ready:
-            forward_pty(ctl, pty)
-            pty.close()
-            pty = None
-        if ctl in ready:
-            try:
-                data = ctl.recv(4096)
-            except OSError:
-                data = b""
-            if not data:  # boxyd is gone: so is the sandbox
-                os.kill(pid, signal.SIGKILL)
-            else:
-                from_boxyd(pid, data, requests)
-        if status_r in ready:
-            chunk = os.read(status_r, 65536)
-            buf += chunk
-            if len(buf) > 1 << 20:
-                buf = b""
-            buf = _relay_stops(ctl, buf, requests)
-        if pidfd in ready:
-            exited = True
-    _, wstatus = os.waitpid(pid, 0)
-    buf += _drain(status_r)
-    for line in buf.splitlines():
-        msg = parse_status(line)
-        if "confined" in msg:
-            send(ctl, {"confined": msg["confined"]})
-        elif msg:
-            final.update(msg)
-    if not final:
-        # PID 1 died without a word (SIGKILL from stop -k, or the kernel's OOM killer).
-        if os.WIFSIGNALED(wstatus):
-            final = {"signal": os.WTERMSIG(wstatus), "killed": True}
-        else:
-            final = {
-                "error": f"sandbox init exited with status {os.WEXITSTATUS(wstatus)} without a report"
-            }
-    send(ctl, {"done": final})
+    supervisor = Supervisor(ctl, pid, status_r)
+    supervisor.loop(pty)
+    supervisor.finish()
     return 0
 
 
@@ -153,36 +202,20 @@ class LiveRequests:
     def __init__(self, ctl: socket.socket) -> None:
         self.ctl = ctl
         self.rooted = False
-        self.waiting: list[dict] = []
+        self.waiting: list[p.LiveCover | p.LivePin] = []
 
-    def ask(self, msg: dict) -> None:
+    def ask(self, op: p.LiveCover | p.LivePin) -> None:
         if not self.rooted:
-            self.waiting.append(msg)
+            self.waiting.append(op)
             return
-        send(self.ctl, {"live_done": msg["id"], "error": live.apply(msg["live"])})
+        error = live.apply(op)
+        send(self.ctl, p.LiveDone(op.id, None if error is None else error[: p.MAX_TEXT]))
 
     def now_rooted(self) -> None:
         self.rooted = True
         waiting, self.waiting = self.waiting, []
-        for msg in waiting:
-            self.ask(msg)
-
-
-def from_boxyd(pid: int, data: bytes, requests: LiveRequests) -> None:
-    """A signal for PID 1, or a live-guard request (boxyd/stage2/live.py)."""
-    try:
-        msg = json.loads(data)
-    except ValueError:
-        return
-    if not isinstance(msg, dict):
-        return
-    if isinstance(msg.get("live"), dict) and isinstance(msg.get("id"), int):
-        requests.ask(msg)
-        return
-    sig = msg.get("signal")
-    if isinstance(sig, int) and 0 < sig < 65:
-        with contextlib.suppress(OSError):
-            os.kill(pid, sig)
+        for op in waiting:
+            self.ask(op)
 
 
 def _relay_stops(ctl: socket.socket, buf: bytes, requests: LiveRequests) -> bytes:
@@ -192,10 +225,10 @@ def _relay_stops(ctl: socket.socket, buf: bytes, requests: LiveRequests) -> byte
     kept = []
     for line in lines:
         msg = parse_status(line)
-        if "confined" in msg and not requests.rooted:
+        if isinstance(msg, p.Confined) and not requests.rooted:
             requests.now_rooted()
-        if "stopped" in msg:
-            send(ctl, {"stopped": msg["stopped"]})
+        if isinstance(msg, p.Stopped):
+            send(ctl, msg)
         else:
             kept.append(line)
     return b"".join(ln + b"\n" for ln in kept) + rest
@@ -220,52 +253,55 @@ def join_scope(ctl: socket.socket) -> int | None:
     done; every process of the sandbox then starts in it, and step 5's
     CLONE_NEWCGROUP makes it the sandbox's cgroup root. A signal meanwhile (a stop)
     ends the run as if the payload had died of it: returned."""
-    send(ctl, {"pid": os.getpid()})
+    send(ctl, p.Pid(os.getpid()))
     while True:
-        data = ctl.recv(4096)
-        if not data:
-            raise SetupError("control: boxyd went away before the run started")
-        try:
-            msg = json.loads(data)
-        except ValueError:
-            msg = None
-        if isinstance(msg, dict) and "placed" in msg:
-            return None
-        if isinstance(msg, dict) and isinstance(msg.get("signal"), int) and 0 < msg["signal"] < 65:
-            return int(msg["signal"])
+        match request(ctl):
+            case None:
+                raise SetupError("control: boxyd went away before the run started")
+            case p.Placed():
+                return None
+            case p.Signal(signal=sig):
+                return sig
+            case _:  # a live request cannot come yet; nothing else is for now
+                pass
 
 
-def run(ctl: socket.socket) -> int:
-    """One sandbox, in a child forked from the template."""
-    try:
-        plan, stdio = receive_plan(ctl)
-        stopped = join_scope(ctl)
-        if stopped is not None:
-            for fd in stdio:
-                os.close(fd)
-            send(ctl, {"done": {"signal": stopped}})
-            return 0
-        namespaces.enter_user_namespace(plan.uid, plan.gid)
-        if plan.net != "none":
-            if plan.net_ruleset is None:
-                raise SetupError(f"--net {plan.net}: the plan holds no gateway ruleset")
-            gateway = netns.enter_gateway_netns(plan.net_ruleset)
-            netns.enter_payload_netns(gateway)
-            extra = {"pcap": netns.open_capture_socket()} if plan.pcap else {}
-            netns.send_listeners(ctl, gateway, extra)
-        namespaces.enter_sandbox_namespaces(plan)
-        status_r, status_w = os.pipe2(os.O_CLOEXEC)
-        alive_r, alive_w = os.pipe2(os.O_CLOEXEC)
-        # The session PTY's master comes back from PID 1 on this (a pipe carries no fds).
-        pty_ours, pty_theirs = (
-            socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            if plan.pty is not None
-            else (None, None)
-        )
-        pid = os.fork()  # the child is PID 1 of the new PID namespace
-    except SetupError as e:
-        send(ctl, {"done": {"error": str(e)}})
-        return 1
+class Forked:
+    """What the outer stage 2 keeps of PID 1: its pid, its status pipe, and the socket
+    the session PTY's master comes back on."""
+
+    def __init__(self, pid: int, status_r: int, pty: socket.socket | None) -> None:
+        self.pid, self.status_r, self.pty = pid, status_r, pty
+
+
+def enter_namespaces(ctl: socket.socket, plan: Plan) -> None:
+    """Steps 1–5: the user namespace (every capability over it from here on), the
+    gateway's and the payload's network namespaces (the gateway's sockets go to boxyd
+    and none stays here), then the mount, PID, IPC, UTS and cgroup namespaces."""
+    namespaces.enter_user_namespace(plan.uid, plan.gid)
+    if plan.net != "none":
+        if plan.net_ruleset is None:
+            raise SetupError(f"--net {plan.net}: the plan holds no gateway ruleset")
+        gateway = netns.enter_gateway_netns(plan.net_ruleset)
+        netns.enter_payload_netns(gateway)
+        extra = {"pcap": netns.open_capture_socket()} if plan.pcap else {}
+        netns.send_listeners(ctl, gateway, extra)
+    namespaces.enter_sandbox_namespaces(plan)
+
+
+def fork_pid1(ctl: socket.socket, plan: Plan, stdio: list[int]) -> Forked:
+    """Fork PID 1 of the new PID namespace; it never returns here. The outer stage 2
+    keeps CAP_SYS_ADMIN over the user namespace (the live guard's mounts) and runs
+    nothing of the payload's; PID 1 drops everything (boxyd/stage2/pid1.py)."""
+    status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    alive_r, alive_w = os.pipe2(os.O_CLOEXEC)
+    # The session PTY's master comes back from PID 1 on this (a pipe carries no fds).
+    pty_ours, pty_theirs = (
+        socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        if plan.pty is not None
+        else (None, None)
+    )
+    pid = os.fork()
     if pid == 0:
         ctl.close()
         os.close(status_r)
@@ -274,13 +310,30 @@ def run(ctl: socket.socket) -> int:
             pty_ours.close()
         pid1.main(plan, stdio, status_w, alive_r, pty_theirs)
     os.close(status_w)
-    os.close(alive_r)
+    os.close(alive_r)  # alive_w stays open (close-on-exec) until this process ends
     if pty_theirs is not None:
         pty_theirs.close()
-    for fd in stdio:
-        os.close(fd)
-    send(ctl, {"started": pid})
-    return supervise(ctl, pid, status_r, pty_ours)
+    return Forked(pid, status_r, pty_ours)
+
+
+def run(ctl: socket.socket) -> int:
+    """One sandbox, in a child forked from the template: the plan, step 0 (the scope),
+    steps 1–5 (namespaces), PID 1, then supervision until it exits."""
+    try:
+        plan, stdio = receive_plan(ctl)
+        stopped = join_scope(ctl)
+        if stopped is not None:
+            p.close(stdio)
+            send(ctl, p.Done(p.Killed(stopped)))
+            return 0
+        enter_namespaces(ctl, plan)
+        forked = fork_pid1(ctl, plan, stdio)
+    except SetupError as e:
+        send(ctl, p.Done(p.SetupFailed(str(e)[: p.MAX_TEXT])))
+        return 1
+    p.close(stdio)
+    send(ctl, p.Started(forked.pid))
+    return supervise(ctl, forked.pid, forked.status_r, forked.pty)
 
 
 def run_child(run_ctl: socket.socket) -> int:
@@ -289,7 +342,8 @@ def run_child(run_ctl: socket.socket) -> int:
         return run(run_ctl)
     except BaseException as e:  # a bug, not a refusal: say so rather than die silently
         traceback.print_exc()
-        send(run_ctl, {"done": {"error": f"stage 2: internal error: {type(e).__name__}: {e}"}})
+        why = f"stage 2: internal error: {type(e).__name__}: {e}"
+        send(run_ctl, p.Done(p.SetupFailed(why[: p.MAX_TEXT])))
         return 1
 
 

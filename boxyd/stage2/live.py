@@ -26,6 +26,7 @@ from boxyd.kernel import openat
 from boxyd.kernel.sys import errno_call
 from boxyd.plan.ops import Bind, Mask
 from boxyd.stage2 import mounts as m
+from boxyd.stage2.protocol import LiveCover, LivePin
 
 SYS_fsopen = 430
 SYS_fsconfig = 431
@@ -141,16 +142,14 @@ def _graft(src: int, target: int, step: str, path: str, *, ro: bool = True) -> N
         os.close(tree)
 
 
-def apply(op: dict[str, object]) -> str | None:
-    """One request from boxyd ({"mask": {...}} or {"bind": {...}}, the plan's own ops);
-    None when done, else why not."""
+def apply(op: LiveCover | LivePin) -> str | None:
+    """One request from boxyd (boxyd/stage2/protocol.py); None when done, else why not."""
     try:
-        if isinstance(op.get("mask"), dict):
-            cover(Mask(**op["mask"]))  # type: ignore[arg-type]
-        elif isinstance(op.get("bind"), dict):
-            pin(Bind(**op["bind"]))  # type: ignore[arg-type]
-        else:
-            return "unknown live request"
+        match op:
+            case LiveCover():
+                cover(Mask(op.dst, op.dst_base, op.is_dir, op.content))
+            case LivePin():
+                pin(Bind(op.rel, op.rel, True, src_base=op.root, dst_base=op.root))
     except (SetupError, OSError, TypeError, ValueError) as e:
         return str(e)[:500]
     return None

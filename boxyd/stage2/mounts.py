@@ -103,7 +103,7 @@ def set_attr(fd: int, attrs: int, step: str, path: str, *, recursive: bool) -> N
         ctypes.c_int(fd),
         b"",
         ctypes.c_uint(flags),
-        ctypes.byref(attr),
+        ctypes.pointer(attr),
         ctypes.c_size_t(ctypes.sizeof(attr)),
     )
 

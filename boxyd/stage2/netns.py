@@ -12,7 +12,6 @@ their fds travel: step 4 sends them to boxyd, in the host netns, which accepts f
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import time
@@ -25,7 +24,7 @@ from boxyd.kernel.sys import CLONE_NEWNET, check, libc
 from boxyd.net import nflog, nftset, pcap, udpsock
 from boxyd.net import ruleset as rs
 from boxyd.net.rtnl import Rtnl
-from boxyd.stage2 import nft
+from boxyd.stage2 import nft, protocol
 
 IFA_F_NODAD = 0x02
 LOOPBACK_IFINDEX = 1  # lo is always the first device of a network namespace
@@ -115,7 +114,7 @@ def _rtnl(where: str) -> Rtnl:
         return Rtnl()
 
 
-def _listener(family: int, kind: int, port: int) -> socket.socket:
+def _listener(family: socket.AddressFamily, kind: int, port: int) -> socket.socket:
     """A transparent socket on the wildcard address: TPROXY finds it by the packet's
     own destination, which getsockname() (TCP) or IP_ORIGDSTADDR (UDP) then reports.
     IP_TRANSPARENT needs CAP_NET_ADMIN over the gateway netns."""
@@ -127,12 +126,56 @@ def _listener(family: int, kind: int, port: int) -> socket.socket:
         return udpsock.make_transparent_udp(family, port)
 
 
-def _reply_sender(family: int) -> socket.socket:
+def _reply_sender(family: socket.AddressFamily) -> socket.socket:
     """A send-only raw UDP socket: replies to relayed UDP must come from the original
     destination's address AND port, which IP_PKTINFO cannot set. Needs CAP_NET_RAW
     over the gateway netns (dropped in step 7); the fd needs none to send."""
     with _step(f"{GW}: udp{6 if family == socket.AF_INET6 else 4} reply sender"):
         return udpsock.make_udp_reply_sender(family)
+
+
+def _gateway_settings(ipr: Rtnl) -> None:
+    """Step 2's loopback and sysctls in the gateway netns (CAP_NET_ADMIN over it)."""
+    with _step(f"{GW}: bring up lo"):
+        ipr.link_up(LOOPBACK_IFINDEX)
+    # A new netns copies ip_forward from the host's (docker hosts: 1): set, not assume.
+    _sysctl("ipv4/ip_forward", 0, GW)
+    _sysctl("ipv6/conf/all/forwarding", 0, GW)
+    # Every refusal is an ICMP error the client must see at once; the per-peer
+    # rate limit would turn a burst of them into silent drops (a client waiting
+    # out its timeout). The host-wide icmp_msgs_per_sec still bounds a flood.
+    _sysctl("ipv4/icmp_ratelimit", 0, GW)
+    _sysctl("ipv6/icmp/ratelimit", 0, GW)
+    # gw0 is born here in step 3 and takes these defaults: no DAD, no RA.
+    _sysctl("ipv6/conf/default/accept_dad", 0, GW)
+    _sysctl("ipv6/conf/default/accept_ra", 0, GW)
+
+
+def _gateway_sockets(
+    undo: contextlib.ExitStack, tcp_port: int, udp_port: int, dns_port: int
+) -> dict[str, socket.socket]:
+    """Step 2's sockets, for boxyd (each closed by UNDO if a later one fails): the
+    transparent listeners, the UDP reply and ICMP senders, nflog and the set socket."""
+    socks: dict[str, socket.socket] = {}
+    for name, kind, port in (
+        ("tcp", socket.SOCK_STREAM, tcp_port),
+        ("udp", socket.SOCK_DGRAM, udp_port),
+        ("dns_udp", socket.SOCK_DGRAM, dns_port),
+        ("dns_tcp", socket.SOCK_STREAM, dns_port),
+    ):
+        for family, v in ((socket.AF_INET, "4"), (socket.AF_INET6, "6")):
+            socks[name + v] = undo.enter_context(_listener(family, kind, port))
+    socks["udp_reply4"] = undo.enter_context(_reply_sender(socket.AF_INET))
+    socks["udp_reply6"] = undo.enter_context(_reply_sender(socket.AF_INET6))
+    for family, v in ((socket.AF_INET, "4"), (socket.AF_INET6, "6")):
+        # boxyd's "port unreachable" for UDP it refuses (CAP_NET_RAW, dropped in step 7)
+        with _step(f"{GW}: icmp{v} sender"):
+            socks["icmp" + v] = undo.enter_context(udpsock.make_icmp_sender(family))
+    with _step(f"{GW}: nflog group {rs.NFLOG_GROUP} (the ruleset's refusals, for boxyd)"):
+        socks["nflog"] = undo.enter_context(nflog.open_socket(rs.NFLOG_GROUP, rs.NFLOG_SNAPLEN))
+    with _step(f"{GW}: netlink socket for the bound-address sets (for boxyd)"):
+        socks["nftset"] = undo.enter_context(nftset.open_socket())
+    return socks
 
 
 def enter_gateway_netns(
@@ -156,43 +199,13 @@ def enter_gateway_netns(
         undo.callback(os.close, netns_fd)
         ipr = _rtnl(GW)
         undo.callback(ipr.close)
-        with _step(f"{GW}: bring up lo"):
-            ipr.link_up(LOOPBACK_IFINDEX)
-        # A new netns copies ip_forward from the host's (docker hosts: 1): set, not assume.
-        _sysctl("ipv4/ip_forward", 0, GW)
-        _sysctl("ipv6/conf/all/forwarding", 0, GW)
-        # Every refusal is an ICMP error the client must see at once; the per-peer
-        # rate limit would turn a burst of them into silent drops (a client waiting
-        # out its timeout). The host-wide icmp_msgs_per_sec still bounds a flood.
-        _sysctl("ipv4/icmp_ratelimit", 0, GW)
-        _sysctl("ipv6/icmp/ratelimit", 0, GW)
-        # gw0 is born here in step 3 and takes these defaults: no DAD, no RA.
-        _sysctl("ipv6/conf/default/accept_dad", 0, GW)
-        _sysctl("ipv6/conf/default/accept_ra", 0, GW)
+        _gateway_settings(ipr)
         nft.apply(ruleset)
         for family in (socket.AF_INET, socket.AF_INET6):
             with _step(f"{GW}: policy routing (fwmark {mark} -> table {ROUTE_TABLE})"):
                 ipr.local_default_route(family, ROUTE_TABLE, LOOPBACK_IFINDEX)
                 ipr.fwmark_rule(family, mark, ROUTE_TABLE)
-        socks: dict[str, socket.socket] = {}
-        for name, kind, port in (
-            ("tcp", socket.SOCK_STREAM, tcp_port),
-            ("udp", socket.SOCK_DGRAM, udp_port),
-            ("dns_udp", socket.SOCK_DGRAM, dns_port),
-            ("dns_tcp", socket.SOCK_STREAM, dns_port),
-        ):
-            for family, v in ((socket.AF_INET, "4"), (socket.AF_INET6, "6")):
-                socks[name + v] = undo.enter_context(_listener(family, kind, port))
-        socks["udp_reply4"] = undo.enter_context(_reply_sender(socket.AF_INET))
-        socks["udp_reply6"] = undo.enter_context(_reply_sender(socket.AF_INET6))
-        for family, v in ((socket.AF_INET, "4"), (socket.AF_INET6, "6")):
-            # boxyd's "port unreachable" for UDP it refuses (CAP_NET_RAW, dropped in step 7)
-            with _step(f"{GW}: icmp{v} sender"):
-                socks["icmp" + v] = undo.enter_context(udpsock.make_icmp_sender(family))
-        with _step(f"{GW}: nflog group {rs.NFLOG_GROUP} (the ruleset's refusals, for boxyd)"):
-            socks["nflog"] = undo.enter_context(nflog.open_socket(rs.NFLOG_GROUP, rs.NFLOG_SNAPLEN))
-        with _step(f"{GW}: netlink socket for the bound-address sets (for boxyd)"):
-            socks["nftset"] = undo.enter_context(nftset.open_socket())
+        socks = _gateway_sockets(undo, tcp_port, udp_port, dns_port)
         gw = Gateway(**socks, netns_fd=netns_fd, rtnl=ipr)
         undo.pop_all()  # success: the Gateway owns all of it now
     return gw
@@ -275,7 +288,7 @@ def open_capture_socket() -> socket.socket:
 def send_listeners(
     ctl: socket.socket, gw: Gateway, extra: dict[str, socket.socket] | None = None
 ) -> None:
-    """Step 4. Needs nothing. One message ``{"listeners": [names]}`` carrying the
+    """Step 4. Needs nothing. One message, Listeners(names) (boxyd/stage2/protocol.py), carrying the
     gateway's sockets (and EXTRA's, e.g. the capture socket) in that order (boxyd
     receives with MSG_CMSG_CLOEXEC), then stage 2 closes its copies: neither it nor
     PID 1, which it forks next, keeps one."""
@@ -283,9 +296,7 @@ def send_listeners(
     names = list(socks)
     try:
         with _step("send the gateway's listeners to boxyd"):
-            socket.send_fds(
-                ctl, [json.dumps({"listeners": names}).encode()], [socks[n].fileno() for n in names]
-            )
+            protocol.send(ctl, protocol.Listeners(tuple(names)), [socks[n].fileno() for n in names])
     finally:
         gw.close()
         for sock in (extra or {}).values():

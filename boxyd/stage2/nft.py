@@ -75,7 +75,7 @@ def _describe(cmd: Any) -> str:
         return repr(cmd)[:200]
     ((kind, body),) = cmd.items()
     if not isinstance(body, dict):
-        return kind
+        return str(kind)
     if kind == "rule":
         comment = f" {body['comment']!r}" if body.get("comment") else ""
         return f"rule{comment} in chain {body.get('chain')}"

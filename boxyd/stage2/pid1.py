@@ -2,8 +2,8 @@
 
 Forked (not exec'd) by the outer stage 2 inside the new namespaces, so it starts
 with every capability over them; each step below removes something for good.
-Its reports go to the outer stage 2 through one status pipe as JSON lines; the
-outer side treats them as untrusted.
+Its reports go to the outer stage 2 through one status pipe, one line each
+(boxyd/stage2/protocol.py's Status); the outer side treats them as untrusted.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import contextlib
 import ctypes
 import errno
 import fcntl
-import json
 import os
 import resource
 import select
@@ -27,7 +26,7 @@ from boxy import termsettings
 from boxy.errors import SetupError
 from boxyd.kernel.sys import libc
 from boxyd.plan.ops import Plan
-from boxyd.stage2 import caps, landlock, rootfs, seccomp, toolserver
+from boxyd.stage2 import caps, landlock, protocol, rootfs, seccomp, toolserver
 
 STATUS_FD = 3
 FORWARDED = (
@@ -52,9 +51,10 @@ SYSCTLS = (
 )
 
 
-def report(msg: dict) -> None:
-    with contextlib.suppress(OSError):
-        os.write(STATUS_FD, (json.dumps(msg) + "\n").encode())
+def report(msg: protocol.Status) -> None:
+    """One line to the outer stage 2, which believes only a well-formed one."""
+    with contextlib.suppress(OSError, protocol.ProtocolError):
+        os.write(STATUS_FD, protocol.encode(msg) + b"\n")
 
 
 INIT_NAME = b"boxy-init"
@@ -134,7 +134,7 @@ def session_terminal(plan: Plan, pty: socket.socket | None) -> None:
                         os.dup2(slave, i)
             finally:
                 os.close(slave)
-            socket.send_fds(pty, [b"pty"], [master])
+            protocol.send(pty, protocol.Pty(), [master])
         finally:
             os.close(master)
     except (OSError, ValueError, TypeError, KeyError) as e:
@@ -231,7 +231,7 @@ def start_payload(plan: Plan) -> int:
     err = os.read(err_r, 16)
     os.close(err_r)
     if err:
-        report({"exec_error": int(err or b"0"), "cmd": plan.argv[0]})
+        report(protocol.ExecFailed(int(err or b"0"), plan.argv[0][: protocol.MAX_NOTE]))
     return pid
 
 
@@ -256,44 +256,60 @@ def supervise(pid: int) -> NoReturn:
             if child == 0:
                 break
             if child == pid and os.WIFSTOPPED(status):
-                report({"stopped": os.WSTOPSIG(status)})
+                report(protocol.Stopped(os.WSTOPSIG(status)))
                 continue
             if child == pid:
                 if os.WIFSIGNALED(status):
-                    report({"signal": os.WTERMSIG(status), "core": os.WCOREDUMP(status)})
+                    report(protocol.Killed(os.WTERMSIG(status), os.WCOREDUMP(status)))
                 else:
-                    report({"exit": os.WEXITSTATUS(status)})
+                    report(protocol.Exited(os.WEXITSTATUS(status)))
                 os._exit(0)
+
+
+def confined_report(notes: list[str]) -> protocol.Confined:
+    """Landlock's notes, bounded as the outer stage 2 will check them."""
+    return protocol.Confined(tuple(n[: protocol.MAX_NOTE] for n in notes[: protocol.MAX_NOTES]))
+
+
+def setup(
+    plan: Plan, stdio: list[int], status_w: int, alive_r: int, pty: socket.socket | None
+) -> int:
+    """Steps 6–10 in order, each with the privilege it needs and the step that removes
+    it; the payload's pid."""
+    caps.die_with_parent(signal.SIGKILL)  # needs nothing; holds until PID 1 exits
+    # The outer stage 2 may have died before the line above: its end of this pipe
+    # then reads as hung up, and there is nobody left to report to.
+    if select.select([alive_r], [], [], 0)[0]:
+        os._exit(1)
+    rename()  # needs nothing: our own memory
+    arrange_fds(stdio, status_w)  # needs nothing; step 7 closes every other fd
+    build_root(plan)  # step 6: CAP_SYS_ADMIN over the mount namespace (step 7 drops it)
+    session_terminal(plan, pty)  # needs the devpts step 6 mounted; keeps no master
+    limits(plan)  # needs nothing; CAP_SYS_RESOURCE would bypass it (step 7 drops it)
+    controlling_terminal(plan)  # TIOCSCTTY: seccomp (step 9) denies it from then on
+    drop_privileges()  # step 7: CAP_SETPCAP, which it removes with every other one
+    notes = confine(plan)  # steps 8-9: Landlock, then seccomp (which denies landlock)
+    signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)  # the signals init waits for
+    report(confined_report(notes))  # the live guard's requests may run from now on
+    return start_payload(plan)  # step 10: needs nothing; the payload gets none of it
 
 
 def main(
     plan: Plan, stdio: list[int], status_w: int, alive_r: int, pty: socket.socket | None = None
 ) -> NoReturn:
+    """PID 1: the steps, then init until the payload exits; a step that fails is
+    reported and ends the sandbox."""
     try:
-        caps.die_with_parent(signal.SIGKILL)
-        # The outer stage 2 may have died before the line above: its end of this pipe
-        # then reads as hung up, and there is nobody left to report to.
-        if select.select([alive_r], [], [], 0)[0]:
-            os._exit(1)
-        rename()
-        arrange_fds(stdio, status_w)
-        build_root(plan)
-        session_terminal(plan, pty)
-        limits(plan)
-        controlling_terminal(plan)
-        drop_privileges()
-        notes = confine(plan)
-        signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)
-        report({"confined": notes})
-        pid = start_payload(plan)
+        pid = setup(plan, stdio, status_w, alive_r, pty)
     except SetupError as e:
-        report({"error": str(e)})
+        report(protocol.SetupFailed(str(e)[: protocol.MAX_TEXT]))
         os._exit(125)
     except OSError as e:
-        report({"error": f"sandbox setup: {e}"})
+        report(protocol.SetupFailed(f"sandbox setup: {e}"[: protocol.MAX_TEXT]))
         os._exit(125)
     except Exception as e:  # a bug, not a refusal: say so (stderr is the payload's)
-        report({"error": f"sandbox setup: internal error: {type(e).__name__}: {e}"})
+        why = f"sandbox setup: internal error: {type(e).__name__}: {e}"
+        report(protocol.SetupFailed(why[: protocol.MAX_TEXT]))
         os._exit(125)
     supervise(pid)
 

@@ -52,6 +52,8 @@ def load(bpf: bytes) -> None:
     buf = ctypes.create_string_buffer(bpf, len(bpf))
     prog = _SockFprog(count, ctypes.cast(buf, ctypes.c_void_p))
     _sys.check(
-        _sys.syscall(SYS_SECCOMP, ctypes.c_long(SECCOMP_SET_MODE_FILTER), zero, ctypes.byref(prog)),
+        _sys.syscall(
+            SYS_SECCOMP, ctypes.c_long(SECCOMP_SET_MODE_FILTER), zero, ctypes.pointer(prog)
+        ),
         "seccomp: seccomp(SECCOMP_SET_MODE_FILTER)",
     )

@@ -7,23 +7,30 @@ this loop instead of executing a payload. The loop is confined exactly like a
 payload (capabilities gone, Landlock, seccomp) and is not dumpable, so nothing a
 tool starts can reach its descriptors through /proc.
 
-The wire, on fds 0 and 1 (pipes to boxyd):
-  request:  one JSON line {"argv": [...], "cwd": str, "env": {str: str},
-            "timeout": seconds, "limit": bytes}
-  response: one JSON line {"rc": int | null, "timeout": bool, "error": str | null,
-            "size": n, "truncated": bool}, then n bytes of the tool's stdout.
+The wire, on fds 0 and 1 (pipes to boxyd; boxyd/stage2/protocol.py):
+  request:  one line, a ToolCall (argv, cwd, env, timeout seconds, limit bytes)
+  response: one line, a ToolAnswer (rc, timeout, error, size, truncated), then
+            size bytes of the tool's stdout.
 boxyd treats every response as untrusted (it comes from inside a sandbox).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import signal
 import subprocess
 import time
+
+from boxyd.stage2.protocol import (
+    MAX_TEXT,
+    ProtocolError,
+    ToolAnswer,
+    ToolCall,
+    decode_tool_call,
+    encode,
+)
 
 REQUEST_MAX = 1 << 20
 LIMIT_MAX = 64 << 20
@@ -76,54 +83,36 @@ def _collect(proc: subprocess.Popen[bytes], timeout: float, limit: int) -> tuple
     return bytes(out), timed_out, truncated
 
 
-def call(req: dict[str, object]) -> tuple[dict[str, object], bytes]:
-    """One tool call: the response header and the tool's stdout."""
-    argv, cwd, env = req.get("argv"), req.get("cwd"), req.get("env")
-    timeout, limit = req.get("timeout"), req.get("limit")
-    if (
-        not isinstance(argv, list)
-        or not argv
-        or not all(isinstance(a, str) for a in argv)
-        or not isinstance(cwd, str)
-        or not isinstance(env, dict)
-        or not isinstance(timeout, (int, float))
-        or not isinstance(limit, int)
-    ):
-        return {
-            "rc": None,
-            "timeout": False,
-            "error": "malformed request",
-            "size": 0,
-            "truncated": False,
-        }, b""
+def _answer(
+    rc: int | None,
+    error: str | None,
+    out: bytes = b"",
+    *,
+    timed_out: bool = False,
+    truncated: bool = False,
+) -> ToolAnswer:
+    """The header that goes before OUT (boxyd reads exactly its size after it)."""
+    return ToolAnswer(rc, timed_out, error, len(out), truncated)
+
+
+def call(req: ToolCall) -> tuple[ToolAnswer, bytes]:
+    """One tool call: the answer's header and the tool's stdout."""
     try:
         proc = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            env={str(k): str(v) for k, v in env.items()},
+            list(req.argv),
+            cwd=req.cwd,
+            env=req.env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
     except OSError as e:
-        return {
-            "rc": None,
-            "timeout": False,
-            "error": f"{argv[0]}: {e.strerror}",
-            "size": 0,
-            "truncated": False,
-        }, b""
+        return _answer(None, f"{req.argv[0]}: {e.strerror}"[:MAX_TEXT]), b""
     with proc:
-        out, timed_out, truncated = _collect(proc, float(timeout), min(limit, LIMIT_MAX))
+        out, timed_out, truncated = _collect(proc, req.timeout, min(req.limit, LIMIT_MAX))
         rc = proc.wait()
-    return {
-        "rc": rc,
-        "timeout": timed_out,
-        "error": None,
-        "size": len(out),
-        "truncated": truncated,
-    }, out
+    return _answer(rc, None, out, timed_out=timed_out, truncated=truncated), out
 
 
 def serve() -> int:
@@ -132,11 +121,10 @@ def serve() -> int:
     buf = bytearray()
     while (line := _read_line(0, buf)) is not None:
         try:
-            req = json.loads(line)
-        except ValueError:
-            return 2
-        if not isinstance(req, dict):
-            return 2
-        head, out = call(req)
-        _write_all(1, json.dumps(head).encode() + b"\n" + out)
+            req = decode_tool_call(line, REQUEST_MAX)
+        except ProtocolError:
+            head, out = _answer(None, "malformed request"), b""
+        else:
+            head, out = call(req)
+        _write_all(1, encode(head) + b"\n" + out)
     return 0

@@ -299,7 +299,7 @@ def child(root: str) -> dict[str, Any]:
 
     from boxy.errors import SetupError
     from boxyd.net import ruleset
-    from boxyd.stage2 import namespaces, netns, nft
+    from boxyd.stage2 import namespaces, netns, nft, protocol
 
     rules = ruleset.gateway_ruleset(
         mode="allowlist",
@@ -382,8 +382,10 @@ def child(root: str) -> dict[str, Any]:
     # Step 4, received as boxyd does; from here on only the received fds are used.
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     netns.send_listeners(ours, gw)
-    msg, fds, _, _ = socket.recv_fds(theirs, 4096, 16, socket.MSG_CMSG_CLOEXEC)
-    names = json.loads(msg)["listeners"]
+    msg, fds = protocol.receive(theirs)
+    got = protocol.decode_report(msg, len(fds))
+    assert isinstance(got, protocol.Listeners)
+    names = list(got.names)
     report["step4"] = {
         "names": names,
         "fds": len(fds),

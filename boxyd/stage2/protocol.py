@@ -1,0 +1,484 @@
+"""The messages between boxyd and stage 2, typed end to end (standard library only:
+stage 2 and boxyd/daemon/stage2proc.py both import it).
+
+Four channels carry them:
+
+- boxyd -> the outer stage 2 (its control socket, SOCK_SEQPACKET): the plan, the
+  scope's placement, signals for the payload, the live guard's requests.
+- the outer stage 2 -> boxyd (the same socket): what happened (``Report``).
+- PID 1 -> the outer stage 2 (the status pipe, one JSON line each): ``Status``.
+- boxyd <-> a tool sandbox's server (two pipes, one JSON line each): ToolCall,
+  answered by ToolAnswer and the tool's stdout.
+
+A frame is one JSON object ``{"kind": ..., field: value...}`` and, on the socket,
+the SCM_RIGHTS fds its kind carries (``fd_count``). Decoding is strict: PID 1 ends up
+running beside the payload, and the outer stage 2 passes on what PID 1 said, so a
+frame with an unknown kind, a missing, extra or ill-typed field, a value out of
+range or the wrong number of fds is a ``ProtocolError`` naming the message, never
+a KeyError or a half-read dict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import socket
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+MAX_FRAME = 1 << 16  # a datagram or status line; a stand-in's content fits well within
+MAX_FDS = 32  # the gateway sends 15 with --pcap
+MAX_TEXT = 2000  # an error line
+MAX_NOTE = 500  # a Landlock note, a command name
+MAX_NOTES = 32
+MAX_PATH = 4096
+
+
+class ProtocolError(ValueError):
+    """A frame that is not one of the messages below (or not with these fds)."""
+
+
+class _Message:
+    """What every message shares: its wire name, and how many fds travel with it."""
+
+    KIND: ClassVar[str]
+    FDS: ClassVar[int] = 0
+
+    def fd_count(self) -> int:
+        return self.FDS
+
+    def check(self) -> str | None:
+        """Why the (well-typed) values are out of range, or None."""
+        return None
+
+
+def _signal_ok(sig: int) -> bool:
+    return 0 < sig < 65
+
+
+# -- boxyd -> the outer stage 2 ------------------------------------------------------
+@dataclass(frozen=True)
+class PlanFds(_Message):
+    """The plan (a sealed memfd) and the payload's stdin, stdout, stderr."""
+
+    KIND = "plan"
+    FDS = 4
+
+
+@dataclass(frozen=True)
+class Placed(_Message):
+    """Step 0 is done: stage 2 is in the run's scope (IN_SCOPE) or runs without one."""
+
+    KIND = "placed"
+    in_scope: bool
+
+
+@dataclass(frozen=True)
+class Signal(_Message):
+    """For the payload (through PID 1); before the run starts it ends the run."""
+
+    KIND = "signal"
+    signal: int
+
+    def check(self) -> str | None:
+        return None if _signal_ok(self.signal) else f"signal {self.signal} is out of range"
+
+
+@dataclass(frozen=True)
+class LiveCover(_Message):
+    """The live guard: cover DST (beneath DST_BASE) with a stand-in again: an empty
+    directory, or a file holding CONTENT (base64). Answered by LiveDone(ID)."""
+
+    KIND = "live-cover"
+    id: int
+    dst: str
+    dst_base: str
+    is_dir: bool
+    content: str
+
+
+@dataclass(frozen=True)
+class LivePin(_Message):
+    """The live guard: bind the git control file REL beneath ROOT read-only onto itself
+    again. Answered by LiveDone(ID)."""
+
+    KIND = "live-pin"
+    id: int
+    rel: str
+    root: str
+
+    def check(self) -> str | None:
+        return None if len(self.rel) <= MAX_PATH and len(self.root) <= MAX_PATH else "too long"
+
+
+Request = PlanFds | Placed | Signal | LiveCover | LivePin
+
+
+# -- PID 1 -> the outer stage 2 (and, passed on, to boxyd) ---------------------------
+@dataclass(frozen=True)
+class Confined(_Message):
+    """PID 1 is in the sandbox's root, confined (what Landlock could not do: NOTES)."""
+
+    KIND = "confined"
+    notes: tuple[str, ...]
+
+    def check(self) -> str | None:
+        if len(self.notes) > MAX_NOTES or any(len(n) > MAX_NOTE for n in self.notes):
+            return "too many or too long notes"
+        return None
+
+
+@dataclass(frozen=True)
+class Stopped(_Message):
+    """The payload stopped (job control) with SIGNAL."""
+
+    KIND = "stopped"
+    signal: int
+
+    def check(self) -> str | None:
+        return None if _signal_ok(self.signal) else f"signal {self.signal} is out of range"
+
+
+@dataclass(frozen=True)
+class Exited(_Message):
+    """The payload exited with CODE."""
+
+    KIND = "exited"
+    code: int
+
+    def check(self) -> str | None:
+        return None if 0 <= self.code < 256 else f"exit status {self.code} is out of range"
+
+
+@dataclass(frozen=True)
+class Killed(_Message):
+    """The payload (or, unheard, PID 1: CORE False) died of SIGNAL."""
+
+    KIND = "killed"
+    signal: int
+    core: bool = False
+
+    def check(self) -> str | None:
+        return None if _signal_ok(self.signal) else f"signal {self.signal} is out of range"
+
+
+@dataclass(frozen=True)
+class ExecFailed(_Message):
+    """The payload's command CMD could not be executed (ERRNO)."""
+
+    KIND = "exec-failed"
+    errno: int
+    cmd: str
+
+    def check(self) -> str | None:
+        if not 0 <= self.errno < 4096 or len(self.cmd) > MAX_NOTE:
+            return "errno out of range or command too long"
+        return None
+
+
+@dataclass(frozen=True)
+class SetupFailed(_Message):
+    """A layer could not be applied: ERROR says which and why."""
+
+    KIND = "setup-failed"
+    error: str
+
+    def check(self) -> str | None:
+        return None if len(self.error) <= MAX_TEXT else "error line too long"
+
+
+End = Exited | Killed | ExecFailed | SetupFailed
+Status = Confined | Stopped | End
+
+
+# -- the outer stage 2 -> boxyd ------------------------------------------------------
+@dataclass(frozen=True)
+class Pid(_Message):
+    """Step 0: place PID in the run's scope, then answer Placed."""
+
+    KIND = "pid"
+    pid: int
+
+    def check(self) -> str | None:
+        return None if self.pid > 0 else f"pid {self.pid}"
+
+
+@dataclass(frozen=True)
+class Listeners(_Message):
+    """Step 4: the gateway's sockets, one fd per name, in this order."""
+
+    KIND = "listeners"
+    names: tuple[str, ...]
+
+    def fd_count(self) -> int:
+        return len(self.names)
+
+    def check(self) -> str | None:
+        if len(set(self.names)) != len(self.names) or any(len(n) > 64 for n in self.names):
+            return "names repeated or too long"
+        return None
+
+
+@dataclass(frozen=True)
+class Started(_Message):
+    """PID 1 (PID in stage 2's namespace) is forked."""
+
+    KIND = "started"
+    pid: int
+
+    def check(self) -> str | None:
+        return None if self.pid > 0 else f"pid {self.pid}"
+
+
+@dataclass(frozen=True)
+class Pty(_Message):
+    """The session PTY's master (its one fd), made by PID 1 in the sandbox's devpts."""
+
+    KIND = "pty"
+    FDS = 1
+
+
+@dataclass(frozen=True)
+class LiveDone(_Message):
+    """The live request ID was carried out (ERROR None) or why not."""
+
+    KIND = "live-done"
+    id: int
+    error: str | None
+
+    def check(self) -> str | None:
+        return None if self.error is None or len(self.error) <= MAX_TEXT else "error too long"
+
+
+@dataclass(frozen=True)
+class Done(_Message):
+    """The last message: how the run ended."""
+
+    KIND = "done"
+    end: End
+
+
+Report = Pid | Listeners | Started | Pty | LiveDone | Confined | Stopped | Done
+
+
+# -- boxyd <-> a tool sandbox's server (boxyd/stage2/toolserver.py; its pipes) --------
+@dataclass(frozen=True)
+class ToolCall(_Message):
+    """One tool call: ARGV run in CWD with ENV, killed after TIMEOUT seconds or past
+    LIMIT bytes of output."""
+
+    KIND = "tool-call"
+    argv: tuple[str, ...]
+    cwd: str
+    env: dict[str, str]
+    timeout: float
+    limit: int
+
+    def check(self) -> str | None:
+        if not self.argv or self.timeout < 0 or self.limit < 0:
+            return "no command, or a negative timeout or limit"
+        return None
+
+
+@dataclass(frozen=True)
+class ToolAnswer(_Message):
+    """The call's end (RC None: it did not run, or was killed; ERROR why it did not
+    run), then SIZE bytes of its stdout (TRUNCATED: cut at the limit)."""
+
+    KIND = "tool-answer"
+    rc: int | None
+    timeout: bool
+    error: str | None
+    size: int
+    truncated: bool
+
+    def check(self) -> str | None:
+        if self.size < 0 or (self.error is not None and len(self.error) > MAX_TEXT):
+            return "a negative size, or an error too long"
+        return None
+
+
+TOOLS: tuple[type[_Message], ...] = (ToolCall, ToolAnswer)
+REQUESTS: tuple[type[_Message], ...] = (PlanFds, Placed, Signal, LiveCover, LivePin)
+STATUSES: tuple[type[_Message], ...] = (Confined, Stopped, Exited, Killed, ExecFailed, SetupFailed)
+REPORTS: tuple[type[_Message], ...] = (
+    Pid,
+    Listeners,
+    Started,
+    Pty,
+    LiveDone,
+    Confined,
+    Stopped,
+    Done,
+)
+_ENDS: tuple[type[_Message], ...] = (Exited, Killed, ExecFailed, SetupFailed)
+_BY_KIND: dict[str, type[_Message]] = {c.KIND: c for c in (*REQUESTS, *STATUSES, *REPORTS, *TOOLS)}
+
+
+# -- encoding ------------------------------------------------------------------------
+def _wire(msg: _Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": msg.KIND}
+    for f in dataclasses.fields(msg):  # type: ignore[arg-type]
+        v = getattr(msg, f.name)
+        out[f.name] = _wire(v) if isinstance(v, _Message) else list(v) if type(v) is tuple else v
+    return out
+
+
+def encode(msg: _Message, nfds: int = 0, *, limit: int = MAX_FRAME) -> bytes:
+    """MSG as one frame (at most LIMIT bytes), to travel with NFDS fds; a message that
+    breaks the rules is a bug of ours and raises ProtocolError too."""
+    why = msg.check()
+    if why is not None:
+        raise ProtocolError(f"{msg.KIND}: {why}")
+    if nfds != msg.fd_count():
+        raise ProtocolError(f"{msg.KIND}: carries {msg.fd_count()} fds, not {nfds}")
+    data = json.dumps(_wire(msg), separators=(",", ":")).encode()
+    if len(data) > limit:
+        raise ProtocolError(f"{msg.KIND}: {len(data)} bytes (more than {limit})")
+    return data
+
+
+# -- decoding ------------------------------------------------------------------------
+# Resolved once, at import: the template imports this before it forks, so no run
+# pays for evaluating the annotations.
+_HINTS: dict[type[_Message], dict[str, Any]] = {
+    c: typing.get_type_hints(c) for c in _BY_KIND.values()
+}
+
+
+_NO = object()  # a value that is not of the type asked for
+
+
+def _plain(v: object, hint: Any) -> object:
+    """V as the plain type HINT, else _NO: a bool is never an int, an int is a float."""
+    if hint is bool or hint is str or hint is int:
+        return v if type(v) is hint else _NO
+    if hint is float:
+        ok = type(v) in (int, float) and math.isfinite(typing.cast(float, v))
+        return float(typing.cast(float, v)) if ok else _NO
+    if hint is type(None):
+        return v if v is None else _NO
+    if hint == tuple[str, ...]:
+        ok = type(v) is list and all(type(x) is str for x in v)
+        return tuple(typing.cast(list[str], v)) if ok else _NO
+    if hint == dict[str, str]:
+        ok = type(v) is dict and all(type(k) is str and type(x) is str for k, x in v.items())
+        return dict(typing.cast(dict[str, str], v)) if ok else _NO
+    if isinstance(hint, types.UnionType):  # int | None, str | None
+        return next((x for a in typing.get_args(hint) if (x := _plain(v, a)) is not _NO), _NO)
+    return _NO
+
+
+def _value(kind: str, name: str, v: object, hint: Any) -> object:
+    """V as field NAME's type HINT: a plain one, or a nested message (Done's end)."""
+    args = typing.get_args(hint) if isinstance(hint, types.UnionType) else ()
+    if args and all(isinstance(a, type) and issubclass(a, _Message) for a in args):
+        try:
+            return _object(v, args)
+        except ProtocolError as e:
+            raise ProtocolError(f"{kind}: field {name!r}: {e}") from None
+    got = _plain(v, hint)
+    if got is _NO:
+        what = hint.__name__ if isinstance(hint, type) else str(hint)
+        raise ProtocolError(f"{kind}: field {name!r} is not a valid {what}")
+    return got
+
+
+def _object(obj: object, allowed: tuple[type[_Message], ...]) -> _Message:
+    if not isinstance(obj, dict):
+        raise ProtocolError("not a message (a JSON object)")
+    kind = obj.get("kind")
+    cls = _BY_KIND.get(kind) if isinstance(kind, str) else None
+    if cls is None or cls not in allowed:
+        raise ProtocolError(f"unknown message kind {str(kind)[:40]!r}")
+    hints = _HINTS[cls]
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    extra = set(obj) - names - {"kind"}
+    if extra:
+        raise ProtocolError(f"{cls.KIND}: unknown field {sorted(extra)[0][:40]!r}")
+    args: dict[str, object] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in obj:
+            args[f.name] = _value(cls.KIND, f.name, obj[f.name], hints[f.name])
+        elif f.default is dataclasses.MISSING:
+            raise ProtocolError(f"{cls.KIND}: field {f.name!r} is missing")
+    msg = cls(**args)
+    why = msg.check()
+    if why is not None:
+        raise ProtocolError(f"{cls.KIND}: {why}")
+    return msg
+
+
+def decode(
+    data: bytes, nfds: int, allowed: tuple[type[_Message], ...], *, limit: int = MAX_FRAME
+) -> _Message:
+    """One frame (at most LIMIT bytes) that arrived with NFDS fds, as one of ALLOWED
+    (the direction's messages); anything else raises ProtocolError. The fds stay the
+    caller's."""
+    if len(data) > limit:
+        raise ProtocolError(f"a frame of {len(data)} bytes (more than {limit})")
+    try:
+        obj = json.loads(data)
+    except ValueError:  # UnicodeDecodeError included
+        raise ProtocolError("a frame that is not JSON") from None
+    msg = _object(obj, allowed)
+    if nfds != msg.fd_count():
+        raise ProtocolError(f"{msg.KIND}: carries {msg.fd_count()} fds, not {nfds}")
+    return msg
+
+
+def decode_request(data: bytes, nfds: int = 0) -> Request:
+    return typing.cast(Request, decode(data, nfds, REQUESTS))
+
+
+def decode_report(data: bytes, nfds: int = 0) -> Report:
+    return typing.cast(Report, decode(data, nfds, REPORTS))
+
+
+def decode_tool_call(line: bytes, limit: int) -> ToolCall:
+    return typing.cast(ToolCall, decode(line, 0, (ToolCall,), limit=limit))
+
+
+def decode_tool_answer(line: bytes) -> ToolAnswer:
+    """A tool server's answer: it comes from inside a sandbox whose trees the payload
+    wrote."""
+    return typing.cast(ToolAnswer, decode(line, 0, (ToolAnswer,)))
+
+
+def decode_status(line: bytes) -> Status:
+    """One line of PID 1's (it carries no fds: a pipe)."""
+    return typing.cast(Status, decode(line, 0, STATUSES))
+
+
+# -- the socket ----------------------------------------------------------------------
+def send(sock: socket.socket, msg: _Message, fds: list[int] | None = None) -> None:
+    """MSG and its FDS as one datagram (OSError as the socket raises it)."""
+    data = encode(msg, len(fds or []))
+    if fds:
+        socket.send_fds(sock, [data], fds)
+    else:
+        sock.send(data)
+
+
+def receive(sock: socket.socket, max_fds: int = MAX_FDS, flags: int = 0) -> tuple[bytes, list[int]]:
+    """One datagram and the fds it carried (close-on-exec); b"" at the end. A datagram
+    cut short (too long, or with more fds than MAX_FDS) is a ProtocolError, its fds
+    closed."""
+    data, fds, got, _ = socket.recv_fds(
+        sock, MAX_FRAME + 1, max_fds, socket.MSG_CMSG_CLOEXEC | flags
+    )
+    if got & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(data) > MAX_FRAME:
+        close(fds)
+        raise ProtocolError("a frame cut short (too long, or too many fds)")
+    return data, fds
+
+
+def close(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)

@@ -10,6 +10,7 @@ import contextlib
 import shlex
 import signal
 import time
+from typing import Any
 
 from boxy import values
 from boxy.outcome import SessionInfo, State
@@ -48,7 +49,7 @@ def _status(info: SessionInfo) -> str:
         return f"killed {_signame(out.signal)}"
     if info.state is State.EXITED:
         return f"exited {out.exit_status}"
-    return info.state.value
+    return str(info.state.value)
 
 
 def _signame(sig: int) -> str:
@@ -136,7 +137,7 @@ def header_line(info: SessionInfo, now: float) -> str:
     return f"session {info.id} {info.state.value} {_elapsed(info, now)} {_command(info.argv)}"
 
 
-def event_line(ev: dict, *, color: bool) -> str:
+def event_line(ev: dict[str, Any], *, color: bool) -> str:
     """One event: its time, its kind (an audit record: its layer) and its fields;
     a refusal in red on a terminal."""
     kind = str(ev.get("kind", "?"))
@@ -174,15 +175,16 @@ class Board:
 
     def __init__(self, info: SessionInfo) -> None:
         self.info = info
-        self.counters: dict = info.counters.to_wire()
-        self.destinations: list[list] = []
+        self.counters: dict[str, Any] = info.counters.to_wire()
+        self.destinations: list[list[Any]] = []
         self.recent: list[str] = []
         self._last: tuple[float, int, int] | None = None  # (t, up, down) of the last snapshot
         self.rates = (0.0, 0.0)
 
-    def event(self, ev: dict) -> None:
+    def event(self, ev: dict[str, Any]) -> None:
         if ev.get("kind") == "counters":
-            c = ev.get("counters") if isinstance(ev.get("counters"), dict) else {}
+            got = ev.get("counters")
+            c: dict[str, Any] = got if isinstance(got, dict) else {}
             t = float(ev.get("t") or 0)
             up, down = int(c.get("bytes_up", 0)), int(c.get("bytes_down", 0))
             if self._last is not None and t > self._last[0]:

@@ -18,6 +18,7 @@ import signal
 import socket
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from boxy.errors import BoxyError
 from boxy.paths import ensure_private_dir, runtime_dir, socket_path
@@ -26,6 +27,9 @@ from boxyd.api.varlink import VarlinkServer
 from boxyd.daemon.manager import Manager
 from boxyd.daemon.records import Records
 from boxyd.daemon.sandbox import StageLauncher
+
+if TYPE_CHECKING:  # dbus-fast loads only with a bus
+    from boxyd.api.dbus import DbusService
 
 log = logging.getLogger("boxyd")
 SD_LISTEN_FDS_START = 3
@@ -38,7 +42,7 @@ def setup_logging() -> None:
     under_systemd = os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID")
     if under_systemd and os.path.exists(JOURNAL_SOCKET):
         try:
-            from systemd.journal import JournalHandler  # type: ignore[import-not-found]
+            from systemd.journal import JournalHandler
 
             handler = JournalHandler(SYSLOG_IDENTIFIER="boxyd")
         except ImportError:
@@ -142,7 +146,7 @@ async def serve(sock: socket.socket) -> None:
     task.cancel()
 
 
-async def start_dbus(manager: Manager, stop: asyncio.Event):  # -> DbusService | None
+async def start_dbus(manager: Manager, stop: asyncio.Event) -> DbusService | None:
     """dev.boxy.Daemon on the session bus when there is one (dbus-fast loads only
     then). Without it varlink still serves; a bus lost later stops boxyd under
     systemd (which restarts it on the next call), and only the D-Bus API otherwise."""

@@ -176,7 +176,7 @@ class Board:
     def __init__(self, info: SessionInfo) -> None:
         self.info = info
         self.counters: dict[str, Any] = info.counters.to_wire()
-        self.destinations: list[list[Any]] = []
+        self.destinations: list[dict[str, Any]] = []
         self.recent: list[str] = []
         self._last: tuple[float, int, int] | None = None  # (t, up, down) of the last snapshot
         self.rates = (0.0, 0.0)
@@ -192,8 +192,10 @@ class Board:
                 self.rates = ((up - self._last[1]) / dt, (down - self._last[2]) / dt)
             self._last = (t, up, down)
             self.counters = c
-            rows = ev.get("destinations")
-            self.destinations = rows if isinstance(rows, list) else []
+            rows = ev.get("destinations")  # the IDL's Destination objects
+            self.destinations = (
+                [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+            )
             return
         if ev.get("kind") == "state" and isinstance(ev.get("state"), str):
             with contextlib.suppress(ValueError):
@@ -214,7 +216,12 @@ class Board:
         if self.destinations:
             lines.append(f"{'DESTINATION':<40} {'CONN':>6} {'DENIED':>6} {'UP':>9} {'DOWN':>9}")
             for row in self.destinations:
-                name, conns, denied, sent, received = (list(row) + [0] * 5)[:5]
+                name, conns, denied = (
+                    row.get("name", ""),
+                    row.get("connections", 0),
+                    row.get("denied", 0),
+                )
+                sent, received = row.get("bytes_up", 0), row.get("bytes_down", 0)
                 line = (
                     f"{clean(str(name))[:40]:<40} {conns:>6} {denied:>6} "
                     f"{size(int(sent)):>9} {size(int(received)):>9}"

@@ -51,6 +51,18 @@ async def final_reply(call: Call, reply: RunReply) -> None:
         )
 
 
+def destination_wire(row: list[Any]) -> dict[str, Any]:
+    """[name, conns, denied, sent, received] (the sandbox's) as the IDL's Destination."""
+    name, conns, denied, sent, received = (list(row) + [0] * 5)[:5]
+    return {
+        "name": str(name),
+        "connections": int(conns),
+        "denied": int(denied),
+        "bytes_up": int(sent),
+        "bytes_down": int(received),
+    }
+
+
 def event_wire(ev: SessionEvent) -> dict[str, Any]:
     """{kind, t, ...its fields}, as the IDL's Event type declares them."""
     out: dict[str, Any] = {"kind": ev.kind, "t": round(ev.t, 3)}
@@ -66,7 +78,7 @@ def event_wire(ev: SessionEvent) -> dict[str, Any]:
         out["record"] = ev.record
     elif isinstance(ev, CountersTick):
         out["counters"] = ev.counters.to_wire()
-        out["destinations"] = ev.destinations
+        out["destinations"] = [destination_wire(row) for row in ev.destinations]
     elif isinstance(ev, Exited):
         out["outcome"] = ev.outcome.to_wire()
     elif isinstance(ev, Lost):
@@ -187,10 +199,12 @@ class VarlinkService:
     async def do_Resize(self, call: Call) -> None:
         p = call.parameters
         self.manager.get(p["id"]).resize(p["rows"], p["cols"])
+        await call.reply({})  # a oneway call hears nothing (Call.reply)
 
     async def do_Signal(self, call: Call) -> None:
         p = call.parameters
         self.manager.get(p["id"]).signal(p["signal"])
+        await call.reply({})
 
     async def do_Stop(self, call: Call) -> None:
         """Replies once the session has ended (SIGTERM, grace, SIGKILL: bounded)."""

@@ -250,7 +250,8 @@ class VarlinkServer:
                 await self._service(call)
             else:
                 await self._handler(call)
-                if not call.done:
+                # a streamed call whose peer went away ends without its last reply
+                if not call.done and not call.connection_closed.is_set():
                     log.error("varlink: %s returned without a final reply", call.method)
                     await call.error(INTERNAL_ERROR, {"message": "no reply"})
         except Exception as e:

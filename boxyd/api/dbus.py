@@ -7,6 +7,12 @@ Manager core. No logic here: the objects mirror the core's sessions and events.
 - /dev/boxy/session/<id>, dev.boxy.Session1: read-only properties State, Argv,
   Profile, WorkDir, StartedAt, ExitStatus (-1 while it runs) and the counters,
   with PropertiesChanged as they change; signal Event(s kind, a{sv} fields).
+- /dev/boxy: org.freedesktop.DBus.ObjectManager (GetManagedObjects; InterfacesAdded
+  and InterfacesRemoved as sessions come and go).
+
+Each follower waits for its own signals to be written (MessageBus.send's future):
+a bus that reads slowly makes the follower's bounded queue lose events, counted,
+instead of growing dbus-fast's queue.
 
 Errors go through boxy.errors' one table (dev.boxy.Error.<name>).
 """
@@ -15,12 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
 from collections.abc import Coroutine
 from typing import Any
 
 from dbus_fast import Message, MessageType, Variant
+from dbus_fast import introspection as intr
 from dbus_fast.aio import MessageBus
 from dbus_fast.constants import NameFlag, PropertyAccess, RequestNameReply
 from dbus_fast.errors import DBusError
@@ -52,6 +60,8 @@ BUS_NAME = "dev.boxy.Daemon"
 MANAGER_PATH = "/dev/boxy/Manager"
 MANAGER_INTERFACE = "dev.boxy.Manager1"
 SESSION_INTERFACE = "dev.boxy.Session1"
+OBJECT_MANAGER_PATH = "/dev/boxy"  # the ObjectManager: the Manager and every session below it
+OBJECT_MANAGER = "org.freedesktop.DBus.ObjectManager"
 PROPERTIES = "org.freedesktop.DBus.Properties"
 CONNECT_TIMEOUT = 5.0
 
@@ -138,7 +148,20 @@ def event_fields(ev: SessionEvent) -> dict[str, Variant]:
     return out
 
 
-class ManagerInterface(ServiceInterface):
+class NamedSignals(ServiceInterface):
+    """dbus-fast leaves a signal's arguments unnamed in the introspection; here they
+    are named after the Python method's parameters (SessionNew: id, path)."""
+
+    def introspect(self) -> intr.Interface:
+        out = super().introspect()
+        for sig in out.signals:
+            fn = getattr(type(self), sig.name)
+            names = [n for n in inspect.signature(fn).parameters if n != "self"]
+            sig.args = [intr.Arg(a.signature, name=n) for a, n in zip(sig.args, names, strict=True)]
+        return out
+
+
+class ManagerInterface(NamedSignals):
     def __init__(self, manager: Manager, exported: dict[str, SessionInterface]) -> None:
         super().__init__(MANAGER_INTERFACE)
         self.manager = manager
@@ -186,7 +209,7 @@ class ManagerInterface(ServiceInterface):
         return [id, path]
 
 
-class SessionInterface(ServiceInterface):
+class SessionInterface(NamedSignals):
     def __init__(self, session: Session) -> None:
         super().__init__(SESSION_INTERFACE)
         self.session = session
@@ -235,6 +258,18 @@ class SessionInterface(ServiceInterface):
     @signal()
     def Event(self, kind: str, fields: dict[str, Variant]) -> "sa{sv}":
         return [kind, fields]
+
+    def properties(self) -> dict[str, Variant]:
+        """Every property (ObjectManager's InterfacesAdded)."""
+        return {
+            "State": Variant("s", self.State),
+            "Argv": Variant("as", self.Argv),
+            "Profile": Variant("s", self.Profile),
+            "WorkDir": Variant("s", self.WorkDir),
+            "StartedAt": Variant("d", self.StartedAt),
+            "ExitStatus": Variant("i", self.ExitStatus),
+            **{k: Variant("t", v) for k, v in self.counter_values().items()},
+        }
 
     def counter_values(self) -> dict[str, int]:
         c = self.session.counters()
@@ -298,17 +333,31 @@ class DbusService:
         bus = await asyncio.wait_for(
             MessageBus(bus_address=address, negotiate_unix_fd=True).connect(), CONNECT_TIMEOUT
         )
+        self.bus = bus  # close() lets it go from here on
         wait_when_full(bus)
         bus.add_message_handler(check_fds)
         bus.export(MANAGER_PATH, self._iface)
         reply = await bus.request_name(BUS_NAME, NameFlag.DO_NOT_QUEUE)
         if reply not in (RequestNameReply.PRIMARY_OWNER, RequestNameReply.ALREADY_OWNER):
-            bus.disconnect()
             raise RuntimeError(f"{BUS_NAME} is owned by another process ({reply.name})")
-        self.bus = bus
         for s in self.manager.known():
             self._export(s)
         self._spawn(self._follow_manager())
+
+    async def has_owner(self, name: str) -> bool:
+        """Is NAME on the bus now (asked without activating it)?"""
+        assert self.bus is not None
+        reply = await self.bus.call(
+            Message(
+                destination="org.freedesktop.DBus",
+                path="/org/freedesktop/DBus",
+                interface="org.freedesktop.DBus",
+                member="NameHasOwner",
+                signature="s",
+                body=[name],
+            )
+        )
+        return reply.message_type == MessageType.METHOD_RETURN and reply.body == [True]
 
     async def lost(self) -> None:
         """Returns when the bus connection is gone (however it went)."""
@@ -347,6 +396,17 @@ class DbusService:
             if self.bus is not None:
                 self.bus.unexport(session_path(ev.id), iface)
             self._iface.SessionRemoved(ev.id, session_path(ev.id))
+            self._spawn(
+                self._send(
+                    Message.new_signal(
+                        OBJECT_MANAGER_PATH,
+                        OBJECT_MANAGER,
+                        "InterfacesRemoved",
+                        "oas",
+                        [session_path(ev.id), [SESSION_INTERFACE]],
+                    )
+                )
+            )
 
     def _export(self, s: Session) -> None:
         if s.id in self._sessions or self.bus is None:
@@ -354,6 +414,14 @@ class DbusService:
         iface = SessionInterface(s)
         self._sessions[s.id] = iface
         self.bus.export(session_path(s.id), iface)
+        added = Message.new_signal(
+            OBJECT_MANAGER_PATH,
+            OBJECT_MANAGER,
+            "InterfacesAdded",
+            "oa{sa{sv}}",
+            [session_path(s.id), {SESSION_INTERFACE: iface.properties()}],
+        )
+        self._spawn(self._send(added))
         self._spawn(self._follow_session(s, iface))
 
     async def _send(self, msg: Message) -> None:

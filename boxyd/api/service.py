@@ -7,11 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from boxy import INTERFACE
-from boxy.errors import BoxyError, InternalError, NoSuchSession, UsageError, varlink_error
+from boxy.errors import (
+    BoxyError,
+    DaemonError,
+    InternalError,
+    NoSuchSession,
+    UsageError,
+    varlink_error,
+)
 from boxy.outcome import RunReply
 from boxy.request import RunRequest, Terminal
 from boxy.varlink import close_fds
@@ -86,10 +93,15 @@ def event_wire(ev: SessionEvent) -> dict[str, Any]:
     return out  # detached, attached: nothing besides
 
 
+async def _no_bus(address: str) -> None:
+    raise DaemonError("this boxyd has no D-Bus API")
+
+
 class VarlinkService:
     def __init__(self, manager: Manager) -> None:
         self.manager = manager
         self.on_shutdown: Callable[[], None] = lambda: None
+        self.join_bus: Callable[[str], Awaitable[None]] = _no_bus
 
     async def handle(self, call: Call) -> None:
         name = call.method.removeprefix(INTERFACE + ".")
@@ -129,6 +141,11 @@ class VarlinkService:
         self.manager.check_shutdown(call.parameters.get("force") is True)
         await call.reply({})
         self.on_shutdown()
+
+    async def do_JoinBus(self, call: Call) -> None:
+        """Replies once boxyd owns its name on the bus at ADDRESS (main.Bus)."""
+        await self.join_bus(call.parameters["address"])
+        await call.reply({})
 
     async def do_Run(self, call: Call) -> None:
         fds = call.take_fds()

@@ -113,6 +113,7 @@ def good(sessions: dict[str, Any]) -> dict[str, tuple[dict[str, Any], dict[str, 
         "Version": ({}, {}),
         "DaemonStatus": ({}, {}),
         "Shutdown": ({"force": False}, {}),
+        "JoinBus": ({"address": "unix:path=/nonexistent"}, {}),
     }
 
 
@@ -142,6 +143,8 @@ async def test_every_method_with_good_parameters_replies_as_declared(world) -> N
             assert len(replies) == 1 and "session" in replies[0]["parameters"]
         elif method == "Shutdown":  # sessions run: refused, as the IDL says
             assert replies[0]["error"] == f"{INTERFACE}.Busy"
+        elif method == "JoinBus":  # no bus there (and this server has no D-Bus API)
+            assert replies[0]["error"] == f"{INTERFACE}.DaemonFailed"
         else:
             assert "error" not in replies[0], (method, replies)
     for method in SERVICE_IDL.methods:

@@ -222,7 +222,7 @@ def test_idl_declares_the_manager_interface() -> None:
         M + m
         for m in (
             *("Run", "Resize", "Signal", "List", "Show", "Stop", "Watch", "Attach"),
-            *("Version", "DaemonStatus", "Shutdown"),
+            *("Version", "DaemonStatus", "Shutdown", "JoinBus"),
         )
     }
     for err in ("InvalidArgument", "NoSuchSession", "BuildMismatch", "Busy", "SetupFailed"):

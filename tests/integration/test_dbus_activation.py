@@ -37,6 +37,9 @@ def no_daemon(user: User):
     assert ctl(user, "setup").returncode == 0  # the activation file (no user manager here)
     yield
     ctl(user, "daemon", "stop", "--force")
+    for name in ("boxyd.socket", "boxyd.service"):  # what setup installed: as we found it
+        (user.home / ".config/systemd/user" / name).unlink(missing_ok=True)
+    (user.home / ".local/share/dbus-1/services/dev.boxy.Daemon.service").unlink(missing_ok=True)
 
 
 def test_an_activated_boxyd_lets_go_of_the_bus_daemons_output(user: User, no_daemon) -> None:

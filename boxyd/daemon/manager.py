@@ -164,8 +164,8 @@ class Manager:
         return s.info()
 
     async def infos(self, all: bool = False) -> list[SessionInfo]:
-        """The sessions in memory (running, and the newest finished ones); ALL: and
-        every one on record, from before a restart too. Oldest first."""
+        """The sessions starting or running; ALL: and the finished ones, those in
+        memory and every one on record (from before a restart too). Oldest first."""
         found = {s.id: s.info() for s in self.sessions.values() if all or not s.state.finished}
         if all and self.records is not None:
             for info in await pools.run(pools.RECORDS, records.read_all):

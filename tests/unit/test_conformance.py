@@ -121,6 +121,12 @@ async def test_every_method_with_good_parameters_replies_as_declared(world) -> N
     manager, peer, sessions = world
     cases = good(sessions)
     assert set(cases) == set(IDL.methods), "a method of the IDL without a case here"
+    # List says what it lists: without all, the sessions under way only
+    running = {sessions["running"].id, sessions["detached"].id}
+    (now,) = await call(peer, IDL, "List", {})
+    assert {x["id"] for x in now["parameters"]["sessions"]} == running
+    (every,) = await call(peer, IDL, "List", {"all": True})
+    assert {x["id"] for x in every["parameters"]["sessions"]} == running | {sessions["ended"].id}
     for method, (params, flags) in cases.items():
         assert idl.check_fields(IDL, IDL.methods[method].params, params) is None, method
         if method in ("Run", "Attach"):  # followed until we end them

@@ -44,8 +44,12 @@ docs: venv
 test: venv docs
 	tests/harness/run-tests.sh $(VENV)
 
+# The gates CI runs before the tests (docs/design.md, "Code"); mypy's settings are
+# in pyproject.toml (strict, over boxy, boxyd and boxyctl).
 lint: venv
 	$(VENV)/bin/ruff check boxy boxyd boxyctl tests bench
+	$(VENV)/bin/ruff format --check boxy boxyd boxyctl tests bench
+	$(VENV)/bin/mypy
 
 demo: setup
 	$(VENV)/bin/boxyctl run --net none -- sh -c 'echo "hello from $$(hostname): $$(id)"; ls -A $$HOME; cat ~/.ssh/id_* 2>&1 | head -1'

@@ -12,6 +12,8 @@ every run.
 from __future__ import annotations
 
 from boxy.errors import UsageError
+from boxy.options import LIST_KINDS, RUN_OPTIONS
+from boxy.values import HostSpec, parse_host_spec
 
 TYPE_CHECKING = False  # typing costs the client 4 ms at start-up; annotations only
 if TYPE_CHECKING:
@@ -27,7 +29,7 @@ class Value:
         return tuple((k, getattr(self, k)) for k in self.__slots__)
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self._items() == other._items()  # type: ignore[attr-defined]
+        return type(other) is type(self) and self._items() == other._items()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._items())})"
@@ -106,21 +108,13 @@ class Terminal(Value):
         return None
 
 
-# Every option and its wire kind: str (a string or None), strs (a list of strings),
-# bool, size (bytes), count, number (positive, or None), ports, env, secrets, copies.
-OPTIONS: dict[str, str] = {
-    "profile": "str", "ro": "strs", "rw": "strs", "protect": "strs", "reveal": "strs",
-    "mkdir": "strs", "copy": "copies", "copy_ro": "copies", "workdir": "str", "net": "str",
-    "allow_host": "strs", "allow_port": "ports", "allow_cidr": "strs", "tailscale": "bool",
-    "env": "env", "secret": "secrets", "memory": "size", "pids": "count", "cpus": "number",
-    "timeout": "number", "audit_log": "str", "net_log": "str", "pcap": "str", "pcap_max": "size",
-    "seccomp": "str", "tty": "bool", "tty_raw": "bool", "verbose": "bool", "detach": "bool",
-    "allow_git_write": "bool",
-}  # fmt: skip
-_LISTS = ("strs", "ports", "env", "secrets", "copies")
+# Every option's wire kind, from the one table (boxy.options); the keys are the wire
+# fields, in the table's order.
+OPTIONS: dict[str, str] = {o.field: o.wire for o in RUN_OPTIONS}
 _EXPECTED = {
     "str": "a string",
     "strs": "a list of strings",
+    "hosts": "a list of strings",
     "bool": "true or false",
     "count": "a positive whole number",
     "size": "a size in bytes",
@@ -134,7 +128,9 @@ _EXPECTED = {
 
 class RunOptions(Value):
     """The run flags, as given (paths absolute against the client's cwd, sizes in
-    bytes, durations in seconds); the profile fills what is None or empty."""
+    bytes, durations in seconds); the profile fills what is None or empty. Fields and
+    wire kinds are the option table's (boxy.options); the annotations below are for
+    mypy, and tests/unit/test_options.py holds them to the table."""
 
     __slots__ = tuple(OPTIONS)
     profile: str | None
@@ -147,7 +143,7 @@ class RunOptions(Value):
     copy_ro: list[CopyItem]
     workdir: str | None
     net: str | None
-    allow_host: list[str]
+    allow_host: list[HostSpec]  # parsed once, by the client or from the wire
     allow_port: list[int]
     allow_cidr: list[str]
     tailscale: bool
@@ -173,18 +169,22 @@ class RunOptions(Value):
             if key not in OPTIONS:
                 raise TypeError(f"RunOptions: unknown option {key!r}")
         for key, kind in OPTIONS.items():
-            default: Any = [] if kind in _LISTS else (False if kind == "bool" else None)
-            setattr(self, key, values.get(key, default))
+            default: Any = [] if kind in LIST_KINDS else (False if kind == "bool" else None)
+            value = values.get(key, default)
+            if kind == "hosts":  # a caller's text is parsed here, once: the field is typed
+                value = [h if isinstance(h, HostSpec) else parse_host_spec(h) for h in value]
+            setattr(self, key, value)
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, kind in OPTIONS.items():
             value = getattr(self, key)
-            out[key] = (
-                [v.to_wire() for v in value]
-                if kind in ("env", "secrets", "copies")
-                else (list(value) if kind in _LISTS else value)
-            )
+            if kind in ("env", "secrets", "copies"):
+                out[key] = [v.to_wire() for v in value]
+            elif kind == "hosts":  # the wire carries a host as its text
+                out[key] = [str(v) for v in value]
+            else:
+                out[key] = list(value) if kind in LIST_KINDS else value
         return out
 
     @classmethod
@@ -226,8 +226,10 @@ def _decode_list(key: str, kind: str, value: object) -> list[Any]:
     for item in value:
         if kind == "strs" and isinstance(item, str):
             out.append(item)
+        elif kind == "hosts" and isinstance(item, str):
+            out.append(parse_host_spec(item))  # a bad one is refused as the flag's would be
         elif kind == "ports" and type(item) is int:
-            out.append(item)  # the range is checked with the profile's ports (boxyd.config.spec)
+            out.append(item)  # the range is checked with the profile's ports (boxyd.config.network)
         elif (
             kind == "env"
             and isinstance(item, dict)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections import namedtuple
 
 from boxy.errors import UsageError
 
@@ -148,13 +147,42 @@ def parse_port(s: str, *, what: str = "--allow-port") -> int:
     return int(s)
 
 
-class HostSpec(namedtuple("HostSpec", "host ports udp", defaults=((), False))):
-    """One --allow-host value: a name (lower-case, no trailing dot), its ports (empty:
-    the global --allow-port list applies), and whether the ports are UDP. A plain
-    namedtuple: the client imports this module, and dataclasses or typing cost it
-    milliseconds on every run."""
+class HostSpec:
+    """One --allow-host value, parsed once (``parse_host_spec``) and passed on typed:
+    a name or address (lower-case, no trailing dot), its ports (empty: the global
+    --allow-port list applies), and whether the ports are UDP. ``str()`` is its wire
+    and record form, which ``parse_host_spec`` reads back to an equal value.
 
-    __slots__ = ()
+    Frozen by hand, not a dataclass: the client imports this module, and dataclasses
+    or typing cost it milliseconds on every run."""
+
+    __slots__ = ("host", "ports", "udp")
+    host: str
+    ports: tuple[int, ...]
+    udp: bool
+
+    def __init__(self, host: str, ports: tuple[int, ...] = (), udp: bool = False) -> None:
+        object.__setattr__(self, "host", host)
+        object.__setattr__(self, "ports", tuple(ports))
+        object.__setattr__(self, "udp", udp)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"HostSpec is frozen: cannot set {name}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"HostSpec is frozen: cannot delete {name}")
+
+    def _key(self) -> tuple[str, tuple[int, ...], bool]:
+        return (self.host, self.ports, self.udp)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HostSpec) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"HostSpec(host={self.host!r}, ports={self.ports!r}, udp={self.udp!r})"
 
     def __str__(self) -> str:
         text = f"[{self.host}]" if ":" in self.host and self.ports else self.host

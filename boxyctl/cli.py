@@ -2,11 +2,12 @@
 
 Only the standard library and ``boxy`` are imported: this runs on every client
 start, so no YAML, asyncio or D-Bus here. For ``run`` the result is a typed
-``boxy.request.RunRequest``; the daemon merges it with the profile and re-checks
-it (``boxyd.config.spec.build_spec``). Everything knowable without the profile is
-refused here, before a daemon is contacted. Paths are made absolute against the
-client's cwd (with ``~`` from the client's HOME) because the daemon's cwd and
-environment are not the user's.
+``boxy.request.RunRequest``, built from the option table (``boxy.options``: the
+flags, how each one's text is read, the combinations refused); the daemon merges
+it with the profile and re-checks it (``boxyd.config.spec.build_spec``). Everything
+knowable without the profile is refused here, before a daemon is contacted. Paths
+are made absolute against the client's cwd (with ``~`` from the client's HOME)
+because the daemon's cwd and environment are not the user's.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from __future__ import annotations
 import os.path
 import re
 import sys
-from collections import namedtuple
 from types import SimpleNamespace
 
 from boxy.errors import UsageError
+from boxy.options import BY_FLAG, RUN_OPTIONS, Option, check_combinations
 from boxy.request import CopyItem, EnvItem, RunOptions, RunRequest, Secret
 from boxy.values import (
     parse_cidrs,
@@ -31,6 +32,7 @@ from boxy.values import (
 
 TYPE_CHECKING = False  # typing costs the client 4 ms at start-up; annotations only
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 # What the client tells the daemon about its environment. The first group may be
@@ -62,10 +64,6 @@ EXPOSURE_ENV_NAMES = (
     "DBUS_SESSION_BUS_ADDRESS",
     "XDG_RUNTIME_DIR",
 )
-PUBLIC_PORTS = (
-    "--allow-port: cannot be combined with --net public (public mode allows every "
-    "port; the list applies to --net allowlist)"
-)
 COMMANDS = (
     "run",
     "ps",
@@ -84,11 +82,6 @@ COMMANDS = (
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
-RUN_DESCRIPTION = """\
-Run COMMAND in a fresh sandbox: the work directory read-write, a fresh $HOME,
-nothing else from the host unless a flag or the profile says so.
-Paths may be relative (to the current directory) or start with ~."""
-
 
 class Command:
     """One parsed invocation. name is a subcommand, or 'help' (args: text) or 'version'.
@@ -105,54 +98,6 @@ class Command:
         return f"Command({self.name!r}, {self.args!r})"
 
 
-class Flag(namedtuple("Flag", "names kind metavar choices help", defaults=(None, None, ""))):
-    """One `run` flag: the argparse parser and the fast path read this same table.
-    names: ('-p', '--profile'); kind: "value", "append" or "true" (a switch)."""
-
-    __slots__ = ()
-
-    @property
-    def dest(self) -> str:
-        return self.names[-1].lstrip("-").replace("-", "_")
-
-
-# fmt: off
-RUN_FLAGS: tuple[Flag, ...] = (
-    Flag(('-p', '--profile'), 'value', metavar='NAME|PATH', help='preset (node, python, generic, offline, claude) or a YAML file'),
-    Flag(('--ro',), 'append', metavar='PATH', help='expose a path read-only (repeatable)'),
-    Flag(('--rw',), 'append', metavar='PATH', help='expose a path read-write (repeatable)'),
-    Flag(('--protect',), 'append', metavar='PATH', help='keep a path read-only inside a writable mount (repeatable)'),
-    Flag(('--reveal',), 'append', metavar='PATH', help='show a credential in the work tree as it is, instead of covered (repeatable)'),
-    Flag(('--mkdir',), 'append', metavar='PATH', help='expose a directory read-write, creating it if absent (repeatable)'),
-    Flag(('--allow-git-write',), 'true', help='let the sandbox write .git/hooks and .git/config'),
-    Flag(('--copy',), 'append', metavar='SRC[:DST]', help='copy one file in, writable (repeatable)'),
-    Flag(('--copy-ro',), 'append', metavar='SRC[:DST]', help='copy one file in, read-only (repeatable)'),
-    Flag(('-w', '--workdir'), 'value', metavar='PATH', help='working directory, read-write (default: the current directory)'),
-    Flag(('--net',), 'value', choices=('public', 'allowlist', 'none'), help="network mode (default: the profile's; public without one; allowlist with --allow-host)"),
-    Flag(('--allow-host',), 'append', metavar='HOST[:PORT[,PORT]][/udp]', help='reachable host name, or an address (that address only); implies allowlist (repeatable)'),
-    Flag(('--allow-port',), 'append', metavar='N', help='permitted outbound TCP port in allowlist mode; replaces the default 80, 443 (repeatable)'),
-    Flag(('--allow-cidr',), 'append', metavar='CIDR', help='lift the private-address denial for a range (its hosts still need --allow-host) (repeatable)'),
-    Flag(('--tailscale',), 'true', help="reach this machine's tailnet by MagicDNS name"),
-    Flag(('-e', '--env'), 'append', metavar='NAME[=VAL]', help='pass (NAME) or set (NAME=VAL) an environment variable (repeatable)'),
-    Flag(('--secret',), 'append', metavar='NAME', help="pass NAME's value from your environment as a secret: never in an argv, a log or a record (repeatable)"),
-    Flag(('--memory',), 'value', metavar='SIZE', help='size of the scratch tmpfs ($HOME, /tmp, /dev/shm), and the memory limit where a controller is delegated (default 2GiB)'),
-    Flag(('--pids',), 'value', metavar='N', help='process/thread limit (default 512)'),
-    Flag(('--cpus',), 'value', metavar='N', help='CPU limit, fractions allowed'),
-    Flag(('--timeout',), 'value', metavar='DURATION', help='stop the run after this long (e.g. 10m, 1h30m)'),
-    Flag(('--audit-log',), 'value', metavar='FILE', help='policy decisions as JSON lines'),
-    Flag(('--net-log',), 'value', metavar='FILE', help='every connection, hostname and SNI'),
-    Flag(('--pcap',), 'value', metavar='FILE', help="every packet on the sandbox's link, pcap format"),
-    Flag(('--pcap-max',), 'value', metavar='SIZE', help='stop the capture at this size (default 1GiB)'),
-    Flag(('--seccomp',), 'value', choices=('strict', 'compat'), help='strict (default) or compat (kills become EPERM)'),
-    Flag(('--tty',), 'true', help='require a terminal: refused unless stdin, stdout or stderr is one (a terminal is always relayed through a PTY)'),
-    Flag(('--tty-raw',), 'true', help="pass the payload's output to the terminal unfiltered: clipboard writes (OSC 52) and queries whose answers the terminal would type included"),
-    Flag(('-v', '--verbose'), 'true', help='report denials and skipped entries on stderr'),
-    Flag(('-d', '--detach'), 'true', help='run in the background: print the session id (boxyctl attach ID takes it over)'),
-)
-# fmt: on
-_BY_NAME = {name: f for f in RUN_FLAGS for name in f.names}
-
-
 def _fast_run(argv: list[str]) -> SimpleNamespace | None:
     """`run`'s flags without argparse, for the plain command lines nearly every run
     has; None (argparse decides, with its help and errors) for anything else: an
@@ -161,8 +106,8 @@ def _fast_run(argv: list[str]) -> SimpleNamespace | None:
     ns = SimpleNamespace(
         command="run",
         **{
-            f.dest: [] if f.kind == "append" else (False if f.kind == "true" else None)
-            for f in RUN_FLAGS
+            o.field: [] if o.kind == "append" else (False if o.kind == "true" else None)
+            for o in RUN_OPTIONS
         },
     )
     i = 0
@@ -173,13 +118,13 @@ def _fast_run(argv: list[str]) -> SimpleNamespace | None:
                 return None
             break  # like argparse.REMAINDER: the rest is the command
         name, eq, value = token.partition("=") if token.startswith("--") else (token, "", "")
-        flag = _BY_NAME.get(name)
+        flag = BY_FLAG.get(name)
         if flag is None:
             return None
         if flag.kind == "true":
             if eq:
                 return None
-            setattr(ns, flag.dest, True)
+            setattr(ns, flag.field, True)
             i += 1
             continue
         if not eq:
@@ -190,9 +135,9 @@ def _fast_run(argv: list[str]) -> SimpleNamespace | None:
         if value.startswith("-") or (flag.choices and value not in flag.choices):
             return None
         if flag.kind == "append":
-            getattr(ns, flag.dest).append(value)
+            getattr(ns, flag.field).append(value)
         else:
-            setattr(ns, flag.dest, value)
+            setattr(ns, flag.field, value)
         i += 1
     ns.argv = argv[i:]
     return ns
@@ -208,9 +153,11 @@ def client_env(environ: dict[str, str]) -> dict[str, str]:
 
 
 class _Paths:
-    """Client-side path handling: absolute against cwd, ~ from the client's HOME."""
+    """Client-side path handling: absolute against cwd, ~ from the client's HOME (and
+    the client's environment, which -e and --secret read)."""
 
     def __init__(self, environ: dict[str, str], cwd: str) -> None:
+        self.environ = environ
         self.home = environ.get("HOME", "")
         self.cwd = cwd
 
@@ -263,6 +210,49 @@ def _session_id(value: str | None) -> str | None:
     return value
 
 
+def _profile(ctx: _Paths, flag: str, name: str) -> str:
+    """-p: a preset's name as given, a file's path made absolute."""
+    if not name:
+        raise UsageError(f"{flag}: empty name")
+    return ctx(flag, name) if "/" in name or name.endswith((".yaml", ".yml")) else name
+
+
+# How each option's text becomes its value (by the table's type; boxy.options). The
+# environment is the client's: -e NAME and --secret NAME read it, never the daemon's.
+_CONVERT: dict[str, Callable[[_Paths, str, str], Any]] = {
+    "profile": _profile,
+    "path": lambda ctx, flag, text: ctx(flag, text),
+    "copy": lambda ctx, flag, text: ctx.copy(flag, text),
+    "host": lambda ctx, flag, text: parse_host_spec(text, what=flag),
+    "port": lambda ctx, flag, text: parse_port(text, what=flag),
+    "cidrs": lambda ctx, flag, text: parse_cidrs(text, what=flag),  # several in one value
+    "env": lambda ctx, flag, text: _env_entry(text, ctx.environ),
+    "secret": lambda ctx, flag, text: _secret_entry(text, ctx.environ),
+    "size": lambda ctx, flag, text: parse_size(text, what=flag),
+    "count": lambda ctx, flag, text: parse_count(text, what=flag),
+    "cpus": lambda ctx, flag, text: parse_cpus(text, what=flag),
+    "duration": lambda ctx, flag, text: parse_duration(text, what=flag),
+    "choice": lambda ctx, flag, text: text,  # argparse and the fast path checked it
+}
+
+
+def _option_value(option: Option, got: Any, ctx: _Paths) -> Any:
+    """One option's value for RunOptions from what the parser collected."""
+    if option.kind == "true" or got is None:
+        return got
+    convert = _CONVERT[option.type]
+    if option.kind == "value":
+        return convert(ctx, option.flag, got)
+    out: list[Any] = []
+    for text in got:
+        value = convert(ctx, option.flag, text)
+        if option.type == "cidrs":
+            out.extend(value)
+        else:
+            out.append(value)
+    return out
+
+
 def _run_request(ns: Any, environ: dict[str, str], cwd: str) -> RunRequest:
     command = list(ns.argv)
     if command[:1] == ["--"]:
@@ -271,79 +261,13 @@ def _run_request(ns: Any, environ: dict[str, str], cwd: str) -> RunRequest:
         raise UsageError("run: missing command (run [flags] -- COMMAND [ARGS...])")
     if not command[0]:
         raise UsageError("run: the command is an empty string (run [flags] -- COMMAND [ARGS...])")
-    path = _Paths(environ, cwd)
-
-    def opt_path(flag: str, value: str | None) -> str | None:
-        return None if value is None else path(flag, value)
-
-    profile = ns.profile
-    if profile is not None:
-        if not profile:
-            raise UsageError("--profile: empty name")
-        if "/" in profile or profile.endswith((".yaml", ".yml")):
-            profile = path("--profile", profile)
-    pcap_max = parse_size(ns.pcap_max, what="--pcap-max") if ns.pcap_max is not None else None
+    ctx = _Paths(environ, cwd)
+    # in the table's order: the first bad value is the one reported
     options = RunOptions(
-        **{
-            "profile": profile,
-            "ro": [path("--ro", p) for p in ns.ro],
-            "rw": [path("--rw", p) for p in ns.rw],
-            "protect": [path("--protect", p) for p in ns.protect],
-            "reveal": [path("--reveal", p) for p in ns.reveal],
-            "mkdir": [path("--mkdir", p) for p in ns.mkdir],
-            "copy": [path.copy("--copy", c) for c in ns.copy],
-            "copy_ro": [path.copy("--copy-ro", c) for c in ns.copy_ro],
-            "workdir": opt_path("--workdir", ns.workdir),
-            "net": ns.net,
-            "allow_host": [str(parse_host_spec(h)) for h in ns.allow_host],
-            "allow_port": [parse_port(p) for p in ns.allow_port],
-            "allow_cidr": [n for c in ns.allow_cidr for n in parse_cidrs(c)],
-            "tailscale": ns.tailscale,
-            "env": [_env_entry(e, environ) for e in ns.env],
-            "secret": [_secret_entry(n, environ) for n in ns.secret],
-            "memory": parse_size(ns.memory, what="--memory") if ns.memory is not None else None,
-            "pids": parse_count(ns.pids, what="--pids") if ns.pids is not None else None,
-            "cpus": parse_cpus(ns.cpus) if ns.cpus is not None else None,
-            "timeout": parse_duration(ns.timeout, what="--timeout")
-            if ns.timeout is not None
-            else None,
-            "audit_log": opt_path("--audit-log", ns.audit_log),
-            "net_log": opt_path("--net-log", ns.net_log),
-            "pcap": opt_path("--pcap", ns.pcap),
-            "pcap_max": pcap_max,
-            "seccomp": ns.seccomp,
-            "tty": ns.tty,
-            "tty_raw": ns.tty_raw,
-            "verbose": ns.verbose,
-            "detach": ns.detach,
-            "allow_git_write": ns.allow_git_write,
-        }
+        **{o.field: _option_value(o, getattr(ns, o.field), ctx) for o in RUN_OPTIONS}
     )
-    _check_combinations(options)
+    check_combinations(options)  # what can never work, whatever the profile says
     return RunRequest(command, cwd, options, client_env(environ))
-
-
-def _check_combinations(o: RunOptions) -> None:
-    """Refuse what can never work, whatever the profile says."""
-    net = o.net
-    if o.allow_host and net in ("none", "public"):
-        raise UsageError(
-            f"--allow-host: cannot be combined with --net {net} (it implies allowlist)"
-        )
-    if o.allow_port and net == "public":
-        raise UsageError(PUBLIC_PORTS)
-    if net == "none":
-        for key, flag in (
-            ("pcap", "--pcap"),
-            ("net_log", "--net-log"),
-            ("tailscale", "--tailscale"),
-            ("allow_port", "--allow-port"),
-            ("allow_cidr", "--allow-cidr"),
-        ):
-            if getattr(o, key):
-                raise UsageError(f"{flag}: cannot be combined with --net none (no network at all)")
-    if o.pcap_max is not None and o.pcap is None:
-        raise UsageError("--pcap-max: needs --pcap")
 
 
 def _refuse_negative(argv: list[str]) -> None:
@@ -352,7 +276,7 @@ def _refuse_negative(argv: list[str]) -> None:
     for flag, value in zip(argv, argv[1:], strict=False):
         if flag == "--":
             return
-        f = _BY_NAME.get(flag)
+        f = BY_FLAG.get(flag)
         if f is not None and f.kind != "true" and re.fullmatch(r"-\d[\w.]*", value):
             raise UsageError(f"{flag}: {value} is negative; give a positive value")
 
@@ -388,12 +312,12 @@ def _parse_with_argparse(
         return Command("version")
     name = ns.command
     if name == "run":
-        for f in RUN_FLAGS:  # argparse takes '--pids=--' as no value at all: a list
-            got = getattr(ns, f.dest)
+        for o in RUN_OPTIONS:  # argparse takes '--pids=--' as no value at all: a list
+            got = getattr(ns, o.field)
             if isinstance(got, list) and (
-                f.kind == "value" or any(isinstance(v, list) for v in got)
+                o.kind == "value" or any(isinstance(v, list) for v in got)
             ):
-                raise UsageError(f"{f.names[-1]}: expected one value")
+                raise UsageError(f"{o.flag}: expected one value")
     if name is None:
         raise UsageError(f"missing command ({', '.join(COMMANDS)}); see {prog} --help")
     if name == "run":

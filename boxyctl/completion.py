@@ -1,6 +1,7 @@
 """Shell completion (bash, zsh, fish) and the boxyctl(1) man page, both generated from
-the parser itself (boxyctl.parser.build_parser, which reads cli.RUN_FLAGS): a flag the
-parser takes is a flag completion offers and the man page documents, never a copy.
+the parser itself (boxyctl.parser.build_parser, which reads the option table,
+boxy.options.RUN_OPTIONS): a flag the parser takes is a flag completion offers and the
+man page documents, never a copy.
 
     boxyctl completion bash|zsh|fish     the script, on stdout
     python -m boxyctl.completion man     the man page (make setup installs both)
@@ -14,7 +15,6 @@ import sys
 from dataclasses import dataclass, field
 
 from boxyctl import parser as p
-from boxyctl.cli import RUN_DESCRIPTION
 
 SHELLS = ("bash", "zsh", "fish")
 _PATHLIKE = re.compile(r"PATH|FILE|SRC|DST")
@@ -65,6 +65,50 @@ def _contexts(ctx: Context, path: str = "") -> list[tuple[str, Context]]:
 # --- bash (zsh loads the same through bashcompinit) --------------------------------------
 
 
+# The end of _boxyctl_data, then the completion function: it walks the words typed so
+# far and asks _boxyctl_data (generated from the parser) what each context takes.
+_BASH_FUNCTION = [
+    "    esac",
+    "}",
+    "",
+    "_boxyctl() {",
+    "    local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}",
+    '    local ctx="" i w skip=0',
+    "    for ((i = 1; i < COMP_CWORD; i++)); do",
+    "        w=${COMP_WORDS[i]}",
+    "        if ((skip)); then skip=0; continue; fi",
+    "        if [[ $ctx == run && ( $w == -- || $w != -* ) ]]; then",
+    "            # the sandboxed command: its name, then its own arguments",
+    "            if [[ $w == -- && $i -eq $((COMP_CWORD - 1)) ]]; then",
+    '                COMPREPLY=($(compgen -c -- "$cur"))',
+    "            else",
+    '                COMPREPLY=($(compgen -f -- "$cur"))',
+    "            fi",
+    "            return",
+    "        fi",
+    '        if [[ " $(_boxyctl_data values "$ctx") " == *" $w "* ]]; then skip=1; continue; fi',
+    '        if [[ " $(_boxyctl_data commands "$ctx") " == *" $w "* ]]; then',
+    "            ctx=${ctx:+$ctx.}$w",
+    "        fi",
+    "    done",
+    "    local choices",
+    '    choices=$(_boxyctl_data choices "$ctx:$prev")',
+    "    case $choices in",
+    '        "<path>") COMPREPLY=($(compgen -f -- "$cur")); return ;;',
+    '        "<value>") COMPREPLY=(); return ;;',
+    '        ?*) COMPREPLY=($(compgen -W "$choices" -- "$cur")); return ;;',
+    "    esac",
+    "    if [[ $cur == -* ]]; then",
+    '        COMPREPLY=($(compgen -W "$(_boxyctl_data flags "$ctx")" -- "$cur"))',
+    "    else",
+    '        COMPREPLY=($(compgen -W "$(_boxyctl_data commands "$ctx")" -- "$cur"))',
+    "    fi",
+    "}",
+    "complete -F _boxyctl boxyctl boxy",
+    "",
+]
+
+
 def bash() -> str:
     contexts = _contexts(tree())
     lines = [
@@ -87,46 +131,7 @@ def bash() -> str:
                 lines.append(f'        "choices:{path}:{flag}") echo "<path>" ;;')
             elif takes_value(action):
                 lines.append(f'        "choices:{path}:{flag}") echo "<value>" ;;')
-    lines += [
-        "    esac",
-        "}",
-        "",
-        "_boxyctl() {",
-        "    local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}",
-        '    local ctx="" i w skip=0',
-        "    for ((i = 1; i < COMP_CWORD; i++)); do",
-        "        w=${COMP_WORDS[i]}",
-        "        if ((skip)); then skip=0; continue; fi",
-        "        if [[ $ctx == run && ( $w == -- || $w != -* ) ]]; then",
-        "            # the sandboxed command: its name, then its own arguments",
-        "            if [[ $w == -- && $i -eq $((COMP_CWORD - 1)) ]]; then",
-        '                COMPREPLY=($(compgen -c -- "$cur"))',
-        "            else",
-        '                COMPREPLY=($(compgen -f -- "$cur"))',
-        "            fi",
-        "            return",
-        "        fi",
-        '        if [[ " $(_boxyctl_data values "$ctx") " == *" $w "* ]]; then skip=1; continue; fi',
-        '        if [[ " $(_boxyctl_data commands "$ctx") " == *" $w "* ]]; then',
-        "            ctx=${ctx:+$ctx.}$w",
-        "        fi",
-        "    done",
-        "    local choices",
-        '    choices=$(_boxyctl_data choices "$ctx:$prev")',
-        "    case $choices in",
-        '        "<path>") COMPREPLY=($(compgen -f -- "$cur")); return ;;',
-        '        "<value>") COMPREPLY=(); return ;;',
-        '        ?*) COMPREPLY=($(compgen -W "$choices" -- "$cur")); return ;;',
-        "    esac",
-        "    if [[ $cur == -* ]]; then",
-        '        COMPREPLY=($(compgen -W "$(_boxyctl_data flags "$ctx")" -- "$cur"))',
-        "    else",
-        '        COMPREPLY=($(compgen -W "$(_boxyctl_data commands "$ctx")" -- "$cur"))',
-        "    fi",
-        "}",
-        "complete -F _boxyctl boxyctl boxy",
-        "",
-    ]
+    lines += _BASH_FUNCTION
     return "\n".join(lines)
 
 
@@ -200,7 +205,7 @@ def man() -> str:
         ".br",
         ".B boxyctl\n\\fICOMMAND\\fR ...",
         ".SH DESCRIPTION",
-        _roff(RUN_DESCRIPTION),
+        _roff(p.RUN_DESCRIPTION),
         ".SH COMMANDS",
     ]
     for name, help_text in root.helps.items():

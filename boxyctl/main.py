@@ -11,7 +11,7 @@ import pwd
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from boxy import INTERFACE as IFACE
 from boxy import VERSION
@@ -505,11 +505,9 @@ def _paint(lines: list[str]) -> None:
     sys.stdout.flush()
 
 
-def trust(args: dict) -> int:
+def trust(args: dict[str, Any]) -> int:
     """`trust`: approve this directory's .boxy.yaml as it is now (printed: what is
     approved is what you see); --list, --revoke. No daemon needed."""
-    import time
-
     from boxy.paths import config_home
     from boxyctl.sessions import clean
     from boxyd.config import projectconfig
@@ -517,18 +515,8 @@ def trust(args: dict) -> int:
     home = config_home(os.environ.get("HOME"))
     me = pwd.getpwuid(os.getuid())
     if args["list"]:
-        for r in projectconfig.approvals(home):
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.get("approved_at", 0)))
-            what = [projectconfig.NAME] if r.get("boxy_yaml") else []
-            what += [
-                f"{x.get('key')} {x.get('url')}"
-                for x in r.get("registries", [])
-                if isinstance(x, dict)
-            ]
-            print(
-                f"{when}  {str(r.get('digest', ''))[:12]}  {clean(r['workdir'])}  "
-                f"{clean(', '.join(map(str, what)))}".rstrip()
-            )
+        for line in _approval_lines(home):
+            print(line)
         return 0
     if not args.get("cwd"):
         raise UsageError("trust: the current directory was removed; cd to the project")
@@ -537,6 +525,7 @@ def trust(args: dict) -> int:
         n = projectconfig.revoke(workdir, home)
         say(f"revoked {n} approval{'s' if n != 1 else ''} for {workdir}")
         return 0
+    # read as a run reads it: the same files, the same environment (projectconfig.run_env)
     project = projectconfig.read(workdir, projectconfig.run_env(me.pw_dir, me.pw_name, os.environ))
     if project.empty:
         raise UsageError(
@@ -548,8 +537,8 @@ def trust(args: dict) -> int:
         print(f"{project.path}:")
         for line in project.text.splitlines():
             print(f"  {clean(line)}")
-    for r in project.registries:
-        print(f"{clean(r.source)}: {clean(r.key)} = {clean(r.shown)}")
+    for reg in project.registries:
+        print(f"{clean(reg.source)}: {clean(reg.key)} = {clean(reg.shown)}")
     if wider:
         say(f"beyond the default profile this allows: {clean('; '.join(wider))}")
     projectconfig.approve(project, home)
@@ -560,28 +549,31 @@ def trust(args: dict) -> int:
     return 0
 
 
+def _approval_lines(home: str) -> list[str]:
+    """`trust --list`: one line per approval (when, digest, work directory, what)."""
+    from boxyctl.sessions import clean
+    from boxyd.config import projectconfig
+
+    out = []
+    for r in projectconfig.approvals(home):
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.get("approved_at", 0)))
+        what = [projectconfig.NAME] if r.get("boxy_yaml") else []
+        what += [
+            f"{x.get('key')} {x.get('url')}" for x in r.get("registries", []) if isinstance(x, dict)
+        ]
+        out.append(
+            f"{when}  {str(r.get('digest', ''))[:12]}  {clean(r['workdir'])}  "
+            f"{clean(', '.join(map(str, what)))}".rstrip()
+        )
+    return out
+
+
 def _check_project(project: Project, home: str) -> list[str]:
     """What is approved must load: its profile and keys, as a run would take them.
     Returns what of it is wider than the default profile (said before approving)."""
-    from boxyd.config import caches, profiles, widening
-    from boxyd.config.spec import DEFAULT_PROFILE
+    from boxyd.config import layering
 
-    if project.config is None:
-        return []
-    doc = profiles.project_doc(project.text, project.path)
-    name = doc.get("profile") or DEFAULT_PROFILE
-    context = {
-        "workdir": project.workdir,
-        "home": home,
-        "cache": caches.project_dir(home, name, project.workdir),
-    }
-    wanted = profiles.project_layer(
-        profiles.load_profile(name, context=context), doc, project.path, context
-    )
-    base = profiles.load_profile(
-        DEFAULT_PROFILE, context={"workdir": project.workdir, "home": home}
-    )
-    return [str(k) for k in widening.hold_back(base, wanted, own_cache=context["cache"])[1]]
+    return [str(k) for k in layering.project_widening(project, home)]
 
 
 def setup() -> int:
@@ -642,10 +634,8 @@ def daemon(args: dict[str, Any]) -> int:
     return 0
 
 
-def cache(args: dict) -> int:
+def cache(args: dict[str, Any]) -> int:
     """`cache list` / `cache clean [--all]`: boxy's own directories, no daemon needed."""
-    import time
-
     from boxy import values
     from boxyd.config import caches
 
@@ -666,8 +656,9 @@ def cache(args: dict) -> int:
     return 0
 
 
-def profile(args: dict) -> int:
-    from boxyd.config import profiles, profileview
+def profile(args: dict[str, Any]) -> int:
+    """`profile list` / `profile show NAME`: as a run in this directory would load it."""
+    from boxyd.config import layering, profiles, profileview
     from boxyd.config.registries import Registries
     from boxyd.daemon.stage2proc import Template
     from boxyd.daemon.toolbox import Toolshed
@@ -682,7 +673,8 @@ def profile(args: dict) -> int:
         name = os.path.abspath(os.path.expanduser(name))
     kind, location = profiles.where(name, home)
     workdir = _cwd() or home
-    context = {"workdir": workdir, "home": home, "workdir_slug": profiles.workdir_slug(workdir)}
+    # the templates filled as a run here fills them ({cache} is per profile)
+    context = layering.profile_context(workdir, home, name)
     prof = profiles.load_profile(name, context=context)  # a file that is no profile: refused
     # npm and pip are asked as boxyd asks them: in a tool sandbox, never from this tree
     template = Template()

@@ -11,7 +11,12 @@ import sys
 from typing import Any, NoReturn
 
 from boxy.errors import UsageError
-from boxyctl.cli import RUN_DESCRIPTION, RUN_FLAGS
+from boxy.options import RUN_OPTIONS
+
+RUN_DESCRIPTION = """\
+Run COMMAND in a fresh sandbox: the work directory read-write, a fresh $HOME,
+nothing else from the host unless a flag or the profile says so.
+Paths may be relative (to the current directory) or start with ~."""
 
 
 class Help(Exception):
@@ -88,7 +93,15 @@ def build_parser(prog: str, *, run_only: bool = False) -> _Parser:
     )
     parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    _add_run(sub, prog)
+    if not run_only:
+        _add_sessions(sub)
+        _add_admin(sub)
+    return parser
 
+
+def _add_run(sub: argparse._SubParsersAction[_Parser], prog: str) -> None:
+    """`run`: every flag from the option table (boxy.options)."""
     run = sub.add_parser(
         "run",
         help="run a command in a sandbox",
@@ -96,24 +109,25 @@ def build_parser(prog: str, *, run_only: bool = False) -> _Parser:
         description=RUN_DESCRIPTION,
         formatter_class=_Formatter,
     )
-    for flag in RUN_FLAGS:
-        kw: dict[str, Any] = {"help": flag.help}
-        if flag.kind == "true":
+    for option in RUN_OPTIONS:
+        kw: dict[str, Any] = {"help": option.help}
+        if option.kind == "true":
             kw["action"] = "store_true"
         else:
-            kw["metavar"] = flag.metavar
-            if flag.kind == "append":
+            kw["metavar"] = option.metavar
+            if option.kind == "append":
                 kw.update(action="append", default=[])
-            if flag.choices:
-                kw["choices"] = flag.choices
-        run.add_argument(*flag.names, **kw)
+            if option.choices:
+                kw["choices"] = option.choices
+        run.add_argument(*option.names, **kw)
     # REMAINDER: like bwrap, the first non-option word starts the command; '--' is optional.
     run.add_argument(
         "argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]", help=argparse.SUPPRESS
     )
 
-    if run_only:
-        return parser
+
+def _add_sessions(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """ps, show, watch, attach, stop: the sessions."""
     ps = sub.add_parser("ps", help="list running sessions")
     ps.add_argument("-a", "--all", action="store_true", help="every session on record")
     sub.add_parser("show", help="one session in full").add_argument("id", metavar="ID")
@@ -124,13 +138,15 @@ def build_parser(prog: str, *, run_only: bool = False) -> _Parser:
     stop = sub.add_parser("stop", help="SIGTERM, then SIGKILL")
     stop.add_argument("-k", "--kill", action="store_true", help="SIGKILL now")
     stop.add_argument("id", metavar="ID")
-    sub.add_parser("doctor", help="check what this kernel and host provide")
 
+
+def _add_admin(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """doctor, profile, daemon, cache, setup, trust, completion (in the help's order)."""
+    sub.add_parser("doctor", help="check what this kernel and host provide")
     profile = sub.add_parser("profile", help="list or show profiles")
     psub = profile.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
     psub.add_parser("list", help="the presets")
     psub.add_parser("show", help="a preset's text").add_argument("name", metavar="NAME")
-
     daemon = sub.add_parser("daemon", help="the boxyd daemon")
     dsub = daemon.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
     dsub.add_parser("status", help="which build is running, and how busy it is")
@@ -138,8 +154,7 @@ def build_parser(prog: str, *, run_only: bool = False) -> _Parser:
         ("restart", "replace it with this build"),
         ("stop", "stop it (refused while sessions are running)"),
     ):
-        p = dsub.add_parser(action, help=what)
-        p.add_argument(
+        dsub.add_parser(action, help=what).add_argument(
             "--force",
             action="store_true",
             help="stop running sessions first (SIGTERM, grace, SIGKILL; recorded)",
@@ -161,7 +176,6 @@ def build_parser(prog: str, *, run_only: bool = False) -> _Parser:
     how.add_argument("--revoke", action="store_true", help="withdraw this directory's approvals")
     comp = sub.add_parser("completion", help="print the shell completion script")
     comp.add_argument("shell", metavar="SHELL", choices=("bash", "zsh", "fish"))
-    return parser
 
 
 def usage(prog: str = "boxyctl", command: str | None = None) -> str:

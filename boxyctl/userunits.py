@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from boxy.errors import BoxyError
@@ -69,13 +70,13 @@ def user_manager(environ: dict[str, str]) -> bool:
     return os.path.exists(os.path.join(runtime, "systemd", "private"))
 
 
-def systemctl(*args: str) -> subprocess.CompletedProcess:
+def systemctl(*args: str) -> subprocess.CompletedProcess[str]:
     # systemd's own, never one a PATH entry in a project (an activated venv) provides
     binary = shutil.which("systemctl", path="/usr/bin:/bin") or "/usr/bin/systemctl"
     return subprocess.run([binary, "--user", *args], capture_output=True, text=True, timeout=30)
 
 
-def setup(environ: dict[str, str], say) -> int:
+def setup(environ: dict[str, str], say: Callable[[str], object]) -> int:
     target = unit_dir(environ)
     command = daemon_command()
     changed = False

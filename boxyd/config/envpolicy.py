@@ -119,12 +119,12 @@ def sandbox_env(
             notes.append(f"env_pass {name}: not set in the client's environment; skipped")
     for name, value in (profile_env or {}).items():
         env[check_name(name, what="profile env")] = check_value(name, value, what="profile env")
-    for name, value in requested:
+    for name, given in requested:
         check_name(name)
-        if value is None:
+        if given is None:
             if name not in client_env:
                 notes.append(f"-e {name}: not set in your environment; skipped")
                 continue
-            value = client_env[name]
-        env[name] = check_value(name, value)
+            given = client_env[name]
+        env[name] = check_value(name, given)
     return env

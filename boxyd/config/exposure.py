@@ -125,10 +125,10 @@ def check_exposed(
     Both sides are compared as given and as resolved: /var/run is usually a link
     to /run, and a home directory may be reached through a symlink.
     """
-    sensitive = [(path, why, {path, realpath(path)}) for path, why in sensitive if exists(path)]
+    present = [(path, why, {path, realpath(path)}) for path, why in sensitive if exists(path)]
     for what, path in exposed:
         trees = {posixpath.normpath(path), realpath(path)}
-        for spath, why, forms in sensitive:
+        for spath, why, forms in present:
             if not any(_contains(t, s) for t in trees for s in forms):
                 continue
             if why == HOME_WHY:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from boxyd.config.spec import SYSTEM_TREES
+from boxyd.config.runspec import SYSTEM_TREES
 
 
 class ToolError(Exception):

@@ -19,12 +19,13 @@ from typing import Any
 
 import yaml
 
+from boxy import options
 from boxy.errors import ProfileError, UsageError
 from boxy.paths import config_home
 from boxy.values import parse_cidrs, parse_duration, parse_host_spec, parse_size
 from boxyd.config import caches
 from boxyd.config.envpolicy import check_name
-from boxyd.config.spec import CopyEntry, PathEntry
+from boxyd.config.runspec import CopyEntry, PathEntry
 
 # {cache}: boxy's own package cache for this work directory and profile (caches.py)
 PATH_TEMPLATES = ("workdir", "workdir_slug", "home", "cache")
@@ -34,8 +35,8 @@ HOST_TEMPLATES = ("npm_registry", "pip_index", "pip_files", "go_proxy", "go_sumd
 # pip.conf (they hold tokens), so what the allowlist was built from is handed in.
 ENV_TEMPLATES = ("npm_registry_url", "npm_cafile", "pip_index_url", "pip_cert")
 
-NETS = ("public", "allowlist", "none")
-SECCOMP_MODES = ("strict", "compat")
+NETS = options.choices("net")  # the profile keys take what the flags take
+SECCOMP_MODES = options.choices("seccomp")
 _TOP_KEYS = (
     "description",
     "extends",
@@ -217,7 +218,7 @@ class _StrictLoader(yaml.SafeLoader):
         super().fetch_flow_collection_start(TokenClass)
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        event = self.peek_event()
+        event = self.peek_event()  # type: ignore[no-untyped-call]  # untyped in PyYAML's stubs
         if isinstance(event, yaml.AliasEvent) or event.anchor is not None:
             if not self.allow_aliases:
                 raise _error(
@@ -243,8 +244,9 @@ class _StrictLoader(yaml.SafeLoader):
             raise _error(
                 f"alias *{event.anchor} refers to a value that contains it", event.start_mark
             )
-        self._count(self._sizes.get(event.anchor, 0), event.start_mark)
-        return super().compose_node(None, None)  # PyYAML's own undefined-alias check
+        self._count(self._sizes.get(event.anchor or "", 0), event.start_mark)
+        # PyYAML's own undefined-alias check; an alias has no parent or index to resolve by
+        return super().compose_node(None, None)  # type: ignore[arg-type]
 
     def _count(self, n: int, mark: Any) -> None:
         self._nodes += n
@@ -349,7 +351,7 @@ class _Checker:
     def choice(self, key: str, value: Any, choices: tuple[str, ...]) -> str:
         if value not in choices:
             raise self.fail(key, f"expected one of: {', '.join(choices)}")
-        return value
+        return str(value)  # one of CHOICES: a str already
 
     def list_of(self, key: str, value: Any) -> list[Any]:
         if not isinstance(value, list):
@@ -492,11 +494,22 @@ class _Checker:
 
 
 def _build(name: str, label: str, doc: Mapping[str, Any], context: Mapping[str, str]) -> Profile:
+    """One profile document (without `extends`) checked into a Profile, key by key in
+    the document's order of concerns: each error names LABEL and the key."""
     c = _Checker(label, context)
     c.keys(doc, _TOP_KEYS)
     p = Profile(name=name, source=label)
     if "description" in doc:
         p.description = c.string("description", doc["description"])
+    _build_network(c, doc, p)
+    _build_filesystem(c, doc.get("filesystem", {}), p)
+    _build_env(c, doc, p)
+    _build_limits(c, doc.get("limits", {}), p)
+    return p
+
+
+def _build_network(c: _Checker, doc: Mapping[str, Any], p: Profile) -> None:
+    """net, seccomp, allow_hosts, allow_ports, allow_cidr and the booleans."""
     if "net" in doc:
         p.net = c.choice("net", doc["net"], NETS)
     if "seccomp" in doc:
@@ -510,7 +523,10 @@ def _build(name: str, label: str, doc: Mapping[str, Any], context: Mapping[str, 
     for key in ("tailscale", "tty", "tty_raw"):
         if key in doc:
             setattr(p, key, c.boolean(key, doc[key]))
-    fs = doc.get("filesystem", {})
+
+
+def _build_filesystem(c: _Checker, fs: Any, p: Profile) -> None:
+    """filesystem.*: paths, copies, tmpfs directories, secrets patterns."""
     if not isinstance(fs, dict):
         raise c.fail("filesystem", f"expected a mapping with keys {', '.join(_FS_KEYS)}")
     c.keys(fs, _FS_KEYS, "filesystem.")
@@ -524,41 +540,53 @@ def _build(name: str, label: str, doc: Mapping[str, Any], context: Mapping[str, 
         p.tmpfs.append(c.tmpfs_path(f"filesystem.tmpfs[{i}]", v))
     for i, v in enumerate(c.list_of("filesystem.secrets", fs.get("secrets", []))):
         p.secrets.append(c.secret_glob(f"filesystem.secrets[{i}]", v))
+
+
+def _build_env(c: _Checker, doc: Mapping[str, Any], p: Profile) -> None:
+    """env (values, path templates filled now), env_pass and env_secrets (names)."""
     env = doc.get("env", {})
     if not isinstance(env, dict):
         raise c.fail("env", "expected a mapping of NAME: VALUE")
     for k, v in env.items():
-        if not isinstance(k, str):
-            raise c.fail(f"env.{k}", "expected a variable name")
-        try:
-            check_name(k, what="env")
-        except UsageError as e:
-            raise ProfileError(f"profile {label}: key {e}") from None
-        # YAML reads 'false' and 1 as bool/int; an environment only holds strings.
-        value = c.string(f"env.{k}", v, "expected a string (quote true/false and numbers)")
-        if "\0" in value:
-            raise c.fail(f"env.{k}", "the value contains a NUL byte")
-        for name in _TEMPLATE_RE.findall(value):
-            if name not in ENV_TEMPLATES and name not in PATH_TEMPLATES:
-                known = (*ENV_TEMPLATES, *PATH_TEMPLATES)
-                raise c.fail(
-                    f"env.{k}",
-                    f"unknown template {{{name}}} (expected one of: "
-                    f"{', '.join('{' + t + '}' for t in known)})",
-                )
-        # path templates now; the registry's (ENV_TEMPLATES) when the run resolves them
-        p.env[k] = _TEMPLATE_RE.sub(
-            lambda m: c.values[m.group(1)] if m.group(1) in PATH_TEMPLATES else m.group(0), value
-        )
+        p.env[k] = _env_value(c, k, v)
     for list_key in ("env_pass", "env_secrets"):
         for i, v in enumerate(c.list_of(list_key, doc.get(list_key, []))):
             key = f"{list_key}[{i}]"
             try:
                 name = check_name(c.string(key, v, "expected a variable name"), what=key)
             except UsageError as e:
-                raise ProfileError(f"profile {label}: key {e}") from None
+                raise ProfileError(f"profile {c.label}: key {e}") from None
             getattr(p, list_key).append(name)
-    limits = doc.get("limits", {})
+
+
+def _env_value(c: _Checker, k: Any, v: Any) -> str:
+    """env.K's value checked, its path templates filled; the registry's (ENV_TEMPLATES)
+    are kept for the run to resolve."""
+    if not isinstance(k, str):
+        raise c.fail(f"env.{k}", "expected a variable name")
+    try:
+        check_name(k, what="env")
+    except UsageError as e:
+        raise ProfileError(f"profile {c.label}: key {e}") from None
+    # YAML reads 'false' and 1 as bool/int; an environment only holds strings.
+    value = c.string(f"env.{k}", v, "expected a string (quote true/false and numbers)")
+    if "\0" in value:
+        raise c.fail(f"env.{k}", "the value contains a NUL byte")
+    for name in _TEMPLATE_RE.findall(value):
+        if name not in ENV_TEMPLATES and name not in PATH_TEMPLATES:
+            known = (*ENV_TEMPLATES, *PATH_TEMPLATES)
+            raise c.fail(
+                f"env.{k}",
+                f"unknown template {{{name}}} (expected one of: "
+                f"{', '.join('{' + t + '}' for t in known)})",
+            )
+    return _TEMPLATE_RE.sub(
+        lambda m: c.values[m.group(1)] if m.group(1) in PATH_TEMPLATES else m.group(0), value
+    )
+
+
+def _build_limits(c: _Checker, limits: Any, p: Profile) -> None:
+    """limits.*: memory, pids, cpus, timeout."""
     if not isinstance(limits, dict):
         raise c.fail("limits", f"expected a mapping with keys {', '.join(_LIMIT_KEYS)}")
     c.keys(limits, _LIMIT_KEYS, "limits.")
@@ -570,7 +598,6 @@ def _build(name: str, label: str, doc: Mapping[str, Any], context: Mapping[str, 
         p.cpus = c.positive_number("limits.cpus", limits["cpus"])
     if "timeout" in limits:
         p.timeout = c.duration("limits.timeout", limits["timeout"])
-    return p
 
 
 def _merge(base: Profile, child: Profile) -> Profile:

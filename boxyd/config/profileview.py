@@ -9,6 +9,7 @@ import os
 from collections.abc import Mapping
 
 from boxy import values
+from boxy.errors import ProfileError
 from boxyd.config import profiles
 from boxyd.config.profiles import Profile, Registry
 
@@ -42,7 +43,7 @@ def _description(name: str, home: str | None) -> str:
     try:
         context = {"workdir": "/nonexistent/workdir", "home": home or os.path.expanduser("~")}
         return profiles.load_profile(name, context=context).description
-    except profiles.ProfileError as e:
+    except ProfileError as e:
         return f"(invalid: {e})"
 
 

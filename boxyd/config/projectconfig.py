@@ -31,8 +31,10 @@ from typing import Any
 
 from boxy.errors import UsageError
 from boxy.paths import ensure_private_dir
+from boxyd.config import profiles, widening
 from boxyd.config import projectregistries as pr
 from boxyd.config.projectregistries import ProjectRegistry
+from boxyd.kernel.openat import open_beneath
 
 NAME = ".boxy.yaml"
 MAX_SIZE = 64 << 10
@@ -44,8 +46,6 @@ def read_data(workdir: str, rel: str, *, strict: bool) -> bytes | None:
     """The bytes of WORKDIR/REL, or None when it is absent. Anything else that is not
     a small regular file reached without a symlink is a UsageError when STRICT (the
     project's own .boxy.yaml: said, never followed or read past), else None."""
-    from boxyd.kernel.openat import open_beneath
-
     where = f"{workdir}/{rel}"
     try:
         dirfd = os.open(workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -119,8 +119,6 @@ def read(workdir: str, env: Mapping[str, str] | None = None, *, strict: bool = T
     and where $VIRTUAL_ENV is read. STRICT: a .boxy.yaml that cannot be read as data
     is a UsageError (`boxyctl trust`); else it is left out and named in UNREADABLE
     (a run: the payload planted it, and it must not stop every later run)."""
-    from boxyd.config import profiles, widening
-
     try:
         config = read_data(workdir, NAME, strict=True)
     except UsageError as e:
@@ -231,7 +229,7 @@ def approve(project: Project, config_home: str) -> Path:
     return path
 
 
-def approvals(config_home: str) -> list[dict]:
+def approvals(config_home: str) -> list[dict[str, Any]]:
     d = trust_dir(config_home)
     out = []
     for p in sorted(d.glob("*.json")) if d.is_dir() else []:

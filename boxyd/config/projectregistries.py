@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from boxyd.config.registries import ENV_OVERRIDES
+
 NPMRC = ".npmrc"
 PIP_CONF = "pip.conf"
 
@@ -144,12 +146,12 @@ def _json_parse(text: str) -> tuple[str, bool] | None:
     """String(JSON.parse(TEXT)) and whether it is a string; None where JSON.parse
     throws. Linear time: an open array or object is a list entry, not a frame."""
     stack: list[list[str | None] | None] = []  # per open array its elements; None: an object
-    pos = _JSON_WS.match(text).end()
+    pos = _ws(text, 0)
     while True:  # a value starts at POS
         value: _JSValue | None
         if text.startswith(("[", "{"), pos):
             stack.append([] if text[pos] == "[" else None)
-            pos = _JSON_WS.match(text, pos + 1).end()
+            pos = _ws(text, pos + 1)
             if not text.startswith("]" if stack[-1] is not None else "}", pos):
                 if stack[-1] is None and (pos := _json_key(text, pos)) < 0:
                     return None
@@ -160,7 +162,7 @@ def _json_parse(text: str) -> tuple[str, bool] | None:
             if value is None:
                 return None
         while True:  # VALUE ends before POS: into its container, closing those that end
-            pos = _JSON_WS.match(text, pos).end()
+            pos = _ws(text, pos)
             if not stack:
                 return (
                     ("null" if value[0] is None else value[0], value[1])
@@ -171,13 +173,19 @@ def _json_parse(text: str) -> tuple[str, bool] | None:
             if top is not None:
                 top.append(value[0])
             if text.startswith(",", pos):
-                pos = _JSON_WS.match(text, pos + 1).end()
+                pos = _ws(text, pos + 1)
                 if top is None and (pos := _json_key(text, pos)) < 0:
                     return None
                 break
             if not text.startswith("]" if top is not None else "}", pos):
                 return None
             value, pos = _close(stack.pop()), pos + 1
+
+
+def _ws(text: str, pos: int) -> int:
+    """POS past the JSON blanks there."""
+    m = _JSON_WS.match(text, pos)
+    return m.end() if m else pos  # always a match: the pattern matches nothing too
 
 
 def _close(elements: list[str | None] | None) -> _JSValue:
@@ -192,8 +200,8 @@ def _json_key(text: str, pos: int) -> int:
     key, pos = _json_scalar(text, pos) if text.startswith('"', pos) else (None, pos)
     if key is None:
         return -1
-    pos = _JSON_WS.match(text, pos).end()
-    return _JSON_WS.match(text, pos + 1).end() if text.startswith(":", pos) else -1
+    pos = _ws(text, pos)
+    return _ws(text, pos + 1) if text.startswith(":", pos) else -1
 
 
 def _json_scalar(text: str, pos: int) -> tuple[_JSValue | None, int]:
@@ -216,8 +224,9 @@ def _json_string(text: str, pos: int) -> tuple[_JSValue | None, int]:
     pairs = False  # \\u escapes: JavaScript strings are UTF-16, so a pair is one character
     while True:
         m = _JSON_CHARS.match(text, pos)
-        out.append(m.group())
-        pos = m.end()
+        if m:  # always: the pattern matches nothing too
+            out.append(m.group())
+            pos = m.end()
         if text.startswith('"', pos):
             s = "".join(out)
             if pairs:
@@ -402,8 +411,6 @@ def resolver(
     """REGISTRY with an approved project's registries first, as the tool orders them:
     an environment override (npm_config_registry, PIP_INDEX_URL) over the project's
     file over the user's configuration."""
-    from boxyd.config.registries import ENV_OVERRIDES
-
     regs = list(regs)
 
     def resolve(name: str) -> str | None:

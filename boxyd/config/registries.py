@@ -83,7 +83,13 @@ def host_of(value: str) -> str | None:
     return host or None
 
 
-_TOOL_CACHE: dict[tuple, tuple[float, str | None, tuple | None]] = {}
+_Stats = tuple[tuple[int, int, int] | None, ...]  # per file: (inode, mtime, size), or absent
+_Files = tuple[tuple[str, ...], _Stats]  # the npmrc files an answer came from, as they were
+# (binary, its arguments, its environment) -> (when, the answer, its files)
+_TOOL_CACHE: dict[
+    tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]],
+    tuple[float, str | None, _Files | None],
+] = {}
 _TOOL_LOCK = threading.Lock()
 
 
@@ -101,8 +107,8 @@ def _config_files(answer: str | None) -> tuple[str, ...]:
     )
 
 
-def _stat_all(paths: tuple[str, ...]) -> tuple:
-    def one(path: str) -> tuple | None:
+def _stat_all(paths: tuple[str, ...]) -> _Stats:
+    def one(path: str) -> tuple[int, int, int] | None:
         try:
             st = os.stat(path)
         except OSError:

@@ -31,7 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from boxyd.config.profiles import Profile
-from boxyd.config.spec import DEFAULT_MEMORY, DEFAULT_NET, DEFAULT_PIDS
+
+# unset in a profile means boxy's defaults (the option table's)
+from boxyd.config.runspec import DEFAULT_MEMORY, DEFAULT_NET, DEFAULT_PIDS, CopyEntry, PathEntry
 
 NET_RANK = {"none": 0, "allowlist": 1, "public": 2}
 
@@ -99,7 +101,8 @@ def _entries(
 ) -> None:
     """Drop from OUT.KEY what ALLOWED (or COVERED) does not already grant."""
     allowed = list(allowed)
-    keep, dropped = [], []
+    keep: list[Any] = []
+    dropped: list[Any] = []
     for entry in getattr(out, key):
         ok = entry in allowed or (covered is not None and covered(entry))
         (keep if ok else dropped).append(entry)
@@ -144,73 +147,49 @@ def _filesystem(base: Profile, out: Profile, held: list[Held], own_cache: str) -
     def mine(path: str) -> bool:
         return path == own_cache or path.startswith(own_cache.rstrip("/") + "/")
 
-    readable, writable = paths("ro", "rw", "mkdir"), paths("rw", "mkdir")
-    fs = "filesystem."
-    _entries(
-        out,
-        "ro",
-        (),
-        held,
-        label=fs + "ro",
-        show=lambda e: e.path,
-        covered=lambda e: e.path in readable or mine(e.path),
-    )
-    _entries(
-        out,
-        "rw",
-        (),
-        held,
-        label=fs + "rw",
-        show=lambda e: e.path,
-        covered=lambda e: e.path in writable or mine(e.path),
-    )
-    _entries(
-        out,
-        "mkdir",
-        (),
-        held,
-        label=fs + "mkdir",
-        show=lambda e: e.path,
-        covered=lambda e: e.path in writable or mine(e.path),
-    )
+    def within(granted: set[str]) -> Callable[[PathEntry], bool]:
+        # this project's own package cache is never wider
+        return lambda e: e.path in granted or mine(e.path)
+
+    def copied(allowed: set[tuple[str, str]]) -> Callable[[CopyEntry], bool]:
+        return lambda e: (e.src, e.dst) in allowed
+
+    readable, writable, revealed = paths("ro", "rw", "mkdir"), paths("rw", "mkdir"), paths("reveal")
+    for key, granted in (("ro", readable), ("rw", writable), ("mkdir", writable)):
+        _entries(
+            out, key, (), held, label="filesystem." + key, show=lambda e: e.path,
+            covered=within(granted),
+        )  # fmt: skip
     _entries(
         out,
         "reveal",
         (),
         held,
-        label=fs + "reveal",
+        label="filesystem.reveal",
         show=lambda e: e.path,
-        covered=lambda e: e.path in paths("reveal"),
+        covered=lambda e: e.path in revealed,
     )
     copies = {(c.src, c.dst) for c in base.copy}
-    _entries(
-        out,
-        "copy",
-        (),
-        held,
-        label=fs + "copy",
-        show=lambda e: e.src,
-        covered=lambda e: (e.src, e.dst) in copies,
-    )
-    copies |= {(c.src, c.dst) for c in base.copy_ro}
-    _entries(
-        out,
-        "copy_ro",
-        (),
-        held,
-        label=fs + "copy_ro",
-        show=lambda e: e.src,
-        covered=lambda e: (e.src, e.dst) in copies,
-    )
+    copies_ro = copies | {(c.src, c.dst) for c in base.copy_ro}  # a writable copy covers one
+    for key, allowed in (("copy", copies), ("copy_ro", copies_ro)):
+        _entries(
+            out, key, (), held, label="filesystem." + key, show=lambda e: e.src,
+            covered=copied(allowed),
+        )  # fmt: skip
+    _kept(base, out, held)
+
+
+def _kept(base: Profile, out: Profile, held: list[Held]) -> None:
+    """BASE's protect entries and secrets patterns stay: dropping one uncovers files."""
     kept = {e.path for e in out.protect}
     gone = [e for e in base.protect if e.path not in kept]
     if gone:
         out.protect = out.protect + gone
-        held.append(Held(fs + "protect", tuple(e.path for e in gone)))
+        held.append(Held("filesystem.protect", tuple(e.path for e in gone)))
     lost = [g for g in base.secrets if g not in out.secrets]  # a pattern dropped uncovers files
     if lost:
         out.secrets = out.secrets + lost
-        held.append(Held(fs + "secrets", tuple(lost)))
+        held.append(Held("filesystem.secrets", tuple(lost)))
 
 
 def _limits(base: Profile, out: Profile, held: list[Held]) -> None:

@@ -24,6 +24,7 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from boxyd.kernel.sys import (
     CLONE_NEWCGROUP,
@@ -117,7 +118,7 @@ def _read(path: str) -> str | None:
 def _prctl(option: int, arg: int) -> int:
     # Variadic: every argument must be a full unsigned long.
     zero = ctypes.c_ulong(0)
-    return _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), zero, zero, zero)
+    return int(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), zero, zero, zero))
 
 
 def _unshare(flags: int, step: str) -> None:
@@ -548,7 +549,7 @@ def _cgroup_state() -> Facts:
 def _cgroup2(f: Facts) -> list[Check]:
     state = _cgroup_state()
     f.update(state)
-    have = set(state["cgroup_controllers"])  # type: ignore[arg-type]
+    have = set(cast(list[str], state["cgroup_controllers"]))
     for c in CGROUP_CONTROLLERS:
         f[f"{c}_controller"] = c in have
     if state["cgroup2_path"] is None:
@@ -663,10 +664,10 @@ def _host_network(f: Facts) -> list[Check]:
         servers, why = [], str(e)
     else:
         why = "no nameserver in /etc/resolv.conf"
-    f["dns_upstreams"] = [f"{h}:{p}" for h, p in servers]
+    f["dns_upstreams"] = upstreams = [f"{h}:{p}" for h, p in servers]
     f["ipv6_route"] = v6 = hostnet.host_has_ipv6_route()
     out = [
-        Check("dns-upstream", True, ", ".join(f["dns_upstreams"]), hard=False)
+        Check("dns-upstream", True, ", ".join(upstreams), hard=False)
         if servers
         else Check(
             "dns-upstream", False, f"{why}: --net public/allowlist resolve nothing", hard=False

@@ -20,7 +20,7 @@ from boxy.errors import BuildMismatch, Busy, DaemonError, NoSuchSession, UsageEr
 from boxy.outcome import SessionInfo
 from boxy.request import RunRequest
 from boxy.varlink import close_fds
-from boxyd.config.spec import DEFAULT_PROFILE
+from boxyd.config.runspec import DEFAULT_PROFILE
 from boxyd.daemon import pools, records
 from boxyd.daemon.events import (
     Fanout,

@@ -12,10 +12,12 @@ import asyncio
 import functools
 import logging
 import os
+import socket
 from collections.abc import Callable
+from typing import Any
 
 from boxy.errors import SetupError, UsageError
-from boxyd.config.spec import RunSpec
+from boxyd.config.runspec import RunSpec
 from boxyd.net import netlog, pcap, ranges, ruleset, tailscale
 from boxyd.net.dnsproxy import DnsProxy
 from boxyd.net.gateway import LISTENERS, Gateway
@@ -65,7 +67,7 @@ class Network:
         self.notice = notice
         self.gateway: Gateway | None = None
         self._capture: pcap.Writer | None = None
-        self._capture_sock = None
+        self._capture_sock: socket.socket | None = None
         self._netlog_fd = outputs.net_log if outputs is not None else None
         if (
             outputs is not None and outputs.pcap is not None
@@ -108,7 +110,7 @@ class Network:
                 if isinstance(op, File) and op.dst == "/etc/resolv.conf":
                     op.content = tailscale.resolv_conf(op.content, self.tailnet)
 
-    def attach(self, listeners: dict, dns: DnsProxy) -> None:
+    def attach(self, listeners: dict[str, socket.socket], dns: DnsProxy) -> None:
         expected = set(LISTENERS) | ({"pcap"} if self._capture is not None else set())
         if self.gateway is not None or set(listeners) != expected:
             for sock in listeners.values():
@@ -123,7 +125,7 @@ class Network:
             self.gateway.dns_session.routes = ((self.tailnet, (tailscale.MAGICDNS,)),)
         self.gateway.start()
 
-    def _event(self, ev: dict) -> None:
+    def _event(self, ev: dict[str, Any]) -> None:
         fields = {k: v for k, v in ev.items() if v not in (None, "") and k != "layer"}
         self.record(str(ev.get("layer", "net")), **fields)
         self.refused.add(ev)
@@ -134,9 +136,9 @@ class Network:
             else:
                 self._muted += 1
 
-    async def finish(self) -> dict:
+    async def finish(self) -> dict[str, Any]:
         """Close every flow; write --net-log; the destinations table for stderr."""
-        out: dict = {}
+        out: dict[str, Any] = {}
         if self._capture is not None:
             out.update(self._close_capture())
         if self.gateway is None:
@@ -168,7 +170,7 @@ class Network:
         if self._capture is not None and self.gateway is None:
             self._capture = None
 
-    def _close_capture(self) -> dict:
+    def _close_capture(self) -> dict[str, Any]:
         cap, sock = self._capture, self._capture_sock
         assert cap is not None
         if sock is not None:
@@ -195,11 +197,11 @@ class Network:
 @functools.lru_cache(maxsize=64)
 def gateway_ruleset(
     mode: str,
-    exceptions: tuple,
+    exceptions: tuple[ranges.Network, ...],
     tcp_ports: tuple[int, ...] | None,
     udp_ports: tuple[int, ...] | None,
     bound: tuple[str, ...] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """The same flags give the same ruleset: built once (~12 ms), then reused. The
     result is shared: only ever serialised, never changed."""
     prefixes = ranges.static_prefixes(exceptions)
@@ -215,7 +217,7 @@ def gateway_ruleset(
     )
 
 
-def describe(ev: dict) -> str:
+def describe(ev: dict[str, Any]) -> str:
     """One -v line for a denial: layer, what, why."""
     layer = ev.get("layer", "net")
     if ev.get("addr"):

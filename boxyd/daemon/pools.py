@@ -45,7 +45,7 @@ def submit(
     context variables go with it, as with asyncio.to_thread)."""
     ctx = contextvars.copy_context()
     call = functools.partial(ctx.run, fn, *args, **kwargs)
-    return asyncio.get_running_loop().run_in_executor(pool, call)  # type: ignore[arg-type]
+    return asyncio.get_running_loop().run_in_executor(pool, call)
 
 
 async def run(pool: ThreadPoolExecutor, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:

@@ -25,7 +25,8 @@ from boxy.varlink import close_fds
 from boxyd.config import caches
 from boxyd.config.hosttools import resolve
 from boxyd.config.registries import Registries
-from boxyd.config.spec import RunSpec, build_spec
+from boxyd.config.runspec import RunSpec
+from boxyd.config.spec import build_spec
 from boxyd.daemon import pools, records
 from boxyd.daemon.liveguard import LiveGuard
 from boxyd.daemon.pty import PtyRelay

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from boxy import values
-from boxyd.config.spec import RunSpec
+from boxyd.config.runspec import RunSpec
 
 if TYPE_CHECKING:
     from dbus_fast.aio import MessageBus
@@ -91,72 +91,58 @@ def limits(spec: RunSpec, placement: Placement) -> list[Limit]:
             else f"no {controller} controller: no scope ({placement.reason})"
         )
 
-    size = values.format_size(spec.memory)
-    out = []
-    if "memory" in have:
-        out.append(
-            Limit(
-                "memory",
-                spec.memory,
-                True,
-                f"{unit} MemoryMax",
-                f"--memory {size}: MemoryMax of {unit}, and the scratch tmpfs's size",
-            )
-        )
-    else:
-        out.append(
-            Limit(
-                "memory",
-                spec.memory,
-                False,
-                missing("memory"),
-                f"--memory {size}: sizes the scratch tmpfs ($HOME, /tmp, /dev/shm); the "
-                f"memory limit itself is not enforced ({missing('memory')})",
-            )
-        )
-    if "pids" in have:
-        out.append(
-            Limit(
-                "pids",
-                spec.pids,
-                True,
-                f"{unit} TasksMax, RLIMIT_NPROC",
-                f"--pids {spec.pids}: TasksMax of {unit}, and RLIMIT_NPROC",
-            )
-        )
-    else:
-        out.append(
-            Limit(
-                "pids",
-                spec.pids,
-                True,
-                "RLIMIT_NPROC",
-                f"--pids {spec.pids}: enforced with RLIMIT_NPROC in the sandbox's user "
-                f"namespace ({missing('pids')})",
-            )
-        )
+    out = [
+        _memory(spec.memory, unit, None if "memory" in have else missing("memory")),
+        _pids(spec.pids, unit, None if "pids" in have else missing("pids")),
+    ]
     if spec.cpus is not None:
-        if "cpu" in have:
-            out.append(
-                Limit(
-                    "cpus",
-                    spec.cpus,
-                    True,
-                    f"{unit} CPUQuota",
-                    f"--cpus {spec.cpus:g}: CPUQuota of {unit}",
-                )
-            )
-        else:
-            out.append(
-                Limit(
-                    "cpus",
-                    spec.cpus,
-                    False,
-                    missing("cpu"),
-                    f"--cpus {spec.cpus:g}: not enforced ({missing('cpu')})",
-                )
-            )
+        out.append(_cpus(spec.cpus, unit, None if "cpu" in have else missing("cpu")))
     return out
+
+
+# Each limit below: MISSING is None when the scope's controller enforces it, else why not.
+def _memory(memory: int, unit: str | None, missing: str | None) -> Limit:
+    size = values.format_size(memory)
+    if missing is None:
+        return Limit(
+            "memory",
+            memory,
+            True,
+            f"{unit} MemoryMax",
+            f"--memory {size}: MemoryMax of {unit}, and the scratch tmpfs's size",
+        )
+    return Limit(
+        "memory",
+        memory,
+        False,
+        missing,
+        f"--memory {size}: sizes the scratch tmpfs ($HOME, /tmp, /dev/shm); the "
+        f"memory limit itself is not enforced ({missing})",
+    )
+
+
+def _pids(pids: int, unit: str | None, missing: str | None) -> Limit:
+    if missing is None:
+        return Limit(
+            "pids",
+            pids,
+            True,
+            f"{unit} TasksMax, RLIMIT_NPROC",
+            f"--pids {pids}: TasksMax of {unit}, and RLIMIT_NPROC",
+        )
+    return Limit(
+        "pids",
+        pids,
+        True,
+        "RLIMIT_NPROC",
+        f"--pids {pids}: enforced with RLIMIT_NPROC in the sandbox's user namespace ({missing})",
+    )
+
+
+def _cpus(cpus: float, unit: str | None, missing: str | None) -> Limit:
+    if missing is None:
+        return Limit("cpus", cpus, True, f"{unit} CPUQuota", f"--cpus {cpus:g}: CPUQuota of {unit}")
+    return Limit("cpus", cpus, False, missing, f"--cpus {cpus:g}: not enforced ({missing})")
 
 
 def unit_properties(pid: int, spec: RunSpec, sid: str) -> list[tuple[str, tuple[str, object]]]:

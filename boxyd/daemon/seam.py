@@ -14,7 +14,7 @@ from typing import Protocol
 
 from boxy.outcome import Counters
 from boxy.request import RunRequest, Terminal
-from boxyd.config.spec import RunSpec
+from boxyd.config.runspec import RunSpec
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from boxy.outcome import (
 )
 from boxy.request import RunRequest, Terminal
 from boxy.varlink import close_fds
-from boxyd.config.spec import DEFAULT_PROFILE, RunSpec
+from boxyd.config.runspec import DEFAULT_PROFILE, RunSpec
 from boxyd.daemon import seam
 from boxyd.daemon.events import (
     Audited,

@@ -179,6 +179,14 @@ def osc_allowed(kind: int, text: bytes) -> bool:
 
 
 _CSI_BYTES = re.compile(rb"[\x30-\x3f]*[\x20-\x2f]*")  # parameters, then intermediates
+
+
+def _match(pattern: re.Pattern[bytes], data: bytes, pos: int) -> int:
+    """Where PATTERN's match at POS ends (these patterns match the empty string too)."""
+    m = pattern.match(data, pos)
+    return pos if m is None else m.end()
+
+
 _CSI_SHAPE = re.compile(rb"[<=>?]?[0-9:;]*[\x20-\x2f]*")  # a marker first, or it is ignored
 _STRING_END = re.compile(rb"[\x18\x1a\x1b]")  # CAN, SUB abort a string; ESC \ ends it
 
@@ -258,7 +266,7 @@ class TermFilter:
 
     def _ground(self, data: bytes, pos: int, out: list[bytes]) -> int:
         if not self._pending:
-            run = _RUN.match(data, pos).end()
+            run = _match(_RUN, data, pos)
             if run > pos:
                 out.append(data[pos:run])
                 return run
@@ -308,8 +316,7 @@ class TermFilter:
         return pos + 1
 
     def _csi(self, data: bytes, pos: int, out: list[bytes]) -> int:
-        m = _CSI_BYTES.match(data, pos)
-        stop = m.end()
+        stop = _match(_CSI_BYTES, data, pos)
         if not self._drop:
             if len(self._seq) + stop - pos > CSI_CAP:
                 self._drop = True

@@ -37,7 +37,7 @@ import re
 import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 from boxyd.gitguard.gitconfig import parse
 
@@ -616,7 +616,7 @@ class Walker:
             elif name == "gitdir":
                 self.control(sub, "backlink", kind)
             elif name in ("hooks", "modules", "worktrees"):
-                self.control(sub, name, kind)
+                self.control(sub, cast(Role, name), kind)
                 if kind == "dir":
                     self.below(fd, name, sub, name, 0)
         for name in ("config", "config.worktree"):

@@ -70,7 +70,7 @@ class _Reader:
 
 def _base_var(r: _Reader) -> str | None:
     """After ``[``: the section name (lower-cased), plus ``.subsection`` when quoted."""
-    name = []
+    name: list[str] = []
     while True:
         c = r.next()
         if r.eof:

@@ -25,9 +25,9 @@ _syscall = libc.syscall
 _syscall.restype = ctypes.c_long
 
 
-def syscall(nr: int, *args: int | bytes | ctypes._CData | None) -> int:
+def syscall(nr: int, *args: object) -> int:
     """Raw syscall(2); returns the result or -1 with ctypes errno set."""
-    return _syscall(ctypes.c_long(nr), *args)
+    return int(_syscall(ctypes.c_long(nr), *args))
 
 
 def check(ret: int, step: str, path: str | None = None) -> int:
@@ -39,7 +39,5 @@ def check(ret: int, step: str, path: str | None = None) -> int:
     return ret
 
 
-def errno_call(
-    step: str, path: str | None, nr: int, *args: int | bytes | ctypes._CData | None
-) -> int:
+def errno_call(step: str, path: str | None, nr: int, *args: object) -> int:
     return check(syscall(nr, *args), step, path)

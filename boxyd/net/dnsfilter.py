@@ -48,9 +48,9 @@ Choices, and why:
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import dns.edns
 import dns.flags
@@ -215,38 +215,16 @@ def filter_answer(
     def ttl(rrset: dns.rrset.RRset) -> int:
         return clamp_ttl(rrset.ttl, ttl_floor, ttl_cap)
 
-    found: dict[tuple[dns.name.Name, int], dns.rrset.RRset] = {}
-    for rrset in response.answer:
-        if rrset.rdclass != dns.rdataclass.IN or rrset.rdtype == dns.rdatatype.RRSIG:
-            continue  # no DO bit was sent, and records the filter removes would break them
-        key = (rrset.name, rrset.rdtype)
-        if key in found:
-            found[key] = found[key].union(rrset)
-        else:
-            found[key] = rrset
-
-    # Follow the chain from the question name (a CNAME question is not chased).
-    links: list[dns.rrset.RRset] = []
-    current = question.name
-    seen = {current}
-    while question.rdtype != dns.rdatatype.CNAME:
-        cname = found.get((current, dns.rdatatype.CNAME))
-        if cname is None:
-            break
-        if len(links) >= MAX_CHAIN:
-            return _servfail(query, f"CNAME chain from {qname} longer than {MAX_CHAIN}")
-        target = next(iter(cname)).target  # dnspython keeps one CNAME per name (singleton)
-        links.append(cname)
-        if target in seen:
-            return _servfail(query, f"CNAME loop at {name_text(target)}")
-        seen.add(target)
-        current = target
-
+    found = _by_name(response)
+    links = _cname_chain(question, found)
+    if isinstance(links, str):
+        return _servfail(query, links)
     out = response_for(query, rcode)
     chain = (qname, *(name_text(link[0].target) for link in links))
     for link in links:
         out.answer.append(_with_ttl(link, ttl(link)))
 
+    current = links[-1][0].target if links else question.name
     final = found.get((current, question.rdtype))
     if final is None:
         # Upstream's own negative answer: its SOA says how long to cache it.
@@ -256,46 +234,90 @@ def filter_answer(
             if rr.rdtype == dns.rdatatype.SOA and rr.rdclass == dns.rdataclass.IN
         ]
         return Filtered(out, chain=chain)
+    kept = _Kept(policy, qname, ttl(final))
+    kept_rrset = kept.filter(final, ipv6=ipv6)
+    if kept_rrset is not None:
+        out.answer.append(kept_rrset)
+    return Filtered(
+        out, tuple(kept.bind), tuple(kept.denied), tuple(kept.unrouted), chain, kept.ech_stripped
+    )
 
-    bind: list[Binding] = []
-    denied: list[tuple[str, str]] = []
-    unrouted: list[str] = []
-    ech_stripped = False
-    final_ttl = ttl(final)
 
-    def allowed(addresses: Iterable[str]) -> list[str]:
+def _by_name(response: dns.message.Message) -> dict[tuple[dns.name.Name, int], dns.rrset.RRset]:
+    """RESPONSE's IN answers, one RRset per (name, type)."""
+    found: dict[tuple[dns.name.Name, int], dns.rrset.RRset] = {}
+    for rrset in response.answer:
+        if rrset.rdclass != dns.rdataclass.IN or rrset.rdtype == dns.rdatatype.RRSIG:
+            continue  # no DO bit was sent, and records the filter removes would break them
+        key = (rrset.name, rrset.rdtype)
+        if key in found:
+            found[key] = found[key].union(rrset)
+        else:
+            found[key] = rrset
+    return found
+
+
+def _cname_chain(
+    question: dns.rrset.RRset, found: dict[tuple[dns.name.Name, int], dns.rrset.RRset]
+) -> list[dns.rrset.RRset] | str:
+    """The CNAMEs from the question name on (a CNAME question is not chased), or why
+    the answer is refused (too long, a loop)."""
+    links: list[dns.rrset.RRset] = []
+    current = question.name
+    seen = {current}
+    while question.rdtype != dns.rdatatype.CNAME:
+        cname = found.get((current, dns.rdatatype.CNAME))
+        if cname is None:
+            break
+        if len(links) >= MAX_CHAIN:
+            return f"CNAME chain from {name_text(question.name)} longer than {MAX_CHAIN}"
+        target = next(iter(cname)).target  # dnspython keeps one CNAME per name (singleton)
+        links.append(cname)
+        if target in seen:
+            return f"CNAME loop at {name_text(target)}"
+        seen.add(target)
+        current = target
+    return links
+
+
+class _Kept:
+    """The final RRset's records the policy keeps, and what it removed on the way."""
+
+    def __init__(self, policy: DnsPolicy, qname: str, ttl: int) -> None:
+        self.policy, self.qname, self.ttl = policy, qname, ttl
+        self.bind: list[Binding] = []
+        self.denied: list[tuple[str, str]] = []
+        self.unrouted: list[str] = []
+        self.ech_stripped = False
+
+    def allowed(self, addresses: Iterable[str]) -> list[str]:
         kept = []
         for text in addresses:
             ip = ipaddress.ip_address(text)
-            reason = policy.address_denied(ip)
+            reason = self.policy.address_denied(ip)
             if reason is None:
                 kept.append(text)
-                bind.append(Binding(canonical_ip(ip), qname, final_ttl))
+                self.bind.append(Binding(canonical_ip(ip), self.qname, self.ttl))
             else:
-                denied.append((text, reason))
+                self.denied.append((text, reason))
         return kept
 
-    kept_rrset: dns.rrset.RRset | None
-    if final.rdtype == dns.rdatatype.AAAA and not ipv6:
-        unrouted.extend(rd.address for rd in final)
-        kept_rrset = None
-    elif final.rdtype in _ADDRESS_TYPES:
-        keep = set(allowed(rd.address for rd in final))
-        kept_rrset = _rebuild(final, final_ttl, [rd for rd in final if rd.address in keep])
-    elif final.rdtype in _SERVICE_TYPES:
-        rdatas = []
-        for rd in final:
-            new, stripped = _filter_service(rd, allowed, unrouted, ipv6=ipv6)
-            ech_stripped |= stripped
-            if new is not None:
-                rdatas.append(new)
-        kept_rrset = _rebuild(final, final_ttl, rdatas)
-    else:
-        kept_rrset = _with_ttl(final, final_ttl)
-
-    if kept_rrset is not None:
-        out.answer.append(kept_rrset)
-    return Filtered(out, tuple(bind), tuple(denied), tuple(unrouted), chain, ech_stripped)
+    def filter(self, final: dns.rrset.RRset, *, ipv6: bool) -> dns.rrset.RRset | None:
+        if final.rdtype == dns.rdatatype.AAAA and not ipv6:
+            self.unrouted.extend(rd.address for rd in final)
+            return None
+        if final.rdtype in _ADDRESS_TYPES:
+            keep = set(self.allowed(rd.address for rd in final))
+            return _rebuild(final, self.ttl, [rd for rd in final if rd.address in keep])
+        if final.rdtype in _SERVICE_TYPES:
+            rdatas = []
+            for rd in final:
+                new, stripped = _filter_service(rd, self.allowed, self.unrouted, ipv6=ipv6)
+                self.ech_stripped |= stripped
+                if new is not None:
+                    rdatas.append(new)
+            return _rebuild(final, self.ttl, rdatas)
+        return _with_ttl(final, self.ttl)
 
 
 def _filter_service(
@@ -329,11 +351,11 @@ def _filter_service(
     mandatory = params.get(ParamKey.MANDATORY)
     if mandatory is not None and removed.intersection(mandatory.keys):
         return None, had_ech
-    return rd.replace(params=params), had_ech
+    return cast(SVCBBase, rd.replace(params=params)), had_ech
 
 
 def _rebuild(
-    rrset: dns.rrset.RRset, ttl: int, rdatas: list[dns.rdata.Rdata]
+    rrset: dns.rrset.RRset, ttl: int, rdatas: Sequence[dns.rdata.Rdata]
 ) -> dns.rrset.RRset | None:
     if not rdatas:
         return None
@@ -341,7 +363,7 @@ def _rebuild(
 
 
 def _with_ttl(rrset: dns.rrset.RRset, ttl: int) -> dns.rrset.RRset:
-    copy = rrset.copy()
+    copy: dns.rrset.RRset = rrset.copy()
     copy.ttl = ttl
     return copy
 

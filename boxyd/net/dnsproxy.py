@@ -205,63 +205,28 @@ class DnsProxy:
             session.stats.rate_limited += 1
             return self._wire(response_for(query, dns.rcode.REFUSED), query, tcp, session)
         key = (self.ipv6, tcp, wire[2:])
-        hit = session.cache.get(key)
-        if hit is not None:
-            if hit.expires > time.monotonic() and all(
-                session.bindings.bind(b.ip, b.name, b.ttl) for b in hit.bind
-            ):
-                if session.on_event is not None and hit.event is not None:
-                    session.on_event(dict(hit.event))
-                return wire[:2] + hit.tail
-            del session.cache[key]
+        cached = self._cached(session, key)
+        if cached is not None:
+            return wire[:2] + cached
 
         refusal = decide_query(query, session.policy)
         if refusal is not None:
             session.stats.refused += 1
             self._emit(session, query, "deny", refusal.reason, refusal.rcode)
             return self._wire(refusal_response(query, refusal), query, tcp, session)
-
         if session.inflight >= session.max_inflight:
             session.stats.busy += 1
             return self._wire(response_for(query, dns.rcode.REFUSED), query, tcp, session)
-        session.inflight += 1
-        try:
-            upstream = await self._resolve(upstream_query(query), route_for(session, query))
-        except UpstreamError as e:
-            session.stats.upstream_errors += 1
-            self._emit(session, query, "allow", f"upstream failed: {e}", dns.rcode.SERVFAIL)
-            return self._wire(response_for(query, dns.rcode.SERVFAIL), query, tcp, session)
-        finally:
-            session.inflight -= 1
-
-        bindings = session.bindings
-        try:
-            filtered = filter_answer(
-                query,
-                upstream,
-                session.policy,
-                ipv6=self.ipv6,
-                ttl_floor=bindings.ttl_floor,
-                ttl_cap=bindings.ttl_cap,
-            )
-        except (ValueError, dns.exception.DNSException) as e:
-            filtered = Filtered(
-                response_for(query, dns.rcode.SERVFAIL), error=f"unusable upstream answer: {e}"
-            )
+        upstream = await self._ask_upstream(query, session)
+        filtered = self._filter(query, upstream, session)
         if filtered.error is not None:
             self._emit(session, query, "allow", filtered.error, dns.rcode.SERVFAIL)
             return self._wire(filtered.response, query, tcp, session)
         # Bind before answering: the client may connect the moment it has the answer.
-        unpublished = bindings.unpublished
-        for b in filtered.bind:
-            if not bindings.bind(b.ip, b.name, b.ttl):
-                reason = (
-                    f"the gateway did not take {b.ip} into its bound addresses"
-                    if bindings.unpublished > unpublished
-                    else f"too many DNS bindings in this session ({bindings.max_entries})"
-                )
-                self._emit(session, query, "deny", reason, dns.rcode.SERVFAIL)
-                return self._wire(response_for(query, dns.rcode.SERVFAIL), query, tcp, session)
+        unbound = self._bind(session, filtered)
+        if unbound is not None:
+            self._emit(session, query, "deny", unbound, dns.rcode.SERVFAIL)
+            return self._wire(response_for(query, dns.rcode.SERVFAIL), query, tcp, session)
         event = self._emit_filtered(session, query, filtered)
         response = self._wire(filtered.response, query, tcp, session)
         if len(session.cache) >= CACHE_ENTRIES:
@@ -270,6 +235,69 @@ class DnsProxy:
             time.monotonic() + CACHE_SECONDS, response[2:], list(filtered.bind), event
         )
         return response
+
+    @staticmethod
+    def _cached(session: DnsSession, key: tuple[bool, bool, bytes]) -> bytes | None:
+        """A fresh cached answer (all after its id) whose bindings still hold, else None."""
+        hit = session.cache.get(key)
+        if hit is None:
+            return None
+        if hit.expires > time.monotonic() and all(
+            session.bindings.bind(b.ip, b.name, b.ttl) for b in hit.bind
+        ):
+            if session.on_event is not None and hit.event is not None:
+                session.on_event(dict(hit.event))
+            return hit.tail
+        del session.cache[key]
+        return None
+
+    async def _ask_upstream(
+        self, query: dns.message.Message, session: DnsSession
+    ) -> dns.message.Message | Filtered:
+        """Upstream's response, or a SERVFAIL (with why) when there is none."""
+        session.inflight += 1
+        try:
+            return await self._resolve(upstream_query(query), route_for(session, query))
+        except UpstreamError as e:
+            session.stats.upstream_errors += 1
+            why = f"upstream failed: {e}"
+            return Filtered(response_for(query, dns.rcode.SERVFAIL), error=why)
+        finally:
+            session.inflight -= 1
+
+    def _filter(
+        self,
+        query: dns.message.Message,
+        upstream: dns.message.Message | Filtered,
+        session: DnsSession,
+    ) -> Filtered:
+        if isinstance(upstream, Filtered):
+            return upstream
+        bindings = session.bindings
+        try:
+            return filter_answer(
+                query,
+                upstream,
+                session.policy,
+                ipv6=self.ipv6,
+                ttl_floor=bindings.ttl_floor,
+                ttl_cap=bindings.ttl_cap,
+            )
+        except (ValueError, dns.exception.DNSException) as e:
+            why = f"unusable upstream answer: {e}"
+            return Filtered(response_for(query, dns.rcode.SERVFAIL), error=why)
+
+    @staticmethod
+    def _bind(session: DnsSession, filtered: Filtered) -> str | None:
+        """Bind every address the answer keeps; why not, at the first that fails."""
+        bindings = session.bindings
+        unpublished = bindings.unpublished
+        for b in filtered.bind:
+            if not bindings.bind(b.ip, b.name, b.ttl):
+                if bindings.unpublished > unpublished:
+                    return f"the gateway did not take {b.ip} into its bound addresses"
+                return f"too many DNS bindings in this session ({bindings.max_entries})"
+        return None
 
     async def serve_tcp(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, session: DnsSession

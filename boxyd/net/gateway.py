@@ -3,7 +3,7 @@
 Stage 2 made the listener sockets in the gateway netns (TPROXY'd TCP, DNS over UDP
 and TCP, other UDP) and handed them over; nftables there already refused what is
 decidable from addresses and ports alone. This module decides the rest — by name
-— and dials allowed flows from the host netns. Order per TCP flow (DESIGN.md
+— and dials allowed flows from the host netns. Order per TCP flow (docs/design.md,
 "Network"): address ranges, then this machine's own addresses, the DNS binding of
 the destination, the name in the first record (SNI or Host, read off the wire,
 never decrypted), ports. A denial after the handshake closes the client with a
@@ -22,11 +22,12 @@ import ipaddress
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from boxyd.net import nflog, nftset, relay, sni, udpsock
-from boxyd.net.bindings import Bindings
+from boxyd.net.bindings import Address, Bindings
 from boxyd.net.dnsproxy import DnsProxy, DnsSession, TokenBucket
 from boxyd.net.netlog import NetLog
 from boxyd.net.policy import ECH_REFUSED, NetPolicy, Verdict
@@ -57,6 +58,19 @@ Event = dict[str, object]
 NFLOG_SETTLE = 0.025  # seconds: one timer tick of NFLOG delivery, with margin
 
 
+# (the sandbox socket, where it sent to): one relayed UDP flow
+_UdpKey = tuple[udpsock.Address, udpsock.Address]
+
+
+@dataclass(frozen=True)
+class _Dgram:
+    """A whole datagram from the sandbox, with the destination it was sent to."""
+
+    data: bytes
+    src: udpsock.Address
+    dst: udpsock.Address
+
+
 @dataclass
 class _UdpFlow:
     upstream: socket.socket
@@ -72,7 +86,7 @@ LOCAL = LocalAddresses()  # this machine's addresses, shared by every session
 _ALLOWED = Verdict(True, "net.ip")
 
 
-def _not_this_machine(ip) -> Verdict:
+def _not_this_machine(ip: Address) -> Verdict:
     """boxyd dials from the host netns: an address of the host itself would reach its
     own services (a server bound to 0.0.0.0 answers on every address it has)."""
     try:
@@ -140,11 +154,13 @@ class Gateway:
         )
         self.started = time.monotonic()
         self._accepts = TokenBucket(self.limits.accept_rate, 2 * self.limits.accept_rate)
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._flows: dict[int, tuple[relay.Flow, int]] = {}  # id(flow) -> (flow, netlog handle)
-        self._waiting: dict[asyncio.Task, None] = {}  # first record not read yet, oldest first
-        self._evicted: set[asyncio.Task] = set()
-        self._udp: dict[tuple, _UdpFlow] = {}
+        self._waiting: dict[
+            asyncio.Task[None], None
+        ] = {}  # first record not read yet, oldest first
+        self._evicted: set[asyncio.Task[None]] = set()
+        self._udp: dict[_UdpKey, _UdpFlow] = {}
         self.rate_limited = 0  # connections reset by the accept-rate or DNS-over-TCP cap
         self._dns_tcp_open = 0
         self._closed = False
@@ -211,7 +227,7 @@ class Gateway:
                 }
             )
 
-    def _spawn(self, coro) -> asyncio.Task:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -251,12 +267,13 @@ class Gateway:
         )
         return handle
 
-    def _dns_event(self, event) -> None:
+    def _dns_event(self, event: Mapping[str, object]) -> None:
         ev = dict(event)
-        if ev.get("verdict") == "allow" and ev.get("name") and ev.get("addrs"):
-            self.netlog.resolution(str(ev["name"]), [str(a) for a in ev["addrs"]])  # type: ignore[union-attr]
-        if ev.get("verdict") == "deny" and ev.get("name") and ev.get("denied"):
-            self.netlog.removed(str(ev["name"]), len(ev["denied"]))  # type: ignore[arg-type]
+        name, addrs, denied = ev.get("name"), ev.get("addrs"), ev.get("denied")
+        if ev.get("verdict") == "allow" and name and addrs and isinstance(addrs, list | tuple):
+            self.netlog.resolution(str(name), [str(a) for a in addrs])
+        if ev.get("verdict") == "deny" and name and denied and isinstance(denied, list | tuple):
+            self.netlog.removed(str(name), len(denied))
         ev.setdefault("layer", "net.dns")
         self.on_event(ev)
 
@@ -278,7 +295,9 @@ class Gateway:
                 self.netlog.update(udp.handle, udp.up, udp.down)
 
     # -- TCP ----------------------------------------------------------------------------
-    async def _accept_loop(self, listener: socket.socket, handler) -> None:
+    async def _accept_loop(
+        self, listener: socket.socket, handler: Callable[[socket.socket], Coroutine[Any, Any, None]]
+    ) -> None:
         loop = asyncio.get_running_loop()
         while True:
             try:
@@ -335,44 +354,19 @@ class Gateway:
             self.bindings.release(ip)
 
     async def _tcp_checked(
-        self, client: socket.socket, ip, addr: str, port: int, names: frozenset[str]
+        self, client: socket.socket, ip: Address, addr: str, port: int, names: frozenset[str]
     ) -> None:
         host = min(names) if names else None
         opaque = self.policy.tcp_opaque(ip, port, names)
         # Server-first protocols (SSH, SMTP …) and public mode: dial as soon as the
         # address passes; client bytes are still held until their first record is read.
         dial = asyncio.create_task(self._dial(ip, port)) if opaque.allow else None
-        me = asyncio.current_task()
-        assert me is not None
-        self._waiting[me] = None
-        try:
-            first, data = await first_record(
-                client, self.limits.server_first_wait if dial else self.limits.first_record_timeout
-            )
-            v, name = self._judge(first, data, ip, port, names, opaque)
-        except asyncio.CancelledError:
-            if me not in self._evicted:  # the gateway is closing
-                relay.reset(client)
-                if dial is not None:
-                    dial.cancel()
-                raise
-            self._evicted.discard(me)
-            me.uncancel()
-            data, name = b"", None
-            v = Verdict(
-                False,
-                "net.sni",
-                "the oldest of too many connections waiting for "
-                f"their first record ({self.limits.pending})",
-            )
-        finally:
-            self._waiting.pop(me, None)
+        v, data, name = await self._first_record(client, ip, port, names, opaque, dial)
         if not v.allow or data is None:
             if dial is not None:
                 dial.cancel()
                 with contextlib.suppress(BaseException):
-                    upstream = await dial
-                    upstream.close()
+                    (await dial).close()
             if data is None:  # the client closed without a byte
                 client.close()
                 return
@@ -387,6 +381,54 @@ class Gateway:
             )
             return
         handle = self._decide("tcp", addr, port, v, host=host, name=name)
+        await self._relay_tcp(client, upstream, data, handle, addr, port, host)
+
+    async def _first_record(
+        self,
+        client: socket.socket,
+        ip: Address,
+        port: int,
+        names: frozenset[str],
+        opaque: Verdict,
+        dial: asyncio.Task[socket.socket] | None,
+    ) -> tuple[Verdict, bytes | None, str | None]:
+        """The verdict on the client's first record, the bytes read, the name they
+        carry. One of the oldest waiting when too many wait is evicted (refused)."""
+        me = asyncio.current_task()
+        assert me is not None
+        self._waiting[me] = None
+        try:
+            first, data = await first_record(
+                client, self.limits.server_first_wait if dial else self.limits.first_record_timeout
+            )
+            v, name = self._judge(first, data, ip, port, names, opaque)
+            return v, data, name
+        except asyncio.CancelledError:
+            if me not in self._evicted:  # the gateway is closing
+                relay.reset(client)
+                if dial is not None:
+                    dial.cancel()
+                raise
+            self._evicted.discard(me)
+            me.uncancel()
+            why = (
+                "the oldest of too many connections waiting for "
+                f"their first record ({self.limits.pending})"
+            )
+            return Verdict(False, "net.sni", why), b"", None
+        finally:
+            self._waiting.pop(me, None)
+
+    async def _relay_tcp(
+        self,
+        client: socket.socket,
+        upstream: socket.socket,
+        data: bytes,
+        handle: int,
+        addr: str,
+        port: int,
+        host: str | None,
+    ) -> None:
         flow = relay.Flow(
             client, upstream, idle_timeout=self.limits.idle_timeout, initial_a_to_b=data
         )
@@ -414,7 +456,7 @@ class Gateway:
         self,
         first: sni.Result,
         data: bytes | None,
-        ip,
+        ip: Address,
         port: int,
         names: frozenset[str],
         opaque: Verdict,
@@ -434,7 +476,7 @@ class Gateway:
             False, "net.sni", f"no complete TLS or HTTP first record within {waited:g}s"
         ), None
 
-    async def _dial(self, ip, port: int) -> socket.socket:
+    async def _dial(self, ip: Address, port: int) -> socket.socket:
         family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
         sock = socket.socket(
             family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
@@ -508,7 +550,7 @@ class Gateway:
 
     # -- DNS over UDP -------------------------------------------------------------------
     @staticmethod
-    def _datagram(sock: socket.socket, size: int, what: str) -> udpsock.Datagram | None:
+    def _datagram(sock: socket.socket, size: int, what: str) -> _Dgram | None:
         """One whole datagram with its original destination, or None (nothing there,
         or nothing to act on: truncated, or no destination reported)."""
         try:
@@ -520,25 +562,25 @@ class Gateway:
             return None
         if dgram.truncated or dgram.orig_dst is None:
             return None
-        return dgram
+        return _Dgram(dgram.data, dgram.src, dgram.orig_dst)
 
     def _dns_udp_readable(self, sock: socket.socket) -> None:
         dgram = self._datagram(sock, 4096, "dns")
         if dgram is not None:
             self._spawn(self._dns_udp_answer(sock, dgram))
 
-    async def _dns_udp_answer(self, sock: socket.socket, dgram) -> None:
+    async def _dns_udp_answer(self, sock: socket.socket, dgram: _Dgram) -> None:
         wire = await self.dns.answer(dgram.data, tcp=False, session=self.dns_session)
         if wire is not None:
             with contextlib.suppress(OSError, ValueError):
-                udpsock.send_from(sock, wire, dgram.orig_dst, dgram.src)
+                udpsock.send_from(sock, wire, dgram.dst, dgram.src)
 
     # -- other UDP ----------------------------------------------------------------------
     def _udp_readable(self, sock: socket.socket) -> None:
         dgram = self._datagram(sock, 65535, "udp")
         if dgram is None:
             return
-        key = (dgram.src, dgram.orig_dst)
+        key = (dgram.src, dgram.dst)
         flow = self._udp.get(key)
         if flow is None:
             flow = self._udp_open(dgram)
@@ -551,8 +593,8 @@ class Gateway:
         flow.up += len(dgram.data)
         flow.last = time.monotonic()
 
-    def _udp_open(self, dgram) -> _UdpFlow | None:
-        addr, port = dgram.orig_dst[0], dgram.orig_dst[1]
+    def _udp_open(self, dgram: _Dgram) -> _UdpFlow | None:
+        addr, port = dgram.dst[0], dgram.dst[1]
         ip = ipaddress.ip_address(addr)
         addr = str(ip)
         v = self.policy.address(ip)
@@ -569,7 +611,7 @@ class Gateway:
             if self._icmp_budget.take():  # the client learns at once, as from a closed port
                 with contextlib.suppress(OSError, ValueError):
                     udpsock.send_port_unreachable(
-                        self._icmp[ip.version], dgram.src, dgram.orig_dst, dgram.data
+                        self._icmp[ip.version], dgram.src, dgram.dst, dgram.data
                     )
             return None
         names = self.bindings.hold(ip)
@@ -585,15 +627,15 @@ class Gateway:
             )
             return None
         handle = self._decide("udp", addr, port, v, host=min(names) if names else None)
-        flow = _UdpFlow(up, dgram.src, dgram.orig_dst, handle)
-        key = (dgram.src, dgram.orig_dst)
+        flow = _UdpFlow(up, dgram.src, dgram.dst, handle)
+        key = (dgram.src, dgram.dst)
         self._udp[key] = flow
         asyncio.get_running_loop().add_reader(
             up.fileno(), self._udp_reply, key, self._reply[ip.version]
         )
         return flow
 
-    def _udp_reply(self, key: tuple, sender: socket.socket) -> None:
+    def _udp_reply(self, key: _UdpKey, sender: socket.socket) -> None:
         flow = self._udp.get(key)
         if flow is None:
             return
@@ -615,7 +657,7 @@ class Gateway:
             if now - flow.last > self.limits.udp_idle_timeout:
                 self._udp_close(key)
 
-    def _udp_close(self, key: tuple) -> None:
+    def _udp_close(self, key: _UdpKey) -> None:
         flow = self._udp.pop(key, None)
         if flow is None:
             return

@@ -35,7 +35,7 @@ def error(payload: bytes) -> int:
     """The errno an NLMSG_ERROR payload carries (0: an ack)."""
     if len(payload) < 4:
         raise ValueError("netlink: short error message")
-    return -struct.unpack_from("=i", payload)[0]
+    return -int(struct.unpack_from("=i", payload)[0])
 
 
 def attr(kind: int, payload: bytes) -> bytes:

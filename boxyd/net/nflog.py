@@ -140,7 +140,8 @@ def _packet(p: bytes) -> Refused | None:
     version = p[0] >> 4
     if version == 4 and len(p) >= 20:
         ihl = (p[0] & 0x0F) * 4
-        proto, addr, l4 = p[9], ipaddress.IPv4Address(p[16:20]), ihl
+        addr: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.IPv4Address(p[16:20])
+        proto, l4 = p[9], ihl
         fragment_offset = struct.unpack_from("!H", p, 6)[0] & 0x1FFF
         if fragment_offset:
             l4 = -1  # a later fragment has no transport header

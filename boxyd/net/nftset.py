@@ -1,7 +1,7 @@
 """The gateway's set of bound addresses, kept by boxyd from the host netns.
 
 In allowlist mode the gateway netns's ruleset resets a TCP SYN to an address that is
-not in ``bound4``/``bound6`` before TPROXY could complete the handshake (DESIGN.md
+not in ``bound4``/``bound6`` before TPROXY could complete the handshake (docs/design.md,
 "Network": an address with no live binding is refused at the SYN). boxyd adds an
 element whenever the DNS proxy records a binding — before the answer is sent — with
 the binding's lifetime as the element's timeout, so the kernel expires it by itself,
@@ -150,7 +150,7 @@ class BoundSet:
         for addr, seconds in addrs:
             by_family[addr.version].append(element(addr, max(1, int(seconds * 1000))))
         begin = self._seq + 1
-        msgs = []
+        msgs: list[bytes] = []
         for version, elems in by_family.items():
             if elems:
                 msgs.append(

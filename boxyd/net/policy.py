@@ -3,7 +3,7 @@
 ``NetPolicy`` is built once per run from the spec and answers one question per
 event; the gateway supplies what it has seen (the destination, the names the
 session's DNS answers bound to that address, the SNI or Host it peeked) and
-reports the ``Verdict``. The order is DESIGN.md's "Policy, in order":
+reports the ``Verdict``. The order is docs/design.md, "Policy, in order":
 
 1. Address ranges, in every mode (``boxyd.net.ranges``; NAT64, 6to4, mapped,
    compatible and Teredo decoded first). ``--allow-cidr`` prefixes and, with
@@ -41,7 +41,7 @@ from boxy.errors import UsageError
 from boxy.values import parse_cidr, parse_host_spec
 from boxyd.net.ranges import SANDBOX_NETS, TAILSCALE_NETS, Address, Network, classify, denied
 
-# Audit-log layers (DESIGN.md, "Network").
+# Audit-log layers (docs/design.md, "Network").
 IP, DNS, SNI, PORT = "net.ip", "net.dns", "net.sni", "net.port"
 
 # The gateway's own addresses on the sandbox link (boxyd.net.ruleset GATEWAY_V4/V6);

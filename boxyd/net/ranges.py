@@ -294,6 +294,34 @@ def _encode_v4_prefix(net: IPv4Network) -> list[IPv6Network]:
     return out
 
 
+def _subnet_of(a: Network, b: Network) -> bool:
+    """A lies inside B; never across versions (ipaddress raises TypeError there)."""
+    if isinstance(a, IPv4Network) and isinstance(b, IPv4Network):
+        return a.subnet_of(b)
+    if isinstance(a, IPv6Network) and isinstance(b, IPv6Network):
+        return a.subnet_of(b)
+    return False
+
+
+def _exclude(net: Network, hole: Network) -> list[Network]:
+    """NET without HOLE, which lies inside it (same version)."""
+    if isinstance(net, IPv4Network) and isinstance(hole, IPv4Network):
+        return list(net.address_exclude(hole))
+    if isinstance(net, IPv6Network) and isinstance(hole, IPv6Network):
+        return list(net.address_exclude(hole))
+    return [net]
+
+
+def _strings(nets: Iterable[Network]) -> list[str]:
+    """NETS collapsed, as strings (collapse_addresses takes one version at a time)."""
+    listed = list(nets)
+    v4 = [n for n in listed if isinstance(n, IPv4Network)]
+    v6 = [n for n in listed if isinstance(n, IPv6Network)]
+    return [str(n) for n in ipaddress.collapse_addresses(v4)] + [
+        str(n) for n in ipaddress.collapse_addresses(v6)
+    ]
+
+
 def _denied_nets(entries: tuple[_Entry, ...], version: int) -> list[Network]:
     make = IPv4Network if version == 4 else IPv6Network
     nets = [(make((e.bits, e.prefixlen)), e.reason) for e in entries]
@@ -304,11 +332,11 @@ def _denied_nets(entries: tuple[_Entry, ...], version: int) -> list[Network]:
             continue
         pieces = [net]
         for hole in carve_outs:
-            if hole.prefixlen > net.prefixlen and hole.subnet_of(net):
+            if hole.prefixlen > net.prefixlen and _subnet_of(hole, net):
                 pieces = [
                     rest
                     for piece in pieces
-                    for rest in (piece.address_exclude(hole) if hole.subnet_of(piece) else [piece])
+                    for rest in (_exclude(piece, hole) if _subnet_of(hole, piece) else [piece])
                 ]
         out.extend(pieces)
     return out
@@ -323,10 +351,10 @@ def _carve(nets: tuple[Network, ...], holes: tuple[Network, ...]) -> tuple[Netwo
         for hole in holes:
             kept: list[Network] = []
             for piece in pieces:
-                if hole.version != piece.version or not hole.overlaps(piece):  # type: ignore[arg-type]
+                if hole.version != piece.version or not hole.overlaps(piece):
                     kept.append(piece)
-                elif hole.subnet_of(piece):  # type: ignore[arg-type]
-                    kept.extend(piece.address_exclude(hole))  # type: ignore[arg-type]
+                elif _subnet_of(hole, piece):
+                    kept.extend(_exclude(piece, hole))
                 # else: the piece lies inside the hole and is dropped
             pieces = kept
         out.extend(pieces)
@@ -345,14 +373,14 @@ def static_prefixes(exceptions: Iterable[Network] = ()) -> StaticPrefixes:
     exceptions = _carve(tuple(exceptions), NEVER_LIFTED)
     deny_v4 = _denied_nets(_table(4), 4)
     deny_v6 = _denied_nets(_table(6), 6)
-    deny_v6 += [enc for net in deny_v4 for enc in _encode_v4_prefix(net)]
+    deny_v6 += [enc for net in _v4(deny_v4) for enc in _encode_v4_prefix(net)]
     accept_v4 = [n for n in exceptions if n.version == 4]
     accept_v6 = [n for n in exceptions if n.version == 6]
-    accept_v6 += [enc for net in accept_v4 for enc in _encode_v4_prefix(net)]
-
-    def strings(nets: list[Network]) -> list[str]:
-        return [str(n) for n in ipaddress.collapse_addresses(nets)]
-
+    accept_v6 += [enc for net in _v4(accept_v4) for enc in _encode_v4_prefix(net)]
     return StaticPrefixes(
-        strings(deny_v4), strings(deny_v6), strings(accept_v4), strings(accept_v6)
+        _strings(deny_v4), _strings(deny_v6), _strings(accept_v4), _strings(accept_v6)
     )
+
+
+def _v4(nets: Iterable[Network]) -> list[IPv4Network]:
+    return [n for n in nets if isinstance(n, IPv4Network)]

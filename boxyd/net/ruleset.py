@@ -31,7 +31,7 @@ from typing import Any
 
 from boxy.errors import SetupError
 
-# The sandbox link (DESIGN.md "Network"). --allow-cidr may not overlap these.
+# The sandbox link (docs/design.md, "Network"). --allow-cidr may not overlap these.
 SANDBOX_V4 = "10.0.2.15"
 GATEWAY_V4 = "10.0.2.2"
 LINK_V4 = "10.0.2.0/24"
@@ -209,90 +209,110 @@ def _chain(
 ND = _match(_payload("icmpv6", "type"), {"set": ND_TYPES})
 
 
+def _pre(comment: str, *expr: dict[str, Any]) -> dict[str, Any]:
+    return _rule("prerouting", comment, *expr)
+
+
+DADDR4 = _payload("ip", "daddr")
+DADDR6 = _payload("ip6", "daddr")
+
+
 def _prerouting(
     dns_port: int, mark: int, tcp_list: bool, udp_list: bool, bound: bool
 ) -> list[dict[str, Any]]:
     """Every prerouting rule before the relays, in the module docstring's order."""
+    return [
+        *_pre_link(),
+        *_pre_dns(dns_port, mark),
+        *_pre_gateway(),
+        *_pre_denied(),
+        *_pre_ports(tcp_list, udp_list),
+        *(_pre_bound() if bound else []),
+    ]
 
-    def pre(comment: str, *expr: dict[str, Any]) -> dict[str, Any]:
-        return _rule("prerouting", comment, *expr)
 
-    daddr4 = _payload("ip", "daddr")
-    daddr6 = _payload("ip6", "daddr")
-    rules = [
-        pre("loopback", _match(_meta("iifname"), "lo"), ACCEPT),
-        pre("only the sandbox link", _match(_meta("iifname"), GATEWAY_IF, "!="), DROP),
-        pre("neighbour discovery", ND, ACCEPT),
+def _pre_link() -> list[dict[str, Any]]:
+    return [
+        _pre("loopback", _match(_meta("iifname"), "lo"), ACCEPT),
+        _pre("only the sandbox link", _match(_meta("iifname"), GATEWAY_IF, "!="), DROP),
+        _pre("neighbour discovery", ND, ACCEPT),
         # Pings fail at once ("prohibited") rather than hang; no echo reply ever returns.
-        pre("ping refused", _match(_payload("icmp", "type"), "echo-request"), PROHIBITED),
-        pre("ping6 refused", _match(_payload("icmpv6", "type"), "echo-request"), PROHIBITED),
-        pre("other icmp", _match(_meta("l4proto"), "icmp"), DROP),
-        pre("other icmpv6", _match(_meta("l4proto"), "ipv6-icmp"), DROP),
-        # DNS before any address check: port 53 to ANY address is boxy's to answer.
-        pre("dns udp", _match(_payload("udp", "dport"), 53), *_tproxy(dns_port, mark)),
-        pre("dns tcp", _match(_payload("tcp", "dport"), 53), *_tproxy(dns_port, mark)),
+        _pre("ping refused", _match(_payload("icmp", "type"), "echo-request"), PROHIBITED),
+        _pre("ping6 refused", _match(_payload("icmpv6", "type"), "echo-request"), PROHIBITED),
+        _pre("other icmp", _match(_meta("l4proto"), "icmp"), DROP),
+        _pre("other icmpv6", _match(_meta("l4proto"), "ipv6-icmp"), DROP),
+    ]
+
+
+def _pre_dns(dns_port: int, mark: int) -> list[dict[str, Any]]:
+    # DNS before any address check: port 53 to ANY address is boxy's to answer.
+    return [
+        _pre("dns udp", _match(_payload("udp", "dport"), 53), *_tproxy(dns_port, mark)),
+        _pre("dns tcp", _match(_payload("tcp", "dport"), 53), *_tproxy(dns_port, mark)),
         # Port 53 must never reach the relays, even with the DNS listener missing.
-        pre(
+        _pre(
             "dns without listener",
             _match(_meta("l4proto"), {"set": ["tcp", "udp"]}),
             _match(_payload("th", "dport"), 53),
             DROP,
         ),
-        # The gateway is no destination: its listeners are bound to the wildcard address.
-        pre("gateway address", _match(daddr4, _prefix(LINK_V4)), _goto("refuse")),
-        pre("gateway address v6", _match(daddr6, _prefix(LINK_V6)), _goto("refuse")),
-        pre("gateway link-local", _match(daddr6, _prefix("fe80::/10")), _goto("refuse")),
-        pre(
+    ]
+
+
+def _pre_gateway() -> list[dict[str, Any]]:
+    # The gateway is no destination: its listeners are bound to the wildcard address.
+    local = {"set": ["local", "broadcast", "multicast"]}
+    return [
+        _pre("gateway address", _match(DADDR4, _prefix(LINK_V4)), _goto("refuse")),
+        _pre("gateway address v6", _match(DADDR6, _prefix(LINK_V6)), _goto("refuse")),
+        _pre("gateway link-local", _match(DADDR6, _prefix("fe80::/10")), _goto("refuse")),
+        _pre(
             "gateway local",
-            _match(
-                {"fib": {"result": "type", "flags": ["daddr"]}},
-                {"set": ["local", "broadcast", "multicast"]},
-            ),
+            _match({"fib": {"result": "type", "flags": ["daddr"]}}, local),
             _goto("refuse"),
-        ),
-        # Static denials, at SYN time. An exception only lifts a denial.
-        pre(
-            "denied range",
-            _match(daddr4, "@deny4"),
-            _match(daddr4, "@except4", "!="),
-            _goto("refuse"),
-        ),
-        pre(
-            "denied range v6",
-            _match(daddr6, "@deny6"),
-            _match(daddr6, "@except6", "!="),
-            _goto("refuse"),
-        ),
-        pre(
-            "refused udp port",
-            _match(_payload("udp", "dport"), "@refused_udp_ports"),
-            _goto("refuse_port"),
         ),
     ]
+
+
+def _pre_denied() -> list[dict[str, Any]]:
+    # Static denials, at SYN time. An exception only lifts a denial.
+    return [
+        _pre(
+            "denied range",
+            _match(DADDR4, "@deny4"),
+            _match(DADDR4, "@except4", "!="),
+            _goto("refuse"),
+        ),
+        _pre(
+            "denied range v6",
+            _match(DADDR6, "@deny6"),
+            _match(DADDR6, "@except6", "!="),
+            _goto("refuse"),
+        ),
+    ]
+
+
+def _pre_ports(tcp_list: bool, udp_list: bool) -> list[dict[str, Any]]:
+    udp, tcp = _payload("udp", "dport"), _payload("tcp", "dport")
+    rules = [_pre("refused udp port", _match(udp, "@refused_udp_ports"), _goto("refuse_port"))]
     if tcp_list:
         rules.append(
-            pre(
-                "refused tcp port",
-                _match(_payload("tcp", "dport"), "@tcp_ports", "!="),
-                _goto("refuse_port"),
-            )
+            _pre("refused tcp port", _match(tcp, "@tcp_ports", "!="), _goto("refuse_port"))
         )
     if udp_list:
         rules.append(
-            pre(
-                "udp port not allowed",
-                _match(_payload("udp", "dport"), "@udp_ports", "!="),
-                _goto("refuse_port"),
-            )
+            _pre("udp port not allowed", _match(udp, "@udp_ports", "!="), _goto("refuse_port"))
         )
-    if bound:
-        # Only a SYN: an established flow outlives its binding (boxyd holds it).
-        syn = _match({"&": [_payload("tcp", "flags"), {"|": ["syn", "ack"]}]}, "syn")
-        rules += [
-            pre("unbound address", syn, _match(daddr4, "@bound4", "!="), _goto("refuse")),
-            pre("unbound address v6", syn, _match(daddr6, "@bound6", "!="), _goto("refuse")),
-        ]
     return rules
+
+
+def _pre_bound() -> list[dict[str, Any]]:
+    # Only a SYN: an established flow outlives its binding (boxyd holds it).
+    syn = _match({"&": [_payload("tcp", "flags"), {"|": ["syn", "ack"]}]}, "syn")
+    return [
+        _pre("unbound address", syn, _match(DADDR4, "@bound4", "!="), _goto("refuse")),
+        _pre("unbound address v6", syn, _match(DADDR6, "@bound6", "!="), _goto("refuse")),
+    ]
 
 
 def _check(mode: str, tcp_port: int, udp_port: int, dns_port: int, mark: int) -> None:
@@ -310,7 +330,7 @@ def _check(mode: str, tcp_port: int, udp_port: int, dns_port: int, mark: int) ->
 def _refusal_chains() -> list[dict[str, Any]]:
     # Every refusal is also copied (headers only, rate-bounded) to boxyd over NFLOG:
     # it never sees these flows otherwise, and -v, --net-log and --audit-log must.
-    report = [
+    report: list[dict[str, Any]] = [
         {"limit": {"rate": NFLOG_RATE, "per": "second", "burst": NFLOG_RATE}},
         {"log": {"group": NFLOG_GROUP, "snaplen": NFLOG_SNAPLEN}},
     ]
@@ -330,6 +350,46 @@ def _input_rules(mark: int) -> list[dict[str, Any]]:
         _rule("input", "tproxied", _match(_meta("mark"), mark), ACCEPT),
         _rule("input", "neighbour discovery", ND, ACCEPT),
     ]
+
+
+def _ports(ports: list[int], what: str) -> list[int]:
+    return sorted({_port(p, what) for p in ports})
+
+
+def _sets(
+    deny_v4: list[str],
+    deny_v6: list[str],
+    except_v4: list[str],
+    except_v6: list[str],
+    refused: list[int],
+    allowed_tcp: list[int] | None,
+    allowed_udp: list[int] | None,
+    bound: list[str] | None,
+) -> list[dict[str, Any]]:
+    """The table's named sets: the static prefixes, the port lists, the bound sets."""
+    sets = [
+        _set("deny4", "ipv4_addr", _prefixes(deny_v4, 4, "deny_v4")),
+        _set("deny6", "ipv6_addr", _prefixes(deny_v6, 6, "deny_v6")),
+        _set("except4", "ipv4_addr", _prefixes(except_v4, 4, "except_v4")),
+        _set("except6", "ipv6_addr", _prefixes(except_v6, 6, "except_v6")),
+        _set("refused_udp_ports", "inet_service", refused, interval=False),
+    ]
+    if allowed_tcp is not None:
+        sets.append(_set("tcp_ports", "inet_service", allowed_tcp, interval=False))
+    if allowed_udp is not None:
+        sets.append(_set("udp_ports", "inet_service", allowed_udp, interval=False))
+    if bound is not None:
+        for version, name in zip((4, 6), BOUND_SETS, strict=True):
+            sets.append(
+                _set(
+                    name,
+                    f"ipv{version}_addr",
+                    _addresses(bound, version),
+                    interval=False,
+                    timeout=True,
+                )
+            )
+    return sets
 
 
 def gateway_ruleset(
@@ -366,53 +426,28 @@ def gateway_ruleset(
         bound = list(bound or [])
     if refuse_udp_ports is None:
         refuse_udp_ports = [443] if mode == "allowlist" else []
-    refused = sorted({_port(p, "refused UDP port") for p in refuse_udp_ports})
-    allowed_tcp = None if tcp_ports is None else sorted({_port(p, "TCP port") for p in tcp_ports})
-    allowed_udp = None if udp_ports is None else sorted({_port(p, "UDP port") for p in udp_ports})
+    refused = _ports(refuse_udp_ports, "refused UDP port")
+    allowed_tcp = None if tcp_ports is None else _ports(tcp_ports, "TCP port")
+    allowed_udp = None if udp_ports is None else _ports(udp_ports, "UDP port")
 
-    sets = [
-        _set("deny4", "ipv4_addr", _prefixes(deny_v4, 4, "deny_v4")),
-        _set("deny6", "ipv6_addr", _prefixes(deny_v6, 6, "deny_v6")),
-        _set("except4", "ipv4_addr", _prefixes(except_v4, 4, "except_v4")),
-        _set("except6", "ipv6_addr", _prefixes(except_v6, 6, "except_v6")),
-        _set("refused_udp_ports", "inet_service", refused, interval=False),
-    ]
-    if allowed_tcp is not None:
-        sets.append(_set("tcp_ports", "inet_service", allowed_tcp, interval=False))
-    if allowed_udp is not None:
-        sets.append(_set("udp_ports", "inet_service", allowed_udp, interval=False))
-    if bound is not None:
-        for version, name in zip((4, 6), BOUND_SETS, strict=True):
-            sets.append(
-                _set(
-                    name,
-                    f"ipv{version}_addr",
-                    _addresses(bound, version),
-                    interval=False,
-                    timeout=True,
-                )
-            )
-    prerouting = _prerouting(
-        dns_port, mark, allowed_tcp is not None, allowed_udp is not None, bound is not None
-    )
-    prerouting += [
-        _rule("prerouting", "tcp relay", L4_TCP, *_tproxy(tcp_port, mark)),
-        _rule("prerouting", "udp relay", L4_UDP, *_tproxy(udp_port, mark)),
-    ]
-    refuse, input_ = _refusal_chains(), _input_rules(mark)
+    lists = (allowed_tcp is not None, allowed_udp is not None, bound is not None)
     return {
         "nftables": [
             {"metainfo": {"json_schema_version": 1}},
             {"table": {"family": FAMILY, "name": TABLE}},
-            *sets,
+            *_sets(
+                deny_v4, deny_v6, except_v4, except_v6, refused, allowed_tcp, allowed_udp, bound
+            ),
             _chain("refuse"),
             _chain("refuse_port"),
             _chain("prerouting", "prerouting", -150),  # mangle priority: where TPROXY belongs
             _chain("input", "input"),
             _chain("forward", "forward"),
             _chain("output", "output", policy="accept"),  # replies of the transparent sockets
-            *refuse,
-            *prerouting,
-            *input_,
+            *_refusal_chains(),
+            *_prerouting(dns_port, mark, *lists),
+            _rule("prerouting", "tcp relay", L4_TCP, *_tproxy(tcp_port, mark)),
+            _rule("prerouting", "udp relay", L4_UDP, *_tproxy(udp_port, mark)),
+            *_input_rules(mark),
         ]
     }

@@ -161,8 +161,11 @@ class Inspector:
         self.reads += 1
         if self._stream is None:
             first = _classify(self.data)
-            self._stream = first if isinstance(first, _TLSStream | _HTTPStream) else None
-            result = first if self._stream is None else self._stream.step(self.data)
+            if isinstance(first, _TLSStream | _HTTPStream):
+                self._stream = first
+                result = first.step(self.data)
+            else:
+                result = first
         else:
             result = self._stream.step(self.data)
         if isinstance(result, NeedMore) and len(self.data) >= MAX_INSPECT_BYTES:
@@ -235,14 +238,13 @@ class _TLSStream:
             if end > len(data):  # what has arrived of it, without copying it each time
                 if len(self.handshake) + len(data) - start < self.need:
                     return NeedMore()
+
+                def whole(s: int = start) -> bytearray:
+                    return self.handshake + data[s:]
+
+                more = data[start : start + 4]
                 return (
-                    _check_handshake(
-                        self.handshake,
-                        data[start : start + 4],
-                        len(data) - start,
-                        lambda s=start: self.handshake + data[s:],
-                    )
-                    or NeedMore()
+                    _check_handshake(self.handshake, more, len(data) - start, whole) or NeedMore()
                 )
             self.records += 1
             self.handshake += data[start:end]
@@ -258,7 +260,7 @@ class _TLSStream:
 
 def _check_handshake(
     hs: bytearray,
-    more: bytes = b"",
+    more: bytes | bytearray = b"",
     more_len: int = 0,
     whole: Callable[[], bytearray] | None = None,
 ) -> Result | None:

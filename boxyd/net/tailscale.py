@@ -1,6 +1,6 @@
 """--tailscale: reach this machine's tailnet by MagicDNS name, and nothing more.
 
-It does two things (DESIGN.md "Network", modes): the tailnet's ranges become
+It does two things (docs/design.md, "Network", modes): the tailnet's ranges become
 address exceptions (boxyd.net.policy), and names under the tailnet's MagicDNS
 suffix are resolved by tailscaled's resolver at 100.100.100.100 — which boxyd
 reaches from the host, the sandbox never. The suffix is also the sandbox's search
@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 
 MAGICDNS = ("100.100.100.100", 53)
 TIMEOUT = 3.0
 
 
-def magicdns_suffix(run=subprocess.run, binary: str = "tailscale") -> str | None:
+def magicdns_suffix(
+    run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
+    binary: str = "tailscale",
+) -> str | None:
     """The tailnet's MagicDNS suffix from a running tailscaled, else None. BINARY: the
-    tailscale found outside every payload-writable tree (boxyd/plan/tools.py resolve)."""
+    tailscale found outside every payload-writable tree (boxyd/config/hosttools.py resolve)."""
     try:
         r = run(
             [binary, "status", "--json", "--peers=false"],

@@ -257,7 +257,8 @@ def revealed(
         path = os.path.join(root, rel)
         return any(path == t or path.startswith(t + "/") for t in tops)
 
-    covered, shown = [], []
+    covered: list[Found] = []
+    shown: list[Found] = []
     for f in found:
         (shown if named(f.rel) or (f.via and named(f.via)) else covered).append(f)
     return covered, shown

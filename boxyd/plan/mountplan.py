@@ -13,10 +13,11 @@ import pwd
 from typing import TYPE_CHECKING
 
 from boxy.errors import UsageError
-from boxyd.config.spec import SYSTEM_TREES, RunSpec
+from boxyd.config.runspec import SYSTEM_TREES, RunSpec
 from boxyd.plan.ops import Bind, Copy, Dir, File, LandlockRule, Mask, MountOp, Plan, Symlink
 
 if TYPE_CHECKING:
+    from boxyd.gitguard.discover import Protection
     from boxyd.plan.masking import Found
 
 HOSTNAME = "boxy"
@@ -143,7 +144,9 @@ def _bind(
 
 
 def user_ops(
-    spec: RunSpec, protections: dict[str, list], masks: dict[str, list[Found]] | None = None
+    spec: RunSpec,
+    protections: dict[str, list[Protection]],
+    masks: dict[str, list[Found]] | None = None,
 ) -> tuple[list[MountOp], list[LandlockRule]]:
     """Workdir, --ro, --rw and --mkdir, parents before children; then each writable
     tree's git protections, --protect entries and covered credentials on top (a
@@ -201,7 +204,7 @@ def build(
     spec: RunSpec,
     *,
     seccomp_bpf: bytes,
-    protections: dict[str, list],
+    protections: dict[str, list[Protection]],
     ctty: bool,
     masks: dict[str, list[Found]] | None = None,
 ) -> Plan:

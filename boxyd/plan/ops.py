@@ -1,7 +1,7 @@
 """The plan the daemon compiles and stage 2 applies: plain data, JSON on the wire.
 
 The daemon decides everything (which paths, which rights, which syscalls); stage 2
-only carries the plan out, in DESIGN.md's order. Paths:
+only carries the plan out, in the order in docs/design.md ("A run, step by step"). Paths:
 
 - ``src`` is a host path. With ``src_base`` set, ``src`` is relative and is resolved
   beneath that host directory with openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS):

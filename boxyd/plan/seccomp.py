@@ -1,6 +1,6 @@
 """The sandbox's syscall policy, compiled daemon-side to a classic-BPF program.
 
-Read top to bottom, this module *is* the policy (DESIGN.md "Syscalls"):
+Read top to bottom, this module *is* the policy (docs/design.md, "Syscalls"):
 
 - an allowlist; anything not named here kills the process (`strict`) or gets
   EPERM (`compat`, for diagnosis);

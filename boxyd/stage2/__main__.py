@@ -1,4 +1,4 @@
-"""The outer stage 2: step 0 (its scope), DESIGN.md steps 1–5, then it waits outside
+"""The outer stage 2: step 0 (its scope), docs/design.md, steps 1–5, then it waits outside
 the PID namespace.
 
 boxyd starts ONE template per daemon: ``python -I -m boxyd.stage2 DAEMON_PID CTL_FD``

@@ -1,4 +1,4 @@
-"""DESIGN.md step 7: give up every privilege PID 1 still holds, for good."""
+"""docs/design.md, step 7: give up every privilege PID 1 still holds, for good."""
 
 from __future__ import annotations
 

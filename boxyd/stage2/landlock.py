@@ -230,12 +230,7 @@ def apply(
     pairs = _rule_pairs(rules)
     for _path, access in pairs:
         rights_for(access, abi)  # an unknown class fails before anything is created
-    ports: list[int] = []
-    if connect_ports is not None and abi >= 4:
-        for port in connect_ports:
-            if not 0 <= port <= 65535:
-                raise SetupError(f"landlock: TCP port out of range: {port}")
-            ports.append(port)
+    ports = _ports(connect_ports) if connect_ports is not None and abi >= 4 else []
 
     attr = RulesetAttr(handled_fs(abi), 0, 0)
     if connect_ports is not None and abi >= 4:
@@ -244,7 +239,6 @@ def apply(
         attr.scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL
 
     notes = missing_features(abi)
-    fds: list[int] = []
     ruleset = ksys.errno_call(
         "landlock_create_ruleset",
         None,
@@ -253,44 +247,13 @@ def apply(
         ctypes.c_size_t(ruleset_size(abi)),
         ctypes.c_uint32(0),
     )
-    fds.append(ruleset)
     try:
         for path, access in pairs:
-            try:
-                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            except OSError as e:
-                # Rules mirror mounts that must exist: a missing one is a plan bug.
-                raise SetupError(f"landlock: {path}: {e.strerror} (errno {e.errno})") from None
-            fds.append(fd)
-            mask = rights_for(access, abi)
-            if not stat.S_ISDIR(os.fstat(fd).st_mode):
-                mask = for_non_directory(mask)
-            if mask == 0:
-                notes.append(
-                    f"landlock: rule {access!r} on non-directory {path} grants nothing; skipped"
-                )
-                continue
-            beneath = PathBeneathAttr(mask, fd)
-            ksys.errno_call(
-                "landlock_add_rule(path_beneath)",
-                path,
-                SYS_landlock_add_rule,
-                ctypes.c_int(ruleset),
-                ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH),
-                ctypes.byref(beneath),
-                ctypes.c_uint32(0),
-            )
+            note = _add_path_rule(ruleset, path, access, abi)
+            if note:
+                notes.append(note)
         for port in ports:
-            net = NetPortAttr(NET_CONNECT_TCP, port)
-            ksys.errno_call(
-                "landlock_add_rule(net_port)",
-                f"tcp/{port}",
-                SYS_landlock_add_rule,
-                ctypes.c_int(ruleset),
-                ctypes.c_int(LANDLOCK_RULE_NET_PORT),
-                ctypes.byref(net),
-                ctypes.c_uint32(0),
-            )
+            _add_port_rule(ruleset, port)
         ksys.errno_call(
             "landlock_restrict_self",
             None,
@@ -299,6 +262,53 @@ def apply(
             ctypes.c_uint32(0),
         )
     finally:
-        for fd in fds:
-            os.close(fd)
+        os.close(ruleset)
     return notes
+
+
+def _ports(connect_ports: list[int]) -> list[int]:
+    for port in connect_ports:
+        if not 0 <= port <= 65535:
+            raise SetupError(f"landlock: TCP port out of range: {port}")
+    return list(connect_ports)
+
+
+def _add_path_rule(ruleset: int, path: str, access: str, abi: int) -> str | None:
+    """ACCESS beneath PATH; a note instead when it grants nothing on a non-directory."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError as e:
+        # Rules mirror mounts that must exist: a missing one is a plan bug.
+        raise SetupError(f"landlock: {path}: {e.strerror} (errno {e.errno})") from None
+    try:
+        mask = rights_for(access, abi)
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            mask = for_non_directory(mask)
+        if mask == 0:
+            return f"landlock: rule {access!r} on non-directory {path} grants nothing; skipped"
+        beneath = PathBeneathAttr(mask, fd)
+        ksys.errno_call(
+            "landlock_add_rule(path_beneath)",
+            path,
+            SYS_landlock_add_rule,
+            ctypes.c_int(ruleset),
+            ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH),
+            ctypes.byref(beneath),
+            ctypes.c_uint32(0),
+        )
+        return None
+    finally:
+        os.close(fd)
+
+
+def _add_port_rule(ruleset: int, port: int) -> None:
+    net = NetPortAttr(NET_CONNECT_TCP, port)
+    ksys.errno_call(
+        "landlock_add_rule(net_port)",
+        f"tcp/{port}",
+        SYS_landlock_add_rule,
+        ctypes.c_int(ruleset),
+        ctypes.c_int(LANDLOCK_RULE_NET_PORT),
+        ctypes.byref(net),
+        ctypes.c_uint32(0),
+    )

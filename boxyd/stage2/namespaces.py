@@ -1,4 +1,4 @@
-"""DESIGN.md steps 1 and 5: the user namespace, then the sandbox's other namespaces."""
+"""docs/design.md, steps 1 and 5: the user namespace, then the sandbox's other namespaces."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DESIGN.md steps 2 and 3: the gateway netns, then the payload netns joined to it by a veth.
+"""docs/design.md, steps 2 and 3: the gateway netns, then the payload netns joined to it by a veth.
 
 Both run in the outer stage 2 after step 1 (the user namespace), which gave it every
 capability over that namespace; PID 1 drops them all in step 7, and the outer stage 2

@@ -1,4 +1,4 @@
-"""PID 1 of the sandbox: DESIGN.md steps 6–10, then init duties until the payload exits.
+"""PID 1 of the sandbox: docs/design.md, steps 6–10, then init duties until the payload exits.
 
 Forked (not exec'd) by the outer stage 2 inside the new namespaces, so it starts
 with every capability over them; each step below removes something for good.

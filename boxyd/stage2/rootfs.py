@@ -1,4 +1,4 @@
-"""DESIGN.md step 6: build the sandbox's root filesystem on a tmpfs and pivot into it.
+"""docs/design.md, step 6: build the sandbox's root filesystem on a tmpfs and pivot into it.
 
 Runs in PID 1, inside the new user, mount and PID namespaces, holding
 CAP_SYS_ADMIN over them (removed by caps.drop_all in step 7). The host's tree is

@@ -2,7 +2,7 @@
 targets (files, listening sockets, processes) owned by the test user, and the checks
 every escape case makes.
 
-The rule (DESIGN.md, Testing): a payload prints ``ESCAPED <what>`` only when an attack
+The rule (docs/design.md, "Testing"): a payload prints ``ESCAPED <what>`` only when an attack
 succeeded, and ``TRIED <what> <result>`` for every attempt it made, so a case can assert
 both that nothing got out and that the attempt really ran.
 """

@@ -1,4 +1,4 @@
-"""Kernel attack surface from inside a real sandbox (DESIGN.md "Syscalls", startup step 7).
+"""Kernel attack surface from inside a real sandbox (docs/design.md, "Syscalls", startup step 7).
 
 Every payload attempts the attack through raw syscalls (ctypes `syscall`, so no
 library wrapper second-guesses the arguments), prints `ESCAPED ...` only if the

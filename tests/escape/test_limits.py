@@ -1,4 +1,4 @@
-"""Resource exhaustion and lifetime (DESIGN.md "Limits", startup step 10).
+"""Resource exhaustion and lifetime (docs/design.md, "Limits", startup step 10).
 
 A payload that exhausts PIDs or time must be stopped without hurting the host;
 a sandbox must not outlive boxyd; a limit the kernel cannot enforce here

@@ -348,7 +348,7 @@ RANGE_PROBES: tuple[tuple[str, str, str | None], ...] = (
     ("ff00::/8", "ff0e::1", None),
 )
 # Statically denied UDP destinations, sent one datagram each at once: every one must
-# get its ICMP error at once (DESIGN.md: a refusal is never a silent drop).
+# get its ICMP error at once (docs/design.md: a refusal is never a silent drop).
 BURST_V4 = (
     "10.1.2.3",
     "172.16.1.1",

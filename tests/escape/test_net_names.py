@@ -1,4 +1,4 @@
-"""Name-level network escapes, and what must keep working (issue 3, DESIGN.md "Network").
+"""Name-level network escapes, and what must keep working (issue 3, docs/design.md, "Network").
 
 Every case runs real sandboxes through `boxyctl` as the test user inside the test
 internet (tests/harness/topology.py). A probe script prints one JSON line per attempt

@@ -1,5 +1,5 @@
 """Terminal escapes: no host terminal fd may enter the sandbox, and /dev/tty inside never
-reaches the user's terminal (DESIGN.md "Daemon, sessions, APIs"; threat: keystroke
+reaches the user's terminal (docs/design.md, "Daemon, sessions, APIs"; threat: keystroke
 injection through TIOCSTI/TIOCLINUX into the shell that ran `boxyctl run`).
 
 The test owns a real PTY (pty.openpty()) whose slave is the client's terminal; the
@@ -363,7 +363,7 @@ def test_ctrl_z_stops_the_client_and_fg_continues_the_payload(user: User, workdi
         os.close(slave)
 
 
-# What a payload prints to make the user's terminal act (DESIGN.md threat model): set
+# What a payload prints to make the user's terminal act (docs/design.md, "Threat model"): set
 # the clipboard, and queries whose answers the terminal would type into the user's
 # shell once the payload has gone: the cursor position, the title (after setting it),
 # a setting (DECRQSS). And what it may print: a colour, a title.

@@ -1,5 +1,5 @@
 """A real `systemd --user` for the test user, on a machine where systemd is not
-PID 1 (DESIGN.md "Facts"): in a private mount namespace with its own
+PID 1 (docs/design.md, "Facts"): in a private mount namespace with its own
 /run/systemd/system, inside a cgroup directory the user owns in both the named
 systemd hierarchy and the unified one. Its session bus comes up socket-activated.
 Root only (the harness's own privilege); the manager itself runs as the user."""

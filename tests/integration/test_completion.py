@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from boxy.options import RUN_OPTIONS
 from boxyctl import completion
-from boxyctl.cli import RUN_FLAGS
 
 
 def _share() -> Path:
@@ -46,7 +46,7 @@ def test_the_man_page_renders_and_documents_every_run_flag(tmp_path: Path) -> No
     )
     assert r.returncode == 0 and not r.stderr.strip(), r.stderr
     text = re.sub(".\x08", "", r.stdout).replace("\u2010", "-")  # overstrike bold, hyphens
-    for flag in RUN_FLAGS:
+    for flag in RUN_OPTIONS:
         for name in flag.names:
             assert name in text, f"{name} is not in boxyctl(1)"
     assert "EXIT STATUS" in text and "124" in text
@@ -97,6 +97,6 @@ def test_bash_completes_paths_for_path_flags(tmp_path: Path) -> None:
 
 def test_fish_and_zsh_cover_every_run_flag() -> None:
     fish, zsh = completion.fish(), completion.zsh()
-    for flag in RUN_FLAGS:
+    for flag in RUN_OPTIONS:
         long = [n for n in flag.names if n.startswith("--")][0]
         assert f"-l {long[2:]}" in fish and long in zsh

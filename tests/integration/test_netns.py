@@ -1,4 +1,4 @@
-"""DESIGN.md steps 2–4 on the real kernel, as the unprivileged test user.
+"""docs/design.md, steps 2–4 on the real kernel, as the unprivileged test user.
 
 This file is also the script that user runs (``python -I test_netns.py ROOT``): it
 maps its uid to itself (step 1), builds the gateway netns (step 2) and the payload

@@ -641,7 +641,7 @@ def agent_socket(user: User) -> Iterator[Path]:
 
 
 HOSTILE = r"""'use strict';
-// A postinstall that tries everything in DESIGN.md's threat model at once, and says
+// A postinstall that tries everything in the threat model (docs/design.md) at once, and says
 // ESCAPED:<what> for anything that works. HOSTILE-RAN proves it ran at all.
 const fs = require('fs'), path = require('path'), net = require('net'), dns = require('dns');
 const cp = require('child_process'), os = require('os');

@@ -377,7 +377,7 @@ def _both(argv: list[str]):
 def test_fast_path_agrees_with_argparse_wherever_it_answers():
     import random
 
-    from boxyctl.cli import RUN_FLAGS
+    from boxy.options import RUN_OPTIONS
 
     rng = random.Random(1234)
     values = [
@@ -406,7 +406,7 @@ def test_fast_path_agrees_with_argparse_wherever_it_answers():
     for _ in range(3000):
         argv: list[str] = []
         for _ in range(rng.randint(0, 5)):
-            flag = rng.choice(RUN_FLAGS)
+            flag = rng.choice(RUN_OPTIONS)
             name = rng.choice(flag.names)
             if flag.kind == "true":
                 argv.append(name if rng.random() > 0.05 else name + "=1")

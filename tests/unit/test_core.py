@@ -15,7 +15,7 @@ from boxy.buildid import build_id
 from boxy.errors import Busy, DaemonError, NoSuchSession, SetupError, UsageError
 from boxy.outcome import Counters, Detached, Ended, Notice, Reason, Running, State, Stopped
 from boxy.request import RunOptions, RunRequest
-from boxyd.config.spec import RunSpec
+from boxyd.config.runspec import RunSpec
 from boxyd.daemon import seam
 from boxyd.daemon.events import (
     Audited,

@@ -109,7 +109,7 @@ def _cycle() -> list[str] | None:
 def test_the_graph_is_read() -> None:
     # the control: the walk finds what is known to be imported
     assert "boxyd.plan.ops" in GRAPH["boxyd.stage2.rootfs"]
-    assert "boxyd.config.spec" in GRAPH["boxyd.plan.mountplan"]
+    assert "boxyd.config.runspec" in GRAPH["boxyd.plan.mountplan"]
 
 
 def test_no_import_cycle() -> None:

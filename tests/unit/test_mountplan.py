@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from boxy.errors import UsageError
-from boxyd.config.spec import CopyEntry, PathEntry, RunSpec
+from boxyd.config.runspec import CopyEntry, PathEntry, RunSpec
 from boxyd.gitguard.discover import Protection
 from boxyd.plan import mountplan
 from boxyd.plan.ops import Bind, Copy, Plan, Symlink

@@ -14,7 +14,7 @@ from boxyd.config.profiles import (
     resolve_hosts,
     workdir_slug,
 )
-from boxyd.config.spec import CopyEntry, PathEntry
+from boxyd.config.runspec import CopyEntry, PathEntry
 
 CTX = {"workdir": "/home/u/p", "home": "/home/u"}
 PRESETS = ["claude", "generic", "node", "offline", "python"]

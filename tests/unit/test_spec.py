@@ -9,7 +9,8 @@ import pytest
 from boxy.errors import ProfileError, SecretsNeeded, UsageError
 from boxy.request import RunRequest
 from boxyctl.cli import parse
-from boxyd.config.spec import CopyEntry, PathEntry, build_spec
+from boxyd.config.runspec import CopyEntry, PathEntry
+from boxyd.config.spec import build_spec
 
 
 @pytest.fixture

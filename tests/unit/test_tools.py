@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from boxyd.config import hosttools
-from boxyd.config.spec import SYSTEM_TREES
+from boxyd.config.runspec import SYSTEM_TREES
 from boxyd.plan import tools
 from boxyd.plan.ops import Bind
 

@@ -7,7 +7,7 @@ import pytest
 
 from boxyd.config import widening
 from boxyd.config.profiles import Profile
-from boxyd.config.spec import CopyEntry, PathEntry
+from boxyd.config.runspec import CopyEntry, PathEntry
 
 CACHE = "/home/u/.cache/boxy/cache/node/k"
 

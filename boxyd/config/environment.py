@@ -1,0 +1,73 @@
+"""build_spec's environment step: the payload's environment from the -e and --secret
+flags, the profile's env, env_pass and env_secrets (envpolicy builds it).
+
+Pure but for REGISTRY, the resolver of the profile's env templates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+from boxy.errors import SecretsNeeded
+from boxy.request import RunOptions
+from boxyd.config import envpolicy, profiles
+from boxyd.config.profiles import Profile, Registry
+
+
+def decide(
+    o: RunOptions,
+    prof: Profile,
+    registry: Registry | None,
+    *,
+    client_env: Mapping[str, str],
+    env_unset: Collection[str],
+    home: str,
+    user: str,
+    notes: list[str],
+) -> dict[str, str]:
+    """The payload's final environment. The client holds what the profile asks of its
+    environment: what it did not send (ENV_UNSET: names it does not have) is asked
+    for with SecretsNeeded, and the client sends it and asks again."""
+    check_sent(o, prof, client_env, env_unset)
+    return envpolicy.sandbox_env(
+        client_env,
+        requested(o, notes),
+        home=home,
+        user=user,
+        profile_env=profiles.resolve_env(prof.env, registry, source=prof.source, notes=notes),
+        env_pass=prof.env_pass,
+        notes=notes,
+    )
+
+
+def check_sent(
+    o: RunOptions, prof: Profile, client_env: Mapping[str, str], env_unset: Collection[str]
+) -> None:
+    """Raise SecretsNeeded for the profile's env_secrets not given as --secret, and its
+    env_pass names the client neither sent nor said it lacks."""
+    sent = {secret.name for secret in o.secret}
+    missing = [n for n in prof.env_secrets if n not in sent]
+    # env_pass reads the client's environment, which sends only a few names unasked
+    unasked = [
+        n
+        for n in prof.env_pass
+        if n not in client_env and n not in env_unset and not envpolicy.is_sensitive(n)
+    ]
+    if missing or unasked:
+        raise SecretsNeeded(missing, prof.source, unasked)
+
+
+def requested(o: RunOptions, notes: list[str]) -> list[tuple[str, str | None]]:
+    """-e NAME=VALUE and --secret NAME, in order, checked; -e NAME the client does not
+    have (sent without a value) is skipped, with a note."""
+    out: list[tuple[str, str | None]] = []
+    for item in o.env:
+        if item.value is None:
+            envpolicy.check_name(item.name)
+            notes.append(f"-e {item.name}: not set in your environment; skipped")
+            continue
+        out.append((item.name, item.value))
+    for secret in o.secret:
+        envpolicy.check_name(secret.name, what="--secret")
+        out.append((secret.name, envpolicy.check_value(secret.name, secret.value, what="--secret")))
+    return out

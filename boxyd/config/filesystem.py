@@ -1,0 +1,258 @@
+"""build_spec's filesystem step: the host paths exposed (ro, rw, mkdir), protected and
+revealed, the files copied in, the fresh tmpfs directories; and the profile's package
+cache, made before anything else is decided.
+
+A path from the profile that is wrong is a ProfileError naming the profile's key, one
+from a flag a UsageError naming the flag. Reads the filesystem (stat, realpath, the
+exposed trees walked for sockets); writes only the package cache (prepare_caches).
+Placing copies and tmpfs directories is pure.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from boxy.errors import BoxyError, ProfileError, UsageError
+from boxy.request import RunOptions
+from boxyd.config import caches, exposure
+from boxyd.config.pathutil import absolute, contains, dedupe
+from boxyd.config.profiles import Profile
+from boxyd.config.runspec import READ_ONLY_TREES, CopyEntry, PathEntry
+
+# (what names it in a message: "--ro" or "profile P: filesystem.ro"; the entry)
+Labelled = tuple[str, PathEntry]
+LabelledCopy = tuple[str, CopyEntry]
+
+
+@dataclass
+class Filesystem:
+    """RunSpec's filesystem fields (same names)."""
+
+    ro: list[PathEntry]
+    rw: list[PathEntry]
+    mkdir: list[PathEntry]
+    protect: list[PathEntry]
+    reveal: list[str]
+    secrets: list[str]
+    copy: list[CopyEntry]
+    copy_ro: list[CopyEntry]
+    tmpfs: list[str]
+
+
+def prepare_caches(prof: Profile, workdir: str, home: str) -> None:
+    """The profile's package cache: boxy's own directory, made here (the sandbox binds it)."""
+    for entry in prof.mkdir:
+        if caches.is_cache(entry.path, home):
+            try:
+                caches.prepare(entry.path, workdir, home)
+            except (OSError, BoxyError) as e:
+                raise UsageError(
+                    f"profile {prof.source}: the package cache {entry.path}: {e}; "
+                    "`boxyctl cache clean` removes it"
+                ) from None
+
+
+def decide(
+    o: RunOptions,
+    prof: Profile,
+    *,
+    cwd: str,
+    workdir: str,
+    home: str,
+    uid: int,
+    client_env: Mapping[str, str],
+    notes: list[str],
+) -> Filesystem:
+    """The filesystem of a run with flags O (relative paths against CWD) and profile
+    PROF in WORKDIR; refused when it would expose a credential's socket or tree."""
+    ro = check_paths("ro", prof, o.ro, cwd, notes)
+    rw = check_paths("rw", prof, o.rw, cwd, notes)
+    mkdir = check_paths("mkdir", prof, o.mkdir, cwd, notes)
+    for _, entry in ro:
+        if any(e.path == entry.path for _, e in rw):
+            raise UsageError(f"{entry.path}: exposed both read-only and read-write")
+    writable = [workdir] + [os.path.realpath(e.path) for _, e in rw + mkdir]
+    asked = [e for _, e in check_paths("protect", prof, o.protect, cwd, notes)]
+    protect = check_protect(asked, writable, prof.source, notes)
+    # lexical, not realpath'd: the entries they name are matched as the walk found them
+    reveal = dedupe([e.path for e in prof.reveal] + [absolute(p, cwd) for p in o.reveal])
+    exposed = [("workdir", workdir)] + [(label, e.path) for label, e in ro + rw + mkdir]
+    exposure.check_exposed(exposed, exposure.sensitive_paths(client_env, home, uid))
+    for label, path in exposed[1:]:
+        exposure.refuse_sockets(label, path)
+    copies = check_copies(flag_copies(o, cwd) + profile_copies(prof), notes)
+    trees = [workdir] + [e.path for _, e in ro + rw + mkdir]
+    copy, copy_ro = place_copies(copies, trees)
+    return Filesystem(
+        ro=[e for _, e in ro],
+        rw=[e for _, e in rw],
+        mkdir=[e for _, e in mkdir],
+        protect=protect,
+        reveal=reveal,
+        secrets=list(prof.secrets),
+        copy=copy,
+        copy_ro=copy_ro,
+        tmpfs=check_tmpfs(prof, trees, home),
+    )
+
+
+def _err(from_profile: bool, message: str) -> UsageError:
+    return ProfileError(message) if from_profile else UsageError(message)
+
+
+def check_paths(
+    kind: str, prof: Profile, flags: Sequence[str], cwd: str, notes: list[str]
+) -> list[Labelled]:
+    """The profile's entries of KIND (ro, rw, mkdir, protect), then the flags', each
+    path once: a path must exist (mkdir: be a directory if it does); an optional
+    profile entry that is absent is skipped, with a note."""
+    entries = [(f"profile {prof.source}: filesystem.{kind}", e, True) for e in getattr(prof, kind)]
+    entries += [(f"--{kind}", PathEntry(absolute(p, cwd)), False) for p in flags]
+    out: list[Labelled] = []
+    for label, entry, from_profile in entries:
+        if any(e.path == entry.path for _, e in out):
+            continue
+        if kind == "mkdir":
+            if os.path.exists(entry.path) and not os.path.isdir(entry.path):
+                raise _err(from_profile, f"{label} {entry.path}: exists and is not a directory")
+        elif not os.path.exists(entry.path):
+            if entry.optional:
+                notes.append(f"{label} {entry.path}: absent; skipped")
+                continue
+            raise _err(from_profile, f"{label} {entry.path}: no such file or directory")
+        out.append((label, entry))
+    return out
+
+
+def check_protect(
+    entries: list[PathEntry], writable: list[str], source: str, notes: list[str]
+) -> list[PathEntry]:
+    """Protect entries, realpath'd: each must lie in a writable tree (WRITABLE,
+    realpath'd) and not be a symlink (one cannot be pinned read-only). An optional
+    entry is the profile's (SOURCE): one leading outside is skipped, with a note."""
+    out: list[PathEntry] = []
+    for entry in entries:
+        if os.path.islink(entry.path) and entry.optional:  # a preset's tools' file
+            # refused, not skipped: a symlink cannot be pinned, and one a payload planted
+            # is exactly what the protection is for
+            raise UsageError(
+                f"profile {source}: {entry.path} is a symlink, which cannot be made "
+                "read-only (an earlier run may have planted it); look at it and "
+                "remove it"
+            )
+        if os.path.islink(entry.path):
+            raise UsageError(f"--protect {entry.path}: is a symlink; name what it points to")
+        real = os.path.realpath(entry.path)
+        inside = any(contains(tree, real) for tree in writable)
+        if not inside and entry.optional:
+            # a preset's venv pip.conf through a .venv symlink to elsewhere: not writable
+            # inside (the sandbox does not see where it points), so nothing to protect
+            notes.append(f"protect {entry.path}: leads outside the writable trees; skipped")
+            continue
+        if not inside:
+            raise UsageError(
+                f"--protect {entry.path}: not inside the work directory or a --rw path"
+            )
+        out.append(PathEntry(real, entry.optional))
+    return out
+
+
+def flag_copies(o: RunOptions, cwd: str) -> list[LabelledCopy]:
+    """--copy and --copy-ro as entries (DST defaults to SRC and must be absolute)."""
+    out: list[LabelledCopy] = []
+    for items, flag in ((o.copy, "--copy"), (o.copy_ro, "--copy-ro")):
+        for item in items:
+            dst = item.dst
+            src_path = absolute(item.src, cwd)
+            if dst is not None and not dst.startswith("/"):
+                raise UsageError(f"{flag} {item.src}:{dst}: the destination must be absolute")
+            out.append((flag, CopyEntry(src_path, os.path.normpath(dst or src_path))))
+    return out
+
+
+def profile_copies(prof: Profile) -> list[LabelledCopy]:
+    out = [(f"profile {prof.source}: filesystem.copy", e) for e in prof.copy]
+    return out + [(f"profile {prof.source}: filesystem.copy_ro", e) for e in prof.copy_ro]
+
+
+def check_copies(copies: list[LabelledCopy], notes: list[str]) -> list[LabelledCopy]:
+    """Flag copies, then profile copies, checked: each source a readable regular file,
+    each destination once and never on a read-only tree; a flag replaces a profile
+    copy to the same destination (the seed's --copy other.json:$HOME/.claude.json)."""
+    out: list[LabelledCopy] = []
+    seen: dict[str, str] = {}
+    for label, entry in copies:
+        from_profile = label.startswith("profile ")
+        if entry.dst in seen:
+            if from_profile and not seen[entry.dst].startswith("profile "):
+                notes.append(f"{label} {entry.src}: replaced by {seen[entry.dst]} to {entry.dst}")
+                continue
+            raise _err(from_profile, f"{label} {entry.src}: a second copy to {entry.dst}")
+        try:
+            st = os.stat(entry.src)
+        except OSError:
+            if entry.optional:
+                notes.append(f"{label} {entry.src}: absent; skipped")
+                continue
+            raise _err(from_profile, f"{label} {entry.src}: no such file or directory") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise _err(from_profile, f"{label} {entry.src}: not a regular file")
+        if not os.access(entry.src, os.R_OK):
+            raise _err(from_profile, f"{label} {entry.src}: not readable by you")
+        check_destination(label, entry, from_profile)
+        seen[entry.dst] = label
+        out.append((label, entry))
+    return out
+
+
+def check_destination(label: str, entry: CopyEntry, from_profile: bool) -> None:
+    """A copy lands on the sandbox's own tmpfs: a file, never on a read-only tree."""
+    if entry.dst == "/":
+        raise _err(from_profile, f"{label} {entry.src}:/: the destination must name a file")
+    for tree in READ_ONLY_TREES:
+        if contains(tree, entry.dst):
+            raise _err(
+                from_profile,
+                f"{label} {entry.src}:{entry.dst}: the destination lies on "
+                f"the sandbox's read-only {tree}; copy it under $HOME or /tmp",
+            )
+
+
+def place_copies(
+    copies: list[LabelledCopy], trees: list[str]
+) -> tuple[list[CopyEntry], list[CopyEntry]]:
+    """(copy, copy_ro): each copy's destination outside every exposed tree (TREES)."""
+    copy: list[CopyEntry] = []
+    copy_ro: list[CopyEntry] = []
+    for label, entry in copies:
+        for tree in trees:
+            if contains(tree, entry.dst):
+                raise UsageError(
+                    f"{label} {entry.src}:{entry.dst}: the destination lies inside the exposed "
+                    f"path {tree}; a copy goes onto the sandbox's own tmpfs"
+                )
+        read_only = label.endswith("copy_ro") or label == "--copy-ro"
+        (copy_ro if read_only else copy).append(entry)
+    return copy, copy_ro
+
+
+def check_tmpfs(prof: Profile, trees: list[str], home: str) -> list[str]:
+    """filesystem.tmpfs: each path on the sandbox's own tmpfs, never on a tree that
+    is bound in (an exposed path, the system's read-only trees, /proc, /dev)."""
+    out: list[str] = []
+    for path in prof.tmpfs:
+        label = f"profile {prof.source}: filesystem.tmpfs {path}"
+        if path in (home, "/tmp", "/dev/shm"):
+            raise ProfileError(f"{label}: already a fresh tmpfs")
+        for tree in (*READ_ONLY_TREES, *trees):
+            if contains(tree, path) or contains(path, tree):
+                raise ProfileError(
+                    f"{label}: overlaps {tree}, which is bound in; a tmpfs goes "
+                    "on the sandbox's own filesystem (under $HOME, /tmp, /opt …)"
+                )
+        if path not in out:
+            out.append(path)
+    return out

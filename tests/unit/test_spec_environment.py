@@ -1,0 +1,82 @@
+"""boxyd.config.environment: build_spec's environment step, pure over its inputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from boxy.errors import SecretsNeeded, UsageError
+from boxy.request import EnvItem, RunOptions, Secret
+from boxyd.config import environment
+from boxyd.config.profiles import Profile
+
+
+def prof(**kw: Any) -> Profile:
+    return Profile(name="p", source="p.yaml", **kw)
+
+
+def decide(
+    o: RunOptions,
+    p: Profile,
+    client_env: dict[str, str] | None = None,
+    registry: Any = None,
+    env_unset: tuple[str, ...] = (),
+) -> tuple[dict[str, str], list[str]]:
+    notes: list[str] = []
+    env = environment.decide(
+        o, p, registry, client_env=client_env or {}, env_unset=env_unset,
+        home="/home/u", user="u", notes=notes,
+    )  # fmt: skip
+    return env, notes
+
+
+def test_the_fixed_environment() -> None:
+    env, notes = decide(RunOptions(), prof(), {"TERM": "xterm", "SECRET_TOKEN": "t", "X": "1"})
+    assert env["HOME"] == "/home/u" and env["USER"] == env["LOGNAME"] == "u"
+    assert env["TERM"] == "xterm" and "SECRET_TOKEN" not in env and "X" not in env
+    assert notes == []
+
+
+def test_flags_profile_env_and_env_pass_in_order_of_precedence() -> None:
+    o = RunOptions(env=[EnvItem("A", "flag"), EnvItem("GONE", None)], secret=[Secret("S", "s")])
+    p = prof(env={"A": "profile", "B": "{npm_registry_url}", "C": "{pip_cert}"}, env_pass=["P"])
+    env, notes = decide(o, p, {"P": "passed"}, {"npm_registry_url": "https://n.test/"}.get)
+    assert (env["A"], env["B"], env["P"], env["S"]) == ("flag", "https://n.test/", "passed", "s")
+    assert "C" not in env and "GONE" not in env
+    assert notes == [
+        "-e GONE: not set in your environment; skipped",
+        "profile p.yaml: env C: no {pip_cert} configured; not set",
+    ]
+
+
+def test_what_the_profile_asks_of_the_client_is_asked_for() -> None:
+    p = prof(env_secrets=["API_TOKEN"], env_pass=["NPM_EXTRA", "AWS_X", "HAVE", "UNSET"])
+    with pytest.raises(SecretsNeeded) as e:
+        decide(RunOptions(), p, {"HAVE": "1"}, env_unset=("UNSET",))
+    # a sensitive env_pass name is never taken unasked: not asked for either
+    assert (e.value.names, e.value.profile, e.value.passed) == (
+        ["API_TOKEN"],
+        "p.yaml",
+        ["NPM_EXTRA"],
+    )
+    env, _ = decide(RunOptions(secret=[Secret("API_TOKEN", "t")]), prof(env_secrets=["API_TOKEN"]))
+    assert env["API_TOKEN"] == "t"
+
+
+def test_requested_refuses_a_bad_name_or_value() -> None:
+    with pytest.raises(UsageError, match="not a valid variable name"):
+        environment.requested(RunOptions(env=[EnvItem("1X", None)]), [])
+    with pytest.raises(UsageError) as e:
+        environment.requested(RunOptions(secret=[Secret("a-b", "v")]), [])
+    assert str(e.value).startswith("--secret 'a-b': not a valid variable name")
+    with pytest.raises(UsageError) as e:
+        environment.requested(RunOptions(secret=[Secret("S", "a\0b")]), [])
+    assert str(e.value) == "--secret S: the value contains a NUL byte"
+
+
+def test_requested_keeps_the_order_given() -> None:
+    notes: list[str] = []
+    o = RunOptions(env=[EnvItem("B", "2"), EnvItem("A", None)], secret=[Secret("S", "s")])
+    assert environment.requested(o, notes) == [("B", "2"), ("S", "s")]
+    assert notes == ["-e A: not set in your environment; skipped"]

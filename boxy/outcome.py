@@ -172,7 +172,12 @@ class Counters(Value):
     def from_wire(cls, d: object) -> Counters:
         if not isinstance(d, dict):
             return cls()
-        return cls(*(d.get(k) if type(d.get(k)) is int else 0 for k in cls.__slots__))
+
+        def count(k: str) -> int:
+            v = d.get(k)
+            return v if type(v) is int else 0
+
+        return cls(*(count(k) for k in cls.__slots__))
 
 
 class SessionInfo(Value):
@@ -266,7 +271,8 @@ class SessionInfo(Value):
         if (
             not isinstance(d.get("id"), str)
             or not isinstance(argv, list)
-            or type(started) not in (int, float)
+            or not isinstance(started, (int, float))
+            or isinstance(started, bool)
         ):
             return None
         ended = d.get("ended_at")
@@ -278,9 +284,105 @@ class SessionInfo(Value):
             str(d.get("workdir", "")),
             d.get("profile") if isinstance(d.get("profile"), str) else None,
             float(started),
-            float(ended) if type(ended) in (int, float) else None,
+            float(ended)
+            if isinstance(ended, (int, float)) and not isinstance(ended, bool)
+            else None,
             Outcome.from_wire(out) if isinstance(out, dict) else None,
             Counters.from_wire(d.get("counters")),
             d.get("attached") is True,
             [str(x) for x in d.get("limits") or []],
         )
+
+
+# -- the Run reply stream (Run and Attach): what the client following a session hears --
+# Each reply carries KIND, so the client decodes it into one of these by name, never
+# by which keys happen to be present. Running, Notice… and Stopped… stream; Detached
+# and Ended are last (and Running is, for a run started with -d).
+
+
+class Running(Value):
+    """The payload runs: its session ID, and the WARNINGS said before it did."""
+
+    kind = "running"
+    __slots__ = ("id", "warnings")
+
+    def __init__(self, id: str, warnings: list[str] | None = None) -> None:
+        self.id, self.warnings = id, list(warnings or [])
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"kind": self.kind, "id": self.id, "state": "running", "warnings": self.warnings}
+
+
+class Notice(Value):
+    """One line for the client now (-v: a denial as it happens)."""
+
+    kind = "notice"
+    __slots__ = ("id", "text")
+
+    def __init__(self, id: str, text: str) -> None:
+        self.id, self.text = id, text
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"kind": self.kind, "id": self.id, "notice": self.text}
+
+
+class Stopped(Value):
+    """The payload stopped (^Z) with SIGNAL: the client stops too, and sends
+    Signal(SIGCONT) once it is continued."""
+
+    kind = "stopped"
+    __slots__ = ("id", "signal")
+
+    def __init__(self, id: str, signal: int) -> None:
+        self.id, self.signal = id, int(signal)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"kind": self.kind, "id": self.id, "stopped": self.signal}
+
+
+class Detached(Value):
+    """Last: the client detached (Ctrl-]); the session goes on."""
+
+    kind = "detached"
+    __slots__ = ("id",)
+
+    def __init__(self, id: str) -> None:
+        self.id = id
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"kind": self.kind, "id": self.id, "detached": True}
+
+
+class Ended(Value):
+    """Last: how the session ended."""
+
+    kind = "ended"
+    __slots__ = ("id", "outcome")
+
+    def __init__(self, id: str, outcome: Outcome) -> None:
+        self.id, self.outcome = id, outcome
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"kind": self.kind, "id": self.id, **self.outcome.to_wire()}
+
+
+RunReply = Running | Notice | Stopped | Detached | Ended
+
+
+def run_reply(d: dict[str, Any]) -> RunReply:
+    """A Run or Attach reply as its type; ValueError for one that is none of them."""
+    kind, sid = d.get("kind"), d.get("id")
+    if not isinstance(sid, str):
+        raise ValueError(f"a {kind} reply without a session id")
+    if kind == Running.kind:
+        warnings = d.get("warnings")
+        return Running(sid, [str(w) for w in warnings] if isinstance(warnings, list) else [])
+    if kind == Notice.kind:
+        return Notice(sid, str(d.get("notice", "")))
+    if kind == Stopped.kind and type(d.get("stopped")) is int:
+        return Stopped(sid, d["stopped"])
+    if kind == Detached.kind:
+        return Detached(sid)
+    if kind == Ended.kind:
+        return Ended(sid, Outcome.from_wire(d))
+    raise ValueError(f"an unknown Run reply {kind!r}")

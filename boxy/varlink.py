@@ -61,11 +61,14 @@ class VarlinkError(BoxyError):
 
     def __init__(self, name: str, parameters: dict[str, Any]) -> None:
         self.name = name
-        self.parameters = parameters
+        self.params = parameters
         detail = parameters.get("message") or ", ".join(
             f"{k}={v}" for k, v in sorted(parameters.items())
         )
         super().__init__(f"{name}: {detail}" if detail else name)
+
+    def parameters(self) -> dict[str, Any]:
+        return self.params
 
 
 class DaemonUnavailable(DaemonError):

@@ -18,6 +18,13 @@ from boxy import VERSION
 from boxy.errors import BoxyError, BuildMismatch, Busy, DaemonError, SecretsNeeded, UsageError
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import Any
+
+    from boxy.outcome import Outcome, RunReply
+    from boxy.request import RunRequest
+    from boxy.varlink import Client
+    from boxyctl.tty import Raw
     from boxyd.config.projectconfig import Project
 
 
@@ -145,7 +152,7 @@ def _stdio() -> list[int]:
     return fds
 
 
-def run(args: dict) -> int:
+def run(args: dict[str, Any]) -> int:
     from boxy.buildid import build_id
     from boxyctl.connect import connect, wait_gone
 
@@ -179,7 +186,7 @@ def run(args: dict) -> int:
     return 1
 
 
-def _add_secrets(request, e) -> None:
+def _add_secrets(request: RunRequest, e: SecretsNeeded) -> None:
     """Answer SecretsNeeded from our environment: env_secrets as secrets (never in
     client_env), env_pass values into client_env, the unset ones named as unset."""
     from boxy.request import Secret
@@ -237,13 +244,13 @@ def _daemon_answers(timeout: float = 2.0) -> bool:
         sock.close()
 
 
-def _run_once(client, request) -> int:
+def _run_once(client: Client, request: RunRequest) -> int:
     if request.options.detach:
         return _run_detached(client, request)
     return _follow(client, "Run", request.to_wire(), [])
 
 
-def _run_detached(client, request) -> int:
+def _run_detached(client: Client, request: RunRequest) -> int:
     """run -d: the session gets a terminal of its own (this one's settings, when
     there is one) and none of our fds; its id on stdout."""
     if os.isatty(0):
@@ -251,71 +258,98 @@ def _run_detached(client, request) -> int:
         from boxy.request import Terminal
 
         request.terminal = Terminal.from_wire(termsettings.capture(0))
+    from boxy.outcome import Ended, Running
+
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
-        reply = client.call(f"{IFACE}.Run", request.to_wire(), fds=[null, null, null])
+        reply = _decode(client.call(f"{IFACE}.Run", request.to_wire(), fds=[null, null, null]))
     finally:
         os.close(null)
-    if reply.get("state") != "running":  # it never started: how it ended
-        return _report(reply)
-    for w in reply.get("warnings", []):
+    if isinstance(reply, Ended):  # it never started: how it ended
+        return _report(reply.outcome)
+    if not isinstance(reply, Running):
+        raise DaemonError(f"run -d: boxyd answered {reply.kind} instead of the session's id")
+    for w in reply.warnings:
         say(w)
-    print(reply["id"])
+    print(reply.id)
     return 0
 
 
-def _follow(client, method: str, params: dict, sid: list[str]) -> int:
-    """Run or Attach: our stdio (a terminal in raw mode) is the session's until it
-    ends or we detach (Ctrl-]); signals and window sizes are passed on."""
-    got: list[int] = []
-    end_by: list[float] = []  # when a SIGTERM (HUP, QUIT) ends the wait, whatever boxyd does
+def _decode(params: dict[str, Any]) -> RunReply:
+    """A Run or Attach reply as its type (boxy.outcome's RunReply union)."""
+    from boxy.outcome import run_reply
 
-    def stop_waiting(why: str) -> DaemonError:
+    try:
+        return run_reply(params)
+    except ValueError as e:
+        raise DaemonError(f"boxyd sent a reply this client cannot read: {e}") from None
+
+
+class _Waiting:
+    """The signals a following client passes on (SIGINT, SIGTERM, SIGHUP, SIGQUIT)
+    and the watchdog after one: a second one, or a daemon that stops answering
+    after the first, ends the wait (never a client that ignores ^C forever)."""
+
+    def __init__(self, client: Client, sid: list[str]) -> None:
+        self.client, self.sid = client, sid
+        self.got: list[int] = []
+        self.end_by: list[float] = []  # when a SIGTERM (HUP, QUIT) ends the wait
+
+    def install(self) -> None:
+        signal.signal(signal.SIGALRM, self.still_there)
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(s, self.forward)
+
+    def stop_waiting(self, why: str) -> DaemonError:
         signal.setitimer(signal.ITIMER_REAL, 0)
         # the connection closes as we go: boxyd hangs the session up (SIGHUP, then a stop)
+        sid = self.sid
         tail = f"; boxyd stops session {sid[0]} when it sees this client gone" if sid else ""
         return DaemonError(f"{why}: stopped waiting for boxyd{tail}")
 
-    def forward(signum: int, _frame: object) -> None:
-        """Passed on to the session; a second one, or a daemon that stops answering
-        after the first, ends the wait (never a client that ignores ^C forever)."""
-        got.append(signum)
-        if len(got) > 1:
-            raise stop_waiting(f"{signal.Signals(signum).name} again")
-        if not sid:  # nothing runs yet to pass it on to
-            raise stop_waiting(f"{signal.Signals(signum).name} before the session started")
-        client.send_oneway(f"{IFACE}.Signal", {"id": sid[0], "signal": signum})
+    def forward(self, signum: int, _frame: object) -> None:
+        self.got.append(signum)
+        name = signal.Signals(signum).name
+        if len(self.got) > 1:
+            raise self.stop_waiting(f"{name} again")
+        if not self.sid:  # nothing runs yet to pass it on to
+            raise self.stop_waiting(f"{name} before the session started")
+        self.client.send_oneway(f"{IFACE}.Signal", {"id": self.sid[0], "signal": signum})
         if signum in _ENDING:
-            end_by.append(time.monotonic() + END_WAIT)
+            self.end_by.append(time.monotonic() + END_WAIT)
         signal.setitimer(signal.ITIMER_REAL, ANSWER_WAIT)
 
-    def still_there(_signum: int, _frame: object) -> None:
-        if end_by and time.monotonic() >= end_by[0]:
-            raise stop_waiting(
+    def still_there(self, _signum: int, _frame: object) -> None:
+        name = signal.Signals(self.got[0]).name
+        if self.end_by and time.monotonic() >= self.end_by[0]:
+            raise self.stop_waiting(
                 f"no outcome within {END_WAIT:g}s of the "
-                f"{signal.Signals(got[0]).name} (`boxyctl show {sid[0]}` will have it)"
+                f"{name} (`boxyctl show {self.sid[0]}` will have it)"
             )
         if not _daemon_answers():
-            raise stop_waiting(
-                f"boxyd did not answer within {ANSWER_WAIT:g}s of the {signal.Signals(got[0]).name}"
-            )
-        left = end_by[0] - time.monotonic() if end_by else ANSWER_WAIT
+            raise self.stop_waiting(f"boxyd did not answer within {ANSWER_WAIT:g}s of the {name}")
+        left = self.end_by[0] - time.monotonic() if self.end_by else ANSWER_WAIT
         signal.setitimer(signal.ITIMER_REAL, max(0.05, min(ANSWER_WAIT, left)))
 
-    signal.signal(signal.SIGALRM, still_there)
+    def winch(self, rows: int, cols: int) -> None:
+        if self.sid:
+            self.client.send_oneway(
+                f"{IFACE}.Resize", {"id": self.sid[0], "rows": rows, "cols": cols}
+            )
 
-    def winch(rows: int, cols: int) -> None:
-        if sid:
-            client.send_oneway(f"{IFACE}.Resize", {"id": sid[0], "rows": rows, "cols": cols})
 
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(s, forward)
+def _follow(client: Client, method: str, params: dict[str, Any], sid: list[str]) -> int:
+    """Run or Attach: our stdio (a terminal in raw mode) is the session's until it
+    ends or we detach (Ctrl-]); signals and window sizes are passed on."""
+    from boxy.outcome import Detached, Ended
+
+    waiting = _Waiting(client, sid)
+    waiting.install()
     raw = contextlib.ExitStack()
     raw.callback(signal.setitimer, signal.ITIMER_REAL, 0)  # no liveness ping past the run
-    final: dict = {}
-    terminal = os.isatty(0)
+    term: Raw | None = None
     with raw:
-        if terminal:
+        if os.isatty(0):
             from boxy import termsettings
             from boxyctl import tty  # threading and termios: only for a terminal
 
@@ -323,31 +357,46 @@ def _follow(client, method: str, params: dict, sid: list[str]) -> int:
             # \r\r\n otherwise); the sandbox's PTY gets the settings from before.
             params = {**params, "terminal": termsettings.capture(0)}
             term = raw.enter_context(tty.raw_mode(0))
-        for reply in client.stream(f"{IFACE}.{method}", params, fds=_stdio()):
-            if "notice" in reply:  # -v: a denial, as it happens
-                say(str(reply["notice"]))
-            elif "stopped" in reply and terminal:  # ^Z: stop with the payload
+        replies = client.stream(f"{IFACE}.{method}", params, fds=_stdio())
+        final = _relay(waiting, replies, term)
+    if isinstance(final, Detached):
+        say(f"detached from session {final.id}; `boxyctl attach {final.id}` takes it back")
+        return 0
+    if isinstance(final, Ended):
+        return _report(final.outcome)
+    raise DaemonError(f"{method}: boxyd ended the call without saying how the session ended")
+
+
+def _relay(
+    waiting: _Waiting, replies: Iterator[dict[str, Any]], term: Raw | None
+) -> RunReply | None:
+    """Act on each streamed reply; the last one (Detached or Ended) is returned."""
+    from boxy.outcome import Notice, Running, Stopped
+
+    client, sid = waiting.client, waiting.sid
+    for params in replies:
+        reply = _decode(params)
+        if isinstance(reply, Notice):  # -v: a denial, as it happens
+            say(reply.text)
+        elif isinstance(reply, Stopped):  # ^Z: stop with the payload
+            if term is not None:
                 term.suspend()
                 if sid:  # `fg`: the payload goes on too
                     client.send_oneway(f"{IFACE}.Signal", {"id": sid[0], "signal": signal.SIGCONT})
-            elif reply.get("state") == "running" and "exit_status" not in reply:
-                sid[:] = [reply["id"]]
-                for w in reply.get("warnings", []):
-                    say(w)
-                if terminal:
-                    tty.on_winch(winch)
-            else:
-                final = reply
-    if final.get("detached"):
-        say(
-            f"detached from session {final.get('id')}; `boxyctl attach {final.get('id')}` "
-            "takes it back"
-        )
-        return 0
-    return _report(final)
+        elif isinstance(reply, Running):
+            sid[:] = [reply.id]
+            for w in reply.warnings:
+                say(w)
+            if term is not None:
+                from boxyctl import tty
+
+                tty.on_winch(waiting.winch)
+        else:
+            return reply
+    return None
 
 
-def attach(args: dict) -> int:
+def attach(args: dict[str, Any]) -> int:
     from boxyctl.connect import connect
 
     client = connect()
@@ -357,11 +406,8 @@ def attach(args: dict) -> int:
         client.close()
 
 
-def _report(final: dict) -> int:
+def _report(outcome: Outcome) -> int:
     """The end of a run, on stderr; the payload's exit status."""
-    from boxy.outcome import Outcome
-
-    outcome = Outcome.from_wire(final)
     for w in outcome.warnings:  # a run that never started: not said yet
         say(w)
     if outcome.destinations:  # a run with network that went somewhere: where
@@ -378,7 +424,7 @@ def _report(final: dict) -> int:
     return outcome.exit_status
 
 
-def sessions(name: str, args: dict) -> int:
+def sessions(name: str, args: dict[str, Any]) -> int:
     """ps [-a], show ID, stop [-k] ID: questions for a running boxyd (none running:
     no session runs, and `ps -a`/`show` read the records it left)."""
     import time
@@ -407,7 +453,7 @@ def sessions(name: str, args: dict) -> int:
     return 0
 
 
-def watch(args: dict) -> int:
+def watch(args: dict[str, Any]) -> int:
     """One line per event as it happens (a pipe: `boxyctl watch ID | grep deny`); a
     finished session prints its summary. ^C ends the watching, not the session."""
     import time
@@ -556,7 +602,7 @@ def setup() -> int:
     return userunits.setup(environ, print)
 
 
-def daemon(args: dict) -> int:
+def daemon(args: dict[str, Any]) -> int:
     from boxyctl.connect import connect, wait_gone
 
     action = args.get("action", "status")

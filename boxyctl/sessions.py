@@ -10,6 +10,7 @@ import contextlib
 import shlex
 import signal
 import time
+from typing import Any
 
 from boxy import values
 from boxy.outcome import SessionInfo, State
@@ -48,7 +49,7 @@ def _status(info: SessionInfo) -> str:
         return f"killed {_signame(out.signal)}"
     if info.state is State.EXITED:
         return f"exited {out.exit_status}"
-    return info.state.value
+    return str(info.state.value)
 
 
 def _signame(sig: int) -> str:
@@ -136,7 +137,7 @@ def header_line(info: SessionInfo, now: float) -> str:
     return f"session {info.id} {info.state.value} {_elapsed(info, now)} {_command(info.argv)}"
 
 
-def event_line(ev: dict, *, color: bool) -> str:
+def event_line(ev: dict[str, Any], *, color: bool) -> str:
     """One event: its time, its kind (an audit record: its layer) and its fields;
     a refusal in red on a terminal."""
     kind = str(ev.get("kind", "?"))
@@ -174,15 +175,16 @@ class Board:
 
     def __init__(self, info: SessionInfo) -> None:
         self.info = info
-        self.counters: dict = info.counters.to_wire()
-        self.destinations: list[list] = []
+        self.counters: dict[str, Any] = info.counters.to_wire()
+        self.destinations: list[dict[str, Any]] = []
         self.recent: list[str] = []
         self._last: tuple[float, int, int] | None = None  # (t, up, down) of the last snapshot
         self.rates = (0.0, 0.0)
 
-    def event(self, ev: dict) -> None:
+    def event(self, ev: dict[str, Any]) -> None:
         if ev.get("kind") == "counters":
-            c = ev.get("counters") if isinstance(ev.get("counters"), dict) else {}
+            got = ev.get("counters")
+            c: dict[str, Any] = got if isinstance(got, dict) else {}
             t = float(ev.get("t") or 0)
             up, down = int(c.get("bytes_up", 0)), int(c.get("bytes_down", 0))
             if self._last is not None and t > self._last[0]:
@@ -190,8 +192,10 @@ class Board:
                 self.rates = ((up - self._last[1]) / dt, (down - self._last[2]) / dt)
             self._last = (t, up, down)
             self.counters = c
-            rows = ev.get("destinations")
-            self.destinations = rows if isinstance(rows, list) else []
+            rows = ev.get("destinations")  # the IDL's Destination objects
+            self.destinations = (
+                [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+            )
             return
         if ev.get("kind") == "state" and isinstance(ev.get("state"), str):
             with contextlib.suppress(ValueError):
@@ -212,7 +216,12 @@ class Board:
         if self.destinations:
             lines.append(f"{'DESTINATION':<40} {'CONN':>6} {'DENIED':>6} {'UP':>9} {'DOWN':>9}")
             for row in self.destinations:
-                name, conns, denied, sent, received = (list(row) + [0] * 5)[:5]
+                name, conns, denied = (
+                    row.get("name", ""),
+                    row.get("connections", 0),
+                    row.get("denied", 0),
+                )
+                sent, received = row.get("bytes_up", 0), row.get("bytes_down", 0)
                 line = (
                     f"{clean(str(name))[:40]:<40} {conns:>6} {denied:>6} "
                     f"{size(int(sent)):>9} {size(int(received)):>9}"

@@ -20,7 +20,7 @@ _FATAL = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _IFLAG, _OFLAG, _CFLAG, _LFLAG, _CC = 0, 1, 2, 3, 6
 
 
-def _make_raw(attrs: list) -> list:
+def _make_raw(attrs: list[Any]) -> list[Any]:
     """cfmakeraw(3), as tty.setraw does: bytes in and out untouched, no signals
     from keys (the PTY inside the daemon interprets Ctrl-C for the payload)."""
     new = list(attrs)
@@ -48,7 +48,7 @@ def _make_raw(attrs: list) -> list:
 class Raw:
     """The terminal while a run owns it (what raw_mode yields)."""
 
-    def __init__(self, fd: int, saved: list) -> None:
+    def __init__(self, fd: int, saved: list[Any]) -> None:
         self.fd = fd
         self.saved = saved
 
@@ -103,9 +103,9 @@ def raw_mode(fd: int) -> Iterator[Raw]:
         yield raw
     finally:
         restore()
-        for sig, handler in previous.items():
+        for signum, handler in previous.items():
             # None: a handler installed outside Python, which we cannot reinstall.
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # type: ignore[arg-type]
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
 
 def window_size(fd: int) -> tuple[int, int] | None:
@@ -132,4 +132,8 @@ def on_winch(callback: Callable[[int, int], None], fd: int | None = None) -> Cal
                 return
 
     previous = signal.signal(signal.SIGWINCH, on_signal)
-    return lambda: signal.signal(signal.SIGWINCH, signal.SIG_DFL if previous is None else previous)
+
+    def put_back() -> None:
+        signal.signal(signal.SIGWINCH, signal.SIG_DFL if previous is None else previous)
+
+    return put_back

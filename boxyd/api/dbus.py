@@ -7,6 +7,12 @@ Manager core. No logic here: the objects mirror the core's sessions and events.
 - /dev/boxy/session/<id>, dev.boxy.Session1: read-only properties State, Argv,
   Profile, WorkDir, StartedAt, ExitStatus (-1 while it runs) and the counters,
   with PropertiesChanged as they change; signal Event(s kind, a{sv} fields).
+- /dev/boxy: org.freedesktop.DBus.ObjectManager (GetManagedObjects; InterfacesAdded
+  and InterfacesRemoved as sessions come and go).
+
+Each follower waits for its own signals to be written (MessageBus.send's future):
+a bus that reads slowly makes the follower's bounded queue lose events, counted,
+instead of growing dbus-fast's queue.
 
 Errors go through boxy.errors' one table (dev.boxy.Error.<name>).
 """
@@ -14,20 +20,37 @@ Errors go through boxy.errors' one table (dev.boxy.Error.<name>).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import json
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 from dbus_fast import Message, MessageType, Variant
+from dbus_fast import introspection as intr
 from dbus_fast.aio import MessageBus
 from dbus_fast.constants import NameFlag, PropertyAccess, RequestNameReply
 from dbus_fast.errors import DBusError
 from dbus_fast.service import ServiceInterface, dbus_property, method, signal
 
-from boxy.errors import BoxyError, UsageError, dbus_error_name
+from boxy.errors import BoxyError, NoSuchSession, UsageError, dbus_error_name
 from boxy.request import RunRequest
 from boxy.varlink import close_fds
-from boxyd.daemon.events import Event
+from boxyd.daemon.events import (
+    Audited,
+    CountersTick,
+    Exited,
+    Lost,
+    ManagerEvent,
+    Noticed,
+    PayloadStopped,
+    RunStarted,
+    SessionEvent,
+    SessionNew,
+    SessionRemoved,
+    StateChanged,
+)
 from boxyd.daemon.manager import Manager
 from boxyd.daemon.session import Session
 
@@ -36,8 +59,11 @@ log = logging.getLogger("boxyd")
 BUS_NAME = "dev.boxy.Daemon"
 MANAGER_PATH = "/dev/boxy/Manager"
 MANAGER_INTERFACE = "dev.boxy.Manager1"
+SESSION_INTERFACE = "dev.boxy.Session1"
+OBJECT_MANAGER_PATH = "/dev/boxy"  # the ObjectManager: the Manager and every session below it
+OBJECT_MANAGER = "org.freedesktop.DBus.ObjectManager"
+PROPERTIES = "org.freedesktop.DBus.Properties"
 CONNECT_TIMEOUT = 5.0
-MAX_QUEUED = 1024  # messages waiting in dbus-fast's writer before a follower waits
 
 
 def session_path(sid: str) -> str:
@@ -94,15 +120,26 @@ def variant(value: object) -> Variant | None:
     return Variant("s", json.dumps(value, default=str))
 
 
-def event_fields(ev: Event) -> dict[str, Variant]:
-    """An audit event's fields are its record's; an outcome's are its own."""
-    fields: dict[str, Any] = dict(ev.fields)
-    if ev.kind == "audit" and isinstance(fields.get("record"), dict):
-        fields = fields["record"]
-    elif ev.kind == "exited" and hasattr(fields.get("outcome"), "to_wire"):
-        fields = fields["outcome"].to_wire()
-    elif ev.kind == "counters" and isinstance(fields.get("counters"), dict):
-        fields = {**fields["counters"], "top": fields.get("destinations", [])}
+def event_fields(ev: SessionEvent) -> dict[str, Variant]:
+    """An event's fields, flat: an audit event's are its record's, an outcome's its
+    own, a counters snapshot's the totals and the busiest destinations (top)."""
+    fields: dict[str, Any] = {}
+    if isinstance(ev, StateChanged):
+        fields = {"state": ev.state.value}
+    elif isinstance(ev, RunStarted):
+        fields = {"warnings": ev.warnings}
+    elif isinstance(ev, Noticed):
+        fields = {"text": ev.text}
+    elif isinstance(ev, PayloadStopped):
+        fields = {"signal": ev.signal}
+    elif isinstance(ev, Audited):
+        fields = ev.record
+    elif isinstance(ev, CountersTick):
+        fields = {**ev.counters.to_wire(), "top": ev.destinations}
+    elif isinstance(ev, Exited):
+        fields = ev.outcome.to_wire()
+    elif isinstance(ev, Lost):
+        fields = {"count": ev.count}
     out = {"t": Variant("d", ev.t)}
     for k, v in fields.items():
         var = variant(v)
@@ -111,15 +148,31 @@ def event_fields(ev: Event) -> dict[str, Variant]:
     return out
 
 
-class ManagerInterface(ServiceInterface):
-    def __init__(self, manager: Manager) -> None:
+class NamedSignals(ServiceInterface):
+    """dbus-fast leaves a signal's arguments unnamed in the introspection; here they
+    are named after the Python method's parameters (SessionNew: id, path)."""
+
+    def introspect(self) -> intr.Interface:
+        out = super().introspect()
+        for sig in out.signals:
+            fn = getattr(type(self), sig.name)
+            names = [n for n in inspect.signature(fn).parameters if n != "self"]
+            sig.args = [intr.Arg(a.signature, name=n) for a, n in zip(sig.args, names, strict=True)]
+        return out
+
+
+class ManagerInterface(NamedSignals):
+    def __init__(self, manager: Manager, exported: dict[str, SessionInterface]) -> None:
         super().__init__(MANAGER_INTERFACE)
         self.manager = manager
+        self._exported = exported  # the session objects on the bus (DbusService's)
 
     @method()
     async def List(self, all: "b") -> "a(sso)":
+        """The sessions the core lists that have an object on the bus (a record from
+        before a restart has none)."""
         infos = await self.manager.infos(all=all)
-        return [[i.id, i.state.value, session_path(i.id)] for i in infos]
+        return [[i.id, i.state.value, session_path(i.id)] for i in infos if i.id in self._exported]
 
     @method()
     async def Stop(self, id: "s", kill: "b") -> "s":
@@ -142,10 +195,9 @@ class ManagerInterface(ServiceInterface):
             close_fds(fds)
             raise _error(e) from None
         try:
-            session = await self.manager.start(req, fds)
+            session = await self.manager.start(req, fds, follower=False)
         except BoxyError as e:
             raise _error(e) from None
-        session.attached = False
         return [session.id, session_path(session.id)]
 
     @signal()
@@ -157,13 +209,10 @@ class ManagerInterface(ServiceInterface):
         return [id, path]
 
 
-class SessionInterface(ServiceInterface):
+class SessionInterface(NamedSignals):
     def __init__(self, session: Session) -> None:
-        super().__init__("dev.boxy.Session1")
+        super().__init__(SESSION_INTERFACE)
         self.session = session
-
-    def _info(self):  # type: ignore[no-untyped-def]
-        return self.session.info()
 
     @dbus_property(access=PropertyAccess.READ)
     def State(self) -> "s":
@@ -171,15 +220,15 @@ class SessionInterface(ServiceInterface):
 
     @dbus_property(access=PropertyAccess.READ)
     def Argv(self) -> "as":
-        return list(self._info().argv)
+        return list(self.session.info().argv)
 
     @dbus_property(access=PropertyAccess.READ)
     def Profile(self) -> "s":
-        return self._info().profile or "generic"
+        return self.session.info().profile or ""  # the core names it
 
     @dbus_property(access=PropertyAccess.READ)
     def WorkDir(self) -> "s":
-        return self._info().workdir
+        return self.session.info().workdir
 
     @dbus_property(access=PropertyAccess.READ)
     def StartedAt(self) -> "d":
@@ -207,8 +256,29 @@ class SessionInterface(ServiceInterface):
         return self.session.counters().bytes_down
 
     @signal()
-    def Event(self, kind: str, fields: dict) -> "sa{sv}":
+    def Event(self, kind: str, fields: dict[str, Variant]) -> "sa{sv}":
         return [kind, fields]
+
+    def properties(self) -> dict[str, Variant]:
+        """Every property (ObjectManager's InterfacesAdded)."""
+        return {
+            "State": Variant("s", self.State),
+            "Argv": Variant("as", self.Argv),
+            "Profile": Variant("s", self.Profile),
+            "WorkDir": Variant("s", self.WorkDir),
+            "StartedAt": Variant("d", self.StartedAt),
+            "ExitStatus": Variant("i", self.ExitStatus),
+            **{k: Variant("t", v) for k, v in self.counter_values().items()},
+        }
+
+    def counter_values(self) -> dict[str, int]:
+        c = self.session.counters()
+        return {
+            "Connections": c.connections,
+            "Denials": c.denials,
+            "BytesUp": c.bytes_up,
+            "BytesDown": c.bytes_down,
+        }
 
 
 class SendsThatWait:
@@ -241,8 +311,11 @@ class SendsThatWait:
 
 
 def wait_when_full(bus: MessageBus) -> None:
-    """The one change to dbus-fast: its writer's socket (see SendsThatWait)."""
-    bus._writer.sock = SendsThatWait(bus._writer.sock)
+    """The one change to dbus-fast: its writer's socket (see SendsThatWait). dbus-fast
+    offers no public way to its socket; this is the one private attribute we touch."""
+    writer = getattr(bus, "_writer", None)
+    if writer is not None:
+        writer.sock = SendsThatWait(writer.sock)
 
 
 class DbusService:
@@ -251,8 +324,8 @@ class DbusService:
     def __init__(self, manager: Manager) -> None:
         self.manager = manager
         self.bus: MessageBus | None = None
-        self._iface = ManagerInterface(manager)
         self._sessions: dict[str, SessionInterface] = {}
+        self._iface = ManagerInterface(manager, self._sessions)
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self, address: str) -> None:
@@ -260,45 +333,80 @@ class DbusService:
         bus = await asyncio.wait_for(
             MessageBus(bus_address=address, negotiate_unix_fd=True).connect(), CONNECT_TIMEOUT
         )
+        self.bus = bus  # close() lets it go from here on
         wait_when_full(bus)
         bus.add_message_handler(check_fds)
         bus.export(MANAGER_PATH, self._iface)
         reply = await bus.request_name(BUS_NAME, NameFlag.DO_NOT_QUEUE)
         if reply not in (RequestNameReply.PRIMARY_OWNER, RequestNameReply.ALREADY_OWNER):
-            bus.disconnect()
             raise RuntimeError(f"{BUS_NAME} is owned by another process ({reply.name})")
-        self.bus = bus
-        for s in self.manager.list():
+        for s in self.manager.known():
             self._export(s)
         self._spawn(self._follow_manager())
 
-    async def lost(self) -> None:
-        """Returns when the bus connection is gone."""
+    async def has_owner(self, name: str) -> bool:
+        """Is NAME on the bus now (asked without activating it)?"""
         assert self.bus is not None
-        await self.bus.wait_for_disconnect()
+        reply = await self.bus.call(
+            Message(
+                destination="org.freedesktop.DBus",
+                path="/org/freedesktop/DBus",
+                interface="org.freedesktop.DBus",
+                member="NameHasOwner",
+                signature="s",
+                body=[name],
+            )
+        )
+        return reply.message_type == MessageType.METHOD_RETURN and reply.body == [True]
+
+    async def lost(self) -> None:
+        """Returns when the bus connection is gone (however it went)."""
+        assert self.bus is not None
+        try:
+            await self.bus.wait_for_disconnect()  # type: ignore[no-untyped-call]
+        except Exception as e:  # the error it went with: said once, as a line
+            log.info("D-Bus: %s", e or type(e).__name__)
 
     def close(self) -> None:
         for t in self._tasks:
             t.cancel()
-        if self.bus is not None:
+        if self.bus is not None and self.bus.connected:
             self.bus.disconnect()
 
-    def _spawn(self, coro) -> None:  # type: ignore[no-untyped-def]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _follow_manager(self) -> None:
         async for ev in self.manager.subscribe():
-            sid = str(ev.fields.get("id", ""))
-            if ev.kind == "session-new" and sid in self.manager.sessions:
-                self._export(self.manager.sessions[sid])
-                self._iface.SessionNew(sid, session_path(sid))
-            elif ev.kind == "session-removed":
-                iface = self._sessions.pop(sid, None)
-                if iface is not None and self.bus is not None:
-                    self.bus.unexport(session_path(sid), iface)
-                self._iface.SessionRemoved(sid, session_path(sid))
+            self._on_manager(ev)
+
+    def _on_manager(self, ev: ManagerEvent) -> None:
+        if isinstance(ev, SessionNew):
+            try:
+                self._export(self.manager.get(ev.id))
+            except NoSuchSession:  # already forgotten: nothing to show
+                return
+            self._iface.SessionNew(ev.id, session_path(ev.id))
+        elif isinstance(ev, SessionRemoved):
+            iface = self._sessions.pop(ev.id, None)
+            if iface is None:
+                return
+            if self.bus is not None:
+                self.bus.unexport(session_path(ev.id), iface)
+            self._iface.SessionRemoved(ev.id, session_path(ev.id))
+            self._spawn(
+                self._send(
+                    Message.new_signal(
+                        OBJECT_MANAGER_PATH,
+                        OBJECT_MANAGER,
+                        "InterfacesRemoved",
+                        "oas",
+                        [session_path(ev.id), [SESSION_INTERFACE]],
+                    )
+                )
+            )
 
     def _export(self, s: Session) -> None:
         if s.id in self._sessions or self.bus is None:
@@ -306,29 +414,51 @@ class DbusService:
         iface = SessionInterface(s)
         self._sessions[s.id] = iface
         self.bus.export(session_path(s.id), iface)
+        added = Message.new_signal(
+            OBJECT_MANAGER_PATH,
+            OBJECT_MANAGER,
+            "InterfacesAdded",
+            "oa{sa{sv}}",
+            [session_path(s.id), {SESSION_INTERFACE: iface.properties()}],
+        )
+        self._spawn(self._send(added))
         self._spawn(self._follow_session(s, iface))
 
+    async def _send(self, msg: Message) -> None:
+        """Send and wait until it is written: one message in dbus-fast's queue per
+        follower, so a bus that reads slowly makes the follower's own bounded queue
+        lose (and count) the flood instead of growing dbus-fast's."""
+        if self.bus is None or not self.bus.connected:
+            return
+        with contextlib.suppress(Exception):  # the bus went: lost() says so
+            await self.bus.send(msg)
+
     async def _follow_session(self, s: Session, iface: SessionInterface) -> None:
-        last_counters: dict = {}
+        path = session_path(s.id)
+        last: dict[str, int] = {}
         async for ev in s.subscribe():
-            # dbus-fast queues what it cannot send yet without bound: wait for the bus,
-            # and let this follower's bounded queue lose (and count) the flood instead
-            while self.bus is not None and len(self.bus._writer.messages) > MAX_QUEUED:
-                await asyncio.sleep(0.01)
-            iface.Event(ev.kind, event_fields(ev))
-            if ev.kind in ("state", "exited"):
-                iface.emit_properties_changed(
-                    {"State": s.state.value, "ExitStatus": iface.ExitStatus}
+            await self._send(
+                Message.new_signal(
+                    path, SESSION_INTERFACE, "Event", "sa{sv}", [ev.kind, event_fields(ev)]
                 )
-            elif ev.kind == "counters":
-                c = s.counters()
-                now = {
-                    "Connections": c.connections,
-                    "Denials": c.denials,
-                    "BytesUp": c.bytes_up,
-                    "BytesDown": c.bytes_down,
+            )
+            changed: dict[str, Variant] = {}
+            if isinstance(ev, (StateChanged, Exited)):
+                changed = {
+                    "State": Variant("s", s.state.value),
+                    "ExitStatus": Variant("i", iface.ExitStatus),
                 }
-                changed = {k: v for k, v in now.items() if last_counters.get(k) != v}
-                if changed:
-                    iface.emit_properties_changed(changed)
-                last_counters = now
+            elif isinstance(ev, CountersTick):
+                now = iface.counter_values()
+                changed = {k: Variant("t", v) for k, v in now.items() if last.get(k) != v}
+                last = now
+            if changed:
+                await self._send(
+                    Message.new_signal(
+                        path,
+                        PROPERTIES,
+                        "PropertiesChanged",
+                        "sa{sv}as",
+                        [SESSION_INTERFACE, changed, []],
+                    )
+                )

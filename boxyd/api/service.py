@@ -1,44 +1,54 @@
 """varlink adapter: dev.boxy.Manager calls onto the Manager core. No logic here:
-decode, call the core, encode; errors through boxy.errors' one table."""
+decode, call the core, encode; errors through boxy.errors' one table. The server
+(boxyd.api.varlink) has checked every parameter against the IDL before a call
+comes here: what the IDL requires is there, with its declared type."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from boxy import INTERFACE
-from boxy.buildid import build_id
 from boxy.errors import (
     BoxyError,
-    BuildMismatch,
-    Busy,
+    DaemonError,
     InternalError,
     NoSuchSession,
     UsageError,
     varlink_error,
 )
-from boxy.outcome import Outcome
+from boxy.outcome import RunReply
 from boxy.request import RunRequest, Terminal
 from boxy.varlink import close_fds
 from boxyd.api.varlink import Call
-from boxyd.daemon.events import Event, Subscription
+from boxyd.daemon.events import (
+    Audited,
+    CountersTick,
+    Exited,
+    Lost,
+    Noticed,
+    PayloadStopped,
+    RunStarted,
+    SessionEvent,
+    StateChanged,
+)
 from boxyd.daemon.manager import Manager
-from boxyd.daemon.session import Session
+from boxyd.daemon.session import Follow
 
 log = logging.getLogger("boxyd")
-FOLLOW_EVENTS = ("started", "notice", "stopped", "detached")  # what an attached client hears
 
 
-async def final_reply(call: Call, params: dict[str, Any]) -> None:
+async def final_reply(call: Call, reply: RunReply) -> None:
     """A run's last reply; one over the wire's limit (the outcome's lists are bounded:
     a bug, or a near-ARG_MAX argv in the message) still brings the exit status."""
+    params = reply.to_wire()
     try:
         await call.reply(params)
     except ValueError:
         log.error("varlink: %s: the final reply is over the wire's limit", call.method)
-        keep = ("id", "exit_status", "reason", "state", "signal")
+        keep = ("kind", "id", "exit_status", "reason", "state", "signal")
         await call.reply(
             {
                 **{k: params[k] for k in keep if k in params},
@@ -48,16 +58,50 @@ async def final_reply(call: Call, params: dict[str, Any]) -> None:
         )
 
 
-def event_wire(ev: Event) -> dict[str, Any]:
-    """{kind, t, ...fields}; an outcome as its wire form."""
-    fields = {k: (v.to_wire() if isinstance(v, Outcome) else v) for k, v in ev.fields.items()}
-    return {"kind": ev.kind, "t": round(ev.t, 3), **fields}
+def destination_wire(row: list[Any]) -> dict[str, Any]:
+    """[name, conns, denied, sent, received] (the sandbox's) as the IDL's Destination."""
+    name, conns, denied, sent, received = (list(row) + [0] * 5)[:5]
+    return {
+        "name": str(name),
+        "connections": int(conns),
+        "denied": int(denied),
+        "bytes_up": int(sent),
+        "bytes_down": int(received),
+    }
+
+
+def event_wire(ev: SessionEvent) -> dict[str, Any]:
+    """{kind, t, ...its fields}, as the IDL's Event type declares them."""
+    out: dict[str, Any] = {"kind": ev.kind, "t": round(ev.t, 3)}
+    if isinstance(ev, StateChanged):
+        out["state"] = ev.state.value
+    elif isinstance(ev, RunStarted):
+        out["warnings"] = ev.warnings
+    elif isinstance(ev, Noticed):
+        out["text"] = ev.text
+    elif isinstance(ev, PayloadStopped):
+        out["signal"] = ev.signal
+    elif isinstance(ev, Audited):
+        out["record"] = ev.record
+    elif isinstance(ev, CountersTick):
+        out["counters"] = ev.counters.to_wire()
+        out["destinations"] = [destination_wire(row) for row in ev.destinations]
+    elif isinstance(ev, Exited):
+        out["outcome"] = ev.outcome.to_wire()
+    elif isinstance(ev, Lost):
+        out["count"] = ev.count
+    return out  # detached, attached: nothing besides
+
+
+async def _no_bus(address: str) -> None:
+    raise DaemonError("this boxyd has no D-Bus API")
 
 
 class VarlinkService:
     def __init__(self, manager: Manager) -> None:
         self.manager = manager
         self.on_shutdown: Callable[[], None] = lambda: None
+        self.join_bus: Callable[[str], Awaitable[None]] = _no_bus
 
     async def handle(self, call: Call) -> None:
         name = call.method.removeprefix(INTERFACE + ".")
@@ -94,75 +138,53 @@ class VarlinkService:
     async def do_Shutdown(self, call: Call) -> None:
         """Refused while sessions run, unless forced: then they are stopped and
         recorded first (boxyd's own exit path does that)."""
-        running = self.manager.running()
-        if running and call.parameters.get("force") is not True:
-            ids = ", ".join(s.id for s in running)
-            raise Busy(f"sessions are running ({ids}); --force stops them first")
+        self.manager.check_shutdown(call.parameters.get("force") is True)
         await call.reply({})
         self.on_shutdown()
+
+    async def do_JoinBus(self, call: Call) -> None:
+        """Replies once boxyd owns its name on the bus at ADDRESS (main.Bus)."""
+        await self.join_bus(call.parameters["address"])
+        await call.reply({})
 
     async def do_Run(self, call: Call) -> None:
         fds = call.take_fds()
         try:
             request = RunRequest.from_wire(call.parameters)
-            if request.build != build_id():
-                raise BuildMismatch(build_id(), request.build)
         except BaseException:
             close_fds(fds)
             raise
-        session = await self.manager.start(request, fds)
-        if request.options.detach:  # the id once it runs, and the session is on its own
-            events = session.subscribe(("started",))
-            try:
-                async for ev in events:
-                    await call.reply(
-                        {"id": session.id, "state": "running", "warnings": ev.fields["warnings"]}
-                    )
-                    return
-            finally:
-                events.close()
-            await final_reply(call, {"id": session.id, **(await session.wait()).to_wire()})
-            return
-        await self._follow(call, session, session.subscribe(FOLLOW_EVENTS))
+        session = await self.manager.start(request, fds)  # owns the fds
+        await self._follow(call, session.follow())
 
     async def do_Attach(self, call: Call) -> None:
         """As Run, for a session already under way whose terminal nobody holds."""
         # a refusal before the fds are taken: the server closes them with the call
-        session = self.manager.get(str(call.parameters.get("id")))
-        events = session.subscribe(FOLLOW_EVENTS)
-        try:
-            session.attach(call.take_fds(), Terminal.from_wire(call.parameters.get("terminal")))
-        except BaseException:
-            events.close()
-            raise
-        await call.reply({"id": session.id, "state": "running", "warnings": []}, continues=True)
-        await self._follow(call, session, events)
+        session = self.manager.get(call.parameters["id"])
+        terminal = Terminal.from_wire(call.parameters.get("terminal"))
+        await self._follow(call, session.attach(call.take_fds(), terminal))
 
-    async def _follow(self, call: Call, session: Session, events: Subscription) -> None:
-        """Relay to an attached client until the session ends or it detaches; a
-        client that goes away hangs its session up (Session.client_gone)."""
-        gone = asyncio.get_running_loop().create_task(self._client_gone(call, session))
+    async def _follow(self, call: Call, follow: Follow) -> None:
+        """Relay the core's reply stream until its last reply; a client that goes
+        away hangs an attached session up (Follow.client_gone)."""
+        gone = asyncio.get_running_loop().create_task(self._client_gone(call, follow))
         try:
-            async for ev in events:
-                if not call.more:
-                    continue
-                if ev.kind == "started":
-                    await call.reply(
-                        {"id": session.id, "state": "running", "warnings": ev.fields["warnings"]},
-                        continues=True,
-                    )
-                elif ev.kind == "notice":
-                    await call.reply({"notice": ev.fields["text"]}, continues=True)
-                elif ev.kind == "stopped":
-                    await call.reply({"stopped": ev.fields["signal"]}, continues=True)
-                elif ev.kind == "detached":
-                    await call.reply({"id": session.id, "detached": True})
+            async for reply in follow:
+                if follow.last(reply):
+                    await final_reply(call, reply)
                     return
-            outcome = await session.wait()
+                if call.more:  # without "more" only the last reply is sent
+                    await call.reply(reply.to_wire(), continues=True)
         finally:
             gone.cancel()
-            events.close()
-        await final_reply(call, {"id": session.id, **outcome.to_wire()})
+            follow.close()
+        raise AssertionError("the reply stream ended without its last reply")
+
+    @staticmethod
+    async def _client_gone(call: Call, follow: Follow) -> None:
+        """The attached client went away (killed, crashed, connection dropped)."""
+        await call.connection_closed.wait()
+        follow.client_gone()
 
     async def do_Watch(self, call: Call) -> None:
         """Streamed: the session first, then each event as it happens, then the
@@ -171,12 +193,13 @@ class VarlinkService:
         if not call.more:
             raise UsageError("Watch: streams its replies; call it with more")
         sid = call.parameters.get("id")
-        if sid is not None and not isinstance(sid, str):
-            raise UsageError("Watch: id: expected a session id")
         try:
             session = self.manager.watched(sid)
         except NoSuchSession:  # finished and forgotten: its record, and the end at once
             await call.reply({"session": (await self.manager.info(str(sid))).to_wire()})
+            return
+        if session.state.finished:  # nothing more will happen: the session, once
+            await call.reply({"session": session.info().to_wire()})
             return
         events = session.subscribe()
         try:
@@ -190,29 +213,20 @@ class VarlinkService:
             events.close()
         await call.reply({"session": session.info().to_wire()})
 
-    @staticmethod
-    async def _client_gone(call: Call, session: Session) -> None:
-        """The attached client went away (killed, crashed, connection dropped)."""
-        await call.connection_closed.wait()
-        session.client_gone()
-
     async def do_Resize(self, call: Call) -> None:
         p = call.parameters
-        rows, cols = p.get("rows"), p.get("cols")
-        if type(rows) is int and type(cols) is int:
-            self.manager.get(str(p.get("id"))).resize(rows, cols)
+        self.manager.get(p["id"]).resize(p["rows"], p["cols"])
+        await call.reply({})  # a oneway call hears nothing (Call.reply)
 
     async def do_Signal(self, call: Call) -> None:
         p = call.parameters
-        sig = p.get("signal")
-        if type(sig) is not int or not 0 < sig < 65:
-            raise UsageError(f"Signal: {sig!r} is not a signal number")
-        self.manager.get(str(p.get("id"))).signal(sig)
+        self.manager.get(p["id"]).signal(p["signal"])
+        await call.reply({})
 
     async def do_Stop(self, call: Call) -> None:
         """Replies once the session has ended (SIGTERM, grace, SIGKILL: bounded)."""
         p = call.parameters
-        info = await self.manager.stop_and_wait(str(p.get("id")), p.get("kill") is True)
+        info = await self.manager.stop_and_wait(p["id"], p.get("kill") is True)
         await call.reply({"session": info.to_wire()})
 
     async def do_List(self, call: Call) -> None:
@@ -220,7 +234,7 @@ class VarlinkService:
         await call.reply({"sessions": [i.summary().to_wire() for i in infos]})
 
     async def do_Show(self, call: Call) -> None:
-        info = await self.manager.info(str(call.parameters.get("id")))
+        info = await self.manager.info(call.parameters["id"])
         try:
             await call.reply({"session": info.to_wire()})
         except ValueError:  # over the wire's limit (an argv near it, and an outcome)

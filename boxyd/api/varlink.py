@@ -22,7 +22,6 @@ import errno
 import importlib.resources
 import logging
 import os
-import re
 import socket
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection
@@ -39,6 +38,7 @@ from boxy.varlink import (
     peer_credentials,
     recv_with_fds,
 )
+from boxyd.api import idl
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +64,22 @@ def interface_description() -> str:
 
 def interface_methods(description: str) -> frozenset[str]:
     """Fully qualified method names declared in DESCRIPTION."""
-    name = re.search(r"^\s*interface\s+(\S+)", description, re.M)
-    if not name:
-        raise ValueError("varlink description without an interface line")
-    methods = re.findall(r"^\s*method\s+(\w+)\s*\(", description, re.M)
-    return frozenset(f"{name.group(1)}.{m}" for m in methods)
+    iface = idl.parse(description)
+    return frozenset(f"{iface.name}.{m}" for m in iface.methods)
+
+
+# org.varlink.service's own methods, as its IDL declares them
+SERVICE_IDL = idl.parse(
+    """interface org.varlink.service
+method GetInfo() -> (vendor: string, product: string, version: string, url: string,
+  interfaces: []string)
+method GetInterfaceDescription(interface: string) -> (description: string)
+error InterfaceNotFound (interface: string)
+error MethodNotFound (method: string)
+error MethodNotImplemented (method: string)
+error InvalidParameter (parameter: string)
+"""
+)
 
 
 class Peer(NamedTuple):
@@ -156,6 +167,7 @@ class VarlinkServer:
     ) -> None:
         self._handler = handler
         self._description = description if description is not None else interface_description()
+        self._idl = idl.parse(self._description)
         self._methods = (
             frozenset(methods) if methods is not None else interface_methods(self._description)
         )
@@ -232,13 +244,14 @@ class VarlinkServer:
     async def _dispatch(self, call: Call) -> None:
         """Run one call; a handler failure becomes an error reply, fds are cleaned up."""
         try:
+            if not await self._valid(call):
+                return
             if call.method.startswith(SERVICE + "."):
                 await self._service(call)
-            elif call.method not in self._methods:
-                await call.error(METHOD_NOT_FOUND, {"method": call.method})
             else:
                 await self._handler(call)
-                if not call.done:
+                # a streamed call whose peer went away ends without its last reply
+                if not call.done and not call.connection_closed.is_set():
                     log.error("varlink: %s returned without a final reply", call.method)
                     await call.error(INTERNAL_ERROR, {"message": "no reply"})
         except Exception as e:
@@ -247,6 +260,24 @@ class VarlinkServer:
                 await call.error(INTERNAL_ERROR, {"message": f"{type(e).__name__}: {e}"})
         finally:
             close_fds(call.take_fds())
+
+    async def _valid(self, call: Call) -> bool:
+        """The call names a method of ours, with the parameters its IDL declares (each
+        of its type); else the error reply varlink gives for it (no handler runs)."""
+        iface, _, name = call.method.rpartition(".")
+        decl = {SERVICE: SERVICE_IDL, self._idl.name: self._idl}.get(iface)
+        if decl is None:
+            await call.error(INTERFACE_NOT_FOUND, {"interface": iface})
+            return False
+        method = decl.methods.get(name)
+        if method is None or (decl is self._idl and call.method not in self._methods):
+            await call.error(METHOD_NOT_FOUND, {"method": call.method})
+            return False
+        bad = idl.check_fields(decl, method.params, call.parameters)
+        if bad is not None:
+            await call.error(INVALID_PARAMETER, {"parameter": bad})
+            return False
+        return True
 
     async def _service(self, call: Call) -> None:
         name = call.method.rpartition(".")[2]

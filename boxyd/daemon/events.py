@@ -1,8 +1,13 @@
-"""A bounded event fan-out: one publisher (a session, the manager), any number of
-watchers, each with its own queue.
+"""The core's events, typed, and a bounded fan-out: one publisher (a session, the
+manager), any number of watchers, each with its own queue.
+
+Every event is a frozen dataclass of the unions below (SessionEvent, ManagerEvent):
+an adapter tells them apart by type (`match`), never by a string or by probing
+its fields. KIND is the name the wire gives each one (varlink's Watch, D-Bus's
+Event signal).
 
 Publishing never waits and never fails: a watcher whose queue is full loses the
-event, and is told how many it lost (a "lost" event, where the gap was). So
+event, and is told how many it lost (a Lost event, where the gap was). So
 nothing a watcher does — reading slowly, never reading — can slow the publisher
 or another watcher; a watcher costs at most BOUND queued events.
 """
@@ -12,44 +17,164 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar
+
+from boxy.outcome import Counters, Outcome, State
 
 BOUND = 1024  # events queued per watcher before it starts losing them
-LOST = "lost"
 
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # started, notice, stopped, audit, state, exited, lost, session-new …
-    fields: dict[str, Any] = field(default_factory=dict)
-    t: float = field(default_factory=time.time)
+    """What every event has: when it happened."""
+
+    kind: ClassVar[str] = ""
+    t: float = field(default_factory=time.time, kw_only=True)
 
 
-class Subscription:
+@dataclass(frozen=True)
+class Lost(Event):
+    """This watcher fell behind and lost COUNT events here."""
+
+    kind: ClassVar[str] = "lost"
+    count: int
+
+
+# -- a session's ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class StateChanged(Event):
+    kind: ClassVar[str] = "state"
+    state: State
+
+
+@dataclass(frozen=True)
+class RunStarted(Event):
+    """The payload runs; WARNINGS were said before it did."""
+
+    kind: ClassVar[str] = "started"
+    warnings: list[str]
+
+
+@dataclass(frozen=True)
+class Noticed(Event):
+    """One line for the attached client now (-v: a denial as it happens)."""
+
+    kind: ClassVar[str] = "notice"
+    text: str
+
+
+@dataclass(frozen=True)
+class PayloadStopped(Event):
+    """The payload stopped (^Z) with SIGNAL: an attached client stops too."""
+
+    kind: ClassVar[str] = "stopped"
+    signal: int
+
+
+@dataclass(frozen=True)
+class Audited(Event):
+    """One audit record (its fields are plain JSON values)."""
+
+    kind: ClassVar[str] = "audit"
+    record: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CountersTick(Event):
+    """Once a second while it runs: the totals and the busiest destinations
+    ([name, conns, denied, sent, received] each)."""
+
+    kind: ClassVar[str] = "counters"
+    counters: Counters
+    destinations: list[list[Any]]
+
+
+@dataclass(frozen=True)
+class ClientDetached(Event):
+    kind: ClassVar[str] = "detached"
+
+
+@dataclass(frozen=True)
+class ClientAttached(Event):
+    kind: ClassVar[str] = "attached"
+
+
+@dataclass(frozen=True)
+class Exited(Event):
+    """The last event of a session: how it ended (its record is written)."""
+
+    kind: ClassVar[str] = "exited"
+    outcome: Outcome
+
+
+SessionEvent = (
+    StateChanged
+    | RunStarted
+    | Noticed
+    | PayloadStopped
+    | Audited
+    | CountersTick
+    | ClientDetached
+    | ClientAttached
+    | Exited
+    | Lost
+)
+
+
+# -- the manager's ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class SessionNew(Event):
+    kind: ClassVar[str] = "session-new"
+    id: str
+
+
+@dataclass(frozen=True)
+class SessionEnded(Event):
+    kind: ClassVar[str] = "session-ended"
+    id: str
+
+
+@dataclass(frozen=True)
+class SessionRemoved(Event):
+    """Forgotten by the daemon (its record remains)."""
+
+    kind: ClassVar[str] = "session-removed"
+    id: str
+
+
+ManagerEvent = SessionNew | SessionEnded | SessionRemoved | Lost
+
+E = TypeVar("E", bound=Event)
+
+
+class Subscription(Generic[E]):
     """One watcher's queue. Iterate it (`async for event in sub`) until the
-    publisher closes; `close()` ends the watching early."""
+    publisher closes; `close()` ends the watching early. A Lost event may come
+    between any two (E's unions include it)."""
 
-    def __init__(self, fanout: Fanout, kinds: Collection[str] | None, bound: int) -> None:
+    def __init__(
+        self, fanout: Fanout[E], kinds: tuple[type[Event], ...] | None, bound: int
+    ) -> None:
         self._fanout = fanout
-        self.kinds = frozenset(kinds) if kinds is not None else None
+        self.kinds = kinds
         self._bound = bound
-        self._queue: deque[Event] = deque()
+        self._queue: deque[E | Lost] = deque()
         self._wake = asyncio.Event()
         self._lost = 0  # lost since the last event queued
         self.lost_total = 0
         self.closed = False
 
-    def _offer(self, event: Event) -> None:
-        if self.kinds is not None and event.kind not in self.kinds:
+    def _offer(self, event: E) -> None:
+        if self.kinds is not None and not isinstance(event, self.kinds):
             return
         if len(self._queue) >= self._bound:
             self._lost += 1
             self.lost_total += 1
             return
         if self._lost:  # where the gap was: told in order, before what came after it
-            self._queue.append(Event(LOST, {"count": self._lost}))
+            self._queue.append(Lost(self._lost))
             self._lost = 0
         self._queue.append(event)
         self._wake.set()
@@ -63,16 +188,20 @@ class Subscription:
         self._end()
         self._queue.clear()
 
-    def __aiter__(self) -> AsyncIterator[Event]:
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def __aiter__(self) -> AsyncIterator[E | Lost]:
         return self._events()
 
-    async def _events(self) -> AsyncIterator[Event]:
+    async def _events(self) -> AsyncIterator[E | Lost]:
         while True:
             if self._queue:
                 yield self._queue.popleft()
             elif self._lost:  # lost at the very end
                 n, self._lost = self._lost, 0
-                yield Event(LOST, {"count": n})
+                yield Lost(n)
             elif self.closed:
                 return
             else:
@@ -80,15 +209,15 @@ class Subscription:
                 await self._wake.wait()
 
 
-class Fanout:
+class Fanout(Generic[E]):
     def __init__(self, bound: int = BOUND) -> None:
         self._bound = bound
-        self._subs: list[Subscription] = []
+        self._subs: list[Subscription[E]] = []
         self.closed = False
 
-    def subscribe(self, kinds: Collection[str] | None = None) -> Subscription:
-        """A new watcher of KINDS (every kind when None). Subscribing to a closed
-        fan-out gives a subscription that ends at once."""
+    def subscribe(self, kinds: tuple[type[Event], ...] | None = None) -> Subscription[E]:
+        """A new watcher of the events of these types (every one when None).
+        Subscribing to a closed fan-out gives a subscription that ends at once."""
         sub = Subscription(self, kinds, self._bound)
         if self.closed:
             sub._end()
@@ -96,10 +225,9 @@ class Fanout:
             self._subs.append(sub)
         return sub
 
-    def publish(self, kind: str, **fields: Any) -> None:
-        if self.closed or not self._subs:
+    def publish(self, event: E) -> None:
+        if self.closed:
             return
-        event = Event(kind, fields)
         for sub in self._subs:
             sub._offer(event)
 
@@ -110,13 +238,13 @@ class Fanout:
             sub._end()
         self._subs = []
 
-    def _drop(self, sub: Subscription) -> None:
+    def _drop(self, sub: Subscription[E]) -> None:
         if sub in self._subs:
             self._subs.remove(sub)
 
-    def wants(self, kind: str) -> bool:
-        """Would anyone receive KIND (worth computing a snapshot for)?"""
-        return any(sub.kinds is None or kind in sub.kinds for sub in self._subs)
+    def wants(self, kind: type[Event]) -> bool:
+        """Would anyone receive an event of this type (worth computing a snapshot for)?"""
+        return any(sub.kinds is None or issubclass(kind, sub.kinds) for sub in self._subs)
 
     @property
     def watchers(self) -> int:

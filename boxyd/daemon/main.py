@@ -18,14 +18,18 @@ import signal
 import socket
 import sys
 import time
+from typing import TYPE_CHECKING
 
-from boxy.errors import BoxyError
-from boxy.paths import ensure_private_dir, runtime_dir, socket_path
+from boxy.errors import BoxyError, DaemonError
+from boxy.paths import ensure_private_dir, runtime_dir, socket_path, state_dir
 from boxyd.api.service import VarlinkService
 from boxyd.api.varlink import VarlinkServer
 from boxyd.daemon.manager import Manager
 from boxyd.daemon.records import Records
 from boxyd.daemon.sandbox import StageLauncher
+
+if TYPE_CHECKING:  # dbus-fast loads only with a bus
+    from boxyd.api.dbus import DbusService
 
 log = logging.getLogger("boxyd")
 SD_LISTEN_FDS_START = 3
@@ -38,7 +42,7 @@ def setup_logging() -> None:
     under_systemd = os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID")
     if under_systemd and os.path.exists(JOURNAL_SOCKET):
         try:
-            from systemd.journal import JournalHandler  # type: ignore[import-not-found]
+            from systemd.journal import JournalHandler
 
             handler = JournalHandler(SYSLOG_IDENTIFIER="boxyd")
         except ImportError:
@@ -119,6 +123,8 @@ async def serve(sock: socket.socket) -> None:
     server = VarlinkServer(service.handle)
     stop = asyncio.Event()
     service.on_shutdown = stop.set
+    bus = Bus(manager, launcher)
+    service.join_bus = bus.join
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -126,15 +132,19 @@ async def serve(sock: socket.socket) -> None:
     task = asyncio.create_task(server.serve(sock))
     sd_notify(f"READY=1\nSTATUS={status_line(0)}")
     log.info("listening (build %s)", manager.status().build)
-    bus = await start_dbus(manager, stop)
-    launcher.scopes.bus = bus.bus if bus is not None else None  # the user manager is on it
+    # started by the bus itself (D-Bus activation without systemd): its address
+    address = os.environ.get("DBUS_SESSION_BUS_ADDRESS") or os.environ.get("DBUS_STARTER_ADDRESS")
+    if address:
+        try:
+            await bus.join(address)
+        except BoxyError as e:  # no bus, or the name taken: varlink alone
+            log.warning("%s", e)
     watcher = asyncio.create_task(report_status(manager))
     idle = asyncio.create_task(exit_when_idle(manager, server, stop, idle_limit()))
     await stop.wait()
     watcher.cancel()
     idle.cancel()
-    if bus is not None:
-        bus.close()
+    bus.close()
     sd_notify("STOPPING=1")
     server.stop_accepting()  # running sessions are stopped and recorded, and their
     await manager.shutdown()  # clients, still connected, hear how they ended
@@ -142,31 +152,55 @@ async def serve(sock: socket.socket) -> None:
     task.cancel()
 
 
-async def start_dbus(manager: Manager, stop: asyncio.Event):  # -> DbusService | None
-    """dev.boxy.Daemon on the session bus when there is one (dbus-fast loads only
-    then). Without it varlink still serves; a bus lost later stops boxyd under
-    systemd (which restarts it on the next call), and only the D-Bus API otherwise."""
-    # started by the bus itself (D-Bus activation without systemd): its address
-    address = os.environ.get("DBUS_SESSION_BUS_ADDRESS") or os.environ.get("DBUS_STARTER_ADDRESS")
-    if not address:
-        return None
-    try:
+SYSTEMD1 = "org.freedesktop.systemd1"
+
+
+class Bus:
+    """boxyd's place on the session bus (dbus-fast loads only then): joined at start
+    from our environment, or later when a client brings the address (JoinBus: a
+    D-Bus activation that found boxyd running). Lost, the D-Bus API is off and
+    varlink goes on serving; the next JoinBus brings it back."""
+
+    def __init__(self, manager: Manager, launcher: StageLauncher) -> None:
+        self.manager, self.launcher = manager, launcher
+        self.service: DbusService | None = None
+        self._watch: asyncio.Task[None] | None = None
+
+    async def join(self, address: str) -> None:
+        """On the bus at ADDRESS, owning dev.boxy.Daemon, when it returns (at once when
+        on one already); DaemonError when that cannot be."""
+        if self.service is not None:
+            return
         from boxyd.api.dbus import DbusService
 
-        service = DbusService(manager)
-        await service.start(address)
-    except Exception as e:  # no bus, or the name taken: varlink alone
-        log.warning("D-Bus API off: %s", e)
-        return None
+        service = DbusService(self.manager)
+        try:
+            await service.start(address)
+        except Exception as e:
+            service.close()
+            raise DaemonError(f"D-Bus API off: {e or type(e).__name__}") from None
+        self.service = service
+        # runs are placed through the user manager only when there is one on this bus:
+        # a call to its name would start one (or wait for a start that never comes)
+        has_manager = await service.has_owner(SYSTEMD1)
+        self.launcher.scopes.bus = service.bus if has_manager else None
+        self._watch = asyncio.get_running_loop().create_task(self._lost(service))
+        log.info("on the session bus as dev.boxy.Daemon")
 
-    async def watch_bus() -> None:
+    async def _lost(self, service: DbusService) -> None:
         await service.lost()
-        log.warning("lost the session bus")
-        if os.environ.get("INVOCATION_ID"):
-            stop.set()
+        log.warning("lost the session bus: the D-Bus API is off, varlink still serves")
+        service.close()
+        if self.service is service:
+            self.service = None
+            self.launcher.scopes.bus = None
 
-    asyncio.get_running_loop().create_task(watch_bus())
-    return service
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+        if self.service is not None:
+            self.service.close()
+            self.service = None
 
 
 def status_line(running: int) -> str:
@@ -205,15 +239,57 @@ async def exit_when_idle(
             return
 
 
+def detach_from_bus_daemon() -> None:
+    """Started by a bus daemon (D-Bus activation without a user manager), our stdio
+    are the bus daemon's own: `o=$(dbus-run-session -- busctl --user call …)` would
+    wait for their EOF as long as boxyd lives. They go to /dev/null and our log
+    file (as boxyctl starts us), in a session of our own."""
+    if not os.environ.get("DBUS_STARTER_ADDRESS") or os.environ.get("INVOCATION_ID"):
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        logfile = ensure_private_dir(state_dir()) / "boxyd.log"
+        err = os.open(logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    except (OSError, BoxyError):
+        err = null
+    for fd, target in ((0, null), (1, null), (2, err)):
+        os.dup2(target, fd)
+    for fd in {null, err}:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        os.setsid()
+
+
+def hand_over_bus(address: str) -> int:
+    """This boxyd was activated by a bus while another runs (started before the bus,
+    by boxyctl or the socket): the running one joins the bus (JoinBus returns once
+    it owns the name, so the activation completes), and this one exits."""
+    from boxy import INTERFACE
+    from boxy.varlink import Client
+
+    try:
+        with Client.connect(str(socket_path())) as client:
+            client.call(f"{INTERFACE}.JoinBus", {"address": address})
+    except BoxyError as e:
+        log.error("activated by the session bus, but the running boxyd cannot join it: %s", e)
+        return 1
+    log.info("activated by the session bus: the running boxyd joined it")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="boxyd", description="boxy's per-user daemon")
     parser.parse_args(argv)
+    detach_from_bus_daemon()
     setup_logging()
     raise_nofile()
     try:
         lock = lifetime_lock()  # held until exit: `daemon restart` waits on it
         sock = activated_socket() or own_socket()
     except BoxyError as e:
+        starter = os.environ.get("DBUS_STARTER_ADDRESS")
+        if starter and not os.environ.get("INVOCATION_ID"):
+            return hand_over_bus(starter)  # activated while one runs: it joins this bus
         log.error("%s", e)
         return 1
     asyncio.run(serve(sock))

@@ -16,11 +16,20 @@ from dataclasses import dataclass
 
 from boxy import VERSION
 from boxy.buildid import build_id
-from boxy.errors import DaemonError, NoSuchSession, UsageError
+from boxy.errors import BuildMismatch, Busy, DaemonError, NoSuchSession, UsageError
 from boxy.outcome import SessionInfo
 from boxy.request import RunRequest
+from boxy.varlink import close_fds
+from boxyd.config.runspec import DEFAULT_PROFILE
 from boxyd.daemon import pools, records
-from boxyd.daemon.events import Fanout, Subscription
+from boxyd.daemon.events import (
+    Fanout,
+    ManagerEvent,
+    SessionEnded,
+    SessionNew,
+    SessionRemoved,
+    Subscription,
+)
 from boxyd.daemon.records import Records
 from boxyd.daemon.seam import Launcher
 from boxyd.daemon.session import GRACE, Session
@@ -51,7 +60,7 @@ class Manager:
         self.launcher = launcher
         self.records = records
         self.sessions: dict[str, Session] = {}
-        self.events = Fanout()  # session-new, session-removed
+        self.events: Fanout[ManagerEvent] = Fanout()
         self.started_at = time.time()
         self._keep = keep_finished
         self._grace = grace
@@ -78,8 +87,9 @@ class Manager:
     def busy(self) -> bool:
         return bool(self.running())
 
-    def list(self) -> list[Session]:
-        return list(self.sessions.values())
+    def known(self) -> list[Session]:
+        """Every session in memory (running, and the newest finished ones)."""
+        return [*self.sessions.values()]
 
     def get(self, sid: str) -> Session:
         try:
@@ -102,25 +112,42 @@ class Manager:
             + "); name one"
         )
 
-    def subscribe(self) -> Subscription:
+    def subscribe(self) -> Subscription[ManagerEvent]:
         return self.events.subscribe()
 
+    def check_shutdown(self, force: bool) -> None:
+        """May boxyd stop now? Busy while sessions run, unless FORCE (then they are
+        stopped and recorded first: shutdown())."""
+        running = self.running()
+        if running and not force:
+            ids = ", ".join(s.id for s in running)
+            raise Busy(f"sessions are running ({ids}); --force stops them first")
+
     # -- control ---------------------------------------------------------------------
-    async def start(self, request: RunRequest, stdio: list[int]) -> Session:
+    async def start(
+        self, request: RunRequest, stdio: list[int], *, follower: bool = True
+    ) -> Session:
         """Check REQUEST and start its session; returns once it is under way (the run
         goes on in a task of ours, whoever asked). STDIO are ours from the call on.
-        Raises UsageError (nothing started, nothing changed)."""
-        if self._closing:
-            raise DaemonError("boxyd is stopping; run again in a moment")
-        session = Session(self._new_id(), request, grace=self._grace)
+        FOLLOWER: a client follows it (Session.follow) and its going hangs it up.
+        Raises BuildMismatch or UsageError (nothing started, nothing changed)."""
+        try:
+            if self._closing:
+                raise DaemonError("boxyd is stopping; run again in a moment")
+            if request.build != build_id():  # every API: a client of another build
+                raise BuildMismatch(build_id(), request.build)
+        except BaseException:
+            close_fds(stdio)
+            raise
+        session = Session(self._new_id(), request, grace=self._grace, follower=follower)
         session.sandbox = await self.launcher.prepare(request, stdio, session)
         self.sessions[session.id] = session
         task = asyncio.get_running_loop().create_task(
             session.run(self._begin, self._finished), name=f"session {session.id}"
         )
         self._tasks[session.id] = task
-        task.add_done_callback(lambda _t, sid=session.id: self._tasks.pop(sid, None))
-        self.events.publish("session-new", id=session.id)
+        task.add_done_callback(lambda _t: self._tasks.pop(session.id, None))
+        self.events.publish(SessionNew(session.id))
         return session
 
     def stop(self, sid: str, kill: bool = False) -> None:
@@ -137,12 +164,12 @@ class Manager:
         return s.info()
 
     async def infos(self, all: bool = False) -> list[SessionInfo]:
-        """The sessions in memory (running, and the newest finished ones); ALL: and
-        every one on record, from before a restart too. Oldest first."""
+        """The sessions starting or running; ALL: and the finished ones, those in
+        memory and every one on record (from before a restart too). Oldest first."""
         found = {s.id: s.info() for s in self.sessions.values() if all or not s.state.finished}
         if all and self.records is not None:
             for info in await pools.run(pools.RECORDS, records.read_all):
-                found.setdefault(info.id, info)
+                found.setdefault(info.id, _profiled(info))
         return sorted(found.values(), key=lambda i: i.started_at)
 
     async def info(self, sid: str) -> SessionInfo:
@@ -155,7 +182,7 @@ class Manager:
         )
         if info is None:
             raise NoSuchSession(sid)
-        return info
+        return _profiled(info)
 
     async def shutdown(self) -> None:
         """boxyd is told to stop: every running session is stopped (SIGTERM, grace,
@@ -182,7 +209,7 @@ class Manager:
 
     async def _finished(self, s: Session) -> None:
         """The session has its outcome: its record is written before anyone hears it."""
-        self.events.publish("session-ended", id=s.id)
+        self.events.publish(SessionEnded(s.id))
         begun = self._begun.pop(s.id, None)
         if begun is not None:
             await begun
@@ -198,4 +225,11 @@ class Manager:
         finished = [s for s in self.sessions.values() if s.state.finished or s is ending]
         for old in finished[: max(0, len(finished) - self._keep)]:
             del self.sessions[old.id]
-            self.events.publish("session-removed", id=old.id)
+            self.events.publish(SessionRemoved(old.id))
+
+
+def _profiled(info: SessionInfo) -> SessionInfo:
+    """A record from before profiles were always named: the one it ran with."""
+    if info.profile is None:
+        info.profile = DEFAULT_PROFILE
+    return info

@@ -15,16 +15,44 @@ import os
 import re
 import signal
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from boxy import values
 from boxy.errors import BoxyError, Busy, UsageError
-from boxy.outcome import Counters, Outcome, Reason, SessionInfo, State, clip
+from boxy.outcome import (
+    Counters,
+    Detached,
+    Ended,
+    Notice,
+    Outcome,
+    Reason,
+    Running,
+    RunReply,
+    SessionInfo,
+    State,
+    Stopped,
+    clip,
+)
 from boxy.request import RunRequest, Terminal
 from boxy.varlink import close_fds
-from boxyd.config.runspec import RunSpec
-from boxyd.daemon.events import Fanout, Subscription
-from boxyd.daemon.seam import Exit, Sandbox, Started, Stopped
+from boxyd.config.runspec import DEFAULT_PROFILE, RunSpec
+from boxyd.daemon import seam
+from boxyd.daemon.events import (
+    Audited,
+    ClientAttached,
+    ClientDetached,
+    CountersTick,
+    Event,
+    Exited,
+    Fanout,
+    Noticed,
+    PayloadStopped,
+    RunStarted,
+    SessionEvent,
+    StateChanged,
+    Subscription,
+)
 
 log = logging.getLogger("boxyd")
 
@@ -41,27 +69,35 @@ SESSION_ID = re.compile(r"[0-9a-f]{8}")  # secrets.token_hex(4): anything else n
 Hook = Callable[["Session"], Awaitable[None]]
 
 
+def check_signal(sig: int) -> None:
+    """A signal number a client may send (1 .. NSIG-1, the real-time ones too)."""
+    if not 0 < sig < signal.NSIG:
+        raise UsageError(f"Signal: {sig} is not a signal number")
+
+
 class Session:
-    def __init__(self, sid: str, request: RunRequest, *, grace: float = GRACE) -> None:
+    def __init__(
+        self, sid: str, request: RunRequest, *, grace: float = GRACE, follower: bool = True
+    ) -> None:
         self.id = sid
         self.request = request
-        self.sandbox: Sandbox | None = None  # set by the Manager once prepared
+        self.sandbox: seam.Sandbox | None = None  # set by the Manager once prepared
         self.state = State.STARTING
         self.started_at = time.time()
         self.ended_at: float | None = None
         self.outcome: Outcome | None = None
         self.warnings: list[str] = []
-        self.audit: list[dict] = []
+        self.audit: list[dict[str, Any]] = []
         self.audit_dropped = 0
-        self.events = Fanout()
+        self.events: Fanout[SessionEvent] = Fanout()
         self._grace = grace
         self._done = asyncio.Event()
         self._timed_out = False
         self._stop: int | None = None  # a signal asked for before the sandbox could take it
         self._kill_timer: asyncio.TimerHandle | None = None
         # a client follows it (Run, Attach): when that client goes, the session is
-        # hung up; a detached one (-d, Ctrl-]) lives on
-        self.attached = not request.options.detach
+        # hung up; a detached one (-d, Ctrl-], a D-Bus Run: FOLLOWER false) lives on
+        self.attached = follower and not request.options.detach
         self._counters: Counters | None = None  # set at the end
         self._launched = False  # sandbox.start() has returned: signals reach stage 2
 
@@ -79,14 +115,20 @@ class Session:
             self.audit.append(rec)
         else:
             self.audit_dropped += 1
-        self.events.publish("audit", record=rec)
+        if self.events.watchers:  # a flood costs no event nobody reads
+            self.events.publish(Audited(rec))
 
     def notice(self, text: str) -> None:
-        self.events.publish("notice", text=text)
+        self.events.publish(Noticed(text))
 
     # -- control -------------------------------------------------------------------------
-    def subscribe(self, kinds: Collection[str] | None = None) -> Subscription:
+    def subscribe(self, kinds: tuple[type[Event], ...] | None = None) -> Subscription[SessionEvent]:
         return self.events.subscribe(kinds)
+
+    def follow(self) -> Follow:
+        """The Run reply stream of the client that started it (subscribed now: call it
+        before anything can happen, i.e. right after Manager.start)."""
+        return Follow(self, until_running=self.request.options.detach)
 
     async def wait(self) -> Outcome:
         await self._done.wait()
@@ -95,7 +137,8 @@ class Session:
 
     def signal(self, sig: int) -> None:
         """A signal for the payload (from the client: ^C, SIGCONT after fg); dropped
-        unless it runs."""
+        unless it runs. UsageError for a number that is no signal."""
+        check_signal(sig)
         if self.state is State.RUNNING and self.sandbox is not None:
             self.sandbox.signal(sig)
 
@@ -141,10 +184,11 @@ class Session:
             return
         if self.sandbox.detach():
             self.attached = False
-            self.events.publish("detached")
+            self.events.publish(ClientDetached())
 
-    def attach(self, stdio: list[int], terminal: Terminal | None) -> None:
-        """A client takes over the terminal of a detached session (STDIO are ours)."""
+    def attach(self, stdio: list[int], terminal: Terminal | None) -> Follow:
+        """A client takes over the terminal of a detached session (STDIO are ours);
+        its reply stream, which starts with Running."""
         try:
             if self.state.finished:
                 raise UsageError(f"session {self.id} has ended (`boxyctl show {self.id}`)")
@@ -156,9 +200,11 @@ class Session:
             close_fds(stdio)
             raise
         assert self.sandbox is not None
+        follow = Follow(self, first=Running(self.id))  # subscribed before anything is said
         self.sandbox.attach_client(stdio, terminal)
         self.attached = True
-        self.events.publish("attached")
+        self.events.publish(ClientAttached())
+        return follow
 
     def _timeout(self) -> None:
         self._timed_out = True
@@ -166,7 +212,7 @@ class Session:
 
     def _set_state(self, state: State) -> None:
         self.state = state
-        self.events.publish("state", state=state.value)
+        self.events.publish(StateChanged(state))
 
     # -- the lifecycle, run by the Manager's task -----------------------------------------
     def info(self) -> SessionInfo:
@@ -176,7 +222,7 @@ class Session:
             self.state,
             spec.argv if spec else self.request.argv,
             spec.workdir if spec else self.request.cwd,
-            spec.profile if spec else self.request.options.profile,
+            (spec.profile if spec else self.request.options.profile) or DEFAULT_PROFILE,
             self.started_at,
             self.ended_at,
             self.outcome if self.state.finished else None,
@@ -197,11 +243,11 @@ class Session:
         assert self.sandbox is not None
         while True:
             await asyncio.sleep(TICK)
-            if self.events.wants("counters"):
+            if self.events.wants(CountersTick):
                 self.events.publish(
-                    "counters",
-                    counters=self.sandbox.counters().to_wire(),
-                    destinations=self.sandbox.destinations(TOP_DESTINATIONS),
+                    CountersTick(
+                        self.sandbox.counters(), self.sandbox.destinations(TOP_DESTINATIONS)
+                    )
                 )
 
     async def run(self, begin: Hook, finished: Hook) -> None:
@@ -229,11 +275,11 @@ class Session:
             assert self.outcome is not None
             self.ended_at = self.ended_at or time.time()
             self._set_state(self.outcome.state)
-            self.events.publish("exited", outcome=self.outcome)
+            self.events.publish(Exited(self.outcome))
             self.events.close()
             self._done.set()
 
-    async def _lifecycle(self, sandbox: Sandbox) -> Outcome:
+    async def _lifecycle(self, sandbox: seam.Sandbox) -> Outcome:
         try:
             # -v lists every credential covered: the audit log holds them all
             self.warnings = clip(
@@ -250,17 +296,17 @@ class Session:
             sandbox.signal(self._stop)
         timer = None
         ticker: asyncio.Task[None] | None = None
-        end = Exit()
+        end = seam.Exit()
         async for event in sandbox.events():
-            if isinstance(event, Started):
+            if isinstance(event, seam.Started):
                 self._set_state(State.RUNNING)
                 if self.spec.timeout:
                     timer = asyncio.get_running_loop().call_later(self.spec.timeout, self._timeout)
                 ticker = asyncio.get_running_loop().create_task(self._tick())
-                self.events.publish("started", warnings=self.warnings)
-            elif isinstance(event, Stopped):
-                self.events.publish("stopped", signal=event.signal)
-            elif isinstance(event, Exit):
+                self.events.publish(RunStarted(self.warnings))
+            elif isinstance(event, seam.Stopped):
+                self.events.publish(PayloadStopped(event.signal))
+            elif isinstance(event, seam.Exit):
                 end = event
         if timer is not None:
             timer.cancel()
@@ -283,7 +329,7 @@ def _internal(e: BaseException) -> str:
     return f"internal error in boxyd ({type(e).__name__}: {e}); see its log"
 
 
-def outcome_of(end: Exit, *, timed_out: bool, timeout: float | None) -> Outcome:
+def outcome_of(end: seam.Exit, *, timed_out: bool, timeout: float | None) -> Outcome:
     """The exit status a shell would see, and why (pure)."""
     if end.error is not None:
         return Outcome(EXIT_SETUP, Reason.SETUP, end.error)
@@ -311,3 +357,59 @@ def outcome_of(end: Exit, *, timed_out: bool, timeout: float | None) -> Outcome:
     if end.code is not None:
         return Outcome(end.code, Reason.EXIT)
     return Outcome(EXIT_SETUP, Reason.SETUP, "stage 2 ended without a word (see boxyd's log)")
+
+
+FOLLOWED = (RunStarted, Noticed, PayloadStopped, ClientDetached)  # what a follower hears
+
+
+class Follow:
+    """The reply stream of the client that follows a session (Run, Attach): Running,
+    then Notice and Stopped as they happen, then Detached or Ended. UNTIL_RUNNING (a
+    run started with -d): Running is the last, the session is on its own; FIRST: a
+    reply said at once (Attach). Subscribed when made, so nothing after is missed."""
+
+    def __init__(
+        self, session: Session, *, until_running: bool = False, first: Running | None = None
+    ) -> None:
+        self.session = session
+        self._until_running = until_running
+        self._first = first
+        self._events = session.subscribe(FOLLOWED)
+
+    def last(self, reply: RunReply) -> bool:
+        """Does REPLY end the stream (the varlink reply without "continues")?"""
+        return isinstance(reply, (Detached, Ended)) or (
+            self._until_running and isinstance(reply, Running)
+        )
+
+    def client_gone(self) -> None:
+        """The follower's connection closed: an attached session is hung up."""
+        self.session.client_gone()
+
+    def close(self) -> None:
+        self._events.close()
+
+    def __aiter__(self) -> AsyncIterator[RunReply]:
+        return self._replies()
+
+    async def _replies(self) -> AsyncIterator[RunReply]:
+        sid = self.session.id
+        if self._first is not None:
+            yield self._first
+        try:
+            async for ev in self._events:
+                if isinstance(ev, RunStarted):
+                    yield Running(sid, ev.warnings)
+                    if self._until_running:
+                        return
+                elif isinstance(ev, Noticed):
+                    yield Notice(sid, ev.text)
+                elif isinstance(ev, PayloadStopped):
+                    yield Stopped(sid, ev.signal)
+                elif isinstance(ev, ClientDetached):
+                    yield Detached(sid)
+                    return
+                # Lost: a follower that does not read loses notices, never the end
+        finally:
+            self.close()
+        yield Ended(sid, await self.session.wait())

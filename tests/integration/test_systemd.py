@@ -413,8 +413,9 @@ M = dict(destination="dev.boxy.Daemon", path="/dev/boxy/Manager", interface="dev
 
 async def main():
     bus = await MessageBus(bus_address=sys.argv[1], negotiate_unix_fd=True).connect()
+    from boxy.buildid import build_id  # the core refuses a client of another build
     request = json.dumps({"argv": ["sh", "-c", "echo hello-over-dbus; exit 3"], "cwd": sys.argv[2],
-                          "options": {"net": "none"}})
+                          "options": {"net": "none"}, "build": build_id()})
     r, w = os.pipe()
     null = os.open(os.devnull, os.O_RDWR)
     reply = await bus.call(Message(**M, member="Run", signature="shhh", body=[request, 0, 1, 2],

@@ -11,13 +11,29 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from boxy.buildid import build_id
 from boxy.errors import Busy, DaemonError, NoSuchSession, SetupError, UsageError
-from boxy.outcome import Counters, Reason, State
+from boxy.outcome import Counters, Detached, Ended, Notice, Reason, Running, State, Stopped
 from boxy.request import RunOptions, RunRequest
 from boxyd.config.runspec import RunSpec
-from boxyd.daemon.events import LOST, Fanout
+from boxyd.daemon import seam
+from boxyd.daemon.events import (
+    Audited,
+    ClientAttached,
+    ClientDetached,
+    CountersTick,
+    Exited,
+    Fanout,
+    Lost,
+    Noticed,
+    PayloadStopped,
+    RunStarted,
+    SessionNew,
+    SessionRemoved,
+    StateChanged,
+)
 from boxyd.daemon.manager import Manager
-from boxyd.daemon.seam import Exit, Report, SandboxEvent, Sink, Started, Stopped
+from boxyd.daemon.seam import Exit, Report, SandboxEvent, Sink, Started
 from boxyd.daemon.session import outcome_of
 
 
@@ -122,8 +138,8 @@ class FakeLauncher:
         self.closed = True
 
 
-def request(*argv: str) -> RunRequest:
-    return RunRequest(list(argv or ["true"]), "/w", RunOptions())
+def request(*argv: str, **options: object) -> RunRequest:
+    return RunRequest(list(argv or ["true"]), "/w", RunOptions(**options), build=build_id())
 
 
 async def started(session) -> None:
@@ -154,7 +170,7 @@ async def test_bad_input_starts_nothing() -> None:
     m = Manager(FakeLauncher())
     with pytest.raises(UsageError):
         await m.start(request("bad"), [])
-    assert m.list() == [] and m.launcher.made == []
+    assert m.known() == [] and m.launcher.made == []
 
 
 async def test_unknown_session() -> None:
@@ -244,13 +260,18 @@ async def test_signals_reach_only_a_running_payload() -> None:
 async def test_events_in_order_and_the_stream_ends() -> None:
     m = Manager(FakeLauncher())
     s = await m.start(request(), [])
-    sub = s.subscribe(("started", "stopped", "state", "exited"))
+    sub = s.subscribe((RunStarted, PayloadStopped, StateChanged, Exited))
     await started(s)
-    m.launcher.made[0].push(Stopped(signal.SIGTSTP))
+    m.launcher.made[0].push(seam.Stopped(signal.SIGTSTP))
     m.launcher.made[0].push(Exit(code=0))
-    got = [(e.kind, e.fields.get("state") or e.fields.get("signal")) async for e in sub]
-    assert got[:3] == [("state", "running"), ("started", None), ("stopped", signal.SIGTSTP)]
-    assert got[3:] == [("state", "exited"), ("exited", None)]
+    got = [e async for e in sub]
+    assert got[:3] == [
+        StateChanged(State.RUNNING, t=got[0].t),
+        RunStarted(["a warning"], t=got[1].t),
+        PayloadStopped(signal.SIGTSTP, t=got[2].t),
+    ]
+    assert got[3] == StateChanged(State.EXITED, t=got[3].t)
+    assert isinstance(got[4], Exited) and got[4].outcome.exit_status == 0
     late = s.subscribe()
     assert [e async for e in late] == []  # subscribing after the end: an empty stream
 
@@ -259,25 +280,25 @@ async def test_a_watcher_that_never_reads_loses_events_and_slows_nothing() -> No
     fan = Fanout(bound=10)
     stuck, reader = fan.subscribe(), fan.subscribe()
     for i in range(10_000):
-        fan.publish("audit", n=i)
+        fan.publish(Audited({"n": i}))
     fan.close()
     assert stuck.lost_total == 10_000 - 10
     events = [e async for e in stuck]
-    assert [e.fields["n"] for e in events[:10]] == list(range(10))
-    assert events[10].kind == LOST and events[10].fields["count"] == 9_990
+    assert [e.record["n"] for e in events[:10] if isinstance(e, Audited)] == list(range(10))
+    assert isinstance(events[10], Lost) and events[10].count == 9_990
     assert len([e async for e in reader]) == 11
 
 
 async def test_a_flood_of_audit_records_never_drops_the_run_stream_events() -> None:
     m = Manager(FakeLauncher())
     s = await m.start(request(), [])
-    run_stream = s.subscribe(("started", "notice"))
+    run_stream = s.subscribe((RunStarted, Noticed))
     await started(s)
     for i in range(5000):
         s.record("net", n=i)
     s.notice("denied")
     m.launcher.made[0].push(Exit(code=0))
-    kinds = [e.kind async for e in run_stream]
+    kinds = [e.kind async for e in run_stream]  # the wire's names
     assert kinds == ["started", "notice"]
 
 
@@ -290,13 +311,11 @@ async def test_session_new_and_removed_and_the_bound_on_finished_sessions() -> N
         ids.append(s.id)
         await s.wait()
     assert len(set(ids)) == 4
-    assert [s.id for s in m.list()] == ids[2:]
+    assert [s.id for s in m.known()] == ids[2:]
     m.events.close()
-    got = [(e.kind, e.fields["id"]) async for e in watch]
-    assert [g for g in got if g[0] == "session-new"] == [("session-new", i) for i in ids]
-    assert [g for g in got if g[0] == "session-removed"] == [
-        ("session-removed", i) for i in ids[:2]
-    ]
+    got = [e async for e in watch]
+    assert [e.id for e in got if isinstance(e, SessionNew)] == ids
+    assert [e.id for e in got if isinstance(e, SessionRemoved)] == ids[:2]
 
 
 async def test_shutdown_stops_every_running_session_and_waits() -> None:
@@ -368,7 +387,7 @@ async def test_detach_and_attach() -> None:
     m = Manager(FakeLauncher(), grace=0.05)
     s = await m.start(request(), [])
     await started(s)
-    sub = s.subscribe(("detached", "attached"))
+    sub = s.subscribe((ClientDetached, ClientAttached))
     with pytest.raises(Busy, match="is attached to another client"):
         s.attach([], None)
     s.detach_requested()
@@ -387,7 +406,7 @@ async def test_detach_and_attach() -> None:
 
 async def test_a_detached_run_is_not_hung_up() -> None:
     m = Manager(FakeLauncher())
-    s = await m.start(RunRequest(["true"], "/w", RunOptions(detach=True)), [])
+    s = await m.start(request(detach=True), [])
     await started(s)
     s.client_gone()
     assert m.launcher.made[0].signals == [] and s.state is State.RUNNING
@@ -403,14 +422,14 @@ async def test_counters_once_a_tick_for_watchers_and_kept_after_the_end(monkeypa
     s = await m.start(request(), [])
     await started(s)
     s.signal(signal.SIGINT)  # the fake counts signals as connections
-    sub = s.subscribe(("counters",))
+    sub = s.subscribe((CountersTick,))
     await asyncio.sleep(0.1)
     m.launcher.made[0].push(Exit(code=0))
     await s.wait()
-    got = [e.fields async for e in sub]
+    got = [e async for e in sub if isinstance(e, CountersTick)]
     assert len(got) >= 3
-    assert got[0]["counters"]["connections"] == 1
-    assert got[0]["destinations"] == [["example.org", 1, 0, 10, 20]]
+    assert got[0].counters.connections == 1
+    assert got[0].destinations == [["example.org", 1, 0, 10, 20]]
     assert s.info().counters == Counters(connections=1)  # the totals outlive the sandbox
 
 
@@ -504,3 +523,94 @@ async def test_an_outcome_is_bounded_and_its_lists_kept_in_files(tmp_path, monke
     shown = records.read_meta(s.id)
     assert shown is not None and shown.outcome is not None
     assert shown.outcome.findings == out.findings  # bounded again: nothing changes
+
+
+# -- the typed reply stream and the decisions the core makes for every API --------------
+async def test_the_follow_stream_is_typed_running_notice_stopped_ended() -> None:
+    m = Manager(FakeLauncher())
+    s = await m.start(request(), [])
+    follow = s.follow()
+    await started(s)
+    s.notice("denied example.org")
+    m.launcher.made[0].push(seam.Stopped(signal.SIGTSTP))
+    m.launcher.made[0].push(Exit(code=3))
+    got = [r async for r in follow]
+    assert got[:3] == [
+        Running(s.id, ["a warning"]),
+        Notice(s.id, "denied example.org"),
+        Stopped(s.id, signal.SIGTSTP),
+    ]
+    assert isinstance(got[3], Ended) and got[3].outcome.exit_status == 3
+    assert [follow.last(r) for r in got] == [False, False, False, True]
+
+
+async def test_a_detached_runs_stream_ends_with_running_and_attach_starts_with_it() -> None:
+    m = Manager(FakeLauncher(), grace=0.05)
+    s = await m.start(request(detach=True), [])
+    follow = s.follow()
+    got = [r async for r in follow]
+    assert got == [Running(s.id, ["a warning"])] and follow.last(got[0])
+    attached = s.attach([], None)
+    s.detach_requested()
+    assert [r async for r in attached] == [Running(s.id), Detached(s.id)]
+    m.stop(s.id, kill=True)
+    await s.wait()
+
+
+def test_every_run_reply_decodes_into_its_own_type() -> None:
+    from boxy.outcome import Outcome, Reason, run_reply
+
+    for r in (
+        Running("ab12cd34", ["w"]),
+        Notice("ab12cd34", "denied"),
+        Stopped("ab12cd34", signal.SIGTSTP),
+        Detached("ab12cd34"),
+        Ended("ab12cd34", Outcome(1, Reason.EXIT, "m", findings=["f"])),
+    ):
+        assert run_reply(r.to_wire()) == r
+    with pytest.raises(ValueError):
+        run_reply({"id": "ab12cd34", "exit_status": 0})  # no kind: never guessed
+
+
+async def test_the_core_refuses_another_build_for_every_api_and_closes_the_fds() -> None:
+    import os
+
+    from boxy.errors import BuildMismatch
+
+    m = Manager(FakeLauncher())
+    r, w = os.pipe()
+    req = request()
+    req.build = "other"
+    with pytest.raises(BuildMismatch):
+        await m.start(req, [w], follower=False)
+    assert os.read(r, 1) == b""  # the write end was closed by the core
+    os.close(r)
+    assert m.known() == []
+
+
+async def test_shutdown_and_signals_are_decided_by_the_core() -> None:
+    m = Manager(FakeLauncher())
+    m.check_shutdown(False)  # nothing runs
+    s = await m.start(request(), [])
+    await started(s)
+    with pytest.raises(Busy, match=s.id):
+        m.check_shutdown(False)
+    m.check_shutdown(True)
+    for bad in (0, -1, signal.NSIG, 1 << 40):
+        with pytest.raises(UsageError, match="not a signal number"):
+            s.signal(bad)
+    s.signal(signal.SIGRTMAX)  # the real-time ones are signals too
+    assert s.info().profile == "generic"  # the default is named by the core
+    m.stop(s.id, kill=True)
+    await s.wait()
+
+
+async def test_a_run_nobody_follows_is_not_hung_up() -> None:
+    m = Manager(FakeLauncher())
+    s = await m.start(request(), [], follower=False)  # as D-Bus starts one
+    await started(s)
+    assert not s.attached
+    s.client_gone()
+    assert m.launcher.made[0].signals == []
+    m.stop(s.id, kill=True)
+    await s.wait()

@@ -25,6 +25,18 @@ from tests.unit.test_core import FakeLauncher, request, started
 M = INTERFACE + "."
 
 
+def run_params(**over: object) -> dict:
+    """Run's parameters as boxyctl sends them (every one the IDL requires)."""
+    return {
+        "argv": ["true"],
+        "cwd": "/w",
+        "options": {},
+        "client_env": {},
+        "build": build_id(),
+        **over,
+    }
+
+
 class Peer:
     """A raw varlink client on the test's own loop."""
 
@@ -69,26 +81,26 @@ async def daemon(tmp_path: Path):
 async def test_run_streams_the_start_and_replies_the_outcome(daemon) -> None:
     manager, path = daemon
     peer = await Peer.connect(path)
-    peer.send("Run", {"argv": ["true"], "cwd": "/w", "build": build_id()}, more=True)
+    peer.send("Run", run_params(), more=True)
     first = await peer.reply()
     assert first["continues"] and first["parameters"]["state"] == "running"
+    assert first["parameters"]["kind"] == "running"
     assert first["parameters"]["warnings"] == ["a warning"]
     sid = first["parameters"]["id"]
     manager.stop(sid)
     last = (await peer.reply())["parameters"]
     assert (last["id"], last["exit_status"], last["state"]) == (sid, 143, "killed")
+    assert last["kind"] == "ended"
     peer.close()
 
 
 @pytest.mark.parametrize("params, error", [
-    ({"argv": ["true"], "cwd": "/w", "build": "other"}, "BuildMismatch"),
-    ({"argv": [], "cwd": "/w"}, "InvalidArgument"),
-    ({"argv": ["bad"], "cwd": "/w", "build": None}, "InvalidArgument"),
+    (run_params(build="other"), "BuildMismatch"),
+    (run_params(argv=[]), "InvalidArgument"),
+    (run_params(argv=["bad"]), "InvalidArgument"),
 ])  # fmt: skip
 async def test_refusals_are_named_errors(daemon, params: dict, error: str) -> None:
     _, path = daemon
-    if params.get("build") is None:
-        params = {**params, "build": build_id()}
     peer = await Peer.connect(path)
     peer.send("Run", params, more=True)
     got = await peer.reply()
@@ -101,7 +113,7 @@ async def test_refusals_are_named_errors(daemon, params: dict, error: str) -> No
 async def test_a_dropped_client_hangs_its_session_up(daemon) -> None:
     manager, path = daemon
     peer = await Peer.connect(path)
-    peer.send("Run", {"argv": ["true"], "cwd": "/w", "build": build_id()}, more=True)
+    peer.send("Run", run_params(), more=True)
     sid = (await peer.reply())["parameters"]["id"]
     peer.close()
     out = await asyncio.wait_for(manager.get(sid).wait(), 5)
@@ -183,7 +195,7 @@ async def test_fds_of_a_refused_run_are_closed(daemon) -> None:
     def call() -> dict:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.connect(path)
-            msg = {"method": M + "Run", "parameters": {"argv": ["true"], "cwd": "/w", "build": "x"}}
+            msg = {"method": M + "Run", "parameters": run_params(build="x")}
             socket.send_fds(sock, [json.dumps(msg).encode() + b"\0"], [w, w, w])
             os.close(w)
             return json.loads(sock.recv(65536).rstrip(b"\0"))
@@ -298,7 +310,7 @@ async def test_a_final_reply_over_the_wire_limit_still_brings_the_status(tmp_pat
     path, server, task = serve(tmp_path, manager)
     try:
         peer = await Peer.connect(path)
-        peer.send("Run", {"argv": ["true"], "cwd": "/w", "build": build_id()}, more=True)
+        peer.send("Run", run_params(), more=True)
         sid = (await peer.reply())["parameters"]["id"]
         manager.stop(sid)
         last = (await peer.reply())["parameters"]

@@ -91,6 +91,17 @@ def test_event_lines() -> None:
     )
 
 
+def D(name: str, conns: int, denied: int, up: int, down: int) -> dict:
+    """A Destination as the IDL declares it."""
+    return {
+        "name": name,
+        "connections": conns,
+        "denied": denied,
+        "bytes_up": up,
+        "bytes_down": down,
+    }
+
+
 def test_the_board_totals_rates_destinations_and_recent() -> None:
     board = text.Board(info(State.RUNNING))
     snap = {"connections": 3, "denials": 1, "bytes_up": 1000, "bytes_down": 4000, "destinations": 2}
@@ -99,7 +110,7 @@ def test_the_board_totals_rates_destinations_and_recent() -> None:
             "kind": "counters",
             "t": NOW,
             "counters": snap,
-            "destinations": [["example.org", 2, 0, 1000, 4000], ["evil.example", 1, 1, 0, 0]],
+            "destinations": [D("example.org", 2, 0, 1000, 4000), D("evil.example", 1, 1, 0, 0)],
         }
     )
     board.event(
@@ -107,7 +118,7 @@ def test_the_board_totals_rates_destinations_and_recent() -> None:
             "kind": "counters",
             "t": NOW + 2,
             "counters": {**snap, "bytes_down": 6048},
-            "destinations": [["example.org", 2, 0, 1000, 6048], ["evil.example", 1, 1, 0, 0]],
+            "destinations": [D("example.org", 2, 0, 1000, 6048), D("evil.example", 1, 1, 0, 0)],
         }
     )
     for i in range(20):

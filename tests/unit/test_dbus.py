@@ -1,0 +1,212 @@
+"""The D-Bus adapter on a real bus (a private dbus-daemon) over the real core with the
+fake launcher of test_core: introspection with named signal arguments, the
+ObjectManager, Run's build check in the core, a flood that grows nothing, the loss
+of the bus, and joining a bus later (main.Bus, which JoinBus calls)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import subprocess
+import types
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("dbus_fast")
+from dbus_fast import Message, MessageType  # noqa: E402
+from dbus_fast.aio import MessageBus  # noqa: E402
+
+from boxyd.api.dbus import BUS_NAME, MANAGER_PATH, DbusService, session_path  # noqa: E402
+from boxyd.daemon.events import BOUND  # noqa: E402
+from boxyd.daemon.main import Bus  # noqa: E402
+from boxyd.daemon.manager import Manager  # noqa: E402
+from tests.unit.test_core import FakeLauncher, request, started  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not shutil.which("dbus-daemon"), reason="no dbus-daemon")
+
+
+class BusDaemon:
+    """A private session bus: dbus-daemon on a socket in a temporary directory."""
+
+    def __init__(self, where: Path) -> None:
+        self.proc = subprocess.Popen(
+            ["dbus-daemon", "--session", "--nofork", "--print-address=1",
+             f"--address=unix:path={where}/bus"],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        self.address = self.proc.stdout.readline().strip()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def bus_daemon(tmp_path: Path):
+    d = BusDaemon(tmp_path)
+    yield d
+    d.kill()
+
+
+@pytest.fixture
+async def on_bus(bus_daemon: BusDaemon) -> AsyncIterator[tuple[Manager, DbusService, MessageBus]]:
+    manager = Manager(FakeLauncher(), grace=0.05, keep_finished=0)
+    service = DbusService(manager)
+    await service.start(bus_daemon.address)
+    client = await MessageBus(bus_address=bus_daemon.address, negotiate_unix_fd=True).connect()
+    yield manager, service, client
+    client.disconnect()
+    service.close()
+
+
+async def call(client: MessageBus, path: str, interface: str, member: str,
+               signature: str = "", body: list[Any] | None = None, **kw: Any) -> Message:  # fmt: skip
+    return await client.call(
+        Message(destination=BUS_NAME, path=path, interface=interface, member=member,
+                signature=signature, body=body or [], **kw)
+    )  # fmt: skip
+
+
+def signals(client: MessageBus, member: str) -> list[Message]:
+    got: list[Message] = []
+
+    def handler(msg: Message) -> None:
+        if msg.message_type == MessageType.SIGNAL and msg.member == member:
+            got.append(msg)
+
+    client.add_message_handler(handler)
+    return got
+
+
+async def add_match(client: MessageBus, rule: str) -> None:
+    await client.call(
+        Message(destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
+                interface="org.freedesktop.DBus", member="AddMatch", signature="s", body=[rule])
+    )  # fmt: skip
+
+
+async def test_signal_arguments_are_named_in_the_introspection(on_bus) -> None:
+    _, _, client = on_bus
+    xml = (
+        await call(client, MANAGER_PATH, "org.freedesktop.DBus.Introspectable", "Introspect")
+    ).body[0]
+    for name in ("SessionNew", "SessionRemoved"):
+        decl = xml.split(f'<signal name="{name}">')[1].split("</signal>")[0]
+        assert 'name="id"' in decl and 'name="path"' in decl, decl
+
+
+async def test_the_object_manager_adds_and_removes_sessions(on_bus) -> None:
+    manager, _, client = on_bus
+    await add_match(
+        client, "type='signal',path='/dev/boxy',interface='org.freedesktop.DBus.ObjectManager'"
+    )
+    added, removed = signals(client, "InterfacesAdded"), signals(client, "InterfacesRemoved")
+    s = await manager.start(request(), [])
+    await started(s)
+    await asyncio.sleep(0.2)
+    objects = (
+        await call(client, "/dev/boxy", "org.freedesktop.DBus.ObjectManager", "GetManagedObjects")
+    ).body[0]
+    assert session_path(s.id) in objects and MANAGER_PATH in objects
+    assert objects[session_path(s.id)]["dev.boxy.Session1"]["State"].value == "running"
+    ours = [m for m in added if m.path == "/dev/boxy"]
+    assert [m.body[0] for m in ours] == [session_path(s.id)]
+    assert ours[0].body[1]["dev.boxy.Session1"]["Profile"].value == "generic"
+    manager.stop(s.id, kill=True)
+    await s.wait()
+    for _ in range(50):  # keep_finished=0: forgotten at once, and removed from the bus
+        if [m for m in removed if m.path == "/dev/boxy"]:
+            break
+        await asyncio.sleep(0.05)
+    assert [m.body for m in removed if m.path == "/dev/boxy"] == [
+        [session_path(s.id), ["dev.boxy.Session1"]]
+    ]
+    listed = (await call(client, MANAGER_PATH, "dev.boxy.Manager1", "List", "b", [True])).body[0]
+    assert listed == []  # only what has an object on the bus
+
+
+async def test_run_over_dbus_is_refused_for_another_build(on_bus) -> None:
+    import json
+
+    manager, _, client = on_bus
+    r, w = os.pipe()
+    req = json.dumps({"argv": ["true"], "cwd": "/w", "build": "other"})
+    reply = await call(client, MANAGER_PATH, "dev.boxy.Manager1", "Run", "shhh", [req, 0, 1, 2],
+                       unix_fds=[w, w, w])  # fmt: skip
+    os.close(w)
+    assert (
+        reply.message_type == MessageType.ERROR
+        and reply.error_name == "dev.boxy.Error.BuildMismatch"
+    )
+    assert os.read(r, 1) == b""  # the daemon kept none of the fds
+    os.close(r)
+    assert manager.known() == []
+
+
+async def test_a_flood_of_10000_events_grows_nothing(on_bus) -> None:
+    manager, service, client = on_bus
+    await add_match(client, "type='signal',interface='dev.boxy.Session1',member='Event'")
+    events = signals(client, "Event")
+    s = await manager.start(request(), [])
+    await started(s)
+    await asyncio.sleep(0.1)
+    tasks = len(service._tasks)
+    for i in range(10_000):  # at once: the follower cannot keep up
+        s.record("net", verdict="deny", n=i)
+    manager.stop(s.id, kill=True)
+    await s.wait()
+    for _ in range(100):
+        if any(m.body[0] == "exited" for m in events):
+            break
+        await asyncio.sleep(0.05)
+    kinds = [m.body[0] for m in events]
+    lost = [m.body[1]["count"].value for m in events if m.body[0] == "lost"]
+    assert "exited" in kinds and lost and sum(lost) >= 10_000 - BOUND
+    assert len(events) <= BOUND + 16, len(events)  # the follower's queue, never more
+    assert len(service._tasks) <= tasks + 1
+
+
+async def test_the_loss_of_the_bus_is_no_traceback_and_a_later_bus_is_joined(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    manager = Manager(FakeLauncher(), grace=0.05)
+    launcher = types.SimpleNamespace(scopes=types.SimpleNamespace(bus=None))
+    bus = Bus(manager, launcher)  # type: ignore[arg-type]
+    first = BusDaemon(tmp_path)
+    (tmp_path / "2").mkdir()
+    second = BusDaemon(tmp_path / "2")
+    try:
+        await bus.join(first.address)
+        assert bus.service is not None
+        assert launcher.scopes.bus is None  # no user manager on this bus: never called
+        s = await manager.start(request(), [])
+        await started(s)
+        first.kill()
+        for _ in range(100):
+            if bus.service is None:
+                break
+            await asyncio.sleep(0.05)
+        assert bus.service is None
+        s.notice("still running")  # the core goes on without a bus
+        await bus.join(second.address)  # as JoinBus does when a client brings one
+        client = await MessageBus(bus_address=second.address).connect()
+        listed = (await call(client, MANAGER_PATH, "dev.boxy.Manager1", "List", "b", [False])).body[
+            0
+        ]
+        assert [x[0] for x in listed] == [s.id]
+        client.disconnect()
+        manager.stop(s.id, kill=True)
+        await s.wait()
+    finally:
+        bus.close()
+        first.kill()
+        second.kill()
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR], caplog.text

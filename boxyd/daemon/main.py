@@ -20,7 +20,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from boxy.errors import BoxyError, DaemonError
+from boxy.errors import BoxyError, DaemonError, UsageError
 from boxy.paths import ensure_private_dir, runtime_dir, socket_path, state_dir
 from boxyd.api.service import VarlinkService
 from boxyd.api.varlink import VarlinkServer
@@ -171,6 +171,10 @@ class Bus:
         on one already); DaemonError when that cannot be."""
         if self.service is not None:
             return
+        # A session bus is a unix socket: a tcp: (or any other) address would make
+        # boxyd dial wherever a caller names.
+        if not address or any(not a.startswith("unix:") for a in address.split(";") if a):
+            raise UsageError(f"JoinBus: {address!r} is not a unix: D-Bus address")
         from boxyd.api.dbus import DbusService
 
         service = DbusService(self.manager)

@@ -21,6 +21,7 @@ pytest.importorskip("dbus_fast")
 from dbus_fast import Message, MessageType  # noqa: E402
 from dbus_fast.aio import MessageBus  # noqa: E402
 
+from boxy.errors import UsageError  # noqa: E402
 from boxyd.api.dbus import BUS_NAME, MANAGER_PATH, DbusService, session_path  # noqa: E402
 from boxyd.daemon.events import BOUND  # noqa: E402
 from boxyd.daemon.main import Bus  # noqa: E402
@@ -210,3 +211,15 @@ async def test_the_loss_of_the_bus_is_no_traceback_and_a_later_bus_is_joined(
         first.kill()
         second.kill()
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR], caplog.text
+
+
+@pytest.mark.parametrize(
+    "address", ["", "tcp:host=127.0.0.1,port=9", "unix:path=/x;tcp:host=h,port=1", "nonce-tcp:"]
+)
+async def test_join_bus_takes_only_unix_addresses(address: str) -> None:
+    manager = Manager(FakeLauncher(), grace=0.05)
+    launcher = types.SimpleNamespace(scopes=types.SimpleNamespace(bus=None))
+    bus = Bus(manager, launcher)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="not a unix: D-Bus address"):
+        await bus.join(address)
+    assert bus.service is None

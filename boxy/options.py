@@ -182,3 +182,55 @@ def check_combinations(options: object, **resolved: object) -> None:
             )
             if (other if given(other) else None) in refusal.values:
                 raise UsageError(refusal.message.format(flag=option.flag, value=other))
+
+
+# The varlink type of each wire kind (boxy/dev.boxy.Manager.varlink's RunOptions).
+IDL_TYPES = {
+    "str": "?string",
+    "strs": "?[]string",
+    "hosts": "?[]string",
+    "bool": "?bool",
+    "size": "?int",
+    "count": "?int",
+    "number": "?float",
+    "ports": "?[]int",
+    "env": "?[]EnvItem",
+    "secrets": "?[]Secret",
+    "copies": "?[]CopyItem",
+}
+IDL_BEGIN = "# -- RunOptions: generated from boxy/options.py (python -m boxy.options) --"
+IDL_END = "# -- end of RunOptions --"
+
+
+def idl_types() -> str:
+    """The IDL's RunOptions and its item types: one field per option, its flags and
+    help line as the comment (between IDL_BEGIN and IDL_END in the IDL file)."""
+    import textwrap  # not on the client's run path
+
+    lines = [
+        IDL_BEGIN,
+        "# boxy.request.RunOptions: one field per `boxyctl run` option.",
+        "type RunOptions (",
+    ]
+    for i, option in enumerate(RUN_OPTIONS):
+        about = f"{', '.join(option.names)}: {option.help}"
+        lines += textwrap.wrap(about, 82, initial_indent="  # ", subsequent_indent="  # ")
+        comma = "," if i < len(RUN_OPTIONS) - 1 else ""
+        lines.append(f"  {option.field}: {IDL_TYPES[option.wire]}{comma}")
+    lines += [
+        ")",
+        "",
+        "# -e NAME (value null, present false: the client does not have it) or NAME=VAL",
+        "type EnvItem (name: string, value: ?string, present: ?bool)",
+        "",
+        "type Secret (name: string, value: string)",
+        "",
+        "# --copy SRC[:DST]",
+        "type CopyItem (src: string, dst: ?string)",
+        IDL_END,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(idl_types(), end="")

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import boxy
 from boxy import options
 from boxy.errors import UsageError
 from boxy.options import RUN_OPTIONS, Option, check_combinations
@@ -299,3 +300,24 @@ def test_a_host_given_as_text_is_parsed_once_into_its_type() -> None:
     assert o.allow_host == [HostSpec("a.example", (443,)), HostSpec("b.example")]
     with pytest.raises(UsageError, match="--allow-host a.example:0: '0' is not a port number"):
         RunOptions(allow_host=["a.example:0"])
+
+
+def test_the_idl_declares_run_options_as_the_table_does() -> None:
+    # the IDL's comments and types come from the table: regenerated, not hand-written
+    text = (Path(boxy.__file__).parent / "dev.boxy.Manager.varlink").read_text()
+    start, end = text.index(options.IDL_BEGIN), text.index(options.IDL_END)
+    assert text[start : end + len(options.IDL_END)] + "\n" == options.idl_types()
+    assert "  options: RunOptions," in text
+
+
+def test_every_option_has_an_idl_type_and_the_server_checks_it() -> None:
+    from boxyd.api import idl
+
+    iface = idl.parse((Path(boxy.__file__).parent / "dev.boxy.Manager.varlink").read_text())
+    run_options = iface.types["RunOptions"]
+    assert [name for name, _ in run_options.fields or ()] == [o.field for o in options.RUN_OPTIONS]
+    wire = RunOptions().to_wire()
+    assert idl.check(iface, run_options, wire, "options") is None  # what boxyctl sends
+    wire["memory"] = "2GiB"
+    assert idl.check(iface, run_options, wire, "options") == "options.memory"
+    assert idl.check(iface, run_options, {"nosuch": 1}, "options") == "options.nosuch"

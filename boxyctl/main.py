@@ -92,6 +92,10 @@ def _main(argv: list[str] | None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     try:
+        if argv[:1] == ["hook"]:  # before cli.parse: `hook claude` runs before every command
+            from boxyctl import hook
+
+            return hook.main(argv[1:], _cwd(), say)
         cmd = cli.parse(argv, environ=dict(os.environ), cwd=_cwd(), prog=_prog())
         if cmd.name == "help":
             sys.stdout.write(cmd.args["text"])

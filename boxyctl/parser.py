@@ -97,6 +97,7 @@ def build_parser(prog: str, *, run_only: bool = False) -> _Parser:
     if not run_only:
         _add_sessions(sub)
         _add_admin(sub)
+        _add_hook(sub)
     return parser
 
 
@@ -176,6 +177,17 @@ def _add_admin(sub: argparse._SubParsersAction[_Parser]) -> None:
     how.add_argument("--revoke", action="store_true", help="withdraw this directory's approvals")
     comp = sub.add_parser("completion", help="print the shell completion script")
     comp.add_argument("shell", metavar="SHELL", choices=("bash", "zsh", "fish"))
+
+
+def _add_hook(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """hook: sandbox the commands an agent runs (boxyctl/hook.py)."""
+    hook = sub.add_parser("hook", help="sandbox the commands an agent runs (Claude Code)")
+    hsub = hook.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    hsub.add_parser("claude", help="Claude Code's PreToolUse hook (its JSON on stdin)")
+    inst = hsub.add_parser("install", help="add the hook to Claude Code's settings")
+    inst.add_argument("harness", metavar="HARNESS", choices=("claude",))
+    inst.add_argument("--project", action="store_true", help="the project's .claude/settings.json")
+    inst.add_argument("--remove", action="store_true", help="take the hook out")
 
 
 def usage(prog: str = "boxyctl", command: str | None = None) -> str:

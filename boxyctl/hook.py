@@ -1,0 +1,254 @@
+"""`boxyctl hook claude` (Claude Code's PreToolUse hook for Bash) and `boxyctl hook
+install claude`: the I/O around boxyctl.hookpolicy. The configuration is the user's
+own file, $XDG_CONFIG_HOME/boxy/hook.yaml, never the project's: the agent can write
+the project (README, "Agents (Claude Code)")."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from boxy.errors import BoxyError, UsageError
+from boxy.paths import config_home
+from boxyctl import hookpolicy as hp
+
+MAX_INPUT = 1 << 20  # a command line is bounded by the harness; this bounds us
+CONFIG_KEYS = (
+    "intercept",
+    "intercept_also",
+    "passthrough",
+    "profiles",
+    "flags",
+    "shell",
+    "on_unavailable",
+    "boxyctl",
+)
+
+
+def config_path() -> Path:
+    return Path(config_home(os.environ.get("HOME"))) / "boxy" / "hook.yaml"
+
+
+def load_config(path: Path | None = None) -> tuple[hp.HookConfig, str | None]:
+    """hook.yaml (absent: the defaults) and its `boxyctl` path. A file that does not
+    load is a UsageError: a hook that guessed would sandbox less than asked."""
+    path = path or config_path()
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return hp.HookConfig(), None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: {e}") from None
+    import yaml  # only when there is a file: the hook runs before every command
+
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise UsageError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    return config_from(doc if doc is not None else {}, str(path))
+
+
+def _strings(doc: dict[str, Any], key: str, where: str) -> tuple[str, ...] | None:
+    got = doc.get(key)
+    if got is None:
+        return None
+    if not isinstance(got, list) or not all(isinstance(x, str) and x for x in got):
+        raise UsageError(f"{where}: {key} must be a list of names")
+    return tuple(got)
+
+
+def config_from(doc: object, where: str) -> tuple[hp.HookConfig, str | None]:
+    """A HookConfig from hook.yaml's mapping (WHERE names it in an error)."""
+    if not isinstance(doc, dict):
+        raise UsageError(f"{where}: not a mapping")
+    unknown = sorted(set(map(str, doc)) - set(CONFIG_KEYS))
+    if unknown:
+        raise UsageError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(CONFIG_KEYS)})")
+    base = hp.HookConfig()
+    intercept = _strings(doc, "intercept", where) or base.intercept
+    intercept += _strings(doc, "intercept_also", where) or ()
+    profiles = doc.get("profiles") or {}
+    if not isinstance(profiles, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in profiles.items()
+    ):
+        raise UsageError(f"{where}: profiles must map a program to a profile name")
+    on_unavailable = doc.get("on_unavailable", base.on_unavailable)
+    if on_unavailable not in hp.ON_UNAVAILABLE:
+        raise UsageError(f"{where}: on_unavailable must be one of {', '.join(hp.ON_UNAVAILABLE)}")
+    for key in ("shell", "boxyctl"):
+        if key in doc and not (isinstance(doc[key], str) and doc[key]):
+            raise UsageError(f"{where}: {key} must be a string")
+    config = hp.HookConfig(
+        intercept=intercept,
+        passthrough=_strings(doc, "passthrough", where) or (),
+        profiles={**base.profiles, **profiles},
+        flags=_strings(doc, "flags", where) or (),
+        shell=doc.get("shell", base.shell),
+        on_unavailable=on_unavailable,
+    )
+    return config, doc.get("boxyctl")
+
+
+def boxyctl_path(configured: str | None) -> str:
+    """The boxyctl the rewritten command runs: the configured one, else the one
+    beside this program (the agent's shell may have another PATH), else PATH's."""
+    if configured:
+        return configured
+    here = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0] or "boxyctl")), "boxyctl")
+    if os.access(here, os.X_OK):
+        return here
+    return shutil.which("boxyctl") or "boxyctl"
+
+
+def project_approved(workdir: str) -> bool:
+    """WORKDIR has a .boxy.yaml that `boxyctl trust` approved as it is now (read as
+    a run reads it). Only looked into when there is one: the import costs."""
+    if not os.path.lexists(os.path.join(workdir, ".boxy.yaml")):
+        return False
+    from boxyd.config import projectconfig
+
+    me = pwd.getpwuid(os.getuid())
+    env = projectconfig.run_env(me.pw_dir, me.pw_name, os.environ)
+    try:
+        project = projectconfig.read(workdir, env, strict=False)
+    except (BoxyError, OSError):
+        return False
+    home = config_home(os.environ.get("HOME"))
+    return project.config is not None and projectconfig.is_trusted(project, home)
+
+
+def daemon_problem() -> str | None:
+    """Why boxyd cannot be reached (started on demand, as a run would), or None."""
+    from boxyctl.connect import connect
+
+    try:
+        connect().close()
+    except (BoxyError, OSError) as e:
+        return str(e) or type(e).__name__
+    return None
+
+
+def _emit(answer: dict[str, object]) -> int:
+    sys.stdout.write(json.dumps(answer) + "\n")
+    return 0
+
+
+def claude(data: bytes) -> int:
+    """The PreToolUse hook: an intercepted Bash command comes back rewritten and
+    allowed; any other gets no answer (the harness asks as usual); boxyd out of
+    reach denies it (or, configured so, no answer). Bad input: exit 2, one line."""
+    try:
+        event = hp.parse_event(data)
+    except ValueError as e:
+        raise UsageError(f"hook claude: {e}") from None
+    if event is None:
+        return 0
+    config, configured = load_config()
+    decision = hp.decide(event.command, config, project_approved=project_approved(event.cwd))
+    if decision is None:
+        return 0
+    problem = daemon_problem()
+    if problem is not None:
+        if config.on_unavailable == "ask":
+            return 0
+        return _emit(
+            hp.deny(
+                f"boxy: boxyd cannot be reached ({problem}), so this command would run "
+                "unsandboxed; start it (`boxyctl setup`, `boxyctl doctor`) and try again"
+            )
+        )
+    command = hp.wrap(event.command, decision, config, boxyctl_path(configured))
+    return _emit(hp.allow(event, command, hp.reason(decision)))
+
+
+def read_stdin() -> bytes:
+    data = sys.stdin.buffer.read(MAX_INPUT + 1)
+    if len(data) > MAX_INPUT:
+        raise UsageError(f"hook claude: the input is larger than {MAX_INPUT >> 10} KiB")
+    return data
+
+
+def settings_path(project: bool, cwd: str) -> Path:
+    if project:
+        if not cwd:
+            raise UsageError("hook install: the current directory was removed")
+        return Path(cwd) / ".claude" / "settings.json"
+    return (
+        Path(os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir)
+        / ".claude"
+        / ("settings.json")
+    )
+
+
+def install(path: Path, command: str, *, remove: bool) -> str:
+    """Our entry into (or out of) Claude Code's settings file PATH, every other key
+    kept; written atomically, or not at all. Returns what was done, for a line."""
+    path = Path(os.path.realpath(path))  # a dotfile manager's symlink stays one
+    try:
+        text: str | None = path.read_text()
+    except FileNotFoundError:
+        text = None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: {e}") from None
+    try:
+        settings = json.loads(text) if text is not None and text.strip() else {}
+        if not isinstance(settings, dict):
+            raise ValueError("not a JSON object")
+        new = hp.without_hook(settings) if remove else hp.with_hook(settings, command)
+    except ValueError as e:
+        raise UsageError(f"{path}: not valid settings ({e}); left unchanged") from None
+    verb = "removed from" if remove else "installed in"
+    if new == settings and text is not None:
+        return f"{'not in' if remove else 'already in'} {path}; unchanged"
+    if remove and text is None:
+        return f"not in {path}; unchanged"
+    _write_atomic(path, json.dumps(new, indent=2) + "\n")
+    return f"{verb} {path}"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """A temporary file beside PATH, synced, then renamed over it (its mode kept)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        mode = 0o600
+    tmp = path.with_name(f".{path.name}.boxy-{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def main(argv: list[str], cwd: str, say: Any) -> int:
+    """`hook …` (ARGV after `hook`): the fast path for `hook claude`, which runs
+    before every command the agent types; argparse for the rest."""
+    if argv == ["claude"]:
+        return claude(read_stdin())
+    from boxyctl import parser as p
+
+    try:
+        ns = p.build_parser("boxyctl").parse_args(["hook", *argv])
+    except p.Help as h:
+        sys.stdout.write(h.text)
+        return 0
+    if ns.action is None:
+        raise UsageError("hook: missing action (claude, install claude [--project] [--remove])")
+    if ns.action == "claude":
+        return claude(read_stdin())
+    _, configured = load_config()
+    command = f"{shlex.quote(boxyctl_path(configured))} hook claude"
+    say(install(settings_path(ns.project, cwd), command, remove=ns.remove))
+    return 0

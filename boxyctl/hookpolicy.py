@@ -1,0 +1,431 @@
+"""Which of an agent's shell command lines run sandboxed, and how: pure, no I/O.
+
+A command line is split with shlex into simple commands (at `|`, `&&`, `||`, `;`,
+`&`, newlines, subshells, `$(…)` and backticks); each one's program is its first
+word after assignments (`VAR=value`) and wrappers (`env`, `command`, `nice`, …).
+A line is intercepted when any program is on the intercept list and not on the
+passthrough list; then the whole line runs as `boxyctl run … -- sh -c LINE`, so its
+quoting, pipes and exit status are the shell's own (README, "Agents (Claude Code)").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+
+NODE = ("npm", "npx", "pnpm", "pnpx", "yarn", "yarnpkg", "bun", "bunx", "corepack")
+PYTHON = ("pip", "pip3", "pipx", "uv", "uvx", "poetry", "pdm", "hatch", "tox", "nox", "pip -m")
+BUILD = (
+    "make", "gmake", "cmake", "ninja", "meson", "cargo", "go", "gradle", "gradlew",
+    "mvn", "mvnw", "ant", "sbt", "bundle", "gem", "rake", "composer", "dotnet",
+    "swift", "mix", "rebar3", "cabal", "stack", "deno",
+)  # fmt: skip
+DEFAULT_INTERCEPT = (*NODE, *PYTHON, *BUILD)
+# `python -m pip …` is named as this program (no real program has a space in it)
+PYTHON_PIP = "pip -m"
+DEFAULT_PROFILES = {**dict.fromkeys(NODE, "node"), **dict.fromkeys(PYTHON, "python")}
+# never wrapped, whatever the lists say: a line already headed for a sandbox
+OURS = ("boxyctl", "boxy", "boxy-sh")
+ON_UNAVAILABLE = ("deny", "ask")
+
+# words that open a command without being its program
+_KEYWORDS = frozenset(
+    ("if", "then", "elif", "else", "fi", "do", "done", "while", "until", "for", "case",
+     "esac", "!", "{", "}", "time", "in", "function", "select", "coproc")
+)  # fmt: skip
+# wrapper → its options that take a value (the wrapper's program comes after them)
+_WRAPPERS: dict[str, frozenset[str]] = {
+    "env": frozenset(("-u", "--unset", "-C", "--chdir", "-S", "--split-string")),
+    "command": frozenset(),
+    "builtin": frozenset(),
+    "exec": frozenset(("-a",)),
+    "nohup": frozenset(),
+    "nice": frozenset(("-n", "--adjustment")),
+    "ionice": frozenset(("-c", "-n", "--class", "--classdata")),
+    "stdbuf": frozenset(("-i", "-o", "-e")),
+    "timeout": frozenset(("-s", "--signal", "-k", "--kill-after")),
+    "xargs": frozenset(("-a", "-d", "-E", "-I", "-L", "-n", "-P", "-s", "--delimiter")),
+    "chronic": frozenset(),
+}
+_SHELLS = frozenset(("sh", "bash", "dash", "zsh", "ksh", "mksh", "busybox"))
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
+_PYTHON = re.compile(r"python[0-9.]*")
+_MAX_DEPTH = 4  # `sh -c "sh -c …"`: deeper than this is intercepted outright
+
+
+@dataclass(frozen=True)
+class HookConfig:
+    """The user's choice (hook.yaml). INTERCEPT: program names, or "*" for every
+    command; PASSTHROUGH wins over it; PROFILES: program → profile."""
+
+    intercept: tuple[str, ...] = DEFAULT_INTERCEPT
+    passthrough: tuple[str, ...] = ()
+    profiles: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PROFILES))
+    flags: tuple[str, ...] = ()  # added to every `boxyctl run`
+    shell: str = "sh"
+    on_unavailable: str = "deny"  # boxyd unreachable: "deny", or "ask" (no decision)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """An intercepted line: the programs that made it so, and the profile (None: the
+    daemon's choice, i.e. the approved project's, or the default)."""
+
+    programs: tuple[str, ...]
+    profile: str | None
+    project: bool = False  # the project's approved .boxy.yaml chooses the profile
+
+
+def programs(line: str, depth: int = 0) -> list[str]:
+    """The program of every simple command in LINE, in order. A line that does not
+    split (an open quote) gives ["*"]: unknown, so decide looks for the names."""
+    try:
+        tokens = tokenize(line)
+    except ValueError:
+        return ["*"]
+    out: list[str] = []
+    redirect = False  # the next word is a redirection's target
+    words: list[str] = []
+    for tok in tokens:
+        if tok.kind == "redir":
+            redirect = True
+        elif tok.kind == "op":
+            out += _program(words, depth)
+            words = []
+        else:
+            for inner in tok.subs:
+                out += _inner(inner, depth)
+            if redirect:
+                redirect = False
+            else:
+                words.append(tok.text)
+    return out + _program(words, depth)
+
+
+class Token:
+    """A word (its text unquoted, and the command lines of its quoted `$(…)` and
+    backticks), a control operator ("op") or a redirection ("redir")."""
+
+    def __init__(self, text: str, kind: str = "word", subs: list[str] | None = None) -> None:
+        self.text, self.kind, self.subs = text, kind, subs or []
+
+    def __repr__(self) -> str:
+        return f"Token({self.text!r}, {self.kind!r}, {self.subs!r})"
+
+
+_OPS = "\n;&|()`"
+_REDIR = "<>"
+
+
+def tokenize(line: str) -> list[Token]:
+    """LINE as the shell splits it into words and operators (quotes, backslashes,
+    comments); an open quote is a ValueError, as it is a syntax error to sh."""
+    out: list[Token] = []
+    word: list[str] | None = None  # None: between words
+    subs: list[str] = []
+    i, n = 0, len(line)
+    while i < n:
+        c = line[i]
+        if c in " \t" or c in _OPS or c in _REDIR:
+            if word is not None:
+                out.append(Token("".join(word), subs=subs))
+                word, subs = None, []
+            if c in " \t":
+                i += 1
+                continue
+            j = i
+            while j < n and (line[j] in _OPS or line[j] in _REDIR):
+                j += 1
+            run = line[i:j]
+            kind = "redir" if any(x in run for x in _REDIR) else "op"
+            if kind == "redir" and out and out[-1].text.isdigit() and line[i - 1].isdigit():
+                out.pop()  # `2>`: the fd is the redirection's, not a word
+            out.append(Token(run, kind))
+            i = j
+            continue
+        if c == "#" and word is None:
+            i = line.find("\n", i)
+            i = n if i < 0 else i
+            continue
+        word = [] if word is None else word
+        i = _word_part(line, i, word, subs)
+    if word is not None:
+        out.append(Token("".join(word), subs=subs))
+    return out
+
+
+def _word_part(line: str, i: int, word: list[str], subs: list[str]) -> int:
+    """One piece of a word at I (a quoted string, an escaped character, a plain
+    one) appended to WORD; returns where the next piece starts."""
+    c = line[i]
+    if c == "\\":
+        if line[i + 1 : i + 2] != "\n":  # backslash-newline joins lines
+            word.append(line[i + 1 : i + 2])
+        return i + 2
+    if c == "'":
+        end = line.find("'", i + 1)
+        if end < 0:
+            raise ValueError("no closing quotation")
+        word.append(line[i + 1 : end])
+        return end + 1
+    if c != '"':
+        word.append(c)
+        return i + 1
+    j = i + 1
+    raw: list[str] = []
+    while j < len(line) and line[j] != '"':
+        if line[j] == "\\" and j + 1 < len(line):
+            raw.append(line[j : j + 2])
+            word.append(line[j + 1] if line[j + 1] in '"\\$`' else line[j : j + 2])
+            j += 2
+            continue
+        raw.append(line[j])
+        word.append(line[j])
+        j += 1
+    if j >= len(line):
+        raise ValueError("no closing quotation")
+    subs += _substitutions("".join(raw))
+    return j + 1
+
+
+def _substitutions(text: str) -> list[str]:
+    """The command lines of the `$(…)` and backticks in double-quoted TEXT."""
+    out = [m.group(1) for m in re.finditer(r"\$\((.*)\)", text, re.S)]
+    return out + text.split("`")[1::2]
+
+
+def _program(words: list[str], depth: int) -> list[str]:
+    """The program of one simple command (WORDS), after assignments, keywords and
+    wrappers; a shell's `-c LINE` and `eval` are looked into."""
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if _ASSIGNMENT.match(w) or w in _KEYWORDS:
+            i += 1
+            continue
+        name = os.path.basename(w)
+        if name in _WRAPPERS:
+            i = _after_options(words, i + 1, _WRAPPERS[name], name)
+            continue
+        rest = words[i + 1 :]
+        if name == "eval":
+            return _inner(" ".join(rest), depth)
+        if name in _SHELLS and "-c" in rest[:-1]:
+            return [name, *_inner(rest[rest.index("-c") + 1], depth)]
+        if _PYTHON.fullmatch(name) and _runs_pip(rest):
+            return [PYTHON_PIP]
+        return [name]
+    return []
+
+
+def _inner(line: str, depth: int) -> list[str]:
+    return programs(line, depth + 1) if depth < _MAX_DEPTH else ["*"]
+
+
+def _after_options(words: list[str], i: int, valued: frozenset[str], wrapper: str) -> int:
+    """The index of the wrapped program: past WRAPPER's options (and their values),
+    env's assignments and timeout's duration."""
+    while i < len(words) and words[i].startswith("-") and words[i] != "-":
+        opt = words[i]
+        i += 2 if opt in valued else 1
+        if opt == "--":
+            break
+    if wrapper == "timeout" and i < len(words):
+        i += 1  # the duration
+    return i
+
+
+def _runs_pip(args: list[str]) -> bool:
+    """`python -m pip`, `-mpip`, `-I -m pip` …"""
+    for i, a in enumerate(args):
+        if a in ("-m", "-Im", "-Em") and args[i + 1 : i + 2] == ["pip"]:
+            return True
+        if a in ("-mpip", "-mpip3"):
+            return True
+        if not a.startswith("-"):
+            return False
+    return False
+
+
+def decide(line: str, config: HookConfig, *, project_approved: bool = False) -> Decision | None:
+    """Whether LINE runs sandboxed, and with which profile: the first intercepted
+    program's (PROFILES), unless the project's approved .boxy.yaml chooses."""
+    found = programs(line)
+    every = "*" in config.intercept
+    hits = [
+        p
+        for p in found
+        if p not in config.passthrough
+        and p not in OURS
+        and (every or p == "*" or p in config.intercept)
+    ]
+    if found == ["*"]:  # not splittable: look for a listed name anywhere in it
+        words = set(re.findall(r"[A-Za-z0-9_.+-]+", line))
+        hits = ["*"] if every or words & set(config.intercept) - set(config.passthrough) else []
+    if not hits:
+        return None
+    profile = None
+    if not project_approved:
+        profile = next((config.profiles[p] for p in hits if p in config.profiles), None)
+    return Decision(tuple(dict.fromkeys(hits)), profile, project_approved)
+
+
+def wrap(line: str, decision: Decision, config: HookConfig, boxyctl: str) -> str:
+    """LINE as one `boxyctl run` command line (for a shell to run): the line itself
+    is one quoted argument of `sh -c`, so the sandbox's shell sees it unchanged."""
+    argv = [boxyctl, "run"]
+    if decision.profile is not None:
+        argv += ["-p", decision.profile]
+    argv += [*config.flags, "--", config.shell, "-c", line]
+    return shlex.join(argv)
+
+
+def reason(decision: Decision) -> str:
+    """What the harness shows (its debug log, for an allow)."""
+    names = ", ".join("an unparsed line" if p == "*" else p for p in decision.programs)
+    how = (
+        "the project's approved .boxy.yaml"
+        if decision.project
+        else f"profile {decision.profile or 'generic'}"
+    )
+    return f"boxy: runs sandboxed ({names}; {how})"
+
+
+# --- Claude Code's PreToolUse hook: its JSON in and out ----------------------------
+
+
+@dataclass(frozen=True)
+class Event:
+    """What the hook needs of Claude Code's PreToolUse input (None: not a Bash call,
+    so no decision)."""
+
+    cwd: str
+    tool_input: dict[str, object]
+
+    @property
+    def command(self) -> str:
+        return str(self.tool_input["command"])
+
+
+def parse_event(data: bytes) -> Event | None:
+    """Claude Code's hook input: {"session_id", "transcript_path", "cwd",
+    "hook_event_name": "PreToolUse", "tool_name", "tool_input": {"command", …}}.
+    Anything else is a ValueError naming what is wrong, in one line."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"the hook's input is not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise ValueError("the hook's input is not a JSON object")
+    for key in ("hook_event_name", "tool_name", "cwd"):
+        if not isinstance(doc.get(key), str):
+            raise ValueError(f"the hook's input has no {key!r} string")
+    if doc["hook_event_name"] != "PreToolUse":
+        raise ValueError(f"not a PreToolUse event: {doc['hook_event_name']!r}")
+    if doc["tool_name"] != "Bash":
+        return None
+    tool_input = doc.get("tool_input")
+    if not isinstance(tool_input, dict) or not isinstance(tool_input.get("command"), str):
+        raise ValueError("the hook's input has no tool_input.command string")
+    if not os.path.isabs(doc["cwd"]):
+        raise ValueError(f"the hook's cwd is not an absolute path: {doc['cwd']!r}")
+    return Event(doc["cwd"], tool_input)
+
+
+def allow(event: Event, command: str, why: str) -> dict[str, object]:
+    """The answer that runs COMMAND in place of the agent's (the rest of its input
+    kept: a timeout, run_in_background, the description)."""
+    return {
+        "hookSpecificOutput": {
+            "hookEventName": "PreToolUse",
+            "permissionDecision": "allow",
+            "permissionDecisionReason": why,
+            "updatedInput": {**event.tool_input, "command": command},
+        }
+    }
+
+
+def deny(why: str) -> dict[str, object]:
+    return {
+        "hookSpecificOutput": {
+            "hookEventName": "PreToolUse",
+            "permissionDecision": "deny",
+            "permissionDecisionReason": why,
+        }
+    }
+
+
+# --- Claude Code's settings file: our entry in, or out -----------------------------
+
+HOOK_TIMEOUT = 30  # seconds: the hook itself is quick; this bounds starting boxyd
+
+
+def is_our_hook(entry: object) -> bool:
+    """A hooks[] item that runs `… boxyctl hook claude` (any path to boxyctl)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("command"), str):
+        return False
+    try:
+        argv = shlex.split(entry["command"])
+    except ValueError:
+        return False
+    return len(argv) == 3 and os.path.basename(argv[0]) in OURS and argv[1:] == ["hook", "claude"]
+
+
+def _pretooluse(settings: dict[str, object]) -> list[object]:
+    """settings.hooks.PreToolUse, checked to be what Claude Code reads (ValueError)."""
+    hooks = settings.get("hooks", {})
+    if not isinstance(hooks, dict):
+        raise ValueError('"hooks" is not an object')
+    groups = hooks.get("PreToolUse", [])
+    if not isinstance(groups, list):
+        raise ValueError('"hooks.PreToolUse" is not a list')
+    return groups
+
+
+def without_hook(settings: dict[str, object]) -> dict[str, object]:
+    """SETTINGS with every entry of ours gone (a group or table it emptied too)."""
+    groups = _pretooluse(settings)
+    kept: list[object] = []
+    for group in groups:
+        inner = group.get("hooks") if isinstance(group, dict) else None
+        if not isinstance(group, dict) or not isinstance(inner, list):
+            kept.append(group)
+            continue
+        mine = [h for h in inner if is_our_hook(h)]
+        if not mine:
+            kept.append(group)
+        elif len(mine) < len(inner):
+            kept.append({**group, "hooks": [h for h in inner if not is_our_hook(h)]})
+    if kept == groups:
+        return settings
+    hooks = dict(settings.get("hooks") or {})  # type: ignore[call-overload]
+    if kept:
+        hooks["PreToolUse"] = kept
+    else:
+        hooks.pop("PreToolUse", None)
+    out = {**settings, "hooks": hooks}
+    if not hooks:
+        del out["hooks"]
+    return out
+
+
+def with_hook(settings: dict[str, object], command: str) -> dict[str, object]:
+    """SETTINGS with our Bash entry (COMMAND) in it once: an old one of ours (another
+    path to boxyctl) replaced, every other key as it was."""
+    entry = {"type": "command", "command": command, "timeout": HOOK_TIMEOUT}
+    ours = [
+        (g.get("matcher"), h)
+        for g in _pretooluse(settings)
+        if isinstance(g, dict) and isinstance(g.get("hooks"), list)
+        for h in g["hooks"]
+        if is_our_hook(h)
+    ]
+    if ours == [("Bash", entry)]:
+        return settings  # already there, as we would write it
+    base = without_hook(settings)
+    hooks = dict(base.get("hooks") or {})  # type: ignore[call-overload]
+    hooks["PreToolUse"] = [*_pretooluse(base), {"matcher": "Bash", "hooks": [entry]}]
+    return {**base, "hooks": hooks}

@@ -213,12 +213,25 @@ def _program(words: list[str], depth: int) -> list[str]:
         rest = words[i + 1 :]
         if name == "eval":
             return _inner(" ".join(rest), depth)
-        if name in _SHELLS and "-c" in rest[:-1]:
-            return [name, *_inner(rest[rest.index("-c") + 1], depth)]
+        inner = _shell_command(rest) if name in _SHELLS else None
+        if inner is not None:
+            return [name, *_inner(inner, depth)]
         if _PYTHON.fullmatch(name) and _runs_pip(rest):
             return [PYTHON_PIP]
         return [name]
     return []
+
+
+def _shell_command(args: list[str]) -> str | None:
+    """A shell's command string: the first operand after an option with c in it
+    (`-c`, `-lc`, `-ec`)."""
+    has_c = False
+    for a in args:
+        if a.startswith("-") and not a.startswith("--"):
+            has_c = has_c or "c" in a
+        elif not a.startswith("--"):
+            return a if has_c else None
+    return None
 
 
 def _inner(line: str, depth: int) -> list[str]:

@@ -1,0 +1,206 @@
+"""boxyctl.hookpolicy: which command lines are intercepted, the profile, and the
+rewritten line (it must give `sh -c` the agent's line byte for byte)."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+
+import pytest
+
+from boxyctl import hookpolicy as hp
+
+CONFIG = hp.HookConfig()
+BOXYCTL = "/opt/boxy bin/boxyctl"  # a space: the path is quoted too
+
+
+def rewritten(line: str, config: hp.HookConfig = CONFIG, **kw: bool) -> list[str] | None:
+    d = hp.decide(line, config, **kw)
+    return None if d is None else shlex.split(hp.wrap(line, d, config, BOXYCTL))
+
+
+@pytest.mark.parametrize(
+    ("line", "profile"),
+    [
+        ("npm install", "node"),
+        ("npx create-vite@latest app", "node"),
+        ("pnpm i --frozen-lockfile", "node"),
+        ("yarn", "node"),
+        ("pip install requests", "python"),
+        ("pip3 install -r requirements.txt", "python"),
+        ("python -m pip install x", "python"),
+        ("python3.12 -I -m pip install x", "python"),
+        ("python3 -mpip list", "python"),
+        ("uv sync", "python"),
+        ("poetry install", "python"),
+        ("make -j4", None),
+        ("cargo build --release", None),
+        ("go test ./...", None),
+        ("/usr/bin/npm ci", "node"),
+        ("./node_modules/.bin/yarn", "node"),
+        ("NODE_ENV=production npm run build", "node"),
+        ("env -i PATH=/usr/bin npm test", "node"),
+        ("env -u HOME -- npm test", "node"),
+        ("nice -n 10 make", None),
+        ("timeout -s KILL 60 cargo test", None),
+        ("command npm --version", "node"),
+        ("exec uv run pytest", "python"),
+        ("git status && npm test", "node"),
+        ("cd web; yarn build", "node"),
+        ("ls | xargs -n1 npm view", "node"),
+        ("(cd sub && poetry install)", "python"),
+        ("{ make; }", None),
+        ("echo $(npm -v)", "node"),
+        ('echo "version: $(pip --version)"', "python"),
+        ("echo `cargo --version`", None),
+        ("sh -c 'npm install'", "node"),
+        ('bash -lc "cd x && uv sync"', "python"),
+        ("eval 'npm ci'", "node"),
+        ("if true; then npm test; fi", "node"),
+        ("for d in a b; do make -C $d; done", None),
+        ("true &&\nnpm test", "node"),
+        ("ls \\\n && npm test", "node"),
+        ("2>/dev/null npm test", "node"),
+        ("npm test 2>&1 | tee log", "node"),
+        ("pip install x && npm ci", "python"),  # the first intercepted program's
+    ],
+)
+def test_intercepted(line: str, profile: str | None) -> None:
+    d = hp.decide(line, CONFIG)
+    assert d is not None, line
+    assert d.profile == profile
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "ls -la",
+        "git commit -m 'npm install'",  # a quoted word is not a command
+        'echo "make it so"',
+        "echo npm",
+        "grep -r pip .",
+        "cat Makefile > make.log",
+        "echo hi # && npm install",  # a comment
+        "ls > npm",  # a redirection's target
+        "python3 script.py",
+        "python -m venv .venv",
+        "boxyctl run -- npm install",  # already sandboxed
+        "boxy run -p node -- yarn",
+        "echo '$(npm i)'",  # single quotes: no substitution
+        "sh script.sh",
+        "",
+        "   ",
+    ],
+)
+def test_not_intercepted(line: str) -> None:
+    assert hp.decide(line, CONFIG) is None, hp.programs(line)
+
+
+def test_programs_in_order() -> None:
+    assert hp.programs("A=1 npm i | tr a b; exit 3") == ["npm", "tr", "exit"]
+    assert hp.programs("python -m pip install x") == [hp.PYTHON_PIP]
+    assert hp.programs("nice -n 5 ionice -c 3 make") == ["make"]
+    assert hp.programs("sh -c 'cd x && make'") == ["sh", "cd", "make"]
+
+
+def test_unsplittable_line() -> None:
+    """An open quote: sh would refuse it too, but a listed name in it is wrapped
+    (the sandbox's sh then says what is wrong), and "*" wraps it whatever it is."""
+    assert hp.programs("echo 'open") == ["*"]
+    assert hp.decide("npm i 'open", CONFIG) is not None
+    assert hp.decide("echo 'open", CONFIG) is None
+    assert hp.decide("echo 'open", hp.HookConfig(intercept=("*",))) is not None
+
+
+def test_deep_nesting_is_intercepted() -> None:
+    line = "ls"
+    for _ in range(8):
+        line = f"sh -c {shlex.quote(line)}"
+    assert hp.decide(line, CONFIG) is not None
+
+
+def test_everything_but_passthrough() -> None:
+    config = hp.HookConfig(intercept=("*",), passthrough=("git", "ls"))
+    assert hp.decide("rm -rf build", config) is not None
+    assert hp.decide("curl -s http://x", config) is not None
+    assert hp.decide("git status", config) is None
+    assert hp.decide("git status | ls", config) is None
+    assert hp.decide("git status && rm x", config) is not None
+    assert hp.decide("boxyctl ps", config) is None  # never nested in a sandbox
+
+
+def test_passthrough_wins_and_intercept_replaces() -> None:
+    assert hp.decide("make", hp.HookConfig(passthrough=("make",))) is None
+    config = hp.HookConfig(intercept=("rm",))
+    assert hp.decide("npm i", config) is None
+    assert hp.decide("rm -rf x", config) is not None
+
+
+def test_profiles_configurable() -> None:
+    config = hp.HookConfig(profiles={**hp.DEFAULT_PROFILES, "make": "offline"})
+    d = hp.decide("make", config)
+    assert d is not None and d.profile == "offline"
+
+
+def test_approved_project_chooses() -> None:
+    d = hp.decide("npm i", CONFIG, project_approved=True)
+    assert d is not None and d.profile is None and d.project
+    assert "-p" not in (rewritten("npm i", project_approved=True) or [])
+    assert "approved .boxy.yaml" in hp.reason(d)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "npm --version | tr a-z A-Z; exit 3",
+        "npm run build -- --mode='prod dev' \"$HOME\" 'it'\"'\"'s'",
+        "make CFLAGS=\"-O2 -g\" 2>&1 | grep -v '^#' > out.log",
+        "npm test\nnpm run lint",
+        "pip install 'requests>=2' && echo \"done: $?\"",
+        "cargo build; echo $'tab\\there' `date` \\\\",
+        "npm i ünïcødé '\x01'",
+    ],
+)
+def test_rewrite_round_trips(line: str) -> None:
+    argv = rewritten(line)
+    assert argv is not None
+    assert argv[0] == BOXYCTL and argv[1] == "run"
+    assert argv[-4:] == ["--", "sh", "-c", line]
+
+
+def test_rewrite_flags_and_shell() -> None:
+    config = hp.HookConfig(flags=("--net", "none"), shell="bash")
+    assert rewritten("npm ci", config) == [
+        BOXYCTL, "run", "-p", "node", "--net", "none", "--", "bash", "-c", "npm ci",
+    ]  # fmt: skip
+    assert rewritten("make", config) == [
+        BOXYCTL,
+        "run",
+        "--net",
+        "none",
+        "--",
+        "bash",
+        "-c",
+        "make",
+    ]
+
+
+def test_rewrite_keeps_the_exit_status_and_pipes() -> None:
+    """The rewritten line, run by a real sh with `boxyctl run` replaced by `env`,
+    behaves as the agent's line did."""
+    line = "printf 'a b\\n' | tr a-z A-Z; exit 3"
+    argv = rewritten(line, hp.HookConfig(intercept=("tr",)))
+    assert argv is not None
+    r = subprocess.run(["env", *argv[argv.index("--") + 1 :]], capture_output=True)
+    assert (r.returncode, r.stdout) == (3, b"A B\n")
+
+
+def test_tokenize() -> None:
+    toks = hp.tokenize("a 'b c' \"d $(e f)\" g\\ h|i 2>&1")
+    assert [(t.text, t.kind) for t in toks] == [
+        ("a", "word"), ("b c", "word"), ("d $(e f)", "word"), ("g h", "word"),
+        ("|", "op"), ("i", "word"), (">&", "redir"), ("1", "word"),
+    ]  # fmt: skip
+    assert toks[2].subs == ["e f"]
+    with pytest.raises(ValueError):
+        hp.tokenize('echo "open')

@@ -1,0 +1,298 @@
+"""boxyctl.hook: the hook's JSON in and out, hook.yaml, and Claude Code's settings
+file (boxyd is replaced: daemon_problem is the seam)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from boxyctl import hook
+from boxyctl import hookpolicy as hp
+from boxyctl import main as boxyctl_main
+
+
+def event(command: str, cwd: str = "/tmp", **extra: Any) -> bytes:
+    doc = {
+        "session_id": "abc",
+        "transcript_path": "/tmp/t.jsonl",
+        "cwd": cwd,
+        "hook_event_name": "PreToolUse",
+        "tool_name": "Bash",
+        "tool_input": {"command": command, "description": "d", "timeout": 5000},
+        **extra,
+    }
+    return json.dumps(doc).encode()
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.setattr(hook, "daemon_problem", lambda: None)
+    return tmp_path
+
+
+def run_main(argv: list[str], stdin: bytes, monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    return boxyctl_main.main(argv)
+
+
+def test_allow_with_the_rewritten_command(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert run_main(["hook", "claude"], event("npm ci && echo ok"), monkeypatch) == 0
+    out = json.loads(capsys.readouterr().out)["hookSpecificOutput"]
+    assert out["hookEventName"] == "PreToolUse"
+    assert out["permissionDecision"] == "allow"
+    assert "npm" in out["permissionDecisionReason"]
+    new = out["updatedInput"]
+    assert new["description"] == "d" and new["timeout"] == 5000  # the rest kept
+    argv = shlex.split(new["command"])
+    assert argv[1:4] == ["run", "-p", "node"]
+    assert argv[-3:] == ["sh", "-c", "npm ci && echo ok"]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [event("ls -la"), event("npm i", tool_name="Read"), event("make", tool_name="Edit")],
+)
+def test_no_decision(home: Path, capsys: pytest.CaptureFixture[str], data: bytes) -> None:
+    assert hook.claude(data) == 0
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (b"{", "not JSON"),
+        (b"[]", "not a JSON object"),
+        (b"\xff", "not JSON"),
+        (json.dumps({"tool_name": "Bash", "cwd": "/"}).encode(), "hook_event_name"),
+        (event("x", hook_event_name="PostToolUse"), "not a PreToolUse"),
+        (event("x", tool_input={"description": "no command"}), "tool_input.command"),
+        (event("x", tool_input="npm i"), "tool_input.command"),
+        (event("x", cwd="relative"), "absolute"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    home: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    data: bytes,
+    says: str,
+) -> None:
+    assert run_main(["hook", "claude"], data, monkeypatch) == 2
+    cap = capfd.readouterr()
+    assert cap.out == ""
+    assert cap.err.count("\n") == 1 and says in cap.err and "Traceback" not in cap.err
+
+
+def test_fail_closed(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hook, "daemon_problem", lambda: "boxyd is not running")
+    assert hook.claude(event("npm i")) == 0
+    out = json.loads(capsys.readouterr().out)["hookSpecificOutput"]
+    assert out["permissionDecision"] == "deny"
+    assert "boxyd is not running" in out["permissionDecisionReason"]
+    assert "updatedInput" not in out
+    assert hook.claude(event("ls")) == 0  # not intercepted: boxyd is not asked
+    assert capsys.readouterr().out == ""
+
+
+def test_fail_open_when_configured(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (home / ".config/boxy").mkdir(parents=True)
+    (home / ".config/boxy/hook.yaml").write_text("on_unavailable: ask\n")
+    monkeypatch.setattr(hook, "daemon_problem", lambda: "boxyd is not running")
+    assert hook.claude(event("npm i")) == 0
+    assert capsys.readouterr().out == ""
+
+
+def test_config(home: Path) -> None:
+    (home / ".config/boxy").mkdir(parents=True)
+    (home / ".config/boxy/hook.yaml").write_text(
+        "intercept_also: [rm]\npassthrough: [make]\nprofiles: {cargo: offline}\n"
+        "flags: [--net, none]\nshell: bash\nboxyctl: /usr/bin/boxyctl\n"
+    )
+    config, path = hook.load_config()
+    assert path == "/usr/bin/boxyctl"
+    assert "rm" in config.intercept and "npm" in config.intercept
+    assert config.passthrough == ("make",) and config.profiles["cargo"] == "offline"
+    assert config.profiles["npm"] == "node"
+    assert (config.flags, config.shell) == (("--net", "none"), "bash")
+    assert hook.load_config(home / "absent.yaml")[0] == hp.HookConfig()
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("intercept: npm\n", "list of names"),
+        ("intercepts: [npm]\n", "unknown key"),
+        ("on_unavailable: allow\n", "on_unavailable"),
+        ("profiles: [node]\n", "profiles"),
+        ("shell: 3\n", "shell"),
+        ("- a\n", "not a mapping"),
+        ("a: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_config_is_refused(
+    home: Path, capsys: pytest.CaptureFixture[str], text: str, says: str
+) -> None:
+    (home / ".config/boxy").mkdir(parents=True)
+    (home / ".config/boxy/hook.yaml").write_text(text)
+    with pytest.raises(hook.UsageError, match=says):
+        hook.claude(event("npm i"))
+
+
+def test_approved_project(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from boxyd.config import projectconfig
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    assert not hook.project_approved(str(proj))
+    (proj / ".boxy.yaml").write_text("profile: node\n")
+    assert not hook.project_approved(str(proj))
+    projectconfig.approve(projectconfig.read(str(proj)), str(home / ".config"))
+    assert hook.project_approved(str(proj))
+    (proj / ".boxy.yaml").write_text("profile: python\n")  # changed: approval lapses
+    assert not hook.project_approved(str(proj))
+
+
+# --- hook install ---------------------------------------------------------------------
+
+CMD = "/venv/bin/boxyctl hook claude"
+
+
+def test_install_idempotent_and_keeps_other_keys(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    other = {
+        "model": "x",
+        "permissions": {"allow": ["Bash(ls:*)"]},
+        "hooks": {
+            "PreToolUse": [{"matcher": "Edit", "hooks": [{"type": "command", "command": "f"}]}],
+            "Stop": [{"hooks": [{"type": "command", "command": "g"}]}],
+        },
+    }
+    path.write_text(json.dumps(other))
+    assert hook.install(path, CMD, remove=False).startswith("installed")
+    once = path.read_text()
+    doc = json.loads(once)
+    assert doc["model"] == "x" and doc["permissions"] == other["permissions"]
+    assert doc["hooks"]["Stop"] == other["hooks"]["Stop"]
+    groups = doc["hooks"]["PreToolUse"]
+    assert groups[0] == other["hooks"]["PreToolUse"][0]  # type: ignore[index]
+    assert groups[1] == {
+        "matcher": "Bash",
+        "hooks": [{"type": "command", "command": CMD, "timeout": hp.HOOK_TIMEOUT}],
+    }
+    assert "unchanged" in hook.install(path, CMD, remove=False)
+    assert path.read_text() == once
+    # another path to boxyctl: replaced, not added
+    hook.install(path, "/other/boxyctl hook claude", remove=False)
+    assert path.read_text().count("hook claude") == 1
+    assert hook.install(path, CMD, remove=True).startswith("removed")
+    assert json.loads(path.read_text()) == other
+    assert "unchanged" in hook.install(path, CMD, remove=True)
+
+
+def test_install_into_nothing_and_remove_leaves_no_tables(tmp_path: Path) -> None:
+    path = tmp_path / ".claude" / "settings.json"
+    hook.install(path, CMD, remove=False)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    hook.install(path, CMD, remove=True)
+    assert json.loads(path.read_text()) == {}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["settings.json"]  # no temp file
+
+
+def test_invalid_settings_refused_unchanged(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    for text in ('{"a": 1,', "[1]", '{"hooks": []}', '{"hooks": {"PreToolUse": {}}}'):
+        path.write_text(text)
+        with pytest.raises(hook.UsageError) as e:
+            hook.install(path, CMD, remove=False)
+        assert "\n" not in str(e.value) and "unchanged" in str(e.value)
+        assert path.read_text() == text
+
+
+def test_install_through_a_symlink_keeps_it(tmp_path: Path) -> None:
+    real = tmp_path / "dotfiles" / "settings.json"
+    real.parent.mkdir()
+    real.write_text("{}")
+    os.chmod(real, 0o644)
+    link = tmp_path / "settings.json"
+    link.symlink_to(real)
+    hook.install(link, CMD, remove=False)
+    assert link.is_symlink() and CMD in real.read_text()
+    assert os.stat(real).st_mode & 0o777 == 0o644
+
+
+def test_install_command_line(
+    home: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    monkeypatch.chdir(proj)
+    assert boxyctl_main.main(["hook", "install", "claude", "--project"]) == 0
+    assert "installed" in capfd.readouterr().err
+    settings = json.loads((proj / ".claude/settings.json").read_text())
+    command = settings["hooks"]["PreToolUse"][0]["hooks"][0]["command"]
+    assert shlex.split(command)[1:] == ["hook", "claude"]
+    assert boxyctl_main.main(["hook", "install", "claude"]) == 0
+    assert (home / ".claude/settings.json").is_file()
+    assert boxyctl_main.main(["hook", "install", "codex"]) == 2
+
+
+# --- boxy-sh ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "split"),
+    [
+        (["-c", "npm i", "a0", "x"], (["-c"], "npm i", ["a0", "x"])),
+        (["-lc", "ls"], (["-lc"], "ls", [])),
+        (["-o", "noclobber", "-e", "-c", "ls"], (["-o", "noclobber", "-e", "-c"], "ls", [])),
+        (["script.sh", "a"], ([], None, ["script.sh", "a"])),
+        (["-e", "script.sh"], (["-e"], None, ["script.sh"])),
+        (["-c"], (["-c"], None, [])),
+        ([], ([], None, [])),
+    ],
+)
+def test_shim_split(args: list[str], split: tuple[list[str], str | None, list[str]]) -> None:
+    from boxyctl import shim
+
+    assert shim.split_args(args) == split
+
+
+def test_shim_run_argv(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from boxyctl import shim
+
+    monkeypatch.chdir(tmp_path)
+    assert shim.run_argv(["-c", "ls -la"]) is None
+    assert shim.run_argv(["script.sh"]) is None
+    assert shim.run_argv(["-c", "npm i | tr a b", "zero", "one"]) == [
+        "run", "-p", "node", "--", "sh", "-c", "npm i | tr a b", "zero", "one",
+    ]  # fmt: skip
+    (home / ".config/boxy").mkdir(parents=True)
+    (home / ".config/boxy/hook.yaml").write_text('intercept: ["*"]\nflags: [--net, none]\n')
+    assert shim.run_argv(["-c", "ls"]) == ["run", "--net", "none", "--", "sh", "-c", "ls"]
+    assert shim.run_argv(["script.sh"]) == ["run", "--net", "none", "--", "sh", "script.sh"]
+
+
+def test_shim_bad_config(
+    home: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from boxyctl import shim
+
+    (home / ".config/boxy").mkdir(parents=True)
+    (home / ".config/boxy/hook.yaml").write_text("nope: 1\n")
+    assert shim.main(["-c", "npm i"]) == 2
+    err = capfd.readouterr().err
+    assert err.startswith("boxy-sh: ") and err.count("\n") == 1

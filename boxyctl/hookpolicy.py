@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shlex
-from dataclasses import dataclass, field
 
 NODE = ("npm", "npx", "pnpm", "pnpx", "yarn", "yarnpkg", "bun", "bunx", "corepack")
 PYTHON = ("pip", "pip3", "pipx", "uv", "uvx", "poetry", "pdm", "hatch", "tox", "nox", "pip -m")
@@ -56,27 +55,46 @@ _PYTHON = re.compile(r"python[0-9.]*")
 _MAX_DEPTH = 4  # `sh -c "sh -c …"`: deeper than this is intercepted outright
 
 
-@dataclass(frozen=True)
-class HookConfig:
+class _Value:
+    """Compared and shown by its fields. (Not a dataclass: the module costs the hook,
+    which runs before every command, 20 ms.)"""
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and vars(other) == vars(self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({vars(self)!r})"
+
+
+class HookConfig(_Value):
     """The user's choice (hook.yaml). INTERCEPT: program names, or "*" for every
-    command; PASSTHROUGH wins over it; PROFILES: program → profile."""
+    command; PASSTHROUGH wins over it; PROFILES: program → profile; FLAGS: added to
+    every `boxyctl run`; ON_UNAVAILABLE: boxyd out of reach → "deny", or "ask" (no
+    decision: the harness asks as usual)."""
 
-    intercept: tuple[str, ...] = DEFAULT_INTERCEPT
-    passthrough: tuple[str, ...] = ()
-    profiles: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PROFILES))
-    flags: tuple[str, ...] = ()  # added to every `boxyctl run`
-    shell: str = "sh"
-    on_unavailable: str = "deny"  # boxyd unreachable: "deny", or "ask" (no decision)
+    def __init__(
+        self,
+        intercept: tuple[str, ...] = DEFAULT_INTERCEPT,
+        passthrough: tuple[str, ...] = (),
+        profiles: dict[str, str] | None = None,
+        flags: tuple[str, ...] = (),
+        shell: str = "sh",
+        on_unavailable: str = "deny",
+    ) -> None:
+        self.intercept, self.passthrough, self.flags = intercept, passthrough, flags
+        self.profiles = dict(DEFAULT_PROFILES) if profiles is None else profiles
+        self.shell, self.on_unavailable = shell, on_unavailable
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(_Value):
     """An intercepted line: the programs that made it so, and the profile (None: the
-    daemon's choice, i.e. the approved project's, or the default)."""
+    daemon's choice, i.e. the approved project's, or the default). PROJECT: the
+    project's approved .boxy.yaml chooses the profile."""
 
-    programs: tuple[str, ...]
-    profile: str | None
-    project: bool = False  # the project's approved .boxy.yaml chooses the profile
+    def __init__(
+        self, programs: tuple[str, ...], profile: str | None, project: bool = False
+    ) -> None:
+        self.programs, self.profile, self.project = programs, profile, project
 
 
 def programs(line: str, depth: int = 0) -> list[str]:
@@ -310,13 +328,11 @@ def reason(decision: Decision) -> str:
 # --- Claude Code's PreToolUse hook: its JSON in and out ----------------------------
 
 
-@dataclass(frozen=True)
-class Event:
-    """What the hook needs of Claude Code's PreToolUse input (None: not a Bash call,
-    so no decision)."""
+class Event(_Value):
+    """What the hook needs of Claude Code's PreToolUse input."""
 
-    cwd: str
-    tool_input: dict[str, object]
+    def __init__(self, cwd: str, tool_input: dict[str, object]) -> None:
+        self.cwd, self.tool_input = cwd, tool_input
 
     @property
     def command(self) -> str:

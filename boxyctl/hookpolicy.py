@@ -28,6 +28,7 @@ PYTHON_PIP = "pip -m"
 DEFAULT_PROFILES = {**dict.fromkeys(NODE, "node"), **dict.fromkeys(PYTHON, "python")}
 # never wrapped, whatever the lists say: a line already headed for a sandbox
 OURS = ("boxyctl", "boxy", "boxy-sh")
+UNSPLIT = "?"  # programs() of a line that does not split
 ON_UNAVAILABLE = ("deny", "ask")
 
 # words that open a command without being its program
@@ -99,11 +100,11 @@ class Decision(_Value):
 
 def programs(line: str, depth: int = 0) -> list[str]:
     """The program of every simple command in LINE, in order. A line that does not
-    split (an open quote) gives ["*"]: unknown, so decide looks for the names."""
+    split (an open quote) gives [UNSPLIT]; a program named at run time is "*"."""
     try:
         tokens = tokenize(line)
     except ValueError:
-        return ["*"]
+        return [UNSPLIT]
     out: list[str] = []
     redirect = False  # the next word is a redirection's target
     words: list[str] = []
@@ -224,6 +225,8 @@ def _program(words: list[str], depth: int) -> list[str]:
         if _ASSIGNMENT.match(w) or w in _KEYWORDS:
             i += 1
             continue
+        if "$" in w or "`" in w:
+            return ["*"]  # named at run time (`$P i`, `$(which npm) i`): not known here
         name = os.path.basename(w)
         if name in _WRAPPERS:
             i = _after_options(words, i + 1, _WRAPPERS[name], name)
@@ -293,8 +296,8 @@ def decide(line: str, config: HookConfig, *, project_approved: bool = False) -> 
         and p not in OURS
         and (every or p == "*" or p in config.intercept)
     ]
-    if found == ["*"]:  # not splittable: look for a listed name anywhere in it
-        words = set(re.findall(r"[A-Za-z0-9_.+-]+", line))
+    if found == [UNSPLIT]:  # look for a listed name anywhere in it
+        words = set(re.findall(r"[A-Za-z0-9_.+][A-Za-z0-9_.+-]*", line))
         hits = ["*"] if every or words & set(config.intercept) - set(config.passthrough) else []
     if not hits:
         return None
@@ -316,7 +319,9 @@ def wrap(line: str, decision: Decision, config: HookConfig, boxyctl: str) -> str
 
 def reason(decision: Decision) -> str:
     """What the harness shows (its debug log, for an allow)."""
-    names = ", ".join("an unparsed line" if p == "*" else p for p in decision.programs)
+    names = ", ".join(
+        "a program not known before it runs" if p == "*" else p for p in decision.programs
+    )
     how = (
         "the project's approved .boxy.yaml"
         if decision.project

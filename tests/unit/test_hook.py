@@ -106,10 +106,17 @@ def test_programs_in_order() -> None:
 def test_unsplittable_line() -> None:
     """An open quote: sh would refuse it too, but a listed name in it is wrapped
     (the sandbox's sh then says what is wrong), and "*" wraps it whatever it is."""
-    assert hp.programs("echo 'open") == ["*"]
+    assert hp.programs("echo 'open") == [hp.UNSPLIT]
     assert hp.decide("npm i 'open", CONFIG) is not None
     assert hp.decide("echo 'open", CONFIG) is None
     assert hp.decide("echo 'open", hp.HookConfig(intercept=("*",))) is not None
+
+
+@pytest.mark.parametrize("line", ["P=npm; $P install", "$(which npm) ci", '"${NPM:-npm}" i'])
+def test_program_named_at_run_time_is_intercepted(line: str) -> None:
+    d = hp.decide(line, CONFIG)
+    assert d is not None and "*" in d.programs
+    assert "an unparsed line" not in hp.reason(d)
 
 
 def test_deep_nesting_is_intercepted() -> None:

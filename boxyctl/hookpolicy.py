@@ -1,10 +1,12 @@
 """Which of an agent's shell command lines run sandboxed, and how: pure, no I/O.
 
-A command line is split with shlex into simple commands (at `|`, `&&`, `||`, `;`,
-`&`, newlines, subshells, `$(…)` and backticks); each one's program is its first
-word after assignments (`VAR=value`) and wrappers (`env`, `command`, `nice`, …).
+A command line is split as sh splits it (tokenize: quotes, backslashes, comments;
+shlex's splitter cannot tell a quoted '|' from a pipe) into simple commands (at `|`,
+`&&`, `||`, `;`, `&`, newlines, subshells, `$(…)` and backticks); each one's program
+is its first word after assignments (`VAR=value`) and wrappers (`env`, `nice`, …).
 A line is intercepted when any program is on the intercept list and not on the
-passthrough list; then the whole line runs as `boxyctl run … -- sh -c LINE`, so its
+passthrough list; then the whole line runs as `boxyctl run … -- sh -c LINE` (joined
+with shlex), so its
 quoting, pipes and exit status are the shell's own (README, "Agents (Claude Code)").
 """
 

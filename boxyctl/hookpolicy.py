@@ -6,8 +6,8 @@ shlex's splitter cannot tell a quoted '|' from a pipe) into simple commands (at 
 is its first word after assignments (`VAR=value`) and wrappers (`env`, `nice`, …).
 A line is intercepted when any program is on the intercept list and not on the
 passthrough list; then the whole line runs as `boxyctl run … -- sh -c LINE` (joined
-with shlex), so its
-quoting, pipes and exit status are the shell's own (README, "Agents (Claude Code)").
+with shlex), so its quoting, pipes and exit status are the shell's own (README,
+"Agents (Claude Code)").
 """
 
 from __future__ import annotations

@@ -84,7 +84,10 @@ def test_a_flood_of_findings_still_ends_with_the_status_and_show_works(
     hooks = [ln for ln in text.splitlines() if "a new or changed git hook" in ln]
     assert len(hooks) == MAX_LINES - 1, len(hooks)
     kept = full_list(text, "findings")
-    assert len(kept.read_text().splitlines()) == 100_000
+    listed = kept.read_text().splitlines()
+    assert sum("a new or changed git hook" in ln for ln in listed) == 100_000
+    # on a loaded machine the checks' budget may run out after the moves: said, once
+    assert all("git hook" in ln or "time budget is spent" in ln for ln in listed)
     assert kept.stat().st_mode & 0o777 == 0o600
     sid = kept.parent.name
     shown = ctl(user, "show", sid)

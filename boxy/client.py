@@ -187,14 +187,19 @@ def with_retries(
     *,
     environ: Mapping[str, str],
     say: Callable[[str], None] = lambda line: None,
+    keep: bool = False,
 ) -> T:
     """ONCE(client, REQUEST) on a fresh connection, again when the first answer asks
     for the profile's secrets (from ENVIRON) or comes from an idle daemon of another
-    build (shut down first; SAY tells the user). The connection is closed after."""
+    build (shut down first; SAY tells the user). The connection is closed after,
+    unless KEEP: then what ONCE returned owns it (a session followed on)."""
     for attempt in (1, 2, 3):
         client = connect()
+        done = False
         try:
-            return once(client, request)
+            result = once(client, request)
+            done = True
+            return result
         except SecretsNeeded as e:  # the profile's env_secrets: ours to send, by name
             if attempt == 3 or not (e.names or e.passed):
                 raise
@@ -212,5 +217,6 @@ def with_retries(
             say("replaced an idle boxyd of another build")
             wait_gone()
         finally:
-            client.close()
+            if not (keep and done):
+                client.close()
     raise AssertionError("unreachable: the third attempt returns or raises")

@@ -32,7 +32,7 @@ from boxy.varlink import Client
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Iterator, Mapping
+    from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
     from typing import IO, Any
 
     from boxy.outcome import Reason, RunReply
@@ -85,7 +85,8 @@ def _value(option: Option, value: Any) -> Any:
         return _env(value)
     if option.type == "secret":
         return _secrets(value)
-    items = [value] if isinstance(value, (str, bytes, os.PathLike, tuple)) else list(value)
+    single = (str, bytes, os.PathLike, tuple, int, float, values.HostSpec)
+    items = [value] if isinstance(value, single) else list(value)
     out: list[Any] = []
     for item in items:
         got = _one(option, item)
@@ -155,16 +156,16 @@ def _path(flag: str, value: object) -> str:
 def _env(value: Mapping[str, str | None] | Iterable[str]) -> list[EnvItem]:
     """{NAME: VALUE} (None: ours, as -e NAME) or ["NAME=VALUE", "NAME"]."""
     if hasattr(value, "items"):
-        pairs = [(str(k), v) for k, v in value.items()]
+        pairs = [(str(k), v, str(k)) for k, v in value.items()]
     else:
         pairs = []
         for entry in [value] if isinstance(value, str) else value:
             name, sep, val = str(entry).partition("=")
-            pairs.append((name, val if sep else None))
+            pairs.append((name, val if sep else None, str(entry)))
     out = []
-    for name, val in pairs:
+    for name, val, given in pairs:
         if not _NAME_RE.fullmatch(name):
-            raise UsageError(f"-e {name!r}: not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
+            raise UsageError(f"-e {given!r}: not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
         out.append(EnvItem(name, str(val) if val is not None else os.environ.get(name)))
     return out
 
@@ -467,7 +468,7 @@ def stop(id: str, kill: bool = False) -> SessionInfo:
     return _session(_call("Stop", {"id": id, "kill": kill}), "stop")
 
 
-def watch(id: str | None = None) -> Iterator[Snapshot | Event]:
+def watch(id: str | None = None) -> Generator[Snapshot | Event, None, None]:
     """The session (ID; None: the only running one) as a Snapshot, then each of its
     events as it happens (boxy.events), then a Snapshot as it ended. A finished
     session: its Snapshot alone. Close the iterator to stop watching."""

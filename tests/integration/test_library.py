@@ -191,3 +191,35 @@ def test_an_unknown_session_is_a_typed_error(user: User, workdir: Path) -> None:
         """,
     )
     assert out["got"] == [["NoSuchSession", "deadbeef", 1]] * 3
+
+
+def test_the_asyncio_variant_runs_a_pty(user: User, workdir: Path) -> None:
+    out = lib(
+        user,
+        workdir,
+        """
+        import asyncio
+        import boxy.aio
+
+        async def main():
+            pty = await boxy.aio.spawn_pty(["sh"], cols=70, rows=20, net="none")
+            await pty.write(b"stty size; exit 6\\n")
+            seen = b""
+            while chunk := await pty.read(timeout=30):
+                seen += chunk
+            out["seen"] = seen.decode()
+            out["status"] = await pty.wait(timeout=30)
+            pty.close()
+            r = await boxy.aio.run(["sh", "-c", "echo aio"], net="none", stdout=boxy.PIPE)
+            out["run"] = r.stdout.decode()
+            try:
+                await boxy.aio.spawn_pty(["sh"], cols=70, rows=20, nope=1)
+            except TypeError as e:
+                out["refused"] = str(e)
+
+        asyncio.run(main())
+        """,
+    )
+    assert "20 70" in out["seen"] and out["status"] == 6
+    assert out["run"] == "aio\n"
+    assert "unexpected keyword argument 'nope'" in out["refused"]

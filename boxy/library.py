@@ -12,6 +12,7 @@ stderr is in the Result.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import select
@@ -326,16 +327,23 @@ def _drain(fd: int, into: bytearray) -> None:
 
 
 def _follow(
-    client: Client, replies: Iterator[dict[str, Any]], notices: list[str]
+    client: Client,
+    replies: Iterator[dict[str, Any]],
+    notices: list[str],
+    lock: threading.Lock | None = None,
 ) -> tuple[str, Ended | Detached]:
     """The replies after the first, to the last: notices kept, a stopped payload
-    continued (no shell above us to stop)."""
+    continued (no shell above us to stop). LOCK: held for a send, when callers'
+    threads send on CLIENT too."""
     for params in replies:
         reply = _decode(params)
         if isinstance(reply, Notice):
             notices.append(reply.text)
         elif isinstance(reply, Stopped):
-            client.send_oneway(f"{INTERFACE}.Signal", {"id": reply.id, "signal": signal.SIGCONT})
+            with lock or contextlib.nullcontext():
+                client.send_oneway(
+                    f"{INTERFACE}.Signal", {"id": reply.id, "signal": signal.SIGCONT}
+                )
         elif isinstance(reply, (Ended, Detached)):
             return reply.id, reply
     raise DaemonError("boxyd ended the call without saying how the session ended")
@@ -535,7 +543,7 @@ class SandboxedPTY:
     def _follow(self) -> None:
         assert self._replies is not None
         try:
-            _, self._last = _follow(self._client, self._replies, self._notices)
+            _, self._last = _follow(self._client, self._replies, self._notices, self._lock)
         except BaseException as e:  # handed to wait()
             self._error = e
         finally:

@@ -16,11 +16,13 @@ from tests.conftest import BIN, User
 pytestmark = pytest.mark.sandbox
 
 
-def lib(user: User, workdir: Path, body: str, timeout: float = 120) -> dict[str, Any]:
+def lib(
+    user: User, workdir: Path, body: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     """BODY (Python, with boxy imported and `out`, a dict, to fill) as USER in WORKDIR."""
     script = "import json, sys, time\nimport boxy\nout = {}\n"
     script += textwrap.dedent(body) + "\nprint(json.dumps(out))\n"
-    r = user.run([str(BIN / "python3"), "-c", script], cwd=workdir, timeout=timeout)
+    r = user.run([str(BIN / "python3"), "-c", script], cwd=workdir, timeout=timeout, extra_env=env)
     assert r.returncode == 0, (r.stdout.decode(), r.stderr.decode())
     return json.loads(r.stdout.decode().splitlines()[-1])
 
@@ -223,3 +225,20 @@ def test_the_asyncio_variant_runs_a_pty(user: User, workdir: Path) -> None:
     assert "20 70" in out["seen"] and out["status"] == 6
     assert out["run"] == "aio\n"
     assert "unexpected keyword argument 'nope'" in out["refused"]
+
+
+def test_a_profiles_secret_comes_from_the_callers_environment(user: User, workdir: Path) -> None:
+    profile = workdir / "secretive.yaml"
+    profile.write_text("net: none\nenv_secrets: [BOXY_LIB_TOKEN]\n")
+    user.chown(profile)
+    out = lib(
+        user,
+        workdir,
+        """
+        r = boxy.run(["sh", "-c", 'printf %s "$BOXY_LIB_TOKEN"'], profile="secretive.yaml",
+                     stdout=boxy.PIPE)
+        out.update(status=r.exit_status, stdout=r.stdout.decode())
+        """,
+        env={"BOXY_LIB_TOKEN": "lib-s3cret"},
+    )
+    assert out == {"status": 0, "stdout": "lib-s3cret"}

@@ -104,3 +104,33 @@ def test_a_bad_value_is_the_command_lines_usage_error(
 def test_values_python_cannot_mean_are_usage_errors(kw: dict[str, object]) -> None:
     with pytest.raises(UsageError):
         run_options(kw, "run")
+
+
+def test_watch_events_are_decoded_by_their_kind() -> None:
+    from boxy import events
+    from boxy.outcome import State
+
+    got = [
+        events.decode(e)
+        for e in (
+            {"kind": "state", "t": 1.5, "state": "running"},
+            {"kind": "started", "t": 1, "warnings": ["w"]},
+            {"kind": "notice", "t": 1, "text": "denied x"},
+            {"kind": "audit", "t": 1, "record": {"layer": "net", "verdict": "deny"}},
+            {"kind": "counters", "t": 1, "counters": {"connections": 2},
+             "destinations": [{"name": "a.test", "connections": 2, "denied": 1}]},
+            {"kind": "lost", "t": 1, "count": 7},
+            {"kind": "exited", "t": 1, "outcome": {"exit_status": 3, "reason": "exit"}},
+            {"kind": "detached", "t": 1},
+            {"kind": "from-the-future", "t": 1, "x": 1},
+            {"kind": "state", "t": 1, "state": "no-such-state"},
+        )
+    ]  # fmt: skip
+    assert [type(e).__name__ for e in got] == [
+        "StateChanged", "Started", "Noticed", "Audited", "CountersTick", "Lost", "Exited",
+        "Detached", "UnknownEvent", "UnknownEvent",
+    ]  # fmt: skip
+    assert got[0].state is State.RUNNING and got[0].t == 1.5  # type: ignore[attr-defined]
+    assert got[3].denied  # type: ignore[attr-defined]
+    assert got[4].destinations[0].denied == 1  # type: ignore[attr-defined]
+    assert got[6].outcome.exit_status == 3  # type: ignore[attr-defined]

@@ -242,3 +242,23 @@ def test_a_profiles_secret_comes_from_the_callers_environment(user: User, workdi
         env={"BOXY_LIB_TOKEN": "lib-s3cret"},
     )
     assert out == {"status": 0, "stdout": "lib-s3cret"}
+
+
+def test_a_pty_detached_runs_on_and_is_taken_back(user: User, workdir: Path) -> None:
+    out = lib(
+        user,
+        workdir,
+        """
+        pty = boxy.spawn_pty(["sh", "-c", "read x; echo got:$x; exit 9"], cols=80, rows=24,
+                             net="none")
+        sid = pty.id
+        pty.detach()
+        time.sleep(0.3)
+        out["state"] = boxy.show(sid).state.value
+        back = boxy.attach(sid, cols=80, rows=24)
+        back.write(b"again\\r")
+        out["status"] = back.wait(timeout=20)
+        back.close()
+        """,
+    )
+    assert out == {"state": "running", "status": 9}

@@ -7,7 +7,7 @@ and the client turns the reply back into the same exception with `from_wire`.
 
 from __future__ import annotations
 
-from boxy import INTERFACE
+from boxy.ident import INTERFACE
 
 TYPE_CHECKING = False  # typing costs the client 4 ms at start-up; annotations only
 if TYPE_CHECKING:

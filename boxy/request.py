@@ -260,7 +260,7 @@ def _decode_list(key: str, kind: str, value: object) -> list[Any]:
 class RunRequest(Value):
     """One run as a client asks for it: ARGV in CWD (the client's, absolute) with
     OPTIONS; CLIENT_ENV the part of the client's environment it sends
-    (boxyctl.cli.client_env) and ENV_UNSET the names a profile's env_pass asked for
+    (boxy.client.client_env) and ENV_UNSET the names a profile's env_pass asked for
     that it does not have; TERMINAL its settings when it went raw; BUILD its build id
     (a daemon of another build refuses the call)."""
 

@@ -17,6 +17,7 @@ import re
 import sys
 from types import SimpleNamespace
 
+from boxy.client import client_env
 from boxy.errors import UsageError
 from boxy.options import BY_FLAG, RUN_OPTIONS, Option, check_combinations
 from boxy.request import CopyItem, EnvItem, RunOptions, RunRequest, Secret
@@ -35,35 +36,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-# What the client tells the daemon about its environment. The first group may be
-# passed on to the payload; the rest only feed the daemon's exposure check (which
-# sockets must not be inside an exposed tree) and are never passed on.
-CLIENT_ENV_NAMES = (
-    "TERM",
-    "LANG",
-    "LANGUAGE",
-    "TZ",
-    "COLORTERM",
-    "NO_COLOR",
-    "HOME",
-    "USER",
-    # which registry a profile's {npm_registry}/{pip_index}… means: the
-    # tools' own overrides, and the PATH that finds those tools
-    "PATH",
-    "npm_config_registry",
-    "NPM_CONFIG_REGISTRY",
-    "PIP_INDEX_URL",
-    "GOPROXY",
-    "GOSUMDB",
-)
-CLIENT_ENV_PREFIXES = ("LC_",)
-EXPOSURE_ENV_NAMES = (
-    "SSH_AUTH_SOCK",
-    "GNUPGHOME",
-    "DOCKER_HOST",
-    "DBUS_SESSION_BUS_ADDRESS",
-    "XDG_RUNTIME_DIR",
-)
 COMMANDS = (
     "run",
     "ps",
@@ -141,15 +113,6 @@ def _fast_run(argv: list[str]) -> SimpleNamespace | None:
         i += 1
     ns.argv = argv[i:]
     return ns
-
-
-def client_env(environ: dict[str, str]) -> dict[str, str]:
-    """The subset of the client's environment sent with Run (see CLIENT_ENV_NAMES)."""
-    return {
-        k: v
-        for k, v in environ.items()
-        if k in CLIENT_ENV_NAMES or k in EXPOSURE_ENV_NAMES or k.startswith(CLIENT_ENV_PREFIXES)
-    }
 
 
 class _Paths:

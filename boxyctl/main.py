@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from boxy import INTERFACE as IFACE
 from boxy import VERSION
-from boxy.errors import BoxyError, BuildMismatch, Busy, DaemonError, SecretsNeeded, UsageError
+from boxy.errors import BoxyError, Busy, DaemonError, UsageError
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -158,58 +158,14 @@ def _stdio() -> list[int]:
 
 def run(args: dict[str, Any]) -> int:
     from boxy.buildid import build_id
-    from boxyctl.connect import connect, wait_gone
+    from boxy.client import with_retries
 
     request = args["request"]
     request.build = build_id()
     # until a session follows (_follow): connecting, starting boxyd, `run -d`'s call
     for s in _ENDING:
         signal.signal(s, _end_now)
-    for attempt in (1, 2, 3):
-        client = connect()
-        try:
-            return _run_once(client, request)
-        except SecretsNeeded as e:  # the profile's env_secrets: ours to send, by name
-            if attempt == 3 or not (e.names or e.passed):
-                raise
-            _add_secrets(request, e)
-        except BuildMismatch as e:
-            if attempt == 2:
-                raise
-            try:
-                client.call(f"{IFACE}.Shutdown", {})
-            except Busy:
-                raise DaemonError(
-                    f"boxyd is running another build ({e.daemon_build}) and has sessions; "
-                    "run `boxyctl daemon restart` when they finish"
-                ) from None
-            say("replaced an idle boxyd of another build")
-            wait_gone()
-        finally:
-            client.close()
-    return 1
-
-
-def _add_secrets(request: RunRequest, e: SecretsNeeded) -> None:
-    """Answer SecretsNeeded from our environment: env_secrets as secrets (never in
-    client_env), env_pass values into client_env, the unset ones named as unset."""
-    from boxy.request import Secret
-
-    for name in e.passed:
-        if name in os.environ:
-            request.client_env[name] = os.environ[name]
-        elif name not in request.env_unset:
-            request.env_unset.append(name)
-    have = {s.name for s in request.options.secret}
-    for name in e.names:
-        if name in have:
-            continue
-        if name not in os.environ:
-            raise UsageError(
-                f"profile {e.profile}: env_secrets {name}: not set in your "
-                "environment (the profile passes it into the sandbox as a secret)"
-            )
-        request.options.secret.append(Secret(name, os.environ[name]))
+    return with_retries(request, _run_once, environ=os.environ, say=say)
 
 
 ANSWER_WAIT = 5.0  # seconds after a forwarded signal before asking whether boxyd answers

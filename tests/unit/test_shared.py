@@ -64,7 +64,7 @@ def test_version_is_written_once() -> None:
         for p in ROOT.glob("*/**/*.py")
         if ".venv" not in p.parts and "tests" not in p.parts and VERSION in p.read_text()
     ]
-    assert hits == [ROOT / "boxy" / "__init__.py"]
+    assert hits == [ROOT / "boxy" / "ident.py"]
     assert 'dynamic = ["version"]' in (ROOT / "pyproject.toml").read_text()
 
 

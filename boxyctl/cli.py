@@ -281,6 +281,74 @@ def _refuse_negative(argv: list[str]) -> None:
             raise UsageError(f"{flag}: {value} is negative; give a positive value")
 
 
+def _run_flags(argv: list[str]) -> tuple[list[tuple[Option, str | None]], int, bool]:
+    """`run`'s flags as given (each option with its value's text, None for a switch),
+    the index where the command starts, and whether a '--' ended the flags. Unknown
+    tokens are passed over: argparse refuses them later."""
+    flags: list[tuple[Option, str | None]] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return flags, i + 1, True
+        if not token.startswith("-") or token == "-":
+            break
+        name, eq, value = token.partition("=") if token.startswith("--") else (token, "", "")
+        option = BY_FLAG.get(name)
+        if option is None and not token.startswith("--") and len(token) > 2:
+            option, eq, value = BY_FLAG.get(token[:2]), "joined", token[2:]  # -pnode
+        if option is not None and option.kind != "true" and not eq:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+            i += 1
+        if option is not None:
+            flags.append((option, None if option.kind == "true" else value))
+        i += 1
+    return flags, i, False
+
+
+def _refuse_repeated(flags: list[tuple[Option, str | None]]) -> None:
+    """`--net none --net public`: the last one would win in silence, and a script that
+    adds a flag to an alias's would get the opposite of what one of them says."""
+    seen: dict[str, str | None] = {}
+    for option, value in flags:
+        if option.kind != "value":
+            continue
+        if option.field in seen and seen[option.field] != value:
+            raise UsageError(
+                f"{option.flag} given twice ({seen[option.field]}, then {value}); give it once"
+            )
+        seen[option.field] = value
+
+
+# run's flags that a payload is unlikely to have of its own: short ones (`node -e`,
+# `npm -v`) and common long ones (`pytest --timeout`, `npm --verbose`) would be said
+# on every such run, and a line said on every run is a line nobody reads.
+_LATE_FLAGS = frozenset(
+    name
+    for o in RUN_OPTIONS
+    for name in o.names
+    if name.startswith("--")
+    and name not in ("--profile", "--workdir", "--env", "--verbose", "--timeout", "--detach",
+                     "--tty", "--secret", "--memory", "--cpus", "--copy")
+)  # fmt: skip
+
+
+def late_flags(argv: list[str]) -> str | None:
+    """The line said when a token after the command is one of run's own flags (ARGV:
+    run's arguments): it goes to the command, as with docker; None when there is none
+    or a '--' made the split explicit."""
+    _, start, dashdash = _run_flags(argv)
+    if dashdash or start >= len(argv):
+        return None
+    late = [t for t in argv[start + 1 :] if t.partition("=")[0] in _LATE_FLAGS]
+    if not late:
+        return None
+    return (
+        f"{' '.join(late)}: after the command {argv[start]}, so passed to it, not to "
+        "boxyctl run (run's flags go before the command)"
+    )
+
+
 def parse(argv: list[str], *, environ: dict[str, str], cwd: str, prog: str = "boxyctl") -> Command:
     """Parse ``argv`` (without the program name). Raises UsageError with one line;
     --help gives Command('help', {'text': …}), --version Command('version')."""
@@ -291,12 +359,19 @@ def parse(argv: list[str], *, environ: dict[str, str], cwd: str, prog: str = "bo
             if not cwd
             else f"the current directory {cwd!r} is not an absolute path"
         )
-    if argv[:1] == ["run"]:
-        _refuse_negative(argv[1:])
-        fast = _fast_run(argv[1:])
-        if fast is not None:
-            return Command("run", {"request": _run_request(fast, environ, cwd)})
-    return _parse_with_argparse(argv, environ=environ, cwd=cwd, prog=prog)
+    if argv[:1] != ["run"]:
+        return _parse_with_argparse(argv, environ=environ, cwd=cwd, prog=prog)
+    _refuse_negative(argv[1:])
+    _refuse_repeated(_run_flags(argv[1:])[0])
+    fast = _fast_run(argv[1:])
+    if fast is not None:
+        cmd = Command("run", {"request": _run_request(fast, environ, cwd)})
+    else:
+        cmd = _parse_with_argparse(argv, environ=environ, cwd=cwd, prog=prog)
+    line = late_flags(argv[1:]) if cmd.name == "run" else None
+    if line is not None:  # the run goes on: a payload may take a flag of the same name
+        print(f"{prog}: {line}", file=sys.stderr)
+    return cmd
 
 
 def _parse_with_argparse(

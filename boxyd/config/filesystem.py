@@ -65,6 +65,7 @@ def decide(
     uid: int,
     client_env: Mapping[str, str],
     notes: list[str],
+    warnings: list[str] | None = None,
 ) -> Filesystem:
     """The filesystem of a run with flags O (relative paths against CWD) and profile
     PROF in WORKDIR; refused when it would expose a credential's socket or tree."""
@@ -79,6 +80,7 @@ def decide(
     protect = check_protect(asked, writable, prof.source, notes)
     # lexical, not realpath'd: the entries they name are matched as the walk found them
     reveal = dedupe([e.path for e in prof.reveal] + [absolute(p, cwd) for p in o.reveal])
+    missing_reveals(o.reveal, cwd, notes if warnings is None else warnings)
     exposed = [("workdir", workdir)] + [(label, e.path) for label, e in ro + rw + mkdir]
     exposure.check_exposed(exposed, exposure.sensitive_paths(client_env, home, uid))
     for label, path in exposed[1:]:
@@ -97,6 +99,18 @@ def decide(
         copy_ro=copy_ro,
         tmpfs=check_tmpfs(prof, trees, home),
     )
+
+
+def missing_reveals(flags: Sequence[str], cwd: str, warnings: list[str]) -> None:
+    """A --reveal naming nothing is most likely a typo, said in one line; not refused:
+    a file the run itself creates (a generated .env) is revealed when it appears."""
+    for p in flags:
+        path = absolute(p, cwd)
+        if not os.path.lexists(path):
+            warnings.append(
+                f"--reveal {path}: no such file or directory (yet); "
+                "it is revealed if the run creates it"
+            )
 
 
 def _err(from_profile: bool, message: str) -> UsageError:

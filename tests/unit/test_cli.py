@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from boxy.errors import UsageError
+from boxyctl import cli
 from boxyctl.cli import Command, parse, parse_or_exit, prog_name, usage
 
 ENV = {
@@ -489,3 +490,33 @@ def test_secret_refusals_never_show_a_value(argv, message):
     with pytest.raises(UsageError) as e:
         p("run", *argv, "--", "true")
     assert message in str(e.value) and "hunter2" not in str(e.value)
+
+
+def test_a_scalar_flag_given_twice_with_different_values_is_refused() -> None:
+    env, cwd = {"HOME": "/home/u"}, "/home/u/proj"
+    with pytest.raises(
+        UsageError, match=r"^--net given twice \(none, then public\); give it once$"
+    ):
+        cli.parse(["run", "--net", "none", "--net", "public", "true"], environ=env, cwd=cwd)
+    with pytest.raises(UsageError, match=r"^--memory given twice \(1GiB, then 2GiB\)"):
+        cli.parse(["run", "--memory=1GiB", "--memory", "2GiB", "true"], environ=env, cwd=cwd)
+    # the same value twice says nothing different: accepted; lists add up
+    cli.parse(["run", "--net", "none", "--net", "none", "true"], environ=env, cwd=cwd)
+    cli.parse(["run", "--ro", "/a", "--ro", "/b", "true"], environ=env, cwd=cwd)
+    # after the command it is the command's
+    cli.parse(["run", "--net", "none", "sh", "--net", "public"], environ=env, cwd=cwd)
+
+
+def test_a_run_flag_after_the_command_is_said_and_the_run_goes_on(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    env, cwd = {"HOME": "/home/u"}, "/home/u/proj"
+    cmd = cli.parse(["run", "sh", "-c", "true", "--net", "none"], environ=env, cwd=cwd)
+    assert cmd.args["request"].argv == ["sh", "-c", "true", "--net", "none"]
+    assert capsys.readouterr().err == (
+        "boxyctl: --net: after the command sh, so passed to it, not to boxyctl run "
+        "(run's flags go before the command)\n"
+    )
+    for argv in (["--", "sh", "--net", "none"], ["node", "-e", "1"], ["npm", "--verbose"]):
+        cli.parse(["run", *argv], environ=env, cwd=cwd)
+        assert capsys.readouterr().err == ""

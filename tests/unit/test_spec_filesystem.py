@@ -321,3 +321,16 @@ def test_mkdir_under_a_missing_parent_is_made_where_the_user_can_write(
 ) -> None:
     got, _ = decide(tree, RunOptions(mkdir=[tree["home"] + "/new/deeper"]))
     assert got.mkdir == [PathEntry(tree["home"] + "/new/deeper")]
+
+
+def test_a_reveal_of_a_missing_path_is_said_in_one_line(tree: dict[str, str]) -> None:
+    warnings: list[str] = []
+    got = filesystem.decide(
+        RunOptions(reveal=[".env", "nosuch"]), prof(), cwd=tree["wd"], workdir=tree["wd"],
+        home=tree["home"], uid=os.getuid(), client_env={}, notes=[], warnings=warnings,
+    )  # fmt: skip
+    assert got.reveal == [tree["wd"] + "/.env", tree["wd"] + "/nosuch"]
+    assert warnings == [
+        f"--reveal {tree['wd']}/nosuch: no such file or directory (yet); "
+        "it is revealed if the run creates it"
+    ]

@@ -52,7 +52,7 @@ def build_spec(
     filesystem.prepare_caches(prof, workdir, home)
     project = network.ProjectHosts(layers.project.registries, layers.trusted)
     net = network.decide(o, prof, registry, project, notes=notes, held=held)
-    warnings = _warnings(layers.project.unreadable, held, workdir)
+    warnings = layers.invalid + _warnings(layers.project.unreadable, held, workdir)
     fs = filesystem.decide(
         o, prof, cwd=cwd, workdir=workdir, home=home, uid=uid, client_env=client_env,
         notes=notes, warnings=warnings,

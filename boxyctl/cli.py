@@ -214,7 +214,35 @@ def _profile(ctx: _Paths, flag: str, name: str) -> str:
     """-p: a preset's name as given, a file's path made absolute."""
     if not name:
         raise UsageError(f"{flag}: empty name")
-    return ctx(flag, name) if "/" in name or name.endswith((".yaml", ".yml")) else name
+    if "/" in name or name.endswith((".yaml", ".yml")):
+        return ctx(flag, name)
+    _known_profile(flag, name, ctx.environ)
+    return name
+
+
+def _known_profile(flag: str, name: str, environ: dict[str, str]) -> None:
+    """-p NAME that is neither a preset nor one of the user's profiles, refused before
+    a daemon is started (the daemon says the same, later). Looked for where boxyd
+    looks: the presets shipped beside this client, NAME.yaml under the config home
+    (the client's $XDG_CONFIG_HOME and ~/.config: the daemon's may be either)."""
+    presets_dir = os.path.join(os.path.dirname(os.path.dirname(__file__)), "boxyd", "profiles")
+    try:
+        presets = sorted(n.removesuffix(".yaml") for n in os.listdir(presets_dir))
+    except OSError:
+        return  # not installed as one tree: the daemon decides
+    homes = [environ.get("XDG_CONFIG_HOME", ""), os.path.join(environ.get("HOME", ""), ".config")]
+    mine = [os.path.join(h, "boxy", "profiles") for h in homes if h.startswith("/")]
+    if name in presets or any(os.path.isfile(os.path.join(d, name + ".yaml")) for d in mine):
+        return
+    import difflib  # only on an error
+
+    close = difflib.get_close_matches(name, presets, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}? " if close else ""
+    raise UsageError(
+        f"{flag} {name}: no such profile ({hint}presets: {', '.join(presets)}; your own "
+        f"as {mine[0] if mine else '~/.config/boxy/profiles'}/{name}.yaml; or a path to "
+        "a .yaml file)"
+    )
 
 
 # How each option's text becomes its value (by the table's type; boxy.options). The
@@ -262,6 +290,9 @@ def _run_request(ns: Any, environ: dict[str, str], cwd: str) -> RunRequest:
     if not command[0]:
         raise UsageError("run: the command is an empty string (run [flags] -- COMMAND [ARGS...])")
     ctx = _Paths(environ, cwd)
+    # a combination that can never work is the real conflict, before any value's
+    # (`--net none --allow-cidr 10.0.2.0/24` is about --net none, not the range)
+    check_combinations(ns)
     # in the table's order: the first bad value is the one reported
     options = RunOptions(
         **{o.field: _option_value(o, getattr(ns, o.field), ctx) for o in RUN_OPTIONS}

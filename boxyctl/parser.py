@@ -77,11 +77,69 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         message = message.removeprefix("argument ")
+        sub = self.prog.partition(" ")[2]
         if message.startswith("the following arguments are required"):
             # 'boxyctl stop' → 'stop: …', so the line says which command is missing what
-            sub = self.prog.partition(" ")[2]
             message = f"{sub}: {message}" if sub else message
+        elif ": invalid choice: " in message:
+            message = _invalid_choice(message, sub)
+        elif message.startswith("unrecognized arguments: "):
+            message = _unrecognized(message, _option_strings(self))
         raise UsageError(message)
+
+
+# argparse's placeholders (metavars) as the words a message says
+_PLACES = {"COMMAND": "command", "ACTION": "action", "SHELL": "shell"}
+
+
+def _did_you_mean(word: str, candidates: list[str]) -> str:
+    """' (did you mean run?)', or '' when nothing is close."""
+    import difflib  # only on an error
+
+    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _invalid_choice(message: str, sub: str) -> str:
+    """ "COMMAND: invalid choice: 'rn' (choose from 'run', …)" → "rn: not a command
+    (did you mean run?); one of: run, ps, …"."""
+    import re  # only on an error
+
+    m = re.fullmatch(r"(\S+): invalid choice: '(.*)' \(choose from (.*)\)", message)
+    if m is None:
+        return message
+    place, value, listed = m.groups()
+    names = re.findall(r"'([^']*)'", listed)
+    what = _PLACES.get(place)
+    head = f"{sub}: " if sub else ""
+    if what is None:  # a flag's value: --net open
+        return f"{place}: {value!r} is not one of {', '.join(names)}{_did_you_mean(value, names)}"
+    return f"{head}{value}: not a{'n' if what[0] in 'aeiou' else ''} {what}" + (
+        f"{_did_you_mean(value, names)}; one of: {', '.join(names)}"
+    )
+
+
+def _unrecognized(message: str, flags: list[str]) -> str:
+    """'unrecognized arguments: --nett none' → '--nett: unknown flag (did you mean
+    --net?)' for a flag; other words as argparse says them."""
+    tokens = message.partition(": ")[2].split()
+    first = tokens[0] if tokens else ""
+    if not first.startswith("-"):
+        return message
+    name = first.partition("=")[0]
+    return f"{name}: unknown flag{_did_you_mean(name, flags)}"
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every flag of PARSER and its subcommands (an unknown one is reported by the
+    top parser, which does not know which subcommand it was meant for)."""
+    out: list[str] = []
+    for action in parser._actions:
+        out += action.option_strings
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                out += [f for f in _option_strings(child) if f not in out]
+    return out
 
 
 def build_parser(prog: str, *, run_only: bool = False) -> _Parser:

@@ -131,7 +131,10 @@ def check_paths(
             continue
         problem = check_mkdir(entry.path) if kind == "mkdir" else check_exposed(kind, entry.path)
         if problem == ABSENT and entry.optional:
-            notes.append(f"{label} {entry.path}: absent; skipped")
+            # a preset's protect list names every tool's files: most are absent in any
+            # one project, so saying each one would be eight lines on every -v run
+            if kind != "protect":
+                notes.append(f"{label} {entry.path}: absent; skipped")
             continue
         if problem is not None:
             raise _err(from_profile, f"{label} {entry.path}: {problem}")

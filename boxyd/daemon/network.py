@@ -129,6 +129,9 @@ class Network:
         fields = {k: v for k, v in ev.items() if v not in (None, "") and k != "layer"}
         self.record(str(ev.get("layer", "net")), **fields)
         self.refused.add(ev)
+        if _refused_lookup(ev) and self.gateway is not None:
+            # a row in the table for every name the summary line counts as not allowed
+            self.gateway.netlog.refused_name(str(ev["name"]))
         if ev.get("verdict") == "deny" and self.spec.verbose and self.notice is not None:
             if self._notices < MAX_NOTICES:
                 self._notices += 1
@@ -146,9 +149,8 @@ class Network:
         await self.gateway.close()
         log_ = self.gateway.netlog
         notes = out.setdefault("notes", [])
-        notes += (
-            self.refused.lines()
-        )  # said without -v: a silent refusal looks like a broken network
+        # said without -v: a silent refusal looks like a broken network
+        notes += self.refused.lines(verbose=self.spec.verbose)
         if self._muted:
             notes.append(f"-v: {plural(self._muted, 'more denial')} not shown (see --audit-log)")
         if self._netlog_fd is not None:
@@ -214,6 +216,17 @@ def gateway_ruleset(
         tcp_ports=None if tcp_ports is None else list(tcp_ports),
         udp_ports=None if udp_ports is None else list(udp_ports),
         bound=None if bound is None else list(bound),
+    )
+
+
+def _refused_lookup(ev: dict[str, Any]) -> bool:
+    """A DNS lookup refused for its name (not one of answers removed, not a flow)."""
+    return (
+        ev.get("layer") == "net.dns"
+        and ev.get("verdict") == "deny"
+        and bool(ev.get("name"))
+        and not ev.get("denied")
+        and ev.get("proto") not in ("tcp", "udp")
     )
 
 

@@ -148,3 +148,29 @@ def test_the_summary_agrees_with_the_destinations_table(n: int) -> None:
         t.add(ev)
     table_denied = sum(d.denied for d in log.summary())
     assert t.connections + t.answers == table_denied
+
+
+def test_a_v_run_is_not_told_to_use_v() -> None:
+    t = Tally()
+    t.add({"layer": "net.ip", "verdict": "deny", "proto": "tcp", "addr": "10.0.0.1"})
+    assert t.lines(verbose=True) == ["1 connection refused (each one said above)"]
+    assert t.lines() == ["1 connection refused (-v or --audit-log for details)"]
+
+
+def test_a_name_not_allowed_has_its_row_in_the_table() -> None:
+    """The summary line said '1 name not allowed' while the table had no row for it."""
+    from boxyd.daemon.network import _refused_lookup
+
+    events = [
+        {"layer": "net.dns", "verdict": "deny", "name": "Evil.example.", "reason": "not listed"},
+        {"layer": "net.dns", "verdict": "deny", "name": "r.example", "denied": [["10.0.0.9", "x"]]},
+        {"layer": "net.dns", "verdict": "deny", "proto": "tcp", "addr": "11.0.0.6", "name": "a"},
+    ]
+    t, log = Tally(), NetLog()
+    for ev in events:
+        t.add(ev)
+        if _refused_lookup(ev):
+            log.refused_name(str(ev["name"]))
+    rows = {r.name: r.denied for r in log.summary()}
+    assert rows == {"evil.example": 1}
+    assert t.names == set(rows)

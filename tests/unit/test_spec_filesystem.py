@@ -334,3 +334,13 @@ def test_a_reveal_of_a_missing_path_is_said_in_one_line(tree: dict[str, str]) ->
         f"--reveal {tree['wd']}/nosuch: no such file or directory (yet); "
         "it is revealed if the run creates it"
     ]
+
+
+def test_a_presets_absent_protect_entries_say_nothing(tree: dict[str, str]) -> None:
+    p = prof(
+        protect=[PathEntry(tree["wd"] + n, optional=True) for n in ("/.vscode", "/.husky")],
+        ro=[PathEntry(tree["home"] + "/.claude", optional=True)],
+    )
+    got, notes = decide(tree, p=p)
+    assert got.protect == []
+    assert notes == [f"profile p.yaml: filesystem.ro {tree['home']}/.claude: absent; skipped"]

@@ -19,6 +19,38 @@ nothing else from the host unless a flag or the profile says so.
 Paths may be relative (to the current directory) or start with ~."""
 
 
+# said by --help (the program's and run's) and the man page
+EXIT_STATUS = """\
+exit status:
+  the command's own status (128+N when it died of signal N); 124 when --timeout
+  stopped it; 125 when the sandbox could not be set up; 126 and 127 when the
+  command could not be run or was not found; 2 for bad input, refused before
+  anything starts; 1 when boxyd failed or could not be reached."""
+
+# subcommand -> its description under `boxyctl COMMAND --help` (the one-line help is
+# the list's; this is what the command does and what it prints)
+DESCRIPTIONS = {
+    "ps": "List the sessions boxyd is running (with -a, every session on record): id, "
+    "state, start, running time, profile and command.",
+    "show": "One session in full: its command, work directory, profile, state, exit, "
+    "network totals, limits and, once it ended, its findings and destinations.",
+    "watch": "Follow a session as it happens: its network, denials and events, repainted "
+    "as they come (one line per event into a pipe), then its summary. Without ID, the "
+    "only running session.",
+    "attach": "Take over the terminal of a session started with -d (or left with Ctrl-]); "
+    "Ctrl-] leaves it again, and the session lives on.",
+    "stop": "Stop a session: SIGTERM, then SIGKILL after a grace of 5 seconds if it is "
+    "still running; -k sends SIGKILL at once. Prints the session's final state.",
+    "doctor": "Check what this kernel and host provide (user namespaces, Landlock, "
+    "seccomp, cgroup delegation, nftables, the user manager) and what each missing "
+    "layer costs a run.",
+    "setup": "Install boxyd's systemd user units and enable its socket, so boxyd starts "
+    "on demand; without a user manager, boxyctl starts boxyd itself.",
+    "completion": "Print the completion script for SHELL on stdout, e.g.\n"
+    "  boxyctl completion bash > ~/.local/share/bash-completion/completions/boxyctl",
+}
+
+
 class Help(Exception):
     def __init__(self, text: str) -> None:
         self.text = text
@@ -148,6 +180,7 @@ def build_parser(prog: str, *, run_only: bool = False) -> _Parser:
     parser = _Parser(
         prog=prog,
         description="Run an untrusted program with its project directory and nothing else.",
+        epilog=EXIT_STATUS,
     )
     parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -165,6 +198,7 @@ def _add_run(sub: argparse._SubParsersAction[_Parser], prog: str) -> None:
         help="run a command in a sandbox",
         usage=f"{prog} run [flags] -- COMMAND [ARGS...]",
         description=RUN_DESCRIPTION,
+        epilog=EXIT_STATUS,
         formatter_class=_Formatter,
     )
     for option in RUN_OPTIONS:
@@ -186,25 +220,41 @@ def _add_run(sub: argparse._SubParsersAction[_Parser], prog: str) -> None:
 
 def _add_sessions(sub: argparse._SubParsersAction[_Parser]) -> None:
     """ps, show, watch, attach, stop: the sessions."""
-    ps = sub.add_parser("ps", help="list running sessions")
+    ps = _command(sub, "ps", "list running sessions")
     ps.add_argument("-a", "--all", action="store_true", help="every session on record")
-    sub.add_parser("show", help="one session in full").add_argument("id", metavar="ID")
-    sub.add_parser("watch", help="follow a session as it happens").add_argument(
-        "id", metavar="ID", nargs="?"
+    _command(sub, "show", "one session in full").add_argument("id", metavar="ID", help=_ID)
+    _command(sub, "watch", "follow a session as it happens").add_argument(
+        "id", metavar="ID", nargs="?", help=_ID + " (default: the only running one)"
     )
-    sub.add_parser("attach", help="take over a session's terminal").add_argument("id", metavar="ID")
-    stop = sub.add_parser("stop", help="SIGTERM, then SIGKILL")
+    _command(sub, "attach", "take over a session's terminal").add_argument(
+        "id", metavar="ID", help=_ID
+    )
+    stop = _command(sub, "stop", "SIGTERM, then SIGKILL")
     stop.add_argument("-k", "--kill", action="store_true", help="SIGKILL now")
-    stop.add_argument("id", metavar="ID")
+    stop.add_argument("id", metavar="ID", help=_ID)
+
+
+_ID = "a session id, as `boxyctl ps` lists them"
+
+
+def _command(sub: argparse._SubParsersAction[_Parser], name: str, help: str) -> _Parser:
+    """A subcommand with its one-line HELP and, when it has one, its description."""
+    import textwrap  # not on the run path: `run` alone builds no other subcommand
+
+    text = DESCRIPTIONS.get(name, help)
+    wrapped = "\n".join(textwrap.fill(par, 78) for par in text.split("\n"))
+    return sub.add_parser(name, help=help, description=wrapped)
 
 
 def _add_admin(sub: argparse._SubParsersAction[_Parser]) -> None:
     """doctor, profile, daemon, cache, setup, trust, completion (in the help's order)."""
-    sub.add_parser("doctor", help="check what this kernel and host provide")
+    _command(sub, "doctor", "check what this kernel and host provide")
     profile = sub.add_parser("profile", help="list or show profiles")
     psub = profile.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
     psub.add_parser("list", help="the presets")
-    psub.add_parser("show", help="a preset's text").add_argument("name", metavar="NAME")
+    psub.add_parser("show", help="a preset's text").add_argument(
+        "name", metavar="NAME", help="a preset's name, or one of your own profiles'"
+    )
     daemon = sub.add_parser("daemon", help="the boxyd daemon")
     dsub = daemon.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
     dsub.add_parser("status", help="which build is running, and how busy it is")
@@ -224,7 +274,7 @@ def _add_admin(sub: argparse._SubParsersAction[_Parser]) -> None:
     csub.add_parser("list", help="every project's cache: profile, size, last use, work directory")
     clean = csub.add_parser("clean", help="remove this work directory's caches")
     clean.add_argument("--all", action="store_true", help="every project's")
-    sub.add_parser("setup", help="install boxyd's systemd user units and enable its socket")
+    _command(sub, "setup", "install boxyd's systemd user units and enable its socket")
     trust = sub.add_parser(
         "trust",
         help="approve this directory's .boxy.yaml and the registries its .npmrc or pip.conf names",
@@ -232,8 +282,10 @@ def _add_admin(sub: argparse._SubParsersAction[_Parser]) -> None:
     how = trust.add_mutually_exclusive_group()
     how.add_argument("--list", action="store_true", help="every approval: directory, hash, what")
     how.add_argument("--revoke", action="store_true", help="withdraw this directory's approvals")
-    comp = sub.add_parser("completion", help="print the shell completion script")
-    comp.add_argument("shell", metavar="SHELL", choices=("bash", "zsh", "fish"))
+    comp = _command(sub, "completion", "print the shell completion script")
+    comp.add_argument(
+        "shell", metavar="SHELL", choices=("bash", "zsh", "fish"), help="bash, zsh or fish"
+    )
 
 
 def usage(prog: str = "boxyctl", command: str | None = None) -> str:

@@ -571,3 +571,22 @@ def test_an_unknown_profile_name_is_refused_in_the_client(tmp_path) -> None:
     mine.mkdir(parents=True)
     (mine / "nod.yaml").write_text("extends: node\n")
     assert parse(["run", "-p", "nod", "true"], environ=env, cwd=str(tmp_path)).name == "run"
+
+
+@pytest.mark.parametrize(
+    "command", ["ps", "show", "watch", "attach", "stop", "doctor", "setup", "completion"]
+)
+def test_every_command_has_a_description_and_its_arguments_help(command: str) -> None:
+    from boxyctl.parser import DESCRIPTIONS
+
+    text = usage("boxyctl", command)
+    assert DESCRIPTIONS[command].split()[0] in text.splitlines()[2]
+    if "positional arguments:" in text:
+        args = text.partition("positional arguments:\n")[2].split("\n\n")[0]
+        assert all(len(line.split()) > 1 for line in args.splitlines() if line.startswith("  "))
+
+
+def test_help_says_the_exit_statuses() -> None:
+    for command in (None, "run"):
+        text = usage("boxyctl", command)
+        assert "exit status:" in text and "2 for bad input" in text

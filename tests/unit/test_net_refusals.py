@@ -174,3 +174,20 @@ def test_a_name_not_allowed_has_its_row_in_the_table() -> None:
     rows = {r.name: r.denied for r in log.summary()}
     assert rows == {"evil.example": 1}
     assert t.names == set(rows)
+
+
+def test_the_allowlists_names_that_resolve_only_into_refused_ranges_are_said() -> None:
+    from boxyd.daemon.network import _plain_names, refused_names
+    from boxyd.net.policy import NetPolicy
+
+    policy = NetPolicy.from_spec("allowlist", ["reg.example", "*.cdn.example", "11.0.0.7"])
+    assert _plain_names(policy) == ["reg.example"]
+    events = [  # the proxy's events: A removed whole; a second name keeps one address
+        {"name": "reg.example", "addrs": [], "denied": [["10.9.8.7", "private (RFC 1918)"]]},
+        {"name": "reg.example", "addrs": [], "qtype": "AAAA"},
+        {"name": "ok.example", "addrs": ["11.0.0.1"], "denied": [["10.0.0.1", "private"]]},
+    ]
+    assert refused_names(events) == [
+        "reg.example resolves to 10.9.8.7 (private (RFC 1918)), which boxy refuses, so the "
+        "run cannot reach it; if that is really where it lives: --allow-cidr 10.9.8.7"
+    ]

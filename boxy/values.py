@@ -229,6 +229,8 @@ def parse_host_spec(s: str, *, what: str = "--allow-host") -> HostSpec:
     """HOST, HOST:PORT[,PORT...], HOST:PORT[,PORT...]/udp (or /tcp, the default). HOST
     may be an address (192.168.4.7:22, [fd00::7]:22): a device reached by its literal
     address is named as itself, and allows that address only."""
+    if "://" in s:
+        _refuse_url(s, what)
     text, udp = s, False
     for suffix, is_udp in (("/udp", True), ("/tcp", False)):
         if text.lower().endswith(suffix):
@@ -266,6 +268,16 @@ def parse_host_spec(s: str, *, what: str = "--allow-host") -> HostSpec:
             "HOST alone takes the --allow-port list"
         )
     return HostSpec(name, tuple(ports), udp)
+
+
+def _refuse_url(s: str, what: str) -> None:
+    """'https://example.com/': a URL pasted from a browser or a config file; say what
+    to write instead (its host, and its port when it names one)."""
+    rest = s.partition("://")[2]
+    where = rest.split("/", 1)[0].rpartition("@")[2]  # no path, no user:password@
+    if not where:
+        raise UsageError(f"{what}: {s!r} is a URL; give a host name (HOST[:PORT])")
+    raise UsageError(f"{what}: {s!r} is a URL; give its host alone: {what} {where}")
 
 
 def _ipv4_literal(text: str) -> str:

@@ -177,7 +177,35 @@ def _profile(ctx: _Paths, flag: str, name: str) -> str:
     """-p: a preset's name as given, a file's path made absolute."""
     if not name:
         raise UsageError(f"{flag}: empty name")
-    return ctx(flag, name) if "/" in name or name.endswith((".yaml", ".yml")) else name
+    if "/" in name or name.endswith((".yaml", ".yml")):
+        return ctx(flag, name)
+    _known_profile(flag, name, ctx.environ)
+    return name
+
+
+def _known_profile(flag: str, name: str, environ: dict[str, str]) -> None:
+    """-p NAME that is neither a preset nor one of the user's profiles, refused before
+    a daemon is started (the daemon says the same, later). Looked for where boxyd
+    looks: the presets shipped beside this client, NAME.yaml under the config home
+    (the client's $XDG_CONFIG_HOME and ~/.config: the daemon's may be either)."""
+    presets_dir = os.path.join(os.path.dirname(os.path.dirname(__file__)), "boxyd", "profiles")
+    try:
+        presets = sorted(n.removesuffix(".yaml") for n in os.listdir(presets_dir))
+    except OSError:
+        return  # not installed as one tree: the daemon decides
+    homes = [environ.get("XDG_CONFIG_HOME", ""), os.path.join(environ.get("HOME", ""), ".config")]
+    mine = [os.path.join(h, "boxy", "profiles") for h in homes if h.startswith("/")]
+    if name in presets or any(os.path.isfile(os.path.join(d, name + ".yaml")) for d in mine):
+        return
+    import difflib  # only on an error
+
+    close = difflib.get_close_matches(name, presets, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}? " if close else ""
+    raise UsageError(
+        f"{flag} {name}: no such profile ({hint}presets: {', '.join(presets)}; your own "
+        f"as {mine[0] if mine else '~/.config/boxy/profiles'}/{name}.yaml; or a path to "
+        "a .yaml file)"
+    )
 
 
 # How each option's text becomes its value (by the table's type; boxy.options). The
@@ -225,6 +253,9 @@ def _run_request(ns: Any, environ: dict[str, str], cwd: str) -> RunRequest:
     if not command[0]:
         raise UsageError("run: the command is an empty string (run [flags] -- COMMAND [ARGS...])")
     ctx = _Paths(environ, cwd)
+    # a combination that can never work is the real conflict, before any value's
+    # (`--net none --allow-cidr 10.0.2.0/24` is about --net none, not the range)
+    check_combinations(ns)
     # in the table's order: the first bad value is the one reported
     options = RunOptions(
         **{o.field: _option_value(o, getattr(ns, o.field), ctx) for o in RUN_OPTIONS}
@@ -244,6 +275,74 @@ def _refuse_negative(argv: list[str]) -> None:
             raise UsageError(f"{flag}: {value} is negative; give a positive value")
 
 
+def _run_flags(argv: list[str]) -> tuple[list[tuple[Option, str | None]], int, bool]:
+    """`run`'s flags as given (each option with its value's text, None for a switch),
+    the index where the command starts, and whether a '--' ended the flags. Unknown
+    tokens are passed over: argparse refuses them later."""
+    flags: list[tuple[Option, str | None]] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return flags, i + 1, True
+        if not token.startswith("-") or token == "-":
+            break
+        name, eq, value = token.partition("=") if token.startswith("--") else (token, "", "")
+        option = BY_FLAG.get(name)
+        if option is None and not token.startswith("--") and len(token) > 2:
+            option, eq, value = BY_FLAG.get(token[:2]), "joined", token[2:]  # -pnode
+        if option is not None and option.kind != "true" and not eq:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+            i += 1
+        if option is not None:
+            flags.append((option, None if option.kind == "true" else value))
+        i += 1
+    return flags, i, False
+
+
+def _refuse_repeated(flags: list[tuple[Option, str | None]]) -> None:
+    """`--net none --net public`: the last one would win in silence, and a script that
+    adds a flag to an alias's would get the opposite of what one of them says."""
+    seen: dict[str, str | None] = {}
+    for option, value in flags:
+        if option.kind != "value":
+            continue
+        if option.field in seen and seen[option.field] != value:
+            raise UsageError(
+                f"{option.flag} given twice ({seen[option.field]}, then {value}); give it once"
+            )
+        seen[option.field] = value
+
+
+# run's flags that a payload is unlikely to have of its own: short ones (`node -e`,
+# `npm -v`) and common long ones (`pytest --timeout`, `npm --verbose`) would be said
+# on every such run, and a line said on every run is a line nobody reads.
+_LATE_FLAGS = frozenset(
+    name
+    for o in RUN_OPTIONS
+    for name in o.names
+    if name.startswith("--")
+    and name not in ("--profile", "--workdir", "--env", "--verbose", "--timeout", "--detach",
+                     "--tty", "--secret", "--memory", "--cpus", "--copy")
+)  # fmt: skip
+
+
+def late_flags(argv: list[str]) -> str | None:
+    """The line said when a token after the command is one of run's own flags (ARGV:
+    run's arguments): it goes to the command, as with docker; None when there is none
+    or a '--' made the split explicit."""
+    _, start, dashdash = _run_flags(argv)
+    if dashdash or start >= len(argv):
+        return None
+    late = [t for t in argv[start + 1 :] if t.partition("=")[0] in _LATE_FLAGS]
+    if not late:
+        return None
+    return (
+        f"{' '.join(late)}: after the command {argv[start]}, so passed to it, not to "
+        "boxyctl run (run's flags go before the command)"
+    )
+
+
 def parse(argv: list[str], *, environ: dict[str, str], cwd: str, prog: str = "boxyctl") -> Command:
     """Parse ``argv`` (without the program name). Raises UsageError with one line;
     --help gives Command('help', {'text': …}), --version Command('version')."""
@@ -254,12 +353,19 @@ def parse(argv: list[str], *, environ: dict[str, str], cwd: str, prog: str = "bo
             if not cwd
             else f"the current directory {cwd!r} is not an absolute path"
         )
-    if argv[:1] == ["run"]:
-        _refuse_negative(argv[1:])
-        fast = _fast_run(argv[1:])
-        if fast is not None:
-            return Command("run", {"request": _run_request(fast, environ, cwd)})
-    return _parse_with_argparse(argv, environ=environ, cwd=cwd, prog=prog)
+    if argv[:1] != ["run"]:
+        return _parse_with_argparse(argv, environ=environ, cwd=cwd, prog=prog)
+    _refuse_negative(argv[1:])
+    _refuse_repeated(_run_flags(argv[1:])[0])
+    fast = _fast_run(argv[1:])
+    if fast is not None:
+        cmd = Command("run", {"request": _run_request(fast, environ, cwd)})
+    else:
+        cmd = _parse_with_argparse(argv, environ=environ, cwd=cwd, prog=prog)
+    line = late_flags(argv[1:]) if cmd.name == "run" else None
+    if line is not None:  # the run goes on: a payload may take a flag of the same name
+        print(f"{prog}: {line}", file=sys.stderr)
+    return cmd
 
 
 def _parse_with_argparse(

@@ -95,18 +95,74 @@ _BASH_FUNCTION = [
     '    choices=$(_boxyctl_data choices "$ctx:$prev")',
     "    case $choices in",
     '        "<path>") COMPREPLY=($(compgen -f -- "$cur")); return ;;',
+    '        "<dir>") COMPREPLY=($(compgen -d -- "$cur")); return ;;',
+    '        "<profile>") COMPREPLY=($(compgen -W "$(_boxyctl_profiles)" -- "$cur")); return ;;',
     '        "<value>") COMPREPLY=(); return ;;',
     '        ?*) COMPREPLY=($(compgen -W "$choices" -- "$cur")); return ;;',
     "    esac",
     "    if [[ $cur == -* ]]; then",
     '        COMPREPLY=($(compgen -W "$(_boxyctl_data flags "$ctx")" -- "$cur"))',
-    "    else",
-    '        COMPREPLY=($(compgen -W "$(_boxyctl_data commands "$ctx")" -- "$cur"))',
+    "        return",
     "    fi",
+    '    case $(_boxyctl_data positional "$ctx") in',
+    '        "<session>") COMPREPLY=($(compgen -W "$(_boxyctl_sessions)" -- "$cur")) ;;',
+    '        "<profile>") COMPREPLY=($(compgen -W "$(_boxyctl_profiles)" -- "$cur")) ;;',
+    '        *) COMPREPLY=($(compgen -W "$(_boxyctl_data commands "$ctx")" -- "$cur")) ;;',
+    "    esac",
+    "}",
+    "",
+    "# the running sessions' ids: the first column of `boxyctl ps` (a header line first)",
+    "_boxyctl_sessions() {",
+    "    \"${COMP_WORDS[0]}\" ps 2>/dev/null | awk 'NR > 1 { print $1 }'",
     "}",
     "complete -F _boxyctl boxyctl boxy",
     "",
 ]
+
+
+def value_kind(action: argparse.Action) -> str | None:
+    """What a flag's value completes to beyond its choices: '<profile>' (-p), '<dir>'
+    (-w), '<path>', '<value>' (nothing to offer), or None (a switch)."""
+    if action.dest == "profile":
+        return "<profile>"
+    if action.dest == "workdir":
+        return "<dir>"
+    if is_path(action):
+        return "<path>"
+    return "<value>" if takes_value(action) else None
+
+
+def positional_kind(path: str, ctx: Context) -> str | None:
+    """What a command's positional completes to: session ids (show, attach, stop,
+    watch: their ID), profile names (profile show NAME)."""
+    metavars = [str(a.metavar) for a in ctx.positionals]
+    if "ID" in metavars:
+        return "<session>"
+    if path == "profile.show":
+        return "<profile>"
+    return None
+
+
+def _profiles_function() -> list[str]:
+    """_boxyctl_profiles: the presets (known when the script is made) and the user's own
+    (NAME.yaml under the config home, looked up when completing)."""
+    presets = " ".join(sorted(_presets()))
+    return [
+        "",
+        "_boxyctl_profiles() {",
+        f'    echo "{presets}"',
+        "    local f",
+        '    for f in "${XDG_CONFIG_HOME:-$HOME/.config}"/boxy/profiles/*.yaml; do',
+        '        [[ -e $f ]] && basename "$f" .yaml',
+        "    done",
+        "}",
+    ]
+
+
+def _presets() -> list[str]:
+    from boxyd.config.profiles import list_profiles  # generating the script, not running
+
+    return list_profiles()
 
 
 def bash() -> str:
@@ -122,16 +178,13 @@ def bash() -> str:
         words = [*ctx.commands, *(c for a in ctx.positionals for c in (a.choices or ()))]
         lines.append(f'        "commands:{path}") echo "{" ".join(words)}" ;;')
         lines.append(f'        "values:{path}") echo "{" ".join(values)}" ;;')
+        if (kind := positional_kind(path, ctx)) is not None:
+            lines.append(f'        "positional:{path}") echo "{kind}" ;;')
         for flag, action in ctx.flags.items():
-            if action.choices:
-                lines.append(
-                    f'        "choices:{path}:{flag}") echo "{" ".join(action.choices)}" ;;'
-                )
-            elif is_path(action):
-                lines.append(f'        "choices:{path}:{flag}") echo "<path>" ;;')
-            elif takes_value(action):
-                lines.append(f'        "choices:{path}:{flag}") echo "<value>" ;;')
-    lines += _BASH_FUNCTION
+            shown = " ".join(action.choices) if action.choices else value_kind(action)
+            if shown is not None:
+                lines.append(f'        "choices:{path}:{flag}") echo "{shown}" ;;')
+    lines += _BASH_FUNCTION[:-2] + _profiles_function() + _BASH_FUNCTION[-2:]
     return "\n".join(lines)
 
 
@@ -145,6 +198,20 @@ def zsh() -> str:
 
 def _fish_quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+# fish's command substitutions for what bash completes in its own functions
+_FISH_VALUES = {
+    "<dir>": "(__fish_complete_directories)",
+    "<session>": "(boxyctl ps 2>/dev/null | tail -n +2 | string split -f1 ' ')",
+    "<profile>": "(printf '%s\\n' {presets} (path basename -E "
+    "(set -q XDG_CONFIG_HOME; and echo $XDG_CONFIG_HOME; or echo ~/.config)"
+    "/boxy/profiles/*.yaml 2>/dev/null))",
+}
+
+
+def _fish_value(kind: str) -> str:
+    return _FISH_VALUES[kind].replace("{presets}", " ".join(_presets()))
 
 
 def fish() -> str:
@@ -162,6 +229,11 @@ def fish() -> str:
                     f"complete -c {prog} -f -n {_fish_quote(cond)} -a {name} "
                     f"-d {_fish_quote(ctx.helps.get(name, ''))}"
                 )
+            if (kind := positional_kind(path, ctx)) is not None:
+                lines.append(
+                    f"complete -c {prog} -f -n {_fish_quote(cond)} "
+                    f"-a {_fish_quote(_fish_value(kind))}"
+                )
             seen: set[int] = set()
             for action in ctx.flags.values():
                 if id(action) in seen:
@@ -172,8 +244,11 @@ def fish() -> str:
                     for o in action.option_strings
                 )
                 extra = ""
+                kind = value_kind(action)
                 if action.choices:
                     extra = f" -x -a {_fish_quote(' '.join(action.choices))}"
+                elif kind in _FISH_VALUES:
+                    extra = f" -x -a {_fish_quote(_fish_value(kind))}"
                 elif takes_value(action):
                     extra = " -r" if is_path(action) else " -x"
                 lines.append(
@@ -208,13 +283,48 @@ def man() -> str:
         _roff(p.RUN_DESCRIPTION),
         ".SH COMMANDS",
     ]
-    for name, help_text in root.helps.items():
-        out += [".TP", f".B {name}", _roff(help_text)]
-        for sub, sub_help in root.commands[name].helps.items():
-            out += [".TP", f".B {name} {sub}", _roff(sub_help)]
+    out += _man_commands(root)
     out.append(".SH RUN FLAGS")
+    out += _man_flags(root.commands["run"])
+    status = " ".join(ln.strip() for ln in p.EXIT_STATUS.splitlines()[1:])
+    out += [".SH EXIT STATUS", _roff(status)]
+    out += _MAN_TAIL
+    return "\n".join(out)
+
+
+def _man_commands(root: Context) -> list[str]:
+    """Each subcommand: its line, its description, its arguments and flags (run's flags
+    have a section of their own)."""
+    out: list[str] = []
+    for name, help_text in root.helps.items():
+        sub = root.commands[name]
+        args = " ".join(f"\\fI{_roff(str(a.metavar))}\\fR" for a in sub.positionals)
+        out += [".TP", f"\\fB{name}\\fR {args}".rstrip(), _roff(help_text)]
+        about = p.DESCRIPTIONS.get(name)
+        if about:
+            out += [".br", _roff(about.split("\n")[0])]
+        if name != "run":
+            out += [".RS"] + _man_flags(sub) + _man_positionals(sub) + [".RE"]
+        for action_name, action_help in sub.helps.items():
+            out += [".TP", f".B {name} {action_name}", _roff(action_help)]
+            nested = sub.commands[action_name]
+            out += [".RS"] + _man_flags(nested) + _man_positionals(nested) + [".RE"]
+    return out
+
+
+def _man_positionals(ctx: Context) -> list[str]:
+    out: list[str] = []
+    for action in ctx.positionals:
+        if action.help:
+            out += [".TP", f"\\fI{_roff(str(action.metavar))}\\fR", _roff(action.help)]
+    return out
+
+
+def _man_flags(ctx: Context) -> list[str]:
+    """CTX's flags but -h, one .TP each."""
+    out: list[str] = []
     seen: set[int] = set()
-    for action in root.commands["run"].flags.values():
+    for action in ctx.flags.values():
         if id(action) in seen or action.dest == "help":
             continue
         seen.add(id(action))
@@ -227,29 +337,61 @@ def man() -> str:
         if action.choices:
             value = " " + "|".join(_roff(c) for c in action.choices)
         out += [".TP", names + value, _roff(action.help or "")]
-    out += [
-        ".SH EXIT STATUS",
-        "The payload's status (128+N when it died of signal N); 124 when \\-\\-timeout "
-        "stopped it; 125 when a sandbox layer could not be applied; 126 and 127 when the "
-        "command could not be run or was not found; 2 for bad input, refused before "
-        "anything starts.",
-        ".SH FILES",
-        ".TP",
-        "$XDG_RUNTIME_DIR/boxy/boxyd.sock",
-        "the daemon's varlink socket",
-        ".TP",
-        "$XDG_STATE_HOME/boxy/sessions/",
-        "session records",
-        ".TP",
-        "$XDG_STATE_HOME/boxy/quarantine/",
-        "what the git guard moved out of a work tree",
-        ".SH SEE ALSO",
-        ".BR bwrap (1),",
-        ".BR systemd-run (1),",
-        ".BR git-config (1)",
-        "",
-    ]
-    return "\n".join(out)
+    return out
+
+
+_MAN_TAIL = [
+    ".SH ENVIRONMENT",
+    ".TP",
+    "BOXY_DEBUG",
+    "set to 1: an internal error shows its traceback instead of one line",
+    ".TP",
+    "XDG_RUNTIME_DIR, XDG_CONFIG_HOME, XDG_STATE_HOME, XDG_CACHE_HOME",
+    "where the socket, your profiles and approvals, the session records and the package "
+    "caches live",
+    ".TP",
+    "npm_config_registry, PIP_INDEX_URL, GOPROXY",
+    "the registry a profile's {npm_registry}, {pip_index} and the like mean, "
+    "as the tools read them",
+    ".TP",
+    "TERM, LANG, LC_*, TZ",
+    "may be passed on to the command; nothing else of your environment is, but what "
+    "\\fB\\-e\\fR, \\fB\\-\\-secret\\fR and a profile's env_pass name",
+    ".SH FILES",
+    ".TP",
+    "$XDG_RUNTIME_DIR/boxy/boxyd.sock",
+    "the daemon's varlink socket",
+    ".TP",
+    "$XDG_CONFIG_HOME/boxy/profiles/NAME.yaml",
+    "your own profiles (\\fB\\-p\\fR NAME)",
+    ".TP",
+    "\\&.boxy.yaml",
+    "a project's own settings, applied once \\fBboxyctl trust\\fR approved them",
+    ".TP",
+    "$XDG_STATE_HOME/boxy/sessions/",
+    "session records",
+    ".TP",
+    "$XDG_STATE_HOME/boxy/quarantine/",
+    "what the git guard moved out of a work tree",
+    ".SH EXAMPLES",
+    ".TP",
+    "boxyctl run \\-p node \\-\\- npm ci",
+    "install a project's dependencies with only npm's registry reachable",
+    ".TP",
+    "boxyctl run \\-\\-net none \\-\\- make test",
+    "run the tests with no network at all",
+    ".TP",
+    "boxyctl run \\-\\-allow\\-host example.com \\-\\- ./fetch.sh",
+    "allowlist mode: example.com on ports 80 and 443, nothing else",
+    ".TP",
+    "boxyctl run \\-d \\-\\- ./long\\-job; boxyctl attach ID",
+    "run in the background, then take over its terminal",
+    ".SH SEE ALSO",
+    ".BR bwrap (1),",
+    ".BR systemd-run (1),",
+    ".BR git-config (1)",
+    "",
+]
 
 
 def main(argv: list[str]) -> int:

@@ -384,6 +384,17 @@ def _report(outcome: Outcome) -> int:
     return outcome.exit_status
 
 
+def _stopping_line(session_id: str, kill: bool) -> str:
+    from boxyd.daemon.session import GRACE
+
+    if kill:
+        return f"stopping session {session_id}: SIGKILL"
+    return (
+        f"stopping session {session_id}: SIGTERM, then SIGKILL after {GRACE:g}s "
+        "if it is still running (-k: at once)"
+    )
+
+
 def sessions(name: str, args: dict[str, Any]) -> int:
     """ps [-a], show ID, stop [-k] ID: questions for a running boxyd (none running:
     no session runs, and `ps -a`/`show` read the records it left)."""
@@ -401,6 +412,8 @@ def sessions(name: str, args: dict[str, Any]) -> int:
             lines = text.ps_lines(infos, time.time())
         else:
             method = "Show" if name == "show" else "Stop"
+            if name == "stop":  # the grace is waited out here: say so, not in silence
+                say(_stopping_line(args["id"], bool(args["kill"])))
             params = {"id": args["id"], **({"kill": bool(args["kill"])} if name == "stop" else {})}
             info = SessionInfo.from_wire(client.call(f"{IFACE}.{method}", params).get("session"))
             if info is None:

@@ -19,6 +19,38 @@ nothing else from the host unless a flag or the profile says so.
 Paths may be relative (to the current directory) or start with ~."""
 
 
+# said by --help (the program's and run's) and the man page
+EXIT_STATUS = """\
+exit status:
+  the command's own status (128+N when it died of signal N); 124 when --timeout
+  stopped it; 125 when the sandbox could not be set up; 126 and 127 when the
+  command could not be run or was not found; 2 for bad input, refused before
+  anything starts; 1 when boxyd failed or could not be reached."""
+
+# subcommand -> its description under `boxyctl COMMAND --help` (the one-line help is
+# the list's; this is what the command does and what it prints)
+DESCRIPTIONS = {
+    "ps": "List the sessions boxyd is running (with -a, every session on record): id, "
+    "state, start, running time, profile and command.",
+    "show": "One session in full: its command, work directory, profile, state, exit, "
+    "network totals, limits and, once it ended, its findings and destinations.",
+    "watch": "Follow a session as it happens: its network, denials and events, repainted "
+    "as they come (one line per event into a pipe), then its summary. Without ID, the "
+    "only running session.",
+    "attach": "Take over the terminal of a session started with -d (or left with Ctrl-]); "
+    "Ctrl-] leaves it again, and the session lives on.",
+    "stop": "Stop a session: SIGTERM, then SIGKILL after a grace of 5 seconds if it is "
+    "still running; -k sends SIGKILL at once. Prints the session's final state.",
+    "doctor": "Check what this kernel and host provide (user namespaces, Landlock, "
+    "seccomp, cgroup delegation, nftables, the user manager) and what each missing "
+    "layer costs a run.",
+    "setup": "Install boxyd's systemd user units and enable its socket, so boxyd starts "
+    "on demand; without a user manager, boxyctl starts boxyd itself.",
+    "completion": "Print the completion script for SHELL on stdout, e.g.\n"
+    "  boxyctl completion bash > ~/.local/share/bash-completion/completions/boxyctl",
+}
+
+
 class Help(Exception):
     def __init__(self, text: str) -> None:
         self.text = text
@@ -77,11 +109,69 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         message = message.removeprefix("argument ")
+        sub = self.prog.partition(" ")[2]
         if message.startswith("the following arguments are required"):
             # 'boxyctl stop' → 'stop: …', so the line says which command is missing what
-            sub = self.prog.partition(" ")[2]
             message = f"{sub}: {message}" if sub else message
+        elif ": invalid choice: " in message:
+            message = _invalid_choice(message, sub)
+        elif message.startswith("unrecognized arguments: "):
+            message = _unrecognized(message, _option_strings(self))
         raise UsageError(message)
+
+
+# argparse's placeholders (metavars) as the words a message says
+_PLACES = {"COMMAND": "command", "ACTION": "action", "SHELL": "shell"}
+
+
+def _did_you_mean(word: str, candidates: list[str]) -> str:
+    """' (did you mean run?)', or '' when nothing is close."""
+    import difflib  # only on an error
+
+    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _invalid_choice(message: str, sub: str) -> str:
+    """ "COMMAND: invalid choice: 'rn' (choose from 'run', …)" → "rn: not a command
+    (did you mean run?); one of: run, ps, …"."""
+    import re  # only on an error
+
+    m = re.fullmatch(r"(\S+): invalid choice: '(.*)' \(choose from (.*)\)", message)
+    if m is None:
+        return message
+    place, value, listed = m.groups()
+    names = re.findall(r"'([^']*)'", listed)
+    what = _PLACES.get(place)
+    head = f"{sub}: " if sub else ""
+    if what is None:  # a flag's value: --net open
+        return f"{place}: {value!r} is not one of {', '.join(names)}{_did_you_mean(value, names)}"
+    return f"{head}{value}: not a{'n' if what[0] in 'aeiou' else ''} {what}" + (
+        f"{_did_you_mean(value, names)}; one of: {', '.join(names)}"
+    )
+
+
+def _unrecognized(message: str, flags: list[str]) -> str:
+    """'unrecognized arguments: --nett none' → '--nett: unknown flag (did you mean
+    --net?)' for a flag; other words as argparse says them."""
+    tokens = message.partition(": ")[2].split()
+    first = tokens[0] if tokens else ""
+    if not first.startswith("-"):
+        return message
+    name = first.partition("=")[0]
+    return f"{name}: unknown flag{_did_you_mean(name, flags)}"
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every flag of PARSER and its subcommands (an unknown one is reported by the
+    top parser, which does not know which subcommand it was meant for)."""
+    out: list[str] = []
+    for action in parser._actions:
+        out += action.option_strings
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                out += [f for f in _option_strings(child) if f not in out]
+    return out
 
 
 def build_parser(prog: str, *, run_only: bool = False) -> _Parser:
@@ -90,6 +180,7 @@ def build_parser(prog: str, *, run_only: bool = False) -> _Parser:
     parser = _Parser(
         prog=prog,
         description="Run an untrusted program with its project directory and nothing else.",
+        epilog=EXIT_STATUS,
     )
     parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -108,6 +199,7 @@ def _add_run(sub: argparse._SubParsersAction[_Parser], prog: str) -> None:
         help="run a command in a sandbox",
         usage=f"{prog} run [flags] -- COMMAND [ARGS...]",
         description=RUN_DESCRIPTION,
+        epilog=EXIT_STATUS,
         formatter_class=_Formatter,
     )
     for option in RUN_OPTIONS:
@@ -129,25 +221,41 @@ def _add_run(sub: argparse._SubParsersAction[_Parser], prog: str) -> None:
 
 def _add_sessions(sub: argparse._SubParsersAction[_Parser]) -> None:
     """ps, show, watch, attach, stop: the sessions."""
-    ps = sub.add_parser("ps", help="list running sessions")
+    ps = _command(sub, "ps", "list running sessions")
     ps.add_argument("-a", "--all", action="store_true", help="every session on record")
-    sub.add_parser("show", help="one session in full").add_argument("id", metavar="ID")
-    sub.add_parser("watch", help="follow a session as it happens").add_argument(
-        "id", metavar="ID", nargs="?"
+    _command(sub, "show", "one session in full").add_argument("id", metavar="ID", help=_ID)
+    _command(sub, "watch", "follow a session as it happens").add_argument(
+        "id", metavar="ID", nargs="?", help=_ID + " (default: the only running one)"
     )
-    sub.add_parser("attach", help="take over a session's terminal").add_argument("id", metavar="ID")
-    stop = sub.add_parser("stop", help="SIGTERM, then SIGKILL")
+    _command(sub, "attach", "take over a session's terminal").add_argument(
+        "id", metavar="ID", help=_ID
+    )
+    stop = _command(sub, "stop", "SIGTERM, then SIGKILL")
     stop.add_argument("-k", "--kill", action="store_true", help="SIGKILL now")
-    stop.add_argument("id", metavar="ID")
+    stop.add_argument("id", metavar="ID", help=_ID)
+
+
+_ID = "a session id, as `boxyctl ps` lists them"
+
+
+def _command(sub: argparse._SubParsersAction[_Parser], name: str, help: str) -> _Parser:
+    """A subcommand with its one-line HELP and, when it has one, its description."""
+    import textwrap  # not on the run path: `run` alone builds no other subcommand
+
+    text = DESCRIPTIONS.get(name, help)
+    wrapped = "\n".join(textwrap.fill(par, 78) for par in text.split("\n"))
+    return sub.add_parser(name, help=help, description=wrapped)
 
 
 def _add_admin(sub: argparse._SubParsersAction[_Parser]) -> None:
     """doctor, profile, daemon, cache, setup, trust, completion (in the help's order)."""
-    sub.add_parser("doctor", help="check what this kernel and host provide")
+    _command(sub, "doctor", "check what this kernel and host provide")
     profile = sub.add_parser("profile", help="list or show profiles")
     psub = profile.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
     psub.add_parser("list", help="the presets")
-    psub.add_parser("show", help="a preset's text").add_argument("name", metavar="NAME")
+    psub.add_parser("show", help="a preset's text").add_argument(
+        "name", metavar="NAME", help="a preset's name, or one of your own profiles'"
+    )
     daemon = sub.add_parser("daemon", help="the boxyd daemon")
     dsub = daemon.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
     dsub.add_parser("status", help="which build is running, and how busy it is")
@@ -167,7 +275,7 @@ def _add_admin(sub: argparse._SubParsersAction[_Parser]) -> None:
     csub.add_parser("list", help="every project's cache: profile, size, last use, work directory")
     clean = csub.add_parser("clean", help="remove this work directory's caches")
     clean.add_argument("--all", action="store_true", help="every project's")
-    sub.add_parser("setup", help="install boxyd's systemd user units and enable its socket")
+    _command(sub, "setup", "install boxyd's systemd user units and enable its socket")
     trust = sub.add_parser(
         "trust",
         help="approve this directory's .boxy.yaml and the registries its .npmrc or pip.conf names",
@@ -175,8 +283,10 @@ def _add_admin(sub: argparse._SubParsersAction[_Parser]) -> None:
     how = trust.add_mutually_exclusive_group()
     how.add_argument("--list", action="store_true", help="every approval: directory, hash, what")
     how.add_argument("--revoke", action="store_true", help="withdraw this directory's approvals")
-    comp = sub.add_parser("completion", help="print the shell completion script")
-    comp.add_argument("shell", metavar="SHELL", choices=("bash", "zsh", "fish"))
+    comp = _command(sub, "completion", "print the shell completion script")
+    comp.add_argument(
+        "shell", metavar="SHELL", choices=("bash", "zsh", "fish"), help="bash, zsh or fish"
+    )
 
 
 def _add_hook(sub: argparse._SubParsersAction[_Parser]) -> None:

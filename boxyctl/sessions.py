@@ -14,6 +14,7 @@ from typing import Any
 
 from boxy import values
 from boxy.outcome import SessionInfo, State
+from boxyd.net.refusals import plural
 
 COMMAND_WIDTH = 60
 
@@ -98,9 +99,9 @@ def show_lines(info: SessionInfo, now: float) -> list[str]:
     c = info.counters
     if c.connections or c.denials or c.destinations:
         lines.append(
-            f"network   {c.connections} connections, {c.denials} denied, "
+            f"network   {plural(c.connections, 'connection')}, {c.denials} denied, "
             f"up {values.format_size(c.bytes_up)}, down {values.format_size(c.bytes_down)}, "
-            f"{c.destinations} destinations"
+            f"{plural(c.destinations, 'destination')}"
         )
     if info.limits:
         lines.append("limits:")

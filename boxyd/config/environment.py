@@ -24,6 +24,7 @@ def decide(
     home: str,
     user: str,
     notes: list[str],
+    warnings: list[str] | None = None,
 ) -> dict[str, str]:
     """The payload's final environment. The client holds what the profile asks of its
     environment: what it did not send (ENV_UNSET: names it does not have) is asked
@@ -31,7 +32,7 @@ def decide(
     check_sent(o, prof, client_env, env_unset)
     return envpolicy.sandbox_env(
         client_env,
-        requested(o, notes),
+        requested(o, notes if warnings is None else warnings),
         home=home,
         user=user,
         profile_env=profiles.resolve_env(prof.env, registry, source=prof.source, notes=notes),
@@ -57,14 +58,15 @@ def check_sent(
         raise SecretsNeeded(missing, prof.source, unasked)
 
 
-def requested(o: RunOptions, notes: list[str]) -> list[tuple[str, str | None]]:
+def requested(o: RunOptions, said: list[str]) -> list[tuple[str, str | None]]:
     """-e NAME=VALUE and --secret NAME, in order, checked; -e NAME the client does not
-    have (sent without a value) is skipped, with a note."""
+    have (sent without a value) is skipped, said in one line (SAID): not refused, as
+    docker does not, since a wrapper passes a variable that may be unset."""
     out: list[tuple[str, str | None]] = []
     for item in o.env:
         if item.value is None:
             envpolicy.check_name(item.name)
-            notes.append(f"-e {item.name}: not set in your environment; skipped")
+            said.append(f"-e {item.name}: not set in your environment, so not passed")
             continue
         out.append((item.name, item.value))
     for secret in o.secret:

@@ -65,6 +65,7 @@ def decide(
     uid: int,
     client_env: Mapping[str, str],
     notes: list[str],
+    warnings: list[str] | None = None,
 ) -> Filesystem:
     """The filesystem of a run with flags O (relative paths against CWD) and profile
     PROF in WORKDIR; refused when it would expose a credential's socket or tree."""
@@ -79,6 +80,7 @@ def decide(
     protect = check_protect(asked, writable, prof.source, notes)
     # lexical, not realpath'd: the entries they name are matched as the walk found them
     reveal = dedupe([e.path for e in prof.reveal] + [absolute(p, cwd) for p in o.reveal])
+    missing_reveals(o.reveal, cwd, notes if warnings is None else warnings)
     exposed = [("workdir", workdir)] + [(label, e.path) for label, e in ro + rw + mkdir]
     exposure.check_exposed(exposed, exposure.sensitive_paths(client_env, home, uid))
     for label, path in exposed[1:]:
@@ -99,6 +101,18 @@ def decide(
     )
 
 
+def missing_reveals(flags: Sequence[str], cwd: str, warnings: list[str]) -> None:
+    """A --reveal naming nothing is most likely a typo, said in one line; not refused:
+    a file the run itself creates (a generated .env) is revealed when it appears."""
+    for p in flags:
+        path = absolute(p, cwd)
+        if not os.path.lexists(path):
+            warnings.append(
+                f"--reveal {path}: no such file or directory (yet); "
+                "it is revealed if the run creates it"
+            )
+
+
 def _err(from_profile: bool, message: str) -> UsageError:
     return ProfileError(message) if from_profile else UsageError(message)
 
@@ -115,16 +129,66 @@ def check_paths(
     for label, entry, from_profile in entries:
         if any(e.path == entry.path for _, e in out):
             continue
-        if kind == "mkdir":
-            if os.path.exists(entry.path) and not os.path.isdir(entry.path):
-                raise _err(from_profile, f"{label} {entry.path}: exists and is not a directory")
-        elif not os.path.exists(entry.path):
-            if entry.optional:
+        problem = check_mkdir(entry.path) if kind == "mkdir" else check_exposed(kind, entry.path)
+        if problem == ABSENT and entry.optional:
+            # a preset's protect list names every tool's files: most are absent in any
+            # one project, so saying each one would be eight lines on every -v run
+            if kind != "protect":
                 notes.append(f"{label} {entry.path}: absent; skipped")
-                continue
-            raise _err(from_profile, f"{label} {entry.path}: no such file or directory")
+            continue
+        if problem is not None:
+            raise _err(from_profile, f"{label} {entry.path}: {problem}")
         out.append((label, entry))
     return out
+
+
+ABSENT = "no such file or directory"
+
+
+def check_exposed(kind: str, path: str) -> str | None:
+    """Why PATH cannot be exposed (ro, rw) or protected, or None: it must exist and be
+    readable by the user (boxyd runs as the user and walks it before the start; a tree
+    it cannot read would fail there, late), and writable for --rw."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return ABSENT
+    except PermissionError:
+        return "not readable by you (a directory above it is closed to you)"
+    except OSError as e:
+        return e.strerror or str(e)
+    need = os.R_OK | (os.X_OK if stat.S_ISDIR(st.st_mode) else 0)
+    if not os.access(path, need):
+        return "not readable by you"
+    if kind == "rw" and not os.access(path, os.W_OK):
+        return "not writable by you; --ro exposes it read-only"
+    return None
+
+
+def check_mkdir(path: str) -> str | None:
+    """Why a --mkdir PATH cannot be made (or used when it exists), or None: boxyd makes
+    it as the user before the start, so its nearest existing ancestor must be a
+    directory the user can write in."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        return f"cannot be looked at ({e.strerror or e}); a directory above it is closed to you"
+    else:
+        if not stat.S_ISDIR(st.st_mode):
+            return "exists and is not a directory"
+        if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
+            return "exists and is not writable by you"
+        return None
+    parent = os.path.dirname(path)
+    while parent != os.path.dirname(parent) and not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"cannot be made: {parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot be made: {parent} is not writable by you"
+    return None
 
 
 def check_protect(

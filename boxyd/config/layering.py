@@ -11,7 +11,7 @@ and the profile files; changes nothing.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from boxy.errors import ProfileError
@@ -32,6 +32,9 @@ class Layers:
     project: Project
     trusted: bool  # the project's configuration is approved as it is now
     registry: Registry | None  # the template resolver, an approved project's registries first
+    # an unapproved .boxy.yaml that is not valid or does not load, ignored: one line
+    # each, naming the file and key (approving would not help: trust refuses it)
+    invalid: list[str] = field(default_factory=list)
 
 
 def profile_ref(name: str, home: str, cwd: str) -> str:
@@ -69,7 +72,8 @@ def layer(
         workdir, projectconfig.run_env(home, user, client_env), strict=False
     )
     trusted = not project.empty and projectconfig.is_trusted(project, config_home(home))
-    doc = _project_doc(project, trusted, held)
+    invalid: list[str] = []
+    doc = _project_doc(project, trusted, invalid)
     named = doc.get("profile") if doc is not None else None
     name = requested or named or DEFAULT_PROFILE
     ref = profile_ref(name, home, cwd)
@@ -80,7 +84,9 @@ def layer(
         prof = _project_profile(ref, doc, project.path, context)
         notes.append(f"{project.path}: approved; applied on top of profile {name}")
     else:
-        prof = _unapproved(requested or DEFAULT_PROFILE, ref, doc, project.path, context, held)
+        prof = _unapproved(
+            requested or DEFAULT_PROFILE, ref, doc, project.path, context, held, invalid
+        )
         name = prof.name
     if trusted and project.registries:
         registry = projectregistries.resolver(registry, project.registries, client_env)
@@ -88,7 +94,7 @@ def layer(
             f"{workdir}: approved registries: "
             f"{', '.join(r.host or r.shown for r in project.registries)}"
         )
-    return Layers(prof, name, project, trusted, registry)
+    return Layers(prof, name, project, trusted, registry, invalid)
 
 
 def project_widening(project: Project, home: str) -> list[widening.Held]:
@@ -97,15 +103,22 @@ def project_widening(project: Project, home: str) -> list[widening.Held]:
     load: a file that does not is a ProfileError here (a run would hold it back)."""
     if project.config is None:
         return []
-    doc = profiles.project_doc(project.text, project.path)
-    name = doc.get("profile") or DEFAULT_PROFILE
-    context = profile_context(project.workdir, home, name)
-    wanted = _project_profile(name, doc, project.path, context)
+    try:
+        doc = profiles.project_doc(project.text, project.path)
+        name = doc.get("profile") or DEFAULT_PROFILE
+        context = profile_context(project.workdir, home, name)
+        wanted = _project_profile(name, doc, project.path, context)
+    except ProfileError as e:
+        why = str(e).removeprefix(f"profile {project.path}: ")
+        raise ProfileError(
+            f"{project.path}: not valid, so not approved: {why}; fix it and run "
+            "`boxyctl trust` again"
+        ) from None
     base = _base_profile(DEFAULT_PROFILE, context)
     return widening.hold_back(base, wanted, own_cache=context["cache"])[1]
 
 
-def _project_doc(project: Project, trusted: bool, held: list[str]) -> dict[str, Any] | None:
+def _project_doc(project: Project, trusted: bool, invalid: list[str]) -> dict[str, Any] | None:
     """The parsed .boxy.yaml, or None when there is none or it is neither approved
     nor valid (then ignored whole, and said: the payload could have written it)."""
     if project.config is None:
@@ -115,7 +128,7 @@ def _project_doc(project: Project, trusted: bool, held: list[str]) -> dict[str, 
     except ProfileError as e:
         if trusted:
             raise
-        held.append(f"{project.path}, which is not valid ({e})")
+        invalid.append(_invalid(project.path, e))
         return None
 
 
@@ -139,6 +152,7 @@ def _unapproved(
     label: str,
     context: dict[str, str],
     held: list[str],
+    invalid: list[str],
 ) -> Profile:
     """The profile an unapproved .boxy.yaml asks for, less everything in which it is
     wider than BASE_REF's (widening.hold_back); BASE_REF's profile when it does not
@@ -147,10 +161,17 @@ def _unapproved(
     try:
         candidate = _project_profile(profile_ref, doc, label, context)
     except ProfileError as e:
-        held.append(f"{label}, which does not load ({e})")
+        invalid.append(_invalid(label, e))
         base.name = base_ref
         return base
     prof, keys = widening.hold_back(base, candidate, own_cache=context["cache"])
     if keys:
         held.append(f"{', '.join(map(str, keys))} of {label}")
     return prof
+
+
+def _invalid(path: str, e: ProfileError) -> str:
+    """The line for an unapproved .boxy.yaml at PATH that E refuses. E names the file
+    and the key (profile PATH: key K: …): said once, without the file twice."""
+    why = str(e).removeprefix(f"profile {path}: ")
+    return f"{path}: not valid, so ignored (none of it applies): {why}; fix it and run again"

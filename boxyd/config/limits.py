@@ -64,6 +64,8 @@ def limits(o: RunOptions, prof: Profile) -> Limits:
             f"--memory {values.format_size(memory)}: below the minimum of 1MiB "
             "(a plain number is bytes: write 512MiB or 2GiB)"
         )
+    if o.memory is not None:
+        check_memory_flag(o.memory)
     if pids < MIN_PIDS:
         raise UsageError(
             f"--pids {pids}: below the minimum of {MIN_PIDS} (the sandbox's own "
@@ -80,6 +82,27 @@ def limits(o: RunOptions, prof: Profile) -> Limits:
         timeout=float(timeout) if timeout is not None else None,
         seccomp=o.seccomp or prof.seccomp or DEFAULT_SECCOMP,
     )
+
+
+def machine_memory() -> int | None:
+    """The machine's physical memory in bytes, or None when the kernel does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return None
+
+
+def check_memory_flag(memory: int) -> None:
+    """Refused: a --memory above the machine's memory limits nothing (the host runs out
+    first), so the bound asked for cannot be kept. A profile's value is not checked:
+    a profile is shared between machines of different sizes."""
+    total = machine_memory()
+    if total is not None and memory > total:
+        raise UsageError(
+            f"--memory {values.format_size(memory)}: more than this machine's "
+            f"{values.format_size(total)} of memory, so it would limit nothing; "
+            "give less, or leave it out for the default"
+        )
 
 
 def logs(o: RunOptions, cwd: str) -> Logs:

@@ -52,13 +52,14 @@ def build_spec(
     filesystem.prepare_caches(prof, workdir, home)
     project = network.ProjectHosts(layers.project.registries, layers.trusted)
     net = network.decide(o, prof, registry, project, notes=notes, held=held)
-    warnings = _warnings(layers.project.unreadable, held, workdir)
+    warnings = layers.invalid + _warnings(layers.project.unreadable, held, workdir)
     fs = filesystem.decide(
-        o, prof, cwd=cwd, workdir=workdir, home=home, uid=uid, client_env=client_env, notes=notes
-    )
+        o, prof, cwd=cwd, workdir=workdir, home=home, uid=uid, client_env=client_env,
+        notes=notes, warnings=warnings,
+    )  # fmt: skip
     env = environment.decide(
         o, prof, registry, client_env=client_env, env_unset=request.env_unset,
-        home=home, user=user, notes=notes,
+        home=home, user=user, notes=notes, warnings=warnings,
     )  # fmt: skip
     lim, logs = limits.limits(o, prof), limits.logs(o, cwd)
     term = limits.terminal(o, prof, notes)

@@ -9,17 +9,21 @@ session.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import ipaddress
 import logging
 import os
 import socket
 from collections.abc import Callable
 from typing import Any
 
+import dns.message as dns_message
+
 from boxy.errors import SetupError, UsageError
 from boxyd.config.runspec import RunSpec
 from boxyd.net import netlog, pcap, ranges, ruleset, tailscale
-from boxyd.net.dnsproxy import DnsProxy
+from boxyd.net.dnsproxy import DnsProxy, DnsSession
 from boxyd.net.gateway import LISTENERS, Gateway
 from boxyd.net.hostnet import UPSTREAM_ENV, upstream_servers
 from boxyd.net.policy import NetPolicy
@@ -30,6 +34,8 @@ from boxyd.plan.ops import File, Plan
 log = logging.getLogger("boxyd")
 
 MAX_NOTICES = 200  # -v denial lines per run; the rest are counted
+PREFLIGHT_BUDGET = 3.0  # seconds for the allowlist's names before the payload starts
+PREFLIGHT_NAMES = 8  # a long allowlist is not resolved whole before every run
 
 
 class Network:
@@ -89,6 +95,28 @@ class Network:
             tailscale=spec.tailscale,
         )
 
+    async def check_hosts(self, dns: DnsProxy, *, budget: float = PREFLIGHT_BUDGET) -> None:
+        """The allowlist's names resolved before the payload starts, through the DNS
+        policy the gateway applies (the shared proxy, a throwaway session: nothing is
+        bound): a name whose every answer lies in a refused range is said now, in one
+        line, not after the payload waited for it (npm waited 70 s). Bounded by
+        BUDGET; a name that does not answer in time is left to the run."""
+        names = _plain_names(self.policy)
+        if not names:
+            return
+        events: list[dict[str, Any]] = []
+        session = DnsSession(policy=self.policy, on_event=lambda ev: events.append(dict(ev)))
+        kinds = ("A", "AAAA") if dns.ipv6 else ("A",)
+        asks = [
+            dns.answer(dns_message.make_query(n, k).to_wire(), tcp=False, session=session)
+            for n in names
+            for k in kinds
+        ]
+        # what answered in time is judged; the rest is the run's to find out
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*asks, return_exceptions=True), budget)
+        self.warnings += refused_names(events)
+
     def configure(self, plan: Plan) -> None:
         """What stage 2 applies: the gateway netns's ruleset, Landlock's connect ports."""
         ports = self.policy.landlock_ports()
@@ -129,6 +157,9 @@ class Network:
         fields = {k: v for k, v in ev.items() if v not in (None, "") and k != "layer"}
         self.record(str(ev.get("layer", "net")), **fields)
         self.refused.add(ev)
+        if _refused_lookup(ev) and self.gateway is not None:
+            # a row in the table for every name the summary line counts as not allowed
+            self.gateway.netlog.refused_name(str(ev["name"]))
         if ev.get("verdict") == "deny" and self.spec.verbose and self.notice is not None:
             if self._notices < MAX_NOTICES:
                 self._notices += 1
@@ -146,9 +177,8 @@ class Network:
         await self.gateway.close()
         log_ = self.gateway.netlog
         notes = out.setdefault("notes", [])
-        notes += (
-            self.refused.lines()
-        )  # said without -v: a silent refusal looks like a broken network
+        # said without -v: a silent refusal looks like a broken network
+        notes += self.refused.lines(verbose=self.spec.verbose)
         if self._muted:
             notes.append(f"-v: {plural(self._muted, 'more denial')} not shown (see --audit-log)")
         if self._netlog_fd is not None:
@@ -214,6 +244,52 @@ def gateway_ruleset(
         tcp_ports=None if tcp_ports is None else list(tcp_ports),
         udp_ports=None if udp_ports is None else list(udp_ports),
         bound=None if bound is None else list(bound),
+    )
+
+
+def _plain_names(policy: NetPolicy) -> list[str]:
+    """The allowlist's exact host names (no wildcard, no literal address), a few."""
+    out = []
+    for name in policy.exact:
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            out.append(name)
+    return out[:PREFLIGHT_NAMES]
+
+
+def refused_names(events: list[dict[str, Any]]) -> list[str]:
+    """One line per name whose answers all lay in refused ranges (DNS events of the
+    proxy: 'denied' lists what was removed, 'addrs' what was kept)."""
+    removed: dict[str, dict[str, str]] = {}
+    kept: set[str] = set()
+    for ev in events:
+        name = str(ev.get("name") or "")
+        if ev.get("addrs"):
+            kept.add(name)
+        for addr, why in ev.get("denied") or []:
+            removed.setdefault(name, {})[str(addr)] = str(why)
+    out = []
+    for name, addrs in sorted(removed.items()):
+        if name in kept:
+            continue
+        cidrs = " ".join(f"--allow-cidr {a}" for a in sorted(addrs))
+        whys = "; ".join(sorted(set(addrs.values())))
+        out.append(
+            f"{name} resolves to {', '.join(sorted(addrs))} ({whys}), which boxy refuses, "
+            f"so the run cannot reach it; if that is really where it lives: {cidrs}"
+        )
+    return out
+
+
+def _refused_lookup(ev: dict[str, Any]) -> bool:
+    """A DNS lookup refused for its name (not one of answers removed, not a flow)."""
+    return (
+        ev.get("layer") == "net.dns"
+        and ev.get("verdict") == "deny"
+        and bool(ev.get("name"))
+        and not ev.get("denied")
+        and ev.get("proto") not in ("tcp", "udp")
     )
 
 

@@ -182,6 +182,7 @@ class StageLauncher:
         )
         if self._dns is None:
             self._dns = make_dns_proxy()
+        await net.check_hosts(self._dns)  # said before the payload starts, not after
         return net
 
 

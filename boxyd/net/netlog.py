@@ -180,6 +180,11 @@ class NetLog:
         that destination in the table, though no connection was ever tried."""
         self._dest(name).denied += count
 
+    def refused_name(self, name: str) -> None:
+        """A lookup of NAME refused (not on the allowlist): a denial of that destination
+        in the table, as the end-of-run line counts it (boxyd.net.refusals)."""
+        self._dest(name.lower().rstrip(".")).denied += 1
+
     def resolution(self, name: str, addrs: list[str] | tuple[str, ...]) -> None:
         """Addresses boxy's resolver answered NAME with (a union over the run, in order)."""
         known = self._resolutions.get(name)

@@ -49,9 +49,10 @@ class Tally:
         elif ev.get("name"):
             self.names.add(str(ev["name"]).lower().rstrip("."))
 
-    def lines(self) -> list[str]:
+    def lines(self, *, verbose: bool = False) -> list[str]:
         """One summary line when anything was refused, then one per name whose every
-        answer was removed, saying which --allow-cidr would open it."""
+        answer was removed, saying which --allow-cidr would open it. VERBOSE: the run
+        had -v, so each refusal was said already (never "-v for details" to a -v run)."""
         parts = []
         if self.connections:
             parts.append(f"{plural(self.connections, 'connection')} refused")
@@ -63,7 +64,8 @@ class Tally:
             parts.append(f"{plural(self.answers, 'DNS answer')} in a refused range removed")
         if not parts:
             return []
-        out = [", ".join(parts) + " (-v or --audit-log for details)"]
+        where = "each one said above" if verbose else "-v or --audit-log for details"
+        out = [", ".join(parts) + f" ({where})"]
         for name, addrs in sorted(self.removed.items()):
             cidrs = " ".join(f"--allow-cidr {a}" for a in sorted(addrs))
             whys = sorted(set(addrs.values()))

@@ -100,3 +100,36 @@ def test_fish_and_zsh_cover_every_run_flag() -> None:
     for flag in RUN_OPTIONS:
         long = [n for n in flag.names if n.startswith("--")][0]
         assert f"-l {long[2:]}" in fish and long in zsh
+
+
+def test_bash_completes_profiles_session_ids_and_directories(tmp_path: Path) -> None:
+    script = tmp_path / "boxyctl.bash"
+    script.write_text(completion.bash())
+    fake = tmp_path / "boxyctl"  # `ps` as boxyctl prints it: a header, then one row each
+    fake.write_text("#!/bin/sh\nprintf 'ID STATE\\n0123abcd running\\n4567ef01 running\\n'\n")
+    fake.chmod(0o755)
+    (tmp_path / "dir-a").mkdir()
+    (tmp_path / "dir-file").write_text("")
+    os.chdir(tmp_path)
+    assert _complete(script, "boxyctl", "run", "-p", "no") == ["node"]
+    assert _complete(script, "boxyctl", "profile", "show", "of") == ["offline"]
+    for command in ("show", "attach", "stop", "watch"):
+        assert _complete(script, str(fake), command, "0") == ["0123abcd"], command
+    assert _complete(script, str(fake), "stop", "-k", "") == ["0123abcd", "4567ef01"]
+    assert _complete(script, "boxyctl", "run", "-w", "dir") == ["dir-a"]
+
+
+def test_the_man_page_has_every_commands_options_and_the_sections(tmp_path: Path) -> None:
+    page = tmp_path / "boxyctl.1"
+    page.write_text(completion.man())
+    r = subprocess.run(
+        ["man", "-l", str(page)], capture_output=True, text=True, timeout=30, check=False,
+        env={"PATH": "/usr/bin:/bin", "MANWIDTH": "100", "MAN_KEEP_FORMATTING": "0"},
+    )  # fmt: skip
+    assert r.returncode == 0 and not r.stderr.strip(), r.stderr
+    text = re.sub(".\x08", "", r.stdout).replace("\u2010", "-")
+    for section in ("ENVIRONMENT", "FILES", "EXIT STATUS", "EXAMPLES"):
+        assert f"\n{section}\n" in text, section
+    for flag in ("--kill", "--all", "--force", "--revoke", "--list"):
+        assert flag in text, flag
+    assert "a session id, as `boxyctl ps` lists them" in text and ".boxy.yaml" in text

@@ -149,7 +149,7 @@ def _snapshot(d: Path) -> dict[str, tuple[int, int]]:
 
 
 BAD_INPUT = {
-    "unknown-flag": (["--bogus-flag"], "unrecognized"),
+    "unknown-flag": (["--bogus-flag"], "--bogus-flag: unknown flag"),
     "bad-size": (["--memory", "2XB"], "is not a size"),
     "missing-ro": (["--ro", "/does/not/exist"], "no such file or directory"),
     "pcap-net-none": (["--pcap", "x"], "--pcap"),
@@ -173,6 +173,16 @@ BAD_INPUT = {
     "offline-allow-host": (["-p", "offline", "--allow-host", "x.example"], "has no network"),
     "newline-in-path": (["--ro", "/a\nb"], "--ro /a\\nb: no such file"),
     "empty-command": (["EMPTY"], "the command is an empty string"),
+    # the first hour, second round (issue 17): refused before the start, not late
+    "rw-root": (["--rw", "/root"], "--rw /root: not readable by you"),
+    "mkdir-root": (["--mkdir", "/root/x"], "--mkdir /root/x: cannot be looked at"),
+    "mkdir-etc": (["--mkdir", "/etc/x"], "--mkdir /etc/x: cannot be made: /etc is not writable"),
+    "net-twice": (["--net", "public"], "--net given twice (none, then public); give it once"),
+    "memory-above-the-machine": (["--memory", "100TiB"], "more than this machine's"),
+    "profile-unknown": (["-p", "nosuch"], "--profile nosuch: no such profile"),
+    "allow-host-url": (["--allow-host", "https://example.com/"], "give its host alone"),
+    "cidr-net-none": (["--allow-cidr", "10.7.0.0/16"], "cannot be combined with --net none"),
+    "mistyped-flag": (["--nett", "none"], "--nett: unknown flag (did you mean --net?)"),
 }
 
 

@@ -60,6 +60,10 @@ def test_stop_waits_out_the_grace_and_stop_k_does_not(
         sid = running_id(user, "trap")
         r = ctl(user, "stop", sid)  # SIGTERM is ignored: SIGKILL after the grace
         assert r.stdout.decode().strip() == f"session {sid}: killed SIGKILL", r.stderr
+        # the grace is said before it is waited out
+        assert r.stderr.decode().startswith(
+            f"boxyctl: stopping session {sid}: SIGTERM, then SIGKILL after 5s"
+        ), r.stderr
         assert proc.wait(timeout=10) == 128 + 9
     finally:
         if proc.poll() is None:

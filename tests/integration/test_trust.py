@@ -136,3 +136,24 @@ def test_trust_refuses_what_it_cannot_read_as_data(boxy: Boxy, user: User, workd
         r.returncode == 0
         and b".boxy.yaml: a symlink (never followed), so it was not read" in r.stderr
     ), r.stderr
+
+
+def test_a_profile_host_in_a_refused_range_is_said_before_the_payload_starts(
+    netboxy, user: User, workdir: Path
+) -> None:
+    """The first npm run waited 70 s in silence for a registry that resolves into a
+    private range; the hint came at the end. Now it comes first, in one line."""
+    profiles = user.home / ".config/boxy/profiles"
+    profiles.mkdir(parents=True, exist_ok=True)
+    (profiles / "lanreg.yaml").write_text('net: allowlist\nallow_hosts: ["rebind-lan.boxy.test"]\n')
+    user.chown(user.home / ".config")
+    try:
+        r = netboxy.run("-p", "lanreg", cmd=["sh", "-c", "echo payload-started >&2"])
+        assert r.returncode == 0, r.stderr
+        lines = r.stderr.decode().splitlines()
+        said = [i for i, ln in enumerate(lines) if "rebind-lan.boxy.test resolves to" in ln]
+        assert len(said) == 1, lines
+        assert said[0] < lines.index("payload-started"), lines
+        assert "192.168.1.10" in lines[said[0]] and "--allow-cidr 192.168.1.10" in lines[said[0]]
+    finally:
+        (profiles / "lanreg.yaml").unlink()

@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from boxy.errors import UsageError
+from boxyctl import cli
 from boxyctl.cli import Command, parse, parse_or_exit, prog_name, usage
 
 ENV = {
@@ -204,8 +205,11 @@ def test_e_name_reads_the_client_environment():
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["run", "--bogus", "ls"], "unrecognized arguments: --bogus"),
-        (["run", "--mem", "1G", "ls"], "unrecognized arguments: --mem"),  # no abbreviations
+        (["run", "--bogus", "ls"], "--bogus: unknown flag"),
+        (
+            ["run", "--mem", "1G", "ls"],
+            "--mem: unknown flag (did you mean --memory?)",
+        ),  # no abbreviations
         (
             ["run", "--memory", "2XB", "ls"],
             "--memory: '2XB' is not a size (examples: 512MiB, 2GiB)",
@@ -216,8 +220,8 @@ def test_e_name_reads_the_client_environment():
         (["run", "--cpus", "0", "ls"], "--cpus: '0' is zero"),
         (["run", "--timeout", "soon", "ls"], "--timeout: 'soon' is not a duration"),
         (["run", "--pcap", "c", "--pcap-max", "1XB", "ls"], "--pcap-max: '1XB' is not a size"),
-        (["run", "--net", "open", "ls"], "--net: invalid choice: 'open'"),
-        (["run", "--seccomp", "off", "ls"], "--seccomp: invalid choice: 'off'"),
+        (["run", "--net", "open", "ls"], "--net: 'open' is not one of public, allowlist, none"),
+        (["run", "--seccomp", "off", "ls"], "--seccomp: 'off' is not one of strict, compat"),
         (["run", "--allow-host", "a.example:0", "ls"], "is not a port number"),
         (["run", "--allow-host", "[10.0.0.1]", "ls"], "not a host name"),
         (["run", "--allow-port", "65536", "ls"], "--allow-port: '65536' is not a port number"),
@@ -263,17 +267,17 @@ def test_e_name_reads_the_client_environment():
         ),
         (["run", "--pcap-max", "1GiB", "ls"], "--pcap-max: needs --pcap"),
         ([], "missing command (run, ps, show"),
-        (["frobnicate"], "COMMAND: invalid choice: 'frobnicate'"),
-        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["frobnicate"], "frobnicate: not a command; one of: run, ps,"),
+        (["--bogus"], "--bogus: unknown flag"),
         (["show"], "show: the following arguments are required: ID"),
         (["stop", "-k"], "stop: the following arguments are required: ID"),
         (["show", "../x"], "'../x' is not a session id"),
         (["ps", "extra"], "unrecognized arguments: extra"),
         (["profile"], "profile: missing action (list, show NAME)"),
-        (["profile", "edit"], "ACTION: invalid choice: 'edit'"),
+        (["profile", "edit"], "profile: edit: not an action; one of: list, show"),
         (["profile", "show"], "the following arguments are required: NAME"),
         (["daemon"], "daemon: missing action (status, restart, stop)"),
-        (["daemon", "kill"], "invalid choice: 'kill'"),
+        (["daemon", "kill"], "daemon: kill: not an action; one of: status"),
     ],
 )
 def test_refusals(argv, message):
@@ -489,3 +493,100 @@ def test_secret_refusals_never_show_a_value(argv, message):
     with pytest.raises(UsageError) as e:
         p("run", *argv, "--", "true")
     assert message in str(e.value) and "hunter2" not in str(e.value)
+
+
+def test_a_scalar_flag_given_twice_with_different_values_is_refused() -> None:
+    env, cwd = {"HOME": "/home/u"}, "/home/u/proj"
+    with pytest.raises(
+        UsageError, match=r"^--net given twice \(none, then public\); give it once$"
+    ):
+        cli.parse(["run", "--net", "none", "--net", "public", "true"], environ=env, cwd=cwd)
+    with pytest.raises(UsageError, match=r"^--memory given twice \(1GiB, then 2GiB\)"):
+        cli.parse(["run", "--memory=1GiB", "--memory", "2GiB", "true"], environ=env, cwd=cwd)
+    # the same value twice says nothing different: accepted; lists add up
+    cli.parse(["run", "--net", "none", "--net", "none", "true"], environ=env, cwd=cwd)
+    cli.parse(["run", "--ro", "/a", "--ro", "/b", "true"], environ=env, cwd=cwd)
+    # after the command it is the command's
+    cli.parse(["run", "--net", "none", "sh", "--net", "public"], environ=env, cwd=cwd)
+
+
+def test_a_run_flag_after_the_command_is_said_and_the_run_goes_on(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    env, cwd = {"HOME": "/home/u"}, "/home/u/proj"
+    cmd = cli.parse(["run", "sh", "-c", "true", "--net", "none"], environ=env, cwd=cwd)
+    assert cmd.args["request"].argv == ["sh", "-c", "true", "--net", "none"]
+    assert capsys.readouterr().err == (
+        "boxyctl: --net: after the command sh, so passed to it, not to boxyctl run "
+        "(run's flags go before the command)\n"
+    )
+    for argv in (["--", "sh", "--net", "none"], ["node", "-e", "1"], ["npm", "--verbose"]):
+        cli.parse(["run", *argv], environ=env, cwd=cwd)
+        assert capsys.readouterr().err == ""
+
+
+def test_a_url_for_allow_host_says_what_to_write_instead() -> None:
+    env, cwd = {"HOME": "/home/u"}, "/home/u/proj"
+    for url, want in (
+        ("https://example.com/", "--allow-host example.com"),
+        ("https://u:p@example.com:8443/x", "--allow-host example.com:8443"),
+    ):
+        with pytest.raises(UsageError) as e:
+            cli.parse(["run", "--allow-host", url, "true"], environ=env, cwd=cwd)
+        assert str(e.value) == f"--allow-host: {url!r} is a URL; give its host alone: {want}"
+
+
+def test_net_none_with_allow_cidr_names_the_real_conflict() -> None:
+    env, cwd = {"HOME": "/home/u"}, "/home/u/proj"
+    with pytest.raises(UsageError) as e:
+        cli.parse(
+            ["run", "--net", "none", "--allow-cidr", "10.0.2.0/24", "true"], environ=env, cwd=cwd
+        )
+    assert str(e.value) == "--allow-cidr: cannot be combined with --net none (no network at all)"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["rn"], "rn: not a command (did you mean run?); one of: run, ps,"),
+        (["profile", "shw"], "profile: shw: not an action (did you mean show?); one of: list, show"),
+        (["run", "--nett", "none", "true"], "--nett: unknown flag (did you mean --net?)"),
+        (["ps", "--al"], "--al: unknown flag (did you mean --all?)"),
+        (["run", "--net", "nne", "x"], "--net: 'nne' is not one of public, allowlist, none (did you mean none?)"),
+    ],
+)  # fmt: skip
+def test_a_mistyped_command_or_flag_gets_a_suggestion(argv: list[str], message: str) -> None:
+    with pytest.raises(UsageError) as e:
+        parse(argv, environ={"HOME": "/home/u"}, cwd="/home/u")
+    assert str(e.value).startswith(message) and "COMMAND" not in str(e.value)
+
+
+def test_an_unknown_profile_name_is_refused_in_the_client(tmp_path) -> None:
+    env = {"HOME": str(tmp_path)}
+    with pytest.raises(UsageError) as e:
+        parse(["run", "-p", "nod", "true"], environ=env, cwd=str(tmp_path))
+    assert str(e.value).startswith("--profile nod: no such profile (did you mean node? presets: ")
+    assert parse(["run", "-p", "node", "true"], environ=env, cwd=str(tmp_path)).name == "run"
+    mine = tmp_path / ".config" / "boxy" / "profiles"
+    mine.mkdir(parents=True)
+    (mine / "nod.yaml").write_text("extends: node\n")
+    assert parse(["run", "-p", "nod", "true"], environ=env, cwd=str(tmp_path)).name == "run"
+
+
+@pytest.mark.parametrize(
+    "command", ["ps", "show", "watch", "attach", "stop", "doctor", "setup", "completion"]
+)
+def test_every_command_has_a_description_and_its_arguments_help(command: str) -> None:
+    from boxyctl.parser import DESCRIPTIONS
+
+    text = usage("boxyctl", command)
+    assert DESCRIPTIONS[command].split()[0] in text.splitlines()[2]
+    if "positional arguments:" in text:
+        args = text.partition("positional arguments:\n")[2].split("\n\n")[0]
+        assert all(len(line.split()) > 1 for line in args.splitlines() if line.startswith("  "))
+
+
+def test_help_says_the_exit_statuses() -> None:
+    for command in (None, "run"):
+        text = usage("boxyctl", command)
+        assert "exit status:" in text and "2 for bad input" in text

@@ -148,3 +148,46 @@ def test_the_summary_agrees_with_the_destinations_table(n: int) -> None:
         t.add(ev)
     table_denied = sum(d.denied for d in log.summary())
     assert t.connections + t.answers == table_denied
+
+
+def test_a_v_run_is_not_told_to_use_v() -> None:
+    t = Tally()
+    t.add({"layer": "net.ip", "verdict": "deny", "proto": "tcp", "addr": "10.0.0.1"})
+    assert t.lines(verbose=True) == ["1 connection refused (each one said above)"]
+    assert t.lines() == ["1 connection refused (-v or --audit-log for details)"]
+
+
+def test_a_name_not_allowed_has_its_row_in_the_table() -> None:
+    """The summary line said '1 name not allowed' while the table had no row for it."""
+    from boxyd.daemon.network import _refused_lookup
+
+    events = [
+        {"layer": "net.dns", "verdict": "deny", "name": "Evil.example.", "reason": "not listed"},
+        {"layer": "net.dns", "verdict": "deny", "name": "r.example", "denied": [["10.0.0.9", "x"]]},
+        {"layer": "net.dns", "verdict": "deny", "proto": "tcp", "addr": "11.0.0.6", "name": "a"},
+    ]
+    t, log = Tally(), NetLog()
+    for ev in events:
+        t.add(ev)
+        if _refused_lookup(ev):
+            log.refused_name(str(ev["name"]))
+    rows = {r.name: r.denied for r in log.summary()}
+    assert rows == {"evil.example": 1}
+    assert t.names == set(rows)
+
+
+def test_the_allowlists_names_that_resolve_only_into_refused_ranges_are_said() -> None:
+    from boxyd.daemon.network import _plain_names, refused_names
+    from boxyd.net.policy import NetPolicy
+
+    policy = NetPolicy.from_spec("allowlist", ["reg.example", "*.cdn.example", "11.0.0.7"])
+    assert _plain_names(policy) == ["reg.example"]
+    events = [  # the proxy's events: A removed whole; a second name keeps one address
+        {"name": "reg.example", "addrs": [], "denied": [["10.9.8.7", "private (RFC 1918)"]]},
+        {"name": "reg.example", "addrs": [], "qtype": "AAAA"},
+        {"name": "ok.example", "addrs": ["11.0.0.1"], "denied": [["10.0.0.1", "private"]]},
+    ]
+    assert refused_names(events) == [
+        "reg.example resolves to 10.9.8.7 (private (RFC 1918)), which boxy refuses, so the "
+        "run cannot reach it; if that is really where it lives: --allow-cidr 10.9.8.7"
+    ]

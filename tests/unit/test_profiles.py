@@ -67,8 +67,14 @@ def test_node_preset():
         "SSL_CERT_FILE": "{npm_cafile}",
         "npm_config_cache": "/c/node/p/npm",
         "YARN_CACHE_FOLDER": "/c/node/p/yarn",
-        "npm_config_store_dir": "/c/node/p/pnpm",
+        "PNPM_HOME": "/c/node/p/pnpm",  # pnpm's store: $PNPM_HOME/store
     }  # npm's, yarn's, pnpm's: this project's
+    # every npm_config_* is one npm knows: npm warns of any other on every command
+    # ('npm warn Unknown env config "store-dir"')
+    npm_keys = {"registry", "cafile", "cache", "update_notifier"}
+    assert {
+        k.lower().removeprefix("npm_config_") for k in p.env if k.lower().startswith("npm_config_")
+    } <= npm_keys
     assert (p.memory, p.pids) == (4 << 30, 1024)
     assert not (p.ro or p.rw or p.copy)  # no ~/.npmrc (it may hold tokens), no host cache
     assert [e.path for e in p.mkdir] == ["/c/node/p"]  # boxy's own cache for this project

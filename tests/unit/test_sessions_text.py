@@ -134,3 +134,12 @@ def test_the_board_totals_rates_destinations_and_recent() -> None:
     assert lines[5].startswith(text.RED + "evil.example")  # a refused destination in red
     recent = lines[lines.index("RECENT") + 1 :]
     assert len(recent) == text.Board.RECENT and recent[-1].endswith("state state=exited")
+
+
+def test_show_says_1_connection_not_1_connections() -> None:
+    from boxy.outcome import Counters
+
+    running = info(State.RUNNING)
+    running.counters = Counters(connections=1, destinations=1)
+    (line,) = [ln for ln in text.show_lines(running, NOW) if ln.startswith("network")]
+    assert line.startswith("network   1 connection, 0 denied") and line.endswith(" 1 destination")

@@ -396,7 +396,8 @@ def test_env(fs):
     assert "MISSING" not in spec.env
     # present: false is not filled from client_env, which only feeds the exposure check
     assert "SSH_AUTH_SOCK" not in spec.env
-    assert sum("not set in your environment" in n for n in spec.notes) == 2
+    # said without -v: a typo would otherwise pass unnoticed
+    assert sum("not set in your environment, so not passed" in n for n in spec.warnings) == 2
 
 
 def test_exposure_checked_for_workdir_and_flags(fs):

@@ -45,7 +45,7 @@ def test_flags_profile_env_and_env_pass_in_order_of_precedence() -> None:
     assert (env["A"], env["B"], env["P"], env["S"]) == ("flag", "https://n.test/", "passed", "s")
     assert "C" not in env and "GONE" not in env
     assert notes == [
-        "-e GONE: not set in your environment; skipped",
+        "-e GONE: not set in your environment, so not passed",
         "profile p.yaml: env C: no {pip_cert} configured; not set",
     ]
 
@@ -79,4 +79,4 @@ def test_requested_keeps_the_order_given() -> None:
     notes: list[str] = []
     o = RunOptions(env=[EnvItem("B", "2"), EnvItem("A", None)], secret=[Secret("S", "s")])
     assert environment.requested(o, notes) == [("B", "2"), ("S", "s")]
-    assert notes == ["-e A: not set in your environment; skipped"]
+    assert notes == ["-e A: not set in your environment, so not passed"]

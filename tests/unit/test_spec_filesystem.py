@@ -274,3 +274,73 @@ def test_prepare_caches_says_what_failed(tree: dict[str, str]) -> None:
         filesystem.prepare_caches(prof(mkdir=[PathEntry(cache)]), tree["wd"], tree["home"])
     assert str(e.value).startswith(f"profile p.yaml: the package cache {cache}: ")
     assert str(e.value).endswith("; `boxyctl cache clean` removes it")
+
+
+def _closed_to_the_user(monkeypatch: pytest.MonkeyPatch, closed: str) -> None:
+    """os.access as an unprivileged user sees CLOSED (the unit tests may run as root)."""
+    real = os.access
+
+    def access(path: Any, mode: int, **kw: Any) -> bool:
+        return not str(path).startswith(closed) and real(path, mode, **kw)
+
+    monkeypatch.setattr(os, "access", access)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (RunOptions(rw=["{closed}"]), "--rw {closed}: not readable by you"),
+        (RunOptions(ro=["{closed}"]), "--ro {closed}: not readable by you"),
+        (RunOptions(mkdir=["{closed}/x"]), "--mkdir {closed}/x: cannot be made: {closed} is not"),
+        (RunOptions(mkdir=["{closed}"]), "--mkdir {closed}: exists and is not writable by you"),
+    ],
+)
+def test_a_path_the_user_cannot_read_or_make_is_refused_before_the_start(
+    tree: dict[str, str], monkeypatch: pytest.MonkeyPatch, options: RunOptions, message: str
+) -> None:
+    closed = tree["tmp"] + "/closed"
+    os.mkdir(closed)
+    _closed_to_the_user(monkeypatch, closed)
+    for field in ("rw", "ro", "mkdir"):
+        setattr(options, field, [p.format(closed=closed) for p in getattr(options, field)])
+    with pytest.raises(UsageError, match="^" + message.format(closed=closed)):
+        decide(tree, options)
+
+
+def test_rw_of_a_tree_the_user_can_only_read_says_ro(
+    tree: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, m, **kw: not m & os.W_OK and real(p, m, **kw))
+    with pytest.raises(UsageError, match="not writable by you; --ro exposes it read-only"):
+        decide(tree, RunOptions(rw=[tree["home"] + "/data"]))
+
+
+def test_mkdir_under_a_missing_parent_is_made_where_the_user_can_write(
+    tree: dict[str, str],
+) -> None:
+    got, _ = decide(tree, RunOptions(mkdir=[tree["home"] + "/new/deeper"]))
+    assert got.mkdir == [PathEntry(tree["home"] + "/new/deeper")]
+
+
+def test_a_reveal_of_a_missing_path_is_said_in_one_line(tree: dict[str, str]) -> None:
+    warnings: list[str] = []
+    got = filesystem.decide(
+        RunOptions(reveal=[".env", "nosuch"]), prof(), cwd=tree["wd"], workdir=tree["wd"],
+        home=tree["home"], uid=os.getuid(), client_env={}, notes=[], warnings=warnings,
+    )  # fmt: skip
+    assert got.reveal == [tree["wd"] + "/.env", tree["wd"] + "/nosuch"]
+    assert warnings == [
+        f"--reveal {tree['wd']}/nosuch: no such file or directory (yet); "
+        "it is revealed if the run creates it"
+    ]
+
+
+def test_a_presets_absent_protect_entries_say_nothing(tree: dict[str, str]) -> None:
+    p = prof(
+        protect=[PathEntry(tree["wd"] + n, optional=True) for n in ("/.vscode", "/.husky")],
+        ro=[PathEntry(tree["home"] + "/.claude", optional=True)],
+    )
+    got, notes = decide(tree, p=p)
+    assert got.protect == []
+    assert notes == [f"profile p.yaml: filesystem.ro {tree['home']}/.claude: absent; skipped"]

@@ -103,8 +103,12 @@ def test_an_approved_project_applies_whole(project: dict[str, str]) -> None:
 def test_an_invalid_project_file_is_held_back_unless_approved(project: dict[str, str]) -> None:
     write(project, pc.NAME, "net: [\n")
     got, _, held = layer(project)
-    assert got.name == "generic" and len(held) == 1
-    assert held[0].startswith(f"{project['wd']}/{pc.NAME}, which is not valid (profile ")
+    assert got.name == "generic" and held == []
+    # said as invalid, where: never as "not approved" (trust would refuse it)
+    assert got.invalid[0].startswith(
+        f"{project['wd']}/{pc.NAME}: not valid, so ignored (none of it applies): invalid YAML at line 2"
+    )
+    assert got.invalid[0].endswith("; fix it and run again")
     approve(project)
     with pytest.raises(ProfileError, match="invalid YAML"):
         layer(project)
@@ -114,7 +118,18 @@ def test_an_unapproved_project_that_does_not_load_leaves_the_base(project: dict[
     write(project, pc.NAME, "profile: nosuch\n")
     got, _, held = layer(project)
     assert got.name == "generic" and got.profile.name == "generic"
-    assert len(held) == 1 and "which does not load (unknown profile 'nosuch'" in held[0]
+    assert held == [] and len(got.invalid) == 1
+    assert "not valid, so ignored (none of it applies): unknown profile 'nosuch'" in got.invalid[0]
+
+
+def test_an_unknown_key_is_said_with_the_file_and_the_key(project: dict[str, str]) -> None:
+    write(project, pc.NAME, "net: bogus\n")
+    got, _, held = layer(project)
+    assert held == []
+    assert got.invalid == [
+        f"{project['wd']}/{pc.NAME}: not valid, so ignored (none of it applies): "
+        "key net: expected one of: public, allowlist, none; fix it and run again"
+    ]
 
 
 def test_approved_registries_come_first_in_the_resolver(project: dict[str, str]) -> None:
@@ -147,3 +162,13 @@ def test_project_widening_refuses_what_does_not_load(project: dict[str, str]) ->
     with pytest.raises(ProfileError, match="is not an absolute path"):
         layering.project_widening(pc.read(project["wd"]), project["home"])
     assert os.listdir(project["wd"]) == [pc.NAME]  # nothing made
+
+
+def test_trust_says_an_invalid_file_is_invalid_and_where(project: dict[str, str]) -> None:
+    write(project, pc.NAME, "filesystem: {ro: 3}\n")
+    with pytest.raises(ProfileError) as e:
+        layering.project_widening(pc.read(project["wd"]), project["home"])
+    assert str(e.value) == (
+        f"{project['wd']}/{pc.NAME}: not valid, so not approved: key filesystem.ro: "
+        "expected a list; fix it and run `boxyctl trust` again"
+    )

@@ -130,3 +130,16 @@ def test_fields_hand_over_each_field() -> None:
     got = _fields(limits.Terminal(True, False, True))
     assert got == {"tty": True, "tty_raw": False, "detach": True}
     assert [f.name for f in dataclasses.fields(limits.Terminal)] == list(got)
+
+
+def test_memory_above_the_machines_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(limits, "machine_memory", lambda: 23 << 30)
+    with pytest.raises(UsageError) as e:
+        limits.limits(RunOptions(memory=100 << 40), prof())
+    assert str(e.value) == (
+        "--memory 100.0TiB: more than this machine's 23.0GiB of memory, so it would "
+        "limit nothing; give less, or leave it out for the default"
+    )
+    assert limits.limits(RunOptions(memory=8 << 30), prof()).memory == 8 << 30
+    # a profile's value is kept: profiles are shared between machines
+    assert limits.limits(RunOptions(), prof(memory=100 << 40)).memory == 100 << 40

@@ -241,7 +241,7 @@ def test_host_spec_str_round_trips():
         ("a.123", "not a host name"),
         ("ex ample.com", "not a host name"),
         ("x" * 64 + ".com", "not a host name"),
-        ("https://example.com", "not a port"),
+        ("https://example.com", "is a URL; give its host alone: --allow-host example.com"),
     ],
 )
 def test_parse_host_spec_refuses(text, message):

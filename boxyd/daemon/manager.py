@@ -92,15 +92,27 @@ class Manager:
         return [*self.sessions.values()]
 
     def get(self, sid: str) -> Session:
+        """A session in memory by its id or a unique prefix of it (Attach, Signal,
+        Resize, Stop: only a session boxyd holds can be acted on)."""
         try:
-            return self.sessions[sid]
+            return self.sessions[_unique(sid, list(self.sessions))]
         except KeyError:
             raise NoSuchSession(sid) from None
+
+    async def resolve(self, sid: str) -> str:
+        """SID, or the one id it is a prefix of among the sessions in memory and on
+        record. NoSuchSession when none is; UsageError naming them when several are."""
+        if sid in self.sessions:
+            return sid
+        on_record = (
+            await pools.run(pools.RECORDS, records.record_ids) if self.records is not None else []
+        )
+        return _unique(sid, [*self.sessions, *on_record])
 
     def watched(self, sid: str | None) -> Session:
         """`watch [ID]`: that session; without an id the only running one."""
         if sid is not None:
-            return self.get(sid)
+            return self.get(sid)  # a finished one not in memory: the service asks info()
         running = self.running()
         if len(running) == 1:
             return running[0]
@@ -155,6 +167,7 @@ class Manager:
 
     async def stop_and_wait(self, sid: str, kill: bool = False) -> SessionInfo:
         """`boxyctl stop`: the session as it ended (a finished one as it is)."""
+        sid = await self.resolve(sid)
         try:
             s = self.get(sid)
         except NoSuchSession:
@@ -173,6 +186,7 @@ class Manager:
         return sorted(found.values(), key=lambda i: i.started_at)
 
     async def info(self, sid: str) -> SessionInfo:
+        sid = await self.resolve(sid)
         if sid in self.sessions:
             return self.sessions[sid].info()
         info = (
@@ -226,6 +240,23 @@ class Manager:
         for old in finished[: max(0, len(finished) - self._keep)]:
             del self.sessions[old.id]
             self.events.publish(SessionRemoved(old.id))
+
+
+MAX_NAMED = 5  # ids an ambiguous prefix names (the rest counted)
+
+
+def _unique(sid: str, ids: list[str]) -> str:
+    """The one of IDS that is SID or starts with it."""
+    if sid in ids:
+        return sid
+    found = sorted({i for i in ids if sid and i.startswith(sid)})
+    if not found:
+        raise NoSuchSession(sid)
+    if len(found) > 1:
+        named = ", ".join(found[:MAX_NAMED])
+        more = f" and {len(found) - MAX_NAMED} more" if len(found) > MAX_NAMED else ""
+        raise UsageError(f"id {sid} is ambiguous: {named}{more}; give more of it")
+    return found[0]
 
 
 def _profiled(info: SessionInfo) -> SessionInfo:

@@ -153,6 +153,15 @@ def read_meta(sid: str) -> SessionInfo | None:
     return info
 
 
+def record_ids() -> list[str]:
+    """The ids of every session on record (the directories' names)."""
+    try:
+        names = os.listdir(state_dir() / "sessions")
+    except OSError:
+        return []
+    return [n for n in names if SESSION_ID.fullmatch(n)]
+
+
 def read_all() -> list[SessionInfo]:
     """Every session on record (retention bounds how many)."""
     try:

@@ -614,3 +614,30 @@ async def test_a_run_nobody_follows_is_not_hung_up() -> None:
     assert m.launcher.made[0].signals == []
     m.stop(s.id, kill=True)
     await s.wait()
+
+
+async def test_a_unique_prefix_names_a_session_an_ambiguous_one_is_refused(
+    tmp_path, monkeypatch
+) -> None:
+    from boxyd.daemon import manager, records
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    ids = iter(["ab120000", "ab340000", "cd560000"])
+    monkeypatch.setattr(manager.secrets, "token_hex", lambda _n: next(ids))
+    m = Manager(FakeLauncher(exit_code=0), records.Records(str(tmp_path)))
+    a, b = await m.start(request(), []), await m.start(request(), [])
+    await a.wait()
+    await b.wait()
+    assert m.get("ab1") is a and (await m.info("ab3")).id == b.id
+    with pytest.raises(UsageError, match="id ab is ambiguous: ab120000, ab340000"):
+        await m.info("ab")
+    with pytest.raises(UsageError, match="ambiguous"):
+        m.get("a")
+    with pytest.raises(NoSuchSession):
+        await m.info("ff")
+    # after a restart: the records' ids are what a prefix is matched against
+    again = Manager(FakeLauncher(), records.Records(str(tmp_path)))
+    assert (await again.info("ab12")).id == a.id
+    assert (await again.stop_and_wait("ab3")).id == b.id
+    with pytest.raises(UsageError, match="ambiguous"):
+        await again.stop_and_wait("ab")

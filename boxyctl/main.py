@@ -132,6 +132,8 @@ def _main(argv: list[str] | None) -> int:
             return stop(cmd.args)
         if cmd.name == "watch":
             return watch(cmd.args)
+        if cmd.name == "logs":
+            return logs(cmd.args)
         if cmd.name == "attach":
             return attach(cmd.args)
         raise AssertionError(f"unhandled command {cmd.name}")
@@ -585,6 +587,62 @@ def stop(args: dict[str, Any]) -> int:
     finally:
         client.close()
     return status
+
+
+LOGS_POLL = 0.2  # seconds between looks at a followed output log
+LOGS_ASK = 1.0  # seconds between asking boxyd whether the followed session has ended
+
+
+def logs(args: dict[str, Any]) -> int:
+    """logs [-f] ID: the output boxyd keeps of a detached session (its record's
+    output.log, bounded), as written; -f follows it until the session ends."""
+    from boxy.paths import state_dir
+    from boxyctl.connect import connect
+
+    client = connect()
+    try:
+        session = client.call(f"{IFACE}.Show", {"id": args["id"]}).get("session") or {}
+        sid = str(session.get("id", ""))
+        finished = session.get("ended_at") is not None
+        path = state_dir() / "sessions" / sid / "output.log"
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise BoxyError(
+                f"logs: session {sid} kept no output (only a detached one's is: run -d, "
+                "or Ctrl-] in a run)"
+            ) from None
+        except OSError as e:
+            raise BoxyError(f"logs: {path}: {e.strerror}") from None
+        try:
+            _copy_out(fd)
+            asked = time.monotonic()
+            while args.get("follow") and not finished:
+                if _copy_out(fd):
+                    continue
+                time.sleep(LOGS_POLL)
+                if time.monotonic() - asked >= LOGS_ASK:
+                    asked = time.monotonic()
+                    got = client.call(f"{IFACE}.Show", {"id": sid}).get("session") or {}
+                    finished = got.get("ended_at") is not None
+            _copy_out(fd)  # what it wrote before it ended
+        finally:
+            os.close(fd)
+    finally:
+        client.close()
+    return 0
+
+
+def _copy_out(fd: int) -> int:
+    """What FD has now, to stdout as it is; how many bytes."""
+    sys.stdout.flush()
+    total = 0
+    while chunk := os.read(fd, 1 << 16):
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(1, view) :]
+        total += len(chunk)
+    return total
 
 
 def watch(args: dict[str, Any]) -> int:

@@ -254,12 +254,37 @@ def _option_value(option: Option, got: Any, ctx: _Paths) -> Any:
     return out
 
 
+# `run` without a command, on a terminal: the user's shell as the sandbox sees it
+# (a path the host has may be missing inside), checked in there.
+SHELL_PICK = (
+    'if [ -f "$0" ] && [ -x "$0" ]; then exec "$0"; '
+    "elif [ -x /bin/bash ]; then exec /bin/bash; else exec /bin/sh; fi"
+)
+
+
+def shell_command(shell: str) -> list[str]:
+    """$SHELL if it exists inside the sandbox, else /bin/bash, else /bin/sh."""
+    return ["/bin/sh", "-c", SHELL_PICK, shell if shell.startswith("/") else ""]
+
+
+def _on_terminal() -> bool:
+    try:
+        return os.isatty(0)
+    except (OSError, ValueError):
+        return False
+
+
 def _run_request(ns: Any, environ: dict[str, str], cwd: str) -> RunRequest:
     command = list(ns.argv)
     if command[:1] == ["--"]:
         command = command[1:]
+    if not command and _on_terminal():
+        command = shell_command(environ.get("SHELL", ""))
     if not command:
-        raise UsageError("run: missing command (run [flags] -- COMMAND [ARGS...])")
+        raise UsageError(
+            "run: missing command (run [flags] -- COMMAND [ARGS...]; "
+            "without one, on a terminal, your shell)"
+        )
     if not command[0]:
         raise UsageError("run: the command is an empty string (run [flags] -- COMMAND [ARGS...])")
     ctx = _Paths(environ, cwd)

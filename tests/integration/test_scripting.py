@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BIN, Boxy, User
+from tests.integration.test_attach import Term
 
 pytestmark = pytest.mark.sandbox
 
@@ -107,3 +109,42 @@ def test_json_without_a_daemon_and_daemon_status(boxy: Boxy, user: User, workdir
     assert ctl(user, "daemon", "stop").returncode == 0
     r = ctl(user, "daemon", "status")
     assert (r.returncode, r.stdout) == (3, b"boxyd: not running\n")
+
+
+def _shell_term(user: User, workdir: Path, shell: str) -> Term:
+    """`boxyctl run --net none` (no command) on a fresh PTY, with SHELL=SHELL."""
+    term = Term.__new__(Term)
+    term.master, slave = os.openpty()
+    try:
+        term.proc = subprocess.Popen(
+            user.cmd([str(BIN / "boxyctl"), "run", "--net", "none"], {"SHELL": shell}),
+            cwd=workdir,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+        )
+    finally:
+        os.close(slave)
+    term.seen = bytearray()
+    return term
+
+
+@pytest.mark.parametrize(
+    "shell, want",
+    [("/bin/dash", "bash=<>"), ("/no/such/zsh", r"bash=<5\.")],
+)
+def test_run_without_a_command_on_a_terminal_is_the_shell(
+    boxy: Boxy, user: User, workdir: Path, shell: str, want: str
+) -> None:
+    term = _shell_term(user, workdir, shell)
+    try:
+        term.expect(r"\$ ")  # its prompt: input typed before it could be flushed
+        term.send(b'echo "bash=<$BASH_VERSION>"; exit 5\r')
+        term.expect(want)
+        assert term.wait() == 5
+    finally:
+        term.close()
+    r = ctl(user, "run", "--net", "none", cwd=workdir)  # no terminal: still an error
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+    assert b"run: missing command" in r.stderr

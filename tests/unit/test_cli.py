@@ -497,3 +497,17 @@ def test_secret_refusals_never_show_a_value(argv, message):
     with pytest.raises(UsageError) as e:
         p("run", *argv, "--", "true")
     assert message in str(e.value) and "hunter2" not in str(e.value)
+
+
+def test_run_without_a_command_is_the_shell_on_a_terminal_only(monkeypatch) -> None:
+    from boxyctl import cli
+
+    monkeypatch.setattr(cli, "_on_terminal", lambda: False)
+    with pytest.raises(UsageError, match="run: missing command"):
+        parse(["run", "--net", "none"], environ=ENV, cwd="/w")
+    monkeypatch.setattr(cli, "_on_terminal", lambda: True)
+    env = {**ENV, "SHELL": "/usr/bin/zsh"}
+    got = parse(["run", "--net", "none"], environ=env, cwd="/w").args["request"]
+    assert got.argv == ["/bin/sh", "-c", cli.SHELL_PICK, "/usr/bin/zsh"]
+    assert got.options.net == "none"
+    assert cli.shell_command("zsh")[-1] == ""  # not a path: bash, else sh

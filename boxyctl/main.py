@@ -159,7 +159,13 @@ def _stdio() -> list[int]:
 def run(args: dict[str, Any]) -> int:
     """A run; with --report FILE its summary is written there as it ends."""
     summary = _Summary()
-    status = _run(args["request"], summary)
+    try:
+        status = _run(args["request"], summary)
+    except BoxyError as e:  # refused before it started: the report says so too
+        if args.get("report"):
+            summary.refused = (e.exit_status, str(e))
+            _write_report(args["report"], summary)
+        raise
     if args.get("report"):
         _write_report(args["report"], summary)
     return status
@@ -174,6 +180,7 @@ class _Summary:
         self.refusals: list[str] = []
         self.outcome: Outcome | None = None
         self.denials: int | None = None
+        self.refused: tuple[int, str] | None = None  # boxyd's refusal: exit status, message
 
 
 def _write_report(path: str, summary: _Summary) -> None:
@@ -183,7 +190,7 @@ def _write_report(path: str, summary: _Summary) -> None:
     import tempfile
 
     out = summary.outcome
-    doc = {
+    doc: dict[str, Any] = {
         "id": summary.id or None,
         "exit_status": out.exit_status if out else None,
         "reason": out.reason.value if out else None,
@@ -197,6 +204,8 @@ def _write_report(path: str, summary: _Summary) -> None:
         "notes": list(out.notes) if out else [],
         "warnings": list(out.warnings) if out else [],
     }
+    if summary.refused is not None:
+        doc["exit_status"], doc["message"] = summary.refused
     directory = os.path.dirname(path)
     try:
         fd, tmp = tempfile.mkstemp(prefix=".boxy-report.", dir=directory)

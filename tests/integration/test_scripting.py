@@ -47,8 +47,8 @@ def test_json_quiet_prefixes_and_stopping_several(boxy: Boxy, user: User, workdi
             r = ctl(user, "show", a[: n - 1])
             assert r.returncode == 2 and f"id {a[: n - 1]} is ambiguous: " in r.stderr.decode()
             assert a in r.stderr.decode() and len(r.stderr.decode().splitlines()) == 1
-        r = ctl(user, "stop", a[:n], b)
-        assert r.returncode == 0, r.stderr
+        r = ctl(user, "stop", a[:n], b, "feedbee")
+        assert r.returncode == 1 and b"no session feedbee" in r.stderr, r.stderr
         assert r.stdout.decode().splitlines() == [
             f"session {a}: killed SIGTERM",
             f"session {b}: killed SIGTERM",
@@ -60,6 +60,7 @@ def test_json_quiet_prefixes_and_stopping_several(boxy: Boxy, user: User, workdi
     row = next(ln for ln in listed if ln.startswith(a)).split()
     # killed SIGTERM, then two dates (YYYY-MM-DD HH:MM:SS)
     assert row[3][:2] == "20" and row[5][:2] == "20" and ":" in row[4] and ":" in row[6], row
+    assert f"session   {a}" in ctl(user, "watch", a[:n]).stdout.decode()  # finished: its summary
     done = json.loads(ctl(user, "show", "--json", a).stdout)
     assert done["outcome"]["exit_status"] == 128 + 15 and done["ended_at"] >= done["started_at"]
 
@@ -92,6 +93,10 @@ def test_run_report(boxy: Boxy, user: User, workdir: Path) -> None:
     assert doc["findings"] == [] and doc["refusals"] == [] and doc["denials"] == 0
     assert doc["destinations"] == [] and len(doc["id"]) == 8
     assert json.loads(ctl(user, "show", "--json", doc["id"]).stdout)["argv"][-1] == "exit 3"
+    r = boxy.run("--net", "none", "-p", "no-such-profile", "--report", "r.json", cmd=["true"])
+    doc = json.loads((workdir / "r.json").read_text())
+    assert r.returncode == 2 and (doc["id"], doc["exit_status"]) == (None, 2)
+    assert "no-such-profile" in doc["message"]
 
 
 def test_json_without_a_daemon_and_daemon_status(boxy: Boxy, user: User, workdir: Path) -> None:

@@ -598,60 +598,45 @@ def stop(args: dict[str, Any]) -> int:
     return status
 
 
-LOGS_POLL = 0.2  # seconds between looks at a followed output log
-LOGS_ASK = 1.0  # seconds between asking boxyd whether the followed session has ended
+LOGS_POLL = 0.3  # seconds between asking for more of a followed session's output
 
 
 def logs(args: dict[str, Any]) -> int:
     """logs [-f] ID: the output boxyd keeps of a detached session (its record's
-    output.log, bounded), as written; -f follows it until the session ends."""
-    from boxy.paths import state_dir
+    output.log, bounded), as written; -f follows it until the session ends. Read
+    through boxyd (Output): its state directory is the one that counts."""
+    import base64
+
     from boxyctl.connect import connect
 
     client = connect()
+    sid, offset = args["id"], 0
     try:
-        session = client.call(f"{IFACE}.Show", {"id": args["id"]}).get("session") or {}
-        sid = str(session.get("id", ""))
-        finished = session.get("ended_at") is not None
-        path = state_dir() / "sessions" / sid / "output.log"
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise BoxyError(
-                f"logs: session {sid} kept no output (only a detached one's is: run -d, "
-                "or Ctrl-] in a run)"
-            ) from None
-        except OSError as e:
-            raise BoxyError(f"logs: {path}: {e.strerror}") from None
-        try:
-            _copy_out(fd)
-            asked = time.monotonic()
-            while args.get("follow") and not finished:
-                if _copy_out(fd):
-                    continue
+        while True:
+            got = client.call(f"{IFACE}.Output", {"id": sid, "offset": offset})
+            if not got.get("kept"):
+                raise BoxyError(
+                    f"logs: session {sid} kept no output (only a detached one's is: "
+                    "run -d, or Ctrl-] in a run)"
+                )
+            sid = str(got.get("id") or sid)  # a prefix once: the id from then on
+            data = base64.b64decode(str(got.get("data", "")))
+            offset = int(got.get("offset", offset + len(data)))
+            _write_out(data)
+            if not data and (got.get("ended") or not args.get("follow")):
+                return 0
+            if not data:
                 time.sleep(LOGS_POLL)
-                if time.monotonic() - asked >= LOGS_ASK:
-                    asked = time.monotonic()
-                    got = client.call(f"{IFACE}.Show", {"id": sid}).get("session") or {}
-                    finished = got.get("ended_at") is not None
-            _copy_out(fd)  # what it wrote before it ended
-        finally:
-            os.close(fd)
     finally:
         client.close()
-    return 0
 
 
-def _copy_out(fd: int) -> int:
-    """What FD has now, to stdout as it is; how many bytes."""
+def _write_out(data: bytes) -> None:
+    """DATA to stdout as it is (a terminal's output: bytes, not text)."""
     sys.stdout.flush()
-    total = 0
-    while chunk := os.read(fd, 1 << 16):
-        view = memoryview(chunk)
-        while view:
-            view = view[os.write(1, view) :]
-        total += len(chunk)
-    return total
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view) :]
 
 
 def watch(args: dict[str, Any]) -> int:

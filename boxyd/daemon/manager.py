@@ -39,6 +39,18 @@ log = logging.getLogger("boxyd")
 KEEP_FINISHED = 64  # finished sessions kept in memory (the rest live in their records)
 
 
+OUTPUT_CHUNK = 1 << 16  # bytes of an output log one Output call carries
+
+
+@dataclass(frozen=True)
+class Output:
+    id: str
+    data: bytes
+    offset: int
+    ended: bool
+    kept: bool
+
+
 @dataclass(frozen=True)
 class DaemonStatus:
     build: str
@@ -197,6 +209,17 @@ class Manager:
         if info is None:
             raise NoSuchSession(sid)
         return _profiled(info)
+
+    async def output(self, sid: str, offset: int, limit: int = OUTPUT_CHUNK) -> Output:
+        """`logs`: a piece of the session's output log. Whether it had ended is asked
+        first: an empty read after that is the whole of it."""
+        if offset < 0:
+            raise UsageError(f"Output: offset {offset} is negative")
+        sid = await self.resolve(sid)
+        held = self.sessions.get(sid)
+        ended = held is None or held.state.finished  # not held: a record, finished
+        data = await pools.run(pools.RECORDS, records.read_output, sid, offset, limit)
+        return Output(sid, data or b"", offset + len(data or b""), ended, data is not None)
 
     async def shutdown(self) -> None:
         """boxyd is told to stop: every running session is stopped (SIGTERM, grace,

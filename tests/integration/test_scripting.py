@@ -46,7 +46,10 @@ def test_json_quiet_prefixes_and_stopping_several(boxy: Boxy, user: User, workdi
         if n > 1:  # a[:n-1] is shared: refused, naming the ids
             r = ctl(user, "show", a[: n - 1])
             assert r.returncode == 2 and f"id {a[: n - 1]} is ambiguous: " in r.stderr.decode()
-            assert a in r.stderr.decode() and len(r.stderr.decode().splitlines()) == 1
+            err = r.stderr.decode()
+            assert len(err.splitlines()) == 1, err
+            named = err.split("ambiguous: ")[1].split(";")[0].split(" and ")[0].split(", ")
+            assert len(named) >= 2 and all(i.startswith(a[: n - 1]) for i in named), err
         r = ctl(user, "stop", a[:n], b, "feedbee")
         assert r.returncode == 1 and b"no session feedbee" in r.stderr, r.stderr
         assert r.stdout.decode().splitlines() == [

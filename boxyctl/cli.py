@@ -43,6 +43,7 @@ COMMANDS = (
     "watch",
     "attach",
     "stop",
+    "logs",
     "doctor",
     "profile",
     "daemon",
@@ -244,12 +245,37 @@ def _option_value(option: Option, got: Any, ctx: _Paths) -> Any:
     return out
 
 
+# `run` without a command, on a terminal: the user's shell as the sandbox sees it
+# (a path the host has may be missing inside), checked in there.
+SHELL_PICK = (
+    'if [ -f "$0" ] && [ -x "$0" ]; then exec "$0"; '
+    "elif [ -x /bin/bash ]; then exec /bin/bash; else exec /bin/sh; fi"
+)
+
+
+def shell_command(shell: str) -> list[str]:
+    """$SHELL if it exists inside the sandbox, else /bin/bash, else /bin/sh."""
+    return ["/bin/sh", "-c", SHELL_PICK, shell if shell.startswith("/") else ""]
+
+
+def _on_terminal() -> bool:
+    try:
+        return os.isatty(0)
+    except (OSError, ValueError):
+        return False
+
+
 def _run_request(ns: Any, environ: dict[str, str], cwd: str) -> RunRequest:
     command = list(ns.argv)
     if command[:1] == ["--"]:
         command = command[1:]
+    if not command and _on_terminal():
+        command = shell_command(environ.get("SHELL", ""))
     if not command:
-        raise UsageError("run: missing command (run [flags] -- COMMAND [ARGS...])")
+        raise UsageError(
+            "run: missing command (run [flags] -- COMMAND [ARGS...]; "
+            "without one, on a terminal, your shell)"
+        )
     if not command[0]:
         raise UsageError("run: the command is an empty string (run [flags] -- COMMAND [ARGS...])")
     ctx = _Paths(environ, cwd)
@@ -390,32 +416,73 @@ def _parse_with_argparse(
     if name is None:
         raise UsageError(f"missing command ({', '.join(COMMANDS)}); see {prog} --help")
     if name == "run":
-        return Command("run", {"request": _run_request(ns, environ, cwd)})
+        return _run_command(ns, environ, cwd)
+    return _subcommand(ns, cwd)
+
+
+def _subcommand(ns: Any, cwd: str) -> Command:
+    """Every subcommand but `run`, from argparse's namespace."""
+    name = ns.command
     if name == "ps":
-        return Command("ps", {"all": ns.all})
-    if name in ("show", "attach", "watch"):
+        return Command("ps", {"all": ns.all, "quiet": ns.quiet, "json": ns.json})
+    if name == "show":
+        return Command(name, {"id": _session_id(ns.id), "json": ns.json})
+    if name in ("attach", "watch"):
         return Command(name, {"id": _session_id(ns.id)})
+    if name == "logs":
+        return Command("logs", {"id": _session_id(ns.id), "follow": ns.follow})
     if name == "stop":
-        return Command("stop", {"id": _session_id(ns.id), "kill": ns.kill})
+        return Command("stop", {"ids": [_session_id(i) for i in ns.id], "kill": ns.kill})
     if name == "completion":
         return Command("completion", {"shell": ns.shell})
     if name == "trust":
-        return Command("trust", {"list": ns.list, "revoke": ns.revoke, "cwd": cwd})
+        if ns.json and not ns.list:
+            raise UsageError("trust: --json goes with --list")
+        return Command("trust", {"list": ns.list, "revoke": ns.revoke, "cwd": cwd, "json": ns.json})
     if name == "cache":
         if ns.action is None:
             raise UsageError("cache: missing action (list, clean [--all])")
-        return Command("cache", {"action": ns.action, "all": getattr(ns, "all", False), "cwd": cwd})
+        return Command(
+            "cache",
+            {
+                "action": ns.action,
+                "all": getattr(ns, "all", False),
+                "cwd": cwd,
+                "json": getattr(ns, "json", False),
+            },
+        )
+    if name == "doctor":
+        return Command("doctor", {"json": ns.json})
     if name in ("profile", "daemon"):
         if ns.action is None:
             choices = "list, show NAME" if name == "profile" else "status, restart, stop"
             raise UsageError(f"{name}: missing action ({choices})")
         args: dict[str, Any] = {"action": ns.action}
+        if name == "profile":
+            args["json"] = ns.json
         if name == "profile" and ns.action == "show":
             args["name"] = ns.name
         if name == "daemon" and ns.action in ("restart", "stop"):
             args["force"] = ns.force
         return Command(name, args)
     return Command(name)
+
+
+def _run_command(ns: Any, environ: dict[str, str], cwd: str) -> Command:
+    """`run` parsed by argparse; --report FILE (the client's own flag) made absolute,
+    and refused before anything starts when FILE's directory is not there."""
+    request = _run_request(ns, environ, cwd)
+    args: dict[str, Any] = {"request": request}
+    if ns.report is not None:
+        if request.options.detach:
+            raise UsageError("--report: a run with -d does not end here; `show --json ID` has it")
+        path = _Paths(environ, cwd)("--report", ns.report)
+        if not os.path.isdir(os.path.dirname(path)):
+            raise UsageError(f"--report {ns.report}: {os.path.dirname(path)} is not a directory")
+        if os.path.isdir(path):
+            raise UsageError(f"--report {ns.report}: is a directory")
+        args["report"] = path
+    return Command("run", args)
 
 
 def prog_name(argv0: str) -> str:

@@ -53,10 +53,31 @@ def render(results: list[Check], color: bool = False) -> list[str]:
     return lines
 
 
-def run() -> int:
+def as_doc(results: list[Check]) -> dict[str, object]:
+    """`doctor --json`: ok (nothing required missing) and every check."""
+    return {
+        "ok": not any(c.hard and not c.ok for c in results),
+        "checks": [
+            {
+                "name": c.name,
+                "ok": c.ok,
+                "required": c.hard,
+                "detail": c.detail,
+                "to_get_it": TO_GET_IT.get(c.name) if not c.ok else None,
+            }
+            for c in results
+        ],
+    }
+
+
+def run(as_json: bool = False) -> int:
     """Print the checks; 1 when a hard requirement is missing, else 0."""
     results = checks()
-    for line in render(results, color=_color(sys.stdout)):
+    if as_json:
+        import json
+
+        sys.stdout.write(json.dumps(as_doc(results), indent=2, sort_keys=True) + "\n")
+    for line in [] if as_json else render(results, color=_color(sys.stdout)):
         print(line)
     sys.stdout.flush()
     blocking = [c.name for c in results if c.hard and not c.ok]

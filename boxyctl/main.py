@@ -110,7 +110,7 @@ def _main(argv: list[str] | None) -> int:
         if cmd.name == "doctor":
             from boxyctl.doctor import run as doctor
 
-            return doctor()
+            return doctor(as_json=cmd.args["json"])
         if cmd.name == "daemon":
             return daemon(cmd.args)
         if cmd.name == "profile":
@@ -130,10 +130,14 @@ def _main(argv: list[str] | None) -> int:
                 ]()
             )
             return 0
-        if cmd.name in ("ps", "show", "stop"):
+        if cmd.name in ("ps", "show"):
             return sessions(cmd.name, cmd.args)
+        if cmd.name == "stop":
+            return stop(cmd.args)
         if cmd.name == "watch":
             return watch(cmd.args)
+        if cmd.name == "logs":
+            return logs(cmd.args)
         if cmd.name == "attach":
             return attach(cmd.args)
         raise AssertionError(f"unhandled command {cmd.name}")
@@ -157,15 +161,96 @@ def _stdio() -> list[int]:
 
 
 def run(args: dict[str, Any]) -> int:
+    """A run; with --report FILE its summary is written there as it ends."""
+    summary = _Summary()
+    try:
+        status = _run(args["request"], summary)
+    except BoxyError as e:  # refused before it started: the report says so too
+        if args.get("report"):
+            summary.refused = (e.exit_status, str(e))
+            _write_report(args["report"], summary)
+        raise
+    if args.get("report"):
+        _write_report(args["report"], summary)
+    return status
+
+
+class _Summary:
+    """What --report writes: the session's id, the denials said as they happened
+    (-v), and how it ended."""
+
+    def __init__(self) -> None:
+        self.id = ""
+        self.refusals: list[str] = []
+        self.outcome: Outcome | None = None
+        self.denials: int | None = None
+        self.refused: tuple[int, str] | None = None  # boxyd's refusal: exit status, message
+
+
+def _write_report(path: str, summary: _Summary) -> None:
+    """Written whole under a temporary name in FILE's directory, then renamed over
+    FILE: a reader sees the old file or the new one, never half of one."""
+    import json
+    import tempfile
+
+    out = summary.outcome
+    doc: dict[str, Any] = {
+        "id": summary.id or None,
+        "exit_status": out.exit_status if out else None,
+        "reason": out.reason.value if out else None,
+        "state": out.state.value if out else None,
+        "signal": out.signal if out else None,
+        "message": (out.message or None) if out else None,
+        "destinations": out.destinations.splitlines() if out and out.destinations else [],
+        "refusals": summary.refusals,
+        "denials": summary.denials,
+        "findings": list(out.findings) if out else [],
+        "notes": list(out.notes) if out else [],
+        "warnings": list(out.warnings) if out else [],
+    }
+    if summary.refused is not None:
+        doc["exit_status"], doc["message"] = summary.refused
+    directory = os.path.dirname(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".boxy-report.", dir=directory)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(doc, f, indent=2)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644 & ~_umask())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError as e:
+        raise BoxyError(f"--report {path}: not written: {e.strerror}") from None
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _run(request: RunRequest, summary: _Summary) -> int:
     from boxy.buildid import build_id
     from boxy.client import with_retries
 
-    request = args["request"]
     request.build = build_id()
     # until a session follows (_follow): connecting, starting boxyd, `run -d`'s call
     for s in _ENDING:
         signal.signal(s, _end_now)
-    return with_retries(request, _run_once, environ=os.environ, say=say)
+
+    def once(client: Client, req: RunRequest) -> int:
+        status = _run_once(client, req, summary)
+        if summary.id and summary.outcome is not None:  # --report: the gateway's count
+            summary.denials = _denials(client, summary.id)
+        return status
+
+    return with_retries(request, once, environ=os.environ, say=say)
 
 
 ANSWER_WAIT = 5.0  # seconds after a forwarded signal before asking whether boxyd answers
@@ -204,10 +289,19 @@ def _daemon_answers(timeout: float = 2.0) -> bool:
         sock.close()
 
 
-def _run_once(client: Client, request: RunRequest) -> int:
+def _denials(client: Client, sid: str) -> int | None:
+    """The gateway's count of refused connections, for --report (None: not known)."""
+    try:
+        session = client.call(f"{IFACE}.Show", {"id": sid}).get("session") or {}
+        return int(session.get("counters", {}).get("denials", 0))
+    except (BoxyError, OSError, ValueError, AttributeError):
+        return None
+
+
+def _run_once(client: Client, request: RunRequest, summary: _Summary | None = None) -> int:
     if request.options.detach:
         return _run_detached(client, request)
-    return _follow(client, "Run", request.to_wire(), [])
+    return _follow(client, "Run", request.to_wire(), [], summary)
 
 
 def _run_detached(client: Client, request: RunRequest) -> int:
@@ -298,7 +392,13 @@ class _Waiting:
             )
 
 
-def _follow(client: Client, method: str, params: dict[str, Any], sid: list[str]) -> int:
+def _follow(
+    client: Client,
+    method: str,
+    params: dict[str, Any],
+    sid: list[str],
+    summary: _Summary | None = None,
+) -> int:
     """Run or Attach: our stdio (a terminal in raw mode) is the session's until it
     ends or we detach (Ctrl-]); signals and window sizes are passed on."""
     from boxy.outcome import Detached, Ended
@@ -318,7 +418,10 @@ def _follow(client: Client, method: str, params: dict[str, Any], sid: list[str])
             params = {**params, "terminal": termsettings.capture(0)}
             term = raw.enter_context(tty.raw_mode(0))
         replies = client.stream(f"{IFACE}.{method}", params, fds=_stdio())
-        final = _relay(waiting, replies, term)
+        final = _relay(waiting, replies, term, summary)
+    if summary is not None:
+        summary.id = sid[0] if sid else getattr(final, "id", "")
+        summary.outcome = final.outcome if isinstance(final, Ended) else None
     if isinstance(final, Detached):
         say(f"detached from session {final.id}; `boxyctl attach {final.id}` takes it back")
         return 0
@@ -328,7 +431,10 @@ def _follow(client: Client, method: str, params: dict[str, Any], sid: list[str])
 
 
 def _relay(
-    waiting: _Waiting, replies: Iterator[dict[str, Any]], term: Raw | None
+    waiting: _Waiting,
+    replies: Iterator[dict[str, Any]],
+    term: Raw | None,
+    summary: _Summary | None = None,
 ) -> RunReply | None:
     """Act on each streamed reply; the last one (Detached or Ended) is returned."""
     from boxy.outcome import Notice, Running, Stopped
@@ -338,6 +444,8 @@ def _relay(
         reply = _decode(params)
         if isinstance(reply, Notice):  # -v: a denial, as it happens
             say(reply.text)
+            if summary is not None:
+                summary.refusals.append(reply.text)
         elif isinstance(reply, Stopped):  # ^Z: stop with the payload
             if term is not None:
                 term.suspend()
@@ -395,11 +503,17 @@ def _stopping_line(session_id: str, kill: bool) -> str:
     )
 
 
-def sessions(name: str, args: dict[str, Any]) -> int:
-    """ps [-a], show ID, stop [-k] ID: questions for a running boxyd (none running:
-    no session runs, and `ps -a`/`show` read the records it left)."""
-    import time
+def print_json(doc: object) -> None:
+    """--json: one document on stdout, its keys in a stable order."""
+    import json
 
+    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+def sessions(name: str, args: dict[str, Any]) -> int:
+    """ps [-a] [-q], show ID: questions for a running boxyd (none running: no
+    session runs, and `ps -a`/`show` read the records it left). --json: the IDL's
+    Session objects as List and Show send them."""
     from boxy.outcome import SessionInfo
     from boxyctl import sessions as text
     from boxyctl.connect import connect
@@ -409,21 +523,96 @@ def sessions(name: str, args: dict[str, Any]) -> int:
         if name == "ps":
             reply = client.call(f"{IFACE}.List", {"all": bool(args.get("all"))})
             infos = [i for d in reply.get("sessions", []) if (i := SessionInfo.from_wire(d))]
-            lines = text.ps_lines(infos, time.time())
+            if args.get("json"):
+                print_json({"sessions": [i.to_wire() for i in infos]})
+                return 0
+            if args.get("quiet"):
+                lines = [i.id for i in infos]
+            else:
+                lines = text.ps_lines(infos, time.time(), dates=bool(args.get("all")))
         else:
-            method = "Show" if name == "show" else "Stop"
-            if name == "stop":  # the grace is waited out here: say so, not in silence
-                say(_stopping_line(args["id"], bool(args["kill"])))
-            params = {"id": args["id"], **({"kill": bool(args["kill"])} if name == "stop" else {})}
-            info = SessionInfo.from_wire(client.call(f"{IFACE}.{method}", params).get("session"))
+            info = SessionInfo.from_wire(
+                client.call(f"{IFACE}.Show", {"id": args["id"]}).get("session")
+            )
             if info is None:
                 raise DaemonError(f"{name}: boxyd sent no session")
-            lines = text.show_lines(info, time.time()) if name == "show" else [text.stop_line(info)]
+            if args.get("json"):
+                print_json(info.to_wire())
+                return 0
+            lines = text.show_lines(info, time.time())
     finally:
         client.close()
     for line in lines:
         print(line)
     return 0
+
+
+def stop(args: dict[str, Any]) -> int:
+    """stop [-k] ID...: each in turn (an unknown one is said, the others still
+    stopped); the status of the worst."""
+    from boxy.outcome import SessionInfo
+    from boxyctl import sessions as text
+    from boxyctl.connect import connect
+
+    status = 0
+    client = connect()
+    try:
+        for sid in args["ids"]:
+            say(_stopping_line(sid, bool(args["kill"])))  # the grace is waited out: say so
+            try:
+                got = client.call(f"{IFACE}.Stop", {"id": sid, "kill": bool(args["kill"])})
+            except BoxyError as e:
+                say(str(e))
+                status = max(status, e.exit_status)
+                continue
+            info = SessionInfo.from_wire(got.get("session"))
+            if info is None:
+                raise DaemonError("stop: boxyd sent no session")
+            print(text.stop_line(info), flush=True)
+    finally:
+        client.close()
+    return status
+
+
+LOGS_POLL = 0.3  # seconds between asking for more of a followed session's output
+
+
+def logs(args: dict[str, Any]) -> int:
+    """logs [-f] ID: the output boxyd keeps of a detached session (its record's
+    output.log, bounded), as written; -f follows it until the session ends. Read
+    through boxyd (Output): its state directory is the one that counts."""
+    import base64
+
+    from boxyctl.connect import connect
+
+    client = connect()
+    sid, offset = args["id"], 0
+    try:
+        while True:
+            got = client.call(f"{IFACE}.Output", {"id": sid, "offset": offset})
+            if not got.get("kept"):
+                raise BoxyError(
+                    f"logs: session {sid} kept no output (only a detached one's is: "
+                    "run -d, or Ctrl-] in a run)"
+                )
+            sid = str(got.get("id") or sid)  # a prefix once: the id from then on
+            data = base64.b64decode(str(got.get("data", "")))
+            offset = int(got.get("offset", offset + len(data)))
+            _write_out(data)
+            if not data and (got.get("ended") or not args.get("follow")):
+                return 0
+            if not data:
+                time.sleep(LOGS_POLL)
+    finally:
+        client.close()
+
+
+def _write_out(data: bytes) -> None:
+    """DATA to stdout as it is (a terminal's output: bytes, not text)."""
+    sys.stdout.flush()
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view) :]
 
 
 def watch(args: dict[str, Any]) -> int:
@@ -488,6 +677,9 @@ def trust(args: dict[str, Any]) -> int:
     home = config_home(os.environ.get("HOME"))
     me = pwd.getpwuid(os.getuid())
     if args["list"]:
+        if args.get("json"):
+            print_json({"approvals": _approvals(home)})
+            return 0
         for line in _approval_lines(home):
             print(line)
         return 0
@@ -520,6 +712,26 @@ def trust(args: dict[str, Any]) -> int:
         "needs `boxyctl trust` again"
     )
     return 0
+
+
+def _approvals(home: str) -> list[dict[str, Any]]:
+    """`trust --list --json`: each approval's work directory, when, digest, what."""
+    from boxyd.config import projectconfig
+
+    return [
+        {
+            "workdir": r["workdir"],
+            "approved_at": r.get("approved_at"),
+            "digest": r.get("digest"),
+            "boxy_yaml": bool(r.get("boxy_yaml")),
+            "registries": [
+                {"key": x.get("key"), "url": x.get("url")}
+                for x in r.get("registries", [])
+                if isinstance(x, dict)
+            ],
+        }
+        for r in projectconfig.approvals(home)
+    ]
 
 
 def _approval_lines(home: str) -> list[str]:
@@ -584,7 +796,7 @@ def daemon(args: dict[str, Any]) -> int:
             client = connect(start=False)
         except DaemonError:
             print("boxyd: not running")
-            return 0
+            return 3  # as `systemctl is-active`: scripts test the status
         st = client.call(f"{IFACE}.DaemonStatus", {})
         print(
             f"boxyd: running  pid {st.get('pid')}  build {st.get('build')}  "
@@ -613,6 +825,22 @@ def cache(args: dict[str, Any]) -> int:
     from boxyd.config import caches
 
     found = caches.entries()
+    if args["action"] == "list" and args.get("json"):
+        print_json(
+            {
+                "caches": [
+                    {
+                        "profile": e.profile,
+                        "size": e.size,
+                        "last_used": e.last_used,
+                        "workdir": e.workdir,
+                        "path": e.path,
+                    }
+                    for e in found
+                ]
+            }
+        )
+        return 0
     if args["action"] == "list":
         for e in found:
             age = values.format_duration(max(0.0, time.time() - e.last_used))
@@ -637,6 +865,9 @@ def profile(args: dict[str, Any]) -> int:
     from boxyd.daemon.toolbox import Toolshed
 
     home = os.environ.get("HOME") or os.path.expanduser("~")
+    if args.get("action") == "list" and args.get("json"):
+        print_json({"profiles": profileview.list_rows(home)})
+        return 0
     if args.get("action") == "list":
         for line in profileview.list_lines(home):
             print(line)
@@ -656,8 +887,11 @@ def profile(args: dict[str, Any]) -> int:
         dict(os.environ), tools=Toolshed(template.spawn, 30.0), writable=[workdir]
     )
     try:
-        for line in profileview.show_lines(prof, registry, kind, location):
-            print(line)
+        if args.get("json"):
+            print_json(profileview.show_doc(prof, registry, kind, location))
+        else:
+            for line in profileview.show_lines(prof, registry, kind, location):
+                print(line)
     finally:
         registry.close()
         template.close()

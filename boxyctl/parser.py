@@ -213,6 +213,12 @@ def _add_run(sub: argparse._SubParsersAction[_Parser], prog: str) -> None:
             if option.choices:
                 kw["choices"] = option.choices
         run.add_argument(*option.names, **kw)
+    # the client's own: boxyd never sees it (the fast path leaves it to argparse)
+    run.add_argument(
+        "--report",
+        metavar="FILE",
+        help="write the run's summary as JSON to FILE when it ends (written atomically)",
+    )
     # REMAINDER: like bwrap, the first non-option word starts the command; '--' is optional.
     run.add_argument(
         "argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]", help=argparse.SUPPRESS
@@ -223,7 +229,14 @@ def _add_sessions(sub: argparse._SubParsersAction[_Parser]) -> None:
     """ps, show, watch, attach, stop: the sessions."""
     ps = _command(sub, "ps", "list running sessions")
     ps.add_argument("-a", "--all", action="store_true", help="every session on record")
-    _command(sub, "show", "one session in full").add_argument("id", metavar="ID", help=_ID)
+    ps.add_argument("-q", "--quiet", action="store_true", help="only the ids, one a line")
+    _json(ps)
+    show = _command(sub, "show", "one session in full")
+    show.add_argument("id", metavar="ID", help=_ID)
+    _json(show)
+    logs = _command(sub, "logs", "a detached session's output")
+    logs.add_argument("-f", "--follow", action="store_true", help="follow until it ends")
+    logs.add_argument("id", metavar="ID", help=_ID)
     _command(sub, "watch", "follow a session as it happens").add_argument(
         "id", metavar="ID", nargs="?", help=_ID + " (default: the only running one)"
     )
@@ -232,10 +245,10 @@ def _add_sessions(sub: argparse._SubParsersAction[_Parser]) -> None:
     )
     stop = _command(sub, "stop", "SIGTERM, then SIGKILL")
     stop.add_argument("-k", "--kill", action="store_true", help="SIGKILL now")
-    stop.add_argument("id", metavar="ID", help=_ID)
+    stop.add_argument("id", metavar="ID", nargs="+", help=_ID + " (one or more)")
 
 
-_ID = "a session id, as `boxyctl ps` lists them"
+_ID = "a session id, as `boxyctl ps` lists them, or a unique prefix of one"
 
 
 def _command(sub: argparse._SubParsersAction[_Parser], name: str, help: str) -> _Parser:
@@ -247,15 +260,20 @@ def _command(sub: argparse._SubParsersAction[_Parser], name: str, help: str) -> 
     return sub.add_parser(name, help=help, description=wrapped)
 
 
+def _json(parser: _Parser) -> None:
+    """--json: one JSON document on stdout (its keys: the README's "JSON output")."""
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+
+
 def _add_admin(sub: argparse._SubParsersAction[_Parser]) -> None:
     """doctor, profile, daemon, cache, setup, trust, completion (in the help's order)."""
-    _command(sub, "doctor", "check what this kernel and host provide")
+    _json(_command(sub, "doctor", "check what this kernel and host provide"))
     profile = sub.add_parser("profile", help="list or show profiles")
     psub = profile.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
-    psub.add_parser("list", help="the presets")
-    psub.add_parser("show", help="a preset's text").add_argument(
-        "name", metavar="NAME", help="a preset's name, or one of your own profiles'"
-    )
+    _json(psub.add_parser("list", help="the presets"))
+    pshow = psub.add_parser("show", help="a preset's text")
+    pshow.add_argument("name", metavar="NAME", help="a preset's name, or one of your own profiles'")
+    _json(pshow)
     daemon = sub.add_parser("daemon", help="the boxyd daemon")
     dsub = daemon.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
     dsub.add_parser("status", help="which build is running, and how busy it is")
@@ -272,7 +290,11 @@ def _add_admin(sub: argparse._SubParsersAction[_Parser]) -> None:
         "cache", help="the per-project package caches of the node and python profiles"
     )
     csub = cache.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
-    csub.add_parser("list", help="every project's cache: profile, size, last use, work directory")
+    _json(
+        csub.add_parser(
+            "list", help="every project's cache: profile, size, last use, work directory"
+        )
+    )
     clean = csub.add_parser("clean", help="remove this work directory's caches")
     clean.add_argument("--all", action="store_true", help="every project's")
     _command(sub, "setup", "install boxyd's systemd user units and enable its socket")
@@ -283,6 +305,7 @@ def _add_admin(sub: argparse._SubParsersAction[_Parser]) -> None:
     how = trust.add_mutually_exclusive_group()
     how.add_argument("--list", action="store_true", help="every approval: directory, hash, what")
     how.add_argument("--revoke", action="store_true", help="withdraw this directory's approvals")
+    _json(trust)
     comp = _command(sub, "completion", "print the shell completion script")
     comp.add_argument(
         "shell", metavar="SHELL", choices=("bash", "zsh", "fish"), help="bash, zsh or fish"

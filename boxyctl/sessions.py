@@ -60,14 +60,21 @@ def _signame(sig: int) -> str:
         return f"signal {sig}"
 
 
-def ps_lines(infos: list[SessionInfo], now: float) -> list[str]:
-    rows = [("ID", "STATE", "STARTED", "TIME", "PROFILE", "COMMAND")]
+def _date(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t is not None else "-"
+
+
+def ps_lines(infos: list[SessionInfo], now: float, *, dates: bool = False) -> list[str]:
+    """DATES (`ps -a`): STARTED and ENDED as full local dates (a history spans days)."""
+    head = ("STARTED", "ENDED") if dates else ("STARTED",)
+    rows = [("ID", "STATE", *head, "TIME", "PROFILE", "COMMAND")]
     for i in infos:
+        when = (_date(i.started_at), _date(i.ended_at)) if dates else (_when(i.started_at, now),)
         rows.append(
             (
                 i.id,
                 _status(i),
-                _when(i.started_at, now),
+                *when,
                 _elapsed(i, now),
                 clean(i.profile or "generic"),
                 _command(i.argv),

@@ -6,6 +6,7 @@ comes here: what the IDL requires is there, with its declared type."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -212,6 +213,19 @@ class VarlinkService:
         finally:
             events.close()
         await call.reply({"session": session.info().to_wire()})
+
+    async def do_Output(self, call: Call) -> None:
+        p = call.parameters
+        out = await self.manager.output(p["id"], p["offset"])
+        await call.reply(
+            {
+                "id": out.id,
+                "data": base64.b64encode(out.data).decode(),
+                "offset": out.offset,
+                "ended": out.ended,
+                "kept": out.kept,
+            }
+        )
 
     async def do_Resize(self, call: Call) -> None:
         p = call.parameters

@@ -23,17 +23,34 @@ ORIGIN = {
 }
 
 
+def list_rows(home: str | None = None) -> list[dict[str, object]]:
+    """`profile list --json`: each profile's name, kind (user, preset), path (a user
+    one's), whether it takes a preset's place, and description. By name."""
+    out: list[dict[str, object]] = []
+    users = profiles.user_profiles(home)
+    presets = profiles.list_profiles()
+    for name, path in users.items():
+        out.append(
+            {"name": name, "kind": "user", "path": str(path), "shadows_preset": name in presets}
+        )
+    out += [
+        {"name": n, "kind": "preset", "path": None, "shadows_preset": False}
+        for n in presets
+        if n not in users
+    ]
+    for row in out:
+        row["description"] = _description(str(row["name"]), home)
+    return sorted(out, key=lambda r: str(r["name"]))
+
+
 def list_lines(home: str | None = None) -> list[str]:
     """One line per profile: name, where it comes from, description. A user profile
     of a preset's name is the one used, and says so."""
     rows = []
-    users = profiles.user_profiles(home)
-    for name, path in users.items():
-        shadow = " (instead of the preset)" if name in profiles.list_profiles() else ""
-        rows.append((name, f"user {path}{shadow}", _description(name, home)))
-    for name in profiles.list_profiles():
-        if name not in users:
-            rows.append((name, "preset", _description(name, home)))
+    for r in list_rows(home):
+        shadow = " (instead of the preset)" if r["shadows_preset"] else ""
+        kind = f"user {r['path']}{shadow}" if r["kind"] == "user" else "preset"
+        rows.append((str(r["name"]), kind, str(r["description"])))
     width = max((len(r[0]) for r in rows), default=0)
     kind_w = max((len(r[1]) for r in rows), default=0)
     return [f"{n:<{width}}  {k:<{kind_w}}  {d}".rstrip() for n, k, d in sorted(rows)]
@@ -88,3 +105,36 @@ def show_lines(profile: Profile, registry: Registry | None, kind: str, location:
     }
     out += [f"  {k}: {v}" for k, v in limits.items() if v is not None]
     return out
+
+
+def show_doc(
+    profile: Profile, registry: Registry | None, kind: str, location: str
+) -> dict[str, object]:
+    """`profile show --json`: what show_lines says, as one object (templates resolved;
+    a host template that names nothing is left out of allow_hosts)."""
+    notes: list[str] = []
+    env = profiles.resolve_env(profile.env, registry, source=profile.source, notes=notes)
+    doc: dict[str, object] = {
+        "name": profile.name,
+        "kind": kind,
+        "location": location,
+        "description": profile.description or None,
+        "net": profile.net or None,
+        "allow_hosts": profiles.resolve_hosts(
+            list(profile.allow_hosts), registry, source=profile.source, notes=notes
+        ),
+        "allow_ports": list(profile.allow_ports),
+        "secrets": list(profile.secrets),
+        "env": {name: env.get(name) for name in profile.env},
+        "env_pass": list(profile.env_pass),
+        "memory": profile.memory,
+        "pids": profile.pids,
+        "cpus": profile.cpus,
+        "timeout": profile.timeout,
+        "seccomp": profile.seccomp,
+    }
+    for k in ("ro", "rw", "mkdir", "protect", "reveal"):
+        doc[k] = [{"path": e.path, "optional": e.optional} for e in getattr(profile, k)]
+    for k in ("copy", "copy_ro"):
+        doc[k] = [{"src": c.src, "dst": c.dst, "optional": c.optional} for c in getattr(profile, k)]
+    return doc

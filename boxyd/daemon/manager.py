@@ -39,6 +39,18 @@ log = logging.getLogger("boxyd")
 KEEP_FINISHED = 64  # finished sessions kept in memory (the rest live in their records)
 
 
+OUTPUT_CHUNK = 1 << 16  # bytes of an output log one Output call carries
+
+
+@dataclass(frozen=True)
+class Output:
+    id: str
+    data: bytes
+    offset: int
+    ended: bool
+    kept: bool
+
+
 @dataclass(frozen=True)
 class DaemonStatus:
     build: str
@@ -92,15 +104,27 @@ class Manager:
         return [*self.sessions.values()]
 
     def get(self, sid: str) -> Session:
+        """A session in memory by its id or a unique prefix of it (Attach, Signal,
+        Resize, Stop: only a session boxyd holds can be acted on)."""
         try:
-            return self.sessions[sid]
+            return self.sessions[_unique(sid, list(self.sessions))]
         except KeyError:
             raise NoSuchSession(sid) from None
+
+    async def resolve(self, sid: str) -> str:
+        """SID, or the one id it is a prefix of among the sessions in memory and on
+        record. NoSuchSession when none is; UsageError naming them when several are."""
+        if sid in self.sessions:
+            return sid
+        on_record = (
+            await pools.run(pools.RECORDS, records.record_ids) if self.records is not None else []
+        )
+        return _unique(sid, [*self.sessions, *on_record])
 
     def watched(self, sid: str | None) -> Session:
         """`watch [ID]`: that session; without an id the only running one."""
         if sid is not None:
-            return self.get(sid)
+            return self.get(sid)  # a finished one not in memory: the service asks info()
         running = self.running()
         if len(running) == 1:
             return running[0]
@@ -155,6 +179,7 @@ class Manager:
 
     async def stop_and_wait(self, sid: str, kill: bool = False) -> SessionInfo:
         """`boxyctl stop`: the session as it ended (a finished one as it is)."""
+        sid = await self.resolve(sid)
         try:
             s = self.get(sid)
         except NoSuchSession:
@@ -173,6 +198,7 @@ class Manager:
         return sorted(found.values(), key=lambda i: i.started_at)
 
     async def info(self, sid: str) -> SessionInfo:
+        sid = await self.resolve(sid)
         if sid in self.sessions:
             return self.sessions[sid].info()
         info = (
@@ -183,6 +209,17 @@ class Manager:
         if info is None:
             raise NoSuchSession(sid)
         return _profiled(info)
+
+    async def output(self, sid: str, offset: int, limit: int = OUTPUT_CHUNK) -> Output:
+        """`logs`: a piece of the session's output log. Whether it had ended is asked
+        first: an empty read after that is the whole of it."""
+        if offset < 0:
+            raise UsageError(f"Output: offset {offset} is negative")
+        sid = await self.resolve(sid)
+        held = self.sessions.get(sid)
+        ended = held is None or held.state.finished  # not held: a record, finished
+        data = await pools.run(pools.RECORDS, records.read_output, sid, offset, limit)
+        return Output(sid, data or b"", offset + len(data or b""), ended, data is not None)
 
     async def shutdown(self) -> None:
         """boxyd is told to stop: every running session is stopped (SIGTERM, grace,
@@ -226,6 +263,23 @@ class Manager:
         for old in finished[: max(0, len(finished) - self._keep)]:
             del self.sessions[old.id]
             self.events.publish(SessionRemoved(old.id))
+
+
+MAX_NAMED = 5  # ids an ambiguous prefix names (the rest counted)
+
+
+def _unique(sid: str, ids: list[str]) -> str:
+    """The one of IDS that is SID or starts with it."""
+    if sid in ids:
+        return sid
+    found = sorted({i for i in ids if sid and i.startswith(sid)})
+    if not found:
+        raise NoSuchSession(sid)
+    if len(found) > 1:
+        named = ", ".join(found[:MAX_NAMED])
+        more = f" and {len(found) - MAX_NAMED} more" if len(found) > MAX_NAMED else ""
+        raise UsageError(f"id {sid} is ambiguous: {named}{more}; give more of it")
+    return found[0]
 
 
 def _profiled(info: SessionInfo) -> SessionInfo:

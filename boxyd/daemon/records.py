@@ -153,6 +153,32 @@ def read_meta(sid: str) -> SessionInfo | None:
     return info
 
 
+def read_output(sid: str, offset: int, limit: int) -> bytes | None:
+    """Up to LIMIT bytes of session SID's output.log from OFFSET; None: it has none."""
+    if not SESSION_ID.fullmatch(sid) or offset < 0:
+        return None
+    path = state_dir() / "sessions" / sid / "output.log"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.pread(fd, limit, offset)
+    finally:
+        os.close(fd)
+
+
+def record_ids() -> list[str]:
+    """The ids of every session on record (the directories' names)."""
+    try:
+        names = os.listdir(state_dir() / "sessions")
+    except OSError:
+        return []
+    return [n for n in names if SESSION_ID.fullmatch(n)]
+
+
 def read_all() -> list[SessionInfo]:
     """Every session on record (retention bounds how many)."""
     try:

@@ -299,17 +299,25 @@ def test_relative_or_removed_cwd_refused_for_run_only():
 @pytest.mark.parametrize(
     "argv,command",
     [
-        (["ps"], Command("ps", {"all": False})),
-        (["ps", "-a"], Command("ps", {"all": True})),
-        (["show", "9f3c1ba2"], Command("show", {"id": "9f3c1ba2"})),
+        (["ps"], Command("ps", {"all": False, "quiet": False, "json": False})),
+        (["ps", "-a"], Command("ps", {"all": True, "quiet": False, "json": False})),
+        (["ps", "-q", "--json"], Command("ps", {"all": False, "quiet": True, "json": True})),
+        (["show", "9f3c1ba2"], Command("show", {"id": "9f3c1ba2", "json": False})),
+        (["show", "--json", "9f3c"], Command("show", {"id": "9f3c", "json": True})),
+        (["logs", "-f", "9f3c"], Command("logs", {"id": "9f3c", "follow": True})),
         (["watch"], Command("watch", {"id": None})),
         (["watch", "9f3c1ba2"], Command("watch", {"id": "9f3c1ba2"})),
         (["attach", "9f3c1ba2"], Command("attach", {"id": "9f3c1ba2"})),
-        (["stop", "9f3c1ba2"], Command("stop", {"id": "9f3c1ba2", "kill": False})),
-        (["stop", "-k", "9f3c1ba2"], Command("stop", {"id": "9f3c1ba2", "kill": True})),
-        (["doctor"], Command("doctor", {})),
-        (["profile", "list"], Command("profile", {"action": "list"})),
-        (["profile", "show", "node"], Command("profile", {"action": "show", "name": "node"})),
+        (["stop", "9f3c1ba2"], Command("stop", {"ids": ["9f3c1ba2"], "kill": False})),
+        (["stop", "-k", "9f3c1ba2"], Command("stop", {"ids": ["9f3c1ba2"], "kill": True})),
+        (["stop", "ab", "cd"], Command("stop", {"ids": ["ab", "cd"], "kill": False})),
+        (["doctor"], Command("doctor", {"json": False})),
+        (["doctor", "--json"], Command("doctor", {"json": True})),
+        (["profile", "list"], Command("profile", {"action": "list", "json": False})),
+        (
+            ["profile", "show", "node", "--json"],
+            Command("profile", {"action": "show", "name": "node", "json": True}),
+        ),
         (["daemon", "status"], Command("daemon", {"action": "status"})),
         (["daemon", "restart"], Command("daemon", {"action": "restart", "force": False})),
         (["daemon", "stop"], Command("daemon", {"action": "stop", "force": False})),
@@ -590,3 +598,17 @@ def test_help_says_the_exit_statuses() -> None:
     for command in (None, "run"):
         text = usage("boxyctl", command)
         assert "exit status:" in text and "2 for bad input" in text
+
+
+def test_run_without_a_command_is_the_shell_on_a_terminal_only(monkeypatch) -> None:
+    from boxyctl import cli
+
+    monkeypatch.setattr(cli, "_on_terminal", lambda: False)
+    with pytest.raises(UsageError, match="run: missing command"):
+        parse(["run", "--net", "none"], environ=ENV, cwd="/w")
+    monkeypatch.setattr(cli, "_on_terminal", lambda: True)
+    env = {**ENV, "SHELL": "/usr/bin/zsh"}
+    got = parse(["run", "--net", "none"], environ=env, cwd="/w").args["request"]
+    assert got.argv == ["/bin/sh", "-c", cli.SHELL_PICK, "/usr/bin/zsh"]
+    assert got.options.net == "none"
+    assert cli.shell_command("zsh")[-1] == ""  # not a path: bash, else sh

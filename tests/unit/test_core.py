@@ -614,3 +614,53 @@ async def test_a_run_nobody_follows_is_not_hung_up() -> None:
     assert m.launcher.made[0].signals == []
     m.stop(s.id, kill=True)
     await s.wait()
+
+
+async def test_a_unique_prefix_names_a_session_an_ambiguous_one_is_refused(
+    tmp_path, monkeypatch
+) -> None:
+    from boxyd.daemon import manager, records
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    ids = iter(["ab120000", "ab340000", "cd560000"])
+    monkeypatch.setattr(manager.secrets, "token_hex", lambda _n: next(ids))
+    m = Manager(FakeLauncher(exit_code=0), records.Records(str(tmp_path)))
+    a, b = await m.start(request(), []), await m.start(request(), [])
+    await a.wait()
+    await b.wait()
+    assert m.get("ab1") is a and (await m.info("ab3")).id == b.id
+    with pytest.raises(UsageError, match="id ab is ambiguous: ab120000, ab340000"):
+        await m.info("ab")
+    with pytest.raises(UsageError, match="ambiguous"):
+        m.get("a")
+    with pytest.raises(NoSuchSession):
+        await m.info("ff")
+    # after a restart: the records' ids are what a prefix is matched against
+    again = Manager(FakeLauncher(), records.Records(str(tmp_path)))
+    assert (await again.info("ab12")).id == a.id
+    assert (await again.stop_and_wait("ab3")).id == b.id
+    with pytest.raises(UsageError, match="ambiguous"):
+        await again.stop_and_wait("ab")
+
+
+async def test_output_reads_the_log_in_pieces_and_says_when_it_is_all(
+    tmp_path, monkeypatch
+) -> None:
+    from boxyd.daemon import records
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    m = Manager(FakeLauncher(), records.Records(str(tmp_path)))
+    s = await m.start(request(), [])
+    await started(s)
+    none = await m.output(s.id[:5], 0)
+    assert (none.id, none.kept, none.ended) == (s.id, False, False)
+    (records.record_dir(s.id) / "output.log").write_bytes(b"x" * 10)
+    got = await m.output(s.id, 0, limit=4)
+    assert (got.data, got.offset, got.kept, got.ended) == (b"xxxx", 4, True, False)
+    m.launcher.made[0].push(Exit(code=0))
+    await s.wait()
+    rest = await m.output(s.id, 4)
+    assert (rest.data, rest.offset, rest.ended) == (b"x" * 6, 10, True)
+    assert (await m.output(s.id, 10)).data == b""
+    with pytest.raises(UsageError, match="negative"):
+        await m.output(s.id, -1)

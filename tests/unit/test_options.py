@@ -159,6 +159,7 @@ def _run_parser() -> argparse.ArgumentParser:
 def test_the_generated_parser_takes_what_the_old_one_did() -> None:
     actions = {tuple(a.option_strings): a for a in _run_parser()._actions if a.option_strings}
     actions.pop(("-h", "--help"))
+    assert actions.pop(("--report",)).dest == "report"  # the client's own, not in the table
     assert {k: ("true" if a.nargs == 0 else "append" if a.default == [] else "value")
             for k, a in actions.items()} == OLD_FLAGS  # fmt: skip
     for option in RUN_OPTIONS:

@@ -221,7 +221,7 @@ def test_idl_declares_the_manager_interface() -> None:
     assert interface_methods(text) == {
         M + m
         for m in (
-            *("Run", "Resize", "Signal", "List", "Show", "Stop", "Watch", "Attach"),
+            *("Run", "Resize", "Signal", "List", "Show", "Stop", "Watch", "Output", "Attach"),
             *("Version", "DaemonStatus", "Shutdown", "JoinBus"),
         )
     }

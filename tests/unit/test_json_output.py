@@ -1,0 +1,77 @@
+"""--json and run --report: the documents scripts read (their keys are the README's)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from boxy.errors import UsageError
+from boxy.outcome import Outcome, Reason
+from boxyctl import doctor, main
+from boxyctl.cli import parse
+from boxyd.config import profileview
+from boxyd.daemon.doctor import Check
+
+ENV = {"HOME": "/home/u", "PATH": "/usr/bin"}
+
+
+def test_report_is_a_client_flag_checked_before_the_run(tmp_path) -> None:
+    cmd = parse(["run", "--report", "r.json", "--", "true"], environ=ENV, cwd=str(tmp_path))
+    assert cmd.args["report"] == str(tmp_path / "r.json")
+    assert "report" not in cmd.args["request"].options.to_wire()  # boxyd never sees it
+    for argv, why in (
+        (["--report", "no/such/r.json"], "is not a directory"),
+        (["--report", "."], "is a directory"),
+        (["-d", "--report", "r.json"], "-d"),
+    ):
+        with pytest.raises(UsageError, match=why):
+            parse(["run", *argv, "--", "true"], environ=ENV, cwd=str(tmp_path))
+    with pytest.raises(UsageError, match="--json goes with --list"):
+        parse(["trust", "--json"], environ=ENV, cwd=str(tmp_path))
+
+
+def test_the_report_is_written_whole(tmp_path) -> None:
+    path = tmp_path / "r.json"
+    path.write_text("old")
+    s = main._Summary()
+    s.id, s.refusals, s.denials = "ab12cd34", ["denied evil.example:443"], 1
+    s.outcome = Outcome(3, Reason.EXIT, findings=["f"], destinations="head\nrow")
+    main._write_report(str(path), s)
+    doc = json.loads(path.read_text())
+    assert doc == {
+        "id": "ab12cd34",
+        "exit_status": 3,
+        "reason": "exit",
+        "state": "exited",
+        "signal": None,
+        "message": None,
+        "destinations": ["head", "row"],
+        "refusals": ["denied evil.example:443"],
+        "denials": 1,
+        "findings": ["f"],
+        "notes": [],
+        "warnings": [],
+    }
+    assert os.listdir(tmp_path) == ["r.json"]  # no temporary file left behind
+
+
+def test_doctor_json() -> None:
+    doc = doctor.as_doc([Check("seccomp", True, "yes", True), Check("veth", False, "no", False)])
+    assert doc["ok"] is True
+    assert doc["checks"][1] == {
+        "name": "veth",
+        "ok": False,
+        "required": False,
+        "detail": "no",
+        "to_get_it": doctor.TO_GET_IT["veth"],
+    }
+    assert doctor.as_doc([Check("seccomp", False, "", True)])["ok"] is False
+
+
+def test_profile_list_rows_are_what_the_lines_say(tmp_path) -> None:
+    rows = profileview.list_rows(str(tmp_path))
+    assert {r["name"] for r in rows} >= {"generic", "node"}
+    assert all(set(r) == {"name", "kind", "path", "shadows_preset", "description"} for r in rows)
+    assert len(profileview.list_lines(str(tmp_path))) == len(rows)

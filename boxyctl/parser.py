@@ -248,7 +248,7 @@ def _add_sessions(sub: argparse._SubParsersAction[_Parser]) -> None:
     stop.add_argument("id", metavar="ID", nargs="+", help=_ID + " (one or more)")
 
 
-_ID = "a session id, as `boxyctl ps` lists them, or a unique prefix of one"
+_ID = "a session id (as `boxyctl ps` lists them) or its unique prefix"
 
 
 def _command(sub: argparse._SubParsersAction[_Parser], name: str, help: str) -> _Parser:

@@ -111,9 +111,9 @@ _BASH_FUNCTION = [
     "    esac",
     "}",
     "",
-    "# the running sessions' ids: the first column of `boxyctl ps` (a header line first)",
+    "# the running sessions' ids, one a line",
     "_boxyctl_sessions() {",
-    "    \"${COMP_WORDS[0]}\" ps 2>/dev/null | awk 'NR > 1 { print $1 }'",
+    "    \"${COMP_WORDS[0]}\" ps -q 2>/dev/null",
     "}",
     "complete -F _boxyctl boxyctl boxy",
     "",
@@ -203,7 +203,7 @@ def _fish_quote(text: str) -> str:
 # fish's command substitutions for what bash completes in its own functions
 _FISH_VALUES = {
     "<dir>": "(__fish_complete_directories)",
-    "<session>": "(boxyctl ps 2>/dev/null | tail -n +2 | string split -f1 ' ')",
+    "<session>": "(boxyctl ps -q 2>/dev/null)",
     "<profile>": "(printf '%s\\n' {presets} (path basename -E "
     "(set -q XDG_CONFIG_HOME; and echo $XDG_CONFIG_HOME; or echo ~/.config)"
     "/boxy/profiles/*.yaml 2>/dev/null))",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from boxy.options import RUN_OPTIONS
-from boxyctl import completion
+from boxyctl import completion, parser
 
 
 def _share() -> Path:
@@ -105,8 +105,8 @@ def test_fish_and_zsh_cover_every_run_flag() -> None:
 def test_bash_completes_profiles_session_ids_and_directories(tmp_path: Path) -> None:
     script = tmp_path / "boxyctl.bash"
     script.write_text(completion.bash())
-    fake = tmp_path / "boxyctl"  # `ps` as boxyctl prints it: a header, then one row each
-    fake.write_text("#!/bin/sh\nprintf 'ID STATE\\n0123abcd running\\n4567ef01 running\\n'\n")
+    fake = tmp_path / "boxyctl"  # `ps -q` as boxyctl prints it (anything else: a refusal)
+    fake.write_text("#!/bin/sh\n[ \"$*\" = 'ps -q' ] || exit 2\nprintf '0123abcd\\n4567ef01\\n'\n")
     fake.chmod(0o755)
     (tmp_path / "dir-a").mkdir()
     (tmp_path / "dir-file").write_text("")
@@ -132,4 +132,4 @@ def test_the_man_page_has_every_commands_options_and_the_sections(tmp_path: Path
         assert f"\n{section}\n" in text, section
     for flag in ("--kill", "--all", "--force", "--revoke", "--list"):
         assert flag in text, flag
-    assert "a session id, as `boxyctl ps` lists them" in text and ".boxy.yaml" in text
+    assert parser._ID in text and ".boxy.yaml" in text

@@ -96,10 +96,15 @@ def test_run_report(boxy: Boxy, user: User, workdir: Path) -> None:
     assert doc["findings"] == [] and doc["refusals"] == [] and doc["denials"] == 0
     assert doc["destinations"] == [] and len(doc["id"]) == 8
     assert json.loads(ctl(user, "show", "--json", doc["id"]).stdout)["argv"][-1] == "exit 3"
+    # bad input the client refuses changes nothing: no report is written
+    before = (workdir / "r.json").read_bytes()
     r = boxy.run("--net", "none", "-p", "no-such-profile", "--report", "r.json", cmd=["true"])
+    assert r.returncode == 2 and (workdir / "r.json").read_bytes() == before
+    # one boxyd refuses before the start is recorded: no session, exit 2, its message
+    r = boxy.run("--net", "none", "--ro", "/no/such/x", "--report", "r.json", cmd=["true"])
     doc = json.loads((workdir / "r.json").read_text())
-    assert r.returncode == 2 and (doc["id"], doc["exit_status"]) == (None, 2)
-    assert "no-such-profile" in doc["message"]
+    assert r.returncode == 2 and (doc["id"], doc["exit_status"]) == (None, 2), r.stderr
+    assert "/no/such/x" in doc["message"]
 
 
 def test_json_without_a_daemon_and_daemon_status(boxy: Boxy, user: User, workdir: Path) -> None:

@@ -21,8 +21,9 @@ from boxy.varlink import Client, DaemonUnavailable
 TYPE_CHECKING = False  # typing costs the client 4 ms at start-up; annotations only
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
-    from typing import TypeVar
+    from typing import Any, TypeVar
 
+    from boxy.outcome import RunReply
     from boxy.request import RunRequest
 
     T = TypeVar("T")
@@ -220,3 +221,14 @@ def with_retries(
             if not (keep and done):
                 client.close()
     raise AssertionError("unreachable: the third attempt returns or raises")
+
+
+def read_reply(params: dict[str, Any]) -> RunReply:
+    """A Run or Attach reply as its type (boxy.outcome's RunReply union); one boxyd
+    sent that cannot be read is a DaemonError, never a KeyError."""
+    from boxy.outcome import run_reply
+
+    try:
+        return run_reply(params)
+    except ValueError as e:
+        raise DaemonError(f"boxyd sent a reply this client cannot read: {e}") from None

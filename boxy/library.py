@@ -22,12 +22,12 @@ import time
 
 from boxy import termsettings, values
 from boxy.buildid import build_id
-from boxy.client import client_env, connect, with_retries
+from boxy.client import client_env, connect, read_reply, with_retries
 from boxy.errors import DaemonError, UsageError
 from boxy.events import Event, Snapshot, decode
 from boxy.ident import INTERFACE
 from boxy.options import BY_FIELD, Option, check_combinations
-from boxy.outcome import Detached, Ended, Notice, Outcome, Running, SessionInfo, Stopped, run_reply
+from boxy.outcome import Detached, Ended, Notice, Outcome, Running, SessionInfo, Stopped
 from boxy.request import CopyItem, EnvItem, RunOptions, RunRequest, Secret, Terminal, Value
 from boxy.varlink import Client
 
@@ -235,13 +235,6 @@ class Result(Value):
         return self.exit_status == 0
 
 
-def _decode(params: dict[str, Any]) -> RunReply:
-    try:
-        return run_reply(params)
-    except ValueError as e:
-        raise DaemonError(f"boxyd sent a reply this library cannot read: {e}") from None
-
-
 class _Stdio:
     """The three fds a run gets (the caller's, /dev/null, or our pipes) and the
     threads that feed and drain our pipes while it runs."""
@@ -336,7 +329,7 @@ def _follow(
     continued (no shell above us to stop). LOCK: held for a send, when callers'
     threads send on CLIENT too."""
     for params in replies:
-        reply = _decode(params)
+        reply = read_reply(params)
         if isinstance(reply, Notice):
             notices.append(reply.text)
         elif isinstance(reply, Stopped):
@@ -377,7 +370,7 @@ def run(
         def once(client: Client, req: RunRequest) -> Result:
             notices: list[str] = []
             replies = client.stream(f"{INTERFACE}.Run", req.to_wire(), fds=stdio.fds)
-            first = _decode(next(replies))
+            first = read_reply(next(replies))
             stdio.release()  # boxyd has the fds now (a retry never follows a Running)
             if isinstance(first, (Ended, Detached)):
                 return _last(first.id, first, notices)
@@ -399,7 +392,7 @@ def start(argv: Iterable[str] | str, **options: Any) -> Session:
     def once(client: Client, req: RunRequest) -> Session:
         null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         try:
-            reply = _decode(client.call(f"{INTERFACE}.Run", req.to_wire(), fds=[null] * 3))
+            reply = read_reply(client.call(f"{INTERFACE}.Run", req.to_wire(), fds=[null] * 3))
         finally:
             os.close(null)
         if not isinstance(reply, (Running, Ended)):
@@ -635,7 +628,7 @@ def spawn_pty(
 
     def once(client: Client, req: RunRequest) -> SandboxedPTY:
         replies = client.stream(f"{INTERFACE}.Run", req.to_wire(), fds=[slave] * 3)
-        pty = SandboxedPTY(client, master, _decode(next(replies)))
+        pty = SandboxedPTY(client, master, read_reply(next(replies)))
         pty._start(replies)
         return pty
 
@@ -656,7 +649,7 @@ def attach(id: str, *, cols: int = 80, rows: int = 24) -> SandboxedPTY:
     try:
         params = {"id": id, "terminal": terminal.to_wire()}
         replies = client.stream(f"{INTERFACE}.Attach", params, fds=[slave] * 3)
-        pty = SandboxedPTY(client, master, _decode(next(replies)))
+        pty = SandboxedPTY(client, master, read_reply(next(replies)))
     except BaseException:
         client.close()
         os.close(master)

@@ -113,7 +113,7 @@ _BASH_FUNCTION = [
     "",
     "# the running sessions' ids, one a line",
     "_boxyctl_sessions() {",
-    "    \"${COMP_WORDS[0]}\" ps -q 2>/dev/null",
+    '    "${COMP_WORDS[0]}" ps -q 2>/dev/null',
     "}",
     "complete -F _boxyctl boxyctl boxy",
     "",

@@ -330,13 +330,9 @@ def _run_detached(client: Client, request: RunRequest) -> int:
 
 
 def _decode(params: dict[str, Any]) -> RunReply:
-    """A Run or Attach reply as its type (boxy.outcome's RunReply union)."""
-    from boxy.outcome import run_reply
+    from boxy.client import read_reply
 
-    try:
-        return run_reply(params)
-    except ValueError as e:
-        raise DaemonError(f"boxyd sent a reply this client cannot read: {e}") from None
+    return read_reply(params)
 
 
 class _Waiting:

@@ -26,13 +26,18 @@ class Term:
     """A boxyctl command as the test user on a fresh PTY the test holds."""
 
     def __init__(
-        self, user: User, workdir: Path, args: list[str], size: tuple[int, int] = (24, 80)
+        self,
+        user: User,
+        workdir: Path,
+        args: list[str],
+        size: tuple[int, int] = (24, 80),
+        env: dict[str, str] | None = None,
     ) -> None:
         self.master, slave = os.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", *size, 0, 0))
         try:
             self.proc = subprocess.Popen(
-                user.cmd([str(BIN / "boxyctl"), *args]),
+                user.cmd([str(BIN / "boxyctl"), *args], env),
                 cwd=workdir,
                 stdin=slave,
                 stdout=slave,

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -126,21 +125,7 @@ def test_json_without_a_daemon_and_daemon_status(boxy: Boxy, user: User, workdir
 
 def _shell_term(user: User, workdir: Path, shell: str) -> Term:
     """`boxyctl run --net none` (no command) on a fresh PTY, with SHELL=SHELL."""
-    term = Term.__new__(Term)
-    term.master, slave = os.openpty()
-    try:
-        term.proc = subprocess.Popen(
-            user.cmd([str(BIN / "boxyctl"), "run", "--net", "none"], {"SHELL": shell}),
-            cwd=workdir,
-            stdin=slave,
-            stdout=slave,
-            stderr=slave,
-            start_new_session=True,
-        )
-    finally:
-        os.close(slave)
-    term.seen = bytearray()
-    return term
+    return Term(user, workdir, ["run", "--net", "none"], env={"SHELL": shell})
 
 
 @pytest.mark.parametrize(

@@ -181,6 +181,7 @@ def test_install_and_remove(user: User, workdir: Path) -> None:
     claude = user.home / ".claude"
     settings = claude / "settings.json"
     saved = settings.read_bytes() if settings.exists() else None
+    made = not claude.exists()  # then it goes again: other tests plant their own ~/.claude
     claude.mkdir(exist_ok=True)
     _own(user, claude)
     other = {"model": "m", "hooks": {"Stop": [{"hooks": [{"type": "command", "command": "x"}]}]}}
@@ -211,6 +212,10 @@ def test_install_and_remove(user: User, workdir: Path) -> None:
             settings.unlink(missing_ok=True)
         else:
             settings.write_bytes(saved)
+        if made:
+            for leftover in claude.iterdir():  # an install's temporary file, if one was left
+                leftover.unlink()
+            claude.rmdir()
 
 
 def test_shim(user: User, workdir: Path, hook_yaml: Path, canary: Path) -> None:

@@ -175,6 +175,7 @@ BAD_INPUT = {
     "empty-command": (["EMPTY"], "the command is an empty string"),
     # the first hour, second round (issue 17): refused before the start, not late
     "rw-root": (["--rw", "/root"], "--rw /root: not readable by you"),
+    "rw-read-only-tree": (["--rw", "/usr/share"], "--rw /usr/share: not writable by you; --ro"),
     "mkdir-root": (["--mkdir", "/root/x"], "--mkdir /root/x: cannot be looked at"),
     "mkdir-etc": (["--mkdir", "/etc/x"], "--mkdir /etc/x: cannot be made: /etc is not writable"),
     "net-twice": (["--net", "public"], "--net given twice (none, then public); give it once"),

@@ -638,9 +638,11 @@ class StageSandbox:
                 raise UsageError("attach: none of boxyctl's stdin, stdout, stderr is a terminal")
             in_fd = os.dup(stdio[0]) if ttys[0] else None
             out = next((fd for fd, t in zip(stdio[1:], ttys[1:], strict=True) if t), stdio[0])
-            self.pty.connect(in_fd, os.dup(out))
+            # the new size first: once connected, the client's keys can reach the
+            # payload (and its `stty size`) before this thread runs again
             if terminal is not None:
                 self.pty.resize(terminal.winsize[0], terminal.winsize[1])
+            self.pty.connect(in_fd, os.dup(out))
         finally:
             close_fds(stdio)
 

@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 # Wire kinds (how RunOptions.from_wire checks a field): str (a string or None), strs (a
 # list of strings), hosts (a list of HOST[:PORT[,PORT]][/udp] strings, decoded to
 # boxy.values.HostSpec), bool, size (bytes), count, number (positive, or None), ports,
+# published (a list of [ADDR:]HOST_PORT:PORT strings, decoded to boxy.values.PortMapping),
 # env, secrets, copies.
-LIST_KINDS = ("strs", "hosts", "ports", "env", "secrets", "copies")
+LIST_KINDS = ("strs", "hosts", "ports", "published", "env", "secrets", "copies")
 
 _PUBLIC_PORTS = (
     "{flag}: cannot be combined with --net public (public mode allows every "
@@ -121,6 +122,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
            refuses=(Refusal('net', ('public',), _PUBLIC_PORTS), _NET_NONE)),
     Option(('--allow-cidr',), 'strs', 'cidrs', 'lift the private-address denial for a range (its hosts still need --allow-host) (repeatable)', metavar='CIDR', profile_key='allow_cidr', refuses=(_NET_NONE,)),
     Option(('--tailscale',), 'bool', 'switch', "reach this machine's tailnet by MagicDNS name", profile_key='tailscale', refuses=(_NET_NONE,)),
+    Option(('--publish',), 'published', 'publish', "let this machine reach PORT on the sandbox's loopback at ADDR:HOST_PORT (ADDR 127.0.0.1 unless given); any --net mode (repeatable)", metavar='[ADDR:]HOST_PORT:PORT', profile_key='ports'),
     Option(('-e', '--env'), 'env', 'env', 'pass (NAME) or set (NAME=VAL) an environment variable (repeatable)', metavar='NAME[=VAL]', profile_key='env'),
     Option(('--secret',), 'secrets', 'secret', "pass NAME's value from your environment as a secret: never in an argv, a log or a record (repeatable)", metavar='NAME', profile_key='env_secrets'),
     Option(('--memory',), 'size', 'size', 'size of the scratch tmpfs ($HOME, /tmp, /dev/shm), and the memory limit where a controller is delegated (default {default})', metavar='SIZE', default=2 << 30, profile_key='limits.memory'),
@@ -194,6 +196,7 @@ IDL_TYPES = {
     "count": "?int",
     "number": "?float",
     "ports": "?[]int",
+    "published": "?[]string",
     "env": "?[]EnvItem",
     "secrets": "?[]Secret",
     "copies": "?[]CopyItem",

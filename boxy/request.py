@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from boxy.errors import UsageError
 from boxy.options import LIST_KINDS, RUN_OPTIONS
-from boxy.values import HostSpec, parse_host_spec
+from boxy.values import HostSpec, PortMapping, parse_host_spec, parse_publish
 
 TYPE_CHECKING = False  # typing costs the client 4 ms at start-up; annotations only
 if TYPE_CHECKING:
@@ -120,6 +120,7 @@ _EXPECTED = {
     "size": "a size in bytes",
     "number": "a positive number",
     "ports": "a list of port numbers",
+    "published": "a list of [ADDR:]HOST_PORT:PORT strings",
     "env": "a list of {name, value, present}",
     "secrets": "a list of {name, value}",
     "copies": "a list of {src, dst}",
@@ -147,6 +148,7 @@ class RunOptions(Value):
     allow_port: list[int]
     allow_cidr: list[str]
     tailscale: bool
+    publish: list[PortMapping]  # parsed once, as allow_host is
     env: list[EnvItem]
     secret: list[Secret]
     memory: int | None
@@ -173,6 +175,8 @@ class RunOptions(Value):
             value = values.get(key, default)
             if kind == "hosts":  # a caller's text is parsed here, once: the field is typed
                 value = [h if isinstance(h, HostSpec) else parse_host_spec(h) for h in value]
+            elif kind == "published":
+                value = [m if isinstance(m, PortMapping) else parse_publish(m) for m in value]
             setattr(self, key, value)
 
     def to_wire(self) -> dict[str, Any]:
@@ -181,7 +185,7 @@ class RunOptions(Value):
             value = getattr(self, key)
             if kind in ("env", "secrets", "copies"):
                 out[key] = [v.to_wire() for v in value]
-            elif kind == "hosts":  # the wire carries a host as its text
+            elif kind in ("hosts", "published"):  # the wire carries a host as its text
                 out[key] = [str(v) for v in value]
             else:
                 out[key] = list(value) if kind in LIST_KINDS else value
@@ -228,6 +232,8 @@ def _decode_list(key: str, kind: str, value: object) -> list[Any]:
             out.append(item)
         elif kind == "hosts" and isinstance(item, str):
             out.append(parse_host_spec(item))  # a bad one is refused as the flag's would be
+        elif kind == "published" and isinstance(item, str):
+            out.append(parse_publish(item))
         elif kind == "ports" and type(item) is int:
             out.append(item)  # the range is checked with the profile's ports (boxyd.config.network)
         elif (

@@ -318,3 +318,95 @@ def parse_cidrs(s: str, *, what: str = "--allow-cidr") -> list[str]:
         if net not in out:
             out.append(net)
     return out
+
+
+class PortMapping:
+    """One --publish value, parsed once (``parse_publish``): the host's ADDR (an
+    address literal) and HOST_PORT, relayed by boxyd to PORT on the sandbox's own
+    loopback. ``str()`` is its wire and record form, which ``parse_publish`` reads
+    back to an equal value. Frozen by hand, as HostSpec is (start-up cost)."""
+
+    __slots__ = ("addr", "host_port", "port")
+    addr: str
+    host_port: int
+    port: int
+
+    def __init__(self, addr: str, host_port: int, port: int) -> None:
+        object.__setattr__(self, "addr", addr)
+        object.__setattr__(self, "host_port", host_port)
+        object.__setattr__(self, "port", port)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"PortMapping is frozen: cannot set {name}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"PortMapping is frozen: cannot delete {name}")
+
+    def _key(self) -> tuple[str, int, int]:
+        return (self.addr, self.host_port, self.port)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PortMapping) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"PortMapping(addr={self.addr!r}, host_port={self.host_port!r}, port={self.port!r})"
+
+    @property
+    def host(self) -> str:
+        """Where the host reaches it: 127.0.0.1:8080, [::1]:8080."""
+        return (
+            f"[{self.addr}]:{self.host_port}"
+            if ":" in self.addr
+            else f"{self.addr}:{self.host_port}"
+        )
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+PUBLISH_FORM = "[ADDR:]HOST_PORT:PORT"
+DEFAULT_PUBLISH_ADDR = "127.0.0.1"  # this machine's processes only, never its network
+
+
+def parse_publish(s: str, *, what: str = "--publish") -> PortMapping:
+    """[ADDR:]HOST_PORT:PORT[/tcp], as docker's -p writes it: ADDR an IPv4 address or
+    a bracketed IPv6 one ([::1]:8080:80), 127.0.0.1 when left out. Only TCP is
+    relayed; a range, a host name, or a host port left to chance is refused."""
+    text = s[:-4] if s.lower().endswith("/tcp") else s
+    if s.lower().endswith("/udp"):
+        raise UsageError(f"{what}: {s!r}: only TCP ports are published")
+    addr = DEFAULT_PUBLISH_ADDR
+    if text.startswith("["):
+        literal, sep, rest = text[1:].partition("]")
+        if not sep or not rest.startswith(":"):
+            raise UsageError(f"{what}: {s!r} is not {PUBLISH_FORM} ([::1]:8080:80)")
+        try:
+            addr = str(ipaddress.IPv6Address(literal))
+        except ValueError:
+            raise UsageError(f"{what}: {s!r}: {literal!r} is not an IPv6 address") from None
+        parts = rest[1:].split(":")
+    else:
+        parts = text.split(":")
+        if len(parts) == 3:
+            given = parts.pop(0)
+            addr = _ipv4_literal(given)
+            if not addr:
+                raise UsageError(
+                    f"{what}: {s!r}: {given!r} is not an address "
+                    "(an IPv4 address, or an IPv6 one in brackets)"
+                )
+    if len(parts) > 3 and text.count("::"):
+        raise UsageError(f"{what}: {s!r}: an IPv6 address goes in brackets ([::1]:8080:80)")
+    if len(parts) != 2 or not all(parts):
+        raise UsageError(
+            f"{what}: {s!r} is not {PUBLISH_FORM} (8080:80 publishes the sandbox's port 80 "
+            "as 127.0.0.1:8080)"
+        )
+    if any("-" in p for p in parts):
+        raise UsageError(f"{what}: {s!r}: give one port on each side, not a range")
+    host_port = parse_port(parts[0], what=f"{what} {s}")
+    port = parse_port(parts[1], what=f"{what} {s}")
+    return PortMapping(addr, host_port, port)

@@ -28,6 +28,7 @@ from boxy.values import (
     parse_duration,
     parse_host_spec,
     parse_port,
+    parse_publish,
     parse_size,
 )
 
@@ -217,6 +218,7 @@ _CONVERT: dict[str, Callable[[_Paths, str, str], Any]] = {
     "copy": lambda ctx, flag, text: ctx.copy(flag, text),
     "host": lambda ctx, flag, text: parse_host_spec(text, what=flag),
     "port": lambda ctx, flag, text: parse_port(text, what=flag),
+    "publish": lambda ctx, flag, text: parse_publish(text, what=flag),
     "cidrs": lambda ctx, flag, text: parse_cidrs(text, what=flag),  # several in one value
     "env": lambda ctx, flag, text: _env_entry(text, ctx.environ),
     "secret": lambda ctx, flag, text: _secret_entry(text, ctx.environ),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from boxy import options, values
 from boxy.errors import UsageError
 from boxy.request import RunOptions
+from boxy.values import PortMapping
 from boxyd.config import profiles, projectregistries
 from boxyd.config.pathutil import dedupe
 from boxyd.config.profiles import Profile, Registry
@@ -33,6 +34,7 @@ class Network:
     allow_ports: list[int]
     allow_cidrs: list[str]
     tailscale: bool
+    publish: list[PortMapping]
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,23 @@ def decide(
         allow_ports=dedupe(prof.allow_ports + list(o.allow_port)),
         allow_cidrs=cidrs,
         tailscale=tailscale,
+        publish=published(prof.ports, o.publish),
     )
+
+
+def published(profile: list[PortMapping], flags: list[PortMapping]) -> list[PortMapping]:
+    """The profile's ports, then --publish's, without repeats; one host address and
+    port relayed to two of the sandbox's ports is refused (the flags name it). Every
+    mode: --net none too (inbound only: boxyd dials the sandbox's loopback)."""
+    out: list[PortMapping] = []
+    for m in [*profile, *flags]:
+        if m in out:
+            continue
+        clash = next((x for x in out if (x.addr, x.host_port) == (m.addr, m.host_port)), None)
+        if clash is not None:
+            raise UsageError(f"--publish: {m.host} is published twice (as {clash} and as {m})")
+        out.append(m)
+    return out
 
 
 def mode(net_flag: str | None, flag_hosts: list[str], prof: Profile) -> str:

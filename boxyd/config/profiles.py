@@ -22,7 +22,15 @@ import yaml
 from boxy import options
 from boxy.errors import ProfileError, UsageError
 from boxy.paths import config_home
-from boxy.values import parse_cidrs, parse_duration, parse_host_spec, parse_size
+from boxy.values import (
+    PUBLISH_FORM,
+    PortMapping,
+    parse_cidrs,
+    parse_duration,
+    parse_host_spec,
+    parse_publish,
+    parse_size,
+)
 from boxyd.config import caches
 from boxyd.config.envpolicy import check_name
 from boxyd.config.runspec import CopyEntry, PathEntry
@@ -45,6 +53,7 @@ _TOP_KEYS = (
     "allow_ports",
     "allow_cidr",
     "tailscale",
+    "ports",
     "filesystem",
     "env",
     "env_pass",
@@ -70,6 +79,7 @@ class Profile:
     allow_hosts: list[str] = field(default_factory=list)  # may hold HOST_TEMPLATES
     allow_ports: list[int] = field(default_factory=list)
     allow_cidrs: list[str] = field(default_factory=list)  # ranges whose denial is lifted
+    ports: list[PortMapping] = field(default_factory=list)  # published (--publish)
     tailscale: bool | None = None
     ro: list[PathEntry] = field(default_factory=list)
     rw: list[PathEntry] = field(default_factory=list)
@@ -430,6 +440,13 @@ class _Checker:
                 raise ProfileError(f"profile {self.label}: {e}") from None
         return text
 
+    def published(self, key: str, value: Any) -> PortMapping:
+        text = self.string(key, value, f"expected a string {PUBLISH_FORM} (8080:80)")
+        try:
+            return parse_publish(text, what=key)
+        except UsageError as e:
+            raise ProfileError(f"profile {self.label}: {e}") from None
+
     def port(self, key: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
             raise self.fail(key, "expected a port number (1–65535)")
@@ -520,6 +537,8 @@ def _build_network(c: _Checker, doc: Mapping[str, Any], p: Profile) -> None:
         p.allow_ports.append(c.port(f"allow_ports[{i}]", v))
     for i, v in enumerate(c.list_of("allow_cidr", doc.get("allow_cidr", []))):
         p.allow_cidrs += c.cidrs(f"allow_cidr[{i}]", v)
+    for i, v in enumerate(c.list_of("ports", doc.get("ports", []))):
+        p.ports.append(c.published(f"ports[{i}]", v))
     for key in ("tailscale", "tty", "tty_raw"):
         if key in doc:
             setattr(p, key, c.boolean(key, doc[key]))
@@ -630,7 +649,14 @@ def _merge(base: Profile, child: Profile) -> Profile:
     ):
         setattr(out, attr, getattr(base, attr) + getattr(child, attr))
     out.env = {**base.env, **child.env}
-    for attr in ("env_pass", "env_secrets", "allow_cidrs", "tmpfs", "secrets"):  # without repeats
+    for attr in (
+        "env_pass",
+        "env_secrets",
+        "allow_cidrs",
+        "tmpfs",
+        "secrets",
+        "ports",
+    ):  # no repeats
         got = getattr(base, attr)
         setattr(out, attr, got + [n for n in getattr(child, attr) if n not in got])
     return out

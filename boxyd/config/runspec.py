@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from boxy import options
+from boxy.values import PortMapping
 
 # What a run gets when neither the flag nor the profile sets it: the option table's.
 DEFAULT_PROFILE: str = options.default("profile")
@@ -65,6 +66,8 @@ class RunSpec:
     allow_ports: list[int] = field(default_factory=list)
     allow_cidrs: list[str] = field(default_factory=list)
     tailscale: bool = False
+    # reachable from the host at addr:host_port, relayed to the sandbox's loopback (publish.py)
+    publish: list[PortMapping] = field(default_factory=list)
     memory: int = DEFAULT_MEMORY  # bytes
     pids: int = DEFAULT_PIDS
     cpus: float | None = None

@@ -8,7 +8,8 @@ Every key in which CANDIDATE is wider takes BASE's value instead (for lists: the
 entries BASE lacks are dropped), and each is named in the one line the run says.
 
 Wider means: a wider network mode (none < allowlist < public); a host, port or
-range allowed that BASE does not allow; tailscale; a host path exposed or copied
+range allowed that BASE does not allow; tailscale; a port published that BASE does
+not publish; a host path exposed or copied
 in, or a credential revealed, that BASE does not expose; a BASE protect entry
 gone; an environment variable passed from the host (env_pass, env_secrets);
 seccomp compat; a limit raised (or lifted); a terminal; an unfiltered terminal
@@ -133,6 +134,8 @@ def _network(base: Profile, out: Profile, held: list[Held]) -> None:
         if out.tailscale and not base.tailscale:
             out.tailscale = base.tailscale
             held.append(Held("tailscale"))
+    # a published port is reachable by every process of this machine (at least)
+    _entries(out, "ports", base.ports, held)
 
 
 def _within(cidr: str, net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:

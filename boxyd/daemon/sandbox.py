@@ -27,12 +27,13 @@ from boxyd.config.hosttools import resolve
 from boxyd.config.registries import Registries
 from boxyd.config.runspec import RunSpec
 from boxyd.config.spec import build_spec
-from boxyd.daemon import pools, records
+from boxyd.daemon import pools, publish, records
 from boxyd.daemon.liveguard import LiveGuard
 from boxyd.daemon.pty import PtyRelay
+from boxyd.daemon.publish import Publisher
 from boxyd.daemon.scopes import Limit, Placement, Scopes, limits, read_events, remove_subtree
 from boxyd.daemon.seam import Exit, Report, SandboxEvent, Sink, Started, Stopped
-from boxyd.daemon.stage2proc import Gateway, PtyMaster, Received, Stage2, Template
+from boxyd.daemon.stage2proc import Gateway, NewSocket, PtyMaster, Received, Stage2, Template
 from boxyd.daemon.toolbox import Toolshed
 from boxyd.daemon.walks import Walks
 from boxyd.gitguard import userconfig
@@ -86,6 +87,7 @@ class StageLauncher:
 
     async def prepare(self, request: RunRequest, stdio: list[int], sink: Sink) -> StageSandbox:
         outputs = Outputs()
+        listeners: list[socket.socket] = []
         try:
             spec = await self._spec(request)
             if len(stdio) != 3:
@@ -102,12 +104,16 @@ class StageLauncher:
             outputs = await pools.run(
                 pools.START, open_outputs, spec.audit_log, spec.net_log, spec.pcap, hostile
             )
+            listeners = publish.bind(spec.publish)  # a taken port: refused before the start
             net = await self._network(spec, sink, outputs) if spec.net != "none" else None
         except BaseException:  # a usage error, or a bug: either way every fd goes back
             outputs.close()
             close_fds(stdio)
+            for listener in listeners:
+                listener.close()
             raise
-        sandbox = StageSandbox(self, spec, stdio, outputs, net, sink, request.terminal)
+        ports = Publisher(spec.publish, listeners, sink.record) if listeners else None
+        sandbox = StageSandbox(self, spec, stdio, outputs, net, sink, request.terminal, ports)
         self.live.add(sandbox)
         return sandbox
 
@@ -196,8 +202,10 @@ class StageSandbox:
         net: Network | None,
         sink: Sink,
         terminal: Terminal | None,
+        ports: Publisher | None = None,
     ) -> None:
         self.spec = spec
+        self.ports = ports  # --publish: accepting once the payload runs
         self._launcher = launcher
         self._stdio = stdio  # the client's 0–2: ours to close once stage 2 has them
         self.outputs = outputs  # --audit-log, --net-log, --pcap
@@ -410,6 +418,7 @@ class StageSandbox:
                 "--seccomp compat: forbidden system calls fail with EPERM instead of killing the "
                 "process; this is for diagnosis, do not leave it on"
             )
+        out += [publish.exposure(m) for m in spec.publish]
         if spec.verbose:
             out.extend(spec.notes)
         return out
@@ -461,6 +470,8 @@ class StageSandbox:
         """Stage 2 forked PID 1: the payload is under way (Started, for the session)."""
         if await self._expect(protocol.Started) is None:
             return False
+        if self.ports is not None and self.stage2 is not None:  # stage 2 answers requests now
+            self.ports.start(self.stage2.send)
         self._events.put_nowait(Started())
         return True
 
@@ -492,6 +503,11 @@ class StageSandbox:
                 _close_sockets(msg)
             case PtyMaster(master=fd):
                 os.close(fd)
+            case NewSocket(id=ident, sock=sock, error=error):
+                if self.ports is not None:
+                    self.ports.made(ident, sock, error)
+                elif sock is not None:
+                    sock.close()
             case _:  # a second Pid or Started: nothing to do
                 log.warning(
                     "session %s: stage 2: %s out of turn", self._sink.id, type(msg).__name__
@@ -661,6 +677,9 @@ class StageSandbox:
             self.live_guard.close()
         if self.stage2 is not None:
             self.stage2.close()
+        if self.ports is not None:
+            self._sink.record("publish", connections=self.ports.connections)
+            self.ports.close()
         # The gateway waits a moment for the last refusal reports: meanwhile, the
         # terminal drains and the git scan runs.
         net_done = asyncio.create_task(self.net.finish()) if self.net is not None else None
@@ -721,6 +740,8 @@ class StageSandbox:
             self.live_guard = None
         if self.stage2 is not None:
             self.stage2.close()
+        if self.ports is not None:
+            self.ports.close()
         self.outputs.close()
         if self._placement is not None:  # a child of boxyd's own cgroup: ours to remove
             remove_subtree(self._placement)

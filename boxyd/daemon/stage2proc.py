@@ -223,11 +223,21 @@ class PtyMaster:
     master: int
 
 
+@dataclass(frozen=True)
+class NewSocket:
+    """SocketMade, received: the socket asked for (ours to close), or why there is none."""
+
+    id: int
+    sock: socket.socket | None
+    error: str | None
+
+
 Received = (
     protocol.Pid
     | Gateway
     | protocol.Started
     | PtyMaster
+    | NewSocket
     | protocol.LiveDone
     | protocol.Confined
     | protocol.Stopped
@@ -247,5 +257,9 @@ def _received(msg: protocol.Report, fds: list[int]) -> Received:
             if not os.isatty(fds[0]):
                 raise protocol.ProtocolError("pty: its fd is not a terminal")
             return PtyMaster(fds[0])
+        case protocol.SocketMade(id=ident, error=error):
+            if fds and not stat.S_ISSOCK(os.fstat(fds[0]).st_mode):
+                raise protocol.ProtocolError("socket-made: its fd is not a socket")
+            return NewSocket(ident, socket.socket(fileno=fds[0]) if fds else None, error)
         case _:
             return msg

@@ -145,6 +145,8 @@ class Supervisor:
                     os.kill(self.pid, sig)
             case p.LiveCover() | p.LivePin() as op:
                 self.requests.ask(op)
+            case p.OpenSocket(id=ident, family=family):
+                open_socket(self.ctl, ident, family)
             case _:  # a second plan or placement: nothing to do now
                 pass
 
@@ -184,6 +186,19 @@ class Supervisor:
             if isinstance(s, p.Confined):
                 send(self.ctl, s)
         send(self.ctl, p.Done(ending(statuses, wstatus)))
+
+
+def open_socket(ctl: socket.socket, ident: int, family: int) -> None:
+    """A published port's connection: a TCP socket in this network namespace (the
+    sandbox's), unconnected; boxyd connects it to the sandbox's loopback. Needs
+    nothing: any process may make a socket in its own network namespace."""
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    except OSError as e:
+        send(ctl, p.SocketMade(ident, f"socket: {e.strerror}"))
+        return
+    with sock:
+        send(ctl, p.SocketMade(ident, None), [sock.fileno()])
 
 
 def supervise(ctl: socket.socket, pid: int, status_r: int, pty: socket.socket | None = None) -> int:

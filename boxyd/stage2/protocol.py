@@ -116,7 +116,22 @@ class LivePin(_Message):
         return None if len(self.rel) <= MAX_PATH and len(self.root) <= MAX_PATH else "too long"
 
 
-Request = PlanFds | Placed | Signal | LiveCover | LivePin
+@dataclass(frozen=True)
+class OpenSocket(_Message):
+    """A published port's connection (boxyd/daemon/publish.py): an unconnected TCP
+    socket of FAMILY (AF_INET or AF_INET6) made in the sandbox's network namespace,
+    which boxyd then connects to the sandbox's loopback. Answered by SocketMade(ID)."""
+
+    KIND = "open-socket"
+    id: int
+    family: int
+
+    def check(self) -> str | None:
+        ok = self.family in (socket.AF_INET, socket.AF_INET6)
+        return None if ok else f"family {self.family} is not AF_INET or AF_INET6"
+
+
+Request = PlanFds | Placed | Signal | LiveCover | LivePin | OpenSocket
 
 
 # -- PID 1 -> the outer stage 2 (and, passed on, to boxyd) ---------------------------
@@ -263,7 +278,22 @@ class Done(_Message):
     end: End
 
 
-Report = Pid | Listeners | Started | Pty | LiveDone | Confined | Stopped | Done
+@dataclass(frozen=True)
+class SocketMade(_Message):
+    """The socket of OpenSocket(ID) (its one fd), or why there is none (ERROR)."""
+
+    KIND = "socket-made"
+    id: int
+    error: str | None
+
+    def fd_count(self) -> int:
+        return 0 if self.error is not None else 1
+
+    def check(self) -> str | None:
+        return None if self.error is None or len(self.error) <= MAX_TEXT else "error too long"
+
+
+Report = Pid | Listeners | Started | Pty | LiveDone | SocketMade | Confined | Stopped | Done
 
 
 # -- boxyd <-> a tool sandbox's server (boxyd/stage2/toolserver.py; its pipes) --------
@@ -304,7 +334,7 @@ class ToolAnswer(_Message):
 
 
 TOOLS: tuple[type[_Message], ...] = (ToolCall, ToolAnswer)
-REQUESTS: tuple[type[_Message], ...] = (PlanFds, Placed, Signal, LiveCover, LivePin)
+REQUESTS: tuple[type[_Message], ...] = (PlanFds, Placed, Signal, LiveCover, LivePin, OpenSocket)
 STATUSES: tuple[type[_Message], ...] = (Confined, Stopped, Exited, Killed, ExecFailed, SetupFailed)
 REPORTS: tuple[type[_Message], ...] = (
     Pid,
@@ -312,6 +342,7 @@ REPORTS: tuple[type[_Message], ...] = (
     Started,
     Pty,
     LiveDone,
+    SocketMade,
     Confined,
     Stopped,
     Done,

@@ -16,7 +16,7 @@ from boxy import options
 from boxy.errors import UsageError
 from boxy.options import RUN_OPTIONS, Option, check_combinations
 from boxy.request import OPTIONS, RunOptions, RunRequest
-from boxy.values import HostSpec, parse_host_spec
+from boxy.values import HostSpec, PortMapping, parse_host_spec
 from boxyctl import cli, parser
 from boxyd.config import profiles, runspec, spec, widening
 
@@ -32,6 +32,7 @@ OLD_FLAGS = {
     ("--allow-git-write",): "true", ("--copy",): "append", ("--copy-ro",): "append",
     ("-w", "--workdir"): "value", ("--net",): "value", ("--allow-host",): "append",
     ("--allow-port",): "append", ("--allow-cidr",): "append", ("--tailscale",): "true",
+    ("--publish",): "append",
     ("-e", "--env"): "append", ("--secret",): "append", ("--memory",): "value",
     ("--pids",): "value", ("--cpus",): "value", ("--timeout",): "value",
     ("--audit-log",): "value", ("--net-log",): "value", ("--pcap",): "value",
@@ -59,7 +60,7 @@ ANNOTATION = {
     "str": "str | None", "strs": "list[str]", "hosts": "list[HostSpec]", "bool": "bool",
     "size": "int | None", "count": "int | None", "number": "float | None",
     "ports": "list[int]", "env": "list[EnvItem]", "secrets": "list[Secret]",
-    "copies": "list[CopyItem]",
+    "copies": "list[CopyItem]", "published": "list[PortMapping]",
 }  # fmt: skip
 
 # A value for each option that takes part in a refusal: (command line, wire value).
@@ -173,8 +174,8 @@ def test_every_flag_through_argparse_is_what_the_fast_path_builds() -> None:
         "-p", "node", "--ro", "/a", "--rw", "~/b", "--protect", "c", "--reveal", "d", "--mkdir", "e",
         "--allow-git-write", "--copy", "f", "--copy-ro", "g:/h", "-w", "..", "--net", "allowlist",
         "--allow-host", "x.example:22", "--allow-port", "80", "--allow-cidr", "192.168.4.0/24,fd12::/48",
-        "--tailscale", "-e", "A=1", "--secret", "PATH", "--memory", "1GiB", "--pids", "64",
-        "--cpus", "0.5", "--timeout", "1m", "--audit-log", "a", "--net-log", "n", "--pcap", "c.pcap",
+        "--tailscale", "--publish", "[::1]:8080:80", "-e", "A=1", "--secret", "PATH",
+        "--memory", "1GiB", "--pids", "64", "--cpus", "0.5", "--timeout", "1m", "--audit-log", "a", "--net-log", "n", "--pcap", "c.pcap",
         "--pcap-max", "1MiB", "--seccomp", "compat", "--tty", "--tty-raw", "-v", "-d", "--", "true",
     ]  # fmt: skip
     fast = cli.parse(["run", *argv], environ=ENV, cwd=CWD)
@@ -183,6 +184,7 @@ def test_every_flag_through_argparse_is_what_the_fast_path_builds() -> None:
     got = fast.args["request"].options
     assert got.allow_host == [HostSpec("x.example", (22,))]
     assert got.allow_cidr == ["192.168.4.0/24", "fd12::/48"]  # one value, two ranges
+    assert got.publish == [PortMapping("::1", 8080, 80)]
 
 
 def test_cli_and_parser_import_no_cycle() -> None:

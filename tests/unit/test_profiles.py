@@ -183,7 +183,7 @@ def error(tmp_path, text):
 def test_unknown_top_key(tmp_path):
     assert error(tmp_path, "filesytem: {}\n") == (
         "unknown key 'filesytem' (expected one of: description, extends, net, allow_hosts, "
-        "allow_ports, allow_cidr, tailscale, filesystem, env, env_pass, env_secrets, limits, "
+        "allow_ports, allow_cidr, tailscale, ports, filesystem, env, env_pass, env_secrets, limits, "
         "seccomp, tty, tty_raw)"
     )
 

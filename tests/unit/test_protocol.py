@@ -21,6 +21,7 @@ SAMPLES: list[p._Message] = [
     p.Signal(15),
     p.LiveCover(7, ".env", "/w", False, "c2VjcmV0"),
     p.LivePin(8, ".git/config", "/w"),
+    p.OpenSocket(3, socket.AF_INET6),
     p.Confined(("no Landlock ABI 4: TCP ports unrestricted",)),
     p.Stopped(20),
     p.Exited(3),
@@ -33,6 +34,8 @@ SAMPLES: list[p._Message] = [
     p.Pty(),
     p.LiveDone(7, None),
     p.LiveDone(8, "pin /w/.git/config again: not a file now (refused)"),
+    p.SocketMade(3, None),
+    p.SocketMade(4, "socket: Too many open files"),
     p.Done(p.Exited(0)),
     p.Done(p.Killed(9)),
     p.Done(p.ExecFailed(13, "./x")),
@@ -89,7 +92,10 @@ def test_fd_rules() -> None:
     assert p.Pty().fd_count() == 1
     assert p.Listeners(("a", "b", "c")).fd_count() == 3
     assert p.Listeners(()).fd_count() == 0
-    no_fds = [m for m in SAMPLES if not isinstance(m, p.PlanFds | p.Pty | p.Listeners)]
+    assert p.SocketMade(1, None).fd_count() == 1 and p.SocketMade(1, "no").fd_count() == 0
+    no_fds = [
+        m for m in SAMPLES if not isinstance(m, p.PlanFds | p.Pty | p.Listeners | p.SocketMade)
+    ]
     assert all(m.fd_count() == 0 for m in no_fds)
 
 
@@ -203,6 +209,8 @@ def test_an_oversized_frame_is_refused_either_way() -> None:
         p.ExecFailed(2, "x" * (p.MAX_NOTE + 1)),
         p.SetupFailed("x" * (p.MAX_TEXT + 1)),
         p.LiveDone(1, "x" * (p.MAX_TEXT + 1)),
+        p.OpenSocket(1, socket.AF_UNIX),
+        p.SocketMade(1, "x" * (p.MAX_TEXT + 1)),
         p.Confined(("n",) * (p.MAX_NOTES + 1)),
         p.Confined(("x" * (p.MAX_NOTE + 1),)),
         p.Pid(0),

@@ -8,6 +8,7 @@ import pytest
 
 from boxy.errors import UsageError
 from boxy.request import RunOptions
+from boxy.values import parse_host_spec, parse_publish
 from boxyd.config import network
 from boxyd.config.network import ProjectHosts
 from boxyd.config.profiles import Profile
@@ -40,7 +41,7 @@ def decide(
 
 def test_defaults_to_public_with_nothing_allowed() -> None:
     got, notes, held = decide()
-    assert got == network.Network("public", [], [], [], False)
+    assert got == network.Network("public", [], [], [], False, [])
     assert notes == held == []
 
 
@@ -232,3 +233,22 @@ def test_the_profile_net_none_keeps_its_ranges_out_without_refusing() -> None:
     got, notes, _ = decide(RunOptions(), prof(net="none", tailscale=True))
     assert (got.net, got.tailscale) == ("none", False)
     assert notes == ["profile p.yaml: tailscale not used with --net none"]
+
+
+def test_published_ports_come_from_the_profile_then_the_flags_in_every_mode() -> None:
+    a, b = parse_publish("8080:80"), parse_publish("127.0.0.2:8080:81")
+    for net in ("public", "allowlist", "none"):
+        hosts = [parse_host_spec("example.test")] if net == "allowlist" else []
+        o = RunOptions(net=net, allow_host=hosts, publish=[b, a])
+        got, _, _ = decide(o, prof(ports=[a]))
+        assert got.publish == [a, b]  # the profile's first, no repeat
+
+
+def test_one_host_port_published_to_two_ports_is_refused() -> None:
+    o = RunOptions(publish=[parse_publish("8080:81")])
+    with pytest.raises(UsageError, match=r"--publish: 127\.0\.0\.1:8080 is published twice"):
+        decide(o, prof(ports=[parse_publish("8080:80")]))
+    # the same port on two host addresses is two mappings
+    o = RunOptions(publish=[parse_publish("127.0.0.2:8080:80")])
+    got, _, _ = decide(o, prof(ports=[parse_publish("8080:80")]))
+    assert len(got.publish) == 2

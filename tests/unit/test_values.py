@@ -15,6 +15,7 @@ from boxy.values import (
     parse_host_name,
     parse_host_spec,
     parse_port,
+    parse_publish,
     parse_size,
 )
 
@@ -363,3 +364,53 @@ def test_parse_cidrs_refuses(text, message):
     with pytest.raises(UsageError, match=message) as e:
         parse_cidrs(text, what="--allow-cidr")
     assert str(e.value).startswith("--allow-cidr: ")
+
+
+@pytest.mark.parametrize(
+    "text,addr,host_port,port",
+    [
+        ("8080:80", "127.0.0.1", 8080, 80),
+        ("8080:80/tcp", "127.0.0.1", 8080, 80),
+        ("127.0.0.2:8080:80", "127.0.0.2", 8080, 80),
+        ("0.0.0.0:1:65535", "0.0.0.0", 1, 65535),
+        ("[::1]:8080:80", "::1", 8080, 80),
+        ("[0:0::1]:8080:80", "::1", 8080, 80),  # normalised
+        ("[::]:3000:3000/TCP", "::", 3000, 3000),
+    ],
+)
+def test_parse_publish(text, addr, host_port, port):
+    m = parse_publish(text)
+    assert (m.addr, m.host_port, m.port) == (addr, host_port, port)
+    assert parse_publish(str(m)) == m and hash(parse_publish(str(m))) == hash(m)
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("8080", "is not [ADDR:]HOST_PORT:PORT"),
+        (":80", "is not [ADDR:]HOST_PORT:PORT"),
+        ("8080:", "is not [ADDR:]HOST_PORT:PORT"),
+        ("1:2:3:4", "is not [ADDR:]HOST_PORT:PORT"),
+        ("::1:8080:80", "an IPv6 address goes in brackets"),
+        ("localhost:8080:80", "'localhost' is not an address"),
+        ("[::1]8080:80", "is not [ADDR:]HOST_PORT:PORT"),
+        ("[::1:8080:80", "is not [ADDR:]HOST_PORT:PORT"),
+        ("[127.0.0.1]:8080:80", "is not an IPv6 address"),
+        ("8080-8090:80", "not a range"),
+        ("8080:80/udp", "only TCP ports are published"),
+        ("0:80", "is not a port number"),
+        ("8080:70000", "is not a port number"),
+        ("8080:+80", "is not a port number"),
+    ],
+)
+def test_parse_publish_refuses(text, message):
+    with pytest.raises(UsageError, match="^--publish") as e:
+        parse_publish(text)
+    assert message in str(e.value)
+
+
+def test_port_mapping_is_frozen():
+    m = parse_publish("8080:80")
+    with pytest.raises(AttributeError):
+        m.port = 81  # type: ignore[misc]
+    assert m.host == "127.0.0.1:8080" and parse_publish("[::1]:1:2").host == "[::1]:1"

@@ -242,3 +242,12 @@ def test_approval_view_leaves_out_only_what_cannot_widen():
         "limits": {"memory": "1GiB"},
         "filesystem": {"ro": ["~/.ssh"]},
     }
+
+
+def test_a_published_port_is_held_unless_the_base_publishes_it():
+    from boxy.values import parse_publish
+
+    mine, other = parse_publish("8080:80"), parse_publish("9090:90")
+    for net in ("public", "allowlist", "none"):  # every mode: the host's port is opened
+        out, keys = held(P(net=net, ports=[mine]), P(net=net, ports=[mine, other]))
+        assert keys == ["ports (127.0.0.1:9090:90)"] and out.ports == [mine]

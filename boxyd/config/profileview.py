@@ -79,6 +79,8 @@ def show_lines(profile: Profile, registry: Registry | None, kind: str, location:
         out.append(f"  allow_host: {shown}{'  from ' + entry if template else ''}{origin}")
     if profile.allow_ports:
         out.append(f"  allow_port: {', '.join(map(str, profile.allow_ports))}")
+    for m in profile.ports:
+        out.append(f"  ports: {m}  ({m.host} on this machine leads to port {m.port} inside)")
     for kind_name in ("ro", "rw", "mkdir", "protect", "reveal"):
         for e in getattr(profile, kind_name):
             out.append(f"  {kind_name}: {e.path}{'  (optional)' if e.optional else ''}")
@@ -124,6 +126,7 @@ def show_doc(
             list(profile.allow_hosts), registry, source=profile.source, notes=notes
         ),
         "allow_ports": list(profile.allow_ports),
+        "ports": [str(m) for m in profile.ports],
         "secrets": list(profile.secrets),
         "env": {name: env.get(name) for name in profile.env},
         "env_pass": list(profile.env_pass),

@@ -573,3 +573,28 @@ def test_install_presets_protect_the_tools_configs(name):
         ".envrc",
     } <= protected
     assert all(e.optional for e in p.protect)
+
+
+def test_ports_are_read_merged_and_shown(tmp_path):
+    from boxy.values import parse_publish
+    from boxyd.config import profileview
+
+    base = tmp_path / "base.yaml"
+    base.write_text("net: none\nports: ['8080:80']\n")
+    child = tmp_path / "child.yaml"
+    child.write_text(f"extends: {base}\nports: ['8080:80', '[::1]:9090:90']\n")
+    p = profiles.load_profile(str(child), context=CTX)
+    assert p.ports == [parse_publish("8080:80"), parse_publish("[::1]:9090:90")]
+    lines = profileview.show_lines(p, None, "file", str(child))
+    assert "  ports: [::1]:9090:90  ([::1]:9090 on this machine leads to port 90 inside)" in lines
+    assert profileview.show_doc(p, None, "file", str(child))["ports"] == [
+        "127.0.0.1:8080:80",
+        "[::1]:9090:90",
+    ]
+    for bad, why in (
+        ("ports: '8080:80'\n", "expected a list"),
+        ("ports: [8080]\n", "expected a string"),
+    ):
+        child.write_text(bad)
+        with pytest.raises(ProfileError, match=f"ports.*{why}"):
+            profiles.load_profile(str(child), context=CTX)

@@ -4,7 +4,7 @@ An event of a kind this build does not know is an UnknownEvent, not an error."""
 
 from __future__ import annotations
 
-from boxy.outcome import Counters, Outcome, SessionInfo, State
+from boxy.outcome import Counters, Destination, Outcome, SessionInfo, State
 from boxy.request import Value
 
 TYPE_CHECKING = False  # typing costs the client 4 ms at start-up; annotations only
@@ -83,18 +83,6 @@ class Audited(Event):
         return self.record.get("verdict") == "deny" or self.record.get("action") == "kill"
 
 
-class Destination(Value):
-    """One of the busiest destinations in a CountersTick."""
-
-    __slots__ = ("name", "connections", "denied", "bytes_up", "bytes_down")
-
-    def __init__(
-        self, name: str, connections: int, denied: int, bytes_up: int, bytes_down: int
-    ) -> None:
-        self.name, self.connections, self.denied = name, connections, denied
-        self.bytes_up, self.bytes_down = bytes_up, bytes_down
-
-
 class CountersTick(Event):
     """The network's totals so far and the busiest DESTINATIONS (once a second)."""
 
@@ -147,14 +135,7 @@ def _int(v: object) -> int:
 def _destinations(rows: object) -> list[Destination]:
     if not isinstance(rows, list):
         return []
-    return [
-        Destination(
-            str(r.get("name", "")),
-            *(_int(r.get(k)) for k in ("connections", "denied", "bytes_up", "bytes_down")),
-        )
-        for r in rows
-        if isinstance(r, dict)
-    ]
+    return [d for d in map(Destination.from_wire, rows) if d is not None]
 
 
 def decode(ev: dict[str, Any]) -> Event:

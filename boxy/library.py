@@ -208,8 +208,9 @@ def request(argv: Iterable[str] | str, options: Mapping[str, Any], caller: str) 
 
 class Result(Value):
     """How a run ended: EXIT_STATUS as a shell reports it (128+N for a signal), REASON
-    (boxy.outcome.Reason: exit, signal, seccomp, timeout, setup, exec), the DESTINATIONS
-    table (boxyctl's text; "" when the network went nowhere), REFUSALS (each denial as
+    (boxy.outcome.Reason: exit, signal, seccomp, timeout, setup, exec), DESTINATIONS
+    (boxy.outcome.Destination rows, busiest first: name, connections, denied,
+    addresses, bytes_up, bytes_down; [] when the network went nowhere), REFUSALS (each denial as
     it happened, with verbose=True, then the summary boxyd gives), FINDINGS (what the
     guard found afterwards); STDOUT and STDERR captured with PIPE."""
 

@@ -40,6 +40,58 @@ def clip(lines: list[str], what: str, where: str) -> list[str]:
     return [*head, f"… {more} ({len(lines):,} in all; {where})"]
 
 
+class Destination(Value):
+    """Where a run's network went, one name (or address) with its CONNECTIONS, how
+    many of them were DENIED, the distinct ADDRESSES it resolved to, and the bytes
+    sent (BYTES_UP) and received (BYTES_DOWN): a row of the destinations table, and of
+    a counters event's busiest (whose ADDRESSES is 0: not counted there)."""
+
+    __slots__ = ("name", "connections", "denied", "addresses", "bytes_up", "bytes_down")
+
+    def __init__(
+        self,
+        name: str,
+        connections: int = 0,
+        denied: int = 0,
+        addresses: int = 0,
+        bytes_up: int = 0,
+        bytes_down: int = 0,
+    ) -> None:
+        self.name, self.connections, self.denied = name, connections, denied
+        self.addresses, self.bytes_up, self.bytes_down = addresses, bytes_up, bytes_down
+
+    def to_wire(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    @classmethod
+    def from_wire(cls, d: object) -> Destination | None:
+        """Lenient: a row of a reply or a record; None for one that is not an object."""
+        if not isinstance(d, dict):
+            return None
+        counts = [d.get(k) for k in cls.__slots__[1:]]
+        return cls(str(d.get("name", "")), *(c if type(c) is int else 0 for c in counts))
+
+
+def destinations_table(rows: list[Destination]) -> str:
+    """The table printed after a run with network (rows sorted as the daemon sent
+    them), columns fitted; it ends with a newline, and is empty when the run went
+    nowhere."""
+    if not rows:
+        return ""
+    from boxy.values import format_size
+
+    table = [["DESTINATION", "CONNS", "DENIED", "ADDRS", "SENT", "RECEIVED"]]
+    for r in rows:
+        counts = [str(r.connections), str(r.denied), str(r.addresses)]
+        table.append([r.name, *counts, format_size(r.bytes_up), format_size(r.bytes_down)])
+    widths = [max(len(cells[i]) for cells in table) for i in range(len(table[0]))]
+    lines = [f"network destinations ({len(rows)})"]
+    for cells in table:
+        padded = [cell.ljust(width) for cell, width in zip(cells, widths, strict=True)]
+        lines.append(("  " + "  ".join(padded)).rstrip())
+    return "\n".join(lines) + "\n"
+
+
 class State(enum.Enum):
     STARTING = "starting"  # checked, being set up: the walk, the plan, stage 2
     RUNNING = "running"  # the payload runs
@@ -78,7 +130,8 @@ class Outcome(Value):
     """EXIT_STATUS as a shell would report it; SIGNAL when one ended the payload;
     MESSAGE one line for the user; FINDINGS what the guard found after the run;
     NOTES other lines said at the end; DESTINATIONS the table of where the network
-    went; WARNINGS what was said at the start (kept for a run that never started)."""
+    went (Destination rows, busiest first); WARNINGS what was said at the start (kept
+    for a run that never started)."""
 
     __slots__ = (
         "exit_status",
@@ -99,7 +152,7 @@ class Outcome(Value):
         signal: int | None = None,
         findings: list[str] | None = None,
         notes: list[str] | None = None,
-        destinations: str = "",
+        destinations: list[Destination] | None = None,
         warnings: list[str] | None = None,
     ) -> None:
         self.exit_status, self.reason, self.message, self.signal = (
@@ -110,7 +163,7 @@ class Outcome(Value):
         )
         self.findings = findings if findings is not None else []
         self.notes = notes if notes is not None else []
-        self.destinations = destinations
+        self.destinations = destinations if destinations is not None else []
         self.warnings = warnings if warnings is not None else []
 
     @property
@@ -123,10 +176,12 @@ class Outcome(Value):
             "reason": self.reason.value,
             "state": self.state.value,
         }
-        for key in ("message", "signal", "findings", "notes", "destinations", "warnings"):
+        for key in ("message", "signal", "findings", "notes", "warnings"):
             value = getattr(self, key)
             if value:
                 out[key] = value
+        if self.destinations:
+            out["destinations"] = [d.to_wire() for d in self.destinations]
         return out
 
     @classmethod
@@ -144,9 +199,17 @@ class Outcome(Value):
             d.get("signal") if type(d.get("signal")) is int else None,
             [str(x) for x in d.get("findings") or []],
             [str(x) for x in d.get("notes") or []],
-            str(d.get("destinations") or ""),
+            _destinations(d.get("destinations")),
             [str(x) for x in d.get("warnings") or []],
         )
+
+
+def _destinations(rows: object) -> list[Destination]:
+    """A reply's or a record's rows (a record of an older build held the table's text
+    instead: it has none to give)."""
+    if not isinstance(rows, list):
+        return []
+    return [d for d in map(Destination.from_wire, rows) if d is not None]
 
 
 class Counters(Value):

@@ -201,7 +201,7 @@ def _write_report(path: str, summary: _Summary) -> None:
         "state": out.state.value if out else None,
         "signal": out.signal if out else None,
         "message": (out.message or None) if out else None,
-        "destinations": out.destinations.splitlines() if out and out.destinations else [],
+        "destinations": [d.to_wire() for d in out.destinations] if out else [],
         "refusals": summary.refusals,
         "denials": summary.denials,
         "findings": list(out.findings) if out else [],
@@ -475,7 +475,9 @@ def _report(outcome: Outcome) -> int:
     for w in outcome.warnings:  # a run that never started: not said yet
         say(w)
     if outcome.destinations:  # a run with network that went somewhere: where
-        head, _, table = outcome.destinations.partition("\n")
+        from boxy.outcome import destinations_table
+
+        head, _, table = destinations_table(outcome.destinations).partition("\n")
         say(head)
         with contextlib.suppress(OSError):
             os.write(2, table.encode(errors="replace"))

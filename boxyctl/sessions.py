@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from boxy import values
-from boxy.outcome import SessionInfo, State
+from boxy.outcome import SessionInfo, State, destinations_table
 from boxyd.net.refusals import plural
 
 COMMAND_WIDTH = 60
@@ -129,7 +129,7 @@ def show_lines(info: SessionInfo, now: float) -> list[str]:
             lines += [f"  {clean(x)}" for x in items]
     if out.destinations:
         lines.append("destinations:")
-        lines += [f"  {clean(x)}" for x in out.destinations.splitlines()]
+        lines += [f"  {clean(x)}" for x in destinations_table(out.destinations).splitlines()]
     return lines
 
 

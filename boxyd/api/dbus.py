@@ -135,7 +135,7 @@ def event_fields(ev: SessionEvent) -> dict[str, Variant]:
     elif isinstance(ev, Audited):
         fields = ev.record
     elif isinstance(ev, CountersTick):
-        fields = {**ev.counters.to_wire(), "top": ev.destinations}
+        fields = {**ev.counters.to_wire(), "top": [d.to_wire() for d in ev.destinations]}
     elif isinstance(ev, Exited):
         fields = ev.outcome.to_wire()
     elif isinstance(ev, Lost):

@@ -59,18 +59,6 @@ async def final_reply(call: Call, reply: RunReply) -> None:
         )
 
 
-def destination_wire(row: list[Any]) -> dict[str, Any]:
-    """[name, conns, denied, sent, received] (the sandbox's) as the IDL's Destination."""
-    name, conns, denied, sent, received = (list(row) + [0] * 5)[:5]
-    return {
-        "name": str(name),
-        "connections": int(conns),
-        "denied": int(denied),
-        "bytes_up": int(sent),
-        "bytes_down": int(received),
-    }
-
-
 def event_wire(ev: SessionEvent) -> dict[str, Any]:
     """{kind, t, ...its fields}, as the IDL's Event type declares them."""
     out: dict[str, Any] = {"kind": ev.kind, "t": round(ev.t, 3)}
@@ -86,7 +74,7 @@ def event_wire(ev: SessionEvent) -> dict[str, Any]:
         out["record"] = ev.record
     elif isinstance(ev, CountersTick):
         out["counters"] = ev.counters.to_wire()
-        out["destinations"] = [destination_wire(row) for row in ev.destinations]
+        out["destinations"] = [d.to_wire() for d in ev.destinations]
     elif isinstance(ev, Exited):
         out["outcome"] = ev.outcome.to_wire()
     elif isinstance(ev, Lost):

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
-from boxy.outcome import Counters, Outcome, State
+from boxy.outcome import Counters, Destination, Outcome, State
 
 BOUND = 1024  # events queued per watcher before it starts losing them
 
@@ -88,7 +88,7 @@ class CountersTick(Event):
 
     kind: ClassVar[str] = "counters"
     counters: Counters
-    destinations: list[list[Any]]
+    destinations: list[Destination]
 
 
 @dataclass(frozen=True)

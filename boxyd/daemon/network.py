@@ -168,7 +168,7 @@ class Network:
                 self._muted += 1
 
     async def finish(self) -> dict[str, Any]:
-        """Close every flow; write --net-log; the destinations table for stderr."""
+        """Close every flow; write --net-log; where the network went (Destination rows)."""
         out: dict[str, Any] = {}
         if self._capture is not None:
             out.update(self._close_capture())
@@ -192,7 +192,7 @@ class Network:
                         f"--net-log {self.spec.net_log}: removed or replaced during the "
                         "run (by the payload?): the log was written to the removed file"
                     )
-        out["destinations"] = netlog.destinations_table(log_)
+        out["destinations"] = log_.summary()
         return out
 
     def discard(self) -> None:

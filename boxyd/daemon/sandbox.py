@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from boxy import termsettings
 from boxy.errors import SetupError, UsageError
-from boxy.outcome import Counters
+from boxy.outcome import Counters, Destination
 from boxy.paths import state_dir
 from boxy.request import RunRequest, Terminal
 from boxy.varlink import close_fds
@@ -624,14 +624,9 @@ class StageSandbox:
         gateway = self.net.gateway if self.net is not None else None
         return Counters(*gateway.netlog.totals()) if gateway is not None else Counters()
 
-    def destinations(self, limit: int) -> list[list[str | int]]:
+    def destinations(self, limit: int) -> list[Destination]:
         gateway = self.net.gateway if self.net is not None else None
-        if gateway is None:
-            return []
-        return [
-            [d.name, d.conns, d.denied, d.sent, d.received]
-            for d in gateway.netlog.summary()[:limit]
-        ]
+        return gateway.netlog.summary()[:limit] if gateway is not None else []
 
     def detach(self) -> bool:
         """The client leaves: its terminal is let go, the output goes on into the
@@ -712,7 +707,7 @@ class StageSandbox:
         if net_done is not None:
             got = await net_done
             report.notes += got.get("notes", [])
-            report.destinations = got.get("destinations", "")
+            report.destinations = got.get("destinations", [])
         for _ in range(20):  # a child of boxyd's cgroup empties as stage 2 exits
             if self._placement is None or remove_subtree(self._placement):
                 self._placement = None

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from boxy.outcome import Counters
+from boxy.outcome import Counters, Destination
 from boxy.request import RunRequest, Terminal
 from boxyd.config.runspec import RunSpec
 
@@ -47,11 +47,11 @@ SandboxEvent = Started | Stopped | Exit
 @dataclass
 class Report:
     """What is known once the payload is gone: the guard's findings (git, tools'
-    files), further lines for the user, the destinations table."""
+    files), further lines for the user, where the network went (busiest first)."""
 
     findings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    destinations: str = ""
+    destinations: list[Destination] = field(default_factory=list)
 
 
 class Sink(Protocol):
@@ -93,8 +93,8 @@ class Sandbox(Protocol):
     def counters(self) -> Counters:
         """The network's totals so far (zeros without one)."""
 
-    def destinations(self, limit: int) -> list[list[str | int]]:
-        """The busiest LIMIT destinations so far: [name, conns, denied, sent, received]."""
+    def destinations(self, limit: int) -> list[Destination]:
+        """The busiest LIMIT destinations so far."""
 
     def detach(self) -> bool:
         """Let the client's terminal go; False when there is none to keep."""

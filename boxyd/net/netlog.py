@@ -38,9 +38,9 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 
-from boxy.values import format_size
+from boxy import outcome
+from boxy.outcome import Destination
 
 VERSION = 1
 CONN_FIELDS = ("t_ms", "proto", "verdict", "addr", "port", "host", "sni", "reason", "up", "down")
@@ -57,18 +57,6 @@ MAX_ADDRS_PER_DESTINATION = 1024
 OTHER = "(other)"  # cannot be a host name or an address
 
 _I_UP, _I_DOWN = CONN_FIELDS.index("up"), CONN_FIELDS.index("down")
-
-
-@dataclass(frozen=True, slots=True)
-class Destination:
-    """One row of the summary and of the destinations table."""
-
-    name: str
-    conns: int
-    denied: int
-    addrs: int
-    sent: int
-    received: int
 
 
 class _Dest:
@@ -213,7 +201,7 @@ class NetLog:
             Destination(name, d.conns, d.denied, len(d.addrs), d.sent, d.received)
             for name, d in self._dests.items()
         ]
-        rows.sort(key=lambda r: (-r.conns, r.name))
+        rows.sort(key=lambda r: (-r.connections, r.name))
         return rows
 
     def to_json(self) -> dict[str, object]:
@@ -226,7 +214,8 @@ class NetLog:
             "resolutions": {name: list(addrs) for name, addrs in self._resolutions.items()},
             "summary_fields": list(SUMMARY_FIELDS),
             "summary": [
-                [d.name, d.conns, d.denied, d.addrs, d.sent, d.received] for d in self.summary()
+                [d.name, d.connections, d.denied, d.addresses, d.bytes_up, d.bytes_down]
+                for d in self.summary()
             ],
             "dropped": {"conns": self._dropped_rows, "names": self._dropped_names},
         }
@@ -283,23 +272,6 @@ def write(fd: int, netlog: NetLog) -> None:
 
 
 def destinations_table(netlog: NetLog) -> str:
-    """The text printed on stderr after a run with network (ends with a newline; the
-    client puts its name before the first line); empty when the run went nowhere."""
-    return format_destinations(netlog.summary())
-
-
-def format_destinations(rows: list[Destination]) -> str:
-    """The destinations table for summary rows (already sorted), columns fitted."""
-    if not rows:
-        return ""
-    lines = [f"network destinations ({len(rows)})"]
-    if rows:
-        table = [["DESTINATION", "CONNS", "DENIED", "ADDRS", "SENT", "RECEIVED"]]
-        for r in rows:
-            counts = [str(r.conns), str(r.denied), str(r.addrs)]
-            table.append([r.name, *counts, format_size(r.sent), format_size(r.received)])
-        widths = [max(len(cells[i]) for cells in table) for i in range(len(table[0]))]
-        for cells in table:
-            padded = [cell.ljust(width) for cell, width in zip(cells, widths, strict=True)]
-            lines.append(("  " + "  ".join(padded)).rstrip())
-    return "\n".join(lines) + "\n"
+    """The text printed on stderr after a run with network (ends with a newline);
+    empty when the run went nowhere."""
+    return outcome.destinations_table(netlog.summary())

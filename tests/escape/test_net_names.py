@@ -1432,6 +1432,7 @@ class FormatRun:
     netlog: dict[str, Any]
     audit: list[dict[str, Any]]
     mark: float | None
+    report: dict[str, Any]  # --report's JSON
 
 
 @pytest.fixture(scope="module")
@@ -1442,7 +1443,7 @@ def format_run(topology: Any, user: User) -> Iterator[FormatRun]:
         sh = wd / "formats.sh"
         sh.write_text(FORMAT_SCRIPT % {"other": OTHER.v4})
         user.chown(sh)
-        netlog, audit = wd / "net.json", wd / "audit.jsonl"
+        netlog, audit, report = wd / "net.json", wd / "audit.jsonl", wd / "report.json"
         live = start_run(
             topology,
             user,
@@ -1456,12 +1457,16 @@ def format_run(topology: Any, user: User) -> Iterator[FormatRun]:
             str(netlog),
             "--audit-log",
             str(audit),
+            "--report",
+            str(report),
             cmd=["sh", "formats.sh"],
         )
         mark = live.wait_line("MARK", 30)
         rc = live.finish(timeout=60)
         assert netlog.exists(), f"--net-log was not written\n{live.stdout}\n{live.stderr}"
-        yield FormatRun(live, rc, json.loads(netlog.read_text()), audit_records(audit), mark)
+        doc = json.loads(netlog.read_text())
+        got = json.loads(report.read_text())
+        yield FormatRun(live, rc, doc, audit_records(audit), mark, got)
 
 
 def _strings(doc: dict[str, Any], i: int) -> str | None:
@@ -1560,6 +1565,12 @@ def test_destinations_table(format_run: FormatRun) -> None:
     assert rows["www.boxy.test"][1:4] == ["2", "0", "1"], rows
     assert rows[OTHER.v4][1:4] == ["1", "1", "1"], rows
     assert rows["other.boxy.test"][1] == "0" and int(rows["other.boxy.test"][2]) >= 1, rows
+    # --report (and the library's Result) has the same rows as objects, in the same order
+    got = format_run.report["destinations"]
+    assert [d["name"] for d in got] == [line.split()[0] for line in err[i + 2 : i + 5]], got
+    www = next(d for d in got if d["name"] == "www.boxy.test")
+    assert (www["connections"], www["denied"], www["addresses"]) == (2, 0, 1), www
+    assert www["bytes_up"] > 0 and www["bytes_down"] > 0, www
 
 
 def _denial_lines(r: FormatRun) -> list[tuple[float, str]]:

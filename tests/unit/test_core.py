@@ -13,7 +13,17 @@ import pytest
 
 from boxy.buildid import build_id
 from boxy.errors import Busy, DaemonError, NoSuchSession, SetupError, UsageError
-from boxy.outcome import Counters, Detached, Ended, Notice, Reason, Running, State, Stopped
+from boxy.outcome import (
+    Counters,
+    Destination,
+    Detached,
+    Ended,
+    Notice,
+    Reason,
+    Running,
+    State,
+    Stopped,
+)
 from boxy.request import RunOptions, RunRequest
 from boxyd.config.runspec import RunSpec
 from boxyd.daemon import seam
@@ -35,6 +45,8 @@ from boxyd.daemon.events import (
 from boxyd.daemon.manager import Manager
 from boxyd.daemon.seam import Exit, Report, SandboxEvent, Sink, Started
 from boxyd.daemon.session import outcome_of
+
+TABLE = Destination("registry.example", 3, 1, 2, 2000, 9000)
 
 
 class FakeSandbox:
@@ -97,8 +109,8 @@ class FakeSandbox:
     def counters(self) -> Counters:
         return Counters(connections=len(self.signals))
 
-    def destinations(self, limit: int) -> list[list]:
-        return [["example.org", 1, 0, 10, 20]][:limit]
+    def destinations(self, limit: int) -> list[Destination]:
+        return [Destination("example.org", 1, 0, 1, 10, 20)][:limit]
 
     def detach(self) -> bool:
         self.detached = True
@@ -109,7 +121,7 @@ class FakeSandbox:
 
     async def finish(self) -> Report:
         self.finished = True
-        return Report(findings=self.findings, notes=["a note"], destinations="table")
+        return Report(findings=self.findings, notes=["a note"], destinations=[TABLE])
 
     def audit_log(self) -> int | None:
         return None
@@ -160,7 +172,7 @@ async def test_start_returns_at_once_and_the_session_runs_without_its_caller() -
     sb.push(Exit(code=3))
     out = await s.wait()
     assert (out.exit_status, out.reason, out.state) == (3, Reason.EXIT, State.EXITED)
-    assert (out.findings, out.notes, out.destinations) == (["a finding"], ["a note"], "table")
+    assert (out.findings, out.notes, out.destinations) == (["a finding"], ["a note"], [TABLE])
     assert out.warnings == []  # said when it started, not again
     assert s.state is State.EXITED and sb.finished and sb.closed and not m.busy()
     assert s.audit == []  # written out, not held by a long-lived daemon
@@ -429,7 +441,7 @@ async def test_counters_once_a_tick_for_watchers_and_kept_after_the_end(monkeypa
     got = [e async for e in sub if isinstance(e, CountersTick)]
     assert len(got) >= 3
     assert got[0].counters.connections == 1
-    assert got[0].destinations == [["example.org", 1, 0, 10, 20]]
+    assert got[0].destinations == [Destination("example.org", 1, 0, 1, 10, 20)]
     assert s.info().counters == Counters(connections=1)  # the totals outlive the sandbox
 
 

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from boxy.errors import UsageError
-from boxy.outcome import Outcome, Reason
+from boxy.outcome import Destination, Outcome, Reason
 from boxyctl import doctor, main
 from boxyctl.cli import parse
 from boxyd.config import profileview
@@ -37,7 +37,8 @@ def test_the_report_is_written_whole(tmp_path) -> None:
     path.write_text("old")
     s = main._Summary()
     s.id, s.refusals, s.denials = "ab12cd34", ["denied evil.example:443"], 1
-    s.outcome = Outcome(3, Reason.EXIT, findings=["f"], destinations="head\nrow")
+    row = Destination("registry.example", 3, 1, 2, 2000, 9000)
+    s.outcome = Outcome(3, Reason.EXIT, findings=["f"], destinations=[row])
     main._write_report(str(path), s)
     doc = json.loads(path.read_text())
     assert doc == {
@@ -47,7 +48,16 @@ def test_the_report_is_written_whole(tmp_path) -> None:
         "state": "exited",
         "signal": None,
         "message": None,
-        "destinations": ["head", "row"],
+        "destinations": [
+            {
+                "name": "registry.example",
+                "connections": 3,
+                "denied": 1,
+                "addresses": 2,
+                "bytes_up": 2000,
+                "bytes_down": 9000,
+            }
+        ],
         "refusals": ["denied evil.example:443"],
         "denials": 1,
         "findings": ["f"],

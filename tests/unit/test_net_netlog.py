@@ -104,9 +104,18 @@ def test_summary_numbers() -> None:
     log.update(c, 5, 7, final=True)
     log.conn(9100, "tcp", "error", "104.16.0.35", 443, "registry.example", reason="refused")
     assert log.summary() == [
-        Destination("registry.example", conns=3, denied=0, addrs=2, sent=2000, received=2_200_100),
-        Destination("169.254.169.254", conns=1, denied=1, addrs=1, sent=0, received=0),
-        Destination("198.51.100.9", conns=1, denied=0, addrs=1, sent=5, received=7),
+        Destination(
+            "registry.example",
+            connections=3,
+            denied=0,
+            addresses=2,
+            bytes_up=2000,
+            bytes_down=2_200_100,
+        ),
+        Destination(
+            "169.254.169.254", connections=1, denied=1, addresses=1, bytes_up=0, bytes_down=0
+        ),
+        Destination("198.51.100.9", connections=1, denied=0, addresses=1, bytes_up=5, bytes_down=7),
     ]
     doc = log.to_json()
     assert doc["summary_fields"] == ["destination", "conns", "denied", "addrs", "sent", "received"]
@@ -127,7 +136,7 @@ def test_updates_are_totals_and_only_grow() -> None:
     log.update(h, 10, 20)
     log.update(h, 10, 20)
     log.update(h, 15, 20)
-    assert log.summary()[0].sent == 15 and log.summary()[0].received == 20
+    assert log.summary()[0].bytes_up == 15 and log.summary()[0].bytes_down == 20
     with pytest.raises(ValueError, match="went down"):
         log.update(h, 14, 20)
     log.update(h, 15, 30, final=True)
@@ -274,5 +283,7 @@ def test_write_goes_through_the_descriptor_never_the_name(tmp_path: Path) -> Non
 def test_removed_answers_count_as_denials_of_their_name() -> None:
     log = NetLog()
     log.removed("registry.example", 2)
-    assert [(d.name, d.conns, d.denied) for d in log.summary()] == [("registry.example", 0, 2)]
+    assert [(d.name, d.connections, d.denied) for d in log.summary()] == [
+        ("registry.example", 0, 2)
+    ]
     assert "registry.example" in destinations_table(log)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from boxy import values
-from boxy.outcome import Outcome, Reason, SessionInfo, State
+from boxy.outcome import Destination, Outcome, Reason, SessionInfo, State
 from boxyctl import sessions as text
 
 # noon today: a start 65 s before it is the same day whenever the suite runs (at
@@ -53,13 +53,17 @@ def test_show_everything_of_a_finished_session() -> None:
         "a message",
         findings=["git: .git/hooks/pre-commit quarantined"],
         notes=["a note"],
-        destinations="2 destinations\nHOST  CONN\nexample.org  1",
+        destinations=[Destination("example.org", 1, 0, 1, 100, 2048)],
     )
     lines = text.show_lines(info(State.EXITED, out, ended=NOW), NOW)
     assert "state     exited 1" in lines and "exit      1 (exit)" in lines
     assert "message   a message" in lines and "findings:" in lines
     assert "  git: .git/hooks/pre-commit quarantined" in lines
-    assert lines[-3:] == ["  2 destinations", "  HOST  CONN", "  example.org  1"]
+    assert lines[-3:] == [
+        "  network destinations (1)",
+        "    DESTINATION  CONNS  DENIED  ADDRS  SENT  RECEIVED",
+        "    example.org  1      0       1      100B  2.0KiB",
+    ]
     assert (
         text.stop_line(info(State.KILLED, Outcome(137, Reason.SIGNAL, signal=9), ended=NOW))
         == "session 0123abcd: killed SIGKILL"

@@ -23,7 +23,7 @@ from boxy.errors import (
     SetupError,
     UsageError,
 )
-from boxy.outcome import Outcome, Reason, State
+from boxy.outcome import Destination, Outcome, Reason, State
 from boxy.request import CopyItem, EnvItem, RunOptions, RunRequest, Secret, Terminal
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,7 +171,8 @@ def test_request_round_trip_and_defaults() -> None:
     (Reason.TIMEOUT, State.TIMED_OUT), (Reason.SETUP, State.FAILED), (Reason.EXEC, State.FAILED),
 ])  # fmt: skip
 def test_outcome_states_and_wire(reason: Reason, state: State) -> None:
-    out = Outcome(3, reason, "msg", signal=None, findings=["f"], notes=["n"], destinations="t")
+    row = Destination("a.example", 2, 1, 1, 10, 20)
+    out = Outcome(3, reason, "msg", signal=None, findings=["f"], notes=["n"], destinations=[row])
     assert out.state is state and state.finished
     assert Outcome.from_wire(out.to_wire()) == out
     assert out.to_wire()["state"] == state.value
@@ -181,7 +182,7 @@ def test_outcome_states_and_wire(reason: Reason, state: State) -> None:
 def test_a_listing_carries_a_summary() -> None:
     from boxy.outcome import Counters, SessionInfo
 
-    out = Outcome(1, Reason.EXIT, "m", findings=["f"] * 100, destinations="t" * 10_000)
+    out = Outcome(1, Reason.EXIT, "m", findings=["f"] * 100, destinations=[Destination("t")] * 99)
     info = SessionInfo(
         "0123abcd",
         State.EXITED,

@@ -183,6 +183,17 @@ class ManagerInterface(NamedSignals):
         return info.state.value
 
     @method()
+    async def Output(self, id: "s", offset: "t") -> "aytbb":
+        """`boxyctl logs` over D-Bus (varlink's Output): up to 64 KiB of a detached
+        session's output from OFFSET; the next offset; whether the session had ended
+        before the read (an empty piece then is the end); whether it kept any output."""
+        try:
+            out = await self.manager.output(id, offset)
+        except BoxyError as e:
+            raise _error(e) from None
+        return [out.data, out.offset, out.ended, out.kept]
+
+    @method()
     async def Run(self, request: "s", stdin: "h", stdout: "h", stderr: "h") -> "so":
         """REQUEST: the JSON of varlink's Run parameters (boxy.request); the three fds
         are the payload's stdio (checked to be attached: check_fds). Returns once

@@ -222,3 +222,25 @@ async def test_join_bus_takes_only_unix_addresses(address: str) -> None:
     with pytest.raises(UsageError, match="not a unix: D-Bus address"):
         await bus.join(address)
     assert bus.service is None
+
+
+async def test_output_reads_a_sessions_log_in_pieces(on_bus, tmp_path, monkeypatch) -> None:
+    """Output, as varlink's: the log from an offset, the next offset, ended, kept."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    manager, _, client = on_bus
+    s = await manager.start(request(), [])
+    await started(s)
+    log = tmp_path / "state/boxy/sessions" / s.id / "output.log"
+    log.parent.mkdir(parents=True)
+    log.write_bytes(b"hello from a detached session\n")
+    iface = "dev.boxy.Manager1"
+    reply = await call(client, MANAGER_PATH, iface, "Output", "st", [s.id[:4], 6])
+    assert reply.message_type == MessageType.METHOD_RETURN, reply.body
+    assert reply.body == [b"from a detached session\n", 30, False, True]
+    reply = await call(client, MANAGER_PATH, iface, "Output", "st", [s.id, 30])
+    assert reply.body == [b"", 30, False, True]
+    log.unlink()
+    reply = await call(client, MANAGER_PATH, iface, "Output", "st", [s.id, 0])
+    assert reply.body == [b"", 0, False, False]  # it kept none
+    reply = await call(client, MANAGER_PATH, iface, "Output", "st", ["ffffffff", 0])
+    assert reply.message_type == MessageType.ERROR and "ffffffff" in str(reply.body), reply.body

@@ -27,7 +27,7 @@ from boxy.errors import DaemonError, UsageError
 from boxy.events import Event, Snapshot, decode
 from boxy.ident import INTERFACE
 from boxy.options import BY_FIELD, Option, check_combinations
-from boxy.outcome import Detached, Ended, Notice, Outcome, Running, SessionInfo, Stopped
+from boxy.outcome import Detached, Ended, Notice, Outcome, Refusal, Running, SessionInfo, Stopped
 from boxy.request import CopyItem, EnvItem, RunOptions, RunRequest, Secret, Terminal, Value
 from boxy.varlink import Client
 
@@ -210,13 +210,15 @@ class Result(Value):
     """How a run ended: EXIT_STATUS as a shell reports it (128+N for a signal), REASON
     (boxy.outcome.Reason: exit, signal, seccomp, timeout, setup, exec), DESTINATIONS
     (boxy.outcome.Destination rows, busiest first: name, connections, denied,
-    addresses, bytes_up, bytes_down; [] when the network went nowhere), REFUSALS (each denial as
-    it happened, with verbose=True, then the summary boxyd gives), FINDINGS (what the
-    guard found afterwards); STDOUT and STDERR captured with PIPE."""
+    addresses, bytes_up, bytes_down; [] when the network went nowhere), REFUSALS
+    (boxy.outcome.Refusal rows: each kind of refusal once with its count, most
+    frequent first: layer, proto, addr, port, host, reason, count), NOTICES (each
+    denial as it was said while it ran, with verbose=True), FINDINGS (what the guard
+    found afterwards); STDOUT and STDERR captured with PIPE."""
 
     __slots__ = (
         "id", "exit_status", "reason", "signal", "message", "destinations", "refusals",
-        "findings", "notes", "warnings", "stdout", "stderr",
+        "notices", "findings", "notes", "warnings", "stdout", "stderr",
     )  # fmt: skip
 
     def __init__(self, sid: str, outcome: Outcome, notices: list[str] | None = None) -> None:
@@ -226,8 +228,8 @@ class Result(Value):
         self.signal, self.message = outcome.signal, outcome.message
         self.destinations, self.findings = outcome.destinations, outcome.findings
         self.notes, self.warnings = outcome.notes, outcome.warnings
-        summary = [n for n in outcome.notes if "refused" in n or "not allowed" in n]
-        self.refusals: list[str] = [*(notices or []), *summary]
+        self.refusals: list[Refusal] = outcome.refusals
+        self.notices: list[str] = list(notices or [])
         self.stdout: bytes | None = None
         self.stderr: bytes | None = None
 

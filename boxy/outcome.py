@@ -10,7 +10,10 @@ from boxy.request import Value
 
 TYPE_CHECKING = False  # typing costs the client 4 ms at start-up; annotations only
 if TYPE_CHECKING:
-    from typing import Any
+    from collections.abc import Callable
+    from typing import Any, TypeVar
+
+    _T = TypeVar("_T")
 
 
 # what a reply and a record hold of each list of an outcome (findings, notes, warnings):
@@ -72,6 +75,53 @@ class Destination(Value):
         return cls(str(d.get("name", "")), *(c if type(c) is int else 0 for c in counts))
 
 
+class Refusal(Value):
+    """One kind of refusal of a run's network and how often it happened (COUNT):
+    the LAYER that refused it (net.ip, net.dns, net.sni, net.port, net.rate…), PROTO
+    (tcp, udp, dns, …), the ADDR and PORT it was for (None for a name that DNS
+    refused), HOST (the name involved: the TLS SNI or HTTP Host, or the DNS
+    question), REASON in words."""
+
+    __slots__ = ("layer", "proto", "addr", "port", "host", "reason", "count")
+
+    def __init__(
+        self,
+        layer: str,
+        proto: str,
+        addr: str | None,
+        port: int | None,
+        host: str | None,
+        reason: str,
+        count: int = 1,
+    ) -> None:
+        self.layer, self.proto, self.addr, self.port = layer, proto, addr, port
+        self.host, self.reason, self.count = host, reason, count
+
+    def to_wire(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    @classmethod
+    def from_wire(cls, d: object) -> Refusal | None:
+        """Lenient: a row of a reply or a record; None for one that is not an object."""
+        if not isinstance(d, dict):
+            return None
+
+        def text(k: str) -> str | None:
+            v = d.get(k)
+            return v if isinstance(v, str) else None
+
+        port, count = d.get("port"), d.get("count")
+        return cls(
+            text("layer") or "",
+            text("proto") or "",
+            text("addr"),
+            port if type(port) is int else None,
+            text("host"),
+            text("reason") or "",
+            count if type(count) is int else 1,
+        )
+
+
 def destinations_table(rows: list[Destination]) -> str:
     """The table printed after a run with network (rows sorted as the daemon sent
     them), columns fitted; it ends with a newline, and is empty when the run went
@@ -130,8 +180,9 @@ class Outcome(Value):
     """EXIT_STATUS as a shell would report it; SIGNAL when one ended the payload;
     MESSAGE one line for the user; FINDINGS what the guard found after the run;
     NOTES other lines said at the end; DESTINATIONS the table of where the network
-    went (Destination rows, busiest first); WARNINGS what was said at the start (kept
-    for a run that never started)."""
+    went (Destination rows, busiest first); REFUSALS what it refused (Refusal rows,
+    most frequent first); WARNINGS what was said at the start (kept for a run that
+    never started)."""
 
     __slots__ = (
         "exit_status",
@@ -141,6 +192,7 @@ class Outcome(Value):
         "findings",
         "notes",
         "destinations",
+        "refusals",
         "warnings",
     )
 
@@ -154,6 +206,7 @@ class Outcome(Value):
         notes: list[str] | None = None,
         destinations: list[Destination] | None = None,
         warnings: list[str] | None = None,
+        refusals: list[Refusal] | None = None,
     ) -> None:
         self.exit_status, self.reason, self.message, self.signal = (
             exit_status,
@@ -165,6 +218,7 @@ class Outcome(Value):
         self.notes = notes if notes is not None else []
         self.destinations = destinations if destinations is not None else []
         self.warnings = warnings if warnings is not None else []
+        self.refusals = refusals if refusals is not None else []
 
     @property
     def state(self) -> State:
@@ -182,6 +236,8 @@ class Outcome(Value):
                 out[key] = value
         if self.destinations:
             out["destinations"] = [d.to_wire() for d in self.destinations]
+        if self.refusals:
+            out["refusals"] = [r.to_wire() for r in self.refusals]
         return out
 
     @classmethod
@@ -201,15 +257,20 @@ class Outcome(Value):
             [str(x) for x in d.get("notes") or []],
             _destinations(d.get("destinations")),
             [str(x) for x in d.get("warnings") or []],
+            _rows(d.get("refusals"), Refusal.from_wire),
         )
 
 
 def _destinations(rows: object) -> list[Destination]:
     """A reply's or a record's rows (a record of an older build held the table's text
     instead: it has none to give)."""
+    return _rows(rows, Destination.from_wire)
+
+
+def _rows(rows: object, decode: Callable[[object], _T | None]) -> list[_T]:
     if not isinstance(rows, list):
         return []
-    return [d for d in map(Destination.from_wire, rows) if d is not None]
+    return [r for r in map(decode, rows) if r is not None]
 
 
 class Counters(Value):

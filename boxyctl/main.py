@@ -181,7 +181,7 @@ class _Summary:
 
     def __init__(self) -> None:
         self.id = ""
-        self.refusals: list[str] = []
+        self.notices: list[str] = []
         self.outcome: Outcome | None = None
         self.denials: int | None = None
         self.refused: tuple[int, str] | None = None  # boxyd's refusal: exit status, message
@@ -202,7 +202,8 @@ def _write_report(path: str, summary: _Summary) -> None:
         "signal": out.signal if out else None,
         "message": (out.message or None) if out else None,
         "destinations": [d.to_wire() for d in out.destinations] if out else [],
-        "refusals": summary.refusals,
+        "refusals": [r.to_wire() for r in out.refusals] if out else [],
+        "notices": summary.notices,
         "denials": summary.denials,
         "findings": list(out.findings) if out else [],
         "notes": list(out.notes) if out else [],
@@ -441,7 +442,7 @@ def _relay(
         if isinstance(reply, Notice):  # -v: a denial, as it happens
             say(reply.text)
             if summary is not None:
-                summary.refusals.append(reply.text)
+                summary.notices.append(reply.text)
         elif isinstance(reply, Stopped):  # ^Z: stop with the payload
             if term is not None:
                 term.suspend()

@@ -193,6 +193,7 @@ class Network:
                         "run (by the payload?): the log was written to the removed file"
                     )
         out["destinations"] = log_.summary()
+        out["refusals"] = self.refused.rows()
         return out
 
     def discard(self) -> None:

@@ -708,6 +708,7 @@ class StageSandbox:
             got = await net_done
             report.notes += got.get("notes", [])
             report.destinations = got.get("destinations", [])
+            report.refusals = got.get("refusals", [])
         for _ in range(20):  # a child of boxyd's cgroup empties as stage 2 exits
             if self._placement is None or remove_subtree(self._placement):
                 self._placement = None

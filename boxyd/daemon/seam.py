@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from boxy.outcome import Counters, Destination
+from boxy.outcome import Counters, Destination, Refusal
 from boxy.request import RunRequest, Terminal
 from boxyd.config.runspec import RunSpec
 
@@ -52,6 +52,7 @@ class Report:
     findings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     destinations: list[Destination] = field(default_factory=list)
+    refusals: list[Refusal] = field(default_factory=list)
 
 
 class Sink(Protocol):

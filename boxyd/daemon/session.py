@@ -319,7 +319,7 @@ class Session:
         if outcome.reason is Reason.SECCOMP:
             self.record("seccomp", action="kill", signal=outcome.signal)
         outcome.findings, outcome.notes = report.findings, report.notes
-        outcome.destinations = report.destinations
+        outcome.destinations, outcome.refusals = report.destinations, report.refusals
         if not started:  # never said: the client hears them with the outcome
             outcome.warnings = self.warnings
         return outcome

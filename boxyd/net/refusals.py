@@ -10,6 +10,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from boxy.outcome import Refusal
+
+# Distinct refusals kept as rows for the outcome (a scan of 65,536 ports is that
+# many); past it they are counted into one row that says so.
+MAX_ROWS = 256
+_Key = tuple[str, str, str | None, int | None, str | None, str]
+
 
 def plural(n: int, word: str, many: str | None = None) -> str:
     """'1 connection', '2 connections'; MANY for an irregular plural ('denials')."""
@@ -28,10 +35,13 @@ class Tally:
     names: set[str] = field(default_factory=set)  # names the allowlist does not hold
     answers: int = 0  # answers removed, each time one was (as the table counts them)
     removed: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> addr -> why
+    kinds: dict[_Key, int] = field(default_factory=dict)  # the rows(), counted
+    past: int = 0  # refusals of kinds beyond MAX_ROWS
 
     def add(self, ev: Mapping[str, Any]) -> None:
         if ev.get("verdict") != "deny":
             return
+        self._count(ev)
         if ev.get("proto") in ("tcp", "udp"):  # a connection, whatever layer refused it
             if ev.get("addr"):
                 self.connections += 1
@@ -48,6 +58,32 @@ class Tally:
                 self.removed.setdefault(name, {})[str(addr)] = str(why)
         elif ev.get("name"):
             self.names.add(str(ev["name"]).lower().rstrip("."))
+
+    def _count(self, ev: Mapping[str, Any]) -> None:
+        port = ev.get("port")
+        key: _Key = (
+            str(ev.get("layer") or "net"),
+            str(ev.get("proto") or ("dns" if ev.get("layer") == "net.dns" else "")),
+            str(ev["addr"]) if ev.get("addr") else None,
+            port if type(port) is int else None,
+            str(ev.get("host") or ev.get("sni") or ev.get("name") or "") or None,
+            str(ev.get("reason") or ""),
+        )
+        n = int(ev.get("count") or 1)  # a flood's reset comes as one event
+        if key in self.kinds or len(self.kinds) < MAX_ROWS:
+            self.kinds[key] = self.kinds.get(key, 0) + n
+        else:
+            self.past += n
+
+    def rows(self) -> list[Refusal]:
+        """Each kind of refusal once, with its count, most frequent first (then in
+        the order they came); past MAX_ROWS kinds, one row counts the rest."""
+        order = sorted(self.kinds.items(), key=lambda kv: -kv[1])  # stable: first seen first
+        out = [Refusal(*key, count=n) for key, n in order]
+        if self.past:
+            why = f"more kinds of refusal than the {MAX_ROWS} listed (--audit-log has each)"
+            out.append(Refusal("net", "", None, None, None, why, self.past))
+        return out
 
     def lines(self, *, verbose: bool = False) -> list[str]:
         """One summary line when anything was refused, then one per name whose every

@@ -1573,6 +1573,19 @@ def test_destinations_table(format_run: FormatRun) -> None:
     assert www["bytes_up"] > 0 and www["bytes_down"] > 0, www
 
 
+def test_report_refusals_are_typed_rows(format_run: FormatRun) -> None:
+    """--report's refusals (the library's Result.refusals): each kind once with its
+    count, the layer, address, port and name, and the -v lines apart as notices."""
+    rows = format_run.report["refusals"]
+    unbound = [r for r in rows if r["addr"] == OTHER.v4]
+    assert len(unbound) == 1 and unbound[0]["port"] == 443 and unbound[0]["count"] == 1, rows
+    assert unbound[0]["layer"].startswith("net.") and unbound[0]["reason"], unbound
+    name = [r for r in rows if r["host"] == "other.boxy.test" and r["layer"] == "net.dns"]
+    assert name and name[0]["addr"] is None and name[0]["proto"] == "dns", rows
+    notices = format_run.report["notices"]  # the run had -v
+    assert any(OTHER.v4 in n for n in notices), notices
+
+
 def _denial_lines(r: FormatRun) -> list[tuple[float, str]]:
     return [
         (t, line)

@@ -93,6 +93,7 @@ def test_run_report(boxy: Boxy, user: User, workdir: Path) -> None:
     doc = json.loads((workdir / "r.json").read_text())
     assert (doc["exit_status"], doc["reason"], doc["state"]) == (3, "exit", "exited")
     assert doc["findings"] == [] and doc["refusals"] == [] and doc["denials"] == 0
+    assert doc["notices"] == []
     assert doc["destinations"] == [] and len(doc["id"]) == 8
     assert json.loads(ctl(user, "show", "--json", doc["id"]).stdout)["argv"][-1] == "exit 3"
     # bad input the client refuses changes nothing: no report is written

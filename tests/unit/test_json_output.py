@@ -8,7 +8,7 @@ import os
 import pytest
 
 from boxy.errors import UsageError
-from boxy.outcome import Destination, Outcome, Reason
+from boxy.outcome import Destination, Outcome, Reason, Refusal
 from boxyctl import doctor, main
 from boxyctl.cli import parse
 from boxyd.config import profileview
@@ -36,9 +36,10 @@ def test_the_report_is_written_whole(tmp_path) -> None:
     path = tmp_path / "r.json"
     path.write_text("old")
     s = main._Summary()
-    s.id, s.refusals, s.denials = "ab12cd34", ["denied evil.example:443"], 1
+    s.id, s.notices, s.denials = "ab12cd34", ["denied evil.example:443"], 1
     row = Destination("registry.example", 3, 1, 2, 2000, 9000)
-    s.outcome = Outcome(3, Reason.EXIT, findings=["f"], destinations=[row])
+    no = Refusal("net.dns", "dns", None, None, "evil.example", "not in the allowlist", 2)
+    s.outcome = Outcome(3, Reason.EXIT, findings=["f"], destinations=[row], refusals=[no])
     main._write_report(str(path), s)
     doc = json.loads(path.read_text())
     assert doc == {
@@ -58,7 +59,18 @@ def test_the_report_is_written_whole(tmp_path) -> None:
                 "bytes_down": 9000,
             }
         ],
-        "refusals": ["denied evil.example:443"],
+        "refusals": [
+            {
+                "layer": "net.dns",
+                "proto": "dns",
+                "addr": None,
+                "port": None,
+                "host": "evil.example",
+                "reason": "not in the allowlist",
+                "count": 2,
+            }
+        ],
+        "notices": ["denied evil.example:443"],
         "denials": 1,
         "findings": ["f"],
         "notes": [],

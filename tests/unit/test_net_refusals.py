@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from boxyd.net import refusals
 from boxyd.net.netlog import NetLog
 from boxyd.net.refusals import Tally, plural
 
@@ -191,3 +192,32 @@ def test_the_allowlists_names_that_resolve_only_into_refused_ranges_are_said() -
         "reg.example resolves to 10.9.8.7 (private (RFC 1918)), which boxy refuses, so the "
         "run cannot reach it; if that is really where it lives: --allow-cidr 10.9.8.7"
     ]
+
+
+def test_rows_are_each_kind_once_most_frequent_first() -> None:
+    t = Tally()
+    deny = {"verdict": "deny", "layer": "net.ip", "proto": "tcp", "port": 443}
+    for _ in range(3):
+        t.add({**deny, "addr": "169.254.169.254", "reason": "link-local (cloud metadata)"})
+    t.add({**deny, "addr": "10.0.0.1", "reason": "private-use", "sni": "intranet.test"})
+    t.add({"verdict": "deny", "layer": "net.dns", "name": "evil.test", "reason": "not allowed"})
+    t.add({"verdict": "allow", "layer": "net.ip", "proto": "tcp", "addr": "1.1.1.1", "port": 1})
+    t.add({"verdict": "deny", "layer": "net.rate", "proto": "tcp", "count": 40, "reason": "rate"})
+    assert [(r.layer, r.addr, r.port, r.host, r.count) for r in t.rows()] == [
+        ("net.rate", None, None, None, 40),
+        ("net.ip", "169.254.169.254", 443, None, 3),
+        ("net.ip", "10.0.0.1", 443, "intranet.test", 1),
+        ("net.dns", None, None, "evil.test", 1),
+    ]
+    assert t.rows()[3].proto == "dns"
+
+
+def test_rows_are_bounded_and_the_rest_counted() -> None:
+    t = Tally()
+    for port in range(1, refusals.MAX_ROWS + 101):  # a port scan
+        t.add({"verdict": "deny", "layer": "net.port", "proto": "tcp", "addr": "192.0.2.1",
+               "port": port, "reason": "port not allowed"})  # fmt: skip
+    rows = t.rows()
+    assert len(rows) == refusals.MAX_ROWS + 1 and rows[-1].count == 100
+    assert "more kinds of refusal" in rows[-1].reason
+    assert sum(r.count for r in rows) == refusals.MAX_ROWS + 100 == t.connections

@@ -27,10 +27,9 @@ from boxyd.config.hosttools import resolve
 from boxyd.config.registries import Registries
 from boxyd.config.runspec import RunSpec
 from boxyd.config.spec import build_spec
-from boxyd.daemon import pools, publish, records
+from boxyd.daemon import pools, records
 from boxyd.daemon.liveguard import LiveGuard
 from boxyd.daemon.pty import PtyRelay
-from boxyd.daemon.publish import Publisher
 from boxyd.daemon.scopes import Limit, Placement, Scopes, limits, read_events, remove_subtree
 from boxyd.daemon.seam import Exit, Report, SandboxEvent, Sink, Started, Stopped
 from boxyd.daemon.stage2proc import Gateway, NewSocket, PtyMaster, Received, Stage2, Template
@@ -48,6 +47,7 @@ from boxyd.stage2 import protocol
 
 if TYPE_CHECKING:
     from boxyd.daemon.network import Network
+    from boxyd.daemon.publish import Publisher
     from boxyd.net.dnsproxy import DnsProxy
 
 log = logging.getLogger("boxyd")
@@ -104,7 +104,10 @@ class StageLauncher:
             outputs = await pools.run(
                 pools.START, open_outputs, spec.audit_log, spec.net_log, spec.pcap, hostile
             )
-            listeners = publish.bind(spec.publish)  # a taken port: refused before the start
+            if spec.publish:  # the relay's modules load with the first run that publishes
+                from boxyd.daemon import publish
+
+                listeners = publish.bind(spec.publish)  # a taken port: refused before the start
             net = await self._network(spec, sink, outputs) if spec.net != "none" else None
         except BaseException:  # a usage error, or a bug: either way every fd goes back
             outputs.close()
@@ -112,7 +115,11 @@ class StageLauncher:
             for listener in listeners:
                 listener.close()
             raise
-        ports = Publisher(spec.publish, listeners, sink.record) if listeners else None
+        ports = None
+        if listeners:
+            from boxyd.daemon.publish import Publisher
+
+            ports = Publisher(spec.publish, listeners, sink.record)
         sandbox = StageSandbox(self, spec, stdio, outputs, net, sink, request.terminal, ports)
         self.live.add(sandbox)
         return sandbox
@@ -418,7 +425,10 @@ class StageSandbox:
                 "--seccomp compat: forbidden system calls fail with EPERM instead of killing the "
                 "process; this is for diagnosis, do not leave it on"
             )
-        out += [publish.exposure(m) for m in spec.publish]
+        if spec.publish:
+            from boxyd.daemon.publish import exposure
+
+            out += [exposure(m) for m in spec.publish]
         if spec.verbose:
             out.extend(spec.notes)
         return out

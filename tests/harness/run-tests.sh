@@ -18,25 +18,7 @@ fi
 user=${BOXY_TEST_USER:-boxytest}
 # another stage (BOXY_TEST_STAGE) lets a second suite run beside this one
 stage=${BOXY_TEST_STAGE:-/opt/boxy-test}
-id "$user" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$user"
-uid=$(id -u "$user")
-
-# Stage a root-owned, world-readable copy with its own venv (paths in a venv are absolute).
-mkdir -p "$stage"
-find "$stage" -mindepth 1 -maxdepth 1 ! -name .venv -exec rm -rf {} +
-tar -C "$src" --exclude=./.venv --exclude=./.git --exclude='*/__pycache__' -cf - . | tar -C "$stage" -xf -
-if [ ! -x "$stage/.venv/bin/python3" ]; then
-  /usr/bin/python3 -m venv --copies --system-site-packages "$stage/.venv"
-fi
-if ! cmp -s "$src/pyproject.toml" "$stage/.venv/.pyproject" ; then
-  "$stage/.venv/bin/pip" install -q -e "$stage[test]" --config-settings editable_mode=compat
-  cp "$src/pyproject.toml" "$stage/.venv/.pyproject"
-fi
-"$stage/.venv/bin/python3" -m compileall -q "$stage/boxy" "$stage/boxyd" "$stage/boxyctl" >/dev/null
-chmod -R a+rX "$stage"
-
-# A runtime directory as a login would give the user.
-install -d -m 0700 -o "$user" -g "$(id -g "$user")" "/run/user/$uid"
+"$src/tests/harness/stage.sh" "$user" "$stage"
 
 cd "$stage"
 export BOXY_TEST_USER="$user"

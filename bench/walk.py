@@ -16,6 +16,12 @@ hard-link check costs one lstat per credential), a `.env` hard-linked deep in th
 (the whole tree searched by the listings' inode numbers), and that search with an
 lstat of every regular file (what checking every file's link count would cost).
 
+With `--entries N` (make bench: 1,000,000), the figures of issue #18 for a tree of N
+entries (ten in each directory, as node_modules has about): the walk before the run
+(median of three, target ≤ 2 s) and another session's start-up during that run's
+walk against an idle daemon (target ≤ 1.5×); `--json` prints them for bench/all.py.
+The tree is kept under ~/.cache/boxy-bench (building it takes a minute).
+
 Run as the user who will use boxy (not root): `.venv/bin/python bench/walk.py`.
 """
 
@@ -33,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.table import Figure, at_most, emit  # noqa: E402
 from boxyd.plan import masking, worktree  # noqa: E402
 from tests.harness import toolshed  # noqa: E402
 
@@ -125,6 +132,48 @@ def during(big: Path, small: Path, n: int) -> list[float]:
     return times
 
 
+def entries_tree(n: int) -> Path:
+    """A tree of about N entries, nine files in each directory, kept between runs."""
+    tree = Path.home() / ".cache" / "boxy-bench" / f"tree-{n}"
+    done = tree / ".built"
+    if not done.exists():
+        shutil.rmtree(tree, ignore_errors=True)
+        tree.parent.mkdir(parents=True, exist_ok=True)
+        make_tree(tree, n // 10, files=9)
+        done.touch()
+    return tree
+
+
+def figures_for(n: int, samples: int) -> list[Figure]:
+    """#18's walk figures: the walk before the run, another start-up during it."""
+    tree = entries_tree(n)
+    small = Path(tempfile.mkdtemp(prefix="boxy-bench-small-", dir=Path.home()))
+    try:
+        make_tree(small, 10)
+        worktree.prepare([str(tree)], git_guard=True)  # page cache
+
+        def walk() -> float:
+            t = time.perf_counter()
+            worktree.prepare([str(tree)], git_guard=True)
+            return time.perf_counter() - t
+
+        took = median(walk, 3)
+        boxy(small)  # daemon start
+        idle = median(lambda: boxy(small), samples)
+        busy = statistics.median(during(tree, small, samples))
+    finally:
+        shutil.rmtree(small, ignore_errors=True)
+    print(
+        f"{n:,} entries: walk before the run {took:.2f} s; another start-up {busy * 1000:.0f} ms "
+        f"during its walk against {idle * 1000:.0f} ms idle",
+        file=sys.stderr,
+    )
+    return [
+        Figure("walk", f"walk of {n:,} entries", took, "s", None, "≤ 2 s", took <= 2.0),
+        Figure("walk", "start-up during that walk", busy * 1000, "ms", *at_most(busy / idle, 1.5)),
+    ]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="20000,300000")
@@ -133,9 +182,14 @@ def main() -> int:
         "--walk-only", action="store_true", help="only the walk, with and without a hard link"
     )
     ap.add_argument("--files", type=int, default=5, help="files per directory (--walk-only)")
+    ap.add_argument("--entries", type=int, help="#18's figures for a tree of this many entries")
+    ap.add_argument("--json", action="store_true", help="with --entries: the figures as JSON")
     args = ap.parse_args()
     if os.getuid() == 0:
         sys.exit("run as the user who will use boxy, not root")
+    if args.entries:
+        emit(figures_for(args.entries, args.n), args.json)
+        return 0
     base = Path(tempfile.mkdtemp(prefix="boxy-bench-walk-", dir=Path.home()))
     if args.walk_only:
         try:

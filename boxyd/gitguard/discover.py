@@ -239,24 +239,22 @@ def read_beneath(root: str, rel: str, limit: int) -> bytes | None:
         os.close(pfd)
 
 
-def _kind(e: os.DirEntry[str]) -> Type | None:
-    try:
-        if e.is_dir(follow_symlinks=False):
-            return "dir"
-        if e.is_symlink():
-            return "symlink"
-        return "file" if e.is_file(follow_symlinks=False) else "other"
-    except OSError:
-        return None  # vanished while listing
-
-
 def _list(fd: int) -> dict[str, Type]:
+    """A directory's entries and their types (d_type; never a symlink followed).
+    Inline and the commonest first (a tree is mostly files): the walk asks this of a
+    million entries."""
     out: dict[str, Type] = {}
     with os.scandir(fd) as it:
         for e in it:
-            k = _kind(e)
-            if k is not None:
-                out[e.name] = k
+            try:
+                if e.is_file(follow_symlinks=False):
+                    out[e.name] = "file"
+                elif e.is_dir(follow_symlinks=False):
+                    out[e.name] = "dir"
+                else:
+                    out[e.name] = "symlink" if e.is_symlink() else "other"
+            except OSError:  # vanished while listing
+                continue
     return out
 
 

@@ -27,9 +27,10 @@ definition (and covering files in it would pin directories npm must replace).
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -98,8 +99,35 @@ _DIRS: dict[str, str] = {".aws": "AWS credentials", ".azure": "Azure CLI credent
 _DIRS_BY_PARENT: dict[tuple[str, str], str] = {(".config", "gcloud"): "gcloud credentials"}
 
 
+# A superset of the names rule_for covers, built from its tables: the exact names
+# (any parent), and what its patterns test on the lower-cased name (.env.*, the key
+# names' prefixes, the suffixes).
+_EXACT = frozenset(
+    {*_BY_NAME, *_DIRS, ".env", *(n for _, n in _BY_PARENT), *(n for _, n in _DIRS_BY_PARENT)}
+)
+_PATTERNS = re.compile(
+    "^(?:" + "|".join(re.escape(p) for p in (".env.", *_KEY_NAMES)) + ")"
+    r"|\.(?:kubeconfig|pem|key|p12|pfx)$",
+    re.MULTILINE,
+)
+
+
+def any_candidate(names: Collection[str]) -> bool:
+    """Whether any of NAMES (one directory's listing) could be something rule_for
+    covers, in two steps done in C rather than a call per entry: the exact names by
+    set intersection, the patterns by one search of the lower-cased listing (lower()
+    maps characters one by one and a name holding a newline only adds lines, never
+    hides one: a superset)."""
+    if not _EXACT.isdisjoint(names):
+        return True
+    return _PATTERNS.search("\n".join(names).lower()) is not None
+
+
+@functools.lru_cache(maxsize=1 << 16)
 def rule_for(parent: str, name: str, is_dir: bool) -> Rule | None:
-    """What covers the entry NAME of a directory whose own name is PARENT, if anything."""
+    """What covers the entry NAME of a directory whose own name is PARENT, if anything.
+    Pure, and asked once per entry of every tree: a tree repeats its names (index.js,
+    package.json), so the answers are kept (bounded; a Rule is frozen)."""
     lower = name.lower()
     if is_dir:
         kind = _DIRS.get(name) or _DIRS_BY_PARENT.get((parent, name))

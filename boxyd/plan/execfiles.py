@@ -110,6 +110,10 @@ def _tree(dir_fd: int, name: str) -> str:
     return h.hexdigest()
 
 
+# every name Watch looks at (a directory, a file, a tool's config)
+_NAMES = frozenset({*DIRS, *FILES, "workflows", "package.json", *toolconfig.TOOLS})
+
+
 class Watch:
     """An observer for discover.Walker: fingerprints of every watched entry of a tree."""
 
@@ -117,10 +121,16 @@ class Watch:
         self.seen: dict[str, tuple[str, str]] = {}  # rel -> (why it matters, fingerprint)
 
     def __call__(self, dir_fd: int, rel: str, entries: Mapping[str, Type]) -> None:
+        # only the names below can matter: most directories hold none (one set
+        # intersection in C, not a test per entry)
+        if not entries.keys() & _NAMES:
+            return
         comps = rel.split("/") if rel else []
         if "node_modules" in comps:
             return
         for name, kind in entries.items():
+            if name not in _NAMES:
+                continue
             path = join(rel, name)
             try:
                 if kind == "dir" and name in DIRS:

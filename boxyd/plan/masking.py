@@ -85,6 +85,8 @@ class Finder:
         self.d_ino_ok = True  # the listings' inode numbers are the files' own
 
     def __call__(self, dir_fd: int, rel: str, entries: Mapping[str, Type]) -> None:
+        if not self.secrets and not credentials.any_candidate(entries):
+            return  # most directories: nothing in them could be a credential
         comps = rel.split("/") if rel else []
         if any(c in credentials.SKIP_DIRS for c in comps):
             return

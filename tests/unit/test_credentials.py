@@ -410,3 +410,28 @@ def test_user_patterns(patterns: list[str], rel: str, is_dir: bool, covered: boo
     assert (rule is not None) is covered
     if rule is not None:
         assert (rule.action, rule.is_dir, rule.kind) == (Action.EMPTY, is_dir, c.USER_KIND)
+
+
+def _names_rule_for_covers() -> list[tuple[str, str, bool]]:
+    """(parent, name, is_dir) for every table entry and every pattern, in odd cases."""
+    out = [("x", n, False) for n in c._BY_NAME] + [(p, n, False) for p, n in c._BY_PARENT]
+    out += [("x", n, True) for n in c._DIRS] + [(p, n, True) for p, n in c._DIRS_BY_PARENT]
+    for name in (".env", ".env.local", ".env.Production", "ID_RSA", "id_ed25519_work", "a.PEM",
+                 "tls.key", "store.p12", "x.PFX", "prod.kubeconfig", "Prod.KUBECONFIG"):  # fmt: skip
+        out.append(("credentials", name, False))
+    return out
+
+
+@pytest.mark.parametrize("parent,name,is_dir", _names_rule_for_covers())
+def test_the_listing_prefilter_is_a_superset_of_rule_for(parent: str, name: str, is_dir: bool):
+    assert c.rule_for(parent, name, is_dir) is not None
+    listing = ["index.js", "package.json", name, "README.md"]
+    assert c.any_candidate(listing)
+    assert c.any_candidate(["a\nb", name])  # a name with a newline hides nothing
+    assert c.any_candidate({name: "file"})  # a listing is a dict of names
+
+
+def test_the_listing_prefilter_passes_over_ordinary_directories():
+    for listing in (["index.js", "package.json", "lib", "README.md"], [], ["keys", "pemmican"]):
+        assert not c.any_candidate(listing)
+        assert all(c.rule_for("x", n, False) is None for n in listing)

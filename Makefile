@@ -54,12 +54,10 @@ lint: venv
 demo: setup
 	$(VENV)/bin/boxyctl run --net none -- sh -c 'echo "hello from $$(hostname): $$(id)"; ls -A $$HOME; cat ~/.ssh/id_* 2>&1 | head -1'
 
+# Every figure of issue #18 in one table; BEFORE=REV also measures the tree at REV in
+# the same run. As root for the whole table (bench/all.py says what runs as whom).
 bench: venv
-	$(VENV)/bin/python bench/startup.py
-	$(VENV)/bin/python bench/relay.py
-	$(VENV)/bin/python bench/events.py
-	@if [ "$$(id -u)" = 0 ]; then $(VENV)/bin/python bench/net.py; \
-	 else echo "bench/net.py builds its test internet as root: sudo $(VENV)/bin/python bench/net.py"; fi
+	$(VENV)/bin/python bench/all.py $(if $(BEFORE),--before $(BEFORE))
 
 clean:
 	rm -rf $(VENV) build *.egg-info

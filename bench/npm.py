@@ -26,6 +26,7 @@ from pathlib import Path
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.table import Figure, at_most, emit  # noqa: E402
 from boxyd.config import caches  # noqa: E402
 from boxyd.net.ranges import classify  # noqa: E402
 
@@ -71,7 +72,8 @@ def compare(
     profile: str,
     n: int,
     fresh: str,
-) -> None:
+    bench: str = "main job",
+) -> Figure:
     """Boxy with its project cache cold; then outside (warm host cache) and boxy warm,
     interleaved round by round: the machine's load drifts (other jobs, the writeback
     of the cold runs), and a ratio of two medians taken minutes apart measures it."""
@@ -83,31 +85,46 @@ def compare(
     pairs = [(timed(outside_argv, work, fresh), timed(boxy_argv, work, fresh)) for _ in range(n)]
     outside = statistics.median(o for o, _ in pairs)
     warm = statistics.median(b for _, b in pairs)
-    print(f"{what}, median of {n}")
-    print(f"  outside the sandbox, warm cache     {outside:6.2f} s  (reference)")
-    print(
+    say = _say
+    say(f"{what}, median of {n}")
+    say(f"  outside the sandbox, warm cache     {outside:6.2f} s  (reference)")
+    say(
         f"  boxy --profile {profile}, cold cache {statistics.median(cold):6.2f} s  "
         f"{statistics.median(cold) / outside:5.2f}x"
     )
-    print(
+    paired = statistics.median(b / o for o, b in pairs)
+    say(
         f"  boxy --profile {profile}, warm cache {warm:6.2f} s  {warm / outside:5.2f}x  "
-        f"(paired per round: {statistics.median(b / o for o, b in pairs):.2f}x)"
+        f"(paired per round: {paired:.2f}x)"
     )
     shutil.rmtree(cache, ignore_errors=True)
+    # the paired ratio: each round's boxy run against the outside run next to it
+    return Figure(bench, f"warm {what}", warm, "s", *at_most(paired, 1.05))
 
 
-def start(name: str) -> tuple[int, Path]:
-    """-n (runs per case), and a fresh project directory under $HOME."""
+def _say(line: str) -> None:
+    print(line, file=sys.stderr if JSON else sys.stdout)
+
+
+JSON: list[bool] = []  # --json: the prose goes to stderr
+
+
+def start(name: str) -> tuple[int, Path, bool]:
+    """-n (runs per case), a fresh project directory under $HOME, and --json."""
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=3)
-    n = ap.parse_args().n
+    ap.add_argument("--json", action="store_true", help="the figures as JSON on stdout")
+    a = ap.parse_args()
+    n = a.n
+    if a.json:
+        JSON.append(True)
     if os.getuid() == 0:
         sys.exit("run as the user who will use boxy, not root")
-    return n, Path(tempfile.mkdtemp(prefix=f"boxy-bench-{name}-", dir=Path.home()))
+    return n, Path(tempfile.mkdtemp(prefix=f"boxy-bench-{name}-", dir=Path.home())), a.json
 
 
 def main() -> int:
-    n, work = start("npm")
+    n, work, as_json = start("npm")
     try:
         (work / "package.json").write_text(
             json.dumps({"name": "bench", "version": "1.0.0", "private": True, "dependencies": DEPS})
@@ -118,7 +135,8 @@ def main() -> int:
         count = len(json.loads((work / "package-lock.json").read_text())["packages"]) - 1
         npm_ci = ["npm", "ci", "--no-audit", "--no-fund"]
         boxy = [str(BIN / "boxyctl"), "run", "--profile", "node", *registry_flags(), "--", *npm_ci]
-        compare(f"npm ci of {count} packages", npm_ci, boxy, work, "node", n, "node_modules")
+        fig = compare(f"npm ci of {count} packages", npm_ci, boxy, work, "node", n, "node_modules")
+        emit([fig], as_json)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

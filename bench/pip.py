@@ -18,6 +18,7 @@ BIN = Path(sys.executable).parent
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.npm import compare, registry_flags_for, start, timed  # noqa: E402
+from bench.table import emit  # noqa: E402
 from boxyd.config.registries import Registries  # noqa: E402
 
 REQUIREMENTS = "six\nidna\ncertifi\ncharset-normalizer\nurllib3\nrequests\n"
@@ -25,7 +26,7 @@ PY = "/usr/bin/python3"
 
 
 def main() -> int:
-    n, work = start("pip")
+    n, work, as_json = start("pip")
     try:
         (work / "requirements.txt").write_text(REQUIREMENTS)
         install = [
@@ -52,7 +53,7 @@ def main() -> int:
             "--",
             *install,
         ]
-        compare(
+        fig = compare(
             f"pip install -r of {len(REQUIREMENTS.split())} packages",
             install,
             boxy,
@@ -60,7 +61,9 @@ def main() -> int:
             "python",
             n,
             "site",
+            bench="pip",
         )
+        emit([fig], as_json)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -2,11 +2,11 @@
 # As root: stage this tree where an unprivileged user can read it (a clean clone may
 # sit under /root, mode 0700), with a venv of its own, and give that user a runtime
 # directory as a login would. Used by run-tests.sh (the suite) and bench/all.py.
-#   tests/harness/stage.sh USER STAGE
+#   tests/harness/stage.sh USER STAGE [SRC]     (SRC: another tree; default this one)
 set -euo pipefail
 user=$1
 stage=$2
-src=$(cd "$(dirname "$0")/../.." && pwd)
+src=${3:-$(cd "$(dirname "$0")/../.." && pwd)}
 id "$user" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$user"
 uid=$(id -u "$user")
 

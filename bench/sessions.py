@@ -145,7 +145,7 @@ def main() -> int:
         counted, pss = sessions_pss_kib(boxyd)
     finally:
         for sid in ids:
-            subprocess.run([str(BIN / "boxyctl"), "stop", "-k", sid], capture_output=True)
+            subprocess.run([*AS, str(BIN / "boxyctl"), "stop", "-k", sid], capture_output=True)
     first, last = statistics.median(times[:WINDOW]), statistics.median(times[-WINDOW:])
     if UNREADABLE:
         say(f"{len(UNREADABLE)} processes (PID 1 of each sandbox) not readable: run as root --user")

@@ -320,6 +320,7 @@ class SessionInfo(Value):
         "counters",
         "attached",
         "limits",
+        "ports",
     )
 
     def __init__(
@@ -335,6 +336,7 @@ class SessionInfo(Value):
         counters: Counters | None = None,
         attached: bool = False,
         limits: list[str] | None = None,
+        ports: list[str] | None = None,
     ) -> None:
         self.id, self.state, self.argv, self.workdir = id, state, argv, workdir
         self.profile, self.started_at, self.ended_at = profile, started_at, ended_at
@@ -342,6 +344,7 @@ class SessionInfo(Value):
         self.counters = counters if counters is not None else Counters()
         self.attached = attached
         self.limits = limits if limits is not None else []  # what each limit amounts to
+        self.ports = ports if ports is not None else []  # published: [ADDR:]HOST_PORT:PORT
 
     def summary(self) -> SessionInfo:
         """What a listing needs: the argv cut short (a 2 MiB one exists), the outcome
@@ -365,6 +368,7 @@ class SessionInfo(Value):
             brief,
             self.counters,
             self.attached,
+            ports=self.ports,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -380,6 +384,7 @@ class SessionInfo(Value):
             "counters": self.counters.to_wire(),
             "attached": self.attached,
             "limits": self.limits,
+            "ports": self.ports,
         }
 
     @classmethod
@@ -415,6 +420,7 @@ class SessionInfo(Value):
             Counters.from_wire(d.get("counters")),
             d.get("attached") is True,
             [str(x) for x in d.get("limits") or []],
+            [str(x) for x in d.get("ports") or []],
         )
 
 

@@ -110,6 +110,9 @@ def show_lines(info: SessionInfo, now: float) -> list[str]:
             f"up {values.format_size(c.bytes_up)}, down {values.format_size(c.bytes_down)}, "
             f"{plural(c.destinations, 'destination')}"
         )
+    for m in info.ports:
+        addr, _, port = m.rpartition(":")
+        lines.append(f"port      {clean(addr)} leads to {clean(port)} inside")
     if info.limits:
         lines.append("limits:")
         lines += [f"  {clean(x)}" for x in info.limits]

@@ -229,6 +229,7 @@ class Session:
             self.counters(),
             self.attached,
             self.sandbox.limit_lines() if self.sandbox is not None else [],
+            [str(m) for m in spec.publish] if spec else [],
         )
 
     def counters(self) -> Counters:

@@ -6,6 +6,7 @@ allowlist, whose daemon runs there)."""
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import subprocess
@@ -124,6 +125,10 @@ def test_a_server_inside_is_reached_from_the_host_loopback_only(
         got = fetch(boxy, "127.0.0.1", port)
         assert got.returncode == 0 and TOKEN in got.stdout.decode(), got.stdout
         assert refused(boxy, "127.0.0.2", port)  # bound to 127.0.0.1, not to all of lo
+        shown = ctl(boxy, "show", sid).stdout.decode()
+        assert f"port      127.0.0.1:{port} leads to 8000 inside" in shown, shown
+        doc = json.loads(ctl(boxy, "show", "--json", sid).stdout)
+        assert doc["ports"] == [f"127.0.0.1:{port}:8000"], doc
     finally:
         stop(boxy, sid)
     deadline = time.monotonic() + 10

@@ -149,3 +149,12 @@ def test_show_says_1_connection_not_1_connections() -> None:
     running.counters = Counters(connections=1, destinations=1)
     (line,) = [ln for ln in text.show_lines(running, NOW) if ln.startswith("network")]
     assert line.startswith("network   1 connection, 0 denied") and line.endswith(" 1 destination")
+
+
+def test_show_says_where_each_published_port_leads() -> None:
+    running = info(State.RUNNING)
+    running.ports = ["127.0.0.1:8080:3000", "[::1]:9090:90"]
+    lines = text.show_lines(running, NOW)
+    assert "port      127.0.0.1:8080 leads to 3000 inside" in lines
+    assert "port      [::1]:9090 leads to 90 inside" in lines
+    assert SessionInfo.from_wire(running.to_wire()) == running

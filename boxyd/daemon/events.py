@@ -10,6 +10,10 @@ Publishing never waits and never fails: a watcher whose queue is full loses the
 event, and is told how many it lost (a Lost event, where the gap was). So
 nothing a watcher does — reading slowly, never reading — can slow the publisher
 or another watcher; a watcher costs at most BOUND queued events.
+
+An adapter renders an event for its wire once, however many watchers send it
+(Event.memo): the publisher only queues references, each watcher's task renders
+lazily, in batches (Subscription.ready, pop).
 """
 
 from __future__ import annotations
@@ -17,13 +21,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 
 from boxy.outcome import Counters, Destination, Outcome, State
 
 BOUND = 1024  # events queued per watcher before it starts losing them
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,16 @@ class Event:
 
     kind: ClassVar[str] = ""
     t: float = field(default_factory=time.time, kw_only=True)
+
+    def memo(self, key: str, make: Callable[[Self], T]) -> T:
+        """MAKE(self), made once per KEY however many watchers ask: an adapter's wire
+        form of the event, encoded once and shared by every watcher sending it."""
+        memos = self.__dict__  # not fields (frozen, never compared): "memo:KEY"
+        key = "memo:" + key
+        if key in memos:
+            return cast(T, memos[key])
+        made = memos[key] = make(self)
+        return made
 
 
 @dataclass(frozen=True)
@@ -167,12 +184,21 @@ class Subscription(Generic[E]):
         self.closed = False
 
     def _offer(self, event: E) -> None:
-        if self.kinds is not None and not isinstance(event, self.kinds):
-            return
+        if self._room(type(event)):
+            self._put(event)
+
+    def _room(self, kind: type[Event]) -> bool:
+        """Does this watcher take an event of type KIND now? When its queue is full,
+        the event is lost here (counted)."""
+        if self.kinds is not None and not issubclass(kind, self.kinds):
+            return False
         if len(self._queue) >= self._bound:
             self._lost += 1
             self.lost_total += 1
-            return
+            return False
+        return True
+
+    def _put(self, event: E) -> None:
         if self._lost:  # where the gap was: told in order, before what came after it
             self._queue.append(Lost(self._lost))
             self._lost = 0
@@ -196,17 +222,29 @@ class Subscription(Generic[E]):
         return self._events()
 
     async def _events(self) -> AsyncIterator[E | Lost]:
-        while True:
-            if self._queue:
-                yield self._queue.popleft()
-            elif self._lost:  # lost at the very end
-                n, self._lost = self._lost, 0
-                yield Lost(n)
-            elif self.closed:
-                return
-            else:
-                self._wake.clear()
-                await self._wake.wait()
+        while await self.ready():
+            event = self.pop()
+            assert event is not None
+            yield event
+
+    async def ready(self) -> bool:
+        """Wait until an event is there to pop (True), or the stream has ended with
+        nothing left (False). A watcher then pops all it can send in one write."""
+        while not (self._queue or self._lost):
+            if self.closed:
+                return False
+            self._wake.clear()
+            await self._wake.wait()
+        return True
+
+    def pop(self) -> E | Lost | None:
+        """The next event without waiting; None when none is there."""
+        if self._queue:
+            return self._queue.popleft()
+        if self._lost:  # lost at the very end
+            n, self._lost = self._lost, 0
+            return Lost(n)
+        return None
 
 
 class Fanout(Generic[E]):
@@ -230,6 +268,23 @@ class Fanout(Generic[E]):
             return
         for sub in self._subs:
             sub._offer(event)
+
+    def publish_lazy(self, kind: type[Event], make: Callable[[], E]) -> None:
+        """Publish MAKE(), an event of type KIND, made only if a watcher has room for
+        it: in a flood every watcher is losing, the publisher makes no event."""
+        if self.closed:
+            return
+        event: E | None = None
+        for sub in self._subs:  # Subscription._room, inlined: this is a flood's path
+            if sub.kinds is not None and not issubclass(kind, sub.kinds):
+                continue
+            if len(sub._queue) >= sub._bound:
+                sub._lost += 1
+                sub.lost_total += 1
+                continue
+            if event is None:
+                event = make()
+            sub._put(event)
 
     def close(self) -> None:
         """The end of the stream: every watcher drains what it has, then stops."""

@@ -9,7 +9,7 @@ synchronous client.
 - publish, one watcher: the same with one `Watch` client reading as fast as it can
   (ratio: how many times slower; target ≤ 2×);
 - ten watchers at 10,000 events/s: a paced publisher, each of ten watchers must
-  receive every event (target: 0 lost).
+  receive every event (target: 0 lost, at the pace: 95% of it at least).
 
 Publishing rates are events per second of the daemon's CPU time: the publisher
 never waits, so on a quiet machine that is its wall-clock rate, and on a shared
@@ -193,6 +193,9 @@ async def main(args: argparse.Namespace) -> list[Figure]:
     for w in ten:
         say(f"  received {w.got}, lost {w.lost} (told)")
     missing = sum(published - w.got for w in ten)
+    kept_pace = rate >= 0.95 * args.rate  # else the figure would be of a slower stream
+    if not kept_pace:
+        say(f"  the publisher did not keep {args.rate}/s: boxyd did not get the CPU it needed")
     ratio, target, met = at_most(slower, 2)
     return [
         Figure(BENCH, "publish, no watcher", ref, "events/s", None, "reference", True),
@@ -204,7 +207,7 @@ async def main(args: argparse.Namespace) -> list[Figure]:
             "events",
             None,
             "0",
-            missing == 0,
+            missing == 0 and kept_pace,
         ),
     ]
 

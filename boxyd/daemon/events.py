@@ -180,23 +180,42 @@ class Subscription(Generic[E]):
         self._queue: deque[E | Lost] = deque()
         self._wake = asyncio.Event()
         self._lost = 0  # lost since the last event queued
-        self.lost_total = 0
+        self._lost_before = 0  # lost in all, but for those while parked
+        # Fanout.published when the queue was found full, or -1: a watcher of every
+        # kind is then parked, offered nothing until it pops (what was published
+        # meanwhile is what it lost), so a flood it is losing costs the publisher
+        # no work per watcher
+        self._parked = -1
         self.closed = False
 
+    @property
+    def lost_total(self) -> int:
+        parked = self._fanout.published - self._parked if self._parked >= 0 else 0
+        return self._lost_before + parked
+
     def _offer(self, event: E) -> None:
-        if self._room(type(event)):
+        if self.kinds is not None and not isinstance(event, self.kinds):
+            return
+        if len(self._queue) >= self._bound:
+            self._lose()
+        else:
             self._put(event)
 
-    def _room(self, kind: type[Event]) -> bool:
-        """Does this watcher take an event of type KIND now? When its queue is full,
-        the event is lost here (counted)."""
-        if self.kinds is not None and not issubclass(kind, self.kinds):
-            return False
-        if len(self._queue) >= self._bound:
+    def _lose(self) -> None:
+        """The event being published found the queue full."""
+        if self.kinds is None:
+            self._parked = self._fanout.published - 1  # counting this one
+            self._fanout._parking = True
+        else:  # a watcher of some kinds counts its own: not every event was one
             self._lost += 1
-            self.lost_total += 1
-            return False
-        return True
+            self._lost_before += 1
+
+    def _unpark(self) -> None:
+        n = self._fanout.published - self._parked
+        self._lost += n
+        self._lost_before += n
+        self._parked = -1
+        self._fanout._reopen(self)
 
     def _put(self, event: E) -> None:
         if self._lost:  # where the gap was: told in order, before what came after it
@@ -240,6 +259,8 @@ class Subscription(Generic[E]):
     def pop(self) -> E | Lost | None:
         """The next event without waiting; None when none is there."""
         if self._queue:
+            if self._parked >= 0:  # room again: offered events from here on
+                self._unpark()
             return self._queue.popleft()
         if self._lost:  # lost at the very end
             n, self._lost = self._lost, 0
@@ -251,6 +272,9 @@ class Fanout(Generic[E]):
     def __init__(self, bound: int = BOUND) -> None:
         self._bound = bound
         self._subs: list[Subscription[E]] = []
+        self._open: list[Subscription[E]] = []  # those offered events: not parked
+        self._parking = False  # a subscription parked during this publish
+        self.published = 0  # events published: what a parked subscription loses
         self.closed = False
 
     def subscribe(self, kinds: tuple[type[Event], ...] | None = None) -> Subscription[E]:
@@ -261,30 +285,44 @@ class Fanout(Generic[E]):
             sub._end()
         else:
             self._subs.append(sub)
+            self._open.append(sub)
         return sub
 
     def publish(self, event: E) -> None:
         if self.closed:
             return
-        for sub in self._subs:
+        self.published += 1
+        for sub in self._open:
             sub._offer(event)
+        if self._parking:
+            self._park()
 
     def publish_lazy(self, kind: type[Event], make: Callable[[], E]) -> None:
         """Publish MAKE(), an event of type KIND, made only if a watcher has room for
         it: in a flood every watcher is losing, the publisher makes no event."""
         if self.closed:
             return
+        self.published += 1
         event: E | None = None
-        for sub in self._subs:  # Subscription._room, inlined: this is a flood's path
+        for sub in self._open:
             if sub.kinds is not None and not issubclass(kind, sub.kinds):
                 continue
             if len(sub._queue) >= sub._bound:
-                sub._lost += 1
-                sub.lost_total += 1
+                sub._lose()
                 continue
             if event is None:
                 event = make()
             sub._put(event)
+        if self._parking:
+            self._park()
+
+    def _park(self) -> None:
+        self._parking = False
+        self._open = [sub for sub in self._open if sub._parked < 0]
+
+    def _reopen(self, sub: Subscription[E]) -> None:
+        if sub in self._subs:  # not closed meanwhile
+            self._open.append(sub)
 
     def close(self) -> None:
         """The end of the stream: every watcher drains what it has, then stops."""
@@ -292,10 +330,13 @@ class Fanout(Generic[E]):
         for sub in self._subs:
             sub._end()
         self._subs = []
+        self._open = []
 
     def _drop(self, sub: Subscription[E]) -> None:
         if sub in self._subs:
             self._subs.remove(sub)
+        if sub in self._open:
+            self._open.remove(sub)
 
     def wants(self, kind: type[Event]) -> bool:
         """Would anyone receive an event of this type (worth computing a snapshot for)?"""

@@ -301,6 +301,33 @@ async def test_a_watcher_that_never_reads_loses_events_and_slows_nothing() -> No
     assert len([e async for e in reader]) == 11
 
 
+def test_a_full_watcher_waits_aside_and_is_told_its_gap_when_it_reads_again() -> None:
+    fan = Fanout(bound=10)
+    stuck, reader = fan.subscribe(), fan.subscribe()
+    made = 0
+
+    def make() -> Audited:
+        nonlocal made
+        made += 1
+        return Audited({"n": made - 1})
+
+    seen = []
+    for _ in range(10_000):  # the reader keeps up; the stuck one fills, then waits aside
+        fan.publish_lazy(Audited, make)
+        e = reader.pop()
+        assert isinstance(e, Audited)
+        seen.append(e.record["n"])
+    assert seen == list(range(10_000)) and made == 10_000
+    assert stuck.lost_total == 9_990 and stuck.queued == 10
+    first = [stuck.pop() for _ in range(10)]
+    assert [e.record["n"] for e in first if isinstance(e, Audited)] == list(range(10))
+    fan.publish(Audited({"n": "after"}))  # offered again once it read
+    gap, after = stuck.pop(), stuck.pop()
+    assert isinstance(gap, Lost) and gap.count == 9_990
+    assert isinstance(after, Audited) and after.record == {"n": "after"}
+    assert stuck.pop() is None and stuck.lost_total == 9_990 and reader.lost_total == 0
+
+
 def test_pop_takes_what_is_queued_in_order_with_the_gaps_where_they_were() -> None:
     fan = Fanout(bound=3)
     sub = fan.subscribe()

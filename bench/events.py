@@ -216,7 +216,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="the figures as JSON on stdout")
     ap.add_argument("--events", type=int, default=200_000, help="records per publishing run")
-    ap.add_argument("--rounds", type=int, default=3, help="publishing runs of each kind")
+    ap.add_argument("--rounds", type=int, default=5, help="publishing runs of each kind")
     ap.add_argument("--watchers", type=int, default=10)
     ap.add_argument("--rate", type=int, default=10_000, help="events/s of the paced run")
     ap.add_argument("--seconds", type=float, default=3.0, help="length of the paced run")

@@ -46,8 +46,8 @@ log = logging.getLogger("boxyd")
 WATCH_BATCH = 64 << 10  # bytes of events a watcher sends in one write, at most
 WATCH_LINGER = 0.005  # seconds a watcher waits for more before writing a trickle
 WATCH_GATHER = 64  # events queued that are worth a write at once
-WATCH_SHARE = 1 / 3  # of the time the rest of the loop had: a backlogged watcher's turn
-CLOCK_EVERY = 4  # frames between two looks at the clock in a turn
+WATCH_SHARE = 1 / 4  # of the CPU the rest of the loop used: a backlogged watcher's turn
+WATCH_LEAST = 16  # frames a turn sends at least (when there are)
 _WATCH_FRAME = "varlink.watch"  # the Event.memo key of an event's Watch reply
 _AUDIT_HEAD = '{"parameters":{"event":{"kind":"audit","t":'
 _AUDIT_TAIL = '}},"continues":true}'
@@ -117,17 +117,18 @@ def _audit_frame(ev: Audited) -> bytes:
 
 
 def watch_batch(events: Subscription[SessionEvent], until: float = math.inf) -> list[bytes]:
-    """The frames of the events queued now: up to WATCH_BATCH bytes, and no more once
-    the monotonic clock passes UNTIL (read every CLOCK_EVERY frames: that many at
-    least). The rest wait in the bounded queue, where a watcher that falls behind
-    loses them."""
+    """The frames of the events queued now: up to WATCH_BATCH bytes, and past
+    WATCH_LEAST frames no more once the loop's thread has used the CPU up to UNTIL
+    (time.thread_time). The rest wait in the bounded queue, where a watcher that
+    falls behind loses them."""
     frames: list[bytes] = []
     size = 0
     while size < WATCH_BATCH and (ev := events.pop()) is not None:
         frame = watch_frame(ev)
         frames.append(frame)
         size += len(frame)
-        if not len(frames) % CLOCK_EVERY and time.monotonic() > until:
+        n = len(frames)
+        if n >= WATCH_LEAST and not n % 4 and time.thread_time() > until:
             break
     return frames
 
@@ -135,24 +136,27 @@ def watch_batch(events: Subscription[SessionEvent], until: float = math.inf) -> 
 async def stream_events(call: Call, events: Subscription[SessionEvent]) -> bool:
     """Send EVENTS as Watch replies until the stream ends (True) or the peer goes
     (False). Each turn waits for the peer to read (Call.drain), then sends what was
-    queued meanwhile in one write; a trickle waits WATCH_LINGER first (a steady
-    stream costs both ends a wake-up per batch, not per event). With a backlog, a
-    turn lasts at most WATCH_SHARE of the time the rest of the loop had since the
-    last one, then yields: a flood's publisher and the other connections keep most
-    of the loop, and this watcher's queue loses what it must (and says so)."""
-    left = time.monotonic()  # when this watcher last gave the loop back
-    while await events.ready():
-        if events.queued < WATCH_GATHER:
+    queued meanwhile in one write; after a wait for events, a trickle waits
+    WATCH_LINGER first (a steady stream costs both ends a wake-up per batch, not per
+    event). With a backlog, a turn uses at most WATCH_SHARE of the CPU the rest of
+    the loop used since the last one (CPU: not the time the daemon waited for one),
+    then yields: a flood's publisher and the other connections keep most of the
+    loop, and this watcher's queue loses what it must (and says so)."""
+    left = time.thread_time()  # the loop's CPU time when this watcher last yielded
+    while True:
+        idle = not events.queued
+        if not await events.ready():
+            return True
+        if idle and events.queued < WATCH_GATHER:
             await asyncio.sleep(WATCH_LINGER)
         await call.drain()
         if call.connection_closed.is_set():
             return False
-        now = time.monotonic()
+        now = time.thread_time()
         call.send_frames(watch_batch(events, now + (now - left) * WATCH_SHARE))
-        left = time.monotonic()
+        left = time.thread_time()
         if events.queued:
             await asyncio.sleep(0)
-    return True
 
 
 async def _no_bus(address: str) -> None:

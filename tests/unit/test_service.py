@@ -18,8 +18,8 @@ from boxy import INTERFACE
 from boxy.buildid import build_id
 from boxy.outcome import Counters, Destination, Outcome, Reason, State
 from boxyd.api.service import (
-    CLOCK_EVERY,
     WATCH_BATCH,
+    WATCH_LEAST,
     VarlinkService,
     event_wire,
     watch_batch,
@@ -220,11 +220,11 @@ def test_a_batch_stops_at_its_bytes_and_at_its_deadline() -> None:
         fan.publish(Audited({"n": i, "pad": "x" * 100}))
     first = watch_batch(sub)
     assert WATCH_BATCH <= sum(map(len, first)) < WATCH_BATCH + len(first[-1])
-    assert len(watch_batch(sub, until=0.0)) == CLOCK_EVERY  # past it: the least
+    assert len(watch_batch(sub, until=0.0)) == WATCH_LEAST  # past it: the least
     rest: list[bytes] = []
     while batch := watch_batch(sub):
         rest += batch
-    assert len(first) + CLOCK_EVERY + len(rest) == 3000 and sub.pop() is None
+    assert len(first) + WATCH_LEAST + len(rest) == 3000 and sub.pop() is None
 
 
 async def read_watch(peer: Peer) -> tuple[list[bytes], int]:

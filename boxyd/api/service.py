@@ -122,12 +122,13 @@ def watch_batch(events: Subscription[SessionEvent], until: float = math.inf) -> 
     (time.thread_time). The rest wait in the bounded queue, where a watcher that
     falls behind loses them."""
     frames: list[bytes] = []
-    size = 0
-    while size < WATCH_BATCH and (ev := events.pop()) is not None:
-        frame = watch_frame(ev)
+    size = n = 0
+    pop = events.pop
+    while size < WATCH_BATCH and (ev := pop()) is not None:  # per watcher and event: lean
+        frame = ev.memo(_WATCH_FRAME, _encode_watch_frame)
         frames.append(frame)
         size += len(frame)
-        n = len(frames)
+        n += 1
         if n >= WATCH_LEAST and not n % 4 and time.thread_time() > until:
             break
     return frames

@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, Self, TypeVar, cast
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
 from boxy.outcome import Counters, Destination, Outcome, State
 
@@ -42,12 +42,12 @@ class Event:
 
     def memo(self, key: str, make: Callable[[Self], T]) -> T:
         """MAKE(self), made once per KEY however many watchers ask: an adapter's wire
-        form of the event, encoded once and shared by every watcher sending it."""
-        memos = self.__dict__  # not fields (frozen, never compared): "memo:KEY"
-        key = "memo:" + key
-        if key in memos:
-            return cast(T, memos[key])
-        made = memos[key] = make(self)
+        form of the event, encoded once and shared by every watcher sending it. KEY
+        is no identifier (say "varlink.watch"): it shares the instance's __dict__ with
+        the fields, not being one (frozen, never compared)."""
+        made: T | None = self.__dict__.get(key)
+        if made is None:
+            made = self.__dict__[key] = make(self)
         return made
 
 

@@ -389,9 +389,9 @@ def test_memo_is_made_once_per_key_and_shared() -> None:
         calls.append("x")
         return repr(e.record).encode()
 
-    first = ev.memo("wire", render)
-    assert ev.memo("wire", render) is first and calls == ["x"]
-    assert ev.memo("other", lambda e: b"other") == b"other"
+    first = ev.memo("test.wire", render)
+    assert ev.memo("test.wire", render) is first and calls == ["x"]
+    assert ev.memo("test.other", lambda e: b"other") == b"other"
     assert ev == Audited({"n": 1}, t=ev.t)  # a memo is no field: equality holds
     assert "memo" not in repr(ev)
 

@@ -45,7 +45,7 @@ log = logging.getLogger("boxyd")
 
 WATCH_BATCH = 64 << 10  # bytes of events a watcher sends in one write, at most
 WATCH_LINGER = 0.005  # seconds a watcher waits for more before writing a trickle
-WATCH_GATHER = 64  # events queued that are worth a write at once
+WATCH_GATHER = 64  # events that are worth a write at once: the wait ends there
 WATCH_SHARE = 1 / 4  # of the CPU the rest of the loop used: a backlogged watcher's turn
 WATCH_LEAST = 16  # frames a turn sends at least (when there are)
 _WATCH_FRAME = "varlink.watch"  # the Event.memo key of an event's Watch reply
@@ -137,9 +137,9 @@ def watch_batch(events: Subscription[SessionEvent], until: float = math.inf) -> 
 async def stream_events(call: Call, events: Subscription[SessionEvent]) -> bool:
     """Send EVENTS as Watch replies until the stream ends (True) or the peer goes
     (False). Each turn waits for the peer to read (Call.drain), then sends what was
-    queued meanwhile in one write; after a wait for events, a trickle waits
-    WATCH_LINGER first (a steady stream costs both ends a wake-up per batch, not per
-    event). With a backlog, a turn uses at most WATCH_SHARE of the CPU the rest of
+    queued meanwhile in one write; after a wait for events, up to WATCH_LINGER more
+    for WATCH_GATHER of them (a steady stream costs both ends a wake-up per batch,
+    not per event; a burst goes at once). With a backlog, a turn uses at most WATCH_SHARE of the CPU the rest of
     the loop used since the last one (CPU: not the time the daemon waited for one),
     then yields: a flood's publisher and the other connections keep most of the
     loop, and this watcher's queue loses what it must (and says so)."""
@@ -148,8 +148,8 @@ async def stream_events(call: Call, events: Subscription[SessionEvent]) -> bool:
         idle = not events.queued
         if not await events.ready():
             return True
-        if idle and events.queued < WATCH_GATHER:
-            await asyncio.sleep(WATCH_LINGER)
+        if idle:
+            await events.gather(WATCH_GATHER, WATCH_LINGER)
         await call.drain()
         if call.connection_closed.is_set():
             return False

@@ -179,6 +179,7 @@ class Subscription(Generic[E]):
         self._bound = bound
         self._queue: deque[E | Lost] = deque()
         self._wake = asyncio.Event()
+        self._asleep = False  # waiting on _wake
         self._lost = 0  # lost since the last event queued
         self._lost_before = 0  # lost in all, but for those while parked
         # Fanout.published when the queue was found full, or -1: a watcher of every
@@ -186,6 +187,8 @@ class Subscription(Generic[E]):
         # meanwhile is what it lost), so a flood it is losing costs the publisher
         # no work per watcher
         self._parked = -1
+        self._enough: asyncio.Event | None = None  # set once _gather are queued
+        self._gather = 0
         self.closed = False
 
     @property
@@ -222,11 +225,16 @@ class Subscription(Generic[E]):
             self._queue.append(Lost(self._lost))
             self._lost = 0
         self._queue.append(event)
-        self._wake.set()
+        if self._asleep:  # Event.set is a call per event for ten watchers: only if needed
+            self._wake.set()
+        if self._enough is not None and len(self._queue) >= self._gather:
+            self._enough.set()
 
     def _end(self) -> None:
         self.closed = True
         self._wake.set()
+        if self._enough is not None:
+            self._enough.set()
 
     def close(self) -> None:
         self._fanout._drop(self)
@@ -253,8 +261,26 @@ class Subscription(Generic[E]):
             if self.closed:
                 return False
             self._wake.clear()
-            await self._wake.wait()
+            self._asleep = True
+            try:
+                await self._wake.wait()
+            finally:
+                self._asleep = False
         return True
+
+    async def gather(self, n: int, timeout: float) -> None:
+        """Wait until N events are queued, or the stream ends, for TIMEOUT seconds at
+        most: a watcher writing a trickle in batches, and a burst at once."""
+        if len(self._queue) >= n or self.closed:
+            return
+        enough = self._enough = asyncio.Event()
+        self._gather = n
+        timer = asyncio.get_running_loop().call_later(timeout, enough.set)
+        try:
+            await enough.wait()
+        finally:
+            timer.cancel()
+            self._enough = None
 
     def pop(self) -> E | Lost | None:
         """The next event without waiting; None when none is there."""

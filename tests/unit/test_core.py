@@ -359,6 +359,26 @@ async def test_ready_waits_for_an_event_and_says_when_the_stream_ended() -> None
     assert await asyncio.wait_for(sub.ready(), 1) is False
 
 
+async def test_gather_waits_for_enough_events_or_its_time_or_the_end() -> None:
+    fan: Fanout[Audited | Lost] = Fanout()
+    sub = fan.subscribe()
+    loop = asyncio.get_running_loop()
+    t = loop.time()
+    await sub.gather(3, 0.05)  # nothing comes: its time
+    assert loop.time() - t >= 0.04
+    waiting = asyncio.create_task(sub.gather(3, 10))
+    for _ in range(3):
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        fan.publish(Audited({}))
+    await asyncio.wait_for(waiting, 1)  # the third ended it, long before its time
+    await asyncio.wait_for(sub.gather(3, 10), 1)  # already there: at once
+    later = asyncio.create_task(sub.gather(10, 10))
+    await asyncio.sleep(0)
+    fan.close()
+    await asyncio.wait_for(later, 1)  # the end of the stream ends it too
+
+
 def test_publish_lazy_makes_an_event_only_for_a_watcher_with_room() -> None:
     fan = Fanout(bound=2)
     made: list[Audited] = []

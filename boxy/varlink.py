@@ -30,7 +30,7 @@ import os
 import socket
 import struct
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from boxy.errors import BoxyError, DaemonError, from_wire
 
@@ -79,9 +79,35 @@ class DaemonUnavailable(DaemonError):
         self.errno = err
 
 
+def _json_encoder() -> Callable[[object], str]:
+    """One compact encoder for every message: json.dumps with separators builds a new
+    JSONEncoder per call, which costs more than encoding a small message. The C
+    encoder when there is one (json.dumps's own: the same text), reused."""
+    plain = json.JSONEncoder(separators=(",", ":"))
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - CPython has it
+        return plain.encode
+    c = make(
+        None,  # markers: no circular check, a message is a tree of plain values
+        plain.default,
+        json.encoder.encode_basestring_ascii,
+        None,  # indent
+        ":",
+        ",",
+        False,  # sort_keys
+        False,  # skipkeys
+        True,  # allow_nan
+    )
+    return lambda obj: "".join(c(obj, 0))
+
+
+to_json = _json_encoder()
+_from_json = json.JSONDecoder().decode  # json.loads without its per-call checks
+
+
 def encode(message: dict[str, Any]) -> bytes:
     """One framed message. json escapes control characters, so no NUL can occur inside."""
-    data = json.dumps(message, separators=(",", ":")).encode()
+    data = to_json(message).encode()
     if len(data) > MAX_MESSAGE:
         raise ValueError(f"varlink message of {len(data)} bytes exceeds {MAX_MESSAGE}")
     return data + b"\0"
@@ -109,25 +135,27 @@ class Decoder:
             close_fds(fds)
             self.close()
             raise ProtocolError("file descriptors without data")
-        self._buf += data
+        buf = self._buf
+        buf += data
         out: list[tuple[dict[str, Any], list[int]]] = []
         bad: list[int] = []  # the fds of the message being parsed
+        start = 0  # the parsed messages are cut off once, at the end: a read holds many
         try:
-            while (end := self._buf.find(b"\0", self._scanned)) >= 0:
-                raw = bytes(self._buf[:end])
-                del self._buf[: end + 1]
-                self._scanned = 0
+            while (end := buf.find(b"\0", self._scanned)) >= 0:
+                raw = buf[start:end]
+                start = self._scanned = end + 1
                 mine, self._fds = self._fds, []
-                if not self._buf and fds:  # the read ended on this message's NUL
+                if start == len(buf) and fds:  # the read ended on this message's NUL
                     mine += fds
                     fds = []
                 bad = mine  # registered first, so an error closes them
                 out.append((self._parse(raw, mine), mine))
                 bad = []
-            self._scanned = len(self._buf)
+            del buf[:start]
+            self._scanned = len(buf)
             self._fds += fds
             fds = []
-            if len(self._buf) > MAX_MESSAGE:
+            if len(buf) > MAX_MESSAGE:
                 raise ProtocolError(f"message exceeds {MAX_MESSAGE} bytes")
             if len(self._fds) > MAX_FDS:
                 raise ProtocolError(f"more than {MAX_FDS} file descriptors in one message")
@@ -140,11 +168,11 @@ class Decoder:
         return out
 
     @staticmethod
-    def _parse(raw: bytes, fds: list[int]) -> dict[str, Any]:
+    def _parse(raw: bytearray, fds: list[int]) -> dict[str, Any]:
         if len(fds) > MAX_FDS:
             raise ProtocolError(f"more than {MAX_FDS} file descriptors in one message")
-        try:
-            msg = json.loads(raw)
+        try:  # UTF-8, as varlink says (json.loads on bytes would guess the encoding)
+            msg = _from_json(raw.decode())
         except (ValueError, RecursionError) as e:
             raise ProtocolError(f"malformed JSON: {e}") from None
         if not isinstance(msg, dict):

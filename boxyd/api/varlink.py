@@ -82,6 +82,13 @@ error InvalidParameter (parameter: string)
 )
 
 
+def encode_reply(parameters: dict[str, Any], continues: bool = False) -> bytes:
+    """One reply, framed; ValueError when it is over the wire's limit."""
+    if continues:
+        return encode({"parameters": parameters, "continues": True})
+    return encode({"parameters": parameters})
+
+
 class Peer(NamedTuple):
     pid: int
     uid: int
@@ -125,6 +132,18 @@ class Call:
         fds, self.fds = self.fds, []
         return fds
 
+    def send_frames(self, frames: list[bytes]) -> None:
+        """Send continuing replies already framed by encode_reply(..., continues=True),
+        in one write: a stream's batch costs one syscall, and a frame encoded once can
+        go to every watcher. Call drain() before each batch."""
+        if self.oneway or not frames:
+            return
+        if self.done:
+            raise RuntimeError(f"{self.method}: reply after the final reply")
+        if not self.more:
+            raise ValueError(f"{self.method}: streamed reply to a call without 'more'")
+        self._conn.write(b"".join(frames))
+
     async def reply(self, parameters: dict[str, Any], continues: bool = False) -> None:
         """Send a reply; continues=True only when the call asked for "more". Replies
         to a closed connection are dropped (watch connection_closed)."""
@@ -134,10 +153,7 @@ class Call:
             raise RuntimeError(f"{self.method}: reply after the final reply")
         if continues and not self.more:
             raise ValueError(f"{self.method}: streamed reply to a call without 'more'")
-        msg: dict[str, Any] = {"parameters": parameters}
-        if continues:
-            msg["continues"] = True
-        data = encode(msg)  # over the wire's limit: ValueError, and the call is not done
+        data = encode_reply(parameters, continues)  # over the limit: ValueError, not done
         if not continues:
             self.done = True
         self._conn.write(data)

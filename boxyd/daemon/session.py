@@ -110,13 +110,14 @@ class Session:
     def record(self, layer: str, **fields: object) -> None:
         """One audit record: kept for --audit-log and the record (bounded: a flood of
         denials must not grow the daemon), and an event for watchers (always)."""
-        rec = {"t": round(time.time(), 3), "session": self.id, "layer": layer, **fields}
+        t = time.time()
+        rec = {"t": round(t, 3), "session": self.id, "layer": layer, **fields}
         if len(self.audit) < MAX_AUDIT:
             self.audit.append(rec)
         else:
             self.audit_dropped += 1
-        if self.events.watchers:  # a flood costs no event nobody reads
-            self.events.publish(Audited(rec))
+        if self.events.watchers:  # a flood costs no event nobody reads, or has room for
+            self.events.publish_lazy(Audited, lambda: Audited(rec, t=t))
 
     def notice(self, text: str) -> None:
         self.events.publish(Noticed(text))

@@ -301,6 +301,121 @@ async def test_a_watcher_that_never_reads_loses_events_and_slows_nothing() -> No
     assert len([e async for e in reader]) == 11
 
 
+def test_a_full_watcher_waits_aside_and_is_told_its_gap_when_it_reads_again() -> None:
+    fan = Fanout(bound=10)
+    stuck, reader = fan.subscribe(), fan.subscribe()
+    made = 0
+
+    def make() -> Audited:
+        nonlocal made
+        made += 1
+        return Audited({"n": made - 1})
+
+    seen = []
+    for _ in range(10_000):  # the reader keeps up; the stuck one fills, then waits aside
+        fan.publish_lazy(Audited, make)
+        e = reader.pop()
+        assert isinstance(e, Audited)
+        seen.append(e.record["n"])
+    assert seen == list(range(10_000)) and made == 10_000
+    assert stuck.lost_total == 9_990 and stuck.queued == 10
+    first = [stuck.pop() for _ in range(10)]
+    assert [e.record["n"] for e in first if isinstance(e, Audited)] == list(range(10))
+    fan.publish(Audited({"n": "after"}))  # offered again once it read
+    gap, after = stuck.pop(), stuck.pop()
+    assert isinstance(gap, Lost) and gap.count == 9_990
+    assert isinstance(after, Audited) and after.record == {"n": "after"}
+    assert stuck.pop() is None and stuck.lost_total == 9_990 and reader.lost_total == 0
+
+
+def test_pop_takes_what_is_queued_in_order_with_the_gaps_where_they_were() -> None:
+    fan = Fanout(bound=3)
+    sub = fan.subscribe()
+    for i in range(5):  # 0..2 queued, 3 and 4 lost
+        fan.publish(Audited({"n": i}))
+    assert [e.record["n"] for e in (sub.pop(), sub.pop()) if isinstance(e, Audited)] == [0, 1]
+    fan.publish(Audited({"n": 5}))  # room again: the gap is told before it
+    got = [sub.pop() for _ in range(3)]
+    assert isinstance(got[0], Audited) and got[0].record == {"n": 2}
+    assert isinstance(got[1], Lost) and got[1].count == 2
+    assert isinstance(got[2], Audited) and got[2].record == {"n": 5}
+    assert sub.pop() is None and sub.lost_total == 2
+    for i in range(4):  # lost at the very end: told last
+        fan.publish(Audited({"n": 6 + i}))
+    assert [type(sub.pop()) for _ in range(4)] == [Audited, Audited, Audited, Lost]
+
+
+async def test_ready_waits_for_an_event_and_says_when_the_stream_ended() -> None:
+    fan: Fanout[Audited | Lost] = Fanout()
+    sub = fan.subscribe()
+    waiting = asyncio.create_task(sub.ready())
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    fan.publish(Audited({}))
+    assert await asyncio.wait_for(waiting, 1) is True
+    assert await sub.ready() is True  # still there until popped
+    sub.pop()
+    fan.close()
+    assert await asyncio.wait_for(sub.ready(), 1) is False
+
+
+async def test_gather_waits_for_enough_events_or_its_time_or_the_end() -> None:
+    fan: Fanout[Audited | Lost] = Fanout()
+    sub = fan.subscribe()
+    loop = asyncio.get_running_loop()
+    t = loop.time()
+    await sub.gather(3, 0.05)  # nothing comes: its time
+    assert loop.time() - t >= 0.04
+    waiting = asyncio.create_task(sub.gather(3, 10))
+    for _ in range(3):
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        fan.publish(Audited({}))
+    await asyncio.wait_for(waiting, 1)  # the third ended it, long before its time
+    await asyncio.wait_for(sub.gather(3, 10), 1)  # already there: at once
+    later = asyncio.create_task(sub.gather(10, 10))
+    await asyncio.sleep(0)
+    fan.close()
+    await asyncio.wait_for(later, 1)  # the end of the stream ends it too
+
+
+def test_publish_lazy_makes_an_event_only_for_a_watcher_with_room() -> None:
+    fan = Fanout(bound=2)
+    made: list[Audited] = []
+
+    def make() -> Audited:
+        made.append(Audited({"n": len(made)}))
+        return made[-1]
+
+    fan.publish_lazy(Audited, make)  # nobody watching: nothing made
+    assert made == []
+    a, b = fan.subscribe(), fan.subscribe()
+    only_runs = fan.subscribe((RunStarted,))
+    for _ in range(5):
+        fan.publish_lazy(Audited, make)
+    assert len(made) == 2  # once for both watchers, and not once both were full
+    assert a.lost_total == b.lost_total == 3 and only_runs.pop() is None
+    assert a.pop() is made[0]
+    fan.publish_lazy(Audited, make)  # room in A only
+    assert len(made) == 3 and b.lost_total == 4
+    assert b.pop() is made[0] and b.pop() is made[1] is a.pop()
+
+
+def test_memo_is_made_once_per_key_and_shared() -> None:
+    ev = Audited({"n": 1})
+    calls: list[str] = []
+
+    def render(e: Audited) -> bytes:
+        calls.append("x")
+        return repr(e.record).encode()
+
+    first = ev.memo("test.wire", render)
+    assert ev.memo("test.wire", render) is first and calls == ["x"]
+    assert ev.memo("test.other", lambda e: b"other") == b"other"
+    assert ev == Audited({"n": 1}, t=ev.t)  # a memo is no field: equality holds
+    assert "memo" not in repr(ev)
+
+
 async def test_a_flood_of_audit_records_never_drops_the_run_stream_events() -> None:
     m = Manager(FakeLauncher())
     s = await m.start(request(), [])

@@ -16,9 +16,30 @@ import pytest
 
 from boxy import INTERFACE
 from boxy.buildid import build_id
-from boxy.outcome import State
-from boxyd.api.service import VarlinkService
-from boxyd.api.varlink import VarlinkServer
+from boxy.outcome import Counters, Destination, Outcome, Reason, State
+from boxyd.api.service import (
+    WATCH_BATCH,
+    WATCH_LEAST,
+    VarlinkService,
+    event_wire,
+    watch_batch,
+    watch_frame,
+)
+from boxyd.api.varlink import VarlinkServer, encode_reply
+from boxyd.daemon.events import (
+    Audited,
+    ClientAttached,
+    ClientDetached,
+    CountersTick,
+    Exited,
+    Fanout,
+    Lost,
+    Noticed,
+    PayloadStopped,
+    RunStarted,
+    SessionEvent,
+    StateChanged,
+)
 from boxyd.daemon.manager import Manager
 from tests.unit.test_core import FakeLauncher, request, started
 
@@ -166,6 +187,114 @@ async def test_a_slow_watcher_is_told_what_it_lost(daemon) -> None:
         lost += msg["event"].get("count", 0) if msg["event"]["kind"] == "lost" else 0
     assert lost > 0 and kinds.count("audit") + lost == 20_000
     assert kinds[-1] == "exited"
+    peer.close()
+
+
+EVERY_KIND: list[SessionEvent] = [
+    StateChanged(State.RUNNING),
+    RunStarted(["a warning"]),
+    Noticed('denied "x", \x00 é'),
+    PayloadStopped(19),
+    Audited({"t": 1.5, "layer": "net", "host": 'a,"b}', "ports": [1, {"x": None}]}),
+    Audited({}, t=0.0),
+    Audited({"n": 1}, t=float("inf")),
+    CountersTick(Counters(1, 2, 3, 4, 5), [Destination("example.org", 2, 1)]),
+    ClientDetached(),
+    ClientAttached(),
+    Exited(Outcome(1, Reason.EXIT, "m", findings=["f"])),
+    Lost(3),
+]
+
+
+@pytest.mark.parametrize("ev", EVERY_KIND, ids=lambda e: type(e).__name__)
+def test_each_event_is_framed_once_as_its_reply(ev: SessionEvent) -> None:
+    frame = watch_frame(ev)
+    assert frame == encode_reply({"event": event_wire(ev)}, continues=True)
+    assert watch_frame(ev) is frame  # encoded once: every watcher sends these bytes
+
+
+def test_a_batch_stops_at_its_bytes_and_at_its_deadline() -> None:
+    fan: Fanout[SessionEvent] = Fanout(bound=5000)
+    sub = fan.subscribe()
+    for i in range(3000):
+        fan.publish(Audited({"n": i, "pad": "x" * 100}))
+    first = watch_batch(sub)
+    assert WATCH_BATCH <= sum(map(len, first)) < WATCH_BATCH + len(first[-1])
+    assert len(watch_batch(sub, until=0.0)) == WATCH_LEAST  # past it: the least
+    rest: list[bytes] = []
+    while batch := watch_batch(sub):
+        rest += batch
+    assert len(first) + WATCH_LEAST + len(rest) == 3000 and sub.pop() is None
+
+
+async def read_watch(peer: Peer) -> tuple[list[bytes], int]:
+    """Every event frame of a Watch stream as sent (the session replies left out),
+    until its last reply; and the events it was told it lost."""
+    frames, lost = [], 0
+    while True:
+        raw = await asyncio.wait_for(peer.reader.readuntil(b"\0"), 10)
+        msg = json.loads(raw[:-1])
+        if not msg.get("continues"):
+            return frames, lost
+        if "event" in msg["parameters"]:
+            frames.append(raw)
+            if msg["parameters"]["event"]["kind"] == "lost":
+                lost += msg["parameters"]["event"]["count"]
+
+
+async def watching(path: str, sid: str, n: int) -> list[tuple[Peer, asyncio.Task]]:
+    """N peers watching SID, each read by its own task, every one subscribed."""
+    peers = []
+    for _ in range(n):
+        peer = await Peer.connect(path)
+        peer.send("Watch", {"id": sid}, more=True)
+        assert "session" in (await peer.reply())["parameters"]
+        peers.append((peer, asyncio.create_task(read_watch(peer))))
+    return peers
+
+
+async def test_ten_watchers_each_receive_every_event_and_the_same_bytes(daemon) -> None:
+    manager, path = daemon
+    s = await manager.start(request(), [])
+    await started(s)
+    peers = await watching(path, s.id, 10)
+    for i in range(3000):  # 100 at a time, well within a watcher's bounded queue
+        s.record("net", verdict="deny", host="evil.example", n=i)
+        if i % 100 == 99:
+            await asyncio.sleep(0.005)
+    manager.stop(s.id)
+    got = [await task for _, task in peers]
+    for frames, lost in got:
+        audits = [json.loads(f[:-1])["parameters"]["event"] for f in frames]
+        assert lost == 0
+        assert [e["record"]["n"] for e in audits if e["kind"] == "audit"] == list(range(3000))
+    assert all(frames == got[0][0] for frames, _ in got)  # encoded once, sent to each
+    for peer, _ in peers:
+        peer.close()
+
+
+async def test_a_flooded_watcher_that_reads_is_told_exactly_what_it_lost(daemon) -> None:
+    """A publisher flooding the loop keeps most of it (the watcher's turns are a
+    share), and the watcher's count still adds up: every record received or told."""
+    manager, path = daemon
+    s = await manager.start(request(), [])
+    await started(s)
+    ((peer, task),) = await watching(path, s.id, 1)
+    for i in range(50_000):
+        s.record("net", n=i)
+        if i % 1000 == 999:
+            await asyncio.sleep(0)
+    (sub,) = s.events._subs
+    for _ in range(500):  # the flood's tail sent: the end's events are not lost too
+        if not sub.queued:
+            break
+        await asyncio.sleep(0.01)
+    manager.stop(s.id)
+    frames, lost = await task
+    events = [json.loads(f[:-1])["parameters"]["event"] for f in frames]
+    seen = [e["record"]["n"] for e in events if e["kind"] == "audit"]
+    assert seen == sorted(seen) and len(seen) + lost == 50_000
+    assert events[-1]["kind"] == "exited"
     peer.close()
 
 

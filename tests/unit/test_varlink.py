@@ -39,10 +39,12 @@ from boxy.varlink import (
     encode,
     recv_with_fds,
     send_with_fds,
+    to_json,
 )
 from boxyd.api.varlink import (
     Call,
     VarlinkServer,
+    encode_reply,
     interface_description,
     interface_methods,
 )
@@ -145,7 +147,30 @@ def test_oversize_message_rejected() -> None:
         encode({"a": "x" * MAX_MESSAGE})
 
 
-@pytest.mark.parametrize("raw", [b"{nope}\0", b"[1,2]\0", b'"str"\0'])
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"a": 1.5, "b": 'x é \x00 "q" \\', "c": [1, None, True, {"d": []}]},
+        {"t": 1796176599.114, "n": -0.0, "big": 1e300, "inf": float("inf"), 1: 2**70},
+        [],
+        "s",
+    ],
+)
+def test_the_shared_encoder_writes_what_json_dumps_writes(value: object) -> None:
+    assert to_json(value) == json.dumps(value, separators=(",", ":"))
+
+
+def test_the_shared_encoder_refuses_what_json_does() -> None:
+    with pytest.raises(TypeError):
+        to_json({"a": object()})
+    with pytest.raises(ValueError):
+        encode({"a": "x" * MAX_MESSAGE})
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"{nope}\0", b"[1,2]\0", b'"str"\0', b'{"a":"\xff"}\0', b"\xef\xbb\xbf{}\0", b"{} x\0"],
+)
 def test_malformed_message_rejected_and_its_fds_closed(raw: bytes) -> None:
     r, w = os.pipe()
     os.close(w)
@@ -443,6 +468,30 @@ async def dropped(sock: socket.socket, timeout: float = 5) -> bool:
         if not data:
             return True
     return False
+
+
+async def test_frames_sent_in_one_write_arrive_as_streamed_replies() -> None:
+    async def handler(call: Call) -> None:
+        if not call.more:  # framed replies continue a stream: refused without "more"
+            with pytest.raises(ValueError):
+                call.send_frames([encode_reply({"n": 0}, continues=True)])
+            await call.reply({"n": -1})
+            return
+        call.send_frames([encode_reply({"n": i}, continues=True) for i in range(3)])
+        await call.reply({"n": 3})
+        with pytest.raises(RuntimeError):  # nothing after the last reply
+            call.send_frames([encode_reply({"n": 4}, continues=True)])
+
+    async with serving(handler, methods={M + "Version", M + "Watch"}) as addr:
+        reader, writer = await asyncio.open_unix_connection(addr)
+        writer.write(encode({"method": M + "Watch", "parameters": {}, "more": True}))
+        writer.write(encode({"method": M + "Version", "parameters": {}}))
+        got = [json.loads((await reader.readuntil(b"\0"))[:-1]) for _ in range(5)]
+        writer.close()
+    assert got == [{"parameters": {"n": i}, "continues": True} for i in range(3)] + [
+        {"parameters": {"n": 3}},
+        {"parameters": {"n": -1}},
+    ]
 
 
 async def test_oversize_message_drops_the_connection() -> None:

@@ -20,13 +20,17 @@ test user in the topology's host netns: once directly, once inside
   adds at the median.
 
 Targets (issue 3): bulk >= 3 Gbit/s and >= half of direct; < 1 ms added per new
-connection at the median. Run as root: ``.venv/bin/python bench/net.py``.
+connection at the median; issue 18's follow, as figures (bench/table.py): bulk >= 0.9x
+direct, new connections/s >= 0.6x direct, <= 0.2 ms added per new connection back to
+back, <= 0.2 ms of boxyd's CPU per connection. ``--json`` prints them as a JSON list
+on stdout (the prose goes to stderr). Run as root: ``.venv/bin/python bench/net.py``.
 Nothing here leaves the machine: every address is inside the bench's own netns.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pwd
@@ -38,12 +42,15 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.table import Figure, at_least, emit  # noqa: E402
 from boxyd.net.dnsproxy import BURST as DNS_BURST  # noqa: E402
 from boxyd.net.dnsproxy import RATE as DNS_RATE  # noqa: E402
 from tests.harness import topology as topo_mod  # noqa: E402
@@ -57,6 +64,9 @@ PYTHON = "/usr/bin/python3"  # the same interpreter inside the sandbox and outsi
 PHASE_TIMEOUT = 60.0
 PACE = 1.2 / DNS_RATE  # seconds between paced latency samples: under boxy's DNS rate limit
 STARTUP_RUNS = 10
+# issue 18's absolute targets per new connection (the ratios are in Report.figures)
+ADDED_MS = 0.2  # added at the median, back to back
+CPU_MS = 0.2  # of boxyd's CPU
 
 # The source, run as root in the fake-internet netns. GET /bytes?n=N answers N bytes
 # by sendfile() from a memfd (no copy through Python); anything else answers "ok".
@@ -377,29 +387,99 @@ def run(args: argparse.Namespace) -> int:
     added = {
         label: lat["boxy"]["median_ms"] - lat["direct"]["median_ms"] for label, lat in lats.items()
     }
-    bulk_ok = g["boxy"] >= 3 and g["boxy"] >= g["direct"] / 2
-    print(
-        f"boxy network bench: {os.cpu_count()} CPUs, topology {PREFIX}, server {name}:{PORT}; "
-        f"sandbox ready in {start:.2f} s"
-    )
-    print(f"{'':34}{'direct':>10}{'boxy':>10}{'boxy/dir':>10}   target")
-    print(
-        f"{f'bulk Gbit/s ({args.size_mib} MiB, median of {args.repeat})':34}"
-        f"{g['direct']:10.2f}{g['boxy']:10.2f}{g['boxy'] / g['direct']:10.2f}   "
-        f">= 3 and >= 0.5x: {'met' if bulk_ok else 'MISSED'}"
-    )
-    print(f"{'  boxyd CPU s/GB (median)':34}{'':10}{statistics.median(cpu_per_gb):10.3f}")
-    print(
-        f"{f'conns/s ({args.conns} sequential)':34}{cps['direct']:10.0f}{cps['boxy']:10.0f}"
-        f"{cps['boxy'] / cps['direct']:10.2f}"
-    )
-    print(
-        f"{'  failed connections':34}{conns['direct']['errors']:10d}{conns['boxy']['errors']:10d}"
-    )
-    print(f"{'  boxyd CPU ms/connection':34}{'':10}{conn_cpu_ms:10.3f}")
-    for label, lat in lats.items():
-        a = added[label]
-        print(
+    out = sys.stderr if args.json else sys.stdout
+    report = Report(args, name, start, g, cpu_per_gb, cps, conns, conn_cpu_ms, lats, added, startup)
+    report.prose(out)
+    emit(report.figures(), args.json)
+    return 0
+
+
+@dataclass
+class Report:
+    """What one run measured: the prose table, and the figures for bench/all.py."""
+
+    args: argparse.Namespace
+    name: str
+    start: float
+    g: dict[str, float]
+    cpu_per_gb: list[float]
+    cps: dict[str, float]
+    conns: dict[str, dict]
+    conn_cpu_ms: float
+    lats: dict[str, dict[str, dict]]
+    added: dict[str, float]
+    startup: dict[str, float]
+
+    def figures(self) -> list[Figure]:
+        """Issue 18's gateway targets: ratios against the direct path of this run,
+        and what a new connection costs in time (back to back) and in boxyd's CPU."""
+        g, cps = self.g, self.cps
+        added = self.added["back to back"]
+        return [
+            Figure("net", "bulk", g["boxy"], "Gbit/s", *at_least(g["boxy"] / g["direct"], 0.9)),
+            Figure(
+                "net",
+                "new connections/s",
+                cps["boxy"],
+                "/s",
+                *at_least(cps["boxy"] / cps["direct"], 0.6),
+            ),
+            Figure(
+                "net",
+                "added per connection",
+                added,
+                "ms",
+                None,
+                f"≤ {ADDED_MS:g} ms",
+                added <= ADDED_MS,
+            ),
+            Figure(
+                "net",
+                "boxyd CPU per connection",
+                self.conn_cpu_ms,
+                "ms",
+                None,
+                f"≤ {CPU_MS:g} ms",
+                self.conn_cpu_ms <= CPU_MS,
+            ),
+        ]
+
+    def prose(self, out: TextIO) -> None:
+        args, g, cps, conns, lats = self.args, self.g, self.cps, self.conns, self.lats
+        bulk_ok = g["boxy"] >= 3 and g["boxy"] >= g["direct"] / 2
+        p = functools.partial(print, file=out)
+        p(
+            f"boxy network bench: {os.cpu_count()} CPUs, topology {PREFIX}, server "
+            f"{self.name}:{PORT}; sandbox ready in {self.start:.2f} s"
+        )
+        p(f"{'':34}{'direct':>10}{'boxy':>10}{'boxy/dir':>10}   target")
+        p(
+            f"{f'bulk Gbit/s ({args.size_mib} MiB, median of {args.repeat})':34}"
+            f"{g['direct']:10.2f}{g['boxy']:10.2f}{g['boxy'] / g['direct']:10.2f}   "
+            f">= 3 and >= 0.5x: {'met' if bulk_ok else 'MISSED'}"
+        )
+        p(f"{'  boxyd CPU s/GB (median)':34}{'':10}{statistics.median(self.cpu_per_gb):10.3f}")
+        p(
+            f"{f'conns/s ({args.conns} sequential)':34}{cps['direct']:10.0f}{cps['boxy']:10.0f}"
+            f"{cps['boxy'] / cps['direct']:10.2f}"
+        )
+        p(
+            f"{'  failed connections':34}{conns['direct']['errors']:10d}"
+            f"{conns['boxy']['errors']:10d}"
+        )
+        p(f"{'  boxyd CPU ms/connection':34}{'':10}{self.conn_cpu_ms:10.3f}")
+        for label, lat in lats.items():
+            self._latency(p, label, lat)
+        startup = self.startup
+        p(
+            f"{f'start-up ms, median of {STARTUP_RUNS}':34}"
+            + "".join(f"  {mode} {ms:.1f}" for mode, ms in startup.items())
+            + f"   (network adds {startup['public'] - startup['none']:.1f} ms)"
+        )
+
+    def _latency(self, p: Callable[..., None], label: str, lat: dict[str, dict]) -> None:
+        a = self.added[label]
+        p(
             f"{f'new conn ms ({label}), median':34}{lat['direct']['median_ms']:10.3f}"
             f"{lat['boxy']['median_ms']:10.3f}{'':10}   < 1 ms added: {a:.3f} ms "
             f"{'met' if a < 1 else 'MISSED'}"
@@ -409,19 +489,13 @@ def run(args: argparse.Namespace) -> int:
             ("connect_ms", "connect"),
             ("first_byte_ms", "request to first byte"),
         ):
-            print(f"{f'  {what}, median ms':34}{lat['direct'][key]:10.3f}{lat['boxy'][key]:10.3f}")
-        print(f"{'  p90 ms':34}{lat['direct']['p90_ms']:10.3f}{lat['boxy']['p90_ms']:10.3f}")
-        print(
+            p(f"{f'  {what}, median ms':34}{lat['direct'][key]:10.3f}{lat['boxy'][key]:10.3f}")
+        p(f"{'  p90 ms':34}{lat['direct']['p90_ms']:10.3f}{lat['boxy']['p90_ms']:10.3f}")
+        p(
             f"{'  failed lookups/connections':34}{lat['direct']['errors']:10d}"
             f"{lat['boxy']['errors']:10d}"
             + "".join(f"   {k}: {v['error_kinds']}" for k, v in lat.items() if v["error_kinds"])
         )
-    print(
-        f"{f'start-up ms, median of {STARTUP_RUNS}':34}"
-        + "".join(f"  {mode} {ms:.1f}" for mode, ms in startup.items())
-        + f"   (network adds {startup['public'] - startup['none']:.1f} ms)"
-    )
-    return 0
 
 
 def main() -> int:
@@ -438,6 +512,9 @@ def main() -> int:
     )
     ap.add_argument("--user", default=os.environ.get("BOXY_TEST_USER", "boxytest"))
     ap.add_argument("--keep", action="store_true", help="leave the topology up afterwards")
+    ap.add_argument(
+        "--json", action="store_true", help="the figures as JSON on stdout (prose to stderr)"
+    )
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/net.py builds network namespaces: run it as root")

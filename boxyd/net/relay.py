@@ -28,9 +28,11 @@ import asyncio
 import contextlib
 import enum
 import fcntl
+import functools
 import os
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -254,6 +256,19 @@ class _Direction:
 
     # -- driving ---------------------------------------------------------------
 
+    def begin(self) -> None:
+        """The first step: pass the initial bytes on, then wait for readiness. A read
+        now would mostly find nothing (the client waits for an answer, the server has
+        not sent one yet) and cost a syscall and an exception per direction."""
+        if self.flow.finished:
+            return
+        try:
+            self._drain()
+        except OSError as e:
+            self.flow._fail(self.dst, e)
+            return
+        self._interest()
+
     def on_readable(self) -> None:
         self.step()
 
@@ -353,20 +368,37 @@ class Flow:
         self._mode: Mode = mode
         self.loop: asyncio.AbstractEventLoop | None = None
         self._dirs: tuple[_Direction, _Direction] | None = None
-        self._future: asyncio.Future[CloseReason] | None = None
+        self._started = False
+        self._on_done: Callable[[CloseReason], None] | None = None
         self._idle_handle: asyncio.TimerHandle | None = None
         self._idle_seen = -1
         self._idle_since = 0.0
 
     async def run(self) -> CloseReason:
         """Relay until both directions are done or the flow fails; returns why it ended."""
-        if self._future is not None:
+        if self._started:
             raise RuntimeError("Flow.run() may be awaited only once")
+        future: asyncio.Future[CloseReason] = asyncio.get_running_loop().create_future()
+        self.start(functools.partial(_settle, future))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.abort()
+            raise
+
+    def start(self, on_done: Callable[[CloseReason], None]) -> None:
+        """Relay from now on and call ON_DONE(reason) once, when the flow ends: the
+        callback form of :meth:`run`, for a caller that keeps no task per flow. ON_DONE
+        may be called before this returns (a flow aborted already, a peer gone)."""
+        if self._started:
+            raise RuntimeError("a Flow is started only once")
+        self._started = True
+        self._on_done = on_done
         self.loop = asyncio.get_running_loop()
-        self._future = self.loop.create_future()
         if self.finished:  # aborted before it started
             self._close_sockets(reset_them=True)
-            return self.reason  # type: ignore[return-value]
+            self._done()
+            return
         for s in (self.a, self.b):
             s.setblocking(False)
         ab = _Direction(self, self.a, self.b, True, self._mode, self._initial)
@@ -374,13 +406,8 @@ class Flow:
         self._dirs = (ab, ba)
         self._idle_since = self.loop.time()
         self._idle_handle = self.loop.call_later(self._idle_tick(), self._check_idle)
-        ab.step()
-        ba.step()
-        try:
-            return await self._future
-        except asyncio.CancelledError:
-            self.abort()
-            raise
+        ab.begin()
+        ba.begin()
 
     def abort(self) -> None:
         """End the flow now with a reset on both sides (e.g. the session stopped)."""
@@ -429,11 +456,15 @@ class Flow:
         if self._dirs is not None:
             for d in self._dirs:
                 d.close()
-        if self._future is None:
-            return  # not started: run() closes the sockets when it is awaited
+        if not self._started:
+            return  # start() closes the sockets when it is called
         self._close_sockets(reset_them)
-        if not self._future.done():
-            self._future.set_result(reason)
+        self._done()
+
+    def _done(self) -> None:
+        on_done, self._on_done = self._on_done, None
+        if on_done is not None:
+            on_done(self.reason)  # type: ignore[arg-type]
 
     def _close_sockets(self, reset_them: bool) -> None:
         for s in (self.a, self.b):
@@ -441,6 +472,11 @@ class Flow:
                 reset(s)
             else:
                 s.close()
+
+
+def _settle(future: asyncio.Future[CloseReason], reason: CloseReason) -> None:
+    if not future.done():  # (cancelled: run() is aborting the flow)
+        future.set_result(reason)
 
 
 async def pump(

@@ -34,6 +34,7 @@ from boxyd.net.bindings import Address, Bindings
 from boxyd.net.dnsproxy import DnsProxy, DnsSession, TokenBucket
 from boxyd.net.netlog import NetLog
 from boxyd.net.policy import ECH_REFUSED, NetPolicy, Verdict
+from boxyd.net.poller import Deadlines, Poller
 from boxyd.net.rtnl import LocalAddresses
 from boxyd.net.ruleset import BOUND_SETS, GATEWAY_SOCKETS, NFLOG_GROUP, TABLE
 
@@ -144,9 +145,9 @@ class _Conn:
     Holds the destination's binding until the flow ends (Gateway._relayed)."""
 
     __slots__ = (
-        "gw", "loop", "client", "ip", "addr", "port", "names", "host", "opaque", "inspector",
-        "result", "timer", "reading", "upstream", "dial_timer", "connected", "dial_error",
-        "verdict", "data", "name", "over",
+        "gw", "ready", "client", "ip", "addr", "port", "names", "host", "opaque", "inspector",
+        "result", "waiting", "reading", "upstream", "dialling", "connected", "dial_error",
+        "verdict", "data", "name", "over", "__weakref__",
     )  # fmt: skip
 
     def __init__(
@@ -159,15 +160,17 @@ class _Conn:
         names: frozenset[str],
         opaque: Verdict,
     ) -> None:
-        self.gw, self.loop = gw, asyncio.get_running_loop()
+        self.gw = gw
+        assert gw.poller is not None  # (started)
+        self.ready = gw.poller
         self.client, self.ip, self.addr, self.port = client, ip, addr, port
         self.names, self.host, self.opaque = names, (min(names) if names else None), opaque
         self.inspector = sni.Inspector()
         self.result: sni.Result = sni.NeedMore()
-        self.timer: asyncio.TimerHandle | None = None
+        self.waiting = False  # for the first record
         self.reading = False
         self.upstream: socket.socket | None = None
-        self.dial_timer: asyncio.TimerHandle | None = None
+        self.dialling = False
         self.connected = False
         self.dial_error: str | None = None
         self.verdict: Verdict | None = None  # once the first record allowed it
@@ -179,20 +182,19 @@ class _Conn:
         gw = self.gw
         gw._conns.add(self)
         gw._waiting[self] = None
+        self.waiting = True
         # Server-first protocols (SSH, SMTP …) and public mode: dial as soon as the
         # address passes; client bytes are still held until their first record is read.
         if self.opaque.allow:
             self._dial()
-        lim = gw.limits
-        wait = lim.server_first_wait if self.opaque.allow else lim.first_record_timeout
-        self.timer = self.loop.call_later(wait, self._quiet)
+        (gw._server_first if self.opaque.allow else gw._first_record).add(self)
         self._readable()  # the record is often there already: no wake-up for it
 
     def _readable(self) -> None:
         state, self.result = read_first(self.client, self.inspector)
         if state == "more":
             if not self.reading:
-                self.loop.add_reader(self.client.fileno(), self._readable)
+                self.ready.add_reader(self.client.fileno(), self._readable)
                 self.reading = True
         elif state == "failed":
             self.decided(_GONE, None, None)
@@ -202,8 +204,9 @@ class _Conn:
             self._judge(bytes(self.inspector.data))
 
     def _quiet(self) -> None:
-        self.timer = None
-        self._judge(bytes(self.inspector.data))
+        """The first record's time is up (Gateway._first_record, _server_first)."""
+        if self.waiting:
+            self._judge(bytes(self.inspector.data))
 
     def _judge(self, data: bytes | None) -> None:
         v, name = self.gw._judge(self.result, data, self.ip, self.port, self.names, self.opaque)
@@ -232,11 +235,9 @@ class _Conn:
 
     def _stop_reading(self) -> None:
         self.gw._waiting.pop(self, None)
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.waiting = False
         if self.reading:
-            self.loop.remove_reader(self.client.fileno())
+            self.ready.remove_reader(self.client.fileno())
             self.reading = False
 
     def _dial(self) -> None:
@@ -252,8 +253,9 @@ class _Conn:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         err = sock.connect_ex((self.addr, self.port))
         if err in (errno.EINPROGRESS, errno.EAGAIN):
-            self.loop.add_writer(sock.fileno(), self._writable)
-            self.dial_timer = self.loop.call_later(self.gw.limits.connect_timeout, self._dial_late)
+            self.ready.add_writer(sock.fileno(), self._writable)
+            self.dialling = True
+            self.gw._dials.add(self)
             return
         self._dialled(os.strerror(err) if err else None)
 
@@ -264,16 +266,16 @@ class _Conn:
         self._dialled(os.strerror(err) if err else None)
 
     def _dial_late(self) -> None:
-        self.dial_timer = None
-        self._stop_dial_wait()
-        self._dialled(f"no answer within {self.gw.limits.connect_timeout:g}s")
+        """The dial's time is up (Gateway._dials)."""
+        if self.dialling:
+            self._stop_dial_wait()
+            self._dialled(f"no answer within {self.gw.limits.connect_timeout:g}s")
 
     def _stop_dial_wait(self) -> None:
-        if self.dial_timer is not None:
-            self.dial_timer.cancel()
-            self.dial_timer = None
-        if self.upstream is not None and not self.connected and self.dial_error is None:
-            self.loop.remove_writer(self.upstream.fileno())
+        if self.dialling:
+            self.dialling = False
+            assert self.upstream is not None
+            self.ready.remove_writer(self.upstream.fileno())
 
     def _dialled(self, error: str | None) -> None:
         if error is None:
@@ -362,10 +364,16 @@ class Gateway:
         self.rate_limited = 0  # connections reset by the accept-rate or DNS-over-TCP cap
         self._dns_tcp_open = 0
         self._closed = False
+        self.poller: Poller | None = None  # the TCP flows' readiness, from start()
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
         loop = asyncio.get_running_loop()
+        self.poller = Poller(loop)
+        lim = self.limits
+        self._server_first = Deadlines(loop, lim.server_first_wait, _Conn._quiet)
+        self._first_record = Deadlines(loop, lim.first_record_timeout, _Conn._quiet)
+        self._dials = Deadlines(loop, lim.connect_timeout, _Conn._dial_late)
         for name, sock in self.listeners.items():
             sock.setblocking(False)
             if name in ("tcp4", "tcp6"):
@@ -399,13 +407,17 @@ class Gateway:
                 await asyncio.sleep(NFLOG_SETTLE)
                 self._nflog_readable(sock)
         for name, sock in self.listeners.items():
-            if name.startswith(("tcp", "udp", "dns_udp", "nflog")):
+            if name.startswith(("udp", "dns_udp", "nflog")):
                 with contextlib.suppress(ValueError, OSError):
                     loop.remove_reader(sock.fileno())
         for conn in list(self._conns):
             conn.abort()
         for flow, _ in list(self._flows.values()):
             flow.abort()
+        if self.poller is not None:
+            self.poller.close()  # the TCP listeners' interest with it
+            for queue in (self._server_first, self._first_record, self._dials):
+                queue.close()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -523,9 +535,9 @@ class Gateway:
                 return
             except OSError as e:  # EMFILE and friends: back off rather than spin
                 log.warning("gateway accept: %s", e.strerror)
-                loop = asyncio.get_running_loop()
-                loop.remove_reader(listener.fileno())
-                loop.call_later(0.1, self._listen, listener)
+                assert self.poller is not None
+                self.poller.remove_reader(listener.fileno())
+                asyncio.get_running_loop().call_later(0.1, self._listen, listener)
                 return
             client.setblocking(False)
             if not self._accepts.take():
@@ -535,8 +547,10 @@ class Gateway:
             self._tcp_flow(client)
 
     def _listen(self, listener: socket.socket) -> None:
-        if not self._closed:
-            asyncio.get_running_loop().add_reader(listener.fileno(), self._tcp_acceptable, listener)
+        if not self._closed and self.poller is not None:
+            self.poller.add_reader(
+                listener.fileno(), functools.partial(self._tcp_acceptable, listener)
+            )
 
     def _tcp_flow(self, client: socket.socket) -> None:
         try:
@@ -584,7 +598,11 @@ class Gateway:
             "tcp", conn.addr, conn.port, conn.verdict, host=conn.host, name=conn.name
         )
         flow = relay.Flow(
-            conn.client, upstream, idle_timeout=self.limits.idle_timeout, initial_a_to_b=conn.data
+            conn.client,
+            upstream,
+            idle_timeout=self.limits.idle_timeout,
+            initial_a_to_b=conn.data,
+            poller=self.poller,
         )
         self._flows[id(flow)] = (flow, handle)
         flow.start(functools.partial(self._relayed, flow, handle, conn))

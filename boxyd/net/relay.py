@@ -34,7 +34,7 @@ import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 Mode = Literal["auto", "copy", "splice"]
 
@@ -84,6 +84,15 @@ def reset(sock: socket.socket) -> None:
     sock.close()
 
 
+class Readiness(Protocol):
+    """The readiness calls of an asyncio loop that a flow uses (a Poller has them too)."""
+
+    def add_reader(self, fd: int, callback: Callable[[], object], /) -> object: ...
+    def remove_reader(self, fd: int, /) -> bool: ...
+    def add_writer(self, fd: int, callback: Callable[[], object], /) -> object: ...
+    def remove_writer(self, fd: int, /) -> bool: ...
+
+
 class _Pipes:
     in_use = 0  # bytes of pipe this process holds for splicing
 
@@ -93,7 +102,7 @@ class _Direction:
 
     __slots__ = (
         "flow",
-        "loop",
+        "ready",
         "src",
         "dst",
         "src_fd",
@@ -128,7 +137,7 @@ class _Direction:
         initial: bytes,
     ) -> None:
         self.flow = flow
-        self.loop: asyncio.AbstractEventLoop = flow.loop  # type: ignore[assignment]
+        self.ready: Readiness = flow.ready  # type: ignore[assignment]
         self.src, self.dst = src, dst
         self.src_fd, self.dst_fd = src.fileno(), dst.fileno()
         self.up = up
@@ -313,24 +322,24 @@ class _Direction:
         want_write = self.dst_blocked and not self.done
         if want_read != self.reading:
             if want_read:
-                self.loop.add_reader(self.src_fd, self.on_readable)
+                self.ready.add_reader(self.src_fd, self.on_readable)
             else:
-                self.loop.remove_reader(self.src_fd)
+                self.ready.remove_reader(self.src_fd)
             self.reading = want_read
         if want_write != self.writing:
             if want_write:
-                self.loop.add_writer(self.dst_fd, self.on_writable)
+                self.ready.add_writer(self.dst_fd, self.on_writable)
             else:
-                self.loop.remove_writer(self.dst_fd)
+                self.ready.remove_writer(self.dst_fd)
             self.writing = want_write
 
     def close(self) -> None:
         """Unregister and close the pipe; safe to call more than once."""
         if self.reading:
-            self.loop.remove_reader(self.src_fd)
+            self.ready.remove_reader(self.src_fd)
             self.reading = False
         if self.writing:
-            self.loop.remove_writer(self.dst_fd)
+            self.ready.remove_writer(self.dst_fd)
             self.writing = False
         self._close_pipe()
         self.buf = self.view = None
@@ -353,7 +362,10 @@ class Flow:
         idle_timeout: float,
         initial_a_to_b: bytes = b"",
         mode: Mode = "auto",
+        poller: Readiness | None = None,
     ) -> None:
+        """POLLER: where readiness is asked for (boxyd.net.poller; the loop's own
+        add_reader and friends by default)."""
         if idle_timeout <= 0:
             raise ValueError(f"idle_timeout must be positive, got {idle_timeout!r}")
         if a.fileno() == b.fileno():
@@ -367,6 +379,8 @@ class Flow:
         self._initial = bytes(initial_a_to_b)
         self._mode: Mode = mode
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._poller = poller
+        self.ready: Readiness | None = None
         self._dirs: tuple[_Direction, _Direction] | None = None
         self._started = False
         self._on_done: Callable[[CloseReason], None] | None = None
@@ -395,12 +409,14 @@ class Flow:
         self._started = True
         self._on_done = on_done
         self.loop = asyncio.get_running_loop()
+        self.ready = self._poller if self._poller is not None else self.loop
         if self.finished:  # aborted before it started
             self._close_sockets(reset_them=True)
             self._done()
             return
         for s in (self.a, self.b):
-            s.setblocking(False)
+            if s.gettimeout() != 0.0:  # (a syscall each, so only when not already)
+                s.setblocking(False)
         ab = _Direction(self, self.a, self.b, True, self._mode, self._initial)
         ba = _Direction(self, self.b, self.a, False, self._mode, b"")
         self._dirs = (ab, ba)

@@ -51,6 +51,10 @@ class Poller:
         self._writers.clear()
         self._masks.clear()
 
+    def __len__(self) -> int:
+        """How many fds have interest registered."""
+        return len(self._masks)
+
     def add_reader(self, fd: int, callback: Callback) -> None:
         self._readers[fd] = callback
         self._want(fd, self._masks.get(fd, 0) | _IN)

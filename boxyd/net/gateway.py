@@ -123,13 +123,38 @@ def read_first(client: socket.socket, inspector: sni.Inspector) -> tuple[ReadSta
             return "decided", result
 
 
+class _V4(ipaddress.IPv4Address):
+    """An address that hashes once: it keys several dicts per flow (the policy's
+    verdicts, the bindings), and the stdlib's hash is three Python calls each time."""
+
+    __slots__ = ("_hash",)
+
+    def __init__(self, address: str) -> None:
+        super().__init__(address)
+        self._hash = super().__hash__()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
+class _V6(ipaddress.IPv6Address):
+    __slots__ = ("_hash",)
+
+    def __init__(self, address: str) -> None:
+        super().__init__(address)
+        self._hash = super().__hash__()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
 def _ip(addr: str) -> Address:
     """The address getsockname() reported, parsed (the same few recur: cached)."""
     ip = _IPS.get(addr)
     if ip is None:
         if len(_IPS) >= 4096:
             _IPS.clear()
-        ip = _IPS[addr] = ipaddress.ip_address(addr)
+        ip = _IPS[addr] = _V6(addr) if ":" in addr else _V4(addr)
     return ip
 
 

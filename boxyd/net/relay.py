@@ -36,6 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from boxyd.net.poller import Poller
+
 Mode = Literal["auto", "copy", "splice"]
 
 COPY_BUFFER = 64 * 1024
@@ -362,7 +364,7 @@ class Flow:
         idle_timeout: float,
         initial_a_to_b: bytes = b"",
         mode: Mode = "auto",
-        poller: Readiness | None = None,
+        poller: Poller | None = None,
     ) -> None:
         """POLLER: where readiness is asked for (boxyd.net.poller; the loop's own
         add_reader and friends by default)."""
@@ -408,8 +410,11 @@ class Flow:
             raise RuntimeError("a Flow is started only once")
         self._started = True
         self._on_done = on_done
-        self.loop = asyncio.get_running_loop()
-        self.ready = self._poller if self._poller is not None else self.loop
+        if self._poller is not None:  # (its loop: asking asyncio costs a getpid())
+            self.loop, self.ready = self._poller.loop, self._poller
+        else:
+            self.loop = asyncio.get_running_loop()
+            self.ready = self.loop
         if self.finished:  # aborted before it started
             self._close_sockets(reset_them=True)
             self._done()

@@ -12,6 +12,11 @@ reset.
 Fair share: each session has its own listeners (one session's full backlog never
 delays another's) and its own caps on concurrent flows, flows still waiting for
 their first record, UDP flows, DNS-over-TCP connections and accepts per second.
+
+Cost per TCP flow (bench/net.py): no task and no future; a listener's readiness
+takes every queued connection, each decided by callbacks (``_Conn``, then
+``relay.Flow``) through the gateway's own epoll set and one timer per deadline
+length (``boxyd.net.poller``); the first record is read at accept when it is there.
 """
 
 from __future__ import annotations
@@ -124,28 +129,37 @@ def read_first(client: socket.socket, inspector: sni.Inspector) -> tuple[ReadSta
 
 
 class _V4(ipaddress.IPv4Address):
-    """An address that hashes once: it keys several dicts per flow (the policy's
-    verdicts, the bindings), and the stdlib's hash is three Python calls each time."""
+    """An address that hashes and prints once: it keys several dicts per flow (the
+    policy's verdicts, the bindings) and names the flow's events, and the stdlib
+    computes both anew each time (Python calls)."""
 
-    __slots__ = ("_hash",)
+    __slots__ = ("_hash", "_str")
 
     def __init__(self, address: str) -> None:
         super().__init__(address)
         self._hash = super().__hash__()
+        self._str = super().__str__()
 
     def __hash__(self) -> int:
         return self._hash
+
+    def __str__(self) -> str:
+        return self._str
 
 
 class _V6(ipaddress.IPv6Address):
-    __slots__ = ("_hash",)
+    __slots__ = ("_hash", "_str")
 
     def __init__(self, address: str) -> None:
         super().__init__(address)
         self._hash = super().__hash__()
+        self._str = super().__str__()
 
     def __hash__(self) -> int:
         return self._hash
+
+    def __str__(self) -> str:
+        return self._str
 
 
 def _ip(addr: str) -> Address:

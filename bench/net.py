@@ -10,7 +10,8 @@ test user in the topology's host netns: once directly, once inside
 
 - bulk: one download of ``--size-mib`` MiB, timing only the transfer (Gbit/s);
   with boxyd's CPU seconds (utime + stime from /proc) per GB moved;
-- conns: ``--conns`` sequential short HTTP requests by address (connections/s),
+- conns: ``--conns`` sequential short HTTP requests by address (connections/s), in
+  ``--chunks`` parts, direct and boxy alternating (as the latency runs are),
   with boxyd's CPU per connection. boxy caps a session's accept rate (500/s, burst
   1000: boxyd/net/gateway.py Limits), so past ~1000 connections the cap shows as
   failed connections rather than the gateway's speed;
@@ -184,7 +185,7 @@ def latency(n, pace):
     total = sorted(x[0] for x in samples)
     return {"n": n, "errors": sum(errors.values()), "error_kinds": errors,
             "median_ms": med(0), "dns_ms": med(1), "connect_ms": med(2), "first_byte_ms": med(3),
-            "p90_ms": total[int(len(total) * 0.9)] if total else None}
+            "p90_ms": total[int(len(total) * 0.9)] if total else None, "samples": samples}
 
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
@@ -305,6 +306,40 @@ def start_server(topo: topo_mod.Topology, addr: str) -> subprocess.Popen:
     return proc
 
 
+def _chunks(total: int, k: int) -> list[int]:
+    """TOTAL split into at most K near-equal positive parts."""
+    k = max(1, min(k, total))
+    return [total // k + (i < total % k) for i in range(k)]
+
+
+def _pooled_conns(parts: list[dict]) -> dict:
+    return {key: sum(p[key] for p in parts) for key in ("n", "ok", "errors", "seconds")}
+
+
+def _pooled_latency(parts: list[dict]) -> dict:
+    """The client's latency summary, over the samples of every part."""
+    samples = [x for p in parts for x in p["samples"]]
+    kinds: dict[str, int] = {}
+    for p in parts:
+        for k, v in p["error_kinds"].items():
+            kinds[k] = kinds.get(k, 0) + v
+
+    def med(i: int) -> float | None:
+        return statistics.median(x[i] for x in samples) if samples else None
+
+    total = sorted(x[0] for x in samples)
+    return {
+        "n": sum(p["n"] for p in parts),
+        "errors": sum(kinds.values()),
+        "error_kinds": kinds,
+        "median_ms": med(0),
+        "dns_ms": med(1),
+        "connect_ms": med(2),
+        "first_byte_ms": med(3),
+        "p90_ms": total[int(len(total) * 0.9)] if total else None,
+    }
+
+
 def gbps(r: dict) -> float:
     return r["bytes"] * 8 / r["seconds"] / 1e9
 
@@ -346,16 +381,26 @@ def run(args: argparse.Namespace) -> int:
             for r in runs:
                 if r["bytes"] != size:
                     raise BenchError(f"{label}: bulk transfer incomplete ({r['bytes']} of {size})")
-        conns = {"direct": direct.ask("conns", args.conns)}
-        c0 = cpu_seconds(pid)
-        conns["boxy"] = boxed.ask("conns", args.conns)
-        conn_cpu_ms = (cpu_seconds(pid) - c0) / args.conns * 1000
+        # In chunks, alternating, so that a machine busy with something else for a
+        # while slows both sides rather than one (a ratio is only as good as that).
+        parts: dict[str, list[dict]] = {"direct": [], "boxy": []}
+        conn_cpu = 0.0
+        for n in _chunks(args.conns, args.chunks):
+            parts["direct"].append(direct.ask("conns", n))
+            c0 = cpu_seconds(pid)
+            parts["boxy"].append(boxed.ask("conns", n))
+            conn_cpu += cpu_seconds(pid) - c0
+        conns = {k: _pooled_conns(v) for k, v in parts.items()}
+        conn_cpu_ms = conn_cpu / args.conns * 1000
         # Back to back (within boxy's DNS burst allowance), then paced like sporadic
         # connections (under its sustained DNS rate): an idle path pays wake-ups too.
         lats = {}
         for label, pace in (("back to back", 0.0), (f"{PACE * 1000:.0f} ms apart", PACE)):
-            arg = f"{args.samples},{pace}"
-            lats[label] = {"direct": direct.ask("latency", arg), "boxy": boxed.ask("latency", arg)}
+            runs: dict[str, list[dict]] = {"direct": [], "boxy": []}
+            for n in _chunks(args.samples, args.chunks):
+                for side, peer in (("direct", direct), ("boxy", boxed)):
+                    runs[side].append(peer.ask("latency", f"{n},{pace}"))
+            lats[label] = {k: _pooled_latency(v) for k, v in runs.items()}
         # Start-up of a whole run per mode, in the same topology (ip netns exec and
         # runuser included): what the network steps add to `--net none`.
         startup: dict[str, float] = {}
@@ -509,6 +554,12 @@ def main() -> int:
         default=DNS_BURST * 3 // 4,
         help="timed new connections by name, per latency run (back to back: "
         f"keep under boxy's DNS burst of {DNS_BURST})",
+    )
+    ap.add_argument(
+        "--chunks",
+        type=int,
+        default=5,
+        help="connection and latency runs split into this many parts, direct and boxy alternating",
     )
     ap.add_argument("--user", default=os.environ.get("BOXY_TEST_USER", "boxytest"))
     ap.add_argument("--keep", action="store_true", help="leave the topology up afterwards")

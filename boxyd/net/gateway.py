@@ -413,6 +413,9 @@ class Gateway:
         self._server_first = Deadlines(loop, lim.server_first_wait, _Conn._quiet)
         self._first_record = Deadlines(loop, lim.first_record_timeout, _Conn._quiet)
         self._dials = Deadlines(loop, lim.connect_timeout, _Conn._dial_late)
+        self._idle_checks = Deadlines(
+            loop, relay.idle_tick(lim.idle_timeout), relay.Flow._check_idle
+        )
         for name, sock in self.listeners.items():
             sock.setblocking(False)
             if name in ("tcp4", "tcp6"):
@@ -457,6 +460,7 @@ class Gateway:
             self.poller.close()  # the TCP listeners' interest with it
             for queue in (self._server_first, self._first_record, self._dials):
                 queue.close()
+            self._idle_checks.close()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -642,6 +646,7 @@ class Gateway:
             idle_timeout=self.limits.idle_timeout,
             initial_a_to_b=conn.data,
             poller=self.poller,
+            idle_checks=self._idle_checks,
         )
         self._flows[id(flow)] = (flow, handle)
         flow.start(functools.partial(self._relayed, flow, handle, conn))

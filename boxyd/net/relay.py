@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from boxyd.net.poller import Poller
+from boxyd.net.poller import Deadlines, Poller
 
 Mode = Literal["auto", "copy", "splice"]
 
@@ -365,11 +365,18 @@ class Flow:
         initial_a_to_b: bytes = b"",
         mode: Mode = "auto",
         poller: Poller | None = None,
+        idle_checks: Deadlines[Flow] | None = None,
     ) -> None:
         """POLLER: where readiness is asked for (boxyd.net.poller; the loop's own
-        add_reader and friends by default)."""
+        add_reader and friends by default). IDLE_CHECKS: a queue of idle checks
+        shared by flows of this idle timeout, its delay a quarter of it (one timer
+        for all of them instead of one each)."""
         if idle_timeout <= 0:
             raise ValueError(f"idle_timeout must be positive, got {idle_timeout!r}")
+        if idle_checks is not None and idle_checks.delay != idle_tick(idle_timeout):
+            raise ValueError(
+                f"idle_checks: delay {idle_checks.delay!r} is not a quarter of the idle timeout"
+            )
         if a.fileno() == b.fileno():
             raise ValueError("a flow needs two different sockets")
         self.a, self.b = a, b
@@ -382,6 +389,7 @@ class Flow:
         self._mode: Mode = mode
         self.loop: asyncio.AbstractEventLoop | None = None
         self._poller = poller
+        self._idle_checks = idle_checks
         self.ready: Readiness | None = None
         self._dirs: tuple[_Direction, _Direction] | None = None
         self._started = False
@@ -426,7 +434,10 @@ class Flow:
         ba = _Direction(self, self.b, self.a, False, self._mode, b"")
         self._dirs = (ab, ba)
         self._idle_since = self.loop.time()
-        self._idle_handle = self.loop.call_later(self._idle_tick(), self._check_idle)
+        if self._idle_checks is not None:
+            self._idle_checks.add(self)
+        else:
+            self._idle_handle = self.loop.call_later(self._idle_tick(), self._check_idle)
         ab.begin()
         ba.begin()
 
@@ -437,9 +448,7 @@ class Flow:
     # -- endings -----------------------------------------------------------------
 
     def _idle_tick(self) -> float:
-        # Checking a few times per timeout bounds the overshoot to a quarter of
-        # it, at no cost per byte moved (the counters are only compared here).
-        return max(self.idle_timeout / 4, 0.01)
+        return idle_tick(self.idle_timeout)
 
     def _check_idle(self) -> None:
         if self.finished:
@@ -454,6 +463,9 @@ class Flow:
         elif now - self._idle_since >= self.idle_timeout - 0.001:
             self._finish(CloseReason.IDLE, reset_them=True)
             return
+        if self._idle_checks is not None:  # a tick late at most, as said
+            self._idle_checks.add(self)
+            return
         due = min(now + self._idle_tick(), self._idle_since + self.idle_timeout)
         self._idle_handle = self.loop.call_at(due, self._check_idle)
 
@@ -463,7 +475,7 @@ class Flow:
         self._finish(reason, reset_them=True)
 
     def _direction_done(self) -> None:
-        if self._dirs is not None and all(d.done for d in self._dirs):
+        if self._dirs is not None and self._dirs[0].done and self._dirs[1].done:
             self._finish(CloseReason.DONE, reset_them=False)
 
     def _finish(self, reason: CloseReason, *, reset_them: bool) -> None:
@@ -493,6 +505,13 @@ class Flow:
                 reset(s)
             else:
                 s.close()
+
+
+def idle_tick(idle_timeout: float) -> float:
+    """How often a flow checks for idleness. A few times per timeout bounds the
+    overshoot to a quarter of it, at no cost per byte moved (the counters are only
+    compared then)."""
+    return max(idle_timeout / 4, 0.01)
 
 
 def _settle(future: asyncio.Future[CloseReason], reason: CloseReason) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import pytest
 
 from boxyd.net import relay
-from boxyd.net.poller import Poller
+from boxyd.net.poller import Deadlines, Poller
 from boxyd.net.relay import CloseReason, Counters, Flow, pump
 
 MODES = ["auto", "copy", "splice"]
@@ -277,12 +277,18 @@ def test_reset_helper_sends_rst() -> None:
 # -- idle, abort, initial bytes -------------------------------------------------------
 
 
+@pytest.mark.parametrize("checks", ["own timer", "shared queue"])
 @pytest.mark.parametrize("mode", ["copy", "splice"])
-async def test_idle_flow_is_reset_after_the_bound(topo: Topology, mode: str) -> None:
+async def test_idle_flow_is_reset_after_the_bound(topo: Topology, mode: str, checks: str) -> None:
+    """With its own timer, or with a queue of idle checks shared by many flows (the
+    gateway's)."""
     idle = 0.4
-    task = asyncio.ensure_future(
-        pump(topo.a, topo.b, counters=Counters(), idle_timeout=idle, mode=mode)
-    )  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    queue = (
+        Deadlines(loop, relay.idle_tick(idle), Flow._check_idle) if checks != "own timer" else None
+    )
+    flow = Flow(topo.a, topo.b, idle_timeout=idle, mode=mode, idle_checks=queue)  # type: ignore[arg-type]
+    task = asyncio.ensure_future(flow.run())
     # Traffic keeps it alive well past the bound...
     for i in range(8):
         if i:
@@ -490,11 +496,14 @@ async def test_200_parallel_flows(ready: str) -> None:
                     s.close()
 
 
-def test_bad_arguments_are_refused() -> None:
+async def test_bad_arguments_are_refused() -> None:
     c, s = tcp_pair()
     try:
         with pytest.raises(ValueError, match="idle_timeout"):
             Flow(c, s, idle_timeout=0)
+        queue = Deadlines(asyncio.get_running_loop(), 1.0, Flow._check_idle)
+        with pytest.raises(ValueError, match="a quarter of the idle timeout"):
+            Flow(c, s, idle_timeout=1.0, idle_checks=queue)
         with pytest.raises(ValueError, match="two different sockets"):
             Flow(c, c, idle_timeout=1)
     finally:

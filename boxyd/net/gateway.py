@@ -185,7 +185,7 @@ class _Conn:
 
     __slots__ = (
         "gw", "ready", "client", "ip", "addr", "port", "names", "host", "opaque", "inspector",
-        "result", "waiting", "reading", "upstream", "dialling", "connected", "dial_error",
+        "result", "waiting", "reading", "upstream", "dialling", "writing", "connected", "dial_error",
         "verdict", "data", "name", "over", "__weakref__",
     )  # fmt: skip
 
@@ -209,7 +209,8 @@ class _Conn:
         self.waiting = False  # for the first record
         self.reading = False
         self.upstream: socket.socket | None = None
-        self.dialling = False
+        self.dialling = False  # connect() in progress
+        self.writing = False  # and its completion asked of the poller
         self.connected = False
         self.dial_error: str | None = None
         self.verdict: Verdict | None = None  # once the first record allowed it
@@ -228,6 +229,8 @@ class _Conn:
             self._dial()
         (gw._server_first if self.opaque.allow else gw._first_record).add(self)
         self._readable()  # the record is often there already: no wake-up for it
+        if self.dialling and not self.writing:  # the record is not all there yet
+            self._wait_dial()
 
     def _readable(self) -> None:
         state, self.result = read_first(self.client, self.inspector)
@@ -269,6 +272,8 @@ class _Conn:
         self.verdict, self.data, self.name = v, data, name
         if self.upstream is None and self.dial_error is None:
             self._dial()
+        elif self.dialling:
+            self._check_dial()
         else:
             self._proceed()
 
@@ -292,11 +297,31 @@ class _Conn:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         err = sock.connect_ex((self.addr, self.port))
         if err in (errno.EINPROGRESS, errno.EAGAIN):
-            self.ready.add_writer(sock.fileno(), self._writable)
             self.dialling = True
             self.gw._dials.add(self)
+            if self.verdict is not None:
+                self._check_dial()
             return
         self._dialled(os.strerror(err) if err else None)
+
+    def _check_dial(self) -> None:
+        """The upstream is needed now. A nearby peer has often answered already (the
+        kernel handles its SYN-ACK before connect() returns to us): then go on at
+        once, without a wake-up for the connection's completion."""
+        assert self.upstream is not None
+        try:
+            self.upstream.getpeername()  # ENOTCONN until the handshake is done
+        except OSError:
+            if not self.writing:
+                self._wait_dial()
+            return
+        self._stop_dial_wait()
+        self._dialled(None)
+
+    def _wait_dial(self) -> None:
+        assert self.upstream is not None
+        self.ready.add_writer(self.upstream.fileno(), self._writable)
+        self.writing = True
 
     def _writable(self) -> None:
         assert self.upstream is not None
@@ -311,8 +336,9 @@ class _Conn:
             self._dialled(f"no answer within {self.gw.limits.connect_timeout:g}s")
 
     def _stop_dial_wait(self) -> None:
-        if self.dialling:
-            self.dialling = False
+        self.dialling = False
+        if self.writing:
+            self.writing = False
             assert self.upstream is not None
             self.ready.remove_writer(self.upstream.fileno())
 

@@ -888,6 +888,44 @@ def test_stalled_first_records_cannot_keep_a_sessions_connections_out(fair_run: 
     ), fair_run.stderr
 
 
+# --- an upstream that refuses -----------------------------------------------------------------
+
+UPSTREAM_BODY = r"""
+get = b"GET / HTTP/1.1\r\nHost: www.boxy.test\r\nConnection: close\r\n\r\n"
+report("closed-port", tcp(%(www)r, 9, timeout=5, send=get))
+report("open-port", tcp(%(www)r, 80, timeout=5, send=get))
+print("DONE", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def upstream_run(topology: Any, user: User) -> Iterator[tuple[NetRun, dict[str, Any]]]:
+    with probe_dir(topology, user, "upstream") as wd:
+        name = script(wd, user, "upstream.py", UPSTREAM_BODY % {"www": WWW.v4})
+        netlog = wd / "net.json"
+        run = run_probes(
+            topology, user, wd, "--net", "public", "--net-log", str(netlog), cmd=["python3", name]
+        )
+        yield run, json.loads(netlog.read_text())
+
+
+def test_an_upstream_that_refuses_resets_the_client_and_is_logged(
+    upstream_run: tuple[NetRun, dict[str, Any]],
+) -> None:
+    """The gateway's dial is refused (nothing listens on www's port 9): the sandbox's
+    connection, already accepted, is reset at once, as by the real peer, and the
+    net log says why; the open port of the same host is relayed as usual."""
+    run, doc = upstream_run
+    assert_clean(run)
+    assert probe(run, "closed-port")["outcome"] == "reset", run.describe("closed-port")
+    assert probe(run, "open-port")["outcome"] == "answered", run.describe("open-port")
+    conns = [dict(zip(doc["conn_fields"], row, strict=True)) for row in doc["conns"]]
+    errors = [c for c in conns if c["verdict"] == "error"]
+    assert [c["port"] for c in errors] == [9], conns
+    assert doc["strings"][errors[0]["reason"]] == "upstream: Connection refused", doc
+    assert [c["port"] for c in conns if c["verdict"] == "allow"] == [80], conns
+
+
 # --- the ClientHello on the wire: split, ECH ----------------------------------------------------
 
 WIRE_BODY = r"""

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from boxyd.net import nflog, nftset, relay, sni, udpsock
 from boxyd.net.bindings import Address, Bindings
-from boxyd.net.dnsproxy import DnsProxy, DnsSession, TokenBucket
+from boxyd.net.dnsproxy import AskUpstream, DnsProxy, DnsSession, TokenBucket
 from boxyd.net.netlog import NetLog
 from boxyd.net.policy import ECH_REFUSED, NetPolicy, Verdict
 from boxyd.net.poller import Deadlines, Poller
@@ -794,11 +794,21 @@ class Gateway:
 
     def _dns_udp_readable(self, sock: socket.socket) -> None:
         dgram = self._datagram(sock, 4096, "dns")
-        if dgram is not None:
-            self._spawn(self._dns_udp_answer(sock, dgram))
+        if dgram is None:
+            return
+        # What needs no upstream (the cache above all) is answered now, without a task.
+        now = self.dns.answer_now(dgram.data, tcp=False, session=self.dns_session)
+        if isinstance(now, AskUpstream):
+            self._spawn(self._dns_udp_answer(sock, dgram, now))
+        else:
+            self._dns_udp_send(sock, dgram, now)
 
-    async def _dns_udp_answer(self, sock: socket.socket, dgram: _Dgram) -> None:
-        wire = await self.dns.answer(dgram.data, tcp=False, session=self.dns_session)
+    async def _dns_udp_answer(self, sock: socket.socket, dgram: _Dgram, ask: AskUpstream) -> None:
+        wire = await self.dns.answer_upstream(ask, self.dns_session)
+        self._dns_udp_send(sock, dgram, wire)
+
+    @staticmethod
+    def _dns_udp_send(sock: socket.socket, dgram: _Dgram, wire: bytes | None) -> None:
         if wire is not None:
             with contextlib.suppress(OSError, ValueError):
                 udpsock.send_from(sock, wire, dgram.dst, dgram.src)

@@ -156,11 +156,13 @@ class Network:
     def _event(self, ev: dict[str, Any]) -> None:
         fields = {k: v for k, v in ev.items() if v not in (None, "") and k != "layer"}
         self.record(str(ev.get("layer", "net")), **fields)
+        if ev.get("verdict") != "deny":
+            return  # (every allowed flow and its close) what follows counts refusals
         self.refused.add(ev)
         if _refused_lookup(ev) and self.gateway is not None:
             # a row in the table for every name the summary line counts as not allowed
             self.gateway.netlog.refused_name(str(ev["name"]))
-        if ev.get("verdict") == "deny" and self.spec.verbose and self.notice is not None:
+        if self.spec.verbose and self.notice is not None:
             if self._notices < MAX_NOTICES:
                 self._notices += 1
                 self.notice(describe(ev))

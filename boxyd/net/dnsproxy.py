@@ -119,6 +119,26 @@ class DnsStats:
     truncated: int = 0  # UDP answers sent with TC
 
 
+@dataclass(frozen=True)
+class AskUpstream:
+    """A query answer_now() leaves to upstream (answer_upstream)."""
+
+    query: dns.message.Message
+    key: tuple[bool, bool, bytes]
+    tcp: bool
+
+
+def _parse(wire: bytes, session: DnsSession) -> dns.message.Message | bytes | None:
+    """The query in WIRE; FORMERR's wire when it does not parse; None for a response
+    (answering one could start a loop)."""
+    try:
+        query = dns.message.from_wire(wire)
+    except Exception:  # hostile bytes: any parser failure is FORMERR
+        session.stats.malformed += 1
+        return _formerr(wire)
+    return None if query.flags & dns.flags.QR else query
+
+
 @dataclass
 class _Cached:
     expires: float
@@ -193,22 +213,34 @@ class DnsProxy:
     async def answer(self, wire: bytes, *, tcp: bool, session: DnsSession) -> bytes | None:
         """The wire response to the query WIRE from SESSION, or None to send nothing
         (not a query, or too broken to answer)."""
+        now = self.answer_now(wire, tcp=tcp, session=session)
+        if not isinstance(now, AskUpstream):
+            return now
+        return await self.answer_upstream(now, session)
+
+    def answer_now(
+        self, wire: bytes, *, tcp: bool, session: DnsSession
+    ) -> bytes | None | AskUpstream:
+        """What answer() says without asking upstream, in its order: malformed, a
+        response, over the rate, cached (a client without a cache of its own asks
+        again before every connection), refused, too many in flight. AskUpstream: the
+        rest, for answer_upstream(). No task needed, so a cached answer costs none."""
         session.stats.queries += 1
-        try:
-            query = dns.message.from_wire(wire)
-        except Exception:  # hostile bytes: any parser failure is FORMERR
-            session.stats.malformed += 1
-            return _formerr(wire)
-        if query.flags & dns.flags.QR:
-            return None  # a response sent to us: answering could start a loop
+        key = (self.ipv6, tcp, wire[2:])
+        query: dns.message.Message | None = None
+        if key not in session.cache:  # (cached bytes parsed as a query, and still do)
+            parsed = _parse(wire, session)
+            if not isinstance(parsed, dns.message.Message):
+                return parsed  # FORMERR's wire, or nothing (a response, a scrap)
+            query = parsed
         if not session.limiter.take():
             session.stats.rate_limited += 1
+            query = query or dns.message.from_wire(wire)
             return self._wire(response_for(query, dns.rcode.REFUSED), query, tcp, session)
-        key = (self.ipv6, tcp, wire[2:])
         cached = self._cached(session, key)
         if cached is not None:
             return wire[:2] + cached
-
+        query = query or dns.message.from_wire(wire)
         refusal = decide_query(query, session.policy)
         if refusal is not None:
             session.stats.refused += 1
@@ -217,6 +249,11 @@ class DnsProxy:
         if session.inflight >= session.max_inflight:
             session.stats.busy += 1
             return self._wire(response_for(query, dns.rcode.REFUSED), query, tcp, session)
+        return AskUpstream(query, key, tcp)
+
+    async def answer_upstream(self, ask: AskUpstream, session: DnsSession) -> bytes:
+        """The rest of answer(): upstream's answer, filtered, bound, cached."""
+        query, key, tcp = ask.query, ask.key, ask.tcp
         upstream = await self._ask_upstream(query, session)
         filtered = self._filter(query, upstream, session)
         if filtered.error is not None:

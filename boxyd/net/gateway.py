@@ -12,25 +12,34 @@ reset.
 Fair share: each session has its own listeners (one session's full backlog never
 delays another's) and its own caps on concurrent flows, flows still waiting for
 their first record, UDP flows, DNS-over-TCP connections and accepts per second.
+
+Cost per TCP flow (bench/net.py): no task and no future; a listener's readiness
+takes every queued connection, each decided by callbacks (``_Conn``, then
+``relay.Flow``) through the gateway's own epoll set and one timer per deadline
+length (``boxyd.net.poller``); the first record is read at accept when it is there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import functools
 import ipaddress
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from boxyd.net import nflog, nftset, relay, sni, udpsock
 from boxyd.net.bindings import Address, Bindings
-from boxyd.net.dnsproxy import DnsProxy, DnsSession, TokenBucket
+from boxyd.net.dnsproxy import AskUpstream, DnsProxy, DnsSession, TokenBucket
 from boxyd.net.netlog import NetLog
 from boxyd.net.policy import ECH_REFUSED, NetPolicy, Verdict
+from boxyd.net.poller import Deadlines, Poller
 from boxyd.net.rtnl import LocalAddresses
 from boxyd.net.ruleset import BOUND_SETS, GATEWAY_SOCKETS, NFLOG_GROUP, TABLE
 
@@ -96,29 +105,287 @@ def _not_this_machine(ip: Address) -> Verdict:
     return Verdict(False, "net.ip", "an address of this machine") if local else _ALLOWED
 
 
-async def first_record(client: socket.socket, wait: float) -> tuple[sni.Result, bytes | None]:
-    """Read until the first record decides, the client goes quiet for WAIT, or it
-    closes. Bounded in bytes (sni.MAX_INSPECT_BYTES), reads (sni.MAX_INSPECT_READS)
-    and time; each byte is inspected once, however the client splits them."""
-    loop = asyncio.get_running_loop()
-    inspector = sni.Inspector()
-    deadline = loop.time() + wait
+ReadState = Literal["more", "decided", "closed", "failed"]
+
+
+def read_first(client: socket.socket, inspector: sni.Inspector) -> tuple[ReadState, sni.Result]:
+    """Read what the client has sent (non-blocking) until its first record decides.
+    "more": nothing more there yet. Bounded in bytes (sni.MAX_INSPECT_BYTES) and
+    reads (sni.MAX_INSPECT_READS); each byte is inspected once, however the client
+    splits them; the bytes read are in INSPECTOR.data."""
     result: sni.Result = sni.NeedMore()
-    while isinstance(result, sni.NeedMore):
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            break
+    while True:
         try:
-            async with asyncio.timeout(remaining):  # no extra task, unlike wait_for
-                chunk = await loop.sock_recv(client, 16384)
-        except TimeoutError:
-            break
+            chunk = client.recv(16384)
+        except (BlockingIOError, InterruptedError):
+            return "more", result
         except OSError:
-            return result, None
+            return "failed", result
         if not chunk:
-            return result, (bytes(inspector.data) or None)
+            return "closed", result
         result = inspector.feed(chunk)
-    return result, bytes(inspector.data)
+        if not isinstance(result, sni.NeedMore):
+            return "decided", result
+
+
+class _V4(ipaddress.IPv4Address):
+    """An address that hashes and prints once: it keys several dicts per flow (the
+    policy's verdicts, the bindings) and names the flow's events, and the stdlib
+    computes both anew each time (Python calls)."""
+
+    __slots__ = ("_hash", "_str")
+
+    def __init__(self, address: str) -> None:
+        super().__init__(address)
+        self._hash = super().__hash__()
+        self._str = super().__str__()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __str__(self) -> str:
+        return self._str
+
+
+class _V6(ipaddress.IPv6Address):
+    __slots__ = ("_hash", "_str")
+
+    def __init__(self, address: str) -> None:
+        super().__init__(address)
+        self._hash = super().__hash__()
+        self._str = super().__str__()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __str__(self) -> str:
+        return self._str
+
+
+def _ip(addr: str) -> Address:
+    """The address getsockname() reported, parsed (the same few recur: cached)."""
+    ip = _IPS.get(addr)
+    if ip is None:
+        if len(_IPS) >= 4096:
+            _IPS.clear()
+        ip = _IPS[addr] = _V6(addr) if ":" in addr else _V4(addr)
+    return ip
+
+
+_IPS: dict[str, Address] = {}
+_GONE = Verdict(False, "net.sni", "the client went away")
+ACCEPT_BATCH = 64  # connections taken per wake-up of a listener
+
+
+class _Conn:
+    """One TCP flow until its relay starts: the first record read (bounded in time,
+    bytes and reads: sni.Inspector) and, where it may go before the name is known,
+    the dial in parallel. Driven by readiness callbacks: no task per connection.
+    Holds the destination's binding until the flow ends (Gateway._relayed)."""
+
+    __slots__ = (
+        "gw", "ready", "client", "ip", "addr", "port", "names", "host", "opaque", "inspector",
+        "result", "waiting", "reading", "upstream", "dialling", "writing", "connected", "dial_error",
+        "verdict", "data", "name", "over", "__weakref__",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        gw: Gateway,
+        client: socket.socket,
+        ip: Address,
+        addr: str,
+        port: int,
+        names: frozenset[str],
+        opaque: Verdict,
+    ) -> None:
+        self.gw = gw
+        assert gw.poller is not None  # (started)
+        self.ready = gw.poller
+        self.client, self.ip, self.addr, self.port = client, ip, addr, port
+        self.names, self.host, self.opaque = names, (min(names) if names else None), opaque
+        self.inspector = sni.Inspector()
+        self.result: sni.Result = sni.NeedMore()
+        self.waiting = False  # for the first record
+        self.reading = False
+        self.upstream: socket.socket | None = None
+        self.dialling = False  # connect() in progress
+        self.writing = False  # and its completion asked of the poller
+        self.connected = False
+        self.dial_error: str | None = None
+        self.verdict: Verdict | None = None  # once the first record allowed it
+        self.data = b""
+        self.name: str | None = None
+        self.over = False
+
+    def start(self) -> None:
+        gw = self.gw
+        gw._conns.add(self)
+        gw._waiting[self] = None
+        self.waiting = True
+        # Server-first protocols (SSH, SMTP …) and public mode: dial as soon as the
+        # address passes; client bytes are still held until their first record is read.
+        if self.opaque.allow:
+            self._dial()
+        (gw._server_first if self.opaque.allow else gw._first_record).add(self)
+        self._readable()  # the record is often there already: no wake-up for it
+        if self.dialling and not self.writing:  # the record is not all there yet
+            self._wait_dial()
+
+    def _readable(self) -> None:
+        state, self.result = read_first(self.client, self.inspector)
+        if state == "more":
+            if not self.reading:
+                self.ready.add_reader(self.client.fileno(), self._readable)
+                self.reading = True
+        elif state == "failed":
+            self.decided(_GONE, None, None)
+        elif state == "closed":  # judge what it sent, if anything
+            self._judge(bytes(self.inspector.data) or None)
+        else:
+            self._judge(bytes(self.inspector.data))
+
+    def _quiet(self) -> None:
+        """The first record's time is up (Gateway._first_record, _server_first)."""
+        if self.waiting:
+            self._judge(bytes(self.inspector.data))
+
+    def _judge(self, data: bytes | None) -> None:
+        v, name = self.gw._judge(self.result, data, self.ip, self.port, self.names, self.opaque)
+        self.decided(v, data, name)
+
+    def decided(self, v: Verdict, data: bytes | None, name: str | None) -> None:
+        """The first record's verdict (or an eviction's); DATA None: the client is gone."""
+        if self.over or self.verdict is not None:
+            return
+        self._stop_reading()
+        if not v.allow or data is None:
+            self._close_upstream()
+            if data is None:  # the client closed without a byte
+                self.client.close()
+            else:
+                self.gw._deny(
+                    self.client, "tcp", self.addr, self.port, v, host=self.host, name=name
+                )
+            self._end()
+            return
+        self.verdict, self.data, self.name = v, data, name
+        if self.upstream is None and self.dial_error is None:
+            self._dial()
+        elif self.dialling:
+            self._check_dial()
+        else:
+            self._proceed()
+
+    def _stop_reading(self) -> None:
+        self.gw._waiting.pop(self, None)
+        self.waiting = False
+        if self.reading:
+            self.ready.remove_reader(self.client.fileno())
+            self.reading = False
+
+    def _dial(self) -> None:
+        family = socket.AF_INET6 if self.ip.version == 6 else socket.AF_INET
+        try:
+            sock = socket.socket(
+                family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
+            )
+        except OSError as e:
+            self._dialled(e.strerror or str(e))
+            return
+        self.upstream = sock
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        err = sock.connect_ex((self.addr, self.port))
+        if err in (errno.EINPROGRESS, errno.EAGAIN):
+            self.dialling = True
+            self.gw._dials.add(self)
+            if self.verdict is not None:
+                self._check_dial()
+            return
+        self._dialled(os.strerror(err) if err else None)
+
+    def _check_dial(self) -> None:
+        """The upstream is needed now. A nearby peer has often answered already (the
+        kernel handles its SYN-ACK before connect() returns to us): then go on at
+        once, without a wake-up for the connection's completion."""
+        assert self.upstream is not None
+        try:
+            self.upstream.getpeername()  # ENOTCONN until the handshake is done
+        except OSError:
+            if not self.writing:
+                self._wait_dial()
+            return
+        self._stop_dial_wait()
+        self._dialled(None)
+
+    def _wait_dial(self) -> None:
+        assert self.upstream is not None
+        self.ready.add_writer(self.upstream.fileno(), self._writable)
+        self.writing = True
+
+    def _writable(self) -> None:
+        assert self.upstream is not None
+        self._stop_dial_wait()
+        err = self.upstream.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        self._dialled(os.strerror(err) if err else None)
+
+    def _dial_late(self) -> None:
+        """The dial's time is up (Gateway._dials)."""
+        if self.dialling:
+            self._stop_dial_wait()
+            self._dialled(f"no answer within {self.gw.limits.connect_timeout:g}s")
+
+    def _stop_dial_wait(self) -> None:
+        self.dialling = False
+        if self.writing:
+            self.writing = False
+            assert self.upstream is not None
+            self.ready.remove_writer(self.upstream.fileno())
+
+    def _dialled(self, error: str | None) -> None:
+        if error is None:
+            self.connected = True
+        else:
+            self.dial_error = error
+            self._close_upstream()
+        if self.verdict is not None:
+            self._proceed()
+
+    def _proceed(self) -> None:
+        """Allowed: relay once the dial is done, or reset at once when it failed."""
+        if self.connected:
+            upstream, self.upstream = self.upstream, None
+            assert upstream is not None
+            self._end(release=False)  # the flow holds the binding from here
+            self.gw._tcp_allowed(self, upstream)
+        elif self.dial_error is not None:
+            relay.reset(self.client)  # the sandbox learns at once, as from the real peer
+            self.gw.netlog.conn(
+                self.gw._t_ms(), "tcp", "error", self.addr, self.port, self.host, self.name,
+                f"upstream: {self.dial_error}",
+            )  # fmt: skip
+            self._end()
+
+    def _close_upstream(self) -> None:
+        if self.upstream is not None:
+            self._stop_dial_wait()
+            self.upstream.close()
+            self.upstream = None
+
+    def abort(self) -> None:
+        """The gateway is closing: the client gets a reset."""
+        if self.over:
+            return
+        self._stop_reading()
+        self._close_upstream()
+        relay.reset(self.client)
+        self._end()
+
+    def _end(self, *, release: bool = True) -> None:
+        self.over = True
+        self.gw._conns.discard(self)
+        if release:
+            self.gw.bindings.release(self.ip)
 
 
 class Gateway:
@@ -156,22 +423,29 @@ class Gateway:
         self._accepts = TokenBucket(self.limits.accept_rate, 2 * self.limits.accept_rate)
         self._tasks: set[asyncio.Task[None]] = set()
         self._flows: dict[int, tuple[relay.Flow, int]] = {}  # id(flow) -> (flow, netlog handle)
-        self._waiting: dict[
-            asyncio.Task[None], None
-        ] = {}  # first record not read yet, oldest first
-        self._evicted: set[asyncio.Task[None]] = set()
+        self._conns: set[_Conn] = set()  # TCP flows not relayed yet
+        self._waiting: dict[_Conn, None] = {}  # first record not read yet, oldest first
         self._udp: dict[_UdpKey, _UdpFlow] = {}
         self.rate_limited = 0  # connections reset by the accept-rate or DNS-over-TCP cap
         self._dns_tcp_open = 0
         self._closed = False
+        self.poller: Poller | None = None  # the TCP flows' readiness, from start()
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
         loop = asyncio.get_running_loop()
+        self.poller = Poller(loop)
+        lim = self.limits
+        self._server_first = Deadlines(loop, lim.server_first_wait, _Conn._quiet)
+        self._first_record = Deadlines(loop, lim.first_record_timeout, _Conn._quiet)
+        self._dials = Deadlines(loop, lim.connect_timeout, _Conn._dial_late)
+        self._idle_checks = Deadlines(
+            loop, relay.idle_tick(lim.idle_timeout), relay.Flow._check_idle
+        )
         for name, sock in self.listeners.items():
             sock.setblocking(False)
             if name in ("tcp4", "tcp6"):
-                self._spawn(self._accept_loop(sock, self._tcp_flow))
+                self._listen(sock)
             elif name in ("dns_tcp4", "dns_tcp6"):
                 self._spawn(self._accept_loop(sock, self._dns_tcp))
             elif name in ("dns_udp4", "dns_udp6"):
@@ -204,8 +478,15 @@ class Gateway:
             if name.startswith(("udp", "dns_udp", "nflog")):
                 with contextlib.suppress(ValueError, OSError):
                     loop.remove_reader(sock.fileno())
+        for conn in list(self._conns):
+            conn.abort()
         for flow, _ in list(self._flows.values()):
             flow.abort()
+        if self.poller is not None:
+            self.poller.close()  # the TCP listeners' interest with it
+            for queue in (self._server_first, self._first_record, self._dials):
+                queue.close()
+            self._idle_checks.close()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -313,15 +594,42 @@ class Gateway:
                 continue
             self._spawn(handler(client))
 
-    async def _tcp_flow(self, client: socket.socket) -> None:
+    def _tcp_acceptable(self, listener: socket.socket) -> None:
+        """The listener is readable: take what is queued (a burst at most per wake-up,
+        so other flows get their turn), each connection decided without a task."""
+        for _ in range(ACCEPT_BATCH):
+            try:
+                client, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # EMFILE and friends: back off rather than spin
+                log.warning("gateway accept: %s", e.strerror)
+                assert self.poller is not None
+                self.poller.remove_reader(listener.fileno())
+                asyncio.get_running_loop().call_later(0.1, self._listen, listener)
+                return
+            client.setblocking(False)
+            if not self._accepts.take():
+                relay.reset(client)
+                self.rate_limited += 1  # counted, not logged one by one: it is a flood
+                continue
+            self._tcp_flow(client)
+
+    def _listen(self, listener: socket.socket) -> None:
+        if not self._closed and self.poller is not None:
+            self.poller.add_reader(
+                listener.fileno(), functools.partial(self._tcp_acceptable, listener)
+            )
+
+    def _tcp_flow(self, client: socket.socket) -> None:
         try:
             addr, port = client.getsockname()[:2]
         except OSError:
             client.close()
             return
-        ip = ipaddress.ip_address(addr)
+        ip = _ip(addr)
         addr = str(ip)
-        if len(self._flows) + len(self._waiting) >= self.limits.flows:
+        if len(self._flows) + len(self._conns) >= self.limits.flows:
             self._deny(
                 client,
                 "tcp",
@@ -336,116 +644,53 @@ class Gateway:
         if v.allow:
             v = _not_this_machine(ip)
         if v.allow:
-            names = self.bindings.names(ip)
-            v = self.policy.tcp_connect(ip, port, names)
+            v = self.policy.tcp_connect(ip, port, self.bindings.names(ip))
         if not v.allow:
             self._deny(client, "tcp", addr, port, v)
             return
         if len(self._waiting) >= self.limits.pending:
             # The oldest waiter makes room: stalled clients (a ClientHello never
             # finished) cannot keep a session's real connections out for the timeout.
-            oldest = next(iter(self._waiting))
-            self._evicted.add(oldest)
-            oldest.cancel()
-        names = self.bindings.hold(ip)
-        try:
-            await self._tcp_checked(client, ip, addr, port, names)
-        finally:
-            self.bindings.release(ip)
-
-    async def _tcp_checked(
-        self, client: socket.socket, ip: Address, addr: str, port: int, names: frozenset[str]
-    ) -> None:
-        host = min(names) if names else None
-        opaque = self.policy.tcp_opaque(ip, port, names)
-        # Server-first protocols (SSH, SMTP …) and public mode: dial as soon as the
-        # address passes; client bytes are still held until their first record is read.
-        dial = asyncio.create_task(self._dial(ip, port)) if opaque.allow else None
-        v, data, name = await self._first_record(client, ip, port, names, opaque, dial)
-        if not v.allow or data is None:
-            if dial is not None:
-                dial.cancel()
-                with contextlib.suppress(BaseException):
-                    (await dial).close()
-            if data is None:  # the client closed without a byte
-                client.close()
-                return
-            self._deny(client, "tcp", addr, port, v, host=host, name=name)
-            return
-        try:
-            upstream = await (dial or self._dial(ip, port))
-        except OSError as e:
-            relay.reset(client)  # the sandbox learns at once, as from the real peer
-            self.netlog.conn(
-                self._t_ms(), "tcp", "error", addr, port, host, name, f"upstream: {e.strerror or e}"
-            )
-            return
-        handle = self._decide("tcp", addr, port, v, host=host, name=name)
-        await self._relay_tcp(client, upstream, data, handle, addr, port, host)
-
-    async def _first_record(
-        self,
-        client: socket.socket,
-        ip: Address,
-        port: int,
-        names: frozenset[str],
-        opaque: Verdict,
-        dial: asyncio.Task[socket.socket] | None,
-    ) -> tuple[Verdict, bytes | None, str | None]:
-        """The verdict on the client's first record, the bytes read, the name they
-        carry. One of the oldest waiting when too many wait is evicted (refused)."""
-        me = asyncio.current_task()
-        assert me is not None
-        self._waiting[me] = None
-        try:
-            first, data = await first_record(
-                client, self.limits.server_first_wait if dial else self.limits.first_record_timeout
-            )
-            v, name = self._judge(first, data, ip, port, names, opaque)
-            return v, data, name
-        except asyncio.CancelledError:
-            if me not in self._evicted:  # the gateway is closing
-                relay.reset(client)
-                if dial is not None:
-                    dial.cancel()
-                raise
-            self._evicted.discard(me)
-            me.uncancel()
             why = (
                 "the oldest of too many connections waiting for "
                 f"their first record ({self.limits.pending})"
             )
-            return Verdict(False, "net.sni", why), b"", None
-        finally:
-            self._waiting.pop(me, None)
+            next(iter(self._waiting)).decided(Verdict(False, "net.sni", why), b"", None)
+        names = self.bindings.hold(ip)
+        opaque = self.policy.tcp_opaque(ip, port, names)
+        _Conn(self, client, ip, addr, port, names, opaque).start()
 
-    async def _relay_tcp(
-        self,
-        client: socket.socket,
-        upstream: socket.socket,
-        data: bytes,
-        handle: int,
-        addr: str,
-        port: int,
-        host: str | None,
-    ) -> None:
+    def _tcp_allowed(self, conn: _Conn, upstream: socket.socket) -> None:
+        """Upstream connected and the first record allowed: relay."""
+        assert conn.verdict is not None
+        handle = self._decide(
+            "tcp", conn.addr, conn.port, conn.verdict, host=conn.host, name=conn.name
+        )
         flow = relay.Flow(
-            client, upstream, idle_timeout=self.limits.idle_timeout, initial_a_to_b=data
+            conn.client,
+            upstream,
+            idle_timeout=self.limits.idle_timeout,
+            initial_a_to_b=conn.data,
+            poller=self.poller,
+            idle_checks=self._idle_checks,
         )
         self._flows[id(flow)] = (flow, handle)
-        try:
-            reason = await flow.run()
-        finally:
-            del self._flows[id(flow)]
-            self.netlog.update(handle, flow.counters.up, flow.counters.down, final=True)
+        flow.start(functools.partial(self._relayed, flow, handle, conn))
+
+    def _relayed(
+        self, flow: relay.Flow, handle: int, conn: _Conn, reason: relay.CloseReason
+    ) -> None:
+        del self._flows[id(flow)]
+        self.bindings.release(conn.ip)
+        self.netlog.update(handle, flow.counters.up, flow.counters.down, final=True)
         self.on_event(
             {
                 "layer": "net.tcp",
                 "proto": "tcp",
                 "verdict": "close",
-                "addr": addr,
-                "port": port,
-                "host": host,
+                "addr": conn.addr,
+                "port": conn.port,
+                "host": conn.host,
                 "up": flow.counters.up,
                 "down": flow.counters.down,
                 "reason": reason.value,
@@ -475,23 +720,6 @@ class Gateway:
         return Verdict(
             False, "net.sni", f"no complete TLS or HTTP first record within {waited:g}s"
         ), None
-
-    async def _dial(self, ip: Address, port: int) -> socket.socket:
-        family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
-        sock = socket.socket(
-            family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
-        )
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            async with asyncio.timeout(self.limits.connect_timeout):
-                await asyncio.get_running_loop().sock_connect(sock, (str(ip), port))
-        except TimeoutError:
-            sock.close()
-            raise OSError(f"no answer within {self.limits.connect_timeout:g}s") from None
-        except BaseException:
-            sock.close()
-            raise
-        return sock
 
     def _deny(
         self,
@@ -566,11 +794,21 @@ class Gateway:
 
     def _dns_udp_readable(self, sock: socket.socket) -> None:
         dgram = self._datagram(sock, 4096, "dns")
-        if dgram is not None:
-            self._spawn(self._dns_udp_answer(sock, dgram))
+        if dgram is None:
+            return
+        # What needs no upstream (the cache above all) is answered now, without a task.
+        now = self.dns.answer_now(dgram.data, tcp=False, session=self.dns_session)
+        if isinstance(now, AskUpstream):
+            self._spawn(self._dns_udp_answer(sock, dgram, now))
+        else:
+            self._dns_udp_send(sock, dgram, now)
 
-    async def _dns_udp_answer(self, sock: socket.socket, dgram: _Dgram) -> None:
-        wire = await self.dns.answer(dgram.data, tcp=False, session=self.dns_session)
+    async def _dns_udp_answer(self, sock: socket.socket, dgram: _Dgram, ask: AskUpstream) -> None:
+        wire = await self.dns.answer_upstream(ask, self.dns_session)
+        self._dns_udp_send(sock, dgram, wire)
+
+    @staticmethod
+    def _dns_udp_send(sock: socket.socket, dgram: _Dgram, wire: bytes | None) -> None:
         if wire is not None:
             with contextlib.suppress(OSError, ValueError):
                 udpsock.send_from(sock, wire, dgram.dst, dgram.src)

@@ -87,6 +87,9 @@ def _norm(name: str) -> str:
     return name.strip().lower().removesuffix(".")
 
 
+_ADDRESS_CACHE = 4096  # addresses whose verdict a policy keeps
+
+
 @dataclass(frozen=True)
 class NetPolicy:
     """The network policy of one run. Build it with ``from_spec``."""
@@ -98,6 +101,11 @@ class NetPolicy:
     # from_spec; left out of the hash since a dict has none.
     exact: dict[str, _Ports] = field(default_factory=dict, hash=False)
     wildcards: dict[str, _Ports] = field(default_factory=dict, hash=False)
+    # address → its range verdict: asked several times per flow (accept, first record)
+    # and the same few addresses recur; the ranges and exceptions never change.
+    _by_address: dict[Address | str, Verdict] = field(
+        default_factory=dict, init=False, compare=False, hash=False, repr=False
+    )
 
     @classmethod
     def from_spec(
@@ -191,8 +199,14 @@ class NetPolicy:
 
     def address(self, ip: Address | str) -> Verdict:
         """The range check alone (every mode): also what filters DNS answers (rebinding)."""
-        reason = self.address_denied(ip)
-        return Verdict(False, IP, reason) if reason else Verdict(True, IP)
+        v = self._by_address.get(ip)
+        if v is None:
+            reason = self.address_denied(ip)
+            v = Verdict(False, IP, reason) if reason else Verdict(True, IP)
+            if len(self._by_address) >= _ADDRESS_CACHE:
+                self._by_address.clear()
+            self._by_address[ip] = v
+        return v
 
     def address_denied(self, ip: Address | str) -> str | None:
         """Why ``ip`` is refused by range, or None (``dnsfilter.DnsPolicy``'s question)."""

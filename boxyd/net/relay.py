@@ -28,11 +28,15 @@ import asyncio
 import contextlib
 import enum
 import fcntl
+import functools
 import os
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
+
+from boxyd.net.poller import Deadlines, Poller
 
 Mode = Literal["auto", "copy", "splice"]
 
@@ -82,6 +86,15 @@ def reset(sock: socket.socket) -> None:
     sock.close()
 
 
+class Readiness(Protocol):
+    """The readiness calls of an asyncio loop that a flow uses (a Poller has them too)."""
+
+    def add_reader(self, fd: int, callback: Callable[[], object], /) -> object: ...
+    def remove_reader(self, fd: int, /) -> bool: ...
+    def add_writer(self, fd: int, callback: Callable[[], object], /) -> object: ...
+    def remove_writer(self, fd: int, /) -> bool: ...
+
+
 class _Pipes:
     in_use = 0  # bytes of pipe this process holds for splicing
 
@@ -91,7 +104,7 @@ class _Direction:
 
     __slots__ = (
         "flow",
-        "loop",
+        "ready",
         "src",
         "dst",
         "src_fd",
@@ -126,7 +139,7 @@ class _Direction:
         initial: bytes,
     ) -> None:
         self.flow = flow
-        self.loop: asyncio.AbstractEventLoop = flow.loop  # type: ignore[assignment]
+        self.ready: Readiness = flow.ready  # type: ignore[assignment]
         self.src, self.dst = src, dst
         self.src_fd, self.dst_fd = src.fileno(), dst.fileno()
         self.up = up
@@ -254,6 +267,19 @@ class _Direction:
 
     # -- driving ---------------------------------------------------------------
 
+    def begin(self) -> None:
+        """The first step: pass the initial bytes on, then wait for readiness. A read
+        now would mostly find nothing (the client waits for an answer, the server has
+        not sent one yet) and cost a syscall and an exception per direction."""
+        if self.flow.finished:
+            return
+        try:
+            self._drain()
+        except OSError as e:
+            self.flow._fail(self.dst, e)
+            return
+        self._interest()
+
     def on_readable(self) -> None:
         self.step()
 
@@ -298,24 +324,24 @@ class _Direction:
         want_write = self.dst_blocked and not self.done
         if want_read != self.reading:
             if want_read:
-                self.loop.add_reader(self.src_fd, self.on_readable)
+                self.ready.add_reader(self.src_fd, self.on_readable)
             else:
-                self.loop.remove_reader(self.src_fd)
+                self.ready.remove_reader(self.src_fd)
             self.reading = want_read
         if want_write != self.writing:
             if want_write:
-                self.loop.add_writer(self.dst_fd, self.on_writable)
+                self.ready.add_writer(self.dst_fd, self.on_writable)
             else:
-                self.loop.remove_writer(self.dst_fd)
+                self.ready.remove_writer(self.dst_fd)
             self.writing = want_write
 
     def close(self) -> None:
         """Unregister and close the pipe; safe to call more than once."""
         if self.reading:
-            self.loop.remove_reader(self.src_fd)
+            self.ready.remove_reader(self.src_fd)
             self.reading = False
         if self.writing:
-            self.loop.remove_writer(self.dst_fd)
+            self.ready.remove_writer(self.dst_fd)
             self.writing = False
         self._close_pipe()
         self.buf = self.view = None
@@ -338,9 +364,19 @@ class Flow:
         idle_timeout: float,
         initial_a_to_b: bytes = b"",
         mode: Mode = "auto",
+        poller: Poller | None = None,
+        idle_checks: Deadlines[Flow] | None = None,
     ) -> None:
+        """POLLER: where readiness is asked for (boxyd.net.poller; the loop's own
+        add_reader and friends by default). IDLE_CHECKS: a queue of idle checks
+        shared by flows of this idle timeout, its delay a quarter of it (one timer
+        for all of them instead of one each)."""
         if idle_timeout <= 0:
             raise ValueError(f"idle_timeout must be positive, got {idle_timeout!r}")
+        if idle_checks is not None and idle_checks.delay != idle_tick(idle_timeout):
+            raise ValueError(
+                f"idle_checks: delay {idle_checks.delay!r} is not a quarter of the idle timeout"
+            )
         if a.fileno() == b.fileno():
             raise ValueError("a flow needs two different sockets")
         self.a, self.b = a, b
@@ -352,35 +388,58 @@ class Flow:
         self._initial = bytes(initial_a_to_b)
         self._mode: Mode = mode
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._poller = poller
+        self._idle_checks = idle_checks
+        self.ready: Readiness | None = None
         self._dirs: tuple[_Direction, _Direction] | None = None
-        self._future: asyncio.Future[CloseReason] | None = None
+        self._started = False
+        self._on_done: Callable[[CloseReason], None] | None = None
         self._idle_handle: asyncio.TimerHandle | None = None
         self._idle_seen = -1
         self._idle_since = 0.0
 
     async def run(self) -> CloseReason:
         """Relay until both directions are done or the flow fails; returns why it ended."""
-        if self._future is not None:
+        if self._started:
             raise RuntimeError("Flow.run() may be awaited only once")
-        self.loop = asyncio.get_running_loop()
-        self._future = self.loop.create_future()
+        future: asyncio.Future[CloseReason] = asyncio.get_running_loop().create_future()
+        self.start(functools.partial(_settle, future))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.abort()
+            raise
+
+    def start(self, on_done: Callable[[CloseReason], None]) -> None:
+        """Relay from now on and call ON_DONE(reason) once, when the flow ends: the
+        callback form of :meth:`run`, for a caller that keeps no task per flow. ON_DONE
+        may be called before this returns (a flow aborted already, a peer gone)."""
+        if self._started:
+            raise RuntimeError("a Flow is started only once")
+        self._started = True
+        self._on_done = on_done
+        if self._poller is not None:  # (its loop: asking asyncio costs a getpid())
+            self.loop, self.ready = self._poller.loop, self._poller
+        else:
+            self.loop = asyncio.get_running_loop()
+            self.ready = self.loop
         if self.finished:  # aborted before it started
             self._close_sockets(reset_them=True)
-            return self.reason  # type: ignore[return-value]
+            self._done()
+            return
         for s in (self.a, self.b):
-            s.setblocking(False)
+            if s.gettimeout() != 0.0:  # (a syscall each, so only when not already)
+                s.setblocking(False)
         ab = _Direction(self, self.a, self.b, True, self._mode, self._initial)
         ba = _Direction(self, self.b, self.a, False, self._mode, b"")
         self._dirs = (ab, ba)
         self._idle_since = self.loop.time()
-        self._idle_handle = self.loop.call_later(self._idle_tick(), self._check_idle)
-        ab.step()
-        ba.step()
-        try:
-            return await self._future
-        except asyncio.CancelledError:
-            self.abort()
-            raise
+        if self._idle_checks is not None:
+            self._idle_checks.add(self)
+        else:
+            self._idle_handle = self.loop.call_later(self._idle_tick(), self._check_idle)
+        ab.begin()
+        ba.begin()
 
     def abort(self) -> None:
         """End the flow now with a reset on both sides (e.g. the session stopped)."""
@@ -389,9 +448,7 @@ class Flow:
     # -- endings -----------------------------------------------------------------
 
     def _idle_tick(self) -> float:
-        # Checking a few times per timeout bounds the overshoot to a quarter of
-        # it, at no cost per byte moved (the counters are only compared here).
-        return max(self.idle_timeout / 4, 0.01)
+        return idle_tick(self.idle_timeout)
 
     def _check_idle(self) -> None:
         if self.finished:
@@ -406,6 +463,9 @@ class Flow:
         elif now - self._idle_since >= self.idle_timeout - 0.001:
             self._finish(CloseReason.IDLE, reset_them=True)
             return
+        if self._idle_checks is not None:  # a tick late at most, as said
+            self._idle_checks.add(self)
+            return
         due = min(now + self._idle_tick(), self._idle_since + self.idle_timeout)
         self._idle_handle = self.loop.call_at(due, self._check_idle)
 
@@ -415,7 +475,7 @@ class Flow:
         self._finish(reason, reset_them=True)
 
     def _direction_done(self) -> None:
-        if self._dirs is not None and all(d.done for d in self._dirs):
+        if self._dirs is not None and self._dirs[0].done and self._dirs[1].done:
             self._finish(CloseReason.DONE, reset_them=False)
 
     def _finish(self, reason: CloseReason, *, reset_them: bool) -> None:
@@ -429,11 +489,15 @@ class Flow:
         if self._dirs is not None:
             for d in self._dirs:
                 d.close()
-        if self._future is None:
-            return  # not started: run() closes the sockets when it is awaited
+        if not self._started:
+            return  # start() closes the sockets when it is called
         self._close_sockets(reset_them)
-        if not self._future.done():
-            self._future.set_result(reason)
+        self._done()
+
+    def _done(self) -> None:
+        on_done, self._on_done = self._on_done, None
+        if on_done is not None:
+            on_done(self.reason)  # type: ignore[arg-type]
 
     def _close_sockets(self, reset_them: bool) -> None:
         for s in (self.a, self.b):
@@ -441,6 +505,18 @@ class Flow:
                 reset(s)
             else:
                 s.close()
+
+
+def idle_tick(idle_timeout: float) -> float:
+    """How often a flow checks for idleness. A few times per timeout bounds the
+    overshoot to a quarter of it, at no cost per byte moved (the counters are only
+    compared then)."""
+    return max(idle_timeout / 4, 0.01)
+
+
+def _settle(future: asyncio.Future[CloseReason], reason: CloseReason) -> None:
+    if not future.done():  # (cancelled: run() is aborting the flow)
+        future.set_result(reason)
 
 
 async def pump(

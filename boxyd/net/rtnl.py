@@ -203,6 +203,7 @@ class Rtnl:
 
 
 RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR = 0x10, 0x100
+_ADDRESS = (ipaddress.IPv4Address, ipaddress.IPv6Address)
 
 
 class LocalAddresses:
@@ -238,7 +239,7 @@ class LocalAddresses:
                 changed = True
 
     def __contains__(self, ip: object) -> bool:
-        addr = ipaddress.ip_address(str(ip))
+        addr = ip if isinstance(ip, _ADDRESS) else ipaddress.ip_address(str(ip))
         if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
             addr = addr.ipv4_mapped
         if self._changed() or self._addrs is None:

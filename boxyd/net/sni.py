@@ -535,6 +535,9 @@ def _authority(raw: bytes, what: str, *, need_port: bool = False) -> tuple[str |
     return name, key
 
 
+_DIGITS_DOTS = "0123456789."
+
+
 def _host_name(raw: bytes, what: str) -> str | None:
     """A DNS host name, normalised; None for an IP literal; _Bad for anything else."""
     try:
@@ -544,12 +547,15 @@ def _host_name(raw: bytes, what: str) -> str | None:
     name = text.lower().removesuffix(".")
     if not name:
         raise _Bad(f"{what}: empty host name")
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        pass
-    else:
-        return None
+    # (a name with no colon and a byte other than digits and dots is no address:
+    # ip_address would only raise, which costs more than the check)
+    if ":" in name or not name.strip(_DIGITS_DOTS):
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            pass
+        else:
+            return None
     labels = name.split(".")
     if (
         len(name) > 253

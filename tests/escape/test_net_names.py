@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from boxyd.net.gateway import Limits
 from tests.conftest import BIN, NetBoxy, User
 from tests.escape.netutil import (
     NetRun,
@@ -827,6 +828,102 @@ def test_ports_opaque_never_dialled(port_runs: dict[str, NetRun]) -> None:
     with www.boxy.test:2222 it did (the positive control)."""
     assert events(port_runs["global-2222"], "www", kind="banner") == []
     assert len(events(port_runs["explicit-2222"], "www", kind="banner")) == 1
+
+
+# --- fair share: clients that never finish their first record ---------------------------------
+
+FAIR_BODY = r"""
+WWW4 = %(www)r
+resolve("www.boxy.test")
+stalled = [socket.create_connection((WWW4, 443), timeout=5) for _ in range(%(pending)d)]
+time.sleep(0.2)  # every one of them accepted and waiting
+t0 = time.monotonic()
+one_more = socket.create_connection((WWW4, 443), timeout=5)
+stalled[0].settimeout(5)
+try:
+    outcome = "data" if stalled[0].recv(1) else "closed"
+except ConnectionResetError:
+    outcome = "reset"
+except OSError as e:
+    outcome = ename(e)
+report("oldest", outcome, ms=_ms(t0))
+stalled[1].settimeout(0.5)
+try:
+    outcome = "data" if stalled[1].recv(1) else "closed"
+except socket.timeout:
+    outcome = "waiting"
+except OSError as e:
+    outcome = ename(e)
+report("second-oldest", outcome)
+get = b"GET / HTTP/1.1\r\nHost: www.boxy.test\r\nConnection: close\r\n\r\n"
+report("real", tcp(WWW4, 80, timeout=5, send=get))
+print("DONE", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def fair_run(topology: Any, user: User) -> Iterator[NetRun]:
+    with probe_dir(topology, user, "fair") as wd:
+        body = FAIR_BODY % {"www": WWW.v4, "pending": Limits().pending}
+        name = script(wd, user, "fair.py", body)
+        yield run_probes(
+            topology, user, wd, "-v", "--net", "allowlist", "--allow-host", "www.boxy.test",
+            cmd=["python3", name],
+        )  # fmt: skip
+
+
+def test_stalled_first_records_cannot_keep_a_sessions_connections_out(fair_run: NetRun) -> None:
+    """A session's cap on connections still waiting for their first record: one
+    more makes the oldest waiter go (reset at once, not after the 10 s timeout), the
+    next oldest keeps waiting, and a real request gets through."""
+    assert_clean(fair_run)
+    oldest = probe(fair_run, "oldest")
+    assert oldest["outcome"] == "reset", fair_run.describe("oldest")
+    assert oldest["ms"] < 3000, fair_run.describe("oldest")
+    assert probe(fair_run, "second-oldest")["outcome"] == "waiting", fair_run.describe()
+    real = probe(fair_run, "real")
+    assert real["outcome"] == "answered" and " 200 " in real["data"], fair_run.describe("real")
+    assert "the oldest of too many connections waiting for their first record" in (
+        fair_run.stderr
+    ), fair_run.stderr
+
+
+# --- an upstream that refuses -----------------------------------------------------------------
+
+UPSTREAM_BODY = r"""
+get = b"GET / HTTP/1.1\r\nHost: www.boxy.test\r\nConnection: close\r\n\r\n"
+report("closed-port", tcp(%(www)r, 9, timeout=5, send=get))
+report("open-port", tcp(%(www)r, 80, timeout=5, send=get))
+print("DONE", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def upstream_run(topology: Any, user: User) -> Iterator[tuple[NetRun, dict[str, Any]]]:
+    with probe_dir(topology, user, "upstream") as wd:
+        name = script(wd, user, "upstream.py", UPSTREAM_BODY % {"www": WWW.v4})
+        netlog = wd / "net.json"
+        run = run_probes(
+            topology, user, wd, "--net", "public", "--net-log", str(netlog), cmd=["python3", name]
+        )
+        yield run, json.loads(netlog.read_text())
+
+
+def test_an_upstream_that_refuses_resets_the_client_and_is_logged(
+    upstream_run: tuple[NetRun, dict[str, Any]],
+) -> None:
+    """The gateway's dial is refused (nothing listens on www's port 9): the sandbox's
+    connection, already accepted, is reset at once, as by the real peer, and the
+    net log says why; the open port of the same host is relayed as usual."""
+    run, doc = upstream_run
+    assert_clean(run)
+    assert probe(run, "closed-port")["outcome"] == "reset", run.describe("closed-port")
+    assert probe(run, "open-port")["outcome"] == "answered", run.describe("open-port")
+    conns = [dict(zip(doc["conn_fields"], row, strict=True)) for row in doc["conns"]]
+    errors = [c for c in conns if c["verdict"] == "error"]
+    assert [c["port"] for c in errors] == [9], conns
+    assert doc["strings"][errors[0]["reason"]] == "upstream: Connection refused", doc
+    assert [c["port"] for c in conns if c["verdict"] == "allow"] == [80], conns
 
 
 # --- the ClientHello on the wire: split, ECH ----------------------------------------------------

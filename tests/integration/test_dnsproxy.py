@@ -555,6 +555,35 @@ async def test_replayed_answers_keep_the_id_renew_bindings_and_expire(
     assert len(server.seen) == 2  # expired: asked upstream again
 
 
+async def test_a_cached_answer_needs_no_task_and_keeps_the_checks(
+    proxy: DnsProxy, server: AuthServer
+) -> None:
+    """answer_now (the gateway's path for every UDP query): a query the cache holds is
+    answered at once, with its own id, counted and rate-limited like any other; one
+    it does not hold is left to upstream; garbage and responses as answer() has them."""
+    session = DnsSession(Policy())
+    q = dns.message.make_query("www.ok.test", "A")
+    ask = proxy.answer_now(q.to_wire(), tcp=False, session=session)
+    assert isinstance(ask, dnsproxy.AskUpstream), ask
+    first = dns.message.from_wire(await proxy.answer_upstream(ask, session))
+    again = dns.message.make_query("www.ok.test", "A")
+    again.id = (q.id + 7) % 65536
+    now = proxy.answer_now(again.to_wire(), tcp=False, session=session)
+    assert isinstance(now, bytes)
+    b = dns.message.from_wire(now)
+    assert b.id == again.id and addresses(b) == addresses(first)
+    assert len(server.seen) == 1 and session.stats.queries == 2
+    session.limiter.tokens = 0.0
+    session.limiter.rate = 1e-9  # nothing comes back during the test
+    refused = proxy.answer_now(again.to_wire(), tcp=False, session=session)
+    assert isinstance(refused, bytes)
+    assert dns.message.from_wire(refused).rcode() == dns.rcode.REFUSED
+    assert session.stats.rate_limited == 1 and session.stats.queries == 3
+    assert proxy.answer_now(b"\x01\x02\x03", tcp=False, session=session) is None
+    assert proxy.answer_now(first.to_wire(), tcp=False, session=session) is None  # a response
+    assert session.stats.malformed == 1
+
+
 async def test_sessions_do_not_share_replays(proxy: DnsProxy, server: AuthServer) -> None:
     q = dns.message.make_query("www.ok.test", "A").to_wire()
     for _ in range(2):

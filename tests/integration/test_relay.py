@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hashlib
 import os
 import socket
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 import pytest
 
 from boxyd.net import relay
+from boxyd.net.poller import Deadlines, Poller
 from boxyd.net.relay import CloseReason, Counters, Flow, pump
 
 MODES = ["auto", "copy", "splice"]
@@ -276,12 +278,18 @@ def test_reset_helper_sends_rst() -> None:
 # -- idle, abort, initial bytes -------------------------------------------------------
 
 
+@pytest.mark.parametrize("checks", ["own timer", "shared queue"])
 @pytest.mark.parametrize("mode", ["copy", "splice"])
-async def test_idle_flow_is_reset_after_the_bound(topo: Topology, mode: str) -> None:
+async def test_idle_flow_is_reset_after_the_bound(topo: Topology, mode: str, checks: str) -> None:
+    """With its own timer, or with a queue of idle checks shared by many flows (the
+    gateway's)."""
     idle = 0.4
-    task = asyncio.ensure_future(
-        pump(topo.a, topo.b, counters=Counters(), idle_timeout=idle, mode=mode)
-    )  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    queue = (
+        Deadlines(loop, relay.idle_tick(idle), Flow._check_idle) if checks != "own timer" else None
+    )
+    flow = Flow(topo.a, topo.b, idle_timeout=idle, mode=mode, idle_checks=queue)  # type: ignore[arg-type]
+    task = asyncio.ensure_future(flow.run())
     # Traffic keeps it alive well past the bound...
     for i in range(8):
         if i:
@@ -397,11 +405,12 @@ def _loop_registrations(loop: asyncio.AbstractEventLoop) -> int:
     return len(selector.get_map())
 
 
-async def _short_flow(i: int) -> CloseReason:
+async def _short_flow(i: int, poller: Poller | None = None) -> CloseReason:
     """One flow, ending in one of the ways a flow ends (by i)."""
     t = Topology()
     try:
-        flow = Flow(t.a, t.b, idle_timeout=0.2 if i % 5 == 4 else 30, mode=MODES[i % 3])  # type: ignore[arg-type]
+        idle = 0.2 if i % 5 == 4 else 30
+        flow = Flow(t.a, t.b, idle_timeout=idle, mode=MODES[i % 3], poller=poller)  # type: ignore[arg-type]
         task = asyncio.ensure_future(flow.run())
         kind = i % 5
         payload = b"q" * (300_000 if i % 7 == 0 else 100)  # some flows switch to splice
@@ -423,31 +432,39 @@ async def _short_flow(i: int) -> CloseReason:
         t.close_peers()
 
 
-async def test_no_fd_or_callback_leak_over_1000_flows() -> None:
+@pytest.mark.parametrize("ready", ["loop", "poller"])
+async def test_no_fd_or_callback_leak_over_1000_flows(ready: str) -> None:
+    """Through the loop's add_reader or the gateway's own epoll set (poller.py)."""
     loop = asyncio.get_running_loop()
-    await _short_flow(0)  # warm up lazily created fds (thread pool, self-pipe)
+    poller = Poller(loop) if ready == "poller" else None
+    await _short_flow(0, poller)  # warm up lazily created fds (thread pool, self-pipe)
+    gc.collect()  # sockets earlier tests dropped unclosed must not close during this one
     fds, regs = fd_count(), _loop_registrations(loop)
     reasons: list[CloseReason] = []
     for start in range(0, 1000, 50):
-        reasons += await asyncio.gather(*(_short_flow(i) for i in range(start, start + 50)))
+        reasons += await asyncio.gather(*(_short_flow(i, poller) for i in range(start, start + 50)))
     assert set(reasons) == set(CloseReason), "every way of ending was exercised"
     assert fd_count() == fds
     assert _loop_registrations(loop) == regs
     assert relay._Pipes.in_use == 0
+    if poller is not None:
+        assert len(poller) == 0, "every flow dropped its interest"
+        poller.close()
 
 
-async def test_200_parallel_flows() -> None:
+@pytest.mark.parametrize("ready", ["loop", "poller"])
+async def test_200_parallel_flows(ready: str) -> None:
     n, size = 200, 512 * 1024
     topos = [Topology() for _ in range(n)]
     session = Counters()
+    loop = asyncio.get_running_loop()
+    poller = Poller(loop) if ready == "poller" else None
     try:
-        loop = asyncio.get_running_loop()
         for t in topos:
             for s in (t.client, t.server):
                 s.setblocking(False)
-        tasks = [
-            asyncio.ensure_future(pump(t.a, t.b, counters=session, idle_timeout=30)) for t in topos
-        ]
+        flows = [Flow(t.a, t.b, counters=session, idle_timeout=30, poller=poller) for t in topos]
+        tasks = [asyncio.ensure_future(f.run()) for f in flows]
 
         async def peer_pair(i: int, t: Topology) -> None:
             up = b"".join(stream(i, size))
@@ -472,6 +489,8 @@ async def test_200_parallel_flows() -> None:
         assert set(await asyncio.gather(*tasks)) == {CloseReason.DONE}
         assert (session.up, session.down) == (n * size, n * size)
     finally:
+        if poller is not None:
+            poller.close()
         for t in topos:
             t.close_peers()
             for s in (t.a, t.b):
@@ -479,13 +498,47 @@ async def test_200_parallel_flows() -> None:
                     s.close()
 
 
-def test_bad_arguments_are_refused() -> None:
+async def test_bad_arguments_are_refused() -> None:
     c, s = tcp_pair()
     try:
         with pytest.raises(ValueError, match="idle_timeout"):
             Flow(c, s, idle_timeout=0)
+        queue = Deadlines(asyncio.get_running_loop(), 1.0, Flow._check_idle)
+        with pytest.raises(ValueError, match="a quarter of the idle timeout"):
+            Flow(c, s, idle_timeout=1.0, idle_checks=queue)
         with pytest.raises(ValueError, match="two different sockets"):
             Flow(c, c, idle_timeout=1)
     finally:
         c.close()
         s.close()
+
+
+async def test_start_calls_back_once_without_a_task(topo: Topology) -> None:
+    """The callback form the gateway uses: ON_DONE once, with the reason."""
+    done: list[CloseReason] = []
+    flow = Flow(topo.a, topo.b, idle_timeout=30)
+    flow.start(done.append)
+    topo.client.sendall(b"ping")
+    assert await asyncio.to_thread(_recv_exactly, topo.server, 4) == b"ping"
+    topo.client.shutdown(socket.SHUT_WR)
+    topo.server.shutdown(socket.SHUT_WR)
+    for _ in range(500):
+        if done:
+            break
+        await asyncio.sleep(0.01)
+    assert done == [CloseReason.DONE]
+    assert topo.a.fileno() == -1 and topo.b.fileno() == -1
+    with pytest.raises(RuntimeError, match="only once"):
+        flow.start(done.append)
+
+
+async def test_aborted_before_start_calls_back_at_once(topo: Topology) -> None:
+    flow = Flow(topo.a, topo.b, idle_timeout=30)
+    flow.abort()
+    done: list[CloseReason] = []
+    flow.start(done.append)
+    assert done == [CloseReason.ABORTED]
+    assert topo.a.fileno() == -1 and topo.b.fileno() == -1
+    topo.client.settimeout(5)
+    with pytest.raises(ConnectionResetError):
+        topo.client.recv(1)

@@ -22,12 +22,15 @@ is a protocol error, and every fd received with it is closed.
 
 from __future__ import annotations
 
+# _socket: the socket module's own class and constants, without the enums that
+# module builds on import (3 ms of every client start); socket.socket is a subclass,
+# so the daemon's sockets pass wherever these functions take one.
+import _socket
 import array
 import contextlib
 import errno
 import json
 import os
-import socket
 import struct
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -42,7 +45,7 @@ MAX_MESSAGE = 16 << 20  # bytes, NUL excluded: an ARG_MAX-sized argv (2 MiB) fit
 MAX_FDS = 8  # per message
 RECV_SIZE = 64 * 1024
 _FD_SIZE = array.array("i").itemsize
-_ANC_SPACE = socket.CMSG_SPACE(MAX_FDS * _FD_SIZE)
+_ANC_SPACE = _socket.CMSG_SPACE(MAX_FDS * _FD_SIZE)
 _UCRED = struct.Struct("3i")
 
 
@@ -159,33 +162,33 @@ class Decoder:
         self._scanned = 0
 
 
-def recv_with_fds(sock: socket.socket, size: int = RECV_SIZE) -> tuple[bytes, list[int]]:
+def recv_with_fds(sock: _socket.socket, size: int = RECV_SIZE) -> tuple[bytes, list[int]]:
     """One recvmsg with MSG_CMSG_CLOEXEC. b"" means EOF. May raise BlockingIOError on
     a non-blocking socket; raises ProtocolError (fds closed) on truncated control data."""
-    data, anc, flags, _ = sock.recvmsg(size, _ANC_SPACE, socket.MSG_CMSG_CLOEXEC)
+    data, anc, flags, _ = sock.recvmsg(size, _ANC_SPACE, _socket.MSG_CMSG_CLOEXEC)
     fds: list[int] = []
     for level, kind, payload in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
             arr = array.array("i")
             arr.frombytes(payload[: len(payload) - len(payload) % _FD_SIZE])
             fds += arr
-    if flags & socket.MSG_CTRUNC:
+    if flags & _socket.MSG_CTRUNC:
         close_fds(fds)
         raise ProtocolError(f"control data truncated (more than {MAX_FDS} fds?)")
     return data, fds
 
 
-def send_with_fds(sock: socket.socket, data: bytes, fds: Sequence[int], flags: int = 0) -> int:
+def send_with_fds(sock: _socket.socket, data: bytes, fds: Sequence[int], flags: int = 0) -> int:
     """One sendmsg carrying DATA's first bytes and FDS; returns the bytes sent."""
     if len(fds) > MAX_FDS:
         raise ValueError(f"at most {MAX_FDS} file descriptors per message")
-    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    anc = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
     return sock.sendmsg([data], anc, flags)
 
 
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+def peer_credentials(sock: _socket.socket) -> tuple[int, int, int]:
     """(pid, uid, gid) of the peer, as recorded by the kernel at connect time."""
-    return _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    return _UCRED.unpack(sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, _UCRED.size))
 
 
 class Client:
@@ -199,7 +202,7 @@ class Client:
     messages never interleave. Receiving is never touched by send_oneway().
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: _socket.socket) -> None:
         self._sock = sock
         self._decoder = Decoder()
         self._replies: deque[dict[str, Any]] = deque()
@@ -210,7 +213,7 @@ class Client:
     def connect(cls, path: str | os.PathLike[str]) -> Client:
         """Connect to PATH (a leading NUL means the abstract namespace) and check that
         the server runs as our own uid (SO_PEERCRED)."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # close-on-exec
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)  # close-on-exec
         try:
             sock.connect(os.fspath(path))
         except OSError as e:
@@ -293,8 +296,8 @@ class Client:
     def _send_now(self, data: bytes, fds: Sequence[int]) -> None:
         view = memoryview(data)
         if fds:
-            view = view[send_with_fds(self._sock, data, fds, socket.MSG_NOSIGNAL) :]
-        self._sock.sendall(view, socket.MSG_NOSIGNAL)
+            view = view[send_with_fds(self._sock, data, fds, _socket.MSG_NOSIGNAL) :]
+        self._sock.sendall(view, _socket.MSG_NOSIGNAL)
 
     def _next_reply(self) -> tuple[dict[str, Any], bool]:
         while not self._replies:

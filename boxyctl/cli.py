@@ -52,8 +52,9 @@ COMMANDS = (
     "trust",
     "completion",
 )
-_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# as text: compiled on first use (by re's cache), not on every client start
+_NAME_RE = r"[A-Za-z_][A-Za-z0-9_]*"
+_ID_RE = r"[A-Za-z0-9_-]{1,64}"
 
 
 class Command:
@@ -147,7 +148,7 @@ class _Paths:
 
 def _env_entry(value: str, environ: dict[str, str]) -> EnvItem:
     name, sep, val = value.partition("=")
-    if not _NAME_RE.fullmatch(name):
+    if not re.fullmatch(_NAME_RE, name):
         raise UsageError(f"-e {value!r}: not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
     # -e NAME: the value is the client's, never the daemon's.
     return EnvItem(name, val if sep else environ.get(name))
@@ -161,7 +162,7 @@ def _secret_entry(name: str, environ: dict[str, str]) -> Secret:
             f"--secret {name.partition('=')[0]}: takes a name; the value comes from "
             "your environment (for a setting that is no secret: -e NAME=VALUE)"
         )
-    if not _NAME_RE.fullmatch(name):
+    if not re.fullmatch(_NAME_RE, name):
         raise UsageError(f"--secret {name!r}: not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
     if name not in environ:
         raise UsageError(f"--secret {name}: not set in your environment")
@@ -169,7 +170,7 @@ def _secret_entry(name: str, environ: dict[str, str]) -> Secret:
 
 
 def _session_id(value: str | None) -> str | None:
-    if value is not None and not _ID_RE.fullmatch(value):
+    if value is not None and not re.fullmatch(_ID_RE, value):
         raise UsageError(f"{value!r} is not a session id")
     return value
 
@@ -297,7 +298,8 @@ def _refuse_negative(argv: list[str]) -> None:
         if flag == "--":
             return
         f = BY_FLAG.get(flag)
-        if f is not None and f.kind != "true" and re.fullmatch(r"-\d[\w.]*", value):
+        negative = value[:1] == "-" and re.fullmatch(r"-\d[\w.]*", value)
+        if f is not None and f.kind != "true" and negative:
             raise UsageError(f"{flag}: {value} is negative; give a positive value")
 
 

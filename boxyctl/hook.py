@@ -17,6 +17,7 @@ from typing import Any
 from boxy.errors import BoxyError, UsageError
 from boxy.paths import config_home
 from boxyctl import hookpolicy as hp
+from boxyctl.fullsite import ensure_site
 
 MAX_INPUT = 1 << 20  # a command line is bounded by the harness; this bounds us
 CONFIG_KEYS = (
@@ -45,6 +46,7 @@ def load_config(path: Path | None = None) -> tuple[hp.HookConfig, str | None]:
         return hp.HookConfig(), None
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"{path}: {e}") from None
+    ensure_site()  # started without it (boxyctl/launcher.py): PyYAML is no stdlib
     import yaml  # only when there is a file: the hook runs before every command
 
     try:
@@ -111,6 +113,7 @@ def project_approved(workdir: str) -> bool:
     a run reads it). Only looked into when there is one: the import costs."""
     if not os.path.lexists(os.path.join(workdir, ".boxy.yaml")):
         return False
+    ensure_site()  # started without it (boxyctl/launcher.py): the daemon's reader
     from boxyd.config import projectconfig
 
     me = pwd.getpwuid(os.getuid())

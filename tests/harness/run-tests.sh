@@ -33,6 +33,8 @@ if ! cmp -s "$src/pyproject.toml" "$stage/.venv/.pyproject" ; then
   cp "$src/pyproject.toml" "$stage/.venv/.pyproject"
 fi
 "$stage/.venv/bin/python3" -m compileall -q "$stage/boxy" "$stage/boxyd" "$stage/boxyctl" >/dev/null
+# boxyctl's own scripts, as `make venv` writes them (boxyctl/launcher.py)
+"$stage/.venv/bin/python3" -I -m boxyctl.launcher "$stage/.venv/bin"  # -I: not the cwd's tree
 chmod -R a+rX "$stage"
 
 # A runtime directory as a login would give the user.

@@ -88,14 +88,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from boxyctl import cli
-
     argv = sys.argv[1:] if argv is None else argv
     try:
         if argv[:1] == ["hook"]:  # before cli.parse: `hook claude` runs before every command
             from boxyctl import hook
 
             return hook.main(argv[1:], _cwd(), say)
+        from boxyctl import cli
+
         cmd = cli.parse(argv, environ=dict(os.environ), cwd=_cwd(), prog=_prog())
         if cmd.name == "help":
             sys.stdout.write(cmd.args["text"])

@@ -99,9 +99,10 @@ class StageLauncher:
                 for x in [spec, *(sb.spec for sb in self.live)]
                 for r in mountplan.writable_roots(x)
             ]
-            outputs = await pools.run(
-                pools.START, open_outputs, spec.audit_log, spec.net_log, spec.pcap, hostile
-            )
+            if spec.audit_log or spec.net_log or spec.pcap:  # none asked: no thread's turn
+                outputs = await pools.run(
+                    pools.START, open_outputs, spec.audit_log, spec.net_log, spec.pcap, hostile
+                )
             net = await self._network(spec, sink, outputs) if spec.net != "none" else None
         except BaseException:  # a usage error, or a bug: either way every fd goes back
             outputs.close()
@@ -508,8 +509,9 @@ class StageSandbox:
                     break
                 self._aside(msg)
         if done is not None:
-            # the scope goes with its last process: its counters now
-            self._limit_hits = await pools.run(pools.START, read_events, self._scope_path)
+            # the scope goes with its last process: its counters now (none without one)
+            if self._scope_path is not None:
+                self._limit_hits = await pools.run(pools.START, read_events, self._scope_path)
             while (msg := await self.stage2.next()) is not None:  # until stage 2 is gone
                 self._aside(msg)
         self._events.put_nowait(_exit(done.end if done is not None else None))

@@ -1,15 +1,12 @@
 """Typed command-line values: sizes, durations, ports, host specs, CIDRs.
 
 Pure (no I/O) and standard library only: the client imports this module at
-start-up (so what only some flags need is imported when they are given: fractions,
-ipaddress), and the
-daemon re-checks the same values with the same code. Every parse function raises
+start-up (so what only some flags need is imported when they are given: re,
+fractions, ipaddress), and the daemon re-checks the same values with the same code. Every parse function raises
 ``UsageError`` with one line that names the flag (``what``) and the bad value.
 """
 
 from __future__ import annotations
-
-import re
 
 from boxy.errors import UsageError
 
@@ -54,6 +51,8 @@ def _bad(what: str, value: str, kind: str, examples: str) -> UsageError:
 
 def parse_size(s: str, *, what: str = "size", allow_zero: bool = False) -> int:
     """'2GiB' → 2147483648. A plain number is bytes; fractions of a byte round down."""
+    import re  # only for the flags that need a pattern: not on every start
+
     m = re.fullmatch(_SIZE_RE, s.strip())
     if not m or m.group(2).lower() not in _SIZE_UNITS:
         raise _bad(what, s, "a size", _SIZE_EXAMPLES)
@@ -69,6 +68,7 @@ def parse_size(s: str, *, what: str = "size", allow_zero: bool = False) -> int:
 
 def parse_duration(s: str, *, what: str = "duration", allow_zero: bool = False) -> float:
     """'1h30m' → 5400.0; a plain number is seconds. Parts may be ms, s, m, h, d."""
+    import re  # only for the flags that need a pattern: not on every start
     from fractions import Fraction  # exact decimals; imported only when a duration is given
 
     text = s.strip()
@@ -91,6 +91,8 @@ def parse_duration(s: str, *, what: str = "duration", allow_zero: bool = False) 
 
 def parse_count(s: str, *, what: str, minimum: int = 1, maximum: int = 1 << 31) -> int:
     """A positive decimal integer such as --pids 512 (no signs, no 0x, no '1e3')."""
+    import re  # only for the flags that need a pattern: not on every start
+
     text = s.strip()
     if not re.fullmatch(r"\d{1,19}", text):
         raise UsageError(f"{what}: {s!r} is not a whole number")
@@ -102,6 +104,8 @@ def parse_count(s: str, *, what: str, minimum: int = 1, maximum: int = 1 << 31) 
 
 def parse_cpus(s: str, *, what: str = "--cpus") -> float:
     """A positive number of CPUs, fractions allowed (--cpus 0.5)."""
+    import re  # only for the flags that need a pattern: not on every start
+
     if not re.fullmatch(r"\d{1,6}(?:\.\d{1,6})?", s.strip()):
         raise UsageError(f"{what}: {s!r} is not a number of CPUs (examples: 0.5, 2)")
     n = float(s)
@@ -144,6 +148,8 @@ def format_duration(seconds: float) -> str:
 
 def parse_port(s: str, *, what: str = "--allow-port") -> int:
     """A TCP/UDP port number, 1–65535, in decimal."""
+    import re  # only for the flags that need a pattern: not on every start
+
     if not re.fullmatch(r"\d{1,5}", s) or not 1 <= int(s) <= 65535:
         raise UsageError(f"{what}: {s!r} is not a port number (1–65535)")
     return int(s)
@@ -200,6 +206,7 @@ def parse_host_name(s: str, *, what: str = "--allow-host") -> str:
     name strictly below it; '*' anywhere else, or over a single label, is refused.
     """
     import ipaddress  # only for a flag that names a host or a range
+    import re  # only for the flags that need a pattern: not on every start
 
     name = s.lower().removesuffix(".")
     body = name  # the name without its wildcard label

@@ -29,12 +29,12 @@ import _socket
 import array
 import contextlib
 import errno
-import json
 import os
 import struct
 from collections import deque
 from collections.abc import Iterator, Sequence
 
+from boxy import wirejson
 from boxy.errors import BoxyError, DaemonError, from_wire
 
 TYPE_CHECKING = False  # typing costs the client 4 ms at start-up; annotations only
@@ -84,7 +84,7 @@ class DaemonUnavailable(DaemonError):
 
 def encode(message: dict[str, Any]) -> bytes:
     """One framed message. json escapes control characters, so no NUL can occur inside."""
-    data = json.dumps(message, separators=(",", ":")).encode()
+    data = wirejson.dumps(message).encode()
     if len(data) > MAX_MESSAGE:
         raise ValueError(f"varlink message of {len(data)} bytes exceeds {MAX_MESSAGE}")
     return data + b"\0"
@@ -147,7 +147,7 @@ class Decoder:
         if len(fds) > MAX_FDS:
             raise ProtocolError(f"more than {MAX_FDS} file descriptors in one message")
         try:
-            msg = json.loads(raw)
+            msg = wirejson.loads(raw)
         except (ValueError, RecursionError) as e:
             raise ProtocolError(f"malformed JSON: {e}") from None
         if not isinstance(msg, dict):

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN_PATH = (
     "import sys; sys.path.append({root!r}); "
     "from boxyctl import launcher, main, cli; "
-    "c = cli.parse(['run', '--net', 'none', '-e', 'A=1', '--', 'true'], "
+    "c = cli.parse(['run', '--net', 'none', '--', 'true'], "
     "environ={{'HOME': '/h'}}, cwd='/w'); c.args['request'].to_wire(); "
     "from boxy import client, outcome, buildid, varlink; buildid.build_id(); "
 )
@@ -59,8 +59,8 @@ def test_the_run_path_needs_nothing_but_the_standard_library() -> None:
         "ours = ('boxy', 'boxyctl', '__main__'); "
         "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] not in "
         "(*sys.stdlib_module_names, *ours)))); "
-        "print(' '.join(sorted(m for m in ('site', 'typing', 'pathlib', 'socket', "
-        "'ipaddress', 'dataclasses', 'subprocess') if m in sys.modules)))"
+        "print(' '.join(sorted(m for m in ('site', 'typing', 'pathlib', 'socket', 're', "
+        "'json', 'ipaddress', 'dataclasses', 'subprocess') if m in sys.modules)))"
     )
     out = subprocess.run(
         [sys.executable, "-S", "-c", code], cwd="/", capture_output=True, text=True, check=True

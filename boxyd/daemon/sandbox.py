@@ -62,7 +62,7 @@ class StageLauncher:
 
     def __init__(self, user: pwd.struct_passwd | None = None) -> None:
         self.user = user or pwd.getpwuid(os.getuid())
-        self.template = Template()
+        self.template = Template(spare=True)  # a stage 2 forked ahead for the next run
         self.walks = Walks()  # the walks before a run, in a process of their own
         self.scopes = Scopes()  # its bus is set once boxyd is on the session bus
         self.live: set[StageSandbox] = set()
@@ -76,6 +76,7 @@ class StageLauncher:
         self._loop = asyncio.get_event_loop()
         try:
             self.template.start()
+            self.template.prime()  # the first run's stage 2, forked once the template imported
         except SetupError as e:
             log.warning("%s", e)
         self.walks.start()

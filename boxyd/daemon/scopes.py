@@ -272,12 +272,14 @@ class Scopes:
             )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + PLACE_TIMEOUT
+        pause = 0.001  # the job moves the process a moment after the reply: look soon
         while loop.time() < deadline:  # the job moves the process: wait to see it there
             rel = await asyncio.to_thread(_cgroup_of, pid)
             if rel is not None and rel.endswith("/" + unit):
                 path, controllers = await asyncio.to_thread(_cgroup_dir, rel)
                 return Placement(unit, controllers, path=path)
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.01)
         return Placement(reason=f"{unit} was made but the run is not in it")
 
     async def _in_own_subtree(self, sid: str, pid: int, spec: RunSpec, why: str) -> Placement:

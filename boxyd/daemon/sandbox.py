@@ -509,13 +509,15 @@ class StageSandbox:
                     done = msg
                     break
                 self._aside(msg)
-        if done is not None:
-            # the scope goes with its last process: its counters now (none without one)
-            if self._scope_path is not None:
-                self._limit_hits = await pools.run(pools.START, read_events, self._scope_path)
-            while (msg := await self.stage2.next()) is not None:  # until stage 2 is gone
-                self._aside(msg)
+        # the scope goes with its last process: its counters now (none without one)
+        if done is not None and self._scope_path is not None:
+            self._limit_hits = await pools.run(pools.START, read_events, self._scope_path)
+        # Done is stage 2's last word, sent once PID 1 and with it every process of the
+        # payload is gone: the run ends now, not once stage 2's own exit has torn its
+        # namespaces down (finish() waits for the cgroup to empty where it must)
         self._events.put_nowait(_exit(done.end if done is not None else None))
+        while done is not None and (msg := await self.stage2.next()) is not None:
+            self._aside(msg)
 
     async def events(self) -> AsyncIterator[SandboxEvent]:
         """What the start-up and the relay queued: Started, Stopped…, one Exit."""
@@ -697,11 +699,13 @@ class StageSandbox:
             got = await net_done
             report.notes += got.get("notes", [])
             report.destinations = got.get("destinations", "")
-        for _ in range(20):  # a child of boxyd's cgroup empties as stage 2 exits
+        pause = 0.002
+        for _ in range(30):  # a child of boxyd's cgroup empties as stage 2 exits (~1 s)
             if self._placement is None or remove_subtree(self._placement):
                 self._placement = None
                 break
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)
         return report
 
     def audit_log(self) -> int | None:

@@ -297,7 +297,8 @@ class Client:
         view = memoryview(data)
         if fds:
             view = view[send_with_fds(self._sock, data, fds, _socket.MSG_NOSIGNAL) :]
-        self._sock.sendall(view, _socket.MSG_NOSIGNAL)
+        if view:  # (the sendmsg with the fds sent it whole, as it mostly does)
+            self._sock.sendall(view, _socket.MSG_NOSIGNAL)
 
     def _next_reply(self) -> tuple[dict[str, Any], bool]:
         while not self._replies:

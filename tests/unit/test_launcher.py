@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from boxyctl import launcher
@@ -60,7 +61,7 @@ def test_the_run_path_needs_nothing_but_the_standard_library() -> None:
         "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] not in "
         "(*sys.stdlib_module_names, *ours)))); "
         "print(' '.join(sorted(m for m in ('site', 'typing', 'pathlib', 'socket', 're', "
-        "'json', 'ipaddress', 'dataclasses', 'subprocess') if m in sys.modules)))"
+        "'json', 'signal', 'ipaddress', 'dataclasses', 'subprocess') if m in sys.modules)))"
     )
     out = subprocess.run(
         [sys.executable, "-S", "-c", code], cwd="/", capture_output=True, text=True, check=True
@@ -106,3 +107,26 @@ def test_main_refuses_anything_but_a_bin_directory(tmp_path: Path, capsys) -> No
     assert launcher.main([]) == 2
     assert launcher.main([str(tmp_path / "missing")]) == 2
     assert "usage: python -m boxyctl.launcher BIN_DIR" in capsys.readouterr().err
+
+
+def test_the_signal_shim_is_the_signal_module_by_number() -> None:
+    """boxyctl.sig: the numbers, handlers and timer of the signal module, and its names."""
+    import signal
+
+    from boxyctl import sig
+
+    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGALRM", "SIGCONT", "ITIMER_REAL"):
+        assert getattr(sig, name) == int(getattr(signal, name))
+    assert sig.default_int_handler() is signal.default_int_handler
+    got: list[int] = []
+    before = sig.signal(sig.SIGALRM, lambda n, _f: got.append(n))
+    try:
+        sig.setitimer(sig.ITIMER_REAL, 0.01)
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got == [signal.SIGALRM]
+    finally:
+        sig.setitimer(sig.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)  # type: ignore[arg-type]
+    assert (sig.name(15), sig.name(1), sig.name(999)) == ("SIGTERM", "SIGHUP", "signal 999")

@@ -9,6 +9,7 @@ import json
 import os
 import pwd
 import shlex
+import stat
 import sys
 import time
 
@@ -86,9 +87,22 @@ def _cache_key(name: str, st: os.stat_result) -> list[object]:
 
 
 def _cached(key: list[object]) -> object:
-    """The document parsed from the file KEY names, if that is what the cache holds."""
+    """The document parsed from the file KEY names, if that is what the cache holds:
+    read only from our own private directory (as connect() checks it: /tmp/boxy-UID
+    could be another user's), from a regular file of ours, never through a symlink."""
     try:
-        with open(os.path.join(runtime_dir_str(), CACHE_NAME)) as f:
+        directory = ensure_private_dir(runtime_dir_str())
+        fd = os.open(
+            os.path.join(directory, CACHE_NAME),
+            os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+        )
+    except (OSError, BoxyError):
+        return _MISSING
+    try:
+        with os.fdopen(fd) as f:
+            st = os.fstat(f.fileno())
+            if st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode):
+                return _MISSING
             got = json.load(f)
     except (OSError, ValueError):
         return _MISSING
@@ -109,7 +123,8 @@ def _store(key: list[object], doc: object) -> None:
     try:
         directory = ensure_private_dir(runtime_dir_str())
         tmp = os.path.join(directory, f".{CACHE_NAME}.{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(data)
         os.replace(tmp, os.path.join(directory, CACHE_NAME))

@@ -174,6 +174,17 @@ def test_config_is_kept_only_for_the_file_it_was_parsed_from(
     # what is kept is what is used while the file is that file...
     cache.write_text(json.dumps({**kept, "doc": {"flags": ["--net", "public"]}}))
     assert hook.load_config()[0].flags == ("--net", "public")
+    # ...but only from a directory of ours that no one else can write (/tmp/boxy-UID
+    # may be another user's), and never through a symlink
+    cache.parent.chmod(0o755)
+    assert hook.load_config()[0].flags == ("--net", "none")
+    cache.parent.chmod(0o700)
+    planted = tmp_path / "planted.json"
+    planted.write_text(json.dumps({**kept, "doc": {"flags": ["--net", "public"]}}))
+    cache.unlink()
+    cache.symlink_to(planted)
+    assert hook.load_config()[0].flags == ("--net", "none")
+    assert not cache.is_symlink()  # replaced by what was parsed
     # ...a change of it is read anew (and kept in its place)
     path.write_text("flags: [--net, none, -v]\n")
     assert hook.load_config()[0].flags == ("--net", "none", "-v")

@@ -23,6 +23,8 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	@[ -x $(VENV)/bin/python3 ] || $(PYTHON) -m venv --copies --system-site-packages $(VENV)
 	$(VENV)/bin/pip install -q -e '.[test]' --config-settings editable_mode=compat
+	@# boxyctl, boxy and boxy-sh start without site (boxyctl/launcher.py says why)
+	$(VENV)/bin/python3 -I -m boxyctl.launcher $(VENV)/bin
 	@# Byte-compile now: other users (and stage 2) cannot write __pycache__ here.
 	$(VENV)/bin/python3 -m compileall -q boxy boxyd boxyctl >/dev/null
 	@touch $@

@@ -15,7 +15,7 @@ import time
 
 from boxy.errors import BuildMismatch, Busy, DaemonError, SecretsNeeded, UsageError
 from boxy.ident import INTERFACE
-from boxy.paths import ensure_private_dir, runtime_dir, socket_path, state_dir
+from boxy.paths import ensure_private_dir, runtime_dir_str, socket_path_str, state_dir_str
 from boxy.varlink import Client, DaemonUnavailable
 
 TYPE_CHECKING = False  # typing costs the client 4 ms at start-up; annotations only
@@ -89,7 +89,7 @@ def client_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 def _try_connect() -> Client | None:
     try:
-        return Client.connect(str(socket_path()))
+        return Client.connect(socket_path_str())
     except DaemonUnavailable as e:
         if e.errno in (errno.ENOENT, errno.ECONNREFUSED):
             return None
@@ -98,13 +98,15 @@ def _try_connect() -> Client | None:
 
 def connect(*, start: bool = True) -> Client:
     """Connect to boxyd, starting it (under a lock, detached, as us) when nothing listens."""
-    ensure_private_dir(runtime_dir())
+    ensure_private_dir(runtime_dir_str())
     client = _try_connect()
     if client is not None or not start:
         if client is None:
             raise DaemonError("boxyd is not running")
         return client
-    lock = os.open(runtime_dir() / "start.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lock = os.open(
+        os.path.join(runtime_dir_str(), "start.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+    )
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         client = _try_connect()  # someone else may have started it while we waited
@@ -116,16 +118,16 @@ def connect(*, start: bool = True) -> Client:
 
 
 def _start_daemon() -> Client:
-    log_dir = ensure_private_dir(state_dir())
+    log = os.path.join(ensure_private_dir(state_dir_str()), "boxyd.log")
     env = {k: os.environ[k] for k in DAEMON_ENV if k in os.environ}
-    with open(log_dir / "boxyd.log", "ab") as log:
+    with open(log, "ab") as log_file:
         import subprocess  # only to start the daemon: not on every run's path
 
         proc = subprocess.Popen(
             [sys.executable, "-m", "boxyd.daemon.main"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
-            stderr=log,
+            stderr=log_file,
             env=env,
             cwd="/",
             start_new_session=True,
@@ -137,17 +139,17 @@ def _start_daemon() -> Client:
         if client is not None:
             return client
         if proc.poll() is not None:
-            raise DaemonError(
-                f"boxyd exited at start (status {proc.returncode}); see {log_dir / 'boxyd.log'}"
-            )
+            raise DaemonError(f"boxyd exited at start (status {proc.returncode}); see {log}")
         time.sleep(0.005)
-    raise DaemonError(f"boxyd did not start within {START_TIMEOUT:g}s; see {log_dir / 'boxyd.log'}")
+    raise DaemonError(f"boxyd did not start within {START_TIMEOUT:g}s; see {log}")
 
 
 def wait_gone(timeout: float = 5.0) -> None:
     """After Shutdown: wait until the old daemon has let go of its lifetime lock."""
     deadline = time.monotonic() + timeout
-    fd = os.open(runtime_dir() / "boxyd.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(
+        os.path.join(runtime_dir_str(), "boxyd.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+    )
     try:
         while time.monotonic() < deadline:
             try:

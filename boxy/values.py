@@ -1,15 +1,12 @@
 """Typed command-line values: sizes, durations, ports, host specs, CIDRs.
 
 Pure (no I/O) and standard library only: the client imports this module at
-start-up (so what only some flags need is imported when they are given), and the
-daemon re-checks the same values with the same code. Every parse function raises
+start-up (so what only some flags need is imported when they are given: re,
+fractions, ipaddress), and the daemon re-checks the same values with the same code. Every parse function raises
 ``UsageError`` with one line that names the flag (``what``) and the bad value.
 """
 
 from __future__ import annotations
-
-import ipaddress
-import re
 
 from boxy.errors import UsageError
 
@@ -33,17 +30,19 @@ _SIZE_UNITS: dict[str, int] = {
     "tib": 1 << 40,
     "tb": 10**12,
 }
-_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)")
+# patterns as text: re compiles (and caches) one when it is first used, not every
+# client start
+_SIZE_RE = r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)"
 _SIZE_EXAMPLES = "examples: 512MiB, 2GiB"
 # Nothing a sandbox does needs more; bounds what int() and the kernel are given.
 _MAX_SIZE = 1 << 60
 
 _DURATION_UNITS: dict[str, str] = {"ms": "1/1000", "s": "1", "m": "60", "h": "3600", "d": "86400"}
-_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_DURATION_PART_RE = r"(\d+(?:\.\d+)?)(ms|s|m|h|d)"
 _DURATION_EXAMPLES = "examples: 90, 500ms, 10m, 1h30m"
 _MAX_DURATION = 365 * 86400
 
-_HOST_LABEL_RE = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
+_HOST_LABEL_RE = r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?"
 
 
 def _bad(what: str, value: str, kind: str, examples: str) -> UsageError:
@@ -52,7 +51,9 @@ def _bad(what: str, value: str, kind: str, examples: str) -> UsageError:
 
 def parse_size(s: str, *, what: str = "size", allow_zero: bool = False) -> int:
     """'2GiB' → 2147483648. A plain number is bytes; fractions of a byte round down."""
-    m = _SIZE_RE.fullmatch(s.strip())
+    import re  # only for the flags that need a pattern: not on every start
+
+    m = re.fullmatch(_SIZE_RE, s.strip())
     if not m or m.group(2).lower() not in _SIZE_UNITS:
         raise _bad(what, s, "a size", _SIZE_EXAMPLES)
     from fractions import Fraction  # exact decimals; imported only when a size is given
@@ -67,13 +68,14 @@ def parse_size(s: str, *, what: str = "size", allow_zero: bool = False) -> int:
 
 def parse_duration(s: str, *, what: str = "duration", allow_zero: bool = False) -> float:
     """'1h30m' → 5400.0; a plain number is seconds. Parts may be ms, s, m, h, d."""
+    import re  # only for the flags that need a pattern: not on every start
     from fractions import Fraction  # exact decimals; imported only when a duration is given
 
     text = s.strip()
     if re.fullmatch(r"\d+(?:\.\d+)?", text):
         total = Fraction(text)
     else:
-        parts = _DURATION_PART_RE.findall(text)
+        parts = re.findall(_DURATION_PART_RE, text)
         if not parts or "".join(n + u for n, u in parts) != text:
             raise _bad(what, s, "a duration", _DURATION_EXAMPLES)
         units = [u for _, u in parts]
@@ -89,6 +91,8 @@ def parse_duration(s: str, *, what: str = "duration", allow_zero: bool = False) 
 
 def parse_count(s: str, *, what: str, minimum: int = 1, maximum: int = 1 << 31) -> int:
     """A positive decimal integer such as --pids 512 (no signs, no 0x, no '1e3')."""
+    import re  # only for the flags that need a pattern: not on every start
+
     text = s.strip()
     if not re.fullmatch(r"\d{1,19}", text):
         raise UsageError(f"{what}: {s!r} is not a whole number")
@@ -100,6 +104,8 @@ def parse_count(s: str, *, what: str, minimum: int = 1, maximum: int = 1 << 31) 
 
 def parse_cpus(s: str, *, what: str = "--cpus") -> float:
     """A positive number of CPUs, fractions allowed (--cpus 0.5)."""
+    import re  # only for the flags that need a pattern: not on every start
+
     if not re.fullmatch(r"\d{1,6}(?:\.\d{1,6})?", s.strip()):
         raise UsageError(f"{what}: {s!r} is not a number of CPUs (examples: 0.5, 2)")
     n = float(s)
@@ -142,6 +148,8 @@ def format_duration(seconds: float) -> str:
 
 def parse_port(s: str, *, what: str = "--allow-port") -> int:
     """A TCP/UDP port number, 1–65535, in decimal."""
+    import re  # only for the flags that need a pattern: not on every start
+
     if not re.fullmatch(r"\d{1,5}", s) or not 1 <= int(s) <= 65535:
         raise UsageError(f"{what}: {s!r} is not a port number (1–65535)")
     return int(s)
@@ -197,6 +205,9 @@ def parse_host_name(s: str, *, what: str = "--allow-host") -> str:
     A leading '*.' over at least two labels ('*.example.com') is a wildcard for every
     name strictly below it; '*' anywhere else, or over a single label, is refused.
     """
+    import ipaddress  # only for a flag that names a host or a range
+    import re  # only for the flags that need a pattern: not on every start
+
     name = s.lower().removesuffix(".")
     body = name  # the name without its wildcard label
     if "*" in name:
@@ -218,7 +229,7 @@ def parse_host_name(s: str, *, what: str = "--allow-host") -> str:
     if (
         not body
         or len(name) > 253
-        or not all(_HOST_LABEL_RE.fullmatch(label) for label in labels)
+        or not all(re.fullmatch(_HOST_LABEL_RE, label) for label in labels)
         or labels[-1].isdigit()  # 'a.123' or '123' would be read as an IPv4 address
     ):
         raise UsageError(f"{what}: {s!r} is not a host name")
@@ -229,6 +240,8 @@ def parse_host_spec(s: str, *, what: str = "--allow-host") -> HostSpec:
     """HOST, HOST:PORT[,PORT...], HOST:PORT[,PORT...]/udp (or /tcp, the default). HOST
     may be an address (192.168.4.7:22, [fd00::7]:22): a device reached by its literal
     address is named as itself, and allows that address only."""
+    import ipaddress  # only for a flag that names a host or a range
+
     if "://" in s:
         _refuse_url(s, what)
     text, udp = s, False
@@ -282,6 +295,8 @@ def _refuse_url(s: str, what: str) -> None:
 
 def _ipv4_literal(text: str) -> str:
     """A dotted-quad address as a host (its own binding: that address, nothing else)."""
+    import ipaddress  # only for a flag that names a host or a range
+
     try:
         return str(ipaddress.IPv4Address(text))
     except ValueError:
@@ -291,6 +306,8 @@ def _ipv4_literal(text: str) -> str:
 def parse_cidr(s: str, *, what: str = "--allow-cidr") -> str:
     """A v4/v6 prefix (a bare address is a /32 or /128), normalised; never 'everything'
     and never the sandbox's own link."""
+    import ipaddress  # only for a flag that names a host or a range
+
     try:
         net = ipaddress.ip_network(s.strip(), strict=True)
     except ValueError as e:
@@ -375,6 +392,8 @@ def parse_publish(s: str, *, what: str = "--publish") -> PortMapping:
     """[ADDR:]HOST_PORT:PORT[/tcp], as docker's -p writes it: ADDR an IPv4 address or
     a bracketed IPv6 one ([::1]:8080:80), 127.0.0.1 when left out. Only TCP is
     relayed; a range, a host name, or a host port left to chance is refused."""
+    import ipaddress  # only for a flag that publishes a port
+
     text = s[:-4] if s.lower().endswith("/tcp") else s
     if s.lower().endswith("/udp"):
         raise UsageError(f"{what}: {s!r}: only TCP ports are published")

@@ -22,16 +22,19 @@ is a protocol error, and every fd received with it is closed.
 
 from __future__ import annotations
 
+# _socket: the socket module's own class and constants, without the enums that
+# module builds on import (3 ms of every client start); socket.socket is a subclass,
+# so the daemon's sockets pass wherever these functions take one.
+import _socket
 import array
 import contextlib
 import errno
-import json
 import os
-import socket
 import struct
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
+from boxy import wirejson
 from boxy.errors import BoxyError, DaemonError, from_wire
 
 TYPE_CHECKING = False  # typing costs the client 4 ms at start-up; annotations only
@@ -42,7 +45,7 @@ MAX_MESSAGE = 16 << 20  # bytes, NUL excluded: an ARG_MAX-sized argv (2 MiB) fit
 MAX_FDS = 8  # per message
 RECV_SIZE = 64 * 1024
 _FD_SIZE = array.array("i").itemsize
-_ANC_SPACE = socket.CMSG_SPACE(MAX_FDS * _FD_SIZE)
+_ANC_SPACE = _socket.CMSG_SPACE(MAX_FDS * _FD_SIZE)
 _UCRED = struct.Struct("3i")
 
 
@@ -79,35 +82,13 @@ class DaemonUnavailable(DaemonError):
         self.errno = err
 
 
-def _json_encoder() -> Callable[[object], str]:
-    """One compact encoder for every message: json.dumps with separators builds a new
-    JSONEncoder per call, which costs more than encoding a small message. The C
-    encoder when there is one (json.dumps's own: the same text), reused."""
-    plain = json.JSONEncoder(separators=(",", ":"))
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:  # pragma: no cover - CPython has it
-        return plain.encode
-    c = make(
-        None,  # markers: no circular check, a message is a tree of plain values
-        plain.default,
-        json.encoder.encode_basestring_ascii,
-        None,  # indent
-        ":",
-        ",",
-        False,  # sort_keys
-        False,  # skipkeys
-        True,  # allow_nan
-    )
-    return lambda obj: "".join(c(obj, 0))
-
-
-to_json = _json_encoder()
-_from_json = json.JSONDecoder().decode  # json.loads without its per-call checks
+# one compact encoder for every message (boxy.wirejson: json's own C encoder, reused)
+to_json = wirejson.dumps
 
 
 def encode(message: dict[str, Any]) -> bytes:
     """One framed message. json escapes control characters, so no NUL can occur inside."""
-    data = to_json(message).encode()
+    data = wirejson.dumps(message).encode()
     if len(data) > MAX_MESSAGE:
         raise ValueError(f"varlink message of {len(data)} bytes exceeds {MAX_MESSAGE}")
     return data + b"\0"
@@ -172,7 +153,7 @@ class Decoder:
         if len(fds) > MAX_FDS:
             raise ProtocolError(f"more than {MAX_FDS} file descriptors in one message")
         try:  # UTF-8, as varlink says (json.loads on bytes would guess the encoding)
-            msg = _from_json(raw.decode())
+            msg = wirejson.loads(raw)
         except (ValueError, RecursionError) as e:
             raise ProtocolError(f"malformed JSON: {e}") from None
         if not isinstance(msg, dict):
@@ -187,33 +168,33 @@ class Decoder:
         self._scanned = 0
 
 
-def recv_with_fds(sock: socket.socket, size: int = RECV_SIZE) -> tuple[bytes, list[int]]:
+def recv_with_fds(sock: _socket.socket, size: int = RECV_SIZE) -> tuple[bytes, list[int]]:
     """One recvmsg with MSG_CMSG_CLOEXEC. b"" means EOF. May raise BlockingIOError on
     a non-blocking socket; raises ProtocolError (fds closed) on truncated control data."""
-    data, anc, flags, _ = sock.recvmsg(size, _ANC_SPACE, socket.MSG_CMSG_CLOEXEC)
+    data, anc, flags, _ = sock.recvmsg(size, _ANC_SPACE, _socket.MSG_CMSG_CLOEXEC)
     fds: list[int] = []
     for level, kind, payload in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
             arr = array.array("i")
             arr.frombytes(payload[: len(payload) - len(payload) % _FD_SIZE])
             fds += arr
-    if flags & socket.MSG_CTRUNC:
+    if flags & _socket.MSG_CTRUNC:
         close_fds(fds)
         raise ProtocolError(f"control data truncated (more than {MAX_FDS} fds?)")
     return data, fds
 
 
-def send_with_fds(sock: socket.socket, data: bytes, fds: Sequence[int], flags: int = 0) -> int:
+def send_with_fds(sock: _socket.socket, data: bytes, fds: Sequence[int], flags: int = 0) -> int:
     """One sendmsg carrying DATA's first bytes and FDS; returns the bytes sent."""
     if len(fds) > MAX_FDS:
         raise ValueError(f"at most {MAX_FDS} file descriptors per message")
-    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    anc = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
     return sock.sendmsg([data], anc, flags)
 
 
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+def peer_credentials(sock: _socket.socket) -> tuple[int, int, int]:
     """(pid, uid, gid) of the peer, as recorded by the kernel at connect time."""
-    return _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    return _UCRED.unpack(sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, _UCRED.size))
 
 
 class Client:
@@ -227,7 +208,7 @@ class Client:
     messages never interleave. Receiving is never touched by send_oneway().
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: _socket.socket) -> None:
         self._sock = sock
         self._decoder = Decoder()
         self._replies: deque[dict[str, Any]] = deque()
@@ -238,7 +219,7 @@ class Client:
     def connect(cls, path: str | os.PathLike[str]) -> Client:
         """Connect to PATH (a leading NUL means the abstract namespace) and check that
         the server runs as our own uid (SO_PEERCRED)."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # close-on-exec
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)  # close-on-exec
         try:
             sock.connect(os.fspath(path))
         except OSError as e:
@@ -321,8 +302,9 @@ class Client:
     def _send_now(self, data: bytes, fds: Sequence[int]) -> None:
         view = memoryview(data)
         if fds:
-            view = view[send_with_fds(self._sock, data, fds, socket.MSG_NOSIGNAL) :]
-        self._sock.sendall(view, socket.MSG_NOSIGNAL)
+            view = view[send_with_fds(self._sock, data, fds, _socket.MSG_NOSIGNAL) :]
+        if view:  # (the sendmsg with the fds sent it whole, as it mostly does)
+            self._sock.sendall(view, _socket.MSG_NOSIGNAL)
 
     def _next_reply(self) -> tuple[dict[str, Any], bool]:
         while not self._replies:

@@ -13,7 +13,6 @@ because the daemon's cwd and environment are not the user's.
 from __future__ import annotations
 
 import os.path
-import re
 import sys
 from types import SimpleNamespace
 
@@ -53,8 +52,9 @@ COMMANDS = (
     "trust",
     "completion",
 )
-_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# as text: compiled on first use (by re's cache), not on every client start
+_NAME_RE = r"[A-Za-z_][A-Za-z0-9_]*"
+_ID_RE = r"[A-Za-z0-9_-]{1,64}"
 
 
 class Command:
@@ -147,8 +147,10 @@ class _Paths:
 
 
 def _env_entry(value: str, environ: dict[str, str]) -> EnvItem:
+    import re  # only for the flags that need a pattern: not on every start
+
     name, sep, val = value.partition("=")
-    if not _NAME_RE.fullmatch(name):
+    if not re.fullmatch(_NAME_RE, name):
         raise UsageError(f"-e {value!r}: not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
     # -e NAME: the value is the client's, never the daemon's.
     return EnvItem(name, val if sep else environ.get(name))
@@ -157,12 +159,14 @@ def _env_entry(value: str, environ: dict[str, str]) -> EnvItem:
 def _secret_entry(name: str, environ: dict[str, str]) -> Secret:
     """--secret NAME: the value from our environment, never from the command line (ps
     shows every argv on the machine). The messages never hold a value."""
+    import re  # only for the flags that need a pattern: not on every start
+
     if "=" in name:
         raise UsageError(
             f"--secret {name.partition('=')[0]}: takes a name; the value comes from "
             "your environment (for a setting that is no secret: -e NAME=VALUE)"
         )
-    if not _NAME_RE.fullmatch(name):
+    if not re.fullmatch(_NAME_RE, name):
         raise UsageError(f"--secret {name!r}: not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
     if name not in environ:
         raise UsageError(f"--secret {name}: not set in your environment")
@@ -170,7 +174,9 @@ def _secret_entry(name: str, environ: dict[str, str]) -> Secret:
 
 
 def _session_id(value: str | None) -> str | None:
-    if value is not None and not _ID_RE.fullmatch(value):
+    import re  # only for the flags that need a pattern: not on every start
+
+    if value is not None and not re.fullmatch(_ID_RE, value):
         raise UsageError(f"{value!r} is not a session id")
     return value
 
@@ -299,8 +305,11 @@ def _refuse_negative(argv: list[str]) -> None:
         if flag == "--":
             return
         f = BY_FLAG.get(flag)
-        if f is not None and f.kind != "true" and re.fullmatch(r"-\d[\w.]*", value):
-            raise UsageError(f"{flag}: {value} is negative; give a positive value")
+        if f is not None and f.kind != "true" and value[:1] == "-":
+            import re  # only for a value that starts with '-': not every start
+
+            if re.fullmatch(r"-\d[\w.]*", value):
+                raise UsageError(f"{flag}: {value} is negative; give a positive value")
 
 
 def _run_flags(argv: list[str]) -> tuple[list[tuple[Option, str | None]], int, bool]:

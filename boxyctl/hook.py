@@ -9,14 +9,19 @@ import json
 import os
 import pwd
 import shlex
-import shutil
+import stat
 import sys
-from pathlib import Path
-from typing import Any
+import time
 
 from boxy.errors import BoxyError, UsageError
-from boxy.paths import config_home
+from boxy.paths import config_home, ensure_private_dir, runtime_dir_str
 from boxyctl import hookpolicy as hp
+from boxyctl.fullsite import ensure_site
+
+TYPE_CHECKING = False  # typing and pathlib cost the hook 10 ms; annotations only
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
 
 MAX_INPUT = 1 << 20  # a command line is bounded by the harness; this bounds us
 CONFIG_KEYS = (
@@ -31,27 +36,100 @@ CONFIG_KEYS = (
 )
 
 
-def config_path() -> Path:
-    return Path(config_home(os.environ.get("HOME"))) / "boxy" / "hook.yaml"
+def config_path() -> str:
+    return os.path.join(config_home(os.environ.get("HOME")), "boxy", "hook.yaml")
 
 
-def load_config(path: Path | None = None) -> tuple[hp.HookConfig, str | None]:
+def load_config(path: str | os.PathLike[str] | None = None) -> tuple[hp.HookConfig, str | None]:
     """hook.yaml (absent: the defaults) and its `boxyctl` path. A file that does not
     load is a UsageError: a hook that guessed would sandbox less than asked."""
-    path = path or config_path()
+    name = os.fspath(path) if path is not None else config_path()
     try:
-        text = path.read_text()
+        with open(name) as f:
+            key = _cache_key(name, os.fstat(f.fileno()))
+            doc = _cached(key)
+            text = f.read() if doc is _MISSING else ""
     except FileNotFoundError:
         return hp.HookConfig(), None
     except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"{path}: {e}") from None
+        raise UsageError(f"{name}: {e}") from None
+    if doc is _MISSING:
+        doc = _parse(name, text)
+        config = config_from(doc, name)
+        _store(key, doc)
+        return config
+    return config_from(doc, name)
+
+
+def _parse(name: str, text: str) -> object:
+    ensure_site()  # started without it (boxyctl/launcher.py): PyYAML is no stdlib
     import yaml  # only when there is a file: the hook runs before every command
 
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise UsageError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    return config_from(doc if doc is not None else {}, str(path))
+        raise UsageError(f"{name}: not valid YAML ({str(e).splitlines()[0]})") from None
+    return doc if doc is not None else {}
+
+
+# hook.yaml as parsed, kept beside the daemon's socket: loading PyYAML costs the hook,
+# which runs before every command the agent types, more than the rest of it. Used only
+# for the very file it was parsed from (device, inode, size, modification and change
+# times), and written only for a file unchanged for SETTLED seconds: a change within
+# the same tick of the kernel's clock keeps its times, but not past that.
+CACHE_NAME = "hook-config.json"
+SETTLED = 2.0
+_MISSING = object()
+
+
+def _cache_key(name: str, st: os.stat_result) -> list[object]:
+    return [name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _cached(key: list[object]) -> object:
+    """The document parsed from the file KEY names, if that is what the cache holds:
+    read only from our own private directory (as connect() checks it: /tmp/boxy-UID
+    could be another user's), from a regular file of ours, never through a symlink."""
+    try:
+        directory = ensure_private_dir(runtime_dir_str())
+        fd = os.open(
+            os.path.join(directory, CACHE_NAME),
+            os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+        )
+    except (OSError, BoxyError):
+        return _MISSING
+    try:
+        with os.fdopen(fd) as f:
+            st = os.fstat(f.fileno())
+            if st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode):
+                return _MISSING
+            got = json.load(f)
+    except (OSError, ValueError):
+        return _MISSING
+    if not isinstance(got, dict) or got.get("key") != key or "doc" not in got:
+        return _MISSING
+    return got["doc"]
+
+
+def _store(key: list[object], doc: object) -> None:
+    """Keep DOC for the file KEY names (best effort: without it the hook parses)."""
+    ctime_ns = key[-1]
+    if not isinstance(ctime_ns, int) or time.time() - ctime_ns / 1e9 < SETTLED:
+        return
+    try:
+        data = json.dumps({"key": key, "doc": doc})
+    except (TypeError, ValueError):  # YAML has more types than JSON: parsed each time
+        return
+    try:
+        directory = ensure_private_dir(runtime_dir_str())
+        tmp = os.path.join(directory, f".{CACHE_NAME}.{os.getpid()}")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(data)
+        os.replace(tmp, os.path.join(directory, CACHE_NAME))
+    except (OSError, BoxyError):
+        pass
 
 
 def _strings(doc: dict[str, Any], key: str, where: str) -> tuple[str, ...] | None:
@@ -103,6 +181,8 @@ def boxyctl_path(configured: str | None) -> str:
     here = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0] or "boxyctl")), "boxyctl")
     if os.access(here, os.X_OK):
         return here
+    import shutil  # seldom: boxyctl is beside this program
+
     return shutil.which("boxyctl") or "boxyctl"
 
 
@@ -111,6 +191,7 @@ def project_approved(workdir: str) -> bool:
     a run reads it). Only looked into when there is one: the import costs."""
     if not os.path.lexists(os.path.join(workdir, ".boxy.yaml")):
         return False
+    ensure_site()  # started without it (boxyctl/launcher.py): the daemon's reader
     from boxyd.config import projectconfig
 
     me = pwd.getpwuid(os.getuid())
@@ -175,6 +256,8 @@ def read_stdin() -> bytes:
 
 
 def settings_path(project: bool, cwd: str) -> Path:
+    from pathlib import Path
+
     if project:
         if not cwd:
             raise UsageError("hook install: the current directory was removed")
@@ -189,6 +272,8 @@ def settings_path(project: bool, cwd: str) -> Path:
 def install(path: Path, command: str, *, remove: bool) -> str:
     """Our entry into (or out of) Claude Code's settings file PATH, every other key
     kept; written atomically, or not at all. Returns what was done, for a line."""
+    from pathlib import Path
+
     path = Path(os.path.realpath(path))  # a dotfile manager's symlink stays one
     try:
         text: str | None = path.read_text()

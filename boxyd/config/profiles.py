@@ -9,6 +9,7 @@ the answer lives in the tool's own configuration, not in boxy.
 
 from __future__ import annotations
 
+import copy
 import importlib.resources
 import os
 import re
@@ -308,10 +309,29 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[An
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+# Documents by the text they were parsed from: PyYAML's pure-Python loader costs a
+# run ~10 ms per profile, and the same text (read anew each run) parses to the same
+# document with the same loader. Errors are not kept; a copy goes out each time.
+_PARSED: dict[tuple[type[_StrictLoader], str], dict[str, Any]] = {}
+_PARSED_MAX = 64
+
+
 def _parse_yaml(
     label: str, text: str, loader: type[_StrictLoader] = _StrictLoader
 ) -> dict[str, Any]:
     """TEXT as a mapping; anything wrong with it is one ProfileError naming LABEL."""
+    key = (loader, text)
+    hit = _PARSED.get(key)
+    if hit is not None:
+        return copy.deepcopy(hit)
+    doc = _parse_text(label, text, loader)
+    if len(_PARSED) >= _PARSED_MAX:
+        _PARSED.clear()
+    _PARSED[key] = copy.deepcopy(doc)
+    return doc
+
+
+def _parse_text(label: str, text: str, loader: type[_StrictLoader]) -> dict[str, Any]:
     try:
         doc = yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.MarkedYAMLError as e:

@@ -40,6 +40,7 @@ KEEP_FINISHED = 64  # finished sessions kept in memory (the rest live in their r
 
 
 OUTPUT_CHUNK = 1 << 16  # bytes of an output log one Output call carries
+PRUNE_DELAY = 1.0  # seconds after a session ends before its records are bounded
 
 
 @dataclass(frozen=True)
@@ -252,7 +253,10 @@ class Manager:
             await begun
         if self.records is not None:
             await pools.run(pools.RECORDS, self.records.write, s)
-            pools.submit(pools.RECORDS, self.records.prune)
+            # a moment later: its thread would hold the GIL this session's end needs
+            asyncio.get_running_loop().call_later(
+                PRUNE_DELAY, pools.submit, pools.RECORDS, self.records.prune
+            )
         s.audit = []  # written out (or kept in the record): not held by a long-lived daemon
         self._forget_old(s)
 

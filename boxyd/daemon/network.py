@@ -9,12 +9,12 @@ session.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import ipaddress
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +36,11 @@ log = logging.getLogger("boxyd")
 MAX_NOTICES = 200  # -v denial lines per run; the rest are counted
 PREFLIGHT_BUDGET = 3.0  # seconds for the allowlist's names before the payload starts
 PREFLIGHT_NAMES = 8  # a long allowlist is not resolved whole before every run
+# The preflight's lines by what they depend on, kept this many seconds: they are a
+# warning (the run's own DNS session decides every answer it gets), and asking upstream
+# again before every run cost each allowlisted start a round trip.
+PREFLIGHT_KEEP = 30.0
+_PREFLIGHT: dict[tuple[object, ...], tuple[float, list[str]]] = {}
 
 
 class Network:
@@ -104,18 +109,30 @@ class Network:
         names = _plain_names(self.policy)
         if not names:
             return
+        kinds = ("A", "AAAA") if dns.ipv6 else ("A",)
+        key = (tuple(names), kinds, self.policy.mode, self.policy.exceptions)
+        kept = _PREFLIGHT.get(key)
+        if kept is not None and time.monotonic() - kept[0] < PREFLIGHT_KEEP:
+            self.warnings += kept[1]
+            return
         events: list[dict[str, Any]] = []
         session = DnsSession(policy=self.policy, on_event=lambda ev: events.append(dict(ev)))
-        kinds = ("A", "AAAA") if dns.ipv6 else ("A",)
         asks = [
             dns.answer(dns_message.make_query(n, k).to_wire(), tcp=False, session=session)
             for n in names
             for k in kinds
         ]
         # what answered in time is judged; the rest is the run's to find out
-        with contextlib.suppress(TimeoutError):
+        try:
             await asyncio.wait_for(asyncio.gather(*asks, return_exceptions=True), budget)
-        self.warnings += refused_names(events)
+        except TimeoutError:
+            self.warnings += refused_names(events)
+            return
+        lines = refused_names(events)
+        if len(_PREFLIGHT) >= 64:
+            _PREFLIGHT.clear()
+        _PREFLIGHT[key] = (time.monotonic(), lines)  # only a whole answer is kept
+        self.warnings += lines
 
     def configure(self, plan: Plan) -> None:
         """What stage 2 applies: the gateway netns's ruleset, Landlock's connect ports."""

@@ -27,6 +27,10 @@ from boxyd.plan.hostfile import replaced
 log = logging.getLogger("boxyd")
 
 CACHE_PRUNE_EVERY = 3600.0  # seconds between bounding the package caches (sizes cost a walk)
+# seconds between bounding the records: a scan of up to 500 of them holds the GIL for
+# milliseconds, which every run's end waited for; beyond KEEP meanwhile: the runs of
+# these seconds, until the next prune
+STATE_PRUNE_EVERY = 30.0
 MAX_META = 1 << 24  # bytes of a meta.json read back (an argv is at most a few MiB)
 
 
@@ -195,6 +199,7 @@ class Records:
         self.home = home
         self._lock = threading.Lock()  # two sessions ending together prune one at a time
         self._caches_pruned = -CACHE_PRUNE_EVERY
+        self._state_pruned = -STATE_PRUNE_EVERY
 
     def write(self, s: Session) -> None:
         assert s.sandbox is not None and s.outcome is not None
@@ -215,7 +220,9 @@ class Records:
         if not self._lock.acquire(blocking=False):
             return  # one is under way: it prunes what this one would have
         try:
-            retention.prune_state(state_dir())
+            if time.monotonic() - self._state_pruned > STATE_PRUNE_EVERY:
+                self._state_pruned = time.monotonic()
+                retention.prune_state(state_dir())
             if time.monotonic() - self._caches_pruned > CACHE_PRUNE_EVERY:
                 self._caches_pruned = time.monotonic()
                 caches.prune(self.home)

@@ -63,7 +63,7 @@ class StageLauncher:
 
     def __init__(self, user: pwd.struct_passwd | None = None) -> None:
         self.user = user or pwd.getpwuid(os.getuid())
-        self.template = Template()
+        self.template = Template(spare=True)  # a stage 2 forked ahead for the next run
         self.walks = Walks()  # the walks before a run, in a process of their own
         self.scopes = Scopes()  # its bus is set once boxyd is on the session bus
         self.live: set[StageSandbox] = set()
@@ -77,6 +77,7 @@ class StageLauncher:
         self._loop = asyncio.get_event_loop()
         try:
             self.template.start()
+            self.template.prime()  # the first run's stage 2, forked once the template imported
         except SetupError as e:
             log.warning("%s", e)
         self.walks.start()
@@ -101,9 +102,10 @@ class StageLauncher:
                 for x in [spec, *(sb.spec for sb in self.live)]
                 for r in mountplan.writable_roots(x)
             ]
-            outputs = await pools.run(
-                pools.START, open_outputs, spec.audit_log, spec.net_log, spec.pcap, hostile
-            )
+            if spec.audit_log or spec.net_log or spec.pcap:  # none asked: no thread's turn
+                outputs = await pools.run(
+                    pools.START, open_outputs, spec.audit_log, spec.net_log, spec.pcap, hostile
+                )
             if spec.publish:  # the relay's modules load with the first run that publishes
                 from boxyd.daemon import publish
 
@@ -533,12 +535,15 @@ class StageSandbox:
                     done = msg
                     break
                 self._aside(msg)
-        if done is not None:
-            # the scope goes with its last process: its counters now
+        # the scope goes with its last process: its counters now (none without one)
+        if done is not None and self._scope_path is not None:
             self._limit_hits = await pools.run(pools.START, read_events, self._scope_path)
-            while (msg := await self.stage2.next()) is not None:  # until stage 2 is gone
-                self._aside(msg)
+        # Done is stage 2's last word, sent once PID 1 and with it every process of the
+        # payload is gone: the run ends now, not once stage 2's own exit has torn its
+        # namespaces down (finish() waits for the cgroup to empty where it must)
         self._events.put_nowait(_exit(done.end if done is not None else None))
+        while done is not None and (msg := await self.stage2.next()) is not None:
+            self._aside(msg)
 
     async def events(self) -> AsyncIterator[SandboxEvent]:
         """What the start-up and the relay queued: Started, Stopped…, one Exit."""
@@ -719,11 +724,13 @@ class StageSandbox:
             report.notes += got.get("notes", [])
             report.destinations = got.get("destinations", [])
             report.refusals = got.get("refusals", [])
-        for _ in range(20):  # a child of boxyd's cgroup empties as stage 2 exits
+        pause = 0.002
+        for _ in range(30):  # a child of boxyd's cgroup empties as stage 2 exits (~1 s)
             if self._placement is None or remove_subtree(self._placement):
                 self._placement = None
                 break
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)
         return report
 
     def audit_log(self) -> int | None:

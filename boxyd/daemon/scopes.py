@@ -160,20 +160,35 @@ def unit_properties(pid: int, spec: RunSpec, sid: str) -> list[tuple[str, tuple[
     return props
 
 
-def place_in_own_subtree(sid: str, pid: int, spec: RunSpec, why: str) -> Placement:
-    """Without a user manager: a child boxy-<id> of boxyd's own cgroup, when that
-    cgroup is delegated to us (ours and writable); its limits where the parent
-    enables the controller. Else no placement, and WHY (blocking: a thread)."""
+class NotDelegated(Exception):
+    """boxyd's own cgroup cannot hold runs, for a reason that lasts as long as boxyd
+    (it does not move): said at once to every later run."""
+
+
+def own_parent() -> str:
+    """boxyd's own cgroup directory, delegated to us (ours and writable); raises
+    NotDelegated (blocking: a thread)."""
     rel = _cgroup_of(os.getpid())
     if rel is None or rel == "/":
-        return Placement(reason=f"{why}; boxyd's own cgroup is the root, not delegated")
+        raise NotDelegated("boxyd's own cgroup is the root, not delegated")
     parent, _ = _cgroup_dir(rel)
     if parent is None:
-        return Placement(reason=f"{why}; no cgroup v2 hierarchy")
+        raise NotDelegated("no cgroup v2 hierarchy")
     try:
         st = os.stat(parent)
-        if st.st_uid != os.getuid() or not os.access(os.path.join(parent, "cgroup.procs"), os.W_OK):
-            return Placement(reason=f"{why}; boxyd's cgroup {parent} is not delegated to you")
+    except OSError as e:
+        raise NotDelegated(f"cannot use boxyd's cgroup {parent}: {e.strerror}") from None
+    if st.st_uid != os.getuid() or not os.access(os.path.join(parent, "cgroup.procs"), os.W_OK):
+        raise NotDelegated(f"boxyd's cgroup {parent} is not delegated to you")
+    return parent
+
+
+def place_in_own_subtree(sid: str, pid: int, spec: RunSpec, why: str) -> Placement:
+    """Without a user manager: a child boxy-<id> of boxyd's own cgroup, when that
+    cgroup is delegated to us; its limits where the parent enables the controller.
+    Else no placement, and WHY (blocking: a thread); raises NotDelegated."""
+    parent = own_parent()
+    try:
         child = os.path.join(parent, f"boxy-{sid}")
         os.mkdir(child, 0o755)
         enabled = frozenset(Path(parent, "cgroup.subtree_control").read_text().split())
@@ -272,12 +287,14 @@ class Scopes:
             )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + PLACE_TIMEOUT
+        pause = 0.001  # the job moves the process a moment after the reply: look soon
         while loop.time() < deadline:  # the job moves the process: wait to see it there
             rel = await asyncio.to_thread(_cgroup_of, pid)
             if rel is not None and rel.endswith("/" + unit):
                 path, controllers = await asyncio.to_thread(_cgroup_dir, rel)
                 return Placement(unit, controllers, path=path)
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.01)
         return Placement(reason=f"{unit} was made but the run is not in it")
 
     async def _in_own_subtree(self, sid: str, pid: int, spec: RunSpec, why: str) -> Placement:
@@ -285,8 +302,8 @@ class Scopes:
         later run is told so at once, with no thread and no file read."""
         if self._own is not None:
             return Placement(reason=f"{why}; {self._own}")
-        rel = await asyncio.to_thread(_cgroup_of, os.getpid())
-        if rel is None or rel == "/":
-            self._own = "boxyd's own cgroup is the root, not delegated"
+        try:
+            return await asyncio.to_thread(place_in_own_subtree, sid, pid, spec, why)
+        except NotDelegated as e:
+            self._own = str(e)
             return Placement(reason=f"{why}; {self._own}")
-        return await asyncio.to_thread(place_in_own_subtree, sid, pid, spec, why)

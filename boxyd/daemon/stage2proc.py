@@ -17,6 +17,7 @@ import fcntl
 import json
 import logging
 import os
+import select
 import socket
 import stat
 import subprocess
@@ -34,11 +35,18 @@ class Template:
     """The pre-imported stage-2 process. Started at most once at a time; restarted on
     the next run if it died."""
 
-    def __init__(self, module: str = "boxyd.stage2", kind: int = socket.SOCK_SEQPACKET) -> None:
+    def __init__(
+        self, module: str = "boxyd.stage2", kind: int = socket.SOCK_SEQPACKET, spare: bool = False
+    ) -> None:
         self.module = module  # boxyd.stage2, or boxyd.daemon.walkproc (the walks before a run)
         self.kind = kind  # of each request's socket
         self._proc: subprocess.Popen[bytes] | None = None
         self._ctl: socket.socket | None = None
+        # SPARE: one child forked ahead, waiting for its request, so that a run does not
+        # wait for the fork (a fresh child of the template like any other: it learns
+        # nothing of a session before its plan comes)
+        self._keep_spare = spare
+        self._spare: socket.socket | None = None
 
     def start(self) -> None:
         """Must run on the event-loop thread (the death signal follows the thread)."""
@@ -64,7 +72,28 @@ class Template:
         self._ctl = parent
 
     def spawn(self) -> socket.socket:
-        """A control socket to a freshly forked outer stage 2."""
+        """A control socket to a freshly forked child waiting for its request: the one
+        forked ahead if it is still there, and another one ahead for the next call."""
+        ready, self._spare = self._spare, None
+        if ready is not None and not _waiting(ready):
+            ready.close()
+            ready = None
+        if ready is None:
+            ready = self._fork_one()
+        self.prime()
+        return ready
+
+    def prime(self) -> None:
+        """Fork the spare child (with spare=True), if there is none."""
+        if not self._keep_spare or self._spare is not None:
+            return
+        try:
+            self._spare = self._fork_one()
+        except SetupError as e:  # the next call forks its own
+            log.warning("%s", e)
+
+    def _fork_one(self) -> socket.socket:
+        """A control socket to a freshly forked child."""
         for attempt in (1, 2):
             if self._ctl is None or self._proc is None or self._proc.poll() is not None:
                 if self._proc is not None:
@@ -94,6 +123,9 @@ class Template:
     def close(self) -> None:
         """Closing its socket ends the template — and, by their death signal, every
         sandbox it forked: only for a restart after it died, or when boxyd stops."""
+        if self._spare is not None:
+            self._spare.close()
+            self._spare = None
         if self._ctl is not None:
             self._ctl.close()
             self._ctl = None
@@ -104,6 +136,15 @@ class Template:
                 self._proc.kill()
                 self._proc.wait()
             self._proc = None
+
+
+def _waiting(sock: socket.socket) -> bool:
+    """The child at the other end still waits for its request (nothing to read: a child
+    that died, with its template or by a signal, reads as end of file)."""
+    try:
+        return not select.select([sock], [], [], 0)[0]
+    except (OSError, ValueError):
+        return False
 
 
 def plan_memfd(data: bytes) -> int:

@@ -26,7 +26,7 @@ import traceback
 
 from boxy.errors import SetupError
 from boxyd.plan.ops import Plan
-from boxyd.stage2 import live, namespaces, netns, pid1, template
+from boxyd.stage2 import live, namespaces, netns, nft, pid1, template
 from boxyd.stage2 import protocol as p
 
 MAX_PLAN = 256 << 20  # read from boxyd's sealed memfd; far beyond any argv or tree
@@ -363,5 +363,8 @@ def run_child(run_ctl: socket.socket) -> int:
 
 
 if __name__ == "__main__":
+    # missing: every networked run's child says so, and a run without network goes on
+    with contextlib.suppress(SetupError):
+        nft.preload()
     # Nothing to flush or finalise: skip interpreter shutdown.
     os._exit(template.main(run_child))

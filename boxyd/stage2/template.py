@@ -10,6 +10,7 @@ socket per request (SCM_RIGHTS), which the forked child owns alone.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
@@ -25,6 +26,9 @@ def serve(ctl: socket.socket, child: Child) -> int:
     """Wait for request sockets from boxyd and fork one CHILD for each."""
     # Children are reaped by the kernel: boxyd learns a request ended from its socket.
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    # Everything imported is here for good: the collector of a forked child never walks
+    # it, so the child copies none of the template's pages for a collection.
+    gc.freeze()
     while True:
         try:
             data, fds, flags, _ = socket.recv_fds(ctl, 16, 1, socket.MSG_CMSG_CLOEXEC)

@@ -22,6 +22,11 @@ if ! cmp -s "$src/pyproject.toml" "$stage/.venv/.pyproject" ; then
   cp "$src/pyproject.toml" "$stage/.venv/.pyproject"
 fi
 "$stage/.venv/bin/python3" -m compileall -q "$stage/boxy" "$stage/boxyd" "$stage/boxyctl" >/dev/null
+# boxyctl's own scripts, as `make venv` writes them (boxyctl/launcher.py); a tree from
+# before them has none to write
+if [ -f "$stage/boxyctl/launcher.py" ]; then
+  "$stage/.venv/bin/python3" -I -m boxyctl.launcher "$stage/.venv/bin"  # -I: not the cwd's tree
+fi
 chmod -R a+rX "$stage"
 
 # A runtime directory as a login would give the user.

@@ -148,12 +148,14 @@ def test_a_profile_host_in_a_refused_range_is_said_before_the_payload_starts(
     (profiles / "lanreg.yaml").write_text('net: allowlist\nallow_hosts: ["rebind-lan.boxy.test"]\n')
     user.chown(user.home / ".config")
     try:
-        r = netboxy.run("-p", "lanreg", cmd=["sh", "-c", "echo payload-started >&2"])
-        assert r.returncode == 0, r.stderr
-        lines = r.stderr.decode().splitlines()
-        said = [i for i, ln in enumerate(lines) if "rebind-lan.boxy.test resolves to" in ln]
-        assert len(said) == 1, lines
-        assert said[0] < lines.index("payload-started"), lines
-        assert "192.168.1.10" in lines[said[0]] and "--allow-cidr 192.168.1.10" in lines[said[0]]
+        for _ in range(2):  # the second run from what the first one's preflight found
+            r = netboxy.run("-p", "lanreg", cmd=["sh", "-c", "echo payload-started >&2"])
+            assert r.returncode == 0, r.stderr
+            lines = r.stderr.decode().splitlines()
+            said = [i for i, ln in enumerate(lines) if "rebind-lan.boxy.test resolves to" in ln]
+            assert len(said) == 1, lines
+            assert said[0] < lines.index("payload-started"), lines
+            line = lines[said[0]]
+            assert "192.168.1.10" in line and "--allow-cidr 192.168.1.10" in line
     finally:
         (profiles / "lanreg.yaml").unlink()

@@ -152,6 +152,53 @@ def test_bad_config_is_refused(
         hook.claude(event("npm i"))
 
 
+def test_config_is_kept_only_for_the_file_it_was_parsed_from(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hook.yaml as parsed is kept beside boxyd's socket, used while the file is the
+    one it came from, and checked as the file would be."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    path = home / ".config/boxy/hook.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text("flags: [--net, none]\n")
+    cache = tmp_path / "run" / "boxy" / hook.CACHE_NAME
+    # changed a moment ago: parsed each time, never kept (the kernel's clock ticks
+    # coarsely: a second change in the same tick would keep every time of the file)
+    assert hook.load_config()[0].flags == ("--net", "none")
+    assert not cache.exists()
+    monkeypatch.setattr(hook, "SETTLED", 0.0)
+    assert hook.load_config()[0].flags == ("--net", "none")
+    kept = json.loads(cache.read_text())
+    assert kept["doc"] == {"flags": ["--net", "none"]} and kept["key"][0] == str(path)
+    assert cache.stat().st_mode & 0o777 == 0o600
+    # what is kept is what is used while the file is that file...
+    cache.write_text(json.dumps({**kept, "doc": {"flags": ["--net", "public"]}}))
+    assert hook.load_config()[0].flags == ("--net", "public")
+    # ...but only from a directory of ours that no one else can write (/tmp/boxy-UID
+    # may be another user's), and never through a symlink
+    cache.parent.chmod(0o755)
+    assert hook.load_config()[0].flags == ("--net", "none")
+    cache.parent.chmod(0o700)
+    planted = tmp_path / "planted.json"
+    planted.write_text(json.dumps({**kept, "doc": {"flags": ["--net", "public"]}}))
+    cache.unlink()
+    cache.symlink_to(planted)
+    assert hook.load_config()[0].flags == ("--net", "none")
+    assert not cache.is_symlink()  # replaced by what was parsed
+    # ...a change of it is read anew (and kept in its place)
+    path.write_text("flags: [--net, none, -v]\n")
+    assert hook.load_config()[0].flags == ("--net", "none", "-v")
+    kept = json.loads(cache.read_text())
+    assert kept["doc"] == {"flags": ["--net", "none", "-v"]}
+    # ...and what is kept passes the same checks as the file
+    cache.write_text(json.dumps({**kept, "doc": {"flags": "-v"}}))
+    with pytest.raises(hook.UsageError, match="list of names"):
+        hook.load_config()
+    # a cache that does not read is no cache
+    cache.write_text("{")
+    assert hook.load_config()[0].flags == ("--net", "none", "-v")
+
+
 def test_approved_project(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from boxyd.config import projectconfig
 

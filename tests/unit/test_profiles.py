@@ -598,3 +598,20 @@ def test_ports_are_read_merged_and_shown(tmp_path):
         child.write_text(bad)
         with pytest.raises(ProfileError, match=f"ports.*{why}"):
             profiles.load_profile(str(child), context=CTX)
+
+
+def test_a_text_is_parsed_once_and_each_caller_gets_its_own_document() -> None:
+    """The parse of a text is kept for the same text only; what comes out is a copy
+    (a caller that changes it changes nothing for the next run); errors are not kept."""
+    from boxyd.config import profiles as pr
+
+    text = "description: kept\nallow_hosts: [a.example]\n"
+    first = pr._parse_yaml("t", text)
+    assert pr._PARSED[(pr._StrictLoader, text)] == first
+    first["allow_hosts"].append("b.example")
+    assert pr._parse_yaml("t", text) == {"description": "kept", "allow_hosts": ["a.example"]}
+    assert pr._parse_yaml("t", text + "net: none\n")["net"] == "none"
+    for _ in range(2):
+        with pytest.raises(ProfileError, match="invalid YAML"):
+            pr._parse_yaml("t", "a: [\n")
+    assert all(k[1] != "a: [\n" for k in pr._PARSED)

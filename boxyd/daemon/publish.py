@@ -135,19 +135,13 @@ class Publisher:
         task.add_done_callback(self._tasks.discard)
 
     async def _accept_loop(self, listener: socket.socket, port: int) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                client, _ = await loop.sock_accept(listener)
-            except OSError as e:  # EMFILE and friends: back off rather than spin
-                log.warning("publish accept: %s", e.strerror)
-                await asyncio.sleep(0.1)
-                continue
-            client.setblocking(False)
+        def take(client: socket.socket) -> None:
             if len(self._flows) + len(self._waiting) >= MAX_CONNECTIONS:
                 relay.reset(client)
-                continue
+                return
             self._spawn(self._connection(client, port))
+
+        await relay.accept_forever(listener, take, "publish")
 
     async def _connection(self, client: socket.socket, port: int) -> None:
         """CLIENT (the host's side) relayed to PORT on the sandbox's loopback; when

@@ -128,17 +128,14 @@ def read_first(client: socket.socket, inspector: sni.Inspector) -> tuple[ReadSta
             return "decided", result
 
 
-class _V4(ipaddress.IPv4Address):
+class _Once:
     """An address that hashes and prints once: it keys several dicts per flow (the
     policy's verdicts, the bindings) and names the flow's events, and the stdlib
-    computes both anew each time (Python calls)."""
+    computes both anew each time (Python calls). Mixed in before the address class."""
 
-    __slots__ = ("_hash", "_str")
-
-    def __init__(self, address: str) -> None:
-        super().__init__(address)
-        self._hash = super().__hash__()
-        self._str = super().__str__()
+    __slots__ = ()
+    _hash: int  # set by the subclass, whose slots hold them (two slotted bases cannot mix)
+    _str: str
 
     def __hash__(self) -> int:
         return self._hash
@@ -147,19 +144,22 @@ class _V4(ipaddress.IPv4Address):
         return self._str
 
 
-class _V6(ipaddress.IPv6Address):
+class _V4(_Once, ipaddress.IPv4Address):
     __slots__ = ("_hash", "_str")
 
     def __init__(self, address: str) -> None:
         super().__init__(address)
-        self._hash = super().__hash__()
-        self._str = super().__str__()
+        # the address class's own (past _Once in the order): equal to its hash and text
+        self._hash, self._str = super(_Once, self).__hash__(), super(_Once, self).__str__()
 
-    def __hash__(self) -> int:
-        return self._hash
 
-    def __str__(self) -> str:
-        return self._str
+class _V6(_Once, ipaddress.IPv6Address):
+    __slots__ = ("_hash", "_str")
+
+    def __init__(self, address: str) -> None:
+        super().__init__(address)
+        # the address class's own (past _Once in the order): equal to its hash and text
+        self._hash, self._str = super(_Once, self).__hash__(), super(_Once, self).__str__()
 
 
 def _ip(addr: str) -> Address:
@@ -579,20 +579,14 @@ class Gateway:
     async def _accept_loop(
         self, listener: socket.socket, handler: Callable[[socket.socket], Coroutine[Any, Any, None]]
     ) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                client, _ = await loop.sock_accept(listener)
-            except OSError as e:  # EMFILE and friends: back off rather than spin
-                log.warning("gateway accept: %s", e.strerror)
-                await asyncio.sleep(0.1)
-                continue
-            client.setblocking(False)
+        def take(client: socket.socket) -> None:
             if not self._accepts.take():
                 relay.reset(client)
                 self.rate_limited += 1  # counted, not logged one by one: it is a flood
-                continue
+                return
             self._spawn(handler(client))
+
+        await relay.accept_forever(listener, take, "gateway")
 
     def _tcp_acceptable(self, listener: socket.socket) -> None:
         """The listener is readable: take what is queued (a burst at most per wake-up,

@@ -29,6 +29,7 @@ import contextlib
 import enum
 import fcntl
 import functools
+import logging
 import os
 import socket
 import struct
@@ -75,6 +76,24 @@ class CloseReason(enum.Enum):
     RESET_BY_B = "reset_by_b"
     IDLE = "idle"  # no byte either way for idle_timeout: both reset
     ABORTED = "aborted"  # Flow.abort() or the run() task was cancelled: both reset
+
+
+async def accept_forever(
+    listener: socket.socket, take: Callable[[socket.socket], None], what: str
+) -> None:
+    """Each connection LISTENER accepts, non-blocking, to TAKE (which owns it), until
+    cancelled. A failed accept (EMFILE and friends) is logged under WHAT and backed
+    off from rather than spun on."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            client, _ = await loop.sock_accept(listener)
+        except OSError as e:
+            logging.getLogger("boxyd").warning("%s accept: %s", what, e.strerror)
+            await asyncio.sleep(0.1)
+            continue
+        client.setblocking(False)
+        take(client)
 
 
 def reset(sock: socket.socket) -> None:

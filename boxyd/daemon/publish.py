@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import errno
 import ipaddress
-import logging
 import socket
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -29,8 +28,6 @@ from boxy.errors import UsageError
 from boxy.values import PortMapping
 from boxyd.net import relay
 from boxyd.stage2 import protocol
-
-log = logging.getLogger("boxyd")
 
 MAX_CONNECTIONS = 256  # at once, per session: past it a new one is reset at accept
 OPEN_WAIT = 5.0  # seconds for stage 2 to make a connection's socket

@@ -14,8 +14,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from boxy import INTERFACE
+from boxy.buildid import build_id
 from boxy.errors import (
     BoxyError,
+    BuildMismatch,
     DaemonError,
     InternalError,
     NoSuchSession,
@@ -169,6 +171,16 @@ class VarlinkService:
         self.manager = manager
         self.on_shutdown: Callable[[], None] = lambda: None
         self.join_bus: Callable[[str], Awaitable[None]] = _no_bus
+
+    @staticmethod
+    def other_build(call: Call) -> tuple[str, dict[str, Any]] | None:
+        """VarlinkServer's first check: a call that names a build other than ours is
+        BuildMismatch before its parameters are checked (the client then replaces an
+        idle boxyd of another build: boxy.client)."""
+        build = call.parameters.get("build")
+        if isinstance(build, str) and build and build != build_id():
+            return varlink_error(BuildMismatch(build_id(), build))
+        return None
 
     async def handle(self, call: Call) -> None:
         name = call.method.removeprefix(INTERFACE + ".")

@@ -180,8 +180,13 @@ class VarlinkServer:
         methods: Collection[str] | None = None,
         description: str | None = None,
         max_write_buffer: int = MAX_WRITE_BUFFER,
+        first: Callable[[Call], tuple[str, dict[str, Any]] | None] | None = None,
     ) -> None:
+        """FIRST: asked of each call of ours before its parameters are held to the IDL;
+        an (error, parameters) it returns is the reply (a client of another build speaks
+        another IDL: it should hear that, not which parameter this IDL lacks)."""
         self._handler = handler
+        self._first = first
         self._description = description if description is not None else interface_description()
         self._idl = idl.parse(self._description)
         self._methods = (
@@ -288,6 +293,10 @@ class VarlinkServer:
         method = decl.methods.get(name)
         if method is None or (decl is self._idl and call.method not in self._methods):
             await call.error(METHOD_NOT_FOUND, {"method": call.method})
+            return False
+        refused = self._first(call) if self._first is not None and decl is self._idl else None
+        if refused is not None:
+            await call.error(*refused)
             return False
         bad = idl.check_fields(decl, method.params, call.parameters)
         if bad is not None:

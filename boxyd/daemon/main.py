@@ -120,7 +120,7 @@ async def serve(sock: socket.socket) -> None:
     manager = Manager(launcher, Records(launcher.user.pw_dir))
     manager.start_launcher()
     service = VarlinkService(manager)
-    server = VarlinkServer(service.handle)
+    server = VarlinkServer(service.handle, first=service.other_build)
     stop = asyncio.Event()
     service.on_shutdown = stop.set
     bus = Bus(manager, launcher)

@@ -82,7 +82,8 @@ class Peer:
 
 def serve(tmp_path: Path, manager: Manager) -> tuple[str, VarlinkServer, asyncio.Task]:
     """The real varlink server over MANAGER, on a socket in TMP_PATH."""
-    server = VarlinkServer(VarlinkService(manager).handle)
+    service = VarlinkService(manager)
+    server = VarlinkServer(service.handle, first=service.other_build)
     path = str(tmp_path / "s")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(path)
@@ -128,6 +129,26 @@ async def test_refusals_are_named_errors(daemon, params: dict, error: str) -> No
     assert got["error"] == M + error and "message" in got["parameters"]
     peer.send("Show", {"id": "../../etc"})
     assert (await peer.reply())["error"] == M + "NoSuchSession"
+    peer.close()
+
+
+async def test_a_client_of_another_build_hears_so_before_its_parameters_are_checked(
+    daemon,
+) -> None:
+    """A newer client sends options this daemon's IDL lacks: what it must hear is
+    BuildMismatch (boxy.client then replaces an idle daemon), not InvalidParameter."""
+    _, path = daemon
+    peer = await Peer.connect(path)
+    params = run_params(build="newer")
+    params["options"] = {**params.get("options", {}), "an_option_of_a_later_build": ["x"]}
+    peer.send("Run", params, more=True)
+    got = await peer.reply()
+    assert got["error"] == M + "BuildMismatch", got
+    assert got["parameters"]["client_build"] == "newer"
+    params["build"] = run_params()["build"]  # this build: the IDL has its say
+    peer.send("Run", params, more=True)
+    got = await peer.reply()
+    assert got["error"] == "org.varlink.service.InvalidParameter", got
     peer.close()
 
 

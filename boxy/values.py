@@ -155,14 +155,39 @@ def parse_port(s: str, *, what: str = "--allow-port") -> int:
     return int(s)
 
 
-class HostSpec:
+class _Frozen:
+    """A value frozen by hand, not a dataclass (the client imports this module, and
+    dataclasses or typing cost it milliseconds on every run): its fields are its
+    __slots__, set once in __init__ with object.__setattr__; equality, hash and repr
+    come from them."""
+
+    __slots__: tuple[str, ...] = ()
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen: cannot set {name}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen: cannot delete {name}")
+
+    def _key(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, type(self)) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
+        return f"{type(self).__name__}({fields})"
+
+
+class HostSpec(_Frozen):
     """One --allow-host value, parsed once (``parse_host_spec``) and passed on typed:
     a name or address (lower-case, no trailing dot), its ports (empty: the global
     --allow-port list applies), and whether the ports are UDP. ``str()`` is its wire
-    and record form, which ``parse_host_spec`` reads back to an equal value.
-
-    Frozen by hand, not a dataclass: the client imports this module, and dataclasses
-    or typing cost it milliseconds on every run."""
+    and record form, which ``parse_host_spec`` reads back to an equal value."""
 
     __slots__ = ("host", "ports", "udp")
     host: str
@@ -173,24 +198,6 @@ class HostSpec:
         object.__setattr__(self, "host", host)
         object.__setattr__(self, "ports", tuple(ports))
         object.__setattr__(self, "udp", udp)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"HostSpec is frozen: cannot set {name}")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"HostSpec is frozen: cannot delete {name}")
-
-    def _key(self) -> tuple[str, tuple[int, ...], bool]:
-        return (self.host, self.ports, self.udp)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, HostSpec) and self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __repr__(self) -> str:
-        return f"HostSpec(host={self.host!r}, ports={self.ports!r}, udp={self.udp!r})"
 
     def __str__(self) -> str:
         text = f"[{self.host}]" if ":" in self.host and self.ports else self.host
@@ -337,11 +344,11 @@ def parse_cidrs(s: str, *, what: str = "--allow-cidr") -> list[str]:
     return out
 
 
-class PortMapping:
+class PortMapping(_Frozen):
     """One --publish value, parsed once (``parse_publish``): the host's ADDR (an
     address literal) and HOST_PORT, relayed by boxyd to PORT on the sandbox's own
     loopback. ``str()`` is its wire and record form, which ``parse_publish`` reads
-    back to an equal value. Frozen by hand, as HostSpec is (start-up cost)."""
+    back to an equal value."""
 
     __slots__ = ("addr", "host_port", "port")
     addr: str
@@ -352,24 +359,6 @@ class PortMapping:
         object.__setattr__(self, "addr", addr)
         object.__setattr__(self, "host_port", host_port)
         object.__setattr__(self, "port", port)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"PortMapping is frozen: cannot set {name}")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"PortMapping is frozen: cannot delete {name}")
-
-    def _key(self) -> tuple[str, int, int]:
-        return (self.addr, self.host_port, self.port)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, PortMapping) and self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __repr__(self) -> str:
-        return f"PortMapping(addr={self.addr!r}, host_port={self.host_port!r}, port={self.port!r})"
 
     @property
     def host(self) -> str:

@@ -37,7 +37,7 @@ STAGE, BEFORE_STAGE = Path("/opt/boxy-bench"), Path("/opt/boxy-bench-before")
 BENCHES: list[tuple[str, list[str], str]] = [
     ("startup", ["bench/startup.py", "-n", "40"], "user"),
     ("hook", ["bench/hook.py"], "user"),
-    ("net", ["bench/net.py"], "root"),
+    ("net", ["bench/net.py", "--user", "{user}"], "root"),
     ("events", ["bench/events.py"], "user"),
     ("main job", ["bench/npm.py"], "user"),
     ("pip", ["bench/pip.py"], "user"),

@@ -133,6 +133,10 @@ class Supervisor:
         self.status_r = status_r
         self.buf = b""  # PID 1's reports not yet relayed: the final ones stay for the end
         self.requests = LiveRequests(ctl)
+        # PID 1 closed its end (it is exiting): a pipe at EOF stays readable, and polling
+        # it until PID 1 is reaped made this loop spin through PID 1's whole teardown,
+        # which it slowed by ~3 ms a run (docs/design.md, "Processes")
+        self.status_open = True
 
     def from_boxyd(self) -> None:
         """A signal for PID 1, or a live-guard request (boxyd/stage2/live.py)."""
@@ -151,7 +155,9 @@ class Supervisor:
                 pass
 
     def from_pid1(self) -> None:
-        self.buf += os.read(self.status_r, 65536)
+        chunk = os.read(self.status_r, 65536)
+        self.status_open = bool(chunk)
+        self.buf += chunk
         if len(self.buf) > MAX_STATUS:
             self.buf = b""
         self.buf = _relay_stops(self.ctl, self.buf, self.requests)
@@ -160,7 +166,9 @@ class Supervisor:
         pidfd = os.pidfd_open(self.pid)
         try:
             while True:
-                watched: list[socket.socket | int] = [self.ctl, self.status_r, pidfd]
+                watched: list[socket.socket | int] = [self.ctl, pidfd]
+                if self.status_open:
+                    watched.append(self.status_r)
                 if pty is not None:
                     watched.append(pty)
                 ready = select.select(watched, [], [])[0]

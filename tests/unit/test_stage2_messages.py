@@ -83,6 +83,38 @@ def test_requests_from_boxyd() -> None:
     ours.close()
 
 
+def test_the_supervisor_waits_for_pid1_without_spinning_on_its_closed_pipe() -> None:
+    """PID 1 closes its status pipe as it exits, and is reaped only after its teardown:
+    meanwhile the pipe at EOF must not be polled again (it spun thousands of times)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    status_r, status_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # "PID 1": a report, its end of the pipe closed, then a slow exit
+        os.write(status_w, p.encode(p.Exited(7)) + b"\n")
+        os.close(status_w)
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
+        signal.sigtimedwait([signal.SIGALRM], 0.3)
+        os._exit(0)
+    os.close(status_w)
+    supervisor = outer.Supervisor(ours, pid, status_r)
+    reads = 0
+    read = supervisor.from_pid1
+
+    def counted() -> None:
+        nonlocal reads
+        reads += 1
+        read()
+
+    supervisor.from_pid1 = counted  # type: ignore[method-assign]
+    supervisor.loop(None)
+    supervisor.finish()
+    assert reads <= 3  # the report, EOF (and a short read between), never a spin
+    assert p.decode_report(theirs.recv(p.MAX_FRAME)) == p.Done(p.Exited(7))
+    for s in (ours, theirs):
+        s.close()
+    os.close(status_r)
+
+
 async def _reports(frames: list[tuple[bytes, list[int]]]) -> list[object]:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     ours.setblocking(False)

@@ -264,11 +264,17 @@ class Client:
     def stream(
         self, method: str, parameters: dict[str, Any], *, fds: Sequence[int] = (), more: bool = True
     ) -> Iterator[dict[str, Any]]:
-        """Call METHOD and yield each reply's parameters until one without "continues"."""
+        """Call METHOD now, and yield each reply's parameters until one without
+        "continues". The call is sent before this returns, not at the first next(): the
+        caller can do what it needs for the replies while the server works (boxyctl
+        imports the reply types then: docs/design.md, "Processes")."""
         msg: dict[str, Any] = {"method": method, "parameters": parameters}
         if more:
             msg["more"] = True
         self._send(encode(msg), fds)
+        return self._stream_replies()
+
+    def _stream_replies(self) -> Iterator[dict[str, Any]]:
         while True:
             params, continues = self._next_reply()
             yield params

@@ -398,8 +398,6 @@ def _follow(
 ) -> int:
     """Run or Attach: our stdio (a terminal in raw mode) is the session's until it
     ends or we detach (Ctrl-]); signals and window sizes are passed on."""
-    from boxy.outcome import Detached, Ended
-
     waiting = _Waiting(client, sid)
     waiting.install()
     raw = contextlib.ExitStack()
@@ -415,6 +413,9 @@ def _follow(
             params = {**params, "terminal": termsettings.capture(0)}
             term = raw.enter_context(tty.raw_mode(0))
         replies = client.stream(f"{IFACE}.{method}", params, fds=_stdio())
+        # sent: the replies' types are imported while boxyd starts the sandbox
+        from boxy.outcome import Detached, Ended
+
         final = _relay(waiting, replies, term, summary)
     if summary is not None:
         summary.id = sid[0] if sid else getattr(final, "id", "")

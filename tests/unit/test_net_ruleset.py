@@ -6,6 +6,7 @@ traffic through it; these check what must hold whatever the kernel does.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 
 from boxy.errors import SetupError
 from boxyd.net import ruleset as rs
+from boxyd.net.ranges import static_prefixes
 
 BASE: dict[str, Any] = {
     "deny_v4": ["10.0.0.0/8", "192.168.0.0/16", "169.254.0.0/16"],
@@ -424,6 +426,40 @@ def test_overlapping_and_adjacent_prefixes_are_merged() -> None:
         prefix("203.0.113.0/24"),
     ]
     assert elems(r, "deny6") == [prefix("2001:db8::/32"), prefix("fe80::/10")]
+
+
+def test_adjacent_prefixes_that_are_no_prefix_together_become_one_range() -> None:
+    r = build(
+        deny_v4=["11.0.0.0/8", "12.0.0.0/8", "13.0.0.0/8", "192.0.2.0/24"],
+        deny_v6=["::/81", "::8000:0:0/82", "::c000:0:0/83", "2001:db8::/32"],
+    )
+    assert elems(r, "deny4") == [
+        {"range": ["11.0.0.0", "13.255.255.255"]},
+        prefix("192.0.2.0/24"),
+    ]
+    assert elems(r, "deny6") == [
+        {"range": ["::", "::dfff:ffff:ffff"]},
+        prefix("2001:db8::/32"),
+    ]
+
+
+def test_the_static_deny_sets_cover_exactly_their_prefixes() -> None:
+    """Merging into ranges neither widens nor narrows a set: every address the
+    prefixes name is in an element, and every element is made of them."""
+    s = static_prefixes()
+    r = build(deny_v4=s.deny_v4, deny_v6=s.deny_v6)
+    for name, prefixes in (("deny4", s.deny_v4), ("deny6", s.deny_v6)):
+        covered = sorted(ipaddress.collapse_addresses(ipaddress.ip_network(p) for p in prefixes))
+        spans = []
+        for e in elems(r, name):
+            if "prefix" in e:
+                net = ipaddress.ip_network(f"{e['prefix']['addr']}/{e['prefix']['len']}")
+                spans += [net]
+            else:
+                lo, hi = (ipaddress.ip_address(a) for a in e["range"])
+                spans += list(ipaddress.summarize_address_range(lo, hi))
+        assert sorted(ipaddress.collapse_addresses(spans)) == covered
+    assert len(elems(r, "deny6")) < len(s.deny_v6) / 2  # and far fewer elements
 
 
 def test_single_addresses_become_full_length_prefixes() -> None:

@@ -40,7 +40,7 @@ class Tools:
         return self.answers.get(key)
 
 
-DEFAULTS = "https://index.example.test/simple\nfiles.example.test"
+DEFAULTS = "index=https://index.example.test/simple\nfiles=files.example.test\n"
 
 
 def test_npm_from_tool_and_cached() -> None:
@@ -60,18 +60,25 @@ def test_env_override_wins_without_asking() -> None:
 
 
 def test_pip_default_index_and_files() -> None:
-    reg = Registries({}, run=Tools({"pip-defaults": DEFAULTS}))
+    tools = Tools({"pip-defaults": DEFAULTS})
+    reg = Registries({}, run=tools)
     assert reg("pip_index") == "index.example.test"
     assert reg("pip_files") == "files.example.test"
+    assert reg("pip_index_url") is None
+    assert reg("pip_cert") is None
+    assert tools.asked == ["pip-defaults"] * 4  # one python start-up each (then cached)
 
 
-def test_pip_private_index_serves_its_own_files() -> None:
-    tools = Tools(
-        {"pip-defaults": DEFAULTS, "python3 -m pip": "https://devpi.example.test/root/simple"}
-    )
+def test_pip_private_index_serves_its_own_files(tmp_path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    private = "global.index-url=https://devpi.example.test/root/simple\n"
+    tools = Tools({"pip-defaults": DEFAULTS + private + f"global.cert={ca}\n"})
     reg = Registries({}, run=tools)
     assert reg("pip_index") == "devpi.example.test"
     assert reg("pip_files") == "devpi.example.test"
+    assert reg("pip_index_url") == "https://devpi.example.test/root/simple"
+    assert reg("pip_cert") == str(ca)
 
 
 def test_missing_tool_gives_none() -> None:
@@ -151,6 +158,28 @@ def test_the_tools_answer_is_kept_across_runs(tmp_path) -> None:
     assert Registries(env, tools=tools)("npm_registry") == "cached.example.test"  # the stand-in's
     assert len(tools.calls) == 2
     assert Registries(env, tools=tools)("npm_registry") == "cached.example.test"
+    assert len(tools.calls) == 2
+
+
+def test_pips_answer_is_kept_while_its_config_files_are_as_they_were(tmp_path) -> None:
+    # python with pip costs a start-up of its own (~0.15 s) for the settings of every
+    # pip run: kept while the config files pip named are unchanged, not a minute
+    python = tmp_path / "python3"
+    conf = tmp_path / "pip.conf"
+    python.write_text(
+        "#!/bin/sh\necho index=https://index.example.test/simple\necho files=files.example.test\n"
+        f"echo file=/nonexistent/pip.conf\necho file={conf}\n"
+    )
+    python.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    tools = Counting()
+    assert Registries(env, tools=tools)("pip_index") == "index.example.test"
+    assert Registries(env, tools=tools)("pip_files") == "files.example.test"
+    assert len(tools.calls) == 1
+    conf.write_text("[global]\nindex-url = https://other.example.test/simple\n")
+    assert Registries(env, tools=tools)("pip_index") == "index.example.test"  # the stand-in's
+    assert len(tools.calls) == 2
+    assert Registries(env, tools=tools)("pip_index") == "index.example.test"
     assert len(tools.calls) == 2
 
 

@@ -134,53 +134,61 @@ class Counting:
         return Box()
 
 
+def _stand_in(tmp_path, name: str, lines: list[str]) -> dict[str, str]:
+    """A real executable NAME on PATH that prints LINES: the environment to find it."""
+    tool = tmp_path / name
+    tool.write_text("#!/bin/sh\n" + "".join(f"echo {line}\n" for line in lines))
+    tool.chmod(0o755)
+    return {"PATH": f"{tmp_path}:/usr/bin:/bin", "HOME": str(tmp_path)}
+
+
+def _asked_again_once(env, tools: Counting, config, name: str, answer: str) -> None:
+    """A config file the answer named appears (or changes): asked again at once, once."""
+    asked = len(tools.calls)
+    config.write_text("[global]\nregistry = https://other.example.test/\n")
+    assert Registries(env, tools=tools)(name) == answer  # the stand-in's
+    assert len(tools.calls) == asked + 1
+    assert Registries(env, tools=tools)(name) == answer
+    assert len(tools.calls) == asked + 1
+
+
 def test_the_tools_answer_is_kept_across_runs(tmp_path) -> None:
     # One Registries per run; asking npm costs a node start-up, so the answer is
     # kept for the next runs. A real executable stands in for npm here.
-    npm = tmp_path / "npm"
     npmrc = tmp_path / ".npmrc"
-    npm.write_text(
-        "#!/bin/sh\necho registry=https://cached.example.test/\necho cafile=null\n"
-        f"echo userconfig={npmrc}\necho globalconfig={tmp_path}/etc/npmrc\n"
-    )
-    npm.chmod(0o755)
-    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    env = _stand_in(
+        tmp_path,
+        "npm",
+        ["registry=https://cached.example.test/", "cafile=null", f"userconfig={npmrc}",
+         f"globalconfig={tmp_path}/etc/npmrc"],
+    )  # fmt: skip
     tools = Counting()
     assert Registries(env, tools=tools)("npm_registry") == "cached.example.test"
     assert Registries(env, tools=tools)("npm_registry_url") == "https://cached.example.test/"
     assert Registries(env, tools=tools)("npm_cafile") is None
     # one node start-up for every npm setting, and none for the next runs
+    npm = str(tmp_path / "npm")
     assert tools.calls == [
-        [str(npm), "config", "get", "registry", "cafile", "userconfig", "globalconfig"]
+        [npm, "config", "get", "registry", "cafile", "userconfig", "globalconfig"]
     ]
-    # an npmrc npm reads appears (or changes): asked again at once
-    npmrc.write_text("registry=https://other.example.test/\n")
-    assert Registries(env, tools=tools)("npm_registry") == "cached.example.test"  # the stand-in's
-    assert len(tools.calls) == 2
-    assert Registries(env, tools=tools)("npm_registry") == "cached.example.test"
-    assert len(tools.calls) == 2
+    _asked_again_once(env, tools, npmrc, "npm_registry", "cached.example.test")
 
 
 def test_pips_answer_is_kept_while_its_config_files_are_as_they_were(tmp_path) -> None:
     # python with pip costs a start-up of its own (~0.15 s) for the settings of every
     # pip run: kept while the config files pip named are unchanged, not a minute
-    python = tmp_path / "python3"
     conf = tmp_path / "pip.conf"
-    python.write_text(
-        "#!/bin/sh\necho index=https://index.example.test/simple\necho files=files.example.test\n"
-        f"echo file=/nonexistent/pip.conf\necho file={conf}\n"
-    )
-    python.chmod(0o755)
-    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    env = _stand_in(
+        tmp_path,
+        "python3",
+        ["index=https://index.example.test/simple", "files=files.example.test",
+         "file=/nonexistent/pip.conf", f"file={conf}"],
+    )  # fmt: skip
     tools = Counting()
     assert Registries(env, tools=tools)("pip_index") == "index.example.test"
     assert Registries(env, tools=tools)("pip_files") == "files.example.test"
     assert len(tools.calls) == 1
-    conf.write_text("[global]\nindex-url = https://other.example.test/simple\n")
-    assert Registries(env, tools=tools)("pip_index") == "index.example.test"  # the stand-in's
-    assert len(tools.calls) == 2
-    assert Registries(env, tools=tools)("pip_index") == "index.example.test"
-    assert len(tools.calls) == 2
+    _asked_again_once(env, tools, conf, "pip_index", "index.example.test")
 
 
 def test_a_tool_in_a_writable_tree_is_never_asked(tmp_path) -> None:

@@ -15,7 +15,7 @@ import posixpath
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from boxy.errors import UsageError
@@ -224,11 +224,10 @@ def refuse_sockets(
             continue
         if not stat.S_ISDIR(st.st_mode):
             continue
-        key = (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_mtime_ns)
-        read = memo.get(top, key)
+        read = memo.get(top, _key(st))
         if read is None:
             read_at = memo.now()
-            read = _read_dir(label, tree, top, key, (limit - seen, limit))
+            read = _read_dir(label, tree, top, follow, (limit - seen, limit))
             if read is None:
                 continue
             memo.put(top, read, read_at)
@@ -238,44 +237,61 @@ def refuse_sockets(
         stack += [(os.path.join(top, name), False) for name in read.subdirs]
 
 
-def _read_dir(
-    label: str, tree: str, top: str, key: tuple[int, int, int, int], room: tuple[int, int]
-) -> _Read | None:
+def _key(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_mtime_ns)
+
+
+def _read_dir(label: str, tree: str, top: str, follow: bool, room: tuple[int, int]) -> _Read | None:
     """TOP's entries: UsageError at a socket or past ROOM's first number of them (its
-    second: the whole walk's limit, to say); None if it cannot be read at all. A reading
-    that ended half-way (a file system that refuses getdents, an entry gone meanwhile)
-    is not complete: it is used once, never kept."""
+    second: the whole walk's limit, to say); None if it cannot be read at all. Read
+    through one descriptor, so what is kept is what that very directory held (the
+    tree may be a payload's to rename in)."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
-        it = os.scandir(top)
+        fd = os.open(top, flags)
     except OSError:
         return None
+    try:
+        key = _key(os.fstat(fd))
+        with os.scandir(fd) as it:
+            entries, subdirs, complete = _entries(label, tree, top, it, room)
+    except OSError:  # fstat or opendir
+        return None
+    finally:
+        os.close(fd)
+    return _Read(key, entries, tuple(subdirs), complete)
+
+
+def _entries(
+    label: str, tree: str, top: str, it: Iterator[os.DirEntry[str]], room: tuple[int, int]
+) -> tuple[int, list[str], bool]:
+    """(entries, subdirectories, complete): a reading that ended half-way (a file
+    system that refuses getdents, an entry gone meanwhile) is used once, never kept."""
     entries, complete = 0, True
     subdirs: list[str] = []
-    with it:
-        while True:
-            try:
-                e = next(it)
-            except StopIteration:
-                break
-            except OSError:
-                complete = False
-                break
-            entries += 1
-            if entries > room[0]:
-                raise _too_large(label, tree, room[1])
-            try:
-                st = e.stat(follow_symlinks=False)
-            except OSError:
-                complete = False
-                continue
-            if stat.S_ISSOCK(st.st_mode):
-                raise UsageError(
-                    f"{label} {tree}: holds the unix socket {e.path}, which the sandbox "
-                    "could connect to; expose a narrower path"
-                )
-            if stat.S_ISDIR(st.st_mode):
-                subdirs.append(e.name)
-    return _Read(key, entries, tuple(subdirs), complete)
+    while True:
+        try:
+            e = next(it)
+        except StopIteration:
+            break
+        except OSError:
+            return entries, subdirs, False
+        entries += 1
+        if entries > room[0]:
+            raise _too_large(label, tree, room[1])
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            complete = False
+            continue
+        if stat.S_ISSOCK(st.st_mode):
+            raise UsageError(
+                f"{label} {tree}: holds the unix socket {os.path.join(top, e.name)}, "
+                "which the sandbox could connect to; expose a narrower path"
+            )
+        if stat.S_ISDIR(st.st_mode):
+            subdirs.append(e.name)
+    return entries, subdirs, complete
 
 
 def _too_large(label: str, tree: str, limit: int) -> UsageError:

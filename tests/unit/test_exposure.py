@@ -244,3 +244,15 @@ def test_the_memo_is_bounded(tmp_path: Path) -> None:
         assert len(memo) <= 4
     with _bind(tree / "a/d/agent.sock"), pytest.raises(UsageError, match="agent.sock"):
         refuse_sockets("--ro", str(tree), memo=memo)
+
+
+def test_symlinks_below_the_tree_are_not_followed_the_tree_itself_is(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    tree = _tree(tmp_path / "t")
+    (tree / "a/link").symlink_to(outside)  # resolves nowhere in the sandbox
+    (tmp_path / "via").symlink_to(tree)
+    with _bind(outside / "agent.sock"):
+        refuse_sockets("--ro", str(tree), memo=SocketMemo())
+    with _bind(tree / "e/agent.sock"), pytest.raises(UsageError, match="e/agent.sock"):
+        refuse_sockets("--ro", str(tmp_path / "via"), memo=SocketMemo())

@@ -13,7 +13,10 @@ import os
 import os.path
 import posixpath
 import stat
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 
 from boxy.errors import UsageError
 
@@ -143,49 +146,156 @@ def check_exposed(
 
 # Bounds on the walk below: a tree too large to check is refused, never passed unchecked.
 SOCKET_SCAN_ENTRIES = 200_000
+# A directory read within this of its last change is read again next time: timestamps
+# are coarse (a change in the same clock tick as the reading leaves its ctime equal).
+RACY_NS = 1_000_000_000
+MEMO_DIRS = 20_000  # directories remembered across runs (a few MB at most)
 
 
-def refuse_sockets(label: str, tree: str, *, limit: int = SOCKET_SCAN_ENTRIES) -> None:
+@dataclass(frozen=True)
+class _Read:
+    """What one reading of a directory found: no socket; how many entries; its
+    subdirectories (names). Valid while the directory's identity and ctime hold."""
+
+    key: tuple[int, int, int, int]  # st_dev, st_ino, st_ctime_ns, st_mtime_ns
+    entries: int
+    subdirs: tuple[str, ...]
+    complete: bool = True  # False: some entry could not be looked at (never kept)
+
+
+class SocketMemo:
+    """The directories of exposed trees already found free of sockets (boxy's package
+    caches come back every run, thousands of them). A socket appears only as a new
+    entry, and a new, removed or renamed entry moves its directory's ctime, which no
+    one can set: a directory whose identity and ctime are unchanged is not read again.
+    Its subdirectories still are each looked at, so the walk stays complete. (A mount
+    over a file of an unchanged directory goes unseen: mounting takes privilege over
+    boxyd's own mount namespace, which is not what this check is against.)"""
+
+    def __init__(self, clock: Callable[[], int] = time.time_ns, limit: int = MEMO_DIRS) -> None:
+        self._clock = clock
+        self._limit = limit
+        self._dirs: dict[str, _Read] = {}
+        self._lock = threading.Lock()
+        self.reads = 0  # directories read (not taken from the memo): for the tests
+
+    def get(self, path: str, key: tuple[int, int, int, int]) -> _Read | None:
+        with self._lock:
+            hit = self._dirs.get(path)
+        return hit if hit is not None and hit.key == key else None
+
+    def put(self, path: str, read: _Read, read_at: int) -> None:
+        """READ, taken at READ_AT, kept unless the directory changed too close to it."""
+        with self._lock:
+            self.reads += 1
+            if not read.complete or read.key[2] >= read_at - RACY_NS:
+                self._dirs.pop(path, None)
+                return
+            if len(self._dirs) >= self._limit:
+                self._dirs.clear()
+            self._dirs[path] = read
+
+    def now(self) -> int:
+        return self._clock()
+
+    def __len__(self) -> int:
+        return len(self._dirs)
+
+
+MEMO = SocketMemo()
+
+
+def refuse_sockets(
+    label: str, tree: str, *, limit: int = SOCKET_SCAN_ENTRIES, memo: SocketMemo = MEMO
+) -> None:
     """Refuse to expose a tree that holds a unix socket (a tmux server, a password
     manager's agent, an IDE's helper …): a socket is reachable through a read-only
     bind, and Landlock below ABI 9 cannot stop a pathname connect(). Walks without
     following symlinks (a symlink to a socket outside the tree does not resolve in
-    the sandbox). The work directory is not walked: it is the project itself."""
+    the sandbox); each directory is looked at, but one unchanged since MEMO last read
+    it is not read again. The work directory is not walked: it is the project itself."""
     seen = 0
-    stack = [tree]
+    stack = [(tree, True)]
     while stack:
-        top = stack.pop()
-        try:
-            it = os.scandir(top)
+        top, follow = stack.pop()
+        try:  # the tree itself as scandir takes it; below it, never through a symlink
+            st = os.stat(top, follow_symlinks=follow)
         except OSError:
             continue
-        with it:
-            for e in _entries(it):
-                seen += 1
-                if seen > limit:
-                    raise UsageError(
-                        f"{label} {tree}: too large to check for unix sockets (over {limit} "
-                        "entries); expose a narrower path"
-                    )
-                try:
-                    st = e.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if stat.S_ISSOCK(st.st_mode):
-                    raise UsageError(
-                        f"{label} {tree}: holds the unix socket {e.path}, which the sandbox "
-                        "could connect to; expose a narrower path"
-                    )
-                if stat.S_ISDIR(st.st_mode):
-                    stack.append(e.path)
+        if not stat.S_ISDIR(st.st_mode):
+            continue
+        read = memo.get(top, _key(st))
+        if read is None:
+            read_at = memo.now()
+            read = _read_dir(label, tree, top, follow, (limit - seen, limit))
+            if read is None:
+                continue
+            memo.put(top, read, read_at)
+        seen += read.entries
+        if seen > limit:
+            raise _too_large(label, tree, limit)
+        stack += [(os.path.join(top, name), False) for name in read.subdirs]
 
 
-def _entries(it: Iterator[os.DirEntry[str]]) -> Iterator[os.DirEntry[str]]:
-    """A directory's entries, ending quietly when reading it fails half-way (a file
-    system that refuses getdents, a directory removed meanwhile)."""
+def _key(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_mtime_ns)
+
+
+def _read_dir(label: str, tree: str, top: str, follow: bool, room: tuple[int, int]) -> _Read | None:
+    """TOP's entries: UsageError at a socket or past ROOM's first number of them (its
+    second: the whole walk's limit, to say); None if it cannot be read at all. Read
+    through one descriptor, so what is kept is what that very directory held (the
+    tree may be a payload's to rename in)."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(top, flags)
+    except OSError:
+        return None
+    try:
+        key = _key(os.fstat(fd))
+        with os.scandir(fd) as it:
+            entries, subdirs, complete = _entries(label, tree, top, it, room)
+    except OSError:  # fstat or opendir
+        return None
+    finally:
+        os.close(fd)
+    return _Read(key, entries, tuple(subdirs), complete)
+
+
+def _entries(
+    label: str, tree: str, top: str, it: Iterator[os.DirEntry[str]], room: tuple[int, int]
+) -> tuple[int, list[str], bool]:
+    """(entries, subdirectories, complete): a reading that ended half-way (a file
+    system that refuses getdents, an entry gone meanwhile) is used once, never kept."""
+    entries, complete = 0, True
+    subdirs: list[str] = []
     while True:
         try:
             e = next(it)
-        except (StopIteration, OSError):
-            return
-        yield e
+        except StopIteration:
+            break
+        except OSError:
+            return entries, subdirs, False
+        entries += 1
+        if entries > room[0]:
+            raise _too_large(label, tree, room[1])
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            complete = False
+            continue
+        if stat.S_ISSOCK(st.st_mode):
+            raise UsageError(
+                f"{label} {tree}: holds the unix socket {os.path.join(top, e.name)}, "
+                "which the sandbox could connect to; expose a narrower path"
+            )
+        if stat.S_ISDIR(st.st_mode):
+            subdirs.append(e.name)
+    return entries, subdirs, complete
+
+
+def _too_large(label: str, tree: str, limit: int) -> UsageError:
+    return UsageError(
+        f"{label} {tree}: too large to check for unix sockets (over {limit} "
+        "entries); expose a narrower path"
+    )

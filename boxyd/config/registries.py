@@ -8,8 +8,9 @@ venv's bin/npm on the client's PATH is the payload's) and runs in a tool sandbox
 (boxyd/plan/tools.py) that sees its installation and its config files, nothing else,
 with a bounded time; an environment override the client sent
 (npm_config_registry, PIP_INDEX_URL …) wins, as it would for the tool itself. Answers are cached briefly: asking npm costs
-a node start-up, so npm is asked once for everything (one start-up, not one per
-setting) and its answer is kept until one of the npmrc files it read changes.
+a node start-up and asking pip a python one, so each is asked once for everything (one
+start-up, not one per setting) and its answer is kept until one of the config files it
+read (npm's npmrc files, pip's pip.conf files) changes, an hour at most.
 """
 
 from __future__ import annotations
@@ -43,9 +44,10 @@ CONFIG_FILES = (
     ".config/go/env",
 )
 CACHE_SECONDS = 60.0
-# npm's answer names the npmrc files it read (userconfig, globalconfig): kept while
-# those are unchanged, re-asked at once when one is edited, created or removed
-NPM_CACHE_SECONDS = 3600.0
+# npm's and pip's answers name the config files they read (npm: userconfig,
+# globalconfig): kept while those are unchanged, re-asked at once when one is edited,
+# created or removed
+FILES_CACHE_SECONDS = 3600.0
 # One `npm config get` for every npm template: each question costs a node start-up.
 NPM_KEYS = ("registry", "cafile", "userconfig", "globalconfig")
 
@@ -61,10 +63,19 @@ ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
     "go_sumdb": ("GOSUMDB",),
 }
 
-# Asked of pip's own code, so the default index is pip's and not a guess of ours.
-_PIP_DEFAULTS = (
+# One python start-up for every pip template, asked of pip's own code: its default index
+# (pip's, not a guess of ours), the two settings `pip config get` would give, and the
+# config files pip reads (the answer is kept while they are as they were).
+_PIP_SETTINGS = (
     "from pip._internal.models.index import PyPI\n"
-    "print(PyPI.url)\nprint(PyPI.file_storage_domain)\n"
+    "print('index=' + PyPI.url)\nprint('files=' + PyPI.file_storage_domain)\n"
+    "from pip._internal import configuration as c\n"
+    "conf = c.Configuration(isolated=False)\nconf.load()\n"
+    "for key in ('global.index-url', 'global.cert'):\n"
+    "    try:\n        print(key + '=' + conf.get_value(key))\n"
+    "    except c.ConfigurationError:\n        pass\n"
+    "for files in c.get_configuration_files().values():\n"
+    "    print(*('file=' + f for f in files), sep='\\n')\n"
 )
 
 
@@ -100,11 +111,12 @@ def _settings(out: str | None) -> dict[str, str]:
 
 
 def _config_files(answer: str | None) -> tuple[str, ...]:
-    """The npmrc files an answer of npm's came from (none for the other tools)."""
+    """The config files an answer came from: npm's npmrc files, pip's `file=` lines
+    (none for the other tools)."""
     found = _settings(answer)
-    return tuple(
-        found[k] for k in ("userconfig", "globalconfig") if found.get(k, "").startswith("/")
-    )
+    npmrc = (found.get(k, "") for k in ("userconfig", "globalconfig"))
+    pip = (line[5:] for line in (answer or "").splitlines() if line.startswith("file="))
+    return tuple(f for f in (*npmrc, *pip) if f.startswith("/"))
 
 
 def _stat_all(paths: tuple[str, ...]) -> _Stats:
@@ -176,23 +188,25 @@ class Registries:
             key = "cafile" if name == "npm_cafile" else "registry"
             out = _settings(self._run(["npm", "config", "get", *NPM_KEYS])).get(key)
             return self._shape(name, out) if out and out != "null" else None
-        if name in ("pip_index_url", "pip_cert"):
-            key = "global.index-url" if name == "pip_index_url" else "global.cert"
-            out = self._run(["python3", "-m", "pip", "config", "get", key])
-            return self._shape(name, out) if out else None
-        if name in ("pip_index", "pip_files"):
-            configured = self._run(["python3", "-m", "pip", "config", "get", "global.index-url"])
-            defaults = (self._run(["python3", "-c", _PIP_DEFAULTS]) or "").split()
-            if name == "pip_index":
-                return host_of(configured or (defaults[0] if defaults else ""))
-            # Files come from the index's own host unless it is pip's default index.
-            if configured and defaults and host_of(configured) != host_of(defaults[0]):
-                return host_of(configured)
-            return host_of(defaults[1]) if len(defaults) > 1 else None
+        if name in ("pip_index_url", "pip_cert", "pip_index", "pip_files"):
+            return self._pip(name, _settings(self._run(["python3", "-c", _PIP_SETTINGS])))
         if name in ("go_proxy", "go_sumdb"):
             out = self._run(["go", "env", "GOPROXY" if name == "go_proxy" else "GOSUMDB"])
             return host_of(out) if out else None
         return None
+
+    def _pip(self, name: str, found: dict[str, str]) -> str | None:
+        configured = found.get("global.index-url")
+        if name in ("pip_index_url", "pip_cert"):
+            out = configured if name == "pip_index_url" else found.get("global.cert")
+            return self._shape(name, out) if out else None
+        default = found.get("index", "")
+        if name == "pip_index":
+            return host_of(configured or default)
+        # Files come from the index's own host unless it is pip's default index.
+        if configured and default and host_of(configured) != host_of(default):
+            return host_of(configured)
+        return host_of(found.get("files", ""))
 
     def _run_tool(self, argv: list[str]) -> str | None:
         """The tool's answer, cached across runs (a Registries lives for one run; a
@@ -211,7 +225,7 @@ class Registries:
             hit = _TOOL_CACHE.get(key)
         if hit is not None:
             at, answer, files = hit
-            ttl = NPM_CACHE_SECONDS if files else CACHE_SECONDS
+            ttl = FILES_CACHE_SECONDS if files else CACHE_SECONDS
             if time.monotonic() - at < ttl and (not files or _stat_all(files[0]) == files[1]):
                 return answer
         answer = self._ask_tool(binary, argv[1:], env)

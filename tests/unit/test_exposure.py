@@ -1,9 +1,12 @@
 """boxyd.config.exposure: no exposed tree may hold an agent, bus or engine socket."""
 
+import socket
+from pathlib import Path
+
 import pytest
 
 from boxy.errors import UsageError
-from boxyd.config.exposure import check_exposed, sensitive_paths
+from boxyd.config.exposure import SocketMemo, check_exposed, refuse_sockets, sensitive_paths
 
 HOME = "/home/u"
 ENV = {
@@ -173,3 +176,83 @@ def test_the_home_directory_itself_is_never_exposed() -> None:
     check_exposed(
         [("workdir", "/home/u/project")], sens, realpath=lambda p: p, exists=lambda p: True
     )
+
+
+# --- the socket walk and its memo --------------------------------------------------
+
+FAR_FUTURE = 1 << 62  # a clock past every ctime: each directory read is kept
+
+
+def _tree(root: Path) -> Path:
+    for sub in ("a/b/c", "a/d", "e"):
+        (root / sub).mkdir(parents=True)
+        (root / sub / "f").write_text("x")
+    return root
+
+
+def _bind(path: Path) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(path))
+    return s
+
+
+def test_only_changed_directories_are_read_again(tmp_path: Path) -> None:
+    tree, memo = _tree(tmp_path / "t"), SocketMemo(clock=lambda: FAR_FUTURE)
+    refuse_sockets("--ro", str(tree), memo=memo)
+    assert memo.reads == 6  # t, a, a/b, a/b/c, a/d, e
+    refuse_sockets("--ro", str(tree), memo=memo)
+    assert memo.reads == 6  # nothing changed: nothing read
+    (tree / "a/b/g").write_text("y")  # a/b's ctime moves
+    refuse_sockets("--ro", str(tree), memo=memo)
+    assert memo.reads == 7
+
+
+@pytest.mark.parametrize("where", ["a/b/c", "a/d/new/deeper", "e"])
+def test_a_socket_added_under_remembered_directories_is_found(tmp_path: Path, where: str) -> None:
+    tree, memo = _tree(tmp_path / "t"), SocketMemo(clock=lambda: FAR_FUTURE)
+    refuse_sockets("--ro", str(tree), memo=memo)
+    (tree / where).mkdir(parents=True, exist_ok=True)
+    with _bind(tree / where / "agent.sock"), pytest.raises(UsageError) as e:
+        refuse_sockets("--ro", str(tree), memo=memo)
+    assert str(e.value) == (
+        f"--ro {tree}: holds the unix socket {tree}/{where}/agent.sock, which the sandbox "
+        "could connect to; expose a narrower path"
+    )
+
+
+def test_a_directory_read_soon_after_its_change_is_read_again(tmp_path: Path) -> None:
+    # the real clock: these directories changed within RACY_NS of their reading (a
+    # change in the same tick would leave the ctime as it was read)
+    tree, memo = _tree(tmp_path / "t"), SocketMemo()
+    refuse_sockets("--ro", str(tree), memo=memo)
+    refuse_sockets("--ro", str(tree), memo=memo)
+    assert memo.reads == 12
+
+
+def test_a_remembered_tree_still_counts_towards_the_limit(tmp_path: Path) -> None:
+    tree, memo = _tree(tmp_path / "t"), SocketMemo(clock=lambda: FAR_FUTURE)
+    refuse_sockets("--ro", str(tree), limit=8, memo=memo)  # 8 entries
+    with pytest.raises(UsageError, match="too large to check for unix sockets \\(over 7 "):
+        refuse_sockets("--ro", str(tree), limit=7, memo=memo)
+    assert memo.reads == 6
+
+
+def test_the_memo_is_bounded(tmp_path: Path) -> None:
+    tree, memo = _tree(tmp_path / "t"), SocketMemo(clock=lambda: FAR_FUTURE, limit=4)
+    for _ in range(3):
+        refuse_sockets("--ro", str(tree), memo=memo)
+        assert len(memo) <= 4
+    with _bind(tree / "a/d/agent.sock"), pytest.raises(UsageError, match="agent.sock"):
+        refuse_sockets("--ro", str(tree), memo=memo)
+
+
+def test_symlinks_below_the_tree_are_not_followed_the_tree_itself_is(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    tree = _tree(tmp_path / "t")
+    (tree / "a/link").symlink_to(outside)  # resolves nowhere in the sandbox
+    (tmp_path / "via").symlink_to(tree)
+    with _bind(outside / "agent.sock"):
+        refuse_sockets("--ro", str(tree), memo=SocketMemo())
+    with _bind(tree / "e/agent.sock"), pytest.raises(UsageError, match="e/agent.sock"):
+        refuse_sockets("--ro", str(tmp_path / "via"), memo=SocketMemo())

@@ -40,7 +40,7 @@ class Tools:
         return self.answers.get(key)
 
 
-DEFAULTS = "https://index.example.test/simple\nfiles.example.test"
+DEFAULTS = "index=https://index.example.test/simple\nfiles=files.example.test\n"
 
 
 def test_npm_from_tool_and_cached() -> None:
@@ -60,18 +60,25 @@ def test_env_override_wins_without_asking() -> None:
 
 
 def test_pip_default_index_and_files() -> None:
-    reg = Registries({}, run=Tools({"pip-defaults": DEFAULTS}))
+    tools = Tools({"pip-defaults": DEFAULTS})
+    reg = Registries({}, run=tools)
     assert reg("pip_index") == "index.example.test"
     assert reg("pip_files") == "files.example.test"
+    assert reg("pip_index_url") is None
+    assert reg("pip_cert") is None
+    assert tools.asked == ["pip-defaults"] * 4  # one python start-up each (then cached)
 
 
-def test_pip_private_index_serves_its_own_files() -> None:
-    tools = Tools(
-        {"pip-defaults": DEFAULTS, "python3 -m pip": "https://devpi.example.test/root/simple"}
-    )
+def test_pip_private_index_serves_its_own_files(tmp_path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    private = "global.index-url=https://devpi.example.test/root/simple\n"
+    tools = Tools({"pip-defaults": DEFAULTS + private + f"global.cert={ca}\n"})
     reg = Registries({}, run=tools)
     assert reg("pip_index") == "devpi.example.test"
     assert reg("pip_files") == "devpi.example.test"
+    assert reg("pip_index_url") == "https://devpi.example.test/root/simple"
+    assert reg("pip_cert") == str(ca)
 
 
 def test_missing_tool_gives_none() -> None:
@@ -127,31 +134,61 @@ class Counting:
         return Box()
 
 
+def _stand_in(tmp_path, name: str, lines: list[str]) -> dict[str, str]:
+    """A real executable NAME on PATH that prints LINES: the environment to find it."""
+    tool = tmp_path / name
+    tool.write_text("#!/bin/sh\n" + "".join(f"echo {line}\n" for line in lines))
+    tool.chmod(0o755)
+    return {"PATH": f"{tmp_path}:/usr/bin:/bin", "HOME": str(tmp_path)}
+
+
+def _asked_again_once(env, tools: Counting, config, name: str, answer: str) -> None:
+    """A config file the answer named appears (or changes): asked again at once, once."""
+    asked = len(tools.calls)
+    config.write_text("[global]\nregistry = https://other.example.test/\n")
+    assert Registries(env, tools=tools)(name) == answer  # the stand-in's
+    assert len(tools.calls) == asked + 1
+    assert Registries(env, tools=tools)(name) == answer
+    assert len(tools.calls) == asked + 1
+
+
 def test_the_tools_answer_is_kept_across_runs(tmp_path) -> None:
     # One Registries per run; asking npm costs a node start-up, so the answer is
     # kept for the next runs. A real executable stands in for npm here.
-    npm = tmp_path / "npm"
     npmrc = tmp_path / ".npmrc"
-    npm.write_text(
-        "#!/bin/sh\necho registry=https://cached.example.test/\necho cafile=null\n"
-        f"echo userconfig={npmrc}\necho globalconfig={tmp_path}/etc/npmrc\n"
-    )
-    npm.chmod(0o755)
-    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    env = _stand_in(
+        tmp_path,
+        "npm",
+        ["registry=https://cached.example.test/", "cafile=null", f"userconfig={npmrc}",
+         f"globalconfig={tmp_path}/etc/npmrc"],
+    )  # fmt: skip
     tools = Counting()
     assert Registries(env, tools=tools)("npm_registry") == "cached.example.test"
     assert Registries(env, tools=tools)("npm_registry_url") == "https://cached.example.test/"
     assert Registries(env, tools=tools)("npm_cafile") is None
     # one node start-up for every npm setting, and none for the next runs
+    npm = str(tmp_path / "npm")
     assert tools.calls == [
-        [str(npm), "config", "get", "registry", "cafile", "userconfig", "globalconfig"]
+        [npm, "config", "get", "registry", "cafile", "userconfig", "globalconfig"]
     ]
-    # an npmrc npm reads appears (or changes): asked again at once
-    npmrc.write_text("registry=https://other.example.test/\n")
-    assert Registries(env, tools=tools)("npm_registry") == "cached.example.test"  # the stand-in's
-    assert len(tools.calls) == 2
-    assert Registries(env, tools=tools)("npm_registry") == "cached.example.test"
-    assert len(tools.calls) == 2
+    _asked_again_once(env, tools, npmrc, "npm_registry", "cached.example.test")
+
+
+def test_pips_answer_is_kept_while_its_config_files_are_as_they_were(tmp_path) -> None:
+    # python with pip costs a start-up of its own (~0.15 s) for the settings of every
+    # pip run: kept while the config files pip named are unchanged, not a minute
+    conf = tmp_path / "pip.conf"
+    env = _stand_in(
+        tmp_path,
+        "python3",
+        ["index=https://index.example.test/simple", "files=files.example.test",
+         "file=/nonexistent/pip.conf", f"file={conf}"],
+    )  # fmt: skip
+    tools = Counting()
+    assert Registries(env, tools=tools)("pip_index") == "index.example.test"
+    assert Registries(env, tools=tools)("pip_files") == "files.example.test"
+    assert len(tools.calls) == 1
+    _asked_again_once(env, tools, conf, "pip_index", "index.example.test")
 
 
 def test_a_tool_in_a_writable_tree_is_never_asked(tmp_path) -> None:

@@ -10,20 +10,24 @@ from __future__ import annotations
 
 import os
 import zlib
-from functools import lru_cache
 
 _PACKAGES = ("boxy", "boxyd", "boxyctl")
 _SUFFIXES = (".py", ".yaml", ".varlink")
 
 
-@lru_cache(maxsize=1)
+_ID: list[str] = []  # computed once (functools would import collections on every start)
+
+
 def build_id() -> str:
+    if _ID:
+        return _ID[0]
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     listing: list[str] = []
     for pkg in _PACKAGES:
         _list(here, pkg, listing)
     data = "".join(listing).encode()
-    return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}"
+    _ID.append(f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}")
+    return _ID[0]
 
 
 def _list(here: str, rel: str, listing: list[str]) -> None:

@@ -26,25 +26,22 @@ from __future__ import annotations
 # module builds on import (3 ms of every client start); socket.socket is a subclass,
 # so the daemon's sockets pass wherever these functions take one.
 import _socket
-import array
-import contextlib
 import errno
 import os
 import struct
-from collections import deque
-from collections.abc import Iterator, Sequence
 
 from boxy import wirejson
 from boxy.errors import BoxyError, DaemonError, from_wire
 
 TYPE_CHECKING = False  # typing costs the client 4 ms at start-up; annotations only
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # collections is not imported before a run is sent (docs/design.md)
+    from collections.abc import Iterator, Sequence
     from typing import Any
 
 MAX_MESSAGE = 16 << 20  # bytes, NUL excluded: an ARG_MAX-sized argv (2 MiB) fits, escaped
 MAX_FDS = 8  # per message
 RECV_SIZE = 64 * 1024
-_FD_SIZE = array.array("i").itemsize
+_FD_SIZE = struct.calcsize("i")  # struct, not array: array imports collections
 _ANC_SPACE = _socket.CMSG_SPACE(MAX_FDS * _FD_SIZE)
 _UCRED = struct.Struct("3i")
 
@@ -95,6 +92,8 @@ def encode(message: dict[str, Any]) -> bytes:
 
 
 def close_fds(fds: Sequence[int]) -> None:
+    import contextlib  # here: not imported before a run is sent (docs/design.md)
+
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -175,9 +174,8 @@ def recv_with_fds(sock: _socket.socket, size: int = RECV_SIZE) -> tuple[bytes, l
     fds: list[int] = []
     for level, kind, payload in anc:
         if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-            arr = array.array("i")
-            arr.frombytes(payload[: len(payload) - len(payload) % _FD_SIZE])
-            fds += arr
+            n = len(payload) // _FD_SIZE
+            fds += struct.unpack(f"{n}i", payload[: n * _FD_SIZE])
     if flags & _socket.MSG_CTRUNC:
         close_fds(fds)
         raise ProtocolError(f"control data truncated (more than {MAX_FDS} fds?)")
@@ -188,7 +186,9 @@ def send_with_fds(sock: _socket.socket, data: bytes, fds: Sequence[int], flags: 
     """One sendmsg carrying DATA's first bytes and FDS; returns the bytes sent."""
     if len(fds) > MAX_FDS:
         raise ValueError(f"at most {MAX_FDS} file descriptors per message")
-    anc = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    anc = (
+        [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))] if fds else []
+    )
     return sock.sendmsg([data], anc, flags)
 
 
@@ -211,8 +211,8 @@ class Client:
     def __init__(self, sock: _socket.socket) -> None:
         self._sock = sock
         self._decoder = Decoder()
-        self._replies: deque[dict[str, Any]] = deque()
-        self._outq: deque[tuple[bytes, Sequence[int]]] = deque()
+        self._replies: list[dict[str, Any]] = []  # short queues: lists, not deques
+        self._outq: list[tuple[bytes, Sequence[int]]] = []
         self._sending = False
 
     @classmethod
@@ -299,7 +299,7 @@ class Client:
             self._sending = True
             try:
                 while self._outq:
-                    self._send_now(*self._outq.popleft())
+                    self._send_now(*self._outq.pop(0))
             finally:
                 self._sending = False
             if not self._outq:  # a handler may have queued between the loop and the flag
@@ -329,7 +329,7 @@ class Client:
                 if e.errno == errno.EINTR:  # pragma: no cover - Python retries EINTR itself
                     continue
                 raise DaemonError(f"lost the connection to boxyd: {e.strerror}") from None
-        msg = self._replies.popleft()
+        msg = self._replies.pop(0)
         params = msg.get("parameters", {})
         if not isinstance(params, dict):
             raise DaemonError("boxyd sent a reply whose parameters are not an object")

@@ -3,7 +3,6 @@ dnspython to run a command: start-up time is part of every sandboxed run."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import io
 import os
@@ -40,6 +39,8 @@ def say(msg: str) -> None:
     is shown escaped: one line, and nothing that drives the terminal."""
     end = "\r\n" if os.isatty(2) else "\n"
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in msg)
+    import contextlib  # here: not imported before a run is sent (docs/design.md)
+
     with contextlib.suppress(OSError):  # stderr closed or full: nowhere left to say it
         os.write(2, f"{_prog()}: {text}{end}".encode(errors="replace"))
 
@@ -225,6 +226,8 @@ def _write_report(path: str, summary: _Summary) -> None:
             os.chmod(tmp, 0o644 & ~_umask())
             os.replace(tmp, path)
         except BaseException:
+            import contextlib
+
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
@@ -400,23 +403,22 @@ def _follow(
     ends or we detach (Ctrl-]); signals and window sizes are passed on."""
     waiting = _Waiting(client, sid)
     waiting.install()
-    raw = contextlib.ExitStack()
-    raw.callback(sig.setitimer, sig.ITIMER_REAL, 0)  # no liveness ping past the run
-    term: Raw | None = None
-    with raw:
-        if os.isatty(0):
+    try:
+        if not os.isatty(0):
+            final = _send_and_relay(client, method, params, waiting, None, summary)
+        else:
             from boxy import termsettings
             from boxyctl import tty  # threading and termios: only for a terminal
 
             # Raw before the payload can write a byte (its first lines came out as
             # \r\r\n otherwise); the sandbox's PTY gets the settings from before.
             params = {**params, "terminal": termsettings.capture(0)}
-            term = raw.enter_context(tty.raw_mode(0))
-        replies = client.stream(f"{IFACE}.{method}", params, fds=_stdio())
-        # sent: the replies' types are imported while boxyd starts the sandbox
-        from boxy.outcome import Detached, Ended
+            with tty.raw_mode(0) as term:
+                final = _send_and_relay(client, method, params, waiting, term, summary)
+    finally:
+        sig.setitimer(sig.ITIMER_REAL, 0)  # no liveness ping past the run
+    from boxy.outcome import Detached, Ended
 
-        final = _relay(waiting, replies, term, summary)
     if summary is not None:
         summary.id = sid[0] if sid else getattr(final, "id", "")
         summary.outcome = final.outcome if isinstance(final, Ended) else None
@@ -426,6 +428,23 @@ def _follow(
     if isinstance(final, Ended):
         return _report(final.outcome)
     raise DaemonError(f"{method}: boxyd ended the call without saying how the session ended")
+
+
+def _send_and_relay(
+    client: Client,
+    method: str,
+    params: dict[str, Any],
+    waiting: _Waiting,
+    term: Raw | None,
+    summary: _Summary | None,
+) -> RunReply | None:
+    """Send the call, then relay until its last reply. The replies' types are imported
+    once it is sent, while boxyd starts the sandbox: what the client imports before
+    that is on every run's critical path (docs/design.md, "Processes")."""
+    replies = client.stream(f"{IFACE}.{method}", params, fds=_stdio())
+    import boxy.outcome  # noqa: F401  # (its import is the cost meant here)
+
+    return _relay(waiting, replies, term, summary)
 
 
 def _relay(
@@ -481,6 +500,8 @@ def _report(outcome: Outcome) -> int:
 
         head, _, table = destinations_table(outcome.destinations).partition("\n")
         say(head)
+        import contextlib
+
         with contextlib.suppress(OSError):
             os.write(2, table.encode(errors="replace"))
     for note in outcome.notes:

@@ -69,6 +69,30 @@ def test_the_run_path_needs_nothing_but_the_standard_library() -> None:
     assert out.stdout == "\n\n"
 
 
+def test_what_a_run_imports_before_it_is_sent_leaves_out_what_its_replies_need(
+    tmp_path: Path,
+) -> None:
+    """The call goes out before the reply types load (they load while boxyd works):
+    nothing on the way to the send imports enum, contextlib, functools or collections."""
+    code = (
+        f"import sys; sys.path.append({str(ROOT)!r}); "
+        "from boxyctl import launcher, main, cli; "
+        "c = cli.parse(['run', '--net', 'none', '--', 'true'], "
+        "environ={'HOME': '/h'}, cwd='/w'); wire = c.args['request'].to_wire(); "
+        "from boxy import client, buildid, paths, varlink; buildid.build_id(); "
+        f"paths.ensure_private_dir({str(tmp_path / 'run')!r}); "
+        "varlink.encode({'method': 'dev.boxy.Manager.Run', 'parameters': wire}); "
+        "a, b = __import__('_socket').socketpair(); varlink.send_with_fds(a, b'x', [0]); "
+        "print(varlink.recv_with_fds(b)[0], "
+        "*sorted(m for m in ('enum', 'contextlib', 'functools', 'collections', 'array', "
+        "'boxy.outcome') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", code], cwd="/", capture_output=True, text=True, check=True
+    )
+    assert out.stdout == "b'x'\n"
+
+
 def test_ensure_site_sets_up_what_minus_s_left_out() -> None:
     """PyYAML lives in site-packages: importable only once ensure_site has run."""
     code = (

@@ -301,7 +301,8 @@ class _Direction:
         if self.flow.finished:
             return
         try:
-            self._drain()
+            if self.initial is not None:  # (the other way has nothing to pass on yet)
+                self._drain()
         except OSError as e:
             self.flow._fail(self.dst, e)
             return
@@ -369,7 +370,8 @@ class _Direction:
         if self.writing:
             self.ready.remove_writer(self.dst_fd)
             self.writing = False
-        self._close_pipe()
+        if self.pipe_r >= 0:
+            self._close_pipe()
         self.buf = self.view = None
 
 

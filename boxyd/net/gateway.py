@@ -173,6 +173,17 @@ def _ip(addr: str) -> Address:
 
 
 _IPS: dict[str, Address] = {}
+
+
+def _socket_of(fd: int, family: int, kind: int, proto: int) -> socket.socket:
+    """A socket object for the accepted FD (closed if that fails: it is ours)."""
+    try:
+        return socket.socket(family, kind, proto, fileno=fd)
+    except OSError:
+        os.close(fd)
+        raise
+
+
 _GONE = Verdict(False, "net.sni", "the client went away")
 ACCEPT_BATCH = 64  # connections taken per wake-up of a listener
 
@@ -591,9 +602,14 @@ class Gateway:
     def _tcp_acceptable(self, listener: socket.socket) -> None:
         """The listener is readable: take what is queued (a burst at most per wake-up,
         so other flows get their turn), each connection decided without a task."""
+        # socket.accept() (socket.py) asks the listener's family and type anew per
+        # connection, each an enum made in Python: asked once per wake-up instead, and
+        # the C accept that socket.accept() itself calls
+        family, kind, proto = listener.family, listener.type, listener.proto
         for _ in range(ACCEPT_BATCH):
             try:
-                client, _ = listener.accept()
+                fd, _ = listener._accept()  # type: ignore[attr-defined]
+                client = _socket_of(fd, family, kind, proto)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:  # EMFILE and friends: back off rather than spin

@@ -18,6 +18,7 @@ import asyncio
 import collections
 import errno
 import select
+import time
 import weakref
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -134,6 +135,14 @@ class Poller:
         )
 
 
+def clock(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
+    """LOOP's time(), as a function: time.monotonic itself where the loop's is the
+    stdlib's (which is only that), so that asking costs no Python call."""
+    if type(loop).time is asyncio.BaseEventLoop.time:
+        return time.monotonic
+    return loop.time
+
+
 class Deadlines(Generic[T]):
     """Owners called back DELAY seconds after they were added, in the order they
     were: one loop timer for the earliest, not one per entry (a TCP flow sets two,
@@ -145,18 +154,19 @@ class Deadlines(Generic[T]):
         self, loop: asyncio.AbstractEventLoop, delay: float, on_due: Callable[[T], object]
     ) -> None:
         self.loop, self.delay, self.on_due = loop, delay, on_due
+        self._now = clock(loop)
         self._queue: collections.deque[tuple[float, weakref.ref[T]]] = collections.deque()
         self._timer: asyncio.TimerHandle | None = None
 
     def add(self, owner: T) -> None:
-        due = self.loop.time() + self.delay
+        due = self._now() + self.delay
         self._queue.append((due, weakref.ref(owner)))
         if self._timer is None:
             self._timer = self.loop.call_at(due, self._fire)
 
     def _fire(self) -> None:
         self._timer = None
-        queue, now = self._queue, self.loop.time()
+        queue, now = self._queue, self._now()
         # (a timer may fire a hair early: what is due within a millisecond is taken)
         while queue and queue[0][0] <= now + 0.001:
             owner = queue.popleft()[1]()

@@ -599,13 +599,12 @@ class Gateway:
 
         await relay.accept_forever(listener, take, "gateway")
 
-    def _tcp_acceptable(self, listener: socket.socket) -> None:
+    def _tcp_acceptable(self, listener: socket.socket, family: int, kind: int, proto: int) -> None:
         """The listener is readable: take what is queued (a burst at most per wake-up,
-        so other flows get their turn), each connection decided without a task."""
-        # socket.accept() (socket.py) asks the listener's family and type anew per
-        # connection, each an enum made in Python: asked once per wake-up instead, and
-        # the C accept that socket.accept() itself calls
-        family, kind, proto = listener.family, listener.type, listener.proto
+        so other flows get their turn), each connection decided without a task.
+        FAMILY, KIND, PROTO: the listener's, asked once (socket.accept() in socket.py
+        asks anew per connection, each an enum made in Python); the accept is the C
+        one that socket.accept() itself calls."""
         for _ in range(ACCEPT_BATCH):
             try:
                 fd, _ = listener._accept()  # type: ignore[attr-defined]
@@ -628,7 +627,10 @@ class Gateway:
     def _listen(self, listener: socket.socket) -> None:
         if not self._closed and self.poller is not None:
             self.poller.add_reader(
-                listener.fileno(), functools.partial(self._tcp_acceptable, listener)
+                listener.fileno(),
+                functools.partial(
+                    self._tcp_acceptable, listener, listener.family, listener.type, listener.proto
+                ),
             )
 
     def _tcp_flow(self, client: socket.socket) -> None:

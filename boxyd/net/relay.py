@@ -267,7 +267,12 @@ class _Direction:
             if self.pipe_r >= 0:
                 n = os.splice(self.pipe_r, self.dst_fd, self.held, flags=_SPLICE_FLAGS)
             else:
-                n = self.dst.send(self.view[self.start : self.end])  # type: ignore[index]
+                # At EOF, MSG_MORE: the shutdown that follows once this is all written
+                # sends the FIN in the same segment (one packet less for the peer).
+                n = self.dst.send(
+                    self.view[self.start : self.end],  # type: ignore[index]
+                    socket.MSG_MORE if self.eof else 0,
+                )
                 self.start += n
                 if self.start == self.end:
                     self.start = self.end = 0
@@ -321,7 +326,9 @@ class _Direction:
             if not self.dst_blocked and (self.held or self.initial is not None):
                 self._drain()
             # Every fill is followed by a drain unless dst is known to be blocked,
-            # so on exit either nothing is held or a writer callback is due.
+            # so on exit either nothing is held or a writer callback is due. A copy
+            # with room left reads on first: an EOF right behind the last bytes is
+            # then known before they are sent, and leaves with them (_drain).
             for _ in range(_ROUNDS):
                 if self.eof or self.stalled:
                     break
@@ -332,8 +339,12 @@ class _Direction:
                     break
                 if n == 0:
                     self.eof = True
+                elif self.pipe_r < 0 and self.end < COPY_BUFFER:
+                    continue
                 if not self.dst_blocked and (self.held or self.initial is not None):
                     self._drain()
+            if not self.dst_blocked and (self.held or self.initial is not None):
+                self._drain()  # what the last read took
             if self.eof and not self.held and self.initial is None:
                 self.done = True
                 self.dst.shutdown(socket.SHUT_WR)  # pass the EOF on

@@ -173,6 +173,17 @@ def _ip(addr: str) -> Address:
 
 
 _IPS: dict[str, Address] = {}
+
+
+def _socket_of(fd: int, family: int, kind: int, proto: int) -> socket.socket:
+    """A socket object for the accepted FD (closed if that fails: it is ours)."""
+    try:
+        return socket.socket(family, kind, proto, fileno=fd)
+    except OSError:
+        os.close(fd)
+        raise
+
+
 _GONE = Verdict(False, "net.sni", "the client went away")
 ACCEPT_BATCH = 64  # connections taken per wake-up of a listener
 
@@ -588,12 +599,16 @@ class Gateway:
 
         await relay.accept_forever(listener, take, "gateway")
 
-    def _tcp_acceptable(self, listener: socket.socket) -> None:
+    def _tcp_acceptable(self, listener: socket.socket, family: int, kind: int, proto: int) -> None:
         """The listener is readable: take what is queued (a burst at most per wake-up,
-        so other flows get their turn), each connection decided without a task."""
+        so other flows get their turn), each connection decided without a task.
+        FAMILY, KIND, PROTO: the listener's, asked once (socket.accept() in socket.py
+        asks anew per connection, each an enum made in Python); the accept is the C
+        one that socket.accept() itself calls."""
         for _ in range(ACCEPT_BATCH):
             try:
-                client, _ = listener.accept()
+                fd, _ = listener._accept()  # type: ignore[attr-defined]
+                client = _socket_of(fd, family, kind, proto)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:  # EMFILE and friends: back off rather than spin
@@ -612,7 +627,10 @@ class Gateway:
     def _listen(self, listener: socket.socket) -> None:
         if not self._closed and self.poller is not None:
             self.poller.add_reader(
-                listener.fileno(), functools.partial(self._tcp_acceptable, listener)
+                listener.fileno(),
+                functools.partial(
+                    self._tcp_acceptable, listener, listener.family, listener.type, listener.proto
+                ),
             )
 
     def _tcp_flow(self, client: socket.socket) -> None:

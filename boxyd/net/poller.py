@@ -18,6 +18,7 @@ import asyncio
 import collections
 import errno
 import select
+import time
 import weakref
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -107,24 +108,39 @@ class Poller:
             return
         dropped = self._dropped
         dropped.clear()
+        readers, writers = self._readers, self._writers
+        # (the calls inline, not through a helper: a wake-up of a bulk flow or a new
+        # connection is a few callbacks, and a try costs nothing until it raises)
         for fd, mask in events:
             # EPOLLERR and EPOLLHUP wake both sides, as in selectors.EpollSelector
             if mask & ~_OUT and fd not in dropped:
-                cb = self._readers.get(fd)
+                cb = readers.get(fd)
                 if cb is not None:
-                    self._call(cb)
+                    try:
+                        cb()
+                    except Exception as e:
+                        self._failed(cb, e)
             if mask & ~_IN and fd not in dropped:
-                cb = self._writers.get(fd)
+                cb = writers.get(fd)
                 if cb is not None:
-                    self._call(cb)
+                    try:
+                        cb()
+                    except Exception as e:
+                        self._failed(cb, e)
 
-    def _call(self, cb: Callback) -> None:
-        try:
-            cb()
-        except Exception as e:  # as asyncio does: said, and the other callbacks still run
-            self.loop.call_exception_handler(
-                {"message": f"Exception in poller callback {cb!r}", "exception": e}
-            )
+    def _failed(self, cb: Callback, e: Exception) -> None:
+        """As asyncio does: said, and the other callbacks still run."""
+        self.loop.call_exception_handler(
+            {"message": f"Exception in poller callback {cb!r}", "exception": e}
+        )
+
+
+def clock(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
+    """LOOP's time(), as a function: time.monotonic itself where the loop's is the
+    stdlib's (which is only that), so that asking costs no Python call."""
+    if type(loop).time is asyncio.BaseEventLoop.time:
+        return time.monotonic
+    return loop.time
 
 
 class Deadlines(Generic[T]):
@@ -138,18 +154,19 @@ class Deadlines(Generic[T]):
         self, loop: asyncio.AbstractEventLoop, delay: float, on_due: Callable[[T], object]
     ) -> None:
         self.loop, self.delay, self.on_due = loop, delay, on_due
+        self._now = clock(loop)
         self._queue: collections.deque[tuple[float, weakref.ref[T]]] = collections.deque()
         self._timer: asyncio.TimerHandle | None = None
 
     def add(self, owner: T) -> None:
-        due = self.loop.time() + self.delay
+        due = self._now() + self.delay
         self._queue.append((due, weakref.ref(owner)))
         if self._timer is None:
             self._timer = self.loop.call_at(due, self._fire)
 
     def _fire(self) -> None:
         self._timer = None
-        queue, now = self._queue, self.loop.time()
+        queue, now = self._queue, self._now()
         # (a timer may fire a hair early: what is due within a millisecond is taken)
         while queue and queue[0][0] <= now + 0.001:
             owner = queue.popleft()[1]()

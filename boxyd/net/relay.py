@@ -56,6 +56,8 @@ SPLICE_AFTER = 256 * 1024
 # is one drain and one fill, so a fast flow cannot starve the loop.
 _ROUNDS = 4
 _SPLICE_FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+_NEVER = 1 << 62  # (splice_at of a copy-only direction)
+_SPLICE_AT: dict[str, int] = {"auto": SPLICE_AFTER, "copy": _NEVER, "splice": 0}
 _LINGER_RESET = struct.pack("ii", 1, 0)
 
 
@@ -131,6 +133,7 @@ class _Direction:
         "up",
         "mode",
         "moved",
+        "splice_at",
         "initial",
         "buf",
         "view",
@@ -164,6 +167,8 @@ class _Direction:
         self.up = up
         self.mode = mode
         self.moved = 0
+        # bytes carried before splicing is tried: one comparison per fill, not the mode's
+        self.splice_at = _SPLICE_AT[mode]
         self.initial = memoryview(initial) if initial else None
         self.buf: bytearray | None = None  # copy mode, allocated on first use
         self.view: memoryview | None = None
@@ -180,19 +185,19 @@ class _Direction:
     # -- the two intermediates -------------------------------------------------
 
     def _use_splice(self) -> bool:
+        """Whether to fill the pipe (made now if it is time): called once
+        ``moved`` has reached ``splice_at``."""
         if self.pipe_r >= 0:
             return True
-        if self.mode == "copy" or self.held:
-            return False
-        if self.mode == "auto" and self.moved < SPLICE_AFTER:
+        if self.held:
             return False
         if _Pipes.in_use + _MIN_PIPE > PIPE_BUDGET:
-            self.mode = "copy"
+            self._copy_only()
             return False
         try:
             self.pipe_r, self.pipe_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
-            self.mode = "copy"  # out of fds: keep relaying through the buffer
+            self._copy_only()  # out of fds: keep relaying through the buffer
             return False
         if _Pipes.in_use + PIPE_SIZE <= PIPE_BUDGET:
             with contextlib.suppress(OSError):  # refused by the kernel: keep the default
@@ -203,10 +208,14 @@ class _Direction:
             # The user is past the kernel's soft limit and got a two-page pipe, on
             # which splice crawls: the copy buffer is faster.
             self._close_pipe()
-            self.mode = "copy"
+            self._copy_only()
             return False
         self.buf = self.view = None  # the copy buffer is empty here; let it go
         return True
+
+    def _copy_only(self) -> None:
+        self.mode = "copy"
+        self.splice_at = _NEVER
 
     def _close_pipe(self) -> None:
         if self.pipe_r >= 0:
@@ -216,15 +225,10 @@ class _Direction:
             _Pipes.in_use -= self.cap
             self.cap = 0
 
-    def _room(self) -> int:
-        if self.pipe_r >= 0:
-            return self.cap - self.held
-        return COPY_BUFFER - self.end
-
     def _fill(self) -> int:
         """Read what fits from src: >0 bytes, 0 at EOF, -1 when nothing (or no room)."""
         try:
-            if self._use_splice():
+            if self.moved >= self.splice_at and self._use_splice():
                 room = self.cap - self.held
                 if room <= 0:
                     return -1
@@ -252,7 +256,7 @@ class _Direction:
         try:
             if self.initial is not None:
                 n = self.dst.send(self.initial)
-                self._count(n)
+                self._count(n)  # (once per flow: no need to inline it)
                 if n < len(self.initial):
                     self.initial = self.initial[n:]
                     self.dst_blocked = True
@@ -263,7 +267,12 @@ class _Direction:
             if self.pipe_r >= 0:
                 n = os.splice(self.pipe_r, self.dst_fd, self.held, flags=_SPLICE_FLAGS)
             else:
-                n = self.dst.send(self.view[self.start : self.end])  # type: ignore[index]
+                # At EOF, MSG_MORE: the shutdown that follows once this is all written
+                # sends the FIN in the same segment (one packet less for the peer).
+                n = self.dst.send(
+                    self.view[self.start : self.end],  # type: ignore[index]
+                    socket.MSG_MORE if self.eof else 0,
+                )
                 self.start += n
                 if self.start == self.end:
                     self.start = self.end = 0
@@ -271,7 +280,11 @@ class _Direction:
             self.dst_blocked = True
             return
         self.held -= n
-        self._count(n)
+        self.moved += n  # (_count inline: this is the path of every chunk)
+        if self.up:
+            self.flow.counters.up += n
+        else:
+            self.flow.counters.down += n
         if n:
             self.stalled = False
         if self.held:
@@ -293,14 +306,12 @@ class _Direction:
         if self.flow.finished:
             return
         try:
-            self._drain()
+            if self.initial is not None:  # (the other way has nothing to pass on yet)
+                self._drain()
         except OSError as e:
             self.flow._fail(self.dst, e)
             return
         self._interest()
-
-    def on_readable(self) -> None:
-        self.step()
 
     def on_writable(self) -> None:
         self.dst_blocked = False
@@ -312,10 +323,12 @@ class _Direction:
             return
         failing = self.dst
         try:
-            if not self.dst_blocked:
+            if not self.dst_blocked and (self.held or self.initial is not None):
                 self._drain()
             # Every fill is followed by a drain unless dst is known to be blocked,
-            # so on exit either nothing is held or a writer callback is due.
+            # so on exit either nothing is held or a writer callback is due. A copy
+            # with room left reads on first: an EOF right behind the last bytes is
+            # then known before they are sent, and leaves with them (_drain).
             for _ in range(_ROUNDS):
                 if self.eof or self.stalled:
                     break
@@ -326,8 +339,12 @@ class _Direction:
                     break
                 if n == 0:
                     self.eof = True
-                if not self.dst_blocked:
+                elif self.pipe_r < 0 and self.end < COPY_BUFFER:
+                    continue
+                if not self.dst_blocked and (self.held or self.initial is not None):
                     self._drain()
+            if not self.dst_blocked and (self.held or self.initial is not None):
+                self._drain()  # what the last read took
             if self.eof and not self.held and self.initial is None:
                 self.done = True
                 self.dst.shutdown(socket.SHUT_WR)  # pass the EOF on
@@ -339,11 +356,13 @@ class _Direction:
             flow._direction_done()
 
     def _interest(self) -> None:
-        want_read = not (self.done or self.eof or self.stalled) and self._room() > 0
+        want_read = not (self.done or self.eof or self.stalled) and (
+            self.cap > self.held if self.pipe_r >= 0 else self.end < COPY_BUFFER
+        )
         want_write = self.dst_blocked and not self.done
         if want_read != self.reading:
             if want_read:
-                self.ready.add_reader(self.src_fd, self.on_readable)
+                self.ready.add_reader(self.src_fd, self.step)
             else:
                 self.ready.remove_reader(self.src_fd)
             self.reading = want_read
@@ -362,7 +381,8 @@ class _Direction:
         if self.writing:
             self.ready.remove_writer(self.dst_fd)
             self.writing = False
-        self._close_pipe()
+        if self.pipe_r >= 0:
+            self._close_pipe()
         self.buf = self.view = None
 
 

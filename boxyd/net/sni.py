@@ -94,7 +94,8 @@ _CTL = re.compile(rb"[\x00-\x08\x0a-\x0c\x0e-\x1f\x7f]")  # HTAB is allowed; CR 
 _PORT = re.compile(r"\d{0,5}")
 # Host-name labels as boxy.values reads --allow-host names (underscores included).
 # Not shared with it: the command line also takes '*.' patterns, the wire never.
-_LABEL = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
+_LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
+_LABELS = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")  # every label in one match, not one each
 
 
 @dataclass(frozen=True, slots=True)
@@ -556,11 +557,11 @@ def _host_name(raw: bytes, what: str) -> str | None:
             pass
         else:
             return None
-    labels = name.split(".")
     if (
         len(name) > 253
-        or not all(_LABEL.fullmatch(label) for label in labels)
-        or labels[-1].isdigit()  # '10.1' or '2130706433': resolvers read these as addresses
+        or not _LABELS.fullmatch(name)
+        # '10.1' or '2130706433': resolvers read these as addresses
+        or name.rpartition(".")[2].isdigit()
     ):
         raise _Bad(f"{what} {_show(raw)} is not a valid host name")
     return name

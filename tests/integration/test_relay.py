@@ -356,6 +356,38 @@ async def test_initial_bytes_go_first(topo: Topology, mode: str, size: int) -> N
     assert counters.up == len(initial) + 5
 
 
+def segments_in(sock: socket.socket) -> int:
+    """tcpi_segs_in of SOCK (struct tcp_info, linux/tcp.h): every segment received."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 144)
+    return int(struct.unpack_from("=I", info, 140)[0])
+
+
+@pytest.mark.parametrize("mode", ["auto", "copy"])
+async def test_an_eof_right_behind_the_last_bytes_leaves_with_them(
+    topo: Topology, mode: str
+) -> None:
+    """The server answers and closes before the relay reads a byte (an HTTP/1.0-style
+    response): the client gets the answer and the FIN in one segment, not two."""
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    topo.server.sendall(answer)
+    topo.server.shutdown(socket.SHUT_WR)
+    await asyncio.sleep(0.05)  # (both are in the relay's receive queue before it starts)
+    before = segments_in(topo.client)
+    task = asyncio.ensure_future(
+        pump(topo.a, topo.b, counters=Counters(), idle_timeout=30, mode=mode)
+    )  # type: ignore[arg-type]
+    got = b""
+    while True:
+        chunk = await asyncio.to_thread(topo.client.recv, 4096)
+        if not chunk:
+            break
+        got += chunk
+    assert got == answer
+    assert segments_in(topo.client) - before == 1, "the answer and its FIN in one segment"
+    topo.client.shutdown(socket.SHUT_WR)
+    assert await asyncio.wait_for(task, 10) is CloseReason.DONE
+
+
 # -- counters ---------------------------------------------------------------------------
 
 

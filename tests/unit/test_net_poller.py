@@ -9,7 +9,7 @@ import gc
 import socket
 import time
 
-from boxyd.net.poller import Deadlines, Poller
+from boxyd.net.poller import Deadlines, Poller, clock
 
 
 async def _turns(n: int = 5) -> None:
@@ -184,6 +184,40 @@ async def test_deadlines_hold_their_owners_weakly_and_close_cancels() -> None:
     queue.close()
     await asyncio.sleep(0.05)
     assert due == ["kept"], "closed: nothing more is called"
+
+
+class _LaterLoop(asyncio.SelectorEventLoop):
+    """A loop whose clock is its own: an hour ahead of time.monotonic()."""
+
+    def time(self) -> float:
+        return time.monotonic() + 3600.0
+
+
+def test_deadlines_keep_to_a_loop_clock_of_its_own() -> None:
+    """Deadlines read time.monotonic() directly only where the loop's time() is
+    the stdlib's; on a loop with a clock of its own, a deadline taken from the wrong
+    clock would be an hour overdue and come at once."""
+    assert clock(asyncio.new_event_loop()) is time.monotonic
+    loop = _LaterLoop()
+    try:
+        assert clock(loop) == loop.time
+
+        async def run() -> tuple[list[str], list[str]]:
+            due: list[str] = []
+            queue = Deadlines(loop, 0.2, lambda o: due.append(o.name))
+            owner = Owner("x")
+            queue.add(owner)
+            await _turns(20)
+            early = list(due)
+            await asyncio.sleep(0.3)
+            queue.close()
+            return early, due
+
+        early, due = loop.run_until_complete(run())
+        assert early == [], "not due before its delay"
+        assert due == ["x"]
+    finally:
+        loop.close()
 
 
 async def test_many_registrations_cost_one_loop_registration() -> None:

@@ -28,6 +28,7 @@ import os
 import socket
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -352,11 +353,62 @@ _BY_KIND: dict[str, type[_Message]] = {c.KIND: c for c in (*REQUESTS, *STATUSES,
 
 
 # -- encoding ------------------------------------------------------------------------
+# Each message's fields as (name, type hint, required), resolved once at import: the
+# template imports this before it forks, so no run pays for evaluating annotations,
+# and a child touches one tuple where dataclasses.fields() touched every Field (each
+# touched object is a page of the template's copied into the child: issue #18).
+_Fields = tuple[tuple[str, Any, bool], ...]
+_FIELDS: dict[type[_Message], _Fields] = {}
+_NAMES: dict[type[_Message], frozenset[str]] = {}
+
+
+def _resolve(cls: type[_Message]) -> None:
+    hints = typing.get_type_hints(cls)
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    _FIELDS[cls] = tuple((f.name, hints[f.name], f.default is dataclasses.MISSING) for f in fields)
+    _NAMES[cls] = frozenset([f.name for f in fields] + ["kind"])
+
+
+for _cls in _BY_KIND.values():
+    _resolve(_cls)
+
+# JSON through the C scanner and encoder directly: json.loads and json.dumps wrap them
+# in Python (an encoder object per call, a regex per decode) that every child would
+# run; the same wire either way (compact, ASCII).
+_scan: Callable[[str, int], tuple[object, int]] = typing.cast(
+    Any, json.decoder.JSONDecoder()
+).scan_once
+_c_encoder = getattr(json.encoder, "c_make_encoder", None)
+# json.dumps(obj, separators=(",", ":")), made once: no cycle check (a message is a
+# tree), json's own default (a TypeError), ASCII strings, no indent, compact
+# separators, sort_keys, skipkeys and allow_nan as json.dumps has them
+_ENCODER = (None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None)
+_encode_c = _c_encoder(*_ENCODER, ":", ",", False, False, True) if _c_encoder else None
+
+
+def _dumps(obj: dict[str, Any]) -> str:
+    if _encode_c is None:
+        return json.dumps(obj, separators=(",", ":"))
+    return "".join(_encode_c(obj, 0))
+
+
+def load_json(data: bytes) -> object:
+    """One JSON value, whitespace around it allowed; ValueError for anything else."""
+    text = data.decode().strip(" \t\n\r")
+    try:
+        obj, end = _scan(text, 0)
+    except StopIteration:
+        raise ValueError("no JSON value") from None
+    if end != len(text):
+        raise ValueError("more than one JSON value")
+    return obj
+
+
 def _wire(msg: _Message) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": msg.KIND}
-    for f in dataclasses.fields(msg):  # type: ignore[arg-type]
-        v = getattr(msg, f.name)
-        out[f.name] = _wire(v) if isinstance(v, _Message) else list(v) if type(v) is tuple else v
+    for name, _, _ in _FIELDS[type(msg)]:
+        v = getattr(msg, name)
+        out[name] = _wire(v) if isinstance(v, _Message) else list(v) if type(v) is tuple else v
     return out
 
 
@@ -368,20 +420,13 @@ def encode(msg: _Message, nfds: int = 0, *, limit: int = MAX_FRAME) -> bytes:
         raise ProtocolError(f"{msg.KIND}: {why}")
     if nfds != msg.fd_count():
         raise ProtocolError(f"{msg.KIND}: carries {msg.fd_count()} fds, not {nfds}")
-    data = json.dumps(_wire(msg), separators=(",", ":")).encode()
+    data = _dumps(_wire(msg)).encode()
     if len(data) > limit:
         raise ProtocolError(f"{msg.KIND}: {len(data)} bytes (more than {limit})")
     return data
 
 
 # -- decoding ------------------------------------------------------------------------
-# Resolved once, at import: the template imports this before it forks, so no run
-# pays for evaluating the annotations.
-_HINTS: dict[type[_Message], dict[str, Any]] = {
-    c: typing.get_type_hints(c) for c in _BY_KIND.values()
-}
-
-
 _NO = object()  # a value that is not of the type asked for
 
 
@@ -427,17 +472,15 @@ def _object(obj: object, allowed: tuple[type[_Message], ...]) -> _Message:
     cls = _BY_KIND.get(kind) if isinstance(kind, str) else None
     if cls is None or cls not in allowed:
         raise ProtocolError(f"unknown message kind {str(kind)[:40]!r}")
-    hints = _HINTS[cls]
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    extra = set(obj) - names - {"kind"}
+    extra = obj.keys() - _NAMES[cls]
     if extra:
         raise ProtocolError(f"{cls.KIND}: unknown field {sorted(extra)[0][:40]!r}")
     args: dict[str, object] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name in obj:
-            args[f.name] = _value(cls.KIND, f.name, obj[f.name], hints[f.name])
-        elif f.default is dataclasses.MISSING:
-            raise ProtocolError(f"{cls.KIND}: field {f.name!r} is missing")
+    for name, hint, required in _FIELDS[cls]:
+        if name in obj:
+            args[name] = _value(cls.KIND, name, obj[name], hint)
+        elif required:
+            raise ProtocolError(f"{cls.KIND}: field {name!r} is missing")
     msg = cls(**args)
     why = msg.check()
     if why is not None:
@@ -454,7 +497,7 @@ def decode(
     if len(data) > limit:
         raise ProtocolError(f"a frame of {len(data)} bytes (more than {limit})")
     try:
-        obj = json.loads(data)
+        obj = load_json(data)
     except ValueError:  # UnicodeDecodeError included
         raise ProtocolError("a frame that is not JSON") from None
     msg = _object(obj, allowed)

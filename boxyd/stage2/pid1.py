@@ -8,6 +8,7 @@ Its reports go to the outer stage 2 through one status pipe, one line each
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]
 import base64
 import contextlib
 import ctypes
@@ -292,7 +293,7 @@ def setup(
     controlling_terminal(plan)  # TIOCSCTTY: seccomp (step 9) denies it from then on
     drop_privileges()  # step 7: CAP_SETPCAP, which it removes with every other one
     notes = confine(plan)  # steps 8-9: Landlock, then seccomp (which denies landlock)
-    signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)  # the signals init waits for
+    _signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)  # init's; no enums (template.py)
     report(confined_report(notes))  # the live guard's requests may run from now on
     return start_payload(plan)  # step 10: needs nothing; the payload gets none of it
 

@@ -539,14 +539,18 @@ def send(sock: socket.socket, msg: _Message, fds: list[int] | None = None) -> No
         sock.send(data)
 
 
+# Plain ints: MsgFlag's operators are enum's Python code, run by every child of the
+# template that receives a frame (its pages copied into each; issue #18)
+_RECV_FLAGS = int(socket.MSG_CMSG_CLOEXEC)
+_CUT = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)
+
+
 def receive(sock: socket.socket, max_fds: int = MAX_FDS, flags: int = 0) -> tuple[bytes, list[int]]:
     """One datagram and the fds it carried (close-on-exec); b"" at the end. A datagram
     cut short (too long, or with more fds than MAX_FDS) is a ProtocolError, its fds
     closed."""
-    data, fds, got, _ = socket.recv_fds(
-        sock, MAX_FRAME + 1, max_fds, socket.MSG_CMSG_CLOEXEC | flags
-    )
-    if got & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(data) > MAX_FRAME:
+    data, fds, got, _ = socket.recv_fds(sock, MAX_FRAME + 1, max_fds, _RECV_FLAGS | flags)
+    if got & _CUT or len(data) > MAX_FRAME:
         close(fds)
         raise ProtocolError("a frame cut short (too long, or too many fds)")
     return data, fds

@@ -25,6 +25,7 @@ import traceback
 import typing
 from typing import Any
 
+from boxy import wirejson
 from boxy.errors import SetupError
 from boxyd.plan.ops import Plan
 from boxyd.stage2 import live, namespaces, netns, nft, pid1, template
@@ -61,7 +62,7 @@ def receive_plan(ctl: socket.socket) -> tuple[Plan, list[int]]:
     finally:
         os.close(plan_fd)
     try:
-        raw = p.load_json(text)  # json.loads's own wrapper is more of the template touched
+        raw = wirejson.loads(text)  # json.loads's own wrapper is more of the template touched
     except ValueError as e:
         p.close(stdio)
         raise SetupError(f"control: the plan is not JSON ({e})") from None

@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import socket
 import types
 import typing
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from boxy import wirejson
 
 MAX_FRAME = 1 << 16  # a datagram or status line; a stand-in's content fits well within
 MAX_FDS = 32  # the gateway sends 15 with --pcap
@@ -372,37 +372,6 @@ def _resolve(cls: type[_Message]) -> None:
 for _cls in _BY_KIND.values():
     _resolve(_cls)
 
-# JSON through the C scanner and encoder directly: json.loads and json.dumps wrap them
-# in Python (an encoder object per call, a regex per decode) that every child would
-# run; the same wire either way (compact, ASCII).
-_scan: Callable[[str, int], tuple[object, int]] = typing.cast(
-    Any, json.decoder.JSONDecoder()
-).scan_once
-_c_encoder = getattr(json.encoder, "c_make_encoder", None)
-# json.dumps(obj, separators=(",", ":")), made once: no cycle check (a message is a
-# tree), json's own default (a TypeError), ASCII strings, no indent, compact
-# separators, sort_keys, skipkeys and allow_nan as json.dumps has them
-_ENCODER = (None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None)
-_encode_c = _c_encoder(*_ENCODER, ":", ",", False, False, True) if _c_encoder else None
-
-
-def _dumps(obj: dict[str, Any]) -> str:
-    if _encode_c is None:
-        return json.dumps(obj, separators=(",", ":"))
-    return "".join(_encode_c(obj, 0))
-
-
-def load_json(data: bytes) -> object:
-    """One JSON value, whitespace around it allowed; ValueError for anything else."""
-    text = data.decode().strip(" \t\n\r")
-    try:
-        obj, end = _scan(text, 0)
-    except StopIteration:
-        raise ValueError("no JSON value") from None
-    if end != len(text):
-        raise ValueError("more than one JSON value")
-    return obj
-
 
 def _wire(msg: _Message) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": msg.KIND}
@@ -420,7 +389,7 @@ def encode(msg: _Message, nfds: int = 0, *, limit: int = MAX_FRAME) -> bytes:
         raise ProtocolError(f"{msg.KIND}: {why}")
     if nfds != msg.fd_count():
         raise ProtocolError(f"{msg.KIND}: carries {msg.fd_count()} fds, not {nfds}")
-    data = _dumps(_wire(msg)).encode()
+    data = wirejson.dumps(_wire(msg)).encode()
     if len(data) > limit:
         raise ProtocolError(f"{msg.KIND}: {len(data)} bytes (more than {limit})")
     return data
@@ -497,7 +466,7 @@ def decode(
     if len(data) > limit:
         raise ProtocolError(f"a frame of {len(data)} bytes (more than {limit})")
     try:
-        obj = load_json(data)
+        obj = wirejson.loads(data)  # json's C scanner alone (json.loads ran a regex)
     except ValueError:  # UnicodeDecodeError included
         raise ProtocolError("a frame that is not JSON") from None
     msg = _object(obj, allowed)

@@ -74,6 +74,12 @@ def pss_kib(pid: int) -> int:
     return _status_kib(pid, "Pss:", "smaps_rollup")
 
 
+def dirty_kib(pid: int) -> int:
+    """Pages only PID holds that it (or the process it shares them with) wrote: what a
+    forked process costs on its own."""
+    return _status_kib(pid, "Private_Dirty:", "smaps_rollup")
+
+
 def children(pid: int) -> list[int]:
     try:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
@@ -96,13 +102,24 @@ def daemon_pid() -> int:
     return int(words[words.index("pid") + 1])
 
 
-def sessions_pss_kib(boxyd: int) -> tuple[int, int]:
-    """(how many sessions' outer stage 2 run, the PSS of all their processes)."""
+def sessions_pss_kib(boxyd: int) -> tuple[int, int, str]:
+    """(how many sessions' outer stage 2 run, the PSS of all their processes, their
+    mean Private_Dirty by kind: outer stage 2, PID 1, payload)."""
     templates = [
         k for k in children(boxyd) if "boxyd.stage2" in Path(f"/proc/{k}/cmdline").read_text()
     ]
     outers = [o for t in templates for o in children(t)]
-    return len(outers), sum(pss_kib(p) for o in outers for p in subtree(o))
+    pss = sum(pss_kib(p) for o in outers for p in subtree(o))
+    kinds: list[list[int]] = [[], [], []]
+    for o in outers:
+        pid1s = children(o)
+        if pid1s:  # not the spare, still waiting for its run
+            kinds[0].append(dirty_kib(o))
+            kinds[1] += [dirty_kib(p) for p in pid1s]
+            kinds[2] += [dirty_kib(g) for p in pid1s for g in children(p)]
+    mean = [sum(k) / len(k) / 1024 if k else 0.0 for k in kinds]
+    dirty = "Private_Dirty outer {:.2f}, PID 1 {:.2f}, payload {:.2f} MiB".format(*mean)
+    return len(outers), pss, dirty
 
 
 def start_all(n: int) -> tuple[list[str], list[float]]:
@@ -142,7 +159,7 @@ def main() -> int:
             sys.exit(f"only {len(running)} of {a.n} sessions are running")
         time.sleep(1)
         rss = rss_kib(boxyd)
-        counted, pss = sessions_pss_kib(boxyd)
+        counted, pss, dirty = sessions_pss_kib(boxyd)
     finally:
         for sid in ids:
             subprocess.run([*AS, str(BIN / "boxyctl"), "stop", "-k", sid], capture_output=True)
@@ -153,7 +170,7 @@ def main() -> int:
     say(
         f"{a.n} sessions: boxyd RSS {idle / 1024:.1f} MiB idle, {rss / 1024:.1f} MiB with "
         f"them running; {counted} sessions' processes {pss / 1024:.1f} MiB PSS "
-        f"({per_session:.2f} MiB each); start {first * 1000:.0f} ms (first {WINDOW}) "
+        f"({per_session:.2f} MiB each; {dirty}); start {first * 1000:.0f} ms (first {WINDOW}) "
         f"→ {last * 1000:.0f} ms (last {WINDOW})"
     )
     figures = [

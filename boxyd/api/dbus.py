@@ -309,13 +309,13 @@ class SendsThatWait:
             return 0
 
     def sendmsg(self, buffers: Any, ancdata: Any = (), *rest: Any) -> int:
-        import select
+        from boxy import fdwait
 
         while True:
             try:
                 return int(self._sock.sendmsg(buffers, ancdata, *rest))
             except (BlockingIOError, InterruptedError):
-                select.select([], [self._sock], [], 1.0)
+                fdwait.writable(self._sock, 1.0)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)

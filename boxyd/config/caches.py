@@ -17,7 +17,6 @@ sandbox can write.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -26,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from boxy.digest import sha256
 from boxy.paths import ensure_private_dir
 
 MAX_BYTES = 10 << 30
@@ -48,7 +48,7 @@ def profile_key(profile: str) -> str:
 def project_key(workdir: str) -> str:
     """Readable and unique: the work directory's last name and a hash of all of it."""
     tail = re.sub(r"[^A-Za-z0-9_-]", "-", os.path.basename(workdir.rstrip("/")) or "root")[:40]
-    return f"{tail}-{hashlib.sha256(workdir.encode()).hexdigest()[:16]}"
+    return f"{tail}-{sha256(workdir.encode()).hexdigest()[:16]}"
 
 
 def project_dir(home: str | None, profile: str, workdir: str) -> str:

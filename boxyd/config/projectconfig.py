@@ -18,7 +18,6 @@ bytes that were judged are the bytes applied.
 from __future__ import annotations
 
 import errno
-import hashlib
 import itertools
 import json
 import os
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from boxy.digest import sha256
 from boxy.errors import UsageError
 from boxy.paths import ensure_private_dir
 from boxyd.config import profiles, widening
@@ -106,7 +106,7 @@ class Project:
         """What an approval commits to: the widening part of .boxy.yaml and the
         registries named, canonically encoded."""
         body = {"boxy": self.view, "registries": [r.wire() for r in self.registries]}
-        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        return sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
     @property
     def text(self) -> str:
@@ -133,7 +133,7 @@ def read(workdir: str, env: Mapping[str, str] | None = None, *, strict: bool = T
             )
             json.dumps(view, sort_keys=True)  # YAML may hold dates, or keys of mixed types
         except (UsageError, TypeError, ValueError):  # then an approval commits to the bytes
-            view = {"unparsed": hashlib.sha256(config).hexdigest()}
+            view = {"unparsed": sha256(config).hexdigest()}
     return Project(workdir, config, tuple(_registries(workdir, env or {})), view)
 
 
@@ -196,7 +196,7 @@ def trust_dir(config_home: str) -> Path:
 
 def _approval(project: Project) -> str:
     """One file per (work directory, what is approved): the name commits to both."""
-    return hashlib.sha256(f"{project.workdir}\0{project.digest}".encode()).hexdigest() + ".json"
+    return sha256(f"{project.workdir}\0{project.digest}".encode()).hexdigest() + ".json"
 
 
 def is_trusted(project: Project, config_home: str) -> bool:

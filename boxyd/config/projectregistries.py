@@ -19,7 +19,6 @@ whitespace.
 
 from __future__ import annotations
 
-import decimal
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -251,6 +250,8 @@ def _js_number(literal: str) -> str:
         return "Infinity" if x > 0 else "-Infinity"
     if x == 0:
         return "0"
+    import decimal  # here: an .npmrc's rare number; at import it cost boxyd 450 KiB
+
     sign, digits_t, exp = decimal.Decimal(repr(abs(x))).normalize().as_tuple()
     digits = "".join(map(str, digits_t))
     k, n = len(digits), int(exp) + len(digits)  # x = 0.DIGITS × 10ⁿ

@@ -15,7 +15,6 @@ import errno
 import json
 import os
 import re
-import select
 import shutil
 import signal
 import socket
@@ -26,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
+from boxy import fdwait
 from boxyd.kernel.sys import (
     CLONE_NEWCGROUP,
     CLONE_NEWIPC,
@@ -182,7 +182,7 @@ def _in_child(probe: Callable[[], str]) -> tuple[bool, str]:
     try:
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([r], [], [], left)[0]:
+            if left <= 0 or not fdwait.readable(r, left):
                 os.kill(pid, signal.SIGKILL)  # a hung probe must not hang the doctor
                 timed_out = True
                 break

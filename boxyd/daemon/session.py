@@ -64,7 +64,7 @@ EXIT_NOEXEC = 126
 EXIT_NOTFOUND = 127
 TICK = 1.0  # seconds between counters snapshots for watchers
 TOP_DESTINATIONS = 10
-SESSION_ID = re.compile(r"[0-9a-f]{8}")  # secrets.token_hex(4): anything else names no session
+SESSION_ID = re.compile(r"[0-9a-f]{8}")  # os.urandom(4).hex(): anything else names no session
 
 Hook = Callable[["Session"], Awaitable[None]]
 

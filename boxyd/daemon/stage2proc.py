@@ -17,13 +17,13 @@ import fcntl
 import json
 import logging
 import os
-import select
 import socket
 import stat
 import subprocess
 import sys
 from dataclasses import dataclass
 
+from boxy import fdwait
 from boxy.errors import SetupError
 from boxyd.plan.ops import Plan
 from boxyd.stage2 import protocol
@@ -142,7 +142,7 @@ def _waiting(sock: socket.socket) -> bool:
     """The child at the other end still waits for its request (nothing to read: a child
     that died, with its template or by a signal, reads as end of file)."""
     try:
-        return not select.select([sock], [], [], 0)[0]
+        return not fdwait.readable(sock, 0)
     except (OSError, ValueError):
         return False
 

@@ -14,12 +14,12 @@ import contextlib
 import functools
 import json
 import os
-import select
 import socket
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
+from boxy import fdwait
 from boxy.errors import BoxyError
 from boxyd.config.hosttools import Answer, Exposure, ToolError
 from boxyd.daemon.stage2proc import plan_memfd
@@ -130,7 +130,7 @@ class ToolBox:
         if n <= 0:
             raise self._fail("the tool sandbox sent an answer that cannot be read")
         left = self._wait_until - time.monotonic()
-        if left <= 0 or not select.select([self._from], [], [], left)[0]:
+        if left <= 0 or not fdwait.readable(self._from, left):
             raise self._fail("the tool sandbox did not answer in time")
         chunk = os.read(self._from, min(n, 1 << 20))
         if not chunk:

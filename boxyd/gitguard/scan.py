@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from boxy.digest import sha256
 from boxyd.config.hosttools import Box, Exposure, Opener, ToolError
 from boxyd.gitguard import discover, hostgit
 from boxyd.gitguard.discover import CONFIG_MAX, O_DIR, O_FILE, POINTER_MAX, Control, Role, Type
@@ -85,7 +85,7 @@ def _fingerprint(dir_fd: int, name: str) -> tuple[object, ...] | None:
     except OSError as exc:
         return ("error", exc.errno)
     try:
-        digest = hashlib.sha256()
+        digest = sha256()
         while chunk := os.read(fd, 65536):
             digest.update(chunk)
         return ("file", mode, digest.hexdigest())
@@ -445,6 +445,8 @@ def _digest(fd: int, size: int) -> str:
     read as, without reading them."""
     if size > HASH_LIMIT:
         return f"not hashed (over {HASH_LIMIT >> 30} GiB)"
+    import hashlib  # a file of up to HASH_LIMIT: OpenSSL's speed (boxy/digest.py)
+
     h, pos, zeros = hashlib.sha256(), 0, bytes(1 << 20)
     for start, length in [*_data_ranges(fd, size), (size, 0)]:
         while pos < start:  # the hole before this segment

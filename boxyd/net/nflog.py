@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import select
 import socket
 import struct
 import time
 from dataclasses import dataclass
 
+from boxy import fdwait
 from boxyd.net import netlink
 from boxyd.net.netlink import NLM_F_ACK, NLM_F_REQUEST, NLMSG_ERROR, attr, attrs
 
@@ -95,7 +95,7 @@ def _configure(
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([sock], [], [], left)[0]:
+        if left <= 0 or not fdwait.readable(sock, left):
             raise OSError(f"nflog: {what}: no answer")
         data = sock.recv(65536)
         reports += parse(data)

@@ -23,12 +23,12 @@ from __future__ import annotations
 import errno
 import ipaddress
 import os
-import select
 import socket
 import struct
 import time
 from collections.abc import Callable, Iterable
 
+from boxy import fdwait
 from boxyd.net import netlink
 from boxyd.net.netlink import NLM_F_ACK, NLM_F_REQUEST, NLMSG_ERROR, attr
 
@@ -177,7 +177,7 @@ class BoundSet:
         deadline = time.monotonic() + ACK_WAIT
         while pending:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+            if left <= 0 or not fdwait.readable(self.sock, left):
                 raise OSError(errno.ETIMEDOUT, f"{step}: no answer from the kernel")
             try:
                 data = self.sock.recv(65536)

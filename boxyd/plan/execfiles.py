@@ -21,12 +21,12 @@ The walk shows each directory to ``Watch`` (the same walk as the git guard's);
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import stat
 from collections.abc import Mapping
 
+from boxy.digest import sha256
 from boxyd.gitguard.discover import O_DIR, O_FILE, Type, join, read_head
 from boxyd.plan import toolconfig
 
@@ -72,12 +72,12 @@ def _digest(dir_fd: int, name: str, scripts_only: bool = False) -> str:
             ).encode()
         except ValueError:
             pass  # not JSON: npm would refuse it; compared whole
-    return f"{stat.S_IMODE(st.st_mode):o}:{hashlib.sha256(data).hexdigest()}"
+    return f"{stat.S_IMODE(st.st_mode):o}:{sha256(data).hexdigest()}"
 
 
 def _tree(dir_fd: int, name: str) -> str:
     """One digest for a directory: every file's path, mode and content, symlinks' targets."""
-    h = hashlib.sha256()
+    h = sha256()
     count = 0
     stack = [("", os.open(name, O_DIR, dir_fd=dir_fd))]
     try:
@@ -157,7 +157,7 @@ class Watch:
             return
         tool = toolconfig.TOOLS[name][0]
         keys = ", ".join(dict.fromkeys(k for k, _ in settings))
-        digest = hashlib.sha256(json.dumps(sorted(settings)).encode()).hexdigest()
+        digest = sha256(json.dumps(sorted(settings)).encode()).hexdigest()
         self.seen[path] = (
             f"{tool} runs or installs what {keys} say{'s' if ',' not in keys else ''}",
             KEYS + digest,

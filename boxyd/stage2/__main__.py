@@ -17,13 +17,15 @@ process of the sandbox that talks to boxyd; the template never reads a plan.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import signal
 import socket
 import traceback
+import typing
+from typing import Any
 
+from boxy import wirejson
 from boxy.errors import SetupError
 from boxyd.plan.ops import Plan
 from boxyd.stage2 import live, namespaces, netns, nft, pid1, template
@@ -59,7 +61,12 @@ def receive_plan(ctl: socket.socket) -> tuple[Plan, list[int]]:
         text = os.pread(plan_fd, size, 0)
     finally:
         os.close(plan_fd)
-    return Plan.from_json(json.loads(text)), stdio
+    try:
+        raw = wirejson.loads(text)  # json.loads's own wrapper is more of the template touched
+    except ValueError as e:
+        p.close(stdio)
+        raise SetupError(f"control: the plan is not JSON ({e})") from None
+    return Plan.from_json(typing.cast(dict[str, Any], raw)), stdio
 
 
 def request(ctl: socket.socket) -> p.Request | p.ProtocolError | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 
 from boxy.errors import SetupError
-from boxyd.kernel.sys import check, libc
+from boxyd.kernel.sys import check, libc, read_small
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
@@ -42,8 +42,7 @@ class _CapData(ctypes.Structure):
 
 def _last_cap() -> int:
     try:
-        with open("/proc/sys/kernel/cap_last_cap") as f:
-            return int(f.read())
+        return int(read_small("/proc/sys/kernel/cap_last_cap"))
     except OSError:
         return 63
 
@@ -75,8 +74,8 @@ def die_with_parent(sig: int) -> None:
 
 def verify_dropped() -> None:
     """Layers never fail open: read back what the kernel says we hold."""
-    with open("/proc/self/status") as f:
-        fields = dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)
+    status = read_small("/proc/self/status")
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
     for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
         if int(fields.get(key, "1").strip(), 16) != 0:
             raise SetupError(f"capabilities: {key} is {fields.get(key)} after dropping")

@@ -18,6 +18,7 @@ from boxyd.kernel.sys import (
     CLONE_NEWUTS,
     check,
     libc,
+    write_small,
 )
 from boxyd.plan.ops import Plan
 from boxyd.stage2 import mounts as m
@@ -32,8 +33,7 @@ libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
 
 def _write(path: str, text: str, step: str) -> None:
     try:
-        with open(path, "w") as f:
-            f.write(text)
+        write_small(path, text)
     except OSError as e:
         raise SetupError(f"{step}: {path}: {e.strerror}") from None
 

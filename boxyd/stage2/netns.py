@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from boxy.errors import SetupError
-from boxyd.kernel.sys import CLONE_NEWNET, check, libc
+from boxyd.kernel.sys import CLONE_NEWNET, check, libc, read_small, write_small
 from boxyd.net import nflog, nftset, pcap, udpsock
 from boxyd.net import ruleset as rs
 from boxyd.net.rtnl import Rtnl
@@ -94,10 +94,8 @@ def _sysctl(name: str, value: int, where: str) -> None:
     """Write a net sysctl of the current network namespace and read it back."""
     path = "/proc/sys/net/" + name
     with _step(f"{where}: sysctl {name}={value}"):
-        with open(path, "w") as f:
-            f.write(str(value))
-        with open(path) as f:
-            now = f.read().strip()
+        write_small(path, str(value))
+        now = read_small(path).strip()
     if now != str(value):
         raise SetupError(f"{where}: sysctl {name} is {now} after writing {value}")
 

@@ -8,6 +8,7 @@ Its reports go to the outer stage 2 through one status pipe, one line each
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]
 import base64
 import contextlib
 import ctypes
@@ -24,7 +25,7 @@ from typing import NoReturn
 
 from boxy import termsettings
 from boxy.errors import SetupError
-from boxyd.kernel.sys import libc
+from boxyd.kernel.sys import libc, read_small, write_small
 from boxyd.plan.ops import Plan
 from boxyd.stage2 import caps, landlock, protocol, rootfs, seccomp, toolserver
 
@@ -67,8 +68,7 @@ def rename() -> None:
     argv strings the kernel shows are overwritten in place. Needs nothing."""
     name = ctypes.create_string_buffer(INIT_NAME)
     libc.prctl(15, ctypes.addressof(name), 0, 0, 0)  # PR_SET_NAME
-    with open("/proc/self/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    fields = read_small("/proc/self/stat").rsplit(")", 1)[1].split()
     start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49)
     if 0 < start < end:
         ctypes.memset(start, 0, end - start)
@@ -106,8 +106,7 @@ def limits(plan: Plan) -> None:
     resource.setrlimit(resource.RLIMIT_NICE, (0, 0))  # the payload's nice 19 stays
     if plan.address_space is not None:
         resource.setrlimit(resource.RLIMIT_AS, (plan.address_space, plan.address_space))
-    with open("/proc/self/oom_score_adj", "w") as f:
-        f.write("1000")
+    write_small("/proc/self/oom_score_adj", "1000")
 
 
 # Missing from Python's termios module (asm-generic/ioctls.h).
@@ -294,7 +293,7 @@ def setup(
     controlling_terminal(plan)  # TIOCSCTTY: seccomp (step 9) denies it from then on
     drop_privileges()  # step 7: CAP_SETPCAP, which it removes with every other one
     notes = confine(plan)  # steps 8-9: Landlock, then seccomp (which denies landlock)
-    signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)  # the signals init waits for
+    _signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)  # init's; no enums (template.py)
     report(confined_report(notes))  # the live guard's requests may run from now on
     return start_payload(plan)  # step 10: needs nothing; the payload gets none of it
 

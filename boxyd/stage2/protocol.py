@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import socket
@@ -30,6 +29,8 @@ import types
 import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from boxy import wirejson
 
 MAX_FRAME = 1 << 16  # a datagram or status line; a stand-in's content fits well within
 MAX_FDS = 32  # the gateway sends 15 with --pcap
@@ -352,11 +353,31 @@ _BY_KIND: dict[str, type[_Message]] = {c.KIND: c for c in (*REQUESTS, *STATUSES,
 
 
 # -- encoding ------------------------------------------------------------------------
+# Each message's fields as (name, type hint, required), resolved once at import: the
+# template imports this before it forks, so no run pays for evaluating annotations,
+# and a child touches one tuple where dataclasses.fields() touched every Field (each
+# touched object is a page of the template's copied into the child: issue #18).
+_Fields = tuple[tuple[str, Any, bool], ...]
+_FIELDS: dict[type[_Message], _Fields] = {}
+_NAMES: dict[type[_Message], frozenset[str]] = {}
+
+
+def _resolve(cls: type[_Message]) -> None:
+    hints = typing.get_type_hints(cls)
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    _FIELDS[cls] = tuple((f.name, hints[f.name], f.default is dataclasses.MISSING) for f in fields)
+    _NAMES[cls] = frozenset([f.name for f in fields] + ["kind"])
+
+
+for _cls in _BY_KIND.values():
+    _resolve(_cls)
+
+
 def _wire(msg: _Message) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": msg.KIND}
-    for f in dataclasses.fields(msg):  # type: ignore[arg-type]
-        v = getattr(msg, f.name)
-        out[f.name] = _wire(v) if isinstance(v, _Message) else list(v) if type(v) is tuple else v
+    for name, _, _ in _FIELDS[type(msg)]:
+        v = getattr(msg, name)
+        out[name] = _wire(v) if isinstance(v, _Message) else list(v) if type(v) is tuple else v
     return out
 
 
@@ -368,20 +389,13 @@ def encode(msg: _Message, nfds: int = 0, *, limit: int = MAX_FRAME) -> bytes:
         raise ProtocolError(f"{msg.KIND}: {why}")
     if nfds != msg.fd_count():
         raise ProtocolError(f"{msg.KIND}: carries {msg.fd_count()} fds, not {nfds}")
-    data = json.dumps(_wire(msg), separators=(",", ":")).encode()
+    data = wirejson.dumps(_wire(msg)).encode()
     if len(data) > limit:
         raise ProtocolError(f"{msg.KIND}: {len(data)} bytes (more than {limit})")
     return data
 
 
 # -- decoding ------------------------------------------------------------------------
-# Resolved once, at import: the template imports this before it forks, so no run
-# pays for evaluating the annotations.
-_HINTS: dict[type[_Message], dict[str, Any]] = {
-    c: typing.get_type_hints(c) for c in _BY_KIND.values()
-}
-
-
 _NO = object()  # a value that is not of the type asked for
 
 
@@ -427,17 +441,15 @@ def _object(obj: object, allowed: tuple[type[_Message], ...]) -> _Message:
     cls = _BY_KIND.get(kind) if isinstance(kind, str) else None
     if cls is None or cls not in allowed:
         raise ProtocolError(f"unknown message kind {str(kind)[:40]!r}")
-    hints = _HINTS[cls]
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    extra = set(obj) - names - {"kind"}
+    extra = obj.keys() - _NAMES[cls]
     if extra:
         raise ProtocolError(f"{cls.KIND}: unknown field {sorted(extra)[0][:40]!r}")
     args: dict[str, object] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name in obj:
-            args[f.name] = _value(cls.KIND, f.name, obj[f.name], hints[f.name])
-        elif f.default is dataclasses.MISSING:
-            raise ProtocolError(f"{cls.KIND}: field {f.name!r} is missing")
+    for name, hint, required in _FIELDS[cls]:
+        if name in obj:
+            args[name] = _value(cls.KIND, name, obj[name], hint)
+        elif required:
+            raise ProtocolError(f"{cls.KIND}: field {name!r} is missing")
     msg = cls(**args)
     why = msg.check()
     if why is not None:
@@ -454,7 +466,7 @@ def decode(
     if len(data) > limit:
         raise ProtocolError(f"a frame of {len(data)} bytes (more than {limit})")
     try:
-        obj = json.loads(data)
+        obj = wirejson.loads(data)  # json's C scanner alone (json.loads ran a regex)
     except ValueError:  # UnicodeDecodeError included
         raise ProtocolError("a frame that is not JSON") from None
     msg = _object(obj, allowed)
@@ -496,14 +508,18 @@ def send(sock: socket.socket, msg: _Message, fds: list[int] | None = None) -> No
         sock.send(data)
 
 
+# Plain ints: MsgFlag's operators are enum's Python code, run by every child of the
+# template that receives a frame (its pages copied into each; issue #18)
+_RECV_FLAGS = int(socket.MSG_CMSG_CLOEXEC)
+_CUT = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)
+
+
 def receive(sock: socket.socket, max_fds: int = MAX_FDS, flags: int = 0) -> tuple[bytes, list[int]]:
     """One datagram and the fds it carried (close-on-exec); b"" at the end. A datagram
     cut short (too long, or with more fds than MAX_FDS) is a ProtocolError, its fds
     closed."""
-    data, fds, got, _ = socket.recv_fds(
-        sock, MAX_FRAME + 1, max_fds, socket.MSG_CMSG_CLOEXEC | flags
-    )
-    if got & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(data) > MAX_FRAME:
+    data, fds, got, _ = socket.recv_fds(sock, MAX_FRAME + 1, max_fds, _RECV_FLAGS | flags)
+    if got & _CUT or len(data) > MAX_FRAME:
         close(fds)
         raise ProtocolError("a frame cut short (too long, or too many fds)")
     return data, fds

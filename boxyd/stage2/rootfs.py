@@ -13,6 +13,7 @@ import os
 
 from boxy.errors import SetupError
 from boxyd.kernel import openat
+from boxyd.kernel.sys import write_small
 from boxyd.plan.ops import Bind, Copy, Dir, File, Mask, Plan, Symlink
 from boxyd.stage2 import mounts as m
 
@@ -152,8 +153,7 @@ def sysctl(name: str, value: str) -> None:
     Needs: CAP_SYS_RESOURCE/ADMIN over that namespace, held until step 7."""
     path = f"{NEW}/proc/sys/{name.replace('.', '/')}"
     try:
-        with open(path, "w") as f:
-            f.write(value)
+        write_small(path, value)
     except OSError as e:
         raise SetupError(f"sysctl {name}={value}: {e.strerror}") from None
 

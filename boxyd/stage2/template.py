@@ -10,6 +10,7 @@ socket per request (SCM_RIGHTS), which the forked child owns alone.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]
 import gc
 import os
 import signal
@@ -20,6 +21,11 @@ from collections.abc import Callable
 from boxyd.stage2 import caps
 
 Child = Callable[[socket.socket], int]  # one request on its socket; the exit status
+# Plain ints, and _signal's signal(): MsgFlag's operators and signal.signal's enum of
+# the old handler are enum's Python code, whose pages the template would touch in its
+# loop and every child after its fork, each then holding its own copy (issue #18)
+_RECV_FLAGS = int(socket.MSG_CMSG_CLOEXEC)
+_CTRUNC = int(socket.MSG_CTRUNC)
 
 
 def serve(ctl: socket.socket, child: Child) -> int:
@@ -31,14 +37,14 @@ def serve(ctl: socket.socket, child: Child) -> int:
     gc.freeze()
     while True:
         try:
-            data, fds, flags, _ = socket.recv_fds(ctl, 16, 1, socket.MSG_CMSG_CLOEXEC)
+            data, fds, flags, _ = socket.recv_fds(ctl, 16, 1, _RECV_FLAGS)
         except InterruptedError:
             continue
         except OSError:
             return 1
         if not data:
             return 0  # boxyd closed its end
-        if flags & socket.MSG_CTRUNC or len(fds) != 1:
+        if flags & _CTRUNC or len(fds) != 1:
             for fd in fds:
                 os.close(fd)
             continue
@@ -54,7 +60,7 @@ def _fork(template_ctl: socket.socket, conn: socket.socket, child: Child) -> Non
     status = 1
     try:
         template_ctl.close()
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # it may wait for children of its own
+        _signal.signal(signal.SIGCHLD, _signal.SIG_DFL)  # it may wait for children of its own
         os.setsid()  # its own session: no terminal of any earlier request can follow it
         # The death signal follows the parent: the template dies with boxyd, children with it.
         caps.die_with_parent(signal.SIGKILL)

@@ -12,6 +12,10 @@ The wire, on fds 0 and 1 (pipes to boxyd; boxyd/stage2/protocol.py):
   response: one line, a ToolAnswer (rc, timeout, error, size, truncated), then
             size bytes of the tool's stdout.
 boxyd treats every response as untrusted (it comes from inside a sandbox).
+
+A tool starts with fork and exec, not subprocess: subprocess imports threading,
+whose hook after every fork runs in every child of the stage-2 template (each outer
+stage 2 and each PID 1), copying about 400 KiB of the template's pages in each.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ import contextlib
 import os
 import select
 import signal
-import subprocess
 import time
 
 from boxyd.stage2.protocol import (
@@ -54,11 +57,38 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _collect(proc: subprocess.Popen[bytes], timeout: float, limit: int) -> tuple[bytes, bool, bool]:
+def _spawn(req: ToolCall) -> tuple[int, int]:
+    """(pid, the read end of its stdout): REQ's tool in a session of its own, in REQ.cwd
+    with exactly REQ.env (whose PATH finds it), stdin and stderr on /dev/null. OSError
+    when it cannot start: the child's errno, through a pipe that exec closes."""
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            os.chdir(req.cwd)
+            for fd, target in ((null, 0), (out_w, 1), (null, 2)):
+                os.dup2(fd, target)
+            os.execvpe(req.argv[0], list(req.argv), req.env)
+        except OSError as e:
+            os.write(err_w, str(e.errno or 0).encode())
+        os._exit(127)
+    for fd in (out_w, err_w, null):
+        os.close(fd)
+    err = os.read(err_r, 16)
+    os.close(err_r)
+    if err:
+        os.close(out_r)
+        os.waitpid(pid, 0)
+        raise OSError(int(err), os.strerror(int(err)))
+    return pid, out_r
+
+
+def _collect(pid: int, fd: int, timeout: float, limit: int) -> tuple[bytes, bool, bool]:
     """(stdout, timed out, truncated): read until EOF, the deadline or the limit; a tool
     past either is killed with its whole process group."""
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
     out = bytearray()
     end = time.monotonic() + timeout
     timed_out = truncated = False
@@ -79,7 +109,7 @@ def _collect(proc: subprocess.Popen[bytes], timeout: float, limit: int) -> tuple
             break
     if timed_out or truncated:
         with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(pid, signal.SIGKILL)
     return bytes(out), timed_out, truncated
 
 
@@ -98,20 +128,14 @@ def _answer(
 def call(req: ToolCall) -> tuple[ToolAnswer, bytes]:
     """One tool call: the answer's header and the tool's stdout."""
     try:
-        proc = subprocess.Popen(
-            list(req.argv),
-            cwd=req.cwd,
-            env=req.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        pid, fd = _spawn(req)
     except OSError as e:
         return _answer(None, f"{req.argv[0]}: {e.strerror}"[:MAX_TEXT]), b""
-    with proc:
-        out, timed_out, truncated = _collect(proc, req.timeout, min(req.limit, LIMIT_MAX))
-        rc = proc.wait()
+    try:
+        out, timed_out, truncated = _collect(pid, fd, req.timeout, min(req.limit, LIMIT_MAX))
+    finally:
+        os.close(fd)
+        rc = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     return _answer(rc, None, out, timed_out=timed_out, truncated=truncated), out
 
 

@@ -750,7 +750,7 @@ async def test_a_unique_prefix_names_a_session_an_ambiguous_one_is_refused(
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     ids = iter(["ab120000", "ab340000", "cd560000"])
-    monkeypatch.setattr(manager.secrets, "token_hex", lambda _n: next(ids))
+    monkeypatch.setattr(manager, "token", lambda: next(ids))
     m = Manager(FakeLauncher(exit_code=0), records.Records(str(tmp_path)))
     a, b = await m.start(request(), []), await m.start(request(), [])
     await a.wait()

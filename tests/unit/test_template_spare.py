@@ -4,6 +4,8 @@ answer one frame, so a spare can be seen to work."""
 
 from __future__ import annotations
 
+import os
+import resource
 import socket
 import time
 
@@ -54,6 +56,29 @@ def test_without_spare_nothing_is_forked_ahead() -> None:
         template.prime()
         conn = template.spawn()
         assert template._spare is None and _ask(conn) == {"trees": {}}
+        conn.close()
+    finally:
+        template.close()
+
+
+def test_a_spare_whose_socket_is_numbered_past_1023_is_still_used() -> None:
+    """boxyd holds about ten fds per running session: past about a hundred sessions the
+    spare's socket had a number select() refused, every spare was taken for dead and
+    each start forked its own child (the 200th start 1.7x the first)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1501), hard))
+    template = Template("boxyd.daemon.walkproc", socket.SOCK_STREAM, spare=True)
+    template.start()
+    try:
+        template.prime()
+        spare = template._spare
+        assert spare is not None
+        template._spare = socket.socket(fileno=os.dup2(spare.fileno(), 1500))
+        spare.close()
+        first = template._spare
+        assert _waiting(first)
+        conn = template.spawn()
+        assert conn is first and _ask(conn) == {"trees": {}}
         conn.close()
     finally:
         template.close()

@@ -42,11 +42,13 @@ class Template:
         self.kind = kind  # of each request's socket
         self._proc: subprocess.Popen[bytes] | None = None
         self._ctl: socket.socket | None = None
-        # SPARE: one child forked ahead, waiting for its request, so that a run does not
+        # SPARE: a child forked ahead, waiting for its request, so that a run does not
         # wait for the fork (a fresh child of the template like any other: it learns
-        # nothing of a session before its plan comes)
+        # nothing of a session before its plan comes). One per kind of start: a spare
+        # told to prepare (its network, ahead: docs/design.md, "A run, step by step")
+        # is kept apart from a plain one, the first made at the first such start.
         self._keep_spare = spare
-        self._spare: socket.socket | None = None
+        self._spares: dict[bool, socket.socket | None] = {False: None}
 
     def start(self) -> None:
         """Must run on the event-loop thread (the death signal follows the thread)."""
@@ -71,29 +73,31 @@ class Template:
             child.close()
         self._ctl = parent
 
-    def spawn(self) -> socket.socket:
+    def spawn(self, prepared: bool = False) -> socket.socket:
         """A control socket to a freshly forked child waiting for its request: the one
-        forked ahead if it is still there, and another one ahead for the next call."""
-        ready, self._spare = self._spare, None
-        if ready is not None and not _waiting(ready):
+        forked ahead if it is still there, and another one ahead for the next call.
+        PREPARED: a child told to prepare (protocol.Prepare) before its plan; one
+        forked now for the call is not (it would do the same work, only later)."""
+        ready, self._spares[prepared] = self._spares.get(prepared), None
+        if ready is not None and not _waiting(ready):  # it died, or its preparing failed
             ready.close()
             ready = None
         if ready is None:
             ready = self._fork_one()
-        self.prime()
+        self.prime(prepared)
         return ready
 
-    def prime(self) -> None:
-        """Fork the spare child (with spare=True), if there is none."""
-        if not self._keep_spare or self._spare is not None:
+    def prime(self, prepared: bool = False) -> None:
+        """Fork the spare child of that kind (with spare=True), if there is none."""
+        if not self._keep_spare or self._spares.get(prepared) is not None:
             return
         try:
-            self._spare = self._fork_one()
+            self._spares[prepared] = self._fork_one(prepare=prepared)
         except SetupError as e:  # the next call forks its own
             log.warning("%s", e)
 
-    def _fork_one(self) -> socket.socket:
-        """A control socket to a freshly forked child."""
+    def _fork_one(self, prepare: bool = False) -> socket.socket:
+        """A control socket to a freshly forked child; PREPARE: sent Prepare at once."""
         for attempt in (1, 2):
             if self._ctl is None or self._proc is None or self._proc.poll() is not None:
                 if self._proc is not None:
@@ -117,15 +121,19 @@ class Template:
                 continue
             finally:
                 theirs.close()
+            if prepare:  # if it died at once, the spawn that takes it sees so
+                with contextlib.suppress(OSError):
+                    protocol.send(ours, protocol.Prepare())
             return ours
         raise AssertionError("unreachable")
 
     def close(self) -> None:
         """Closing its socket ends the template — and, by their death signal, every
         sandbox it forked: only for a restart after it died, or when boxyd stops."""
-        if self._spare is not None:
-            self._spare.close()
-            self._spare = None
+        for kind, spare in self._spares.items():
+            if spare is not None:
+                spare.close()
+            self._spares[kind] = None
         if self._ctl is not None:
             self._ctl.close()
             self._ctl = None
@@ -179,7 +187,8 @@ class Stage2:
 
     @classmethod
     def start(cls, template: Template, plan: Plan, stdio: list[int]) -> Stage2:
-        ctl = template.spawn()
+        # a networked run takes a spare whose network is made already
+        ctl = template.spawn(prepared=plan.net != "none")
         ctl.setblocking(False)
         stage2 = cls(ctl)
         try:

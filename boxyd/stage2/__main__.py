@@ -41,18 +41,30 @@ def send(ctl: socket.socket, msg: p.Report, fds: list[int] | None = None) -> Non
         p.send(ctl, msg, fds)
 
 
-def receive_plan(ctl: socket.socket) -> tuple[Plan, list[int]]:
-    """The plan (a memfd, first) and the payload's stdio: four fds in one message."""
-    try:
-        data, fds = p.receive(ctl, p.PlanFds.FDS)
-    except p.ProtocolError as e:
-        raise SetupError(f"control: malformed plan message ({e})") from None
-    try:
-        if not isinstance(p.decode_request(data, len(fds)), p.PlanFds):
-            raise p.ProtocolError("not the plan")
-    except p.ProtocolError as e:
-        p.close(fds)
-        raise SetupError(f"control: malformed plan message ({e})") from None
+def receive_plan(ctl: socket.socket) -> tuple[Plan, list[int], netns.Gateway | None]:
+    """The plan (a memfd, first) and the payload's stdio: four fds in one message. A
+    spare told to Prepare first makes its network while it waits (prepare_network)."""
+    prepared = None
+    while True:
+        try:
+            data, fds = p.receive(ctl, p.PlanFds.FDS)
+        except p.ProtocolError as e:
+            raise SetupError(f"control: malformed plan message ({e})") from None
+        try:
+            msg = p.decode_request(data, len(fds))
+            if isinstance(msg, p.Prepare) and prepared is None:
+                prepared = prepare_network()
+                continue
+            if not isinstance(msg, p.PlanFds):
+                raise p.ProtocolError("not the plan")
+        except p.ProtocolError as e:
+            p.close(fds)
+            raise SetupError(f"control: malformed plan message ({e})") from None
+        return (*read_plan(fds), prepared)
+
+
+def read_plan(fds: list[int]) -> tuple[Plan, list[int]]:
+    """The plan from its memfd (FDS[0], closed), and the payload's stdio."""
     plan_fd, stdio = fds[0], fds[1:]
     try:
         size = os.fstat(plan_fd).st_size
@@ -278,9 +290,10 @@ def _drain(fd: int) -> bytes:
 
 
 def join_scope(ctl: socket.socket) -> int | None:
-    """Step 0 (no privilege; before anything is unshared): boxyd moves this process
-    into the run's transient scope through the user manager, and says when it is
-    done; every process of the sandbox then starts in it, and step 5's
+    """Step 0 (no privilege; before step 5 and before any process of the sandbox
+    starts: a spare prepared ahead has made steps 1–3, which start none): boxyd moves
+    this process into the run's transient scope through the user manager, and says
+    when it is done; every process of the sandbox then starts in it, and step 5's
     CLONE_NEWCGROUP makes it the sandbox's cgroup root. A signal meanwhile (a stop)
     ends the run as if the payload had died of it: returned."""
     send(ctl, p.Pid(os.getpid()))
@@ -304,16 +317,43 @@ class Forked:
         self.pid, self.status_r, self.pty = pid, status_r, pty
 
 
-def enter_namespaces(ctl: socket.socket, plan: Plan) -> None:
+def prepare_network() -> netns.Gateway:
+    """Steps 1–3 of a spare, ahead of its plan (protocol.Prepare; docs/design.md, "A run,
+    step by step"): the user namespace, this process's own user mapped to itself as
+    every plan maps it, then the gateway's network namespace without its ruleset and
+    the payload's. Nothing is in them yet; the plan's ruleset is loaded before the
+    listeners go to boxyd, and a plan without network discards them."""
+    namespaces.enter_user_namespace(os.getuid(), os.getgid())
+    gateway = netns.enter_gateway_netns(None)
+    try:
+        netns.enter_payload_netns(gateway, keep_gateway=True)
+    except BaseException:
+        gateway.close()
+        raise
+    return gateway
+
+
+def enter_namespaces(ctl: socket.socket, plan: Plan, prepared: netns.Gateway | None) -> None:
     """Steps 1–5: the user namespace (every capability over it from here on), the
     gateway's and the payload's network namespaces (the gateway's sockets go to boxyd
-    and none stays here), then the mount, PID, IPC, UTS and cgroup namespaces."""
-    namespaces.enter_user_namespace(plan.uid, plan.gid)
+    and none stays here), then the mount, PID, IPC, UTS and cgroup namespaces. With
+    PREPARED, steps 1–3 were made ahead: only the ruleset is left of them."""
+    if prepared is not None and (plan.uid, plan.gid) != (os.getuid(), os.getgid()):
+        prepared.close()
+        raise SetupError("stage 2: the plan's user is not the one the network was made for")
+    if prepared is None:
+        namespaces.enter_user_namespace(plan.uid, plan.gid)
+    elif plan.net == "none":  # made for nothing: step 5 gives the run a network of its own
+        prepared.close()
     if plan.net != "none":
         if plan.net_ruleset is None:
             raise SetupError(f"--net {plan.net}: the plan holds no gateway ruleset")
-        gateway = netns.enter_gateway_netns(plan.net_ruleset)
-        netns.enter_payload_netns(gateway)
+        if prepared is None:
+            gateway = netns.enter_gateway_netns(plan.net_ruleset)
+            netns.enter_payload_netns(gateway)
+        else:
+            gateway = prepared
+            netns.apply_ruleset(gateway, plan.net_ruleset)
         extra = {"pcap": netns.open_capture_socket()} if plan.pcap else {}
         netns.send_listeners(ctl, gateway, extra)
     namespaces.enter_sandbox_namespaces(plan)
@@ -350,13 +390,13 @@ def run(ctl: socket.socket) -> int:
     """One sandbox, in a child forked from the template: the plan, step 0 (the scope),
     steps 1–5 (namespaces), PID 1, then supervision until it exits."""
     try:
-        plan, stdio = receive_plan(ctl)
+        plan, stdio, prepared = receive_plan(ctl)
         stopped = join_scope(ctl)
         if stopped is not None:
             p.close(stdio)
             send(ctl, p.Done(p.Killed(stopped)))
             return 0
-        enter_namespaces(ctl, plan)
+        enter_namespaces(ctl, plan, prepared)
         forked = fork_pid1(ctl, plan, stdio)
     except SetupError as e:
         send(ctl, p.Done(p.SetupFailed(str(e)[: p.MAX_TEXT])))

@@ -12,6 +12,7 @@ their fds travel: step 4 sends them to boxyd, in the host netns, which accepts f
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import socket
 import time
@@ -25,6 +26,8 @@ from boxyd.net import nflog, nftset, pcap, udpsock
 from boxyd.net import ruleset as rs
 from boxyd.net.rtnl import Rtnl
 from boxyd.stage2 import nft, protocol
+
+libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 
 IFA_F_NODAD = 0x02
 LOOPBACK_IFINDEX = 1  # lo is always the first device of a network namespace
@@ -177,7 +180,7 @@ def _gateway_sockets(
 
 
 def enter_gateway_netns(
-    ruleset: dict[str, Any],
+    ruleset: dict[str, Any] | None,
     *,
     tcp_port: int = rs.TCP_PORT,
     udp_port: int = rs.UDP_PORT,
@@ -188,7 +191,9 @@ def enter_gateway_netns(
     sysctls, IP_TRANSPARENT) over step 1's user namespace; step 7 drops them.
 
     The ports and mark must be those ``ruleset`` was built with (else TPROXY finds no
-    listener and the traffic is dropped: closed, not open).
+    listener and the traffic is dropped: closed, not open). RULESET None: a network
+    prepared ahead, whose ruleset comes with the plan (apply_ruleset), before the
+    payload netns holds anything that could send.
     """
     _unshare_net(GW)
     with contextlib.ExitStack() as undo:  # on any failure, close what was opened
@@ -198,7 +203,8 @@ def enter_gateway_netns(
         ipr = _rtnl(GW)
         undo.callback(ipr.close)
         _gateway_settings(ipr)
-        nft.apply(ruleset)
+        if ruleset is not None:
+            nft.apply(ruleset)
         for family in (socket.AF_INET, socket.AF_INET6):
             with _step(f"{GW}: policy routing (fwmark {mark} -> table {ROUTE_TABLE})"):
                 ipr.local_default_route(family, ROUTE_TABLE, LOOPBACK_IFINDEX)
@@ -237,11 +243,12 @@ def _wait_ready(links: list[tuple[Rtnl, int, str]]) -> None:
         delay = min(delay * 2, 0.01)
 
 
-def enter_payload_netns(gw: Gateway) -> None:
+def enter_payload_netns(gw: Gateway, *, keep_gateway: bool = False) -> None:
     """Step 3. Needs CAP_SYS_ADMIN (unshare) and CAP_NET_ADMIN over both network
     namespaces (a veth end moved into the gateway netns, addresses, routes); step 7
     drops them. On return this process is in the payload netns and no longer holds
-    anything that reaches the gateway netns but the listeners."""
+    anything that reaches the gateway netns but the listeners (with KEEP_GATEWAY, and
+    the way back into it until apply_ruleset)."""
     if gw.rtnl is None or gw.netns_fd < 0:
         raise SetupError(f"{PAYLOAD}: the gateway netns was already released")
     _unshare_net(PAYLOAD)
@@ -272,6 +279,27 @@ def enter_payload_netns(gw: Gateway) -> None:
         _wait_ready([(ipr, eth0, rs.PAYLOAD_IF), (gw.rtnl, gw0, rs.GATEWAY_IF)])
     finally:
         ipr.close()
+    if not keep_gateway:
+        gw.release_netns()
+
+
+def apply_ruleset(gw: Gateway, ruleset: dict[str, Any]) -> None:
+    """Step 2's ruleset, for a network made ahead of the plan: into the gateway netns,
+    load it, and back into the payload netns; then the way back is given up as at the
+    end of step 3. Needs CAP_SYS_ADMIN (setns) and CAP_NET_ADMIN over both (step 7
+    drops them)."""
+    if gw.netns_fd < 0:
+        raise SetupError(f"{GW}: the gateway netns was already released")
+    with _step(f"{PAYLOAD}: open /proc/self/ns/net"):
+        back = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        check(libc.setns(gw.netns_fd, CLONE_NEWNET), f"{GW}: setns")
+        try:
+            nft.apply(ruleset)
+        finally:  # a refused ruleset ends the run; it must not end it in the wrong netns
+            check(libc.setns(back, CLONE_NEWNET), f"{PAYLOAD}: setns back")
+    finally:
+        os.close(back)
     gw.release_netns()
 
 

@@ -72,6 +72,15 @@ class PlanFds(_Message):
 
 
 @dataclass(frozen=True)
+class Prepare(_Message):
+    """To a spare, before its plan: make steps 1–3 (the user namespace as this user,
+    the gateway's and the payload's network namespaces, the gateway's ruleset left for
+    the plan) while no run waits; a plan without network discards them."""
+
+    KIND = "prepare"
+
+
+@dataclass(frozen=True)
 class Placed(_Message):
     """Step 0 is done: stage 2 is in the run's scope (IN_SCOPE) or runs without one."""
 
@@ -132,7 +141,7 @@ class OpenSocket(_Message):
         return None if ok else f"family {self.family} is not AF_INET or AF_INET6"
 
 
-Request = PlanFds | Placed | Signal | LiveCover | LivePin | OpenSocket
+Request = PlanFds | Prepare | Placed | Signal | LiveCover | LivePin | OpenSocket
 
 
 # -- PID 1 -> the outer stage 2 (and, passed on, to boxyd) ---------------------------
@@ -335,7 +344,15 @@ class ToolAnswer(_Message):
 
 
 TOOLS: tuple[type[_Message], ...] = (ToolCall, ToolAnswer)
-REQUESTS: tuple[type[_Message], ...] = (PlanFds, Placed, Signal, LiveCover, LivePin, OpenSocket)
+REQUESTS: tuple[type[_Message], ...] = (
+    PlanFds,
+    Prepare,
+    Placed,
+    Signal,
+    LiveCover,
+    LivePin,
+    OpenSocket,
+)
 STATUSES: tuple[type[_Message], ...] = (Confined, Stopped, Exited, Killed, ExecFailed, SetupFailed)
 REPORTS: tuple[type[_Message], ...] = (
     Pid,

@@ -17,6 +17,7 @@ from boxyd.stage2 import protocol as p
 # One of every message, each field set (Done once per way to end).
 SAMPLES: list[p._Message] = [
     p.PlanFds(),
+    p.Prepare(),
     p.Placed(in_scope=True),
     p.Signal(15),
     p.LiveCover(7, ".env", "/w", False, "c2VjcmV0"),

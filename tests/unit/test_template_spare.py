@@ -11,6 +11,7 @@ import time
 
 from boxyd.daemon import walkproc
 from boxyd.daemon.stage2proc import Template, _waiting
+from boxyd.stage2 import protocol
 
 REQUEST = {"roots": [], "git_guard": False, "created": [], "user_hooks": None, "secrets": []}
 
@@ -26,18 +27,20 @@ def test_the_spare_serves_the_next_call_and_a_dead_one_is_replaced() -> None:
     template.start()
     try:
         template.prime()
-        first = template._spare
+        first = template._spares[False]
         assert first is not None and _waiting(first)
         conn = template.spawn()
         assert conn is first  # the one forked ahead...
-        assert template._spare is not None and template._spare is not first  # ...and the next
+        assert (
+            template._spares[False] is not None and template._spares[False] is not first
+        )  # ...and the next
         assert _ask(conn) == {"trees": {}}
         conn.close()
         # the template dies, and its spare child with it (its death signal)
         assert template._proc is not None
         template._proc.kill()
         template._proc.wait()
-        spare = template._spare
+        spare = template._spares[False]
         deadline = time.monotonic() + 20
         while _waiting(spare) and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -55,7 +58,7 @@ def test_without_spare_nothing_is_forked_ahead() -> None:
     try:
         template.prime()
         conn = template.spawn()
-        assert template._spare is None and _ask(conn) == {"trees": {}}
+        assert template._spares[False] is None and _ask(conn) == {"trees": {}}
         conn.close()
     finally:
         template.close()
@@ -71,14 +74,73 @@ def test_a_spare_whose_socket_is_numbered_past_1023_is_still_used() -> None:
     template.start()
     try:
         template.prime()
-        spare = template._spare
+        spare = template._spares[False]
         assert spare is not None
-        template._spare = socket.socket(fileno=os.dup2(spare.fileno(), 1500))
+        template._spares[False] = socket.socket(fileno=os.dup2(spare.fileno(), 1500))
         spare.close()
-        first = template._spare
+        first = template._spares[False]
         assert _waiting(first)
         conn = template.spawn()
         assert conn is first and _ask(conn) == {"trees": {}}
+        conn.close()
+    finally:
+        template.close()
+
+
+def _children(pid: int) -> set[int]:
+    return {int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()}
+
+
+def _net_of(pid: int) -> str:
+    return os.readlink(f"/proc/{pid}/ns/net")
+
+
+def test_a_networked_start_takes_a_spare_whose_network_is_made_and_no_other_does() -> None:
+    """The real stage-2 template: the spare of networked starts is told to Prepare and
+    makes its network namespaces while it waits; the plain spare never is, and a start
+    without network never gets the prepared one (nor the other way round)."""
+    template = Template(spare=True)
+    template.start()
+    try:
+        template.prime()
+        plain = template._spares[False]
+        first = template.spawn(prepared=True)  # none ready: forked now, not prepared
+        prepared = template._spares[True]
+        assert first is not plain and prepared is not None and template._spares[False] is plain
+        assert template._proc is not None
+        ours = _net_of(template._proc.pid)
+        deadline = time.monotonic() + 20
+        nets: dict[int, str] = {}
+        while time.monotonic() < deadline:
+            nets = {c: _net_of(c) for c in _children(template._proc.pid)}
+            if sum(n != ours for n in nets.values()) == 1:
+                break
+            time.sleep(0.01)
+        assert len(nets) == 3 and sum(n != ours for n in nets.values()) == 1, nets
+        assert template.spawn(prepared=False) is plain
+        assert template.spawn(prepared=True) is prepared
+        for conn in (first, plain, prepared):
+            conn.close()
+    finally:
+        template.close()
+
+
+def test_a_spare_that_could_not_prepare_is_not_handed_out() -> None:
+    """A spare whose Prepare failed has said so and ended: it reads as not waiting, and
+    the start forks a child of its own."""
+    template = Template(spare=True)
+    template.start()
+    try:
+        template.prime(prepared=True)
+        spare = template._spares[True]
+        assert spare is not None
+        spare.send(protocol.encode(protocol.Prepare()))  # a second one: malformed, ends it
+        deadline = time.monotonic() + 20
+        while _waiting(spare) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not _waiting(spare)
+        conn = template.spawn(prepared=True)
+        assert conn is not spare and _waiting(conn)
         conn.close()
     finally:
         template.close()

@@ -53,6 +53,13 @@ def test_a_bad_run_is_one_line_and_exit_2_through_the_script(tmp_path: Path) -> 
     assert out.stderr == "boxyctl: --bogus: unknown flag\n"
 
 
+def _bare(code: str) -> str:
+    """What CODE prints in an interpreter started as the scripts start it (-S)."""
+    return subprocess.run(
+        [sys.executable, "-S", "-c", code], cwd="/", capture_output=True, text=True, check=True
+    ).stdout
+
+
 def test_the_run_path_needs_nothing_but_the_standard_library() -> None:
     """What -S leaves out is never needed by a run: every module it loads is the
     standard library's or ours, and none of what was cut from its start-up."""
@@ -63,10 +70,7 @@ def test_the_run_path_needs_nothing_but_the_standard_library() -> None:
         "print(' '.join(sorted(m for m in ('site', 'typing', 'pathlib', 'socket', 're', "
         "'json', 'signal', 'ipaddress', 'dataclasses', 'subprocess') if m in sys.modules)))"
     )
-    out = subprocess.run(
-        [sys.executable, "-S", "-c", code], cwd="/", capture_output=True, text=True, check=True
-    )
-    assert out.stdout == "\n\n"
+    assert _bare(code) == "\n\n"
 
 
 def test_what_a_run_imports_before_it_is_sent_leaves_out_what_its_replies_need(
@@ -87,10 +91,7 @@ def test_what_a_run_imports_before_it_is_sent_leaves_out_what_its_replies_need(
         "*sorted(m for m in ('enum', 'contextlib', 'functools', 'collections', 'array', "
         "'boxy.outcome') if m in sys.modules))"
     )
-    out = subprocess.run(
-        [sys.executable, "-S", "-c", code], cwd="/", capture_output=True, text=True, check=True
-    )
-    assert out.stdout == "b'x'\n"
+    assert _bare(code) == "b'x'\n"
 
 
 def test_ensure_site_sets_up_what_minus_s_left_out() -> None:

@@ -404,6 +404,30 @@ def test_each_run_is_a_delegated_transient_scope(
     assert systemd_user.systemctl("is-active", unit).stdout.strip() != "active"  # gone with the run
 
 
+def test_a_run_whose_network_was_made_ahead_is_placed_in_its_scope_too(
+    boxy: Boxy, user: User, workdir: Path, systemd_user: UserManager
+) -> None:
+    """The second networked run takes the spare stage 2 that made its user and network
+    namespaces before the run came (docs/design.md, "Steps 1–3 ahead"): the user
+    manager still moves it into the run's scope, and the payload starts there. The
+    payload sends nothing: no network is used."""
+    ctl(user, "setup", manager=systemd_user)
+    sids = []
+    try:
+        for _ in range(2):
+            r = ctl(user, "run", "-d", "-w", str(workdir), "--net", "public", "--", "sleep", "71",
+                    manager=systemd_user)  # fmt: skip
+            assert r.returncode == 0, r.stderr
+            sids.append(r.stdout.decode().strip())
+            time.sleep(0.5)  # the next networked spare prepares meanwhile
+        status = systemd_user.systemctl("status", f"boxy-{sids[1]}.scope")
+        assert "Active: active (running)" in status.stdout, status.stdout + status.stderr
+        assert "sleep 71" in status.stdout, status.stdout
+    finally:
+        for sid in sids:
+            ctl(user, "stop", "-k", sid, manager=systemd_user)
+
+
 RUN_OVER_DBUS = r"""
 import asyncio, json, os, sys
 from dbus_fast import Message, MessageType

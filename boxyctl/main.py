@@ -438,13 +438,11 @@ def _send_and_relay(
     term: Raw | None,
     summary: _Summary | None,
 ) -> RunReply | None:
-    """Send the call, then relay until its last reply. The replies' types are imported
-    once it is sent, while boxyd starts the sandbox: what the client imports before
-    that is on every run's critical path (docs/design.md, "Processes")."""
-    replies = client.stream(f"{IFACE}.{method}", params, fds=_stdio())
-    import boxy.outcome  # noqa: F401  # (its import is the cost meant here)
-
-    return _relay(waiting, replies, term, summary)
+    """Send the call (stream() sends at once), then relay until its last reply: the
+    replies' types are imported in _relay, while boxyd starts the sandbox; what the
+    client imports before the send is on every run's critical path (docs/design.md,
+    "Processes")."""
+    return _relay(waiting, client.stream(f"{IFACE}.{method}", params, fds=_stdio()), term, summary)
 
 
 def _relay(

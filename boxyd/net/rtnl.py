@@ -27,7 +27,7 @@ NLM_F_EXCL, NLM_F_CREATE, NLM_F_DUMP = 0x200, 0x400, 0x300
 
 IFF_UP = 0x1
 IFF_LOWER_UP = 0x10000
-IFLA_IFNAME, IFLA_LINKINFO, IFLA_NET_NS_FD = 3, 18, 28
+IFLA_IFNAME, IFLA_MTU, IFLA_LINKINFO, IFLA_NET_NS_FD = 3, 4, 18, 28
 IFLA_INFO_KIND, IFLA_INFO_DATA, VETH_INFO_PEER = 1, 2, 1
 IFA_ADDRESS, IFA_LOCAL, IFA_FLAGS = 1, 2, 8
 IFA_F_NODAD, IFA_F_TENTATIVE = 0x02, 0x40
@@ -96,9 +96,12 @@ class Rtnl:
     def link_up(self, index: int) -> None:
         self._change(RTM_NEWLINK, _IFINFO.pack(0, 0, index, IFF_UP, IFF_UP))
 
-    def veth(self, name: str, peer: str, peer_netns_fd: int | None = None) -> None:
-        """`ip link add NAME type veth peer PEER [netns FD]`."""
-        peer_info = _IFINFO.pack(0, 0, 0, 0, 0) + attr(IFLA_IFNAME, peer.encode() + b"\0")
+    def veth(
+        self, name: str, peer: str, peer_netns_fd: int | None = None, mtu: int | None = None
+    ) -> None:
+        """`ip link add NAME [mtu MTU] type veth peer PEER [netns FD] [mtu MTU]`."""
+        both = attr(IFLA_MTU, struct.pack("=I", mtu)) if mtu is not None else b""
+        peer_info = _IFINFO.pack(0, 0, 0, 0, 0) + attr(IFLA_IFNAME, peer.encode() + b"\0") + both
         if peer_netns_fd is not None:
             peer_info += attr(IFLA_NET_NS_FD, struct.pack("=I", peer_netns_fd))
         info = attr(IFLA_INFO_KIND, b"veth") + attr(IFLA_INFO_DATA, attr(VETH_INFO_PEER, peer_info))
@@ -106,6 +109,7 @@ class Rtnl:
             RTM_NEWLINK,
             _IFINFO.pack(0, 0, 0, 0, 0)
             + attr(IFLA_IFNAME, name.encode() + b"\0")
+            + both
             + attr(IFLA_LINKINFO, info),
             create=True,
         )

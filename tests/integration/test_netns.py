@@ -377,6 +377,12 @@ def child(root: str) -> dict[str, Any]:
     report["step3_ms"] = (time.perf_counter() - t2) * 1000
     report["released"] = [gw.rtnl is None, gw.netns_fd]
     report["gateway"] = _gateway_view(probe)
+    here = IPRoute(groups=0)  # the payload netns's
+    report["mtu"] = {
+        "gw0": probe.link("get", ifname="gw0")[0].get_attr("IFLA_MTU"),
+        "eth0": here.link("get", ifname="eth0")[0].get_attr("IFLA_MTU"),
+    }
+    here.close()
     probe.close()
 
     # Step 4, received as boxyd does; from here on only the received fds are used.
@@ -474,6 +480,12 @@ def report(user: Any) -> dict[str, Any]:
         f" step 3 {rep['step3_ms']:.1f} ms"
     )
     return rep
+
+
+def test_the_veth_has_loopbacks_mtu_on_both_ends(report: dict) -> None:
+    from boxyd.stage2.netns import VETH_MTU
+
+    assert report["mtu"] == {"gw0": VETH_MTU, "eth0": VETH_MTU}
 
 
 def test_forwarding_is_off_in_the_gateway(report: dict) -> None:

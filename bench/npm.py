@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
@@ -52,9 +53,15 @@ def registry_flags() -> list[str]:
     return registry_flags_for([url.split("://", 1)[-1].split("/", 1)[0]])
 
 
-def timed(argv: list[str], cwd: Path, fresh: str = "node_modules") -> float:
+Fresh = str | Callable[[], None]  # what an install makes, removed first; or how to undo it
+
+
+def timed(argv: list[str], cwd: Path, fresh: Fresh = "node_modules") -> float:
     """Wall time of ARGV in CWD, with what it installs (FRESH) removed first."""
-    shutil.rmtree(cwd / fresh, ignore_errors=True)
+    if callable(fresh):
+        fresh()
+    else:
+        shutil.rmtree(cwd / fresh, ignore_errors=True)
     t = time.perf_counter()
     r = subprocess.run(argv, cwd=cwd, capture_output=True)
     if r.returncode != 0:
@@ -71,18 +78,25 @@ def compare(
     work: Path,
     profile: str,
     n: int,
-    fresh: str,
+    fresh: Fresh,
     bench: str = "main job",
+    outside_at: tuple[Path, Fresh] | None = None,
+    target: float | None = 1.05,
 ) -> Figure:
     """Boxy with its project cache cold; then outside (warm host cache) and boxy warm,
     interleaved round by round: the machine's load drifts (other jobs, the writeback
-    of the cold runs), and a ratio of two medians taken minutes apart measures it."""
+    of the cold runs), and a ratio of two medians taken minutes apart measures it.
+    OUTSIDE_AT: the outside runs' own project and reset (default: WORK's, FRESH).
+    TARGET None: the figure is information, not a target."""
+    out_cwd, out_fresh = outside_at or (work, fresh)
     cache = caches.project_dir(None, profile, os.path.realpath(work))
     cold = []
     for _ in range(n):
         shutil.rmtree(cache, ignore_errors=True)
         cold.append(timed(boxy_argv, work, fresh))
-    pairs = [(timed(outside_argv, work, fresh), timed(boxy_argv, work, fresh)) for _ in range(n)]
+    pairs = [
+        (timed(outside_argv, out_cwd, out_fresh), timed(boxy_argv, work, fresh)) for _ in range(n)
+    ]
     outside = statistics.median(o for o, _ in pairs)
     warm = statistics.median(b for _, b in pairs)
     say = _say
@@ -99,7 +113,9 @@ def compare(
     )
     shutil.rmtree(cache, ignore_errors=True)
     # the paired ratio: each round's boxy run against the outside run next to it
-    return Figure(bench, f"warm {what}", warm, "s", *at_most(paired, 1.05))
+    if target is None:
+        return Figure(bench, f"warm {what}", warm, "s", paired, "information", True)
+    return Figure(bench, f"warm {what}", warm, "s", *at_most(paired, target))
 
 
 def _say(line: str) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.table import Figure, at_most, emit  # noqa: E402
+from bench.table import INFORMATION, Figure, at_most, emit  # noqa: E402
 from boxyd.config import caches  # noqa: E402
 from boxyd.net.ranges import classify  # noqa: E402
 
@@ -114,7 +114,7 @@ def compare(
     shutil.rmtree(cache, ignore_errors=True)
     # the paired ratio: each round's boxy run against the outside run next to it
     if target is None:
-        return Figure(bench, f"warm {what}", warm, "s", paired, "information", True)
+        return Figure(bench, f"warm {what}", warm, "s", paired, INFORMATION, True)
     return Figure(bench, f"warm {what}", warm, "s", *at_most(paired, target))
 
 

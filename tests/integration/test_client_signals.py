@@ -26,6 +26,24 @@ def _daemon_pid(user: User) -> int:
     raise AssertionError(f"no pid in `boxyctl daemon status`: {r.stdout!r} {r.stderr!r}")
 
 
+def _kill_daemon(pid: int) -> None:
+    """SIGKILL a (stopped) boxyd and wait until it is gone: until then its listening
+    socket is still open, and the next test's client, queued on it, would be reset
+    as the dying daemon's fds close."""
+    os.kill(pid, signal.SIGCONT)
+    os.kill(pid, signal.SIGKILL)  # its sandboxes die with it (PDEATHSIG)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return
+        if state in ("Z", "X"):  # exited: its fds are closed, only the reaping is left
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"boxyd {pid} still running 10 s after SIGKILL")
+
+
 def test_a_stopped_daemon_does_not_hang_the_client(boxy: Boxy, user: User, workdir: Path) -> None:
     proc, client = start_client(user, workdir, "echo ready; exec sleep 60")
     daemon = _daemon_pid(user)
@@ -36,8 +54,7 @@ def test_a_stopped_daemon_does_not_hang_the_client(boxy: Boxy, user: User, workd
         proc.wait(timeout=30)
         took = time.monotonic() - start
     finally:
-        os.kill(daemon, signal.SIGCONT)
-        os.kill(daemon, signal.SIGKILL)  # its sandboxes die with it (PDEATHSIG)
+        _kill_daemon(daemon)
         if proc.poll() is None:
             proc.kill()
     err = client_err(workdir)
@@ -76,8 +93,7 @@ def test_sigterm_ends_a_client_whose_session_never_started(
         proc.wait(timeout=30)
         took = time.monotonic() - start
     finally:
-        os.kill(daemon, signal.SIGCONT)
-        os.kill(daemon, signal.SIGKILL)
+        _kill_daemon(daemon)
         if proc.poll() is None:
             proc.kill()
     stderr = errfile.read_text()

@@ -45,7 +45,7 @@ def ask(argv: list[str]) -> str | None:
 
 def venv_reset(project: Path) -> Callable[[], None]:
     """Undo an install into PROJECT's .venv: every entry its site-packages and bin did
-    not hold when the venv was made, removed (checked: the install really ran again)."""
+    not hold when the venv was made, removed, so the next install installs everything again."""
     dirs = [*project.glob(".venv/lib/python3*/site-packages"), project / ".venv" / "bin"]
     made = {d: set(os.listdir(d)) for d in dirs}
 

@@ -323,6 +323,8 @@ def test_tcp_listener_sees_the_original_destination(
     sockets.append(conn)
     assert conn.getsockname()[:2] == (fam.remote, 443)
     assert peer[:2] == (fam.client, client.getsockname()[1])
+    # inherited from the listener: the relay's writes to the sandbox are never Nagled
+    assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
     conn.setblocking(True)
     conn.sendall(b"hello from the gateway")
     assert client.recv(100) == b"hello from the gateway"

@@ -18,10 +18,12 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from boxyd.daemon import pools
+from boxyd.daemon.livewatch import IN_CLOSE_WRITE, Visit, Watches
 from boxyd.gitguard import discover
 from boxyd.plan import credentials, live, masking
 from boxyd.plan.credentials import Action, Rule
@@ -31,20 +33,12 @@ from boxyd.stage2.protocol import LiveCover, LivePin
 
 log = logging.getLogger("boxyd")
 
-IN_CLOSE_WRITE = 0x00000008
-IN_MOVED_TO = 0x00000080
-IN_CREATE = 0x00000100
 IN_Q_OVERFLOW = 0x00004000
 IN_IGNORED = 0x00008000
-IN_ONLYDIR = 0x01000000
-IN_EXCL_UNLINK = 0x04000000
 IN_ISDIR = 0x40000000
-# by /proc/self/fd/N: following that one (magic) link is the point, so no IN_DONT_FOLLOW
-WATCH = IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | IN_ONLYDIR | IN_EXCL_UNLINK
 _EVENT = struct.Struct("iIII")
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
 
 LIVE_TIMEOUT = 10.0  # seconds for stage 2 to answer one request
 Send = Callable[[LiveCover | LivePin], None]  # one request to the outer stage 2
@@ -77,98 +71,62 @@ class LiveGuard:
         self._adopt = adopt
         self._notice = notice
         self._fd = -1
-        self._wds: dict[int, tuple[str, str]] = {}  # wd -> (root, directory rel)
+        self._watches = Watches(-1)
+        self._entering: list[tuple[str, str, float]] = []  # (root, rel, since) to watch
+        self._enterer: asyncio.Task[None] | None = None
         self._pending: dict[int, _Pending] = {}
         self._ids = 0
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> list[str]:
-        """Watch every directory the policy names (up to 4096 opens and watches: in a
-        worker thread; events are queued from each watch on, so none is lost meanwhile);
-        what could not be watched, said. Raises OSError without an inotify instance."""
+        """Watch every directory the policy names (up to 4096, in a worker thread;
+        events are read from the first watch on, so none is lost meanwhile) and list
+        those that changed since the walk (what appeared in between: no event told of
+        it); what could not be watched, said. Raises OSError without an inotify instance."""
         self._fd = _inotify_init()
+        self._watches = Watches(self._fd)
         since = time.monotonic()
-        notes = await pools.run(pools.WALKS, self._watch_all)
-        if self._fd < 0:
-            return notes  # closed meanwhile: the session ended
         asyncio.get_running_loop().add_reader(self._fd, self._readable)
-        await self._catch_up(since)
+        notes = []
+        for w in self._trees.values():
+            found = await pools.run(pools.LIVE, self._watches.start, w)
+            if self._fd < 0:
+                break  # closed meanwhile: the session ended
+            notes += self._apply(w, found, since)
         return notes
 
-    def _watch_all(self) -> list[str]:
-        return [note for w in self._trees.values() for note in self._watch_tree(w)]
-
-    async def _catch_up(self, since: float) -> None:
-        """What appeared between the run's walk and the watches (no event told of it):
-        every watched directory listed once, in a worker thread."""
-        watched = list(self._wds.values())
-        found = await asyncio.to_thread(_listings, watched)
-        known = {(root, rel) for root, rel in watched}
-        for root, rel, entries in found:
-            w = self._trees[root]
-            for name, is_dir in entries:
-                sub = f"{rel}/{name}" if rel else name
-                if is_dir and (root, sub) not in known:
-                    self._new_dir(w, rel, name, since)
-                    continue
-                redo = None if is_dir or sub in w.masks else live.on_change(w, rel, name, False)
-                if redo is not None and redo.rule is not None:  # never covered; pins are intact
-                    self._spawn(w, redo, since)
-
-    def _watch_tree(self, w: Watched) -> list[str]:
-        try:
-            root_fd = discover.open_root(w.root)
-        except OSError as e:
-            return [f"live guard: {w.root}: {e.strerror}; not watched"]
-        try:
-            for rel in live.watch_dirs(w):
-                why = self._watch(w.root, root_fd, rel)
-                if why is not None:
-                    return [f"live guard: {w.root}/{rel}: {why}; the rest not watched"]
-        finally:
-            os.close(root_fd)
-        if len(self._wds) >= live.MAX_WATCHED:
-            return [
-                f"live guard: {w.root}: more than {live.MAX_WATCHED} directories; "
-                "a credential created in the others during the run is covered only by the next run"
-            ]
-        return []
-
-    def _watch(self, root: str, root_fd: int, rel: str) -> str | None:
-        """Watch REL by fd (a directory swapped for a symlink is never what is
-        watched); None when done or gone, else why it could not be."""
-        if len(self._wds) >= live.MAX_WATCHED:
-            return None
-        try:
-            fd = discover.open_dir(root_fd, rel)
-        except OSError:
-            return None  # gone, or moved away: nothing to cover there
-        try:
-            wd = _libc.inotify_add_watch(self._fd, f"/proc/self/fd/{fd}".encode(), WATCH)
-        finally:
-            os.close(fd)
-        if wd < 0:
-            return os.strerror(ctypes.get_errno())
-        self._wds[wd] = (root, rel)
-        return None
+    def _apply(self, w: Watched, found: Visit, since: float) -> list[str]:
+        for redo in found.redos:
+            self._spawn(w, redo, since)
+        return found.notes
 
     def _new_dir(self, w: Watched, dir_rel: str, name: str, since: float) -> None:
-        """A directory created or moved in: watched too, and what it already holds judged."""
+        """A directory created or moved in: watched too, and what it holds at every depth
+        judged, in a worker thread. Those that come while one batch is in there go in
+        the next (a `pip install` makes dozens in a second)."""
         rel = live.new_dir(w, dir_rel, name)
         if rel is None:
             return
-        try:
-            root_fd = discover.open_root(w.root)
-        except OSError:
-            return
-        try:
-            self._watch(w.root, root_fd, rel)
-        finally:
-            os.close(root_fd)
-        for _, _, entries in _listings([(w.root, rel)]):
-            for entry, is_dir in entries[:1000]:
-                if not is_dir and (redo := live.on_change(w, rel, entry, False)) is not None:
-                    self._spawn(w, redo, since)
+        self._entering.append((w.root, rel, since))
+        if self._enterer is None or self._enterer.done():
+            self._enterer = self._track(self._enter())
+
+    async def _enter(self) -> None:
+        while self._entering and self._fd >= 0:
+            batch, self._entering = self._entering, []
+            since = min(t for _, _, t in batch)  # the window is said from the first
+            for root in dict.fromkeys(r for r, _, _ in batch):
+                w = self._trees[root]
+                rels = [rel for r, rel, _ in batch if r == root]
+                found = await pools.run(pools.LIVE, self._watches.enter, w, rels)
+                for note in self._apply(w, found, since):
+                    self._record("fs.live", note=note)
+                    self._notice(note)
+
+    async def _again(self, since: float) -> None:
+        """After lost events: every watched directory listed again (new credentials)."""
+        for w in self._trees.values():
+            self._apply(w, await pools.run(pools.LIVE, self._watches.again, w), since)
 
     def _readable(self) -> None:
         now = time.monotonic()
@@ -187,11 +145,12 @@ class LiveGuard:
                 for w in self._trees.values():
                     for redo in live.everything(w):
                         self._spawn(w, redo, now)
+                self._track(self._again(now))
                 continue
-            if mask & IN_IGNORED or wd not in self._wds:
-                self._wds.pop(wd, None)
+            if mask & IN_IGNORED or wd not in self._watches.names:
+                self._watches.forget(wd)
                 continue
-            root, rel = self._wds[wd]
+            root, rel = self._watches.names[wd]
             w, entry = self._trees[root], os.fsdecode(name)
             if mask & IN_CLOSE_WRITE:
                 if (written := live.on_write(w, rel, entry)) is not None:
@@ -204,9 +163,13 @@ class LiveGuard:
                 self._new_dir(w, rel, entry, now)
 
     def _spawn(self, w: Watched, redo: Redo, since: float) -> None:
-        task = asyncio.get_running_loop().create_task(self._redo(w, redo, since))
+        self._track(self._redo(w, redo, since))
+
+    def _track(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._done)
+        return task
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -220,7 +183,7 @@ class LiveGuard:
             p = redo.pin
             # what the host saved, read while the pin goes back on (the payload's window)
             saved = asyncio.ensure_future(
-                asyncio.to_thread(discover.read_beneath, w.root, p.rel, discover.CONFIG_MAX)
+                pools.submit(pools.LIVE, discover.read_beneath, w.root, p.rel, discover.CONFIG_MAX)
             )
             pinned = self._ask(
                 functools.partial(LivePin, rel=p.rel, root=w.root),
@@ -231,7 +194,7 @@ class LiveGuard:
             )
             # judged once pinned: from then on the payload cannot change what is judged
             await asyncio.wait_for(asyncio.shield(pinned), LIVE_TIMEOUT)
-            line = await asyncio.to_thread(self._adopt, w.root, p.rel, await saved)
+            line = await pools.run(pools.LIVE, self._adopt, w.root, p.rel, await saved)
             if line is not None:
                 self._record("git", finding=line)
                 self._notice(line)
@@ -244,7 +207,7 @@ class LiveGuard:
                 redo.rel, rule.kind, rule.action, rule.is_dir
             )  # nothing to read
         else:
-            found = await asyncio.to_thread(_stand_in, w.root, redo, rule)
+            found = await pools.run(pools.LIVE, _stand_in, w.root, redo, rule)
         if found is None:
             return  # nothing in it to cover now (or gone)
         w.masks[redo.rel] = found  # a later rename over it is covered again too
@@ -309,29 +272,6 @@ class LiveGuard:
             self._fd = -1
         for task in self._tasks:
             task.cancel()
-
-
-def _listings(watched: list[tuple[str, str]]) -> list[tuple[str, str, list[tuple[str, bool]]]]:
-    """(root, rel, [(name, is_dir)]) of each directory, read through the tree's fds."""
-    out = []
-    for root, rel in watched:
-        try:
-            fd = discover.open_in_tree(root, rel)
-        except OSError:
-            continue
-        try:
-            out.append(
-                (
-                    root,
-                    rel,
-                    [(e.name, e.is_dir(follow_symlinks=False)) for e in os.scandir(fd)][:10000],
-                )
-            )
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    return out
 
 
 def _rule(redo: Redo) -> Rule | None:

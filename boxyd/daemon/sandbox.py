@@ -343,6 +343,7 @@ class StageSandbox:
                 t.dirs,
                 [p for p in protect if _innermost(p, self.trees) == r],
                 spec.secrets,
+                t.stamps,
             )
             for r, t in self.trees.items()
         ]

@@ -50,6 +50,16 @@ _syscall = libc.syscall
 _syscall.restype = ctypes.c_long
 
 
+def fs_type(fd: int) -> int:
+    """The f_type of the filesystem FD is on (fstatfs(2); __fsword_t, the first field
+    of struct statfs, is a long on every Linux ABI). OSError on failure."""
+    buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit ABIs
+    if libc.fstatfs(fd, buf) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"fstatfs: {os.strerror(e)}")
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+
+
 def syscall(nr: int, *args: object) -> int:
     """Raw syscall(2); returns the result or -1 with ctypes errno set."""
     return int(_syscall(ctypes.c_long(nr), *args))

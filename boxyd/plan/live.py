@@ -20,6 +20,29 @@ from boxyd.plan.credentials import Action, Rule
 from boxyd.plan.masking import Found
 
 MAX_WATCHED = 4096  # directories per session (the user's inotify budget is shared)
+LIST_MAX = 10_000  # entries of one directory the guard lists and judges (more: said)
+
+# A directory's (st_dev, st_ino, st_ctime_ns) as the walk saw it. The live guard, once
+# it watches the directory, lists it only if that changed: no entry can have appeared
+# in between without changing its ctime, which nobody can set back (utimensat sets it
+# to now). Only where the ctime comes from this kernel's clock in nanoseconds (a
+# network filesystem's comes from the server's), and never when it is racy: within
+# RACY_NS of the walk's own clock a second change can fall in the same clock tick and
+# leave it equal (git's racy-index rule; the kernel's coarse clock lags by a tick).
+Stamp = tuple[int, int, int]
+RACY_NS = 1_000_000_000
+LOCAL_FS = frozenset(
+    {
+        0xEF53,  # ext2, ext3, ext4
+        0x58465342,  # xfs
+        0x9123683E,  # btrfs
+        0x01021994,  # tmpfs
+        0xF2F52010,  # f2fs
+        0x794C7630,  # overlayfs
+        0x2FC12FC1,  # zfs
+        0xCA451A4E,  # bcachefs
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -33,6 +56,7 @@ class Watched:
     reveal: tuple[str, ...] = ()  # --reveal: absolute paths never covered
     dirs: tuple[str, ...] = ()  # the walk's directories (where a credential may appear)
     secrets: tuple[str, ...] = ()  # the profile's own patterns (filesystem.secrets)
+    stamps: Mapping[str, Stamp] = field(default_factory=dict)  # of dirs, by rel (stamp())
 
 
 @dataclass(frozen=True)
@@ -54,6 +78,7 @@ def watched(
     dirs: Iterable[str] = (),
     protect: Iterable[str] = (),
     secrets: Iterable[str] = (),
+    stamps: Mapping[str, Stamp] | None = None,
 ) -> Watched:
     """Only read-only pins: a ``self`` pin is a directory bound onto itself, which the
     host renaming it away ends for the host as well (nothing left to guard there).
@@ -65,7 +90,31 @@ def watched(
     for path in protect:
         if path.startswith(top) and path[len(top) :] not in own:
             own[path[len(top) :]] = Protection(path[len(top) :], "ro", False)
-    return Watched(root, own, {f.rel: f for f in masks}, tuple(reveal), tuple(dirs), tuple(secrets))
+    return Watched(
+        root,
+        own,
+        {f.rel: f for f in masks},
+        tuple(reveal),
+        tuple(dirs),
+        tuple(secrets),
+        dict(stamps or {}),
+    )
+
+
+def stamp(fs_type: int, root_dev: int, st: tuple[int, int, int], now_ns: int) -> Stamp | None:
+    """ST (a directory's st_dev, st_ino, st_ctime_ns, read after it was listed) as a
+    Stamp, or None where it cannot prove the directory unchanged later: a filesystem
+    not in LOCAL_FS (FS_TYPE: the tree root's f_type), another device than the root's
+    (a mount beneath it), a ctime within RACY_NS of NOW_NS (or after it)."""
+    dev, _, ctime_ns = st
+    if fs_type not in LOCAL_FS or dev != root_dev or ctime_ns >= now_ns - RACY_NS:
+        return None
+    return st
+
+
+def unchanged(w: Watched, rel: str, now: Stamp) -> bool:
+    """Directory REL is as the walk listed it (NOW: its stamp, read once it is watched)."""
+    return w.stamps.get(rel) == now
 
 
 def skipped(rel: str) -> bool:

@@ -46,6 +46,7 @@ def encode(tree: Tree) -> dict[str, Any]:
         ],
         "tools": {k: list(v) for k, v in tree.tools.items()},
         "dirs": list(tree.dirs),
+        "stamps": [[rel, *st] for rel, st in tree.stamps.items()],
     }
 
 
@@ -84,4 +85,5 @@ def decode(data: dict[str, Any]) -> Tree:
         ],
         tools={str(k): (str(v[0]), str(v[1])) for k, v in data["tools"].items()},
         dirs=tuple(str(d) for d in data["dirs"]),
+        stamps={str(s[0]): (int(s[1]), int(s[2]), int(s[3])) for s in data["stamps"]},
     )

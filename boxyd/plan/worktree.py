@@ -18,6 +18,7 @@ Walker's state carried between them as plain data.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -25,6 +26,7 @@ from boxy.errors import SetupError
 from boxyd.config.hosttools import Opener
 from boxyd.gitguard import discover, scan
 from boxyd.gitguard.discover import Protection, Type
+from boxyd.kernel.sys import fs_type
 from boxyd.plan import live
 from boxyd.plan.execfiles import Watch, changes
 from boxyd.plan.masking import Finder, Found
@@ -39,10 +41,30 @@ class Tree:
     # directories where a credential may appear during the session (the live guard's;
     # in walk order, not those credentials.SKIP_DIRS names, at most live.MAX_WATCHED)
     dirs: tuple[str, ...] = ()
+    stamps: dict[str, live.Stamp] = field(default_factory=dict)  # of dirs (live.stamp)
 
 
 class LargerThan(Exception):
     """The walk stopped at the LIMIT it was given (having changed nothing)."""
+
+
+class _LiveDirs:
+    """The live guard's directories, as the walk lists them (in walk order, not those
+    credentials.SKIP_DIRS names, at most live.MAX_WATCHED), with their stamps."""
+
+    def __init__(self, root_fd: int) -> None:
+        self.fs, self.dev = fs_type(root_fd), os.fstat(root_fd).st_dev
+        self.dirs: list[str] = []
+        self.stamps: dict[str, live.Stamp] = {}
+
+    def __call__(self, fd: int, rel: str) -> None:
+        if len(self.dirs) >= live.MAX_WATCHED or live.skipped(rel):
+            return
+        self.dirs.append(rel)
+        st = os.fstat(fd)  # after the listing: live.stamp says why that is safe
+        now = (st.st_dev, st.st_ino, st.st_ctime_ns)
+        if (s := live.stamp(self.fs, self.dev, now, time.time_ns())) is not None:
+            self.stamps[rel] = s
 
 
 def walk(
@@ -68,13 +90,12 @@ def walk(
         try:
             finder = Finder(root_fd, [os.path.abspath(root), os.path.realpath(root)], secrets)
             watch = Watch()
-            dirs: list[str] = []
+            live_dirs = _LiveDirs(root_fd)
 
             def observe(fd: int, rel: str, entries: Mapping[str, Type]) -> None:
                 finder(fd, rel, entries)
                 watch(fd, rel, entries)
-                if len(dirs) < live.MAX_WATCHED and not live.skipped(rel):
-                    dirs.append(rel)
+                live_dirs(fd, rel)
 
             lay = discover.Walker(
                 root,
@@ -88,11 +109,12 @@ def walk(
         finally:
             os.close(root_fd)
         found = sorted(finder.found.values(), key=lambda f: f.rel)
+        dirs, stamps = tuple(live_dirs.dirs), live_dirs.stamps
         if not git_guard:
-            return Tree(credentials=found, tools=watch.seen, dirs=tuple(dirs))
+            return Tree(credentials=found, tools=watch.seen, dirs=dirs, stamps=stamps)
         prots = discover.plan_protections(lay)
         discover.prepare(root, prots)
-        return Tree(prots, scan.snapshot(root, lay), found, watch.seen, tuple(dirs))
+        return Tree(prots, scan.snapshot(root, lay), found, watch.seen, dirs, stamps)
     except discover.TooLarge as e:
         if limit is not None:
             raise LargerThan(str(e)) from None

@@ -175,3 +175,36 @@ tried("fsmonitor-writes", str(wrote))
         assert not late
     finally:
         marker.unlink(missing_ok=True)
+
+
+def test_a_tree_moved_in_during_the_run_is_covered_at_every_depth(boxy: Boxy, user: User) -> None:
+    """The host moves in a directory that already holds directories (an unpacked
+    archive, `mv ~/Downloads/config .`, a `git checkout` of a branch with new
+    directories): the credentials at every depth of it are covered, not only those
+    in the directory the event named."""
+    names = ("incoming/.env", "incoming/deep/.env", "incoming/deep/er/.npmrc")
+    _detached(boxy, WATCHER, ",".join(names), "5")
+    wait_for(lambda: len(_observations(boxy.workdir)) > 5, 30, "the payload to start looking")
+    drop = boxy.workdir.parent / f"drop-{uuid.uuid4().hex[:8]}"
+    try:
+        (drop / "deep" / "er").mkdir(parents=True)
+        for rel in names:
+            (drop / rel.removeprefix("incoming/")).write_text(
+                "//h.example.test/:_authToken=moved-in-secret\n"
+            )
+        for p in (drop, *drop.rglob("*")):
+            user.chown(p)
+        t = time.time()
+        drop.rename(boxy.workdir / "incoming")
+        time.sleep(2.5)
+    finally:
+        if drop.exists():
+            import shutil
+
+            shutil.rmtree(drop)
+    obs = _observations(boxy.workdir)
+    late = [o for o in _after(obs, t + 1.0) if any("moved-in" in v for v in o["seen"].values())]
+    if late:
+        print(f"ESCAPED the payload read a credential in a tree moved in: {late[0]}")
+    assert not late
+    assert _after(obs, t + 1.0), "the payload stopped looking: the case proves nothing"

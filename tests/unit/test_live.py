@@ -161,16 +161,34 @@ def test_restore_never_writes_through_a_planted_name(tmp_path: Path) -> None:
     assert not (work / ".git/config").is_symlink()
 
 
-def test_listing_helpers_stay_beneath_the_tree(tmp_path: Path) -> None:
-    from boxyd.daemon.liveguard import _listings
+EXT4, SEC = 0xEF53, 1_000_000_000
 
-    (tmp_path / "a").mkdir()
-    (tmp_path / "a/.env").write_text("x")
-    (tmp_path / "link").symlink_to(tmp_path / "a")
-    got = {
-        rel: sorted(e) for _, rel, e in _listings([(str(tmp_path), "a"), (str(tmp_path), "link")])
-    }
-    assert got == {"a": [(".env", False)]}
+
+@pytest.mark.parametrize(
+    "fs,dev,ctime,now,kept",
+    [
+        (EXT4, 5, 10 * SEC, 20 * SEC, True),
+        (EXT4, 5, 10 * SEC, 11 * SEC + 1, True),  # just past RACY_NS
+        (EXT4, 5, 10 * SEC, 11 * SEC, False),  # within it: a change may share its tick
+        (EXT4, 5, 30 * SEC, 20 * SEC, False),  # after the walk's clock
+        (0x6969, 5, 10 * SEC, 20 * SEC, False),  # NFS: the server's clock
+        (0x65735546, 5, 10 * SEC, 20 * SEC, False),  # FUSE
+        (EXT4, 6, 10 * SEC, 20 * SEC, False),  # a mount beneath the root
+    ],
+)
+def test_a_stamp_only_where_it_proves_a_directory_unchanged(
+    fs: int, dev: int, ctime: int, now: int, kept: bool
+) -> None:
+    st = (dev, 42, ctime)
+    assert (live.stamp(fs, 5, st, now) == st) is kept
+
+
+def test_unchanged_is_the_same_device_inode_and_ctime() -> None:
+    w = live.watched("/w", [], [], (), stamps={"a": (5, 42, 10)})
+    assert live.unchanged(w, "a", (5, 42, 10))
+    assert not live.unchanged(w, "a", (5, 42, 11))
+    assert not live.unchanged(w, "a", (5, 43, 10))  # another directory renamed in its place
+    assert not live.unchanged(w, "b", (5, 42, 10))  # the walk gave none: listed
 
 
 @pytest.mark.parametrize(

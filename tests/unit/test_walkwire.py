@@ -11,7 +11,7 @@ import pytest
 
 from boxy.errors import SetupError
 from boxyd.daemon.walks import Walks
-from boxyd.plan import walkwire, worktree
+from boxyd.plan import live, walkwire, worktree
 
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent", "PATH": "/usr/bin:/bin"}
 
@@ -33,10 +33,14 @@ def _tree(tmp_path: Path) -> Path:
     return work
 
 
-def test_a_tree_survives_the_wire_unchanged(tmp_path: Path) -> None:
+def test_a_tree_survives_the_wire_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     work = _tree(tmp_path)
+    monkeypatch.setattr(live, "RACY_NS", 0)  # stamps for a tree made a moment ago
     tree = worktree.prepare([str(work)], git_guard=True, secrets=["*.secret"])[str(work)]
     assert tree.protections and tree.baseline and tree.credentials and tree.tools and tree.dirs
+    assert tree.stamps
     import json
 
     back = walkwire.decode(json.loads(json.dumps(walkwire.encode(tree))))

@@ -1,0 +1,200 @@
+"""The live guard's watches (docs/design.md, "The guard is live"), set up in a worker
+thread: each directory opened beneath its tree one O_PATH step at a time (never
+through a symlink), watched by that descriptor, and listed when something may be in
+it that no event will tell of. What a listing calls for goes back to the event loop
+as Redos (boxyd/daemon/liveguard.py carries them out).
+
+A watch is named in ``names`` before its directory is listed: an event the loop reads
+for it in between (and drops, not knowing the watch yet) is for an entry that the
+listing then sees.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from boxyd.gitguard import discover
+from boxyd.plan import live
+from boxyd.plan.live import Redo, Watched
+
+IN_CLOSE_WRITE = 0x00000008
+IN_MOVED_TO = 0x00000080
+IN_CREATE = 0x00000100
+IN_ONLYDIR = 0x01000000
+IN_EXCL_UNLINK = 0x04000000
+# by /proc/self/fd/N: following that one (magic) link is the point, so no IN_DONT_FOLLOW
+WATCH = IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | IN_ONLYDIR | IN_EXCL_UNLINK
+O_LIST = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NONBLOCK
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+
+
+@dataclass
+class Visit:
+    """What one call found: the redos, and what could not be watched (said)."""
+
+    redos: list[Redo] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    full: bool = False  # MAX_WATCHED reached (said once)
+
+
+class Mode(enum.Enum):
+    """How much a visited directory is listed and judged."""
+
+    START = "start"  # listed if it changed since the walk; new credentials only
+    LISTED = "listed"  # listed; new credentials only (pins and stand-ins: everything())
+    NEW = "new"  # created or moved in: listed, and every entry the host's news
+
+
+class _Steps:
+    """O_PATH fds from a tree's root down to the directory opened last: directories
+    visited parents first, depth first, cost one open each (a stack, so at most one fd
+    per level is held)."""
+
+    def __init__(self, root: str) -> None:
+        self.stack: list[tuple[str, int]] = [("", discover.open_root(root))]
+
+    def open(self, rel: str) -> int:
+        """REL's fd (kept by the stack); OSError if it is gone or not a directory."""
+        while len(self.stack) > 1 and not _within(rel, self.stack[-1][0]):
+            os.close(self.stack.pop()[1])
+        base = self.stack[-1][0]
+        for name in discover.parts(rel[len(base) :].lstrip("/")):
+            fd = os.open(name, discover.O_STEP, dir_fd=self.stack[-1][1])
+            self.stack.append((f"{self.stack[-1][0]}/{name}".lstrip("/"), fd))
+        return self.stack[-1][1]
+
+    def close(self) -> None:
+        for _, fd in self.stack:
+            os.close(fd)
+        self.stack = []
+
+
+def _within(rel: str, base: str) -> bool:
+    return rel == base or rel.startswith(base + "/")
+
+
+def _order(rels: Iterable[str]) -> list[str]:
+    """Depth first, parents before their children (what _Steps walks cheapest)."""
+    return sorted(set(rels), key=lambda r: r.split("/") if r else [])
+
+
+class Watches:
+    """One session's inotify instance and what each of its watch descriptors names."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.names: dict[int, tuple[str, str]] = {}  # wd -> (root, directory rel)
+        self.known: set[tuple[str, str]] = set()  # (root, rel) watched
+
+    def start(self, w: Watched) -> Visit:
+        """The session's start: every directory live.watch_dirs names watched, and
+        listed only where it changed since the walk (live.unchanged); a directory found
+        there that is not watched yet is entered too."""
+        return self._visit(w, live.watch_dirs(w), Mode.START)
+
+    def again(self, w: Watched) -> Visit:
+        """After lost events (the queue overflowed): every watched directory listed."""
+        return self._visit(w, [rel for root, rel in self.known if root == w.root], Mode.LISTED)
+
+    def enter(self, w: Watched, rels: Iterable[str]) -> Visit:
+        """Directories created or moved in during the session: each watched, and what
+        it holds judged, at every depth (a tree moved in holds directories already)."""
+        return self._visit(w, rels, Mode.NEW)
+
+    def forget(self, wd: int) -> None:
+        """WD's directory is gone (IN_IGNORED): a new one by that name is entered anew."""
+        name = self.names.pop(wd, None)
+        if name is not None:
+            self.known.discard(name)
+
+    def _visit(self, w: Watched, rels: Iterable[str], mode: Mode) -> Visit:
+        out = Visit()
+        try:
+            steps = _Steps(w.root)
+        except OSError as e:
+            out.notes.append(f"live guard: {w.root}: {e.strerror}; not watched")
+            return out
+        try:
+            todo = _order(rels)[::-1]  # popped from the end: depth first
+            planned = set(todo)
+            while todo:
+                new = [d for d in self._one(w, steps, todo.pop(), mode, out) if d not in planned]
+                planned.update(new)
+                todo += _order(new)[::-1]
+        finally:
+            steps.close()
+        return out
+
+    def _one(self, w: Watched, steps: _Steps, rel: str, mode: Mode, out: Visit) -> list[str]:
+        """Watch REL, list it if need be; the subdirectories found that are not watched."""
+        if len(self.names) >= live.MAX_WATCHED:
+            if not out.full:
+                out.full = True
+                out.notes.append(
+                    f"live guard: {w.root}: more than {live.MAX_WATCHED} directories; a "
+                    "credential created in the others during the run is covered only by the "
+                    "next run"
+                )
+            return []
+        try:
+            fd = steps.open(rel)
+            wd = _libc.inotify_add_watch(self.fd, f"/proc/self/fd/{fd}".encode(), WATCH)
+            if wd < 0:
+                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+            self.names[wd] = (w.root, rel)  # before the listing: the module's docstring
+            self.known.add((w.root, rel))
+            st = os.fstat(fd)
+            if mode is Mode.START and live.unchanged(
+                w, rel, (st.st_dev, st.st_ino, st.st_ctime_ns)
+            ):
+                return []
+            entries = _listing(fd)
+        except OSError:
+            return []  # gone, moved away, unreadable: nothing that can be watched there
+        if len(entries) > live.LIST_MAX:
+            out.notes.append(
+                f"live guard: {w.root}/{rel}: more than {live.LIST_MAX:,} entries; "
+                "the rest judged only by the next run"
+            )
+        return self._judge(w, rel, entries[: live.LIST_MAX], mode, out)
+
+    def _judge(
+        self, w: Watched, rel: str, entries: list[tuple[str, bool]], mode: Mode, out: Visit
+    ) -> list[str]:
+        subdirs = []
+        for name, is_dir in entries:
+            if is_dir:
+                sub = live.new_dir(w, rel, name)
+                if sub is not None and (w.root, sub) not in self.known:
+                    subdirs.append(sub)
+                continue
+            sub = f"{rel}/{name}" if rel else name
+            redo = live.on_change(w, rel, name, False)
+            # what the walk covered or pinned is in place unless an event says otherwise;
+            # a new directory's entries are all the host's news
+            if redo is not None and (
+                mode is Mode.NEW or (redo.rule is not None and sub not in w.masks)
+            ):
+                out.redos.append(redo)
+        return subdirs
+
+
+def _listing(fd: int) -> list[tuple[str, bool]]:
+    """(name, is_dir) of the directory at the O_PATH FD, up to one more than LIST_MAX."""
+    lfd = os.open(".", O_LIST, dir_fd=fd)
+    try:
+        out = []
+        with os.scandir(lfd) as it:
+            for e in it:
+                out.append((e.name, e.is_dir(follow_symlinks=False)))
+                if len(out) > live.LIST_MAX:
+                    break
+        return out
+    finally:
+        os.close(lfd)

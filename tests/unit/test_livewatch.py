@@ -1,0 +1,122 @@
+"""The live guard's watches (boxyd/daemon/livewatch.py) on a real inotify instance and
+real directories: what is watched, what is listed, what comes back to be covered."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from boxyd.daemon.livewatch import Watches
+from boxyd.plan import live, worktree
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@pytest.fixture
+def watches() -> Iterator[Watches]:
+    fd = _libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    assert fd >= 0
+    yield Watches(fd)
+    os.close(fd)
+
+
+def _watched(root: Path, **kw: object) -> live.Watched:
+    t = worktree.walk(str(root), git_guard=False)
+    return live.watched(str(root), [], t.credentials, (), t.dirs, stamps=kw.get("stamps", t.stamps))  # type: ignore[arg-type]
+
+
+def _stamps(root: Path, rels: list[str]) -> dict[str, live.Stamp]:
+    """As the walk would record them had it run more than RACY_NS ago."""
+    out = {}
+    for rel in rels:
+        st = os.stat(root / rel if rel else root)
+        out[rel] = (st.st_dev, st.st_ino, st.st_ctime_ns)
+    return out
+
+
+def _rels(found: object) -> list[str]:
+    return sorted(r.rel for r in found.redos)  # type: ignore[attr-defined]
+
+
+def test_a_tree_moved_in_is_watched_and_judged_at_every_depth(
+    tmp_path: Path, watches: Watches
+) -> None:
+    (tmp_path / "w").mkdir()
+    w = _watched(tmp_path / "w")
+    drop = tmp_path / "drop"
+    (drop / "deep" / "er").mkdir(parents=True)
+    (drop / ".env").write_text("A=1")
+    (drop / "deep" / "er" / ".npmrc").write_text("//h/:_authToken=x\n")
+    (drop / "deep" / "node_modules").mkdir()  # never looked in (credentials.SKIP_DIRS)
+    (drop / "deep" / "node_modules" / ".env").write_text("B=2")
+    drop.rename(tmp_path / "w" / "in")
+    found = watches.enter(w, ["in"])
+    assert _rels(found) == ["in/.env", "in/deep/er/.npmrc"]
+    assert {rel for _, rel in watches.names.values()} == {"in", "in/deep", "in/deep/er"}
+
+
+def test_the_start_lists_only_what_changed_since_the_walk(tmp_path: Path, watches: Watches) -> None:
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    w = _watched(tmp_path, stamps=_stamps(tmp_path, ["", "a", "b"]))
+    (tmp_path / "b" / ".env").write_text("late")  # after the walk, before the watch
+    found = watches.start(w)
+    assert _rels(found) == ["b/.env"]
+    assert {rel for _, rel in watches.names.values()} == {"", "a", "b"}
+
+
+def test_without_stamps_every_directory_is_listed(tmp_path: Path, watches: Watches) -> None:
+    """A tree just written (its ctimes racy) or on a network filesystem: no stamp."""
+    (tmp_path / "a").mkdir()
+    w = _watched(tmp_path)
+    assert w.stamps == {}  # made a moment ago: racy
+    (tmp_path / "a" / ".env").write_text("late")
+    assert _rels(watches.start(w)) == ["a/.env"]
+
+
+def test_a_directory_seen_at_the_start_and_not_walked_is_entered(
+    tmp_path: Path, watches: Watches
+) -> None:
+    w = _watched(tmp_path, stamps={})
+    (tmp_path / "new" / "sub").mkdir(parents=True)
+    (tmp_path / "new" / "sub" / ".env").write_text("x")
+    assert _rels(watches.start(w)) == ["new/sub/.env"]
+
+
+def test_symlinks_are_never_followed(tmp_path: Path, watches: Watches) -> None:
+    (tmp_path / "w").mkdir()
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / ".env").write_text("x")
+    w = _watched(tmp_path / "w")
+    (tmp_path / "w" / "link").symlink_to(tmp_path / "outside")
+    assert _rels(watches.enter(w, ["link"])) == []
+    assert watches.names == {}
+
+
+def test_a_directory_gone_and_made_again_is_entered_anew(tmp_path: Path, watches: Watches) -> None:
+    (tmp_path / "d").mkdir()
+    w = _watched(tmp_path, stamps={})
+    watches.enter(w, ["d"])
+    (wd,) = watches.names
+    (tmp_path / "d").rmdir()
+    time.sleep(0.05)
+    watches.forget(wd)  # what the loop does on IN_IGNORED
+    (tmp_path / "d" / "x").mkdir(parents=True)
+    (tmp_path / "d" / "x" / ".env").write_text("y")
+    assert _rels(watches.enter(w, ["d"])) == ["d/x/.env"]
+
+
+def test_the_watches_are_bounded(
+    tmp_path: Path, watches: Watches, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(live, "MAX_WATCHED", 2)
+    for d in ("a", "b", "c"):
+        (tmp_path / d).mkdir()
+    found = watches.start(_watched(tmp_path, stamps={}))
+    assert len(watches.names) == 2
+    assert [n for n in found.notes if "more than 2 directories" in n]

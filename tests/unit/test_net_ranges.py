@@ -548,3 +548,14 @@ def test_static_exceptions_cover_every_lifted_denial():
         # nftables rejects early only what boxyd would deny anyway.
         assert not early or denied(addr, exceptions) is not None, addr
     assert rejected > 1000  # the sample really exercised the lists
+
+
+def test_static_prefixes_are_made_once_and_handed_out_fresh() -> None:
+    """The denied prefixes are the same for every run (made once: issue #18); what a
+    caller does with its lists never reaches the next run's ruleset."""
+    first = ranges.static_prefixes()
+    first.deny_v4.clear()
+    first.deny_v6.append("::/0")
+    again = ranges.static_prefixes([ipaddress.ip_network("192.0.2.7/32")])
+    assert again.deny_v4 and "::/0" not in again.deny_v6
+    assert again.accept_v4 == ["192.0.2.7/32"]

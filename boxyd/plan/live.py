@@ -119,7 +119,7 @@ def unchanged(w: Watched, rel: str, now: Stamp) -> bool:
 
 def skipped(rel: str) -> bool:
     """A directory no credential is looked for in (node_modules, .git: by git's rules)."""
-    return any(c in credentials.SKIP_DIRS for c in rel.split("/")) if rel else False
+    return bool(rel) and not credentials.SKIP_DIRS.isdisjoint(rel.split("/"))
 
 
 def watch_dirs(w: Watched) -> list[str]:

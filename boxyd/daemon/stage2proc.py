@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import socket
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 
 from boxy import fdwait
 from boxy.errors import SetupError
+from boxyd.plan import ops
 from boxyd.plan.ops import Plan
 from boxyd.stage2 import protocol
 
@@ -192,7 +192,7 @@ class Stage2:
         ctl.setblocking(False)
         stage2 = cls(ctl)
         try:
-            plan_fd = plan_memfd(json.dumps(plan.to_json()).encode())
+            plan_fd = plan_memfd(ops.to_wire(plan))
         except OSError as e:
             stage2.close()
             raise SetupError(f"stage 2: cannot hold the plan: {e.strerror}") from None

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
-import json
 import os
 import socket
 import time
@@ -23,7 +22,7 @@ from boxy import fdwait
 from boxy.errors import BoxyError
 from boxyd.config.hosttools import Answer, Exposure, ToolError
 from boxyd.daemon.stage2proc import plan_memfd
-from boxyd.plan import tools
+from boxyd.plan import ops, tools
 from boxyd.plan.ops import Plan
 from boxyd.plan.seccomp import build_filter
 from boxyd.stage2 import protocol
@@ -64,7 +63,7 @@ class ToolBox:
             fds += [resp_r, resp_w]
             null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
             fds.append(null)
-            plan_fd = plan_memfd(json.dumps(plan.to_json()).encode())
+            plan_fd = plan_memfd(ops.to_wire(plan))
             try:
                 protocol.send(ctl, protocol.PlanFds(), [plan_fd, req_r, resp_w, null])
             finally:

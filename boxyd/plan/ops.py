@@ -15,6 +15,7 @@ only carries the plan out, in the order in docs/design.md ("A run, step by step"
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -157,3 +158,52 @@ class Plan:
         rules = [LandlockRule(**r) for r in data["landlock"]]
         rest = {k: v for k, v in data.items() if k not in ("ops", "landlock")}
         return cls(ops=ops, landlock=rules, **rest)
+
+
+@dataclass(frozen=True)
+class Outer:
+    """What the outer stage 2 reads of a plan: steps 1–5 need no more. The rest is
+    PID 1's and is decoded only there. Every object the outer stage 2 decodes stays in
+    its memory for the whole session (a plan of ~16 KB cost it ~700 KiB of private
+    pages: issue #18, docs/design.md "Memory per session")."""
+
+    uid: int
+    gid: int
+    hostname: str
+    net: str
+    net_ruleset: dict[str, Any] | None
+    pcap: bool
+    pty: bool  # a session terminal: PID 1 sends its master back
+
+    @classmethod
+    def of(cls, plan: Plan) -> Outer:
+        return cls(
+            plan.uid,
+            plan.gid,
+            plan.hostname,
+            plan.net,
+            plan.net_ruleset,
+            plan.pcap,
+            plan.pty is not None,
+        )
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Outer:
+        return cls(**data)
+
+
+def to_wire(plan: Plan) -> bytes:
+    """The plan as stage 2 reads it: one line for the outer stage 2 (Outer), then the
+    plan for PID 1 (without the gateway's ruleset, which only the outer loads)."""
+    inner = plan.to_json()
+    inner["net_ruleset"] = None
+    return json.dumps(dict(Outer.of(plan).__dict__)).encode() + b"\n" + json.dumps(inner).encode()
+
+
+def split_wire(data: bytes) -> tuple[bytes, bytes]:
+    """The outer stage 2's line (Outer, as JSON) and PID 1's part (a Plan, as JSON), as
+    they came. ValueError without the line."""
+    head, sep, inner = data.partition(b"\n")
+    if not sep:
+        raise ValueError("no line for the outer stage 2")
+    return head, inner

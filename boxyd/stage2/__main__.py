@@ -27,7 +27,7 @@ from typing import Any
 
 from boxy import wirejson
 from boxy.errors import SetupError
-from boxyd.plan.ops import Plan
+from boxyd.plan.ops import Outer, split_wire
 from boxyd.stage2 import live, namespaces, netns, nft, pid1, template
 from boxyd.stage2 import protocol as p
 
@@ -41,7 +41,7 @@ def send(ctl: socket.socket, msg: p.Report, fds: list[int] | None = None) -> Non
         p.send(ctl, msg, fds)
 
 
-def receive_plan(ctl: socket.socket) -> tuple[Plan, list[int], netns.Gateway | None]:
+def receive_plan(ctl: socket.socket) -> tuple[Outer, bytes, list[int], netns.Gateway | None]:
     """The plan (a memfd, first) and the payload's stdio: four fds in one message. A
     spare told to Prepare first makes its network while it waits (prepare_network)."""
     prepared = None
@@ -63,8 +63,9 @@ def receive_plan(ctl: socket.socket) -> tuple[Plan, list[int], netns.Gateway | N
         return (*read_plan(fds), prepared)
 
 
-def read_plan(fds: list[int]) -> tuple[Plan, list[int]]:
-    """The plan from its memfd (FDS[0], closed), and the payload's stdio."""
+def read_plan(fds: list[int]) -> tuple[Outer, bytes, list[int]]:
+    """The plan from its memfd (FDS[0], closed): what this process needs of it decoded,
+    PID 1's part as it came (PID 1 decodes it); and the payload's stdio."""
     plan_fd, stdio = fds[0], fds[1:]
     try:
         size = os.fstat(plan_fd).st_size
@@ -74,11 +75,13 @@ def read_plan(fds: list[int]) -> tuple[Plan, list[int]]:
     finally:
         os.close(plan_fd)
     try:
-        raw = wirejson.loads(text)  # json.loads's own wrapper is more of the template touched
-    except ValueError as e:
+        head, inner = split_wire(text)
+        # json.loads's own wrapper is more of the template touched
+        outer = Outer.from_json(typing.cast(dict[str, Any], wirejson.loads(head)))
+    except (ValueError, TypeError) as e:
         p.close(stdio)
-        raise SetupError(f"control: the plan is not JSON ({e})") from None
-    return Plan.from_json(typing.cast(dict[str, Any], raw)), stdio
+        raise SetupError(f"control: the plan cannot be read ({e})") from None
+    return outer, inner, stdio
 
 
 def request(ctl: socket.socket) -> p.Request | p.ProtocolError | None:
@@ -333,7 +336,7 @@ def prepare_network() -> netns.Gateway:
     return gateway
 
 
-def enter_namespaces(ctl: socket.socket, plan: Plan, prepared: netns.Gateway | None) -> None:
+def enter_namespaces(ctl: socket.socket, plan: Outer, prepared: netns.Gateway | None) -> None:
     """Steps 1–5: the user namespace (every capability over it from here on), the
     gateway's and the payload's network namespaces (the gateway's sockets go to boxyd
     and none stays here), then the mount, PID, IPC, UTS and cgroup namespaces. With
@@ -359,7 +362,7 @@ def enter_namespaces(ctl: socket.socket, plan: Plan, prepared: netns.Gateway | N
     namespaces.enter_sandbox_namespaces(plan)
 
 
-def fork_pid1(ctl: socket.socket, plan: Plan, stdio: list[int]) -> Forked:
+def fork_pid1(ctl: socket.socket, plan: Outer, inner: bytes, stdio: list[int]) -> Forked:
     """Fork PID 1 of the new PID namespace; it never returns here. The outer stage 2
     keeps CAP_SYS_ADMIN over the user namespace (the live guard's mounts) and runs
     nothing of the payload's; PID 1 drops everything (boxyd/stage2/pid1.py)."""
@@ -367,9 +370,7 @@ def fork_pid1(ctl: socket.socket, plan: Plan, stdio: list[int]) -> Forked:
     alive_r, alive_w = os.pipe2(os.O_CLOEXEC)
     # The session PTY's master comes back from PID 1 on this (a pipe carries no fds).
     pty_ours, pty_theirs = (
-        socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        if plan.pty is not None
-        else (None, None)
+        socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) if plan.pty else (None, None)
     )
     pid = os.fork()
     if pid == 0:
@@ -378,7 +379,7 @@ def fork_pid1(ctl: socket.socket, plan: Plan, stdio: list[int]) -> Forked:
         os.close(alive_w)
         if pty_ours is not None:
             pty_ours.close()
-        pid1.main(plan, stdio, status_w, alive_r, pty_theirs)
+        pid1.main(inner, stdio, status_w, alive_r, pty_theirs)
     os.close(status_w)
     os.close(alive_r)  # alive_w stays open (close-on-exec) until this process ends
     if pty_theirs is not None:
@@ -390,14 +391,14 @@ def run(ctl: socket.socket) -> int:
     """One sandbox, in a child forked from the template: the plan, step 0 (the scope),
     steps 1–5 (namespaces), PID 1, then supervision until it exits."""
     try:
-        plan, stdio, prepared = receive_plan(ctl)
+        plan, inner, stdio, prepared = receive_plan(ctl)
         stopped = join_scope(ctl)
         if stopped is not None:
             p.close(stdio)
             send(ctl, p.Done(p.Killed(stopped)))
             return 0
         enter_namespaces(ctl, plan, prepared)
-        forked = fork_pid1(ctl, plan, stdio)
+        forked = fork_pid1(ctl, plan, inner, stdio)
     except SetupError as e:
         send(ctl, p.Done(p.SetupFailed(str(e)[: p.MAX_TEXT])))
         return 1

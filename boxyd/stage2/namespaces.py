@@ -20,7 +20,7 @@ from boxyd.kernel.sys import (
     libc,
     write_small,
 )
-from boxyd.plan.ops import Plan
+from boxyd.plan.ops import Outer
 from boxyd.stage2 import mounts as m
 
 SIOCGIFFLAGS = 0x8913
@@ -49,7 +49,7 @@ def enter_user_namespace(uid: int, gid: int) -> None:
     _write("/proc/self/gid_map", f"{gid} {gid} 1\n", "user namespace")
 
 
-def enter_sandbox_namespaces(plan: Plan) -> None:
+def enter_sandbox_namespaces(plan: Outer) -> None:
     """Step 5. Needs CAP_SYS_ADMIN over the new user namespace. Mount propagation is
     made private first: in a user-namespace mount namespace shared mounts become
     slaves, and host mounts made later would otherwise appear inside."""

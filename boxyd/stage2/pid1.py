@@ -21,9 +21,10 @@ import signal
 import socket
 import struct
 import termios
-from typing import NoReturn
+import typing
+from typing import Any, NoReturn
 
-from boxy import termsettings
+from boxy import termsettings, wirejson
 from boxy.errors import SetupError
 from boxyd.kernel.sys import libc, read_small, write_small
 from boxyd.plan.ops import Plan
@@ -275,8 +276,17 @@ def confined_report(notes: list[str]) -> protocol.Confined:
     return protocol.Confined(tuple(n[: protocol.MAX_NOTE] for n in notes[: protocol.MAX_NOTES]))
 
 
+def read_plan(inner: bytes) -> Plan:
+    """PID 1's part of the plan (boxyd/plan/ops.py's to_wire), decoded here: the outer
+    stage 2 never decodes it (what it decodes stays in its memory for the session)."""
+    try:
+        return Plan.from_json(typing.cast(dict[str, Any], wirejson.loads(inner)))
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise SetupError(f"control: the plan cannot be read ({e})") from None
+
+
 def setup(
-    plan: Plan, stdio: list[int], status_w: int, alive_r: int, pty: socket.socket | None
+    inner: bytes, stdio: list[int], status_w: int, alive_r: int, pty: socket.socket | None
 ) -> int:
     """Steps 6–10 in order, each with the privilege it needs and the step that removes
     it; the payload's pid."""
@@ -287,6 +297,7 @@ def setup(
         os._exit(1)
     rename()  # needs nothing: our own memory
     arrange_fds(stdio, status_w)  # needs nothing; step 7 closes every other fd
+    plan = read_plan(inner)  # needs nothing; reported through the status pipe from here
     build_root(plan)  # step 6: CAP_SYS_ADMIN over the mount namespace (step 7 drops it)
     session_terminal(plan, pty)  # needs the devpts step 6 mounted; keeps no master
     limits(plan)  # needs nothing; CAP_SYS_RESOURCE would bypass it (step 7 drops it)
@@ -299,12 +310,12 @@ def setup(
 
 
 def main(
-    plan: Plan, stdio: list[int], status_w: int, alive_r: int, pty: socket.socket | None = None
+    inner: bytes, stdio: list[int], status_w: int, alive_r: int, pty: socket.socket | None = None
 ) -> NoReturn:
     """PID 1: the steps, then init until the payload exits; a step that fails is
     reported and ends the sandbox."""
     try:
-        pid = setup(plan, stdio, status_w, alive_r, pty)
+        pid = setup(inner, stdio, status_w, alive_r, pty)
     except SetupError as e:
         report(protocol.SetupFailed(str(e)[: protocol.MAX_TEXT]))
         os._exit(125)

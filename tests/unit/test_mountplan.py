@@ -114,3 +114,37 @@ def test_plan_to_json_is_asdict_and_round_trips():
     )
     assert p.to_json() == dataclasses.asdict(p)
     assert Plan.from_json(json.loads(json.dumps(p.to_json()))) == p
+
+
+def test_the_wire_gives_the_outer_stage_2_its_line_and_pid_1_the_plan() -> None:
+    """The outer stage 2 decodes one short line (Outer) and never the plan: what it
+    decodes stays in its memory for the session (issue #18)."""
+    import dataclasses
+    import json
+
+    from boxyd.plan.ops import Bind, LandlockRule, Outer, Plan, split_wire, to_wire
+
+    ruleset = {"nftables": [{"table": {"family": "inet", "name": "boxy"}}]}
+    p = Plan(
+        argv=["a\nb"],  # a newline in the plan never splits it early
+        env={},
+        cwd="/w",
+        uid=7,
+        gid=8,
+        home="/h",
+        hostname="box",
+        scratch_size=1,
+        ops=[Bind("/usr", "/usr", True)],
+        landlock=[LandlockRule("/", "dir")],
+        seccomp_bpf="",
+        nproc=5,
+        net="public",
+        net_ruleset=ruleset,
+        pcap=True,
+        pty={"termios": [], "winsize": [], "fds": [0]},
+    )
+    head, inner = split_wire(to_wire(p))
+    assert Outer.from_json(json.loads(head)) == Outer(7, 8, "box", "public", ruleset, True, True)
+    assert Plan.from_json(json.loads(inner)) == dataclasses.replace(p, net_ruleset=None)
+    with pytest.raises(ValueError):
+        split_wire(json.dumps(p.to_json()).encode())  # a plan without the line

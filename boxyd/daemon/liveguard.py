@@ -268,7 +268,7 @@ class LiveGuard:
                 asyncio.get_running_loop().remove_reader(self._fd)
             # closing an inotify instance waits for an RCU grace period (~10 ms measured
             # here): not on the event loop, nor on the session's way to its end
-            pools.CLOSING.submit(os.close, self._fd)
+            pools.CLOSING.submit(self._watches.close)
             self._fd = -1
         for task in self._tasks:
             task.cancel()

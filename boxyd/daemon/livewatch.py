@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import errno
 import os
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -91,6 +93,28 @@ class Watches:
         self.fd = fd
         self.names: dict[int, tuple[str, str]] = {}  # wd -> (root, directory rel)
         self.known: set[tuple[str, str]] = set()  # (root, rel) watched
+        # Held around each inotify_add_watch and the close: a worker still adding
+        # watches as the session ends must never add one to whatever instance reuses
+        # the fd's number (another session's)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """The instance closed, once no watch is being added (in a worker: the close
+        waits for an RCU grace period)."""
+        with self._lock:
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+
+    def _add(self, fd: int) -> int:
+        with self._lock:
+            if self.fd < 0:
+                raise OSError(errno.EBADF, "the session ended")
+            wd = int(_libc.inotify_add_watch(self.fd, f"/proc/self/fd/{fd}".encode(), WATCH))
+            if wd < 0:
+                e = ctypes.get_errno()
+                raise OSError(e, os.strerror(e))
+            return wd
 
     def start(self, w: Watched) -> Visit:
         """The session's start: every directory live.watch_dirs names watched, and
@@ -144,9 +168,7 @@ class Watches:
             return []
         try:
             fd = steps.open(rel)
-            wd = _libc.inotify_add_watch(self.fd, f"/proc/self/fd/{fd}".encode(), WATCH)
-            if wd < 0:
-                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+            wd = self._add(fd)
             self.names[wd] = (w.root, rel)  # before the listing: the module's docstring
             self.known.add((w.root, rel))
             st = os.fstat(fd)

@@ -120,3 +120,20 @@ def test_the_watches_are_bounded(
     found = watches.start(_watched(tmp_path, stamps={}))
     assert len(watches.names) == 2
     assert [n for n in found.notes if "more than 2 directories" in n]
+
+
+def test_nothing_is_watched_once_closed(tmp_path: Path) -> None:
+    """A worker still entering directories as the session ends adds no watch to
+    whatever instance reuses the descriptor's number."""
+    fd = _libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    watches = Watches(fd)
+    (tmp_path / "d").mkdir()
+    watches.close()
+    other = _libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)  # takes the number
+    try:
+        assert other == fd
+        found = watches.enter(_watched(tmp_path, stamps={}), ["d"])
+        assert watches.names == {} and found.redos == []
+        assert _libc.inotify_rm_watch(other, 1) == -1  # no watch 1 in the new instance
+    finally:
+        os.close(other)

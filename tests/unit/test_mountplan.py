@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 
 from boxy.errors import UsageError
 from boxyd.config.runspec import CopyEntry, PathEntry, RunSpec
 from boxyd.gitguard.discover import Protection
 from boxyd.plan import mountplan
-from boxyd.plan.ops import Bind, Copy, Plan, Symlink
+from boxyd.plan.ops import Bind, Copy, File, LandlockRule, Outer, Plan, Symlink, split_wire, to_wire
 
 
 def _spec(**kw) -> RunSpec:
@@ -91,27 +94,27 @@ def test_plan_round_trips_through_json_and_has_no_host_etc() -> None:
     assert ("/", "dir") in [(r.path, r.access) for r in plan.landlock]
 
 
+def _sample_plan(**kw: object) -> Plan:
+    fields: dict[str, object] = {
+        "argv": ["true"],
+        "env": {"A": "b"},
+        "cwd": "/w",
+        "uid": 1,
+        "gid": 1,
+        "home": "/h",
+        "hostname": "x",
+        "scratch_size": 1,
+        "ops": [Bind("/usr", "/usr", True), File("/etc/x", "c")],
+        "landlock": [LandlockRule("/", "dir")],
+        "seccomp_bpf": "",
+        "nproc": 5,
+        "pty": {"termios": [1, 2], "winsize": [1, 2, 0, 0], "fds": [0]},
+    }
+    return Plan(**{**fields, **kw})  # type: ignore[arg-type]
+
+
 def test_plan_to_json_is_asdict_and_round_trips():
-    import dataclasses
-    import json
-
-    from boxyd.plan.ops import Bind, File, LandlockRule, Plan
-
-    p = Plan(
-        argv=["true"],
-        env={"A": "b"},
-        cwd="/w",
-        uid=1,
-        gid=1,
-        home="/h",
-        hostname="x",
-        scratch_size=1,
-        ops=[Bind("/usr", "/usr", True), File("/etc/x", "c")],
-        landlock=[LandlockRule("/", "dir")],
-        seccomp_bpf="",
-        nproc=5,
-        pty={"termios": [1, 2], "winsize": [1, 2, 0, 0], "fds": [0]},
-    )
+    p = _sample_plan()
     assert p.to_json() == dataclasses.asdict(p)
     assert Plan.from_json(json.loads(json.dumps(p.to_json()))) == p
 
@@ -119,30 +122,10 @@ def test_plan_to_json_is_asdict_and_round_trips():
 def test_the_wire_gives_the_outer_stage_2_its_line_and_pid_1_the_plan() -> None:
     """The outer stage 2 decodes one short line (Outer) and never the plan: what it
     decodes stays in its memory for the session (issue #18)."""
-    import dataclasses
-    import json
-
-    from boxyd.plan.ops import Bind, LandlockRule, Outer, Plan, split_wire, to_wire
-
     ruleset = {"nftables": [{"table": {"family": "inet", "name": "boxy"}}]}
-    p = Plan(
-        argv=["a\nb"],  # a newline in the plan never splits it early
-        env={},
-        cwd="/w",
-        uid=7,
-        gid=8,
-        home="/h",
-        hostname="box",
-        scratch_size=1,
-        ops=[Bind("/usr", "/usr", True)],
-        landlock=[LandlockRule("/", "dir")],
-        seccomp_bpf="",
-        nproc=5,
-        net="public",
-        net_ruleset=ruleset,
-        pcap=True,
-        pty={"termios": [], "winsize": [], "fds": [0]},
-    )
+    # a newline in the plan never splits it early
+    p = _sample_plan(argv=["a\nb"], uid=7, gid=8, hostname="box", net="public")
+    p = dataclasses.replace(p, net_ruleset=ruleset, pcap=True)
     head, inner = split_wire(to_wire(p))
     assert Outer.from_json(json.loads(head)) == Outer(7, 8, "box", "public", ruleset, True, True)
     assert Plan.from_json(json.loads(inner)) == dataclasses.replace(p, net_ruleset=None)

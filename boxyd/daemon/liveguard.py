@@ -90,6 +90,7 @@ class LiveGuard:
         notes = []
         for w in self._trees.values():
             found = await pools.run(pools.LIVE, self._watches.start, w)
+            w.stamps.clear()  # the start's only (~50 KB a session for 200 directories)
             if self._fd < 0:
                 break  # closed meanwhile: the session ended
             notes += self._apply(w, found, since)

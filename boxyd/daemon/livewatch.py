@@ -92,7 +92,6 @@ class Watches:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.names: dict[int, tuple[str, str]] = {}  # wd -> (root, directory rel)
-        self.known: set[tuple[str, str]] = set()  # (root, rel) watched
         # Held around each inotify_add_watch and the close: a worker still adding
         # watches as the session ends must never add one to whatever instance reuses
         # the fd's number (another session's)
@@ -124,18 +123,20 @@ class Watches:
 
     def again(self, w: Watched) -> Visit:
         """After lost events (the queue overflowed): every watched directory listed."""
-        return self._visit(w, [rel for root, rel in self.known if root == w.root], Mode.LISTED)
+        return self._visit(w, self._watched(w), Mode.LISTED)
 
     def enter(self, w: Watched, rels: Iterable[str]) -> Visit:
         """Directories created or moved in during the session: each watched, and what
         it holds judged, at every depth (a tree moved in holds directories already)."""
         return self._visit(w, rels, Mode.NEW)
 
+    def _watched(self, w: Watched) -> list[str]:
+        # list() of a dict's values is one C call: safe beside the other worker's inserts
+        return [rel for root, rel in list(self.names.values()) if root == w.root]
+
     def forget(self, wd: int) -> None:
         """WD's directory is gone (IN_IGNORED): a new one by that name is entered anew."""
-        name = self.names.pop(wd, None)
-        if name is not None:
-            self.known.discard(name)
+        self.names.pop(wd, None)
 
     def _visit(self, w: Watched, rels: Iterable[str], mode: Mode) -> Visit:
         out = Visit()
@@ -146,16 +147,19 @@ class Watches:
             return out
         try:
             todo = _order(rels)[::-1]  # popped from the end: depth first
-            planned = set(todo)
+            planned, known = set(todo), set(self._watched(w))
             while todo:
-                new = [d for d in self._one(w, steps, todo.pop(), mode, out) if d not in planned]
+                found = self._one(w, steps, todo.pop(), mode, known, out)
+                new = [d for d in found if d not in planned]
                 planned.update(new)
                 todo += _order(new)[::-1]
         finally:
             steps.close()
         return out
 
-    def _one(self, w: Watched, steps: _Steps, rel: str, mode: Mode, out: Visit) -> list[str]:
+    def _one(
+        self, w: Watched, steps: _Steps, rel: str, mode: Mode, known: set[str], out: Visit
+    ) -> list[str]:
         """Watch REL, list it if need be; the subdirectories found that are not watched."""
         if len(self.names) >= live.MAX_WATCHED:
             if not out.full:
@@ -170,7 +174,7 @@ class Watches:
             fd = steps.open(rel)
             wd = self._add(fd)
             self.names[wd] = (w.root, rel)  # before the listing: the module's docstring
-            self.known.add((w.root, rel))
+            known.add(rel)
             st = os.fstat(fd)
             if mode is Mode.START and live.unchanged(
                 w, rel, (st.st_dev, st.st_ino, st.st_ctime_ns)
@@ -184,16 +188,22 @@ class Watches:
                 f"live guard: {w.root}/{rel}: more than {live.LIST_MAX:,} entries; "
                 "the rest judged only by the next run"
             )
-        return self._judge(w, rel, entries[: live.LIST_MAX], mode, out)
+        return self._judge(w, rel, entries[: live.LIST_MAX], mode, known, out)
 
     def _judge(
-        self, w: Watched, rel: str, entries: list[tuple[str, bool]], mode: Mode, out: Visit
+        self,
+        w: Watched,
+        rel: str,
+        entries: list[tuple[str, bool]],
+        mode: Mode,
+        known: set[str],
+        out: Visit,
     ) -> list[str]:
         subdirs = []
         for name, is_dir in entries:
             if is_dir:
                 sub = live.new_dir(w, rel, name)
-                if sub is not None and (w.root, sub) not in self.known:
+                if sub is not None and sub not in known:
                     subdirs.append(sub)
                 continue
             sub = f"{rel}/{name}" if rel else name

@@ -56,7 +56,8 @@ class Watched:
     reveal: tuple[str, ...] = ()  # --reveal: absolute paths never covered
     dirs: tuple[str, ...] = ()  # the walk's directories (where a credential may appear)
     secrets: tuple[str, ...] = ()  # the profile's own patterns (filesystem.secrets)
-    stamps: Mapping[str, Stamp] = field(default_factory=dict)  # of dirs, by rel (stamp())
+    # of dirs, by rel (stamp()); the session's start only: emptied once it is done
+    stamps: dict[str, Stamp] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def watched(
     dirs: Iterable[str] = (),
     protect: Iterable[str] = (),
     secrets: Iterable[str] = (),
-    stamps: Mapping[str, Stamp] | None = None,
+    stamps: dict[str, Stamp] | None = None,
 ) -> Watched:
     """Only read-only pins: a ``self`` pin is a directory bound onto itself, which the
     host renaming it away ends for the host as well (nothing left to guard there).
@@ -97,7 +98,7 @@ def watched(
         tuple(reveal),
         tuple(dirs),
         tuple(secrets),
-        dict(stamps or {}),
+        stamps if stamps is not None else {},  # the walk's own (not copied: emptied later)
     )
 
 

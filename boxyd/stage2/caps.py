@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 
 from boxy.errors import SetupError
 from boxyd.kernel.sys import check, libc, read_small
@@ -40,18 +41,20 @@ class _CapData(ctypes.Structure):
     ]
 
 
-def _last_cap() -> int:
+def last_cap() -> int:
+    """The highest capability this kernel knows (a path: read it while it resolves)."""
     try:
         return int(read_small("/proc/sys/kernel/cap_last_cap"))
     except OSError:
         return 63
 
 
-def drop_all() -> None:
-    """Securebits locked, bounding set emptied, ambient cleared (all need CAP_SETPCAP,
-    so first), then effective/permitted/inheritable zeroed. Removes: every capability."""
+def drop_all(last: int | None = None) -> None:
+    """Securebits locked, bounding set emptied (up to LAST, else last_cap()), ambient
+    cleared (all need CAP_SETPCAP, so first), then effective/permitted/inheritable
+    zeroed. Removes: every capability."""
     prctl(PR_SET_SECUREBITS, SECUREBITS_LOCKED, step="securebits")
-    for cap in range(_last_cap() + 1):
+    for cap in range((last_cap() if last is None else last) + 1):
         prctl(PR_CAPBSET_DROP, cap, step=f"drop capability {cap} from the bounding set")
     prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, step="clear ambient capabilities")
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
@@ -72,9 +75,13 @@ def die_with_parent(sig: int) -> None:
     prctl(PR_SET_PDEATHSIG, sig, step="pdeathsig")
 
 
-def verify_dropped() -> None:
-    """Layers never fail open: read back what the kernel says we hold."""
-    status = read_small("/proc/self/status")
+def verify_dropped(status_fd: int | None = None) -> None:
+    """Layers never fail open: read back what the kernel says we hold (from STATUS_FD,
+    our /proc/self/status opened earlier, when no path may resolve now)."""
+    if status_fd is None:
+        status = read_small("/proc/self/status")
+    else:
+        status = os.pread(status_fd, 1 << 16, 0).decode()
     fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
     for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
         if int(fields.get(key, "1").strip(), 16) != 0:

@@ -1,7 +1,7 @@
 """Mount-API syscalls (ctypes) and path resolution that never trusts the payload.
 
-Everything here needs CAP_SYS_ADMIN in the sandbox's user namespace, which PID 1
-holds until ``caps.drop_all`` (docs/design.md, step 7) removes it.
+Everything here needs CAP_SYS_ADMIN in the sandbox's user namespace, which PID 1's
+builder child holds until it exits (docs/design.md, step 6).
 """
 
 from __future__ import annotations

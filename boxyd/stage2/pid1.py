@@ -2,8 +2,16 @@
 
 Forked (not exec'd) by the outer stage 2 inside the new namespaces, so it starts
 with every capability over them; each step below removes something for good.
-Its reports go to the outer stage 2 through one status pipe, one line each
-(boxyd/stage2/protocol.py's Status); the outer side treats them as untrusted.
+PID 1 lives as long as the session, and every page of the template it writes is
+its own copy for all that time (issue #18), so it does the least it can itself:
+the setup that touches memory runs in a child, the builder, which makes the root
+and the session terminal (step 6), confines itself (8–9) and execs (10), freeing
+all it touched. With a session terminal the builder exits instead, and PID 1 forks
+the payload's process once it holds the terminal (take_terminal() says why). PID 1
+drops its privileges (step 7) while the root is built, confines itself too, and
+supervises. Its reports and theirs go to the outer stage 2 through one status pipe,
+one line each (boxyd/stage2/protocol.py's Status); the outer side treats them as
+untrusted.
 """
 
 from __future__ import annotations
@@ -84,8 +92,53 @@ def arrange_fds(stdio: list[int], status_w: int) -> None:
     os.set_inheritable(STATUS_FD, False)
 
 
+def setup_failed(e: Exception) -> NoReturn:
+    """A step that failed, reported as the run's end (stderr is the payload's)."""
+    if isinstance(e, SetupError):
+        why = str(e)
+    elif isinstance(e, OSError):
+        why = f"sandbox setup: {e}"
+    else:  # a bug, not a refusal: say so
+        why = f"sandbox setup: internal error: {type(e).__name__}: {e}"
+    report(protocol.SetupFailed(why[: protocol.MAX_TEXT]))
+    os._exit(125)
+
+
+def child_failed(pid: int) -> NoReturn:
+    """A child of PID 1 ended before its setup was done: it reported why itself (a
+    second report would contradict it), unless a signal killed it unheard."""
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        report(protocol.Killed(os.WTERMSIG(status)))
+        os._exit(125)
+    os._exit(os.WEXITSTATUS(status))
+
+
+def limits(plan: Plan) -> None:
+    """RLIMIT_NPROC counts per user namespace, so inside this one it bounds the
+    sandbox's own tasks (threads included). Before any fork, so both children inherit
+    them: /proc/self is still the host's procfs (the builder pivots the root away)
+    and still ours (step 7's not_dumpable makes it root's). Needs nothing;
+    CAP_SYS_RESOURCE would bypass them, and the payload's process never has it."""
+    resource.setrlimit(resource.RLIMIT_NPROC, (plan.nproc, plan.nproc))
+    resource.setrlimit(resource.RLIMIT_RTPRIO, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NICE, (0, 0))  # the payload's nice 19 stays
+    if plan.address_space is not None:
+        resource.setrlimit(resource.RLIMIT_AS, (plan.address_space, plan.address_space))
+    write_small("/proc/self/oom_score_adj", "1000")
+
+
+def new_session(plan: Plan) -> None:
+    """With a session PTY, PID 1 leads a session of its own, before any fork: the
+    payload's process group must be in PID 1's session, or, its parent outside the
+    session, the group is orphaned and the kernel discards ^Z's SIGTSTP for it."""
+    if plan.ctty:
+        os.setsid()
+
+
+# -- the builder: a child with PID 1's capabilities, which exits once the root is built
 def build_root(plan: Plan) -> None:
-    """Step 6. Needs CAP_SYS_ADMIN over the mount namespace (dropped in step 7)."""
+    """Step 6. Needs CAP_SYS_ADMIN over the mount namespace (the builder exits with it)."""
     rootfs.staging()
     rootfs.root_tmpfs()
     rootfs.scratch(plan)
@@ -98,83 +151,172 @@ def build_root(plan: Plan) -> None:
     rootfs.seal_and_enter(plan.cwd)
 
 
-def limits(plan: Plan) -> None:
-    """RLIMIT_NPROC counts per user namespace, so inside this one it bounds the
-    sandbox's own tasks (threads included). Needs nothing; CAP_SYS_RESOURCE would
-    bypass it, and step 7 removes that."""
-    resource.setrlimit(resource.RLIMIT_NPROC, (plan.nproc, plan.nproc))
-    resource.setrlimit(resource.RLIMIT_RTPRIO, (0, 0))
-    resource.setrlimit(resource.RLIMIT_NICE, (0, 0))  # the payload's nice 19 stays
-    if plan.address_space is not None:
-        resource.setrlimit(resource.RLIMIT_AS, (plan.address_space, plan.address_space))
-    write_small("/proc/self/oom_score_adj", "1000")
-
-
 # Missing from Python's termios module (asm-generic/ioctls.h).
 TIOCSPTLCK = 0x40045431  # _IOW('T', 0x31, int): unlock the slave
 TIOCGPTPEER = 0x5441  # _IO('T', 0x41): open the slave through its master, race-free
 
 
-def session_terminal(plan: Plan, pty: socket.socket | None) -> None:
+def session_terminal(plan: Plan, pty: socket.socket | None) -> int | None:
     """A session terminal, after step 6: a PTY pair in the sandbox's own devpts (so
     ttyname() and /dev/tty name it inside), set to the client terminal's settings
-    before the payload can read them. The slave replaces the /dev/null placeholders
-    at plan.pty["fds"]; the master goes to boxyd, through the outer stage 2, and PID 1
-    keeps neither. Needs nothing beyond the devpts that step 6 mounted."""
+    before the payload can read them. The master goes to boxyd, through the outer
+    stage 2; the slave is returned, for PID 1. Needs the devpts that step 6 mounted."""
     if plan.pty is None or pty is None:
-        return
+        return None
     try:
         master = os.open("/dev/pts/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
         try:
             fcntl.ioctl(master, TIOCSPTLCK, struct.pack("i", 0))
-            slave = fcntl.ioctl(master, TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY)
+            slave: int = fcntl.ioctl(master, TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY)
             try:
                 termsettings.apply(slave, plan.pty)
-                for i in plan.pty["fds"]:
-                    if i in (0, 1, 2):
-                        os.dup2(slave, i)
-            finally:
+                protocol.send(pty, protocol.Pty(), [master])
+            except BaseException:
                 os.close(slave)
-            protocol.send(pty, protocol.Pty(), [master])
+                raise
         finally:
             os.close(master)
     except (OSError, ValueError, TypeError, KeyError) as e:
         raise SetupError(f"session terminal: {e}") from None
     finally:
         pty.close()
+    return slave
 
 
-def terminal_fd() -> int:
-    """The first of fds 0–2 that is the session's PTY (stdin may be a pipe: `… | boxyctl run`)."""
-    return next((fd for fd in (0, 1, 2) if os.isatty(fd)), 0)
+def builder(
+    plan: Plan, pty: socket.socket | None, link: socket.socket, last_cap: int, bpf: bytes
+) -> NoReturn:
+    """The builder's steps. With a controlling terminal to be, its one message to PID 1
+    says they are done, with the session PTY's slave (nothing untrusted has run: the
+    payload's process is forked after), and it exits; without, it goes on as the
+    payload's process (a fork fewer on every start: hooks and scripts have no PTY)."""
+    try:
+        build_root(plan)
+        slave = session_terminal(plan, pty)
+        if plan.ctty:
+            # It may still be exiting (supervise() reaps it) as the payload starts: /proc
+            # closed to it as to PID 1, and the payload's seccomp and Landlock deny ptrace
+            caps.not_dumpable()
+            send_built(link, slave)
+            os._exit(0)
+        place_terminal(plan, slave)
+        close_fds(link.fileno())
+        drop_privileges(last_cap)  # step 7 for itself
+        caps.verify_dropped()
+    except Exception as e:
+        setup_failed(e)
+    payload(plan, bpf, link)
 
 
-def controlling_terminal(plan: Plan) -> None:
-    """With a session PTY, make it our controlling terminal so job control and ^C work
-    (TIOCSCTTY is denied by seccomp later). Without one, /dev/tty gives ENXIO."""
-    if plan.ctty:
-        os.setsid()
-        fcntl.ioctl(terminal_fd(), termios.TIOCSCTTY, 0)
+def send_built(link: socket.socket, slave: int | None) -> None:
+    if slave is None:
+        link.send(b"built")
+    else:
+        socket.send_fds(link, [b"built"], [slave])
 
 
-def drop_privileges() -> None:
-    """Step 7. Needs CAP_SETPCAP (for securebits and the bounding set) — which it removes."""
-    caps.drop_all()
+def fork_builder(
+    plan: Plan, pty: socket.socket | None, last_cap: int, bpf: bytes
+) -> tuple[int, socket.socket]:
+    """Step 6 in a child that holds PID 1's capabilities and exits (its pages with it),
+    or becomes the payload's process. Its pivot_root moves our root and cwd (the
+    template's, "/") with its own: none stays in the host's tree."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        builder(plan, pty, theirs, last_cap, bpf)
+    theirs.close()  # the builder's end: it closes as the builder exits
+    if pty is not None:
+        pty.close()
+    return pid, ours
+
+
+# -- PID 1, while the root is built and after
+def close_fds(*keep: int) -> None:
+    """Every fd but stdio, the status pipe and KEEP: the outer stage 2's, the session
+    socket (the builder holds its own copies)."""
+    low = STATUS_FD + 1
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 20)
+
+
+def drop_privileges(last_cap: int) -> None:
+    """Step 7 (in PID 1, while the builder works: no path, since its pivot_root moves
+    our root under us). Needs CAP_SETPCAP (for securebits and the bounding set) —
+    which it removes with every other one."""
+    caps.drop_all(last_cap)
     caps.no_new_privs()
     caps.not_dumpable()
-    caps.verify_dropped()
-    os.closerange(STATUS_FD + 1, 1 << 20)
 
 
-def confine(plan: Plan) -> list[str]:
+_RECV_FLAGS = int(socket.MSG_CMSG_CLOEXEC)  # a plain int: MsgFlag's operators are enum's code
+
+
+def built(link: socket.socket, pid: int) -> int | None:
+    """The builder's message: the root is built (and the session PTY's slave, if any);
+    none, and it failed. Needs nothing."""
+    data, fds, _, _ = socket.recv_fds(link, 16, 1, _RECV_FLAGS)
+    link.close()
+    if data != b"built":
+        protocol.close(fds)
+        child_failed(pid)
+    for fd in fds:  # Python 3.11's recv_fds drops its flags, MSG_CMSG_CLOEXEC with them
+        os.set_inheritable(fd, False)
+    return fds[0] if fds else None
+
+
+def place_terminal(plan: Plan, slave: int | None) -> None:
+    """The slave replaces the /dev/null placeholders at plan.pty["fds"]."""
+    if plan.pty is None:
+        return
+    if slave is None:
+        raise SetupError("session terminal: the builder sent no PTY")
+    for i in plan.pty["fds"]:
+        if i in (0, 1, 2):
+            os.dup2(slave, i)
+
+
+def take_terminal(plan: Plan, slave: int | None) -> None:
+    """The slave in place, and our controlling terminal, before the payload's process
+    is forked: a process gets one only by inheriting it or as a session leader
+    (TIOCSCTTY; seccomp denies it from step 9 on). Without one, /dev/tty gives ENXIO."""
+    place_terminal(plan, slave)
+    if slave is not None:
+        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+
+
+def payload_process(
+    plan: Plan, child: int, link: socket.socket, bpf: bytes
+) -> tuple[int, socket.socket]:
+    """With a controlling terminal: once the builder is done, the terminal taken and
+    the payload's process forked (it inherits it); without, the builder is it."""
+    if not plan.ctty:
+        return child, link
+    slave = built(link, child)
+    take_terminal(plan, slave)  # TIOCSCTTY: seccomp (step 9) denies it from then on
+    pid, link = fork_payload(plan, bpf)
+    take_foreground(plan, pid, slave)
+    return pid, link
+
+
+# -- the payload's process: steps 8–10 for itself
+def confine(plan: Plan, bpf: bytes) -> list[str]:
     """Steps 8 and 9: Landlock before seccomp, which denies the landlock syscalls."""
     notes = landlock.apply(
         [(r.path, r.access) for r in plan.landlock],
         connect_ports=plan.landlock_ports,
         scope=plan.landlock_scopes,
     )
-    seccomp.load(base64.b64decode(plan.seccomp_bpf))
+    seccomp.load(bpf)
     return notes
+
+
+def confined_report(notes: list[str]) -> protocol.Confined:
+    """Landlock's notes, bounded as the outer stage 2 will check them."""
+    return protocol.Confined(tuple(n[: protocol.MAX_NOTE] for n in notes[: protocol.MAX_NOTES]))
 
 
 def execvp_like_libc(argv: list[str], env: dict[str, str]) -> None:
@@ -199,52 +341,95 @@ def execvp_like_libc(argv: list[str], env: dict[str, str]) -> None:
     os.execve("/bin/sh", ["/bin/sh", path, *argv[1:]], env)
 
 
-def start_payload(plan: Plan) -> int:
-    """Step 10: fork; the child gets its own process group (the terminal's foreground),
-    exactly fds 0–2, default signal dispositions, and execs the payload."""
-    go_r, go_w = os.pipe2(os.O_CLOEXEC)
-    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+def exec_payload(plan: Plan) -> NoReturn:
+    """Step 10: exactly fds 0–2 (the status pipe is close-on-exec), default signal
+    dispositions, nothing blocked, and the payload in our place; one that cannot run
+    is reported here."""
+    try:
+        # The payload and all it starts at nice 19, never lowered (no capability,
+        # RLIMIT_NICE 0). Not PID 1: its own start and end (and so the run's) would
+        # wait behind every busy process of the machine.
+        os.setpriority(os.PRIO_PROCESS, 0, NICE)
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ, *FORWARDED, signal.SIGCHLD):
+            _signal.signal(sig, _signal.SIG_DFL)
+        _signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        if plan.serve == "tools":  # nothing is executed in its place: see toolserver.py
+            os.close(STATUS_FD)
+            os._exit(toolserver.serve())
+        execvp_like_libc(plan.argv, plan.env)
+    except OSError as e:
+        report(protocol.ExecFailed(e.errno or 0, plan.argv[0][: protocol.MAX_NOTE]))
+    os._exit(127)
+
+
+def payload(plan: Plan, bpf: bytes, link: socket.socket) -> NoReturn:
+    """The payload's process: its own process group (the terminal's foreground), the
+    plan's cwd, steps 8–9; it says so to PID 1 and waits for its go (PID 1 confined,
+    the terminal's foreground set) before step 10."""
+    try:
+        os.setpgid(0, 0)
+        try:
+            os.chdir(plan.cwd)
+        except OSError as e:
+            raise SetupError(f"chdir {plan.cwd}: {e.strerror}") from None
+        notes = confine(plan, bpf)
+        link.send(b"confined")
+        if link.recv(16) != b"go":
+            os._exit(125)  # PID 1 failed, and said why
+        link.close()
+    except Exception as e:
+        setup_failed(e)
+    report(confined_report(notes))  # the live guard's requests may run from now on
+    exec_payload(plan)
+
+
+def fork_payload(plan: Plan, bpf: bytes) -> tuple[int, socket.socket]:
+    """The payload's process, forked from PID 1 once it holds the terminal."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
-        try:
-            # The payload and all it starts at nice 19, never lowered (no capability,
-            # RLIMIT_NICE 0). Not PID 1: its own start and end (and so the run's) would
-            # wait behind every busy process of the machine.
-            os.setpriority(os.PRIO_PROCESS, 0, NICE)
-            os.setpgid(0, 0)
-            os.close(go_w)
-            os.read(go_r, 1)
-            for sig in (signal.SIGPIPE, signal.SIGXFSZ, *FORWARDED, signal.SIGCHLD):
-                signal.signal(sig, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_SETMASK, [])
-            os.close(STATUS_FD)
-            if plan.serve == "tools":  # nothing is executed in its place: see toolserver.py
-                os.close(err_w)
-                os._exit(toolserver.serve())
-            execvp_like_libc(plan.argv, plan.env)
-        except OSError as e:
-            os.write(err_w, str(e.errno or 0).encode())
-        os._exit(127)
-    os.close(go_r)
-    os.close(err_w)
+        ours.close()
+        payload(plan, bpf, theirs)
+    theirs.close()
     with contextlib.suppress(OSError):
-        os.setpgid(pid, pid)
-    if plan.ctty:
-        with contextlib.suppress(OSError):
-            os.tcsetpgrp(terminal_fd(), pid)
-    os.close(go_w)
-    err = os.read(err_r, 16)
-    os.close(err_r)
-    if err:
-        report(protocol.ExecFailed(int(err or b"0"), plan.argv[0][: protocol.MAX_NOTE]))
-    return pid
+        os.setpgid(pid, pid)  # as the child does: whichever runs first
+    return pid, ours
+
+
+# -- PID 1 again, until the payload exits
+def take_foreground(plan: Plan, pid: int, slave: int | None) -> None:
+    """The payload's group becomes the terminal's foreground; PID 1 keeps no terminal
+    fd and none of the payload's stdio."""
+    if slave is not None:
+        if plan.ctty:
+            with contextlib.suppress(OSError):
+                os.tcsetpgrp(slave, pid)
+        os.close(slave)
+    for fd in (0, 1, 2):
+        os.close(fd)
+
+
+def confine_init(bpf: bytes) -> None:
+    """Steps 8 and 9 for PID 1 itself: a Landlock domain that grants no filesystem
+    access and no TCP connect at all, then the plan's seccomp filter (nothing PID 1
+    does from here on is denied by it). No Landlock scopes: the payload's domain is
+    not nested in this one, and a signal scope would stop PID 1 forwarding signals."""
+    landlock.apply([], connect_ports=[], scope=False)
+    seccomp.load(bpf)
+
+
+def go(link: socket.socket, pid: int) -> None:
+    """Once the payload's process is confined: its go. Nothing from it: it failed,
+    and said why. Needs nothing."""
+    if link.recv(16) != b"confined":
+        child_failed(pid)
+    link.send(b"go")
+    link.close()
 
 
 def supervise(pid: int) -> NoReturn:
     """Reap every orphan, forward signals to the payload's group, and exit (taking
     the whole PID namespace with us) when the payload exits."""
-    for fd in (0, 1, 2):
-        os.close(fd)
     while True:
         info = signal.sigwaitinfo(WAITED)
         if info.si_signo != signal.SIGCHLD:
@@ -271,11 +456,6 @@ def supervise(pid: int) -> NoReturn:
                 os._exit(0)
 
 
-def confined_report(notes: list[str]) -> protocol.Confined:
-    """Landlock's notes, bounded as the outer stage 2 will check them."""
-    return protocol.Confined(tuple(n[: protocol.MAX_NOTE] for n in notes[: protocol.MAX_NOTES]))
-
-
 def read_plan(inner: bytes) -> Plan:
     """PID 1's part of the plan (boxyd/plan/ops.py's to_wire), decoded here: the outer
     stage 2 never decodes it (what it decodes stays in its memory for the session)."""
@@ -288,25 +468,36 @@ def read_plan(inner: bytes) -> Plan:
 def setup(
     inner: bytes, stdio: list[int], status_w: int, alive_r: int, pty: socket.socket | None
 ) -> int:
-    """Steps 6–10 in order, each with the privilege it needs and the step that removes
-    it; the payload's pid."""
+    """PID 1's steps in order, each with the privilege it needs and the step that
+    removes it; the payload's pid."""
     caps.die_with_parent(signal.SIGKILL)  # needs nothing; holds until PID 1 exits
     # The outer stage 2 may have died before the line above: its end of this pipe
     # then reads as hung up, and there is nobody left to report to.
     if select.select([alive_r], [], [], 0)[0]:
         os._exit(1)
     rename()  # needs nothing: our own memory
-    arrange_fds(stdio, status_w)  # needs nothing; step 7 closes every other fd
+    arrange_fds(stdio, status_w)  # needs nothing; close_fds() closes every other fd
     plan = read_plan(inner)  # needs nothing; reported through the status pipe from here
-    build_root(plan)  # step 6: CAP_SYS_ADMIN over the mount namespace (step 7 drops it)
-    session_terminal(plan, pty)  # needs the devpts step 6 mounted; keeps no master
-    limits(plan)  # needs nothing; CAP_SYS_RESOURCE would bypass it (step 7 drops it)
-    controlling_terminal(plan)  # TIOCSCTTY: seccomp (step 9) denies it from then on
-    drop_privileges()  # step 7: CAP_SETPCAP, which it removes with every other one
-    notes = confine(plan)  # steps 8-9: Landlock, then seccomp (which denies landlock)
-    _signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)  # init's; no enums (template.py)
-    report(confined_report(notes))  # the live guard's requests may run from now on
-    return start_payload(plan)  # step 10: needs nothing; the payload gets none of it
+    limits(plan)  # needs nothing; before any fork and before step 7
+    # init's, before any fork: no child's SIGCHLD is lost before supervise() waits (no
+    # enums: template.py); the payload's process unblocks them before exec
+    _signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)
+    new_session(plan)  # needs nothing; before any fork
+    bpf = base64.b64decode(plan.seccomp_bpf)
+    # paths, read while they resolve: the builder's pivot_root moves our root under us
+    last_cap = caps.last_cap()
+    status = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+    child, link = fork_builder(plan, pty, last_cap, bpf)  # step 6, with our capabilities
+    close_fds(link.fileno(), status)  # needs nothing; the builder has its own
+    drop_privileges(last_cap)  # step 7: CAP_SETPCAP, which it removes with every other one
+    caps.verify_dropped(status)  # layers never fail open
+    os.close(status)
+    pid, link = payload_process(plan, child, link, bpf)  # steps 8–10 for itself
+    if not plan.ctty:
+        take_foreground(plan, pid, None)  # needs nothing
+    confine_init(bpf)  # steps 8–9 for PID 1: no filesystem access at all
+    go(link, pid)  # needs nothing; the payload execs
+    return pid
 
 
 def main(
@@ -316,16 +507,8 @@ def main(
     reported and ends the sandbox."""
     try:
         pid = setup(inner, stdio, status_w, alive_r, pty)
-    except SetupError as e:
-        report(protocol.SetupFailed(str(e)[: protocol.MAX_TEXT]))
-        os._exit(125)
-    except OSError as e:
-        report(protocol.SetupFailed(f"sandbox setup: {e}"[: protocol.MAX_TEXT]))
-        os._exit(125)
-    except Exception as e:  # a bug, not a refusal: say so (stderr is the payload's)
-        why = f"sandbox setup: internal error: {type(e).__name__}: {e}"
-        report(protocol.SetupFailed(why[: protocol.MAX_TEXT]))
-        os._exit(125)
+    except Exception as e:
+        setup_failed(e)
     supervise(pid)
 
 

@@ -1,8 +1,8 @@
 """docs/design.md, step 6: build the sandbox's root filesystem on a tmpfs and pivot into it.
 
-Runs in PID 1, inside the new user, mount and PID namespaces, holding
-CAP_SYS_ADMIN over them (removed by caps.drop_all in step 7). The host's tree is
-reachable under /oldroot only until ``enter`` detaches it.
+Runs in PID 1's builder child (boxyd/stage2/pid1.py), inside the new user, mount
+and PID namespaces, holding CAP_SYS_ADMIN over them (it exits with them). The
+host's tree is reachable under /oldroot only until ``enter`` detaches it.
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 boxyd never runs a tool (git, npm, pip) over a tree the payload could write on the
 host (docs/design.md, "Tools boxyd runs"): it starts a sandbox of its own — the
-trees read-only and not executable, no network, a deadline — whose PID 1 forks
-this loop instead of executing a payload. The loop is confined exactly like a
-payload (capabilities gone, Landlock, seccomp) and is not dumpable, so nothing a
-tool starts can reach its descriptors through /proc.
+trees read-only and not executable, no network, a deadline — whose payload's
+process (boxyd/stage2/pid1.py) runs this loop instead of executing a payload. The
+loop is confined exactly like a payload (capabilities gone, Landlock, seccomp) and
+is not dumpable (PID 1's, inherited), so nothing a tool starts can reach its
+descriptors through /proc.
 
 The wire, on fds 0 and 1 (pipes to boxyd; boxyd/stage2/protocol.py):
   request:  one line, a ToolCall (argv, cwd, env, timeout seconds, limit bytes)

@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 
+from boxyd.stage2 import landlock
 from tests.conftest import Boxy
 from tests.escape.conftest import alive, assert_contained, describe, run_py
 
@@ -225,6 +226,31 @@ for n in range(0, 8):
     assert got["environ"] == "EACCES" and got["mem"] == "EACCES" and got["fd"] == "EACCES", (
         describe(r)
     )
+
+
+def test_pid1_is_confined_in_a_landlock_domain_of_its_own(boxy: Boxy) -> None:
+    # PID 1 keeps every layer the payload has (docs/design.md, steps 7-9); its Landlock
+    # domain is not the payload's (the payload's process confines itself), so with
+    # Landlock's signal scope (ABI 6) the payload cannot make PID 1 act at all: not
+    # even a signal for it to forward. One domain for both let kill(1, 0) succeed.
+    r = run_py(
+        boxy,
+        """
+text = (read("status", "/proc/1/status") or b"").decode()
+fields = dict(ln.split(":", 1) for ln in text.splitlines() if ":" in ln)
+tried("layers", ",".join(fields.get(k, "-").strip() for k in ("CapEff", "NoNewPrivs", "Seccomp")))
+try:
+    os.kill(1, 0)
+except OSError as e:
+    tried("signal", ename(e))
+else:
+    tried("signal", "OK")
+""",
+    )
+    got = assert_contained(r, "layers", "signal")
+    assert got["layers"] == "0000000000000000,1,2", describe(r)
+    if landlock.abi_version() >= 6:
+        assert got["signal"] == "EPERM", describe(r)
 
 
 def test_no_leaked_file_descriptors(boxy: Boxy) -> None:

@@ -215,6 +215,24 @@ else:
     assert "TRIED open /dev/tty: ENXIO" in out
 
 
+def test_dev_tty_is_the_session_pty_and_the_payload_its_foreground(
+    user: User, workdir: Path
+) -> None:
+    # A process gets a controlling terminal only by inheriting it (or as a session
+    # leader): the payload's process is forked after PID 1 took it, so /dev/tty opens,
+    # and job control (a shell's tcsetpgrp) works in the payload's session.
+    payload = r"""
+import os
+fd = os.open("/dev/tty", os.O_RDWR)
+print("CTTY", os.ttyname(0), os.tcgetpgrp(fd) == os.getpgrp(), os.getsid(0) == 1)
+os.tcsetpgrp(fd, os.getpgrp())
+print("TCSETPGRP ok")
+"""
+    r = run_on_pty(user, workdir, ["--net", "none"], ["python3", "-c", payload])
+    assert r.returncode == 0, r.tty
+    assert "CTTY /dev/pts/0 True True" in r.tty and "TCSETPGRP ok" in r.tty, r.tty
+
+
 def test_no_host_terminal_fd_enters(user: User, workdir: Path) -> None:
     # All three fds on the test's terminal: the payload must see one PTY of boxy's.
     r = run_on_pty(user, workdir, ["--net", "none"], ["python3", "-c", FD_REPORT, HOST_RDEV])

@@ -258,13 +258,11 @@ _RECV_FLAGS = int(socket.MSG_CMSG_CLOEXEC)  # a plain int: MsgFlag's operators a
 def built(link: socket.socket, pid: int) -> int | None:
     """The builder's message: the root is built (and the session PTY's slave, if any);
     none, and it failed. Needs nothing."""
-    data, fds, _, _ = socket.recv_fds(link, 16, 1, _RECV_FLAGS)
+    data, fds, _ = protocol.recv_fds(link, 16, 1, _RECV_FLAGS)
     link.close()
     if data != b"built":
         protocol.close(fds)
         child_failed(pid)
-    for fd in fds:  # Python 3.11's recv_fds drops its flags, MSG_CMSG_CLOEXEC with them
-        os.set_inheritable(fd, False)
     return fds[0] if fds else None
 
 

@@ -25,6 +25,7 @@ import dataclasses
 import math
 import os
 import socket
+import sys
 import types
 import typing
 from dataclasses import dataclass
@@ -531,11 +532,31 @@ _RECV_FLAGS = int(socket.MSG_CMSG_CLOEXEC)
 _CUT = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)
 
 
+_SOL_SOCKET, _SCM_RIGHTS = int(socket.SOL_SOCKET), int(socket.SCM_RIGHTS)
+
+
+def recv_fds(
+    sock: socket.socket, size: int, max_fds: int, flags: int
+) -> tuple[bytes, list[int], int]:
+    """socket.recv_fds with FLAGS passed to the kernel: Python 3.11's drops them, and
+    MSG_CMSG_CLOEXEC with them (every fd received would be inherited by what the
+    receiver execs). The data, the fds, the message's flags."""
+    data, ancdata, got, _ = sock.recvmsg(size, socket.CMSG_LEN(max_fds * 4), flags)
+    fds: list[int] = []
+    for level, kind, raw in ancdata:
+        if level == _SOL_SOCKET and kind == _SCM_RIGHTS:
+            fds += [
+                int.from_bytes(raw[i : i + 4], sys.byteorder, signed=True)
+                for i in range(0, len(raw) - 3, 4)
+            ]
+    return data, fds, got
+
+
 def receive(sock: socket.socket, max_fds: int = MAX_FDS, flags: int = 0) -> tuple[bytes, list[int]]:
     """One datagram and the fds it carried (close-on-exec); b"" at the end. A datagram
     cut short (too long, or with more fds than MAX_FDS) is a ProtocolError, its fds
     closed."""
-    data, fds, got, _ = socket.recv_fds(sock, MAX_FRAME + 1, max_fds, _RECV_FLAGS | flags)
+    data, fds, got = recv_fds(sock, MAX_FRAME + 1, max_fds, _RECV_FLAGS | flags)
     if got & _CUT or len(data) > MAX_FRAME:
         close(fds)
         raise ProtocolError("a frame cut short (too long, or too many fds)")

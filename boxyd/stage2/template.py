@@ -18,7 +18,7 @@ import socket
 import sys
 from collections.abc import Callable
 
-from boxyd.stage2 import caps
+from boxyd.stage2 import caps, protocol
 
 Child = Callable[[socket.socket], int]  # one request on its socket; the exit status
 # Plain ints, and _signal's signal(): MsgFlag's operators and signal.signal's enum of
@@ -37,7 +37,7 @@ def serve(ctl: socket.socket, child: Child) -> int:
     gc.freeze()
     while True:
         try:
-            data, fds, flags, _ = socket.recv_fds(ctl, 16, 1, _RECV_FLAGS)
+            data, fds, flags = protocol.recv_fds(ctl, 16, 1, _RECV_FLAGS)
         except InterruptedError:
             continue
         except OSError:

@@ -270,3 +270,25 @@ def test_a_tool_call_may_be_larger_than_a_control_frame() -> None:
     assert _error({**_wire(p.ToolAnswer(0, False, None, 0, False)), "rc": True}, p.TOOLS) == (
         "tool-answer: field 'rc' is not a valid int | None"
     )
+
+
+def test_received_fds_are_close_on_exec() -> None:
+    """Python 3.11's socket.recv_fds drops its flags (MSG_CMSG_CLOEXEC with them): an
+    fd boxyd or stage 2 receives would be inherited by what they exec."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    r, w = os.pipe()
+    try:
+        os.set_inheritable(r, True)
+        p.send(a, p.Pty(), [r])
+        data, fds = p.receive(b, 1)
+        assert len(fds) == 1 and not os.get_inheritable(fds[0])
+        assert os.fstat(fds[0]).st_ino == os.fstat(r).st_ino
+        os.close(fds[0])
+        socket.send_fds(a, [b"x"], [r, w])
+        with pytest.raises(p.ProtocolError):  # more fds than asked for: cut short, closed
+            p.receive(b, 1)
+    finally:
+        for fd in (r, w):
+            os.close(fd)
+        a.close()
+        b.close()

@@ -192,18 +192,41 @@ class Outer:
         return cls(**data)
 
 
+@dataclass(frozen=True)
+class Init:
+    """What PID 1 itself reads of a plan; the builder and the payload's process decode
+    the rest, and their exec or exit frees what that touched (issue #18)."""
+
+    nproc: int
+    address_space: int | None
+    ctty: bool
+    pty_fds: list[int] | None  # a session terminal: the stdio positions of its slave
+    seccomp_bpf: str
+
+    @classmethod
+    def of(cls, plan: Plan) -> Init:
+        fds = None if plan.pty is None else [int(i) for i in plan.pty["fds"]]
+        return cls(plan.nproc, plan.address_space, plan.ctty, fds, plan.seccomp_bpf)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Init:
+        return cls(**data)
+
+
 def to_wire(plan: Plan) -> bytes:
-    """The plan as stage 2 reads it: one line for the outer stage 2 (Outer), then the
-    plan for PID 1 (without the gateway's ruleset, which only the outer loads)."""
+    """The plan as stage 2 reads it: a line for the outer stage 2 (Outer), a line for
+    PID 1 (Init), then the plan for the sandbox's setup (without the gateway's
+    ruleset, which only the outer loads)."""
     inner = plan.to_json()
     inner["net_ruleset"] = None
-    return json.dumps(dict(Outer.of(plan).__dict__)).encode() + b"\n" + json.dumps(inner).encode()
+    lines = (dict(Outer.of(plan).__dict__), dict(Init.of(plan).__dict__), inner)
+    return b"\n".join(json.dumps(x).encode() for x in lines)
 
 
 def split_wire(data: bytes) -> tuple[bytes, bytes]:
-    """The outer stage 2's line (Outer, as JSON) and PID 1's part (a Plan, as JSON), as
-    they came. ValueError without the line."""
-    head, sep, inner = data.partition(b"\n")
+    """The first line (JSON: the outer stage 2's, or PID 1's) and the rest, as they
+    came. ValueError without the line."""
+    head, sep, rest = data.partition(b"\n")
     if not sep:
-        raise ValueError("no line for the outer stage 2")
-    return head, inner
+        raise ValueError("a part of the plan is missing")
+    return head, rest

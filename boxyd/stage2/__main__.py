@@ -65,7 +65,8 @@ def receive_plan(ctl: socket.socket) -> tuple[Outer, bytes, list[int], netns.Gat
 
 def read_plan(fds: list[int]) -> tuple[Outer, bytes, list[int]]:
     """The plan from its memfd (FDS[0], closed): what this process needs of it decoded,
-    PID 1's part as it came (PID 1 decodes it); and the payload's stdio."""
+    the rest as it came (PID 1's line and the plan: PID 1 and its children decode
+    them); and the payload's stdio."""
     plan_fd, stdio = fds[0], fds[1:]
     try:
         size = os.fstat(plan_fd).st_size

@@ -35,7 +35,7 @@ from typing import Any, NoReturn
 from boxy import termsettings, wirejson
 from boxy.errors import SetupError
 from boxyd.kernel.sys import libc, read_small, write_small
-from boxyd.plan.ops import Plan
+from boxyd.plan.ops import Init, Plan, split_wire
 from boxyd.stage2 import caps, landlock, protocol, rootfs, seccomp, toolserver
 
 STATUS_FD = 3
@@ -114,7 +114,7 @@ def child_failed(pid: int) -> NoReturn:
     os._exit(os.WEXITSTATUS(status))
 
 
-def limits(plan: Plan) -> None:
+def limits(plan: Init) -> None:
     """RLIMIT_NPROC counts per user namespace, so inside this one it bounds the
     sandbox's own tasks (threads included). Before any fork, so both children inherit
     them: /proc/self is still the host's procfs (the builder pivots the root away)
@@ -128,7 +128,7 @@ def limits(plan: Plan) -> None:
     write_small("/proc/self/oom_score_adj", "1000")
 
 
-def new_session(plan: Plan) -> None:
+def new_session(plan: Init) -> None:
     """With a session PTY, PID 1 leads a session of its own, before any fork: the
     payload's process group must be in PID 1's session, or, its parent outside the
     session, the group is orphaned and the kernel discards ^Z's SIGTSTP for it."""
@@ -184,13 +184,14 @@ def session_terminal(plan: Plan, pty: socket.socket | None) -> int | None:
 
 
 def builder(
-    plan: Plan, pty: socket.socket | None, link: socket.socket, last_cap: int, bpf: bytes
+    inner: bytes, pty: socket.socket | None, link: socket.socket, last_cap: int, bpf: bytes
 ) -> NoReturn:
     """The builder's steps. With a controlling terminal to be, its one message to PID 1
     says they are done, with the session PTY's slave (nothing untrusted has run: the
     payload's process is forked after), and it exits; without, it goes on as the
     payload's process (a fork fewer on every start: hooks and scripts have no PTY)."""
     try:
+        plan = read_plan(inner)  # here, not in PID 1: freed with the builder
         build_root(plan)
         slave = session_terminal(plan, pty)
         if plan.ctty:
@@ -199,7 +200,7 @@ def builder(
             caps.not_dumpable()
             send_built(link, slave)
             os._exit(0)
-        place_terminal(plan, slave)
+        place_terminal(Init.of(plan).pty_fds, slave)
         close_fds(link.fileno())
         drop_privileges(last_cap)  # step 7 for itself
         caps.verify_dropped()
@@ -216,7 +217,7 @@ def send_built(link: socket.socket, slave: int | None) -> None:
 
 
 def fork_builder(
-    plan: Plan, pty: socket.socket | None, last_cap: int, bpf: bytes
+    inner: bytes, pty: socket.socket | None, last_cap: int, bpf: bytes
 ) -> tuple[int, socket.socket]:
     """Step 6 in a child that holds PID 1's capabilities and exits (its pages with it),
     or becomes the payload's process. Its pivot_root moves our root and cwd (the
@@ -225,7 +226,7 @@ def fork_builder(
     pid = os.fork()
     if pid == 0:
         ours.close()
-        builder(plan, pty, theirs, last_cap, bpf)
+        builder(inner, pty, theirs, last_cap, bpf)
     theirs.close()  # the builder's end: it closes as the builder exits
     if pty is not None:
         pty.close()
@@ -266,28 +267,28 @@ def built(link: socket.socket, pid: int) -> int | None:
     return fds[0] if fds else None
 
 
-def place_terminal(plan: Plan, slave: int | None) -> None:
-    """The slave replaces the /dev/null placeholders at plan.pty["fds"]."""
-    if plan.pty is None:
+def place_terminal(fds: list[int] | None, slave: int | None) -> None:
+    """The slave replaces the /dev/null placeholders at FDS (plan.pty["fds"])."""
+    if fds is None:
         return
     if slave is None:
         raise SetupError("session terminal: the builder sent no PTY")
-    for i in plan.pty["fds"]:
+    for i in fds:
         if i in (0, 1, 2):
             os.dup2(slave, i)
 
 
-def take_terminal(plan: Plan, slave: int | None) -> None:
+def take_terminal(plan: Init, slave: int | None) -> None:
     """The slave in place, and our controlling terminal, before the payload's process
     is forked: a process gets one only by inheriting it or as a session leader
     (TIOCSCTTY; seccomp denies it from step 9 on). Without one, /dev/tty gives ENXIO."""
-    place_terminal(plan, slave)
+    place_terminal(plan.pty_fds, slave)
     if slave is not None:
         fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
 
 
 def payload_process(
-    plan: Plan, child: int, link: socket.socket, bpf: bytes
+    plan: Init, inner: bytes, child: int, link: socket.socket, bpf: bytes
 ) -> tuple[int, socket.socket]:
     """With a controlling terminal: once the builder is done, the terminal taken and
     the payload's process forked (it inherits it); without, the builder is it."""
@@ -295,7 +296,7 @@ def payload_process(
         return child, link
     slave = built(link, child)
     take_terminal(plan, slave)  # TIOCSCTTY: seccomp (step 9) denies it from then on
-    pid, link = fork_payload(plan, bpf)
+    pid, link = fork_payload(inner, bpf)
     take_foreground(plan, pid, slave)
     return pid, link
 
@@ -381,12 +382,17 @@ def payload(plan: Plan, bpf: bytes, link: socket.socket) -> NoReturn:
     exec_payload(plan)
 
 
-def fork_payload(plan: Plan, bpf: bytes) -> tuple[int, socket.socket]:
-    """The payload's process, forked from PID 1 once it holds the terminal."""
+def fork_payload(inner: bytes, bpf: bytes) -> tuple[int, socket.socket]:
+    """The payload's process, forked from PID 1 once it holds the terminal; it decodes
+    the plan itself (its exec frees what that touched)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
         ours.close()
+        try:
+            plan = read_plan(inner)
+        except SetupError as e:
+            setup_failed(e)
         payload(plan, bpf, theirs)
     theirs.close()
     with contextlib.suppress(OSError):
@@ -395,7 +401,7 @@ def fork_payload(plan: Plan, bpf: bytes) -> tuple[int, socket.socket]:
 
 
 # -- PID 1 again, until the payload exits
-def take_foreground(plan: Plan, pid: int, slave: int | None) -> None:
+def take_foreground(plan: Init, pid: int, slave: int | None) -> None:
     """The payload's group becomes the terminal's foreground; PID 1 keeps no terminal
     fd and none of the payload's stdio."""
     if slave is not None:
@@ -455,16 +461,26 @@ def supervise(pid: int) -> NoReturn:
 
 
 def read_plan(inner: bytes) -> Plan:
-    """PID 1's part of the plan (boxyd/plan/ops.py's to_wire), decoded here: the outer
-    stage 2 never decodes it (what it decodes stays in its memory for the session)."""
+    """The sandbox's plan (boxyd/plan/ops.py's to_wire), decoded by the builder and the
+    payload's process only: what a process decodes stays in its memory until it
+    execs or exits, and PID 1 lives as long as the session."""
     try:
         return Plan.from_json(typing.cast(dict[str, Any], wirejson.loads(inner)))
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise SetupError(f"control: the plan cannot be read ({e})") from None
 
 
+def read_init(rest: bytes) -> tuple[Init, bytes]:
+    """PID 1's own line of the plan, decoded, and the plan as it came."""
+    try:
+        line, inner = split_wire(rest)
+        return Init.from_json(typing.cast(dict[str, Any], wirejson.loads(line))), inner
+    except (ValueError, TypeError) as e:
+        raise SetupError(f"control: the plan cannot be read ({e})") from None
+
+
 def setup(
-    inner: bytes, stdio: list[int], status_w: int, alive_r: int, pty: socket.socket | None
+    rest: bytes, stdio: list[int], status_w: int, alive_r: int, pty: socket.socket | None
 ) -> int:
     """PID 1's steps in order, each with the privilege it needs and the step that
     removes it; the payload's pid."""
@@ -475,7 +491,7 @@ def setup(
         os._exit(1)
     rename()  # needs nothing: our own memory
     arrange_fds(stdio, status_w)  # needs nothing; close_fds() closes every other fd
-    plan = read_plan(inner)  # needs nothing; reported through the status pipe from here
+    plan, inner = read_init(rest)  # needs nothing; reported through the status pipe now
     limits(plan)  # needs nothing; before any fork and before step 7
     # init's, before any fork: no child's SIGCHLD is lost before supervise() waits (no
     # enums: template.py); the payload's process unblocks them before exec
@@ -485,12 +501,12 @@ def setup(
     # paths, read while they resolve: the builder's pivot_root moves our root under us
     last_cap = caps.last_cap()
     status = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
-    child, link = fork_builder(plan, pty, last_cap, bpf)  # step 6, with our capabilities
+    child, link = fork_builder(inner, pty, last_cap, bpf)  # step 6, with our capabilities
     close_fds(link.fileno(), status)  # needs nothing; the builder has its own
     drop_privileges(last_cap)  # step 7: CAP_SETPCAP, which it removes with every other one
     caps.verify_dropped(status)  # layers never fail open
     os.close(status)
-    pid, link = payload_process(plan, child, link, bpf)  # steps 8–10 for itself
+    pid, link = payload_process(plan, inner, child, link, bpf)  # steps 8–10 for itself
     if not plan.ctty:
         take_foreground(plan, pid, None)  # needs nothing
     confine_init(bpf)  # steps 8–9 for PID 1: no filesystem access at all
@@ -499,12 +515,12 @@ def setup(
 
 
 def main(
-    inner: bytes, stdio: list[int], status_w: int, alive_r: int, pty: socket.socket | None = None
+    rest: bytes, stdio: list[int], status_w: int, alive_r: int, pty: socket.socket | None = None
 ) -> NoReturn:
     """PID 1: the steps, then init until the payload exits; a step that fails is
     reported and ends the sandbox."""
     try:
-        pid = setup(inner, stdio, status_w, alive_r, pty)
+        pid = setup(rest, stdio, status_w, alive_r, pty)
     except Exception as e:
         setup_failed(e)
     supervise(pid)

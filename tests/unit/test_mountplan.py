@@ -11,7 +11,18 @@ from boxy.errors import UsageError
 from boxyd.config.runspec import CopyEntry, PathEntry, RunSpec
 from boxyd.gitguard.discover import Protection
 from boxyd.plan import mountplan
-from boxyd.plan.ops import Bind, Copy, File, LandlockRule, Outer, Plan, Symlink, split_wire, to_wire
+from boxyd.plan.ops import (
+    Bind,
+    Copy,
+    File,
+    Init,
+    LandlockRule,
+    Outer,
+    Plan,
+    Symlink,
+    split_wire,
+    to_wire,
+)
 
 
 def _spec(**kw) -> RunSpec:
@@ -126,8 +137,10 @@ def test_the_wire_gives_the_outer_stage_2_its_line_and_pid_1_the_plan() -> None:
     # a newline in the plan never splits it early
     p = _sample_plan(argv=["a\nb"], uid=7, gid=8, hostname="box", net="public")
     p = dataclasses.replace(p, net_ruleset=ruleset, pcap=True)
-    head, inner = split_wire(to_wire(p))
+    head, rest = split_wire(to_wire(p))
     assert Outer.from_json(json.loads(head)) == Outer(7, 8, "box", "public", ruleset, True, True)
+    line, inner = split_wire(rest)
+    assert Init.from_json(json.loads(line)) == Init(5, None, False, [0], "")
     assert Plan.from_json(json.loads(inner)) == dataclasses.replace(p, net_ruleset=None)
     with pytest.raises(ValueError):
         split_wire(json.dumps(p.to_json()).encode())  # a plan without the line

@@ -181,7 +181,10 @@ class Watches:
             ):
                 return []
             entries = _listing(fd)
-        except OSError:
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.ENOMEM) and not out.full:
+                out.full = True  # the user's inotify watches are used up: said once
+                out.notes.append(f"live guard: {w.root}/{rel}: {e.strerror}; not watched")
             return []  # gone, moved away, unreadable: nothing that can be watched there
         if len(entries) > live.LIST_MAX:
             out.notes.append(

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +18,7 @@ from boxyd.daemon.livewatch import Watches
 from boxyd.plan import live, worktree
 
 _libc = ctypes.CDLL(None, use_errno=True)
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -137,3 +141,28 @@ def test_nothing_is_watched_once_closed(tmp_path: Path) -> None:
         assert _libc.inotify_rm_watch(other, 1) == -1  # no watch 1 in the new instance
     finally:
         os.close(other)
+
+
+def test_watches_used_up_are_said(tmp_path: Path) -> None:
+    """The user's inotify watches run out (ENOSPC): said, not silently unwatched. In a
+    user namespace of its own whose limit is 2 (the limit is per user namespace)."""
+    for d in ("a", "b", "c"):
+        (tmp_path / d).mkdir()
+    code = textwrap.dedent(f"""
+        import ctypes, os, sys
+        sys.path.insert(0, {str(REPO)!r})
+        with open("/proc/sys/user/max_inotify_watches", "w") as f:
+            f.write("2")
+        from boxyd.daemon.livewatch import Watches
+        from boxyd.plan import live
+        libc = ctypes.CDLL(None, use_errno=True)
+        w = Watches(libc.inotify_init1(os.O_CLOEXEC))
+        found = w.start(live.watched({str(tmp_path)!r}, [], [], (), ("a", "b", "c")))
+        print(len(w.names), found.notes)
+    """)
+    r = subprocess.run(
+        ["unshare", "-Ur", sys.executable, "-I", "-c", code], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    count, notes = r.stdout.split(" ", 1)
+    assert count == "2" and "No space left on device; not watched" in notes, r.stdout

@@ -89,7 +89,7 @@ class LiveGuard:
         asyncio.get_running_loop().add_reader(self._fd, self._readable)
         notes = []
         for w in self._trees.values():
-            found = await pools.run(pools.LIVE, self._watches.start, w)
+            found = await pools.run(pools.WATCHES, self._watches.start, w)
             w.stamps.clear()  # the start's only (~50 KB a session for 200 directories)
             if self._fd < 0:
                 break  # closed meanwhile: the session ended
@@ -119,7 +119,7 @@ class LiveGuard:
             for root in dict.fromkeys(r for r, _, _ in batch):
                 w = self._trees[root]
                 rels = [rel for r, rel, _ in batch if r == root]
-                found = await pools.run(pools.LIVE, self._watches.enter, w, rels)
+                found = await pools.run(pools.WATCHES, self._watches.enter, w, rels)
                 for note in self._apply(w, found, since):
                     self._record("fs.live", note=note)
                     self._notice(note)
@@ -127,7 +127,7 @@ class LiveGuard:
     async def _again(self, since: float) -> None:
         """After lost events: every watched directory listed again (new credentials)."""
         for w in self._trees.values():
-            self._apply(w, await pools.run(pools.LIVE, self._watches.again, w), since)
+            self._apply(w, await pools.run(pools.WATCHES, self._watches.again, w), since)
 
     def _readable(self) -> None:
         now = time.monotonic()

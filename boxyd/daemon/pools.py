@@ -12,8 +12,10 @@ another session's walks or checks.
   the way to the payload (the scope's counters);
 - WALKS: the walk of each writable tree before the payload starts;
 - CHECKS: the git guard's scan and the tools' files after a run (worktree.after);
-- LIVE: the live guard's watching and judging during a session (a new directory is
-  watched and listed in it: it never waits behind another session's walk);
+- WATCHES: the live guard's watches and listings (a session's start, new directories:
+  never behind another session's walk);
+- LIVE: the live guard's redos, whose time is the payload's window on a changed file
+  (small reads; never behind a listing);
 - RECORDS: session records, pruning, the full lists beside a record;
 - CLOSING: descriptors whose close(2) waits on the kernel (an inotify instance's
   close waits for an RCU grace period: ~10 ms, never on the event loop).
@@ -36,6 +38,7 @@ R = TypeVar("R")
 START = ThreadPoolExecutor(max_workers=8, thread_name_prefix="boxyd-start")
 WALKS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="boxyd-walk")
 CHECKS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="boxyd-checks")
+WATCHES = ThreadPoolExecutor(max_workers=2, thread_name_prefix="boxyd-watches")
 LIVE = ThreadPoolExecutor(max_workers=2, thread_name_prefix="boxyd-live")
 RECORDS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="boxyd-records")
 CLOSING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="boxyd-closing")

@@ -162,10 +162,10 @@ class Plan:
 
 @dataclass(frozen=True)
 class Outer:
-    """What the outer stage 2 reads of a plan: steps 1–5 need no more. The rest is
-    PID 1's and is decoded only there. Every object the outer stage 2 decodes stays in
-    its memory for the whole session (a plan of ~16 KB cost it ~700 KiB of private
-    pages: issue #18, docs/design.md "Memory per session")."""
+    """What the outer stage 2 reads of a plan: steps 1–5 need no more. Every object it
+    decodes stays in its memory for the whole session (decoding a whole ~16 KB plan
+    touched ~700 KiB in a forked child of the template: issue #18, docs/design.md
+    "Memory per session")."""
 
     uid: int
     gid: int

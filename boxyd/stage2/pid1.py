@@ -253,13 +253,10 @@ def drop_privileges(last_cap: int) -> None:
     caps.not_dumpable()
 
 
-_RECV_FLAGS = int(socket.MSG_CMSG_CLOEXEC)  # a plain int: MsgFlag's operators are enum's code
-
-
 def built(link: socket.socket, pid: int) -> int | None:
     """The builder's message: the root is built (and the session PTY's slave, if any);
     none, and it failed. Needs nothing."""
-    data, fds, _ = protocol.recv_fds(link, 16, 1, _RECV_FLAGS)
+    data, fds, _ = protocol.recv_fds(link, 16, 1)
     link.close()
     if data != b"built":
         protocol.close(fds)

@@ -20,12 +20,12 @@ a KeyError or a half-read dict.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import dataclasses
 import math
 import os
 import socket
-import sys
 import types
 import typing
 from dataclasses import dataclass
@@ -536,27 +536,26 @@ _SOL_SOCKET, _SCM_RIGHTS = int(socket.SOL_SOCKET), int(socket.SCM_RIGHTS)
 
 
 def recv_fds(
-    sock: socket.socket, size: int, max_fds: int, flags: int
+    sock: socket.socket, size: int, max_fds: int, flags: int = 0
 ) -> tuple[bytes, list[int], int]:
-    """socket.recv_fds with FLAGS passed to the kernel: Python 3.11's drops them, and
-    MSG_CMSG_CLOEXEC with them (every fd received would be inherited by what the
+    """socket.recv_fds, every fd close-on-exec: Python 3.11's drops its flags, and
+    MSG_CMSG_CLOEXEC with them (each fd received would be inherited by what the
     receiver execs). The data, the fds, the message's flags."""
-    data, ancdata, got, _ = sock.recvmsg(size, socket.CMSG_LEN(max_fds * 4), flags)
-    fds: list[int] = []
+    fds = array.array("i")
+    data, ancdata, got, _ = sock.recvmsg(
+        size, socket.CMSG_LEN(max_fds * fds.itemsize), _RECV_FLAGS | flags
+    )
     for level, kind, raw in ancdata:
         if level == _SOL_SOCKET and kind == _SCM_RIGHTS:
-            fds += [
-                int.from_bytes(raw[i : i + 4], sys.byteorder, signed=True)
-                for i in range(0, len(raw) - 3, 4)
-            ]
-    return data, fds, got
+            fds.frombytes(raw[: len(raw) - len(raw) % fds.itemsize])
+    return data, fds.tolist(), got
 
 
 def receive(sock: socket.socket, max_fds: int = MAX_FDS, flags: int = 0) -> tuple[bytes, list[int]]:
     """One datagram and the fds it carried (close-on-exec); b"" at the end. A datagram
     cut short (too long, or with more fds than MAX_FDS) is a ProtocolError, its fds
     closed."""
-    data, fds, got = recv_fds(sock, MAX_FRAME + 1, max_fds, _RECV_FLAGS | flags)
+    data, fds, got = recv_fds(sock, MAX_FRAME + 1, max_fds, flags)
     if got & _CUT or len(data) > MAX_FRAME:
         close(fds)
         raise ProtocolError("a frame cut short (too long, or too many fds)")

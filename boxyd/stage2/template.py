@@ -24,7 +24,6 @@ Child = Callable[[socket.socket], int]  # one request on its socket; the exit st
 # Plain ints, and _signal's signal(): MsgFlag's operators and signal.signal's enum of
 # the old handler are enum's Python code, whose pages the template would touch in its
 # loop and every child after its fork, each then holding its own copy (issue #18)
-_RECV_FLAGS = int(socket.MSG_CMSG_CLOEXEC)
 _CTRUNC = int(socket.MSG_CTRUNC)
 
 
@@ -37,7 +36,7 @@ def serve(ctl: socket.socket, child: Child) -> int:
     gc.freeze()
     while True:
         try:
-            data, fds, flags = protocol.recv_fds(ctl, 16, 1, _RECV_FLAGS)
+            data, fds, flags = protocol.recv_fds(ctl, 16, 1)
         except InterruptedError:
             continue
         except OSError:

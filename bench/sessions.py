@@ -66,6 +66,9 @@ def _status_kib(pid: int, field: str, name: str = "status") -> int:
     return 0
 
 
+INIT = "boxy-init"  # a sandbox's PID 1 (boxyd/stage2/pid1.py: INIT_NAME)
+
+
 def rss_kib(pid: int) -> int:
     return _status_kib(pid, "VmRSS:")
 
@@ -102,24 +105,41 @@ def daemon_pid() -> int:
     return int(words[words.index("pid") + 1])
 
 
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def sessions_pss_kib(boxyd: int) -> tuple[int, int, str]:
-    """(how many sessions' outer stage 2 run, the PSS of all their processes, their
-    mean Private_Dirty by kind: outer stage 2, PID 1, payload)."""
+    """(how many sessions run, the PSS of all their processes, their mean Private_Dirty
+    by kind: outer stage 2, PID 1, payload). A session is a child of the stage-2
+    template that is a sandbox's PID 1 ("boxy-init": its outer stage 2 handed it over
+    and exited), or, in a tree before that, an outer stage 2 whose child it is; the
+    template's spares (no run yet) are no session's."""
     templates = [
         k for k in children(boxyd) if "boxyd.stage2" in Path(f"/proc/{k}/cmdline").read_text()
     ]
-    outers = [o for t in templates for o in children(t)]
-    pss = sum(pss_kib(p) for o in outers for p in subtree(o))
+    roots: list[tuple[int | None, list[int]]] = []  # (outer stage 2, its PID 1s)
+    for t in templates:
+        for c in children(t):
+            if _comm(c) == INIT:
+                roots.append((None, [c]))
+            elif pid1s := [p for p in children(c) if _comm(p) == INIT]:
+                roots.append((c, pid1s))
+    pss = 0
     kinds: list[list[int]] = [[], [], []]
-    for o in outers:
-        pid1s = children(o)
-        if pid1s:  # not the spare, still waiting for its run
-            kinds[0].append(dirty_kib(o))
-            kinds[1] += [dirty_kib(p) for p in pid1s]
-            kinds[2] += [dirty_kib(g) for p in pid1s for g in children(p)]
+    for outer, pid1s in roots:
+        pss += sum(pss_kib(p) for p1 in pid1s for p in subtree(p1))
+        if outer is not None:
+            pss += pss_kib(outer)
+            kinds[0].append(dirty_kib(outer))
+        kinds[1] += [dirty_kib(p) for p in pid1s]
+        kinds[2] += [dirty_kib(g) for p in pid1s for g in children(p)]
     mean = [sum(k) / len(k) / 1024 if k else 0.0 for k in kinds]
     dirty = "Private_Dirty outer {:.2f}, PID 1 {:.2f}, payload {:.2f} MiB".format(*mean)
-    return len(outers), pss, dirty
+    return len(roots), pss, dirty
 
 
 def start_all(n: int) -> tuple[list[str], list[float]]:

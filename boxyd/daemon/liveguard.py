@@ -1,5 +1,5 @@
 """The live guard of one session: inotify on the directories boxyd/plan/live.py names, and
-each change re-applied in the sandbox through the outer stage 2 (stage2/live.py).
+each change re-applied in the sandbox through a joiner (stage2/joiner.py, stage2/live.py).
 
 The window that remains is from the host's rename to the stand-in or pin being in
 place again: the event is read on the event loop, the file judged in a worker
@@ -41,7 +41,7 @@ _EVENT = struct.Struct("iIII")
 _libc = ctypes.CDLL(None, use_errno=True)
 
 LIVE_TIMEOUT = 10.0  # seconds for stage 2 to answer one request
-Send = Callable[[LiveCover | LivePin], None]  # one request to the outer stage 2
+Send = Callable[[LiveCover | LivePin], None]  # one request to the session's joiner
 Record = Callable[..., None]  # Sink.record
 
 

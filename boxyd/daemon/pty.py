@@ -4,7 +4,7 @@ enters the sandbox.
 
 The pair is made by the sandbox's PID 1 in the sandbox's own devpts instance (so
 ttyname() and /dev/tty work inside), with the client terminal's settings captured
-here; the master comes back through the outer stage 2 and is attached. Until then
+here; the master comes back on a socket PID 1 was given, and is attached. Until then
 nothing is relayed (keystrokes wait in the client's terminal).
 
 Client side through threads, by choice. The client's fds share their open file

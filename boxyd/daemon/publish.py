@@ -1,10 +1,10 @@
 """Published ports (--publish, a profile's `ports`): the host's listeners, bound
 before the sandbox starts, and each connection relayed into the sandbox's loopback.
 
-boxyd cannot enter the sandbox's network namespace (it holds no capability over the
-user namespace that owns it). The outer stage 2 lives in that namespace: for each
-connection it makes one unconnected socket on request (OpenSocket, answered by
-SocketMade), and boxyd connects that socket itself to 127.0.0.1:PORT there, or to
+boxyd cannot enter the sandbox's network namespace (it is threaded, and setns into
+the user namespace that owns it needs a single-threaded caller). A joiner enters it
+(boxyd/stage2/joiner.py): for each connection it makes one unconnected socket on
+request (OpenSocket, answered by SocketMade), and boxyd connects that socket itself to 127.0.0.1:PORT there, or to
 [::1]:PORT when nothing listens on the IPv4 one (servers that bind `localhost` to
 ::1). The connection is inbound only: the payload never gets a socket of the host's,
 so a published port is no way out, and --net none stays without a network
@@ -90,7 +90,7 @@ def _listen(m: PortMapping) -> socket.socket:
 
 class Publisher:
     """One session's published ports once its payload runs. ASK sends a request to
-    the outer stage 2; made() is how its SocketMade answers come back."""
+    the session's joiner; made() is how its SocketMade answers come back."""
 
     def __init__(
         self,

@@ -16,14 +16,18 @@ import contextlib
 import fcntl
 import logging
 import os
+import signal
 import socket
 import stat
 import subprocess
 import sys
+import typing
 from dataclasses import dataclass
 
 from boxy import fdwait
 from boxy.errors import SetupError
+from boxyd.daemon import initreports, joinproc
+from boxyd.daemon.joinproc import Joiner
 from boxyd.plan import ops
 from boxyd.plan.ops import Plan
 from boxyd.stage2 import protocol
@@ -175,22 +179,38 @@ def plan_memfd(data: bytes) -> int:
     return fd
 
 
-class Stage2:
-    """One outer stage 2 as boxyd sees it: typed reports in, typed requests out."""
+Held = protocol.LiveCover | protocol.LivePin | protocol.OpenSocket
 
-    def __init__(self, ctl: socket.socket) -> None:
+
+class Stage2:
+    """One sandbox as boxyd sees it: typed reports in, typed requests out. Up to
+    Started they travel over the outer stage 2's socket; Started hands PID 1 over
+    (docs/design.md, "Processes") and the outer stage 2 exits. From then on boxyd
+    holds PID 1 itself: its pidfd (signals, and its end), its status pipe (reports,
+    boxyd/daemon/initreports.py), the socket its PTY's master comes on, the pipe
+    whose hang-up ends it, and the namespaces a joiner enters for the live guard's
+    and the published ports' requests (Joiner)."""
+
+    def __init__(self, ctl: socket.socket, template: Template | None = None) -> None:
         self.ctl = ctl
+        self._template = template
         self._queue: asyncio.Queue[Received | None] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-        loop.add_reader(ctl.fileno(), self._readable)
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(ctl.fileno(), self._readable)
         self._closed = False
+        self._init: _Init | None = None
+        self._reports = initreports.InitReports()
+        self._held: list[Held] = []  # until handed over (and, for the guard's, rooted)
+        self._rooted = False  # PID 1 confined in the sandbox's root: paths resolve there
+        self._killed = False  # a SIGKILL sent: PID 1 dead without a word was ours
+        self._joiner: Joiner | None = None
 
     @classmethod
     def start(cls, template: Template, plan: Plan, stdio: list[int]) -> Stage2:
         # a networked run takes a spare whose network is made already
         ctl = template.spawn(prepared=plan.net != "none")
         ctl.setblocking(False)
-        stage2 = cls(ctl)
+        stage2 = cls(ctl, template)
         try:
             plan_fd = plan_memfd(ops.to_wire(plan))
         except OSError as e:
@@ -206,43 +226,138 @@ class Stage2:
         return stage2
 
     def _readable(self) -> None:
-        """One report. Only Listeners (the gateway's sockets, in the order of its names)
-        and Pty (the session PTY's master) carry fds; a frame that breaks the protocol
-        is logged and dropped, its fds closed."""
-        try:
-            data, fds = protocol.receive(self.ctl)
-        except BlockingIOError:
+        """One report of the outer stage 2's. Only Listeners (the gateway's sockets, in
+        the order of its names), Started (PID 1's handles) and, from PID 1, Pty carry
+        fds; a frame that breaks the protocol is logged and dropped, its fds closed."""
+        got = _receive(self.ctl)
+        if got is None:
             return
-        except protocol.ProtocolError as e:
-            log.warning("stage 2: %s (dropped)", e)
-            return
-        except OSError:
-            data, fds = b"", []
+        data, fds = got
         if not data:
             protocol.close(fds)
-            asyncio.get_running_loop().remove_reader(self.ctl.fileno())
-            self._queue.put_nowait(None)
+            self._loop.remove_reader(self.ctl.fileno())
+            if self._init is None:  # the outer stage 2 ended the run itself (its Done)
+                self._queue.put_nowait(None)
             return
         try:
-            self._queue.put_nowait(_received(protocol.decode_report(data, len(fds)), fds))
+            msg = protocol.decode_report(data, len(fds))
+            if isinstance(msg, protocol.Started):
+                self._take_over(msg, _Init.of(fds, msg.pty))
+                return
+            self._queue.put_nowait(_received(msg, fds))
         except protocol.ProtocolError as e:
             protocol.close(fds)
             log.warning("stage 2: %s (dropped)", e)
 
+    def _take_over(self, msg: protocol.Started, init: _Init) -> None:
+        """PID 1 is ours: the outer stage 2 is released (after the signals sent before
+        this, which it passes on), and what waited for PID 1 goes now."""
+        self._init = init
+        self.send(protocol.Release())
+        self._loop.remove_reader(self.ctl.fileno())
+        self.ctl.close()
+        self._loop.add_reader(init.status, self._status_readable)
+        self._loop.add_reader(init.pidfd, self._pid1_gone)
+        if init.pty is not None:
+            self._loop.add_reader(init.pty.fileno(), self._pty_readable)
+        self._queue.put_nowait(msg)
+        held, self._held = self._held, []
+        for request in held:
+            self.send(request)
+
+    def _status_readable(self) -> None:
+        assert self._init is not None
+        try:
+            chunk = os.read(self._init.status, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:  # PID 1 is exiting: its pidfd says when it is gone
+            self._loop.remove_reader(self._init.status)
+            return
+        self._believe(chunk)
+
+    def _believe(self, chunk: bytes) -> None:
+        for status in self._reports.feed(chunk):
+            if isinstance(status, protocol.Confined | protocol.Stopped):
+                self._queue.put_nowait(status)
+            if isinstance(status, protocol.Confined) and not self._rooted:
+                self._rooted = True
+                held, self._held = self._held, []
+                for request in held:
+                    self.send(request)
+
+    def _pty_readable(self) -> None:
+        """PID 1's one message on its socket: the session PTY's master."""
+        assert self._init is not None and self._init.pty is not None
+        sock, self._init.pty = self._init.pty, None
+        self._loop.remove_reader(sock.fileno())
+        with sock:
+            got = _receive(sock)
+        if got is None or not got[0]:
+            return
+        data, fds = got
+        try:
+            msg = protocol.decode(data, len(fds), (protocol.Pty,))
+            self._queue.put_nowait(_received(typing.cast(protocol.Pty, msg), fds))
+        except protocol.ProtocolError as e:
+            protocol.close(fds)
+            log.warning("sandbox init: %s (dropped)", e)
+
+    def _pid1_gone(self) -> None:
+        """PID 1 has exited, and with it every process of the sandbox (its PID
+        namespace is torn down before its pidfd says so): its last reports, then the
+        run's end."""
+        assert self._init is not None
+        self._loop.remove_reader(self._init.pidfd)
+        with contextlib.suppress(ValueError):  # (already at its end)
+            self._loop.remove_reader(self._init.status)
+        while chunk := _read_nonblocking(self._init.status):
+            self._believe(chunk)
+        end = initreports.ending(self._reports.ends, self._killed)
+        self._queue.put_nowait(protocol.Done(end))
+        self._queue.put_nowait(None)
+        self._let_go()
+
     async def next(self) -> Received | None:
-        """The next report (with what it carried); None once stage 2 is gone."""
+        """The next report (with what it carried); None once the sandbox is gone."""
         msg = await self._queue.get()
         if msg is None:
             self._queue.put_nowait(None)  # and for every later call
         return msg
 
     def signal(self, sig: int) -> None:
-        self.send(protocol.Signal(sig))
+        if sig == signal.SIGKILL:
+            self._killed = True
+        if self._init is None:
+            self.send(protocol.Signal(sig))
+        elif not self._init.closed:  # (closed: PID 1 is gone, its number may be reused)
+            with contextlib.suppress(OSError):  # gone meanwhile: its pidfd says so
+                signal.pidfd_send_signal(self._init.pidfd, sig)
 
     def send(self, msg: protocol.Request) -> None:
-        """One message to the outer stage 2 (a signal, the scope's placement, a live
-        request); one that cannot be sent is logged (stage 2's end is heard on its own)."""
+        """One message: to the outer stage 2 (the scope's placement, a signal) until
+        PID 1 is handed over, a live or port request to a joiner (held until then);
+        one that cannot be sent is logged (the sandbox's end is heard on its own)."""
         if self._closed:
+            return
+        if isinstance(msg, Held):
+            if self._init is not None and self._init.closed:  # its nsfs numbers are stale
+                answer = (
+                    protocol.SocketMade
+                    if isinstance(msg, protocol.OpenSocket)
+                    else protocol.LiveDone
+                )
+                self._answered(answer(msg.id, "the sandbox has ended"), [])
+                return
+            ready = self._init is not None and (
+                self._rooted or isinstance(msg, protocol.OpenSocket)
+            )
+            if not ready:
+                self._held.append(msg)
+            else:
+                self._joiner_for().ask(msg)
             return
         try:
             protocol.send(self.ctl, msg)
@@ -251,12 +366,100 @@ class Stage2:
         except OSError:
             pass
 
+    def _joiner_for(self) -> Joiner:
+        if self._joiner is None:
+            assert self._init is not None
+            template = self._template
+
+            def spawn() -> socket.socket:
+                if template is None:
+                    raise SetupError("no stage-2 template to fork a joiner from")
+                return template.spawn()
+
+            self._joiner = Joiner(spawn, self._init.ns, self._answered)
+        return self._joiner
+
+    def _answered(self, msg: joinproc.Answer, fds: list[int]) -> None:
+        try:
+            self._queue.put_nowait(_received(msg, fds))
+        except protocol.ProtocolError as e:
+            protocol.close(fds)
+            log.warning("joiner: %s (dropped)", e)
+
+    def _let_go(self) -> None:
+        if self._joiner is not None:
+            self._joiner.close()
+            self._joiner = None
+        if self._init is not None:
+            self._init.close(self._loop)
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True
             with contextlib.suppress(RuntimeError, ValueError):
-                asyncio.get_running_loop().remove_reader(self.ctl.fileno())
+                self._loop.remove_reader(self.ctl.fileno())
             self.ctl.close()
+            self._let_go()
+
+
+class _Init:
+    """What boxyd holds of a sandbox's PID 1 once Started handed it over (ours to
+    close): its pidfd, its status pipe's read end, the alive pipe's write end (PID 1
+    ends when it hangs up: boxyd's death), the nsfs fds a joiner enters, and the
+    socket its PTY's master comes on (until it has)."""
+
+    def __init__(self, fds: list[int], pty: bool) -> None:
+        self.pidfd, self.status, self.alive = fds[0], fds[1], fds[2]
+        self.ns = fds[3:6]
+        self.pty = socket.socket(fileno=fds[6]) if pty else None
+        os.set_blocking(self.status, False)
+        self.closed = False
+
+    @classmethod
+    def of(cls, fds: list[int], pty: bool) -> _Init:
+        """FDS as Started sent them, each checked to be what it must (ProtocolError)."""
+        kinds = ["anon_inode:[pidfd]", "pipe:", "pipe:", "user:", "mnt:", "net:", "socket:"]
+        for fd, kind in zip(fds, kinds, strict=False):
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith(kind):
+                raise protocol.ProtocolError(f"started: an fd that is not a {kind}")
+        return cls(fds, pty)
+
+    def close(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Once: after it, these numbers may be any other fd of boxyd's."""
+        if self.closed:
+            return
+        self.closed = True
+        for fd in (self.pidfd, self.status):
+            with contextlib.suppress(ValueError, RuntimeError):
+                loop.remove_reader(fd)
+        if self.pty is not None:
+            with contextlib.suppress(ValueError, RuntimeError):
+                loop.remove_reader(self.pty.fileno())
+            self.pty.close()
+            self.pty = None
+        protocol.close([self.pidfd, self.status, self.alive, *self.ns])
+
+
+def _receive(sock: socket.socket) -> tuple[bytes, list[int]] | None:
+    """One datagram and its fds; (b"", []) at the end; None when there is nothing
+    yet or it broke the protocol (logged, its fds closed)."""
+    try:
+        return protocol.receive(sock)
+    except BlockingIOError:
+        return None
+    except protocol.ProtocolError as e:
+        log.warning("stage 2: %s (dropped)", e)
+        return None
+    except OSError:
+        return b"", []
+
+
+def _read_nonblocking(fd: int) -> bytes:
+    """What FD has now; b"" at its end or when there is nothing more."""
+    try:
+        return os.read(fd, 65536)
+    except OSError:  # BlockingIOError included
+        return b""
 
 
 @dataclass(frozen=True)

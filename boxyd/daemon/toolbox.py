@@ -21,6 +21,7 @@ from types import TracebackType
 from boxy import fdwait
 from boxy.errors import BoxyError
 from boxyd.config.hosttools import Answer, Exposure, ToolError
+from boxyd.daemon.initreports import InitReports
 from boxyd.daemon.stage2proc import plan_memfd
 from boxyd.plan import ops, tools
 from boxyd.plan.ops import Plan
@@ -39,10 +40,13 @@ class ToolBox:
     """One tool sandbox: started by ``open``, closed (and killed) by ``close``. Every
     call shares the box's deadline, so all the checks of a run are one budget."""
 
-    def __init__(self, ctl: socket.socket, to_box: int, from_box: int, deadline: float) -> None:
+    def __init__(
+        self, ctl: socket.socket, to_box: int, from_box: int, status: int, deadline: float
+    ) -> None:
         self._ctl = ctl
         self._to = to_box
         self._from = from_box
+        self._status = status  # PID 1's status pipe: its account of a set-up error
         self._deadline = deadline
         self._wait_until = deadline  # the current call's answer is awaited until then
         self._broken: str | None = None
@@ -71,14 +75,14 @@ class ToolBox:
             for fd in (req_r, resp_w, null):  # the sandbox's now
                 os.close(fd)
                 fds.remove(fd)
-            _handshake(ctl, min(deadline, time.monotonic() + START_TIMEOUT))
+            status = _handshake(ctl, min(deadline, time.monotonic() + START_TIMEOUT))
         except OSError as e:
             _close(ctl, fds)
             raise ToolError(f"tool sandbox: cannot start it: {e.strerror or e}") from None
         except ToolError:
             _close(ctl, fds)
             raise
-        return cls(ctl, req_w, resp_r, deadline)
+        return cls(ctl, req_w, resp_r, status, deadline)
 
     def run(
         self, argv: Sequence[str], *, cwd: str, env: dict[str, str], timeout: float, limit: int
@@ -137,13 +141,14 @@ class ToolBox:
         return chunk
 
     def _why(self) -> str:
-        """Stage 2's own account of an early end (a set-up error), if it gave one."""
-        self._ctl.settimeout(0.5)
+        """PID 1's own account of an early end (a set-up error), if it gave one: its
+        status pipe, read until its end (it is gone: the answers' pipe ended)."""
+        reports = InitReports()
         with contextlib.suppress(OSError):
-            while (msg := _report(self._ctl)) is not None:
-                if isinstance(msg, protocol.Done) and isinstance(msg.end, protocol.SetupFailed):
-                    return f": {msg.end.error[:300]}"
-        return ""
+            while fdwait.readable(self._status, 0.5) and (chunk := os.read(self._status, 65536)):
+                reports.feed(chunk)
+        failed = [e for e in reports.ends if isinstance(e, protocol.SetupFailed)]
+        return f": {failed[-1].error[:300]}" if failed else ""
 
     def _fail(self, why: str) -> ToolError:
         self._broken = why
@@ -151,9 +156,10 @@ class ToolBox:
         return ToolError(why)
 
     def close(self) -> None:
-        """Closing the control socket ends the sandbox (stage 2 kills its PID 1)."""
-        _close(self._ctl, [self._to, self._from])
-        self._to = self._from = -1
+        """Closing the control socket ends the sandbox: the outer stage 2, never sent
+        Release, exits, and with it the last write end of PID 1's alive pipe."""
+        _close(self._ctl, [self._to, self._from, self._status])
+        self._to = self._from = self._status = -1
 
     def __enter__(self) -> ToolBox:
         return self
@@ -186,25 +192,29 @@ def _filter() -> str:
     return base64.b64encode(build_filter("strict")).decode()
 
 
-def _handshake(ctl: socket.socket, deadline: float) -> None:
+def _handshake(ctl: socket.socket, deadline: float) -> int:
     """Step 0 gets no scope (a tool sandbox is boxyd's, bounded by its own limits),
-    then wait until PID 1 runs; a set-up error is said as stage 2 gave it."""
+    then wait until PID 1 runs; a set-up error is said as stage 2 gave it. PID 1's
+    status pipe, of what Started handed over (the outer stage 2 keeps the alive
+    pipe's other copy until the control socket closes: no Release)."""
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             raise ToolError("tool sandbox: it did not start in time")
         ctl.settimeout(left)
         try:
-            msg = _report(ctl)
+            msg, fds = _report_with_fds(ctl)
         except TimeoutError:
             continue
+        if isinstance(msg, protocol.Started):
+            protocol.close(fds[:1] + fds[2:])
+            return fds[1]
+        protocol.close(fds)
         match msg:
             case None:
                 raise ToolError("tool sandbox: stage 2 ended before it started")
             case protocol.Pid():
                 protocol.send(ctl, protocol.Placed(in_scope=False))
-            case protocol.Started():
-                return
             case protocol.Done(end=end):
                 why = end.error if isinstance(end, protocol.SetupFailed) else "it ended at once"
                 raise ToolError(f"tool sandbox: {why[:300]}")
@@ -212,19 +222,20 @@ def _handshake(ctl: socket.socket, deadline: float) -> None:
                 pass
 
 
-def _report(ctl: socket.socket) -> protocol.Report | protocol.ProtocolError | None:
-    """Stage 2's next report (None: it ended); one carrying fds has them closed."""
+def _report_with_fds(
+    ctl: socket.socket,
+) -> tuple[protocol.Report | protocol.ProtocolError | None, list[int]]:
+    """Stage 2's next report (None: it ended) and the fds it carried (the caller's)."""
     try:
         data, fds = protocol.receive(ctl)
     except protocol.ProtocolError as e:
-        return e
-    protocol.close(fds)
+        return e, []
     if not data:
-        return None
+        return None, fds
     try:
-        return protocol.decode_report(data, len(fds))
+        return protocol.decode_report(data, len(fds)), fds
     except protocol.ProtocolError as e:
-        return e
+        return e, fds
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -4,8 +4,8 @@ what a change in one of them calls for.
 Stand-ins and pins are bind mounts on single files; a host rename over one (an
 editor's save, ``git config``) detaches it in the sandbox, and a credential file
 the user creates during a session was never covered. boxyd.daemon.liveguard
-watches the directories this names and re-applies what this says, through the
-outer stage 2 (boxyd/stage2/live.py).
+watches the directories this names and re-applies what this says, through a
+joiner (boxyd/stage2/joiner.py, boxyd/stage2/live.py).
 """
 
 from __future__ import annotations

@@ -171,7 +171,9 @@ class Outer:
     gid: int
     hostname: str
     net: str
-    net_ruleset: dict[str, Any] | None
+    # the gateway's ruleset as its JSON text: loaded by a child that exits
+    # (boxyd/stage2/nft.py, apply_apart), never decoded here
+    net_ruleset: str | None
     pcap: bool
     pty: bool  # a session terminal: PID 1 sends its master back
 
@@ -182,7 +184,7 @@ class Outer:
             plan.gid,
             plan.hostname,
             plan.net,
-            plan.net_ruleset,
+            None if plan.net_ruleset is None else json.dumps(plan.net_ruleset),
             plan.pcap,
             plan.pty is not None,
         )

@@ -9,6 +9,7 @@ from boxy.errors import SetupError
 from boxyd.kernel.sys import check, libc, read_small
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 PR_SET_SECUREBITS = 28
@@ -73,6 +74,12 @@ def not_dumpable() -> None:
 
 def die_with_parent(sig: int) -> None:
     prctl(PR_SET_PDEATHSIG, sig, step="pdeathsig")
+
+
+def adopt_orphans() -> None:
+    """PR_SET_CHILD_SUBREAPER: the orphans of our children are ours (a sandbox's PID 1
+    once its outer stage 2 has exited), not the machine's init's."""
+    prctl(PR_SET_CHILD_SUBREAPER, 1, step="child subreaper")
 
 
 def verify_dropped(status_fd: int | None = None) -> None:

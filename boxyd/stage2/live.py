@@ -3,12 +3,12 @@ sandbox (docs/design.md, "The guard is live").
 
 A stand-in or pin is a bind mount on one file. When the host replaces that file
 by rename (an editor's save, ``git config``), the kernel detaches the mount in the
-sandbox and the payload sees the new file. boxyd notices (inotify) and asks the
-outer stage 2 to cover it again. The outer stage 2 can, and only it can: it shares
-the sandbox's mount namespace (PID 1's pivot_root moved its root too), it keeps
-CAP_SYS_ADMIN over the sandbox's user namespace for this and nothing else (it never
-runs anything of the payload's), and the payload cannot reach it (it is outside the
-PID namespace; ptrace and pidfd_getfd are denied by seccomp).
+sandbox and the payload sees the new file. boxyd notices (inotify) and asks a
+joiner (boxyd/stage2/joiner.py) to cover it again: it has entered the sandbox's
+user and mount namespaces (its root is the sandbox's), holds CAP_SYS_ADMIN over
+them for this and nothing else (it never runs anything of the payload's), and the
+payload cannot reach it (it is outside the PID namespace; ptrace and pidfd_getfd
+are denied by seccomp).
 
 Paths are resolved beneath the sandbox's view of the writable tree with
 openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS): in the window the payload may have put

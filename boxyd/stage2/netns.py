@@ -18,7 +18,7 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from boxy.errors import SetupError
 from boxyd.kernel.sys import CLONE_NEWNET, check, libc, read_small, write_small
@@ -185,7 +185,7 @@ def _gateway_sockets(
 
 
 def enter_gateway_netns(
-    ruleset: dict[str, Any] | None,
+    ruleset: str | None,
     *,
     tcp_port: int = rs.TCP_PORT,
     udp_port: int = rs.UDP_PORT,
@@ -209,7 +209,7 @@ def enter_gateway_netns(
         undo.callback(ipr.close)
         _gateway_settings(ipr)
         if ruleset is not None:
-            nft.apply(ruleset)
+            nft.apply_apart(ruleset)
         for family in (socket.AF_INET, socket.AF_INET6):
             with _step(f"{GW}: policy routing (fwmark {mark} -> table {ROUTE_TABLE})"):
                 ipr.local_default_route(family, ROUTE_TABLE, LOOPBACK_IFINDEX)
@@ -288,7 +288,7 @@ def enter_payload_netns(gw: Gateway, *, keep_gateway: bool = False) -> None:
         gw.release_netns()
 
 
-def apply_ruleset(gw: Gateway, ruleset: dict[str, Any]) -> None:
+def apply_ruleset(gw: Gateway, ruleset: str) -> None:
     """Step 2's ruleset, for a network made ahead of the plan: into the gateway netns,
     load it, and back into the payload netns; then the way back is given up as at the
     end of step 3. Needs CAP_SYS_ADMIN (setns) and CAP_NET_ADMIN over both (step 7
@@ -300,7 +300,7 @@ def apply_ruleset(gw: Gateway, ruleset: dict[str, Any]) -> None:
     try:
         check(libc.setns(gw.netns_fd, CLONE_NEWNET), f"{GW}: setns")
         try:
-            nft.apply(ruleset)
+            nft.apply_apart(ruleset)
         finally:  # a refused ruleset ends the run; it must not end it in the wrong netns
             check(libc.setns(back, CLONE_NEWNET), f"{PAYLOAD}: setns back")
     finally:

@@ -7,8 +7,10 @@ capability and fail with EPERM; the library runs with ours. Debian's
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
+import os
 from typing import Any
 
 from boxy.errors import SetupError
@@ -56,8 +58,8 @@ def preload() -> None:
     _load()
 
 
-def _run(lib: ctypes.CDLL, ruleset_json: dict[str, Any], dry_run: bool = False) -> str | None:
-    """One transaction; None on success, else libnftables' error text."""
+def _run(lib: ctypes.CDLL, text: bytes, dry_run: bool = False) -> str | None:
+    """One transaction (TEXT: its JSON); None on success, else libnftables' error text."""
     ctx = lib.nft_ctx_new(NFT_CTX_DEFAULT)
     if not ctx:
         raise SetupError(f"{STEP}: nft_ctx_new failed (out of memory?)")
@@ -67,7 +69,7 @@ def _run(lib: ctypes.CDLL, ruleset_json: dict[str, Any], dry_run: bool = False) 
         # Buffered, so nothing is written to stage 2's stdout/stderr and errors come back.
         if lib.nft_ctx_buffer_output(ctx) or lib.nft_ctx_buffer_error(ctx):
             raise SetupError(f"{STEP}: cannot buffer libnftables output")
-        if lib.nft_run_cmd_from_buffer(ctx, json.dumps(ruleset_json).encode()) == 0:
+        if lib.nft_run_cmd_from_buffer(ctx, text) == 0:
             return None
         err = (lib.nft_ctx_get_error_buffer(ctx) or b"").decode(errors="replace")
         # JSON input has no source positions: drop the meaningless "internal:0:0-0: ".
@@ -95,7 +97,7 @@ def _first_failing(lib: ctypes.CDLL, ruleset_json: dict[str, Any]) -> str | None
     if not isinstance(cmds, list):
         return None
     for n in range(1, len(cmds) + 1):
-        if _run(lib, {"nftables": cmds[:n]}, dry_run=True) is not None:
+        if _run(lib, json.dumps({"nftables": cmds[:n]}).encode(), dry_run=True) is not None:
             return f"command {n} of {len(cmds)}, {_describe(cmds[n - 1])}"
     return None
 
@@ -106,10 +108,47 @@ def apply(ruleset_json: dict[str, Any]) -> None:
     Needs CAP_NET_ADMIN over the current network namespace (held until step 7).
     Raises SetupError carrying libnftables' own error text and the failing command.
     """
+    apply_text(json.dumps(ruleset_json))
+
+
+def apply_text(text: str) -> None:
+    """apply(), the ruleset given as its JSON TEXT (decoded only to say what failed)."""
     lib = _load()
-    err = _run(lib, ruleset_json)
+    err = _run(lib, text.encode())
     if err is not None:
-        where = _first_failing(lib, ruleset_json)
+        where = _first_failing(lib, json.loads(text))
         raise SetupError(
             f"{STEP}: the ruleset was not loaded: {err}" + (f" (at {where})" if where else "")
         )
+
+
+def apply_apart(text: str) -> None:
+    """apply_text() in a child that then exits, in this process's network namespace
+    and with its capabilities. What libnftables allocates to parse and load a ruleset
+    (~1.5 MiB of C heap, much of it left dirty after its context is freed) is then
+    nobody's: the outer stage 2's memory is what PID 1 inherits for the session's
+    whole life (issue #18). Costs one fork of a single-threaded process."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            apply_text(text)
+            why = b""
+        except SetupError as e:
+            why = str(e).encode()
+        except BaseException as e:  # a bug, not a refusal: say so
+            why = f"{STEP}: internal error: {type(e).__name__}: {e}".encode()
+        with contextlib.suppress(OSError):
+            os.write(w, why[:4000])
+        os._exit(0)
+    os.close(w)
+    try:
+        why_text = os.read(r, 4096).decode(errors="replace")
+    finally:
+        os.close(r)
+    _, status = os.waitpid(pid, 0)
+    if why_text:
+        raise SetupError(why_text)
+    if status != 0:
+        raise SetupError(f"{STEP}: the loader ended with wait status {status}")

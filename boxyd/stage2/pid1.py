@@ -9,9 +9,10 @@ and the session terminal (step 6), confines itself (8–9) and execs (10), freei
 all it touched. With a session terminal the builder exits instead, and PID 1 forks
 the payload's process once it holds the terminal (take_terminal() says why). PID 1
 drops its privileges (step 7) while the root is built, confines itself too, and
-supervises. Its reports and theirs go to the outer stage 2 through one status pipe,
-one line each (boxyd/stage2/protocol.py's Status); the outer side treats them as
-untrusted.
+supervises. Its reports and theirs go to boxyd through one status pipe, one line
+each (boxyd/stage2/protocol.py's Status), which boxyd treats as untrusted. The outer
+stage 2 hands PID 1 over to boxyd and exits (docs/design.md, "Processes"): PID 1
+ends with boxyd, when boxyd's end of the alive pipe hangs up (watch_boxyd).
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ FORWARDED = (
     signal.SIGUSR2,
     signal.SIGCONT,
 )
-WAITED = {signal.SIGCHLD, *FORWARDED}
+# SIGIO: boxyd's end of the alive pipe hung up (watch_boxyd)
+WAITED = {signal.SIGCHLD, signal.SIGIO, *FORWARDED}
 NICE = 19  # the payload's
 
 # Per-user-namespace limits written while PID 1 still holds its capabilities: no
@@ -63,7 +65,7 @@ SYSCTLS = (
 
 
 def report(msg: protocol.Status) -> None:
-    """One line to the outer stage 2, which believes only a well-formed one."""
+    """One line to boxyd, which believes only a well-formed one."""
     with contextlib.suppress(OSError, protocol.ProtocolError):
         os.write(STATUS_FD, protocol.encode(msg) + b"\n")
 
@@ -234,9 +236,29 @@ def fork_builder(
 
 
 # -- PID 1, while the root is built and after
+def watch_boxyd(alive_r: int) -> int:
+    """Whoever holds the alive pipe's write end (the outer stage 2, then boxyd) dying
+    hangs it up: the kernel then sends SIGIO (O_ASYNC), blocked here and taken by
+    supervise(), which ends the sandbox. Replaces PR_SET_PDEATHSIG, which would fire
+    as the outer stage 2 exits. The fd moved above stdio and the status pipe, which
+    arrange_fds() puts at 0-3. Needs nothing; SIGIO blocked first (WAITED)."""
+    alive = fcntl.fcntl(alive_r, fcntl.F_DUPFD_CLOEXEC, STATUS_FD + 1)
+    os.close(alive_r)
+    fcntl.fcntl(alive, fcntl.F_SETOWN, os.getpid())
+    fcntl.fcntl(alive, fcntl.F_SETFL, fcntl.fcntl(alive, fcntl.F_GETFL) | os.O_ASYNC)
+    if hung_up(alive):  # before the lines above: no signal came for it
+        os._exit(1)
+    return alive
+
+
+def hung_up(alive: int) -> bool:
+    """Nobody holds the alive pipe's write end (nothing is ever written to it)."""
+    return bool(select.select([alive], [], [], 0)[0])
+
+
 def close_fds(*keep: int) -> None:
     """Every fd but stdio, the status pipe and KEEP: the outer stage 2's, the session
-    socket (the builder holds its own copies)."""
+    socket (the builder holds its own copies), the alive pipe."""
     low = STATUS_FD + 1
     for fd in sorted(keep):
         os.closerange(low, fd)
@@ -311,7 +333,7 @@ def confine(plan: Plan, bpf: bytes) -> list[str]:
 
 
 def confined_report(notes: list[str]) -> protocol.Confined:
-    """Landlock's notes, bounded as the outer stage 2 will check them."""
+    """Landlock's notes, bounded as boxyd will check them."""
     return protocol.Confined(tuple(n[: protocol.MAX_NOTE] for n in notes[: protocol.MAX_NOTES]))
 
 
@@ -428,11 +450,15 @@ def go(link: socket.socket, pid: int) -> None:
     link.close()
 
 
-def supervise(pid: int) -> NoReturn:
+def supervise(pid: int, alive: int) -> NoReturn:
     """Reap every orphan, forward signals to the payload's group, and exit (taking
-    the whole PID namespace with us) when the payload exits."""
+    the whole PID namespace with us) when the payload exits or boxyd is gone."""
     while True:
         info = signal.sigwaitinfo(WAITED)
+        if info.si_signo == signal.SIGIO:  # (or the payload's kill(1, SIGIO): looked at)
+            if hung_up(alive):
+                os._exit(1)
+            continue
         if info.si_signo != signal.SIGCHLD:
             with contextlib.suppress(OSError):
                 os.killpg(pid, info.si_signo)
@@ -478,28 +504,24 @@ def read_init(rest: bytes) -> tuple[Init, bytes]:
 
 def setup(
     rest: bytes, stdio: list[int], status_w: int, alive_r: int, pty: socket.socket | None
-) -> int:
+) -> tuple[int, int]:
     """PID 1's steps in order, each with the privilege it needs and the step that
-    removes it; the payload's pid."""
-    caps.die_with_parent(signal.SIGKILL)  # needs nothing; holds until PID 1 exits
-    # The outer stage 2 may have died before the line above: its end of this pipe
-    # then reads as hung up, and there is nobody left to report to.
-    if select.select([alive_r], [], [], 0)[0]:
-        os._exit(1)
+    removes it; the payload's pid and the alive pipe."""
+    # init's, before any fork: no child's SIGCHLD is lost before supervise() waits (no
+    # enums: template.py), and SIGIO waits for it; the payload's process unblocks them
+    _signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)
+    alive = watch_boxyd(alive_r)  # needs nothing; SIGIO blocked
     rename()  # needs nothing: our own memory
     arrange_fds(stdio, status_w)  # needs nothing; close_fds() closes every other fd
     plan, inner = read_init(rest)  # needs nothing; reported through the status pipe now
     limits(plan)  # needs nothing; before any fork and before step 7
-    # init's, before any fork: no child's SIGCHLD is lost before supervise() waits (no
-    # enums: template.py); the payload's process unblocks them before exec
-    _signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)
     new_session(plan)  # needs nothing; before any fork
     bpf = base64.b64decode(plan.seccomp_bpf)
     # paths, read while they resolve: the builder's pivot_root moves our root under us
     last_cap = caps.last_cap()
     status = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
     child, link = fork_builder(inner, pty, last_cap, bpf)  # step 6, with our capabilities
-    close_fds(link.fileno(), status)  # needs nothing; the builder has its own
+    close_fds(link.fileno(), status, alive)  # needs nothing; the builder has its own
     drop_privileges(last_cap)  # step 7: CAP_SETPCAP, which it removes with every other one
     caps.verify_dropped(status)  # layers never fail open
     os.close(status)
@@ -508,7 +530,7 @@ def setup(
         take_foreground(plan, pid, None)  # needs nothing
     confine_init(bpf)  # steps 8–9 for PID 1: no filesystem access at all
     go(link, pid)  # needs nothing; the payload execs
-    return pid
+    return pid, alive
 
 
 def main(
@@ -517,10 +539,12 @@ def main(
     """PID 1: the steps, then init until the payload exits; a step that fails is
     reported and ends the sandbox."""
     try:
-        pid = setup(rest, stdio, status_w, alive_r, pty)
+        pid, alive = setup(rest, stdio, status_w, alive_r, pty)
     except Exception as e:
         setup_failed(e)
-    supervise(pid)
+    # What the steps freed goes back rather than stay dirty for the session (issue #18)
+    libc.malloc_trim(0)
+    supervise(pid, alive)
 
 
 __all__ = ["main", "libc"]

@@ -1,21 +1,25 @@
 """The messages between boxyd and stage 2, typed end to end (standard library only:
 stage 2 and boxyd/daemon/stage2proc.py both import it).
 
-Four channels carry them:
+Five channels carry them:
 
 - boxyd -> the outer stage 2 (its control socket, SOCK_SEQPACKET): the plan, the
-  scope's placement, signals for the payload, the live guard's requests.
-- the outer stage 2 -> boxyd (the same socket): what happened (``Report``).
-- PID 1 -> the outer stage 2 (the status pipe, one JSON line each): ``Status``.
+  scope's placement, signals for the payload until PID 1 is handed over.
+- the outer stage 2 -> boxyd (the same socket): what happened (``Report``), up to
+  ``Started``, which hands PID 1 over to boxyd (docs/design.md, "Processes").
+- PID 1 -> boxyd (the status pipe, one JSON line each): ``Status``.
+- boxyd <-> a joiner (boxyd/stage2/joiner.py; its own socket): ``Join``, then the
+  live guard's requests and published ports' sockets, answered by ``LiveDone`` and
+  ``SocketMade``.
 - boxyd <-> a tool sandbox's server (two pipes, one JSON line each): ToolCall,
   answered by ToolAnswer and the tool's stdout.
 
 A frame is one JSON object ``{"kind": ..., field: value...}`` and, on the socket,
 the SCM_RIGHTS fds its kind carries (``fd_count``). Decoding is strict: PID 1 ends up
-running beside the payload, and the outer stage 2 passes on what PID 1 said, so a
-frame with an unknown kind, a missing, extra or ill-typed field, a value out of
-range or the wrong number of fds is a ``ProtocolError`` naming the message, never
-a KeyError or a half-read dict.
+running beside the payload and boxyd reads its lines, so a frame with an unknown
+kind, a missing, extra or ill-typed field, a value out of range or the wrong number
+of fds is a ``ProtocolError`` naming the message, never a KeyError or a half-read
+dict.
 """
 
 from __future__ import annotations
@@ -101,6 +105,23 @@ class Signal(_Message):
 
 
 @dataclass(frozen=True)
+class Release(_Message):
+    """PID 1 is boxyd's now (after Started): the outer stage 2 passes on the signals
+    that came before this, then exits."""
+
+    KIND = "release"
+
+
+@dataclass(frozen=True)
+class Join(_Message):
+    """To a joiner (a fresh child of the template): the sandbox's user, mount and
+    network namespaces (nsfs fds, in that order), to join before its requests."""
+
+    KIND = "join"
+    FDS = 3
+
+
+@dataclass(frozen=True)
 class LiveCover(_Message):
     """The live guard: cover DST (beneath DST_BASE) with a stand-in again: an empty
     directory, or a file holding CONTENT (base64). Answered by LiveDone(ID)."""
@@ -142,10 +163,10 @@ class OpenSocket(_Message):
         return None if ok else f"family {self.family} is not AF_INET or AF_INET6"
 
 
-Request = PlanFds | Prepare | Placed | Signal | LiveCover | LivePin | OpenSocket
+Request = PlanFds | Prepare | Placed | Signal | Release | Join | LiveCover | LivePin | OpenSocket
 
 
-# -- PID 1 -> the outer stage 2 (and, passed on, to boxyd) ---------------------------
+# -- PID 1 -> boxyd (its status pipe) ------------------------------------------------
 @dataclass(frozen=True)
 class Confined(_Message):
     """PID 1 is in the sandbox's root, confined (what Landlock could not do: NOTES)."""
@@ -252,10 +273,17 @@ class Listeners(_Message):
 
 @dataclass(frozen=True)
 class Started(_Message):
-    """PID 1 (PID in stage 2's namespace) is forked."""
+    """PID 1 (PID in stage 2's namespace) is forked, and handed over to boxyd with
+    its fds: a pidfd, the read end of its status pipe, the write end of the pipe
+    whose hang-up ends it (boxyd's death), the user, mount and network namespaces
+    (for joiners), and with a PTY (PTY) the socket its master comes back on."""
 
     KIND = "started"
     pid: int
+    pty: bool = False
+
+    def fd_count(self) -> int:
+        return 7 if self.pty else 6
 
     def check(self) -> str | None:
         return None if self.pid > 0 else f"pid {self.pid}"
@@ -350,6 +378,8 @@ REQUESTS: tuple[type[_Message], ...] = (
     Prepare,
     Placed,
     Signal,
+    Release,
+    Join,
     LiveCover,
     LivePin,
     OpenSocket,

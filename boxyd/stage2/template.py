@@ -29,8 +29,11 @@ _CTRUNC = int(socket.MSG_CTRUNC)
 
 def serve(ctl: socket.socket, child: Child) -> int:
     """Wait for request sockets from boxyd and fork one CHILD for each."""
-    # Children are reaped by the kernel: boxyd learns a request ended from its socket.
+    # Children are reaped by the kernel: boxyd learns a request ended from its socket,
+    # a sandbox's end from its PID 1's pidfd. PID 1s are ours once their outer stage 2
+    # has handed them over and exited (a subreaper's orphans are reaped so too).
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    caps.adopt_orphans()
     # Everything imported is here for good: the collector of a forked child never walks
     # it, so the child copies none of the template's pages for a collection.
     gc.freeze()

@@ -257,16 +257,17 @@ def test_killing_boxyd_kills_the_sandbox(
             os.kill(pid, signal.SIGKILL)
 
 
-def test_killing_the_stage2_template_kills_its_sandboxes(
+def test_a_sandbox_outlives_its_stage2_template(
     user: User, workdir: Path, own_daemon: dict[str, str]
 ) -> None:
-    """Runs are forked from one pre-imported stage-2 template: its death takes every
-    sandbox it forked with it, and boxyd starts a new one for the next run."""
-    client, marker = _start_marked(user, workdir, own_daemon, "echo READY; {sleep}")
+    """Runs are forked from one pre-imported stage-2 template, which hands each PID 1
+    over to boxyd: the template's death ends no sandbox (boxyd holds them; its own
+    death ends them all, above), and boxyd starts a new template for the next run."""
+    script = "echo READY; while [ ! -e go ]; do sleep 0.05; done; echo GONE; exit 3"
+    client, _ = _start_marked(user, workdir, own_daemon, script)
     try:
         assert client.stdout is not None
         assert client.stdout.readline() == b"READY\n"
-        assert _wait(lambda: bool(_pgrep(marker)), 10), "payload not found"
         daemon = _daemon_pid(user, own_daemon)
         assert daemon is not None, "boxyctl daemon status: no pid"
         templates = [
@@ -276,15 +277,17 @@ def test_killing_the_stage2_template_kills_its_sandboxes(
         ]
         assert len(templates) == 1, templates
         os.kill(templates[0], signal.SIGKILL)
-        assert _wait(lambda: not _pgrep(marker), 5), "the sandbox survived its template"
-        client.wait(timeout=10)
-        assert client.returncode != 0
+        assert _wait(lambda: not _alive(templates[0]), 5), "the template survived SIGKILL"
+        time.sleep(0.3)
+        assert client.poll() is None, "the run ended with its template"
+        (workdir / "go").touch()
+        out, _ = client.communicate(timeout=10)
+        assert (client.returncode, out) == (3, b"GONE\n")
     finally:
         if client.poll() is None:
             client.kill()
             client.wait()
-        for pid in _pgrep(marker):
-            os.kill(pid, signal.SIGKILL)
+        (workdir / "go").unlink(missing_ok=True)
     again = user.run(
         [str(BIN / "boxyctl"), "run", *NET, "--", "echo", "again"],
         extra_env=own_daemon,

@@ -301,7 +301,7 @@ def child(root: str) -> dict[str, Any]:
     from boxyd.net import ruleset
     from boxyd.stage2 import namespaces, netns, nft, protocol
 
-    rules = ruleset.gateway_ruleset(
+    rules_json = ruleset.gateway_ruleset(
         mode="allowlist",
         deny_v4=DENY_V4,
         deny_v6=DENY_V6,
@@ -310,6 +310,7 @@ def child(root: str) -> dict[str, Any]:
         tcp_ports=TCP_PORTS,
         bound=BOUND,
     )
+    rules = json.dumps(rules_json)  # as the plan carries it (boxyd/plan/ops.py, Outer)
     report["errors"] = {"no_userns": _in_fork(lambda: netns.enter_gateway_netns(rules))}
     namespaces.enter_user_namespace(os.getuid(), os.getgid())
     bogus = {
@@ -324,7 +325,7 @@ def child(root: str) -> dict[str, Any]:
             ],
         }
     }
-    bad = {"nftables": [*rules["nftables"], bogus]}
+    bad = json.dumps({"nftables": [*rules_json["nftables"], bogus]})
     report["errors"]["bad_ruleset"] = _in_fork(lambda: netns.enter_gateway_netns(bad))
     t0 = time.perf_counter()
     gw = netns.enter_gateway_netns(rules)

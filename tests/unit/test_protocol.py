@@ -20,6 +20,8 @@ SAMPLES: list[p._Message] = [
     p.Prepare(),
     p.Placed(in_scope=True),
     p.Signal(15),
+    p.Release(),
+    p.Join(),
     p.LiveCover(7, ".env", "/w", False, "c2VjcmV0"),
     p.LivePin(8, ".git/config", "/w"),
     p.OpenSocket(3, socket.AF_INET6),
@@ -32,6 +34,7 @@ SAMPLES: list[p._Message] = [
     p.Pid(4242),
     p.Listeners(("tcp4", "udp4", "dns")),
     p.Started(17),
+    p.Started(18, pty=True),
     p.Pty(),
     p.LiveDone(7, None),
     p.LiveDone(8, "pin /w/.git/config again: not a file now (refused)"),
@@ -91,11 +94,15 @@ def test_wrong_fd_count_is_refused_both_ways(msg: p._Message) -> None:
 def test_fd_rules() -> None:
     assert p.PlanFds().fd_count() == 4
     assert p.Pty().fd_count() == 1
+    assert p.Join().fd_count() == 3
+    assert (p.Started(1).fd_count(), p.Started(1, pty=True).fd_count()) == (6, 7)
     assert p.Listeners(("a", "b", "c")).fd_count() == 3
     assert p.Listeners(()).fd_count() == 0
     assert p.SocketMade(1, None).fd_count() == 1 and p.SocketMade(1, "no").fd_count() == 0
     no_fds = [
-        m for m in SAMPLES if not isinstance(m, p.PlanFds | p.Pty | p.Listeners | p.SocketMade)
+        m
+        for m in SAMPLES
+        if not isinstance(m, p.PlanFds | p.Pty | p.Listeners | p.SocketMade | p.Started | p.Join)
     ]
     assert all(m.fd_count() == 0 for m in no_fds)
 
@@ -240,9 +247,10 @@ def test_over_a_socket_with_fds() -> None:
         data, fds = p.receive(theirs)
         assert p.decode_report(data, len(fds)) == p.Listeners(("a", "b")) and len(fds) == 2
         p.close(fds)
-        p.send(ours, p.Started(3))
+        p.send(ours, p.Started(3), [r, w, r, w, r, w])
         data, fds = p.receive(theirs)
-        assert p.decode_report(data, len(fds)) == p.Started(3) and fds == []
+        assert p.decode_report(data, len(fds)) == p.Started(3) and len(fds) == 6
+        p.close(fds)
         ours.send(b"x" * (p.MAX_FRAME + 10))  # cut short on receipt: refused
         with pytest.raises(p.ProtocolError, match="cut short"):
             p.receive(theirs)

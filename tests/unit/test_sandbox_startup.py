@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pty
+import signal
 import socket
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,21 @@ async def _script(peer: socket.socket, frames: list[tuple[p._Message, list[int]]
     peer.close()
 
 
+def _pid1(status_w: int, pty_sock: socket.socket, master: int) -> int:
+    """A stand-in PID 1 (a child): Confined, the PTY's master on its socket, a stop,
+    then its end; it exits once the test has read them all (SIGUSR1)."""
+    pid = os.fork()
+    if pid == 0:
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+        os.write(status_w, p.encode(p.Confined(("a note",))) + b"\n")
+        p.send(pty_sock, p.Pty(), [master])
+        os.write(status_w, p.encode(p.Stopped(20)) + b"\n")
+        os.write(status_w, p.encode(p.Exited(3)) + b"\n")
+        signal.sigtimedwait([signal.SIGUSR1], 5)
+        os._exit(0)
+    return pid
+
+
 async def test_start_returns_placed_attached_and_started(spec: RunSpec) -> None:
     net = FakeNet()
     sb, launcher, sink = _sandbox(spec, net)
@@ -115,31 +131,39 @@ async def test_start_returns_placed_attached_and_started(spec: RunSpec) -> None:
     peer.setblocking(False)
     a, b = socket.socketpair()
     master, slave = pty.openpty()
+    status_r, status_w = os.pipe()
+    alive_r, alive_w = os.pipe()
+    pty_ours, pty_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = _pid1(status_w, pty_theirs, master)
+    ns = [os.open(f"/proc/self/ns/{n}", os.O_RDONLY) for n in ("user", "mnt", "net")]
+    handed = [os.pidfd_open(pid), status_r, alive_w, *ns, pty_ours.fileno()]
     script = asyncio.create_task(
         _script(
             peer,
             [
                 (p.Pid(99), []),
                 (p.Listeners(("tcp4", "dns")), [a.fileno(), b.fileno()]),
-                (p.Started(2), []),
-                (p.Confined(("a note",)), []),  # between the steps: recorded
-                (p.Pty(), [master]),
-                (p.Stopped(20), []),
-                (p.Done(p.Exited(3)), []),
+                (p.Started(pid, pty=True), handed),
             ],
         )
     )
     warnings: list[str] = []
     await asyncio.wait_for(sb._come_up(warnings), 5)
+    await script
+    for fd in (status_w, alive_r, master, *handed):  # the sandbox has its own copies
+        os.close(fd)
     a.close()
     b.close()
-    os.close(master)  # the sandbox has its own copy (SCM_RIGHTS)
+    pty_theirs.close()
     # placed, attached and the terminal handed over before start() returned
     assert launcher.scopes.placed == [99] and net.attached == ["tcp4", "dns"]
     assert sb.pty.master_fd is not None and sb._events.get_nowait() == Started()
-    await script
     os.close(slave)
-    assert await asyncio.wait_for(_drain(sb), 5) == [Stopped(20), Exit(code=3)]
+    drained = asyncio.create_task(_drain(sb))
+    await asyncio.sleep(0.1)
+    os.kill(pid, signal.SIGUSR1)
+    assert await asyncio.wait_for(drained, 5) == [Stopped(20), Exit(code=3)]
+    os.waitpid(pid, 0)
     assert ("landlock", {"note": "a note"}) in sink.records
     sb.close()
 

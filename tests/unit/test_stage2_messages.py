@@ -1,6 +1,7 @@
 """Both ends of the control socket with the typed messages: the outer stage 2's
-reading of PID 1's reports and of boxyd's requests, and boxyd's reader (Stage2),
-which drops a frame that breaks the protocol and closes what it carried."""
+reading of boxyd's requests, boxyd's reading of PID 1's reports, and boxyd's reader
+(Stage2), which drops a frame that breaks the protocol and closes what it carried,
+and holds PID 1 once the outer stage 2 has handed it over."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import socket
 
 import pytest
 
+from boxyd.daemon.initreports import MAX_PENDING, InitReports, ending, parse_status
 from boxyd.daemon.sandbox import _exit
 from boxyd.daemon.seam import Exit
 from boxyd.daemon.stage2proc import Gateway, PtyMaster, Stage2
@@ -20,19 +22,16 @@ from boxyd.stage2 import protocol as p
 
 
 def test_the_end_prefers_a_failed_layer_then_a_failed_exec_then_the_last_exit() -> None:
-    ok = 0  # a wait status of exit 0 (not used: PID 1 reported)
-    assert outer.ending([p.Exited(1), p.Exited(0)], ok) == p.Exited(0)
-    assert outer.ending([p.ExecFailed(2, "x"), p.Exited(127)], ok) == p.ExecFailed(2, "x")
-    assert outer.ending([p.Confined(()), p.SetupFailed("e"), p.Killed(9)], ok) == p.SetupFailed("e")
-    assert outer.ending([p.Stopped(20), p.Killed(15)], ok) == p.Killed(15)
+    assert ending([p.Exited(1), p.Exited(0)], False) == p.Exited(0)
+    assert ending([p.ExecFailed(2, "x"), p.Exited(127)], False) == p.ExecFailed(2, "x")
+    assert ending([p.SetupFailed("e"), p.Killed(9)], True) == p.SetupFailed("e")
+    assert ending([p.Killed(15)], True) == p.Killed(15)  # PID 1 said it: believed
 
 
-def test_pid1_dead_without_a_word_is_said_from_its_wait_status() -> None:
-    killed = signal.SIGKILL  # WIFSIGNALED: the low 7 bits
-    assert outer.ending([p.Confined(())], killed) == p.Killed(signal.SIGKILL)
-    assert outer.ending([], 3 << 8) == p.SetupFailed(
-        "sandbox init exited with status 3 without a report"
-    )
+def test_pid1_dead_without_a_word_is_a_kill_only_when_boxyd_sent_one() -> None:
+    assert ending([], True) == p.Killed(signal.SIGKILL)
+    end = ending([], False)
+    assert isinstance(end, p.SetupFailed) and "without a report" in end.error
 
 
 @pytest.mark.parametrize(
@@ -48,22 +47,25 @@ def test_pid1_dead_without_a_word_is_said_from_its_wait_status() -> None:
     ],
 )
 def test_a_bad_line_from_pid1_is_not_believed(line: bytes) -> None:
-    assert outer.parse_status(line) is None
+    assert parse_status(line) is None
+    reports = InitReports()
+    assert reports.feed(line + b"\n") == [] and reports.ends == []
 
 
-def test_stops_are_relayed_at_once_and_the_rest_kept_for_the_end() -> None:
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    requests = outer.LiveRequests(ours)
+def test_reports_are_lines_however_they_are_cut() -> None:
+    reports = InitReports()
     lines = [p.Confined(()), p.Stopped(20), p.Exited(0)]
-    buf = b"".join(p.encode(s) + b"\n" for s in lines) + b'{"kind": "exi'
-    rest = outer._relay_stops(ours, buf, requests)
-    assert requests.rooted  # Confined: live requests may be carried out now
-    assert p.decode_report(theirs.recv(p.MAX_FRAME)) == p.Stopped(20)
-    kept = rest.split(b"\n")
-    assert [outer.parse_status(x) for x in kept[:-1]] == [p.Confined(()), p.Exited(0)]
-    assert kept[-1] == b'{"kind": "exi'  # an incomplete line waits for its end
-    ours.close()
-    theirs.close()
+    data = b"".join(p.encode(s) + b"\n" for s in lines)
+    got = [s for i in range(len(data)) for s in reports.feed(data[i : i + 1])]
+    assert got == lines and reports.ends == [p.Exited(0)]
+    assert reports.feed(b'{"kind": "exi') == []  # an incomplete line waits for its end
+    assert reports.feed(b'ted", "code": 3}\n') == [p.Exited(3)]
+
+
+def test_a_line_past_the_bound_is_dropped_whole() -> None:
+    reports = InitReports()
+    assert reports.feed(b"x" * (MAX_PENDING + 1)) == []
+    assert reports.feed(p.encode(p.Exited(4)) + b"\n") == [p.Exited(4)]
 
 
 def test_requests_from_boxyd() -> None:
@@ -83,36 +85,79 @@ def test_requests_from_boxyd() -> None:
     ours.close()
 
 
-def test_the_supervisor_waits_for_pid1_without_spinning_on_its_closed_pipe() -> None:
-    """PID 1 closes its status pipe as it exits, and is reaped only after its teardown:
-    meanwhile the pipe at EOF must not be polled again (it spun thousands of times)."""
+def _ns_fds() -> list[int]:
+    return [os.open(f"/proc/self/ns/{ns}", os.O_RDONLY) for ns in ("user", "mnt", "net")]
+
+
+async def test_boxyd_holds_pid1_once_handed_over() -> None:
+    """Started hands PID 1 over: boxyd releases the outer stage 2, relays PID 1's stops
+    at once, signals it by its pidfd, and ends the run when its pidfd says it is gone,
+    with the end PID 1 reported; reading its closed pipe does not spin meanwhile."""
+    before = _open_fds()
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.setblocking(False)
     status_r, status_w = os.pipe()
+    alive_r, alive_w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # "PID 1": a report, its end of the pipe closed, then a slow exit
+    if pid == 0:  # "PID 1": a stop, waits for SIGUSR1, its end, its pipe closed, a slow exit
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1, signal.SIGALRM])
+        os.write(status_w, p.encode(p.Stopped(20)) + b"\n")
+        signal.sigtimedwait([signal.SIGUSR1], 5)
         os.write(status_w, p.encode(p.Exited(7)) + b"\n")
         os.close(status_w)
-        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
         signal.sigtimedwait([signal.SIGALRM], 0.3)
         os._exit(0)
     os.close(status_w)
-    supervisor = outer.Supervisor(ours, pid, status_r)
+    os.close(alive_r)
+    stage2 = Stage2(ours)
     reads = 0
-    read = supervisor.from_pid1
+    read = os.read
 
-    def counted() -> None:
+    def counted(fd: int, n: int) -> bytes:
         nonlocal reads
-        reads += 1
-        read()
+        if fd == status_r:
+            reads += 1
+        return read(fd, n)
 
-    supervisor.from_pid1 = counted  # type: ignore[method-assign]
-    supervisor.loop(None)
-    supervisor.finish()
-    assert reads <= 3  # the report, EOF (and a short read between), never a spin
-    assert p.decode_report(theirs.recv(p.MAX_FRAME)) == p.Done(p.Exited(7))
-    for s in (ours, theirs):
-        s.close()
-    os.close(status_r)
+    fds = [os.pidfd_open(pid), status_r, alive_w, *_ns_fds()]
+    socket.send_fds(theirs, [p.encode(p.Started(pid), len(fds))], fds)
+    for fd in fds:
+        os.close(fd)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "read", counted)
+        assert await asyncio.wait_for(stage2.next(), 2) == p.Started(pid)
+        assert p.decode_request(theirs.recv(p.MAX_FRAME)) == p.Release()
+        assert await asyncio.wait_for(stage2.next(), 2) == p.Stopped(20)
+        stage2.signal(signal.SIGUSR1)
+        assert await asyncio.wait_for(stage2.next(), 2) == p.Done(p.Exited(7))
+        assert await stage2.next() is None
+    assert reads <= 4  # the reports, EOF, the drain at the end: never a spin
+    os.waitpid(pid, 0)
+    # the numbers of PID 1's fds are free now, and are soon other fds of boxyd's (a
+    # gateway's sockets): nothing is closed or signalled by number again
+    reused = [os.open(os.devnull, os.O_RDONLY) for _ in range(10)]
+    stage2.signal(signal.SIGTERM)
+    stage2.send(p.OpenSocket(1, socket.AF_INET))  # no joiner of stale namespaces
+    stage2.close()
+    for fd in reused:
+        os.fstat(fd)
+        os.close(fd)
+    theirs.close()
+    assert _open_fds() <= before  # every fd handed over was closed
+
+
+async def test_a_started_whose_fds_are_not_pid1s_is_dropped() -> None:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.setblocking(False)
+    stage2 = Stage2(ours)
+    r, w = os.pipe()
+    fds = [r, r, w, *_ns_fds()]  # a pipe where the pidfd goes
+    socket.send_fds(theirs, [p.encode(p.Started(5), len(fds))], fds)
+    for fd in {*fds}:
+        os.close(fd)
+    theirs.close()
+    assert await asyncio.wait_for(stage2.next(), 2) is None
+    stage2.close()
 
 
 async def _reports(frames: list[tuple[bytes, list[int]]]) -> list[object]:

@@ -419,8 +419,11 @@ class _Init:
     def of(cls, fds: list[int], pty: bool) -> _Init:
         """FDS as Started sent them, each checked to be what it must (ProtocolError)."""
         # (a pidfd reads "pidfd:[…]" on kernels that may name pidfs files so)
-        kinds = [("anon_inode:[pidfd]", "pidfd:"), "pipe:", "pipe:", "user:", "mnt:", "net:"]
-        for fd, kind in zip(fds, [*kinds, "socket:"], strict=False):
+        kinds: list[tuple[str, ...]] = [
+            ("anon_inode:[pidfd]", "pidfd:"),
+            *[(k,) for k in ("pipe:", "pipe:", "user:", "mnt:", "net:", "socket:")],
+        ]
+        for fd, kind in zip(fds, kinds, strict=False):
             if not os.readlink(f"/proc/self/fd/{fd}").startswith(kind):
                 raise protocol.ProtocolError(f"started: an fd that is not a {kind}")
         return cls(fds, pty)

@@ -200,7 +200,7 @@ def open_namespaces() -> list[int]:
     ]
 
 
-def fork_pid1(ctl: socket.socket, plan: Outer, inner: bytes, stdio: list[int]) -> Forked:
+def fork_pid1(ctl: socket.socket, plan: Outer, held: PlanRest, stdio: list[int]) -> Forked:
     """Fork PID 1 of the new PID namespace; it never returns here. PID 1 drops every
     capability (boxyd/stage2/pid1.py); the outer stage 2 runs nothing of the payload's
     and hands PID 1 over to boxyd (hand_over)."""
@@ -222,7 +222,7 @@ def fork_pid1(ctl: socket.socket, plan: Outer, inner: bytes, stdio: list[int]) -
             os.close(fd)
         if pty_ours is not None:
             pty_ours.close()
-        pid1.main(inner, stdio, status_w, alive_r, pty_theirs)
+        pid1.main(held.take(), stdio, status_w, alive_r, pty_theirs)
     os.close(status_w)
     os.close(alive_r)
     if pty_theirs is not None:
@@ -248,18 +248,34 @@ def hand_over(ctl: socket.socket, forked: Forked) -> None:
                 pass
 
 
+class PlanRest:
+    """The plan's parts as run() holds them. PID 1 is forked beneath run()'s frames,
+    which it never returns through: what they reference stays in its memory for the
+    session, so PID 1 takes the plan's rest from here and empties it (issue #18)."""
+
+    def __init__(self, inner: bytes) -> None:
+        self.inner: bytes | None = inner
+
+    def take(self) -> bytes:
+        inner, self.inner = self.inner, None
+        assert inner is not None
+        return inner
+
+
 def run(ctl: socket.socket, first: p.Request, fds: list[int]) -> int:
     """One sandbox, in a child forked from the template: the plan (FIRST or after it),
     step 0 (the scope), steps 1–5 (namespaces), PID 1, then PID 1 handed over to boxyd."""
     try:
         plan, inner, stdio, prepared = receive_plan(ctl, first, fds)
+        held = PlanRest(inner)
+        del inner
         stopped = join_scope(ctl)
         if stopped is not None:
             p.close(stdio)
             send(ctl, p.Done(p.Killed(stopped)))
             return 0
         enter_namespaces(ctl, plan, prepared)
-        forked = fork_pid1(ctl, plan, inner, stdio)
+        forked = fork_pid1(ctl, plan, held, stdio)
     except SetupError as e:
         send(ctl, p.Done(p.SetupFailed(str(e)[: p.MAX_TEXT])))
         return 1

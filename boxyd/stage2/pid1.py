@@ -542,6 +542,7 @@ def main(
         pid, alive = setup(rest, stdio, status_w, alive_r, pty)
     except Exception as e:
         setup_failed(e)
+    del rest  # the plan: the builder and the payload's process had it (issue #18)
     # What the steps freed goes back rather than stay dirty for the session (issue #18)
     libc.malloc_trim(0)
     supervise(pid, alive)

@@ -211,9 +211,9 @@ def fork_pid1(ctl: socket.socket, plan: Outer, held: PlanRest, stdio: list[int])
     pty_ours, pty_theirs = (
         socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) if plan.pty else (None, None)
     )
-    # What steps 1–5 freed (libnftables' context and the ruleset's JSON, ~1.5 MiB)
-    # stays in the C heap, dirty: given back now, PID 1 does not inherit it for the
-    # session's whole life (issue #18).
+    # What steps 1–5 freed stays in the C heap, dirty: given back now, PID 1 does not
+    # inherit it for the session's whole life (issue #18; libnftables, the most of it,
+    # runs in a child of its own: nft.apply_apart).
     libc.malloc_trim(0)
     pid = os.fork()
     if pid == 0:
@@ -322,13 +322,13 @@ def warm_up() -> None:
         (p.Done(p.SetupFailed("x")), p.REPORTS), (p.Confined(("x",)), p.STATUSES),
         (p.Exited(0), p.STATUSES),
     ]  # fmt: skip
-    outer = {"uid": 1, "gid": 1, "hostname": "h", "net": "none", "net_ruleset": None}
-    init = {"nproc": 1, "address_space": None, "ctty": False, "pty_fds": None, "seccomp_bpf": ""}
+    outer = Outer(1, 1, "h", "none", None, pcap=False, pty=False).__dict__
+    init = Init(1, None, ctty=False, pty_fds=None, seccomp_bpf="").__dict__
     for _ in range(WARM_ROUNDS):
         for msg, way in msgs:
             p.decode(p.encode(msg, msg.fd_count()), msg.fd_count(), way)
         head, _rest = split_wire(wirejson.dumps(outer).encode() + b"\n{}")
-        Outer.from_json({**typing.cast(dict[str, Any], wirejson.loads(head)), "pcap": 0, "pty": 0})
+        Outer.from_json(typing.cast(dict[str, Any], wirejson.loads(head)))
         Init.from_json(typing.cast(dict[str, Any], wirejson.loads(wirejson.dumps(init))))
 
 

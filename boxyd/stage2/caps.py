@@ -42,6 +42,11 @@ class _CapData(ctypes.Structure):
     ]
 
 
+# The array type made here, in the template: made in PID 1, it would stay there, dirty,
+# for the session (issue #18)
+_CapDataV3 = _CapData * 2  # version 3: two of them
+
+
 def last_cap() -> int:
     """The highest capability this kernel knows (a path: read it while it resolves)."""
     try:
@@ -56,10 +61,11 @@ def drop_all(last: int | None = None) -> None:
     zeroed. Removes: every capability."""
     prctl(PR_SET_SECUREBITS, SECUREBITS_LOCKED, step="securebits")
     for cap in range((last_cap() if last is None else last) + 1):
-        prctl(PR_CAPBSET_DROP, cap, step=f"drop capability {cap} from the bounding set")
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == -1:  # (the step named only then)
+            check(-1, f"drop capability {cap} from the bounding set")
     prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, step="clear ambient capabilities")
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
-    data = (_CapData * 2)()
+    data = _CapDataV3()
     check(libc.capset(ctypes.byref(header), data), "capset")
 
 
@@ -84,12 +90,20 @@ def adopt_orphans() -> None:
 
 def verify_dropped(status_fd: int | None = None) -> None:
     """Layers never fail open: read back what the kernel says we hold (from STATUS_FD,
-    our /proc/self/status opened earlier, when no path may resolve now)."""
+    our /proc/self/status opened earlier, when no path may resolve now). Only the five
+    lines are looked at: a string per line of the file would be a page or two more that
+    PID 1 keeps for the session (issue #18)."""
     if status_fd is None:
-        status = read_small("/proc/self/status")
+        status = read_small("/proc/self/status").encode()
     else:
-        status = os.pread(status_fd, 1 << 16, 0).decode()
-    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
-    for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
-        if int(fields.get(key, "1").strip(), 16) != 0:
-            raise SetupError(f"capabilities: {key} is {fields.get(key)} after dropping")
+        status = os.pread(status_fd, 1 << 16, 0)
+    for key in _CAP_SETS:
+        start = status.find(key) + len(key)  # (each key has its line's newline first)
+        end = status.find(b"\n", start)
+        value = status[start:end].strip() if start >= len(key) and end > 0 else b""
+        if not value or int(value, 16) != 0:  # (missing: what we hold is unknown)
+            name = key.strip().decode()
+            raise SetupError(f"capabilities: {name} {value.decode()!r} after dropping")
+
+
+_CAP_SETS = (b"\nCapInh:\t", b"\nCapPrm:\t", b"\nCapEff:\t", b"\nCapBnd:\t", b"\nCapAmb:\t")

@@ -71,14 +71,16 @@ def report(msg: protocol.Status) -> None:
 
 
 INIT_NAME = b"boxy-init"
+# made in the template, read by PR_SET_NAME only: a string buffer's ctypes array type,
+# made in PID 1, would stay there, dirty, for the session (issue #18)
+_INIT_NAME_BUFFER = ctypes.create_string_buffer(INIT_NAME)
 
 
 def rename() -> None:
     """What the payload sees of PID 1 in /proc/1/{cmdline,comm}: "boxy-init", not the
     interpreter's path (the venv, often under the user's home). Our own memory: the
     argv strings the kernel shows are overwritten in place. Needs nothing."""
-    name = ctypes.create_string_buffer(INIT_NAME)
-    libc.prctl(15, ctypes.addressof(name), 0, 0, 0)  # PR_SET_NAME
+    libc.prctl(15, ctypes.addressof(_INIT_NAME_BUFFER), 0, 0, 0)  # PR_SET_NAME
     fields = read_small("/proc/self/stat").rsplit(")", 1)[1].split()
     start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49)
     if 0 < start < end:

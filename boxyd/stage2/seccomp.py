@@ -48,12 +48,12 @@ def load(bpf: bytes) -> None:
     )
     if nnp != 1:
         raise SetupError("seccomp: no_new_privs is not set; PR_SET_NO_NEW_PRIVS must come first")
-    # the buffer must outlive the syscall; the kernel copies the program before returning
-    buf = ctypes.create_string_buffer(bpf, len(bpf))
-    prog = _SockFprog(count, ctypes.cast(buf, ctypes.c_void_p))
+    # BPF's own buffer (the kernel copies the program before returning, and only reads
+    # it), and byref: no ctypes type made here (a string buffer's array type is new for
+    # each length, pointer()'s on first use), whose making PID 1 would keep, dirty, for
+    # the session (issue #18)
+    prog = _SockFprog(count, ctypes.cast(ctypes.c_char_p(bpf), ctypes.c_void_p))
     _sys.check(
-        _sys.syscall(
-            SYS_SECCOMP, ctypes.c_long(SECCOMP_SET_MODE_FILTER), zero, ctypes.pointer(prog)
-        ),
+        _sys.syscall(SYS_SECCOMP, ctypes.c_long(SECCOMP_SET_MODE_FILTER), zero, ctypes.byref(prog)),
         "seccomp: seccomp(SECCOMP_SET_MODE_FILTER)",
     )

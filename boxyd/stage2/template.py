@@ -50,14 +50,16 @@ def serve(ctl: socket.socket, child: Child) -> int:
             for fd in fds:
                 os.close(fd)
             continue
-        _fork(ctl, socket.socket(fileno=fds[0]), child)
+        _fork(ctl, fds[0], child)
 
 
-def _fork(template_ctl: socket.socket, conn: socket.socket, child: Child) -> None:
-    """Fork the child of one request; it never returns into the template's loop."""
+def _fork(template_ctl: socket.socket, conn: int, child: Child) -> None:
+    """Fork the child of one request (its socket CONN, made a socket object in the
+    child: every object the template's loop touches is a page each child keeps a copy
+    of, issue #18); it never returns into the template's loop."""
     template_pid = os.getpid()
     if os.fork() != 0:
-        conn.close()
+        os.close(conn)
         return
     status = 1
     try:
@@ -67,7 +69,7 @@ def _fork(template_ctl: socket.socket, conn: socket.socket, child: Child) -> Non
         # The death signal follows the parent: the template dies with boxyd, children with it.
         caps.die_with_parent(signal.SIGKILL)
         if os.getppid() == template_pid:
-            status = child(conn)
+            status = child(socket.socket(fileno=conn))
     finally:
         os._exit(status)
 

@@ -29,7 +29,7 @@ from boxy import wirejson
 from boxy.errors import SetupError
 from boxyd.kernel.sys import libc
 from boxyd.plan.ops import Init, Outer, split_wire
-from boxyd.stage2 import joiner, namespaces, netns, nft, pid1, template
+from boxyd.stage2 import caps, joiner, namespaces, netns, nft, pid1, template
 from boxyd.stage2 import protocol as p
 
 MAX_PLAN = 256 << 20  # read from boxyd's sealed memfd; far beyond any argv or tree
@@ -337,5 +337,7 @@ if __name__ == "__main__":
     with contextlib.suppress(SetupError):
         nft.preload()
     warm_up()
+    pid1.remember_argv_area()
+    caps.last_cap()  # (kept: the kernel's, the same for every child)
     # Nothing to flush or finalise: skip interpreter shutdown.
     os._exit(template.main(run_child))

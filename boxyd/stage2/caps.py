@@ -47,12 +47,20 @@ class _CapData(ctypes.Structure):
 _CapDataV3 = _CapData * 2  # version 3: two of them
 
 
+_last_cap: int | None = None
+
+
 def last_cap() -> int:
-    """The highest capability this kernel knows (a path: read it while it resolves)."""
-    try:
-        return int(read_small("/proc/sys/kernel/cap_last_cap"))
-    except OSError:
-        return 63
+    """The highest capability this kernel knows (a path: read it while it resolves),
+    read once: the template reads it before it forks, and no PID 1 then parses a file
+    for it (pages it would keep for the session, issue #18)."""
+    global _last_cap
+    if _last_cap is None:
+        try:
+            _last_cap = int(read_small("/proc/sys/kernel/cap_last_cap"))
+        except OSError:
+            return 63  # (not kept: dropping past the kernel's last fails, closed)
+    return _last_cap
 
 
 def drop_all(last: int | None = None) -> None:

@@ -76,13 +76,30 @@ INIT_NAME = b"boxy-init"
 _INIT_NAME_BUFFER = ctypes.create_string_buffer(INIT_NAME)
 
 
+def argv_area() -> tuple[int, int]:
+    """Where the kernel keeps this process's argv strings (/proc/self/stat's arg_start
+    and arg_end, fields 48 and 49): the template's, which every child it forks shares
+    (the template reads it once: remember_argv_area)."""
+    fields = read_small("/proc/self/stat").rsplit(")", 1)[1].split()
+    return int(fields[45]), int(fields[46])
+
+
+_argv_area: tuple[int, int] | None = None
+
+
+def remember_argv_area() -> None:
+    """In the template, before it forks: PID 1 then parses no /proc file for it (a
+    string per field, pages it would keep for the session: issue #18)."""
+    global _argv_area
+    _argv_area = argv_area()
+
+
 def rename() -> None:
     """What the payload sees of PID 1 in /proc/1/{cmdline,comm}: "boxy-init", not the
     interpreter's path (the venv, often under the user's home). Our own memory: the
     argv strings the kernel shows are overwritten in place. Needs nothing."""
     libc.prctl(15, ctypes.addressof(_INIT_NAME_BUFFER), 0, 0, 0)  # PR_SET_NAME
-    fields = read_small("/proc/self/stat").rsplit(")", 1)[1].split()
-    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49)
+    start, end = _argv_area or argv_area()
     if 0 < start < end:
         ctypes.memset(start, 0, end - start)
         ctypes.memmove(start, INIT_NAME, min(len(INIT_NAME), end - start - 1))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import ipaddress
+import json
 import logging
 import os
 import socket
@@ -251,11 +252,12 @@ def gateway_ruleset(
     tcp_ports: tuple[int, ...] | None,
     udp_ports: tuple[int, ...] | None,
     bound: tuple[str, ...] | None = None,
-) -> dict[str, Any]:
-    """The same flags give the same ruleset: built once (~12 ms), then reused. The
-    result is shared: only ever serialised, never changed."""
+) -> str:
+    """The same flags give the same ruleset: built once (~12 ms) and serialised once,
+    then reused as the JSON text stage 2 loads (and a spare loads ahead: the text is
+    what it compares)."""
     prefixes = ranges.static_prefixes(exceptions)
-    return ruleset.gateway_ruleset(
+    rules = ruleset.gateway_ruleset(
         mode=mode,
         deny_v4=prefixes.deny_v4,
         deny_v6=prefixes.deny_v6,
@@ -265,6 +267,7 @@ def gateway_ruleset(
         udp_ports=None if udp_ports is None else list(udp_ports),
         bound=None if bound is None else list(bound),
     )
+    return json.dumps(rules)
 
 
 def _plain_names(policy: NetPolicy) -> list[str]:

@@ -114,7 +114,8 @@ class Plan:
     net: str = "none"
     # --net public/allowlist: the gateway netns's nftables ruleset (JSON, loaded by
     # stage 2 in one transaction) and, in allowlist mode, Landlock's TCP connect ports
-    net_ruleset: dict[str, Any] | None = None
+    # the gateway's ruleset as its JSON text (daemon/network.py builds it once per flags)
+    net_ruleset: str | None = None
     landlock_ports: list[int] | None = None
     pcap: bool = False  # stage 2 also sends an AF_PACKET socket on eth0
     # a session terminal: PID 1 makes a PTY in the sandbox's devpts with these
@@ -184,7 +185,7 @@ class Outer:
             plan.gid,
             plan.hostname,
             plan.net,
-            None if plan.net_ruleset is None else json.dumps(plan.net_ruleset),
+            plan.net_ruleset,
             plan.pcap,
             plan.pty is not None,
         )

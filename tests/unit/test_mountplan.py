@@ -133,13 +133,13 @@ def test_plan_to_json_is_asdict_and_round_trips():
 def test_the_wire_gives_the_outer_stage_2_its_line_and_pid_1_the_plan() -> None:
     """The outer stage 2 decodes one short line (Outer) and never the plan: what it
     decodes stays in its memory for the session (issue #18)."""
-    ruleset = {"nftables": [{"table": {"family": "inet", "name": "boxy"}}]}
+    ruleset = json.dumps({"nftables": [{"table": {"family": "inet", "name": "boxy"}}]})
     # a newline in the plan never splits it early
     p = _sample_plan(argv=["a\nb"], uid=7, gid=8, hostname="box", net="public")
     p = dataclasses.replace(p, net_ruleset=ruleset, pcap=True)
     head, rest = split_wire(to_wire(p))
     outer = Outer.from_json(json.loads(head))
-    assert outer == Outer(7, 8, "box", "public", json.dumps(ruleset), True, True)
+    assert outer == Outer(7, 8, "box", "public", ruleset, True, True)
     line, inner = split_wire(rest)
     assert Init.from_json(json.loads(line)) == Init(5, None, False, [0], "")
     assert Plan.from_json(json.loads(inner)) == dataclasses.replace(p, net_ruleset=None)

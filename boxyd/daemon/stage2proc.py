@@ -33,6 +33,14 @@ from boxyd.plan.ops import Plan
 from boxyd.stage2 import protocol
 
 log = logging.getLogger("boxyd")
+# Prepared spares that loaded a ruleset ahead, one per ruleset of the last networked
+# runs (bench/startup.py alternates three kinds of run): each holds a user namespace,
+# two network namespaces and its sockets while it waits.
+RULED_SPARES = 3
+# The next networked run's spare is forked when this one ends, or this long after it
+# started if it still runs: its steps 1-3 and its ruleset (~8 ms of a core) then take
+# nothing from this run's start-up (2 cores: they did, beside it).
+PRIME_AFTER = 0.25
 
 
 class Template:
@@ -53,6 +61,9 @@ class Template:
         # is kept apart from a plain one, the first made at the first such start.
         self._keep_spare = spare
         self._spares: dict[bool, socket.socket | None] = {False: None}
+        # and prepared spares that loaded the last networked runs' rulesets ahead, by
+        # the text the daemon sent (oldest first): a run with that very ruleset takes it
+        self._ruled: dict[str, socket.socket] = {}
 
     def start(self) -> None:
         """Must run on the event-loop thread (the death signal follows the thread)."""
@@ -77,31 +88,65 @@ class Template:
             child.close()
         self._ctl = parent
 
-    def spawn(self, prepared: bool = False) -> socket.socket:
+    def spawn(
+        self, prepared: bool = False, *, ruleset: str | None = None, prime: bool = True
+    ) -> socket.socket:
         """A control socket to a freshly forked child waiting for its request: the one
-        forked ahead if it is still there, and another one ahead for the next call.
-        PREPARED: a child told to prepare (protocol.Prepare) before its plan; one
-        forked now for the call is not (it would do the same work, only later)."""
+        forked ahead if it is still there, and (PRIME) another one ahead for the next
+        call. PREPARED: a child told to prepare (protocol.Prepare) before its plan; one
+        forked now for the call is not (it would do the same work, only later); the
+        spare that loaded RULESET ahead, if there is one, before any other."""
+        if prepared and ruleset is not None and (ruled := self._take_ruled(ruleset)) is not None:
+            return ruled
         ready, self._spares[prepared] = self._spares.get(prepared), None
         if ready is not None and not _waiting(ready):  # it died, or its preparing failed
             ready.close()
             ready = None
         if ready is None:
             ready = self._fork_one()
-        self.prime(prepared)
+        if prime:
+            self.prime(prepared)
         return ready
 
+    def _take_ruled(self, ruleset: str) -> socket.socket | None:
+        """The spare that loaded RULESET ahead, still waiting; None if there is none."""
+        ready = self._ruled.pop(ruleset, None)
+        if ready is None:
+            return None
+        if _waiting(ready):
+            return ready
+        ready.close()  # it died, or its preparing failed (its ruleset refused)
+        return None
+
     def prime(self, prepared: bool = False) -> None:
-        """Fork the spare child of that kind (with spare=True), if there is none."""
-        if not self._keep_spare or self._spares.get(prepared) is not None:
+        """Fork the spare child of that kind (with spare=True), if there is none; none
+        once the template is closed (boxyd stops: a run that ends then restarts none)."""
+        if not self._keep_spare or self._ctl is None or self._spares.get(prepared) is not None:
             return
         try:
             self._spares[prepared] = self._fork_one(prepare=prepared)
         except SetupError as e:  # the next call forks its own
             log.warning("%s", e)
 
-    def _fork_one(self, prepare: bool = False) -> socket.socket:
-        """A control socket to a freshly forked child; PREPARE: sent Prepare at once."""
+    def prime_ruled(self, ruleset: str) -> None:
+        """Fork the spare that loads RULESET ahead (with spare=True), if there is none,
+        in place of the one whose ruleset was least recently run when RULED_SPARES
+        wait already; a run with a ruleset no spare loaded takes the bare prepared one."""
+        if not self._keep_spare or self._ctl is None:
+            return
+        if ruleset in self._ruled:
+            self._ruled[ruleset] = self._ruled.pop(ruleset)  # the most recent now
+            return
+        while len(self._ruled) >= RULED_SPARES:
+            self._ruled.pop(next(iter(self._ruled))).close()  # it exits, never used
+        try:
+            self._ruled[ruleset] = self._fork_one(prepare=True, ruleset=ruleset)
+        except SetupError as e:  # the next such run takes the bare one
+            log.warning("%s", e)
+
+    def _fork_one(self, prepare: bool = False, ruleset: str | None = None) -> socket.socket:
+        """A control socket to a freshly forked child; PREPARE: sent Prepare at once
+        (with RULESET in a sealed memfd, if any)."""
         for attempt in (1, 2):
             if self._ctl is None or self._proc is None or self._proc.poll() is not None:
                 if self._proc is not None:
@@ -126,8 +171,7 @@ class Template:
             finally:
                 theirs.close()
             if prepare:  # if it died at once, the spawn that takes it sees so
-                with contextlib.suppress(OSError):
-                    protocol.send(ours, protocol.Prepare())
+                _prepare(ours, ruleset)
             return ours
         raise AssertionError("unreachable")
 
@@ -138,6 +182,9 @@ class Template:
             if spare is not None:
                 spare.close()
             self._spares[kind] = None
+        for ruled in self._ruled.values():
+            ruled.close()
+        self._ruled.clear()
         if self._ctl is not None:
             self._ctl.close()
             self._ctl = None
@@ -159,11 +206,25 @@ def _waiting(sock: socket.socket) -> bool:
         return False
 
 
-def plan_memfd(data: bytes) -> int:
+def _prepare(ctl: socket.socket, ruleset: str | None) -> None:
+    """Prepare, to a spare just forked: a ruleset that cannot be sent is left for the
+    plan (the spare loads the plan's); a spare that died is seen when it is taken."""
+    fds: list[int] = []
+    with contextlib.suppress(OSError):
+        if ruleset is not None:
+            fds.append(plan_memfd(ruleset.encode(), "boxy-ruleset"))
+    try:
+        with contextlib.suppress(OSError):
+            protocol.send(ctl, protocol.Prepare(ruleset=bool(fds)), fds)
+    finally:
+        protocol.close(fds)
+
+
+def plan_memfd(data: bytes, name: str = "boxy-plan") -> int:
     """The plan in a sealed memfd: a datagram caps it at the socket's buffer (a tree of
     3,000 nested repositories or a 200 KB argv did not fit), a memfd at nothing a
     payload can reach. Sealed, so what stage 2 reads is what was written."""
-    fd = os.memfd_create("boxy-plan", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         view = memoryview(data)
         while view:
@@ -204,13 +265,20 @@ class Stage2:
         self._rooted = False  # PID 1 confined in the sandbox's root: paths resolve there
         self._killed = False  # a SIGKILL sent: PID 1 dead without a word was ours
         self._joiner: Joiner | None = None
+        # the next prepared spare is yet to be forked (prime_next), with this ruleset
+        self._prime = False
+        self._ruleset: str | None = None
+        self._prime_timer: asyncio.TimerHandle | None = None
 
     @classmethod
     def start(cls, template: Template, plan: Plan, stdio: list[int]) -> Stage2:
-        # a networked run takes a spare whose network is made already
-        ctl = template.spawn(prepared=plan.net != "none")
+        # A networked run takes a spare whose network is made already (and its ruleset
+        # loaded, if a spare loaded this one); the next is forked later (prime_next).
+        prepared = plan.net != "none"
+        ctl = template.spawn(prepared=prepared, ruleset=plan.net_ruleset, prime=not prepared)
         ctl.setblocking(False)
         stage2 = cls(ctl, template)
+        stage2._prime, stage2._ruleset = prepared, plan.net_ruleset
         try:
             plan_fd = plan_memfd(ops.to_wire(plan))
         except OSError as e:
@@ -264,6 +332,21 @@ class Stage2:
         held, self._held = self._held, []
         for request in held:
             self.send(request)
+        if self._prime:
+            self._prime_timer = self._loop.call_later(PRIME_AFTER, self.prime_next)
+
+    def prime_next(self) -> None:
+        """The prepared spares for the next networked run, once this one has ended (or
+        failed, or run PRIME_AFTER): the bare one if it was taken, and the one that loads
+        this run's ruleset ahead."""
+        if self._prime_timer is not None:
+            self._prime_timer.cancel()
+            self._prime_timer = None
+        if self._prime and self._template is not None:
+            self._prime = False
+            self._template.prime(prepared=True)
+            if self._ruleset is not None:
+                self._template.prime_ruled(self._ruleset)
 
     def _status_readable(self) -> None:
         assert self._init is not None
@@ -319,6 +402,7 @@ class Stage2:
         self._queue.put_nowait(protocol.Done(end))
         self._queue.put_nowait(None)
         self._let_go()
+        self.prime_next()
 
     async def next(self) -> Received | None:
         """The next report (with what it carried); None once the sandbox is gone."""
@@ -394,6 +478,7 @@ class Stage2:
             self._init.close(self._loop)
 
     def close(self) -> None:
+        self.prime_next()
         if not self._closed:
             self._closed = True
             with contextlib.suppress(RuntimeError, ValueError):

@@ -61,15 +61,28 @@ def receive_plan(
 ) -> tuple[Outer, bytes, list[int], netns.Gateway | None]:
     """The plan (a memfd, first) and the payload's stdio: four fds in one message
     (MSG, or the one after it). A spare told to Prepare first makes its network while
-    it waits (prepare_network)."""
+    it waits (prepare_network), with the ruleset it was sent loaded ahead."""
     prepared = None
     if isinstance(msg, p.Prepare):
-        prepared = prepare_network()
+        prepared = prepare_network(read_ruleset(fds) if msg.ruleset else None)
         msg, fds = next_request(ctl, p.PlanFds.FDS)
     if not isinstance(msg, p.PlanFds):
         p.close(fds)
         raise SetupError(f"control: {msg.KIND} where the plan was due")
     return (*read_plan(fds), prepared)
+
+
+def read_ruleset(fds: list[int]) -> str:
+    """The ruleset a Prepare carried, from its memfd (FDS[0], closed)."""
+    try:
+        size = os.fstat(fds[0]).st_size
+        if size > MAX_PLAN:
+            raise SetupError(f"control: the ruleset is larger than {MAX_PLAN >> 20} MiB")
+        return os.pread(fds[0], size, 0).decode()
+    except UnicodeDecodeError:
+        raise SetupError("control: the ruleset is not UTF-8") from None
+    finally:
+        p.close(fds)
 
 
 def read_plan(fds: list[int]) -> tuple[Outer, bytes, list[int]]:
@@ -150,14 +163,15 @@ class Forked:
         return [self.pidfd, self.status_r, self.alive_w, *self.ns, *pty]
 
 
-def prepare_network() -> netns.Gateway:
+def prepare_network(ruleset: str | None) -> netns.Gateway:
     """Steps 1–3 of a spare, ahead of its plan (protocol.Prepare; docs/design.md, "A run,
     step by step"): the user namespace, this process's own user mapped to itself as
-    every plan maps it, then the gateway's network namespace without its ruleset and
-    the payload's. Nothing is in them yet; the plan's ruleset is loaded before the
-    listeners go to boxyd, and a plan without network discards them."""
+    every plan maps it, then the gateway's network namespace, with RULESET (the last
+    networked run's) or none yet, and the payload's. Nothing is in them yet; the
+    plan's ruleset is loaded (or found to be RULESET) before the listeners go to
+    boxyd, and a plan without network discards them."""
     namespaces.enter_user_namespace(os.getuid(), os.getgid())
-    gateway = netns.enter_gateway_netns(None)
+    gateway = netns.enter_gateway_netns(ruleset)
     try:
         netns.enter_payload_netns(gateway, keep_gateway=True)
     except BaseException:

@@ -65,6 +65,7 @@ class Gateway:
     nftset: socket.socket
     netns_fd: int
     rtnl: Rtnl | None = field(default=None, repr=False)
+    loaded: str | None = field(default=None, repr=False)  # the ruleset in the gateway netns
 
     LISTENERS: ClassVar[tuple[str, ...]] = rs.GATEWAY_SOCKETS
 
@@ -74,6 +75,7 @@ class Gateway:
 
     def release_netns(self) -> None:
         """Give up the way back into the gateway netns (end of step 3)."""
+        self.loaded = None
         if self.rtnl is not None:
             self.rtnl.close()
             self.rtnl = None
@@ -198,7 +200,8 @@ def enter_gateway_netns(
     The ports and mark must be those ``ruleset`` was built with (else TPROXY finds no
     listener and the traffic is dropped: closed, not open). RULESET None: a network
     prepared ahead, whose ruleset comes with the plan (apply_ruleset), before the
-    payload netns holds anything that could send.
+    payload netns holds anything that could send; or, for a network prepared ahead,
+    the last networked run's, which the plan's must then be (apply_ruleset).
     """
     _unshare_net(GW)
     with contextlib.ExitStack() as undo:  # on any failure, close what was opened
@@ -215,7 +218,7 @@ def enter_gateway_netns(
                 ipr.local_default_route(family, ROUTE_TABLE, LOOPBACK_IFINDEX)
                 ipr.fwmark_rule(family, mark, ROUTE_TABLE)
         socks = _gateway_sockets(undo, tcp_port, udp_port, dns_port)
-        gw = Gateway(**socks, netns_fd=netns_fd, rtnl=ipr)
+        gw = Gateway(**socks, netns_fd=netns_fd, rtnl=ipr, loaded=ruleset)
         undo.pop_all()  # success: the Gateway owns all of it now
     return gw
 
@@ -291,10 +294,17 @@ def enter_payload_netns(gw: Gateway, *, keep_gateway: bool = False) -> None:
 def apply_ruleset(gw: Gateway, ruleset: str) -> None:
     """Step 2's ruleset, for a network made ahead of the plan: into the gateway netns,
     load it, and back into the payload netns; then the way back is given up as at the
-    end of step 3. Needs CAP_SYS_ADMIN (setns) and CAP_NET_ADMIN over both (step 7
-    drops them)."""
+    end of step 3. A ruleset loaded ahead (the last run's) must be this very text,
+    and is not loaded again: loading another over it would merge into its sets (and
+    replacing the table waits out RCU grace periods: 7-30 ms). Needs CAP_SYS_ADMIN (setns) and CAP_NET_ADMIN over both (step 7 drops them)."""
     if gw.netns_fd < 0:
         raise SetupError(f"{GW}: the gateway netns was already released")
+    if gw.loaded is not None:  # loading over it would add to its sets: never
+        same, gw.loaded = gw.loaded == ruleset, None
+        if not same:
+            raise SetupError(f"{GW}: the ruleset loaded ahead is not the plan's")
+        gw.release_netns()
+        return
     with _step(f"{PAYLOAD}: open /proc/self/ns/net"):
         back = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:

@@ -79,10 +79,16 @@ class PlanFds(_Message):
 @dataclass(frozen=True)
 class Prepare(_Message):
     """To a spare, before its plan: make steps 1–3 (the user namespace as this user,
-    the gateway's and the payload's network namespaces, the gateway's ruleset left for
-    the plan) while no run waits; a plan without network discards them."""
+    the gateway's and the payload's network namespaces) while no run waits; a plan
+    without network discards them. RULESET: a sealed memfd comes with it holding the
+    ruleset of the networked run before (JSON text), loaded ahead into the gateway
+    netns; boxyd gives such a spare only a plan with that very ruleset."""
 
     KIND = "prepare"
+    ruleset: bool = False
+
+    def fd_count(self) -> int:
+        return 1 if self.ruleset else 0
 
 
 @dataclass(frozen=True)

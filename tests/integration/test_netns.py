@@ -276,6 +276,14 @@ def _in_fork(fn: Any) -> dict[str, Any]:
     return json.loads(data)
 
 
+def _ahead(netns: Any, loaded: str, planned: str) -> None:
+    """A spare's network made ahead with LOADED (boxyd/stage2/__main__.py,
+    prepare_network), then the plan's ruleset PLANNED applied to it."""
+    gw = netns.enter_gateway_netns(loaded)
+    netns.enter_payload_netns(gw, keep_gateway=True)
+    netns.apply_ruleset(gw, planned)
+
+
 def _gateway_view(ipr: Any) -> dict[str, Any]:
     links = {m["index"]: m.get_attr("IFLA_IFNAME") for m in ipr.link("dump")}
     routes = []
@@ -327,6 +335,13 @@ def child(root: str) -> dict[str, Any]:
     }
     bad = json.dumps({"nftables": [*rules_json["nftables"], bogus]})
     report["errors"]["bad_ruleset"] = _in_fork(lambda: netns.enter_gateway_netns(bad))
+    other = json.dumps(
+        ruleset.gateway_ruleset(
+            mode="public", deny_v4=DENY_V4, deny_v6=DENY_V6, except_v4=[], except_v6=[]
+        )
+    )
+    report["errors"]["ahead_same"] = _in_fork(lambda: _ahead(netns, rules, rules))
+    report["errors"]["ahead_other"] = _in_fork(lambda: _ahead(netns, rules, other))
     t0 = time.perf_counter()
     gw = netns.enter_gateway_netns(rules)
     t1 = time.perf_counter()
@@ -500,6 +515,18 @@ def test_a_bad_ruleset_is_refused_whole_with_libnftables_words(report: dict) -> 
     # The table of the failed batch's first command was never created.
     assert delete.startswith("gateway netns: nftables: "), delete
     assert "No such file or directory" in delete
+
+
+def test_a_ruleset_loaded_ahead_serves_only_a_plan_with_that_very_ruleset(
+    report: dict,
+) -> None:
+    """A spare that loaded the last run's ruleset ahead: the same plan's is not loaded
+    again; another plan's is refused, never loaded over it (it would merge into the
+    sets loaded ahead: an --allow-cidr of the run before would be let through)."""
+    assert report["errors"]["ahead_same"]["error"] is None, report["errors"]["ahead_same"]
+    assert report["errors"]["ahead_other"]["error"] == (
+        "SetupError: gateway netns: the ruleset loaded ahead is not the plan's"
+    ), report["errors"]["ahead_other"]
 
 
 def test_step2_without_a_user_namespace_says_so(report: dict) -> None:

@@ -10,7 +10,8 @@ import socket
 import time
 
 from boxyd.daemon import walkproc
-from boxyd.daemon.stage2proc import Template, _waiting
+from boxyd.daemon.network import gateway_ruleset
+from boxyd.daemon.stage2proc import RULED_SPARES, Template, _waiting
 from boxyd.stage2 import protocol
 
 REQUEST = {"roots": [], "git_guard": False, "created": [], "user_hooks": None, "secrets": []}
@@ -144,3 +145,63 @@ def test_a_spare_that_could_not_prepare_is_not_handed_out() -> None:
         conn.close()
     finally:
         template.close()
+
+
+def _wait_gone(conn: socket.socket) -> None:
+    deadline = time.monotonic() + 20
+    while _waiting(conn) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_spare_that_loaded_a_ruleset_ahead_serves_only_a_run_with_that_ruleset() -> None:
+    """The real stage-2 template: a spare told to Prepare with a ruleset loads it ahead
+    (and stays, waiting: the ruleset was loaded); a run with another ruleset takes the
+    bare prepared spare (or a child forked for it), a run without network the plain
+    one; a spare whose ruleset was refused has ended and is not handed out."""
+    public = gateway_ruleset("public", (), None, None)
+    allowlist = gateway_ruleset("allowlist", (), (443,), None, ())
+    template = Template(spare=True)
+    template.start()
+    try:
+        template.prime()
+        template.prime(prepared=True)
+        plain, bare = template._spares[False], template._spares[True]
+        assert plain is not None and bare is not None
+        template.prime_ruled(public)
+        template.prime_ruled("{not a ruleset")
+        ruled, refused = template._ruled[public], template._ruled["{not a ruleset"]
+        _wait_gone(refused)
+        assert not _waiting(refused) and _waiting(ruled)
+        # refused: it has ended and is not handed out; the bare spare serves the run
+        assert template.spawn(prepared=True, ruleset="{not a ruleset", prime=False) is bare
+        other = template.spawn(prepared=True, ruleset=allowlist, prime=False)
+        assert other not in (bare, ruled, plain)  # forked for the run
+        assert template.spawn(prepared=False) is plain
+        assert template.spawn(prepared=True, ruleset=public, prime=False) is ruled
+        assert template._ruled == {} and template._spares[True] is None
+        assert _waiting(ruled)  # the plan would find its network and ruleset made
+        for conn in (bare, other, plain, ruled):
+            conn.close()
+    finally:
+        template.close()
+
+
+def test_ruled_spares_are_kept_for_the_last_rulesets_run() -> None:
+    """One spare per ruleset of the last RULED_SPARES networked runs; priming one already
+    there forks nothing and makes it the most recent; the oldest one gives way (closed:
+    it exits)."""
+    template = Template(spare=True)
+    template.start()
+    try:
+        texts = [f"{{not a ruleset {i}" for i in range(RULED_SPARES + 1)]
+        for text in texts[:RULED_SPARES]:
+            template.prime_ruled(text)
+        first, second = template._ruled[texts[0]], template._ruled[texts[1]]
+        template.prime_ruled(texts[0])
+        assert template._ruled[texts[0]] is first
+        template.prime_ruled(texts[RULED_SPARES])
+        assert list(template._ruled) == [*texts[2:RULED_SPARES], texts[0], texts[RULED_SPARES]]
+        assert second.fileno() == -1  # closed: the least recent gave way
+    finally:
+        template.close()
+    assert template._ruled == {}

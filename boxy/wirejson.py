@@ -55,6 +55,14 @@ def loads(data: bytes | bytearray | str) -> Any:
         obj, end = _scan(text, _skip(text, 0))
     except StopIteration as e:
         raise ValueError(f"Expecting value: char {e.value}") from None
+    except SystemError:
+        # CPython 3.11's scanner raises its syntax errors as json.decoder's
+        # JSONDecodeError, which it looks up in sys.modules only: not imported, it
+        # fails without an exception. Imported now (only for text that is no JSON),
+        # the same scan says what is wrong.
+        import json.decoder  # noqa: F401
+
+        obj, end = _scan(text, _skip(text, 0))
     if _skip(text, end) != len(text):
         raise ValueError(f"Extra data: char {end}")
     return obj

@@ -5,7 +5,6 @@ the project (README, "Agents (Claude Code)")."""
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import shlex
@@ -13,6 +12,7 @@ import stat
 import sys
 import time
 
+from boxy import wirejson
 from boxy.errors import BoxyError, UsageError
 from boxy.paths import config_home, ensure_private_dir, runtime_dir_str
 from boxyctl import hookpolicy as hp
@@ -103,7 +103,7 @@ def _cached(key: list[object]) -> object:
             st = os.fstat(f.fileno())
             if st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode):
                 return _MISSING
-            got = json.load(f)
+            got = wirejson.loads(f.read())
     except (OSError, ValueError):
         return _MISSING
     if not isinstance(got, dict) or got.get("key") != key or "doc" not in got:
@@ -117,7 +117,7 @@ def _store(key: list[object], doc: object) -> None:
     if not isinstance(ctime_ns, int) or time.time() - ctime_ns / 1e9 < SETTLED:
         return
     try:
-        data = json.dumps({"key": key, "doc": doc})
+        data = wirejson.dumps({"key": key, "doc": doc})
     except (TypeError, ValueError):  # YAML has more types than JSON: parsed each time
         return
     try:
@@ -216,7 +216,7 @@ def daemon_problem() -> str | None:
 
 
 def _emit(answer: dict[str, object]) -> int:
-    sys.stdout.write(json.dumps(answer) + "\n")
+    sys.stdout.write(wirejson.dumps(answer) + "\n")
     return 0
 
 
@@ -282,7 +282,7 @@ def install(path: Path, command: str, *, remove: bool) -> str:
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"{path}: {e}") from None
     try:
-        settings = json.loads(text) if text is not None and text.strip() else {}
+        settings = wirejson.loads(text) if text is not None and text.strip() else {}
         if not isinstance(settings, dict):
             raise ValueError("not a JSON object")
         new = hp.without_hook(settings) if remove else hp.with_hook(settings, command)
@@ -293,6 +293,8 @@ def install(path: Path, command: str, *, remove: bool) -> str:
         return f"{'not in' if remove else 'already in'} {path}; unchanged"
     if remove and text is None:
         return f"not in {path}; unchanged"
+    import json  # (indented, for the user to read: installing is seldom)
+
     _write_atomic(path, json.dumps(new, indent=2) + "\n")
     return f"{verb} {path}"
 

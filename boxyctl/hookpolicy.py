@@ -12,10 +12,13 @@ with shlex), so its quoting, pipes and exit status are the shell's own (README,
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
+
+# json.loads's own C scanner without json's Python wrapper (boxy/wirejson.py): the
+# hook runs before every command an agent types
+from boxy import wirejson
 
 NODE = ("npm", "npx", "pnpm", "pnpx", "yarn", "yarnpkg", "bun", "bunx", "corepack")
 PYTHON = ("pip", "pip3", "pipx", "uv", "uvx", "poetry", "pdm", "hatch", "tox", "nox", "pip -m")
@@ -351,7 +354,7 @@ def parse_event(data: bytes) -> Event | None:
     "hook_event_name": "PreToolUse", "tool_name", "tool_input": {"command", …}}.
     Anything else is a ValueError naming what is wrong, in one line."""
     try:
-        doc = json.loads(data)
+        doc = wirejson.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"the hook's input is not JSON ({e})") from None
     if not isinstance(doc, dict):

@@ -64,3 +64,28 @@ def test_what_json_cannot_hold_is_refused_as_json_refuses_it() -> None:
     assert wirejson.dumps([shared, shared]) == "[[1],[1]]"  # a fresh encoder each call
     with pytest.raises(RecursionError):
         wirejson.loads("[" * 100_000)
+
+
+def test_bad_text_is_a_value_error_where_json_was_never_imported() -> None:
+    # the hook's process imports no json: 3.11's scanner then had no error to raise
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from boxy import wirejson\n"
+        "assert 'json.decoder' not in sys.modules\n"
+        "for bad in ('{', '[1,]', \"{'a':1}\", '\"\\x01\"', '01', '{\"a\" 1}'):\n"
+        "    try:\n"
+        "        wirejson.loads(bad)\n"
+        "    except ValueError:\n"
+        "        continue\n"
+        "    raise SystemExit(f'no ValueError for {bad!r}')\n"
+        "print(wirejson.loads('{\"ok\": [1]}'))\n"
+    )
+    root = str(Path(__file__).resolve().parents[2])
+    r = subprocess.run(
+        [sys.executable, "-S", "-c", code, root], capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "{'ok': [1]}"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import shlex
 import stat
 import sys
 import time
@@ -16,6 +15,7 @@ from boxy import wirejson
 from boxy.errors import BoxyError, UsageError
 from boxy.paths import config_home, ensure_private_dir, runtime_dir_str
 from boxyctl import hookpolicy as hp
+from boxyctl import shellquote
 from boxyctl.fullsite import ensure_site
 
 TYPE_CHECKING = False  # typing and pathlib cost the hook 10 ms; annotations only
@@ -336,6 +336,6 @@ def main(argv: list[str], cwd: str, say: Any) -> int:
     if ns.action == "claude":
         return claude(read_stdin())
     _, configured = load_config()
-    command = f"{shlex.quote(boxyctl_path(configured))} hook claude"
+    command = f"{shellquote.quote(boxyctl_path(configured))} hook claude"
     say(install(settings_path(ns.project, cwd), command, remove=ns.remove))
     return 0

@@ -6,19 +6,19 @@ shlex's splitter cannot tell a quoted '|' from a pipe) into simple commands (at 
 is its first word after assignments (`VAR=value`) and wrappers (`env`, `nice`, …).
 A line is intercepted when any program is on the intercept list and not on the
 passthrough list; then the whole line runs as `boxyctl run … -- sh -c LINE` (joined
-with shlex), so its quoting, pipes and exit status are the shell's own (README,
+with shlex's quoting), so its quoting, pipes and exit status are the shell's own (README,
 "Agents (Claude Code)").
 """
 
 from __future__ import annotations
 
 import os
-import re
-import shlex
 
-# json.loads's own C scanner without json's Python wrapper (boxy/wirejson.py): the
-# hook runs before every command an agent types
+# Neither json, shlex nor re on the hook's path (it runs before every command an agent
+# types: bench/hook.py): json's own C scanner (boxy/wirejson.py), shlex's quoting
+# (boxyctl/shellquote.py) and the few patterns below as plain string tests
 from boxy import wirejson
+from boxyctl import shellquote
 
 NODE = ("npm", "npx", "pnpm", "pnpx", "yarn", "yarnpkg", "bun", "bunx", "corepack")
 PYTHON = ("pip", "pip3", "pipx", "uv", "uvx", "poetry", "pdm", "hatch", "tox", "nox", "pip -m")
@@ -56,8 +56,8 @@ _WRAPPERS: dict[str, frozenset[str]] = {
     "chronic": frozenset(),
 }
 _SHELLS = frozenset(("sh", "bash", "dash", "zsh", "ksh", "mksh", "busybox"))
-_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
-_PYTHON = re.compile(r"python[0-9.]*")
+_NAME_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
+_NAME_REST = _NAME_START | frozenset("0123456789")
 _MAX_DEPTH = 4  # `sh -c "sh -c …"`: deeper than this is intercepted outright
 
 
@@ -217,8 +217,23 @@ def _word_part(line: str, i: int, word: list[str], subs: list[str]) -> int:
 
 def _substitutions(text: str) -> list[str]:
     """The command lines of the `$(…)` and backticks in double-quoted TEXT."""
-    out = [m.group(1) for m in re.finditer(r"\$\((.*)\)", text, re.S)]
+    out = []
+    start, end = text.find("$("), text.rfind(")")
+    if start >= 0 and start + 2 <= end:  # from the first `$(` to the last `)`, as sh nests
+        out.append(text[start + 2 : end])
     return out + text.split("`")[1::2]
+
+
+def is_assignment(word: str) -> bool:
+    """WORD starts a shell assignment: NAME= or NAME+= (ASCII NAME, not a digit first)."""
+    eq = word.find("=")
+    name = word[: eq - 1] if eq > 0 and word[eq - 1] == "+" else word[:eq]
+    return eq > 0 and bool(name) and name[0] in _NAME_START and _NAME_REST.issuperset(name)
+
+
+def is_python(name: str) -> bool:
+    """python, python3, python3.11 … (what `python -m pip` is run as)."""
+    return name.startswith("python") and frozenset("0123456789.").issuperset(name[6:])
 
 
 def _program(words: list[str], depth: int) -> list[str]:
@@ -227,7 +242,7 @@ def _program(words: list[str], depth: int) -> list[str]:
     i = 0
     while i < len(words):
         w = words[i]
-        if _ASSIGNMENT.match(w) or w in _KEYWORDS:
+        if is_assignment(w) or w in _KEYWORDS:
             i += 1
             continue
         if "$" in w or "`" in w:
@@ -242,7 +257,7 @@ def _program(words: list[str], depth: int) -> list[str]:
         inner = _shell_command(rest) if name in _SHELLS else None
         if inner is not None:
             return [name, *_inner(inner, depth)]
-        if _PYTHON.fullmatch(name) and _runs_pip(rest):
+        if is_python(name) and _runs_pip(rest):
             return [PYTHON_PIP]
         return [name]
     return []
@@ -302,6 +317,8 @@ def decide(line: str, config: HookConfig, *, project_approved: bool = False) -> 
         and (every or p == "*" or p in config.intercept)
     ]
     if found == [UNSPLIT]:  # look for a listed name anywhere in it
+        import re  # (only for a line that does not split)
+
         words = set(re.findall(r"[A-Za-z0-9_.+][A-Za-z0-9_.+-]*", line))
         hits = ["*"] if every or words & set(config.intercept) - set(config.passthrough) else []
     if not hits:
@@ -319,7 +336,7 @@ def wrap(line: str, decision: Decision, config: HookConfig, boxyctl: str) -> str
     if decision.profile is not None:
         argv += ["-p", decision.profile]
     argv += [*config.flags, "--", config.shell, "-c", line]
-    return shlex.join(argv)
+    return shellquote.join(argv)
 
 
 def reason(decision: Decision) -> str:
@@ -406,6 +423,8 @@ def is_our_hook(entry: object) -> bool:
     """A hooks[] item that runs `… boxyctl hook claude` (any path to boxyctl)."""
     if not isinstance(entry, dict) or not isinstance(entry.get("command"), str):
         return False
+    import shlex  # (installing and removing only)
+
     try:
         argv = shlex.split(entry["command"])
     except ValueError:

@@ -296,7 +296,8 @@ def apply_ruleset(gw: Gateway, ruleset: str) -> None:
     load it, and back into the payload netns; then the way back is given up as at the
     end of step 3. A ruleset loaded ahead (the last run's) must be this very text,
     and is not loaded again: loading another over it would merge into its sets (and
-    replacing the table waits out RCU grace periods: 7-30 ms). Needs CAP_SYS_ADMIN (setns) and CAP_NET_ADMIN over both (step 7 drops them)."""
+    replacing the table waits out RCU grace periods: 7-30 ms). Needs CAP_SYS_ADMIN
+    (setns) and CAP_NET_ADMIN over both (step 7 drops them)."""
     if gw.netns_fd < 0:
         raise SetupError(f"{GW}: the gateway netns was already released")
     if gw.loaded is not None:  # loading over it would add to its sets: never

@@ -5,8 +5,8 @@ shlex's splitter cannot tell a quoted '|' from a pipe) into simple commands (at 
 `&&`, `||`, `;`, `&`, newlines, subshells, `$(…)` and backticks); each one's program
 is its first word after assignments (`VAR=value`) and wrappers (`env`, `nice`, …).
 A line is intercepted when any program is on the intercept list and not on the
-passthrough list; then the whole line runs as `boxyctl run … -- sh -c LINE` (joined
-with shlex's quoting), so its quoting, pipes and exit status are the shell's own (README,
+passthrough list; then the whole line runs as `boxyctl run … -- sh -c LINE` (quoted
+as shlex quotes), so its quoting, pipes and exit status are the shell's own (README,
 "Agents (Claude Code)").
 """
 
@@ -58,6 +58,7 @@ _WRAPPERS: dict[str, frozenset[str]] = {
 _SHELLS = frozenset(("sh", "bash", "dash", "zsh", "ksh", "mksh", "busybox"))
 _NAME_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
 _NAME_REST = _NAME_START | frozenset("0123456789")
+_VERSION = frozenset("0123456789.")
 _MAX_DEPTH = 4  # `sh -c "sh -c …"`: deeper than this is intercepted outright
 
 
@@ -233,7 +234,7 @@ def is_assignment(word: str) -> bool:
 
 def is_python(name: str) -> bool:
     """python, python3, python3.11 … (what `python -m pip` is run as)."""
-    return name.startswith("python") and frozenset("0123456789.").issuperset(name[6:])
+    return name.startswith("python") and _VERSION.issuperset(name[6:])
 
 
 def _program(words: list[str], depth: int) -> list[str]:

@@ -58,7 +58,12 @@ def _fork(template_ctl: socket.socket, conn: int, child: Child) -> None:
     child: every object the template's loop touches is a page each child keeps a copy
     of, issue #18); it never returns into the template's loop."""
     template_pid = os.getpid()
-    if os.fork() != 0:
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(conn)  # (no object of ours would close it)
+        raise
+    if pid != 0:
         os.close(conn)
         return
     status = 1

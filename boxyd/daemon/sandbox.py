@@ -442,7 +442,9 @@ class StageSandbox:
         reported = await self._expect(protocol.Pid)
         if reported is None:
             return False
-        placement = await self._launcher.scopes.place(self._sink.id, reported.pid, self.spec)
+        placement = await self._launcher.scopes.place(
+            self._sink.id, (reported.pid, reported.zygote), self.spec
+        )
         self._scope_path = placement.path
         self._placement = placement
         self.limits = limits(self.spec, placement)

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -145,11 +146,13 @@ def _cpus(cpus: float, unit: str | None, missing: str | None) -> Limit:
     return Limit("cpus", cpus, False, missing, f"--cpus {cpus:g}: not enforced ({missing})")
 
 
-def unit_properties(pid: int, spec: RunSpec, sid: str) -> list[tuple[str, tuple[str, object]]]:
+def unit_properties(
+    pids: Sequence[int], spec: RunSpec, sid: str
+) -> list[tuple[str, tuple[str, object]]]:
     """StartTransientUnit's properties, as (name, (signature, value))."""
     props: list[tuple[str, tuple[str, object]]] = [
         ("Description", ("s", f"boxy session {sid}")),
-        ("PIDs", ("au", [pid])),
+        ("PIDs", ("au", list(pids))),
         ("Delegate", ("b", True)),
         ("CollectMode", ("s", "inactive-or-failed")),
         ("MemoryMax", ("t", spec.memory)),
@@ -183,7 +186,7 @@ def own_parent() -> str:
     return parent
 
 
-def place_in_own_subtree(sid: str, pid: int, spec: RunSpec, why: str) -> Placement:
+def place_in_own_subtree(sid: str, pids: Sequence[int], spec: RunSpec, why: str) -> Placement:
     """Without a user manager: a child boxy-<id> of boxyd's own cgroup, when that
     cgroup is delegated to us; its limits where the parent enables the controller.
     Else no placement, and WHY (blocking: a thread); raises NotDelegated."""
@@ -199,7 +202,8 @@ def place_in_own_subtree(sid: str, pid: int, spec: RunSpec, why: str) -> Placeme
         ):
             if controller in enabled and (controller != "cpu" or spec.cpus is not None):
                 Path(child, name).write_text(value)
-        Path(child, "cgroup.procs").write_text(str(pid))
+        for pid in pids:  # (one pid per write: cgroup.procs takes no more)
+            Path(child, "cgroup.procs").write_text(str(pid))
     except OSError as e:
         return Placement(reason=f"{why}; cannot use boxyd's cgroup {parent}: {e.strerror}")
     controllers = frozenset(Path(child, "cgroup.controllers").read_text().split())
@@ -228,6 +232,12 @@ def _cgroup_of(pid: int) -> str | None:
     return next((ln[3:] for ln in text.splitlines() if ln.startswith("0::")), None)
 
 
+def _cgroup_of_all(pids: Sequence[int]) -> str | None:
+    """The cgroup PIDS are all in; None while they are not in one (or are gone)."""
+    rels = {_cgroup_of(pid) for pid in pids}
+    return rels.pop() if len(rels) == 1 else None
+
+
 def _cgroup_dir(rel: str) -> tuple[str | None, frozenset[str]]:
     """The directory of REL in the v2 hierarchy, and its controllers."""
     from boxyd.daemon.doctor import cgroup_mounts
@@ -253,15 +263,16 @@ class Scopes:
         self.bus: MessageBus | None = None
         self._own: str | None = None  # why boxyd's own cgroup cannot hold runs, once known
 
-    async def place(self, sid: str, pid: int, spec: RunSpec) -> Placement:
+    async def place(self, sid: str, pids: Sequence[int], spec: RunSpec) -> Placement:
+        """The run's scope, holding PIDS (the outer stage 2 and PID 1's parent)."""
         if self.bus is None:
             return await self._in_own_subtree(
-                sid, pid, spec, "no session bus to reach a user manager"
+                sid, pids, spec, "no session bus to reach a user manager"
             )
         from dbus_fast import Message, MessageType, Variant
 
         unit = f"boxy-{sid}.scope"
-        props = [(k, Variant(sig, v)) for k, (sig, v) in unit_properties(pid, spec, sid)]
+        props = [(k, Variant(sig, v)) for k, (sig, v) in unit_properties(pids, spec, sid)]
         try:
             reply = await asyncio.wait_for(
                 self.bus.call(
@@ -278,18 +289,18 @@ class Scopes:
             )
         except (TimeoutError, OSError, Exception) as e:  # the bus is boxyd's; the run goes on
             return await self._in_own_subtree(
-                sid, pid, spec, f"the user manager did not answer ({type(e).__name__})"
+                sid, pids, spec, f"the user manager did not answer ({type(e).__name__})"
             )
         if reply.message_type == MessageType.ERROR:
             detail = reply.body[0] if reply.body else reply.error_name
             return await self._in_own_subtree(
-                sid, pid, spec, f"no scope from the user manager: {detail}"
+                sid, pids, spec, f"no scope from the user manager: {detail}"
             )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + PLACE_TIMEOUT
         pause = 0.001  # the job moves the process a moment after the reply: look soon
-        while loop.time() < deadline:  # the job moves the process: wait to see it there
-            rel = await asyncio.to_thread(_cgroup_of, pid)
+        while loop.time() < deadline:  # the job moves the processes: wait to see them there
+            rel = await asyncio.to_thread(_cgroup_of_all, pids)
             if rel is not None and rel.endswith("/" + unit):
                 path, controllers = await asyncio.to_thread(_cgroup_dir, rel)
                 return Placement(unit, controllers, path=path)
@@ -297,13 +308,15 @@ class Scopes:
             pause = min(pause * 2, 0.01)
         return Placement(reason=f"{unit} was made but the run is not in it")
 
-    async def _in_own_subtree(self, sid: str, pid: int, spec: RunSpec, why: str) -> Placement:
+    async def _in_own_subtree(
+        self, sid: str, pids: Sequence[int], spec: RunSpec, why: str
+    ) -> Placement:
         """boxyd's cgroup does not move: once it is known not to be delegated, every
         later run is told so at once, with no thread and no file read."""
         if self._own is not None:
             return Placement(reason=f"{why}; {self._own}")
         try:
-            return await asyncio.to_thread(place_in_own_subtree, sid, pid, spec, why)
+            return await asyncio.to_thread(place_in_own_subtree, sid, pids, spec, why)
         except NotDelegated as e:
             self._own = str(e)
             return Placement(reason=f"{why}; {self._own}")

@@ -1,5 +1,6 @@
-"""The outer stage 2: step 0 (its scope), docs/design.md, steps 1–5, PID 1, which it then
-hands over to boxyd before it exits (no second long-lived process per session).
+"""The outer stage 2: step 0 (its scope), docs/design.md, steps 1–5, PID 1 (forked by
+its zygote: boxyd/stage2/zygote.py), which it then hands over to boxyd before it exits
+(no second long-lived process per session).
 
 boxyd starts ONE template per daemon: ``python -I -m boxyd.stage2 DAEMON_PID CTL_FD``
 — a fresh interpreter with an empty environment and nothing secret in its argv, that
@@ -27,9 +28,8 @@ from typing import Any
 
 from boxy import wirejson
 from boxy.errors import SetupError
-from boxyd.kernel.sys import libc
 from boxyd.plan.ops import Init, Outer, split_wire
-from boxyd.stage2 import caps, joiner, namespaces, netns, nft, pid1, template
+from boxyd.stage2 import caps, joiner, namespaces, netns, nft, pid1, template, zygote
 from boxyd.stage2 import protocol as p
 
 MAX_PLAN = 256 << 20  # read from boxyd's sealed memfd; far beyond any argv or tree
@@ -58,7 +58,7 @@ def next_request(ctl: socket.socket, max_fds: int) -> tuple[p.Request, list[int]
 
 def receive_plan(
     ctl: socket.socket, msg: p.Request, fds: list[int]
-) -> tuple[Outer, bytes, list[int], netns.Gateway | None]:
+) -> tuple[Outer, PlanRest, list[int], netns.Gateway | None]:
     """The plan (a memfd, first) and the payload's stdio: four fds in one message
     (MSG, or the one after it). A spare told to Prepare first makes its network while
     it waits (prepare_network), with the ruleset it was sent loaded ahead."""
@@ -85,26 +85,38 @@ def read_ruleset(fds: list[int]) -> str:
         p.close(fds)
 
 
-def read_plan(fds: list[int]) -> tuple[Outer, bytes, list[int]]:
-    """The plan from its memfd (FDS[0], closed): what this process needs of it decoded,
-    the rest as it came (PID 1's line and the plan: PID 1 and its children decode
-    them); and the payload's stdio."""
+class PlanRest:
+    """The plan's rest (PID 1's line and the plan, which PID 1 and its children decode),
+    left in its memfd: FD from OFFSET, read by PID 1's parent (boxyd/stage2/zygote.py)."""
+
+    def __init__(self, fd: int, offset: int) -> None:
+        self.fd, self.offset = fd, offset
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def read_plan(fds: list[int]) -> tuple[Outer, PlanRest, list[int]]:
+    """The plan from its memfd (FDS[0], kept for PID 1's parent): what this process
+    needs of it decoded, where the rest begins; and the payload's stdio."""
     plan_fd, stdio = fds[0], fds[1:]
     try:
         size = os.fstat(plan_fd).st_size
         if size > MAX_PLAN:
             raise SetupError(f"control: the plan is larger than {MAX_PLAN >> 20} MiB")
         text = os.pread(plan_fd, size, 0)
-    finally:
-        os.close(plan_fd)
-    try:
         head, inner = split_wire(text)
         # json.loads's own wrapper is more of the template touched
         outer = Outer.from_json(typing.cast(dict[str, Any], wirejson.loads(head)))
     except (ValueError, TypeError) as e:
+        os.close(plan_fd)
         p.close(stdio)
         raise SetupError(f"control: the plan cannot be read ({e})") from None
-    return outer, inner, stdio
+    except BaseException:
+        os.close(plan_fd)
+        p.close(stdio)
+        raise
+    return outer, PlanRest(plan_fd, size - len(inner)), stdio
 
 
 def request(ctl: socket.socket) -> p.Request | p.ProtocolError | None:
@@ -126,14 +138,15 @@ def request(ctl: socket.socket) -> p.Request | p.ProtocolError | None:
         p.close(fds)  # no request of boxyd's carries fds after the plan
 
 
-def join_scope(ctl: socket.socket) -> int | None:
+def join_scope(ctl: socket.socket, zygote_pid: int) -> int | None:
     """Step 0 (no privilege; before step 5 and before any process of the sandbox
     starts: a spare prepared ahead has made steps 1–3, which start none): boxyd moves
-    this process into the run's transient scope through the user manager, and says
-    when it is done; every process of the sandbox then starts in it, and step 5's
-    CLONE_NEWCGROUP makes it the sandbox's cgroup root. A signal meanwhile (a stop)
-    ends the run as if the payload had died of it: returned."""
-    send(ctl, p.Pid(os.getpid()))
+    this process and PID 1's parent-to-be (ZYGOTE_PID) into the run's transient scope
+    through the user manager, and says when it is done; every process of the sandbox
+    then starts in it, and step 5's CLONE_NEWCGROUP makes it the sandbox's cgroup
+    root. A signal meanwhile (a stop) ends the run as if the payload had died of it:
+    returned."""
+    send(ctl, p.Pid(os.getpid(), zygote_pid))
     while True:
         match request(ctl):
             case None:
@@ -153,10 +166,11 @@ class Forked:
     /proc is the host's: the builder's pivot_root moves this process's root too)."""
 
     def __init__(
-        self, pid: int, status_r: int, alive_w: int, pty: socket.socket | None, ns: list[int]
-    ) -> None:
-        self.pid, self.status_r, self.alive_w, self.pty, self.ns = pid, status_r, alive_w, pty, ns
-        self.pidfd = os.pidfd_open(pid)
+        self, pid: int, pidfd: int, status_r: int, alive_w: int, pty: socket.socket | None,
+        ns: list[int],
+    ) -> None:  # fmt: skip
+        self.pid, self.pidfd, self.status_r, self.alive_w = pid, pidfd, status_r, alive_w
+        self.pty, self.ns = pty, ns
 
     def fds(self) -> list[int]:
         pty = [self.pty.fileno()] if self.pty is not None else []
@@ -214,10 +228,11 @@ def open_namespaces() -> list[int]:
     ]
 
 
-def fork_pid1(ctl: socket.socket, plan: Outer, held: PlanRest, stdio: list[int]) -> Forked:
-    """Fork PID 1 of the new PID namespace; it never returns here. PID 1 drops every
-    capability (boxyd/stage2/pid1.py); the outer stage 2 runs nothing of the payload's
-    and hands PID 1 over to boxyd (hand_over)."""
+def fork_pid1(plan: Outer, zyg: zygote.Zygote, rest: PlanRest, stdio: list[int]) -> Forked:
+    """PID 1 of the new PID namespace, forked by the zygote in this process's
+    namespaces (boxyd/stage2/zygote.py: it inherits none of what steps 0–5 wrote
+    here). PID 1 drops every capability (boxyd/stage2/pid1.py); the outer stage 2 runs
+    nothing of the payload's and hands PID 1 over to boxyd (hand_over)."""
     ns = open_namespaces()
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     alive_r, alive_w = os.pipe2(os.O_CLOEXEC)
@@ -225,23 +240,18 @@ def fork_pid1(ctl: socket.socket, plan: Outer, held: PlanRest, stdio: list[int])
     pty_ours, pty_theirs = (
         socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) if plan.pty else (None, None)
     )
-    # What steps 1–5 freed stays in the C heap, dirty: given back now, PID 1 does not
-    # inherit it for the session's whole life (issue #18; libnftables, the most of it,
-    # runs in a child of its own: nft.apply_apart).
-    libc.malloc_trim(0)
-    pid = os.fork()
-    if pid == 0:
-        ctl.close()
-        for fd in (status_r, alive_w, *ns):
-            os.close(fd)
+    try:
+        pid, pidfd = zyg.start(rest.fd, rest.offset, stdio, status_w, alive_r, pty_theirs)
+    except BaseException:
+        p.close([*ns, status_r, alive_w])
         if pty_ours is not None:
             pty_ours.close()
-        pid1.main(held.take(), stdio, status_w, alive_r, pty_theirs)
-    os.close(status_w)
-    os.close(alive_r)
-    if pty_theirs is not None:
-        pty_theirs.close()
-    return Forked(pid, status_r, alive_w, pty_ours, ns)
+        raise
+    finally:
+        p.close([status_w, alive_r])
+        if pty_theirs is not None:
+            pty_theirs.close()
+    return Forked(pid, pidfd, status_r, alive_w, pty_ours, ns)
 
 
 def hand_over(ctl: socket.socket, forked: Forked) -> None:
@@ -262,53 +272,47 @@ def hand_over(ctl: socket.socket, forked: Forked) -> None:
                 pass
 
 
-class PlanRest:
-    """The plan's parts as run() holds them. PID 1 is forked beneath run()'s frames,
-    which it never returns through: what they reference stays in its memory for the
-    session, so PID 1 takes the plan's rest from here and empties it (issue #18)."""
-
-    def __init__(self, inner: bytes) -> None:
-        self.inner: bytes | None = inner
-
-    def take(self) -> bytes:
-        inner, self.inner = self.inner, None
-        assert inner is not None
-        return inner
-
-
-def run(ctl: socket.socket, first: p.Request, fds: list[int]) -> int:
+def run(ctl: socket.socket, zyg: zygote.Zygote, first: p.Request, fds: list[int]) -> int:
     """One sandbox, in a child forked from the template: the plan (FIRST or after it),
-    step 0 (the scope), steps 1–5 (namespaces), PID 1, then PID 1 handed over to boxyd."""
+    step 0 (the scope), steps 1–5 (namespaces), PID 1 (forked by ZYG), then PID 1
+    handed over to boxyd."""
     try:
-        plan, inner, stdio, prepared = receive_plan(ctl, first, fds)
-        held = PlanRest(inner)
-        del inner
-        stopped = join_scope(ctl)
-        if stopped is not None:
+        plan, rest, stdio, prepared = receive_plan(ctl, first, fds)
+        try:
+            stopped = join_scope(ctl, zyg.pid)
+            if stopped is not None:
+                send(ctl, p.Done(p.Killed(stopped)))
+                return 0
+            enter_namespaces(ctl, plan, prepared)
+            forked = fork_pid1(plan, zyg, rest, stdio)
+        finally:
+            rest.close()
             p.close(stdio)
-            send(ctl, p.Done(p.Killed(stopped)))
-            return 0
-        enter_namespaces(ctl, plan, prepared)
-        forked = fork_pid1(ctl, plan, held, stdio)
     except SetupError as e:
         send(ctl, p.Done(p.SetupFailed(str(e)[: p.MAX_TEXT])))
         return 1
-    p.close(stdio)
     hand_over(ctl, forked)
     return 0
 
 
 def serve(ctl: socket.socket) -> int:
     """One child of the template: a run (its plan first, or Prepare), or a joiner of
-    a running sandbox (Join first: boxyd/stage2/joiner.py)."""
+    a running sandbox (Join first: boxyd/stage2/joiner.py). PID 1's parent is forked
+    before anything is read (boxyd/stage2/zygote.py)."""
+    zyg = zygote.fork(pid1.main, ctl)
     try:
         first, fds = next_request(ctl, p.MAX_FDS)
     except SetupError as e:
+        zyg.close()
         send(ctl, p.Done(p.SetupFailed(str(e)[: p.MAX_TEXT])))
         return 1
     if isinstance(first, p.Join):
+        zyg.close()
         return joiner.serve(ctl, fds)
-    return run(ctl, first, fds)
+    try:
+        return run(ctl, zyg, first, fds)
+    finally:
+        zyg.close()
 
 
 def run_child(run_ctl: socket.socket) -> int:
@@ -332,7 +336,7 @@ def warm_up() -> None:
     writes is PID 1's for the session (issue #18). Touches no file and no socket."""
     msgs: list[tuple[p._Message, tuple[type[p._Message], ...]]] = [
         (p.PlanFds(), p.REQUESTS), (p.Placed(True), p.REQUESTS), (p.Signal(15), p.REQUESTS),
-        (p.Release(), p.REQUESTS), (p.Pid(1), p.REPORTS), (p.Started(1), p.REPORTS),
+        (p.Release(), p.REQUESTS), (p.Pid(1, 2), p.REPORTS), (p.Started(1), p.REPORTS),
         (p.Done(p.SetupFailed("x")), p.REPORTS), (p.Confined(("x",)), p.STATUSES),
         (p.Exited(0), p.STATUSES),
     ]  # fmt: skip

@@ -13,7 +13,6 @@ from boxyd.kernel.sys import (
     CLONE_NEWIPC,
     CLONE_NEWNET,
     CLONE_NEWNS,
-    CLONE_NEWPID,
     CLONE_NEWUSER,
     CLONE_NEWUTS,
     check,
@@ -50,13 +49,14 @@ def enter_user_namespace(uid: int, gid: int) -> None:
 
 
 def enter_sandbox_namespaces(plan: Outer) -> None:
-    """Step 5. Needs CAP_SYS_ADMIN over the new user namespace. Mount propagation is
+    """Step 5, but for the PID namespace, which PID 1's parent makes (boxyd/stage2/
+    zygote.py). Needs CAP_SYS_ADMIN over the new user namespace. Mount propagation is
     made private first: in a user-namespace mount namespace shared mounts become
     slaves, and host mounts made later would otherwise appear inside."""
-    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
+    flags = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
     if plan.net == "none":
         flags |= CLONE_NEWNET
-    check(libc.unshare(flags), "unshare(mount, pid, ipc, uts, cgroup namespaces)")
+    check(libc.unshare(flags), "unshare(mount, ipc, uts, cgroup namespaces)")
     m.mount(None, "/", None, m.MS_REC | m.MS_PRIVATE, None, "make / private")
     name = plan.hostname.encode()
     check(libc.sethostname(name, len(name)), "sethostname")

@@ -252,13 +252,15 @@ Status = Confined | Stopped | End
 # -- the outer stage 2 -> boxyd ------------------------------------------------------
 @dataclass(frozen=True)
 class Pid(_Message):
-    """Step 0: place PID in the run's scope, then answer Placed."""
+    """Step 0: place PID (the outer stage 2) and ZYGOTE (PID 1's parent-to-be,
+    boxyd/stage2/zygote.py) in the run's scope, then answer Placed."""
 
     KIND = "pid"
     pid: int
+    zygote: int
 
     def check(self) -> str | None:
-        return None if self.pid > 0 else f"pid {self.pid}"
+        return None if self.pid > 0 and self.zygote > 0 else f"pid {self.pid}, {self.zygote}"
 
 
 @dataclass(frozen=True)

@@ -358,6 +358,8 @@ def test_each_run_is_a_delegated_transient_scope(
         status = systemd_user.systemctl("status", unit)
         assert "Active: active (running)" in status.stdout, status.stdout + status.stderr
         assert "sleep 70" in status.stdout, status.stdout
+        # PID 1 too, though the zygote forked it (placed with the outer stage 2)
+        assert "boxy-init" in status.stdout, status.stdout
         props = systemd_user.systemctl(
             "show",
             "-p",

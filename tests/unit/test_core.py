@@ -584,12 +584,12 @@ def test_the_scope_asks_for_every_limit() -> None:
     from boxyd.daemon.scopes import unit_properties
 
     spec = RunSpec(argv=["true"], workdir="/w", memory=1 << 30, pids=300, cpus=0.5)
-    props = dict(unit_properties(42, spec, "abcd1234"))
-    assert props["PIDs"] == ("au", [42]) and props["Delegate"] == ("b", True)
+    props = dict(unit_properties((42, 43), spec, "abcd1234"))
+    assert props["PIDs"] == ("au", [42, 43]) and props["Delegate"] == ("b", True)
     assert props["MemoryMax"] == ("t", 1 << 30) and props["TasksMax"] == ("t", 300)
     assert props["CPUQuotaPerSecUSec"] == ("t", 500_000)
     assert "CPUQuotaPerSecUSec" not in dict(
-        unit_properties(42, RunSpec(argv=["x"], workdir="/"), "x")
+        unit_properties([42], RunSpec(argv=["x"], workdir="/"), "x")
     )
 
 

@@ -31,7 +31,7 @@ SAMPLES: list[p._Message] = [
     p.Killed(9, core=True),
     p.ExecFailed(2, "nosuchcmd"),
     p.SetupFailed("rootfs: /x: no such file"),
-    p.Pid(4242),
+    p.Pid(4242, 4243),
     p.Listeners(("tcp4", "udp4", "dns")),
     p.Started(17),
     p.Started(18, pty=True),
@@ -177,7 +177,7 @@ def test_unknown_kinds(obj: object) -> None:
 
 def test_a_kind_of_the_other_direction_is_unknown() -> None:
     # the payload's PID 1 cannot send boxyd a Pid, nor stage 2 a Signal, nor boxyd a Done
-    assert _error(_wire(p.Pid(1)), p.STATUSES) == "unknown message kind 'pid'"
+    assert _error(_wire(p.Pid(1, 2)), p.STATUSES) == "unknown message kind 'pid'"
     assert _error(_wire(p.Signal(9)), p.REPORTS) == "unknown message kind 'signal'"
     assert _error(_wire(p.Done(p.Exited(0))), p.REQUESTS) == "unknown message kind 'done'"
     # and Done's end is an end, never another report
@@ -221,7 +221,8 @@ def test_an_oversized_frame_is_refused_either_way() -> None:
         p.SocketMade(1, "x" * (p.MAX_TEXT + 1)),
         p.Confined(("n",) * (p.MAX_NOTES + 1)),
         p.Confined(("x" * (p.MAX_NOTE + 1),)),
-        p.Pid(0),
+        p.Pid(0, 1),
+        p.Pid(1, 0),
         p.Started(-5),
         p.Listeners(("a", "a")),
         p.LivePin(1, "x" * (p.MAX_PATH + 1), "/w"),

@@ -9,6 +9,7 @@ import os
 import pty
 import signal
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,10 @@ from boxyd.stage2 import protocol as p
 
 class FakeScopes:
     def __init__(self) -> None:
-        self.placed: list[int] = []
+        self.placed: list[tuple[int, ...]] = []
 
-    async def place(self, sid: str, pid: int, spec: RunSpec) -> Placement:
-        self.placed.append(pid)
+    async def place(self, sid: str, pids: Sequence[int], spec: RunSpec) -> Placement:
+        self.placed.append(tuple(pids))
         return Placement(reason="a test")
 
 
@@ -141,7 +142,7 @@ async def test_start_returns_placed_attached_and_started(spec: RunSpec) -> None:
         _script(
             peer,
             [
-                (p.Pid(99), []),
+                (p.Pid(99, 100), []),
                 (p.Listeners(("tcp4", "dns")), [a.fileno(), b.fileno()]),
                 (p.Started(pid, pty=True), handed),
             ],
@@ -156,7 +157,7 @@ async def test_start_returns_placed_attached_and_started(spec: RunSpec) -> None:
     b.close()
     pty_theirs.close()
     # placed, attached and the terminal handed over before start() returned
-    assert launcher.scopes.placed == [99] and net.attached == ["tcp4", "dns"]
+    assert launcher.scopes.placed == [(99, 100)] and net.attached == ["tcp4", "dns"]
     assert sb.pty.master_fd is not None and sb._events.get_nowait() == Started()
     os.close(slave)
     drained = asyncio.create_task(_drain(sb))
@@ -174,7 +175,7 @@ async def test_an_early_end_is_the_only_event(spec: RunSpec) -> None:
     peer = _peer(sb)
     peer.setblocking(False)
     script = asyncio.create_task(
-        _script(peer, [(p.Pid(7), []), (p.Done(p.SetupFailed("no user namespace")), [])])
+        _script(peer, [(p.Pid(7, 8), []), (p.Done(p.SetupFailed("no user namespace")), [])])
     )
     await asyncio.wait_for(sb._come_up([]), 5)
     await script

@@ -188,7 +188,7 @@ async def test_boxyd_reads_typed_reports_and_drops_bad_frames() -> None:
     a, b = socket.socketpair()
     master, slave = pty.openpty()
     frames = [
-        (p.encode(p.Pid(5)), []),
+        (p.encode(p.Pid(5, 6)), []),
         (b'{"pid": 5}', []),  # the old form
         (p.encode(p.Listeners(("tcp4", "dns")), 2), [r, w]),  # pipes, not sockets: dropped
         (p.encode(p.Listeners(("tcp4", "dns")), 2), [a.fileno(), b.fileno()]),
@@ -202,7 +202,7 @@ async def test_boxyd_reads_typed_reports_and_drops_bad_frames() -> None:
         os.close(fd)
     a.close()
     b.close()
-    assert got[0] == p.Pid(5)
+    assert got[0] == p.Pid(5, 6)
     gateway = got[1]
     assert isinstance(gateway, Gateway) and list(gateway.sockets) == ["tcp4", "dns"]
     for sock in gateway.sockets.values():

@@ -265,20 +265,23 @@ class Stage2:
         self._rooted = False  # PID 1 confined in the sandbox's root: paths resolve there
         self._killed = False  # a SIGKILL sent: PID 1 dead without a word was ours
         self._joiner: Joiner | None = None
-        # the next prepared spare is yet to be forked (prime_next), with this ruleset
+        # the next spare is yet to be forked (prime_next): a prepared one (and one with
+        # this ruleset) after a networked run, a plain one after a run without network
         self._prime = False
+        self._prepared = False
         self._ruleset: str | None = None
         self._prime_timer: asyncio.TimerHandle | None = None
 
     @classmethod
     def start(cls, template: Template, plan: Plan, stdio: list[int]) -> Stage2:
         # A networked run takes a spare whose network is made already (and its ruleset
-        # loaded, if a spare loaded this one); the next is forked later (prime_next).
+        # loaded, if a spare loaded this one). The next spare is forked later
+        # (prime_next): it forks its zygote at once, which took a core from this start.
         prepared = plan.net != "none"
-        ctl = template.spawn(prepared=prepared, ruleset=plan.net_ruleset, prime=not prepared)
+        ctl = template.spawn(prepared=prepared, ruleset=plan.net_ruleset, prime=False)
         ctl.setblocking(False)
         stage2 = cls(ctl, template)
-        stage2._prime, stage2._ruleset = prepared, plan.net_ruleset
+        stage2._prime, stage2._prepared, stage2._ruleset = True, prepared, plan.net_ruleset
         try:
             plan_fd = plan_memfd(ops.to_wire(plan))
         except OSError as e:
@@ -336,16 +339,16 @@ class Stage2:
             self._prime_timer = self._loop.call_later(PRIME_AFTER, self.prime_next)
 
     def prime_next(self) -> None:
-        """The prepared spares for the next networked run, once this one has ended (or
-        failed, or run PRIME_AFTER): the bare one if it was taken, and the one that loads
-        this run's ruleset ahead."""
+        """The spares for the next run of this kind, once this one has ended (or failed,
+        or run PRIME_AFTER): the plain or bare prepared one if it was taken, and after
+        a networked run the one that loads this run's ruleset ahead."""
         if self._prime_timer is not None:
             self._prime_timer.cancel()
             self._prime_timer = None
         if self._prime and self._template is not None:
             self._prime = False
-            self._template.prime(prepared=True)
-            if self._ruleset is not None:
+            self._template.prime(prepared=self._prepared)
+            if self._prepared and self._ruleset is not None:
                 self._template.prime_ruled(self._ruleset)
 
     def _status_readable(self) -> None:

@@ -248,6 +248,7 @@ def fork_pid1(plan: Outer, zyg: zygote.Zygote, rest: PlanRest, stdio: list[int])
             pty_ours.close()
         raise
     finally:
+        zyg.close()  # (it exits: PID 1 is the template's from here)
         p.close([status_w, alive_r])
         if pty_theirs is not None:
             pty_theirs.close()

@@ -15,8 +15,9 @@ first, waits, and then
 2. makes step 5's PID namespace itself (CAP_SYS_ADMIN over the user namespace, from
    1): a PID namespace cannot be entered before its first process exists;
 3. forks PID 1, the first process of that PID namespace (it drops every capability:
-   boxyd/stage2/pid1.py, step 7), and sends the outer stage 2 its pid and pidfd;
-4. exits: PID 1 is then the template's, as it was once the outer stage 2 exited.
+   boxyd/stage2/pid1.py, step 7), and sends the outer stage 2 its pid;
+4. exits at its socket's end, once the outer stage 2 holds PID 1's pidfd: PID 1 is
+   then the template's, as it was once the outer stage 2 exited.
 
 boxyd places the zygote in the run's scope with the outer stage 2 (protocol.Pid), so
 PID 1 starts in it. The zygote dies with the outer stage 2 (PR_SET_PDEATHSIG), and
@@ -92,15 +93,20 @@ class Zygote:
         return self._started()
 
     def _started(self) -> tuple[int, int]:
+        """PID 1's pid, and a pidfd made while the zygote, which waits for no child
+        and exits only at its socket's end (close), keeps that pid PID 1's."""
         try:
-            data, fds, _ = p.recv_fds(self.sock, 4096, 1)
+            data = self.sock.recv(4096)
         except OSError as e:
             raise SetupError(f"PID 1's parent: no answer ({e.strerror})") from None
-        if data.startswith(_FAILED) or len(fds) != 1 or not data.isdigit():
-            p.close(fds)
+        if data.startswith(_FAILED) or not data.isdigit():
             said = data[1:].decode(errors="replace") if data.startswith(_FAILED) else ""
             raise SetupError(said or "PID 1's parent: gone before it forked PID 1")
-        return int(data), fds[0]
+        pid = int(data)
+        try:
+            return pid, os.pidfd_open(pid)
+        except OSError as e:
+            raise SetupError(f"PID 1's parent: pidfd_open({pid}): {e.strerror}") from None
 
     def close(self) -> None:
         """Not needed (a joiner, or a run that ended first): it exits."""
@@ -128,7 +134,10 @@ def fork(init: Init, close: socket.socket) -> Zygote:
 
 
 def serve(sock: socket.socket, init: Init) -> int:
-    """Wait for step 1's namespaces and PID 1's fds; 0 when the socket ends first."""
+    """Wait for step 1's namespaces and PID 1's fds; 0 when the socket ends first.
+    Once PID 1 is forked, say its pid and wait for the socket's end: until this
+    process exits, PID 1 cannot be reaped, so its pid names it for the outer stage
+    2's pidfd_open."""
     try:
         data, fds, _ = p.recv_fds(sock, 64, MAX_FDS)
     except OSError:
@@ -136,19 +145,21 @@ def serve(sock: socket.socket, init: Init) -> int:
     if not data:
         return 0
     try:
-        pid, pidfd = begin(data, fds, init, sock)
+        pid = begin(data, fds, init, sock)
     except SetupError as e:
         _say(sock, _FAILED + str(e)[: p.MAX_TEXT].encode())
         return 1
     try:
-        socket.send_fds(sock, [b"%d" % pid], [pidfd])
+        sock.send(b"%d" % pid)
+        sock.recv(1)  # (the end: the outer stage 2 has its pidfd, or is gone)
     except OSError:
         return 1  # the outer stage 2 is gone; it ends PID 1's run with it
     return 0
 
 
-def begin(data: bytes, fds: list[int], init: Init, sock: socket.socket) -> tuple[int, int]:
-    """Steps 1–3: PID 1's pid and pidfd."""
+def begin(data: bytes, fds: list[int], init: Init, sock: socket.socket) -> int:
+    """Steps 1–3: PID 1's pid. PID 1 reads its part of the plan itself (the outer stage
+    2 waits for the pid, not for that)."""
     n = len(NAMESPACES)
     if not n + 6 <= len(fds) <= MAX_FDS or not data.isdigit():
         p.close(fds)
@@ -159,22 +170,27 @@ def begin(data: bytes, fds: list[int], init: Init, sock: socket.socket) -> tuple
         for fd, (name, flag) in zip(ns, NAMESPACES, strict=True):
             check(_libc.setns(fd, flag), f"PID 1's parent: setns({name})")
         check(_libc.unshare(CLONE_NEWPID), "PID 1's parent: unshare(CLONE_NEWPID)")
-        offset = int(data)
-        rest = os.pread(plan_fd, os.fstat(plan_fd).st_size - offset, offset)
-    except OSError as e:
-        raise SetupError(f"PID 1's parent: the plan: {e.strerror}") from None
-    finally:
-        p.close(ns + [plan_fd])
-    try:
         pid = os.fork()
     except OSError as e:
         raise SetupError(f"PID 1's parent: fork: {e.strerror}") from None
+    finally:
+        p.close(ns)
     if pid == 0:
         sock.close()
-        init(rest, stdio, status_w, alive_r, pty)
-    # PID 1 cannot be reaped before this process exits (it waits for no child): its
-    # pid names it here
-    return pid, os.pidfd_open(pid)
+        init(_plan_rest(plan_fd, int(data)), stdio, status_w, alive_r, pty)
+    os.close(plan_fd)
+    return pid
+
+
+def _plan_rest(plan_fd: int, offset: int) -> bytes:
+    """In PID 1, before its steps move its fds: its part of the plan, from OFFSET of
+    PLAN_FD (closed). One it cannot read is none: PID 1 says it cannot read its plan."""
+    try:
+        return os.pread(plan_fd, os.fstat(plan_fd).st_size - offset, offset)
+    except OSError:
+        return b""
+    finally:
+        os.close(plan_fd)
 
 
 def _say(sock: socket.socket, data: bytes) -> None:

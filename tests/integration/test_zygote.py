@@ -85,6 +85,8 @@ def case_start() -> dict[str, Any]:
     alive_r, alive_w = os.pipe()
     stdio = [os.open(p, os.O_RDWR) for p in ("/dev/null", "/dev/zero", "/dev/full")]
     pid, pidfd = zyg.start(plan, len(HEAD), stdio, status_w, alive_r, None)
+    zygote_waits = not _gone(zyg.pid, 0.2)  # until its socket's end: PID 1's pid is stable
+    zyg.close()
     os.close(status_w)
     chunks = []
     while chunk := os.read(status_r, 65536):
@@ -99,6 +101,7 @@ def case_start() -> dict[str, Any]:
         "pidfd_names_it": f"Pid:\t{pid}\n" in fdinfo,
         "pid1_gone": bool(select.select([pidfd], [], [], 5)[0]),
         "zygote_exit": os.waitstatus_to_exitcode(status),
+        "zygote_waited": zygote_waits,
     }
 
 
@@ -190,7 +193,7 @@ def test_pid1_is_the_first_process_of_a_pid_namespace_in_the_outer_stage_2s_othe
     assert init["alive_open"] and not init["pty"], init
     assert rep["pidfd_names_it"] and rep["pid"] > 1, rep
     assert rep["pid1_gone"], rep
-    assert rep["zygote_exit"] == 0, rep
+    assert rep["zygote_exit"] == 0 and rep["zygote_waited"], rep
 
 
 def test_a_zygote_not_needed_exits_at_its_sockets_end(user: Any) -> None:

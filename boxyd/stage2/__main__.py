@@ -33,6 +33,7 @@ from boxyd.stage2 import caps, joiner, namespaces, netns, nft, pid1, template, z
 from boxyd.stage2 import protocol as p
 
 MAX_PLAN = 256 << 20  # read from boxyd's sealed memfd; far beyond any argv or tree
+HEAD_READ = 4096  # what is read for the plan's first line, which is far shorter
 
 
 def send(ctl: socket.socket, msg: p.Report, fds: list[int] | None = None) -> None:
@@ -87,7 +88,7 @@ def read_ruleset(fds: list[int]) -> str:
 
 class PlanRest:
     """The plan's rest (PID 1's line and the plan, which PID 1 and its children decode),
-    left in its memfd: FD from OFFSET, read by PID 1's parent (boxyd/stage2/zygote.py)."""
+    left in its memfd: FD from OFFSET, read by PID 1 (boxyd/stage2/zygote.py)."""
 
     def __init__(self, fd: int, offset: int) -> None:
         self.fd, self.offset = fd, offset
@@ -97,15 +98,17 @@ class PlanRest:
 
 
 def read_plan(fds: list[int]) -> tuple[Outer, PlanRest, list[int]]:
-    """The plan from its memfd (FDS[0], kept for PID 1's parent): what this process
-    needs of it decoded, where the rest begins; and the payload's stdio."""
+    """The plan from its memfd (FDS[0], kept for PID 1): this process's line of it
+    decoded (only that is read here), where the rest begins; and the payload's stdio."""
     plan_fd, stdio = fds[0], fds[1:]
     try:
         size = os.fstat(plan_fd).st_size
         if size > MAX_PLAN:
             raise SetupError(f"control: the plan is larger than {MAX_PLAN >> 20} MiB")
-        text = os.pread(plan_fd, size, 0)
-        head, inner = split_wire(text)
+        text = os.pread(plan_fd, min(size, HEAD_READ), 0)
+        if b"\n" not in text and len(text) < size:  # a first line longer than that
+            text = os.pread(plan_fd, size, 0)
+        head, _ = split_wire(text)
         # json.loads's own wrapper is more of the template touched
         outer = Outer.from_json(typing.cast(dict[str, Any], wirejson.loads(head)))
     except (ValueError, TypeError) as e:
@@ -116,7 +119,7 @@ def read_plan(fds: list[int]) -> tuple[Outer, PlanRest, list[int]]:
         os.close(plan_fd)
         p.close(stdio)
         raise
-    return outer, PlanRest(plan_fd, size - len(inner)), stdio
+    return outer, PlanRest(plan_fd, len(head) + 1), stdio
 
 
 def request(ctl: socket.socket) -> p.Request | p.ProtocolError | None:

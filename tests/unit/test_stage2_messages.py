@@ -226,3 +226,22 @@ async def test_boxyd_reads_typed_reports_and_drops_bad_frames() -> None:
 )
 def test_the_end_as_the_seams_value(end: p.End | None, exit: Exit) -> None:
     assert _exit(end) == exit
+
+
+@pytest.mark.parametrize("hostname", ["box", "h" * 5000])  # a first line past HEAD_READ too
+def test_the_outer_stage_2_reads_its_line_and_leaves_pid1s_part_in_the_memfd(
+    hostname: str,
+) -> None:
+    from boxy import wirejson
+    from boxyd.plan.ops import Outer
+
+    line = Outer(7, 8, hostname, "none", None, pcap=False, pty=False)
+    rest = b'{"PID 1\'s line": 1}\n{"the plan": [2]}'
+    fd = os.memfd_create("plan")
+    os.write(fd, wirejson.dumps(line.__dict__).encode() + b"\n" + rest)
+    got, left, stdio = outer.read_plan([fd])
+    try:
+        assert got == line and stdio == []
+        assert os.pread(left.fd, len(rest) + 1, left.offset) == rest
+    finally:
+        left.close()

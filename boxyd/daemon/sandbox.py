@@ -32,7 +32,15 @@ from boxyd.daemon.liveguard import LiveGuard
 from boxyd.daemon.pty import PtyRelay
 from boxyd.daemon.scopes import Limit, Placement, Scopes, limits, read_events, remove_subtree
 from boxyd.daemon.seam import Exit, Report, SandboxEvent, Sink, Started, Stopped
-from boxyd.daemon.stage2proc import Gateway, NewSocket, PtyMaster, Received, Stage2, Template
+from boxyd.daemon.stage2proc import (
+    Gateway,
+    NewSocket,
+    PtyMaster,
+    Received,
+    Spare,
+    Stage2,
+    Template,
+)
 from boxyd.daemon.toolbox import Toolshed
 from boxyd.daemon.walks import Walks
 from boxyd.gitguard import userconfig
@@ -77,7 +85,8 @@ class StageLauncher:
         self._loop = asyncio.get_event_loop()
         try:
             self.template.start()
-            self.template.prime()  # the first run's stage 2, forked once the template imported
+            # the first run's stage 2 (--net none's), forked once the template imported
+            self.template.prime(Spare.LOOPBACK)
         except SetupError as e:
             log.warning("%s", e)
         self.walks.start()

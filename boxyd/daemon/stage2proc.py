@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import fcntl
 import logging
 import os
@@ -43,6 +44,15 @@ RULED_SPARES = 3
 PRIME_AFTER = 0.25
 
 
+class Spare(enum.Enum):
+    """What a child forked ahead made before its request (docs/design.md, "A run, step
+    by step"): each kind is kept apart, the first made at the first start of its kind."""
+
+    PLAIN = "plain"  # nothing: a joiner (it enters a sandbox's namespaces), a walk
+    LOOPBACK = "loopback"  # step 1 and --net none's network (~0.7 ms of each such start)
+    GATEWAY = "gateway"  # steps 1-3: the user namespace, the gateway's and the payload's netns
+
+
 class Template:
     """The pre-imported stage-2 process. Started at most once at a time; restarted on
     the next run if it died."""
@@ -56,11 +66,9 @@ class Template:
         self._ctl: socket.socket | None = None
         # SPARE: a child forked ahead, waiting for its request, so that a run does not
         # wait for the fork (a fresh child of the template like any other: it learns
-        # nothing of a session before its plan comes). One per kind of start: a spare
-        # told to prepare (its network, ahead: docs/design.md, "A run, step by step")
-        # is kept apart from a plain one, the first made at the first such start.
+        # nothing of a session before its plan comes). One per kind (Spare).
         self._keep_spare = spare
-        self._spares: dict[bool, socket.socket | None] = {False: None}
+        self._spares: dict[Spare, socket.socket | None] = {Spare.PLAIN: None}
         # and prepared spares that loaded the last networked runs' rulesets ahead, by
         # the text the daemon sent (oldest first): a run with that very ruleset takes it
         self._ruled: dict[str, socket.socket] = {}
@@ -89,23 +97,24 @@ class Template:
         self._ctl = parent
 
     def spawn(
-        self, prepared: bool = False, *, ruleset: str | None = None, prime: bool = True
+        self, kind: Spare = Spare.PLAIN, *, ruleset: str | None = None, prime: bool = True
     ) -> socket.socket:
-        """A control socket to a freshly forked child waiting for its request: the one
-        forked ahead if it is still there, and (PRIME) another one ahead for the next
-        call. PREPARED: a child told to prepare (protocol.Prepare) before its plan; one
-        forked now for the call is not (it would do the same work, only later); the
-        spare that loaded RULESET ahead, if there is one, before any other."""
-        if prepared and ruleset is not None and (ruled := self._take_ruled(ruleset)) is not None:
+        """A control socket to a freshly forked child waiting for its request: the
+        spare of KIND if it is still there, and (PRIME) another one ahead for the next
+        call. A spare not PLAIN was told to prepare (protocol.Prepare) before its plan;
+        one forked now for the call is not (it would do the same work, only later); a
+        GATEWAY spare that loaded RULESET ahead, if there is one, before any other."""
+        ruled = self._take_ruled(ruleset) if kind is Spare.GATEWAY and ruleset else None
+        if ruled is not None:
             return ruled
-        ready, self._spares[prepared] = self._spares.get(prepared), None
+        ready, self._spares[kind] = self._spares.get(kind), None
         if ready is not None and not _waiting(ready):  # it died, or its preparing failed
             ready.close()
             ready = None
         if ready is None:
             ready = self._fork_one()
         if prime:
-            self.prime(prepared)
+            self.prime(kind)
         return ready
 
     def _take_ruled(self, ruleset: str) -> socket.socket | None:
@@ -118,13 +127,13 @@ class Template:
         ready.close()  # it died, or its preparing failed (its ruleset refused)
         return None
 
-    def prime(self, prepared: bool = False) -> None:
-        """Fork the spare child of that kind (with spare=True), if there is none; none
-        once the template is closed (boxyd stops: a run that ends then restarts none)."""
-        if not self._keep_spare or self._ctl is None or self._spares.get(prepared) is not None:
+    def prime(self, kind: Spare = Spare.PLAIN) -> None:
+        """Fork the spare child of KIND (with spare=True), if there is none; none once
+        the template is closed (boxyd stops: a run that ends then restarts none)."""
+        if not self._keep_spare or self._ctl is None or self._spares.get(kind) is not None:
             return
         try:
-            self._spares[prepared] = self._fork_one(prepare=prepared)
+            self._spares[kind] = self._fork_one(kind)
         except SetupError as e:  # the next call forks its own
             log.warning("%s", e)
 
@@ -140,13 +149,13 @@ class Template:
         while len(self._ruled) >= RULED_SPARES:
             self._ruled.pop(next(iter(self._ruled))).close()  # it exits, never used
         try:
-            self._ruled[ruleset] = self._fork_one(prepare=True, ruleset=ruleset)
+            self._ruled[ruleset] = self._fork_one(Spare.GATEWAY, ruleset)
         except SetupError as e:  # the next such run takes the bare one
             log.warning("%s", e)
 
-    def _fork_one(self, prepare: bool = False, ruleset: str | None = None) -> socket.socket:
-        """A control socket to a freshly forked child; PREPARE: sent Prepare at once
-        (with RULESET in a sealed memfd, if any)."""
+    def _fork_one(self, kind: Spare = Spare.PLAIN, ruleset: str | None = None) -> socket.socket:
+        """A control socket to a freshly forked child; of a KIND not PLAIN: sent Prepare
+        at once (a GATEWAY one with RULESET in a sealed memfd, if any)."""
         for attempt in (1, 2):
             if self._ctl is None or self._proc is None or self._proc.poll() is not None:
                 if self._proc is not None:
@@ -170,8 +179,8 @@ class Template:
                 continue
             finally:
                 theirs.close()
-            if prepare:  # if it died at once, the spawn that takes it sees so
-                _prepare(ours, ruleset)
+            if kind is not Spare.PLAIN:  # if it died at once, the spawn that takes it sees so
+                _prepare(ours, kind is Spare.GATEWAY, ruleset)
             return ours
         raise AssertionError("unreachable")
 
@@ -206,16 +215,17 @@ def _waiting(sock: socket.socket) -> bool:
         return False
 
 
-def _prepare(ctl: socket.socket, ruleset: str | None) -> None:
-    """Prepare, to a spare just forked: a ruleset that cannot be sent is left for the
-    plan (the spare loads the plan's); a spare that died is seen when it is taken."""
+def _prepare(ctl: socket.socket, gateway: bool, ruleset: str | None) -> None:
+    """Prepare, to a spare just forked (GATEWAY: the network of a networked run, or
+    --net none's): a ruleset that cannot be sent is left for the plan (the spare loads
+    the plan's); a spare that died is seen when it is taken."""
     fds: list[int] = []
     with contextlib.suppress(OSError):
-        if ruleset is not None:
+        if gateway and ruleset is not None:
             fds.append(plan_memfd(ruleset.encode(), "boxy-ruleset"))
     try:
         with contextlib.suppress(OSError):
-            protocol.send(ctl, protocol.Prepare(ruleset=bool(fds)), fds)
+            protocol.send(ctl, protocol.Prepare(ruleset=bool(fds), gateway=gateway), fds)
     finally:
         protocol.close(fds)
 
@@ -265,23 +275,23 @@ class Stage2:
         self._rooted = False  # PID 1 confined in the sandbox's root: paths resolve there
         self._killed = False  # a SIGKILL sent: PID 1 dead without a word was ours
         self._joiner: Joiner | None = None
-        # the next spare is yet to be forked (prime_next): a prepared one (and one with
-        # this ruleset) after a networked run, a plain one after a run without network
+        # the next spare is yet to be forked (prime_next): a GATEWAY one (and one with
+        # this ruleset) after a networked run, a LOOPBACK one after a run without network
         self._prime = False
-        self._prepared = False
+        self._kind = Spare.PLAIN
         self._ruleset: str | None = None
         self._prime_timer: asyncio.TimerHandle | None = None
 
     @classmethod
     def start(cls, template: Template, plan: Plan, stdio: list[int]) -> Stage2:
-        # A networked run takes a spare whose network is made already (and its ruleset
-        # loaded, if a spare loaded this one). The next spare is forked later
-        # (prime_next): it forks its zygote at once, which took a core from this start.
-        prepared = plan.net != "none"
-        ctl = template.spawn(prepared=prepared, ruleset=plan.net_ruleset, prime=False)
+        # A run takes a spare whose network is made already (and its ruleset loaded, if
+        # a spare loaded this one). The next spare is forked later (prime_next): it
+        # forks its zygote at once, which took a core from this start.
+        kind = Spare.LOOPBACK if plan.net == "none" else Spare.GATEWAY
+        ctl = template.spawn(kind, ruleset=plan.net_ruleset, prime=False)
         ctl.setblocking(False)
         stage2 = cls(ctl, template)
-        stage2._prime, stage2._prepared, stage2._ruleset = True, prepared, plan.net_ruleset
+        stage2._prime, stage2._kind, stage2._ruleset = True, kind, plan.net_ruleset
         try:
             plan_fd = plan_memfd(ops.to_wire(plan))
         except OSError as e:
@@ -340,15 +350,15 @@ class Stage2:
 
     def prime_next(self) -> None:
         """The spares for the next run of this kind, once this one has ended (or failed,
-        or run PRIME_AFTER): the plain or bare prepared one if it was taken, and after
+        or run PRIME_AFTER): the one of its kind if it was taken, and after
         a networked run the one that loads this run's ruleset ahead."""
         if self._prime_timer is not None:
             self._prime_timer.cancel()
             self._prime_timer = None
         if self._prime and self._template is not None:
             self._prime = False
-            self._template.prime(prepared=self._prepared)
-            if self._prepared and self._ruleset is not None:
+            self._template.prime(self._kind)
+            if self._kind is Spare.GATEWAY and self._ruleset is not None:
                 self._template.prime_ruled(self._ruleset)
 
     def _status_readable(self) -> None:

@@ -59,13 +59,14 @@ def next_request(ctl: socket.socket, max_fds: int) -> tuple[p.Request, list[int]
 
 def receive_plan(
     ctl: socket.socket, msg: p.Request, fds: list[int]
-) -> tuple[Outer, PlanRest, list[int], netns.Gateway | None]:
+) -> tuple[Outer, PlanRest, list[int], Prepared | None]:
     """The plan (a memfd, first) and the payload's stdio: four fds in one message
     (MSG, or the one after it). A spare told to Prepare first makes its network while
     it waits (prepare_network), with the ruleset it was sent loaded ahead."""
     prepared = None
     if isinstance(msg, p.Prepare):
-        prepared = prepare_network(read_ruleset(fds) if msg.ruleset else None)
+        ruleset = read_ruleset(fds) if msg.ruleset else None
+        prepared = prepare_network(ruleset, msg.gateway)
         msg, fds = next_request(ctl, p.PlanFds.FDS)
     if not isinstance(msg, p.PlanFds):
         p.close(fds)
@@ -180,47 +181,68 @@ class Forked:
         return [self.pidfd, self.status_r, self.alive_w, *self.ns, *pty]
 
 
-def prepare_network(ruleset: str | None) -> netns.Gateway:
+class Prepared:
+    """What a spare made ahead of its plan (protocol.Prepare): the user namespace and,
+    in this process, the payload's network namespace; GATEWAY the gateway's, or None
+    when that network is --net none's (loopback only)."""
+
+    def __init__(self, gateway: netns.Gateway | None) -> None:
+        self.gateway = gateway
+
+    def close(self) -> None:
+        if self.gateway is not None:
+            self.gateway.close()
+
+
+def prepare_network(ruleset: str | None, gateway: bool) -> Prepared:
     """Steps 1–3 of a spare, ahead of its plan (protocol.Prepare; docs/design.md, "A run,
     step by step"): the user namespace, this process's own user mapped to itself as
-    every plan maps it, then the gateway's network namespace, with RULESET (the last
-    networked run's) or none yet, and the payload's. Nothing is in them yet; the
-    plan's ruleset is loaded (or found to be RULESET) before the listeners go to
-    boxyd, and a plan without network discards them."""
+    every plan maps it, then with GATEWAY the gateway's network namespace, with
+    RULESET (the last networked run's) or none yet, and the payload's; without,
+    --net none's network (step 5's, made here instead: loopback only). Nothing is in
+    them yet; the plan's ruleset is loaded (or found to be RULESET) before the
+    listeners go to boxyd, and a plan of the other kind makes its own network."""
     namespaces.enter_user_namespace(os.getuid(), os.getgid())
-    gateway = netns.enter_gateway_netns(ruleset)
+    if not gateway:
+        namespaces.enter_loopback_netns()
+        return Prepared(None)
+    made = netns.enter_gateway_netns(ruleset)
     try:
-        netns.enter_payload_netns(gateway, keep_gateway=True)
+        netns.enter_payload_netns(made, keep_gateway=True)
     except BaseException:
-        gateway.close()
+        made.close()
         raise
-    return gateway
+    return Prepared(made)
 
 
-def enter_namespaces(ctl: socket.socket, plan: Outer, prepared: netns.Gateway | None) -> None:
+def enter_namespaces(ctl: socket.socket, plan: Outer, prepared: Prepared | None) -> None:
     """Steps 1–5: the user namespace (every capability over it from here on), the
     gateway's and the payload's network namespaces (the gateway's sockets go to boxyd
     and none stays here), then the mount, PID, IPC, UTS and cgroup namespaces. With
-    PREPARED, steps 1–3 were made ahead: only the ruleset is left of them."""
+    PREPARED, steps 1–3 were made ahead: only the ruleset is left of them (or, made
+    for --net none, nothing of its network)."""
     if prepared is not None and (plan.uid, plan.gid) != (os.getuid(), os.getgid()):
         prepared.close()
         raise SetupError("stage 2: the plan's user is not the one the network was made for")
     if prepared is None:
         namespaces.enter_user_namespace(plan.uid, plan.gid)
-    elif plan.net == "none":  # made for nothing: step 5 gives the run a network of its own
-        prepared.close()
-    if plan.net != "none":
-        if plan.net_ruleset is None:
-            raise SetupError(f"--net {plan.net}: the plan holds no gateway ruleset")
-        if prepared is None:
-            gateway = netns.enter_gateway_netns(plan.net_ruleset)
-            netns.enter_payload_netns(gateway)
-        else:
-            gateway = prepared
-            netns.apply_ruleset(gateway, plan.net_ruleset)
-        extra = {"pcap": netns.open_capture_socket()} if plan.pcap else {}
-        netns.send_listeners(ctl, gateway, extra)
-    namespaces.enter_sandbox_namespaces(plan)
+    gateway = prepared.gateway if prepared is not None else None
+    if plan.net == "none":
+        if gateway is not None:  # made for another kind of run: step 5 makes --net none's
+            gateway.close()
+        loopback_made = prepared is not None and gateway is None
+        namespaces.enter_sandbox_namespaces(plan, loopback=not loopback_made)
+        return
+    if plan.net_ruleset is None:
+        raise SetupError(f"--net {plan.net}: the plan holds no gateway ruleset")
+    if gateway is None:  # (from a loopback one made ahead too: it is left behind, empty)
+        gateway = netns.enter_gateway_netns(plan.net_ruleset)
+        netns.enter_payload_netns(gateway)
+    else:
+        netns.apply_ruleset(gateway, plan.net_ruleset)
+    extra = {"pcap": netns.open_capture_socket()} if plan.pcap else {}
+    netns.send_listeners(ctl, gateway, extra)
+    namespaces.enter_sandbox_namespaces(plan, loopback=False)
 
 
 def open_namespaces() -> list[int]:

@@ -48,20 +48,30 @@ def enter_user_namespace(uid: int, gid: int) -> None:
     _write("/proc/self/gid_map", f"{gid} {gid} 1\n", "user namespace")
 
 
-def enter_sandbox_namespaces(plan: Outer) -> None:
+def enter_sandbox_namespaces(plan: Outer, *, loopback: bool) -> None:
     """Step 5, but for the PID namespace, which PID 1's parent makes (boxyd/stage2/
-    zygote.py). Needs CAP_SYS_ADMIN over the new user namespace. Mount propagation is
-    made private first: in a user-namespace mount namespace shared mounts become
-    slaves, and host mounts made later would otherwise appear inside."""
-    flags = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
-    if plan.net == "none":
-        flags |= CLONE_NEWNET
-    check(libc.unshare(flags), "unshare(mount, ipc, uts, cgroup namespaces)")
+    zygote.py), and with LOOPBACK --net none's network too (a spare may have made it
+    ahead: enter_loopback_netns). Needs CAP_SYS_ADMIN over the new user namespace.
+    Mount propagation is made private first: in a user-namespace mount namespace
+    shared mounts become slaves, and host mounts made later would otherwise appear
+    inside."""
+    check(
+        libc.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP),
+        "unshare(mount, ipc, uts, cgroup namespaces)",
+    )
     m.mount(None, "/", None, m.MS_REC | m.MS_PRIVATE, None, "make / private")
     name = plan.hostname.encode()
     check(libc.sethostname(name, len(name)), "sethostname")
-    if plan.net == "none":
-        loopback_up()
+    if loopback:
+        enter_loopback_netns()
+
+
+def enter_loopback_netns() -> None:
+    """--net none's network: a network namespace of its own whose only link, lo, is
+    up. Needs CAP_SYS_ADMIN and CAP_NET_ADMIN over the user namespace (step 1); a
+    spare makes it ahead of its plan (boxyd/stage2/__main__.py, prepare_network)."""
+    check(libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+    loopback_up()
 
 
 def loopback_up() -> None:

@@ -79,13 +79,18 @@ class PlanFds(_Message):
 @dataclass(frozen=True)
 class Prepare(_Message):
     """To a spare, before its plan: make steps 1–3 (the user namespace as this user,
-    the gateway's and the payload's network namespaces) while no run waits; a plan
-    without network discards them. RULESET: a sealed memfd comes with it holding the
-    ruleset of the networked run before (JSON text), loaded ahead into the gateway
-    netns; boxyd gives such a spare only a plan with that very ruleset."""
+    the gateway's and the payload's network namespaces; without GATEWAY, --net none's
+    loopback-only one) while no run waits; a plan of the other kind makes its own
+    network. RULESET: a sealed memfd comes with it holding the ruleset of the
+    networked run before (JSON text), loaded ahead into the gateway netns; boxyd gives
+    such a spare only a plan with that very ruleset."""
 
     KIND = "prepare"
     ruleset: bool = False
+    gateway: bool = True
+
+    def check(self) -> str | None:
+        return "a ruleset without a gateway" if self.ruleset and not self.gateway else None
 
     def fd_count(self) -> int:
         return 1 if self.ruleset else 0

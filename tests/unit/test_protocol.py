@@ -18,6 +18,8 @@ from boxyd.stage2 import protocol as p
 SAMPLES: list[p._Message] = [
     p.PlanFds(),
     p.Prepare(),
+    p.Prepare(ruleset=True),
+    p.Prepare(gateway=False),
     p.Placed(in_scope=True),
     p.Signal(15),
     p.Release(),
@@ -99,11 +101,9 @@ def test_fd_rules() -> None:
     assert p.Listeners(("a", "b", "c")).fd_count() == 3
     assert p.Listeners(()).fd_count() == 0
     assert p.SocketMade(1, None).fd_count() == 1 and p.SocketMade(1, "no").fd_count() == 0
-    no_fds = [
-        m
-        for m in SAMPLES
-        if not isinstance(m, p.PlanFds | p.Pty | p.Listeners | p.SocketMade | p.Started | p.Join)
-    ]
+    assert p.Prepare(ruleset=True).fd_count() == 1  # the ruleset's memfd
+    with_fds = p.PlanFds | p.Pty | p.Listeners | p.SocketMade | p.Started | p.Join
+    no_fds = [m for m in SAMPLES if not isinstance(m, with_fds) and m != p.Prepare(ruleset=True)]
     assert all(m.fd_count() == 0 for m in no_fds)
 
 
@@ -207,6 +207,7 @@ def test_an_oversized_frame_is_refused_either_way() -> None:
 @pytest.mark.parametrize(
     "msg",
     [
+        p.Prepare(ruleset=True, gateway=False),
         p.Signal(0),
         p.Signal(65),
         p.Stopped(-1),

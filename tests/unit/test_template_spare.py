@@ -11,7 +11,7 @@ import time
 
 from boxyd.daemon import walkproc
 from boxyd.daemon.network import gateway_ruleset
-from boxyd.daemon.stage2proc import RULED_SPARES, Template, _waiting
+from boxyd.daemon.stage2proc import RULED_SPARES, Spare, Template, _waiting
 from boxyd.stage2 import protocol
 
 REQUEST = {"roots": [], "git_guard": False, "created": [], "user_hooks": None, "secrets": []}
@@ -28,12 +28,12 @@ def test_the_spare_serves_the_next_call_and_a_dead_one_is_replaced() -> None:
     template.start()
     try:
         template.prime()
-        first = template._spares[False]
+        first = template._spares[Spare.PLAIN]
         assert first is not None and _waiting(first)
         conn = template.spawn()
         assert conn is first  # the one forked ahead...
         assert (
-            template._spares[False] is not None and template._spares[False] is not first
+            template._spares[Spare.PLAIN] is not None and template._spares[Spare.PLAIN] is not first
         )  # ...and the next
         assert _ask(conn) == {"trees": {}}
         conn.close()
@@ -41,7 +41,7 @@ def test_the_spare_serves_the_next_call_and_a_dead_one_is_replaced() -> None:
         assert template._proc is not None
         template._proc.kill()
         template._proc.wait()
-        spare = template._spares[False]
+        spare = template._spares[Spare.PLAIN]
         deadline = time.monotonic() + 20
         while _waiting(spare) and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -59,7 +59,7 @@ def test_without_spare_nothing_is_forked_ahead() -> None:
     try:
         template.prime()
         conn = template.spawn()
-        assert template._spares[False] is None and _ask(conn) == {"trees": {}}
+        assert template._spares[Spare.PLAIN] is None and _ask(conn) == {"trees": {}}
         conn.close()
     finally:
         template.close()
@@ -75,11 +75,11 @@ def test_a_spare_whose_socket_is_numbered_past_1023_is_still_used() -> None:
     template.start()
     try:
         template.prime()
-        spare = template._spares[False]
+        spare = template._spares[Spare.PLAIN]
         assert spare is not None
-        template._spares[False] = socket.socket(fileno=os.dup2(spare.fileno(), 1500))
+        template._spares[Spare.PLAIN] = socket.socket(fileno=os.dup2(spare.fileno(), 1500))
         spare.close()
-        first = template._spares[False]
+        first = template._spares[Spare.PLAIN]
         assert _waiting(first)
         conn = template.spawn()
         assert conn is first and _ask(conn) == {"trees": {}}
@@ -96,31 +96,35 @@ def _net_of(pid: int) -> str:
     return os.readlink(f"/proc/{pid}/ns/net")
 
 
-def test_a_networked_start_takes_a_spare_whose_network_is_made_and_no_other_does() -> None:
-    """The real stage-2 template: the spare of networked starts is told to Prepare and
-    makes its network namespaces while it waits; the plain spare never is, and a start
-    without network never gets the prepared one (nor the other way round)."""
+def test_each_kind_of_start_takes_a_spare_whose_network_is_made_and_no_other_does() -> None:
+    """The real stage-2 template: the spares of networked and --net none starts are told
+    to Prepare and make their network namespaces while they wait; the plain spare (a
+    joiner's) never is, and a start never gets a spare of another kind."""
     template = Template(spare=True)
     template.start()
     try:
         template.prime()
-        plain = template._spares[False]
-        first = template.spawn(prepared=True)  # none ready: forked now, not prepared
-        prepared = template._spares[True]
-        assert first is not plain and prepared is not None and template._spares[False] is plain
+        template.prime(Spare.LOOPBACK)
+        plain, loopback = template._spares[Spare.PLAIN], template._spares[Spare.LOOPBACK]
+        first = template.spawn(Spare.GATEWAY)  # none ready: forked now, not prepared
+        prepared = template._spares[Spare.GATEWAY]
+        assert prepared is not None and loopback is not None
+        assert first not in (plain, loopback) and template._spares[Spare.PLAIN] is plain
         assert template._proc is not None
         ours = _net_of(template._proc.pid)
         deadline = time.monotonic() + 20
         nets: dict[int, str] = {}
         while time.monotonic() < deadline:
             nets = {c: _net_of(c) for c in _children(template._proc.pid)}
-            if sum(n != ours for n in nets.values()) == 1:
+            if sum(n != ours for n in nets.values()) == 2:
                 break
             time.sleep(0.01)
-        assert len(nets) == 3 and sum(n != ours for n in nets.values()) == 1, nets
-        assert template.spawn(prepared=False) is plain
-        assert template.spawn(prepared=True) is prepared
-        for conn in (first, plain, prepared):
+        assert len(nets) == 4 and sum(n != ours for n in nets.values()) == 2, nets
+        assert len(set(nets.values())) == 3  # each prepared spare made its own
+        assert template.spawn(Spare.PLAIN) is plain
+        assert template.spawn(Spare.LOOPBACK) is loopback
+        assert template.spawn(Spare.GATEWAY) is prepared
+        for conn in (first, plain, loopback, prepared):
             conn.close()
     finally:
         template.close()
@@ -132,15 +136,15 @@ def test_a_spare_that_could_not_prepare_is_not_handed_out() -> None:
     template = Template(spare=True)
     template.start()
     try:
-        template.prime(prepared=True)
-        spare = template._spares[True]
+        template.prime(Spare.GATEWAY)
+        spare = template._spares[Spare.GATEWAY]
         assert spare is not None
         spare.send(protocol.encode(protocol.Prepare()))  # a second one: malformed, ends it
         deadline = time.monotonic() + 20
         while _waiting(spare) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert not _waiting(spare)
-        conn = template.spawn(prepared=True)
+        conn = template.spawn(Spare.GATEWAY)
         assert conn is not spare and _waiting(conn)
         conn.close()
     finally:
@@ -164,8 +168,8 @@ def test_a_spare_that_loaded_a_ruleset_ahead_serves_only_a_run_with_that_ruleset
     template.start()
     try:
         template.prime()
-        template.prime(prepared=True)
-        plain, bare = template._spares[False], template._spares[True]
+        template.prime(Spare.GATEWAY)
+        plain, bare = template._spares[Spare.PLAIN], template._spares[Spare.GATEWAY]
         assert plain is not None and bare is not None
         template.prime_ruled(public)
         template.prime_ruled("{not a ruleset")
@@ -173,12 +177,12 @@ def test_a_spare_that_loaded_a_ruleset_ahead_serves_only_a_run_with_that_ruleset
         _wait_gone(refused)
         assert not _waiting(refused) and _waiting(ruled)
         # refused: it has ended and is not handed out; the bare spare serves the run
-        assert template.spawn(prepared=True, ruleset="{not a ruleset", prime=False) is bare
-        other = template.spawn(prepared=True, ruleset=allowlist, prime=False)
+        assert template.spawn(Spare.GATEWAY, ruleset="{not a ruleset", prime=False) is bare
+        other = template.spawn(Spare.GATEWAY, ruleset=allowlist, prime=False)
         assert other not in (bare, ruled, plain)  # forked for the run
-        assert template.spawn(prepared=False) is plain
-        assert template.spawn(prepared=True, ruleset=public, prime=False) is ruled
-        assert template._ruled == {} and template._spares[True] is None
+        assert template.spawn(Spare.PLAIN) is plain
+        assert template.spawn(Spare.GATEWAY, ruleset=public, prime=False) is ruled
+        assert template._ruled == {} and template._spares[Spare.GATEWAY] is None
         assert _waiting(ruled)  # the plan would find its network and ruleset made
         for conn in (bare, other, plain, ruled):
             conn.close()

@@ -43,7 +43,6 @@ from boxyd.daemon.stage2proc import (
 )
 from boxyd.daemon.toolbox import Toolshed
 from boxyd.daemon.walks import Walks
-from boxyd.gitguard import userconfig
 from boxyd.gitguard.discover import CONFIG_MAX, read_beneath
 from boxyd.gitguard.scan import Snapshot, adopt, inherit_live, overwrite, restore
 from boxyd.plan import live, masking, mountplan, worktree
@@ -324,12 +323,11 @@ class StageSandbox:
         but no project: not walked."""
         spec, home = self.spec, self._launcher.user.pw_dir
         walked = [r for r in mountplan.writable_roots(spec) if not caches.is_cache(r, home)]
-        self._user_hooks = await pools.run(pools.WALKS, userconfig.hooks_path, home)
-        self.trees = await self._launcher.walks.prepare(
+        self._user_hooks, self.trees = await self._launcher.walks.prepare(
             walked,
+            home=home,
             git_guard=not spec.allow_git_write,
             created=[e.path for e in spec.mkdir],
-            user_hooks=self._user_hooks,
             secrets=spec.secrets,
         )
         others = [b for x in self._launcher.live if x is not self for b in x.baselines.values()]

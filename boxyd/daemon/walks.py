@@ -14,16 +14,22 @@ import json
 import logging
 import socket
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from boxy.errors import SetupError
 from boxyd.daemon import pools, walkproc
 from boxyd.daemon.stage2proc import Template
+from boxyd.gitguard import userconfig
 from boxyd.plan import walkwire, worktree
 from boxyd.plan.worktree import Tree
 
 log = logging.getLogger("boxyd")
 SMALL = 2000  # directories a walk may have in a thread (~20 ms of GIL): past it, a process
+
+
+class Walked(NamedTuple):
+    user_hooks: str | None  # the user's global core.hooksPath (userconfig.hooks_path)
+    trees: dict[str, Tree]
 
 
 class Walks:
@@ -44,28 +50,34 @@ class Walks:
         self,
         roots: Sequence[str],
         *,
+        home: str,
+        git_guard: bool,
+        created: Sequence[str],
+        secrets: Sequence[str],
+        small: int = SMALL,
+    ) -> Walked:
+        """HOME's user's hooks path and worktree.prepare: a small tree in the walk pool
+        with it, in one round through the pool (each round is wake-ups of a thread and
+        the loop: ~0.3 ms of a start), a larger one in a child of the walk template (a
+        fork and its reply cost more than a small walk). Raises SetupError as it does."""
+        user_hooks, small_trees = await pools.run(
+            pools.WALKS, _small_walk, home, roots, git_guard, created, secrets, small
+        )
+        if small_trees is not None:
+            return Walked(user_hooks, small_trees)
+        trees = await self._walk_apart(roots, git_guard, created, user_hooks, secrets)
+        return Walked(user_hooks, trees)
+
+    async def _walk_apart(
+        self,
+        roots: Sequence[str],
         git_guard: bool,
         created: Sequence[str],
         user_hooks: str | None,
         secrets: Sequence[str],
-        small: int = SMALL,
     ) -> dict[str, Tree]:
-        """worktree.prepare: a small tree in the walk pool (a fork and its reply cost
-        more than the walk), a larger one in a child of the walk template. Raises
-        SetupError as it does."""
-        try:
-            return await pools.run(
-                pools.WALKS,
-                worktree.prepare,
-                roots,
-                git_guard=git_guard,
-                created=created,
-                user_hooks=user_hooks,
-                secrets=secrets,
-                limit=small,
-            )
-        except worktree.LargerThan:
-            pass
+        """A larger tree, walked in a child of the walk template (in the walk pool if
+        the template cannot start)."""
         req = {
             "roots": list(roots),
             "git_guard": git_guard,
@@ -99,6 +111,31 @@ class Walks:
             return await pools.run(pools.WALKS, _decode, reply["trees"])
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
             raise SetupError(f"the walk process gave an answer that cannot be read ({e})") from None
+
+
+def _small_walk(
+    home: str,
+    roots: Sequence[str],
+    git_guard: bool,
+    created: Sequence[str],
+    secrets: Sequence[str],
+    limit: int,
+) -> tuple[str | None, dict[str, Tree] | None]:
+    """In the walk pool: HOME's user's hooks path, and the trees if none has more than
+    LIMIT directories (None: walk them apart)."""
+    user_hooks = userconfig.hooks_path(home)
+    try:
+        trees = worktree.prepare(
+            roots,
+            git_guard=git_guard,
+            created=created,
+            user_hooks=user_hooks,
+            secrets=secrets,
+            limit=limit,
+        )
+    except worktree.LargerThan:
+        return user_hooks, None
+    return user_hooks, trees
 
 
 async def _frame(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> Any:

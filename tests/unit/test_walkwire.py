@@ -71,9 +71,11 @@ def test_the_walk_process_walks_as_the_daemon_would(tmp_path: Path) -> None:
         walks = Walks()
         walks.start()
         try:
-            return await walks.prepare(
-                [str(work)], git_guard=True, created=[], user_hooks=None, secrets=[], small=0
+            walked = await walks.prepare(
+                [str(work)], home=str(tmp_path), git_guard=True, created=[], secrets=[], small=0
             )  # always the process
+            assert walked.user_hooks is None  # (no git config in that home)
+            return walked.trees
         finally:
             walks.close()
 
@@ -88,9 +90,9 @@ def test_a_refusal_of_the_walk_process_is_its_line(tmp_path: Path) -> None:
         try:
             await walks.prepare(
                 [str(tmp_path / "gone")],
+                home=str(tmp_path),
                 git_guard=True,
                 created=[],
-                user_hooks=None,
                 secrets=[],
                 small=0,
             )
@@ -109,18 +111,26 @@ def test_a_small_tree_is_walked_without_the_process_a_larger_one_with_it(tmp_pat
         worktree.prepare([str(work)], git_guard=True, limit=10)
     assert not (work / ".git").exists()  # stopped before anything was made
 
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text("[core]\n\thooksPath = ~/hooks\n")
+
     async def go(small: int) -> dict[str, worktree.Tree]:
         walks = Walks()
         walks.start()
         try:
-            return await walks.prepare(
-                [str(work)], git_guard=True, created=[], user_hooks=None, secrets=[], small=small
+            walked = await walks.prepare(
+                [str(work)], home=str(home), git_guard=True, created=[], secrets=[], small=small
             )
         finally:
             walks.close()
+        # the user's hooks path comes with the walk either way (one round through the pool)
+        assert walked.user_hooks == str(home / "hooks")
+        return walked.trees
 
+    hooks = str(home / "hooks")
     assert (
         asyncio.run(go(10))
         == asyncio.run(go(1000))
-        == worktree.prepare([str(work)], git_guard=True)
+        == worktree.prepare([str(work)], git_guard=True, user_hooks=hooks)
     )

@@ -14,10 +14,7 @@ import json
 import os
 import socket
 import sys
-from pathlib import Path
 from typing import Any
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _net() -> str:
@@ -103,12 +100,9 @@ CASES = {
 
 
 def _report(user: Any, case: str) -> dict[str, Any]:
-    proc = user.run(
-        [sys.executable, "-I", str(Path(__file__).resolve()), str(ROOT), case], timeout=60, cwd="/"
-    )
-    assert proc.returncode == 0, proc.stderr.decode()
-    report: dict[str, Any] = json.loads(proc.stdout.decode().splitlines()[-1])
-    return report
+    from tests.integration import scriptcases
+
+    return scriptcases.report(user, __file__, case)
 
 
 def test_a_net_none_spare_makes_the_runs_network_ahead_and_step_5_keeps_it(user: Any) -> None:
@@ -134,9 +128,7 @@ def test_a_net_none_spare_given_a_networked_plan_makes_the_gateway_itself(user: 
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, sys.argv[1])
-    if len(sys.argv) != 3 or sys.argv[2] not in CASES:
-        sys.exit(f"usage: test_spare_network.py ROOT {{{','.join(CASES)}}}")
-    print(json.dumps(CASES[sys.argv[2]]()))
-    sys.stdout.flush()
-    os._exit(0)  # the namespaces go with the process; skip interpreter shutdown
+    sys.path.insert(0, sys.argv[1])  # (-I: the tree the test named)
+    from tests.integration import scriptcases
+
+    scriptcases.main(CASES)

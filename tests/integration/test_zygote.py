@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-ROOT = Path(__file__).resolve().parents[2]
 NS = ("user", "mnt", "net", "ipc", "uts", "cgroup", "pid")
 HEAD = b'{"the outer stage 2\'s line": 1}\n'
 REST = b'{"PID 1\'s line": 2}\n{"the plan": [3]}'
@@ -169,12 +168,9 @@ CASES = {
 
 
 def _report(user: Any, case: str) -> dict[str, Any]:
-    proc = user.run(
-        [sys.executable, "-I", str(Path(__file__).resolve()), str(ROOT), case], timeout=60, cwd="/"
-    )
-    assert proc.returncode == 0, proc.stderr.decode()
-    report: dict[str, Any] = json.loads(proc.stdout.decode().splitlines()[-1])
-    return report
+    from tests.integration import scriptcases
+
+    return scriptcases.report(user, __file__, case)
 
 
 def test_pid1_is_the_first_process_of_a_pid_namespace_in_the_outer_stage_2s_others(
@@ -213,9 +209,7 @@ def test_a_zygote_says_why_it_could_not_start_pid1(user: Any) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, sys.argv[1])
-    if len(sys.argv) != 3 or sys.argv[2] not in CASES:
-        sys.exit(f"usage: test_zygote.py ROOT {{{','.join(CASES)}}}")
-    print(json.dumps(CASES[sys.argv[2]]()))
-    sys.stdout.flush()
-    os._exit(0)  # the namespaces go with the process; skip interpreter shutdown
+    sys.path.insert(0, sys.argv[1])  # (-I: the tree the test named)
+    from tests.integration import scriptcases
+
+    scriptcases.main(CASES)

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 
+from boxy import stdfds
 from boxy.errors import BuildMismatch, Busy, DaemonError, SecretsNeeded, UsageError
 from boxy.ident import INTERFACE
 from boxy.paths import ensure_private_dir, runtime_dir_str, socket_path_str, state_dir_str
@@ -97,7 +98,9 @@ def _try_connect() -> Client | None:
 
 
 def connect(*, start: bool = True) -> Client:
-    """Connect to boxyd, starting it (under a lock, detached, as us) when nothing listens."""
+    """Connect to boxyd, starting it (under a lock, detached, as us) when nothing listens.
+    Fds 0-2 are made open first: the connection must never take one (boxy/stdfds.py)."""
+    stdfds.ensure()
     ensure_private_dir(runtime_dir_str())
     client = _try_connect()
     if client is not None or not start:
@@ -142,6 +145,39 @@ def _start_daemon() -> Client:
             raise DaemonError(f"boxyd exited at start (status {proc.returncode}); see {log}")
         time.sleep(0.005)
     raise DaemonError(f"boxyd did not start within {START_TIMEOUT:g}s; see {log}")
+
+
+class Controls:
+    """Signal and Resize for a session this client follows, on a connection of their
+    own: the one that streams Run or Attach carries no other call (boxyd ends it at
+    the first: boxyd/api/varlink.py). Connected at the first use (most runs send
+    none); safe from a signal handler on the thread that uses it, as
+    Client.send_oneway is (a send that finds the connection being made is dropped)."""
+
+    def __init__(self) -> None:
+        self._client: Client | None = None
+        self._connecting = False
+        self._failed = False
+
+    def send(self, method: str, parameters: dict[str, Any]) -> bool:
+        """Send a oneway call; False when boxyd cannot be reached (the stream says how)."""
+        if self._client is None:
+            if self._failed or self._connecting:
+                return False
+            self._connecting = True
+            try:
+                self._client = connect(start=False)
+            except (OSError, DaemonError):
+                self._failed = True
+                return False
+            finally:
+                self._connecting = False
+        return self._client.send_oneway(method, parameters)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
 
 def wait_gone(timeout: float = 5.0) -> None:

@@ -20,9 +20,9 @@ import signal
 import threading
 import time
 
-from boxy import termsettings, values
+from boxy import stdfds, termsettings, values
 from boxy.buildid import build_id
-from boxy.client import client_env, connect, read_reply, with_retries
+from boxy.client import Controls, client_env, connect, read_reply, with_retries
 from boxy.errors import DaemonError, UsageError
 from boxy.events import Event, Snapshot, decode
 from boxy.ident import INTERFACE
@@ -190,7 +190,10 @@ def _secrets(value: Mapping[str, str] | Iterable[str]) -> list[Secret]:
 
 
 def request(argv: Iterable[str] | str, options: Mapping[str, Any], caller: str) -> RunRequest:
-    """A RunRequest as boxyctl would send it, from our cwd and environment."""
+    """A RunRequest as boxyctl would send it, from our cwd and environment. Every
+    run, start and spawn_pty begins here: fds 0-2 are made open before the library
+    opens anything (a pipe or a connection on fd 0 would be the payload's stdin)."""
+    stdfds.ensure()
     command = [argv] if isinstance(argv, str) else [os.fspath(a) for a in argv]
     if not command or not command[0]:
         raise UsageError(f"{caller}: missing command")
@@ -323,23 +326,22 @@ def _drain(fd: int, into: bytearray) -> None:
 
 
 def _follow(
-    client: Client,
+    controls: Controls,
     replies: Iterator[dict[str, Any]],
     notices: list[str],
     lock: threading.Lock | None = None,
 ) -> tuple[str, Ended | Detached]:
     """The replies after the first, to the last: notices kept, a stopped payload
-    continued (no shell above us to stop). LOCK: held for a send, when callers'
-    threads send on CLIENT too."""
+    continued (no shell above us to stop) through CONTROLS (the stream's connection
+    carries no other call). LOCK: held for a send, when callers' threads send on
+    CONTROLS too."""
     for params in replies:
         reply = read_reply(params)
         if isinstance(reply, Notice):
             notices.append(reply.text)
         elif isinstance(reply, Stopped):
             with lock or contextlib.nullcontext():
-                client.send_oneway(
-                    f"{INTERFACE}.Signal", {"id": reply.id, "signal": signal.SIGCONT}
-                )
+                controls.send(f"{INTERFACE}.Signal", {"id": reply.id, "signal": signal.SIGCONT})
         elif isinstance(reply, (Ended, Detached)):
             return reply.id, reply
     raise DaemonError("boxyd ended the call without saying how the session ended")
@@ -377,7 +379,11 @@ def run(
             stdio.release()  # boxyd has the fds now (a retry never follows a Running)
             if isinstance(first, (Ended, Detached)):
                 return _last(first.id, first, notices)
-            return _last(*_follow(client, replies, notices), notices)
+            controls = Controls()
+            try:
+                return _last(*_follow(controls, replies, notices), notices)
+            finally:
+                controls.close()
 
         result = with_retries(req, once, environ=os.environ)
     finally:
@@ -520,6 +526,7 @@ class SandboxedPTY:
     def __init__(self, client: Client, master: int, first: RunReply) -> None:
         self.id = first.id
         self._client, self._master = client, master
+        self._controls = Controls()  # Resize, Signal: not on the stream's connection
         self._lock = threading.Lock()  # sends from callers' threads; receives in ours
         self._notices: list[str] = []
         self._last: Ended | Detached | None = None
@@ -539,7 +546,7 @@ class SandboxedPTY:
     def _follow(self) -> None:
         assert self._replies is not None
         try:
-            _, self._last = _follow(self._client, self._replies, self._notices, self._lock)
+            _, self._last = _follow(self._controls, self._replies, self._notices, self._lock)
         except BaseException as e:  # handed to wait()
             self._error = e
         finally:
@@ -577,9 +584,7 @@ class SandboxedPTY:
 
         fcntl.ioctl(self._master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
         with self._lock:
-            self._client.send_oneway(
-                f"{INTERFACE}.Resize", {"id": self.id, "rows": rows, "cols": cols}
-            )
+            self._controls.send(f"{INTERFACE}.Resize", {"id": self.id, "rows": rows, "cols": cols})
 
     def wait(self, timeout: float | None = None) -> int:
         """The payload's exit status, once the session has ended (TimeoutError)."""
@@ -608,6 +613,8 @@ class SandboxedPTY:
     def close(self) -> None:
         """Let go: a session still followed is hung up and stopped by boxyd."""
         self._client.close()
+        with self._lock:
+            self._controls.close()
         if self._master >= 0:
             os.close(self._master)
             self._master = -1
@@ -647,6 +654,7 @@ def spawn_pty(
 def attach(id: str, *, cols: int = 80, rows: int = 24) -> SandboxedPTY:
     """Take over the terminal of session ID (one started with start()): its output
     so far comes first. detach() leaves it running again; close() stops it."""
+    stdfds.ensure()  # before the PTY pair (request() does it for the others)
     master, slave, terminal = _pty_pair(cols, rows)
     client = connect()
     try:

@@ -44,6 +44,8 @@ RECV_SIZE = 64 * 1024
 _FD_SIZE = struct.calcsize("i")  # struct, not array: array imports collections
 _ANC_SPACE = _socket.CMSG_SPACE(MAX_FDS * _FD_SIZE)
 _UCRED = struct.Struct("3i")
+_SCM_CREDENTIALS = 2  # <sys/socket.h>
+_CRED_SPACE = _socket.CMSG_SPACE(_UCRED.size)
 
 
 class ProtocolError(Exception):
@@ -170,16 +172,29 @@ class Decoder:
 def recv_with_fds(sock: _socket.socket, size: int = RECV_SIZE) -> tuple[bytes, list[int]]:
     """One recvmsg with MSG_CMSG_CLOEXEC. b"" means EOF. May raise BlockingIOError on
     a non-blocking socket; raises ProtocolError (fds closed) on truncated control data."""
-    data, anc, flags, _ = sock.recvmsg(size, _ANC_SPACE, _socket.MSG_CMSG_CLOEXEC)
+    data, fds, _ = recv_with_creds(sock, size)
+    return data, fds
+
+
+def recv_with_creds(
+    sock: _socket.socket, size: int = RECV_SIZE
+) -> tuple[bytes, list[int], tuple[int, int, int] | None]:
+    """recv_with_fds, and the (pid, uid, gid) of the process that wrote these bytes
+    when SOCK has SO_PASSCRED (None otherwise). The kernel never joins the bytes of
+    two writers in one read of a socket that has it: the credentials are each byte's."""
+    data, anc, flags, _ = sock.recvmsg(size, _ANC_SPACE + _CRED_SPACE, _socket.MSG_CMSG_CLOEXEC)
     fds: list[int] = []
+    creds = None
     for level, kind, payload in anc:
         if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
             n = len(payload) // _FD_SIZE
             fds += struct.unpack(f"{n}i", payload[: n * _FD_SIZE])
-    if flags & _socket.MSG_CTRUNC:
+        elif level == _socket.SOL_SOCKET and kind == _SCM_CREDENTIALS:
+            creds = _UCRED.unpack(payload[: _UCRED.size])
+    if flags & _socket.MSG_CTRUNC or len(fds) > MAX_FDS:  # (the room for creds fits more)
         close_fds(fds)
         raise ProtocolError(f"control data truncated (more than {MAX_FDS} fds?)")
-    return data, fds
+    return data, fds, creds
 
 
 def send_with_fds(sock: _socket.socket, data: bytes, fds: Sequence[int], flags: int = 0) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 
+from boxy import stdfds
 from boxyctl.fullsite import ensure_site
 
 TYPE_CHECKING = False  # typing costs the client 4 ms at start-up; annotations only
@@ -57,6 +58,7 @@ def _leave(status: int) -> NoReturn:
 
 def boxyctl() -> NoReturn:
     """The boxyctl and boxy scripts."""
+    stdfds.ensure()  # before anything is opened (boxy/stdfds.py)
     if not _fast(sys.argv[1:]):
         ensure_site()
     from boxyctl.main import main
@@ -66,6 +68,7 @@ def boxyctl() -> NoReturn:
 
 def shim() -> NoReturn:
     """The boxy-sh script (boxyctl/shim.py)."""
+    stdfds.ensure()  # before anything is opened (boxy/stdfds.py)
     from boxyctl.shim import main
 
     _leave(main())

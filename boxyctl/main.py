@@ -66,8 +66,10 @@ def _cwd() -> str:
 def main(argv: list[str] | None = None) -> int:
     """Never a traceback, whatever state stdout or the current directory is in: one
     line on stderr and an exit status (BOXY_DEBUG=1 shows the traceback of a bug)."""
-    if sys.stdout is None:  # started with fd 1 closed
-        os.open(os.devnull, os.O_WRONLY)  # holds fd 1: no socket of ours may land there
+    from boxy import stdfds
+
+    stdfds.ensure()  # no socket of ours may land on 0-2 (the launcher did it first)
+    if sys.stdout is None:  # started with fd 1 closed: it holds /dev/null now
         sys.stdout = _ClosedStdout()
     try:
         status = _main(argv)
@@ -344,8 +346,11 @@ class _Waiting:
     and the watchdog after one: a second one, or a daemon that stops answering
     after the first, ends the wait (never a client that ignores ^C forever)."""
 
-    def __init__(self, client: Client, sid: list[str]) -> None:
-        self.client, self.sid = client, sid
+    def __init__(self, sid: list[str]) -> None:
+        from boxy.client import Controls
+
+        self.sid = sid
+        self.controls = Controls()  # Signal, Resize: never on the stream's connection
         self.got: list[int] = []
         self.end_by: list[float] = []  # when a SIGTERM (HUP, QUIT) ends the wait
 
@@ -368,7 +373,7 @@ class _Waiting:
             raise self.stop_waiting(f"{name} again")
         if not self.sid:  # nothing runs yet to pass it on to
             raise self.stop_waiting(f"{name} before the session started")
-        self.client.send_oneway(f"{IFACE}.Signal", {"id": self.sid[0], "signal": signum})
+        self.controls.send(f"{IFACE}.Signal", {"id": self.sid[0], "signal": signum})
         if signum in _ENDING:
             self.end_by.append(time.monotonic() + END_WAIT)
         sig.setitimer(sig.ITIMER_REAL, ANSWER_WAIT)
@@ -387,9 +392,7 @@ class _Waiting:
 
     def winch(self, rows: int, cols: int) -> None:
         if self.sid:
-            self.client.send_oneway(
-                f"{IFACE}.Resize", {"id": self.sid[0], "rows": rows, "cols": cols}
-            )
+            self.controls.send(f"{IFACE}.Resize", {"id": self.sid[0], "rows": rows, "cols": cols})
 
 
 def _follow(
@@ -401,7 +404,7 @@ def _follow(
 ) -> int:
     """Run or Attach: our stdio (a terminal in raw mode) is the session's until it
     ends or we detach (Ctrl-]); signals and window sizes are passed on."""
-    waiting = _Waiting(client, sid)
+    waiting = _Waiting(sid)
     waiting.install()
     try:
         if not os.isatty(0):
@@ -417,6 +420,7 @@ def _follow(
                 final = _send_and_relay(client, method, params, waiting, term, summary)
     finally:
         sig.setitimer(sig.ITIMER_REAL, 0)  # no liveness ping past the run
+        waiting.controls.close()
     from boxy.outcome import Detached, Ended
 
     if summary is not None:
@@ -454,7 +458,7 @@ def _relay(
     """Act on each streamed reply; the last one (Detached or Ended) is returned."""
     from boxy.outcome import Notice, Running, Stopped
 
-    client, sid = waiting.client, waiting.sid
+    sid = waiting.sid
     for params in replies:
         reply = _decode(params)
         if isinstance(reply, Notice):  # -v: a denial, as it happens
@@ -465,7 +469,7 @@ def _relay(
             if term is not None:
                 term.suspend()
                 if sid:  # `fg`: the payload goes on too
-                    client.send_oneway(f"{IFACE}.Signal", {"id": sid[0], "signal": sig.SIGCONT})
+                    waiting.controls.send(f"{IFACE}.Signal", {"id": sid[0], "signal": sig.SIGCONT})
         elif isinstance(reply, Running):
             sid[:] = [reply.id]
             for w in reply.warnings:

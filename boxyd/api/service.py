@@ -45,6 +45,9 @@ from boxyd.daemon.session import Follow
 
 log = logging.getLogger("boxyd")
 
+# The calls that follow a session on their connection: each owns it until its last
+# reply (boxyd/api/varlink.py; a connection that leaked into a sandbox carries no other)
+STREAMS = frozenset(f"{INTERFACE}.{m}" for m in ("Run", "Attach", "Watch"))
 WATCH_BATCH = 64 << 10  # bytes of events a watcher sends in one write, at most
 WATCH_LINGER = 0.005  # seconds a watcher waits for more before writing a trickle
 WATCH_GATHER = 64  # events that are worth a write at once: the wait ends there

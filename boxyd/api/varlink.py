@@ -5,6 +5,11 @@ The framing and the fd rule are shared with the client (boxy.varlink).
 
 Per connection:
 - the peer must run as our uid (SO_PEERCRED), else it is closed before any read;
+- every read carries the credentials of the process that wrote it (SO_PASSCRED on the
+  listener: the kernel never joins two writers' bytes in one read), and a writer
+  that VET refuses (one inside a sandbox of boxyd's: daemon/insiders.py) ends the
+  connection before its bytes are decoded: a connection that leaked into a sandbox
+  is refused to the payload whoever opened it;
 - calls that expect replies run one at a time, in order (varlink replies carry no
   call id, so order is the only way to match them), while oneway calls (Resize,
   Signal) are dispatched at once, concurrently with a Run stream in progress;
@@ -12,7 +17,12 @@ Per connection:
   max_write_buffer is dropped; reading pauses while too many calls are pending;
 - a malformed message (framing, JSON, fds, not a call) gets one error reply
   (org.varlink.service.InvalidParameter) after the calls before it, and then
-  the connection is closed.
+  the connection is closed;
+- a call of an EXCLUSIVE method (Run, Attach, Watch: they stream a session) owns its
+  connection until its last reply: any other message meanwhile, oneway included,
+  ends the connection (docs/design.md, "The front door"). A connection that leaked
+  into a sandbox is one that streams a Run; it carries nothing else. Such a method
+  called oneway ends the connection too (nobody would hear how it went).
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ from boxy.varlink import (
     close_fds,
     encode,
     peer_credentials,
-    recv_with_fds,
+    recv_with_creds,
 )
 from boxyd.api import idl
 
@@ -181,11 +191,18 @@ class VarlinkServer:
         description: str | None = None,
         max_write_buffer: int = MAX_WRITE_BUFFER,
         first: Callable[[Call], tuple[str, dict[str, Any]] | None] | None = None,
+        exclusive: Collection[str] = (),
+        vet: Callable[[int], str | None] | None = None,
     ) -> None:
         """FIRST: asked of each call of ours before its parameters are held to the IDL;
         an (error, parameters) it returns is the reply (a client of another build speaks
-        another IDL: it should hear that, not which parameter this IDL lacks)."""
+        another IDL: it should hear that, not which parameter this IDL lacks).
+        EXCLUSIVE: methods (fully qualified) whose call owns its connection.
+        VET: why the process PID may not call (None: it may), asked at the connect
+        and of every writer after."""
         self._handler = handler
+        self.exclusive = frozenset(exclusive)
+        self.vet = vet or (lambda pid: None)
         self._first = first
         self._description = description if description is not None else interface_description()
         self._idl = idl.parse(self._description)
@@ -204,6 +221,8 @@ class VarlinkServer:
         self._loop = loop
         self._sock = sock
         sock.setblocking(False)
+        # every accepted connection inherits it: each read names its writer
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         loop.add_reader(sock.fileno(), self._accept, loop)
         try:
             await self._stopped.wait()
@@ -253,7 +272,15 @@ class VarlinkServer:
             log.warning("varlink: refused a connection from pid %d uid %d", pid, uid)
             sock.close()
             return
+        why = self.vet(pid)
+        if why is not None:
+            log.warning("varlink: refused a connection: %s", why)
+            sock.close()
+            return
         sock.setblocking(False)
+        # a connection made before the listener had it (socket activation queues them)
+        # did not inherit it: from here on each read names its writer
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         conn = _Connection(self, loop, sock, Peer(pid, uid, gid))
         self._conns.add(conn)
         conn.start()
@@ -353,6 +380,7 @@ class _Connection:
         self._queue: deque[Call] = deque()  # calls that expect replies, in order
         self._worker: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # running oneway calls
+        self._owner: Call | None = None  # an exclusive call not yet answered in full
 
     def start(self) -> None:
         self._set_reading(True)
@@ -373,7 +401,7 @@ class _Connection:
 
     def _on_readable(self) -> None:
         try:
-            data, fds = recv_with_fds(self._sock)
+            data, fds, creds = recv_with_creds(self._sock)
         except (BlockingIOError, InterruptedError):
             return
         except ProtocolError as e:
@@ -385,6 +413,15 @@ class _Connection:
         if not data:
             self.close(None)
             return
+        refused = self._writer_refused(creds)
+        if refused is not None:
+            close_fds(fds)
+            self.close(refused)
+            return
+        if self._owned():  # nothing else may come while a stream owns us: not even read
+            close_fds(fds)
+            self.close(f"a message on a connection that {self._owner_says()}")
+            return
         try:
             messages = self._decoder.feed(data, fds)
         except ProtocolError as e:  # the calls before the bad message are still answered
@@ -395,14 +432,38 @@ class _Connection:
         if self._pending() >= MAX_PENDING_CALLS:
             self._set_reading(False)  # back-pressure: resumed as calls finish
 
+    def _writer_refused(self, creds: tuple[int, int, int] | None) -> str | None:
+        """Why the writer of a read may not call, or None. No pid: bytes written
+        before boxyd accepted the connection (before any sandbox could hold it), or by
+        a process in no pid namespace of ours (so in no sandbox of ours): the
+        connecting peer's, checked at the accept."""
+        if creds is None or creds[0] == 0:
+            return None
+        pid, uid, _ = creds
+        if uid != os.geteuid():
+            return f"a message written by pid {pid} of uid {uid}"
+        return self._server.vet(pid)
+
     def _submit_all(self, messages: list[tuple[dict[str, Any], list[int]]]) -> None:
         for i, (msg, msg_fds) in enumerate(messages):
-            call = self._make_call(msg, msg_fds)
+            call = None if self._owned() else self._make_call(msg, msg_fds)
             if call is None:
+                if self._owned():  # read in the same chunk as the call that owns us
+                    close_fds(msg_fds)
+                    self.close(f"a call on a connection that {self._owner_says()}")
                 for _, rest in messages[i + 1 :]:
                     close_fds(rest)
                 return
             self._submit(call)
+
+    def _owned(self) -> bool:
+        """An exclusive call holds this connection (until its last reply)."""
+        if self._owner is not None and self._owner.done:
+            self._owner = None
+        return self._owner is not None
+
+    def _owner_says(self) -> str:
+        return f"streams {self._owner.method if self._owner else 'a call'}"
 
     def _make_call(self, msg: dict[str, Any], fds: list[int]) -> Call | None:
         method = msg.get("method")
@@ -420,7 +481,14 @@ class _Connection:
             close_fds(fds)
             self._refuse("not a varlink call")
             return None
-        return Call(self, method, params, fds, more, oneway)
+        call = Call(self, method, params, fds, more, oneway)
+        if method in self._server.exclusive:
+            if oneway:  # a stream nobody hears: what a payload would send
+                close_fds(fds)
+                self.close(f"{method} called oneway")
+                return None
+            self._owner = call
+        return call
 
     def _refuse(self, reason: str) -> None:
         """A malformed message: no more reading; once the calls before it are

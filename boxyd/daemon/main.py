@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING
 
 from boxy.errors import BoxyError, DaemonError, UsageError
 from boxy.paths import ensure_private_dir, runtime_dir, socket_path, state_dir
-from boxyd.api.service import VarlinkService
+from boxyd.api.service import STREAMS, VarlinkService
 from boxyd.api.varlink import VarlinkServer
+from boxyd.daemon.insiders import INSIDERS
 from boxyd.daemon.manager import Manager
 from boxyd.daemon.records import Records
 from boxyd.daemon.sandbox import StageLauncher
@@ -120,7 +121,9 @@ async def serve(sock: socket.socket) -> None:
     manager = Manager(launcher, Records(launcher.user.pw_dir))
     manager.start_launcher()
     service = VarlinkService(manager)
-    server = VarlinkServer(service.handle, first=service.other_build)
+    server = VarlinkServer(
+        service.handle, first=service.other_build, exclusive=STREAMS, vet=INSIDERS.inside
+    )
     stop = asyncio.Event()
     service.on_shutdown = stop.set
     bus = Bus(manager, launcher)

@@ -27,7 +27,7 @@ from boxyd.config.hosttools import resolve
 from boxyd.config.registries import Registries
 from boxyd.config.runspec import RunSpec
 from boxyd.config.spec import build_spec
-from boxyd.daemon import pools, records
+from boxyd.daemon import passedfds, pools, records
 from boxyd.daemon.liveguard import LiveGuard
 from boxyd.daemon.pty import PtyRelay
 from boxyd.daemon.scopes import Limit, Placement, Scopes, limits, read_events, remove_subtree
@@ -98,9 +98,11 @@ class StageLauncher:
         outputs = Outputs()
         listeners: list[socket.socket] = []
         try:
-            spec = await self._spec(request)
             if len(stdio) != 3:
                 raise UsageError("Run needs exactly three file descriptors (stdin, stdout, stderr)")
+            # none that carries the user's authority enters (fdpolicy.py), on every wire
+            passedfds.check(stdio, request.client_env, self.user.pw_dir)
+            spec = await self._spec(request)
             if spec.tty and not any(os.isatty(fd) for fd in stdio):
                 raise UsageError("--tty: none of boxyctl's stdin, stdout, stderr is a terminal")
             # before the payload starts, never by name afterwards (hostfile.py); the trees of

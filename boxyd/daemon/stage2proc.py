@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from boxy import fdwait
 from boxy.errors import SetupError
 from boxyd.daemon import initreports, joinproc
+from boxyd.daemon.insiders import INSIDERS
 from boxyd.daemon.joinproc import Joiner
 from boxyd.plan import ops
 from boxyd.plan.ops import Plan
@@ -512,6 +513,8 @@ class _Init:
         self.pty = socket.socket(fileno=fds[6]) if pty else None
         os.set_blocking(self.status, False)
         self.closed = False
+        # its user namespace names the sandbox: no call from inside is taken (insiders.py)
+        self.userns = INSIDERS.add(self.ns[0])
 
     @classmethod
     def of(cls, fds: list[int], pty: bool) -> _Init:
@@ -531,6 +534,7 @@ class _Init:
         if self.closed:
             return
         self.closed = True
+        INSIDERS.discard(self.userns)
         for fd in (self.pidfd, self.status):
             with contextlib.suppress(ValueError, RuntimeError):
                 loop.remove_reader(fd)

@@ -290,8 +290,16 @@ class Handler:
             self.resized.set()
         elif name == "Run":
             await call.reply({"id": "s1", "state": "running"}, continues=True)
+            closed = asyncio.ensure_future(call.connection_closed.wait())
+            resized = asyncio.ensure_future(self.resized.wait())
+            await asyncio.wait([closed, resized], timeout=5, return_when="FIRST_COMPLETED")
+            closed.cancel()
+            resized.cancel()
+            if call.connection_closed.is_set():
+                self.closed_seen.set()
+                return
             try:
-                await asyncio.wait_for(self.resized.wait(), 5)
+                await asyncio.wait_for(self.resized.wait(), 0.01)
             except TimeoutError:
                 await call.error(M + "Busy", {"message": "no resize arrived"})
                 return
@@ -307,7 +315,15 @@ class Handler:
 
 
 class ServerThread:
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        exclusive: tuple[str, ...] = (),
+        vet: Callable[[int], str | None] | None = None,
+        before_serve: Callable[[str], None] | None = None,
+    ) -> None:
+        """BEFORE_SERVE(address): called once the listener is bound, before the
+        server has it (a client connecting there stands for socket activation's)."""
+        self.exclusive, self.vet, self.before_serve = exclusive, vet, before_serve
         self.address = address()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=asyncio.run, args=(self._main(),), daemon=True)
@@ -315,8 +331,10 @@ class ServerThread:
     async def _main(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.handler = Handler()
-        self.server = VarlinkServer(self.handler)
+        self.server = VarlinkServer(self.handler, exclusive=self.exclusive, vet=self.vet)
         sock = listener(self.address)
+        if self.before_serve is not None:
+            self.before_serve(self.address)
         self._ready.set()
         await self.server.serve(sock)
 
@@ -672,3 +690,69 @@ def test_stream_ends_at_the_first_reply_without_continues() -> None:
         assert client.send_oneway(M + "Resize", {"id": "s1", "rows": 1, "cols": 2})
         assert [x.get("exit_status") for x in r] == [0]
         assert time.monotonic() - start < 4
+
+
+# --- a streaming call owns its connection (docs/design.md, "The front door") ---------
+
+STREAMS = (M + "Run", M + "Attach", M + "Watch")
+
+
+def _ended(client: Client) -> bool:
+    """The server has closed CLIENT's connection (EOF or a reset)."""
+    client._sock.settimeout(5)
+    try:
+        return client._sock.recv(1 << 16) == b"" or _ended(client)
+    except ConnectionResetError:
+        return True
+
+
+@pytest.mark.parametrize("oneway", [True, False])
+def test_a_call_on_a_streaming_connection_ends_it(oneway: bool) -> None:
+    """What a payload that inherited boxyctl's connection would send: a second call
+    on it, oneway or not, ends the connection, and the stream's handler sees it go."""
+    with ServerThread(STREAMS) as srv, Client.connect(srv.address) as client:
+        replies = client.stream(M + "Run", RUN)
+        assert next(replies) == {"id": "s1", "state": "running"}
+        msg = {"method": M + "Resize", "parameters": {"id": "s1", "rows": 3, "cols": 4}}
+        client._sock.sendall(encode({**msg, "oneway": True} if oneway else msg))
+        assert srv.wait(lambda h: h.closed_seen)
+        assert _ended(client)
+        assert srv.handler.size is None  # the Resize never ran
+        assert srv.handler.calls == ["Run"]
+
+
+def test_a_call_in_the_same_write_as_the_stream_ends_it() -> None:
+    with ServerThread(STREAMS) as srv, Client.connect(srv.address) as client:
+        stop = {"method": M + "Stop", "parameters": {"id": "s1", "kill": True}}
+        run = {"method": M + "Run", "parameters": RUN, "more": True}
+        client._sock.sendall(encode(run) + encode(stop))
+        assert _ended(client)
+        assert srv.handler.calls == []  # the Run had not started: neither runs
+
+
+def test_a_streaming_method_called_oneway_ends_the_connection() -> None:
+    with ServerThread(STREAMS) as srv, Client.connect(srv.address) as client:
+        client._sock.sendall(encode({"method": M + "Run", "parameters": RUN, "oneway": True}))
+        assert _ended(client)
+        assert srv.handler.calls == []
+
+
+def test_after_the_streams_last_reply_the_connection_takes_calls_again() -> None:
+    """A Run refused at once (another build) is followed by Shutdown on the same
+    connection (boxy.client.with_retries): the stream no longer owns it."""
+    with ServerThread(STREAMS) as srv, Client.connect(srv.address) as client:
+        replies = client.stream(M + "Run", RUN)
+        assert next(replies) == {"id": "s1", "state": "running"}
+        with Client.connect(srv.address) as controls:  # Resize on a connection of its own
+            assert controls.send_oneway(M + "Resize", {"id": "s1", "rows": 7, "cols": 8})
+            assert [x.get("size") for x in replies] == [[7, 8]]
+        assert client.call(M + "Version", {})["build"] == "b1"
+
+
+def test_a_server_without_exclusive_methods_takes_oneway_calls_beside_a_stream() -> None:
+    """The rule is the server's EXCLUSIVE list (boxyd passes api.service.STREAMS)."""
+    with ServerThread() as srv, Client.connect(srv.address) as client:
+        replies = client.stream(M + "Run", RUN)
+        next(replies)
+        assert client.send_oneway(M + "Resize", {"id": "s1", "rows": 1, "cols": 2})
+        assert [x.get("exit_status") for x in replies] == [0]

@@ -1,0 +1,88 @@
+"""Is a process inside one of boxyd's sandboxes? (docs/design.md, "The front door")
+
+boxyd refuses calls from a process that runs in a sandbox it made: that is the
+payload, whatever connection it holds (one that leaked into it, however that came
+about). Every process of a sandbox is in the sandbox's user namespace and cannot
+leave it (setns and unshare are denied, and no capability is left to enter another),
+so that namespace names the sandbox: its nsfs identity is registered when stage 2
+hands PID 1 over (daemon/stage2proc.py) and let go when the sandbox is closed.
+
+A caller's namespace is read from /proc/PID/ns/user, walking up its parents
+(NS_GET_PARENT) until boxyd's own: a namespace nested below a sandbox's counts as
+the sandbox's. A caller that cannot be looked at (gone already, or refused) counts
+as inside: fail closed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+
+NS_GET_PARENT = 0xB702  # _IO(0xb7, 0x2), <linux/nsfs.h>
+MAX_DEPTH = 32  # the kernel nests user namespaces 32 deep at most
+
+NsKey = tuple[int, int]  # (st_dev, st_ino) of an nsfs file
+
+
+def _key(st: os.stat_result) -> NsKey:
+    return (st.st_dev, st.st_ino)
+
+
+class Insiders:
+    """The user namespaces of the live sandboxes."""
+
+    def __init__(self) -> None:
+        self._own = _key(os.stat("/proc/self/ns/user"))
+        self._sandboxes: set[NsKey] = set()
+        self._lock = threading.Lock()  # registered on the loop, asked on it and in tests
+
+    def add(self, userns_fd: int) -> NsKey:
+        """A sandbox's user namespace (an nsfs fd); its key, for discard()."""
+        key = _key(os.fstat(userns_fd))
+        with self._lock:
+            self._sandboxes.add(key)
+        return key
+
+    def discard(self, key: NsKey) -> None:
+        with self._lock:
+            self._sandboxes.discard(key)
+
+    def __len__(self) -> int:
+        return len(self._sandboxes)
+
+    def inside(self, pid: int) -> str | None:
+        """Why PID counts as inside a sandbox, or None when it does not."""
+        if pid <= 0:
+            return "a process boxyd cannot see (no pid in its namespace)"
+        try:
+            fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            return f"pid {pid} could not be looked at ({e.strerror})"
+        try:
+            return self._walk(pid, fd)
+        finally:
+            os.close(fd)
+
+    def _walk(self, pid: int, fd: int) -> str | None:
+        """Up from FD (PID's user namespace, ours to close) to boxyd's own."""
+        held = [fd]
+        try:
+            for _ in range(MAX_DEPTH + 1):
+                key = _key(os.fstat(held[-1]))
+                if key == self._own:
+                    return None
+                with self._lock:
+                    if key in self._sandboxes:
+                        return f"pid {pid} runs inside a sandbox of boxyd's"
+                try:
+                    held.append(fcntl.ioctl(held[-1], NS_GET_PARENT))
+                except OSError:  # EPERM: above boxyd's own namespace (a sibling's)
+                    return None
+            return f"pid {pid}: its user namespaces nest deeper than the kernel allows"
+        finally:
+            for other in held[1:]:
+                os.close(other)
+
+
+INSIDERS = Insiders()

@@ -24,6 +24,7 @@ from typing import Any
 
 from boxyd.daemon import pools
 from boxyd.daemon.livewatch import IN_CLOSE_WRITE, Visit, Watches
+from boxyd.daemon.parseproc import Apart, call_apart
 from boxyd.gitguard import discover
 from boxyd.plan import credentials, live, masking
 from boxyd.plan.credentials import Action, Rule
@@ -63,8 +64,11 @@ class LiveGuard:
         record: Record,
         adopt: Callable[[str, str, bytes | None], str | None],
         notice: Callable[[str], None],
+        apart: Callable[[], Apart],
     ) -> None:
+        """APART: a Parser for a redo's parse of what the payload wrote (parseproc.py)."""
         self._trees = {w.root: w for w in trees}
+        self._apart = apart
         self._send = send
         self._record = record
         # (root, rel, what the host saved) of a pin the host changed -> a finding, if any
@@ -195,7 +199,12 @@ class LiveGuard:
             )
             # judged once pinned: from then on the payload cannot change what is judged
             await asyncio.wait_for(asyncio.shield(pinned), LIVE_TIMEOUT)
-            line = await pools.run(pools.LIVE, self._adopt, w.root, p.rel, await saved)
+            line = await pools.run(
+                pools.LIVE,
+                call_apart,  # the adopted file is parsed apart (parseproc.py)
+                self._apart,
+                functools.partial(self._adopt, w.root, p.rel, await saved),
+            )
             if line is not None:
                 self._record("git", finding=line)
                 self._notice(line)
@@ -208,7 +217,12 @@ class LiveGuard:
                 redo.rel, rule.kind, rule.action, rule.is_dir
             )  # nothing to read
         else:
-            found = await pools.run(pools.LIVE, _stand_in, w.root, redo, rule)
+            found = await pools.run(
+                pools.LIVE,
+                call_apart,
+                self._apart,
+                functools.partial(_stand_in, w.root, redo, rule),
+            )
         if found is None:
             return  # nothing in it to cover now (or gone)
         w.masks[redo.rel] = found  # a later rename over it is covered again too

@@ -8,6 +8,7 @@ The core (Session, Manager) sees this only through boxyd.daemon.seam.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import pwd
@@ -29,6 +30,7 @@ from boxyd.config.runspec import RunSpec
 from boxyd.config.spec import build_spec
 from boxyd.daemon import passedfds, pools, records
 from boxyd.daemon.liveguard import LiveGuard
+from boxyd.daemon.parseproc import call_apart
 from boxyd.daemon.pty import PtyRelay
 from boxyd.daemon.scopes import Limit, Placement, Scopes, limits, read_events, remove_subtree
 from boxyd.daemon.seam import Exit, Report, SandboxEvent, Sink, Started, Stopped
@@ -577,6 +579,7 @@ class StageSandbox:
             self._sink.record,
             self._adopt,
             (lambda _: None) if quiet else self._sink.notice,
+            self._launcher.walks.apart,
         )
         self._live_start = asyncio.get_running_loop().create_task(self._watch(self.live_guard))
 
@@ -717,13 +720,17 @@ class StageSandbox:
         report.findings += self.live_findings
         git_lines, tool_lines = await pools.run(
             pools.CHECKS,
-            worktree.after,
-            self.trees,
-            self.baselines,
-            quarantine,
-            self._launcher.user.pw_dir,
-            self._launcher.tools(CHECKS_BUDGET),
-            self._user_hooks,
+            call_apart,  # what the payload wrote is parsed apart (parseproc.py)
+            self._launcher.walks.apart,
+            functools.partial(
+                worktree.after,
+                self.trees,
+                self.baselines,
+                quarantine,
+                self._launcher.user.pw_dir,
+                self._launcher.tools(CHECKS_BUDGET),
+                self._user_hooks,
+            ),
         )
         for line in git_lines:
             self._sink.record("git", finding=line)

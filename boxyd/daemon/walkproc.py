@@ -21,7 +21,8 @@ import struct
 from typing import Any
 
 from boxy.errors import SetupError
-from boxyd.plan import walkwire, worktree
+from boxyd.daemon import parseproc
+from boxyd.plan import payloadparse, walkwire, worktree
 from boxyd.stage2 import template
 
 FRAME = struct.Struct("!Q")
@@ -71,10 +72,23 @@ def walk(req: dict[str, Any]) -> dict[str, Any]:
 WALK_NICENESS = 10
 
 
+PARSE = {"serve": "parse"}  # the request that makes a child a parse child (parseproc.py)
+
+
 def child(conn: socket.socket) -> int:
     os.setpriority(os.PRIO_PROCESS, 0, WALK_NICENESS)
     try:
-        reply = walk(recv_frame(conn, REQUEST_MAX))
+        req = recv_frame(conn, REQUEST_MAX)
+        if req == PARSE:  # boxyd's walk in its own thread parses through this child
+            return parseproc.serve(conn)
+        # this walk's parses: in a child of ours, each job within its budget
+        parser = parseproc.Apart(parseproc.fork_child)
+        try:
+            with payloadparse.using(parser):
+                reply = walk(req)
+        finally:
+            parser.close()
+            parseproc.reap_children()
     except Exception as e:  # a bug, not a refusal: said as one, rather than a silent end
         reply = {"error": f"the walk: internal error: {type(e).__name__}: {e}"}
     try:

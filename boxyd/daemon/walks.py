@@ -10,14 +10,15 @@ logged.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from boxy.errors import SetupError
-from boxyd.daemon import pools, walkproc
+from boxyd.daemon import parseproc, pools, walkproc
 from boxyd.daemon.stage2proc import Template
 from boxyd.gitguard import userconfig
 from boxyd.plan import walkwire, worktree
@@ -35,13 +36,33 @@ class Walked(NamedTuple):
 class Walks:
     def __init__(self) -> None:
         self.template = Template("boxyd.daemon.walkproc", socket.SOCK_STREAM)
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
         """On the event loop's thread (the template's death signal follows it)."""
+        self._loop = asyncio.get_event_loop()
         try:
             self.template.start()
         except SetupError as e:
             log.warning("%s", e)
+
+    def parse_child(self) -> socket.socket:
+        """For a worker thread: a fresh child of the walk template, serving parse jobs
+        (parseproc.py). The template is only ever (re)started on the loop's thread."""
+        if self._loop is None:
+            raise SetupError("the walk template has not been started")
+
+        async def spawn() -> socket.socket:
+            return self.template.spawn()
+
+        conn = asyncio.run_coroutine_threadsafe(spawn(), self._loop).result(timeout=10)
+        conn.setblocking(True)
+        walkproc.send_frame(conn, walkproc.PARSE)
+        return conn
+
+    def apart(self) -> parseproc.Apart:
+        """A Parser for one run's (or one check's) jobs, in worker threads."""
+        return parseproc.Apart(self.parse_child)
 
     def close(self) -> None:
         self.template.close()
@@ -61,7 +82,7 @@ class Walks:
         the loop: ~0.3 ms of a start), a larger one in a child of the walk template (a
         fork and its reply cost more than a small walk). Raises SetupError as it does."""
         user_hooks, small_trees = await pools.run(
-            pools.WALKS, _small_walk, home, roots, git_guard, created, secrets, small
+            pools.WALKS, _small_walk, self.apart, home, roots, git_guard, created, secrets, small
         )
         if small_trees is not None:
             return Walked(user_hooks, small_trees)
@@ -91,12 +112,16 @@ class Walks:
             log.warning("%s; walking in the daemon", e)
             return await pools.run(
                 pools.WALKS,
-                worktree.prepare,
-                roots,
-                git_guard=git_guard,
-                created=created,
-                user_hooks=user_hooks,
-                secrets=secrets,
+                parseproc.call_apart,
+                self.apart,
+                functools.partial(
+                    worktree.prepare,
+                    roots,
+                    git_guard=git_guard,
+                    created=created,
+                    user_hooks=user_hooks,
+                    secrets=secrets,
+                ),
             )
         with conn:
             conn.setblocking(False)
@@ -114,6 +139,7 @@ class Walks:
 
 
 def _small_walk(
+    apart: Callable[[], parseproc.Apart],
     home: str,
     roots: Sequence[str],
     git_guard: bool,
@@ -123,15 +149,19 @@ def _small_walk(
 ) -> tuple[str | None, dict[str, Tree] | None]:
     """In the walk pool: HOME's user's hooks path, and the trees if none has more than
     LIMIT directories (None: walk them apart)."""
-    user_hooks = userconfig.hooks_path(home)
+    user_hooks = userconfig.hooks_path(home)  # the user's own ~/.gitconfig: no payload's
     try:
-        trees = worktree.prepare(
-            roots,
-            git_guard=git_guard,
-            created=created,
-            user_hooks=user_hooks,
-            secrets=secrets,
-            limit=limit,
+        trees = parseproc.call_apart(
+            apart,
+            functools.partial(
+                worktree.prepare,
+                roots,
+                git_guard=git_guard,
+                created=created,
+                user_hooks=user_hooks,
+                secrets=secrets,
+                limit=limit,
+            ),
         )
     except worktree.LargerThan:
         return user_hooks, None

@@ -39,7 +39,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, cast
 
-from boxyd.gitguard.gitconfig import parse
+from boxy.errors import SetupError
+from boxyd.plan import payloadparse
 
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # a step through a directory that need not be listable (git only needs +x to pass)
@@ -633,7 +634,13 @@ class Walker:
         data = read_small(fd, name, CONFIG_MAX)
         if data is None:
             return
-        entries = parse(data).entries
+        parsed = payloadparse.git_config(data)  # apart from boxyd, within a budget
+        if isinstance(parsed, payloadparse.Hostile):  # what it includes is unknown
+            raise SetupError(
+                f"git guard: {join(rel, name)}: could not be judged ({parsed.why}); "
+                "the run is refused (check the file, or pass --allow-git-write)"
+            )
+        entries = parsed.entries
         for e in entries:
             if (
                 e.name == "path"

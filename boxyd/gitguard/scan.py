@@ -36,7 +36,8 @@ from boxy.digest import sha256
 from boxyd.config.hosttools import Box, Exposure, Opener, ToolError
 from boxyd.gitguard import discover, hostgit
 from boxyd.gitguard.discover import CONFIG_MAX, O_DIR, O_FILE, POINTER_MAX, Control, Role, Type
-from boxyd.gitguard.gitconfig import Entry, dangerous_keys, is_dangerous, parse
+from boxyd.gitguard.gitconfig import Entry, dangerous_keys, is_dangerous
+from boxyd.plan import payloadparse
 
 HASH_MAX = 1 << 20  # content is hashed up to this size; larger files are compared by inode/ctime
 
@@ -137,7 +138,10 @@ def _config(pfd: int, c: Control, fp: tuple[object, ...]) -> tuple[tuple[str, ..
     data = discover.read_small(pfd, c.rel.rpartition("/")[2], CONFIG_MAX)
     if data is None:
         return (), None
-    return tuple(dangerous_keys(parse(data).entries)), data if len(data) <= RESTORE_MAX else None
+    parsed = payloadparse.git_config(data)  # apart from boxyd, within a budget
+    # not judged: its keys unknown (a change to it is judged after the run all the same)
+    keys = () if isinstance(parsed, payloadparse.Hostile) else dangerous_keys(parsed.entries)
+    return tuple(keys), data if len(data) <= RESTORE_MAX else None
 
 
 def adopt(snap: Snapshot, rel: str) -> tuple[Snapshot, str | None]:
@@ -315,7 +319,9 @@ class _Judge:
             data = discover.read_small(pfd, name, CONFIG_MAX)
             if data is None:
                 return "a git config file too large or unreadable to check", ()
-            parsed = parse(data)
+            parsed = payloadparse.git_config(data)  # apart from boxyd, within a budget
+            if isinstance(parsed, payloadparse.Hostile):
+                return f"a git config file that could not be judged ({parsed.why})", ()
             keys = tuple(dangerous_keys(parsed.entries))
             if not parsed.complete:
                 return "a git config file git cannot parse", keys

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 from boxyd.gitguard import discover
 from boxyd.gitguard.discover import Layout, Type
-from boxyd.plan import credentials
+from boxyd.plan import credentials, payloadparse
 from boxyd.plan.credentials import Action, Rule
 
 
@@ -60,7 +60,9 @@ def judge(dir_fd: int, name: str, rule: Rule) -> Found | None:
         )
     if len(data) > credentials.SCRUB_MAX:  # too large to scrub: nothing of it is shown
         return Found("", rule.kind, Action.EMPTY, False)
-    clean = credentials.scrub(rule, data)
+    clean = payloadparse.scrub(rule, data)  # apart from boxyd, within a budget
+    if isinstance(clean, payloadparse.Hostile):  # not judged: nothing of it is shown
+        return Found("", rule.kind, Action.EMPTY, False, note=f"not judged: {clean.why}")
     return None if clean == data else Found("", rule.kind, rule.action, False, clean)
 
 

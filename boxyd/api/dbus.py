@@ -24,13 +24,13 @@ import contextlib
 import inspect
 import json
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from dbus_fast import Message, MessageType, Variant
 from dbus_fast import introspection as intr
 from dbus_fast.aio import MessageBus
-from dbus_fast.constants import NameFlag, PropertyAccess, RequestNameReply
+from dbus_fast.constants import MessageFlag, NameFlag, PropertyAccess, RequestNameReply
 from dbus_fast.errors import DBusError
 from dbus_fast.service import ServiceInterface, dbus_property, method, signal
 
@@ -329,11 +329,108 @@ def wait_when_full(bus: MessageBus) -> None:
         writer.sock = SendsThatWait(writer.sock)
 
 
+KNOWN_CALLERS = 4096  # unique names whose verdict is kept (each busctl call is a new one)
+
+
+class CallerVetting:
+    """Calls to boxy's objects from a bus connection whose process is inside one of
+    boxyd's sandboxes are refused (docs/design.md, "The front door"). The bus names a
+    caller by its unique name; its process is asked of the bus once
+    (GetConnectionUnixProcessID), the answer kept for as long as that name lives (the
+    bus never gives a unique name twice). A call that comes before the answer waits
+    for it (held here, then dispatched as it came); one whose caller cannot be looked
+    up is refused. VET: why a pid may not call (daemon/insiders.py)."""
+
+    def __init__(self, vet: Callable[[int], str | None]) -> None:
+        self.vet = vet
+        self.bus: MessageBus | None = None
+        self._known: dict[str, str | None] = {}  # unique name -> why refused, or None
+        self._held: dict[str, list[Message]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def handler(self, msg: Message) -> bool | None:
+        """A message handler, first of all: True (held or refused) or None (dispatch)."""
+        if msg.message_type != MessageType.METHOD_CALL or not _ours(msg.path):
+            return None
+        sender = msg.sender or ""
+        if sender in self._known:
+            why = self._known[sender]
+            if why is None:
+                return None
+            close_fds(msg.unix_fds)
+            raise DBusError(dbus_error_name(UsageError("")), f"refused: {why}")
+        self._held.setdefault(sender, []).append(msg)
+        if len(self._held[sender]) == 1:
+            task = asyncio.get_running_loop().create_task(self._look_up(sender))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return True
+
+    async def _look_up(self, sender: str) -> None:
+        why = await self._why(sender)
+        if len(self._known) >= KNOWN_CALLERS:  # asked again later: a lookup, nothing more
+            self._known.clear()
+        self._known[sender] = why
+        for msg in self._held.pop(sender, []):
+            if self.bus is None or not self.bus.connected:
+                close_fds(msg.unix_fds)
+            elif why is None:
+                self.bus._process_message(msg)  # as it came: the handlers run again
+            else:
+                close_fds(msg.unix_fds)
+                await self._refuse(msg, why)
+
+    async def _why(self, sender: str) -> str | None:
+        if self.bus is None:
+            return "no bus"
+        try:
+            reply = await self.bus.call(
+                Message(
+                    destination="org.freedesktop.DBus",
+                    path="/org/freedesktop/DBus",
+                    interface="org.freedesktop.DBus",
+                    member="GetConnectionUnixProcessID",
+                    signature="s",
+                    body=[sender],
+                )
+            )
+        except Exception as e:  # the bus went, or the caller with it
+            return f"its process could not be looked up ({type(e).__name__})"
+        if reply.message_type != MessageType.METHOD_RETURN or not reply.body:
+            return "its process could not be looked up"
+        return self.vet(int(reply.body[0]))
+
+    async def _refuse(self, msg: Message, why: str) -> None:
+        log.warning("D-Bus: refused %s.%s from %s: %s", msg.interface, msg.member, msg.sender, why)
+        if self.bus is not None and _expects_reply(msg):
+            with contextlib.suppress(Exception):
+                await self.bus.send(
+                    Message.new_error(msg, dbus_error_name(UsageError("")), f"refused: {why}")
+                )
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for held in self._held.values():
+            for msg in held:
+                close_fds(msg.unix_fds)
+        self._held.clear()
+
+
+def _ours(path: str | None) -> bool:
+    return path is not None and (path == OBJECT_MANAGER_PATH or path.startswith("/dev/boxy/"))
+
+
+def _expects_reply(msg: Message) -> bool:
+    return not (msg.flags & MessageFlag.NO_REPLY_EXPECTED)
+
+
 class DbusService:
     """The bus connection and the objects; follows the manager's events."""
 
-    def __init__(self, manager: Manager) -> None:
+    def __init__(self, manager: Manager, vet: Callable[[int], str | None]) -> None:
         self.manager = manager
+        self.vetting = CallerVetting(vet)
         self.bus: MessageBus | None = None
         self._sessions: dict[str, SessionInterface] = {}
         self._iface = ManagerInterface(manager, self._sessions)
@@ -346,6 +443,8 @@ class DbusService:
         )
         self.bus = bus  # close() lets it go from here on
         wait_when_full(bus)
+        self.vetting.bus = bus
+        bus.add_message_handler(self.vetting.handler)  # first: who calls, then the fds
         bus.add_message_handler(check_fds)
         bus.export(MANAGER_PATH, self._iface)
         reply = await bus.request_name(BUS_NAME, NameFlag.DO_NOT_QUEUE)
@@ -381,6 +480,7 @@ class DbusService:
     def close(self) -> None:
         for t in self._tasks:
             t.cancel()
+        self.vetting.close()
         if self.bus is not None and self.bus.connected:
             self.bus.disconnect()
 

@@ -180,7 +180,7 @@ class Bus:
             raise UsageError(f"JoinBus: {address!r} is not a unix: D-Bus address")
         from boxyd.api.dbus import DbusService
 
-        service = DbusService(self.manager)
+        service = DbusService(self.manager, INSIDERS.inside)
         try:
             await service.start(address)
         except Exception as e:

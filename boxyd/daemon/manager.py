@@ -36,8 +36,7 @@ from boxyd.daemon.session import GRACE, Session
 log = logging.getLogger("boxyd")
 
 KEEP_FINISHED = 64  # finished sessions kept in memory (the rest live in their records)
-
-
+MAX_OFFSET = (1 << 63) - 1  # the largest file offset there is
 OUTPUT_CHUNK = 1 << 16  # bytes of an output log one Output call carries
 PRUNE_DELAY = 1.0  # seconds after a session ends before its records are bounded
 
@@ -221,6 +220,8 @@ class Manager:
         first: an empty read after that is the whole of it."""
         if offset < 0:
             raise UsageError(f"Output: offset {offset} is negative")
+        if offset > MAX_OFFSET:  # a file offset is a signed 64-bit number
+            raise UsageError(f"Output: offset {offset} is past any file's end")
         sid = await self.resolve(sid)
         held = self.sessions.get(sid)
         ended = held is None or held.state.finished  # not held: a record, finished

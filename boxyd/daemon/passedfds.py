@@ -13,11 +13,9 @@ import socket
 import stat
 import struct
 import termios
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from boxy.errors import UsageError
-from boxy.paths import runtime_dir_str
-from boxyd.config.exposure import sensitive_paths
 from boxyd.daemon.fdpolicy import (
     AF_INET,
     AF_INET6,
@@ -43,14 +41,11 @@ _KINDS = (
 _UCRED = struct.Struct("3i")
 
 
-def check(fds: Sequence[int], client_env: Mapping[str, str], home: str) -> None:
+def check(fds: Sequence[int]) -> None:
     """UsageError naming the first of FDS (a run's stdio, in order) that may not enter
-    a sandbox. CLIENT_ENV: where the client's agent and bus sockets are."""
-    # boxyd's own directory first, wherever the client's environment says it is
-    sensitive = [(runtime_dir_str(), "boxyd's socket directory")]
-    sensitive += sensitive_paths(client_env, home, os.getuid())
+    a sandbox."""
     for index, fd in enumerate(fds):
-        what = judge(inspect(fd), sensitive, os.getpid())
+        what = judge(inspect(fd), os.getpid())
         if what is not None:
             raise UsageError(refusal(index, what))
 

@@ -167,8 +167,11 @@ def read_output(sid: str, offset: int, limit: int) -> bytes | None:
     except OSError:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             return None
+        if offset >= st.st_size:  # past the end (pread refuses an offset near the limit)
+            return b""
         return os.pread(fd, limit, offset)
     finally:
         os.close(fd)

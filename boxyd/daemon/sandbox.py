@@ -103,7 +103,7 @@ class StageLauncher:
             if len(stdio) != 3:
                 raise UsageError("Run needs exactly three file descriptors (stdin, stdout, stderr)")
             # none that carries the user's authority enters (fdpolicy.py), on every wire
-            passedfds.check(stdio, request.client_env, self.user.pw_dir)
+            passedfds.check(stdio)
             spec = await self._spec(request)
             if spec.tty and not any(os.isatty(fd) for fd in stdio):
                 raise UsageError("--tty: none of boxyctl's stdin, stdout, stderr is a terminal")

@@ -237,9 +237,35 @@ def test_boxyd_refuses_its_own_socket_and_other_authority_as_stdio(
         "stdin (fd 0) is a socket connected to boxyd itself",
         "stdout (fd 1) is a socket connected to boxyd itself",
         "stdin (fd 0) is a listening socket",
-        "stderr (fd 2) is an IP datagram socket",
+        "stderr (fd 2) is a network socket of the host's",
         "stdin (fd 0) is a directory",
     ]
     for line, want in zip(lines, expect, strict=True):
         assert line.startswith(f"REFUSED UsageError: {want}"), (line, want)
     assert state(boxy.user, sleeper) == "running"
+
+
+LOOPBACK_SERVICE = r"""
+import os, socket, subprocess, sys
+svc = socket.create_server(("127.0.0.1", 0))  # a host service: a database, say
+os.close(0)  # started with stdin closed (cron, a unit)
+db = socket.create_connection(svc.getsockname())  # fd 0 now
+assert db.fileno() == 0, db.fileno()
+peer, _ = svc.accept()
+peer.sendall(b"ESCAPED host-service-reached\n")
+db.set_inheritable(True)
+r = subprocess.run([sys.argv[1], "run", "--net", "none", "--", "head", "-c", "64"],
+                   close_fds=False, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+print("EXIT", r.returncode, r.stdout.decode(), r.stderr.decode(), flush=True)
+"""
+
+
+def test_a_connection_to_a_host_service_on_stdin_is_refused(boxy: Boxy) -> None:
+    """A program whose stdin was closed connects to a service on loopback (the
+    connection takes fd 0) and runs boxyctl: the payload would talk to the service
+    with the user's session. boxyd refuses the fd; nothing runs."""
+    r = boxy.user.run([HOST_PY, "-c", LOOPBACK_SERVICE, str(BIN / "boxyctl")], cwd=boxy.workdir)
+    out = r.stdout.decode()
+    assert "ESCAPED" not in out, describe(r)
+    assert out.startswith("EXIT 2 "), describe(r)
+    assert "stdin (fd 0) is a network socket of the host's connected to 127.0.0.1:" in out, out

@@ -791,3 +791,6 @@ async def test_output_reads_the_log_in_pieces_and_says_when_it_is_all(
     assert (await m.output(s.id, 10)).data == b""
     with pytest.raises(UsageError, match="negative"):
         await m.output(s.id, -1)
+    with pytest.raises(UsageError, match="past any file's end"):  # no OverflowError in boxyd
+        await m.output(s.id, 2**70)
+    assert (await m.output(s.id, 2**63 - 1)).data == b""

@@ -58,7 +58,7 @@ def bus_daemon(tmp_path: Path):
 @pytest.fixture
 async def on_bus(bus_daemon: BusDaemon) -> AsyncIterator[tuple[Manager, DbusService, MessageBus]]:
     manager = Manager(FakeLauncher(), grace=0.05, keep_finished=0)
-    service = DbusService(manager)
+    service = DbusService(manager, lambda pid: None)
     await service.start(bus_daemon.address)
     client = await MessageBus(bus_address=bus_daemon.address, negotiate_unix_fd=True).connect()
     yield manager, service, client
@@ -244,3 +244,48 @@ async def test_output_reads_a_sessions_log_in_pieces(on_bus, tmp_path, monkeypat
     assert reply.body == [b"", 0, False, False]  # it kept none
     reply = await call(client, MANAGER_PATH, iface, "Output", "st", ["ffffffff", 0])
     assert reply.message_type == MessageType.ERROR and "ffffffff" in str(reply.body), reply.body
+
+
+# -- who calls: a process inside a sandbox is refused (docs/design.md, "The front door")
+
+
+def busctl(address: str, *args: str, via: list[str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*(via or []), "busctl", f"--address={address}", "call", BUS_NAME, MANAGER_PATH,
+         "dev.boxy.Manager1", *args],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+
+async def test_a_caller_inside_a_sandbox_is_refused_and_others_are_served(bus_daemon) -> None:
+    """The caller's process, as the bus knows it, is put to the same check as
+    varlink's writers (daemon/insiders.py): a process in a registered user namespace
+    (here: unshare's, standing for a sandbox's) hears a refusal; the others are
+    served, the first call of each waiting for the answer about its process."""
+    from boxyd.daemon.insiders import Insiders
+
+    insiders = Insiders()
+    manager = Manager(FakeLauncher(), grace=0.05, keep_finished=0)
+    service = DbusService(manager, insiders.inside)
+    await service.start(bus_daemon.address)
+    inside = subprocess.Popen(["unshare", "-U", "-r", "sleep", "60"])
+    try:
+        own = os.stat("/proc/self/ns/user").st_ino
+        for _ in range(500):
+            if os.stat(f"/proc/{inside.pid}/ns/user").st_ino != own:
+                break
+            await asyncio.sleep(0.01)
+        fd = os.open(f"/proc/{inside.pid}/ns/user", os.O_RDONLY)
+        insiders.add(fd)
+        os.close(fd)
+        enter = ["nsenter", "-t", str(inside.pid), "-U", "--preserve-credentials"]
+        outside, within = await asyncio.gather(
+            asyncio.to_thread(busctl, bus_daemon.address, "List", "b", "false"),
+            asyncio.to_thread(busctl, bus_daemon.address, "Stop", "sb", "x", "true", via=enter),
+        )
+        assert outside.returncode == 0, outside.stderr
+        assert within.returncode != 0 and "inside a sandbox" in within.stderr, within
+    finally:
+        inside.kill()
+        inside.wait()
+        service.close()

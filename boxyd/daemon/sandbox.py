@@ -28,7 +28,7 @@ from boxyd.config.hosttools import resolve
 from boxyd.config.registries import Registries
 from boxyd.config.runspec import RunSpec
 from boxyd.config.spec import build_spec
-from boxyd.daemon import passedfds, pools, records
+from boxyd.daemon import passedfds, pools, records, walks
 from boxyd.daemon.liveguard import LiveGuard
 from boxyd.daemon.parseproc import call_apart
 from boxyd.daemon.pty import PtyRelay
@@ -73,7 +73,9 @@ class StageLauncher:
     def __init__(self, user: pwd.struct_passwd | None = None) -> None:
         self.user = user or pwd.getpwuid(os.getuid())
         self.template = Template(spare=True)  # a stage 2 forked ahead for the next run
-        self.walks = Walks()  # the walks before a run, in a process of their own
+        # the walks before a run, and the parses of what the payload wrote, in processes
+        # of their own (a test names its own template module: walks.Walks)
+        self.walks = Walks(os.environ.get("BOXY_WALK_MODULE") or walks.MODULE)
         self.scopes = Scopes()  # its bus is set once boxyd is on the session bus
         self.live: set[StageSandbox] = set()
         self._dns: DnsProxy | None = None

@@ -33,9 +33,14 @@ class Walked(NamedTuple):
     trees: dict[str, Tree]
 
 
+MODULE = "boxyd.daemon.walkproc"
+
+
 class Walks:
-    def __init__(self) -> None:
-        self.template = Template("boxyd.daemon.walkproc", socket.SOCK_STREAM)
+    def __init__(self, module: str = MODULE) -> None:
+        """MODULE: the walk template's (BOXY_WALK_MODULE: a test's own, whose parse
+        children misbehave on purpose: tests/harness/hangwalk.py)."""
+        self.template = Template(module, socket.SOCK_STREAM)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:

@@ -137,7 +137,7 @@ class Finder:
     def _add(self, rel: str, found: Found, via: str = "", dir_fd: int = -1, name: str = "") -> None:
         if rel in self.found:
             return
-        self.found[rel] = Found(rel, found.kind, found.action, found.is_dir, found.content, via)
+        self.found[rel] = replace(found, rel=rel, via=via)  # its note (not judged) kept
         if found.is_dir or dir_fd < 0:
             return
         try:  # the same lstat judge made: a file's other names are not in its name
@@ -175,7 +175,9 @@ class Finder:
             note = f"{link.nlink} hard links: also {', '.join(others) or 'none in the tree'}"
             if missing > 0:
                 note += f"; {missing} outside the tree (not shown to the payload, but not covered there)"
-            self.found[link.rel] = replace(primary, note=note)
+            self.found[link.rel] = replace(
+                primary, note="; ".join(filter(None, (primary.note, note)))
+            )
             for other in others:
                 self.found.setdefault(
                     other,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import select
 import threading
 
 NS_GET_PARENT = 0xB702  # _IO(0xb7, 0x2), <linux/nsfs.h>
@@ -30,12 +31,45 @@ def _key(st: os.stat_result) -> NsKey:
 
 
 class Insiders:
-    """The user namespaces of the live sandboxes."""
+    """The user namespaces of the live sandboxes; and, until one is registered, the
+    outer stage 2 that makes it (``pending``): PID 1 starts the payload without waiting
+    for boxyd to read Started, so in that moment the namespace is known as the one
+    the outer stage 2 (alive until boxyd releases it) is in."""
 
     def __init__(self) -> None:
         self._own = _key(os.stat("/proc/self/ns/user"))
         self._sandboxes: set[NsKey] = set()
+        self._pending: dict[int, int] = {}  # pidfd -> pid of an outer stage 2
         self._lock = threading.Lock()  # registered on the loop, asked on it and in tests
+
+    def pending(self, pid: int) -> int:
+        """The outer stage 2 PID (step 0: no namespace of its yet) stands for its
+        sandbox's user namespace until add(); the token for pending_done()."""
+        pidfd = os.pidfd_open(pid)
+        with self._lock:
+            self._pending[pidfd] = pid
+        return pidfd
+
+    def pending_done(self, token: int) -> None:
+        with self._lock:
+            if self._pending.pop(token, None) is None:
+                return
+        os.close(token)
+
+    def _pending_keys(self) -> set[NsKey]:
+        """The user namespaces the pending outer stage 2s are in now (one that has
+        exited stands for nothing: its sandbox is registered, or never ran)."""
+        with self._lock:
+            pending = list(self._pending.items())
+        keys = set()
+        for pidfd, pid in pending:
+            try:
+                key = _key(os.stat(f"/proc/{pid}/ns/user"))
+            except OSError:
+                continue
+            if not _exited(pidfd):  # the key read is that very process's
+                keys.add(key)
+        return keys
 
     def add(self, userns_fd: int) -> NsKey:
         """A sandbox's user namespace (an nsfs fd); its key, for discard()."""
@@ -67,6 +101,7 @@ class Insiders:
     def _walk(self, pid: int, fd: int) -> str | None:
         """Up from FD (PID's user namespace, ours to close) to boxyd's own."""
         held = [fd]
+        starting: set[NsKey] | None = None
         try:
             for _ in range(MAX_DEPTH + 1):
                 key = _key(os.fstat(held[-1]))
@@ -75,6 +110,10 @@ class Insiders:
                 with self._lock:
                     if key in self._sandboxes:
                         return f"pid {pid} runs inside a sandbox of boxyd's"
+                if starting is None:
+                    starting = self._pending_keys()
+                if key in starting:
+                    return f"pid {pid} runs inside a sandbox of boxyd's (starting)"
                 try:
                     held.append(fcntl.ioctl(held[-1], NS_GET_PARENT))
                 except OSError:  # EPERM: above boxyd's own namespace (a sibling's)
@@ -83,6 +122,13 @@ class Insiders:
         finally:
             for other in held[1:]:
                 os.close(other)
+
+
+def _exited(pidfd: int) -> bool:
+    """A pidfd reads as readable once its process has exited."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 INSIDERS = Insiders()

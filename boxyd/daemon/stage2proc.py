@@ -282,6 +282,7 @@ class Stage2:
         self._kind = Spare.PLAIN
         self._ruleset: str | None = None
         self._prime_timer: asyncio.TimerHandle | None = None
+        self._starting = -1  # INSIDERS.pending's token, from step 0 until Started
 
     @classmethod
     def start(cls, template: Template, plan: Plan, stdio: list[int]) -> Stage2:
@@ -325,7 +326,10 @@ class Stage2:
             msg = protocol.decode_report(data, len(fds))
             if isinstance(msg, protocol.Started):
                 self._take_over(msg, _Init.of(fds, msg.pty))
+                self._not_starting()  # (registered by _Init: insiders.py)
                 return
+            if isinstance(msg, protocol.Pid) and self._starting < 0:
+                self._starting_now(msg.pid)
             self._queue.put_nowait(_received(msg, fds))
         except protocol.ProtocolError as e:
             protocol.close(fds)
@@ -491,8 +495,22 @@ class Stage2:
         if self._init is not None:
             self._init.close(self._loop)
 
+    def _starting_now(self, pid: int) -> None:
+        """Step 0: the outer stage 2 stands for its sandbox's user namespace until
+        Started registers it (insiders.py: PID 1 does not wait for boxyd to read that)."""
+        try:
+            self._starting = INSIDERS.pending(pid)
+        except OSError as e:  # gone already: the run ends by itself
+            log.warning("stage 2: pid %d: %s", pid, e.strerror)
+
+    def _not_starting(self) -> None:
+        if self._starting >= 0:
+            INSIDERS.pending_done(self._starting)
+            self._starting = -1
+
     def close(self) -> None:
         self.prime_next()
+        self._not_starting()
         if not self._closed:
             self._closed = True
             with contextlib.suppress(RuntimeError, ValueError):

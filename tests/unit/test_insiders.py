@@ -163,3 +163,33 @@ def test_an_ordinary_client_is_served_with_vetting_on() -> None:
         a = socket.socket(socket.AF_UNIX)
         a.connect(srv.address)
         a.close()
+
+
+def test_a_starting_sandbox_is_inside_before_it_is_registered(
+    userns_child: subprocess.Popen[bytes],
+) -> None:
+    """Between step 0 and Started, the outer stage 2 (here: the unshare'd child) stands
+    for its sandbox: a process in its namespace (the payload PID 1 started before boxyd
+    read Started) is inside; once that ends, or the stage 2 is gone, it stands for
+    nothing."""
+    ins = Insiders()
+    token = ins.pending(userns_child.pid)
+    payload = subprocess.Popen(
+        ["nsenter", "-t", str(userns_child.pid), "-U", "--preserve-credentials", "sleep", "60"]
+    )
+    try:
+        own = os.stat("/proc/self/ns/user").st_ino
+        deadline = time.monotonic() + 5
+        while os.stat(f"/proc/{payload.pid}/ns/user").st_ino == own:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        assert "(starting)" in (ins.inside(payload.pid) or "")
+        assert ins.inside(os.getpid()) is None
+        userns_child.kill()
+        userns_child.wait()  # the outer stage 2 exited: it stands for nothing now
+        assert ins.inside(payload.pid) is None
+        ins.pending_done(token)
+        ins.pending_done(token)  # twice: nothing
+    finally:
+        payload.kill()
+        payload.wait()

@@ -45,7 +45,9 @@ _FD_SIZE = struct.calcsize("i")  # struct, not array: array imports collections
 _ANC_SPACE = _socket.CMSG_SPACE(MAX_FDS * _FD_SIZE)
 _UCRED = struct.Struct("3i")
 _SCM_CREDENTIALS = 2  # <sys/socket.h>
-_CRED_SPACE = _socket.CMSG_SPACE(_UCRED.size)
+_SCM_PIDFD = 4  # <asm-generic/socket.h>, Linux 6.5
+SO_PASSPIDFD = 76
+_CRED_SPACE = _socket.CMSG_SPACE(_UCRED.size) + _socket.CMSG_SPACE(_FD_SIZE)
 
 
 class ProtocolError(Exception):
@@ -176,25 +178,46 @@ def recv_with_fds(sock: _socket.socket, size: int = RECV_SIZE) -> tuple[bytes, l
     return data, fds
 
 
+class Writer:
+    """Who wrote what one read returned: SCM_CREDENTIALS' pid and uid, and with
+    SO_PASSPIDFD a pidfd of that process (the reader's to close; negative: the
+    kernel could make none, the writer was gone). A plain class: typing's NamedTuple
+    costs the client its import."""
+
+    __slots__ = ("pid", "uid", "pidfd")
+
+    def __init__(self, pid: int, uid: int, pidfd: int | None) -> None:
+        self.pid, self.uid, self.pidfd = pid, uid, pidfd
+
+
 def recv_with_creds(
     sock: _socket.socket, size: int = RECV_SIZE
-) -> tuple[bytes, list[int], tuple[int, int, int] | None]:
-    """recv_with_fds, and the (pid, uid, gid) of the process that wrote these bytes
-    when SOCK has SO_PASSCRED (None otherwise). The kernel never joins the bytes of
-    two writers in one read of a socket that has it: the credentials are each byte's."""
+) -> tuple[bytes, list[int], Writer | None]:
+    """recv_with_fds, and who wrote these bytes when SOCK has SO_PASSCRED (None
+    otherwise). The kernel never joins the bytes of two writers in one read of a
+    socket that has it: the credentials are each byte's."""
     data, anc, flags, _ = sock.recvmsg(size, _ANC_SPACE + _CRED_SPACE, _socket.MSG_CMSG_CLOEXEC)
     fds: list[int] = []
-    creds = None
+    creds: tuple[int, int, int] | None = None
+    pidfd: int | None = None
     for level, kind, payload in anc:
-        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+        if level != _socket.SOL_SOCKET:
+            continue
+        if kind == _socket.SCM_RIGHTS:
             n = len(payload) // _FD_SIZE
             fds += struct.unpack(f"{n}i", payload[: n * _FD_SIZE])
-        elif level == _socket.SOL_SOCKET and kind == _SCM_CREDENTIALS:
+        elif kind == _SCM_CREDENTIALS:
             creds = _UCRED.unpack(payload[: _UCRED.size])
+        elif kind == _SCM_PIDFD and len(payload) >= _FD_SIZE:
+            (pidfd,) = struct.unpack("i", payload[:_FD_SIZE])
     if flags & _socket.MSG_CTRUNC or len(fds) > MAX_FDS:  # (the room for creds fits more)
-        close_fds(fds)
+        close_fds(fds + ([pidfd] if pidfd is not None and pidfd >= 0 else []))
         raise ProtocolError(f"control data truncated (more than {MAX_FDS} fds?)")
-    return data, fds, creds
+    if creds is None:
+        if pidfd is not None and pidfd >= 0:
+            os.close(pidfd)
+        return data, fds, None
+    return data, fds, Writer(creds[0], creds[1], pidfd)
 
 
 def send_with_fds(sock: _socket.socket, data: bytes, fds: Sequence[int], flags: int = 0) -> int:

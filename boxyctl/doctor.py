@@ -21,6 +21,7 @@ def _color(stream: TextIO) -> bool:
 
 # What provides each line, said when it is missing.
 TO_GET_IT = {
+    "writer-pidfd": "Linux 6.5 or later (SO_PASSPIDFD)",
     "landlock": "a kernel with Landlock (5.13+) enabled in its lsm= list",
     "landlock-unix": "a kernel whose Landlock has ABI 9 (unix-socket rights)",
     "seccomp": "a kernel built with seccomp filters (CONFIG_SECCOMP_FILTER)",

@@ -341,7 +341,7 @@ class CallerVetting:
     for it (held here, then dispatched as it came); one whose caller cannot be looked
     up is refused. VET: why a pid may not call (daemon/insiders.py)."""
 
-    def __init__(self, vet: Callable[[int], str | None]) -> None:
+    def __init__(self, vet: Callable[[int, int | None], str | None]) -> None:
         self.vet = vet
         self.bus: MessageBus | None = None
         self._known: dict[str, str | None] = {}  # unique name -> why refused, or None
@@ -398,7 +398,7 @@ class CallerVetting:
             return f"its process could not be looked up ({type(e).__name__})"
         if reply.message_type != MessageType.METHOD_RETURN or not reply.body:
             return "its process could not be looked up"
-        return self.vet(int(reply.body[0]))
+        return self.vet(int(reply.body[0]), None)
 
     async def _refuse(self, msg: Message, why: str) -> None:
         log.warning("D-Bus: refused %s.%s from %s: %s", msg.interface, msg.member, msg.sender, why)
@@ -428,7 +428,7 @@ def _expects_reply(msg: Message) -> bool:
 class DbusService:
     """The bus connection and the objects; follows the manager's events."""
 
-    def __init__(self, manager: Manager, vet: Callable[[int], str | None]) -> None:
+    def __init__(self, manager: Manager, vet: Callable[[int, int | None], str | None]) -> None:
         self.manager = manager
         self.vetting = CallerVetting(vet)
         self.bus: MessageBus | None = None

@@ -28,6 +28,7 @@ Per connection:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import importlib.resources
 import logging
@@ -41,8 +42,10 @@ from boxy import INTERFACE, VERSION
 from boxy.errors import InternalError, varlink_error
 from boxy.varlink import (
     MAX_MESSAGE,
+    SO_PASSPIDFD,
     Decoder,
     ProtocolError,
+    Writer,
     close_fds,
     encode,
     peer_credentials,
@@ -192,17 +195,17 @@ class VarlinkServer:
         max_write_buffer: int = MAX_WRITE_BUFFER,
         first: Callable[[Call], tuple[str, dict[str, Any]] | None] | None = None,
         exclusive: Collection[str] = (),
-        vet: Callable[[int], str | None] | None = None,
+        vet: Callable[[int, int | None], str | None] | None = None,
     ) -> None:
         """FIRST: asked of each call of ours before its parameters are held to the IDL;
         an (error, parameters) it returns is the reply (a client of another build speaks
         another IDL: it should hear that, not which parameter this IDL lacks).
         EXCLUSIVE: methods (fully qualified) whose call owns its connection.
-        VET: why the process PID may not call (None: it may), asked at the connect
-        and of every writer after."""
+        VET(pid, pidfd or None): why that process may not call (None: it may),
+        asked at the connect and of every writer after."""
         self._handler = handler
         self.exclusive = frozenset(exclusive)
-        self.vet = vet or (lambda pid: None)
+        self.vet = vet or (lambda pid, pidfd: None)
         self._first = first
         self._description = description if description is not None else interface_description()
         self._idl = idl.parse(self._description)
@@ -221,8 +224,8 @@ class VarlinkServer:
         self._loop = loop
         self._sock = sock
         sock.setblocking(False)
-        # every accepted connection inherits it: each read names its writer
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        # every accepted connection inherits them: each read names its writer
+        _pass_writers(sock)
         loop.add_reader(sock.fileno(), self._accept, loop)
         try:
             await self._stopped.wait()
@@ -272,15 +275,15 @@ class VarlinkServer:
             log.warning("varlink: refused a connection from pid %d uid %d", pid, uid)
             sock.close()
             return
-        why = self.vet(pid)
+        why = self.vet(pid, None)
         if why is not None:
             log.warning("varlink: refused a connection: %s", why)
             sock.close()
             return
         sock.setblocking(False)
         # a connection made before the listener had it (socket activation queues them)
-        # did not inherit it: from here on each read names its writer
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        # did not inherit them: from here on each read names its writer
+        _pass_writers(sock)
         conn = _Connection(self, loop, sock, Peer(pid, uid, gid))
         self._conns.add(conn)
         conn.start()
@@ -356,6 +359,14 @@ class VarlinkServer:
         self._conns.discard(conn)
 
 
+def _pass_writers(sock: socket.socket) -> None:
+    """SO_PASSCRED, and SO_PASSPIDFD where the kernel has it (6.5): every read then
+    carries its writer's pid, and a pidfd of that very process."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    with contextlib.suppress(OSError):  # ENOPROTOOPT before 6.5: the pid alone
+        sock.setsockopt(socket.SOL_SOCKET, SO_PASSPIDFD, 1)
+
+
 class _Connection:
     def __init__(
         self,
@@ -401,7 +412,7 @@ class _Connection:
 
     def _on_readable(self) -> None:
         try:
-            data, fds, creds = recv_with_creds(self._sock)
+            data, fds, writer = recv_with_creds(self._sock)
         except (BlockingIOError, InterruptedError):
             return
         except ProtocolError as e:
@@ -413,7 +424,7 @@ class _Connection:
         if not data:
             self.close(None)
             return
-        refused = self._writer_refused(creds)
+        refused = self._writer_refused(writer)
         if refused is not None:
             close_fds(fds)
             self.close(refused)
@@ -432,17 +443,25 @@ class _Connection:
         if self._pending() >= MAX_PENDING_CALLS:
             self._set_reading(False)  # back-pressure: resumed as calls finish
 
-    def _writer_refused(self, creds: tuple[int, int, int] | None) -> str | None:
+    def _writer_refused(self, writer: Writer | None) -> str | None:
         """Why the writer of a read may not call, or None. No pid: bytes written
         before boxyd accepted the connection (before any sandbox could hold it), or by
         a process in no pid namespace of ours (so in no sandbox of ours): the
-        connecting peer's, checked at the accept."""
-        if creds is None or creds[0] == 0:
+        connecting peer's, checked at the accept. Its pidfd (closed here) makes the
+        answer that very process's, not a later one's with the same pid."""
+        if writer is None:
             return None
-        pid, uid, _ = creds
-        if uid != os.geteuid():
-            return f"a message written by pid {pid} of uid {uid}"
-        return self._server.vet(pid)
+        try:
+            if writer.pid == 0:
+                return None
+            if writer.uid != os.geteuid():
+                return f"a message written by pid {writer.pid} of uid {writer.uid}"
+            if writer.pidfd is not None and writer.pidfd < 0:
+                return f"pid {writer.pid} was gone before it could be looked at"
+            return self._server.vet(writer.pid, writer.pidfd)
+        finally:
+            if writer.pidfd is not None and writer.pidfd >= 0:
+                os.close(writer.pidfd)
 
     def _submit_all(self, messages: list[tuple[dict[str, Any], list[int]]]) -> None:
         for i, (msg, msg_fds) in enumerate(messages):

@@ -746,8 +746,31 @@ def _git(f: Facts) -> list[Check]:
     ]
 
 
+def _writer_pidfd(f: Facts) -> list[Check]:
+    """SO_PASSPIDFD (Linux 6.5): boxyd's check of who writes on its socket is then
+    that very process's, not that of a later one given its pid (docs/design.md, "The
+    front door")."""
+    from boxy.varlink import SO_PASSPIDFD
+
+    a, b = socket.socketpair()
+    try:
+        b.setsockopt(socket.SOL_SOCKET, SO_PASSPIDFD, 1)
+        ok = True
+    except OSError:
+        ok = False
+    finally:
+        a.close()
+        b.close()
+    f["writer_pidfd"] = ok
+    if ok:
+        return [Check("writer-pidfd", True, "each caller of boxyd named by a pidfd", hard=False)]
+    why = "each caller of boxyd named by its pid alone: a pid reused in that moment passes"
+    return [Check("writer-pidfd", False, f"SO_PASSPIDFD missing (Linux < 6.5): {why}", False)]
+
+
 PROBES: tuple[Probe, ...] = (
     _kernel,
+    _writer_pidfd,
     _landlock,
     _seccomp,
     _userns,

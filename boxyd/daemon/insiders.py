@@ -85,8 +85,10 @@ class Insiders:
     def __len__(self) -> int:
         return len(self._sandboxes)
 
-    def inside(self, pid: int) -> str | None:
-        """Why PID counts as inside a sandbox, or None when it does not."""
+    def inside(self, pid: int, pidfd: int | None = None) -> str | None:
+        """Why PID counts as inside a sandbox, or None when it does not. With its
+        PIDFD (SCM_PIDFD), the answer is that very process's: one that exited meanwhile
+        (its pid free for another) counts as inside."""
         if pid <= 0:
             return "a process boxyd cannot see (no pid in its namespace)"
         try:
@@ -94,9 +96,12 @@ class Insiders:
         except OSError as e:
             return f"pid {pid} could not be looked at ({e.strerror})"
         try:
-            return self._walk(pid, fd)
+            why = self._walk(pid, fd)
         finally:
             os.close(fd)
+        if why is None and pidfd is not None and _exited(pidfd):
+            return f"pid {pid} exited before it could be looked at"
+        return why
 
     def _walk(self, pid: int, fd: int) -> str | None:
         """Up from FD (PID's user namespace, ours to close) to boxyd's own."""

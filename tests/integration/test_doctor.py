@@ -25,6 +25,7 @@ from boxyd.daemon.doctor import Check
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = (
     "kernel",
+    "writer-pidfd",
     "landlock",
     "landlock-unix",
     "seccomp",

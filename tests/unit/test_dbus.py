@@ -58,7 +58,7 @@ def bus_daemon(tmp_path: Path):
 @pytest.fixture
 async def on_bus(bus_daemon: BusDaemon) -> AsyncIterator[tuple[Manager, DbusService, MessageBus]]:
     manager = Manager(FakeLauncher(), grace=0.05, keep_finished=0)
-    service = DbusService(manager, lambda pid: None)
+    service = DbusService(manager, lambda pid, pidfd: None)
     await service.start(bus_daemon.address)
     client = await MessageBus(bus_address=bus_daemon.address, negotiate_unix_fd=True).connect()
     yield manager, service, client

@@ -193,3 +193,46 @@ def test_a_starting_sandbox_is_inside_before_it_is_registered(
     finally:
         payload.kill()
         payload.wait()
+
+
+def test_the_writers_pidfd_makes_the_answer_that_processes() -> None:
+    """Pid reuse: the pid a read names now belongs to a process outside every sandbox,
+    but the writer (its pidfd, SCM_PIDFD) has exited: it counts as inside."""
+    gone = subprocess.Popen(["true"])
+    pidfd = os.pidfd_open(gone.pid)
+    gone.wait()
+    try:
+        ins = Insiders()
+        assert ins.inside(os.getpid()) is None  # the pid alone: an outsider's
+        assert "exited" in (ins.inside(os.getpid(), pidfd) or "")
+    finally:
+        os.close(pidfd)
+
+
+def test_each_read_carries_its_writers_pidfd() -> None:
+    """SO_PASSPIDFD (Linux 6.5; this machine's kernel has it): the pidfd names the
+    process that wrote, a child here, not the reader."""
+    from boxy.varlink import SO_PASSPIDFD, recv_with_creds
+
+    a, b = socket.socketpair()
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    b.setsockopt(socket.SOL_SOCKET, SO_PASSPIDFD, 1)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            a.sendall(b"x")
+            time.sleep(2)
+        finally:
+            os._exit(0)
+    try:
+        data, fds, writer = recv_with_creds(b)
+        assert data == b"x" and fds == [] and writer is not None
+        assert writer.pid == pid and writer.pidfd is not None and writer.pidfd >= 0
+        with open(f"/proc/self/fdinfo/{writer.pidfd}") as f:
+            assert f"Pid:\t{pid}\n" in f.read()
+        os.close(writer.pidfd)
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        a.close()
+        b.close()

@@ -318,7 +318,7 @@ class ServerThread:
     def __init__(
         self,
         exclusive: tuple[str, ...] = (),
-        vet: Callable[[int], str | None] | None = None,
+        vet: Callable[[int, int | None], str | None] | None = None,
         before_serve: Callable[[str], None] | None = None,
     ) -> None:
         """BEFORE_SERVE(address): called once the listener is bound, before the

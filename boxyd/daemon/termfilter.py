@@ -96,7 +96,13 @@ _OSC_COLOURS = frozenset({4, 5, *range(10, 20), 104, 105, *range(110, 120)})
 # but those dropped), matched in one go: a coloured or redrawn screen costs no
 # Python per sequence. Anything else goes the long way, which decides the same.
 _ASCII = rb"[\x00-\x04\x06-\x1a\x1c-\x7f]*"
-_MODE = rb"0*(?:[0145-9]|1\d|2\d|3[0-79]|4[1-57-9]|[5-9]\d|[1-9]\d\d+)?"  # not 2 3 38 40 46
+# A mode but 2 3 38 40 46: its leading zeros, then nothing or one number from 1-9 on.
+# No alternative starts with 0 (the class once had one: 0* or the class could take a
+# 0, and a failing "?0;0;...;2h" retried 2^n splits) and they differ in first digit or
+# length, so a digit run's prefix matches one way only and (?:;mode)* stays linear.
+# Same language: 0^j then "0" is 0^(j+1), which 0* takes alone. Not an atomic group:
+# (?>old mode) keeps the class's "1" of "10" and fails it.
+_MODE = rb"0*(?:[145-9]|1\d|2\d|3[0-79]|4[1-57-9]|[5-9]\d|[1-9]\d\d+)?"
 _RUN = re.compile(
     rb"%s(?:(?:\x1b\[[0-9:;]{0,%d}[%s]|\x1b\[(?=[0-?]{0,%d}[hl])\?%s(?:;%s)*[hl])%s)*"
     % (
@@ -221,7 +227,9 @@ class TermFilter:
         self._drop = False  # the current sequence is dropped whole (no longer buffered)
         self._st = False  # in a string, the last byte was ESC (ST is ESC \)
         self._pending = b""  # the start of a UTF-8 character the last chunk cut
-        self._enq = -1  # where the next ENQ is in the chunk being read
+        # where the next ENQ and ESC are in the chunk being read: searched again only
+        # once passed, so a chunk of many ENQs is not scanned to its end for each
+        self._enq = self._esc = -1
 
     def feed(self, data: bytes) -> bytes:
         """What of DATA (the next chunk) may reach the terminal now."""
@@ -232,7 +240,7 @@ class TermFilter:
             and not _incomplete_tail(data)
         ):
             return data  # the fast path: text and harmless C0 controls only
-        self._enq = data.find(b"\x05")
+        self._enq, self._esc = data.find(b"\x05"), data.find(b"\x1b")
         out: list[bytes] = []
         pos, end = 0, len(data)
         while pos < end:
@@ -272,8 +280,9 @@ class TermFilter:
                 return run
         if 0 <= self._enq < pos:
             self._enq = data.find(b"\x05", pos)
-        esc = data.find(b"\x1b", pos)
-        stop = min(i for i in (esc, self._enq, len(data)) if i >= 0)
+        if 0 <= self._esc < pos:
+            self._esc = data.find(b"\x1b", pos)
+        stop = min(i for i in (self._esc, self._enq, len(data)) if i >= 0)
         if stop > pos or self._pending:
             out.append(self._text(data[pos:stop], complete=stop < len(data)))
         if stop == len(data):

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 
 from boxy.digest import sha256
 from boxyd.gitguard.discover import O_DIR, O_FILE, Type, join, read_head
-from boxyd.plan import toolconfig
+from boxyd.plan import payloadparse, toolconfig
 
 DIRS = {
     ".vscode": "VS Code runs its tasks (runOn: folderOpen) and reads its settings",
@@ -48,6 +48,7 @@ SCRIPTS = "npm runs its scripts"
 MAX_FILES = 2000  # per watched directory; the rest is one entry saying so
 READ_MAX = 4 << 20
 KEYS = "keys:"  # the fingerprint of a tool's config: only its settings that run something
+UNREAD = "unread:"  # ... or all of it, when its settings could not be read
 
 
 def _digest(dir_fd: int, name: str, scripts_only: bool = False) -> str:
@@ -64,15 +65,14 @@ def _digest(dir_fd: int, name: str, scripts_only: bool = False) -> str:
         return f"error:{e.errno}"
     finally:
         os.close(fd)
+    mode = f"{stat.S_IMODE(st.st_mode):o}"
+    if len(data) > READ_MAX:  # what is past the part read changes the ctime when written
+        return f"{mode}:{st.st_size}:{st.st_ctime_ns}:{sha256(data).hexdigest()}"
     if scripts_only:
-        try:
-            doc = json.loads(data)
-            data = json.dumps(
-                doc.get("scripts") if isinstance(doc, dict) else None, sort_keys=True
-            ).encode()
-        except ValueError:
-            pass  # not JSON: npm would refuse it; compared whole
-    return f"{stat.S_IMODE(st.st_mode):o}:{sha256(data).hexdigest()}"
+        scripts = payloadparse.npm_scripts(data)  # apart from boxyd, within a budget
+        if isinstance(scripts, bytes):  # else not JSON to Python, or not judged: whole
+            data = scripts
+    return f"{mode}:{sha256(data).hexdigest()}"
 
 
 def _tree(dir_fd: int, name: str) -> str:
@@ -150,12 +150,23 @@ class Watch:
                 self.seen[path] = ("unreadable", f"error:{e.errno}")
 
     def _config(self, dir_fd: int, name: str, path: str) -> None:
-        """A tool's config file counts only while it holds a key that runs something."""
-        data = read_head(dir_fd, name, READ_MAX)
-        settings = toolconfig.exec_settings(name, data) if data is not None else []
-        if not settings:
+        """A tool's config file counts only while it holds a key that runs something,
+        or whole when what it holds is not known (too long, or its parse failed)."""
+        data = read_head(dir_fd, name, READ_MAX + 1)
+        if data is None:
             return
         tool = toolconfig.TOOLS[name][0]
+        settings = (
+            payloadparse.exec_settings(name, data)  # apart from boxyd, within a budget
+            if len(data) <= READ_MAX
+            else None
+        )
+        if settings is None or isinstance(settings, payloadparse.Hostile):
+            why = f"{tool} reads it as its config, which could not be read here"
+            self.seen[path] = (why, UNREAD + _digest(dir_fd, name))
+            return
+        if not settings:
+            return
         keys = ", ".join(dict.fromkeys(k for k, _ in settings))
         digest = sha256(json.dumps(sorted(settings)).encode()).hexdigest()
         self.seen[path] = (

@@ -71,7 +71,10 @@ class _Local:
     def parse(self, job: Job) -> object | Hostile:
         if not _local_allowed:  # a call path that forgot its Parser: loud, never silent
             raise _NotApart(f"a {job.kind.value} parse of payload bytes in boxyd's own process")
-        return run(job)
+        try:
+            return run(job)
+        except Exception as e:  # as the parse child answers it (parseproc._answer)
+            return Hostile(f"the parser refused it ({type(e).__name__}: {str(e)[:200]})")
 
 
 LOCAL: Parser = _Local()
@@ -114,12 +117,15 @@ def run(job: Job) -> object:
 
 
 def _scripts(data: bytes) -> bytes | None:
+    """A package.json's scripts in one form; None where Python's json cannot read it
+    (bad JSON, nested past the recursion limit, an int past 4300 digits): the caller
+    compares it whole."""
     try:
         doc = json.loads(data)
-    except (ValueError, RecursionError):
-        return None  # not JSON (npm would refuse it): the caller compares it whole
-    scripts = doc.get("scripts") if isinstance(doc, dict) else None
-    return json.dumps(scripts, sort_keys=True).encode()
+        scripts = doc.get("scripts") if isinstance(doc, dict) else None
+        return json.dumps(scripts, sort_keys=True).encode()
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
 
 
 # -- what the callers use: typed, Hostile passed through -------------------------------

@@ -1,0 +1,152 @@
+"""plan/payloadparse.py and daemon/parseproc.py: the one door to the parsers of what
+the payload wrote, and the child behind it, on real processes: the same verdicts as
+a parse in place, a job past its budget Hostile and its child killed, a child that
+dies or refuses Hostile, the next job in a fresh child, and a parse in boxyd's own
+process refused loudly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from boxyd.daemon import parseproc
+from boxyd.plan import credentials, payloadparse
+from boxyd.plan.payloadparse import Hostile, Job, Kind
+
+NPMRC = b"registry=https://r.example/\n//r.example/:_authToken=secret\nfund=false\n"
+GITCONFIG = b'[core]\n\tfsmonitor = x\n[include]\n\tpath = other\n[remote "o"]\n\turl = u\n'
+JOBS = [
+    Job(Kind.SCRUB, "npm config", NPMRC),
+    Job(Kind.EXEC, ".npmrc", b"node-options=--require ./x.js\nscript-shell=/bin/zsh\n"),
+    Job(Kind.SCRIPTS, "", b'{"scripts": {"b": "x", "a": "y"}, "name": "p"}'),
+    Job(Kind.SCRIPTS, "", b"[" * 100_000),
+    Job(Kind.GITCONFIG, "", GITCONFIG),
+]
+
+
+@pytest.fixture
+def apart() -> Iterator[Callable[..., parseproc.Apart]]:
+    made: list[parseproc.Apart] = []
+
+    def make(spawn: parseproc.Spawn = parseproc.fork_child, **kw: float) -> parseproc.Apart:
+        made.append(parseproc.Apart(spawn, **kw))
+        return made[-1]
+
+    yield make
+    for a in made:
+        a.close()
+    time.sleep(0.05)
+    parseproc.reap_children()
+
+
+def test_apart_gives_what_a_parse_in_place_gives(apart: Callable[..., parseproc.Apart]) -> None:
+    parser = apart()
+    for job in JOBS:
+        assert parser.parse(job) == payloadparse.run(job), job.kind
+    assert parser.overruns == []
+
+
+def test_the_typed_helpers_through_a_child(apart: Callable[..., parseproc.Apart]) -> None:
+    with payloadparse.using(apart()):
+        rule = credentials.Rule("npm config", credentials.Action.SCRUB, needs_content=True)
+        clean = payloadparse.scrub(rule, NPMRC)
+        assert isinstance(clean, bytes) and b"secret" not in clean and b"fund=false" in clean
+        parsed = payloadparse.git_config(GITCONFIG)
+        assert not isinstance(parsed, Hostile) and parsed.complete
+        assert [e.key for e in parsed.entries][:2] == ["core.fsmonitor", "include.path"]
+        assert payloadparse.npm_scripts(b"[" * 100_000) is None
+        settings = payloadparse.exec_settings(".npmrc", b"node-options=--require ./x.js\n")
+        assert settings == [("node-options", "--require ./x.js")]
+
+
+def hanging_child() -> socket.socket:
+    """A parse child that says hello and then never answers (a parser that never
+    returns, deep in C where no signal handler runs)."""
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ours.close()
+            parseproc.send(theirs, {"pid": os.getpid()})
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            while True:
+                time.sleep(1)
+        finally:
+            os._exit(0)
+    theirs.close()
+    return ours
+
+
+def test_a_job_past_its_budget_is_hostile_and_its_child_killed(
+    apart: Callable[..., parseproc.Apart],
+) -> None:
+    spawned: list[int] = []
+
+    def spawn() -> socket.socket:
+        sock = hanging_child()
+        spawned.append(1)
+        return sock
+
+    parser = apart(spawn, job_budget=0.2, run_budget=5)
+    t = time.monotonic()
+    got = parser.parse(JOBS[0])
+    assert isinstance(got, Hostile) and "ran over 0.2 s" in got.why
+    assert time.monotonic() - t < 1.5
+    assert parser._sock is None  # killed (SIGKILL by pidfd: SIGTERM is ignored there)
+    assert isinstance(parser.parse(JOBS[0]), Hostile) and len(spawned) == 2  # a fresh one
+
+
+def test_the_runs_budget_once_spent_makes_every_job_hostile_at_once(
+    apart: Callable[..., parseproc.Apart],
+) -> None:
+    parser = apart(hanging_child, job_budget=0.2, run_budget=0.3)
+    assert isinstance(parser.parse(JOBS[0]), Hostile)
+    assert isinstance(parser.parse(JOBS[0]), Hostile)
+    t = time.monotonic()
+    got = parser.parse(JOBS[0])
+    assert isinstance(got, Hostile) and "budget" in got.why and "spent" in got.why
+    assert time.monotonic() - t < 0.05
+
+
+def test_a_child_that_dies_or_cannot_be_made_is_hostile(
+    apart: Callable[..., parseproc.Apart],
+) -> None:
+    def dying() -> socket.socket:
+        ours, theirs = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:
+            parseproc.send(theirs, {"pid": os.getpid()})
+            os._exit(0)  # at the first job's arrival it is gone
+        theirs.close()
+        return ours
+
+    got = apart(dying).parse(JOBS[0])
+    assert isinstance(got, Hostile) and "failed" in got.why
+
+    def none() -> socket.socket:
+        raise OSError("no template")
+
+    got = apart(none).parse(JOBS[0])
+    assert isinstance(got, Hostile) and "no template" in got.why
+
+
+def test_a_parser_that_refuses_its_input_is_hostile(
+    apart: Callable[..., parseproc.Apart],
+) -> None:
+    bad = apart().parse(Job(Kind.SCRUB, "a kind no rule has", b"x"))
+    assert isinstance(bad, Hostile) and "refused" in bad.why, bad
+    assert apart().parse(Job(Kind.EXEC, "not a tool's file", b"x")) == []  # nothing runs
+
+
+def test_a_parse_in_boxyds_own_process_is_refused_loudly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No Parser in force and this process not apart: the call path forgot its Parser."""
+    monkeypatch.setattr(payloadparse, "_local_allowed", False)
+    with pytest.raises(RuntimeError, match="in boxyd's own process"):
+        payloadparse.npm_scripts(b"{}")

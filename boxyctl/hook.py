@@ -192,7 +192,9 @@ def project_approved(workdir: str) -> bool:
     if not os.path.lexists(os.path.join(workdir, ".boxy.yaml")):
         return False
     ensure_site()  # started without it (boxyctl/launcher.py): the daemon's reader
-    from boxyd.config import projectconfig
+    from boxyd.config import parsedoor, projectconfig
+
+    parsedoor.allow_local()  # this process is the hook's, not boxyd's: parsed here
 
     me = pwd.getpwuid(os.getuid())
     env = projectconfig.run_env(me.pw_dir, me.pw_name, os.environ)

@@ -713,7 +713,11 @@ def trust(args: dict[str, Any]) -> int:
         n = projectconfig.revoke(workdir, home)
         say(f"revoked {n} approval{'s' if n != 1 else ''} for {workdir}")
         return 0
-    # read as a run reads it: the same files, the same environment (projectconfig.run_env)
+    # read as a run reads it: the same files, the same environment (projectconfig.run_env);
+    # parsed here, in this command's own process (boxyd parses them apart: parsedoor.py)
+    from boxyd.config import parsedoor
+
+    parsedoor.allow_local()
     project = projectconfig.read(workdir, projectconfig.run_env(me.pw_dir, me.pw_name, os.environ))
     if project.empty:
         raise UsageError(

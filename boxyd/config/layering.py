@@ -123,13 +123,13 @@ def _project_doc(project: Project, trusted: bool, invalid: list[str]) -> dict[st
     nor valid (then ignored whole, and said: the payload could have written it)."""
     if project.config is None:
         return None
-    try:
-        return profiles.project_doc(project.text, project.path)
-    except ProfileError as e:
-        if trusted:
-            raise
-        invalid.append(_invalid(project.path, e))
-        return None
+    if project.doc is not None:  # parsed once, apart (projectconfig.project_doc)
+        return project.doc
+    e = ProfileError(project.doc_error or f"profile {project.path}: not valid")
+    if trusted:
+        raise e
+    invalid.append(_invalid(project.path, e))
+    return None
 
 
 def _project_profile(

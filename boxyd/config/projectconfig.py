@@ -29,10 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from boxy.digest import sha256
-from boxy.errors import UsageError
+from boxy.errors import ProfileError, UsageError
 from boxy.paths import ensure_private_dir
-from boxyd.config import profiles, widening
+from boxyd.config import parsedoor, profiles, widening
 from boxyd.config import projectregistries as pr
+from boxyd.config.parsedoor import Hostile, Job, Kind, as_pairs
 from boxyd.config.projectregistries import ProjectRegistry
 from boxyd.kernel.openat import open_beneath
 
@@ -92,6 +93,8 @@ class Project:
     # why .boxy.yaml could not be read as data (a symlink, a FIFO, too large): a run
     # says it in one line and goes on without it; `boxyctl trust` refuses
     unreadable: str | None = None
+    doc: dict[str, Any] | None = None  # .boxy.yaml parsed (profiles.project_doc), if it was
+    doc_error: str | None = None  # why it was not (a ProfileError's line)
 
     @property
     def path(self) -> str:
@@ -124,17 +127,74 @@ def read(workdir: str, env: Mapping[str, str] | None = None, *, strict: bool = T
     except UsageError as e:
         if strict:
             raise
-        return Project(workdir, None, tuple(_registries(workdir, env or {})), None, str(e))
+        return Project(
+            workdir, None, tuple(_registries(workdir, env or {})), None, unreadable=str(e)
+        )
     view: Any = None
+    doc, error = None, None
     if config is not None:
+        doc, error = project_doc(config, os.path.join(workdir, NAME))
         try:
-            view = widening.approval_view(
-                profiles.project_doc(config.decode(errors="replace"), os.path.join(workdir, NAME))
-            )
-            json.dumps(view, sort_keys=True)  # YAML may hold dates, or keys of mixed types
-        except (UsageError, TypeError, ValueError):  # then an approval commits to the bytes
+            view = widening.approval_view(doc) if doc is not None else None
+            json.dumps(view, sort_keys=True)
+        except (UsageError, TypeError, ValueError):
+            view = None
+        if view is None:  # not valid: an approval commits to the bytes
             view = {"unparsed": sha256(config).hexdigest()}
-    return Project(workdir, config, tuple(_registries(workdir, env or {})), view)
+    registries = tuple(_registries(workdir, env or {}))
+    return Project(workdir, config, registries, view, doc=doc, doc_error=error)
+
+
+def project_doc(config: bytes, label: str) -> tuple[dict[str, Any] | None, str | None]:
+    """.boxy.yaml (LABEL's bytes CONFIG) parsed through the door (parsedoor.py: apart
+    from boxyd, within a budget): (the doc, None) or (None, why not, one line)."""
+    got = parsedoor.parse(Job(Kind.PROJECT, label, config))
+    if isinstance(got, Hostile):
+        return None, f"profile {label}: could not be judged ({got.why})"
+    if isinstance(got, dict) and isinstance(got.get("doc"), dict):
+        return got["doc"], None
+    if isinstance(got, dict) and isinstance(got.get("error"), str):
+        return None, got["error"]
+    return None, f"profile {label}: came back in no shape"
+
+
+def _project_job(job: Job) -> dict[str, Any]:
+    """Kind.PROJECT, in the parse child: the doc if it is plain data (JSON's: YAML's
+    dates and the like are refused here, as no key of a profile takes one), or the
+    ProfileError's line."""
+    try:
+        doc = profiles.project_doc(job.data.decode(errors="replace"), job.arg)
+    except ProfileError as e:
+        return {"error": str(e)}
+    try:
+        json.dumps(doc, allow_nan=False)
+    except (TypeError, ValueError):
+        return {"error": f"profile {job.arg}: holds a value that is not plain data (a date?)"}
+    return {"doc": doc}
+
+
+def _npmrc_job(job: Job) -> list[tuple[str, str]]:
+    env = json.loads(job.arg)
+    return pr.parse_npmrc(job.data.decode(errors="replace"), env if isinstance(env, dict) else {})
+
+
+def _pipconf_job(job: Job) -> list[tuple[str, str]]:
+    return pr.parse_pip_conf(job.data.decode(errors="replace"))
+
+
+parsedoor.register(Kind.PROJECT, _project_job)
+parsedoor.register(Kind.NPMRC, _npmrc_job)
+parsedoor.register(Kind.PIPCONF, _pipconf_job)
+
+
+def _pairs(kind: Kind, arg: str, data: bytes, path: str) -> list[tuple[str, str]]:
+    """A registry file's pairs through the door; one not judged gives none (its
+    registries are not taken: the run says so)."""
+    got = parsedoor.parse(Job(kind, arg, data))
+    try:
+        return [] if isinstance(got, Hostile) else as_pairs(got)
+    except (TypeError, ValueError):
+        return []
 
 
 def run_env(home: str, user: str, client_env: Mapping[str, str]) -> dict[str, str]:
@@ -149,18 +209,15 @@ def _registries(workdir: str, env: Mapping[str, str]) -> list[ProjectRegistry]:
     out: list[ProjectRegistry] = []
     data = read_data(workdir, pr.NPMRC, strict=False)
     if data is not None:
-        out += pr.registries(
-            os.path.join(workdir, pr.NPMRC),
-            "npm",
-            pr.parse_npmrc(data.decode(errors="replace"), env),
-        )
+        path = os.path.join(workdir, pr.NPMRC)
+        pairs = _pairs(Kind.NPMRC, json.dumps(dict(env)), data, path)
+        out += pr.registries(path, "npm", pairs)
     for rel in _venvs(workdir, env):
         path = os.path.join(rel, pr.PIP_CONF)
         data = read_data(workdir, path, strict=False)
         if data is not None:
-            out += pr.registries(
-                os.path.join(workdir, path), "pip", pr.parse_pip_conf(data.decode(errors="replace"))
-            )
+            full = os.path.join(workdir, path)
+            out += pr.registries(full, "pip", _pairs(Kind.PIPCONF, "", data, full))
     return out
 
 

@@ -1,5 +1,5 @@
 """Parsing apart (docs/design.md, "Nothing the payload wrote is parsed in boxyd's
-process"): the parse child, and Apart, the Parser that asks it (plan/payloadparse.py).
+process"): the parse child, and Apart, the Parser that asks it (config/parsedoor.py).
 
 The child is a fresh child of the walk template (boxyd's walks in its worker threads)
 or of a walk child itself (a large tree's walk, forked there: that process is
@@ -29,7 +29,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from boxyd.plan import payloadparse as pp
+from boxyd.config import parsedoor as pp
+from boxyd.config import projectconfig  # noqa: F401  (registers the spec's jobs)
+from boxyd.plan import payloadparse  # noqa: F401  (registers the plan's and guard's jobs)
 
 T = TypeVar("T")
 HEAD = struct.Struct("!II")

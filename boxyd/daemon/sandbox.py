@@ -187,8 +187,9 @@ class StageLauncher:
             spec.notes += registry.notes
             return spec
 
-        # Asking npm/pip for their registry runs a tool (in a sandbox): not on the event loop.
-        return await pools.run(pools.START, build)
+        # Asking npm/pip for their registry runs a tool (in a sandbox): not on the event
+        # loop; the project's files it reads are parsed apart (parseproc.py)
+        return await pools.run(pools.START, call_apart, self.walks.apart, build)
 
     async def _network(self, spec: RunSpec, sink: Sink, outputs: Outputs) -> Network:
         # The gateway's modules (dnspython among them) load with the first networked

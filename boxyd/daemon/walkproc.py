@@ -21,8 +21,9 @@ import struct
 from typing import Any
 
 from boxy.errors import SetupError
+from boxyd.config import parsedoor
 from boxyd.daemon import parseproc
-from boxyd.plan import payloadparse, walkwire, worktree
+from boxyd.plan import walkwire, worktree
 from boxyd.stage2 import template
 
 FRAME = struct.Struct("!Q")
@@ -84,7 +85,7 @@ def child(conn: socket.socket) -> int:
         # this walk's parses: in a child of ours, each job within its budget
         parser = parseproc.Apart(parseproc.fork_child)
         try:
-            with payloadparse.using(parser):
+            with parsedoor.using(parser):
                 reply = walk(req)
         finally:
             parser.close()

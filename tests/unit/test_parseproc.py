@@ -1,4 +1,4 @@
-"""plan/payloadparse.py and daemon/parseproc.py: the one door to the parsers of what
+"""config/parsedoor.py, plan/payloadparse.py and daemon/parseproc.py: the one door to the parsers of what
 the payload wrote, and the child behind it, on real processes: the same verdicts as
 a parse in place, a job past its budget Hostile and its child killed, a child that
 dies or refuses Hostile, the next job in a fresh child, and a parse in boxyd's own
@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from boxyd.config import parsedoor
+from boxyd.config.parsedoor import Hostile, Job, Kind
 from boxyd.daemon import parseproc
 from boxyd.plan import credentials, payloadparse
-from boxyd.plan.payloadparse import Hostile, Job, Kind
 
 NPMRC = b"registry=https://r.example/\n//r.example/:_authToken=secret\nfund=false\n"
 GITCONFIG = b'[core]\n\tfsmonitor = x\n[include]\n\tpath = other\n[remote "o"]\n\turl = u\n'
@@ -47,12 +48,12 @@ def apart() -> Iterator[Callable[..., parseproc.Apart]]:
 def test_apart_gives_what_a_parse_in_place_gives(apart: Callable[..., parseproc.Apart]) -> None:
     parser = apart()
     for job in JOBS:
-        assert parser.parse(job) == payloadparse.run(job), job.kind
+        assert parser.parse(job) == parsedoor.run(job), job.kind
     assert parser.overruns == []
 
 
 def test_the_typed_helpers_through_a_child(apart: Callable[..., parseproc.Apart]) -> None:
-    with payloadparse.using(apart()):
+    with parsedoor.using(apart()):
         rule = credentials.Rule("npm config", credentials.Action.SCRUB, needs_content=True)
         clean = payloadparse.scrub(rule, NPMRC)
         assert isinstance(clean, bytes) and b"secret" not in clean and b"fund=false" in clean
@@ -147,6 +148,6 @@ def test_a_parse_in_boxyds_own_process_is_refused_loudly(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """No Parser in force and this process not apart: the call path forgot its Parser."""
-    monkeypatch.setattr(payloadparse, "_local_allowed", False)
+    monkeypatch.setattr(parsedoor, "_local_allowed", False)
     with pytest.raises(RuntimeError, match="in boxyd's own process"):
         payloadparse.npm_scripts(b"{}")

@@ -151,3 +151,43 @@ def test_a_parse_in_boxyds_own_process_is_refused_loudly(
     monkeypatch.setattr(parsedoor, "_local_allowed", False)
     with pytest.raises(RuntimeError, match="in boxyd's own process"):
         payloadparse.npm_scripts(b"{}")
+
+
+ALL_KINDS = {
+    **{job.kind: job for job in JOBS},
+    Kind.NPMRC: Job(Kind.NPMRC, '{"HOME": "/h"}', b"registry=https://r.test/\n"),
+    Kind.PIPCONF: Job(Kind.PIPCONF, "", b"[global]\nindex-url = https://i.test/simple\n"),
+    Kind.PROJECT: Job(Kind.PROJECT, "/w/.boxy.yaml", b"profile: node\nnetwork:\n  mode: none\n"),
+}
+
+
+async def test_every_kind_runs_in_a_child_of_the_real_walk_template() -> None:
+    """The registrations are made in the parse child (the walk template imports what
+    registers every Kind): what boxyd's threads get is what a parse in place gives."""
+    import asyncio
+
+    from boxyd.daemon.walks import Walks
+
+    assert set(ALL_KINDS) == set(Kind)
+    walks = Walks()
+    walks.start()
+    try:
+
+        def through_the_door() -> list[object]:
+            return parseproc.call_apart(
+                walks.apart, lambda: [parsedoor.parse(job) for job in ALL_KINDS.values()]
+            )
+
+        got = await asyncio.to_thread(through_the_door)
+    finally:
+        walks.close()
+    for job, verdict in zip(ALL_KINDS.values(), got, strict=True):
+        assert not isinstance(verdict, Hostile), (job.kind, verdict)
+        assert verdict == _wire(parsedoor.run(job)), job.kind
+
+
+def _wire(value: object) -> object:
+    """VALUE as the wire gives it back (tuples become lists; bytes stay raw)."""
+    import json
+
+    return value if isinstance(value, bytes) or value is None else json.loads(json.dumps(value))

@@ -143,19 +143,22 @@ _JSON_WORDS: dict[str, _JSValue] = {
 
 def _json_parse(text: str) -> tuple[str, bool] | None:
     """String(JSON.parse(TEXT)) and whether it is a string; None where JSON.parse
-    throws. Linear time: an open array or object is a list entry, not a frame."""
-    stack: list[list[str | None] | None] = []  # per open array its elements; None: an object
+    throws. Linear time: an open array or object is a list entry, not a frame, and
+    an array's String() is built once, in PIECES (joined at every level, an element
+    was copied once per array around it)."""
+    pieces: list[str] = []  # String() of the open arrays so far: elements and commas
+    stack: list[tuple[bool, int]] = []  # per open container: an array?, its first piece
     pos = _ws(text, 0)
     while True:  # a value starts at POS
         value: _JSValue | None
         if text.startswith(("[", "{"), pos):
-            stack.append([] if text[pos] == "[" else None)
+            stack.append((text[pos] == "[", len(pieces)))
             pos = _ws(text, pos + 1)
-            if not text.startswith("]" if stack[-1] is not None else "}", pos):
-                if stack[-1] is None and (pos := _json_key(text, pos)) < 0:
+            if not text.startswith("]" if stack[-1][0] else "}", pos):
+                if not stack[-1][0] and (pos := _json_key(text, pos)) < 0:
                     return None
                 continue
-            value, pos = _close(stack.pop()), pos + 1
+            value, pos = _close(stack, pieces), pos + 1
         else:
             value, pos = _json_scalar(text, pos)
             if value is None:
@@ -168,17 +171,19 @@ def _json_parse(text: str) -> tuple[str, bool] | None:
                     if pos == len(text)
                     else None
                 )
-            top = stack[-1]
-            if top is not None:
-                top.append(value[0])
+            in_array = stack[-1][0]
+            if in_array and value[0] is not None:
+                pieces.append(value[0])
             if text.startswith(",", pos):
                 pos = _ws(text, pos + 1)
-                if top is None and (pos := _json_key(text, pos)) < 0:
+                if in_array:
+                    pieces.append(",")
+                elif (pos := _json_key(text, pos)) < 0:
                     return None
                 break
-            if not text.startswith("]" if top is not None else "}", pos):
+            if not text.startswith("]" if in_array else "}", pos):
                 return None
-            value, pos = _close(stack.pop()), pos + 1
+            value, pos = _close(stack, pieces), pos + 1
 
 
 def _ws(text: str, pos: int) -> int:
@@ -187,11 +192,15 @@ def _ws(text: str, pos: int) -> int:
     return m.end() if m else pos  # always a match: the pattern matches nothing too
 
 
-def _close(elements: list[str | None] | None) -> _JSValue:
-    """String() of a finished array (elements joined by ',', null as '') or object."""
-    if elements is None:
+def _close(stack: list[tuple[bool, int]], pieces: list[str]) -> _JSValue:
+    """The container atop STACK ends: String() of an object (its pieces dropped); of
+    an array, its PIECES joined when it is the outermost value, else None: they stay
+    where they are, in the String() of the array around it."""
+    is_array, first = stack.pop()
+    if not is_array:
+        del pieces[first:]
         return "[object Object]", False
-    return ",".join("" if e is None else e for e in elements), False
+    return ("".join(pieces), False) if not stack else (None, False)
 
 
 def _json_key(text: str, pos: int) -> int:

@@ -36,6 +36,7 @@ so it may become any of these.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable
 
 import yaml
@@ -209,43 +210,222 @@ TOOLS = {  # file name -> (tool, table, format)
     "pip.ini": ("pip", PIP, "ini"),
 }
 
-_INI = re.compile(r"^\s*([^=:\s;#\[][^=]*?)\s*(?:=\s*(.*))?$")  # npm's ini: a bare key is true
-_PIP_INI = re.compile(r"^\s*([^=:\s;#\[][^=:]*?)\s*[=:]\s*(.*)$")  # configparser
-_YARNRC = re.compile(r"""^\s*("(?:[^"\\]|\\.)*"|[^\s#"]+)\s*(.*)$""")
-_YAML_KEY = re.compile(r"""^[\s-]*["']?([^\s"':#{}\[\],]+)["']?\s*:(?:\s+(.*)|$)""")
+# The line scans below take a line as these patterns would (kept here as their
+# specification, and in the tests as the oracle), without running them: a lazy key
+# followed by blanks backtracks once per character of the key (a 64 KiB `.npmrc` line
+# `a` + blanks + `b` took 56 s).
+#   ini:    ^\s*([^=:\s;#\[][^=]*?)\s*(?:=\s*(.*))?$     (npm's ini: a bare key is true)
+#   pip:    ^\s*([^=:\s;#\[][^=:]*?)\s*[=:]\s*(.*)$       (configparser)
+#   yaml:   ^[\s-]*["']?([^\s"':#{}\[\],]+)["']?\s*:(?:\s+(.*)|$)
+# \s is str.isspace(), which strip() uses; splitlines() leaves no \n for $ or `.`.
+_YARNRC = re.compile(r"""^\s*+("(?:[^"\\]|\\.)*+"|[^\s#"]++)\s*(.*)$""")  # one way to match
+_YAML_LEAD = re.compile(r"[\s-]*")
+_YAML_NAME = re.compile(r"""[^\s"':#{}\[\],]+""")
+_YAML_TAIL = re.compile(r"""["']?+\s*+:(?:\s+(.*)|$)""")
+_INI_STARTS = frozenset("=:;#[")
+
+
+def _ini_line(line: str, separators: str) -> tuple[str, str | None] | None:
+    """(key, value) of an ini line, the key ending at the first of SEPARATORS; the
+    value None where the line has none of them."""
+    s = line.lstrip()
+    if not s or s[0] in _INI_STARTS:
+        return None
+    cut = min((i for i in map(s.find, separators) if i >= 0), default=-1)
+    if cut < 0:
+        return s.rstrip(), None
+    return s[:cut].rstrip(), s[cut + 1 :].lstrip()
+
+
+def _yaml_line(line: str) -> tuple[str, str | None] | None:
+    """(key, value) of a `key: value` line. Only a maximal name can be followed by
+    the `:` the pattern needs, so the candidates are the name after the leading
+    blanks and dashes (and a quote), then a name of the lead's last dash."""
+    lead = _YAML_LEAD.match(line)
+    end = lead.end() if lead else 0  # always a match: the pattern matches nothing too
+    start = end + 1 if line[end : end + 1] in ('"', "'") else end
+    for at in (start, line.rfind("-", 0, end)):
+        name = _YAML_NAME.match(line, at) if at >= 0 else None
+        tail = _YAML_TAIL.match(line, name.end()) if name else None
+        if name and tail:
+            return name.group(), tail.group(1)
+    return None
 
 
 def _pairs(fmt: str, text: str) -> list[tuple[str, str]]:
     """(key, value) of every line that looks like a setting, as the tool would split it."""
-    pat = {"ini": _INI, "yarnrc": _YARNRC, "yaml": _YAML_KEY}[fmt]
     out = []
     for line in text.splitlines():
         if line.lstrip().startswith(("#", ";")):
             continue
-        m = pat.match(line)
+        if fmt == "ini":
+            m = _ini_line(line, "=")
+        elif fmt == "yaml":
+            m = _yaml_line(line)
+        else:
+            y = _YARNRC.match(line)
+            m = (y.group(1), y.group(2)) if y else None
         if m:
-            out.append((m.group(1).strip("\"'"), (m.group(2) or "true").strip()))
+            out.append((m[0].strip("\"'"), (m[1] or "true").strip()))
     return out
+
+
+_TAG = "tag:yaml.org,2002:"
+
+
+class _Loader(yaml.SafeLoader):
+    """yaml.safe_load's loader in linear time. PyYAML rescans every pending simple key
+    (one per open flow level) at each token: 50 KiB of `[[…]]` took it 3.6 s. It also
+    notes an alias: such a document is read as composed (_node_pairs)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.aliased = False
+
+    def stale_possible_simple_keys(self) -> None:
+        # the dict holds the keys in the order they were saved (a level's old one is
+        # removed first), so by line and index: the stale ones come first
+        keys = self.possible_simple_keys
+        while keys:
+            level, key = next(iter(keys.items()))
+            if key.line == self.line and self.index - key.index <= 1024:
+                return
+            if key.required:
+                raise yaml.scanner.ScannerError(
+                    "while scanning a simple key", key.mark, "could not find expected ':'"
+                )
+            del keys[level]
+
+    def next_possible_simple_key(self) -> int | None:
+        # the first saved has the lowest token number
+        for key in self.possible_simple_keys.values():
+            number: int = key.token_number
+            return number
+        return None
+
+    def fetch_alias(self) -> None:
+        # noted by the scanner: a frame per level in the (recursive) composer would
+        # make a deep document fail that safe_load reads
+        self.aliased = True
+        super().fetch_alias()
+
+
+def _construct_int(loader: _Loader, node: yaml.ScalarNode) -> int:
+    """SafeConstructor's int; its base-60 sum grows the number at every `:` part
+    (quadratic), this one stops where str() could not show it."""
+    text = loader.construct_scalar(node).replace("_", "")
+    body = text[1:] if text[:1] in ("+", "-") else text
+    if ":" not in body or body.startswith("0"):
+        return loader.construct_yaml_int(node)
+    value = _sexagesimal([int(part) for part in body.split(":")])
+    if value is None:
+        raise ValueError("more digits than str() shows")
+    return -value if text[0] == "-" else value
+
+
+def _sexagesimal(parts: list[int]) -> int | None:
+    """PARTS as a base-60 number; None where it has more digits than str() shows.
+    Once |value| is past every part it grows 59-fold or more per part left, so with
+    enough parts left it is too long: the loop ends there, or ~2500 parts later."""
+    limit = sys.get_int_max_str_digits()
+    enough = int(limit / 1.77) + 1 if limit else len(parts)  # 59**enough > 10**limit
+    most = max(1, *map(abs, parts))
+    value = 0
+    for left, part in enumerate(parts, 1 - len(parts)):
+        value = value * 60 + part
+        if -left >= enough and abs(value) >= most:
+            return None
+    return value
+
+
+def _or_text(construct: Callable[[_Loader, yaml.ScalarNode], object]) -> Callable[..., object]:
+    """CONSTRUCT, but a scalar it refuses (`!!int x`, a date of month 13, an int past
+    str()'s 4300 digits) is kept as its text: the rest of the document still counts."""
+
+    def construct_or_text(loader: _Loader, node: yaml.ScalarNode) -> object:
+        try:
+            return construct(loader, node)
+        except (ValueError, LookupError, AttributeError, ArithmeticError):
+            return loader.construct_scalar(node)
+
+    return construct_or_text
+
+
+for _name, _construct in (
+    ("int", _construct_int),
+    ("float", yaml.SafeLoader.construct_yaml_float),
+    ("bool", yaml.SafeLoader.construct_yaml_bool),
+    ("timestamp", yaml.SafeLoader.construct_yaml_timestamp),
+):
+    _Loader.add_constructor(_TAG + _name, _or_text(_construct))
+
+
+def _text(value: object) -> str:
+    try:
+        return str(value)
+    except ValueError:  # an int past str()'s 4300 digits: hex is exact, and linear
+        return hex(value) if isinstance(value, int) else "?"
 
 
 def _yaml_pairs(text: str) -> list[tuple[str, str]]:
     """Every mapping key of a YAML document at any depth (flow style too, which the
     line scan misses); nothing when it does not parse."""
+    loader = None
     try:
-        doc = yaml.safe_load(text)
-    except (yaml.YAMLError, RecursionError, ValueError):
+        loader = _Loader(text)
+        node = loader.get_single_node()
+        if node is not None and loader.aliased:
+            return _node_pairs(loader, node)
+        doc = loader.construct_document(node) if node is not None else None
+    except Exception:  # whatever PyYAML raises on hostile bytes: unparsed, as a YAMLError
         return []
+    finally:
+        if loader is not None:
+            loader.dispose()
     out: list[tuple[str, str]] = []
     stack = [doc]
     while stack and len(out) < 10000:
-        node = stack.pop()
-        if isinstance(node, dict):
-            for k, v in node.items():
-                out.append((str(k), str(v) if not isinstance(v, (dict, list)) else "{}"))
+        item = stack.pop()
+        if isinstance(item, dict):
+            for k, v in item.items():
+                out.append((_text(k), _text(v) if not isinstance(v, (dict, list)) else "{}"))
                 stack.append(v)
-        elif isinstance(node, list):
-            stack.extend(node)
+        elif isinstance(item, list):
+            stack.extend(item)
     return out
+
+
+def _node_pairs(loader: _Loader, root: yaml.Node) -> list[tuple[str, str]]:
+    """The (key, value) pairs written in the mappings of a document with an alias,
+    each mapping read once. safe_load's data would repeat a node per alias (`&a [*a]`
+    never ends), and merge keys copy pairs (twice as many per level): what it lists
+    is these pairs, some repeated, or the value a repeated key overrides."""
+    out: list[tuple[str, str]] = []
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.ScalarNode) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+            continue
+        for key, value in node.value:
+            if key.tag != _TAG + "merge":  # the pairs it copies are where it points
+                out.append((_node_text(loader, key), _node_text(loader, value)))
+            stack.append(value)
+    return out
+
+
+def _node_text(loader: _Loader, node: yaml.Node) -> str:
+    """What _yaml_pairs shows for NODE's value: a collection as {} (its contents are
+    listed on their own; a !!set too, whose str() safe_load would show)."""
+    if not isinstance(node, yaml.ScalarNode):
+        return "{}"
+    if node.tag == _TAG + "value":  # a key `=`: flatten_mapping makes it a str
+        return str(node.value)
+    return _text(loader.construct_object(node))
 
 
 def _names(key: str) -> tuple[str, str]:
@@ -283,7 +463,7 @@ def exec_keys(name: str, data: bytes) -> list[str]:
 def _pip_pairs(text: str) -> list[tuple[str, str]]:
     out = []
     for line in text.splitlines():
-        m = _PIP_INI.match(line)
-        if m and not line.lstrip().startswith(("#", ";")):
-            out.append((m.group(1).removeprefix("--"), m.group(2)))
+        m = _ini_line(line, "=:")
+        if m and m[1] is not None:
+            out.append((m[0].removeprefix("--"), m[1]))
     return out

@@ -169,7 +169,9 @@ def _project_job(job: Job) -> dict[str, Any]:
     try:
         json.dumps(doc, allow_nan=False)
     except (TypeError, ValueError):
-        return {"error": f"profile {job.arg}: holds a value that is not plain data (a date?)"}
+        return {
+            "error": f"profile {job.arg}: holds a value that is not plain data (a date, a number too long)"
+        }
     return {"doc": doc}
 
 

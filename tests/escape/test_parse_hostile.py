@@ -1,0 +1,103 @@
+"""Files a payload wrote that made boxyd's parsers hang or fail (issue #30 §2's table)
+and variants of them: every one is in a project at once, and two runs in it in a row
+start, run and end (before: 16 s to never; every later run exit 125). The terminal
+sequence that took the filter days goes through a real PTY session. The bounds are
+generous (a loaded 2-core machine): what is asserted is that nothing hangs or breaks,
+and that what a run covers is covered."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, Boxy
+from tests.escape.conftest import HOST_PY, describe
+
+pytestmark = pytest.mark.sandbox
+
+HOSTILE: dict[str, bytes] = {
+    # the issue's table
+    ".npmrc": b"a" + b" " * (64 << 10) + b"b\n//r.test/:_authToken=npm-canary\n",
+    "venv1/pip.conf": b"[global]\nindex-url" + b" " * (64 << 10) + b"x\n",
+    "venv2/pip.conf": b"[global]\nk" + b" " * (64 << 10) + b"=v\n",
+    "poetry.toml": b"[" + b" [" * 2000 + b"\n",
+    ".git-credentials": b"https://" + b"a" * (256 << 10) + b"\n",
+    "sub/.yarnrc.yml": b"a: &a [*a]\n",
+    ".yarnrc.yml": b"[" * 3000,
+    "package.json": b"[" * 100_000,
+    ".boxy.yaml": b"x: 0x" + b"1" * 4400 + b"\n",
+    # variants the issue does not name
+    "pnpm-workspace.yaml": b"a: &a [x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a]\n"
+    + b"".join(
+        b"%c: &%c [*%c,*%c,*%c,*%c,*%c,*%c,*%c,*%c]\n" % ((c, c) + (c - 1,) * 8)
+        for c in range(99, 110)
+    ),
+    "w/.yarnrc.yml": b"-" * (64 << 10) + b"x\n",
+    "w/.npmrc": b"k" + b"\t" * (64 << 10) + b"\n",
+    ".cargo/config.toml": b"[[" + b" " * 4000 + b"a\n",
+    ".kube/config": b"users:\n" + b"- " * (32 << 10) + b"a:\n",
+    ".netrc": b"machine h login u password" + b" " * (64 << 10) + b"\n",
+    "venv1/pyvenv.cfg": b"home = /usr/bin\n",
+    "venv2/pyvenv.cfg": b"home = /usr/bin\n",
+}
+
+
+def plant(boxy: Boxy) -> None:
+    for rel, data in HOSTILE.items():
+        path = boxy.workdir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    boxy.user.chown(boxy.workdir)
+
+
+def test_every_hostile_file_at_once_and_two_runs_in_a_row(boxy: Boxy) -> None:
+    plant(boxy)
+    for attempt in (1, 2):
+        t = time.monotonic()
+        r = boxy.sh("cat .npmrc .git-credentials | grep -c canary; echo ran", timeout=120)
+        took = time.monotonic() - t
+        assert r.returncode == 0, describe(r)
+        assert r.stdout.endswith(b"ran\n") and b"npm-canary" not in r.stdout, describe(r)
+        assert took < 60, f"run {attempt} took {took:.1f}s"
+        assert b"internal error" not in r.stderr, describe(r)
+
+
+FLOOD = (
+    "import sys, time\n"
+    "seq = b'\\x1b[?' + b'0;' * 40 + b'2h'\n"
+    "sys.stdout.buffer.write(seq * 200 + b'then-this\\n'); sys.stdout.flush()\n"
+)
+
+
+def test_a_terminal_sequence_that_took_the_filter_days(boxy: Boxy) -> None:
+    """86 bytes of ESC[?0;0;…;2h (exponential in the old filter), 200 times over a
+    real PTY session: the line after them arrives, and nothing of them does."""
+    script = boxy.workdir / "flood.py"
+    script.write_text(FLOOD)
+    boxy.user.chown(script)
+    code = (
+        "import boxy, sys, time\n"
+        "with boxy.spawn_pty(['python3', 'flood.py'], cols=80, rows=24, net='none') as p:\n"
+        "    out = b''\n"
+        "    deadline = time.monotonic() + 60\n"
+        "    while b'then-this' not in out and time.monotonic() < deadline:\n"
+        "        try:\n"
+        "            chunk = p.read(timeout=1)\n"
+        "        except TimeoutError:\n"
+        "            continue\n"
+        "        if not chunk:\n"
+        "            break\n"
+        "        out += chunk\n"
+        "    sys.stdout.buffer.write(out)\n"
+    )
+    root = Path(BIN).parent.parent
+    r = boxy.user.run(
+        [HOST_PY, "-c", code], cwd=boxy.workdir, extra_env={"PYTHONPATH": str(root)}, timeout=120
+    )
+    assert r.returncode == 0, describe(r)
+    assert b"then-this" in r.stdout, describe(r)
+    assert b"\x1b[?0;" not in r.stdout, r.stdout[:200]
+    os.unlink(script)

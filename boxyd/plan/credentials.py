@@ -29,10 +29,12 @@ from __future__ import annotations
 import fnmatch
 import functools
 import json
+import math
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 
@@ -170,16 +172,28 @@ def holds_private_key(head: bytes) -> bool:
 
 
 # --- scrubbing -------------------------------------------------------------------------
+#
+# Every scrubber reads bytes a hostile program may have written, so each runs in time
+# linear in its input (tests/unit/test_credentials_linear.py): a regex here is matched
+# at a line's start in time linear in the line, or, searched through a file, its
+# attempts read spans that do not overlap; nested input is walked with a stack of its
+# own, never by recursion. Possessive quantifiers go on single characters only: on a
+# group they matched where the greedy one did not before Python 3.11.5 (gh-106052).
 
-# scheme://user[:password]@ — the userinfo of a URL, wherever it appears
-_USERINFO = re.compile(rb"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s\"']+@")
+# scheme://user[:password]@ — the userinfo of a URL, wherever it appears. An attempt
+# starts only where a run of scheme characters does (the lookbehind), not at each
+# letter of the run (quadratic in a long run without "://"); the scheme still starts
+# at the run's first letter, and the digits and "+.-" before it are kept in \1.
+_USERINFO = re.compile(
+    rb"(?<![A-Za-z0-9+.-])([0-9+.-]*+[A-Za-z][A-Za-z0-9+.-]*+://)"  # \1: kept
+    rb"[^/@\s\"']++@"
+)
 _NPM_SECRET_KEYS = frozenset(
     {"_authtoken", "_auth", "_password", "password", "token", "certfile", "keyfile"}
 )
 _YARN_SECRET_KEYS = frozenset({"npmauthtoken", "npmauthident", "npmpassword"})
 _PYPI_SECRET_KEYS = frozenset({"password", "token"})
 _INI_KEY = re.compile(rb"^\s*([^=:\s]+)\s*[=:]")  # Python's configparser (.pypirc)
-_NPM_KEY = re.compile(rb"^\s*([^=\s][^=]*?)\s*=")  # npm's ini: the key may hold ':'
 
 _NETRC_SECRET = re.compile(rb"\b(password|account)\s+\S+")
 _GIT_SECTION = re.compile(rb"^\s*\[\s*([A-Za-z0-9.-]+)")
@@ -190,13 +204,26 @@ def _lines(data: bytes) -> list[bytes]:
     return data.splitlines(keepends=True)
 
 
-def _drop_keys(data: bytes, key: re.Pattern[bytes], secret: frozenset[str]) -> bytes:
-    """Every line whose key (KEY's group 1, lower-cased, after its last ':') is in
-    SECRET dropped; the userinfo of every URL left removed."""
+def _npm_key(line: bytes) -> bytes | None:
+    """npm's ini key (it may hold ':'): what precedes the line's first '=', blanks
+    around it stripped; None if there is no '=' after a first non-blank."""
+    text = line.lstrip()
+    eq = text.find(b"=")
+    return text[:eq].rstrip() if eq > 0 else None
+
+
+def _ini_key(line: bytes) -> bytes | None:
+    m = _INI_KEY.match(line)
+    return m.group(1) if m else None
+
+
+def _drop_keys(data: bytes, key: Callable[[bytes], bytes | None], secret: frozenset[str]) -> bytes:
+    """Every line whose key (KEY(line), lower-cased, after its last ':') is in SECRET
+    dropped; the userinfo of every URL left removed."""
     out = []
     for line in _lines(data):
-        m = key.match(line)
-        if not (m and m.group(1).rsplit(b":", 1)[-1].lower().decode("latin-1") in secret):
+        name = key(line)
+        if not (name and name.rsplit(b":", 1)[-1].lower().decode("latin-1") in secret):
             out.append(line)
     return _USERINFO.sub(rb"\1", b"".join(out))
 
@@ -204,7 +231,7 @@ def _drop_keys(data: bytes, key: re.Pattern[bytes], secret: frozenset[str]) -> b
 def scrub_npmrc(data: bytes) -> bytes:
     """Drop ``_authToken``, ``_auth``, ``_password``… — also scoped, as npm writes them
     (``//registry.example/:_authToken=…``); keep the registry settings."""
-    return _drop_keys(data, _NPM_KEY, _NPM_SECRET_KEYS)
+    return _drop_keys(data, _npm_key, _NPM_SECRET_KEYS)
 
 
 def scrub_yarnrc(data: bytes) -> bytes:
@@ -235,6 +262,18 @@ def _indent(line: bytes) -> int:
     return len(line) - len(line.lstrip(b" \t"))
 
 
+_UNPARSED = object()  # what _json_load returns for bytes that are no JSON it can read
+
+
+def _json_load(data: bytes) -> object:
+    """DATA parsed as JSON, or _UNPARSED: not JSON, or nested deeper than the parser
+    (C, one level of the interpreter's recursion limit per level) can go."""
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        return _UNPARSED
+
+
 def scrub_yaml(data: bytes, secret: frozenset[str]) -> bytes:
     """A YAML file without the keys in SECRET (lower-cased), at any depth, each with
     the more-indented lines below it (a block scalar, a nested mapping); a JSON
@@ -242,10 +281,9 @@ def scrub_yaml(data: bytes, secret: frozenset[str]) -> bytes:
     The userinfo of every URL left removed."""
     stripped = data.lstrip()
     if stripped[:1] in (b"{", b"["):
-        try:
-            return (json.dumps(_drop_json(json.loads(data), secret), indent=2) + "\n").encode()
-        except ValueError:
-            pass
+        doc = _json_load(data)
+        if doc is not _UNPARSED:  # JSON too deep to parse is read as lines, as bad JSON is
+            return (_json_dumps(_drop_json(doc, secret), "  ") + "\n").encode()
     out, depth = [], -1  # depth: the indent of the key being dropped
     for line in _lines(data):
         if depth >= 0 and (not line.strip() or _indent(line) > depth):
@@ -259,12 +297,89 @@ def scrub_yaml(data: bytes, secret: frozenset[str]) -> bytes:
     return _USERINFO.sub(rb"\1", b"".join(out))
 
 
+def _json_shell(value: object, work: list[tuple[object, object]]) -> object:
+    """An empty container of VALUE's kind, queued on WORK to be filled from VALUE;
+    VALUE itself if it is no container."""
+    shell: object = {} if isinstance(value, dict) else [] if isinstance(value, list) else value
+    if shell is not value:
+        work.append((value, shell))
+    return shell
+
+
 def _drop_json(doc: object, secret: frozenset[str]) -> object:
-    if isinstance(doc, dict):
-        return {k: _drop_json(v, secret) for k, v in doc.items() if str(k).lower() not in secret}
-    if isinstance(doc, list):
-        return [_drop_json(v, secret) for v in doc]
-    return doc
+    """A copy of DOC without the keys in SECRET at any depth. Walked with a stack of
+    its own: a document the parser took may nest deeper than Python's recursion."""
+    work: list[tuple[object, object]] = []
+    top = _json_shell(doc, work)
+    while work:
+        old, new = work.pop()
+        if isinstance(old, dict) and isinstance(new, dict):
+            for k, v in old.items():
+                if str(k).lower() not in secret:
+                    new[k] = _json_shell(v, work)
+        elif isinstance(old, list) and isinstance(new, list):
+            new.extend(_json_shell(v, work) for v in old)
+    return top
+
+
+def _json_scalar(value: object) -> str:
+    """json.dumps of what json.loads makes of a JSON scalar."""
+    if isinstance(value, str):
+        return encode_basestring_ascii(value)
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float):
+        if value != value:
+            return "NaN"
+        if value in (math.inf, -math.inf):
+            return "Infinity" if value > 0 else "-Infinity"
+        return float.__repr__(value)
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
+def _json_dumps(doc: object, indent: str) -> str:
+    """``json.dumps(DOC, indent=INDENT)`` for what json.loads returns, byte for byte;
+    json's own encoder recurses once per level (the scrubbers' documents come from the
+    payload: a depth the parser took could still overflow it)."""
+    out: list[str] = []
+    work: list[str | tuple[object, int]] = [(doc, 0)]  # text to write, or (value, level)
+    while work:
+        item = work.pop()
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        value, level = item
+        if not isinstance(value, (dict, list)):
+            out.append(_json_scalar(value))
+            continue
+        if not value:
+            out.append("{}" if isinstance(value, dict) else "[]")
+            continue
+        inner = "\n" + indent * (level + 1)
+        if isinstance(value, dict):
+            entries = [(_json_key(k) + ": ", v) for k, v in value.items()]
+            brackets = "{}"
+        else:
+            entries = [("", v) for v in value]
+            brackets = "[]"
+        todo: list[str | tuple[object, int]] = []
+        for i, (key, v) in enumerate(entries):
+            todo += [(brackets[0] if i == 0 else ",") + inner + key, (v, level + 1)]
+        todo.append("\n" + indent * level + brackets[1])
+        work.extend(reversed(todo))
+    return "".join(out)
+
+
+def _json_key(key: object) -> str:
+    if not isinstance(key, str):  # json.loads makes none: json.dumps would convert it
+        raise TypeError(f"not a JSON key: {key!r}")
+    return encode_basestring_ascii(key)
 
 
 _KUBE_SECRET_KEYS = frozenset(
@@ -286,11 +401,29 @@ def scrub_kubeconfig(data: bytes) -> bytes:
     return scrub_yaml(data, _KUBE_SECRET_KEYS)
 
 
-_TOML_SECTION = re.compile(rb"^\s*\[+\s*([^\]]+?)\s*\]")
 _TOML_KEY = re.compile(
     rb"""^\s*((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*="""
 )
 _TOML_SECRET = frozenset({"password", "token", "secret-key"})
+
+
+def _toml_section(line: bytes) -> bytes | None:
+    """The name of the section a header line opens (``[a.b]``, ``[[a]]``): what the
+    regex ``^\\s*\\[+\\s*([^\\]]+?)\\s*\\]`` takes for its group, which backtracking
+    made cubic in a line of '[' and blanks. Everything before the line's first ']'
+    is brackets, blanks and the name, so the name is what is left once stripped; with
+    nothing left, the regex gave back one blank, or else one '['."""
+    text = line.lstrip()
+    close = text.find(b"]")
+    if not text.startswith(b"[") or close < 0:
+        return None
+    inside = text[:close]
+    rest = inside.lstrip(b"[")
+    if rest.strip():
+        return rest.strip()
+    if rest:
+        return rest[-1:]
+    return b"[" if len(inside) > 1 else None
 
 
 def _toml_parts(key: bytes) -> list[str]:
@@ -307,10 +440,10 @@ def scrub_toml(data: bytes) -> bytes:
             if closing in line:
                 closing = b""
             continue
-        sect = _TOML_SECTION.match(line)
-        if sect:
-            section = _toml_parts(sect.group(1))
-        key = _TOML_KEY.match(line) if not sect else None
+        sect = _toml_section(line)
+        if sect is not None:
+            section = _toml_parts(sect)
+        key = _TOML_KEY.match(line) if sect is None else None
         if key:
             parts = section + _toml_parts(key.group(1))
             if parts[-1] in _TOML_SECRET or any(p.startswith("pypi-token") for p in parts):
@@ -340,10 +473,7 @@ _COMPOSER_AUTH = frozenset(
 
 def _json_object(data: bytes) -> dict[str, Any] | None:
     """DATA as a JSON object, or None (not JSON, or JSON of another kind)."""
-    try:
-        doc = json.loads(data)
-    except (ValueError, RecursionError):
-        return None
+    doc = _json_load(data)
     return doc if isinstance(doc, dict) else None
 
 
@@ -354,7 +484,7 @@ def scrub_composer_auth(data: bytes) -> bytes:
     if doc is None:
         return b"{}\n"
     kept = {k: v for k, v in doc.items() if k not in _COMPOSER_AUTH}
-    return data if kept == doc else (json.dumps(kept, indent=4) + "\n").encode()
+    return data if kept == doc else (_json_dumps(kept, "    ") + "\n").encode()
 
 
 _HCL_TOKEN = re.compile(rb"""\btoken\s*=\s*("(?:[^"\\]|\\.)*"|\S+)""")
@@ -383,11 +513,11 @@ def scrub_bundler(data: bytes) -> bytes:
 
 
 def scrub_my_cnf(data: bytes) -> bytes:
-    return _drop_keys(data, _INI_KEY, frozenset({"password"}))
+    return _drop_keys(data, _ini_key, frozenset({"password"}))
 
 
 def scrub_pypirc(data: bytes) -> bytes:
-    return _drop_keys(data, _INI_KEY, _PYPI_SECRET_KEYS)
+    return _drop_keys(data, _ini_key, _PYPI_SECRET_KEYS)
 
 
 def scrub_netrc(data: bytes) -> bytes:
@@ -412,7 +542,7 @@ def scrub_docker_config(data: bytes) -> bytes:
             if isinstance(entry, dict):
                 for key in ("auth", "identitytoken", "registrytoken", "password"):
                     entry.pop(key, None)
-    return (json.dumps(doc, indent="\t") + "\n").encode()
+    return (_json_dumps(doc, "\t") + "\n").encode()
 
 
 def scrub_git_config(data: bytes) -> bytes:

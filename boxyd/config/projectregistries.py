@@ -87,7 +87,7 @@ def env_replace(text: str, env: Mapping[str, str]) -> str:
     return _ENV_EXPR.sub(sub, text)
 
 
-def _ini_unsafe(value: str) -> tuple[str, bool]:
+def ini_unsafe(value: str) -> tuple[str, bool]:
     """The `ini` package's value decoding, and whether the result is a JS string: a
     value that starts and ends with the same quote is JSON.parse'd (single quotes
     stripped first) and kept as written when that throws; any other is cut at the
@@ -291,13 +291,13 @@ def parse_npmrc(text: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
             continue
         if in_section or m.group(3) is None:
             continue
-        raw_key, key_is_string = _ini_unsafe(m.group(2))
+        raw_key, key_is_string = ini_unsafe(m.group(2))
         if key_is_string and raw_key.endswith("[]") and len(raw_key) > 2:
             continue  # an array: npm's registry settings are single strings
         key = env_replace(raw_key, env)
         if key != "registry" and not (key.startswith("@") and key.endswith(":registry")):
             continue
-        raw_value, value_is_string = _ini_unsafe(m.group(4))
+        raw_value, value_is_string = ini_unsafe(m.group(4))
         # @npmcli/config replaces ${VAR} in strings only (a JSON array is kept as parsed)
         value = (env_replace(raw_value, env) if value_is_string else raw_value).strip()
         if value in ("", "true", "false", "null"):

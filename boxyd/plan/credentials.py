@@ -37,6 +37,8 @@ from enum import Enum
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
+from boxyd.config.projectregistries import ini_unsafe
+
 
 class Action(Enum):
     SCRUB = "scrub"  # a sanitized copy
@@ -212,6 +214,17 @@ def _npm_key(line: bytes) -> bytes | None:
     return text[:eq].rstrip() if eq > 0 else None
 
 
+def _npm_name(line: bytes) -> bytes | None:
+    """The key npm reads (its `ini` package decodes a key as it decodes a value: a
+    quoted one is unquoted, JSON escapes and all; `"//r/:_authToken"=…` is the token
+    npm sends), for the secret-key match."""
+    raw = _npm_key(line)
+    if raw is None:
+        return None
+    name, _ = ini_unsafe(raw.decode("utf-8", "replace"))
+    return name.encode("utf-8", "replace") if name is not None else raw
+
+
 def _ini_key(line: bytes) -> bytes | None:
     m = _INI_KEY.match(line)
     return m.group(1) if m else None
@@ -231,7 +244,7 @@ def _drop_keys(data: bytes, key: Callable[[bytes], bytes | None], secret: frozen
 def scrub_npmrc(data: bytes) -> bytes:
     """Drop ``_authToken``, ``_auth``, ``_password``… — also scoped, as npm writes them
     (``//registry.example/:_authToken=…``); keep the registry settings."""
-    return _drop_keys(data, _npm_key, _NPM_SECRET_KEYS)
+    return _drop_keys(data, _npm_name, _NPM_SECRET_KEYS)
 
 
 def scrub_yarnrc(data: bytes) -> bytes:

@@ -97,6 +97,22 @@ def test_npmrc_keeps_the_registry_drops_every_token() -> None:
     assert b"always-auth=true" in out
 
 
+def test_npmrc_keys_are_read_as_npm_reads_them() -> None:
+    """npm's ini decodes a key as it decodes a value: a quoted key is unquoted (JSON
+    escapes included), and npm sends the token under it (checked with npm itself when
+    this was found). Each of these must go."""
+    data = (
+        b'"//r.example/:_authToken"=SECRET1\n'
+        b"'//r.example/:_password' = SECRET2\n"
+        b'"//r.example/:\\u005fauth"=SECRET3\n'
+        b'  "_AUTHTOKEN"   =SECRET4\n'
+        b'"//r.example/:username"=bob\n'
+    )
+    out = c.scrub_npmrc(data)
+    assert b"SECRET" not in out, out
+    assert b"username" in out
+
+
 def test_yarnrc_pypirc_netrc_git_credentials() -> None:
     yarn = c.scrub_yarnrc(
         b'npmRegistryServer: "https://r.example"\nnpmAuthToken: SECRET1\n'

@@ -22,11 +22,15 @@ every Kind through it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
+import threading
 from collections.abc import Callable, Iterator
 from enum import Enum
 from typing import NamedTuple, Protocol
+
+from boxy.digest import sha256
 
 
 class Kind(Enum):
@@ -110,8 +114,70 @@ def current() -> Parser:
 
 
 def parse(job: Job) -> object | Hostile:
-    """JOB through the Parser in force."""
-    return _current.get().parse(job)
+    """JOB through the Parser in force, unless the same bytes were judged before: a
+    parse is a pure function of (kind, arg, bytes), and a project's files are mostly
+    the ones its last run saw (its .git/config, .npmrc, package.json: judged by the
+    walk before a run and again after it). Hostile verdicts are not kept: a budget
+    depends on the moment."""
+    if len(job.data) > MEMO_INPUT:  # hashing it here would cost boxyd's lock its time
+        return _current.get().parse(job)
+    key = (job.kind, job.arg, sha256(job.data).hexdigest())
+    hit = MEMO.get(key)
+    if hit is not _MISS:
+        return hit
+    got = _current.get().parse(job)
+    if not isinstance(got, Hostile):
+        MEMO.put(key, got)
+    return got
+
+
+MEMO_INPUT = 256 << 10  # bytes of a job's input past which it is not kept (~2 ms to hash)
+
+
+_MISS = object()
+
+
+class _Memo:
+    """Verdicts by (kind, arg, sha256 of the bytes): bounded in entries and in the
+    bytes of the verdicts kept (a scrubbed copy is as large as its file); thread-safe
+    (worker threads of several runs ask at once)."""
+
+    def __init__(self, entries: int = 1024, size: int = 4 << 20, largest: int = 256 << 10):
+        self._kept: collections.OrderedDict[tuple[Kind, str, str], tuple[object, int]] = (
+            collections.OrderedDict()
+        )
+        self._entries, self._size, self._largest = entries, size, largest
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[Kind, str, str]) -> object:
+        with self._lock:
+            got = self._kept.get(key)
+            if got is None:
+                return _MISS
+            self._kept.move_to_end(key)
+            return got[0]
+
+    def put(self, key: tuple[Kind, str, str], verdict: object) -> None:
+        cost = len(verdict) if isinstance(verdict, bytes) else len(repr(verdict))
+        if cost > self._largest:
+            return
+        with self._lock:
+            if key in self._kept:
+                return
+            self._kept[key] = (verdict, cost)
+            self._bytes += cost
+            while len(self._kept) > self._entries or self._bytes > self._size:
+                _, (_, gone) = self._kept.popitem(last=False)
+                self._bytes -= gone
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+            self._bytes = 0
+
+
+MEMO = _Memo()
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ bytes that were judged are the bytes applied.
 
 from __future__ import annotations
 
+import copy
 import errno
 import itertools
 import json
@@ -152,7 +153,7 @@ def project_doc(config: bytes, label: str) -> tuple[dict[str, Any] | None, str |
     if isinstance(got, Hostile):
         return None, f"profile {label}: could not be judged ({got.why})"
     if isinstance(got, dict) and isinstance(got.get("doc"), dict):
-        return got["doc"], None
+        return copy.deepcopy(got["doc"]), None  # (the door keeps the verdict it gave)
     if isinstance(got, dict) and isinstance(got.get("error"), str):
         return None, got["error"]
     return None, f"profile {label}: came back in no shape"

@@ -188,10 +188,16 @@ def call_apart(apart: Callable[[], Apart], fn: Callable[[], T]) -> T:
     every parse of payload bytes FN makes goes to a child of its own."""
     parser = apart()
     try:
-        with pp.using(parser):
-            return fn()
+        return call_with(parser, fn)
     finally:
         parser.close()
+
+
+def call_with(parser: Apart, fn: Callable[[], T]) -> T:
+    """FN() with PARSER in force (in a worker thread); the caller closes it (a run's
+    spec and walk share one: one child, one budget)."""
+    with pp.using(parser):
+        return fn()
 
 
 def fork_child() -> socket.socket:

@@ -30,7 +30,7 @@ from boxyd.config.runspec import RunSpec
 from boxyd.config.spec import build_spec
 from boxyd.daemon import passedfds, pools, records, walks
 from boxyd.daemon.liveguard import LiveGuard
-from boxyd.daemon.parseproc import call_apart
+from boxyd.daemon.parseproc import Apart, call_apart, call_with
 from boxyd.daemon.pty import PtyRelay
 from boxyd.daemon.scopes import Limit, Placement, Scopes, limits, read_events, remove_subtree
 from boxyd.daemon.seam import Exit, Report, SandboxEvent, Sink, Started, Stopped
@@ -101,12 +101,14 @@ class StageLauncher:
     async def prepare(self, request: RunRequest, stdio: list[int], sink: Sink) -> StageSandbox:
         outputs = Outputs()
         listeners: list[socket.socket] = []
+        # the run's parses of what the payload wrote, spec and walk: one child, one budget
+        parser = self.walks.apart()
         try:
             if len(stdio) != 3:
                 raise UsageError("Run needs exactly three file descriptors (stdin, stdout, stderr)")
             # none that carries the user's authority enters (fdpolicy.py), on every wire
             passedfds.check(stdio)
-            spec = await self._spec(request)
+            spec = await self._spec(request, parser)
             if spec.tty and not any(os.isatty(fd) for fd in stdio):
                 raise UsageError("--tty: none of boxyctl's stdin, stdout, stderr is a terminal")
             # before the payload starts, never by name afterwards (hostfile.py); the trees of
@@ -126,6 +128,7 @@ class StageLauncher:
                 listeners = publish.bind(spec.publish)  # a taken port: refused before the start
             net = await self._network(spec, sink, outputs) if spec.net != "none" else None
         except BaseException:  # a usage error, or a bug: either way every fd goes back
+            parser.close()
             outputs.close()
             close_fds(stdio)
             for listener in listeners:
@@ -136,7 +139,9 @@ class StageLauncher:
             from boxyd.daemon.publish import Publisher
 
             ports = Publisher(spec.publish, listeners, sink.record)
-        sandbox = StageSandbox(self, spec, stdio, outputs, net, sink, request.terminal, ports)
+        sandbox = StageSandbox(
+            self, spec, stdio, outputs, net, sink, request.terminal, ports, parser=parser
+        )
         self.live.add(sandbox)
         return sandbox
 
@@ -163,7 +168,7 @@ class StageLauncher:
         others = [r for sb in self.live for r in mountplan.writable_roots(sb.spec)]
         return [p for p in (o.workdir, request.cwd, *o.rw, *o.mkdir, *others) if p]
 
-    async def _spec(self, request: RunRequest) -> RunSpec:
+    async def _spec(self, request: RunRequest, parser: Apart) -> RunSpec:
         registry = Registries(
             {
                 **{k: v for k, v in os.environ.items() if k in ("PATH", "HOME")},
@@ -189,7 +194,7 @@ class StageLauncher:
 
         # Asking npm/pip for their registry runs a tool (in a sandbox): not on the event
         # loop; the project's files it reads are parsed apart (parseproc.py)
-        return await pools.run(pools.START, call_apart, self.walks.apart, build)
+        return await pools.run(pools.START, call_with, parser, build)
 
     async def _network(self, spec: RunSpec, sink: Sink, outputs: Outputs) -> Network:
         # The gateway's modules (dnspython among them) load with the first networked
@@ -227,8 +232,11 @@ class StageSandbox:
         sink: Sink,
         terminal: Terminal | None,
         ports: Publisher | None = None,
+        *,
+        parser: Apart,
     ) -> None:
         self.spec = spec
+        self._parser = parser  # the run's parse child (spec, walk): closed after the walk
         self.ports = ports  # --publish: accepting once the payload runs
         self._launcher = launcher
         self._stdio = stdio  # the client's 0–2: ours to close once stage 2 has them
@@ -330,13 +338,17 @@ class StageSandbox:
         but no project: not walked."""
         spec, home = self.spec, self._launcher.user.pw_dir
         walked = [r for r in mountplan.writable_roots(spec) if not caches.is_cache(r, home)]
-        self._user_hooks, self.trees = await self._launcher.walks.prepare(
-            walked,
-            home=home,
-            git_guard=not spec.allow_git_write,
-            created=[e.path for e in spec.mkdir],
-            secrets=spec.secrets,
-        )
+        try:
+            self._user_hooks, self.trees = await self._launcher.walks.prepare(
+                walked,
+                home=home,
+                git_guard=not spec.allow_git_write,
+                created=[e.path for e in spec.mkdir],
+                secrets=spec.secrets,
+                parser=self._parser,
+            )
+        finally:
+            self._parser.close()  # its child exits: the run's next parses have their own
         others = [b for x in self._launcher.live if x is not self for b in x.baselines.values()]
         self.baselines = inherit_live(
             {r: t.baseline for r, t in self.trees.items() if t.baseline is not None}, others
@@ -699,6 +711,7 @@ class StageSandbox:
 
     # -- afterwards ------------------------------------------------------------------
     async def finish(self) -> Report:
+        self._parser.close()  # (a run that ended before its walk)
         if self._live_start is not None:
             self._live_start.cancel()
         if self.live_guard is not None:

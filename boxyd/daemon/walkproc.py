@@ -77,11 +77,11 @@ PARSE = {"serve": "parse"}  # the request that makes a child a parse child (pars
 
 
 def child(conn: socket.socket) -> int:
-    os.setpriority(os.PRIO_PROCESS, 0, WALK_NICENESS)
     try:
         req = recv_frame(conn, REQUEST_MAX)
         if req == PARSE:  # boxyd's walk in its own thread parses through this child
             return parseproc.serve(conn)
+        os.setpriority(os.PRIO_PROCESS, 0, WALK_NICENESS)
         # this walk's parses: in a child of ours, each job within its budget
         parser = parseproc.Apart(parseproc.fork_child)
         try:

@@ -14,7 +14,7 @@ import functools
 import json
 import logging
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from boxy.errors import SetupError
@@ -34,13 +34,15 @@ class Walked(NamedTuple):
 
 
 MODULE = "boxyd.daemon.walkproc"
+SPARE_AFTER = 0.25  # seconds after a spare is taken before the next is forked
 
 
 class Walks:
     def __init__(self, module: str = MODULE) -> None:
         """MODULE: the walk template's (BOXY_WALK_MODULE: a test's own, whose parse
         children misbehave on purpose: tests/harness/hangwalk.py)."""
-        self.template = Template(module, socket.SOCK_STREAM)
+        # a child forked ahead: a run's parse child (or walk) takes it at once
+        self.template = Template(module, socket.SOCK_STREAM, spare=True)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
@@ -48,6 +50,7 @@ class Walks:
         self._loop = asyncio.get_event_loop()
         try:
             self.template.start()
+            self.template.prime()
         except SetupError as e:
             log.warning("%s", e)
 
@@ -58,7 +61,10 @@ class Walks:
             raise SetupError("the walk template has not been started")
 
         async def spawn() -> socket.socket:
-            return self.template.spawn()
+            # the next spare once this run's start is past (stage2proc.py's rule: a fork
+            # takes a core the start needs)
+            asyncio.get_running_loop().call_later(SPARE_AFTER, self.template.prime)
+            return self.template.spawn(prime=False)
 
         conn = asyncio.run_coroutine_threadsafe(spawn(), self._loop).result(timeout=10)
         conn.setblocking(True)
@@ -80,6 +86,7 @@ class Walks:
         git_guard: bool,
         created: Sequence[str],
         secrets: Sequence[str],
+        parser: parseproc.Apart,
         small: int = SMALL,
     ) -> Walked:
         """HOME's user's hooks path and worktree.prepare: a small tree in the walk pool
@@ -87,11 +94,11 @@ class Walks:
         the loop: ~0.3 ms of a start), a larger one in a child of the walk template (a
         fork and its reply cost more than a small walk). Raises SetupError as it does."""
         user_hooks, small_trees = await pools.run(
-            pools.WALKS, _small_walk, self.apart, home, roots, git_guard, created, secrets, small
+            pools.WALKS, _small_walk, parser, home, roots, git_guard, created, secrets, small
         )
         if small_trees is not None:
             return Walked(user_hooks, small_trees)
-        trees = await self._walk_apart(roots, git_guard, created, user_hooks, secrets)
+        trees = await self._walk_apart(roots, git_guard, created, user_hooks, secrets, parser)
         return Walked(user_hooks, trees)
 
     async def _walk_apart(
@@ -101,6 +108,7 @@ class Walks:
         created: Sequence[str],
         user_hooks: str | None,
         secrets: Sequence[str],
+        parser: parseproc.Apart,
     ) -> dict[str, Tree]:
         """A larger tree, walked in a child of the walk template (in the walk pool if
         the template cannot start)."""
@@ -117,8 +125,8 @@ class Walks:
             log.warning("%s; walking in the daemon", e)
             return await pools.run(
                 pools.WALKS,
-                parseproc.call_apart,
-                self.apart,
+                parseproc.call_with,
+                parser,
                 functools.partial(
                     worktree.prepare,
                     roots,
@@ -144,7 +152,7 @@ class Walks:
 
 
 def _small_walk(
-    apart: Callable[[], parseproc.Apart],
+    parser: parseproc.Apart,
     home: str,
     roots: Sequence[str],
     git_guard: bool,
@@ -156,8 +164,8 @@ def _small_walk(
     LIMIT directories (None: walk them apart)."""
     user_hooks = userconfig.hooks_path(home)  # the user's own ~/.gitconfig: no payload's
     try:
-        trees = parseproc.call_apart(
-            apart,
+        trees = parseproc.call_with(
+            parser,
             functools.partial(
                 worktree.prepare,
                 roots,

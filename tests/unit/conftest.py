@@ -6,3 +6,12 @@ checks both)."""
 from boxyd.config import parsedoor
 
 parsedoor.allow_local()
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh_verdicts() -> None:
+    """Each test judges its own bytes (the door keeps verdicts across a daemon's runs)."""
+    parsedoor.MEMO.clear()

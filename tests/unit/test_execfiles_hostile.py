@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from boxy.digest import sha256
+from boxyd.config import parsedoor
 from boxyd.plan import execfiles, toolconfig
 from boxyd.plan.execfiles import READ_MAX, SCRIPTS, changes
 from tests.unit.test_execfiles import seen
@@ -121,6 +122,7 @@ def test_a_tool_config_whose_parse_fails_is_compared_whole(
     (tmp_path / "pnpm-workspace.yaml").write_bytes(b"[" * 100_000)
     before = seen(tmp_path)
     monkeypatch.setattr(toolconfig, "exec_settings", failing)
+    parsedoor.MEMO.clear()  # the same bytes: judged again, by the failing parser
     got = seen(tmp_path)
     assert got["pnpm-workspace.yaml"][1].startswith(execfiles.UNREAD)
     assert [ln.split(" (")[0] for ln in changes(before, got, "/w")] == [

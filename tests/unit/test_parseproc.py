@@ -191,3 +191,44 @@ def _wire(value: object) -> object:
     import json
 
     return value if isinstance(value, bytes) or value is None else json.loads(json.dumps(value))
+
+
+class Counting:
+    """A Parser that counts what reaches it; Hostile for the bytes b'bad'."""
+
+    def __init__(self) -> None:
+        self.asked: list[Job] = []
+
+    def parse(self, job: Job) -> object:
+        self.asked.append(job)
+        return Hostile("bad") if job.data == b"bad" else parsedoor.run(job)
+
+
+def test_the_door_keeps_verdicts_of_the_same_bytes_not_hostile_ones() -> None:
+    counting = Counting()
+    job = Job(Kind.SCRIPTS, "", b'{"scripts": {"a": "b"}}')
+    with parsedoor.using(counting):
+        first = parsedoor.parse(job)
+        assert parsedoor.parse(job) == first and len(counting.asked) == 1
+        assert parsedoor.parse(job._replace(arg="other")) == first  # another key
+        assert len(counting.asked) == 2
+        for _ in range(2):
+            assert isinstance(parsedoor.parse(Job(Kind.SCRIPTS, "", b"bad")), Hostile)
+        assert len(counting.asked) == 4  # a Hostile verdict is asked again
+        big = Job(Kind.SCRIPTS, "", b" " * (parsedoor.MEMO_INPUT + 1) + b"{}")
+        parsedoor.parse(big)
+        parsedoor.parse(big)
+        assert len(counting.asked) == 6  # too large to hash here: never kept
+
+
+def test_the_door_keeps_a_bounded_number_and_size_of_verdicts() -> None:
+    memo = parsedoor._Memo(entries=3, size=100, largest=60)
+    for i in range(5):
+        memo.put((Kind.SCRUB, str(i), "k"), b"x" * 10)
+    assert memo.get((Kind.SCRUB, "0", "k")) is parsedoor._MISS  # the oldest went
+    assert memo.get((Kind.SCRUB, "4", "k")) == b"x" * 10
+    memo.put((Kind.SCRUB, "big", "k"), b"x" * 61)  # larger than one verdict may be
+    assert memo.get((Kind.SCRUB, "big", "k")) is parsedoor._MISS
+    for i in range(3):
+        memo.put((Kind.SCRUB, f"s{i}", "k"), b"x" * 50)
+    assert memo._bytes <= 100 and len(memo._kept) <= 3

@@ -18,6 +18,7 @@ import pytest
 from boxy import termsettings
 from boxy.request import RunRequest
 from boxyd.config.spec import RunSpec, build_spec
+from boxyd.daemon.parseproc import Apart
 from boxyd.daemon.pty import PtyRelay
 from boxyd.daemon.sandbox import StageSandbox
 from boxyd.daemon.scopes import Placement
@@ -82,9 +83,18 @@ def spec(tmp_path: Path) -> RunSpec:
     return build_spec(req, uid=os.getuid(), user="u", home=str(tmp_path / "home"))
 
 
+def _no_parse() -> Apart:
+    """A Parser whose child cannot be made (these tests walk nothing that needs one)."""
+
+    def spawn() -> socket.socket:
+        raise OSError("no parse child in this test")
+
+    return Apart(spawn)
+
+
 def _sandbox(spec: RunSpec, net: FakeNet | None) -> tuple[StageSandbox, FakeLauncher, FakeSink]:
     launcher, sink = FakeLauncher(), FakeSink()
-    sb = StageSandbox(launcher, spec, [], Outputs(), net, sink, None)  # type: ignore[arg-type]
+    sb = StageSandbox(launcher, spec, [], Outputs(), net, sink, None, parser=_no_parse())  # type: ignore[arg-type]
     return sb, launcher, sink
 
 

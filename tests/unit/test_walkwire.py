@@ -72,7 +72,13 @@ def test_the_walk_process_walks_as_the_daemon_would(tmp_path: Path) -> None:
         walks.start()
         try:
             walked = await walks.prepare(
-                [str(work)], home=str(tmp_path), git_guard=True, created=[], secrets=[], small=0
+                [str(work)],
+                home=str(tmp_path),
+                git_guard=True,
+                created=[],
+                secrets=[],
+                parser=walks.apart(),
+                small=0,
             )  # always the process
             assert walked.user_hooks is None  # (no git config in that home)
             return walked.trees
@@ -94,6 +100,7 @@ def test_a_refusal_of_the_walk_process_is_its_line(tmp_path: Path) -> None:
                 git_guard=True,
                 created=[],
                 secrets=[],
+                parser=walks.apart(),
                 small=0,
             )
         finally:
@@ -120,7 +127,13 @@ def test_a_small_tree_is_walked_without_the_process_a_larger_one_with_it(tmp_pat
         walks.start()
         try:
             walked = await walks.prepare(
-                [str(work)], home=str(home), git_guard=True, created=[], secrets=[], small=small
+                [str(work)],
+                home=str(home),
+                git_guard=True,
+                created=[],
+                secrets=[],
+                parser=walks.apart(),
+                small=small,
             )
         finally:
             walks.close()

@@ -54,6 +54,9 @@ class _Pending:
     done: asyncio.Future[bool]  # True: in place
 
 
+SAID_MAX = 16  # lines of what the guard could not do, in a run's outcome
+
+
 class LiveGuard:
     """Started once the payload runs; closed when the session ends."""
 
@@ -81,6 +84,12 @@ class LiveGuard:
         self._pending: dict[int, _Pending] = {}
         self._ids = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        # root -> directories that could not be watched, listed again every RESCAN_EVERY
+        self._unwatched: dict[str, set[str]] = {}
+        self._rescanner: asyncio.Task[None] | None = None
+        # what the guard could not do as it would (a budget reached, a directory it
+        # could not list), for the run's outcome: its record and its last lines
+        self.said: list[str] = []
 
     async def start(self) -> list[str]:
         """Watch every directory the policy names (up to 4096, in a worker thread;
@@ -98,12 +107,49 @@ class LiveGuard:
             if self._fd < 0:
                 break  # closed meanwhile: the session ended
             notes += self._apply(w, found, since)
+        self.said += notes[: SAID_MAX - len(self.said)]
         return notes
 
     def _apply(self, w: Watched, found: Visit, since: float) -> list[str]:
         for redo in found.redos:
             self._spawn(w, redo, since)
+        if found.unwatched:
+            self._unwatched.setdefault(w.root, set()).update(found.unwatched)
+            if self._rescanner is None:
+                self._rescanner = self._track(self._rescan())
         return found.notes
+
+    async def _rescan(self) -> None:
+        """A bound the payload can fill (the watches) never leaves protection off: the
+        directories that could not be watched are listed again every RESCAN_EVERY, up
+        to RESCAN_MAX entries (docs/design.md, "The guard is live"); past that, said
+        once, in the record and the run's last lines."""
+        said = False
+        while self._fd >= 0:
+            await asyncio.sleep(live.RESCAN_EVERY)
+            for root, rels in list(self._unwatched.items()):
+                w = self._trees[root]
+                got = await pools.run(
+                    pools.WATCHES, self._watches.rescan, w, sorted(rels), live.RESCAN_MAX
+                )
+                if self._fd < 0:
+                    return
+                if len(rels) < live.RESCAN_MAX:
+                    rels.update(got.dirs[: live.RESCAN_MAX - len(rels)])
+                for redo in got.redos:
+                    self._spawn(w, redo, time.monotonic())
+                if got.over and not said:
+                    said = True
+                    self._say(
+                        f"live guard: {root}: more than {live.RESCAN_MAX:,} entries it cannot "
+                        "watch; a credential saved among them is covered only by the next run"
+                    )
+
+    def _say(self, note: str) -> None:
+        self._record("fs.live", note=note)
+        self._notice(note)
+        if note not in self.said and len(self.said) < SAID_MAX:
+            self.said.append(note)
 
     def _new_dir(self, w: Watched, dir_rel: str, name: str, since: float) -> None:
         """A directory created or moved in: watched too, and what it holds at every depth
@@ -125,8 +171,7 @@ class LiveGuard:
                 rels = [rel for r, rel, _ in batch if r == root]
                 found = await pools.run(pools.WATCHES, self._watches.enter, w, rels)
                 for note in self._apply(w, found, since):
-                    self._record("fs.live", note=note)
-                    self._notice(note)
+                    self._say(note)
 
     async def _again(self, since: float) -> None:
         """After lost events: every watched directory listed again (new credentials)."""

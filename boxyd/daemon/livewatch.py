@@ -43,6 +43,19 @@ class Visit:
     redos: list[Redo] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     full: bool = False  # MAX_WATCHED reached (said once)
+    # directories that could not be watched (the budget full, the user's inotify
+    # watches used up): the guard lists them again instead (LiveGuard's rescan)
+    unwatched: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Rescan:
+    """What one listing of the unwatched directories found: new credentials to cover,
+    the directories below them (unwatched too), and whether it stopped at its bound."""
+
+    redos: list[Redo] = field(default_factory=list)
+    dirs: list[str] = field(default_factory=list)
+    over: bool = False
 
 
 class Mode(enum.Enum):
@@ -165,10 +178,11 @@ class Watches:
             if not out.full:
                 out.full = True
                 out.notes.append(
-                    f"live guard: {w.root}: more than {live.MAX_WATCHED} directories; a "
-                    "credential created in the others during the run is covered only by the "
-                    "next run"
+                    f"live guard: {w.root}: more than {live.MAX_WATCHED} directories; the "
+                    f"others are listed again every {live.RESCAN_EVERY:g} s instead (a "
+                    "credential saved there is covered within about that)"
                 )
+            out.unwatched.append(rel)
             return []
         try:
             fd = steps.open(rel)
@@ -182,9 +196,14 @@ class Watches:
                 return []
             entries = _listing(fd)
         except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.ENOMEM) and not out.full:
-                out.full = True  # the user's inotify watches are used up: said once
-                out.notes.append(f"live guard: {w.root}/{rel}: {e.strerror}; not watched")
+            if e.errno in (errno.ENOSPC, errno.ENOMEM):
+                if not out.full:  # the user's inotify watches are used up: said once
+                    out.full = True
+                    out.notes.append(
+                        f"live guard: {w.root}/{rel}: {e.strerror}; not watched, listed "
+                        f"again every {live.RESCAN_EVERY:g} s instead"
+                    )
+                out.unwatched.append(rel)
             return []  # gone, moved away, unreadable: nothing that can be watched there
         if len(entries) > live.LIST_MAX:
             out.notes.append(
@@ -218,6 +237,39 @@ class Watches:
             ):
                 out.redos.append(redo)
         return subdirs
+
+    def rescan(self, w: Watched, rels: list[str], limit: int) -> Rescan:
+        """REL's directories (those that could not be watched) listed, and every
+        directory below them, up to LIMIT entries in all: each credential that is not
+        covered yet, to cover (the payload's window on it: until the next rescan)."""
+        out = Rescan()
+        try:
+            steps = _Steps(w.root)
+        except OSError:
+            return out
+        seen, todo = 0, _order(rels)[::-1]
+        try:
+            while todo and not out.over:
+                rel = todo.pop()
+                try:
+                    entries = _listing(steps.open(rel))
+                except OSError:
+                    continue  # gone: nothing there any more
+                seen += len(entries)
+                out.over = seen > limit
+                for name, is_dir in entries[: live.LIST_MAX]:
+                    sub = f"{rel}/{name}" if rel else name
+                    if is_dir:
+                        if live.new_dir(w, rel, name) is not None:
+                            out.dirs.append(sub)
+                            todo.append(sub)
+                        continue
+                    redo = live.on_change(w, rel, name, False)
+                    if redo is not None and redo.rule is not None and sub not in w.masks:
+                        out.redos.append(redo)
+        finally:
+            steps.close()
+        return out
 
 
 def _listing(fd: int) -> list[tuple[str, bool]]:

@@ -734,6 +734,8 @@ class StageSandbox:
             report.notes.append(f"{what} ({count}x)")
         quarantine = str(state_dir() / "quarantine" / self._sink.id)
         report.findings += self.live_findings
+        if self.live_guard is not None:  # a budget it reached, and what it did instead
+            report.notes += self.live_guard.said
         git_lines, tool_lines = await pools.run(
             pools.CHECKS,
             call_apart,  # what the payload wrote is parsed apart (parseproc.py)

@@ -21,6 +21,8 @@ from boxyd.plan.masking import Found
 
 MAX_WATCHED = 4096  # directories per session (the user's inotify budget is shared)
 LIST_MAX = 10_000  # entries of one directory the guard lists and judges (more: said)
+RESCAN_EVERY = 1.0  # seconds between listings of the directories that could not be watched
+RESCAN_MAX = 50_000  # entries one such listing looks at, at most (more: said)
 
 # A directory's (st_dev, st_ino, st_ctime_ns) as the walk saw it. The live guard, once
 # it watches the directory, lists it only if that changed: no entry can have appeared

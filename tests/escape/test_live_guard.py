@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Boxy, User
+from tests.conftest import BIN, Boxy, User
 from tests.escape.conftest import GIT_FLAGS, describe, git, init_repo, run_py, wait_for
 
 pytestmark = pytest.mark.sandbox
@@ -208,3 +208,47 @@ def test_a_tree_moved_in_during_the_run_is_covered_at_every_depth(boxy: Boxy, us
         print(f"ESCAPED the payload read a credential in a tree moved in: {late[0]}")
     assert not late
     assert _after(obs, t + 1.0), "the payload stopped looking: the case proves nothing"
+
+
+# Fills the live guard's watch budget first (4,100 directories of its own), then
+# looks, as WATCHER does, at a credential the host saves in a directory it makes
+# afterwards and at one in a directory the payload made.
+FILL_THEN_WATCH = (
+    """
+for i in range(4100):
+    os.makedirs(f"fill/{i // 100}/{i}", exist_ok=True)
+tried("filled", "4100")
+"""
+    + WATCHER
+)
+
+
+def test_a_full_watch_budget_leaves_no_directory_unprotected(boxy: Boxy, user: User) -> None:
+    """issue #30 §3: the payload makes more directories than the guard may watch, the
+    user then saves a .env in a new directory and in one of the payload's: both are
+    covered (the unwatched directories are listed again every second), and the run
+    says the budget was reached."""
+    names = "late/.env,fill/7/733/.env"
+    sid = _detached(boxy, FILL_THEN_WATCH, names, "8")
+    wait_for(lambda: len(_observations(boxy.workdir)) > 5, 60, "the payload to fill and look")
+    (boxy.workdir / "late").mkdir()
+    user.chown(boxy.workdir / "late")
+    t = time.time()
+    for rel in names.split(","):
+        (boxy.workdir / rel).write_text("API_KEY=saved-after-the-budget\n")
+        user.chown(boxy.workdir / rel)
+    time.sleep(3.5)
+    obs = _observations(boxy.workdir)
+    late = [o for o in _after(obs, t + 2.0) if "saved-after" in json.dumps(o["seen"])]
+    if late:
+        print(f"ESCAPED the payload read a credential past the watch budget: {late[0]}")
+    assert not late
+    assert _after(obs, t + 2.0), "the payload stopped looking: the case proves nothing"
+
+    def ended() -> bool:
+        r = user.run([str(BIN / "boxyctl"), "show", "--json", sid])
+        return json.loads(r.stdout)["state"] not in ("starting", "running")
+
+    wait_for(ended, 60, "the session to end")
+    r = user.run([str(BIN / "boxyctl"), "show", "--json", sid])
+    assert "listed again every" in r.stdout.decode(), r.stdout.decode()[-2000:]

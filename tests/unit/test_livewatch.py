@@ -125,6 +125,28 @@ def test_the_watches_are_bounded(
     assert len(watches.names) == 2
     assert [n for n in found.notes if "more than 2 directories" in n]
 
+    assert sorted(found.unwatched) == ["b", "c"]  # listed again instead (LiveGuard's rescan)
+
+
+def test_the_unwatched_directories_are_listed_at_every_depth_within_a_bound(
+    tmp_path: Path, watches: Watches
+) -> None:
+    """A budget the payload filled: what the host saves in a directory that could not
+    be watched, or below one, is found by the rescan; SKIP_DIRS are not looked in; a
+    covered one is not redone; past the bound it stops and says so."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / ".env").write_text("C=3")
+    w = _watched(tmp_path, stamps={})  # the walk covers d/.env
+    for d in ("c/deep/er", "c/node_modules"):  # made during the run, unwatched
+        (tmp_path / d).mkdir(parents=True)
+    (tmp_path / "c" / ".env").write_text("A=1")
+    (tmp_path / "c" / "deep" / "er" / ".npmrc").write_text("//h/:_authToken=x\n")
+    (tmp_path / "c" / "node_modules" / ".env").write_text("B=2")
+    got = watches.rescan(w, ["c", "d"], limit=1000)
+    assert sorted(r.rel for r in got.redos) == ["c/.env", "c/deep/er/.npmrc"]  # not d/.env
+    assert sorted(got.dirs) == ["c/deep", "c/deep/er"] and not got.over
+    assert watches.rescan(w, ["c", "d"], limit=2).over
+
 
 def test_nothing_is_watched_once_closed(tmp_path: Path) -> None:
     """A worker still entering directories as the session ends adds no watch to

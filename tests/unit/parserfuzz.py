@@ -53,16 +53,16 @@ def _mutate(rng: random.Random, data: bytearray, tokens: Sequence[bytes]) -> Non
         data[at:at] = rng.choice(tokens) * rng.choice((10, 100, 1000, 5000))
 
 
-def _cpu(run: Callable[[Any], Any], arg: Any) -> float:
-    """CPU seconds of one RUN(ARG) (repeated so a fast one is still measured above
-    the clock's resolution)."""
+def _cpu(run: Callable[[Any], Any], arg: Any, floor: float = 0.05) -> float:
+    """CPU seconds of one RUN(ARG) (repeated for FLOOR seconds at least, so a fast
+    one is still measured above the clock's resolution)."""
     t0 = time.process_time()
     reps = 0
     while True:
         run(arg)
         reps += 1
         spent = time.process_time() - t0
-        if spent >= 0.05:
+        if spent >= floor:
             return spent / reps
 
 
@@ -73,9 +73,13 @@ def assert_linear(
     *,
     factor: int = 8,
     bound: float = 30.0,
+    floor: float = 0.05,
+    rounds: int = 3,
 ) -> None:
     """RUN on MAKE(FACTOR*N) must cost less than BOUND times RUN on MAKE(N): linear
-    growth gives about FACTOR, quadratic FACTOR²."""
+    growth gives about FACTOR, quadratic FACTOR². FLOOR and ROUNDS: the CPU each
+    measure takes at least, and how many of each size (the best counts): a file of
+    hundreds of sweeps takes less of both (the suite's time)."""
     small, big = make(n), make(factor * n)
     # interleaved, the best of each: a burst of load on a shared machine (CPU time
     # still grows with cache and core contention) lands on both sizes, not on one.
@@ -86,8 +90,9 @@ def assert_linear(
     was_on = gc.isenabled()
     gc.disable()
     try:
-        for _ in range(3):
-            t_small, t_big = min(t_small, _cpu(run, small)), min(t_big, _cpu(run, big))
+        for _ in range(rounds):
+            t_small = min(t_small, _cpu(run, small, floor))
+            t_big = min(t_big, _cpu(run, big, floor))
     finally:
         if was_on:
             gc.enable()

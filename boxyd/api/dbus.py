@@ -329,6 +329,18 @@ def wait_when_full(bus: MessageBus) -> None:
         writer.sock = SendsThatWait(writer.sock)
 
 
+def to_the_bus(member: str, name: str) -> Message:
+    """A call of org.freedesktop.DBus's MEMBER about the bus name NAME."""
+    return Message(
+        destination="org.freedesktop.DBus",
+        path="/org/freedesktop/DBus",
+        interface="org.freedesktop.DBus",
+        member=member,
+        signature="s",
+        body=[name],
+    )
+
+
 KNOWN_CALLERS = 4096  # unique names whose verdict is kept (each busctl call is a new one)
 
 
@@ -384,16 +396,7 @@ class CallerVetting:
         if self.bus is None:
             return "no bus"
         try:
-            reply = await self.bus.call(
-                Message(
-                    destination="org.freedesktop.DBus",
-                    path="/org/freedesktop/DBus",
-                    interface="org.freedesktop.DBus",
-                    member="GetConnectionUnixProcessID",
-                    signature="s",
-                    body=[sender],
-                )
-            )
+            reply = await self.bus.call(to_the_bus("GetConnectionUnixProcessID", sender))
         except Exception as e:  # the bus went, or the caller with it
             return f"its process could not be looked up ({type(e).__name__})"
         if reply.message_type != MessageType.METHOD_RETURN or not reply.body:
@@ -457,16 +460,7 @@ class DbusService:
     async def has_owner(self, name: str) -> bool:
         """Is NAME on the bus now (asked without activating it)?"""
         assert self.bus is not None
-        reply = await self.bus.call(
-            Message(
-                destination="org.freedesktop.DBus",
-                path="/org/freedesktop/DBus",
-                interface="org.freedesktop.DBus",
-                member="NameHasOwner",
-                signature="s",
-                body=[name],
-            )
-        )
+        reply = await self.bus.call(to_the_bus("NameHasOwner", name))
         return reply.message_type == MessageType.METHOD_RETURN and reply.body == [True]
 
     async def lost(self) -> None:

@@ -124,17 +124,7 @@ class Walks:
         except SetupError as e:
             log.warning("%s; walking in the daemon", e)
             return await pools.run(
-                pools.WALKS,
-                parseproc.call_with,
-                parser,
-                functools.partial(
-                    worktree.prepare,
-                    roots,
-                    git_guard=git_guard,
-                    created=created,
-                    user_hooks=user_hooks,
-                    secrets=secrets,
-                ),
+                pools.WALKS, _walk_here, parser, roots, git_guard, created, user_hooks, secrets
             )
         with conn:
             conn.setblocking(False)
@@ -164,21 +154,34 @@ def _small_walk(
     LIMIT directories (None: walk them apart)."""
     user_hooks = userconfig.hooks_path(home)  # the user's own ~/.gitconfig: no payload's
     try:
-        trees = parseproc.call_with(
-            parser,
-            functools.partial(
-                worktree.prepare,
-                roots,
-                git_guard=git_guard,
-                created=created,
-                user_hooks=user_hooks,
-                secrets=secrets,
-                limit=limit,
-            ),
-        )
+        trees = _walk_here(parser, roots, git_guard, created, user_hooks, secrets, limit)
     except worktree.LargerThan:
         return user_hooks, None
     return user_hooks, trees
+
+
+def _walk_here(
+    parser: parseproc.Apart,
+    roots: Sequence[str],
+    git_guard: bool,
+    created: Sequence[str],
+    user_hooks: str | None,
+    secrets: Sequence[str],
+    limit: int | None = None,
+) -> dict[str, Tree]:
+    """worktree.prepare in this thread, what it parses of the payload's through PARSER."""
+    return parseproc.call_with(
+        parser,
+        functools.partial(
+            worktree.prepare,
+            roots,
+            git_guard=git_guard,
+            created=created,
+            user_hooks=user_hooks,
+            secrets=secrets,
+            **({"limit": limit} if limit is not None else {}),
+        ),
+    )
 
 
 async def _frame(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> Any:

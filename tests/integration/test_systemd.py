@@ -356,6 +356,13 @@ def test_each_run_is_a_delegated_transient_scope(
     unit = f"boxy-{sid}.scope"
     try:
         status = systemd_user.systemctl("status", unit)
+        # the run is under way once boxyd has PID 1; the payload's exec may still be in
+        # progress as systemd reads its command line ("[sleep]"): asked again, bounded
+        for _ in range(50):
+            if "sleep 70" in status.stdout:
+                break
+            time.sleep(0.05)
+            status = systemd_user.systemctl("status", unit)
         assert "Active: active (running)" in status.stdout, status.stdout + status.stderr
         assert "sleep 70" in status.stdout, status.stdout
         # PID 1 too, though the zygote forked it (placed with the outer stage 2)

@@ -35,7 +35,9 @@ from boxyd.plan import payloadparse  # noqa: F401  (registers the plan's and gua
 
 T = TypeVar("T")
 HEAD = struct.Struct("!II")
-HEAD_MAX = 1 << 20
+# a verdict is the head's JSON: a git config of CONFIG_MAX (1 MiB) parses to ~3 MiB of
+# it (a head of 1 MiB made every large config, harmless or not, Hostile)
+HEAD_MAX = 64 << 20
 DATA_MAX = 64 << 20
 JOB_BUDGET = 2.0  # seconds of wall time one job may take (a linear parse of 4 MiB: ~0.1 s)
 RUN_BUDGET = 10.0  # seconds of wall time all of one run's jobs may take

@@ -419,8 +419,13 @@ class Walker:
         limit: int | None = MAX_DIRS,
         observer: Observer | None = None,
         user_hooks: str | None = None,
+        refuse_unjudged: bool = True,
     ) -> None:
+        """REFUSE_UNJUDGED: a config whose parse is Hostile refuses the run (the walk
+        before it: what it includes is unknown); False after the run, where the scan
+        judges that file itself (and moves it aside) and must go on to the others."""
         self.root_fd = root_fd
+        self.refuse_unjudged = refuse_unjudged
         # the user's global core.hooksPath (userconfig.py): every repository's hooks too
         self.user_hooks = user_hooks
         self.limit = limit
@@ -636,6 +641,8 @@ class Walker:
             return
         parsed = payloadparse.git_config(data)  # apart from boxyd, within a budget
         if isinstance(parsed, payloadparse.Hostile):  # what it includes is unknown
+            if not self.refuse_unjudged:
+                return  # the scan's judge finds it not judged and moves it aside
             raise SetupError(
                 f"git guard: {join(rel, name)}: could not be judged ({parsed.why}); "
                 "the run is refused (check the file, or pass --allow-git-write)"

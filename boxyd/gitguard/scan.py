@@ -714,7 +714,12 @@ def scan(
     try:
         # unbounded: a payload that makes the tree huge delays only its own session's end
         walker = discover.Walker(
-            root, root_fd, limit=None, observer=observer, user_hooks=user_hooks
+            root,
+            root_fd,
+            limit=None,
+            observer=observer,
+            user_hooks=user_hooks,
+            refuse_unjudged=False,
         )
         walker.run()
         run.judge_all(walker.layout().controls, {})

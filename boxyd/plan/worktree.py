@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from boxy.errors import SetupError
+from boxy.errors import BoxyError, SetupError
 from boxyd.config.hosttools import Opener
 from boxyd.gitguard import discover, scan
 from boxyd.gitguard.discover import Protection, Type
@@ -177,10 +177,12 @@ def after(
             else:
                 root_fd = discover.open_root(root)
                 try:
-                    discover.Walker(root, root_fd, limit=None, observer=watch).run()
+                    discover.Walker(
+                        root, root_fd, limit=None, observer=watch, refuse_unjudged=False
+                    ).run()
                 finally:
                     os.close(root_fd)
-        except OSError as e:
+        except (OSError, BoxyError) as e:  # never raises: a tree not checked is a finding
             git_lines.append(
                 f"git guard: {root} could not be checked ({e}); check it before running git there"
             )

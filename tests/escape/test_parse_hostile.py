@@ -101,3 +101,38 @@ def test_a_terminal_sequence_that_took_the_filter_days(boxy: Boxy) -> None:
     assert b"then-this" in r.stdout, describe(r)
     assert b"\x1b[?0;" not in r.stdout, r.stdout[:200]
     os.unlink(script)
+
+
+BIG_BESIDE_EVIL = """
+import os
+def repo(g, cfg):
+    os.makedirs(g + "/objects"); os.makedirs(g + "/refs/heads")
+    open(g + "/HEAD", "w").write("ref: refs/heads/main\\n")
+    open(g + "/config", "w").write(cfg)
+repo("evil/.git", '[core]\\n\\tbare = false\\n\\tfsmonitor = "touch MARKER; false"\\n')
+repo("big/.git", "[core]\\n\\tbare = false\\n[a]\\n" + "\\tb = c\\n" * 140000)
+print("planted")
+"""
+
+
+def test_a_large_harmless_config_beside_a_hostile_one_hides_nothing(boxy: Boxy) -> None:
+    """A git config of ~1 MiB (within what the guard reads) made every verdict about
+    it too large for the wire, and the scan after the run stopped at it (exit 125):
+    the hostile config beside it stayed, and the host's `git status` ran its
+    fsmonitor. Both are judged now; the hostile one is moved aside, and a later run
+    in the directory starts."""
+    marker = boxy.workdir / "evil" / "ran-on-the-host"
+    script = boxy.workdir / "plant.py"
+    script.write_text(BIG_BESIDE_EVIL.replace("MARKER", str(marker)))
+    boxy.user.chown(script)
+    r = boxy.run("--net", "none", cmd=["python3", "plant.py"], timeout=120)
+    assert r.returncode == 0 and b"planted" in r.stdout, describe(r)
+    assert b"fsmonitor" in r.stderr, describe(r)  # found, and said
+    config = boxy.workdir / "evil" / ".git" / "config"
+    assert not config.exists() or b"fsmonitor" not in config.read_bytes()
+    boxy.user.run(["git", "-C", str(boxy.workdir / "evil"), "status"], timeout=60)
+    if marker.exists():
+        print("ESCAPED the host's git ran the payload's fsmonitor")
+    assert not marker.exists()
+    again = boxy.sh("echo again", timeout=120)
+    assert again.returncode == 0 and again.stdout == b"again\n", describe(again)

@@ -251,13 +251,13 @@ class Watches:
         try:
             while todo and not out.over:
                 rel = todo.pop()
-                try:
-                    entries = _listing(steps.open(rel))
+                try:  # past LIST_MAX too: this pass's bound is the one that counts here
+                    entries = _listing(steps.open(rel), limit - seen)
                 except OSError:
                     continue  # gone: nothing there any more
                 seen += len(entries)
                 out.over = seen > limit
-                for name, is_dir in entries[: live.LIST_MAX]:
+                for name, is_dir in entries:
                     sub = f"{rel}/{name}" if rel else name
                     if is_dir:
                         if live.new_dir(w, rel, name) is not None:
@@ -272,15 +272,15 @@ class Watches:
         return out
 
 
-def _listing(fd: int) -> list[tuple[str, bool]]:
-    """(name, is_dir) of the directory at the O_PATH FD, up to one more than LIST_MAX."""
+def _listing(fd: int, cap: int = live.LIST_MAX) -> list[tuple[str, bool]]:
+    """(name, is_dir) of the directory at the O_PATH FD, up to one more than CAP."""
     lfd = os.open(".", O_LIST, dir_fd=fd)
     try:
         out = []
         with os.scandir(lfd) as it:
             for e in it:
                 out.append((e.name, e.is_dir(follow_symlinks=False)))
-                if len(out) > live.LIST_MAX:
+                if len(out) > cap:
                     break
         return out
     finally:

@@ -148,6 +148,22 @@ def test_the_unwatched_directories_are_listed_at_every_depth_within_a_bound(
     assert watches.rescan(w, ["c", "d"], limit=2).over
 
 
+def test_the_rescan_judges_a_directory_past_list_max(
+    tmp_path: Path, watches: Watches, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory of more entries than one listing judges (LIST_MAX) is listed whole by
+    the rescan, up to its own bound (a .env sorted past the first LIST_MAX was missed)."""
+    monkeypatch.setattr(live, "LIST_MAX", 5)
+    w = _watched(tmp_path, stamps={})
+    (tmp_path / "big").mkdir()
+    for i in range(40):
+        (tmp_path / "big" / f"f{i:02}").write_text("x")
+    (tmp_path / "big" / ".env").write_text("A=1")
+    got = watches.rescan(w, ["big"], limit=1000)
+    assert [r.rel for r in got.redos] == ["big/.env"] and not got.over
+    assert watches.rescan(w, ["big"], limit=20).over  # past the pass's bound: said
+
+
 def test_nothing_is_watched_once_closed(tmp_path: Path) -> None:
     """A worker still entering directories as the session ends adds no watch to
     whatever instance reuses the descriptor's number."""

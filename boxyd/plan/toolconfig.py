@@ -218,7 +218,9 @@ TOOLS = {  # file name -> (tool, table, format)
 #   pip:    ^\s*([^=:\s;#\[][^=:]*?)\s*[=:]\s*(.*)$       (configparser)
 #   yaml:   ^[\s-]*["']?([^\s"':#{}\[\],]+)["']?\s*:(?:\s+(.*)|$)
 # \s is str.isspace(), which strip() uses; splitlines() leaves no \n for $ or `.`.
-_YARNRC = re.compile(r"""^\s*+("(?:[^"\\]|\\.)*+"|[^\s#"]++)\s*(.*)$""")  # one way to match
+# linear as it is: the quoted string's two alternatives start with different characters
+# (no possessive quantifier on a group: CPython 3.11.2 matches wrongly there, gh-106052)
+_YARNRC = re.compile(r"""^\s*("(?:[^"\\]|\\.)*"|[^\s#"]+)\s*(.*)$""")
 _YAML_LEAD = re.compile(r"[\s-]*")
 _YAML_NAME = re.compile(r"""[^\s"':#{}\[\],]+""")
 _YAML_TAIL = re.compile(r"""["']?+\s*+:(?:\s+(.*)|$)""")

@@ -222,11 +222,11 @@ def parse_npmrc(text: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
 # --- inputs ---------------------------------------------------------------------------
 
 REALISTIC = {
-    ".npmrc": b"registry=https://registry.npmjs.org/\n@corp:registry=https://npm.corp.example/\n"
+    ".npmrc": b"registry=https://registry.example.test/\n@corp:registry=https://npm.corp.example/\n"
     b"//npm.corp.example/:_authToken=${NPM_TOKEN}\nsave-exact=true\n"
     b'node-options="--max-old-space-size=4096"\nignore-scripts = false\n'
     b"allow-scripts[]=esbuild\n; c\n# c\n  yes\n[section]\nkey = value\n",
-    ".yarnrc": b'# yarn lockfile v1\nregistry "https://registry.yarnpkg.com"\n'
+    ".yarnrc": b'# yarn lockfile v1\nregistry "https://yarn.example.test"\n'
     b'"--install.ignore-scripts" false\nyarn-path ".yarn/releases/yarn-1.22.19.cjs"\n'
     b'network-timeout 600000\n--*.frozen-lockfile true\ncache-folder "/tmp/c \\" d"\n',
     ".yarnrc.yml": b"nodeLinker: node-modules\nyarnPath: .yarn/releases/yarn-4.0.2.cjs\n"

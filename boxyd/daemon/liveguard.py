@@ -5,6 +5,12 @@ The window that remains is from the host's rename to the stand-in or pin being i
 place again: the event is read on the event loop, the file judged in a worker
 thread, the mount made by stage 2. Each redo is recorded (audit layer ``fs.live``)
 with that window in milliseconds, and said under -v.
+
+The payload can make changes faster than any guard redoes them. A session's redos
+go one at a time (a flood in one session holds one worker, never another
+session's), through a bounded backlog (plan/live.py Backlog); when the guard
+cannot keep up, or a redo could not be done, the session is stopped and says why:
+protection never goes on with a hole in it (docs/design.md, "The guard is live").
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 LIVE_TIMEOUT = 10.0  # seconds for stage 2 to answer one request
 Send = Callable[[LiveCover | LivePin], None]  # one request to the session's joiner
 Record = Callable[..., None]  # Sink.record
+Stop = Callable[[str], None]  # ends the session's payload now (the line: why)
 
 
 @dataclass
@@ -68,8 +75,10 @@ class LiveGuard:
         adopt: Callable[[str, str, bytes | None], str | None],
         notice: Callable[[str], None],
         apart: Callable[[], Apart],
+        stop: Stop,
     ) -> None:
-        """APART: a Parser for a redo's parse of what the payload wrote (parseproc.py)."""
+        """APART: a Parser for a redo's parse of what the payload wrote (parseproc.py);
+        STOP: what the guard does when it cannot keep the trees covered."""
         self._trees = {w.root: w for w in trees}
         self._apart = apart
         self._send = send
@@ -77,6 +86,10 @@ class LiveGuard:
         # (root, rel, what the host saved) of a pin the host changed -> a finding, if any
         self._adopt = adopt
         self._notice = notice
+        self._stop = stop
+        self._backlog = live.Backlog()
+        self._drainer: asyncio.Task[None] | None = None
+        self.stopped: str | None = None  # why the guard stopped the session
         self._fd = -1
         self._watches = Watches(-1)
         self._entering: list[tuple[str, str, float]] = []  # (root, rel, since) to watch
@@ -95,8 +108,13 @@ class LiveGuard:
         """Watch every directory the policy names (up to 4096, in a worker thread;
         events are read from the first watch on, so none is lost meanwhile) and list
         those that changed since the walk (what appeared in between: no event told of
-        it); what could not be watched, said. Raises OSError without an inotify instance."""
-        self._fd = _inotify_init()
+        it); what could not be watched, said. Without an inotify instance the session is
+        stopped: the guard cannot watch."""
+        try:
+            self._fd = _inotify_init()
+        except OSError as e:
+            self.fail(f"{e.strerror} (no inotify instance left: fs.inotify.max_user_instances)")
+            return []
         self._watches = Watches(self._fd)
         since = time.monotonic()
         asyncio.get_running_loop().add_reader(self._fd, self._readable)
@@ -150,6 +168,20 @@ class LiveGuard:
         self._notice(note)
         if note not in self.said and len(self.said) < SAID_MAX:
             self.said.append(note)
+
+    def fail(self, why: str) -> None:
+        """The guard cannot keep the trees covered: the session is stopped (fail closed),
+        and its record and last lines say why. Once."""
+        if self.stopped is not None:
+            return
+        self.stopped = line = (
+            f"live guard: {why}: the session was stopped, so that nothing the host saves "
+            "meanwhile is left uncovered"
+        )
+        self._record("fs.live", note=line)
+        self.said = [*self.said[: SAID_MAX - 1], line]
+        self._stop(line)
+        self.close()
 
     def _new_dir(self, w: Watched, dir_rel: str, name: str, since: float) -> None:
         """A directory created or moved in: watched too, and what it holds at every depth
@@ -213,7 +245,25 @@ class LiveGuard:
                 self._new_dir(w, rel, entry, now)
 
     def _spawn(self, w: Watched, redo: Redo, since: float) -> None:
-        self._track(self._redo(w, redo, since))
+        if self.stopped is not None:
+            return
+        why = self._backlog.add(w.root, redo, since)
+        if why is not None:
+            self.fail(why)
+        elif self._drainer is None or self._drainer.done():
+            self._drainer = self._track(self._drain())
+
+    async def _drain(self) -> None:
+        """The session's redos, one at a time, oldest first."""
+        while self.stopped is None:
+            item = self._backlog.take(time.monotonic())
+            if item is None:
+                return
+            if isinstance(item, str):
+                self.fail(item)
+                return
+            root, redo, since = item
+            await self._redo(self._trees[root], redo, since)
 
     def _track(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -222,37 +272,19 @@ class LiveGuard:
         return task
 
     def _done(self, task: asyncio.Task[None]) -> None:
+        """A redo, a listing, a rescan that failed leaves something uncovered: stopped."""
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             e = task.exception()
-            self._record("fs.live", note=f"a redo failed: {type(e).__name__}: {e}")
             log.warning("live guard: %s: %s", type(e).__name__, e)
+            self.fail(str(e) or type(e).__name__)
 
     async def _redo(self, w: Watched, redo: Redo, since: float) -> None:
+        """The pin again, then the stand-in again (or a new one); each answered by stage
+        2 before the next redo. One not in place while its entry is still there stops
+        the session (_settle)."""
         if redo.pin is not None:
-            p = redo.pin
-            # what the host saved, read while the pin goes back on (the payload's window)
-            saved = asyncio.ensure_future(
-                pools.submit(pools.LIVE, discover.read_beneath, w.root, p.rel, discover.CONFIG_MAX)
-            )
-            pinned = self._ask(
-                functools.partial(LivePin, rel=p.rel, root=w.root),
-                p.rel,
-                "pinned again",
-                since,
-                w.root,
-            )
-            # judged once pinned: from then on the payload cannot change what is judged
-            await asyncio.wait_for(asyncio.shield(pinned), LIVE_TIMEOUT)
-            line = await pools.run(
-                pools.LIVE,
-                call_apart,  # the adopted file is parsed apart (parseproc.py)
-                self._apart,
-                functools.partial(self._adopt, w.root, p.rel, await saved),
-            )
-            if line is not None:
-                self._record("git", finding=line)
-                self._notice(line)
+            await self._repin(w, redo.pin.rel, since)
         mask = redo.mask
         if mask is None and redo.rule is None:
             return
@@ -271,7 +303,7 @@ class LiveGuard:
         if found is None:
             return  # nothing in it to cover now (or gone)
         w.masks[redo.rel] = found  # a later rename over it is covered again too
-        self._ask(
+        covered = self._ask(
             functools.partial(
                 LiveCover,
                 dst=redo.rel,
@@ -284,6 +316,38 @@ class LiveGuard:
             since,
             w.root,
         )
+        await self._settle(covered, w.root, redo.rel, "covered")
+
+    async def _repin(self, w: Watched, rel: str, since: float) -> None:
+        # what the host saved, read while the pin goes back on (the payload's window)
+        saved = asyncio.ensure_future(
+            pools.submit(pools.LIVE, discover.read_beneath, w.root, rel, discover.CONFIG_MAX)
+        )
+        pinned = self._ask(
+            functools.partial(LivePin, rel=rel, root=w.root), rel, "pinned again", since, w.root
+        )
+        # judged once pinned: from then on the payload cannot change what is judged
+        await self._settle(pinned, w.root, rel, "pinned")
+        line = await pools.run(
+            pools.LIVE,
+            call_apart,  # the adopted file is parsed apart (parseproc.py)
+            self._apart,
+            functools.partial(self._adopt, w.root, rel, await saved),
+        )
+        if line is not None:
+            self._record("git", finding=line)
+            self._notice(line)
+
+    async def _settle(self, done: asyncio.Future[bool], root: str, rel: str, what: str) -> None:
+        """Stage 2's answer to a redo. Not done while the host's entry is still there (a
+        mount budget full, a stand-in that did not fit, no answer in LIVE_TIMEOUT): the
+        session is stopped. An entry gone meanwhile has nothing left to cover."""
+        try:
+            ok = await asyncio.wait_for(asyncio.shield(done), LIVE_TIMEOUT)
+        except TimeoutError:
+            ok = False
+        if not ok and await pools.run(pools.LIVE, _present, root, rel):
+            self.fail(f"{os.path.join(root, rel)} could not be {what} again")
 
     def _ask(
         self,
@@ -341,6 +405,22 @@ def _rule(redo: Redo) -> Rule | None:
         return credentials.GIT_CONFIG
     is_dir = redo.mask.is_dir if redo.mask is not None else bool(redo.rule and redo.rule.is_dir)
     return credentials.rule_for(parent.rpartition("/")[2], name, is_dir) or redo.rule
+
+
+def _present(root: str, rel: str) -> bool:
+    """REL is still an entry of the tree ROOT (looked at through its fds, no symlink)."""
+    parent, _, name = rel.rpartition("/")
+    try:
+        pfd = discover.open_in_tree(root, parent)
+    except OSError:
+        return False
+    try:
+        os.stat(name, dir_fd=pfd, follow_symlinks=False)
+    except OSError:
+        return False
+    finally:
+        os.close(pfd)
+    return True
 
 
 def _stand_in(root: str, redo: Redo, rule: Rule | None) -> Found | None:

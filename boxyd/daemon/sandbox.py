@@ -8,7 +8,6 @@ The core (Session, Manager) sees this only through boxyd.daemon.seam.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import pwd
@@ -30,7 +29,7 @@ from boxyd.config.runspec import RunSpec
 from boxyd.config.spec import build_spec
 from boxyd.daemon import passedfds, pools, records, walks
 from boxyd.daemon.liveguard import LiveGuard
-from boxyd.daemon.parseproc import Apart, call_apart, call_with
+from boxyd.daemon.parseproc import Apart, call_with
 from boxyd.daemon.pty import PtyRelay
 from boxyd.daemon.scopes import Limit, Placement, Scopes, limits, read_events, remove_subtree
 from boxyd.daemon.seam import Exit, Report, SandboxEvent, Sink, Started, Stopped
@@ -595,20 +594,20 @@ class StageSandbox:
             self._adopt,
             (lambda _: None) if quiet else self._sink.notice,
             self._launcher.walks.apart,
+            self._stopped_by_guard,
         )
         self._live_start = asyncio.get_running_loop().create_task(self._watch(self.live_guard))
 
     async def _watch(self, guard: LiveGuard) -> None:
-        try:
-            for note in await guard.start():
-                self._sink.record("fs.live", note=note)
-                self._sink.notice(note)
-        except OSError as e:  # no inotify instance left: said, and the run goes on
-            self._sink.record("fs.live", note=f"not watched: {e.strerror}")
-            self._sink.notice(
-                f"live guard: {e.strerror}: host changes during the run are not "
-                "covered until it ends"
-            )
+        for note in await guard.start():
+            self._sink.record("fs.live", note=note)
+            self._sink.notice(note)
+
+    def _stopped_by_guard(self, line: str) -> None:
+        """The live guard cannot keep the trees covered: the payload ends now (its
+        whole PID namespace); LINE is said with the outcome (its notes)."""
+        log.info("session %s: %s", self._sink.id, line)
+        self.signal(signal.SIGKILL)
 
     def _adopt(self, root: str, rel: str, saved: bytes | None) -> str | None:
         """The host replaced a pinned file (in a worker thread; SAVED: what it held as the
@@ -738,17 +737,13 @@ class StageSandbox:
             report.notes += self.live_guard.said
         git_lines, tool_lines = await pools.run(
             pools.CHECKS,
-            call_apart,  # what the payload wrote is parsed apart (parseproc.py)
-            self._launcher.walks.apart,
-            functools.partial(
-                worktree.after,
-                self.trees,
-                self.baselines,
-                quarantine,
-                self._launcher.user.pw_dir,
-                self._launcher.tools(CHECKS_BUDGET),
-                self._user_hooks,
-            ),
+            self._launcher.walks.after,  # in a child: afterproc.py
+            self.trees,
+            self.baselines,
+            quarantine,
+            self._launcher.user.pw_dir,
+            self._launcher.tools(CHECKS_BUDGET),
+            self._user_hooks,
         )
         for line in git_lines:
             self._sink.record("git", finding=line)

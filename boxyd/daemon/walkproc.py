@@ -14,43 +14,20 @@ one frame: {"trees": {root: walkwire.encode(tree)}} or {"error": line}.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-import struct
 from typing import Any
 
 from boxy.errors import SetupError
 from boxyd.config import parsedoor
-from boxyd.daemon import parseproc
+from boxyd.daemon import afterproc, parseproc
+from boxyd.daemon.frames import FRAME as FRAME
+from boxyd.daemon.frames import recv_frame, send_frame
 from boxyd.plan import walkwire, worktree
 from boxyd.stage2 import template
 
-FRAME = struct.Struct("!Q")
-REQUEST_MAX = 16 << 20
+REQUEST_MAX = 1 << 30  # boxyd's own: an after-run check carries the run's baselines
 REPLY_MAX = 1 << 30  # a tree of 3,000 nested repositories is a few MiB
-
-
-def send_frame(sock: socket.socket, obj: Any) -> None:
-    data = json.dumps(obj, separators=(",", ":")).encode()
-    sock.sendall(FRAME.pack(len(data)) + data)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    out = bytearray()
-    while len(out) < n:
-        chunk = sock.recv(min(n - len(out), 1 << 20))
-        if not chunk:
-            raise EOFError("the request ended early")
-        out += chunk
-    return bytes(out)
-
-
-def recv_frame(sock: socket.socket, limit: int) -> Any:
-    (size,) = FRAME.unpack(_recv_exact(sock, FRAME.size))
-    if size > limit:
-        raise ValueError(f"a frame of {size} bytes (more than {limit})")
-    return json.loads(_recv_exact(sock, size))
 
 
 def walk(req: dict[str, Any]) -> dict[str, Any]:
@@ -82,6 +59,10 @@ def child(conn: socket.socket) -> int:
         if req == PARSE:  # boxyd's walk in its own thread parses through this child
             return parseproc.serve(conn)
         os.setpriority(os.PRIO_PROCESS, 0, WALK_NICENESS)
+        if "after" in req:  # the check after a run (afterproc.py): its own wire
+            reply = afterproc.child(conn, req["after"])
+            send_frame(conn, reply)
+            return 0
         # this walk's parses: in a child of ours, each job within its budget
         parser = parseproc.Apart(parseproc.fork_child)
         try:

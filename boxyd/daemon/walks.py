@@ -18,9 +18,11 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from boxy.errors import SetupError
-from boxyd.daemon import parseproc, pools, walkproc
+from boxyd.config.hosttools import Opener
+from boxyd.daemon import afterproc, frames, parseproc, pools, walkproc
 from boxyd.daemon.stage2proc import Template
 from boxyd.gitguard import userconfig
+from boxyd.gitguard.scan import Snapshot
 from boxyd.plan import walkwire, worktree
 from boxyd.plan.worktree import Tree
 
@@ -54,9 +56,9 @@ class Walks:
         except SetupError as e:
             log.warning("%s", e)
 
-    def parse_child(self) -> socket.socket:
-        """For a worker thread: a fresh child of the walk template, serving parse jobs
-        (parseproc.py). The template is only ever (re)started on the loop's thread."""
+    def _child(self) -> socket.socket:
+        """For a worker thread: a fresh child of the walk template, waiting for its
+        request. The template is only ever (re)started on the loop's thread."""
         if self._loop is None:
             raise SetupError("the walk template has not been started")
 
@@ -68,8 +70,36 @@ class Walks:
 
         conn = asyncio.run_coroutine_threadsafe(spawn(), self._loop).result(timeout=10)
         conn.setblocking(True)
-        walkproc.send_frame(conn, walkproc.PARSE)
         return conn
+
+    def parse_child(self) -> socket.socket:
+        """For a worker thread: a child serving parse jobs (parseproc.py)."""
+        conn = self._child()
+        frames.send_frame(conn, walkproc.PARSE)
+        return conn
+
+    def after(
+        self,
+        trees: dict[str, Tree],
+        baselines: dict[str, Snapshot],
+        quarantine: str,
+        home: str,
+        tools: Opener,
+        user_hooks: str | None,
+    ) -> tuple[list[str], list[str]]:
+        """For a worker thread: the check after a run (worktree.after), in a child
+        (afterproc.py); in this thread, logged, if the template cannot start."""
+        try:
+            conn = self._child()
+        except SetupError as e:
+            log.warning("%s; checking in the daemon", e)
+            return parseproc.call_apart(
+                self.apart,
+                functools.partial(
+                    worktree.after, trees, baselines, quarantine, home, tools, user_hooks
+                ),
+            )
+        return afterproc.check(conn, trees, baselines, quarantine, home, tools, user_hooks)
 
     def apart(self) -> parseproc.Apart:
         """A Parser for one run's (or one check's) jobs, in worker threads."""
@@ -130,7 +160,7 @@ class Walks:
             conn.setblocking(False)
             loop = asyncio.get_running_loop()
             data = json.dumps(req).encode()
-            await loop.sock_sendall(conn, walkproc.FRAME.pack(len(data)) + data)
+            await loop.sock_sendall(conn, frames.FRAME.pack(len(data)) + data)
             reply = await _frame(loop, conn)
         if not isinstance(reply, dict) or "error" in reply:
             why = reply.get("error") if isinstance(reply, dict) else None
@@ -194,7 +224,7 @@ async def _frame(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> Any:
             out += chunk
         return bytes(out)
 
-    (size,) = walkproc.FRAME.unpack(await exactly(walkproc.FRAME.size))
+    (size,) = frames.FRAME.unpack(await exactly(frames.FRAME.size))
     if size > walkproc.REPLY_MAX:
         raise SetupError(
             f"the walk process answered {size} bytes (more than {walkproc.REPLY_MAX >> 20} MiB)"

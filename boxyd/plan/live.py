@@ -23,6 +23,11 @@ MAX_WATCHED = 4096  # directories per session (the user's inotify budget is shar
 LIST_MAX = 10_000  # entries of one directory the guard lists and judges (more: said)
 RESCAN_EVERY = 1.0  # seconds between listings of the directories that could not be watched
 RESCAN_MAX = 50_000  # entries one such listing looks at, at most (more: said)
+# What the payload can make one session's guard do (docs/design.md, "The guard is
+# live"): cover this many new credentials, and let a change wait this long for its
+# redo. Past either the guard cannot keep up, and the session is stopped.
+NEW_MAX = 1024
+LAG_MAX = 10.0
 
 # A directory's (st_dev, st_ino, st_ctime_ns) as the walk saw it. The live guard, once
 # it watches the directory, lists it only if that changed: no entry can have appeared
@@ -185,3 +190,58 @@ def everything(w: Watched) -> list[Redo]:
     """After lost events (the inotify queue overflowed): re-apply every pin and stand-in."""
     rels = sorted(set(w.pins) | set(w.masks), key=lambda r: r.split("/"))
     return [Redo(r, pin=w.pins.get(r), mask=w.masks.get(r)) for r in rels]
+
+
+Key = tuple[str, str]  # (tree root, rel)
+
+
+@dataclass
+class Backlog:
+    """The redos one session's guard has yet to do, oldest first, one per entry: a
+    change to an entry whose redo is still waiting joins it (the redo reads the entry
+    anew when its turn comes). Bounded in what the payload can make it cost: NEW_MAX
+    new credentials in a session (each is a mount that stays), a wait of LAG_MAX for
+    the oldest. add() and take() say why not, once the guard cannot keep up."""
+
+    new_max: int = NEW_MAX
+    lag_max: float = LAG_MAX
+    _waiting: dict[Key, tuple[Redo, float]] = field(default_factory=dict)
+    _new: set[Key] = field(default_factory=set)
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def add(self, root: str, redo: Redo, since: float) -> str | None:
+        """REDO of tree ROOT, for a change at SINCE; why the guard is over, or None."""
+        key = (root, redo.rel)
+        if redo.rule is not None and key not in self._new:
+            if len(self._new) >= self.new_max:
+                return f"more than {self.new_max:,} new credentials to cover in one session"
+            self._new.add(key)
+        old = self._waiting.pop(key, None)
+        if old is not None:
+            redo, since = _joined(old[0], redo), min(old[1], since)
+        self._waiting[key] = (redo, since)  # (re)inserted last: dicts keep that order
+        return None
+
+    def take(self, now: float) -> tuple[str, Redo, float] | str | None:
+        """The oldest waiting redo as (root, redo, since); None when none waits; why the
+        guard is over when the oldest waited more than LAG_MAX."""
+        oldest = min(self._waiting.items(), key=lambda kv: kv[1][1], default=None)
+        if oldest is None:
+            return None
+        (root, rel), (redo, since) = oldest
+        if now - since > self.lag_max:
+            return f"a change waited {now - since:.1f}s for its redo (more than {self.lag_max:g}s)"
+        del self._waiting[(root, rel)]
+        return root, redo, since
+
+
+def _joined(old: Redo, new: Redo) -> Redo:
+    """Two waiting redos of one entry as one: the newer's parts where it has them."""
+    return Redo(
+        new.rel,
+        pin=new.pin or old.pin,
+        mask=new.mask or old.mask,
+        rule=new.rule or old.rule,
+    )

@@ -26,20 +26,34 @@ def _unb64(text: Any) -> bytes | None:
     return None if text is None else base64.b64decode(str(text))
 
 
+def encode_snapshot(snap: Snapshot) -> dict[str, Any]:
+    return {
+        "root": snap.root,
+        "unreadable": sorted(snap.unreadable),
+        "records": {
+            rel: [r.role, r.type, list(r.fingerprint), list(r.keys), _b64(r.content)]
+            for rel, r in snap.records.items()
+        },
+    }
+
+
+def decode_snapshot(snap: dict[str, Any]) -> Snapshot:
+    """Raises as decode() does."""
+    return Snapshot(
+        str(snap["root"]),
+        {
+            str(rel): Record(r[0], r[1], tuple(r[2]), tuple(str(k) for k in r[3]), _unb64(r[4]))
+            for rel, r in snap["records"].items()
+        },
+        frozenset(str(u) for u in snap["unreadable"]),
+    )
+
+
 def encode(tree: Tree) -> dict[str, Any]:
     snap = tree.baseline
     return {
         "protections": [[p.rel, p.kind, p.is_dir, p.symlink] for p in tree.protections],
-        "baseline": None
-        if snap is None
-        else {
-            "root": snap.root,
-            "unreadable": sorted(snap.unreadable),
-            "records": {
-                rel: [r.role, r.type, list(r.fingerprint), list(r.keys), _b64(r.content)]
-                for rel, r in snap.records.items()
-            },
-        },
+        "baseline": None if snap is None else encode_snapshot(snap),
         "credentials": [
             [f.rel, f.kind, f.action.value, f.is_dir, _b64(f.content), f.via, f.note]
             for f in tree.credentials
@@ -54,18 +68,7 @@ def decode(data: dict[str, Any]) -> Tree:
     """Raises KeyError, IndexError, TypeError, ValueError or AttributeError on anything
     malformed."""
     snap = data["baseline"]
-    baseline = (
-        None
-        if snap is None
-        else Snapshot(
-            str(snap["root"]),
-            {
-                str(rel): Record(r[0], r[1], tuple(r[2]), tuple(str(k) for k in r[3]), _unb64(r[4]))
-                for rel, r in snap["records"].items()
-            },
-            frozenset(str(u) for u in snap["unreadable"]),
-        )
-    )
+    baseline = None if snap is None else decode_snapshot(snap)
     return Tree(
         protections=[
             Protection(str(p[0]), p[1], bool(p[2]), bool(p[3])) for p in data["protections"]
@@ -83,7 +86,12 @@ def decode(data: dict[str, Any]) -> Tree:
             )
             for f in data["credentials"]
         ],
-        tools={str(k): (str(v[0]), str(v[1])) for k, v in data["tools"].items()},
+        tools=decode_tools(data["tools"]),
         dirs=tuple(str(d) for d in data["dirs"]),
         stamps={str(s[0]): (int(s[1]), int(s[2]), int(s[3])) for s in data["stamps"]},
     )
+
+
+def decode_tools(tools: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """A Tree's tools (execfiles.Watch.seen); raises as decode() does."""
+    return {str(k): (str(v[0]), str(v[1])) for k, v in tools.items()}

@@ -252,3 +252,45 @@ def test_a_full_watch_budget_leaves_no_directory_unprotected(boxy: Boxy, user: U
     wait_for(ended, 60, "the session to end")
     r = user.run([str(BIN / "boxyctl"), "show", "--json", sid])
     assert "listed again every" in r.stdout.decode(), r.stdout.decode()[-2000:]
+
+
+# More new credentials than the guard covers in a session (live.NEW_MAX), then looks
+# at a .env the host saves afterwards. The guard stops the session instead of leaving
+# it uncovered; a payload still looking a second after the save may read nothing.
+FLOOD_THEN_WATCH = (
+    """
+for i in range(1100):
+    open(f".env.flood{i}", "w").close()
+tried("flooded", "1100")
+"""
+    + WATCHER
+)
+
+
+def _state(user: User, sid: str) -> dict:
+    r = user.run([str(BIN / "boxyctl"), "show", "--json", sid])
+    return json.loads(r.stdout)
+
+
+def test_a_flood_of_new_credentials_stops_the_session(boxy: Boxy, user: User) -> None:
+    """issue #30 §3: the guard's work is bounded per session; past the bound the
+    session is stopped (fail closed), said in its record and last lines, and the
+    host's save afterwards is read by nobody."""
+    sid = _detached(boxy, FLOOD_THEN_WATCH, ".env.saved", "20")
+    start = time.monotonic()
+    wait_for(
+        lambda: _state(user, sid)["state"] not in ("starting", "running"),
+        30,
+        "the guard to stop the flooding session",
+    )
+    took = time.monotonic() - start
+    t = _replace(boxy.workdir / ".env.saved", "API_KEY=saved-after-the-flood\n", user)
+    time.sleep(1.5)
+    late = [o for o in _after(_observations(boxy.workdir), t) if "saved-after" in json.dumps(o)]
+    if late:
+        print(f"ESCAPED the payload read a credential after flooding the guard: {late[0]}")
+    assert not late
+    shown = json.dumps(_state(user, sid))
+    assert "more than 1,024 new credentials" in shown, shown[-2000:]
+    assert "the session was stopped" in shown, shown[-2000:]
+    assert took < 25, f"stopped only after {took:.1f}s"

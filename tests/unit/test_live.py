@@ -281,3 +281,53 @@ def test_a_lock_file_left_behind_is_named_and_left(tmp_path: Path) -> None:
         ["git", "-C", str(work), "config", "a.b", "c"], env=GIT_ENV, capture_output=True
     )
     assert r.returncode != 0  # the control: the host's git really is stuck
+
+
+# --- the backlog: what the payload can make one session's guard do --------------------
+
+NEW = live.Redo("a/.env", rule=credentials.rule_for("a", ".env", False))
+
+
+def test_the_backlog_gives_the_oldest_change_first() -> None:
+    b = live.Backlog()
+    assert b.add("/w", live.Redo("x", mask=ENV), 2.0) is None
+    assert b.add("/w", NEW, 1.0) is None
+    assert b.take(2.5) == ("/w", NEW, 1.0)
+    assert b.take(2.5) == ("/w", live.Redo("x", mask=ENV), 2.0)
+    assert b.take(2.5) is None and len(b) == 0
+
+
+def test_a_second_change_to_a_waiting_entry_joins_it() -> None:
+    b = live.Backlog()
+    b.add("/w", live.Redo(".git/config", pin=PIN), 1.0)
+    b.add("/w", live.Redo(".git/config", mask=ENV), 3.0)
+    assert len(b) == 1
+    # both parts kept, and the window said from the first change
+    assert b.take(3.0) == ("/w", live.Redo(".git/config", pin=PIN, mask=ENV), 1.0)
+    b.add("/v", live.Redo(".git/config", pin=PIN), 1.0)  # another tree: another entry
+    b.add("/w", live.Redo(".git/config", pin=PIN), 1.0)
+    assert len(b) == 2
+
+
+def test_new_credentials_past_the_budget_are_refused() -> None:
+    b = live.Backlog(new_max=3)
+    for i in range(3):
+        assert b.add("/w", live.Redo(f"{i}/.env", rule=NEW.rule), 0.0) is None
+    assert b.add("/w", live.Redo("1/.env", rule=NEW.rule), 0.0) is None  # one seen before
+    assert b.add("/w", live.Redo("x", mask=ENV), 0.0) is None  # not new: a re-cover
+    why = b.add("/w", live.Redo("3/.env", rule=NEW.rule), 0.0)
+    assert why is not None and "more than 3 new credentials" in why
+    # counted over the session, not over what waits: taking them frees nothing
+    while isinstance(b.take(0.0), tuple):
+        pass
+    assert b.add("/w", live.Redo("4/.env", rule=NEW.rule), 0.0) is not None
+
+
+def test_a_change_that_waited_too_long_is_refused() -> None:
+    b = live.Backlog(lag_max=10.0)
+    b.add("/w", NEW, 100.0)
+    b.add("/w", live.Redo("x", mask=ENV), 105.0)
+    why = b.take(110.5)
+    assert isinstance(why, str) and "waited 10.5s" in why
+    assert len(b) == 2  # nothing taken: the guard is over
+    assert b.take(110.0) == ("/w", NEW, 100.0)  # exactly the budget: still in time

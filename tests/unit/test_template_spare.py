@@ -9,7 +9,7 @@ import resource
 import socket
 import time
 
-from boxyd.daemon import walkproc
+from boxyd.daemon import frames, walkproc
 from boxyd.daemon.network import gateway_ruleset
 from boxyd.daemon.stage2proc import RULED_SPARES, Spare, Template, _waiting
 from boxyd.stage2 import protocol
@@ -19,8 +19,8 @@ REQUEST = {"roots": [], "git_guard": False, "created": [], "user_hooks": None, "
 
 def _ask(conn: socket.socket) -> object:
     conn.settimeout(20)
-    walkproc.send_frame(conn, REQUEST)
-    return walkproc.recv_frame(conn, walkproc.REPLY_MAX)
+    frames.send_frame(conn, REQUEST)
+    return frames.recv_frame(conn, walkproc.REPLY_MAX)
 
 
 def test_the_spare_serves_the_next_call_and_a_dead_one_is_replaced() -> None:

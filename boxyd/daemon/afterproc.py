@@ -230,7 +230,11 @@ def check(
     try:
         frames.send_frame(conn, req)
         conn.settimeout(max(deadline - time.monotonic(), 0.001))
-        pidfd = os.pidfd_open(int(frames.recv_frame(conn, FRAME_MAX)["pid"]))
+        hello = frames.recv_frame(conn, FRAME_MAX)
+        if "pid" not in hello:
+            raise BoxyError(str(hello.get("error", "no hello")))
+        # the child keeps its pid until we close (walkproc.child): ours to kill
+        pidfd = os.pidfd_open(int(hello["pid"]))
         while True:
             conn.settimeout(max(deadline - time.monotonic(), 0.001))
             lines = serving.answer(frames.recv_frame(conn, FRAME_MAX))

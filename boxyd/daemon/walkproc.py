@@ -54,30 +54,34 @@ PARSE = {"serve": "parse"}  # the request that makes a child a parse child (pars
 
 
 def child(conn: socket.socket) -> int:
+    req: Any = None
     try:
         req = recv_frame(conn, REQUEST_MAX)
         if req == PARSE:  # boxyd's walk in its own thread parses through this child
             return parseproc.serve(conn)
         os.setpriority(os.PRIO_PROCESS, 0, WALK_NICENESS)
-        if "after" in req:  # the check after a run (afterproc.py): its own wire
-            reply = afterproc.child(conn, req["after"])
-            send_frame(conn, reply)
-            return 0
-        # this walk's parses: in a child of ours, each job within its budget
-        parser = parseproc.Apart(parseproc.fork_child)
-        try:
-            with parsedoor.using(parser):
-                reply = walk(req)
-        finally:
-            parser.close()
-            parseproc.reap_children()
+        # the check after a run has a wire of its own (afterproc.py)
+        reply = afterproc.child(conn, req["after"]) if "after" in req else _walk_apart(req)
     except Exception as e:  # a bug, not a refusal: said as one, rather than a silent end
         reply = {"error": f"the walk: internal error: {type(e).__name__}: {e}"}
     try:
         send_frame(conn, reply)
+        if isinstance(req, dict) and "after" in req:
+            conn.recv(1)  # boxyd closes first: the pid it was told stays this process's
     except OSError:
         return 1
     return 0
+
+
+def _walk_apart(req: dict[str, Any]) -> dict[str, Any]:
+    """walk(), its parses in a child of ours, each job within its budget."""
+    parser = parseproc.Apart(parseproc.fork_child)
+    try:
+        with parsedoor.using(parser):
+            return walk(req)
+    finally:
+        parser.close()
+        parseproc.reap_children()
 
 
 if __name__ == "__main__":

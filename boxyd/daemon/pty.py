@@ -49,11 +49,12 @@ import select
 import struct
 import termios
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from boxy import termsettings
-from boxyd.daemon.termfilter import TermFilter, filter_once
+from boxyd.daemon.termfilter import Pace, TermFilter, filter_once
 
 CHUNK = 64 * 1024
 RING = 64 * 1024  # output replayed to a client that attaches (about a screenful, redrawn)
@@ -317,6 +318,7 @@ class PtyRelay:
         blocks on a full PTY) into the ring and the log."""
         gen, out_fd = -1, None
         screen = None if self.raw else TermFilter()
+        pace = Pace(time.monotonic())
         try:
             poller = select.poll()
             poller.register(master, select.POLLIN)
@@ -343,7 +345,11 @@ class PtyRelay:
                 if not data:
                     return
                 if screen is not None:
+                    start = time.thread_time()
                     data = screen.feed(data)
+                    wait = pace.spent(time.thread_time() - start, time.monotonic())
+                    if wait > 0 and _paced(wake, wait):
+                        return  # closed while it waited
                     if not data:  # all of it dropped, or the start of a sequence held
                         continue
                 self._keep(data)
@@ -407,6 +413,13 @@ class PtyRelay:
             _close(master)
             _close(in_fd)
             _close(wake)
+
+
+def _paced(wake: int, seconds: float) -> bool:
+    """Wait SECONDS (the filter's pace) unless WAKE is readable first: True then."""
+    poller = select.poll()  # not select(): boxyd's fds may be past FD_SETSIZE
+    poller.register(wake, select.POLLIN)
+    return bool(poller.poll(seconds * 1000))
 
 
 def _call(fn: Callable[[], None] | None) -> None:

@@ -421,3 +421,29 @@ def filter_once(data: bytes) -> bytes:
     """DATA as a whole stream from a fresh state (an `attach` replay, cut anywhere)."""
     f = TermFilter()
     return f.feed(data) + f.flush()
+
+
+# The filter runs in each session's output thread, in boxyd's process: its Python
+# holds the GIL every other session needs. It is linear, but output made of short
+# sequences (ESC O, cut UTF-8 between escapes) costs it ~1 µs a byte where text costs
+# ~1 ns. So each session's filter has a share of one core; past it the output thread
+# waits before its next read, the PTY fills and the payload's writes block: slower
+# output, never unfiltered output, and no other session pays for it.
+FILTER_SHARE = 0.2  # of one core, for one session's filter
+FILTER_BURST = 0.5  # seconds of filtering in hand (a TUI's redraws never wait)
+
+
+class Pace:
+    """One session's budget of filter time (pure: the caller gives the clock)."""
+
+    def __init__(
+        self, now: float, share: float = FILTER_SHARE, burst: float = FILTER_BURST
+    ) -> None:
+        self._share, self._burst = share, burst
+        self._credit, self._at = burst, now
+
+    def spent(self, cost: float, now: float) -> float:
+        """COST seconds of filtering, ended at NOW: how long to wait before reading on."""
+        self._credit = min(self._burst, self._credit + (now - self._at) * self._share) - cost
+        self._at = now
+        return 0.0 if self._credit >= 0 else -self._credit / self._share

@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from boxyd.daemon import termfilter
 from boxyd.daemon.termfilter import CSI_CAP, OSC_CAP, TermFilter, filter_once
 
 E = "\x1b"
@@ -338,3 +339,28 @@ def test_state_is_kept_between_chunks():
     assert f.feed(b"1mc") == b"\x1b[31mc"
     assert f.feed(b"\xe2\x80") == b""  # the start of a character, held
     assert f.feed(b"\x9c.") == b"\xe2\x80\x9c."
+
+
+# --- the filter's pace: one session's share of a core ---------------------------------
+
+
+def test_the_pace_lets_a_burst_through_then_keeps_to_its_share() -> None:
+    pace = termfilter.Pace(0.0, share=0.2, burst=0.5)
+    assert pace.spent(0.4, 0.4) == 0.0  # within the burst
+    # 0.1 left, 0.06 earned since, 0.3 spent: 0.14 short, made up at 0.2 s a second
+    assert abs(pace.spent(0.3, 0.7) - 0.14 / 0.2) < 1e-9
+
+
+def test_a_filter_kept_busy_gets_its_share_and_no_more() -> None:
+    pace, now, busy = termfilter.Pace(0.0, share=0.2, burst=0.5), 0.0, 0.0
+    for _ in range(10_000):  # every chunk costs 10 ms of filtering
+        now += 0.01
+        busy += 0.01
+        now += pace.spent(0.01, now)
+    assert abs(busy / now - 0.2) < 0.01
+
+
+def test_an_idle_filter_earns_no_more_than_its_burst() -> None:
+    pace = termfilter.Pace(0.0, share=0.2, burst=0.5)
+    assert pace.spent(0.5, 3600.0) == 0.0
+    assert pace.spent(0.1, 3600.0) > 0  # an hour idle left no more than the burst

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from boxyd.daemon import pools
-from boxyd.daemon.livewatch import IN_CLOSE_WRITE, Visit, Watches
+from boxyd.daemon.livewatch import IN_CLOSE_WRITE, Rescan, Visit, Watches
 from boxyd.daemon.parseproc import Apart, call_apart
 from boxyd.gitguard import discover
 from boxyd.plan import credentials, live, masking
@@ -76,9 +76,11 @@ class LiveGuard:
         notice: Callable[[str], None],
         apart: Callable[[], Apart],
         stop: Stop,
+        rescan: Callable[[Watched, list[str], int], Rescan],
     ) -> None:
         """APART: a Parser for a redo's parse of what the payload wrote (parseproc.py);
-        STOP: what the guard does when it cannot keep the trees covered."""
+        STOP: what the guard does when it cannot keep the trees covered; RESCAN: a
+        listing of what it could not watch, in a child (walks.Walks.rescan)."""
         self._trees = {w.root: w for w in trees}
         self._apart = apart
         self._send = send
@@ -87,6 +89,7 @@ class LiveGuard:
         self._adopt = adopt
         self._notice = notice
         self._stop = stop
+        self._rescan_apart = rescan
         self._backlog = live.Backlog()
         self._drainer: asyncio.Task[None] | None = None
         self.stopped: str | None = None  # why the guard stopped the session
@@ -148,12 +151,10 @@ class LiveGuard:
             for root, rels in list(self._unwatched.items()):
                 w = self._trees[root]
                 got = await pools.run(
-                    pools.WATCHES, self._watches.rescan, w, sorted(rels), live.RESCAN_MAX
+                    pools.WATCHES, self._rescan_apart, w, sorted(rels), live.RESCAN_MAX
                 )
                 if self._fd < 0:
                     return
-                if len(rels) < live.RESCAN_MAX:
-                    rels.update(got.dirs[: live.RESCAN_MAX - len(rels)])
                 for redo in got.redos:
                     self._spawn(w, redo, time.monotonic())
                 if got.over and not said:

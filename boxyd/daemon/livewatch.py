@@ -18,6 +18,7 @@ import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from boxyd.gitguard import discover
 from boxyd.plan import live
@@ -238,38 +239,78 @@ class Watches:
                 out.redos.append(redo)
         return subdirs
 
-    def rescan(self, w: Watched, rels: list[str], limit: int) -> Rescan:
-        """REL's directories (those that could not be watched) listed, and every
-        directory below them, up to LIMIT entries in all: each credential that is not
-        covered yet, to cover (the payload's window on it: until the next rescan)."""
-        out = Rescan()
-        try:
-            steps = _Steps(w.root)
-        except OSError:
-            return out
-        seen, todo = 0, _order(rels)[::-1]
-        try:
-            while todo and not out.over:
-                rel = todo.pop()
-                try:  # past LIST_MAX too: this pass's bound is the one that counts here
-                    entries = _listing(steps.open(rel), limit - seen)
-                except OSError:
-                    continue  # gone: nothing there any more
-                seen += len(entries)
-                out.over = seen > limit
-                for name, is_dir in entries:
-                    sub = f"{rel}/{name}" if rel else name
-                    if is_dir:
-                        if live.new_dir(w, rel, name) is not None:
-                            out.dirs.append(sub)
-                            todo.append(sub)
-                        continue
-                    redo = live.on_change(w, rel, name, False)
-                    if redo is not None and redo.rule is not None and sub not in w.masks:
-                        out.redos.append(redo)
-        finally:
-            steps.close()
+
+def rescan(w: Watched, rels: list[str], limit: int) -> Rescan:
+    """REL's directories (those that could not be watched) listed, and every directory
+    below them, up to LIMIT entries in all: each credential that is not covered yet, to
+    cover (the payload's window on it: until the next rescan). In a child of the walk
+    template (rescan_reply): boxyd only judges the few names it sends back."""
+    out = Rescan()
+    try:
+        steps = _Steps(w.root)
+    except OSError:
         return out
+    seen, todo = 0, _order(rels)[::-1]
+    try:
+        while todo and not out.over:
+            rel = todo.pop()
+            try:  # past LIST_MAX too: this pass's bound is the one that counts here
+                entries = _listing(steps.open(rel), limit - seen)
+            except OSError:
+                continue  # gone: nothing there any more
+            seen += len(entries)
+            out.over = seen > limit
+            for name, is_dir in entries:
+                sub = f"{rel}/{name}" if rel else name
+                if is_dir:
+                    if live.new_dir(w, rel, name) is not None:
+                        out.dirs.append(sub)
+                        todo.append(sub)
+                    continue
+                redo = live.on_change(w, rel, name, False)
+                if redo is not None and redo.rule is not None and sub not in w.masks:
+                    out.redos.append(redo)
+    finally:
+        steps.close()
+    return out
+
+
+# The rescan's wire (walkproc.py): what boxyd sends a child of the walk template, and
+# what comes back: the paths of the credentials found, at most FOUND_MAX (one more
+# than the session may cover: past it the guard stops the session anyway).
+FOUND_MAX = live.NEW_MAX + 1
+
+
+def rescan_request(w: Watched, rels: list[str], limit: int) -> dict[str, object]:
+    return {
+        "rescan": {
+            "root": w.root,
+            "rels": rels,
+            "limit": limit,
+            "reveal": list(w.reveal),
+            "secrets": list(w.secrets),
+        }
+    }
+
+
+def rescan_reply(req: dict[str, Any]) -> dict[str, object]:
+    """In the child: the listing, as the paths of what it found (covered or not: the
+    child does not know what boxyd covered since)."""
+    w = live.watched(str(req["root"]), (), (), req["reveal"], secrets=req["secrets"])
+    got = rescan(w, [str(r) for r in req["rels"]], int(req["limit"]))
+    return {"found": [r.rel for r in got.redos[:FOUND_MAX]], "over": got.over}
+
+
+def rescan_answer(w: Watched, reply: dict[str, Any]) -> Rescan:
+    """In boxyd: the child's paths judged again against what is covered now (a few
+    names: a flood of them is the backlog's to refuse)."""
+    out = Rescan(over=bool(reply["over"]))
+    for rel in reply["found"][:FOUND_MAX]:
+        parent, _, name = str(rel).rpartition("/")
+        redo = live.on_change(w, parent, name, False)
+        if redo is not None and redo.rule is not None and redo.rel not in w.masks:
+            out.redos.append(redo)
+    return out
 
 
 def _listing(fd: int, cap: int = live.LIST_MAX) -> list[tuple[str, bool]]:

@@ -595,6 +595,7 @@ class StageSandbox:
             (lambda _: None) if quiet else self._sink.notice,
             self._launcher.walks.apart,
             self._stopped_by_guard,
+            self._launcher.walks.rescan,
         )
         self._live_start = asyncio.get_running_loop().create_task(self._watch(self.live_guard))
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from boxy.errors import SetupError
 from boxyd.config import parsedoor
-from boxyd.daemon import afterproc, parseproc
+from boxyd.daemon import afterproc, livewatch, parseproc
 from boxyd.daemon.frames import FRAME as FRAME
 from boxyd.daemon.frames import recv_frame, send_frame
 from boxyd.plan import walkwire, worktree
@@ -59,6 +59,10 @@ def child(conn: socket.socket) -> int:
         req = recv_frame(conn, REQUEST_MAX)
         if req == PARSE:  # boxyd's walk in its own thread parses through this child
             return parseproc.serve(conn)
+        if "rescan" in req:  # the live guard's (livewatch.py): its window, not niced
+            reply = livewatch.rescan_reply(req["rescan"])
+            send_frame(conn, reply)
+            return 0
         os.setpriority(os.PRIO_PROCESS, 0, WALK_NICENESS)
         # the check after a run has a wire of its own (afterproc.py)
         reply = afterproc.child(conn, req["after"]) if "after" in req else _walk_apart(req)

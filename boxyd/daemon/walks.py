@@ -19,11 +19,12 @@ from typing import Any, NamedTuple
 
 from boxy.errors import SetupError
 from boxyd.config.hosttools import Opener
-from boxyd.daemon import afterproc, frames, parseproc, pools, walkproc
+from boxyd.daemon import afterproc, frames, livewatch, parseproc, pools, walkproc
 from boxyd.daemon.stage2proc import Template
 from boxyd.gitguard import userconfig
 from boxyd.gitguard.scan import Snapshot
 from boxyd.plan import walkwire, worktree
+from boxyd.plan.live import Watched
 from boxyd.plan.worktree import Tree
 
 log = logging.getLogger("boxyd")
@@ -37,6 +38,8 @@ class Walked(NamedTuple):
 
 MODULE = "boxyd.daemon.walkproc"
 SPARE_AFTER = 0.25  # seconds after a spare is taken before the next is forked
+RESCAN_TIMEOUT = 10.0  # seconds for one listing of the live guard's (50,000 entries: ~0.1 s)
+RESCAN_REPLY_MAX = 16 << 20  # its paths (livewatch.FOUND_MAX of them)
 
 
 class Walks:
@@ -77,6 +80,24 @@ class Walks:
         conn = self._child()
         frames.send_frame(conn, walkproc.PARSE)
         return conn
+
+    def rescan(self, w: Watched, rels: list[str], limit: int) -> livewatch.Rescan:
+        """For a worker thread: the live guard's listing of the directories it could not
+        watch (livewatch.rescan), in a child; in this thread, logged, if the template
+        cannot start. Raises OSError or SetupError when the child does not answer."""
+        try:
+            conn = self._child()
+        except SetupError as e:
+            log.warning("%s; listing in the daemon", e)
+            return livewatch.rescan(w, rels, limit)
+        with conn:
+            conn.settimeout(RESCAN_TIMEOUT)
+            frames.send_frame(conn, livewatch.rescan_request(w, rels, limit))
+            reply = frames.recv_frame(conn, RESCAN_REPLY_MAX)
+        if not isinstance(reply, dict) or "found" not in reply:
+            why = reply.get("error") if isinstance(reply, dict) else None
+            raise SetupError(f"the live guard's listing failed: {why or 'no answer'}")
+        return livewatch.rescan_answer(w, reply)
 
     def after(
         self,

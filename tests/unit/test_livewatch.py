@@ -4,6 +4,7 @@ real directories: what is watched, what is listed, what comes back to be covered
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from boxyd.daemon import livewatch
 from boxyd.daemon.livewatch import Watches
 from boxyd.plan import live, worktree
 
@@ -142,10 +144,16 @@ def test_the_unwatched_directories_are_listed_at_every_depth_within_a_bound(
     (tmp_path / "c" / ".env").write_text("A=1")
     (tmp_path / "c" / "deep" / "er" / ".npmrc").write_text("//h/:_authToken=x\n")
     (tmp_path / "c" / "node_modules" / ".env").write_text("B=2")
-    got = watches.rescan(w, ["c", "d"], limit=1000)
+    got = livewatch.rescan(w, ["c", "d"], limit=1000)
     assert sorted(r.rel for r in got.redos) == ["c/.env", "c/deep/er/.npmrc"]  # not d/.env
     assert sorted(got.dirs) == ["c/deep", "c/deep/er"] and not got.over
-    assert watches.rescan(w, ["c", "d"], limit=2).over
+    assert livewatch.rescan(w, ["c", "d"], limit=2).over
+    # the same through the wire of its child, which knows nothing of what is covered
+    req = json.loads(json.dumps(livewatch.rescan_request(w, ["c", "d"], 1000)))["rescan"]
+    reply = json.loads(json.dumps(livewatch.rescan_reply(req)))
+    assert "d/.env" in reply["found"]
+    got = livewatch.rescan_answer(w, reply)
+    assert sorted(r.rel for r in got.redos) == ["c/.env", "c/deep/er/.npmrc"] and not got.over
 
 
 def test_the_rescan_judges_a_directory_past_list_max(
@@ -159,9 +167,9 @@ def test_the_rescan_judges_a_directory_past_list_max(
     for i in range(40):
         (tmp_path / "big" / f"f{i:02}").write_text("x")
     (tmp_path / "big" / ".env").write_text("A=1")
-    got = watches.rescan(w, ["big"], limit=1000)
+    got = livewatch.rescan(w, ["big"], limit=1000)
     assert [r.rel for r in got.redos] == ["big/.env"] and not got.over
-    assert watches.rescan(w, ["big"], limit=20).over  # past the pass's bound: said
+    assert livewatch.rescan(w, ["big"], limit=20).over  # past the pass's bound: said
 
 
 def test_nothing_is_watched_once_closed(tmp_path: Path) -> None:

@@ -201,6 +201,13 @@ class Network:
         notes += self.refused.lines(verbose=self.spec.verbose)
         if self._muted:
             notes.append(f"-v: {plural(self._muted, 'more denial')} not shown (see --audit-log)")
+        conns, names = log_.dropped()
+        if conns or names:  # the policy held for them: only the record is short
+            notes.append(
+                f"network log: {plural(conns, 'connection')} and {plural(names, 'resolved name')}"
+                f" past its bounds ({netlog.MAX_ROWS:,} rows, {netlog.MAX_NAMES:,} names) "
+                "counted, not kept"
+            )
         if self._netlog_fd is not None:
             try:
                 await asyncio.to_thread(netlog.write, self._netlog_fd, log_)

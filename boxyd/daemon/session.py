@@ -321,6 +321,10 @@ class Session:
         if outcome.reason is Reason.SECCOMP:
             self.record("seccomp", action="kill", signal=outcome.signal)
         outcome.findings, outcome.notes = report.findings, report.notes
+        if self.audit_dropped:  # the layers held for them: only the record is short
+            outcome.notes.append(
+                f"audit log: {self.audit_dropped:,} records past {MAX_AUDIT:,} counted, not kept"
+            )
         outcome.destinations, outcome.refusals = report.destinations, report.refusals
         if not started:  # never said: the client hears them with the outcome
             outcome.warnings = self.warnings

@@ -195,6 +195,10 @@ class NetLog:
             sent, received = sent + d.sent, received + d.received
         return conns, denied, sent, received, len(self._dests)
 
+    def dropped(self) -> tuple[int, int]:
+        """Connections and resolved names past the log's bounds: counted, not kept."""
+        return self._dropped_rows, self._dropped_names
+
     def summary(self) -> list[Destination]:
         """One row per destination, most connections first, then by name."""
         rows = [

@@ -27,6 +27,7 @@ from boxy.outcome import (
 from boxy.request import RunOptions, RunRequest
 from boxyd.config.runspec import RunSpec
 from boxyd.daemon import seam
+from boxyd.daemon import session as session_mod
 from boxyd.daemon.events import (
     Audited,
     ClientAttached,
@@ -176,6 +177,22 @@ async def test_start_returns_at_once_and_the_session_runs_without_its_caller() -
     assert out.warnings == []  # said when it started, not again
     assert s.state is State.EXITED and sb.finished and sb.closed and not m.busy()
     assert s.audit == []  # written out, not held by a long-lived daemon
+
+
+async def test_an_audit_flood_is_counted_and_the_outcome_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """§3 of issue #30: a bound the payload fills (the audit records kept) is said in
+    the run's last lines, not only in the record."""
+    monkeypatch.setattr(session_mod, "MAX_AUDIT", 3)
+    m = Manager(FakeLauncher())
+    s = await m.start(request(), [])
+    await started(s)
+    for i in range(7):
+        s.record("net", n=i)
+    m.launcher.made[0].push(Exit(code=0))
+    out = await s.wait()
+    assert "audit log: 5 records past 3 counted, not kept" in out.notes, out.notes
 
 
 async def test_bad_input_starts_nothing() -> None:

@@ -176,7 +176,7 @@ def test_row_bound_keeps_counting() -> None:
         log.update(h, 100, 1000, final=True)
     doc = log.to_json()
     assert len(doc["conns"]) == 3
-    assert doc["dropped"]["conns"] == 3
+    assert doc["dropped"]["conns"] == 3 and log.dropped() == (3, 0)
     assert "192.0.2.4" not in doc["strings"]  # dropped rows intern nothing
     assert log.summary() == [Destination("a.example", 6, 1, 6, 500, 5000)]
     with pytest.raises(KeyError):  # dropped rows release their state at final too

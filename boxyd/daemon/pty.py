@@ -100,6 +100,7 @@ class PtyRelay:
         self._ring = bytearray()
         self._log_fd: int | None = None  # a detached session's output log (ours)
         self._logged = 0
+        self.log_cut = False  # output past MAX_LOG was not kept in the log
         # the hand-over slot: the output fd of the next client, and its generation
         self._next_out: int | None = None
         self._out_gen = 0
@@ -311,6 +312,8 @@ class PtyRelay:
         if log is not None and room > 0:
             with contextlib.suppress(OSError):
                 self._logged += os.write(log, data[:room])
+        if log is not None and len(data) > room:
+            self.log_cut = True  # said with the outcome (sandbox.finish)
 
     def _pump_output(self, master: int, _unused: int | None, wake: int) -> None:
         """PTY master -> the client of the moment, until the slave side is gone

@@ -27,7 +27,7 @@ from boxyd.config.hosttools import resolve
 from boxyd.config.registries import Registries
 from boxyd.config.runspec import RunSpec
 from boxyd.config.spec import build_spec
-from boxyd.daemon import passedfds, pools, records, walks
+from boxyd.daemon import passedfds, pools, pty, records, walks
 from boxyd.daemon.liveguard import LiveGuard
 from boxyd.daemon.parseproc import Apart, call_with
 from boxyd.daemon.pty import PtyRelay
@@ -729,6 +729,10 @@ class StageSandbox:
                 await self.pty.wait_drained()
             self.pty.close()
         report = Report()
+        if self.pty is not None and self.pty.log_cut:
+            report.notes.append(
+                f"output log: stopped at {pty.MAX_LOG >> 20} MiB; the rest was not kept"
+            )
         for what, count in self._limit_hits:  # only where a controller counted them
             self._sink.record("cgroup", event=what, count=count)
             report.notes.append(f"{what} ({count}x)")

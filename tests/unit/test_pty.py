@@ -25,6 +25,7 @@ import pytest
 
 from boxy import termsettings
 from boxyctl.tty import on_winch, raw_mode, window_size
+from boxyd.daemon import pty as pty_mod
 from boxyd.daemon.pty import RING, PtyRelay
 
 MiB = 1 << 20
@@ -288,6 +289,24 @@ async def test_replay_and_log_are_filtered(terminal: tuple[int, int], tmp_path: 
     finally:
         relay.close()
     assert log.read_bytes() == HARMLESS + b"\xe2\x80" + tail
+
+
+async def test_a_full_output_log_is_cut_and_says_so(
+    terminal: tuple[int, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pty_mod, "MAX_LOG", 10)
+    relay = PtyRelay(None, None, settings=termsettings.defaults())
+    log = tmp_path / "output.log"
+    relay.log_to(os.open(log, os.O_WRONLY | os.O_CREAT, 0o600))
+    slave = attach_pair(relay)
+    try:
+        tty.setraw(slave)
+        os.write(slave, b"0123456789abcdef")
+        os.close(slave)
+        await asyncio.wait_for(relay.wait_drained(), 5)
+    finally:
+        relay.close()
+    assert log.read_bytes() == b"0123456789" and relay.log_cut
 
 
 def test_refuses_fds_that_are_not_terminals() -> None:

@@ -18,7 +18,9 @@ them. The wire, frames.py's (8-byte length, then JSON):
                         -> {"rc", "timed_out", "truncated", "size"}, then SIZE raw bytes
                                                           | {"error": line}
                    {"close": id}                      (no answer)
-  and at last      {"done": {"git": [line], "tools": [line]}} | {"error": line}
+  and at last      {"done": {"git": size, "tools": size}}, then the lines of each,
+                   NUL-separated, raw: a flood of findings (100,000 hooks: 30 MB) is
+                   split in one C call, never decoded as JSON  | {"error": line}
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from boxyd.plan import walkwire, worktree
 from boxyd.plan.worktree import Tree
 
 AFTER_BUDGET = 300.0  # seconds for one run's check (its end waits that long at most)
-LINES_MAX = 500  # lines of each kind said of one run (more: counted in one line)
+LINES_MAX = 64 << 20  # bytes of the lines of each kind (more: counted in one line)
 FRAME_MAX = 16 << 20  # a frame from the child (its lines are capped above)
 Lines = tuple[list[str], list[str]]
 
@@ -101,14 +103,26 @@ def _remote_tools(conn: socket.socket) -> Opener:
     return open_box
 
 
-def _capped(lines: list[str], what: str) -> list[str]:
-    if len(lines) <= LINES_MAX:
-        return lines
-    return [*lines[:LINES_MAX], f"… and {len(lines) - LINES_MAX:,} more {what} (the run's record)"]
+def _blob(lines: list[str], what: str) -> bytes:
+    """LINES, NUL-separated (no path holds a NUL), at most LINES_MAX bytes."""
+    out, size = [], 0
+    for i, line in enumerate(lines):
+        b = line.encode("utf-8", "surrogateescape")
+        if size + len(b) + 1 > LINES_MAX - 256:
+            out.append(f"… and {len(lines) - i:,} more {what}, not kept".encode())
+            break
+        out.append(b)
+        size += len(b) + 1
+    return b"\0".join(out)
 
 
-def child(conn: socket.socket, req: dict[str, Any]) -> dict[str, Any]:
-    """The check, in the walk template's child: what it parses, in a child of its own."""
+def _lines(blob: bytes) -> list[str]:
+    return blob.decode("utf-8", "surrogateescape").split("\0") if blob else []
+
+
+def child(conn: socket.socket, req: dict[str, Any]) -> None:
+    """The check, in the walk template's child: what it parses, in a child of its own;
+    its lines sent as the wire says."""
     frames.send_frame(conn, {"pid": os.getpid()})
     # of each tree, the check needs what the walk saw of the tools' files
     trees = {str(r): Tree(tools=walkwire.decode_tools(t)) for r, t in req["tools"].items()}
@@ -127,7 +141,9 @@ def child(conn: socket.socket, req: dict[str, Any]) -> dict[str, Any]:
     finally:
         parser.close()
         parseproc.reap_children()
-    return {"done": {"git": _capped(git, "findings"), "tools": _capped(tools, "tools' files")}}
+    git_b, tools_b = _blob(git, "findings"), _blob(tools, "tools' files")
+    frames.send_frame(conn, {"done": {"git": len(git_b), "tools": len(tools_b)}})
+    conn.sendall(git_b + tools_b)
 
 
 # --- boxyd's side (a worker thread) -----------------------------------------------------
@@ -143,8 +159,11 @@ class _Serving:
     def answer(self, msg: dict[str, Any]) -> Lines | None:
         """One frame of the child's; the lines once it is done."""
         if "done" in msg:
-            done = msg["done"]
-            return [str(x) for x in done["git"]], [str(x) for x in done["tools"]]
+            sizes = int(msg["done"]["git"]), int(msg["done"]["tools"])
+            if not all(0 <= n <= LINES_MAX for n in sizes):
+                raise BoxyError(f"lines of {sizes} bytes (more than {LINES_MAX})")
+            git_b = frames.recv_exact(self._conn, sizes[0])
+            return _lines(git_b), _lines(frames.recv_exact(self._conn, sizes[1]))
         if "error" in msg:
             raise BoxyError(str(msg["error"]))
         if "open" in msg:

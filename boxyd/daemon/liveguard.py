@@ -142,10 +142,9 @@ class LiveGuard:
 
     async def _rescan(self) -> None:
         """A bound the payload can fill (the watches) never leaves protection off: the
-        directories that could not be watched are listed again every RESCAN_EVERY, up
-        to RESCAN_MAX entries (docs/design.md, "The guard is live"); past that, said
-        once, in the record and the run's last lines."""
-        said = False
+        directories that could not be watched are listed again every RESCAN_EVERY, in a
+        child (docs/design.md, "The guard is live"). Past RESCAN_MAX entries a pass
+        would leave the rest unlisted: the session is stopped instead."""
         while self._fd >= 0:
             await asyncio.sleep(live.RESCAN_EVERY)
             for root, rels in list(self._unwatched.items()):
@@ -157,12 +156,12 @@ class LiveGuard:
                     return
                 for redo in got.redos:
                     self._spawn(w, redo, time.monotonic())
-                if got.over and not said:
-                    said = True
-                    self._say(
-                        f"live guard: {root}: more than {live.RESCAN_MAX:,} entries it cannot "
-                        "watch; a credential saved among them is covered only by the next run"
+                if got.over:
+                    self.fail(
+                        f"{root}: more than {live.RESCAN_MAX:,} entries in directories it "
+                        "could not watch"
                     )
+                    return
 
     def _say(self, note: str) -> None:
         self._record("fs.live", note=note)

@@ -106,6 +106,10 @@ class Publisher:
         self._tasks: set[asyncio.Task[None]] = set()
         self._flows: set[relay.Flow] = set()
         self.connections = 0  # relayed, for the record at the end
+        # accepted and not yet over (counted at the accept: a burst of accepts runs
+        # before any of their tasks, and got past a count of the tasks' own state)
+        self._active = 0
+        self.reset_full = 0  # reset at the accept, the table full: said at the end
 
     def start(self, ask: Callable[[protocol.Request], None]) -> None:
         """Accept on every listener (the payload runs: stage 2 answers requests now)."""
@@ -133,9 +137,11 @@ class Publisher:
 
     async def _accept_loop(self, listener: socket.socket, port: int) -> None:
         def take(client: socket.socket) -> None:
-            if len(self._flows) + len(self._waiting) >= MAX_CONNECTIONS:
+            if self._active >= MAX_CONNECTIONS:
+                self.reset_full += 1
                 relay.reset(client)
                 return
+            self._active += 1
             self._spawn(self._connection(client, port))
 
         await relay.accept_forever(listener, take, "publish")
@@ -144,17 +150,20 @@ class Publisher:
         """CLIENT (the host's side) relayed to PORT on the sandbox's loopback; when
         nothing listens there, the client gets a reset, as it would from the port."""
         try:
-            inner = await self._dial(port)
-        except (OSError, TimeoutError):
-            relay.reset(client)
-            return
-        flow = relay.Flow(client, inner, idle_timeout=IDLE_TIMEOUT)
-        self._flows.add(flow)
-        self.connections += 1
-        try:
-            await flow.run()
+            try:
+                inner = await self._dial(port)
+            except (OSError, TimeoutError):
+                relay.reset(client)
+                return
+            flow = relay.Flow(client, inner, idle_timeout=IDLE_TIMEOUT)
+            self._flows.add(flow)
+            self.connections += 1
+            try:
+                await flow.run()
+            finally:
+                self._flows.discard(flow)
         finally:
-            self._flows.discard(flow)
+            self._active -= 1
 
     async def _dial(self, port: int) -> socket.socket:
         """A socket of the sandbox's network namespace, connected to its loopback."""

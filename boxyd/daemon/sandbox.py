@@ -719,7 +719,9 @@ class StageSandbox:
         if self.stage2 is not None:
             self.stage2.close()
         if self.ports is not None:
-            self._sink.record("publish", connections=self.ports.connections)
+            self._sink.record(
+                "publish", connections=self.ports.connections, reset_full=self.ports.reset_full
+            )
             self.ports.close()
         # The gateway waits a moment for the last refusal reports: meanwhile, the
         # terminal drains and the git scan runs.
@@ -729,6 +731,13 @@ class StageSandbox:
                 await self.pty.wait_drained()
             self.pty.close()
         report = Report()
+        if self.ports is not None and self.ports.reset_full:
+            from boxyd.daemon.publish import MAX_CONNECTIONS  # loaded: ports were published
+
+            report.notes.append(
+                f"--publish: {self.ports.reset_full:,} connections reset at the accept: "
+                f"{MAX_CONNECTIONS} were open at once"
+            )
         if self.pty is not None and self.pty.log_cut:
             report.notes.append(
                 f"output log: stopped at {pty.MAX_LOG >> 20} MiB; the rest was not kept"

@@ -64,14 +64,17 @@ def child(conn: socket.socket) -> int:
             send_frame(conn, reply)
             return 0
         os.setpriority(os.PRIO_PROCESS, 0, WALK_NICENESS)
-        # the check after a run has a wire of its own (afterproc.py)
-        reply = afterproc.child(conn, req["after"]) if "after" in req else _walk_apart(req)
+        if "after" in req:  # the check after a run: a wire of its own (afterproc.py)
+            afterproc.child(conn, req["after"])
+            conn.recv(1)  # boxyd closes first: the pid it was told stays this process's
+            return 0
+        reply = _walk_apart(req)
     except Exception as e:  # a bug, not a refusal: said as one, rather than a silent end
         reply = {"error": f"the walk: internal error: {type(e).__name__}: {e}"}
     try:
         send_frame(conn, reply)
-        if isinstance(req, dict) and "after" in req:
-            conn.recv(1)  # boxyd closes first: the pid it was told stays this process's
+        if isinstance(req, dict) and "after" in req:  # its error, after its hello
+            conn.recv(1)
     except OSError:
         return 1
     return 0

@@ -240,13 +240,15 @@ def read_beneath(root: str, rel: str, limit: int) -> bytes | None:
         os.close(pfd)
 
 
-def _list(fd: int) -> dict[str, Type]:
-    """A directory's entries and their types (d_type; never a symlink followed).
-    Inline and the commonest first (a tree is mostly files): the walk asks this of a
-    million entries."""
+def _list(fd: int, cap: int | None = None) -> dict[str, Type]:
+    """A directory's entries and their types (d_type; never a symlink followed), up to
+    one more than CAP. Inline and the commonest first (a tree is mostly files): the
+    walk asks this of a million entries."""
     out: dict[str, Type] = {}
     with os.scandir(fd) as it:
         for e in it:
+            if cap is not None and len(out) > cap:
+                break
             try:
                 if e.is_file(follow_symlinks=False):
                     out[e.name] = "file"
@@ -420,10 +422,12 @@ class Walker:
         observer: Observer | None = None,
         user_hooks: str | None = None,
         refuse_unjudged: bool = True,
+        entry_limit: int | None = None,
     ) -> None:
         """REFUSE_UNJUDGED: a config whose parse is Hostile refuses the run (the walk
         before it: what it includes is unknown); False after the run, where the scan
-        judges that file itself (and moves it aside) and must go on to the others."""
+        judges that file itself (and moves it aside) and must go on to the others.
+        LIMIT, ENTRY_LIMIT: TooLarge past that many directories, entries listed."""
         self.root_fd = root_fd
         self.refuse_unjudged = refuse_unjudged
         # the user's global core.hooksPath (userconfig.py): every repository's hooks too
@@ -443,6 +447,8 @@ class Walker:
         # block there until its deadline), and neither is anything below one
         self.blocked: set[str] = set()
         self.listed = 0  # directories listed so far
+        self.entry_limit = entry_limit
+        self.entries = 0  # their entries
 
     def control(self, rel: str, role: Role, kind: Type) -> None:
         self.controls.setdefault(rel, Control(rel, role, kind))
@@ -538,7 +544,12 @@ class Walker:
                 os.close(fd)
                 raise TooLarge(f"more than {self.limit:,} directories")
             try:
-                entries = _list(fd)
+                room = None if self.entry_limit is None else self.entry_limit - self.entries
+                entries = _list(fd, room)
+                self.entries += len(entries)
+                if self.entry_limit is not None and self.entries > self.entry_limit:
+                    os.close(fd)
+                    raise TooLarge(f"more than {self.entry_limit:,} entries")
                 subdirs = self.visit(fd, rel, entries)
                 if self.observer is not None:
                     self.observer(fd, rel, entries)

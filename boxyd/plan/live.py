@@ -19,10 +19,10 @@ from boxyd.plan import credentials
 from boxyd.plan.credentials import Action, Rule
 from boxyd.plan.masking import Found
 
-MAX_WATCHED = 4096  # directories per session (the user's inotify budget is shared)
+MAX_WATCHED = 16_384  # directories per session (the user's inotify budget is shared)
 LIST_MAX = 10_000  # entries of one directory the guard lists and judges (more: said)
 RESCAN_EVERY = 1.0  # seconds between listings of the directories that could not be watched
-RESCAN_MAX = 50_000  # entries one such listing looks at, at most (more: said)
+RESCAN_MAX = 250_000  # entries one such listing looks at (~1 s; more: the session is stopped)
 # What the payload can make one session's guard do (docs/design.md, "The guard is
 # live"): cover this many new credentials, and let a change wait this long for its
 # redo. Past either the guard cannot keep up, and the session is stopped.

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from boxy.errors import SetupError
 from boxyd.gitguard import discover
 from boxyd.gitguard.discover import Layout, Type
 from boxyd.plan import credentials, payloadparse
@@ -42,23 +43,43 @@ class Found:
     note: str = ""  # said with it under -v and in the audit log (its other hard links)
 
 
-def judge(dir_fd: int, name: str, rule: Rule) -> Found | None:
-    """The stand-in for one entry the rule names, or None (nothing to cover)."""
+# What a payload can make one tree's credentials cost (docs/design.md, "Credentials"):
+# each is a mount of its own in the sandbox (the mount table is bounded: fs.mount-max),
+# and a scrubbed copy travels in the plan. Past FOUND_MAX the run is refused; past
+# STAND_INS_MAX of copies, the rest are covered empty (nothing of them shown).
+FOUND_MAX = 4096
+STAND_INS_MAX = 16 << 20
+
+
+def judge(
+    dir_fd: int,
+    name: str,
+    rule: Rule,
+    *,
+    room: int = credentials.SCRUB_MAX,
+    spent: Callable[[int], None] | None = None,
+) -> Found | None:
+    """The stand-in for one entry the rule names, or None (nothing to cover). ROOM:
+    the bytes a scrubbed copy may still take (past it: covered empty); SPENT: told
+    how many bytes were read."""
     if rule.is_dir:
         return Found("", rule.kind, rule.action, True)
     if rule.action is Action.EMPTY and not rule.needs_content:
         return Found("", rule.kind, rule.action, False)
-    limit = credentials.KEY_PROBE if rule.action is Action.EMPTY else credentials.SCRUB_MAX + 1
+    room = min(room, credentials.SCRUB_MAX)
+    limit = credentials.KEY_PROBE if rule.action is Action.EMPTY else room + 1
     data = discover.read_head(dir_fd, name, limit)
     if data is None:
         return None
+    if spent is not None:
+        spent(len(data))
     if rule.action is Action.EMPTY:  # a .pem or .key: only a private key is covered
         return (
             Found("", rule.kind, rule.action, False)
             if credentials.holds_private_key(data)
             else None
         )
-    if len(data) > credentials.SCRUB_MAX:  # too large to scrub: nothing of it is shown
+    if len(data) > room:  # too large to scrub (or no room left): nothing of it is shown
         return Found("", rule.kind, Action.EMPTY, False)
     clean = payloadparse.scrub(rule, data)  # apart from boxyd, within a budget
     if isinstance(clean, payloadparse.Hostile):  # not judged: nothing of it is shown
@@ -78,10 +99,21 @@ class Finder:
     observer); ``found`` is the result. SECRETS: the profile's own patterns
     (``filesystem.secrets``)."""
 
-    def __init__(self, root_fd: int, roots: list[str], secrets: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        root_fd: int,
+        roots: list[str],
+        secrets: Sequence[str] = (),
+        byte_limit: int | None = None,
+    ) -> None:
+        """BYTE_LIMIT: discover.TooLarge past reading that many bytes (a walk in
+        boxyd's own thread hands a tree that costs more to the walk process)."""
         self.root_fd = root_fd
         self.roots = roots
         self.secrets = tuple(secrets)
+        self.byte_limit = byte_limit
+        self.read = 0  # bytes of credentials read
+        self.room = STAND_INS_MAX  # bytes scrubbed copies may still take
         self.found: dict[str, Found] = {}
         self.linked: dict[tuple[int, int], _Linked] = {}  # (st_dev, st_ino) of credentials
         self.d_ino_ok = True  # the listings' inode numbers are the files' own
@@ -102,7 +134,7 @@ class Finder:
             rule = credentials.rule_for(parent, name, kind == "dir")
             if rule is None and self.secrets:
                 rule = credentials.user_rule(self.secrets, discover.join(rel, name), kind == "dir")
-            found = judge(dir_fd, name, rule) if rule is not None else None
+            found = self._judge(dir_fd, name, rule) if rule is not None else None
             if found is not None:
                 self._add(discover.join(rel, name), found, dir_fd=dir_fd, name=name)
 
@@ -128,16 +160,35 @@ class Finder:
         except OSError:
             return
         try:
-            found = judge(pfd, name, rule)
+            found = self._judge(pfd, name, rule)
             if found is not None:
                 self._add(rel, found, via=via, dir_fd=pfd, name=name)
         finally:
             os.close(pfd)
 
+    def _judge(self, dir_fd: int, name: str, rule: Rule) -> Found | None:
+        found = judge(dir_fd, name, rule, room=self.room, spent=self._spent)
+        if found is not None:
+            self.room -= len(found.content)
+        return found
+
+    def _spent(self, n: int) -> None:
+        self.read += n
+        if self.byte_limit is not None and self.read > self.byte_limit:
+            raise discover.TooLarge(f"more than {self.byte_limit:,} bytes of credentials")
+
+    def _count(self) -> None:
+        if len(self.found) > FOUND_MAX:
+            raise SetupError(
+                f"{self.roots[0]} holds more than {FOUND_MAX:,} credential files (each is "
+                "covered by a mount of its own): remove them, or run in a narrower directory"
+            )
+
     def _add(self, rel: str, found: Found, via: str = "", dir_fd: int = -1, name: str = "") -> None:
         if rel in self.found:
             return
         self.found[rel] = replace(found, rel=rel, via=via)  # its note (not judged) kept
+        self._count()
         if found.is_dir or dir_fd < 0:
             return
         try:  # the same lstat judge made: a file's other names are not in its name
@@ -183,6 +234,7 @@ class Finder:
                     other,
                     replace(primary, rel=other, via=link.rel, note=f"a hard link of {link.rel}"),
                 )
+                self._count()
 
 
 def _listed_ino(dir_fd: int, name: str) -> int:

@@ -44,6 +44,13 @@ class Tree:
     stamps: dict[str, live.Stamp] = field(default_factory=dict)  # of dirs (live.stamp)
 
 
+# A walk in boxyd's own thread (a LIMIT given: daemon/walks.py) stops past these too,
+# and is done by the walk process instead: a few directories can hold a million names
+# or 40 credentials of 4 MiB each (0.2 s and 2 s of another session's start).
+SMALL_ENTRIES = 20_000
+SMALL_BYTES = 1 << 20
+
+
 class LargerThan(Exception):
     """The walk stopped at the LIMIT it was given (having changed nothing)."""
 
@@ -82,13 +89,20 @@ def walk(
     CREATED: a --mkdir directory stage 2 will create; absent, it is an empty tree
     (everything in it after the run is new). USER_HOOKS: the user's global
     core.hooksPath (gitguard/userconfig.py). LIMIT: stop (LargerThan) past that many
-    directories, before anything is created."""
+    directories, SMALL_ENTRIES entries or SMALL_BYTES of credentials read, before
+    anything is created."""
     if created and not os.path.lexists(root):
         return Tree(baseline=scan.Snapshot(root, {}, frozenset()) if git_guard else None)
     try:
         root_fd = discover.open_root(root)
         try:
-            finder = Finder(root_fd, [os.path.abspath(root), os.path.realpath(root)], secrets)
+            small = limit is not None  # in boxyd's own thread: bounded in entries and bytes too
+            finder = Finder(
+                root_fd,
+                [os.path.abspath(root), os.path.realpath(root)],
+                secrets,
+                byte_limit=SMALL_BYTES if small else None,
+            )
             watch = Watch()
             live_dirs = _LiveDirs(root_fd)
 
@@ -103,6 +117,7 @@ def walk(
                 observer=observe,
                 user_hooks=user_hooks,
                 limit=discover.MAX_DIRS if limit is None else limit,
+                entry_limit=SMALL_ENTRIES if small else None,
             ).run()
             finder.git_configs(lay)
             finder.links()

@@ -251,3 +251,24 @@ def test_a_link_outside_the_tree_is_said(boxy: Boxy, user: User, workdir: Path) 
         ), describe(r)
     finally:
         outside.unlink()
+
+
+def test_more_credentials_than_mounts_refuse_the_next_run_at_once(
+    boxy: Boxy, user: User, workdir: Path
+) -> None:
+    """issue #30 §3: a payload that leaves 5,000 credential files (made where the walk
+    does not look, then moved in) made every later run build 5,000 mounts; at 110,000
+    the mount table ran out mid-start (exit 125 after 13 s, every time). Past
+    FOUND_MAX the run is refused with one line, before anything is mounted."""
+    plant = (
+        "import os\nos.makedirs('node_modules/x')\n"
+        "for i in range(5000):\n    open(f'node_modules/x/.env.{i}', 'w').close()\n"
+        "os.rename('node_modules/x', 'x')\n"
+    )
+    r = boxy.run("--net", "none", cmd=["python3", "-c", plant], timeout=120)
+    assert r.returncode in (0, 137), describe(r)  # the live guard may stop it (1,024 new)
+    r = boxy.sh("echo the-payload-ran")
+    assert r.returncode == 125, describe(r)
+    lines = r.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and "more than 4,096 credential files" in lines[0], lines
+    assert b"the-payload-ran" not in r.stdout

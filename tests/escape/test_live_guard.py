@@ -210,14 +210,14 @@ def test_a_tree_moved_in_during_the_run_is_covered_at_every_depth(boxy: Boxy, us
     assert _after(obs, t + 1.0), "the payload stopped looking: the case proves nothing"
 
 
-# Fills the live guard's watch budget first (4,100 directories of its own), then
+# Fills the live guard's watch budget first (16,500 directories of its own), then
 # looks, as WATCHER does, at a credential the host saves in a directory it makes
 # afterwards and at one in a directory the payload made.
 FILL_THEN_WATCH = (
     """
-for i in range(4100):
+for i in range(16_500):
     os.makedirs(f"fill/{i // 100}/{i}", exist_ok=True)
-tried("filled", "4100")
+tried("filled", "16500")
 """
     + WATCHER
 )
@@ -228,7 +228,7 @@ def test_a_full_watch_budget_leaves_no_directory_unprotected(boxy: Boxy, user: U
     user then saves a .env in a new directory and in one of the payload's: both are
     covered (the unwatched directories are listed again every second), and the run
     says the budget was reached."""
-    names = "late/.env,fill/7/733/.env"
+    names = "late/.env,fill/164/16450/.env"  # the latter made past the budget
     sid = _detached(boxy, FILL_THEN_WATCH, names, "8")
     wait_for(lambda: len(_observations(boxy.workdir)) > 5, 60, "the payload to fill and look")
     (boxy.workdir / "late").mkdir()
@@ -294,3 +294,32 @@ def test_a_flood_of_new_credentials_stops_the_session(boxy: Boxy, user: User) ->
     assert "more than 1,024 new credentials" in shown, shown[-2000:]
     assert "the session was stopped" in shown, shown[-2000:]
     assert took < 25, f"stopped only after {took:.1f}s"
+
+
+# Fills the watch budget, then more entries where the guard cannot watch than one
+# rescan pass lists (live.RESCAN_MAX): a pass would leave the rest unlisted.
+FILL_PAST_THE_RESCAN = (
+    """
+for i in range(16_500):
+    os.makedirs(f"fill/{i // 100}/{i}", exist_ok=True)
+os.makedirs("fill/many")
+for i in range(250_001):
+    open(f"fill/many/{i}", "w").close()
+tried("filled", "past the rescan")
+"""
+    + WATCHER
+)
+
+
+def test_more_than_a_rescan_can_list_stops_the_session(boxy: Boxy, user: User) -> None:
+    """issue #30 §3: past what one rescan pass lists, the rest would go unlisted (a
+    .env the host saved there stayed readable): the session is stopped, and says why."""
+    sid = _detached(boxy, FILL_PAST_THE_RESCAN, "late/.env", "60")
+    wait_for(
+        lambda: _state(user, sid)["state"] not in ("starting", "running"),
+        90,
+        "the guard to stop the session",
+    )
+    shown = json.dumps(_state(user, sid))
+    assert "more than 250,000 entries in directories it could not watch" in shown, shown[-2000:]
+    assert "the session was stopped" in shown, shown[-2000:]

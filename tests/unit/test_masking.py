@@ -7,7 +7,10 @@ import os
 import subprocess
 from pathlib import Path
 
-from boxyd.plan import worktree
+import pytest
+
+from boxy.errors import SetupError
+from boxyd.plan import masking, worktree
 from boxyd.plan.masking import Found
 
 S = "SECRETvalue"
@@ -96,3 +99,58 @@ def test_no_linked_credential_no_search(tmp_path: Path) -> None:
     os.link(tmp_path / "x", tmp_path / "y")  # linked, but not a credential
     got = found(tmp_path)
     assert set(got) == {".env"} and got[".env"].note == ""
+
+
+# --- what a payload can make one tree's credentials cost (issue #30 §3) ---------------
+
+
+def test_more_credentials_than_the_mounts_allow_refuse_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(masking, "FOUND_MAX", 5)
+    for i in range(5):
+        (tmp_path / f".env.{i}").write_text("K=1\n")
+    assert len(found(tmp_path)) == 5
+    (tmp_path / ".env.5").write_text("K=1\n")
+    with pytest.raises(SetupError, match="more than 5 credential files"):
+        found(tmp_path)
+
+
+def test_scrubbed_copies_past_their_room_are_covered_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = "registry=https://r.example/\n//r.example/:_authToken=" + S + "\n" + "#" * 200 + "\n"
+    monkeypatch.setattr(masking, "STAND_INS_MAX", 2 * len(body))
+    for i in range(4):
+        (tmp_path / f"p{i}").mkdir()
+        (tmp_path / f"p{i}/.npmrc").write_text(body)
+    got = found(tmp_path)
+    scrubbed = [f for f in got.values() if f.content]
+    assert len(got) == 4 and len(scrubbed) == 2  # the first two fit, the others are empty
+    assert all(S.encode() not in f.content for f in got.values())
+    assert sum(len(f.content) for f in got.values()) <= 2 * len(body)
+
+
+def test_a_walk_in_boxyd_s_thread_hands_on_many_entries_or_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A few directories can hold a million names or 40 credentials of 4 MiB: the small
+    walk (a LIMIT given) stops, and the walk process does it instead."""
+    monkeypatch.setattr(worktree, "SMALL_ENTRIES", 50)
+    monkeypatch.setattr(worktree, "SMALL_BYTES", 1000)
+    (tmp_path / "d").mkdir()
+    for i in range(40):
+        (tmp_path / f"d/f{i}").write_text("x")
+    worktree.walk(str(tmp_path), git_guard=False, limit=10)  # 41 entries: in the thread
+    for i in range(40, 60):
+        (tmp_path / f"d/f{i}").write_text("x")
+    with pytest.raises(worktree.LargerThan, match="more than 50 entries"):
+        worktree.walk(str(tmp_path), git_guard=False, limit=10)
+    assert len(worktree.walk(str(tmp_path), git_guard=False).dirs) == 2  # no limit: walked
+    for i in range(60):
+        (tmp_path / f"d/f{i}").unlink()
+    for i in range(3):
+        (tmp_path / f"d/{i}").mkdir()
+        (tmp_path / f"d/{i}/.npmrc").write_text("registry=x\n" + "#" * 600 + "\n")
+    with pytest.raises(worktree.LargerThan, match="more than 1,000 bytes of credentials"):
+        worktree.walk(str(tmp_path), git_guard=False, limit=10)

@@ -145,8 +145,11 @@ class LiveGuard:
         directories that could not be watched are listed again every RESCAN_EVERY, in a
         child (docs/design.md, "The guard is live"). Past RESCAN_MAX entries a pass
         would leave the rest unlisted: the session is stopped instead."""
+        took = 0.0
         while self._fd >= 0:
-            await asyncio.sleep(live.RESCAN_EVERY)
+            # at most half a core however large the tree (a pass of 250,000: ~1 s)
+            await asyncio.sleep(max(live.RESCAN_EVERY, took))
+            start = time.monotonic()
             for root, rels in list(self._unwatched.items()):
                 w = self._trees[root]
                 got = await pools.run(
@@ -162,6 +165,7 @@ class LiveGuard:
                         "could not watch"
                     )
                     return
+            took = time.monotonic() - start
 
     def _say(self, note: str) -> None:
         self._record("fs.live", note=note)

@@ -730,21 +730,7 @@ class StageSandbox:
             if self.pty.attached:
                 await self.pty.wait_drained()
             self.pty.close()
-        report = Report()
-        if self.ports is not None and self.ports.reset_full:
-            from boxyd.daemon.publish import MAX_CONNECTIONS  # loaded: ports were published
-
-            report.notes.append(
-                f"--publish: {self.ports.reset_full:,} connections reset at the accept: "
-                f"{MAX_CONNECTIONS} were open at once"
-            )
-        if self.pty is not None and self.pty.log_cut:
-            report.notes.append(
-                f"output log: stopped at {pty.MAX_LOG >> 20} MiB; the rest was not kept"
-            )
-        for what, count in self._limit_hits:  # only where a controller counted them
-            self._sink.record("cgroup", event=what, count=count)
-            report.notes.append(f"{what} ({count}x)")
+        report = Report(notes=self._bounds_reached())
         quarantine = str(state_dir() / "quarantine" / self._sink.id)
         report.findings += self.live_findings
         if self.live_guard is not None:  # a budget it reached, and what it did instead
@@ -778,6 +764,24 @@ class StageSandbox:
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.05)
         return report
+
+    def _bounds_reached(self) -> list[str]:
+        """What the run's last lines say of a bound it reached (README, "When a budget
+        runs out")."""
+        notes = []
+        if self.ports is not None and self.ports.reset_full:
+            from boxyd.daemon.publish import MAX_CONNECTIONS  # loaded: ports were published
+
+            notes.append(
+                f"--publish: {self.ports.reset_full:,} connections reset at the accept: "
+                f"{MAX_CONNECTIONS} were open at once"
+            )
+        if self.pty is not None and self.pty.log_cut:
+            notes.append(f"output log: stopped at {pty.MAX_LOG >> 20} MiB; the rest was not kept")
+        for what, count in self._limit_hits:  # only where a controller counted them
+            self._sink.record("cgroup", event=what, count=count)
+            notes.append(f"{what} ({count}x)")
+        return notes
 
     def audit_log(self) -> int | None:
         return self.outputs.audit

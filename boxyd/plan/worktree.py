@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from boxy.errors import BoxyError, SetupError
 from boxyd.config.hosttools import Opener
 from boxyd.gitguard import discover, scan
-from boxyd.gitguard.discover import Protection, Type
+from boxyd.gitguard.discover import Layout, Protection, Type
 from boxyd.kernel.sys import fs_type
 from boxyd.plan import live
 from boxyd.plan.execfiles import Watch, changes
@@ -96,31 +96,7 @@ def walk(
     try:
         root_fd = discover.open_root(root)
         try:
-            small = limit is not None  # in boxyd's own thread: bounded in entries and bytes too
-            finder = Finder(
-                root_fd,
-                [os.path.abspath(root), os.path.realpath(root)],
-                secrets,
-                byte_limit=SMALL_BYTES if small else None,
-            )
-            watch = Watch()
-            live_dirs = _LiveDirs(root_fd)
-
-            def observe(fd: int, rel: str, entries: Mapping[str, Type]) -> None:
-                finder(fd, rel, entries)
-                watch(fd, rel, entries)
-                live_dirs(fd, rel)
-
-            lay = discover.Walker(
-                root,
-                root_fd,
-                observer=observe,
-                user_hooks=user_hooks,
-                limit=discover.MAX_DIRS if limit is None else limit,
-                entry_limit=SMALL_ENTRIES if small else None,
-            ).run()
-            finder.git_configs(lay)
-            finder.links()
+            lay, finder, watch, live_dirs = _walk_once(root, root_fd, user_hooks, secrets, limit)
         finally:
             os.close(root_fd)
         found = sorted(finder.found.values(), key=lambda f: f.rel)
@@ -139,6 +115,39 @@ def walk(
         raise SetupError(
             f"{where}: {e.strerror or e} (the tree changed while it was being read?); run again"
         ) from e
+
+
+def _walk_once(
+    root: str, root_fd: int, user_hooks: str | None, secrets: Sequence[str], limit: int | None
+) -> tuple[Layout, Finder, Watch, _LiveDirs]:
+    """The one walk, each directory shown to the credentials' Finder, the tools'
+    Watch and the live guard's directories; then git's configs and hard links."""
+    small = limit is not None  # in boxyd's own thread: bounded in entries and bytes too
+    finder = Finder(
+        root_fd,
+        [os.path.abspath(root), os.path.realpath(root)],
+        secrets,
+        byte_limit=SMALL_BYTES if small else None,
+    )
+    watch = Watch()
+    live_dirs = _LiveDirs(root_fd)
+
+    def observe(fd: int, rel: str, entries: Mapping[str, Type]) -> None:
+        finder(fd, rel, entries)
+        watch(fd, rel, entries)
+        live_dirs(fd, rel)
+
+    lay = discover.Walker(
+        root,
+        root_fd,
+        observer=observe,
+        user_hooks=user_hooks,
+        limit=discover.MAX_DIRS if limit is None else limit,
+        entry_limit=SMALL_ENTRIES if small else None,
+    ).run()
+    finder.git_configs(lay)
+    finder.links()
+    return lay, finder, watch, live_dirs
 
 
 def prepare(

@@ -296,28 +296,29 @@ def test_a_flood_of_new_credentials_stops_the_session(boxy: Boxy, user: User) ->
     assert took < 25, f"stopped only after {took:.1f}s"
 
 
-# Fills the watch budget, then more entries where the guard cannot watch than one
-# rescan pass lists (live.RESCAN_MAX): a pass would leave the rest unlisted.
-FILL_PAST_THE_RESCAN = (
-    """
+# More directories than the guard watches, and more entries below the unwatched ones
+# than one rescan pass lists (live.RESCAN_MAX); made before the run (as the payload
+# of an earlier run could have: a payload making them competes for the CPU the rescan
+# passes take, and took minutes in a loaded suite).
+BIG_TREE = """
+import os
 for i in range(16_500):
     os.makedirs(f"fill/{i // 100}/{i}", exist_ok=True)
 os.makedirs("fill/many")
 for i in range(250_001):
     open(f"fill/many/{i}", "w").close()
-tried("filled", "past the rescan")
 """
-    + WATCHER
-)
 
 
 def test_more_than_a_rescan_can_list_stops_the_session(boxy: Boxy, user: User) -> None:
     """issue #30 §3: past what one rescan pass lists, the rest would go unlisted (a
     .env the host saved there stayed readable): the session is stopped, and says why."""
-    sid = _detached(boxy, FILL_PAST_THE_RESCAN, "late/.env", "60")
+    r = user.run(["python3", "-c", BIG_TREE], cwd=boxy.workdir, timeout=300)
+    assert r.returncode == 0, r.stderr.decode()
+    sid = _detached(boxy, WATCHER, "fill/many/.env", "60")
     wait_for(
         lambda: _state(user, sid)["state"] not in ("starting", "running"),
-        90,
+        60,
         "the guard to stop the session",
     )
     shown = json.dumps(_state(user, sid))

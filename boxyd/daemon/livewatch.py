@@ -91,6 +91,14 @@ class _Steps:
         self.stack = []
 
 
+def _budget_note(w: Watched) -> str:
+    return (
+        f"live guard: {w.root}: more than {live.MAX_WATCHED:,} directories; the others "
+        f"are listed again every {live.RESCAN_EVERY:g} s instead (a credential saved "
+        "there is covered within about that)"
+    )
+
+
 def _within(rel: str, base: str) -> bool:
     return rel == base or rel.startswith(base + "/")
 
@@ -132,8 +140,15 @@ class Watches:
     def start(self, w: Watched) -> Visit:
         """The session's start: every directory live.watch_dirs names watched, and
         listed only where it changed since the walk (live.unchanged); a directory found
-        there that is not watched yet is entered too."""
-        return self._visit(w, live.watch_dirs(w), Mode.START)
+        there that is not watched yet is entered too. What the budget cannot hold
+        (live.past_budget) is the rescan's."""
+        out = self._visit(w, live.watch_dirs(w), Mode.START)
+        if past := live.past_budget(w):
+            out.unwatched += past
+            if not out.full:
+                out.full = True
+                out.notes.append(_budget_note(w))
+        return out
 
     def again(self, w: Watched) -> Visit:
         """After lost events (the queue overflowed): every watched directory listed."""
@@ -178,11 +193,7 @@ class Watches:
         if len(self.names) >= live.MAX_WATCHED:
             if not out.full:
                 out.full = True
-                out.notes.append(
-                    f"live guard: {w.root}: more than {live.MAX_WATCHED} directories; the "
-                    f"others are listed again every {live.RESCAN_EVERY:g} s instead (a "
-                    "credential saved there is covered within about that)"
-                )
+                out.notes.append(_budget_note(w))
             out.unwatched.append(rel)
             return []
         try:

@@ -369,6 +369,7 @@ class StageSandbox:
                 [p for p in protect if _innermost(p, self.trees) == r],
                 spec.secrets,
                 t.stamps,
+                t.unlisted,
             )
             for r, t in self.trees.items()
         ]

@@ -65,6 +65,7 @@ class Watched:
     secrets: tuple[str, ...] = ()  # the profile's own patterns (filesystem.secrets)
     # of dirs, by rel (stamp()); the session's start only: emptied once it is done
     stamps: dict[str, Stamp] = field(default_factory=dict)
+    unlisted: tuple[str, ...] = ()  # the walk's subtrees past MAX_WATCHED (Tree.unlisted)
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ def watched(
     protect: Iterable[str] = (),
     secrets: Iterable[str] = (),
     stamps: dict[str, Stamp] | None = None,
+    unlisted: Iterable[str] = (),
 ) -> Watched:
     """Only read-only pins: a ``self`` pin is a directory bound onto itself, which the
     host renaming it away ends for the host as well (nothing left to guard there).
@@ -106,6 +108,7 @@ def watched(
         tuple(dirs),
         tuple(secrets),
         stamps if stamps is not None else {},  # the walk's own (not copied: emptied later)
+        tuple(unlisted),
     )
 
 
@@ -130,13 +133,25 @@ def skipped(rel: str) -> bool:
     return bool(rel) and not credentials.SKIP_DIRS.isdisjoint(rel.split("/"))
 
 
-def watch_dirs(w: Watched) -> list[str]:
+def _watch_order(w: Watched) -> list[str]:
     """The directory of every pin and stand-in first (those must be watched), then the
-    walk's directories, parents first; at most MAX_WATCHED."""
+    walk's directories, parents first."""
     must = {r.rpartition("/")[0] for r in (*w.pins, *w.masks)}
     first = sorted(must, key=lambda d: (d.count("/") if d else -1, d))
     rest = sorted({"", *w.dirs} - must, key=lambda d: (d.count("/") if d else -1, d))
-    return (first + rest)[:MAX_WATCHED]
+    return first + rest
+
+
+def watch_dirs(w: Watched) -> list[str]:
+    """What the guard watches from the start: _watch_order, at most MAX_WATCHED."""
+    return _watch_order(w)[:MAX_WATCHED]
+
+
+def past_budget(w: Watched) -> list[str]:
+    """What the walk found that the watches cannot hold: the directories watch_dirs
+    leaves out, and the subtrees the walk did not list past MAX_WATCHED (the guard
+    lists them again every RESCAN_EVERY instead)."""
+    return _watch_order(w)[MAX_WATCHED:] + list(w.unlisted)
 
 
 def new_dir(w: Watched, dir_rel: str, name: str) -> str | None:

@@ -60,6 +60,7 @@ def encode(tree: Tree) -> dict[str, Any]:
         ],
         "tools": {k: list(v) for k, v in tree.tools.items()},
         "dirs": list(tree.dirs),
+        "unlisted": list(tree.unlisted),
         "stamps": [[rel, *st] for rel, st in tree.stamps.items()],
     }
 
@@ -88,6 +89,7 @@ def decode(data: dict[str, Any]) -> Tree:
         ],
         tools=decode_tools(data["tools"]),
         dirs=tuple(str(d) for d in data["dirs"]),
+        unlisted=tuple(str(d) for d in data["unlisted"]),
         stamps={str(s[0]): (int(s[1]), int(s[2]), int(s[3])) for s in data["stamps"]},
     )
 

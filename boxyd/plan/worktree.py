@@ -42,6 +42,9 @@ class Tree:
     # in walk order, not those credentials.SKIP_DIRS names, at most live.MAX_WATCHED)
     dirs: tuple[str, ...] = ()
     stamps: dict[str, live.Stamp] = field(default_factory=dict)  # of dirs (live.stamp)
+    # past MAX_WATCHED: the top of each subtree the guard cannot watch (it lists them
+    # again every second instead: live.past_budget)
+    unlisted: tuple[str, ...] = ()
 
 
 # A walk in boxyd's own thread (a LIMIT given: daemon/walks.py) stops past these too,
@@ -62,12 +65,19 @@ class _LiveDirs:
     def __init__(self, root_fd: int) -> None:
         self.fs, self.dev = fs_type(root_fd), os.fstat(root_fd).st_dev
         self.dirs: list[str] = []
+        self.kept: set[str] = set()
+        self.unlisted: list[str] = []  # the top of each subtree past MAX_WATCHED
         self.stamps: dict[str, live.Stamp] = {}
 
     def __call__(self, fd: int, rel: str) -> None:
-        if len(self.dirs) >= live.MAX_WATCHED or live.skipped(rel):
+        if live.skipped(rel):
+            return
+        if len(self.dirs) >= live.MAX_WATCHED:
+            if rel and rel.rpartition("/")[0] in self.kept:
+                self.unlisted.append(rel)  # below it, the guard's rescan lists everything
             return
         self.dirs.append(rel)
+        self.kept.add(rel)
         st = os.fstat(fd)  # after the listing: live.stamp says why that is safe
         now = (st.st_dev, st.st_ino, st.st_ctime_ns)
         if (s := live.stamp(self.fs, self.dev, now, time.time_ns())) is not None:
@@ -101,11 +111,15 @@ def walk(
             os.close(root_fd)
         found = sorted(finder.found.values(), key=lambda f: f.rel)
         dirs, stamps = tuple(live_dirs.dirs), live_dirs.stamps
+        unlisted = tuple(live_dirs.unlisted)
         if not git_guard:
-            return Tree(credentials=found, tools=watch.seen, dirs=dirs, stamps=stamps)
+            return Tree(
+                credentials=found, tools=watch.seen, dirs=dirs, stamps=stamps, unlisted=unlisted
+            )
         prots = discover.plan_protections(lay)
         discover.prepare(root, prots)
-        return Tree(prots, scan.snapshot(root, lay), found, watch.seen, dirs, stamps)
+        snap = scan.snapshot(root, lay)
+        return Tree(prots, snap, found, watch.seen, dirs, stamps, unlisted)
     except discover.TooLarge as e:
         if limit is not None:
             raise LargerThan(str(e)) from None

@@ -10,7 +10,7 @@ import pytest
 
 from boxyd.gitguard import scan
 from boxyd.gitguard.discover import Protection
-from boxyd.plan import credentials, live
+from boxyd.plan import credentials, live, worktree
 from boxyd.plan.credentials import Action
 from boxyd.plan.masking import Found
 from tests.harness import toolshed
@@ -40,10 +40,33 @@ def test_watch_dirs_put_the_covered_first_then_the_walk() -> None:
     assert live.watch_dirs(w) == [".git", "app", "", "src", "src/deep"]
 
 
-def test_watch_dirs_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_watch_dirs_are_bounded_and_the_rest_is_the_rescan_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(live, "MAX_WATCHED", 3)
     w = tree(dirs=tuple(f"d{i}" for i in range(10)))
     assert live.watch_dirs(w)[:2] == [".git", "app"] and len(live.watch_dirs(w)) == 3
+    past = live.past_budget(w)
+    assert len(past) == 10 and set(past) | set(live.watch_dirs(w)) == {".git", "app", "", *w.dirs}
+    w = live.watched("/w", [], [], (), ("",), unlisted=("big", "x/y"))
+    assert live.watch_dirs(w) == [""] and live.past_budget(w) == ["big", "x/y"]
+
+
+def test_the_walk_names_the_subtrees_past_the_watch_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tree of more directories than the guard watches: the top of each subtree the
+    walk stopped recording at is the rescan's (they were neither watched nor listed)."""
+    monkeypatch.setattr(live, "MAX_WATCHED", 2)
+    for d in ("a/b", "c/d", "node_modules/x"):
+        (tmp_path / d).mkdir(parents=True)
+    t = worktree.walk(str(tmp_path), git_guard=False)
+    assert t.dirs[0] == "" and t.dirs[1] in ("a", "c") and len(t.dirs) == 2  # as listed
+    kept = t.dirs[1]
+    other = "c" if kept == "a" else "a"
+    below = {"a": "a/b", "c": "c/d"}
+    # the kept one's child and the other whole (its child is listed with it)
+    assert sorted(t.unlisted) == sorted([below[kept], other])
 
 
 @pytest.mark.parametrize(

@@ -38,9 +38,10 @@ def test_a_tree_survives_the_wire_unchanged(
 ) -> None:
     work = _tree(tmp_path)
     monkeypatch.setattr(live, "RACY_NS", 0)  # stamps for a tree made a moment ago
+    monkeypatch.setattr(live, "MAX_WATCHED", 2)  # and subtrees past the watch budget
     tree = worktree.prepare([str(work)], git_guard=True, secrets=["*.secret"])[str(work)]
     assert tree.protections and tree.baseline and tree.credentials and tree.tools and tree.dirs
-    assert tree.stamps
+    assert tree.stamps and tree.unlisted
     import json
 
     back = walkwire.decode(json.loads(json.dumps(walkwire.encode(tree))))

@@ -31,7 +31,7 @@ import signal
 import socket
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from boxy.errors import BoxyError
@@ -221,27 +221,37 @@ class _Serving:
         self._boxes.clear()
 
 
-def check(
-    conn: socket.socket,
-    trees: dict[str, Tree],
-    baselines: dict[str, Snapshot],
-    quarantine: str,
-    home: str,
-    tools: Opener,
-    user_hooks: str | None,
-    budget: float = AFTER_BUDGET,
-) -> Lines:
+@dataclass(frozen=True)
+class Check:
+    """What the check after a run is given (worktree.after's arguments)."""
+
+    trees: dict[str, Tree]
+    baselines: dict[str, Snapshot]
+    quarantine: str
+    home: str
+    tools: Opener
+    user_hooks: str | None
+
+    def here(self) -> Lines:
+        """In this thread (no walk template): what it parses, apart all the same."""
+        return worktree.after(
+            self.trees, self.baselines, self.quarantine, self.home, self.tools, self.user_hooks
+        )
+
+
+def check(conn: socket.socket, c: Check, budget: float = AFTER_BUDGET) -> Lines:
     """worktree.after in the child at the other end of CONN (a worker thread's call;
     CONN is closed after). Never raises: a check that failed or ran over BUDGET is one
     line per tree, as a tree not checked."""
+    trees, tools = c.trees, c.tools
     deadline = time.monotonic() + budget
     req = {
         "after": {
             "tools": {r: {k: list(v) for k, v in t.tools.items()} for r, t in trees.items()},
-            "baselines": {r: walkwire.encode_snapshot(s) for r, s in baselines.items()},
-            "quarantine": quarantine,
-            "home": home,
-            "user_hooks": user_hooks,
+            "baselines": {r: walkwire.encode_snapshot(s) for r, s in c.baselines.items()},
+            "quarantine": c.quarantine,
+            "home": c.home,
+            "user_hooks": c.user_hooks,
         }
     }
     pidfd = -1

@@ -27,7 +27,7 @@ from boxyd.config.hosttools import resolve
 from boxyd.config.registries import Registries
 from boxyd.config.runspec import RunSpec
 from boxyd.config.spec import build_spec
-from boxyd.daemon import passedfds, pools, pty, records, walks
+from boxyd.daemon import afterproc, passedfds, pools, pty, records, walks
 from boxyd.daemon.liveguard import LiveGuard
 from boxyd.daemon.parseproc import Apart, call_with
 from boxyd.daemon.pty import PtyRelay
@@ -736,9 +736,7 @@ class StageSandbox:
         report.findings += self.live_findings
         if self.live_guard is not None:  # a budget it reached, and what it did instead
             report.notes += self.live_guard.said
-        git_lines, tool_lines = await pools.run(
-            pools.CHECKS,
-            self._launcher.walks.after,  # in a child: afterproc.py
+        check = afterproc.Check(
             self.trees,
             self.baselines,
             quarantine,
@@ -746,6 +744,8 @@ class StageSandbox:
             self._launcher.tools(CHECKS_BUDGET),
             self._user_hooks,
         )
+        # in a child: afterproc.py
+        git_lines, tool_lines = await pools.run(pools.CHECKS, self._launcher.walks.after, check)
         for line in git_lines:
             self._sink.record("git", finding=line)
             report.findings.append(line)

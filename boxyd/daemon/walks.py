@@ -18,11 +18,9 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from boxy.errors import SetupError
-from boxyd.config.hosttools import Opener
 from boxyd.daemon import afterproc, frames, livewatch, parseproc, pools, walkproc
 from boxyd.daemon.stage2proc import Template
 from boxyd.gitguard import userconfig
-from boxyd.gitguard.scan import Snapshot
 from boxyd.plan import walkwire, worktree
 from boxyd.plan.live import Watched
 from boxyd.plan.worktree import Tree
@@ -99,28 +97,15 @@ class Walks:
             raise SetupError(f"the live guard's listing failed: {why or 'no answer'}")
         return livewatch.rescan_answer(w, reply)
 
-    def after(
-        self,
-        trees: dict[str, Tree],
-        baselines: dict[str, Snapshot],
-        quarantine: str,
-        home: str,
-        tools: Opener,
-        user_hooks: str | None,
-    ) -> tuple[list[str], list[str]]:
+    def after(self, check: afterproc.Check) -> tuple[list[str], list[str]]:
         """For a worker thread: the check after a run (worktree.after), in a child
         (afterproc.py); in this thread, logged, if the template cannot start."""
         try:
             conn = self._child()
         except SetupError as e:
             log.warning("%s; checking in the daemon", e)
-            return parseproc.call_apart(
-                self.apart,
-                functools.partial(
-                    worktree.after, trees, baselines, quarantine, home, tools, user_hooks
-                ),
-            )
-        return afterproc.check(conn, trees, baselines, quarantine, home, tools, user_hooks)
+            return parseproc.call_apart(self.apart, check.here)
+        return afterproc.check(conn, check)
 
     def apart(self) -> parseproc.Apart:
         """A Parser for one run's (or one check's) jobs, in worker threads."""

@@ -263,18 +263,24 @@ async def test_tty_raw_passes_everything(terminal: tuple[int, int]) -> None:
     assert got == b"a" + HOSTILE + HARMLESS + b"\x05zEND"
 
 
+def _logged_relay(tmp_path: Path) -> tuple[PtyRelay, Path, int]:
+    """A detached session's relay, its output log in TMP_PATH; the payload's side raw."""
+    relay = PtyRelay(None, None, settings=termsettings.defaults())
+    log = tmp_path / "output.log"
+    relay.log_to(os.open(log, os.O_WRONLY | os.O_CREAT, 0o600))
+    slave = attach_pair(relay)
+    tty.setraw(slave)
+    return relay, log, slave
+
+
 async def test_replay_and_log_are_filtered(terminal: tuple[int, int], tmp_path: Path) -> None:
     """A detached session's output: the log and the replay to the next client hold no
     hostile sequence, and a ring cut inside a character (before its 0x9b byte, CSI
     to a terminal outside UTF-8) does not make one."""
     ctl_master, ctl_slave = terminal
     tty.setraw(ctl_slave)
-    relay = PtyRelay(None, None, settings=termsettings.defaults())
-    log = tmp_path / "output.log"
-    relay.log_to(os.open(log, os.O_WRONLY | os.O_CREAT, 0o600))
-    slave = attach_pair(relay)
+    relay, log, slave = _logged_relay(tmp_path)
     try:
-        tty.setraw(slave)
         tail = b"\x9b6n" + b"b" * (RING - 3)  # the last RING bytes the ring keeps
         os.write(slave, HOSTILE + HARMLESS)
         await asyncio.to_thread(os.write, slave, b"\xe2\x80" + tail)
@@ -295,12 +301,8 @@ async def test_a_full_output_log_is_cut_and_says_so(
     terminal: tuple[int, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(pty_mod, "MAX_LOG", 10)
-    relay = PtyRelay(None, None, settings=termsettings.defaults())
-    log = tmp_path / "output.log"
-    relay.log_to(os.open(log, os.O_WRONLY | os.O_CREAT, 0o600))
-    slave = attach_pair(relay)
+    relay, log, slave = _logged_relay(tmp_path)
     try:
-        tty.setraw(slave)
         os.write(slave, b"0123456789abcdef")
         os.close(slave)
         await asyncio.wait_for(relay.wait_drained(), 5)

@@ -7,17 +7,25 @@ of boxyd all of it held the GIL every other session needs (docs/design.md,
 "Nothing the payload wrote is parsed in boxyd's process"). In the child it costs
 only its own session's end, within AFTER_BUDGET.
 
-The host's git still runs in a tool sandbox of boxyd's own (the child cannot make
-one): the child asks for it over its socket, and boxyd relays bytes, never parses
-them. The wire, frames.py's (8-byte length, then JSON):
+Two things stay boxyd's, and the child asks for them over its socket:
+- the host's git runs in a tool sandbox, which only boxyd can start: boxyd starts
+  it and hands the child its three pipes (it keeps the control socket, whose close
+  ends the sandbox), so git's answers go to the child alone;
+- a parse goes through boxyd's door (parsedoor.parse): a verdict kept since the
+  walk before the run is found again, and a miss goes to the run's parse child
+  within the run's budget; boxyd hashes and relays the bytes, never parses them.
+
+The wire, frames.py's (8-byte length, then JSON):
 
   boxyd -> child   {"after": {"tools", "baselines", "quarantine", "home", "user_hooks"}}
   child -> boxyd   {"pid": n}, then any number of
-                   {"open": exposure}                  -> {"box": id} | {"error": line}
-                   {"run": {"box", "argv", "cwd", "env", "timeout", "limit"}}
-                        -> {"rc", "timed_out", "truncated", "size"}, then SIZE raw bytes
-                                                          | {"error": line}
-                   {"close": id}                      (no answer)
+                   {"open": exposure}  -> {"box": id, "deadline": t} with the box's
+                        three pipes (SCM_RIGHTS on the frame's first bytes)
+                                       |  {"error": line}
+                   {"close": id}       (no answer)
+                   {"parse": {"kind", "arg", "size"}}, then SIZE bytes
+                                       -> {"ok": value} | {"raw": n}, then N bytes
+                                                        | {"hostile": why}
   and at last      {"done": {"git": size, "tools": size}}, then the lines of each,
                    NUL-separated, raw: a flood of findings (100,000 hooks: 30 MB) is
                    split in one C call, never decoded as JSON  | {"error": line}
@@ -26,18 +34,21 @@ them. The wire, frames.py's (8-byte length, then JSON):
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import os
 import signal
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from boxy.errors import BoxyError
 from boxyd.config import parsedoor
-from boxyd.config.hosttools import Answer, Box, Exposure, Opener, ToolError
+from boxyd.config.hosttools import Box, Exposure, Opener, ToolError
 from boxyd.daemon import frames, parseproc
+from boxyd.daemon.toolbox import ToolBox
 from boxyd.gitguard.scan import Snapshot
 from boxyd.plan import walkwire, worktree
 from boxyd.plan.worktree import Tree
@@ -51,56 +62,58 @@ Lines = tuple[list[str], list[str]]
 # --- the child -------------------------------------------------------------------------
 
 
-class _RemoteBox:
-    """A tool sandbox boxyd holds for this child (hosttools.Box)."""
+class _HeldBox(ToolBox):
+    """A tool sandbox boxyd holds for this child, called here through its pipes;
+    ended by boxyd when the child closes it."""
 
-    def __init__(self, conn: socket.socket, ident: int) -> None:
+    def __init__(self, conn: socket.socket, ident: int, fds: list[int], deadline: float) -> None:
+        super().__init__(None, fds[0], fds[1], fds[2], deadline)
         self._conn, self._id = conn, ident
 
-    def run(
-        self, argv: Sequence[str], *, cwd: str, env: dict[str, str], timeout: float, limit: int
-    ) -> Answer:
-        frames.send_frame(
-            self._conn,
-            {
-                "run": {
-                    "box": self._id,
-                    "argv": list(argv),
-                    "cwd": cwd,
-                    "env": env,
-                    "timeout": timeout,
-                    "limit": limit,
-                }
-            },
-        )
-        head = frames.recv_frame(self._conn, FRAME_MAX)
-        if "error" in head:
-            raise ToolError(str(head["error"]))
-        size = int(head["size"])
-        if not 0 <= size <= limit:
-            raise ToolError(f"an answer of {size} bytes (more than {limit})")
-        out = frames.recv_exact(self._conn, size)
-        rc = head["rc"]
-        return Answer(
-            None if rc is None else int(rc),
-            out,
-            bool(head["timed_out"]),
-            bool(head["truncated"]),
-        )
-
     def close(self) -> None:
-        frames.send_frame(self._conn, {"close": self._id})
+        super().close()
+        if self._id >= 0:
+            self._id, ident = -1, self._id
+            frames.send_frame(self._conn, {"close": ident})
 
 
 def _remote_tools(conn: socket.socket) -> Opener:
     def open_box(exposure: Exposure) -> Box:
         frames.send_frame(conn, {"open": asdict(exposure)})
-        reply = frames.recv_frame(conn, FRAME_MAX)
-        if "error" in reply:
-            raise ToolError(str(reply["error"]))
-        return _RemoteBox(conn, int(reply["box"]))
+        got, fds, _, _ = socket.recv_fds(conn, frames.FRAME.size, 3)
+        try:
+            (size,) = frames.FRAME.unpack(frames.recv_exact_after(conn, got, frames.FRAME.size))
+            reply = json.loads(frames.recv_exact(conn, size))
+            if "error" in reply:
+                raise ToolError(str(reply["error"]))
+            if len(fds) != 3:
+                raise ToolError("the tool sandbox's pipes did not come")
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return _HeldBox(conn, int(reply["box"]), fds, float(reply["deadline"]))
 
     return open_box
+
+
+class _DoorParser:
+    """This child's Parser: every job through boxyd's door (parsedoor.parse)."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self._conn = conn
+
+    def parse(self, job: parsedoor.Job) -> object | parsedoor.Hostile:
+        head = {"kind": job.kind.value, "arg": job.arg, "size": len(job.data)}
+        frames.send_frame(self._conn, {"parse": head})
+        self._conn.sendall(job.data)
+        reply = frames.recv_frame(self._conn, FRAME_MAX)
+        if "hostile" in reply:
+            return parsedoor.Hostile(str(reply["hostile"]))
+        if "raw" in reply:
+            return frames.recv_exact(self._conn, int(reply["raw"]))
+        value: object = reply["ok"]
+        return value
 
 
 def _blob(lines: list[str], what: str) -> bytes:
@@ -121,26 +134,20 @@ def _lines(blob: bytes) -> list[str]:
 
 
 def child(conn: socket.socket, req: dict[str, Any]) -> None:
-    """The check, in the walk template's child: what it parses, in a child of its own;
-    its lines sent as the wire says."""
+    """The check, in the walk template's child; its lines sent as the wire says."""
     frames.send_frame(conn, {"pid": os.getpid()})
     # of each tree, the check needs what the walk saw of the tools' files
     trees = {str(r): Tree(tools=walkwire.decode_tools(t)) for r, t in req["tools"].items()}
     baselines = {str(r): walkwire.decode_snapshot(s) for r, s in req["baselines"].items()}
-    parser = parseproc.Apart(parseproc.fork_child)
-    try:
-        with parsedoor.using(parser):
-            git, tools = worktree.after(
-                trees,
-                baselines,
-                str(req["quarantine"]),
-                str(req["home"]),
-                _remote_tools(conn),
-                req["user_hooks"],
-            )
-    finally:
-        parser.close()
-        parseproc.reap_children()
+    with parsedoor.using(_DoorParser(conn)):
+        git, tools = worktree.after(
+            trees,
+            baselines,
+            str(req["quarantine"]),
+            str(req["home"]),
+            _remote_tools(conn),
+            req["user_hooks"],
+        )
     git_b, tools_b = _blob(git, "findings"), _blob(tools, "tools' files")
     frames.send_frame(conn, {"done": {"git": len(git_b), "tools": len(tools_b)}})
     conn.sendall(git_b + tools_b)
@@ -150,10 +157,10 @@ def child(conn: socket.socket, req: dict[str, Any]) -> None:
 
 
 class _Serving:
-    """The tool sandboxes one child asked for, until it is done."""
+    """What one child asks of boxyd, until it is done: tool sandboxes, parses."""
 
-    def __init__(self, conn: socket.socket, tools: Opener) -> None:
-        self._conn, self._tools = conn, tools
+    def __init__(self, conn: socket.socket, tools: Opener, parser: parseproc.Apart) -> None:
+        self._conn, self._tools, self._parser = conn, tools, parser
         self._boxes: dict[int, Box] = {}
 
     def answer(self, msg: dict[str, Any]) -> Lines | None:
@@ -168,8 +175,8 @@ class _Serving:
             raise BoxyError(str(msg["error"]))
         if "open" in msg:
             self._open(msg["open"])
-        elif "run" in msg:
-            self._run(msg["run"])
+        elif "parse" in msg:
+            self._parse(msg["parse"])
         elif "close" in msg:
             box = self._boxes.pop(int(msg["close"]), None)
             if box is not None:
@@ -177,48 +184,54 @@ class _Serving:
         return None
 
     def _open(self, exp: dict[str, Any]) -> None:
+        """A tool sandbox for the child: its pipes go there (SCM_RIGHTS, on the
+        frame's first bytes); boxyd keeps its control socket, and ends it."""
         try:
-            exposure = Exposure(
-                str(exp["home"]),
-                tuple(str(p) for p in exp["read"]),
-                tuple(str(p) for p in exp["files"]),
-                tuple(str(p) for p in exp["execute"]),
+            box = self._tools(
+                Exposure(
+                    str(exp["home"]),
+                    tuple(str(p) for p in exp["read"]),
+                    tuple(str(p) for p in exp["files"]),
+                    tuple(str(p) for p in exp["execute"]),
+                )
             )
-            box = self._tools(exposure)
         except (ToolError, BoxyError, OSError) as e:
-            frames.send_frame(self._conn, {"error": str(e)})
+            socket.send_fds(self._conn, [frames.frame({"error": str(e)})], [])
             return
-        self._boxes[len(self._boxes) + 1] = box
-        frames.send_frame(self._conn, {"box": len(self._boxes)})
+        if not isinstance(box, ToolBox):
+            box.close()
+            socket.send_fds(self._conn, [frames.frame({"error": "not a tool sandbox"})], [])
+            return
+        ident = len(self._boxes) + 1
+        self._boxes[ident] = box
+        fds, deadline = box.handles()
+        try:
+            socket.send_fds(self._conn, [frames.frame({"box": ident, "deadline": deadline})], fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
-    def _run(self, call: dict[str, Any]) -> None:
-        box = self._boxes.get(int(call["box"]))
-        try:
-            if box is None:
-                raise ToolError("no such tool sandbox")
-            got = box.run(
-                [str(a) for a in call["argv"]],
-                cwd=str(call["cwd"]),
-                env={str(k): str(v) for k, v in call["env"].items()},
-                timeout=float(call["timeout"]),
-                limit=int(call["limit"]),
-            )
-        except (ToolError, BoxyError, OSError) as e:
-            frames.send_frame(self._conn, {"error": str(e)})
-            return
-        head = {
-            "rc": got.rc,
-            "timed_out": got.timed_out,
-            "truncated": got.truncated,
-            "size": len(got.out),
-        }
-        frames.send_frame(self._conn, head)
-        self._conn.sendall(got.out)  # relayed as it came: boxyd never reads it
+    def _parse(self, head: dict[str, Any]) -> None:
+        """A job of the child's through boxyd's door; its bytes hashed and relayed."""
+        size = int(head["size"])
+        if not 0 <= size <= parseproc.DATA_MAX:
+            raise BoxyError(f"a parse job of {size} bytes")
+        kind, arg = parsedoor.Kind(head["kind"]), str(head["arg"])
+        job = parsedoor.Job(kind, arg, frames.recv_exact(self._conn, size))
+        got = parseproc.call_with(self._parser, functools.partial(parsedoor.parse, job))
+        if isinstance(got, parsedoor.Hostile):
+            frames.send_frame(self._conn, {"hostile": got.why})
+        elif isinstance(got, bytes):
+            frames.send_frame(self._conn, {"raw": len(got)})
+            self._conn.sendall(got)
+        else:
+            frames.send_frame(self._conn, {"ok": got})
 
     def close(self) -> None:
         for box in self._boxes.values():
             box.close()
         self._boxes.clear()
+        self._parser.close()
 
 
 @dataclass(frozen=True)
@@ -231,11 +244,21 @@ class Check:
     home: str
     tools: Opener
     user_hooks: str | None
+    parser: Callable[[], parseproc.Apart]  # the run's parse child, for a miss
 
     def here(self) -> Lines:
         """In this thread (no walk template): what it parses, apart all the same."""
-        return worktree.after(
-            self.trees, self.baselines, self.quarantine, self.home, self.tools, self.user_hooks
+        return parseproc.call_apart(
+            self.parser,
+            functools.partial(
+                worktree.after,
+                self.trees,
+                self.baselines,
+                self.quarantine,
+                self.home,
+                self.tools,
+                self.user_hooks,
+            ),
         )
 
 
@@ -243,11 +266,10 @@ def check(conn: socket.socket, c: Check, budget: float = AFTER_BUDGET) -> Lines:
     """worktree.after in the child at the other end of CONN (a worker thread's call;
     CONN is closed after). Never raises: a check that failed or ran over BUDGET is one
     line per tree, as a tree not checked."""
-    trees, tools = c.trees, c.tools
     deadline = time.monotonic() + budget
     req = {
         "after": {
-            "tools": {r: {k: list(v) for k, v in t.tools.items()} for r, t in trees.items()},
+            "tools": {r: {k: list(v) for k, v in t.tools.items()} for r, t in c.trees.items()},
             "baselines": {r: walkwire.encode_snapshot(s) for r, s in c.baselines.items()},
             "quarantine": c.quarantine,
             "home": c.home,
@@ -255,7 +277,7 @@ def check(conn: socket.socket, c: Check, budget: float = AFTER_BUDGET) -> Lines:
         }
     }
     pidfd = -1
-    serving = _Serving(conn, tools)
+    serving = _Serving(conn, c.tools, c.parser())
     try:
         frames.send_frame(conn, req)
         conn.settimeout(max(deadline - time.monotonic(), 0.001))
@@ -270,9 +292,9 @@ def check(conn: socket.socket, c: Check, budget: float = AFTER_BUDGET) -> Lines:
             if lines is not None:
                 return lines
     except TimeoutError:
-        return _unchecked(trees, f"the check ran over its {budget:g}s budget")
+        return _unchecked(c.trees, f"the check ran over its {budget:g}s budget")
     except (BoxyError, OSError, EOFError, ValueError, KeyError, TypeError) as e:
-        return _unchecked(trees, f"the check failed: {e}")
+        return _unchecked(c.trees, f"the check failed: {e}")
     finally:
         serving.close()
         if pidfd >= 0:

@@ -11,9 +11,13 @@ from typing import Any
 FRAME = struct.Struct("!Q")
 
 
-def send_frame(sock: socket.socket, obj: Any) -> None:
+def frame(obj: Any) -> bytes:
     data = json.dumps(obj, separators=(",", ":")).encode()
-    sock.sendall(FRAME.pack(len(data)) + data)
+    return FRAME.pack(len(data)) + data
+
+
+def send_frame(sock: socket.socket, obj: Any) -> None:
+    sock.sendall(frame(obj))
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -24,6 +28,11 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
             raise EOFError("the request ended early")
         out += chunk
     return bytes(out)
+
+
+def recv_exact_after(sock: socket.socket, got: bytes, n: int) -> bytes:
+    """N bytes of which GOT came already (a recvmsg's share)."""
+    return got + recv_exact(sock, n - len(got)) if len(got) < n else got[:n]
 
 
 def recv_frame(sock: socket.socket, limit: int) -> Any:

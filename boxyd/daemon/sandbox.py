@@ -298,6 +298,8 @@ class StageSandbox:
         )
         if running:
             self._start_live_guard()
+            # the start is over: a walk child forked now waits for the check after the run
+            self._launcher.walks.template.prime()
         self._relay = asyncio.get_running_loop().create_task(self._relay_reports())
 
     def _make_terminal(self, fds: list[int]) -> list[int]:
@@ -743,6 +745,7 @@ class StageSandbox:
             self._launcher.user.pw_dir,
             self._launcher.tools(CHECKS_BUDGET),
             self._user_hooks,
+            self._launcher.walks.apart,
         )
         # in a child: afterproc.py
         git_lines, tool_lines = await pools.run(pools.CHECKS, self._launcher.walks.after, check)

@@ -41,8 +41,10 @@ class ToolBox:
     call shares the box's deadline, so all the checks of a run are one budget."""
 
     def __init__(
-        self, ctl: socket.socket, to_box: int, from_box: int, status: int, deadline: float
+        self, ctl: socket.socket | None, to_box: int, from_box: int, status: int, deadline: float
     ) -> None:
+        """CTL None: a box another process holds (``handles``): closing this one only
+        lets go of its pipes."""
         self._ctl = ctl
         self._to = to_box
         self._from = from_box
@@ -155,6 +157,11 @@ class ToolBox:
         self.close()
         return ToolError(why)
 
+    def handles(self) -> tuple[list[int], float]:
+        """Its pipes (to it, from it, PID 1's status) and its deadline, for a process
+        boxyd lets call it (afterproc.py: the check after a run); dups, the caller's."""
+        return [os.dup(fd) for fd in (self._to, self._from, self._status)], self._deadline
+
     def close(self) -> None:
         """Closing the control socket ends the sandbox: the outer stage 2, never sent
         Release, exits, and with it the last write end of PID 1's alive pipe."""
@@ -244,9 +251,10 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _close(ctl: socket.socket, fds: list[int]) -> None:
+def _close(ctl: socket.socket | None, fds: list[int]) -> None:
     for fd in fds:
         if fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(fd)
-    ctl.close()
+    if ctl is not None:
+        ctl.close()

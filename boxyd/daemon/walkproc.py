@@ -63,11 +63,12 @@ def child(conn: socket.socket) -> int:
             reply = livewatch.rescan_reply(req["rescan"])
             send_frame(conn, reply)
             return 0
-        os.setpriority(os.PRIO_PROCESS, 0, WALK_NICENESS)
-        if "after" in req:  # the check after a run: a wire of its own (afterproc.py)
+        if "after" in req:  # the check after a run: a wire of its own (afterproc.py);
+            # not niced: the run's end waits for it, as it waited for it in boxyd
             afterproc.child(conn, req["after"])
             conn.recv(1)  # boxyd closes first: the pid it was told stays this process's
             return 0
+        os.setpriority(os.PRIO_PROCESS, 0, WALK_NICENESS)
         reply = _walk_apart(req)
     except Exception as e:  # a bug, not a refusal: said as one, rather than a silent end
         reply = {"error": f"the walk: internal error: {type(e).__name__}: {e}"}

@@ -104,7 +104,7 @@ class Walks:
             conn = self._child()
         except SetupError as e:
             log.warning("%s; checking in the daemon", e)
-            return parseproc.call_apart(self.apart, check.here)
+            return check.here()
         return afterproc.check(conn, check)
 
     def apart(self) -> parseproc.Apart:

@@ -274,7 +274,10 @@ def test_a_burst_past_the_connection_table_is_reset_and_said(
             socks.append(s)
             time.sleep(0.2)
         for _ in range(300):  # the burst: loopback only, bounded
-            socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+            try:
+                socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+            except ConnectionResetError:  # past the table: reset at once (CI)
+                continue
         deadline = time.monotonic() + 20
         last = -1
         while time.monotonic() < deadline:  # until the count settles

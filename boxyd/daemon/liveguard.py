@@ -6,11 +6,12 @@ place again: the event is read on the event loop, the file judged in a worker
 thread, the mount made by stage 2. Each redo is recorded (audit layer ``fs.live``)
 with that window in milliseconds, and said under -v.
 
-The payload can make changes faster than any guard redoes them. A session's redos
+The payload can make changes faster than any guard redoes them. A session's covers
 go one at a time (a flood in one session holds one worker, never another
 session's), through a bounded backlog (plan/live.py Backlog); when the guard
 cannot keep up, or a redo could not be done, the session is stopped and says why:
 protection never goes on with a hole in it (docs/design.md, "The guard is live").
+A pin's redo for a host rename goes at once: only the host makes one.
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ class LiveGuard:
         self._stop = stop
         self._rescan_apart = rescan
         self._backlog = live.Backlog()
+        # a pin's redo under way, and the next one if it changed again meanwhile
+        self._pinning: dict[live.Key, tuple[Redo, float] | None] = {}
         self._drainer: asyncio.Task[None] | None = None
         self.stopped: str | None = None  # why the guard stopped the session
         self._fd = -1
@@ -244,18 +247,49 @@ class LiveGuard:
                 continue
             changed = live.on_change(w, rel, entry, bool(mask & IN_ISDIR))
             if changed is not None:
-                self._spawn(w, changed, now)
+                self._spawn(w, changed, now, host=True)
             elif mask & IN_ISDIR:
                 self._new_dir(w, rel, entry, now)
 
-    def _spawn(self, w: Watched, redo: Redo, since: float) -> None:
+    def _spawn(self, w: Watched, redo: Redo, since: float, *, host: bool = False) -> None:
+        """HOST: a pin's redo for a host rename over it, done at once beside the
+        backlog: only the host makes these (the payload cannot rename over a pinned
+        file, a mount point), and host git reads the file as soon as it is there (a
+        payload's write in the window is put back by it). Everything else waits its
+        turn in the backlog (lost events' redos of every pin too: the payload can make
+        those)."""
         if self.stopped is not None:
+            return
+        if host and redo.pin is not None:
+            self._pin_at_once(w, redo, since)
             return
         why = self._backlog.add(w.root, redo, since)
         if why is not None:
             self.fail(why)
         elif self._drainer is None or self._drainer.done():
             self._drainer = self._track(self._drain())
+
+    def _pin_at_once(self, w: Watched, redo: Redo, since: float) -> None:
+        """One redo of a pin at a time, and one more after it if the host (or the
+        payload, in the window) renamed over it again meanwhile."""
+        key = (w.root, redo.rel)
+        if key in self._pinning:
+            self._pinning[key] = (redo, since)
+            return
+        self._pinning[key] = None
+        self._track(self._pin_loop(w, key, redo, since))
+
+    async def _pin_loop(self, w: Watched, key: live.Key, redo: Redo, since: float) -> None:
+        try:
+            while True:
+                await self._redo(w, redo, since)
+                again = self._pinning.get(key)
+                if again is None:
+                    return
+                self._pinning[key] = None
+                redo, since = again
+        finally:
+            self._pinning.pop(key, None)
 
     async def _drain(self) -> None:
         """The session's redos, one at a time, oldest first."""

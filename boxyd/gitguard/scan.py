@@ -379,36 +379,64 @@ HASH_LIMIT = 4 << 30  # a file larger than this is not hashed either (its size s
 _O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+# Entries count too: an empty file takes no block, and a payload that plants 100,000
+# empty hooks a run filled the quarantine with a million of them (every later run's
+# first finding walked them all: seconds). Past either bound an entry is removed.
+RUN_ENTRIES = 10_000
+TOTAL_ENTRIES = 200_000
+
+
 class Budget:
-    """The bytes the quarantine may still keep: RUN for one run (across its trees), and
-    TOTAL across sessions, counted from what TOP (the quarantine) holds when the run's
-    first finding needs it. Past it an entry is removed and only its metadata and
-    sha256 are kept (``over``: the line for its finding, by destination)."""
+    """What the quarantine may still keep: RUN bytes and RUN_ENTRIES entries for one
+    run (across its trees), TOTAL bytes and TOTAL_ENTRIES across sessions, counted from
+    what TOP (the quarantine) holds when the run's first finding needs it. Past it an
+    entry is removed and only its metadata and sha256 are kept (``over``: the line for
+    its finding, by destination); past the entries, not even a file of them."""
 
     def __init__(self, top: str, run: int = RUN_BYTES, total: int = TOTAL_BYTES) -> None:
         self.top, self.left, self.total = top, run, total
+        self.entries_left = RUN_ENTRIES
         self.used: int | None = None
+        self.used_entries = 0
         self.over: dict[str, str] = {}
 
     def take(self, size: int) -> bool:
-        if self.used is None:
-            self.used = _usage(self.top)
+        """Room for one more entry of SIZE allocated bytes (taken when True)."""
+        if not self.entry():
+            return False
+        assert self.used is not None
         if size > self.left or self.used + size > self.total:
+            self.entries_left += 1  # not kept after all: its .removed file takes it
+            self.used_entries -= 1
             return False
         self.left -= size
         self.used += size
         return True
 
+    def entry(self) -> bool:
+        """Room for one more entry of no size (a .removed file): taken when True."""
+        if self.used is None:
+            self.used, self.used_entries = _usage(self.top, TOTAL_ENTRIES)
+        if self.entries_left <= 0 or self.used_entries >= TOTAL_ENTRIES:
+            return False
+        self.entries_left -= 1
+        self.used_entries += 1
+        return True
 
-def _usage(top: str) -> int:
-    """Bytes allocated under TOP (nothing followed)."""
-    used = 0
+
+def _usage(top: str, most: int) -> tuple[int, int]:
+    """Bytes allocated under TOP and its entries (nothing followed); the walk stops
+    once it has counted MOST entries (the quarantine is full then)."""
+    used = entries = 0
     with contextlib.suppress(OSError):
-        for _, _, files, dfd in os.fwalk(top):
+        for _, dirs, files, dfd in os.fwalk(top):
+            entries += len(dirs) + len(files)
             for f in files:
                 with contextlib.suppress(OSError):
                     used += os.stat(f, dir_fd=dfd, follow_symlinks=False).st_blocks * 512
-    return used
+            if entries >= most:
+                break
+    return used, entries
 
 
 def _data_ranges(fd: int, size: int) -> Iterator[tuple[int, int]]:
@@ -470,21 +498,25 @@ def _keep_metadata(
     fd: int, st: os.stat_result, dst_fd: int, dest: str, budget: Budget
 ) -> tuple[str, str]:
     """Past the budget: a small file DEST.removed with what the entry was, instead of
-    the entry; returns its name and what the finding says."""
+    the entry (past the entries' budget, not even that: the finding's line is all);
+    returns its name and what the finding says."""
     line = (
         f"{st.st_size:,} bytes ({st.st_blocks * 512:,} allocated), mode "
         f"{stat.S_IMODE(st.st_mode):o}, modified {st.st_mtime:.0f}, {_digest(fd, st.st_size)}"
     )
     name = f"{dest}.removed"
+    where = (
+        f"the quarantine's budget ({budget.total >> 20} MiB in all, {RUN_BYTES >> 20} MiB "
+        f"a run; {TOTAL_ENTRIES:,} entries in all, {RUN_ENTRIES:,} a run)"
+    )
+    if not budget.entry():
+        return name, f"removed, over {where}: not kept, it was {line}"
     out = os.open(name, _O_NEW, 0o600, dir_fd=dst_fd)
     try:
         os.write(out, (line + "\n").encode())
     finally:
         os.close(out)
-    return name, (
-        f"removed, over the quarantine's budget ({budget.total >> 20} MiB in all, "
-        f"{RUN_BYTES >> 20} MiB a run): kept only {line}"
-    )
+    return name, f"removed, over {where}: kept only {line}"
 
 
 def _keep(

@@ -1041,6 +1041,40 @@ def test_the_total_budget_counts_what_the_quarantine_holds(
     assert "over the quarantine's budget (4 MiB in all" in f.reason and f.dest.endswith(".removed")
 
 
+def test_empty_files_count_as_entries_and_past_them_nothing_is_kept(
+    git: Git, root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty file takes no block: 100,000 empty hooks a run filled the quarantine
+    with a million entries. Past RUN_ENTRIES a hook is removed, and its finding's line
+    (with its sha256) is all that is kept: no file at all."""
+    monkeypatch.setattr(scan, "RUN_ENTRIES", 3)
+    git.repo(root)
+    before = scan.snapshot(str(root))
+    for i in range(5):
+        (root / ".git" / "hooks" / f"post-{i}").write_bytes(b"")
+    top = tmp_path / "q"
+    found = scan.scan(str(root), before, str(top / "now"), toolshed.opener())
+    kept = [f for f in found if "budget" not in f.reason]
+    gone = [f for f in found if "not kept, it was 0 bytes" in f.reason]
+    assert len(kept) == 3 and len(gone) == 2, [f.reason for f in found]
+    assert all("sha256 " in f.reason for f in gone)
+    assert len([p for p in top.rglob("*") if p.is_file()]) == 3
+    assert not any((root / ".git" / "hooks" / f"post-{i}").exists() for i in range(5))
+
+
+def test_the_total_entries_count_what_the_quarantine_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scan, "TOTAL_ENTRIES", 10)
+    top = tmp_path / "q"
+    (top / "older").mkdir(parents=True)
+    for i in range(8):
+        (top / "older" / f"e{i}").write_bytes(b"")
+    budget = scan.Budget(str(top))
+    assert budget.take(0) and not budget.take(0)  # 9 entries, then 10: full
+    assert budget.used_entries == 10
+
+
 def test_the_hash_of_a_sparse_file_is_its_content_s(tmp_path: Path) -> None:
     path = tmp_path / "sparse"
     with open(path, "wb") as f:

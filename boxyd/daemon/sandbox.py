@@ -298,8 +298,6 @@ class StageSandbox:
         )
         if running:
             self._start_live_guard()
-            # the start is over: a walk child forked now waits for the check after the run
-            self._launcher.walks.template.prime()
         self._relay = asyncio.get_running_loop().create_task(self._relay_reports())
 
     def _make_terminal(self, fds: list[int]) -> list[int]:

@@ -10,8 +10,10 @@ joiner (boxyd/stage2/joiner.py, boxyd/stage2/live.py).
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from boxyd.gitguard.discover import Protection
@@ -220,7 +222,13 @@ class Backlog:
 
     new_max: int = NEW_MAX
     lag_max: float = LAG_MAX
-    _waiting: dict[Key, tuple[Redo, float]] = field(default_factory=dict)
+    # by entry: its redo, since when it waits, and the number of its place in _heap
+    _waiting: dict[Key, tuple[Redo, float, int]] = field(default_factory=dict)
+    # (since, number, entry), the oldest first: a place whose number is no longer its
+    # entry's is passed over (a take is O(log n): after lost events every pin and
+    # stand-in waits at once, thousands, and a scan per take was O(n^2) on the loop)
+    _heap: list[tuple[float, int, Key]] = field(default_factory=list)
+    _numbers: Iterator[int] = field(default_factory=itertools.count)
     _new: set[Key] = field(default_factory=set)
 
     def __len__(self) -> int:
@@ -233,23 +241,34 @@ class Backlog:
             if len(self._new) >= self.new_max:
                 return f"more than {self.new_max:,} new credentials to cover in one session"
             self._new.add(key)
-        old = self._waiting.pop(key, None)
+        old = self._waiting.get(key)
+        if old is not None and old[1] <= since:  # joins it, in its place
+            self._waiting[key] = (_joined(old[0], redo), old[1], old[2])
+            return None
         if old is not None:
-            redo, since = _joined(old[0], redo), min(old[1], since)
-        self._waiting[key] = (redo, since)  # (re)inserted last: dicts keep that order
+            redo = _joined(old[0], redo)
+        number = next(self._numbers)
+        self._waiting[key] = (redo, since, number)
+        heapq.heappush(self._heap, (since, number, key))
         return None
 
     def take(self, now: float) -> tuple[str, Redo, float] | str | None:
         """The oldest waiting redo as (root, redo, since); None when none waits; why the
         guard is over when the oldest waited more than LAG_MAX."""
-        oldest = min(self._waiting.items(), key=lambda kv: kv[1][1], default=None)
-        if oldest is None:
-            return None
-        (root, rel), (redo, since) = oldest
-        if now - since > self.lag_max:
-            return f"a change waited {now - since:.1f}s for its redo (more than {self.lag_max:g}s)"
-        del self._waiting[(root, rel)]
-        return root, redo, since
+        while self._heap:
+            since, number, key = self._heap[0]
+            waiting = self._waiting.get(key)
+            if waiting is None or waiting[2] != number:
+                heapq.heappop(self._heap)  # taken, or moved to an earlier place
+                continue
+            if now - since > self.lag_max:
+                return (
+                    f"a change waited {now - since:.1f}s for its redo (more than {self.lag_max:g}s)"
+                )
+            heapq.heappop(self._heap)
+            del self._waiting[key]
+            return key[0], waiting[0], since
+        return None
 
 
 def _joined(old: Redo, new: Redo) -> Redo:

@@ -37,25 +37,11 @@ class FakeScopes:
         return Placement(reason="a test")
 
 
-class FakeTemplate:
-    def __init__(self) -> None:
-        self.primed = 0
-
-    def prime(self) -> None:
-        self.primed += 1
-
-
-class FakeWalks:
-    def __init__(self) -> None:
-        self.template = FakeTemplate()
-
-
 class FakeLauncher:
     def __init__(self) -> None:
         self.scopes = FakeScopes()
         self._dns = object()
         self.live: set[StageSandbox] = set()
-        self.walks = FakeWalks()  # a walk child forked once the payload runs
 
 
 class FakeSink:
@@ -183,7 +169,6 @@ async def test_start_returns_placed_attached_and_started(spec: RunSpec) -> None:
     # placed, attached and the terminal handed over before start() returned
     assert launcher.scopes.placed == [(99, 100)] and net.attached == ["tcp4", "dns"]
     assert sb.pty.master_fd is not None and sb._events.get_nowait() == Started()
-    assert launcher.walks.template.primed == 1  # the check after the run finds its child
     os.close(slave)
     drained = asyncio.create_task(_drain(sb))
     await asyncio.sleep(0.1)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from boxy.errors import SetupError
-from boxyd.daemon.walks import Walks
+from boxyd.daemon.walks import Walked, Walks
 from boxyd.plan import live, walkwire, worktree
 
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent", "PATH": "/usr/bin:/bin"}
@@ -65,50 +65,34 @@ def test_malformed_data_raises_a_value_error() -> None:
         )
 
 
+async def _prepare(root: Path, home: Path, small: int) -> Walked:
+    """ROOT walked as a run's start does (SMALL: 0, always the walk process)."""
+    walks = Walks()
+    walks.start()
+    try:
+        return await walks.prepare(
+            [str(root)],
+            home=str(home),
+            git_guard=True,
+            created=[],
+            secrets=[],
+            parser=walks.apart(),
+            small=small,
+        )
+    finally:
+        walks.close()
+
+
 def test_the_walk_process_walks_as_the_daemon_would(tmp_path: Path) -> None:
     work = _tree(tmp_path)
-
-    async def go() -> dict[str, worktree.Tree]:
-        walks = Walks()
-        walks.start()
-        try:
-            walked = await walks.prepare(
-                [str(work)],
-                home=str(tmp_path),
-                git_guard=True,
-                created=[],
-                secrets=[],
-                parser=walks.apart(),
-                small=0,
-            )  # always the process
-            assert walked.user_hooks is None  # (no git config in that home)
-            return walked.trees
-        finally:
-            walks.close()
-
-    got = asyncio.run(go())
-    assert got == worktree.prepare([str(work)], git_guard=True)
+    walked = asyncio.run(_prepare(work, tmp_path, 0))  # always the process
+    assert walked.user_hooks is None  # (no git config in that home)
+    assert walked.trees == worktree.prepare([str(work)], git_guard=True)
 
 
 def test_a_refusal_of_the_walk_process_is_its_line(tmp_path: Path) -> None:
-    async def go() -> None:
-        walks = Walks()
-        walks.start()
-        try:
-            await walks.prepare(
-                [str(tmp_path / "gone")],
-                home=str(tmp_path),
-                git_guard=True,
-                created=[],
-                secrets=[],
-                parser=walks.apart(),
-                small=0,
-            )
-        finally:
-            walks.close()
-
     with pytest.raises(SetupError, match="gone"):
-        asyncio.run(go())
+        asyncio.run(_prepare(tmp_path / "gone", tmp_path, 0))
 
 
 def test_a_small_tree_is_walked_without_the_process_a_larger_one_with_it(tmp_path: Path) -> None:
@@ -123,28 +107,11 @@ def test_a_small_tree_is_walked_without_the_process_a_larger_one_with_it(tmp_pat
     home.mkdir()
     (home / ".gitconfig").write_text("[core]\n\thooksPath = ~/hooks\n")
 
-    async def go(small: int) -> dict[str, worktree.Tree]:
-        walks = Walks()
-        walks.start()
-        try:
-            walked = await walks.prepare(
-                [str(work)],
-                home=str(home),
-                git_guard=True,
-                created=[],
-                secrets=[],
-                parser=walks.apart(),
-                small=small,
-            )
-        finally:
-            walks.close()
+    def go(small: int) -> dict[str, worktree.Tree]:
+        walked = asyncio.run(_prepare(work, home, small))
         # the user's hooks path comes with the walk either way (one round through the pool)
         assert walked.user_hooks == str(home / "hooks")
         return walked.trees
 
     hooks = str(home / "hooks")
-    assert (
-        asyncio.run(go(10))
-        == asyncio.run(go(1000))
-        == worktree.prepare([str(work)], git_guard=True, user_hooks=hooks)
-    )
+    assert go(10) == go(1000) == worktree.prepare([str(work)], git_guard=True, user_hooks=hooks)

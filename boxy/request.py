@@ -165,6 +165,7 @@ class RunOptions(Value):
     verbose: bool
     detach: bool
     allow_git_write: bool
+    edit_config: list[str]
 
     def __init__(self, **values: Any) -> None:
         for key in values:

@@ -11,7 +11,7 @@ import stat
 import sys
 import time
 
-from boxy import wirejson
+from boxy import notices, wirejson
 from boxy.errors import BoxyError, UsageError
 from boxy.paths import config_home, ensure_private_dir, runtime_dir_str
 from boxyctl import hookpolicy as hp
@@ -235,7 +235,8 @@ def claude(data: bytes) -> int:
     config, configured = load_config()
     decision = hp.decide(event.command, config, project_approved=project_approved(event.cwd))
     if decision is None:
-        return 0
+        lines = notices.take()  # what the user must see goes to the user's prompt
+        return _emit(hp.told(None, lines)) if lines else 0
     problem = daemon_problem()
     if problem is not None:
         if config.on_unavailable == "ask":
@@ -247,7 +248,9 @@ def claude(data: bytes) -> int:
             )
         )
     command = hp.wrap(event.command, decision, config, boxyctl_path(configured))
-    return _emit(hp.allow(event, command, hp.reason(decision)))
+    answer = hp.allow(event, command, hp.reason(decision))
+    lines = notices.take()
+    return _emit(hp.told(answer, lines) if lines else answer)
 
 
 def read_stdin() -> bytes:

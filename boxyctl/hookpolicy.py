@@ -405,6 +405,34 @@ def allow(event: Event, command: str, why: str) -> dict[str, object]:
     }
 
 
+TOLD_MAX = 2000  # characters of the quarantine's lines one prompt shows (the rest: `show`)
+
+
+def told(answer: dict[str, object] | None, lines: list[str]) -> dict[str, object]:
+    """ANSWER (an allow, or None: no answer) turned into a question to the user, with
+    LINES (what boxyd moved to the quarantine since the last answer: boxy/notices.py)
+    as its reason: Claude Code shows an ask's reason to the user, in the prompt the
+    user must answer, never only to the agent. A rewritten command stays rewritten."""
+    text = "\n".join(lines)
+    if len(text) > TOLD_MAX:
+        text = text[:TOLD_MAX] + "\n… (`boxyctl show ID` has the rest)"
+    out: dict[str, object] = {
+        "hookEventName": "PreToolUse",
+        "permissionDecision": "ask",
+        "permissionDecisionReason": (
+            "boxy moved to its quarantine files that a sandboxed command wrote and that "
+            f"a program on this machine would have run or obeyed:\n{text}\n"
+            "Look at them before you go on; answer to run this command."
+        ),
+    }
+    if answer is not None:
+        inner = answer["hookSpecificOutput"]
+        assert isinstance(inner, dict)
+        if "updatedInput" in inner:
+            out["updatedInput"] = inner["updatedInput"]
+    return {"hookSpecificOutput": out}
+
+
 def deny(why: str) -> dict[str, object]:
     return {
         "hookSpecificOutput": {

@@ -36,6 +36,7 @@ class Filesystem:
     mkdir: list[PathEntry]
     protect: list[PathEntry]
     reveal: list[str]
+    edit_config: list[str]
     secrets: list[str]
     copy: list[CopyEntry]
     copy_ro: list[CopyEntry]
@@ -81,6 +82,7 @@ def decide(
     # lexical, not realpath'd: the entries they name are matched as the walk found them
     reveal = dedupe([e.path for e in prof.reveal] + [absolute(p, cwd) for p in o.reveal])
     missing_reveals(o.reveal, cwd, notes if warnings is None else warnings)
+    edit_config = check_edit_config(o.edit_config, cwd, writable)
     exposed = [("workdir", workdir)] + [(label, e.path) for label, e in ro + rw + mkdir]
     exposure.check_exposed(exposed, exposure.sensitive_paths(client_env, home, uid))
     for label, path in exposed[1:]:
@@ -94,6 +96,7 @@ def decide(
         mkdir=[e for _, e in mkdir],
         protect=protect,
         reveal=reveal,
+        edit_config=edit_config,
         secrets=list(prof.secrets),
         copy=copy,
         copy_ro=copy_ro,
@@ -111,6 +114,20 @@ def missing_reveals(flags: Sequence[str], cwd: str, warnings: list[str]) -> None
                 f"--reveal {path}: no such file or directory (yet); "
                 "it is revealed if the run creates it"
             )
+
+
+def check_edit_config(flags: Sequence[str], cwd: str, writable: list[str]) -> list[str]:
+    """--edit-config: absolute, lexical (matched as the walk finds entries), each in a
+    writable tree (realpath'd: WRITABLE); whether it names a file boxy holds is the
+    walk's to say (plan/heldfiles.py)."""
+    out = []
+    for p in flags:
+        path = absolute(p, cwd)
+        parent = os.path.realpath(os.path.dirname(path))
+        if not any(contains(tree, parent) for tree in writable):
+            raise UsageError(f"--edit-config {p}: not inside the work directory or a --rw path")
+        out.append(os.path.join(parent, os.path.basename(path)))
+    return dedupe(out)
 
 
 def _err(from_profile: bool, message: str) -> UsageError:

@@ -17,7 +17,8 @@ Two things stay boxyd's, and the child asks for them over its socket:
 
 The wire, frames.py's (8-byte length, then JSON):
 
-  boxyd -> child   {"after": {"tools", "baselines", "quarantine", "home", "user_hooks"}}
+  boxyd -> child   {"after": {"tools", "held", "edit", "baselines", "quarantine", "home",
+                              "user_hooks"}}
   child -> boxyd   {"pid": n}, then any number of
                    {"open": exposure}  -> {"box": id, "deadline": t} with the box's
                         three pipes (SCM_RIGHTS on the frame's first bytes)
@@ -136,9 +137,13 @@ def _lines(blob: bytes) -> list[str]:
 def child(conn: socket.socket, req: dict[str, Any]) -> None:
     """The check, in the walk template's child; its lines sent as the wire says."""
     frames.send_frame(conn, {"pid": os.getpid()})
-    # of each tree, the check needs what the walk saw of the tools' files
-    trees = {str(r): Tree(tools=walkwire.decode_tools(t)) for r, t in req["tools"].items()}
+    # of each tree, the check needs what the walk saw of the tools' and the held files
+    trees = {
+        str(r): Tree(tools=walkwire.decode_tools(t), held=walkwire.decode_held(req["held"][r]))
+        for r, t in req["tools"].items()
+    }
     baselines = {str(r): walkwire.decode_snapshot(s) for r, s in req["baselines"].items()}
+    edit = {str(r): [str(e) for e in rels] for r, rels in req["edit"].items()}
     with parsedoor.using(_DoorParser(conn)):
         git, tools = worktree.after(
             trees,
@@ -147,6 +152,7 @@ def child(conn: socket.socket, req: dict[str, Any]) -> None:
             str(req["home"]),
             _remote_tools(conn),
             req["user_hooks"],
+            edit,
         )
     git_b, tools_b = _blob(git, "findings"), _blob(tools, "tools' files")
     frames.send_frame(conn, {"done": {"git": len(git_b), "tools": len(tools_b)}})
@@ -245,6 +251,7 @@ class Check:
     tools: Opener
     user_hooks: str | None
     parser: Callable[[], parseproc.Apart]  # the run's parse child, for a miss
+    edit: dict[str, list[str]]  # --edit-config's rels, by tree
 
     def here(self) -> Lines:
         """In this thread (no walk template): what it parses, apart all the same."""
@@ -258,6 +265,7 @@ class Check:
                 self.home,
                 self.tools,
                 self.user_hooks,
+                self.edit,
             ),
         )
 
@@ -270,6 +278,8 @@ def check(conn: socket.socket, c: Check, budget: float = AFTER_BUDGET) -> Lines:
     req = {
         "after": {
             "tools": {r: {k: list(v) for k, v in t.tools.items()} for r, t in c.trees.items()},
+            "held": {r: walkwire.encode_held(t.held) for r, t in c.trees.items()},
+            "edit": c.edit,
             "baselines": {r: walkwire.encode_snapshot(s) for r, s in c.baselines.items()},
             "quarantine": c.quarantine,
             "home": c.home,

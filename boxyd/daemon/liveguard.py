@@ -35,6 +35,7 @@ from boxyd.daemon.parseproc import Apart, call_apart
 from boxyd.gitguard import discover
 from boxyd.plan import credentials, live, masking
 from boxyd.plan.credentials import Action, Rule
+from boxyd.plan.hostrun import Held
 from boxyd.plan.live import Redo, Watched
 from boxyd.plan.masking import Found
 from boxyd.stage2.protocol import LiveCover, LivePin
@@ -52,6 +53,8 @@ LIVE_TIMEOUT = 10.0  # seconds for stage 2 to answer one request
 Send = Callable[[LiveCover | LivePin], None]  # one request to the session's joiner
 Record = Callable[..., None]  # Sink.record
 Stop = Callable[[str], None]  # ends the session's payload now (the line: why)
+# (root, rel, what holds it, the symlink that stood there or "") -> heldfiles.hold's
+Hold = Callable[[str, str, Held, str], tuple[str, bool] | None]
 
 
 @dataclass
@@ -78,10 +81,12 @@ class LiveGuard:
         apart: Callable[[], Apart],
         stop: Stop,
         rescan: Callable[[Watched, list[str], int], Rescan],
+        hold: Hold,
     ) -> None:
         """APART: a Parser for a redo's parse of what the payload wrote (parseproc.py);
         STOP: what the guard does when it cannot keep the trees covered; RESCAN: a
-        listing of what it could not watch, in a child (walks.Walks.rescan)."""
+        listing of what it could not watch, in a child (walks.Walks.rescan); HOLD: a
+        held file the payload made, moved to the quarantine (in a worker thread)."""
         self._trees = {w.root: w for w in trees}
         self._apart = apart
         self._send = send
@@ -91,6 +96,8 @@ class LiveGuard:
         self._notice = notice
         self._stop = stop
         self._rescan_apart = rescan
+        self._holder = hold
+        self._holds = 0  # held files quarantined in this session (live.HOLD_MAX)
         self._backlog = live.Backlog()
         # a pin's redo under way, and the next one if it changed again meanwhile
         self._pinning: dict[live.Key, tuple[Redo, float] | None] = {}
@@ -321,6 +328,8 @@ class LiveGuard:
         """The pin again, then the stand-in again (or a new one); each answered by stage
         2 before the next redo. One not in place while its entry is still there stops
         the session (_settle)."""
+        if redo.hold is not None and await self._hold(w, redo):
+            return  # quarantined: nothing left there to pin or cover
         if redo.pin is not None:
             await self._repin(w, redo.pin.rel, since)
         mask = redo.mask
@@ -355,6 +364,33 @@ class LiveGuard:
             w.root,
         )
         await self._settle(covered, w.root, redo.rel, "covered")
+
+    async def _hold(self, w: Watched, redo: Redo) -> bool:
+        """A held file the payload made (plan/hostrun.py), moved to the quarantine; its
+        judging (a config's keys) is parsed apart. True when it was. One that could not
+        be moved stops the session (the check after the run tries again), as do more
+        than live.HOLD_MAX of them."""
+        assert redo.hold is not None
+        got = await pools.run(
+            pools.LIVE,
+            call_apart,
+            self._apart,
+            functools.partial(
+                self._holder, w.root, redo.rel, redo.hold, w.symlinks.get(redo.rel, "")
+            ),
+        )
+        if got is None:
+            return False
+        line, moved = got
+        self._record("fs.hold", path=os.path.join(w.root, redo.rel), finding=line)
+        self._notice(f"live guard: {line}")
+        if not moved:
+            self.fail(line)
+            return False
+        self._holds += 1
+        if self._holds > live.HOLD_MAX:
+            self.fail(f"more than {live.HOLD_MAX} files that host tools obey made in one session")
+        return True
 
     async def _repin(self, w: Watched, rel: str, since: float) -> None:
         # what the host saved, read while the pin goes back on (the payload's window)

@@ -235,13 +235,16 @@ class Watches:
     ) -> list[str]:
         subdirs = []
         for name, is_dir in entries:
+            redo = live.on_change(w, rel, name, is_dir)
+            if redo is not None and redo.hold is not None:  # made by the payload: moved
+                out.redos.append(redo)
+                continue
             if is_dir:
                 sub = live.new_dir(w, rel, name)
                 if sub is not None and sub not in known:
                     subdirs.append(sub)
                 continue
             sub = f"{rel}/{name}" if rel else name
-            redo = live.on_change(w, rel, name, False)
             # what the walk covered or pinned is in place unless an event says otherwise;
             # a new directory's entries are all the host's news
             if redo is not None and (
@@ -273,14 +276,13 @@ def rescan(w: Watched, rels: list[str], limit: int) -> Rescan:
             out.over = seen > limit
             for name, is_dir in entries:
                 sub = f"{rel}/{name}" if rel else name
-                if is_dir:
-                    if live.new_dir(w, rel, name) is not None:
-                        out.dirs.append(sub)
-                        todo.append(sub)
-                    continue
-                redo = live.on_change(w, rel, name, False)
-                if redo is not None and redo.rule is not None and sub not in w.masks:
+                redo = live.on_change(w, rel, name, is_dir)
+                if redo is not None and _new(w, redo):
                     out.redos.append(redo)
+                    continue
+                if is_dir and live.new_dir(w, rel, name) is not None:
+                    out.dirs.append(sub)
+                    todo.append(sub)
     finally:
         steps.close()
     return out
@@ -319,9 +321,14 @@ def rescan_answer(w: Watched, reply: dict[str, Any]) -> Rescan:
     for rel in reply["found"][:FOUND_MAX]:
         parent, _, name = str(rel).rpartition("/")
         redo = live.on_change(w, parent, name, False)
-        if redo is not None and redo.rule is not None and redo.rel not in w.masks:
+        if redo is not None and _new(w, redo):
             out.redos.append(redo)
     return out
+
+
+def _new(w: Watched, redo: Redo) -> bool:
+    """REDO is for an entry made since: a held file, or a credential not covered yet."""
+    return redo.hold is not None or (redo.rule is not None and redo.rel not in w.masks)
 
 
 def _listing(fd: int, cap: int = live.LIST_MAX) -> list[tuple[str, bool]]:

@@ -16,7 +16,7 @@ import socket
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, TypeVar
 
-from boxy import termsettings
+from boxy import notices, termsettings
 from boxy.errors import SetupError, UsageError
 from boxy.outcome import Counters, Destination
 from boxy.paths import state_dir
@@ -44,10 +44,12 @@ from boxyd.daemon.stage2proc import (
 )
 from boxyd.daemon.toolbox import Toolshed
 from boxyd.daemon.walks import Walks
-from boxyd.gitguard.discover import CONFIG_MAX, read_beneath
+from boxyd.gitguard import scan
+from boxyd.gitguard.discover import CONFIG_MAX, Protection, read_beneath
 from boxyd.gitguard.scan import Snapshot, adopt, inherit_live, overwrite, restore
-from boxyd.plan import live, masking, mountplan, worktree
+from boxyd.plan import heldfiles, hostrun, live, masking, mountplan, worktree
 from boxyd.plan.hostfile import Outputs, open_outputs
+from boxyd.plan.hostrun import Held
 from boxyd.plan.masking import Found
 from boxyd.plan.ops import Plan
 from boxyd.plan.seccomp import build_filter
@@ -263,6 +265,7 @@ class StageSandbox:
         self._live_start: asyncio.Task[None] | None = None
         self.live_findings: list[str] = []  # what the live guard moved aside
         self._user_hooks: str | None = None
+        self._edit: dict[str, list[str]] = {}  # --edit-config, by tree: rels left to the run
 
     # -- before the payload ----------------------------------------------------------
     async def start(self) -> list[str]:
@@ -359,10 +362,11 @@ class StageSandbox:
         spec = self.spec
         masks = self._credentials(warnings)
         protect = [e.path for e in spec.protect]
+        pins = self._held_pins(warnings)
         self._watched = [
             live.watched(
                 r,
-                t.protections,
+                pins[r],
                 masks.get(r, []),
                 spec.reveal,
                 t.dirs,
@@ -370,13 +374,15 @@ class StageSandbox:
                 spec.secrets,
                 t.stamps,
                 t.unlisted,
+                {p.rel: p.target for p in t.held.values() if p.type == "symlink"},
+                self._edit[r],
             )
             for r, t in self.trees.items()
         ]
         plan = mountplan.build(
             spec,
             seccomp_bpf=build_filter(spec.seccomp),
-            protections={r: t.protections for r, t in self.trees.items()},
+            protections=pins,
             masks=masks,
             ctty=self.pty is not None,
         )
@@ -385,6 +391,29 @@ class StageSandbox:
         if self.pty is not None:
             plan.pty = {**self.pty.settings, "fds": ttys}
         return plan
+
+    def _held_pins(self, warnings: list[str]) -> dict[str, list[Protection]]:
+        """Each tree's pins: git's, then the files host programs obey (heldfiles.pins),
+        but what --edit-config leaves to the run (said, and in the audit log)."""
+        self._edit = {
+            r: [p[len(r) + 1 :] for p in self.spec.edit_config if _innermost(p, self.trees) == r]
+            for r in self.trees
+        }
+        out = {}
+        for r, t in self.trees.items():
+            own = {p.rel for p in t.protections}
+            held = [p for p in heldfiles.pins(t.held.values(), self._edit[r]) if p.rel not in own]
+            out[r] = t.protections + held
+            for rel in self._edit[r]:
+                path = os.path.join(r, rel)
+                known = any(hostrun.edited(h, [rel]) for h in t.held) or hostrun.match(rel)
+                self._sink.record("fs.hold", path=path, action="left to the run (--edit-config)")
+                warnings.append(
+                    f"--edit-config {path}: the run may create or change it"
+                    if known
+                    else f"--edit-config {path}: not a file boxy holds; nothing to leave"
+                )
+        return out
 
     async def _expect(self, kind: type[_R]) -> _R | None:
         """Stage 2's next report of the start-up, KIND; None once it has ended instead
@@ -597,8 +626,26 @@ class StageSandbox:
             self._launcher.walks.apart,
             self._stopped_by_guard,
             self._launcher.walks.rescan,
+            self._hold,
         )
         self._live_start = asyncio.get_running_loop().create_task(self._watch(self.live_guard))
+
+    def _hold(self, root: str, rel: str, held: Held, target: str) -> tuple[str, bool] | None:
+        """A held file the payload made during the run (in a worker thread), moved to
+        the session's quarantine at once (heldfiles.hold); its line said at the end and
+        left for the hook's next answer (boxy/notices.py)."""
+        got = heldfiles.hold(
+            root, rel, held, target, self._quarantine(root), scan.Budget(str(state_dir()))
+        )
+        if got is not None:
+            self.live_findings.append(f"live guard: {got[0]}")
+            notices.leave(self._sink.id, [got[0]])
+        return got
+
+    def _quarantine(self, root: str) -> str:
+        """Where this session's quarantine keeps what it moves out of the tree ROOT."""
+        top = state_dir() / "quarantine" / self._sink.id
+        return os.path.join(str(top), root.strip("/").replace("/", "_"))
 
     async def _watch(self, guard: LiveGuard) -> None:
         for note in await guard.start():
@@ -618,9 +665,7 @@ class StageSandbox:
         unless it adds keys that run commands: then the version from before it is put
         back at once, so no host git meanwhile runs what the payload may have raced
         into it. The line to say, or None."""
-        quarantine = os.path.join(
-            str(state_dir() / "quarantine" / self._sink.id), root.strip("/").replace("/", "_")
-        )
+        quarantine = self._quarantine(root)
         lines = []
         path = os.path.join(root, rel)
         if saved is not None and read_beneath(root, rel, CONFIG_MAX) not in (saved, None):
@@ -744,6 +789,7 @@ class StageSandbox:
             self._launcher.tools(CHECKS_BUDGET),
             self._user_hooks,
             self._launcher.walks.apart,
+            self._edit,
         )
         # in a child: afterproc.py
         git_lines, tool_lines = await pools.run(pools.CHECKS, self._launcher.walks.after, check)
@@ -753,6 +799,8 @@ class StageSandbox:
         for line in tool_lines:
             self._sink.record("fs.exec", finding=line)
             report.findings.append(f"tools' files: {line}")
+        # what was moved aside, for the hook's next answer (the live guard's: as it came)
+        notices.leave(self._sink.id, [x for x in git_lines + tool_lines if _moved(x)])
         if net_done is not None:
             got = await net_done
             report.notes += got.get("notes", [])
@@ -815,6 +863,11 @@ class StageSandbox:
             self.net.discard()
             self.net = None
         self.trees, self.baselines = {}, {}
+
+
+def _moved(line: str) -> bool:
+    """A finding that moved something to the quarantine (git guard's, held files')."""
+    return line.startswith(("quarantined ", "git guard: moved ")) or "could not be" in line
 
 
 def _innermost(path: str, trees: dict[str, worktree.Tree]) -> str | None:

@@ -555,14 +555,76 @@ def _keep(
         os.close(fd)
 
 
-def _copy_out(src_fd: int, name: str, dst_fd: int, dest: str) -> None:
+def _copy_out(src_fd: int, name: str, dst_fd: int, dest: str, budget: Budget) -> None:
     """Move across filesystems (what is not a regular file): a symlink is made again
-    there; anything else (a FIFO, a socket) has no content worth keeping: it is just
-    removed."""
+    there, a directory copied whole (_copy_dir); anything else (a FIFO, a socket) has
+    no content worth keeping: it is just removed."""
     st = os.stat(name, dir_fd=src_fd, follow_symlinks=False)
+    if stat.S_ISDIR(st.st_mode):
+        _copy_dir(src_fd, name, dst_fd, dest, budget)
+        return
     if stat.S_ISLNK(st.st_mode):
         os.symlink(os.readlink(name, dir_fd=src_fd), dest, dir_fd=dst_fd)
     os.unlink(name, dir_fd=src_fd)
+
+
+COPY_PASSES = 3  # a directory still filled while it is emptied: then the move fails
+COPY_DEPTH = 64  # directories below one moved across filesystems (deeper: the move fails)
+
+
+def _copy_dir(src_fd: int, name: str, dst_fd: int, dest: str, budget: Budget) -> None:
+    """Directory NAME moved to DEST across filesystems: each entry kept as _move keeps
+    one (within BUDGET) and the tree removed, children first, no symlink followed.
+    Whoever keeps filling it meanwhile (the payload) gets COPY_PASSES tries, then the
+    move fails (OSError), as it does past COPY_DEPTH: the caller says so."""
+    for _ in range(COPY_PASSES):
+        if not _exists(dest, dst_fd):
+            os.mkdir(dest, 0o700, dir_fd=dst_fd)
+        _empty_into(src_fd, name, dst_fd, dest, budget, COPY_DEPTH)
+        try:
+            os.rmdir(name, dir_fd=src_fd)
+            return
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:
+                raise
+    raise OSError(errno.ENOTEMPTY, "it was filled again as fast as it was emptied")
+
+
+def _empty_into(src_fd: int, name: str, dst_fd: int, dest: str, budget: Budget, depth: int) -> None:
+    if depth <= 0:
+        raise OSError(errno.ELOOP, f"more than {COPY_DEPTH} directories deep")
+    s_fd = os.open(name, O_DIR, dir_fd=src_fd)
+    try:
+        d_fd = os.open(dest, O_DIR, dir_fd=dst_fd)
+        try:
+            with os.scandir(s_fd) as it:
+                entries = [
+                    (e.name, e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False))
+                    for e in it
+                ]
+            for child, is_dir, is_file in entries:
+                slot = _free(d_fd, child)
+                if is_dir:
+                    os.mkdir(slot, 0o700, dir_fd=d_fd)
+                    _empty_into(s_fd, child, d_fd, slot, budget, depth - 1)
+                    with contextlib.suppress(OSError):  # refilled: the next pass
+                        os.rmdir(child, dir_fd=s_fd)
+                elif is_file:
+                    _keep(s_fd, child, d_fd, slot, budget, False)
+                else:
+                    _copy_out(s_fd, child, d_fd, slot, budget)
+        finally:
+            os.close(d_fd)
+    finally:
+        os.close(s_fd)
+
+
+def _free(dfd: int, name: str) -> str:
+    dest, n = name, 0
+    while _exists(dest, dfd) or _exists(f"{dest}.removed", dfd):
+        n += 1
+        dest = f"{name}.{n}"
+    return dest
 
 
 def _slot(q_fd: int, rel: str) -> tuple[int, str]:
@@ -580,20 +642,16 @@ def _slot(q_fd: int, rel: str) -> tuple[int, str]:
     except BaseException:
         os.close(dfd)
         raise
-    dest, n = leaf, 0
-    while _exists(dest, dfd) or _exists(f"{dest}.removed", dfd):  # an earlier finding there
-        n += 1
-        dest = f"{leaf}.{n}"
-    return dfd, dest
+    return dfd, _free(dfd, leaf)  # an earlier finding there keeps its own name
 
 
 def _move(src_fd: int, rel: str, quarantine: str, q_fd: int, budget: Budget | None = None) -> str:
     dfd, dest = _slot(q_fd, rel)
     leaf = rel.rpartition("/")[2]
+    budget = budget or Budget(os.path.dirname(quarantine))
     try:
         if stat.S_ISREG(os.stat(leaf, dir_fd=src_fd, follow_symlinks=False).st_mode):
             same = os.fstat(src_fd).st_dev == os.fstat(dfd).st_dev
-            budget = budget or Budget(os.path.dirname(quarantine))
             dest, over = _keep(src_fd, leaf, dfd, dest, budget, same)
             if over is not None:
                 budget.over[os.path.join(quarantine, *discover.parts(rel)[:-1], dest)] = over
@@ -603,10 +661,21 @@ def _move(src_fd: int, rel: str, quarantine: str, q_fd: int, budget: Budget | No
             except OSError as exc:
                 if exc.errno != errno.EXDEV:
                     raise
-                _copy_out(src_fd, leaf, dfd, dest)
+                _copy_out(src_fd, leaf, dfd, dest, budget)
     finally:
         os.close(dfd)
     return os.path.join(quarantine, *discover.parts(rel)[:-1], dest)
+
+
+def move_entry(parent_fd: int, rel: str, quarantine: str, budget: Budget) -> str:
+    """The entry REL (its directory's fd: PARENT_FD) moved to QUARANTINE, a directory
+    whole; where it is now."""
+    os.makedirs(quarantine, mode=0o700, exist_ok=True)
+    q_fd = os.open(quarantine, O_DIR)
+    try:
+        return _move(parent_fd, rel, quarantine, q_fd, budget)
+    finally:
+        os.close(q_fd)
 
 
 def overwrite(root: str, rel: str, data: bytes, quarantine: str) -> str | None:

@@ -1,19 +1,14 @@
-"""Files the host's tools run later, outside git: reported when a run created, changed or
-removed them (audit layer ``fs.exec``; one line each at the end of the run). Never
-blocked here — the node and python presets make the ones an install never writes
-read-only, and the README says which.
+"""Files the host's tools run later that a run may change on purpose, outside git:
+reported when a run created, changed or removed them (audit layer ``fs.exec``; one
+line each at the end of the run), never blocked. What a host program obeys unasked is
+held instead (plan/hostrun.py, plan/heldfiles.py).
 
-- ``.vscode/`` (tasks with ``runOn: folderOpen``, settings naming programs),
-  ``.idea/`` (run configurations), ``.devcontainer/`` (``postCreateCommand``…),
-  ``.github/workflows/``, ``.husky/``, at any depth;
-- ``.gitlab-ci.yml``, ``.envrc`` (direnv runs it on ``cd``), ``.pre-commit-config.yaml``;
-- the ``scripts`` of every ``package.json`` (npm runs them; the rest of the file
-  changes with every ``npm install <pkg>``, so only the scripts are compared);
-- ``.pnpmfile.cjs`` and ``yarn.config.cjs`` (pnpm and yarn load them as code);
-- the package managers' own config files (``.npmrc``, ``.yarnrc``, ``.yarnrc.yml``,
-  ``pnpm-workspace.yaml``, ``pip.conf``/``pip.ini``), by the keys in them that make
-  the tool run something or change what runs (toolconfig.py): reported when a run
-  leaves such a key new or changed, never for the rest (an auth token, a timeout).
+- the ``scripts`` of every ``package.json`` (npm runs them when you run them; the rest
+  of the file changes with every ``npm install <pkg>``, so only the scripts are
+  compared), and the keys the git hook managers read from it at each commit
+  (``husky``, ``simple-git-hooks``, ``lint-staged``, ``pre-commit``, ``gitHooks``,
+  ``config``: a package.json cannot be pinned, npm writes it);
+- ``.github/workflows/`` and ``.gitlab-ci.yml``: CI runs them when you push.
 
 The walk shows each directory to ``Watch`` (the same walk as the git guard's);
 ``node_modules`` is skipped (its packages' scripts are the install itself).
@@ -21,34 +16,19 @@ The walk shows each directory to ``Watch`` (the same walk as the git guard's);
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from collections.abc import Mapping
 
 from boxy.digest import sha256
-from boxyd.gitguard.discover import O_DIR, O_FILE, Type, join, read_head
-from boxyd.plan import payloadparse, toolconfig
+from boxyd.gitguard.discover import O_DIR, O_FILE, Type, join
+from boxyd.plan import payloadparse
 
-DIRS = {
-    ".vscode": "VS Code runs its tasks (runOn: folderOpen) and reads its settings",
-    ".idea": "JetBrains IDEs run its run configurations",
-    ".devcontainer": "dev containers run its lifecycle commands",
-    ".husky": "husky's git hooks",
-}
-FILES = {
-    ".gitlab-ci.yml": "GitLab CI runs it",
-    ".envrc": "direnv runs it when you enter the directory",
-    ".pre-commit-config.yaml": "pre-commit runs the hooks it names",
-    ".pnpmfile.cjs": "pnpm runs it on every install",
-    "yarn.config.cjs": "yarn runs it (constraints)",
-}
-WORKFLOWS = "GitHub Actions runs it"
-SCRIPTS = "npm runs its scripts"
+FILES = {".gitlab-ci.yml": "GitLab CI runs it when you push"}
+WORKFLOWS = "GitHub Actions runs it when you push"
+SCRIPTS = "npm runs its scripts, and git hook managers the commands it names"
 MAX_FILES = 2000  # per watched directory; the rest is one entry saying so
 READ_MAX = 4 << 20
-KEYS = "keys:"  # the fingerprint of a tool's config: only its settings that run something
-UNREAD = "unread:"  # ... or all of it, when its settings could not be read
 
 
 def _digest(dir_fd: int, name: str, scripts_only: bool = False) -> str:
@@ -68,7 +48,7 @@ def _digest(dir_fd: int, name: str, scripts_only: bool = False) -> str:
     mode = f"{stat.S_IMODE(st.st_mode):o}"
     if len(data) > READ_MAX:  # what is past the part read changes the ctime when written
         return f"{mode}:{st.st_size}:{st.st_ctime_ns}:{sha256(data).hexdigest()}"
-    if scripts_only:
+    if scripts_only:  # and the keys git hook managers read (payloadparse.npm_scripts)
         scripts = payloadparse.npm_scripts(data)  # apart from boxyd, within a budget
         if isinstance(scripts, bytes):  # else not JSON to Python, or not judged: whole
             data = scripts
@@ -110,8 +90,8 @@ def _tree(dir_fd: int, name: str) -> str:
     return h.hexdigest()
 
 
-# every name Watch looks at (a directory, a file, a tool's config)
-_NAMES = frozenset({*DIRS, *FILES, "workflows", "package.json", *toolconfig.TOOLS})
+# every name Watch looks at (a directory, a file)
+_NAMES = frozenset({*FILES, "workflows", "package.json"})
 
 
 class Watch:
@@ -133,46 +113,14 @@ class Watch:
                 continue
             path = join(rel, name)
             try:
-                if kind == "dir" and name in DIRS:
-                    self.seen[path] = (DIRS[name], _tree(dir_fd, name))
-                elif kind == "dir" and name == "workflows" and comps[-1:] == [".github"]:
+                if kind == "dir" and name == "workflows" and comps[-1:] == [".github"]:
                     self.seen[path] = (WORKFLOWS, _tree(dir_fd, name))
                 elif name in FILES:
                     self.seen[path] = (FILES[name], kind + _digest(dir_fd, name))
                 elif name == "package.json":
                     self.seen[path] = (SCRIPTS, kind + _digest(dir_fd, name, scripts_only=True))
-                elif kind == "symlink" and (name in DIRS or name in toolconfig.TOOLS):
-                    why = DIRS.get(name) or f"{toolconfig.TOOLS[name][0]} reads it as its config"
-                    self.seen[path] = (why, "symlink:" + os.readlink(name, dir_fd=dir_fd))
-                elif kind == "file" and name in toolconfig.TOOLS:
-                    self._config(dir_fd, name, path)
             except OSError as e:
                 self.seen[path] = ("unreadable", f"error:{e.errno}")
-
-    def _config(self, dir_fd: int, name: str, path: str) -> None:
-        """A tool's config file counts only while it holds a key that runs something,
-        or whole when what it holds is not known (too long, or its parse failed)."""
-        data = read_head(dir_fd, name, READ_MAX + 1)
-        if data is None:
-            return
-        tool = toolconfig.TOOLS[name][0]
-        settings = (
-            payloadparse.exec_settings(name, data)  # apart from boxyd, within a budget
-            if len(data) <= READ_MAX
-            else None
-        )
-        if settings is None or isinstance(settings, payloadparse.Hostile):
-            why = f"{tool} reads it as its config, which could not be read here"
-            self.seen[path] = (why, UNREAD + _digest(dir_fd, name))
-            return
-        if not settings:
-            return
-        keys = ", ".join(dict.fromkeys(k for k, _ in settings))
-        digest = sha256(json.dumps(sorted(settings)).encode()).hexdigest()
-        self.seen[path] = (
-            f"{tool} runs or installs what {keys} say{'s' if ',' not in keys else ''}",
-            KEYS + digest,
-        )
 
 
 def changes(
@@ -183,12 +131,12 @@ def changes(
     lines = []
     for rel in sorted(set(before) | set(after)):
         old, new = before.get(rel), after.get(rel)
-        if old == new or (new is None and old is not None and old[1].startswith(KEYS)):
-            continue  # the keys that run something gone (or the file): nothing to review
+        if old == new:
+            continue
         what = "created" if old is None else "removed" if new is None else "changed"
         why = (new or old)[0]  # type: ignore[index]
         if rel.endswith("package.json") and what == "changed":
-            what = "changed the scripts of"
+            what = "changed the scripts or hook keys of"
         lines.append(
             f"{what} {os.path.join(root, rel)} ({why}): review it before your tools run it"
         )

@@ -17,8 +17,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from boxyd.gitguard.discover import Protection
-from boxyd.plan import credentials
+from boxyd.plan import credentials, hostrun
 from boxyd.plan.credentials import Action, Rule
+from boxyd.plan.hostrun import Held
 from boxyd.plan.masking import Found
 
 MAX_WATCHED = 16_384  # directories per session (the user's inotify budget is shared)
@@ -30,6 +31,9 @@ RESCAN_MAX = 250_000  # entries one such listing looks at (~1 s; more: the sessi
 # redo. Past either the guard cannot keep up, and the session is stopped.
 NEW_MAX = 1024
 LAG_MAX = 10.0
+# Files host programs obey, quarantined in one session (each is a move and an entry in
+# the quarantine): past it the payload is making them faster than anyone could look
+HOLD_MAX = 256
 
 # A directory's (st_dev, st_ino, st_ctime_ns) as the walk saw it. The live guard, once
 # it watches the directory, lists it only if that changed: no entry can have appeared
@@ -68,17 +72,24 @@ class Watched:
     # of dirs, by rel (stamp()); the session's start only: emptied once it is done
     stamps: dict[str, Stamp] = field(default_factory=dict)
     unlisted: tuple[str, ...] = ()  # the walk's subtrees past MAX_WATCHED (Tree.unlisted)
+    # held files (plan/hostrun.py) that were symlinks at the start, by rel: their
+    # targets, put back when the payload replaces one
+    symlinks: Mapping[str, str] = field(default_factory=dict)
+    edit: tuple[str, ...] = ()  # --edit-config's rels: left to the run
 
 
 @dataclass(frozen=True)
 class Redo:
-    """What one change calls for, in this order: the pin again, then the stand-in
-    again (its content read anew), or a new credential's first stand-in (RULE)."""
+    """What one change calls for, in this order: a held file the payload made moved
+    to the quarantine (HOLD; the rest then only if it holds nothing a tool obeys),
+    the pin again, then the stand-in again (its content read anew), or a new
+    credential's first stand-in (RULE)."""
 
     rel: str
     pin: Protection | None = None
     mask: Found | None = None
     rule: Rule | None = None
+    hold: Held | None = None
 
 
 def watched(
@@ -91,6 +102,8 @@ def watched(
     secrets: Iterable[str] = (),
     stamps: dict[str, Stamp] | None = None,
     unlisted: Iterable[str] = (),
+    symlinks: Mapping[str, str] | None = None,
+    edit: Iterable[str] = (),
 ) -> Watched:
     """Only read-only pins: a ``self`` pin is a directory bound onto itself, which the
     host renaming it away ends for the host as well (nothing left to guard there).
@@ -111,6 +124,8 @@ def watched(
         tuple(secrets),
         stamps if stamps is not None else {},  # the walk's own (not copied: emptied later)
         tuple(unlisted),
+        dict(symlinks or {}),
+        tuple(edit),
     )
 
 
@@ -179,20 +194,39 @@ def on_change(w: Watched, dir_rel: str, name: str, is_dir: bool) -> Redo | None:
             mask=mask if mask is not None and mask.is_dir == is_dir else None,
         )
     parent = dir_rel.rpartition("/")[2]
-    if skipped(dir_rel) or _revealed(w, rel):
+    if skipped(dir_rel):
         return None
-    rule = credentials.rule_for(parent, name, is_dir)
-    if rule is None and w.secrets:
+    held = _held(w, rel)
+    rule = None if _revealed(w, rel) else credentials.rule_for(parent, name, is_dir)
+    if rule is None and w.secrets and not _revealed(w, rel):
         rule = credentials.user_rule(w.secrets, rel, is_dir)
+    if held is not None:
+        return Redo(held[0], hold=held[1], rule=rule if held[0] == rel else None)
     return Redo(rel, rule=rule) if rule is not None else None
+
+
+def _held(w: Watched, rel: str) -> tuple[str, Held] | None:
+    """The held entry the new entry REL makes (itself, or the held directory it lies in
+    when that is not pinned: the payload made that too), or None: not held, pinned
+    (a change beneath a pinned directory is the host's: the payload cannot write
+    there), or left to the run by --edit-config."""
+    above = hostrun.held_above(rel)
+    if above is not None and above in w.pins:
+        return None
+    top = above if above is not None else rel
+    held = hostrun.match(top)
+    if held is None or hostrun.edited(top, w.edit):
+        return None
+    return top, held
 
 
 def on_write(w: Watched, dir_rel: str, name: str) -> Redo | None:
     """A file in DIR_REL was written and closed in place (no new dentry: any stand-in on
     it stays). What the content decides is judged again: a covered scrubbed copy is
     made anew from the host's new content (the host wrote the file beneath it: the
-    payload cannot reach it), and a credential created empty and then written (an
-    ``.npmrc`` that had no token when it appeared) is covered now."""
+    payload cannot reach it), a credential created empty and then written (an
+    ``.npmrc`` that had no token when it appeared) is covered now, and a held file
+    judged by its keys (an ``.npmrc`` written after it appeared) is judged again."""
     rel = f"{dir_rel}/{name}" if dir_rel else name
     mask = w.masks.get(rel)
     if mask is not None:
@@ -200,7 +234,9 @@ def on_write(w: Watched, dir_rel: str, name: str) -> Redo | None:
     if rel in w.pins:
         return None
     redo = on_change(w, dir_rel, name, False)
-    return redo if redo is not None and redo.rule is not None and redo.rule.needs_content else None
+    if redo is None or redo.hold is not None:  # a held file: what it now says decides
+        return redo
+    return redo if redo.rule is not None and redo.rule.needs_content else None
 
 
 def everything(w: Watched) -> list[Redo]:
@@ -278,4 +314,5 @@ def _joined(old: Redo, new: Redo) -> Redo:
         pin=new.pin or old.pin,
         mask=new.mask or old.mask,
         rule=new.rule or old.rule,
+        hold=new.hold or old.hold,
     )

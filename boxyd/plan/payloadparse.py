@@ -25,14 +25,28 @@ def _exec(job: Job) -> list[list[str]]:
     return [list(p) for p in toolconfig.exec_settings(job.arg, job.data)]
 
 
+# package.json's keys that run something: npm's scripts and config (its values reach
+# the scripts), and what git hook managers read at each commit (husky 4, simple-git-hooks,
+# lint-staged, pre-commit, yorkie's gitHooks; ghooks lives under config)
+RUN_KEYS = (
+    "scripts",
+    "config",
+    "husky",
+    "simple-git-hooks",
+    "lint-staged",
+    "pre-commit",
+    "gitHooks",
+)
+
+
 def _scripts(job: Job) -> bytes | None:
-    """A package.json's scripts in one form; None where Python's json cannot read it
-    (bad JSON, nested past the recursion limit, an int past 4300 digits): the caller
-    compares it whole."""
+    """A package.json's keys that run something (RUN_KEYS) in one form; None where
+    Python's json cannot read it (bad JSON, nested past the recursion limit, an int
+    past 4300 digits): the caller compares it whole."""
     try:
         doc = json.loads(job.data)
-        scripts = doc.get("scripts") if isinstance(doc, dict) else None
-        return json.dumps(scripts, sort_keys=True).encode()
+        keys = {k: doc.get(k) for k in RUN_KEYS} if isinstance(doc, dict) else None
+        return json.dumps(keys, sort_keys=True).encode()
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from boxyd.gitguard.discover import Protection
+from boxyd.gitguard.discover import Protection, Type
 from boxyd.gitguard.scan import Record, Snapshot
 from boxyd.plan.credentials import Action
+from boxyd.plan.heldfiles import Present
 from boxyd.plan.masking import Found
 from boxyd.plan.worktree import Tree
 
@@ -62,6 +63,7 @@ def encode(tree: Tree) -> dict[str, Any]:
         "dirs": list(tree.dirs),
         "unlisted": list(tree.unlisted),
         "stamps": [[rel, *st] for rel, st in tree.stamps.items()],
+        "held": encode_held(tree.held),
     }
 
 
@@ -91,7 +93,23 @@ def decode(data: dict[str, Any]) -> Tree:
         dirs=tuple(str(d) for d in data["dirs"]),
         unlisted=tuple(str(d) for d in data["unlisted"]),
         stamps={str(s[0]): (int(s[1]), int(s[2]), int(s[3])) for s in data["stamps"]},
+        held=decode_held(data["held"]),
     )
+
+
+def encode_held(held: dict[str, Present]) -> list[list[str]]:
+    return [[p.rel, p.type, p.target] for p in held.values()]
+
+
+def decode_held(data: Any) -> dict[str, Present]:
+    """A Tree's held entries (heldfiles.Finder.found); raises as decode() does."""
+    return {str(h[0]): Present(str(h[0]), _type(h[1]), str(h[2])) for h in data}
+
+
+def _type(value: object) -> Type:
+    if value not in ("file", "dir", "symlink", "other"):
+        raise ValueError(f"not an entry type: {value!r}")
+    return value
 
 
 def decode_tools(tools: dict[str, Any]) -> dict[str, tuple[str, str]]:

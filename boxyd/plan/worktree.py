@@ -27,8 +27,9 @@ from boxyd.config.hosttools import Opener
 from boxyd.gitguard import discover, scan
 from boxyd.gitguard.discover import Layout, Protection, Type
 from boxyd.kernel.sys import fs_type
-from boxyd.plan import live
+from boxyd.plan import heldfiles, live
 from boxyd.plan.execfiles import Watch, changes
+from boxyd.plan.heldfiles import Present
 from boxyd.plan.masking import Finder, Found
 
 
@@ -45,6 +46,8 @@ class Tree:
     # past MAX_WATCHED: the top of each subtree the guard cannot watch (it lists them
     # again every second instead: live.past_budget)
     unlisted: tuple[str, ...] = ()
+    # the files host programs obey unasked, as they were at the start (plan/heldfiles.py)
+    held: dict[str, Present] = field(default_factory=dict)
 
 
 # A walk in boxyd's own thread (a LIMIT given: daemon/walks.py) stops past these too,
@@ -106,7 +109,9 @@ def walk(
     try:
         root_fd = discover.open_root(root)
         try:
-            lay, finder, watch, live_dirs = _walk_once(root, root_fd, user_hooks, secrets, limit)
+            lay, finder, watch, live_dirs, held = _walk_once(
+                root, root_fd, user_hooks, secrets, limit
+            )
         finally:
             os.close(root_fd)
         found = sorted(finder.found.values(), key=lambda f: f.rel)
@@ -114,12 +119,17 @@ def walk(
         unlisted = tuple(live_dirs.unlisted)
         if not git_guard:
             return Tree(
-                credentials=found, tools=watch.seen, dirs=dirs, stamps=stamps, unlisted=unlisted
+                credentials=found,
+                tools=watch.seen,
+                dirs=dirs,
+                stamps=stamps,
+                unlisted=unlisted,
+                held=held.found,
             )
         prots = discover.plan_protections(lay)
         discover.prepare(root, prots)
         snap = scan.snapshot(root, lay)
-        return Tree(prots, snap, found, watch.seen, dirs, stamps, unlisted)
+        return Tree(prots, snap, found, watch.seen, dirs, stamps, unlisted, held.found)
     except discover.TooLarge as e:
         if limit is not None:
             raise LargerThan(str(e)) from None
@@ -133,9 +143,10 @@ def walk(
 
 def _walk_once(
     root: str, root_fd: int, user_hooks: str | None, secrets: Sequence[str], limit: int | None
-) -> tuple[Layout, Finder, Watch, _LiveDirs]:
+) -> tuple[Layout, Finder, Watch, _LiveDirs, heldfiles.Finder]:
     """The one walk, each directory shown to the credentials' Finder, the tools'
-    Watch and the live guard's directories; then git's configs and hard links."""
+    Watch, the held files' Finder and the live guard's directories; then git's
+    configs and hard links."""
     small = limit is not None  # in boxyd's own thread: bounded in entries and bytes too
     finder = Finder(
         root_fd,
@@ -145,11 +156,13 @@ def _walk_once(
     )
     watch = Watch()
     live_dirs = _LiveDirs(root_fd)
+    held = heldfiles.Finder(root)
 
     def observe(fd: int, rel: str, entries: Mapping[str, Type]) -> None:
         finder(fd, rel, entries)
         watch(fd, rel, entries)
-        live_dirs(fd, rel)
+        held(fd, rel, entries)
+        live_dirs(fd, rel)  # (its own shape: no entries)
 
     lay = discover.Walker(
         root,
@@ -161,7 +174,7 @@ def _walk_once(
     ).run()
     finder.git_configs(lay)
     finder.links()
-    return lay, finder, watch, live_dirs
+    return lay, finder, watch, live_dirs, held
 
 
 def prepare(
@@ -188,6 +201,16 @@ def prepare(
     }
 
 
+def _each(*observers: discover.Observer) -> discover.Observer:
+    """One Walker observer that shows each directory to every one of OBSERVERS."""
+
+    def observe(fd: int, rel: str, entries: Mapping[str, Type]) -> None:
+        for o in observers:
+            o(fd, rel, entries)
+
+    return observe
+
+
 def after(
     trees: dict[str, Tree],
     baselines: dict[str, scan.Snapshot],
@@ -195,28 +218,31 @@ def after(
     home: str,
     tools: Opener,
     user_hooks: str | None = None,
+    edit: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[list[str], list[str]]:
     """After the run, one walk per tree: (git guard findings, the tools' files the run
-    created or changed), one line each. BASELINES: the git guard's, inherited from
-    live sessions where trees overlap (none with --allow-git-write). TOOLS: the tool
-    sandboxes the host's git is asked in. Never raises: a tree that cannot be checked
-    is itself a finding."""
+    created or changed, and the held files it made, quarantined: heldfiles.after),
+    one line each. BASELINES: the git guard's, inherited from live sessions where
+    trees overlap (none with --allow-git-write). TOOLS: the tool sandboxes the host's
+    git is asked in. EDIT: --edit-config's rels, by tree. Never raises: a tree that
+    cannot be checked is itself a finding."""
     git_lines: list[str] = []
     tool_lines: list[str] = []
     budget = scan.Budget(os.path.dirname(quarantine))  # the run's, across its trees
     for root, tree in trees.items():
-        watch = Watch()
+        watch, held = Watch(), heldfiles.Finder(root)
+        observe = _each(watch, held)
+        dest = os.path.join(quarantine, root.strip("/").replace("/", "_"))
         try:
             if root in baselines:
-                dest = os.path.join(quarantine, root.strip("/").replace("/", "_"))
                 git_lines += scan.describe(
-                    scan.scan(root, baselines[root], dest, tools, home, watch, user_hooks, budget)
+                    scan.scan(root, baselines[root], dest, tools, home, observe, user_hooks, budget)
                 )
             else:
                 root_fd = discover.open_root(root)
                 try:
                     discover.Walker(
-                        root, root_fd, limit=None, observer=watch, refuse_unjudged=False
+                        root, root_fd, limit=None, observer=observe, refuse_unjudged=False
                     ).run()
                 finally:
                     os.close(root_fd)
@@ -226,4 +252,7 @@ def after(
             )
             continue
         tool_lines += changes(tree.tools, watch.seen, root)
+        tool_lines += heldfiles.after(
+            tree.held, held.found, root, dest, (edit or {}).get(root, ()), budget
+        )
     return git_lines, tool_lines

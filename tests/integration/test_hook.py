@@ -69,6 +69,12 @@ def _own(user: User, path: Path) -> None:
     shutil.chown(path, user.uid, user.gid)
 
 
+@pytest.fixture(autouse=True)
+def no_notices(user: User) -> None:
+    """What earlier tests' runs quarantined is not this test's to be told of."""
+    shutil.rmtree(user.home / ".local/state/boxy/notices", ignore_errors=True)
+
+
 @pytest.fixture
 def hook_yaml(user: User) -> Iterator[Path]:
     """The user's hook.yaml: --net none (the network is not the point here)."""
@@ -230,3 +236,26 @@ def test_shim(user: User, workdir: Path, hook_yaml: Path, canary: Path) -> None:
     # not on the list: /bin/sh on the host, which can read it
     r = user.run([str(BIN / "boxy-sh"), "-c", f"cat {shlex.quote(str(canary))}; exit 4"])
     assert (r.returncode, r.stdout) == (4, b"boxy-secret-canary\n")
+
+
+def test_a_quarantine_reaches_the_users_prompt_once(
+    user: User, workdir: Path, hook_yaml: Path
+) -> None:
+    """What a sandboxed command wrote that a host program obeys is moved to the
+    quarantine, and the hook's next answer asks the user, naming it (Claude Code shows
+    an ask's reason to the user); the answer after that is as before."""
+    command = rewritten(user, workdir, "npm --version")
+    plant = command.replace("'npm --version'", "'mkdir .claude && echo {} > .claude/settings.json'")
+    r = as_claude(user, workdir, plant)
+    assert b"quarantined" in r.stderr, r.stderr
+    out = answer(ask_hook(user, workdir, "ls"))  # not intercepted: still told
+    assert out["permissionDecision"] == "ask", out
+    reason = str(out["permissionDecisionReason"])
+    assert f"quarantined {workdir}/.claude (Claude Code runs its hooks" in reason, reason
+    assert "updatedInput" not in out
+    assert not (user.home / ".local/state/boxy/notices").exists() or not any(
+        (user.home / ".local/state/boxy/notices").iterdir()
+    )
+    assert ask_hook(user, workdir, "ls").stdout == b""  # told once
+    out = answer(ask_hook(user, workdir, "npm --version"))
+    assert out["permissionDecision"] == "allow", out

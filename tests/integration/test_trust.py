@@ -69,8 +69,8 @@ def test_approve_apply_change_and_revoke(boxy: Boxy, user: User, workdir: Path) 
     assert str(workdir) not in ctl(user, workdir, "trust", "--list").stdout.decode()
 
 
-# A project's own registry: what the payload writes into .npmrc or a venv's pip.conf
-# opens nothing for the next run until approved (the topology's hosts stand in).
+# A project's own registry: what .npmrc or a venv's pip.conf names opens nothing for
+# a run until approved (the topology's hosts stand in).
 PROBE = [
     "python3",
     "-c",
@@ -104,10 +104,12 @@ def test_a_registry_the_payload_names_opens_nothing_until_approved(
     (profiles / f"reg-{family}.yaml").write_text(f'net: allowlist\nallow_hosts: ["{template}"]\n')
     user.chown(user.home / ".config")
     flags = ["--profile", f"reg-{family}", "--audit-log", "audit.jsonl"]
-    plant = f"mkdir -p venv && touch venv/pyvenv.cfg && printf '{line}' > {name}"
+    # made on the host (a payload's own is quarantined at once: test_held_files.py)
+    (workdir / "venv").mkdir()
+    (workdir / "venv/pyvenv.cfg").touch()
+    (workdir / name).write_text(line)
+    user.chown(workdir)
     try:
-        r = netboxy.run(*flags, cmd=["sh", "-c", plant], extra_env=env)
-        assert r.returncode == 0, r.stderr
         r = netboxy.run(*flags, cmd=PROBE, extra_env=env)
         assert r.stdout.startswith(b"REFUSED"), (r.stdout, r.stderr)
         assert (

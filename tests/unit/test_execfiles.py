@@ -21,7 +21,7 @@ def seen(root: Path) -> dict[str, tuple[str, str]]:
     return watch.seen
 
 
-def test_package_json_scripts_only(tmp_path: Path) -> None:
+def test_package_json_scripts_and_hook_keys_only(tmp_path: Path) -> None:
     pkg = tmp_path / "package.json"
     pkg.write_text(json.dumps({"name": "x", "dependencies": {}, "scripts": {"test": "true"}}))
     before = seen(tmp_path)
@@ -31,80 +31,47 @@ def test_package_json_scripts_only(tmp_path: Path) -> None:
     assert changes(before, seen(tmp_path), "/w") == []  # npm install <pkg>: not a finding
     pkg.write_text(json.dumps({"name": "x", "scripts": {"test": "true", "prepare": "sh evil"}}))
     assert changes(before, seen(tmp_path), "/w") == [
-        "changed the scripts of /w/package.json (npm runs its scripts): review it before your tools run it"
+        "changed the scripts or hook keys of /w/package.json (npm runs its scripts, and git "
+        "hook managers the commands it names): review it before your tools run it"
     ]
+    for key in ("husky", "simple-git-hooks", "lint-staged", "pre-commit", "gitHooks", "config"):
+        pkg.write_text(json.dumps({"name": "x", "scripts": {"test": "true"}, key: {"a": "sh"}}))
+        assert len(changes(before, seen(tmp_path), "/w")) == 1, key
 
 
-def test_directories_any_depth_and_node_modules_skipped(tmp_path: Path) -> None:
-    (tmp_path / "a/b/.vscode").mkdir(parents=True)
-    (tmp_path / "node_modules/p/.vscode").mkdir(parents=True)
+def test_ci_files_any_depth_and_node_modules_skipped(tmp_path: Path) -> None:
+    (tmp_path / "a/.github/workflows").mkdir(parents=True)
+    (tmp_path / "node_modules/p/.github/workflows").mkdir(parents=True)
     before = seen(tmp_path)
-    assert set(before) == {"a/b/.vscode"}
-    (tmp_path / "a/b/.vscode/tasks.json").write_text("{}")
-    (tmp_path / "node_modules/p/.vscode/tasks.json").write_text("{}")
-    (tmp_path / ".github/workflows").mkdir(parents=True)
-    (tmp_path / ".envrc").write_text("x")
+    assert set(before) == {"a/.github/workflows"}
+    (tmp_path / "a/.github/workflows/ci.yml").write_text("on: push")
+    (tmp_path / "node_modules/p/.github/workflows/ci.yml").write_text("{}")
+    (tmp_path / ".gitlab-ci.yml").write_text("x")
     got = changes(before, seen(tmp_path), "/w")
     assert [ln.split(" (")[0] for ln in got] == [
-        "created /w/.envrc",
-        "created /w/.github/workflows",
-        "changed /w/a/b/.vscode",
+        "created /w/.gitlab-ci.yml",
+        "changed /w/a/.github/workflows",
     ]
 
 
 def test_mode_and_removal_count(tmp_path: Path) -> None:
-    (tmp_path / ".envrc").write_text("x")
+    (tmp_path / ".gitlab-ci.yml").write_text("x")
     before = seen(tmp_path)
-    (tmp_path / ".envrc").chmod(0o755)
+    (tmp_path / ".gitlab-ci.yml").chmod(0o755)
     assert [ln.split(" (")[0] for ln in changes(before, seen(tmp_path), "/w")] == [
-        "changed /w/.envrc"
+        "changed /w/.gitlab-ci.yml"
     ]
-    (tmp_path / ".envrc").unlink()
+    (tmp_path / ".gitlab-ci.yml").unlink()
     assert [ln.split(" (")[0] for ln in changes(before, seen(tmp_path), "/w")] == [
-        "removed /w/.envrc"
+        "removed /w/.gitlab-ci.yml"
     ]
 
 
-def test_tool_configs_by_the_keys_that_run_something(tmp_path: Path) -> None:
-    (tmp_path / "pkg").mkdir()
-    (tmp_path / ".npmrc").write_text("//r.example/:_authToken=x\n")
-    (tmp_path / "pkg/.yarnrc.yml").write_text("yarnPath: .yarn/releases/y.cjs\n")
+def test_held_files_are_not_reported_here(tmp_path: Path) -> None:
+    """What host programs obey unasked is held (heldfiles.py), not reported."""
     before = seen(tmp_path)
-    assert set(before) == {"pkg/.yarnrc.yml"}  # an auth line alone runs nothing
-    (tmp_path / ".npmrc").write_text("//r.example/:_authToken=y\n")
-    assert changes(before, seen(tmp_path), "/w") == []  # a new token: nothing to review
-    (tmp_path / ".npmrc").write_text("//r.example/:_authToken=y\nnode-options=--require=./h.js\n")
-    (tmp_path / ".venv").mkdir()
-    (tmp_path / ".venv/pip.conf").write_text(
-        "[global]\npython = /tmp/p\nindex-url = https://i.example/\n"
-    )
-    (tmp_path / ".pnpmfile.cjs").write_text("module.exports = {}\n")
-    assert changes(before, seen(tmp_path), "/w") == [
-        "created /w/.npmrc (npm runs or installs what node-options says): review it before your tools run it",
-        "created /w/.pnpmfile.cjs (pnpm runs it on every install): review it before your tools run it",
-        "created /w/.venv/pip.conf (pip runs or installs what python, index-url say): review it before "
-        "your tools run it",
-    ]
-    middle = seen(tmp_path)
-    (tmp_path / "pkg/.yarnrc.yml").write_text("yarnPath: .yarn/releases/other.cjs\n")
-    (tmp_path / ".npmrc").write_text("fund=false\n")  # the keys gone: nothing to review
-    assert changes(middle, seen(tmp_path), "/w") == [
-        "changed /w/pkg/.yarnrc.yml (yarn runs or installs what yarnPath says): review it before your "
-        "tools run it"
-    ]
-
-
-def test_a_tool_config_symlink_is_reported(tmp_path: Path) -> None:
-    before = seen(tmp_path)
-    (tmp_path / "x").write_text("node-options=--require=./h.js\n")
-    os.symlink("x", tmp_path / ".npmrc")
-    got = changes(before, seen(tmp_path), "/w")
-    assert got == [
-        "created /w/.npmrc (npm reads it as its config): review it before your tools run it"
-    ]
-
-
-def test_node_modules_configs_are_not_watched(tmp_path: Path) -> None:
-    (tmp_path / "node_modules/p").mkdir(parents=True)
-    (tmp_path / "node_modules/p/.npmrc").write_text("node-options=x\n")
-    assert seen(tmp_path) == {}
+    for name in (".vscode", ".claude", ".husky"):
+        (tmp_path / name).mkdir()
+    for name in (".envrc", ".npmrc", ".pnpmfile.cjs", ".mcp.json"):
+        (tmp_path / name).write_text("node-options=--require=./h.js\n")
+    assert changes(before, seen(tmp_path), "/w") == []

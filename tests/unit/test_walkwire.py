@@ -29,6 +29,8 @@ def _tree(tmp_path: Path) -> Path:
     )
     (work / ".vscode").mkdir()
     (work / ".vscode/tasks.json").write_text("{}")
+    (work / ".github/workflows").mkdir(parents=True)
+    (work / ".mcp.json").symlink_to(".vscode/tasks.json")  # held, and its target too
     os.mkfifo(work / "sub/fifo")
     return work
 
@@ -41,7 +43,7 @@ def test_a_tree_survives_the_wire_unchanged(
     monkeypatch.setattr(live, "MAX_WATCHED", 2)  # and subtrees past the watch budget
     tree = worktree.prepare([str(work)], git_guard=True, secrets=["*.secret"])[str(work)]
     assert tree.protections and tree.baseline and tree.credentials and tree.tools and tree.dirs
-    assert tree.stamps and tree.unlisted
+    assert tree.stamps and tree.unlisted and tree.held[".mcp.json"].target
     import json
 
     back = walkwire.decode(json.loads(json.dumps(walkwire.encode(tree))))

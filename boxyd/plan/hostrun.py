@@ -1,0 +1,290 @@
+"""Files a host program obeys unasked (pure: paths in, verdicts out): the project
+files through which a tool on the host runs a command, starts a server, chooses a
+program or widens its own permissions when the user runs it for another purpose, or
+when it merely starts or enters the directory (docs/design.md, "Files the host runs").
+
+Reporting such a file is no defence: the line at the end of a run is read by an agent,
+and the tool has already obeyed it by the time anyone reads it. So every run holds
+them (boxyd/daemon/liveguard.py, boxyd/plan/worktree.py):
+
+- one present at the start is **pinned** read-only (a directory whole);
+- one the payload creates anyway (it was absent, or a symlink stood there) is
+  **quarantined** at once by the live guard, the earlier entry put back; the check
+  after the run is the backstop;
+- ``--edit-config PATH`` leaves one writable for a run meant to change it (recorded).
+
+The members come from each tool's own documentation (README, "Files host tools obey"):
+
+- **agent harnesses**: Claude Code's ``.claude/`` (hooks, status line, permissions,
+  commands, agents, skills) and ``.mcp.json`` (MCP servers it starts), Cursor's,
+  Gemini CLI's, Codex's, Windsurf's, Roo's, Cline's, Continue's, Kiro's, Amazon Q's,
+  opencode's and Zed's project directories, Aider's config (``lint-cmd``,
+  ``test-cmd``);
+- **editors**: ``.vscode/`` (tasks run on folder open, settings naming programs, MCP
+  servers), ``*.code-workspace``, ``.idea/``, ``.fleet/``, dev containers
+  (``initializeCommand`` runs on the host), Vim's and Neovim's ``exrc`` files,
+  Emacs's ``.dir-locals.el``;
+- **environment loaders run on cd** and version files that choose the program a
+  command runs: direnv, mise, asdf, zsh-autoenv, nvm/fnm, pyenv, rbenv, jenv, goenv,
+  sdkman;
+- **git hook managers** whose configuration the installed hooks read at every commit:
+  husky, pre-commit, lefthook, overcommit, simple-git-hooks, lint-staged, commitlint;
+- **package managers and build tools**: ``.npmrc``, ``.yarnrc``, ``.yarnrc.yml``,
+  ``pnpm-workspace.yaml``, ``pip.conf``/``pip.ini`` (judged by the keys that run
+  something: toolconfig.py; one that holds none is left alone), ``.pnpmfile.cjs``,
+  ``yarn.config.cjs``, yarn's ``releases``/``plugins``/``sdks``, ``bunfig.toml``
+  (preloads), ``uv.toml``, ``poetry.toml``, cargo's config (``runner``,
+  ``rustc-wrapper``), rustup's toolchain file (``path``), Maven's ``.mvn/``, the
+  Gradle wrapper's properties and ``gradle.properties`` (``org.gradle.java.home``),
+  Bundler's config.
+
+Not held, and said in the README: what the user runs knowingly (``package.json``'s
+scripts, a Makefile: reported as before, execfiles.py), instructions an agent reads
+(``CLAUDE.md``, ``AGENTS.md``), and what an install writes by design (``node_modules``,
+a venv, ``.pnp.cjs``), which host programs then run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+
+from boxyd.plan import credentials, toolconfig
+
+
+class Judge(Enum):
+    ANY = "any"  # whatever it holds: a new one is quarantined
+    KEYS = "keys"  # only while it holds a key that runs something (toolconfig.TOOLS)
+    # a version file: only while it names a path (a program of its own choosing), not
+    # a version among those installed (`uv init`, `pyenv local` write those)
+    PATH = "path"
+
+
+@dataclass(frozen=True)
+class Held:
+    tool: str  # who obeys it, for the user
+    runs: str  # what that tool does with it
+    judge: Judge = Judge.ANY
+
+    def why(self) -> str:
+        return f"{self.tool} {self.runs}"
+
+
+def _held(tool: str, runs: str, *names: str, judge: Judge = Judge.ANY) -> dict[str, Held]:
+    return dict.fromkeys(names, Held(tool, runs, judge))
+
+
+# by name, at any depth: a tool started in a subdirectory (a package of a monorepo)
+# reads that directory's own; a directory is held whole
+NAMES: dict[str, Held] = {
+    # agent harnesses
+    **_held(
+        "Claude Code",
+        "runs its hooks, status line and commands, and takes its permissions from it",
+        ".claude",
+    ),
+    **_held("Claude Code", "starts the MCP servers it names", ".mcp.json"),
+    **_held("Cursor", "starts its MCP servers and runs its hooks", ".cursor"),
+    **_held("Gemini CLI", "starts its MCP servers and runs its hooks", ".gemini"),
+    **_held("Qwen Code", "starts its MCP servers and runs its hooks", ".qwen"),
+    **_held("Codex", "starts its MCP servers and takes its settings from it", ".codex"),
+    **_held("Windsurf", "runs its workflows and hooks", ".windsurf"),
+    **_held("Roo Code", "takes its modes and MCP servers from it", ".roo", ".roomodes"),
+    **_held("Cline", "runs its hooks and takes its rules from it", ".clinerules"),
+    **_held("Continue", "starts its MCP servers", ".continue"),
+    **_held("Kiro", "runs its hooks and starts its MCP servers", ".kiro"),
+    **_held("Amazon Q", "starts its MCP servers", ".amazonq"),
+    **_held(
+        "opencode",
+        "starts its MCP servers and loads its plugins",
+        "opencode.json",
+        "opencode.jsonc",
+        ".opencode",
+    ),
+    **_held("Aider", "runs its lint-cmd and test-cmd", ".aider.conf.yml"),
+    # editors
+    **_held("Zed", "runs its tasks and language servers", ".zed"),
+    **_held(
+        "VS Code", "runs its tasks on folder open and the programs its settings name", ".vscode"
+    ),
+    **_held("JetBrains IDEs", "run its run configurations and startup tasks", ".idea", ".fleet"),
+    **_held(
+        "dev containers",
+        "run its initializeCommand on the host",
+        ".devcontainer",
+        ".devcontainer.json",
+    ),
+    **_held(
+        "Vim and Neovim",
+        "run it as an exrc file",
+        ".nvim.lua",
+        ".nvimrc",
+        ".exrc",
+        ".vimrc",
+        ".lvimrc",
+    ),
+    **_held("Emacs", "evaluates its local variables", ".dir-locals.el", ".dir-locals-2.el"),
+    # environment loaders and version files
+    **_held("direnv", "runs it when you enter the directory", ".envrc"),
+    **_held("autoenv", "runs it when you leave the directory", ".env.leave"),
+    **_held("zsh-autoenv", "runs it on cd", ".autoenv.zsh", ".autoenv_leave.zsh"),
+    **_held(
+        "mise",
+        "runs its hooks, tasks and env scripts",
+        "mise.toml",
+        ".mise.toml",
+        "mise.local.toml",
+        ".mise.local.toml",
+        ".mise",
+    ),
+    **{
+        name: Held("version managers", "run the program a path in it names", Judge.PATH)
+        for name in (
+            ".tool-versions",
+            ".nvmrc",
+            ".node-version",
+            ".python-version",
+            ".ruby-version",
+            ".java-version",
+            ".go-version",
+            ".sdkmanrc",
+            "rust-toolchain",
+            "rust-toolchain.toml",
+        )
+    },
+    **_held("devbox", "runs its init_hook", "devbox.json"),
+    # git hook managers (the hooks installed in .git/hooks read these at each commit)
+    **_held(
+        "husky",
+        "runs its hooks at each commit",
+        ".husky",
+        ".huskyrc",
+        *(f".huskyrc.{ext}" for ext in ("json", "js", "cjs", "yaml", "yml")),
+    ),
+    **_held("pre-commit", "runs the hooks it names at each commit", ".pre-commit-config.yaml"),
+    **_held(
+        "lefthook",
+        "runs the commands it names at each commit",
+        *(
+            f"{dot}lefthook{local}.{ext}"
+            for dot in ("", ".")
+            for local in ("", "-local")
+            for ext in ("yml", "yaml", "json", "jsonc", "toml")
+        ),
+        ".lefthook",
+        ".lefthook-local",
+    ),
+    **_held(
+        "overcommit", "runs the hooks it names at each commit", ".overcommit.yml", ".git-hooks"
+    ),
+    **_held(
+        "simple-git-hooks",
+        "runs the commands it names at each commit",
+        *(f"{dot}simple-git-hooks.{ext}" for dot in ("", ".") for ext in ("json", "js", "cjs")),
+    ),
+    **_held(
+        "lint-staged",
+        "runs the commands it names at each commit",
+        ".lintstagedrc",
+        *(
+            f".lintstagedrc.{ext}"
+            for ext in ("json", "yaml", "yml", "mjs", "mts", "js", "ts", "cjs", "cts")
+        ),
+        *(f"lint-staged.config.{ext}" for ext in ("js", "mjs", "cjs", "ts", "mts", "cts")),
+    ),
+    **_held(
+        "commitlint",
+        "loads it at each commit",
+        ".commitlintrc",
+        *(
+            f"{base}.{ext}"
+            for base in (".commitlintrc", "commitlint.config")
+            for ext in ("json", "yaml", "yml", "js", "cjs", "mjs", "ts", "cts", "mts")
+        ),
+    ),
+    # package managers and build tools
+    **{
+        name: Held(tool, "runs or installs what its settings say", Judge.KEYS)
+        for name, (tool, _, _) in toolconfig.TOOLS.items()
+    },
+    **_held("pnpm", "runs it on every install", ".pnpmfile.cjs", ".pnpmfile.mjs"),
+    **_held("yarn", "runs it (constraints)", "yarn.config.cjs"),
+    **_held("yarn", "puts it into the environment of every script", ".env.yarn"),
+    **_held("bun", "loads the preload scripts it names", "bunfig.toml"),
+    **_held("uv", "installs from the indexes and interpreters it names", "uv.toml"),
+    **_held("Poetry", "uses the virtualenv it names", "poetry.toml"),
+    **_held("PDM", "uses the interpreter and virtualenv it names", "pdm.toml"),
+    **_held("Maven", "loads its extensions and JVM options", ".mvn"),
+    **_held("Gradle", "runs with the JVM it names", "gradle.properties"),
+}
+
+# by the path's last parts, at any depth
+PATHS: dict[tuple[str, ...], Held] = {
+    **{
+        tuple(p.split("/")): h
+        for p, h in {
+            ".yarn/releases": Held("yarn", "runs the release it holds as yarn itself"),
+            ".yarn/plugins": Held("yarn", "loads its plugins"),
+            ".yarn/sdks": Held("editors", "run yarn's SDKs (tsserver, eslint)"),
+            ".cargo/config.toml": Held("cargo", "runs its runner, rustc-wrapper and aliases"),
+            ".cargo/config": Held("cargo", "runs its runner, rustc-wrapper and aliases"),
+            ".config/mise": Held("mise", "runs its hooks, tasks and env scripts"),
+            ".config/mise.toml": Held("mise", "runs its hooks, tasks and env scripts"),
+            "mise/config.toml": Held("mise", "runs its hooks, tasks and env scripts"),
+            "mise/config.local.toml": Held("mise", "runs its hooks, tasks and env scripts"),
+            ".config/mise.local.toml": Held("mise", "runs its hooks, tasks and env scripts"),
+            ".github/hooks": Held("VS Code's agent", "runs its hooks"),
+            ".bundle/config": Held("Bundler", "installs from the sources and paths it names"),
+            "gradle/wrapper/gradle-wrapper.properties": Held(
+                "the Gradle wrapper", "downloads and runs the distribution it names"
+            ),
+        }.items()
+    },
+}
+
+# by the name's ending, at any depth
+SUFFIXES: dict[str, Held] = {
+    ".code-workspace": Held("VS Code", "runs its tasks and the programs its settings name"),
+}
+
+_LONGEST = max(len(k) for k in PATHS)
+
+
+def match(rel: str) -> Held | None:
+    """What holds the entry REL of a writable tree itself (not through a held directory
+    above it: ``held_above``), or None."""
+    parts = rel.split("/")
+    # node_modules is an install's output (README: what this does not cover); .git is
+    # the git guard's
+    if not parts[-1] or not credentials.SKIP_DIRS.isdisjoint(parts):
+        return None
+    name = parts[-1]
+    held = NAMES.get(name)
+    if held is not None:
+        return held
+    for n in range(2, min(_LONGEST, len(parts)) + 1):
+        held = PATHS.get(tuple(parts[-n:]))
+        if held is not None:
+            return held
+    for suffix, held in SUFFIXES.items():
+        if name.endswith(suffix) and name != suffix:
+            return held
+    return None
+
+
+def held_above(rel: str) -> str | None:
+    """The nearest strict ancestor of REL that is held (a held directory holds all
+    beneath it), or None."""
+    parts = rel.split("/")
+    for n in range(len(parts) - 1, 0, -1):
+        up = "/".join(parts[:n])
+        if match(up) is not None:
+            return up
+    return None
+
+
+def edited(rel: str, edit: Iterable[str]) -> bool:
+    """REL is left to the run by --edit-config (EDIT: rels in the same tree): named by
+    one, beneath one, or a held directory holding one (left whole)."""
+    return any(rel == e or rel.startswith(e + "/") or e.startswith(rel + "/") for e in edit)

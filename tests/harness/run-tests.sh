@@ -15,6 +15,10 @@ if [ "$(id -u)" != 0 ]; then
   exec "$venv/bin/python3" -m pytest -q -p no:cacheprovider "$@"
 fi
 
+# The pinned Claude Code the agent-harness tests run on the host (its npm package into a
+# root-owned cache, once: the only registry contact outside the real-install tests).
+/usr/bin/python3 "$src/tests/harness/claudecode.py" install >/dev/null
+
 user=${BOXY_TEST_USER:-boxytest}
 # another stage (BOXY_TEST_STAGE) lets a second suite run beside this one
 stage=${BOXY_TEST_STAGE:-/opt/boxy-test}

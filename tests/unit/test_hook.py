@@ -211,3 +211,17 @@ def test_tokenize() -> None:
     assert toks[2].subs == ["e f"]
     with pytest.raises(ValueError):
         hp.tokenize('echo "open')
+
+
+def test_a_quarantine_turns_the_answer_into_a_question_to_the_user() -> None:
+    event = hp.Event("/w", {"command": "npm i", "description": "d"})
+    allow = hp.allow(event, "boxyctl run -- sh -c 'npm i'", "why")
+    got = hp.told(allow, ["session ab12: quarantined /w/.mcp.json (Claude Code starts …)"])
+    out = got["hookSpecificOutput"]
+    assert isinstance(out, dict)
+    assert out["permissionDecision"] == "ask"
+    assert "quarantined /w/.mcp.json" in str(out["permissionDecisionReason"])
+    assert out["updatedInput"] == {"command": "boxyctl run -- sh -c 'npm i'", "description": "d"}
+    bare = hp.told(None, ["x" * 5000])["hookSpecificOutput"]
+    assert isinstance(bare, dict) and "updatedInput" not in bare
+    assert len(str(bare["permissionDecisionReason"])) < hp.TOLD_MAX + 400

@@ -354,3 +354,62 @@ def test_a_change_that_waited_too_long_is_refused() -> None:
     assert isinstance(why, str) and "waited 10.5s" in why
     assert len(b) == 2  # nothing taken: the guard is over
     assert b.take(110.0) == ("/w", NEW, 100.0)  # exactly the budget: still in time
+
+
+def _held_tree() -> live.Watched:
+    pins = [Protection(".vscode", "ro", True), Protection("pkg/.npmrc", "ro", False)]
+    return live.watched(
+        "/w", pins, [], [], symlinks={".envrc": "shared/envrc"}, edit=["tools/.husky"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("dir_rel", "name", "is_dir", "rel", "held_by"),
+    [
+        ("", ".claude", True, ".claude", "Claude Code"),
+        ("", ".mcp.json", False, ".mcp.json", "Claude Code"),
+        ("a/b", ".cursor", True, "a/b/.cursor", "Cursor"),
+        (".claude", "settings.json", False, ".claude", "Claude Code"),  # its directory, whole
+        ("x/.yarn/releases", "y.cjs", False, "x/.yarn/releases", "yarn"),
+        ("", ".envrc", False, ".envrc", "direnv"),  # a symlink at the start: replaced
+        ("", ".npmrc", False, ".npmrc", "npm"),  # judged by its keys when it is moved
+    ],
+)
+def test_a_held_entry_the_payload_makes_is_moved(
+    dir_rel: str, name: str, is_dir: bool, rel: str, held_by: str
+) -> None:
+    redo = live.on_change(_held_tree(), dir_rel, name, is_dir)
+    assert redo is not None and redo.rel == rel and redo.hold is not None
+    assert redo.hold.tool == held_by and redo.pin is None
+
+
+@pytest.mark.parametrize(
+    ("dir_rel", "name", "is_dir"),
+    [
+        (".vscode", "tasks.json", False),  # beneath a pin: only the host writes there
+        ("node_modules/p", ".claude", True),  # an install's output
+        ("tools", ".husky", True),  # --edit-config
+        ("tools/.husky", "pre-commit", False),
+        ("src", "index.js", False),
+    ],
+)
+def test_what_is_not_held_live(dir_rel: str, name: str, is_dir: bool) -> None:
+    redo = live.on_change(_held_tree(), dir_rel, name, is_dir)
+    assert redo is None or redo.hold is None
+
+
+def test_a_pinned_held_file_is_pinned_again_not_moved() -> None:
+    redo = live.on_change(_held_tree(), "pkg", ".npmrc", False)
+    assert redo is not None and redo.pin is not None and redo.hold is None
+
+
+def test_a_held_config_written_in_place_is_judged_again() -> None:
+    """An .npmrc made empty (nothing to hold), then written with node-options."""
+    redo = live.on_write(_held_tree(), "", ".npmrc")
+    assert redo is not None and redo.hold is not None
+    assert live.on_write(_held_tree(), ".vscode", "tasks.json") is None  # pinned: the host's
+
+
+def test_a_credential_that_is_held_too_keeps_its_cover_rule() -> None:
+    redo = live.on_change(_held_tree(), "sub", ".npmrc", False)
+    assert redo is not None and redo.hold is not None and redo.rule is not None

@@ -25,7 +25,7 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +66,8 @@ class _Pending:
 
 
 SAID_MAX = 16  # lines of what the guard could not do, in a run's outcome
+GIT_BURST = 2.0  # seconds of git checks a session may run back to back
+GIT_SHARE = 0.5  # ... and then this share of the time
 
 
 class LiveGuard:
@@ -82,11 +84,14 @@ class LiveGuard:
         stop: Stop,
         rescan: Callable[[Watched, list[str], int], Rescan],
         hold: Hold,
+        git_check: Callable[[], Awaitable[list[str]]],
     ) -> None:
         """APART: a Parser for a redo's parse of what the payload wrote (parseproc.py);
         STOP: what the guard does when it cannot keep the trees covered; RESCAN: a
         listing of what it could not watch, in a child (walks.Walks.rescan); HOLD: a
-        held file the payload made, moved to the quarantine (in a worker thread)."""
+        held file the payload made, moved to the quarantine (in a worker thread);
+        GIT_CHECK: the git guard's discovery and judgement of the trees, now (what it
+        moved, as lines)."""
         self._trees = {w.root: w for w in trees}
         self._apart = apart
         self._send = send
@@ -97,6 +102,10 @@ class LiveGuard:
         self._stop = stop
         self._rescan_apart = rescan
         self._holder = hold
+        self._git_check = git_check
+        self._git_task: asyncio.Task[None] | None = None
+        self._git_again = False  # a change came while a check ran: one more after it
+        self._git_credit, self._git_at = GIT_BURST, time.monotonic()  # (_git_loop)
         self._holds = 0  # held files quarantined in this session (live.HOLD_MAX)
         self._backlog = live.Backlog()
         # a pin's redo under way, and the next one if it changed again meanwhile
@@ -255,7 +264,7 @@ class LiveGuard:
             changed = live.on_change(w, rel, entry, bool(mask & IN_ISDIR))
             if changed is not None:
                 self._spawn(w, changed, now, host=True)
-            elif mask & IN_ISDIR:
+            if mask & IN_ISDIR and (changed is None or changed.git):
                 self._new_dir(w, rel, entry, now)
 
     def _spawn(self, w: Watched, redo: Redo, since: float, *, host: bool = False) -> None:
@@ -266,6 +275,9 @@ class LiveGuard:
         turn in the backlog (lost events' redos of every pin too: the payload can make
         those)."""
         if self.stopped is not None:
+            return
+        if redo.git:
+            self._git_soon()
             return
         if host and redo.pin is not None:
             self._pin_at_once(w, redo, since)
@@ -297,6 +309,37 @@ class LiveGuard:
                 redo, since = again
         finally:
             self._pinning.pop(key, None)
+
+    def _git_soon(self) -> None:
+        """The git guard's check now, or once the one under way is done (changes that
+        come meanwhile are one more check, not one each)."""
+        if self._git_task is not None and not self._git_task.done():
+            self._git_again = True
+            return
+        self._git_task = self._track(self._git_loop())
+
+    async def _git_loop(self) -> None:
+        """Checks one after another while changes keep coming. The first ones go at once
+        (a plant is a few writes: the check that sees the last of them is the one that
+        counts); past GIT_BURST seconds of checks the payload can make git's files change
+        forever, so they are paced to GIT_SHARE of the time (in children of the walk
+        template, not boxyd's)."""
+        while self.stopped is None:
+            self._git_again = False
+            now = time.monotonic()
+            self._git_credit = min(GIT_BURST, self._git_credit + (now - self._git_at) * GIT_SHARE)
+            if self._git_credit < 0:
+                await asyncio.sleep(-self._git_credit / GIT_SHARE)
+            began = self._git_at = time.monotonic()
+            lines = await self._git_check()
+            self._git_at = time.monotonic()
+            self._git_credit -= self._git_at - began
+            log.info("live guard: git check %.3fs", self._git_at - began)
+            for line in lines:
+                self._record("git", finding=line)
+                self._notice(f"live guard: {line}")
+            if not self._git_again:
+                return
 
     async def _drain(self) -> None:
         """The session's redos, one at a time, oldest first."""

@@ -236,8 +236,11 @@ class Watches:
         subdirs = []
         for name, is_dir in entries:
             redo = live.on_change(w, rel, name, is_dir)
-            if redo is not None and redo.hold is not None:  # made by the payload: moved
+            if redo is not None and (redo.hold is not None or redo.git):  # the payload's
                 out.redos.append(redo)
+                sub = live.new_dir(w, rel, name) if redo.git and is_dir else None
+                if sub is not None and sub not in known:
+                    subdirs.append(sub)  # a new gitdir in modules/: watched as well
                 continue
             if is_dir:
                 sub = live.new_dir(w, rel, name)
@@ -327,8 +330,9 @@ def rescan_answer(w: Watched, reply: dict[str, Any]) -> Rescan:
 
 
 def _new(w: Watched, redo: Redo) -> bool:
-    """REDO is for an entry made since: a held file, or a credential not covered yet."""
-    return redo.hold is not None or (redo.rule is not None and redo.rel not in w.masks)
+    """REDO is for an entry made since: a held file, a change git would read, or a
+    credential not covered yet."""
+    return redo.hold is not None or redo.git or (redo.rule is not None and redo.rel not in w.masks)
 
 
 def _listing(fd: int, cap: int = live.LIST_MAX) -> list[tuple[str, bool]]:

@@ -13,6 +13,7 @@ import os
 import pwd
 import signal
 import socket
+import threading
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, TypeVar
 
@@ -266,6 +267,7 @@ class StageSandbox:
         self.live_findings: list[str] = []  # what the live guard moved aside
         self._user_hooks: str | None = None
         self._edit: dict[str, list[str]] = {}  # --edit-config, by tree: rels left to the run
+        self._checking = threading.Lock()  # one check of the trees at a time (_check)
 
     # -- before the payload ----------------------------------------------------------
     async def start(self) -> list[str]:
@@ -376,6 +378,7 @@ class StageSandbox:
                 t.unlisted,
                 {p.rel: p.target for p in t.held.values() if p.type == "symlink"},
                 self._edit[r],
+                t.gitdirs,
             )
             for r, t in self.trees.items()
         ]
@@ -627,6 +630,7 @@ class StageSandbox:
             self._stopped_by_guard,
             self._launcher.walks.rescan,
             self._hold,
+            self._live_git_check,
         )
         self._live_start = asyncio.get_running_loop().create_task(self._watch(self.live_guard))
 
@@ -641,6 +645,36 @@ class StageSandbox:
             self.live_findings.append(f"live guard: {got[0]}")
             notices.leave(self._sink.id, [got[0]])
         return got
+
+    def _check(self) -> tuple[list[str], list[str]]:
+        """The git guard's scan, the tools' files and the held files of every tree, in
+        a child (afterproc.py; a worker thread's call). One at a time: the live guard's
+        (_live_git_check) and the one after the run never move the same entry."""
+        check = afterproc.Check(
+            self.trees,
+            self.baselines,
+            str(state_dir() / "quarantine" / self._sink.id),
+            self._launcher.user.pw_dir,
+            self._launcher.tools(CHECKS_BUDGET),
+            self._user_hooks,
+            self._launcher.walks.apart,
+            self._edit,
+        )
+        with self._checking:
+            return self._launcher.walks.after(check)
+
+    async def _live_git_check(self) -> list[str]:
+        """A change git would read, made during the run (plan/live.py git_event): the
+        check now, and what it moved (the git guard's findings, the held files)
+        said at the end and in the hook's next answer; the tools' reports wait for
+        the end (they compare with the start)."""
+        if not self.baselines:
+            return []  # --allow-git-write: no git guard
+        git_lines, tool_lines = await pools.run(pools.CHECKS, self._check)
+        moved = [x for x in git_lines + tool_lines if _moved(x)]
+        self.live_findings += [f"live guard: {x}" for x in moved]
+        notices.leave(self._sink.id, moved)
+        return moved
 
     def _quarantine(self, root: str) -> str:
         """Where this session's quarantine keeps what it moves out of the tree ROOT."""
@@ -777,22 +811,10 @@ class StageSandbox:
                 await self.pty.wait_drained()
             self.pty.close()
         report = Report(notes=self._bounds_reached())
-        quarantine = str(state_dir() / "quarantine" / self._sink.id)
         report.findings += self.live_findings
         if self.live_guard is not None:  # a budget it reached, and what it did instead
             report.notes += self.live_guard.said
-        check = afterproc.Check(
-            self.trees,
-            self.baselines,
-            quarantine,
-            self._launcher.user.pw_dir,
-            self._launcher.tools(CHECKS_BUDGET),
-            self._user_hooks,
-            self._launcher.walks.apart,
-            self._edit,
-        )
-        # in a child: afterproc.py
-        git_lines, tool_lines = await pools.run(pools.CHECKS, self._launcher.walks.after, check)
+        git_lines, tool_lines = await pools.run(pools.CHECKS, self._check)
         for line in git_lines:
             self._sink.record("git", finding=line)
             report.findings.append(line)
@@ -866,8 +888,11 @@ class StageSandbox:
 
 
 def _moved(line: str) -> bool:
-    """A finding that moved something to the quarantine (git guard's, held files')."""
-    return line.startswith(("quarantined ", "git guard: moved ")) or "could not be" in line
+    """A finding that moved something to the quarantine (git guard's, held files'), or
+    could not: said at once. (What is only named is said once, at the end.)"""
+    return line.startswith(("quarantined ", "git guard: moved ")) or (
+        "could not be quarantined" in line
+    )
 
 
 def _innermost(path: str, trees: dict[str, worktree.Tree]) -> str | None:

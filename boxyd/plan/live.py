@@ -76,6 +76,9 @@ class Watched:
     # targets, put back when the payload replaces one
     symlinks: Mapping[str, str] = field(default_factory=dict)
     edit: tuple[str, ...] = ()  # --edit-config's rels: left to the run
+    # the git directories the walk found (discover.Layout.gitdirs): a change in one, or a
+    # new repository anywhere, has the git guard look again at once (GIT below)
+    gitdirs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,7 @@ class Redo:
     mask: Found | None = None
     rule: Rule | None = None
     hold: Held | None = None
+    git: bool = False  # the git guard's discovery again, now (plan/live.py git_event)
 
 
 def watched(
@@ -104,6 +108,7 @@ def watched(
     unlisted: Iterable[str] = (),
     symlinks: Mapping[str, str] | None = None,
     edit: Iterable[str] = (),
+    gitdirs: Iterable[str] = (),
 ) -> Watched:
     """Only read-only pins: a ``self`` pin is a directory bound onto itself, which the
     host renaming it away ends for the host as well (nothing left to guard there).
@@ -126,6 +131,7 @@ def watched(
         tuple(unlisted),
         dict(symlinks or {}),
         tuple(edit),
+        tuple(gitdirs),
     )
 
 
@@ -150,10 +156,43 @@ def skipped(rel: str) -> bool:
     return bool(rel) and not credentials.SKIP_DIRS.isdisjoint(rel.split("/"))
 
 
+# What makes git find its configuration, its hooks or another repository (git's
+# setup.c: is_git_directory, read_gitfile, get_common_dir; the worktrees' and
+# submodules' gitdirs): a new entry by one of these names anywhere in the tree, or any
+# new entry in a git directory but the ones git writes as it works, has the git
+# guard's discovery run again at once.
+GIT_ANYWHERE = frozenset({".git", "HEAD", "commondir", "objects", "refs"})
+GIT_AT_WORK = frozenset(
+    {
+        "HEAD", "ORIG_HEAD", "FETCH_HEAD", "MERGE_HEAD", "MERGE_MSG", "MERGE_MODE",
+        "REBASE_HEAD", "CHERRY_PICK_HEAD", "REVERT_HEAD", "AUTO_MERGE", "BISECT_LOG",
+        "COMMIT_EDITMSG", "TAG_EDITMSG", "SQUASH_MSG", "logs", "objects", "refs",
+        "packed-refs", "description", "rr-cache", "sequencer", "rebase-merge",
+        "rebase-apply", "lost-found", "gitk.cache", "shallow",
+    }
+)  # fmt: skip
+GIT_NESTED = ("worktrees", "modules")  # where git keeps other gitdirs: watched too
+
+
+def git_event(w: Watched, dir_rel: str, name: str) -> bool:
+    """A new entry NAME in DIR_REL that may change what git reads or runs."""
+    if name.endswith(".lock"):
+        return False  # a lock git (or the payload) holds: the file it names comes next
+    if dir_rel in w.gitdirs or dir_rel.rpartition("/")[2] == ".git":  # one made meanwhile
+        return name not in GIT_AT_WORK
+    return name in GIT_ANYWHERE or _in_nested(w, dir_rel)
+
+
+def _in_nested(w: Watched, rel: str) -> bool:
+    """REL lies in a git directory's worktrees/ or modules/ (other gitdirs live there)."""
+    return any(rel.startswith(f"{g}/{n}".lstrip("/")) for g in w.gitdirs for n in GIT_NESTED)
+
+
 def _watch_order(w: Watched) -> list[str]:
-    """The directory of every pin and stand-in first (those must be watched), then the
-    walk's directories, parents first."""
+    """The directory of every pin and stand-in first (those must be watched), then every
+    git directory and where it keeps others, then the walk's directories, parents first."""
     must = {r.rpartition("/")[0] for r in (*w.pins, *w.masks)}
+    must |= {*w.gitdirs, *(f"{g}/{n}".lstrip("/") for g in w.gitdirs for n in GIT_NESTED)}
     first = sorted(must, key=lambda d: (d.count("/") if d else -1, d))
     rest = sorted({"", *w.dirs} - must, key=lambda d: (d.count("/") if d else -1, d))
     return first + rest
@@ -172,9 +211,12 @@ def past_budget(w: Watched) -> list[str]:
 
 
 def new_dir(w: Watched, dir_rel: str, name: str) -> str | None:
-    """A directory created (or moved in) during the session, to watch as well."""
+    """A directory created (or moved in) during the session, to watch as well: the
+    walk's kind, a new repository's gitdir (git_event), and where a gitdir keeps others."""
     rel = f"{dir_rel}/{name}" if dir_rel else name
-    return None if skipped(rel) else rel
+    if name == ".git" and not skipped(dir_rel):  # a new repository's gitdir: its top only
+        return rel
+    return rel if not skipped(rel) or _in_nested(w, rel) else None
 
 
 def _revealed(w: Watched, rel: str) -> bool:
@@ -193,6 +235,8 @@ def on_change(w: Watched, dir_rel: str, name: str, is_dir: bool) -> Redo | None:
             pin=pin if pin is not None and pin.is_dir == is_dir else None,
             mask=mask if mask is not None and mask.is_dir == is_dir else None,
         )
+    if git_event(w, dir_rel, name):
+        return Redo(rel, git=True)
     parent = dir_rel.rpartition("/")[2]
     if skipped(dir_rel):
         return None
@@ -234,7 +278,7 @@ def on_write(w: Watched, dir_rel: str, name: str) -> Redo | None:
     if rel in w.pins:
         return None
     redo = on_change(w, dir_rel, name, False)
-    if redo is None or redo.hold is not None:  # a held file: what it now says decides
+    if redo is None or redo.hold is not None or redo.git:  # what it now says decides
         return redo
     return redo if redo.rule is not None and redo.rule.needs_content else None
 
@@ -315,4 +359,5 @@ def _joined(old: Redo, new: Redo) -> Redo:
         mask=new.mask or old.mask,
         rule=new.rule or old.rule,
         hold=new.hold or old.hold,
+        git=new.git or old.git,
     )

@@ -64,6 +64,7 @@ def encode(tree: Tree) -> dict[str, Any]:
         "unlisted": list(tree.unlisted),
         "stamps": [[rel, *st] for rel, st in tree.stamps.items()],
         "held": encode_held(tree.held),
+        "gitdirs": list(tree.gitdirs),
     }
 
 
@@ -94,6 +95,7 @@ def decode(data: dict[str, Any]) -> Tree:
         unlisted=tuple(str(d) for d in data["unlisted"]),
         stamps={str(s[0]): (int(s[1]), int(s[2]), int(s[3])) for s in data["stamps"]},
         held=decode_held(data["held"]),
+        gitdirs=tuple(str(g) for g in data["gitdirs"]),
     )
 
 

@@ -48,6 +48,7 @@ class Tree:
     unlisted: tuple[str, ...] = ()
     # the files host programs obey unasked, as they were at the start (plan/heldfiles.py)
     held: dict[str, Present] = field(default_factory=dict)
+    gitdirs: tuple[str, ...] = ()  # the git directories found (the live guard's: live.py)
 
 
 # A walk in boxyd's own thread (a LIMIT given: daemon/walks.py) stops past these too,
@@ -129,7 +130,8 @@ def walk(
         prots = discover.plan_protections(lay)
         discover.prepare(root, prots)
         snap = scan.snapshot(root, lay)
-        return Tree(prots, snap, found, watch.seen, dirs, stamps, unlisted, held.found)
+        gitdirs = tuple(g.rel for g in lay.gitdirs)
+        return Tree(prots, snap, found, watch.seen, dirs, stamps, unlisted, held.found, gitdirs)
     except discover.TooLarge as e:
         if limit is not None:
             raise LargerThan(str(e)) from None

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from boxy.errors import BoxyError, ProfileError, UsageError
 from boxy.request import RunOptions
-from boxyd.config import caches, exposure
+from boxyd.config import caches, exposure, hostrun
 from boxyd.config.pathutil import absolute, contains, dedupe
 from boxyd.config.profiles import Profile
 from boxyd.config.runspec import READ_ONLY_TREES, CopyEntry, PathEntry
@@ -117,16 +117,32 @@ def missing_reveals(flags: Sequence[str], cwd: str, warnings: list[str]) -> None
 
 
 def check_edit_config(flags: Sequence[str], cwd: str, writable: list[str]) -> list[str]:
-    """--edit-config: absolute, lexical (matched as the walk finds entries), each in a
-    writable tree (realpath'd: WRITABLE); whether it names a file boxy holds is the
-    walk's to say (plan/heldfiles.py)."""
+    """--edit-config: absolute, lexical (matched as the walk finds entries), each a
+    held entry itself (config/hostrun.py) in a writable tree (realpath'd: WRITABLE):
+    a path inside a held directory, or one boxy does not hold, would leave more (or
+    less) than the user named."""
     out = []
     for p in flags:
         path = absolute(p, cwd)
         parent = os.path.realpath(os.path.dirname(path))
-        if not any(contains(tree, parent) for tree in writable):
+        trees = [t for t in writable if contains(t, parent)]
+        if not trees:
             raise UsageError(f"--edit-config {p}: not inside the work directory or a --rw path")
-        out.append(os.path.join(parent, os.path.basename(path)))
+        tree = max(trees, key=len)
+        full = os.path.join(parent, os.path.basename(path))
+        rel = os.path.relpath(full, tree)
+        above = hostrun.held_above(rel)
+        if above is not None:
+            raise UsageError(
+                f"--edit-config {p}: lies in {os.path.join(tree, above)}, which is held "
+                f"whole; name that"
+            )
+        if hostrun.match(rel) is None:
+            raise UsageError(
+                f"--edit-config {p}: not a file boxy holds (README, "
+                '"Files host programs obey are held")'
+            )
+        out.append(full)
     return dedupe(out)
 
 

@@ -29,13 +29,13 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from boxyd.config.hostrun import Held
 from boxyd.daemon import pools
 from boxyd.daemon.livewatch import IN_CLOSE_WRITE, Rescan, Visit, Watches
 from boxyd.daemon.parseproc import Apart, call_apart
 from boxyd.gitguard import discover
 from boxyd.plan import credentials, live, masking
 from boxyd.plan.credentials import Action, Rule
-from boxyd.plan.hostrun import Held
 from boxyd.plan.live import Redo, Watched
 from boxyd.plan.masking import Found
 from boxyd.stage2.protocol import LiveCover, LivePin

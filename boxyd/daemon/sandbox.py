@@ -24,6 +24,7 @@ from boxy.paths import state_dir
 from boxy.request import RunRequest, Terminal
 from boxy.varlink import close_fds
 from boxyd.config import caches
+from boxyd.config.hostrun import Held
 from boxyd.config.hosttools import resolve
 from boxyd.config.registries import Registries
 from boxyd.config.runspec import RunSpec
@@ -48,9 +49,8 @@ from boxyd.daemon.walks import Walks
 from boxyd.gitguard import scan
 from boxyd.gitguard.discover import CONFIG_MAX, Protection, read_beneath
 from boxyd.gitguard.scan import Snapshot, adopt, inherit_live, overwrite, restore
-from boxyd.plan import heldfiles, hostrun, live, masking, mountplan, worktree
+from boxyd.plan import heldfiles, live, masking, mountplan, worktree
 from boxyd.plan.hostfile import Outputs, open_outputs
-from boxyd.plan.hostrun import Held
 from boxyd.plan.masking import Found
 from boxyd.plan.ops import Plan
 from boxyd.plan.seccomp import build_filter
@@ -409,13 +409,8 @@ class StageSandbox:
             out[r] = t.protections + held
             for rel in self._edit[r]:
                 path = os.path.join(r, rel)
-                known = any(hostrun.edited(h, [rel]) for h in t.held) or hostrun.match(rel)
                 self._sink.record("fs.hold", path=path, action="left to the run (--edit-config)")
-                warnings.append(
-                    f"--edit-config {path}: the run may create or change it"
-                    if known
-                    else f"--edit-config {path}: not a file boxy holds; nothing to leave"
-                )
+                warnings.append(f"--edit-config {path}: the run may create or change it")
         return out
 
     async def _expect(self, kind: type[_R]) -> _R | None:

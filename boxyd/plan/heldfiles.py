@@ -15,10 +15,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from boxy.errors import SetupError
+from boxyd.config import hostrun
+from boxyd.config.hostrun import Held, Judge
 from boxyd.gitguard import discover, scan
 from boxyd.gitguard.discover import Type
-from boxyd.plan import hostrun, payloadparse
-from boxyd.plan.hostrun import Held, Judge
+from boxyd.plan import payloadparse
 
 READ_MAX = 4 << 20  # a config larger than this is held whatever it says
 HELD_MAX = 1024  # held entries one tree may have pinned (each is a mount)

@@ -16,10 +16,11 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from boxyd.config import hostrun
+from boxyd.config.hostrun import Held
 from boxyd.gitguard.discover import Protection
-from boxyd.plan import credentials, hostrun
+from boxyd.plan import credentials
 from boxyd.plan.credentials import Action, Rule
-from boxyd.plan.hostrun import Held
 from boxyd.plan.masking import Found
 
 MAX_WATCHED = 16_384  # directories per session (the user's inotify budget is shared)

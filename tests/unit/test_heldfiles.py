@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from boxy.errors import SetupError
+from boxyd.config import hostrun
 from boxyd.gitguard import discover, scan
-from boxyd.plan import heldfiles, hostrun
+from boxyd.plan import heldfiles
 from boxyd.plan.heldfiles import Present
 
 
@@ -54,7 +55,7 @@ def test_pins_are_read_only_with_their_parents_mount_points(tmp_path: Path) -> N
         Present(".mcp.json", "symlink", "elsewhere"),  # not pinned: put back if replaced
         Present(".vscode", "dir"),
     ]
-    pins = heldfiles.pins(entries, edit=[".vscode/tasks.json"])
+    pins = heldfiles.pins(entries, edit=[".vscode"])
     assert [(p.rel, p.kind, p.is_dir) for p in pins] == [
         (".claude", "ro", True),
         ("pkg", "self", True),
@@ -158,7 +159,7 @@ def test_edit_config_leaves_what_it_names(tmp_path: Path) -> None:
     before = found(work)
     (work / ".husky").mkdir()
     (work / ".husky/pre-commit").write_text("npx lint-staged\n")
-    lines = after(work, before, q, edit=[".husky/pre-commit"])
+    lines = after(work, before, q, edit=[".husky"])
     assert lines == [f"left {work}/.husky as the run made it (--edit-config)"]
     assert (work / ".husky/pre-commit").exists()
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from boxyd.plan import hostrun, toolconfig
-from boxyd.plan.hostrun import Judge
+from boxyd.config import hostrun
+from boxyd.config.hostrun import Judge
+from boxyd.plan import toolconfig
 
 
 @pytest.mark.parametrize(
@@ -95,14 +96,19 @@ def test_the_package_managers_configs_are_judged_by_their_keys() -> None:
     assert keyed == set(toolconfig.TOOLS)
 
 
-def test_edit_config_leaves_the_entry_beneath_and_its_held_directory() -> None:
-    edit = [".claude/settings.json"]
+def test_edit_config_leaves_the_entry_and_what_is_beneath_it_only() -> None:
+    edit = [".claude"]
+    assert hostrun.edited(".claude", edit)
     assert hostrun.edited(".claude/settings.json", edit)
-    assert hostrun.edited(".claude", edit)  # the directory that holds it: left whole
-    assert not hostrun.edited(".claude/commands", edit)
     assert not hostrun.edited(".claudex", edit)
-    assert hostrun.edited(".vscode/tasks.json", [".vscode"])
+    assert not hostrun.edited(".claude", [".claude/settings.local.json"])  # never widened
     assert not hostrun.edited(".vscode", [])
+
+
+def test_the_skipped_directories_are_the_credentials_own() -> None:
+    from boxyd.plan import credentials
+
+    assert hostrun.SKIP_DIRS == credentials.SKIP_DIRS
 
 
 def test_every_member_says_who_obeys_it_and_how() -> None:

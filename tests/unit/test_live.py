@@ -108,7 +108,23 @@ def test_a_revealed_credential_is_not_covered_live() -> None:
 def test_new_dirs_to_watch() -> None:
     assert live.new_dir(tree(), "", "config") == "config"
     assert live.new_dir(tree(), "a", "node_modules") is None
-    assert live.new_dir(tree(), "", ".git") is None
+    assert live.new_dir(tree(), "", ".git") == ".git"  # a new repository's gitdir: its top
+    assert live.new_dir(tree(), ".git", "objects") is None
+    assert live.new_dir(tree(), "node_modules/p", ".git") is None
+
+
+def test_what_git_would_read_is_checked_again_at_once() -> None:
+    w = live.watched("/w", [], [], [], gitdirs=["", "sub/.git"][1:] + [".git"])
+    assert live.on_change(w, ".git", "commondir", False) == live.Redo(".git/commondir", git=True)
+    assert live.on_change(w, ".git", "index", False) is not None  # a gitlink may be in it
+    assert live.on_change(w, ".git", "HEAD", False) is None  # what git writes as it works
+    assert live.on_change(w, ".git", "index.lock", False) is None
+    assert live.on_change(w, "src", ".git", True) is not None  # a new repository
+    assert live.on_change(w, "src", "HEAD", False) is not None  # a bare one, perhaps
+    assert live.on_change(w, "new/.git", "config", False) is not None  # made meanwhile
+    assert live.on_change(w, ".git/modules/a/b", "config", False) is not None
+    assert live.new_dir(w, ".git/modules", "a") == ".git/modules/a"
+    assert live.on_change(w, "src", "index.js", False) is None
 
 
 def test_everything_redoes_each_pin_and_stand_in_once() -> None:

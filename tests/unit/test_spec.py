@@ -505,17 +505,18 @@ def test_profile_secrets_are_asked_of_the_client_by_name(fs):
 
 
 def test_a_presets_tools_file_planted_as_a_symlink_is_refused_with_what_to_do(tmp_path) -> None:
-    """The node preset pins .npmrc read-only; a payload that made it a symlink must not
-    get an unpinned .npmrc (refused), and the line says what to do about it."""
+    """The node preset pins .github read-only; a payload that made it a symlink must not
+    get an unpinned .github (refused), and the line says what to do about it. (A held
+    file planted as a symlink is the held files' own: test_heldfiles.py.)"""
     import pwd
 
     from boxy.errors import UsageError
     from boxy.request import RunOptions, RunRequest
     from boxyd.config.spec import build_spec
 
-    (tmp_path / "elsewhere").write_text("registry=x\n")
-    (tmp_path / ".npmrc").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / ".github").symlink_to(tmp_path / "elsewhere")
     pw = pwd.getpwuid(os.getuid())
     req = RunRequest(["true"], str(tmp_path), RunOptions(profile="node", net="none"))
-    with pytest.raises(UsageError, match=r"\.npmrc is a symlink, which cannot be made read-only"):
+    with pytest.raises(UsageError, match=r"\.github is a symlink, which cannot be made read-only"):
         build_spec(req, uid=os.getuid(), user=pw.pw_name, home=pw.pw_dir, registry=lambda n: None)

@@ -346,3 +346,17 @@ def test_a_presets_absent_protect_entries_say_nothing(tree: dict[str, str]) -> N
     got, notes = decide(tree, p=p)
     assert got.protect == []
     assert notes == [f"profile p.yaml: filesystem.ro {tree['home']}/.claude: absent; skipped"]
+
+
+def test_edit_config_names_a_held_entry_itself(tree: dict[str, str]) -> None:
+    work = tree["wd"]
+    os.mkdir(f"{work}/pkg")
+    got, _ = decide(tree, RunOptions(edit_config=[".claude", "pkg/.npmrc"]), prof())
+    assert got.edit_config == [f"{work}/.claude", f"{work}/pkg/.npmrc"]
+    for bad, why in (
+        (".claude/settings.local.json", "which is held whole; name that"),
+        ("src", "not a file boxy holds"),
+        ("/etc/.npmrc", "not inside the work directory"),
+    ):
+        with pytest.raises(UsageError, match=why):
+            decide(tree, RunOptions(edit_config=[bad]), prof())

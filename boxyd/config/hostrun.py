@@ -50,8 +50,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
-from boxyd.plan import credentials, toolconfig
-
 
 class Judge(Enum):
     ANY = "any"  # whatever it holds: a new one is quarantined
@@ -204,9 +202,17 @@ NAMES: dict[str, Held] = {
         ),
     ),
     # package managers and build tools
+    # judged by their keys: plan/toolconfig.py's TOOLS (a unit test holds the two equal)
     **{
         name: Held(tool, "runs or installs what its settings say", Judge.KEYS)
-        for name, (tool, _, _) in toolconfig.TOOLS.items()
+        for name, tool in (
+            (".npmrc", "npm"),
+            (".yarnrc", "yarn"),
+            (".yarnrc.yml", "yarn"),
+            ("pnpm-workspace.yaml", "pnpm"),
+            ("pip.conf", "pip"),
+            ("pip.ini", "pip"),
+        )
     },
     **_held("pnpm", "runs it on every install", ".pnpmfile.cjs", ".pnpmfile.mjs"),
     **_held("yarn", "runs it (constraints)", "yarn.config.cjs"),
@@ -248,6 +254,9 @@ SUFFIXES: dict[str, Held] = {
     ".code-workspace": Held("VS Code", "runs its tasks and the programs its settings name"),
 }
 
+# node_modules is an install's output (README: what this does not cover); .git is the
+# git guard's (credentials.SKIP_DIRS: a unit test holds the two equal)
+SKIP_DIRS = frozenset({"node_modules", ".git"})
 _LONGEST = max(len(k) for k in PATHS)
 
 
@@ -255,9 +264,7 @@ def match(rel: str) -> Held | None:
     """What holds the entry REL of a writable tree itself (not through a held directory
     above it: ``held_above``), or None."""
     parts = rel.split("/")
-    # node_modules is an install's output (README: what this does not cover); .git is
-    # the git guard's
-    if not parts[-1] or not credentials.SKIP_DIRS.isdisjoint(parts):
+    if not parts[-1] or not SKIP_DIRS.isdisjoint(parts):
         return None
     name = parts[-1]
     held = NAMES.get(name)
@@ -285,6 +292,6 @@ def held_above(rel: str) -> str | None:
 
 
 def edited(rel: str, edit: Iterable[str]) -> bool:
-    """REL is left to the run by --edit-config (EDIT: rels in the same tree): named by
-    one, beneath one, or a held directory holding one (left whole)."""
-    return any(rel == e or rel.startswith(e + "/") or e.startswith(rel + "/") for e in edit)
+    """REL is left to the run by --edit-config (EDIT: rels of held entries in the same
+    tree, config/filesystem.py checks that): named by one, or beneath one."""
+    return any(rel == e or rel.startswith(e + "/") for e in edit)

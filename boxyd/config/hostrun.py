@@ -69,6 +69,11 @@ class Held:
         return f"{self.tool} {self.runs}"
 
 
+# a directory the payload made that its owner cannot list: what is in it cannot be
+# judged, and host programs open the names in it they know without listing it
+UNREADABLE = Held("boxy", "cannot look into it (a directory you cannot list)")
+
+
 def _held(tool: str, runs: str, *names: str, judge: Judge = Judge.ANY) -> dict[str, Held]:
     return dict.fromkeys(names, Held(tool, runs, judge))
 
@@ -101,8 +106,17 @@ NAMES: dict[str, Held] = {
         ".opencode",
     ),
     **_held("Aider", "runs its lint-cmd and test-cmd", ".aider.conf.yml"),
+    **_held(
+        "Kilo Code",
+        "starts its MCP servers",
+        ".kilocode",
+        ".kilo",
+        "kilo.json",
+        "kilo.jsonc",
+    ),
     # editors
     **_held("Zed", "runs its tasks and language servers", ".zed"),
+    **_held("Helix", "runs the language servers and formatters it names", ".helix"),
     **_held(
         "VS Code", "runs its tasks on folder open and the programs its settings name", ".vscode"
     ),
@@ -223,6 +237,10 @@ NAMES: dict[str, Held] = {
     **_held("PDM", "uses the interpreter and virtualenv it names", "pdm.toml"),
     **_held("Maven", "loads its extensions and JVM options", ".mvn"),
     **_held("Gradle", "runs with the JVM it names", "gradle.properties"),
+    **_held("sbt", "passes it to the JVM (-javaagent runs code)", ".jvmopts", ".sbtopts"),
+    **_held("Bazel", "takes its options (and Bazelisk its download URL) from it", ".bazelrc"),
+    **_held("Bazelisk", "downloads the Bazel it names", ".bazeliskrc"),
+    **_held("pdb", "runs its commands at every start", ".pdbrc"),
 }
 
 # by the path's last parts, at any depth
@@ -242,6 +260,7 @@ PATHS: dict[tuple[str, ...], Held] = {
             ".config/mise.local.toml": Held("mise", "runs its hooks, tasks and env scripts"),
             ".github/hooks": Held("VS Code's agent", "runs its hooks"),
             ".bundle/config": Held("Bundler", "installs from the sources and paths it names"),
+            "tools/bazel": Held("Bazelisk", "runs it instead of Bazel"),
             "gradle/wrapper/gradle-wrapper.properties": Held(
                 "the Gradle wrapper", "downloads and runs the distribution it names"
             ),
@@ -289,6 +308,19 @@ def held_above(rel: str) -> str | None:
         if match(up) is not None:
             return up
     return None
+
+
+def held_as(rel: str, via: str = "") -> tuple[Held, str] | None:
+    """What holds the entry REL (reached VIA a held entry, when it was: the target of a
+    held symlink, another name of a held file), and the name it is judged as (a
+    package manager's config keeps its tool's name), or None."""
+    held = match(rel)
+    if held is not None:
+        return held, rel.rpartition("/")[2]
+    if not via:
+        return None
+    held = match(held_above(via) or via)
+    return (held, via.rpartition("/")[2]) if held is not None else None
 
 
 def edited(rel: str, edit: Iterable[str]) -> bool:

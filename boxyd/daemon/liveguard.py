@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from boxyd.config import hostrun
 from boxyd.config.hostrun import Held
 from boxyd.daemon import pools
 from boxyd.daemon.livewatch import IN_CLOSE_WRITE, Rescan, Visit, Watches
@@ -53,8 +54,9 @@ LIVE_TIMEOUT = 10.0  # seconds for stage 2 to answer one request
 Send = Callable[[LiveCover | LivePin], None]  # one request to the session's joiner
 Record = Callable[..., None]  # Sink.record
 Stop = Callable[[str], None]  # ends the session's payload now (the line: why)
-# (root, rel, what holds it, the symlink that stood there or "") -> heldfiles.hold's
-Hold = Callable[[str, str, Held, str], tuple[str, bool] | None]
+# (root, rel, what holds it, the symlink that stood there or "", the name it is judged
+# as) -> heldfiles.hold's
+Hold = Callable[[str, str, Held, str, str], tuple[str, bool] | None]
 
 
 @dataclass
@@ -419,7 +421,12 @@ class LiveGuard:
             call_apart,
             self._apart,
             functools.partial(
-                self._holder, w.root, redo.rel, redo.hold, w.symlinks.get(redo.rel, "")
+                self._holder,
+                w.root,
+                redo.rel,
+                redo.hold,
+                w.symlinks.get(redo.rel, ""),
+                _judged_as(w, redo.rel),
             ),
         )
         if got is None:
@@ -513,6 +520,12 @@ class LiveGuard:
             self._fd = -1
         for task in self._tasks:
             task.cancel()
+
+
+def _judged_as(w: Watched, rel: str) -> str:
+    """The name REL's tool knows it by (where a held symlink led: the symlink's)."""
+    got = hostrun.held_as(rel, w.absent.get(rel, ""))
+    return got[1] if got is not None else rel.rpartition("/")[2]
 
 
 def _rule(redo: Redo) -> Rule | None:

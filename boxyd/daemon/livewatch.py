@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from boxyd.config import hostrun
 from boxyd.gitguard import discover
 from boxyd.plan import live
 from boxyd.plan.live import Redo, Watched
@@ -216,12 +217,15 @@ class Watches:
                         f"again every {live.RESCAN_EVERY:g} s instead"
                     )
                 out.unwatched.append(rel)
-            return []  # gone, moved away, unreadable: nothing that can be watched there
+            elif e.errno == errno.EACCES and mode is Mode.NEW:  # made so: cannot be judged
+                out.redos.append(Redo(rel, hold=hostrun.UNREADABLE))
+            return []  # gone, moved away: nothing that can be watched there
         if len(entries) > live.LIST_MAX:
             out.notes.append(
                 f"live guard: {w.root}/{rel}: more than {live.LIST_MAX:,} entries; "
-                "the rest judged only by the next run"
+                f"the rest listed every {live.RESCAN_EVERY:g} s"
             )
+            out.unwatched.append(rel)  # the rescan lists it whole, in a child
         return self._judge(w, rel, entries[: live.LIST_MAX], mode, known, out)
 
     def _judge(

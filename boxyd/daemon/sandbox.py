@@ -268,6 +268,7 @@ class StageSandbox:
         self._user_hooks: str | None = None
         self._edit: dict[str, list[str]] = {}  # --edit-config, by tree: rels left to the run
         self._checking = threading.Lock()  # one check of the trees at a time (_check)
+        self._hold_budget: scan.Budget | None = None  # the live guard's moves (_hold)
 
     # -- before the payload ----------------------------------------------------------
     async def start(self) -> list[str]:
@@ -379,6 +380,7 @@ class StageSandbox:
                 {p.rel: p.target for p in t.held.values() if p.type == "symlink"},
                 self._edit[r],
                 t.gitdirs,
+                {p.rel: p.via for p in t.held.values() if p.type == "absent"},
             )
             for r, t in self.trees.items()
         ]
@@ -629,12 +631,16 @@ class StageSandbox:
         )
         self._live_start = asyncio.get_running_loop().create_task(self._watch(self.live_guard))
 
-    def _hold(self, root: str, rel: str, held: Held, target: str) -> tuple[str, bool] | None:
+    def _hold(
+        self, root: str, rel: str, held: Held, target: str, judged_as: str
+    ) -> tuple[str, bool] | None:
         """A held file the payload made during the run (in a worker thread), moved to
         the session's quarantine at once (heldfiles.hold); its line said at the end and
         left for the hook's next answer (boxy/notices.py)."""
+        if self._hold_budget is None:  # counted once a session (a walk of the quarantine)
+            self._hold_budget = scan.Budget(str(state_dir() / "quarantine"))
         got = heldfiles.hold(
-            root, rel, held, target, self._quarantine(root), scan.Budget(str(state_dir()))
+            root, rel, held, target, self._quarantine(root), self._hold_budget, judged_as
         )
         if got is not None:
             self.live_findings.append(f"live guard: {got[0]}")

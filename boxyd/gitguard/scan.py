@@ -830,9 +830,7 @@ def scan(
         run.judge_all(lay.controls, git_keys)
         for rel in lay.unreadable:
             if rel not in before.unreadable:
-                run.findings.append(
-                    Finding(rel, "a directory that could not be read, so was not checked")
-                )
+                run.unreadable(rel)
         run.findings += _locks(root_fd, lay.gitdirs)
     finally:
         os.close(root_fd)
@@ -931,6 +929,28 @@ class _Scan:
         if old is not None and old.content is not None and _put_back(pfd, c.rel, old):
             reason += "; the version from before the run is back"  # the user's, not none
         self.findings.append(Finding(c.rel, reason, keys, dest))
+
+    def unreadable(self, rel: str) -> None:
+        """A directory the run made that the walk could not read (its mode, or past
+        discover.MAX_DEPTH): nothing in it can be checked, and git (and every other
+        program) opens the names it knows there without listing it. Moved whole (a
+        rename needs no read of it); where it cannot be, named."""
+        reason = "a directory that could not be read (made unreadable, or too deep), so not checked"
+        try:
+            pfd = discover.open_dir(self.root_fd, rel.rpartition("/")[0])
+        except (OSError, ValueError):
+            self.findings.append(Finding(rel, reason))
+            return
+        try:
+            dest = _move(pfd, rel, self.quarantine, self.q_fd(), self.budget)
+        except OSError as exc:
+            why = os.strerror(exc.errno or 0)
+            self.findings.append(Finding(rel, f"{reason}; could not be moved: {why}"))
+            return
+        finally:
+            os.close(pfd)
+        self.moved.add(rel)
+        self.findings.append(Finding(rel, reason, (), dest))
 
     def close(self) -> None:
         if self._q_fd is not None:

@@ -76,6 +76,9 @@ class Watched:
     # held files (plan/hostrun.py) that were symlinks at the start, by rel: their
     # targets, put back when the payload replaces one
     symlinks: Mapping[str, str] = field(default_factory=dict)
+    # where held symlinks led that was absent at the start, by rel: the held entry it is
+    # reached through (heldfiles.Present.via); one made is quarantined as that would be
+    absent: Mapping[str, str] = field(default_factory=dict)
     edit: tuple[str, ...] = ()  # --edit-config's rels: left to the run
     # the git directories the walk found (discover.Layout.gitdirs): a change in one, or a
     # new repository anywhere, has the git guard look again at once (GIT below)
@@ -110,6 +113,7 @@ def watched(
     symlinks: Mapping[str, str] | None = None,
     edit: Iterable[str] = (),
     gitdirs: Iterable[str] = (),
+    absent: Mapping[str, str] | None = None,
 ) -> Watched:
     """Only read-only pins: a ``self`` pin is a directory bound onto itself, which the
     host renaming it away ends for the host as well (nothing left to guard there).
@@ -131,6 +135,7 @@ def watched(
         stamps if stamps is not None else {},  # the walk's own (not copied: emptied later)
         tuple(unlisted),
         dict(symlinks or {}),
+        dict(absent or {}),
         tuple(edit),
         tuple(gitdirs),
     )
@@ -255,6 +260,10 @@ def _held(w: Watched, rel: str) -> tuple[str, Held] | None:
     when that is not pinned: the payload made that too), or None: not held, pinned
     (a change beneath a pinned directory is the host's: the payload cannot write
     there), or left to the run by --edit-config."""
+    via = w.absent.get(rel)
+    if via is not None:  # where a held symlink leads, made now
+        got = hostrun.held_as(rel, via)
+        return (rel, got[0]) if got is not None and not hostrun.edited(via, w.edit) else None
     above = hostrun.held_above(rel)
     if above is not None and above in w.pins:
         return None

@@ -88,7 +88,7 @@ def judge(
 
 
 @dataclass
-class _Linked:
+class Linked:
     rel: str  # the credential's name the walk found
     nlink: int
     names: list[str]  # every name of its inode found in the tree so far
@@ -115,7 +115,7 @@ class Finder:
         self.read = 0  # bytes of credentials read
         self.room = STAND_INS_MAX  # bytes scrubbed copies may still take
         self.found: dict[str, Found] = {}
-        self.linked: dict[tuple[int, int], _Linked] = {}  # (st_dev, st_ino) of credentials
+        self.linked: dict[tuple[int, int], Linked] = {}  # (st_dev, st_ino) of credentials
         self.d_ino_ok = True  # the listings' inode numbers are the files' own
 
     def __call__(self, dir_fd: int, rel: str, entries: Mapping[str, Type]) -> None:
@@ -196,7 +196,7 @@ class Finder:
         except OSError:
             return
         if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
-            self.linked.setdefault((st.st_dev, st.st_ino), _Linked(rel, st.st_nlink, []))
+            self.linked.setdefault((st.st_dev, st.st_ino), Linked(rel, st.st_nlink, []))
             self.d_ino_ok = self.d_ino_ok and _listed_ino(dir_fd, name) == st.st_ino
 
     def git_configs(self, lay: Layout) -> None:
@@ -247,7 +247,7 @@ def _listed_ino(dir_fd: int, name: str) -> int:
 
 
 def search_links(
-    root_fd: int, wanted: Mapping[tuple[int, int], _Linked], *, stat_all: bool, limit: int | None
+    root_fd: int, wanted: Mapping[tuple[int, int], Linked], *, stat_all: bool, limit: int | None
 ) -> None:
     """Append to each WANTED entry's ``names`` every name of its inode in the tree,
     walking every directory depth first through O_NOFOLLOW fds (one open per level);
@@ -292,7 +292,7 @@ def search_links(
             os.close(fd)
 
 
-def _match(fd: int, name: str, rel: str, wanted: Mapping[tuple[int, int], _Linked]) -> int:
+def _match(fd: int, name: str, rel: str, wanted: Mapping[tuple[int, int], Linked]) -> int:
     try:
         st = os.stat(name, dir_fd=fd, follow_symlinks=False)
     except OSError:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from boxyd.gitguard.discover import Protection, Type
+from boxyd.gitguard.discover import Protection
 from boxyd.gitguard.scan import Record, Snapshot
 from boxyd.plan.credentials import Action
-from boxyd.plan.heldfiles import Present
+from boxyd.plan.heldfiles import Kind, Present
 from boxyd.plan.masking import Found
 from boxyd.plan.worktree import Tree
 
@@ -100,16 +100,18 @@ def decode(data: dict[str, Any]) -> Tree:
 
 
 def encode_held(held: dict[str, Present]) -> list[list[str]]:
-    return [[p.rel, p.type, p.target] for p in held.values()]
+    return [[p.rel, p.type, p.target, p.via, p.resolved] for p in held.values()]
 
 
 def decode_held(data: Any) -> dict[str, Present]:
     """A Tree's held entries (heldfiles.Finder.found); raises as decode() does."""
-    return {str(h[0]): Present(str(h[0]), _type(h[1]), str(h[2])) for h in data}
+    return {
+        str(h[0]): Present(str(h[0]), _kind(h[1]), str(h[2]), str(h[3]), str(h[4])) for h in data
+    }
 
 
-def _type(value: object) -> Type:
-    if value not in ("file", "dir", "symlink", "other"):
+def _kind(value: object) -> Kind:
+    if value not in ("file", "dir", "symlink", "other", "absent"):
         raise ValueError(f"not an entry type: {value!r}")
     return value
 

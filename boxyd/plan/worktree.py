@@ -158,7 +158,7 @@ def _walk_once(
     )
     watch = Watch()
     live_dirs = _LiveDirs(root_fd)
-    held = heldfiles.Finder(root)
+    held = heldfiles.Finder(root, bounded=True)
 
     def observe(fd: int, rel: str, entries: Mapping[str, Type]) -> None:
         finder(fd, rel, entries)
@@ -176,6 +176,7 @@ def _walk_once(
     ).run()
     finder.git_configs(lay)
     finder.links()
+    held.links(root_fd)
     return lay, finder, watch, live_dirs, held
 
 
@@ -201,6 +202,20 @@ def prepare(
         )
         for root in roots
     }
+
+
+def _own_access(root: str) -> list[str]:
+    """The tree's top as the walk before the run could list it: a payload that took
+    its owner's read or search right away (chmod 0311 .) would have the whole check
+    skip it. Its owner's rights are put back (the user's own directory), said."""
+    try:
+        st = os.stat(root, follow_symlinks=False)
+    except OSError:
+        return []
+    if os.access(root, os.R_OK | os.X_OK) or st.st_uid != os.getuid():
+        return []
+    os.chmod(root, (st.st_mode | 0o700) & 0o7777, follow_symlinks=False)
+    return [f"{root}: the run took away your own read access to it; it is back"]
 
 
 def _each(*observers: discover.Observer) -> discover.Observer:
@@ -232,6 +247,7 @@ def after(
     tool_lines: list[str] = []
     budget = scan.Budget(os.path.dirname(quarantine))  # the run's, across its trees
     for root, tree in trees.items():
+        git_lines += _own_access(root)
         watch, held = Watch(), heldfiles.Finder(root)
         observe = _each(watch, held)
         dest = os.path.join(quarantine, root.strip("/").replace("/", "_"))

@@ -541,8 +541,9 @@ def test_too_deep_is_reported(
     monkeypatch.setattr(discover, "MAX_DEPTH", 4)
     (root / "a" / "b" / "c" / "d" / "e").mkdir(parents=True)
     findings = scan.scan(str(root), before, str(quarantine), toolshed.opener())
-    assert [(f.rel, f.dest) for f in findings] == [("a/b/c/d", "")]
+    assert [(f.rel, f.dest) for f in findings] == [("a/b/c/d", str(quarantine / "a/b/c/d"))]
     assert "not checked" in scan.describe(findings)[0]
+    assert not (root / "a/b/c/d").exists()  # moved whole: nothing in it was judged
 
 
 def test_describe(git: Git, root: Path, quarantine: Path) -> None:

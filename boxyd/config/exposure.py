@@ -144,6 +144,52 @@ def check_exposed(
             raise UsageError(f"{what} {path}: exposes {spath} ({why}); expose a narrower path")
 
 
+def settings_paths(client_env: Mapping[str, str], home: str) -> list[Sensitive]:
+    """Where the host keeps what decides how boxy and the tools around it behave: a
+    writable tree on any of them, or inside one, would let the payload rewrite its own
+    sandbox's rules (trust approvals, the hook's settings, boxyd's units) or a host
+    program's (Claude Code's user settings, where boxy's hook is installed)."""
+    if not home.startswith("/") or home == "/":
+        return []
+
+    def base(var: str, default: str) -> str:
+        value = client_env.get(var, "")
+        return value if value.startswith("/") else posixpath.join(home, default)
+
+    config, state = base("XDG_CONFIG_HOME", ".config"), base("XDG_STATE_HOME", ".local/state")
+    data = base("XDG_DATA_HOME", ".local/share")
+    out = [
+        (config, "your configuration: boxy's profiles, trust approvals and hook settings"),
+        (posixpath.join(home, ".config"), "your configuration"),
+        (posixpath.join(state, "boxy"), "boxy's state: its records, quarantine and notices"),
+        (posixpath.join(data, "systemd", "user"), "your systemd user units, boxyd's among them"),
+        (posixpath.join(home, ".claude"), "Claude Code's settings, where boxy's hook is"),
+    ]
+    unique: dict[str, str] = {}
+    for path, why in out:
+        unique.setdefault(posixpath.normpath(path), why)
+    return list(unique.items())
+
+
+def check_writable(
+    writable: Iterable[Exposed],
+    settings: Iterable[Sensitive],
+    *,
+    realpath: Callable[[str], str] = os.path.realpath,
+) -> None:
+    """Raise UsageError when a writable tree is one of SETTINGS, lies inside one, or
+    holds one (settings_paths), compared as given and as resolved."""
+    known = [(p, why, {posixpath.normpath(p), realpath(p)}) for p, why in settings]
+    for what, path in writable:
+        trees = {posixpath.normpath(path), realpath(path)}
+        for spath, why, forms in known:
+            if any(_contains(t, s) or _contains(s, t) for t in trees for s in forms):
+                raise UsageError(
+                    f"{what} {path}: would let the run rewrite {spath} ({why}); "
+                    "run in a project directory"
+                )
+
+
 # Bounds on the walk below: a tree too large to check is refused, never passed unchecked.
 SOCKET_SCAN_ENTRIES = 200_000
 # A directory read within this of its last change is read again next time: timestamps

@@ -85,6 +85,8 @@ def decide(
     edit_config = check_edit_config(o.edit_config, cwd, writable)
     exposed = [("workdir", workdir)] + [(label, e.path) for label, e in ro + rw + mkdir]
     exposure.check_exposed(exposed, exposure.sensitive_paths(client_env, home, uid))
+    written = [("workdir", workdir)] + [(label, e.path) for label, e in rw + mkdir]
+    exposure.check_writable(written, exposure.settings_paths(client_env, home))
     for label, path in exposed[1:]:
         exposure.refuse_sockets(label, path)
     copies = check_copies(flag_copies(o, cwd) + profile_copies(prof), notes)

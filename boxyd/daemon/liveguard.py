@@ -32,7 +32,7 @@ from typing import Any
 from boxyd.config import hostrun
 from boxyd.config.hostrun import Held
 from boxyd.daemon import pools
-from boxyd.daemon.livewatch import IN_CLOSE_WRITE, Rescan, Visit, Watches
+from boxyd.daemon.livewatch import IN_CLOSE_WRITE, IN_CREATE, Rescan, Visit, Watches, sockets_in
 from boxyd.daemon.parseproc import Apart, call_apart
 from boxyd.gitguard import discover
 from boxyd.plan import credentials, live, masking
@@ -68,6 +68,7 @@ class _Pending:
 
 
 SAID_MAX = 16  # lines of what the guard could not do, in a run's outcome
+SWEEP_EVERY = 0.1  # seconds from a directory's new entry to the look for sockets in it
 GIT_BURST = 2.0  # seconds of git checks a session may run back to back
 GIT_SHARE = 0.5  # ... and then this share of the time
 
@@ -107,6 +108,8 @@ class LiveGuard:
         self._git_check = git_check
         self._git_task: asyncio.Task[None] | None = None
         self._git_again = False  # a change came while a check ran: one more after it
+        self._swept: set[tuple[str, str]] = set()  # (root, rel): looked into for sockets
+        self._sweeper: asyncio.Task[None] | None = None
         self._git_credit, self._git_at = GIT_BURST, time.monotonic()  # (_git_loop)
         self._holds = 0  # held files quarantined in this session (live.HOLD_MAX)
         self._backlog = live.Backlog()
@@ -266,6 +269,8 @@ class LiveGuard:
             changed = live.on_change(w, rel, entry, bool(mask & IN_ISDIR))
             if changed is not None:
                 self._spawn(w, changed, now, host=True)
+            elif mask & IN_CREATE and not mask & IN_ISDIR:
+                self._fresh(root, rel)  # a socket, perhaps: bind() makes one so
             if mask & IN_ISDIR and (changed is None or changed.git):
                 self._new_dir(w, rel, entry, now)
 
@@ -311,6 +316,24 @@ class LiveGuard:
                 redo, since = again
         finally:
             self._pinning.pop(key, None)
+
+    def _fresh(self, root: str, rel: str) -> None:
+        """Directory REL had an entry created: looked into for sockets SWEEP_EVERY
+        later, each directory once however many entries it got meanwhile."""
+        self._swept.add((root, rel))
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = self._track(self._sweep())
+
+    async def _sweep(self) -> None:
+        while self._swept and self.stopped is None:
+            await asyncio.sleep(SWEEP_EVERY)
+            dirs, self._swept = self._swept, set()
+            since = time.monotonic()
+            for root, rel in dirs:
+                w = self._trees[root]
+                for name in await pools.run(pools.LIVE, sockets_in, root, rel):
+                    if (redo := live.socket_redo(w, rel, name)) is not None:
+                        self._spawn(w, redo, since)
 
     def _git_soon(self) -> None:
         """The git guard's check now, or once the one under way is done (changes that

@@ -15,6 +15,7 @@ import ctypes
 import enum
 import errno
 import os
+import stat
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -352,3 +353,28 @@ def _listing(fd: int, cap: int = live.LIST_MAX) -> list[tuple[str, bool]]:
         return out
     finally:
         os.close(lfd)
+
+
+def sockets_in(root: str, rel: str) -> list[str]:
+    """The unix sockets directly in the directory REL of the tree ROOT (reached one
+    O_NOFOLLOW step at a time), up to LIST_MAX entries looked at: what a host server
+    made listen there during the session (LiveGuard's sweep)."""
+    try:
+        fd = discover.open_in_tree(root, rel)
+    except (OSError, ValueError):
+        return []
+    out = []
+    try:
+        with os.scandir(fd) as it:
+            for n, e in enumerate(it):
+                if n > live.LIST_MAX:
+                    break
+                if e.is_dir(follow_symlinks=False) or e.is_file(follow_symlinks=False):
+                    continue
+                if stat.S_ISSOCK(e.stat(follow_symlinks=False).st_mode):
+                    out.append(e.name)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return out

@@ -381,6 +381,7 @@ class StageSandbox:
                 self._edit[r],
                 t.gitdirs,
                 {p.rel: p.via for p in t.held.values() if p.type == "absent"},
+                t.hookdirs,
             )
             for r, t in self.trees.items()
         ]
@@ -406,9 +407,8 @@ class StageSandbox:
         }
         out = {}
         for r, t in self.trees.items():
-            own = {p.rel for p in t.protections}
-            held = [p for p in heldfiles.pins(t.held.values(), self._edit[r]) if p.rel not in own]
-            out[r] = t.protections + held
+            held = heldfiles.pins(t.held.values(), self._edit[r])
+            out[r] = heldfiles.merged(t.protections, held)
             for rel in self._edit[r]:
                 path = os.path.join(r, rel)
                 self._sink.record("fs.hold", path=path, action="left to the run (--edit-config)")
@@ -460,11 +460,17 @@ class StageSandbox:
                     warnings.append(
                         f"{path}: {f.kind}, {told}" + (f" ({f.note})" if f.note else "")
                     )
-        if covered_all:
-            n = len(covered_all)
+        sockets = sum(f.kind == masking.SOCKET.kind for _, f in covered_all)
+        if n := len(covered_all) - sockets:
             warnings.append(
                 f"{n} credential file{'s' if n != 1 else ''} masked "
                 "(-v lists them; --reveal PATH exposes one)"
+            )
+        if sockets:
+            warnings.append(
+                f"{sockets} unix socket{'s' if sockets != 1 else ''} in the work tree covered: "
+                "connections to them are refused inside (-v lists them; --reveal PATH "
+                "exposes one)"
             )
         return masks
 
@@ -647,10 +653,12 @@ class StageSandbox:
             notices.leave(self._sink.id, [got[0]])
         return got
 
-    def _check(self) -> tuple[list[str], list[str]]:
+    def _check(self, live: bool = False) -> tuple[list[str], list[str]]:
         """The git guard's scan, the tools' files and the held files of every tree, in
         a child (afterproc.py; a worker thread's call). One at a time: the live guard's
-        (_live_git_check) and the one after the run never move the same entry."""
+        (LIVE: what it moved is kept here, for the end and the hook's next answer, even
+        when the session ends meanwhile) and the one after the run never move the same
+        entry, and the one after the run comes after the live guard's lines."""
         check = afterproc.Check(
             self.trees,
             self.baselines,
@@ -662,20 +670,22 @@ class StageSandbox:
             self._edit,
         )
         with self._checking:
-            return self._launcher.walks.after(check)
+            got = self._launcher.walks.after(check)
+            if live:
+                moved = [x for x in got[0] + got[1] if _moved(x)]
+                self.live_findings += [f"live guard: {x}" for x in moved]
+                notices.leave(self._sink.id, moved)
+            return got
 
     async def _live_git_check(self) -> list[str]:
         """A change git would read, made during the run (plan/live.py git_event): the
-        check now, and what it moved (the git guard's findings, the held files)
-        said at the end and in the hook's next answer; the tools' reports wait for
-        the end (they compare with the start)."""
+        check now, and what it moved (the git guard's findings, the held files),
+        kept by _check; the tools' reports wait for the end (they compare with the
+        start)."""
         if not self.baselines:
             return []  # --allow-git-write: no git guard
-        git_lines, tool_lines = await pools.run(pools.CHECKS, self._check)
-        moved = [x for x in git_lines + tool_lines if _moved(x)]
-        self.live_findings += [f"live guard: {x}" for x in moved]
-        notices.leave(self._sink.id, moved)
-        return moved
+        git_lines, tool_lines = await pools.run(pools.CHECKS, self._check, True)
+        return [x for x in git_lines + tool_lines if _moved(x)]
 
     def _quarantine(self, root: str) -> str:
         """Where this session's quarantine keeps what it moves out of the tree ROOT."""
@@ -812,10 +822,11 @@ class StageSandbox:
                 await self.pty.wait_drained()
             self.pty.close()
         report = Report(notes=self._bounds_reached())
-        report.findings += self.live_findings
         if self.live_guard is not None:  # a budget it reached, and what it did instead
             report.notes += self.live_guard.said
+        # after the live guard's last check (it holds _checking): its lines are in
         git_lines, tool_lines = await pools.run(pools.CHECKS, self._check)
+        report.findings += self.live_findings
         for line in git_lines:
             self._sink.record("git", finding=line)
             report.findings.append(line)

@@ -139,6 +139,24 @@ def pins(found: Iterable[Present], edit: Iterable[str]) -> list[discover.Protect
     return sorted(out.values(), key=lambda p: p.rel.split("/"))
 
 
+def merged(
+    git: list[discover.Protection], held: list[discover.Protection]
+) -> list[discover.Protection]:
+    """Git's pins and the held files' as one list, parents first. A held entry is
+    read-only whole, so git's mount points at it or beneath it (husky's hooks
+    directory, `.husky/_`, bound onto itself so that its files stay writable) give way:
+    a bind beneath a read-only one would be writable again."""
+    ro = [p.rel for p in held if p.kind == "ro"]
+
+    def under(rel: str) -> bool:
+        return any(rel == h or rel.startswith(h + "/") for h in ro)
+
+    keep = [p for p in git if p.kind == "ro" and p.rel not in ro or not under(p.rel)]
+    rels = {p.rel for p in keep}
+    out = keep + [p for p in held if p.rel not in rels]
+    return sorted(out, key=lambda p: p.rel.split("/"))
+
+
 def _obeyed(pfd: int, name: str, held: Held, judged_as: str) -> str | None:
     """Why the entry NAME (in the directory PFD) is held now, or None: a package
     manager's config only while it holds a key that runs something (or cannot be

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from boxyd.config import hostrun
 from boxyd.config.hostrun import Held
 from boxyd.gitguard.discover import Protection
-from boxyd.plan import credentials
+from boxyd.plan import credentials, masking
 from boxyd.plan.credentials import Action, Rule
 from boxyd.plan.masking import Found
 
@@ -83,6 +83,7 @@ class Watched:
     # the git directories the walk found (discover.Layout.gitdirs): a change in one, or a
     # new repository anywhere, has the git guard look again at once (GIT below)
     gitdirs: tuple[str, ...] = ()
+    hookdirs: tuple[str, ...] = ()  # core.hooksPath's directories in the tree (git runs them)
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ def watched(
     edit: Iterable[str] = (),
     gitdirs: Iterable[str] = (),
     absent: Mapping[str, str] | None = None,
+    hookdirs: Iterable[str] = (),
 ) -> Watched:
     """Only read-only pins: a ``self`` pin is a directory bound onto itself, which the
     host renaming it away ends for the host as well (nothing left to guard there).
@@ -138,6 +140,7 @@ def watched(
         dict(absent or {}),
         tuple(edit),
         tuple(gitdirs),
+        tuple(hookdirs),
     )
 
 
@@ -184,9 +187,21 @@ def git_event(w: Watched, dir_rel: str, name: str) -> bool:
     """A new entry NAME in DIR_REL that may change what git reads or runs."""
     if name.endswith(".lock"):
         return False  # a lock git (or the payload) holds: the file it names comes next
-    if dir_rel in w.gitdirs or dir_rel.rpartition("/")[2] == ".git":  # one made meanwhile
+    if _is_gitdir(w, dir_rel):
         return name not in GIT_AT_WORK
+    if dir_rel in w.hookdirs or _is_hooks(w, dir_rel):
+        return True  # a hook
     return name in GIT_ANYWHERE or _in_nested(w, dir_rel)
+
+
+def _is_gitdir(w: Watched, rel: str) -> bool:
+    """REL is a git directory the walk found, or one made meanwhile."""
+    return rel in w.gitdirs or rel.rpartition("/")[2] == ".git"
+
+
+def _is_hooks(w: Watched, rel: str) -> bool:
+    parent, _, name = rel.rpartition("/")
+    return name == "hooks" and _is_gitdir(w, parent)
 
 
 def _in_nested(w: Watched, rel: str) -> bool:
@@ -198,7 +213,8 @@ def _watch_order(w: Watched) -> list[str]:
     """The directory of every pin and stand-in first (those must be watched), then every
     git directory and where it keeps others, then the walk's directories, parents first."""
     must = {r.rpartition("/")[0] for r in (*w.pins, *w.masks)}
-    must |= {*w.gitdirs, *(f"{g}/{n}".lstrip("/") for g in w.gitdirs for n in GIT_NESTED)}
+    nested = (*GIT_NESTED, "hooks")
+    must |= {*w.gitdirs, *w.hookdirs, *(f"{g}/{n}".lstrip("/") for g in w.gitdirs for n in nested)}
     first = sorted(must, key=lambda d: (d.count("/") if d else -1, d))
     rest = sorted({"", *w.dirs} - must, key=lambda d: (d.count("/") if d else -1, d))
     return first + rest
@@ -220,7 +236,9 @@ def new_dir(w: Watched, dir_rel: str, name: str) -> str | None:
     """A directory created (or moved in) during the session, to watch as well: the
     walk's kind, a new repository's gitdir (git_event), and where a gitdir keeps others."""
     rel = f"{dir_rel}/{name}" if dir_rel else name
-    if name == ".git" and not skipped(dir_rel):  # a new repository's gitdir: its top only
+    if name == ".git" and not skipped(dir_rel):  # a new repository's gitdir: its top
+        return rel
+    if _is_hooks(w, rel):  # ... and its hooks
         return rel
     return rel if not skipped(rel) or _in_nested(w, rel) else None
 
@@ -291,6 +309,15 @@ def on_write(w: Watched, dir_rel: str, name: str) -> Redo | None:
     if redo is None or redo.hold is not None or redo.git:  # what it now says decides
         return redo
     return redo if redo.rule is not None and redo.rule.needs_content else None
+
+
+def socket_redo(w: Watched, dir_rel: str, name: str) -> Redo | None:
+    """A unix socket that appeared in DIR_REL (a host server listening in the tree): its
+    stand-in, which refuses connections (masking.SOCKET), unless --reveal names it."""
+    rel = f"{dir_rel}/{name}" if dir_rel else name
+    if rel in w.masks or _revealed(w, rel):
+        return None
+    return Redo(rel, rule=masking.SOCKET)
 
 
 def everything(w: Watched) -> list[Redo]:

@@ -119,6 +119,8 @@ class Finder:
         self.d_ino_ok = True  # the listings' inode numbers are the files' own
 
     def __call__(self, dir_fd: int, rel: str, entries: Mapping[str, Type]) -> None:
+        if "other" in entries.values():  # a search in C: most directories hold none
+            self._sockets(dir_fd, rel, entries)
         if not self.secrets and not credentials.any_candidate(entries):
             return  # most directories: nothing in them could be a credential
         comps = rel.split("/") if rel else []
@@ -137,6 +139,21 @@ class Finder:
             found = self._judge(dir_fd, name, rule) if rule is not None else None
             if found is not None:
                 self._add(discover.join(rel, name), found, dir_fd=dir_fd, name=name)
+
+    def _sockets(self, dir_fd: int, rel: str, entries: Mapping[str, Type]) -> None:
+        """Unix sockets anywhere in the tree (node_modules and .git too): without
+        Landlock's unix-socket scope (ABI 9) the payload could connect to a host server
+        listening there; a stand-in over one is a read-only regular file, and a
+        connect() to it is refused (EACCES)."""
+        for name, kind in entries.items():
+            if kind != "other":
+                continue
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISSOCK(st.st_mode):
+                self._add(discover.join(rel, name), socket_found(discover.join(rel, name)))
 
     def _link(self, dir_fd: int, rel: str, parent: str, name: str) -> None:
         rule = credentials.rule_for(parent, name, False) or credentials.rule_for(parent, name, True)
@@ -235,6 +252,14 @@ class Finder:
                     replace(primary, rel=other, via=link.rel, note=f"a hard link of {link.rel}"),
                 )
                 self._count()
+
+
+SOCKET = credentials.Rule("unix socket", Action.EMPTY)
+
+
+def socket_found(rel: str) -> Found:
+    """The stand-in of a unix socket at REL: an empty file, which refuses connections."""
+    return Found(rel, SOCKET.kind, SOCKET.action, False, b"", note="connections are refused")
 
 
 def _listed_ino(dir_fd: int, name: str) -> int:

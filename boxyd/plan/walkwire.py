@@ -65,6 +65,7 @@ def encode(tree: Tree) -> dict[str, Any]:
         "stamps": [[rel, *st] for rel, st in tree.stamps.items()],
         "held": encode_held(tree.held),
         "gitdirs": list(tree.gitdirs),
+        "hookdirs": list(tree.hookdirs),
     }
 
 
@@ -96,6 +97,7 @@ def decode(data: dict[str, Any]) -> Tree:
         stamps={str(s[0]): (int(s[1]), int(s[2]), int(s[3])) for s in data["stamps"]},
         held=decode_held(data["held"]),
         gitdirs=tuple(str(g) for g in data["gitdirs"]),
+        hookdirs=tuple(str(g) for g in data["hookdirs"]),
     )
 
 

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from boxy.errors import BoxyError, SetupError
+from boxyd.config import hostrun
 from boxyd.config.hosttools import Opener
 from boxyd.gitguard import discover, scan
 from boxyd.gitguard.discover import Layout, Protection, Type
@@ -49,6 +50,7 @@ class Tree:
     # the files host programs obey unasked, as they were at the start (plan/heldfiles.py)
     held: dict[str, Present] = field(default_factory=dict)
     gitdirs: tuple[str, ...] = ()  # the git directories found (the live guard's: live.py)
+    hookdirs: tuple[str, ...] = ()  # core.hooksPath's directories in the tree (ditto)
 
 
 # A walk in boxyd's own thread (a LIMIT given: daemon/walks.py) stops past these too,
@@ -128,10 +130,16 @@ def walk(
                 held=held.found,
             )
         prots = discover.plan_protections(lay)
-        discover.prepare(root, prots)
+        for rel in discover.prepare(root, prots):  # made for git's pins: held ones too
+            top = hostrun.held_above(rel) or rel
+            if hostrun.match(top) is not None:
+                held.found.setdefault(top, Present(top, "dir"))
         snap = scan.snapshot(root, lay)
         gitdirs = tuple(g.rel for g in lay.gitdirs)
-        return Tree(prots, snap, found, watch.seen, dirs, stamps, unlisted, held.found, gitdirs)
+        hookdirs = tuple(c.rel for c in lay.controls if c.role == "hookspath" and c.type == "dir")
+        return Tree(
+            prots, snap, found, watch.seen, dirs, stamps, unlisted, held.found, gitdirs, hookdirs
+        )
     except discover.TooLarge as e:
         if limit is not None:
             raise LargerThan(str(e)) from None

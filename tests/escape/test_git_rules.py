@@ -90,7 +90,8 @@ def test_fake_bare_repository_does_not_run_on_host(
         assert not marker.exists(), (
             f"ESCAPED: the host's git ran the fake bare repository's commands\n{describe(r)}{host}"
         )
-        assert any("config" in ln for ln in findings(r)), describe(r)
+        # (the live guard may take a commondir as it appears, before what it names)
+        assert any("config" in ln or "commondir" in ln for ln in findings(r)), describe(r)
     finally:
         marker.unlink(missing_ok=True)
         (repo / ".git/refs").chmod(0o755)
@@ -235,14 +236,15 @@ def test_hooks_the_user_installed_still_run_on_host(boxy: Boxy, user: User, repo
 LAUNDER_A = """
 marker = sys.argv[1]
 hook = f"#!/bin/sh\\ntouch {marker}\\n".encode()
-with open(".husky/_/pre-commit", "wb") as f:
+with open(".githooks/_/pre-commit", "wb") as f:
     f.write(hook)
-os.chmod(".husky/_/pre-commit", 0o755)
+os.chmod(".githooks/_/pre-commit", 0o755)
 open("a-planted", "w").close()
 deadline = time.monotonic() + 60
 while not os.path.exists("b-started") and time.monotonic() < deadline:
     time.sleep(0.05)
-os.unlink(".husky/_/pre-commit")  # so that A's own scan finds nothing
+if os.path.exists(".githooks/_/pre-commit"):  # (the live guard may have moved it already)
+    os.unlink(".githooks/_/pre-commit")  # so that A's own scan finds nothing
 tried("a", f"b-started={os.path.exists('b-started')}")
 """
 
@@ -253,8 +255,8 @@ open("b-started", "w").close()
 deadline = time.monotonic() + 60
 while not os.path.exists("a-exited") and time.monotonic() < deadline:
     time.sleep(0.05)
-if write("recreate", ".husky/_/pre-commit", hook):  # byte-identical to what B saw at its start
-    os.chmod(".husky/_/pre-commit", 0o755)
+if write("recreate", ".githooks/_/pre-commit", hook):  # byte-identical to what B saw at its start
+    os.chmod(".githooks/_/pre-commit", 0o755)
 tried("b", f"a-exited={os.path.exists('a-exited')}")
 """
 
@@ -263,9 +265,9 @@ def test_two_concurrent_runs_cannot_launder_a_hook(boxy: Boxy, user: User, repo:
     """Reproduction 2: run A plants a hook; run B starts while it exists (so, on its own,
     B would call it the user's); A deletes it before exiting (A's scan finds nothing);
     B re-creates it byte-identical. B's baseline is A's, so B's scan sees it as new."""
-    git(user, repo, "config", "core.hooksPath", ".husky/_")
-    (repo / ".husky/_").mkdir(parents=True)
-    user.chown(repo / ".husky")
+    git(user, repo, "config", "core.hooksPath", ".githooks/_")
+    (repo / ".githooks/_").mkdir(parents=True)
+    user.chown(repo / ".githooks")
     marker = _marker(user, "launder")
     write_payload(boxy, LAUNDER_A, "a.py")
     write_payload(boxy, LAUNDER_B, "b.py")
@@ -292,9 +294,10 @@ def test_two_concurrent_runs_cannot_launder_a_hook(boxy: Boxy, user: User, repo:
         if b is not None:
             stop(b)
     assert b"TRIED a b-started=True" in ra.stdout, describe(ra)
-    assert not findings(ra), describe(ra)  # A really left nothing behind
+    # A left nothing behind (what its live guard moved meanwhile is said: not laundered)
+    assert all(ln.startswith("boxyctl: live guard:") for ln in findings(ra)), describe(ra)
     assert b"TRIED recreate written" in rb.stdout and b"a-exited=True" in rb.stdout, describe(rb)
     git(user, repo, "commit", "-q", "--allow-empty", "-m", "host", check=False)
     assert not marker.exists(), f"ESCAPED: a laundered hook ran on the host\n{describe(rb)}"
-    assert any(".husky/_/pre-commit" in ln for ln in findings(rb)), describe(rb)
+    assert any(".githooks/_/pre-commit" in ln for ln in findings(rb)), describe(rb)
     marker.unlink(missing_ok=True)

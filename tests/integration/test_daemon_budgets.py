@@ -125,10 +125,12 @@ def test_a_sparse_hook_does_not_fill_the_quarantine(user: User, tmpfs_workdir: P
     """A 1 GiB hook of holes became 1.1 GiB kept for 90 days; a dense one past the
     run's budget leaves only its metadata and hash."""
     git_init(user, tmpfs_workdir)
+    # made aside and moved in whole: the live guard's check may come at any moment
     script = (
-        "mkdir -p sub/.git/hooks; cd sub/.git/hooks; printf '#!/bin/sh\\n' > pre-commit; "
+        "mkdir stage; cd stage; printf '#!/bin/sh\\n' > pre-commit; "
         "truncate -s 1G pre-commit; head -c 70M /dev/urandom > post-checkout; "
-        "sha256sum post-checkout | cut -d' ' -f1"
+        "cd ..; mkdir -p sub/.git; mv stage sub/.git/hooks; "
+        "sha256sum sub/.git/hooks/post-checkout | cut -d' ' -f1"
     )
     r = Boxy(user, tmpfs_workdir).sh(script, timeout=300)
     assert r.returncode == 0, err(r)

@@ -761,9 +761,12 @@ def test_the_hostile_package_gets_nothing_and_the_next_run_is_no_wider(
         second = policy_record(audit(boxy))
         assert (second["mode"], second["allow_hosts"]) == (first["mode"], first["allow_hosts"])
         assert {"planted .boxy.yaml", "planted .npmrc"} <= set(report), report
+        # the .npmrc naming a registry is a file npm obeys: quarantined as it appeared
+        assert f"quarantined {boxy.workdir}/.npmrc (npm runs or installs what" in err(r)
+        assert not (boxy.workdir / ".npmrc").exists()
         assert (
-            f"held back: net (public), allow_hosts ({extra}) of {boxy.workdir}/.boxy.yaml; "
-            f"registry {extra} of {boxy.workdir}/.npmrc;" in err(r2)
+            f"held back: net (public), allow_hosts ({extra}) of {boxy.workdir}/.boxy.yaml;"
+            in err(r2)
         ), both(r2)
         assert not (boxy.workdir / ".git/hooks/pre-commit").exists()
 
@@ -922,8 +925,11 @@ def test_the_hostile_sdist_gets_nothing_and_the_next_run_is_no_wider(
         second = policy_record(audit(boxy))
         assert (second["mode"], second["allow_hosts"]) == (first["mode"], first["allow_hosts"])
         assert {"planted .boxy.yaml", "planted .venv/pip.conf"} <= set(report), report
+        # the venv's pip.conf naming an index is a file pip obeys: quarantined
+        assert f"quarantined {boxy.workdir}/.venv/pip.conf (pip runs or installs what" in err(r)
+        assert not (boxy.workdir / ".venv/pip.conf").exists()
         assert (
-            f"held back: net (public), allow_hosts ({extra}) of {boxy.workdir}/.boxy.yaml; "
-            f"global.index-url {extra} of {boxy.workdir}/.venv/pip.conf;" in err(r2)
+            f"held back: net (public), allow_hosts ({extra}) of {boxy.workdir}/.boxy.yaml;"
+            in err(r2)
         ), both(r2)
         assert not (boxy.workdir / ".git/hooks/pre-commit").exists()

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from boxy.errors import UsageError
+from boxyd.config import exposure
 from boxyd.config.exposure import SocketMemo, check_exposed, refuse_sockets, sensitive_paths
 
 HOME = "/home/u"
@@ -256,3 +257,23 @@ def test_symlinks_below_the_tree_are_not_followed_the_tree_itself_is(tmp_path: P
         refuse_sockets("--ro", str(tree), memo=SocketMemo())
     with _bind(tree / "e/agent.sock"), pytest.raises(UsageError, match="e/agent.sock"):
         refuse_sockets("--ro", str(tmp_path / "via"), memo=SocketMemo())
+
+
+def test_writable_trees_never_hold_or_lie_in_the_settings_boxy_obeys() -> None:
+    env = {"XDG_STATE_HOME": "/home/u/st"}
+    settings = exposure.settings_paths(env, "/home/u")
+    paths = [p for p, _ in settings]
+    assert paths == [
+        "/home/u/.config",
+        "/home/u/st/boxy",
+        "/home/u/.local/share/systemd/user",
+        "/home/u/.claude",
+    ]
+    same = {"realpath": lambda p: p}
+    for bad in ("/home/u/.config", "/home/u/.config/boxy", "/home/u/st", "/home/u/.claude/x"):
+        with pytest.raises(UsageError, match="would let the run rewrite"):
+            exposure.check_writable([("workdir", bad)], settings, **same)
+    exposure.check_writable(
+        [("workdir", "/home/u/proj"), ("--rw", "/home/u/st2")], settings, **same
+    )
+    assert exposure.settings_paths({}, "/") == []

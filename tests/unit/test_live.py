@@ -124,6 +124,11 @@ def test_what_git_would_read_is_checked_again_at_once() -> None:
     assert live.on_change(w, "new/.git", "config", False) is not None  # made meanwhile
     assert live.on_change(w, ".git/modules/a/b", "config", False) is not None
     assert live.new_dir(w, ".git/modules", "a") == ".git/modules/a"
+    assert live.new_dir(w, "new/.git", "hooks") == "new/.git/hooks"  # its hooks watched
+    assert live.on_change(w, "new/.git/hooks", "pre-commit", False) is not None
+    hooked = live.watched("/w", [], [], [], gitdirs=[".git"], hookdirs=[".githooks"])
+    assert live.on_change(hooked, ".githooks", "pre-push", False) is not None
+    assert ".githooks" in live.watch_dirs(hooked) and ".git/hooks" in live.watch_dirs(hooked)
     assert live.on_change(w, "src", "index.js", False) is None
 
 
@@ -429,3 +434,24 @@ def test_a_held_config_written_in_place_is_judged_again() -> None:
 def test_a_credential_that_is_held_too_keeps_its_cover_rule() -> None:
     redo = live.on_change(_held_tree(), "sub", ".npmrc", False)
     assert redo is not None and redo.hold is not None and redo.rule is not None
+
+
+def test_a_socket_that_appears_is_covered_unless_revealed(tmp_path: Path) -> None:
+    import socket
+
+    from boxyd.daemon.livewatch import sockets_in
+    from boxyd.plan import masking
+
+    (tmp_path / "run").mkdir()
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(tmp_path / "run/wd.sock"))
+    (tmp_path / "run/file").write_text("x")
+    os.mkfifo(tmp_path / "run/fifo")
+    try:
+        assert sockets_in(str(tmp_path), "run") == ["wd.sock"]
+    finally:
+        s.close()
+    w = live.watched(str(tmp_path), [], [], [str(tmp_path / "run/shown.sock")])
+    redo = live.socket_redo(w, "run", "wd.sock")
+    assert redo == live.Redo("run/wd.sock", rule=masking.SOCKET)
+    assert live.socket_redo(w, "run", "shown.sock") is None  # --reveal

@@ -154,3 +154,22 @@ def test_a_walk_in_boxyd_s_thread_hands_on_many_entries_or_bytes(
         (tmp_path / f"d/{i}/.npmrc").write_text("registry=x\n" + "#" * 600 + "\n")
     with pytest.raises(worktree.LargerThan, match="more than 1,000 bytes of credentials"):
         worktree.walk(str(tmp_path), git_guard=False, limit=10)
+
+
+def test_a_unix_socket_anywhere_is_covered(tmp_path: Path) -> None:
+    """Without Landlock's unix-socket scope a host server listening in the tree would be
+    reachable: its stand-in is an empty file (a connect() to a file is refused)."""
+    import socket
+
+    (tmp_path / "node_modules/.cache").mkdir(parents=True)
+    socks = [socket.socket(socket.AF_UNIX) for _ in range(2)]
+    socks[0].bind(str(tmp_path / "wd.sock"))
+    socks[1].bind(str(tmp_path / "node_modules/.cache/s"))
+    os.mkfifo(tmp_path / "fifo")
+    try:
+        got = found(tmp_path)
+    finally:
+        for s in socks:
+            s.close()
+    assert set(got) == {"wd.sock", "node_modules/.cache/s"}
+    assert got["wd.sock"].kind == "unix socket" and got["wd.sock"].content == b""

@@ -27,7 +27,13 @@ BUILD = (
     "mvn", "mvnw", "ant", "sbt", "bundle", "gem", "rake", "composer", "dotnet",
     "swift", "mix", "rebar3", "cabal", "stack", "deno",
 )  # fmt: skip
-DEFAULT_INTERCEPT = (*NODE, *PYTHON, *BUILD)
+# interpreters and test runners: they run what a sandboxed install just wrote
+# (node_modules, a venv's site-packages, conftest.py), in the default profile
+RUNNERS = (
+    "node", "nodejs", "python", "python3", "pytest", "py.test", "jest", "vitest",
+    "mocha", "tsx", "ts-node",
+)  # fmt: skip
+DEFAULT_INTERCEPT = (*NODE, *PYTHON, *BUILD, *RUNNERS)
 # `python -m pip …` is named as this program (no real program has a space in it)
 PYTHON_PIP = "pip -m"
 DEFAULT_PROFILES = {**dict.fromkeys(NODE, "node"), **dict.fromkeys(PYTHON, "python")}
@@ -56,6 +62,24 @@ _WRAPPERS: dict[str, frozenset[str]] = {
     "chronic": frozenset(),
 }
 _SHELLS = frozenset(("sh", "bash", "dash", "zsh", "ksh", "mksh", "busybox"))
+# builtins that run what a file says: a shell reading its commands from elsewhere
+_SOURCES = frozenset(("source", "."))
+# Programs whose arguments are never run (README, "Agents"): a listed name among them
+# is data (`echo npm`, `grep -r pip .`). Not git, find, xargs, sort (its
+# --compress-program), sed (GNU `e`), awk, rg (--pre): each can run an argument.
+PLAIN = frozenset(
+    ("echo", "printf", "cat", "ls", "head", "tail", "wc", "grep", "egrep", "fgrep",
+     "pwd", "cd", "true", "false", "test", "[", "which", "type", "file", "stat", "du",
+     "df", "basename", "dirname", "realpath", "readlink", "diff", "cut", "tr", "uniq",
+     "mkdir", "touch", "rm", "rmdir", "cp", "mv", "ln", "chmod", "tee", "exit")
+)  # fmt: skip
+# what splits a word into the pieces a shell (brace expansion, an option's value, a
+# PATH-like list, a line fed to a shell later) may run as a program of their own
+_PIECE_SEPARATORS = " \t\n;&|(){}<>,=:!@'\"`"
+_GLOB = frozenset("*?[")
+# where programs that are not the project's live: one named by another path (./x.sh,
+# node_modules/.bin/jest) may be what a sandboxed run wrote
+_SYSTEM = ("/usr/", "/bin/", "/sbin/", "/lib/", "/opt/", "/nix/", "/snap/")
 _NAME_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
 _NAME_REST = _NAME_START | frozenset("0123456789")
 _VERSION = frozenset("0123456789.")
@@ -165,7 +189,8 @@ def tokenize(line: str) -> list[Token]:
             while j < n and (line[j] in _OPS or line[j] in _REDIR):
                 j += 1
             run = line[i:j]
-            kind = "redir" if any(x in run for x in _REDIR) else "op"
+            # `<(…)`, `>(…)`: a process substitution opens a command, not a redirection
+            kind = "redir" if any(x in run for x in _REDIR) and "(" not in run else "op"
             if kind == "redir" and out and out[-1].text.isdigit() and line[i - 1].isdigit():
                 out.pop()  # `2>`: the fd is the redirection's, not a word
             out.append(Token(run, kind))
@@ -294,15 +319,93 @@ def _after_options(words: list[str], i: int, valued: frozenset[str], wrapper: st
 
 
 def _runs_pip(args: list[str]) -> bool:
-    """`python -m pip`, `-mpip`, `-I -m pip` …"""
+    """`python -m pip`, `-mpip`, `-I -m pip`, `-X dev -m pip` …"""
+    skip = False
     for i, a in enumerate(args):
-        if a in ("-m", "-Im", "-Em") and args[i + 1 : i + 2] == ["pip"]:
+        if skip:  # the value of -X or -W
+            skip = False
+            continue
+        if a in ("-m", "-Im", "-Em") and args[i + 1 : i + 2] in (["pip"], ["pip3"]):
             return True
         if a in ("-mpip", "-mpip3"):
             return True
         if not a.startswith("-"):
             return False
+        skip = a in ("-X", "-W")
     return False
+
+
+def anywhere(line: str, config: HookConfig) -> list[str]:
+    """The conservative rule (README, "Agents"): the intercepted names that appear as
+    a word anywhere in LINE, after quote and escape removal, split as a shell may
+    split them again (`env -S 'npm i'`, `echo 'npm i' | sh`, `{npm,} i`, a glob that
+    matches one: `/usr/bin/np?`), but where every occurrence is a plain argument of a
+    program that runs none of its arguments (PLAIN, or the user's passthrough); a
+    word named at run time among the arguments of any other program ("*"); and "*"
+    for a shell that reads its commands from elsewhere (stdin, a here-string, a
+    process substitution, a file: `sh`, `bash -s`, `source`, `.`)."""
+    try:
+        tokens = tokenize(line)
+    except ValueError:
+        return []
+    names = frozenset(n for n in config.intercept if " " not in n) - set(config.passthrough)
+    plain = PLAIN | frozenset(config.passthrough)
+    hits: list[str] = []
+    command: list[Token] = []
+    quoted = False  # within backticks: what a command prints may become a command
+    for tok in [*tokens, Token(";", "op")]:
+        if tok.kind == "op":
+            hits += _command_hits(command, names, frozenset() if quoted else plain)
+            command = []
+            quoted ^= tok.text.count("`") % 2 == 1
+        else:
+            command.append(tok)
+        hits += [h for sub in tok.subs for h in anywhere(sub, config)]
+    return hits
+
+
+def _command_hits(tokens: list[Token], names: frozenset[str], plain: frozenset[str]) -> list[str]:
+    """One simple command's hits (anywhere)."""
+    words, redirect = [], False
+    for tok in tokens:
+        if tok.kind == "redir":
+            redirect = True
+            continue
+        if not redirect:
+            words.append(tok.text)
+        redirect = False
+    i = 0
+    while i < len(words) and (is_assignment(words[i]) or words[i] in _KEYWORDS):
+        i += 1
+    program = os.path.basename(words[i]) if i < len(words) else ""
+    rest = words[i + 1 :]
+    if i >= len(words) or program in OURS:
+        return []  # nothing to run; or already headed for a sandbox: its arguments are that run
+    if "/" in words[i] and not words[i].startswith(_SYSTEM):
+        return [program]  # a program from the project (./x.sh, node_modules/.bin/…)
+    if program in _SOURCES or program in _SHELLS and _shell_command(rest) is None:
+        return ["*"]  # reads its commands from a file or stdin: not seen here
+    hits = [] if program in plain else [h for w in rest for h in _word_hits(w, names)]
+    return [*_word_hits(words[i], names), *hits]
+
+
+def _word_hits(word: str, names: frozenset[str]) -> list[str]:
+    if "$" in word or "`" in word:
+        return ["*"]  # named at run time
+    pieces = [word]
+    for sep in _PIECE_SEPARATORS:
+        if sep in word:
+            pieces = [p for piece in pieces for p in piece.split(sep)]
+    out = []
+    for piece in pieces:
+        name = os.path.basename(piece)
+        if name in names or (is_python(name) and "python" in names):
+            out.append(name)
+        elif not _GLOB.isdisjoint(name):
+            import fnmatch  # (only for a word with a glob in it: fnmatch imports re)
+
+            out += [n for n in sorted(names) if fnmatch.fnmatchcase(n, name)]
+    return out
 
 
 def decide(line: str, config: HookConfig, *, project_approved: bool = False) -> Decision | None:
@@ -322,6 +425,8 @@ def decide(line: str, config: HookConfig, *, project_approved: bool = False) -> 
 
         words = set(re.findall(r"[A-Za-z0-9_.+][A-Za-z0-9_.+-]*", line))
         hits = ["*"] if every or words & set(config.intercept) - set(config.passthrough) else []
+    elif not hits and not every:
+        hits = [p for p in anywhere(line, config) if p not in OURS]
     if not hits:
         return None
     profile = None

@@ -75,25 +75,42 @@ def test_intercepted(line: str, profile: str | None) -> None:
     "line",
     [
         "ls -la",
-        "git commit -m 'npm install'",  # a quoted word is not a command
         'echo "make it so"',
         "echo npm",
         "grep -r pip .",
         "cat Makefile > make.log",
         "echo hi # && npm install",  # a comment
         "ls > npm",  # a redirection's target
-        "python3 script.py",
-        "python -m venv .venv",
         "boxyctl run -- npm install",  # already sandboxed
         "boxy run -p node -- yarn",
         "echo '$(npm i)'",  # single quotes: no substitution
-        "sh script.sh",
+        "grep -r 'npm i' . | head",  # plain programs' arguments
         "",
         "   ",
     ],
 )
 def test_not_intercepted(line: str) -> None:
     assert hp.decide(line, CONFIG) is None, hp.programs(line)
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        ("git commit -m 'npm install'", "npm"),  # git can run an argument (-c alias.x=!…)
+        ("python3 script.py", "python3"),  # runs what a sandboxed install wrote
+        ("python -m venv .venv", "python"),
+        ("pytest -q", "pytest"),
+        ("sh script.sh", "*"),  # a shell reading its commands from a file
+        ("setsid npm i", "npm"),
+        ("echo 'npm i' | sh", "*"),
+        ("`echo npm` i", "npm"),  # what a plain program prints may become a command
+        ("./scripts/test.sh", "test.sh"),  # the project's own: a sandboxed run may have
+        ("node_modules/.bin/eslint .", "eslint"),  # written it
+    ],
+)
+def test_intercepted_as_widely_as_the_shell_runs(line: str, why: str) -> None:
+    d = hp.decide(line, CONFIG)
+    assert d is not None and why in d.programs, (line, d)
 
 
 def test_programs_in_order() -> None:

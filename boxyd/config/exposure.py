@@ -171,6 +171,10 @@ def settings_paths(client_env: Mapping[str, str], home: str) -> list[Sensitive]:
     return list(unique.items())
 
 
+def _claude(known: list[tuple[str, str, set[str]]]) -> set[str]:
+    return {f for p, _, forms in known if p.endswith("/.claude") for f in forms}
+
+
 def check_writable(
     writable: Iterable[Exposed],
     settings: Iterable[Sensitive],
@@ -182,6 +186,8 @@ def check_writable(
     known = [(p, why, {posixpath.normpath(p), realpath(p)}) for p, why in settings]
     for what, path in writable:
         trees = {posixpath.normpath(path), realpath(path)}
+        if any(_contains(posixpath.join(s, "projects"), t) for t in trees for s in _claude(known)):
+            continue  # Claude Code's transcripts (the claude preset's /resume): no settings
         for spath, why, forms in known:
             if any(_contains(t, s) or _contains(s, t) for t in trees for s in forms):
                 raise UsageError(

@@ -83,6 +83,15 @@ _BY_NAME: dict[str, tuple[str, Action]] = {
     "application_default_credentials.json": ("gcloud credentials", Action.EMPTY),
     ".pgpass": ("PostgreSQL passwords", Action.EMPTY),
     ".vault-token": ("Vault token", Action.EMPTY),
+    ".envrc": ("direnv environment", Action.EMPTY),  # its exports are the project's secrets
+    "terraform.tfstate": ("Terraform state", Action.EMPTY),  # every resource's secrets
+    "terraform.tfstate.backup": ("Terraform state", Action.EMPTY),
+    ".dev.vars": ("Wrangler secrets", Action.EMPTY),
+    ".s3cfg": ("s3cmd config", Action.EMPTY),
+    "rclone.conf": ("rclone config", Action.EMPTY),
+    ".sentryclirc": ("Sentry CLI token", Action.EMPTY),
+    ".databrickscfg": ("Databricks config", Action.EMPTY),
+    ".dockercfg": ("Docker credentials", Action.EMPTY),
 }
 # by parent directory and name (the file's own name says too little):
 _BY_PARENT: dict[tuple[str, str], tuple[str, Action]] = {
@@ -97,7 +106,16 @@ _BY_PARENT: dict[tuple[str, str], tuple[str, Action]] = {
     (".terraform.d", "credentials.tfrc.json"): ("Terraform credentials", Action.EMPTY),
     ("config", "master.key"): ("Rails master key", Action.EMPTY),
     ("gh", "hosts.yml"): ("GitHub CLI token", Action.EMPTY),
+    (".kaggle", "kaggle.json"): ("Kaggle API token", Action.EMPTY),
+    (".streamlit", "secrets.toml"): ("Streamlit secrets", Action.EMPTY),
+    (".m2", "settings.xml"): ("Maven settings", Action.EMPTY),  # <server><password>
+    (".m2", "settings-security.xml"): ("Maven master password", Action.EMPTY),
 }
+# a copy of a covered file, by the names editors and people give one: covered empty
+BACKUP_SUFFIXES = (
+    "~", ".bak", ".backup", ".old", ".orig", ".save", ".sav", ".copy", ".tmp", ".prev",
+    ".swp", ".swo", "-backup", "-bak", "-old", "-copy", "_backup", "_old", ".1", ".2",
+)  # fmt: skip
 # directories, covered whole:
 _DIRS: dict[str, str] = {".aws": "AWS credentials", ".azure": "Azure CLI credentials"}
 _DIRS_BY_PARENT: dict[tuple[str, str], str] = {(".config", "gcloud"): "gcloud credentials"}
@@ -110,8 +128,9 @@ _EXACT = frozenset(
     {*_BY_NAME, *_DIRS, ".env", *(n for _, n in _BY_PARENT), *(n for _, n in _DIRS_BY_PARENT)}
 )
 _PATTERNS = re.compile(
-    "^(?:" + "|".join(re.escape(p) for p in (".env.", *_KEY_NAMES)) + ")"
-    r"|\.(?:kubeconfig|pem|key|p12|pfx)$",
+    "^(?:" + "|".join(re.escape(p) for p in (".env", *_KEY_NAMES)) + ")"
+    r"|\.(?:kubeconfig|pem|key|p12|pfx|env|tfvars|tfvars\.json)$"
+    "|(?:" + "|".join(re.escape(b) for b in BACKUP_SUFFIXES) + ")$|^#.*#$",
     re.MULTILINE,
 )
 
@@ -129,9 +148,30 @@ def any_candidate(names: Collection[str]) -> bool:
 
 @functools.lru_cache(maxsize=1 << 16)
 def rule_for(parent: str, name: str, is_dir: bool) -> Rule | None:
-    """What covers the entry NAME of a directory whose own name is PARENT, if anything.
-    Pure, and asked once per entry of every tree: a tree repeats its names (index.js,
+    """What covers the entry NAME of a directory whose own name is PARENT, if anything:
+    by its own name (_by_name), or as a copy of a covered file (`.npmrc.bak`,
+    `.env~`, `#.pgpass#`: covered empty, whatever the original's rule). Pure, and
+    asked once per entry of every tree: a tree repeats its names (index.js,
     package.json), so the answers are kept (bounded; a Rule is frozen)."""
+    rule = _by_name(parent, name, is_dir)
+    if rule is not None or is_dir:
+        return rule
+    base = _copied(name)
+    original = _by_name(parent, base, False) if base else None
+    return Rule(f"copy of a {original.kind}", Action.EMPTY) if original else None
+
+
+def _copied(name: str) -> str:
+    """The name NAME is a copy of, by the usual backup names, or ""."""
+    if len(name) > 2 and name[0] == name[-1] == "#":
+        return name[1:-1]  # Emacs' auto-save
+    for suffix in BACKUP_SUFFIXES:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return ""
+
+
+def _by_name(parent: str, name: str, is_dir: bool) -> Rule | None:
     lower = name.lower()
     if is_dir:
         kind = _DIRS.get(name) or _DIRS_BY_PARENT.get((parent, name))
@@ -141,8 +181,10 @@ def rule_for(parent: str, name: str, is_dir: bool) -> Rule | None:
         row = ("kubeconfig", Action.SCRUB)
     if row is not None:
         return Rule(row[0], row[1], needs_content=row[1] is Action.SCRUB)
-    if name == ".env" or (name.startswith(".env.") and name[5:].lower() not in _ENV_KEEP):
+    if _env_file(lower):
         return Rule("environment file", Action.EMPTY)
+    if lower.endswith((".tfvars", ".tfvars.json")):
+        return Rule("Terraform variables", Action.EMPTY)
     if lower.startswith(_KEY_NAMES) and not lower.endswith(".pub"):
         return Rule("private key", Action.EMPTY)
     if parent == "credentials" and lower.endswith(".key"):  # Rails config/credentials/*.key
@@ -152,6 +194,18 @@ def rule_for(parent: str, name: str, is_dir: bool) -> Rule | None:
     if lower.endswith((".p12", ".pfx")):
         return Rule("PKCS#12 key store", Action.EMPTY)
     return None
+
+
+def _env_file(lower: str) -> bool:
+    """.env, .env.local, .env-backup, .env~, prod.env: not an example of one
+    (.env.example, .env-sample, example.env, .env.dist …)."""
+    if lower == ".env":
+        return True
+    if lower.startswith(".env") and lower[4] in ".-_~":
+        return lower[5:] not in _ENV_KEEP
+    if lower.endswith(".env") and len(lower) > 4:
+        return lower[:-4].strip(".-_") not in _ENV_KEEP
+    return False
 
 
 USER_KIND = "secret (filesystem.secrets)"

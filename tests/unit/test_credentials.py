@@ -57,7 +57,13 @@ def test_covered(parent: str, name: str, is_dir: bool, kind: str, action: Action
         ("proj", ".aws", False),
         ("proj", "environment", False),
         ("proj", "package.json", False),
-        ("proj", ".envrc", False),
+        ("proj", ".env.example", False),
+        ("proj", ".env-sample", False),
+        ("proj", "example.env", False),
+        ("proj", ".environment", False),
+        ("proj", "index.js.bak", False),  # a copy of what is not covered
+        ("proj", "notes~", False),
+        ("proj", "#draft#", False),
     ],
 )
 def test_not_covered(parent: str, name: str, is_dir: bool) -> None:
@@ -320,6 +326,19 @@ ROWS: list[tuple[str, str, str, str | None]] = [  # parent, name, content, kept 
     ("config", "master.key", S, None),
     ("credentials", "production.key", S, None),
     ("gh", "hosts.yml", f"github.example:\n    oauth_token: {S}\n", None),
+    ("p", ".envrc", f"export TOKEN={S}\n", None),
+    ("p", "terraform.tfstate", f'{{"resources": [{{"password": "{S}"}}]}}', None),
+    ("p", "terraform.tfstate.backup", f'{{"password": "{S}"}}', None),
+    ("p", ".dev.vars", f"API_KEY={S}\n", None),
+    ("p", ".s3cfg", f"[default]\nsecret_key = {S}\n", None),
+    ("p", "rclone.conf", f"[r]\ntype = s3\nsecret_access_key = {S}\n", None),
+    ("p", ".sentryclirc", f"[auth]\ntoken={S}\n", None),
+    ("p", ".databrickscfg", f"[DEFAULT]\ntoken = {S}\n", None),
+    ("p", ".dockercfg", f'{{"r.example": {{"auth": "{S}"}}}}', None),
+    (".kaggle", "kaggle.json", f'{{"username": "u", "key": "{S}"}}', None),
+    (".streamlit", "secrets.toml", f'db_password = "{S}"\n', None),
+    (".m2", "settings.xml", f"<settings><servers><server><password>{S}</password>", None),
+    (".m2", "settings-security.xml", f"<settingsSecurity><master>{S}</master>", None),
 ]
 
 
@@ -337,6 +356,30 @@ def test_every_row_covers_its_secret(
     assert S.encode() not in out, out
     if kept is not None:
         assert kept.encode() in out, out
+
+
+@pytest.mark.parametrize(
+    "name,kind",
+    [
+        (".env~", "environment file"),
+        (".env-backup", "environment file"),
+        (".env_old", "environment file"),
+        ("prod.env", "environment file"),
+        ("prod.tfvars", "Terraform variables"),
+        ("secrets.auto.tfvars.json", "Terraform variables"),
+        (".npmrc.bak", "copy of a npm config"),
+        (".npmrc~", "copy of a npm config"),
+        (".pypirc.orig", "copy of a PyPI config"),
+        ("#.pgpass#", "copy of a PostgreSQL passwords"),
+        (".git-credentials.old", "copy of a git credentials"),
+        ("id_rsa.swp", "private key"),  # its own name covers it already
+        ("kubeconfig-backup", "copy of a kubeconfig"),
+    ],
+)
+def test_copies_and_variants_are_covered(name: str, kind: str) -> None:
+    rule = c.rule_for("proj", name, False)
+    assert rule is not None and rule.kind == kind and rule.action is Action.EMPTY, rule
+    assert c.any_candidate(["index.js", name])
 
 
 def test_the_table_is_all_tested() -> None:

@@ -144,31 +144,42 @@ def check_exposed(
             raise UsageError(f"{what} {path}: exposes {spath} ({why}); expose a narrower path")
 
 
-def settings_paths(client_env: Mapping[str, str], home: str) -> list[Sensitive]:
+def settings_paths(
+    client_env: Mapping[str, str], home: str, own_env: Mapping[str, str] | None = None
+) -> list[Sensitive]:
     """Where the host keeps what decides how boxy and the tools around it behave: a
     writable tree on any of them, or inside one, would let the payload rewrite its own
-    sandbox's rules (trust approvals, the hook's settings, boxyd's units) or a host
-    program's (Claude Code's user settings, where boxy's hook is installed)."""
+    sandbox's rules (trust approvals, the hook's settings, boxyd's units and D-Bus
+    activation) or a host program's (Claude Code's user settings, where boxy's hook
+    is installed). As the client's environment and boxyd's own (OWN_ENV: its
+    state and config directories are the ones boxyd uses) place them, and by default."""
     if not home.startswith("/") or home == "/":
         return []
-
-    def base(var: str, default: str) -> str:
-        value = client_env.get(var, "")
-        return value if value.startswith("/") else posixpath.join(home, default)
-
-    config, state = base("XDG_CONFIG_HOME", ".config"), base("XDG_STATE_HOME", ".local/state")
-    data = base("XDG_DATA_HOME", ".local/share")
     out = [
-        (config, "your configuration: boxy's profiles, trust approvals and hook settings"),
         (posixpath.join(home, ".config"), "your configuration"),
-        (posixpath.join(state, "boxy"), "boxy's state: its records, quarantine and notices"),
-        (posixpath.join(data, "systemd", "user"), "your systemd user units, boxyd's among them"),
         (posixpath.join(home, ".claude"), "Claude Code's settings, where boxy's hook is"),
     ]
+    for env in (client_env, os.environ if own_env is None else own_env, {}):
+        out += _xdg_settings(env, home)
     unique: dict[str, str] = {}
     for path, why in out:
         unique.setdefault(posixpath.normpath(path), why)
     return list(unique.items())
+
+
+def _xdg_settings(env: Mapping[str, str], home: str) -> list[Sensitive]:
+    def base(var: str, default: str) -> str:
+        value = env.get(var, "")
+        return value if value.startswith("/") else posixpath.join(home, default)
+
+    config, state = base("XDG_CONFIG_HOME", ".config"), base("XDG_STATE_HOME", ".local/state")
+    data = base("XDG_DATA_HOME", ".local/share")
+    return [
+        (config, "your configuration: boxy's profiles, trust approvals and hook settings"),
+        (posixpath.join(state, "boxy"), "boxy's state: its records, quarantine and notices"),
+        (posixpath.join(data, "systemd", "user"), "your systemd user units, boxyd's among them"),
+        (posixpath.join(data, "dbus-1"), "your D-Bus services, boxyd's activation among them"),
+    ]
 
 
 def _claude(known: list[tuple[str, str, set[str]]]) -> set[str]:

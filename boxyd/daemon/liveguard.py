@@ -32,7 +32,7 @@ from typing import Any
 from boxyd.config import hostrun
 from boxyd.config.hostrun import Held
 from boxyd.daemon import pools
-from boxyd.daemon.livewatch import IN_CLOSE_WRITE, IN_CREATE, Rescan, Visit, Watches, sockets_in
+from boxyd.daemon.livewatch import IN_CLOSE_WRITE, IN_MODIFY, Rescan, Visit, Watches, sockets_in
 from boxyd.daemon.parseproc import Apart, call_apart
 from boxyd.gitguard import discover
 from boxyd.plan import credentials, live, masking
@@ -69,6 +69,8 @@ class _Pending:
 
 SAID_MAX = 16  # lines of what the guard could not do, in a run's outcome
 SWEEP_EVERY = 0.1  # seconds from a directory's new entry to the look for sockets in it
+SOCKETS_EVERY = 0.25  # seconds between looks at the host's bound sockets (/proc/net/unix)
+GIT_EVERY = 2.0  # seconds between git checks while the trees change
 GIT_BURST = 2.0  # seconds of git checks a session may run back to back
 GIT_SHARE = 0.5  # ... and then this share of the time
 
@@ -108,6 +110,11 @@ class LiveGuard:
         self._git_check = git_check
         self._git_task: asyncio.Task[None] | None = None
         self._git_again = False  # a change came while a check ran: one more after it
+        self._git_dirty = False  # an event since the last git check (_periodic)
+        # a change git reads came during the session: a repository may be made where no
+        # event tells (node_modules, through a hard link), so checked every GIT_EVERY
+        self._git_touched = False
+        self._git_last = 0.0  # seconds the last git check took
         self._swept: set[tuple[str, str]] = set()  # (root, rel): looked into for sockets
         self._sweeper: asyncio.Task[None] | None = None
         self._git_credit, self._git_at = GIT_BURST, time.monotonic()  # (_git_loop)
@@ -153,6 +160,8 @@ class LiveGuard:
                 break  # closed meanwhile: the session ended
             notes += self._apply(w, found, since)
         self.said += notes[: SAID_MAX - len(self.said)]
+        if self._fd >= 0:
+            self._track(self._periodic())
         return notes
 
     def _apply(self, w: Watched, found: Visit, since: float) -> list[str]:
@@ -262,17 +271,18 @@ class LiveGuard:
                 continue
             root, rel = self._watches.names[wd]
             w, entry = self._trees[root], os.fsdecode(name)
-            if mask & IN_CLOSE_WRITE:
+            if mask & (IN_CLOSE_WRITE | IN_MODIFY):  # (IN_MODIFY: gitdirs' watches only)
                 if (written := live.on_write(w, rel, entry)) is not None:
                     self._spawn(w, written, now)
                 continue
             changed = live.on_change(w, rel, entry, bool(mask & IN_ISDIR))
             if changed is not None:
                 self._spawn(w, changed, now, host=True)
-            elif mask & IN_CREATE and not mask & IN_ISDIR:
-                self._fresh(root, rel)  # a socket, perhaps: bind() makes one so
+            if not mask & IN_ISDIR:
+                self._fresh(root, rel)  # a socket, perhaps: bound or renamed in, any name
             if mask & IN_ISDIR and (changed is None or changed.git):
                 self._new_dir(w, rel, entry, now)
+            self._git_dirty = True
 
     def _spawn(self, w: Watched, redo: Redo, since: float, *, host: bool = False) -> None:
         """HOST: a pin's redo for a host rename over it, done at once beside the
@@ -284,6 +294,8 @@ class LiveGuard:
         if self.stopped is not None:
             return
         if redo.git:
+            live.repository_made(w, redo)
+            self._git_touched = True  # from now on checked every GIT_EVERY as well
             self._git_soon()
             return
         if host and redo.pin is not None:
@@ -335,6 +347,25 @@ class LiveGuard:
                     if (redo := live.socket_redo(w, rel, name)) is not None:
                         self._spawn(w, redo, since)
 
+    async def _periodic(self) -> None:
+        """What no event of a watched directory tells of: a git check GIT_EVERY while
+        anything in the trees changes, or ever after a change git reads came (a
+        repository made where nothing is watched, a config written through a hard
+        link), at most a tenth of the time; and the host's sockets bound in the trees
+        (/proc/net/unix: node_modules and .git are not watched) every SOCKETS_EVERY."""
+        git_at = time.monotonic()
+        while self.stopped is None and self._fd >= 0:
+            await asyncio.sleep(SOCKETS_EVERY)
+            for root, rel in await pools.run(pools.LIVE, bound_sockets, list(self._trees)):
+                parent, _, name = rel.rpartition("/")
+                if (redo := live.socket_redo(self._trees[root], parent, name)) is not None:
+                    self._spawn(self._trees[root], redo, time.monotonic())
+            now = time.monotonic()
+            due = now - git_at >= max(GIT_EVERY, 10 * self._git_last)
+            if due and (self._git_dirty or self._git_touched):
+                self._git_dirty, git_at = False, now
+                self._git_soon()
+
     def _git_soon(self) -> None:
         """The git guard's check now, or once the one under way is done (changes that
         come meanwhile are one more check, not one each)."""
@@ -358,7 +389,8 @@ class LiveGuard:
             began = self._git_at = time.monotonic()
             lines = await self._git_check()
             self._git_at = time.monotonic()
-            self._git_credit -= self._git_at - began
+            self._git_last = self._git_at - began
+            self._git_credit -= self._git_last
             log.info("live guard: git check %.3fs", self._git_at - began)
             for line in lines:
                 self._record("git", finding=line)
@@ -594,6 +626,26 @@ def _stand_in(root: str, redo: Redo, rule: Rule | None) -> Found | None:
         if found is None
         else Found(redo.rel, found.kind, found.action, found.is_dir, found.content)
     )
+
+
+def bound_sockets(roots: list[str]) -> list[tuple[str, str]]:
+    """(root, rel) of each unix socket a host process has bound at a path in one of the
+    trees ROOTS, as /proc/net/unix lists them (this network namespace's: the host's;
+    a path bound relative to its binder's directory is not known here)."""
+    try:
+        with open("/proc/net/unix", "rb") as f:
+            data = f.read(8 << 20)
+    except OSError:
+        return []
+    tops = [(r, r.rstrip("/") + "/") for r in roots]
+    out = []
+    for line in data.split(b"\n")[1:]:
+        fields = line.split(None, 7)
+        if len(fields) < 8 or not fields[7].startswith(b"/"):
+            continue
+        path = os.fsdecode(fields[7])
+        out += [(r, path[len(top) :]) for r, top in tops if path.startswith(top)]
+    return out
 
 
 def _inotify_init() -> int:

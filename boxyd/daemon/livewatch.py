@@ -23,12 +23,13 @@ from typing import Any
 
 from boxyd.config import hostrun
 from boxyd.gitguard import discover
-from boxyd.plan import live
+from boxyd.plan import live, masking
 from boxyd.plan.live import Redo, Watched
 
 IN_CLOSE_WRITE = 0x00000008
 IN_MOVED_TO = 0x00000080
 IN_CREATE = 0x00000100
+IN_MODIFY = 0x00000002
 IN_ONLYDIR = 0x01000000
 IN_EXCL_UNLINK = 0x04000000
 # by /proc/self/fd/N: following that one (magic) link is the point, so no IN_DONT_FOLLOW
@@ -129,11 +130,11 @@ class Watches:
                 os.close(self.fd)
                 self.fd = -1
 
-    def _add(self, fd: int) -> int:
+    def _add(self, fd: int, mask: int = WATCH) -> int:
         with self._lock:
             if self.fd < 0:
                 raise OSError(errno.EBADF, "the session ended")
-            wd = int(_libc.inotify_add_watch(self.fd, f"/proc/self/fd/{fd}".encode(), WATCH))
+            wd = int(_libc.inotify_add_watch(self.fd, f"/proc/self/fd/{fd}".encode(), mask))
             if wd < 0:
                 e = ctypes.get_errno()
                 raise OSError(e, os.strerror(e))
@@ -200,7 +201,8 @@ class Watches:
             return []
         try:
             fd = steps.open(rel)
-            wd = self._add(fd)
+            # a gitdir's config written through a descriptor kept open (no close to see)
+            wd = self._add(fd, WATCH | IN_MODIFY if live.is_gitdir(w, rel) else WATCH)
             self.names[wd] = (w.root, rel)  # before the listing: the module's docstring
             known.add(rel)
             st = os.fstat(fd)
@@ -233,13 +235,17 @@ class Watches:
         self,
         w: Watched,
         rel: str,
-        entries: list[tuple[str, bool]],
+        entries: list[tuple[str, str]],
         mode: Mode,
         known: set[str],
         out: Visit,
     ) -> list[str]:
         subdirs = []
-        for name, is_dir in entries:
+        for name, kind in entries:
+            is_dir = kind == "dir"
+            if kind == "socket" and (sock := live.socket_redo(w, rel, name)) is not None:
+                out.redos.append(sock)  # a server listening in the tree: covered
+                continue
             redo = live.on_change(w, rel, name, is_dir)
             if redo is not None and (redo.hold is not None or redo.git):  # the payload's
                 out.redos.append(redo)
@@ -282,9 +288,12 @@ def rescan(w: Watched, rels: list[str], limit: int) -> Rescan:
                 continue  # gone: nothing there any more
             seen += len(entries)
             out.over = seen > limit
-            for name, is_dir in entries:
+            for name, kind in entries:
                 sub = f"{rel}/{name}" if rel else name
+                is_dir = kind == "dir"
                 redo = live.on_change(w, rel, name, is_dir)
+                if kind == "socket":
+                    redo = live.socket_redo(w, rel, name)
                 if redo is not None and _new(w, redo):
                     out.redos.append(redo)
                     continue
@@ -319,16 +328,23 @@ def rescan_reply(req: dict[str, Any]) -> dict[str, object]:
     child does not know what boxyd covered since)."""
     w = live.watched(str(req["root"]), (), (), req["reveal"], secrets=req["secrets"])
     got = rescan(w, [str(r) for r in req["rels"]], int(req["limit"]))
-    return {"found": [r.rel for r in got.redos[:FOUND_MAX]], "over": got.over}
+    found = got.redos[:FOUND_MAX]
+    sockets = [r.rel for r in found if r.rule is masking.SOCKET]
+    return {"found": [r.rel for r in found], "sockets": sockets, "over": got.over}
 
 
 def rescan_answer(w: Watched, reply: dict[str, Any]) -> Rescan:
     """In boxyd: the child's paths judged again against what is covered now (a few
     names: a flood of them is the backlog's to refuse)."""
     out = Rescan(over=bool(reply["over"]))
+    sockets = {str(r) for r in reply.get("sockets", ())}
     for rel in reply["found"][:FOUND_MAX]:
         parent, _, name = str(rel).rpartition("/")
-        redo = live.on_change(w, parent, name, False)
+        redo = (
+            live.socket_redo(w, parent, name)
+            if rel in sockets
+            else live.on_change(w, parent, name, False)
+        )
         if redo is not None and _new(w, redo):
             out.redos.append(redo)
     return out
@@ -340,19 +356,31 @@ def _new(w: Watched, redo: Redo) -> bool:
     return redo.hold is not None or redo.git or (redo.rule is not None and redo.rel not in w.masks)
 
 
-def _listing(fd: int, cap: int = live.LIST_MAX) -> list[tuple[str, bool]]:
-    """(name, is_dir) of the directory at the O_PATH FD, up to one more than CAP."""
+def _listing(fd: int, cap: int = live.LIST_MAX) -> list[tuple[str, str]]:
+    """(name, kind) of the directory at the O_PATH FD, up to one more than CAP: kind is
+    "dir", "socket" (a unix socket: _judge covers it) or "other"."""
     lfd = os.open(".", O_LIST, dir_fd=fd)
     try:
-        out = []
+        out: list[tuple[str, str]] = []
         with os.scandir(lfd) as it:
             for e in it:
-                out.append((e.name, e.is_dir(follow_symlinks=False)))
+                out.append((e.name, _kind(e)))
                 if len(out) > cap:
                     break
         return out
     finally:
         os.close(lfd)
+
+
+def _kind(e: os.DirEntry[str]) -> str:
+    if e.is_dir(follow_symlinks=False):
+        return "dir"
+    if e.is_file(follow_symlinks=False) or e.is_symlink():
+        return "other"
+    try:  # (d_type said neither: an lstat, for the few that are not files)
+        return "socket" if stat.S_ISSOCK(e.stat(follow_symlinks=False).st_mode) else "other"
+    except OSError:
+        return "other"
 
 
 def sockets_in(root: str, rel: str) -> list[str]:
@@ -363,18 +391,9 @@ def sockets_in(root: str, rel: str) -> list[str]:
         fd = discover.open_in_tree(root, rel)
     except (OSError, ValueError):
         return []
-    out = []
     try:
-        with os.scandir(fd) as it:
-            for n, e in enumerate(it):
-                if n > live.LIST_MAX:
-                    break
-                if e.is_dir(follow_symlinks=False) or e.is_file(follow_symlinks=False):
-                    continue
-                if stat.S_ISSOCK(e.stat(follow_symlinks=False).st_mode):
-                    out.append(e.name)
+        return [name for name, kind in _listing(fd) if kind == "socket"]
     except OSError:
-        pass
+        return []
     finally:
         os.close(fd)
-    return out

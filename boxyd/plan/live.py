@@ -84,6 +84,10 @@ class Watched:
     # new repository anywhere, has the git guard look again at once (GIT below)
     gitdirs: tuple[str, ...] = ()
     hookdirs: tuple[str, ...] = ()  # core.hooksPath's directories in the tree (git runs them)
+    # directories that got a HEAD, objects or refs during the session (a bare repository
+    # in the making: its config and index count as a gitdir's), by the live guard; read
+    # with list() (one C call: safe beside the loop's inserts)
+    made: dict[str, None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -187,21 +191,29 @@ def git_event(w: Watched, dir_rel: str, name: str) -> bool:
     """A new entry NAME in DIR_REL that may change what git reads or runs."""
     if name.endswith(".lock"):
         return False  # a lock git (or the payload) holds: the file it names comes next
-    if _is_gitdir(w, dir_rel):
+    if is_gitdir(w, dir_rel):
         return name not in GIT_AT_WORK
     if dir_rel in w.hookdirs or _is_hooks(w, dir_rel):
         return True  # a hook
     return name in GIT_ANYWHERE or _in_nested(w, dir_rel)
 
 
-def _is_gitdir(w: Watched, rel: str) -> bool:
+def is_gitdir(w: Watched, rel: str) -> bool:
     """REL is a git directory the walk found, or one made meanwhile."""
-    return rel in w.gitdirs or rel.rpartition("/")[2] == ".git"
+    return rel in w.gitdirs or rel.rpartition("/")[2] == ".git" or rel in w.made
+
+
+def repository_made(w: Watched, redo: Redo) -> None:
+    """A git redo for a HEAD, objects or refs: their directory may be a bare repository
+    in the making, so what a gitdir's changes count for counts there too."""
+    parent, _, name = redo.rel.rpartition("/")
+    if redo.git and name in ("HEAD", "objects", "refs"):
+        w.made[parent] = None
 
 
 def _is_hooks(w: Watched, rel: str) -> bool:
     parent, _, name = rel.rpartition("/")
-    return name == "hooks" and _is_gitdir(w, parent)
+    return name == "hooks" and is_gitdir(w, parent)
 
 
 def _in_nested(w: Watched, rel: str) -> bool:

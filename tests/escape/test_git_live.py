@@ -78,7 +78,7 @@ def _session(user: User, repo: Path, how: str, marker: Path, *flags: str) -> sub
     from tests.conftest import Boxy
 
     write_payload(Boxy(user, repo), PLANT, "plant.py")
-    argv = boxy_argv(*flags, *GIT_FLAGS, cmd=["python3", "plant.py", str(marker), how, "6"])
+    argv = boxy_argv(*flags, *GIT_FLAGS, cmd=["python3", "plant.py", str(marker), how, "2.5"])
     return spawn(user, argv, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 

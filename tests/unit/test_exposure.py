@@ -261,19 +261,30 @@ def test_symlinks_below_the_tree_are_not_followed_the_tree_itself_is(tmp_path: P
 
 def test_writable_trees_never_hold_or_lie_in_the_settings_boxy_obeys() -> None:
     env = {"XDG_STATE_HOME": "/home/u/st"}
-    settings = exposure.settings_paths(env, "/home/u")
+    own = {"XDG_CONFIG_HOME": "/home/u/dots/cfg"}  # boxyd's own (systemd's environment.d)
+    settings = exposure.settings_paths(env, "/home/u", own)
     paths = [p for p, _ in settings]
     assert paths == [
         "/home/u/.config",
+        "/home/u/.claude",
         "/home/u/st/boxy",
         "/home/u/.local/share/systemd/user",
-        "/home/u/.claude",
+        "/home/u/.local/share/dbus-1",
+        "/home/u/dots/cfg",
+        "/home/u/.local/state/boxy",
     ]
     same = {"realpath": lambda p: p}
-    for bad in ("/home/u/.config", "/home/u/.config/boxy", "/home/u/st", "/home/u/.claude/x"):
+    for bad in (
+        "/home/u/.config",
+        "/home/u/.config/boxy",
+        "/home/u/st",
+        "/home/u/.claude/x",
+        "/home/u/dots",
+        "/home/u/.local/share",
+    ):
         with pytest.raises(UsageError, match="would let the run rewrite"):
             exposure.check_writable([("workdir", bad)], settings, **same)
     exposure.check_writable(
         [("workdir", "/home/u/proj"), ("--rw", "/home/u/st2")], settings, **same
     )
-    assert exposure.settings_paths({}, "/") == []
+    assert exposure.settings_paths({}, "/", {}) == []

@@ -613,8 +613,9 @@ def scrub_docker_config(data: bytes) -> bytes:
 
 
 def scrub_git_config(data: bytes) -> bytes:
-    """git's config without ``http.*.extraheader`` (a CI checkout's token) and
-    ``credential.*.username``, and with the userinfo removed from every URL — in
+    """git's config without ``http.*.extraheader`` (a CI checkout's token),
+    ``credential.*.username`` and ``sendemail.smtpPass``, and with the userinfo removed
+    from every URL — in
     values and in section names (``[url "https://x:TOKEN@host/"]``). A key continued
     over several lines (a trailing backslash) goes whole."""
     out = []
@@ -641,10 +642,17 @@ def scrub_git_config(data: bytes) -> bytes:
     return _USERINFO.sub(rb"\1", b"".join(out))
 
 
+# git's keys that hold a secret (git-config(1)): a CI checkout's header, a credential's,
+# git send-email's SMTP password (a proxy's is a URL's userinfo: scrubbed as URLs are)
+_GIT_SECRETS = {
+    b"http": (b"extraheader",),
+    b"credential": (b"username", b"password"),
+    b"sendemail": (b"smtppass",),
+}
+
+
 def _git_secret(section: bytes, key: bytes) -> bool:
-    return (section == b"http" and key == b"extraheader") or (
-        section == b"credential" and key in (b"username", b"password")
-    )
+    return key in _GIT_SECRETS.get(section, ())
 
 
 _SCRUBBERS = {

@@ -494,3 +494,8 @@ def test_the_listing_prefilter_passes_over_ordinary_directories():
     for listing in (["index.js", "package.json", "lib", "README.md"], [], ["keys", "pemmican"]):
         assert not c.any_candidate(listing)
         assert all(c.rule_for("x", n, False) is None for n in listing)
+
+
+def test_git_send_email_password_is_scrubbed() -> None:
+    out = c.scrub_git_config(f"[sendemail]\n\tsmtpServer = s\n\tsmtpPass = {S}\n".encode())
+    assert S.encode() not in out and b"smtpServer = s" in out

@@ -23,6 +23,7 @@ import ctypes
 import functools
 import logging
 import os
+import stat
 import struct
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -435,6 +436,8 @@ class LiveGuard:
         mask = redo.mask
         if mask is None and redo.rule is None:
             return
+        if mask is None and await pools.run(pools.LIVE, _symlink, w.root, redo.rel):
+            return  # (a held symlink put back): what it leads to is covered as its own
         rule = _rule(redo)
         if rule is not None and rule.action is Action.EMPTY and not rule.needs_content:
             found: Found | None = Found(
@@ -590,6 +593,21 @@ def _rule(redo: Redo) -> Rule | None:
         return credentials.GIT_CONFIG
     is_dir = redo.mask.is_dir if redo.mask is not None else bool(redo.rule and redo.rule.is_dir)
     return credentials.rule_for(parent.rpartition("/")[2], name, is_dir) or redo.rule
+
+
+def _symlink(root: str, rel: str) -> bool:
+    """REL is a symlink now (looked at through the tree's fds)."""
+    parent, _, name = rel.rpartition("/")
+    try:
+        pfd = discover.open_in_tree(root, parent)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=pfd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+    finally:
+        os.close(pfd)
 
 
 def _present(root: str, rel: str) -> bool:

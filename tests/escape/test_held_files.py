@@ -32,10 +32,14 @@ PLANTS = {
     ".yarn/releases/yarn-9.cjs": "require('child_process').execSync('sh evil')\n",
 }
 for rel, text in PLANTS.items():
-    os.makedirs(os.path.dirname(rel) or ".", exist_ok=True)
-    with open(rel, "w") as f:
-        f.write(text)
-    tried("plant-" + rel, "written")
+    try:  # (the guard may take a directory before its file is in)
+        os.makedirs(os.path.dirname(rel) or ".", exist_ok=True)
+        with open(rel, "w") as f:
+            f.write(text)
+    except OSError as e:
+        tried("plant-" + rel, ename(e))
+    else:
+        tried("plant-" + rel, "written")
 # a directory made elsewhere and moved in whole: its entries come with no event of their own
 os.makedirs("staging/.gemini", exist_ok=True)
 with open("staging/.gemini/settings.json", "w") as f:
@@ -123,7 +127,8 @@ def test_what_is_present_is_read_only_in_every_run(boxy: Boxy, user: User, workd
     assert_contained(
         r,
         *(f"append-{rel}" for rel in PRESENT),
-        results={f"append-{rel}": {"EROFS"} for rel in PRESENT},
+        # (.envrc is a credential too: its stand-in, read-only, says EACCES first)
+        results={f"append-{rel}": {"EROFS", "EACCES"} for rel in PRESENT},
     )
     for rel, text in PRESENT.items():
         assert (workdir / rel).read_text() == text, rel
@@ -161,8 +166,8 @@ def test_a_symlink_the_payload_replaces_is_put_back(boxy: Boxy, user: User, work
     assert os.readlink(workdir / ".envrc") == "shared/envrc", describe(r)
     assert "the symlink that stood there is back" in r.stderr.decode(), describe(r)
     # its target is pinned: the payload cannot change it through the tree either
-    r2 = boxy.sh("echo evil >> shared/envrc")
-    assert b"Read-only file system" in r2.stderr, describe(r2)
+    r2 = boxy.sh("echo evil >> shared/envrc")  # (a credential too: its stand-in's EACCES)
+    assert b"Read-only file system" in r2.stderr or b"Permission denied" in r2.stderr, r2
     assert (workdir / "shared/envrc").read_text() == "export X=1\n"
 
 

@@ -89,7 +89,7 @@ elif how == "slow-check":
     # a harmless config just under CONFIG_MAX; every check then parses them all (~0.7 s
     # each here). Then test_git_live.py's own commondir plant, which it catches in 0.5 s.
     big = "[a]\n\tb = c\n" * (1_000_000 // 11)
-    for i in range(int(os.environ.get("BALLAST", "3"))):
+    for i in range(int(os.environ.get("BALLAST", "2"))):
         d = f"node_modules/pkg{i}/.git"
         os.makedirs(d + "/objects"); os.makedirs(d + "/refs")
         with open(d + "/HEAD", "w") as f:
@@ -112,7 +112,7 @@ time.sleep(float(sys.argv[3]))
 """
 
 # seconds after the plant the prompt starts: the windows the README states
-WINDOW = {"node_modules": 3.0, "hardlink": 3.0, "slow-check": 4.5}
+WINDOW = {"node_modules": 3.0, "hardlink": 3.0, "slow-check": 3.5}
 # how -> where the host's prompt runs git status
 HOWS = {
     "node_modules": ".",

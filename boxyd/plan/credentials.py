@@ -227,6 +227,35 @@ def holds_private_key(head: bytes) -> bool:
     return bool(re.search(rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----", head))
 
 
+# A key under an ordinary name (deploy_key, prod-sa.json, key.txt) is found by what it
+# holds: the first CONTENT_PROBE bytes of each file whose name says nothing (no
+# extension) or could be one (.txt, .json, .asc, .gpg, .ppk …) are searched, in C.
+CONTENT_PROBE = 4 << 10
+_PROBED_SUFFIXES = (".txt", ".json", ".asc", ".gpg", ".ppk", ".priv", ".cred", ".secret", ".sa")
+
+
+def probe_worthy(name: str) -> bool:
+    """The file NAME is looked into for a key (by_content): no extension, or one a
+    key file is given."""
+    lower = name.lower()
+    return "." not in lower[1:] or lower.endswith(_PROBED_SUFFIXES)
+
+
+def by_content(head: bytes) -> str | None:
+    """What kind of key HEAD (a file's first bytes) is, whatever its name: a PEM private
+    key (OpenSSH's too), a PGP secret key, a PuTTY key, a cloud service account's JSON
+    (Google's: its type and private_key); or None."""
+    if holds_private_key(head):
+        return "private key"
+    if b"-----BEGIN PGP PRIVATE KEY BLOCK-----" in head:
+        return "PGP private key"
+    if head.startswith(b"PuTTY-User-Key-File-"):
+        return "PuTTY private key"
+    if b'"service_account"' in head and b'"private_key"' in head:
+        return "cloud service account key"
+    return None
+
+
 # --- scrubbing -------------------------------------------------------------------------
 #
 # Every scrubber reads bytes a hostile program may have written, so each runs in time

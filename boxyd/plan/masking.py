@@ -121,7 +121,8 @@ class Finder:
     def __call__(self, dir_fd: int, rel: str, entries: Mapping[str, Type]) -> None:
         if "other" in entries.values():  # a search in C: most directories hold none
             self._sockets(dir_fd, rel, entries)
-        if not self.secrets and not credentials.any_candidate(entries):
+        probe = [n for n, k in entries.items() if k == "file" and credentials.probe_worthy(n)]
+        if not self.secrets and not probe and not credentials.any_candidate(entries):
             return  # most directories: nothing in them could be a credential
         comps = rel.split("/") if rel else []
         if any(c in credentials.SKIP_DIRS for c in comps):
@@ -139,6 +140,22 @@ class Finder:
             found = self._judge(dir_fd, name, rule) if rule is not None else None
             if found is not None:
                 self._add(discover.join(rel, name), found, dir_fd=dir_fd, name=name)
+        for name in probe:
+            self._by_content(dir_fd, rel, name)
+
+    def _by_content(self, dir_fd: int, rel: str, name: str) -> None:
+        """A key under an ordinary name (credentials.by_content), covered empty."""
+        path = discover.join(rel, name)
+        if path in self.found:
+            return
+        head = discover.read_head(dir_fd, name, credentials.CONTENT_PROBE)
+        if head is None:
+            return
+        self._spent(len(head))
+        kind = credentials.by_content(head)
+        if kind is not None:
+            found = Found(path, kind, Action.EMPTY, False, note="found by what it holds")
+            self._add(path, found, dir_fd=dir_fd, name=name)
 
     def _sockets(self, dir_fd: int, rel: str, entries: Mapping[str, Type]) -> None:
         """Unix sockets anywhere in the tree (node_modules and .git too): without

@@ -173,3 +173,38 @@ def test_a_unix_socket_anywhere_is_covered(tmp_path: Path) -> None:
             s.close()
     assert set(got) == {"wd.sock", "node_modules/.cache/s"}
     assert got["wd.sock"].kind == "unix socket" and got["wd.sock"].content == b""
+
+
+# keys in their real formats (the headers and shapes their tools write), under names
+# that say nothing: found by what they hold
+CORPUS = {
+    "OpenSSH": b"-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----\n",
+    "RSA": b"-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA\n-----END RSA PRIVATE KEY-----\n",
+    "PKCS#8": b"-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkq\n-----END PRIVATE KEY-----\n",
+    "PGP": b"-----BEGIN PGP PRIVATE KEY BLOCK-----\n\nlQOYBF\n-----END PGP PRIVATE KEY BLOCK-----\n",
+    "PuTTY": b"PuTTY-User-Key-File-3: ssh-ed25519\nEncryption: none\nComment: k\nPublic-Lines: 2\n",
+    "service account": (
+        b'{\n  "type": "service_account",\n  "project_id": "p",\n  "private_key_id": "x",\n'
+        b'  "private_key": "-----BEGIN PRIVATE KEY-----\\nMII\\n-----END PRIVATE KEY-----\\n"\n}\n'
+    ),
+}
+
+
+def test_keys_under_ordinary_names_are_found_by_what_they_hold(tmp_path: Path) -> None:
+    import secrets
+
+    names = {}
+    for i, (what, data) in enumerate(CORPUS.items()):
+        name = secrets.token_hex(4) + ("", ".txt", ".json", "", ".asc", ".json")[i]
+        (tmp_path / "deep" / str(i)).mkdir(parents=True)
+        (tmp_path / "deep" / str(i) / name).write_bytes(data)
+        names[f"deep/{i}/{name}"] = what
+    # what only looks like one, or lies where nothing is searched: not covered
+    (tmp_path / "README").write_text("a key goes in -----BEGIN PUBLIC KEY----- blocks\n")
+    (tmp_path / "package.json").write_text('{"name": "service_account"}')
+    (tmp_path / "node_modules/p").mkdir(parents=True)
+    (tmp_path / "node_modules/p/key").write_bytes(CORPUS["RSA"])
+    (tmp_path / "src.py").write_bytes(CORPUS["RSA"])  # code, by its name: not probed
+    got = found(tmp_path)
+    assert set(got) == set(names), got
+    assert all(f.content == b"" and f.note == "found by what it holds" for f in got.values())

@@ -272,3 +272,32 @@ def test_more_credentials_than_mounts_refuse_the_next_run_at_once(
     lines = r.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and "more than 4,096 credential files" in lines[0], lines
     assert b"the-payload-ran" not in r.stdout
+
+
+KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAASECRETKEY\n-----END OPENSSH PRIVATE KEY-----\n"
+ACCOUNT = (
+    '{"type": "service_account", "project_id": "p", '
+    '"private_key": "-----BEGIN PRIVATE KEY-----\\nSECRETKEY\\n-----END PRIVATE KEY-----\\n"}'
+)
+
+
+def test_keys_under_ordinary_names_are_covered(boxy: Boxy, user: User, workdir: Path) -> None:
+    """Issue 31 §4: a deploy key and a service account's JSON under names that say
+    nothing; found by what they hold."""
+    (workdir / "ops").mkdir()
+    (workdir / "ops/deploy_key").write_text(KEY)
+    (workdir / "ops/prod-7f3a.json").write_text(ACCOUNT)
+    user.chown(workdir)
+    r = run_py(
+        boxy,
+        """
+for p in ("ops/deploy_key", "ops/prod-7f3a.json"):
+    data = read(p, p)
+    if data and b"SECRETKEY" in data:
+        escaped(p, "the key was read")
+""",
+    )
+    assert r.returncode == 0 and b"ESCAPED" not in r.stdout, describe(r)
+    assert b"TRIED ops/deploy_key read:0" in r.stdout, describe(r)
+    assert b"TRIED ops/prod-7f3a.json read:0" in r.stdout, describe(r)
+    assert (workdir / "ops/deploy_key").read_text() == KEY  # the user's file is the user's

@@ -595,35 +595,31 @@ def _rule(redo: Redo) -> Rule | None:
     return credentials.rule_for(parent.rpartition("/")[2], name, is_dir) or redo.rule
 
 
-def _symlink(root: str, rel: str) -> bool:
-    """REL is a symlink now (looked at through the tree's fds)."""
+def _lstat(root: str, rel: str) -> os.stat_result | None:
+    """REL's entry in the tree ROOT (looked at through its fds, no symlink followed), or
+    None when it is gone."""
     parent, _, name = rel.rpartition("/")
     try:
         pfd = discover.open_in_tree(root, parent)
     except OSError:
-        return False
+        return None
     try:
-        return stat.S_ISLNK(os.stat(name, dir_fd=pfd, follow_symlinks=False).st_mode)
+        return os.stat(name, dir_fd=pfd, follow_symlinks=False)
     except OSError:
-        return False
+        return None
     finally:
         os.close(pfd)
+
+
+def _symlink(root: str, rel: str) -> bool:
+    """REL is a symlink now."""
+    st = _lstat(root, rel)
+    return st is not None and stat.S_ISLNK(st.st_mode)
 
 
 def _present(root: str, rel: str) -> bool:
-    """REL is still an entry of the tree ROOT (looked at through its fds, no symlink)."""
-    parent, _, name = rel.rpartition("/")
-    try:
-        pfd = discover.open_in_tree(root, parent)
-    except OSError:
-        return False
-    try:
-        os.stat(name, dir_fd=pfd, follow_symlinks=False)
-    except OSError:
-        return False
-    finally:
-        os.close(pfd)
-    return True
+    """REL is still an entry of the tree ROOT."""
+    return _lstat(root, rel) is not None
 
 
 def _stand_in(root: str, redo: Redo, rule: Rule | None) -> Found | None:

@@ -111,7 +111,6 @@ class LiveGuard:
         self._git_check = git_check
         self._git_task: asyncio.Task[None] | None = None
         self._git_again = False  # a change came while a check ran: one more after it
-        self._git_dirty = False  # an event since the last git check (_periodic)
         # a change git reads came during the session: a repository may be made where no
         # event tells (node_modules, through a hard link), so checked every GIT_EVERY
         self._git_touched = False
@@ -283,7 +282,6 @@ class LiveGuard:
                 self._fresh(root, rel)  # a socket, perhaps: bound or renamed in, any name
             if mask & IN_ISDIR and (changed is None or changed.git):
                 self._new_dir(w, rel, entry, now)
-            self._git_dirty = True
 
     def _spawn(self, w: Watched, redo: Redo, since: float, *, host: bool = False) -> None:
         """HOST: a pin's redo for a host rename over it, done at once beside the
@@ -349,10 +347,10 @@ class LiveGuard:
                         self._spawn(w, redo, since)
 
     async def _periodic(self) -> None:
-        """What no event of a watched directory tells of: a git check GIT_EVERY while
-        anything in the trees changes, or ever after a change git reads came (a
-        repository made where nothing is watched, a config written through a hard
-        link), at most a tenth of the time; and the host's sockets bound in the trees
+        """What no event of a watched directory tells of: once a change git reads came
+        in the session, a git check every GIT_EVERY (a repository made where nothing
+        is watched, a config written through a hard link: no event follows either),
+        at most a tenth of the time; and the host's sockets bound in the trees
         (/proc/net/unix: node_modules and .git are not watched) every SOCKETS_EVERY."""
         git_at = time.monotonic()
         while self.stopped is None and self._fd >= 0:
@@ -363,8 +361,8 @@ class LiveGuard:
                     self._spawn(self._trees[root], redo, time.monotonic())
             now = time.monotonic()
             due = now - git_at >= max(GIT_EVERY, 10 * self._git_last)
-            if due and (self._git_dirty or self._git_touched):
-                self._git_dirty, git_at = False, now
+            if due and self._git_touched:
+                git_at = now
                 self._git_soon()
 
     def _git_soon(self) -> None:

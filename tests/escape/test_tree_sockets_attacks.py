@@ -36,7 +36,7 @@ while time.time() < deadline:
         finally:
             s.close()
     time.sleep(0.01)
-WINDOW = 1.0
+WINDOW = 2.0  # several times the idle figure (0.05-0.45 s here): CI machines are loaded
 for p in paths:
     span = f"{first.get(p, t0)-t0:.2f}s..{last.get(p, t0)-t0:.2f}s; at the end: {end.get(p)}"
     if end.get(p) == "REPLY" or last.get(p, 0) - first.get(p, 0) > WINDOW:
@@ -98,7 +98,7 @@ def test_a_host_socket_made_during_the_session(
     write_payload(boxy, CONNECT)
     proc = spawn(
         user,
-        boxy_argv(cmd=["python3", "payload.py", rel, "3"]),
+        boxy_argv(cmd=["python3", "payload.py", rel, "4"]),
         cwd=workdir,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

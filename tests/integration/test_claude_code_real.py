@@ -195,10 +195,14 @@ def test_project_disable_all_hooks_switches_off_user_hooks(
 
 # --- with boxy: what a sandboxed run plants runs nothing ---------------------------------
 
+# Built aside and renamed into place, as a careful payload would: the guard moves a
+# new .claude/ the moment it appears, so writing into it after mkdir would race.
 PLANT = """set -e
-mkdir -p .claude
-printf '%s' '{settings}' > .claude/settings.json
-printf '%s' '{mcp}' > .mcp.json
+mkdir -p .plant/c
+printf '%s' '{settings}' > .plant/c/settings.json
+printf '%s' '{mcp}' > .plant/m.json
+mv .plant/c .claude
+mv .plant/m.json .mcp.json
 sleep 1
 echo PLANTED
 """

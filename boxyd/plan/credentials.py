@@ -92,6 +92,12 @@ _BY_NAME: dict[str, tuple[str, Action]] = {
     ".sentryclirc": ("Sentry CLI token", Action.EMPTY),
     ".databrickscfg": ("Databricks config", Action.EMPTY),
     ".dockercfg": ("Docker credentials", Action.EMPTY),
+    # Java properties: Gradle's (<repo>Password, signing.password, gradle.publish.key…),
+    # Android's local.properties and the signing config its docs name keystore.properties
+    "gradle.properties": ("Java properties", Action.SCRUB),
+    "local.properties": ("Java properties", Action.SCRUB),
+    "keystore.properties": ("Java properties", Action.SCRUB),
+    "signing.properties": ("Java properties", Action.SCRUB),
 }
 # by parent directory and name (the file's own name says too little):
 _BY_PARENT: dict[tuple[str, str], tuple[str, Action]] = {
@@ -193,6 +199,8 @@ def _by_name(parent: str, name: str, is_dir: bool) -> Rule | None:
         return Rule("private key", Action.EMPTY, needs_content=True)
     if lower.endswith((".p12", ".pfx")):
         return Rule("PKCS#12 key store", Action.EMPTY)
+    if lower.endswith((".jks", ".keystore")):
+        return Rule("Java key store", Action.EMPTY)
     return None
 
 
@@ -671,6 +679,68 @@ def scrub_git_config(data: bytes) -> bytes:
     return _USERINFO.sub(rb"\1", b"".join(out))
 
 
+# A key of Java's properties that may hold a secret, after Properties.load's decoding
+# (Gradle's credentials(): <name>Password, <name>SecretKey, <name>SessionToken,
+# <name>AuthHeaderValue; signing.password, signingInMemoryKey, gradle.publish.key;
+# Android's storePassword/keyPassword): dropped on the side of caution.
+_JAVA_SECRET = re.compile(r"pass|pwd|secret|token|credential|auth|key$|privatekey|apikey")
+_JAVA_BLANK = b" \t\f"
+_JAVA_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def _java_logical(data: bytes) -> list[list[bytes]]:
+    """DATA's logical lines as Properties.load reads them, each a list of its natural
+    lines (\n, \r, \r\n): a line ending in an odd number of backslashes goes on,
+    unless it is a comment (# or ! first)."""
+    out: list[list[bytes]] = []
+    going = False
+    for line in _lines(data):
+        if going:
+            out[-1].append(line)
+        else:
+            out.append([line])
+        body = line.rstrip(b"\r\n")
+        comment = not going and body.lstrip(_JAVA_BLANK)[:1] in (b"#", b"!")
+        going = not comment and (len(body) - len(body.rstrip(b"\\"))) % 2 == 1
+    return out
+
+
+def _java_key(natural: list[bytes]) -> str:
+    """The key of one logical line, decoded as Java does (\\uXXXX, \\t…, \\X is X;
+    ends at an unescaped '=', ':' or blank); the continuation lines' leading blanks go."""
+    parts = [natural[0].lstrip(_JAVA_BLANK)] + [n.lstrip(_JAVA_BLANK) for n in natural[1:]]
+    text = b"".join(p.rstrip(b"\r\n")[:-1] if i < len(parts) - 1 else p.rstrip(b"\r\n")
+                    for i, p in enumerate(parts)).decode("latin-1")  # fmt: skip
+    key: list[str] = []
+    i = 0
+    while i < len(text) and text[i] not in "=: \t\f":
+        if text[i] == "\\" and i + 1 < len(text):
+            nxt = text[i + 1]
+            if nxt == "u" and i + 6 <= len(text):
+                try:
+                    key.append(chr(int(text[i + 2 : i + 6], 16)))
+                except ValueError:
+                    key.append(text[i + 2 : i + 6])  # Java refuses the file: kept as is
+                i += 6
+                continue
+            key.append(_JAVA_ESCAPES.get(nxt, nxt))
+            i += 2
+            continue
+        key.append(text[i])
+        i += 1
+    return "".join(key)
+
+
+def scrub_java_properties(data: bytes) -> bytes:
+    """``gradle.properties`` and the like without the keys _JAVA_SECRET names, each
+    logical line whole (its continuations with it), and no URL's userinfo."""
+    out = []
+    for natural in _java_logical(data):
+        if not _JAVA_SECRET.search(_java_key(natural).lower()):
+            out.extend(natural)
+    return _USERINFO.sub(rb"\1", b"".join(out))
+
+
 # git's keys that hold a secret (git-config(1)): a CI checkout's header, a credential's,
 # git send-email's SMTP password (a proxy's is a URL's userinfo: scrubbed as URLs are)
 _GIT_SECRETS = {
@@ -701,6 +771,7 @@ _SCRUBBERS = {
     "git credentials": scrub_urls,
     "Docker config": scrub_docker_config,
     "git config": scrub_git_config,
+    "Java properties": scrub_java_properties,
 }
 
 GIT_CONFIG = Rule("git config", Action.SCRUB, needs_content=True)

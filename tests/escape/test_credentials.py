@@ -168,6 +168,10 @@ MORE = {
     "deploy/kubeconfig": f"users:\n- name: u\n  user:\n    client-key-data: |\n      {SECRET}\n",
     "_netrc": f"machine m.example login bob password {SECRET}\n",
     "conf/db.secret": SECRET,  # the profile's own pattern
+    # held too (org.gradle.java.home): the pin is of the scrubbed copy
+    "gradle.properties": f"org.gradle.jvmargs=-Xmx1g\nossrh\\\n  Password={SECRET}\n",
+    "android/keystore.properties": f"storeFile=r.jks\nstorePassword={SECRET}\n",
+    "android/release.jks": SECRET,
 }
 
 

@@ -339,7 +339,50 @@ ROWS: list[tuple[str, str, str, str | None]] = [  # parent, name, content, kept 
     (".streamlit", "secrets.toml", f'db_password = "{S}"\n', None),
     (".m2", "settings.xml", f"<settings><servers><server><password>{S}</password>", None),
     (".m2", "settings-security.xml", f"<settingsSecurity><master>{S}</master>", None),
+    (
+        "p",
+        "gradle.properties",
+        f"org.gradle.jvmargs=-Xmx2g\nossrhPassword={S}\nsigning.password : {S}\n"
+        f"gradle.publish.key {S}\nmavenSecretKey={S}\nmavenSessionToken={S}\n"
+        f"corpAuthHeaderValue={S}\nsigningInMemoryKey={S}\n",
+        "org.gradle.jvmargs=-Xmx2g",
+    ),
+    ("p", "local.properties", f"sdk.dir=/opt/sdk\nMAPS_API_KEY={S}\n", "sdk.dir"),
+    (
+        "p",
+        "keystore.properties",
+        f"storeFile=k.jks\nstorePassword={S}\nkeyPassword={S}\n",
+        "storeFile",
+    ),  # fmt: skip
+    ("p", "signing.properties", f"keyAlias=a\nkeyPassword={S}\n", "keyAlias"),
+    ("p", "release.jks", S, None),
+    ("p", "debug.keystore", S, None),
 ]
+
+
+# Keys as java.util.Properties.load reads them (its LineReader and loadConvert): a key
+# written with escapes, split over lines, or ended by a blank is the key Gradle gets.
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"signing.\\u0070assword={S}\n",  # \uXXXX in the key
+        f"ossrh\\\n    Password={S}\n",  # a key continued on the next line
+        f"  \t\fossrhPassword\t{S}\n",  # leading blanks, ended by a tab
+        f"ossrhPassword:{S}\n",
+        f"ossrhPassword={S}\\\n  {S}\n",  # the value's continuation goes with it
+        f"ossrhPassword={S}\\\r{S}\r",  # \r alone ends a line
+        f"o\\s\\s\\r\\h\\P\\a\\s\\s\\word={S}\n",  # \X is X
+        f"# c \\\nossrhPassword={S}\n",  # a comment's backslash continues nothing
+    ],
+)
+def test_java_properties_keys_as_java_reads_them(text: str) -> None:
+    out = c.scrub_java_properties(text.encode())
+    assert S.encode() not in out, out
+
+
+def test_java_properties_an_even_backslash_run_ends_the_line() -> None:
+    out = c.scrub_java_properties(f"path=C:\\\\\nossrhPassword={S}\nkept=1\n".encode())
+    assert out == b"path=C:\\\\\nkept=1\n", out
 
 
 @pytest.mark.parametrize("parent,name,content,kept", ROWS, ids=[f"{r[0]}/{r[1]}" for r in ROWS])

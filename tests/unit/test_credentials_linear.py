@@ -335,7 +335,9 @@ NAMES = [
     "scrub_docker_config",
     "scrub_git_config",
 ]
-NEW: dict[str, Callable[[bytes], bytes]] = {n: getattr(c, n) for n in NAMES}
+# scrubbers written linear from the start: no oracle, held to the time bounds only
+LINEAR_ONLY = ["scrub_java_properties"]
+NEW: dict[str, Callable[[bytes], bytes]] = {n: getattr(c, n) for n in NAMES + LINEAR_ONLY}
 OLD: dict[str, Callable[[bytes], bytes]] = {n: globals()[n] for n in NAMES}
 
 
@@ -402,12 +404,12 @@ SWEPT = (
 
 
 @pytest.mark.parametrize("shape", SWEPT)
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + LINEAR_ONLY)
 def test_size_sweep_is_linear(name: str, shape: str) -> None:
     assert_linear(SHAPES[shape], NEW[name], 1024, floor=0.02, rounds=2)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + LINEAR_ONLY)
 def test_64_kib_of_any_shape_under_a_second(name: str) -> None:
     realistic = b"".join(SEEDS)
     cases = [make(64 << 10) for make in SHAPES.values()]

@@ -324,11 +324,25 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def _claude_closed(say: Any) -> int:
+    """The hook, failing closed: Claude Code runs the command unchanged after any exit
+    but 2, so a bug here (any exception) blocks it, in one line the agent is shown."""
+    try:
+        return claude(read_stdin())
+    except UsageError:
+        raise
+    except Exception as e:
+        if os.environ.get("BOXY_DEBUG"):
+            raise
+        say(f"hook claude: internal error: {type(e).__name__}: {e}; the command was blocked")
+        return 2
+
+
 def main(argv: list[str], cwd: str, say: Any) -> int:
     """`hook …` (ARGV after `hook`): the fast path for `hook claude`, which runs
     before every command the agent types; argparse for the rest."""
     if argv == ["claude"]:
-        return claude(read_stdin())
+        return _claude_closed(say)
     from boxyctl import parser as p
 
     try:
@@ -339,7 +353,7 @@ def main(argv: list[str], cwd: str, say: Any) -> int:
     if ns.action is None:
         raise UsageError("hook: missing action (claude, install claude [--project] [--remove])")
     if ns.action == "claude":
-        return claude(read_stdin())
+        return _claude_closed(say)
     _, configured = load_config()
     command = f"{shellquote.quote(boxyctl_path(configured))} hook claude"
     say(install(settings_path(ns.project, cwd), command, remove=ns.remove))

@@ -67,12 +67,42 @@ _SOURCES = frozenset(("source", "."))
 # Programs whose arguments are never run (README, "Agents"): a listed name among them
 # is data (`echo npm`, `grep -r pip .`). Not git, find, xargs, sort (its
 # --compress-program), sed (GNU `e`), awk, rg (--pre): each can run an argument.
+# Not cp, mv, ln or install either: each makes a program a name of its own (`ln -s
+# /usr/bin/npm x`), so what they copy is judged by its name.
 PLAIN = frozenset(
     ("echo", "printf", "cat", "ls", "head", "tail", "wc", "grep", "egrep", "fgrep",
      "pwd", "cd", "true", "false", "test", "[", "which", "type", "file", "stat", "du",
      "df", "basename", "dirname", "realpath", "readlink", "diff", "cut", "tr", "uniq",
-     "mkdir", "touch", "rm", "rmdir", "cp", "mv", "ln", "chmod", "tee", "exit")
+     "mkdir", "touch", "rm", "rmdir", "chmod", "tee", "exit")
 )  # fmt: skip
+# Programs that run code they may compute (a name built at run time is no word on the
+# line: `perl -e 'system(reverse "i mpn")'`), or read from a file: always wrapped
+# ("*"), as a shell reading from elsewhere is. sed too when its script may execute
+# (GNU `e`: _sed_runs).
+_COMPUTES = frozenset(
+    ("perl", "ruby", "php", "lua", "luajit", "tclsh", "wish", "expect", "awk", "gawk",
+     "mawk", "nawk", "Rscript", "julia", "pwsh", "osascript", "guile", "racket",
+     "parallel", "gdb", "vim", "vi", "nvim", "ex", "ed", "emacs")
+)  # fmt: skip
+# Variables through which the next program runs what the line does not name (the
+# shells' startup files, the program search path, the dynamic loader, the runtimes'
+# preloads): assigning one makes the command "*".
+_RUNS_VIA = frozenset(
+    ("PATH", "BASH_ENV", "ENV", "PROMPT_COMMAND", "BASH_LOADABLES_PATH", "LD_PRELOAD",
+     "LD_LIBRARY_PATH", "LD_AUDIT", "NODE_OPTIONS", "NODE_PATH", "PYTHONPATH",
+     "PYTHONSTARTUP", "PERL5OPT", "PERL5LIB", "RUBYOPT", "RUBYLIB")
+)  # fmt: skip
+_DECLARES = frozenset(("export", "declare", "typeset", "local", "readonly"))
+# git's keys whose value is a command it runs (git-config(1)): `git -c` with one of
+# these (or an alias.*) runs what the line may not name
+_GIT_RUNS = (
+    "alias.", "core.pager", "core.editor", "core.sshcommand", "core.fsmonitor",
+    "core.hookspath", "core.askpass", "sequence.editor", "pager.", "diff.external",
+    "gpg.", "credential.", "filter.", "diff.", "merge.", "interactive.difffilter",
+    "uploadpack.packobjectshook", "remote.", "url.", "include", "protocol.",
+)  # fmt: skip
+_FIND_EXEC = frozenset(("-exec", "-execdir", "-ok", "-okdir"))
+_BRACE_MAX = 256  # words one brace expansion may make before the word counts as "*"
 # what splits a word into the pieces a shell (brace expansion, an option's value, a
 # PATH-like list, a line fed to a shell later) may run as a program of their own
 _PIECE_SEPARATORS = " \t\n;&|(){}<>,=:!@'\"`"
@@ -374,38 +404,197 @@ def _command_hits(tokens: list[Token], names: frozenset[str], plain: frozenset[s
         if not redirect:
             words.append(tok.text)
         redirect = False
-    i = 0
+    i, hits = 0, []
     while i < len(words) and (is_assignment(words[i]) or words[i] in _KEYWORDS):
+        hits += _assignment_hits(words[i], names)
         i += 1
     program = os.path.basename(words[i]) if i < len(words) else ""
     rest = words[i + 1 :]
     if i >= len(words) or program in OURS:
-        return []  # nothing to run; or already headed for a sandbox: its arguments are that run
+        return hits  # nothing to run; or already headed for a sandbox: its arguments are that run
     if "/" in words[i] and not words[i].startswith(_SYSTEM):
         return [program]  # a program from the project (./x.sh, node_modules/.bin/…)
-    if program in _SOURCES or program in _SHELLS and _shell_command(rest) is None:
-        return ["*"]  # reads its commands from a file or stdin: not seen here
-    hits = [] if program in plain else [h for w in rest for h in _word_hits(w, names)]
-    return [*_word_hits(words[i], names), *hits]
+    if _runs_unseen(words, i, names):
+        return ["*"]  # runs what is not on the line: a file, stdin, a computed name
+    if program not in plain:
+        hits += [h for w in rest for h in _word_hits(w, names, args=True)]
+    return [*hits, *_word_hits(words[i], names)]
 
 
-def _word_hits(word: str, names: frozenset[str]) -> list[str]:
+def _assignment_hits(word: str, names: frozenset[str]) -> list[str]:
+    """An assignment (`X=npm`, `PATH=/tmp/x`): "*" for a variable through which a later
+    program runs what the line does not name (_RUNS_VIA), else its value's names."""
+    if not is_assignment(word):
+        return []
+    if word.split("=", 1)[0].rstrip("+").split("[", 1)[0] in _RUNS_VIA:
+        return ["*"]
+    return _word_hits(word, names)
+
+
+def _runs_unseen(words: list[str], i: int, names: frozenset[str]) -> bool:
+    """Whether the command at WORDS[I] runs code the line does not show: a shell or a
+    `source` reading a file or stdin, through any wrapper (`xargs sh -c`, `env -S`);
+    a program that computes what it runs (_COMPUTES, sed's `e`, a `git -c` command
+    key); `xargs`/`find -exec` running the data they read (`-I%`, `{}`); a declared
+    _RUNS_VIA variable."""
+    chain: list[str] = []
+    while i < len(words):
+        w = words[i]
+        if is_assignment(w):
+            if _assignment_hits(w, names) == ["*"]:
+                return True
+            i += 1
+            continue
+        name = os.path.basename(w)
+        if name not in _WRAPPERS:
+            break
+        chain.append(name)
+        if name == "xargs" and any(a.startswith(("-I", "-i", "--replace")) for a in words[i:]):
+            return True  # the program or its command is made of what it reads
+        i = _after_options(words, i + 1, _WRAPPERS[name], name)
+    if i >= len(words):
+        return False
+    name, rest = os.path.basename(words[i]), words[i + 1 :]
+    if name in _SOURCES or name in _COMPUTES or name == "sed" and _sed_runs(rest):
+        return True
+    if name in _SHELLS and (_shell_command(rest) is None or "xargs" in chain):
+        return True  # reads its commands from a file or stdin (or xargs' input)
+    if name in _DECLARES:
+        return any(_assignment_hits(a, names) == ["*"] for a in rest)
+    if name == "git":
+        return _git_runs(rest)
+    return name == "find" and _find_runs(rest)
+
+
+def _sed_runs(args: list[str]) -> bool:
+    """Whether sed may execute its pattern space (GNU's `e` command, or the `e` flag of
+    `s`): an `e` standing alone after a delimiter, on the side of caution; or a script
+    read from a file."""
+    import re  # (only for sed)
+
+    if any(a == "-f" or a.startswith(("-f", "--file")) for a in args):
+        return True
+    scripts = [a.split("=", 1)[1] if a.startswith("--expression=") else a for a in args]
+    lone_e = re.compile(r"(?:^|[^A-Za-z])e(?:[^A-Za-z0-9]|$)")
+    return any(lone_e.search(a) for a in scripts if not a.startswith("-"))
+
+
+def _git_runs(args: list[str]) -> bool:
+    """`git -c KEY=…` (or --config-env) with a key whose value git runs (_GIT_RUNS)."""
+    for j, a in enumerate(args):
+        if a == "-c" or a == "--config-env":
+            key = args[j + 1].lower() if j + 1 < len(args) else ""
+        elif a.startswith(("-c", "--config-env=")):
+            key = a.split("=", 1)[1] if a.startswith("--") else a[2:]
+            key = key.lower()
+        else:
+            continue
+        if key.startswith(_GIT_RUNS):
+            return True
+    return False
+
+
+def _find_runs(args: list[str]) -> bool:
+    """find running what it found (`-exec {} …`), or a shell reading elsewhere."""
+    for j, a in enumerate(args):
+        if a in _FIND_EXEC and j + 1 < len(args):
+            program = args[j + 1]
+            if "{}" in program:
+                return True
+            if os.path.basename(program) in _SHELLS and _shell_command(args[j + 2 :]) is None:
+                return True
+    return False
+
+
+def _word_hits(word: str, names: frozenset[str], *, args: bool = False) -> list[str]:
+    """The names WORD may run as: after brace expansion, split into the pieces a shell
+    may run later. ARGS: an argument of a program that may run it, where a shell or a
+    _COMPUTES program among the pieces runs what is not seen (`git -c alias.x='!sh'`)."""
     if "$" in word or "`" in word:
         return ["*"]  # named at run time
-    pieces = [word]
-    for sep in _PIECE_SEPARATORS:
-        if sep in word:
-            pieces = [p for piece in pieces for p in piece.split(sep)]
+    words = _braces(word)
+    if words is None:
+        return ["*"]  # more words than _BRACE_MAX
     out = []
-    for piece in pieces:
+    for piece in (p for w in words for p in _pieces(w)):
         name = os.path.basename(piece)
         if name in names or (is_python(name) and "python" in names):
             out.append(name)
+        elif args and (name in _SHELLS or name in _COMPUTES):
+            out.append("*")
         elif not _GLOB.isdisjoint(name):
             import fnmatch  # (only for a word with a glob in it: fnmatch imports re)
 
             out += [n for n in sorted(names) if fnmatch.fnmatchcase(n, name)]
     return out
+
+
+def _pieces(word: str) -> list[str]:
+    pieces = [word]
+    for sep in _PIECE_SEPARATORS:
+        if sep in word:
+            pieces = [p for piece in pieces for p in piece.split(sep)]
+    return pieces
+
+
+def _braces(word: str) -> list[str] | None:
+    """WORD's brace expansion as bash makes it (`np{m,x}` is npm and npx, `{l..n}` the
+    letters between), the word itself included (a quoted brace is not expanded: the
+    superset is asked); None past _BRACE_MAX words."""
+    todo, out = [word], [word]
+    while todo:
+        w = todo.pop()
+        got = _expand_first(w)
+        if not got:
+            continue
+        out += got
+        todo += got
+        if len(out) > _BRACE_MAX:
+            return None
+    return out
+
+
+def _expand_first(word: str) -> list[str]:
+    """The words of WORD's first brace expression (`pre{a,b}post`, `pre{x..y}post`),
+    or [] when it has none."""
+    for start in (i for i, c in enumerate(word) if c == "{"):
+        depth, commas = 0, []
+        for j in range(start, len(word)):
+            if word[j] == "{":
+                depth += 1
+            elif word[j] == "}":
+                depth -= 1
+                if depth == 0:
+                    break
+            elif word[j] == "," and depth == 1:
+                commas.append(j)
+        else:
+            return []  # no closing brace: none after it either
+        pre, body, post = word[:start], word[start + 1 : j], word[j + 1 :]
+        if commas:
+            cuts = [start, *commas, j]
+            return [pre + word[a + 1 : b] + post for a, b in zip(cuts, cuts[1:], strict=False)]
+        seq = _sequence(body)
+        if seq is not None:
+            return [pre + x + post for x in seq]
+    return []
+
+
+def _sequence(body: str) -> list[str] | None:
+    """`x..y` (letters or integers, an increment after a further `..`): its members,
+    at most _BRACE_MAX + 1 of them; None if BODY is no sequence."""
+    parts = body.split("..")
+    if len(parts) not in (2, 3):
+        return None
+    a, b = parts[0], parts[1]
+    if len(a) == len(b) == 1 and a.isalpha() and b.isalpha():
+        lo, hi = sorted((ord(a), ord(b)))
+        return [chr(c) for c in range(lo, min(hi, lo + _BRACE_MAX) + 1)]
+    try:
+        lo, hi = sorted((int(a), int(b)))
+    except ValueError:
+        return None
+    return [str(x) for x in range(lo, min(hi, lo + _BRACE_MAX) + 1)]
 
 
 def decide(line: str, config: HookConfig, *, project_approved: bool = False) -> Decision | None:

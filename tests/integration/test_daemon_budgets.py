@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from boxy.outcome import MAX_LINES
+from boxyd.daemon.pools import CHECK_WORKERS
 from tests.conftest import BIN, Boxy, User
 from tests.integration.clients import sessions_running
 
@@ -145,10 +146,10 @@ def test_a_sparse_hook_does_not_fill_the_quarantine(user: User, tmpfs_workdir: P
 
 
 def test_a_start_does_not_wait_behind_other_sessions_checks(user: User, workdir: Path) -> None:
-    """Six sessions whose after-run checks take their whole budget (8 trees of 257
-    places where git may find a repository: the host's git is asked in each) hold
-    every worker of the checks; another session still starts. Its start-up is timed
-    to its payload's first line: its own checks afterwards may wait."""
+    """As many sessions as the checks have workers, each check taking its whole budget
+    (8 trees of 257 places where git may find a repository: the host's git is asked in
+    each), hold every worker of the checks; another session still starts. Its start-up
+    is timed to its payload's first line: its own checks afterwards may wait."""
     trees = [workdir / f"t{i}" for i in range(8)]
     for t in trees:
         git_init(user, t)
@@ -176,18 +177,20 @@ def test_a_start_does_not_wait_behind_other_sessions_checks(user: User, workdir:
 
     idle = min(start_up() for _ in range(3))
     flags = [a for t in trees[1:] for a in ("--rw", str(t))]
-    for _ in range(6):
+    for _ in range(CHECK_WORKERS):
         r = ctl(user, "run", "-d", "--net", "none", "-w", str(trees[0]), *flags, "--", "true")
         assert r.returncode == 0, err(r)
     try:
-        time.sleep(2)  # their payloads are done: all six are in their checks
+        time.sleep(2)  # their payloads are done: all are in their checks
         running: list[int] = []
         during = start_up(running)
     finally:
         deadline = time.monotonic() + 240
         while sessions_running(user) and time.monotonic() < deadline:
             time.sleep(1)
-    # the six, and the sample itself
-    assert running[0] >= 6, f"the others' checks were over before the sample ({during:.2f}s)"
+    # the others, and the sample itself
+    assert running[0] >= CHECK_WORKERS, (
+        f"the others' checks were over before the sample ({during:.2f}s)"
+    )
     # a shared pool made it wait for a whole budget (30 s) at least; 2 loaded cores
     assert during < idle + 10, (during, idle)

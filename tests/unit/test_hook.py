@@ -85,6 +85,11 @@ def test_intercepted(line: str, profile: str | None) -> None:
         "boxy run -p node -- yarn",
         "echo '$(npm i)'",  # single quotes: no substitution
         "grep -r 'npm i' . | head",  # plain programs' arguments
+        "sed -n '10,20p' README.md",  # sed that cannot execute (no `e`)
+        "sed -i 's/foo/bar/g' a.py",
+        "git -c user.name=x commit -m 'fix the tests'",  # a key git does not run
+        "mkdir -p src/{a,b} && git add src/{a,b}.js",  # braces that make no listed name
+        "X=1 git status",
         "",
         "   ",
     ],

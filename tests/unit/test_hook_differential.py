@@ -83,6 +83,27 @@ SHAPES = [
     "! {n} i",
     "exec {n} i",
     "coproc {n} i\nwait",
+    # a second attack round (issue 31): braces that split the name, data run as
+    # commands, a program copied under another name, variables that pick the program,
+    # a name computed by an interpreter
+    "{{{head},--x}}{tail} i",
+    "{head}{{{tail},}} i",
+    "{head}{{{tail}..{tail}}} i",
+    "echo '{n} i' | xargs -0 sh -c",
+    "echo {n} | xargs -I% sh -c '% i'",
+    "find {stubs} -name '{glob}' -exec {{}} i \\;",
+    "find . -maxdepth 0 -exec sh -s \\; <<< '{n} i'",
+    "echo '{n} i' > {tmp}/e; BASH_ENV={tmp}/e bash -c true",
+    "ln -sf {stubs}/{n} {tmp}/x && PATH={tmp}:/usr/bin:/bin x i",
+    "cp {stubs}/{n} {tmp}/y; PATH={tmp}:/usr/bin:/bin y i",
+    "mkdir -p {tmp}/b && mv {tmp}/y {tmp}/b/z 2>/dev/null; cp {stubs}/{n} {tmp}/b/z; PATH={tmp}/b:/usr/bin z i",
+    "export PATH={tmp}/b:/usr/bin; cp {stubs}/{n} {tmp}/b/w; w i",
+    "echo 'system(\"{n} i\")' > {tmp}/a.pl; perl {tmp}/a.pl",
+    "printf 'BEGIN{{system(\"{n} i\")}}' > {tmp}/a.awk; awk -f {tmp}/a.awk",
+    'perl -e \'system(scalar(reverse("{rev}")) . " i")\'',
+    'awk \'BEGIN{{n="{rev}"; r=""; for(i=length(n);i>0;i--) r=r substr(n,i,1); system(r)}}\'',
+    "echo {rev} | rev | sed 's/.*/& i/e'",
+    "git -c alias.zz='!sh' zz <<< '{n} i'",
 ]
 
 
@@ -118,7 +139,18 @@ def _lines(tmp: Path, stubs: Path) -> list[str]:
     for shape in SHAPES:
         for n in NAMES:
             split = f'"{n[:1]}""{n[1:]}"'
-            out.append(shape.format(n=n, tmp=tmp, stubs=stubs, glob=n[:-1] + "?", split=split))
+            out.append(
+                shape.format(
+                    n=n,
+                    tmp=tmp,
+                    stubs=stubs,
+                    glob=n[:-1] + "?",
+                    split=split,
+                    head=n[:-1],
+                    tail=n[-1],
+                    rev=n[::-1],
+                )  # fmt: skip
+            )
     return out
 
 

@@ -93,6 +93,22 @@ def test_bad_input_is_one_line_and_exit_2(
     assert cap.err.count("\n") == 1 and says in cap.err and "Traceback" not in cap.err
 
 
+def test_a_bug_in_the_hook_blocks_the_command(
+    home: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claude Code runs the command unchanged after any exit but 2: a bug blocks it."""
+
+    def broken(*_: object, **__: object) -> None:
+        raise RecursionError("a line deeper than the rule reads")
+
+    monkeypatch.setattr(hp, "decide", broken)
+    monkeypatch.delenv("BOXY_DEBUG", raising=False)
+    assert run_main(["hook", "claude"], event("npm i"), monkeypatch) == 2
+    cap = capfd.readouterr()
+    assert cap.out == "" and "Traceback" not in cap.err
+    assert cap.err.count("\n") == 1 and "the command was blocked" in cap.err, cap.err
+
+
 def test_fail_closed(
     home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

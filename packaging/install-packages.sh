@@ -66,6 +66,7 @@ probe "git" git --version
 probe "man (man-db)" man --version
 probe "ssh-keygen (openssh-client)" sh -c 'd=$(mktemp -d) && ssh-keygen -q -t ed25519 -N "" -f "$d/k" && rm -rf "$d"'
 probe "openssl" openssl version
+probe "gpg (gnupg)" gpg --version
 if ((${#failed[@]})); then
   say "installed, but these do not work: $(IFS=';'; echo "${failed[*]}" | sed 's/;/, /g')"
   exit 1

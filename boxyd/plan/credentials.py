@@ -111,6 +111,7 @@ _BY_PARENT: dict[tuple[str, str], tuple[str, Action]] = {
     (".kube", "config"): ("kubeconfig", Action.SCRUB),
     (".terraform.d", "credentials.tfrc.json"): ("Terraform credentials", Action.EMPTY),
     ("config", "master.key"): ("Rails master key", Action.EMPTY),
+    ("config", "secrets.yml"): ("Rails secrets", Action.EMPTY),
     ("gh", "hosts.yml"): ("GitHub CLI token", Action.EMPTY),
     (".kaggle", "kaggle.json"): ("Kaggle API token", Action.EMPTY),
     (".streamlit", "secrets.toml"): ("Streamlit secrets", Action.EMPTY),
@@ -123,7 +124,11 @@ BACKUP_SUFFIXES = (
     ".swp", ".swo", "-backup", "-bak", "-old", "-copy", "_backup", "_old", ".1", ".2",
 )  # fmt: skip
 # directories, covered whole:
-_DIRS: dict[str, str] = {".aws": "AWS credentials", ".azure": "Azure CLI credentials"}
+_DIRS: dict[str, str] = {
+    ".aws": "AWS credentials",
+    ".azure": "Azure CLI credentials",
+    ".envs": "environment files",  # cookiecutter-django's .envs/.production/.django
+}
 _DIRS_BY_PARENT: dict[tuple[str, str], str] = {(".config", "gcloud"): "gcloud credentials"}
 
 
@@ -135,8 +140,8 @@ _EXACT = frozenset(
 )
 _PATTERNS = re.compile(
     "^(?:" + "|".join(re.escape(p) for p in (".env", *_KEY_NAMES)) + ")"
-    r"|\.(?:kubeconfig|pem|key|p12|pfx|env|tfvars|tfvars\.json)$"
-    "|(?:" + "|".join(re.escape(b) for b in BACKUP_SUFFIXES) + ")$|^#.*#$",
+    r"|\.(?:kubeconfig|pem|key|p8|pk8|p12|pfx|jks|keystore|env|tfvars|tfvars\.json)$"
+    "|(?:" + "|".join(re.escape(b) for b in BACKUP_SUFFIXES) + r")$|^#.*#$|\.sw[a-z]$",
     re.MULTILINE,
 )
 
@@ -162,19 +167,22 @@ def rule_for(parent: str, name: str, is_dir: bool) -> Rule | None:
     rule = _by_name(parent, name, is_dir)
     if rule is not None or is_dir:
         return rule
-    base = _copied(name)
-    original = _by_name(parent, base, False) if base else None
-    return Rule(f"copy of a {original.kind}", Action.EMPTY) if original else None
+    for base in _copied(name):
+        original = _by_name(parent, base, False)
+        if original is not None:
+            return Rule(f"copy of a {original.kind}", Action.EMPTY)
+    return None
 
 
-def _copied(name: str) -> str:
-    """The name NAME is a copy of, by the usual backup names, or ""."""
+def _copied(name: str) -> list[str]:
+    """The names NAME may be a copy of, by the usual backup names."""
+    out = []
     if len(name) > 2 and name[0] == name[-1] == "#":
-        return name[1:-1]  # Emacs' auto-save
-    for suffix in BACKUP_SUFFIXES:
-        if name.endswith(suffix) and len(name) > len(suffix):
-            return name[: -len(suffix)]
-    return ""
+        out.append(name[1:-1])  # Emacs' auto-save
+    if len(name) > 5 and name[0] == "." and name[-4:-1] == ".sw" and name[-1].isalpha():
+        out += [name[1:-4], name[:-4]]  # Vim's swap: .X.swp (.swo, .swn …) for X or .X
+    out += [name[: -len(s)] for s in BACKUP_SUFFIXES if name.endswith(s) and len(name) > len(s)]
+    return out
 
 
 def _by_name(parent: str, name: str, is_dir: bool) -> Rule | None:
@@ -195,7 +203,7 @@ def _by_name(parent: str, name: str, is_dir: bool) -> Rule | None:
         return Rule("private key", Action.EMPTY)
     if parent == "credentials" and lower.endswith(".key"):  # Rails config/credentials/*.key
         return Rule("Rails credentials key", Action.EMPTY)
-    if lower.endswith((".pem", ".key")):
+    if lower.endswith((".pem", ".key", ".p8", ".pk8")):
         return Rule("private key", Action.EMPTY, needs_content=True)
     if lower.endswith((".p12", ".pfx")):
         return Rule("PKCS#12 key store", Action.EMPTY)
@@ -235,11 +243,16 @@ def holds_private_key(head: bytes) -> bool:
     return bool(re.search(rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----", head))
 
 
-# A key under an ordinary name (deploy_key, prod-sa.json, key.txt) is found by what it
-# holds: the first CONTENT_PROBE bytes of each file whose name says nothing (no
-# extension) or could be one (.txt, .json, .asc, .gpg, .ppk …) are searched, in C.
-CONTENT_PROBE = 4 << 10
-_PROBED_SUFFIXES = (".txt", ".json", ".asc", ".gpg", ".ppk", ".priv", ".cred", ".secret", ".sa")
+# A key under an ordinary name (deploy_key, prod-sa.json, key.txt, a VPN or WireGuard
+# config, a Kubernetes Secret's YAML) is found by what it holds: the first
+# CONTENT_PROBE bytes of each file whose name says nothing (no extension) or could be
+# one (.txt, .json, .asc, .gpg, .ppk, .conf, .yaml …) are searched, in C — as many as a
+# .pem's (a bundle puts its certificates first).
+CONTENT_PROBE = KEY_PROBE
+_PROBED_SUFFIXES = (
+    ".txt", ".json", ".asc", ".gpg", ".pgp", ".ppk", ".priv", ".cred", ".secret", ".sa",
+    ".ovpn", ".conf", ".cfg", ".ini", ".yaml", ".yml", ".toml", ".age", ".bak",
+)  # fmt: skip
 
 
 def probe_worthy(name: str) -> bool:
@@ -251,17 +264,74 @@ def probe_worthy(name: str) -> bool:
 
 def by_content(head: bytes) -> str | None:
     """What kind of key HEAD (a file's first bytes) is, whatever its name: a PEM private
-    key (OpenSSH's too), a PGP secret key, a PuTTY key, a cloud service account's JSON
-    (Google's: its type and private_key); or None."""
-    if holds_private_key(head):
+    key (OpenSSH's too, or base64 again as a Kubernetes Secret holds one), a PGP secret
+    key (armoured or binary), a PuTTY key, an age identity, a WireGuard private key, a
+    cloud service account's JSON (Google's: its type and private_key); or None."""
+    if holds_private_key(head) or _base64_pem(head):
         return "private key"
-    if b"-----BEGIN PGP PRIVATE KEY BLOCK-----" in head:
+    if b"-----BEGIN PGP PRIVATE KEY BLOCK-----" in head or _pgp_secret_packet(head):
         return "PGP private key"
     if head.startswith(b"PuTTY-User-Key-File-"):
         return "PuTTY private key"
+    if b"AGE-SECRET-KEY-1" in head:
+        return "age secret key"
+    if b"[Interface]" in head and _WG_KEY.search(head):
+        return "WireGuard private key"
     if b'"service_account"' in head and b'"private_key"' in head:
         return "cloud service account key"
     return None
+
+
+_WG_KEY = re.compile(rb"(?im)^[ \t]*PrivateKey[ \t]*=")
+_B64_BEGIN = b"LS0tLS1CRUdJTi"  # "-----BEGIN" in base64, from a 3-byte boundary
+_B64_MAX = 16  # occurrences looked at: a file of nothing else costs no more
+
+
+def _base64_pem(head: bytes) -> bool:
+    """A PEM private key base64-encoded again (a Secret's ``tls.key``, a kubeconfig's
+    ``client-key-data`` under another name): its first bytes decoded."""
+    import base64
+    import binascii
+
+    at = head.find(_B64_BEGIN)
+    for _ in range(_B64_MAX):
+        if at < 0:
+            return False
+        chunk = head[at : at + 64]
+        try:
+            if holds_private_key(base64.b64decode(chunk[: len(chunk) // 4 * 4])):
+                return True
+        except (binascii.Error, ValueError):
+            pass
+        at = head.find(_B64_BEGIN, at + 1)
+    return False
+
+
+def _pgp_secret_packet(head: bytes) -> bool:
+    """A binary OpenPGP secret key (``gpg --export-secret-keys``, RFC 9580): a first
+    packet of tag 5 or 7 (old or new format) whose body starts as a key's does —
+    version 3 to 6, then (from v4) four bytes of time and a public-key algorithm."""
+    if len(head) < 8:
+        return False
+    first = head[0]
+    if first & 0xC0 == 0xC0:  # new format: tag in the low 6 bits, then a length
+        tag, length_at = first & 0x3F, 1
+        size = 1 if head[1] < 192 else 2 if head[1] < 224 else 5
+    elif first & 0xC0 == 0x80:  # old format: tag in bits 5-2, length type in 1-0
+        tag, length_at = (first >> 2) & 0x0F, 1
+        size = (1, 2, 4, 0)[first & 0x03]
+    else:
+        return False
+    body = length_at + size
+    if tag not in (5, 7) or len(head) < body + 6:
+        return False
+    version = head[body]
+    if version == 3:
+        return True
+    return version in (4, 5, 6) and head[body + 5] in _PGP_ALGORITHMS
+
+
+_PGP_ALGORITHMS = frozenset((1, 2, 3, 16, 17, 18, 19, 20, 22, 25, 26, 27, 28))
 
 
 # --- scrubbing -------------------------------------------------------------------------
@@ -313,7 +383,8 @@ def _npm_name(line: bytes) -> bytes | None:
     if raw is None:
         return None
     name, _ = ini_unsafe(raw.decode("utf-8", "replace"))
-    return name.encode("utf-8", "replace") if name is not None else raw
+    key = name.encode("utf-8", "replace") if name is not None else raw
+    return key[:-2] if key.endswith(b"[]") else key  # ini: `key[]=` is the array `key`
 
 
 def _ini_key(line: bytes) -> bytes | None:
@@ -398,7 +469,24 @@ def scrub_yaml(data: bytes, secret: frozenset[str]) -> bytes:
             depth = len(m.group(1))
             continue
         out.append(line)
-    return _USERINFO.sub(rb"\1", b"".join(out))
+    return _no_flow_secret(_USERINFO.sub(rb"\1", b"".join(out)), secret)
+
+
+# A key inside a flow mapping (YAML's `user: {token: x}`, TOML's inline table
+# `corp = { index = "…", token = "x" }`), which the line scrubbers do not take apart.
+# Each attempt starts at a '{' or ',' and reads the name after it: the names read by
+# two attempts do not overlap (linear).
+_FLOW_KEY = re.compile(rb"""[{,][ \t]*+["']?([A-Za-z0-9_.-]++)["']?[ \t]*+[:=]""")
+
+
+def _no_flow_secret(data: bytes, secret: frozenset[str]) -> bytes:
+    """DATA, or nothing of it (covered empty) when a key of SECRET is left inside a
+    flow mapping: one line holds several keys, so no line can go alone."""
+    for m in _FLOW_KEY.finditer(data):
+        key = m.group(1).rsplit(b".", 1)[-1].lower().decode("latin-1")
+        if key in secret or key.startswith("pypi-token"):
+            return b""
+    return data
 
 
 def _json_shell(value: object, work: list[tuple[object, object]]) -> object:
@@ -557,7 +645,7 @@ def scrub_toml(data: bytes) -> bytes:
                     closing = quote
                 continue
         out.append(line)
-    return _USERINFO.sub(rb"\1", b"".join(out))
+    return _no_flow_secret(_USERINFO.sub(rb"\1", b"".join(out)), _TOML_SECRET)
 
 
 _COMPOSER_AUTH = frozenset(
@@ -745,7 +833,7 @@ def scrub_java_properties(data: bytes) -> bytes:
 # git send-email's SMTP password (a proxy's is a URL's userinfo: scrubbed as URLs are)
 _GIT_SECRETS = {
     b"http": (b"extraheader",),
-    b"credential": (b"username", b"password"),
+    b"credential": (b"username", b"password", b"helper"),  # a helper may be `!echo …`
     b"sendemail": (b"smtppass",),
 }
 

@@ -172,12 +172,25 @@ MORE = {
     "gradle.properties": f"org.gradle.jvmargs=-Xmx1g\nossrh\\\n  Password={SECRET}\n",
     "android/keystore.properties": f"storeFile=r.jks\nstorePassword={SECRET}\n",
     "android/release.jks": SECRET,
+    # a second attack round (issue 31): npm's ini array, flow mappings, a helper that
+    # prints the password, a Vim swap of a covered file, cookiecutter's .envs, Rails'
+    # secrets.yml, an App Store Connect key
+    "web/.npmrc": f"//npm.internal.example/:_authToken[]={SECRET}\n",
+    "k8s/.kube/config": f"users:\n- name: dev\n  user: {{token: {SECRET}}}\n",
+    "crate/.cargo/config.toml": f'[registries]\ncorp = {{ index = "sparse+https://c.example/", token = "{SECRET}" }}\n',
+    "sub/.git-credentials": f"https://u:{SECRET}@git.example\n",
+    ".credentials.json.swp": json.dumps({"private_key": SECRET}),
+    ".envs/.production/.django": f"DJANGO_SECRET_KEY={SECRET}\n",
+    "rails/config/secrets.yml": f"production:\n  secret_key_base: {SECRET}\n",
+    "ios/AuthKey_7Q2X.p8": PEM.replace("OPENSSH ", ""),
 }
 
 
 def test_every_ecosystem_and_includes_in_one_run(boxy: Boxy, user: User, workdir: Path) -> None:
     repo = init_repo(user, workdir)
     git(user, repo, "config", "--add", "include.path", "../ci/auth.inc")
+    helper = f"!f() {{ echo username=x; echo password={SECRET}; }}; f"  # as CI scripts write
+    git(user, repo, "config", "credential.helper", helper)
     for rel, text in {**FILES, **MORE}.items():
         (repo / rel).parent.mkdir(parents=True, exist_ok=True)
         (repo / rel).write_text(text)
@@ -191,7 +204,11 @@ def test_every_ecosystem_and_includes_in_one_run(boxy: Boxy, user: User, workdir
     assert "ESCAPED" not in r.stdout.decode(), describe(r)
     assert r.returncode == 0, describe(r)
     err = r.stderr.decode()
-    dirs = {".azure/accessTokens.json": ".azure", ".config/gcloud/credentials.db": ".config/gcloud"}
+    dirs = {
+        ".azure/accessTokens.json": ".azure",
+        ".config/gcloud/credentials.db": ".config/gcloud",
+        ".envs/.production/.django": ".envs",
+    }
     for rel in MORE:
         said = dirs.get(rel, rel)
         assert f"{repo}/{said}:" in err, f"{said} not said under -v\n{describe(r)}"

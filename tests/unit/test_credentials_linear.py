@@ -312,9 +312,7 @@ def scrub_git_config(data: bytes) -> bytes:
 
 
 def _git_secret(section: bytes, key: bytes) -> bool:
-    return (section == b"http" and key == b"extraheader") or (
-        section == b"credential" and key in (b"username", b"password")
-    )
+    return c._git_secret(section, key)  # the table is today's: the walk is the oracle
 
 
 # --- what is compared: every scrubber, new and old -----------------------------------
@@ -339,6 +337,11 @@ NAMES = [
 LINEAR_ONLY = ["scrub_java_properties"]
 NEW: dict[str, Callable[[bytes], bytes]] = {n: getattr(c, n) for n in NAMES + LINEAR_ONLY}
 OLD: dict[str, Callable[[bytes], bytes]] = {n: globals()[n] for n in NAMES}
+# a check added after the linear rewrite, the same in both: what a flow mapping holds
+FLOW = {"scrub_kubeconfig": c._KUBE_SECRET_KEYS, "scrub_yarnrc": c._YARN_SECRET_KEYS,
+        "scrub_toml": c._TOML_SECRET}  # fmt: skip
+for _name, _keys in FLOW.items():
+    OLD[_name] = lambda d, f=OLD[_name], k=_keys: c._no_flow_secret(f(d), k)
 
 
 def test_every_scrubber_is_here() -> None:

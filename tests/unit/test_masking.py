@@ -238,3 +238,54 @@ def test_keys_the_real_tools_generate_are_found_under_random_names(tmp_path: Pat
     for src in made:
         (work / (secrets.token_hex(5) + ".txt")).write_bytes(src.read_bytes())
     assert len(found(work)) == len(made)
+
+
+def _gpg_secret_key(home: Path) -> bytes:
+    """A real OpenPGP secret key, exported binary as `gpg --export-secret-keys` does
+    (gnupg: installed by `make setup`)."""
+    home.mkdir(mode=0o700)
+    gpg = ["gpg", "--homedir", str(home), "--batch", "--pinentry-mode", "loopback"]
+    subprocess.run(
+        [*gpg, "--passphrase", "", "--quick-gen-key", "t@example", "ed25519", "sign", "never"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    out = subprocess.run([*gpg, "--export-secret-keys"], check=True, capture_output=True).stdout
+    subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "all"], capture_output=True)
+    return out
+
+
+def test_more_formats_under_any_name(tmp_path: Path) -> None:
+    """A second attack round (issue 31): a binary OpenPGP secret key, a PEM key base64
+    again in a Kubernetes Secret, a bundle whose key comes after 4 KiB of certificates,
+    an App Store Connect .p8, an OpenVPN profile with its key inline, a WireGuard
+    config, an age identity: each found by what it holds."""
+    ec = subprocess.run(
+        ["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"],
+        check=True, capture_output=True,
+    ).stdout  # fmt: skip
+    import base64
+
+    wg = base64.b64encode(os.urandom(32))
+    work = tmp_path / "w"
+    files = {
+        "signing-key.gpg": _gpg_secret_key(tmp_path / "gnupg"),
+        "deploy/tls-secret.yaml": b"apiVersion: v1\nkind: Secret\ndata:\n  tls.key: "
+        + base64.b64encode(ec)
+        + b"\n",
+        "server_bundle": b"# chain\n" * 600 + ec,
+        "AuthKey_7Q2X.p8": ec,
+        "vpn/client.ovpn": b"client\nremote vpn.example 1194\n<key>\n" + ec + b"</key>\n",
+        "wg0.conf": b"[Interface]\nAddress = 10.0.0.2/32\nPrivateKey = " + wg + b"\n",
+        "keys.txt": b"# created: 2026-01-01\n# public key: age1qqq\nAGE-SECRET-KEY-1"
+        + b"Q" * 58
+        + b"\n",
+    }
+    for rel, data in files.items():
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_bytes(data)
+    assert len(files["server_bundle"]) - len(ec) > 4096
+    # what only looks like one: not covered
+    (work / "notes.yaml").write_text("private: false\nkey: value\n")
+    (work / "nginx.conf").write_text("server { listen 80; }\n")
+    got = found(work)
+    assert set(got) == set(files), got

@@ -57,6 +57,9 @@ class Judge(Enum):
     # a version file: only while it names a path (a program of its own choosing), not
     # a version among those installed (`uv init`, `pyenv local` write those)
     PATH = "path"
+    # a directory on the way to a PATHS entry: only while it is a symlink (to the
+    # payload's directory, which the tool would read as its own: LINKS)
+    SYMLINK = "symlink"
 
 
 @dataclass(frozen=True)
@@ -278,6 +281,20 @@ SUFFIXES: dict[str, Held] = {
 SKIP_DIRS = frozenset({"node_modules", ".git"})
 _LONGEST = max(len(k) for k in PATHS)
 
+# What a symlink may stand in for: each directory on the way to a PATHS entry (`.cargo`
+# for .cargo/config.toml; `gradle` and `gradle/wrapper`), by the path's last parts.
+LINKS: dict[tuple[str, ...], Held] = {}
+for _key, _held_path in PATHS.items():
+    for _n in range(1, len(_key)):
+        LINKS.setdefault(
+            _key[:_n],
+            Held(
+                _held_path.tool,
+                f"would read {'/'.join(_key)} through it (a symlink in place of a directory)",
+                Judge.SYMLINK,
+            ),
+        )
+
 
 def match(rel: str) -> Held | None:
     """What holds the entry REL of a writable tree itself (not through a held directory
@@ -299,6 +316,19 @@ def match(rel: str) -> Held | None:
     return None
 
 
+def as_link(rel: str) -> Held | None:
+    """What holds the entry REL when it is a symlink: one in place of a directory on
+    the way to a PATHS entry (LINKS), or None."""
+    parts = rel.split("/")
+    if not parts[-1] or not SKIP_DIRS.isdisjoint(parts):
+        return None
+    for n in range(1, min(_LONGEST, len(parts)) + 1):
+        held = LINKS.get(tuple(parts[-n:]))
+        if held is not None:
+            return held
+    return None
+
+
 def held_above(rel: str) -> str | None:
     """The nearest strict ancestor of REL that is held (a held directory holds all
     beneath it), or None."""
@@ -310,16 +340,18 @@ def held_above(rel: str) -> str | None:
     return None
 
 
-def held_as(rel: str, via: str = "") -> tuple[Held, str] | None:
+def held_as(rel: str, via: str = "", *, link: bool = False) -> tuple[Held, str] | None:
     """What holds the entry REL (reached VIA a held entry, when it was: the target of a
-    held symlink, another name of a held file), and the name it is judged as (a
-    package manager's config keeps its tool's name), or None."""
-    held = match(rel)
+    held symlink, another name of a held file; LINK: REL is a symlink), and the name it
+    is judged as (a package manager's config keeps its tool's name), or None."""
+    held = match(rel) or (as_link(rel) if link else None)
     if held is not None:
         return held, rel.rpartition("/")[2]
     if not via:
         return None
-    held = match(held_above(via) or via)
+    held = match(held_above(via) or via) or as_link(via)
+    if held is not None and held.judge is Judge.SYMLINK:  # what the symlink led to
+        held = Held(held.tool, held.runs)
     return (held, via.rpartition("/")[2]) if held is not None else None
 
 

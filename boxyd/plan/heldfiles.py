@@ -29,6 +29,7 @@ HELD_MAX = 1024  # held entries one tree may have pinned (each is a mount)
 _CANDIDATES = frozenset(
     {*hostrun.NAMES, *(p[-1] for p in hostrun.PATHS)},
 )
+_LINK_NAMES = frozenset(p[-1] for p in hostrun.LINKS)
 
 
 # what makes a version file name a program rather than a version: a path, a home, or
@@ -76,9 +77,12 @@ class Finder:
         joined = "\0".join(entries) + "\0"  # a search in C before any test per name
         if any(s + "\0" in joined for s in hostrun.SUFFIXES):
             names |= {n for n in entries if n.endswith(tuple(hostrun.SUFFIXES))}
+        links = entries.keys() & _LINK_NAMES  # `.cargo`, `gradle`: held as symlinks only
+        names |= {n for n in links if entries[n] == "symlink"}
         for name in sorted(names):
             path = discover.join(rel, name)
-            if hostrun.match(path) is None or hostrun.held_above(path) is not None:
+            link = entries[name] == "symlink"
+            if hostrun.held_as(path, link=link) is None or hostrun.held_above(path) is not None:
                 continue
             self._add(dir_fd, name, path, entries[name])
 
@@ -164,6 +168,9 @@ def _obeyed(pfd: int, name: str, held: Held, judged_as: str) -> str | None:
     name its tool knows it by."""
     if held.judge is Judge.ANY:
         return held.why()
+    if held.judge is Judge.SYMLINK:
+        is_link = stat.S_ISLNK(os.stat(name, dir_fd=pfd, follow_symlinks=False).st_mode)
+        return held.why() if is_link else None
     data = discover.read_head(pfd, name, READ_MAX + 1)
     if data is None:  # not a regular file where a config belongs: held whatever it is
         return held.why()
@@ -250,7 +257,8 @@ def after(
     for rel in sorted(now, key=lambda r: r.split("/")):
         old, new = before.get(rel), now[rel]
         made = _made(old, new)
-        got = hostrun.held_as(rel, old.via if old is not None else "") if made else None
+        via = old.via if old is not None else ""
+        got = hostrun.held_as(rel, via, link=new.type == "symlink") if made else None
         if got is None:
             continue
         if hostrun.edited(old.via if old is not None and old.via else rel, edit):

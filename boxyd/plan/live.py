@@ -276,7 +276,7 @@ def on_change(w: Watched, dir_rel: str, name: str, is_dir: bool) -> Redo | None:
     parent = dir_rel.rpartition("/")[2]
     if skipped(dir_rel):
         return None
-    held = _held(w, rel)
+    held = _held(w, rel, is_dir)
     rule = None if _revealed(w, rel) else credentials.rule_for(parent, name, is_dir)
     if rule is None and w.secrets and not _revealed(w, rel):
         rule = credentials.user_rule(w.secrets, rel, is_dir)
@@ -285,11 +285,12 @@ def on_change(w: Watched, dir_rel: str, name: str, is_dir: bool) -> Redo | None:
     return Redo(rel, rule=rule) if rule is not None else None
 
 
-def _held(w: Watched, rel: str) -> tuple[str, Held] | None:
+def _held(w: Watched, rel: str, is_dir: bool) -> tuple[str, Held] | None:
     """The held entry the new entry REL makes (itself, or the held directory it lies in
-    when that is not pinned: the payload made that too), or None: not held, pinned
-    (a change beneath a pinned directory is the host's: the payload cannot write
-    there), or left to the run by --edit-config."""
+    when that is not pinned: the payload made that too; a non-directory that may be a
+    symlink in place of a directory a tool reads, hostrun.LINKS), or None: not held,
+    pinned (a change beneath a pinned directory is the host's: the payload cannot
+    write there), or left to the run by --edit-config."""
     via = w.absent.get(rel)
     if via is not None:  # where a held symlink leads, made now
         got = hostrun.held_as(rel, via)
@@ -299,6 +300,8 @@ def _held(w: Watched, rel: str) -> tuple[str, Held] | None:
         return None
     top = above if above is not None else rel
     held = hostrun.match(top)
+    if held is None and above is None and not is_dir:  # judged by its type when held
+        held = hostrun.as_link(rel)
     if held is None or hostrun.edited(top, w.edit):
         return None
     return top, held

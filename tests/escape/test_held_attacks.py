@@ -171,6 +171,54 @@ time.sleep(1)
     assert not envrc.exists() or envrc.read_text() == "export X=1\n", describe(r)
 
 
+# a second attack round (issue 31): the held path reached through a symlinked parent —
+# `.cargo` a symlink to a directory of the payload's, whose config.toml cargo reads as
+# .cargo/config.toml (cargo ran the payload's rustc-wrapper on the host)
+LINKED_PARENT = """
+os.makedirs("docs/build-notes")
+open("docs/build-notes/config.toml", "w").write('[build]\\nrustc-wrapper = "./w.sh"\\n')
+os.symlink("docs/build-notes", ".cargo")
+os.makedirs("gradle-stuff/wrapper")
+open("gradle-stuff/wrapper/gradle-wrapper.properties", "w").write("distributionUrl=x\\n")
+os.symlink("gradle-stuff", "gradle")
+os.makedirs("sub/gradle")
+os.symlink("../../gradle-stuff/wrapper", "sub/gradle/wrapper")
+time.sleep(1)
+tried("linked", "done")
+"""
+
+
+@pytest.mark.parametrize("when", ["live", "after"])
+def test_a_held_path_through_a_symlinked_parent_is_held(
+    boxy: Boxy, user: User, workdir: Path, when: str
+) -> None:
+    code = LINKED_PARENT if when == "live" else LINKED_PARENT + "\nos._exit(0)\n"
+    r = run_py(boxy, code)
+    for link in (".cargo", "gradle", "sub/gradle/wrapper"):
+        assert not (workdir / link).is_symlink(), f"{link} left\n{describe(r)}"
+    assert "would read .cargo/config.toml through it" in r.stderr.decode(), describe(r)
+
+
+def test_a_users_symlinked_parent_leads_to_a_held_directory(
+    boxy: Boxy, user: User, workdir: Path
+) -> None:
+    """The user's own `.cargo -> shared/cargo` (a monorepo's): what it leads to is
+    pinned, as a held symlink's target is."""
+    (workdir / "shared/cargo").mkdir(parents=True)
+    (workdir / "shared/cargo/config.toml").write_text("[build]\njobs = 2\n")
+    os.symlink("shared/cargo", workdir / ".cargo")
+    user.chown(workdir)
+    r = run_py(
+        boxy,
+        """
+write("through-link", ".cargo/config.toml", b'[build]\\nrustc-wrapper = "./w.sh"\\n')
+write("target", "shared/cargo/config.toml", b'[build]\\nrustc-wrapper = "./w.sh"\\n')
+""",
+    )
+    assert (workdir / "shared/cargo/config.toml").read_text() == "[build]\njobs = 2\n", describe(r)
+    assert (workdir / ".cargo").is_symlink(), describe(r)
+
+
 def test_a_write_through_a_hard_link_is_judged_during_the_run(
     boxy: Boxy, user: User, workdir: Path
 ) -> None:

@@ -114,3 +114,31 @@ def test_the_skipped_directories_are_the_credentials_own() -> None:
 def test_every_member_says_who_obeys_it_and_how() -> None:
     for held in [*hostrun.NAMES.values(), *hostrun.PATHS.values(), *hostrun.SUFFIXES.values()]:
         assert held.tool and held.runs and held.why().startswith(held.tool)
+
+
+@pytest.mark.parametrize(
+    "rel",
+    [".cargo", "a/.cargo", "gradle", "gradle/wrapper", "x/gradle/wrapper", ".config", "mise",
+     ".bundle", "tools", ".yarn", ".github"],
+)  # fmt: skip
+def test_every_directory_on_the_way_to_a_held_path_is_held_as_a_symlink(rel: str) -> None:
+    held = hostrun.as_link(rel)
+    assert held is not None and held.judge is hostrun.Judge.SYMLINK, rel
+    assert hostrun.match(rel) is None  # a real directory of that name is not held whole
+
+
+def test_the_links_table_is_every_prefix_of_every_path() -> None:
+    prefixes = {k[:n] for k in hostrun.PATHS for n in range(1, len(k))}
+    assert set(hostrun.LINKS) == prefixes
+
+
+@pytest.mark.parametrize("rel", ["docs", "node_modules/.cargo", ".git/gradle", "wrapper", "cargo"])
+def test_other_symlinks_are_not_held(rel: str) -> None:
+    assert hostrun.as_link(rel) is None
+
+
+def test_what_a_held_symlink_leads_to_is_held_whole() -> None:
+    got = hostrun.held_as("docs/build-notes", ".cargo")
+    assert got is not None and got[0].judge is hostrun.Judge.ANY
+    assert hostrun.held_as(".cargo", link=True) is not None
+    assert hostrun.held_as(".cargo") is None

@@ -26,11 +26,13 @@ def _exec(job: Job) -> list[list[str]]:
 
 
 # package.json's keys that run something: npm's scripts and config (its values reach
-# the scripts), and what git hook managers read at each commit (husky 4, simple-git-hooks,
-# lint-staged, pre-commit, yorkie's gitHooks; ghooks lives under config)
+# the scripts), its bin (the commands an install links onto PATH: a global one shadows
+# the user's), and what git hook managers read at each commit (husky 4,
+# simple-git-hooks, lint-staged, pre-commit, yorkie's gitHooks; ghooks lives under config)
 RUN_KEYS = (
     "scripts",
     "config",
+    "bin",
     "husky",
     "simple-git-hooks",
     "lint-staged",

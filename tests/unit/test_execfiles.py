@@ -34,7 +34,15 @@ def test_package_json_scripts_and_hook_keys_only(tmp_path: Path) -> None:
         "changed the scripts or hook keys of /w/package.json (npm runs its scripts, and git "
         "hook managers the commands it names): review it before your tools run it"
     ]
-    for key in ("husky", "simple-git-hooks", "lint-staged", "pre-commit", "gitHooks", "config"):
+    for key in (
+        "husky",
+        "simple-git-hooks",
+        "lint-staged",
+        "pre-commit",
+        "gitHooks",
+        "config",
+        "bin",
+    ):
         pkg.write_text(json.dumps({"name": "x", "scripts": {"test": "true"}, key: {"a": "sh"}}))
         assert len(changes(before, seen(tmp_path), "/w")) == 1, key
 

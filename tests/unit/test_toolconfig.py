@@ -18,6 +18,7 @@ TRIGGER = {
     "enablehardenedmode": "false",
     "checksumbehavior": "ignore",
     "keyringprovider": "subprocess",
+    "location": "global",
 }
 
 
@@ -86,6 +87,16 @@ def test_harmless_settings(name: str, data: bytes) -> None:
         (".npmrc", b"${KEY}=--require=x\n", ["${KEY}"]),
         (".npmrc", b"node_options=x\nNODE-OPTIONS=y\n", ["node_options", "NODE-OPTIONS"]),
         (".npmrc", b"node-options=a\nnode-options=b\n", ["node-options"]),  # each key once
+        # a second attack round (issue 31): a global install shadows the user's git; a
+        # CA and a proxy of the payload's forge the registry's packages
+        (".npmrc", b"global=true\nlocation=global\nlocation=project\n", ["global", "location"]),
+        (
+            ".npmrc",
+            b"cafile=.certs/ca.pem\nhttps-proxy=http://127.0.0.1:1\n",
+            ["cafile", "https-proxy"],
+        ),
+        (".yarnrc.yml", b"httpsProxy: http://127.0.0.1:1\n", ["httpsProxy"]),
+        ("pip.conf", b"[global]\nproxy = http://127.0.0.1:1\n", ["proxy"]),
         # yarn classic: quoted keys, command-scoped flags
         (".yarnrc", b'"yarn-path" ".yarn/releases/y.cjs"\n', ["yarn-path"]),
         (

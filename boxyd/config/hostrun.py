@@ -117,6 +117,18 @@ NAMES: dict[str, Held] = {
         "kilo.json",
         "kilo.jsonc",
     ),
+    **_held("Crush", "starts its MCP and language servers", "crush.json", ".crush.json", ".crush"),
+    **_held(
+        "agent harnesses",
+        "start the MCP servers and run the hooks they name",
+        ".junie",
+        ".factory",
+        ".augment",
+        ".trae",
+        ".qoder",
+        ".iflow",
+        ".amp",
+    ),
     # editors
     **_held("Zed", "runs its tasks and language servers", ".zed"),
     **_held("Helix", "runs the language servers and formatters it names", ".helix"),
@@ -140,6 +152,13 @@ NAMES: dict[str, Held] = {
         ".lvimrc",
     ),
     **_held("Emacs", "evaluates its local variables", ".dir-locals.el", ".dir-locals-2.el"),
+    **_held("Neovim (lazy.nvim)", "runs it as a local spec", ".lazy.lua"),
+    **_held("Theia", "runs its tasks and launch configurations", ".theia"),
+    **_held("Kate", "runs the build commands it names", ".kateproject"),
+    **_held("Eclipse", "runs its external tool builders", ".externalToolBuilders"),
+    **_held("rust-analyzer", "runs the commands its settings name", "rust-analyzer.toml"),
+    **_held("Haskell's language server", "runs its cradle's program on open", "hie.yaml"),
+    **_held("build-server clients (Metals, IntelliJ)", "start the argv it names", ".bsp"),
     # environment loaders and version files
     **_held("direnv", "runs it when you enter the directory", ".envrc"),
     **_held("autoenv", "runs it when you leave the directory", ".env.leave"),
@@ -166,9 +185,22 @@ NAMES: dict[str, Held] = {
             ".sdkmanrc",
             "rust-toolchain",
             "rust-toolchain.toml",
+            ".bazelversion",  # `fork/version`: Bazelisk downloads the fork's
+            ".pdm-python",
+            "global.json",  # .NET's sdk.paths
         )
     },
     **_held("devbox", "runs its init_hook", "devbox.json"),
+    **_held(
+        "rbenv-vars and nodenv-vars",
+        "put it into every command's environment",
+        ".rbenv-vars",
+        ".nodenv-vars",
+    ),  # fmt: skip
+    **_held("RVM", "runs it (and its env-*) on cd", ".rvmrc", ".versions.conf"),
+    **_held("Shadowenv", "runs its programs on cd", ".shadowenv.d"),
+    **_held("proto", "installs from the plugins it names", ".prototools"),
+    **_held("cabal", "builds with the compiler it names", "cabal.project.local"),
     # git hook managers (the hooks installed in .git/hooks read these at each commit)
     **_held(
         "husky",
@@ -177,7 +209,22 @@ NAMES: dict[str, Held] = {
         ".huskyrc",
         *(f".huskyrc.{ext}" for ext in ("json", "js", "cjs", "yaml", "yml")),
     ),
-    **_held("pre-commit", "runs the hooks it names at each commit", ".pre-commit-config.yaml"),
+    **_held(
+        "pre-commit",
+        "runs the hooks it names at each commit",
+        ".pre-commit-config.yaml",
+        ".pre-commit-config.yml",
+    ),
+    **_held("hk", "runs the hooks it names at each commit", "hk.pkl", "hk.local.pkl"),
+    **_held("CaptainHook", "runs the actions it names at each commit", "captainhook.json"),
+    **_held("GrumPHP", "runs its tasks at each commit", "grumphp.yml", "grumphp.yml.dist"),
+    **_held("rusty-hook", "runs its hooks at each commit", ".rusty-hook.toml", "rusty-hook.toml"),
+    **_held(
+        "nano-staged",
+        "runs the commands it names at each commit",
+        *(f".nano-staged.{ext}" for ext in ("json", "js", "cjs", "mjs")),
+        *(f"nano-staged.{ext}" for ext in ("json", "js", "cjs", "mjs")),
+    ),
     **_held(
         "lefthook",
         "runs the commands it names at each commit",
@@ -244,6 +291,16 @@ NAMES: dict[str, Held] = {
     **_held("Bazel", "takes its options (and Bazelisk its download URL) from it", ".bazelrc"),
     **_held("Bazelisk", "downloads the Bazel it names", ".bazeliskrc"),
     **_held("pdb", "runs its commands at every start", ".pdbrc"),
+    # interactive consoles and debuggers that run a file of the current directory
+    **_held("the Perl debugger", "runs it at every start", ".perldb"),
+    **_held("IEx", "evaluates it at every start", ".iex.exs"),
+    **_held("GHCi", "runs it at every start", ".ghci"),
+    **_held("R", "runs it (and takes its environment) at every start", ".Rprofile", ".Renviron"),
+    **_held("Octave", "runs it at every start", ".octaverc"),
+    **_held("irb and Pry", "run it at every start", ".irbrc", ".pryrc"),
+    **_held(
+        "sbt and Mill", "pass it to the JVM or run it", ".sbtrc", ".mill-jvm-opts", ".mill-opts"
+    ),
 }
 
 # by the path's last parts, at any depth
@@ -267,6 +324,9 @@ PATHS: dict[tuple[str, ...], Held] = {
             "gradle/wrapper/gradle-wrapper.properties": Held(
                 "the Gradle wrapper", "downloads and runs the distribution it names"
             ),
+            "gradle/gradle-daemon-jvm.properties": Held(
+                "Gradle", "downloads and runs the JVM it names"
+            ),
         }.items()
     },
 }
@@ -274,6 +334,7 @@ PATHS: dict[tuple[str, ...], Held] = {
 # by the name's ending, at any depth
 SUFFIXES: dict[str, Held] = {
     ".code-workspace": Held("VS Code", "runs its tasks and the programs its settings name"),
+    ".sublime-project": Held("Sublime Text", "runs its build systems"),
 }
 
 # node_modules is an install's output (README: what this does not cover); .git is the

@@ -32,9 +32,10 @@ _CANDIDATES = frozenset(
 _LINK_NAMES = frozenset(p[-1] for p in hostrun.LINKS)
 
 
-# what makes a version file name a program rather than a version: a path, a home, or
-# a key saying so (asdf's `path:` versions, rustup's `path = `)
-_PATHLIKE = (b"/", b"\\", b"~", b"path")
+# what makes a version file name a program rather than a version: a path, a home, a
+# key saying so (asdf's `path:` versions, rustup's `path = `), or a backend that
+# installs from a registry (mise's `npm:pkg`, `cargo:crate` in .tool-versions)
+_PATHLIKE = (b"/", b"\\", b"~", b"path", b":")
 
 
 Kind = Literal["file", "dir", "symlink", "other", "absent"]

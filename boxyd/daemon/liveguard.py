@@ -72,6 +72,9 @@ SAID_MAX = 16  # lines of what the guard could not do, in a run's outcome
 SWEEP_EVERY = 0.1  # seconds from a directory's new entry to the look for sockets in it
 SOCKETS_EVERY = 0.25  # seconds between looks at the host's bound sockets (/proc/net/unix)
 GIT_EVERY = 2.0  # seconds between git checks while the trees change
+# ... at most a tenth of the time, but never further apart than this: the window of a
+# plant no event tells of (a write through mmap) is this plus the check's own time
+GIT_EVERY_MAX = 4.0
 GIT_BURST = 2.0  # seconds of git checks a session may run back to back
 GIT_SHARE = 0.5  # ... and then this share of the time
 
@@ -349,8 +352,8 @@ class LiveGuard:
     async def _periodic(self) -> None:
         """What no event of a watched directory tells of: once a change git reads came
         in the session, a git check every GIT_EVERY (a repository made where nothing
-        is watched, a config written through a hard link: no event follows either),
-        at most a tenth of the time; and the host's sockets bound in the trees
+        is watched, a config written through a hard link or a shared mmap: no event
+        follows), at most a tenth of the time but at least every GIT_EVERY_MAX; and the host's sockets bound in the trees
         (/proc/net/unix: node_modules and .git are not watched) every SOCKETS_EVERY."""
         git_at = time.monotonic()
         while self.stopped is None and self._fd >= 0:
@@ -360,7 +363,7 @@ class LiveGuard:
                 if (redo := live.socket_redo(self._trees[root], parent, name)) is not None:
                     self._spawn(self._trees[root], redo, time.monotonic())
             now = time.monotonic()
-            due = now - git_at >= max(GIT_EVERY, 10 * self._git_last)
+            due = now - git_at >= min(GIT_EVERY_MAX, max(GIT_EVERY, 10 * self._git_last))
             if due and self._git_touched:
                 git_at = now
                 self._git_soon()

@@ -468,6 +468,24 @@ class LiveGuard:
             w.root,
         )
         await self._settle(covered, w.root, redo.rel, "covered")
+        if found.kind == masking.SOCKET.kind:
+            await self._socket_links(w, redo.rel, since)
+
+    async def _socket_links(self, w: Watched, rel: str, since: float) -> None:
+        """A socket just covered whose other names (hard links the payload made in the
+        moment before) lead to it still: each covered as well; names outside the tree
+        (another tree on its filesystem) cannot be, and stop the session. A name once
+        covered is a mount point, and link() from it fails (EXDEV)."""
+        others, nlink = await pools.run(pools.LIVE, masking.socket_names, w.root, rel)
+        for other in others:
+            parent, _, name = other.rpartition("/")
+            if (redo := live.socket_redo(w, parent, name)) is not None:
+                self._spawn(w, redo, since)
+        if nlink > 1 + len(others):
+            self.fail(
+                f"{os.path.join(w.root, rel)}: a unix socket with {nlink} names, "
+                f"{nlink - 1 - len(others)} of them outside the tree (not coverable)"
+            )
 
     async def _hold(self, w: Watched, redo: Redo) -> bool:
         """A held file the payload made (plan/hostrun.py), moved to the quarantine; its

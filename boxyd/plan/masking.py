@@ -169,8 +169,9 @@ class Finder:
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             except OSError:
                 continue
-            if stat.S_ISSOCK(st.st_mode):
-                self._add(discover.join(rel, name), socket_found(discover.join(rel, name)))
+            if stat.S_ISSOCK(st.st_mode):  # (its other names: links())
+                path = discover.join(rel, name)
+                self._add(path, socket_found(path), dir_fd=dir_fd, name=name)
 
     def _link(self, dir_fd: int, rel: str, parent: str, name: str) -> None:
         rule = credentials.rule_for(parent, name, False) or credentials.rule_for(parent, name, True)
@@ -229,7 +230,7 @@ class Finder:
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         except OSError:
             return
-        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+        if (stat.S_ISREG(st.st_mode) or stat.S_ISSOCK(st.st_mode)) and st.st_nlink > 1:
             self.linked.setdefault((st.st_dev, st.st_ino), Linked(rel, st.st_nlink, []))
             self.d_ino_ok = self.d_ino_ok and _listed_ino(dir_fd, name) == st.st_ino
 
@@ -279,6 +280,32 @@ def socket_found(rel: str) -> Found:
     return Found(rel, SOCKET.kind, SOCKET.action, False, b"", note="connections are refused")
 
 
+def socket_names(root: str, rel: str) -> tuple[list[str], int]:
+    """The other names in the tree ROOT of the socket at REL (a hard link the payload
+    made in the moment before its stand-in: connect() goes through any name), and its
+    link count (0: gone, or not a socket)."""
+    parent, _, name = rel.rpartition("/")
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return [], 0
+    try:
+        pfd = discover.open_dir(root_fd, parent)
+        try:
+            st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+        finally:
+            os.close(pfd)
+        if not stat.S_ISSOCK(st.st_mode) or st.st_nlink < 2:
+            return [], st.st_nlink if stat.S_ISSOCK(st.st_mode) else 0
+        wanted = {(st.st_dev, st.st_ino): Linked(rel, st.st_nlink, [])}
+        search_links(root_fd, wanted, stat_all=True, limit=discover.MAX_DIRS)
+        return [n for n in wanted[(st.st_dev, st.st_ino)].names if n != rel], st.st_nlink
+    except OSError:
+        return [], 0
+    finally:
+        os.close(root_fd)
+
+
 def _listed_ino(dir_fd: int, name: str) -> int:
     """The inode number NAME's directory listing holds (d_ino)."""
     with os.scandir(dir_fd) as it:
@@ -308,7 +335,7 @@ def search_links(
                 for e in it:
                     if e.is_dir(follow_symlinks=False):
                         subdirs.append(e.name)
-                    elif (stat_all or e.inode() in inos) and e.is_file(follow_symlinks=False):
+                    elif (stat_all or e.inode() in inos) and not e.is_symlink():
                         left -= _match(fd, e.name, discover.join(rel, e.name), wanted)
         except OSError:
             pass
@@ -340,7 +367,7 @@ def _match(fd: int, name: str, rel: str, wanted: Mapping[tuple[int, int], Linked
     except OSError:
         return 0
     link = wanted.get((st.st_dev, st.st_ino))
-    if link is None or not stat.S_ISREG(st.st_mode):
+    if link is None or not (stat.S_ISREG(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
         return 0
     link.names.append(rel)
     return 1

@@ -118,3 +118,51 @@ def test_a_host_socket_made_during_the_session(
         stop(proc)
         if server is not None:
             stop(server)
+
+
+# a second attack round (issue 31): a hard link to the host's socket made in the moment
+# before its stand-in, under a name of the payload's; connect() through the link went
+# on for the rest of the run. Every name of the socket is covered, as the first is.
+LINKER = r"""
+import threading
+def _link(src=sys.argv[1].split(",")[0], dst=sys.argv[1].split(",")[1]):
+    end = time.time() + float(sys.argv[2])
+    while time.time() < end:
+        try:
+            os.link(src, dst)
+            tried("linked", f"{time.time():.3f}")
+            return
+        except OSError:
+            pass
+threading.Thread(target=_link, daemon=True).start()
+"""
+
+
+def test_a_hard_link_made_in_the_window_is_covered_too(
+    boxy: Boxy, user: User, workdir: Path
+) -> None:
+    for d in ("sub", "node_modules"):  # the link where nothing is watched
+        (workdir / d).mkdir()
+        user.chown(workdir / d)
+    write_payload(boxy, LINKER + CONNECT)
+    proc = spawn(
+        user,
+        boxy_argv(cmd=["python3", "payload.py", "sub/x.sock,node_modules/.hl", "5"]),
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    server = None
+    try:
+        wait_for(lambda: (workdir / "READY").exists(), 30, "the session")
+        time.sleep(0.5)  # the guard watches
+        server = spawn(user, [HOST_PY, "-c", SERVER, "plain", str(workdir / "sub/x.sock"), ""])
+        out, err = proc.communicate(timeout=60)
+        text = out.decode()
+        print(text)
+        assert "TRIED linked " in text, text + err.decode()  # the link was made
+        assert "ESCAPED" not in text, text + err.decode()
+    finally:
+        stop(proc)
+        if server is not None:
+            stop(server)

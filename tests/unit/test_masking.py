@@ -175,6 +175,23 @@ def test_a_unix_socket_anywhere_is_covered(tmp_path: Path) -> None:
     assert got["wd.sock"].kind == "unix socket" and got["wd.sock"].content == b""
 
 
+def test_every_name_of_a_socket_is_covered(tmp_path: Path) -> None:
+    """A socket's other names lead to it as well (connect() goes by the inode)."""
+    import socket
+
+    (tmp_path / "deep/er").mkdir(parents=True)
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(tmp_path / "wd.sock"))
+    try:
+        os.link(tmp_path / "wd.sock", tmp_path / "deep/er/other")
+        got = found(tmp_path)
+        names, nlink = masking.socket_names(str(tmp_path), "wd.sock")
+    finally:
+        s.close()
+    assert set(got) == {"wd.sock", "deep/er/other"}, got
+    assert (names, nlink) == (["deep/er/other"], 2)
+
+
 # keys in their real formats (the headers and shapes their tools write), under names
 # that say nothing: found by what they hold
 CORPUS = {

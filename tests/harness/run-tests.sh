@@ -31,7 +31,8 @@ rm -rf "$home/.local/state/boxy/quarantine"
 cd "$stage"
 export BOXY_TEST_USER="$user"
 set +e
-"$stage/.venv/bin/python3" -m pytest -q -p no:cacheprovider "$@" &
+# the slowest tests listed at the end: the suite is held under 10 minutes (README)
+"$stage/.venv/bin/python3" -m pytest -q -p no:cacheprovider --durations=15 "$@" &
 pytest_pid=$!
 wait "$pytest_pid"
 rc=$?

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.sandbox
 GITLINKS = r"""
 import sys
 oid = "0" * 39 + "1"
-sys.stdout.write("".join(f"160000 {oid}\tm/{i}\n" for i in range(400_000)))
+sys.stdout.write("".join(f"160000 {oid}\tm/{i}\n" for i in range(250_000)))
 """
 
 
@@ -44,7 +44,7 @@ def test_a_huge_index_checked_after_its_run_stalls_no_other_session(
     sh = f"git init -q . && python3 -c '{GITLINKS}' | git update-index --index-info"
     r = user.run(["sh", "-c", sh], cwd=repo, timeout=120)
     assert r.returncode == 0, r.stderr.decode()
-    assert (repo / ".git" / "index").stat().st_size > 24_000_000, "the index was not made"
+    assert (repo / ".git" / "index").stat().st_size > 15_000_000, "the index was not made"
     idle = statistics.median(_start_time(user, other) for _ in range(3))
     argv = [str(BIN / "boxyctl"), "run", "--net", "none", "--", "touch", "ran"]
     proc = subprocess.Popen(

@@ -95,25 +95,33 @@ def test_a_host_socket_made_during_the_session(
         user.chown(workdir / d)
     if repo:
         user.run(["git", "init", "-q"], cwd=workdir)
-    write_payload(boxy, CONNECT)
+    tmp = str(user.home / f".boxy-sock-tmp-{workdir.name}")
+    text = _session(boxy, user, CONNECT, rel, "4", [mode, str(workdir / rel), tmp])
+    assert "ESCAPED" not in text, text
+    assert f"TRIED connect-{rel} " in text, text  # it really looked
+
+
+def _session(
+    boxy: Boxy, user: User, payload: str, paths: str, seconds: str, server_args: list[str]
+) -> str:
+    """PAYLOAD run on PATHS for SECONDS, a host SERVER started once it looks; what it
+    printed, and its errors."""
+    write_payload(boxy, payload)
     proc = spawn(
         user,
-        boxy_argv(cmd=["python3", "payload.py", rel, "4"]),
-        cwd=workdir,
+        boxy_argv(cmd=["python3", "payload.py", paths, seconds]),
+        cwd=boxy.workdir,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
     server = None
     try:
-        wait_for(lambda: (workdir / "READY").exists(), 30, "the session")
+        wait_for(lambda: (boxy.workdir / "READY").exists(), 30, "the session")
         time.sleep(0.5)  # the guard watches
-        tmp = str(user.home / f".boxy-sock-tmp-{workdir.name}")
-        server = spawn(user, [HOST_PY, "-c", SERVER, mode, str(workdir / rel), tmp])
+        server = spawn(user, [HOST_PY, "-c", SERVER, *server_args])
         out, err = proc.communicate(timeout=60)
-        text = out.decode()
-        print(text)
-        assert "ESCAPED" not in text, text + err.decode()
-        assert f"TRIED connect-{rel} " in text, text + err.decode()  # it really looked
+        print(out.decode())
+        return out.decode() + err.decode()
     finally:
         stop(proc)
         if server is not None:
@@ -144,25 +152,7 @@ def test_a_hard_link_made_in_the_window_is_covered_too(
     for d in ("sub", "node_modules"):  # the link where nothing is watched
         (workdir / d).mkdir()
         user.chown(workdir / d)
-    write_payload(boxy, LINKER + CONNECT)
-    proc = spawn(
-        user,
-        boxy_argv(cmd=["python3", "payload.py", "sub/x.sock,node_modules/.hl", "5"]),
-        cwd=workdir,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    server = None
-    try:
-        wait_for(lambda: (workdir / "READY").exists(), 30, "the session")
-        time.sleep(0.5)  # the guard watches
-        server = spawn(user, [HOST_PY, "-c", SERVER, "plain", str(workdir / "sub/x.sock"), ""])
-        out, err = proc.communicate(timeout=60)
-        text = out.decode()
-        print(text)
-        assert "TRIED linked " in text, text + err.decode()  # the link was made
-        assert "ESCAPED" not in text, text + err.decode()
-    finally:
-        stop(proc)
-        if server is not None:
-            stop(server)
+    server = ["plain", str(workdir / "sub/x.sock"), ""]
+    text = _session(boxy, user, LINKER + CONNECT, "sub/x.sock,node_modules/.hl", "5", server)
+    assert "TRIED linked " in text, text  # the link was made
+    assert "ESCAPED" not in text, text

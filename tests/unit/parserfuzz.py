@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-FUZZ_SECONDS = 1.0
+FUZZ_SECONDS = 0.5
 MIN_CASES = 50  # fewer than this in FUZZ_SECONDS: the parser is far too slow on small input
 
 

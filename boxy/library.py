@@ -86,7 +86,7 @@ def _value(option: Option, value: Any) -> Any:
         return _env(value)
     if option.type == "secret":
         return _secrets(value)
-    single = (str, bytes, os.PathLike, tuple, int, float, values.HostSpec)
+    single = (str, bytes, os.PathLike, tuple, int, float, values.HostSpec, values.PortMapping)
     items = [value] if isinstance(value, single) else list(value)
     out: list[Any] = []
     for item in items:
@@ -120,22 +120,11 @@ def _one(option: Option, value: Any) -> Any:
         if value not in (option.choices or ()):
             raise UsageError(f"{flag}: {value!r} is not one of {', '.join(option.choices or ())}")
         return value
-    if kind == "host":
-        return (
-            value
-            if isinstance(value, values.HostSpec)
-            else values.parse_host_spec(_str(flag, value), what=flag)
-        )
-    if kind == "cidrs":
-        return values.parse_cidrs(_str(flag, value), what=flag)
-    parsers: dict[str, Callable[..., Any]] = {
-        "port": values.parse_port,
-        "size": values.parse_size,
-        "count": values.parse_count,
-        "cpus": values.parse_cpus,
-        "duration": values.parse_duration,
-    }
-    return parsers[kind](_text(option, value), what=flag)
+    if (kind, type(value)) in (("host", values.HostSpec), ("publish", values.PortMapping)):
+        return value  # already the value: as given
+    if kind in ("host", "cidrs", "publish"):
+        return values.from_text(kind, _str(flag, value), flag)
+    return values.from_text(kind, _text(option, value), flag)  # a number or its text
 
 
 def _str(flag: str, value: object) -> str:

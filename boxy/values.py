@@ -418,3 +418,25 @@ def parse_publish(s: str, *, what: str = "--publish") -> PortMapping:
     host_port = parse_port(parts[0], what=f"{what} {s}")
     port = parse_port(parts[1], what=f"{what} {s}")
     return PortMapping(addr, host_port, port)
+
+
+# How an option's text becomes its value, by the option table's type (boxy.options):
+# the one converter of each type the command line (boxyctl.cli) and the library
+# (boxy.library) share. The types whose value depends on the caller (a path against
+# its cwd, -e NAME from its environment, a profile name) each side reads itself.
+FROM_TEXT = {
+    "host": parse_host_spec,
+    "port": parse_port,
+    "publish": parse_publish,
+    "cidrs": parse_cidrs,  # several in one value: a list
+    "size": parse_size,
+    "count": parse_count,
+    "cpus": parse_cpus,
+    "duration": parse_duration,
+}
+
+
+def from_text(kind: str, text: str, flag: str) -> object:
+    """TEXT of an option of type KIND (a FROM_TEXT key) as its value; UsageError
+    naming FLAG when it is not one."""
+    return FROM_TEXT[kind](text, what=flag)  # type: ignore[operator]

@@ -20,16 +20,7 @@ from boxy.client import client_env
 from boxy.errors import UsageError
 from boxy.options import BY_FLAG, RUN_OPTIONS, Option, check_combinations
 from boxy.request import CopyItem, EnvItem, RunOptions, RunRequest, Secret
-from boxy.values import (
-    parse_cidrs,
-    parse_count,
-    parse_cpus,
-    parse_duration,
-    parse_host_spec,
-    parse_port,
-    parse_publish,
-    parse_size,
-)
+from boxy.values import FROM_TEXT, from_text
 
 TYPE_CHECKING = False  # typing costs the client 4 ms at start-up; annotations only
 if TYPE_CHECKING:
@@ -216,23 +207,26 @@ def _known_profile(flag: str, name: str, environ: dict[str, str]) -> None:
     )
 
 
+def _shared(kind: str) -> Callable[[_Paths, str, str], Any]:
+    """The converter the library shares for KIND (no functools: the client's start-up)."""
+
+    def convert(ctx: _Paths, flag: str, text: str) -> Any:
+        return from_text(kind, text, flag)
+
+    return convert
+
+
 # How each option's text becomes its value (by the table's type; boxy.options). The
 # environment is the client's: -e NAME and --secret NAME read it, never the daemon's.
 _CONVERT: dict[str, Callable[[_Paths, str, str], Any]] = {
     "profile": _profile,
     "path": lambda ctx, flag, text: ctx(flag, text),
     "copy": lambda ctx, flag, text: ctx.copy(flag, text),
-    "host": lambda ctx, flag, text: parse_host_spec(text, what=flag),
-    "port": lambda ctx, flag, text: parse_port(text, what=flag),
-    "publish": lambda ctx, flag, text: parse_publish(text, what=flag),
-    "cidrs": lambda ctx, flag, text: parse_cidrs(text, what=flag),  # several in one value
     "env": lambda ctx, flag, text: _env_entry(text, ctx.environ),
     "secret": lambda ctx, flag, text: _secret_entry(text, ctx.environ),
-    "size": lambda ctx, flag, text: parse_size(text, what=flag),
-    "count": lambda ctx, flag, text: parse_count(text, what=flag),
-    "cpus": lambda ctx, flag, text: parse_cpus(text, what=flag),
-    "duration": lambda ctx, flag, text: parse_duration(text, what=flag),
     "choice": lambda ctx, flag, text: text,  # argparse and the fast path checked it
+    # the rest: the converters the library shares (boxy.values.FROM_TEXT)
+    **{kind: _shared(kind) for kind in FROM_TEXT},
 }
 
 

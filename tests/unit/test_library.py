@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 import boxy
+from boxy import values
 from boxy.errors import UsageError
 from boxy.library import run_options
+from boxy.options import BY_FIELD, RUN_OPTIONS, Option
 from boxy.values import HostSpec
 from boxyctl import cli
 
@@ -134,3 +136,73 @@ def test_watch_events_are_decoded_by_their_kind() -> None:
     assert got[3].denied  # type: ignore[attr-defined]
     assert got[4].destinations[0].denied == 1  # type: ignore[attr-defined]
     assert got[6].outcome.exit_status == 3  # type: ignore[attr-defined]
+
+
+# --- every option of the table, the same through the command line and the library ---
+
+# a sample of each type, as its flag's text; the library gets the same text
+SAMPLE = {
+    "profile": "node",
+    "path": "/srv/x",
+    "copy": "/etc/hosts:/x",
+    "host": "example.com:443",
+    "port": "8443",
+    "cidrs": "192.0.2.0/24",
+    "publish": "127.0.0.1:8080:80",
+    "env": "A=1",
+    "secret": "BOXY_TEST_SECRET",
+    "size": "64MiB",
+    "count": "64",
+    "cpus": "1.5",
+    "duration": "90s",
+}
+# what an option needs beside it to be given at all (the table's refused combinations)
+BESIDE = {
+    "allow_host": {"net": "allowlist"},
+    "allow_port": {"net": "allowlist"},
+    "allow_cidr": {"net": "allowlist"},
+    "pcap_max": {"pcap": "/srv/p.pcap"},
+    "tty_raw": {"tty": True},
+}
+
+
+def _both(field: str, given: object, monkeypatch: pytest.MonkeyPatch) -> tuple[object, object]:
+    """FIELD given as GIVEN (its flag's text, or True for a switch), with what it needs
+    beside it, to boxyctl's parser and to the library: the two RunOptions."""
+    monkeypatch.setenv("BOXY_TEST_SECRET", "s3")
+    fields = {field: given, **BESIDE.get(field, {})}
+    argv = ["run"]
+    for name, value in fields.items():
+        option = BY_FIELD[name]
+        argv += [option.flag] if value is True else [option.flag, str(value)]
+    cmd = cli.parse([*argv, "--", "true"], environ=dict(os.environ), cwd="/w")
+    lib = run_options({k: v if v is True else [v] if BY_FIELD[k].kind == "append" else v
+                       for k, v in fields.items()}, "run")  # fmt: skip
+    return cmd.args["request"].options, lib
+
+
+@pytest.mark.parametrize("option", [o for o in RUN_OPTIONS if o.field not in ("detach",)],
+                         ids=lambda o: o.field)  # fmt: skip
+def test_every_option_means_the_same_through_the_library(
+    option: Option, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The library converts each option as the command line does (it once had a table
+    of its own, without `publish`: KeyError)."""
+    monkeypatch.chdir("/")  # the library's paths are against its cwd, the parser's /w
+    if option.kind == "true":
+        given: object = True
+    elif option.type == "choice":
+        given = (option.choices or ())[-1]
+    else:
+        given = SAMPLE[option.type]
+    ours, theirs = _both(option.field, given, monkeypatch)
+    assert ours == theirs, (option.field, ours, theirs)
+    assert getattr(ours, option.field) not in (None, [], False), option.field  # it was set
+
+
+def test_publish_through_the_library() -> None:
+    o = run_options({"publish": ["8080:80", values.PortMapping("127.0.0.1", 9090, 90)]}, "run")
+    assert o.publish == [
+        values.PortMapping("127.0.0.1", 8080, 80),
+        values.PortMapping("127.0.0.1", 9090, 90),
+    ]

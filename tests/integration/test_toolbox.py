@@ -172,7 +172,41 @@ def test_closing_ends_everything_inside(home: Path) -> None:
         if not sleepers:
             break
         time.sleep(0.05)
-    assert not sleepers, f"left running: {sleepers}"
+    assert not sleepers, f"left running: {sleepers}\n{_who_keeps(sleepers)}"
+
+
+def _who_keeps(pids: list[str]) -> str:
+    """What keeps a box alive (it failed 2 runs in ~8 of the whole suite, never alone):
+    each process in the sleepers' PID namespace and every process outside it holding a
+    pipe or socket the box's PID 1 holds too, for the next look."""
+    lines = []
+    for pid in pids:
+        try:
+            ns = os.readlink(f"/proc/{pid}/ns/pid")
+        except OSError:
+            continue
+        inside = [p for p in os.listdir("/proc") if p.isdigit() and _ns(p) == ns]
+        lines += [f"in {ns}: {p} {_cmd(p)!r} {_fds(p)}" for p in inside]
+        held = {f for p in inside for f in _fds(p) if f.startswith(("pipe:", "socket:"))}
+        for p in (p for p in os.listdir("/proc") if p.isdigit() and _ns(p) != ns):
+            shared = held & set(_fds(p))
+            if shared:
+                lines.append(f"outside: {p} {_cmd(p)!r} holds {sorted(shared)}")
+    return "\n".join(lines)
+
+
+def _ns(pid: str) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return ""
+
+
+def _fds(pid: str) -> list[str]:
+    try:
+        return [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:
+        return []
 
 
 def _comm(pid: str) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import select
 import signal
 import threading
@@ -28,7 +27,17 @@ from boxy.events import Event, Snapshot, decode
 from boxy.ident import INTERFACE
 from boxy.options import BY_FIELD, Option, check_combinations
 from boxy.outcome import Detached, Ended, Notice, Outcome, Refusal, Running, SessionInfo, Stopped
-from boxy.request import CopyItem, EnvItem, RunOptions, RunRequest, Secret, Terminal, Value
+from boxy.request import (
+    CopyItem,
+    EnvItem,
+    RunOptions,
+    RunRequest,
+    Secret,
+    Terminal,
+    Value,
+    env_entry,
+    secret_entry,
+)
 from boxy.varlink import Client
 
 TYPE_CHECKING = False
@@ -51,7 +60,6 @@ ALIASES = {
 }
 # fields the library sets itself: start() detaches, run() follows
 _OWN = ("detach",)
-_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 DETACH_KEY = b"\x1d"  # Ctrl-]: boxyd's PTY relay lets the session go on without us
 
 
@@ -146,36 +154,18 @@ def _path(flag: str, value: object) -> str:
 def _env(value: Mapping[str, str | None] | Iterable[str]) -> list[EnvItem]:
     """{NAME: VALUE} (None: ours, as -e NAME) or ["NAME=VALUE", "NAME"]."""
     if hasattr(value, "items"):
-        pairs = [(str(k), v, str(k)) for k, v in value.items()]
-    else:
-        pairs = []
-        for entry in [value] if isinstance(value, str) else value:
-            name, sep, val = str(entry).partition("=")
-            pairs.append((name, val if sep else None, str(entry)))
-    out = []
-    for name, val, given in pairs:
-        if not _NAME_RE.fullmatch(name):
-            raise UsageError(f"-e {given!r}: not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
-        out.append(EnvItem(name, str(val) if val is not None else os.environ.get(name)))
-    return out
+        return [
+            env_entry(str(k), os.environ, None if v is None else str(v)) for k, v in value.items()
+        ]
+    return [env_entry(str(e), os.environ) for e in ([value] if isinstance(value, str) else value)]
 
 
 def _secrets(value: Mapping[str, str] | Iterable[str]) -> list[Secret]:
     """{NAME: VALUE}, or NAMEs whose values come from our environment."""
     if hasattr(value, "items"):
-        pairs = [(str(k), str(v)) for k, v in value.items()]
-    else:
-        names = [value] if isinstance(value, str) else list(value)
-        for name in names:
-            if name not in os.environ:
-                raise UsageError(f"--secret {name}: not set in your environment")
-        pairs = [(n, os.environ[n]) for n in names]
-    for name, _ in pairs:
-        if not _NAME_RE.fullmatch(name):
-            raise UsageError(
-                f"--secret {name!r}: not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)"
-            )
-    return [Secret(n, v) for n, v in pairs]
+        return [secret_entry(str(k), os.environ, str(v)) for k, v in value.items()]
+    names = [value] if isinstance(value, str) else list(value)
+    return [secret_entry(n, os.environ) for n in names]
 
 
 def request(argv: Iterable[str] | str, options: Mapping[str, Any], caller: str) -> RunRequest:

@@ -17,6 +17,7 @@ from boxy.values import HostSpec, PortMapping, parse_host_spec, parse_publish
 
 TYPE_CHECKING = False  # typing costs the client 4 ms at start-up; annotations only
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 
@@ -61,6 +62,42 @@ class Secret(Value):
 
     def to_wire(self) -> dict[str, Any]:
         return {"name": self.name, "value": self.value}
+
+
+# -e and --secret as the command line and the library both read them (the value of a
+# name given alone is the caller's environment's, never the daemon's)
+_VAR_NAME = "[A-Za-z_][A-Za-z0-9_]*"
+
+
+def _valid_name(name: str) -> bool:
+    import re  # only for the flags that need a pattern: not on every start
+
+    return re.fullmatch(_VAR_NAME, name) is not None
+
+
+def env_entry(text: str, environ: Mapping[str, str], value: str | None = None) -> EnvItem:
+    """-e NAME=VALUE, or -e NAME with ENVIRON's value (None when it has none); VALUE:
+    one given in code (the library's {NAME: VALUE}: TEXT is the name alone)."""
+    name, sep, val = (text, "=", value) if value is not None else text.partition("=")
+    if not _valid_name(name):
+        raise UsageError(f"-e {text!r}: not a valid variable name ({_VAR_NAME})")
+    return EnvItem(name, val if sep else environ.get(name))
+
+
+def secret_entry(name: str, environ: Mapping[str, str], value: str | None = None) -> Secret:
+    """--secret NAME: its value from ENVIRON, never from a command line (ps shows every
+    argv on the machine); VALUE: one given in code (the library's {NAME: VALUE}). The
+    messages never hold a value."""
+    if value is None and "=" in name:
+        raise UsageError(
+            f"--secret {name.partition('=')[0]}: takes a name; the value comes from "
+            "your environment (for a setting that is no secret: -e NAME=VALUE)"
+        )
+    if not _valid_name(name):
+        raise UsageError(f"--secret {name!r}: not a valid variable name ({_VAR_NAME})")
+    if value is None and name not in environ:
+        raise UsageError(f"--secret {name}: not set in your environment")
+    return Secret(name, value if value is not None else environ[name])
 
 
 class CopyItem(Value):

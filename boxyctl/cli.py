@@ -19,7 +19,7 @@ from types import SimpleNamespace
 from boxy.client import client_env
 from boxy.errors import UsageError
 from boxy.options import BY_FLAG, RUN_OPTIONS, Option, check_combinations
-from boxy.request import CopyItem, EnvItem, RunOptions, RunRequest, Secret
+from boxy.request import CopyItem, RunOptions, RunRequest, env_entry, secret_entry
 from boxy.values import FROM_TEXT, from_text
 
 TYPE_CHECKING = False  # typing costs the client 4 ms at start-up; annotations only
@@ -44,7 +44,6 @@ COMMANDS = (
     "completion",
 )
 # as text: compiled on first use (by re's cache), not on every client start
-_NAME_RE = r"[A-Za-z_][A-Za-z0-9_]*"
 _ID_RE = r"[A-Za-z0-9_-]{1,64}"
 
 
@@ -137,33 +136,6 @@ class _Paths:
         return CopyItem(self(flag, src), self(flag, dst) if dst else None)
 
 
-def _env_entry(value: str, environ: dict[str, str]) -> EnvItem:
-    import re  # only for the flags that need a pattern: not on every start
-
-    name, sep, val = value.partition("=")
-    if not re.fullmatch(_NAME_RE, name):
-        raise UsageError(f"-e {value!r}: not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
-    # -e NAME: the value is the client's, never the daemon's.
-    return EnvItem(name, val if sep else environ.get(name))
-
-
-def _secret_entry(name: str, environ: dict[str, str]) -> Secret:
-    """--secret NAME: the value from our environment, never from the command line (ps
-    shows every argv on the machine). The messages never hold a value."""
-    import re  # only for the flags that need a pattern: not on every start
-
-    if "=" in name:
-        raise UsageError(
-            f"--secret {name.partition('=')[0]}: takes a name; the value comes from "
-            "your environment (for a setting that is no secret: -e NAME=VALUE)"
-        )
-    if not re.fullmatch(_NAME_RE, name):
-        raise UsageError(f"--secret {name!r}: not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
-    if name not in environ:
-        raise UsageError(f"--secret {name}: not set in your environment")
-    return Secret(name, environ[name])
-
-
 def _session_id(value: str | None) -> str | None:
     import re  # only for the flags that need a pattern: not on every start
 
@@ -222,8 +194,8 @@ _CONVERT: dict[str, Callable[[_Paths, str, str], Any]] = {
     "profile": _profile,
     "path": lambda ctx, flag, text: ctx(flag, text),
     "copy": lambda ctx, flag, text: ctx.copy(flag, text),
-    "env": lambda ctx, flag, text: _env_entry(text, ctx.environ),
-    "secret": lambda ctx, flag, text: _secret_entry(text, ctx.environ),
+    "env": lambda ctx, flag, text: env_entry(text, ctx.environ),
+    "secret": lambda ctx, flag, text: secret_entry(text, ctx.environ),
     "choice": lambda ctx, flag, text: text,  # argparse and the fast path checked it
     # the rest: the converters the library shares (boxy.values.FROM_TEXT)
     **{kind: _shared(kind) for kind in FROM_TEXT},

@@ -165,6 +165,8 @@ class Manager:
                 raise DaemonError("boxyd is stopping; run again in a moment")
             if request.build != build_id():  # every API: a client of another build
                 raise BuildMismatch(build_id(), request.build)
+            if not stdio and request.options.detach:
+                stdio = _null_stdio()
         except BaseException:
             close_fds(stdio)
             raise
@@ -297,3 +299,10 @@ def _profiled(info: SessionInfo) -> SessionInfo:
     if info.profile is None:
         info.profile = DEFAULT_PROFILE
     return info
+
+
+def _null_stdio() -> list[int]:
+    """A detached run's stdin, stdout and stderr when its client passed none (a client
+    without fd passing): it writes to a terminal of its own (sessions/<id>/output.log,
+    attachable later), so three /dev/null stand for the client's."""
+    return [os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC) for _ in range(3)]

@@ -3,6 +3,7 @@ sandboxes, and the records that outlive a restart of boxyd."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -284,6 +285,39 @@ def test_malformed_input_gets_an_error_and_the_daemon_goes_on(boxy: Boxy, user: 
     for line in lines[:6]:
         assert "org.varlink.service.InvalidParameter" in line or "InvalidArgument" in line, line
     assert '"build"' in lines[-1]  # still answering
+
+
+# a varlink client that passes no fds (the reference client, busctl's kin): a detached
+# Run needs none (issue 32 §5: it was refused, "exactly three file descriptors")
+NO_FDS = r"""
+import json, socket
+from boxy.library import request
+from boxy.paths import socket_path
+req = request(["sh", "-c", "echo detached-without-fds"], {"net": "none"}, "start")
+req.options.detach = True
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(30)
+s.connect(str(socket_path()))
+s.sendall(json.dumps({"method": "dev.boxy.Manager.Run", "parameters": req.to_wire(),
+                      "more": True}).encode() + b"\0")
+print(s.recv(65536).split(b"\0")[0].decode())
+"""
+
+
+def test_a_detached_run_needs_no_fds(boxy: Boxy, user: User, workdir: Path) -> None:
+    r = user.run([str(BIN / "python3"), "-c", NO_FDS], cwd=workdir, timeout=60)
+    assert r.returncode == 0, r.stderr.decode()
+    reply = json.loads(r.stdout)
+    assert "error" not in reply, reply
+    sid = json.dumps(reply)
+    ids = [ln.split()[0] for ln in ctl(user, "ps", "-a").stdout.decode().splitlines()[1:]]
+    sid = next(i for i in ids if i in sid)
+    deadline = time.monotonic() + 30
+    out = b""
+    while time.monotonic() < deadline and b"detached-without-fds" not in out:
+        out = ctl(user, "logs", sid).stdout
+        time.sleep(0.2)
+    assert b"detached-without-fds" in out, out
 
 
 def test_a_daemon_of_another_build_is_replaced_when_idle_and_kept_when_busy(

@@ -69,6 +69,15 @@ class User:
             for p in [path, *path.rglob("*")]:
                 os.lchown(p, self.uid, self.gid)
 
+    def makedirs(self, path: Path) -> None:
+        """PATH and every directory missing on the way, the user's (a mkdir as root
+        left ~/.local/share root's, and the next `boxyctl setup` could not write there)."""
+        missing = [p for p in [path, *path.parents] if not p.exists()]
+        path.mkdir(parents=True, exist_ok=True)
+        if os.getuid() == 0:
+            for p in missing:
+                os.lchown(p, self.uid, self.gid)
+
 
 def _test_user() -> User:
     if os.getuid() == 0:

@@ -428,6 +428,19 @@ def _expects_reply(msg: Message) -> bool:
     return not (msg.flags & MessageFlag.NO_REPLY_EXPECTED)
 
 
+class _Bus(MessageBus):
+    """dbus-fast's bus without the InterfacesAdded and InterfacesRemoved it sends at
+    each export and unexport from the object's own path: the ObjectManager's are ours,
+    sent from its path (/dev/boxy) as the specification has them; clients got each
+    twice."""
+
+    def _emit_interface_added(self, path: str, interface: ServiceInterface) -> None:
+        return
+
+    def _emit_interface_removed(self, path: str, removed_interfaces: list[str]) -> None:
+        return
+
+
 class DbusService:
     """The bus connection and the objects; follows the manager's events."""
 
@@ -442,7 +455,7 @@ class DbusService:
     async def start(self, address: str) -> None:
         """Connect, export, own the name; raises on failure (the caller logs it)."""
         bus = await asyncio.wait_for(
-            MessageBus(bus_address=address, negotiate_unix_fd=True).connect(), CONNECT_TIMEOUT
+            _Bus(bus_address=address, negotiate_unix_fd=True).connect(), CONNECT_TIMEOUT
         )
         self.bus = bus  # close() lets it go from here on
         wait_when_full(bus)

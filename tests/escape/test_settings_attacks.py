@@ -18,9 +18,7 @@ pytestmark = pytest.mark.sandbox
 
 def test_boxyd_dbus_activation_dir_is_refused(user: User, workdir: Path) -> None:
     services = user.home / ".local/share/dbus-1/services"
-    services.mkdir(parents=True, exist_ok=True)
-    for p in (services.parent, services):
-        user.chown(p)
+    user.makedirs(services)
     unit = services / "dev.boxy.Daemon.service"
     r = user.run(
         [

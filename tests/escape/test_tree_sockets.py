@@ -102,8 +102,7 @@ def test_boxy_s_own_settings_are_refused_as_work_directories(
 
     target = user.home / rel
     made = not target.exists()
-    target.mkdir(parents=True, exist_ok=True)
-    user.chown(target)
+    user.makedirs(target)
     try:
         r = user.run([str(BIN / "boxyctl"), "run", "-w", str(target), "--net", "none", "true"])
         assert r.returncode == 2, describe(r)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -216,6 +217,31 @@ def test_dbus_tree_introspect_call_and_monitor(
     )
     assert "Member=Event" in out and 'STRING "exited"' in out, out[-3000:]
     assert "Member=PropertiesChanged" in out, out[-3000:]
+
+
+def test_a_session_is_announced_once_from_the_object_managers_path(
+    boxy: Boxy, user: User, workdir: Path, systemd_user: UserManager
+) -> None:
+    """Issue 32 §5: InterfacesAdded came twice per session (dbus-fast's own, from the
+    session's path, beside the ObjectManager's from /dev/boxy)."""
+    ctl(user, "setup", manager=systemd_user)
+    ctl(user, "daemon", "status", manager=systemd_user)  # up before the monitor starts
+    monitor = subprocess.Popen(
+        systemd_user.user_cmd(["busctl", "--user", "monitor", "dev.boxy.Daemon"]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        time.sleep(1.5)  # monitoring has begun (busctl prints nothing until a message)
+        sid = _detached(user, workdir, systemd_user, "exit 0")
+        time.sleep(1.0)
+    finally:
+        monitor.terminate()
+        out = monitor.communicate(timeout=10)[0]
+    added = [m for m in out.split("‣") if "Member=InterfacesAdded" in m and sid in m]
+    assert len(added) == 1, out[-4000:]
+    assert re.search(r"Path=/dev/boxy\s", added[0]), added[0]
 
 
 def test_dbus_stop_and_a_named_error(

@@ -156,6 +156,19 @@ def _detached(user: User, workdir: Path, um: UserManager, script: str) -> str:
     return r.stdout.decode().strip()
 
 
+def _monitor(um: UserManager) -> subprocess.Popen[str]:
+    """`busctl monitor dev.boxy.Daemon`, once it has begun (it prints nothing until a
+    message comes)."""
+    monitor = subprocess.Popen(
+        um.user_cmd(["busctl", "--user", "monitor", "dev.boxy.Daemon"]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    time.sleep(1.5)
+    return monitor
+
+
 def test_dbus_tree_introspect_call_and_monitor(
     boxy: Boxy, user: User, workdir: Path, systemd_user: UserManager
 ) -> None:
@@ -182,14 +195,8 @@ def test_dbus_tree_introspect_call_and_monitor(
         systemd_user, "get-property", "dev.boxy.Daemon", path, "dev.boxy.Session1", "State"
     ).stdout.strip()
     assert state == 's "running"'
-    monitor = subprocess.Popen(
-        systemd_user.user_cmd(["busctl", "--user", "monitor", "dev.boxy.Daemon"]),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    monitor = _monitor(systemd_user)
     try:
-        time.sleep(1.5)  # monitoring has begun (busctl prints nothing until a message)
         (workdir / "go").touch()
         deadline = time.monotonic() + 15
         while (
@@ -226,14 +233,8 @@ def test_a_session_is_announced_once_from_the_object_managers_path(
     session's path, beside the ObjectManager's from /dev/boxy)."""
     ctl(user, "setup", manager=systemd_user)
     ctl(user, "daemon", "status", manager=systemd_user)  # up before the monitor starts
-    monitor = subprocess.Popen(
-        systemd_user.user_cmd(["busctl", "--user", "monitor", "dev.boxy.Daemon"]),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    monitor = _monitor(systemd_user)
     try:
-        time.sleep(1.5)  # monitoring has begun (busctl prints nothing until a message)
         sid = _detached(user, workdir, systemd_user, "exit 0")
         time.sleep(1.0)
     finally:

@@ -32,7 +32,7 @@ cd "$stage"
 export BOXY_TEST_USER="$user"
 set +e
 # the slowest tests listed at the end: the suite is held under 10 minutes (README)
-"$stage/.venv/bin/python3" -m pytest -q -p no:cacheprovider --durations=15 "$@" &
+"$stage/.venv/bin/python3" -m pytest -q -rs -p no:cacheprovider --durations=15 "$@" &
 pytest_pid=$!
 wait "$pytest_pid"
 rc=$?

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from boxy.errors import UsageError
 
+TYPE_CHECKING = False  # typing costs the client at start-up; annotations only
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 # The sandbox's own link (its gateway and its address): never a range to open.
 SANDBOX_NETS = ("10.0.2.0/24", "fd00::/64")
 
@@ -424,7 +428,7 @@ def parse_publish(s: str, *, what: str = "--publish") -> PortMapping:
 # the one converter of each type the command line (boxyctl.cli) and the library
 # (boxy.library) share. The types whose value depends on the caller (a path against
 # its cwd, -e NAME from its environment, a profile name) each side reads itself.
-FROM_TEXT = {
+FROM_TEXT: dict[str, Callable[..., object]] = {
     "host": parse_host_spec,
     "port": parse_port,
     "publish": parse_publish,
@@ -439,4 +443,4 @@ FROM_TEXT = {
 def from_text(kind: str, text: str, flag: str) -> object:
     """TEXT of an option of type KIND (a FROM_TEXT key) as its value; UsageError
     naming FLAG when it is not one."""
-    return FROM_TEXT[kind](text, what=flag)  # type: ignore[operator]
+    return FROM_TEXT[kind](text, what=flag)

@@ -426,9 +426,12 @@ def _assignment_hits(word: str, names: frozenset[str]) -> list[str]:
     program runs what the line does not name (_RUNS_VIA), else its value's names."""
     if not is_assignment(word):
         return []
-    if word.split("=", 1)[0].rstrip("+").split("[", 1)[0] in _RUNS_VIA:
-        return ["*"]
-    return _word_hits(word, names)
+    return ["*"] if _runs_via(word) else _word_hits(word, names)
+
+
+def _runs_via(word: str) -> bool:
+    """WORD assigns a _RUNS_VIA variable (`PATH=…`, `LD_PRELOAD+=…`)."""
+    return is_assignment(word) and word.split("=", 1)[0].rstrip("+") in _RUNS_VIA
 
 
 def _runs_unseen(words: list[str], i: int, names: frozenset[str]) -> bool:
@@ -441,7 +444,7 @@ def _runs_unseen(words: list[str], i: int, names: frozenset[str]) -> bool:
     while i < len(words):
         w = words[i]
         if is_assignment(w):
-            if _assignment_hits(w, names) == ["*"]:
+            if _runs_via(w):
                 return True
             i += 1
             continue
@@ -460,7 +463,7 @@ def _runs_unseen(words: list[str], i: int, names: frozenset[str]) -> bool:
     if name in _SHELLS and (_shell_command(rest) is None or "xargs" in chain):
         return True  # reads its commands from a file or stdin (or xargs' input)
     if name in _DECLARES:
-        return any(_assignment_hits(a, names) == ["*"] for a in rest)
+        return any(_runs_via(a) for a in rest)
     if name == "git":
         return _git_runs(rest)
     return name == "find" and _find_runs(rest)

@@ -353,8 +353,9 @@ class LiveGuard:
         """What no event of a watched directory tells of: once a change git reads came
         in the session, a git check every GIT_EVERY (a repository made where nothing
         is watched, a config written through a hard link or a shared mmap: no event
-        follows), at most a tenth of the time but at least every GIT_EVERY_MAX; and the host's sockets bound in the trees
-        (/proc/net/unix: node_modules and .git are not watched) every SOCKETS_EVERY."""
+        follows), at most a tenth of the time but at least every GIT_EVERY_MAX; and the
+        host's sockets bound in the trees (/proc/net/unix: node_modules and .git are
+        not watched) every SOCKETS_EVERY."""
         git_at = time.monotonic()
         while self.stopped is None and self._fd >= 0:
             await asyncio.sleep(SOCKETS_EVERY)

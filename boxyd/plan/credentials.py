@@ -796,9 +796,9 @@ def _java_logical(data: bytes) -> list[list[bytes]]:
 def _java_key(natural: list[bytes]) -> str:
     """The key of one logical line, decoded as Java does (\\uXXXX, \\t…, \\X is X;
     ends at an unescaped '=', ':' or blank); the continuation lines' leading blanks go."""
-    parts = [natural[0].lstrip(_JAVA_BLANK)] + [n.lstrip(_JAVA_BLANK) for n in natural[1:]]
-    text = b"".join(p.rstrip(b"\r\n")[:-1] if i < len(parts) - 1 else p.rstrip(b"\r\n")
-                    for i, p in enumerate(parts)).decode("latin-1")  # fmt: skip
+    parts = [n.lstrip(_JAVA_BLANK).rstrip(b"\r\n") for n in natural]
+    # each line but the last ends in the backslash that continued it
+    text = b"".join([p[:-1] for p in parts[:-1]] + parts[-1:]).decode("latin-1")
     key: list[str] = []
     i = 0
     while i < len(text) and text[i] not in "=: \t\f":

@@ -286,7 +286,7 @@ def socket_names(root: str, rel: str) -> tuple[list[str], int]:
     link count (0: gone, or not a socket)."""
     parent, _, name = rel.rpartition("/")
     try:
-        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        root_fd = discover.open_root(root)
     except OSError:
         return [], 0
     try:

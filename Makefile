@@ -4,7 +4,7 @@ VENV    ?= .venv
 DEB_PACKAGES = python3 python3-venv python3-dev gcc pkg-config libsystemd-dev libseccomp2 \
                nftables libnftables1 python3-nftables python3-systemd git bubblewrap util-linux \
                iproute2 dbus-user-session man-db nodejs npm \
-               openssh-client openssl gnupg
+               openssh-client openssl gnupg python3-dbus
 
 .PHONY: setup packages venv docs test lint demo bench clean
 

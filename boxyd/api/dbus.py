@@ -8,7 +8,8 @@ Manager core. No logic here: the objects mirror the core's sessions and events.
   Profile, WorkDir, StartedAt, ExitStatus (-1 while it runs) and the counters,
   with PropertiesChanged as they change; signal Event(s kind, a{sv} fields).
 - /dev/boxy: org.freedesktop.DBus.ObjectManager (GetManagedObjects; InterfacesAdded
-  and InterfacesRemoved as sessions come and go).
+  and InterfacesRemoved as sessions come and go), there alone (_Bus, only_one_object_manager).
+- Every argument is named in the introspection (NamedArgs).
 
 Each follower waits for its own signals to be written (MessageBus.send's future):
 a bus that reads slowly makes the follower's bounded queue lose events, counted,
@@ -25,12 +26,19 @@ import inspect
 import json
 import logging
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, ClassVar
 
 from dbus_fast import Message, MessageType, Variant
 from dbus_fast import introspection as intr
 from dbus_fast.aio import MessageBus
-from dbus_fast.constants import MessageFlag, NameFlag, PropertyAccess, RequestNameReply
+from dbus_fast.constants import (
+    ArgDirection,
+    ErrorType,
+    MessageFlag,
+    NameFlag,
+    PropertyAccess,
+    RequestNameReply,
+)
 from dbus_fast.errors import DBusError
 from dbus_fast.service import ServiceInterface, dbus_property, method, signal
 
@@ -103,6 +111,19 @@ def check_fds(msg: Message) -> bool | None:
     return None
 
 
+def only_one_object_manager(msg: Message) -> bool | None:
+    """A message handler: dbus-fast answers GetManagedObjects at any path; boxy's
+    ObjectManager is /dev/boxy alone (the one its introspection shows). Runs after
+    check_fds, which closed any fds the call brought."""
+    if (
+        msg.message_type == MessageType.METHOD_CALL
+        and msg.interface == OBJECT_MANAGER
+        and msg.path != OBJECT_MANAGER_PATH
+    ):
+        raise DBusError(ErrorType.UNKNOWN_METHOD, f"no {OBJECT_MANAGER} at {msg.path}")
+    return None
+
+
 def variant(value: object) -> Variant | None:
     """One event field as a D-Bus variant (nested values as JSON text)."""
     if isinstance(value, bool):
@@ -148,9 +169,12 @@ def event_fields(ev: SessionEvent) -> dict[str, Variant]:
     return out
 
 
-class NamedSignals(ServiceInterface):
-    """dbus-fast leaves a signal's arguments unnamed in the introspection; here they
-    are named after the Python method's parameters (SessionNew: id, path)."""
+class NamedArgs(ServiceInterface):
+    """dbus-fast leaves a signal's arguments and a method's results unnamed in the
+    introspection (clients show arg_0): a signal's are named after the Python method's
+    parameters (SessionNew: id, path), a method's results from RESULTS."""
+
+    RESULTS: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def introspect(self) -> intr.Interface:
         out = super().introspect()
@@ -158,10 +182,23 @@ class NamedSignals(ServiceInterface):
             fn = getattr(type(self), sig.name)
             names = [n for n in inspect.signature(fn).parameters if n != "self"]
             sig.args = [intr.Arg(a.signature, name=n) for a, n in zip(sig.args, names, strict=True)]
+        for m in out.methods:
+            names = list(self.RESULTS.get(m.name, ()))
+            m.out_args = [
+                intr.Arg(a.signature, ArgDirection.OUT, n)
+                for a, n in zip(m.out_args, names, strict=True)
+            ]
         return out
 
 
-class ManagerInterface(NamedSignals):
+class ManagerInterface(NamedArgs):
+    RESULTS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "List": ("sessions",),
+        "Stop": ("state",),
+        "Output": ("data", "offset", "ended", "kept"),
+        "Run": ("id", "path"),
+    }
+
     def __init__(self, manager: Manager, exported: dict[str, SessionInterface]) -> None:
         super().__init__(MANAGER_INTERFACE)
         self.manager = manager
@@ -220,7 +257,7 @@ class ManagerInterface(NamedSignals):
         return [id, path]
 
 
-class SessionInterface(NamedSignals):
+class SessionInterface(NamedArgs):
     def __init__(self, session: Session) -> None:
         super().__init__(SESSION_INTERFACE)
         self.session = session
@@ -440,6 +477,19 @@ class _Bus(MessageBus):
     def _emit_interface_removed(self, path: str, removed_interfaces: list[str]) -> None:
         return
 
+    def _introspect_export_path(self, path: str) -> intr.Node:
+        """dbus-fast advertises an ObjectManager at every exported path and none at
+        /dev/boxy, which is not exported: the ObjectManager is said where it answers
+        (only_one_object_manager refuses it elsewhere)."""
+        node = super()._introspect_export_path(path)
+        if path == OBJECT_MANAGER_PATH:
+            node.interfaces = [
+                i for i in intr.Node.default(path).interfaces if i.name != PROPERTIES
+            ]
+        else:
+            node.interfaces = [i for i in node.interfaces if i.name != OBJECT_MANAGER]
+        return node
+
 
 class DbusService:
     """The bus connection and the objects; follows the manager's events."""
@@ -462,6 +512,7 @@ class DbusService:
         self.vetting.bus = bus
         bus.add_message_handler(self.vetting.handler)  # first: who calls, then the fds
         bus.add_message_handler(check_fds)
+        bus.add_message_handler(only_one_object_manager)
         bus.export(MANAGER_PATH, self._iface)
         reply = await bus.request_name(BUS_NAME, NameFlag.DO_NOT_QUEUE)
         if reply not in (RequestNameReply.PRIMARY_OWNER, RequestNameReply.ALREADY_OWNER):

@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 
 from boxy import INTERFACE, VERSION
 from boxy.errors import InternalError, varlink_error
+from boxy.ident import DOCUMENTATION
 from boxy.varlink import (
     MAX_MESSAGE,
     SO_PASSPIDFD,
@@ -342,7 +343,7 @@ class VarlinkServer:
                     "vendor": "boxy",
                     "product": "boxyd",
                     "version": VERSION,
-                    "url": "",
+                    "url": DOCUMENTATION,
                     "interfaces": [SERVICE, INTERFACE],
                 }
             )

@@ -537,3 +537,84 @@ def test_run_over_dbus_with_fds_and_the_fd_defects(
         ).stdout.strip()
         time.sleep(0.1)
     assert status == "i 3"
+
+
+DBUS_PYTHON = r"""
+import json, os, sys, time
+import xml.etree.ElementTree as ET
+import dbus
+from boxy.buildid import build_id  # the core refuses a client of another build
+
+bus = dbus.bus.BusConnection(sys.argv[1])
+def obj(path):  # a proxy: dbus-python introspects it to learn each method's signature
+    return bus.get_object("dev.boxy.Daemon", path)
+out = {}
+manager = dbus.Interface(obj("/dev/boxy/Manager"), "dev.boxy.Manager1")
+request = json.dumps({"argv": ["sh", "-c", "echo hello-dbus-python; exit 5"], "cwd": sys.argv[2],
+                      "options": {"net": "none"}, "build": build_id()})
+r, w = os.pipe()
+null = os.open(os.devnull, os.O_RDWR)
+sid, path = manager.Run(request, dbus.types.UnixFd(null), dbus.types.UnixFd(w),
+                        dbus.types.UnixFd(null))
+os.close(w)  # UnixFd sent a copy: the payload holds the other end
+output = b""
+while chunk := os.read(r, 4096):
+    output += chunk
+out["run"], out["output"] = [str(sid), str(path)], output.decode()
+props = dbus.Interface(obj(path), "org.freedesktop.DBus.Properties")
+deadline = time.monotonic() + 30
+while int(props.Get("dev.boxy.Session1", "ExitStatus")) == -1 and time.monotonic() < deadline:
+    time.sleep(0.05)
+out["exit"] = int(props.Get("dev.boxy.Session1", "ExitStatus"))
+managed = dbus.Interface(obj("/dev/boxy"), "org.freedesktop.DBus.ObjectManager").GetManagedObjects()
+out["managed"] = sorted(str(p) for p in managed)
+out["interfaces"] = {}
+for p in ("/dev/boxy", "/dev/boxy/Manager", str(path)):
+    xml = dbus.Interface(obj(p), "org.freedesktop.DBus.Introspectable").Introspect()
+    node = ET.fromstring(str(xml))
+    out["interfaces"][p] = sorted(i.get("name") for i in node.iter("interface"))
+    out.setdefault("unnamed", []).extend(
+        f"{p} {i.get('name')}" for i in node.iter("interface") for a in i.iter("arg")
+        if not a.get("name"))
+try:
+    manager.Stop("0000dead", False)
+except dbus.exceptions.DBusException as e:
+    out["error"] = e.get_dbus_name()
+print(json.dumps(out))
+"""
+
+
+def test_dbus_python_runs_introspects_and_reads_the_object_manager(
+    boxy: Boxy, user: User, workdir: Path, systemd_user: UserManager
+) -> None:
+    """The D-Bus wire through dbus-python (the reference binding; its proxies read the
+    introspection for every call's signature): issue 32 §5's deviations, each
+    checked where this client sees it."""
+    ctl(user, "setup", manager=systemd_user)
+    r = subprocess.run(
+        systemd_user.user_cmd(
+            [
+                str(BIN / "python3"),
+                "-c",
+                DBUS_PYTHON,
+                systemd_user.env()["DBUS_SESSION_BUS_ADDRESS"],
+                str(workdir),
+            ]
+        ),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    sid, path = out["run"]
+    assert path == f"/dev/boxy/session/{sid}"
+    assert out["output"] == "hello-dbus-python\n"
+    assert out["exit"] == 5
+    assert {"/dev/boxy/Manager", path} <= set(out["managed"]), out["managed"]
+    om = "org.freedesktop.DBus.ObjectManager"
+    assert om in out["interfaces"]["/dev/boxy"], out["interfaces"]
+    assert om not in out["interfaces"]["/dev/boxy/Manager"] + out["interfaces"][path]
+    assert "dev.boxy.Session1" in out["interfaces"][path]
+    assert out["unnamed"] == [], out["unnamed"]
+    assert out["error"] == "dev.boxy.Error.NoSuchSession"

@@ -10,6 +10,7 @@ import logging
 import os
 import subprocess
 import types
+import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -92,14 +93,55 @@ async def add_match(client: MessageBus, rule: str) -> None:
     )  # fmt: skip
 
 
-async def test_signal_arguments_are_named_in_the_introspection(on_bus) -> None:
-    _, _, client = on_bus
-    xml = (
-        await call(client, MANAGER_PATH, "org.freedesktop.DBus.Introspectable", "Introspect")
-    ).body[0]
-    for name in ("SessionNew", "SessionRemoved"):
-        decl = xml.split(f'<signal name="{name}">')[1].split("</signal>")[0]
-        assert 'name="id"' in decl and 'name="path"' in decl, decl
+async def introspect(client: MessageBus, path: str) -> ET.Element:
+    reply = await call(client, path, "org.freedesktop.DBus.Introspectable", "Introspect")
+    assert reply.message_type == MessageType.METHOD_RETURN, reply.body
+    return ET.fromstring(reply.body[0])
+
+
+async def test_every_argument_is_named_in_the_introspection(on_bus) -> None:
+    """Issue 32 §5: results showed as arg_0 in clients; signals' arguments too."""
+    manager, _, client = on_bus
+    s = await manager.start(request(), [])
+    await started(s)
+    for path in (MANAGER_PATH, session_path(s.id)):
+        node = await introspect(client, path)
+        ours = [i for i in node.iter("interface") if i.get("name", "").startswith("dev.boxy.")]
+        assert ours, path
+        args = [a for i in ours for a in i.iter("arg")]
+        assert args and all(a.get("name") for a in args), ET.tostring(ours[0]).decode()
+    node = await introspect(client, MANAGER_PATH)
+    run = node.find("interface/method[@name='Run']")
+    assert run is not None
+    assert [a.get("name") for a in run.iter("arg") if a.get("direction") == "out"] == ["id", "path"]
+    new = node.find("interface/signal[@name='SessionNew']")
+    assert new is not None and [a.get("name") for a in new.iter("arg")] == ["id", "path"]
+
+
+OBJECT_MANAGER = "org.freedesktop.DBus.ObjectManager"
+
+
+async def test_the_object_manager_is_advertised_and_answers_at_dev_boxy_only(on_bus) -> None:
+    """Issue 32 §5: introspecting /dev/boxy showed no ObjectManager though it answered
+    there; /dev/boxy/Manager and every session advertised an empty one."""
+    manager, _, client = on_bus
+    s = await manager.start(request(), [])
+    await started(s)
+    names = {
+        path: {i.get("name") for i in (await introspect(client, path)).iter("interface")}
+        for path in ("/dev/boxy", MANAGER_PATH, session_path(s.id))
+    }
+    assert OBJECT_MANAGER in names["/dev/boxy"], names
+    assert {n for n in names["/dev/boxy"] if n and n.startswith("dev.boxy.")} == set()
+    assert OBJECT_MANAGER not in names[MANAGER_PATH] | names[session_path(s.id)], names
+    assert "dev.boxy.Manager1" in names[MANAGER_PATH]
+    for path in (MANAGER_PATH, session_path(s.id), "/"):
+        reply = await call(client, path, OBJECT_MANAGER, "GetManagedObjects")
+        assert reply.message_type == MessageType.ERROR, (path, reply.body)
+        assert reply.error_name == "org.freedesktop.DBus.Error.UnknownMethod"
+    reply = await call(client, "/dev/boxy", OBJECT_MANAGER, "GetManagedObjects")
+    assert reply.message_type == MessageType.METHOD_RETURN
+    assert set(reply.body[0]) == {MANAGER_PATH, session_path(s.id)}
 
 
 async def test_the_object_manager_adds_and_removes_sessions(on_bus) -> None:

@@ -46,14 +46,9 @@ from boxy.errors import BoxyError, NoSuchSession, UsageError, dbus_error_name
 from boxy.request import RunRequest
 from boxy.varlink import close_fds
 from boxyd.daemon.events import (
-    Audited,
     CountersTick,
     Exited,
-    Lost,
     ManagerEvent,
-    Noticed,
-    PayloadStopped,
-    RunStarted,
     SessionEvent,
     SessionNew,
     SessionRemoved,
@@ -142,30 +137,13 @@ def variant(value: object) -> Variant | None:
 
 
 def event_fields(ev: SessionEvent) -> dict[str, Variant]:
-    """An event's fields, flat: an audit event's are its record's, an outcome's its
-    own, a counters snapshot's the totals and the busiest destinations (top)."""
-    fields: dict[str, Any] = {}
-    if isinstance(ev, StateChanged):
-        fields = {"state": ev.state.value}
-    elif isinstance(ev, RunStarted):
-        fields = {"warnings": ev.warnings}
-    elif isinstance(ev, Noticed):
-        fields = {"text": ev.text}
-    elif isinstance(ev, PayloadStopped):
-        fields = {"signal": ev.signal}
-    elif isinstance(ev, Audited):
-        fields = ev.record
-    elif isinstance(ev, CountersTick):
-        fields = {**ev.counters.to_wire(), "top": [d.to_wire() for d in ev.destinations]}
-    elif isinstance(ev, Exited):
-        fields = ev.outcome.to_wire()
-    elif isinstance(ev, Lost):
-        fields = {"count": ev.count}
-    out = {"t": Variant("d", ev.t)}
-    for k, v in fields.items():
+    """The Event signal's fields: the event's one wire encoding (Event.to_wire, as
+    varlink's Watch carries it) but its kind, each field a variant."""
+    out: dict[str, Variant] = {}
+    for k, v in ev.to_wire().items():
         var = variant(v)
-        if var is not None:
-            out[str(k)] = var
+        if k != "kind" and var is not None:
+            out[k] = var
     return out
 
 

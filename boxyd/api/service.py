@@ -30,14 +30,7 @@ from boxy.varlink import MAX_MESSAGE, close_fds, to_json
 from boxyd.api.varlink import Call, encode_reply
 from boxyd.daemon.events import (
     Audited,
-    CountersTick,
-    Exited,
-    Lost,
-    Noticed,
-    PayloadStopped,
-    RunStarted,
     SessionEvent,
-    StateChanged,
     Subscription,
 )
 from boxyd.daemon.manager import Manager
@@ -76,29 +69,6 @@ async def final_reply(call: Call, reply: RunReply) -> None:
         )
 
 
-def event_wire(ev: SessionEvent) -> dict[str, Any]:
-    """{kind, t, ...its fields}, as the IDL's Event type declares them."""
-    out: dict[str, Any] = {"kind": ev.kind, "t": round(ev.t, 3)}
-    if isinstance(ev, Audited):  # first: the one that comes in floods
-        out["record"] = ev.record
-    elif isinstance(ev, StateChanged):
-        out["state"] = ev.state.value
-    elif isinstance(ev, RunStarted):
-        out["warnings"] = ev.warnings
-    elif isinstance(ev, Noticed):
-        out["text"] = ev.text
-    elif isinstance(ev, PayloadStopped):
-        out["signal"] = ev.signal
-    elif isinstance(ev, CountersTick):
-        out["counters"] = ev.counters.to_wire()
-        out["destinations"] = [d.to_wire() for d in ev.destinations]
-    elif isinstance(ev, Exited):
-        out["outcome"] = ev.outcome.to_wire()
-    elif isinstance(ev, Lost):
-        out["count"] = ev.count
-    return out  # detached, attached: nothing besides
-
-
 def watch_frame(ev: SessionEvent) -> bytes:
     """EV's Watch reply, framed: encoded once, the same bytes for every watcher."""
     return ev.memo(_WATCH_FRAME, _encode_watch_frame)
@@ -107,11 +77,11 @@ def watch_frame(ev: SessionEvent) -> bytes:
 def _encode_watch_frame(ev: SessionEvent) -> bytes:
     if isinstance(ev, Audited):  # the flood: its text is assembled around the record's
         return _audit_frame(ev)
-    return encode_reply({"event": event_wire(ev)}, continues=True)
+    return encode_reply({"event": ev.to_wire()}, continues=True)
 
 
 def _audit_frame(ev: Audited) -> bytes:
-    """encode_reply({"event": event_wire(ev)}, True), byte for byte, without building
+    """encode_reply({"event": ev.to_wire()}, True), byte for byte, without building
     the dicts around the record: its time and record in one encoder call."""
     both = to_json([round(ev.t, 3), ev.record])  # "[t,{...}]": no comma in a number
     cut = both.index(",")

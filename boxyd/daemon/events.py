@@ -3,8 +3,8 @@ manager), any number of watchers, each with its own queue.
 
 Every event is a frozen dataclass of the unions below (SessionEvent, ManagerEvent):
 an adapter tells them apart by type (`match`), never by a string or by probing
-its fields. KIND is the name the wire gives each one (varlink's Watch, D-Bus's
-Event signal).
+its fields. KIND is the name the wire gives each one, and to_wire the one encoding both
+wires carry (varlink's Watch, D-Bus's Event signal).
 
 Publishing never waits and never fails: a watcher whose queue is full loses the
 event, and is told how many it lost (a Lost event, where the gap was). So
@@ -50,6 +50,14 @@ class Event:
             made = self.__dict__[key] = make(self)
         return made
 
+    def to_wire(self) -> dict[str, Any]:
+        """The one encoding both wires carry: {kind, t, ...its fields as plain JSON
+        values} (varlink: the IDL's Event type; D-Bus: the Event signal's fields)."""
+        return {"kind": self.kind, "t": round(self.t, 3), **self.fields()}
+
+    def fields(self) -> dict[str, Any]:
+        return {}  # detached, attached: nothing besides
+
 
 @dataclass(frozen=True)
 class Lost(Event):
@@ -58,12 +66,18 @@ class Lost(Event):
     kind: ClassVar[str] = "lost"
     count: int
 
+    def fields(self) -> dict[str, Any]:
+        return {"count": self.count}
+
 
 # -- a session's ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class StateChanged(Event):
     kind: ClassVar[str] = "state"
     state: State
+
+    def fields(self) -> dict[str, Any]:
+        return {"state": self.state.value}
 
 
 @dataclass(frozen=True)
@@ -73,6 +87,9 @@ class RunStarted(Event):
     kind: ClassVar[str] = "started"
     warnings: list[str]
 
+    def fields(self) -> dict[str, Any]:
+        return {"warnings": self.warnings}
+
 
 @dataclass(frozen=True)
 class Noticed(Event):
@@ -80,6 +97,9 @@ class Noticed(Event):
 
     kind: ClassVar[str] = "notice"
     text: str
+
+    def fields(self) -> dict[str, Any]:
+        return {"text": self.text}
 
 
 @dataclass(frozen=True)
@@ -89,6 +109,9 @@ class PayloadStopped(Event):
     kind: ClassVar[str] = "stopped"
     signal: int
 
+    def fields(self) -> dict[str, Any]:
+        return {"signal": self.signal}
+
 
 @dataclass(frozen=True)
 class Audited(Event):
@@ -96,6 +119,9 @@ class Audited(Event):
 
     kind: ClassVar[str] = "audit"
     record: dict[str, Any]
+
+    def fields(self) -> dict[str, Any]:
+        return {"record": self.record}
 
 
 @dataclass(frozen=True)
@@ -106,6 +132,12 @@ class CountersTick(Event):
     kind: ClassVar[str] = "counters"
     counters: Counters
     destinations: list[Destination]
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "counters": self.counters.to_wire(),
+            "destinations": [d.to_wire() for d in self.destinations],
+        }
 
 
 @dataclass(frozen=True)
@@ -124,6 +156,9 @@ class Exited(Event):
 
     kind: ClassVar[str] = "exited"
     outcome: Outcome
+
+    def fields(self) -> dict[str, Any]:
+        return {"outcome": self.outcome.to_wire()}
 
 
 SessionEvent = (

@@ -21,7 +21,6 @@ from boxyd.api.service import (
     WATCH_BATCH,
     WATCH_LEAST,
     VarlinkService,
-    event_wire,
     watch_batch,
     watch_frame,
 )
@@ -230,7 +229,7 @@ EVERY_KIND: list[SessionEvent] = [
 @pytest.mark.parametrize("ev", EVERY_KIND, ids=lambda e: type(e).__name__)
 def test_each_event_is_framed_once_as_its_reply(ev: SessionEvent) -> None:
     frame = watch_frame(ev)
-    assert frame == encode_reply({"event": event_wire(ev)}, continues=True)
+    assert frame == encode_reply({"event": ev.to_wire()}, continues=True)
     assert watch_frame(ev) is frame  # encoded once: every watcher sends these bytes
 
 

@@ -27,22 +27,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-COMMANDS = (
-    "run",
-    "ps",
-    "show",
-    "watch",
-    "attach",
-    "stop",
-    "logs",
-    "doctor",
-    "profile",
-    "daemon",
-    "cache",
-    "setup",
-    "trust",
-    "completion",
-)
 # as text: compiled on first use (by re's cache), not on every client start
 _ID_RE = r"[A-Za-z0-9_-]{1,64}"
 
@@ -391,58 +375,43 @@ def _parse_with_argparse(
             ):
                 raise UsageError(f"{o.flag}: expected one value")
     if name is None:
-        raise UsageError(f"missing command ({', '.join(COMMANDS)}); see {prog} --help")
+        from boxyctl.commands.table import SUBCOMMANDS
+
+        names = ", ".join(s.name for s in SUBCOMMANDS)
+        raise UsageError(f"missing command ({names}); see {prog} --help")
     if name == "run":
         return _run_command(ns, environ, cwd)
     return _subcommand(ns, cwd)
 
 
 def _subcommand(ns: Any, cwd: str) -> Command:
-    """Every subcommand but `run`, from argparse's namespace."""
-    name = ns.command
-    if name == "ps":
-        return Command("ps", {"all": ns.all, "quiet": ns.quiet, "json": ns.json})
-    if name == "show":
-        return Command(name, {"id": _session_id(ns.id), "json": ns.json})
-    if name in ("attach", "watch"):
-        return Command(name, {"id": _session_id(ns.id)})
-    if name == "logs":
-        return Command("logs", {"id": _session_id(ns.id), "follow": ns.follow})
-    if name == "stop":
-        return Command("stop", {"ids": [_session_id(i) for i in ns.id], "kill": ns.kill})
-    if name == "completion":
-        return Command("completion", {"shell": ns.shell})
-    if name == "trust":
-        if ns.json and not ns.list:
-            raise UsageError("trust: --json goes with --list")
-        return Command("trust", {"list": ns.list, "revoke": ns.revoke, "cwd": cwd, "json": ns.json})
-    if name == "cache":
+    """Every subcommand but `run`, from argparse's namespace, as its row in the table
+    says (boxyctl/commands/table.py): its fields, and its action's; session ids
+    checked; the current directory when the row takes it."""
+    from boxyctl.commands.table import BY_NAME
+
+    row = BY_NAME[ns.command]
+    args: dict[str, Any] = {}
+    arguments = row.args
+    if row.actions:
         if ns.action is None:
-            raise UsageError("cache: missing action (list, clean [--all])")
-        return Command(
-            "cache",
-            {
-                "action": ns.action,
-                "all": getattr(ns, "all", False),
-                "cwd": cwd,
-                "json": getattr(ns, "json", False),
-            },
-        )
-    if name == "doctor":
-        return Command("doctor", {"json": ns.json})
-    if name in ("profile", "daemon"):
-        if ns.action is None:
-            choices = "list, show NAME" if name == "profile" else "status, restart, stop"
-            raise UsageError(f"{name}: missing action ({choices})")
-        args: dict[str, Any] = {"action": ns.action}
-        if name == "profile":
-            args["json"] = ns.json
-        if name == "profile" and ns.action == "show":
-            args["name"] = ns.name
-        if name == "daemon" and ns.action in ("restart", "stop"):
-            args["force"] = ns.force
-        return Command(name, args)
-    return Command(name)
+            choices = ", ".join(a.usage() for a in row.actions)
+            raise UsageError(f"{row.name}: missing action ({choices})")
+        args["action"] = ns.action
+        arguments += row.action(ns.action).args
+    for arg in arguments:
+        value = getattr(ns, arg.field)
+        if arg.kind == "ids":
+            value = [_session_id(v) for v in value]
+        elif arg.kind in ("id", "id?") and value is not None:
+            value = _session_id(value)
+        args[arg.field] = value
+    for switch, needed in row.needs:
+        if args.get(switch) and not args.get(needed):
+            raise UsageError(f"{row.name}: --{switch} goes with --{needed}")
+    if row.cwd:
+        args["cwd"] = cwd
+    return Command(row.name, args)
 
 
 def _run_command(ns: Any, environ: dict[str, str], cwd: str) -> Command:

@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass, field
 
 from boxyctl import parser as p
+from boxyctl.commands.table import BY_NAME
 
 SHELLS = ("bash", "zsh", "fish")
 _PATHLIKE = re.compile(r"PATH|FILE|SRC|DST")
@@ -300,9 +301,9 @@ def _man_commands(root: Context) -> list[str]:
         sub = root.commands[name]
         args = " ".join(f"\\fI{_roff(str(a.metavar))}\\fR" for a in sub.positionals)
         out += [".TP", f"\\fB{name}\\fR {args}".rstrip(), _roff(help_text)]
-        about = p.DESCRIPTIONS.get(name)
-        if about:
-            out += [".br", _roff(about.split("\n")[0])]
+        row = BY_NAME.get(name)
+        if row is not None and row.description != row.help:
+            out += [".br", _roff(row.description.split("\n")[0])]
         if name != "run":
             out += [".RS"] + _man_flags(sub) + _man_positionals(sub) + [".RE"]
         for action_name, action_help in sub.helps.items():

@@ -13,6 +13,10 @@ from typing import Any, NoReturn
 from boxy.errors import UsageError
 from boxy.options import RUN_OPTIONS
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from boxyctl.commands.table import Sub
+
 RUN_DESCRIPTION = """\
 Run COMMAND in a fresh sandbox: the work directory read-write, a fresh $HOME,
 nothing else from the host unless a flag or the profile says so.
@@ -26,29 +30,6 @@ exit status:
   stopped it; 125 when the sandbox could not be set up; 126 and 127 when the
   command could not be run or was not found; 2 for bad input, refused before
   anything starts; 1 when boxyd failed or could not be reached."""
-
-# subcommand -> its description under `boxyctl COMMAND --help` (the one-line help is
-# the list's; this is what the command does and what it prints)
-DESCRIPTIONS = {
-    "ps": "List the sessions boxyd is running (with -a, every session on record): id, "
-    "state, start, running time, profile and command.",
-    "show": "One session in full: its command, work directory, profile, state, exit, "
-    "network totals, limits and, once it ended, its findings and destinations.",
-    "watch": "Follow a session as it happens: its network, denials and events, repainted "
-    "as they come (one line per event into a pipe), then its summary. Without ID, the "
-    "only running session.",
-    "attach": "Take over the terminal of a session started with -d (or left with Ctrl-]); "
-    "Ctrl-] leaves it again, and the session lives on.",
-    "stop": "Stop a session: SIGTERM, then SIGKILL after a grace of 5 seconds if it is "
-    "still running; -k sends SIGKILL at once. Prints the session's final state.",
-    "doctor": "Check what this kernel and host provide (user namespaces, Landlock, "
-    "seccomp, cgroup delegation, nftables, the user manager) and what each missing "
-    "layer costs a run.",
-    "setup": "Install boxyd's systemd user units and enable its socket, so boxyd starts "
-    "on demand; without a user manager, boxyctl starts boxyd itself.",
-    "completion": "Print the completion script for SHELL on stdout, e.g.\n"
-    "  boxyctl completion bash > ~/.local/share/bash-completion/completions/boxyctl",
-}
 
 
 class Help(Exception):
@@ -186,9 +167,10 @@ def build_parser(prog: str, *, run_only: bool = False) -> _Parser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     _add_run(sub, prog)
     if not run_only:
-        _add_sessions(sub)
-        _add_admin(sub)
-        _add_hook(sub)
+        from boxyctl.commands.table import SUBCOMMANDS
+
+        for row in SUBCOMMANDS[1:]:
+            _add_subcommand(sub, row)
     return parser
 
 
@@ -225,102 +207,33 @@ def _add_run(sub: argparse._SubParsersAction[_Parser], prog: str) -> None:
     )
 
 
-def _add_sessions(sub: argparse._SubParsersAction[_Parser]) -> None:
-    """ps, show, watch, attach, stop: the sessions."""
-    ps = _command(sub, "ps", "list running sessions")
-    ps.add_argument("-a", "--all", action="store_true", help="every session on record")
-    ps.add_argument("-q", "--quiet", action="store_true", help="only the ids, one a line")
-    _json(ps)
-    show = _command(sub, "show", "one session in full")
-    show.add_argument("id", metavar="ID", help=_ID)
-    _json(show)
-    logs = _command(sub, "logs", "a detached session's output")
-    logs.add_argument("-f", "--follow", action="store_true", help="follow until it ends")
-    logs.add_argument("id", metavar="ID", help=_ID)
-    _command(sub, "watch", "follow a session as it happens").add_argument(
-        "id", metavar="ID", nargs="?", help=_ID + " (default: the only running one)"
-    )
-    _command(sub, "attach", "take over a session's terminal").add_argument(
-        "id", metavar="ID", help=_ID
-    )
-    stop = _command(sub, "stop", "SIGTERM, then SIGKILL")
-    stop.add_argument("-k", "--kill", action="store_true", help="SIGKILL now")
-    stop.add_argument("id", metavar="ID", nargs="+", help=_ID + " (one or more)")
-
-
-_ID = "a session id (as `boxyctl ps` lists them) or its unique prefix"
-
-
-def _command(sub: argparse._SubParsersAction[_Parser], name: str, help: str) -> _Parser:
-    """A subcommand with its one-line HELP and, when it has one, its description."""
+def _add_subcommand(sub: argparse._SubParsersAction[_Parser], row: Sub) -> None:
+    """A row of the subcommand table (boxyctl/commands/table.py): its help, its
+    description, its arguments, and its actions with theirs."""
     import textwrap  # not on the run path: `run` alone builds no other subcommand
 
-    text = DESCRIPTIONS.get(name, help)
-    wrapped = "\n".join(textwrap.fill(par, 78) for par in text.split("\n"))
-    return sub.add_parser(name, help=help, description=wrapped)
+    text = "\n".join(textwrap.fill(par, 78) for par in row.description.split("\n"))
+    parser = sub.add_parser(row.name, help=row.help, description=text)
+    _add_arguments(parser, row)
+    if row.actions:
+        actions = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+        for action in row.actions:
+            _add_arguments(actions.add_parser(action.name, help=action.help), action)
 
 
-def _json(parser: _Parser) -> None:
-    """--json: one JSON document on stdout (its keys: the README's "JSON output")."""
-    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
-
-
-def _add_admin(sub: argparse._SubParsersAction[_Parser]) -> None:
-    """doctor, profile, daemon, cache, setup, trust, completion (in the help's order)."""
-    _json(_command(sub, "doctor", "check what this kernel and host provide"))
-    profile = sub.add_parser("profile", help="list or show profiles")
-    psub = profile.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
-    _json(psub.add_parser("list", help="the presets"))
-    pshow = psub.add_parser("show", help="a preset's text")
-    pshow.add_argument("name", metavar="NAME", help="a preset's name, or one of your own profiles'")
-    _json(pshow)
-    daemon = sub.add_parser("daemon", help="the boxyd daemon")
-    dsub = daemon.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
-    dsub.add_parser("status", help="which build is running, and how busy it is")
-    for action, what in (
-        ("restart", "replace it with this build"),
-        ("stop", "stop it (refused while sessions are running)"),
-    ):
-        dsub.add_parser(action, help=what).add_argument(
-            "--force",
-            action="store_true",
-            help="stop running sessions first (SIGTERM, grace, SIGKILL; recorded)",
-        )
-    cache = sub.add_parser(
-        "cache", help="the per-project package caches of the node and python profiles"
-    )
-    csub = cache.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
-    _json(
-        csub.add_parser(
-            "list", help="every project's cache: profile, size, last use, work directory"
-        )
-    )
-    clean = csub.add_parser("clean", help="remove this work directory's caches")
-    clean.add_argument("--all", action="store_true", help="every project's")
-    _command(sub, "setup", "install boxyd's systemd user units and enable its socket")
-    trust = sub.add_parser(
-        "trust",
-        help="approve this directory's .boxy.yaml and the registries its .npmrc or pip.conf names",
-    )
-    how = trust.add_mutually_exclusive_group()
-    how.add_argument("--list", action="store_true", help="every approval: directory, hash, what")
-    how.add_argument("--revoke", action="store_true", help="withdraw this directory's approvals")
-    _json(trust)
-    comp = _command(sub, "completion", "print the shell completion script")
-    comp.add_argument(
-        "shell", metavar="SHELL", choices=("bash", "zsh", "fish"), help="bash, zsh or fish"
-    )
-
-
-def _add_hook(sub: argparse._SubParsersAction[_Parser]) -> None:
-    """hook: sandbox the commands an agent runs (boxyctl/hook.py)."""
-    hook = sub.add_parser("hook", help="sandbox the commands an agent runs (Claude Code)")
-    hsub = hook.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
-    hsub.add_parser("claude", help="Claude Code's PreToolUse hook (its JSON on stdin)")
-    inst = hsub.add_parser("install", help="add the hook to Claude Code's settings")
-    inst.add_argument("harness", metavar="HARNESS", choices=("claude",))
-    inst.add_argument("--project", action="store_true", help="the project's .claude/settings.json")
-    inst.add_argument("--remove", action="store_true", help="take the hook out")
+def _add_arguments(parser: _Parser, row: Sub) -> None:
+    group = parser.add_mutually_exclusive_group() if row.exclusive else None
+    for arg in row.args:
+        where: Any = group if group is not None and arg.field in row.exclusive else parser
+        if not arg.positional:
+            where.add_argument(*arg.names, action="store_true", help=arg.help)
+            continue
+        kw: dict[str, Any] = {"metavar": arg.metavar, "help": arg.help}
+        if arg.kind in ("id?", "ids"):
+            kw["nargs"] = "?" if arg.kind == "id?" else "+"
+        if arg.choices:
+            kw["choices"] = arg.choices
+        where.add_argument(arg.field, **kw)
 
 
 def usage(prog: str = "boxyctl", command: str | None = None) -> str:

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from boxy.options import RUN_OPTIONS
-from boxyctl import completion, parser
+from boxyctl import completion
+from boxyctl.commands.table import SESSION_ID
 
 
 def _share() -> Path:
@@ -132,4 +133,4 @@ def test_the_man_page_has_every_commands_options_and_the_sections(tmp_path: Path
         assert f"\n{section}\n" in text, section
     for flag in ("--kill", "--all", "--force", "--revoke", "--list"):
         assert flag in text, flag
-    assert parser._ID in text and ".boxy.yaml" in text
+    assert SESSION_ID in text and ".boxy.yaml" in text

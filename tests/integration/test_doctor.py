@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from boxyctl.doctor import render
+from boxyctl.commands.doctor import render
 from boxyd.daemon import doctor
 from boxyd.daemon.doctor import Check
 
@@ -58,7 +58,7 @@ def _python_for_user() -> str:
 def run_doctor(
     *, prefix: list[str] | None = None, env: dict[str, str] | None = None, as_user: bool = True
 ) -> subprocess.CompletedProcess[str]:
-    cmd = [_python_for_user(), "-m", "boxyctl.doctor"]
+    cmd = [_python_for_user(), "-m", "boxyctl.commands.doctor"]
     full_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run(
         [*(AS_USER if as_user else []), *(prefix or []), *cmd],
@@ -313,7 +313,7 @@ def test_missing_lines_are_red_only_on_a_terminal() -> None:
     master, slave = pty.openpty()
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "TERM": "xterm"}
     proc = subprocess.Popen(
-        [_python_for_user(), "-m", "boxyctl.doctor"],
+        [_python_for_user(), "-m", "boxyctl.commands.doctor"],
         stdout=slave,
         stderr=subprocess.DEVNULL,
         env=env,
@@ -378,7 +378,7 @@ def test_git_line_agrees_with_git_config(tmp_path: Path, value: str | None, ok: 
 def test_lines_say_required_or_optional_and_how_to_get_what_is_missing(
     lines: dict[str, re.Match[str]],
 ) -> None:
-    from boxyctl.doctor import TO_GET_IT
+    from boxyctl.commands.doctor import TO_GET_IT
 
     for name, m in lines.items():
         assert (m["need"] == "required") == (name in HARD), m.group(0)

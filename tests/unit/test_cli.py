@@ -587,10 +587,10 @@ def test_an_unknown_profile_name_is_refused_in_the_client(tmp_path) -> None:
     "command", ["ps", "show", "watch", "attach", "stop", "doctor", "setup", "completion"]
 )
 def test_every_command_has_a_description_and_its_arguments_help(command: str) -> None:
-    from boxyctl.parser import DESCRIPTIONS
+    from boxyctl.commands.table import BY_NAME
 
     text = usage("boxyctl", command)
-    assert DESCRIPTIONS[command].split()[0] in text.splitlines()[2]
+    assert BY_NAME[command].description.split()[0] in text.splitlines()[2]
     if "positional arguments:" in text:
         args = text.partition("positional arguments:\n")[2].split("\n\n")[0]
         assert all(len(line.split()) > 1 for line in args.splitlines() if line.startswith("  "))

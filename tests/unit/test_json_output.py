@@ -9,8 +9,9 @@ import pytest
 
 from boxy.errors import UsageError
 from boxy.outcome import Destination, Outcome, Reason, Refusal
-from boxyctl import doctor, main
 from boxyctl.cli import parse
+from boxyctl.commands import doctor
+from boxyctl.commands import run as run_command
 from boxyd.config import profileview
 from boxyd.daemon.doctor import Check
 
@@ -35,12 +36,12 @@ def test_report_is_a_client_flag_checked_before_the_run(tmp_path) -> None:
 def test_the_report_is_written_whole(tmp_path) -> None:
     path = tmp_path / "r.json"
     path.write_text("old")
-    s = main._Summary()
+    s = run_command.Summary()
     s.id, s.notices, s.denials = "ab12cd34", ["denied evil.example:443"], 1
     row = Destination("registry.example", 3, 1, 2, 2000, 9000)
     no = Refusal("net.dns", "dns", None, None, "evil.example", "not in the allowlist", 2)
     s.outcome = Outcome(3, Reason.EXIT, findings=["f"], destinations=[row], refusals=[no])
-    main._write_report(str(path), s)
+    run_command._write_report(str(path), s)
     doc = json.loads(path.read_text())
     assert doc == {
         "id": "ab12cd34",

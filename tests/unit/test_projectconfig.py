@@ -240,7 +240,7 @@ def test_a_yaml_file_pyyaml_chokes_on_is_named_and_the_run_goes_on(project, text
     """The issue's files: each made every later run "internal error in boxyd", and
     `boxyctl trust` crash, until someone deleted it."""
     from boxy.errors import ProfileError
-    from boxyctl.main import _check_project
+    from boxyctl.commands.trust import _check_project
 
     write(project, pc.NAME, text)
     project_ = pc.read(project["wd"])

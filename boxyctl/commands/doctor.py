@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 from boxyd.daemon.doctor import Check, checks
 
@@ -71,8 +71,9 @@ def as_doc(results: list[Check]) -> dict[str, object]:
     }
 
 
-def run(as_json: bool = False) -> int:
+def main(args: dict[str, Any]) -> int:
     """Print the checks; 1 when a hard requirement is missing, else 0."""
+    as_json = bool(args.get("json"))
     results = checks()
     if as_json:
         import json
@@ -89,4 +90,4 @@ def run(as_json: bool = False) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(main({}))

@@ -10,7 +10,7 @@ import logging
 import os
 import subprocess
 import types
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +48,18 @@ class BusDaemon:
         self.proc.wait()
 
 
+OnBus = tuple[Manager, DbusService, MessageBus]
+
+
 @pytest.fixture
-def bus_daemon(tmp_path: Path):
+def bus_daemon(tmp_path: Path) -> Iterator[BusDaemon]:
     d = BusDaemon(tmp_path)
     yield d
     d.kill()
 
 
 @pytest.fixture
-async def on_bus(bus_daemon: BusDaemon) -> AsyncIterator[tuple[Manager, DbusService, MessageBus]]:
+async def on_bus(bus_daemon: BusDaemon) -> AsyncIterator[OnBus]:
     manager = Manager(FakeLauncher(), grace=0.05, keep_finished=0)
     service = DbusService(manager, lambda pid, pidfd: None)
     await service.start(bus_daemon.address)
@@ -92,7 +95,7 @@ async def add_match(client: MessageBus, rule: str) -> None:
     )  # fmt: skip
 
 
-async def test_signal_arguments_are_named_in_the_introspection(on_bus) -> None:
+async def test_signal_arguments_are_named_in_the_introspection(on_bus: OnBus) -> None:
     _, _, client = on_bus
     xml = (
         await call(client, MANAGER_PATH, "org.freedesktop.DBus.Introspectable", "Introspect")
@@ -102,7 +105,7 @@ async def test_signal_arguments_are_named_in_the_introspection(on_bus) -> None:
         assert 'name="id"' in decl and 'name="path"' in decl, decl
 
 
-async def test_the_object_manager_adds_and_removes_sessions(on_bus) -> None:
+async def test_the_object_manager_adds_and_removes_sessions(on_bus: OnBus) -> None:
     manager, _, client = on_bus
     await add_match(
         client, "type='signal',path='/dev/boxy',interface='org.freedesktop.DBus.ObjectManager'"
@@ -132,7 +135,7 @@ async def test_the_object_manager_adds_and_removes_sessions(on_bus) -> None:
     assert listed == []  # only what has an object on the bus
 
 
-async def test_run_over_dbus_is_refused_for_another_build(on_bus) -> None:
+async def test_run_over_dbus_is_refused_for_another_build(on_bus: OnBus) -> None:
     import json
 
     manager, _, client = on_bus
@@ -150,7 +153,7 @@ async def test_run_over_dbus_is_refused_for_another_build(on_bus) -> None:
     assert manager.known() == []
 
 
-async def test_a_flood_of_10000_events_grows_nothing(on_bus) -> None:
+async def test_a_flood_of_10000_events_grows_nothing(on_bus: OnBus) -> None:
     manager, service, client = on_bus
     await add_match(client, "type='signal',interface='dev.boxy.Session1',member='Event'")
     events = signals(client, "Event")
@@ -224,7 +227,9 @@ async def test_join_bus_takes_only_unix_addresses(address: str) -> None:
     assert bus.service is None
 
 
-async def test_output_reads_a_sessions_log_in_pieces(on_bus, tmp_path, monkeypatch) -> None:
+async def test_output_reads_a_sessions_log_in_pieces(
+    on_bus: OnBus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Output, as varlink's: the log from an offset, the next offset, ended, kept."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     manager, _, client = on_bus
@@ -249,7 +254,9 @@ async def test_output_reads_a_sessions_log_in_pieces(on_bus, tmp_path, monkeypat
 # -- who calls: a process inside a sandbox is refused (docs/design.md, "The front door")
 
 
-def busctl(address: str, *args: str, via: list[str] | None = None) -> subprocess.CompletedProcess:
+def busctl(
+    address: str, *args: str, via: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*(via or []), "busctl", f"--address={address}", "call", BUS_NAME, MANAGER_PATH,
          "dev.boxy.Manager1", *args],
@@ -257,7 +264,9 @@ def busctl(address: str, *args: str, via: list[str] | None = None) -> subprocess
     )  # fmt: skip
 
 
-async def test_a_caller_inside_a_sandbox_is_refused_and_others_are_served(bus_daemon) -> None:
+async def test_a_caller_inside_a_sandbox_is_refused_and_others_are_served(
+    bus_daemon: BusDaemon,
+) -> None:
     """The caller's process, as the bus knows it, is put to the same check as
     varlink's writers (daemon/insiders.py): a process in a registered user namespace
     (here: unshare's, standing for a sandbox's) hears a refusal; the others are

@@ -2,10 +2,14 @@
 
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from boxy.errors import UsageError
+from boxy.request import RunRequest
 from boxyctl import cli
 from boxyctl.cli import Command, parse, parse_or_exit, prog_name, usage
 
@@ -24,28 +28,30 @@ ENV = {
 CWD = "/home/u/proj"
 
 
-def p(*argv, environ=ENV):
+def p(*argv: str, environ: dict[str, str] = ENV) -> Command:
     return parse(list(argv), environ=environ, cwd=CWD)
 
 
-def wire(cmd):
+def wire(cmd: Command) -> dict[str, Any]:
     """A run's request as the Run call carries it."""
     assert cmd.name == "run"
-    return cmd.args["request"].to_wire()
+    request: RunRequest = cmd.args["request"]
+    return request.to_wire()
 
 
-def run_opts(*argv, **kw):
-    return wire(p("run", *argv, "--", "true", **kw))["options"]
+def run_opts(*argv: str, **kw: dict[str, str]) -> dict[str, Any]:
+    options: dict[str, Any] = wire(p("run", *argv, "--", "true", **kw))["options"]
+    return options
 
 
-def refused(*argv, environ=ENV):
+def refused(*argv: str, environ: dict[str, str] = ENV) -> str:
     with pytest.raises(UsageError) as e:
         p(*argv, environ=environ)
     assert "\n" not in str(e.value)
     return str(e.value)
 
 
-def test_run_defaults_are_exactly_the_run_parameters():
+def test_run_defaults_are_exactly_the_run_parameters() -> None:
     cmd = p("run", "--", "npm", "ci")
     assert wire(cmd) == (
         {
@@ -68,9 +74,9 @@ def test_run_defaults_are_exactly_the_run_parameters():
     )  # fmt: skip
 
 
-def test_the_request_survives_the_wire():
+def test_the_request_survives_the_wire() -> None:
     """What the CLI builds is what the daemon decodes, every option included."""
-    from boxy.request import OPTIONS, RunRequest
+    from boxy.request import OPTIONS
 
     cmd = p(
         "run",
@@ -118,18 +124,18 @@ def test_the_request_survives_the_wire():
         (["-v", "--", "-weird"], ["-weird"]),
     ],
 )
-def test_command_with_or_without_double_dash(argv, command):
+def test_command_with_or_without_double_dash(argv: list[str], command: list[str]) -> None:
     assert wire(p("run", *argv))["argv"] == command
 
 
 @pytest.mark.parametrize(
     "argv", [["run"], ["run", "--"], ["run", "-v"], ["run", "-p", "node", "--"]]
 )
-def test_missing_command(argv):
+def test_missing_command(argv: list[str]) -> None:
     assert refused(*argv).startswith("run: missing command")
 
 
-def test_every_flag():
+def test_every_flag() -> None:
     o = run_opts(
         "-p", "node", "--ro", "a", "--ro", "/abs", "--rw", "~/data", "--protect", "./.env", "--reveal", ".npmrc",
         "--mkdir", "~", "--allow-git-write", "--edit-config", ".claude", "--copy", "~/c.json", "--copy", "x:/etc/y",
@@ -183,14 +189,14 @@ def test_every_flag():
     }
 
 
-def test_profile_path_made_absolute():
+def test_profile_path_made_absolute() -> None:
     assert run_opts("-p", "my.yaml")["profile"] == "/home/u/proj/my.yaml"
     assert run_opts("-p", "~/p/x.yml")["profile"] == "/home/u/p/x.yml"
     assert run_opts("-p", "./conf/x")["profile"] == "/home/u/proj/conf/x"
     assert run_opts("-p", "claude")["profile"] == "claude"
 
 
-def test_client_env_never_carries_secrets():
+def test_client_env_never_carries_secrets() -> None:
     env = wire(p("run", "true"))["client_env"]
     assert "GITHUB_TOKEN" not in env and "EDITOR" not in env
     # PATH travels (the daemon asks the user's own npm/pip for their registry) but never
@@ -198,7 +204,7 @@ def test_client_env_never_carries_secrets():
     assert env["PATH"] == "/usr/bin"
 
 
-def test_e_name_reads_the_client_environment():
+def test_e_name_reads_the_client_environment() -> None:
     assert run_opts("-e", "GITHUB_TOKEN")["env"] == [
         {"name": "GITHUB_TOKEN", "value": "ghp", "present": True}
     ]
@@ -282,15 +288,15 @@ def test_e_name_reads_the_client_environment():
         (["daemon", "kill"], "daemon: kill: not an action; one of: status"),
     ],
 )
-def test_refusals(argv, message):
+def test_refusals(argv: list[str], message: str) -> None:
     assert message in refused(*argv)
 
 
-def test_tilde_without_home():
+def test_tilde_without_home() -> None:
     assert "HOME is not set" in refused("run", "--ro", "~/x", "ls", environ={})
 
 
-def test_relative_or_removed_cwd_refused_for_run_only():
+def test_relative_or_removed_cwd_refused_for_run_only() -> None:
     with pytest.raises(UsageError, match="not an absolute path"):
         parse(["run", "--", "ls"], environ=ENV, cwd="rel")
     with pytest.raises(UsageError, match="the current directory was removed"):
@@ -327,11 +333,11 @@ def test_relative_or_removed_cwd_refused_for_run_only():
         (["--version"], Command("version", {})),
     ],
 )
-def test_subcommands(argv, command):
+def test_subcommands(argv: list[str], command: Command) -> None:
     assert p(*argv) == command
 
 
-def test_help():
+def test_help() -> None:
     top = p("--help")
     assert top.name == "help" and "run" in top.args["text"] and "daemon" in top.args["text"]
     run = p("run", "--help")
@@ -342,7 +348,7 @@ def test_help():
     assert usage().startswith("usage: boxyctl")
 
 
-def test_parse_or_exit_prints_one_line_and_exits_2(capsys):
+def test_parse_or_exit_prints_one_line_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         parse_or_exit(["run", "--memory", "2XB", "ls"], environ=ENV, cwd=CWD, prog="boxy")
     assert e.value.code == 2
@@ -351,13 +357,13 @@ def test_parse_or_exit_prints_one_line_and_exits_2(capsys):
     assert captured.err == "boxy: --memory: '2XB' is not a size (examples: 512MiB, 2GiB)\n"
 
 
-def test_prog_name():
+def test_prog_name() -> None:
     assert prog_name("/usr/bin/boxy") == "boxy"
     assert prog_name("boxyctl") == "boxyctl"
     assert prog_name("/tmp/x/__main__.py") == "boxyctl"
 
 
-def test_imports_stay_light():
+def test_imports_stay_light() -> None:
     code = (
         "import sys, boxyctl.cli; "
         "bad = [m for m in ('yaml', 'asyncio', 'dbus_fast', 'boxyd.config.spec', 'boxyd.config.profiles') "
@@ -367,12 +373,12 @@ def test_imports_stay_light():
     assert out.stdout.strip() == "[]"
 
 
-def _both(argv: list[str]):
+def _both(argv: list[str]) -> tuple[RunRequest | str | None, RunRequest | str]:
     """(fast path result, argparse result) for `run` ARGV: each a dict, the error
     text, or None when the fast path declined."""
     from boxyctl import cli as c
 
-    def finish(ns):
+    def finish(ns: SimpleNamespace) -> RunRequest | str:
         try:
             return c._run_request(ns, dict(ENV), CWD)
         except UsageError as e:
@@ -380,7 +386,7 @@ def _both(argv: list[str]):
 
     fast = c._fast_run(argv)
     try:
-        slow = c._parse_with_argparse(
+        slow: RunRequest | str = c._parse_with_argparse(
             ["run", *argv], environ=dict(ENV), cwd=CWD, prog="boxyctl"
         ).args["request"]
     except UsageError as e:
@@ -388,7 +394,7 @@ def _both(argv: list[str]):
     return (None if fast is None else finish(fast)), slow
 
 
-def test_fast_path_agrees_with_argparse_wherever_it_answers():
+def test_fast_path_agrees_with_argparse_wherever_it_answers() -> None:
     import random
 
     from boxy.options import RUN_OPTIONS
@@ -445,12 +451,12 @@ def test_fast_path_agrees_with_argparse_wherever_it_answers():
         ["--tty", "--", "-weird-cmd"],
     ],
 )
-def test_fast_path_takes_plain_run_lines(argv: list[str]):
+def test_fast_path_takes_plain_run_lines(argv: list[str]) -> None:
     fast, slow = _both(argv)
     assert fast is not None and fast == slow
 
 
-def test_a_flag_given_no_value_is_one_line_not_a_traceback():
+def test_a_flag_given_no_value_is_one_line_not_a_traceback() -> None:
     # argparse reads '--pids=--' as an empty value list
     for argv in (["--pids=--", "true"], ["--ro=--", "true"]):
         assert "expected one value" in refused("run", *argv)
@@ -470,19 +476,19 @@ def test_a_flag_given_no_value_is_one_line_not_a_traceback():
         ["-", "true"],
     ],
 )
-def test_fast_path_leaves_the_rest_to_argparse(argv: list[str]):
+def test_fast_path_leaves_the_rest_to_argparse(argv: list[str]) -> None:
     from boxyctl.cli import _fast_run
 
     assert _fast_run(argv) is None
 
 
-def test_allow_port_with_public_is_refused():
+def test_allow_port_with_public_is_refused() -> None:
     assert "cannot be combined with --net public" in refused(
         "run", "--net", "public", "--allow-port", "22", "true"
     )
 
 
-def test_net_log_with_none_is_refused():
+def test_net_log_with_none_is_refused() -> None:
     assert "--net-log: cannot be combined with --net none" in refused(
         "run", "--net", "none", "--net-log", "/tmp/n.json", "true"
     )
@@ -499,7 +505,7 @@ def test_net_log_with_none_is_refused():
         (["--secret", "1BAD"], "not a valid variable name"),
     ],
 )
-def test_secret_refusals_never_show_a_value(argv, message):
+def test_secret_refusals_never_show_a_value(argv: list[str], message: str) -> None:
     with pytest.raises(UsageError) as e:
         p("run", *argv, "--", "true")
     assert message in str(e.value) and "hunter2" not in str(e.value)
@@ -571,7 +577,7 @@ def test_a_mistyped_command_or_flag_gets_a_suggestion(argv: list[str], message: 
     assert str(e.value).startswith(message) and "COMMAND" not in str(e.value)
 
 
-def test_an_unknown_profile_name_is_refused_in_the_client(tmp_path) -> None:
+def test_an_unknown_profile_name_is_refused_in_the_client(tmp_path: Path) -> None:
     env = {"HOME": str(tmp_path)}
     with pytest.raises(UsageError) as e:
         parse(["run", "-p", "nod", "true"], environ=env, cwd=str(tmp_path))
@@ -602,7 +608,9 @@ def test_help_says_the_exit_statuses() -> None:
         assert "exit status:" in text and "2 for bad input" in text
 
 
-def test_run_without_a_command_is_the_shell_on_a_terminal_only(monkeypatch) -> None:
+def test_run_without_a_command_is_the_shell_on_a_terminal_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from boxyctl import cli
 
     monkeypatch.setattr(cli, "_on_terminal", lambda: False)

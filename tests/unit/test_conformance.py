@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from boxy.buildid import build_id
 from boxyd.api import idl
 from boxyd.api.varlink import SERVICE_IDL, interface_description
 from boxyd.daemon.manager import Manager
+from boxyd.daemon.session import Session
 from tests.unit.test_core import FakeLauncher, request, started
 from tests.unit.test_service import Peer, serve
 
@@ -61,7 +63,7 @@ async def call(
         json.dumps({"method": f"{iface.name}.{method}", "parameters": params, **flags}).encode()
         + b"\0"
     )
-    replies = []
+    replies: list[dict[str, Any]] = []
     while True:
         msg = await peer.reply()
         check_reply(iface, method, msg)
@@ -70,8 +72,11 @@ async def call(
             return replies
 
 
+World = tuple[Manager, Peer, dict[str, Session]]
+
+
 @pytest.fixture
-async def world(tmp_path: Path):
+async def world(tmp_path: Path) -> AsyncIterator[World]:
     """A server over a core with one session running, one detached, one ended."""
     manager = Manager(FakeLauncher(ignore=(signal.SIGWINCH,)), grace=0.05)
     path, server, task = serve(tmp_path, manager)
@@ -118,7 +123,7 @@ def good(sessions: dict[str, Any]) -> dict[str, tuple[dict[str, Any], dict[str, 
     }
 
 
-async def test_every_method_with_good_parameters_replies_as_declared(world) -> None:
+async def test_every_method_with_good_parameters_replies_as_declared(world: World) -> None:
     manager, peer, sessions = world
     cases = good(sessions)
     assert set(cases) == set(IDL.methods), "a method of the IDL without a case here"
@@ -160,7 +165,9 @@ async def test_every_method_with_good_parameters_replies_as_declared(world) -> N
 
 
 @pytest.mark.parametrize("method", sorted(IDL.methods))
-async def test_every_parameter_missing_or_mistyped_is_invalid_parameter(world, method: str) -> None:
+async def test_every_parameter_missing_or_mistyped_is_invalid_parameter(
+    world: World, method: str
+) -> None:
     _, peer, sessions = world
     params, flags = good(sessions)[method]
     cases = [("bogus", {**params, "bogus": 1})]
@@ -174,7 +181,7 @@ async def test_every_parameter_missing_or_mistyped_is_invalid_parameter(world, m
         assert reply["parameters"]["parameter"].split(".")[0].split("[")[0] == named
 
 
-async def test_unknown_interfaces_and_methods(world) -> None:
+async def test_unknown_interfaces_and_methods(world: World) -> None:
     _, peer, _ = world
     peer.send("Version", {})
     await peer.reply()
@@ -193,7 +200,7 @@ async def test_unknown_interfaces_and_methods(world) -> None:
 
 
 async def test_watch_streams_events_as_declared_and_a_gone_watcher_is_no_error(
-    world, caplog
+    world: World, caplog: pytest.LogCaptureFixture
 ) -> None:
     manager, peer, sessions = world
     s = sessions["running"]
@@ -206,7 +213,7 @@ async def test_watch_streams_events_as_declared_and_a_gone_watcher_is_no_error(
     check_reply(IDL, "Watch", await peer.reply())
     s.record("net", verdict="deny", host="example.org")
     s.notice("denied")
-    kinds = []
+    kinds: list[str] = []
     for _ in range(2):
         msg = await peer.reply()
         check_reply(IDL, "Watch", msg)

@@ -8,6 +8,7 @@ import asyncio
 import errno
 import signal
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -39,13 +40,14 @@ from boxyd.daemon.events import (
     Noticed,
     PayloadStopped,
     RunStarted,
+    SessionEvent,
     SessionNew,
     SessionRemoved,
     StateChanged,
 )
 from boxyd.daemon.manager import Manager
 from boxyd.daemon.seam import Exit, Report, SandboxEvent, Sink, Started
-from boxyd.daemon.session import outcome_of
+from boxyd.daemon.session import Session, outcome_of
 
 TABLE = Destination("registry.example", 3, 1, 2, 2000, 9000)
 
@@ -155,7 +157,18 @@ def request(*argv: str, **options: object) -> RunRequest:
     return RunRequest(list(argv or ["true"]), "/w", RunOptions(**options), build=build_id())
 
 
-async def started(session) -> None:
+def made(m: Manager) -> list[FakeSandbox]:
+    """The sandboxes M's FakeLauncher made."""
+    assert isinstance(m.launcher, FakeLauncher)
+    return m.launcher.made
+
+
+def state_now(session: Session) -> State:
+    """SESSION's state, read anew (mypy keeps an `is` narrowing across awaits)."""
+    return session.state
+
+
+async def started(session: Session) -> None:
     for _ in range(100):
         if session.state is State.RUNNING:
             return
@@ -169,13 +182,13 @@ async def test_start_returns_at_once_and_the_session_runs_without_its_caller() -
     assert s.state is State.STARTING and m.get(s.id) is s and m.busy()
     await started(s)
     assert [r["layer"] for r in s.audit] == ["test"] and s.audit[0]["session"] == s.id
-    sb = m.launcher.made[0]
+    sb = made(m)[0]
     sb.push(Exit(code=3))
     out = await s.wait()
     assert (out.exit_status, out.reason, out.state) == (3, Reason.EXIT, State.EXITED)
     assert (out.findings, out.notes, out.destinations) == (["a finding"], ["a note"], [TABLE])
     assert out.warnings == []  # said when it started, not again
-    assert s.state is State.EXITED and sb.finished and sb.closed and not m.busy()
+    assert state_now(s) is State.EXITED and sb.finished and sb.closed and not m.busy()
     assert s.audit == []  # written out, not held by a long-lived daemon
 
 
@@ -190,7 +203,7 @@ async def test_an_audit_flood_is_counted_and_the_outcome_says_so(
     await started(s)
     for i in range(7):
         s.record("net", n=i)
-    m.launcher.made[0].push(Exit(code=0))
+    made(m)[0].push(Exit(code=0))
     out = await s.wait()
     assert "audit log: 5 records past 3 counted, not kept" in out.notes, out.notes
 
@@ -199,7 +212,7 @@ async def test_bad_input_starts_nothing() -> None:
     m = Manager(FakeLauncher())
     with pytest.raises(UsageError):
         await m.start(request("bad"), [])
-    assert m.known() == [] and m.launcher.made == []
+    assert m.known() == [] and made(m) == []
 
 
 async def test_unknown_session() -> None:
@@ -221,7 +234,7 @@ async def test_a_setup_failure_is_an_outcome(fail: Exception, status: int) -> No
     out = await s.wait()
     assert (out.exit_status, out.reason, out.state) == (status, Reason.SETUP, State.FAILED)
     assert str(fail) in out.message
-    assert m.launcher.made[0].closed and not m.launcher.made[0].finished
+    assert made(m)[0].closed and not made(m)[0].finished
 
 
 async def test_stop_is_sigterm_then_sigkill_after_the_grace() -> None:
@@ -230,7 +243,7 @@ async def test_stop_is_sigterm_then_sigkill_after_the_grace() -> None:
     await started(s)
     m.stop(s.id)
     out = await asyncio.wait_for(s.wait(), 2)
-    assert m.launcher.made[0].signals == [signal.SIGTERM, signal.SIGKILL]
+    assert made(m)[0].signals == [signal.SIGTERM, signal.SIGKILL]
     assert (out.exit_status, out.reason, out.state) == (137, Reason.SIGNAL, State.KILLED)
 
 
@@ -240,7 +253,7 @@ async def test_stop_kill_is_sigkill_now() -> None:
     await started(s)
     m.stop(s.id, kill=True)
     await asyncio.wait_for(s.wait(), 2)
-    assert m.launcher.made[0].signals == [signal.SIGKILL]
+    assert made(m)[0].signals == [signal.SIGKILL]
 
 
 async def test_a_stop_before_the_payload_runs_kills_it_once_it_can() -> None:
@@ -248,7 +261,7 @@ async def test_a_stop_before_the_payload_runs_kills_it_once_it_can() -> None:
     s = await m.start(request(), [])
     s.stop()  # still starting
     out = await asyncio.wait_for(s.wait(), 2)
-    assert m.launcher.made[0].signals[0] == signal.SIGKILL and out.state is State.KILLED
+    assert made(m)[0].signals[0] == signal.SIGKILL and out.state is State.KILLED
 
 
 async def test_hangup_sends_sighup_then_stops() -> None:
@@ -257,7 +270,7 @@ async def test_hangup_sends_sighup_then_stops() -> None:
     await started(s)
     s.hangup()
     await asyncio.wait_for(s.wait(), 2)
-    assert m.launcher.made[0].signals == [signal.SIGHUP, signal.SIGTERM, signal.SIGKILL]
+    assert made(m)[0].signals == [signal.SIGHUP, signal.SIGTERM, signal.SIGKILL]
 
 
 async def test_timeout_is_124_even_when_the_payload_exits_0_on_sigterm() -> None:
@@ -265,7 +278,7 @@ async def test_timeout_is_124_even_when_the_payload_exits_0_on_sigterm() -> None
     s = await m.start(request(), [])
     await started(s)
     await asyncio.sleep(0.1)
-    m.launcher.made[0].push(Exit(code=0))  # it caught SIGTERM and exited 0
+    made(m)[0].push(Exit(code=0))  # it caught SIGTERM and exited 0
     out = await asyncio.wait_for(s.wait(), 2)
     assert (out.exit_status, out.reason, out.state) == (124, Reason.TIMEOUT, State.TIMED_OUT)
     assert out.message.startswith("timed out after")
@@ -278,7 +291,7 @@ async def test_signals_reach_only_a_running_payload() -> None:
     await started(s)
     s.signal(signal.SIGINT)
     s.resize(24, 80)
-    sb = m.launcher.made[0]
+    sb = made(m)[0]
     assert sb.signals == [signal.SIGINT] and sb.size == (24, 80)
     sb.push(Exit(code=0))
     await s.wait()
@@ -291,8 +304,8 @@ async def test_events_in_order_and_the_stream_ends() -> None:
     s = await m.start(request(), [])
     sub = s.subscribe((RunStarted, PayloadStopped, StateChanged, Exited))
     await started(s)
-    m.launcher.made[0].push(seam.Stopped(signal.SIGTSTP))
-    m.launcher.made[0].push(Exit(code=0))
+    made(m)[0].push(seam.Stopped(signal.SIGTSTP))
+    made(m)[0].push(Exit(code=0))
     got = [e async for e in sub]
     assert got[:3] == [
         StateChanged(State.RUNNING, t=got[0].t),
@@ -306,7 +319,7 @@ async def test_events_in_order_and_the_stream_ends() -> None:
 
 
 async def test_a_watcher_that_never_reads_loses_events_and_slows_nothing() -> None:
-    fan = Fanout(bound=10)
+    fan: Fanout[SessionEvent] = Fanout(bound=10)
     stuck, reader = fan.subscribe(), fan.subscribe()
     for i in range(10_000):
         fan.publish(Audited({"n": i}))
@@ -319,7 +332,7 @@ async def test_a_watcher_that_never_reads_loses_events_and_slows_nothing() -> No
 
 
 def test_a_full_watcher_waits_aside_and_is_told_its_gap_when_it_reads_again() -> None:
-    fan = Fanout(bound=10)
+    fan: Fanout[SessionEvent] = Fanout(bound=10)
     stuck, reader = fan.subscribe(), fan.subscribe()
     made = 0
 
@@ -346,7 +359,7 @@ def test_a_full_watcher_waits_aside_and_is_told_its_gap_when_it_reads_again() ->
 
 
 def test_pop_takes_what_is_queued_in_order_with_the_gaps_where_they_were() -> None:
-    fan = Fanout(bound=3)
+    fan: Fanout[SessionEvent] = Fanout(bound=3)
     sub = fan.subscribe()
     for i in range(5):  # 0..2 queued, 3 and 4 lost
         fan.publish(Audited({"n": i}))
@@ -397,7 +410,7 @@ async def test_gather_waits_for_enough_events_or_its_time_or_the_end() -> None:
 
 
 def test_publish_lazy_makes_an_event_only_for_a_watcher_with_room() -> None:
-    fan = Fanout(bound=2)
+    fan: Fanout[SessionEvent] = Fanout(bound=2)
     made: list[Audited] = []
 
     def make() -> Audited:
@@ -441,7 +454,7 @@ async def test_a_flood_of_audit_records_never_drops_the_run_stream_events() -> N
     for i in range(5000):
         s.record("net", n=i)
     s.notice("denied")
-    m.launcher.made[0].push(Exit(code=0))
+    made(m)[0].push(Exit(code=0))
     kinds = [e.kind async for e in run_stream]  # the wire's names
     assert kinds == ["started", "notice"]
 
@@ -468,7 +481,11 @@ async def test_shutdown_stops_every_running_session_and_waits() -> None:
     for s in sessions:
         await started(s)
     await asyncio.wait_for(m.shutdown(), 2)
-    assert all(s.state is State.KILLED for s in sessions) and m.launcher.closed
+    assert (
+        all(s.state is State.KILLED for s in sessions)
+        and isinstance(m.launcher, FakeLauncher)
+        and m.launcher.closed
+    )
 
 
 async def test_fifty_sessions_at_once() -> None:
@@ -477,7 +494,7 @@ async def test_fifty_sessions_at_once() -> None:
     for s in sessions:
         await started(s)
     assert len(m.running()) == 50 and m.status().sessions_running == 50
-    for sb in m.launcher.made:
+    for sb in made(m):
         sb.push(Exit(code=0))
     outs = await asyncio.gather(*(s.wait() for s in sessions))
     assert all(o.exit_status == 0 for o in outs) and not m.busy()
@@ -496,12 +513,14 @@ async def test_fifty_sessions_at_once() -> None:
     (Exit(error="landlock: not supported"), False, (125, Reason.SETUP, "landlock: not supported")),
     (Exit(), False, (125, Reason.SETUP, "stage 2 ended without a word (see boxyd's log)")),
 ])  # fmt: skip
-def test_outcome_of(end: Exit, timed_out: bool, want: tuple) -> None:
+def test_outcome_of(end: Exit, timed_out: bool, want: tuple[int, Reason, str]) -> None:
     out = outcome_of(end, timed_out=timed_out, timeout=60.0)
     assert (out.exit_status, out.reason, out.message) == want
 
 
-async def test_a_record_outlives_the_manager(tmp_path, monkeypatch) -> None:
+async def test_a_record_outlives_the_manager(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from boxyd.daemon import records
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
@@ -510,6 +529,7 @@ async def test_a_record_outlives_the_manager(tmp_path, monkeypatch) -> None:
     await s.wait()
     again = Manager(FakeLauncher(), records.Records(str(tmp_path)))
     info = await again.info(s.id)
+    assert info.outcome is not None
     assert (info.state, info.argv, info.outcome.exit_status) == (State.EXITED, ["true"], 4)
     assert [i.id for i in await again.infos(all=True)] == [s.id]
     assert await again.infos() == []
@@ -535,14 +555,14 @@ async def test_detach_and_attach() -> None:
     with pytest.raises(Busy, match="is attached to another client"):
         s.attach([], None)
     s.detach_requested()
-    assert not s.attached and m.launcher.made[0].detached
+    assert not s.attached and made(m)[0].detached
     s.client_gone()  # the client that detached closes its connection: no hang-up
-    assert m.launcher.made[0].signals == []
+    assert made(m)[0].signals == []
     s.attach([], None)
-    assert s.attached and m.launcher.made[0].clients == 1
+    assert s.attached and made(m)[0].clients == 1
     s.client_gone()  # this one is killed: hung up
     out = await asyncio.wait_for(s.wait(), 2)
-    assert m.launcher.made[0].signals[0] == signal.SIGHUP and out.state is State.KILLED
+    assert made(m)[0].signals[0] == signal.SIGHUP and out.state is State.KILLED
     assert [e.kind async for e in sub] == ["detached", "attached"]
     with pytest.raises(UsageError, match="has ended"):
         s.attach([], None)
@@ -553,12 +573,14 @@ async def test_a_detached_run_is_not_hung_up() -> None:
     s = await m.start(request(detach=True), [])
     await started(s)
     s.client_gone()
-    assert m.launcher.made[0].signals == [] and s.state is State.RUNNING
+    assert made(m)[0].signals == [] and s.state is State.RUNNING
     m.stop(s.id, kill=True)
     await s.wait()
 
 
-async def test_counters_once_a_tick_for_watchers_and_kept_after_the_end(monkeypatch) -> None:
+async def test_counters_once_a_tick_for_watchers_and_kept_after_the_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from boxyd.daemon import session as session_mod
 
     monkeypatch.setattr(session_mod, "TICK", 0.01)
@@ -568,7 +590,7 @@ async def test_counters_once_a_tick_for_watchers_and_kept_after_the_end(monkeypa
     s.signal(signal.SIGINT)  # the fake counts signals as connections
     sub = s.subscribe((CountersTick,))
     await asyncio.sleep(0.1)
-    m.launcher.made[0].push(Exit(code=0))
+    made(m)[0].push(Exit(code=0))
     await s.wait()
     got = [e async for e in sub if isinstance(e, CountersTick)]
     assert len(got) >= 3
@@ -583,7 +605,9 @@ async def test_counters_once_a_tick_for_watchers_and_kept_after_the_end(monkeypa
     (frozenset({"memory", "pids", "cpu"}), None, {"memory": False, "pids": True, "cpus": False}),
     (frozenset({"pids"}), "boxy-a.scope", {"memory": False, "pids": True, "cpus": False}),
 ])  # fmt: skip
-def test_what_each_limit_amounts_to(controllers, unit, want) -> None:
+def test_what_each_limit_amounts_to(
+    controllers: frozenset[str], unit: str | None, want: dict[str, bool]
+) -> None:
     from boxyd.daemon.scopes import Placement, limits
 
     spec = RunSpec(argv=["true"], workdir="/w", memory=1 << 30, pids=300, cpus=0.5)
@@ -632,7 +656,7 @@ async def test_a_stop_after_launch_but_before_the_payload_runs_reaches_stage_2()
     sb = None
     for _ in range(100):  # launched: start() has returned, the payload not started
         if s._launched:
-            sb = m.launcher.made[0]
+            sb = made(m)[0]
             break
         await asyncio.sleep(0)
     assert sb is not None and s.state is State.STARTING
@@ -641,7 +665,9 @@ async def test_a_stop_after_launch_but_before_the_payload_runs_reaches_stage_2()
     assert signal.SIGKILL in sb.signals and out.state is State.KILLED
 
 
-async def test_an_outcome_is_bounded_and_its_lists_kept_in_files(tmp_path, monkeypatch) -> None:
+async def test_an_outcome_is_bounded_and_its_lists_kept_in_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """100,000 long-named planted hooks: the reply and the record hold counts and the
     first lines; the whole list is a 0600 file in the session's record."""
     from boxy.outcome import MAX_LINES
@@ -676,8 +702,8 @@ async def test_the_follow_stream_is_typed_running_notice_stopped_ended() -> None
     follow = s.follow()
     await started(s)
     s.notice("denied example.org")
-    m.launcher.made[0].push(seam.Stopped(signal.SIGTSTP))
-    m.launcher.made[0].push(Exit(code=3))
+    made(m)[0].push(seam.Stopped(signal.SIGTSTP))
+    made(m)[0].push(Exit(code=3))
     got = [r async for r in follow]
     assert got[:3] == [
         Running(s.id, ["a warning"]),
@@ -755,13 +781,13 @@ async def test_a_run_nobody_follows_is_not_hung_up() -> None:
     await started(s)
     assert not s.attached
     s.client_gone()
-    assert m.launcher.made[0].signals == []
+    assert made(m)[0].signals == []
     m.stop(s.id, kill=True)
     await s.wait()
 
 
 async def test_a_unique_prefix_names_a_session_an_ambiguous_one_is_refused(
-    tmp_path, monkeypatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from boxyd.daemon import manager, records
 
@@ -788,7 +814,7 @@ async def test_a_unique_prefix_names_a_session_an_ambiguous_one_is_refused(
 
 
 async def test_output_reads_the_log_in_pieces_and_says_when_it_is_all(
-    tmp_path, monkeypatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from boxyd.daemon import records
 
@@ -801,7 +827,7 @@ async def test_output_reads_the_log_in_pieces_and_says_when_it_is_all(
     (records.record_dir(s.id) / "output.log").write_bytes(b"x" * 10)
     got = await m.output(s.id, 0, limit=4)
     assert (got.data, got.offset, got.kept, got.ended) == (b"xxxx", 4, True, False)
-    m.launcher.made[0].push(Exit(code=0))
+    made(m)[0].push(Exit(code=0))
     await s.wait()
     rest = await m.output(s.id, 4)
     assert (rest.data, rest.offset, rest.ended) == (b"x" * 6, 10, True)

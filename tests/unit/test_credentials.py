@@ -528,7 +528,9 @@ def _names_rule_for_covers() -> list[tuple[str, str, bool]]:
 
 
 @pytest.mark.parametrize("parent,name,is_dir", _names_rule_for_covers())
-def test_the_listing_prefilter_is_a_superset_of_rule_for(parent: str, name: str, is_dir: bool):
+def test_the_listing_prefilter_is_a_superset_of_rule_for(
+    parent: str, name: str, is_dir: bool
+) -> None:
     assert c.rule_for(parent, name, is_dir) is not None
     listing = ["index.js", "package.json", name, "README.md"]
     assert c.any_candidate(listing)
@@ -536,7 +538,7 @@ def test_the_listing_prefilter_is_a_superset_of_rule_for(parent: str, name: str,
     assert c.any_candidate({name: "file"})  # a listing is a dict of names
 
 
-def test_the_listing_prefilter_passes_over_ordinary_directories():
+def test_the_listing_prefilter_passes_over_ordinary_directories() -> None:
     for listing in (["index.js", "package.json", "lib", "README.md"], [], ["keys", "pemmican"]):
         assert not c.any_candidate(listing)
         assert all(c.rule_for("x", n, False) is None for n in listing)

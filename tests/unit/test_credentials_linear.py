@@ -337,11 +337,17 @@ NAMES = [
 LINEAR_ONLY = ["scrub_java_properties"]
 NEW: dict[str, Callable[[bytes], bytes]] = {n: getattr(c, n) for n in NAMES + LINEAR_ONLY}
 OLD: dict[str, Callable[[bytes], bytes]] = {n: globals()[n] for n in NAMES}
+
+
+def _flow_checked(f: Callable[[bytes], bytes], k: frozenset[str]) -> Callable[[bytes], bytes]:
+    return lambda d: c._no_flow_secret(f(d), k)
+
+
 # a check added after the linear rewrite, the same in both: what a flow mapping holds
 FLOW = {"scrub_kubeconfig": c._KUBE_SECRET_KEYS, "scrub_yarnrc": c._YARN_SECRET_KEYS,
         "scrub_toml": c._TOML_SECRET}  # fmt: skip
 for _name, _keys in FLOW.items():
-    OLD[_name] = lambda d, f=OLD[_name], k=_keys: c._no_flow_secret(f(d), k)
+    OLD[_name] = _flow_checked(OLD[_name], _keys)
 
 
 def test_every_scrubber_is_here() -> None:

@@ -11,7 +11,7 @@ import os
 import subprocess
 import types
 import xml.etree.ElementTree as ET
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,15 +49,18 @@ class BusDaemon:
         self.proc.wait()
 
 
+OnBus = tuple[Manager, DbusService, MessageBus]
+
+
 @pytest.fixture
-def bus_daemon(tmp_path: Path):
+def bus_daemon(tmp_path: Path) -> Iterator[BusDaemon]:
     d = BusDaemon(tmp_path)
     yield d
     d.kill()
 
 
 @pytest.fixture
-async def on_bus(bus_daemon: BusDaemon) -> AsyncIterator[tuple[Manager, DbusService, MessageBus]]:
+async def on_bus(bus_daemon: BusDaemon) -> AsyncIterator[OnBus]:
     manager = Manager(FakeLauncher(), grace=0.05, keep_finished=0)
     service = DbusService(manager, lambda pid, pidfd: None)
     await service.start(bus_daemon.address)
@@ -99,7 +102,7 @@ async def introspect(client: MessageBus, path: str) -> ET.Element:
     return ET.fromstring(reply.body[0])
 
 
-async def test_every_argument_is_named_in_the_introspection(on_bus) -> None:
+async def test_every_argument_is_named_in_the_introspection(on_bus: OnBus) -> None:
     """Issue 32 §5: results showed as arg_0 in clients; signals' arguments too."""
     manager, _, client = on_bus
     s = await manager.start(request(), [])
@@ -121,7 +124,7 @@ async def test_every_argument_is_named_in_the_introspection(on_bus) -> None:
 OBJECT_MANAGER = "org.freedesktop.DBus.ObjectManager"
 
 
-async def test_the_object_manager_is_advertised_and_answers_at_dev_boxy_only(on_bus) -> None:
+async def test_the_object_manager_is_advertised_and_answers_at_dev_boxy_only(on_bus: OnBus) -> None:
     """Issue 32 §5: introspecting /dev/boxy showed no ObjectManager though it answered
     there; /dev/boxy/Manager and every session advertised an empty one."""
     manager, _, client = on_bus
@@ -144,7 +147,7 @@ async def test_the_object_manager_is_advertised_and_answers_at_dev_boxy_only(on_
     assert set(reply.body[0]) == {MANAGER_PATH, session_path(s.id)}
 
 
-async def test_the_object_manager_adds_and_removes_sessions(on_bus) -> None:
+async def test_the_object_manager_adds_and_removes_sessions(on_bus: OnBus) -> None:
     manager, _, client = on_bus
     await add_match(
         client, "type='signal',path='/dev/boxy',interface='org.freedesktop.DBus.ObjectManager'"
@@ -174,7 +177,7 @@ async def test_the_object_manager_adds_and_removes_sessions(on_bus) -> None:
     assert listed == []  # only what has an object on the bus
 
 
-async def test_run_over_dbus_is_refused_for_another_build(on_bus) -> None:
+async def test_run_over_dbus_is_refused_for_another_build(on_bus: OnBus) -> None:
     import json
 
     manager, _, client = on_bus
@@ -192,7 +195,7 @@ async def test_run_over_dbus_is_refused_for_another_build(on_bus) -> None:
     assert manager.known() == []
 
 
-async def test_a_flood_of_10000_events_grows_nothing(on_bus) -> None:
+async def test_a_flood_of_10000_events_grows_nothing(on_bus: OnBus) -> None:
     manager, service, client = on_bus
     await add_match(client, "type='signal',interface='dev.boxy.Session1',member='Event'")
     events = signals(client, "Event")
@@ -266,7 +269,9 @@ async def test_join_bus_takes_only_unix_addresses(address: str) -> None:
     assert bus.service is None
 
 
-async def test_output_reads_a_sessions_log_in_pieces(on_bus, tmp_path, monkeypatch) -> None:
+async def test_output_reads_a_sessions_log_in_pieces(
+    on_bus: OnBus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Output, as varlink's: the log from an offset, the next offset, ended, kept."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     manager, _, client = on_bus
@@ -291,7 +296,9 @@ async def test_output_reads_a_sessions_log_in_pieces(on_bus, tmp_path, monkeypat
 # -- who calls: a process inside a sandbox is refused (docs/design.md, "The front door")
 
 
-def busctl(address: str, *args: str, via: list[str] | None = None) -> subprocess.CompletedProcess:
+def busctl(
+    address: str, *args: str, via: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*(via or []), "busctl", f"--address={address}", "call", BUS_NAME, MANAGER_PATH,
          "dev.boxy.Manager1", *args],
@@ -299,7 +306,9 @@ def busctl(address: str, *args: str, via: list[str] | None = None) -> subprocess
     )  # fmt: skip
 
 
-async def test_a_caller_inside_a_sandbox_is_refused_and_others_are_served(bus_daemon) -> None:
+async def test_a_caller_inside_a_sandbox_is_refused_and_others_are_served(
+    bus_daemon: BusDaemon,
+) -> None:
     """The caller's process, as the bus knows it, is put to the same check as
     varlink's writers (daemon/insiders.py): a process in a registered user namespace
     (here: unshare's, standing for a sandbox's) hears a refusal; the others are

@@ -1,5 +1,8 @@
 """boxyd.config.envpolicy: nothing from the client's environment but presentation variables."""
 
+from collections.abc import Iterable
+from typing import Any
+
 import pytest
 
 from boxy.errors import UsageError
@@ -39,13 +42,13 @@ CLIENT = {
 }
 
 
-def env(requested=(), **kw):
+def env(requested: Iterable[tuple[str, str | None]] = (), **kw: Any) -> dict[str, str]:
     kw.setdefault("home", "/home/u")
     kw.setdefault("user", "u")
     return sandbox_env(CLIENT, list(requested), **kw)
 
 
-def test_default_is_presentation_plus_fixed():
+def test_default_is_presentation_plus_fixed() -> None:
     assert env() == {
         "TERM": "xterm-256color",
         "LANG": "en_GB.UTF-8",
@@ -63,15 +66,15 @@ def test_default_is_presentation_plus_fixed():
     }
 
 
-def test_tmpdir_never_set():
+def test_tmpdir_never_set() -> None:
     assert "TMPDIR" not in env(profile_env={"A": "b"})
 
 
-def test_path_override():
+def test_path_override() -> None:
     assert env(path="/opt/bin")["PATH"] == "/opt/bin"
 
 
-def test_explicit_values_override_everything():
+def test_explicit_values_override_everything() -> None:
     result = env([("PATH", "/x"), ("HOME", "/h"), ("TERM", "dumb"), ("FOO", "bar")])
     assert result["PATH"] == "/x"
     assert result["HOME"] == "/h"
@@ -90,11 +93,11 @@ def test_explicit_values_override_everything():
         "EDITOR",
     ],
 )
-def test_named_with_e_takes_the_client_value(name):
+def test_named_with_e_takes_the_client_value(name: str) -> None:
     assert env([(name, None)])[name] == CLIENT[name]
 
 
-def test_missing_named_variable_is_skipped_with_a_note():
+def test_missing_named_variable_is_skipped_with_a_note() -> None:
     notes: list[str] = []
     result = env([("NOPE", None)], notes=notes)
     assert "NOPE" not in result
@@ -102,7 +105,7 @@ def test_missing_named_variable_is_skipped_with_a_note():
 
 
 @pytest.mark.parametrize("name", list(CLIENT))
-def test_sensitive_never_leaks_by_default(name):
+def test_sensitive_never_leaks_by_default(name: str) -> None:
     result = env(env_pass=[name] if not is_sensitive(name) else [])
     if is_sensitive(name):
         assert name not in result
@@ -129,16 +132,16 @@ def test_sensitive_never_leaks_by_default(name):
         "GIT_CREDENTIAL_HELPER",
     ],
 )
-def test_is_sensitive(name):
+def test_is_sensitive(name: str) -> None:
     assert is_sensitive(name)
 
 
 @pytest.mark.parametrize("name", ["TERM", "LANG", "EDITOR", "NODE_ENV", "PATH"])
-def test_not_sensitive(name):
+def test_not_sensitive(name: str) -> None:
     assert not is_sensitive(name)
 
 
-def test_env_pass_refuses_sensitive_names():
+def test_env_pass_refuses_sensitive_names() -> None:
     notes: list[str] = []
     result = env(env_pass=["GITHUB_TOKEN", "EDITOR", "UNSET"], notes=notes)
     assert "GITHUB_TOKEN" not in result
@@ -147,18 +150,18 @@ def test_env_pass_refuses_sensitive_names():
     assert any("UNSET" in n and "not set" in n for n in notes)
 
 
-def test_precedence_profile_env_then_flags():
+def test_precedence_profile_env_then_flags() -> None:
     result = env([("A", "flag")], profile_env={"A": "profile", "B": "profile"}, env_pass=["EDITOR"])
     assert result["A"] == "flag"
     assert result["B"] == "profile"
 
 
-def test_profile_env_beats_env_pass():
+def test_profile_env_beats_env_pass() -> None:
     assert env(profile_env={"EDITOR": "nano"}, env_pass=["EDITOR"])["EDITOR"] == "nano"
 
 
 @pytest.mark.parametrize("name", ["1X", "A-B", "A=B", "", "A B", "Ä"])
-def test_bad_names_refused(name):
+def test_bad_names_refused(name: str) -> None:
     with pytest.raises(UsageError, match="not a valid variable name"):
         env([(name, "v")])
     with pytest.raises(UsageError, match="not a valid variable name"):
@@ -167,13 +170,13 @@ def test_bad_names_refused(name):
         env(env_pass=[name])
 
 
-def test_nul_in_value_refused():
+def test_nul_in_value_refused() -> None:
     with pytest.raises(UsageError, match="NUL"):
         env([("A", "a\0b")])
     with pytest.raises(UsageError, match="NUL"):
         env(profile_env={"A": "a\0b"})
 
 
-def test_bad_client_values_are_dropped_not_fatal():
+def test_bad_client_values_are_dropped_not_fatal() -> None:
     result = sandbox_env({"TERM": "a\0b", "LC_BAD-NAME": "x"}, [], home="/h", user="u")
     assert "TERM" not in result and "LC_BAD-NAME" not in result

@@ -1,13 +1,20 @@
 """boxyd.config.exposure: no exposed tree may hold an agent, bus or engine socket."""
 
 import socket
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import pytest
 
 from boxy.errors import UsageError
 from boxyd.config import exposure
-from boxyd.config.exposure import SocketMemo, check_exposed, refuse_sockets, sensitive_paths
+from boxyd.config.exposure import (
+    Exposed,
+    SocketMemo,
+    check_exposed,
+    refuse_sockets,
+    sensitive_paths,
+)
 
 HOME = "/home/u"
 ENV = {
@@ -18,11 +25,11 @@ ENV = {
 }
 
 
-def paths(env=ENV, home=HOME, uid=1000):
+def paths(env: Mapping[str, str] = ENV, home: str = HOME, uid: int = 1000) -> dict[str, str]:
     return dict(sensitive_paths(env, home, uid))
 
 
-def test_sensitive_paths_from_environment():
+def test_sensitive_paths_from_environment() -> None:
     found = paths()
     assert found["/tmp/ssh-XYZ/agent.123"] == "SSH agent socket"
     assert "/home/u/.gnupg" in found
@@ -36,7 +43,7 @@ def test_sensitive_paths_from_environment():
         assert fixed in found
 
 
-def test_defaults_without_environment():
+def test_defaults_without_environment() -> None:
     found = paths(env={}, uid=1234)
     assert "/run/user/1234" in found
     assert "/run/user/1234/gnupg" in found
@@ -44,7 +51,7 @@ def test_defaults_without_environment():
     assert not any("ssh" in p for p in found)
 
 
-def test_gnupghome_and_relative_values_ignored():
+def test_gnupghome_and_relative_values_ignored() -> None:
     found = paths(
         env={"GNUPGHOME": "/keys/gpg", "SSH_AUTH_SOCK": "relative", "XDG_RUNTIME_DIR": "x"}
     )
@@ -53,17 +60,21 @@ def test_gnupghome_and_relative_values_ignored():
     assert "/run/user/1000" in found
 
 
-def test_dbus_abstract_and_tcp_ignored():
+def test_dbus_abstract_and_tcp_ignored() -> None:
     found = paths(env={"DBUS_SESSION_BUS_ADDRESS": "unix:abstract=/tmp/dbus-x;tcp:host=h,port=1"})
     assert "/tmp/dbus-x" not in found
 
 
-def test_no_duplicates():
+def test_no_duplicates() -> None:
     listed = [p for p, _ in sensitive_paths({"XDG_RUNTIME_DIR": "/run/user/1000/"}, HOME, 1000)]
     assert len(listed) == len(set(listed))
 
 
-def check(exposed, realpath=lambda p: p, exists=lambda p: True):
+def check(
+    exposed: Iterable[Exposed],
+    realpath: Callable[[str], str] = lambda p: p,
+    exists: Callable[[str], bool] = lambda p: True,
+) -> None:
     check_exposed(exposed, sensitive_paths(ENV, HOME, 1000), realpath=realpath, exists=exists)
 
 
@@ -84,14 +95,14 @@ def check(exposed, realpath=lambda p: p, exists=lambda p: True):
         (("--ro", "/tmp/.X11-unix"), "/tmp/.X11-unix"),
     ],
 )
-def test_exposing_a_sensitive_tree_is_refused(exposed, hit):
+def test_exposing_a_sensitive_tree_is_refused(exposed: Exposed, hit: str) -> None:
     with pytest.raises(UsageError) as e:
         check([exposed])
     assert f"{exposed[0]} {exposed[1]}: exposes {hit} (" in str(e.value)
     assert str(e.value).endswith("expose a narrower path")
 
 
-def test_message_shape():
+def test_message_shape() -> None:
     with pytest.raises(UsageError) as e:
         check([("--ro", "/home/u/.gnupg")])
     assert str(e.value) == (
@@ -108,7 +119,7 @@ def test_message_shape():
         (("--ro", "/home/u"), "is"),
     ],
 )
-def test_the_home_directory_is_the_reason_given_first(exposed, verb):
+def test_the_home_directory_is_the_reason_given_first(exposed: Exposed, verb: str) -> None:
     """Running from $HOME or / names the real reason, not a socket inside."""
     with pytest.raises(UsageError) as e:
         check([exposed])
@@ -118,7 +129,7 @@ def test_the_home_directory_is_the_reason_given_first(exposed, verb):
     )
 
 
-def test_absent_sensitive_paths_are_never_named():
+def test_absent_sensitive_paths_are_never_named() -> None:
     present = {"/tmp"}
     with pytest.raises(UsageError) as e:
         check([("workdir", "/tmp")], exists=lambda p: p in present)
@@ -138,14 +149,14 @@ def test_absent_sensitive_paths_are_never_named():
         "/mnt",
     ],
 )
-def test_narrower_paths_pass(path):
+def test_narrower_paths_pass(path: str) -> None:
     check([("--ro", path)])
 
 
-def test_symlinks_are_resolved_on_both_sides():
+def test_symlinks_are_resolved_on_both_sides() -> None:
     links = {"/home/u/link": "/run/user/1000", "/var/run": "/run"}
 
-    def realpath(p):
+    def realpath(p: str) -> str:
         return links.get(p, p)
 
     with pytest.raises(UsageError, match="exposes /run/user/1000"):

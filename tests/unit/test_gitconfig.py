@@ -25,6 +25,7 @@ def _git_env(home: Path) -> dict[str, str]:
 
 def git_list(tmp: Path, data: bytes) -> tuple[list[tuple[str, str | None]], bool]:
     """What git itself reads from ``data``: (key, value) pairs and whether it accepted it."""
+    assert GIT is not None, "git not found"
     f = tmp / "cfg"
     f.write_bytes(data)
     r = subprocess.run(
@@ -261,7 +262,7 @@ def test_dangerous_keys(text: str, expected: list[str]) -> None:
 # --- bounded: memory per byte read, time per byte, and what fuzzing can reach ------------
 
 
-def test_parse_memory_is_a_small_multiple_of_the_input():
+def test_parse_memory_is_a_small_multiple_of_the_input() -> None:
     """'b\\n' lines cost ~85 bytes kept per byte read (a frozen dataclass with a
     __dict__ per entry); entries are slotted now, and each distinct one kept once."""
     import tracemalloc
@@ -307,7 +308,7 @@ GIT_TOKENS = [
 ]
 
 
-def test_fuzz_parse_never_raises():
+def test_fuzz_parse_never_raises() -> None:
     from tests.unit.parserfuzz import mutations
 
     for data in mutations(GIT_SEEDS, GIT_TOKENS, seed=5):
@@ -318,7 +319,7 @@ def test_fuzz_parse_never_raises():
             is_dangerous(e)
 
 
-def test_parse_size_sweep_is_linear():
+def test_parse_size_sweep_is_linear() -> None:
     from tests.unit.parserfuzz import assert_linear
 
     assert_linear(lambda n: b"b\n" * n, parse, 2000)

@@ -9,9 +9,9 @@ import shutil
 import stat
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import pytest
 
@@ -663,7 +663,7 @@ def as_user(user: User, fn: Callable[[], T]) -> T:
         ok, value = pickle.loads(f.read())
     os.waitpid(pid, 0)
     assert ok, value
-    return value
+    return cast(T, value)
 
 
 def user_git(user: User, cwd: Path, *args: str) -> str:
@@ -974,7 +974,7 @@ def test_a_fifo_head_blocks_the_directories_below_it(root: Path) -> None:
 
 
 @pytest.fixture
-def shm_root(tmp_path: Path):
+def shm_root(tmp_path: Path) -> Iterator[Path]:
     """A work tree on a tmpfs while the quarantine is on tmp_path's disk: every move
     is a copy across filesystems."""
     base = Path("/dev/shm") / f"boxy-test-{os.getpid()}-{tmp_path.name}"

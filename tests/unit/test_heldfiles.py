@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ def found(root: Path, bounded: bool = False) -> dict[str, Present]:
     return finder.found
 
 
-def after(root: Path, before: dict[str, Present], q: Path, edit: list[str] = ()) -> list[str]:
+def after(root: Path, before: dict[str, Present], q: Path, edit: Iterable[str] = ()) -> list[str]:
     budget = scan.Budget(str(q.parent))
     return heldfiles.after(before, found(root), str(root), str(q), edit, budget)
 
@@ -78,7 +79,9 @@ def test_a_held_symlink_pins_its_target_in_the_tree(tmp_path: Path) -> None:
     assert got[".envrc"].type == "symlink" and len(got) == 3
 
 
-def test_more_than_the_bound_refuses_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_more_than_the_bound_refuses_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(heldfiles, "HELD_MAX", 3)
     for i in range(4):
         (tmp_path / f"p{i}").mkdir()
@@ -123,7 +126,7 @@ def test_what_the_run_made_is_quarantined_and_the_rest_left(tmp_path: Path) -> N
         (".npmrc", "; pad\n" * (heldfiles.READ_MAX // 6 + 1), "npm reads it as its config, which"),
     ],
 )
-def test_configs_are_held_by_what_they_say(tmp_path: Path, name: str, data: str, why: str):
+def test_configs_are_held_by_what_they_say(tmp_path: Path, name: str, data: str, why: str) -> None:
     work, q = tmp_path / "w", tmp_path / "q/s/w"
     work.mkdir()
     before = found(work)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from boxy.errors import UsageError
 from boxyctl import hook
 from boxyctl import hookpolicy as hp
 from boxyctl import main as boxyctl_main
@@ -164,7 +165,7 @@ def test_bad_config_is_refused(
 ) -> None:
     (home / ".config/boxy").mkdir(parents=True)
     (home / ".config/boxy/hook.yaml").write_text(text)
-    with pytest.raises(hook.UsageError, match=says):
+    with pytest.raises(UsageError, match=says):
         hook.claude(event("npm i"))
 
 
@@ -208,7 +209,7 @@ def test_config_is_kept_only_for_the_file_it_was_parsed_from(
     assert kept["doc"] == {"flags": ["--net", "none", "-v"]}
     # ...and what is kept passes the same checks as the file
     cache.write_text(json.dumps({**kept, "doc": {"flags": "-v"}}))
-    with pytest.raises(hook.UsageError, match="list of names"):
+    with pytest.raises(UsageError, match="list of names"):
         hook.load_config()
     # a cache that does not read is no cache
     cache.write_text("{")
@@ -236,7 +237,7 @@ CMD = "/venv/bin/boxyctl hook claude"
 
 def test_install_idempotent_and_keeps_other_keys(tmp_path: Path) -> None:
     path = tmp_path / "settings.json"
-    other = {
+    other: dict[str, Any] = {
         "model": "x",
         "permissions": {"allow": ["Bash(ls:*)"]},
         "hooks": {
@@ -251,7 +252,7 @@ def test_install_idempotent_and_keeps_other_keys(tmp_path: Path) -> None:
     assert doc["model"] == "x" and doc["permissions"] == other["permissions"]
     assert doc["hooks"]["Stop"] == other["hooks"]["Stop"]
     groups = doc["hooks"]["PreToolUse"]
-    assert groups[0] == other["hooks"]["PreToolUse"][0]  # type: ignore[index]
+    assert groups[0] == other["hooks"]["PreToolUse"][0]
     assert groups[1] == {
         "matcher": "Bash",
         "hooks": [{"type": "command", "command": CMD, "timeout": hp.HOOK_TIMEOUT}],
@@ -279,7 +280,7 @@ def test_invalid_settings_refused_unchanged(tmp_path: Path) -> None:
     path = tmp_path / "settings.json"
     for text in ('{"a": 1,', "[1]", '{"hooks": []}', '{"hooks": {"PreToolUse": {}}}'):
         path.write_text(text)
-        with pytest.raises(hook.UsageError) as e:
+        with pytest.raises(UsageError) as e:
             hook.install(path, CMD, remove=False)
         assert "\n" not in str(e.value) and "unchanged" in str(e.value)
         assert path.read_text() == text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -12,13 +13,14 @@ from boxy.outcome import Destination, Outcome, Reason, Refusal
 from boxyctl.cli import parse
 from boxyctl.commands import doctor
 from boxyctl.commands import run as run_command
+from boxyctl.follow import Summary
 from boxyd.config import profileview
 from boxyd.daemon.doctor import Check
 
 ENV = {"HOME": "/home/u", "PATH": "/usr/bin"}
 
 
-def test_report_is_a_client_flag_checked_before_the_run(tmp_path) -> None:
+def test_report_is_a_client_flag_checked_before_the_run(tmp_path: Path) -> None:
     cmd = parse(["run", "--report", "r.json", "--", "true"], environ=ENV, cwd=str(tmp_path))
     assert cmd.args["report"] == str(tmp_path / "r.json")
     assert "report" not in cmd.args["request"].options.to_wire()  # boxyd never sees it
@@ -33,10 +35,10 @@ def test_report_is_a_client_flag_checked_before_the_run(tmp_path) -> None:
         parse(["trust", "--json"], environ=ENV, cwd=str(tmp_path))
 
 
-def test_the_report_is_written_whole(tmp_path) -> None:
+def test_the_report_is_written_whole(tmp_path: Path) -> None:
     path = tmp_path / "r.json"
     path.write_text("old")
-    s = run_command.Summary()
+    s = Summary()
     s.id, s.notices, s.denials = "ab12cd34", ["denied evil.example:443"], 1
     row = Destination("registry.example", 3, 1, 2, 2000, 9000)
     no = Refusal("net.dns", "dns", None, None, "evil.example", "not in the allowlist", 2)
@@ -83,7 +85,9 @@ def test_the_report_is_written_whole(tmp_path) -> None:
 def test_doctor_json() -> None:
     doc = doctor.as_doc([Check("seccomp", True, "yes", True), Check("veth", False, "no", False)])
     assert doc["ok"] is True
-    assert doc["checks"][1] == {
+    checks = doc["checks"]
+    assert isinstance(checks, list)
+    assert checks[1] == {
         "name": "veth",
         "ok": False,
         "required": False,
@@ -93,7 +97,7 @@ def test_doctor_json() -> None:
     assert doctor.as_doc([Check("seccomp", False, "", True)])["ok"] is False
 
 
-def test_profile_list_rows_are_what_the_lines_say(tmp_path) -> None:
+def test_profile_list_rows_are_what_the_lines_say(tmp_path: Path) -> None:
     rows = profileview.list_rows(str(tmp_path))
     assert {r["name"] for r in rows} >= {"generic", "node"}
     assert all(set(r) == {"name", "kind", "path", "shadows_preset", "description"} for r in rows)

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from boxyctl import launcher
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,9 +31,9 @@ def _scripts(tmp_path: Path) -> Path:
     return bin_dir
 
 
-def _run(argv: list[str], cwd: Path, **kw: object) -> subprocess.CompletedProcess[str]:
+def _run(argv: list[str], cwd: Path, input: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(cwd), "XDG_RUNTIME_DIR": str(cwd / "run")}
-    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, input=input)
 
 
 def test_the_scripts_start_without_site_and_find_the_package(tmp_path: Path) -> None:
@@ -128,7 +130,9 @@ def test_the_hook_reads_its_yaml_through_the_script(tmp_path: Path) -> None:
     assert len(out.stderr.splitlines()) == 1
 
 
-def test_main_refuses_anything_but_a_bin_directory(tmp_path: Path, capsys) -> None:
+def test_main_refuses_anything_but_a_bin_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert launcher.main([]) == 2
     assert launcher.main([str(tmp_path / "missing")]) == 2
     assert "usage: python -m boxyctl.launcher BIN_DIR" in capsys.readouterr().err

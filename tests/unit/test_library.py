@@ -157,7 +157,7 @@ SAMPLE = {
     "duration": "90s",
 }
 # what an option needs beside it to be given at all (the table's refused combinations)
-BESIDE = {
+BESIDE: dict[str, dict[str, object]] = {
     "allow_host": {"net": "allowlist"},
     "allow_port": {"net": "allowlist"},
     "allow_cidr": {"net": "allowlist"},

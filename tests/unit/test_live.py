@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -21,14 +22,8 @@ SELF = Protection(".git", "self", True)
 ENV = Found("app/.env", "environment file", Action.EMPTY, False)
 
 
-def tree(**kw: object) -> live.Watched:
-    return live.watched(
-        "/w",
-        [PIN, HOOKS, SELF],
-        [ENV],
-        kw.get("reveal", ()),  # type: ignore[arg-type]
-        kw.get("dirs", ()),
-    )  # type: ignore[arg-type]
+def tree(*, reveal: Iterable[str] = (), dirs: Iterable[str] = ()) -> live.Watched:
+    return live.watched("/w", [PIN, HOOKS, SELF], [ENV], reveal, dirs)
 
 
 def test_only_read_only_pins_are_watched() -> None:
@@ -87,7 +82,9 @@ def test_the_walk_names_the_subtrees_past_the_watch_budget(
         ("", "README", False, None),
     ],
 )
-def test_on_change(dir_rel: str, name: str, is_dir: bool, expect: tuple | None) -> None:
+def test_on_change(
+    dir_rel: str, name: str, is_dir: bool, expect: tuple[str | None, str | None] | None
+) -> None:
     redo = live.on_change(tree(), dir_rel, name, is_dir)
     if expect is None:
         assert redo is None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable
+from typing import Any
 
 import pytest
 
@@ -17,6 +19,7 @@ from boxyd.plan.ops import (
     File,
     Init,
     LandlockRule,
+    MountOp,
     Outer,
     Plan,
     Symlink,
@@ -25,11 +28,11 @@ from boxyd.plan.ops import (
 )
 
 
-def _spec(**kw) -> RunSpec:
+def _spec(**kw: Any) -> RunSpec:
     return RunSpec(argv=["true"], workdir="/home/u/proj", **kw)
 
 
-def _binds(plan_ops) -> list[Bind]:
+def _binds(plan_ops: Iterable[MountOp]) -> list[Bind]:
     return [op for op in plan_ops if isinstance(op, Bind)]
 
 
@@ -124,7 +127,7 @@ def _sample_plan(**kw: object) -> Plan:
     return Plan(**{**fields, **kw})  # type: ignore[arg-type]
 
 
-def test_plan_to_json_is_asdict_and_round_trips():
+def test_plan_to_json_is_asdict_and_round_trips() -> None:
     p = _sample_plan()
     assert p.to_json() == dataclasses.asdict(p)
     assert Plan.from_json(json.loads(json.dumps(p.to_json()))) == p

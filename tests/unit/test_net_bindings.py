@@ -10,6 +10,7 @@ from boxyd.net.bindings import (
     EXPIRY_GRACE,
     TTL_CAP,
     TTL_FLOOR,
+    Address,
     Bindings,
     canonical_ip,
     canonical_name,
@@ -203,7 +204,7 @@ class Published:
         self.ok = ok
         self.calls: list[tuple[str, float]] = []
 
-    def __call__(self, addr, seconds: float) -> bool:
+    def __call__(self, addr: Address, seconds: float) -> bool:
         self.calls.append((str(addr), seconds))
         return self.ok
 

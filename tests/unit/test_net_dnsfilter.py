@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+from typing import Any
 
 import dns.edns
 import dns.flags
@@ -71,7 +72,7 @@ PUBLIC = Policy(allowed=None)
 
 
 def query(
-    name: str | dns.name.Name = "www.ok.test", rdtype: str = "A", **kw: object
+    name: str | dns.name.Name = "www.ok.test", rdtype: str = "A", **kw: Any
 ) -> dns.message.Message:
     return dns.message.make_query(name, rdtype, **kw)
 
@@ -212,7 +213,7 @@ def test_upstream_query_carries_only_the_question() -> None:
         "AAAA",
         use_edns=0,
         want_dnssec=True,
-        options=[dns.edns.GenericOption(65001, b"exfiltrated-bytes")],
+        options=[dns.edns.GenericOption(dns.edns.OptionType.make(65001), b"exfiltrated-bytes")],
     )
     q.additional.append(dns.rrset.from_text("data.evil.test.", 1, "IN", "TXT", '"more bytes"'))
     up = upstream_query(q)

@@ -33,7 +33,7 @@ def _queries() -> list[bytes]:
 
 
 def _answers() -> list[tuple[bytes, dns.message.Message]]:
-    out = []
+    out: list[tuple[bytes, dns.message.Message]] = []
     for name in NAMES:
         for rdtype, rdatas in (
             ("A", ["93.184.216.34", "10.0.0.1"]),

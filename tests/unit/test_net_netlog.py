@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from boxyd.net.netlog import CONN_FIELDS, Destination, NetLog, destinations_table, dumps, write
+from boxy.outcome import Destination
+from boxyd.net.netlog import CONN_FIELDS, NetLog, destinations_table, dumps, write
 from boxyd.plan.hostfile import open_output
 
 
-def decoded(doc: dict) -> list[dict]:
+def decoded(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """Conn rows as dicts with the string indexes resolved (None for -1)."""
     strings = doc["strings"]
     out = []
@@ -23,6 +25,11 @@ def decoded(doc: dict) -> list[dict]:
             d[key] = None if d[key] == -1 else strings[d[key]]
         out.append(d)
     return out
+
+
+def doc_of(log: NetLog) -> dict[str, Any]:
+    """LOG.to_json(): JSON values, read as such."""
+    return log.to_json()
 
 
 def sample() -> NetLog:
@@ -38,7 +45,7 @@ def sample() -> NetLog:
 
 
 def test_header_and_field_list() -> None:
-    doc = NetLog().to_json()
+    doc = doc_of(NetLog())
     assert doc["version"] == 1
     assert doc["conn_fields"] == [
         "t_ms", "proto", "verdict", "addr", "port", "host", "sni", "reason", "up", "down",
@@ -48,7 +55,7 @@ def test_header_and_field_list() -> None:
 
 
 def test_rows_have_the_declared_shape_and_minus_one_for_missing() -> None:
-    doc = sample().to_json()
+    doc = doc_of(sample())
     rows = decoded(doc)
     assert rows == [
         {"t_ms": 118, "proto": "tcp", "verdict": "allow", "addr": "104.16.0.35", "port": 443,
@@ -69,7 +76,7 @@ def test_strings_are_interned_once() -> None:
     for i in range(50):
         log.conn(i, "tcp", "allow", "192.0.2.7", 443, "a.example", "a.example")
     log.conn(60, "udp", "deny", "192.0.2.7", 53, reason="a.example")
-    doc = log.to_json()
+    doc = doc_of(log)
     assert doc["strings"] == ["192.0.2.7", "a.example"]
     assert {tuple(r[3:8]) for r in doc["conns"][:50]} == {(0, 443, 1, 1, -1)}
     assert doc["conns"][50][7] == 1
@@ -79,7 +86,7 @@ def test_strings_are_interned_once() -> None:
 def test_empty_strings_count_as_missing() -> None:
     log = NetLog()
     log.conn(0, "tcp", "deny", "192.0.2.1", 1, host="", sni="", reason="")
-    assert log.to_json()["conns"][0][5:8] == [-1, -1, -1]
+    assert doc_of(log)["conns"][0][5:8] == [-1, -1, -1]
 
 
 def test_resolutions_union_in_order_and_bounded() -> None:
@@ -89,7 +96,7 @@ def test_resolutions_union_in_order_and_bounded() -> None:
     log.resolution("b.example", [])
     log.resolution("c.example", ["192.0.2.9"])  # over the name bound
     log.resolution("a.example", ["192.0.2.5"])  # over the per-name bound
-    doc = log.to_json()
+    doc = doc_of(log)
     assert doc["resolutions"] == {
         "a.example": ["192.0.2.1", "192.0.2.2", "192.0.2.3"],
         "b.example": [],
@@ -117,7 +124,7 @@ def test_summary_numbers() -> None:
         ),
         Destination("198.51.100.9", connections=1, denied=0, addresses=1, bytes_up=5, bytes_down=7),
     ]
-    doc = log.to_json()
+    doc = doc_of(log)
     assert doc["summary_fields"] == ["destination", "conns", "denied", "addrs", "sent", "received"]
     assert doc["summary"][0] == ["registry.example", 3, 0, 2, 2000, 2_200_100]
 
@@ -142,7 +149,7 @@ def test_updates_are_totals_and_only_grow() -> None:
     log.update(h, 15, 30, final=True)
     with pytest.raises(KeyError):
         log.update(h, 16, 30)
-    assert log.to_json()["conns"][0][-2:] == [15, 30]
+    assert doc_of(log)["conns"][0][-2:] == [15, 30]
 
 
 def test_only_allowed_conns_take_updates() -> None:
@@ -163,7 +170,7 @@ def test_only_allowed_conns_take_updates() -> None:
         ((0, "tcp", "allow", "192.0.2.1", -1), "port"),
     ],
 )
-def test_bad_conn_arguments(args: tuple, match: str) -> None:
+def test_bad_conn_arguments(args: tuple[int, str, str, str, int], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         NetLog().conn(*args)
 
@@ -174,7 +181,7 @@ def test_row_bound_keeps_counting() -> None:
     log.conn(9, "tcp", "deny", "192.0.2.99", 443, "a.example")
     for h in handles:
         log.update(h, 100, 1000, final=True)
-    doc = log.to_json()
+    doc = doc_of(log)
     assert len(doc["conns"]) == 3
     assert doc["dropped"]["conns"] == 3 and log.dropped() == (3, 0)
     assert "192.0.2.4" not in doc["strings"]  # dropped rows intern nothing
@@ -199,7 +206,7 @@ def test_destination_bound_folds_into_other() -> None:
 def test_to_json_is_a_snapshot() -> None:
     log = NetLog()
     h = log.conn(0, "tcp", "allow", "192.0.2.1", 443)
-    before = log.to_json()
+    before = doc_of(log)
     log.update(h, 5, 5)
     log.resolution("a.example", ["192.0.2.1"])
     assert before["conns"][0][-2:] == [0, 0]

@@ -9,6 +9,7 @@ import struct
 import pytest
 
 from boxyd.net import nflog
+from boxyd.net.netlink import NLMSG_ERROR
 
 
 def message(packet: bytes, family: int = socket.AF_INET) -> bytes:
@@ -101,12 +102,10 @@ def test_truncated_transport_header_keeps_the_address() -> None:
 
 def test_the_ack_is_found_behind_flushed_reports() -> None:
     # unbind flushes the queued reports ahead of its ack, often in the same read
-    ack = struct.pack("=IHHII", 36, nflog.NLMSG_ERROR, 0, 0, 0) + struct.pack("=i", 0) + b"\0" * 16
+    ack = struct.pack("=IHHII", 36, NLMSG_ERROR, 0, 0, 0) + struct.pack("=i", 0) + b"\0" * 16
     data = message(ipv4("192.168.1.10", 6, PORTS)) + ack
     assert nflog._ack(data) == 0
     assert nflog.parse(data) == [nflog.Refused("tcp", "192.168.1.10", 80)]
-    eperm = (
-        struct.pack("=IHHII", 36, nflog.NLMSG_ERROR, 0, 0, 0) + struct.pack("=i", -1) + b"\0" * 16
-    )
+    eperm = struct.pack("=IHHII", 36, NLMSG_ERROR, 0, 0, 0) + struct.pack("=i", -1) + b"\0" * 16
     assert nflog._ack(eperm) == 1
     assert nflog._ack(message(ipv4("192.168.1.10", 6, PORTS))) is None

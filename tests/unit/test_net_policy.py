@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from ipaddress import IPv4Address, IPv6Address
+from typing import Any
 
 import pytest
 
@@ -17,7 +19,9 @@ NOT_LISTED = "hostname not on the allowlist"
 QUIC = "QUIC refused in allowlist mode (clients fall back to TCP)"
 
 
-def allowlist(*hosts: str, ports=(), cidrs=(), tailscale=False) -> NetPolicy:
+def allowlist(
+    *hosts: str, ports: Iterable[int] = (), cidrs: Iterable[str] = (), tailscale: bool = False
+) -> NetPolicy:
     return NetPolicy.from_spec("allowlist", list(hosts), list(ports), list(cidrs), tailscale)
 
 
@@ -60,12 +64,12 @@ def refused(v: Verdict, layer: str, reason: str) -> bool:
         (("allowlist", ["h.example:53,443/udp"], [], [], False), "QUIC"),
     ],
 )
-def test_from_spec_refuses(args, message):
+def test_from_spec_refuses(args: tuple[Any, ...], message: str) -> None:
     with pytest.raises(UsageError, match=message):
         NetPolicy.from_spec(*args)
 
 
-def test_from_spec_compiles():
+def test_from_spec_compiles() -> None:
     p = allowlist("A.Example.", "nas:22", "nas", "*.cdn.example:8443", "dns.example:53/udp")
     assert p.mode == "allowlist"
     assert p.global_ports == {80, 443}
@@ -96,7 +100,7 @@ def test_from_spec_compiles():
         ("evil.test", False),
     ],
 )
-def test_dns(name, allowed):
+def test_dns(name: str, allowed: bool) -> None:
     p = allowlist("a.example", "*.cdn.example", "dns.example:5353/udp", "nas:22")
     assert p.name_allowed(name) is allowed
     v = p.dns(name)
@@ -104,7 +108,7 @@ def test_dns(name, allowed):
     assert PUBLIC.name_allowed(name)
 
 
-def test_address_and_address_denied():
+def test_address_and_address_denied() -> None:
     p = allowlist("a.example", cidrs=["192.168.4.0/24"])
     assert p.address(PUB) == Verdict(True, IP)
     assert p.address(LAN) == Verdict(True, IP)
@@ -119,7 +123,7 @@ def test_address_and_address_denied():
 
 
 @pytest.mark.parametrize("port", [1, 22, 80, 443, 8443, 65535])
-def test_public_any_port_no_binding(port):
+def test_public_any_port_no_binding(port: int) -> None:
     assert PUBLIC.tcp_connect(PUB, port, []).allow
     assert PUBLIC.tcp_opaque(PUB, port, []).allow
     assert PUBLIC.tcp_name(PUB, port, "anything.test", [], kind="sni").allow
@@ -130,7 +134,7 @@ def test_public_any_port_no_binding(port):
 @pytest.mark.parametrize(
     "ip", ["10.1.2.3", "127.0.0.1", "169.254.169.254", "fd00::2", "64:ff9b::10.0.0.1", "::1"]
 )
-def test_public_still_checks_ranges(ip):
+def test_public_still_checks_ranges(ip: str) -> None:
     for v in (
         PUBLIC.tcp_connect(ip, 443, ["a.example"]),
         PUBLIC.tcp_name(ip, 443, "a.example", ["a.example"]),
@@ -140,12 +144,12 @@ def test_public_still_checks_ranges(ip):
         assert not v.allow and v.layer == IP and v.reason
 
 
-def test_public_quic_allowed_and_ech_refused():
+def test_public_quic_allowed_and_ech_refused() -> None:
     assert PUBLIC.udp(PUB, 443, []) == Verdict(True, IP)
     assert ECH_REFUSED.allow is False and ECH_REFUSED.layer == SNI and "ECH" in ECH_REFUSED.reason
 
 
-def test_public_cidr_and_tailscale_are_exceptions():
+def test_public_cidr_and_tailscale_are_exceptions() -> None:
     p = NetPolicy.from_spec("public", [], [], ["192.168.4.0/24"], True)
     assert p.tcp_connect(LAN, 631, []).allow
     assert p.tcp_connect("100.100.7.7", 22, []).allow
@@ -156,14 +160,14 @@ def test_public_cidr_and_tailscale_are_exceptions():
 # --- allowlist: TCP connect -------------------------------------------------------
 
 
-def test_connect_needs_a_binding():
+def test_connect_needs_a_binding() -> None:
     p = allowlist("a.example")
     assert refused(p.tcp_connect(PUB, 443, []), DNS, NO_BINDING)
     assert p.tcp_connect(PUB, 443, ["a.example"]) == OK_DNS
     assert p.tcp_connect(PUB, 443, ["A.Example."]) == OK_DNS
 
 
-def test_connect_ranges_come_first():
+def test_connect_ranges_come_first() -> None:
     p = allowlist("a.example")
     # A rebinding answer that slipped through still meets the range check.
     v = p.tcp_connect("10.9.9.9", 443, ["a.example"])
@@ -195,7 +199,7 @@ def test_connect_ranges_come_first():
         (["*.b.example:22", "a.b.example"], [], 22, True),
     ],
 )
-def test_connect_ports(hosts, ports, port, allowed):
+def test_connect_ports(hosts: list[str], ports: list[int], port: int, allowed: bool) -> None:
     p = allowlist(*hosts, ports=ports)
     v = p.tcp_connect(PUB, port, ["a.b.example"])
     if allowed:
@@ -204,7 +208,7 @@ def test_connect_ports(hosts, ports, port, allowed):
         assert refused(v, PORT, f"port {port} not allowed for a.b.example")
 
 
-def test_connect_bound_names_any_may_allow():
+def test_connect_bound_names_any_may_allow() -> None:
     p = allowlist("a.example", "b.example:22")
     assert p.tcp_connect(CDN, 22, ["a.example", "b.example"]) == OK_DNS
     assert p.tcp_connect(CDN, 443, ["a.example", "b.example"]) == OK_DNS
@@ -212,12 +216,12 @@ def test_connect_bound_names_any_may_allow():
     assert refused(v, PORT, "port 25 not allowed for a.example, b.example")
 
 
-def test_connect_bound_name_not_listed():
+def test_connect_bound_name_not_listed() -> None:
     v = allowlist("a.example").tcp_connect(PUB, 443, ["stale.test"])
     assert refused(v, DNS, NOT_LISTED)
 
 
-def test_connect_tailnet():
+def test_connect_tailnet() -> None:
     hosts = ("nas:22",)
     assert refused(
         allowlist(*hosts).tcp_connect("100.101.1.2", 22, ["nas"]), IP, "CGNAT / tailnet (RFC 6598)"
@@ -231,7 +235,7 @@ def test_connect_tailnet():
     assert not p.tcp_connect("192.168.1.1", 22, ["nas"]).allow
 
 
-def test_allow_cidr_lifts_the_range_objection_and_only_that():
+def test_allow_cidr_lifts_the_range_objection_and_only_that() -> None:
     """An address inside an opened prefix needs a binding, exactly like a public one."""
     p = allowlist("printer.local:631", "a.example", cidrs=["192.168.4.0/24"])
     assert refused(p.tcp_connect(LAN, 443, []), DNS, NO_BINDING)
@@ -272,21 +276,21 @@ def test_a_literal_host_is_its_own_binding(addr: str, mapped: str | None) -> Non
 # --- allowlist: SNI / Host --------------------------------------------------------
 
 
-def test_sni_allowed():
+def test_sni_allowed() -> None:
     p = allowlist("a.example", "*.cdn.example")
     assert p.tcp_name(PUB, 443, "a.example", ["a.example"]) == Verdict(True, SNI)
     assert p.tcp_name(PUB, 443, "A.EXAMPLE.", ["a.example"]) == Verdict(True, SNI)
     assert p.tcp_name(CDN, 443, "x.cdn.example", ["x.cdn.example", "b.test"]).allow
 
 
-def test_sni_names_allowed_host_not_bound_here():
+def test_sni_names_allowed_host_not_bound_here() -> None:
     # Forged SNI: an allowed name, sent to an address bound to another (allowed) name.
     p = allowlist("a.example", "b.example")
     v = p.tcp_name(CDN, 443, "a.example", ["b.example"])
     assert refused(v, SNI, "SNI names a.example, not bound to this address")
 
 
-def test_sni_names_unlisted_host_on_shared_address():
+def test_sni_names_unlisted_host_on_shared_address() -> None:
     p = allowlist("a.example")
     v = p.tcp_name(CDN, 443, "evil.test", ["a.example"])
     assert refused(v, SNI, "SNI names evil.test: hostname not on the allowlist")
@@ -295,13 +299,13 @@ def test_sni_names_unlisted_host_on_shared_address():
     assert refused(v, SNI, "SNI names evil.test: hostname not on the allowlist")
 
 
-def test_sni_wildcard_apex_not_covered():
+def test_sni_wildcard_apex_not_covered() -> None:
     p = allowlist("*.cdn.example")
     v = p.tcp_name(CDN, 443, "cdn.example", ["cdn.example", "x.cdn.example"])
     assert refused(v, SNI, "SNI names cdn.example: hostname not on the allowlist")
 
 
-def test_sni_port_checked_per_name():
+def test_sni_port_checked_per_name() -> None:
     p = allowlist("a.example", "b.example:22")
     v = p.tcp_name(CDN, 22, "a.example", ["a.example", "b.example"])
     assert refused(v, PORT, "port 22 not allowed for a.example")
@@ -321,7 +325,7 @@ def test_sni_port_checked_per_name():
         ("a.example:80:80", False),
     ],
 )
-def test_host_header(header, allowed):
+def test_host_header(header: str, allowed: bool) -> None:
     p = allowlist("a.example")
     v = p.tcp_name(PUB, 80, header, ["a.example"], kind="host")
     assert v.allow is allowed
@@ -329,7 +333,7 @@ def test_host_header(header, allowed):
         assert v.layer == SNI and v.reason.startswith("Host names ")
 
 
-def test_missing_name():
+def test_missing_name() -> None:
     p = allowlist("a.example", "nas:443")
     v = p.tcp_name(PUB, 443, "", ["a.example"])
     assert refused(v, SNI, "TLS without SNI: only a host allowed with :443 takes that")
@@ -342,7 +346,7 @@ def test_missing_name():
 # --- allowlist: opaque bytes ------------------------------------------------------
 
 
-def test_opaque_needs_explicit_port():
+def test_opaque_needs_explicit_port() -> None:
     p = allowlist("a.example", "nas:22", "git.example:443")
     assert p.tcp_opaque(PUB, 22, ["nas"]) == OK_DNS
     assert p.tcp_opaque(PUB, 443, ["git.example"]) == OK_DNS
@@ -356,7 +360,7 @@ def test_opaque_needs_explicit_port():
 # --- allowlist: UDP ---------------------------------------------------------------
 
 
-def test_udp():
+def test_udp() -> None:
     p = allowlist("a.example", "dns.example:5353,8853/udp", "nas:22", cidrs=["192.168.4.0/24"])
     assert p.udp(PUB, 5353, ["dns.example"]) == OK_DNS
     assert p.udp(PUB, 8853, ["DNS.example."]) == OK_DNS
@@ -372,7 +376,7 @@ def test_udp():
 
 
 @pytest.mark.parametrize("bound", [[], ["a.example"], ["dns.example"]])
-def test_udp_quic_refused(bound):
+def test_udp_quic_refused(bound: list[str]) -> None:
     p = allowlist("a.example", "dns.example:5353/udp")
     assert refused(p.udp(PUB, 443, bound), PORT, QUIC)
     assert refused(p.udp(IPv4Address(PUB), 443, bound), PORT, QUIC)
@@ -395,15 +399,17 @@ def test_udp_quic_refused(bound):
         ([], [], [], [53]),
     ],
 )
-def test_landlock_ports(hosts, ports, cidrs, expected):
+def test_landlock_ports(
+    hosts: list[str], ports: list[int], cidrs: list[str], expected: list[int]
+) -> None:
     assert allowlist(*hosts, ports=ports, cidrs=cidrs).landlock_ports() == expected
 
 
-def test_landlock_public():
+def test_landlock_public() -> None:
     assert PUBLIC.landlock_ports() is None
 
 
-def test_udp_ports_for_the_ruleset():
+def test_udp_ports_for_the_ruleset() -> None:
     assert PUBLIC.udp_ports() is None
     assert allowlist("a.example").udp_ports() == []
     assert allowlist(

@@ -5,6 +5,7 @@ deadline queues (one timer per length)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import socket
 import time
@@ -54,8 +55,13 @@ async def test_writer_sees_a_connect_complete_and_both_sides_share_one_fd() -> N
         c = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
         try:
             c.connect_ex(listener.getsockname())
-            done = loop.create_future()
-            poller.add_writer(c.fileno(), lambda: done.done() or done.set_result(None))
+            done: asyncio.Future[None] = loop.create_future()
+
+            def connected() -> None:
+                if not done.done():
+                    done.set_result(None)
+
+            poller.add_writer(c.fileno(), connected)
             poller.add_reader(c.fileno(), lambda: None)
             await asyncio.wait_for(done, 5)
             assert c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
@@ -95,7 +101,7 @@ async def test_an_fd_dropped_in_a_batch_is_not_called_for_its_old_readiness() ->
     try:
         for i, (a, b) in enumerate(pairs):
             b.send(b"x")
-            poller.add_reader(a.fileno(), lambda i=i: swap(i))
+            poller.add_reader(a.fileno(), functools.partial(swap, i))
         await _turns()
         assert fresh, "one callback ran"
         assert spurious == []
@@ -159,7 +165,9 @@ async def test_deadlines_come_in_order_after_their_delay() -> None:
     loop = asyncio.get_running_loop()
     due: list[tuple[str, float]] = []
     t0 = time.monotonic()
-    queue = Deadlines(loop, 0.05, lambda o: due.append((o.name, time.monotonic() - t0)))
+    queue: Deadlines[Owner] = Deadlines(
+        loop, 0.05, lambda o: due.append((o.name, time.monotonic() - t0))
+    )
     owners = [Owner("a"), Owner("b")]
     queue.add(owners[0])
     await asyncio.sleep(0.02)
@@ -173,7 +181,7 @@ async def test_deadlines_come_in_order_after_their_delay() -> None:
 async def test_deadlines_hold_their_owners_weakly_and_close_cancels() -> None:
     loop = asyncio.get_running_loop()
     due: list[str] = []
-    queue = Deadlines(loop, 0.02, lambda o: due.append(o.name))
+    queue: Deadlines[Owner] = Deadlines(loop, 0.02, lambda o: due.append(o.name))
     queue.add(Owner("gone"))  # nothing else holds it
     gc.collect()
     kept = Owner("kept")
@@ -204,7 +212,7 @@ def test_deadlines_keep_to_a_loop_clock_of_its_own() -> None:
 
         async def run() -> tuple[list[str], list[str]]:
             due: list[str] = []
-            queue = Deadlines(loop, 0.2, lambda o: due.append(o.name))
+            queue: Deadlines[Owner] = Deadlines(loop, 0.2, lambda o: due.append(o.name))
             owner = Owner("x")
             queue.add(owner)
             await _turns(20)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import bisect
 import ipaddress
 import random
-from ipaddress import IPv4Address, IPv6Address, ip_address, ip_network
+from collections.abc import Callable
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
 
 import pytest
 
@@ -16,6 +17,7 @@ from boxyd.net import ranges
 from boxyd.net.ranges import (
     SANDBOX_NETS,
     TAILSCALE_NETS,
+    Network,
     classify,
     denied,
     embedded_v4,
@@ -86,7 +88,7 @@ V6 = [
 CARVE_OUTS = ["::ffff:0:0/96", "64:ff9b::/96", "2001::/32", "2002::/16"]
 
 
-def test_tables_match_this_test():
+def test_tables_match_this_test() -> None:
     assert sorted(ranges.V4_TABLE) == sorted(V4)
     denied_v6 = [(p, r) for p, r in ranges.V6_TABLE if r is not None]
     assert sorted(denied_v6) == sorted(V6)
@@ -128,13 +130,13 @@ V4_POINTS = [a for p, _ in V4 for a in _points(p)]
 
 
 @pytest.mark.parametrize("addr", V4_POINTS)
-def test_every_v4_entry_first_middle_last(addr):
+def test_every_v4_entry_first_middle_last(addr: str) -> None:
     assert classify(addr) == _expected(addr)
     assert classify(IPv4Address(addr)) == _expected(addr)
 
 
 @pytest.mark.parametrize("addr", _v6_points())
-def test_every_v6_entry_first_middle_last(addr):
+def test_every_v6_entry_first_middle_last(addr: str) -> None:
     reason = classify(addr)
     if embedded_v4(IPv6Address(addr)):  # ::/96, 64:ff9b:1::/48: the payload may name the reason
         assert reason is not None
@@ -142,7 +144,7 @@ def test_every_v6_entry_first_middle_last(addr):
     assert reason == _expected(addr)
 
 
-def test_v4_compatible_interior_points():
+def test_v4_compatible_interior_points() -> None:
     # The /96 points above decode to 0.0.0.0/8 etc.; a public payload gets the entry's own reason.
     assert classify("::8.8.8.8") == "IPv4-compatible (deprecated)"
     assert classify("::10.0.0.1") == "IPv4-compatible-encoded 10.0.0.1: private (RFC 1918)"
@@ -202,7 +204,7 @@ def test_v4_compatible_interior_points():
         "2a00:1450:4001:80b::200e",
     ],
 )
-def test_public_neighbours(addr):
+def test_public_neighbours(addr: str) -> None:
     assert classify(addr) is None
     assert denied(addr) is None
 
@@ -223,7 +225,7 @@ def test_public_neighbours(addr):
         ("100.100.100.101", "CGNAT / tailnet (RFC 6598)"),
     ],
 )
-def test_more_denials(addr, reason):
+def test_more_denials(addr: str, reason: str) -> None:
     assert classify(addr) == reason
 
 
@@ -254,7 +256,7 @@ def teredo(server: str, client: str, flags: int = 0x8000, port: int = 0x63BF) ->
     return str(IPv6Address(0x20010000 << 96 | s << 64 | flags << 48 | port << 32 | c))
 
 
-def test_rfc_vectors():
+def test_rfc_vectors() -> None:
     # RFC 6052 §2.4 (192.0.2.33 under a /48) and RFC 4380 §4 (the Teredo example).
     assert nat64_48("192.0.2.33") == "64:ff9b:1:c000:2:2100::"
     assert teredo("65.54.227.120", "192.0.2.45") == "2001:0:4136:e378:8000:63bf:3fff:fdd2"
@@ -295,7 +297,9 @@ PUBLIC_PAYLOADS = ["8.8.8.8", "1.1.1.1", "93.184.216.34", "11.0.0.1", "172.32.0.
         (lambda v4: teredo(v4, "8.8.8.8"), "Teredo-encoded server"),
     ],
 )
-def test_encoded_private_is_denied(encode, label, v4, reason):
+def test_encoded_private_is_denied(
+    encode: Callable[[str], str], label: str, v4: str, reason: str
+) -> None:
     addr = encode(v4)
     assert classify(addr) == f"{label} {v4}: {reason}"
     assert classify(IPv6Address(addr)) == f"{label} {v4}: {reason}"
@@ -306,18 +310,18 @@ def test_encoded_private_is_denied(encode, label, v4, reason):
     "encode",
     [nat64, mapped, sixtofour, lambda v4: sixtofour(v4, 0x1234_5678), lambda v4: teredo(v4, v4)],
 )
-def test_encoded_public_is_allowed(encode, v4):
+def test_encoded_public_is_allowed(encode: Callable[[str], str], v4: str) -> None:
     assert classify(encode(v4)) is None
 
 
 @pytest.mark.parametrize("v4", PUBLIC_PAYLOADS)
-def test_wholesale_encodings_stay_denied_with_public_payloads(v4):
+def test_wholesale_encodings_stay_denied_with_public_payloads(v4: str) -> None:
     assert classify(nat64_48(v4)) == "NAT64 local-use (RFC 8215)"
     compat = str(IPv6Address(int(IPv4Address(v4))))
     assert classify(compat) == "IPv4-compatible (deprecated)"
 
 
-def test_named_examples():
+def test_named_examples() -> None:
     assert classify("64:ff9b::192.168.1.1") == "NAT64-encoded 192.168.1.1: private (RFC 1918)"
     assert classify("64:ff9b::8.8.8.8") is None
     assert classify("2002:c0a8:0101::") == "6to4-encoded 192.168.1.1: private (RFC 1918)"
@@ -327,7 +331,7 @@ def test_named_examples():
     )
 
 
-def test_inputs():
+def test_inputs() -> None:
     assert classify("fe80::1%eth0") == "link-local"
     assert classify(ip_address("10.1.2.3")) == "private (RFC 1918)"
     with pytest.raises(ValueError):
@@ -392,7 +396,7 @@ LAN = ip_network("192.168.4.0/24")
         ("10.0.3.1", [ip_network("10.0.0.0/8")], None),
     ],
 )
-def test_exceptions(addr, exceptions, expected):
+def test_exceptions(addr: str, exceptions: list[Network], expected: str | None) -> None:
     got = denied(addr, exceptions)
     if expected is None:
         assert got is None
@@ -400,7 +404,7 @@ def test_exceptions(addr, exceptions, expected):
         assert got is not None and got.startswith(expected)
 
 
-def test_constants():
+def test_constants() -> None:
     assert [str(n) for n in TAILSCALE_NETS] == ["100.64.0.0/10", "fd7a:115c:a1e0::/48"]
     assert [str(n) for n in SANDBOX_NETS] == ["10.0.2.0/24", "fd00::/64"]
     # values refuses --allow-cidr over these very prefixes
@@ -430,7 +434,7 @@ STATIC = static_prefixes()
 
 
 @pytest.mark.parametrize("prefix", STATIC.deny_v4 + STATIC.deny_v6)
-def test_every_static_prefix_is_denied(prefix):
+def test_every_static_prefix_is_denied(prefix: str) -> None:
     net = ip_network(prefix)
     rng = random.Random(prefix)
     first, last = int(net.network_address), int(net.broadcast_address)
@@ -440,7 +444,7 @@ def test_every_static_prefix_is_denied(prefix):
         assert classify(make(v)) is not None, (prefix, str(make(v)))
 
 
-def test_static_contains_encoded_denied_ranges_not_whole_encodings():
+def test_static_contains_encoded_denied_ranges_not_whole_encodings() -> None:
     deny6 = set(STATIC.deny_v6)
     for p in ["64:ff9b::a00:0/104", "2002:a00::/24", "::ffff:a00:0/104", "2001:0:a00::/40"]:
         assert p in deny6
@@ -448,8 +452,10 @@ def test_static_contains_encoded_denied_ranges_not_whole_encodings():
     for p in ["64:ff9b:1::/48", "fc00::/7", "fe80::/10", "ff00::/8", "::/96"]:
         net = ip_network(p)
         assert net.network_address in deny and net.broadcast_address in deny, p
+    nets6 = [n for n in deny.nets if isinstance(n, IPv6Network)]
+    assert len(nets6) == len(deny.nets)
     for whole in CARVE_OUTS + ["2000::/3"]:
-        assert not any(ip_network(whole).subnet_of(n) for n in deny.nets), whole
+        assert not any(IPv6Network(whole).subnet_of(n) for n in nets6), whole
     assert "10.0.0.0/8" in STATIC.deny_v4
     assert "169.254.0.0/16" in STATIC.deny_v4
 
@@ -463,11 +469,11 @@ def test_static_contains_encoded_denied_ranges_not_whole_encodings():
     + PUBLIC_PAYLOADS
     + ["2606:4700:4700::1111", "2001:200::1", "3fff:1000::1"],
 )
-def test_public_addresses_are_in_no_static_prefix(addr):
+def test_public_addresses_are_in_no_static_prefix(addr: str) -> None:
     assert addr not in _Set(STATIC.deny_v4 + STATIC.deny_v6)
 
 
-def test_static_v4_matches_classify_exactly():
+def test_static_v4_matches_classify_exactly() -> None:
     # Every /16's first and last address, plus every table point.
     deny = _Set(STATIC.deny_v4)
     points = [IPv4Address(b << 16 | low) for b in range(1 << 16) for low in (0, 0xFFFF)]
@@ -483,7 +489,7 @@ def test_static_v4_matches_classify_exactly():
         [ip_network("100.0.0.0/8"), ip_network("fd7a::/16")],
     ],
 )
-def test_static_exceptions_never_open_tailscale_services(exceptions):
+def test_static_exceptions_never_open_tailscale_services(exceptions: list[Network]) -> None:
     s = static_prefixes(exceptions)
     accept, deny = _Set(s.accept_v4 + s.accept_v6), _Set(s.deny_v4 + s.deny_v6)
     for addr in (
@@ -507,11 +513,11 @@ def test_static_exceptions_never_open_tailscale_services(exceptions):
             assert addr in accept, addr
 
 
-def test_static_exceptions_cover_every_lifted_denial():
+def test_static_exceptions_cover_every_lifted_denial() -> None:
     exceptions = [LAN, ip_network("fd12:3456::/32"), ip_network("100.64.0.0/10")]
     s = static_prefixes(exceptions)
     # 100.64.0.0/10 less Tailscale's own 100.100.100.100, which no exception opens
-    tailnet = list(ip_network("100.64.0.0/10").address_exclude(ip_network("100.100.100.100/32")))
+    tailnet = list(IPv4Network("100.64.0.0/10").address_exclude(IPv4Network("100.100.100.100/32")))
     assert s.accept_v4 == [str(n) for n in ipaddress.collapse_addresses(tailnet)] + [
         "192.168.4.0/24"
     ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from boxyd.net import refusals
@@ -104,7 +106,7 @@ def test_one_of_each_is_singular() -> None:
     )
 
 
-EVENTS = [
+EVENTS: list[dict[str, Any]] = [
     {"layer": "net.ip", "verdict": "deny", "proto": "tcp", "addr": "169.254.169.254", "port": 80},
     {"layer": "net.ip", "verdict": "deny", "proto": "tcp", "addr": "169.254.169.254", "port": 80},
     {"layer": "net.ip", "verdict": "deny", "proto": "udp", "addr": "224.0.0.251", "port": 5353},
@@ -162,7 +164,7 @@ def test_a_name_not_allowed_has_its_row_in_the_table() -> None:
     """The summary line said '1 name not allowed' while the table had no row for it."""
     from boxyd.daemon.network import _refused_lookup
 
-    events = [
+    events: list[dict[str, Any]] = [
         {"layer": "net.dns", "verdict": "deny", "name": "Evil.example.", "reason": "not listed"},
         {"layer": "net.dns", "verdict": "deny", "name": "r.example", "denied": [["10.0.0.9", "x"]]},
         {"layer": "net.dns", "verdict": "deny", "proto": "tcp", "addr": "11.0.0.6", "name": "a"},
@@ -183,7 +185,9 @@ def test_the_allowlists_names_that_resolve_only_into_refused_ranges_are_said() -
 
     policy = NetPolicy.from_spec("allowlist", ["reg.example", "*.cdn.example", "11.0.0.7"])
     assert _plain_names(policy) == ["reg.example"]
-    events = [  # the proxy's events: A removed whole; a second name keeps one address
+    events: list[
+        dict[str, Any]
+    ] = [  # the proxy's events: A removed whole; a second name keeps one address
         {"name": "reg.example", "addrs": [], "denied": [["10.9.8.7", "private (RFC 1918)"]]},
         {"name": "reg.example", "addrs": [], "qtype": "AAAA"},
         {"name": "ok.example", "addrs": ["11.0.0.1"], "denied": [["10.0.0.1", "private"]]},

@@ -7,6 +7,7 @@ no network); the malformed ones are built byte by byte in tlsbuild.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 
 import pytest
 
@@ -59,8 +60,8 @@ def test_real_client_hello_any_split_into_two_reads(real: bytes) -> None:
     # The caller passes the accumulation, so only the concatenation matters; check
     # that bytearray and memoryview input behave like bytes at every split point.
     for k in range(len(real) + 1):
-        assert inspect(bytearray(real[:k]) + real[k:]) == inspect(real)
-    assert inspect(memoryview(real)) == inspect(real)
+        assert inspect(bytearray(real[:k]) + real[k:]) == inspect(real)  # type: ignore[arg-type]  # deliberately not bytes
+    assert inspect(memoryview(real)) == inspect(real)  # type: ignore[arg-type]  # deliberately not bytes
 
 
 def test_real_client_hello_without_server_name() -> None:
@@ -200,7 +201,7 @@ def test_decides_before_the_last_record_is_complete() -> None:
         ((b"a.example..",), ["not a valid host name"]),
     ],
 )
-def test_bad_server_name(names: tuple, words: list[str]) -> None:
+def test_bad_server_name(names: tuple[bytes, ...], words: list[str]) -> None:
     assert_malformed(hello(tb.server_name(*names)), *words)
 
 
@@ -527,7 +528,7 @@ def test_inspect_never_raises_on_random_bytes() -> None:
 ISSUE_HEAD = b"GET / HTTP/1.1\r\nX: a" + b" " * 16300 + b"b\r\n"
 
 
-def test_header_with_a_long_run_of_blanks_is_linear():
+def test_header_with_a_long_run_of_blanks_is_linear() -> None:
     """The issue: `[ \\t]*(.*?)[ \\t]*` took 0.65 s on this, on the event loop."""
     import time
 
@@ -548,7 +549,7 @@ def test_header_with_a_long_run_of_blanks_is_linear():
     (b"X:a:b", (b"X", b"a:b")), (b"X : a", None), (b": a", None), (b"X\x80: a", None),
     (b"X", None), (b" X: a", None),
 ])  # fmt: skip
-def test_header_split(line, ok):
+def test_header_split(line: bytes, ok: tuple[bytes, bytes] | None) -> None:
     if ok is None:
         with pytest.raises(sni._Bad):
             sni._header(line)
@@ -556,7 +557,7 @@ def test_header_split(line, ok):
         assert sni._header(line) == ok
 
 
-def stream(data: bytes, sizes) -> list[object]:
+def stream(data: bytes, sizes: Iterable[int]) -> list[sni.Result]:
     """What an Inspector answers, read by read, for DATA cut into SIZES."""
     ins, out, pos = sni.Inspector(), [], 0
     for size in sizes:
@@ -567,7 +568,7 @@ def stream(data: bytes, sizes) -> list[object]:
     return out
 
 
-def test_inspector_answers_as_inspect_on_everything_so_far(real):
+def test_inspector_answers_as_inspect_on_everything_so_far(real: bytes) -> None:
     rng = random.Random(5)
     cases = [
         real,
@@ -588,18 +589,18 @@ def test_inspector_answers_as_inspect_on_everything_so_far(real):
                 assert answer == inspect(data[:pos]), (data[:60], pos)
 
 
-def test_inspector_is_linear_in_the_bytes_whatever_the_reads():
+def test_inspector_is_linear_in_the_bytes_whatever_the_reads() -> None:
     """A byte per read used to re-inspect the whole buffer each time: O(n²)."""
     from tests.unit.parserfuzz import assert_linear
 
-    def http(n):
+    def http(n: int) -> bytes:
         return b"GET / HTTP/1.1\r\n" + b"X-A: b\r\n" * n
 
-    def tls(n):
+    def tls(n: int) -> bytes:
         hello = tb.client_hello(tb.server_name(b"a.example"), tb.extension(21, b"\x00" * 8 * n))
         return tb.records(hello, [7] * (len(hello) // 7 + 1))
 
-    def feed_bytes(data, step=1):
+    def feed_bytes(data: bytes, step: int = 1) -> None:
         ins = sni.Inspector()
         ins.reads = -len(data)  # the read cap is not what is measured here
         for i in range(0, len(data), step):
@@ -610,7 +611,7 @@ def test_inspector_is_linear_in_the_bytes_whatever_the_reads():
     assert_linear(tls, lambda d: feed_bytes(d, 5), 20)
 
 
-def test_inspector_gives_up_after_max_reads():
+def test_inspector_gives_up_after_max_reads() -> None:
     ins = sni.Inspector()
     answers = [ins.feed(b"GET / HTTP/1.1\r\n"[i : i + 1]) for i in range(16)]
     answers += [ins.feed(b"X" if i % 2 else b"-") for i in range(sni.MAX_INSPECT_READS - 17)]
@@ -619,7 +620,7 @@ def test_inspector_gives_up_after_max_reads():
     assert ins.feed(b"\r\n\r\n") == Malformed(f"no decision after {sni.MAX_INSPECT_READS} reads")
 
 
-async def test_gateway_reads_a_byte_at_a_time_client_in_bounded_time():
+async def test_gateway_reads_a_byte_at_a_time_client_in_bounded_time() -> None:
     """The issue: 40 such connections held another project's run 23.5 s. Over a real
     socket pair, a client dribbling the head a byte per read is refused after
     MAX_INSPECT_READS reads, and what it sent is kept for the relay."""
@@ -634,15 +635,15 @@ async def test_gateway_reads_a_byte_at_a_time_client_in_bounded_time():
     ours.setblocking(False)
     theirs.setblocking(False)
 
-    async def dribble():
+    async def dribble() -> None:
         for i in range(len(ISSUE_HEAD)):
             await loop.sock_sendall(theirs, ISSUE_HEAD[i : i + 1])
             await asyncio.sleep(0)
 
-    async def readable():
+    async def readable() -> None:
         ready = loop.create_future()
 
-        def wake():
+        def wake() -> None:
             loop.remove_reader(ours.fileno())
             ready.set_result(None)
 
@@ -667,7 +668,7 @@ async def test_gateway_reads_a_byte_at_a_time_client_in_bounded_time():
 
 
 @pytest.mark.parametrize("seed", [1])
-def test_fuzz_inspect_only_results(seed, real):
+def test_fuzz_inspect_only_results(seed: int, real: bytes) -> None:
     from tests.unit.parserfuzz import mutations
 
     seeds = [

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 
 import dns.message
 import pytest
 
 from boxyd.net import tailscale
+from boxyd.net.bindings import Address
 from boxyd.net.dnsproxy import DnsSession, route_for
 
 
-def runner(rc: int, out: str):
-    def run(argv, **_kw):
+def runner(rc: int, out: str) -> Callable[..., subprocess.CompletedProcess[str]]:
+    def run(argv: list[str], **_kw: object) -> subprocess.CompletedProcess[str]:
         assert argv[:2] == ["tailscale", "status"]
         return subprocess.CompletedProcess(argv, rc, out, "")
 
@@ -39,7 +41,7 @@ def test_magicdns_suffix(rc: int, out: str, suffix: str | None) -> None:
 
 
 def test_missing_binary_is_not_running() -> None:
-    def run(argv, **_kw):
+    def run(argv: list[str], **_kw: object) -> subprocess.CompletedProcess[str]:
         raise FileNotFoundError(2, "No such file or directory", argv[0])
 
     assert tailscale.magicdns_suffix(run=run) is None
@@ -69,7 +71,7 @@ def test_dns_routes_pick_the_suffix_only() -> None:
         def name_allowed(self, name: str) -> bool:
             return True
 
-        def address_denied(self, ip) -> str | None:
+        def address_denied(self, ip: Address) -> str | None:
             return None
 
     session = DnsSession(policy=Allow(), routes=(("t.ts.net", (tailscale.MAGICDNS,)),))

@@ -44,7 +44,9 @@ def test_a_planted_entry_is_never_followed(state: Path, tmp_path: Path) -> None:
     assert (tmp_path / "secret").read_text() == "not yours"
 
 
-def test_never_raises_where_it_cannot_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_never_raises_where_it_cannot_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "file"))
     notices.leave("ab12", ["x"])

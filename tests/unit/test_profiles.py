@@ -2,6 +2,7 @@
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -9,6 +10,7 @@ from boxy.errors import ProfileError
 from boxyd.config import profiles
 from boxyd.config.profiles import (
     HOST_TEMPLATES,
+    Profile,
     list_profiles,
     load_profile,
     resolve_hosts,
@@ -20,35 +22,35 @@ CTX = {"workdir": "/home/u/p", "home": "/home/u"}
 PRESETS = ["claude", "generic", "node", "offline", "python"]
 
 
-def write(tmp_path, text, name="p.yaml"):
+def write(tmp_path: Path, text: str, name: str = "p.yaml") -> str:
     path = tmp_path / name
     path.write_text(text)
     return str(path)
 
 
-def load(tmp_path, text):
+def load(tmp_path: Path, text: str) -> Profile:
     return load_profile(write(tmp_path, text), context=CTX)
 
 
-def test_list_profiles():
+def test_list_profiles() -> None:
     assert list_profiles() == PRESETS
 
 
 @pytest.mark.parametrize("name", PRESETS)
-def test_presets_load_and_say_what_they_are_for(name):
+def test_presets_load_and_say_what_they_are_for(name: str) -> None:
     profile = load_profile(name, context=CTX)
     assert profile.description
     assert profile.source == name
     assert (profiles._preset_dir() / f"{name}.yaml").read_text().startswith(f"# {name}:")
 
 
-def test_generic_and_offline():
+def test_generic_and_offline() -> None:
     assert load_profile("generic", context=CTX).net == "public"
     assert load_profile("offline", context=CTX).net == "none"
 
 
 @pytest.mark.parametrize("name", ["node", "python"])
-def test_registry_presets_name_no_host(name):
+def test_registry_presets_name_no_host(name: str) -> None:
     """Registry hosts come from the tool's configuration, never the preset."""
     profile = load_profile(name, context=CTX)
     assert profile.net == "allowlist"
@@ -57,7 +59,7 @@ def test_registry_presets_name_no_host(name):
         assert host.startswith("{") and host.strip("{}") in HOST_TEMPLATES
 
 
-def test_node_preset():
+def test_node_preset() -> None:
     p = load_profile("node", context={**CTX, "cache": "/c/node/p"})
     assert p.env == {
         "NPM_CONFIG_UPDATE_NOTIFIER": "false",
@@ -80,7 +82,7 @@ def test_node_preset():
     assert [e.path for e in p.mkdir] == ["/c/node/p"]  # boxy's own cache for this project
 
 
-def test_python_preset():
+def test_python_preset() -> None:
     p = load_profile("python", context={**CTX, "cache": "/c/python/p"})
     assert p.allow_hosts == ["{pip_index}", "{pip_files}"]
     assert p.env == {
@@ -91,7 +93,7 @@ def test_python_preset():
     }
 
 
-def test_claude_preset():
+def test_claude_preset() -> None:
     p = load_profile("claude", context=CTX)
     assert p.net == "allowlist"
     literal = [h for h in p.allow_hosts if not h.startswith("{")]
@@ -111,22 +113,22 @@ def test_claude_preset():
     "workdir,slug",
     [("/home/u/p", "-home-u-p"), ("/", "-"), ("/a/b.c/d_e", "-a-b-c-d-e"), ("/x/../y", "-x----y")],
 )
-def test_workdir_slug(workdir, slug):
+def test_workdir_slug(workdir: str, slug: str) -> None:
     assert workdir_slug(workdir) == slug
     assert "/" not in slug and ".." not in slug
 
 
-def test_unknown_preset():
+def test_unknown_preset() -> None:
     with pytest.raises(ProfileError, match="unknown profile 'nope' .presets: claude, generic"):
         load_profile("nope", context=CTX)
 
 
-def test_missing_file():
+def test_missing_file() -> None:
     with pytest.raises(ProfileError, match="profile /no/such.yaml: no such file"):
         load_profile("/no/such.yaml", context=CTX)
 
 
-def test_full_schema(tmp_path):
+def test_full_schema(tmp_path: Path) -> None:
     p = load(
         tmp_path,
         """
@@ -165,12 +167,12 @@ seccomp: compat
     assert p.seccomp == "compat"
 
 
-def test_empty_file_is_an_empty_profile(tmp_path):
+def test_empty_file_is_an_empty_profile(tmp_path: Path) -> None:
     p = load(tmp_path, "# nothing\n")
     assert p.net is None and not p.allow_hosts
 
 
-def error(tmp_path, text):
+def error(tmp_path: Path, text: str) -> str:
     path = write(tmp_path, text)
     with pytest.raises(ProfileError) as e:
         load_profile(path, context=CTX)
@@ -180,7 +182,7 @@ def error(tmp_path, text):
     return message[len(f"profile {path}: ") :]
 
 
-def test_unknown_top_key(tmp_path):
+def test_unknown_top_key(tmp_path: Path) -> None:
     assert error(tmp_path, "filesytem: {}\n") == (
         "unknown key 'filesytem' (expected one of: description, extends, net, allow_hosts, "
         "allow_ports, allow_cidr, tailscale, ports, filesystem, env, env_pass, env_secrets, limits, "
@@ -188,7 +190,7 @@ def test_unknown_top_key(tmp_path):
     )
 
 
-def test_unknown_nested_keys(tmp_path):
+def test_unknown_nested_keys(tmp_path: Path) -> None:
     assert error(tmp_path, "filesystem: {rox: []}").startswith(
         "unknown key 'filesystem.rox' (expected one of: ro, rw, mkdir"
     )
@@ -198,7 +200,7 @@ def test_unknown_nested_keys(tmp_path):
     )
 
 
-def test_wrong_path_entry_type(tmp_path):
+def test_wrong_path_entry_type(tmp_path: Path) -> None:
     assert error(tmp_path, "filesystem:\n  ro: [/a, /b, 3]\n") == (
         "key filesystem.ro[2]: expected a path string or {path:, optional:}"
     )
@@ -252,35 +254,35 @@ def test_wrong_path_entry_type(tmp_path):
         ("- a\n- b", "expected a mapping of keys at the top level"),
     ],
 )
-def test_wrong_values(tmp_path, text, expected):
+def test_wrong_values(tmp_path: Path, text: str, expected: str) -> None:
     assert expected in error(tmp_path, text)
 
 
-def test_invalid_yaml_names_line_and_column(tmp_path):
+def test_invalid_yaml_names_line_and_column(tmp_path: Path) -> None:
     message = error(tmp_path, "net: public\nfilesystem:\n  ro: [/a\n  rw: x\n")
     assert message.startswith("invalid YAML at line ")
     assert "column" in message
 
 
-def test_invalid_yaml_position(tmp_path):
+def test_invalid_yaml_position(tmp_path: Path) -> None:
     message = error(tmp_path, "net: public\nenv: {A: 'x}\n")
     assert message.startswith("invalid YAML at line 3 column 1: ")
 
 
-def test_duplicate_key_refused(tmp_path):
+def test_duplicate_key_refused(tmp_path: Path) -> None:
     assert error(tmp_path, "net: none\nnet: public\n") == (
         "invalid YAML at line 2 column 1: duplicate key 'net'"
     )
 
 
-def test_not_utf8(tmp_path):
+def test_not_utf8(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     path.write_bytes(b"net: \xff\n")
     with pytest.raises(ProfileError, match="not UTF-8"):
         load_profile(str(path), context=CTX)
 
 
-def test_extends_preset(tmp_path):
+def test_extends_preset(tmp_path: Path) -> None:
     p = load(
         tmp_path,
         "extends: node\nallow_hosts: [github.com]\nenv: {A: b}\nlimits: {pids: 2000}\n",
@@ -293,26 +295,26 @@ def test_extends_preset(tmp_path):
     assert p.description  # inherited
 
 
-def test_extends_relative_file(tmp_path):
+def test_extends_relative_file(tmp_path: Path) -> None:
     write(tmp_path, "net: none\nfilesystem: {ro: [/base]}\n", "base.yaml")
     p = load(tmp_path, "extends: ./base.yaml\nfilesystem: {ro: [/child]}\n")
     assert p.net == "none"
     assert [e.path for e in p.ro] == ["/base", "/child"]
 
 
-def test_extends_one_level_only(tmp_path):
+def test_extends_one_level_only(tmp_path: Path) -> None:
     write(tmp_path, "extends: node\n", "base.yaml")
     assert "only one level" in error(tmp_path, "extends: ./base.yaml\n")
 
 
-def test_extends_base_errors_name_the_base(tmp_path):
+def test_extends_base_errors_name_the_base(tmp_path: Path) -> None:
     base = write(tmp_path, "nett: none\n", "base.yaml")
     path = write(tmp_path, "extends: ./base.yaml\n")
     with pytest.raises(ProfileError, match=f"profile {base}: unknown key 'nett'"):
         load_profile(path, context=CTX)
 
 
-def test_resolve_hosts():
+def test_resolve_hosts() -> None:
     notes: list[str] = []
     table = {"npm_registry": "registry.internal.example", "pip_index": "not a host!"}
     hosts = resolve_hosts(
@@ -327,7 +329,7 @@ def test_resolve_hosts():
     assert "no {pip_files} configured; dropped" in notes[1]
 
 
-def test_resolve_hosts_without_resolver():
+def test_resolve_hosts_without_resolver() -> None:
     notes: list[str] = []
     assert resolve_hosts(["{go_proxy}", "b.example"], None, source="x", notes=notes) == [
         "b.example"
@@ -335,7 +337,7 @@ def test_resolve_hosts_without_resolver():
     assert notes == ["profile x: allow_hosts {go_proxy}: no {go_proxy} configured; dropped"]
 
 
-def test_env_templates_filled_from_the_tools_or_left_out():
+def test_env_templates_filled_from_the_tools_or_left_out() -> None:
     from boxyd.config.profiles import resolve_env
 
     notes: list[str] = []
@@ -349,7 +351,7 @@ def test_env_templates_filled_from_the_tools_or_left_out():
     assert notes == ["profile p: env B: no {pip_cert} configured; not set"]
 
 
-def test_unknown_env_template_is_refused(tmp_path):
+def test_unknown_env_template_is_refused(tmp_path: Path) -> None:
     from boxyd.config.profiles import load_profile
 
     f = tmp_path / "p.yaml"
@@ -358,7 +360,9 @@ def test_unknown_env_template_is_refused(tmp_path):
         load_profile(str(f), context={"workdir": "/w", "home": "/h"})
 
 
-def test_user_profiles_are_looked_up_before_the_presets(tmp_path, monkeypatch):
+def test_user_profiles_are_looked_up_before_the_presets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """NAME: a path, then $XDG_CONFIG_HOME/boxy/profiles/NAME.yaml, then the preset."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     d = tmp_path / "boxy" / "profiles"
@@ -376,7 +380,7 @@ def test_user_profiles_are_looked_up_before_the_presets(tmp_path, monkeypatch):
         profiles.where("nope")
 
 
-def test_a_fifo_or_a_non_profile_is_refused(tmp_path):
+def test_a_fifo_or_a_non_profile_is_refused(tmp_path: Path) -> None:
     fifo = tmp_path / "p.yaml"
     os.mkfifo(fifo)
     with pytest.raises(ProfileError, match="not a regular file"):
@@ -404,11 +408,11 @@ def test_a_fifo_or_a_non_profile_is_refused(tmp_path):
     ("filesystem: {secrets: ['../x']}", "key filesystem.secrets[0]: '../x': expected a glob relative"),
     ("filesystem: {secrets: ['a//b']}", "key filesystem.secrets[0]: 'a//b': expected a glob relative"),
 ])  # fmt: skip
-def test_new_keys_refused_with_one_line(tmp_path, text, message):
+def test_new_keys_refused_with_one_line(tmp_path: Path, text: str, message: str) -> None:
     assert message in error(tmp_path, text + "\n")
 
 
-def test_new_keys_read_and_merged(tmp_path):
+def test_new_keys_read_and_merged(tmp_path: Path) -> None:
     base = write(
         tmp_path,
         "allow_cidr: [192.168.4.0/24]\nenv_secrets: [A]\ntailscale: true\n"
@@ -435,7 +439,7 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
 )
 
 
-def project_error(text):
+def project_error(text: str) -> str:
     with pytest.raises(ProfileError) as e:
         profiles.project_doc(text, "/w/.boxy.yaml")
     message = str(e.value)
@@ -456,20 +460,20 @@ def project_error(text):
     (BOMB, "line 1 column 4: anchors and aliases"),
     ("a: \x00\n", "unacceptable character #x0000"),
 ])  # fmt: skip
-def test_project_file_values_that_break_pyyaml_are_one_line(text, message):
+def test_project_file_values_that_break_pyyaml_are_one_line(text: str, message: str) -> None:
     """The issue's reproductions: each was a ValueError, TypeError or RecursionError
     out of PyYAML ("internal error" for every later run)."""
     assert message in project_error(text)
 
 
-def test_deep_nesting_is_refused_before_pyyaml_scans_it():
+def test_deep_nesting_is_refused_before_pyyaml_scans_it() -> None:
     """'[' * N used to cost PyYAML's scanner O(N²) before a RecursionError."""
     t0 = time.process_time()
     project_error("env: " + "[" * 60000)
     assert time.process_time() - t0 < 1.0  # 0.8 s for 3,000 before; now it stops at 33
 
 
-def test_user_profile_may_use_aliases_within_a_bound(tmp_path):
+def test_user_profile_may_use_aliases_within_a_bound(tmp_path: Path) -> None:
     p = load(tmp_path, "description: &h shared\nenv: {A: *h}\n")
     assert p.env == {"A": "shared"} and p.description == "shared"
     message = error(tmp_path, BOMB)  # 9⁷ values once expanded
@@ -477,11 +481,11 @@ def test_user_profile_may_use_aliases_within_a_bound(tmp_path):
     assert "anchors" not in message
 
 
-def test_user_profile_alias_to_its_own_container_is_refused(tmp_path):
+def test_user_profile_alias_to_its_own_container_is_refused(tmp_path: Path) -> None:
     assert "alias *a refers to a value that contains it" in error(tmp_path, "env: &a {A: *a}\n")
 
 
-def test_nesting_depth_32_is_fine():
+def test_nesting_depth_32_is_fine() -> None:
     assert profiles.project_doc("description: " + "[" * 31 + "]" * 31 + "\n", "x")["description"]
 
 
@@ -523,7 +527,7 @@ YAML_TOKENS = [
 ]
 
 
-def test_fuzz_project_yaml_only_ever_profile_error():
+def test_fuzz_project_yaml_only_ever_profile_error() -> None:
     from tests.unit.parserfuzz import mutations
 
     for data in mutations(YAML_SEEDS, YAML_TOKENS, seed=1):
@@ -535,10 +539,10 @@ def test_fuzz_project_yaml_only_ever_profile_error():
                 assert "\n" not in str(e)
 
 
-def test_yaml_size_sweep_is_linear():
+def test_yaml_size_sweep_is_linear() -> None:
     from tests.unit.parserfuzz import assert_linear
 
-    def hosts(n):
+    def hosts(n: int) -> str:
         return "allow_hosts:\n" + "".join(f"  - h{i}.example   # a comment\n" for i in range(n))
 
     assert_linear(hosts, lambda t: profiles.project_doc(t, "x"), 200)
@@ -550,7 +554,7 @@ def test_yaml_size_sweep_is_linear():
     )
 
 
-def test_secrets_patterns_load_and_merge(tmp_path):
+def test_secrets_patterns_load_and_merge(tmp_path: Path) -> None:
     p = load(tmp_path, "filesystem:\n  secrets: ['*.secret', 'conf/prod/*.yaml', 'vault/']\n")
     assert p.secrets == ["*.secret", "conf/prod/*.yaml", "vault"]
     base = write(tmp_path, "filesystem: {secrets: ['*.secret']}\n", "base.yaml")
@@ -559,7 +563,7 @@ def test_secrets_patterns_load_and_merge(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["node", "python"])
-def test_install_presets_protect_the_ci_files(name):
+def test_install_presets_protect_the_ci_files(name: str) -> None:
     """What host programs obey unasked is held in every run (config/hostrun.py); the
     install presets add the CI files, which an install never writes."""
     p = load_profile(name, context={**CTX, "cache": "/c/p"})
@@ -568,7 +572,7 @@ def test_install_presets_protect_the_ci_files(name):
     assert all(e.optional for e in p.protect)
 
 
-def test_ports_are_read_merged_and_shown(tmp_path):
+def test_ports_are_read_merged_and_shown(tmp_path: Path) -> None:
     from boxy.values import parse_publish
     from boxyd.config import profileview
 

@@ -5,17 +5,20 @@ content."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from boxy.errors import UsageError
 from boxy.request import RunRequest
 from boxyd.config import projectconfig as pc
+from boxyd.config.profiles import Registry
+from boxyd.config.runspec import RunSpec
 from boxyd.config.spec import build_spec
 
 
 @pytest.fixture
-def project(tmp_path, monkeypatch):
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     home = tmp_path / "home"
     wd = home / "proj"
     wd.mkdir(parents=True)
@@ -23,12 +26,12 @@ def project(tmp_path, monkeypatch):
     return {"home": str(home), "wd": str(wd), "config": str(tmp_path / "config")}
 
 
-def build(p, **options):
+def build(p: dict[str, str], **options: object) -> RunSpec:
     req = RunRequest.from_wire({"argv": ["true"], "cwd": p["wd"], "options": options})
     return build_spec(req, uid=os.getuid(), user="u", home=p["home"], registry=lambda n: None)
 
 
-def write(p, name, text):
+def write(p: dict[str, str], name: str, text: str) -> str:
     path = os.path.join(p["wd"], name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
@@ -36,7 +39,9 @@ def write(p, name, text):
     return path
 
 
-def test_read_refuses_what_is_not_a_small_regular_file(project, tmp_path):
+def test_read_refuses_what_is_not_a_small_regular_file(
+    project: dict[str, str], tmp_path: Path
+) -> None:
     wd = project["wd"]
     assert pc.read(wd).empty
     os.symlink(str(tmp_path / "elsewhere.yaml"), os.path.join(wd, pc.NAME))
@@ -52,7 +57,7 @@ def test_read_refuses_what_is_not_a_small_regular_file(project, tmp_path):
         pc.read(wd)
 
 
-def test_registry_files_are_read_only_as_data(project, tmp_path):
+def test_registry_files_are_read_only_as_data(project: dict[str, str], tmp_path: Path) -> None:
     wd = project["wd"]
     (tmp_path / "npmrc").write_text("registry=https://elsewhere.test/\n")
     os.symlink(str(tmp_path / "npmrc"), os.path.join(wd, ".npmrc"))
@@ -82,7 +87,7 @@ def test_registry_files_are_read_only_as_data(project, tmp_path):
     )
 
 
-def test_an_approval_is_for_this_content_in_this_directory(project):
+def test_an_approval_is_for_this_content_in_this_directory(project: dict[str, str]) -> None:
     wd, config = project["wd"], project["config"]
     write(project, pc.NAME, "net: public\nenv: {A: '1'}\n")
     cfg = pc.read(wd)
@@ -103,7 +108,7 @@ def test_an_approval_is_for_this_content_in_this_directory(project):
     assert pc.revoke(wd, config) == 1 and not pc.is_trusted(cfg, config)
 
 
-def test_unapproved_content_applies_only_what_is_no_wider(project):
+def test_unapproved_content_applies_only_what_is_no_wider(project: dict[str, str]) -> None:
     write(
         project,
         pc.NAME,
@@ -127,7 +132,7 @@ def test_unapproved_content_applies_only_what_is_no_wider(project):
     assert spec.net == "none" and "held back: net (public) of" in spec.warnings[0]
 
 
-def test_unapproved_content_that_does_not_load_is_ignored_and_said(project):
+def test_unapproved_content_that_does_not_load_is_ignored_and_said(project: dict[str, str]) -> None:
     for text, why in (
         ("profile: nonexistent\n", "unknown profile 'nonexistent'"),
         ("netw: public\n", "unknown key 'netw'"),
@@ -140,7 +145,7 @@ def test_unapproved_content_that_does_not_load_is_ignored_and_said(project):
         assert len(spec.warnings) == 1 and why in spec.warnings[0], (text, spec.warnings)
 
 
-def test_approved_content_applies_on_its_profile(project):
+def test_approved_content_applies_on_its_profile(project: dict[str, str]) -> None:
     write(
         project,
         pc.NAME,
@@ -159,7 +164,7 @@ def test_approved_content_applies_on_its_profile(project):
     assert build(project, profile="generic").net == "public"  # the flag still wins
 
 
-def test_an_approved_file_may_not_extend_or_name_a_file(project):
+def test_an_approved_file_may_not_extend_or_name_a_file(project: dict[str, str]) -> None:
     for text, why in (
         ("extends: node\n", "a project names its profile with profile: NAME"),
         ("profile: ./p.yaml\n", "not a path"),
@@ -170,7 +175,7 @@ def test_an_approved_file_may_not_extend_or_name_a_file(project):
             build(project)
 
 
-def build_node(p, registry):
+def build_node(p: dict[str, str], registry: Registry) -> RunSpec:
     req = RunRequest.from_wire({"argv": ["true"], "cwd": p["wd"], "options": {"profile": "node"}})
     return build_spec(req, uid=os.getuid(), user="u", home=p["home"], registry=registry)
 
@@ -178,7 +183,7 @@ def build_node(p, registry):
 USER_REGISTRY = {"npm_registry": "user.test", "npm_registry_url": "https://user.test/"}.get
 
 
-def test_a_project_npmrc_registry_widens_only_once_approved(project):
+def test_a_project_npmrc_registry_widens_only_once_approved(project: dict[str, str]) -> None:
     write(
         project,
         ".npmrc",
@@ -204,7 +209,7 @@ def test_a_project_npmrc_registry_widens_only_once_approved(project):
 PIP_USER = {"pip_index": "pypi.test", "pip_files": "files.test"}.get
 
 
-def test_a_venv_pip_conf_index_widens_only_once_approved(project):
+def test_a_venv_pip_conf_index_widens_only_once_approved(project: dict[str, str]) -> None:
     write(project, ".venv/pyvenv.cfg", "home = /usr/bin\n")
     write(
         project,
@@ -216,7 +221,7 @@ def test_a_venv_pip_conf_index_widens_only_once_approved(project):
         {"argv": ["true"], "cwd": project["wd"], "options": {"profile": "python"}}
     )
 
-    def spec():
+    def spec() -> RunSpec:
         return build_spec(req, uid=os.getuid(), user="u", home=project["home"], registry=PIP_USER)
 
     s = spec()
@@ -236,7 +241,9 @@ def test_a_venv_pip_conf_index_widens_only_once_approved(project):
     "x: !!int y\n", "a: !!float x\n", "a: 2001-13-45\n", "a: " + "1" * 5000 + "\n",
     "? [a]\n: 1\n", "env: " + "[" * 3000, "net: &n public\nx: *n\n",
 ])  # fmt: skip
-def test_a_yaml_file_pyyaml_chokes_on_is_named_and_the_run_goes_on(project, text):
+def test_a_yaml_file_pyyaml_chokes_on_is_named_and_the_run_goes_on(
+    project: dict[str, str], text: str
+) -> None:
     """The issue's files: each made every later run "internal error in boxyd", and
     `boxyctl trust` crash, until someone deleted it."""
     from boxy.errors import ProfileError

@@ -46,7 +46,7 @@ ENV = {"HOME": "/home/u", "REG": "https://mirror.test/npm/"}
         ("scope:registry=https://nope.test/\n", []),  # a scope starts with @
     ],
 )
-def test_npmrc(text, expected):
+def test_npmrc(text: str, expected: list[tuple[str, str]]) -> None:
     assert pr.parse_npmrc(text, ENV) == expected
 
 
@@ -80,11 +80,11 @@ def test_npmrc(text, expected):
         ("[global\nindex-url = https://x.test/\n", []),
     ],
 )
-def test_pip_conf(text, expected):
+def test_pip_conf(text: str, expected: list[tuple[str, str]]) -> None:
     assert pr.parse_pip_conf(text) == expected
 
 
-def test_primary_registries_and_the_hosts_beside_them():
+def test_primary_registries_and_the_hosts_beside_them() -> None:
     npm = pr.registries(
         "/w/.npmrc",
         "npm",
@@ -112,7 +112,7 @@ def test_primary_registries_and_the_hosts_beside_them():
     assert pr.extra_hosts(regs, set()) == []
 
 
-def test_resolver_orders_as_the_tools_do():
+def test_resolver_orders_as_the_tools_do() -> None:
     regs = pr.registries("/w/.npmrc", "npm", [("registry", "https://r.test/")])
     user = {"npm_registry": "user.test", "pip_index": "pypi.test"}.get
     resolve = pr.resolver(user, regs, {})
@@ -123,7 +123,7 @@ def test_resolver_orders_as_the_tools_do():
     assert pr.resolver(None, [], {})("npm_registry") is None
 
 
-def test_credentials_in_a_url_are_never_repeated():
+def test_credentials_in_a_url_are_never_repeated() -> None:
     r = pr.registries("/w/.npmrc", "npm", [("registry", "https://ci:s3cret@r.test/npm/")])[0]
     assert r.host is None and r.shown == "https://***@r.test/npm/"
     assert "s3cret" not in str(r.wire())
@@ -152,7 +152,9 @@ def test_credentials_in_a_url_are_never_repeated():
     ("registry='https://a.test/'x'\n", [("registry", "https://a.test/'x")]),
     ("registry='\n", []),  # ini: '' (the quotes stripped, JSON.parse('') throws)
 ])  # fmt: skip
-def test_npmrc_quoted_values_are_json_as_npm_reads_them(text, expected):
+def test_npmrc_quoted_values_are_json_as_npm_reads_them(
+    text: str, expected: list[tuple[str, str]]
+) -> None:
     assert pr.parse_npmrc(text, ENV) == expected
 
 
@@ -162,18 +164,18 @@ def test_npmrc_quoted_values_are_json_as_npm_reads_them(text, expected):
     ("-1e400", "-Infinity"), ("-0", "0"), ("5e-324", "5e-324"), ("0.1", "0.1"),
     ("1.7976931348623157e308", "1.7976931348623157e+308"), ("1.25e2", "125"),
 ])  # fmt: skip
-def test_json_numbers_as_javascript_prints_them(literal, shown):
+def test_json_numbers_as_javascript_prints_them(literal: str, shown: str) -> None:
     assert pr._js_number(literal) == shown
 
 
-def test_json_parse_agrees_with_python_json_where_it_can_recurse():
+def test_json_parse_agrees_with_python_json_where_it_can_recurse() -> None:
     """A differential check on random JSON-ish text: the same accept/refuse and the
     same String() as Python's json module gives (NaN and Infinity aside: JSON.parse
     refuses them)."""
     import json
     import random
 
-    def js(v):
+    def js(v: object) -> str:
         if isinstance(v, bool) or v is None:
             return json.dumps(v)
         if isinstance(v, int | float):
@@ -182,8 +184,8 @@ def test_json_parse_agrees_with_python_json_where_it_can_recurse():
             return ",".join("" if e is None else js(e) for e in v)
         return v if isinstance(v, str) else "[object Object]"
 
-    def reference(text):
-        def refuse(constant):
+    def reference(text: str) -> tuple[str, bool] | None:
+        def refuse(constant: str) -> None:
             raise ValueError(constant)
 
         try:
@@ -268,7 +270,7 @@ NPMRC_TOKENS = [
 ]
 
 
-def test_fuzz_npmrc_never_raises():
+def test_fuzz_npmrc_never_raises() -> None:
     from tests.unit.parserfuzz import mutations
 
     for data in mutations(NPMRC_SEEDS, NPMRC_TOKENS, seed=2):
@@ -276,7 +278,7 @@ def test_fuzz_npmrc_never_raises():
             assert isinstance(key, str) and isinstance(value, str)
 
 
-def test_npmrc_size_sweep_is_linear():
+def test_npmrc_size_sweep_is_linear() -> None:
     from tests.unit.parserfuzz import assert_linear
 
     run = lambda text: pr.parse_npmrc(text, ENV)  # noqa: E731
@@ -291,7 +293,7 @@ def test_npmrc_size_sweep_is_linear():
 # --- pip.conf: configparser's rules, in linear time ------------------------------------
 
 
-def test_pip_conf_long_blank_run_is_linear():
+def test_pip_conf_long_blank_run_is_linear() -> None:
     """The issue: one 64 KiB line took configparser 20 s, once per venv."""
     t0 = time.process_time()
     assert pr.parse_pip_conf("[global]\na" + " " * 65500 + "b\n") == []
@@ -314,11 +316,11 @@ def test_pip_conf_long_blank_run_is_linear():
      [("global.extra-index-url", "https://a.test/"), ("global.extra-index-url", "https://b.test/")]),
     ("[global]\r\nindex-url = https://a.test/\r\n", [("global.index-url", "https://a.test/")]),
 ])  # fmt: skip
-def test_pip_conf_configparser_rules(text, expected):
+def test_pip_conf_configparser_rules(text: str, expected: list[tuple[str, str]]) -> None:
     assert pr.parse_pip_conf(text) == expected
 
 
-def configparser_reference(text):
+def configparser_reference(text: str) -> list[tuple[str, list[tuple[str, str]]]] | None:
     import configparser
 
     parser = configparser.RawConfigParser()
@@ -329,7 +331,7 @@ def configparser_reference(text):
     return [(s, parser.items(s)) for s in parser.sections()]
 
 
-def test_pip_conf_agrees_with_configparser():
+def test_pip_conf_agrees_with_configparser() -> None:
     """A differential check against pip's own parser on random small files."""
     import random
 
@@ -393,7 +395,7 @@ PIP_TOKENS = [
 ]
 
 
-def test_fuzz_pip_conf_agrees_with_configparser():
+def test_fuzz_pip_conf_agrees_with_configparser() -> None:
     from tests.unit.parserfuzz import mutations
 
     for data in mutations(PIP_SEEDS, PIP_TOKENS, seed=3):
@@ -404,7 +406,7 @@ def test_fuzz_pip_conf_agrees_with_configparser():
         pr.parse_pip_conf(text)
 
 
-def test_pip_conf_size_sweep_is_linear():
+def test_pip_conf_size_sweep_is_linear() -> None:
     from tests.unit.parserfuzz import assert_linear
 
     assert_linear(lambda n: "[global]\na" + " " * n + "b\n", pr.parse_pip_conf, 4000)

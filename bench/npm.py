@@ -28,7 +28,7 @@ BIN = Path(sys.executable).parent
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.table import INFORMATION, Figure, at_most, emit  # noqa: E402
-from boxyd.config import caches  # noqa: E402
+from boxy import caches  # noqa: E402
 from boxyd.net.ranges import classify  # noqa: E402
 
 DEPS = {"express": "^4", "typescript": "^5", "lodash": "^4"}

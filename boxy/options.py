@@ -103,9 +103,13 @@ def _shown(wire: str, value: object) -> str:
     return str(value)
 
 
+# the built-in profiles (boxyd/profiles/NAME.yaml, held to this list by the tests): the
+# client names them (help, completions) without reading boxyd's files
+PRESETS = ("node", "python", "generic", "offline", "claude")
+
 # fmt: off
 RUN_OPTIONS: tuple[Option, ...] = (
-    Option(('-p', '--profile'), 'str', 'profile', 'preset (node, python, generic, offline, claude) or a YAML file', metavar='NAME|PATH', default='generic'),
+    Option(('-p', '--profile'), 'str', 'profile', f'preset ({", ".join(PRESETS)}) or a YAML file', metavar='NAME|PATH', default='generic'),
     Option(('--ro',), 'strs', 'path', 'expose a path read-only (repeatable)', metavar='PATH', profile_key='filesystem.ro'),
     Option(('--rw',), 'strs', 'path', 'expose a path read-write (repeatable)', metavar='PATH', profile_key='filesystem.rw'),
     Option(('--protect',), 'strs', 'path', 'keep a path read-only inside a writable mount (repeatable)', metavar='PATH', profile_key='filesystem.protect'),

@@ -142,6 +142,11 @@ def destinations_table(rows: list[Destination]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# seconds between SIGTERM and SIGKILL when a session is stopped (stop, --timeout, a
+# client gone): boxyd waits it out, boxyctl says it
+STOP_GRACE = 5.0
+
+
 class State(enum.Enum):
     STARTING = "starting"  # checked, being set up: the walk, the plan, stage 2
     RUNNING = "running"  # the payload runs

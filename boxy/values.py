@@ -444,3 +444,8 @@ def from_text(kind: str, text: str, flag: str) -> object:
     """TEXT of an option of type KIND (a FROM_TEXT key) as its value; UsageError
     naming FLAG when it is not one."""
     return FROM_TEXT[kind](text, what=flag)
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """'1 connection', '2 connections'; MANY for an irregular plural ('denials')."""
+    return f"{n} {word if n == 1 else many or word + 's'}"

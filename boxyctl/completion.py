@@ -161,9 +161,9 @@ def _profiles_function() -> list[str]:
 
 
 def _presets() -> list[str]:
-    from boxyd.config.profiles import list_profiles  # generating the script, not running
+    from boxy.options import PRESETS
 
-    return list_profiles()
+    return list(PRESETS)
 
 
 def bash() -> str:

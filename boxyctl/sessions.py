@@ -14,7 +14,7 @@ from typing import Any
 
 from boxy import values
 from boxy.outcome import SessionInfo, State, destinations_table
-from boxyd.net.refusals import plural
+from boxy.values import plural
 
 COMMAND_WIDTH = 60
 

@@ -14,8 +14,7 @@ if TYPE_CHECKING:
 
 def main(args: dict[str, Any]) -> int:
     """`cache list` / `cache clean [--all]`: boxy's own directories, no daemon needed."""
-    from boxy import values
-    from boxyd.config import caches
+    from boxy import caches, values
 
     found = caches.entries()
     if args["action"] == "list" and args.get("json"):

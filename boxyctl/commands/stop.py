@@ -39,11 +39,11 @@ def main(args: dict[str, Any]) -> int:
 
 
 def _stopping_line(session_id: str, kill: bool) -> str:
-    from boxyd.daemon.session import GRACE
+    from boxy.outcome import STOP_GRACE
 
     if kill:
         return f"stopping session {session_id}: SIGKILL"
     return (
-        f"stopping session {session_id}: SIGTERM, then SIGKILL after {GRACE:g}s "
+        f"stopping session {session_id}: SIGTERM, then SIGKILL after {STOP_GRACE:g}s "
         "if it is still running (-k: at once)"
     )

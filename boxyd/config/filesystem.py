@@ -15,9 +15,10 @@ import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from boxy import caches
 from boxy.errors import BoxyError, ProfileError, UsageError
 from boxy.request import RunOptions
-from boxyd.config import caches, exposure, hostrun
+from boxyd.config import exposure, hostrun
 from boxyd.config.pathutil import absolute, contains, dedupe
 from boxyd.config.profiles import Profile
 from boxyd.config.runspec import READ_ONLY_TREES, CopyEntry, PathEntry

@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from boxy import caches
 from boxy.errors import ProfileError
 from boxy.paths import config_home
-from boxyd.config import caches, profiles, projectconfig, projectregistries, widening
+from boxyd.config import profiles, projectconfig, projectregistries, widening
 from boxyd.config.pathutil import absolute
 from boxyd.config.profiles import Profile, Registry
 from boxyd.config.projectconfig import Project

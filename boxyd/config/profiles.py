@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from boxy import options
+from boxy import caches, options
 from boxy.errors import ProfileError, UsageError
 from boxy.paths import config_home
 from boxy.values import (
@@ -32,7 +32,6 @@ from boxy.values import (
     parse_publish,
     parse_size,
 )
-from boxyd.config import caches
 from boxyd.config.envpolicy import check_name
 from boxyd.config.runspec import CopyEntry, PathEntry
 

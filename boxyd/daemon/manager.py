@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from boxy import VERSION
 from boxy.buildid import build_id
 from boxy.errors import BuildMismatch, Busy, DaemonError, NoSuchSession, UsageError
-from boxy.outcome import SessionInfo
+from boxy.outcome import STOP_GRACE, SessionInfo
 from boxy.request import RunRequest
 from boxy.varlink import close_fds
 from boxyd.config.runspec import DEFAULT_PROFILE
@@ -31,7 +31,7 @@ from boxyd.daemon.events import (
 )
 from boxyd.daemon.records import Records
 from boxyd.daemon.seam import Launcher
-from boxyd.daemon.session import GRACE, Session
+from boxyd.daemon.session import Session
 
 log = logging.getLogger("boxyd")
 
@@ -72,7 +72,7 @@ class Manager:
         records: Records | None = None,
         *,
         keep_finished: int = KEEP_FINISHED,
-        grace: float = GRACE,
+        grace: float = STOP_GRACE,
     ) -> None:
         self.launcher = launcher
         self.records = records

@@ -22,13 +22,14 @@ from typing import Any
 import dns.message as dns_message
 
 from boxy.errors import SetupError, UsageError
+from boxy.values import plural
 from boxyd.config.runspec import RunSpec
 from boxyd.net import netlog, pcap, ranges, ruleset, tailscale
 from boxyd.net.dnsproxy import DnsProxy, DnsSession
 from boxyd.net.gateway import LISTENERS, Gateway
 from boxyd.net.hostnet import UPSTREAM_ENV, upstream_servers
 from boxyd.net.policy import NetPolicy
-from boxyd.net.refusals import Tally, plural
+from boxyd.net.refusals import Tally
 from boxyd.plan.hostfile import Outputs, replaced
 from boxyd.plan.ops import File, Plan
 

@@ -16,10 +16,10 @@ import threading
 import time
 from pathlib import Path
 
+from boxy import caches
 from boxy.errors import BoxyError
 from boxy.outcome import SessionInfo, clip, clipped
 from boxy.paths import ensure_private_dir, state_dir
-from boxyd.config import caches
 from boxyd.daemon import retention
 from boxyd.daemon.session import MAX_AUDIT, SESSION_ID, Session
 from boxyd.plan.hostfile import replaced

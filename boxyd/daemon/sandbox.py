@@ -17,13 +17,12 @@ import threading
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, TypeVar
 
-from boxy import notices, termsettings
+from boxy import caches, notices, termsettings
 from boxy.errors import SetupError, UsageError
 from boxy.outcome import Counters, Destination
 from boxy.paths import state_dir
 from boxy.request import RunRequest, Terminal
 from boxy.varlink import close_fds
-from boxyd.config import caches
 from boxyd.config.hostrun import Held
 from boxyd.config.hosttools import resolve
 from boxyd.config.registries import Registries

@@ -21,6 +21,7 @@ from typing import Any
 from boxy import values
 from boxy.errors import BoxyError, Busy, UsageError
 from boxy.outcome import (
+    STOP_GRACE,
     Counters,
     Detached,
     Ended,
@@ -56,7 +57,6 @@ from boxyd.daemon.events import (
 
 log = logging.getLogger("boxyd")
 
-GRACE = 5.0  # seconds between SIGTERM and SIGKILL (timeout, stop)
 MAX_AUDIT = 50_000  # records kept per session for --audit-log (a flood is counted, not kept)
 EXIT_TIMEOUT = 124  # as timeout(1)
 EXIT_SETUP = 125
@@ -77,7 +77,7 @@ def check_signal(sig: int) -> None:
 
 class Session:
     def __init__(
-        self, sid: str, request: RunRequest, *, grace: float = GRACE, follower: bool = True
+        self, sid: str, request: RunRequest, *, grace: float = STOP_GRACE, follower: bool = True
     ) -> None:
         self.id = sid
         self.request = request

@@ -11,16 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from boxy.outcome import Refusal
+from boxy.values import plural
 
 # Distinct refusals kept as rows for the outcome (a scan of 65,536 ports is that
 # many); past it they are counted into one row that says so.
 MAX_ROWS = 256
 _Key = tuple[str, str, str | None, int | None, str | None, str]
-
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    """'1 connection', '2 connections'; MANY for an irregular plural ('denials')."""
-    return f"{n} {word if n == 1 else many or word + 's'}"
 
 
 @dataclass

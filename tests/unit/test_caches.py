@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from boxyd.config import caches
-from boxyd.config.caches import Entry, evictable
+from boxy import caches
+from boxy.caches import Entry, evictable
 
 
 def test_one_cache_per_project_and_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

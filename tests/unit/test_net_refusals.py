@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
+from boxy.values import plural
 from boxyd.net import refusals
 from boxyd.net.netlog import NetLog
-from boxyd.net.refusals import Tally, plural
+from boxyd.net.refusals import Tally
 
 
 def test_nothing_refused_says_nothing() -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from boxy import options
 from boxy.errors import ProfileError
 from boxyd.config import profiles
 from boxyd.config.profiles import (
@@ -33,7 +34,8 @@ def load(tmp_path: Path, text: str) -> Profile:
 
 
 def test_list_profiles() -> None:
-    assert list_profiles() == PRESETS
+    """The files, and the list the client names them by (boxy.options.PRESETS)."""
+    assert list_profiles() == PRESETS == sorted(options.PRESETS)
 
 
 @pytest.mark.parametrize("name", PRESETS)

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
+from boxy import caches
 from boxy.errors import ProfileError, UsageError
 from boxy.request import CopyItem, RunOptions
-from boxyd.config import caches, filesystem
+from boxyd.config import filesystem
 from boxyd.config.profiles import Profile
 from boxyd.config.runspec import CopyEntry, PathEntry
 

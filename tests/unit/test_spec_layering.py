@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from boxy import caches
 from boxy.errors import ProfileError
-from boxyd.config import caches, layering
+from boxyd.config import layering
 from boxyd.config import projectconfig as pc
 
 

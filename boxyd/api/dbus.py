@@ -175,6 +175,7 @@ class ManagerInterface(NamedArgs):
         "Stop": ("state",),
         "Output": ("data", "offset", "ended", "kept"),
         "Run": ("id", "path"),
+        "Doctor": ("checks",),
     }
 
     def __init__(self, manager: Manager, exported: dict[str, SessionInterface]) -> None:
@@ -207,6 +208,11 @@ class ManagerInterface(NamedArgs):
         except BoxyError as e:
             raise _error(e) from None
         return [out.data, out.offset, out.ended, out.kept]
+
+    @method()
+    async def Doctor(self) -> "a(sbbs)":
+        """`boxyctl doctor`'s checks as boxyd finds them: name, ok, required, detail."""
+        return [[c.name, c.ok, c.hard, c.detail] for c in await self.manager.doctor()]
 
     @method()
     async def Run(self, request: "s", stdin: "h", stdout: "h", stderr: "h") -> "so":

@@ -187,6 +187,9 @@ class VarlinkService:
             }
         )
 
+    async def do_Doctor(self, call: Call) -> None:
+        await call.reply({"checks": [c.to_wire() for c in await self.manager.doctor()]})
+
     async def do_Shutdown(self, call: Call) -> None:
         """Refused while sessions run, unless forced: then they are stopped and
         recorded first (boxyd's own exit path does that)."""

@@ -5,7 +5,10 @@ child, a file the kernel writes), never a version number. `checks()` is what
 `boxyctl doctor` prints; `facts()` is the same knowledge as data, so that tests
 skip honestly ("no memory controller here") for the very reason the doctor gives.
 
-Standard library only: `boxyctl doctor` imports this and must start fast.
+Run as a program (`python -m boxyd.daemon.doctor`): the lines `boxyctl doctor`
+prints; with --wire, the checks as JSON (boxy.checks.probe: boxyd's Doctor, and the
+client's when boxyd cannot be reached). A probe forks and enters namespaces: never
+in boxyd's own process.
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ import stat
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import cast
 
 from boxy import fdwait
+from boxy.checks import Check, show
 from boxyd.kernel.sys import (
     CLONE_NEWCGROUP,
     CLONE_NEWIPC,
@@ -35,15 +38,6 @@ from boxyd.kernel.sys import (
     CLONE_NEWUSER,
     CLONE_NEWUTS,
 )
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-    hard: bool  # missing → boxy cannot run here, and the doctor exits 1
-
 
 Facts = dict[str, object]
 Probe = Callable[[Facts], list[Check]]
@@ -802,3 +796,17 @@ def facts() -> Facts:
     """The same probes as data: landlock_abi, userns, memory_controller, pids_controller,
     cpu_controller, cgroup2_path, cgroup_controllers, nftables_tproxy, veth, ..."""
     return _run()[1]
+
+
+def main(argv: list[str]) -> int:
+    results = checks()
+    if argv == ["--wire"]:
+        print(json.dumps([c.to_wire() for c in results]))
+        return 0
+    return show(results)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

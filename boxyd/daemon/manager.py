@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from boxy import VERSION
 from boxy.buildid import build_id
+from boxy.checks import Check, probe
 from boxy.errors import BuildMismatch, Busy, DaemonError, NoSuchSession, UsageError
 from boxy.outcome import STOP_GRACE, SessionInfo
 from boxy.request import RunRequest
@@ -143,6 +144,11 @@ class Manager:
 
     def subscribe(self) -> Subscription[ManagerEvent]:
         return self.events.subscribe()
+
+    async def doctor(self) -> list[Check]:
+        """The doctor's checks as this daemon finds them (its session, cgroup and
+        environment), run in a process of their own and bounded (boxy.checks.probe)."""
+        return await pools.run(pools.ASKED, probe)
 
     def check_shutdown(self, force: bool) -> None:
         """May boxyd stop now? Busy while sessions run, unless FORCE (then they are

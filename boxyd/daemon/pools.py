@@ -18,7 +18,9 @@ another session's walks or checks.
   (small reads; never behind a listing);
 - RECORDS: session records, pruning, the full lists beside a record;
 - CLOSING: descriptors whose close(2) waits on the kernel (an inotify instance's
-  close waits for an RCU grace period: ~10 ms, never on the event loop).
+  close waits for an RCU grace period: ~10 ms, never on the event loop);
+- ASKED: a client's questions that take work (doctor's checks, `profile show`,
+  `trust`), each in a process or sandbox of its own and bounded.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ WATCHES = ThreadPoolExecutor(max_workers=2, thread_name_prefix="boxyd-watches")
 LIVE = ThreadPoolExecutor(max_workers=2, thread_name_prefix="boxyd-live")
 RECORDS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="boxyd-records")
 CLOSING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="boxyd-closing")
+ASKED = ThreadPoolExecutor(max_workers=2, thread_name_prefix="boxyd-asked")
 
 
 def submit(

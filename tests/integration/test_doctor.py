@@ -4,6 +4,7 @@ verdict checked against an independent look at the same kernel feature."""
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import pty
 import re
@@ -12,15 +13,14 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from boxyctl.commands.doctor import render
+from boxy.checks import Check, render
 from boxyd.daemon import doctor
-from boxyd.daemon.doctor import Check
+from tests.conftest import BIN, User
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = (
@@ -58,7 +58,7 @@ def _python_for_user() -> str:
 def run_doctor(
     *, prefix: list[str] | None = None, env: dict[str, str] | None = None, as_user: bool = True
 ) -> subprocess.CompletedProcess[str]:
-    cmd = [_python_for_user(), "-m", "boxyctl.commands.doctor"]
+    cmd = [_python_for_user(), "-m", "boxyd.daemon.doctor"]
     full_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run(
         [*(AS_USER if as_user else []), *(prefix or []), *cmd],
@@ -110,12 +110,6 @@ def test_checks_are_data_in_a_fixed_order() -> None:
     assert {c.name for c in results if c.hard} == HARD
     for c in results:
         assert c.detail and "\n" not in c.detail, c
-
-
-def test_doctor_runs_well_under_a_second() -> None:
-    start = time.monotonic()
-    doctor.checks()
-    assert time.monotonic() - start < 1.0
 
 
 def test_unprivileged_output_is_aligned_lines_and_exit_0(
@@ -313,7 +307,7 @@ def test_missing_lines_are_red_only_on_a_terminal() -> None:
     master, slave = pty.openpty()
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "TERM": "xterm"}
     proc = subprocess.Popen(
-        [_python_for_user(), "-m", "boxyctl.commands.doctor"],
+        [_python_for_user(), "-m", "boxyd.daemon.doctor"],
         stdout=slave,
         stderr=subprocess.DEVNULL,
         env=env,
@@ -378,10 +372,25 @@ def test_git_line_agrees_with_git_config(tmp_path: Path, value: str | None, ok: 
 def test_lines_say_required_or_optional_and_how_to_get_what_is_missing(
     lines: dict[str, re.Match[str]],
 ) -> None:
-    from boxyctl.commands.doctor import TO_GET_IT
+    from boxy.checks import TO_GET_IT
 
     for name, m in lines.items():
         assert (m["need"] == "required") == (name in HARD), m.group(0)
         if m["verdict"] == "missing":
             assert m["detail"].endswith(f"; to get it: {TO_GET_IT[name]}"), m.group(0)
     assert set(TO_GET_IT) == set(NAMES) - {"kernel"}
+
+
+@pytest.mark.sandbox
+def test_boxyctl_doctor_asks_boxyd(user: User) -> None:
+    """Issue 32 §3: the client runs no check of its own when boxyd answers: Doctor runs
+    them beside the daemon (in its session, cgroup and environment), and the client
+    prints what came back: the checks the same user's probe finds."""
+    r = user.run([str(BIN / "boxyctl"), "doctor", "--json"], timeout=60)
+    assert b"could not be reached" not in r.stderr, r.stderr
+    got = json.loads(r.stdout)
+    probe = user.run([str(BIN / "python3"), "-m", "boxyd.daemon.doctor", "--wire"], timeout=60)
+    want = json.loads(probe.stdout)
+    assert [(c["name"], c["ok"]) for c in got["checks"]] == [(c["name"], c["ok"]) for c in want]
+    assert tuple(c["name"] for c in got["checks"]) == NAMES
+    assert r.returncode == (0 if got["ok"] else 1)

@@ -340,3 +340,14 @@ async def test_a_caller_inside_a_sandbox_is_refused_and_others_are_served(
         inside.kill()
         inside.wait()
         service.close()
+
+
+async def test_doctor_answers_with_the_checks(on_bus: OnBus) -> None:
+    """`boxyctl doctor`'s checks over D-Bus too: (name, ok, required, detail), the probe's."""
+    _, _, client = on_bus
+    reply = await call(client, MANAGER_PATH, "dev.boxy.Manager1", "Doctor")
+    assert reply.message_type == MessageType.METHOD_RETURN, reply.body
+    assert reply.signature == "a(sbbs)"
+    names = [c[0] for c in reply.body[0]]
+    assert names[:2] == ["kernel", "writer-pidfd"] and "userns" in names
+    assert all(isinstance(c[1], bool) and isinstance(c[2], bool) for c in reply.body[0])

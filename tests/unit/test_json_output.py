@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from boxy import checks as doctor
+from boxy.checks import Check
 from boxy.errors import UsageError
 from boxy.outcome import Destination, Outcome, Reason, Refusal
 from boxyctl.cli import parse
-from boxyctl.commands import doctor
 from boxyctl.commands import run as run_command
 from boxyctl.follow import Summary
 from boxyd.config import profileview
-from boxyd.daemon.doctor import Check
 
 ENV = {"HOME": "/home/u", "PATH": "/usr/bin"}
 
@@ -95,6 +95,27 @@ def test_doctor_json() -> None:
         "to_get_it": doctor.TO_GET_IT["veth"],
     }
     assert doctor.as_doc([Check("seccomp", False, "", True)])["ok"] is False
+
+
+def test_doctor_runs_the_checks_itself_when_boxyd_cannot_be_reached(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The real probe (a child process), and the line that says where it ran (said on
+    fd 2, as boxyctl says everything)."""
+    from boxy.errors import DaemonError
+    from boxyctl import connect
+    from boxyctl.commands import doctor as command
+
+    def unreachable(**_: object) -> None:
+        raise DaemonError("cannot start boxyd: for this test")
+
+    monkeypatch.setattr(connect, "connect", unreachable)
+    status = command.main({"json": True})
+    out, err = capfd.readouterr()
+    assert "boxyd could not be reached (cannot start boxyd: for this test)" in err
+    doc = json.loads(out)
+    assert [c["name"] for c in doc["checks"]][:2] == ["kernel", "writer-pidfd"]
+    assert status == (0 if doc["ok"] else 1)
 
 
 def test_profile_list_rows_are_what_the_lines_say(tmp_path: Path) -> None:

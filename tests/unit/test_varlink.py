@@ -247,7 +247,7 @@ def test_idl_declares_the_manager_interface() -> None:
         M + m
         for m in (
             *("Run", "Resize", "Signal", "List", "Show", "Stop", "Watch", "Output", "Attach"),
-            *("Version", "DaemonStatus", "Shutdown", "JoinBus"),
+            *("Version", "DaemonStatus", "Doctor", "Shutdown", "JoinBus"),
         )
     }
     for err in ("InvalidArgument", "NoSuchSession", "BuildMismatch", "Busy", "SetupFailed"):

@@ -107,6 +107,12 @@ def _shown(wire: str, value: object) -> str:
 # client names them (help, completions) without reading boxyd's files
 PRESETS = ("node", "python", "generic", "offline", "claude")
 
+
+def is_profile_path(name: str) -> bool:
+    """-p NAME names a file (made absolute by the client), not a profile by name."""
+    return "/" in name or name.endswith((".yaml", ".yml"))
+
+
 # fmt: off
 RUN_OPTIONS: tuple[Option, ...] = (
     Option(('-p', '--profile'), 'str', 'profile', f'preset ({", ".join(PRESETS)}) or a YAML file', metavar='NAME|PATH', default='generic'),

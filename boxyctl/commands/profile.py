@@ -1,9 +1,12 @@
-"""`boxyctl profile list | show NAME`: the profiles, as a run here would load them."""
+"""`boxyctl profile list | show NAME`: the profiles, as boxyd loads them for a run in
+this directory (Profiles, ProfileShow: npm and pip are asked as a run asks them)."""
 
 from __future__ import annotations
 
 import os
 
+from boxy import INTERFACE as IFACE
+from boxy.errors import DaemonError
 from boxyctl.output import print_json
 
 TYPE_CHECKING = False
@@ -12,44 +15,41 @@ if TYPE_CHECKING:
 
 
 def main(args: dict[str, Any]) -> int:
-    """`profile list` / `profile show NAME`: as a run in this directory would load it."""
-    from boxyd.config import layering, profiles, profileview
-    from boxyd.config.registries import Registries
-    from boxyd.daemon.stage2proc import Template
-    from boxyd.daemon.toolbox import Toolshed
+    from boxy.client import client_env
+    from boxyctl.connect import connect
 
-    home = os.environ.get("HOME") or os.path.expanduser("~")
-    if args.get("action") == "list" and args.get("json"):
-        print_json({"profiles": profileview.list_rows(home)})
-        return 0
     if args.get("action") == "list":
-        for line in profileview.list_lines(home):
-            print(line)
-        return 0
-    name = args["name"]
-    if profiles.is_path(name):
-        name = os.path.abspath(os.path.expanduser(name))
-    kind, location = profiles.where(name, home)
+        method, params, key = "Profiles", {}, "profiles"
+    else:
+        method, key = "ProfileShow", "profile"
+        params = {"name": _name(args["name"]), "cwd": _cwd(), "client_env": client_env(os.environ)}
+    client = connect()
     try:
-        workdir = os.getcwd()
-    except OSError:  # removed: as a run from home would
-        workdir = home
-    # the templates filled as a run here fills them ({cache} is per profile)
-    context = layering.profile_context(workdir, home, name)
-    prof = profiles.load_profile(name, context=context)  # a file that is no profile: refused
-    # npm and pip are asked as boxyd asks them: in a tool sandbox, never from this tree
-    template = Template()
-    template.start()
-    registry = Registries(
-        dict(os.environ), tools=Toolshed(template.spawn, 30.0), writable=[workdir]
-    )
-    try:
-        if args.get("json"):
-            print_json(profileview.show_doc(prof, registry, kind, location))
-        else:
-            for line in profileview.show_lines(prof, registry, kind, location):
-                print(line)
+        reply = client.call(f"{IFACE}.{method}", params)
     finally:
-        registry.close()
-        template.close()
+        client.close()
+    doc, lines = reply.get(key), reply.get("lines")
+    if not isinstance(doc, dict) or not isinstance(lines, list):
+        raise DaemonError(f"profile {args.get('action')}: boxyd sent no profile")
+    if args.get("json"):
+        print_json(doc)
+        return 0
+    for line in lines:
+        print(line)
     return 0
+
+
+def _name(name: str) -> str:
+    """A path is made absolute here: against this directory, ~ from this HOME."""
+    from boxy.options import is_profile_path
+
+    if is_profile_path(name):
+        return os.path.abspath(os.path.expanduser(name))
+    return name
+
+
+def _cwd() -> str:
+    try:
+        return os.getcwd()
+    except OSError:  # removed: as a run from home would
+        return os.environ.get("HOME") or os.path.expanduser("~")

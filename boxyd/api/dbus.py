@@ -176,6 +176,8 @@ class ManagerInterface(NamedArgs):
         "Output": ("data", "offset", "ended", "kept"),
         "Run": ("id", "path"),
         "Doctor": ("checks",),
+        "Profiles": ("profiles", "lines"),
+        "ProfileShow": ("profile", "lines"),
     }
 
     def __init__(self, manager: Manager, exported: dict[str, SessionInterface]) -> None:
@@ -208,6 +210,22 @@ class ManagerInterface(NamedArgs):
         except BoxyError as e:
             raise _error(e) from None
         return [out.data, out.offset, out.ended, out.kept]
+
+    @method()
+    async def Profiles(self) -> "sas":
+        """`boxyctl profile list`: the JSON document --json prints, and the lines."""
+        view = await self.manager.profiles()
+        return [json.dumps(view.doc), view.lines]
+
+    @method()
+    async def ProfileShow(self, name: "s", cwd: "s", client_env: "a{ss}") -> "sas":
+        """`boxyctl profile show NAME` as a run in CWD would load it (CLIENT_ENV: the
+        client's npm and pip settings): the JSON document --json prints, the lines."""
+        try:
+            view = await self.manager.profile(name, cwd, client_env)
+        except BoxyError as e:
+            raise _error(e) from None
+        return [json.dumps(view.doc), view.lines]
 
     @method()
     async def Doctor(self) -> "a(sbbs)":

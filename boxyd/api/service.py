@@ -187,6 +187,15 @@ class VarlinkService:
             }
         )
 
+    async def do_Profiles(self, call: Call) -> None:
+        view = await self.manager.profiles()
+        await call.reply({"profiles": view.doc, "lines": view.lines})
+
+    async def do_ProfileShow(self, call: Call) -> None:
+        p = call.parameters
+        view = await self.manager.profile(p["name"], p["cwd"], p["client_env"])
+        await call.reply({"profile": view.doc, "lines": view.lines})
+
     async def do_Doctor(self, call: Call) -> None:
         await call.reply({"checks": [c.to_wire() for c in await self.manager.doctor()]})
 

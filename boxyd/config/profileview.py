@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from boxy import values
 from boxy.errors import ProfileError
@@ -21,6 +22,33 @@ ORIGIN = {
     "go_proxy": "the Go module proxy (GOPROXY)",
     "go_sumdb": "the Go checksum database (GOSUMDB)",
 }
+
+
+class ProfileView(NamedTuple):
+    """What `profile list` and `profile show` print: the document (--json) and lines."""
+
+    doc: dict[str, object]
+    lines: list[str]
+
+
+def listing(home: str | None = None) -> ProfileView:
+    """`profile list`: every profile, by name."""
+    return ProfileView({"profiles": list_rows(home)}, list_lines(home))
+
+
+def view(name: str, workdir: str, home: str, registry: Registry | None) -> ProfileView:
+    """`profile show NAME` (a preset's or the user's profile's name, or an absolute
+    path) as a run in WORKDIR would load it: its templates filled as that run fills
+    them ({cache} is per profile), the registries REGISTRY says. A file that is no
+    profile is refused (ProfileError)."""
+    from boxyd.config import layering
+
+    kind, location = profiles.where(name, home)
+    context = layering.profile_context(workdir, home, name)
+    prof = profiles.load_profile(name, context=context)
+    return ProfileView(
+        show_doc(prof, registry, kind, location), show_lines(prof, registry, kind, location)
+    )
 
 
 def list_rows(home: str | None = None) -> list[dict[str, object]]:

@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from boxy import VERSION
 from boxy.buildid import build_id
@@ -32,6 +33,9 @@ from boxyd.daemon.events import (
 )
 from boxyd.daemon.records import Records
 from boxyd.daemon.seam import Launcher
+
+if TYPE_CHECKING:
+    from boxyd.config.profileview import ProfileView
 from boxyd.daemon.session import Session
 
 log = logging.getLogger("boxyd")
@@ -144,6 +148,19 @@ class Manager:
 
     def subscribe(self) -> Subscription[ManagerEvent]:
         return self.events.subscribe()
+
+    async def profiles(self) -> ProfileView:
+        """`profile list`: the presets and the user's own (each file read for its
+        description, in a worker)."""
+        from boxyd.config import profileview  # YAML: loaded with the first question
+
+        return await pools.run(pools.ASKED, profileview.listing)
+
+    async def profile(self, name: str, cwd: str, client_env: dict[str, str]) -> ProfileView:
+        """`profile show NAME` as a run in CWD would load it."""
+        if not os.path.isabs(cwd):
+            raise UsageError(f"profile show: the directory {cwd!r} is not an absolute path")
+        return await self.launcher.profile(name, cwd, client_env)
 
     async def doctor(self) -> list[Check]:
         """The doctor's checks as this daemon finds them (its session, cgroup and

@@ -23,8 +23,10 @@ from boxy.outcome import Counters, Destination
 from boxy.paths import state_dir
 from boxy.request import RunRequest, Terminal
 from boxy.varlink import close_fds
+from boxyd.config import profileview
 from boxyd.config.hostrun import Held
 from boxyd.config.hosttools import resolve
+from boxyd.config.profileview import ProfileView
 from boxyd.config.registries import Registries
 from boxyd.config.runspec import RunSpec
 from boxyd.config.spec import build_spec
@@ -160,6 +162,25 @@ class StageLauncher:
 
     def tools(self, budget: float) -> Toolshed:
         return Toolshed(self.spawn_from_thread, budget)
+
+    async def profile(self, name: str, cwd: str, client_env: dict[str, str]) -> ProfileView:
+        """`profile show NAME`: loaded as a run in CWD loads it; npm and pip asked in
+        tool sandboxes, as a run's spec asks them (_spec), never from a writable tree."""
+        others = [r for sb in self.live for r in mountplan.writable_roots(sb.spec)]
+        environ = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME")}
+        registry = Registries(
+            {**environ, **client_env},
+            tools=self.tools(SETTINGS_BUDGET),
+            writable=[cwd, *others],
+        )
+
+        def build() -> ProfileView:
+            try:
+                return profileview.view(name, cwd, self.user.pw_dir, registry)
+            finally:
+                registry.close()
+
+        return await pools.run(pools.ASKED, build)
 
     def writable_trees(self, request: RunRequest) -> list[str]:
         """Every tree the payload of a live session could write, and those this request

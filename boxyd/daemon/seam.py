@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from boxy.outcome import Counters, Destination, Refusal
 from boxy.request import RunRequest, Terminal
 from boxyd.config.runspec import RunSpec
+
+if TYPE_CHECKING:  # the view loads with the first `profile show`, not with boxyd
+    from boxyd.config.profileview import ProfileView
 
 
 @dataclass(frozen=True)
@@ -120,5 +123,9 @@ class Launcher(Protocol):
 
     def start(self) -> None:
         """Warm up on the event loop (the stage-2 template)."""
+
+    async def profile(self, name: str, cwd: str, client_env: dict[str, str]) -> ProfileView:
+        """`profile show NAME` as a run in CWD would load it (npm and pip asked as a
+        run asks them, with the client's CLIENT_ENV)."""
 
     def close(self) -> None: ...

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,6 +27,8 @@ from boxy.outcome import (
     Stopped,
 )
 from boxy.request import RunOptions, RunRequest
+from boxyd.config import profileview
+from boxyd.config.profileview import ProfileView
 from boxyd.config.runspec import RunSpec
 from boxyd.daemon import seam
 from boxyd.daemon import session as session_mod
@@ -148,6 +151,10 @@ class FakeLauncher:
 
     def start(self) -> None:
         pass
+
+    async def profile(self, name: str, cwd: str, client_env: dict[str, str]) -> ProfileView:
+        """As boxyd's: the real load, without asking npm or pip (no tool sandboxes)."""
+        return profileview.view(name, cwd, os.path.expanduser("~"), None)
 
     def close(self) -> None:
         self.closed = True

@@ -6,6 +6,7 @@ of the bus, and joining a bus later (main.Bus, which JoinBus calls)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import subprocess
@@ -351,3 +352,24 @@ async def test_doctor_answers_with_the_checks(on_bus: OnBus) -> None:
     names = [c[0] for c in reply.body[0]]
     assert names[:2] == ["kernel", "writer-pidfd"] and "userns" in names
     assert all(isinstance(c[1], bool) and isinstance(c[2], bool) for c in reply.body[0])
+
+
+async def test_profiles_and_profile_show_answer_with_the_document_and_lines(
+    on_bus: OnBus, tmp_path: Path
+) -> None:
+    """`boxyctl profile list` and `profile show` over D-Bus: the JSON --json prints
+    and the lines, from the core (the fake launcher loads the profile for real)."""
+    _, _, client = on_bus
+    reply = await call(client, MANAGER_PATH, "dev.boxy.Manager1", "Profiles")
+    assert reply.message_type == MessageType.METHOD_RETURN, reply.body
+    listed = json.loads(reply.body[0])
+    assert {"node", "generic"} <= {r["name"] for r in listed["profiles"]}
+    assert any(line.startswith("node ") for line in reply.body[1])
+    body = ["node", str(tmp_path), {}]
+    reply = await call(client, MANAGER_PATH, "dev.boxy.Manager1", "ProfileShow", "ssa{ss}", body)
+    assert reply.message_type == MessageType.METHOD_RETURN, reply.body
+    assert json.loads(reply.body[0])["name"] == "node"
+    assert reply.body[1][0].startswith("profile node: preset")
+    bad = ["node", "relative/dir", {}]
+    reply = await call(client, MANAGER_PATH, "dev.boxy.Manager1", "ProfileShow", "ssa{ss}", bad)
+    assert reply.error_name == "dev.boxy.Error.InvalidArgument", reply.body

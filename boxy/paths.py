@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     P = TypeVar("P", str, Path)
 
 
+# a project's own configuration, in its work directory (`boxyctl trust` approves it)
+PROJECT_CONFIG = ".boxy.yaml"
+
+
 def runtime_dir_str() -> str:
     """$XDG_RUNTIME_DIR/boxy; without it /run/user/UID/boxy when that directory exists
     and is the user's own (what systemd makes it: so that a shell without the variable

@@ -11,7 +11,7 @@ import stat
 import sys
 import time
 
-from boxy import notices, wirejson
+from boxy import INTERFACE, notices, wirejson
 from boxy.errors import BoxyError, UsageError
 from boxy.paths import config_home, ensure_private_dir, runtime_dir_str
 from boxyctl import hookpolicy as hp
@@ -187,23 +187,27 @@ def boxyctl_path(configured: str | None) -> str:
 
 
 def project_approved(workdir: str) -> bool:
-    """WORKDIR has a .boxy.yaml that `boxyctl trust` approved as it is now (read as
-    a run reads it). Only looked into when there is one: the import costs."""
-    if not os.path.lexists(os.path.join(workdir, ".boxy.yaml")):
+    """WORKDIR has a .boxy.yaml that `boxyctl trust` approved as it is now, as boxyd
+    reads it for a run (Trusted). Only asked when there is one; False when boxyd
+    cannot say (the run then says why)."""
+    from boxy.paths import PROJECT_CONFIG
+
+    if not os.path.lexists(os.path.join(workdir, PROJECT_CONFIG)):
         return False
-    ensure_site()  # started without it (boxyctl/launcher.py): the daemon's reader
-    from boxyd.config import parsedoor, projectconfig
+    from boxy.client import client_env
+    from boxyctl.connect import connect
 
-    parsedoor.allow_local()  # this process is the hook's, not boxyd's: parsed here
-
-    me = pwd.getpwuid(os.getuid())
-    env = projectconfig.run_env(me.pw_dir, me.pw_name, os.environ)
     try:
-        project = projectconfig.read(workdir, env, strict=False)
+        client = connect()
+        try:
+            got = client.call(
+                f"{INTERFACE}.Trusted", {"cwd": workdir, "client_env": client_env(os.environ)}
+            )
+        finally:
+            client.close()
     except (BoxyError, OSError):
         return False
-    home = config_home(os.environ.get("HOME"))
-    return project.config is not None and projectconfig.is_trusted(project, home)
+    return got.get("trusted") is True
 
 
 def daemon_problem() -> str | None:

@@ -1,66 +1,55 @@
 """`boxyctl trust [--list | --revoke]`: approve this directory's .boxy.yaml and the
-registries its .npmrc or pip.conf names, as they are now."""
+registries its .npmrc or pip.conf names, as they are now. boxyd reads them as a run
+reads them (its parses apart from it: config/trust.py) and approves exactly what it
+read; this prints what that was."""
 
 from __future__ import annotations
 
 import os
-import pwd
 import time
 
-from boxy.errors import UsageError
+from boxy import INTERFACE as IFACE
+from boxy.errors import DaemonError, UsageError
 from boxyctl.output import print_json, say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from boxyd.config.projectconfig import Project
+    from boxy.varlink import Client
 
 
 def main(args: dict[str, Any]) -> int:
-    """`trust`: approve this directory's .boxy.yaml as it is now (printed: what is
-    approved is what you see); --list, --revoke. No daemon needed."""
-    from boxy.paths import config_home
-    from boxyctl.sessions import clean
-    from boxyd.config import projectconfig
+    from boxyctl.connect import connect
 
-    home = config_home(os.environ.get("HOME"))
-    me = pwd.getpwuid(os.getuid())
+    if not args["list"] and not args.get("cwd"):
+        raise UsageError("trust: the current directory was removed; cd to the project")
+    client = connect()
+    try:
+        return _trust(client, args)
+    finally:
+        client.close()
+
+
+def _trust(client: Client, args: dict[str, Any]) -> int:
+    from boxy.client import client_env
+
     if args["list"]:
+        approvals = client.call(f"{IFACE}.Approvals", {}).get("approvals")
+        if not isinstance(approvals, list):
+            raise DaemonError("trust --list: boxyd sent no approvals")
         if args.get("json"):
-            print_json({"approvals": _approvals(home)})
-            return 0
-        for line in _approval_lines(home):
+            print_json({"approvals": approvals})
+        for line in [] if args.get("json") else _approval_lines(approvals):
             print(line)
         return 0
-    if not args.get("cwd"):
-        raise UsageError("trust: the current directory was removed; cd to the project")
     workdir = os.path.realpath(args["cwd"])
     if args["revoke"]:
-        n = projectconfig.revoke(workdir, home)
+        n = int(client.call(f"{IFACE}.Revoke", {"cwd": workdir}).get("revoked", 0))
         say(f"revoked {n} approval{'s' if n != 1 else ''} for {workdir}")
         return 0
-    # read as a run reads it: the same files, the same environment (projectconfig.run_env);
-    # parsed here, in this command's own process (boxyd parses them apart: parsedoor.py)
-    from boxyd.config import parsedoor
-
-    parsedoor.allow_local()
-    project = projectconfig.read(workdir, projectconfig.run_env(me.pw_dir, me.pw_name, os.environ))
-    if project.empty:
-        raise UsageError(
-            f"trust: {workdir} has no {projectconfig.NAME}, and no .npmrc or "
-            "pip.conf of its own naming a registry"
-        )
-    wider = _check_project(project, me.pw_dir)
-    if project.config is not None:
-        print(f"{project.path}:")
-        for line in project.text.splitlines():
-            print(f"  {clean(line)}")
-    for reg in project.registries:
-        print(f"{clean(reg.source)}: {clean(reg.key)} = {clean(reg.shown)}")
-    if wider:
-        say(f"beyond the default profile this allows: {clean('; '.join(wider))}")
-    projectconfig.approve(project, home)
+    got = client.call(f"{IFACE}.Trust", {"cwd": workdir, "client_env": client_env(os.environ)})
+    _show(got)
     say(
         f"approved {workdir}'s configuration as shown; a change to what widens the sandbox "
         "needs `boxyctl trust` again"
@@ -68,48 +57,34 @@ def main(args: dict[str, Any]) -> int:
     return 0
 
 
-def _approvals(home: str) -> list[dict[str, Any]]:
-    """`trust --list --json`: each approval's work directory, when, digest, what."""
-    from boxyd.config import projectconfig
-
-    return [
-        {
-            "workdir": r["workdir"],
-            "approved_at": r.get("approved_at"),
-            "digest": r.get("digest"),
-            "boxy_yaml": bool(r.get("boxy_yaml")),
-            "registries": [
-                {"key": x.get("key"), "url": x.get("url")}
-                for x in r.get("registries", [])
-                if isinstance(x, dict)
-            ],
-        }
-        for r in projectconfig.approvals(home)
-    ]
-
-
-def _approval_lines(home: str) -> list[str]:
-    """`trust --list`: one line per approval (when, digest, work directory, what)."""
+def _show(got: dict[str, Any]) -> None:
+    """What boxyd approved: .boxy.yaml's text, the registries, what is wider."""
     from boxyctl.sessions import clean
-    from boxyd.config import projectconfig
+
+    if got.get("path"):
+        print(f"{got['path']}:")
+        for line in str(got.get("text", "")).splitlines():
+            print(f"  {clean(line)}")
+    for reg in got.get("registries") or []:
+        print(f"{clean(reg['source'])}: {clean(reg['key'])} = {clean(reg['shown'])}")
+    if got.get("wider"):
+        say(f"beyond the default profile this allows: {clean('; '.join(got['wider']))}")
+
+
+def _approval_lines(approvals: list[dict[str, Any]]) -> list[str]:
+    """`trust --list`: one line per approval (when, digest, work directory, what)."""
+    from boxy.paths import PROJECT_CONFIG
+    from boxyctl.sessions import clean
 
     out = []
-    for r in projectconfig.approvals(home):
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.get("approved_at", 0)))
-        what = [projectconfig.NAME] if r.get("boxy_yaml") else []
+    for r in approvals:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.get("approved_at") or 0))
+        what = [PROJECT_CONFIG] if r.get("boxy_yaml") else []
         what += [
             f"{x.get('key')} {x.get('url')}" for x in r.get("registries", []) if isinstance(x, dict)
         ]
         out.append(
-            f"{when}  {str(r.get('digest', ''))[:12]}  {clean(r['workdir'])}  "
+            f"{when}  {str(r.get('digest', ''))[:12]}  {clean(str(r['workdir']))}  "
             f"{clean(', '.join(map(str, what)))}".rstrip()
         )
     return out
-
-
-def _check_project(project: Project, home: str) -> list[str]:
-    """What is approved must load: its profile and keys, as a run would take them.
-    Returns what of it is wider than the default profile (said before approving)."""
-    from boxyd.config import layering
-
-    return [str(k) for k in layering.project_widening(project, home)]

@@ -196,6 +196,29 @@ class VarlinkService:
         view = await self.manager.profile(p["name"], p["cwd"], p["client_env"])
         await call.reply({"profile": view.doc, "lines": view.lines})
 
+    async def do_Trust(self, call: Call) -> None:
+        p = call.parameters
+        got = await self.manager.approve(p["cwd"], p["client_env"])
+        await call.reply(
+            {
+                "workdir": got.workdir,
+                "path": got.path,
+                "text": got.text,
+                "registries": [{"source": s, "key": k, "shown": v} for s, k, v in got.registries],
+                "wider": got.wider,
+            }
+        )
+
+    async def do_Revoke(self, call: Call) -> None:
+        await call.reply({"revoked": await self.manager.revoke(call.parameters["cwd"])})
+
+    async def do_Approvals(self, call: Call) -> None:
+        await call.reply({"approvals": await self.manager.approvals()})
+
+    async def do_Trusted(self, call: Call) -> None:
+        p = call.parameters
+        await call.reply({"trusted": await self.manager.trusted(p["cwd"], p["client_env"])})
+
     async def do_Doctor(self, call: Call) -> None:
         await call.reply({"checks": [c.to_wire() for c in await self.manager.doctor()]})
 

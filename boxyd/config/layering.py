@@ -105,7 +105,9 @@ def project_widening(project: Project, home: str) -> list[widening.Held]:
     if project.config is None:
         return []
     try:
-        doc = profiles.project_doc(project.text, project.path)
+        if project.doc is None:  # parsed once, apart (projectconfig.project_doc): never here
+            raise ProfileError(project.doc_error or f"profile {project.path}: not valid")
+        doc = project.doc
         name = doc.get("profile") or DEFAULT_PROFILE
         context = profile_context(project.workdir, home, name)
         wanted = _project_profile(name, doc, project.path, context)

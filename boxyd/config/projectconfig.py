@@ -31,14 +31,14 @@ from typing import Any
 
 from boxy.digest import sha256
 from boxy.errors import ProfileError, UsageError
-from boxy.paths import ensure_private_dir
+from boxy.paths import PROJECT_CONFIG, ensure_private_dir
 from boxyd.config import parsedoor, profiles, widening
 from boxyd.config import projectregistries as pr
 from boxyd.config.parsedoor import Hostile, Job, Kind, as_pairs
 from boxyd.config.projectregistries import ProjectRegistry
 from boxyd.kernel.openat import open_beneath
 
-NAME = ".boxy.yaml"
+NAME = PROJECT_CONFIG
 MAX_SIZE = 64 << 10
 VENV_MARK = "pyvenv.cfg"
 MAX_ENTRIES = 4096  # of the work directory looked at for virtual environments

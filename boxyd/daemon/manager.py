@@ -10,17 +10,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import pwd
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from boxy import VERSION
 from boxy.buildid import build_id
 from boxy.checks import Check, probe
 from boxy.errors import BuildMismatch, Busy, DaemonError, NoSuchSession, UsageError
 from boxy.outcome import STOP_GRACE, SessionInfo
+from boxy.paths import config_home
 from boxy.request import RunRequest
 from boxy.varlink import close_fds
+from boxyd.config import parsedoor
 from boxyd.config.runspec import DEFAULT_PROFILE
 from boxyd.daemon import pools, records
 from boxyd.daemon.events import (
@@ -33,10 +37,13 @@ from boxyd.daemon.events import (
 )
 from boxyd.daemon.records import Records
 from boxyd.daemon.seam import Launcher
+from boxyd.daemon.session import Session
 
 if TYPE_CHECKING:
     from boxyd.config.profileview import ProfileView
-from boxyd.daemon.session import Session
+    from boxyd.config.trust import Approval
+
+R = TypeVar("R")
 
 log = logging.getLogger("boxyd")
 
@@ -161,6 +168,49 @@ class Manager:
         if not os.path.isabs(cwd):
             raise UsageError(f"profile show: the directory {cwd!r} is not an absolute path")
         return await self.launcher.profile(name, cwd, client_env)
+
+    async def approve(self, cwd: str, client_env: dict[str, str]) -> Approval:
+        """`trust`: CWD's configuration read as a run reads it, approved as read."""
+        from boxyd.config import trust
+
+        return await self._asked(trust.approve, cwd, client_env)
+
+    async def trusted(self, cwd: str, client_env: dict[str, str]) -> bool:
+        """The hook's question: is CWD's .boxy.yaml approved as it is now?"""
+        from boxyd.config import trust
+
+        return await self._asked(trust.trusted, cwd, client_env)
+
+    async def revoke(self, cwd: str) -> int:
+        """`trust --revoke`: every approval for CWD withdrawn; how many there were."""
+        from boxyd.config import projectconfig
+
+        home = config_home(pwd.getpwuid(os.getuid()).pw_dir)
+        return await pools.run(pools.ASKED, projectconfig.revoke, cwd, home)
+
+    async def approvals(self) -> list[dict[str, object]]:
+        """`trust --list`: every approval."""
+        from boxyd.config import trust
+
+        home = config_home(pwd.getpwuid(os.getuid()).pw_dir)
+        return await pools.run(pools.ASKED, trust.approvals, home)
+
+    async def _asked(self, fn: Callable[..., R], cwd: str, client_env: dict[str, str]) -> R:
+        """FN(CWD, home, user, CLIENT_ENV, config home) in a worker, its parses of the
+        project's files in a parse child of the launcher's (parsedoor.py)."""
+        if not os.path.isabs(cwd):
+            raise UsageError(f"the directory {cwd!r} is not an absolute path")
+        me = pwd.getpwuid(os.getuid())
+        parser = self.launcher.parser()
+
+        def call() -> R:
+            with parsedoor.using(parser):
+                return fn(cwd, me.pw_dir, me.pw_name, client_env, config_home(me.pw_dir))
+
+        try:
+            return await pools.run(pools.ASKED, call)
+        finally:
+            parser.close()
 
     async def doctor(self) -> list[Check]:
         """The doctor's checks as this daemon finds them (its session, cgroup and

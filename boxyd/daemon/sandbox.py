@@ -163,6 +163,9 @@ class StageLauncher:
     def tools(self, budget: float) -> Toolshed:
         return Toolshed(self.spawn_from_thread, budget)
 
+    def parser(self) -> Apart:
+        return self.walks.apart()
+
     async def profile(self, name: str, cwd: str, client_env: dict[str, str]) -> ProfileView:
         """`profile show NAME`: loaded as a run in CWD loads it; npm and pip asked in
         tool sandboxes, as a run's spec asks them (_spec), never from a writable tree."""

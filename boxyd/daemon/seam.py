@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from boxy.outcome import Counters, Destination, Refusal
 from boxy.request import RunRequest, Terminal
+from boxyd.config.parsedoor import Parser
 from boxyd.config.runspec import RunSpec
 
 if TYPE_CHECKING:  # the view loads with the first `profile show`, not with boxyd
@@ -116,6 +117,10 @@ class Sandbox(Protocol):
         """Release everything still held (idempotent; also after a failed start)."""
 
 
+class QuestionParser(Parser, Protocol):
+    def close(self) -> None: ...
+
+
 class Launcher(Protocol):
     async def prepare(self, request: RunRequest, stdio: list[int], sink: Sink) -> Sandbox:
         """Check REQUEST into a sandbox not yet started. Owns STDIO from the call on
@@ -123,6 +128,10 @@ class Launcher(Protocol):
 
     def start(self) -> None:
         """Warm up on the event loop (the stage-2 template)."""
+
+    def parser(self) -> QuestionParser:
+        """A Parser for one question's parses of project files (`trust`): a parse
+        child of its own, closed by the caller."""
 
     async def profile(self, name: str, cwd: str, client_env: dict[str, str]) -> ProfileView:
         """`profile show NAME` as a run in CWD would load it (npm and pip asked as a

@@ -216,18 +216,24 @@ def test_config_is_kept_only_for_the_file_it_was_parsed_from(
     assert hook.load_config()[0].flags == ("--net", "none", "-v")
 
 
-def test_approved_project(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from boxyd.config import projectconfig
+def test_approved_project(home: Path, tmp_path: Path) -> None:
+    """boxyd's answer to the hook's Trusted (config/trust.py; the hook's call is
+    tests/integration/test_hook.py's): approved as it is now, and not once changed."""
+    from boxyd.config import projectconfig, trust
+
+    def trusted(workdir: str) -> bool:
+        return trust.trusted(workdir, str(home), "u", {}, str(home / ".config"))
 
     proj = tmp_path / "proj"
     proj.mkdir()
-    assert not hook.project_approved(str(proj))
+    assert not trusted(str(proj))
     (proj / ".boxy.yaml").write_text("profile: node\n")
-    assert not hook.project_approved(str(proj))
-    projectconfig.approve(projectconfig.read(str(proj)), str(home / ".config"))
-    assert hook.project_approved(str(proj))
+    assert not trusted(str(proj))
+    env = projectconfig.run_env(str(home), "u", {})
+    projectconfig.approve(projectconfig.read(str(proj), env), str(home / ".config"))
+    assert trusted(str(proj))
     (proj / ".boxy.yaml").write_text("profile: python\n")  # changed: approval lapses
-    assert not hook.project_approved(str(proj))
+    assert not trusted(str(proj))
 
 
 # --- hook install ---------------------------------------------------------------------

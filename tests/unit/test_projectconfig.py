@@ -247,7 +247,7 @@ def test_a_yaml_file_pyyaml_chokes_on_is_named_and_the_run_goes_on(
     """The issue's files: each made every later run "internal error in boxyd", and
     `boxyctl trust` crash, until someone deleted it."""
     from boxy.errors import ProfileError
-    from boxyctl.commands.trust import _check_project
+    from boxyd.config.layering import project_widening
 
     write(project, pc.NAME, text)
     project_ = pc.read(project["wd"])
@@ -256,5 +256,5 @@ def test_a_yaml_file_pyyaml_chokes_on_is_named_and_the_run_goes_on(
     assert spec.profile == "generic" and len(spec.warnings) == 1
     assert "not valid, so ignored" in spec.warnings[0] and "invalid YAML" in spec.warnings[0]
     with pytest.raises(ProfileError, match="invalid YAML at line") as e:  # trust says it, once
-        _check_project(project_, project["home"])
+        project_widening(project_, project["home"])
     assert "\n" not in str(e.value)

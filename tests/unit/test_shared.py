@@ -87,6 +87,15 @@ def test_boxy_imports_neither_side_and_boxyd_never_imports_the_client() -> None:
         assert not bad, f"{path} imports {bad}"
 
 
+def test_the_client_reaches_boxyd_only_through_the_api() -> None:
+    """Issue 32 §3: boxyctl imports boxy and itself, never a module of the daemon's
+    (profile show, doctor and trust are boxyd's methods; what both sides need is in
+    boxy/). Type-only imports count too: they name the daemon's types."""
+    for path in (ROOT / "boxyctl").rglob("*.py"):
+        bad = {m for m in _imports(path) if m.split(".")[0] == "boxyd"}
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
 def test_the_run_path_of_the_client_loads_no_daemon_module() -> None:
     """`boxyctl run` parses and builds its request with boxy alone (and no asyncio,
     yaml or dns: start-up time is part of every run)."""

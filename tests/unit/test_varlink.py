@@ -247,15 +247,8 @@ def test_idl_declares_the_manager_interface() -> None:
         M + m
         for m in (
             *("Run", "Resize", "Signal", "List", "Show", "Stop", "Watch", "Output", "Attach"),
-            *(
-                "Version",
-                "DaemonStatus",
-                "Doctor",
-                "Profiles",
-                "ProfileShow",
-                "Shutdown",
-                "JoinBus",
-            ),
+            *("Version", "DaemonStatus", "Doctor", "Profiles", "ProfileShow", "Shutdown"),
+            *("JoinBus", "Trust", "Revoke", "Approvals", "Trusted"),
         )
     }
     for err in ("InvalidArgument", "NoSuchSession", "BuildMismatch", "Busy", "SetupFailed"):

@@ -1,0 +1,82 @@
+"""`boxyctl trust`, answered by boxyd: the project read as a run reads it (the same
+files, the same environment: projectconfig.run_env), what of it is wider than the
+default profile, and the approval of exactly what was read; the approvals listed and
+revoked; and the hook's question, whether a project is approved as it is now.
+
+The project's files are parsed through the door (parsedoor.py): the caller puts its
+Parser in force (boxyd: a parse child; docs/design.md, "Nothing the payload wrote is
+parsed in boxyd's process")."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from boxy.errors import UsageError
+from boxyd.config import layering, projectconfig
+
+
+class Approval(NamedTuple):
+    """What `trust` approved, as the client shows it: .boxy.yaml's path and text (when
+    there is one), each registry named (its file, key, value as shown), and what goes
+    beyond the default profile."""
+
+    workdir: str
+    path: str | None
+    text: str
+    registries: list[tuple[str, str, str]]
+    wider: list[str]
+
+
+def approve(
+    workdir: str, home: str, user: str, client_env: Mapping[str, str], config_home: str
+) -> Approval:
+    """Read WORKDIR's configuration as USER's run would, check that it loads, approve
+    it as read. UsageError when there is nothing to approve."""
+    env = projectconfig.run_env(home, user, client_env)
+    project = projectconfig.read(workdir, env)
+    if project.empty:
+        raise UsageError(
+            f"trust: {workdir} has no {projectconfig.NAME}, and no .npmrc or "
+            "pip.conf of its own naming a registry"
+        )
+    wider = [str(k) for k in layering.project_widening(project, home)]
+    projectconfig.approve(project, config_home)
+    return Approval(
+        workdir,
+        project.path if project.config is not None else None,
+        project.text,
+        [(r.source, r.key, r.shown) for r in project.registries],
+        wider,
+    )
+
+
+def trusted(
+    workdir: str, home: str, user: str, client_env: Mapping[str, str], config_home: str
+) -> bool:
+    """WORKDIR has a .boxy.yaml that was approved as it is now (read as a run reads it,
+    leniently: one that cannot be read is not approved)."""
+    env = projectconfig.run_env(home, user, client_env)
+    try:
+        project = projectconfig.read(workdir, env, strict=False)
+    except (UsageError, OSError):
+        return False
+    return project.config is not None and projectconfig.is_trusted(project, config_home)
+
+
+def approvals(config_home: str) -> list[dict[str, Any]]:
+    """`trust --list`: each approval's work directory, when, digest, what."""
+    return [
+        {
+            "workdir": r["workdir"],
+            "approved_at": r.get("approved_at"),
+            "digest": r.get("digest"),
+            "boxy_yaml": bool(r.get("boxy_yaml")),
+            "registries": [
+                {"key": x.get("key"), "url": x.get("url")}
+                for x in r.get("registries", [])
+                if isinstance(x, dict)
+            ],
+        }
+        for r in projectconfig.approvals(config_home)
+    ]

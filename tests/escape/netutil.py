@@ -306,7 +306,7 @@ class NetRun:
     """One sandbox run and what the test internet recorded while it ran (a snapshot
     taken the moment it ended, so later tests' resets cannot change it)."""
 
-    proc: subprocess.CompletedProcess
+    proc: subprocess.CompletedProcess[bytes]
     seconds: float
     probes: dict[str, dict[str, Any]]
     net_counters: dict[str, int]
@@ -373,7 +373,7 @@ def run_probes(
     )
 
 
-def stop_daemon(topology: Any, user: User) -> subprocess.CompletedProcess:
+def stop_daemon(topology: Any, user: User) -> subprocess.CompletedProcess[bytes]:
     """`boxyctl daemon stop` for the test user's boxyd in the topology (the next run
     starts a fresh one): for a test that changed the host netns under it."""
     argv = [str(BIN / "boxyctl"), "daemon", "stop"]

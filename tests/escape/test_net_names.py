@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -335,7 +335,7 @@ def events(run: NetRun, server: str, **match: object) -> list[dict[str, Any]]:
 class Live:
     """A `boxyctl run` started in the background, its output lines time-stamped."""
 
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     out: list[tuple[float, str]] = field(default_factory=list)
     err: list[tuple[float, str]] = field(default_factory=list)
     ended: float = 0.0
@@ -1224,10 +1224,10 @@ CALM_REQUESTS = 20
 class FloodResult:
     flood: Live
     flood_rc: int
-    calm: subprocess.CompletedProcess
+    calm: subprocess.CompletedProcess[bytes]
     calm_probes: dict[str, dict[str, Any]]
     status_s: float
-    status: subprocess.CompletedProcess
+    status: subprocess.CompletedProcess[bytes]
     describe: str
 
 
@@ -1644,7 +1644,7 @@ def test_audit_log_layers(format_run: FormatRun) -> None:
     sni_allow = [r for r in audit if r["layer"] == "net.sni" and r.get("verdict") == "allow"]
     unbound = [r for r in audit if r.get("verdict") == "deny" and r.get("addr") == OTHER.v4]
     assert dns_allow and dns_deny, audit
-    assert sorted(r.get("port") for r in sni_allow) == [80, 443], sni_allow
+    assert sorted(cast(int, r.get("port")) for r in sni_allow) == [80, 443], sni_allow
     assert (
         len(unbound) == 1 and unbound[0]["layer"].startswith("net.") and unbound[0].get("reason")
     ), unbound
@@ -1659,6 +1659,7 @@ def test_destinations_table(format_run: FormatRun) -> None:
     assert err[i] == "boxyctl: network destinations (3)", err[i]
     assert err[i + 1].split() == ["DESTINATION", "CONNS", "DENIED", "ADDRS", "SENT", "RECEIVED"]
     rows = {line.split()[0]: line.split() for line in err[i + 2 : i + 5]}
+    assert OTHER.v4 is not None
     assert rows["www.boxy.test"][1:4] == ["2", "0", "1"], rows
     assert rows[OTHER.v4][1:4] == ["1", "1", "1"], rows
     assert rows["other.boxy.test"][1] == "0" and int(rows["other.boxy.test"][2]) >= 1, rows
@@ -1705,6 +1706,7 @@ def test_verbose_denials_as_they_happen(format_run: FormatRun) -> None:
 def test_verbose_denials_name_what(format_run: FormatRun) -> None:
     """Each -v line says what was refused: the address and port, or the name."""
     lines = [line for _, line in _denial_lines(format_run)]
+    assert OTHER.v4 is not None
     assert any(OTHER.v4 in line and "443" in line for line in lines), lines
     assert any("other.boxy.test" in line for line in lines), lines
 

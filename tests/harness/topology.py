@@ -336,7 +336,7 @@ def _names_table() -> dict[str, dict[str, list[str] | int]]:
         name = plan.ZONE[:-1] if owner == "@" else plan.fqdn(owner)
         entry: dict[str, list[str] | int] = {}
         for rdtype, ttl, text in recs:
-            entry.setdefault(rdtype, []).append(text)  # type: ignore[union-attr]
+            cast(list[str], entry.setdefault(rdtype, [])).append(text)
             entry["ttl"] = ttl
         out[name] = entry
     return out

@@ -98,7 +98,7 @@ class Certs:
     def _pick(
         self, sock: ssl.SSLObject | ssl.SSLSocket, name: str | None, _ctx: ssl.SSLContext
     ) -> None:
-        sock.boxyt_sni = name  # type: ignore[union-attr]
+        sock.boxyt_sni = name  # type: ignore[union-attr]  # our own, read by serve_http()
         alt = self.by_name.get(name or "")
         if alt is not None:
             sock.context = alt
@@ -263,6 +263,7 @@ def serve_http(
         if ep.tls and certs is not None:
             sock = certs.main.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
             sock.do_handshake()
+        # _Conn stands in for the socketserver the handler expects
         _Handler(sock, peer, _Conn(ep, getattr(sock, "boxyt_sni", None), log))  # type: ignore[arg-type]
     except ssl.SSLError as e:
         log.event(

@@ -127,7 +127,7 @@ def workdir(user: User, request: pytest.FixtureRequest) -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-class RunOptions(TypedDict, total=False):
+class BoxyRunKw(TypedDict, total=False):
     """The keywords Boxy.run takes besides the command (for Boxy.sh and helpers)."""
 
     input: bytes | None
@@ -156,7 +156,7 @@ class Boxy:
         )
 
     def sh(
-        self, script: str, *flags: str, **kw: Unpack[RunOptions]
+        self, script: str, *flags: str, **kw: Unpack[BoxyRunKw]
     ) -> subprocess.CompletedProcess[bytes]:
         return self.run("--net", "none", *flags, cmd=["sh", "-c", script], **kw)
 

@@ -25,7 +25,7 @@ from typing import IO, Any, Unpack
 
 import pytest
 
-from tests.conftest import BIN, Boxy, RunOptions, User
+from tests.conftest import BIN, Boxy, BoxyRunKw, User
 
 HOST_PY = "/usr/bin/python3"  # the test user cannot execute the default python under /root
 
@@ -139,7 +139,7 @@ def run_py(
     *flags: str,
     args: tuple[str, ...] = (),
     name: str = "payload.py",
-    **kw: Unpack[RunOptions],
+    **kw: Unpack[BoxyRunKw],
 ) -> subprocess.CompletedProcess[bytes]:
     """Run CODE (after PRELUDE) as `python3 payload.py ARGS` in a --net none sandbox."""
     write_payload(boxy, code, name)

@@ -10,10 +10,16 @@ import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import pytest
+from pluggy import Result
+
+if TYPE_CHECKING:
+    from tests.harness.topology import Topology
 
 BIN = Path(sys.executable).parent
 
@@ -53,8 +59,8 @@ class User:
         timeout: float = 120,
         input: bytes | None = None,
         cwd: str | Path | None = None,
-        **kw,
-    ) -> subprocess.CompletedProcess:
+        **kw: Any,
+    ) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(
             self.cmd(argv, extra_env),
             input=input,
@@ -106,7 +112,7 @@ def user() -> User:
 
 
 @pytest.fixture
-def workdir(user: User, request: pytest.FixtureRequest):
+def workdir(user: User, request: pytest.FixtureRequest) -> Iterator[Path]:
     """A fresh work directory owned by the test user (under its home, like a project)."""
     base = user.home / "boxy-tests"
     if os.getuid() == 0:
@@ -121,6 +127,14 @@ def workdir(user: User, request: pytest.FixtureRequest):
     shutil.rmtree(d, ignore_errors=True)
 
 
+class BoxyRunKw(TypedDict, total=False):
+    """The keywords Boxy.run takes besides the command (for Boxy.sh and helpers)."""
+
+    input: bytes | None
+    timeout: float
+    extra_env: dict[str, str] | None
+
+
 class Boxy:
     def __init__(self, user: User, workdir: Path) -> None:
         self.user = user
@@ -133,7 +147,7 @@ class Boxy:
         input: bytes | None = None,
         timeout: float = 120,
         extra_env: dict[str, str] | None = None,
-    ) -> subprocess.CompletedProcess:
+    ) -> subprocess.CompletedProcess[bytes]:
         argv = [str(BIN / "boxyctl"), "run", *args]
         if cmd is not None:
             argv += ["--", *cmd]
@@ -141,7 +155,9 @@ class Boxy:
             argv, input=input, timeout=timeout, cwd=self.workdir, extra_env=extra_env
         )
 
-    def sh(self, script: str, *flags: str, **kw) -> subprocess.CompletedProcess:
+    def sh(
+        self, script: str, *flags: str, **kw: Unpack[BoxyRunKw]
+    ) -> subprocess.CompletedProcess[bytes]:
         return self.run("--net", "none", *flags, cmd=["sh", "-c", script], **kw)
 
 
@@ -154,7 +170,7 @@ def boxy(user: User, workdir: Path) -> Boxy:
 
 
 @pytest.fixture(scope="session")
-def topology():
+def topology() -> Iterator[Topology]:
     """The test internet, built once per session. Building network namespaces needs
     root (CI runs the suite as root); the sandboxes in it still run as the test user."""
     if os.getuid() != 0:
@@ -174,7 +190,7 @@ def topology():
 
 
 @pytest.fixture
-def net(topology):
+def net(topology: Topology) -> Topology:
     """Before every network test: the daemon's netns routes nowhere but the topology."""
     topology.assert_isolated()
     topology.reset_records()
@@ -186,7 +202,7 @@ class NetBoxy(Boxy):
     its own there (its own XDG_RUNTIME_DIR: a daemon in the machine's netns must never
     serve these runs, its upstream connections would leave the machine)."""
 
-    def __init__(self, user: User, workdir: Path, topo) -> None:
+    def __init__(self, user: User, workdir: Path, topo: Topology) -> None:
         super().__init__(user, workdir)
         self.topo = topo
 
@@ -200,7 +216,7 @@ class NetBoxy(Boxy):
         input: bytes | None = None,
         timeout: float = 120,
         extra_env: dict[str, str] | None = None,
-    ) -> subprocess.CompletedProcess:
+    ) -> subprocess.CompletedProcess[bytes]:
         argv = [str(BIN / "boxyctl"), "run", *args, *(["--", *cmd] if cmd is not None else [])]
         return subprocess.run(
             self.topo.exec_in_host(self.user.cmd(argv, self.env(extra_env))),
@@ -212,7 +228,7 @@ class NetBoxy(Boxy):
 
 
 @pytest.fixture
-def netboxy(user: User, workdir: Path, net) -> NetBoxy:
+def netboxy(user: User, workdir: Path, net: Topology) -> NetBoxy:
     return NetBoxy(user, workdir, net)
 
 
@@ -225,7 +241,9 @@ KERNEL_FEATURES = ("Landlock", "nft_tproxy", "unprivileged user namespaces")
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # noqa: ANN201
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Result[pytest.TestReport], None]:
     outcome = yield
     report = outcome.get_result()
     if not report.skipped or os.getuid() != 0 or hasattr(report, "wasxfail"):

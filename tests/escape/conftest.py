@@ -18,13 +18,14 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any, Unpack
 
 import pytest
 
-from tests.conftest import BIN, Boxy, User
+from tests.conftest import BIN, Boxy, BoxyRunKw, User
 
 HOST_PY = "/usr/bin/python3"  # the test user cannot execute the default python under /root
 
@@ -84,20 +85,20 @@ def write(label, path, data=b"boxy-escape\n", mode="wb"):
 '''
 
 
-def output(r: subprocess.CompletedProcess) -> str:
+def output(r: subprocess.CompletedProcess[bytes]) -> str:
     return r.stdout.decode(errors="replace") + r.stderr.decode(errors="replace")
 
 
-def describe(r: subprocess.CompletedProcess) -> str:
+def describe(r: subprocess.CompletedProcess[bytes]) -> str:
     return (
         f"exit {r.returncode}\n--- stdout\n{r.stdout.decode(errors='replace')}"
         f"--- stderr\n{r.stderr.decode(errors='replace')}"
     )
 
 
-def tried(r: subprocess.CompletedProcess) -> dict[str, str]:
+def tried(r: subprocess.CompletedProcess[bytes]) -> dict[str, str]:
     """label -> result of every TRIED line."""
-    out = {}
+    out: dict[str, str] = {}
     for line in r.stdout.decode(errors="replace").splitlines():
         if line.startswith("TRIED "):
             label, _, detail = line[6:].partition(" ")
@@ -106,7 +107,7 @@ def tried(r: subprocess.CompletedProcess) -> dict[str, str]:
 
 
 def assert_contained(
-    r: subprocess.CompletedProcess,
+    r: subprocess.CompletedProcess[bytes],
     *labels: str,
     rc: int = 0,
     results: dict[str, set[str]] | None = None,
@@ -138,11 +139,11 @@ def run_py(
     *flags: str,
     args: tuple[str, ...] = (),
     name: str = "payload.py",
-    **kw: object,
-) -> subprocess.CompletedProcess:
+    **kw: Unpack[BoxyRunKw],
+) -> subprocess.CompletedProcess[bytes]:
     """Run CODE (after PRELUDE) as `python3 payload.py ARGS` in a --net none sandbox."""
     write_payload(boxy, code, name)
-    return boxy.run("--net", "none", *flags, cmd=["python3", name, *args], **kw)  # type: ignore[arg-type]
+    return boxy.run("--net", "none", *flags, cmd=["python3", name, *args], **kw)
 
 
 def boxy_argv(*flags: str, cmd: list[str]) -> list[str]:
@@ -158,17 +159,25 @@ def spawn(
     *,
     extra_env: dict[str, str] | None = None,
     cwd: Path | None = None,
-    **kw: object,
-) -> subprocess.Popen:
+    stdout: int | IO[Any] | None = None,
+    stderr: int | IO[Any] | None = None,
+) -> subprocess.Popen[bytes]:
     """A real process of the test user (its own pid, not runuser's), in its own session."""
-    if os.getuid() == 0:
-        kw.update(user=user.uid, group=user.gid, extra_groups=[])
+    root = os.getuid() == 0
     return subprocess.Popen(
-        argv, env=user.env(extra_env), cwd=cwd or user.home, start_new_session=True, **kw
-    )  # type: ignore[call-overload]
+        argv,
+        env=user.env(extra_env),
+        cwd=cwd or user.home,
+        start_new_session=True,
+        stdout=stdout,
+        stderr=stderr,
+        user=user.uid if root else None,
+        group=user.gid if root else None,
+        extra_groups=[] if root else None,
+    )
 
 
-def stop(proc: subprocess.Popen) -> None:
+def stop(proc: subprocess.Popen[bytes]) -> None:
     """End a process this test started (by its pid only)."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
@@ -186,7 +195,7 @@ def alive(pid: int) -> bool:
 
 
 @pytest.fixture
-def host_sleeper(user: User) -> Iterator[subprocess.Popen]:
+def host_sleeper(user: User) -> Iterator[subprocess.Popen[bytes]]:
     """A host process of the test user holding a secret in its environment."""
     proc = spawn(
         user, ["sleep", "600"], extra_env={"BOXY_HOST_SECRET": "host-secret-" + uuid.uuid4().hex}
@@ -220,7 +229,7 @@ while True:
 @dataclass
 class Listener:
     path: str  # a filesystem path, or "@name" for an abstract socket
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     log: Path
 
     def accepts(self) -> int:
@@ -317,10 +326,10 @@ def umount(path: Path) -> None:
     subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
-def wait_for(pred: object, timeout: float, what: str) -> None:
+def wait_for(pred: Callable[[], object], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if pred():  # type: ignore[operator]
+        if pred():
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
@@ -341,7 +350,9 @@ GIT_FLAGS = [x for k, v in IDENTITY.items() for x in ("-e", f"{k}={v}")]
 HOOK = b"#!/bin/sh\ntouch /tmp/boxy-escape-hook-ran\n"
 
 
-def git(user: User, cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+def git(
+    user: User, cwd: Path, *args: str, check: bool = True
+) -> subprocess.CompletedProcess[bytes]:
     """git on the host, as the user, as they would run it later."""
     r = user.run(["git", *args], cwd=cwd, extra_env=HOST_GIT_ENV)
     if check:
@@ -365,5 +376,5 @@ def repo(user: User, workdir: Path) -> Path:
     return init_repo(user, workdir)
 
 
-def findings(r: subprocess.CompletedProcess) -> list[str]:
+def findings(r: subprocess.CompletedProcess[bytes]) -> list[str]:
     return [ln for ln in r.stderr.decode().splitlines() if "git guard" in ln]

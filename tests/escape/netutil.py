@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import BIN, NetBoxy, User
+from tests.harness.topology import Topology
 
 PRELUDE = r'''
 import errno, json, os, random, select, socket, struct, subprocess, sys, time
@@ -250,7 +251,7 @@ def write_script(workdir: Path, user: User, name: str, body: str) -> str:
     return name
 
 
-def install_ca(topology: Any, workdir: Path, user: User, name: str = "ca.pem") -> str:
+def install_ca(topology: Topology, workdir: Path, user: User, name: str = "ca.pem") -> str:
     """Copy the test CA into WORKDIR for `curl --cacert`, `cafile=`, NODE_EXTRA_CA_CERTS."""
     dst = workdir / name
     shutil.copyfile(topology.ca, dst)
@@ -306,7 +307,7 @@ class NetRun:
     """One sandbox run and what the test internet recorded while it ran (a snapshot
     taken the moment it ended, so later tests' resets cannot change it)."""
 
-    proc: subprocess.CompletedProcess
+    proc: subprocess.CompletedProcess[bytes]
     seconds: float
     probes: dict[str, dict[str, Any]]
     net_counters: dict[str, int]
@@ -350,7 +351,7 @@ class NetRun:
 
 
 def run_probes(
-    topology: Any, user: User, workdir: Path, *flags: str, cmd: list[str], timeout: float = 90
+    topology: Topology, user: User, workdir: Path, *flags: str, cmd: list[str], timeout: float = 90
 ) -> NetRun:
     """`boxyctl run FLAGS -- CMD` as the test user in the topology, after asserting it
     is isolated and zeroing its records; returns the run with the records it left."""
@@ -373,7 +374,7 @@ def run_probes(
     )
 
 
-def stop_daemon(topology: Any, user: User) -> subprocess.CompletedProcess:
+def stop_daemon(topology: Topology, user: User) -> subprocess.CompletedProcess[bytes]:
     """`boxyctl daemon stop` for the test user's boxyd in the topology (the next run
     starts a fresh one): for a test that changed the host netns under it."""
     argv = [str(BIN / "boxyctl"), "daemon", "stop"]

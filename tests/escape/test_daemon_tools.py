@@ -57,7 +57,7 @@ tried("planted", tree)
 """
 
 
-def _plant(boxy: Boxy, marker: Path, *flags: str) -> subprocess.CompletedProcess:
+def _plant(boxy: Boxy, marker: Path, *flags: str) -> subprocess.CompletedProcess[bytes]:
     return run_py(
         boxy, PLANT_LAZY_FETCH, *flags, *GIT_FLAGS, args=(str(marker), "node_modules/.cache/lib")
     )

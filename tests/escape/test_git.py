@@ -328,7 +328,7 @@ def test_fsmonitor_attack_is_real_without_the_guard(
 
 def _plant_nested_fsmonitor(
     boxy: Boxy, marker: Path, layout: str, *flags: str
-) -> subprocess.CompletedProcess:
+) -> subprocess.CompletedProcess[bytes]:
     """A new repository `nested` whose config runs a script, registered as a gitlink in
     the outer index so that the host's `git status` descends into it."""
     return run_py(

@@ -74,7 +74,9 @@ time.sleep(float(sys.argv[3]))
 HOWS = ["commondir", "nested-gitlink", "modules"]
 
 
-def _session(user: User, repo: Path, how: str, marker: Path, *flags: str) -> subprocess.Popen:
+def _session(
+    user: User, repo: Path, how: str, marker: Path, *flags: str
+) -> subprocess.Popen[bytes]:
     from tests.conftest import Boxy
 
     write_payload(Boxy(user, repo), PLANT, "plant.py")

@@ -124,7 +124,9 @@ HOWS = {
 }
 
 
-def _session(user: User, repo: Path, how: str, marker: Path, *flags: str) -> subprocess.Popen:
+def _session(
+    user: User, repo: Path, how: str, marker: Path, *flags: str
+) -> subprocess.Popen[bytes]:
     write_payload(Boxy(user, repo), PLANT, "plant.py")
     stay = str(WINDOW.get(how, 0.0) + 2.0)  # the prompt's time after the plant
     argv = boxy_argv(*flags, *GIT_FLAGS, cmd=["python3", "plant.py", str(marker), how, stay])

@@ -118,7 +118,7 @@ for rel in {list(PRESENT)!r}:
 """
 
 
-def test_what_is_present_is_read_only_in_every_run(boxy: Boxy, user: User, workdir: Path):
+def test_what_is_present_is_read_only_in_every_run(boxy: Boxy, user: User, workdir: Path) -> None:
     for rel, text in PRESENT.items():
         (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
         (workdir / rel).write_text(text)
@@ -156,7 +156,7 @@ def test_edit_config_lets_one_run_change_what_it_names(
     assert b"Read-only file system" in r2.stderr, describe(r2)
 
 
-def test_a_symlink_the_payload_replaces_is_put_back(boxy: Boxy, user: User, workdir: Path):
+def test_a_symlink_the_payload_replaces_is_put_back(boxy: Boxy, user: User, workdir: Path) -> None:
     (workdir / "shared").mkdir()
     (workdir / "shared/envrc").write_text("export X=1\n")
     os.symlink("shared/envrc", workdir / ".envrc")
@@ -196,7 +196,7 @@ def _host_npm_test(user: User, workdir: Path) -> bytes:
     return bytes(host.stdout)
 
 
-def test_a_planted_npmrc_runs_nothing_on_the_host(boxy: Boxy, user: User, workdir: Path):
+def test_a_planted_npmrc_runs_nothing_on_the_host(boxy: Boxy, user: User, workdir: Path) -> None:
     (workdir / "package.json").write_text(
         json.dumps({"name": "p", "version": "1.0.0", "scripts": {"test": "node -e 0"}}) + "\n"
     )

@@ -92,17 +92,19 @@ def attempt(case, nr, *args, child_exits=False):
 PRELUDE += f"SYS = {SYS!r}\nNS = {NAMESPACE_FLAGS!r}\n"
 
 
-def py(boxy: Boxy, body: str, *flags: str, input: bytes = b"") -> subprocess.CompletedProcess:
+def py(
+    boxy: Boxy, body: str, *flags: str, input: bytes = b""
+) -> subprocess.CompletedProcess[bytes]:
     """Run PRELUDE + BODY with python3 inside the sandbox (stdin a pipe: `input`)."""
     return boxy.run(*NET, *flags, cmd=["python3", "-c", PRELUDE + body], input=input, timeout=60)
 
 
-def out_of(r: subprocess.CompletedProcess) -> str:
+def out_of(r: subprocess.CompletedProcess[bytes]) -> str:
     return r.stdout.decode(errors="replace")
 
 
 def assert_refused(
-    r: subprocess.CompletedProcess, expected: dict[str, str | tuple[str, ...]]
+    r: subprocess.CompletedProcess[bytes], expected: dict[str, str | tuple[str, ...]]
 ) -> None:
     """No ESCAPED line, the payload finished (DONE), and each case got its errno."""
     out = out_of(r)
@@ -382,7 +384,7 @@ int main(void) {
 """
 
 
-def _int80(boxy: Boxy, *flags: str) -> subprocess.CompletedProcess:
+def _int80(boxy: Boxy, *flags: str) -> subprocess.CompletedProcess[bytes]:
     src = boxy.workdir / "int80.c"
     src.write_text(INT80_C)
     boxy.user.chown(src)

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.sandbox
 NET = ("--net", "none")
 
 
-def _wait(pred, timeout: float, step: float = 0.05) -> bool:
+def _wait(pred: Callable[[], object], timeout: float, step: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():
@@ -202,7 +202,7 @@ def _daemon_pid(user: User, env: dict[str, str]) -> int | None:
 
 def _start_marked(
     user: User, workdir: Path, env: dict[str, str], script: str
-) -> tuple[subprocess.Popen, str]:
+) -> tuple[subprocess.Popen[bytes], str]:
     """A run whose `sleep 60.N` only the shell inside spells out (SCRIPT's {sleep}):
     the client's argv (runuser, boxyctl) holds $((N)), never the expanded marker,
     so pgrep finds the sandbox's processes alone. Returns the client and the marker."""

@@ -15,6 +15,7 @@ import json
 import time
 import uuid
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -44,7 +45,7 @@ tried("watched", str(seconds))
 """
 
 
-def _observations(workdir: Path) -> list[dict]:
+def _observations(workdir: Path) -> list[dict[str, Any]]:
     path = workdir / "obs.jsonl"
     if not path.exists():
         return []
@@ -67,7 +68,7 @@ def _replace(path: Path, text: str, user: User) -> float:
     return t
 
 
-def _after(obs: list[dict], t: float) -> list[dict]:
+def _after(obs: list[dict[str, Any]], t: float) -> list[dict[str, Any]]:
     return [o for o in obs if o["t"] > t]
 
 
@@ -268,9 +269,9 @@ tried("flooded", "1100")
 )
 
 
-def _state(user: User, sid: str) -> dict:
+def _state(user: User, sid: str) -> dict[str, Any]:
     r = user.run([str(BIN / "boxyctl"), "show", "--json", sid])
-    return json.loads(r.stdout)
+    return cast(dict[str, Any], json.loads(r.stdout))
 
 
 def test_a_flood_of_new_credentials_stops_the_session(boxy: Boxy, user: User) -> None:

@@ -35,6 +35,7 @@ import pytest
 from tests.conftest import User
 from tests.escape import netutil
 from tests.harness.fakenet import plan
+from tests.harness.topology import Topology
 
 FAST_MS = 200.0  # a static denial (nftables at SYN time, an ICMP error) answers within this
 CURL_MAX_S = 2.0  # Happy Eyeballs must not stall
@@ -1184,7 +1185,7 @@ print("DONE", flush=True)
 # --- fixtures ----------------------------------------------------------------------------
 
 
-def _run_mode(topology: Any, user: User, mode: str, flags: tuple[str, ...]) -> netutil.NetRun:
+def _run_mode(topology: Topology, user: User, mode: str, flags: tuple[str, ...]) -> netutil.NetRun:
     # The run is a snapshot (output and records): its work directory can go at once.
     with netutil.probe_workdir(user, f"net-addresses-{mode}") as wd:
         netutil.install_ca(topology, wd, user)
@@ -1195,17 +1196,17 @@ def _run_mode(topology: Any, user: User, mode: str, flags: tuple[str, ...]) -> n
 
 
 @pytest.fixture(scope="module")
-def public_run(topology: Any, user: User) -> netutil.NetRun:
+def public_run(topology: Topology, user: User) -> netutil.NetRun:
     return _run_mode(topology, user, "public", ("--net", "public"))
 
 
 @pytest.fixture(scope="module")
-def allowlist_run(topology: Any, user: User) -> netutil.NetRun:
+def allowlist_run(topology: Topology, user: User) -> netutil.NetRun:
     return _run_mode(topology, user, "allowlist", ALLOWLIST_FLAGS)
 
 
 @pytest.fixture(scope="module")
-def v4host_run(topology: Any, user: User) -> netutil.NetRun:
+def v4host_run(topology: Topology, user: User) -> netutil.NetRun:
     """The allowlist run again, on a host that has lost its IPv6 default route while
     boxyd was running (a laptop changing networks). The route comes back as soon as
     the run ends, and that boxyd is stopped: later runs must see a dual-stack host."""

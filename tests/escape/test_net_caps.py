@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import NetBoxy
+from tests.harness.topology import Topology
+
 pytestmark = pytest.mark.sandbox
 
 HOLD_DNS_TCP = r"""
@@ -33,7 +36,7 @@ print("LOOKUP", subprocess.run(["getent", "hosts", "www.boxy.test"], capture_out
 """
 
 
-def test_dns_over_tcp_connections_are_capped_per_session(netboxy) -> None:
+def test_dns_over_tcp_connections_are_capped_per_session(netboxy: NetBoxy) -> None:
     r = netboxy.run("--net", "public", cmd=["python3", "-c", HOLD_DNS_TCP], timeout=60)
     out = dict(line.split(" ", 1) for line in r.stdout.decode().splitlines())
     assert r.returncode == 0, r.stderr
@@ -58,7 +61,7 @@ for addr in ("11.0.0.50", "2a0b:4000::50"):  # udp.boxy.test, never resolved her
 """
 
 
-def test_udp_refused_by_the_gateway_fails_fast(netboxy, net) -> None:
+def test_udp_refused_by_the_gateway_fails_fast(netboxy: NetBoxy, net: Topology) -> None:
     # A datagram to an address no allowed name answered with: boxyd refuses it, and
     # the client learns it at once (port unreachable), like TCP's reset.
     r = netboxy.run(

@@ -6,10 +6,14 @@ Verdicts from the test internet's recorders: did anything reach the LAN/ULA host
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from tests.escape.netutil import run_probes
+from tests.conftest import User
+from tests.escape.netutil import NetRun, run_probes
 from tests.harness.fakenet import plan
+from tests.harness.topology import Topology
 
 pytestmark = pytest.mark.sandbox
 
@@ -39,7 +43,7 @@ for label, port, data in (("tls-no-sni", 443, hello), ("opaque-443", 443, b"SSH-
 """
 
 
-def _run(net, user, workdir, fam: str, *flags: str):
+def _run(net: Topology, user: User, workdir: Path, fam: str, *flags: str) -> NetRun:
     return run_probes(
         net,
         user,
@@ -54,7 +58,7 @@ def _run(net, user, workdir, fam: str, *flags: str):
 
 
 @pytest.mark.parametrize("fam", ["v4", "v6"])
-def test_allowlist_prefix_is_no_binding(net, user, workdir, fam: str) -> None:
+def test_allowlist_prefix_is_no_binding(net: Topology, user: User, workdir: Path, fam: str) -> None:
     run = _run(
         net,
         user,
@@ -78,7 +82,9 @@ def test_allowlist_prefix_is_no_binding(net, user, workdir, fam: str) -> None:
 
 
 @pytest.mark.parametrize("fam", ["v4", "v6"])
-def test_allowlist_literal_host_reaches_that_address_only(net, user, workdir, fam: str) -> None:
+def test_allowlist_literal_host_reaches_that_address_only(
+    net: Topology, user: User, workdir: Path, fam: str
+) -> None:
     """The kept-working case: the device named by its address, on its port."""
     addr = ADDRS[fam]
     literal = f"[{addr}]:22" if fam == "v6" else f"{addr}:22"
@@ -103,7 +109,7 @@ def test_allowlist_literal_host_reaches_that_address_only(net, user, workdir, fa
 
 
 @pytest.mark.parametrize("fam", ["v4", "v6"])
-def test_public_prefix_is_open(net, user, workdir, fam: str) -> None:
+def test_public_prefix_is_open(net: Topology, user: User, workdir: Path, fam: str) -> None:
     run = run_probes(
         net,
         user,
@@ -119,7 +125,9 @@ def test_public_prefix_is_open(net, user, workdir, fam: str) -> None:
     assert reached == {22, 443}, run.describe()
 
 
-def test_a_literal_in_a_denied_range_needs_the_prefix_opened(net, user, workdir) -> None:
+def test_a_literal_in_a_denied_range_needs_the_prefix_opened(
+    net: Topology, user: User, workdir: Path
+) -> None:
     run = run_probes(
         net,
         user,

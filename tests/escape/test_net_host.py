@@ -7,8 +7,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
+
+from tests.conftest import NetBoxy
+from tests.harness.topology import Topology
 
 pytestmark = pytest.mark.sandbox
 
@@ -40,7 +44,7 @@ for addr, port in (("HOST_PUBLIC", 18081), ("11.0.0.10", 8080)):
 
 
 @pytest.fixture
-def host_service(net, netboxy):
+def host_service(net: Topology, netboxy: NetBoxy) -> Iterator[subprocess.Popen[str]]:
     # First a flow, so boxyd has looked at the host's addresses just before this one
     # appears (a cache refreshed on a timer would then still miss it).
     warm = netboxy.run(
@@ -77,7 +81,9 @@ def host_service(net, netboxy):
         ["--net", "allowlist", "--allow-host", f"{HOST_PUBLIC}:18081"],
     ],
 )
-def test_the_hosts_own_public_address_is_refused(netboxy, host_service, mode: list[str]) -> None:
+def test_the_hosts_own_public_address_is_refused(
+    netboxy: NetBoxy, host_service: subprocess.Popen[str], mode: list[str]
+) -> None:
     started = time.monotonic()
     r = netboxy.run(*mode, "-v", cmd=["python3", "-c", PROBE])
     lines = dict(line.split(" ", 1) for line in r.stdout.decode().splitlines())

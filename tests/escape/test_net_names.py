@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -40,6 +40,7 @@ from tests.escape.netutil import (
     write_script,
 )
 from tests.harness.fakenet import plan
+from tests.harness.topology import Topology
 from tests.unit import tlsbuild
 
 pytestmark = pytest.mark.sandbox
@@ -335,7 +336,7 @@ def events(run: NetRun, server: str, **match: object) -> list[dict[str, Any]]:
 class Live:
     """A `boxyctl run` started in the background, its output lines time-stamped."""
 
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     out: list[tuple[float, str]] = field(default_factory=list)
     err: list[tuple[float, str]] = field(default_factory=list)
     ended: float = 0.0
@@ -383,7 +384,7 @@ class Live:
         return "\n".join(line for _, line in self.err)
 
 
-def start_run(topology: Any, user: User, workdir: Path, *flags: str, cmd: list[str]) -> Live:
+def start_run(topology: Topology, user: User, workdir: Path, *flags: str, cmd: list[str]) -> Live:
     box = NetBoxy(user, workdir, topology)
     argv = [str(BIN / "boxyctl"), "run", *flags, "--", *cmd]
     proc = subprocess.Popen(
@@ -397,7 +398,7 @@ def start_run(topology: Any, user: User, workdir: Path, *flags: str, cmd: list[s
 
 
 @contextlib.contextmanager
-def probe_dir(topology: Any, user: User, label: str) -> Iterator[Path]:
+def probe_dir(topology: Topology, user: User, label: str) -> Iterator[Path]:
     with probe_workdir(user, label) as d:
         install_ca(topology, d, user)
         yield d
@@ -476,7 +477,7 @@ print("DONE", flush=True)
 
 
 @pytest.fixture(scope="module", params=["allowlist", "public"])
-def rebind_run(request: pytest.FixtureRequest, topology: Any, user: User) -> Iterator[NetRun]:
+def rebind_run(request: pytest.FixtureRequest, topology: Topology, user: User) -> Iterator[NetRun]:
     mode = request.param
     flags = mode_flags(mode, (f"{n}.boxy.test" for n in REBIND))
     with probe_dir(topology, user, f"rebind-{mode}") as wd:
@@ -615,7 +616,7 @@ class AuditedRun:
 
 
 @pytest.fixture(scope="module")
-def sni_run(topology: Any, user: User) -> Iterator[AuditedRun]:
+def sni_run(topology: Topology, user: User) -> Iterator[AuditedRun]:
     with probe_dir(topology, user, "forged-sni") as wd:
         consts = f"CDN4, CDN6, WWW4, OTHER4 = {CDN.v4!r}, {CDN.v6!r}, {WWW.v4!r}, {OTHER.v4!r}\n"
         name = script(wd, user, "sni.py", consts + SNI_BODY)
@@ -780,7 +781,7 @@ PORT_RUNS: dict[str, tuple[list[str], dict[str, str]]] = {
 
 
 @pytest.fixture(scope="module")
-def port_runs(topology: Any, user: User) -> Iterator[dict[str, NetRun]]:
+def port_runs(topology: Topology, user: User) -> Iterator[dict[str, NetRun]]:
     out: dict[str, NetRun] = {}
     with probe_dir(topology, user, "ports") as wd:
         for label, (flags, cases) in PORT_RUNS.items():
@@ -862,7 +863,7 @@ print("DONE", flush=True)
 
 
 @pytest.fixture(scope="module")
-def fair_run(topology: Any, user: User) -> Iterator[NetRun]:
+def fair_run(topology: Topology, user: User) -> Iterator[NetRun]:
     with probe_dir(topology, user, "fair") as wd:
         body = FAIR_BODY % {"www": WWW.v4, "pending": Limits().pending}
         name = script(wd, user, "fair.py", body)
@@ -899,7 +900,7 @@ print("DONE", flush=True)
 
 
 @pytest.fixture(scope="module")
-def upstream_run(topology: Any, user: User) -> Iterator[tuple[NetRun, dict[str, Any]]]:
+def upstream_run(topology: Topology, user: User) -> Iterator[tuple[NetRun, dict[str, Any]]]:
     with probe_dir(topology, user, "upstream") as wd:
         name = script(wd, user, "upstream.py", UPSTREAM_BODY % {"www": WWW.v4})
         netlog = wd / "net.json"
@@ -1010,7 +1011,7 @@ print("DONE", flush=True)
 
 
 @pytest.fixture(scope="module")
-def wire_run(topology: Any, user: User) -> Iterator[AuditedRun]:
+def wire_run(topology: Topology, user: User) -> Iterator[AuditedRun]:
     with probe_dir(topology, user, "tls-wire") as wd:
         # A synthetic ClientHello naming an allowed host, with and without an
         # encrypted_client_hello extension: the only difference between the two.
@@ -1130,7 +1131,7 @@ STALLED = 300
 
 
 @pytest.fixture(scope="module")
-def stall_run(topology: Any, user: User) -> Iterator[NetRun]:
+def stall_run(topology: Topology, user: User) -> Iterator[NetRun]:
     with probe_dir(topology, user, "stall") as wd:
         name = script(wd, user, "stall.py", STALL_BODY % {"n": STALLED})
         yield run_probes(
@@ -1224,15 +1225,15 @@ CALM_REQUESTS = 20
 class FloodResult:
     flood: Live
     flood_rc: int
-    calm: subprocess.CompletedProcess
+    calm: subprocess.CompletedProcess[bytes]
     calm_probes: dict[str, dict[str, Any]]
     status_s: float
-    status: subprocess.CompletedProcess
+    status: subprocess.CompletedProcess[bytes]
     describe: str
 
 
 @pytest.fixture(scope="module")
-def flood_run(topology: Any, user: User) -> Iterator[FloodResult]:
+def flood_run(topology: Topology, user: User) -> Iterator[FloodResult]:
     with probe_dir(topology, user, "flood") as wd:
         topology.assert_isolated()
         topology.reset_records()
@@ -1444,7 +1445,7 @@ WORK_OTHER = (
 
 
 @pytest.fixture(scope="module", params=["allowlist", "public"])
-def work_run(request: pytest.FixtureRequest, topology: Any, user: User) -> Iterator[NetRun]:
+def work_run(request: pytest.FixtureRequest, topology: Topology, user: User) -> Iterator[NetRun]:
     mode = request.param
     flags = mode_flags(mode, WORK_HOSTS)
     with probe_dir(topology, user, f"work-{mode}") as wd:
@@ -1533,7 +1534,7 @@ class FormatRun:
 
 
 @pytest.fixture(scope="module")
-def format_run(topology: Any, user: User) -> Iterator[FormatRun]:
+def format_run(topology: Topology, user: User) -> Iterator[FormatRun]:
     with probe_dir(topology, user, "formats") as wd:
         topology.assert_isolated()
         topology.reset_records()
@@ -1644,7 +1645,7 @@ def test_audit_log_layers(format_run: FormatRun) -> None:
     sni_allow = [r for r in audit if r["layer"] == "net.sni" and r.get("verdict") == "allow"]
     unbound = [r for r in audit if r.get("verdict") == "deny" and r.get("addr") == OTHER.v4]
     assert dns_allow and dns_deny, audit
-    assert sorted(r.get("port") for r in sni_allow) == [80, 443], sni_allow
+    assert sorted(cast(int, r.get("port")) for r in sni_allow) == [80, 443], sni_allow
     assert (
         len(unbound) == 1 and unbound[0]["layer"].startswith("net.") and unbound[0].get("reason")
     ), unbound
@@ -1659,6 +1660,7 @@ def test_destinations_table(format_run: FormatRun) -> None:
     assert err[i] == "boxyctl: network destinations (3)", err[i]
     assert err[i + 1].split() == ["DESTINATION", "CONNS", "DENIED", "ADDRS", "SENT", "RECEIVED"]
     rows = {line.split()[0]: line.split() for line in err[i + 2 : i + 5]}
+    assert OTHER.v4 is not None
     assert rows["www.boxy.test"][1:4] == ["2", "0", "1"], rows
     assert rows[OTHER.v4][1:4] == ["1", "1", "1"], rows
     assert rows["other.boxy.test"][1] == "0" and int(rows["other.boxy.test"][2]) >= 1, rows
@@ -1705,6 +1707,7 @@ def test_verbose_denials_as_they_happen(format_run: FormatRun) -> None:
 def test_verbose_denials_name_what(format_run: FormatRun) -> None:
     """Each -v line says what was refused: the address and port, or the name."""
     lines = [line for _, line in _denial_lines(format_run)]
+    assert OTHER.v4 is not None
     assert any(OTHER.v4 in line and "443" in line for line in lines), lines
     assert any("other.boxy.test" in line for line in lines), lines
 
@@ -1725,7 +1728,7 @@ class StaticRun:
 
 
 @pytest.fixture(scope="module")
-def static_run(topology: Any, user: User) -> Iterator[StaticRun]:
+def static_run(topology: Topology, user: User) -> Iterator[StaticRun]:
     with probe_dir(topology, user, "static-denials") as wd:
         name = script(
             wd, user, "static.py", STATIC_BODY % {"lan": plan.LAN_HOST, "meta": plan.METADATA_V4}

@@ -5,11 +5,15 @@ refused range) is named with the --allow-cidr that would open it. Quiet otherwis
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import cast
 
 import pytest
 
+from tests.conftest import User
 from tests.escape.netutil import run_probes, write_script
 from tests.harness.fakenet import plan
+from tests.harness.topology import Topology
 
 pytestmark = pytest.mark.sandbox
 
@@ -29,7 +33,7 @@ except OSError as e:
 """.replace("LAN", plan.LAN_HOST)
 
 
-def test_refusals_said_without_verbose(net, user, workdir) -> None:
+def test_refusals_said_without_verbose(net: Topology, user: User, workdir: Path) -> None:
     run = run_probes(
         net,
         user,
@@ -54,7 +58,7 @@ def test_refusals_said_without_verbose(net, user, workdir) -> None:
     assert not any(" deny " in ln for ln in lines), "the denials themselves are -v's"
 
 
-def test_a_quiet_run_is_quiet(net, user, workdir) -> None:
+def test_a_quiet_run_is_quiet(net: Topology, user: User, workdir: Path) -> None:
     run = run_probes(
         net, user, workdir, "--net", "allowlist", "--allow-host", "www.boxy.test", cmd=["true"]
     )
@@ -85,7 +89,7 @@ EXPECTED = {  # what -v and the audit log say of each destination
     "[ff02::fb]": "multicast",
     "10.0.2.2": "the gateway itself is not a destination",
     "[fd00::2]": "the gateway itself is not a destination",
-    plan.SERVER_BY_NAME["other"].v4: "no DNS binding for this address (hard-coded IP?)",
+    cast(str, plan.SERVER_BY_NAME["other"].v4): "no DNS binding for this address (hard-coded IP?)",
 }
 
 
@@ -101,7 +105,9 @@ def _table_denied(stderr: str) -> int:
     return total
 
 
-def test_refusals_are_named_by_their_range_and_counted_as_the_table(net, user, workdir) -> None:
+def test_refusals_are_named_by_their_range_and_counted_as_the_table(
+    net: Topology, user: User, workdir: Path
+) -> None:
     script = write_script(workdir, user, "named.py", NAMED)
     run = run_probes(
         net,

@@ -146,7 +146,7 @@ for label, p in (("host-link-key", "leak/id_ed25519"), ("host-link-srv", "leak-s
 
 
 def test_proc_magic_links(
-    boxy: Boxy, ssh_key: tuple[Path, str], host_sleeper: subprocess.Popen
+    boxy: Boxy, ssh_key: tuple[Path, str], host_sleeper: subprocess.Popen[bytes]
 ) -> None:
     key, marker = ssh_key
     pid = host_sleeper.pid

@@ -147,7 +147,9 @@ with open("/proc/1/cmdline", "rb") as f:
 """
 
 
-def test_pid_namespace_shows_only_sandbox(boxy: Boxy, host_sleeper: subprocess.Popen) -> None:
+def test_pid_namespace_shows_only_sandbox(
+    boxy: Boxy, host_sleeper: subprocess.Popen[bytes]
+) -> None:
     r = run_py(boxy, PIDS_PAYLOAD, args=(str(host_sleeper.pid),))
     got = assert_contained(r, "pids", "host-pid", "pid1", results={"host-pid": {"ESRCH"}})
     seen = json.loads(got["pids"])
@@ -156,7 +158,7 @@ def test_pid_namespace_shows_only_sandbox(boxy: Boxy, host_sleeper: subprocess.P
     assert alive(host_sleeper.pid)
 
 
-def test_ps_shows_only_sandbox(boxy: Boxy, host_sleeper: subprocess.Popen) -> None:
+def test_ps_shows_only_sandbox(boxy: Boxy, host_sleeper: subprocess.Popen[bytes]) -> None:
     """The same through the tools a payload would use (ps if installed, ls /proc)."""
     r = boxy.sh(
         "echo TRIED ls $(ls /proc | grep -E '^[0-9]+$' | tr '\\n' ' '); "
@@ -172,7 +174,7 @@ def test_ps_shows_only_sandbox(boxy: Boxy, host_sleeper: subprocess.Popen) -> No
     assert b"TRIED ls" in r.stdout, describe(r)
 
 
-def test_kill_all_does_not_reach_host(boxy: Boxy, host_sleeper: subprocess.Popen) -> None:
+def test_kill_all_does_not_reach_host(boxy: Boxy, host_sleeper: subprocess.Popen[bytes]) -> None:
     pid = host_sleeper.pid
     # the shell is the payload itself: kill(-1) spares only its caller (and PID 1)
     r = boxy.sh(

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import NetBoxy
+from tests.harness.topology import Topology
 
 pytestmark = pytest.mark.sandbox
 
@@ -31,7 +32,7 @@ def _everything_under(path: Path) -> bytes:
     return out
 
 
-def test_a_secret_reaches_the_payload_and_nothing_else(netboxy: NetBoxy, net) -> None:
+def test_a_secret_reaches_the_payload_and_nothing_else(netboxy: NetBoxy, net: Topology) -> None:
     seen: list[bytes] = []
     ps = subprocess.Popen(
         ["sh", "-c", "for i in $(seq 40); do ps -eo args; sleep 0.1; done"], stdout=subprocess.PIPE
@@ -70,7 +71,9 @@ def test_a_secret_reaches_the_payload_and_nothing_else(netboxy: NetBoxy, net) ->
     assert not leaked, f"ESCAPED: the secret is in {leaked}"
 
 
-def test_a_profile_passes_secrets_by_name_and_makes_its_tmpfs(netboxy: NetBoxy, net) -> None:
+def test_a_profile_passes_secrets_by_name_and_makes_its_tmpfs(
+    netboxy: NetBoxy, net: Topology
+) -> None:
     """env_secrets: boxyctl learns the names from boxyd (SecretsNeeded) and sends the
     values from its own environment; filesystem.tmpfs: an empty writable directory."""
     profile = netboxy.workdir / "secretive.yaml"

@@ -14,6 +14,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -215,10 +216,10 @@ for name in sys.argv[1:]:
 """
 
 
-def _env_of(r: subprocess.CompletedProcess) -> dict[str, str]:
+def _env_of(r: subprocess.CompletedProcess[bytes]) -> dict[str, str]:
     for line in r.stdout.decode().splitlines():
         if line.startswith("ENVDUMP "):
-            return json.loads(line.split(" ", 1)[1])
+            return cast(dict[str, str], json.loads(line.split(" ", 1)[1]))
     raise AssertionError(describe(r))
 
 
@@ -317,7 +318,7 @@ def test_abstract_socket_unreachable(boxy: Boxy, listeners: Listeners) -> None:
 # --- exposures refused before anything runs ----------------------------------------------
 
 
-def _assert_refused(r: subprocess.CompletedProcess, boxy: Boxy, *, names: str) -> None:
+def _assert_refused(r: subprocess.CompletedProcess[bytes], boxy: Boxy, *, names: str) -> None:
     lines = [ln for ln in r.stderr.decode().splitlines() if ln.strip()]
     assert r.returncode == 2, describe(r)
     assert b"RAN" not in r.stdout and not (boxy.workdir / "ran-marker").exists(), describe(r)

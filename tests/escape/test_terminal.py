@@ -20,7 +20,7 @@ import termios
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 
@@ -179,13 +179,13 @@ os.write(2, b"STDERR-LINE\n")
 """
 
 
-def _report(text: str) -> dict:
+def _report(text: str) -> dict[str | int, Any]:
     lines = [ln for ln in text.splitlines() if ln.startswith("REPORT ")]
     assert len(lines) == 1, f"no fd report from the payload: {text!r}"
     return {k if not k.isdigit() else int(k): v for k, v in json.loads(lines[0][7:]).items()}
 
 
-def _is_pty(entry: dict, host_id: tuple[int, int]) -> bool:
+def _is_pty(entry: dict[str, Any], host_id: tuple[int, int]) -> bool:
     # Unix98 PTY slaves have majors 136-143; boxy's must not be the client's own.
     return (
         entry["isatty"]

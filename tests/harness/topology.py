@@ -37,9 +37,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tests.harness.fakenet import plan
 from tests.harness.fakenet.ca import make_pki
@@ -171,8 +172,12 @@ def _build_links(host: str, net: str) -> None:
 
 def _daddr(addrs: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
     """[("ip", "{a, b}"), ("ip6", "{c}")] for the families present."""
-    out = []
-    for fam, pick in (("ip", lambda a: ":" not in a), ("ip6", lambda a: ":" in a)):
+    out: list[tuple[str, str]] = []
+    families: tuple[tuple[str, Callable[[str], bool]], ...] = (
+        ("ip", lambda a: ":" not in a),
+        ("ip6", lambda a: ":" in a),
+    )
+    for fam, pick in families:
         sel = [a for a in addrs if pick(a)]
         if sel:
             out.append((fam, "{ " + ", ".join(sel) + " }"))
@@ -277,7 +282,7 @@ def _write_resolv(ns: str) -> None:
     (d / "resolv.conf").chmod(0o644)
 
 
-def _start_server(ns: str, role: str, state: Path) -> subprocess.Popen:
+def _start_server(ns: str, role: str, state: Path) -> subprocess.Popen[bytes]:
     env = {
         "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
         "PYTHONPATH": str(REPO),
@@ -306,7 +311,7 @@ def _start_server(ns: str, role: str, state: Path) -> subprocess.Popen:
         )
 
 
-def _wait_ready(procs: dict[str, subprocess.Popen], state: Path) -> None:
+def _wait_ready(procs: dict[str, subprocess.Popen[bytes]], state: Path) -> None:
     deadline = time.monotonic() + READY_TIMEOUT
     pending = dict(procs)
     while pending:
@@ -331,7 +336,7 @@ def _names_table() -> dict[str, dict[str, list[str] | int]]:
         name = plan.ZONE[:-1] if owner == "@" else plan.fqdn(owner)
         entry: dict[str, list[str] | int] = {}
         for rdtype, ttl, text in recs:
-            entry.setdefault(rdtype, []).append(text)  # type: ignore[union-attr]
+            cast(list[str], entry.setdefault(rdtype, [])).append(text)
             entry["ttl"] = ttl
         out[name] = entry
     return out
@@ -597,11 +602,11 @@ class Topology:
 
     @property
     def host_ns(self) -> str:
-        return self.info["namespaces"]["host"]
+        return cast(str, self.info["namespaces"]["host"])
 
     @property
     def net_ns(self) -> str:
-        return self.info["namespaces"]["net"]
+        return cast(str, self.info["namespaces"]["net"])
 
     @property
     def ca(self) -> Path:
@@ -609,18 +614,18 @@ class Topology:
 
     @property
     def dns_v4(self) -> str:
-        return self.info["dns"]["v4"]
+        return cast(str, self.info["dns"]["v4"])
 
     @property
     def dns_v6(self) -> str:
-        return self.info["dns"]["v6"]
+        return cast(str, self.info["dns"]["v6"])
 
     def server(self, name: str) -> dict[str, Any]:
         """A public server's entry: v4, v6, http/https/udp_echo ports, banner port."""
-        return self.info["servers"][name]
+        return cast(dict[str, Any], self.info["servers"][name])
 
     def recorder(self, name: str) -> dict[str, Any]:
-        return self.info["recorders"][name]
+        return cast(dict[str, Any], self.info["recorders"][name])
 
     def exec_in_host(self, argv: list[str]) -> list[str]:
         """ARGV run in the host netns (where boxyd runs), with the fake resolv.conf."""

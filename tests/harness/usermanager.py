@@ -35,7 +35,7 @@ exec runuser -u "$user" -- env -i HOME="$home" USER="$user" LOGNAME="$user" \
 class UserManager:
     def __init__(self, name: str, uid: int, home: Path, runtime: Path) -> None:
         self.name, self.uid, self.home, self.runtime = name, uid, home, runtime
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     def env(self) -> dict[str, str]:
         return {
@@ -55,7 +55,7 @@ class UserManager:
         ]
         return ["runuser", "-u", self.name, "--", "env", "-i", *env, *argv]
 
-    def systemctl(self, *args: str) -> subprocess.CompletedProcess:
+    def systemctl(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             self.user_cmd(["systemctl", "--user", *args]),
             capture_output=True,
@@ -88,6 +88,7 @@ class UserManager:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                assert self.proc.stderr is not None  # stderr=PIPE
                 raise RuntimeError(f"systemd --user exited: {self.proc.stderr.read().decode()}")
             # ("offline" is also what systemctl says when nothing answers: ask for more)
             if (self.runtime / "systemd" / "private").exists() and self.systemctl(

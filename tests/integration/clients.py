@@ -12,7 +12,7 @@ from tests.conftest import BIN, User
 
 def start_client(
     user: User, workdir: Path, script: str, *flags: str
-) -> tuple[subprocess.Popen, int]:
+) -> tuple[subprocess.Popen[bytes], int]:
     """boxyctl run as USER, its output in files (the payload holds on to them: pipes
     would not reach EOF when the client goes); returns the process and boxyctl's own
     pid (the child of runuser, which only passes signals on)."""

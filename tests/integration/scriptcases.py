@@ -10,13 +10,16 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from tests.conftest import User
 
 ROOT = Path(__file__).resolve().parents[2]
 Case = Callable[[], dict[str, Any]]
 
 
-def report(user: Any, script: str, case: str) -> dict[str, Any]:
+def report(user: User, script: str, case: str) -> dict[str, Any]:
     """SCRIPT's CASE, run as USER; its report."""
     proc = user.run(
         [sys.executable, "-I", str(Path(script).resolve()), str(ROOT), case], timeout=60, cwd="/"

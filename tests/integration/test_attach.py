@@ -88,7 +88,7 @@ class Term:
         self.master = -1
 
 
-def ctl(user: User, *args: str) -> subprocess.CompletedProcess:
+def ctl(user: User, *args: str) -> subprocess.CompletedProcess[bytes]:
     return user.run([str(BIN / "boxyctl"), *args], timeout=60)
 
 
@@ -180,7 +180,9 @@ def test_ctrl_bracket_detaches_and_the_session_lives_on(
         term.expect("tick2")
         term.send(b"\x1d")
         assert term.wait() == 0
-        sid = re.search(r"detached from session ([0-9a-f]{8})", term.seen.decode()).group(1)
+        m = re.search(r"detached from session ([0-9a-f]{8})", term.seen.decode())
+        assert m is not None, term.seen
+        sid = m.group(1)
     finally:
         term.close()
     time.sleep(0.5)

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,11 @@ from tests.integration.clients import sessions_running
 pytestmark = pytest.mark.sandbox
 
 
-def err(r: subprocess.CompletedProcess) -> str:
+def err(r: subprocess.CompletedProcess[bytes]) -> str:
     return r.stderr.decode(errors="replace")
 
 
-def ctl(user: User, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+def ctl(user: User, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
     return user.run([str(BIN / "boxyctl"), *args], timeout=timeout)
 
 
@@ -99,7 +100,7 @@ def test_a_flood_of_findings_still_ends_with_the_status_and_show_works(
 
 
 @pytest.fixture
-def tmpfs_workdir(user: User, workdir: Path):
+def tmpfs_workdir(user: User, workdir: Path) -> Iterator[Path]:
     """The work directory on a tmpfs of its own, the quarantine in the user's
     ~/.local/state: every move out of it is a copy across filesystems."""
     d = workdir / "fs"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -23,11 +24,11 @@ CALL = (
 )
 
 
-def ctl(user: User, *args: str) -> subprocess.CompletedProcess:
+def ctl(user: User, *args: str) -> subprocess.CompletedProcess[bytes]:
     return user.run([str(BIN / "boxyctl"), *args], timeout=60)
 
 
-def call_through_a_fresh_bus(user: User) -> subprocess.CompletedProcess:
+def call_through_a_fresh_bus(user: User) -> subprocess.CompletedProcess[bytes]:
     return user.run(["sh", "-c", CALL], timeout=30)
 
 
@@ -42,7 +43,7 @@ def stopped(user: User) -> None:
 
 
 @pytest.fixture
-def no_daemon(user: User):
+def no_daemon(user: User) -> Iterator[None]:
     stopped(user)
     assert ctl(user, "setup").returncode == 0  # the activation file (no user manager here)
     yield
@@ -52,7 +53,7 @@ def no_daemon(user: User):
     (user.home / ".local/share/dbus-1/services/dev.boxy.Daemon.service").unlink(missing_ok=True)
 
 
-def test_an_activated_boxyd_lets_go_of_the_bus_daemons_output(user: User, no_daemon) -> None:
+def test_an_activated_boxyd_lets_go_of_the_bus_daemons_output(user: User, no_daemon: None) -> None:
     t = time.monotonic()
     r = call_through_a_fresh_bus(user)  # TimeoutExpired while boxyd holds the pipe
     assert r.stdout.decode().startswith("got: a(sso) "), r.stderr
@@ -62,7 +63,7 @@ def test_an_activated_boxyd_lets_go_of_the_bus_daemons_output(user: User, no_dae
     assert ctl(user, "ps").returncode == 0 and daemon_pids(user) == pids  # varlink serves
 
 
-def test_activation_while_boxyd_runs_joins_the_running_one(user: User, no_daemon) -> None:
+def test_activation_while_boxyd_runs_joins_the_running_one(user: User, no_daemon: None) -> None:
     assert ctl(user, "ps").returncode == 0  # an on-demand boxyd, started before any bus
     pids = daemon_pids(user)
     assert len(pids) == 1

@@ -13,7 +13,7 @@ import ipaddress
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import dns.asyncquery
 import dns.flags
@@ -29,13 +29,8 @@ import pytest
 from boxyd.net import dnsproxy
 from boxyd.net.bindings import TTL_FLOOR, Address, Bindings
 from boxyd.net.dnsfilter import NOT_ALLOWED, name_text
-from boxyd.net.dnsproxy import (
-    DnsProxy,
-    DnsSession,
-    TokenBucket,
-    host_has_ipv6_route,
-    resolv_conf_nameservers,
-)
+from boxyd.net.dnsproxy import DnsProxy, DnsSession, TokenBucket
+from boxyd.net.hostnet import host_has_ipv6_route, resolv_conf_nameservers
 
 LOOPBACK = "127.0.0.1"
 ECH = base64.b64encode(b"\x00\x06secret").decode()
@@ -137,7 +132,9 @@ class AuthServer:
         limit = 65535 if transport == "tcp" else (q.payload if q.edns >= 0 else 512)
         return r.to_wire(max_size=limit, prefer_truncation=True)
 
-    def _answer(self, r: dns.message.Message, qname: dns.name.Name, rdtype: int) -> None:
+    def _answer(
+        self, r: dns.message.Message, qname: dns.name.Name, rdtype: dns.rdatatype.RdataType
+    ) -> None:
         current, hops = qname, 0
         while True:
             records = self._records(name_text(current))
@@ -213,9 +210,9 @@ def proxy(server: AuthServer) -> DnsProxy:
 
 class Recorder:
     def __init__(self) -> None:
-        self.events: list[dict] = []
+        self.events: list[dict[str, Any]] = []
 
-    def __call__(self, event: dict) -> None:
+    def __call__(self, event: dict[str, Any]) -> None:
         self.events.append(event)
 
 
@@ -230,9 +227,15 @@ def session(events: Recorder) -> DnsSession:
 
 
 async def ask(
-    proxy: DnsProxy, session: DnsSession, name: str | dns.name.Name, rdtype: str = "A", **kw: object
+    proxy: DnsProxy,
+    session: DnsSession,
+    name: str | dns.name.Name,
+    rdtype: str = "A",
+    *,
+    use_edns: int | bool | None = None,
+    payload: int | None = None,
 ) -> dns.message.Message:
-    q = dns.message.make_query(name, rdtype, **kw)
+    q = dns.message.make_query(name, rdtype, use_edns=use_edns, payload=payload)
     wire = await proxy.answer(q.to_wire(), tcp=False, session=session)
     assert wire is not None
     r = dns.message.from_wire(wire)
@@ -536,15 +539,19 @@ async def test_replayed_answers_keep_the_id_renew_bindings_and_expire(
     proxy: DnsProxy, server: AuthServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = [1000.0]
-    monkeypatch.setattr(dnsproxy.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr("boxyd.net.dnsproxy.time.monotonic", lambda: clock[0])
     bindings = Bindings(now=lambda: clock[0])
     session = DnsSession(Policy(), bindings=bindings)
     first = dns.message.make_query("www.ok.test", "A")
-    a = dns.message.from_wire(await proxy.answer(first.to_wire(), tcp=False, session=session))
+    wire = await proxy.answer(first.to_wire(), tcp=False, session=session)
+    assert wire is not None
+    a = dns.message.from_wire(wire)
     again = dns.message.make_query("www.ok.test", "A")
     again.id = (first.id + 1) % 65536
     clock[0] += 5
-    b = dns.message.from_wire(await proxy.answer(again.to_wire(), tcp=False, session=session))
+    wire = await proxy.answer(again.to_wire(), tcp=False, session=session)
+    assert wire is not None
+    b = dns.message.from_wire(wire)
     assert b.id == again.id and addresses(b) == addresses(a)
     assert len(server.seen) == 1
     # the replay bound the addresses again from its own time

@@ -13,6 +13,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -190,7 +191,10 @@ def test_install_and_remove(user: User, workdir: Path) -> None:
     made = not claude.exists()  # then it goes again: other tests plant their own ~/.claude
     claude.mkdir(exist_ok=True)
     _own(user, claude)
-    other = {"model": "m", "hooks": {"Stop": [{"hooks": [{"type": "command", "command": "x"}]}]}}
+    other: dict[str, Any] = {
+        "model": "m",
+        "hooks": {"Stop": [{"hooks": [{"type": "command", "command": "x"}]}]},
+    }
     settings.write_text(json.dumps(other))
     _own(user, settings)
     install = [str(BIN / "boxyctl"), "hook", "install", "claude"]

@@ -19,7 +19,7 @@ import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -88,7 +88,7 @@ def run_child(
     os.close(r)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    return json.loads(b"".join(chunks))
+    return cast(dict[str, Any], json.loads(b"".join(chunks)))
 
 
 def ok(result: dict[str, Any]) -> dict[str, Any]:
@@ -99,7 +99,7 @@ def ok(result: dict[str, Any]) -> dict[str, Any]:
 # Only root can switch to uid 65534; as a normal user "self" already is unprivileged.
 @pytest.fixture(params=["self", "nobody"] if os.geteuid() == 0 else ["self"])
 def nobody(request: pytest.FixtureRequest) -> bool:
-    return request.param == "nobody"
+    return bool(request.param == "nobody")
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -24,7 +24,7 @@ def lib(
     script += textwrap.dedent(body) + "\nprint(json.dumps(out))\n"
     r = user.run([str(BIN / "python3"), "-c", script], cwd=workdir, timeout=timeout, extra_env=env)
     assert r.returncode == 0, (r.stdout.decode(), r.stderr.decode())
-    return json.loads(r.stdout.decode().splitlines()[-1])
+    return cast(dict[str, Any], json.loads(r.stdout.decode().splitlines()[-1]))
 
 
 def test_run_gives_the_exit_status_the_reason_and_the_output(user: User, workdir: Path) -> None:

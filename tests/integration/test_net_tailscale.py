@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import NetBoxy
 from tests.harness.fakenet import plan
+from tests.harness.topology import Topology
 
 # connect, then wait for the far side to have the bytes (the recorder closes once it
 # read them): the local handshake alone completes before boxyd has even dialled
@@ -17,7 +19,9 @@ PROBE = (
 )
 
 
-def test_without_tailscaled_ranges_open_and_the_user_is_told(netboxy, net) -> None:
+def test_without_tailscaled_ranges_open_and_the_user_is_told(
+    netboxy: NetBoxy, net: Topology
+) -> None:
     r = netboxy.run("--net", "public", "--tailscale", cmd=["python3", "-c", PROBE])
     assert r.returncode == 0, r.stderr
     assert b"tailscaled is not running" in r.stderr
@@ -25,14 +29,14 @@ def test_without_tailscaled_ranges_open_and_the_user_is_told(netboxy, net) -> No
     assert net.recorder_hits("cgnat") > 0
 
 
-def test_without_tailscale_the_tailnet_range_is_refused(netboxy, net) -> None:
+def test_without_tailscale_the_tailnet_range_is_refused(netboxy: NetBoxy, net: Topology) -> None:
     r = netboxy.run("--net", "public", cmd=["python3", "-c", PROBE])
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(b"refused")
     assert net.recorder_hits("cgnat") == 0
 
 
-def test_tailscale_relaxes_nothing_else_in_allowlist_mode(netboxy, net) -> None:
+def test_tailscale_relaxes_nothing_else_in_allowlist_mode(netboxy: NetBoxy, net: Topology) -> None:
     # A hard-coded tailnet address has no DNS binding: still refused. (The handshake
     # may complete — TPROXY — but no byte from the host comes back.)
     probe = (
@@ -78,7 +82,9 @@ for addr in sys.argv[1:]:
 
 
 @pytest.mark.parametrize("mode", ["public", "allowlist"])
-def test_tailscales_own_addresses_are_refused_on_every_port(netboxy, net, mode: str) -> None:
+def test_tailscales_own_addresses_are_refused_on_every_port(
+    netboxy: NetBoxy, net: Topology, mode: str
+) -> None:
     # Landlock would refuse an unlisted port before nftables sees it: list them all.
     flags = ["--allow-host", "www.boxy.test:80,8080,443,22"] if mode == "allowlist" else []
     r = netboxy.run(

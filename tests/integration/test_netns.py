@@ -23,9 +23,15 @@ import struct
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.conftest import User
+
+# A socket address: (host, port), or (host, port, flowinfo, scope_id) for IPv6.
+Address = tuple[str, int] | tuple[str, int, int, int]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,7 +86,7 @@ def _outcome(fn: Any) -> str:
     return "ok"
 
 
-def _fmt(addr: tuple) -> str:
+def _fmt(addr: Address) -> str:
     return f"[{addr[0]}]:{addr[1]}" if ":" in addr[0] else f"{addr[0]}:{addr[1]}"
 
 
@@ -88,7 +94,7 @@ def _family(host: str) -> int:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
-def _orig_dst(ancdata: list) -> str | None:
+def _orig_dst(ancdata: list[tuple[int, int, bytes]]) -> str | None:
     for level, kind, data in ancdata:
         if (level, kind) == (socket.IPPROTO_IP, IP_ORIGDSTADDR):
             (port,) = struct.unpack("!H", data[2:4])
@@ -99,11 +105,11 @@ def _orig_dst(ancdata: list) -> str | None:
     return None
 
 
-def _refusals_reported(sock: socket.socket) -> list[list]:
+def _refusals_reported(sock: socket.socket) -> list[list[str | int]]:
     from boxyd.net import nflog
 
     sock.setblocking(False)
-    out: list[list] = []
+    out: list[list[str | int]] = []
     while True:
         try:
             data = sock.recv(65536)
@@ -127,7 +133,7 @@ class Sandbox:
         if self.libc.setns(self.netns[which], CLONE_NEWNET) != 0:
             raise OSError(ctypes.get_errno(), f"setns {which}")
 
-    def flow_socket(self, orig: tuple) -> socket.socket:
+    def flow_socket(self, orig: Address) -> socket.socket:
         """A UDP reply for a port the listener is not bound to must come from a socket
         bound to the original destination, made in the gateway netns."""
         self._setns("gateway")
@@ -149,7 +155,7 @@ class Sandbox:
             self._setns("payload")
 
     def tcp(self, host: str, port: int, listener: str | None = None) -> dict[str, Any]:
-        addr: tuple = (host, port, 0, self.eth0) if host.startswith("fe80") else (host, port)
+        addr: Address = (host, port, 0, self.eth0) if host.startswith("fe80") else (host, port)
         c = socket.socket(_family(host), socket.SOCK_STREAM)
         c.settimeout(WAIT)
         start = time.perf_counter()
@@ -262,7 +268,7 @@ def _in_fork(fn: Any) -> dict[str, Any]:
             before = set(os.listdir("/proc/self/fd"))
             try:
                 fn()
-                out = {"error": None}
+                out: dict[str, object] = {"error": None}
             except Exception as e:
                 out = {"error": f"{type(e).__name__}: {e}"}
             out["leaked"] = sorted(set(os.listdir("/proc/self/fd")) - before)
@@ -273,7 +279,7 @@ def _in_fork(fn: Any) -> dict[str, Any]:
     with os.fdopen(r, "rb") as f:
         data = f.read()
     os.waitpid(pid, 0)
-    return json.loads(data)
+    return cast(dict[str, Any], json.loads(data))
 
 
 def _ahead(netns: Any, loaded: str, planned: str) -> None:
@@ -485,12 +491,12 @@ def child(root: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def report(user: Any) -> dict[str, Any]:
+def report(user: User) -> dict[str, Any]:
     proc = user.run(
         [sys.executable, "-I", str(Path(__file__).resolve()), str(ROOT)], timeout=120, cwd="/"
     )
     assert proc.returncode == 0, proc.stderr.decode()
-    rep = json.loads(proc.stdout.decode().splitlines()[-1])
+    rep = cast(dict[str, Any], json.loads(proc.stdout.decode().splitlines()[-1]))
     print(
         f"\npyroute2 import {rep['pyroute2_import_ms']:.0f} ms, step 2 {rep['step2_ms']:.1f} ms,"
         f" step 3 {rep['step3_ms']:.1f} ms"
@@ -498,17 +504,17 @@ def report(user: Any) -> dict[str, Any]:
     return rep
 
 
-def test_the_veth_has_loopbacks_mtu_on_both_ends(report: dict) -> None:
+def test_the_veth_has_loopbacks_mtu_on_both_ends(report: dict[str, Any]) -> None:
     from boxyd.stage2.netns import VETH_MTU
 
     assert report["mtu"] == {"gw0": VETH_MTU, "eth0": VETH_MTU}
 
 
-def test_forwarding_is_off_in_the_gateway(report: dict) -> None:
+def test_forwarding_is_off_in_the_gateway(report: dict[str, Any]) -> None:
     assert report["forwarding"] == ["0", "0"]
 
 
-def test_a_bad_ruleset_is_refused_whole_with_libnftables_words(report: dict) -> None:
+def test_a_bad_ruleset_is_refused_whole_with_libnftables_words(report: dict[str, Any]) -> None:
     bad, delete = report["nft"]["bad"], report["nft"]["delete_half"]
     assert bad.startswith("gateway netns: nftables: the ruleset was not loaded: "), bad
     assert bad.endswith("(at command 2 of 2, rule 'x' in chain input)"), bad
@@ -518,7 +524,7 @@ def test_a_bad_ruleset_is_refused_whole_with_libnftables_words(report: dict) -> 
 
 
 def test_a_ruleset_loaded_ahead_serves_only_a_plan_with_that_very_ruleset(
-    report: dict,
+    report: dict[str, Any],
 ) -> None:
     """A spare that loaded the last run's ruleset ahead: the same plan's is not loaded
     again; another plan's is refused, never loaded over it (it would merge into the
@@ -529,14 +535,14 @@ def test_a_ruleset_loaded_ahead_serves_only_a_plan_with_that_very_ruleset(
     ), report["errors"]["ahead_other"]
 
 
-def test_step2_without_a_user_namespace_says_so(report: dict) -> None:
+def test_step2_without_a_user_namespace_says_so(report: dict[str, Any]) -> None:
     r = report["errors"]["no_userns"]
     assert r["error"] == (
         "SetupError: gateway netns: unshare(CLONE_NEWNET): Operation not permitted (errno 1)"
     )
 
 
-def test_step2_with_a_bad_ruleset_stops_clearly_and_leaks_nothing(report: dict) -> None:
+def test_step2_with_a_bad_ruleset_stops_clearly_and_leaks_nothing(report: dict[str, Any]) -> None:
     r = report["errors"]["bad_ruleset"]
     assert r["error"].startswith(
         "SetupError: gateway netns: nftables: the ruleset was not loaded: "
@@ -545,18 +551,18 @@ def test_step2_with_a_bad_ruleset_stops_clearly_and_leaks_nothing(report: dict) 
     assert r["leaked"] == [], r  # netns fd, netlink socket: closed on the way out
 
 
-def test_gateway_netns_is_an_island(report: dict) -> None:
+def test_gateway_netns_is_an_island(report: dict[str, Any]) -> None:
     gw = report["gateway"]
     assert gw["links"] == ["gw0", "lo"]
     assert all(r != "default/0" for r in gw["main_routes"]), gw["main_routes"]
     assert len(gw["link_local"]) == 1, gw  # gw0's, dialled below
 
 
-def test_step3_releases_the_gateway_netns(report: dict) -> None:
+def test_step3_releases_the_gateway_netns(report: dict[str, Any]) -> None:
     assert report["released"] == [True, -1]
 
 
-def test_step4_sends_every_listener_and_keeps_none(report: dict) -> None:
+def test_step4_sends_every_listener_and_keeps_none(report: dict[str, Any]) -> None:
     s4 = report["step4"]
     assert s4["names"] == [
         "tcp4",
@@ -591,7 +597,7 @@ def test_step4_sends_every_listener_and_keeps_none(report: dict) -> None:
     ],
 )
 def test_tcp_reaches_its_listener_with_the_original_destination(
-    report: dict, case: str, orig: str
+    report: dict[str, Any], case: str, orig: str
 ) -> None:
     r = report["tcp"][case]
     assert r["outcome"] == "ok", r
@@ -621,7 +627,7 @@ def test_tcp_reaches_its_listener_with_the_original_destination(
         *UNBOUND,
     ],
 )
-def test_static_denials_reset_at_syn_time(report: dict, target: str) -> None:
+def test_static_denials_reset_at_syn_time(report: dict[str, Any], target: str) -> None:
     if target == "link-local":
         target = f"[{report['gateway']['link_local'][0]}]:15001"
     r = report["refused"][target]
@@ -629,11 +635,11 @@ def test_static_denials_reset_at_syn_time(report: dict, target: str) -> None:
     assert r["ms"] < 500, r  # a reset, not a timeout
 
 
-def test_nothing_refused_was_accepted_or_received(report: dict) -> None:
+def test_nothing_refused_was_accepted_or_received(report: dict[str, Any]) -> None:
     assert report["queued"] == {}
 
 
-def test_refusals_are_reported_over_nflog(report: dict) -> None:
+def test_refusals_are_reported_over_nflog(report: dict[str, Any]) -> None:
     got = {tuple(r) for r in report["refusals_reported"]}
     assert ("tcp", "192.168.1.10", 80) in got, got
     assert ("tcp", "169.254.169.254", 80) in got, got
@@ -655,7 +661,7 @@ def test_refusals_are_reported_over_nflog(report: dict) -> None:
     ],
 )
 def test_udp_reaches_its_listener_and_replies_come_from_the_destination(
-    report: dict, case: str, listener: str, orig: str
+    report: dict[str, Any], case: str, listener: str, orig: str
 ) -> None:
     r = report["udp"][case]
     assert (r["got"], r["orig"]) == (listener, orig), r
@@ -677,19 +683,19 @@ def test_udp_reaches_its_listener_and_replies_come_from_the_destination(
     ],
 )
 def test_refused_udp_gets_an_icmp_error_and_reaches_nothing(
-    report: dict, case: str, error: str
+    report: dict[str, Any], case: str, error: str
 ) -> None:
     r = report["udp"][case]
     assert r["got"] is None, r
     assert r["recv"] == error, r
 
 
-def test_ping_sockets_are_closed_to_the_payload(report: dict) -> None:
+def test_ping_sockets_are_closed_to_the_payload(report: dict[str, Any]) -> None:
     assert report["ping"]["socket"] == {"socket": "EACCES"}
 
 
 @pytest.mark.parametrize("host", [PUBLIC4, "10.0.2.2", PUBLIC6, "fd00::2"])
-def test_no_echo_reply_ever_returns(report: dict, host: str) -> None:
+def test_no_echo_reply_ever_returns(report: dict[str, Any], host: str) -> None:
     r = report["ping"][host]
     assert "reply" not in r, r
     assert r["recv"] in ("EHOSTUNREACH", "EACCES"), r  # refused at once, not a timeout

@@ -18,9 +18,12 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.conftest import User
 
 ROOT = Path(__file__).resolve().parents[2]
 A4, A6 = ipaddress.ip_address("11.0.0.60"), ipaddress.ip_address("2a0b:4000::60")
@@ -98,7 +101,7 @@ def boxyd(root: str) -> dict[str, Any]:
 
     def listing() -> dict[str, Any]:
         a.sendall(b"list")
-        return json.loads(a.makefile().readline())
+        return cast(dict[str, Any], json.loads(a.makefile().readline()))
 
     clock = [1000.0]
     errors: list[str] = []
@@ -124,20 +127,22 @@ def boxyd(root: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def report(user: Any) -> dict[str, Any]:
+def report(user: User) -> dict[str, Any]:
     proc = user.run(
         [sys.executable, "-I", str(Path(__file__).resolve()), str(ROOT)], timeout=60, cwd="/"
     )
     assert proc.returncode == 0, proc.stderr.decode()
-    return json.loads(proc.stdout.decode().splitlines()[-1])
+    return cast(dict[str, Any], json.loads(proc.stdout.decode().splitlines()[-1]))
 
 
 def _elem(listing: dict[str, Any], name: str, val: str) -> dict[str, Any]:
     (e,) = [e for e in listing[name] if e["val"] == val]
-    return e
+    return cast(dict[str, Any], e)
 
 
-def test_boxyd_without_capabilities_adds_elements_through_stage_2s_socket(report) -> None:
+def test_boxyd_without_capabilities_adds_elements_through_stage_2s_socket(
+    report: dict[str, Any],
+) -> None:
     assert report["boxyd_caps"] == "0000000000000000"
     assert report["published"] == [True, True]
     for name, val in (("bound4", str(A4)), ("bound6", str(A6))):
@@ -146,14 +151,14 @@ def test_boxyd_without_capabilities_adds_elements_through_stage_2s_socket(report
     assert _elem(report["after_add"], "bound4", "192.0.2.7") == {"val": "192.0.2.7"}  # static
 
 
-def test_a_held_address_is_refreshed_and_never_shortened(report) -> None:
+def test_a_held_address_is_refreshed_and_never_shortened(report: dict[str, Any]) -> None:
     assert report["shorter"] is True
     e = _elem(report["after_refresh"], "bound4", str(A4))
     assert e["timeout"] == 30 and e["expires"] >= 28, e  # nftset.REFRESH
     assert _elem(report["after_refresh"], "bound6", str(A6))["timeout"] == 65  # not held
 
 
-def test_a_failed_add_is_reported_with_the_kernels_errno(report) -> None:
+def test_a_failed_add_is_reported_with_the_kernels_errno(report: dict[str, Any]) -> None:
     assert report["missing_set"] is False
     assert report["errors"] == [
         "[Errno 2] nft set boxy nosuch4/nosuch6: add elements: No such file or directory"

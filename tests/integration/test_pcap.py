@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import NetBoxy
+from tests.harness.topology import Topology
+
 
 def frames(path: Path) -> list[bytes]:
     data = path.read_bytes()
@@ -35,7 +38,7 @@ def tcp_syns(frames_: list[bytes]) -> set[tuple[str, int]]:
     return out
 
 
-def test_capture_holds_the_refused_syn_and_the_dns_query(netboxy, net) -> None:
+def test_capture_holds_the_refused_syn_and_the_dns_query(netboxy: NetBoxy, net: Topology) -> None:
     cap = netboxy.workdir / "run.pcap"
     r = netboxy.run(
         "--net",
@@ -59,7 +62,7 @@ def test_capture_holds_the_refused_syn_and_the_dns_query(netboxy, net) -> None:
     assert net.recorder_hits("lan") == 0
 
 
-def test_capture_stops_at_its_limit(netboxy) -> None:
+def test_capture_stops_at_its_limit(netboxy: NetBoxy) -> None:
     cap = netboxy.workdir / "small.pcap"
     r = netboxy.run(
         "--net",
@@ -86,7 +89,9 @@ def test_capture_stops_at_its_limit(netboxy) -> None:
         ),
     ],
 )
-def test_capture_refused_before_anything_starts(netboxy, flags: list[str], message: bytes) -> None:
+def test_capture_refused_before_anything_starts(
+    netboxy: NetBoxy, flags: list[str], message: bytes
+) -> None:
     r = netboxy.run(*flags, cmd=["touch", "ran"])
     assert r.returncode == 2, r.stderr
     assert message in r.stderr and b"Traceback" not in r.stderr
@@ -109,7 +114,9 @@ def tcp_segments(frames_: list[bytes]) -> list[tuple[str, int, str, int, int]]:
 SYN, RST, ACK = 0x02, 0x04, 0x10
 
 
-def test_an_unbound_address_is_refused_at_the_syn_and_a_bound_one_connects(netboxy, net) -> None:
+def test_an_unbound_address_is_refused_at_the_syn_and_a_bound_one_connects(
+    netboxy: NetBoxy, net: Topology
+) -> None:
     from tests.harness.fakenet import plan
 
     other, www = plan.SERVER_BY_NAME["other"].v4, plan.SERVER_BY_NAME["www"].v4

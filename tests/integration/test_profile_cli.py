@@ -3,6 +3,8 @@ profile does, resolved; only profiles are shown; NAME finds the user's own first
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ pytestmark = pytest.mark.sandbox
 
 
 @pytest.fixture
-def user_profile(user: User):
+def user_profile(user: User) -> Iterator[Path]:
     d = user.home / ".config/boxy/profiles"
     d.mkdir(parents=True, exist_ok=True)
     path = d / "boxytest-mine.yaml"
@@ -23,7 +25,7 @@ def user_profile(user: User):
     path.unlink(missing_ok=True)
 
 
-def _boxyctl(user: User, cwd: Path, *args: str):
+def _boxyctl(user: User, cwd: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
     return user.run([str(BIN / "boxyctl"), *args], cwd=cwd)
 
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -53,24 +54,24 @@ sys.exit(1)
 """
 
 
-def err(r: subprocess.CompletedProcess) -> str:
+def err(r: subprocess.CompletedProcess[bytes]) -> str:
     return r.stderr.decode(errors="replace")
 
 
 def free_port(addr: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((addr, 0))
-        return s.getsockname()[1]
+        return cast(int, s.getsockname()[1])
 
 
-def ctl(boxy: Boxy, *args: str) -> subprocess.CompletedProcess:
+def ctl(boxy: Boxy, *args: str) -> subprocess.CompletedProcess[bytes]:
     if isinstance(boxy, NetBoxy):
         argv = boxy.topo.exec_in_host(boxy.user.cmd([str(BIN / "boxyctl"), *args], boxy.env()))
         return subprocess.run(argv, capture_output=True, timeout=60, cwd=boxy.workdir)
     return boxy.user.run([str(BIN / "boxyctl"), *args], timeout=60, cwd=boxy.workdir)
 
 
-def fetch(boxy: Boxy, addr: str, port: int, tries: int = 60) -> subprocess.CompletedProcess:
+def fetch(boxy: Boxy, addr: str, port: int, tries: int = 60) -> subprocess.CompletedProcess[bytes]:
     """FETCH from the host side: where the daemon under test runs."""
     argv = [sys.executable, "-c", FETCH, addr, str(port), str(tries)]
     if isinstance(boxy, NetBoxy):
@@ -195,7 +196,9 @@ def test_a_taken_host_port_is_refused_before_the_start(boxy: Boxy, workdir: Path
 
 
 @pytest.mark.parametrize("flags", [["--net", "public"], ["--allow-host", "example.test"]])
-def test_published_in_the_networked_modes(netboxy: NetBoxy, workdir: Path, flags) -> None:
+def test_published_in_the_networked_modes(
+    netboxy: NetBoxy, workdir: Path, flags: list[str]
+) -> None:
     port = free_port()
     sid = serve(netboxy, workdir, *flags, "--publish", f"{port}:8000")
     try:

@@ -31,6 +31,7 @@ import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -110,15 +111,15 @@ print("probe:", line)
 """
 
 
-def out(r) -> str:
+def out(r: subprocess.CompletedProcess[bytes]) -> str:
     return r.stdout.decode(errors="replace")
 
 
-def err(r) -> str:
+def err(r: subprocess.CompletedProcess[bytes]) -> str:
     return r.stderr.decode(errors="replace")
 
 
-def both(r) -> str:
+def both(r: subprocess.CompletedProcess[bytes]) -> str:
     return f"exit {r.returncode}\n--- stdout\n{out(r)[-4000:]}\n--- stderr\n{err(r)[-4000:]}"
 
 
@@ -161,7 +162,7 @@ def addresses(host: str) -> list[str]:
         infos = socket.getaddrinfo(host, 443, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
         pytest.fail(f"the registry host {host} does not resolve on this machine: {e}")
-    return list(dict.fromkeys(str(ipaddress.ip_address(i[4][0].split("%")[0])) for i in infos))
+    return list(dict.fromkeys(str(ipaddress.ip_address(str(i[4][0]).split("%")[0])) for i in infos))
 
 
 def cidr_flags(hosts: list[str]) -> list[str]:
@@ -227,13 +228,13 @@ def ca_flags(boxy: Boxy, tool: str) -> list[str]:
 # --- running and reading ----------------------------------------------------------------
 
 
-def audit(boxy: Boxy) -> list[dict]:
+def audit(boxy: Boxy) -> list[dict[str, Any]]:
     path = boxy.workdir / "audit.jsonl"
     assert path.exists(), "boxyd wrote no audit log"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def policy_record(records: list[dict]) -> dict:
+def policy_record(records: list[dict[str, Any]]) -> dict[str, Any]:
     found = [r for r in records if r.get("layer") == "net.policy"]
     assert found, "no net.policy record in the audit log"
     return found[0]
@@ -263,7 +264,7 @@ def extra_host(user: User, allowed: list[str], candidates: list[str]) -> str:
     )
 
 
-def probe_target(kind: str, extra: str, registry_addr: str, result: Path) -> dict:
+def probe_target(kind: str, extra: str, registry_addr: str, result: Path) -> dict[str, str | int]:
     """By name: the extra host through DNS. Forged SNI: the allowed registry's own
     address (what any script can resolve), naming the extra host in the ClientHello
     (a mirror or CDN serving both would hand it over)."""
@@ -276,7 +277,7 @@ PROBES = ("by-name", "forged-sni")
 EXPECTED = {"by-name": REFUSED_DNS, "forged-sni": REFUSED_RESET}
 
 
-def check_probe(boxy: Boxy, r, kind: str, extra: str) -> None:
+def check_probe(boxy: Boxy, r: subprocess.CompletedProcess[bytes], kind: str, extra: str) -> None:
     result = boxy.workdir / "probe-result.txt"
     assert "ESCAPED" not in out(r) + err(r), both(r)
     assert result.exists(), f"the probe never ran\n{both(r)}"
@@ -333,7 +334,7 @@ def npm_setup(boxy: Boxy) -> tuple[str, list[str]]:
     return host, flags
 
 
-def check_npm_installed(boxy: Boxy, r, host: str) -> None:
+def check_npm_installed(boxy: Boxy, r: subprocess.CompletedProcess[bytes], host: str) -> None:
     assert r.returncode == 0, both(r)
     manifest = boxy.workdir / "node_modules" / SMALL_NPM / "package.json"
     assert manifest.exists(), both(r)
@@ -442,7 +443,9 @@ def pip_setup(boxy: Boxy) -> tuple[list[str], list[str]]:
 PIP_INSTALL = f"python3 -m pip install --no-input --target ./site {SMALL_PIP}"
 
 
-def check_pip_installed(boxy: Boxy, r, hosts: list[str]) -> None:
+def check_pip_installed(
+    boxy: Boxy, r: subprocess.CompletedProcess[bytes], hosts: list[str]
+) -> None:
     assert r.returncode == 0, both(r)
     assert (boxy.workdir / "site" / f"{SMALL_PIP}.py").exists(), both(r)
     pol = policy_record(audit(boxy))

@@ -23,9 +23,9 @@ import pytest
 
 from boxyd.net import relay
 from boxyd.net.poller import Deadlines, Poller
-from boxyd.net.relay import CloseReason, Counters, Flow, pump
+from boxyd.net.relay import CloseReason, Counters, Flow, Mode, pump
 
-MODES = ["auto", "copy", "splice"]
+MODES: list[Mode] = ["auto", "copy", "splice"]
 MiB = 1024 * 1024
 PEER_TIMEOUT = 60.0
 
@@ -114,11 +114,11 @@ class Receiver(threading.Thread):
             self.error = e
 
 
-async def join(*threads: threading.Thread) -> None:
+async def join(*threads: Sender | Receiver) -> None:
     for t in threads:
         await asyncio.to_thread(t.join, PEER_TIMEOUT)
         assert not t.is_alive(), f"{t} did not finish"
-        assert getattr(t, "error", None) is None, t.error  # type: ignore[attr-defined]
+        assert getattr(t, "error", None) is None, t.error
 
 
 async def recv_exactly(sock: socket.socket, n: int) -> bytes:
@@ -154,14 +154,14 @@ def fd_count() -> int:
 
 
 @pytest.mark.parametrize("mode", MODES)
-async def test_bulk_both_directions_at_once_arrives_intact(topo: Topology, mode: str) -> None:
+async def test_bulk_both_directions_at_once_arrives_intact(topo: Topology, mode: Mode) -> None:
     total = 200 * MiB
     counters = Counters()
     up_tx, down_tx = Sender(topo.client, 1, total), Sender(topo.server, 2, total)
     up_rx, down_rx = Receiver(topo.server), Receiver(topo.client)
     for t in (up_rx, down_rx, up_tx, down_tx):
         t.start()
-    reason = await pump(topo.a, topo.b, counters=counters, idle_timeout=30, mode=mode)  # type: ignore[arg-type]
+    reason = await pump(topo.a, topo.b, counters=counters, idle_timeout=30, mode=mode)
     await join(up_tx, down_tx, up_rx, down_rx)
     assert reason is CloseReason.DONE
     assert (up_rx.count, down_rx.count) == (total, total)
@@ -198,12 +198,12 @@ async def test_slow_reader_back_pressures_instead_of_buffering(topo: Topology) -
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("first", ["client", "server"])
-async def test_half_close_keeps_the_other_direction(topo: Topology, mode: str, first: str) -> None:
+async def test_half_close_keeps_the_other_direction(topo: Topology, mode: Mode, first: str) -> None:
     closer, other = (topo.client, topo.server) if first == "client" else (topo.server, topo.client)
     counters = Counters()
     task = asyncio.ensure_future(
         pump(topo.a, topo.b, counters=counters, idle_timeout=30, mode=mode)
-    )  # type: ignore[arg-type]
+    )
     closer.sendall(b"last words")
     closer.shutdown(socket.SHUT_WR)
     assert await recv_exactly(other, 10) == b"last words"
@@ -227,11 +227,11 @@ async def test_half_close_keeps_the_other_direction(topo: Topology, mode: str, f
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("who", ["client", "server"])
-async def test_reset_is_propagated_as_reset(topo: Topology, mode: str, who: str) -> None:
+async def test_reset_is_propagated_as_reset(topo: Topology, mode: Mode, who: str) -> None:
     resetter, victim = (topo.client, topo.server) if who == "client" else (topo.server, topo.client)
     task = asyncio.ensure_future(
         pump(topo.a, topo.b, counters=Counters(), idle_timeout=30, mode=mode)
-    )  # type: ignore[arg-type]
+    )
     victim.sendall(b"ping")
     assert await recv_exactly(resetter, 4) == b"ping"
     relay.reset(resetter)
@@ -280,7 +280,7 @@ def test_reset_helper_sends_rst() -> None:
 
 @pytest.mark.parametrize("checks", ["own timer", "shared queue"])
 @pytest.mark.parametrize("mode", ["copy", "splice"])
-async def test_idle_flow_is_reset_after_the_bound(topo: Topology, mode: str, checks: str) -> None:
+async def test_idle_flow_is_reset_after_the_bound(topo: Topology, mode: Mode, checks: str) -> None:
     """With its own timer, or with a queue of idle checks shared by many flows (the
     gateway's)."""
     idle = 0.4
@@ -288,7 +288,7 @@ async def test_idle_flow_is_reset_after_the_bound(topo: Topology, mode: str, che
     queue = (
         Deadlines(loop, relay.idle_tick(idle), Flow._check_idle) if checks != "own timer" else None
     )
-    flow = Flow(topo.a, topo.b, idle_timeout=idle, mode=mode, idle_checks=queue)  # type: ignore[arg-type]
+    flow = Flow(topo.a, topo.b, idle_timeout=idle, mode=mode, idle_checks=queue)
     task = asyncio.ensure_future(flow.run())
     # Traffic keeps it alive well past the bound...
     for i in range(8):
@@ -307,8 +307,8 @@ async def test_idle_flow_is_reset_after_the_bound(topo: Topology, mode: str, che
 
 
 @pytest.mark.parametrize("mode", MODES)
-async def test_abort_resets_both_sides_promptly(topo: Topology, mode: str) -> None:
-    flow = Flow(topo.a, topo.b, idle_timeout=30, mode=mode)  # type: ignore[arg-type]
+async def test_abort_resets_both_sides_promptly(topo: Topology, mode: Mode) -> None:
+    flow = Flow(topo.a, topo.b, idle_timeout=30, mode=mode)
     task = asyncio.ensure_future(flow.run())
     tx, rx = Sender(topo.client, 5, 1024 * MiB), Receiver(topo.server)  # streaming when aborted
     rx.start()
@@ -339,14 +339,14 @@ async def test_cancelling_the_task_aborts_the_flow(topo: Topology) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("size", [5, 8 * MiB])
-async def test_initial_bytes_go_first(topo: Topology, mode: str, size: int) -> None:
+async def test_initial_bytes_go_first(topo: Topology, mode: Mode, size: int) -> None:
     # 8 MiB exceeds what the server's socket buffers take at once, so the initial
     # bytes are themselves sent in several rounds under back-pressure.
     initial = b"HELLO"[:size] if size < 6 else bytes(range(256)) * (size // 256)
     counters = Counters()
     task = asyncio.ensure_future(
         pump(topo.a, topo.b, counters=counters, idle_timeout=30, initial_a_to_b=initial, mode=mode)
-    )  # type: ignore[arg-type]
+    )
     topo.client.sendall(b"WORLD")
     topo.client.shutdown(socket.SHUT_WR)
     await asyncio.sleep(0.2)  # the server is late: everything waits in buffers
@@ -364,7 +364,7 @@ def segments_in(sock: socket.socket) -> int:
 
 @pytest.mark.parametrize("mode", ["auto", "copy"])
 async def test_an_eof_right_behind_the_last_bytes_leaves_with_them(
-    topo: Topology, mode: str
+    topo: Topology, mode: Mode
 ) -> None:
     """The server answers and closes before the relay reads a byte (an HTTP/1.0-style
     response): the client gets the answer and the FIN in one segment, not two."""
@@ -375,7 +375,7 @@ async def test_an_eof_right_behind_the_last_bytes_leaves_with_them(
     before = segments_in(topo.client)
     task = asyncio.ensure_future(
         pump(topo.a, topo.b, counters=Counters(), idle_timeout=30, mode=mode)
-    )  # type: ignore[arg-type]
+    )
     got = b""
     while True:
         chunk = await asyncio.to_thread(topo.client.recv, 4096)
@@ -399,7 +399,7 @@ async def test_counters_are_exact_and_may_be_shared() -> None:
         tasks = [
             asyncio.ensure_future(pump(t.a, t.b, counters=session, idle_timeout=30)) for t in topos
         ]
-        threads: list[threading.Thread] = []
+        threads: list[Sender | Receiver] = []
         for t, (up, down) in zip(topos, sizes, strict=True):
             threads += [
                 Sender(t.client, 6, up),
@@ -442,7 +442,7 @@ async def _short_flow(i: int, poller: Poller | None = None) -> CloseReason:
     t = Topology()
     try:
         idle = 0.2 if i % 5 == 4 else 30
-        flow = Flow(t.a, t.b, idle_timeout=idle, mode=MODES[i % 3], poller=poller)  # type: ignore[arg-type]
+        flow = Flow(t.a, t.b, idle_timeout=idle, mode=MODES[i % 3], poller=poller)
         task = asyncio.ensure_future(flow.run())
         kind = i % 5
         payload = b"q" * (300_000 if i % 7 == 0 else 100)  # some flows switch to splice

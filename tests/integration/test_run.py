@@ -8,6 +8,7 @@ import os
 import statistics
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,11 +20,11 @@ pytestmark = pytest.mark.sandbox
 NET = ("--net", "none")
 
 
-def out(r) -> str:
+def out(r: subprocess.CompletedProcess[bytes]) -> str:
     return r.stdout.decode(errors="replace")
 
 
-def err(r) -> str:
+def err(r: subprocess.CompletedProcess[bytes]) -> str:
     return r.stderr.decode(errors="replace")
 
 
@@ -350,7 +351,7 @@ def test_an_arg_max_sized_argv_runs(boxy: Boxy) -> None:
 
 
 @pytest.fixture
-def huge_tree(user: User, workdir: Path):
+def huge_tree(user: User, workdir: Path) -> Iterator[Path]:
     """300,000 directories. On a tmpfs of its own when we are root (CI): this disk
     takes about 18 s to make them and 30 s to remove them, a tmpfs 2 s and nothing."""
     big = workdir / "big"

@@ -16,7 +16,7 @@ from tests.integration.test_attach import Term
 pytestmark = pytest.mark.sandbox
 
 
-def ctl(user: User, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def ctl(user: User, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[bytes]:
     return user.run([str(BIN / "boxyctl"), *args], timeout=60, cwd=cwd)
 
 

@@ -53,7 +53,7 @@ def _enter_filter(mode: str) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-    loader.load(build_filter(mode))  # type: ignore[arg-type]
+    loader.load(build_filter(mode))
 
 
 def in_filtered_child(fn: Callable[[], Any], mode: str = "strict") -> Any:

@@ -18,7 +18,7 @@ from tests.integration.clients import client_err, daemon_pids, start_client
 pytestmark = pytest.mark.sandbox
 
 
-def ctl(user: User, *args: str) -> subprocess.CompletedProcess:
+def ctl(user: User, *args: str) -> subprocess.CompletedProcess[bytes]:
     return user.run([str(BIN / "boxyctl"), *args], timeout=60)
 
 
@@ -139,7 +139,7 @@ def test_daemon_stop_refuses_while_a_session_runs_unless_forced(
     assert len(listed) == 1 and listed[0].split()[1] == "killed", listed
 
 
-def _watch(user: User) -> subprocess.Popen:
+def _watch(user: User) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         user.cmd([str(BIN / "boxyctl"), "watch"]), stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
@@ -155,6 +155,7 @@ def test_watch_on_a_pipe_one_line_per_event_then_the_summary(
     try:
         sid = running_id(user, "while")
         watcher = _watch(user)  # no id: the only running session
+        assert watcher.stdout is not None
         first = watcher.stdout.readline().decode()
         assert first.startswith(f"session {sid} running "), first
         (workdir / "go").touch()
@@ -182,6 +183,7 @@ def test_watch_refuses_to_guess_and_ctrl_c_ends_only_the_watching(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
+        assert watcher.stdout is not None
         assert watcher.stdout.readline().decode().startswith(f"session {sid} running")
         kid = subprocess.run(
             ["pgrep", "-P", str(watcher.pid)], capture_output=True, text=True
@@ -234,11 +236,11 @@ def test_fifty_concurrent_sessions(boxy: Boxy, user: User, workdir: Path) -> Non
     finally:
         for sid in ids:
             ctl(user, "stop", "-k", sid)
-    listed = {
+    listed_all = {
         ln.split()[0]: ln.split()[1:3]
         for ln in ctl(user, "ps", "-a").stdout.decode().splitlines()[1:]
     }
-    assert all(listed.get(sid) == ["killed", "SIGKILL"] for sid in ids)
+    assert all(listed_all.get(sid) == ["killed", "SIGKILL"] for sid in ids)
 
 
 def test_the_daemon_holds_no_more_than_the_user(boxy: Boxy, user: User) -> None:

@@ -14,7 +14,10 @@ import json
 import os
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tests.conftest import User
 
 
 def _net() -> str:
@@ -99,13 +102,13 @@ CASES = {
 # ---------------------------------------------------------------------- the tests ---
 
 
-def _report(user: Any, case: str) -> dict[str, Any]:
+def _report(user: User, case: str) -> dict[str, Any]:
     from tests.integration import scriptcases
 
     return scriptcases.report(user, __file__, case)
 
 
-def test_a_net_none_spare_makes_the_runs_network_ahead_and_step_5_keeps_it(user: Any) -> None:
+def test_a_net_none_spare_makes_the_runs_network_ahead_and_step_5_keeps_it(user: User) -> None:
     rep = _report(user, "loopback_ahead")
     assert rep["ahead"] != rep["before"], rep  # made before the plan came...
     assert rep["net"] == rep["ahead"], rep  # ...and the run's: step 5 made no other
@@ -113,14 +116,14 @@ def test_a_net_none_spare_makes_the_runs_network_ahead_and_step_5_keeps_it(user:
     assert rep["said"] == "", rep  # no gateway: nothing for boxyd
 
 
-def test_a_run_without_a_spare_gets_the_same_network_from_step_5(user: Any) -> None:
+def test_a_run_without_a_spare_gets_the_same_network_from_step_5(user: User) -> None:
     rep = _report(user, "not_ahead")
     assert rep["net"] != rep["before"], rep
     assert rep["links"] == ["lo"] and rep["loopback"], rep
     assert rep["said"] == "", rep
 
 
-def test_a_net_none_spare_given_a_networked_plan_makes_the_gateway_itself(user: Any) -> None:
+def test_a_net_none_spare_given_a_networked_plan_makes_the_gateway_itself(user: User) -> None:
     rep = _report(user, "loopback_ahead_networked_plan")
     assert rep["net"] not in (rep["before"], rep["ahead"]), rep  # the payload's, new
     assert rep["links"] == ["eth0", "lo"], rep

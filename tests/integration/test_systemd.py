@@ -27,7 +27,7 @@ def ctl(
     *args: str,
     extra_env: dict[str, str] | None = None,
     manager: UserManager | None = None,
-) -> subprocess.CompletedProcess:
+) -> subprocess.CompletedProcess[bytes]:
     env = {**(manager.env() if manager else {}), **(extra_env or {})}
     return user.run([str(BIN / "boxyctl"), *args], extra_env=env, timeout=60)
 
@@ -142,7 +142,7 @@ def test_a_stop_from_systemd_stops_and_records_the_sessions(
     assert "state     killed SIGTERM" in shown.stdout.decode(), shown.stdout
 
 
-def busctl(um: UserManager, *args: str) -> subprocess.CompletedProcess:
+def busctl(um: UserManager, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         um.user_cmd(["busctl", "--user", *args]), capture_output=True, text=True, timeout=30
     )

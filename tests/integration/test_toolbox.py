@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from boxyd.config.hosttools import Answer, Exposure, ToolError
+from boxyd.config.hosttools import Answer, Exposure, Runner, ToolError
 from tests.harness import toolshed
 
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C"}
@@ -43,7 +43,9 @@ def tree(tmp_path: Path) -> Path:
     return t
 
 
-def sh(box, script: str, cwd: str = "/", timeout: float = 10, limit: int = 1 << 16) -> Answer:
+def sh(
+    box: Runner, script: str, cwd: str = "/", timeout: float = 10, limit: int = 1 << 16
+) -> Answer:
     return box.run(["sh", "-c", script], cwd=cwd, env=ENV, timeout=timeout, limit=limit)
 
 

@@ -12,7 +12,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -32,7 +34,7 @@ TIMINGS: dict[str, float] = {}
 
 
 @pytest.fixture(scope="module")
-def topo():
+def topo() -> Iterator[topology.Topology]:
     t0 = time.monotonic()
     t = topology.up(STATE, PREFIX)
     TIMINGS["up"] = time.monotonic() - t0
@@ -42,18 +44,18 @@ def topo():
 
 def in_host(
     t: topology.Topology, argv: list[str], timeout: float = 60
-) -> subprocess.CompletedProcess:
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(t.exec_in_host(argv), capture_output=True, text=True, timeout=timeout)
 
 
-def py_in_host(t: topology.Topology, code: str) -> dict:
+def py_in_host(t: topology.Topology, code: str) -> dict[str, Any]:
     """Run CODE (which prints one JSON object) with this venv's Python in the host netns."""
     r = in_host(t, [PY, "-c", code])
     assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+    return cast(dict[str, Any], json.loads(r.stdout))
 
 
-def curl(t: topology.Topology, *args: str) -> subprocess.CompletedProcess:
+def curl(t: topology.Topology, *args: str) -> subprocess.CompletedProcess[str]:
     return in_host(t, ["curl", "-sS", "--max-time", "20", *args])
 
 
@@ -178,6 +180,7 @@ print(json.dumps(out))
 def test_dns_cases(topo: topology.Topology) -> None:
     out = py_in_host(topo, _DNS_PROBE % (topo.dns_v4, topo.dns_v6))
     www = plan.SERVER_BY_NAME["www"]
+    assert www.v4 is not None
     assert out["cname"] == [3, [www.v4]]  # two CNAMEs, then www's address
     assert out["loop"] == [2, []]  # the loop is answered, and ends
     assert out["txt_udp_tc"] is True

@@ -5,11 +5,12 @@ approves that exact content."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, Boxy, User
+from tests.conftest import BIN, Boxy, NetBoxy, User
 
 pytestmark = pytest.mark.sandbox
 
@@ -17,7 +18,9 @@ PRINT = ["sh", "-c", "echo FROM_PROJECT=${FROM_PROJECT:-unset} FROM_HOST=${FROM_
 HOST_ENV = {"FROM_HOST": "host-value"}
 
 
-def ctl(user: User, workdir: Path, *args: str, extra_env: dict[str, str] | None = None):
+def ctl(
+    user: User, workdir: Path, *args: str, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
     return user.run([str(BIN / "boxyctl"), *args], cwd=workdir, timeout=60, extra_env=extra_env)
 
 
@@ -96,7 +99,7 @@ FAMILIES = {
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_a_registry_the_payload_names_opens_nothing_until_approved(
-    netboxy, user: User, workdir: Path, family: str
+    netboxy: NetBoxy, user: User, workdir: Path, family: str
 ) -> None:
     template, env, name, line = FAMILIES[family]
     profiles = user.home / ".config/boxy/profiles"
@@ -141,7 +144,7 @@ def test_trust_refuses_what_it_cannot_read_as_data(boxy: Boxy, user: User, workd
 
 
 def test_a_profile_host_in_a_refused_range_is_said_before_the_payload_starts(
-    netboxy, user: User, workdir: Path
+    netboxy: NetBoxy, user: User, workdir: Path
 ) -> None:
     """The first npm run waited 70 s in silence for a registry that resolves into a
     private range; the hint came at the end. Now it comes first, in one line."""

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import ipaddress
 import os
 import select
 import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from boxyd.net.udpsock import (
     recv_datagram,
     send_from,
 )
+from tests.conftest import User
 
 CLONE_NEWNET = 0x40000000
 UDP_PORT, DNS_PORT, TCP_PORT = 15002, 53, 15001
@@ -125,9 +127,11 @@ class Topology:
                 yield
             finally:
                 if _libc.setns(home, CLONE_NEWNET) != 0:  # never run on in the wrong netns
-                    os._exit(
-                        f"setns back to the test's own netns failed: errno {ctypes.get_errno()}"
+                    err = ctypes.get_errno()
+                    os.write(
+                        2, f"setns back to the test's own netns failed: errno {err}\n".encode()
                     )
+                    os._exit(1)
         finally:
             os.close(home)
             os.close(target)
@@ -174,7 +178,9 @@ def client_socket(
     return s
 
 
-def gateway_socket(topo: Topology, made: list[socket.socket], make, *args) -> socket.socket:
+def gateway_socket(
+    topo: Topology, made: list[socket.socket], make: Callable[..., socket.socket], *args: object
+) -> socket.socket:
     with topo.inside(topo.gw):
         s = make(*args)
     made.append(s)
@@ -218,9 +224,11 @@ def test_one_client_socket_many_destinations(
     for i, t in enumerate(targets):
         client.sendto(b"to %d" % i, t)
     seen = [receive(listener) for _ in targets]
+    # (orig_dst is None only from a socket that does not report it: never the listener's)
     assert sorted(d.orig_dst for d in seen) == sorted(targets)  # type: ignore[type-var]
     for d in seen:
-        send_from(sender, b"from " + d.data[3:], d.orig_dst, d.src)  # type: ignore[arg-type]
+        assert d.orig_dst is not None
+        send_from(sender, b"from " + d.data[3:], d.orig_dst, d.src)
     got = {}
     for _ in targets:
         data, addr = client.recvfrom(100)
@@ -242,7 +250,8 @@ def test_replies_of_any_size_arrive_intact(
     client.send(b"?")
     dgram = receive(listener)
     payload = os.urandom(size)
-    assert send_from(sender, payload, dgram.orig_dst, dgram.src) == size  # type: ignore[arg-type]
+    assert dgram.orig_dst is not None
+    assert send_from(sender, payload, dgram.orig_dst, dgram.src) == size
     assert client.recv(65536) == payload
 
 
@@ -271,7 +280,7 @@ def test_pktinfo_reply_from_the_sockets_own_port(
     client.send(b"query")
     dgram = receive(dns)
     assert dgram.orig_dst == (fam.remote, 53)
-    send_from(dns, b"response", dgram.orig_dst, dgram.src)  # type: ignore[arg-type]
+    send_from(dns, b"response", dgram.orig_dst, dgram.src)
     assert client.recv(100) == b"response"
 
 
@@ -283,12 +292,11 @@ def test_pktinfo_cannot_change_the_source_port(
     client = client_socket(topo, fam, sockets)
     client.sendto(b"q", (fam.remote, 9999))
     dgram = receive(listener)
+    assert dgram.orig_dst is not None
     with pytest.raises(ValueError, match="bound to port 15002"):
-        send_from(listener, b"r", dgram.orig_dst, dgram.src)  # type: ignore[arg-type]
+        send_from(listener, b"r", dgram.orig_dst, dgram.src)
     # What the kernel would have done: source address right, port the listener's.
-    listener.sendmsg(
-        [b"r"], [udpsock._pktinfo(udpsock.ipaddress.ip_address(fam.remote))], 0, dgram.src
-    )
+    listener.sendmsg([b"r"], [udpsock._pktinfo(ipaddress.ip_address(fam.remote))], 0, dgram.src)
     _, addr = client.recvfrom(100)
     assert addr[:2] == (fam.remote, UDP_PORT)
 
@@ -333,7 +341,7 @@ def test_tcp_listener_sees_the_original_destination(
 # -- under stage 2's real conditions ------------------------------------------------------
 
 
-def test_helpers_work_under_the_identity_map_as_an_unprivileged_user(user) -> None:
+def test_helpers_work_under_the_identity_map_as_an_unprivileged_user(user: User) -> None:
     """Stage 2 makes these sockets as the user, in a user namespace that maps the
     user to itself, in a netns that namespace owns: no root anywhere."""
     script = textwrap.dedent("""

@@ -16,7 +16,10 @@ import select
 import socket
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from tests.conftest import User
 
 NS = ("user", "mnt", "net", "ipc", "uts", "cgroup", "pid")
 HEAD = b'{"the outer stage 2\'s line": 1}\n'
@@ -167,14 +170,14 @@ CASES = {
 # ---------------------------------------------------------------------- the tests ---
 
 
-def _report(user: Any, case: str) -> dict[str, Any]:
+def _report(user: User, case: str) -> dict[str, Any]:
     from tests.integration import scriptcases
 
     return scriptcases.report(user, __file__, case)
 
 
 def test_pid1_is_the_first_process_of_a_pid_namespace_in_the_outer_stage_2s_others(
-    user: Any,
+    user: User,
 ) -> None:
     rep = _report(user, "start")
     init, ours, before = rep["init"], rep["ours"], rep["before"]
@@ -192,15 +195,15 @@ def test_pid1_is_the_first_process_of_a_pid_namespace_in_the_outer_stage_2s_othe
     assert rep["zygote_exit"] == 0 and rep["zygote_waited"], rep
 
 
-def test_a_zygote_not_needed_exits_at_its_sockets_end(user: Any) -> None:
+def test_a_zygote_not_needed_exits_at_its_sockets_end(user: User) -> None:
     assert _report(user, "not_needed") == {"zygote_exit": 0}
 
 
-def test_a_zygote_dies_with_the_outer_stage_2(user: Any) -> None:
+def test_a_zygote_dies_with_the_outer_stage_2(user: User) -> None:
     assert _report(user, "orphaned") == {"zygote_gone": True}
 
 
-def test_a_zygote_says_why_it_could_not_start_pid1(user: Any) -> None:
+def test_a_zygote_says_why_it_could_not_start_pid1(user: User) -> None:
     said = _report(user, "refusals")["said"]
     assert said[0] == "PID 1's parent: the outer stage 2's message is malformed", said
     assert said[1] == "1", said

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from boxyd.config import hosttools
+from boxyd.config.hosttools import Answer, Exposure
 from boxyd.config.registries import Registries, host_of
 from tests.harness import toolshed
 
@@ -69,7 +75,7 @@ def test_pip_default_index_and_files() -> None:
     assert tools.asked == ["pip-defaults"] * 4  # one python start-up each (then cached)
 
 
-def test_pip_private_index_serves_its_own_files(tmp_path) -> None:
+def test_pip_private_index_serves_its_own_files(tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
     ca.write_text("x")
     private = "global.index-url=https://devpi.example.test/root/simple\n"
@@ -102,7 +108,7 @@ def test_registry_urls_without_credentials(value: str, shaped: str | None) -> No
     assert reg("npm_registry_url") == shaped
 
 
-def test_ca_files_must_exist(tmp_path) -> None:
+def test_ca_files_must_exist(tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
     ca.write_text("x")
     tools = Tools({"npm config get": f"registry=https://npm.example.test/\ncafile={ca}"})
@@ -119,12 +125,12 @@ class Counting:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
 
-    def __call__(self, exposure):
+    def __call__(self, exposure: Exposure) -> hosttools.Box:
         box = toolshed.opener()(exposure)
         calls = self.calls
 
         class Box:
-            def run(self, argv, **kw):
+            def run(self, argv: Sequence[str], **kw: Any) -> Answer:
                 calls.append(list(argv))
                 return box.run(argv, **kw)
 
@@ -134,7 +140,7 @@ class Counting:
         return Box()
 
 
-def _stand_in(tmp_path, name: str, lines: list[str]) -> dict[str, str]:
+def _stand_in(tmp_path: Path, name: str, lines: list[str]) -> dict[str, str]:
     """A real executable NAME on PATH that prints LINES: the environment to find it."""
     tool = tmp_path / name
     tool.write_text("#!/bin/sh\n" + "".join(f"echo {line}\n" for line in lines))
@@ -142,7 +148,9 @@ def _stand_in(tmp_path, name: str, lines: list[str]) -> dict[str, str]:
     return {"PATH": f"{tmp_path}:/usr/bin:/bin", "HOME": str(tmp_path)}
 
 
-def _asked_again_once(env, tools: Counting, config, name: str, answer: str) -> None:
+def _asked_again_once(
+    env: dict[str, str], tools: Counting, config: Path, name: str, answer: str
+) -> None:
     """A config file the answer named appears (or changes): asked again at once, once."""
     asked = len(tools.calls)
     config.write_text("[global]\nregistry = https://other.example.test/\n")
@@ -152,7 +160,7 @@ def _asked_again_once(env, tools: Counting, config, name: str, answer: str) -> N
     assert len(tools.calls) == asked + 1
 
 
-def test_the_tools_answer_is_kept_across_runs(tmp_path) -> None:
+def test_the_tools_answer_is_kept_across_runs(tmp_path: Path) -> None:
     # One Registries per run; asking npm costs a node start-up, so the answer is
     # kept for the next runs. A real executable stands in for npm here.
     npmrc = tmp_path / ".npmrc"
@@ -174,7 +182,7 @@ def test_the_tools_answer_is_kept_across_runs(tmp_path) -> None:
     _asked_again_once(env, tools, npmrc, "npm_registry", "cached.example.test")
 
 
-def test_pips_answer_is_kept_while_its_config_files_are_as_they_were(tmp_path) -> None:
+def test_pips_answer_is_kept_while_its_config_files_are_as_they_were(tmp_path: Path) -> None:
     # python with pip costs a start-up of its own (~0.15 s) for the settings of every
     # pip run: kept while the config files pip named are unchanged, not a minute
     conf = tmp_path / "pip.conf"
@@ -191,7 +199,7 @@ def test_pips_answer_is_kept_while_its_config_files_are_as_they_were(tmp_path) -
     _asked_again_once(env, tools, conf, "pip_index", "index.example.test")
 
 
-def test_a_tool_in_a_writable_tree_is_never_asked(tmp_path) -> None:
+def test_a_tool_in_a_writable_tree_is_never_asked(tmp_path: Path) -> None:
     project = tmp_path / "project"
     (project / ".venv/bin").mkdir(parents=True)
     planted = project / ".venv/bin/npm"

@@ -17,7 +17,8 @@ import pytest
 
 from boxy import termsettings
 from boxy.request import RunRequest
-from boxyd.config.spec import RunSpec, build_spec
+from boxyd.config.runspec import RunSpec
+from boxyd.config.spec import build_spec
 from boxyd.daemon.parseproc import Apart
 from boxyd.daemon.pty import PtyRelay
 from boxyd.daemon.sandbox import StageSandbox
@@ -94,6 +95,7 @@ def _no_parse() -> Apart:
 
 def _sandbox(spec: RunSpec, net: FakeNet | None) -> tuple[StageSandbox, FakeLauncher, FakeSink]:
     launcher, sink = FakeLauncher(), FakeSink()
+    # the fakes stand in for the stage launcher and the network
     sb = StageSandbox(launcher, spec, [], Outputs(), net, sink, None, parser=_no_parse())  # type: ignore[arg-type]
     return sb, launcher, sink
 

@@ -91,14 +91,15 @@ NR_LIMIT = 1024  # well past the highest x86_64 syscall (kernel 6.18: 469)
 
 
 def nr(name: str) -> int:
-    n = pyseccomp.resolve_syscall(pyseccomp.Arch.X86_64, name)
+    n: int = pyseccomp.resolve_syscall(pyseccomp.Arch.X86_64, name)
     assert n >= 0, name
     return n
 
 
 def name_of(number: int) -> str | None:
     try:
-        return pyseccomp.resolve_syscall(pyseccomp.Arch.X86_64, number).decode()
+        name: bytes = pyseccomp.resolve_syscall(pyseccomp.Arch.X86_64, number)
+        return name.decode()
     except ValueError:
         return None
 
@@ -173,7 +174,7 @@ def test_program_shape(mode: str) -> None:
 
 def test_unknown_mode_is_refused() -> None:
     with pytest.raises(ValueError):
-        build_filter("lenient")  # type: ignore[arg-type]
+        build_filter("lenient")
 
 
 def test_expected_tables_are_consistent() -> None:

@@ -7,10 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import signal
 import socket
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -45,7 +48,7 @@ from tests.unit.test_core import FakeLauncher, request, started
 M = INTERFACE + "."
 
 
-def run_params(**over: object) -> dict:
+def run_params(**over: object) -> dict[str, Any]:
     """Run's parameters as boxyctl sends them (every one the IDL requires)."""
     return {
         "argv": ["true"],
@@ -67,19 +70,20 @@ class Peer:
     async def connect(cls, path: str) -> Peer:
         return cls(*await asyncio.open_unix_connection(path))
 
-    def send(self, method: str, params: dict, **flags: bool) -> None:
+    def send(self, method: str, params: dict[str, Any], **flags: bool) -> None:
         self.writer.write(
             json.dumps({"method": M + method, "parameters": params, **flags}).encode() + b"\0"
         )
 
-    async def reply(self) -> dict:
-        return json.loads((await asyncio.wait_for(self.reader.readuntil(b"\0"), 5))[:-1])
+    async def reply(self) -> dict[str, Any]:
+        raw = await asyncio.wait_for(self.reader.readuntil(b"\0"), 5)
+        return cast(dict[str, Any], json.loads(raw[:-1]))
 
     def close(self) -> None:
         self.writer.close()
 
 
-def serve(tmp_path: Path, manager: Manager) -> tuple[str, VarlinkServer, asyncio.Task]:
+def serve(tmp_path: Path, manager: Manager) -> tuple[str, VarlinkServer, asyncio.Task[None]]:
     """The real varlink server over MANAGER, on a socket in TMP_PATH."""
     service = VarlinkService(manager)
     server = VarlinkServer(service.handle, first=service.other_build)
@@ -91,7 +95,7 @@ def serve(tmp_path: Path, manager: Manager) -> tuple[str, VarlinkServer, asyncio
 
 
 @pytest.fixture
-async def daemon(tmp_path: Path):
+async def daemon(tmp_path: Path) -> AsyncIterator[tuple[Manager, str]]:
     manager = Manager(FakeLauncher(), grace=0.05)
     path, server, task = serve(tmp_path, manager)
     yield manager, path
@@ -99,7 +103,7 @@ async def daemon(tmp_path: Path):
     task.cancel()
 
 
-async def test_run_streams_the_start_and_replies_the_outcome(daemon) -> None:
+async def test_run_streams_the_start_and_replies_the_outcome(daemon: tuple[Manager, str]) -> None:
     manager, path = daemon
     peer = await Peer.connect(path)
     peer.send("Run", run_params(), more=True)
@@ -120,7 +124,9 @@ async def test_run_streams_the_start_and_replies_the_outcome(daemon) -> None:
     (run_params(argv=[]), "InvalidArgument"),
     (run_params(argv=["bad"]), "InvalidArgument"),
 ])  # fmt: skip
-async def test_refusals_are_named_errors(daemon, params: dict, error: str) -> None:
+async def test_refusals_are_named_errors(
+    daemon: tuple[Manager, str], params: dict[str, Any], error: str
+) -> None:
     _, path = daemon
     peer = await Peer.connect(path)
     peer.send("Run", params, more=True)
@@ -132,7 +138,7 @@ async def test_refusals_are_named_errors(daemon, params: dict, error: str) -> No
 
 
 async def test_a_client_of_another_build_hears_so_before_its_parameters_are_checked(
-    daemon,
+    daemon: tuple[Manager, str],
 ) -> None:
     """A newer client sends options this daemon's IDL lacks: what it must hear is
     BuildMismatch (boxy.client then replaces an idle daemon), not InvalidParameter."""
@@ -151,23 +157,26 @@ async def test_a_client_of_another_build_hears_so_before_its_parameters_are_chec
     peer.close()
 
 
-async def test_a_dropped_client_hangs_its_session_up(daemon) -> None:
+async def test_a_dropped_client_hangs_its_session_up(daemon: tuple[Manager, str]) -> None:
     manager, path = daemon
     peer = await Peer.connect(path)
     peer.send("Run", run_params(), more=True)
     sid = (await peer.reply())["parameters"]["id"]
     peer.close()
     out = await asyncio.wait_for(manager.get(sid).wait(), 5)
-    assert manager.launcher.made[0].signals[0] == signal.SIGHUP and out.state is State.KILLED
+    assert (
+        cast(FakeLauncher, manager.launcher).made[0].signals[0] == signal.SIGHUP
+        and out.state is State.KILLED
+    )
 
 
-async def test_a_watcher_that_never_reads_stalls_nothing(daemon) -> None:
+async def test_a_watcher_that_never_reads_stalls_nothing(daemon: tuple[Manager, str]) -> None:
     manager, path = daemon
     s = await manager.start(request(), [])
     await started(s)
     stuck = await Peer.connect(path)
     stuck.send("Watch", {"id": s.id}, more=True)
-    stuck.writer.transport.pause_reading()  # and never reads again
+    cast(asyncio.ReadTransport, stuck.writer.transport).pause_reading()  # and never reads again
     await asyncio.sleep(0.05)
     t = time.monotonic()
     for i in range(200_000):  # a flood: each record is an event for the watcher
@@ -183,7 +192,7 @@ async def test_a_watcher_that_never_reads_stalls_nothing(daemon) -> None:
     other.close()
 
 
-async def test_a_slow_watcher_is_told_what_it_lost(daemon) -> None:
+async def test_a_slow_watcher_is_told_what_it_lost(daemon: tuple[Manager, str]) -> None:
     manager, path = daemon
     s = await manager.start(request(), [])
     await started(s)
@@ -191,11 +200,11 @@ async def test_a_slow_watcher_is_told_what_it_lost(daemon) -> None:
     peer.send("Watch", {}, more=True)  # no id: the only running session
     head = (await peer.reply())["parameters"]["session"]
     assert head["id"] == s.id and head["state"] == "running"
-    peer.writer.transport.pause_reading()
+    cast(asyncio.ReadTransport, peer.writer.transport).pause_reading()
     for i in range(20_000):
         s.record("net", n=i, pad="y" * 200)
     await asyncio.sleep(0.2)
-    peer.writer.transport.resume_reading()
+    cast(asyncio.ReadTransport, peer.writer.transport).resume_reading()
     manager.stop(s.id)
     kinds, lost = [], 0
     while True:
@@ -250,7 +259,8 @@ def test_a_batch_stops_at_its_bytes_and_at_its_deadline() -> None:
 async def read_watch(peer: Peer) -> tuple[list[bytes], int]:
     """Every event frame of a Watch stream as sent (the session replies left out),
     until its last reply; and the events it was told it lost."""
-    frames, lost = [], 0
+    frames: list[bytes] = []
+    lost = 0
     while True:
         raw = await asyncio.wait_for(peer.reader.readuntil(b"\0"), 10)
         msg = json.loads(raw[:-1])
@@ -262,7 +272,9 @@ async def read_watch(peer: Peer) -> tuple[list[bytes], int]:
                 lost += msg["parameters"]["event"]["count"]
 
 
-async def watching(path: str, sid: str, n: int) -> list[tuple[Peer, asyncio.Task]]:
+async def watching(
+    path: str, sid: str, n: int
+) -> list[tuple[Peer, asyncio.Task[tuple[list[bytes], int]]]]:
     """N peers watching SID, each read by its own task, every one subscribed."""
     peers = []
     for _ in range(n):
@@ -273,7 +285,9 @@ async def watching(path: str, sid: str, n: int) -> list[tuple[Peer, asyncio.Task
     return peers
 
 
-async def test_ten_watchers_each_receive_every_event_and_the_same_bytes(daemon) -> None:
+async def test_ten_watchers_each_receive_every_event_and_the_same_bytes(
+    daemon: tuple[Manager, str],
+) -> None:
     manager, path = daemon
     s = await manager.start(request(), [])
     await started(s)
@@ -293,7 +307,9 @@ async def test_ten_watchers_each_receive_every_event_and_the_same_bytes(daemon) 
         peer.close()
 
 
-async def test_a_flooded_watcher_that_reads_is_told_exactly_what_it_lost(daemon) -> None:
+async def test_a_flooded_watcher_that_reads_is_told_exactly_what_it_lost(
+    daemon: tuple[Manager, str],
+) -> None:
     """A publisher flooding the loop keeps most of it (the watcher's turns are a
     share), and the watcher's count still adds up: every record received or told."""
     manager, path = daemon
@@ -318,7 +334,7 @@ async def test_a_flooded_watcher_that_reads_is_told_exactly_what_it_lost(daemon)
     peer.close()
 
 
-async def test_watch_without_an_id_needs_exactly_one_running(daemon) -> None:
+async def test_watch_without_an_id_needs_exactly_one_running(daemon: tuple[Manager, str]) -> None:
     manager, path = daemon
     peer = await Peer.connect(path)
     peer.send("Watch", {}, more=True)
@@ -336,18 +352,18 @@ async def test_watch_without_an_id_needs_exactly_one_running(daemon) -> None:
     peer.close()
 
 
-async def test_fds_of_a_refused_run_are_closed(daemon) -> None:
+async def test_fds_of_a_refused_run_are_closed(daemon: tuple[Manager, str]) -> None:
     """BuildMismatch closes what came with the call: the pipe's reader sees EOF."""
     _, path = daemon
     r, w = os.pipe()
 
-    def call() -> dict:
+    def call() -> dict[str, Any]:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.connect(path)
             msg = {"method": M + "Run", "parameters": run_params(build="x")}
             socket.send_fds(sock, [json.dumps(msg).encode() + b"\0"], [w, w, w])
             os.close(w)
-            return json.loads(sock.recv(65536).rstrip(b"\0"))
+            return cast(dict[str, Any], json.loads(sock.recv(65536).rstrip(b"\0")))
 
     assert (await asyncio.to_thread(call))["error"] == M + "BuildMismatch"
     os.set_blocking(r, False)
@@ -355,7 +371,7 @@ async def test_fds_of_a_refused_run_are_closed(daemon) -> None:
     os.close(r)
 
 
-def _fuzz_cases(rng) -> list[bytes]:
+def _fuzz_cases(rng: random.Random) -> list[bytes]:
     """Framing and JSON gone wrong, and calls of the wrong shape: each one message."""
     valid = {
         "method": M + "Run",
@@ -411,7 +427,7 @@ def _fuzz_cases(rng) -> list[bytes]:
     return cases
 
 
-async def test_malformed_varlink_never_takes_the_daemon_down(daemon) -> None:
+async def test_malformed_varlink_never_takes_the_daemon_down(daemon: tuple[Manager, str]) -> None:
     import random
 
     manager, path = daemon
@@ -437,7 +453,9 @@ async def test_malformed_varlink_never_takes_the_daemon_down(daemon) -> None:
     assert replies["error"] > 250 and replies["closed"] == 0, replies
 
 
-async def test_a_malformed_message_after_a_call_is_answered_in_order(daemon) -> None:
+async def test_a_malformed_message_after_a_call_is_answered_in_order(
+    daemon: tuple[Manager, str],
+) -> None:
     _, path = daemon
     peer = await Peer.connect(path)
     peer.writer.write(

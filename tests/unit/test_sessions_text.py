@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from boxy import values
 from boxy.outcome import Destination, Outcome, Reason, SessionInfo, State
@@ -14,8 +15,11 @@ NOW = time.mktime((*time.localtime()[:3], 12, 0, 0, 0, 0, -1))
 
 
 def info(
-    state: State, outcome: Outcome | None = None, argv=("npm", "ci"), ended: float | None = None
-):
+    state: State,
+    outcome: Outcome | None = None,
+    argv: Sequence[str] = ("npm", "ci"),
+    ended: float | None = None,
+) -> SessionInfo:
     return SessionInfo("0123abcd", state, list(argv), "/home/u/p", "node", NOW - 65, ended, outcome)
 
 
@@ -97,7 +101,7 @@ def test_event_lines() -> None:
     )
 
 
-def D(name: str, conns: int, denied: int, up: int, down: int) -> dict:
+def D(name: str, conns: int, denied: int, up: int, down: int) -> dict[str, str | int]:
     """A Destination as the IDL declares it."""
     return {
         "name": name,

@@ -206,5 +206,6 @@ def test_a_listing_carries_a_summary() -> None:
     )
     brief = info.summary()
     assert len(json.dumps(brief.to_wire())) < 4096
+    assert brief.outcome is not None
     assert brief.argv == ["x" * 1024] and brief.outcome.exit_status == 1
     assert brief.outcome.findings == [] and brief.limits == [] and brief.counters.connections == 3

@@ -3,18 +3,30 @@
 import os
 import re
 import socket
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TypedDict
 
 import pytest
 
 from boxy.errors import ProfileError, SecretsNeeded, UsageError
 from boxy.request import RunRequest
 from boxyctl.cli import parse
-from boxyd.config.runspec import CopyEntry, PathEntry
+from boxyd.config.profiles import Registry
+from boxyd.config.runspec import CopyEntry, PathEntry, RunSpec
 from boxyd.config.spec import build_spec
 
 
+class Fs(TypedDict):
+    """The fs fixture: a home with a project in it."""
+
+    tmp: Path
+    home: str
+    wd: str
+
+
 @pytest.fixture
-def fs(tmp_path):
+def fs(tmp_path: Path) -> Fs:
     home = tmp_path / "home"
     wd = home / "proj"
     wd.mkdir(parents=True)
@@ -24,7 +36,13 @@ def fs(tmp_path):
     return {"tmp": tmp_path, "home": str(home), "wd": str(wd)}
 
 
-def build(fs, argv=("true",), client_env=None, registry=None, **options):
+def build(
+    fs: Fs,
+    argv: Sequence[str] = ("true",),
+    client_env: dict[str, str] | None = None,
+    registry: Registry | None = None,
+    **options: object,
+) -> RunSpec:
     params = {
         "argv": list(argv),
         "cwd": fs["wd"],
@@ -37,7 +55,7 @@ def build(fs, argv=("true",), client_env=None, registry=None, **options):
     )
 
 
-def test_defaults(fs):
+def test_defaults(fs: Fs) -> None:
     spec = build(fs)
     assert spec.argv == ["true"]
     assert spec.workdir == fs["wd"]
@@ -51,17 +69,17 @@ def test_defaults(fs):
     assert not (spec.ro or spec.rw or spec.copy or spec.notes)
 
 
-def test_missing_command(fs):
+def test_missing_command(fs: Fs) -> None:
     with pytest.raises(UsageError, match="missing command"):
         build(fs, argv=[])
 
 
-def test_workdir_flag_relative_and_realpath(fs):
+def test_workdir_flag_relative_and_realpath(fs: Fs) -> None:
     os.symlink(fs["wd"], os.path.join(fs["home"], "link"))
     assert build(fs, workdir="../link").workdir == fs["wd"]
 
 
-def test_workdir_not_a_directory(fs):
+def test_workdir_not_a_directory(fs: Fs) -> None:
     with pytest.raises(UsageError) as e:
         build(fs, workdir=fs["home"] + "/file.txt")
     assert str(e.value) == f"--workdir {fs['home']}/file.txt: not a directory"
@@ -69,39 +87,40 @@ def test_workdir_not_a_directory(fs):
         build(fs, workdir="nope")
 
 
-def test_flag_paths_must_exist(fs):
+def test_flag_paths_must_exist(fs: Fs) -> None:
     for kind in ("ro", "rw", "protect"):
+        options: dict[str, Any] = {kind: ["/no/such/x"]}  # wire options, as decoded
         with pytest.raises(UsageError) as e:
-            build(fs, **{kind: ["/no/such/x"]})
+            build(fs, **options)
         assert str(e.value) == f"--{kind} /no/such/x: no such file or directory"
 
 
-def test_ro_rw_added(fs):
+def test_ro_rw_added(fs: Fs) -> None:
     spec = build(fs, ro=["/usr/share"], rw=[fs["home"] + "/data"])
     assert spec.ro == [PathEntry("/usr/share")]
     assert spec.rw == [PathEntry(fs["home"] + "/data")]
 
 
-def test_ro_and_rw_same_path(fs):
+def test_ro_and_rw_same_path(fs: Fs) -> None:
     with pytest.raises(UsageError, match="both read-only and read-write"):
         build(fs, ro=["/usr/share"], rw=["/usr/share"])
 
 
-def test_paths_keep_their_given_form(fs):
+def test_paths_keep_their_given_form(fs: Fs) -> None:
     """A symlink is mounted at its own path; the kernel resolves the source."""
     link = fs["home"] + "/dlink"
     os.symlink(fs["home"] + "/data", link)
     assert build(fs, ro=[link]).ro == [PathEntry(link)]
 
 
-def test_mkdir(fs):
+def test_mkdir(fs: Fs) -> None:
     spec = build(fs, mkdir=[fs["home"] + "/new/dir"])
     assert spec.mkdir == [PathEntry(fs["home"] + "/new/dir")]
     with pytest.raises(UsageError, match="exists and is not a directory"):
         build(fs, mkdir=[fs["home"] + "/file.txt"])
 
 
-def test_protect(fs):
+def test_protect(fs: Fs) -> None:
     spec = build(fs, protect=[".env"], rw=[fs["home"] + "/data"])
     assert spec.protect == [PathEntry(fs["wd"] + "/.env")]
     assert build(fs, protect=[fs["home"] + "/data"], rw=[fs["home"] + "/data"]).protect
@@ -112,14 +131,14 @@ def test_protect(fs):
         build(fs, protect=["envlink"])
 
 
-def test_copy(fs):
+def test_copy(fs: Fs) -> None:
     src = fs["home"] + "/file.txt"
     spec = build(fs, copy=[{"src": src, "dst": None}], copy_ro=[{"src": src, "dst": "/opt/f"}])
     assert spec.copy == [CopyEntry(src, src)]
     assert spec.copy_ro == [CopyEntry(src, "/opt/f")]
 
 
-def test_copy_errors(fs):
+def test_copy_errors(fs: Fs) -> None:
     with pytest.raises(UsageError) as e:
         build(fs, copy=[{"src": "/no/such", "dst": None}])
     assert str(e.value) == "--copy /no/such: no such file or directory"
@@ -132,19 +151,19 @@ def test_copy_errors(fs):
         build(fs, copy=[{"src": src, "dst": "/x"}], copy_ro=[{"src": src, "dst": "/x"}])
 
 
-def test_copy_into_an_exposed_tree_refused(fs):
+def test_copy_into_an_exposed_tree_refused(fs: Fs) -> None:
     with pytest.raises(UsageError, match="destination lies inside the exposed path"):
         build(fs, copy=[{"src": fs["home"] + "/file.txt", "dst": fs["wd"] + "/f"}])
 
 
-def profile_file(fs, text):
+def profile_file(fs: Fs, text: str) -> str:
     path = os.path.join(fs["tmp"], "prof.yaml")
     with open(path, "w") as f:
         f.write(text)
     return path
 
 
-def test_profile_optional_entries_skipped_with_note(fs):
+def test_profile_optional_entries_skipped_with_note(fs: Fs) -> None:
     path = profile_file(
         fs,
         "filesystem:\n  ro: [{path: /no/such, optional: true}, /usr/share]\n"
@@ -158,18 +177,18 @@ def test_profile_optional_entries_skipped_with_note(fs):
     assert any("absent.json: absent; skipped" in n for n in spec.notes)
 
 
-def test_profile_required_entry_missing(fs):
+def test_profile_required_entry_missing(fs: Fs) -> None:
     path = profile_file(fs, "filesystem:\n  rw: [/no/such]\n")
     with pytest.raises(ProfileError, match=f"profile {path}: filesystem.rw /no/such: no such"):
         build(fs, profile=path)
 
 
-def test_profile_relative_path_against_cwd(fs):
+def test_profile_relative_path_against_cwd(fs: Fs) -> None:
     profile_file(fs, "net: none\n")
     assert build(fs, profile="../../prof.yaml").net == "none"
 
 
-def test_claude_profile(fs):
+def test_claude_profile(fs: Fs) -> None:
     home = fs["home"]
     os.makedirs(home + "/.claude")
     os.makedirs(home + "/.config/boxy")
@@ -198,14 +217,14 @@ def test_claude_profile(fs):
     assert any("replaced by --copy" in n for n in spec.notes)
 
 
-def test_allow_host_implies_allowlist(fs):
+def test_allow_host_implies_allowlist(fs: Fs) -> None:
     spec = build(fs, allow_host=["github.com", "nas:22"])
     assert spec.net == "allowlist"
     assert spec.allow_hosts == ["github.com", "nas:22"]
     assert spec.allow_ports == []  # nas:22 stays with nas
 
 
-def test_allow_host_with_an_offline_profile_needs_the_net_flag(fs):
+def test_allow_host_with_an_offline_profile_needs_the_net_flag(fs: Fs) -> None:
     """Not silently: `-p offline --allow-host x` is refused like `--net none --allow-host x`."""
     with pytest.raises(
         UsageError,
@@ -217,7 +236,7 @@ def test_allow_host_with_an_offline_profile_needs_the_net_flag(fs):
     )
 
 
-def test_registry_templates_resolved(fs):
+def test_registry_templates_resolved(fs: Fs) -> None:
     spec = build(
         fs,
         profile="node",
@@ -250,13 +269,13 @@ def test_registry_templates_resolved(fs):
     ).allow_hosts == ["pypi.mirror.example"]
 
 
-def test_profile_hosts_unused_with_public(fs):
+def test_profile_hosts_unused_with_public(fs: Fs) -> None:
     spec = build(fs, profile="node", net="public")
     assert spec.net == "public" and spec.allow_hosts == []
     assert any("allow_hosts not used with --net public" in n for n in spec.notes)
 
 
-def test_dedupe_hosts_ports_cidrs(fs):
+def test_dedupe_hosts_ports_cidrs(fs: Fs) -> None:
     spec = build(
         fs,
         allow_host=["a.example", "A.example."],
@@ -310,12 +329,12 @@ def test_dedupe_hosts_ports_cidrs(fs):
         ({"profile": "nope"}, "unknown profile 'nope'"),
     ],
 )
-def test_refusals(fs, options, message):
+def test_refusals(fs: Fs, options: dict[str, Any], message: str) -> None:
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
         build(fs, **options)
 
 
-def test_limits_flags_override_profile(fs):
+def test_limits_flags_override_profile(fs: Fs) -> None:
     spec = build(
         fs,
         profile="node",
@@ -328,7 +347,7 @@ def test_limits_flags_override_profile(fs):
     assert (spec.memory, spec.pids, spec.cpus, spec.timeout) == (1 << 30, 64, 1.5, 60.0)
 
 
-def test_logs_made_absolute(fs):
+def test_logs_made_absolute(fs: Fs) -> None:
     spec = build(
         fs,
         net_log="net.json",
@@ -342,12 +361,12 @@ def test_logs_made_absolute(fs):
     assert (spec.pcap_max, spec.audit_log, spec.seccomp) == (1000, "/tmp/a.json", "compat")
 
 
-def test_bools(fs):
+def test_bools(fs: Fs) -> None:
     spec = build(fs, tty=True, verbose=True, allow_git_write=True, tailscale=True)
     assert spec.tty and spec.verbose and spec.allow_git_write and spec.tailscale
 
 
-def test_tty_raw_from_the_flag_or_the_profile_and_said_under_v(fs):
+def test_tty_raw_from_the_flag_or_the_profile_and_said_under_v(fs: Fs) -> None:
     assert not build(fs).tty_raw
     assert not any("unfiltered" in n for n in build(fs).notes)
     spec = build(fs, tty_raw=True)
@@ -362,7 +381,9 @@ def test_tty_raw_from_the_flag_or_the_profile_and_said_under_v(fs):
     assert build(fs, detach=True, tty_raw=True).tty_raw  # harmless without a terminal
 
 
-def test_an_unapproved_project_cannot_unfilter_the_terminal(fs, monkeypatch):
+def test_an_unapproved_project_cannot_unfilter_the_terminal(
+    fs: Fs, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The payload can write .boxy.yaml: tty_raw in it is a widening, held back."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(fs["tmp"] / "config"))
     with open(os.path.join(fs["wd"], ".boxy.yaml"), "w") as f:
@@ -372,13 +393,13 @@ def test_an_unapproved_project_cannot_unfilter_the_terminal(fs, monkeypatch):
     assert "not approved, so held back: tty_raw of" in spec.warnings[0]
 
 
-def test_detach(fs):
+def test_detach(fs: Fs) -> None:
     assert build(fs, detach=True).detach
     with pytest.raises(UsageError, match="--tty: cannot be combined with -d"):
         build(fs, detach=True, tty=True)
 
 
-def test_env(fs):
+def test_env(fs: Fs) -> None:
     client = {"TERM": "xterm", "GITHUB_TOKEN": "t", "SSH_AUTH_SOCK": "/nowhere/agent"}
     spec = build(
         fs,
@@ -400,7 +421,7 @@ def test_env(fs):
     assert sum("not set in your environment, so not passed" in n for n in spec.warnings) == 2
 
 
-def test_exposure_checked_for_workdir_and_flags(fs):
+def test_exposure_checked_for_workdir_and_flags(fs: Fs) -> None:
     with pytest.raises(
         UsageError, match=r"workdir .*/home: is your home directory .*/home, whose keys"
     ):
@@ -418,7 +439,7 @@ def test_exposure_checked_for_workdir_and_flags(fs):
         build(fs, ro=["/"])
 
 
-def test_from_the_command_line(fs):
+def test_from_the_command_line(fs: Fs) -> None:
     """boxyctl.cli's Run parameters are exactly what build_spec takes."""
     home = fs["home"]
     cmd = parse(
@@ -438,7 +459,7 @@ def test_from_the_command_line(fs):
     assert spec.copy == [CopyEntry(home + "/file.txt", "/opt/f")]
 
 
-def test_exposure_message_names_the_profile(fs):
+def test_exposure_message_names_the_profile(fs: Fs) -> None:
     path = profile_file(fs, "filesystem:\n  ro: ['{home}']\n")
     with pytest.raises(
         UsageError, match=f"profile {path}: filesystem.ro .*/home: is your home directory"
@@ -446,19 +467,19 @@ def test_exposure_message_names_the_profile(fs):
         build(fs, profile=path)
 
 
-def test_allow_port_with_public_is_refused_by_the_daemon_too(fs):
+def test_allow_port_with_public_is_refused_by_the_daemon_too(fs: Fs) -> None:
     # the profile may make it public (generic) when the client did not say --net
     with pytest.raises(UsageError, match="cannot be combined with --net public"):
         build(fs, allow_port=[22])
 
 
-def test_net_log_with_the_offline_profile_is_refused(fs):
+def test_net_log_with_the_offline_profile_is_refused(fs: Fs) -> None:
     # the profile, not a flag, made it --net none: the daemon refuses what the client could not
     with pytest.raises(UsageError, match="--net-log: cannot be combined with --net none"):
         build(fs, profile="offline", net_log=fs["wd"] + "/n.json")
 
 
-def test_profile_network_keys_tty_and_tmpfs(fs):
+def test_profile_network_keys_tty_and_tmpfs(fs: Fs) -> None:
     prof = profile_file(
         fs,
         "net: allowlist\nallow_hosts: [example.org]\n"
@@ -481,14 +502,14 @@ def test_profile_network_keys_tty_and_tmpfs(fs):
     ("/tmp", "already a fresh tmpfs"),
     ("{home}", "already a fresh tmpfs"),
 ])  # fmt: skip
-def test_profile_tmpfs_refused(fs, path, message):
+def test_profile_tmpfs_refused(fs: Fs, path: str, message: str) -> None:
     prof = profile_file(fs, f"filesystem: {{tmpfs: ['{path}']}}\n")
     with pytest.raises(ProfileError) as e:
         build(fs, profile=prof)
     assert message.format(wd=fs["wd"]) in str(e.value)
 
 
-def test_profile_secrets_are_asked_of_the_client_by_name(fs):
+def test_profile_secrets_are_asked_of_the_client_by_name(fs: Fs) -> None:
     prof = profile_file(fs, "env_secrets: [API_TOKEN, OTHER]\n")
     with pytest.raises(SecretsNeeded) as e:
         build(fs, profile=prof, secret=[{"name": "OTHER", "value": "s3cr3t-other"}])
@@ -504,7 +525,9 @@ def test_profile_secrets_are_asked_of_the_client_by_name(fs):
     assert spec.env["API_TOKEN"] == "s3cr3t-tok" and spec.env["OTHER"] == "s3cr3t-other"
 
 
-def test_a_presets_tools_file_planted_as_a_symlink_is_refused_with_what_to_do(tmp_path) -> None:
+def test_a_presets_tools_file_planted_as_a_symlink_is_refused_with_what_to_do(
+    tmp_path: Path,
+) -> None:
     """The node preset pins .github read-only; a payload that made it a symlink must not
     get an unpinned .github (refused), and the line says what to do about it. (A held
     file planted as a symlink is the held files' own: test_heldfiles.py.)"""

@@ -62,6 +62,7 @@ def test_paths_the_profiles_first_each_once(tree: dict[str, str]) -> None:
 def test_check_paths_labels_and_refusals(tree: dict[str, str]) -> None:
     notes: list[str] = []
     gone = PathEntry("/no/such", optional=True)
+    e: pytest.ExceptionInfo[UsageError]  # a ProfileError, then a plain UsageError
     got = filesystem.check_paths("ro", prof(ro=[gone]), ["/usr"], "/", notes)
     assert got == [("--ro", PathEntry("/usr"))]
     assert notes == ["profile p.yaml: filesystem.ro /no/such: absent; skipped"]

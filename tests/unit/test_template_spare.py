@@ -42,6 +42,7 @@ def test_the_spare_serves_the_next_call_and_a_dead_one_is_replaced() -> None:
         template._proc.kill()
         template._proc.wait()
         spare = template._spares[Spare.PLAIN]
+        assert spare is not None
         deadline = time.monotonic() + 20
         while _waiting(spare) and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -80,6 +81,7 @@ def test_a_spare_whose_socket_is_numbered_past_1023_is_still_used() -> None:
         template._spares[Spare.PLAIN] = socket.socket(fileno=os.dup2(spare.fileno(), 1500))
         spare.close()
         first = template._spares[Spare.PLAIN]
+        assert first is not None
         assert _waiting(first)
         conn = template.spawn()
         assert conn is first and _ask(conn) == {"trees": {}}

@@ -14,7 +14,7 @@ from boxyd.daemon.termfilter import CSI_CAP, OSC_CAP, TermFilter, filter_once
 
 E = "\x1b"
 
-PASSED = {
+PASSED: dict[str, str | bytes] = {
     "text": "hello, world\r\n",
     "tab bs bel cr lf": "a\tb\bc\x07d\re\n",
     "utf-8 text": "héllo “quoted” ⛄ 中文 🐍 ‛",
@@ -72,7 +72,7 @@ PASSED = {
     "palette and colour resets": f"{E}]104\x07{E}]104;1\x07{E}]110\x07{E}]111\x07{E}]112{E}\\",
 }
 
-DROPPED = {
+DROPPED: dict[str, str | bytes] = {
     "ENQ (answerback)": "\x05",
     "DA1": f"{E}[c",
     "DA1 with 0": f"{E}[0c",
@@ -201,21 +201,21 @@ def _b(value: str | bytes) -> bytes:
 
 
 @pytest.mark.parametrize("name", PASSED)
-def test_passed_byte_for_byte(name):
+def test_passed_byte_for_byte(name: str) -> None:
     data = _b(PASSED[name])
     assert filter_once(data) == data
     assert filter_once(b"<" + data + b">") == b"<" + data + b">"
 
 
 @pytest.mark.parametrize("name", DROPPED)
-def test_dropped_whole(name):
+def test_dropped_whole(name: str) -> None:
     data = _b(DROPPED[name])
     assert filter_once(data) == b""
     assert filter_once(b"<" + data + b">") == b"<>"
 
 
 @pytest.mark.parametrize("data,expected", CHANGED)
-def test_changed(data, expected):
+def test_changed(data: bytes, expected: bytes) -> None:
     assert filter_once(data) == expected
 
 
@@ -237,14 +237,14 @@ def _in_two(data: bytes, i: int) -> bytes:
 
 
 @pytest.mark.parametrize("data", _corpus(), ids=range(len(_corpus())))
-def test_every_two_chunk_split_is_the_same(data):
+def test_every_two_chunk_split_is_the_same(data: bytes) -> None:
     framed = b"ab" + data + b"\xe2\x9c\x93" + data + b"cd"
     whole = _one_shot(framed)
     for i in range(len(framed) + 1):
         assert _in_two(framed, i) == whole, i
 
 
-def test_byte_by_byte_is_the_same():
+def test_byte_by_byte_is_the_same() -> None:
     stream = b"".join(_corpus())
     f = TermFilter()
     got = b"".join(f.feed(stream[i : i + 1]) for i in range(len(stream))) + f.flush()
@@ -259,7 +259,7 @@ def _garbage(rng: random.Random, n: int) -> bytes:
     )
 
 
-def test_random_streams_split_anywhere_are_the_same():
+def test_random_streams_split_anywhere_are_the_same() -> None:
     rng = random.Random(7)
     for _ in range(300):
         data = _garbage(rng, rng.randrange(1, 80))
@@ -270,7 +270,7 @@ def test_random_streams_split_anywhere_are_the_same():
         assert b"".join(f.feed(p) for p in pieces) + f.flush() == whole, data
 
 
-def test_output_is_a_fixed_point():
+def test_output_is_a_fixed_point() -> None:
     """Whatever the input, the output is only text and allowed sequences: filtering
     it again changes nothing."""
     rng = random.Random(11)
@@ -280,7 +280,7 @@ def test_output_is_a_fixed_point():
         assert _one_shot(out) == out, data
 
 
-def test_a_replay_cut_anywhere_stays_safe():
+def test_a_replay_cut_anywhere_stays_safe() -> None:
     """An attach replays the ring, cut anywhere: filtered again from a fresh state,
     no tail of a sequence becomes one that reports or reaches the clipboard."""
     hostile = b"".join(_b(v) for v in DROPPED.values())
@@ -293,12 +293,12 @@ def test_a_replay_cut_anywhere_stays_safe():
                 assert bad not in replay, (i, bad)
 
 
-def test_fast_path_returns_the_chunk_itself():
+def test_fast_path_returns_the_chunk_itself() -> None:
     data = b"plain text, tabs\tand newlines\n" * 100
     assert TermFilter().feed(data) is data
 
 
-def test_an_unterminated_osc_is_dropped_and_never_buffered():
+def test_an_unterminated_osc_is_dropped_and_never_buffered() -> None:
     f = TermFilter()
     out = f.feed(b"before\x1b]52;c;")
     for _ in range(100):
@@ -308,14 +308,14 @@ def test_an_unterminated_osc_is_dropped_and_never_buffered():
     assert out == b"beforeafter"
 
 
-def test_an_allowed_osc_longer_than_the_cap_is_dropped_whole():
+def test_an_allowed_osc_longer_than_the_cap_is_dropped_whole() -> None:
     long_uri = b"https://example.com/" + b"a" * OSC_CAP
     assert filter_once(b"x\x1b]8;;" + long_uri + b"\x1b\\y") == b"xy"
     fits = b"\x1b]8;;https://example.com/" + b"a" * (OSC_CAP - 40) + b"\x07"
     assert filter_once(fits) == fits
 
 
-def test_an_unterminated_dcs_is_dropped_and_never_buffered():
+def test_an_unterminated_dcs_is_dropped_and_never_buffered() -> None:
     f = TermFilter()
     out = f.feed(b"a\x1bP$q")
     for _ in range(50):
@@ -324,13 +324,13 @@ def test_an_unterminated_dcs_is_dropped_and_never_buffered():
     assert out + f.feed(b"\x1b\\b") == b"ab"
 
 
-def test_a_csi_longer_than_the_cap_is_dropped_whole():
+def test_a_csi_longer_than_the_cap_is_dropped_whole() -> None:
     assert filter_once(b"\x1b[" + b"1;" * CSI_CAP + b"31mX") == b"X"
     fits = b"\x1b[" + b"1;" * (CSI_CAP // 2 - 1) + b"1m"
     assert filter_once(fits) == fits
 
 
-def test_state_is_kept_between_chunks():
+def test_state_is_kept_between_chunks() -> None:
     f = TermFilter()
     assert f.feed(b"a\x1b") == b"a"
     assert f.feed(b"]52;c;eA") == b""

@@ -46,7 +46,9 @@ def test_resolve_skips_a_writable_tree_spelt_through_a_symlink(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("entry", ["", ".", "bin", "./bin"])
-def test_resolve_never_takes_a_relative_entry(tmp_path: Path, entry: str, monkeypatch) -> None:
+def test_resolve_never_takes_a_relative_entry(
+    tmp_path: Path, entry: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _exe(tmp_path / "bin/npm")
     _exe(tmp_path / "npm")
     monkeypatch.chdir(tmp_path)

@@ -42,25 +42,25 @@ from boxy.values import (
         ("0.5K", 512),
     ],
 )
-def test_parse_size(text, expected):
+def test_parse_size(text: str, expected: int) -> None:
     assert parse_size(text) == expected
 
 
 @pytest.mark.parametrize(
     "text", ["2XB", "", "GiB", "-1G", "1e9", "0x10", "1.G", "2 G B", "1,5G", "∞"]
 )
-def test_parse_size_refuses(text):
+def test_parse_size_refuses(text: str) -> None:
     with pytest.raises(UsageError, match="is not a size"):
         parse_size(text, what="--memory")
 
 
-def test_parse_size_message_names_flag_and_examples():
+def test_parse_size_message_names_flag_and_examples() -> None:
     with pytest.raises(UsageError) as e:
         parse_size("2XB", what="--memory")
     assert str(e.value) == "--memory: '2XB' is not a size (examples: 512MiB, 2GiB)"
 
 
-def test_parse_size_zero():
+def test_parse_size_zero() -> None:
     with pytest.raises(UsageError, match="zero"):
         parse_size("0")
     with pytest.raises(UsageError, match="zero"):
@@ -68,7 +68,7 @@ def test_parse_size_zero():
     assert parse_size("0", allow_zero=True) == 0
 
 
-def test_parse_size_too_large():
+def test_parse_size_too_large() -> None:
     with pytest.raises(UsageError, match="too large"):
         parse_size("99999999999TiB")
 
@@ -88,17 +88,17 @@ def test_parse_size_too_large():
         ("2h5m3s100ms", 7503.1),
     ],
 )
-def test_parse_duration(text, expected):
+def test_parse_duration(text: str, expected: float) -> None:
     assert parse_duration(text) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("text", ["", "m", "10x", "1h 30m", "-5s", "1h1h", "10mins", "1.s", "s10"])
-def test_parse_duration_refuses(text):
+def test_parse_duration_refuses(text: str) -> None:
     with pytest.raises(UsageError, match="--timeout: .* is not a duration"):
         parse_duration(text, what="--timeout")
 
 
-def test_parse_duration_zero_and_bounds():
+def test_parse_duration_zero_and_bounds() -> None:
     with pytest.raises(UsageError, match="zero"):
         parse_duration("0s")
     assert parse_duration("0", allow_zero=True) == 0.0
@@ -106,7 +106,7 @@ def test_parse_duration_zero_and_bounds():
         parse_duration("400d")
 
 
-def test_parse_count():
+def test_parse_count() -> None:
     assert parse_count("512", what="--pids") == 512
     for bad in ["0", "-1", "1.5", "abc", "", "1e3", "0x10"]:
         with pytest.raises(UsageError, match="--pids"):
@@ -115,7 +115,7 @@ def test_parse_count():
         parse_count(str(1 << 40), what="--pids")
 
 
-def test_parse_cpus():
+def test_parse_cpus() -> None:
     assert parse_cpus("2") == 2.0
     assert parse_cpus("0.5") == 0.5
     for bad in ["0", "0.0", "-1", "two", "", "1e2", "nan", "inf"]:
@@ -138,7 +138,7 @@ def test_parse_cpus():
         (-2048, "-2.0KiB"),
     ],
 )
-def test_format_size(n, text):
+def test_format_size(n: int, text: str) -> None:
     assert format_size(n) == text
 
 
@@ -155,21 +155,21 @@ def test_format_size(n, text):
         (183600, "2d3h"),
     ],
 )
-def test_format_duration(seconds, text):
+def test_format_duration(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
 
 
 @pytest.mark.parametrize("seconds", [1, 59, 60, 61, 3599, 3600, 3661, 86400, 90061, 0.25, 2.5])
-def test_format_duration_round_trips(seconds):
+def test_format_duration_round_trips(seconds: float) -> None:
     assert parse_duration(format_duration(seconds)) == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize("n", [1, 1023, 1024, 5 << 20, 3 << 30])
-def test_format_size_reads_back_close(n):
+def test_format_size_reads_back_close(n: int) -> None:
     assert abs(parse_size(format_size(n)) - n) <= n * 0.05
 
 
-def test_parse_port():
+def test_parse_port() -> None:
     assert parse_port("1") == 1
     assert parse_port("65535") == 65535
     for bad in ["0", "65536", "-1", "http", "", "443 ", "1e3", "080808"]:
@@ -203,11 +203,11 @@ def test_parse_port():
         ("[fd00::7]:5353/udp", HostSpec("fd00::7", (5353,), True)),
     ],
 )
-def test_parse_host_spec(text, spec):
+def test_parse_host_spec(text: str, spec: HostSpec) -> None:
     assert parse_host_spec(text) == spec
 
 
-def test_host_spec_str_round_trips():
+def test_host_spec_str_round_trips() -> None:
     for text in [
         "a.example",
         "a.example:1,2",
@@ -245,7 +245,7 @@ def test_host_spec_str_round_trips():
         ("https://example.com", "is a URL; give its host alone: --allow-host example.com"),
     ],
 )
-def test_parse_host_spec_refuses(text, message):
+def test_parse_host_spec_refuses(text: str, message: str) -> None:
     with pytest.raises(UsageError, match=message):
         parse_host_spec(text)
 
@@ -269,7 +269,7 @@ WILDCARD_RULE = "a wildcard must be a leading '\\*\\.' over at least two labels"
         "f*o.example.com",
     ],
 )
-def test_parse_host_name_wildcard_refused(text):
+def test_parse_host_name_wildcard_refused(text: str) -> None:
     with pytest.raises(UsageError, match=WILDCARD_RULE) as e:
         parse_host_name(text)
     assert str(e.value).startswith(f"--allow-host: {text!r}: ")
@@ -278,12 +278,12 @@ def test_parse_host_name_wildcard_refused(text):
 @pytest.mark.parametrize(
     "text", ["*.-bad.example", "*.a..b", "*.a.123", "*.1.2.3.4", "*.ex ample.com"]
 )
-def test_parse_host_name_wildcard_body_checked(text):
+def test_parse_host_name_wildcard_body_checked(text: str) -> None:
     with pytest.raises(UsageError, match=f"{text!r} is not a host name".replace("*", "\\*")):
         parse_host_name(text)
 
 
-def test_parse_host_name_wildcard_length():
+def test_parse_host_name_wildcard_length() -> None:
     body = ".".join(["a" * 62] * 4)  # 251 characters: fine alone, 253 with "*."
     assert parse_host_name(body + "x") == body + "x"
     assert parse_host_name("*." + body) == "*." + body
@@ -291,7 +291,7 @@ def test_parse_host_name_wildcard_length():
         parse_host_name("*." + body + "x")
 
 
-def test_parse_host_name_length():
+def test_parse_host_name_length() -> None:
     long = ".".join(["a" * 60] * 5)  # 304 characters
     with pytest.raises(UsageError):
         parse_host_name(long)
@@ -308,7 +308,7 @@ def test_parse_host_name_length():
         ("fd00:0:0:1::/64", "fd00:0:0:1::/64"),
     ],
 )
-def test_parse_cidr(text, norm):
+def test_parse_cidr(text: str, norm: str) -> None:
     assert parse_cidr(text) == norm
 
 
@@ -328,7 +328,7 @@ def test_parse_cidr(text, norm):
         ("", "not an address range"),
     ],
 )
-def test_parse_cidr_refuses(text, message):
+def test_parse_cidr_refuses(text: str, message: str) -> None:
     with pytest.raises(UsageError, match=message):
         parse_cidr(text)
 
@@ -343,7 +343,7 @@ def test_parse_cidr_refuses(text, message):
         ("fd12::/48,192.168.4.0/24", ["fd12::/48", "192.168.4.0/24"]),
     ],
 )
-def test_parse_cidrs(text, nets):
+def test_parse_cidrs(text: str, nets: list[str]) -> None:
     assert parse_cidrs(text) == nets
 
 
@@ -360,7 +360,7 @@ def test_parse_cidrs(text, nets):
         ("0.0.0.0/0,192.168.4.0/24", "every address"),
     ],
 )
-def test_parse_cidrs_refuses(text, message):
+def test_parse_cidrs_refuses(text: str, message: str) -> None:
     with pytest.raises(UsageError, match=message) as e:
         parse_cidrs(text, what="--allow-cidr")
     assert str(e.value).startswith("--allow-cidr: ")
@@ -378,7 +378,7 @@ def test_parse_cidrs_refuses(text, message):
         ("[::]:3000:3000/TCP", "::", 3000, 3000),
     ],
 )
-def test_parse_publish(text, addr, host_port, port):
+def test_parse_publish(text: str, addr: str, host_port: int, port: int) -> None:
     m = parse_publish(text)
     assert (m.addr, m.host_port, m.port) == (addr, host_port, port)
     assert parse_publish(str(m)) == m and hash(parse_publish(str(m))) == hash(m)
@@ -403,14 +403,14 @@ def test_parse_publish(text, addr, host_port, port):
         ("8080:+80", "is not a port number"),
     ],
 )
-def test_parse_publish_refuses(text, message):
+def test_parse_publish_refuses(text: str, message: str) -> None:
     with pytest.raises(UsageError, match="^--publish") as e:
         parse_publish(text)
     assert message in str(e.value)
 
 
-def test_port_mapping_is_frozen():
+def test_port_mapping_is_frozen() -> None:
     m = parse_publish("8080:80")
     with pytest.raises(AttributeError):
-        m.port = 81  # type: ignore[misc]
+        m.port = 81
     assert m.host == "127.0.0.1:8080" and parse_publish("[::1]:1:2").host == "[::1]:1"

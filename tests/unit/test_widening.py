@@ -3,6 +3,8 @@ than the run's default is held back (and named); nothing narrower or equal is.""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from boxyd.config import widening
@@ -12,7 +14,7 @@ from boxyd.config.runspec import CopyEntry, PathEntry
 CACHE = "/home/u/.cache/boxy/cache/node/k"
 
 
-def P(**kw) -> Profile:
+def P(**kw: Any) -> Profile:
     return Profile(name="t", source="t", **kw)
 
 
@@ -49,7 +51,7 @@ NODE = P(
         ("none", "none", False),
     ],
 )
-def test_network_mode_is_ordered(base_net, net, wider):
+def test_network_mode_is_ordered(base_net: str | None, net: str | None, wider: bool) -> None:
     out, keys = held(P(net=base_net), P(net=net))
     assert (keys != []) is wider
     if wider:
@@ -58,7 +60,7 @@ def test_network_mode_is_ordered(base_net, net, wider):
         assert out.net == net
 
 
-def test_hosts_and_ports_widen_an_allowlist_only():
+def test_hosts_and_ports_widen_an_allowlist_only() -> None:
     base = P(net="allowlist", allow_hosts=["{npm_registry}"], allow_ports=[443])
     cand = P(
         net="allowlist",
@@ -76,7 +78,7 @@ def test_hosts_and_ports_widen_an_allowlist_only():
     assert keys == ["net (allowlist)"] and out.net == "none"
 
 
-def test_cidrs_are_covered_by_containment():
+def test_cidrs_are_covered_by_containment() -> None:
     base = P(allow_cidrs=["192.0.2.0/24", "2001:db8::/32"])
     cand = P(allow_cidrs=["192.0.2.7/32", "2001:db8:1::/48", "10.0.0.0/8", "192.0.0.0/16"])
     out, keys = held(base, cand)
@@ -86,7 +88,7 @@ def test_cidrs_are_covered_by_containment():
     assert held(P(net="none"), P(net="none", allow_cidrs=["10.0.0.0/8"]))[1] == []
 
 
-def test_tailscale_seccomp_tty():
+def test_tailscale_seccomp_tty() -> None:
     out, keys = held(GENERIC, P(tailscale=True, seccomp="compat", tty=True))
     assert keys == ["tailscale", "seccomp", "tty"]
     assert (out.tailscale, out.seccomp, out.tty) == (None, None, None)
@@ -95,7 +97,7 @@ def test_tailscale_seccomp_tty():
     assert held(same, P(seccomp="strict", tty=False))[1] == []
 
 
-def test_an_unfiltered_terminal_is_held():
+def test_an_unfiltered_terminal_is_held() -> None:
     out, keys = held(GENERIC, P(tty_raw=True))
     assert keys == ["tty_raw"] and out.tty_raw is None
     assert held(P(tty_raw=True), P(tty_raw=True))[1] == []
@@ -103,13 +105,13 @@ def test_an_unfiltered_terminal_is_held():
 
 
 @pytest.mark.parametrize("kind", ["ro", "rw", "mkdir", "reveal"])
-def test_every_exposure_of_a_host_path_is_held(kind):
+def test_every_exposure_of_a_host_path_is_held(kind: str) -> None:
     cand = P(**{kind: [PathEntry("/home/u/.ssh"), PathEntry("/home/u/.aws", True)]})
     out, keys = held(GENERIC, cand)
     assert keys == [f"filesystem.{kind} (/home/u/.ssh, /home/u/.aws)"] and getattr(out, kind) == []
 
 
-def test_exposure_the_base_grants_is_kept():
+def test_exposure_the_base_grants_is_kept() -> None:
     base = P(rw=[PathEntry("/data")], ro=[PathEntry("/opt/x")], reveal=[PathEntry("/w/.env")])
     cand = P(
         ro=[PathEntry("/data"), PathEntry("/opt/x")],
@@ -122,7 +124,7 @@ def test_exposure_the_base_grants_is_kept():
     assert [e.path for e in out.ro] == ["/data", "/opt/x"] and out.rw == []
 
 
-def test_the_projects_own_cache_is_not_a_widening_but_another_projects_is():
+def test_the_projects_own_cache_is_not_a_widening_but_another_projects_is() -> None:
     other = "/home/u/.cache/boxy/cache/node/other"
     cand = P(mkdir=[PathEntry(CACHE), PathEntry(CACHE + "/npm"), PathEntry(other)])
     out, keys = held(GENERIC, cand)
@@ -131,7 +133,7 @@ def test_the_projects_own_cache_is_not_a_widening_but_another_projects_is():
     assert held(GENERIC, P(mkdir=[PathEntry(CACHE + "x")]))[1] != []  # a prefix is not inside
 
 
-def test_copies_must_match_source_and_destination():
+def test_copies_must_match_source_and_destination() -> None:
     base = P(copy=[CopyEntry("/h/a", "/h/a")], copy_ro=[CopyEntry("/h/b", "/h/b")])
     cand = P(
         copy=[
@@ -152,14 +154,14 @@ def test_copies_must_match_source_and_destination():
     assert out.copy_ro == [CopyEntry("/h/a", "/h/a"), CopyEntry("/h/b", "/h/b")]
 
 
-def test_a_protect_entry_of_the_base_is_never_dropped():
+def test_a_protect_entry_of_the_base_is_never_dropped() -> None:
     base = P(protect=[PathEntry("/w/.vscode"), PathEntry("/w/.github")])
     out, keys = held(base, P(protect=[PathEntry("/w/.github"), PathEntry("/w/.idea")]))
     assert keys == ["filesystem.protect (/w/.vscode)"]
     assert {e.path for e in out.protect} == {"/w/.github", "/w/.idea", "/w/.vscode"}
 
 
-def test_secrets_patterns_only_narrow():
+def test_secrets_patterns_only_narrow() -> None:
     out, keys = held(P(secrets=["*.key"]), P(secrets=["*.key", "*.tok"]))
     assert keys == [] and out.secrets == ["*.key", "*.tok"]  # more covered: applies at once
     out, keys = held(P(secrets=["*.key", "*.pem"]), P(secrets=["*.tok"]))
@@ -171,7 +173,7 @@ def test_secrets_patterns_only_narrow():
     assert widening.approval_view({"filesystem": {"secrets": ["*.tok"]}}) == {"filesystem": {}}
 
 
-def test_environment_from_the_host():
+def test_environment_from_the_host() -> None:
     base = P(env_pass=["TERM"], env_secrets=["NPM_TOKEN"])
     cand = P(
         env_pass=["TERM", "AWS_SECRET_ACCESS_KEY"],
@@ -202,13 +204,15 @@ def test_environment_from_the_host():
         ("timeout", 60.0, None, True),
     ],
 )
-def test_limits_raised_or_lifted(key, base_value, value, wider):
+def test_limits_raised_or_lifted(
+    key: str, base_value: float | None, value: float | None, wider: bool
+) -> None:
     out, keys = held(P(**{key: base_value}), P(**{key: value}))
     assert keys == ([f"limits.{key}"] if wider else [])
     assert getattr(out, key) == (base_value if wider else value)
 
 
-def test_node_asked_for_by_an_unapproved_file_keeps_the_default_limits():
+def test_node_asked_for_by_an_unapproved_file_keeps_the_default_limits() -> None:
     out, keys = held(GENERIC, NODE)
     assert keys == ["limits.memory", "limits.pids"]
     assert (out.net, out.allow_hosts, out.memory, out.pids) == (
@@ -221,13 +225,13 @@ def test_node_asked_for_by_an_unapproved_file_keeps_the_default_limits():
     assert held(NODE, NODE)[1] == []  # a profile is never wider than itself
 
 
-def test_the_candidate_is_not_changed_in_place():
+def test_the_candidate_is_not_changed_in_place() -> None:
     cand = P(allow_hosts=["x"], net="allowlist")
     held(P(net="allowlist"), cand)
     assert cand.allow_hosts == ["x"]
 
 
-def test_approval_view_leaves_out_only_what_cannot_widen():
+def test_approval_view_leaves_out_only_what_cannot_widen() -> None:
     doc = {
         "profile": "node",
         "description": "d",
@@ -244,7 +248,7 @@ def test_approval_view_leaves_out_only_what_cannot_widen():
     }
 
 
-def test_a_published_port_is_held_unless_the_base_publishes_it():
+def test_a_published_port_is_held_unless_the_base_publishes_it() -> None:
     from boxy.values import parse_publish
 
     mine, other = parse_publish("8080:80"), parse_publish("9090:90")

@@ -78,6 +78,7 @@ def handshake(body: bytes, msg_type: int = 1) -> bytes:
 
 def client_hello(*extensions: bytes, **kw: object) -> bytes:
     """A ClientHello handshake message (no record layer)."""
+    # KW: client_hello_body's keywords, checked there at run time
     return handshake(client_hello_body(extensions, **kw))  # type: ignore[arg-type]
 
 

@@ -33,7 +33,7 @@ subjectAltName = {san}"""
 
 def _req(
     out_dir: Path, label: str, cn: str, ext: str, ca: tuple[Path, Path] | None
-) -> subprocess.Popen:
+) -> subprocess.Popen[bytes]:
     cnf = out_dir / f"{label}.cnf"
     cnf.write_text(_CONFIG.format(cn=cn, ext=ext))
     argv = [
@@ -61,7 +61,7 @@ def _req(
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def _wait(procs: dict[str, subprocess.Popen]) -> None:
+def _wait(procs: dict[str, subprocess.Popen[bytes]]) -> None:
     for label, p in procs.items():
         _, err = p.communicate()
         if p.returncode != 0:
@@ -79,7 +79,7 @@ def make_pki(
     out_dir.mkdir(parents=True, exist_ok=True)
     _wait({"CA": _req(out_dir, "ca", "boxy test CA", _CA_EXT, None)})
     ca = (out_dir / "ca.pem", out_dir / "ca.key")
-    procs: dict[str, subprocess.Popen] = {}
+    procs: dict[str, subprocess.Popen[bytes]] = {}
     for i, (label, names) in enumerate(certs.items()):
         san = [f"DNS:{n}" for n in names] + ([f"IP:{a}" for a in ips] if i == 0 else [])
         procs[label] = _req(out_dir, label, names[0], _LEAF_EXT.format(san=",".join(san)), ca)

@@ -30,7 +30,7 @@ import dns.rdatatype
 import dns.rrset
 
 from . import plan
-from .events import LineLog, peer_text
+from .events import LineLog, Peer, peer_text
 
 IN = dns.rdataclass.IN
 MAX_CHAIN = 16  # CNAME hops followed before giving up (loops stop earlier)
@@ -192,7 +192,7 @@ class Server:
                 f"malformed:{type(e).__name__}:{wire[:64].hex()}"
             )
             return None
-        for q in query.question or [None]:
+        for q in query.question or (None,):
             qname = q.name.to_text() if q is not None else "?"
             qtype = dns.rdatatype.to_text(q.rdtype) if q is not None else "?"
             self.log.line(f"{time.time():.3f}\t{transport}\t{qname}\t{qtype}\t{peer}\t{self.label}")
@@ -205,12 +205,12 @@ class Server:
         except dns.exception.TooBig:
             return _truncated(query)
 
-    def on_datagram(self, sock: socket.socket, data: bytes, peer: tuple) -> None:
+    def on_datagram(self, sock: socket.socket, data: bytes, peer: Peer) -> None:
         out = self.respond(data, "udp", peer_text(peer))
         if out is not None:
             sock.sendto(out, peer)
 
-    def on_stream(self, conn: socket.socket, peer: tuple) -> None:
+    def on_stream(self, conn: socket.socket, peer: Peer) -> None:
         conn.settimeout(TCP_IDLE)
         with conn:
             while True:

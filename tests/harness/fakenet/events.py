@@ -12,6 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+# A socket address as accept() and recvfrom() give it: (host, port) for IPv4,
+# (host, port, flowinfo, scope_id) for IPv6.
+Peer = tuple[str, int] | tuple[str, int, int, int]
+
 
 class LineLog:
     def __init__(self, path: Path) -> None:
@@ -28,7 +32,7 @@ class LineLog:
         self.line(json.dumps({"t": round(time.time(), 3), **fields}, sort_keys=True))
 
 
-def peer_text(peer: tuple) -> str:
+def peer_text(peer: Peer) -> str:
     """A socket address as text, IPv6 in brackets: "1.2.3.4:5", "[fd77::2]:5"."""
     host, port = peer[0], peer[1]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

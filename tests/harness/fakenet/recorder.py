@@ -13,7 +13,7 @@ import socket
 from dataclasses import dataclass
 
 from .dns import Server as DnsServer
-from .events import LineLog, peer_text
+from .events import LineLog, Peer, peer_text
 
 FIRST_BYTES_WAIT = 1.0  # seconds to wait for a client's first bytes before closing
 
@@ -28,7 +28,7 @@ class Spot:
 
 
 def on_tcp(
-    conn: socket.socket, peer: tuple, spot: Spot, log: LineLog, dns: DnsServer | None
+    conn: socket.socket, peer: Peer, spot: Spot, log: LineLog, dns: DnsServer | None
 ) -> None:
     log.event(
         kind="tcp", recorder=spot.recorder, addr=spot.addr, port=spot.port, peer=peer_text(peer)
@@ -54,7 +54,7 @@ def on_tcp(
 
 
 def on_udp(
-    sock: socket.socket, data: bytes, peer: tuple, spot: Spot, log: LineLog, dns: DnsServer | None
+    sock: socket.socket, data: bytes, peer: Peer, spot: Spot, log: LineLog, dns: DnsServer | None
 ) -> None:
     log.event(
         kind="udp",

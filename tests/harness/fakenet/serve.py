@@ -22,18 +22,19 @@ import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from . import plan, recorder, web
 from .dns import Authority, sentinel_answer
 from .dns import Server as DnsServer
-from .events import LineLog
+from .events import LineLog, Peer
 
 QUERY_LOG = "dns-queries.log"
 SERVER_LOG = "servers.jsonl"
 RECORDER_LOG = "recorders.jsonl"
 
-TcpHandler = Callable[[socket.socket, tuple], None]
-UdpHandler = Callable[[socket.socket, bytes, tuple], None]
+TcpHandler = Callable[[socket.socket, Peer], None]
+UdpHandler = Callable[[socket.socket, bytes, Peer], None]
 Listener = tuple[socket.socket, str, Callable[..., None]]
 
 
@@ -128,7 +129,7 @@ def _serve(listeners: list[Listener]) -> None:
     while True:
         for key, _ in sel.select():
             proto, fn = key.data
-            sock: socket.socket = key.fileobj  # type: ignore[assignment]
+            sock = cast(socket.socket, key.fileobj)
             while True:
                 try:
                     if proto == "tcp":

@@ -24,13 +24,14 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from . import plan
-from .events import LineLog, peer_text
+from .events import LineLog, Peer, peer_text
 
 CHUNK = 1 << 20
 IDLE = 60.0  # seconds a connection may sit idle (keeps threads from piling up)
@@ -44,7 +45,7 @@ class _BigStream:
         self._sha: dict[int, str] = {}
         self._lock = threading.Lock()
 
-    def chunks(self, n: int):
+    def chunks(self, n: int) -> Iterator[memoryview]:
         i = 0
         while n > 0:
             chunk = i.to_bytes(8, "big") + self._block[8:]
@@ -97,7 +98,7 @@ class Certs:
     def _pick(
         self, sock: ssl.SSLObject | ssl.SSLSocket, name: str | None, _ctx: ssl.SSLContext
     ) -> None:
-        sock.boxyt_sni = name  # type: ignore[union-attr]
+        sock.boxyt_sni = name  # type: ignore[union-attr]  # our own, read by serve_http()
         alt = self.by_name.get(name or "")
         if alt is not None:
             sock.context = alt
@@ -245,7 +246,7 @@ class _Conn:
 
 
 def serve_http(
-    conn: socket.socket, peer: tuple, ep: Endpoint, log: LineLog, certs: Certs | None
+    conn: socket.socket, peer: Peer, ep: Endpoint, log: LineLog, certs: Certs | None
 ) -> None:
     """Serve HTTP (or HTTPS, with the handshake done here, off the accept loop) on CONN."""
     conn.settimeout(IDLE)
@@ -262,6 +263,7 @@ def serve_http(
         if ep.tls and certs is not None:
             sock = certs.main.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
             sock.do_handshake()
+        # _Conn stands in for the socketserver the handler expects
         _Handler(sock, peer, _Conn(ep, getattr(sock, "boxyt_sni", None), log))  # type: ignore[arg-type]
     except ssl.SSLError as e:
         log.event(
@@ -279,7 +281,7 @@ def serve_http(
         sock.close()
 
 
-def serve_banner(conn: socket.socket, peer: tuple, ep: Endpoint, log: LineLog) -> None:
+def serve_banner(conn: socket.socket, peer: Peer, ep: Endpoint, log: LineLog) -> None:
     """Server speaks first (like SSH): a banner line on accept, then echo lines back."""
     conn.settimeout(IDLE)
     log.event(kind="banner", server=ep.server, addr=ep.addr, port=ep.port, peer=peer_text(peer))
@@ -292,7 +294,7 @@ def serve_banner(conn: socket.socket, peer: tuple, ep: Endpoint, log: LineLog) -
             pass
 
 
-def on_udp_echo(sock: socket.socket, data: bytes, peer: tuple, ep: Endpoint, log: LineLog) -> None:
+def on_udp_echo(sock: socket.socket, data: bytes, peer: Peer, ep: Endpoint, log: LineLog) -> None:
     log.event(
         kind="udp",
         server=ep.server,

@@ -48,7 +48,7 @@ test: venv docs
 	tests/harness/run-tests.sh $(VENV)
 
 # The gates CI runs before the tests (docs/design.md, "Code"); mypy's settings are
-# in pyproject.toml (strict, over boxy, boxyd and boxyctl).
+# in pyproject.toml (strict, over boxy, boxyd, boxyctl and the tests).
 lint: venv
 	$(VENV)/bin/ruff check boxy boxyd boxyctl tests bench
 	$(VENV)/bin/ruff format --check boxy boxyd boxyctl tests bench

@@ -27,7 +27,7 @@ from boxy.outcome import (
     Stopped,
 )
 from boxy.request import RunOptions, RunRequest
-from boxyd.config import profileview
+from boxyd.config import parsedoor, profileview
 from boxyd.config.profileview import ProfileView
 from boxyd.config.runspec import RunSpec
 from boxyd.daemon import seam
@@ -49,7 +49,7 @@ from boxyd.daemon.events import (
     StateChanged,
 )
 from boxyd.daemon.manager import Manager
-from boxyd.daemon.seam import Exit, Report, SandboxEvent, Sink, Started
+from boxyd.daemon.seam import Exit, QuestionParser, Report, SandboxEvent, Sink, Started
 from boxyd.daemon.session import Session, outcome_of
 
 TABLE = Destination("registry.example", 3, 1, 2, 2000, 9000)
@@ -136,6 +136,14 @@ class FakeSandbox:
         self.closed = True
 
 
+class LocalParser:
+    def parse(self, job: parsedoor.Job) -> object | parsedoor.Hostile:
+        return parsedoor.LOCAL.parse(job)
+
+    def close(self) -> None:
+        pass
+
+
 class FakeLauncher:
     def __init__(self, **sandbox_args: object) -> None:
         self.args = sandbox_args
@@ -151,6 +159,10 @@ class FakeLauncher:
 
     def start(self) -> None:
         pass
+
+    def parser(self) -> QuestionParser:
+        """As boxyd's, parsing in this process (the unit tests are apart: conftest)."""
+        return LocalParser()
 
     async def profile(self, name: str, cwd: str, client_env: dict[str, str]) -> ProfileView:
         """As boxyd's: the real load, without asking npm or pip (no tool sandboxes)."""

@@ -94,7 +94,19 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
     task.cancel()
 
 
-def good(sessions: dict[str, Any]) -> dict[str, tuple[dict[str, Any], dict[str, bool]]]:
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A project with a .boxy.yaml to trust; approvals under a config home of the test's."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    wd = tmp_path / "proj"
+    wd.mkdir()
+    (wd / ".boxy.yaml").write_text("profile: node\n")
+    return str(wd)
+
+
+def good(
+    sessions: dict[str, Any], project: str
+) -> dict[str, tuple[dict[str, Any], dict[str, bool]]]:
     """Good parameters for every method (the values the IDL's types cannot say)."""
     run = {
         "argv": ["true"],
@@ -120,12 +132,21 @@ def good(sessions: dict[str, Any]) -> dict[str, tuple[dict[str, Any], dict[str, 
         "DaemonStatus": ({}, {}),
         "Shutdown": ({"force": False}, {}),
         "JoinBus": ({"address": "unix:path=/nonexistent"}, {}),
+        "Doctor": ({}, {}),
+        "Profiles": ({}, {}),
+        "ProfileShow": ({"name": "node", "cwd": project, "client_env": {}}, {}),
+        "Trust": ({"cwd": project, "client_env": {}}, {}),
+        "Trusted": ({"cwd": project, "client_env": {}}, {}),
+        "Approvals": ({}, {}),
+        "Revoke": ({"cwd": project}, {}),
     }
 
 
-async def test_every_method_with_good_parameters_replies_as_declared(world: World) -> None:
+async def test_every_method_with_good_parameters_replies_as_declared(
+    world: World, project: str
+) -> None:
     manager, peer, sessions = world
-    cases = good(sessions)
+    cases = good(sessions, project)
     assert set(cases) == set(IDL.methods), "a method of the IDL without a case here"
     # List says what it lists: without all, the sessions under way only
     running = {sessions["running"].id, sessions["detached"].id}
@@ -166,10 +187,10 @@ async def test_every_method_with_good_parameters_replies_as_declared(world: Worl
 
 @pytest.mark.parametrize("method", sorted(IDL.methods))
 async def test_every_parameter_missing_or_mistyped_is_invalid_parameter(
-    world: World, method: str
+    world: World, method: str, project: str
 ) -> None:
     _, peer, sessions = world
-    params, flags = good(sessions)[method]
+    params, flags = good(sessions, project)[method]
     cases = [("bogus", {**params, "bogus": 1})]
     for name, t in IDL.methods[method].params:
         cases.append((name, {**params, name: wrong(t)}))

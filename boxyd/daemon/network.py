@@ -31,7 +31,7 @@ from boxyd.net.hostnet import UPSTREAM_ENV, upstream_servers
 from boxyd.net.policy import NetPolicy
 from boxyd.net.refusals import Tally
 from boxyd.plan.hostfile import Outputs, replaced
-from boxyd.plan.ops import File, Plan
+from boxyd.plan.ops import NetPlan
 
 log = logging.getLogger("boxyd")
 
@@ -136,26 +136,22 @@ class Network:
         _PREFLIGHT[key] = (time.monotonic(), lines)  # only a whole answer is kept
         self.warnings += lines
 
-    def configure(self, plan: Plan) -> None:
-        """What stage 2 applies: the gateway netns's ruleset, Landlock's connect ports."""
+    def plan(self) -> NetPlan:
+        """The network's part of the plan (mountplan.build): the gateway netns's
+        ruleset, Landlock's connect ports, the capture, the tailnet's domain."""
         ports = self.policy.landlock_ports()
         udp = self.policy.udp_ports()
         literals = (
             tuple(self.policy.literal_addresses()) if self.policy.mode == "allowlist" else None
         )
-        plan.net_ruleset = gateway_ruleset(
+        ruleset = gateway_ruleset(
             self.policy.mode,
             self.policy.exceptions,
             None if ports is None else tuple(ports),
             None if udp is None else tuple(udp),
             literals,
         )
-        plan.landlock_ports = ports
-        plan.pcap = self._capture is not None
-        if self.tailnet:
-            for op in plan.ops:
-                if isinstance(op, File) and op.dst == "/etc/resolv.conf":
-                    op.content = tailscale.resolv_conf(op.content, self.tailnet)
+        return NetPlan(ruleset, ports, self._capture is not None, self.tailnet or None)
 
     def attach(self, listeners: dict[str, socket.socket], dns: DnsProxy) -> None:
         expected = set(LISTENERS) | ({"pcap"} if self._capture is not None else set())

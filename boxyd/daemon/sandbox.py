@@ -408,18 +408,15 @@ class StageSandbox:
             )
             for r, t in self.trees.items()
         ]
-        plan = mountplan.build(
+        return mountplan.build(
             spec,
             seccomp_bpf=build_filter(spec.seccomp),
             protections=pins,
             masks=masks,
             ctty=self.pty is not None,
+            net=self.net.plan() if self.net is not None else None,
+            pty={**self.pty.settings, "fds": ttys} if self.pty is not None else None,
         )
-        if self.net is not None:
-            self.net.configure(plan)
-        if self.pty is not None:
-            plan.pty = {**self.pty.settings, "fds": ttys}
-        return plan
 
     def _held_pins(self, warnings: list[str]) -> dict[str, list[Protection]]:
         """Each tree's pins: git's, then the files host programs obey (heldfiles.pins),

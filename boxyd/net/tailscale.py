@@ -59,8 +59,3 @@ def qualify_hosts(hosts: list[str], suffix: str) -> list[str]:
         if "." not in name and not name.startswith("*"):
             out.append(f"{name}.{suffix}{sep}{rest}")
     return out
-
-
-def resolv_conf(base: str, suffix: str) -> str:
-    """The sandbox's resolv.conf with the tailnet as its search domain."""
-    return base.rstrip("\n") + f"\nsearch {suffix}\n"

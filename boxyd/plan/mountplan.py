@@ -10,11 +10,22 @@ import base64
 import grp
 import os
 import pwd
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from boxy.errors import UsageError
 from boxyd.config.runspec import SYSTEM_TREES, RunSpec
-from boxyd.plan.ops import Bind, Copy, Dir, File, LandlockRule, Mask, MountOp, Plan, Symlink
+from boxyd.plan.ops import (
+    Bind,
+    Copy,
+    Dir,
+    File,
+    LandlockRule,
+    Mask,
+    MountOp,
+    NetPlan,
+    Plan,
+    Symlink,
+)
 
 if TYPE_CHECKING:
     from boxyd.gitguard.discover import Protection
@@ -87,8 +98,11 @@ def system_ops() -> tuple[list[MountOp], list[LandlockRule]]:
     return ops, rules
 
 
-def etc_files(uid: int, gid: int, user: str, home: str, net: str) -> list[MountOp]:
-    """A passwd and group holding only the user, and a resolver pointing at the gateway."""
+def etc_files(
+    uid: int, gid: int, user: str, home: str, net: str, search: str | None = None
+) -> list[MountOp]:
+    """A passwd and group holding only the user, and a resolver pointing at the gateway
+    (SEARCH: a tailnet's domain, for its MagicDNS short names)."""
     try:
         group = grp.getgrgid(gid).gr_name
     except KeyError:
@@ -96,6 +110,8 @@ def etc_files(uid: int, gid: int, user: str, home: str, net: str) -> list[MountO
     resolv = (
         "# boxy: no network\n" if net == "none" else "nameserver 10.0.2.2\noptions edns0 trust-ad\n"
     )
+    if search and net != "none":
+        resolv += f"search {search}\n"
     return [
         File("/etc/passwd", f"{user}:x:{uid}:{gid}:{user}:{home}:/bin/sh\n"),
         File("/etc/group", f"{group}:x:{gid}:\n"),
@@ -207,7 +223,13 @@ def build(
     protections: dict[str, list[Protection]],
     ctty: bool,
     masks: dict[str, list[Found]] | None = None,
+    net: NetPlan | None = None,
+    pty: dict[str, Any] | None = None,
 ) -> Plan:
+    """The whole plan stage 2 applies, from the spec, the walk's pins and masks
+    (PROTECTIONS, MASKS), the network's part (NET: daemon/network.py) and the session
+    terminal (PTY: PID 1 makes it with these settings): pure, and nothing edits the
+    plan after it (docs/design.md, "A run, step by step")."""
     uid, gid = os.getuid(), os.getgid()
     pw = pwd.getpwuid(uid)
     home = pw.pw_dir or f"/home/{pw.pw_name}"
@@ -215,7 +237,7 @@ def build(
     u_ops, u_rules = user_ops(spec, protections, masks)
     ops: list[MountOp] = [
         Dir("/etc"),
-        *etc_files(uid, gid, pw.pw_name, home, spec.net),
+        *etc_files(uid, gid, pw.pw_name, home, spec.net, net.search if net else None),
         *sys_ops,
         *u_ops,
     ]
@@ -244,6 +266,10 @@ def build(
         seccomp_bpf=base64.b64encode(seccomp_bpf).decode(),
         nproc=spec.pids,
         net=spec.net,
+        net_ruleset=net.ruleset if net else None,
+        landlock_ports=net.landlock_ports if net else None,
+        pcap=net.pcap if net else False,
+        pty=pty,
         ctty=ctty,
         tmpfs=list(spec.tmpfs),
     )

@@ -22,7 +22,7 @@ from typing import Any, Literal
 MountKind = Literal["dir", "file"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Bind:
     """Bind a host path into the sandbox (open_tree(OPEN_TREE_CLONE) + move_mount)."""
 
@@ -38,7 +38,7 @@ class Bind:
     op: str = "bind"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Copy:
     """Copy one host file in (read through O_NOFOLLOW fds onto the scratch tmpfs)."""
 
@@ -48,14 +48,14 @@ class Copy:
     op: str = "copy"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Symlink:
     dst: str
     target: str
     op: str = "symlink"
 
 
-@dataclass
+@dataclass(frozen=True)
 class File:
     """A file boxy writes itself (the minimal /etc)."""
 
@@ -65,14 +65,14 @@ class File:
     op: str = "file"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Dir:
     dst: str
     mode: int = 0o755
     op: str = "dir"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Mask:
     """Cover an entry of a writable tree (DST beneath the sandbox directory DST_BASE)
     with boxy's own read-only stand-in: an empty directory, or a file holding CONTENT
@@ -89,7 +89,7 @@ class Mask:
 MountOp = Bind | Copy | Symlink | File | Dir | Mask
 
 
-@dataclass
+@dataclass(frozen=True)
 class LandlockRule:
     path: str  # inside the sandbox
     # a tool sandbox's (boxyd/plan/tools.py): "read" is "ro" without execute (the trees a
@@ -97,7 +97,20 @@ class LandlockRule:
     access: Literal["ro", "rw", "dev", "rox", "dir", "read", "scratch"]
 
 
-@dataclass
+@dataclass(frozen=True)
+class NetPlan:
+    """The network's part of a plan (daemon/network.py's Network.plan): the gateway
+    netns's nftables ruleset (its JSON text, loaded by stage 2 in one transaction),
+    in allowlist mode Landlock's TCP connect ports, whether stage 2 also sends an
+    AF_PACKET socket on eth0 (--pcap), and the tailnet's search domain (--tailscale)."""
+
+    ruleset: str
+    landlock_ports: list[int] | None = None
+    pcap: bool = False
+    search: str | None = None
+
+
+@dataclass(frozen=True)
 class Plan:
     argv: list[str]
     env: dict[str, str]

@@ -20,6 +20,7 @@ from boxyd.plan.ops import (
     Init,
     LandlockRule,
     MountOp,
+    NetPlan,
     Outer,
     Plan,
     Symlink,
@@ -106,6 +107,27 @@ def test_plan_round_trips_through_json_and_has_no_host_etc() -> None:
         if getattr(op, "dst", "") in ("/bin", "/usr")
     )
     assert ("/", "dir") in [(r.path, r.access) for r in plan.landlock]
+
+
+def test_the_plan_is_made_whole_in_one_pure_call_and_then_frozen() -> None:
+    """Issue 32 §2: the network's part, the terminal and the tailnet's resolver went in
+    after the build (daemon/network.py and sandbox.py edited the plan); now build takes
+    them, a test makes the plan without a daemon, and nothing can edit it afterwards."""
+    net = NetPlan('{"nftables": []}', [443], pcap=True, search="t.ts.net")
+    pty = {"termios": [1, 2], "winsize": [24, 80, 0, 0], "fds": [0, 1, 2]}
+    plan = mountplan.build(
+        _spec(net="allowlist"), seccomp_bpf=b"", protections={}, ctty=True, net=net, pty=pty
+    )
+    assert (plan.net_ruleset, plan.landlock_ports, plan.pcap) == (net.ruleset, [443], True)
+    assert plan.pty == pty and plan.ctty
+    (resolv,) = [op for op in plan.ops if isinstance(op, File) and op.dst == "/etc/resolv.conf"]
+    assert resolv.content.endswith("search t.ts.net\n")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.net_ruleset = None  # type: ignore[misc]  # the point: it cannot be done
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        resolv.content = ""  # type: ignore[misc]
+    bare = mountplan.build(_spec(), seccomp_bpf=b"", protections={}, ctty=False)
+    assert (bare.net_ruleset, bare.landlock_ports, bare.pcap, bare.pty) == (None, None, False, None)
 
 
 def _sample_plan(**kw: object) -> Plan:

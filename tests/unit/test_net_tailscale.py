@@ -12,6 +12,8 @@ import pytest
 from boxyd.net import tailscale
 from boxyd.net.bindings import Address
 from boxyd.net.dnsproxy import DnsSession, route_for
+from boxyd.plan.mountplan import etc_files
+from boxyd.plan.ops import File
 
 
 def runner(rc: int, out: str) -> Callable[..., subprocess.CompletedProcess[str]]:
@@ -61,9 +63,19 @@ def test_bare_names_also_allow_their_tailnet_name() -> None:
 
 
 def test_search_domain() -> None:
-    assert tailscale.resolv_conf("nameserver 10.0.2.2\n", "t.ts.net") == (
-        "nameserver 10.0.2.2\nsearch t.ts.net\n"
-    )
+    """--tailscale: the sandbox's resolv.conf searches the tailnet (its MagicDNS short
+    names); without a network, no resolver at all."""
+    (resolv,) = [
+        op
+        for op in etc_files(0, 0, "u", "/h", "public", "t.ts.net")
+        if op.dst == "/etc/resolv.conf"
+    ]
+    assert isinstance(resolv, File)
+    assert resolv.content == "nameserver 10.0.2.2\noptions edns0 trust-ad\nsearch t.ts.net\n"
+    (none,) = [
+        op for op in etc_files(0, 0, "u", "/h", "none", "t.ts.net") if op.dst == "/etc/resolv.conf"
+    ]
+    assert isinstance(none, File) and "search" not in none.content
 
 
 def test_dns_routes_pick_the_suffix_only() -> None:

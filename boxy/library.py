@@ -371,11 +371,17 @@ def run(
     return result
 
 
+def start_request(argv: Iterable[str] | str, options: Mapping[str, Any]) -> RunRequest:
+    """start()'s request: run's, detached (-d is start's to give, never a keyword)."""
+    req = request(argv, options, "start")
+    req.options.detach = True
+    return req
+
+
 def start(argv: Iterable[str] | str, **options: Any) -> Session:
     """Start ARGV in a sandbox in the background (boxyctl run -d): it gets a terminal
     of its own (Session.attach takes it) and none of our fds."""
-    req = request(argv, options, "start")
-    req.options.detach = True
+    req = start_request(argv, options)
 
     def once(client: Client, req: RunRequest) -> Session:
         null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)

@@ -48,8 +48,9 @@ from boxyd.daemon.stage2proc import (
 from boxyd.daemon.toolbox import Toolshed
 from boxyd.daemon.walks import Walks
 from boxyd.gitguard import scan
-from boxyd.gitguard.discover import CONFIG_MAX, Protection, read_beneath
+from boxyd.gitguard.discover import CONFIG_MAX, Protection
 from boxyd.gitguard.scan import Snapshot, adopt, inherit_live, overwrite, restore
+from boxyd.kernel.walk import read_beneath
 from boxyd.plan import heldfiles, live, masking, mountplan, worktree
 from boxyd.plan.hostfile import Outputs, open_outputs
 from boxyd.plan.masking import Found

@@ -35,8 +35,10 @@ from dataclasses import dataclass
 from boxy.digest import sha256
 from boxyd.config.hosttools import Box, Exposure, Opener, ToolError
 from boxyd.gitguard import discover, hostgit
-from boxyd.gitguard.discover import CONFIG_MAX, O_DIR, O_FILE, POINTER_MAX, Control, Role, Type
+from boxyd.gitguard.discover import CONFIG_MAX, POINTER_MAX, Control, Role
 from boxyd.gitguard.gitconfig import Entry, dangerous_keys, is_dangerous
+from boxyd.kernel import walk
+from boxyd.kernel.walk import O_DIR, O_FILE, Type
 from boxyd.plan import payloadparse
 
 HASH_MAX = 1 << 20  # content is hashed up to this size; larger files are compared by inode/ctime
@@ -109,11 +111,11 @@ def snapshot(root: str, lay: discover.Layout | None = None) -> Snapshot:
     if lay is None:
         lay = discover.layout(root)
     records: dict[str, Record] = {}
-    root_fd = discover.open_root(root)
+    root_fd = walk.open_root(root)
     try:
         for parent, controls in _by_parent(lay.controls).items():
             try:
-                pfd = discover.open_dir(root_fd, parent)
+                pfd = walk.open_dir(root_fd, parent)
             except OSError:
                 continue
             try:
@@ -135,7 +137,7 @@ def _config(pfd: int, c: Control, fp: tuple[object, ...]) -> tuple[tuple[str, ..
     """A config file's keys that run commands, and its bytes when small."""
     if c.role not in ("config", "include") or fp[0] != "file":
         return (), None
-    data = discover.read_small(pfd, c.rel.rpartition("/")[2], CONFIG_MAX)
+    data = walk.read_small(pfd, c.rel.rpartition("/")[2], CONFIG_MAX)
     if data is None:
         return (), None
     parsed = payloadparse.git_config(data)  # apart from boxyd, within a budget
@@ -155,9 +157,9 @@ def adopt(snap: Snapshot, rel: str) -> tuple[Snapshot, str | None]:
         return snap, None  # not a control entry of the baseline: the scan judges it
     parent, _, name = rel.rpartition("/")
     control = Control(rel, old.role, old.type)
-    root_fd = discover.open_root(snap.root)
+    root_fd = walk.open_root(snap.root)
     try:
-        pfd = discover.open_dir(root_fd, parent)
+        pfd = walk.open_dir(root_fd, parent)
         try:
             fp = _fingerprint(pfd, name)
             if fp is None:
@@ -197,7 +199,7 @@ def restore(snap: Snapshot, rel: str, quarantine: str) -> tuple[str, bool]:
     os.makedirs(quarantine, mode=0o700, exist_ok=True)
     q_fd = os.open(quarantine, O_DIR)
     try:
-        pfd = discover.open_in_tree(snap.root, rel.rpartition("/")[0])
+        pfd = walk.open_in_tree(snap.root, rel.rpartition("/")[0])
         try:
             dest = _move(pfd, rel, quarantine, q_fd)
             back = old is not None and old.content is not None and _put_back(pfd, rel, old)
@@ -316,7 +318,7 @@ class _Judge:
         if kind != "file":
             return None
         if c.role in ("config", "include"):
-            data = discover.read_small(pfd, name, CONFIG_MAX)
+            data = walk.read_small(pfd, name, CONFIG_MAX)
             if data is None:
                 return "a git config file too large or unreadable to check", ()
             parsed = payloadparse.git_config(data)  # apart from boxyd, within a budget
@@ -330,14 +332,14 @@ class _Judge:
             return self._worktree(c, parent, parsed.entries)
 
         if c.role in ("dotgit", "commondir", "backlink"):
-            data = discover.read_small(pfd, name, POINTER_MAX)
+            data = walk.read_small(pfd, name, POINTER_MAX)
             text = discover.pointer_text(data, c.role == "dotgit") if data is not None else None
             if text is None:
                 return f"a {label} git cannot read", ()
-            comps = discover.place(self.roots, parent, text)
+            comps = walk.place(self.roots, parent, text)
             # a backlink names the worktree's .git file, which need not be a directory
             last_dir = c.role != "backlink"
-            if comps is None or discover.walk_beneath(self.root_fd, comps, last_dir) is None:
+            if comps is None or walk.walk_beneath(self.root_fd, comps, last_dir) is None:
                 return f"a {label} pointing outside the work directory (or through a symlink)", ()
         return None
 
@@ -357,8 +359,8 @@ class _Judge:
             return None
         if c.role == "include":
             return "core.worktree in a file a git config includes", ("core.worktree",)
-        comps = discover.place(self.roots, gitdir, values[-1])
-        if comps is None or discover.walk_beneath(self.root_fd, comps) is None:
+        comps = walk.place(self.roots, gitdir, values[-1])
+        if comps is None or walk.walk_beneath(self.root_fd, comps) is None:
             return "core.worktree pointing outside the work directory (or through a symlink)", (
                 "core.worktree",
             )
@@ -630,7 +632,7 @@ def _free(dfd: int, name: str) -> str:
 def _slot(q_fd: int, rel: str) -> tuple[int, str]:
     """The quarantine's directory for REL (made as needed; an fd the caller closes) and a
     free name in it (an earlier finding at the same path keeps its own)."""
-    *dirs, leaf = discover.parts(rel)
+    *dirs, leaf = walk.parts(rel)
     dfd = os.dup(q_fd)
     try:
         for d in dirs:
@@ -654,7 +656,7 @@ def _move(src_fd: int, rel: str, quarantine: str, q_fd: int, budget: Budget | No
             same = os.fstat(src_fd).st_dev == os.fstat(dfd).st_dev
             dest, over = _keep(src_fd, leaf, dfd, dest, budget, same)
             if over is not None:
-                budget.over[os.path.join(quarantine, *discover.parts(rel)[:-1], dest)] = over
+                budget.over[os.path.join(quarantine, *walk.parts(rel)[:-1], dest)] = over
         else:
             try:
                 os.rename(leaf, dest, src_dir_fd=src_fd, dst_dir_fd=dfd)
@@ -664,7 +666,7 @@ def _move(src_fd: int, rel: str, quarantine: str, q_fd: int, budget: Budget | No
                 _copy_out(src_fd, leaf, dfd, dest, budget)
     finally:
         os.close(dfd)
-    return os.path.join(quarantine, *discover.parts(rel)[:-1], dest)
+    return os.path.join(quarantine, *walk.parts(rel)[:-1], dest)
 
 
 def move_entry(parent_fd: int, rel: str, quarantine: str, budget: Budget) -> str:
@@ -684,7 +686,7 @@ def overwrite(root: str, rel: str, data: bytes, quarantine: str) -> str | None:
     to QUARANTINE. Only a regular file with one link (another name would be changed
     too); None when it is not one, or could not be done."""
     try:
-        pfd = discover.open_in_tree(root, rel.rpartition("/")[0])
+        pfd = walk.open_in_tree(root, rel.rpartition("/")[0])
     except OSError:
         return None
     try:
@@ -722,7 +724,7 @@ def overwrite(root: str, rel: str, data: bytes, quarantine: str) -> str | None:
             os.close(dfd)
         os.ftruncate(fd, 0)
         os.pwrite(fd, data, 0)
-        return os.path.join(quarantine, *discover.parts(rel)[:-1], dest)
+        return os.path.join(quarantine, *walk.parts(rel)[:-1], dest)
     except OSError:
         return None
     finally:
@@ -801,7 +803,7 @@ def scan(
     quarantine: str,
     tools: Opener,
     home: str | None = None,
-    observer: discover.Observer | None = None,
+    observer: walk.Observer | None = None,
     user_hooks: str | None = None,
     budget: Budget | None = None,
 ) -> list[Finding]:
@@ -810,7 +812,7 @@ def scan(
     parser judges first, so no git ever reads what it moves aside; then the host's
     git (in a tool sandbox) names what else it would read, and that is judged too.
     BUDGET: the run's bytes in the quarantine (one for all its trees)."""
-    root_fd = discover.open_root(root)
+    root_fd = walk.open_root(root)
     run = _Scan(root, root_fd, before, quarantine, budget or Budget(os.path.dirname(quarantine)))
     try:
         # unbounded: a payload that makes the tree huge delays only its own session's end
@@ -849,7 +851,7 @@ def _locks(root_fd: int, gitdirs: Sequence[discover.GitDir]) -> list[Finding]:
     out = []
     for g in gitdirs:
         try:
-            fd = discover.open_dir(root_fd, g.rel)
+            fd = walk.open_dir(root_fd, g.rel)
         except OSError:
             continue
         try:
@@ -857,7 +859,7 @@ def _locks(root_fd: int, gitdirs: Sequence[discover.GitDir]) -> list[Finding]:
                 if _exists(name, fd):
                     out.append(
                         Finding(
-                            discover.join(g.rel, name),
+                            walk.join(g.rel, name),
                             "a git lock file: the host's git "
                             "refuses to change this repository while it is there (remove "
                             "it if no git of yours is running)",
@@ -895,7 +897,7 @@ class _Scan:
             tuple(c for c in controls if c.rel not in self.moved)
         ).items():
             try:
-                pfd = discover.open_dir(self.root_fd, parent)
+                pfd = walk.open_dir(self.root_fd, parent)
             except OSError:
                 continue  # moved away with an earlier finding, or gone
             try:
@@ -932,12 +934,12 @@ class _Scan:
 
     def unreadable(self, rel: str) -> None:
         """A directory the run made that the walk could not read (its mode, or past
-        discover.MAX_DEPTH): nothing in it can be checked, and git (and every other
+        walk.MAX_DEPTH): nothing in it can be checked, and git (and every other
         program) opens the names it knows there without listing it. Moved whole (a
         rename needs no read of it); where it cannot be, named."""
         reason = "a directory that could not be read (made unreadable, or too deep), so not checked"
         try:
-            pfd = discover.open_dir(self.root_fd, rel.rpartition("/")[0])
+            pfd = walk.open_dir(self.root_fd, rel.rpartition("/")[0])
         except (OSError, ValueError):
             self.findings.append(Finding(rel, reason))
             return

@@ -17,6 +17,7 @@ import pytest
 
 from boxyd.gitguard import discover, scan
 from boxyd.gitguard.discover import Protection, prepare, protections
+from boxyd.kernel import walk
 from tests.conftest import User
 from tests.harness import toolshed
 
@@ -538,7 +539,7 @@ def test_too_deep_is_reported(
 ) -> None:
     root.mkdir()
     before = scan.snapshot(str(root))
-    monkeypatch.setattr(discover, "MAX_DEPTH", 4)
+    monkeypatch.setattr(walk, "MAX_DEPTH", 4)
     (root / "a" / "b" / "c" / "d" / "e").mkdir(parents=True)
     findings = scan.scan(str(root), before, str(quarantine), toolshed.opener())
     assert [(f.rel, f.dest) for f in findings] == [("a/b/c/d", str(quarantine / "a/b/c/d"))]
@@ -892,7 +893,7 @@ def test_a_16_mib_config_is_too_large_to_check(git: Git, root: Path, quarantine:
     fd = os.open(root / ".git", os.O_PATH | os.O_DIRECTORY)
     try:
         t0 = time.process_time()
-        assert discover.read_small(fd, "config", discover.CONFIG_MAX) is None
+        assert walk.read_small(fd, "config", discover.CONFIG_MAX) is None
         assert time.process_time() - t0 < 0.5
     finally:
         os.close(fd)
@@ -927,7 +928,7 @@ def test_fifo_heads_are_no_candidates_and_are_moved(git: Git, root: Path, quaran
     os.mkfifo(root / "HEAD")  # where git looks for a bare repository: the root itself
     (root / "sub").mkdir()
     os.mkfifo(root / "sub" / ".git")
-    fd = discover.open_root(str(root))
+    fd = walk.open_root(str(root))
     try:
         walker = discover.Walker(str(root), fd)
         walker.run()
@@ -960,7 +961,7 @@ def test_a_fifo_head_blocks_the_directories_below_it(root: Path) -> None:
     (root / "a" / "b" / ".git").mkdir(parents=True)
     (root / "c" / ".git").mkdir(parents=True)
     os.mkfifo(root / "a" / "HEAD")
-    fd = discover.open_root(str(root))
+    fd = walk.open_root(str(root))
     try:
         walker = discover.Walker(str(root), fd)
         lay = walker.run()

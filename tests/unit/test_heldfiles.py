@@ -14,13 +14,14 @@ import pytest
 from boxy.errors import SetupError
 from boxyd.config import hostrun
 from boxyd.gitguard import discover, scan
+from boxyd.kernel import walk
 from boxyd.plan import heldfiles
 from boxyd.plan.heldfiles import Present
 
 
 def found(root: Path, bounded: bool = False) -> dict[str, Present]:
     finder = heldfiles.Finder(str(root), bounded)
-    fd = discover.open_root(str(root))
+    fd = walk.open_root(str(root))
     try:
         discover.Walker(str(root), fd, observer=finder).run()
         finder.links(fd)

@@ -42,6 +42,15 @@ def parts(rel: str) -> list[str]:
     return comps
 
 
+def exists(name: str, dir_fd: int) -> bool:
+    """An entry NAME in the directory DIR_FD, whatever it is (nothing followed)."""
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def open_dir(root_fd: int, rel: str) -> int:
     """Open directory ``rel`` beneath ``root_fd``, one O_NOFOLLOW step at a time.
 

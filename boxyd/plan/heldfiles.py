@@ -18,7 +18,8 @@ from typing import Literal
 from boxy.errors import SetupError
 from boxyd.config import hostrun
 from boxyd.config.hostrun import Held, Judge
-from boxyd.gitguard import discover, scan
+from boxyd.gitguard import discover
+from boxyd.gitguard.quarantine import Budget, move_entry
 from boxyd.kernel import walk
 from boxyd.kernel.walk import Type
 from boxyd.plan import masking, payloadparse
@@ -195,7 +196,7 @@ def hold(
     held: Held,
     target: str,
     quarantine: str,
-    budget: scan.Budget,
+    budget: Budget,
     judged_as: str = "",
 ) -> tuple[str, bool] | None:
     """The entry REL that the payload made: moved to QUARANTINE (a directory whole) and
@@ -226,10 +227,10 @@ def hold(
 
 
 def _moved(
-    pfd: int, root: str, rel: str, why: str, target: str, quarantine: str, budget: scan.Budget
+    pfd: int, root: str, rel: str, why: str, target: str, quarantine: str, budget: Budget
 ) -> str:
     name = rel.rpartition("/")[2]
-    dest = scan.move_entry(pfd, rel, quarantine, budget)
+    dest = move_entry(pfd, rel, quarantine, budget)
     back = ""
     if target:
         try:
@@ -249,7 +250,7 @@ def after(
     root: str,
     quarantine: str,
     edit: Iterable[str],
-    budget: scan.Budget,
+    budget: Budget,
 ) -> list[str]:
     """After the run: every held entry the run made (absent at the start, or in place
     of a symlink, or a symlink that now leads elsewhere), quarantined as the live guard

@@ -27,6 +27,7 @@ from boxyd.config import hostrun
 from boxyd.config.hosttools import Opener
 from boxyd.gitguard import discover, scan
 from boxyd.gitguard.discover import Layout, Protection
+from boxyd.gitguard.quarantine import Budget
 from boxyd.kernel.sys import fs_type
 from boxyd.kernel.walk import MAX_DIRS, Observer, TooLarge, Type, open_root
 from boxyd.plan import heldfiles, live
@@ -254,7 +255,7 @@ def after(
     cannot be checked is itself a finding."""
     git_lines: list[str] = []
     tool_lines: list[str] = []
-    budget = scan.Budget(os.path.dirname(quarantine))  # the run's, across its trees
+    budget = Budget(os.path.dirname(quarantine))  # the run's, across its trees
     for root, tree in trees.items():
         git_lines += _own_access(root)
         watch, held = Watch(), heldfiles.Finder(root)

@@ -25,7 +25,7 @@ stage=${BOXY_TEST_STAGE:-/opt/boxy-test}
 "$src/tests/harness/stage.sh" "$user" "$stage"
 
 # The test user's quarantine is what earlier suites left (its entries count against
-# the quarantine's budget: scan.TOTAL_ENTRIES): each suite starts with none.
+# the quarantine's budget: quarantine.TOTAL_ENTRIES): each suite starts with none.
 home=$(getent passwd "$user" | cut -d: -f6)
 rm -rf "$home/.local/state/boxy/quarantine"
 cd "$stage"

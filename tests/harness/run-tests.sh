@@ -38,7 +38,7 @@ wait "$pytest_pid"
 rc=$?
 set -e
 # Leave no daemon of this suite behind (only this venv's: other suites may be running).
-pkill -u "$user" -f "^$stage/.venv/bin/python3 -m boxyd.daemon.main" 2>/dev/null || true
+pkill -u "$user" -f "^$stage/.venv/bin/python3 -m boxyd( |$)" 2>/dev/null || true
 # And no test internet of this suite's (its prefix names its pytest) if a crash left one up.
 if ip netns list 2>/dev/null | grep -q "^boxyt$pytest_pid-host"; then
   "$stage/.venv/bin/python3" -m tests.harness.topology down --prefix "boxyt$pytest_pid" >/dev/null 2>&1 || true

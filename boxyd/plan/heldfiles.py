@@ -1,4 +1,4 @@
-"""The files a host program obeys unasked (plan/hostrun.py says which), in a writable
+"""The files a host program obeys unasked (config/hostrun.py says which), in a writable
 tree: found by the run's walk (pinned read-only from the start), and, when the payload
 made one anyway, moved to the quarantine with what stood there before put back — by
 the live guard at once (``hold``), by the check after the run as the backstop

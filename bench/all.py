@@ -76,7 +76,7 @@ def run_bench(tree: Path, name: str, argv: list[str], who: str, user: str) -> li
     cmd = user_env(user, python) + script if who == "user" and root else script
     cwd = project_dir(user) if root else Path.cwd()
     if root:  # a daemon of the other tree must not serve this one's runs
-        subprocess.run(["pkill", "-u", user, "-f", r"python3? -m boxyd\.daemon\.main"])
+        subprocess.run(["pkill", "-u", user, "-f", r"python[^ ]* -m boxyd( |$)"])
     print(f"== {name} ({tree})", file=sys.stderr, flush=True)
     r = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, text=True)
     try:

@@ -127,7 +127,7 @@ def _start_daemon() -> Client:
         import subprocess  # only to start the daemon: not on every run's path
 
         proc = subprocess.Popen(
-            [sys.executable, "-m", "boxyd.daemon.main"],
+            [sys.executable, "-m", "boxyd"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=log_file,

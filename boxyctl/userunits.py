@@ -39,7 +39,7 @@ def daemon_command() -> str:
     """This installation's boxyd: the entry point next to this interpreter, or the
     interpreter running the module."""
     exe = Path(sys.executable).parent / "boxyd"
-    return str(exe) if os.access(exe, os.X_OK) else f"{sys.executable} -m boxyd.daemon.main"
+    return str(exe) if os.access(exe, os.X_OK) else f"{sys.executable} -m boxyd"
 
 
 def render(name: str, command: str) -> str:

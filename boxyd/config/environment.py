@@ -11,7 +11,8 @@ from collections.abc import Collection, Mapping
 from boxy.errors import SecretsNeeded
 from boxy.request import RunOptions
 from boxyd.config import envpolicy, profiles
-from boxyd.config.profiles import Profile, Registry
+from boxyd.config.profiles import Registry
+from boxyd.config.profileschema import Profile
 
 
 def decide(

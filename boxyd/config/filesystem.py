@@ -20,7 +20,7 @@ from boxy.errors import BoxyError, ProfileError, UsageError
 from boxy.request import RunOptions
 from boxyd.config import exposure, hostrun
 from boxyd.config.pathutil import absolute, contains, dedupe
-from boxyd.config.profiles import Profile
+from boxyd.config.profileschema import Profile
 from boxyd.config.runspec import READ_ONLY_TREES, CopyEntry, PathEntry
 
 # (what names it in a message: "--ro" or "profile P: filesystem.ro"; the entry)

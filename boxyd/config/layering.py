@@ -17,9 +17,10 @@ from typing import Any
 from boxy import caches
 from boxy.errors import ProfileError
 from boxy.paths import config_home
-from boxyd.config import profiles, projectconfig, projectregistries, widening
+from boxyd.config import profilemerge, profiles, projectconfig, projectregistries, widening
 from boxyd.config.pathutil import absolute
-from boxyd.config.profiles import Profile, Registry
+from boxyd.config.profiles import Registry
+from boxyd.config.profileschema import Profile
 from boxyd.config.projectconfig import Project
 from boxyd.config.runspec import DEFAULT_PROFILE
 
@@ -139,7 +140,9 @@ def _project_profile(
     ref: str, doc: Mapping[str, Any], label: str, context: Mapping[str, str]
 ) -> Profile:
     """Profile REF with the project's keys (DOC, from LABEL) on top."""
-    return profiles.project_layer(profiles.load_profile(ref, context=context), doc, label, context)
+    return profilemerge.project_layer(
+        profiles.load_profile(ref, context=context), doc, label, context
+    )
 
 
 def _base_profile(ref: str, context: Mapping[str, str]) -> Profile:

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from boxy import values
 from boxy.errors import UsageError
 from boxy.request import RunOptions
-from boxyd.config import profiles
+from boxyd.config import profileschema
 from boxyd.config.pathutil import absolute
-from boxyd.config.profiles import Profile
+from boxyd.config.profileschema import Profile
 from boxyd.config.runspec import (
     DEFAULT_MEMORY,
     DEFAULT_PCAP_MAX,
@@ -73,7 +73,7 @@ def limits(o: RunOptions, prof: Profile) -> Limits:
         )
     cpus = o.cpus or prof.cpus
     timeout = o.timeout or prof.timeout
-    if o.seccomp is not None and o.seccomp not in profiles.SECCOMP_MODES:
+    if o.seccomp is not None and o.seccomp not in profileschema.SECCOMP_MODES:
         raise UsageError("Run: options.seccomp: expected strict or compat")
     return Limits(
         memory=memory,

@@ -15,9 +15,10 @@ from boxy import options, values
 from boxy.errors import UsageError
 from boxy.request import RunOptions
 from boxy.values import PortMapping
-from boxyd.config import profiles, projectregistries
+from boxyd.config import profiles, profileschema, projectregistries
 from boxyd.config.pathutil import dedupe
-from boxyd.config.profiles import Profile, Registry
+from boxyd.config.profiles import Registry
+from boxyd.config.profileschema import Profile
 from boxyd.config.projectregistries import ProjectRegistry
 from boxyd.config.runspec import DEFAULT_NET
 
@@ -56,7 +57,7 @@ def decide(
 ) -> Network:
     """The network of a run with flags O and profile PROF. A project's registry host
     the profile reaches is added when approved, else named in HELD."""
-    if o.net is not None and o.net not in profiles.NETS:
+    if o.net is not None and o.net not in profileschema.NETS:
         raise UsageError("Run: options.net: expected public, allowlist or none")
     flag_hosts = [str(h) for h in o.allow_host]  # parsed once, as RunOptions came off the wire
     net = mode(o.net, flag_hosts, prof)

@@ -1,9 +1,12 @@
-"""Profiles: YAML presets and user files, validated strictly, templates expanded.
+"""Profiles: where they are (presets, the user's own, a file), read and parsed from
+strict YAML, loaded (with the one level of `extends`) into a checked Profile; a
+project's .boxy.yaml parsed; templates resolved at run time.
 
 A profile is read once per run by the daemon, so every mistake in it must come
-back as one line naming the file, the key and what was expected. Host templates
-for registries ({npm_registry}, {pip_index} …) are kept as written here and
-resolved later by ``resolve_hosts`` with a resolver the daemon supplies, because
+back as one line naming the file, the key and what was expected: the YAML here, the
+keys and values in profileschema.py; profilemerge.py layers one profile on another.
+Host templates for registries ({npm_registry}, {pip_index} …) are kept as written
+and resolved later by ``resolve_hosts`` with a resolver the daemon supplies, because
 the answer lives in the tool's own configuration, not in boxy.
 """
 
@@ -15,103 +18,18 @@ import os
 import re
 import stat
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
-from boxy import caches, options
 from boxy.errors import ProfileError, UsageError
 from boxy.paths import config_home
-from boxy.values import (
-    PUBLISH_FORM,
-    PortMapping,
-    parse_cidrs,
-    parse_duration,
-    parse_host_spec,
-    parse_publish,
-    parse_size,
-)
-from boxyd.config.envpolicy import check_name
-from boxyd.config.runspec import CopyEntry, PathEntry
+from boxy.values import parse_host_spec
+from boxyd.config.profilemerge import merge
+from boxyd.config.profileschema import TEMPLATE_RE, Profile, build
 
-# {cache}: boxy's own package cache for this work directory and profile (caches.py)
-PATH_TEMPLATES = ("workdir", "workdir_slug", "home", "cache")
-# Filled from the tool's own configuration at run time (never a host name written here).
-HOST_TEMPLATES = ("npm_registry", "pip_index", "pip_files", "go_proxy", "go_sumdb")
-# The tool's own settings, for env values: the sandbox does not see ~/.npmrc or
-# pip.conf (they hold tokens), so what the allowlist was built from is handed in.
-ENV_TEMPLATES = ("npm_registry_url", "npm_cafile", "pip_index_url", "pip_cert")
-
-NETS = options.choices("net")  # the profile keys take what the flags take
-SECCOMP_MODES = options.choices("seccomp")
-_TOP_KEYS = (
-    "description",
-    "extends",
-    "net",
-    "allow_hosts",
-    "allow_ports",
-    "allow_cidr",
-    "tailscale",
-    "ports",
-    "filesystem",
-    "env",
-    "env_pass",
-    "env_secrets",
-    "limits",
-    "seccomp",
-    "tty",
-    "tty_raw",
-)
-_FS_KEYS = ("ro", "rw", "mkdir", "protect", "reveal", "copy", "copy_ro", "tmpfs", "secrets")
-_LIMIT_KEYS = ("memory", "pids", "cpus", "timeout")
 _PRESET_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")
-_TEMPLATE_RE = re.compile(r"\{([^{}]*)\}")
 _MAX_FILE = 1 << 20  # a profile is a screenful; refuse reading a runaway file into memory
-
-
-@dataclass
-class Profile:
-    name: str  # as given (preset name or path)
-    source: str  # how messages name it: the preset name or the file path
-    description: str = ""
-    net: str | None = None
-    allow_hosts: list[str] = field(default_factory=list)  # may hold HOST_TEMPLATES
-    allow_ports: list[int] = field(default_factory=list)
-    allow_cidrs: list[str] = field(default_factory=list)  # ranges whose denial is lifted
-    ports: list[PortMapping] = field(default_factory=list)  # published (--publish)
-    tailscale: bool | None = None
-    ro: list[PathEntry] = field(default_factory=list)
-    rw: list[PathEntry] = field(default_factory=list)
-    mkdir: list[PathEntry] = field(default_factory=list)
-    protect: list[PathEntry] = field(default_factory=list)
-    reveal: list[PathEntry] = field(default_factory=list)  # credentials shown, not covered
-    copy: list[CopyEntry] = field(default_factory=list)
-    copy_ro: list[CopyEntry] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    env_pass: list[str] = field(default_factory=list)
-    # passed from boxyctl's environment as --secret NAME is (never logged)
-    env_secrets: list[str] = field(default_factory=list)
-    tmpfs: list[str] = field(default_factory=list)  # absolute paths inside: a fresh tmpfs each
-    # the user's own credential patterns (globs, relative to each writable tree): covered empty
-    secrets: list[str] = field(default_factory=list)
-    tty: bool | None = None
-    tty_raw: bool | None = None  # the terminal output unfiltered (--tty-raw)
-    memory: int | None = None
-    pids: int | None = None
-    cpus: float | None = None
-    timeout: float | None = None
-    seccomp: str | None = None
-
-
-def workdir_slug(workdir: str) -> str:
-    """The directory name Claude Code files a project's transcripts under.
-
-    Claude Code replaces every character that is not an ASCII letter or digit with
-    '-' (so '/home/u/p' → '-home-u-p'); doing the same also guarantees the slug can
-    never hold a '/' or '..' that would climb out of ~/.claude/projects.
-    """
-    return re.sub(r"[^A-Za-z0-9]", "-", workdir)
 
 
 def is_path(name_or_path: str) -> bool:
@@ -348,339 +266,6 @@ def _parse_text(label: str, text: str, loader: type[_StrictLoader]) -> dict[str,
     return doc
 
 
-class _Checker:
-    """Validation of one profile document; every error names the file and key."""
-
-    def __init__(self, label: str, context: Mapping[str, str]) -> None:
-        self.label = label
-        self.values = {
-            "workdir": context["workdir"],
-            "home": context["home"],
-            "workdir_slug": context.get("workdir_slug") or workdir_slug(context["workdir"]),
-            "cache": context.get("cache")
-            or caches.project_dir(context["home"], label, context["workdir"]),
-        }
-
-    def fail(self, key: str, expected: str) -> ProfileError:
-        return ProfileError(f"profile {self.label}: key {key}: {expected}")
-
-    def keys(self, doc: Mapping[Any, Any], allowed: tuple[str, ...], prefix: str = "") -> None:
-        for key in doc:
-            if key not in allowed:
-                raise ProfileError(
-                    f"profile {self.label}: unknown key {prefix + str(key)!r} "
-                    f"(expected one of: {', '.join(allowed)})"
-                )
-
-    def string(self, key: str, value: Any, expected: str = "expected a string") -> str:
-        if not isinstance(value, str):
-            raise self.fail(key, expected)
-        return value
-
-    def choice(self, key: str, value: Any, choices: tuple[str, ...]) -> str:
-        if value not in choices:
-            raise self.fail(key, f"expected one of: {', '.join(choices)}")
-        return str(value)  # one of CHOICES: a str already
-
-    def list_of(self, key: str, value: Any) -> list[Any]:
-        if not isinstance(value, list):
-            raise self.fail(key, "expected a list")
-        return value
-
-    def boolean(self, key: str, value: Any) -> bool:
-        if not isinstance(value, bool):
-            raise self.fail(key, "expected true or false")
-        return value
-
-    def expand(self, key: str, raw: str) -> str:
-        """Templates and ~ expanded; the result must be an absolute path."""
-
-        def sub(m: re.Match[str]) -> str:
-            if m.group(1) not in PATH_TEMPLATES:
-                raise self.fail(
-                    key,
-                    f"unknown template {{{m.group(1)}}} "
-                    f"(expected one of: {', '.join('{' + t + '}' for t in PATH_TEMPLATES)})",
-                )
-            return self.values[m.group(1)]
-
-        path = _TEMPLATE_RE.sub(sub, raw)
-        if path == "~" or path.startswith("~/"):
-            path = self.values["home"] + path[1:]
-        if not path.startswith("/") or "\0" in path:
-            raise self.fail(
-                key, f"{raw!r} is not an absolute path (start with /, ~ or {{workdir}})"
-            )
-        return os.path.normpath(path)
-
-    def path_entry(self, key: str, value: Any) -> PathEntry:
-        expected = "expected a path string or {path:, optional:}"
-        if isinstance(value, str):
-            return PathEntry(self.expand(key, value))
-        if isinstance(value, dict) and "path" in value:
-            self.keys(value, ("path", "optional"), f"{key}.")
-            path = self.string(f"{key}.path", value["path"], expected)
-            optional = self.boolean(f"{key}.optional", value.get("optional", False))
-            return PathEntry(self.expand(f"{key}.path", path), optional)
-        raise self.fail(key, expected)
-
-    def copy_entry(self, key: str, value: Any) -> CopyEntry:
-        expected = "expected 'SRC[:DST]' or {src:, dst:, optional:}"
-        optional = False
-        if isinstance(value, str):
-            src, _, dst = value.partition(":")
-            if not src or (":" in value and not dst):
-                raise self.fail(key, expected)
-        elif isinstance(value, dict) and "src" in value:
-            self.keys(value, ("src", "dst", "optional"), f"{key}.")
-            src = self.string(f"{key}.src", value["src"], expected)
-            dst = value.get("dst") or ""
-            self.string(f"{key}.dst", dst, expected)
-            optional = self.boolean(f"{key}.optional", value.get("optional", False))
-        else:
-            raise self.fail(key, expected)
-        src = self.expand(f"{key}", src)
-        return CopyEntry(src, self.expand(f"{key}", dst) if dst else src, optional)
-
-    def host(self, key: str, value: Any) -> str:
-        text = self.string(key, value, "expected a host name string (HOST[:PORT[,PORT]][/udp])")
-        templates = _TEMPLATE_RE.findall(text)
-        for name in templates:
-            if name not in HOST_TEMPLATES:
-                raise self.fail(
-                    key,
-                    f"unknown template {{{name}}} "
-                    f"(expected one of: {', '.join('{' + t + '}' for t in HOST_TEMPLATES)})",
-                )
-        if not templates:
-            try:
-                parse_host_spec(text, what=key)
-            except UsageError as e:
-                raise ProfileError(f"profile {self.label}: {e}") from None
-        return text
-
-    def published(self, key: str, value: Any) -> PortMapping:
-        text = self.string(key, value, f"expected a string {PUBLISH_FORM} (8080:80)")
-        try:
-            return parse_publish(text, what=key)
-        except UsageError as e:
-            raise ProfileError(f"profile {self.label}: {e}") from None
-
-    def port(self, key: str, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-            raise self.fail(key, "expected a port number (1–65535)")
-        return value
-
-    def size(self, key: str, value: Any) -> int:
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-        if isinstance(value, str):
-            try:
-                return parse_size(value, what=key)
-            except UsageError as e:
-                raise ProfileError(f"profile {self.label}: key {e}") from None
-        raise self.fail(key, "expected a size such as 512MiB or 2GiB")
-
-    def duration(self, key: str, value: Any) -> float:
-        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return parse_duration(value, what=key)
-            except UsageError as e:
-                raise ProfileError(f"profile {self.label}: key {e}") from None
-        raise self.fail(key, "expected a duration such as 10m or 1h30m")
-
-    def cidrs(self, key: str, value: Any) -> list[str]:
-        text = self.string(key, value, "expected an address range such as 192.168.4.0/24")
-        try:
-            return parse_cidrs(text, what=key)
-        except UsageError as e:
-            raise ProfileError(f"profile {self.label}: key {e}") from None
-
-    def tmpfs_path(self, key: str, value: Any) -> str:
-        """An absolute path inside the sandbox, templates expanded, not / or a system tree."""
-        text = os.path.normpath(self.expand(key, self.string(key, value, "expected a path")))
-        if not text.startswith("/") or text == "/":
-            raise self.fail(key, "expected an absolute path inside the sandbox (not /)")
-        return text
-
-    def secret_glob(self, key: str, value: Any) -> str:
-        """A glob of the entries to cover, relative to each writable tree: a name
-        (``*.secret``, any depth) or a path from the tree's top (``conf/prod/*.yaml``)."""
-        text = self.string(key, value, "expected a glob string such as '*.secret' or 'conf/*.key'")
-        comps = text.strip("/").split("/")
-        if text.startswith("/") or "\0" in text or any(c in ("", ".", "..") for c in comps):
-            raise self.fail(
-                key,
-                f"{text!r}: expected a glob relative to the work directory "
-                "(no leading /, no . or .. components)",
-            )
-        return text.strip("/")
-
-    def positive_int(self, key: str, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise self.fail(key, "expected a positive whole number")
-        return value
-
-    def positive_number(self, key: str, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise self.fail(key, "expected a positive number")
-        return float(value)
-
-
-def _build(name: str, label: str, doc: Mapping[str, Any], context: Mapping[str, str]) -> Profile:
-    """One profile document (without `extends`) checked into a Profile, key by key in
-    the document's order of concerns: each error names LABEL and the key."""
-    c = _Checker(label, context)
-    c.keys(doc, _TOP_KEYS)
-    p = Profile(name=name, source=label)
-    if "description" in doc:
-        p.description = c.string("description", doc["description"])
-    _build_network(c, doc, p)
-    _build_filesystem(c, doc.get("filesystem", {}), p)
-    _build_env(c, doc, p)
-    _build_limits(c, doc.get("limits", {}), p)
-    return p
-
-
-def _build_network(c: _Checker, doc: Mapping[str, Any], p: Profile) -> None:
-    """net, seccomp, allow_hosts, allow_ports, allow_cidr and the booleans."""
-    if "net" in doc:
-        p.net = c.choice("net", doc["net"], NETS)
-    if "seccomp" in doc:
-        p.seccomp = c.choice("seccomp", doc["seccomp"], SECCOMP_MODES)
-    for i, v in enumerate(c.list_of("allow_hosts", doc.get("allow_hosts", []))):
-        p.allow_hosts.append(c.host(f"allow_hosts[{i}]", v))
-    for i, v in enumerate(c.list_of("allow_ports", doc.get("allow_ports", []))):
-        p.allow_ports.append(c.port(f"allow_ports[{i}]", v))
-    for i, v in enumerate(c.list_of("allow_cidr", doc.get("allow_cidr", []))):
-        p.allow_cidrs += c.cidrs(f"allow_cidr[{i}]", v)
-    for i, v in enumerate(c.list_of("ports", doc.get("ports", []))):
-        p.ports.append(c.published(f"ports[{i}]", v))
-    for key in ("tailscale", "tty", "tty_raw"):
-        if key in doc:
-            setattr(p, key, c.boolean(key, doc[key]))
-
-
-def _build_filesystem(c: _Checker, fs: Any, p: Profile) -> None:
-    """filesystem.*: paths, copies, tmpfs directories, secrets patterns."""
-    if not isinstance(fs, dict):
-        raise c.fail("filesystem", f"expected a mapping with keys {', '.join(_FS_KEYS)}")
-    c.keys(fs, _FS_KEYS, "filesystem.")
-    for kind in ("ro", "rw", "mkdir", "protect", "reveal"):
-        for i, v in enumerate(c.list_of(f"filesystem.{kind}", fs.get(kind, []))):
-            getattr(p, kind).append(c.path_entry(f"filesystem.{kind}[{i}]", v))
-    for kind in ("copy", "copy_ro"):
-        for i, v in enumerate(c.list_of(f"filesystem.{kind}", fs.get(kind, []))):
-            getattr(p, kind).append(c.copy_entry(f"filesystem.{kind}[{i}]", v))
-    for i, v in enumerate(c.list_of("filesystem.tmpfs", fs.get("tmpfs", []))):
-        p.tmpfs.append(c.tmpfs_path(f"filesystem.tmpfs[{i}]", v))
-    for i, v in enumerate(c.list_of("filesystem.secrets", fs.get("secrets", []))):
-        p.secrets.append(c.secret_glob(f"filesystem.secrets[{i}]", v))
-
-
-def _build_env(c: _Checker, doc: Mapping[str, Any], p: Profile) -> None:
-    """env (values, path templates filled now), env_pass and env_secrets (names)."""
-    env = doc.get("env", {})
-    if not isinstance(env, dict):
-        raise c.fail("env", "expected a mapping of NAME: VALUE")
-    for k, v in env.items():
-        p.env[k] = _env_value(c, k, v)
-    for list_key in ("env_pass", "env_secrets"):
-        for i, v in enumerate(c.list_of(list_key, doc.get(list_key, []))):
-            key = f"{list_key}[{i}]"
-            try:
-                name = check_name(c.string(key, v, "expected a variable name"), what=key)
-            except UsageError as e:
-                raise ProfileError(f"profile {c.label}: key {e}") from None
-            getattr(p, list_key).append(name)
-
-
-def _env_value(c: _Checker, k: Any, v: Any) -> str:
-    """env.K's value checked, its path templates filled; the registry's (ENV_TEMPLATES)
-    are kept for the run to resolve."""
-    if not isinstance(k, str):
-        raise c.fail(f"env.{k}", "expected a variable name")
-    try:
-        check_name(k, what="env")
-    except UsageError as e:
-        raise ProfileError(f"profile {c.label}: key {e}") from None
-    # YAML reads 'false' and 1 as bool/int; an environment only holds strings.
-    value = c.string(f"env.{k}", v, "expected a string (quote true/false and numbers)")
-    if "\0" in value:
-        raise c.fail(f"env.{k}", "the value contains a NUL byte")
-    for name in _TEMPLATE_RE.findall(value):
-        if name not in ENV_TEMPLATES and name not in PATH_TEMPLATES:
-            known = (*ENV_TEMPLATES, *PATH_TEMPLATES)
-            raise c.fail(
-                f"env.{k}",
-                f"unknown template {{{name}}} (expected one of: "
-                f"{', '.join('{' + t + '}' for t in known)})",
-            )
-    return _TEMPLATE_RE.sub(
-        lambda m: c.values[m.group(1)] if m.group(1) in PATH_TEMPLATES else m.group(0), value
-    )
-
-
-def _build_limits(c: _Checker, limits: Any, p: Profile) -> None:
-    """limits.*: memory, pids, cpus, timeout."""
-    if not isinstance(limits, dict):
-        raise c.fail("limits", f"expected a mapping with keys {', '.join(_LIMIT_KEYS)}")
-    c.keys(limits, _LIMIT_KEYS, "limits.")
-    if "memory" in limits:
-        p.memory = c.size("limits.memory", limits["memory"])
-    if "pids" in limits:
-        p.pids = c.positive_int("limits.pids", limits["pids"])
-    if "cpus" in limits:
-        p.cpus = c.positive_number("limits.cpus", limits["cpus"])
-    if "timeout" in limits:
-        p.timeout = c.duration("limits.timeout", limits["timeout"])
-
-
-def _merge(base: Profile, child: Profile) -> Profile:
-    """child extends base: lists concatenate (base first), scalars and env keys override."""
-    out = Profile(name=child.name, source=child.source)
-    out.description = child.description or base.description
-    for attr in (
-        "net",
-        "memory",
-        "pids",
-        "cpus",
-        "timeout",
-        "seccomp",
-        "tailscale",
-        "tty",
-        "tty_raw",
-    ):
-        child_value = getattr(child, attr)
-        setattr(out, attr, child_value if child_value is not None else getattr(base, attr))
-    for attr in (
-        "allow_hosts",
-        "allow_ports",
-        "ro",
-        "rw",
-        "mkdir",
-        "protect",
-        "reveal",
-        "copy",
-        "copy_ro",
-    ):
-        setattr(out, attr, getattr(base, attr) + getattr(child, attr))
-    out.env = {**base.env, **child.env}
-    for attr in (
-        "env_pass",
-        "env_secrets",
-        "allow_cidrs",
-        "tmpfs",
-        "secrets",
-        "ports",
-    ):  # no repeats
-        got = getattr(base, attr)
-        setattr(out, attr, got + [n for n in getattr(child, attr) if n not in got])
-    return out
-
-
 def load_profile(name_or_path: str, *, context: Mapping[str, str]) -> Profile:
     """Load, validate and expand a preset (a bare name) or a file (a value holding '/'
     or ending in .yaml/.yml). ``context`` holds 'workdir' and 'home' (and may hold
@@ -689,7 +274,7 @@ def load_profile(name_or_path: str, *, context: Mapping[str, str]) -> Profile:
     label, text = _read(name_or_path, context.get("home"))
     doc = _parse_yaml(label, text)
     base_name = doc.get("extends")
-    profile = _build(name_or_path, label, {k: v for k, v in doc.items() if k != "extends"}, context)
+    profile = build(name_or_path, label, {k: v for k, v in doc.items() if k != "extends"}, context)
     if base_name is None:
         return profile
     if not isinstance(base_name, str) or not base_name:
@@ -706,7 +291,7 @@ def load_profile(name_or_path: str, *, context: Mapping[str, str]) -> Profile:
             f"profile {label}: key extends: {base_name} extends another profile itself; "
             "only one level is supported"
         )
-    return _merge(_build(base_name, base_label, base_doc, context), profile)
+    return merge(build(base_name, base_label, base_doc, context), profile)
 
 
 def project_doc(text: str, label: str) -> dict[str, Any]:
@@ -724,18 +309,6 @@ def project_doc(text: str, label: str) -> dict[str, Any]:
     return doc
 
 
-def project_layer(
-    base: Profile, doc: Mapping[str, Any], label: str, context: Mapping[str, str]
-) -> Profile:
-    """A .boxy.yaml's keys (DOC, from project_doc) on top of BASE, the profile it names
-    or the run's: merged as `extends` merges; messages name both."""
-    merged = _merge(
-        base, _build(label, label, {k: v for k, v in doc.items() if k != "profile"}, context)
-    )
-    merged.name, merged.source = base.name, f"{base.source} + {label}"
-    return merged
-
-
 Registry = Callable[[str], "str | None"]
 
 
@@ -751,7 +324,7 @@ def _fill(text: str, registry: Registry | None) -> tuple[str, str | None]:
             return ""
         return value
 
-    filled = _TEMPLATE_RE.sub(sub, text)
+    filled = TEMPLATE_RE.sub(sub, text)
     return filled, (missing[0] if missing else None)
 
 

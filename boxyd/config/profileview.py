@@ -12,7 +12,8 @@ from typing import NamedTuple
 from boxy import values
 from boxy.errors import ProfileError
 from boxyd.config import profiles
-from boxyd.config.profiles import Profile, Registry
+from boxyd.config.profiles import Registry
+from boxyd.config.profileschema import Profile
 
 # where each template's value comes from, said next to what it became
 ORIGIN = {

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from boxyd.config.profiles import Profile
+from boxyd.config.profileschema import Profile
 
 # unset in a profile means boxy's defaults (the option table's)
 from boxyd.config.runspec import DEFAULT_MEMORY, DEFAULT_NET, DEFAULT_PIDS, CopyEntry, PathEntry

@@ -36,6 +36,7 @@ from boxyd.daemon import pools
 from boxyd.daemon.livewatch import IN_CLOSE_WRITE, IN_MODIFY, Rescan, Visit, Watches, sockets_in
 from boxyd.daemon.parseproc import Apart, call_apart
 from boxyd.gitguard import discover
+from boxyd.kernel import walk
 from boxyd.plan import credentials, live, masking
 from boxyd.plan.credentials import Action, Rule
 from boxyd.plan.live import Redo, Watched
@@ -523,7 +524,7 @@ class LiveGuard:
     async def _repin(self, w: Watched, rel: str, since: float) -> None:
         # what the host saved, read while the pin goes back on (the payload's window)
         saved = asyncio.ensure_future(
-            pools.submit(pools.LIVE, discover.read_beneath, w.root, rel, discover.CONFIG_MAX)
+            pools.submit(pools.LIVE, walk.read_beneath, w.root, rel, discover.CONFIG_MAX)
         )
         pinned = self._ask(
             functools.partial(LivePin, rel=rel, root=w.root), rel, "pinned again", since, w.root
@@ -620,7 +621,7 @@ def _lstat(root: str, rel: str) -> os.stat_result | None:
     None when it is gone."""
     parent, _, name = rel.rpartition("/")
     try:
-        pfd = discover.open_in_tree(root, parent)
+        pfd = walk.open_in_tree(root, parent)
     except OSError:
         return None
     try:
@@ -648,7 +649,7 @@ def _stand_in(root: str, redo: Redo, rule: Rule | None) -> Found | None:
         return None
     parent, _, name = redo.rel.rpartition("/")
     try:
-        pfd = discover.open_in_tree(root, parent)
+        pfd = walk.open_in_tree(root, parent)
     except OSError:
         return None
     try:

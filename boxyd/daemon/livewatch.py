@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from boxyd.config import hostrun
-from boxyd.gitguard import discover
+from boxyd.kernel import walk
 from boxyd.plan import live, masking
 from boxyd.plan.live import Redo, Watched
 
@@ -76,15 +76,15 @@ class _Steps:
     per level is held)."""
 
     def __init__(self, root: str) -> None:
-        self.stack: list[tuple[str, int]] = [("", discover.open_root(root))]
+        self.stack: list[tuple[str, int]] = [("", walk.open_root(root))]
 
     def open(self, rel: str) -> int:
         """REL's fd (kept by the stack); OSError if it is gone or not a directory."""
         while len(self.stack) > 1 and not _within(rel, self.stack[-1][0]):
             os.close(self.stack.pop()[1])
         base = self.stack[-1][0]
-        for name in discover.parts(rel[len(base) :].lstrip("/")):
-            fd = os.open(name, discover.O_STEP, dir_fd=self.stack[-1][1])
+        for name in walk.parts(rel[len(base) :].lstrip("/")):
+            fd = os.open(name, walk.O_STEP, dir_fd=self.stack[-1][1])
             self.stack.append((f"{self.stack[-1][0]}/{name}".lstrip("/"), fd))
         return self.stack[-1][1]
 
@@ -388,7 +388,7 @@ def sockets_in(root: str, rel: str) -> list[str]:
     O_NOFOLLOW step at a time), up to LIST_MAX entries looked at: what a host server
     made listen there during the session (LiveGuard's sweep)."""
     try:
-        fd = discover.open_in_tree(root, rel)
+        fd = walk.open_in_tree(root, rel)
     except (OSError, ValueError):
         return []
     try:

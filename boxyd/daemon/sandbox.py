@@ -47,9 +47,10 @@ from boxyd.daemon.stage2proc import (
 )
 from boxyd.daemon.toolbox import Toolshed
 from boxyd.daemon.walks import Walks
-from boxyd.gitguard import scan
-from boxyd.gitguard.discover import CONFIG_MAX, Protection, read_beneath
-from boxyd.gitguard.scan import Snapshot, adopt, inherit_live, overwrite, restore
+from boxyd.gitguard.discover import CONFIG_MAX, Protection
+from boxyd.gitguard.quarantine import Budget, overwrite
+from boxyd.gitguard.scan import Snapshot, adopt, inherit_live, restore
+from boxyd.kernel.walk import read_beneath
 from boxyd.plan import heldfiles, live, masking, mountplan, worktree
 from boxyd.plan.hostfile import Outputs, open_outputs
 from boxyd.plan.masking import Found
@@ -291,7 +292,7 @@ class StageSandbox:
         self._user_hooks: str | None = None
         self._edit: dict[str, list[str]] = {}  # --edit-config, by tree: rels left to the run
         self._checking = threading.Lock()  # one check of the trees at a time (_check)
-        self._hold_budget: scan.Budget | None = None  # the live guard's moves (_hold)
+        self._hold_budget: Budget | None = None  # the live guard's moves (_hold)
 
     # -- before the payload ----------------------------------------------------------
     async def start(self) -> list[str]:
@@ -664,7 +665,7 @@ class StageSandbox:
         the session's quarantine at once (heldfiles.hold); its line said at the end and
         left for the hook's next answer (boxy/notices.py)."""
         if self._hold_budget is None:  # counted once a session (a walk of the quarantine)
-            self._hold_budget = scan.Budget(str(state_dir() / "quarantine"))
+            self._hold_budget = Budget(str(state_dir() / "quarantine"))
         got = heldfiles.hold(
             root, rel, held, target, self._quarantine(root), self._hold_budget, judged_as
         )

@@ -2,7 +2,8 @@
 
 The tree belongs to the payload between runs (and during concurrent runs), so it is
 read only through directory fds opened with O_NOFOLLOW, one component at a time:
-a symlink is reported, never followed, and a path cannot be swapped under us.
+a symlink is reported, never followed, and a path cannot be swapped under us (the
+safe walk itself, which other features observe, is boxyd/kernel/walk.py).
 
 What is found, for one writable tree ``root``:
 
@@ -35,30 +36,37 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, cast
 
 from boxy.errors import SetupError
+from boxyd.kernel import walk
+from boxyd.kernel.walk import (
+    MAX_DIRS,
+    O_DIR,
+    O_FILE,
+    Observer,
+    TreeWalk,
+    Type,
+    join,
+    list_dir,
+    locate,
+    open_dir,
+    open_root,
+    parts,
+    place,
+    read_small,
+    walk_beneath,
+)
 from boxyd.plan import payloadparse
 
-O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-# a step through a directory that need not be listable (git only needs +x to pass)
-O_STEP = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-# O_NONBLOCK: opening a FIFO planted in place of a file must not hang the daemon
-O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-
-# One open fd per level. 2048 single-letter levels already exceed PATH_MAX, past
-# which git itself cannot reach a repository; deeper directories are reported.
-MAX_DEPTH = 2048
 POINTER_MAX = 64 * 1024  # a .git / commondir / gitdir file larger than this is not a pointer
-MAX_DIRS = 2_000_000  # directories one walk lists before it gives up (about 15 s here)
 # A config larger than this is not read (and is judged dangerous: "too large to
 # check"). A real one is a few KiB; parsing costs ~2 s and ~10-30 MB per MiB.
 CONFIG_MAX = 1 << 20
 MAX_INCLUDE_DEPTH = 10  # git's own limit (config.c MAX_INCLUDE_DEPTH)
 
-Type = Literal["file", "dir", "symlink", "other"]
 Role = Literal[
     "dotgit",  # a .git entry in a work tree
     "config",  # config* in a gitdir
@@ -143,124 +151,6 @@ class Layout:
     candidates: tuple[str, ...] = ()
 
 
-def join(rel: str, name: str) -> str:
-    return f"{rel}/{name}" if rel else name
-
-
-def parts(rel: str) -> list[str]:
-    """Components of a relative path made by this module; refuses anything else."""
-    comps = rel.split("/") if rel else []
-    if any(c in ("", ".", "..") for c in comps):
-        raise ValueError(f"not a plain relative path: {rel!r}")
-    return comps
-
-
-def open_dir(root_fd: int, rel: str) -> int:
-    """Open directory ``rel`` beneath ``root_fd``, one O_NOFOLLOW step at a time.
-
-    The steps on the way are O_PATH: like git, passing through a directory needs
-    only its search bit, so a parent made unlistable (0111) hides nothing known."""
-    comps = parts(rel)
-    fd = os.dup(root_fd)
-    try:
-        for i, name in enumerate(comps):
-            nfd = os.open(name, O_DIR if i == len(comps) - 1 else O_STEP, dir_fd=fd)
-            os.close(fd)
-            fd = nfd
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def open_child(dir_fd: int, name: str) -> int:
-    """Open a subdirectory to list it. One the payload made unlistable raises
-    PermissionError: it is reported, never chmod'ed (the host tree is not ours)."""
-    return os.open(name, O_DIR, dir_fd=dir_fd)
-
-
-def open_root(root: str) -> int:
-    # the root itself is the daemon's own, already checked host path: its ancestors
-    # may be symlinks (/home -> /usr/home); nothing beneath it is followed
-    return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-
-
-def read_head(dir_fd: int, name: str, limit: int) -> bytes | None:
-    """Up to LIMIT bytes of a regular file, or None (not a regular file, unreadable)."""
-    try:
-        # lstat first: never open a FIFO or a device node planted in place of a file
-        if not stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
-            return None
-        fd = os.open(name, O_FILE, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        chunks, size = [], 0
-        while size < limit:
-            chunk = os.read(fd, min(65536, limit - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def read_small(dir_fd: int, name: str, limit: int) -> bytes | None:
-    """Content of a regular file, or None (not a regular file, unreadable, too big)."""
-    data = read_head(dir_fd, name, limit + 1)
-    return data if data is not None and len(data) <= limit else None
-
-
-def open_in_tree(root: str, rel: str) -> int:
-    """Directory REL of the tree ROOT, opened from its root one O_NOFOLLOW step at a time
-    (open_dir); for callers holding no fd of the root."""
-    root_fd = open_root(root)
-    try:
-        return open_dir(root_fd, rel)
-    finally:
-        os.close(root_fd)
-
-
-def read_beneath(root: str, rel: str, limit: int) -> bytes | None:
-    """read_small of REL beneath the tree ROOT, through fds from its root (no symlink)."""
-    parent, _, name = rel.rpartition("/")
-    try:
-        pfd = open_in_tree(root, parent)
-    except OSError:
-        return None
-    try:
-        return read_small(pfd, name, limit)
-    finally:
-        os.close(pfd)
-
-
-def _list(fd: int, cap: int | None = None) -> dict[str, Type]:
-    """A directory's entries and their types (d_type; never a symlink followed), up to
-    one more than CAP. Inline and the commonest first (a tree is mostly files): the
-    walk asks this of a million entries."""
-    out: dict[str, Type] = {}
-    with os.scandir(fd) as it:
-        for e in it:
-            if cap is not None and len(out) > cap:
-                break
-            try:
-                if e.is_file(follow_symlinks=False):
-                    out[e.name] = "file"
-                elif e.is_dir(follow_symlinks=False):
-                    out[e.name] = "dir"
-                else:
-                    out[e.name] = "symlink" if e.is_symlink() else "other"
-            except OSError:  # vanished while listing
-                continue
-    return out
-
-
 # --- pointers (.git files, commondir, gitdir) ----------------------------------------
 
 
@@ -275,86 +165,6 @@ def pointer_text(data: bytes, dotgit: bool) -> str | None:
     else:  # commondir / gitdir: strbuf_rtrim()
         path = data.rstrip(b" \t\n\r")
     return os.fsdecode(path) if path else None
-
-
-def place(roots: Sequence[str], base: str, target: str) -> list[str] | None:
-    """Components of ``target`` relative to root, ``..`` still unresolved.
-
-    ``base`` is the relative directory a relative target is taken from; an absolute
-    target must start with one spelling of root (as given, or its realpath — git
-    writes worktree pointers through realpath). None: outside root.
-    """
-    comps = [c for c in target.split("/") if c not in ("", ".")]
-    if not target.startswith("/"):
-        return (base.split("/") if base else []) + comps
-    for r in roots:
-        rc = [c for c in r.split("/") if c not in ("", ".")]
-        if comps[: len(rc)] == rc:
-            return comps[len(rc) :]
-    return None
-
-
-def _resolve(root_fd: int, comps: Sequence[str]) -> tuple[list[str], Type] | None:
-    """Walk COMPS beneath root, one O_NOFOLLOW step at a time: the clean components
-    reached and the type of the last — or of the first symlink met, where it stops
-    (a symlink is never followed). ``..`` pops a directory that was itself opened this
-    way, so the lexical result is what the kernel would find. None: the path leaves
-    root, or an entry is missing or not a directory where one is needed."""
-    fds = [os.dup(root_fd)]
-    names: list[str] = []
-    kind: Type = "dir"  # root itself
-    try:
-        for i, name in enumerate(comps):
-            if name == "..":
-                if not names:
-                    return None
-                os.close(fds.pop())
-                names.pop()
-                kind = "dir"
-                continue
-            names.append(name)
-            try:
-                st = os.stat(name, dir_fd=fds[-1], follow_symlinks=False)
-            except OSError:
-                return None
-            if stat.S_ISLNK(st.st_mode):
-                return names, "symlink"
-            kind = (
-                "dir"
-                if stat.S_ISDIR(st.st_mode)
-                else "file"
-                if stat.S_ISREG(st.st_mode)
-                else "other"
-            )
-            if i == len(comps) - 1:
-                break
-            try:
-                fds.append(os.open(name, O_STEP, dir_fd=fds[-1]))
-            except OSError:
-                return None
-        return names, kind
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
-def locate(root_fd: int, comps: Sequence[str]) -> tuple[str, Type] | None:
-    """The entry ``comps`` names beneath root, or the first symlink on the way to it
-    (which git would follow and we never do). None: outside root, missing, or root."""
-    found = _resolve(root_fd, comps)
-    return ("/".join(found[0]), found[1]) if found and found[0] else None
-
-
-def walk_beneath(root_fd: int, comps: Sequence[str], last_dir: bool = True) -> str | None:
-    """The clean relative path of the directory ``comps`` names beneath root, through
-    real directories only; None when it leaves root or meets a symlink or a missing or
-    non-directory entry. With ``last_dir`` False, the last component need not exist
-    (nor be a directory): only the path up to it must."""
-    if not last_dir and comps and comps[-1] != "..":
-        head = _resolve(root_fd, comps[:-1])
-        return join("/".join(head[0]), comps[-1]) if head and head[1] == "dir" else None
-    found = _resolve(root_fd, comps)
-    return "/".join(found[0]) if found and found[1] == "dir" else None
 
 
 def valid_head(dir_fd: int) -> bool:
@@ -401,18 +211,10 @@ def is_git_directory(dir_fd: int, entries: Mapping[str, Type]) -> bool:
 # --- the walk --------------------------------------------------------------------------
 
 
-# shown each work-tree directory the walk lists: (its fd, its path relative to root, entries)
-Observer = Callable[[int, str, Mapping[str, Type]], None]
-
-
-class TooLarge(Exception):
-    """The tree holds more directories than one walk lists (MAX_DIRS)."""
-
-
-class Walker:
-    """One walk of one tree. ``run`` walks it all; ``visit_known``, ``config_file`` and
-    ``hooks_dir`` add what something else (the host's git) named; ``layout`` is the
-    result so far."""
+class Walker(TreeWalk):
+    """One walk of one tree (kernel/walk.py's, each directory visited for git).
+    ``run`` walks it all; ``visit_known``, ``config_file`` and ``hooks_dir`` add what
+    something else (the host's git) named; ``layout`` is the result so far."""
 
     def __init__(
         self,
@@ -428,16 +230,13 @@ class Walker:
         before it: what it includes is unknown); False after the run, where the scan
         judges that file itself (and moves it aside) and must go on to the others.
         LIMIT, ENTRY_LIMIT: TooLarge past that many directories, entries listed."""
-        self.root_fd = root_fd
+        super().__init__(root_fd, limit, observer, entry_limit)
         self.refuse_unjudged = refuse_unjudged
         # the user's global core.hooksPath (userconfig.py): every repository's hooks too
         self.user_hooks = user_hooks
-        self.limit = limit
-        self.observer = observer  # shown every work-tree directory listed (the run's one walk)
         self.roots = [os.path.abspath(root), os.path.realpath(root)]
         self.gitdirs: dict[str, GitDir] = {}
         self.controls: dict[str, Control] = {}
-        self.unreadable: list[str] = []
         self.pending: list[str] = []  # pointer targets inside root, to explore after the walk
         # (the root only when it has a .git or HEAD entry itself: with the ceiling above it,
         # git finds a repository there no other way, and asking costs a tool sandbox)
@@ -446,9 +245,6 @@ class Walker:
         # HEAD, config, commondir or .git: never a place to ask the host's git (it would
         # block there until its deadline), and neither is anything below one
         self.blocked: set[str] = set()
-        self.listed = 0  # directories listed so far
-        self.entry_limit = entry_limit
-        self.entries = 0  # their entries
 
     def control(self, rel: str, role: Role, kind: Type) -> None:
         self.controls.setdefault(rel, Control(rel, role, kind))
@@ -507,7 +303,7 @@ class Walker:
         except (OSError, ValueError):
             return
         try:
-            fn(fd, rel, _list(fd))
+            fn(fd, rel, list_dir(fd))
         except OSError:
             self.unreadable.append(rel)
         finally:
@@ -534,56 +330,6 @@ class Walker:
                 self._in_dir(rel, self.explore_gitdir)
         return self.layout()
 
-    def walk_tree(self) -> None:
-        """Every directory of the work tree(s), depth first, one fd per level."""
-        stack: list[tuple[int, str, Iterator[str]]] = []
-
-        def enter(fd: int, rel: str) -> None:
-            self.listed += 1
-            if self.limit is not None and self.listed > self.limit:
-                os.close(fd)
-                raise TooLarge(f"more than {self.limit:,} directories")
-            try:
-                room = None if self.entry_limit is None else self.entry_limit - self.entries
-                entries = _list(fd, room)
-                self.entries += len(entries)
-                if self.entry_limit is not None and self.entries > self.entry_limit:
-                    os.close(fd)
-                    raise TooLarge(f"more than {self.entry_limit:,} entries")
-                subdirs = self.visit(fd, rel, entries)
-                if self.observer is not None:
-                    self.observer(fd, rel, entries)
-            except OSError:
-                os.close(fd)
-                self.unreadable.append(rel)
-                return
-            stack.append((fd, rel, iter(subdirs)))
-
-        try:
-            enter(os.dup(self.root_fd), "")
-            while stack:
-                fd, rel, it = stack[-1]
-                name = next(it, None)
-                if name is None:
-                    os.close(fd)
-                    stack.pop()
-                    continue
-                child = join(rel, name)
-                if len(stack) >= MAX_DEPTH:
-                    self.unreadable.append(child)
-                    continue
-                try:
-                    cfd = open_child(fd, name)
-                except FileNotFoundError:
-                    continue
-                except OSError:
-                    self.unreadable.append(child)  # unreadable, or swapped for a symlink
-                    continue
-                enter(cfd, child)
-        finally:
-            for fd, _, _ in stack:
-                os.close(fd)
-
     def visit(self, fd: int, rel: str, entries: dict[str, Type]) -> list[str]:
         """One work-tree directory: its .git entry, itself as a bare repository."""
         kind = entries.get(".git")
@@ -598,7 +344,7 @@ class Walker:
             if kind == "dir":
                 gfd = os.open(".git", O_DIR, dir_fd=fd)
                 try:
-                    self.explore_gitdir(gfd, dotgit, _list(gfd), worktree=rel)
+                    self.explore_gitdir(gfd, dotgit, list_dir(gfd), worktree=rel)
                 finally:
                     os.close(gfd)
             elif kind == "file":
@@ -722,7 +468,7 @@ class Walker:
     def below(self, parent_fd: int, name: str, rel: str, area: str, depth: int) -> None:
         """The entries under hooks/ (all), worktrees/ (each a gitdir), modules/ (down
         to each submodule gitdir: names may hold slashes, and may nest, "a" and "a/b")."""
-        if depth >= MAX_DEPTH // 4:
+        if depth >= walk.MAX_DEPTH // 4:
             self.unreadable.append(rel)
             return
         try:
@@ -731,7 +477,7 @@ class Walker:
             self.unreadable.append(rel)
             return
         try:
-            entries = _list(fd)
+            entries = list_dir(fd)
             if depth > 0 and area == "modules" and any(m in entries for m in _GITDIR_MARKERS):
                 self.explore_gitdir(fd, rel, entries)
                 entries = {
@@ -746,7 +492,7 @@ class Walker:
                 if area == "worktrees":
                     cfd = os.open(n, O_DIR, dir_fd=fd)
                     try:
-                        self.explore_gitdir(cfd, sub, _list(cfd))
+                        self.explore_gitdir(cfd, sub, list_dir(cfd))
                     finally:
                         os.close(cfd)
                 else:

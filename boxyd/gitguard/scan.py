@@ -20,12 +20,12 @@ is quarantined when it is
 
 Entries unchanged since the snapshot are never touched: they were the user's own.
 The scan runs once the payload has exited; a concurrent run in the same tree could
-still change a file after it was checked — the mounts are the layer for that.
+still change a file after it was checked — the mounts are the layer for that. What
+is moved aside goes to the quarantine store (quarantine.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
@@ -35,8 +35,11 @@ from dataclasses import dataclass
 from boxy.digest import sha256
 from boxyd.config.hosttools import Box, Exposure, Opener, ToolError
 from boxyd.gitguard import discover, hostgit
-from boxyd.gitguard.discover import CONFIG_MAX, O_DIR, O_FILE, POINTER_MAX, Control, Role, Type
+from boxyd.gitguard.discover import CONFIG_MAX, POINTER_MAX, Control, Role
 from boxyd.gitguard.gitconfig import Entry, dangerous_keys, is_dangerous
+from boxyd.gitguard.quarantine import Budget, move_into, overwrite
+from boxyd.kernel import walk
+from boxyd.kernel.walk import O_DIR, O_FILE, Type, exists
 from boxyd.plan import payloadparse
 
 HASH_MAX = 1 << 20  # content is hashed up to this size; larger files are compared by inode/ctime
@@ -109,11 +112,11 @@ def snapshot(root: str, lay: discover.Layout | None = None) -> Snapshot:
     if lay is None:
         lay = discover.layout(root)
     records: dict[str, Record] = {}
-    root_fd = discover.open_root(root)
+    root_fd = walk.open_root(root)
     try:
         for parent, controls in _by_parent(lay.controls).items():
             try:
-                pfd = discover.open_dir(root_fd, parent)
+                pfd = walk.open_dir(root_fd, parent)
             except OSError:
                 continue
             try:
@@ -135,7 +138,7 @@ def _config(pfd: int, c: Control, fp: tuple[object, ...]) -> tuple[tuple[str, ..
     """A config file's keys that run commands, and its bytes when small."""
     if c.role not in ("config", "include") or fp[0] != "file":
         return (), None
-    data = discover.read_small(pfd, c.rel.rpartition("/")[2], CONFIG_MAX)
+    data = walk.read_small(pfd, c.rel.rpartition("/")[2], CONFIG_MAX)
     if data is None:
         return (), None
     parsed = payloadparse.git_config(data)  # apart from boxyd, within a budget
@@ -155,9 +158,9 @@ def adopt(snap: Snapshot, rel: str) -> tuple[Snapshot, str | None]:
         return snap, None  # not a control entry of the baseline: the scan judges it
     parent, _, name = rel.rpartition("/")
     control = Control(rel, old.role, old.type)
-    root_fd = discover.open_root(snap.root)
+    root_fd = walk.open_root(snap.root)
     try:
-        pfd = discover.open_dir(root_fd, parent)
+        pfd = walk.open_dir(root_fd, parent)
         try:
             fp = _fingerprint(pfd, name)
             if fp is None:
@@ -197,9 +200,9 @@ def restore(snap: Snapshot, rel: str, quarantine: str) -> tuple[str, bool]:
     os.makedirs(quarantine, mode=0o700, exist_ok=True)
     q_fd = os.open(quarantine, O_DIR)
     try:
-        pfd = discover.open_in_tree(snap.root, rel.rpartition("/")[0])
+        pfd = walk.open_in_tree(snap.root, rel.rpartition("/")[0])
         try:
-            dest = _move(pfd, rel, quarantine, q_fd)
+            dest = move_into(pfd, rel, quarantine, q_fd)
             back = old is not None and old.content is not None and _put_back(pfd, rel, old)
             return dest, back
         finally:
@@ -316,7 +319,7 @@ class _Judge:
         if kind != "file":
             return None
         if c.role in ("config", "include"):
-            data = discover.read_small(pfd, name, CONFIG_MAX)
+            data = walk.read_small(pfd, name, CONFIG_MAX)
             if data is None:
                 return "a git config file too large or unreadable to check", ()
             parsed = payloadparse.git_config(data)  # apart from boxyd, within a budget
@@ -330,14 +333,14 @@ class _Judge:
             return self._worktree(c, parent, parsed.entries)
 
         if c.role in ("dotgit", "commondir", "backlink"):
-            data = discover.read_small(pfd, name, POINTER_MAX)
+            data = walk.read_small(pfd, name, POINTER_MAX)
             text = discover.pointer_text(data, c.role == "dotgit") if data is not None else None
             if text is None:
                 return f"a {label} git cannot read", ()
-            comps = discover.place(self.roots, parent, text)
+            comps = walk.place(self.roots, parent, text)
             # a backlink names the worktree's .git file, which need not be a directory
             last_dir = c.role != "backlink"
-            if comps is None or discover.walk_beneath(self.root_fd, comps, last_dir) is None:
+            if comps is None or walk.walk_beneath(self.root_fd, comps, last_dir) is None:
                 return f"a {label} pointing outside the work directory (or through a symlink)", ()
         return None
 
@@ -357,377 +360,12 @@ class _Judge:
             return None
         if c.role == "include":
             return "core.worktree in a file a git config includes", ("core.worktree",)
-        comps = discover.place(self.roots, gitdir, values[-1])
-        if comps is None or discover.walk_beneath(self.root_fd, comps) is None:
+        comps = walk.place(self.roots, gitdir, values[-1])
+        if comps is None or walk.walk_beneath(self.root_fd, comps) is None:
             return "core.worktree pointing outside the work directory (or through a symlink)", (
                 "core.worktree",
             )
         return None
-
-
-def _exists(name: str, dir_fd: int) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
-
-
-RUN_BYTES = 64 << 20  # what one run's findings may keep in the quarantine
-TOTAL_BYTES = 1 << 30  # what the quarantine keeps across sessions (it is kept 90 days)
-HASH_LIMIT = 4 << 30  # a file larger than this is not hashed either (its size says enough)
-_O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-# Entries count too: an empty file takes no block, and a payload that plants 100,000
-# empty hooks a run filled the quarantine with a million of them (every later run's
-# first finding walked them all: seconds). Past either bound an entry is removed.
-RUN_ENTRIES = 10_000
-TOTAL_ENTRIES = 200_000
-
-
-class Budget:
-    """What the quarantine may still keep: RUN bytes and RUN_ENTRIES entries for one
-    run (across its trees), TOTAL bytes and TOTAL_ENTRIES across sessions, counted from
-    what TOP (the quarantine) holds when the run's first finding needs it. Past it an
-    entry is removed and only its metadata and sha256 are kept (``over``: the line for
-    its finding, by destination); past the entries, not even a file of them."""
-
-    def __init__(self, top: str, run: int = RUN_BYTES, total: int = TOTAL_BYTES) -> None:
-        self.top, self.left, self.total = top, run, total
-        self.entries_left = RUN_ENTRIES
-        self.used: int | None = None
-        self.used_entries = 0
-        self.over: dict[str, str] = {}
-
-    def take(self, size: int) -> bool:
-        """Room for one more entry of SIZE allocated bytes (taken when True)."""
-        if not self.entry():
-            return False
-        assert self.used is not None
-        if size > self.left or self.used + size > self.total:
-            self.entries_left += 1  # not kept after all: its .removed file takes it
-            self.used_entries -= 1
-            return False
-        self.left -= size
-        self.used += size
-        return True
-
-    def entry(self) -> bool:
-        """Room for one more entry of no size (a .removed file): taken when True."""
-        if self.used is None:
-            self.used, self.used_entries = _usage(self.top, TOTAL_ENTRIES)
-        if self.entries_left <= 0 or self.used_entries >= TOTAL_ENTRIES:
-            return False
-        self.entries_left -= 1
-        self.used_entries += 1
-        return True
-
-
-def _usage(top: str, most: int) -> tuple[int, int]:
-    """Bytes allocated under TOP and its entries (nothing followed); the walk stops
-    once it has counted MOST entries (the quarantine is full then)."""
-    used = entries = 0
-    with contextlib.suppress(OSError):
-        for _, dirs, files, dfd in os.fwalk(top):
-            entries += len(dirs) + len(files)
-            for f in files:
-                with contextlib.suppress(OSError):
-                    used += os.stat(f, dir_fd=dfd, follow_symlinks=False).st_blocks * 512
-            if entries >= most:
-                break
-    return used, entries
-
-
-def _data_ranges(fd: int, size: int) -> Iterator[tuple[int, int]]:
-    """(offset, length) of each data segment of a regular file (SEEK_DATA/SEEK_HOLE):
-    a hole is never read, copied or allocated."""
-    pos = 0
-    while pos < size:
-        try:
-            start = os.lseek(fd, pos, os.SEEK_DATA)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:  # only a hole from here to the end
-                return
-            raise
-        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
-        yield start, end - start
-        pos = end
-
-
-def _copy_sparse(fd: int, out: int, size: int, limit: int) -> bool:
-    """FD's content into OUT, holes kept as holes; False once more than LIMIT bytes of
-    data were met (the file grew since it was measured)."""
-    copied = 0
-    for start, length in _data_ranges(fd, size):
-        done = 0
-        while done < length:
-            chunk = os.pread(fd, min(1 << 20, length - done), start + done)
-            if not chunk:
-                break
-            copied += len(chunk)
-            if copied > limit:
-                return False
-            os.pwrite(out, chunk, start + done)
-            done += len(chunk)
-    os.ftruncate(out, size)
-    return True
-
-
-def _digest(fd: int, size: int) -> str:
-    """sha256 of a regular file's SIZE bytes, streamed; holes hashed as the zeros they
-    read as, without reading them."""
-    if size > HASH_LIMIT:
-        return f"not hashed (over {HASH_LIMIT >> 30} GiB)"
-    import hashlib  # a file of up to HASH_LIMIT: OpenSSL's speed (boxy/digest.py)
-
-    h, pos, zeros = hashlib.sha256(), 0, bytes(1 << 20)
-    for start, length in [*_data_ranges(fd, size), (size, 0)]:
-        while pos < start:  # the hole before this segment
-            n = min(len(zeros), start - pos)
-            h.update(zeros[:n])
-            pos += n
-        end = start + length
-        while pos < end and (chunk := os.pread(fd, min(1 << 20, end - pos), pos)):
-            h.update(chunk)
-            pos += len(chunk)
-    return f"sha256 {h.hexdigest()}"
-
-
-def _keep_metadata(
-    fd: int, st: os.stat_result, dst_fd: int, dest: str, budget: Budget
-) -> tuple[str, str]:
-    """Past the budget: a small file DEST.removed with what the entry was, instead of
-    the entry (past the entries' budget, not even that: the finding's line is all);
-    returns its name and what the finding says."""
-    line = (
-        f"{st.st_size:,} bytes ({st.st_blocks * 512:,} allocated), mode "
-        f"{stat.S_IMODE(st.st_mode):o}, modified {st.st_mtime:.0f}, {_digest(fd, st.st_size)}"
-    )
-    name = f"{dest}.removed"
-    where = (
-        f"the quarantine's budget ({budget.total >> 20} MiB in all, {RUN_BYTES >> 20} MiB "
-        f"a run; {TOTAL_ENTRIES:,} entries in all, {RUN_ENTRIES:,} a run)"
-    )
-    if not budget.entry():
-        return name, f"removed, over {where}: not kept, it was {line}"
-    out = os.open(name, _O_NEW, 0o600, dir_fd=dst_fd)
-    try:
-        os.write(out, (line + "\n").encode())
-    finally:
-        os.close(out)
-    return name, f"removed, over {where}: kept only {line}"
-
-
-def _keep(
-    src_fd: int, name: str, dst_fd: int, dest: str, budget: Budget, same_fs: bool
-) -> tuple[str, str | None]:
-    """A regular file: renamed (same filesystem) or copied sparse-aware within the
-    budget; past it, removed and its metadata kept. Returns the name it has there, and
-    what the finding says when only its metadata is."""
-    fd = os.open(name, O_FILE, dir_fd=src_fd)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file any more")
-        allocated = st.st_blocks * 512
-        if budget.take(allocated):
-            try:
-                if same_fs:
-                    os.rename(name, dest, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
-                    return dest, None
-            except OSError as exc:  # one device, two mounts
-                if exc.errno != errno.EXDEV:
-                    raise
-            out = os.open(dest, _O_NEW, 0o600, dir_fd=dst_fd)
-            try:
-                kept = _copy_sparse(fd, out, st.st_size, allocated)
-            finally:
-                os.close(out)
-            if kept:
-                os.unlink(name, dir_fd=src_fd)
-                return dest, None
-            os.unlink(dest, dir_fd=dst_fd)
-        kept_as = _keep_metadata(fd, st, dst_fd, dest, budget)
-        os.unlink(name, dir_fd=src_fd)
-        return kept_as
-    finally:
-        os.close(fd)
-
-
-def _copy_out(src_fd: int, name: str, dst_fd: int, dest: str, budget: Budget) -> None:
-    """Move across filesystems (what is not a regular file): a symlink is made again
-    there, a directory copied whole (_copy_dir); anything else (a FIFO, a socket) has
-    no content worth keeping: it is just removed."""
-    st = os.stat(name, dir_fd=src_fd, follow_symlinks=False)
-    if stat.S_ISDIR(st.st_mode):
-        _copy_dir(src_fd, name, dst_fd, dest, budget)
-        return
-    if stat.S_ISLNK(st.st_mode):
-        os.symlink(os.readlink(name, dir_fd=src_fd), dest, dir_fd=dst_fd)
-    os.unlink(name, dir_fd=src_fd)
-
-
-COPY_PASSES = 3  # a directory still filled while it is emptied: then the move fails
-COPY_DEPTH = 64  # directories below one moved across filesystems (deeper: the move fails)
-
-
-def _copy_dir(src_fd: int, name: str, dst_fd: int, dest: str, budget: Budget) -> None:
-    """Directory NAME moved to DEST across filesystems: each entry kept as _move keeps
-    one (within BUDGET) and the tree removed, children first, no symlink followed.
-    Whoever keeps filling it meanwhile (the payload) gets COPY_PASSES tries, then the
-    move fails (OSError), as it does past COPY_DEPTH: the caller says so."""
-    for _ in range(COPY_PASSES):
-        if not _exists(dest, dst_fd):
-            os.mkdir(dest, 0o700, dir_fd=dst_fd)
-        _empty_into(src_fd, name, dst_fd, dest, budget, COPY_DEPTH)
-        try:
-            os.rmdir(name, dir_fd=src_fd)
-            return
-        except OSError as exc:
-            if exc.errno != errno.ENOTEMPTY:
-                raise
-    raise OSError(errno.ENOTEMPTY, "it was filled again as fast as it was emptied")
-
-
-def _empty_into(src_fd: int, name: str, dst_fd: int, dest: str, budget: Budget, depth: int) -> None:
-    if depth <= 0:
-        raise OSError(errno.ELOOP, f"more than {COPY_DEPTH} directories deep")
-    s_fd = os.open(name, O_DIR, dir_fd=src_fd)
-    try:
-        d_fd = os.open(dest, O_DIR, dir_fd=dst_fd)
-        try:
-            with os.scandir(s_fd) as it:
-                entries = [
-                    (e.name, e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False))
-                    for e in it
-                ]
-            for child, is_dir, is_file in entries:
-                slot = _free(d_fd, child)
-                if is_dir:
-                    os.mkdir(slot, 0o700, dir_fd=d_fd)
-                    _empty_into(s_fd, child, d_fd, slot, budget, depth - 1)
-                    with contextlib.suppress(OSError):  # refilled: the next pass
-                        os.rmdir(child, dir_fd=s_fd)
-                elif is_file:
-                    _keep(s_fd, child, d_fd, slot, budget, False)
-                else:
-                    _copy_out(s_fd, child, d_fd, slot, budget)
-        finally:
-            os.close(d_fd)
-    finally:
-        os.close(s_fd)
-
-
-def _free(dfd: int, name: str) -> str:
-    dest, n = name, 0
-    while _exists(dest, dfd) or _exists(f"{dest}.removed", dfd):
-        n += 1
-        dest = f"{name}.{n}"
-    return dest
-
-
-def _slot(q_fd: int, rel: str) -> tuple[int, str]:
-    """The quarantine's directory for REL (made as needed; an fd the caller closes) and a
-    free name in it (an earlier finding at the same path keeps its own)."""
-    *dirs, leaf = discover.parts(rel)
-    dfd = os.dup(q_fd)
-    try:
-        for d in dirs:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(d, 0o700, dir_fd=dfd)
-            nfd = os.open(d, O_DIR, dir_fd=dfd)
-            os.close(dfd)
-            dfd = nfd
-    except BaseException:
-        os.close(dfd)
-        raise
-    return dfd, _free(dfd, leaf)  # an earlier finding there keeps its own name
-
-
-def _move(src_fd: int, rel: str, quarantine: str, q_fd: int, budget: Budget | None = None) -> str:
-    dfd, dest = _slot(q_fd, rel)
-    leaf = rel.rpartition("/")[2]
-    budget = budget or Budget(os.path.dirname(quarantine))
-    try:
-        if stat.S_ISREG(os.stat(leaf, dir_fd=src_fd, follow_symlinks=False).st_mode):
-            same = os.fstat(src_fd).st_dev == os.fstat(dfd).st_dev
-            dest, over = _keep(src_fd, leaf, dfd, dest, budget, same)
-            if over is not None:
-                budget.over[os.path.join(quarantine, *discover.parts(rel)[:-1], dest)] = over
-        else:
-            try:
-                os.rename(leaf, dest, src_dir_fd=src_fd, dst_dir_fd=dfd)
-            except OSError as exc:
-                if exc.errno != errno.EXDEV:
-                    raise
-                _copy_out(src_fd, leaf, dfd, dest, budget)
-    finally:
-        os.close(dfd)
-    return os.path.join(quarantine, *discover.parts(rel)[:-1], dest)
-
-
-def move_entry(parent_fd: int, rel: str, quarantine: str, budget: Budget) -> str:
-    """The entry REL (its directory's fd: PARENT_FD) moved to QUARANTINE, a directory
-    whole; where it is now."""
-    os.makedirs(quarantine, mode=0o700, exist_ok=True)
-    q_fd = os.open(quarantine, O_DIR)
-    try:
-        return _move(parent_fd, rel, quarantine, q_fd, budget)
-    finally:
-        os.close(q_fd)
-
-
-def overwrite(root: str, rel: str, data: bytes, quarantine: str) -> str | None:
-    """Put DATA into the pinned file REL in place — the live guard's undo: the pin stays on
-    the same inode, so no window opens as a rename would — after copying what it held
-    to QUARANTINE. Only a regular file with one link (another name would be changed
-    too); None when it is not one, or could not be done."""
-    try:
-        pfd = discover.open_in_tree(root, rel.rpartition("/")[0])
-    except OSError:
-        return None
-    try:
-        fd = os.open(
-            rel.rpartition("/")[2],
-            os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-            dir_fd=pfd,
-        )
-    except OSError:
-        os.close(pfd)
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_size > CONFIG_MAX:
-            return None
-        held = os.pread(fd, st.st_size + 1, 0)
-        os.makedirs(quarantine, mode=0o700, exist_ok=True)
-        q_fd = os.open(quarantine, O_DIR)
-        try:
-            dfd, dest = _slot(q_fd, rel)
-        finally:
-            os.close(q_fd)
-        try:
-            out = os.open(
-                dest,
-                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o600,
-                dir_fd=dfd,
-            )
-            try:
-                os.write(out, held)
-            finally:
-                os.close(out)
-        finally:
-            os.close(dfd)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, data, 0)
-        return os.path.join(quarantine, *discover.parts(rel)[:-1], dest)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-        os.close(pfd)
 
 
 MAX_ASKED = 256  # directories the host's git is asked about per tree and run
@@ -801,7 +439,7 @@ def scan(
     quarantine: str,
     tools: Opener,
     home: str | None = None,
-    observer: discover.Observer | None = None,
+    observer: walk.Observer | None = None,
     user_hooks: str | None = None,
     budget: Budget | None = None,
 ) -> list[Finding]:
@@ -810,7 +448,7 @@ def scan(
     parser judges first, so no git ever reads what it moves aside; then the host's
     git (in a tool sandbox) names what else it would read, and that is judged too.
     BUDGET: the run's bytes in the quarantine (one for all its trees)."""
-    root_fd = discover.open_root(root)
+    root_fd = walk.open_root(root)
     run = _Scan(root, root_fd, before, quarantine, budget or Budget(os.path.dirname(quarantine)))
     try:
         # unbounded: a payload that makes the tree huge delays only its own session's end
@@ -849,15 +487,15 @@ def _locks(root_fd: int, gitdirs: Sequence[discover.GitDir]) -> list[Finding]:
     out = []
     for g in gitdirs:
         try:
-            fd = discover.open_dir(root_fd, g.rel)
+            fd = walk.open_dir(root_fd, g.rel)
         except OSError:
             continue
         try:
             for name in LOCKS:
-                if _exists(name, fd):
+                if exists(name, fd):
                     out.append(
                         Finding(
-                            discover.join(g.rel, name),
+                            walk.join(g.rel, name),
                             "a git lock file: the host's git "
                             "refuses to change this repository while it is there (remove "
                             "it if no git of yours is running)",
@@ -895,7 +533,7 @@ class _Scan:
             tuple(c for c in controls if c.rel not in self.moved)
         ).items():
             try:
-                pfd = discover.open_dir(self.root_fd, parent)
+                pfd = walk.open_dir(self.root_fd, parent)
             except OSError:
                 continue  # moved away with an earlier finding, or gone
             try:
@@ -918,7 +556,7 @@ class _Scan:
         keys = keys + tuple(k for k in named if k not in keys)
         self.moved.add(c.rel)
         try:
-            dest = _move(pfd, c.rel, self.quarantine, self.q_fd(), self.budget)
+            dest = move_into(pfd, c.rel, self.quarantine, self.q_fd(), self.budget)
             if dest in self.budget.over:
                 reason = f"{reason}; {self.budget.over[dest]}"
         except OSError as exc:
@@ -932,17 +570,17 @@ class _Scan:
 
     def unreadable(self, rel: str) -> None:
         """A directory the run made that the walk could not read (its mode, or past
-        discover.MAX_DEPTH): nothing in it can be checked, and git (and every other
+        walk.MAX_DEPTH): nothing in it can be checked, and git (and every other
         program) opens the names it knows there without listing it. Moved whole (a
         rename needs no read of it); where it cannot be, named."""
         reason = "a directory that could not be read (made unreadable, or too deep), so not checked"
         try:
-            pfd = discover.open_dir(self.root_fd, rel.rpartition("/")[0])
+            pfd = walk.open_dir(self.root_fd, rel.rpartition("/")[0])
         except (OSError, ValueError):
             self.findings.append(Finding(rel, reason))
             return
         try:
-            dest = _move(pfd, rel, self.quarantine, self.q_fd(), self.budget)
+            dest = move_into(pfd, rel, self.quarantine, self.q_fd(), self.budget)
         except OSError as exc:
             why = os.strerror(exc.errno or 0)
             self.findings.append(Finding(rel, f"{reason}; could not be moved: {why}"))

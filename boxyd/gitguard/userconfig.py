@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from boxyd.gitguard.discover import CONFIG_MAX, read_small
+from boxyd.gitguard.discover import CONFIG_MAX
 from boxyd.gitguard.gitconfig import parse
+from boxyd.kernel.walk import read_small
 
 MAX_DEPTH = 10  # git's own include depth limit
 

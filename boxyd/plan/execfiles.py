@@ -21,7 +21,7 @@ import stat
 from collections.abc import Mapping
 
 from boxy.digest import sha256
-from boxyd.gitguard.discover import O_DIR, O_FILE, Type, join
+from boxyd.kernel.walk import O_DIR, O_FILE, Type, join
 from boxyd.plan import payloadparse
 
 FILES = {".gitlab-ci.yml": "GitLab CI runs it when you push"}

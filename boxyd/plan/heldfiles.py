@@ -1,4 +1,4 @@
-"""The files a host program obeys unasked (plan/hostrun.py says which), in a writable
+"""The files a host program obeys unasked (config/hostrun.py says which), in a writable
 tree: found by the run's walk (pinned read-only from the start), and, when the payload
 made one anyway, moved to the quarantine with what stood there before put back — by
 the live guard at once (``hold``), by the check after the run as the backstop
@@ -18,8 +18,10 @@ from typing import Literal
 from boxy.errors import SetupError
 from boxyd.config import hostrun
 from boxyd.config.hostrun import Held, Judge
-from boxyd.gitguard import discover, scan
-from boxyd.gitguard.discover import Type
+from boxyd.gitguard import discover
+from boxyd.gitguard.quarantine import Budget, move_entry
+from boxyd.kernel import walk
+from boxyd.kernel.walk import Type
 from boxyd.plan import masking, payloadparse
 
 READ_MAX = 4 << 20  # a config larger than this is held whatever it says
@@ -69,10 +71,10 @@ class Finder:
         self.linked: dict[tuple[int, int], masking.Linked] = {}  # held files, nlink > 1
 
     def __call__(self, dir_fd: int, rel: str, entries: Mapping[str, Type]) -> None:
-        inside = hostrun.held_above(discover.join(rel, "_")) if rel else None
+        inside = hostrun.held_above(walk.join(rel, "_")) if rel else None
         if inside is not None:  # in a held directory: where its symlinks lead
             for name in sorted(n for n, k in entries.items() if k == "symlink"):
-                self._target(discover.join(rel, name), inside)
+                self._target(walk.join(rel, name), inside)
             return
         names = entries.keys() & _CANDIDATES
         joined = "\0".join(entries) + "\0"  # a search in C before any test per name
@@ -81,7 +83,7 @@ class Finder:
         links = entries.keys() & _LINK_NAMES  # `.cargo`, `gradle`: held as symlinks only
         names |= {n for n in links if entries[n] == "symlink"}
         for name in sorted(names):
-            path = discover.join(rel, name)
+            path = walk.join(rel, name)
             link = entries[name] == "symlink"
             if hostrun.held_as(path, link=link) is None or hostrun.held_above(path) is not None:
                 continue
@@ -121,7 +123,7 @@ class Finder:
         """Every other name in the tree of each held file with more than one link."""
         if not self.linked:
             return
-        masking.search_links(root_fd, self.linked, stat_all=True, limit=discover.MAX_DIRS)
+        masking.search_links(root_fd, self.linked, stat_all=True, limit=walk.MAX_DIRS)
         for link in self.linked.values():
             for other in link.names:
                 self.found.setdefault(other, Present(other, "file", via=link.rel))
@@ -172,7 +174,7 @@ def _obeyed(pfd: int, name: str, held: Held, judged_as: str) -> str | None:
     if held.judge is Judge.SYMLINK:
         is_link = stat.S_ISLNK(os.stat(name, dir_fd=pfd, follow_symlinks=False).st_mode)
         return held.why() if is_link else None
-    data = discover.read_head(pfd, name, READ_MAX + 1)
+    data = walk.read_head(pfd, name, READ_MAX + 1)
     if data is None:  # not a regular file where a config belongs: held whatever it is
         return held.why()
     if os.stat(name, dir_fd=pfd, follow_symlinks=False).st_nlink > 1:
@@ -194,7 +196,7 @@ def hold(
     held: Held,
     target: str,
     quarantine: str,
-    budget: scan.Budget,
+    budget: Budget,
     judged_as: str = "",
 ) -> tuple[str, bool] | None:
     """The entry REL that the payload made: moved to QUARANTINE (a directory whole) and
@@ -203,7 +205,7 @@ def hold(
     is gone already). JUDGED_AS: the name its tool knows it by (hostrun.held_as)."""
     parent, _, name = rel.rpartition("/")
     try:
-        pfd = discover.open_in_tree(root, parent)
+        pfd = walk.open_in_tree(root, parent)
     except OSError:
         return None
     try:
@@ -225,10 +227,10 @@ def hold(
 
 
 def _moved(
-    pfd: int, root: str, rel: str, why: str, target: str, quarantine: str, budget: scan.Budget
+    pfd: int, root: str, rel: str, why: str, target: str, quarantine: str, budget: Budget
 ) -> str:
     name = rel.rpartition("/")[2]
-    dest = scan.move_entry(pfd, rel, quarantine, budget)
+    dest = move_entry(pfd, rel, quarantine, budget)
     back = ""
     if target:
         try:
@@ -248,7 +250,7 @@ def after(
     root: str,
     quarantine: str,
     edit: Iterable[str],
-    budget: scan.Budget,
+    budget: Budget,
 ) -> list[str]:
     """After the run: every held entry the run made (absent at the start, or in place
     of a symlink, or a symlink that now leads elsewhere), quarantined as the live guard

@@ -26,8 +26,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from boxy.errors import SetupError
-from boxyd.gitguard import discover
-from boxyd.gitguard.discover import Layout, Type
+from boxyd.gitguard.discover import Layout
+from boxyd.kernel import walk
+from boxyd.kernel.walk import Type
 from boxyd.plan import credentials, payloadparse
 from boxyd.plan.credentials import Action, Rule
 
@@ -68,7 +69,7 @@ def judge(
         return Found("", rule.kind, rule.action, False)
     room = min(room, credentials.SCRUB_MAX)
     limit = credentials.KEY_PROBE if rule.action is Action.EMPTY else room + 1
-    data = discover.read_head(dir_fd, name, limit)
+    data = walk.read_head(dir_fd, name, limit)
     if data is None:
         return None
     if spent is not None:
@@ -106,7 +107,7 @@ class Finder:
         secrets: Sequence[str] = (),
         byte_limit: int | None = None,
     ) -> None:
-        """BYTE_LIMIT: discover.TooLarge past reading that many bytes (a walk in
+        """BYTE_LIMIT: walk.TooLarge past reading that many bytes (a walk in
         boxyd's own thread hands a tree that costs more to the walk process)."""
         self.root_fd = root_fd
         self.roots = roots
@@ -136,19 +137,19 @@ class Finder:
                 continue
             rule = credentials.rule_for(parent, name, kind == "dir")
             if rule is None and self.secrets:
-                rule = credentials.user_rule(self.secrets, discover.join(rel, name), kind == "dir")
+                rule = credentials.user_rule(self.secrets, walk.join(rel, name), kind == "dir")
             found = self._judge(dir_fd, name, rule) if rule is not None else None
             if found is not None:
-                self._add(discover.join(rel, name), found, dir_fd=dir_fd, name=name)
+                self._add(walk.join(rel, name), found, dir_fd=dir_fd, name=name)
         for name in probe:
             self._by_content(dir_fd, rel, name)
 
     def _by_content(self, dir_fd: int, rel: str, name: str) -> None:
         """A key under an ordinary name (credentials.by_content), covered empty."""
-        path = discover.join(rel, name)
+        path = walk.join(rel, name)
         if path in self.found:
             return
-        head = discover.read_head(dir_fd, name, credentials.CONTENT_PROBE)
+        head = walk.read_head(dir_fd, name, credentials.CONTENT_PROBE)
         if head is None:
             return
         self._spent(len(head))
@@ -170,7 +171,7 @@ class Finder:
             except OSError:
                 continue
             if stat.S_ISSOCK(st.st_mode):  # (its other names: links())
-                path = discover.join(rel, name)
+                path = walk.join(rel, name)
                 self._add(path, socket_found(path), dir_fd=dir_fd, name=name)
 
     def _link(self, dir_fd: int, rel: str, parent: str, name: str) -> None:
@@ -181,17 +182,17 @@ class Finder:
             target = os.readlink(name, dir_fd=dir_fd)
         except OSError:
             return
-        comps = discover.place(self.roots, rel, target)
-        spot = discover.locate(self.root_fd, comps) if comps is not None else None
+        comps = walk.place(self.roots, rel, target)
+        spot = walk.locate(self.root_fd, comps) if comps is not None else None
         if spot is None or spot[1] not in ("file", "dir") or (spot[1] == "dir") != rule.is_dir:
             return  # outside the tree, through another symlink, or not what the name says
-        self._judge_at(spot[0], rule, via=discover.join(rel, name))
+        self._judge_at(spot[0], rule, via=walk.join(rel, name))
 
     def _judge_at(self, rel: str, rule: Rule, via: str = "") -> None:
         """Judge the entry REL of the tree (reached through real directories only)."""
         parent, _, name = rel.rpartition("/")
         try:
-            pfd = discover.open_dir(self.root_fd, parent)
+            pfd = walk.open_dir(self.root_fd, parent)
         except OSError:
             return
         try:
@@ -210,7 +211,7 @@ class Finder:
     def _spent(self, n: int) -> None:
         self.read += n
         if self.byte_limit is not None and self.read > self.byte_limit:
-            raise discover.TooLarge(f"more than {self.byte_limit:,} bytes of credentials")
+            raise walk.TooLarge(f"more than {self.byte_limit:,} bytes of credentials")
 
     def _count(self) -> None:
         if len(self.found) > FOUND_MAX:
@@ -247,7 +248,7 @@ class Finder:
                 continue
             self._judge_at(c.rel, credentials.GIT_CONFIG)
 
-    def links(self, limit: int | None = discover.MAX_DIRS) -> None:
+    def links(self, limit: int | None = walk.MAX_DIRS) -> None:
         """Every other name of each credential with more than one link, covered with
         the same stand-in (and said so); a link count higher than the names found
         means the rest lie outside the tree, which is said too."""
@@ -286,11 +287,11 @@ def socket_names(root: str, rel: str) -> tuple[list[str], int]:
     link count (0: gone, or not a socket)."""
     parent, _, name = rel.rpartition("/")
     try:
-        root_fd = discover.open_root(root)
+        root_fd = walk.open_root(root)
     except OSError:
         return [], 0
     try:
-        pfd = discover.open_dir(root_fd, parent)
+        pfd = walk.open_dir(root_fd, parent)
         try:
             st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
         finally:
@@ -298,7 +299,7 @@ def socket_names(root: str, rel: str) -> tuple[list[str], int]:
         if not stat.S_ISSOCK(st.st_mode) or st.st_nlink < 2:
             return [], st.st_nlink if stat.S_ISSOCK(st.st_mode) else 0
         wanted = {(st.st_dev, st.st_ino): Linked(rel, st.st_nlink, [])}
-        search_links(root_fd, wanted, stat_all=True, limit=discover.MAX_DIRS)
+        search_links(root_fd, wanted, stat_all=True, limit=walk.MAX_DIRS)
         return [n for n in wanted[(st.st_dev, st.st_ino)].names if n != rel], st.st_nlink
     except OSError:
         return [], 0
@@ -336,7 +337,7 @@ def search_links(
                     if e.is_dir(follow_symlinks=False):
                         subdirs.append(e.name)
                     elif (stat_all or e.inode() in inos) and not e.is_symlink():
-                        left -= _match(fd, e.name, discover.join(rel, e.name), wanted)
+                        left -= _match(fd, e.name, walk.join(rel, e.name), wanted)
         except OSError:
             pass
         stack.append((fd, rel, iter(subdirs)))
@@ -346,16 +347,16 @@ def search_links(
         while stack and left > 0 and (limit is None or listed < limit):
             fd, rel, names = stack[-1]
             name = next(names, None)
-            if name is None or len(stack) >= discover.MAX_DEPTH:
+            if name is None or len(stack) >= walk.MAX_DEPTH:
                 os.close(fd)
                 stack.pop()
                 continue
             try:
-                child = discover.open_child(fd, name)
+                child = walk.open_child(fd, name)
             except OSError:
                 continue
             listed += 1
-            enter(child, discover.join(rel, name))
+            enter(child, walk.join(rel, name))
     finally:
         for fd, _, _ in stack:
             os.close(fd)

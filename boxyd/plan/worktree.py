@@ -26,8 +26,10 @@ from boxy.errors import BoxyError, SetupError
 from boxyd.config import hostrun
 from boxyd.config.hosttools import Opener
 from boxyd.gitguard import discover, scan
-from boxyd.gitguard.discover import Layout, Protection, Type
+from boxyd.gitguard.discover import Layout, Protection
+from boxyd.gitguard.quarantine import Budget
 from boxyd.kernel.sys import fs_type
+from boxyd.kernel.walk import MAX_DIRS, Observer, TooLarge, Type, open_root
 from boxyd.plan import heldfiles, live
 from boxyd.plan.execfiles import Watch, changes
 from boxyd.plan.heldfiles import Present
@@ -110,7 +112,7 @@ def walk(
     if created and not os.path.lexists(root):
         return Tree(baseline=scan.Snapshot(root, {}, frozenset()) if git_guard else None)
     try:
-        root_fd = discover.open_root(root)
+        root_fd = open_root(root)
         try:
             lay, finder, watch, live_dirs, held = _walk_once(
                 root, root_fd, user_hooks, secrets, limit
@@ -140,7 +142,7 @@ def walk(
         return Tree(
             prots, snap, found, watch.seen, dirs, stamps, unlisted, held.found, gitdirs, hookdirs
         )
-    except discover.TooLarge as e:
+    except TooLarge as e:
         if limit is not None:
             raise LargerThan(str(e)) from None
         raise SetupError(f"{root} holds {e}, too many to check; narrow the work directory") from e
@@ -179,7 +181,7 @@ def _walk_once(
         root_fd,
         observer=observe,
         user_hooks=user_hooks,
-        limit=discover.MAX_DIRS if limit is None else limit,
+        limit=MAX_DIRS if limit is None else limit,
         entry_limit=SMALL_ENTRIES if small else None,
     ).run()
     finder.git_configs(lay)
@@ -226,7 +228,7 @@ def _own_access(root: str) -> list[str]:
     return [f"{root}: the run took away your own read access to it; it is back"]
 
 
-def _each(*observers: discover.Observer) -> discover.Observer:
+def _each(*observers: Observer) -> Observer:
     """One Walker observer that shows each directory to every one of OBSERVERS."""
 
     def observe(fd: int, rel: str, entries: Mapping[str, Type]) -> None:
@@ -253,7 +255,7 @@ def after(
     cannot be checked is itself a finding."""
     git_lines: list[str] = []
     tool_lines: list[str] = []
-    budget = scan.Budget(os.path.dirname(quarantine))  # the run's, across its trees
+    budget = Budget(os.path.dirname(quarantine))  # the run's, across its trees
     for root, tree in trees.items():
         git_lines += _own_access(root)
         watch, held = Watch(), heldfiles.Finder(root)
@@ -265,7 +267,7 @@ def after(
                     scan.scan(root, baselines[root], dest, tools, home, observe, user_hooks, budget)
                 )
             else:
-                root_fd = discover.open_root(root)
+                root_fd = open_root(root)
                 try:
                     discover.Walker(
                         root, root_fd, limit=None, observer=observe, refuse_unjudged=False

@@ -25,7 +25,7 @@ stage=${BOXY_TEST_STAGE:-/opt/boxy-test}
 "$src/tests/harness/stage.sh" "$user" "$stage"
 
 # The test user's quarantine is what earlier suites left (its entries count against
-# the quarantine's budget: scan.TOTAL_ENTRIES): each suite starts with none.
+# the quarantine's budget: quarantine.TOTAL_ENTRIES): each suite starts with none.
 home=$(getent passwd "$user" | cut -d: -f6)
 rm -rf "$home/.local/state/boxy/quarantine"
 cd "$stage"
@@ -38,7 +38,7 @@ wait "$pytest_pid"
 rc=$?
 set -e
 # Leave no daemon of this suite behind (only this venv's: other suites may be running).
-pkill -u "$user" -f "^$stage/.venv/bin/python3 -m boxyd.daemon.main" 2>/dev/null || true
+pkill -u "$user" -f "^$stage/.venv/bin/python3 -m boxyd( |$)" 2>/dev/null || true
 # And no test internet of this suite's (its prefix names its pytest) if a crash left one up.
 if ip netns list 2>/dev/null | grep -q "^boxyt$pytest_pid-host"; then
   "$stage/.venv/bin/python3" -m tests.harness.topology down --prefix "boxyt$pytest_pid" >/dev/null 2>&1 || true

@@ -55,7 +55,7 @@ def daemon_pids(user: User) -> list[int]:
     """USER's boxyd processes serving its own runtime directory (not the one a
     network test runs in the topology with a runtime directory of its own)."""
     out = subprocess.run(
-        ["pgrep", "-u", str(user.uid), "-f", "boxyd.daemon.main|bin/boxyd$"],
+        ["pgrep", "-u", str(user.uid), "-f", "python[^ ]* -m boxyd( |$)|bin/boxyd$"],
         capture_output=True,
         text=True,
     ).stdout.split()

@@ -39,7 +39,7 @@ def hanging_daemon(user: User) -> Iterator[dict[str, str]]:
     env = {"XDG_RUNTIME_DIR": str(runtime)}
     daemon = subprocess.Popen(
         user.cmd(
-            [str(BIN / "python3"), "-m", "boxyd.daemon.main"],
+            [str(BIN / "python3"), "-m", "boxyd"],
             {**env, "BOXY_WALK_MODULE": "tests.harness.hangwalk"},
         ),
         stdin=subprocess.DEVNULL,

@@ -25,8 +25,8 @@ from dbus_fast.aio import MessageBus  # noqa: E402
 from boxy.errors import UsageError  # noqa: E402
 from boxyd.api.dbus import BUS_NAME, MANAGER_PATH, DbusService, session_path  # noqa: E402
 from boxyd.daemon.events import BOUND  # noqa: E402
-from boxyd.daemon.main import Bus  # noqa: E402
 from boxyd.daemon.manager import Manager  # noqa: E402
+from boxyd.daemon.serve import Bus  # noqa: E402
 from tests.unit.test_core import FakeLauncher, request, started  # noqa: E402
 
 # dbus-daemon is one of make setup's packages (dbus-user-session): never skipped

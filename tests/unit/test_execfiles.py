@@ -8,12 +8,13 @@ import os
 from pathlib import Path
 
 from boxyd.gitguard import discover
+from boxyd.kernel import walk
 from boxyd.plan.execfiles import Watch, changes
 
 
 def seen(root: Path) -> dict[str, tuple[str, str]]:
     watch = Watch()
-    fd = discover.open_root(str(root))
+    fd = walk.open_root(str(root))
     try:
         discover.Walker(str(root), fd, observer=watch).run()
     finally:

@@ -17,6 +17,8 @@ import pytest
 
 from boxyd.gitguard import discover, scan
 from boxyd.gitguard.discover import Protection, prepare, protections
+from boxyd.gitguard.quarantine import RUN_BYTES, Budget, _digest
+from boxyd.kernel import walk
 from tests.conftest import User
 from tests.harness import toolshed
 
@@ -538,7 +540,7 @@ def test_too_deep_is_reported(
 ) -> None:
     root.mkdir()
     before = scan.snapshot(str(root))
-    monkeypatch.setattr(discover, "MAX_DEPTH", 4)
+    monkeypatch.setattr(walk, "MAX_DEPTH", 4)
     (root / "a" / "b" / "c" / "d" / "e").mkdir(parents=True)
     findings = scan.scan(str(root), before, str(quarantine), toolshed.opener())
     assert [(f.rel, f.dest) for f in findings] == [("a/b/c/d", str(quarantine / "a/b/c/d"))]
@@ -892,7 +894,7 @@ def test_a_16_mib_config_is_too_large_to_check(git: Git, root: Path, quarantine:
     fd = os.open(root / ".git", os.O_PATH | os.O_DIRECTORY)
     try:
         t0 = time.process_time()
-        assert discover.read_small(fd, "config", discover.CONFIG_MAX) is None
+        assert walk.read_small(fd, "config", discover.CONFIG_MAX) is None
         assert time.process_time() - t0 < 0.5
     finally:
         os.close(fd)
@@ -927,7 +929,7 @@ def test_fifo_heads_are_no_candidates_and_are_moved(git: Git, root: Path, quaran
     os.mkfifo(root / "HEAD")  # where git looks for a bare repository: the root itself
     (root / "sub").mkdir()
     os.mkfifo(root / "sub" / ".git")
-    fd = discover.open_root(str(root))
+    fd = walk.open_root(str(root))
     try:
         walker = discover.Walker(str(root), fd)
         walker.run()
@@ -960,7 +962,7 @@ def test_a_fifo_head_blocks_the_directories_below_it(root: Path) -> None:
     (root / "a" / "b" / ".git").mkdir(parents=True)
     (root / "c" / ".git").mkdir(parents=True)
     os.mkfifo(root / "a" / "HEAD")
-    fd = discover.open_root(str(root))
+    fd = walk.open_root(str(root))
     try:
         walker = discover.Walker(str(root), fd)
         lay = walker.run()
@@ -1014,7 +1016,7 @@ def test_past_the_budget_only_metadata_and_a_hash_are_kept(
     git.repo(shm_root)
     before = scan.snapshot(str(shm_root))
     hooks = shm_root / ".git" / "hooks"
-    data = os.urandom(1 << 20) * (scan.RUN_BYTES // (1 << 20) + 6)  # 70 MiB, no holes
+    data = os.urandom(1 << 20) * (RUN_BYTES // (1 << 20) + 6)  # 70 MiB, no holes
     (hooks / "post-checkout").write_bytes(data)
     (hooks / "pre-push").write_text("#!/bin/sh\n")
     found = {f.rel: f for f in scan.scan(str(shm_root), before, str(quarantine), toolshed.opener())}
@@ -1037,7 +1039,7 @@ def test_the_total_budget_counts_what_the_quarantine_holds(
     git.repo(root)
     before = scan.snapshot(str(root))
     (root / ".git" / "hooks" / "pre-commit").write_bytes(b"#!/bin/sh\n" + b"y" * (2 << 20))
-    budget = scan.Budget(str(top), total=4 << 20)
+    budget = Budget(str(top), total=4 << 20)
     (f,) = scan.scan(str(root), before, str(top / "now"), toolshed.opener(), budget=budget)
     assert "over the quarantine's budget (4 MiB in all" in f.reason and f.dest.endswith(".removed")
 
@@ -1048,7 +1050,7 @@ def test_empty_files_count_as_entries_and_past_them_nothing_is_kept(
     """An empty file takes no block: 100,000 empty hooks a run filled the quarantine
     with a million entries. Past RUN_ENTRIES a hook is removed, and its finding's line
     (with its sha256) is all that is kept: no file at all."""
-    monkeypatch.setattr(scan, "RUN_ENTRIES", 3)
+    monkeypatch.setattr("boxyd.gitguard.quarantine.RUN_ENTRIES", 3)
     git.repo(root)
     before = scan.snapshot(str(root))
     for i in range(5):
@@ -1066,12 +1068,12 @@ def test_empty_files_count_as_entries_and_past_them_nothing_is_kept(
 def test_the_total_entries_count_what_the_quarantine_holds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(scan, "TOTAL_ENTRIES", 10)
+    monkeypatch.setattr("boxyd.gitguard.quarantine.TOTAL_ENTRIES", 10)
     top = tmp_path / "q"
     (top / "older").mkdir(parents=True)
     for i in range(8):
         (top / "older" / f"e{i}").write_bytes(b"")
-    budget = scan.Budget(str(top))
+    budget = Budget(str(top))
     assert budget.take(0) and not budget.take(0)  # 9 entries, then 10: full
     assert budget.used_entries == 10
 
@@ -1086,7 +1088,7 @@ def test_the_hash_of_a_sparse_file_is_its_content_s(tmp_path: Path) -> None:
         f.truncate(9 << 20)
     fd = os.open(path, os.O_RDONLY)
     try:
-        got = scan._digest(fd, os.fstat(fd).st_size)
+        got = _digest(fd, os.fstat(fd).st_size)
     finally:
         os.close(fd)
     assert got == f"sha256 {hashlib.sha256(path.read_bytes()).hexdigest()}"

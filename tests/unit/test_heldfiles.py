@@ -13,14 +13,16 @@ import pytest
 
 from boxy.errors import SetupError
 from boxyd.config import hostrun
-from boxyd.gitguard import discover, scan
+from boxyd.gitguard import discover
+from boxyd.gitguard.quarantine import Budget
+from boxyd.kernel import walk
 from boxyd.plan import heldfiles
 from boxyd.plan.heldfiles import Present
 
 
 def found(root: Path, bounded: bool = False) -> dict[str, Present]:
     finder = heldfiles.Finder(str(root), bounded)
-    fd = discover.open_root(str(root))
+    fd = walk.open_root(str(root))
     try:
         discover.Walker(str(root), fd, observer=finder).run()
         finder.links(fd)
@@ -30,7 +32,7 @@ def found(root: Path, bounded: bool = False) -> dict[str, Present]:
 
 
 def after(root: Path, before: dict[str, Present], q: Path, edit: Iterable[str] = ()) -> list[str]:
-    budget = scan.Budget(str(q.parent))
+    budget = Budget(str(q.parent))
     return heldfiles.after(before, found(root), str(root), str(q), edit, budget)
 
 
@@ -201,7 +203,7 @@ def test_a_move_that_cannot_be_done_is_said(tmp_path: Path) -> None:
     q.write_text("not a directory")  # the quarantine cannot be made
     (work / ".mcp.json").write_text("{}")
     got = heldfiles.hold(
-        str(work), ".mcp.json", hostrun.NAMES[".mcp.json"], "", str(q / "s"), scan.Budget(str(q))
+        str(work), ".mcp.json", hostrun.NAMES[".mcp.json"], "", str(q / "s"), Budget(str(q))
     )
     assert got is not None and not got[1] and "could not be quarantined" in got[0]
     assert (work / ".mcp.json").exists()

@@ -30,7 +30,8 @@ LAYERS = (
     ("boxyd.stage2", 4),
     ("boxyd.daemon", 5),
     ("boxyd.api", 6),
-    ("boxyd.daemon.main", 6),  # the process entry: wires the core to its adapters
+    ("boxyd.daemon.serve", 6),  # the serving loop: wires the core to its adapters
+    ("boxyd.__main__", 6),  # the process entry (python -m boxyd): starts the serving loop
     ("boxyctl", 7),
 )
 STAGE2_MAY_IMPORT = ("boxy", "boxyd.kernel", "boxyd.net", "boxyd.plan.ops", "boxyd.stage2")

@@ -22,7 +22,7 @@ def _imported(module: str) -> set[str]:
     return set(out.split())
 
 
-@pytest.mark.parametrize("module", ["boxyd.daemon.main", "boxyd.daemon.walkproc"])
+@pytest.mark.parametrize("module", ["boxyd.__main__", "boxyd.daemon.walkproc"])
 def test_the_daemon_maps_no_openssl_and_no_decimal(module: str) -> None:
     assert _imported(module) & {"ssl", "_ssl", "hashlib", "_hashlib", "decimal"} == set()
 

@@ -11,6 +11,7 @@ import pytest
 
 from boxyd.gitguard import scan
 from boxyd.gitguard.discover import Protection
+from boxyd.gitguard.quarantine import overwrite
 from boxyd.plan import credentials, live, worktree
 from boxyd.plan.credentials import Action
 from boxyd.plan.masking import Found
@@ -283,7 +284,7 @@ def test_overwrite_keeps_the_inode_and_what_it_held(tmp_path: Path) -> None:
     f = tmp_path / "d/.envrc"
     f.write_text("payload line\n")
     ino = f.stat().st_ino
-    dest = scan.overwrite(str(tmp_path), "d/.envrc", b"the user's\n", str(tmp_path / "q"))
+    dest = overwrite(str(tmp_path), "d/.envrc", b"the user's\n", str(tmp_path / "q"))
     assert dest is not None and Path(dest).read_text() == "payload line\n"
     assert f.read_text() == "the user's\n" and f.stat().st_ino == ino  # a pin on it stays
 
@@ -292,11 +293,11 @@ def test_overwrite_refuses_a_second_name_and_a_symlink(tmp_path: Path) -> None:
     other = tmp_path / "src.py"
     other.write_text("code\n")
     os.link(other, tmp_path / ".envrc")
-    assert scan.overwrite(str(tmp_path), ".envrc", b"x", str(tmp_path / "q")) is None
+    assert overwrite(str(tmp_path), ".envrc", b"x", str(tmp_path / "q")) is None
     assert other.read_text() == "code\n"
     (tmp_path / ".envrc").unlink()
     (tmp_path / ".envrc").symlink_to(other)
-    assert scan.overwrite(str(tmp_path), ".envrc", b"x", str(tmp_path / "q")) is None
+    assert overwrite(str(tmp_path), ".envrc", b"x", str(tmp_path / "q")) is None
     assert other.read_text() == "code\n"
 
 

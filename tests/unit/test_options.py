@@ -19,7 +19,7 @@ from boxy.options import RUN_OPTIONS, Option, check_combinations
 from boxy.request import OPTIONS, RunOptions, RunRequest
 from boxy.values import HostSpec, PortMapping, parse_host_spec
 from boxyctl import cli, parser
-from boxyd.config import profiles, runspec, spec
+from boxyd.config import profileschema, runspec, spec
 
 ENV = {"HOME": "/home/u", "PATH": "/usr/bin"}
 CWD = "/home/u/proj"
@@ -127,9 +127,11 @@ def test_the_table_is_the_whole_wire_record() -> None:
 @pytest.mark.parametrize("option", [o for o in RUN_OPTIONS if o.profile_key], ids=str)
 def test_a_profile_key_is_one_profiles_read(option: Option) -> None:
     top, _, sub = str(option.profile_key).partition(".")
-    assert top in profiles._TOP_KEYS
+    assert top in profileschema._TOP_KEYS
     if sub:
-        assert sub in {"filesystem": profiles._FS_KEYS, "limits": profiles._LIMIT_KEYS}[top]
+        assert (
+            sub in {"filesystem": profileschema._FS_KEYS, "limits": profileschema._LIMIT_KEYS}[top]
+        )
 
 
 def test_defaults_are_written_once() -> None:
@@ -139,8 +141,8 @@ def test_defaults_are_written_once() -> None:
     assert options.default("pids") == runspec.DEFAULT_PIDS == 512
     assert options.default("pcap_max") == runspec.DEFAULT_PCAP_MAX == 1 << 30
     assert options.default("profile") == runspec.DEFAULT_PROFILE == "generic"
-    assert profiles.NETS == ("public", "allowlist", "none") == options.choices("net")
-    assert profiles.SECCOMP_MODES == ("strict", "compat") == options.choices("seccomp")
+    assert profileschema.NETS == ("public", "allowlist", "none") == options.choices("net")
+    assert profileschema.SECCOMP_MODES == ("strict", "compat") == options.choices("seccomp")
     # and the help lines show them as a user writes them
     helps = {o.field: o.help for o in RUN_OPTIONS}
     assert helps["memory"].endswith("(default 2GiB)") and helps["pids"].endswith("(default 512)")

@@ -1,4 +1,5 @@
-"""boxyd.config.profiles: presets, strict validation with file/key/expected, templates."""
+"""boxyd.config.profiles (with profileschema and profilemerge): presets, strict validation
+with file/key/expected, extends, templates."""
 
 import os
 import time
@@ -9,14 +10,8 @@ import pytest
 from boxy import options
 from boxy.errors import ProfileError
 from boxyd.config import profiles
-from boxyd.config.profiles import (
-    HOST_TEMPLATES,
-    Profile,
-    list_profiles,
-    load_profile,
-    resolve_hosts,
-    workdir_slug,
-)
+from boxyd.config.profiles import list_profiles, load_profile, resolve_hosts
+from boxyd.config.profileschema import HOST_TEMPLATES, Profile, workdir_slug
 from boxyd.config.runspec import CopyEntry, PathEntry
 
 CTX = {"workdir": "/home/u/p", "home": "/home/u"}

@@ -9,7 +9,7 @@ import pytest
 from boxy.errors import SecretsNeeded, UsageError
 from boxy.request import EnvItem, RunOptions, Secret
 from boxyd.config import environment
-from boxyd.config.profiles import Profile
+from boxyd.config.profileschema import Profile
 
 
 def prof(**kw: Any) -> Profile:

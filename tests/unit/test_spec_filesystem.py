@@ -14,7 +14,7 @@ from boxy import caches
 from boxy.errors import ProfileError, UsageError
 from boxy.request import CopyItem, RunOptions
 from boxyd.config import filesystem
-from boxyd.config.profiles import Profile
+from boxyd.config.profileschema import Profile
 from boxyd.config.runspec import CopyEntry, PathEntry
 
 

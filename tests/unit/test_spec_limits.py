@@ -13,7 +13,7 @@ import pytest
 from boxy.errors import UsageError
 from boxy.request import RunOptions
 from boxyd.config import environment, filesystem, limits, network
-from boxyd.config.profiles import Profile
+from boxyd.config.profileschema import Profile
 from boxyd.config.runspec import RunSpec
 
 

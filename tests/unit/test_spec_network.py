@@ -11,7 +11,7 @@ from boxy.request import RunOptions
 from boxy.values import parse_host_spec, parse_publish
 from boxyd.config import network
 from boxyd.config.network import ProjectHosts
-from boxyd.config.profiles import Profile
+from boxyd.config.profileschema import Profile
 from boxyd.config.projectregistries import ProjectRegistry
 
 NPM = ProjectRegistry("/w/.npmrc", "registry", "https://mirror.test/", "npm_registry", "npm")

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from boxyd.config import widening
-from boxyd.config.profiles import Profile
+from boxyd.config.profileschema import Profile
 from boxyd.config.runspec import CopyEntry, PathEntry
 
 CACHE = "/home/u/.cache/boxy/cache/node/k"

@@ -103,6 +103,77 @@ def _shown(wire: str, value: object) -> str:
     return str(value)
 
 
+class Key:
+    """One key of a profile, a row of PROFILE_KEYS: PATH as a profile writes it (`net`,
+    `filesystem.ro`), ATTR the Profile attribute it fills, CHECK how one value (of a list:
+    one entry) is read (a method of the profile checker, boxyd/config/profileschema.py),
+    SHAPE "one", "list" or "map", MERGE how `extends` and a project's .boxy.yaml put it
+    on a base ("replace": the child's when set; "first": the child's when not empty;
+    "append": the base's entries, then the child's; "union": the same without repeats;
+    "map": the child's names override), WIDEN how an unapproved .boxy.yaml's value is
+    held to the run's (a rule of boxyd/config/widening.py; "never": it cannot widen, so
+    an approval does not commit to it), and FIELD the run option it stands for (set
+    from the option table's profile_key column), if any."""
+
+    __slots__ = ("path", "attr", "check", "shape", "merge", "widen", "field")
+
+    def __init__(
+        self,
+        path: str,
+        check: str,
+        *,
+        shape: str = "one",
+        merge: str = "replace",
+        widen: str = "never",
+        attr: str | None = None,
+    ) -> None:
+        self.path, self.check, self.shape, self.merge, self.widen = path, check, shape, merge, widen
+        self.attr = attr or path.rpartition(".")[2]
+        self.field: str | None = None
+
+    @property
+    def top(self) -> str:
+        """The top-level key it is written under (`filesystem` for filesystem.ro)."""
+        return self.path.partition(".")[0]
+
+    def __repr__(self) -> str:
+        return f"Key({self.path})"
+
+
+# Every key a profile (and a .boxy.yaml) may hold, in the order the checks and the
+# hold-back go; `extends` is the loader's own. README's "Profiles" documents them.
+# fmt: off
+PROFILE_KEYS: tuple[Key, ...] = (
+    Key("description", "string", merge="first"),
+    Key("net", "choice", widen="rank"),
+    Key("allow_hosts", "host", shape="list", merge="append", widen="allowlisted"),
+    Key("allow_ports", "port", shape="list", merge="append", widen="allowlisted"),
+    Key("allow_cidr", "cidrs", shape="list", merge="union", widen="ranges", attr="allow_cidrs"),
+    Key("tailscale", "boolean", widen="tailnet"),
+    Key("ports", "published", shape="list", merge="union", widen="granted"),
+    Key("filesystem.ro", "path_entry", shape="list", merge="append", widen="readable"),
+    Key("filesystem.rw", "path_entry", shape="list", merge="append", widen="writable"),
+    Key("filesystem.mkdir", "path_entry", shape="list", merge="append", widen="writable"),
+    Key("filesystem.protect", "path_entry", shape="list", merge="append", widen="kept"),
+    Key("filesystem.reveal", "path_entry", shape="list", merge="append", widen="revealed"),
+    Key("filesystem.copy", "copy_entry", shape="list", merge="append", widen="copies"),
+    Key("filesystem.copy_ro", "copy_entry", shape="list", merge="append", widen="copies_ro"),
+    Key("filesystem.tmpfs", "tmpfs_path", shape="list", merge="union"),
+    Key("filesystem.secrets", "secret_glob", shape="list", merge="union", widen="kept"),
+    Key("env", "env_value", shape="map", merge="map"),
+    Key("env_pass", "name", shape="list", merge="union", widen="granted"),
+    Key("env_secrets", "name", shape="list", merge="union", widen="granted"),
+    Key("limits.memory", "size", widen="at_most"),
+    Key("limits.pids", "positive_int", widen="at_most"),
+    Key("limits.cpus", "positive_number", widen="at_most"),
+    Key("limits.timeout", "duration", widen="at_most"),
+    Key("seccomp", "choice", widen="rank"),
+    Key("tty", "boolean", widen="switch"),
+    Key("tty_raw", "boolean", widen="switch"),
+)
+# fmt: on
+KEYS: dict[str, Key] = {k.path: k for k in PROFILE_KEYS}
+
 # the built-in profiles (boxyd/profiles/NAME.yaml, held to this list by the tests): the
 # client names them (help, completions) without reading boxyd's files
 PRESETS = ("node", "python", "generic", "offline", "claude")
@@ -154,6 +225,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
 )
 # fmt: on
 BY_FIELD: dict[str, Option] = {o.field: o for o in RUN_OPTIONS}
+for _o in RUN_OPTIONS:  # each option's profile key knows its option (a KeyError: a typo)
+    if _o.profile_key is not None:
+        KEYS[_o.profile_key].field = _o.field
 BY_FLAG: dict[str, Option] = {name: o for o in RUN_OPTIONS for name in o.names}
 
 

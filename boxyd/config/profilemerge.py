@@ -5,53 +5,35 @@ concatenate, the base's first; scalars and env keys override.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from boxy import options
 from boxyd.config.profileschema import Profile, build
 
 
 def merge(base: Profile, child: Profile) -> Profile:
-    """child extends base: lists concatenate (base first), scalars and env keys override."""
+    """CHILD on BASE (`extends`, a .boxy.yaml), key by key as each key's MERGE says
+    (boxy/options.py's PROFILE_KEYS)."""
     out = Profile(name=child.name, source=child.source)
-    out.description = child.description or base.description
-    for attr in (
-        "net",
-        "memory",
-        "pids",
-        "cpus",
-        "timeout",
-        "seccomp",
-        "tailscale",
-        "tty",
-        "tty_raw",
-    ):
-        child_value = getattr(child, attr)
-        setattr(out, attr, child_value if child_value is not None else getattr(base, attr))
-    for attr in (
-        "allow_hosts",
-        "allow_ports",
-        "ro",
-        "rw",
-        "mkdir",
-        "protect",
-        "reveal",
-        "copy",
-        "copy_ro",
-    ):
-        setattr(out, attr, getattr(base, attr) + getattr(child, attr))
-    out.env = {**base.env, **child.env}
-    for attr in (
-        "env_pass",
-        "env_secrets",
-        "allow_cidrs",
-        "tmpfs",
-        "secrets",
-        "ports",
-    ):  # no repeats
-        got = getattr(base, attr)
-        setattr(out, attr, got + [n for n in getattr(child, attr) if n not in got])
+    for key in options.PROFILE_KEYS:
+        mine, theirs = getattr(base, key.attr), getattr(child, key.attr)
+        setattr(out, key.attr, MERGES[key.merge](mine, theirs))
     return out
+
+
+def _union(base: list[Any], child: list[Any]) -> list[Any]:
+    return base + [n for n in child if n not in base]
+
+
+# how a key of CHILD goes on BASE's (the table's MERGE column)
+MERGES: dict[str, Callable[[Any, Any], Any]] = {
+    "replace": lambda base, child: child if child is not None else base,
+    "first": lambda base, child: child or base,
+    "append": lambda base, child: base + child,
+    "union": _union,
+    "map": lambda base, child: {**base, **child},
+}
 
 
 def project_layer(

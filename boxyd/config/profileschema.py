@@ -40,26 +40,14 @@ ENV_TEMPLATES = ("npm_registry_url", "npm_cafile", "pip_index_url", "pip_cert")
 
 NETS = options.choices("net")  # the profile keys take what the flags take
 SECCOMP_MODES = options.choices("seccomp")
-_TOP_KEYS = (
-    "description",
-    "extends",
-    "net",
-    "allow_hosts",
-    "allow_ports",
-    "allow_cidr",
-    "tailscale",
-    "ports",
-    "filesystem",
-    "env",
-    "env_pass",
-    "env_secrets",
-    "limits",
-    "seccomp",
-    "tty",
-    "tty_raw",
-)
-_FS_KEYS = ("ro", "rw", "mkdir", "protect", "reveal", "copy", "copy_ro", "tmpfs", "secrets")
-_LIMIT_KEYS = ("memory", "pids", "cpus", "timeout")
+# the keys, from the table of profile keys (boxy/options.py): the top level's in its
+# order, `extends` (the loader's) after `description`; those under filesystem and limits
+_TOP_KEYS = tuple(dict.fromkeys(["description", "extends", *(k.top for k in options.PROFILE_KEYS)]))
+_SUB_KEYS = {
+    top: tuple(k.path.partition(".")[2] for k in options.PROFILE_KEYS if k.top == top)
+    for top in ("filesystem", "limits")
+}
+_FS_KEYS, _LIMIT_KEYS = _SUB_KEYS["filesystem"], _SUB_KEYS["limits"]
 TEMPLATE_RE = re.compile(r"\{([^{}]*)\}")
 
 
@@ -135,6 +123,16 @@ class _Checker:
         if not isinstance(value, str):
             raise self.fail(key, expected)
         return value
+
+    def name(self, key: str, value: Any) -> str:
+        """A variable's name (env_pass, env_secrets)."""
+        try:
+            return check_name(self.string(key, value, "expected a variable name"), what=key)
+        except UsageError as e:
+            raise ProfileError(f"profile {self.label}: key {e}") from None
+
+    def env_value(self, name: Any, value: Any) -> str:
+        return _env_value(self, name, value)
 
     def choice(self, key: str, value: Any, choices: tuple[str, ...]) -> str:
         if value not in choices:
@@ -290,75 +288,49 @@ class _Checker:
 
 def build(name: str, label: str, doc: Mapping[str, Any], context: Mapping[str, str]) -> Profile:
     """One profile document (without `extends`) checked into a Profile, key by key in
-    the document's order of concerns: each error names LABEL and the key."""
+    the table's order (boxy/options.py's PROFILE_KEYS): each error names LABEL and the
+    key."""
     c = _Checker(label, context)
     c.keys(doc, _TOP_KEYS)
+    for top, subs in _SUB_KEYS.items():
+        if top in doc:
+            section = doc[top]
+            if not isinstance(section, dict):
+                raise c.fail(top, f"expected a mapping with keys {', '.join(subs)}")
+            c.keys(section, subs, f"{top}.")
     p = Profile(name=name, source=label)
-    if "description" in doc:
-        p.description = c.string("description", doc["description"])
-    _build_network(c, doc, p)
-    _build_filesystem(c, doc.get("filesystem", {}), p)
-    _build_env(c, doc, p)
-    _build_limits(c, doc.get("limits", {}), p)
+    for key in options.PROFILE_KEYS:
+        top, _, sub = key.path.partition(".")
+        where = doc.get(top, {}) if sub else doc
+        if (sub or top) in where:
+            _take(c, key, where[sub or top], p)
     return p
 
 
-def _build_network(c: _Checker, doc: Mapping[str, Any], p: Profile) -> None:
-    """net, seccomp, allow_hosts, allow_ports, allow_cidr and the booleans."""
-    if "net" in doc:
-        p.net = c.choice("net", doc["net"], NETS)
-    if "seccomp" in doc:
-        p.seccomp = c.choice("seccomp", doc["seccomp"], SECCOMP_MODES)
-    for i, v in enumerate(c.list_of("allow_hosts", doc.get("allow_hosts", []))):
-        p.allow_hosts.append(c.host(f"allow_hosts[{i}]", v))
-    for i, v in enumerate(c.list_of("allow_ports", doc.get("allow_ports", []))):
-        p.allow_ports.append(c.port(f"allow_ports[{i}]", v))
-    for i, v in enumerate(c.list_of("allow_cidr", doc.get("allow_cidr", []))):
-        p.allow_cidrs += c.cidrs(f"allow_cidr[{i}]", v)
-    for i, v in enumerate(c.list_of("ports", doc.get("ports", []))):
-        p.ports.append(c.published(f"ports[{i}]", v))
-    for key in ("tailscale", "tty", "tty_raw"):
-        if key in doc:
-            setattr(p, key, c.boolean(key, doc[key]))
-
-
-def _build_filesystem(c: _Checker, fs: Any, p: Profile) -> None:
-    """filesystem.*: paths, copies, tmpfs directories, secrets patterns."""
-    if not isinstance(fs, dict):
-        raise c.fail("filesystem", f"expected a mapping with keys {', '.join(_FS_KEYS)}")
-    c.keys(fs, _FS_KEYS, "filesystem.")
-    for kind in ("ro", "rw", "mkdir", "protect", "reveal"):
-        for i, v in enumerate(c.list_of(f"filesystem.{kind}", fs.get(kind, []))):
-            getattr(p, kind).append(c.path_entry(f"filesystem.{kind}[{i}]", v))
-    for kind in ("copy", "copy_ro"):
-        for i, v in enumerate(c.list_of(f"filesystem.{kind}", fs.get(kind, []))):
-            getattr(p, kind).append(c.copy_entry(f"filesystem.{kind}[{i}]", v))
-    for i, v in enumerate(c.list_of("filesystem.tmpfs", fs.get("tmpfs", []))):
-        p.tmpfs.append(c.tmpfs_path(f"filesystem.tmpfs[{i}]", v))
-    for i, v in enumerate(c.list_of("filesystem.secrets", fs.get("secrets", []))):
-        p.secrets.append(c.secret_glob(f"filesystem.secrets[{i}]", v))
-
-
-def _build_env(c: _Checker, doc: Mapping[str, Any], p: Profile) -> None:
-    """env (values, path templates filled now), env_pass and env_secrets (names)."""
-    env = doc.get("env", {})
-    if not isinstance(env, dict):
-        raise c.fail("env", "expected a mapping of NAME: VALUE")
-    for k, v in env.items():
-        p.env[k] = _env_value(c, k, v)
-    for list_key in ("env_pass", "env_secrets"):
-        for i, v in enumerate(c.list_of(list_key, doc.get(list_key, []))):
-            key = f"{list_key}[{i}]"
-            try:
-                name = check_name(c.string(key, v, "expected a variable name"), what=key)
-            except UsageError as e:
-                raise ProfileError(f"profile {c.label}: key {e}") from None
-            getattr(p, list_key).append(name)
+def _take(c: _Checker, key: options.Key, value: Any, p: Profile) -> None:
+    """KEY's VALUE, read by its CHECK, into P: one value, each entry of a list (a check
+    may give several: a CIDR list), or each NAME: VALUE of a mapping."""
+    read = getattr(c, key.check)
+    if key.check == "choice":  # the values its option takes (--net, --seccomp)
+        choices = options.choices(str(key.field))
+        read = lambda k, v: c.choice(k, v, choices)  # noqa: E731
+    if key.shape == "one":
+        setattr(p, key.attr, read(key.path, value))
+        return
+    if key.shape == "map":
+        if not isinstance(value, dict):
+            raise c.fail(key.path, "expected a mapping of NAME: VALUE")
+        getattr(p, key.attr).update({k: read(k, v) for k, v in value.items()})
+        return
+    out = getattr(p, key.attr)
+    for i, v in enumerate(c.list_of(key.path, value)):
+        got = read(f"{key.path}[{i}]", v)
+        out.extend(got) if isinstance(got, list) else out.append(got)
 
 
 def _env_value(c: _Checker, k: Any, v: Any) -> str:
     """env.K's value checked, its path templates filled; the registry's (ENV_TEMPLATES)
-    are kept for the run to resolve."""
+    are kept for the run to resolve (the checker's env_value)."""
     if not isinstance(k, str):
         raise c.fail(f"env.{k}", "expected a variable name")
     try:
@@ -380,18 +352,3 @@ def _env_value(c: _Checker, k: Any, v: Any) -> str:
     return TEMPLATE_RE.sub(
         lambda m: c.values[m.group(1)] if m.group(1) in PATH_TEMPLATES else m.group(0), value
     )
-
-
-def _build_limits(c: _Checker, limits: Any, p: Profile) -> None:
-    """limits.*: memory, pids, cpus, timeout."""
-    if not isinstance(limits, dict):
-        raise c.fail("limits", f"expected a mapping with keys {', '.join(_LIMIT_KEYS)}")
-    c.keys(limits, _LIMIT_KEYS, "limits.")
-    if "memory" in limits:
-        p.memory = c.size("limits.memory", limits["memory"])
-    if "pids" in limits:
-        p.pids = c.positive_int("limits.pids", limits["pids"])
-    if "cpus" in limits:
-        p.cpus = c.positive_number("limits.cpus", limits["cpus"])
-    if "timeout" in limits:
-        p.timeout = c.duration("limits.timeout", limits["timeout"])

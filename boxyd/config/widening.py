@@ -27,21 +27,19 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from boxy import options
 from boxyd.config.profileschema import Profile
 
 # unset in a profile means boxy's defaults (the option table's)
-from boxyd.config.runspec import DEFAULT_MEMORY, DEFAULT_NET, DEFAULT_PIDS, CopyEntry, PathEntry
+from boxyd.config.runspec import DEFAULT_NET, PathEntry
 
-NET_RANK = {"none": 0, "allowlist": 1, "public": 2}
-
-# Top-level keys (and filesystem.* keys) of a .boxy.yaml that cannot widen anything:
-# an approval does not commit to them, so editing them needs no new approval.
-NEVER_WIDENS = ("description", "env")
-NEVER_WIDENS_FS = ("tmpfs", "protect", "secrets")  # secrets: more is covered, never less
+# What an approval commits to: every key whose rule could widen the sandbox (a "never"
+# key cannot; a "kept" key only adds covers, and the base's are put back).
+_UNCOMMITTED = {k.path for k in options.PROFILE_KEYS if k.widen in ("never", "kept")}
 
 
 @dataclass(frozen=True)
@@ -61,149 +59,171 @@ class Held:
 def approval_view(doc: dict[str, Any]) -> dict[str, Any]:
     """The part of a parsed .boxy.yaml an approval commits to: every key that could
     widen the sandbox, as written."""
-    view = {k: v for k, v in doc.items() if k not in NEVER_WIDENS}
-    fs = view.get("filesystem")
-    if isinstance(fs, dict):
-        view["filesystem"] = {k: v for k, v in fs.items() if k not in NEVER_WIDENS_FS}
+    view = {k: v for k, v in doc.items() if k not in _UNCOMMITTED}
+    for top in ("filesystem", "limits"):
+        section = view.get(top)
+        if isinstance(section, dict):
+            view[top] = {k: v for k, v in section.items() if f"{top}.{k}" not in _UNCOMMITTED}
     return view
 
 
 def hold_back(base: Profile, candidate: Profile, *, own_cache: str) -> tuple[Profile, list[Held]]:
-    """CANDIDATE with everything wider than BASE replaced by BASE's setting; the keys
-    that were held back, in a stable order."""
+    """CANDIDATE with everything wider than BASE replaced by BASE's setting, key by key
+    in the table's order as each key's WIDEN rule says; the keys held back."""
     out = dataclasses.replace(candidate)
     held: list[Held] = []
-    _network(base, out, held)
-    _filesystem(base, out, held, own_cache)
-    for key in ("env_pass", "env_secrets"):
-        _entries(out, key, getattr(base, key), held)
-    if out.seccomp == "compat" and base.seccomp != "compat":
-        out.seccomp = base.seccomp
-        held.append(Held("seccomp"))
-    _limits(base, out, held)
-    if out.tty and not base.tty:
-        out.tty = base.tty
-        held.append(Held("tty"))
-    if out.tty_raw and not base.tty_raw:  # the payload's output could act on the terminal
-        out.tty_raw = base.tty_raw
-        held.append(Held("tty_raw"))
+    for key in options.PROFILE_KEYS:
+        RULES[key.widen](_Judged(key, base, out, held, own_cache))
     return out, held
 
 
-def _entries(
-    out: Profile,
-    key: str,
-    allowed: Iterable[Any],
-    held: list[Held],
-    *,
-    label: str | None = None,
-    covered: Callable[[Any], bool] | None = None,
-    show: Callable[[Any], str] = str,
-) -> None:
-    """Drop from OUT.KEY what ALLOWED (or COVERED) does not already grant."""
-    allowed = list(allowed)
-    keep: list[Any] = []
-    dropped: list[Any] = []
-    for entry in getattr(out, key):
-        ok = entry in allowed or (covered is not None and covered(entry))
-        (keep if ok else dropped).append(entry)
-    if dropped:
-        setattr(out, key, keep)
-        held.append(Held(label or key, tuple(show(e) for e in dropped)))
+@dataclass(frozen=True)
+class _Judged:
+    """One key being judged: OUT (the candidate, changed in place) against BASE."""
+
+    key: options.Key
+    base: Profile
+    out: Profile
+    held: list[Held]
+    own_cache: str
+
+    @property
+    def mine(self) -> Any:
+        return getattr(self.out, self.key.attr)
+
+    @property
+    def theirs(self) -> Any:
+        return getattr(self.base, self.key.attr)
+
+    def restore(self, *entries: str) -> None:
+        setattr(self.out, self.key.attr, self.theirs)
+        self.held.append(Held(self.key.path, entries))
+
+    def entries(self, covered: Callable[[Any], bool], show: Callable[[Any], str] = str) -> None:
+        """Drop from OUT's list what BASE does not already grant (COVERED says)."""
+        keep: list[Any] = []
+        dropped: list[Any] = []
+        for entry in self.mine:
+            (keep if covered(entry) else dropped).append(entry)
+        if dropped:
+            setattr(self.out, self.key.attr, keep)
+            self.held.append(Held(self.key.path, tuple(show(e) for e in dropped)))
+
+    def net(self, profile: Profile) -> str:
+        return profile.net or DEFAULT_NET
 
 
-def _network(base: Profile, out: Profile, held: list[Held]) -> None:
-    base_net, net = base.net or DEFAULT_NET, out.net or DEFAULT_NET
-    if NET_RANK[net] > NET_RANK[base_net]:
-        out.net = base.net
-        held.append(Held("net", (net,)))
-        net = base_net
-    if net == "allowlist" and base_net == "allowlist":  # both lists bound the egress
-        _entries(out, "allow_hosts", base.allow_hosts, held)
-        _entries(out, "allow_ports", base.allow_ports, held)
-    if net != "none":
-        nets = [ipaddress.ip_network(c) for c in base.allow_cidrs]
-        _entries(
-            out,
-            "allow_cidrs",
-            base.allow_cidrs,
-            held,
-            label="allow_cidr",
-            covered=lambda c: any(_within(c, n) for n in nets),
+# how much each choice lets out, for the keys whose rule is "rank" (unset: the default)
+RANKS = {
+    "net": {"none": 0, "allowlist": 1, "public": 2},
+    "seccomp": {"strict": 0, "compat": 1},
+}
+
+
+def _rank(j: _Judged) -> None:
+    ranks, unset = RANKS[j.key.path], options.default(str(j.key.field))
+    mine = j.mine if j.mine is not None else unset
+    if ranks[mine] > ranks[j.theirs if j.theirs is not None else unset]:
+        j.restore(mine)
+
+
+def _switch(j: _Judged) -> None:
+    if j.mine and not j.theirs:
+        j.restore()
+
+
+def _tailnet(j: _Judged) -> None:
+    """tailscale: wider only where the run has a network to reach the tailnet with."""
+    if j.net(j.out) != "none":
+        _switch(j)
+
+
+def _at_most(j: _Judged) -> None:
+    # unset means the option's default: boxy's (memory, pids), or none at all (cpus, timeout)
+    unset = options.default(str(j.key.field))
+    unset = float("inf") if unset is None else unset
+    if (unset if j.mine is None else j.mine) > (unset if j.theirs is None else j.theirs):
+        j.restore()
+
+
+def _granted(j: _Judged) -> None:
+    j.entries(lambda e: e in j.theirs)
+
+
+def _allowlisted(j: _Judged) -> None:
+    """Hosts and ports bound the egress only where both runs are in allowlist mode."""
+    if j.net(j.out) == "allowlist" and j.net(j.base) == "allowlist":
+        _granted(j)
+
+
+def _ranges(j: _Judged) -> None:
+    if j.net(j.out) != "none":
+        nets = [ipaddress.ip_network(c) for c in j.theirs]
+        j.entries(lambda c: c in j.theirs or any(_within(c, n) for n in nets))
+
+
+def _paths(*kinds: str) -> Callable[[_Judged], None]:
+    """Paths exposed: no wider than what BASE exposes as KINDS (ro, rw, mkdir, reveal),
+    or this project's own package cache (boxy's directory, not the host's)."""
+
+    def rule(j: _Judged) -> None:
+        granted = {e.path for k in kinds for e in getattr(j.base, k)}
+        cache = j.own_cache.rstrip("/") + "/"
+        j.entries(
+            lambda e: e.path in granted or (kinds != ("reveal",) and _mine(e.path, cache)),
+            show=lambda e: e.path,
         )
-        if out.tailscale and not base.tailscale:
-            out.tailscale = base.tailscale
-            held.append(Held("tailscale"))
-    # a published port is reachable by every process of this machine (at least)
-    _entries(out, "ports", base.ports, held)
+
+    return rule
+
+
+def _mine(path: str, cache_dir: str) -> bool:
+    return path == cache_dir[:-1] or path.startswith(cache_dir)
+
+
+def _copies(*kinds: str) -> Callable[[_Judged], None]:
+    """Copies in: one BASE makes as one of KINDS (a writable copy covers a read-only one)."""
+
+    def rule(j: _Judged) -> None:
+        allowed = {(c.src, c.dst) for k in kinds for c in getattr(j.base, k)}
+        j.entries(lambda e: (e.src, e.dst) in allowed, show=lambda e: e.src)
+
+    return rule
+
+
+def _kept(j: _Judged) -> None:
+    """More protect entries or secrets patterns cover more; BASE's stay (dropping one
+    would uncover files)."""
+
+    def ident(e: Any) -> str:
+        return e.path if isinstance(e, PathEntry) else str(e)
+
+    kept = {ident(e) for e in j.mine}
+    gone = [e for e in j.theirs if ident(e) not in kept]
+    if gone:
+        setattr(j.out, j.key.attr, j.mine + gone)
+        j.held.append(Held(j.key.path, tuple(ident(e) for e in gone)))
+
+
+# the table's WIDEN column: each key's rule
+RULES: dict[str, Callable[[_Judged], None]] = {
+    "never": lambda j: None,
+    "rank": _rank,
+    "switch": _switch,
+    "tailnet": _tailnet,
+    "at_most": _at_most,
+    "granted": _granted,
+    "allowlisted": _allowlisted,
+    "ranges": _ranges,
+    "readable": _paths("ro", "rw", "mkdir"),
+    "writable": _paths("rw", "mkdir"),
+    "revealed": _paths("reveal"),
+    "copies": _copies("copy"),
+    "copies_ro": _copies("copy", "copy_ro"),
+    "kept": _kept,
+}
 
 
 def _within(cidr: str, net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
     inner = ipaddress.ip_network(cidr)
     return inner.version == net.version and inner.subnet_of(net)  # type: ignore[arg-type]
-
-
-def _filesystem(base: Profile, out: Profile, held: list[Held], own_cache: str) -> None:
-    def paths(*kinds: str) -> set[str]:
-        return {e.path for k in kinds for e in getattr(base, k)}
-
-    def mine(path: str) -> bool:
-        return path == own_cache or path.startswith(own_cache.rstrip("/") + "/")
-
-    def within(granted: set[str]) -> Callable[[PathEntry], bool]:
-        # this project's own package cache is never wider
-        return lambda e: e.path in granted or mine(e.path)
-
-    def copied(allowed: set[tuple[str, str]]) -> Callable[[CopyEntry], bool]:
-        return lambda e: (e.src, e.dst) in allowed
-
-    readable, writable, revealed = paths("ro", "rw", "mkdir"), paths("rw", "mkdir"), paths("reveal")
-    for key, granted in (("ro", readable), ("rw", writable), ("mkdir", writable)):
-        _entries(
-            out, key, (), held, label="filesystem." + key, show=lambda e: e.path,
-            covered=within(granted),
-        )  # fmt: skip
-    _entries(
-        out,
-        "reveal",
-        (),
-        held,
-        label="filesystem.reveal",
-        show=lambda e: e.path,
-        covered=lambda e: e.path in revealed,
-    )
-    copies = {(c.src, c.dst) for c in base.copy}
-    copies_ro = copies | {(c.src, c.dst) for c in base.copy_ro}  # a writable copy covers one
-    for key, allowed in (("copy", copies), ("copy_ro", copies_ro)):
-        _entries(
-            out, key, (), held, label="filesystem." + key, show=lambda e: e.src,
-            covered=copied(allowed),
-        )  # fmt: skip
-    _kept(base, out, held)
-
-
-def _kept(base: Profile, out: Profile, held: list[Held]) -> None:
-    """BASE's protect entries and secrets patterns stay: dropping one uncovers files."""
-    kept = {e.path for e in out.protect}
-    gone = [e for e in base.protect if e.path not in kept]
-    if gone:
-        out.protect = out.protect + gone
-        held.append(Held("filesystem.protect", tuple(e.path for e in gone)))
-    lost = [g for g in base.secrets if g not in out.secrets]  # a pattern dropped uncovers files
-    if lost:
-        out.secrets = out.secrets + lost
-        held.append(Held("filesystem.secrets", tuple(lost)))
-
-
-def _limits(base: Profile, out: Profile, held: list[Held]) -> None:
-    # memory and pids unset mean boxy's defaults; cpus and timeout unset mean none
-    for key, unset in (
-        ("memory", DEFAULT_MEMORY),
-        ("pids", DEFAULT_PIDS),
-        ("cpus", float("inf")),
-        ("timeout", float("inf")),
-    ):
-        mine, theirs = getattr(out, key), getattr(base, key)
-        if (unset if mine is None else mine) > (unset if theirs is None else theirs):
-            setattr(out, key, theirs)
-            held.append(Held(f"limits.{key}"))

@@ -5,6 +5,7 @@ sides, the defaults)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -126,12 +127,35 @@ def test_the_table_is_the_whole_wire_record() -> None:
 
 @pytest.mark.parametrize("option", [o for o in RUN_OPTIONS if o.profile_key], ids=str)
 def test_a_profile_key_is_one_profiles_read(option: Option) -> None:
-    top, _, sub = str(option.profile_key).partition(".")
+    key = options.KEYS[str(option.profile_key)]
+    assert key.field == option.field
+    top, _, sub = key.path.partition(".")
     assert top in profileschema._TOP_KEYS
     if sub:
         assert (
             sub in {"filesystem": profileschema._FS_KEYS, "limits": profileschema._LIMIT_KEYS}[top]
         )
+
+
+def test_every_profile_attribute_is_one_key_whose_columns_are_implemented() -> None:
+    """Issue 32 §1: the table of profile keys is the one description of a key: the
+    loader reads each by its CHECK, `extends` and .boxy.yaml merge each by its MERGE,
+    and an unapproved .boxy.yaml is held back by each one's WIDEN rule."""
+    from boxyd.config import profilemerge, widening
+
+    attrs = [f.name for f in dataclasses.fields(profileschema.Profile)]
+    assert sorted(k.attr for k in options.PROFILE_KEYS) == sorted(attrs[2:])  # name, source
+    assert len(options.KEYS) == len(options.PROFILE_KEYS)
+    for key in options.PROFILE_KEYS:
+        assert callable(getattr(profileschema._Checker, key.check)), key
+        assert key.shape in ("one", "list", "map"), key
+        assert key.merge in profilemerge.MERGES, key
+        assert key.widen in widening.RULES, key
+        if key.widen in ("rank", "at_most") or key.check == "choice":
+            assert key.field is not None, key  # its default and choices are its option's
+        if key.widen == "rank":
+            assert set(widening.RANKS[key.path]) == set(options.choices(str(key.field))), key
+    assert set(widening.RULES) == {k.widen for k in options.PROFILE_KEYS}  # none unused
 
 
 def test_defaults_are_written_once() -> None:

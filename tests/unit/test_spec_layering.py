@@ -82,7 +82,7 @@ def test_the_project_names_the_profile_and_widening_is_held_back(project: dict[s
     assert got.profile.net == "none"  # offline's own
     assert (got.profile.tty, got.profile.seccomp) == (None, None)  # generic's
     assert got.profile.env == {"A": "b"}  # never wider
-    assert notes == [] and held == [f"seccomp, tty of {project['wd']}/{pc.NAME}"]
+    assert notes == [] and held == [f"seccomp (compat), tty of {project['wd']}/{pc.NAME}"]
 
 
 def test_the_flag_beats_the_projects_profile(project: dict[str, str]) -> None:
@@ -152,7 +152,7 @@ def test_project_widening_is_what_trust_says(project: dict[str, str]) -> None:
     assert [str(h) for h in got] == ["limits.pids"]
     write(project, pc.NAME, "net: public\nseccomp: compat\n")
     got = layering.project_widening(pc.read(project["wd"]), project["home"])
-    assert [str(h) for h in got] == ["seccomp"]
+    assert [str(h) for h in got] == ["seccomp (compat)"]
 
 
 def test_project_widening_refuses_what_does_not_load(project: dict[str, str]) -> None:

@@ -90,7 +90,7 @@ def test_cidrs_are_covered_by_containment() -> None:
 
 def test_tailscale_seccomp_tty() -> None:
     out, keys = held(GENERIC, P(tailscale=True, seccomp="compat", tty=True))
-    assert keys == ["tailscale", "seccomp", "tty"]
+    assert keys == ["tailscale", "seccomp (compat)", "tty"]
     assert (out.tailscale, out.seccomp, out.tty) == (None, None, None)
     same = P(tailscale=True, seccomp="compat", tty=True)
     assert held(same, same)[1] == []

@@ -6,14 +6,17 @@ path that is not a valid profile is refused like any other invalid profile."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable
 from typing import NamedTuple
 
-from boxy import values
+from boxy import options, values
 from boxy.errors import ProfileError
+from boxy.options import Key
+from boxy.values import PortMapping
 from boxyd.config import profiles
 from boxyd.config.profiles import Registry
 from boxyd.config.profileschema import Profile
+from boxyd.config.runspec import CopyEntry, PathEntry
 
 # where each template's value comes from, said next to what it became
 ORIGIN = {
@@ -94,79 +97,137 @@ def _description(name: str, home: str | None) -> str:
 
 
 def show_lines(profile: Profile, registry: Registry | None, kind: str, location: str) -> list[str]:
-    """The resolved profile, one setting per line."""
-    notes: list[str] = []
+    """The resolved profile, one setting per line, every key of the table of profile
+    keys (boxy/options.py) that is set, in its order."""
     out = [f"profile {profile.name}: {kind} {location}"]
-    if profile.description:
-        out.append(f"  description: {profile.description}")
-    out.append(f"  net: {profile.net or 'public (the default)'}")
+    resolved = _Resolved(profile, registry)
+    for key in options.PROFILE_KEYS:
+        out += _LINES.get(key.path, _generic_lines)(key, profile, resolved)
+    return out
+
+
+class _Resolved:
+    """The profile's registry templates filled, as the run fills them (hosts, env)."""
+
+    def __init__(self, profile: Profile, registry: Registry | None) -> None:
+        notes: list[str] = []
+        self.registry = registry
+        self.env = profiles.resolve_env(profile.env, registry, source=profile.source, notes=notes)
+        self.hosts = profiles.resolve_hosts(
+            list(profile.allow_hosts), registry, source=profile.source, notes=notes
+        )
+
+
+Lines = Callable[[Key, Profile, _Resolved], list[str]]
+
+
+def _generic_lines(key: Key, profile: Profile, _: _Resolved) -> list[str]:
+    value = getattr(profile, key.attr)
+    name = key.path.rpartition(".")[2] if key.top in ("filesystem", "limits") else key.path
+    if key.shape == "list":
+        return [f"  {name}: {_shown(e)}" for e in value]
+    if value is None or value == "" or value is False:
+        return []
+    return [f"  {name}: {_shown(value)}"]
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, PathEntry):
+        return value.path + ("  (optional)" if value.optional else "")
+    if isinstance(value, CopyEntry):
+        return f"{value.src} -> {value.dst}" + ("  (optional)" if value.optional else "")
+    return str(value)
+
+
+def _net_lines(key: Key, profile: Profile, _: _Resolved) -> list[str]:
+    return [f"  net: {profile.net or 'public (the default)'}"]
+
+
+def _host_lines(key: Key, profile: Profile, r: _Resolved) -> list[str]:
+    out = []
     for entry in profile.allow_hosts:
-        hosts = profiles.resolve_hosts([entry], registry, source=profile.source, notes=notes)
+        notes: list[str] = []
+        hosts = profiles.resolve_hosts([entry], r.registry, source=profile.source, notes=notes)
         template = entry[1:-1] if entry.startswith("{") and entry.endswith("}") else None
         origin = f"  ({ORIGIN.get(template, template)})" if template else ""
         shown = hosts[0] if hosts else "none configured: dropped"
         out.append(f"  allow_host: {shown}{'  from ' + entry if template else ''}{origin}")
-    if profile.allow_ports:
-        out.append(f"  allow_port: {', '.join(map(str, profile.allow_ports))}")
-    for m in profile.ports:
-        out.append(f"  ports: {m}  ({m.host} on this machine leads to port {m.port} inside)")
-    for kind_name in ("ro", "rw", "mkdir", "protect", "reveal"):
-        for e in getattr(profile, kind_name):
-            out.append(f"  {kind_name}: {e.path}{'  (optional)' if e.optional else ''}")
-    for glob in profile.secrets:
-        out.append(f"  secrets: {glob}  (covered empty in every writable tree)")
-    for kind_name in ("copy", "copy_ro"):
-        for c in getattr(profile, kind_name):
-            out.append(f"  {kind_name}: {c.src} -> {c.dst}{'  (optional)' if c.optional else ''}")
-    env = profiles.resolve_env(profile.env, registry, source=profile.source, notes=notes)
-    for name in profile.env:
-        out.append(
-            f"  env {name}: {env[name]}"
-            if name in env
-            else f"  env {name}: not set (none configured)"
-        )
-    for name in profile.env_pass:
-        out.append(f"  env {name}: passed from your environment")
-    limits: Mapping[str, object] = {
-        "memory": values.format_size(profile.memory) if profile.memory else None,
-        "pids": profile.pids,
-        "cpus": profile.cpus,
-        "timeout": values.format_duration(profile.timeout) if profile.timeout else None,
-        "seccomp": profile.seccomp,
-    }
-    out += [f"  {k}: {v}" for k, v in limits.items() if v is not None]
     return out
+
+
+def _ports_lines(key: Key, profile: Profile, _: _Resolved) -> list[str]:
+    return [
+        f"  ports: {m}  ({m.host} on this machine leads to port {m.port} inside)"
+        for m in profile.ports
+    ]
+
+
+def _env_lines(key: Key, profile: Profile, r: _Resolved) -> list[str]:
+    return [
+        f"  env {name}: {r.env[name]}"
+        if name in r.env
+        else f"  env {name}: not set (none configured)"
+        for name in profile.env
+    ]
+
+
+def _passed_lines(key: Key, profile: Profile, _: _Resolved) -> list[str]:
+    what = "passed from your environment" + (" as a secret" if key.path == "env_secrets" else "")
+    return [f"  env {name}: {what}" for name in getattr(profile, key.attr)]
+
+
+def _limit_lines(key: Key, profile: Profile, _: _Resolved) -> list[str]:
+    value = getattr(profile, key.attr)
+    if value is None:
+        return []
+    shown = {"memory": values.format_size, "timeout": values.format_duration}.get(key.attr, str)
+    return [f"  {key.attr}: {shown(value)}"]
+
+
+def _secrets_lines(key: Key, profile: Profile, _: _Resolved) -> list[str]:
+    return [f"  secrets: {g}  (covered empty in every writable tree)" for g in profile.secrets]
+
+
+# the keys whose lines say more than their value
+_LINES: dict[str, Lines] = {
+    "description": lambda k, p, r: [f"  description: {p.description}"] if p.description else [],
+    "net": _net_lines,
+    "allow_hosts": _host_lines,
+    "allow_ports": lambda k, p, r: (
+        [f"  allow_port: {', '.join(map(str, p.allow_ports))}"] if p.allow_ports else []
+    ),
+    "ports": _ports_lines,
+    "env": _env_lines,
+    "env_pass": _passed_lines,
+    "env_secrets": _passed_lines,
+    "filesystem.secrets": _secrets_lines,
+    **{k.path: _limit_lines for k in options.PROFILE_KEYS if k.top == "limits"},
+}
 
 
 def show_doc(
     profile: Profile, registry: Registry | None, kind: str, location: str
 ) -> dict[str, object]:
-    """`profile show --json`: what show_lines says, as one object (templates resolved;
-    a host template that names nothing is left out of allow_hosts)."""
-    notes: list[str] = []
-    env = profiles.resolve_env(profile.env, registry, source=profile.source, notes=notes)
-    doc: dict[str, object] = {
-        "name": profile.name,
-        "kind": kind,
-        "location": location,
-        "description": profile.description or None,
-        "net": profile.net or None,
-        "allow_hosts": profiles.resolve_hosts(
-            list(profile.allow_hosts), registry, source=profile.source, notes=notes
-        ),
-        "allow_ports": list(profile.allow_ports),
-        "ports": [str(m) for m in profile.ports],
-        "secrets": list(profile.secrets),
-        "env": {name: env.get(name) for name in profile.env},
-        "env_pass": list(profile.env_pass),
-        "memory": profile.memory,
-        "pids": profile.pids,
-        "cpus": profile.cpus,
-        "timeout": profile.timeout,
-        "seccomp": profile.seccomp,
-    }
-    for k in ("ro", "rw", "mkdir", "protect", "reveal"):
-        doc[k] = [{"path": e.path, "optional": e.optional} for e in getattr(profile, k)]
-    for k in ("copy", "copy_ro"):
-        doc[k] = [{"src": c.src, "dst": c.dst, "optional": c.optional} for c in getattr(profile, k)]
+    """`profile show --json`: what show_lines says, as one object: every key of the
+    table by its attribute's name (templates resolved; a host template that names
+    nothing is left out of allow_hosts)."""
+    resolved = _Resolved(profile, registry)
+    doc: dict[str, object] = {"name": profile.name, "kind": kind, "location": location}
+    for key in options.PROFILE_KEYS:
+        doc[key.attr] = _json(getattr(profile, key.attr))
+    doc["description"] = profile.description or None
+    doc["allow_hosts"] = resolved.hosts
+    doc["env"] = {name: resolved.env.get(name) for name in profile.env}
     return doc
+
+
+def _json(value: object) -> object:
+    if isinstance(value, list):
+        return [_json(v) for v in value]
+    if isinstance(value, PathEntry):
+        return {"path": value.path, "optional": value.optional}
+    if isinstance(value, CopyEntry):
+        return {"src": value.src, "dst": value.dst, "optional": value.optional}
+    if isinstance(value, PortMapping):
+        return str(value)
+    return value

@@ -6,10 +6,11 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from boxy import options
 from boxy.errors import ProfileError
-from boxyd.config import profiles
+from boxyd.config import profiles, profileschema, profileview
 from boxyd.config.profiles import list_profiles, load_profile, resolve_hosts
 from boxyd.config.profileschema import HOST_TEMPLATES, Profile, workdir_slug
 from boxyd.config.runspec import CopyEntry, PathEntry
@@ -609,3 +610,33 @@ def test_a_text_is_parsed_once_and_each_caller_gets_its_own_document() -> None:
         with pytest.raises(ProfileError, match="invalid YAML"):
             pr._parse_yaml("t", "a: [\n")
     assert all(k[1] != "a: [\n" for k in pr._PARSED)
+
+
+def test_the_resolved_view_shows_every_key_of_the_table(tmp_path: Path) -> None:
+    """Issue 32 §1: the view was written key by key and left six out (allow_cidr,
+    tailscale, tmpfs, env_secrets, tty, tty_raw); now it is read from the table."""
+    from boxy import options
+
+    doc = {
+        "description": "all of them", "net": "allowlist", "allow_hosts": ["a.example"],
+        "allow_ports": [8443], "allow_cidr": ["192.0.2.0/24"], "tailscale": True,
+        "ports": ["127.0.0.1:8080:80"], "env": {"A": "1"}, "env_pass": ["P"],
+        "env_secrets": ["S"], "seccomp": "compat", "tty": True, "tty_raw": True,
+        "filesystem": {k: ([{"src": "/etc/hosts", "dst": "/x"}] if "copy" in k else
+                           ["/srv"] if k != "secrets" else ["*.key"]) for k in profileschema._FS_KEYS
+                       if k != "tmpfs"} | {"tmpfs": ["/scratch"]},
+        "limits": {"memory": "1GiB", "pids": 64, "cpus": 1.5, "timeout": "1h"},
+    }  # fmt: skip
+    path = tmp_path / "all.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    view = profileview.view(str(path), str(tmp_path), str(tmp_path), None)
+    assert set(view.doc) == {"name", "kind", "location"} | {k.attr for k in options.PROFILE_KEYS}
+    assert all(view.doc[k.attr] not in (None, [], {}, False) for k in options.PROFILE_KEYS), (
+        view.doc
+    )
+    shown = "\n".join(view.lines)
+    for key in options.PROFILE_KEYS:
+        name = key.path.rpartition(".")[2]
+        label = {"allow_hosts": "allow_host", "allow_ports": "allow_port", "allow_cidr": "allow_cidr",
+                 "env_pass": "env P", "env_secrets": "env S", "env": "env A"}.get(key.path, name)  # fmt: skip
+        assert f"  {label}" in shown, (key, shown)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -229,24 +229,29 @@ class _Checker:
         return value
 
     def size(self, key: str, value: Any) -> int:
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-        if isinstance(value, str):
-            try:
-                return parse_size(value, what=key)
-            except UsageError as e:
-                raise ProfileError(f"profile {self.label}: key {e}") from None
-        raise self.fail(key, "expected a size such as 512MiB or 2GiB")
+        return int(self._amount(key, value, parse_size, "a size such as 512MiB or 2GiB", int))
 
     def duration(self, key: str, value: Any) -> float:
-        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-            return float(value)
+        return self._amount(key, value, parse_duration, "a duration such as 10m or 1h30m", float)
+
+    def _amount(
+        self,
+        key: str,
+        value: Any,
+        parse: Callable[..., float],
+        expected: str,
+        kind: type[int] | type[float],
+    ) -> float:
+        """A positive number (KIND: int takes no fraction) or its text as the flag's."""
+        number = (int,) if kind is int else (int, float)
+        if isinstance(value, number) and not isinstance(value, bool) and value > 0:
+            return kind(value)
         if isinstance(value, str):
             try:
-                return parse_duration(value, what=key)
+                return parse(value, what=key)
             except UsageError as e:
                 raise ProfileError(f"profile {self.label}: key {e}") from None
-        raise self.fail(key, "expected a duration such as 10m or 1h30m")
+        raise self.fail(key, f"expected {expected}")
 
     def cidrs(self, key: str, value: Any) -> list[str]:
         text = self.string(key, value, "expected an address range such as 192.168.4.0/24")

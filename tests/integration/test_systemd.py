@@ -464,6 +464,15 @@ def test_a_run_whose_network_was_made_ahead_is_placed_in_its_scope_too(
             ctl(user, "stop", "-k", sid, manager=systemd_user)
 
 
+def _python_on_the_bus(
+    um: UserManager, script: str, workdir: Path
+) -> subprocess.CompletedProcess[str]:
+    """SCRIPT run by the venv's python as the user, with the bus's address and WORKDIR."""
+    address = um.env()["DBUS_SESSION_BUS_ADDRESS"]
+    argv = [str(BIN / "python3"), "-c", script, address, str(workdir)]
+    return subprocess.run(um.user_cmd(argv), capture_output=True, text=True, timeout=90)
+
+
 RUN_OVER_DBUS = r"""
 import asyncio, json, os, sys
 from dbus_fast import Message, MessageType
@@ -504,20 +513,7 @@ def test_run_over_dbus_with_fds_and_the_fd_defects(
     boxy: Boxy, user: User, workdir: Path, systemd_user: UserManager
 ) -> None:
     ctl(user, "setup", manager=systemd_user)
-    r = subprocess.run(
-        systemd_user.user_cmd(
-            [
-                str(BIN / "python3"),
-                "-c",
-                RUN_OVER_DBUS,
-                systemd_user.env()["DBUS_SESSION_BUS_ADDRESS"],
-                str(workdir),
-            ]
-        ),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = _python_on_the_bus(systemd_user, RUN_OVER_DBUS, workdir)
     lines = dict(ln.split(" ", 1) for ln in r.stdout.splitlines())
     assert lines.get("RUN", "").startswith("METHOD_RETURN "), r.stdout + r.stderr
     sid = lines["RUN"].split()[1]
@@ -591,20 +587,7 @@ def test_dbus_python_runs_introspects_and_reads_the_object_manager(
     introspection for every call's signature): issue 32 §5's deviations, each
     checked where this client sees it."""
     ctl(user, "setup", manager=systemd_user)
-    r = subprocess.run(
-        systemd_user.user_cmd(
-            [
-                str(BIN / "python3"),
-                "-c",
-                DBUS_PYTHON,
-                systemd_user.env()["DBUS_SESSION_BUS_ADDRESS"],
-                str(workdir),
-            ]
-        ),
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
+    r = _python_on_the_bus(systemd_user, DBUS_PYTHON, workdir)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     sid, path = out["run"]

@@ -15,7 +15,7 @@ the parse child itself, boxyctl, the unit tests).
 
 The door is here, below the layers whose parsers it runs: each layer registers its
 own kinds of job (``register``) in the module that holds the typed helpers its
-callers use (this layer's: projectconfig.py; the plan's and the guard's:
+callers use (this layer's: projectconfig.py and profiles.py; the plan's and the guard's:
 plan/payloadparse.py). The parse child imports both (parseproc.py), and a test runs
 every Kind through it.
 """
@@ -43,6 +43,7 @@ class Kind(Enum):
     NPMRC = "npmrc"  # arg: the environment npm expands, JSON; result: (key, value) pairs
     PIPCONF = "pipconf"  # result: (key, value) pairs
     PROJECT = "project"  # arg: the file's path; result: .boxy.yaml's approval view, or None
+    PROFILE = "profile"  # arg: the file's label; result: {"doc"} or {"error": one line}
 
 
 class Job(NamedTuple):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import importlib.resources
+import json
 import os
 import re
 import stat
@@ -25,6 +26,8 @@ import yaml
 from boxy.errors import ProfileError, UsageError
 from boxy.paths import config_home
 from boxy.values import parse_host_spec
+from boxyd.config import parsedoor
+from boxyd.config.parsedoor import Hostile, Job, Kind
 from boxyd.config.profilemerge import merge
 from boxyd.config.profileschema import TEMPLATE_RE, Profile, build
 
@@ -99,6 +102,43 @@ def _read_file(label: str, path: str) -> bytes:
         return os.read(fd, _MAX_FILE + 1)
     finally:
         os.close(fd)
+
+
+def _load_doc(
+    name_or_path: str, home: str | None = None, *, preset_only: bool = False
+) -> tuple[str, dict[str, Any]]:
+    """(label for messages, document) of a preset, a user profile or a file. A preset is
+    boxy's own, parsed here; any other file could have been written by a payload (a
+    file in a project, a user profile under a --rw tree), so it is parsed apart, within
+    a budget (parsedoor.py; docs/design.md, "Nothing the payload wrote is parsed in
+    boxyd's process")."""
+    label, text = _read(name_or_path, home, preset_only=preset_only)
+    if where(name_or_path, home, preset_only=preset_only)[0] == "preset":
+        return label, _parse_yaml(label, text)
+    got = parsedoor.parse(Job(Kind.PROFILE, label, text.encode()))
+    if isinstance(got, Hostile):
+        raise ProfileError(f"profile {label}: could not be judged ({got.why})")
+    if isinstance(got, dict) and isinstance(got.get("doc"), dict):
+        return label, copy.deepcopy(got["doc"])  # (the door keeps the verdict it gave)
+    if isinstance(got, dict) and isinstance(got.get("error"), str):
+        raise ProfileError(got["error"])
+    raise ProfileError(f"profile {label}: came back in no shape")
+
+
+def _profile_job(job: Job) -> dict[str, Any]:
+    """Kind.PROFILE, in the parse child: the document if it is plain data, or the
+    ProfileError's line."""
+    try:
+        doc = _parse_yaml(job.arg, job.data.decode("utf-8"))
+        json.dumps(doc, allow_nan=False)
+    except ProfileError as e:
+        return {"error": str(e)}
+    except (TypeError, ValueError):
+        return {"error": f"profile {job.arg}: holds a value that is not plain data (a date?)"}
+    return {"doc": doc}
+
+
+parsedoor.register(Kind.PROFILE, _profile_job)
 
 
 def _read(
@@ -271,8 +311,7 @@ def load_profile(name_or_path: str, *, context: Mapping[str, str]) -> Profile:
     or ending in .yaml/.yml). ``context`` holds 'workdir' and 'home' (and may hold
     'workdir_slug'). ``extends`` may name a preset or a file (relative to this one),
     one level deep."""
-    label, text = _read(name_or_path, context.get("home"))
-    doc = _parse_yaml(label, text)
+    label, doc = _load_doc(name_or_path, context.get("home"))
     base_name = doc.get("extends")
     profile = build(name_or_path, label, {k: v for k, v in doc.items() if k != "extends"}, context)
     if base_name is None:
@@ -282,10 +321,9 @@ def load_profile(name_or_path: str, *, context: Mapping[str, str]) -> Profile:
     if is_path(base_name) and not base_name.startswith("/") and is_path(name_or_path):
         base_name = os.path.normpath(os.path.join(os.path.dirname(name_or_path), base_name))
     # `node.yaml` of the user's that says `extends: node` means the preset
-    base_label, base_text = _read(
+    base_label, base_doc = _load_doc(
         base_name, context.get("home"), preset_only=base_name == name_or_path
     )
-    base_doc = _parse_yaml(base_label, base_text)
     if "extends" in base_doc:
         raise ProfileError(
             f"profile {label}: key extends: {base_name} extends another profile itself; "

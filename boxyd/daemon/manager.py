@@ -158,10 +158,10 @@ class Manager:
 
     async def profiles(self) -> ProfileView:
         """`profile list`: the presets and the user's own (each file read for its
-        description, in a worker)."""
+        description, parsed apart)."""
         from boxyd.config import profileview  # YAML: loaded with the first question
 
-        return await pools.run(pools.ASKED, profileview.listing)
+        return await self._apart(profileview.listing)
 
     async def profile(self, name: str, cwd: str, client_env: dict[str, str]) -> ProfileView:
         """`profile show NAME` as a run in CWD would load it."""
@@ -196,16 +196,22 @@ class Manager:
         return await pools.run(pools.ASKED, trust.approvals, home)
 
     async def _asked(self, fn: Callable[..., R], cwd: str, client_env: dict[str, str]) -> R:
-        """FN(CWD, home, user, CLIENT_ENV, config home) in a worker, its parses of the
-        project's files in a parse child of the launcher's (parsedoor.py)."""
+        """FN(CWD, home, user, CLIENT_ENV, config home), its parses apart (_apart)."""
         if not os.path.isabs(cwd):
             raise UsageError(f"the directory {cwd!r} is not an absolute path")
         me = pwd.getpwuid(os.getuid())
+        return await self._apart(
+            lambda: fn(cwd, me.pw_dir, me.pw_name, client_env, config_home(me.pw_dir))
+        )
+
+    async def _apart(self, fn: Callable[[], R]) -> R:
+        """FN() in a worker, its parses of files a payload could have written in a parse
+        child of the launcher's (parsedoor.py)."""
         parser = self.launcher.parser()
 
         def call() -> R:
             with parsedoor.using(parser):
-                return fn(cwd, me.pw_dir, me.pw_name, client_env, config_home(me.pw_dir))
+                return fn()
 
         try:
             return await pools.run(pools.ASKED, call)

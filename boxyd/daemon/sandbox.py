@@ -32,7 +32,7 @@ from boxyd.config.runspec import RunSpec
 from boxyd.config.spec import build_spec
 from boxyd.daemon import afterproc, passedfds, pools, pty, records, walks
 from boxyd.daemon.liveguard import LiveGuard
-from boxyd.daemon.parseproc import Apart, call_with
+from boxyd.daemon.parseproc import Apart, call_apart, call_with
 from boxyd.daemon.pty import PtyRelay
 from boxyd.daemon.scopes import Limit, Placement, Scopes, limits, read_events, remove_subtree
 from boxyd.daemon.seam import Exit, Report, SandboxEvent, Sink, Started, Stopped
@@ -179,10 +179,13 @@ class StageLauncher:
         )
 
         def build() -> ProfileView:
-            try:
-                return profileview.view(name, cwd, self.user.pw_dir, registry)
+            try:  # a profile file is parsed apart (profiles.py): a parse child of its own
+                return call_apart(self.walks.apart, view)
             finally:
                 registry.close()
+
+        def view() -> ProfileView:
+            return profileview.view(name, cwd, self.user.pw_dir, registry)
 
         return await pools.run(pools.ASKED, build)
 

@@ -158,6 +158,7 @@ ALL_KINDS = {
     Kind.NPMRC: Job(Kind.NPMRC, '{"HOME": "/h"}', b"registry=https://r.test/\n"),
     Kind.PIPCONF: Job(Kind.PIPCONF, "", b"[global]\nindex-url = https://i.test/simple\n"),
     Kind.PROJECT: Job(Kind.PROJECT, "/w/.boxy.yaml", b"profile: node\nnetwork:\n  mode: none\n"),
+    Kind.PROFILE: Job(Kind.PROFILE, "/w/ci.yaml", b"extends: node\nnet: none\n"),
 }
 
 

@@ -640,3 +640,33 @@ def test_the_resolved_view_shows_every_key_of_the_table(tmp_path: Path) -> None:
         label = {"allow_hosts": "allow_host", "allow_ports": "allow_port", "allow_cidr": "allow_cidr",
                  "env_pass": "env P", "env_secrets": "env S", "env": "env A"}.get(key.path, name)  # fmt: skip
         assert f"  {label}" in shown, (key, shown)
+
+
+def test_a_profile_file_is_parsed_apart_and_a_preset_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file given with -p (or a user profile) could have been written by a payload:
+    its YAML is parsed through the door (parsedoor.py), never in boxyd's process; a
+    preset is boxy's own. Without a Parser in force, and this process not apart, a
+    file's parse is refused loudly."""
+    from boxyd.config import parsedoor
+    from boxyd.daemon import parseproc
+
+    path = tmp_path / "ci.yaml"
+    path.write_text("extends: node\nnet: none\n")
+    context = {"workdir": str(tmp_path), "home": str(tmp_path)}
+    monkeypatch.setattr(parsedoor, "_local_allowed", False)
+    assert load_profile("generic", context=context).name == "generic"
+    with pytest.raises(RuntimeError, match="in boxyd's own process"):
+        load_profile(str(path), context=context)
+    got = parseproc.call_apart(
+        lambda: parseproc.Apart(parseproc.fork_child),
+        lambda: load_profile(str(path), context=context),
+    )
+    assert got.net == "none" and got.name == str(path)
+    path.write_text("net: [unclosed\n")
+    with pytest.raises(ProfileError, match="invalid YAML"):
+        parseproc.call_apart(
+            lambda: parseproc.Apart(parseproc.fork_child),
+            lambda: load_profile(str(path), context=context),
+        )

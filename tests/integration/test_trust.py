@@ -61,7 +61,7 @@ def test_approve_apply_change_and_revoke(boxy: Boxy, user: User, workdir: Path) 
             "--net", "none", "--audit-log", "audit.jsonl", cmd=PRINT, input=b"", extra_env=HOST_ENV
         )
         assert r.stdout == b"FROM_PROJECT=edited FROM_HOST=unset\n"
-        assert b"held back: env_pass (FROM_HOST), seccomp of" in r.stderr, r.stderr
+        assert b"held back: env_pass (FROM_HOST), seccomp (compat) of" in r.stderr, r.stderr
         records = [json.loads(x) for x in (workdir / "audit.jsonl").read_text().splitlines()]
         assert [x["mode"] for x in records if x.get("layer") == "seccomp"] == ["strict"], records
         listed = ctl(user, workdir, "trust", "--list").stdout.decode()

@@ -372,15 +372,17 @@ def test_raw_mode_restores_the_terminal(terminal: tuple[int, int]) -> None:
     assert termios.tcgetattr(ctl_slave) == before
 
 
+# Stays in raw mode until the test says so (a line on stdin), not for a time of its
+# own: a fixed 2 s let a busy machine see the terminal restored before it looked.
 RAW_CHILD = """
-import os, signal, sys, time
+import os, signal, sys
 from boxyctl.tty import raw_mode
 fd = int(sys.argv[1])
 if sys.argv[2] == "forward":
     signal.signal(signal.SIGTERM, lambda *_: print("forwarded", flush=True))
 with raw_mode(fd):
     print("raw", flush=True)
-    time.sleep(2 if sys.argv[2] == "forward" else 30)
+    sys.stdin.readline()
 """
 
 
@@ -394,19 +396,22 @@ def test_sigterm_in_raw_mode(terminal: tuple[int, int], mode: str) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-c", RAW_CHILD, str(ctl_slave), mode],
         pass_fds=[ctl_slave],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=env,
     )
     try:
-        assert proc.stdout is not None and proc.stdout.readline() == b"raw\n"
+        assert proc.stdin is not None and proc.stdout is not None
+        assert proc.stdout.readline() == b"raw\n"
         assert not termios.tcgetattr(ctl_slave)[3] & termios.ICANON
         proc.send_signal(signal.SIGTERM)
         if mode == "default":
-            assert proc.wait(10) == -signal.SIGTERM
+            assert proc.wait(30) == -signal.SIGTERM
         else:
             assert proc.stdout.readline() == b"forwarded\n"
             assert not termios.tcgetattr(ctl_slave)[3] & termios.ICANON  # still raw
-            assert proc.wait(10) == 0
+            proc.stdin.close()  # now leave raw mode
+            assert proc.wait(30) == 0
         assert termios.tcgetattr(ctl_slave) == before
     finally:
         proc.kill()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -78,7 +77,6 @@ def host_service(net, netboxy):
     ],
 )
 def test_the_hosts_own_public_address_is_refused(netboxy, host_service, mode: list[str]) -> None:
-    started = time.monotonic()
     r = netboxy.run(*mode, "-v", cmd=["python3", "-c", PROBE])
     lines = dict(line.split(" ", 1) for line in r.stdout.decode().splitlines())
     assert "ESCAPED" not in r.stdout.decode()
@@ -89,4 +87,3 @@ def test_the_hosts_own_public_address_is_refused(netboxy, host_service, mode: li
     host_service.kill()
     out, _ = host_service.communicate()
     assert "HIT" not in out
-    assert time.monotonic() - started < 30

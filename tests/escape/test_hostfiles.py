@@ -5,7 +5,6 @@ taken on the host: what boxyd wrote where, and whether it still answers."""
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from pathlib import Path
 
@@ -17,11 +16,10 @@ from tests.escape.conftest import describe
 pytestmark = pytest.mark.sandbox
 
 
-def _quick(boxy: Boxy) -> float:
-    start = time.monotonic()
+def _answers(boxy: Boxy) -> None:
+    """Another run goes through (a daemon frozen by the FIFO: TimeoutExpired)."""
     r = boxy.sh("true", timeout=30)
     assert r.returncode == 0, describe(r)
-    return time.monotonic() - start
 
 
 def test_fifo_swapped_in_during_the_run_does_not_freeze_the_daemon(boxy: Boxy) -> None:
@@ -32,7 +30,7 @@ def test_fifo_swapped_in_during_the_run_does_not_freeze_the_daemon(boxy: Boxy) -
         timeout=60,
     )
     assert r.returncode == 0 and b"TRIED fifo" in r.stdout, describe(r)
-    assert _quick(boxy) < 10  # the daemon still answers everyone
+    _answers(boxy)  # the daemon still answers everyone
     err = r.stderr.decode()
     assert "audit.jsonl: removed or replaced during the run" in err, describe(r)
     kept = Path(err.split("the records are in ", 1)[1].split()[0])
@@ -43,13 +41,11 @@ def test_fifo_swapped_in_during_the_run_does_not_freeze_the_daemon(boxy: Boxy) -
 def test_fifo_at_the_path_is_refused_before_anything_starts(boxy: Boxy, user: User) -> None:
     fifo = boxy.workdir / "audit.jsonl"
     user.run(["mkfifo", str(fifo)])
-    start = time.monotonic()
     r = boxy.sh("echo ESCAPED ran", "--audit-log", "audit.jsonl", timeout=30)
-    assert time.monotonic() - start < 10
     assert r.returncode == 2 and b"ESCAPED" not in r.stdout, describe(r)
     lines = r.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and "is a FIFO" in lines[0], describe(r)
-    assert _quick(boxy) < 10
+    _answers(boxy)
 
 
 def test_log_directory_swapped_for_a_symlink(boxy: Boxy, user: User) -> None:

@@ -91,7 +91,6 @@ if err is None:
 
 
 def test_fork_bomb_hits_pids_limit(boxy: Boxy, user: User) -> None:
-    t0 = time.monotonic()
     r = boxy.run(
         *NET,
         "--pids",
@@ -111,8 +110,8 @@ def test_fork_bomb_hits_pids_limit(boxy: Boxy, user: User) -> None:
     # the payload and PID 1 count too; a handful of children must still have worked
     assert 10 <= forked < 64, out
     # the payload exits once refused: its sleeping children die with the PID namespace
+    # (0, not 124: it ended before its --timeout)
     assert r.returncode == 0, (r.returncode, r.stderr)
-    assert time.monotonic() - t0 < 20, "the run lasted until the timeout"
     # the host user can still fork
     assert user.run(["sh", "-c", "true & wait; echo host-ok"], timeout=20).stdout == b"host-ok\n"
 
@@ -140,9 +139,9 @@ except (OSError, ValueError) as e:
 
 def test_timeout_stops_sleep(boxy: Boxy) -> None:
     t0 = time.monotonic()
+    # (a sleep 60 left running would be the subprocess's 30 s TimeoutExpired)
     r = boxy.run(*NET, "--timeout", "2s", cmd=["sleep", "60"], input=b"", timeout=30)
     elapsed = time.monotonic() - t0
-    assert elapsed < 10, f"took {elapsed:.1f}s"
     assert elapsed >= 1.5, f"stopped before the timeout ({elapsed:.1f}s)"
     assert r.returncode == 124, (r.returncode, r.stderr)  # as timeout(1)
     assert "boxyctl: timed out after 2s" in r.stderr.decode(), r.stderr
@@ -159,8 +158,8 @@ def test_a_timeout_is_never_invisible(boxy: Boxy) -> None:
 
 
 def test_timeout_with_sigterm_ignored(boxy: Boxy) -> None:
-    # A payload that ignores SIGTERM still ends: SIGKILL after the grace period.
-    t0 = time.monotonic()
+    # A payload that ignores SIGTERM still ends: SIGKILL after the grace period (one
+    # that never did would be the subprocess's 40 s TimeoutExpired).
     r = boxy.sh(
         "trap '' TERM; echo TRIED; while :; do sleep 0.2; done",
         "--timeout",
@@ -168,10 +167,8 @@ def test_timeout_with_sigterm_ignored(boxy: Boxy) -> None:
         input=b"",
         timeout=40,
     )
-    elapsed = time.monotonic() - t0
     assert b"TRIED" in r.stdout
     assert r.returncode == 124, (r.returncode, r.stderr)
-    assert elapsed < 15, f"took {elapsed:.1f}s"
     assert "timed out" in r.stderr.decode(), r.stderr
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -84,7 +83,6 @@ def host_service(net: Topology, netboxy: NetBoxy) -> Iterator[subprocess.Popen[s
 def test_the_hosts_own_public_address_is_refused(
     netboxy: NetBoxy, host_service: subprocess.Popen[str], mode: list[str]
 ) -> None:
-    started = time.monotonic()
     r = netboxy.run(*mode, "-v", cmd=["python3", "-c", PROBE])
     lines = dict(line.split(" ", 1) for line in r.stdout.decode().splitlines())
     assert "ESCAPED" not in r.stdout.decode()
@@ -95,4 +93,3 @@ def test_the_hosts_own_public_address_is_refused(
     host_service.kill()
     out, _ = host_service.communicate()
     assert "HIT" not in out
-    assert time.monotonic() - started < 30

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
-import statistics
 import subprocess
 import threading
 import time
@@ -1199,6 +1198,8 @@ while True:
     err = s.connect_ex(TARGETS[attempts %% 2])
     errors[errno.errorcode.get(err, str(err))] += 1
     attempts += 1
+    if attempts == RATE // 10:  # a tenth of a second in at full rate
+        report("flood-going", "flooding", t=time.time())
     held.append(s)
     while len(held) > MAX_OPEN:
         held.popleft().close()
@@ -1227,7 +1228,7 @@ class FloodResult:
     flood_rc: int
     calm: subprocess.CompletedProcess[bytes]
     calm_probes: dict[str, dict[str, Any]]
-    status_s: float
+    status_t: tuple[float, float]  # (asked, answered), time.time() as the sandbox's
     status: subprocess.CompletedProcess[bytes]
     describe: str
 
@@ -1241,22 +1242,22 @@ def flood_run(topology: Topology, user: User) -> Iterator[FloodResult]:
             wd,
             user,
             "flood.py",
-            FLOOD_BODY % {"denied": OTHER.v4, "min": FLOOD_MIN, "rate": 20_000, "max_s": 20},
+            # max_s: a cap for a test that went wrong; the stop file ends it
+            FLOOD_BODY % {"denied": OTHER.v4, "min": FLOOD_MIN, "rate": 20_000, "max_s": 120},
         )
         cname = script(wd, user, "calm.py", CALM_BODY % {"n": CALM_REQUESTS})
         flags = ("--net", "allowlist", "--allow-host", "www.boxy.test")
         flood = start_run(topology, user, wd, *flags, cmd=["python3", fname])
         try:
-            started = flood.wait_line('"flood-start"', 30)
-            assert started is not None, f"the flood never started\n{flood.stdout}\n{flood.stderr}"
-            time.sleep(0.5)  # the flood is at full rate
+            going = flood.wait_line('"flood-going"', 30)
+            assert going is not None, f"the flood never started\n{flood.stdout}\n{flood.stderr}"
             box = NetBoxy(user, wd, topology)
             status_argv = topology.exec_in_host(
                 user.cmd([str(BIN / "boxyctl"), "daemon", "status"], box.env())
             )
-            t = time.monotonic()
+            asked = time.time()
             status = subprocess.run(status_argv, capture_output=True, timeout=30)
-            status_s = time.monotonic() - t
+            status_t = (asked, time.time())
             calm = box.run(*flags, cmd=["python3", cname], timeout=120)
         finally:
             (wd / "flood.stop").touch()
@@ -1266,7 +1267,7 @@ def flood_run(topology: Topology, user: User) -> Iterator[FloodResult]:
             rc,
             calm,
             parse_probes(calm.stdout),
-            status_s,
+            status_t,
             status,
             f"--- flood exit {rc}\n{flood.stdout[-3000:]}\n{flood.stderr[-3000:]}"
             f"\n--- second session exit {calm.returncode}\n"
@@ -1283,28 +1284,36 @@ def test_flood_really_flooded(flood_run: FloodResult) -> None:
     assert "ESCAPED" not in flood_run.flood.stdout + flood_run.flood.stderr
 
 
+def _during_the_flood(r: FloodResult, start: float, end: float) -> bool:
+    """START..END (time.time(), the sandbox's clock as the host's) lies inside the
+    flood at full rate, and the flood ran until the test stopped it (not its cap)."""
+    fl = parse_probes(r.flood.stdout)
+    return (
+        fl["flood-going"]["t"] <= start
+        and end <= fl["flood-end"]["t"]
+        and fl["flood-end"]["stopped"] is True
+    )
+
+
 def test_flood_second_session_keeps_working(flood_run: FloodResult) -> None:
-    """20 HTTPS requests from a second session, made while the first one floods, all
-    succeed, each within 2 s, median under 0.5 s."""
+    """20 HTTPS requests from a second session, made while the first one floods, are
+    all answered within their own 10 s timeout, each from start to end during the
+    flood. (How fast they are under a flood is a figure, not a bound in a test.)"""
     r = flood_run
     assert r.calm.returncode == 0, r.describe
     reqs = [r.calm_probes.get(f"req-{i}") for i in range(CALM_REQUESTS)]
     assert all(q and q["outcome"] == "answered" and q["status"] == 200 for q in reqs), r.describe
-    ms = [q["ms"] for q in reqs if q]
-    assert max(ms) < 2000 and statistics.median(ms) < 500, (ms, r.describe)
-    fl = parse_probes(r.flood.stdout)
-    t_start, t_end = fl["flood-start"]["t"], fl["flood-end"]["t"]
-    assert all(t_start <= q["t"] <= t_end for q in reqs if q), (
-        f"the requests did not overlap the flood ({t_start}..{t_end})\n{r.describe}"
-    )
+    during = [_during_the_flood(r, q["t"], q["t"] + q["ms"] / 1000) for q in reqs if q]
+    assert all(during), f"requests outside the flood: {during}\n{r.describe}"
 
 
 def test_flood_api_answers(flood_run: FloodResult) -> None:
-    """`boxyctl daemon status` answers within 2 s during the flood."""
+    """`boxyctl daemon status` is answered while the flood still runs: a daemon the
+    flood starved would answer only after it ended (or after status's 30 s)."""
     r = flood_run
     assert r.status.returncode == 0, r.status
     assert b"running" in r.status.stdout, r.status.stdout
-    assert r.status_s < 2.0, f"daemon status took {r.status_s:.2f} s"
+    assert _during_the_flood(r, *r.status_t), (r.status_t, r.describe)
 
 
 # --- must keep working -----------------------------------------------------------------------

@@ -1,14 +1,13 @@
 """Files a payload wrote that made boxyd's parsers hang or fail (issue #30 §2's table)
 and variants of them: every one is in a project at once, and two runs in it in a row
 start, run and end (before: 16 s to never; every later run exit 125). The terminal
-sequence that took the filter days goes through a real PTY session. The bounds are
-generous (a loaded 2-core machine): what is asserted is that nothing hangs or breaks,
-and that what a run covers is covered."""
+sequence that took the filter days goes through a real PTY session. What is asserted is
+that nothing hangs (the timeouts are generous: a loaded 2-core machine) or breaks, and
+that what a run covers is covered; how long a run takes is no bound here."""
 
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -55,13 +54,11 @@ def plant(boxy: Boxy) -> None:
 
 def test_every_hostile_file_at_once_and_two_runs_in_a_row(boxy: Boxy) -> None:
     plant(boxy)
-    for attempt in (1, 2):
-        t = time.monotonic()
+    for _attempt in (1, 2):
+        # (a hang is the 120 s TimeoutExpired; how long a run takes is no bound here)
         r = boxy.sh("cat .npmrc .git-credentials | grep -c canary; echo ran", timeout=120)
-        took = time.monotonic() - t
         assert r.returncode == 0, describe(r)
         assert r.stdout.endswith(b"ran\n") and b"npm-canary" not in r.stdout, describe(r)
-        assert took < 60, f"run {attempt} took {took:.1f}s"
         assert b"internal error" not in r.stderr, describe(r)
 
 

@@ -54,11 +54,12 @@ def test_fifo_heads_are_reported_moved_and_the_host_git_returns(
     """300 nested repositories with a FIFO as HEAD: each cost the host-git check 5 s
     and made the user's `git status` at the root hang forever."""
     git_init(user, workdir)
-    t = time.monotonic()
     r = boxy.sh(FIFOS, timeout=120)
-    took = time.monotonic() - t
     assert r.returncode == 0 and r.stdout == b"made\n", err(r)
-    assert took < 60, f"the run took {took:.1f}s"  # 300 x 5 s before; a loaded machine's bound
+    # git was asked nowhere it would block (300 x 5 s before), told by what the run
+    # says, not by its time: no ask timed out, no budget spent (nor any other note
+    # beside the 300 moves in the full list below)
+    assert "could not be asked" not in err(r) and "budget" not in err(r), err(r)[-3000:]
     lines = [ln for ln in err(r).splitlines() if "git guard" in ln or ": … and " in ln]
     assert len(lines) == MAX_LINES, err(r)[-3000:]
     assert "not a regular file where git expects a HEAD" in lines[0], lines[0]

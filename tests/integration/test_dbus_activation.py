@@ -54,10 +54,8 @@ def no_daemon(user: User) -> Iterator[None]:
 
 
 def test_an_activated_boxyd_lets_go_of_the_bus_daemons_output(user: User, no_daemon: None) -> None:
-    t = time.monotonic()
-    r = call_through_a_fresh_bus(user)  # TimeoutExpired while boxyd holds the pipe
+    r = call_through_a_fresh_bus(user)  # TimeoutExpired (30 s) while boxyd holds the pipe
     assert r.stdout.decode().startswith("got: a(sso) "), r.stderr
-    assert time.monotonic() - t < 20
     pids = daemon_pids(user)
     assert len(pids) == 1  # activated, and still there once the bus has gone
     assert ctl(user, "ps").returncode == 0 and daemon_pids(user) == pids  # varlink serves

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import ipaddress
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
@@ -409,12 +408,12 @@ async def test_silent_upstream_is_a_quick_servfail(
     server: AuthServer, session: DnsSession, events: Recorder
 ) -> None:
     proxy = DnsProxy([(LOOPBACK, server.port)], ipv6=False, timeout=0.5)
-    start = time.monotonic()
-    r = await ask(proxy, session, HANG)
+    # HANG is never answered: only the proxy's own 0.5 s timer ends this (30 s: a hang)
+    r = await asyncio.wait_for(ask(proxy, session, HANG), 30)
     assert r.rcode() == dns.rcode.SERVFAIL
-    assert time.monotonic() - start < 1.5
     assert session.stats.upstream_errors == 1
-    assert events.events[-1]["rcode"] == "SERVFAIL" and "upstream" in events.events[-1]["reason"]
+    assert events.events[-1]["rcode"] == "SERVFAIL"
+    assert "upstream failed: no answer within 0.5s" in events.events[-1]["reason"]
 
 
 async def test_next_upstream_is_tried(server: AuthServer, session: DnsSession) -> None:
@@ -446,11 +445,12 @@ async def test_inflight_cap_refuses_at_once(server: AuthServer) -> None:
     proxy = DnsProxy([(LOOPBACK, server.port)], ipv6=False, timeout=0.5)
     session = DnsSession(Policy(), max_inflight=1)
     slow = asyncio.create_task(ask(proxy, session, HANG))
-    await asyncio.sleep(0.05)
-    start = time.monotonic()
+    while session.inflight == 0 and not slow.done():  # out to upstream, never answered
+        await asyncio.sleep(0)
     r = await ask(proxy, session, "www.ok.test")
-    assert r.rcode() == dns.rcode.REFUSED and time.monotonic() - start < 0.2
-    assert session.stats.busy == 1
+    # Refused while the slow one is still waiting on upstream: not queued behind it.
+    assert r.rcode() == dns.rcode.REFUSED and not slow.done()
+    assert session.stats.busy == 1 and "www.ok.test" not in server.names()
     assert (await slow).rcode() == dns.rcode.SERVFAIL
     assert session.inflight == 0
     assert (await ask(proxy, session, "www.ok.test")).rcode() == dns.rcode.NOERROR
@@ -492,16 +492,14 @@ async def test_tcp_stream_bounds(server: AuthServer, session: DnsSession) -> Non
             size = int.from_bytes(await reader.readexactly(2), "big")
             r = dns.message.from_wire(await reader.readexactly(size))
             assert r.id == q.id and r.rcode() == dns.rcode.NOERROR
-        # Then idle: the proxy closes the connection.
-        start = time.monotonic()
-        assert await asyncio.wait_for(reader.read(), 2) == b""
-        assert time.monotonic() - start < 1.5
+        # Then idle: the proxy's 0.3 s idle timer closes the connection (30 s: a hang).
+        assert await asyncio.wait_for(reader.read(), 30) == b""
         writer.close()
 
         # A length prefix bigger than any query: closed without an answer.
         reader, writer = await asyncio.open_connection(LOOPBACK, port)
         writer.write(b"\xff\xff" + b"\x00" * 100)
-        assert await asyncio.wait_for(reader.read(), 2) == b""
+        assert await asyncio.wait_for(reader.read(), 30) == b""
         writer.close()
     finally:
         tcp.close()

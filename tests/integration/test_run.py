@@ -4,8 +4,8 @@ the job is useless) and how bad input is refused before anything starts."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
-import statistics
 import subprocess
 import time
 from collections.abc import Iterator
@@ -396,13 +396,15 @@ def test_a_huge_tree_does_not_stall_another_session(
     small.workdir.mkdir()
     user.chown(small.workdir)
 
-    def start_up() -> float:
-        t = time.monotonic()
+    def start_up() -> None:
         r = small.sh("true")
         assert r.returncode == 0, err(r)
-        return time.monotonic() - t
 
-    idle = statistics.median(start_up() for _ in range(5))
+    def walking() -> bool:
+        r = user.run([str(BIN / "boxyctl"), "ps", "--json"])
+        return any(s["state"] == "starting" for s in json.loads(r.stdout)["sessions"])
+
+    start_up()  # warm
     argv = user.cmd(
         [str(BIN / "boxyctl"), "run", "--net", "none", "-w", str(huge_tree), "--", "true"]
     )
@@ -410,16 +412,19 @@ def test_a_huge_tree_does_not_stall_another_session(
         argv, cwd=boxy.workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     try:
-        time.sleep(0.3)  # into its walk (about 4 s for this tree)
-        during = [start_up() for _ in range(5)]
-        still_walking = proc.poll() is None
+        deadline = time.monotonic() + 60  # into its walk (about 4 s for this tree)
+        while not walking():
+            assert proc.poll() is None and time.monotonic() < deadline, "never seen starting"
+            time.sleep(0.02)
+        for _ in range(5):
+            start_up()
+        still_walking = walking()
     finally:
         proc.wait(timeout=120)
-    assert still_walking, "the big run ended before the samples: they overlapped nothing"
+    # five starts went through while the big run still walked: not held until it ended
+    # (as on the event loop they were); how much slower they are is bench/walk.py's
+    assert still_walking, "the big run's start ended before the samples: they were held"
     assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
-    # a bound a loaded 2-core machine still meets (the walk used to hold others 20x);
-    # the figures themselves are bench/walk.py's
-    assert statistics.median(during) < max(4 * idle, idle + 1.5), (during, idle)
 
 
 def test_mkdir_of_a_missing_directory_works_and_is_guarded(

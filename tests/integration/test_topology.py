@@ -29,15 +29,13 @@ pytestmark = pytest.mark.skipif(
 PREFIX = "boxyt-self"
 STATE = Path("/run/boxyt-self")
 PY = sys.executable
-UP_BUDGET = 10.0  # seconds; it takes well under one here, the suite targets < 3
-TIMINGS: dict[str, float] = {}
 
 
 @pytest.fixture(scope="module")
 def topo() -> Iterator[topology.Topology]:
-    t0 = time.monotonic()
+    # up() fails on its own if the servers are not ready (READY_TIMEOUT); how long it
+    # takes is in the suite's --durations (the fixture's setup), not a bound here
     t = topology.up(STATE, PREFIX)
-    TIMINGS["up"] = time.monotonic() - t0
     yield t
     topology.down(PREFIX, STATE)
 
@@ -62,8 +60,7 @@ def curl(t: topology.Topology, *args: str) -> subprocess.CompletedProcess[str]:
 # --- the topology ---------------------------------------------------------------------
 
 
-def test_up_is_fast_and_isolated(topo: topology.Topology) -> None:
-    assert TIMINGS["up"] < UP_BUDGET
+def test_up_is_isolated(topo: topology.Topology) -> None:
     for ns in (topo.host_ns, topo.net_ns):
         topology.assert_isolated(ns)
     assert topo.leaks() == 0
@@ -313,19 +310,18 @@ def test_nobody_there_is_refused_at_once(topo: topology.Topology) -> None:
     out = py_in_host(
         topo,
         """
-import json, socket, time
+import json, socket
 out = {}
 for addr in ("11.0.0.99", "2a0b:4000::99", "10.1.2.3"):
-    t = time.monotonic()
     try:
         socket.create_connection((addr, 80), 5); out[addr] = "connected"
     except OSError as e:
-        out[addr] = [e.errno, time.monotonic() - t]
+        out[addr] = e.errno
 print(json.dumps(out))
 """,
     )
-    for addr, (err, secs) in out.items():
-        assert err == 111 and secs < 1, addr  # ECONNREFUSED, not a timeout
+    for addr, err in out.items():
+        assert err == 111, addr  # ECONNREFUSED: answered (a drop would time out, no errno)
     assert topo.range_hits("10.0.0.0/8") > 0
 
 
@@ -364,7 +360,7 @@ print(json.dumps({"lan_dns": [rd.to_text() for rrs in r.answer for rd in rrs]}))
     assert topo.recorder_hits("host_loopback") > 0
     assert topo.recorder_hits("host_ifaddr") > 0
     assert topo.recorder_hits("metadata") == 0  # not probed, not counted
-    deadline = time.monotonic() + 2  # the recorder logs first bytes after they arrive
+    deadline = time.monotonic() + 30  # the recorder logs first bytes after they arrive
     while time.monotonic() < deadline and not any(
         e["kind"] == "tcp-data" for e in topo.recorder_events("lan")
     ):
@@ -382,18 +378,14 @@ print(json.dumps({"lan_dns": [rd.to_text() for rrs in r.answer for rd in rrs]}))
 def test_up_again_replaces_a_crashed_run(topo: topology.Topology) -> None:
     pid = int((STATE / "ready-net").read_text())
     os.kill(pid, 9)  # a crashed run: servers gone, namespaces left
-    t0 = time.monotonic()
     again = topology.up(STATE, PREFIX)
-    assert time.monotonic() - t0 < UP_BUDGET
     assert int((STATE / "ready-net").read_text()) != pid
     assert json.loads(curl(again, "http://www.boxy.test/").stdout)["server"] == "www"
 
 
 def test_down_leaves_nothing_behind(topo: topology.Topology) -> None:
     pids = [int((STATE / f"ready-{role}").read_text()) for role in ("net", "host")]
-    t0 = time.monotonic()
     topology.down(PREFIX, STATE)
-    TIMINGS["down"] = time.monotonic() - t0
     for ns in topology.namespaces(PREFIX):
         assert not (topology.NETNS_DIR / ns).exists()
         assert not (topology.ETC_NETNS / ns).exists()

@@ -4,8 +4,9 @@ what they are. Real files, FIFOs, symlinks and hard links on this machine."""
 from __future__ import annotations
 
 import os
+import re
 import stat
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -41,10 +42,23 @@ def test_truncate_happens_after_the_checks(tmp_path: Path) -> None:
 def test_fifo_is_refused_at_once(tmp_path: Path) -> None:
     path = tmp_path / "audit.jsonl"
     os.mkfifo(path)
-    start = time.monotonic()
-    with pytest.raises(UsageError, match=r"^--audit-log .*audit\.jsonl: is a FIFO"):
-        open_output("--audit-log", str(path), [], truncate=False)
-    assert time.monotonic() - start < 1  # no reader: a blocking open would wait forever
+    got: list[BaseException | None] = []
+
+    def call() -> None:
+        try:
+            open_output("--audit-log", str(path), [], truncate=False)
+            got.append(None)
+        except BaseException as e:
+            got.append(e)
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(30)
+    if t.is_alive():  # no reader: a blocking open waits forever; be the reader, then fail
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+        raise AssertionError("open_output blocked opening the FIFO")
+    assert isinstance(got[0], UsageError), got
+    assert re.match(r"--audit-log .*audit\.jsonl: is a FIFO", str(got[0])), got
 
 
 @pytest.mark.parametrize("kind", ["symlink", "directory", "socket"])

@@ -9,6 +9,8 @@ import functools
 import gc
 import socket
 import time
+from collections.abc import Callable
+from typing import cast
 
 from boxyd.net.poller import Deadlines, Poller, clock
 
@@ -161,37 +163,108 @@ class Owner:
         self.name = name
 
 
-async def test_deadlines_come_in_order_after_their_delay() -> None:
-    loop = asyncio.get_running_loop()
-    due: list[tuple[str, float]] = []
-    t0 = time.monotonic()
-    queue: Deadlines[Owner] = Deadlines(
-        loop, 0.05, lambda o: due.append((o.name, time.monotonic() - t0))
-    )
+class _Timer:
+    """The one thing Deadlines does with its loop timer: cancel it."""
+
+    def __init__(self, when: float, callback: Callable[[], object]) -> None:
+        self.when, self.callback, self.cancelled = when, callback, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _ManualLoop:
+    """What Deadlines uses of a loop, on a clock the test moves: a deadline's time
+    is checked exactly, not against how busy the machine is."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.timers: list[_Timer] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback: Callable[[], object]) -> _Timer:
+        timer = _Timer(when, callback)
+        self.timers.append(timer)
+        return timer
+
+    def call_exception_handler(self, context: dict[str, object]) -> None:
+        raise AssertionError(context)
+
+    def pending(self) -> list[_Timer]:
+        return [t for t in self.timers if not t.cancelled]
+
+    def advance(self, to: float) -> None:
+        """Move the clock to TO, running each timer due by then at its own time."""
+        while due := [t for t in self.pending() if t.when <= to]:
+            first = min(due, key=lambda t: t.when)
+            self.timers.remove(first)
+            self.now = first.when
+            first.callback()
+        self.now = to
+
+
+def _manual_deadlines(delay: float, due: list[str]) -> tuple[_ManualLoop, Deadlines[Owner]]:
+    loop = _ManualLoop()
+    fake = cast(asyncio.AbstractEventLoop, loop)
+    return loop, Deadlines(fake, delay, lambda o: due.append(f"{o.name}@{loop.now:g}"))
+
+
+def test_deadlines_come_in_order_after_their_delay() -> None:
+    due: list[str] = []
+    loop, queue = _manual_deadlines(0.05, due)
     owners = [Owner("a"), Owner("b")]
     queue.add(owners[0])
-    await asyncio.sleep(0.02)
+    loop.advance(0.02)
     queue.add(owners[1])
-    await asyncio.sleep(0.15)
-    assert [n for n, _ in due] == ["a", "b"]
-    assert 0.049 <= due[0][1] < 0.15 and 0.069 <= due[1][1] < 0.2
+    loop.advance(0.0499)
+    assert due == [], "not due before its delay"
+    loop.advance(0.0699)
+    assert due == ["a@0.05"]
+    loop.advance(1.0)
+    assert due == ["a@0.05", "b@0.07"], "each at its own time: the timer is re-armed for b"
+    assert loop.pending() == [], "nothing left to fire"
     queue.close()
 
 
-async def test_deadlines_hold_their_owners_weakly_and_close_cancels() -> None:
+async def test_deadlines_on_the_real_loop() -> None:
+    """The same on asyncio's own loop and clock (time.monotonic read directly)."""
     loop = asyncio.get_running_loop()
+    due: list[tuple[str, float]] = []
+    both = asyncio.Event()
+
+    def on_due(o: Owner) -> None:
+        due.append((o.name, loop.time()))
+        if len(due) == 2:
+            both.set()
+
+    queue = Deadlines(loop, 0.05, on_due)
+    owners = [Owner("a"), Owner("b")]
+    added = [loop.time()]
+    queue.add(owners[0])
+    await asyncio.sleep(0.02)
+    added.append(loop.time())
+    queue.add(owners[1])
+    await asyncio.wait_for(both.wait(), 30)  # a timer never armed: fails, not hangs
+    assert [n for n, _ in due] == ["a", "b"]
+    assert all(t >= a + 0.049 for (_, t), a in zip(due, added, strict=True)), (due, added)
+    queue.close()
+
+
+def test_deadlines_hold_their_owners_weakly_and_close_cancels() -> None:
     due: list[str] = []
-    queue: Deadlines[Owner] = Deadlines(loop, 0.02, lambda o: due.append(o.name))
+    loop, queue = _manual_deadlines(0.02, due)
     queue.add(Owner("gone"))  # nothing else holds it
     gc.collect()
     kept = Owner("kept")
     queue.add(kept)
-    await asyncio.sleep(0.08)
-    assert due == ["kept"]
+    loop.advance(1.0)
+    assert due == ["kept@0.02"]
     queue.add(kept)
     queue.close()
-    await asyncio.sleep(0.05)
-    assert due == ["kept"], "closed: nothing more is called"
+    loop.advance(2.0)
+    assert due == ["kept@0.02"], "closed: nothing more is called"
 
 
 class _LaterLoop(asyncio.SelectorEventLoop):
@@ -210,20 +283,24 @@ def test_deadlines_keep_to_a_loop_clock_of_its_own() -> None:
     try:
         assert clock(loop) == loop.time
 
-        async def run() -> tuple[list[str], list[str]]:
-            due: list[str] = []
-            queue: Deadlines[Owner] = Deadlines(loop, 0.2, lambda o: due.append(o.name))
-            owner = Owner("x")
-            queue.add(owner)
-            await _turns(20)
-            early = list(due)
-            await asyncio.sleep(0.3)
-            queue.close()
-            return early, due
+        async def run() -> tuple[float, float]:
+            fired = asyncio.Event()
+            at: list[float] = []
 
-        early, due = loop.run_until_complete(run())
-        assert early == [], "not due before its delay"
-        assert due == ["x"]
+            def due(_: Owner) -> None:
+                at.append(loop.time())
+                fired.set()
+
+            queue: Deadlines[Owner] = Deadlines(loop, 0.2, due)
+            owner = Owner("x")
+            added = loop.time()
+            queue.add(owner)
+            await asyncio.wait_for(fired.wait(), 30)
+            queue.close()
+            return added, at[0]
+
+        added, at = loop.run_until_complete(run())
+        assert at >= added + 0.199, "not due before its delay on the loop's own clock"
     finally:
         loop.close()
 

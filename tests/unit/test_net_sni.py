@@ -529,19 +529,23 @@ ISSUE_HEAD = b"GET / HTTP/1.1\r\nX: a" + b" " * 16300 + b"b\r\n"
 
 
 def test_header_with_a_long_run_of_blanks_is_linear() -> None:
-    """The issue: `[ \\t]*(.*?)[ \\t]*` took 0.65 s on this, on the event loop."""
-    import time
+    """The issue: `[ \\t]*(.*?)[ \\t]*` took 0.65 s on this, on the event loop. Its
+    cost now grows with the blanks, not with their square (a size sweep: no speed
+    claim, on any machine)."""
+    from tests.unit.parserfuzz import assert_linear
 
-    t0 = time.process_time()
     assert inspect(ISSUE_HEAD) == NeedMore()
     assert inspect(ISSUE_HEAD + b"\r\n") == HTTP(None, "GET")
     assert inspect(ISSUE_HEAD[:-3] + b" " * 100 + b"b\r\n") == Malformed(
         f"HTTP: no end of the request head within {sni.MAX_HTTP_HEAD} bytes"
     )
-    assert inspect(
-        b"GET / HTTP/1.1\r\nHost:" + b" \t" * 4000 + b"a.example" + b"\t " * 4000 + b"\r\n\r\n"
-    ) == HTTP("a.example", "GET")
-    assert time.process_time() - t0 < 0.1
+
+    def host(n: int) -> bytes:
+        return b"GET / HTTP/1.1\r\nHost:" + b" \t" * n + b"a.example" + b"\t " * n + b"\r\n\r\n"
+
+    assert inspect(host(4000)) == HTTP("a.example", "GET")
+    assert_linear(lambda n: b"GET / HTTP/1.1\r\nX: a" + b" " * n + b"b\r\n", inspect, 2000)
+    assert_linear(host, inspect, 500)
 
 
 @pytest.mark.parametrize("line, ok", [

@@ -7,6 +7,7 @@ relay gets dups of the pair's slave (ctl_slave), as boxyd gets the client's fds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import select
@@ -155,6 +156,34 @@ async def test_drain_waits_for_every_slave_holder(terminal: tuple[int, int]) -> 
         relay.close()
 
 
+def _writing_to(tid: int) -> int | None:
+    """The fd thread TID of this process sits in write(2) on, if it does."""
+    try:
+        fields = Path(f"/proc/self/task/{tid}/syscall").read_text().split()
+    except OSError:  # gone
+        return None
+    return int(fields[1], 16) if fields[0] == "1" else None
+
+
+def _blocked_on(terminal: int, but: int | None = None) -> bool:
+    """Does a thread of ours (not BUT) sit in write(2) to the client's TERMINAL: the
+    relay's output thread, the terminal stopped?"""
+    tty_path = os.readlink(f"/proc/self/fd/{terminal}")
+    for tid in map(int, os.listdir("/proc/self/task")):
+        fd = _writing_to(tid)
+        if tid != but and fd is not None:
+            with contextlib.suppress(OSError):  # (closed meanwhile)
+                if os.readlink(f"/proc/self/fd/{fd}") == tty_path:
+                    return True
+    return False
+
+
+def _stalled(writer: int, payload: int, terminal: int) -> bool:
+    """WRITER blocks writing to PAYLOAD, and the relay blocks writing to the client's
+    TERMINAL: the stopped state, whole."""
+    return _writing_to(writer) == payload and _blocked_on(terminal, but=writer)
+
+
 async def test_stopped_terminal_back_pressures_the_payload_not_the_loop(
     terminal: tuple[int, int],
 ) -> None:
@@ -181,10 +210,13 @@ async def test_stopped_terminal_back_pressures_the_payload_not_the_loop(
         os.close(payload)
 
     writer = start(write_and_exit)
-    start_t = time.monotonic()
-    for _ in range(20):
-        await asyncio.sleep(0.025)  # the loop keeps running
-    assert time.monotonic() - start_t < 2
+    assert writer.native_id is not None
+    deadline = time.monotonic() + 30
+    # The loop keeps turning while both ends are stuck in write(2) (a timeout, not a
+    # bound: a writer that never blocks fails here).
+    while not _stalled(writer.native_id, payload, ctl_slave):
+        assert time.monotonic() < deadline and writer.is_alive(), "the payload never blocked"
+        await asyncio.sleep(0.01)
     relay.resize(10, 20)  # and the relay still answers
     assert writer.is_alive()
     assert progress[0] < MiB, f"{progress[0]} bytes accepted while the terminal is stopped"
@@ -208,13 +240,18 @@ async def test_close_does_not_wait_for_a_stopped_terminal(terminal: tuple[int, i
     tty.setraw(slave)
     payload = os.dup(slave)
     os.set_blocking(payload, False)
-    with pytest.raises(BlockingIOError):  # fill everything up to the payload
-        while True:
-            os.write(payload, b"x" * 4096)
-    t = time.monotonic()
+    deadline = time.monotonic() + 30
+    while not _blocked_on(ctl_slave):  # fill everything up to the payload
+        assert time.monotonic() < deadline, "the relay never blocked on the terminal"
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                os.write(payload, b"x" * 4096)
+        await asyncio.sleep(0.01)  # (a poll: the relay's thread moves what it can)
     relay.close()
-    await asyncio.wait_for(relay.wait_drained(), 1)
-    assert time.monotonic() - t < 1
+    # Released while the terminal still sits on output nobody read: close did not
+    # wait for it (30 s: the timeout that turns such a wait into a failure).
+    await asyncio.wait_for(relay.wait_drained(), 30)
+    assert select.select([ctl_master], [], [], 0)[0], "the terminal was read meanwhile"
     os.close(payload)
     assert not nonblocking(ctl_slave)
 
@@ -335,15 +372,17 @@ def test_raw_mode_restores_the_terminal(terminal: tuple[int, int]) -> None:
     assert termios.tcgetattr(ctl_slave) == before
 
 
+# Stays in raw mode until the test says so (a line on stdin), not for a time of its
+# own: a fixed 2 s let a busy machine see the terminal restored before it looked.
 RAW_CHILD = """
-import os, signal, sys, time
+import os, signal, sys
 from boxyctl.tty import raw_mode
 fd = int(sys.argv[1])
 if sys.argv[2] == "forward":
     signal.signal(signal.SIGTERM, lambda *_: print("forwarded", flush=True))
 with raw_mode(fd):
     print("raw", flush=True)
-    time.sleep(2 if sys.argv[2] == "forward" else 30)
+    sys.stdin.readline()
 """
 
 
@@ -357,19 +396,22 @@ def test_sigterm_in_raw_mode(terminal: tuple[int, int], mode: str) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-c", RAW_CHILD, str(ctl_slave), mode],
         pass_fds=[ctl_slave],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=env,
     )
     try:
-        assert proc.stdout is not None and proc.stdout.readline() == b"raw\n"
+        assert proc.stdin is not None and proc.stdout is not None
+        assert proc.stdout.readline() == b"raw\n"
         assert not termios.tcgetattr(ctl_slave)[3] & termios.ICANON
         proc.send_signal(signal.SIGTERM)
         if mode == "default":
-            assert proc.wait(10) == -signal.SIGTERM
+            assert proc.wait(30) == -signal.SIGTERM
         else:
             assert proc.stdout.readline() == b"forwarded\n"
             assert not termios.tcgetattr(ctl_slave)[3] & termios.ICANON  # still raw
-            assert proc.wait(10) == 0
+            proc.stdin.close()  # now leave raw mode
+            assert proc.wait(30) == 0
         assert termios.tcgetattr(ctl_slave) == before
     finally:
         proc.kill()

@@ -21,7 +21,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -685,12 +684,11 @@ def test_client_imports_no_asyncio() -> None:
 
 def test_stream_ends_at_the_first_reply_without_continues() -> None:
     with ServerThread() as srv, Client.connect(srv.address) as client:
-        start = time.monotonic()
         r = client.stream(M + "Run", RUN)
         next(r)
         assert client.send_oneway(M + "Resize", {"id": "s1", "rows": 1, "cols": 2})
+        # the end once the resize came (without it: a Busy error after the server's 5 s)
         assert [x.get("exit_status") for x in r] == [0]
-        assert time.monotonic() - start < 4
 
 
 # --- a streaming call owns its connection (docs/design.md, "The front door") ---------

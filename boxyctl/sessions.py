@@ -145,29 +145,70 @@ _QUIET = ("t", "session", "layer")  # said by the line's own columns
 
 
 def header_line(info: SessionInfo, now: float) -> str:
-    return f"session {info.id} {info.state.value} {_elapsed(info, now)} {_command(info.argv)}"
+    """`session 9f3c1ba2  running  9s  npm ci` (the specification's board)."""
+    return f"session {info.id}  {info.state.value}  {_elapsed(info, now)}  {_command(info.argv)}"
 
 
-def event_line(ev: dict[str, Any], *, color: bool) -> str:
-    """One event: its time, its kind (an audit record: its layer) and its fields;
-    a refusal in red on a terminal."""
-    kind = str(ev.get("kind", "?"))
-    stamp = time.strftime("%H:%M:%S", time.localtime(float(ev.get("t") or 0)))
-    fields = ev
-    if kind == "audit" and isinstance(ev.get("record"), dict):
-        fields = ev["record"]
-        kind = str(fields.get("layer", "audit"))
-    if kind == "lost":
-        text = f"lost {ev.get('count')} events (this watcher fell behind)"
-    elif kind == "exited":
-        text = "exited"
-    else:
-        text = " ".join(
-            [kind] + [f"{k}={_field(v)}" for k, v in fields.items() if k not in (*_QUIET, "kind")]
-        )
-    line = clean(f"{stamp} {text}")
-    denied = fields.get("verdict") == "deny" or fields.get("action") == "kill"
+def event_line(ev: dict[str, Any], *, start: float, color: bool) -> str:
+    """One event in the board's columns: its time since the session started
+    (mm:ss.mmm), the layer, the verdict, the destination and the detail; a refusal in
+    red on a terminal. The same line in a pipe, one per event."""
+    ms = max(0, round((float(ev.get("t") or 0) - start) * 1000))
+    stamp = f"{ms // 60000:02}:{ms // 1000 % 60:02}.{ms % 1000:03}"
+    layer, verdict, where, detail = _columns(ev)
+    line = clean(f"{stamp} {layer:<8} {verdict:<7} {where:<30} {detail}".rstrip())
+    got = ev.get("record")
+    record: dict[str, Any] = got if isinstance(got, dict) else ev
+    denied = record.get("verdict") == "deny" or record.get("action") == "kill"
     return f"{RED}{line}{RESET}" if color and denied else line
+
+
+def _columns(ev: dict[str, Any]) -> tuple[str, str, str, str]:
+    """(layer, verdict, destination, detail) of one event."""
+    kind = str(ev.get("kind", "?"))
+    if kind == "audit" and isinstance(ev.get("record"), dict):
+        return _audit_columns(ev["record"])
+    if kind == "lost":
+        return "watch", "lost", f"{ev.get('count')} events", "this watcher fell behind"
+    if kind == "state":
+        return "session", str(ev.get("state", "")), "", ""
+    if kind == "started":
+        return "session", "started", "", "; ".join(map(str, ev.get("warnings") or []))
+    if kind == "notice":
+        return "session", "notice", "", str(ev.get("text", ""))
+    if kind == "exited":
+        got = ev.get("outcome")
+        status = got.get("exit_status", "?") if isinstance(got, dict) else "?"
+        return "session", "exited", f"status {status}", ""
+    if kind == "stopped":
+        return "session", "stopped", _signame(int(ev.get("signal") or 0)), ""
+    return "session", kind, "", ""  # detached, attached
+
+
+def _audit_columns(r: dict[str, Any]) -> tuple[str, str, str, str]:
+    """A policy decision: an allowed flow under its protocol (dns, tcp, udp), a refusal
+    under the layer that made it (net.dns, net.ip, net.sni, landlock, seccomp...)."""
+    layer, verdict = str(r.get("layer", "audit")), str(r.get("verdict", ""))
+    denied = verdict == "deny"
+    name, addr, port = r.get("name") or r.get("host"), r.get("addr"), r.get("port")
+    where = str(name or addr or "")
+    if port is not None and where:
+        where = f"{where}:{port}"
+    if layer == "net.dns" and not denied:
+        addrs = r.get("addrs")
+        shown = " ".join(map(str, addrs)) if isinstance(addrs, list) else ""
+        return "dns", "resolve", str(name or ""), shown
+    if verdict == "close":
+        size = values.format_size
+        detail = f"up {size(int(r.get('up') or 0))}  down {size(int(r.get('down') or 0))}"
+        return str(r.get("proto", "tcp")), "close", where, detail
+    if layer.startswith("net.") and not denied:
+        sni = r.get("sni")
+        return str(r.get("proto", "tcp")), "sni" if sni else verdict, str(sni or where), ""
+    detail = r.get("reason") or " ".join(
+        f"{k}={_field(v)}" for k, v in r.items() if k not in (*_QUIET, "verdict", "reason")
+    )
+    return layer, verdict, where, str(detail)
 
 
 def _field(v: object) -> str:
@@ -211,34 +252,39 @@ class Board:
         if ev.get("kind") == "state" and isinstance(ev.get("state"), str):
             with contextlib.suppress(ValueError):
                 self.info.state = State(ev["state"])
-        self.recent = [*self.recent, event_line(ev, color=True)][-self.RECENT :]
+        line = event_line(ev, start=self.info.started_at, color=True)
+        self.recent = [*self.recent, line][-self.RECENT :]
 
     def render(self, now: float) -> list[str]:
-        c = self.counters
-        size = values.format_size
+        c, size = self.counters, values.format_size
+        up, down = int(c.get("bytes_up", 0)), int(c.get("bytes_down", 0))
         lines = [
             header_line(self.info, now),
-            f"connections {c.get('connections', 0)}  denials {c.get('denials', 0)}  "
-            f"up {size(int(c.get('bytes_up', 0)))} ({size(int(self.rates[0]))}/s)  "
-            f"down {size(int(c.get('bytes_down', 0)))} ({size(int(self.rates[1]))}/s)  "
-            f"destinations {c.get('destinations', 0)}",
+            f"{c.get('destinations', 0)} destination(s)  {c.get('connections', 0)} "
+            f"connection(s)  {c.get('denials', 0)} denied   "
+            f"up {size(up)} ({size(int(self.rates[0]))}/s)  "
+            f"down {size(down)} ({size(int(self.rates[1]))}/s)",
             "",
         ]
         if self.destinations:
-            lines.append(f"{'DESTINATION':<40} {'CONN':>6} {'DENIED':>6} {'UP':>9} {'DOWN':>9}")
-            for row in self.destinations:
-                name, conns, denied = (
-                    row.get("name", ""),
-                    row.get("connections", 0),
-                    row.get("denied", 0),
-                )
-                sent, received = row.get("bytes_up", 0), row.get("bytes_down", 0)
-                line = (
-                    f"{clean(str(name))[:40]:<40} {conns:>6} {denied:>6} "
-                    f"{size(int(sent)):>9} {size(int(received)):>9}"
-                )
-                lines.append(f"{RED}{line}{RESET}" if denied else line)
+            lines += self._table()
             lines.append("")
         lines.append("RECENT")
         lines += self.recent
         return lines
+
+    def _table(self) -> list[str]:
+        """DESTINATION CONNS DENIED ADDRS SENT RECEIVED; a refused destination red."""
+        size = values.format_size
+        width = min(40, max([20, *(len(clean(str(r.get("name", "")))) for r in self.destinations)]))
+        head = f"{'DESTINATION':<{width}} {'CONNS':>5}  {'DENIED':>6}  {'ADDRS':>5}  "
+        out = [head + f"{'SENT':>9}  {'RECEIVED':>9}"]
+        for r in self.destinations:
+            name = clean(str(r.get("name", "")))[:width]
+            line = (
+                f"{name:<{width}} {r.get('connections', 0):>5}  {r.get('denied', 0):>6}  "
+                f"{r.get('addresses', 0):>5}  {size(int(r.get('bytes_up', 0))):>9}  "
+                f"{size(int(r.get('bytes_down', 0))):>9}"
+            )
+            out.append(f"{RED}{line}{RESET}" if r.get("denied") else line)
+        return out

@@ -43,7 +43,8 @@ def main(args: dict[str, Any]) -> int:
                         _paint(board.render(time.time()))
                         painted = time.monotonic()
                 elif ev.get("kind") != "counters":  # snapshots, not events
-                    print(text.event_line(ev, color=False), flush=True)
+                    start = last.started_at if last is not None else 0.0
+                    print(text.event_line(ev, start=start, color=False), flush=True)
             elif (info := SessionInfo.from_wire(reply.get("session"))) is not None:
                 if last is None and not info.state.finished:
                     if screen:

@@ -235,8 +235,8 @@ def test_watch_on_a_terminal_repaints_the_board(boxy: Boxy, user: User, workdir:
     sid = r.stdout.decode().strip()
     term = Term(user, workdir, ["watch", sid])
     try:
-        term.expect(r"\x1b\[H\x1b\[J" + f"session {sid} running ")
-        term.expect(r"connections 0  denials 0  up 0B \(0B/s\)")
+        term.expect(r"\x1b\[H\x1b\[J" + f"session {sid}  running  ")
+        term.expect(r"0 destination\(s\)  0 connection\(s\)  0 denied   up 0B \(0B/s\)")
         term.expect("RECENT")
         (workdir / "go").touch()
         term.expect(r"state     exited 5")  # the summary once it ended

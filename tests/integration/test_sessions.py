@@ -157,7 +157,7 @@ def test_watch_on_a_pipe_one_line_per_event_then_the_summary(
         watcher = _watch(user)  # no id: the only running session
         assert watcher.stdout is not None
         first = watcher.stdout.readline().decode()
-        assert first.startswith(f"session {sid} running "), first
+        assert first.startswith(f"session {sid}  running  "), first
         (workdir / "go").touch()
         out, err = watcher.communicate(timeout=20)
         assert watcher.returncode == 0, err
@@ -167,7 +167,7 @@ def test_watch_on_a_pipe_one_line_per_event_then_the_summary(
             if p is not None and p.poll() is None:
                 p.kill()
     lines = out.decode().splitlines()
-    assert any(ln.split()[1:] == ["state", "state=exited"] for ln in lines), lines
+    assert any(ln.split()[1:] == ["session", "exited"] for ln in lines), lines
     assert "\x1b" not in out.decode()  # a pipe gets no colours and no repaint
     assert "state     exited 5" in lines and "exit      5 (exit)" in lines
 
@@ -184,7 +184,7 @@ def test_watch_refuses_to_guess_and_ctrl_c_ends_only_the_watching(
             stderr=subprocess.PIPE,
         )
         assert watcher.stdout is not None
-        assert watcher.stdout.readline().decode().startswith(f"session {sid} running")
+        assert watcher.stdout.readline().decode().startswith(f"session {sid}  running")
         kid = subprocess.run(
             ["pgrep", "-P", str(watcher.pid)], capture_output=True, text=True
         ).stdout.split()

@@ -74,76 +74,93 @@ def test_show_everything_of_a_finished_session() -> None:
     )
 
 
-def test_event_lines() -> None:
-    deny = {
-        "kind": "audit",
-        "t": NOW,
-        "record": {
-            "t": NOW,
-            "session": "x",
-            "layer": "net",
-            "verdict": "deny",
-            "host": "evil.example",
-        },
-    }
-    assert text.event_line(deny, color=False).endswith(" net verdict=deny host=evil.example")
-    assert text.event_line(deny, color=True).startswith(text.RED)
-    ok = {"kind": "audit", "t": NOW, "record": {"layer": "net", "verdict": "allow"}}
-    assert not text.event_line(ok, color=True).startswith(text.RED)
-    assert text.event_line({"kind": "lost", "t": NOW, "count": 7}, color=False).endswith(
-        " lost 7 events (this watcher fell behind)"
-    )
-    assert text.event_line({"kind": "state", "t": NOW, "state": "running"}, color=False).endswith(
-        " state state=running"
-    )
-    assert "\x1b" not in text.event_line(
-        {"kind": "notice", "t": NOW, "text": "\x1b[31m"}, color=False
-    )
+START = NOW - 65  # info()'s session started then
 
 
-def D(name: str, conns: int, denied: int, up: int, down: int) -> dict[str, str | int]:
+def audit(after: float, **record: object) -> dict[str, object]:
+    return {"kind": "audit", "t": START + after, "record": {"t": START + after, **record}}
+
+
+def test_event_lines_are_the_specifications_recent_lines() -> None:
+    """The specification's RECENT lines, column for column: session-relative time, the
+    layer (an allowed flow's protocol, a refusal's layer), the verdict, the
+    destination, the detail."""
+    cases = [
+        (audit(0.104, layer="net.dns", verdict="allow", name="registry.example",
+               addrs=["104.16.0.35", "104.16.1.35"]),
+         "00:00.104 dns      resolve registry.example               104.16.0.35 104.16.1.35"),
+        (audit(0.118, layer="net.ip", proto="tcp", verdict="allow", addr="104.16.0.35",
+               port=443, host="registry.example"),
+         "00:00.118 tcp      allow   registry.example:443"),
+        (audit(0.166, layer="net.sni", proto="tcp", verdict="allow", addr="104.16.0.35",
+               port=443, host="registry.example", sni="registry.example"),
+         "00:00.166 tcp      sni     registry.example"),
+        (audit(2.905, layer="net.tcp", proto="tcp", verdict="close", addr="104.16.0.35",
+               port=443, host="registry.example", up=1434, down=2202009),
+         "00:02.905 tcp      close   registry.example:443           up 1.4KiB  down 2.1MiB"),
+        (audit(7.914, layer="net.dns", verdict="deny", name="c2.5f3a1.example.net",
+               reason="hostname not on the allowlist"),
+         "00:07.914 net.dns  deny    c2.5f3a1.example.net           hostname not on the allowlist"),
+        (audit(8.002, layer="net.ip", proto="tcp", verdict="deny", addr="169.254.169.254",
+               port=80, reason="link-local / cloud metadata"),
+         "00:08.002 net.ip   deny    169.254.169.254:80             link-local / cloud metadata"),
+    ]  # fmt: skip
+    for ev, want in cases:
+        assert text.event_line(ev, start=START, color=False) == want
+    deny = cases[-1][0]
+    assert text.event_line(deny, start=START, color=True) == f"{text.RED}{cases[-1][1]}{text.RESET}"
+    assert not text.event_line(cases[0][0], start=START, color=True).startswith(text.RED)
+    lost = {"kind": "lost", "t": START + 61.5, "count": 7}
+    assert text.event_line(lost, start=START, color=False) == (
+        "01:01.500 watch    lost    7 events                       this watcher fell behind"
+    )
+    state = {"kind": "state", "t": START, "state": "running"}
+    assert text.event_line(state, start=START, color=False) == "00:00.000 session  running"
+    notice = {"kind": "notice", "t": START, "text": "\x1b[31m"}
+    assert "\x1b" not in text.event_line(notice, start=START, color=False)
+
+
+def D(name: str, conns: int, denied: int, addrs: int, up: int, down: int) -> dict[str, str | int]:
     """A Destination as the IDL declares it."""
     return {
         "name": name,
         "connections": conns,
         "denied": denied,
+        "addresses": addrs,
         "bytes_up": up,
         "bytes_down": down,
     }
 
 
-def test_the_board_totals_rates_destinations_and_recent() -> None:
-    board = text.Board(info(State.RUNNING))
-    snap = {"connections": 3, "denials": 1, "bytes_up": 1000, "bytes_down": 4000, "destinations": 2}
-    board.event(
-        {
-            "kind": "counters",
-            "t": NOW,
-            "counters": snap,
-            "destinations": [D("example.org", 2, 0, 1000, 4000), D("evil.example", 1, 1, 0, 0)],
-        }
-    )
-    board.event(
-        {
-            "kind": "counters",
-            "t": NOW + 2,
-            "counters": {**snap, "bytes_down": 6048},
-            "destinations": [D("example.org", 2, 0, 1000, 6048), D("evil.example", 1, 1, 0, 0)],
-        }
-    )
+def test_the_board_is_the_specifications_field_by_field() -> None:
+    """`boxy watch` in the specification: the header, the totals with rates, the
+    destinations table and RECENT (issue 33 §1)."""
+    started = info(State.RUNNING)
+    started.started_at = NOW - 9
+    board = text.Board(started)
+    snap = {"connections": 15, "denials": 2, "bytes_up": 38400, "bytes_down": 4 << 20,
+            "destinations": 2}  # fmt: skip
+    rows = [D("registry.example", 14, 0, 3, 39322, 6396314), D("169.254.169.254", 1, 1, 1, 0, 0)]
+    board.event({"kind": "counters", "t": NOW - 1, "counters": snap, "destinations": rows})
+    later = {**snap, "bytes_up": 39322, "bytes_down": 6396314}
+    board.event({"kind": "counters", "t": NOW, "counters": later, "destinations": rows})
     for i in range(20):
-        board.event({"kind": "audit", "t": NOW, "record": {"layer": "net", "n": i}})
-    board.event({"kind": "state", "t": NOW, "state": "exited"})
-    lines = board.render(NOW + 2)
-    assert lines[0].startswith("session 0123abcd exited ")
+        board.event(audit(65 - 9 + i / 100, layer="net.ip", proto="tcp", verdict="allow",
+                          addr="104.16.0.35", port=443, host="registry.example"))  # fmt: skip
+    lines = board.render(NOW)
+    assert lines[0] == "session 0123abcd  running  9s  npm ci"
     assert lines[1] == (
-        "connections 3  denials 1  up 1000B (0B/s)  down 5.9KiB (1.0KiB/s)  destinations 2"
+        "2 destination(s)  15 connection(s)  2 denied   up 38.4KiB (922B/s)  down 6.1MiB (2.1MiB/s)"
     )
-    assert lines[3].split() == ["DESTINATION", "CONN", "DENIED", "UP", "DOWN"]
-    assert lines[4].startswith("example.org") and not lines[4].startswith(text.RED)
-    assert lines[5].startswith(text.RED + "evil.example")  # a refused destination in red
+    assert lines[2] == ""
+    assert lines[3] == "DESTINATION          CONNS  DENIED  ADDRS       SENT   RECEIVED"
+    assert lines[4] == "registry.example        14       0      3    38.4KiB     6.1MiB"
+    assert lines[5] == (
+        f"{text.RED}169.254.169.254          1       1      1         0B         0B{text.RESET}"
+    )
     recent = lines[lines.index("RECENT") + 1 :]
-    assert len(recent) == text.Board.RECENT and recent[-1].endswith("state state=exited")
+    assert len(recent) == text.Board.RECENT
+    assert recent[-1] == "00:00.190 tcp      allow   registry.example:443"
 
 
 def test_show_says_1_connection_not_1_connections() -> None:

@@ -58,6 +58,7 @@ TO_GET_IT = {
     "apparmor": "boxy's AppArmor profile: sudo packaging/install-apparmor.sh .venv/bin/python3",
     "nftables": "nf_tables with TPROXY and fib, and Debian's libnftables1 and python3-nftables",
     "veth": "the veth kernel module",
+    "network": "the veth and nftables lines above",
     "dns-upstream": "a nameserver in /etc/resolv.conf, or BOXY_UPSTREAM_DNS=HOST[:PORT]",
     "ipv6-route": "an IPv6 default route on the host",
     "git": "git config --global safe.bareRepository explicit (git 2.38 or later)",

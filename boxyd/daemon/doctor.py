@@ -486,6 +486,29 @@ def _veth(f: Facts) -> list[Check]:
     ]
 
 
+def _network_path(f: Facts) -> list[Check]:
+    """The path --net public and allowlist take, named part by part from the two probes
+    before (each made in an unprivileged netns, as stage 2 makes them)."""
+    parts = (
+        ("veth", "a veth pair to the gateway's netns (rtnetlink)"),
+        ("nftables_tproxy", "its ruleset with TPROXY, fib and sets (nfnetlink), refusals "
+         "reported by NFLOG"),
+    )  # fmt: skip
+    missing = [what for fact, what in parts if not f.get(fact)]
+    if not missing:
+        path = "; ".join(what for _, what in parts)
+        return [Check("network", True, f"--net public/allowlist: {path}", hard=False)]
+    return [
+        Check(
+            "network",
+            False,
+            f"--net public/allowlist are refused here: no {'; no '.join(missing)}; "
+            "--net none works",
+            hard=False,
+        )
+    ]
+
+
 # ---- cgroup v2 ----------------------------------------------------------------------
 
 
@@ -771,6 +794,7 @@ PROBES: tuple[Probe, ...] = (
     _apparmor,
     _nftables,
     _veth,
+    _network_path,
     _host_network,
     _git,
     _cgroup2,

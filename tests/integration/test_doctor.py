@@ -34,6 +34,7 @@ NAMES = (
     "apparmor",
     "nftables",
     "veth",
+    "network",
     "dns-upstream",
     "ipv6-route",
     "git",
@@ -395,3 +396,21 @@ def test_boxyctl_doctor_asks_boxyd(user: User) -> None:
     assert [(c["name"], c["ok"]) for c in got["checks"]] == [(c["name"], c["ok"]) for c in want]
     assert tuple(c["name"] for c in got["checks"]) == NAMES
     assert r.returncode == (0 if got["ok"] else 1)
+
+
+@pytest.mark.parametrize(("veth", "nft"), [(True, True), (True, False), (False, True)])
+def test_the_network_line_names_the_path_part_by_part(veth: bool, nft: bool) -> None:
+    """Issue 33 §1: the line for the network path (the specification's `tun`): what
+    boxy's path needs, each part from its own probe, and what a missing one costs."""
+    facts: dict[str, object] = {"veth": veth, "nftables_tproxy": nft}
+    (line,) = doctor._network_path(facts)
+    assert line.ok == (veth and nft) and not line.hard
+    assert ("rtnetlink" in line.detail) == (not veth or veth and nft)
+    assert ("--net none works" in line.detail) == (not (veth and nft))
+
+
+def test_the_network_line_agrees_with_the_veth_and_nftables_lines(
+    lines: dict[str, re.Match[str]],
+) -> None:
+    both = lines["veth"]["verdict"] == lines["nftables"]["verdict"] == "ok"
+    assert (lines["network"]["verdict"] == "ok") == both, lines["network"].group(0)

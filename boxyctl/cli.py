@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from boxy.client import client_env
 from boxy.errors import UsageError
 from boxy.options import BY_FLAG, RUN_OPTIONS, Option, check_combinations
+from boxy.pathcheck import directory_problem, length_problem, shown
 from boxy.request import CopyItem, RunOptions, RunRequest, env_entry, secret_entry
 from boxy.values import FROM_TEXT, from_text
 
@@ -109,7 +110,11 @@ class _Paths:
             if not self.home.startswith("/"):
                 raise UsageError(f"{flag} {value}: HOME is not set to an absolute path")
             value = self.home + value[1:]
-        return os.path.normpath(os.path.join(self.cwd, value))
+        path = os.path.normpath(os.path.join(self.cwd, value))
+        problem = length_problem(path)
+        if problem is not None:
+            raise UsageError(f"{flag} {shown(value)}: {problem}")
+        return path
 
     def copy(self, flag: str, value: str) -> CopyItem:
         src, sep, dst = value.partition(":")
@@ -245,6 +250,10 @@ def _run_request(ns: Any, environ: dict[str, str], cwd: str) -> RunRequest:
         **{o.field: _option_value(o, getattr(ns, o.field), ctx) for o in RUN_OPTIONS}
     )
     check_combinations(options)  # what can never work, whatever the profile says
+    if options.workdir is not None:  # as boxyd checks it, but before one is started
+        problem = directory_problem(options.workdir)
+        if problem is not None:
+            raise UsageError(f"--workdir {shown(options.workdir)}: {problem}")
     return RunRequest(command, cwd, options, client_env(environ))
 
 

@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from boxy.errors import UsageError
+from boxy.pathcheck import directory_problem, shown
 from boxy.request import RunRequest
 from boxyd.config import environment, filesystem, layering, limits, network
 from boxyd.config.pathutil import absolute
@@ -93,11 +94,12 @@ def work_directory(flag: str | None, cwd: str) -> str:
     """--workdir (or the client's cwd), realpath'd: every later containment check
     uses this form."""
     raw = absolute(flag or cwd, cwd)
-    workdir = os.path.realpath(raw)
-    if not os.path.isdir(workdir):
+    # before anything is recorded: a directory the user cannot read fails the walk, late
+    problem = directory_problem(raw)
+    if problem is not None:
         what = "--workdir" if flag else "the current directory"
-        raise UsageError(f"{what} {raw}: not a directory")
-    return workdir
+        raise UsageError(f"{what} {shown(raw)}: {problem}")
+    return os.path.realpath(raw)
 
 
 def _fields(step: Any) -> dict[str, Any]:

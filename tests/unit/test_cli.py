@@ -139,7 +139,7 @@ def test_every_flag() -> None:
     o = run_opts(
         "-p", "node", "--ro", "a", "--ro", "/abs", "--rw", "~/data", "--protect", "./.env", "--reveal", ".npmrc",
         "--mkdir", "~", "--allow-git-write", "--edit-config", ".claude", "--copy", "~/c.json", "--copy", "x:/etc/y",
-        "--copy-ro", "r:~/r", "-w", "../other", "--net", "allowlist", "--allow-host", "A.example",
+        "--copy-ro", "r:~/r", "-w", "../../..", "--net", "allowlist", "--allow-host", "A.example",
         "--allow-host", "nas:22,2222", "--allow-host", "dns.example:53/udp", "--allow-port", "8080",
         "--allow-cidr", "192.168.4.0/24", "--tailscale", "--publish", "3000:3000", "-e", "EDITOR", "--env", "X=1=2",
         "-e", "NOPE", "--secret", "EDITOR", "--memory", "1GiB", "--pids", "64", "--cpus", "0.5", "--timeout", "1h30m",
@@ -158,7 +158,7 @@ def test_every_flag() -> None:
             {"src": "/home/u/proj/x", "dst": "/etc/y"},
         ],
         "copy_ro": [{"src": "/home/u/proj/r", "dst": "/home/u/r"}],
-        "workdir": "/home/u/other",
+        "workdir": "/",  # made absolute, and a directory (the client checks -w)
         "net": "allowlist",
         "allow_host": ["a.example", "nas:22,2222", "dns.example:53/udp"],
         "allow_port": [8080],

@@ -143,7 +143,7 @@ def test_watch_events_are_decoded_by_their_kind() -> None:
 # a sample of each type, as its flag's text; the library gets the same text
 SAMPLE = {
     "profile": "node",
-    "path": "/srv/x",
+    "path": "/usr",  # a directory there is: the client checks -w's before a daemon does
     "copy": "/etc/hosts:/x",
     "host": "example.com:443",
     "port": "8443",

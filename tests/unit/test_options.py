@@ -200,7 +200,7 @@ def test_the_generated_parser_takes_what_the_old_one_did() -> None:
 def test_every_flag_through_argparse_is_what_the_fast_path_builds() -> None:
     argv = [
         "-p", "node", "--ro", "/a", "--rw", "~/b", "--protect", "c", "--reveal", "d", "--mkdir", "e",
-        "--allow-git-write", "--edit-config", "i", "--copy", "f", "--copy-ro", "g:/h", "-w", "..", "--net", "allowlist",
+        "--allow-git-write", "--edit-config", "i", "--copy", "f", "--copy-ro", "g:/h", "-w", "../../..", "--net", "allowlist",
         "--allow-host", "x.example:22", "--allow-port", "80", "--allow-cidr", "192.168.4.0/24,fd12::/48",
         "--tailscale", "--publish", "[::1]:8080:80", "-e", "A=1", "--secret", "PATH",
         "--memory", "1GiB", "--pids", "64", "--cpus", "0.5", "--timeout", "1m", "--audit-log", "a", "--net-log", "n", "--pcap", "c.pcap",

@@ -83,7 +83,7 @@ def test_workdir_not_a_directory(fs: Fs) -> None:
     with pytest.raises(UsageError) as e:
         build(fs, workdir=fs["home"] + "/file.txt")
     assert str(e.value) == f"--workdir {fs['home']}/file.txt: not a directory"
-    with pytest.raises(UsageError, match="--workdir .*/nope: not a directory"):
+    with pytest.raises(UsageError, match="--workdir .*/nope: no such directory"):
         build(fs, workdir="nope")
 
 

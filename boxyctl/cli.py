@@ -339,6 +339,48 @@ def late_flags(argv: list[str]) -> str | None:
     )
 
 
+def _refuse_leading_run_flag(argv: list[str], prog: str) -> None:
+    """`boxy --net none -- cmd`: run's flags and a command, without the word `run`
+    (argparse would take `none` for the command and call it no command)."""
+    first = argv[0] if argv else ""
+    name = first.partition("=")[0] if first.startswith("--") else first[:2]
+    if name in BY_FLAG or (first == "--" and argv[1:]):
+        from boxyctl.shellquote import join
+
+        what = f"{name} is a flag of run" if name in BY_FLAG else "no command before --"
+        raise UsageError(f"{what}; did you mean: {prog} run {join(argv)}")
+
+
+def _refuse_foreign_flag(argv: list[str]) -> None:
+    """`watch --json`, `ps -k`: a flag of another command, said as such (argparse would
+    call it unknown, and suggest the very flag); for --json, where the row points to."""
+    from boxyctl.commands.table import BY_NAME, SUBCOMMANDS
+
+    row = BY_NAME.get(argv[0]) if argv else None
+    if row is None or not row.module:  # not a command, or `hook` (its own argv)
+        return
+    rest = argv[1:]
+    if row.name == "run":
+        given, own = rest[: _run_flags(rest)[1]], {*BY_FLAG, "--report"}
+    else:
+        given = rest[: rest.index("--")] if "--" in rest else rest
+        own = {n for a in row.args for n in a.names}
+    words = [t for t in given if not t.startswith("-")]
+    action = next((a for a in row.actions if words[:1] == [a.name]), None)
+    if action is not None:
+        own |= {n for a in action.args for n in a.names}
+    known = {*BY_FLAG, "--report", "--version"} | {
+        n for r in SUBCOMMANDS for sub in (r, *r.actions) for a in sub.args for n in a.names
+    }
+    for token in given:
+        name = token.partition("=")[0]
+        if name in known and name not in own | {"-h", "--help"}:
+            where = action or row
+            note = f": {where.no_json}" if name == "--json" and where.no_json else ""
+            label = f"{row.name} {action.name}" if action else row.name
+            raise UsageError(f"{label} takes no {name}{note}")
+
+
 def parse(argv: list[str], *, environ: dict[str, str], cwd: str, prog: str = "boxyctl") -> Command:
     """Parse ``argv`` (without the program name). Raises UsageError with one line;
     --help gives Command('help', {'text': …}), --version Command('version')."""
@@ -350,6 +392,7 @@ def parse(argv: list[str], *, environ: dict[str, str], cwd: str, prog: str = "bo
             else f"the current directory {cwd!r} is not an absolute path"
         )
     if argv[:1] != ["run"]:
+        _refuse_leading_run_flag(argv, prog)
         return _parse_with_argparse(argv, environ=environ, cwd=cwd, prog=prog)
     _refuse_negative(argv[1:])
     _refuse_repeated(_run_flags(argv[1:])[0])
@@ -369,6 +412,8 @@ def _parse_with_argparse(
 ) -> Command:
     from boxyctl import parser as p
 
+    if not {"-h", "--help"} & set(argv):
+        _refuse_foreign_flag(argv)
     try:
         ns = p.build_parser(prog, run_only=argv[:1] == ["run"]).parse_args(argv)
     except p.Help as h:

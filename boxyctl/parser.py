@@ -140,7 +140,8 @@ def _unrecognized(message: str, flags: list[str]) -> str:
     if not first.startswith("-"):
         return message
     name = first.partition("=")[0]
-    return f"{name}: unknown flag{_did_you_mean(name, flags)}"
+    others = [f for f in flags if f != name]  # never the very flag: it is not this command's
+    return f"{name}: unknown flag{_did_you_mean(name, others)}"
 
 
 def _option_strings(parser: argparse.ArgumentParser) -> list[str]:

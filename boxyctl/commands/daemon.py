@@ -1,10 +1,11 @@
-"""`boxyctl daemon status | restart | stop [--force]`."""
+"""`boxyctl daemon status [--json] | restart | stop [--force]`. status's exit status is
+systemctl is-active's: 0 running, 3 not (--json too: {"running": false})."""
 
 from __future__ import annotations
 
 from boxy import INTERFACE as IFACE
 from boxy.errors import Busy, DaemonError
-from boxyctl.output import say
+from boxyctl.output import print_json, say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -16,17 +17,7 @@ def main(args: dict[str, Any]) -> int:
 
     action = args.get("action", "status")
     if action == "status":
-        try:
-            client = connect(start=False)
-        except DaemonError:
-            print("boxyd: not running")
-            return 3  # as `systemctl is-active`: scripts test the status
-        st = client.call(f"{IFACE}.DaemonStatus", {})
-        print(
-            f"boxyd: running  pid {st.get('pid')}  build {st.get('build')}  "
-            f"sessions running {st.get('sessions_running')}  up {st.get('uptime')}s"
-        )
-        return 0
+        return _status(bool(args.get("json")))
     try:
         client = connect(start=False)
         try:
@@ -40,4 +31,29 @@ def main(args: dict[str, Any]) -> int:
     if action == "restart":
         connect().close()
         print("boxyd: restarted")
+    return 0
+
+
+def _status(as_json: bool) -> int:
+    from boxyctl.connect import connect
+
+    try:
+        client = connect(start=False)
+    except DaemonError:
+        if as_json:
+            print_json({"running": False})
+        else:
+            print("boxyd: not running")
+        return 3  # as `systemctl is-active`: scripts test the status
+    try:
+        st = client.call(f"{IFACE}.DaemonStatus", {})
+    finally:
+        client.close()
+    if as_json:  # DaemonStatus's fields, as the IDL names them
+        print_json({"running": True, **st})
+        return 0
+    print(
+        f"boxyd: running  pid {st.get('pid')}  build {st.get('build')}  "
+        f"sessions running {st.get('sessions_running')}  up {st.get('uptime')}s"
+    )
     return 0

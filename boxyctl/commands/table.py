@@ -39,10 +39,12 @@ class Sub:
     under boxyctl/commands that runs it (its name by default; "" for `hook`, which
     main hands its argv unparsed: boxyctl/hook.py). CWD: its args carry the client's
     current directory. EXCLUSIVE: switches that exclude each other; NEEDS: (switch,
-    the switch it goes with) pairs."""
+    the switch it goes with) pairs. NO_JSON: for a row without --json, where what a
+    script wants is instead (said when --json is given to it)."""
 
     __slots__ = (
-        "name", "help", "args", "actions", "module", "description", "cwd", "exclusive", "needs"
+        "name", "help", "args", "actions", "module", "description", "cwd", "exclusive", "needs",
+        "no_json",
     )  # fmt: skip
 
     def __init__(
@@ -57,11 +59,13 @@ class Sub:
         cwd: bool = False,
         exclusive: tuple[str, ...] = (),
         needs: tuple[tuple[str, str], ...] = (),
+        no_json: str = "",
     ) -> None:
         self.name, self.help, self.args, self.actions = name, help, args, actions
         self.module = name if module is None else module
         self.description = description or help
         self.cwd, self.exclusive, self.needs = cwd, exclusive, needs
+        self.no_json = no_json
 
     def action(self, name: str) -> Sub:
         return next(a for a in self.actions if a.name == name)
@@ -76,7 +80,11 @@ _JSON = Arg("--json", help="one JSON document on stdout")
 _FORCE = Arg("--force", help="stop running sessions first (SIGTERM, grace, SIGKILL; recorded)")
 
 SUBCOMMANDS: tuple[Sub, ...] = (
-    Sub("run", "run a command in a sandbox"),  # its flags: the option table (boxy/options.py)
+    Sub(  # its flags: the option table (boxy/options.py)
+        "run",
+        "run a command in a sandbox",
+        no_json="--report FILE writes the run's summary as JSON",
+    ),
     Sub(
         "ps",
         "list running sessions",
@@ -102,6 +110,8 @@ SUBCOMMANDS: tuple[Sub, ...] = (
             Arg("-f", "--follow", help="follow until it ends"),
             Arg("id", kind="id", metavar="ID", help=SESSION_ID),
         ),
+        no_json="it writes the session's output as the session wrote it; "
+        "`show --json ID` has the session",
     ),
     Sub(
         "watch",
@@ -114,6 +124,7 @@ SUBCOMMANDS: tuple[Sub, ...] = (
         description="Follow a session as it happens: its network, denials and events, "
         "repainted as they come (one line per event into a pipe), then its summary. "
         "Without ID, the only running session.",
+        no_json="into a pipe it writes one line per event; `show --json ID` has the session",
     ),
     Sub(
         "attach",
@@ -128,9 +139,10 @@ SUBCOMMANDS: tuple[Sub, ...] = (
         args=(
             Arg("-k", "--kill", help="SIGKILL now"),
             Arg("ids", kind="ids", metavar="ID", help=SESSION_ID + " (one or more)"),
+            Arg("--json", help="the sessions' final states as one JSON document on stdout"),
         ),
-        description="Stop a session: SIGTERM, then SIGKILL after a grace of 5 seconds if it "
-        "is still running; -k sends SIGKILL at once. Prints the session's final state.",
+        description="Stop sessions: SIGTERM, then SIGKILL after a grace of 5 seconds if one "
+        "is still running; -k sends SIGKILL at once. Prints each session's final state.",
     ),
     Sub(
         "doctor",
@@ -164,9 +176,19 @@ SUBCOMMANDS: tuple[Sub, ...] = (
         "daemon",
         "the boxyd daemon",
         actions=(
-            Sub("status", "which build is running, and how busy it is"),
-            Sub("restart", "replace it with this build", args=(_FORCE,)),
-            Sub("stop", "stop it (refused while sessions are running)", args=(_FORCE,)),
+            Sub("status", "which build is running, and how busy it is", args=(_JSON,)),
+            Sub(
+                "restart",
+                "replace it with this build",
+                args=(_FORCE,),
+                no_json="`daemon status --json` says what runs",
+            ),
+            Sub(
+                "stop",
+                "stop it (refused while sessions are running)",
+                args=(_FORCE,),
+                no_json="`daemon status --json` says what runs",
+            ),
         ),
     ),
     Sub(
@@ -183,6 +205,7 @@ SUBCOMMANDS: tuple[Sub, ...] = (
                 "clean",
                 "remove this work directory's caches",
                 args=(Arg("--all", help="every project's"),),
+                no_json="`cache list --json` lists the caches",
             ),
         ),
     ),

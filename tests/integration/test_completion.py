@@ -77,7 +77,7 @@ _boxyctl; printf '%s\\n' "${{COMPREPLY[@]}}"
         (["boxyctl", "profile", "s"], ["show"]),
         (["boxyctl", "completion", ""], ["bash", "zsh", "fish"]),
         (["boxyctl", "run", "--memory", ""], []),  # a value: nothing to offer
-        (["boxyctl", "stop", "-"], ["-h", "--help", "-k", "--kill"]),
+        (["boxyctl", "stop", "-"], ["-h", "--help", "-k", "--kill", "--json"]),
     ],
 )
 def test_bash_completion_offers_what_the_parser_takes(

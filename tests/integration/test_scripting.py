@@ -51,6 +51,8 @@ def test_json_quiet_prefixes_and_stopping_several(boxy: Boxy, user: User, workdi
             assert len(named) >= 2 and all(i.startswith(a[: n - 1]) for i in named), err
         r = ctl(user, "stop", a[:n], b, "feedbee")
         assert r.returncode == 1 and b"no session feedbee" in r.stderr, r.stderr
+        assert b"stopping session feedbee" not in r.stderr  # said only of a running one
+        assert r.stderr.count(b"stopping session ") == 2, r.stderr
         assert r.stdout.decode().splitlines() == [
             f"session {a}: killed SIGTERM",
             f"session {b}: killed SIGTERM",
@@ -65,6 +67,42 @@ def test_json_quiet_prefixes_and_stopping_several(boxy: Boxy, user: User, workdi
     assert f"session   {a}" in ctl(user, "watch", a[:n]).stdout.decode()  # finished: its summary
     done = json.loads(ctl(user, "show", "--json", a).stdout)
     assert done["outcome"]["exit_status"] == 128 + 15 and done["ended_at"] >= done["started_at"]
+
+
+def test_a_work_directory_the_user_cannot_read_changes_nothing(
+    boxy: Boxy, user: User, workdir: Path
+) -> None:
+    """Issue 33 §2: one line and exit 2 before anything starts, no session on record
+    (was: exit 125 after one, "the tree changed while it was being read?"); a -w is
+    refused by the client, before a boxyd is started."""
+    before = set(ctl(user, "ps", "-a", "-q").stdout.decode().split())
+    ctl(user, "daemon", "stop")
+    for w, says in (
+        ("/root", "permission denied (you cannot list or enter it)"),
+        ("/root/sub", "permission denied (/root is closed to you)"),  # was: not a directory
+    ):
+        r = boxy.run("-w", w, cmd=["true"])
+        assert (r.returncode, r.stderr.decode()) == (2, f"boxyctl: --workdir {w}: {says}\n")
+    assert ctl(user, "daemon", "status").returncode == 3  # no boxyd was started
+    # a current directory the user may enter but not list: boxyd's own check
+    closed = workdir / "closed"
+    closed.mkdir()
+    user.chown(closed)
+    closed.chmod(0o100)
+    r = user.run([str(BIN / "boxyctl"), "run", "--", "true"], cwd=closed, timeout=60)
+    assert (r.returncode, r.stderr.decode()) == (
+        2,
+        f"boxyctl: the current directory {closed}: permission denied (you cannot list or "
+        "enter it)\n",
+    )
+    r = ctl(user, "stop", "deadbeef")
+    assert (r.returncode, r.stdout, r.stderr) == (
+        1,
+        b"",
+        b"boxyctl: no session deadbeef (`boxyctl ps -a` lists them)\n",
+    )
+    assert set(ctl(user, "ps", "-a", "-q").stdout.decode().split()) == before
+    closed.chmod(0o700)
 
 
 def test_logs_and_logs_f(boxy: Boxy, user: User, workdir: Path) -> None:
@@ -119,9 +157,15 @@ def test_json_without_a_daemon_and_daemon_status(boxy: Boxy, user: User, workdir
     assert "approvals" in json.loads(ctl(user, "trust", "--list", "--json").stdout)
     assert "caches" in json.loads(ctl(user, "cache", "list", "--json").stdout)
     assert ctl(user, "daemon", "status").returncode == 0
+    r = ctl(user, "daemon", "status", "--json")  # was: "--json: unknown flag"
+    status = json.loads(r.stdout)
+    assert r.returncode == 0 and status["running"] is True and status["pid"] > 1
+    assert {"build", "version", "uptime", "sessions_running"} <= set(status)
     assert ctl(user, "daemon", "stop").returncode == 0
     r = ctl(user, "daemon", "status")
     assert (r.returncode, r.stdout) == (3, b"boxyd: not running\n")
+    r = ctl(user, "daemon", "status", "--json")
+    assert (r.returncode, json.loads(r.stdout)) == (3, {"running": False})
 
 
 def _shell_term(user: User, workdir: Path, shell: str) -> Term:

@@ -1,19 +1,26 @@
 """The client's side of a newcomer's mistakes (issue 33 §2): each is one true line and
-exit 2 before anything starts, or what the command is documented to do."""
+exit 2 before anything starts, or what the command is documented to do; `stop` says
+it is stopping only a session that runs."""
 
 from __future__ import annotations
 
 import errno
+import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from boxy import pathcheck
-from boxy.errors import UsageError
+from boxy.errors import NoSuchSession, UsageError
+from boxy.outcome import Outcome, Reason, SessionInfo, State
 from boxyctl import main as boxyctl_main
+from boxyctl import parser
 from boxyctl.cli import parse
+from boxyctl.commands import stop as stop_command
+from boxyctl.commands.table import SUBCOMMANDS
 
 ENV = {"HOME": "/home/u", "PATH": "/usr/bin"}
 CWD = "/home/u/proj"
@@ -122,3 +129,136 @@ def test_pathcheck_on_the_real_filesystem(tmp_path: Path) -> None:
     assert pathcheck.length_problem("/" + "a/" * 2046) is None  # 4093 bytes
     assert pathcheck.shown("x" * 10) == "x" * 10
     assert len(pathcheck.shown("x" * 1000)) == 99
+
+
+# --- `boxy` without `run` ----------------------------------------------------------------
+
+
+def test_run_flags_without_run_say_so() -> None:
+    # was: "none: not a command"
+    assert refused("--net", "none", "--", "cmd", "a b", prog="boxy") == (
+        "--net is a flag of run; did you mean: boxy run --net none -- cmd 'a b'"
+    )
+    assert refused("-pnode", "npm", "ci") == (
+        "-p is a flag of run; did you mean: boxyctl run -pnode npm ci"
+    )
+    assert refused("--", "ls") == "no command before --; did you mean: boxyctl run -- ls"
+    assert refused("--bogus") == "--bogus: unknown flag"
+
+
+# --- --json and other flags a command has not --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (
+            ["watch", "--json"],
+            "watch takes no --json: into a pipe it writes one line per event; "
+            "`show --json ID` has the session",
+        ),
+        (
+            ["logs", "--json", "ab12"],
+            "logs takes no --json: it writes the session's output as the session wrote it; "
+            "`show --json ID` has the session",
+        ),
+        (["attach", "--json", "ab12"], "attach takes no --json"),
+        (
+            ["daemon", "stop", "--json"],
+            "daemon stop takes no --json: `daemon status --json` says what runs",
+        ),
+        (
+            ["run", "--json", "--", "true"],
+            "run takes no --json: --report FILE writes the run's summary as JSON",
+        ),
+        (
+            ["cache", "clean", "--json"],
+            "cache clean takes no --json: `cache list --json` lists the caches",
+        ),
+        (["ps", "-k"], "ps takes no -k"),
+        (["stop", "--all", "ab12"], "stop takes no --all"),
+    ],
+)
+def test_a_flag_of_another_command_is_named_as_such(argv: list[str], line: str) -> None:
+    # was: "--json: unknown flag (did you mean --json?)"
+    assert refused(*argv) == line
+
+
+def test_daemon_status_and_stop_take_json() -> None:
+    assert parse(["daemon", "status", "--json"], environ=ENV, cwd=CWD).args["json"] is True
+    assert parse(["stop", "--json", "ab12"], environ=ENV, cwd=CWD).args["json"] is True
+
+
+def test_an_unknown_flag_never_suggests_itself() -> None:
+    line = parser._unrecognized("unrecognized arguments: --json", ["--json", "--jsonl"])
+    assert line == "--json: unknown flag (did you mean --jsonl?)"
+
+
+def test_the_missing_command_line_names_every_command() -> None:
+    names = ", ".join(s.name for s in SUBCOMMANDS)
+    assert "hook" in names
+    assert refused() == f"missing command ({names}); see boxyctl --help"
+
+
+# --- stop ---------------------------------------------------------------------------------
+
+
+class FakeClient:
+    """boxyd as stop sees it: Show and Stop over SESSIONS (id -> state)."""
+
+    def __init__(self, sessions: dict[str, State]) -> None:
+        self.sessions = sessions
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        name = method.rpartition(".")[2]
+        self.calls.append((name, params))
+        sid = next((s for s in self.sessions if s.startswith(params["id"])), None)
+        if sid is None:
+            raise NoSuchSession(params["id"])
+        state = self.sessions[sid]
+        if name == "Stop":
+            state = State.KILLED
+        outcome = Outcome(143, Reason.SIGNAL, signal=15) if state.finished else None
+        info = SessionInfo(sid, state, ["sleep", "9"], "/w", None, 1.0, 2.0, outcome)
+        return {"session": info.to_wire()}
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeClient]:
+    client = FakeClient({"0123abcd": State.RUNNING, "4567ef01": State.EXITED})
+    monkeypatch.setattr("boxyctl.connect.connect", lambda: client)
+    yield client
+
+
+def test_stop_says_nothing_of_stopping_a_session_that_does_not_exist(
+    fake: FakeClient, capfd: pytest.CaptureFixture[str]
+) -> None:
+    status = stop_command.main({"ids": ["deadbeef"], "kill": False})
+    cap = capfd.readouterr()
+    assert status == NoSuchSession("x").exit_status
+    # was: "stopping session deadbeef: SIGTERM, then SIGKILL…", then "no session"
+    assert cap.err == "boxyctl: no session deadbeef (`boxyctl ps -a` lists them)\n"
+    assert cap.out == "" and [c[0] for c in fake.calls] == ["Show"]
+
+
+def test_stop_says_it_is_stopping_only_a_running_session(
+    fake: FakeClient, capfd: pytest.CaptureFixture[str]
+) -> None:
+    assert stop_command.main({"ids": ["0123", "4567ef01"], "kill": False}) == 0
+    cap = capfd.readouterr()
+    assert cap.err.count("stopping session") == 1 and "stopping session 0123abcd:" in cap.err
+    assert [c[0] for c in fake.calls] == ["Show", "Stop", "Show"]
+    assert fake.calls[1][1] == {"id": "0123abcd", "kill": False}  # the id boxyd named
+    assert cap.out.splitlines()[0].startswith("session 0123abcd: ")
+    assert cap.out.splitlines()[1].startswith("session 4567ef01: ")
+
+
+def test_stop_json(fake: FakeClient, capfd: pytest.CaptureFixture[str]) -> None:
+    status = stop_command.main({"ids": ["0123abcd", "nope"], "kill": True, "json": True})
+    assert status == NoSuchSession("nope").exit_status
+    doc = json.loads(capfd.readouterr().out)
+    assert [(s["id"], s["state"]) for s in doc["sessions"]] == [("0123abcd", "killed")]

@@ -13,6 +13,7 @@ import time
 
 from boxy import INTERFACE, notices, wirejson
 from boxy.errors import BoxyError, UsageError
+from boxy.pathcheck import directory_problem, shown
 from boxy.paths import config_home, ensure_private_dir, runtime_dir_str
 from boxyctl import hookpolicy as hp
 from boxyctl import shellquote
@@ -236,6 +237,13 @@ def claude(data: bytes) -> int:
         raise UsageError(f"hook claude: {e}") from None
     if event is None:
         return 0
+    # fail closed: a cwd that is not there is no project the hook can judge (its
+    # approval, its profile), and the rewritten command would not run there either
+    problem = directory_problem(event.cwd)
+    if problem is not None:
+        raise UsageError(
+            f"hook claude: the event's cwd {shown(event.cwd)}: {problem}; the command was blocked"
+        )
     config, configured = load_config()
     decision = hp.decide(event.command, config, project_approved=project_approved(event.cwd))
     if decision is None:
@@ -328,10 +336,23 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def _on_terminal() -> bool:
+    try:
+        return os.isatty(0)
+    except (OSError, ValueError):
+        return False
+
+
 def _claude_closed(say: Any) -> int:
     """The hook, failing closed: Claude Code runs the command unchanged after any exit
     but 2, so a bug here (any exception) blocks it, in one line the agent is shown."""
     try:
+        if _on_terminal():
+            raise UsageError(
+                "hook claude: reads Claude Code's PreToolUse event (JSON) on stdin, and "
+                "stdin is a terminal; `boxyctl hook install claude` adds the hook to "
+                "Claude Code's settings"
+            )
         return claude(read_stdin())
     except UsageError:
         raise

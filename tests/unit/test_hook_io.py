@@ -94,6 +94,40 @@ def test_bad_input_is_one_line_and_exit_2(
     assert cap.err.count("\n") == 1 and says in cap.err and "Traceback" not in cap.err
 
 
+def test_a_cwd_that_is_not_there_blocks_the_command(
+    home: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fail closed: no project to judge (was: allow, with the command rewritten)."""
+    gone = str(home / "gone")
+    for command in ("npm i", "ls"):  # intercepted or not: the event is not one to answer
+        assert run_main(["hook", "claude"], event(command, cwd=gone), monkeypatch) == 2
+        cap = capfd.readouterr()
+        assert cap.out == ""
+        assert cap.err == (
+            f"boxyctl: hook claude: the event's cwd {gone}: no such directory; "
+            "the command was blocked\n"
+        )
+
+
+def test_on_a_terminal_the_hook_says_what_it_reads(
+    home: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Typed by hand it would wait for JSON in silence: one line, exit 2."""
+    primary, secondary = os.openpty()
+    saved = os.dup(0)
+    try:
+        os.dup2(secondary, 0)
+        assert boxyctl_main.main(["hook", "claude"]) == 2
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, primary, secondary):
+            os.close(fd)
+    cap = capfd.readouterr()
+    assert cap.out == "" and cap.err.count("\n") == 1
+    assert "reads Claude Code's PreToolUse event (JSON) on stdin" in cap.err
+    assert "stdin is a terminal" in cap.err
+
+
 def test_a_bug_in_the_hook_blocks_the_command(
     home: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

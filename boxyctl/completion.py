@@ -299,18 +299,33 @@ def _man_commands(root: Context) -> list[str]:
     out: list[str] = []
     for name, help_text in root.helps.items():
         sub = root.commands[name]
-        args = " ".join(f"\\fI{_roff(str(a.metavar))}\\fR" for a in sub.positionals)
-        out += [".TP", f"\\fB{name}\\fR {args}".rstrip(), _roff(help_text)]
+        out += [".TP", f"\\fB{name}\\fR {_man_usage(sub)}".rstrip(), _roff(help_text)]
         row = BY_NAME.get(name)
         if row is not None and row.description != row.help:
-            out += [".br", _roff(row.description.split("\n")[0])]
+            for line in row.description.split("\n"):  # every line: an example too
+                out += [".br", _roff(line)]
         if name != "run":
             out += [".RS"] + _man_flags(sub) + _man_positionals(sub) + [".RE"]
         for action_name, action_help in sub.helps.items():
-            out += [".TP", f".B {name} {action_name}", _roff(action_help)]
             nested = sub.commands[action_name]
+            line = f"\\fB{name} {action_name}\\fR {_man_usage(nested)}".rstrip()
+            out += [".TP", line, _roff(action_help)]
             out += [".RS"] + _man_flags(nested) + _man_positionals(nested) + [".RE"]
     return out
+
+
+def _man_usage(ctx: Context) -> str:
+    """A command's positionals as its line shows them: ID, [ID] (optional), ID...
+    (one or more)."""
+    words = []
+    for action in ctx.positionals:
+        word = f"\\fI{_roff(str(action.metavar))}\\fR"
+        if action.nargs == "?":
+            word = f"[{word}]"
+        elif action.nargs in ("+", "*"):
+            word += "..."
+        words.append(word)
+    return " ".join(words)
 
 
 def _man_positionals(ctx: Context) -> list[str]:
@@ -346,6 +361,14 @@ _MAN_TAIL = [
     ".TP",
     "BOXY_DEBUG",
     "set to 1: an internal error shows its traceback instead of one line",
+    ".TP",
+    "BOXY_UPSTREAM_DNS",
+    "ADDRESS[:PORT],...: the resolvers boxyd's DNS proxy asks, instead of /etc/resolv.conf's "
+    "nameservers (read by boxyd when it starts)",
+    ".TP",
+    "BOXY_IDLE_EXIT",
+    "seconds with no session and no client before boxyd exits (default 600; 0: never; "
+    "read by boxyd when it starts)",
     ".TP",
     "XDG_RUNTIME_DIR, XDG_CONFIG_HOME, XDG_STATE_HOME, XDG_CACHE_HOME",
     "where the socket, your profiles and approvals, the session records and the package "

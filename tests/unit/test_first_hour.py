@@ -1,6 +1,7 @@
 """The client's side of a newcomer's mistakes (issue 33 §2): each is one true line and
 exit 2 before anything starts, or what the command is documented to do; `stop` says
-it is stopping only a session that runs."""
+it is stopping only a session that runs; the man page says each command's arguments
+as the parser takes them."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import pytest
 from boxy import pathcheck
 from boxy.errors import NoSuchSession, UsageError
 from boxy.outcome import Outcome, Reason, SessionInfo, State
+from boxyctl import completion, parser
 from boxyctl import main as boxyctl_main
-from boxyctl import parser
 from boxyctl.cli import parse
 from boxyctl.commands import stop as stop_command
 from boxyctl.commands.table import SUBCOMMANDS
@@ -262,3 +263,20 @@ def test_stop_json(fake: FakeClient, capfd: pytest.CaptureFixture[str]) -> None:
     assert status == NoSuchSession("nope").exit_status
     doc = json.loads(capfd.readouterr().out)
     assert [(s["id"], s["state"]) for s in doc["sessions"]] == [("0123abcd", "killed")]
+
+
+# --- the man page ---------------------------------------------------------------------
+
+
+def test_the_man_page_says_each_commands_arguments() -> None:
+    page = completion.man()
+    assert "\\fBwatch\\fR [\\fIID\\fR]\n" in page  # was: watch ID (it is optional)
+    assert "\\fBstop\\fR \\fIID\\fR...\n" in page  # was: stop ID (it takes several)
+    assert "\\fBhook install\\fR \\fIHARNESS\\fR\n" in page
+    assert "\\fBprofile show\\fR \\fINAME\\fR\n" in page
+    # was: "Print the completion script for SHELL on stdout, e.g." and no example
+    assert "bash\\-completion/completions/boxyctl" in page
+    for name in ("BOXY_UPSTREAM_DNS", "BOXY_IDLE_EXIT", "BOXY_DEBUG"):
+        assert f"\n{name}\n" in page, name
+    for row in SUBCOMMANDS:  # hook too
+        assert f".TP\n\\fB{row.name}\\fR" in page, row.name

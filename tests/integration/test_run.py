@@ -185,6 +185,11 @@ BAD_INPUT = {
     "allow-host-url": (["--allow-host", "https://example.com/"], "give its host alone"),
     "cidr-net-none": (["--allow-cidr", "10.7.0.0/16"], "cannot be combined with --net none"),
     "mistyped-flag": (["--nett", "none"], "--nett: unknown flag (did you mean --net?)"),
+    # the first hour, third round (issue 33 §2)
+    "workdir-root": (["-w", "/root"], "--workdir /root: permission denied (you cannot list"),
+    "workdir-root-sub": (["-w", "/root/sub"], "--workdir /root/sub: permission denied (/root is"),
+    "path-too-long": (["--ro", "/" + "a/" * 2500], ": too long (5000 bytes; Linux takes"),
+    "run-json": (["--json"], "run takes no --json: --report FILE writes"),
 }
 
 

@@ -194,6 +194,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option(('--mkdir',), 'strs', 'path', 'expose a directory read-write, creating it if absent (repeatable)', metavar='PATH', profile_key='filesystem.mkdir'),
     Option(('--allow-git-write',), 'bool', 'switch', 'let the sandbox write .git/hooks and .git/config'),
     Option(('--edit-config',), 'strs', 'path', 'let this run create or change a file host tools obey (.claude/, .npmrc, .vscode/, .envrc...), held otherwise (repeatable)', metavar='PATH'),
+    Option(('--allow-host-config',), 'strs', 'path', "let a writable tree (-w, --rw, --mkdir) be, lie in or hold what host programs obey unasked (~/.ssh, your shell's rc files, ~/.local/bin, a project's .claude/...), refused otherwise; PATH names the tree (repeatable)", metavar='PATH'),
     Option(('--copy',), 'copies', 'copy', 'copy one file in, writable (repeatable)', metavar='SRC[:DST]', profile_key='filesystem.copy'),
     Option(('--copy-ro',), 'copies', 'copy', 'copy one file in, read-only (repeatable)', metavar='SRC[:DST]', profile_key='filesystem.copy_ro'),
     Option(('-w', '--workdir'), 'str', 'path', 'working directory, read-write (default: the current directory)', metavar='PATH'),

@@ -203,6 +203,7 @@ class RunOptions(Value):
     detach: bool
     allow_git_write: bool
     edit_config: list[str]
+    allow_host_config: list[str]
 
     def __init__(self, **values: Any) -> None:
         for key in values:

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 from boxy import caches
 from boxy.errors import BoxyError, ProfileError, UsageError
+from boxy.pathcheck import shown
 from boxy.request import RunOptions
-from boxyd.config import exposure, hostrun
+from boxyd.config import exposure, hostconfig, hostrun
 from boxyd.config.pathutil import absolute, contains, dedupe
 from boxyd.config.profileschema import Profile
 from boxyd.config.runspec import READ_ONLY_TREES, CopyEntry, PathEntry
@@ -38,6 +39,7 @@ class Filesystem:
     protect: list[PathEntry]
     reveal: list[str]
     edit_config: list[str]
+    allow_host_config: list[str]
     secrets: list[str]
     copy: list[CopyEntry]
     copy_ro: list[CopyEntry]
@@ -88,6 +90,10 @@ def decide(
     exposure.check_exposed(exposed, exposure.sensitive_paths(client_env, home, uid))
     written = [("workdir", workdir)] + [(label, e.path) for label, e in rw + mkdir]
     exposure.check_writable(written, exposure.settings_paths(client_env, home))
+    check_workdir_writable(o.workdir, cwd, workdir)
+    allowed = check_host_config(
+        written, o.allow_host_config, cwd, home, client_env, notes if warnings is None else warnings
+    )
     for label, path in exposed[1:]:
         exposure.refuse_sockets(label, path)
     copies = check_copies(flag_copies(o, cwd) + profile_copies(prof), notes)
@@ -100,6 +106,7 @@ def decide(
         protect=protect,
         reveal=reveal,
         edit_config=edit_config,
+        allow_host_config=allowed,
         secrets=list(prof.secrets),
         copy=copy,
         copy_ro=copy_ro,
@@ -147,6 +154,78 @@ def check_edit_config(flags: Sequence[str], cwd: str, writable: list[str]) -> li
             )
         out.append(full)
     return dedupe(out)
+
+
+def check_workdir_writable(flag: str | None, cwd: str, workdir: str) -> None:
+    """The work directory is the run's writable project: one you cannot write (-w /etc,
+    a run started in /usr/share) is no project, refused in one line (after the
+    exposure checks: from / or your home, what it would expose is the line to say)."""
+    if os.access(workdir, os.W_OK):
+        return
+    what = "--workdir" if flag else "the current directory"
+    cd = "pass -w PATH" if flag else "cd into a project or pass -w PATH"
+    raise UsageError(
+        f"{what} {shown(absolute(flag or cwd, cwd))}: not writable by you, and the work "
+        f"directory is the run's writable project; {cd} (--ro exposes a directory read-only)"
+    )
+
+
+def check_host_config(
+    written: list[tuple[str, str]],
+    flags: Sequence[str],
+    cwd: str,
+    home: str,
+    client_env: Mapping[str, str],
+    said: list[str],
+) -> list[str]:
+    """Refuse a writable tree (WRITTEN: label, path) that is, lies in or holds a place
+    whose files a host program obeys unasked: one of your home's (config/hostconfig.py:
+    ~/.ssh, the shell's rc files, ~/.local/bin …), or a file or directory that a
+    project's tools obey (config/hostrun.py: a --rw on a project's .claude/ itself is no
+    tree the held files' rules see from above). --allow-host-config PATH (FLAGS), naming
+    the tree or the place, allows it, said in a line (SAID); one that allows nothing is
+    refused as a typo. Returns the trees allowed so (realpath'd)."""
+    resolve = hostconfig.resolver()
+    known = hostconfig.resolved(hostconfig.places(home, (client_env, os.environ)), resolve)
+    asked = {os.path.realpath(absolute(p, cwd)): p for p in flags}
+    used: set[str] = set()
+    allowed: dict[str, str] = {}
+    for label, tree in written:
+        real = os.path.realpath(tree)
+        for verb, place in [*hostconfig.touched(tree, known, resolve), *_held_root(real, home)]:
+            named = {real, resolve(place.path)} & asked.keys()
+            if not named:
+                raise UsageError(
+                    f"{label} {tree}: {verb} {place.path}, and {place.why()}: the host "
+                    f"would obey what the run writes there; --allow-host-config {tree} "
+                    "allows it"
+                )
+            used |= named
+            allowed.setdefault(real, place.why())
+    for real, p in asked.items():
+        if real not in used:
+            raise UsageError(
+                f"--allow-host-config {p}: allows nothing (no writable tree of this run is, "
+                "lies in or holds a place whose files host programs obey)"
+            )
+    said += [f"--allow-host-config: the run may write {t}, where {w}" for t, w in allowed.items()]
+    return list(allowed)
+
+
+def _held_root(real: str, home: str) -> list[tuple[str, hostconfig.Place]]:
+    """A writable tree that is itself a file or directory a project's tools obey, or
+    lies in one (judged by its whole path, config/hostrun.py): its own walk starts
+    inside it, where no name is held. ~/.claude is exposure.settings_paths' (its
+    projects/, the transcripts, is no settings)."""
+    if contains(os.path.join(home, ".claude"), real):
+        return []
+    rel = real.lstrip("/")
+    above = hostrun.held_above(rel)
+    held, top = (hostrun.match(rel), rel) if above is None else (hostrun.match(above), above)
+    if held is None:
+        return []
+    verb = "is" if top == rel else "lies in"
+    return [(verb, hostconfig.Place("/" + top, held.tool, held.runs))]
 
 
 def _err(from_profile: bool, message: str) -> UsageError:

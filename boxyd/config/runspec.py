@@ -57,6 +57,8 @@ class RunSpec:
     reveal: list[str] = field(default_factory=list)  # credentials in the tree shown as they are
     # held files (plan/hostrun.py) this run may create or change: --edit-config
     edit_config: list[str] = field(default_factory=list)
+    # writable trees that are or hold what host programs obey (config/hostconfig.py)
+    allow_host_config: list[str] = field(default_factory=list)
     secrets: list[str] = field(default_factory=list)  # filesystem.secrets: the user's own patterns
     mkdir: list[PathEntry] = field(default_factory=list)
     tmpfs: list[str] = field(default_factory=list)  # fresh writable dirs inside (profile)

@@ -437,6 +437,8 @@ class StageSandbox:
                 path = os.path.join(r, rel)
                 self._sink.record("fs.hold", path=path, action="left to the run (--edit-config)")
                 warnings.append(f"--edit-config {path}: the run may create or change it")
+        for path in self.spec.allow_host_config:  # said by build_spec; recorded here
+            self._sink.record("fs.hold", path=path, action="writable (--allow-host-config)")
         return out
 
     async def _expect(self, kind: type[_R]) -> _R | None:

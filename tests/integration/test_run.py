@@ -179,6 +179,8 @@ BAD_INPUT = {
     "rw-read-only-tree": (["--rw", "/usr/share"], "--rw /usr/share: not writable by you; --ro"),
     "mkdir-root": (["--mkdir", "/root/x"], "--mkdir /root/x: cannot be looked at"),
     "mkdir-etc": (["--mkdir", "/etc/x"], "--mkdir /etc/x: cannot be made: /etc is not writable"),
+    # the first hour, third round (issue 33 §2): a workdir that is no project
+    "workdir-etc": (["-w", "/etc"], "--workdir /etc: not writable by you, and the work directory"),
     "net-twice": (["--net", "public"], "--net given twice (none, then public); give it once"),
     "memory-above-the-machine": (["--memory", "100TiB"], "more than this machine's"),
     "profile-unknown": (["-p", "nosuch"], "--profile nosuch: no such profile"),

@@ -50,7 +50,7 @@ class Paths(NamedTuple):
 @pytest.fixture
 def paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Paths:
     home, project, data = tmp_path / "home", tmp_path / "home/proj", tmp_path / "data"
-    for d in (home, project, data):
+    for d in (home, project, data, home / ".ssh"):
         d.mkdir(parents=True, exist_ok=True)
     (data / "f.txt").write_text("x\n")
     (project / "keep").write_text("kept\n")
@@ -90,6 +90,8 @@ def sample(option: Option, p: Paths) -> tuple[object, object]:
         return str(p.data / "new"), [str(p.data / "new")]
     if option.field == "edit_config":
         return str(p.project / ".vscode"), None
+    if option.field == "allow_host_config":  # with BESIDE's --rw on it
+        return str(p.home / ".ssh"), None
     if option.field == "protect":
         return str(p.project / "keep"), [str(p.project / "keep")]
     if option.field == "reveal":
@@ -108,6 +110,7 @@ BESIDE: dict[str, dict[str, object]] = {
     "allow_cidr": {"net": "allowlist"},
     "pcap_max": {"pcap": "/tmp/route.pcap"},
     "tty_raw": {"tty": True},
+    "allow_host_config": {"rw": "~/.ssh"},
 }
 
 

@@ -87,6 +87,32 @@ def test_workdir_not_a_directory(fs: Fs) -> None:
         build(fs, workdir="nope")
 
 
+def test_a_workdir_you_cannot_write_is_refused(fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """-w /etc, or a run started in /usr/share: the work directory is the writable
+    project, so one the user cannot write is no project (issue 33 §2); one line.
+    (The suite may run as root, who can write anything: os.access answers as a user.)"""
+    real_access = os.access
+    closed = fs["home"] + "/data"
+
+    def access(path: Any, mode: int, **kw: Any) -> bool:
+        if os.fspath(path) == closed and mode & os.W_OK:
+            return False
+        return real_access(path, mode, **kw)
+
+    monkeypatch.setattr(os, "access", access)
+    with pytest.raises(UsageError) as e:
+        build(fs, workdir=closed)
+    assert str(e.value) == (
+        f"--workdir {closed}: not writable by you, and the work directory is the run's "
+        "writable project; pass -w PATH (--ro exposes a directory read-only)"
+    )
+    req = RunRequest.from_wire({"argv": ["true"], "cwd": closed, "options": {}, "client_env": {}})
+    with pytest.raises(UsageError) as e:
+        build_spec(req, uid=os.getuid(), user="u", home=fs["home"])
+    assert str(e.value).startswith(f"the current directory {closed}: not writable by you")
+    assert "cd into a project or pass -w PATH" in str(e.value)
+
+
 def test_flag_paths_must_exist(fs: Fs) -> None:
     for kind in ("ro", "rw", "protect"):
         options: dict[str, Any] = {kind: ["/no/such/x"]}  # wire options, as decoded

@@ -16,7 +16,14 @@ import time
 from boxy import stdfds
 from boxy.errors import BuildMismatch, Busy, DaemonError, SecretsNeeded, UsageError
 from boxy.ident import INTERFACE
-from boxy.paths import ensure_private_dir, runtime_dir_str, socket_path_str, state_dir_str
+from boxy.paths import (
+    ensure_private_dir,
+    inside_sandbox,
+    runtime_base_problem,
+    runtime_dir_str,
+    socket_path_str,
+    state_dir_str,
+)
 from boxy.varlink import Client, DaemonUnavailable
 
 TYPE_CHECKING = False  # typing costs the client 4 ms at start-up; annotations only
@@ -99,8 +106,18 @@ def _try_connect() -> Client | None:
 
 def connect(*, start: bool = True) -> Client:
     """Connect to boxyd, starting it (under a lock, detached, as us) when nothing listens.
-    Fds 0-2 are made open first: the connection must never take one (boxy/stdfds.py)."""
+    Fds 0-2 are made open first: the connection must never take one (boxy/stdfds.py).
+    Refused in one line (UsageError) inside a sandbox, where a boxyd started on demand
+    could not run one, and under an XDG_RUNTIME_DIR that does not exist."""
     stdfds.ensure()
+    if inside_sandbox():
+        raise UsageError(
+            "already inside a boxy sandbox: boxyctl talks to your boxyd from outside "
+            "it (run it there)"
+        )
+    problem = runtime_base_problem()
+    if problem is not None:
+        raise UsageError(problem)
     ensure_private_dir(runtime_dir_str())
     client = _try_connect()
     if client is not None or not start:

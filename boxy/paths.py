@@ -22,6 +22,38 @@ if TYPE_CHECKING:
 PROJECT_CONFIG = ".boxy.yaml"
 
 
+# What every sandbox holds (boxyd/plan/mountplan.py), as systemd's container interface
+# has a container manager name itself (systemd.io/CONTAINER_INTERFACE): a client inside
+# a run knows it is there. The payload cannot make it on the host (/run is root's), and
+# inside it cannot remove it (the sandbox's root is read-only): it only ever refuses.
+SANDBOX_MARK = "/run/host/container-manager"
+SANDBOX_NAME = "boxy"
+
+
+def inside_sandbox() -> bool:
+    """This process runs inside a boxy sandbox."""
+    try:
+        with open(SANDBOX_MARK, "rb") as f:
+            return f.read(64).strip() == SANDBOX_NAME.encode()
+    except OSError:
+        return False
+
+
+def runtime_base_problem() -> str | None:
+    """Why $XDG_RUNTIME_DIR cannot hold boxyd's socket, or None: set to a directory that
+    does not exist, it is not the one your login made (systemd-logind's
+    /run/user/UID), and a boxyd started there would be a second one whose sessions
+    the first's `ps` never shows."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    if not base or not os.path.isabs(base) or os.path.isdir(base):
+        return None
+    return (
+        f"XDG_RUNTIME_DIR={base}: no such directory (your login makes it, as /run/user/"
+        f"{os.getuid()}); boxy would start a second boxyd there, apart from yours: "
+        "unset it or set it to your own"
+    )
+
+
 def runtime_dir_str() -> str:
     """$XDG_RUNTIME_DIR/boxy; without it /run/user/UID/boxy when that directory exists
     and is the user's own (what systemd makes it: so that a shell without the variable

@@ -237,6 +237,10 @@ def claude(data: bytes) -> int:
         raise UsageError(f"hook claude: {e}") from None
     if event is None:
         return 0
+    from boxy.paths import inside_sandbox
+
+    if inside_sandbox():  # the command runs in this sandbox already: the harness asks
+        return 0
     # fail closed: a cwd that is not there is no project the hook can judge (its
     # approval, its profile), and the rewritten command would not run there either
     problem = directory_problem(event.cwd)

@@ -12,6 +12,7 @@ import os
 import pwd
 from typing import TYPE_CHECKING, Any
 
+from boxy import paths
 from boxy.errors import UsageError
 from boxyd.config.runspec import SYSTEM_TREES, RunSpec
 from boxyd.plan.ops import (
@@ -238,6 +239,7 @@ def build(
     ops: list[MountOp] = [
         Dir("/etc"),
         *etc_files(uid, gid, pw.pw_name, home, spec.net, net.search if net else None),
+        File(paths.SANDBOX_MARK, paths.SANDBOX_NAME + "\n"),
         *sys_ops,
         *u_ops,
     ]
@@ -245,6 +247,7 @@ def build(
         LandlockRule("/", "dir"),
         *sys_rules,
         LandlockRule("/proc", "ro"),
+        LandlockRule(os.path.dirname(paths.SANDBOX_MARK), "ro"),
         *(LandlockRule(d, "dev") for d in DEV_RULES),
         LandlockRule("/dev/shm", "rw"),
         LandlockRule("/tmp", "rw"),

@@ -157,6 +157,23 @@ def test_fail_closed(
     assert capsys.readouterr().out == ""
 
 
+def test_inside_a_sandbox_the_hook_leaves_it_to_the_harness(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claude Code run inside a sandbox (the claude preset) with boxy's hook in the
+    project's settings: the command runs in that sandbox already, and no boxyd can be
+    reached from there (issue 33 §2): no answer, so Claude Code asks as usual, never a
+    deny of every command."""
+    from boxy import paths
+
+    mark = tmp_path / "container-manager"
+    mark.write_text("boxy\n")
+    monkeypatch.setattr(paths, "SANDBOX_MARK", str(mark))
+    monkeypatch.setattr(hook, "daemon_problem", lambda: "already inside a boxy sandbox")
+    assert hook.claude(event("npm i")) == 0
+    assert capsys.readouterr().out == ""
+
+
 def test_fail_open_when_configured(
     home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from boxy.errors import SecretsNeeded
+from boxy.errors import SecretsNeeded, UsageError
 from boxy.request import RunOptions
 from boxyd.config import envpolicy, profiles
 from boxyd.config.profiles import Registry
@@ -62,7 +62,15 @@ def check_sent(
 def requested(o: RunOptions, said: list[str]) -> list[tuple[str, str | None]]:
     """-e NAME=VALUE and --secret NAME, in order, checked; -e NAME the client does not
     have (sent without a value) is skipped, said in one line (SAID): not refused, as
-    docker does not, since a wrapper passes a variable that may be unset."""
+    docker does not, since a wrapper passes a variable that may be unset. A NAME given
+    both ways is refused (the secret used to win, silently)."""
+    secrets = {secret.name for secret in o.secret}
+    for item in o.env:  # which one should win is not ours to guess: one line, exit 2
+        if item.name in secrets:
+            raise UsageError(
+                f"-e {item.name}: {item.name} is also passed as a secret (--secret "
+                f"{item.name}, or the profile's env_secrets); pass it one way"
+            )
     out: list[tuple[str, str | None]] = []
     for item in o.env:
         if item.value is None:

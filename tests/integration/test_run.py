@@ -181,6 +181,7 @@ BAD_INPUT = {
     "mkdir-etc": (["--mkdir", "/etc/x"], "--mkdir /etc/x: cannot be made: /etc is not writable"),
     # the first hour, third round (issue 33 §2): a workdir that is no project
     "workdir-etc": (["-w", "/etc"], "--workdir /etc: not writable by you, and the work directory"),
+    "secret-and-env": (["--secret", "LANG", "-e", "LANG=x"], "-e LANG: LANG is also passed as a"),
     "net-twice": (["--net", "public"], "--net given twice (none, then public); give it once"),
     "memory-above-the-machine": (["--memory", "100TiB"], "more than this machine's"),
     "profile-unknown": (["-p", "nosuch"], "--profile nosuch: no such profile"),

@@ -80,3 +80,18 @@ def test_requested_keeps_the_order_given() -> None:
     o = RunOptions(env=[EnvItem("B", "2"), EnvItem("A", None)], secret=[Secret("S", "s")])
     assert environment.requested(o, notes) == [("B", "2"), ("S", "s")]
     assert notes == ["-e A: not set in your environment, so not passed"]
+
+
+@pytest.mark.parametrize("item", [EnvItem("TOK", "x"), EnvItem("TOK", None)])
+def test_a_name_given_as_a_secret_and_with_e_is_refused(item: EnvItem) -> None:
+    """`--secret TOK -e TOK=x` silently kept the secret (issue 33 §2); so did a
+    profile's env_secrets, which the client sends as --secret."""
+    with pytest.raises(UsageError) as e:
+        decide(RunOptions(env=[item], secret=[Secret("TOK", "s")]), prof())
+    assert str(e.value) == (
+        "-e TOK: TOK is also passed as a secret (--secret TOK, or the profile's "
+        "env_secrets); pass it one way"
+    )
+    p = prof(env_secrets=["TOK"])
+    with pytest.raises(UsageError, match="-e TOK: TOK is also passed as a secret"):
+        decide(RunOptions(env=[item], secret=[Secret("TOK", "s")]), p)

@@ -209,10 +209,12 @@ def _option_value(option: Option, got: Any, ctx: _Paths) -> Any:
 
 
 # `run` without a command, on a terminal: the user's shell as the sandbox sees it
-# (a path the host has may be missing inside), checked in there.
+# (a path the host has may be missing inside), checked in there; $SHELL names the one
+# started (the environment's fixed /bin/sh said otherwise: issue 33 §2).
 SHELL_PICK = (
-    'if [ -f "$0" ] && [ -x "$0" ]; then exec "$0"; '
-    "elif [ -x /bin/bash ]; then exec /bin/bash; else exec /bin/sh; fi"
+    'if [ -f "$0" ] && [ -x "$0" ]; then SHELL="$0"; '
+    "elif [ -x /bin/bash ]; then SHELL=/bin/bash; else SHELL=/bin/sh; fi; "
+    'export SHELL; exec "$SHELL"'
 )
 
 

@@ -175,7 +175,10 @@ def _shell_term(user: User, workdir: Path, shell: str) -> Term:
 
 @pytest.mark.parametrize(
     "shell, want",
-    [("/bin/dash", "bash=<>"), ("/no/such/zsh", r"bash=<5\.")],
+    [
+        ("/bin/dash", "bash=<> shell=</bin/dash>"),
+        ("/no/such/zsh", r"bash=<5\.[^>]*> shell=</bin/bash>"),
+    ],
 )
 def test_run_without_a_command_on_a_terminal_is_the_shell(
     boxy: Boxy, user: User, workdir: Path, shell: str, want: str
@@ -183,7 +186,7 @@ def test_run_without_a_command_on_a_terminal_is_the_shell(
     term = _shell_term(user, workdir, shell)
     try:
         term.expect(r"\$ ")  # its prompt: input typed before it could be flushed
-        term.send(b'echo "bash=<$BASH_VERSION>"; exit 5\r')
+        term.send(b'echo "bash=<$BASH_VERSION> shell=<$SHELL>"; exit 5\r')
         term.expect(want)
         assert term.wait() == 5
     finally:

@@ -633,3 +633,23 @@ def test_run_without_a_command_is_the_shell_on_a_terminal_only(
     assert got.argv == ["/bin/sh", "-c", cli.SHELL_PICK, "/usr/bin/zsh"]
     assert got.options.net == "none"
     assert cli.shell_command("zsh")[-1] == ""  # not a path: bash, else sh
+
+
+@pytest.mark.parametrize(
+    ("asked", "started"), [("/bin/sh", "/bin/sh"), ("/no/such/zsh", "/bin/bash"), ("", "/bin/bash")]
+)
+def test_the_shell_picked_is_the_one_shell_names(asked: str, started: str) -> None:
+    """The pick run by a real /bin/sh: the shell it starts reads its commands from
+    stdin here, and its $SHELL is itself, not the environment's /bin/sh (issue 33 §2)."""
+    import subprocess
+
+    from boxyctl import cli
+
+    r = subprocess.run(
+        cli.shell_command(asked),
+        input=b'echo "$SHELL ${BASH_VERSION:+bash}"\n',
+        capture_output=True,
+        env={"PATH": "/usr/bin:/bin", "SHELL": "/bin/sh"},
+        check=True,
+    )
+    assert r.stdout.decode().split() == [started, *(["bash"] if started == "/bin/bash" else [])]

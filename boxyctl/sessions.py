@@ -67,7 +67,7 @@ def _date(t: float | None) -> str:
 def ps_lines(infos: list[SessionInfo], now: float, *, dates: bool = False) -> list[str]:
     """DATES (`ps -a`): STARTED and ENDED as full local dates (a history spans days)."""
     head = ("STARTED", "ENDED") if dates else ("STARTED",)
-    rows = [("ID", "STATE", *head, "TIME", "PROFILE", "COMMAND")]
+    rows = [("ID", "STATE", *head, "TIME", "PROFILE", "PORTS", "COMMAND")]
     for i in infos:
         when = (_date(i.started_at), _date(i.ended_at)) if dates else (_when(i.started_at, now),)
         rows.append(
@@ -77,6 +77,7 @@ def ps_lines(infos: list[SessionInfo], now: float, *, dates: bool = False) -> li
                 *when,
                 _elapsed(i, now),
                 clean(i.profile or "generic"),
+                _ports(i.ports),
                 _command(i.argv),
             )
         )
@@ -85,6 +86,16 @@ def ps_lines(infos: list[SessionInfo], now: float, *, dates: bool = False) -> li
         "  ".join([*(r[c].ljust(widths[c]) for c in range(len(widths))), r[-1]]).rstrip()
         for r in rows
     ]
+
+
+def _ports(ports: list[str]) -> str:
+    """Published ports as docker's ps writes them: 127.0.0.1:8080->3000 (the host's
+    address and port, then the sandbox's), comma-separated; "-" for none."""
+    shown = []
+    for m in ports:
+        host, _, port = m.rpartition(":")
+        shown.append(f"{clean(host)}->{clean(port)}")
+    return ",".join(shown) or "-"
 
 
 def show_lines(info: SessionInfo, now: float) -> list[str]:

@@ -257,6 +257,21 @@ while time.time() < end:
 """
 
 
+def test_ps_shows_what_a_session_publishes(boxy: Boxy) -> None:
+    """`ps` left the published ports out (issue 33 §2): shown as docker's ps does."""
+    port = free_port()
+    r = ctl(boxy, "run", "-d", "--net", "none", "--publish", f"{port}:8000", "--", "sleep", "60")
+    assert r.returncode == 0, err(r)
+    sid = r.stdout.decode().strip()
+    try:
+        lines = ctl(boxy, "ps").stdout.decode().splitlines()
+        assert lines[0].split()[5] == "PORTS", lines
+        mine = [ln.split() for ln in lines if ln.startswith(sid)]
+        assert mine and mine[0][5] == f"127.0.0.1:{port}->8000", lines
+    finally:
+        stop(boxy, sid)
+
+
 def test_a_burst_past_the_connection_table_is_reset_and_said(
     boxy: Boxy, user: User, workdir: Path
 ) -> None:

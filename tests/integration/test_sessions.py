@@ -27,7 +27,7 @@ def running_id(user: User, marker: str) -> str:
     r = ctl(user, "ps")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.decode().splitlines()
-    assert lines[0].split() == ["ID", "STATE", "STARTED", "TIME", "PROFILE", "COMMAND"]
+    assert lines[0].split() == ["ID", "STATE", "STARTED", "TIME", "PROFILE", "PORTS", "COMMAND"]
     mine = [ln for ln in lines[1:] if marker in ln]
     assert len(mine) == 1, lines
     assert mine[0].split()[1] == "running"

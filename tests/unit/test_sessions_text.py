@@ -31,7 +31,7 @@ def test_ps_columns_and_states() -> None:
         info(State.TIMED_OUT, Outcome(124, Reason.TIMEOUT), ended=NOW),
     ]
     lines = text.ps_lines(rows, NOW)
-    assert lines[0].split() == ["ID", "STATE", "STARTED", "TIME", "PROFILE", "COMMAND"]
+    assert lines[0].split() == ["ID", "STATE", "STARTED", "TIME", "PROFILE", "PORTS", "COMMAND"]
     assert [ln.split()[1:3] for ln in lines[1:]] == [
         ["running", time.strftime("%H:%M:%S", time.localtime(NOW - 65))],
         ["killed", "SIGTERM"],
@@ -40,6 +40,19 @@ def test_ps_columns_and_states() -> None:
     ]
     assert all(ln.endswith("npm ci") for ln in lines[1:])
     assert lines[1].split()[3] == values.format_duration(65)
+
+
+def test_ps_shows_the_published_ports() -> None:
+    """`ps` left out what --publish opened (issue 33 §2); docker's ps shows it so."""
+    served = info(State.RUNNING)
+    served.ports = ["127.0.0.1:8080:3000", "[::1]:9090:80"]
+    lines = text.ps_lines([served, info(State.RUNNING)], NOW)
+    assert lines[1].split()[5] == "127.0.0.1:8080->3000,[::1]:9090->80"
+    assert lines[2].split()[5] == "-"
+    assert all(ln.endswith("npm ci") for ln in lines[1:])
+    assert text.ps_lines([served], NOW, dates=True)[1].split()[-3] == (
+        "127.0.0.1:8080->3000,[::1]:9090->80"
+    )
 
 
 def test_a_hostile_argv_never_drives_the_terminal() -> None:

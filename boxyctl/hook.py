@@ -383,7 +383,19 @@ def main(argv: list[str], cwd: str, say: Any) -> int:
         raise UsageError("hook: missing action (claude, install claude [--project] [--remove])")
     if ns.action == "claude":
         return _claude_closed(say)
-    _, configured = load_config()
-    command = f"{shellquote.quote(boxyctl_path(configured))} hook claude"
-    say(install(settings_path(ns.project, cwd), command, remove=ns.remove))
+    say(install(settings_path(ns.project, cwd), install_command(ns.project), remove=ns.remove))
     return 0
+
+
+# A project's settings are usually committed: the command there names boxyctl as every
+# clone's PATH finds it, never this machine's path to it (issue 33 §2).
+PORTABLE = "boxyctl hook claude"
+
+
+def install_command(project: bool) -> str:
+    """The hook's command for the settings file: your own (~/.claude) names this
+    boxyctl (the configured one, or the one running), a project's the PORTABLE one."""
+    if project:
+        return PORTABLE
+    _, configured = load_config()
+    return f"{shellquote.quote(boxyctl_path(configured))} hook claude"

@@ -216,7 +216,13 @@ def test_install_and_remove(user: User, workdir: Path) -> None:
         assert settings.read_text() == "{not json"
         r = user.run([*install, "--project"], cwd=workdir)
         assert r.returncode == 0, r.stderr.decode()
-        assert "hook claude" in (workdir / ".claude" / "settings.json").read_text()
+        project = json.loads((workdir / ".claude" / "settings.json").read_text())
+        command = project["hooks"]["PreToolUse"][0]["hooks"][0]["command"]
+        assert command == "boxyctl hook claude"  # committed: no path of this machine's
+        ls = {"hook_event_name": "PreToolUse", "tool_name": "Bash", "cwd": str(workdir),
+              "tool_input": {"command": "ls"}}  # fmt: skip
+        r = user.run(["sh", "-c", command], input=json.dumps(ls).encode(), cwd=workdir)
+        assert (r.returncode, r.stdout) == (0, b""), r.stderr  # found on PATH, and ran
     finally:
         if saved is None:
             settings.unlink(missing_ok=True)

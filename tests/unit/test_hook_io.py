@@ -361,14 +361,25 @@ def test_install_command_line(
     proj = tmp_path / "proj"
     proj.mkdir()
     monkeypatch.chdir(proj)
+    (home / ".config/boxy").mkdir(parents=True)  # this machine's boxyctl, by its path
+    (home / ".config/boxy/hook.yaml").write_text("boxyctl: /opt/venv/bin/boxyctl\n")
     assert boxyctl_main.main(["hook", "install", "claude", "--project"]) == 0
     assert "installed" in capfd.readouterr().err
     settings = json.loads((proj / ".claude/settings.json").read_text())
     command = settings["hooks"]["PreToolUse"][0]["hooks"][0]["command"]
-    assert shlex.split(command)[1:] == ["hook", "claude"]
+    # a project's settings are committed: no path of this machine's (issue 33 §2)
+    assert command == "boxyctl hook claude"
     assert boxyctl_main.main(["hook", "install", "claude"]) == 0
-    assert (home / ".claude/settings.json").is_file()
+    mine = json.loads((home / ".claude/settings.json").read_text())
+    command = mine["hooks"]["PreToolUse"][0]["hooks"][0]["command"]
+    assert command == "/opt/venv/bin/boxyctl hook claude"  # your own file: this machine's
     assert boxyctl_main.main(["hook", "install", "codex"]) == 2
+    # an older install's absolute path in the project is replaced by the portable one
+    hook.install(proj / ".claude/settings.json", "/old/venv/bin/boxyctl hook claude", remove=False)
+    assert boxyctl_main.main(["hook", "install", "claude", "--project"]) == 0
+    again = json.loads((proj / ".claude/settings.json").read_text())["hooks"]["PreToolUse"]
+    assert again == [{"matcher": "Bash", "hooks": [{"type": "command",
+                     "command": "boxyctl hook claude", "timeout": hp.HOOK_TIMEOUT}]}]  # fmt: skip
 
 
 # --- boxy-sh ----------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import sys
 import time
 
 from boxy import stdfds
-from boxy.errors import BuildMismatch, Busy, DaemonError, SecretsNeeded, UsageError
+from boxy.errors import BoxyError, BuildMismatch, Busy, DaemonError, SecretsNeeded, UsageError
 from boxy.ident import INTERFACE
 from boxy.paths import (
     ensure_private_dir,
@@ -184,7 +184,7 @@ class Controls:
             self._connecting = True
             try:
                 self._client = connect(start=False)
-            except (OSError, DaemonError):
+            except (OSError, BoxyError):
                 self._failed = True
                 return False
             finally:

@@ -506,7 +506,8 @@ class SandboxedPTY:
     """A sandboxed program on a terminal: read() its output, write() its input,
     resize() the window, wait() for its exit status. The session is followed by this
     object's connection: close() (or its end) hangs the payload up and stops the
-    session; detach() leaves it running (boxy.attach takes it back)."""
+    session it started (one it attached to is left detached); detach() leaves it
+    running (boxy.attach takes it back)."""
 
     def __init__(self, client: Client, master: int, first: RunReply) -> None:
         self.id = first.id
@@ -596,7 +597,8 @@ class SandboxedPTY:
         self.close()
 
     def close(self) -> None:
-        """Let go: a session still followed is hung up and stopped by boxyd."""
+        """Let go: a session this object started and still follows is hung up and
+        stopped by boxyd; one it attached to (attach()) is left detached."""
         self._client.close()
         with self._lock:
             self._controls.close()
@@ -638,7 +640,8 @@ def spawn_pty(
 
 def attach(id: str, *, cols: int = 80, rows: int = 24) -> SandboxedPTY:
     """Take over the terminal of session ID (one started with start()): its output
-    so far comes first. detach() leaves it running again; close() stops it."""
+    so far comes first. detach() leaves it running again, and so does close(): a
+    session in the background is left detached, not hung up."""
     stdfds.ensure()  # before the PTY pair (request() does it for the others)
     master, slave, terminal = _pty_pair(cols, rows)
     client = connect()

@@ -77,15 +77,22 @@ def decode(params: dict[str, Any]) -> RunReply:
     return read_reply(params)
 
 
+class HungUp(Exception):
+    """The terminal of an `attach` hung up (an ssh drop): the client leaves."""
+
+
 class _Waiting:
     """The signals a following client passes on (SIGINT, SIGTERM, SIGHUP, SIGQUIT)
     and the watchdog after one: a second one, or a daemon that stops answering
-    after the first, ends the wait (never a client that ignores ^C forever)."""
+    after the first, ends the wait (never a client that ignores ^C forever).
+    HANGUP_LEAVES (attach): a SIGHUP is our own terminal gone, not the session's
+    business: the client leaves, and boxyd detaches the session (docker, tmux)."""
 
-    def __init__(self, sid: list[str]) -> None:
+    def __init__(self, sid: list[str], hangup_leaves: bool = False) -> None:
         from boxy.client import Controls
 
         self.sid = sid
+        self.hangup_leaves = hangup_leaves
         self.controls = Controls()  # Signal, Resize: never on the stream's connection
         self.got: list[int] = []
         self.end_by: list[float] = []  # when a SIGTERM (HUP, QUIT) ends the wait
@@ -103,6 +110,8 @@ class _Waiting:
         return DaemonError(f"{why}: stopped waiting for boxyd{tail}")
 
     def forward(self, signum: int, _frame: object) -> None:
+        if signum == sig.SIGHUP and self.hangup_leaves:
+            raise HungUp
         self.got.append(signum)
         name = sig.name(signum)
         if len(self.got) > 1:
@@ -139,9 +148,26 @@ def follow(
     summary: Summary | None = None,
 ) -> int:
     """Run or Attach: our stdio (a terminal in raw mode) is the session's until it
-    ends or we detach (Ctrl-]); signals and window sizes are passed on."""
-    waiting = _Waiting(sid)
+    ends or we detach (Ctrl-]; for Attach also a hangup: 128+SIGHUP); signals and
+    window sizes are passed on."""
+    waiting = _Waiting(sid, hangup_leaves=method == "Attach")
     waiting.install()
+    try:
+        return _follow(client, method, params, waiting, summary)
+    except HungUp:
+        say(f"the terminal hung up; session {sid[0]} goes on, detached")
+        return 128 + sig.SIGHUP
+
+
+def _follow(
+    client: Client,
+    method: str,
+    params: dict[str, Any],
+    waiting: _Waiting,
+    summary: Summary | None,
+) -> int:
+    """follow's relay, raw mode around it on a terminal, and how it ended."""
+    sid = waiting.sid
     try:
         if not os.isatty(0):
             final = _send_and_relay(client, method, params, waiting, None, summary)

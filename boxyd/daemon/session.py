@@ -98,6 +98,9 @@ class Session:
         # a client follows it (Run, Attach): when that client goes, the session is
         # hung up; a detached one (-d, Ctrl-], a D-Bus Run: FOLLOWER false) lives on
         self.attached = follower and not request.options.detach
+        # put in the background (-d, Ctrl-], a D-Bus Run): a client attached later that
+        # goes away (an ssh drop) leaves it detached, as tmux and docker do, not hung up
+        self._background = not self.attached
         self._counters: Counters | None = None  # set at the end
         self._launched = False  # sandbox.start() has returned: signals reach stage 2
 
@@ -175,8 +178,13 @@ class Session:
         self.stop()
 
     def client_gone(self) -> None:
-        """The connection of the client that followed it closed."""
-        if self.attached:
+        """The connection of the client that followed it closed: the run's own client
+        hangs it up; one attached to a session in the background detaches it."""
+        if not self.attached:
+            return
+        if self._background:
+            self.detach_requested()
+        else:
             self.hangup()
 
     def detach_requested(self) -> None:
@@ -185,6 +193,7 @@ class Session:
             return
         if self.sandbox.detach():
             self.attached = False
+            self._background = True
             self.events.publish(ClientDetached())
 
     def attach(self, stdio: list[int], terminal: Terminal | None) -> Follow:

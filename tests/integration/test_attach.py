@@ -5,9 +5,11 @@ a time."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import select
+import signal
 import struct
 import subprocess
 import termios
@@ -18,6 +20,7 @@ import pytest
 
 from tests.conftest import BIN, Boxy, User
 from tests.escape.test_terminal import HARMLESS, print_sequences_cmd, reached
+from tests.integration.test_client_signals import _client_waiting
 
 pytestmark = pytest.mark.sandbox
 
@@ -199,6 +202,45 @@ def test_ctrl_bracket_detaches_and_the_session_lives_on(
     finally:
         again.close()
     assert state_of(user, sid) == "running"
+    r = ctl(user, "stop", "-k", sid)
+    assert r.stdout.decode().strip() == f"session {sid}: killed SIGKILL", r.stderr
+
+
+@pytest.mark.parametrize("how", ["hangup", "killed"])
+def test_an_attach_that_drops_leaves_a_detached_session_running(
+    boxy: Boxy, user: User, workdir: Path, how: str
+) -> None:
+    """`run -d`, then `attach` over ssh, and the ssh drops (the client's terminal hangs
+    up: SIGHUP) or the client is killed: docker and tmux users expect the session to go
+    on, detached; it was killed by the SIGHUP (issue 33 §2)."""
+    script = "i=0; while :; do i=$((i+1)); echo tick$i; sleep 0.2; done"
+    r = ctl(user, "run", "-d", "-w", str(workdir), "--net", "none", "--", "sh", "-c", script)
+    assert r.returncode == 0, r.stderr
+    sid = r.stdout.decode().strip()
+    term = Term(user, workdir, ["attach", sid])
+    try:
+        term.expect("tick")
+        client = _client_waiting(term.proc, user)
+        os.kill(client, signal.SIGHUP if how == "hangup" else signal.SIGKILL)
+        status = term.proc.wait(timeout=20)
+        if how == "hangup":
+            assert status == 128 + signal.SIGHUP, term.seen
+            term.expect(f"the terminal hung up; session {sid} goes on, detached")
+    finally:
+        term.close()
+    deadline = time.monotonic() + 20  # boxyd sees the connection gone
+    while json.loads(ctl(user, "show", "--json", sid).stdout)["attached"]:
+        assert time.monotonic() < deadline, "still attached"
+        time.sleep(0.05)
+    assert state_of(user, sid) == "running"
+    again = Term(user, workdir, ["attach", sid])  # and it is still ticking
+    try:
+        n = int(again.expect(r"tick(\d+)\r?\n").group(1))
+        again.expect(rf"tick{n + 2}")
+        again.send(b"\x1d")
+        assert again.wait() == 0
+    finally:
+        again.close()
     r = ctl(user, "stop", "-k", sid)
     assert r.stdout.decode().strip() == f"session {sid}: killed SIGKILL", r.stderr
 

@@ -579,12 +579,43 @@ async def test_detach_and_attach() -> None:
     assert made(m)[0].signals == []
     s.attach([], None)
     assert s.attached and made(m)[0].clients == 1
-    s.client_gone()  # this one is killed: hung up
+    s.client_gone()  # this one is killed (an ssh drop): the session is detached again
+    assert not s.attached and made(m)[0].signals == [] and s.state is State.RUNNING
+    m.stop(s.id, kill=True)
     out = await asyncio.wait_for(s.wait(), 2)
-    assert made(m)[0].signals[0] == signal.SIGHUP and out.state is State.KILLED
-    assert [e.kind async for e in sub] == ["detached", "attached"]
+    assert out.state is State.KILLED
+    assert [e.kind async for e in sub] == ["detached", "attached", "detached"]
     with pytest.raises(UsageError, match="has ended"):
         s.attach([], None)
+
+
+async def test_the_runs_own_client_going_hangs_it_up() -> None:
+    """The `boxyctl run` that started a session in the foreground goes (killed, a
+    cancelled CI job): SIGHUP, then a stop; nothing is left running."""
+    m = Manager(FakeLauncher(), grace=0.05)
+    s = await m.start(request(), [])
+    await started(s)
+    s.client_gone()
+    out = await asyncio.wait_for(s.wait(), 2)
+    assert made(m)[0].signals[0] == signal.SIGHUP and out.state is State.KILLED
+
+
+@pytest.mark.parametrize("follower", [True, False])
+async def test_an_attach_to_a_detached_run_that_drops_detaches_it(follower: bool) -> None:
+    """-d (or a D-Bus Run), then `attach` over ssh, and the ssh drops: docker and tmux
+    users expect the session to go on, detached; it was hung up (issue 33 §2)."""
+    m = Manager(FakeLauncher(), grace=0.05)
+    s = await m.start(request(detach=follower), [], follower=follower)
+    await started(s)
+    s.attach([], None)
+    assert s.attached
+    s.client_gone()
+    assert not s.attached and made(m)[0].detached and made(m)[0].signals == []
+    assert s.state is State.RUNNING
+    s.attach([], None)  # and it can be taken over again
+    assert s.attached and made(m)[0].clients == 2
+    m.stop(s.id, kill=True)
+    await s.wait()
 
 
 async def test_a_detached_run_is_not_hung_up() -> None:

@@ -4,12 +4,13 @@ VENV    ?= .venv
 DEB_PACKAGES = python3 python3-venv python3-dev gcc pkg-config libsystemd-dev libseccomp2 \
                nftables libnftables1 python3-nftables python3-systemd git bubblewrap util-linux \
                iproute2 dbus-user-session man-db nodejs npm \
-               openssh-client openssl gnupg python3-dbus
+               openssh-client openssl gnupg python3-dbus bash-completion
 
 .PHONY: setup packages venv docs test lint demo bench clean
 
 setup: packages venv docs
 	@if [ "$$(id -u)" = 0 ]; then packaging/install-apparmor.sh "$(abspath $(VENV))/bin/python3"; fi
+	@packaging/link-commands.sh "$(abspath $(VENV))/bin"
 	@# boxyd's systemd user units, for the user running make (socket enabled when a
 	@# user manager runs; without one boxyctl starts boxyd on demand)
 	$(VENV)/bin/boxyctl setup

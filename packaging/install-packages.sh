@@ -61,6 +61,7 @@ probe "bwrap (bubblewrap)" bwrap --version
 probe "systemd binding (python3-systemd)" /usr/bin/python3 -c 'import systemd.daemon, systemd.journal'
 probe "dbus-run-session (dbus-user-session)" dbus-run-session -- true
 probe "dbus-python (python3-dbus)" /usr/bin/python3 -c 'import dbus'
+probe "bash-completion" test -r /usr/share/bash-completion/bash_completion
 probe "node" node --version
 probe "npm" npm --version
 probe "git" git --version

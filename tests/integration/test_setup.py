@@ -8,6 +8,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from tests.conftest import BIN, User
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -38,3 +40,23 @@ def test_the_real_list_is_installed_and_every_part_works() -> None:
     assert r.returncode == 0, (
         r.stderr
     )  # probes: nft, the bindings, bwrap, dbus-run-session, node, npm
+
+
+def test_setup_puts_boxyctl_on_path_for_a_user(user: User) -> None:
+    """Issue 33 §2: on a minimal Debian boxyctl was left off PATH. As a user, make setup
+    links boxyctl and boxy into ~/.local/bin, and says so when that is not on PATH;
+    the link runs this tree's boxyctl."""
+    home = user.home / "setup-path-home"
+    user.makedirs(home)
+    script = str(ROOT / "packaging" / "link-commands.sh")
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
+    r = user.run(["bash", script, str(BIN)], extra_env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    dest = home / ".local" / "bin"
+    assert os.readlink(dest / "boxyctl") == str(BIN / "boxyctl")
+    assert os.readlink(dest / "boxy") == str(BIN / "boxy")
+    assert f"{dest} is not on your PATH" in r.stderr.decode()
+    version = user.run([str(dest / "boxyctl"), "--version"], extra_env=env, timeout=60)
+    assert version.returncode == 0 and version.stdout.startswith(b"boxy "), version.stderr
+    again = user.run(["bash", script, str(BIN)], extra_env={**env, "PATH": f"{dest}:/usr/bin:/bin"})
+    assert again.returncode == 0 and b"not on your PATH" not in again.stderr  # idempotent

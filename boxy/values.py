@@ -13,6 +13,9 @@ from boxy.errors import UsageError
 TYPE_CHECKING = False  # typing costs the client at start-up; annotations only
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from typing import TypeVar
+
+    T = TypeVar("T")
 
 # The sandbox's own link (its gateway and its address): never a range to open.
 SANDBOX_NETS = ("10.0.2.0/24", "fd00::/64")
@@ -48,11 +51,33 @@ _MAX_DURATION = 365 * 86400
 
 _HOST_LABEL_RE = r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?"
 
+# The longest text a value parser reads. A payload can write a profile or a .boxy.yaml
+# whose values boxyd checks with these parsers: past this a value is refused before a
+# pattern sees it, so no parser's cost (a pattern's, a message quoting the value)
+# grows with what the payload wrote (one 30,000-digit duration held boxyd for 20 s).
+MAX_VALUE = 1024
+
+
+def _bounded(parse: Callable[..., T]) -> Callable[..., T]:
+    """PARSE, refusing text longer than MAX_VALUE in one short line first."""
+
+    def bounded(s: str, *args: object, **kw: object) -> T:
+        if isinstance(s, str) and len(s) > MAX_VALUE:
+            what = kw.get("what") or (parse.__kwdefaults__ or {}).get("what", "value")
+            raise UsageError(
+                f"{what}: {s[:40]!r}... is {len(s)} characters long (at most {MAX_VALUE})"
+            )
+        return parse(s, *args, **kw)
+
+    bounded.__name__, bounded.__doc__ = parse.__name__, parse.__doc__
+    return bounded
+
 
 def _bad(what: str, value: str, kind: str, examples: str) -> UsageError:
     return UsageError(f"{what}: {value!r} is not {kind} ({examples})")
 
 
+@_bounded
 def parse_size(s: str, *, what: str = "size", allow_zero: bool = False) -> int:
     """'2GiB' → 2147483648. A plain number is bytes; fractions of a byte round down."""
     import re  # only for the flags that need a pattern: not on every start
@@ -70,6 +95,7 @@ def parse_size(s: str, *, what: str = "size", allow_zero: bool = False) -> int:
     return n
 
 
+@_bounded
 def parse_duration(s: str, *, what: str = "duration", allow_zero: bool = False) -> float:
     """'1h30m' → 5400.0; a plain number is seconds. Parts may be ms, s, m, h, d."""
     import re  # only for the flags that need a pattern: not on every start
@@ -93,6 +119,7 @@ def parse_duration(s: str, *, what: str = "duration", allow_zero: bool = False) 
     return float(total)
 
 
+@_bounded
 def parse_count(s: str, *, what: str, minimum: int = 1, maximum: int = 1 << 31) -> int:
     """A positive decimal integer such as --pids 512 (no signs, no 0x, no '1e3')."""
     import re  # only for the flags that need a pattern: not on every start
@@ -106,6 +133,7 @@ def parse_count(s: str, *, what: str, minimum: int = 1, maximum: int = 1 << 31) 
     return n
 
 
+@_bounded
 def parse_cpus(s: str, *, what: str = "--cpus") -> float:
     """A positive number of CPUs, fractions allowed (--cpus 0.5)."""
     import re  # only for the flags that need a pattern: not on every start
@@ -150,6 +178,7 @@ def format_duration(seconds: float) -> str:
     return "".join(out)
 
 
+@_bounded
 def parse_port(s: str, *, what: str = "--allow-port") -> int:
     """A TCP/UDP port number, 1–65535, in decimal."""
     import re  # only for the flags that need a pattern: not on every start
@@ -210,6 +239,7 @@ class HostSpec(_Frozen):
         return text + ("/udp" if self.udp else "")
 
 
+@_bounded
 def parse_host_name(s: str, *, what: str = "--allow-host") -> str:
     """A DNS name (single-label names such as a tailnet's 'nas' included), normalised.
 
@@ -247,6 +277,7 @@ def parse_host_name(s: str, *, what: str = "--allow-host") -> str:
     return name
 
 
+@_bounded
 def parse_host_spec(s: str, *, what: str = "--allow-host") -> HostSpec:
     """HOST, HOST:PORT[,PORT...], HOST:PORT[,PORT...]/udp (or /tcp, the default). HOST
     may be an address (192.168.4.7:22, [fd00::7]:22): a device reached by its literal
@@ -314,6 +345,7 @@ def _ipv4_literal(text: str) -> str:
         return ""
 
 
+@_bounded
 def parse_cidr(s: str, *, what: str = "--allow-cidr") -> str:
     """A v4/v6 prefix (a bare address is a /32 or /128), normalised; never 'everything'
     and never the sandbox's own link."""
@@ -335,6 +367,7 @@ def parse_cidr(s: str, *, what: str = "--allow-cidr") -> str:
     return str(net)
 
 
+@_bounded
 def parse_cidrs(s: str, *, what: str = "--allow-cidr") -> list[str]:
     """A comma-separated list of prefixes ('192.168.4.0/24,fd12::/48'), each as
     ``parse_cidr`` reads it; duplicates dropped, order kept."""
@@ -381,6 +414,7 @@ PUBLISH_FORM = "[ADDR:]HOST_PORT:PORT"
 DEFAULT_PUBLISH_ADDR = "127.0.0.1"  # this machine's processes only, never its network
 
 
+@_bounded
 def parse_publish(s: str, *, what: str = "--publish") -> PortMapping:
     """[ADDR:]HOST_PORT:PORT[/tcp], as docker's -p writes it: ADDR an IPv4 address or
     a bracketed IPv6 one ([::1]:8080:80), 127.0.0.1 when left out. Only TCP is

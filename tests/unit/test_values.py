@@ -1,7 +1,10 @@
 """boxy.values: every accepted spelling, every refusal, and the round trips."""
 
+from collections.abc import Callable
+
 import pytest
 
+from boxy import values
 from boxy.errors import UsageError
 from boxy.values import (
     HostSpec,
@@ -414,3 +417,18 @@ def test_port_mapping_is_frozen() -> None:
     with pytest.raises(AttributeError):
         m.port = 81
     assert m.host == "127.0.0.1:8080" and parse_publish("[::1]:1:2").host == "[::1]:1"
+
+
+@pytest.mark.parametrize(
+    "parse", [getattr(values, n) for n in dir(values) if n.startswith("parse_")], ids=str
+)
+def test_every_value_parser_refuses_a_huge_value_first_in_a_short_line(
+    parse: Callable[..., object],
+) -> None:
+    """A payload writes a profile or a .boxy.yaml whose values boxyd checks with these
+    parsers: a 30,000-digit duration took findall 20 s in boxyd's process. Past
+    MAX_VALUE a value is refused before any pattern reads it, in a line of its own
+    size, however long the value."""
+    with pytest.raises(UsageError) as e:
+        parse("1" * 30_000 + "x", what="key")
+    assert "30001 characters long" in str(e.value) and len(str(e.value)) < 200

@@ -116,6 +116,31 @@ def detach_from_bus_daemon() -> None:
         os.setsid()
 
 
+_HELD_TERMINAL: list[int] = []  # the pty below, open for boxyd's lifetime
+
+
+def hold_a_terminal() -> None:
+    """boxyd leads its session (systemd's setsid, or boxyctl's start_new_session): a
+    session leader without a controlling terminal takes the first terminal it opens
+    without O_NOCTTY (a /dev/pts path a client or a payload names: `profile show`,
+    `extends:`), and dies of that terminal's SIGHUP with every session. A pty of its
+    own as its controlling terminal closes this for every open boxyd makes: a process
+    that has one takes no other. Nothing writes to it; it closes when boxyd exits."""
+    import termios
+
+    if os.getsid(0) != os.getpid() or _HELD_TERMINAL:
+        return  # not a leader (or done): an open never makes a terminal ours
+    master, slave = os.openpty()  # not inherited (PEP 446)
+    try:
+        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+    except OSError as e:  # a terminal of its own already: nothing to hold
+        log.info("no terminal of its own held (%s)", e.strerror)
+        os.close(master)
+        os.close(slave)
+        return
+    _HELD_TERMINAL.extend((master, slave))
+
+
 def hand_over_bus(address: str) -> int:
     """This boxyd was activated by a bus while another runs (started before the bus,
     by boxyctl or the socket): the running one joins the bus (JoinBus returns once
@@ -138,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.parse_args(argv)
     detach_from_bus_daemon()
     setup_logging()
+    hold_a_terminal()
     raise_nofile()
     try:
         lock = lifetime_lock()  # held until exit: `daemon restart` waits on it

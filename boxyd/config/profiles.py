@@ -93,7 +93,8 @@ def _read_file(label: str, path: str) -> bytes:
     """A profile file: O_NONBLOCK|O_NOFOLLOW on the last component (a FIFO there must
     not hang the daemon's worker), a regular file, bounded."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
+        fd = os.open(path, flags)
     except OSError as e:
         raise ProfileError(f"profile {label}: {(e.strerror or str(e)).lower()}") from None
     try:

@@ -187,14 +187,14 @@ def boxyctl_path(configured: str | None) -> str:
     return shutil.which("boxyctl") or "boxyctl"
 
 
-def project_approved(workdir: str) -> bool:
-    """WORKDIR has a .boxy.yaml that `boxyctl trust` approved as it is now, as boxyd
-    reads it for a run (Trusted). Only asked when there is one; False when boxyd
-    cannot say (the run then says why)."""
+def approved_profile(workdir: str) -> str | None:
+    """The profile WORKDIR's .boxy.yaml names when `boxyctl trust` approved it as it is
+    now, as boxyd reads it for a run (Trusted). Only asked when there is one; None when
+    boxyd cannot say (the run then says why)."""
     from boxy.paths import PROJECT_CONFIG
 
     if not os.path.lexists(os.path.join(workdir, PROJECT_CONFIG)):
-        return False
+        return None
     from boxy.client import client_env
     from boxyctl.connect import connect
 
@@ -207,8 +207,9 @@ def project_approved(workdir: str) -> bool:
         finally:
             client.close()
     except (BoxyError, OSError):
-        return False
-    return got.get("trusted") is True
+        return None
+    profile = got.get("profile")
+    return profile if got.get("trusted") is True and isinstance(profile, str) else None
 
 
 def daemon_problem() -> str | None:
@@ -249,12 +250,14 @@ def claude(data: bytes) -> int:
             f"hook claude: the event's cwd {shown(event.cwd)}: {problem}; the command was blocked"
         )
     config, configured = load_config()
-    decision = hp.decide(event.command, config, project_approved=project_approved(event.cwd))
-    if decision is None:
+    if hp.decide(event.command, config) is None:  # not intercepted: nothing to ask boxyd
         lines = notices.take()  # what the user must see goes to the user's prompt
         return _emit(hp.told(None, lines)) if lines else 0
-    problem = daemon_problem()
-    if problem is not None:
+    try:
+        decision, problem = _ask_boxyd(event, config)
+    except _TooSlow:  # the harness's own timeout would let the command run unsandboxed
+        decision, problem = None, f"no answer within {ASK_DEADLINE:g}s"
+    if decision is None or problem is not None:
         if config.on_unavailable == "ask":
             return 0
         return _emit(
@@ -267,6 +270,33 @@ def claude(data: bytes) -> int:
     answer = hp.allow(event, command, hp.reason(decision))
     lines = notices.take()
     return _emit(hp.told(answer, lines) if lines else answer)
+
+
+ASK_DEADLINE = 20.0  # seconds for boxyd's answers, under the harness's 30 (HOOK_TIMEOUT)
+
+
+class _TooSlow(Exception):
+    pass
+
+
+def _ask_boxyd(event: hp.Event, config: hp.HookConfig) -> tuple[hp.Decision | None, str | None]:
+    """The decision with the project's approval, and why boxyd cannot be reached (or
+    None), within ASK_DEADLINE: a boxyd held up (a hostile project stalling it, a
+    queue of questions) must not run out the harness's timeout, after which Claude
+    Code runs the command as if the hook had said nothing (attack finding F1b)."""
+    from boxyctl import sig
+
+    def too_slow(_signum: int, _frame: object) -> None:
+        raise _TooSlow
+
+    old = sig.signal(sig.SIGALRM, too_slow)
+    sig.setitimer(sig.ITIMER_REAL, ASK_DEADLINE)
+    try:
+        decision = hp.decide(event.command, config, approved=approved_profile(event.cwd))
+        return decision, daemon_problem()
+    finally:
+        sig.setitimer(sig.ITIMER_REAL, 0)
+        sig.signal(sig.SIGALRM, old)  # type: ignore[arg-type]  # what signal() returned
 
 
 def read_stdin() -> bytes:

@@ -600,9 +600,11 @@ def _sequence(body: str) -> list[str] | None:
     return [str(x) for x in range(lo, min(hi, lo + _BRACE_MAX) + 1)]
 
 
-def decide(line: str, config: HookConfig, *, project_approved: bool = False) -> Decision | None:
+def decide(line: str, config: HookConfig, *, approved: str | None = None) -> Decision | None:
     """Whether LINE runs sandboxed, and with which profile: the first intercepted
-    program's (PROFILES), unless the project's approved .boxy.yaml chooses."""
+    program's (PROFILES), unless the project's approved .boxy.yaml chooses: APPROVED,
+    the profile it names (boxyd's Trusted), passed as the run's -p so that a file
+    changed before the run reads it gets that profile, never the default's."""
     found = programs(line)
     every = "*" in config.intercept
     hits = [
@@ -621,10 +623,10 @@ def decide(line: str, config: HookConfig, *, project_approved: bool = False) -> 
         hits = [p for p in anywhere(line, config) if p not in OURS]
     if not hits:
         return None
-    profile = None
-    if not project_approved:
+    profile = approved
+    if approved is None:
         profile = next((config.profiles[p] for p in hits if p in config.profiles), None)
-    return Decision(tuple(dict.fromkeys(hits)), profile, project_approved)
+    return Decision(tuple(dict.fromkeys(hits)), profile, approved is not None)
 
 
 def wrap(line: str, decision: Decision, config: HookConfig, boxyctl: str) -> str:
@@ -643,7 +645,7 @@ def reason(decision: Decision) -> str:
         "a program not known before it runs" if p == "*" else p for p in decision.programs
     )
     how = (
-        "the project's approved .boxy.yaml"
+        f"the project's approved .boxy.yaml, profile {decision.profile}"
         if decision.project
         else f"profile {decision.profile or 'generic'}"
     )

@@ -46,7 +46,7 @@ def run_argv(args: list[str]) -> list[str] | None:
             return None
         decision: hp.Decision | None = hp.Decision(("*",), None)
     else:
-        decision = hp.decide(command, config, project_approved=hook.project_approved(cwd))
+        decision = hp.decide(command, config, approved=hook.approved_profile(cwd))
     if decision is None:
         return None
     argv = ["run"]

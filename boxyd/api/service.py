@@ -217,7 +217,8 @@ class VarlinkService:
 
     async def do_Trusted(self, call: Call) -> None:
         p = call.parameters
-        await call.reply({"trusted": await self.manager.trusted(p["cwd"], p["client_env"])})
+        profile = await self.manager.trusted(p["cwd"], p["client_env"])
+        await call.reply({"trusted": profile is not None, "profile": profile})
 
     async def do_Doctor(self, call: Call) -> None:
         await call.reply({"checks": [c.to_wire() for c in await self.manager.doctor()]})

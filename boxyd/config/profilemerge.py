@@ -23,7 +23,14 @@ def merge(base: Profile, child: Profile) -> Profile:
 
 
 def _union(base: list[Any], child: list[Any]) -> list[Any]:
-    return base + [n for n in child if n not in base]
+    """BASE, then what of CHILD is not in it yet (entries compared by their text)."""
+    seen = {str(e) for e in base}
+    out = list(base)
+    for e in child:
+        if str(e) not in seen:
+            seen.add(str(e))
+            out.append(e)
+    return out
 
 
 # how a key of CHILD goes on BASE's (the table's MERGE column)

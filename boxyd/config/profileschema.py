@@ -48,6 +48,9 @@ _SUB_KEYS = {
     for top in ("filesystem", "limits")
 }
 _FS_KEYS, _LIMIT_KEYS = _SUB_KEYS["filesystem"], _SUB_KEYS["limits"]
+# Entries one key's list may hold: a real profile has tens. `extends`, a .boxy.yaml and
+# the hold-back compare lists entry by entry (6,000 ports held a worker 40 s).
+MAX_ENTRIES = 1024
 TEMPLATE_RE = re.compile(r"\{([^{}]*)\}")
 
 
@@ -142,6 +145,8 @@ class _Checker:
     def list_of(self, key: str, value: Any) -> list[Any]:
         if not isinstance(value, list):
             raise self.fail(key, "expected a list")
+        if len(value) > MAX_ENTRIES:  # merging and holding back compare entries
+            raise self.fail(key, f"{len(value)} entries (at most {MAX_ENTRIES})")
         return value
 
     def boolean(self, key: str, value: Any) -> bool:

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from boxy.errors import UsageError
 from boxyd.config import layering, projectconfig
+from boxyd.config.runspec import DEFAULT_PROFILE
 
 
 class Approval(NamedTuple):
@@ -53,15 +54,21 @@ def approve(
 
 def trusted(
     workdir: str, home: str, user: str, client_env: Mapping[str, str], config_home: str
-) -> bool:
-    """WORKDIR has a .boxy.yaml that was approved as it is now (read as a run reads it,
-    leniently: one that cannot be read is not approved)."""
+) -> str | None:
+    """The profile WORKDIR's .boxy.yaml names (the default one when it names none)
+    when that file is approved as it is now, read as a run reads it, leniently (one
+    that cannot be read is not approved); None otherwise. The hook passes the name on
+    as the run's -p: a file swapped or removed before the run reads it then gets that
+    profile, never the default's wider one (attack finding F2)."""
     env = projectconfig.run_env(home, user, client_env)
     try:
         project = projectconfig.read(workdir, env, strict=False)
-    except (UsageError, OSError):
-        return False
-    return project.config is not None and projectconfig.is_trusted(project, config_home)
+    except (UsageError, OSError, ValueError):  # ValueError: a NUL in the path
+        return None
+    if project.config is None or not projectconfig.is_trusted(project, config_home):
+        return None
+    named = project.doc.get("profile") if project.doc is not None else None
+    return named if isinstance(named, str) and named else DEFAULT_PROFILE
 
 
 def approvals(config_home: str) -> list[dict[str, Any]]:

@@ -147,7 +147,8 @@ def _at_most(j: _Judged) -> None:
 
 
 def _granted(j: _Judged) -> None:
-    j.entries(lambda e: e in j.theirs)
+    allowed = {str(e) for e in j.theirs}
+    j.entries(lambda e: str(e) in allowed)
 
 
 def _allowlisted(j: _Judged) -> None:

@@ -71,6 +71,12 @@ class DaemonStatus:
     sessions_running: int
 
 
+def _no_nul(*paths: str) -> None:
+    """A path with a NUL byte names no file: one line, not an internal error."""
+    if any("\0" in p for p in paths):
+        raise UsageError("a path contains a NUL byte")
+
+
 def token() -> str:
     """A new session id: secrets.token_hex(4), without the secrets module (it imports
     hmac, and hmac hashlib: OpenSSL's libcrypto, 3.8 MiB of boxyd's memory)."""
@@ -165,6 +171,7 @@ class Manager:
 
     async def profile(self, name: str, cwd: str, client_env: dict[str, str]) -> ProfileView:
         """`profile show NAME` as a run in CWD would load it."""
+        _no_nul(name, cwd)
         if not os.path.isabs(cwd):
             raise UsageError(f"profile show: the directory {cwd!r} is not an absolute path")
         return await self.launcher.profile(name, cwd, client_env)
@@ -175,8 +182,9 @@ class Manager:
 
         return await self._asked(trust.approve, cwd, client_env)
 
-    async def trusted(self, cwd: str, client_env: dict[str, str]) -> bool:
-        """The hook's question: is CWD's .boxy.yaml approved as it is now?"""
+    async def trusted(self, cwd: str, client_env: dict[str, str]) -> str | None:
+        """The hook's question: is CWD's .boxy.yaml approved as it is now? The profile
+        it names when it is (config/trust.py)."""
         from boxyd.config import trust
 
         return await self._asked(trust.trusted, cwd, client_env)
@@ -197,6 +205,7 @@ class Manager:
 
     async def _asked(self, fn: Callable[..., R], cwd: str, client_env: dict[str, str]) -> R:
         """FN(CWD, home, user, CLIENT_ENV, config home), its parses apart (_apart)."""
+        _no_nul(cwd)
         if not os.path.isabs(cwd):
             raise UsageError(f"the directory {cwd!r} is not an absolute path")
         me = pwd.getpwuid(os.getuid())

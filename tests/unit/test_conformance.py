@@ -202,6 +202,25 @@ async def test_every_parameter_missing_or_mistyped_is_invalid_parameter(
         assert reply["parameters"]["parameter"].split(".")[0].split("[")[0] == named
 
 
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [
+        ("ProfileShow", {"name": "node", "cwd": "/tmp/\0x", "client_env": {}}),
+        ("ProfileShow", {"name": "a\0b", "cwd": "/tmp", "client_env": {}}),
+        ("Trusted", {"cwd": "/tmp/\0x", "client_env": {}}),
+        ("Trust", {"cwd": "/tmp/\0x", "client_env": {}}),
+    ],
+)
+async def test_a_nul_in_a_path_is_one_line_not_an_internal_error(
+    world: World, method: str, params: dict[str, Any]
+) -> None:
+    """Attack finding F6: a NUL byte in cwd or a name was InternalError, with a
+    traceback in boxyd's log."""
+    _, peer, _ = world
+    (reply,) = await call(peer, IDL, method, params)
+    assert reply.get("error") == f"{INTERFACE}.InvalidArgument", reply
+
+
 async def test_unknown_interfaces_and_methods(world: World) -> None:
     _, peer, _ = world
     peer.send("Version", {})

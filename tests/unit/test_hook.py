@@ -14,7 +14,7 @@ CONFIG = hp.HookConfig()
 BOXYCTL = "/opt/boxy bin/boxyctl"  # a space: the path is quoted too
 
 
-def rewritten(line: str, config: hp.HookConfig = CONFIG, **kw: bool) -> list[str] | None:
+def rewritten(line: str, config: hp.HookConfig = CONFIG, **kw: str) -> list[str] | None:
     d = hp.decide(line, config, **kw)
     return None if d is None else shlex.split(hp.wrap(line, d, config, BOXYCTL))
 
@@ -172,10 +172,13 @@ def test_profiles_configurable() -> None:
 
 
 def test_approved_project_chooses() -> None:
-    d = hp.decide("npm i", CONFIG, project_approved=True)
-    assert d is not None and d.profile is None and d.project
-    assert "-p" not in (rewritten("npm i", project_approved=True) or [])
-    assert "approved .boxy.yaml" in hp.reason(d)
+    """The approved .boxy.yaml's profile, passed as -p: a file removed or swapped
+    before the run reads it gets that profile, never the default (attack finding F2)."""
+    d = hp.decide("npm i", CONFIG, approved="offline")
+    assert d is not None and d.profile == "offline" and d.project
+    got = hp.wrap("npm i", d, CONFIG, BOXYCTL)
+    assert shlex.split(got)[2:4] == ["-p", "offline"]
+    assert "approved .boxy.yaml, profile offline" in hp.reason(d)
 
 
 @pytest.mark.parametrize(

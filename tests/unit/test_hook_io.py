@@ -157,6 +157,29 @@ def test_fail_closed(
     assert capsys.readouterr().out == ""
 
 
+def test_a_boxyd_that_does_not_answer_in_time_is_a_deny(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attack finding F1b: a boxyd held up past the harness's timeout let Claude Code
+    run the command as if the hook had said nothing. The hook's own deadline (under
+    the harness's) denies instead."""
+    import time
+
+    finished: list[str] = []
+
+    def held_up(cwd: str) -> None:
+        time.sleep(30)  # a boxyd that does not answer
+        finished.append(cwd)
+
+    monkeypatch.setattr(hook, "ASK_DEADLINE", 0.2)
+    monkeypatch.setattr(hook, "approved_profile", held_up)
+    assert hook.claude(event("npm i")) == 0
+    assert finished == []  # the wait was cut short: the deadline fired
+    out = json.loads(capsys.readouterr().out)["hookSpecificOutput"]
+    assert out["permissionDecision"] == "deny"
+    assert "no answer within 0.2s" in out["permissionDecisionReason"]
+
+
 def test_inside_a_sandbox_the_hook_leaves_it_to_the_harness(
     home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -272,7 +295,7 @@ def test_approved_project(home: Path, tmp_path: Path) -> None:
     tests/integration/test_hook.py's): approved as it is now, and not once changed."""
     from boxyd.config import projectconfig, trust
 
-    def trusted(workdir: str) -> bool:
+    def trusted(workdir: str) -> str | None:
         return trust.trusted(workdir, str(home), "u", {}, str(home / ".config"))
 
     proj = tmp_path / "proj"
@@ -282,7 +305,7 @@ def test_approved_project(home: Path, tmp_path: Path) -> None:
     assert not trusted(str(proj))
     env = projectconfig.run_env(str(home), "u", {})
     projectconfig.approve(projectconfig.read(str(proj), env), str(home / ".config"))
-    assert trusted(str(proj))
+    assert trusted(str(proj)) == "node"  # the profile it names: the run's -p
     (proj / ".boxy.yaml").write_text("profile: python\n")  # changed: approval lapses
     assert not trusted(str(proj))
 

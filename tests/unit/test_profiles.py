@@ -670,3 +670,21 @@ def test_a_profile_file_is_parsed_apart_and_a_preset_here(
             lambda: parseproc.Apart(parseproc.fork_child),
             lambda: load_profile(str(path), context=context),
         )
+
+
+def test_a_list_past_its_bound_is_refused_naming_the_key(tmp_path: Path) -> None:
+    """Attack finding F5: 6,000 ports in a profile and in the one it extends held a
+    worker 40 s merging them (each entry compared with every other). A list is bounded,
+    and the merge compares by a set."""
+    from boxyd.config.profilemerge import merge
+    from boxyd.config.profileschema import MAX_ENTRIES
+
+    path = tmp_path / "many.yaml"
+    path.write_text(yaml.safe_dump({"ports": [f"{8000 + i}:80" for i in range(MAX_ENTRIES + 1)]}))
+    context = {"workdir": str(tmp_path), "home": str(tmp_path)}
+    with pytest.raises(ProfileError, match=rf"key ports: {MAX_ENTRIES + 1} entries \(at most"):
+        load_profile(str(path), context=context)
+    base, child = Profile("b", "b"), Profile("c", "c")
+    base.allow_cidrs = [f"10.{i // 256}.{i % 256}.0/24" for i in range(MAX_ENTRIES)]
+    child.allow_cidrs = [*base.allow_cidrs[::-1], "192.0.2.0/24"]
+    assert merge(base, child).allow_cidrs == [*base.allow_cidrs, "192.0.2.0/24"]

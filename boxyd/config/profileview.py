@@ -5,6 +5,7 @@ path that is not a valid profile is refused like any other invalid profile."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from typing import NamedTuple
@@ -50,9 +51,21 @@ def view(name: str, workdir: str, home: str, registry: Registry | None) -> Profi
     kind, location = profiles.where(name, home)
     context = layering.profile_context(workdir, home, name)
     prof = profiles.load_profile(name, context=context)
-    return ProfileView(
+    view = ProfileView(
         show_doc(prof, registry, kind, location), show_lines(prof, registry, kind, location)
     )
+    size = len(json.dumps(view.doc)) + sum(len(line) for line in view.lines)
+    if size > MAX_VIEW:  # measured here, in the worker: never encoded on the event loop
+        raise ProfileError(
+            f"profile {prof.source}: its view is {size} bytes (at most {MAX_VIEW}); "
+            "a profile that large is no profile"
+        )
+    return view
+
+
+# What `profile show` sends at most (a reply's bound is 16 MiB: aliases made one
+# 600 KB profile a 121 MB reply, an internal error)
+MAX_VIEW = 1 << 20
 
 
 def list_rows(home: str | None = None) -> list[dict[str, object]]:

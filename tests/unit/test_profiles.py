@@ -688,3 +688,18 @@ def test_a_list_past_its_bound_is_refused_naming_the_key(tmp_path: Path) -> None
     base.allow_cidrs = [f"10.{i // 256}.{i % 256}.0/24" for i in range(MAX_ENTRIES)]
     child.allow_cidrs = [*base.allow_cidrs[::-1], "192.0.2.0/24"]
     assert merge(base, child).allow_cidrs == [*base.allow_cidrs, "192.0.2.0/24"]
+
+
+def test_a_profile_whose_view_is_huge_is_one_line(tmp_path: Path) -> None:
+    """Attack finding F4: aliases made a 600 KB profile a 121 MB `profile show` reply,
+    an internal error (and 121 MB of JSON encoded on boxyd's event loop)."""
+    text = (
+        "description: &d "
+        + "x" * 60_000
+        + "\nenv:\n"
+        + "".join(f"  V{i}: *d\n" for i in range(100))
+    )
+    path = tmp_path / "big.yaml"
+    path.write_text(text)
+    with pytest.raises(ProfileError, match=r"its view is \d+ bytes \(at most"):
+        profileview.view(str(path), str(tmp_path), str(tmp_path), None)

@@ -151,14 +151,19 @@ def test_bad_input_is_exit_2(user: User, workdir: Path) -> None:
 
 
 def test_approved_project_profile(user: User, workdir: Path, hook_yaml: Path) -> None:
-    (workdir / ".boxy.yaml").write_text("profile: node\n")
+    """Not approved: the hook's own profile for npm (node); approved: the profile the
+    project names (python here), passed as -p (tests/escape/test_daemon_questions.py
+    says why it is passed)."""
+    (workdir / ".boxy.yaml").write_text("profile: python\n")
     user.chown(workdir)
-    assert "-p" in shlex.split(rewritten(user, workdir, "npm --version"))  # not approved
+    argv = shlex.split(rewritten(user, workdir, "npm --version"))
+    assert argv[argv.index("-p") + 1] == "node"  # not approved: the hook's own
     trust = user.run([str(BIN / "boxyctl"), "trust"], cwd=workdir)
     assert trust.returncode == 0, trust.stderr.decode()
     try:
         command = rewritten(user, workdir, "npm --version")
-        assert "-p" not in shlex.split(command)
+        argv = shlex.split(command)
+        assert argv[argv.index("-p") + 1] == "python"  # the approved project's
         r = as_claude(user, workdir, command)
         assert r.returncode == 0, r.stderr.decode()
     finally:

@@ -68,7 +68,13 @@ _boxyctl; printf '%s\\n' "${{COMPREPLY[@]}}"
     [
         (
             ["boxyctl", "run", "--al"],
-            ["--allow-git-write", "--allow-host", "--allow-port", "--allow-cidr"],
+            [
+                "--allow-git-write",
+                "--allow-host-config",
+                "--allow-host",
+                "--allow-port",
+                "--allow-cidr",
+            ],
         ),
         (["boxyctl", "run", "--net", ""], ["public", "allowlist", "none"]),
         (["boxyctl", "run", "--seccomp", "c"], ["compat"]),

@@ -171,7 +171,9 @@ def test_closing_ends_everything_inside(home: Path) -> None:
     sleepers: list[str] = []
     while time.monotonic() < deadline:
         sleepers = [
-            p for p in before if p.isdigit() and _comm(p) == "sleep" and _cmd(p) == "sleep300"
+            p
+            for p in before
+            if p.isdigit() and _comm(p) == "sleep" and _cmd(p) == "sleep300" and _inside(p)
         ]
         if not sleepers:
             break
@@ -211,6 +213,15 @@ def _fds(pid: str) -> list[str]:
         return [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
     except OSError:
         return []
+
+
+def _inside(pid: str) -> bool:
+    """PID lives in another PID namespace than the test's: the box's, not a `sleep 300`
+    of the machine's own (one such, of an unrelated job, was this test's one flake)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return False
 
 
 def _comm(pid: str) -> str:

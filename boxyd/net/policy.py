@@ -49,6 +49,8 @@ IP, DNS, SNI, PORT = "net.ip", "net.dns", "net.sni", "net.port"
 GATEWAY_ADDRS = frozenset({ipaddress.ip_address("10.0.2.2"), ipaddress.ip_address("fd00::2")})
 GATEWAY_ITSELF = "the gateway itself is not a destination"
 OWN_LINK = "the sandbox's own link"
+# the ruleset refused an address that had no DNS binding when its packet came
+UNBOUND_WHEN_SENT = "no DNS binding for this address when it was sent (hard-coded IP?)"
 
 DEFAULT_PORTS = (80, 443)
 DNS_PORT = 53
@@ -350,8 +352,15 @@ class NetPolicy:
             v = self.udp(addr, port, bound_names)
         if not v.allow:
             return v
-        # An exception opened the range, yet the ruleset's own check of local,
-        # broadcast and multicast destinations refused it: name the range.
+        # boxyd's checks allow now what the ruleset refused then. Its own check of local,
+        # broadcast and multicast destinations refuses whatever an exception opened:
+        # name that range. Otherwise, in allowlist mode, the address had no binding
+        # when the packet came: one appeared since (another name's, in the same moment),
+        # and the range's name would not be the check that refused (issue 33 §1).
+        if addr.is_multicast or str(addr) == "255.255.255.255":
+            return Verdict(False, IP, classify(addr) or "multicast or broadcast")
+        if self.mode == "allowlist":
+            return Verdict(False, DNS, UNBOUND_WHEN_SENT)
         why = classify(addr)
         return Verdict(False, IP, why or "refused by the gateway's ruleset")
 

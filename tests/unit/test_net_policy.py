@@ -480,6 +480,20 @@ def test_early_refusal_of_a_port_or_a_missing_binding() -> None:
     )
 
 
+def test_early_refusal_names_the_check_that_refused_under_a_race() -> None:
+    """Issue 33 §1: a hard-coded LAN address under --allow-cidr, refused by the ruleset
+    for want of a binding, was logged "private (RFC 1918)" when a binding for another
+    name to that address appeared in the same moment; alone it said "no DNS binding".
+    The reason is the check that refused: no binding when the packet came."""
+    from boxyd.net.policy import UNBOUND_WHEN_SENT
+
+    p = allowlist("nas.example:80", cidrs=["192.168.0.0/16"])
+    alone = p.early_refusal("192.168.1.10", "tcp", 80, [])
+    assert refused(alone, DNS, NO_BINDING)
+    raced = p.early_refusal("192.168.1.10", "tcp", 80, ["nas.example"])
+    assert refused(raced, DNS, UNBOUND_WHEN_SENT), raced
+
+
 def test_early_refusal_of_an_opened_range_names_the_range() -> None:
     # --allow-cidr opens multicast for boxyd, but the ruleset's local/broadcast/multicast
     # check still refused it: say which range, not the gateway.

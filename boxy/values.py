@@ -13,8 +13,9 @@ from boxy.errors import UsageError
 TYPE_CHECKING = False  # typing costs the client at start-up; annotations only
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import TypeVar
+    from typing import Concatenate, ParamSpec, TypeVar
 
+    P = ParamSpec("P")
     T = TypeVar("T")
 
 # The sandbox's own link (its gateway and its address): never a range to open.
@@ -58,10 +59,10 @@ _HOST_LABEL_RE = r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?"
 MAX_VALUE = 1024
 
 
-def _bounded(parse: Callable[..., T]) -> Callable[..., T]:
+def _bounded(parse: Callable[Concatenate[str, P], T]) -> Callable[Concatenate[str, P], T]:
     """PARSE, refusing text longer than MAX_VALUE in one short line first."""
 
-    def bounded(s: str, *args: object, **kw: object) -> T:
+    def bounded(s: str, /, *args: P.args, **kw: P.kwargs) -> T:
         if isinstance(s, str) and len(s) > MAX_VALUE:
             what = kw.get("what") or (parse.__kwdefaults__ or {}).get("what", "value")
             raise UsageError(

@@ -71,10 +71,13 @@ class DaemonStatus:
     sessions_running: int
 
 
-def _no_nul(*paths: str) -> None:
-    """A path with a NUL byte names no file: one line, not an internal error."""
-    if any("\0" in p for p in paths):
+def _client_paths(cwd: str, *names: str) -> None:
+    """A client's directory (absolute) and names, checked: a NUL byte names no file,
+    and boxyd's own cwd is not the client's; one line each, never an internal error."""
+    if any("\0" in p for p in (cwd, *names)):
         raise UsageError("a path contains a NUL byte")
+    if not os.path.isabs(cwd):
+        raise UsageError(f"the directory {cwd!r} is not an absolute path")
 
 
 def token() -> str:
@@ -171,9 +174,7 @@ class Manager:
 
     async def profile(self, name: str, cwd: str, client_env: dict[str, str]) -> ProfileView:
         """`profile show NAME` as a run in CWD would load it."""
-        _no_nul(name, cwd)
-        if not os.path.isabs(cwd):
-            raise UsageError(f"profile show: the directory {cwd!r} is not an absolute path")
+        _client_paths(cwd, name)
         return await self.launcher.profile(name, cwd, client_env)
 
     async def approve(self, cwd: str, client_env: dict[str, str]) -> Approval:
@@ -205,9 +206,7 @@ class Manager:
 
     async def _asked(self, fn: Callable[..., R], cwd: str, client_env: dict[str, str]) -> R:
         """FN(CWD, home, user, CLIENT_ENV, config home), its parses apart (_apart)."""
-        _no_nul(cwd)
-        if not os.path.isabs(cwd):
-            raise UsageError(f"the directory {cwd!r} is not an absolute path")
+        _client_paths(cwd)
         me = pwd.getpwuid(os.getuid())
         return await self._apart(
             lambda: fn(cwd, me.pw_dir, me.pw_name, client_env, config_home(me.pw_dir))

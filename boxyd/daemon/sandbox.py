@@ -170,13 +170,7 @@ class StageLauncher:
     async def profile(self, name: str, cwd: str, client_env: dict[str, str]) -> ProfileView:
         """`profile show NAME`: loaded as a run in CWD loads it; npm and pip asked in
         tool sandboxes, as a run's spec asks them (_spec), never from a writable tree."""
-        others = [r for sb in self.live for r in mountplan.writable_roots(sb.spec)]
-        environ = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME")}
-        registry = Registries(
-            {**environ, **client_env},
-            tools=self.tools(SETTINGS_BUDGET),
-            writable=[cwd, *others],
-        )
+        registry = self._registries(client_env, [cwd, *self._live_roots()])
 
         def build() -> ProfileView:
             try:  # a profile file is parsed apart (profiles.py): a parse child of its own
@@ -189,23 +183,27 @@ class StageLauncher:
 
         return await pools.run(pools.ASKED, build)
 
+    def _registries(self, client_env: dict[str, str], writable: list[str]) -> Registries:
+        """npm's and pip's settings as a run gets them: asked in tool sandboxes, with the
+        client's environment, never a tool from a WRITABLE tree."""
+        environ = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME")}
+        return Registries(
+            {**environ, **client_env}, tools=self.tools(SETTINGS_BUDGET), writable=writable
+        )
+
+    def _live_roots(self) -> list[str]:
+        """The trees the payload of every live session can write."""
+        return [r for sb in self.live for r in mountplan.writable_roots(sb.spec)]
+
     def writable_trees(self, request: RunRequest) -> list[str]:
         """Every tree the payload of a live session could write, and those this request
         names (its work directory, the client's cwd, --rw, --mkdir): no tool boxyd runs
         is taken from one."""
         o = request.options
-        others = [r for sb in self.live for r in mountplan.writable_roots(sb.spec)]
-        return [p for p in (o.workdir, request.cwd, *o.rw, *o.mkdir, *others) if p]
+        return [p for p in (o.workdir, request.cwd, *o.rw, *o.mkdir, *self._live_roots()) if p]
 
     async def _spec(self, request: RunRequest, parser: Apart) -> RunSpec:
-        registry = Registries(
-            {
-                **{k: v for k, v in os.environ.items() if k in ("PATH", "HOME")},
-                **request.client_env,
-            },
-            tools=self.tools(SETTINGS_BUDGET),
-            writable=self.writable_trees(request),
-        )
+        registry = self._registries(request.client_env, self.writable_trees(request))
 
         def build() -> RunSpec:
             try:

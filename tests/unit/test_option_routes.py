@@ -35,8 +35,6 @@ from tests.unit.test_core import FakeLauncher, FakeSandbox
 from tests.unit.test_dbus import BusDaemon, call
 from tests.unit.test_service import Peer, serve
 
-pytest.importorskip("dbus_fast")
-
 SECRET = "BOXY_ROUTE_SECRET"
 
 

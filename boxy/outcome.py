@@ -279,9 +279,20 @@ def _rows(rows: object, decode: Callable[[object], _T | None]) -> list[_T]:
 
 
 class Counters(Value):
-    """What a session's network did so far (the gateway's totals)."""
+    """What a session's network did so far (the gateway's totals). Connections and
+    names are counted apart: DENIALS are refused connections (a subset of
+    CONNECTIONS), NAMES_DENIED the names refused before any connection was made.
+    EXACT is False when a count may be short: each is then a lower bound."""
 
-    __slots__ = ("connections", "denials", "bytes_up", "bytes_down", "destinations")
+    __slots__ = (
+        "connections",
+        "denials",
+        "bytes_up",
+        "bytes_down",
+        "destinations",
+        "names_denied",
+        "exact",
+    )
 
     def __init__(
         self,
@@ -290,9 +301,12 @@ class Counters(Value):
         bytes_up: int = 0,
         bytes_down: int = 0,
         destinations: int = 0,
+        names_denied: int = 0,
+        exact: bool = True,
     ) -> None:
         self.connections, self.denials = connections, denials
         self.bytes_up, self.bytes_down, self.destinations = bytes_up, bytes_down, destinations
+        self.names_denied, self.exact = names_denied, exact
 
     def to_wire(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -306,7 +320,20 @@ class Counters(Value):
             v = d.get(k)
             return v if type(v) is int else 0
 
-        return cls(*(count(k) for k in cls.__slots__))
+        exact = d.get("exact")  # a record of an older build has none: it counted as exact
+        return cls(
+            count("connections"),
+            count("denials"),
+            count("bytes_up"),
+            count("bytes_down"),
+            count("destinations"),
+            count("names_denied"),
+            exact if type(exact) is bool else True,
+        )
+
+    def at_least(self, n: int) -> str:
+        """N as a count says it: "at least N" when the counts may be short."""
+        return f"{n}" if self.exact else f"at least {n}"
 
 
 class SessionInfo(Value):

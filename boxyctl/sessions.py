@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from boxy import values
-from boxy.outcome import SessionInfo, State, destinations_table
+from boxy.outcome import Counters, SessionInfo, State, destinations_table
 from boxy.values import plural
 
 COMMAND_WIDTH = 60
@@ -98,6 +98,18 @@ def _ports(ports: list[str]) -> str:
     return ",".join(shown) or "-"
 
 
+def network_line(c: Counters) -> str:
+    """Connections and names apart: '15 connections (1 denied), 1 name denied, up …'.
+    Counts that may be short (c.exact) say "at least"."""
+    conns = c.at_least(c.connections) + (" connection" if c.connections == 1 else " connections")
+    names = f", {c.at_least(c.names_denied)} {'name' if c.names_denied == 1 else 'names'} denied"
+    return (
+        f"{conns} ({c.at_least(c.denials)} denied){names if c.names_denied else ''}, "
+        f"up {values.format_size(c.bytes_up)}, down {values.format_size(c.bytes_down)}, "
+        f"{plural(c.destinations, 'destination')}"
+    )
+
+
 def show_lines(info: SessionInfo, now: float) -> list[str]:
     def when(t: float) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
@@ -115,12 +127,8 @@ def show_lines(info: SessionInfo, now: float) -> list[str]:
     else:
         lines.append(f"running   for {_elapsed(info, now)}")
     c = info.counters
-    if c.connections or c.denials or c.destinations:
-        lines.append(
-            f"network   {plural(c.connections, 'connection')}, {c.denials} denied, "
-            f"up {values.format_size(c.bytes_up)}, down {values.format_size(c.bytes_down)}, "
-            f"{plural(c.destinations, 'destination')}"
-        )
+    if c.connections or c.denials or c.destinations or c.names_denied:
+        lines.append(f"network   {network_line(c)}")
     for m in info.ports:
         addr, _, port = m.rpartition(":")
         lines.append(f"port      {clean(addr)} leads to {clean(port)} inside")
@@ -238,7 +246,7 @@ class Board:
 
     def __init__(self, info: SessionInfo) -> None:
         self.info = info
-        self.counters: dict[str, Any] = info.counters.to_wire()
+        self.counters = info.counters
         self.destinations: list[dict[str, Any]] = []
         self.recent: list[str] = []
         self._last: tuple[float, int, int] | None = None  # (t, up, down) of the last snapshot
@@ -254,7 +262,7 @@ class Board:
                 dt = t - self._last[0]
                 self.rates = ((up - self._last[1]) / dt, (down - self._last[2]) / dt)
             self._last = (t, up, down)
-            self.counters = c
+            self.counters = Counters.from_wire(c)
             rows = ev.get("destinations")  # the IDL's Destination objects
             self.destinations = (
                 [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
@@ -268,13 +276,14 @@ class Board:
 
     def render(self, now: float) -> list[str]:
         c, size = self.counters, values.format_size
-        up, down = int(c.get("bytes_up", 0)), int(c.get("bytes_down", 0))
+        # the specification's totals line: "denied" counts refusals of both kinds,
+        # connections and names (its example: one of each is "2 denied")
         lines = [
             header_line(self.info, now),
-            f"{c.get('destinations', 0)} destination(s)  {c.get('connections', 0)} "
-            f"connection(s)  {c.get('denials', 0)} denied   "
-            f"up {size(up)} ({size(int(self.rates[0]))}/s)  "
-            f"down {size(down)} ({size(int(self.rates[1]))}/s)",
+            f"{c.destinations} destination(s)  {c.at_least(c.connections)} connection(s)  "
+            f"{c.at_least(c.denials + c.names_denied)} denied   "
+            f"up {size(c.bytes_up)} ({size(int(self.rates[0]))}/s)  "
+            f"down {size(c.bytes_down)} ({size(int(self.rates[1]))}/s)",
             "",
         ]
         if self.destinations:

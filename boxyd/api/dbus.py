@@ -5,7 +5,8 @@ Manager core. No logic here: the objects mirror the core's sessions and events.
   Stop(s id, b kill) -> s (the state it ended in), Run(s request, h, h, h) -> so;
   signals SessionNew(s, o) and SessionRemoved(s, o).
 - /dev/boxy/session/<id>, dev.boxy.Session1: read-only properties State, Argv,
-  Profile, WorkDir, StartedAt, ExitStatus (-1 while it runs) and the counters,
+  Profile, WorkDir, StartedAt, ExitStatus (-1 while it runs) and the counters
+  (Connections, Denials, NamesDenied, CountsExact, BytesUp, BytesDown),
   with PropertiesChanged as they change; signal Event(s kind, a{sv} fields).
 - /dev/boxy: org.freedesktop.DBus.ObjectManager (GetManagedObjects; InterfacesAdded
   and InterfacesRemoved as sessions come and go), there alone (_Bus, only_one_object_manager).
@@ -298,6 +299,14 @@ class SessionInterface(NamedArgs):
         return self.session.counters().denials
 
     @dbus_property(access=PropertyAccess.READ)
+    def NamesDenied(self) -> "t":
+        return self.session.counters().names_denied
+
+    @dbus_property(access=PropertyAccess.READ)
+    def CountsExact(self) -> "b":
+        return self.session.counters().exact
+
+    @dbus_property(access=PropertyAccess.READ)
     def BytesUp(self) -> "t":
         return self.session.counters().bytes_up
 
@@ -318,16 +327,18 @@ class SessionInterface(NamedArgs):
             "WorkDir": Variant("s", self.WorkDir),
             "StartedAt": Variant("d", self.StartedAt),
             "ExitStatus": Variant("i", self.ExitStatus),
-            **{k: Variant("t", v) for k, v in self.counter_values().items()},
+            **self.counter_values(),
         }
 
-    def counter_values(self) -> dict[str, int]:
+    def counter_values(self) -> dict[str, Variant]:
         c = self.session.counters()
         return {
-            "Connections": c.connections,
-            "Denials": c.denials,
-            "BytesUp": c.bytes_up,
-            "BytesDown": c.bytes_down,
+            "Connections": Variant("t", c.connections),
+            "Denials": Variant("t", c.denials),
+            "NamesDenied": Variant("t", c.names_denied),
+            "CountsExact": Variant("b", c.exact),
+            "BytesUp": Variant("t", c.bytes_up),
+            "BytesDown": Variant("t", c.bytes_down),
         }
 
 
@@ -606,7 +617,7 @@ class DbusService:
 
     async def _follow_session(self, s: Session, iface: SessionInterface) -> None:
         path = session_path(s.id)
-        last: dict[str, int] = {}
+        last: dict[str, Variant] = {}
         async for ev in s.subscribe():
             await self._send(
                 Message.new_signal(
@@ -621,7 +632,7 @@ class DbusService:
                 }
             elif isinstance(ev, CountersTick):
                 now = iface.counter_values()
-                changed = {k: Variant("t", v) for k, v in now.items() if last.get(k) != v}
+                changed = {k: v for k, v in now.items() if last.get(k) != v}
                 last = now
             if changed:
                 await self._send(

@@ -195,7 +195,8 @@ class Network:
         log_ = self.gateway.netlog
         notes = out.setdefault("notes", [])
         # said without -v: a silent refusal looks like a broken network
-        notes += self.refused.lines(verbose=self.spec.verbose)
+        unreported = self.gateway.netlog.unnamed - self.gateway.rate_limited
+        notes += self.refused.lines(verbose=self.spec.verbose, unreported=unreported)
         if self._muted:
             notes.append(f"-v: {plural(self._muted, 'more denial')} not shown (see --audit-log)")
         conns, names = log_.dropped()

@@ -34,14 +34,14 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from boxyd.net import nflog, nftset, relay, sni, udpsock
+from boxyd.net import nflog, nftcounter, nftset, relay, sni, udpsock
 from boxyd.net.bindings import Address, Bindings
 from boxyd.net.dnsproxy import AskUpstream, DnsProxy, DnsSession, TokenBucket
 from boxyd.net.netlog import NetLog
 from boxyd.net.policy import ECH_REFUSED, NetPolicy, Verdict
 from boxyd.net.poller import Deadlines, Poller
 from boxyd.net.rtnl import LocalAddresses
-from boxyd.net.ruleset import BOUND_SETS, GATEWAY_SOCKETS, NFLOG_GROUP, TABLE
+from boxyd.net.ruleset import BOUND_SETS, GATEWAY_SOCKETS, NFLOG_GROUP, REFUSED_COUNTER, TABLE
 
 log = logging.getLogger("boxyd")
 
@@ -438,6 +438,11 @@ class Gateway:
         self._waiting: dict[_Conn, None] = {}  # first record not read yet, oldest first
         self._udp: dict[_UdpKey, _UdpFlow] = {}
         self.rate_limited = 0  # connections reset by the accept-rate or DNS-over-TCP cap
+        # The ruleset's refusals, counted by the kernel; those NFLOG reported are rows
+        # (_refused), the rest are counted without one (netlog.unnamed).
+        self.refused = nftcounter.Counter(listeners["nftset"], TABLE, REFUSED_COUNTER)
+        self._reported = self._unreported = 0
+        self._counted = False  # the count is final (close() read it the last time)
         self._dns_tcp_open = 0
         self._closed = False
         self.poller: Poller | None = None  # the TCP flows' readiness, from start()
@@ -485,6 +490,8 @@ class Gateway:
                 log.warning("gateway: %s", e)
                 await asyncio.sleep(NFLOG_SETTLE)
                 self._nflog_readable(sock)
+        self._count_unnamed()  # every report is in: what the counter has past them is lost
+        self._counted = True
         for name, sock in self.listeners.items():
             if name.startswith(("udp", "dns_udp", "nflog")):
                 with contextlib.suppress(ValueError, OSError):
@@ -524,6 +531,19 @@ class Gateway:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+    def _count_unnamed(self) -> None:
+        """Refused connections nothing named: the ruleset's count past its reports
+        (a report still on its way is counted here until it comes), and the resets
+        at the accept rate. A counter that cannot be read leaves the totals short:
+        said, and they read "at least" (netlog.exact)."""
+        if self.netlog.exact and not self._counted:
+            try:
+                self._unreported = max(0, self.refused.read() - self._reported)
+            except OSError as e:
+                log.warning("gateway: %s (counts from now on are lower bounds)", e)
+                self.netlog.exact = False
+        self.netlog.unnamed = self.rate_limited + self._unreported
 
     def _t_ms(self) -> int:
         return int((time.monotonic() - self.started) * 1000)
@@ -579,6 +599,7 @@ class Gateway:
             self._udp_expire()
 
     def _sample(self) -> None:
+        self._count_unnamed()
         for flow, handle in self._flows.values():
             with contextlib.suppress(KeyError, ValueError):
                 self.netlog.update(handle, flow.counters.up, flow.counters.down)
@@ -773,6 +794,7 @@ class Gateway:
 
     def _refused(self, r: nflog.Refused) -> None:
         """Say why nftables refused it, in the same words boxyd's own checks use."""
+        self._reported += 1
         ip = ipaddress.ip_address(r.addr)
         v = self.policy.early_refusal(ip, r.proto, r.port, self.bindings.names(ip))
         if r.proto in ("tcp", "udp"):

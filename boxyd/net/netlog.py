@@ -10,6 +10,9 @@ Pure but for ``write``. The file is one JSON object:
      "resolutions": {"registry.example": ["104.16.1.34", ...]},
      "summary_fields": ["destination","conns","denied","addrs","sent","received"],
      "summary": [["registry.example", 14, 0, 3, 39321, 6396313], ...],
+     "names_denied": {"c2.example.net": 2},
+     "unnamed": 0,
+     "exact": true,
      "dropped": {"conns": 0, "names": 0}}
 
 - Every conn row has exactly the shape of ``conn_fields``. ``addr``, ``host``, ``sni``
@@ -24,6 +27,13 @@ Pure but for ``write``. The file is one JSON object:
 - ``summary`` has one row per destination: boxy's name for the address when it has
   one, else the address. Never the SNI: that is the client's claim, and a hostile
   one would otherwise file its traffic under a trusted name.
+- Names and connections are counted apart: ``names_denied`` holds each name boxy
+  refused (a lookup of a name not allowed, or answers removed for pointing into a
+  refused range) with how many times; such a name is no destination, for no
+  connection was made to it. ``unnamed`` counts refused connections nothing said
+  the destination of (the ruleset counted them past its rate-bounded reports, or
+  they were reset at the accept rate): they are in the totals, in no row. ``exact``
+  is false when a count could not be read: the totals are then lower bounds.
 
 Memory is bounded for a run that makes millions of connections or resolves
 millions of names: past ``max_rows`` conns are still counted in the summary but
@@ -40,7 +50,7 @@ import json
 import os
 
 from boxy import outcome
-from boxy.outcome import Destination
+from boxy.outcome import Counters, Destination
 
 VERSION = 1
 CONN_FIELDS = ("t_ms", "proto", "verdict", "addr", "port", "host", "sni", "reason", "up", "down")
@@ -100,6 +110,13 @@ class NetLog:
         self._conns = 0
         self._dropped_rows = 0
         self._dropped_names = 0
+        self._names_denied: dict[str, int] = {}  # name -> refusals (lookups, answers)
+        self._names_past = 0  # refusals of names past max_names: counted, not named
+        # Refusals of connections counted where nothing said where they went (the
+        # ruleset's counter past the NFLOG reports, resets at the accept rate): in the
+        # totals, in no row. Set by the gateway, which knows both halves.
+        self.unnamed = 0
+        self.exact = True  # False when a count could not be read (then a lower bound)
 
     def conn(
         self,
@@ -164,14 +181,21 @@ class NetLog:
             del self._open[handle]
 
     def removed(self, name: str, count: int) -> None:
-        """COUNT answers for NAME removed (they pointed into a refused range): denials of
-        that destination in the table, though no connection was ever tried."""
-        self._dest(name).denied += count
+        """COUNT answers for NAME removed (they pointed into a refused range): NAME is a
+        name denied, though no connection was ever tried (no destination row)."""
+        self._deny_name(name, count)
 
     def refused_name(self, name: str) -> None:
-        """A lookup of NAME refused (not on the allowlist): a denial of that destination
-        in the table, as the end-of-run line counts it (boxyd.net.refusals)."""
-        self._dest(name.lower().rstrip(".")).denied += 1
+        """A lookup of NAME refused (not on the allowlist): a name denied, counted apart
+        from connections (the end-of-run line says it, boxyd.net.refusals)."""
+        self._deny_name(name, 1)
+
+    def _deny_name(self, name: str, count: int) -> None:
+        name = name.lower().rstrip(".")
+        if name in self._names_denied or len(self._names_denied) < self._max_names:
+            self._names_denied[name] = self._names_denied.get(name, 0) + count
+        else:
+            self._names_past += count
 
     def resolution(self, name: str, addrs: list[str] | tuple[str, ...]) -> None:
         """Addresses boxy's resolver answered NAME with (a union over the run, in order)."""
@@ -187,13 +211,23 @@ class NetLog:
             if addr not in known:
                 known.append(addr)
 
-    def totals(self) -> tuple[int, int, int, int, int]:
-        """(connections, denials, bytes sent, bytes received, destinations) so far."""
+    def totals(self) -> Counters:
+        """What the network did so far. Connections and denials include the refusals
+        counted without a row (``unnamed``); names denied are counted apart from them;
+        ``exact`` is False when a count may be short (then a lower bound)."""
         conns = denied = sent = received = 0
         for d in self._dests.values():
             conns, denied = conns + d.conns, denied + d.denied
             sent, received = sent + d.sent, received + d.received
-        return conns, denied, sent, received, len(self._dests)
+        return Counters(
+            conns + self.unnamed,
+            denied + self.unnamed,
+            sent,
+            received,
+            len(self._dests),
+            len(self._names_denied),
+            self.exact and not self._names_past,
+        )
 
     def dropped(self) -> tuple[int, int]:
         """Connections and resolved names past the log's bounds: counted, not kept."""
@@ -221,6 +255,9 @@ class NetLog:
                 [d.name, d.connections, d.denied, d.addresses, d.bytes_up, d.bytes_down]
                 for d in self.summary()
             ],
+            "names_denied": dict(sorted(self._names_denied.items())),
+            "unnamed": self.unnamed,
+            "exact": self.exact and not self._names_past,
             "dropped": {"conns": self._dropped_rows, "names": self._dropped_names},
         }
 

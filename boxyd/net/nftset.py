@@ -56,7 +56,7 @@ MAX_TIMEOUT_MS = 2**63 - 1
 ACK_WAIT = 1.0  # seconds; the kernel acks while send() runs, so this is a backstop
 
 
-def _nfgen(family: int, res_id: int = 0) -> bytes:
+def nfgen(family: int, res_id: int = 0) -> bytes:
     return _NFGEN.pack(family, NFNETLINK_V0, res_id)
 
 
@@ -81,7 +81,7 @@ def setelem_message(
     elems = b"".join(elements)
     if not elems:
         raise ValueError("an nft set element message needs at least one element")
-    body = _nfgen(NFPROTO_INET)
+    body = nfgen(NFPROTO_INET)
     body += attr(NFTA_SET_ELEM_LIST_TABLE, table.encode() + b"\0")
     body += attr(NFTA_SET_ELEM_LIST_SET, set_name.encode() + b"\0")
     body += _nested(NFTA_SET_ELEM_LIST_ELEMENTS, elems)
@@ -93,13 +93,13 @@ def batch(messages: list[bytes], seq: int) -> bytes:
     """MESSAGES between NFNL_MSG_BATCH_BEGIN (sequence SEQ) and _END: one transaction,
     all of it or none. The messages' own sequence numbers are the caller's."""
     begin = netlink.message(
-        NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, seq, _nfgen(socket.AF_UNSPEC, NFNL_SUBSYS_NFTABLES)
+        NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, seq, nfgen(socket.AF_UNSPEC, NFNL_SUBSYS_NFTABLES)
     )
     end = netlink.message(
         NFNL_MSG_BATCH_END,
         NLM_F_REQUEST,
         seq + len(messages) + 1,
-        _nfgen(socket.AF_UNSPEC, NFNL_SUBSYS_NFTABLES),
+        nfgen(socket.AF_UNSPEC, NFNL_SUBSYS_NFTABLES),
     )
     return begin + b"".join(messages) + end
 

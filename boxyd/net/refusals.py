@@ -81,13 +81,19 @@ class Tally:
             out.append(Refusal("net", "", None, None, None, why, self.past))
         return out
 
-    def lines(self, *, verbose: bool = False) -> list[str]:
+    def lines(self, *, verbose: bool = False, unreported: int = 0) -> list[str]:
         """One summary line when anything was refused, then one per name whose every
         answer was removed, saying which --allow-cidr would open it. VERBOSE: the run
-        had -v, so each refusal was said already (never "-v for details" to a -v run)."""
+        had -v, so each refusal was said already (never "-v for details" to a -v run).
+        UNREPORTED: refusals the ruleset counted past its reports (a flood)."""
         parts = []
         if self.connections:
             parts.append(f"{plural(self.connections, 'connection')} refused")
+        if unreported:
+            parts.append(
+                f"{plural(unreported, 'more connection')} refused past the report rate "
+                "(counted, not named)"
+            )
         if self.reset:
             parts.append(f"{plural(self.reset, 'connection')} reset over the rate limits")
         if self.names:

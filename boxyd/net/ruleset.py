@@ -56,6 +56,9 @@ MARK = 1
 NFLOG_GROUP = 1  # per gateway netns: each session has its own
 NFLOG_SNAPLEN = 96  # IP and transport headers are all boxyd reads
 NFLOG_RATE = 1000  # reports per second; refusals past it still happen, unreported
+# ...but counted: every refusal bumps this named counter before the rate limit, and
+# boxyd reads it (boxyd.net.nftcounter), so a flood's count is exact.
+REFUSED_COUNTER = "refused"
 # The sockets stage 2 makes in the gateway netns and sends to boxyd (step 4), in
 # this order. DNS listens on port 53 itself so its replies can leave with
 # IP_PKTINFO; replies to other UDP leave through the raw senders, since IP_PKTINFO
@@ -342,9 +345,10 @@ def _check(mode: str, tcp_port: int, udp_port: int, dns_port: int, mark: int) ->
 
 
 def _refusal_chains() -> list[dict[str, Any]]:
-    # Every refusal is also copied (headers only, rate-bounded) to boxyd over NFLOG:
-    # it never sees these flows otherwise, and -v, --net-log and --audit-log must.
+    # Every refusal is counted, and copied (headers only, rate-bounded) to boxyd over
+    # NFLOG: it never sees these flows otherwise, and -v, --net-log and --audit-log must.
     report: list[dict[str, Any]] = [
+        {"counter": REFUSED_COUNTER},
         {"limit": {"rate": NFLOG_RATE, "per": "second", "burst": NFLOG_RATE}},
         {"log": {"group": NFLOG_GROUP, "snaplen": NFLOG_SNAPLEN}},
     ]
@@ -449,6 +453,7 @@ def gateway_ruleset(
         "nftables": [
             {"metainfo": {"json_schema_version": 1}},
             {"table": {"family": FAMILY, "name": TABLE}},
+            {"counter": {"family": FAMILY, "table": TABLE, "name": REFUSED_COUNTER}},
             *_sets(
                 deny_v4, deny_v6, except_v4, except_v6, refused, allowed_tcp, allowed_udp, bound
             ),

@@ -1231,6 +1231,7 @@ class FloodResult:
     status_t: tuple[float, float]  # (asked, answered), time.time() as the sandbox's
     status: subprocess.CompletedProcess[bytes]
     describe: str
+    netlog: dict[str, Any]  # the flood's --net-log
 
 
 @pytest.fixture(scope="module")
@@ -1247,7 +1248,8 @@ def flood_run(topology: Topology, user: User) -> Iterator[FloodResult]:
         )
         cname = script(wd, user, "calm.py", CALM_BODY % {"n": CALM_REQUESTS})
         flags = ("--net", "allowlist", "--allow-host", "www.boxy.test")
-        flood = start_run(topology, user, wd, *flags, cmd=["python3", fname])
+        netlog = ("--net-log", str(wd / "flood-net.json"))
+        flood = start_run(topology, user, wd, *flags, *netlog, cmd=["python3", fname])
         try:
             going = flood.wait_line('"flood-going"', 30)
             assert going is not None, f"the flood never started\n{flood.stdout}\n{flood.stderr}"
@@ -1273,6 +1275,7 @@ def flood_run(topology: Topology, user: User) -> Iterator[FloodResult]:
             f"\n--- second session exit {calm.returncode}\n"
             f"{calm.stdout.decode(errors='replace')[-3000:]}"
             f"\n{calm.stderr.decode(errors='replace')[-3000:]}",
+            json.loads((wd / "flood-net.json").read_text()),
         )
 
 
@@ -1282,6 +1285,24 @@ def test_flood_really_flooded(flood_run: FloodResult) -> None:
     assert flood_run.flood_rc == 0 and end is not None, flood_run.describe
     assert end["attempts"] >= FLOOD_MIN, flood_run.describe
     assert "ESCAPED" not in flood_run.flood.stdout + flood_run.flood.stderr
+
+
+def test_flood_counted_exactly(flood_run: FloodResult) -> None:
+    """Every refused SYN counts, past NFLOG's 1,000 reports a second (issue 33 §1:
+    711,989 attempts were once recorded as 6,999). Half the flood's attempts go to
+    an address with no binding, each refused at the SYN by the ruleset, once."""
+    end = parse_probes(flood_run.flood.stdout)["flood-end"]
+    doc = flood_run.netlog
+    named = sum(row[2] for row in doc["summary"])
+    denied = named + doc["unnamed"]
+    assert doc["exact"] is True, doc["exact"]
+    assert doc["unnamed"] > 0, "the flood stayed under the report rate: it tests nothing"
+    # no fewer than the unbound half; no more than were made (the other half's are
+    # the resets at the accept rate, each counted once)
+    assert (end["attempts"] + 1) // 2 <= denied <= end["attempts"], (denied, flood_run.describe)
+    assert "more connections refused past the report rate (counted, not named)" in (
+        flood_run.flood.stderr
+    ), flood_run.describe
 
 
 def _during_the_flood(r: FloodResult, start: float, end: float) -> bool:
@@ -1540,6 +1561,7 @@ class FormatRun:
     audit: list[dict[str, Any]]
     mark: float | None
     report: dict[str, Any]  # --report's JSON
+    show: str  # `boxyctl show ID` afterwards
 
 
 @pytest.fixture(scope="module")
@@ -1573,7 +1595,13 @@ def format_run(topology: Topology, user: User) -> Iterator[FormatRun]:
         assert netlog.exists(), f"--net-log was not written\n{live.stdout}\n{live.stderr}"
         doc = json.loads(netlog.read_text())
         got = json.loads(report.read_text())
-        yield FormatRun(live, rc, doc, audit_records(audit), mark, got)
+        show = [str(BIN / "boxyctl"), "show", str(got.get("id"))]
+        shown = subprocess.run(
+            topology.exec_in_host(user.cmd(show, NetBoxy(user, wd, topology).env())),
+            capture_output=True,
+            timeout=30,
+        )
+        yield FormatRun(live, rc, doc, audit_records(audit), mark, got, shown.stdout.decode())
 
 
 def _strings(doc: dict[str, Any], i: int) -> str | None:
@@ -1629,6 +1657,8 @@ def test_net_log_format(format_run: FormatRun) -> None:
     assert summary[OTHER.v4][1:4] == [1, 1, 1], summary
     sent = sum(c["up"] for c in allowed)
     assert summary["www.boxy.test"][4] == sent, (summary, allowed)
+    assert "other.boxy.test" not in summary and doc["names_denied"]["other.boxy.test"] >= 1, doc
+    assert (doc["unnamed"], doc["exact"]) == (0, True), doc
 
 
 def test_audit_log_layers(format_run: FormatRun) -> None:
@@ -1665,20 +1695,31 @@ def test_destinations_table(format_run: FormatRun) -> None:
     head = [i for i, line in enumerate(err) if line.startswith("boxyctl: network destinations")]
     assert head, format_run.live.stderr
     i = head[-1]
-    # the name DNS refused has its row too: the count and the table agree
-    assert err[i] == "boxyctl: network destinations (3)", err[i]
+    # where connections went; the name DNS refused is a name denied, not a destination
+    # (issue 33 §1: names and connections counted apart), said on its own line
+    assert err[i] == "boxyctl: network destinations (2)", err[i]
     assert err[i + 1].split() == ["DESTINATION", "CONNS", "DENIED", "ADDRS", "SENT", "RECEIVED"]
-    rows = {line.split()[0]: line.split() for line in err[i + 2 : i + 5]}
+    rows = {line.split()[0]: line.split() for line in err[i + 2 : i + 4]}
     assert OTHER.v4 is not None
     assert rows["www.boxy.test"][1:4] == ["2", "0", "1"], rows
     assert rows[OTHER.v4][1:4] == ["1", "1", "1"], rows
-    assert rows["other.boxy.test"][1] == "0" and int(rows["other.boxy.test"][2]) >= 1, rows
+    assert "other.boxy.test" not in rows, rows
+    assert any("1 name not allowed" in line for line in err), format_run.live.stderr
     # --report (and the library's Result) has the same rows as objects, in the same order
     got = format_run.report["destinations"]
-    assert [d["name"] for d in got] == [line.split()[0] for line in err[i + 2 : i + 5]], got
+    assert [d["name"] for d in got] == [line.split()[0] for line in err[i + 2 : i + 4]], got
     www = next(d for d in got if d["name"] == "www.boxy.test")
     assert (www["connections"], www["denied"], www["addresses"]) == (2, 0, 1), www
     assert www["bytes_up"] > 0 and www["bytes_down"] > 0, www
+
+
+def test_show_counts_names_and_connections_apart(format_run: FormatRun) -> None:
+    """`show` said '45 connections, 45 denied' where the 45 were names (issue 33 §1)."""
+    (line,) = [ln for ln in format_run.show.splitlines() if ln.startswith("network ")]
+    assert line.startswith("network   3 connections (1 denied), 1 name denied, up "), (
+        format_run.show
+    )
+    assert line.endswith(", 2 destinations"), line
 
 
 def test_report_refusals_are_typed_rows(format_run: FormatRun) -> None:

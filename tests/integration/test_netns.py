@@ -118,6 +118,15 @@ def _refusals_reported(sock: socket.socket) -> list[list[str | int]]:
         out += [[r.proto, r.addr, r.port] for r in nflog.parse(data)]
 
 
+def _refusals_counted(sock: socket.socket) -> int:
+    """The ruleset's own count of its refusals, read as boxyd reads it."""
+    from boxyd.net import nftcounter
+    from boxyd.net.ruleset import REFUSED_COUNTER, TABLE
+
+    sock.setblocking(True)
+    return nftcounter.Counter(sock, TABLE, REFUSED_COUNTER).read()
+
+
 class Sandbox:
     """The probes, run from the payload netns against the listeners boxyd would hold."""
 
@@ -484,6 +493,7 @@ def child(root: str) -> dict[str, Any]:
         report["ping"][host] = sb.ping(host)
     report["queued"] = sb.queued()
     report["refusals_reported"] = _refusals_reported(sb.ls["nflog"])
+    report["refusals_counted"] = _refusals_counted(sb.ls["nftset"])
     return report
 
 
@@ -643,6 +653,16 @@ def test_refusals_are_reported_over_nflog(report: dict[str, Any]) -> None:
     got = {tuple(r) for r in report["refusals_reported"]}
     assert ("tcp", "192.168.1.10", 80) in got, got
     assert ("tcp", "169.254.169.254", 80) in got, got
+
+
+def test_the_ruleset_counts_each_refusal_and_boxyd_can_read_the_count(
+    report: dict[str, Any],
+) -> None:
+    """Under NFLOG's rate every refusal is reported, so the counter (what a flood's
+    count rests on, boxyd.net.nftcounter) holds exactly as many."""
+    reported = len(report["refusals_reported"])
+    assert reported > 20, report["refusals_reported"]
+    assert report["refusals_counted"] == reported
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from boxy.outcome import Destination
+from boxy.outcome import Counters, Destination
 from boxyd.net.netlog import CONN_FIELDS, NetLog, destinations_table, dumps, write
 from boxyd.plan.hostfile import open_output
 
@@ -287,10 +287,43 @@ def test_write_goes_through_the_descriptor_never_the_name(tmp_path: Path) -> Non
     assert json.loads((tmp_path / "moved").read_text())["version"] == 1
 
 
-def test_removed_answers_count_as_denials_of_their_name() -> None:
+def test_removed_answers_make_their_name_a_name_denied_not_a_destination() -> None:
     log = NetLog()
-    log.removed("registry.example", 2)
-    assert [(d.name, d.connections, d.denied) for d in log.summary()] == [
-        ("registry.example", 0, 2)
-    ]
-    assert "registry.example" in destinations_table(log)
+    log.removed("Registry.example.", 2)
+    log.refused_name("registry.example")
+    assert log.summary() == [] and destinations_table(log) == ""
+    assert log.to_json()["names_denied"] == {"registry.example": 3}
+    assert log.totals() == Counters(names_denied=1)
+
+
+def test_names_and_connections_are_counted_apart() -> None:
+    log = NetLog()
+    log.conn(1, "tcp", "allow", "203.0.113.1", 443, host="a.example")
+    log.conn(2, "tcp", "deny", "169.254.169.254", 80, reason="link-local")
+    for _ in range(45):
+        log.refused_name("c2.example")
+    c = log.totals()
+    assert (c.connections, c.denials, c.names_denied, c.destinations) == (2, 1, 1, 2)
+
+
+def test_refusals_nothing_named_count_in_the_totals_in_no_row() -> None:
+    """A SYN flood past NFLOG's rate: the gateway sets ``unnamed`` from the ruleset's
+    counter; the totals are exact, the table has only what was named."""
+    log = NetLog()
+    log.conn(1, "tcp", "deny", "192.0.2.9", 443, reason="no DNS binding")
+    log.unnamed = 704_990
+    c = log.totals()
+    assert (c.connections, c.denials, c.destinations, c.exact) == (704_991, 704_991, 1, True)
+    assert [(d.name, d.connections, d.denied) for d in log.summary()] == [("192.0.2.9", 1, 1)]
+    assert log.to_json()["unnamed"] == 704_990 and log.to_json()["exact"] is True
+
+
+def test_a_count_that_could_not_be_read_makes_every_total_a_lower_bound() -> None:
+    log = NetLog(max_names=1)
+    log.refused_name("a.example")
+    assert log.totals().exact
+    log.refused_name("b.example")  # past max_names: counted, not named
+    assert not log.totals().exact and log.totals().names_denied == 1
+    other = NetLog()
+    other.exact = False
+    assert not other.totals().exact and other.to_json()["exact"] is False

@@ -142,16 +142,20 @@ EVENTS: list[dict[str, Any]] = [
 
 @pytest.mark.parametrize("n", range(len(EVENTS) + 1))
 def test_the_summary_agrees_with_the_destinations_table(n: int) -> None:
-    # Fed as boxyd's gateway feeds both (Gateway._decide, Gateway._dns_event).
+    # Fed as boxyd feeds both (Gateway._decide, Gateway._dns_event, Network._event).
+    from boxyd.daemon.network import _refused_lookup
+
     log, t = NetLog(), Tally()
     for ev in EVENTS[:n]:
         if ev.get("proto") in ("tcp", "udp"):
             log.conn(0, ev["proto"], ev["verdict"], ev["addr"], ev["port"], ev.get("host"))
         elif ev.get("denied"):
             log.removed(ev["name"], len(ev["denied"]))
+        elif _refused_lookup(ev):
+            log.refused_name(ev["name"])
         t.add(ev)
-    table_denied = sum(d.denied for d in log.summary())
-    assert t.connections + t.answers == table_denied
+    assert t.connections == sum(d.denied for d in log.summary()) == log.totals().denials
+    assert len(t.names | set(t.removed)) == log.totals().names_denied
 
 
 def test_a_v_run_is_not_told_to_use_v() -> None:
@@ -161,8 +165,10 @@ def test_a_v_run_is_not_told_to_use_v() -> None:
     assert t.lines() == ["1 connection refused (-v or --audit-log for details)"]
 
 
-def test_a_name_not_allowed_has_its_row_in_the_table() -> None:
-    """The summary line said '1 name not allowed' while the table had no row for it."""
+def test_a_name_not_allowed_is_counted_as_a_name_not_a_destination() -> None:
+    """The summary line's '1 name not allowed' is the net log's name denied; no row in
+    the destinations table (no connection was made to it: issue 33 §1, `show` said
+    '45 connections, 45 denied' where the 45 were names)."""
     from boxyd.daemon.network import _refused_lookup
 
     events: list[dict[str, Any]] = [
@@ -175,9 +181,11 @@ def test_a_name_not_allowed_has_its_row_in_the_table() -> None:
         t.add(ev)
         if _refused_lookup(ev):
             log.refused_name(str(ev["name"]))
-    rows = {r.name: r.denied for r in log.summary()}
-    assert rows == {"evil.example": 1}
-    assert t.names == set(rows)
+    assert log.summary() == []
+    assert log.to_json()["names_denied"] == {"evil.example": 1}
+    assert t.names == {"evil.example"}
+    totals = log.totals()
+    assert (totals.connections, totals.denials, totals.names_denied) == (0, 0, 1)
 
 
 def test_the_allowlists_names_that_resolve_only_into_refused_ranges_are_said() -> None:
@@ -226,3 +234,16 @@ def test_rows_are_bounded_and_the_rest_counted() -> None:
     assert len(rows) == refusals.MAX_ROWS + 1 and rows[-1].count == 100
     assert "more kinds of refusal" in rows[-1].reason
     assert sum(r.count for r in rows) == refusals.MAX_ROWS + 100 == t.connections
+
+
+def test_refusals_past_the_report_rate_are_said_with_their_count() -> None:
+    t = Tally()
+    t.add({"layer": "net.ip", "verdict": "deny", "proto": "tcp", "addr": "10.0.0.1", "port": 80})
+    assert t.lines(unreported=704_990) == [
+        "1 connection refused, 704990 more connections refused past the report rate "
+        "(counted, not named) (-v or --audit-log for details)"
+    ]
+    assert Tally().lines(unreported=1) == [
+        "1 more connection refused past the report rate (counted, not named) "
+        "(-v or --audit-log for details)"
+    ]

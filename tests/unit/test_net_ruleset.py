@@ -282,8 +282,10 @@ def test_denials_are_lifted_only_by_exceptions() -> None:
 
 def test_refuse_chain_resets_tcp_and_prohibits_the_rest() -> None:
     assert [r["expr"] for r in rules(build(), "refuse")] == [
-        # every refusal is reported to boxyd first (NFLOG, rate-bounded), then refused
+        # every refusal is counted and reported to boxyd first (NFLOG, rate-bounded),
+        # then refused
         [
+            {"counter": rs.REFUSED_COUNTER},
             {"limit": {"rate": rs.NFLOG_RATE, "per": "second", "burst": rs.NFLOG_RATE}},
             {"log": {"group": rs.NFLOG_GROUP, "snaplen": rs.NFLOG_SNAPLEN}},
         ],
@@ -298,6 +300,7 @@ def test_refuse_chain_resets_tcp_and_prohibits_the_rest() -> None:
 def test_refused_ports_are_reported_then_refused_as_closed_ports() -> None:
     assert [r["expr"] for r in rules(build(), "refuse_port")] == [
         [
+            {"counter": rs.REFUSED_COUNTER},
             {"limit": {"rate": rs.NFLOG_RATE, "per": "second", "burst": rs.NFLOG_RATE}},
             {"log": {"group": rs.NFLOG_GROUP, "snaplen": rs.NFLOG_SNAPLEN}},
         ],

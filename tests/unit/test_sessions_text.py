@@ -151,8 +151,9 @@ def test_the_board_is_the_specifications_field_by_field() -> None:
     started = info(State.RUNNING)
     started.started_at = NOW - 9
     board = text.Board(started)
-    snap = {"connections": 15, "denials": 2, "bytes_up": 38400, "bytes_down": 4 << 20,
-            "destinations": 2}  # fmt: skip
+    # the specification's "2 denied": a name (c2...) and a connection (169.254.169.254)
+    snap = {"connections": 15, "denials": 1, "names_denied": 1, "bytes_up": 38400,
+            "bytes_down": 4 << 20, "destinations": 2}  # fmt: skip
     rows = [D("registry.example", 14, 0, 3, 39322, 6396314), D("169.254.169.254", 1, 1, 1, 0, 0)]
     board.event({"kind": "counters", "t": NOW - 1, "counters": snap, "destinations": rows})
     later = {**snap, "bytes_up": 39322, "bytes_down": 6396314}
@@ -182,7 +183,35 @@ def test_show_says_1_connection_not_1_connections() -> None:
     running = info(State.RUNNING)
     running.counters = Counters(connections=1, destinations=1)
     (line,) = [ln for ln in text.show_lines(running, NOW) if ln.startswith("network")]
-    assert line.startswith("network   1 connection, 0 denied") and line.endswith(" 1 destination")
+    assert line.startswith("network   1 connection (0 denied), up") and line.endswith(
+        " 1 destination"
+    )
+
+
+def test_show_keeps_names_and_connections_apart() -> None:
+    """`show` said '45 connections, 45 denied' where the 45 denied were names."""
+    from boxy.outcome import Counters
+
+    running = info(State.RUNNING)
+    running.counters = Counters(connections=45, names_denied=45, destinations=3)
+    (line,) = [ln for ln in text.show_lines(running, NOW) if ln.startswith("network")]
+    assert line.startswith("network   45 connections (0 denied), 45 names denied, up 0B")
+    running.counters = Counters(names_denied=1)
+    (line,) = [ln for ln in text.show_lines(running, NOW) if ln.startswith("network")]
+    assert line.startswith("network   0 connections (0 denied), 1 name denied, up 0B")
+
+
+def test_counts_that_may_be_short_say_at_least() -> None:
+    from boxy.outcome import Counters
+
+    running = info(State.RUNNING)
+    running.counters = Counters(connections=6999, denials=6999, destinations=1, exact=False)
+    (line,) = [ln for ln in text.show_lines(running, NOW) if ln.startswith("network")]
+    assert line.startswith("network   at least 6999 connections (at least 6999 denied), up")
+    board = text.Board(running)
+    assert " at least 6999 connection(s)  at least 6999 denied " in board.render(NOW)[1]
+    assert Counters.from_wire(running.counters.to_wire()) == running.counters
+    assert Counters.from_wire({"connections": 3}).exact  # an older build's record
 
 
 def test_show_says_where_each_published_port_leads() -> None:

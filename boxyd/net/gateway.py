@@ -794,7 +794,7 @@ class Gateway:
 
     def _refused(self, r: nflog.Refused) -> None:
         """Say why nftables refused it, in the same words boxyd's own checks use."""
-        self._reported += 1
+        self._reported += r.proto in ("tcp", "udp")  # what the ruleset's counter counts
         ip = ipaddress.ip_address(r.addr)
         v = self.policy.early_refusal(ip, r.proto, r.port, self.bindings.names(ip))
         if r.proto in ("tcp", "udp"):

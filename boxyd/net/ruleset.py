@@ -347,15 +347,19 @@ def _check(mode: str, tcp_port: int, udp_port: int, dns_port: int, mark: int) ->
 def _refusal_chains() -> list[dict[str, Any]]:
     # Every refusal is counted, and copied (headers only, rate-bounded) to boxyd over
     # NFLOG: it never sees these flows otherwise, and -v, --net-log and --audit-log must.
+    # The count is of connections (TCP and UDP), as the net log counts them: a refused
+    # ping is reported, never counted as one.
+    count = [_match(_meta("l4proto"), {"set": ["tcp", "udp"]}), {"counter": REFUSED_COUNTER}]
     report: list[dict[str, Any]] = [
-        {"counter": REFUSED_COUNTER},
         {"limit": {"rate": NFLOG_RATE, "per": "second", "burst": NFLOG_RATE}},
         {"log": {"group": NFLOG_GROUP, "snaplen": NFLOG_SNAPLEN}},
     ]
     return [
+        _rule("refuse", "count", *count),
         _rule("refuse", "report", *report),
         _rule("refuse", "tcp", L4_TCP, TCP_RESET),
         _rule("refuse", "other", PROHIBITED),
+        _rule("refuse_port", "count", *count),
         _rule("refuse_port", "report", *report),
         _rule("refuse_port", "tcp", L4_TCP, TCP_RESET),
         _rule("refuse_port", "udp", PORT_UNREACHABLE),

@@ -660,9 +660,9 @@ def test_the_ruleset_counts_each_refusal_and_boxyd_can_read_the_count(
 ) -> None:
     """Under NFLOG's rate every refusal is reported, so the counter (what a flood's
     count rests on, boxyd.net.nftcounter) holds exactly as many."""
-    reported = len(report["refusals_reported"])
-    assert reported > 20, report["refusals_reported"]
-    assert report["refusals_counted"] == reported
+    reported = [r for r in report["refusals_reported"] if r[0] in ("tcp", "udp")]
+    assert len(reported) > 20, report["refusals_reported"]
+    assert report["refusals_counted"] == len(reported)
 
 
 @pytest.mark.parametrize(

@@ -280,12 +280,18 @@ def test_denials_are_lifted_only_by_exceptions() -> None:
         assert verdict(expr) == {"goto": {"target": "refuse"}}
 
 
+COUNT = [
+    {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": {"set": ["tcp", "udp"]}}},
+    {"counter": rs.REFUSED_COUNTER},
+]
+
+
 def test_refuse_chain_resets_tcp_and_prohibits_the_rest() -> None:
     assert [r["expr"] for r in rules(build(), "refuse")] == [
-        # every refusal is counted and reported to boxyd first (NFLOG, rate-bounded),
-        # then refused
+        # every refused connection is counted, every refusal reported to boxyd (NFLOG,
+        # rate-bounded), then refused
+        COUNT,
         [
-            {"counter": rs.REFUSED_COUNTER},
             {"limit": {"rate": rs.NFLOG_RATE, "per": "second", "burst": rs.NFLOG_RATE}},
             {"log": {"group": rs.NFLOG_GROUP, "snaplen": rs.NFLOG_SNAPLEN}},
         ],
@@ -299,8 +305,8 @@ def test_refuse_chain_resets_tcp_and_prohibits_the_rest() -> None:
 
 def test_refused_ports_are_reported_then_refused_as_closed_ports() -> None:
     assert [r["expr"] for r in rules(build(), "refuse_port")] == [
+        COUNT,
         [
-            {"counter": rs.REFUSED_COUNTER},
             {"limit": {"rate": rs.NFLOG_RATE, "per": "second", "burst": rs.NFLOG_RATE}},
             {"log": {"group": rs.NFLOG_GROUP, "snaplen": rs.NFLOG_SNAPLEN}},
         ],

@@ -353,6 +353,7 @@ class SessionInfo(Value):
         "attached",
         "limits",
         "ports",
+        "policy",
     )
 
     def __init__(
@@ -369,6 +370,7 @@ class SessionInfo(Value):
         attached: bool = False,
         limits: list[str] | None = None,
         ports: list[str] | None = None,
+        policy: list[str] | None = None,
     ) -> None:
         self.id, self.state, self.argv, self.workdir = id, state, argv, workdir
         self.profile, self.started_at, self.ended_at = profile, started_at, ended_at
@@ -377,6 +379,8 @@ class SessionInfo(Value):
         self.attached = attached
         self.limits = limits if limits is not None else []  # what each limit amounts to
         self.ports = ports if ports is not None else []  # published: [ADDR:]HOST_PORT:PORT
+        # the network policy changed while it ran (`boxyctl allow` / `deny`), one line each
+        self.policy = policy if policy is not None else []
 
     def summary(self) -> SessionInfo:
         """What a listing needs: the argv cut short (a 2 MiB one exists), the outcome
@@ -417,6 +421,7 @@ class SessionInfo(Value):
             "attached": self.attached,
             "limits": self.limits,
             "ports": self.ports,
+            "policy": self.policy,
         }
 
     @classmethod
@@ -453,6 +458,7 @@ class SessionInfo(Value):
             d.get("attached") is True,
             [str(x) for x in d.get("limits") or []],
             [str(x) for x in d.get("ports") or []],
+            [str(x) for x in d.get("policy") or []],
         )
 
 

@@ -481,6 +481,13 @@ def from_text(kind: str, text: str, flag: str) -> object:
     return FROM_TEXT[kind](text, what=flag)
 
 
+def run_clock(seconds: float) -> str:
+    """SECONDS into a run as watch's RECENT column and show's lines say them:
+    MM:SS.mmm (never negative)."""
+    ms = max(0, round(seconds * 1000))
+    return f"{ms // 60000:02}:{ms // 1000 % 60:02}.{ms % 1000:03}"
+
+
 def plural(n: int, word: str, many: str | None = None) -> str:
     """'1 connection', '2 connections'; MANY for an irregular plural ('denials')."""
     return f"{n} {word if n == 1 else many or word + 's'}"

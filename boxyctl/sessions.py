@@ -132,6 +132,7 @@ def show_lines(info: SessionInfo, now: float) -> list[str]:
     for m in info.ports:
         addr, _, port = m.rpartition(":")
         lines.append(f"port      {clean(addr)} leads to {clean(port)} inside")
+    lines += [f"policy    {clean(x)}" for x in info.policy]  # boxyctl allow / deny
     if info.limits:
         lines.append("limits:")
         lines += [f"  {clean(x)}" for x in info.limits]
@@ -172,13 +173,15 @@ def event_line(ev: dict[str, Any], *, start: float, color: bool) -> str:
     """One event in the board's columns: its time since the session started
     (mm:ss.mmm), the layer, the verdict, the destination and the detail; a refusal in
     red on a terminal. The same line in a pipe, one per event."""
-    ms = max(0, round((float(ev.get("t") or 0) - start) * 1000))
-    stamp = f"{ms // 60000:02}:{ms // 1000 % 60:02}.{ms % 1000:03}"
+    stamp = values.run_clock(float(ev.get("t") or 0) - start)
     layer, verdict, where, detail = _columns(ev)
     line = clean(f"{stamp} {layer:<8} {verdict:<7} {where:<30} {detail}".rstrip())
     got = ev.get("record")
     record: dict[str, Any] = got if isinstance(got, dict) else ev
-    denied = record.get("verdict") == "deny" or record.get("action") == "kill"
+    said = record.get("verdict")
+    # a refusal, or a flow cut by a denial; never the user's own allow / deny
+    refused = said == "cut" or said == "deny" and record.get("layer") != "net.policy"
+    denied = refused or record.get("action") == "kill"
     return f"{RED}{line}{RESET}" if color and denied else line
 
 
@@ -213,6 +216,9 @@ def _audit_columns(r: dict[str, Any]) -> tuple[str, str, str, str]:
     where = str(name or addr or "")
     if port is not None and where:
         where = f"{where}:{port}"
+    if layer == "net.policy" and isinstance(r.get("hosts"), list):  # boxyctl allow / deny
+        who = f"uid {r.get('uid')}, pid {r.get('pid')}, {r.get('via')}"
+        return "policy", verdict, " ".join(map(str, r["hosts"])), who
     if layer == "net.dns" and not denied:
         addrs = r.get("addrs")
         shown = " ".join(map(str, addrs)) if isinstance(addrs, list) else ""
@@ -221,7 +227,7 @@ def _audit_columns(r: dict[str, Any]) -> tuple[str, str, str, str]:
         size = values.format_size
         detail = f"up {size(int(r.get('up') or 0))}  down {size(int(r.get('down') or 0))}"
         return str(r.get("proto", "tcp")), "close", where, detail
-    if layer.startswith("net.") and not denied:
+    if layer.startswith("net.") and not denied and verdict != "cut":
         sni = r.get("sni")
         return str(r.get("proto", "tcp")), "sni" if sni else verdict, str(sni or where), ""
     detail = r.get("reason") or " ".join(

@@ -13,7 +13,7 @@ from __future__ import annotations
 class Arg:
     """A flag (NAMES start with '-'; a switch, True when given) or a positional (one
     name, its field; KIND: "id" a session id, "id?" one or none, "ids" one or more,
-    "word" a word, one of CHOICES when there are any)."""
+    "word" a word, one of CHOICES when there are any, "words" one or more)."""
 
     __slots__ = ("names", "help", "kind", "metavar", "choices", "field")
 
@@ -132,6 +132,42 @@ SUBCOMMANDS: tuple[Sub, ...] = (
         args=(Arg("id", kind="id", metavar="ID", help=SESSION_ID),),
         description="Take over the terminal of a session started with -d (or left with "
         "Ctrl-]); Ctrl-] leaves it again, and the session lives on.",
+    ),
+    Sub(
+        "allow",
+        "allow hosts in a running session, at once",
+        args=(
+            Arg("id", kind="id", metavar="ID", help=SESSION_ID),
+            Arg(
+                "hosts",
+                kind="words",
+                metavar="HOST",
+                help="HOST[:PORT[,PORT]][/udp], *.SUFFIX or an address (one or more)",
+            ),
+        ),
+        description="Allow hosts in a running session's allowlist at once: its DNS, "
+        "its connections and the gateway's sets, recorded in its audit log with who "
+        "asked (show and watch say it). What was fixed at its start does not widen: a "
+        "range only --allow-cidr opens, a port outside its Landlock rules (refused, "
+        "naming the run that would allow it).",
+        no_json="`show --json ID` has the session's policy lines",
+    ),
+    Sub(
+        "deny",
+        "refuse hosts in a running session from now on",
+        args=(
+            Arg("id", kind="id", metavar="ID", help=SESSION_ID),
+            Arg(
+                "hosts",
+                kind="words",
+                metavar="HOST",
+                help="a name, *.SUFFIX or an address, on every port (one or more)",
+            ),
+        ),
+        description="Refuse hosts in a running session from now on, even below an "
+        "allowed *.SUFFIX: its DNS answers nothing for them, and its open connections "
+        "they decided are cut. Recorded as allow is.",
+        no_json="`show --json ID` has the session's policy lines",
     ),
     Sub(
         "stop",

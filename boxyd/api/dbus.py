@@ -7,7 +7,9 @@ Manager core. No logic here: the objects mirror the core's sessions and events.
 - /dev/boxy/session/<id>, dev.boxy.Session1: read-only properties State, Argv,
   Profile, WorkDir, StartedAt, ExitStatus (-1 while it runs) and the counters
   (Connections, Denials, NamesDenied, CountsExact, BytesUp, BytesDown),
-  with PropertiesChanged as they change; signal Event(s kind, a{sv} fields).
+  with PropertiesChanged as they change; signal Event(s kind, a{sv} fields);
+  methods Allow(as hosts) -> s and Deny(as hosts) -> s (`boxyctl allow` / `deny`,
+  the caller's pid as the bus gave it to CallerVetting).
 - /dev/boxy: org.freedesktop.DBus.ObjectManager (GetManagedObjects; InterfacesAdded
   and InterfacesRemoved as sessions come and go), there alone (_Bus, only_one_object_manager).
 - Every argument is named in the introspection (NamedArgs).
@@ -23,9 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import json
 import logging
+import os
 from collections.abc import Callable, Coroutine
 from typing import Any, ClassVar
 
@@ -56,6 +60,7 @@ from boxyd.daemon.events import (
     StateChanged,
 )
 from boxyd.daemon.manager import Manager
+from boxyd.daemon.seam import Caller, Change
 from boxyd.daemon.session import Session
 
 log = logging.getLogger("boxyd")
@@ -260,10 +265,36 @@ class ManagerInterface(NamedArgs):
         return [id, path]
 
 
+# Who sent the method call being dispatched: set by CallerVetting just before dbus-fast
+# dispatches it, in the same call (a synchronous handler runs inside it).
+CALLER: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("caller", default=None)
+
+
 class SessionInterface(NamedArgs):
+    RESULTS: ClassVar[dict[str, tuple[str, ...]]] = {"Allow": ("line",), "Deny": ("line",)}
+
     def __init__(self, session: Session) -> None:
         super().__init__(SESSION_INTERFACE)
         self.session = session
+
+    @method()
+    def Allow(self, hosts: "as") -> "s":
+        """`boxyctl allow`: HOSTS allowed in the running session at once (varlink's
+        Allow says what cannot widen); returns the line show keeps."""
+        return self._change(Change.ALLOW, hosts)
+
+    @method()
+    def Deny(self, hosts: "as") -> "s":
+        """`boxyctl deny`: HOSTS refused from now on; open connections they decided
+        are cut."""
+        return self._change(Change.DENY, hosts)
+
+    def _change(self, change: Change, hosts: list[str]) -> str:
+        caller = CALLER.get() or Caller(os.getuid(), None, "D-Bus")
+        try:
+            return self.session.change_policy(change, list(hosts), caller)
+        except BoxyError as e:
+            raise _error(e) from None
 
     @dbus_property(access=PropertyAccess.READ)
     def State(self) -> "s":
@@ -407,6 +438,7 @@ class CallerVetting:
         self.vet = vet
         self.bus: MessageBus | None = None
         self._known: dict[str, str | None] = {}  # unique name -> why refused, or None
+        self._pids: dict[str, int] = {}  # unique name -> its process, as the bus said
         self._held: dict[str, list[Message]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -418,6 +450,7 @@ class CallerVetting:
         if sender in self._known:
             why = self._known[sender]
             if why is None:
+                CALLER.set(Caller(os.getuid(), self._pids.get(sender), "D-Bus"))
                 return None
             close_fds(msg.unix_fds)
             raise DBusError(dbus_error_name(UsageError("")), f"refused: {why}")
@@ -432,11 +465,13 @@ class CallerVetting:
         why = await self._why(sender)
         if len(self._known) >= KNOWN_CALLERS:  # asked again later: a lookup, nothing more
             self._known.clear()
+            self._pids.clear()
         self._known[sender] = why
         for msg in self._held.pop(sender, []):
             if self.bus is None or not self.bus.connected:
                 close_fds(msg.unix_fds)
             elif why is None:
+                CALLER.set(Caller(os.getuid(), self._pids.get(sender), "D-Bus"))
                 self.bus._process_message(msg)  # as it came: the handlers run again
             else:
                 close_fds(msg.unix_fds)
@@ -451,6 +486,7 @@ class CallerVetting:
             return f"its process could not be looked up ({type(e).__name__})"
         if reply.message_type != MessageType.METHOD_RETURN or not reply.body:
             return "its process could not be looked up"
+        self._pids[sender] = int(reply.body[0])
         return self.vet(int(reply.body[0]), None)
 
     async def _refuse(self, msg: Message, why: str) -> None:

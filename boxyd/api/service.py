@@ -34,6 +34,7 @@ from boxyd.daemon.events import (
     Subscription,
 )
 from boxyd.daemon.manager import Manager
+from boxyd.daemon.seam import Caller, Change
 from boxyd.daemon.session import Follow
 
 log = logging.getLogger("boxyd")
@@ -320,6 +321,18 @@ class VarlinkService:
         p = call.parameters
         self.manager.get(p["id"]).signal(p["signal"])
         await call.reply({})
+
+    async def do_Allow(self, call: Call) -> None:
+        await self._change(call, Change.ALLOW)
+
+    async def do_Deny(self, call: Call) -> None:
+        await self._change(call, Change.DENY)
+
+    async def _change(self, call: Call, change: Change) -> None:
+        p, peer = call.parameters, call.peer
+        caller = Caller(peer.uid, peer.pid, "varlink")
+        line = self.manager.change_policy(p["id"], change, list(p["hosts"]), caller)
+        await call.reply({"line": line})
 
     async def do_Stop(self, call: Call) -> None:
         """Replies once the session has ended (SIGTERM, grace, SIGKILL: bounded)."""

@@ -36,7 +36,7 @@ from boxyd.daemon.events import (
     Subscription,
 )
 from boxyd.daemon.records import Records
-from boxyd.daemon.seam import Launcher
+from boxyd.daemon.seam import Caller, Change, Launcher
 from boxyd.daemon.session import Session
 
 if TYPE_CHECKING:
@@ -267,6 +267,10 @@ class Manager:
         task.add_done_callback(lambda _t: self._tasks.pop(session.id, None))
         self.events.publish(SessionNew(session.id))
         return session
+
+    def change_policy(self, sid: str, change: Change, hosts: list[str], caller: Caller) -> str:
+        """Allow or Deny (both wires): the running session SID's network policy."""
+        return self.get(sid).change_policy(change, hosts, caller)
 
     def stop(self, sid: str, kill: bool = False) -> None:
         self.get(sid).stop(kill)

@@ -22,8 +22,9 @@ from typing import Any
 import dns.message as dns_message
 
 from boxy.errors import SetupError, UsageError
-from boxy.values import plural
+from boxy.values import plural, run_clock
 from boxyd.config.runspec import RunSpec
+from boxyd.daemon.seam import Caller, Change
 from boxyd.net import netlog, pcap, ranges, ruleset, tailscale
 from boxyd.net.dnsproxy import DnsProxy, DnsSession
 from boxyd.net.gateway import LISTENERS, Gateway
@@ -43,6 +44,9 @@ PREFLIGHT_NAMES = 8  # a long allowlist is not resolved whole before every run
 # again before every run cost each allowlisted start a round trip.
 PREFLIGHT_KEEP = 30.0
 _PREFLIGHT: dict[tuple[object, ...], tuple[float, list[str]]] = {}
+
+
+MAX_HOSTS_PER_CHANGE = 64  # one change names at most this many hosts
 
 
 class Network:
@@ -220,6 +224,33 @@ class Network:
         out["destinations"] = log_.summary()
         out["refusals"] = self.refused.rows()
         return out
+
+    def change(self, change: Change, hosts: list[str], caller: Caller, t: float) -> str:
+        """Allow or deny HOSTS from now on (docs/design.md, "Changed while it runs"):
+        the policy is rebuilt and handed to the gateway, which cuts what it no longer
+        allows. Returns the line show and the audit log keep; T: seconds into the run.
+        Raises UsageError (nothing changed) for what cannot change."""
+        verb = change.value
+        if self.gateway is None:
+            raise UsageError(f"{verb}: the session's network is not up yet; try again")
+        if not hosts or len(hosts) > MAX_HOSTS_PER_CHANGE:
+            raise UsageError(f"{verb}: name 1 to {MAX_HOSTS_PER_CHANGE} hosts")
+        widen = change is Change.ALLOW
+        self.policy = self.policy.widened(hosts) if widen else self.policy.narrowed(hosts)
+        cut = self.gateway.set_policy(self.policy)
+        line = f"{run_clock(t)} {verb} {' '.join(hosts)} ({caller})"
+        if cut:
+            line += f": {plural(cut, 'open connection')} cut"
+        self.record(
+            "net.policy",
+            verdict=verb,
+            hosts=hosts,
+            uid=caller.uid,
+            pid=caller.pid,
+            via=caller.via,
+            cut=cut,
+        )
+        return line
 
     def discard(self) -> None:
         """After a run that never started: release what was opened ahead of it."""

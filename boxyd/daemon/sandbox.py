@@ -35,7 +35,7 @@ from boxyd.daemon.liveguard import LiveGuard
 from boxyd.daemon.parseproc import Apart, call_apart, call_with
 from boxyd.daemon.pty import PtyRelay
 from boxyd.daemon.scopes import Limit, Placement, Scopes, limits, read_events, remove_subtree
-from boxyd.daemon.seam import Exit, Report, SandboxEvent, Sink, Started, Stopped
+from boxyd.daemon.seam import Caller, Change, Exit, Report, SandboxEvent, Sink, Started, Stopped
 from boxyd.daemon.stage2proc import (
     Gateway,
     NewSocket,
@@ -779,6 +779,11 @@ class StageSandbox:
 
     def limit_lines(self) -> list[str]:
         return [lim.line for lim in self.limits]
+
+    def change_policy(self, change: Change, hosts: list[str], caller: Caller, t: float) -> str:
+        if self.net is None:
+            raise UsageError(f"{change.value}: the session has no network (--net none)")
+        return self.net.change(change, hosts, caller, t)
 
     def counters(self) -> Counters:
         gateway = self.net.gateway if self.net is not None else None

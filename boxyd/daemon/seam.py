@@ -8,6 +8,7 @@ typed values below, never as stage 2's messages.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -19,6 +20,25 @@ from boxyd.config.runspec import RunSpec
 
 if TYPE_CHECKING:  # the view loads with the first `profile show`, not with boxyd
     from boxyd.config.profileview import ProfileView
+
+
+class Change(enum.Enum):
+    """How `boxyctl allow` / `deny` (Allow, Deny on both wires) change a policy."""
+
+    ALLOW = "allow"
+    DENY = "deny"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who asked for a change, as the wire saw them (the audit log keeps it)."""
+
+    uid: int
+    pid: int | None
+    via: str  # "varlink" or "D-Bus"
+
+    def __str__(self) -> str:
+        return f"uid {self.uid}, pid {self.pid if self.pid is not None else '?'}, {self.via}"
 
 
 @dataclass(frozen=True)
@@ -91,6 +111,11 @@ class Sandbox(Protocol):
         still waits (SIGKILL: it ends the run wherever it is)."""
 
     def resize(self, rows: int, cols: int) -> None: ...
+
+    def change_policy(self, change: Change, hosts: list[str], caller: Caller, t: float) -> str:
+        """Allow / Deny HOSTS in the running network policy; T: seconds into the run.
+        Returns the line show keeps; raises UsageError when it cannot change."""
+        ...
 
     def limit_lines(self) -> list[str]:
         """What each limit amounts to (its scope's controllers, or the fallbacks)."""

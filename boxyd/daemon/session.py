@@ -54,6 +54,7 @@ from boxyd.daemon.events import (
     StateChanged,
     Subscription,
 )
+from boxyd.daemon.seam import Caller, Change
 
 log = logging.getLogger("boxyd")
 
@@ -62,6 +63,7 @@ EXIT_TIMEOUT = 124  # as timeout(1)
 EXIT_SETUP = 125
 EXIT_NOEXEC = 126
 EXIT_NOTFOUND = 127
+MAX_POLICY_LINES = 256  # changes of its policy show lists (the audit log has each)
 TICK = 1.0  # seconds between counters snapshots for watchers
 TOP_DESTINATIONS = 10
 SESSION_ID = re.compile(r"[0-9a-f]{8}")  # os.urandom(4).hex(): anything else names no session
@@ -102,6 +104,7 @@ class Session:
         # goes away (an ssh drop) leaves it detached, as tmux and docker do, not hung up
         self._background = not self.attached
         self._counters: Counters | None = None  # set at the end
+        self._policy: list[str] = []  # its policy's changes (change_policy), for show
         self._launched = False  # sandbox.start() has returned: signals reach stage 2
 
     @property
@@ -240,7 +243,18 @@ class Session:
             self.attached,
             self.sandbox.limit_lines() if self.sandbox is not None else [],
             [str(m) for m in spec.publish] if spec else [],
+            list(self._policy),
         )
+
+    def change_policy(self, change: Change, hosts: list[str], caller: Caller) -> str:
+        """`boxyctl allow` / `deny`: the running session's network policy, changed at
+        once. Raises UsageError when it cannot change."""
+        if self.state.finished or self.sandbox is None:
+            raise UsageError(f"{change.value}: session {self.id} is not running")
+        line = self.sandbox.change_policy(change, hosts, caller, time.time() - self.started_at)
+        if len(self._policy) < MAX_POLICY_LINES:
+            self._policy.append(line)
+        return line
 
     def counters(self) -> Counters:
         """Live while it runs; the last totals once it has ended."""

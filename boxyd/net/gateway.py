@@ -91,6 +91,7 @@ class _UdpFlow:
     last: float = field(default_factory=time.monotonic)
 
 
+LITERAL_FOR = 10 * 365 * 86400.0  # seconds: an address allowed as itself, for the run
 LOCAL = LocalAddresses()  # this machine's addresses, shared by every session
 _ALLOWED = Verdict(True, "net.ip")
 
@@ -433,7 +434,8 @@ class Gateway:
         self.started = time.monotonic()
         self._accepts = TokenBucket(self.limits.accept_rate, 2 * self.limits.accept_rate)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._flows: dict[int, tuple[relay.Flow, int]] = {}  # id(flow) -> (flow, netlog handle)
+        # id(flow) -> (flow, netlog handle, the connection it was decided as)
+        self._flows: dict[int, tuple[relay.Flow, int, _Conn]] = {}
         self._conns: set[_Conn] = set()  # TCP flows not relayed yet
         self._waiting: dict[_Conn, None] = {}  # first record not read yet, oldest first
         self._udp: dict[_UdpKey, _UdpFlow] = {}
@@ -498,7 +500,7 @@ class Gateway:
                     loop.remove_reader(sock.fileno())
         for conn in list(self._conns):
             conn.abort()
-        for flow, _ in list(self._flows.values()):
+        for flow, _, _ in list(self._flows.values()):
             flow.abort()
         if self.poller is not None:
             self.poller.close()  # the TCP listeners' interest with it
@@ -547,6 +549,36 @@ class Gateway:
 
     def _t_ms(self) -> int:
         return int((time.monotonic() - self.started) * 1000)
+
+    # -- the policy changed while the session runs (`boxyctl allow` / `deny`) ------------
+    def set_policy(self, policy: NetPolicy) -> int:
+        """Decide by POLICY from now on: the DNS proxy's next question, the next
+        connection, and the flows already open: each one POLICY no longer allows is
+        cut (a reset to the client) as a refusal. Returns how many were cut."""
+        before = set(self.policy.literal_addresses())  # in the ruleset's set since the start
+        self.policy = self.dns_session.policy = policy
+        self.dns_session.cache.clear()  # answers decided by the old policy
+        for addr in set(policy.literal_addresses()) - before:  # its own binding, for the run
+            if self.bound is not None:
+                self.bound.publish(ipaddress.ip_address(addr), LITERAL_FOR)
+        cut = 0
+        for flow, _, conn in list(self._flows.values()):
+            names = conn.names or frozenset({conn.addr})
+            if (conn.name and policy.refuses(conn.name)) or all(map(policy.refuses, names)):
+                flow.abort()
+                cut += 1
+                # allowed when it began (the net log's row says so): cut, not refused
+                self.on_event(
+                    {"layer": "net.policy", "proto": "tcp", "verdict": "cut", "addr": conn.addr,
+                     "port": conn.port, "host": conn.host, "sni": conn.name,
+                     "reason": "denied while it was open (boxyctl deny)"}
+                )  # fmt: skip
+        for key, udp in list(self._udp.items()):
+            ip = _ip(udp.dst[0])
+            if not policy.udp(ip, udp.dst[1], self.bindings.names(ip)).allow:
+                self._udp_close(key)
+                cut += 1
+        return cut
 
     # -- events -------------------------------------------------------------------------
     def _decide(
@@ -600,7 +632,7 @@ class Gateway:
 
     def _sample(self) -> None:
         self._count_unnamed()
-        for flow, handle in self._flows.values():
+        for flow, handle, _ in self._flows.values():
             with contextlib.suppress(KeyError, ValueError):
                 self.netlog.update(handle, flow.counters.up, flow.counters.down)
         for udp in self._udp.values():
@@ -707,7 +739,7 @@ class Gateway:
             poller=self.poller,
             idle_checks=self._idle_checks,
         )
-        self._flows[id(flow)] = (flow, handle)
+        self._flows[id(flow)] = (flow, handle, conn)
         flow.start(functools.partial(self._relayed, flow, handle, conn))
 
     def _relayed(

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from boxy.errors import UsageError
-from boxy.values import parse_cidr, parse_host_spec
+from boxy.values import HostSpec, parse_cidr, parse_host_spec
 from boxyd.net.ranges import SANDBOX_NETS, TAILSCALE_NETS, Address, Network, classify, denied
 
 # Audit-log layers (docs/design.md, "Network").
@@ -103,6 +103,9 @@ class NetPolicy:
     # from_spec; left out of the hash since a dict has none.
     exact: dict[str, _Ports] = field(default_factory=dict, hash=False)
     wildcards: dict[str, _Ports] = field(default_factory=dict, hash=False)
+    # names refused while the session runs (`boxyctl deny`): exact names, "*.suffix"
+    # forms and literal addresses; they win over any rule that would allow them
+    refused_names: frozenset[str] = frozenset()
     # address → its range verdict: asked several times per flow (accept, first record)
     # and the same few addresses recur; the ranges and exceptions never change.
     _by_address: dict[Address | str, Verdict] = field(
@@ -138,30 +141,7 @@ class NetPolicy:
             ports.append(port)
         cidrs = tuple(ipaddress.ip_network(parse_cidr(c)) for c in allow_cidrs)
         exceptions = cidrs + (TAILSCALE_NETS if tailscale else ())
-        for spec in hosts:
-            if _literal(spec.host) and (why := denied(spec.host, exceptions)):
-                raise UsageError(
-                    f"--allow-host {spec}: the address is in a denied range ({why}); "
-                    f"open it with --allow-cidr {spec.host} as well"
-                )
-        exact: dict[str, _Ports] = {}
-        wildcards: dict[str, _Ports] = {}
-        for spec in hosts:
-            if spec.udp and QUIC_PORT in spec.ports:
-                raise UsageError(
-                    f"--allow-host: {spec}: QUIC (UDP/443) is refused in allowlist mode; "
-                    "clients fall back to TCP/443"
-                )
-            if spec.udp:
-                entry = _Ports(udp=frozenset(spec.ports))
-            elif spec.ports:
-                entry = _Ports(tcp=frozenset(spec.ports))
-            else:
-                entry = _Ports(tcp_global=True)
-            table, key = (
-                (wildcards, spec.host[1:]) if spec.host.startswith("*.") else (exact, spec.host)
-            )
-            table[key] = table.get(key, _Ports()) | entry
+        exact, wildcards = _rules(hosts, exceptions, {}, {}, what="--allow-host")
         return cls(
             mode="public" if mode == "public" else "allowlist",
             global_ports=frozenset(ports or DEFAULT_PORTS),
@@ -170,10 +150,75 @@ class NetPolicy:
             wildcards=wildcards,
         )
 
+    # --- changed while the session runs (`boxyctl allow` / `deny`, issue 34) ----
+
+    def widened(self, hosts: Iterable[str]) -> NetPolicy:
+        """This policy with HOSTS (``HostSpec`` strings) allowed too. A range objection
+        stays (--allow-cidr is fixed at the start), and so do the ports the kernel was
+        given at the start: a TCP port outside Landlock's set, or a UDP port outside the
+        ruleset's, is refused naming the run that would allow it. Raises UsageError."""
+        if self.mode != "allowlist":
+            raise UsageError("allow: the session runs --net public: every public host is allowed")
+        specs = [parse_host_spec(h, what="allow") for h in hosts]
+        exact, wildcards = _rules(
+            specs, self.exceptions, dict(self.exact), dict(self.wildcards), what="allow"
+        )
+        added = {_norm(s.host) for s in specs}
+        new = NetPolicy(
+            self.mode,
+            self.global_ports,
+            self.exceptions,
+            exact,
+            wildcards,
+            self.refused_names - added,
+        )
+        for what, before, after in (
+            ("TCP", self.landlock_ports(), new.landlock_ports()),
+            ("UDP", self.udp_ports(), new.udp_ports()),
+        ):
+            extra = sorted(set(after or ()) - set(before or ()))
+            if extra:
+                fixed = ", ".join(map(str, before or ())) or "none"
+                raise UsageError(
+                    f"allow: {what} port {', '.join(map(str, extra))}: the session's "
+                    f"{'Landlock rules' if what == 'TCP' else 'ruleset'} fixed its {what} "
+                    f"ports at its start ({fixed}); a new run with "
+                    f"{' '.join('--allow-host ' + str(s) for s in specs)} allows it"
+                )
+        return new
+
+    def narrowed(self, hosts: Iterable[str]) -> NetPolicy:
+        """This policy with HOSTS (names, ``*.suffix`` forms or literal addresses, no
+        ports) refused from now on, even below an allowed wildcard. Raises UsageError."""
+        if self.mode != "allowlist":
+            raise UsageError(
+                "deny: the session runs --net public, where a hard-coded address reaches "
+                "any public host: refusing a name needs --net allowlist"
+            )
+        specs = [parse_host_spec(h, what="deny") for h in hosts]
+        for spec in specs:
+            if spec.ports or spec.udp:
+                raise UsageError(f"deny: {spec}: a host is denied on every port (no :PORT)")
+        names = {_norm(s.host) for s in specs}
+        exact = {k: v for k, v in self.exact.items() if k not in names}
+        wildcards = {
+            k: v for k, v in self.wildcards.items() if "*" + k not in names
+        }  # "*.x" was kept as ".x"
+        return NetPolicy(
+            self.mode,
+            self.global_ports,
+            self.exceptions,
+            exact,
+            wildcards,
+            self.refused_names | names,
+        )
+
     # --- names ---------------------------------------------------------------
 
     def _ports_for(self, name: str) -> _Ports | None:
         """The union of every rule matching ``name`` (already normalised), or None."""
+        if self.refused_names and _is_denied(name, self.refused_names):
+            return None
         found = self.exact.get(name)
         for suffix, ports in self.wildcards.items():
             if name.endswith(suffix):  # suffix is ".example.com": strictly below
@@ -192,6 +237,11 @@ class NetPolicy:
         if self.mode == "public" or self._ports_for(_norm(name)) is not None and not _literal(name):
             return Verdict(True, DNS)
         return Verdict(False, DNS, "hostname not on the allowlist")
+
+    def refuses(self, name: str) -> bool:
+        """NAME (an SNI, a Host header's value, a bound name or a literal address) is
+        allowed on no port: a flow decided by it is cut when the policy changes."""
+        return self.mode == "allowlist" and self._ports_for(_host_header_name(name)) is None
 
     def name_allowed(self, name: str) -> bool:
         """``dns(name).allow``."""
@@ -395,6 +445,51 @@ class NetPolicy:
         if any(p.tcp_global for p in rules):
             ports |= self.global_ports
         return sorted(ports)
+
+
+def _rules(
+    specs: Iterable[HostSpec],
+    exceptions: tuple[Network, ...],
+    exact: dict[str, _Ports],
+    wildcards: dict[str, _Ports],
+    *,
+    what: str,
+) -> tuple[dict[str, _Ports], dict[str, _Ports]]:
+    """SPECS added into EXACT and WILDCARDS (name → ports, ".suffix" → ports), checked
+    as the command line checks them: a literal address in a denied range, QUIC."""
+    specs = list(specs)
+    for spec in specs:
+        if _literal(spec.host) and (why := denied(spec.host, exceptions)):
+            lift = (
+                f"open it with --allow-cidr {spec.host} as well"
+                if what.startswith("--")
+                else f"only a new run with --allow-cidr {spec.host} opens it"
+            )
+            raise UsageError(f"{what} {spec}: the address is in a denied range ({why}); {lift}")
+    for spec in specs:
+        if spec.udp and QUIC_PORT in spec.ports:
+            raise UsageError(
+                f"{what}: {spec}: QUIC (UDP/443) is refused in allowlist mode; "
+                "clients fall back to TCP/443"
+            )
+        if spec.udp:
+            entry = _Ports(udp=frozenset(spec.ports))
+        elif spec.ports:
+            entry = _Ports(tcp=frozenset(spec.ports))
+        else:
+            entry = _Ports(tcp_global=True)
+        table, key = (
+            (wildcards, spec.host[1:]) if spec.host.startswith("*.") else (exact, spec.host)
+        )
+        table[key] = table.get(key, _Ports()) | entry
+    return exact, wildcards
+
+
+def _is_denied(name: str, denied: frozenset[str]) -> bool:
+    """NAME (normalised) is one `boxyctl deny` named, or below a "*.suffix" it named."""
+    if name in denied:
+        return True
+    return any(d.startswith("*.") and name.endswith(d[1:]) for d in denied)
 
 
 def _literal(host: str) -> bool:

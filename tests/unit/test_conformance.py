@@ -125,6 +125,8 @@ def good(
         "List": ({"all": True}, {}),
         "Show": ({"id": sessions["ended"].id}, {}),
         "Stop": ({"id": sessions["ended"].id, "kill": False}, {}),
+        "Allow": ({"id": sid, "hosts": ["registry.example"]}, {}),
+        "Deny": ({"id": sid, "hosts": ["registry.example"]}, {}),
         "Watch": ({"id": sessions["ended"].id}, {"more": True}),
         "Output": ({"id": sessions["ended"].id, "offset": 0}, {}),
         "Attach": ({"id": sessions["detached"].id, "terminal": None}, {"more": True}),

@@ -49,7 +49,16 @@ from boxyd.daemon.events import (
     StateChanged,
 )
 from boxyd.daemon.manager import Manager
-from boxyd.daemon.seam import Exit, QuestionParser, Report, SandboxEvent, Sink, Started
+from boxyd.daemon.seam import (
+    Caller,
+    Change,
+    Exit,
+    QuestionParser,
+    Report,
+    SandboxEvent,
+    Sink,
+    Started,
+)
 from boxyd.daemon.session import Session, outcome_of
 
 TABLE = Destination("registry.example", 3, 1, 2, 2000, 9000)
@@ -111,6 +120,9 @@ class FakeSandbox:
 
     def limit_lines(self) -> list[str]:
         return ["--pids 512: enforced"]
+
+    def change_policy(self, change: Change, hosts: list[str], caller: Caller, t: float) -> str:
+        return f"{change.value} {' '.join(hosts)} ({caller})"
 
     def counters(self) -> Counters:
         return Counters(connections=len(self.signals))
@@ -887,3 +899,19 @@ async def test_output_reads_the_log_in_pieces_and_says_when_it_is_all(
     with pytest.raises(UsageError, match="past any file's end"):  # no OverflowError in boxyd
         await m.output(s.id, 2**70)
     assert (await m.output(s.id, 2**63 - 1)).data == b""
+
+
+async def test_a_policy_change_reaches_the_running_session_and_show_keeps_it() -> None:
+    m = Manager(FakeLauncher(), grace=0.05)
+    s = await m.start(request(), [])
+    await started(s)
+    who = Caller(1000, 4242, "varlink")
+    line = m.change_policy(s.id[:4], Change.ALLOW, ["api.example"], who)
+    assert line == "allow api.example (uid 1000, pid 4242, varlink)"
+    assert (await m.info(s.id)).policy == [line]
+    m.stop(s.id, kill=True)
+    await s.wait()
+    with pytest.raises(UsageError, match="is not running"):
+        m.change_policy(s.id, Change.DENY, ["api.example"], who)
+    with pytest.raises(NoSuchSession):
+        m.change_policy("ffffffff", Change.DENY, ["api.example"], who)

@@ -373,3 +373,30 @@ async def test_profiles_and_profile_show_answer_with_the_document_and_lines(
     for bad in (["node", "relative/dir", {}],):
         reply = await call(client, MANAGER_PATH, "dev.boxy.Manager1", "ProfileShow", "ssa{ss}", bad)
         assert reply.error_name == "dev.boxy.Error.InvalidArgument", (bad, reply.body)
+
+
+async def test_allow_and_deny_on_a_session_record_the_callers_process(
+    on_bus: OnBus, bus_daemon: BusDaemon
+) -> None:
+    """Session1.Allow / Deny (issue 34 §1) reach the core with who asked: the pid is
+    the one the bus gave for the calling connection (busctl's own, here)."""
+    manager, _, client = on_bus
+    s = await manager.start(request(), [])
+    await started(s)
+    await asyncio.sleep(0.1)  # the object on the bus
+    probe = subprocess.Popen(
+        ["busctl", f"--address={bus_daemon.address}", "call", BUS_NAME, session_path(s.id),
+         "dev.boxy.Session1", "Allow", "as", "1", "api.example"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    out, _ = await asyncio.to_thread(probe.communicate, None, 30)
+    assert probe.returncode == 0, out
+    assert out.startswith('s "allow api.example (uid ') and f"pid {probe.pid}, D-Bus)" in out, out
+    reply = await call(
+        client, session_path(s.id), "dev.boxy.Session1", "Deny", "as", [["a.example"]]
+    )
+    assert reply.message_type == MessageType.METHOD_RETURN, reply.body
+    assert reply.body[0].startswith("deny a.example (uid ") and ", D-Bus)" in reply.body[0]
+    assert (await manager.info(s.id)).policy == [out[3:-2], reply.body[0]]
+    manager.stop(s.id, kill=True)
+    await s.wait()

@@ -94,6 +94,22 @@ def audit(after: float, **record: object) -> dict[str, object]:
     return {"kind": "audit", "t": START + after, "record": {"t": START + after, **record}}
 
 
+def test_a_policy_change_and_the_flow_it_cut_are_recent_lines() -> None:
+    """`boxyctl allow` / `deny` (issue 34 §1) as watch shows them: who asked, plainly;
+    the connection a denial cut, in red."""
+    change = audit(12.5, layer="net.policy", verdict="deny", hosts=["api.example"], uid=1000,
+                   pid=4242, via="varlink", cut=1)  # fmt: skip
+    line = text.event_line(change, start=START, color=True)
+    assert line == (
+        "00:12.500 policy   deny    api.example                    uid 1000, pid 4242, varlink"
+    )
+    cut = audit(12.5, layer="net.policy", proto="tcp", verdict="cut", addr="11.0.0.10", port=443,
+                host="api.example", reason="denied while it was open (boxyctl deny)")  # fmt: skip
+    line = text.event_line(cut, start=START, color=True)
+    assert line.startswith(text.RED) and " cut     api.example:443 " in line, line
+    assert "denied while it was open (boxyctl deny)" in line, line
+
+
 def test_event_lines_are_the_specifications_recent_lines() -> None:
     """The specification's RECENT lines, column for column: session-relative time, the
     layer (an allowed flow's protocol, a refusal's layer), the verdict, the

@@ -247,7 +247,7 @@ def test_idl_declares_the_manager_interface() -> None:
         for m in (
             *("Run", "Resize", "Signal", "List", "Show", "Stop", "Watch", "Output", "Attach"),
             *("Version", "DaemonStatus", "Doctor", "Profiles", "ProfileShow", "Shutdown"),
-            *("JoinBus", "Trust", "Revoke", "Approvals", "Trusted"),
+            *("JoinBus", "Trust", "Revoke", "Approvals", "Trusted", "Allow", "Deny"),
         )
     }
     for err in ("InvalidArgument", "NoSuchSession", "BuildMismatch", "Busy", "SetupFailed"):

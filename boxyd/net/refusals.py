@@ -16,6 +16,8 @@ from boxy.values import plural
 # Distinct refusals kept as rows for the outcome (a scan of 65,536 ports is that
 # many); past it they are counted into one row that says so.
 MAX_ROWS = 256
+MAX_NAMED = 20  # names not allowed said one per line at the end; the rest counted
+MAX_NAMES = 10_000  # names not allowed kept (a payload can ask for millions)
 _Key = tuple[str, str, str | None, int | None, str | None, str]
 
 
@@ -29,6 +31,7 @@ class Tally:
     connections: int = 0  # flows refused (TCP or UDP), at SYN time or after: table rows
     reset: int = 0  # connections reset in bulk by the rate limits: no table row
     names: set[str] = field(default_factory=set)  # names the allowlist does not hold
+    names_past: int = 0  # refusals of names past MAX_NAMES: counted, not named
     answers: int = 0  # answers removed, each time one was (as the table counts them)
     removed: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> addr -> why
     kinds: dict[_Key, int] = field(default_factory=dict)  # the rows(), counted
@@ -53,7 +56,11 @@ class Tally:
             for addr, why in denied:
                 self.removed.setdefault(name, {})[str(addr)] = str(why)
         elif ev.get("name"):
-            self.names.add(str(ev["name"]).lower().rstrip("."))
+            name = str(ev["name"]).lower().rstrip(".")
+            if name in self.names or len(self.names) < MAX_NAMES:
+                self.names.add(name)
+            else:
+                self.names_past += 1
 
     def _count(self, ev: Mapping[str, Any]) -> None:
         port = ev.get("port")
@@ -97,7 +104,8 @@ class Tally:
         if self.reset:
             parts.append(f"{plural(self.reset, 'connection')} reset over the rate limits")
         if self.names:
-            parts.append(f"{plural(len(self.names), 'name')} not allowed")
+            many = "at least " if self.names_past else ""
+            parts.append(f"{many}{plural(len(self.names), 'name')} not allowed")
         if self.answers:
             parts.append(f"{plural(self.answers, 'DNS answer')} in a refused range removed")
         if not parts:
@@ -111,4 +119,14 @@ class Tally:
                 f"{name} answered with {', '.join(sorted(addrs))} ({'; '.join(whys)}), "
                 f"which boxy refuses; if that is really where it lives: {cidrs}"
             )
+        # one line per name, with the flag that allows it: what an agent reading the
+        # run's end (the hook's runs) tells its user, instead of retrying (issue 34 §3)
+        names = sorted(self.names)
+        out += [
+            f"{n}: not on the allowlist; --allow-host {n} allows it "
+            "(a running session: boxyctl allow ID " + n + ")"
+            for n in names[:MAX_NAMED]
+        ]
+        if len(names) > MAX_NAMED:
+            out.append(f"and {plural(len(names) - MAX_NAMED, 'more name')} not allowed")
         return out

@@ -55,6 +55,12 @@ def test_refusals_said_without_verbose(net: Topology, user: User, workdir: Path)
     ], run.stderr
     hint = [ln for ln in lines if ln.startswith("boxyctl: rebind-lan.boxy.test answered with")]
     assert hint and f"--allow-cidr {plan.LAN_HOST}" in hint[0], run.stderr
+    # the name refused, with the flag that would allow it (issue 34 §3)
+    assert (
+        "boxyctl: not-listed.boxy.test: not on the allowlist; --allow-host "
+        "not-listed.boxy.test allows it (a running session: boxyctl allow ID "
+        "not-listed.boxy.test)"
+    ) in lines, run.stderr
     assert not any(" deny " in ln for ln in lines), "the denials themselves are -v's"
 
 

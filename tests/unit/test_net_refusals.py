@@ -42,6 +42,8 @@ def test_counts_and_the_cidr_that_would_open_a_removed_answer() -> None:
         "(-v or --audit-log for details)",
         "registry.example answered with 10.9.8.7 (private (RFC 1918)), which boxy refuses; "
         "if that is really where it lives: --allow-cidr 10.9.8.7",
+        "evil.example: not on the allowlist; --allow-host evil.example allows it "
+        "(a running session: boxyctl allow ID evil.example)",
     ]
 
 
@@ -247,3 +249,31 @@ def test_refusals_past_the_report_rate_are_said_with_their_count() -> None:
         "1 more connection refused past the report rate (counted, not named) "
         "(-v or --audit-log for details)"
     ]
+
+
+def test_each_name_not_allowed_is_said_with_the_flag_that_allows_it() -> None:
+    """What an agent reads at the end of a hook's run (issue 34 §3): the name and the
+    flag, not only '2 names not allowed'."""
+    t = Tally()
+    for name in ("Api.Example.", "c2.example", "api.example"):
+        t.add({"layer": "net.dns", "verdict": "deny", "name": name, "reason": "not listed"})
+    assert t.lines() == [
+        "2 names not allowed (-v or --audit-log for details)",
+        "api.example: not on the allowlist; --allow-host api.example allows it "
+        "(a running session: boxyctl allow ID api.example)",
+        "c2.example: not on the allowlist; --allow-host c2.example allows it "
+        "(a running session: boxyctl allow ID c2.example)",
+    ]
+
+
+def test_past_twenty_names_the_rest_are_counted_and_past_the_bound_not_kept() -> None:
+    from boxyd.net import refusals
+
+    t = Tally()
+    for i in range(refusals.MAX_NAMES + 5):
+        t.add({"layer": "net.dns", "verdict": "deny", "name": f"n{i:05}.example"})
+    lines = t.lines()
+    assert lines[0].startswith(f"at least {refusals.MAX_NAMES} names not allowed"), lines[0]
+    assert len(lines) == 1 + refusals.MAX_NAMED + 1, len(lines)
+    assert lines[-1] == f"and {refusals.MAX_NAMES - refusals.MAX_NAMED} more names not allowed"
+    assert len(t.names) == refusals.MAX_NAMES and t.names_past == 5

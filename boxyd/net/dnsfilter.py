@@ -103,6 +103,9 @@ class Refusal:
     rcode: dns.rcode.Rcode
     reason: str
     answer: tuple[dns.rrset.RRset, ...] = ()
+    # RFC 8914's Extended DNS Error, for a client that sent EDNS: what refused the
+    # name and the flag that would allow it, readable by the program (issue 34 §3)
+    ede: tuple[dns.edns.EDECode, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -154,8 +157,10 @@ def decide_query(msg: dns.message.Message, policy: DnsPolicy) -> Refusal | None:
     if not _is_hostname(question.name):
         return Refusal(dns.rcode.REFUSED, NOT_A_HOSTNAME)
     # Policy before type checks, so every query for a refused name is logged as such.
-    if not policy.name_allowed(name_text(question.name)):
-        return Refusal(dns.rcode.NXDOMAIN, NOT_ALLOWED)
+    if not policy.name_allowed(name := name_text(question.name)):
+        return Refusal(
+            dns.rcode.NXDOMAIN, NOT_ALLOWED, ede=(dns.edns.EDECode.BLOCKED, blocked(name))
+        )
     rdtype = question.rdtype
     if rdtype == dns.rdatatype.ANY:
         hinfo = dns.rdata.from_text(dns.rdataclass.IN, dns.rdatatype.HINFO, '"RFC8482" ""')
@@ -177,9 +182,20 @@ def response_for(
     return response
 
 
+def blocked(name: str) -> str:
+    """The Extended DNS Error's text for NAME refused by the allowlist."""
+    return (
+        f"boxy: {name} is not on this sandbox's allowlist; --allow-host {name} allows it "
+        f"(a running session: boxyctl allow ID {name})"
+    )
+
+
 def refusal_response(query: dns.message.Message, refusal: Refusal) -> dns.message.Message:
     response = response_for(query, refusal.rcode)
     response.answer = list(refusal.answer)
+    if refusal.ede is not None and query.edns >= 0:  # an option needs the client's OPT
+        code, text = refusal.ede
+        response.use_edns(0, 0, EDNS_PAYLOAD, options=[dns.edns.EDEOption(code, text)])
     return response
 
 

@@ -161,3 +161,47 @@ def test_refusals_are_named_by_their_range_and_counted_as_the_table(
     assert refused == _table_denied(run.stderr) == len(run.probes), run.stderr
     assert f"{refused} connections refused" in summary[0]
     assert net.recorder_hits("metadata") == 0
+
+
+EDNS_PROBE = r"""
+import socket, struct
+def name(n):
+    return b"".join(bytes([len(p)]) + p.encode() for p in n.split(".")) + b"\0"
+opt = b"\0" + struct.pack("!HHIH", 41, 1232, 0, 0)  # OPT: the client speaks EDNS
+for host in ("not-listed.boxy.test", "www.boxy.test"):
+    q = struct.pack("!HHHHHH", 0x4242, 0x0100, 1, 0, 0, 1) + name(host) + b"\0\1\0\1" + opt
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(5)
+    s.sendto(q, ("10.0.2.2", 53))
+    print("ANSWER", host, s.recv(4096).hex(), flush=True)
+"""
+
+
+def test_a_refused_name_is_answered_with_an_extended_dns_error_a_client_can_read(
+    net: Topology, user: User, workdir: Path
+) -> None:
+    """RFC 8914 (issue 34 §3): the sandbox's own DNS client, speaking EDNS, is told in
+    the answer that boxy refused the name and which flag allows it; an allowed name's
+    answer carries no such error."""
+    import dns.edns
+    import dns.message
+    import dns.rcode
+
+    run = run_probes(
+        net, user, workdir, "--net", "allowlist", "--allow-host", "www.boxy.test",
+        cmd=["python3", "-c", EDNS_PROBE],
+    )  # fmt: skip
+    assert run.proc.returncode == 0, run.describe()
+    got = {
+        ln.split()[1]: dns.message.from_wire(bytes.fromhex(ln.split()[2]))
+        for ln in run.stdout.splitlines()
+        if ln.startswith("ANSWER ")
+    }
+    refused, allowed = got["not-listed.boxy.test"], got["www.boxy.test"]
+    assert refused.rcode() == dns.rcode.NXDOMAIN, refused
+    (ede,) = [o for o in refused.options if isinstance(o, dns.edns.EDEOption)]
+    assert ede.code == dns.edns.EDECode.BLOCKED, ede
+    assert ede.text is not None and ede.text.startswith("boxy: not-listed.boxy.test "), ede
+    assert "--allow-host not-listed.boxy.test allows it" in ede.text, ede
+    assert allowed.rcode() == dns.rcode.NOERROR and allowed.answer, allowed
+    assert not [o for o in allowed.options if isinstance(o, dns.edns.EDEOption)], allowed

@@ -126,6 +126,28 @@ def test_disallowed_name_is_nxdomain() -> None:
     assert decide_query(query("notok.test"), ALLOW) is not None
 
 
+def test_a_refused_name_says_why_in_an_extended_dns_error() -> None:
+    """RFC 8914 (issue 34 §3): a client that sent EDNS reads what refused the name and
+    the flag that allows it; one that did not gets no OPT it never asked for."""
+    import dns.edns
+
+    q = query("c2.evil.test", use_edns=0)
+    refusal = decide_query(q, ALLOW)
+    assert refusal is not None
+    got = roundtrip(refusal_response(q, refusal))
+    assert got.rcode() == dns.rcode.NXDOMAIN
+    (ede,) = [o for o in got.options if isinstance(o, dns.edns.EDEOption)]
+    assert ede.code == dns.edns.EDECode.BLOCKED
+    assert ede.text == (
+        "boxy: c2.evil.test is not on this sandbox's allowlist; --allow-host c2.evil.test "
+        "allows it (a running session: boxyctl allow ID c2.evil.test)"
+    )
+    plain = query("c2.evil.test")
+    refusal = decide_query(plain, ALLOW)
+    assert refusal is not None
+    assert roundtrip(refusal_response(plain, refusal)).edns == -1
+
+
 @pytest.mark.parametrize(
     "labels",
     [

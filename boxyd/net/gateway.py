@@ -34,7 +34,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from boxyd.net import nflog, nftcounter, nftset, relay, sni, udpsock
+from boxyd.net import denial, nflog, nftcounter, nftset, relay, sni, udpsock
 from boxyd.net.bindings import Address, Bindings
 from boxyd.net.dnsproxy import AskUpstream, DnsProxy, DnsSession, TokenBucket
 from boxyd.net.netlog import NetLog
@@ -91,6 +91,7 @@ class _UdpFlow:
     last: float = field(default_factory=time.monotonic)
 
 
+DRAIN_READS = 16  # reads of a refused client's unread bytes before its socket closes
 LITERAL_FOR = 10 * 365 * 86400.0  # seconds: an address allowed as itself, for the run
 LOCAL = LocalAddresses()  # this machine's addresses, shared by every session
 _ALLOWED = Verdict(True, "net.ip")
@@ -276,9 +277,13 @@ class _Conn:
             if data is None:  # the client closed without a byte
                 self.client.close()
             else:
+                # told in words only after a whole ClientHello or request was judged by
+                # name (a stalled or evicted one is reset: nothing was asked of it)
+                named = isinstance(self.result, (sni.TLS, sni.HTTP))
                 self.gw._deny(
-                    self.client, "tcp", self.addr, self.port, v, host=self.host, name=name
-                )
+                    self.client, "tcp", self.addr, self.port, v, host=self.host, name=name,
+                    first=data if named else b"",
+                )  # fmt: skip
             self._end()
             return
         self.verdict, self.data, self.name = v, data, name
@@ -796,9 +801,22 @@ class Gateway:
         *,
         host: str | None = None,
         name: str | None = None,
+        first: bytes = b"",
     ) -> None:
+        """Refused: recorded, then told. After a first record that was TLS or HTTP, in
+        words the program can read (boxyd.net.denial); otherwise a reset."""
         self._decide(proto, addr, port, v, host=host, name=name)
-        relay.reset(client)
+        said = denial.reply(first, v, name or host, port) if first else None
+        if said is None:
+            relay.reset(client)
+            return
+        with contextlib.suppress(OSError):  # gone already: close() is what is left
+            client.send(said)  # small, into an empty send buffer
+            client.shutdown(socket.SHUT_WR)
+            for _ in range(DRAIN_READS):  # what it sent meanwhile: a close with it unread
+                if not client.recv(65536):  # would reset the reply away
+                    break
+        client.close()
 
     async def _dns_tcp(self, client: socket.socket) -> None:
         if self._dns_tcp_open >= self.limits.dns_tcp:

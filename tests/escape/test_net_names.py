@@ -71,8 +71,15 @@ def client_ctx(verify):
     ctx.verify_mode = ssl.CERT_NONE
     return ctx
 
+def boxy_alert(data):
+    """The 7 bytes boxy's gateway answers a refused ClientHello with: a fatal TLS
+    access_denied alert (boxyd/net/denial.py), never a far end's."""
+    return len(data) == 7 and data[:2] in (b"\x15\x03",) and data[3:] == b"\x00\x02\x02\x31"
+
 def tls_fail(e, t0, stage):
     base = {"errno": None, "ms": _ms(t0), "stage": stage, "detail": str(e)[:160]}
+    if isinstance(e, ssl.SSLError) and "ALERT_ACCESS_DENIED" in str(e):
+        return {"outcome": "boxy-refused", **base}  # boxy's alert, after the ClientHello
     if isinstance(e, ssl.SSLCertVerificationError):
         return {"outcome": "cert-error", **base}  # the far end answered
     if isinstance(e, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
@@ -92,8 +99,12 @@ def http_result(data, t0, **extra):
     js = None
     with contextlib.suppress(ValueError):
         js = json.loads(body)
-    r = {"outcome": "answered" if data else "closed", "errno": None, "ms": _ms(t0),
+    refused = status == 403 and b"\r\nX-Boxy: refused" in head  # boxy's own 403
+    outcome = "boxy-refused" if refused else "answered" if data else "closed"
+    r = {"outcome": outcome, "errno": None, "ms": _ms(t0),
          "status": status, "body_len": len(body), **extra}
+    if refused:
+        r["said"] = body.decode(errors="replace")
     if isinstance(js, dict):
         r.update({"server": js.get("server"), "sni": js.get("sni"), "host": js.get("host"),
                   "family": js.get("family"), "port": js.get("port"), "path": js.get("path")})
@@ -649,13 +660,16 @@ def test_forged_sni_names_refused(sni_run: AuditedRun) -> None:
 def test_forged_sni_reset(sni_run: AuditedRun, attack: str) -> None:
     """A name on the wire that is not bound to the destination address (a forged SNI
     or Host on a shared CDN address, an allowed name sent to another host's address,
-    no SNI at all): the gateway reads the first record and resets the flow. An address
+    no SNI at all): the gateway reads the first record and refuses the flow, in words
+    the client reads (TLS access_denied, HTTP 403), never dialling. An address
     with no binding at all (the shared one before its allowed name was resolved,
     another host's) is refused at the SYN: no handshake, no first record."""
     run = sni_run.run
     assert_clean(run)
     rec = probe(run, attack)
-    expected = "refused" if attack in UNBOUND_ATTACKS else "reset"
+    # refused by name after the first record: told so in words (a TLS access_denied
+    # alert, an HTTP 403: issue 34 §3); a first record that is neither, reset
+    expected = "refused" if attack in UNBOUND_ATTACKS else "boxy-refused"
     assert rec["outcome"] == expected, run.describe(attack)
 
 
@@ -990,8 +1004,8 @@ def raw_hello(label, addr, path):
         s = socket.create_connection((addr, 443), timeout=3)
         trickle(s, hello, 64)
         data = s.recv(4096)
-        r = {"outcome": "answered" if data else "closed", "errno": None, "ms": _ms(t0),
-             "first": data[:1].hex()}
+        outcome = "boxy-refused" if boxy_alert(data) else "answered" if data else "closed"
+        r = {"outcome": outcome, "errno": None, "ms": _ms(t0), "first": data[:1].hex()}
     except OSError as e:
         r = _fail(e, t0)
         if r["outcome"] == "timeout":
@@ -1052,7 +1066,7 @@ def test_split_client_hello_disallowed_host_reset(wire_run: AuditedRun, label: s
     run = wire_run.run
     assert_clean(run)
     rec = probe(run, label)
-    assert rec["outcome"] == "reset", run.describe(label)
+    assert rec["outcome"] == "boxy-refused", run.describe(label)
     assert [e for e in run.server_events if e.get("sni") == "other.boxy.test"] == []
     denied = [
         r
@@ -1069,7 +1083,7 @@ def test_ech_refused(wire_run: AuditedRun) -> None:
     same hello without the extension reaches the server (it answers something)."""
     run = wire_run.run
     assert_clean(run)
-    assert probe(run, "ech-www")["outcome"] == "reset", run.describe("ech-www")
+    assert probe(run, "ech-www")["outcome"] == "boxy-refused", run.describe("ech-www")
     assert probe(run, "noech-www")["outcome"] == "answered", run.describe("noech-www")
     ech = [
         r for r in wire_run.audit if r.get("verdict") == "deny" and "ECH" in str(r.get("reason"))

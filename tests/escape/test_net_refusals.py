@@ -205,3 +205,28 @@ def test_a_refused_name_is_answered_with_an_extended_dns_error_a_client_can_read
     assert "--allow-host not-listed.boxy.test allows it" in ede.text, ede
     assert allowed.rcode() == dns.rcode.NOERROR and allowed.answer, allowed
     assert not [o for o in allowed.options if isinstance(o, dns.edns.EDEOption)], allowed
+
+
+def test_curl_reads_why_a_name_on_the_wire_was_refused(
+    net: Topology, user: User, workdir: Path
+) -> None:
+    """A real client, refused by name after its first record (issue 34 §3): curl over
+    plain HTTP prints boxy's 403 body, naming the flag; over TLS it reports the
+    access_denied alert instead of a bare reset. The far end is never dialled."""
+    www = plan.SERVER_BY_NAME["www"].v4
+    script = (
+        f"curl -sS -m 10 --resolve evil.boxy.test:80:{www} http://evil.boxy.test/; "
+        'echo "HTTP-EXIT $?"; '
+        f"curl -sS -m 10 -k --resolve evil.boxy.test:443:{www} https://evil.boxy.test/ 2>&1; "
+        'echo "TLS-EXIT $?"'
+    )
+    run = run_probes(
+        net, user, workdir, "--net", "allowlist", "--allow-host", "www.boxy.test",
+        cmd=["sh", "-c", f"getent ahostsv4 www.boxy.test >/dev/null; {script}"],
+    )  # fmt: skip
+    out = run.stdout
+    assert "boxy refused this connection: Host names evil.boxy.test" in out, run.describe()
+    assert "--allow-host evil.boxy.test allows it" in out, run.describe()
+    assert "HTTP-EXIT 0" in out, run.describe()  # a response, read whole
+    assert "access denied" in out.lower() and "TLS-EXIT 35" in out, run.describe()
+    assert not [e for e in run.server_events if e.get("host") == "evil.boxy.test"], run.describe()

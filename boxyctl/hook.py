@@ -249,6 +249,9 @@ def claude(data: bytes) -> int:
         raise UsageError(
             f"hook claude: the event's cwd {shown(event.cwd)}: {problem}; the command was blocked"
         )
+    widening = hp.widens(event.command)
+    if widening is not None:  # `boxyctl allow` / `trust`: the user's to answer
+        return _emit(hp.ask_to_widen(widening))
     config, configured = load_config()
     if hp.decide(event.command, config) is None:  # not intercepted: nothing to ask boxyd
         lines = notices.take()  # what the user must see goes to the user's prompt

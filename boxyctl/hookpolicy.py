@@ -600,6 +600,46 @@ def _sequence(body: str) -> list[str] | None:
     return [str(x) for x in range(lo, min(hi, lo + _BRACE_MAX) + 1)]
 
 
+# boxyctl's subcommands that widen what a sandbox may do: never on the agent's word
+# alone, however the harness is configured (an allowed `Bash(boxyctl:*)`, a bypass mode)
+WIDENING = ("allow", "trust")
+
+
+def widens(line: str) -> str | None:
+    """The first `boxyctl allow …` / `boxyctl trust` in LINE (as its words), or None.
+    What runs unseen (a program named at run time) is sandboxed by decide(), where
+    boxyctl reaches no boxyd; this is the plain form, which runs on the host."""
+    try:
+        tokens = tokenize(line)
+    except ValueError:
+        return None  # an open quote: the shell refuses it too
+    words: list[str] = []
+    for tok in [*tokens, Token(";", "op")]:
+        if tok.kind != "op":
+            words.append(tok.text)
+            continue
+        i = 0
+        while i < len(words) and (is_assignment(words[i]) or words[i] in _KEYWORDS):
+            i += 1
+        if i + 1 < len(words) and os.path.basename(words[i]) in OURS and words[i + 1] in WIDENING:
+            return shellquote.join(words[i:])
+        words = []
+    return None
+
+
+def ask_to_widen(command: str) -> dict[str, object]:
+    """The answer to a line that widens a sandbox: the user's, in the harness's prompt."""
+    return {
+        "hookSpecificOutput": {
+            "hookEventName": "PreToolUse",
+            "permissionDecision": "ask",
+            "permissionDecisionReason": (
+                f"boxy: `{command}` widens what a sandbox may reach; it runs only if you answer yes"
+            ),
+        }
+    }
+
+
 def decide(line: str, config: HookConfig, *, approved: str | None = None) -> Decision | None:
     """Whether LINE runs sandboxed, and with which profile: the first intercepted
     program's (PROFILES), unless the project's approved .boxy.yaml chooses: APPROVED,

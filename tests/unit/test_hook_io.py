@@ -60,6 +60,33 @@ def test_allow_with_the_rewritten_command(
 
 
 @pytest.mark.parametrize(
+    "line,said",
+    [
+        ("boxyctl allow 9f3 api.example", "boxyctl allow 9f3 api.example"),
+        ("cd /p && FOO=1 /usr/local/bin/boxy trust", "/usr/local/bin/boxy trust"),
+        ("npm test; boxyctl allow 9f3 '*.example.com'", "boxyctl allow 9f3 '*.example.com'"),
+    ],
+)
+def test_a_line_that_widens_a_sandbox_is_the_users_to_answer(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    line: str, said: str,
+) -> None:  # fmt: skip
+    """The agent cannot widen its own sandboxes on its own word (issue 34): `boxyctl
+    allow` and `trust` get an ask, whatever the harness's own rules would do."""
+    assert run_main(["hook", "claude"], event(line), monkeypatch) == 0
+    out = json.loads(capsys.readouterr().out)["hookSpecificOutput"]
+    assert out["permissionDecision"] == "ask", out
+    assert f"`{said}` widens what a sandbox may reach" in out["permissionDecisionReason"]
+
+
+@pytest.mark.parametrize(
+    "line", ["boxyctl deny 9f3 api.example", "boxyctl show 9f3", "echo boxyctl allow x y"]
+)
+def test_lines_that_widen_nothing_are_not_asked_about(line: str) -> None:
+    assert hp.widens(line) is None
+
+
+@pytest.mark.parametrize(
     "data",
     [event("ls -la"), event("npm i", tool_name="Read"), event("make", tool_name="Edit")],
 )

@@ -105,7 +105,7 @@ def setup(environ: dict[str, str], say: Callable[[str], object]) -> int:
             # A copy would go stale at the package's next upgrade; one already there wins
             # over the package's file (a checkout's setup wrote it), so it is named.
             if path.exists():
-                say(f"{path}: yours, used instead of the boxy package's (remove it to use the package's)")
+                say(f"{path}: yours, used instead of the boxy package's (remove it to use theirs)")
             else:
                 shared = SYSTEM_DBUS_DIR if name == DBUS_SERVICE else SYSTEM_UNIT_DIR
                 say(f"{shared / name}: from the boxy package")

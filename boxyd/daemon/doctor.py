@@ -415,7 +415,7 @@ def apparmor_fix(
     executable = executable or sys.executable
     real = os.path.realpath(executable)
     if prefix == PACKAGE_PREFIX:
-        return "the boxy package loads it where AppArmor is active: sudo dpkg-reconfigure boxy"
+        return "the boxy package's postinst loads it (with apparmor_parser): sudo dpkg-reconfigure boxy"
     if prefix == base_prefix or not real.startswith(prefix + os.sep):
         return (
             f"this install's interpreter is {real}, the system's (a pipx venv links it): a "

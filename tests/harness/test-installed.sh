@@ -37,6 +37,7 @@ purge() {
   # every path the package shipped, and anything made since it was installed
   # (a directory another package owns stays, as it should)
   left=$( (while read -r path; do
+    [ "$path" != /. ] || continue
     [ -e "$path" ] || [ -L "$path" ] || continue
     if [ -d "$path" ] && ! [ -L "$path" ] && dpkg -S "$path" >/dev/null 2>&1; then continue; fi
     echo "$path"

@@ -6,7 +6,10 @@ DEB_PACKAGES = python3 python3-venv python3-dev gcc pkg-config libsystemd-dev li
                iproute2 dbus-user-session man-db nodejs npm \
                openssh-client openssl gnupg python3-dbus bash-completion
 
-.PHONY: setup packages venv docs test lint demo bench clean
+# what `make deb` builds with (debian/control's Build-Depends, and dpkg-buildpackage)
+DEB_BUILD_PACKAGES = debhelper dpkg-dev python3-venv
+
+.PHONY: setup packages venv docs test lint demo bench clean deb
 
 setup: packages venv docs
 	@if [ "$$(id -u)" = 0 ]; then packaging/install-apparmor.sh "$(abspath $(VENV))/bin/python3"; fi
@@ -63,5 +66,11 @@ demo: setup
 bench: venv
 	$(VENV)/bin/python bench/all.py $(if $(BEFORE),--before $(BEFORE))
 
+# boxy_VERSION_ARCH.deb here: boxy in /usr/lib/boxy, for `apt-get install ./boxy_*.deb`
+# (debian/rules says how; packaging/build-deb.sh builds it from a copy of this tree)
+deb:
+	@BOXY_MAKE_TARGET="make deb" packaging/install-packages.sh --no-probe $(DEB_BUILD_PACKAGES)
+	@packaging/build-deb.sh
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info boxy_*.deb

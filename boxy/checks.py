@@ -55,8 +55,8 @@ TO_GET_IT = {
     "seccomp": "a kernel built with seccomp filters (CONFIG_SECCOMP_FILTER)",
     "userns": "unprivileged user namespaces (user.max_user_namespaces > 0; on Debian "
     "kernel.unprivileged_userns_clone=1)",
-    "apparmor": "boxy's AppArmor profile: sudo packaging/install-apparmor.sh .venv/bin/python3",
-    "nftables": "nf_tables with TPROXY and fib, and Debian's libnftables1 and python3-nftables",
+    "apparmor": "boxy's AppArmor profile, as the line says for this install",
+    "nftables": "nf_tables with TPROXY and fib, and Debian's libnftables1",
     "veth": "the veth kernel module",
     "network": "the veth and nftables lines above",
     "dns-upstream": "a nameserver in /etc/resolv.conf, or BOXY_UPSTREAM_DNS=HOST[:PORT]",

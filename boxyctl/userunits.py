@@ -2,6 +2,9 @@
 file for the calling user, and enable the socket when a user manager runs. Idempotent: a unit whose text is
 already there is left alone; each file is written whole and renamed into place.
 
+From the boxy package (its units in /usr/lib/systemd/user run this very boxyd) nothing
+is copied: the package's files serve every user, and setup only enables the socket.
+
 Without a user manager nothing more is needed: boxyctl starts boxyd on demand.
 """
 
@@ -18,7 +21,12 @@ from boxy.errors import BoxyError
 
 UNITS = ("boxyd.socket", "boxyd.service")
 DBUS_SERVICE = "dev.boxy.Daemon.service"
-SOURCE = Path(__file__).resolve().parent.parent / "units"
+# package data (units/ at the top of the tree links here), so an install from a wheel
+# (pipx) has them too
+SOURCE = Path(__file__).resolve().parent / "units"
+# where the Debian package puts them (debian/rules)
+SYSTEM_UNIT_DIR = Path("/usr/lib/systemd/user")
+SYSTEM_DBUS_DIR = Path("/usr/share/dbus-1/services")
 
 
 def unit_dir(environ: dict[str, str]) -> Path:
@@ -40,6 +48,15 @@ def daemon_command() -> str:
     interpreter running the module."""
     exe = Path(sys.executable).parent / "boxyd"
     return str(exe) if os.access(exe, os.X_OK) else f"{sys.executable} -m boxyd"
+
+
+def packaged(command: str, unit_dir: Path = SYSTEM_UNIT_DIR) -> bool:
+    """The system's boxyd.service (the boxy package's) runs COMMAND, this very boxyd."""
+    try:
+        text = (unit_dir / "boxyd.service").read_text()
+    except OSError:
+        return False
+    return f"\nExecStart={command}\n" in text
 
 
 def render(name: str, command: str) -> str:
@@ -82,7 +99,17 @@ def setup(environ: dict[str, str], say: Callable[[str], object]) -> int:
     changed = False
     files = [(target / name, name) for name in UNITS]
     files.append((dbus_service_dir(environ) / DBUS_SERVICE, DBUS_SERVICE))
+    system = packaged(command)
     for path, name in files:
+        if system:
+            # A copy would go stale at the package's next upgrade; one already there wins
+            # over the package's file (a checkout's setup wrote it), so it is named.
+            if path.exists():
+                say(f"{path}: yours, used instead of the boxy package's (remove it to use theirs)")
+            else:
+                shared = SYSTEM_DBUS_DIR if name == DBUS_SERVICE else SYSTEM_UNIT_DIR
+                say(f"{shared / name}: from the boxy package")
+            continue
         try:
             wrote = write_if_changed(path, render(name, command))
         except OSError as e:
@@ -92,7 +119,9 @@ def setup(environ: dict[str, str], say: Callable[[str], object]) -> int:
     if not user_manager(environ):
         say("no systemd user manager: boxyctl starts boxyd on demand")
         return 0
-    steps = ([("daemon-reload",)] if changed else []) + [("enable", "--now", "boxyd.socket")]
+    # a running manager learns of the package's units only on a reload
+    reload = changed or system
+    steps = ([("daemon-reload",)] if reload else []) + [("enable", "--now", "boxyd.socket")]
     for step in steps:
         r = systemctl(*step)
         if r.returncode != 0:

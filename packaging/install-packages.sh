@@ -2,6 +2,7 @@
 # Install the Debian packages boxy and its test suite need, then prove they work.
 #
 #   packaging/install-packages.sh PACKAGE...      (make packages passes $(DEB_PACKAGES))
+#   packaging/install-packages.sh --no-probe PACKAGE...   (make deb: its build tools only)
 #
 # - A package is wanted only when dpkg does not have it installed and, for the
 #   tools listed in `provided_by` below, when that tool does not already work:
@@ -15,7 +16,11 @@
 #   a part that does not work fails the setup by name.
 set -uo pipefail
 
-say() { printf 'make setup: %s\n' "$*" >&2; }
+# --no-probe: install only; the probes below are of what the suite uses, not a build's
+probes=1
+if [[ "${1:-}" == --no-probe ]]; then probes=0; shift; fi
+who=${BOXY_MAKE_TARGET:-make setup}
+say() { printf '%s: %s\n' "$who" "$*" >&2; }
 
 # A package that a working tool on PATH already provides (however it was installed).
 declare -A provided_by=([nodejs]="node --version" [npm]="npm --version")
@@ -50,6 +55,8 @@ if [[ -n "$missing" ]]; then
   still=$(missing_of $missing)
   [[ -z "$still" ]] || { say "apt-get reported success but these are not installed: $still"; exit 1; }
 fi
+
+((probes)) || exit 0
 
 # Each part by what the suite does with it. Debian's python3 is the one the venv is built
 # from (--system-site-packages), so the bindings must import there.

@@ -21,7 +21,25 @@ from pluggy import Result
 if TYPE_CHECKING:
     from tests.harness.topology import Topology
 
-BIN = Path(sys.executable).parent
+# The bin directory of the boxy under test: this interpreter's venv (the staged tree), or
+# BOXY_TEST_BIN for an installed copy (/usr/lib/boxy/bin: CI's run against the package).
+BIN = Path(os.environ.get("BOXY_TEST_BIN") or Path(sys.executable).parent)
+
+
+def _lib() -> Path:
+    """The directory holding the boxy package under test, for a client the attack cases
+    drive with PYTHONPATH (its build must be boxyd's): the staged tree, or the installed
+    copy's site-packages."""
+    if not os.environ.get("BOXY_TEST_BIN"):
+        return Path(__file__).resolve().parent.parent
+    code = "import boxy, os; print(os.path.dirname(os.path.dirname(boxy.__file__)))"
+    r = subprocess.run([str(BIN / "python3"), "-I", "-c", code], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"BOXY_TEST_BIN={BIN}: its python3 cannot import boxy: {r.stderr}")
+    return Path(r.stdout.strip())
+
+
+LIB = _lib()
 
 
 @dataclass

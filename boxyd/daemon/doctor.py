@@ -23,6 +23,7 @@ import signal
 import socket
 import stat
 import struct
+import sys
 import time
 from collections.abc import Callable
 from typing import cast
@@ -393,11 +394,36 @@ def _apparmor(f: Facts) -> list[Check]:
         Check(
             "apparmor",
             False,
-            f"restricting user namespaces and boxy's profile is {state}: "
-            "run `make setup` (installs packaging/apparmor/boxy)",
+            f"restricting user namespaces and boxy's profile is {state}: {apparmor_fix()}",
             hard=True,
         )
     ]
+
+
+PACKAGE_PREFIX = "/usr/lib/boxy"  # the Debian package's venv (debian/rules)
+
+
+def apparmor_fix(
+    prefix: str | None = None, base_prefix: str | None = None, executable: str | None = None
+) -> str:
+    """How this installation gets boxy's profile. It attaches to the resolved path of
+    stage 2's interpreter, so only an interpreter of boxy's own (a venv's copy) can
+    carry it: a pipx venv's is the system's (a link), as is one outside any venv, and
+    every Python program would share its profile."""
+    prefix = os.path.realpath(prefix or sys.prefix)
+    base_prefix = os.path.realpath(base_prefix or sys.base_prefix)
+    executable = executable or sys.executable
+    real = os.path.realpath(executable)
+    if prefix == PACKAGE_PREFIX:
+        return "the boxy package's postinst loads it (with apparmor_parser): sudo dpkg-reconfigure boxy"
+    if prefix == base_prefix or not real.startswith(prefix + os.sep):
+        return (
+            f"this install's interpreter is {real}, the system's (a pipx venv links it): a "
+            "profile for it would give every Python program user namespaces, so this install "
+            "cannot have one; install the Debian package (`make deb`) or run from a checkout "
+            "(`make setup`)"
+        )
+    return f"run `make setup` (installs packaging/apparmor/boxy for {executable})"
 
 
 # ---- nftables -----------------------------------------------------------------------

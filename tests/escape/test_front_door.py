@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, Boxy, User
+from tests.conftest import BIN, LIB, Boxy, User
 from tests.escape.conftest import HOST_PY, PRELUDE, describe, output
 
 SCAN = r"""
@@ -177,7 +177,7 @@ def test_library_with_closed_stdio(boxy: Boxy, sleeper: str, closed: str) -> Non
         f"import boxy; r = boxy.run(['python3', {script.name!r}], stdin=None, stdout=None,"
         " stderr=None, net='none'); raise SystemExit(r.exit_status)"
     )
-    root = Path(BIN).parent.parent  # the staged tree: boxy is importable from it
+    root = LIB  # boxy under test is importable from it
     line = f"cd {boxy.workdir} && PYTHONPATH={root} exec {HOST_PY} -c {shlex.quote(code)}"
     check(
         shell(boxy.user, boxy.workdir, f"({line}) {CLOSINGS[closed]}"), report, boxy.user, sleeper
@@ -225,7 +225,7 @@ def test_boxyd_refuses_its_own_socket_and_other_authority_as_stdio(
     """The second layer alone: a client that skips the first hands boxyd a connection
     to boxyd (its own, another), a listening and a datagram socket of the host's
     network and the home directory. Each is one line naming the fd; nothing runs."""
-    root = Path(BIN).parent.parent
+    root = LIB
     r = boxy.user.run(
         [HOST_PY, "-c", RAW], cwd=boxy.workdir, extra_env={"PYTHONPATH": str(root)}, input=b""
     )

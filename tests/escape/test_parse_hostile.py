@@ -8,11 +8,10 @@ that what a run covers is covered; how long a run takes is no bound here."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, Boxy
+from tests.conftest import LIB, Boxy
 from tests.escape.conftest import HOST_PY, describe
 
 pytestmark = pytest.mark.sandbox
@@ -90,7 +89,7 @@ def test_a_terminal_sequence_that_took_the_filter_days(boxy: Boxy) -> None:
         "        out += chunk\n"
         "    sys.stdout.buffer.write(out)\n"
     )
-    root = Path(BIN).parent.parent
+    root = LIB
     r = boxy.user.run(
         [HOST_PY, "-c", code], cwd=boxy.workdir, extra_env={"PYTHONPATH": str(root)}, timeout=120
     )

@@ -3,12 +3,19 @@
 # user, so the tree is staged where that user can read it (a clean clone may sit
 # under /root, mode 0700) and pytest, still root for the harness's own setup steps,
 # runs every `boxyctl` as that user. As a normal user: everything runs as you.
+# BOXY_TEST_BIN=DIR tests the boxy installed there (/usr/lib/boxy/bin: the Debian
+# package) instead of the staged tree's: pytest and the harness still run from the stage.
 set -euo pipefail
 venv=${1:-.venv}
 shift || true
 # the rest: pytest's own arguments (default: the whole suite)
 (($#)) || set -- tests
 src=$(cd "$(dirname "$0")/../.." && pwd)
+if [ -n "${BOXY_TEST_BIN:-}" ]; then
+  [ -x "$BOXY_TEST_BIN/boxyctl" ] || { echo "run-tests: no boxyctl in BOXY_TEST_BIN=$BOXY_TEST_BIN" >&2; exit 2; }
+  export BOXY_TEST_BIN
+  echo "run-tests: testing the boxy in $BOXY_TEST_BIN ($("$BOXY_TEST_BIN/boxyctl" --version))" >&2
+fi
 
 if [ "$(id -u)" != 0 ]; then
   cd "$src"
@@ -39,6 +46,9 @@ rc=$?
 set -e
 # Leave no daemon of this suite behind (only this venv's: other suites may be running).
 pkill -u "$user" -f "^$stage/.venv/bin/python3 -m boxyd( |$)" 2>/dev/null || true
+if [ -n "${BOXY_TEST_BIN:-}" ]; then
+  pkill -u "$user" -f "^$BOXY_TEST_BIN/python3 -m boxyd( |$)" 2>/dev/null || true
+fi
 # And no test internet of this suite's (its prefix names its pytest) if a crash left one up.
 if ip netns list 2>/dev/null | grep -q "^boxyt$pytest_pid-host"; then
   "$stage/.venv/bin/python3" -m tests.harness.topology down --prefix "boxyt$pytest_pid" >/dev/null 2>&1 || true

@@ -79,6 +79,21 @@ SESSION_ID = "a session id (as `boxyctl ps` lists them) or its unique prefix"
 _JSON = Arg("--json", help="one JSON document on stdout")
 _FORCE = Arg("--force", help="stop running sessions first (SIGTERM, grace, SIGKILL; recorded)")
 
+
+def _policy_change(name: str, help: str, hosts: str, description: str) -> Sub:
+    """`allow` and `deny`: ID HOST... (boxyctl/commands/allow.py runs both)."""
+    return Sub(
+        name,
+        help,
+        args=(
+            Arg("id", kind="id", metavar="ID", help=SESSION_ID),
+            Arg("hosts", kind="words", metavar="HOST", help=hosts),
+        ),
+        description=description,
+        no_json="`show --json ID` has the session's policy lines",
+    )
+
+
 SUBCOMMANDS: tuple[Sub, ...] = (
     Sub(  # its flags: the option table (boxy/options.py)
         "run",
@@ -133,41 +148,23 @@ SUBCOMMANDS: tuple[Sub, ...] = (
         description="Take over the terminal of a session started with -d (or left with "
         "Ctrl-]); Ctrl-] leaves it again, and the session lives on.",
     ),
-    Sub(
+    _policy_change(
         "allow",
         "allow hosts in a running session, at once",
-        args=(
-            Arg("id", kind="id", metavar="ID", help=SESSION_ID),
-            Arg(
-                "hosts",
-                kind="words",
-                metavar="HOST",
-                help="HOST[:PORT[,PORT]][/udp], *.SUFFIX or an address (one or more)",
-            ),
-        ),
-        description="Allow hosts in a running session's allowlist at once: its DNS, "
+        "HOST[:PORT[,PORT]][/udp], *.SUFFIX or an address (one or more)",
+        "Allow hosts in a running session's allowlist at once: its DNS, "
         "its connections and the gateway's sets, recorded in its audit log with who "
         "asked (show and watch say it). What was fixed at its start does not widen: a "
         "range only --allow-cidr opens, a port outside its Landlock rules (refused, "
         "naming the run that would allow it).",
-        no_json="`show --json ID` has the session's policy lines",
     ),
-    Sub(
+    _policy_change(
         "deny",
         "refuse hosts in a running session from now on",
-        args=(
-            Arg("id", kind="id", metavar="ID", help=SESSION_ID),
-            Arg(
-                "hosts",
-                kind="words",
-                metavar="HOST",
-                help="a name, *.SUFFIX or an address, on every port (one or more)",
-            ),
-        ),
-        description="Refuse hosts in a running session from now on, even below an "
+        "a name, *.SUFFIX or an address, on every port (one or more)",
+        "Refuse hosts in a running session from now on, even below an "
         "allowed *.SUFFIX: its DNS answers nothing for them, and its open connections "
         "they decided are cut. Recorded as allow is.",
-        no_json="`show --json ID` has the session's policy lines",
     ),
     Sub(
         "stop",

@@ -1,11 +1,18 @@
-"""Netlink framing, shared by boxy's two netlink users: rtnetlink requests
-(boxyd.net.rtnl) and the NFLOG refusal reports (boxyd.net.nflog). Messages and
-attributes only; what they mean is each user's business."""
+"""Netlink framing, shared by boxy's netlink users: rtnetlink requests
+(boxyd.net.rtnl), the NFLOG refusal reports (boxyd.net.nflog), the bound set and the
+refusal counter (boxyd.net.nftset, boxyd.net.nftcounter). Messages, attributes and
+one request's exchange; what they mean is each user's business."""
 
 from __future__ import annotations
 
+import errno
+import os
+import socket
 import struct
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+
+from boxy import fdwait
 
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 NLM_F_REQUEST, NLM_F_ACK = 0x1, 0x4
@@ -54,3 +61,29 @@ def attrs(data: bytes) -> dict[int, bytes]:
         out[kind & NLA_TYPE_MASK] = data[pos + _ATTR.size : pos + length]
         pos += (length + 3) & ~3
     return out
+
+
+def exchange(
+    sock: socket.socket, data: bytes, step: str, wait: float, take: Callable[[bytes], bool]
+) -> None:
+    """Send DATA on SOCK, then hand each read to TAKE until it says the answer is in
+    (True), within WAIT seconds. The kernel answers within send(), so WAIT is a
+    backstop. Raises OSError naming STEP: the send, no answer, the receive (ENOBUFS:
+    answers were lost, ours perhaps); TAKE raises its own, which it names."""
+    try:
+        sock.send(data)
+    except OSError as e:
+        raise OSError(e.errno, f"{step}: send: {os.strerror(e.errno or 0)}") from None
+    deadline = time.monotonic() + wait
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not fdwait.readable(sock, left):
+            raise OSError(errno.ETIMEDOUT, f"{step}: no answer from the kernel")
+        try:
+            got = sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            continue
+        except OSError as e:
+            raise OSError(e.errno, f"{step}: receive: {os.strerror(e.errno or 0)}") from None
+        if take(got):
+            return

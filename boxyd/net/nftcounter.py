@@ -19,7 +19,6 @@ import socket
 import struct
 import time
 
-from boxy import fdwait
 from boxyd.net import netlink
 from boxyd.net.netlink import NLM_F_REQUEST, NLMSG_ERROR, attr, attrs
 from boxyd.net.nftset import NFNL_SUBSYS_NFTABLES, NFPROTO_INET, nfgen
@@ -81,21 +80,9 @@ class Counter:
         refuses or does not answer."""
         step = f"nft counter {self.table} {self.name}: read"
         self._seq = ((self._seq + 1) & 0x3FFFFFFF) | 0x40000000
-        try:
-            self.sock.send(request(self.table, self.name, self._seq))
-        except OSError as e:
-            raise OSError(e.errno, f"{step}: send: {os.strerror(e.errno or 0)}") from None
-        deadline = time.monotonic() + REPLY_WAIT
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not fdwait.readable(self.sock, left):
-                raise OSError(errno.ETIMEDOUT, f"{step}: no answer from the kernel")
-            try:
-                data = self.sock.recv(65536)
-            except (BlockingIOError, InterruptedError):
-                continue
-            except OSError as e:
-                raise OSError(e.errno, f"{step}: receive: {os.strerror(e.errno or 0)}") from None
+        got: list[int] = []
+
+        def take(data: bytes) -> bool:
             try:
                 packets = reply(data, self._seq)
             except OSError as e:
@@ -103,4 +90,10 @@ class Counter:
             except ValueError as e:
                 raise OSError(errno.EPROTO, f"{step}: {e}") from None
             if packets is not None:
-                return packets
+                got.append(packets)
+            return bool(got)
+
+        netlink.exchange(
+            self.sock, request(self.table, self.name, self._seq), step, REPLY_WAIT, take
+        )
+        return got[0]

@@ -20,7 +20,6 @@ caller then refuses the binding (fail closed: no element, no connection).
 
 from __future__ import annotations
 
-import errno
 import ipaddress
 import os
 import socket
@@ -28,7 +27,6 @@ import struct
 import time
 from collections.abc import Callable, Iterable
 
-from boxy import fdwait
 from boxyd.net import netlink
 from boxyd.net.netlink import NLM_F_ACK, NLM_F_REQUEST, NLMSG_ERROR, attr
 
@@ -169,27 +167,17 @@ class BoundSet:
 
     def _transact(self, data: bytes, expect: list[int]) -> None:
         step = f"nft set {self.table} {'/'.join(self.sets.values())}: add elements"
-        try:
-            self.sock.send(data)
-        except OSError as e:
-            raise OSError(e.errno, f"{step}: send: {os.strerror(e.errno or 0)}") from None
         pending = set(expect)
-        deadline = time.monotonic() + ACK_WAIT
-        while pending:
-            left = deadline - time.monotonic()
-            if left <= 0 or not fdwait.readable(self.sock, left):
-                raise OSError(errno.ETIMEDOUT, f"{step}: no answer from the kernel")
-            try:
-                data = self.sock.recv(65536)
-            except (BlockingIOError, InterruptedError):
-                continue
-            except OSError as e:  # ENOBUFS: answers were lost, so was ours perhaps
-                raise OSError(e.errno, f"{step}: receive: {os.strerror(e.errno or 0)}") from None
-            for seq, err in acks(data).items():
+
+        def take(got: bytes) -> bool:
+            for seq, err in acks(got).items():
                 if seq in pending:
                     if err:
                         raise OSError(err, f"{step}: {os.strerror(err)}")
                     pending.discard(seq)
+            return not pending
+
+        netlink.exchange(self.sock, data, step, ACK_WAIT, take)
 
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address

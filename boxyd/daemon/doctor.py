@@ -636,6 +636,8 @@ def _runtime_dir() -> str | None:
 def _systemd_user(f: Facts) -> list[Check]:
     run = _runtime_dir()
     ok, how = False, "XDG_RUNTIME_DIR unset"
+    if run and not shutil.which("systemctl"):
+        how = "systemd is not installed"
     if run and _socket_answers(f"{run}/systemd/private"):
         ok, how = True, f"{run}/systemd/private"
     elif run and shutil.which("systemctl"):

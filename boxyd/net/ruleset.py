@@ -257,7 +257,7 @@ def _pre_link() -> list[dict[str, Any]]:
         _pre("ping refused", _match(_payload("icmp", "type"), "echo-request"), PROHIBITED),
         _pre("ping6 refused", _match(_payload("icmpv6", "type"), "echo-request"), PROHIBITED),
         _pre("other icmp", _match(_meta("l4proto"), "icmp"), DROP),
-        _pre("other icmpv6", _match(_meta("l4proto"), "ipv6-icmp"), DROP),
+        _pre("other icmpv6", _match(_meta("l4proto"), "icmpv6"), DROP),
     ]
 
 

@@ -48,7 +48,9 @@ SMALL_PIP = "six"  # one pure-Python module, no dependencies
 # How the probe scripts report a refusal; anything else that is not "refused …"
 # means some server answered. The codes each probe may end with are asserted below.
 REFUSED_DNS = ("dns-nxdomain", "dns-again")
-REFUSED_RESET = ("reset",)
+# refused after the ClientHello by the name it sent: boxy's TLS access_denied alert,
+# which each client reads as such (issue 34 §3); never a far end's (boxy does not dial)
+REFUSED_ALERT = ("boxy-alert",)
 
 NODE_PROBE = r"""'use strict';
 // A postinstall script as a hostile package would write it: reach a host the
@@ -72,8 +74,10 @@ s.on('secureConnect', () => {
   report('ESCAPED: TLS handshake with ' + t.servername + ' via ' + s.remoteAddress);
   s.destroy();
 });
-s.on('error', e => report(CODES[e.code] ? 'refused ' + CODES[e.code] + ' (' + e.code + ')'
-                                        : 'ESCAPED: a server answered: ' + (e.code || e.message)));
+s.on('error', e => report(
+  e.code === 'ERR_SSL_TLSV1_ALERT_ACCESS_DENIED' ? 'refused boxy-alert (' + e.code + ')'
+  : CODES[e.code] ? 'refused ' + CODES[e.code] + ' (' + e.code + ')'
+  : 'ESCAPED: a server answered: ' + (e.code || e.message)));
 """
 
 PY_PROBE = r"""# After the install, in the same sandbox: reach a host the sandbox was not given.
@@ -101,6 +105,8 @@ def probe():
     except TimeoutError:
         return "refused timeout"
     except ssl.SSLError as e:
+        if "TLSV1_ALERT_ACCESS_DENIED" in str(e):
+            return f"refused boxy-alert ({e})"
         return f"ESCAPED: a server answered: {e}"
     except OSError as e:
         return f"refused {errno.errorcode.get(e.errno, e.errno)}"
@@ -274,7 +280,7 @@ def probe_target(kind: str, extra: str, registry_addr: str, result: Path) -> dic
 
 
 PROBES = ("by-name", "forged-sni")
-EXPECTED = {"by-name": REFUSED_DNS, "forged-sni": REFUSED_RESET}
+EXPECTED = {"by-name": REFUSED_DNS, "forged-sni": REFUSED_ALERT}
 
 
 def check_probe(boxy: Boxy, r: subprocess.CompletedProcess[bytes], kind: str, extra: str) -> None:

@@ -605,25 +605,32 @@ def _sequence(body: str) -> list[str] | None:
 WIDENING = ("allow", "trust")
 
 
-def widens(line: str) -> str | None:
-    """The first `boxyctl allow …` / `boxyctl trust` in LINE (as its words), or None.
-    What runs unseen (a program named at run time) is sandboxed by decide(), where
-    boxyctl reaches no boxyd; this is the plain form, which runs on the host."""
+def widens(line: str, depth: int = 0) -> str | None:
+    """What in LINE would widen a sandbox, said as its words, or None: boxyctl (boxy)
+    followed by `allow` or `trust`, or by a subcommand only known at run time (`$X`,
+    a substitution), or given its arguments by xargs. Conservative, as anywhere() is:
+    every word counts, wherever it stands (`find -exec`, `env`, `bash -c "…"`, a
+    substitution's line), so a wrapper or a quoted line cannot carry it past unasked;
+    `echo boxyctl allow` is asked about too. A program named at run time is sandboxed
+    by decide(), where boxyctl reaches no boxyd."""
     try:
         tokens = tokenize(line)
     except ValueError:
         return None  # an open quote: the shell refuses it too
     words: list[str] = []
-    for tok in [*tokens, Token(";", "op")]:
-        if tok.kind != "op":
-            words.append(tok.text)
+    for tok in tokens:
+        if tok.kind == "word":
+            words += tok.text.split()  # a quoted line (`bash -c "…"`) word by word
+        for inner in tok.subs:
+            if depth < _MAX_DEPTH and (found := widens(inner, depth + 1)) is not None:
+                return found
+    for j, word in enumerate(words):
+        if os.path.basename(word) not in OURS:
             continue
-        i = 0
-        while i < len(words) and (is_assignment(words[i]) or words[i] in _KEYWORDS):
-            i += 1
-        if i + 1 < len(words) and os.path.basename(words[i]) in OURS and words[i + 1] in WIDENING:
-            return shellquote.join(words[i:])
-        words = []
+        after = words[j + 1] if j + 1 < len(words) else None
+        unseen = after is None and "xargs" in map(os.path.basename, words[:j])
+        if unseen or after is not None and (after in WIDENING or "$" in after or "`" in after):
+            return " ".join(words[j : j + 2])
     return None
 
 

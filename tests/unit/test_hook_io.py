@@ -62,9 +62,18 @@ def test_allow_with_the_rewritten_command(
 @pytest.mark.parametrize(
     "line,said",
     [
-        ("boxyctl allow 9f3 api.example", "boxyctl allow 9f3 api.example"),
+        ("boxyctl allow 9f3 api.example", "boxyctl allow"),
         ("cd /p && FOO=1 /usr/local/bin/boxy trust", "/usr/local/bin/boxy trust"),
-        ("npm test; boxyctl allow 9f3 '*.example.com'", "boxyctl allow 9f3 '*.example.com'"),
+        ("npm test; boxyctl allow 9f3 '*.example.com'", "boxyctl allow"),
+        # wrappers, a shell's line, a substitution, find's -exec, a run-time subcommand,
+        # xargs giving the arguments (bash's grammar, the hook's own _WRAPPERS)
+        ("env boxyctl allow 9f3 a.example", "boxyctl allow"),
+        ("timeout 5 nice -n 1 boxyctl allow 9f3 a.example", "boxyctl allow"),
+        ("bash -c 'boxyctl trust'", "boxyctl trust"),
+        ("X=$(boxyctl allow 9f3 a.example)", "boxyctl allow"),
+        ("find . -maxdepth 0 -exec boxyctl allow 9f3 a.example \\;", "boxyctl allow"),
+        ('boxyctl "$SUB" 9f3 a.example', "boxyctl $SUB"),
+        ("echo allow 9f3 a.example | xargs boxyctl", "boxyctl"),
     ],
 )
 def test_a_line_that_widens_a_sandbox_is_the_users_to_answer(
@@ -76,11 +85,11 @@ def test_a_line_that_widens_a_sandbox_is_the_users_to_answer(
     assert run_main(["hook", "claude"], event(line), monkeypatch) == 0
     out = json.loads(capsys.readouterr().out)["hookSpecificOutput"]
     assert out["permissionDecision"] == "ask", out
-    assert f"`{said}` widens what a sandbox may reach" in out["permissionDecisionReason"]
+    assert f"`{said}` widens what a sandbox may reach" in out["permissionDecisionReason"], out
 
 
 @pytest.mark.parametrize(
-    "line", ["boxyctl deny 9f3 api.example", "boxyctl show 9f3", "echo boxyctl allow x y"]
+    "line", ["boxyctl deny 9f3 api.example", "boxyctl show 9f3", "npm i allow", "boxyctl ps"]
 )
 def test_lines_that_widen_nothing_are_not_asked_about(line: str) -> None:
     assert hp.widens(line) is None

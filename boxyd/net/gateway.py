@@ -622,7 +622,8 @@ class Gateway:
         if ev.get("verdict") == "allow" and name and addrs and isinstance(addrs, list | tuple):
             self.netlog.resolution(str(name), [str(a) for a in addrs])
         if ev.get("verdict") == "deny" and name and denied and isinstance(denied, list | tuple):
-            self.netlog.removed(str(name), len(denied))
+            if not addrs:  # every answer removed: the name is denied (some kept: it works)
+                self.netlog.removed(str(name), len(denied))
         ev.setdefault("layer", "net.dns")
         self.on_event(ev)
 

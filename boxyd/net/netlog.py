@@ -181,8 +181,9 @@ class NetLog:
             del self._open[handle]
 
     def removed(self, name: str, count: int) -> None:
-        """COUNT answers for NAME removed (they pointed into a refused range): NAME is a
-        name denied, though no connection was ever tried (no destination row)."""
+        """COUNT answers for NAME removed, every one it had (they pointed into a refused
+        range): NAME is a name denied, though no connection was ever tried (no
+        destination row). The gateway calls it only when no answer was kept."""
         self._deny_name(name, count)
 
     def refused_name(self, name: str) -> None:

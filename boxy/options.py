@@ -47,6 +47,9 @@ class Refusal:
 
 
 _NET_NONE = Refusal("net", ("none",), _NO_NETWORK)
+_NET_PUBLIC = Refusal(
+    "net", ("public",), "{flag}: cannot be combined with --net {value} (no name is refused to ask about)"
+)
 
 
 class Option:
@@ -150,6 +153,8 @@ PROFILE_KEYS: tuple[Key, ...] = (
     Key("allow_ports", "port", shape="list", merge="append", widen="allowlisted"),
     Key("allow_cidr", "cidrs", shape="list", merge="union", widen="ranges", attr="allow_cidrs"),
     Key("tailscale", "boolean", widen="tailnet"),
+    Key("ask", "boolean"),
+    Key("ask_timeout", "duration"),
     Key("ports", "published", shape="list", merge="union", widen="granted"),
     Key("filesystem.ro", "path_entry", shape="list", merge="append", widen="readable"),
     Key("filesystem.rw", "path_entry", shape="list", merge="append", widen="writable"),
@@ -205,6 +210,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
            refuses=(Refusal('net', ('public',), _PUBLIC_PORTS), _NET_NONE)),
     Option(('--allow-cidr',), 'strs', 'cidrs', 'lift the private-address denial for a range (its hosts still need --allow-host) (repeatable)', metavar='CIDR', profile_key='allow_cidr', refuses=(_NET_NONE,)),
     Option(('--tailscale',), 'bool', 'switch', "reach this machine's tailnet by MagicDNS name", profile_key='tailscale', refuses=(_NET_NONE,)),
+    Option(('--ask',), 'bool', 'switch', 'ask before refusing a name the allowlist does not hold (the session waits; nobody answers: refused)', profile_key='ask', refuses=(_NET_NONE, _NET_PUBLIC)),
+    Option(('--ask-timeout',), 'number', 'duration', 'how long a question waits for its answer before the name is refused (default 60s)', metavar='DURATION', profile_key='ask_timeout', refuses=(_NET_NONE, _NET_PUBLIC)),
     Option(('--publish',), 'published', 'publish', "let this machine reach PORT on the sandbox's loopback at ADDR:HOST_PORT (ADDR 127.0.0.1 unless given); any --net mode (repeatable)", metavar='[ADDR:]HOST_PORT:PORT', profile_key='ports'),
     Option(('-e', '--env'), 'env', 'env', 'pass (NAME) or set (NAME=VAL) an environment variable (repeatable)', metavar='NAME[=VAL]', profile_key='env'),
     Option(('--secret',), 'secrets', 'secret', "pass NAME's value from your environment as a secret: never in an argv, a log or a record (repeatable)", metavar='NAME', profile_key='env_secrets'),

@@ -185,6 +185,8 @@ class RunOptions(Value):
     allow_port: list[int]
     allow_cidr: list[str]
     tailscale: bool
+    ask: bool
+    ask_timeout: float | None
     publish: list[PortMapping]  # parsed once, as allow_host is
     env: list[EnvItem]
     secret: list[Secret]

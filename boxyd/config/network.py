@@ -26,6 +26,9 @@ from boxyd.config.runspec import DEFAULT_NET
 _FAMILIES = (("npm", "{npm_registry}"), ("pip", "{pip_index}"))
 
 
+ASK_TIMEOUT = 60.0  # seconds a question (--ask) waits for its answer, unless told
+
+
 @dataclass
 class Network:
     """RunSpec's network fields (same names)."""
@@ -35,6 +38,8 @@ class Network:
     allow_ports: list[int]
     allow_cidrs: list[str]
     tailscale: bool
+    ask: bool
+    ask_timeout: float
     publish: list[PortMapping]
 
 
@@ -76,6 +81,8 @@ def decide(
         allow_ports=dedupe(prof.allow_ports + list(o.allow_port)),
         allow_cidrs=cidrs,
         tailscale=tailscale,
+        ask=net == "allowlist" and (o.ask or bool(prof.ask)),
+        ask_timeout=o.ask_timeout or prof.ask_timeout or ASK_TIMEOUT,
         publish=published(prof.ports, o.publish),
     )
 

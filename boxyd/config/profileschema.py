@@ -65,6 +65,8 @@ class Profile:
     allow_cidrs: list[str] = field(default_factory=list)  # ranges whose denial is lifted
     ports: list[PortMapping] = field(default_factory=list)  # published (--publish)
     tailscale: bool | None = None
+    ask: bool | None = None
+    ask_timeout: float | None = None
     ro: list[PathEntry] = field(default_factory=list)
     rw: list[PathEntry] = field(default_factory=list)
     mkdir: list[PathEntry] = field(default_factory=list)

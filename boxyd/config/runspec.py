@@ -70,6 +70,8 @@ class RunSpec:
     allow_ports: list[int] = field(default_factory=list)
     allow_cidrs: list[str] = field(default_factory=list)
     tailscale: bool = False
+    ask: bool = False  # a name the allowlist does not hold is asked about (daemon/asking.py)
+    ask_timeout: float = 60.0  # seconds a question waits for its answer
     # reachable from the host at addr:host_port, relayed to the sandbox's loopback (publish.py)
     publish: list[PortMapping] = field(default_factory=list)
     memory: int = DEFAULT_MEMORY  # bytes

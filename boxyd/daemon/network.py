@@ -9,6 +9,7 @@ session.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import ipaddress
 import json
@@ -24,6 +25,7 @@ import dns.message as dns_message
 from boxy.errors import SetupError, UsageError
 from boxy.values import plural, run_clock
 from boxyd.config.runspec import RunSpec
+from boxyd.daemon.asking import Answer, Asking, Prompt
 from boxyd.daemon.seam import Caller, Change
 from boxyd.net import netlog, pcap, ranges, ruleset, tailscale
 from boxyd.net.dnsproxy import DnsProxy, DnsSession
@@ -97,6 +99,8 @@ class Network:
         self._notices = 0
         self._muted = 0
         self.refused = Tally()
+        self.asking: Asking | None = None  # --ask (ask_on)
+        self._t0 = time.time()
         record(
             "net.policy",
             mode=spec.net,
@@ -157,6 +161,17 @@ class Network:
         )
         return NetPlan(ruleset, ports, self._capture is not None, self.tailnet or None)
 
+    def ask_on(self, prompt: Callable[[], Prompt | None], end: Callable[[str], None]) -> None:
+        """--ask: a name the allowlist does not hold is asked about on PROMPT's terminal
+        (daemon/asking.py); the answer is a change of this policy like `boxyctl allow`
+        or `deny`'s, recorded with who gave it."""
+        self.asking = Asking(self.spec.ask_timeout, prompt, end, self._answered)
+
+    def _answered(self, host: str, answer: Answer, caller: Caller) -> None:
+        change = Change.ALLOW if answer is Answer.SESSION else Change.DENY
+        with contextlib.suppress(UsageError):  # a name the policy cannot take stays refused
+            self.change(change, [host], caller, time.time() - self._t0)
+
     def attach(self, listeners: dict[str, socket.socket], dns: DnsProxy) -> None:
         expected = set(LISTENERS) | ({"pcap"} if self._capture is not None else set())
         if self.gateway is not None or set(listeners) != expected:
@@ -168,6 +183,8 @@ class Network:
             sock.setblocking(False)
             asyncio.get_running_loop().add_reader(sock.fileno(), self._capture.drain, sock)
         self.gateway = Gateway(self.policy, listeners, dns, on_event=self._event)
+        if self.asking is not None:
+            self.gateway.dns_session.ask = self.asking.ask
         if self.tailnet:
             self.gateway.dns_session.routes = ((self.tailnet, (tailscale.MAGICDNS,)),)
         self.gateway.start()

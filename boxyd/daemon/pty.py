@@ -109,6 +109,11 @@ class PtyRelay:
         self._in_wake: int | None = None  # closing it ends the current input thread
         self._loop: asyncio.AbstractEventLoop | None = None
         self.on_detach: Callable[[], None] | None = None  # Ctrl-] typed (on the loop)
+        # --ask: a question on the client's terminal (ask()); its answer is the next key
+        # typed, which never reaches the payload; what to say is written by the output
+        # thread, which owns the client's output fd
+        self._question: _Question | None = None
+        self._to_say = bytearray()
         try:
             src = in_fd if in_fd is not None and os.isatty(in_fd) else out_fd
             if settings is not None and in_fd is None and out_fd is None:
@@ -219,6 +224,60 @@ class PtyRelay:
     def resume_input(self) -> None:
         self._input_open.set()
         self._nudge()
+
+    def can_ask(self) -> bool:
+        """A client with a terminal is here to answer (attached, reading its input)."""
+        return self.master_fd is not None and self._in_wake is not None
+
+    def ask(self, text: str, keys: dict[str, str]) -> asyncio.Future[str]:
+        """Say TEXT on the client's terminal; the future is the value KEYS gives the
+        first of its keys typed (case-insensitive; other keys are dropped, never the
+        payload's). One question at a time: ValueError while one is open, or with no
+        client to answer (can_ask)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[str] = loop.create_future()
+        with self._lock:
+            if self._question is not None or not self.can_ask():
+                raise ValueError("the terminal cannot take a question now")
+            self._question = _Question({k.lower(): v for k, v in keys.items()}, fut, loop)
+            self._to_say += ("\r\n" + text).encode()
+        self._swap()
+        return fut
+
+    def end_question(self, said: str) -> None:
+        """The open question ends unanswered (a timeout): SAID closes its line."""
+        with self._lock:
+            q, self._question = self._question, None
+            if q is not None:
+                self._to_say += (said + "\r\n").encode()
+        if q is not None:
+            self._swap()
+            if not q.fut.done():
+                q.fut.cancel()
+
+    def _answered(self, data: bytes) -> bool:
+        """Input thread: DATA answers the open question (True: it was the question's,
+        all of it, whether or not a key of it was typed)."""
+        with self._lock:
+            q = self._question
+            if q is None:
+                return False
+            key = next((chr(b).lower() for b in data if chr(b).lower() in q.keys), None)
+            if key is None:
+                return True  # not an answer, and not the payload's either
+            self._question = None
+            self._to_say += (key + "\r\n").encode()
+        self._swap()
+        with contextlib.suppress(RuntimeError):  # that loop is gone
+            q.loop.call_soon_threadsafe(_settle, q.fut, q.keys[key])
+        return True
+
+    def _said(self, out_fd: int | None, wake: int) -> None:
+        """Output thread: what ask() and end_question() left to say, on OUT_FD."""
+        with self._lock:
+            text, self._to_say = bytes(self._to_say), bytearray()
+        if text and out_fd is not None:
+            _write_all(out_fd, text, wake)
 
     def _nudge(self) -> None:
         with contextlib.suppress(OSError):  # full: a nudge is pending anyway
@@ -335,6 +394,7 @@ class PtyRelay:
                     with contextlib.suppress(OSError):
                         os.read(self._swap_r, 64)
                 gen, out_fd = self._take_client(gen, out_fd, wake)
+                self._said(out_fd, wake)
                 if master not in events:
                     continue
                 try:
@@ -404,6 +464,8 @@ class PtyRelay:
                     continue
                 except OSError:  # EIO: the client's terminal hung up
                     return
+                if data and self._answered(data):
+                    continue
                 typed, key, _ = data.partition(DETACH_KEY) if detachable else (data, b"", b"")
                 if typed and not _write_all(master, typed, wake):
                     return
@@ -416,6 +478,20 @@ class PtyRelay:
             _close(master)
             _close(in_fd)
             _close(wake)
+
+
+class _Question:
+    __slots__ = ("keys", "fut", "loop")
+
+    def __init__(
+        self, keys: dict[str, str], fut: asyncio.Future[str], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.keys, self.fut, self.loop = keys, fut, loop
+
+
+def _settle(fut: asyncio.Future[str], value: str) -> None:
+    if not fut.done():
+        fut.set_result(value)
 
 
 def _paced(wake: int, seconds: float) -> bool:

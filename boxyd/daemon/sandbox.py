@@ -31,6 +31,7 @@ from boxyd.config.registries import Registries
 from boxyd.config.runspec import RunSpec
 from boxyd.config.spec import build_spec
 from boxyd.daemon import afterproc, passedfds, pools, pty, records, walks
+from boxyd.daemon.asking import Prompt
 from boxyd.daemon.liveguard import LiveGuard
 from boxyd.daemon.parseproc import Apart, call_apart, call_with
 from boxyd.daemon.pty import PtyRelay
@@ -331,6 +332,22 @@ class StageSandbox:
             self._start_live_guard()
         self._relay = asyncio.get_running_loop().create_task(self._relay_reports())
 
+    def _ask_on_the_terminal(self) -> None:
+        """--ask: the session's questions go to the client's terminal, while one is
+        here to answer (PtyRelay.ask); otherwise nobody answers and the name is refused
+        at once."""
+        if self.net is None or not self.net.spec.ask:
+            return
+
+        def prompt() -> Prompt | None:
+            return self.pty.ask if self.pty is not None and self.pty.can_ask() else None
+
+        def end(said: str) -> None:
+            if self.pty is not None:
+                self.pty.end_question(said)
+
+        self.net.ask_on(prompt, end)
+
     def _make_terminal(self, fds: list[int]) -> list[int]:
         """The session's PTY, if it has one (boxyd owns it; the client's terminal is
         never passed in): which of 0–2 get its slave."""
@@ -559,6 +576,7 @@ class StageSandbox:
         if self._launcher._dns is None:
             _close_sockets(got)
             return True
+        self._ask_on_the_terminal()  # before the gateway's DNS session is made
         try:
             self.net.attach(got.sockets, self._launcher._dns)
         except SetupError as e:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,9 +44,11 @@ import dns.rdatatype
 from boxyd.net.bindings import Bindings
 from boxyd.net.dnsfilter import (
     EDNS_PAYLOAD,
+    NOT_ALLOWED,
     Binding,
     DnsPolicy,
     Filtered,
+    Refusal,
     decide_query,
     filter_answer,
     name_text,
@@ -128,6 +130,15 @@ class AskUpstream:
     tcp: bool
 
 
+@dataclass(frozen=True)
+class AskUser(AskUpstream):
+    """A name the allowlist does not hold, in a session that asks (--ask): paused in
+    answer_upstream until DnsSession.ask says, then judged again by the policy."""
+
+    name: str
+    refusal: Refusal
+
+
 def _parse(wire: bytes, session: DnsSession) -> dns.message.Message | bytes | None:
     """The query in WIRE; FORMERR's wire when it does not parse; None for a response
     (answering one could start a loop)."""
@@ -160,6 +171,9 @@ class DnsSession:
     # daemon's upstreams — --tailscale routes the tailnet's MagicDNS suffix this way
     routes: tuple[tuple[str, tuple[Upstream, ...]], ...] = ()
     cache: dict[tuple[bool, bool, bytes], _Cached] = field(default_factory=dict)
+    # --ask: may a name the allowlist does not hold be looked up after all (it widens
+    # the policy itself when the answer is yes); None: refused at once
+    ask: Callable[[str], Awaitable[bool]] | None = None
     inflight: int = 0
     stats: DnsStats = field(default_factory=DnsStats)
 
@@ -242,6 +256,8 @@ class DnsProxy:
             return wire[:2] + cached
         query = query or dns.message.from_wire(wire)
         refusal = decide_query(query, session.policy)
+        if refusal is not None and refusal.reason == NOT_ALLOWED and session.ask is not None:
+            return AskUser(query, key, tcp, name_text(query.question[0].name), refusal)
         if refusal is not None:
             session.stats.refused += 1
             self._emit(session, query, "deny", refusal.reason, refusal.rcode)
@@ -252,8 +268,17 @@ class DnsProxy:
         return AskUpstream(query, key, tcp)
 
     async def answer_upstream(self, ask: AskUpstream, session: DnsSession) -> bytes:
-        """The rest of answer(): upstream's answer, filtered, bound, cached."""
+        """The rest of answer(): upstream's answer, filtered, bound, cached; an AskUser
+        first waits for its answer, and a name still not allowed then is refused."""
         query, key, tcp = ask.query, ask.key, ask.tcp
+        if isinstance(ask, AskUser):
+            assert session.ask is not None
+            allowed = await session.ask(ask.name)
+            refusal = decide_query(query, session.policy) if allowed else ask.refusal
+            if refusal is not None:
+                session.stats.refused += 1
+                self._emit(session, query, "deny", refusal.reason, refusal.rcode)
+                return self._wire(refusal_response(query, refusal), query, tcp, session)
         upstream = await self._ask_upstream(query, session)
         filtered = self._filter(query, upstream, session)
         if filtered.error is not None:

@@ -18,6 +18,7 @@ import struct
 import subprocess
 import termios
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -56,6 +57,7 @@ def run_on_pty(
     send_after: str | None = None,
     stdin_data: bytes = b"",
     timeout: float = 30,
+    wrap: Callable[[list[str]], list[str]] | None = None,
 ) -> PtyRun:
     """`boxyctl run FLAGS -- CMD` as the test user with the chosen fds on a fresh PTY.
 
@@ -72,7 +74,8 @@ def run_on_pty(
         st = os.fstat(slave)
         slave_name = os.ttyname(slave)
         cmd = [c.replace(HOST_RDEV, f"{st.st_dev}:{st.st_ino}") for c in cmd]
-        argv = user.cmd([str(BIN / "boxyctl"), "run", *flags, "--", *cmd])
+        argv = [str(BIN / "boxyctl"), "run", *flags, "--", *cmd]
+        argv = wrap(argv) if wrap is not None else user.cmd(argv)
         proc = subprocess.Popen(
             argv,
             cwd=workdir,

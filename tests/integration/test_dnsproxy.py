@@ -594,3 +594,33 @@ async def test_sessions_do_not_share_replays(proxy: DnsProxy, server: AuthServer
     for _ in range(2):
         await proxy.answer(q, tcp=False, session=DnsSession(Policy()))
     assert len(server.seen) == 2
+
+
+async def test_a_lookup_asked_about_waits_for_its_answer_then_is_judged_again(
+    proxy: DnsProxy, server: AuthServer, events: Recorder
+) -> None:
+    """--ask (issue 34 §2): a name the allowlist does not hold pauses in the proxy
+    until the session's ask answers; yes (the asker widened the policy) resolves it
+    upstream, no refuses it; nothing of a refused one reaches upstream."""
+    asked: list[str] = []
+    policy = Policy()
+    session = DnsSession(policy, on_event=events)
+
+    async def answer(name: str) -> bool:
+        asked.append(name)
+        await asyncio.sleep(0.05)  # the user thinking
+        if name.startswith("hop2."):
+            policy.allowed = (*(policy.allowed or ()), name)  # what Network.change does
+            return True
+        return False
+
+    session.ask = answer
+    yes, no = await asyncio.gather(
+        ask(proxy, session, "hop2.cdn.test"), ask(proxy, session, "c2.cdn.test")
+    )
+    assert asked == ["hop2.cdn.test", "c2.cdn.test"]
+    assert yes.rcode() == dns.rcode.NOERROR and addresses(yes) == ["93.184.216.36"]
+    assert no.rcode() == dns.rcode.NXDOMAIN
+    assert ("hop2.cdn.test", "A", "udp") in server.seen
+    assert not [n for n in server.names() if n.startswith("c2.")]
+    assert [e["verdict"] for e in events.events if e["name"] == "c2.cdn.test"] == ["deny"]

@@ -106,6 +106,8 @@ BESIDE: dict[str, dict[str, object]] = {
     "allow_host": {"net": "allowlist"},
     "allow_port": {"net": "allowlist"},
     "allow_cidr": {"net": "allowlist"},
+    "ask": {"net": "allowlist"},
+    "ask_timeout": {"net": "allowlist"},
     "pcap_max": {"pcap": "/tmp/route.pcap"},
     "tty_raw": {"tty": True},
     "allow_host_config": {"rw": "~/.ssh"},

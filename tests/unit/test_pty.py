@@ -458,3 +458,40 @@ def test_never_attached_relay_closes_the_client_fds(terminal: tuple[int, int]) -
     assert relay.drained
     with pytest.raises(OSError):
         os.fstat(fd)
+
+
+async def test_a_question_on_the_terminal_takes_the_next_key_and_the_payload_never_sees_it(
+    terminal: tuple[int, int],
+) -> None:
+    """--ask's prompt (issue 34 §2): said on the client's terminal, answered by the
+    first of its keys typed; what is typed meanwhile is the question's, never the
+    payload's; afterwards typing reaches the payload again."""
+    ctl_master, ctl_slave = terminal
+    fd = os.dup(ctl_slave)
+    relay = PtyRelay(fd, fd)
+    slave = attach_pair(relay)
+    relay.connect(os.dup(ctl_slave), os.dup(ctl_slave), replay=False)
+    try:
+        tty.setraw(ctl_slave)
+        assert relay.can_ask()
+        answer = relay.ask(
+            "boxy: reach api.example? [s]ession [d]eny ", {"s": "session", "d": "deny"}
+        )
+        with pytest.raises(ValueError):
+            relay.ask("a second one", {"s": "session"})
+        said = await asyncio.to_thread(read_until, ctl_master, b"[d]eny ")
+        assert said.endswith(b"\r\nboxy: reach api.example? [s]ession [d]eny "), said
+        os.write(ctl_master, b"xS")  # x is no answer; S is, as s
+        assert await asyncio.wait_for(answer, 10) == "session"
+        assert (await asyncio.to_thread(read_until, ctl_master, b"s\r\n")).endswith(b"s\r\n")
+        os.write(ctl_master, b"ok\n")
+        assert await asyncio.to_thread(read_exactly, slave, 3) == b"ok\n"  # not "xS"
+        unanswered = relay.ask("again? [d]eny ", {"d": "deny"})
+        await asyncio.to_thread(read_until, ctl_master, b"[d]eny ")
+        relay.end_question("(no answer: refused)")
+        assert unanswered.cancelled()
+        said = await asyncio.to_thread(read_until, ctl_master, b"refused)\r\n")
+        assert said.endswith(b"(no answer: refused)\r\n"), said
+    finally:
+        relay.close()
+        os.close(slave)

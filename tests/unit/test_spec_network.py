@@ -41,7 +41,7 @@ def decide(
 
 def test_defaults_to_public_with_nothing_allowed() -> None:
     got, notes, held = decide()
-    assert got == network.Network("public", [], [], [], False, [])
+    assert got == network.Network("public", [], [], [], False, False, network.ASK_TIMEOUT, [])
     assert notes == held == []
 
 

@@ -48,7 +48,9 @@ class Refusal:
 
 _NET_NONE = Refusal("net", ("none",), _NO_NETWORK)
 _NET_PUBLIC = Refusal(
-    "net", ("public",), "{flag}: cannot be combined with --net {value} (no name is refused to ask about)"
+    "net",
+    ("public",),
+    "{flag}: cannot be combined with --net {value} (no name is refused to ask about)",
 )
 
 

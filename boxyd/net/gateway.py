@@ -621,9 +621,9 @@ class Gateway:
         name, addrs, denied = ev.get("name"), ev.get("addrs"), ev.get("denied")
         if ev.get("verdict") == "allow" and name and addrs and isinstance(addrs, list | tuple):
             self.netlog.resolution(str(name), [str(a) for a in addrs])
-        if ev.get("verdict") == "deny" and name and denied and isinstance(denied, list | tuple):
-            if not addrs:  # every answer removed: the name is denied (some kept: it works)
-                self.netlog.removed(str(name), len(denied))
+        gone = len(denied) if isinstance(denied, list | tuple) else 0  # answers removed
+        if ev.get("verdict") == "deny" and name and gone and not addrs:
+            self.netlog.removed(str(name), gone)  # every answer: the name is denied
         ev.setdefault("layer", "net.dns")
         self.on_event(ev)
 

@@ -104,10 +104,15 @@ def test_a_cname_chain_through_a_denied_name_does_not_resolve_it() -> None:
     async def attack() -> int:
         policy = _allowlist("alias.example", "www.example").narrowed(["www.example"])
         session = DnsSession(policy=policy)
-        chain = (("alias.example.", "CNAME", "www.example."), ("www.example.", "A", "93.184.216.10"))
+        chain = (
+            ("alias.example.", "CNAME", "www.example."),
+            ("www.example.", "A", "93.184.216.10"),
+        )
         proxy = _proxy(chain, None)
         wire = dns.message.make_query("alias.example", "A").to_wire()
-        return dns.message.from_wire(await proxy.answer(wire, tcp=False, session=session) or b"").rcode()
+        return dns.message.from_wire(
+            await proxy.answer(wire, tcp=False, session=session) or b""
+        ).rcode()
 
     assert asyncio.run(attack()) != dns.rcode.NOERROR, "ESCAPED cname: the denied name resolved"
 
@@ -115,10 +120,15 @@ def test_a_cname_chain_through_a_denied_name_does_not_resolve_it() -> None:
 def test_an_unlisted_cname_target_still_resolves() -> None:
     async def run() -> int:
         session = DnsSession(policy=_allowlist("alias.example"))
-        chain = (("alias.example.", "CNAME", "edge.cdn.example."), ("edge.cdn.example.", "A", "93.184.216.10"))
+        chain = (
+            ("alias.example.", "CNAME", "edge.cdn.example."),
+            ("edge.cdn.example.", "A", "93.184.216.10"),
+        )
         proxy = _proxy(chain, None)
         wire = dns.message.make_query("alias.example", "A").to_wire()
-        return dns.message.from_wire(await proxy.answer(wire, tcp=False, session=session) or b"").rcode()
+        return dns.message.from_wire(
+            await proxy.answer(wire, tcp=False, session=session) or b""
+        ).rcode()
 
     assert asyncio.run(run()) == dns.rcode.NOERROR
 

@@ -618,20 +618,41 @@ def widens(line: str, depth: int = 0) -> str | None:
     except ValueError:
         return None  # an open quote: the shell refuses it too
     words: list[str] = []
+    target = False  # the next word is a redirection's (`boxyctl 2>&1 allow`): no argument
     for tok in tokens:
-        if tok.kind == "word":
+        if tok.kind == "word" and not target:
             words += tok.text.split()  # a quoted line (`bash -c "…"`) word by word
+        target = tok.kind == "redir"
         for inner in tok.subs:
             if depth < _MAX_DEPTH and (found := widens(inner, depth + 1)) is not None:
                 return found
     for j, word in enumerate(words):
-        if os.path.basename(word) not in OURS:
+        if not _may_be(os.path.basename(word), OURS):
             continue
         after = words[j + 1] if j + 1 < len(words) else None
         unseen = after is None and "xargs" in map(os.path.basename, words[:j])
-        if unseen or after is not None and (after in WIDENING or "$" in after or "`" in after):
+        if (
+            unseen
+            or after is not None
+            and (_may_be(after, WIDENING) or "$" in after or "`" in after)
+        ):
             return " ".join(words[j : j + 2])
     return None
+
+
+def _may_be(word: str, names: tuple[str, ...]) -> bool:
+    """WORD is one of NAMES, or may become one when the shell expands it: a glob
+    (`boxyct?`, `[a]llow`) or a brace expansion (`{allow,}`, `boxy{ctl,}`), each
+    brace group read as any text."""
+    if word in names:
+        return True
+    if not any(c in word for c in "*?[{"):
+        return False
+    import fnmatch  # (only for a word the shell may expand)
+    import re
+
+    pattern = re.sub(r"\{[^{}]*\}", "*", word)
+    return any(fnmatch.fnmatchcase(name, pattern) for name in names)
 
 
 def ask_to_widen(command: str) -> dict[str, object]:

@@ -95,6 +95,10 @@ class DnsPolicy(Protocol):
         """Why IP must not be handed out (a denied range), or None when it may."""
         ...
 
+    def name_denied(self, name: str) -> bool:
+        """NAME was denied while the session runs: no answer may resolve it."""
+        ...
+
 
 @dataclass(frozen=True)
 class Refusal:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import dns.asyncquery
+import dns.edns
 import dns.exception
 import dns.flags
 import dns.message
@@ -49,6 +50,7 @@ from boxyd.net.dnsfilter import (
     DnsPolicy,
     Filtered,
     Refusal,
+    blocked,
     decide_query,
     filter_answer,
     name_text,
@@ -284,6 +286,20 @@ class DnsProxy:
         if filtered.error is not None:
             self._emit(session, query, "allow", filtered.error, dns.rcode.SERVFAIL)
             return self._wire(filtered.response, query, tcp, session)
+        # The policy may have changed while upstream answered (`boxyctl deny`): the
+        # question is judged again by the one in force now, and an answer whose CNAME
+        # chain passes through a denied name resolves that name: refused as it is.
+        refusal = decide_query(query, session.policy)
+        denied = next((n for n in filtered.chain[1:] if session.policy.name_denied(n)), None)
+        if refusal is None and denied is not None:
+            refusal = Refusal(
+                dns.rcode.NXDOMAIN, f"CNAME chain through {denied}, {NOT_ALLOWED}",
+                ede=(dns.edns.EDECode.BLOCKED, blocked(denied)),
+            )  # fmt: skip
+        if refusal is not None:
+            session.stats.refused += 1
+            self._emit(session, query, "deny", refusal.reason, refusal.rcode)
+            return self._wire(refusal_response(query, refusal), query, tcp, session)
         # Bind before answering: the client may connect the moment it has the answer.
         unbound = self._bind(session, filtered)
         if unbound is not None:

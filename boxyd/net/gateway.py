@@ -186,6 +186,18 @@ def _socket_of(fd: int, family: int, kind: int, proto: int) -> socket.socket:
         raise
 
 
+def _refused_by(policy: NetPolicy, conn: _Conn) -> bool:
+    """POLICY no longer allows the flow CONN was decided as: the name it sent (SNI or
+    Host), else every name its address was bound to, else its address, is refused, or
+    the address itself was denied."""
+    names = conn.names or frozenset({conn.addr})
+    return (
+        not policy.address(conn.ip).allow
+        or bool(conn.name and policy.refuses(conn.name))
+        or all(map(policy.refuses, names))
+    )
+
+
 _GONE = Verdict(False, "net.sni", "the client went away")
 ACCEPT_BATCH = 64  # connections taken per wake-up of a listener
 
@@ -567,9 +579,16 @@ class Gateway:
             if self.bound is not None:
                 self.bound.publish(ipaddress.ip_address(addr), LITERAL_FOR)
         cut = 0
+        # Not relayed yet: the verdict taken at the accept (what may pass without a
+        # name, as a server-first flow does when its client stays silent) is taken
+        # anew; one already allowed and still dialling is judged as an open flow.
+        for pending in list(self._conns):
+            pending.opaque = policy.tcp_opaque(pending.ip, pending.port, pending.names)
+            if pending.verdict is not None and _refused_by(policy, pending):
+                pending.abort()
+                cut += 1
         for flow, _, conn in list(self._flows.values()):
-            names = conn.names or frozenset({conn.addr})
-            if (conn.name and policy.refuses(conn.name)) or all(map(policy.refuses, names)):
+            if _refused_by(policy, conn):
                 flow.abort()
                 cut += 1
                 # allowed when it began (the net log's row says so): cut, not refused

@@ -50,6 +50,7 @@ GATEWAY_ADDRS = frozenset({ipaddress.ip_address("10.0.2.2"), ipaddress.ip_addres
 GATEWAY_ITSELF = "the gateway itself is not a destination"
 OWN_LINK = "the sandbox's own link"
 # the ruleset refused an address that had no DNS binding when its packet came
+DENIED_ADDRESS = "address denied while the session runs (boxyctl deny)"
 UNBOUND_WHEN_SENT = "no DNS binding for this address when it was sent (hard-coded IP?)"
 
 DEFAULT_PORTS = (80, 443)
@@ -163,7 +164,7 @@ class NetPolicy:
         exact, wildcards = _rules(
             specs, self.exceptions, dict(self.exact), dict(self.wildcards), what="allow"
         )
-        added = {_norm(s.host) for s in specs}
+        added = {_unmapped(_norm(s.host)) for s in specs}
         new = NetPolicy(
             self.mode,
             self.global_ports,
@@ -199,8 +200,8 @@ class NetPolicy:
         for spec in specs:
             if spec.ports or spec.udp:
                 raise UsageError(f"deny: {spec}: a host is denied on every port (no :PORT)")
-        names = {_norm(s.host) for s in specs}
-        exact = {k: v for k, v in self.exact.items() if k not in names}
+        names = {_unmapped(_norm(s.host)) for s in specs}
+        exact = {k: v for k, v in self.exact.items() if _unmapped(k) not in names}
         wildcards = {
             k: v for k, v in self.wildcards.items() if "*" + k not in names
         }  # "*.x" was kept as ".x"
@@ -247,6 +248,11 @@ class NetPolicy:
         """``dns(name).allow``."""
         return self.dns(name).allow
 
+    def name_denied(self, name: str) -> bool:
+        """NAME was denied while the session runs (`boxyctl deny`): the DNS proxy
+        refuses an answer whose CNAME chain passes through it."""
+        return bool(self.refused_names) and _is_denied(_norm(name), self.refused_names)
+
     # --- addresses -----------------------------------------------------------
 
     def address(self, ip: Address | str) -> Verdict:
@@ -261,7 +267,11 @@ class NetPolicy:
         return v
 
     def address_denied(self, ip: Address | str) -> str | None:
-        """Why ``ip`` is refused by range, or None (``dnsfilter.DnsPolicy``'s question)."""
+        """Why ``ip`` is refused by range, or None (``dnsfilter.DnsPolicy``'s question).
+        An address `boxyctl deny` named is refused on every port, whatever name it is
+        reached by (a name bound to it, its literal)."""
+        if self.refused_names and _unmapped(str(ip)) in self.refused_names:
+            return DENIED_ADDRESS
         return denied(ip, self.exceptions)
 
     def _bound(self, ip: Address | str, bound_names: Iterable[str]) -> list[str]:
@@ -490,6 +500,18 @@ def _is_denied(name: str, denied: frozenset[str]) -> bool:
     if name in denied:
         return True
     return any(d.startswith("*.") and name.endswith(d[1:]) for d in denied)
+
+
+def _unmapped(host: str) -> str:
+    """An IPv4-mapped IPv6 literal as its IPv4 address (the same socket target); any
+    other text as it is."""
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return str(addr.ipv4_mapped)
+    return str(addr)
 
 
 def _literal(host: str) -> bool:

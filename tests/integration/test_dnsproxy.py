@@ -79,6 +79,9 @@ class Policy:
             return True
         return any(name == a or name.endswith("." + a) for a in self.allowed)
 
+    def name_denied(self, name: str) -> bool:
+        return False
+
     def address_denied(self, ip: Address) -> str | None:
         return next((f"in {net}" for net in DENIED if ip in net), None)
 

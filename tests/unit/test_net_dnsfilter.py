@@ -58,6 +58,9 @@ class Policy:
             return True
         return any(name == a or name.endswith("." + a) for a in self.allowed)
 
+    def name_denied(self, name: str) -> bool:
+        return False
+
     def address_denied(self, ip: Address) -> str | None:
         if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
             ip = ip.ipv4_mapped

@@ -83,6 +83,9 @@ def test_dns_routes_pick_the_suffix_only() -> None:
         def name_allowed(self, name: str) -> bool:
             return True
 
+        def name_denied(self, name: str) -> bool:
+            return False
+
         def address_denied(self, ip: Address) -> str | None:
             return None
 

@@ -336,7 +336,7 @@ class StageSandbox:
         """--ask: the session's questions go to the client's terminal, while one is
         here to answer (PtyRelay.ask); otherwise nobody answers and the name is refused
         at once."""
-        if self.net is None or not self.net.spec.ask:
+        if self.net is None or not self.spec.ask:
             return
 
         def prompt() -> Prompt | None:

@@ -23,13 +23,13 @@ import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, NetBoxy, User
+from tests.conftest import User
 from tests.escape.netutil import parse_probes
 from tests.escape.test_net_names import Live, probe_dir, script, start_run
+from tests.escape.test_policy_live import boxyctl_in
 from tests.harness.fakenet import plan
 from tests.harness.topology import Topology
 
@@ -110,16 +110,6 @@ class DenyRun:
         )
 
 
-def _boxyctl(
-    topology: Topology, user: User, wd: Path, *args: str
-) -> subprocess.CompletedProcess[bytes]:
-    argv = [str(BIN / "boxyctl"), *args]
-    env = NetBoxy(user, wd, topology).env()
-    return subprocess.run(
-        topology.exec_in_host(user.cmd(argv, env)), capture_output=True, timeout=60, cwd=wd
-    )
-
-
 @pytest.fixture(scope="module")
 def deny_run(topology: Topology, user: User) -> Iterator[DenyRun]:
     topology.assert_isolated()
@@ -130,11 +120,11 @@ def deny_run(topology: Topology, user: User) -> Iterator[DenyRun]:
         live = start_run(topology, user, wd, "--net", "allowlist", *flags, cmd=["python3", fname])
         try:
             assert live.wait_line("POOL", 60) is not None, live.stdout + live.stderr
-            got = _boxyctl(topology, user, wd, "ps", "--json")
+            got = boxyctl_in(topology, user, wd, "ps", "--json")
             sessions = json.loads(got.stdout)["sessions"]
             (sid,) = [s["id"] for s in sessions if "attack34" in str(s["argv"])]
             time.sleep(1.0)  # the pool is full
-            deny = _boxyctl(
+            deny = boxyctl_in(
                 topology, user, wd, "deny", sid, "other.boxy.test", "www.boxy.test", CDN_V4
             )
             (wd / "denied").touch()

@@ -80,9 +80,10 @@ class PolicyRun:
         return f"--- run {self.rc}\n{self.live.stdout}\n{self.live.stderr}\n{said}"
 
 
-def _boxyctl(
+def boxyctl_in(
     topology: Topology, user: User, wd: Path, *args: str
 ) -> subprocess.CompletedProcess[bytes]:
+    """`boxyctl ARGS` as USER in the topology's host netns, beside its boxyd."""
     argv = [str(BIN / "boxyctl"), *args]
     env = NetBoxy(user, wd, topology).env()
     return subprocess.run(
@@ -91,7 +92,7 @@ def _boxyctl(
 
 
 def _session_of(topology: Topology, user: User, wd: Path) -> str:
-    got = _boxyctl(topology, user, wd, "ps", "--json")
+    got = boxyctl_in(topology, user, wd, "ps", "--json")
     assert got.returncode == 0, got
     (sid,) = [s["id"] for s in json.loads(got.stdout)["sessions"] if "policy.py" in s["argv"]]
     return str(sid)
@@ -115,15 +116,15 @@ def policy_run(topology: Topology, user: User) -> Iterator[PolicyRun]:
         try:
             assert live.wait_line("WAIT-ALLOW", 60) is not None, live.stdout + live.stderr
             sid = _session_of(topology, user, wd)
-            allow = _boxyctl(topology, user, wd, "allow", sid, "www.boxy.test")
-            port = _boxyctl(topology, user, wd, "allow", sid, "www.boxy.test:8443")
+            allow = boxyctl_in(topology, user, wd, "allow", sid, "www.boxy.test")
+            port = boxyctl_in(topology, user, wd, "allow", sid, "www.boxy.test:8443")
             _touch(wd, user, "allowed")
             assert live.wait_line("WAIT-DENY", 60) is not None, live.stdout + live.stderr
-            deny = _boxyctl(topology, user, wd, "deny", sid, "www.boxy.test")
+            deny = boxyctl_in(topology, user, wd, "deny", sid, "www.boxy.test")
             _touch(wd, user, "denied")
         finally:
             rc = live.finish(timeout=90)
-        show = _boxyctl(topology, user, wd, "show", sid).stdout.decode()
+        show = boxyctl_in(topology, user, wd, "show", sid).stdout.decode()
         yield PolicyRun(live, rc, sid, allow, port, deny, show, audit_records(audit), user.uid)
 
 

@@ -186,6 +186,16 @@ class NetPolicy:
                     f"ports at its start ({fixed}); a new run with "
                     f"{' '.join('--allow-host ' + str(s) for s in specs)} allows it"
                 )
+        for spec in specs:  # a name under a denied *.suffix would stay refused: say so
+            name = _unmapped(_norm(spec.host))
+            if not name.startswith("*.") and _is_denied(name, new.refused_names):
+                cover = next(
+                    d for d in sorted(new.refused_names) if _is_denied(name, frozenset({d}))
+                )
+                raise UsageError(
+                    f"allow: {name} is under the denied {cover}, which wins; "
+                    f"`boxyctl allow ID '{cover}'` lifts that denial"
+                )
         return new
 
     def narrowed(self, hosts: Iterable[str]) -> NetPolicy:

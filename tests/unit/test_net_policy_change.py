@@ -113,3 +113,17 @@ def test_bad_hosts_are_refused_in_one_line(bad: str) -> None:
     for change in (NetPolicy.widened, NetPolicy.narrowed):
         with pytest.raises(UsageError):
             change(allowlist("registry.example"), [bad])
+
+
+def test_an_allow_a_denied_wildcard_would_still_refuse_says_so() -> None:
+    """Found attacking issue 34: `allow a.example.com` after `deny '*.example.com'` said
+    it allowed the name, which stayed refused (the wildcard's denial wins)."""
+    denied = allowlist("registry.example").narrowed(["*.example.com"])
+    with pytest.raises(UsageError) as e:
+        denied.widened(["a.example.com"])
+    assert str(e.value) == (
+        "allow: a.example.com is under the denied *.example.com, which wins; "
+        "`boxyctl allow ID '*.example.com'` lifts that denial"
+    )
+    lifted = denied.widened(["*.example.com"])
+    assert lifted.dns("a.example.com").allow

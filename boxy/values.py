@@ -279,6 +279,15 @@ def parse_host_name(s: str, *, what: str = "--allow-host") -> str:
 
 
 @_bounded
+def parse_denied_host(s: str) -> HostSpec:
+    """One `boxyctl deny` host (a name, *.SUFFIX or an address): denied on every port,
+    so one with ports is refused."""
+    spec = parse_host_spec(s, what="deny")
+    if spec.ports or spec.udp:
+        raise UsageError(f"deny: {spec}: a host is denied on every port (no :PORT)")
+    return spec
+
+
 def parse_host_spec(s: str, *, what: str = "--allow-host") -> HostSpec:
     """HOST, HOST:PORT[,PORT...], HOST:PORT[,PORT...]/udp (or /tcp, the default). HOST
     may be an address (192.168.4.7:22, [fd00::7]:22): a device reached by its literal

@@ -6,7 +6,6 @@ what the session cannot widen (a port its Landlock rules fixed) boxyd says."""
 from __future__ import annotations
 
 from boxy import INTERFACE as IFACE
-from boxy.errors import UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -20,14 +19,14 @@ def main(args: dict[str, Any]) -> int:
 def change(method: str, args: dict[str, Any]) -> int:
     """METHOD (Allow or Deny) of session args["id"] for args["hosts"]; prints the line
     boxyd recorded (show and the audit log have it too)."""
-    from boxy.values import parse_host_spec
+    from boxy.values import parse_denied_host, parse_host_spec
     from boxyctl.connect import connect
 
-    what = method.lower()
-    for host in args["hosts"]:
-        spec = parse_host_spec(host, what=what)
-        if method == "Deny" and (spec.ports or spec.udp):
-            raise UsageError(f"deny: {host}: a host is denied on every port (no :PORT)")
+    for host in args["hosts"]:  # as boxyd checks them (NetPolicy.widened, narrowed)
+        if method == "Deny":
+            parse_denied_host(host)
+        else:
+            parse_host_spec(host, what="allow")
     client = connect()
     try:
         got = client.call(f"{IFACE}.{method}", {"id": args["id"], "hosts": list(args["hosts"])})

@@ -805,7 +805,7 @@ class StageSandbox:
 
     def counters(self) -> Counters:
         gateway = self.net.gateway if self.net is not None else None
-        return gateway.netlog.totals() if gateway is not None else Counters()
+        return gateway.totals() if gateway is not None else Counters()
 
     def destinations(self, limit: int) -> list[Destination]:
         gateway = self.net.gateway if self.net is not None else None

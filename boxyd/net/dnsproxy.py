@@ -261,9 +261,7 @@ class DnsProxy:
         if refusal is not None and refusal.reason == NOT_ALLOWED and session.ask is not None:
             return AskUser(query, key, tcp, name_text(query.question[0].name), refusal)
         if refusal is not None:
-            session.stats.refused += 1
-            self._emit(session, query, "deny", refusal.reason, refusal.rcode)
-            return self._wire(refusal_response(query, refusal), query, tcp, session)
+            return self._refuse(query, refusal, tcp, session)
         if session.inflight >= session.max_inflight:
             session.stats.busy += 1
             return self._wire(response_for(query, dns.rcode.REFUSED), query, tcp, session)
@@ -278,9 +276,8 @@ class DnsProxy:
             allowed = await session.ask(ask.name)
             refusal = decide_query(query, session.policy) if allowed else ask.refusal
             if refusal is not None:
-                session.stats.refused += 1
-                self._emit(session, query, "deny", refusal.reason, refusal.rcode)
-                return self._wire(refusal_response(query, refusal), query, tcp, session)
+                return self._refuse(query, refusal, tcp, session)
+        judged_by = session.policy  # a change replaces it (Gateway.set_policy), never edits it
         upstream = await self._ask_upstream(query, session)
         filtered = self._filter(query, upstream, session)
         if filtered.error is not None:
@@ -289,7 +286,8 @@ class DnsProxy:
         # The policy may have changed while upstream answered (`boxyctl deny`): the
         # question is judged again by the one in force now, and an answer whose CNAME
         # chain passes through a denied name resolves that name: refused as it is.
-        refusal = decide_query(query, session.policy)
+        changed = session.policy is not judged_by
+        refusal = decide_query(query, session.policy) if changed else None
         denied = next((n for n in filtered.chain[1:] if session.policy.name_denied(n)), None)
         if refusal is None and denied is not None:
             refusal = Refusal(
@@ -297,9 +295,7 @@ class DnsProxy:
                 ede=(dns.edns.EDECode.BLOCKED, blocked(denied)),
             )  # fmt: skip
         if refusal is not None:
-            session.stats.refused += 1
-            self._emit(session, query, "deny", refusal.reason, refusal.rcode)
-            return self._wire(refusal_response(query, refusal), query, tcp, session)
+            return self._refuse(query, refusal, tcp, session)
         # Bind before answering: the client may connect the moment it has the answer.
         unbound = self._bind(session, filtered)
         if unbound is not None:
@@ -313,6 +309,14 @@ class DnsProxy:
             time.monotonic() + CACHE_SECONDS, response[2:], list(filtered.bind), event
         )
         return response
+
+    def _refuse(
+        self, query: dns.message.Message, refusal: Refusal, tcp: bool, session: DnsSession
+    ) -> bytes:
+        """The answer to QUERY refused by REFUSAL, counted and said."""
+        session.stats.refused += 1
+        self._emit(session, query, "deny", refusal.reason, refusal.rcode)
+        return self._wire(refusal_response(query, refusal), query, tcp, session)
 
     @staticmethod
     def _cached(session: DnsSession, key: tuple[bool, bool, bytes]) -> bytes | None:

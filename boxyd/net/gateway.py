@@ -34,6 +34,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from boxy.outcome import Counters
 from boxyd.net import denial, nflog, nftcounter, nftset, relay, sni, udpsock
 from boxyd.net.bindings import Address, Bindings
 from boxyd.net.dnsproxy import AskUpstream, DnsProxy, DnsSession, TokenBucket
@@ -533,6 +534,7 @@ class Gateway:
         for sock in self.listeners.values():
             sock.close()
         self._sample()
+        self._count_unnamed()  # the resets at the accept rate up to the last
         if self.rate_limited:
             self.on_event(
                 {
@@ -550,6 +552,12 @@ class Gateway:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+    def totals(self) -> Counters:
+        """The net log's totals, its refusals nothing named counted now: read when
+        someone asks (show, watch's tick, the end), not on every sample."""
+        self._count_unnamed()
+        return self.netlog.totals()
 
     def _count_unnamed(self) -> None:
         """Refused connections nothing named: the ruleset's count past its reports
@@ -656,7 +664,6 @@ class Gateway:
             self._udp_expire()
 
     def _sample(self) -> None:
-        self._count_unnamed()
         for flow, handle, _ in self._flows.values():
             with contextlib.suppress(KeyError, ValueError):
                 self.netlog.update(handle, flow.counters.up, flow.counters.down)

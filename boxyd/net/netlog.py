@@ -28,8 +28,8 @@ Pure but for ``write``. The file is one JSON object:
   one, else the address. Never the SNI: that is the client's claim, and a hostile
   one would otherwise file its traffic under a trusted name.
 - Names and connections are counted apart: ``names_denied`` holds each name boxy
-  refused (a lookup of a name not allowed, or answers removed for pointing into a
-  refused range) with how many times; such a name is no destination, for no
+  refused (a lookup of a name not allowed, or an answer whose every address was
+  removed for pointing into a refused range) with how many times; such a name is no destination, for no
   connection was made to it. ``unnamed`` counts refused connections nothing said
   the destination of (the ruleset counted them past its rate-bounded reports, or
   they were reset at the accept rate): they are in the totals, in no row. ``exact``
@@ -227,8 +227,12 @@ class NetLog:
             received,
             len(self._dests),
             len(self._names_denied),
-            self.exact and not self._names_past,
+            self._all_counted(),
         )
+
+    def _all_counted(self) -> bool:
+        """Every count exact: the counter was read, no name past the bound."""
+        return self.exact and not self._names_past
 
     def dropped(self) -> tuple[int, int]:
         """Connections and resolved names past the log's bounds: counted, not kept."""
@@ -258,7 +262,7 @@ class NetLog:
             ],
             "names_denied": dict(sorted(self._names_denied.items())),
             "unnamed": self.unnamed,
-            "exact": self.exact and not self._names_past,
+            "exact": self._all_counted(),
             "dropped": {"conns": self._dropped_rows, "names": self._dropped_names},
         }
 

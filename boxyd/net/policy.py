@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from boxy.errors import UsageError
-from boxy.values import HostSpec, parse_cidr, parse_host_spec
+from boxy.values import HostSpec, parse_cidr, parse_denied_host, parse_host_spec
+from boxyd.net.bindings import canonical_ip
 from boxyd.net.ranges import SANDBOX_NETS, TAILSCALE_NETS, Address, Network, classify, denied
 
 # Audit-log layers (docs/design.md, "Network").
@@ -206,10 +207,7 @@ class NetPolicy:
                 "deny: the session runs --net public, where a hard-coded address reaches "
                 "any public host: refusing a name needs --net allowlist"
             )
-        specs = [parse_host_spec(h, what="deny") for h in hosts]
-        for spec in specs:
-            if spec.ports or spec.udp:
-                raise UsageError(f"deny: {spec}: a host is denied on every port (no :PORT)")
+        specs = [parse_denied_host(h) for h in hosts]
         names = {_unmapped(_norm(s.host)) for s in specs}
         exact = {k: v for k, v in self.exact.items() if _unmapped(k) not in names}
         wildcards = {
@@ -513,15 +511,12 @@ def _is_denied(name: str, denied: frozenset[str]) -> bool:
 
 
 def _unmapped(host: str) -> str:
-    """An IPv4-mapped IPv6 literal as its IPv4 address (the same socket target); any
-    other text as it is."""
+    """An address literal in its canonical form (an IPv4-mapped IPv6 address as its
+    IPv4 address: the same socket target); any other text as it is."""
     try:
-        addr = ipaddress.ip_address(host)
+        return str(canonical_ip(host))
     except ValueError:
         return host
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        return str(addr.ipv4_mapped)
-    return str(addr)
 
 
 def _literal(host: str) -> bool:

@@ -17,6 +17,7 @@ bytes that were judged are the bytes applied.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import errno
 import itertools
@@ -144,6 +145,35 @@ def read(workdir: str, env: Mapping[str, str] | None = None, *, strict: bool = T
             view = {"unparsed": sha256(config).hexdigest()}
     registries = tuple(_registries(workdir, env or {}))
     return Project(workdir, config, registries, view, doc=doc, doc_error=error)
+
+
+def replace_data(workdir: str, rel: str, data: bytes, *, was: bytes | None) -> None:
+    """WORKDIR/REL becomes DATA at once (a new file renamed over it), only if it still
+    holds WAS (None: absent) as read_data reads it: the payload can write the work
+    directory, so nothing is followed, and what it put there meanwhile is refused, not
+    overwritten. UsageError when it changed or cannot be written."""
+    where = f"{workdir}/{rel}"
+    if read_data(workdir, rel, strict=True) != was:
+        raise UsageError(f"{where} changed while boxy read it: not written")
+    dirfd = os.open(workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    tmp = f".{rel}.boxy-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o644, dir_fd=dirfd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, rel, src_dir_fd=dirfd, dst_dir_fd=dirfd)  # a symlink there is replaced
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dirfd)
+        raise UsageError(f"{where}: could not be written ({e.strerror})") from None
+    finally:
+        os.close(dirfd)
 
 
 def project_doc(config: bytes, label: str) -> tuple[dict[str, Any] | None, str | None]:

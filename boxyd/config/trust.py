@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from boxy.errors import UsageError
-from boxyd.config import layering, projectconfig
+from boxyd.config import layering, projectconfig, projectedit
 from boxyd.config.runspec import DEFAULT_PROFILE
 
 
@@ -69,6 +69,42 @@ def trusted(
         return None
     named = project.doc.get("profile") if project.doc is not None else None
     return named if isinstance(named, str) and named else DEFAULT_PROFILE
+
+
+def allow_in_project(
+    host: str, workdir: str, home: str, user: str, client_env: Mapping[str, str], config_home: str
+) -> str:
+    """--ask's `for this project`: HOST added to WORKDIR's .boxy.yaml allow_hosts and
+    the result approved, as `trust` would after the person added it. Only over what
+    the person approved (or no project configuration at all): a file the payload
+    changed is never approved along with HOST. Returns the line for the user;
+    UsageError (nothing written) when it cannot."""
+    env = projectconfig.run_env(home, user, client_env)
+    before = projectconfig.read(workdir, env)
+    where = before.path
+    if not before.empty and not projectconfig.is_trusted(before, config_home):
+        raise UsageError(
+            f"{where} is not approved as it is now (changed, or never trusted): not "
+            "written; `boxyctl trust` in the project once you have read it"
+        )
+    if before.config is not None and before.doc is None:
+        raise UsageError(f"{where}: {before.doc_error or 'unreadable'}: not written")
+    doc = dict(before.doc or {})
+    hosts = doc.get(projectedit.KEY) or []
+    expected = {**doc, projectedit.KEY: [*hosts, host]}
+    text = projectedit.with_allowed_host(before.text, host)
+    new = text.encode() if text is not None else None
+    if new is None or projectconfig.project_doc(new, where)[0] != expected:
+        raise UsageError(
+            f"{where}: not a shape boxy edits (add {host} to allow_hosts yourself, "
+            "then `boxyctl trust`)"
+        )
+    projectconfig.replace_data(workdir, projectconfig.NAME, new, was=before.config)
+    after = projectconfig.read(workdir, env)
+    if after.config != new or after.registries != before.registries:
+        raise UsageError(f"{where} changed as boxy wrote it: not approved")
+    projectconfig.approve(after, config_home)
+    return f"{host}: added to {where} and approved"
 
 
 def approvals(config_home: str) -> list[dict[str, Any]]:

@@ -3,9 +3,13 @@ at once. The session's DNS proxy pauses that lookup (dnsproxy.AskUser) and await
 ``Asking.ask``; the answer widens or narrows the session's policy as `boxyctl allow`
 or `deny` would (Network.change), so it is recorded the same way.
 
-Who answers: the client's terminal when one follows the session (the PTY relay asks
-there, and the key typed never reaches the payload); otherwise nobody, and the name
-is refused at once: a run nobody can answer never waits (the hook's runs, a pipe).
+Who answers (docs/design.md, "Ask on a denial"): the first Answerer that can answer
+now, in the order the session gives them: the client's terminal while one follows the
+session (the PTY relay asks there, and the key typed never reaches the payload), then
+the bus (a desktop tool that said it answers, or a notification the user opted into).
+When none can, nobody answers and the name is refused at once: a run nobody can
+answer never waits (the hook's runs, a pipe, -d with nobody watching).
+
 Every question is bounded: TIMEOUT seconds, then refused; at most MAX_OPEN at a time
 and MAX_ASKED in a session (a payload that looks up random names gets refusals, not
 a stream of prompts); a name refused once is not asked about again.
@@ -16,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 from boxyd.daemon.seam import Caller
 
@@ -25,67 +31,192 @@ MAX_ASKED = 32  # questions in a session
 
 
 class Answer(enum.Enum):
+    ONCE = "once"  # this lookup, and connections to its answer for a few seconds
     SESSION = "session"  # allowed for the rest of the session
+    PROJECT = "project"  # the session, and written into .boxy.yaml and approved
     DENY = "deny"  # refused for the rest of the session
 
+    @property
+    def allows(self) -> bool:
+        return self is not Answer.DENY
 
-KEYS = {"s": Answer.SESSION.value, "d": Answer.DENY.value}
-Prompt = Callable[[str, dict[str, str]], "asyncio.Future[str]"]
+
+# the terminal's keys, in the order the question offers them
+KEYS: dict[str, Answer] = {
+    "o": Answer.ONCE,
+    "s": Answer.SESSION,
+    "p": Answer.PROJECT,
+    "d": Answer.DENY,
+}
+_LABELS = {
+    Answer.ONCE: "allow [o]nce",
+    Answer.SESSION: "for this [s]ession",
+    Answer.PROJECT: "for this [p]roject",
+    Answer.DENY: "[d]eny",
+}
+
+
+@dataclass(frozen=True)
+class Who:
+    """The process that asked, as boxyd found it (pid seen from the host)."""
+
+    pid: int
+    argv0: str
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question: NUMBER is its id within the session (the bus's Answer names it)."""
+
+    number: int
+    host: str
+    port: int | None
+    who: Who | None
+    timeout: float
+    choices: tuple[Answer, ...] = tuple(KEYS.values())
+
+    def text(self) -> str:
+        """The question in one line, for a terminal or a notification."""
+        who = f"pid {self.who.pid} ({self.who.argv0})" if self.who else "the sandbox"
+        what = f"connects to {self.host}:{self.port}" if self.port else f"looks up {self.host}"
+        offered = ", ".join(_LABELS[c] for c in self.choices)
+        return f"boxy: {who} {what}, which is not on its allowlist; {offered} ({self.timeout:g}s)? "
+
+
+class Answerer(Protocol):
+    """Where a question can be put: the terminal, the bus."""
+
+    def can_answer(self) -> bool:
+        """Someone is there to answer now."""
+        ...
+
+    def put(self, q: Question) -> asyncio.Future[Answer]:
+        """Ask Q; the future is the answer. ValueError: it cannot take Q now."""
+        ...
+
+    def withdraw(self, q: Question, said: str) -> None:
+        """Q ends unanswered (its timeout): SAID says so where it was asked."""
+        ...
+
+    def tell(self, q: Question, line: str) -> None:
+        """What came of Q's answer (`project`: whether .boxy.yaml was written)."""
+        ...
+
+
+# Decide: applies an answer (HOST, PORT, the answer, who gave it); returns the line
+# said where the question was asked (None: nothing to add) — `project` says whether
+# .boxy.yaml was written
+Decide = Callable[[str, Answer, Caller], Awaitable[str | None]]
 
 
 class Asking:
-    """One session's questions. PROMPT: the terminal's ask (None: nobody can answer
-    now), asked anew for each question; END: closes an unanswered prompt's line;
-    DECIDE: applies an answer to the policy (HOST, the answer, who gave it)."""
+    """One session's questions. ANSWERERS: where a question may go now, in order;
+    DECIDE: applies an answer to the policy."""
 
     def __init__(
         self,
         timeout: float,
-        prompt: Callable[[], Prompt | None],
-        end: Callable[[str], None],
-        decide: Callable[[str, Answer, Caller], None],
+        answerers: Callable[[], Sequence[Answerer]],
+        decide: Decide,
+        choices: tuple[Answer, ...] = tuple(KEYS.values()),
     ) -> None:
         self.timeout = timeout
-        self._prompt, self._end, self._decide = prompt, end, decide
+        self.choices = choices
+        self._answerers, self._decide = answerers, decide
         self._open: dict[str, asyncio.Future[bool]] = {}
         self._refused: set[str] = set()
         self.asked = 0
 
-    async def ask(self, host: str) -> bool:
-        """May HOST be looked up after all? False at once when nobody can answer."""
+    async def ask(self, host: str, port: int | None = None, who: Who | None = None) -> bool:
+        """May HOST be reached after all? False at once when nobody can answer."""
         if host in self._refused:
             return False
         if host in self._open:  # its A and AAAA, a retry: one question
             return await asyncio.shield(self._open[host])
-        prompt = self._prompt()
-        if prompt is None or len(self._open) >= MAX_OPEN or self.asked >= MAX_ASKED:
+        answerer = next((a for a in self._answerers() if a.can_answer()), None)
+        if answerer is None or len(self._open) >= MAX_OPEN or self.asked >= MAX_ASKED:
             return False
         self.asked += 1
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._open[host] = done
+        q = Question(self.asked, host, port, who, self.timeout, self.choices)
         try:
-            allowed = await self._put(prompt, host)
+            allowed = await self._put(answerer, q)
         finally:
             del self._open[host]
         done.set_result(allowed)
         return allowed
 
-    async def _put(self, prompt: Prompt, host: str) -> bool:
-        text = (
-            f"boxy: the sandbox looks up {host}, which is not on its allowlist; "
-            f"allow it for this [s]ession, or [d]eny ({self.timeout:g}s)? "
-        )
+    async def _put(self, answerer: Answerer, q: Question) -> bool:
         try:
-            typed = prompt(text, KEYS)
+            typed = answerer.put(q)
         except ValueError:  # the terminal went, or holds another question
             return False
         await asyncio.wait({typed}, timeout=self.timeout)
         if not typed.done() or typed.cancelled():  # no answer in time, or the client went
-            self._end(f"(no answer in {self.timeout:g}s: {host} refused)")
-            self._refused.add(host)
+            answerer.withdraw(q, f"(no answer in {self.timeout:g}s: {q.host} refused)")
+            self._refused.add(q.host)
             return False
-        answer = Answer(typed.result())
-        self._decide(host, answer, Caller(os.getuid(), None, "terminal"))
+        answer = typed.result()
+        line = await self._decide(
+            q.host, answer, Caller(os.getuid(), None, answerer_name(answerer))
+        )
+        if line:
+            answerer.tell(q, line)
         if answer is Answer.DENY:
-            self._refused.add(host)
-        return answer is Answer.SESSION
+            self._refused.add(q.host)
+        return answer.allows
+
+
+def answerer_name(a: Answerer) -> str:
+    """How the audit log names the wire an answer came by."""
+    return str(getattr(a, "via", type(a).__name__))
+
+
+class TerminalQuestions:
+    """The client's terminal as an Answerer (PtyRelay.ask: one key, never the payload's)."""
+
+    via = "terminal"
+
+    def __init__(self, pty: Callable[[], _Pty | None]) -> None:
+        self._pty = pty
+
+    def can_answer(self) -> bool:
+        pty = self._pty()
+        return pty is not None and pty.can_ask()
+
+    def put(self, q: Question) -> asyncio.Future[Answer]:
+        pty = self._pty()
+        if pty is None:
+            raise ValueError("no terminal")
+        keys = {k: a.value for k, a in KEYS.items() if a in q.choices}
+        typed = pty.ask(q.text(), keys)
+        out: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+
+        def settle(f: asyncio.Future[str]) -> None:
+            if out.done():
+                return
+            if f.cancelled() or f.exception() is not None:
+                out.cancel()
+            else:
+                out.set_result(Answer(f.result()))
+
+        typed.add_done_callback(settle)
+        return out
+
+    def withdraw(self, q: Question, said: str) -> None:
+        pty = self._pty()
+        if pty is not None:
+            pty.end_question(said)
+
+    def tell(self, q: Question, line: str) -> None:
+        pty = self._pty()
+        if pty is not None:
+            pty.say(line)
+
+
+class _Pty(Protocol):
+    def can_ask(self) -> bool: ...
+    def ask(self, text: str, keys: dict[str, str]) -> asyncio.Future[str]: ...
+    def end_question(self, said: str) -> None: ...
+    def say(self, line: str) -> None: ...

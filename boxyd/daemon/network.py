@@ -17,7 +17,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import dns.message as dns_message
@@ -25,7 +25,7 @@ import dns.message as dns_message
 from boxy.errors import SetupError, UsageError
 from boxy.values import plural, run_clock
 from boxyd.config.runspec import RunSpec
-from boxyd.daemon.asking import Answer, Asking, Prompt
+from boxyd.daemon.asking import Answer, Answerer, Asking
 from boxyd.daemon.seam import Caller, Change
 from boxyd.net import netlog, pcap, ranges, ruleset, tailscale
 from boxyd.net.dnsproxy import DnsProxy, DnsSession
@@ -49,6 +49,9 @@ _PREFLIGHT: dict[tuple[object, ...], tuple[float, list[str]]] = {}
 
 
 MAX_HOSTS_PER_CHANGE = 64  # one change names at most this many hosts
+# --ask's `once`: the lookup answered, and connections to its answer made within this
+# many seconds; then the name is asked about again (what is open stays open)
+ONCE_WINDOW = 10.0
 
 
 class Network:
@@ -100,6 +103,8 @@ class Network:
         self._muted = 0
         self.refused = Tally()
         self.asking: Asking | None = None  # --ask (ask_on)
+        self._remember: Callable[[str], Awaitable[str]] | None = None  # `for this project`
+        self._once: dict[str, asyncio.TimerHandle] = {}  # `once`: when each is forgotten
         self._t0 = time.time()
         record(
             "net.policy",
@@ -161,16 +166,45 @@ class Network:
         )
         return NetPlan(ruleset, ports, self._capture is not None, self.tailnet or None)
 
-    def ask_on(self, prompt: Callable[[], Prompt | None], end: Callable[[str], None]) -> None:
-        """--ask: a name the allowlist does not hold is asked about on PROMPT's terminal
+    def ask_on(
+        self,
+        answerers: Callable[[], Sequence[Answerer]],
+        remember: Callable[[str], Awaitable[str]] | None,
+    ) -> None:
+        """--ask: a name the allowlist does not hold is asked about where ANSWERERS say
         (daemon/asking.py); the answer is a change of this policy like `boxyctl allow`
-        or `deny`'s, recorded with who gave it."""
-        self.asking = Asking(self.spec.ask_timeout, prompt, end, self._answered)
+        or `deny`'s, recorded with who gave it. REMEMBER writes a name into the
+        project's configuration (`for this project`): the line to say, or UsageError."""
+        self._remember = remember
+        choices = tuple(a for a in Answer if a is not Answer.PROJECT or remember is not None)
+        self.asking = Asking(self.spec.ask_timeout, answerers, self._answered, choices)
 
-    def _answered(self, host: str, answer: Answer, caller: Caller) -> None:
-        change = Change.ALLOW if answer is Answer.SESSION else Change.DENY
-        with contextlib.suppress(UsageError):  # a name the policy cannot take stays refused
-            self.change(change, [host], caller, time.time() - self._t0)
+    async def _answered(self, host: str, answer: Answer, caller: Caller) -> str | None:
+        change = Change.DENY if answer is Answer.DENY else Change.ALLOW
+        try:
+            self.change(change, [host], caller, time.time() - self._t0, answer=answer.value)
+        except UsageError as e:  # a name the policy cannot take stays refused
+            return str(e)
+        if answer is Answer.ONCE:
+            self._once[host] = asyncio.get_running_loop().call_later(
+                ONCE_WINDOW, self._forget, host
+            )
+        if answer is not Answer.PROJECT or self._remember is None:
+            return None
+        try:
+            return await self._remember(host)
+        except UsageError as e:  # allowed for the session all the same
+            return f"{host}: allowed for this session only; {e}"
+
+    def _forget(self, host: str) -> None:
+        """`once` is over for HOST: asked about again from now on; what it opened
+        stays open (it was allowed when it began)."""
+        self._once.pop(host, None)
+        if self.gateway is None:
+            return
+        self.policy = self.policy.forgetting([host])
+        self.gateway.set_policy(self.policy, cut=False)
+        self.record("net.policy", verdict="forget", hosts=[host], answer="once")
 
     def attach(self, listeners: dict[str, socket.socket], dns: DnsProxy) -> None:
         expected = set(LISTENERS) | ({"pcap"} if self._capture is not None else set())
@@ -207,6 +241,9 @@ class Network:
 
     async def finish(self) -> dict[str, Any]:
         """Close every flow; write --net-log; where the network went (Destination rows)."""
+        for timer in self._once.values():
+            timer.cancel()
+        self._once.clear()
         out: dict[str, Any] = {}
         if self._capture is not None:
             out.update(self._close_capture())
@@ -242,7 +279,9 @@ class Network:
         out["refusals"] = self.refused.rows()
         return out
 
-    def change(self, change: Change, hosts: list[str], caller: Caller, t: float) -> str:
+    def change(
+        self, change: Change, hosts: list[str], caller: Caller, t: float, answer: str = ""
+    ) -> str:
         """Allow or deny HOSTS from now on (docs/design.md, "Changed while it runs"):
         the policy is rebuilt and handed to the gateway, which cuts what it no longer
         allows. Returns the line show and the audit log keep; T: seconds into the run.
@@ -255,7 +294,11 @@ class Network:
         widen = change is Change.ALLOW
         self.policy = self.policy.widened(hosts) if widen else self.policy.narrowed(hosts)
         cut = self.gateway.set_policy(self.policy)
-        line = f"{run_clock(t)} {verb} {' '.join(hosts)} ({caller})"
+        for host in hosts:  # decided for good now: no `once` to forget
+            with contextlib.suppress(KeyError):
+                self._once.pop(host).cancel()
+        how = f", answered {answer}" if answer else ""
+        line = f"{run_clock(t)} {verb} {' '.join(hosts)} ({caller}{how})"
         if cut:
             line += f": {plural(cut, 'open connection')} cut"
         self.record(
@@ -266,6 +309,7 @@ class Network:
             pid=caller.pid,
             via=caller.via,
             cut=cut,
+            **({"answer": answer} if answer else {}),
         )
         return line
 

@@ -255,6 +255,12 @@ class PtyRelay:
             if not q.fut.done():
                 q.fut.cancel()
 
+    def say(self, line: str) -> None:
+        """LINE on the client's terminal, as a question's outcome is said."""
+        with self._lock:
+            self._to_say += (line + "\r\n").encode()
+        self._swap()
+
     def _answered(self, data: bytes) -> bool:
         """Input thread: DATA answers the open question (True: it was the question's,
         all of it, whether or not a key of it was typed)."""

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, TypeVar
 from boxy import caches, notices, termsettings
 from boxy.errors import SetupError, UsageError
 from boxy.outcome import Counters, Destination
-from boxy.paths import state_dir
+from boxy.paths import config_home, state_dir
 from boxy.request import RunRequest, Terminal
 from boxy.varlink import close_fds
-from boxyd.config import profileview
+from boxyd.config import parsedoor, profileview
 from boxyd.config.hostrun import Held
 from boxyd.config.hosttools import resolve
 from boxyd.config.profileview import ProfileView
@@ -31,7 +31,7 @@ from boxyd.config.registries import Registries
 from boxyd.config.runspec import RunSpec
 from boxyd.config.spec import build_spec
 from boxyd.daemon import afterproc, passedfds, pools, pty, records, walks
-from boxyd.daemon.asking import Prompt
+from boxyd.daemon.asking import Answerer, TerminalQuestions
 from boxyd.daemon.liveguard import LiveGuard
 from boxyd.daemon.parseproc import Apart, call_apart, call_with
 from boxyd.daemon.pty import PtyRelay
@@ -145,8 +145,9 @@ class StageLauncher:
 
             ports = Publisher(spec.publish, listeners, sink.record)
         sandbox = StageSandbox(
-            self, spec, stdio, outputs, net, sink, request.terminal, ports, parser=parser
-        )
+            self, spec, stdio, outputs, net, sink, request.terminal, ports, parser=parser,
+            client_env=request.client_env,
+        )  # fmt: skip
         self.live.add(sandbox)
         return sandbox
 
@@ -262,8 +263,11 @@ class StageSandbox:
         ports: Publisher | None = None,
         *,
         parser: Apart,
+        client_env: dict[str, str] | None = None,
     ) -> None:
         self.spec = spec
+        self._client_env = client_env or {}  # what the project is read with (`trust`'s)
+        self.bus_answerers: list[Answerer] = []  # --ask on the bus (api/dbus)
         self._parser = parser  # the run's parse child (spec, walk): closed after the walk
         self.ports = ports  # --publish: accepting once the payload runs
         self._launcher = launcher
@@ -332,21 +336,36 @@ class StageSandbox:
             self._start_live_guard()
         self._relay = asyncio.get_running_loop().create_task(self._relay_reports())
 
-    def _ask_on_the_terminal(self) -> None:
-        """--ask: the session's questions go to the client's terminal, while one is
-        here to answer (PtyRelay.ask); otherwise nobody answers and the name is refused
-        at once."""
+    def _ask_on(self) -> None:
+        """--ask: the session's questions go to the client's terminal while one is here
+        to answer (PtyRelay.ask), then to the bus's answerers; when nobody can answer,
+        the name is refused at once. `for this project` writes the work directory's
+        .boxy.yaml (config/trust.py), its parses apart as `trust`'s are."""
         if self.net is None or not self.spec.ask:
             return
+        terminal = TerminalQuestions(lambda: self.pty)
 
-        def prompt() -> Prompt | None:
-            return self.pty.ask if self.pty is not None and self.pty.can_ask() else None
+        def answerers() -> list[Answerer]:
+            return [terminal, *self.bus_answerers]
 
-        def end(said: str) -> None:
-            if self.pty is not None:
-                self.pty.end_question(said)
+        self.net.ask_on(answerers, self._remember if self.spec.workdir else None)
 
-        self.net.ask_on(prompt, end)
+    async def _remember(self, host: str) -> str:
+        from boxyd.config import trust
+
+        me, workdir, env = self._launcher.user, self.spec.workdir, self._client_env
+        parser = self._launcher.parser()
+
+        def write() -> str:
+            with parsedoor.using(parser):
+                return trust.allow_in_project(
+                    host, workdir, me.pw_dir, me.pw_name, env, config_home(me.pw_dir)
+                )
+
+        try:
+            return await pools.run(pools.ASKED, write)
+        finally:
+            parser.close()
 
     def _make_terminal(self, fds: list[int]) -> list[int]:
         """The session's PTY, if it has one (boxyd owns it; the client's terminal is
@@ -576,7 +595,7 @@ class StageSandbox:
         if self._launcher._dns is None:
             _close_sockets(got)
             return True
-        self._ask_on_the_terminal()  # before the gateway's DNS session is made
+        self._ask_on()  # before the gateway's DNS session is made
         try:
             self.net.attach(got.sockets, self._launcher._dns)
         except SetupError as e:

@@ -576,16 +576,21 @@ class Gateway:
         return int((time.monotonic() - self.started) * 1000)
 
     # -- the policy changed while the session runs (`boxyctl allow` / `deny`) ------------
-    def set_policy(self, policy: NetPolicy) -> int:
+    def set_policy(self, policy: NetPolicy, *, cut: bool = True) -> int:
         """Decide by POLICY from now on: the DNS proxy's next question, the next
-        connection, and the flows already open: each one POLICY no longer allows is
-        cut (a reset to the client) as a refusal. Returns how many were cut."""
+        connection, and (CUT) the flows already open: each one POLICY no longer allows
+        is cut (a reset to the client) as a refusal. Returns how many were cut."""
         before = set(self.policy.literal_addresses())  # in the ruleset's set since the start
         self.policy = self.dns_session.policy = policy
         self.dns_session.cache.clear()  # answers decided by the old policy
         for addr in set(policy.literal_addresses()) - before:  # its own binding, for the run
             if self.bound is not None:
                 self.bound.publish(ipaddress.ip_address(addr), LITERAL_FOR)
+        if not cut:
+            return 0
+        return self._cut_refused(policy)
+
+    def _cut_refused(self, policy: NetPolicy) -> int:
         cut = 0
         # Not relayed yet: the verdict taken at the accept (what may pass without a
         # name, as a server-first flow does when its client stays silent) is taken

@@ -222,6 +222,16 @@ class NetPolicy:
             self.refused_names | names,
         )
 
+    def forgetting(self, hosts: Iterable[str]) -> NetPolicy:
+        """This policy without the exact names HOSTS were allowed as (--ask's `once`
+        ending): asked about again, not refused. Nothing else changes."""
+        names = {_unmapped(_norm(parse_host_spec(h, what="allow").host)) for h in hosts}
+        exact = {k: v for k, v in self.exact.items() if k not in names}
+        return NetPolicy(
+            self.mode, self.global_ports, self.exceptions, exact, self.wildcards,
+            self.refused_names,
+        )  # fmt: skip
+
     # --- names ---------------------------------------------------------------
 
     def _ports_for(self, name: str) -> _Ports | None:

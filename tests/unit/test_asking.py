@@ -1,4 +1,4 @@
-"""--ask's questions (boxyd/daemon/asking.py, issue 34 §2), with a terminal played by
+"""--ask's questions (boxyd/daemon/asking.py, issue 34 §2), with an answerer played by
 the test."""
 
 from __future__ import annotations
@@ -6,35 +6,46 @@ from __future__ import annotations
 import asyncio
 
 from boxyd.daemon import asking
-from boxyd.daemon.asking import Answer, Asking
+from boxyd.daemon.asking import Answer, Asking, Question, Who
 from boxyd.daemon.seam import Caller
 
 
 class Terminal:
-    def __init__(self) -> None:
-        self.asked: list[str] = []
+    via = "terminal"
+
+    def __init__(self, here: bool = True) -> None:
+        self.here = here
+        self.asked: list[Question] = []
         self.ended: list[str] = []
-        self.futures: list[asyncio.Future[str]] = []
+        self.told: list[str] = []
+        self.futures: list[asyncio.Future[Answer]] = []
         self.decided: list[tuple[str, Answer, str]] = []
 
-    def prompt(self, text: str, keys: dict[str, str]) -> asyncio.Future[str]:
-        self.asked.append(text)
-        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    def can_answer(self) -> bool:
+        return self.here
+
+    def put(self, q: Question) -> asyncio.Future[Answer]:
+        self.asked.append(q)
+        fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self.futures.append(fut)
         return fut
 
-    def end(self, said: str) -> None:
+    def withdraw(self, q: Question, said: str) -> None:
         self.ended.append(said)
         for f in self.futures:
             if not f.done():
                 f.cancel()
 
-    def decide(self, host: str, answer: Answer, caller: Caller) -> None:
+    def tell(self, q: Question, line: str) -> None:
+        self.told.append(line)
+
+    async def decide(self, host: str, answer: Answer, caller: Caller) -> str | None:
         self.decided.append((host, answer, caller.via))
+        return "written" if answer is Answer.PROJECT else None
 
 
-def asker(t: Terminal, *, here: bool = True, timeout: float = 5) -> Asking:
-    return Asking(timeout, lambda: t.prompt if here else None, t.end, t.decide)
+def asker(t: Terminal, *others: Terminal, timeout: float = 5) -> Asking:
+    return Asking(timeout, lambda: [t, *others], t.decide)
 
 
 async def test_an_answer_for_the_session_allows_and_is_decided_once_for_every_lookup() -> None:
@@ -42,10 +53,27 @@ async def test_an_answer_for_the_session_allows_and_is_decided_once_for_every_lo
     a = asker(t)
     lookups = [asyncio.ensure_future(a.ask("api.example")) for _ in range(3)]  # A, AAAA, retry
     await asyncio.sleep(0)
-    assert len(t.asked) == 1 and "api.example" in t.asked[0] and "[s]ession" in t.asked[0]
-    t.futures[0].set_result("session")
+    assert len(t.asked) == 1 and t.asked[0].host == "api.example"
+    t.futures[0].set_result(Answer.SESSION)
     assert await asyncio.gather(*lookups) == [True, True, True]
     assert t.decided == [("api.example", Answer.SESSION, "terminal")]
+
+
+async def test_once_and_project_allow_and_project_says_what_came_of_it() -> None:
+    t = Terminal()
+    a = asker(t)
+    for answer in (Answer.ONCE, Answer.PROJECT):
+        looked = asyncio.ensure_future(a.ask(f"{answer.value}.example"))
+        await asyncio.sleep(0)
+        t.futures[-1].set_result(answer)
+        assert await looked is True
+    assert t.told == ["written"]
+    # `once` is not a refusal: asked about again (the network forgets it, not Asking)
+    again = asyncio.ensure_future(a.ask("once.example"))
+    await asyncio.sleep(0)
+    assert len(t.asked) == 3
+    t.futures[-1].set_result(Answer.DENY)
+    assert await again is False
 
 
 async def test_deny_refuses_and_is_not_asked_again() -> None:
@@ -53,16 +81,28 @@ async def test_deny_refuses_and_is_not_asked_again() -> None:
     a = asker(t)
     first = asyncio.ensure_future(a.ask("c2.example"))
     await asyncio.sleep(0)
-    t.futures[0].set_result("deny")
+    t.futures[0].set_result(Answer.DENY)
     assert await first is False
     assert await a.ask("c2.example") is False and len(t.asked) == 1
     assert t.decided == [("c2.example", Answer.DENY, "terminal")]
 
 
 async def test_nobody_to_answer_refuses_at_once() -> None:
-    t = Terminal()
-    assert await asyncio.wait_for(asker(t, here=False).ask("api.example"), 1) is False
+    t = Terminal(here=False)
+    assert await asyncio.wait_for(asker(t).ask("api.example"), 1) is False
     assert t.asked == [] and t.decided == []
+
+
+async def test_the_first_answerer_that_can_answer_is_asked() -> None:
+    away, bus = Terminal(here=False), Terminal()
+    a = asker(away, bus)
+    looked = asyncio.ensure_future(a.ask("api.example", 443, Who(77, "node")))
+    await asyncio.sleep(0)
+    assert away.asked == [] and len(bus.asked) == 1
+    q = bus.asked[0]
+    assert (q.number, q.host, q.port, q.who) == (1, "api.example", 443, Who(77, "node"))
+    bus.futures[0].set_result(Answer.SESSION)
+    assert await looked is True
 
 
 async def test_no_answer_in_time_refuses_says_so_and_changes_no_policy() -> None:
@@ -81,7 +121,20 @@ async def test_questions_are_bounded() -> None:
     assert len(t.asked) == asking.MAX_OPEN  # the rest refused at once
     assert [f.result() for f in open_[asking.MAX_OPEN :]] == [False, False]
     for f in t.futures:
-        f.set_result("deny")
+        f.set_result(Answer.DENY)
     await asyncio.gather(*open_)
     a.asked = asking.MAX_ASKED
     assert await a.ask("late.example") is False and len(t.asked) == asking.MAX_OPEN
+
+
+def test_the_question_names_the_program_the_host_and_the_choices() -> None:
+    q = Question(3, "api.example", None, Who(4242, "python3"), 60)
+    assert q.text() == (
+        "boxy: pid 4242 (python3) looks up api.example, which is not on its allowlist; "
+        "allow [o]nce, for this [s]ession, for this [p]roject, [d]eny (60s)? "
+    )
+    q = Question(4, "api.example", 8443, None, 5, (Answer.ONCE, Answer.DENY))
+    assert q.text() == (
+        "boxy: the sandbox connects to api.example:8443, which is not on its "
+        "allowlist; allow [o]nce, [d]eny (5s)? "
+    )

@@ -127,3 +127,12 @@ def test_an_allow_a_denied_wildcard_would_still_refuse_says_so() -> None:
     )
     lifted = denied.widened(["*.example.com"])
     assert lifted.dns("a.example.com").allow
+
+
+def test_forgetting_a_name_allowed_once_asks_again_and_refuses_nothing() -> None:
+    """--ask's `once` ends: the name is no longer allowed, and not denied either."""
+    base = NetPolicy.from_spec("allowlist", ["keep.example"])
+    once = base.widened(["api.example"])
+    after = once.forgetting(["api.example"])
+    assert after.exact.keys() == base.exact.keys() and after.refused_names == frozenset()
+    assert after.widened(["api.example"]).exact.keys() == once.exact.keys()

@@ -187,6 +187,7 @@ class RunOptions(Value):
     tailscale: bool
     ask: bool
     ask_timeout: float | None
+    ask_notify: bool
     publish: list[PortMapping]  # parsed once, as allow_host is
     env: list[EnvItem]
     secret: list[Secret]

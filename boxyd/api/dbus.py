@@ -9,7 +9,12 @@ Manager core. No logic here: the objects mirror the core's sessions and events.
   (Connections, Denials, NamesDenied, CountsExact, BytesUp, BytesDown),
   with PropertiesChanged as they change; signal Event(s kind, a{sv} fields);
   methods Allow(as hosts) -> s and Deny(as hosts) -> s (`boxyctl allow` / `deny`,
-  the caller's pid as the bus gave it to CallerVetting).
+  the caller's pid as the bus gave it to CallerVetting); --ask's questions: signals
+  AskDenied(u number, s host, q port, u pid, s argv0, as choices, d timeout, s text)
+  and AskEnded(u number, s answer, s line), method Answer(u number, s choice) -> s.
+  A question goes to the bus when no terminal can answer and a client called
+  Manager1.AnswerQuestions(true) (until it leaves the bus), or the run asked for
+  --ask-notify (a desktop notification with the choices as actions: api/notify.py).
 - /dev/boxy: org.freedesktop.DBus.ObjectManager (GetManagedObjects; InterfacesAdded
   and InterfacesRemoved as sessions come and go), there alone (_Bus, only_one_object_manager).
 - Every argument is named in the introspection (NamedArgs).
@@ -50,6 +55,9 @@ from dbus_fast.service import ServiceInterface, dbus_property, method, signal
 from boxy.errors import BoxyError, NoSuchSession, UsageError, dbus_error_name
 from boxy.request import RunRequest
 from boxy.varlink import close_fds
+from boxyd.api.buscall import to_the_bus
+from boxyd.api.notify import Notifier
+from boxyd.daemon.asking import Answer, Question
 from boxyd.daemon.events import (
     CountersTick,
     Exited,
@@ -184,12 +192,26 @@ class ManagerInterface(NamedArgs):
         "Doctor": ("checks",),
         "Profiles": ("profiles", "lines"),
         "ProfileShow": ("profile", "lines"),
+        "AnswerQuestions": ("answering",),
     }
 
-    def __init__(self, manager: Manager, exported: dict[str, SessionInterface]) -> None:
+    def __init__(
+        self,
+        manager: Manager,
+        exported: dict[str, SessionInterface],
+        answering: Callable[[str, bool], bool],
+    ) -> None:
         super().__init__(MANAGER_INTERFACE)
         self.manager = manager
         self._exported = exported  # the session objects on the bus (DbusService's)
+        self._answering = answering
+
+    @method()
+    def AnswerQuestions(self, on: "b") -> "b":
+        """--ask: the calling connection answers the questions no terminal can (each
+        session's AskDenied, then its Answer) while it stays on the bus, or until it
+        calls this with false. Returns whether any connection answers now."""
+        return self._answering(SENDER.get(), on)
 
     @method()
     async def List(self, all: "b") -> "a(sso)":
@@ -268,10 +290,16 @@ class ManagerInterface(NamedArgs):
 # Who sent the method call being dispatched: set by CallerVetting just before dbus-fast
 # dispatches it, in the same call (a synchronous handler runs inside it).
 CALLER: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("caller", default=None)
+# the calling connection's unique name (AnswerQuestions keeps it while it lives)
+SENDER: contextvars.ContextVar[str] = contextvars.ContextVar("sender", default="")
 
 
 class SessionInterface(NamedArgs):
-    RESULTS: ClassVar[dict[str, tuple[str, ...]]] = {"Allow": ("line",), "Deny": ("line",)}
+    RESULTS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "Allow": ("line",),
+        "Deny": ("line",),
+        "Answer": ("host",),
+    }
 
     def __init__(self, session: Session) -> None:
         super().__init__(SESSION_INTERFACE)
@@ -288,6 +316,43 @@ class SessionInterface(NamedArgs):
         """`boxyctl deny`: HOSTS refused from now on; open connections they decided
         are cut."""
         return self._change(Change.DENY, hosts)
+
+    @method()
+    def Answer(self, number: "u", choice: "s") -> "s":
+        """--ask: the answer to question NUMBER (AskDenied's): once, session, project or
+        deny, as it offered them. Returns the host; what came of it is AskEnded."""
+        try:
+            return self.session.questions.answer(number, choice)
+        except BoxyError as e:
+            raise _error(e) from None
+
+    @signal()
+    def AskDenied(
+        self,
+        number: int,
+        host: str,
+        port: int,
+        pid: int,
+        argv0: str,
+        choices: list[str],
+        timeout: float,
+        text: str,
+    ) -> "usqusasds":
+        return [number, host, port, pid, argv0, choices, timeout, text]
+
+    @signal()
+    def AskEnded(self, number: int, answer: str, line: str) -> "uss":
+        return [number, answer, line]
+
+    def asked(self, q: Question) -> None:
+        who = q.who
+        self.AskDenied(
+            q.number, q.host, q.port or 0, who.pid if who else 0, who.argv0 if who else "",
+            [c.value for c in q.choices], q.timeout, q.text(),
+        )  # fmt: skip
+
+    def ended(self, q: Question, answer: Answer | None, line: str) -> None:
+        self.AskEnded(q.number, answer.value if answer is not None else "", line)
 
     def _change(self, change: Change, hosts: list[str]) -> str:
         caller = CALLER.get() or Caller(os.getuid(), None, "D-Bus")
@@ -410,18 +475,11 @@ def wait_when_full(bus: MessageBus) -> None:
         writer.sock = SendsThatWait(writer.sock)
 
 
-def to_the_bus(member: str, name: str) -> Message:
-    """A call of org.freedesktop.DBus's MEMBER about the bus name NAME."""
-    return Message(
-        destination="org.freedesktop.DBus",
-        path="/org/freedesktop/DBus",
-        interface="org.freedesktop.DBus",
-        member=member,
-        signature="s",
-        body=[name],
-    )
-
-
+# a connection leaving the bus (no new owner): an answerer of questions gone
+LEFT = (
+    "type='signal',sender='org.freedesktop.DBus',interface='org.freedesktop.DBus',"
+    "member='NameOwnerChanged'"
+)
 KNOWN_CALLERS = 4096  # unique names whose verdict is kept (each busctl call is a new one)
 
 
@@ -451,6 +509,7 @@ class CallerVetting:
             why = self._known[sender]
             if why is None:
                 CALLER.set(Caller(os.getuid(), self._pids.get(sender), "D-Bus"))
+                SENDER.set(sender)
                 return None
             close_fds(msg.unix_fds)
             raise DBusError(dbus_error_name(UsageError("")), f"refused: {why}")
@@ -548,8 +607,10 @@ class DbusService:
         self.vetting = CallerVetting(vet)
         self.bus: MessageBus | None = None
         self._sessions: dict[str, SessionInterface] = {}
-        self._iface = ManagerInterface(manager, self._sessions)
+        self._iface = ManagerInterface(manager, self._sessions, self._answer_questions)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._answering: set[str] = set()  # connections that answer --ask's questions
+        self.notifier: Notifier | None = None
 
     async def start(self, address: str) -> None:
         """Connect, export, own the name; raises on failure (the caller logs it)."""
@@ -562,7 +623,11 @@ class DbusService:
         bus.add_message_handler(self.vetting.handler)  # first: who calls, then the fds
         bus.add_message_handler(check_fds)
         bus.add_message_handler(only_one_object_manager)
+        bus.add_message_handler(self._left)
         bus.export(MANAGER_PATH, self._iface)
+        self.notifier = Notifier(bus)
+        await self.notifier.start()
+        await bus.call(to_the_bus("AddMatch", LEFT))
         reply = await bus.request_name(BUS_NAME, NameFlag.DO_NOT_QUEUE)
         if reply not in (RequestNameReply.PRIMARY_OWNER, RequestNameReply.ALREADY_OWNER):
             raise RuntimeError(f"{BUS_NAME} is owned by another process ({reply.name})")
@@ -626,11 +691,54 @@ class DbusService:
                 )
             )
 
+    def _answer_questions(self, sender: str, on: bool) -> bool:
+        if on and sender:
+            self._answering.add(sender)
+            self._spawn(self._still_here(sender))
+        else:
+            self._answering.discard(sender)
+        return bool(self._answering)
+
+    async def _still_here(self, sender: str) -> None:
+        """SENDER may have left before the match on its leaving was in force."""
+        if not await self.has_owner(sender):
+            self._answering.discard(sender)
+
+    def _left(self, msg: Message) -> None:
+        """NameOwnerChanged: a connection that answered questions left the bus."""
+        if (
+            msg.message_type == MessageType.SIGNAL
+            and msg.member == "NameOwnerChanged"
+            and msg.sender == "org.freedesktop.DBus"
+            and msg.signature == "sss"
+            and msg.body[2] == ""
+        ):
+            self._answering.discard(msg.body[0])
+
+    def _ask_here(self, s: Session, iface: SessionInterface) -> None:
+        """--ask's questions that no terminal can answer come here: to a connection
+        that said it answers (AnswerQuestions), or to a notification (--ask-notify)."""
+        q = s.questions
+
+        def notifies() -> bool:
+            return s.sandbox is not None and s.spec.ask_notify and self.notifier is not None
+
+        q.can = lambda: bool(self._answering) or notifies()
+        q.on_put.append(iface.asked)
+        q.on_end.append(iface.ended)
+        if self.notifier is not None:
+            notifier = self.notifier
+            q.on_put.append(
+                lambda question: self._spawn(notifier.show(q, question)) if notifies() else None
+            )
+            q.on_end.append(lambda question, _a, _l: self._spawn(notifier.ended(q, question)))
+
     def _export(self, s: Session) -> None:
         if s.id in self._sessions or self.bus is None:
             return
         iface = SessionInterface(s)
         self._sessions[s.id] = iface
+        self._ask_here(s, iface)
         self.bus.export(session_path(s.id), iface)
         added = Message.new_signal(
             OBJECT_MANAGER_PATH,

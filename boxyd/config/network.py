@@ -40,6 +40,7 @@ class Network:
     tailscale: bool
     ask: bool
     ask_timeout: float
+    ask_notify: bool
     publish: list[PortMapping]
 
 
@@ -75,14 +76,16 @@ def decide(
     flag_cidrs = [n for c in o.allow_cidr for n in values.parse_cidrs(c)]
     cidrs, tailscale = ranges(net, prof, flag_cidrs, o.tailscale, notes)
     options.check_combinations(o, net=net)  # the client's checks, with the profile's net
+    notify = o.ask_notify or bool(prof.ask_notify)  # it asks too
     return Network(
         net=net,
         allow_hosts=dedupe(hosts + flag_hosts),
         allow_ports=dedupe(prof.allow_ports + list(o.allow_port)),
         allow_cidrs=cidrs,
         tailscale=tailscale,
-        ask=net == "allowlist" and (o.ask or bool(prof.ask)),
+        ask=net == "allowlist" and (o.ask or bool(prof.ask) or notify),
         ask_timeout=o.ask_timeout or prof.ask_timeout or ASK_TIMEOUT,
+        ask_notify=net == "allowlist" and notify,
         publish=published(prof.ports, o.publish),
     )
 

@@ -67,6 +67,7 @@ class Profile:
     tailscale: bool | None = None
     ask: bool | None = None
     ask_timeout: float | None = None
+    ask_notify: bool | None = None
     ro: list[PathEntry] = field(default_factory=list)
     rw: list[PathEntry] = field(default_factory=list)
     mkdir: list[PathEntry] = field(default_factory=list)

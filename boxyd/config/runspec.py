@@ -72,6 +72,7 @@ class RunSpec:
     tailscale: bool = False
     ask: bool = False  # a name the allowlist does not hold is asked about (daemon/asking.py)
     ask_timeout: float = 60.0  # seconds a question waits for its answer
+    ask_notify: bool = False  # questions nobody else answers: a desktop notification
     # reachable from the host at addr:host_port, relayed to the sandbox's loopback (publish.py)
     publish: list[PortMapping] = field(default_factory=list)
     memory: int = DEFAULT_MEMORY  # bytes

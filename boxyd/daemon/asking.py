@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from boxyd.daemon.seam import Caller
+from boxy.errors import UsageError
 
 MAX_OPEN = 4  # questions waiting at once
 MAX_ASKED = 32  # questions in a session
@@ -94,19 +93,16 @@ class Answerer(Protocol):
         """Ask Q; the future is the answer. ValueError: it cannot take Q now."""
         ...
 
-    def withdraw(self, q: Question, said: str) -> None:
-        """Q ends unanswered (its timeout): SAID says so where it was asked."""
-        ...
-
-    def tell(self, q: Question, line: str) -> None:
-        """What came of Q's answer (`project`: whether .boxy.yaml was written)."""
+    def end(self, q: Question, answer: Answer | None, line: str) -> None:
+        """Q is over: ANSWER (None: unanswered in time), and LINE, what came of it
+        (`project`: whether .boxy.yaml was written; "" when nothing is to be said)."""
         ...
 
 
-# Decide: applies an answer (HOST, PORT, the answer, who gave it); returns the line
-# said where the question was asked (None: nothing to add) — `project` says whether
-# .boxy.yaml was written
-Decide = Callable[[str, Answer, Caller], Awaitable[str | None]]
+# Decide: applies an answer (HOST, the answer, the wire it came by: the answerer's
+# `via`); returns the line said where the question was asked (None: nothing to add):
+# `project` says whether .boxy.yaml was written
+Decide = Callable[[str, Answer, str], Awaitable[str | None]]
 
 
 class Asking:
@@ -154,15 +150,12 @@ class Asking:
             return False
         await asyncio.wait({typed}, timeout=self.timeout)
         if not typed.done() or typed.cancelled():  # no answer in time, or the client went
-            answerer.withdraw(q, f"(no answer in {self.timeout:g}s: {q.host} refused)")
+            answerer.end(q, None, f"(no answer in {self.timeout:g}s: {q.host} refused)")
             self._refused.add(q.host)
             return False
         answer = typed.result()
-        line = await self._decide(
-            q.host, answer, Caller(os.getuid(), None, answerer_name(answerer))
-        )
-        if line:
-            answerer.tell(q, line)
+        line = await self._decide(q.host, answer, answerer_name(answerer))
+        answerer.end(q, answer, line or "")
         if answer is Answer.DENY:
             self._refused.add(q.host)
         return answer.allows
@@ -204,14 +197,13 @@ class TerminalQuestions:
         typed.add_done_callback(settle)
         return out
 
-    def withdraw(self, q: Question, said: str) -> None:
+    def end(self, q: Question, answer: Answer | None, line: str) -> None:
         pty = self._pty()
-        if pty is not None:
-            pty.end_question(said)
-
-    def tell(self, q: Question, line: str) -> None:
-        pty = self._pty()
-        if pty is not None:
+        if pty is None:
+            return
+        if answer is None:
+            pty.end_question(line)
+        elif line:
             pty.say(line)
 
 
@@ -220,3 +212,57 @@ class _Pty(Protocol):
     def ask(self, text: str, keys: dict[str, str]) -> asyncio.Future[str]: ...
     def end_question(self, said: str) -> None: ...
     def say(self, line: str) -> None: ...
+
+
+class RemoteQuestions:
+    """A session's questions put to clients over a wire (D-Bus: the AskDenied signal,
+    the Answer method, a notification). The wire's adapter says when someone there can
+    answer (CAN: a client said it answers, or the user opted into notifications) and
+    follows PUT and ENDED to say each question and how it ended; without one, nobody
+    answers here."""
+
+    via = "D-Bus"
+
+    def __init__(self) -> None:
+        self.can: Callable[[], bool] = lambda: False
+        self.on_put: list[Callable[[Question], None]] = []
+        self.on_end: list[Callable[[Question, Answer | None, str], None]] = []
+        self.open: dict[int, tuple[Question, asyncio.Future[Answer]]] = {}
+
+    def can_answer(self) -> bool:
+        return self.can()
+
+    def put(self, q: Question) -> asyncio.Future[Answer]:
+        fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        self.open[q.number] = (q, fut)
+        for said in self.on_put:
+            said(q)
+        return fut
+
+    def answer(self, number: int, choice: str) -> str:
+        """A client's answer to question NUMBER (CHOICE: an Answer's value). Returns
+        the host; UsageError when no such question is open or CHOICE was not offered."""
+        if number not in self.open:
+            raise UsageError(f"Answer: no question {number} is open (answered, or timed out)")
+        q, fut = self.open[number]
+        offered = {c.value: c for c in q.choices}
+        if choice not in offered:
+            raise UsageError(f"Answer: {choice!r} is not one of {', '.join(offered)}")
+        del self.open[number]
+        if not fut.done():
+            fut.set_result(offered[choice])
+        return q.host
+
+    def give_up(self, number: int) -> None:
+        """Question NUMBER cannot be put after all (no notification server): refused
+        at once, not left to its timeout."""
+        got = self.open.get(number)
+        if got is not None and not got[1].done():
+            got[1].cancel()
+
+    def end(self, q: Question, answer: Answer | None, line: str) -> None:
+        got = self.open.pop(q.number, None)
+        if got is not None and not got[1].done():
+            got[1].cancel()
+        for said in self.on_end:
+            said(q, answer, line)

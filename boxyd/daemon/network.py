@@ -179,8 +179,9 @@ class Network:
         choices = tuple(a for a in Answer if a is not Answer.PROJECT or remember is not None)
         self.asking = Asking(self.spec.ask_timeout, answerers, self._answered, choices)
 
-    async def _answered(self, host: str, answer: Answer, caller: Caller) -> str | None:
+    async def _answered(self, host: str, answer: Answer, via: str) -> str | None:
         change = Change.DENY if answer is Answer.DENY else Change.ALLOW
+        caller = Caller(os.getuid(), None, via)
         try:
             self.change(change, [host], caller, time.time() - self._t0, answer=answer.value)
         except UsageError as e:  # a name the policy cannot take stays refused

@@ -267,7 +267,6 @@ class StageSandbox:
     ) -> None:
         self.spec = spec
         self._client_env = client_env or {}  # what the project is read with (`trust`'s)
-        self.bus_answerers: list[Answerer] = []  # --ask on the bus (api/dbus)
         self._parser = parser  # the run's parse child (spec, walk): closed after the walk
         self.ports = ports  # --publish: accepting once the payload runs
         self._launcher = launcher
@@ -346,7 +345,7 @@ class StageSandbox:
         terminal = TerminalQuestions(lambda: self.pty)
 
         def answerers() -> list[Answerer]:
-            return [terminal, *self.bus_answerers]
+            return [terminal, self._sink.questions]
 
         self.net.ask_on(answerers, self._remember if self.spec.workdir else None)
 

@@ -20,6 +20,7 @@ from boxyd.config.runspec import RunSpec
 
 if TYPE_CHECKING:  # the view loads with the first `profile show`, not with boxyd
     from boxyd.config.profileview import ProfileView
+    from boxyd.daemon.asking import RemoteQuestions
 
 
 class Change(enum.Enum):
@@ -83,6 +84,7 @@ class Sink(Protocol):
     """What a sandbox may tell its session while it runs."""
 
     id: str
+    questions: RemoteQuestions  # --ask's questions to clients on a wire (D-Bus)
 
     def record(self, layer: str, **fields: object) -> None:
         """One audit record (the session bounds them)."""

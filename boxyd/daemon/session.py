@@ -39,6 +39,7 @@ from boxy.request import RunRequest, Terminal
 from boxy.varlink import close_fds
 from boxyd.config.runspec import DEFAULT_PROFILE, RunSpec
 from boxyd.daemon import seam
+from boxyd.daemon.asking import RemoteQuestions
 from boxyd.daemon.events import (
     Audited,
     ClientAttached,
@@ -106,6 +107,7 @@ class Session:
         self._counters: Counters | None = None  # set at the end
         self._policy: list[str] = []  # its policy's changes (change_policy), for show
         self._launched = False  # sandbox.start() has returned: signals reach stage 2
+        self.questions = RemoteQuestions()  # --ask's, to clients on the bus (api/dbus.py)
 
     @property
     def spec(self) -> RunSpec:

@@ -7,7 +7,6 @@ import asyncio
 
 from boxyd.daemon import asking
 from boxyd.daemon.asking import Answer, Asking, Question, Who
-from boxyd.daemon.seam import Caller
 
 
 class Terminal:
@@ -30,17 +29,17 @@ class Terminal:
         self.futures.append(fut)
         return fut
 
-    def withdraw(self, q: Question, said: str) -> None:
-        self.ended.append(said)
-        for f in self.futures:
-            if not f.done():
-                f.cancel()
+    def end(self, q: Question, answer: Answer | None, line: str) -> None:
+        if answer is None:
+            self.ended.append(line)
+            for f in self.futures:
+                if not f.done():
+                    f.cancel()
+        elif line:
+            self.told.append(line)
 
-    def tell(self, q: Question, line: str) -> None:
-        self.told.append(line)
-
-    async def decide(self, host: str, answer: Answer, caller: Caller) -> str | None:
-        self.decided.append((host, answer, caller.via))
+    async def decide(self, host: str, answer: Answer, via: str) -> str | None:
+        self.decided.append((host, answer, via))
         return "written" if answer is Answer.PROJECT else None
 
 

@@ -60,7 +60,7 @@ def test_run_defaults_are_exactly_the_run_parameters() -> None:
             "options": {
                 "profile": None, "ro": [], "rw": [], "protect": [], "reveal": [], "mkdir": [], "copy": [],
                 "copy_ro": [], "workdir": None, "net": None, "allow_host": [], "allow_port": [],
-                "allow_cidr": [], "tailscale": False, "ask": False, "ask_timeout": None, "publish": [], "env": [], "secret": [], "memory": None, "pids": None,
+                "allow_cidr": [], "tailscale": False, "ask": False, "ask_timeout": None, "ask_notify": False, "publish": [], "env": [], "secret": [], "memory": None, "pids": None,
                 "cpus": None, "timeout": None, "audit_log": None, "net_log": None, "pcap": None,
                 "pcap_max": None, "seccomp": None, "tty": False, "tty_raw": False, "verbose": False,
                 "detach": False, "allow_git_write": False, "edit_config": [], "allow_host_config": [],
@@ -141,7 +141,7 @@ def test_every_flag() -> None:
         "--mkdir", "~", "--allow-git-write", "--edit-config", ".claude", "--allow-host-config", "~/.ssh", "--copy", "~/c.json", "--copy", "x:/etc/y",
         "--copy-ro", "r:~/r", "-w", "../../..", "--net", "allowlist", "--allow-host", "A.example",
         "--allow-host", "nas:22,2222", "--allow-host", "dns.example:53/udp", "--allow-port", "8080",
-        "--allow-cidr", "192.168.4.0/24", "--tailscale", "--ask", "--ask-timeout", "2m", "--publish", "3000:3000", "-e", "EDITOR", "--env", "X=1=2",
+        "--allow-cidr", "192.168.4.0/24", "--tailscale", "--ask", "--ask-timeout", "2m", "--ask-notify", "--publish", "3000:3000", "-e", "EDITOR", "--env", "X=1=2",
         "-e", "NOPE", "--secret", "EDITOR", "--memory", "1GiB", "--pids", "64", "--cpus", "0.5", "--timeout", "1h30m",
         "--audit-log", "a.json", "--net-log", "/var/tmp/n.json", "--pcap", "c.pcap",
         "--pcap-max", "10MiB", "--seccomp", "compat", "--tty", "--tty-raw", "-v", "-d",
@@ -166,6 +166,7 @@ def test_every_flag() -> None:
         "tailscale": True,
         "ask": True,
         "ask_timeout": 120.0,
+        "ask_notify": True,
         "publish": ["127.0.0.1:3000:3000"],
         "env": [
             {"name": "EDITOR", "value": "vim", "present": True},

@@ -21,9 +21,12 @@ import pytest
 pytest.importorskip("dbus_fast")
 from dbus_fast import Message, MessageType  # noqa: E402
 from dbus_fast.aio import MessageBus  # noqa: E402
+from dbus_fast.service import ServiceInterface, method  # noqa: E402
+from dbus_fast.service import signal as dbus_signal  # noqa: E402
 
 from boxy.errors import UsageError  # noqa: E402
 from boxyd.api.dbus import BUS_NAME, MANAGER_PATH, DbusService, session_path  # noqa: E402
+from boxyd.daemon.asking import Answer, Asking, Who  # noqa: E402
 from boxyd.daemon.events import BOUND  # noqa: E402
 from boxyd.daemon.manager import Manager  # noqa: E402
 from boxyd.daemon.serve import Bus  # noqa: E402
@@ -398,5 +401,189 @@ async def test_allow_and_deny_on_a_session_record_the_callers_process(
     assert reply.message_type == MessageType.METHOD_RETURN, reply.body
     assert reply.body[0].startswith("deny a.example (uid ") and ", D-Bus)" in reply.body[0]
     assert (await manager.info(s.id)).policy == [out[3:-2], reply.body[0]]
+    manager.stop(s.id, kill=True)
+    await s.wait()
+
+
+# --- --ask's questions on the bus (issue 34 §2) ------------------------------------------
+
+# The desktop tool's side, in dbus-python (the reference binding) with GLib's loop, as
+# such a tool is written: it says it answers, answers the first question `session`,
+# prints what it was asked and how the question ended.
+ANSWERING_TOOL = r"""
+import sys, dbus
+from dbus.mainloop.glib import DBusGMainLoop
+from gi.repository import GLib
+DBusGMainLoop(set_as_default=True)
+bus = dbus.bus.BusConnection(sys.argv[1])
+loop = GLib.MainLoop()
+def asked(number, host, port, pid, argv0, choices, timeout, text, path=None):
+    print("ASKED", int(number), host, int(port), int(pid), argv0, ",".join(choices), path, flush=True)
+    session = dbus.Interface(bus.get_object("dev.boxy.Daemon", path), "dev.boxy.Session1")
+    print("ANSWERED", session.Answer(number, "session"), flush=True)
+def ended(number, answer, line, path=None):
+    print("ENDED", int(number), answer, flush=True)
+    loop.quit()
+bus.add_signal_receiver(asked, "AskDenied", "dev.boxy.Session1", path_keyword="path")
+bus.add_signal_receiver(ended, "AskEnded", "dev.boxy.Session1", path_keyword="path")
+manager = dbus.Interface(bus.get_object("dev.boxy.Daemon", "/dev/boxy/Manager"), "dev.boxy.Manager1")
+print("READY", bool(manager.AnswerQuestions(True)), flush=True)
+GLib.timeout_add_seconds(20, loop.quit)
+loop.run()
+"""
+
+
+class Decided:
+    def __init__(self) -> None:
+        self.answers: list[tuple[str, Answer, str]] = []
+
+    async def __call__(self, host: str, answer: Answer, via: str) -> str | None:
+        self.answers.append((host, answer, via))
+        return None
+
+
+async def test_a_desktop_tool_answers_a_question_no_terminal_could(
+    on_bus: OnBus, bus_daemon: BusDaemon
+) -> None:
+    """AnswerQuestions, AskDenied, Answer and AskEnded through dbus-python: the answer
+    decides the lookup, and the question named the host, port, pid and argv[0]."""
+    manager, _, _ = on_bus
+    s = await manager.start(request(), [])
+    await started(s)
+    await asyncio.sleep(0.1)  # the object on the bus
+    decided = Decided()
+    asking = Asking(20, lambda: [s.questions], decided)
+    assert await asking.ask("nobody.example") is False  # nobody answers yet: at once
+    tool = await asyncio.create_subprocess_exec(
+        "/usr/bin/python3", "-c", ANSWERING_TOOL, bus_daemon.address,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert tool.stdout is not None
+    assert await asyncio.wait_for(tool.stdout.readline(), 20) == b"READY True\n"
+    assert s.questions.can_answer()
+    allowed = await asking.ask("api.example", 443, Who(4242, "node"))
+    out, err = await asyncio.wait_for(tool.communicate(), 20)
+    assert allowed is True and decided.answers == [("api.example", Answer.SESSION, "D-Bus")]
+    assert out.decode().splitlines() == [
+        f"ASKED 1 api.example 443 4242 node once,session,project,deny {session_path(s.id)}",
+        "ANSWERED api.example",
+        "ENDED 1 session",
+    ], err
+    # the tool has left the bus: nobody answers again, and nothing waits
+    for _ in range(100):
+        if not s.questions.can_answer():
+            break
+        await asyncio.sleep(0.05)
+    assert await asyncio.wait_for(asking.ask("later.example"), 1) is False
+    manager.stop(s.id, kill=True)
+    await s.wait()
+
+
+async def test_an_answer_to_no_open_question_or_not_offered_is_refused(on_bus: OnBus) -> None:
+    manager, _, client = on_bus
+    s = await manager.start(request(), [])
+    await started(s)
+    await asyncio.sleep(0.1)
+    reply = await call(
+        client, session_path(s.id), "dev.boxy.Session1", "Answer", "us", [7, "session"]
+    )
+    assert reply.error_name == "dev.boxy.Error.InvalidArgument", reply.body
+    assert "no question 7 is open" in reply.body[0]
+    s.questions.can = lambda: True
+    asking = Asking(5, lambda: [s.questions], Decided())
+    pending = asyncio.ensure_future(asking.ask("api.example"))
+    await asyncio.sleep(0.05)
+    reply = await call(
+        client, session_path(s.id), "dev.boxy.Session1", "Answer", "us", [1, "always"]
+    )
+    assert reply.error_name == "dev.boxy.Error.InvalidArgument" and "'always'" in reply.body[0]
+    reply = await call(client, session_path(s.id), "dev.boxy.Session1", "Answer", "us", [1, "deny"])
+    assert reply.body == ["api.example"] and await pending is False
+    manager.stop(s.id, kill=True)
+    await s.wait()
+
+
+class NotificationServer(ServiceInterface):
+    """A desktop's notification server as the Desktop Notifications Specification
+    defines its calls, on the test's bus: it keeps what it was asked to show."""
+
+    def __init__(self) -> None:
+        super().__init__("org.freedesktop.Notifications")
+        self.shown: list[tuple[int, str, list[str], int]] = []
+        self.closed: list[int] = []
+
+    @method()
+    def Notify(
+        self, app: "s", replaces: "u", icon: "s", summary: "s", body: "s", actions: "as",
+        hints: "a{sv}", timeout: "i",
+    ) -> "u":  # fmt: skip
+        self.shown.append((len(self.shown) + 1, summary, actions, timeout))
+        return len(self.shown)
+
+    @method()
+    def CloseNotification(self, id: "u") -> "":
+        self.closed.append(id)
+
+    @dbus_signal()
+    def ActionInvoked(self, id: int, key: str) -> "us":
+        return [id, key]
+
+    @dbus_signal()
+    def NotificationClosed(self, id: int, reason: int) -> "uu":
+        return [id, reason]
+
+
+@pytest.mark.parametrize("choice,allowed", [("once", True), (None, False)])
+async def test_ask_notify_shows_the_choices_and_an_action_or_a_dismissal_answers(
+    on_bus: OnBus, bus_daemon: BusDaemon, choice: str | None, allowed: bool
+) -> None:
+    """--ask-notify: the question is a notification whose actions are its choices;
+    an action invoked is the answer, a dismissal (reason 2) a denial; it is closed
+    once the question is over."""
+    manager, _, _ = on_bus
+    server_bus = await MessageBus(bus_address=bus_daemon.address).connect()
+    server = NotificationServer()
+    server_bus.export("/org/freedesktop/Notifications", server)
+    await server_bus.request_name("org.freedesktop.Notifications")
+    s = await manager.start(request(), [])
+    await started(s)
+    await asyncio.sleep(0.1)
+    assert not s.questions.can_answer()  # not asked for
+    s.spec.ask_notify = True
+    decided = Decided()
+    asking = Asking(20, lambda: [s.questions], decided)
+    pending = asyncio.ensure_future(asking.ask("api.example"))
+    for _ in range(100):
+        if server.shown:
+            break
+        await asyncio.sleep(0.02)
+    nid, summary, actions, timeout = server.shown[0]
+    assert summary == "boxy: allow api.example?" and timeout == 20000
+    assert actions[::2] == ["once", "session", "project", "deny"]
+    if choice is not None:
+        server.ActionInvoked(nid, choice)
+    else:
+        server.NotificationClosed(nid, 2)
+    assert await asyncio.wait_for(pending, 5) is allowed
+    want = Answer(choice) if choice is not None else Answer.DENY
+    assert decided.answers == [("api.example", want, "D-Bus")]
+    for _ in range(100):
+        if server.closed or choice is None:
+            break
+        await asyncio.sleep(0.02)
+    assert server.closed == ([nid] if choice is not None else [])
+    server_bus.disconnect()
+    manager.stop(s.id, kill=True)
+    await s.wait()
+
+
+async def test_ask_notify_without_a_notification_server_refuses_at_once(on_bus: OnBus) -> None:
+    manager, _, _ = on_bus
+    s = await manager.start(request(), [])
+    await started(s)
+    await asyncio.sleep(0.1)
+    s.spec.ask_notify = True
+    asking = Asking(60, lambda: [s.questions], Decided())
+    assert await asyncio.wait_for(asking.ask("api.example"), 5) is False
     manager.stop(s.id, kill=True)
     await s.wait()

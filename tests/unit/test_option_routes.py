@@ -108,6 +108,7 @@ BESIDE: dict[str, dict[str, object]] = {
     "allow_cidr": {"net": "allowlist"},
     "ask": {"net": "allowlist"},
     "ask_timeout": {"net": "allowlist"},
+    "ask_notify": {"net": "allowlist"},
     "pcap_max": {"pcap": "/tmp/route.pcap"},
     "tty_raw": {"tty": True},
     "allow_host_config": {"rw": "~/.ssh"},

@@ -41,7 +41,9 @@ def decide(
 
 def test_defaults_to_public_with_nothing_allowed() -> None:
     got, notes, held = decide()
-    assert got == network.Network("public", [], [], [], False, False, network.ASK_TIMEOUT, [])
+    assert got == network.Network(
+        "public", [], [], [], False, False, network.ASK_TIMEOUT, False, []
+    )
     assert notes == held == []
 
 

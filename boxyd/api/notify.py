@@ -3,11 +3,13 @@
 actions are the question's choices. An action invoked is the answer; a notification
 the user dismissed is a denial; one that expired, or a bus with no notification
 server, leaves the question to its timeout (a server that cannot be called gives up
-the question at once: refused, never waited on)."""
+the question at once: refused, never waited on). The body is escaped: a server may
+read it as markup, and argv[0] is the payload's to choose."""
 
 from __future__ import annotations
 
 import contextlib
+import html
 import logging
 
 from dbus_fast import Message, MessageType, Variant
@@ -55,7 +57,7 @@ class Notifier:
         call = Message(
             destination=NOTIFICATIONS, path=NOTIFICATIONS_PATH, interface=NOTIFICATIONS,
             member="Notify", signature="susssasa{sv}i",
-            body=["boxy", 0, "", f"boxy: allow {q.host}?", q.text(), actions,
+            body=["boxy", 0, "", f"boxy: allow {q.host}?", html.escape(q.text()), actions,
                   {"urgency": Variant("y", 2)}, int(q.timeout * 1000)],
         )  # fmt: skip
         try:

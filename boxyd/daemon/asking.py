@@ -17,11 +17,26 @@ import asyncio
 import enum
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from boxyd.daemon.seam import Caller
 
 MAX_OPEN = 4  # questions waiting at once
 MAX_ASKED = 32  # questions in a session
+
+
+@dataclass(frozen=True)
+class Who:
+    """The program that asked (boxyd/daemon/who.py): PID as the payload sees it, its
+    argv[0] made safe for a terminal, and HOST_PID, the same process from the host."""
+
+    pid: int
+    argv0: str
+    host_pid: int | None = None
+
+    def __str__(self) -> str:
+        host = f", pid {self.host_pid} on the host" if self.host_pid is not None else ""
+        return f"pid {self.pid} ({self.argv0}{host})"
 
 
 class Answer(enum.Enum):
@@ -51,8 +66,9 @@ class Asking:
         self._refused: set[str] = set()
         self.asked = 0
 
-    async def ask(self, host: str) -> bool:
-        """May HOST be looked up after all? False at once when nobody can answer."""
+    async def ask(self, host: str, port: int | None = None, who: Who | None = None) -> bool:
+        """May HOST be looked up (PORT None) or connected to on PORT after all? WHO: the
+        program that asked, if known. False at once when nobody can answer."""
         if host in self._refused:
             return False
         if host in self._open:  # its A and AAAA, a retry: one question
@@ -64,15 +80,17 @@ class Asking:
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._open[host] = done
         try:
-            allowed = await self._put(prompt, host)
+            allowed = await self._put(prompt, host, port, who)
         finally:
             del self._open[host]
         done.set_result(allowed)
         return allowed
 
-    async def _put(self, prompt: Prompt, host: str) -> bool:
+    async def _put(self, prompt: Prompt, host: str, port: int | None, who: Who | None) -> bool:
+        what = f"looks up {host}" if port is None else f"connects to {host}:{port}"
         text = (
-            f"boxy: the sandbox looks up {host}, which is not on its allowlist; "
+            f"boxy: {who or 'an unknown process'} in the sandbox {what}, "
+            "which is not on its allowlist; "
             f"allow it for this [s]ession, or [d]eny ({self.timeout:g}s)? "
         )
         try:

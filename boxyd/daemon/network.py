@@ -27,12 +27,14 @@ from boxy.values import plural, run_clock
 from boxyd.config.runspec import RunSpec
 from boxyd.daemon.asking import Answer, Asking, Prompt
 from boxyd.daemon.seam import Caller, Change
+from boxyd.daemon.who import Whos, pid_namespace
 from boxyd.net import netlog, pcap, ranges, ruleset, tailscale
 from boxyd.net.dnsproxy import DnsProxy, DnsSession
 from boxyd.net.gateway import LISTENERS, Gateway
 from boxyd.net.hostnet import UPSTREAM_ENV, upstream_servers
 from boxyd.net.policy import NetPolicy
 from boxyd.net.refusals import Tally
+from boxyd.net.sockdiag import Flow, SockDiag
 from boxyd.plan.hostfile import Outputs, replaced
 from boxyd.plan.ops import NetPlan
 
@@ -100,6 +102,8 @@ class Network:
         self._muted = 0
         self.refused = Tally()
         self.asking: Asking | None = None  # --ask (ask_on)
+        self._prompt: Callable[[], Prompt | None] = lambda: None
+        self.whos: Whos | None = None  # --ask: who asked (attach, pid1)
         self._t0 = time.time()
         record(
             "net.policy",
@@ -166,6 +170,23 @@ class Network:
         (daemon/asking.py); the answer is a change of this policy like `boxyctl allow`
         or `deny`'s, recorded with who gave it."""
         self.asking = Asking(self.spec.ask_timeout, prompt, end, self._answered)
+        self._prompt = prompt
+
+    async def _ask(self, host: str, port: int | None, flow: Flow | None) -> bool:
+        """--ask, for the gateway and its DNS proxy: HOST (on PORT; None: a lookup) sent
+        on FLOW, asked about naming the program that sent it, when someone can answer
+        (nobody: refused at once, and nobody to name it to)."""
+        assert self.asking is not None
+        who = None
+        if self.whos is not None and flow is not None and self._prompt() is not None:
+            who = await self.whos.who(flow)
+        return await self.asking.ask(host, port, who=who)
+
+    def pid1(self, pid: int, pidfd: int) -> None:
+        """PID 1 is forked (PID, held by PIDFD): its pid namespace holds every process
+        of the payload's, among which who asked is looked for."""
+        if self.whos is not None:
+            self.whos.pidns = pid_namespace(pid, pidfd)
 
     def _answered(self, host: str, answer: Answer, caller: Caller) -> None:
         change = Change.ALLOW if answer is Answer.SESSION else Change.DENY
@@ -173,7 +194,8 @@ class Network:
             self.change(change, [host], caller, time.time() - self._t0)
 
     def attach(self, listeners: dict[str, socket.socket], dns: DnsProxy) -> None:
-        expected = set(LISTENERS) | ({"pcap"} if self._capture is not None else set())
+        capture = {"pcap"} if self._capture is not None else set()
+        expected = set(LISTENERS) | {"sockdiag"} | capture
         if self.gateway is not None or set(listeners) != expected:
             for sock in listeners.values():
                 sock.close()
@@ -182,9 +204,13 @@ class Network:
             self._capture_sock = sock = listeners.pop("pcap")
             sock.setblocking(False)
             asyncio.get_running_loop().add_reader(sock.fileno(), self._capture.drain, sock)
+        diag = listeners.pop("sockdiag")
         self.gateway = Gateway(self.policy, listeners, dns, on_event=self._event)
         if self.asking is not None:
-            self.gateway.dns_session.ask = self.asking.ask
+            self.whos = Whos(SockDiag(diag))
+            self.gateway.dns_session.ask = self.gateway.ask = self._ask
+        else:
+            diag.close()
         if self.tailnet:
             self.gateway.dns_session.routes = ((self.tailnet, (tailscale.MAGICDNS,)),)
         self.gateway.start()
@@ -213,6 +239,8 @@ class Network:
         if self.gateway is None:
             return out
         await self.gateway.close()
+        if self.whos is not None:
+            self.whos.close()
         log_ = self.gateway.netlog
         notes = out.setdefault("notes", [])
         # said without -v: a silent refusal looks like a broken network

@@ -27,7 +27,7 @@ from boxy.values import plural, run_clock
 from boxyd.config.runspec import RunSpec
 from boxyd.daemon.asking import Answer, Asking, Prompt
 from boxyd.daemon.seam import Caller, Change
-from boxyd.daemon.who import Whos, pid_namespace
+from boxyd.daemon.who import Whos, namespace
 from boxyd.net import netlog, pcap, ranges, ruleset, tailscale
 from boxyd.net.dnsproxy import DnsProxy, DnsSession
 from boxyd.net.gateway import LISTENERS, Gateway
@@ -182,11 +182,11 @@ class Network:
             who = await self.whos.who(flow)
         return await self.asking.ask(host, port, who=who)
 
-    def pid1(self, pid: int, pidfd: int) -> None:
-        """PID 1 is forked (PID, held by PIDFD): its pid namespace holds every process
-        of the payload's, among which who asked is looked for."""
+    def started(self, userns: int) -> None:
+        """PID 1 is forked; USERNS (an nsfs fd) is the sandbox's user namespace, which
+        holds every process of the payload's: who asked is looked for among them."""
         if self.whos is not None:
-            self.whos.pidns = pid_namespace(pid, pidfd)
+            self.whos.userns = namespace(userns)
 
     def _answered(self, host: str, answer: Answer, caller: Caller) -> None:
         change = Change.ALLOW if answer is Answer.SESSION else Change.DENY

@@ -586,13 +586,11 @@ class StageSandbox:
 
     async def _pid1_forked(self) -> bool:
         """Stage 2 forked PID 1: the payload is under way (Started, for the session)."""
-        started = await self._expect(protocol.Started)
-        if started is None:
+        if await self._expect(protocol.Started) is None:
             return False
-        if self.net is not None and self.stage2 is not None:  # --ask names who asked
-            pidfd = self.stage2.pid1_pidfd()
-            if pidfd is not None:
-                self.net.pid1(started.pid, pidfd)
+        userns = self.stage2.userns() if self.stage2 is not None else None
+        if self.net is not None and userns is not None:  # --ask names who asked
+            self.net.started(userns)
         if self.ports is not None and self.stage2 is not None:  # stage 2 answers requests now
             self.ports.start(self.stage2.send)
         self._events.put_nowait(Started())

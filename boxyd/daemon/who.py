@@ -3,9 +3,12 @@ the gateway holds, named on the question by its pid and argv[0].
 
 The flow's addresses name the payload's socket (boxyd/net/sockdiag.py: its inode, from
 the payload netns's socket table); the process is the one of the sandbox's whose fd
-table holds socket:[INODE]. The sandbox's processes are those in PID 1's pid
-namespace, found by a walk of the host's /proc (newest pid first: the program that
-asked is usually young), each fd read with readlink. That walk is the cost: it runs
+table holds socket:[INODE]. The sandbox's processes are those in its user namespace
+(the payload can make none of its own: seccomp and max_user_namespaces=0), found by a
+walk of the host's /proc (newest pid first: the program that asked is usually young),
+each fd read with readlink. Not PID 1's pid namespace: PID 1 is not dumpable and its
+mm was made outside the sandbox, so boxyd may not read its /proc/PID/ns (a race it
+sometimes won). That walk is the cost: it runs
 in a worker thread (pools.WHO), within BUDGET seconds and MAX_LINKS readlinks, and a
 session's lookups run one at a time, a few a second at most; past any bound the
 question says "an unknown process".
@@ -20,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import select
 import time
 from collections.abc import Callable
 
@@ -80,13 +82,10 @@ def _ns(path: str) -> NsKey | None:
     return st.st_dev, st.st_ino
 
 
-def pid_namespace(pid: int, pidfd: int, proc: str = "/proc") -> NsKey | None:
-    """The pid namespace PID 1 made (PID, held by PIDFD) and its processes are in; None
-    once it has gone (the pidfd then says so, so a reused PID is never read)."""
-    key = _ns(f"{proc}/{pid}/ns/pid")
-    if key is None or select.select([pidfd], [], [], 0)[0]:  # readable: it has exited
-        return None
-    return key
+def namespace(fd: int) -> NsKey:
+    """The namespace an nsfs FD is (Started's user namespace: the sandbox's)."""
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
 
 
 class _Walk:
@@ -116,8 +115,8 @@ def _holds(pid: int, target: str, walk: _Walk, proc: str) -> str | bool:
     return False
 
 
-def holder(inode: int, pidns: NsKey, walk: _Walk, proc: str = "/proc") -> tuple[int, str] | None:
-    """The host pid of a process in PIDNS whose fds hold socket INODE (newest first),
+def holder(inode: int, userns: NsKey, walk: _Walk, proc: str = "/proc") -> tuple[int, str] | None:
+    """The host pid of a process in USERNS whose fds hold socket INODE (newest first),
     and that fd; None: none does, or the walk ran out of budget."""
     target = f"socket:[{inode}]"
     try:
@@ -128,7 +127,7 @@ def holder(inode: int, pidns: NsKey, walk: _Walk, proc: str = "/proc") -> tuple[
         walk.procs -= 1
         if walk.over():
             return None
-        if _ns(f"{proc}/{pid}/ns/pid") != pidns:
+        if _ns(f"{proc}/{pid}/ns/user") != userns:
             continue
         held = _holds(pid, target, walk, proc)
         if held is True:
@@ -159,13 +158,13 @@ def _link(path: str) -> str | None:
         return None
 
 
-def who_sent(diag: SockDiag, flow: Flow, pidns: NsKey, budget: float = BUDGET) -> Who | None:
+def who_sent(diag: SockDiag, flow: Flow, userns: NsKey, budget: float = BUDGET) -> Who | None:
     """The program whose socket sent FLOW, within BUDGET seconds; None past it, or when
     the socket or its holder is gone. Blocking: a worker thread's."""
     owner = diag.owner(flow)
     if owner is None:
         return None
-    found = holder(owner.inode, pidns, _Walk(budget, MAX_LINKS, MAX_PROCS))
+    found = holder(owner.inode, userns, _Walk(budget, MAX_LINKS, MAX_PROCS))
     return None if found is None else describe(*found, f"socket:[{owner.inode}]")
 
 
@@ -174,7 +173,7 @@ class Whos:
 
     def __init__(self, diag: SockDiag, lookup: Callable[..., Who | None] = who_sent) -> None:
         self.diag = diag
-        self.pidns: NsKey | None = None  # once PID 1 is known (sandbox.py, Started)
+        self.userns: NsKey | None = None  # the sandbox's, once Started sent it
         self._lookup = lookup
         self._one = asyncio.Lock()
         self._waiting = 0
@@ -182,13 +181,13 @@ class Whos:
 
     async def who(self, flow: Flow | None) -> Who | None:
         """Who sent FLOW, or None (not known, or over a bound)."""
-        pidns = self.pidns
-        if flow is None or pidns is None or self._waiting >= WAITING or not self._bucket.take():
+        userns = self.userns
+        if flow is None or userns is None or self._waiting >= WAITING or not self._bucket.take():
             return None
         self._waiting += 1
         try:
             async with self._one:
-                return await pools.run(pools.WHO, self._lookup, self.diag, flow, pidns)
+                return await pools.run(pools.WHO, self._lookup, self.diag, flow, userns)
         except OSError:
             return None
         finally:

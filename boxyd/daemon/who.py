@@ -31,7 +31,7 @@ from boxyd.daemon.asking import Who
 from boxyd.net.dnsproxy import TokenBucket
 from boxyd.net.sockdiag import Flow, SockDiag
 
-NsKey = tuple[int, int]  # (st_dev, st_ino) of a namespace
+NsKey = str  # a namespace as /proc/PID/ns/user links to it: "user:[INODE]"
 
 BUDGET = 0.25  # seconds per lookup, the walk of /proc included
 MAX_LINKS = 65536  # readlinks per lookup (a payload holding 10,000 fds in each of many)
@@ -74,18 +74,10 @@ def _read(path: str, size: int) -> bytes:
         os.close(fd)
 
 
-def _ns(path: str) -> NsKey | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
 def namespace(fd: int) -> NsKey:
-    """The namespace an nsfs FD is (Started's user namespace: the sandbox's)."""
-    st = os.fstat(fd)
-    return st.st_dev, st.st_ino
+    """The user namespace an nsfs FD is (Started's: the sandbox's), as a process's
+    /proc/PID/ns/user links to it (a readlink costs a fifth of a stat there)."""
+    return f"user:[{os.fstat(fd).st_ino}]"
 
 
 class _Walk:
@@ -127,7 +119,7 @@ def holder(inode: int, userns: NsKey, walk: _Walk, proc: str = "/proc") -> tuple
         walk.procs -= 1
         if walk.over():
             return None
-        if _ns(f"{proc}/{pid}/ns/user") != userns:
+        if _link(f"{proc}/{pid}/ns/user") != userns:
             continue
         held = _holds(pid, target, walk, proc)
         if held is True:

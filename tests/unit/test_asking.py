@@ -85,3 +85,24 @@ async def test_questions_are_bounded() -> None:
     await asyncio.gather(*open_)
     a.asked = asking.MAX_ASKED
     assert await a.ask("late.example") is False and len(t.asked) == asking.MAX_OPEN
+
+
+async def test_the_question_names_the_program_the_host_and_the_port() -> None:
+    t = Terminal()
+    a = asker(t)
+    who = asking.Who(7, "/usr/bin/python3", 4242)
+    lookup = asyncio.ensure_future(a.ask("api.example", who=who))
+    connect = asyncio.ensure_future(a.ask("cdn.example", 443, asking.Who(9, "node")))
+    unknown = asyncio.ensure_future(a.ask("c2.example", 80))
+    await asyncio.sleep(0)
+    assert t.asked[0].startswith(
+        "boxy: pid 7 (/usr/bin/python3, pid 4242 on the host) in the sandbox looks up "
+        "api.example, which is not on its allowlist"
+    ), t.asked[0]
+    assert t.asked[1].startswith("boxy: pid 9 (node) in the sandbox connects to cdn.example:443,")
+    assert t.asked[2].startswith(
+        "boxy: an unknown process in the sandbox connects to c2.example:80"
+    )
+    for f in t.futures:
+        f.set_result("deny")
+    assert await asyncio.gather(lookup, connect, unknown) == [False, False, False]

@@ -148,12 +148,4 @@ class SockDiag:
 def open_socket() -> socket.socket:
     """Stage 2, in the payload netns at the end of step 3: the socket boxyd asks the
     payload's socket table through (sent with the listeners)."""
-    sock = socket.socket(
-        socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG
-    )
-    try:
-        sock.bind((0, 0))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    return netlink.open_socket(NETLINK_SOCK_DIAG)

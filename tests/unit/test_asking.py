@@ -105,4 +105,4 @@ async def test_the_question_names_the_program_the_host_and_the_port() -> None:
     )
     for f in t.futures:
         f.set_result("deny")
-    assert await asyncio.gather(lookup, connect, unknown) == [False, False, False]
+    assert list(await asyncio.gather(lookup, connect, unknown)) == [False, False, False]

@@ -34,37 +34,44 @@ except socket.gaierror as e:
     print("REFUSED", e.errno)
 """
 
-# cdn-a is allowed; the TLS connection to its (shared) address names cdn-b
+# cdn-a is allowed; the TLS connection to its (shared) address names cdn-b. While that
+# one is held, another (cdn-a's own) is answered: the pause holds nothing shared.
 CONNECT = """\
-import os, socket, ssl, sys
+import os, socket, ssl, sys, threading, time
 print("MYPID", os.getpid(), flush=True)
 addr = socket.getaddrinfo("cdn-a.boxy.test", 443, socket.AF_INET)[0][4][0]
 ctx = ssl.create_default_context(cafile="ca.pem")
-try:
-    with socket.create_connection((addr, 443), timeout=40) as raw:
-        with ctx.wrap_socket(raw, server_hostname="cdn-b.boxy.test") as tls:
-            tls.sendall(b"GET / HTTP/1.0\\r\\nHost: cdn-b.boxy.test\\r\\n\\r\\n")
-            reply = b""
-            while chunk := tls.recv(65536):
-                reply += chunk
-            peer = dict(x[0] for x in tls.getpeercert()["subject"])["commonName"]
-    print("REPLY", reply.split(b"\\r\\n")[0].decode(), "from", peer)
-except (ssl.SSLError, OSError) as e:
-    print("DENIED", getattr(e, "reason", None) or e)
+def fetch(name, label):
+    try:
+        with socket.create_connection((addr, 443), timeout=40) as raw:
+            with ctx.wrap_socket(raw, server_hostname=name) as tls:
+                tls.sendall(b"GET / HTTP/1.0\\r\\nHost: " + name.encode() + b"\\r\\n\\r\\n")
+                reply = b""
+                while chunk := tls.recv(65536):
+                    reply += chunk
+                peer = dict(x[0] for x in tls.getpeercert()["subject"])["commonName"]
+        print(label, reply.split(b"\\r\\n")[0].decode(), "from", peer, flush=True)
+    except (ssl.SSLError, OSError) as e:
+        print("DENIED", getattr(e, "reason", None) or e, flush=True)
+held = threading.Thread(target=fetch, args=("cdn-b.boxy.test", "REPLY"))
+held.start()
+time.sleep(1)  # the question is up by now
+fetch("cdn-a.boxy.test", "OTHER")
+held.join()
 """
 
 ALLOWED = ["--net", "allowlist", "--allow-host", "cdn-a.boxy.test", "--allow-host"]
 FLAGS = [*ALLOWED, "other.boxy.test", "--ask", "--ask-timeout", "30s"]
 
 
-def _run(net: Topology, user: User, workdir: Path, script: str, key: bytes):  # type: ignore[no-untyped-def]
+def _run(net: Topology, user: User, workdir: Path, script: str, key: bytes, after: str):  # type: ignore[no-untyped-def]
     net.assert_isolated()
     install_ca(net, workdir, user)
     (workdir / "who.py").write_text(script)
     user.chown(workdir / "who.py")
     return run_on_pty(
         user, workdir, FLAGS, ["/usr/bin/python3", "who.py"],
-        send=key, send_after="[d]eny", wrap=_in_topology(net, user, workdir), timeout=90,
+        send=key, send_after=after, wrap=_in_topology(net, user, workdir), timeout=90,
     )  # fmt: skip
 
 
@@ -77,7 +84,7 @@ def _own_pid(tty: str) -> int:
 def test_a_lookup_asked_about_names_the_program_that_looked_it_up(
     net: Topology, user: User, workdir: Path
 ) -> None:
-    r = _run(net, user, workdir, LOOKUP, b"d")
+    r = _run(net, user, workdir, LOOKUP, b"d", "[d]eny")
     pid = _own_pid(r.tty)
     asked = re.search(r"boxy: pid (\d+) \((.*?), pid (\d+) on the host\) in the sandbox", r.tty)
     assert asked, r.tty
@@ -91,10 +98,13 @@ def test_a_lookup_asked_about_names_the_program_that_looked_it_up(
 def test_a_connection_whose_name_is_not_allowed_is_held_and_asked_about(
     net: Topology, user: User, workdir: Path, key: bytes
 ) -> None:
-    r = _run(net, user, workdir, CONNECT, key)
+    r = _run(net, user, workdir, CONNECT, key, "OTHER HTTP")
     pid = _own_pid(r.tty)
     assert f"boxy: pid {pid} (/usr/bin/python3, pid " in r.tty, r.tty
     assert "connects to cdn-b.boxy.test:443, which is not on its allowlist" in r.tty, r.tty
+    other = re.search(r"OTHER HTTP/1.. 200 .*from cdn-a.boxy.test$", r.tty, re.M)
+    answered = re.search(r"^(REPLY|DENIED) ", r.tty, re.M)
+    assert other and answered and other.start() < answered.start(), r.tty  # while held
     if key == b"s":  # allowed: answered by the host it named, through the gateway
         assert re.search(r"REPLY HTTP/1.. 200 .*from cdn-b.boxy.test$", r.tty, re.M), r.tty
     else:  # denied: the refusal it gets without --ask

@@ -90,7 +90,9 @@ def test_an_answer_is_read_by_its_sequence_number() -> None:
 # -- on the real kernel ----------------------------------------------------------------
 
 HOLDER = """\
-import socket, sys
+import resource, socket, sys
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 extra = [open("/dev/null") for _ in range(int(sys.argv[1]))]  # the socket's fd above them
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.connect(("127.0.0.1", 9))
@@ -140,11 +142,11 @@ def test_the_process_that_holds_the_flows_socket_is_found(diag: SockDiag) -> Non
 
 
 def test_a_lookup_past_its_budget_gives_up(diag: SockDiag) -> None:
-    child, flow = _holder(fds=3000)
+    child, flow = _holder(fds=900)  # under a user's default limit (1024) too
     try:
         owner = diag.owner(flow)
         assert owner is not None
-        walk = who._Walk(10.0, 1000, who.MAX_PROCS)  # fewer readlinks than it holds fds
+        walk = who._Walk(10.0, 500, who.MAX_PROCS)  # fewer readlinks than it holds fds
         assert who.holder(owner.inode, _own_userns(), walk) is None
         assert who.who_sent(diag, flow, _own_userns(), budget=0.0) is None
         assert who.who_sent(diag, flow, _own_userns()) == Who(child.pid, sys.executable, child.pid)

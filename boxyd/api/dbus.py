@@ -10,7 +10,8 @@ Manager core. No logic here: the objects mirror the core's sessions and events.
   with PropertiesChanged as they change; signal Event(s kind, a{sv} fields);
   methods Allow(as hosts) -> s and Deny(as hosts) -> s (`boxyctl allow` / `deny`,
   the caller's pid as the bus gave it to CallerVetting); --ask's questions: signals
-  AskDenied(u number, s host, q port, u pid, s argv0, as choices, d timeout, s text)
+  AskDenied(u number, s host, q port, u pid (the host's), s argv0, as choices,
+  d timeout, s text)
   and AskEnded(u number, s answer, s line), method Answer(u number, s choice) -> s.
   A question goes to the bus when no terminal can answer and a client called
   Manager1.AnswerQuestions(true) (until it leaves the bus), or the run asked for
@@ -345,9 +346,10 @@ class SessionInterface(NamedArgs):
         return [number, answer, line]
 
     def asked(self, q: Question) -> None:
-        who = q.who
+        who = q.who  # the pid a desktop tool can look at: the host's
+        pid = (who.host_pid if who.host_pid is not None else who.pid) if who else 0
         self.AskDenied(
-            q.number, q.host, q.port or 0, who.pid if who else 0, who.argv0 if who else "",
+            q.number, q.host, q.port or 0, pid, who.argv0 if who else "",
             [c.value for c in q.choices], q.timeout, q.text(),
         )  # fmt: skip
 

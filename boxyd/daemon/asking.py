@@ -57,10 +57,16 @@ _LABELS = {
 
 @dataclass(frozen=True)
 class Who:
-    """The process that asked, as boxyd found it (pid seen from the host)."""
+    """The program that asked (boxyd/daemon/who.py): PID as the payload sees it, its
+    argv[0] made safe for a terminal, and HOST_PID, the same process from the host."""
 
     pid: int
     argv0: str
+    host_pid: int | None = None
+
+    def __str__(self) -> str:
+        host = f", pid {self.host_pid} on the host" if self.host_pid is not None else ""
+        return f"pid {self.pid} ({self.argv0}{host})"
 
 
 @dataclass(frozen=True)
@@ -76,10 +82,12 @@ class Question:
 
     def text(self) -> str:
         """The question in one line, for a terminal or a notification."""
-        who = f"pid {self.who.pid} ({self.who.argv0})" if self.who else "the sandbox"
         what = f"connects to {self.host}:{self.port}" if self.port else f"looks up {self.host}"
         offered = ", ".join(_LABELS[c] for c in self.choices)
-        return f"boxy: {who} {what}, which is not on its allowlist; {offered} ({self.timeout:g}s)? "
+        return (
+            f"boxy: {self.who or 'an unknown process'} in the sandbox {what}, which is "
+            f"not on its allowlist; {offered} ({self.timeout:g}s)? "
+        )
 
 
 class Answerer(Protocol):
@@ -124,7 +132,8 @@ class Asking:
         self.asked = 0
 
     async def ask(self, host: str, port: int | None = None, who: Who | None = None) -> bool:
-        """May HOST be reached after all? False at once when nobody can answer."""
+        """May HOST be looked up (PORT None) or connected to on PORT after all? WHO: the
+        program that asked, if known. False at once when nobody can answer."""
         if host in self._refused:
             return False
         if host in self._open:  # its A and AAAA, a retry: one question

@@ -27,12 +27,14 @@ from boxy.values import plural, run_clock
 from boxyd.config.runspec import RunSpec
 from boxyd.daemon.asking import Answer, Answerer, Asking
 from boxyd.daemon.seam import Caller, Change
+from boxyd.daemon.who import Whos, namespace
 from boxyd.net import netlog, pcap, ranges, ruleset, tailscale
 from boxyd.net.dnsproxy import DnsProxy, DnsSession
 from boxyd.net.gateway import LISTENERS, Gateway
 from boxyd.net.hostnet import UPSTREAM_ENV, upstream_servers
 from boxyd.net.policy import NetPolicy
 from boxyd.net.refusals import Tally
+from boxyd.net.sockdiag import Flow, SockDiag
 from boxyd.plan.hostfile import Outputs, replaced
 from boxyd.plan.ops import NetPlan
 
@@ -105,6 +107,8 @@ class Network:
         self.asking: Asking | None = None  # --ask (ask_on)
         self._remember: Callable[[str], Awaitable[str]] | None = None  # `for this project`
         self._once: dict[str, asyncio.TimerHandle] = {}  # `once`: when each is forgotten
+        self._answerers: Callable[[], Sequence[Answerer]] = lambda: ()
+        self.whos: Whos | None = None  # --ask: who asked (attach, pid1)
         self._t0 = time.time()
         record(
             "net.policy",
@@ -175,9 +179,26 @@ class Network:
         (daemon/asking.py); the answer is a change of this policy like `boxyctl allow`
         or `deny`'s, recorded with who gave it. REMEMBER writes a name into the
         project's configuration (`for this project`): the line to say, or UsageError."""
-        self._remember = remember
+        self._remember, self._answerers = remember, answerers
         choices = tuple(a for a in Answer if a is not Answer.PROJECT or remember is not None)
         self.asking = Asking(self.spec.ask_timeout, answerers, self._answered, choices)
+
+    async def _ask(self, host: str, port: int | None, flow: Flow | None) -> bool:
+        """--ask, for the gateway and its DNS proxy: HOST (on PORT; None: a lookup) sent
+        on FLOW, asked about naming the program that sent it, when someone can answer
+        (nobody: refused at once, and nobody to name it to)."""
+        assert self.asking is not None
+        who = None
+        here = any(a.can_answer() for a in self._answerers())
+        if self.whos is not None and flow is not None and here:
+            who = await self.whos.who(flow)
+        return await self.asking.ask(host, port, who=who)
+
+    def started(self, userns: int) -> None:
+        """PID 1 is forked; USERNS (an nsfs fd) is the sandbox's user namespace, which
+        holds every process of the payload's: who asked is looked for among them."""
+        if self.whos is not None:
+            self.whos.userns = namespace(userns)
 
     async def _answered(self, host: str, answer: Answer, via: str) -> str | None:
         change = Change.DENY if answer is Answer.DENY else Change.ALLOW
@@ -208,7 +229,8 @@ class Network:
         self.record("net.policy", verdict="forget", hosts=[host], answer="once")
 
     def attach(self, listeners: dict[str, socket.socket], dns: DnsProxy) -> None:
-        expected = set(LISTENERS) | ({"pcap"} if self._capture is not None else set())
+        capture = {"pcap"} if self._capture is not None else set()
+        expected = set(LISTENERS) | {"sockdiag"} | capture
         if self.gateway is not None or set(listeners) != expected:
             for sock in listeners.values():
                 sock.close()
@@ -217,9 +239,13 @@ class Network:
             self._capture_sock = sock = listeners.pop("pcap")
             sock.setblocking(False)
             asyncio.get_running_loop().add_reader(sock.fileno(), self._capture.drain, sock)
+        diag = listeners.pop("sockdiag")
         self.gateway = Gateway(self.policy, listeners, dns, on_event=self._event)
         if self.asking is not None:
-            self.gateway.dns_session.ask = self.asking.ask
+            self.whos = Whos(SockDiag(diag))
+            self.gateway.dns_session.ask = self.gateway.ask = self._ask
+        else:
+            diag.close()
         if self.tailnet:
             self.gateway.dns_session.routes = ((self.tailnet, (tailscale.MAGICDNS,)),)
         self.gateway.start()
@@ -251,6 +277,8 @@ class Network:
         if self.gateway is None:
             return out
         await self.gateway.close()
+        if self.whos is not None:
+            self.whos.close()
         log_ = self.gateway.netlog
         notes = out.setdefault("notes", [])
         # said without -v: a silent refusal looks like a broken network

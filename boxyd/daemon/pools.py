@@ -19,6 +19,8 @@ another session's walks or checks.
 - RECORDS: session records, pruning, the full lists beside a record;
 - CLOSING: descriptors whose close(2) waits on the kernel (an inotify instance's
   close waits for an RCU grace period: ~10 ms, never on the event loop);
+- WHO: which program in a sandbox sent a flow --ask asks about (a bounded walk of
+  /proc: boxyd/daemon/who.py), never behind a client's question;
 - ASKED: a client's questions that take work (doctor's checks, `profile show`,
   `trust`), each in a process or sandbox of its own and bounded.
 """
@@ -46,6 +48,7 @@ LIVE = ThreadPoolExecutor(max_workers=2, thread_name_prefix="boxyd-live")
 RECORDS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="boxyd-records")
 CLOSING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="boxyd-closing")
 ASKED = ThreadPoolExecutor(max_workers=2, thread_name_prefix="boxyd-asked")
+WHO = ThreadPoolExecutor(max_workers=2, thread_name_prefix="boxyd-who")
 
 
 def submit(

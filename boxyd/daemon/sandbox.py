@@ -606,6 +606,9 @@ class StageSandbox:
         """Stage 2 forked PID 1: the payload is under way (Started, for the session)."""
         if await self._expect(protocol.Started) is None:
             return False
+        userns = self.stage2.userns() if self.stage2 is not None else None
+        if self.net is not None and userns is not None:  # --ask names who asked
+            self.net.started(userns)
         if self.ports is not None and self.stage2 is not None:  # stage 2 answers requests now
             self.ports.start(self.stage2.send)
         self._events.put_nowait(Started())

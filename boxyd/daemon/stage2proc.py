@@ -353,6 +353,10 @@ class Stage2:
         if self._prime:
             self._prime_timer = self._loop.call_later(PRIME_AFTER, self.prime_next)
 
+    def userns(self) -> int | None:
+        """The sandbox's user namespace (an nsfs fd, borrowed) once Started sent it."""
+        return self._init.ns[0] if self._init is not None and not self._init.closed else None
+
     def prime_next(self) -> None:
         """The spares for the next run of this kind, once this one has ended (or failed,
         or run PRIME_AFTER): the one of its kind if it was taken, and after

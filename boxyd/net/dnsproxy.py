@@ -59,6 +59,7 @@ from boxyd.net.dnsfilter import (
     upstream_query,
 )
 from boxyd.net.hostnet import Upstream, host_has_ipv6_route, resolv_conf_nameservers
+from boxyd.net.sockdiag import Flow
 
 Event = dict[str, Any]
 
@@ -139,6 +140,7 @@ class AskUser(AskUpstream):
 
     name: str
     refusal: Refusal
+    flow: Flow | None = None  # the query's own, to name the program that asked
 
 
 def _parse(wire: bytes, session: DnsSession) -> dns.message.Message | bytes | None:
@@ -174,8 +176,9 @@ class DnsSession:
     routes: tuple[tuple[str, tuple[Upstream, ...]], ...] = ()
     cache: dict[tuple[bool, bool, bytes], _Cached] = field(default_factory=dict)
     # --ask: may a name the allowlist does not hold be looked up after all (it widens
-    # the policy itself when the answer is yes); None: refused at once
-    ask: Callable[[str], Awaitable[bool]] | None = None
+    # the policy itself when the answer is yes); None: refused at once. Called with
+    # the name, the port (None: a lookup) and the query's flow (None: not known)
+    ask: Callable[[str, int | None, Flow | None], Awaitable[bool]] | None = None
     inflight: int = 0
     stats: DnsStats = field(default_factory=DnsStats)
 
@@ -226,16 +229,18 @@ class DnsProxy:
             self._ipv6_checked = (now, value)
         return value
 
-    async def answer(self, wire: bytes, *, tcp: bool, session: DnsSession) -> bytes | None:
-        """The wire response to the query WIRE from SESSION, or None to send nothing
-        (not a query, or too broken to answer)."""
-        now = self.answer_now(wire, tcp=tcp, session=session)
+    async def answer(
+        self, wire: bytes, *, tcp: bool, session: DnsSession, flow: Flow | None = None
+    ) -> bytes | None:
+        """The wire response to the query WIRE from SESSION (sent on FLOW, when known),
+        or None to send nothing (not a query, or too broken to answer)."""
+        now = self.answer_now(wire, tcp=tcp, session=session, flow=flow)
         if not isinstance(now, AskUpstream):
             return now
         return await self.answer_upstream(now, session)
 
     def answer_now(
-        self, wire: bytes, *, tcp: bool, session: DnsSession
+        self, wire: bytes, *, tcp: bool, session: DnsSession, flow: Flow | None = None
     ) -> bytes | None | AskUpstream:
         """What answer() says without asking upstream, in its order: malformed, a
         response, over the rate, cached (a client without a cache of its own asks
@@ -259,7 +264,7 @@ class DnsProxy:
         query = query or dns.message.from_wire(wire)
         refusal = decide_query(query, session.policy)
         if refusal is not None and refusal.reason == NOT_ALLOWED and session.ask is not None:
-            return AskUser(query, key, tcp, name_text(query.question[0].name), refusal)
+            return AskUser(query, key, tcp, name_text(query.question[0].name), refusal, flow)
         if refusal is not None:
             return self._refuse(query, refusal, tcp, session)
         if session.inflight >= session.max_inflight:
@@ -273,7 +278,7 @@ class DnsProxy:
         query, key, tcp = ask.query, ask.key, ask.tcp
         if isinstance(ask, AskUser):
             assert session.ask is not None
-            allowed = await session.ask(ask.name)
+            allowed = await session.ask(ask.name, None, ask.flow)
             refusal = decide_query(query, session.policy) if allowed else ask.refusal
             if refusal is not None:
                 return self._refuse(query, refusal, tcp, session)
@@ -382,10 +387,14 @@ class DnsProxy:
         return None
 
     async def serve_tcp(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, session: DnsSession
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        session: DnsSession,
+        flow: Flow | None = None,
     ) -> None:
-        """Answer DNS over one TCP connection until the client closes it, idles, or
-        sends something that is not a DNS query. Closes WRITER."""
+        """Answer DNS over one TCP connection (FLOW, when known) until the client closes
+        it, idles, or sends something that is not a DNS query. Closes WRITER."""
         try:
             while True:
                 try:
@@ -396,7 +405,7 @@ class DnsProxy:
                 if size < 12 or size > TCP_MAX_QUERY:
                     return
                 wire = await asyncio.wait_for(reader.readexactly(size), self.tcp_read_timeout)
-                response = await self.answer(wire, tcp=True, session=session)
+                response = await self.answer(wire, tcp=True, session=session, flow=flow)
                 if response is None:
                     return
                 writer.write(len(response).to_bytes(2, "big") + response)

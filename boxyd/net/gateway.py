@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import functools
 import ipaddress
@@ -30,19 +31,23 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import dns.message
+import dns.rdatatype
 
 from boxy.outcome import Counters
 from boxyd.net import denial, nflog, nftcounter, nftset, relay, sni, udpsock
 from boxyd.net.bindings import Address, Bindings
-from boxyd.net.dnsproxy import AskUpstream, DnsProxy, DnsSession, TokenBucket
+from boxyd.net.dnsproxy import AskUpstream, AskUser, DnsProxy, DnsSession, TokenBucket
 from boxyd.net.netlog import NetLog
 from boxyd.net.policy import ECH_REFUSED, NetPolicy, Verdict
 from boxyd.net.poller import Deadlines, Poller
 from boxyd.net.rtnl import LocalAddresses
 from boxyd.net.ruleset import BOUND_SETS, GATEWAY_SOCKETS, NFLOG_GROUP, REFUSED_COUNTER, TABLE
+from boxyd.net.sockdiag import Flow
 
 log = logging.getLogger("boxyd")
 
@@ -212,7 +217,7 @@ class _Conn:
     __slots__ = (
         "gw", "ready", "client", "ip", "addr", "port", "names", "host", "opaque", "inspector",
         "result", "waiting", "reading", "upstream", "dialling", "writing", "connected", "dial_error",
-        "verdict", "data", "name", "over", "__weakref__",
+        "verdict", "data", "name", "over", "asked", "__weakref__",
     )  # fmt: skip
 
     def __init__(
@@ -243,6 +248,7 @@ class _Conn:
         self.data = b""
         self.name: str | None = None
         self.over = False
+        self.asked = False  # --ask: its first record's name was asked about (_ask)
 
     def start(self) -> None:
         gw = self.gw
@@ -285,6 +291,8 @@ class _Conn:
         if self.over or self.verdict is not None:
             return
         self._stop_reading()
+        if not v.allow and data and self._ask(name):
+            return
         if not v.allow or data is None:
             self._close_upstream()
             if data is None:  # the client closed without a byte
@@ -306,6 +314,26 @@ class _Conn:
             self._check_dial()
         else:
             self._proceed()
+
+    def _ask(self, name: str | None) -> bool:
+        """--ask: a first record whose name the allowlist does not hold waits, held here
+        (nothing has gone upstream), while the user is asked (Gateway._asked); the
+        answer has it judged again. False: not a question to ask (asked already, a name
+        denied, ECH, no name)."""
+        if self.asked or name is None or self.gw.ask is None:
+            return False
+        result = self.result
+        if isinstance(result, sni.TLS) and not result.ech:
+            host = self.gw.policy.askable(name, "sni")
+        elif isinstance(result, sni.HTTP):
+            host = self.gw.policy.askable(name, "host")
+        else:
+            return False
+        if host is None:
+            return False
+        self.asked = True
+        self.gw._spawn(self.gw._asked(self, host))
+        return True
 
     def _stop_reading(self) -> None:
         self.gw._waiting.pop(self, None)
@@ -449,6 +477,9 @@ class Gateway:
         self.dns_session = DnsSession(
             policy=policy, bindings=self.bindings, on_event=self._dns_event
         )
+        # --ask, for a connection whose first record names a host not allowed: the
+        # host, the port and the flow (boxyd/daemon/network.py); None: refused at once
+        self.ask: Callable[[str, int | None, Flow | None], Awaitable[bool]] | None = None
         self.started = time.monotonic()
         self._accepts = TokenBucket(self.limits.accept_rate, 2 * self.limits.accept_rate)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -779,6 +810,26 @@ class Gateway:
         self._flows[id(flow)] = (flow, handle, conn)
         flow.start(functools.partial(self._relayed, flow, handle, conn))
 
+    async def _asked(self, conn: _Conn, host: str) -> None:
+        """CONN's first record named HOST, not on the allowlist: ask; once allowed, HOST
+        is looked up through the session's DNS proxy (its answers bound as any lookup's),
+        then the record is judged again. Allowed and bound to the address: relayed as
+        any allowed flow; else refused as it would have been (boxyd.net.denial)."""
+        assert self.ask is not None
+        try:
+            flow = Flow("tcp", conn.client.getpeername()[:2], (conn.addr, conn.port))
+        except OSError:  # the client is gone: nobody to name
+            flow = None
+        try:
+            if await self.ask(host, conn.port, flow) and not conn.over:
+                kind = dns.rdatatype.AAAA if conn.ip.version == 6 else dns.rdatatype.A
+                query = dns.message.make_query(host, kind).to_wire()
+                await self.dns.answer(query, tcp=False, session=self.dns_session)
+        finally:  # judged whatever happened: a question that failed leaves it refused
+            if not conn.over:
+                conn.names = self.bindings.names(conn.ip)
+                conn._judge(bytes(conn.inspector.data))
+
     def _relayed(
         self, flow: relay.Flow, handle: int, conn: _Conn, reason: relay.CloseReason
     ) -> None:
@@ -857,8 +908,12 @@ class Gateway:
             return
         self._dns_tcp_open += 1
         try:
+            try:
+                flow: Flow | None = Flow("tcp", client.getpeername()[:2], client.getsockname()[:2])
+            except OSError:
+                flow = None
             reader, writer = await asyncio.open_connection(sock=client)
-            await self.dns.serve_tcp(reader, writer, self.dns_session)
+            await self.dns.serve_tcp(reader, writer, self.dns_session, flow)
         finally:
             self._dns_tcp_open -= 1
 
@@ -914,6 +969,8 @@ class Gateway:
             return
         # What needs no upstream (the cache above all) is answered now, without a task.
         now = self.dns.answer_now(dgram.data, tcp=False, session=self.dns_session)
+        if isinstance(now, AskUser):  # --ask: the question names who sent it
+            now = dataclasses.replace(now, flow=Flow("udp", dgram.src, dgram.dst))
         if isinstance(now, AskUpstream):
             self._spawn(self._dns_udp_answer(sock, dgram, now))
         else:

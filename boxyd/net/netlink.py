@@ -22,6 +22,18 @@ HEADER = struct.Struct("=IHHII")  # len, type, flags, seq, pid
 _ATTR = struct.Struct("=HH")
 
 
+def open_socket(protocol: int) -> socket.socket:
+    """A netlink socket of PROTOCOL, bound (the kernel picks its port id), in the
+    network namespace of the caller: it answers for that one wherever its fd goes."""
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, protocol)
+    try:
+        sock.bind((0, 0))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def message(kind: int, flags: int, seq: int, body: bytes) -> bytes:
     return HEADER.pack(HEADER.size + len(body), kind, flags, seq, 0) + body
 

@@ -118,15 +118,7 @@ def open_socket() -> socket.socket:
     """Stage 2, in the gateway netns while it holds CAP_NET_ADMIN over its user
     namespace: the socket boxyd sends set elements through (the kernel checks the
     opener's capability along with the sender's)."""
-    sock = socket.socket(
-        socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_NETFILTER
-    )
-    try:
-        sock.bind((0, 0))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    return netlink.open_socket(NETLINK_NETFILTER)
 
 
 class BoundSet:

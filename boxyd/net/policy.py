@@ -371,6 +371,18 @@ class NetPolicy:
             return Verdict(False, PORT, f"port {port} not allowed for {wire}")
         return Verdict(True, SNI)
 
+    def askable(self, name: str, kind: Literal["sni", "host"] = "sni") -> str | None:
+        """--ask: NAME (a TLS SNI, an HTTP Host header's value) as tcp_name reads it,
+        when the allowlist holds no rule for it: a name the user may be asked about.
+        None for a name allowed, one `deny` refused (never asked again: denied is
+        denied) or an address."""
+        if self.mode != "allowlist":
+            return None
+        wire = _host_header_name(name) if kind == "host" else _norm(name)
+        if not wire or _literal(wire) or self.name_denied(wire):
+            return None
+        return wire if self._ports_for(wire) is None else None
+
     def tcp_opaque(self, ip: Address | str, port: int, bound_names: Iterable[str]) -> Verdict:
         """First bytes neither TLS nor HTTP: the binding alone decides, and only for a
         host allowed with ``port`` listed explicitly (``--allow-host nas:22``), since no

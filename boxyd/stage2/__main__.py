@@ -240,7 +240,9 @@ def enter_namespaces(ctl: socket.socket, plan: Outer, prepared: Prepared | None)
         netns.enter_payload_netns(gateway)
     else:
         netns.apply_ruleset(gateway, plan.net_ruleset)
-    extra = {"pcap": netns.open_capture_socket()} if plan.pcap else {}
+    extra = {"sockdiag": netns.open_sockdiag_socket()}
+    if plan.pcap:
+        extra["pcap"] = netns.open_capture_socket()
     netns.send_listeners(ctl, gateway, extra)
     namespaces.enter_sandbox_namespaces(plan, loopback=False)
 

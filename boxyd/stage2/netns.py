@@ -22,7 +22,7 @@ from typing import ClassVar
 
 from boxy.errors import SetupError
 from boxyd.kernel.sys import CLONE_NEWNET, check, libc, read_small, write_small
-from boxyd.net import nflog, nftset, pcap, udpsock
+from boxyd.net import nflog, nftset, pcap, sockdiag, udpsock
 from boxyd.net import ruleset as rs
 from boxyd.net.rtnl import Rtnl
 from boxyd.stage2 import nft, protocol
@@ -325,6 +325,14 @@ def open_capture_socket() -> socket.socket:
     kept by stage 2 or PID 1."""
     with _step(f"{PAYLOAD}: packet capture on {rs.PAYLOAD_IF}"):
         return pcap.open_socket(rs.PAYLOAD_IF)
+
+
+def open_sockdiag_socket() -> socket.socket:
+    """End of step 3: a NETLINK_SOCK_DIAG socket in the payload netns, through which
+    boxyd finds the payload's socket that sent a flow it asks about (--ask names the
+    program: boxyd/net/sockdiag.py). Needs nothing; sent in step 4, kept by nobody here."""
+    with _step(f"{PAYLOAD}: sock_diag socket (for boxyd)"):
+        return sockdiag.open_socket()
 
 
 def send_listeners(

@@ -43,7 +43,7 @@ def test_the_user_answers_on_the_terminal(
         user, workdir, FLAGS, ["python3", "-c", LOOKUP],
         send=key, send_after="[d]eny", wrap=_in_topology(net, user, workdir), timeout=60,
     )  # fmt: skip
-    assert "boxy: the sandbox looks up www.boxy.test, which is not on its allowlist" in r.tty, r
+    assert "in the sandbox looks up www.boxy.test, which is not on its allowlist" in r.tty, r
     assert outcome in r.tty, r.tty
     assert ("ESCAPED" not in r.tty) and r.returncode == 0, r
 

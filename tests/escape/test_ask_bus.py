@@ -2,7 +2,8 @@
 no terminal, a session bus the topology's boxyd joined as D-Bus activation makes it
 join, and a desktop tool written with dbus-python that said it answers
 (Manager1.AnswerQuestions). The payload's lookup waits for the tool's `session`, then
-resolves; the question named the host and the program that asked."""
+resolves; the question named the host and the program that asked (its pid as the
+host sees it)."""
 
 from __future__ import annotations
 
@@ -74,5 +75,7 @@ def test_a_desktop_tool_answers_the_question_of_a_run_without_a_terminal(
     assert b"RESOLVED 11." in r.stdout, r
     lines = out.decode().splitlines()
     assert lines[0].startswith("ASKED 1 www.boxy.test 0 "), (lines, err)
+    pid, argv0 = lines[0].split()[4:6]  # the program that looked it up, as the host sees it
+    assert int(pid) > 1 and argv0 == "python3", lines
     assert lines[1:] == ["ANSWERED www.boxy.test", "ENDED 1 session"], (lines, err)
     assert lines[0].split()[-1].startswith("/dev/boxy/session/"), lines

@@ -30,6 +30,7 @@ from boxyd.net.bindings import TTL_FLOOR, Address, Bindings
 from boxyd.net.dnsfilter import NOT_ALLOWED, name_text
 from boxyd.net.dnsproxy import DnsProxy, DnsSession, TokenBucket
 from boxyd.net.hostnet import host_has_ipv6_route, resolv_conf_nameservers
+from boxyd.net.sockdiag import Flow
 
 LOOPBACK = "127.0.0.1"
 ECH = base64.b64encode(b"\x00\x06secret").decode()
@@ -609,7 +610,8 @@ async def test_a_lookup_asked_about_waits_for_its_answer_then_is_judged_again(
     policy = Policy()
     session = DnsSession(policy, on_event=events)
 
-    async def answer(name: str) -> bool:
+    async def answer(name: str, port: int | None, flow: Flow | None) -> bool:
+        assert port is None and flow is None  # a lookup; no flow given to answer()
         asked.append(name)
         await asyncio.sleep(0.05)  # the user thinking
         if name.startswith("hop2."):
@@ -627,3 +629,25 @@ async def test_a_lookup_asked_about_waits_for_its_answer_then_is_judged_again(
     assert ("hop2.cdn.test", "A", "udp") in server.seen
     assert not [n for n in server.names() if n.startswith("c2.")]
     assert [e["verdict"] for e in events.events if e["name"] == "c2.cdn.test"] == ["deny"]
+
+
+async def test_the_flow_a_query_came_on_reaches_the_question(
+    proxy: DnsProxy, server: AuthServer
+) -> None:
+    """--ask names the program that asked: the query's flow (the payload's socket's
+    address, where it sent to) is what the session's ask gets, for UDP and TCP alike."""
+    got: list[tuple[str, int | None, Flow | None]] = []
+
+    async def answer(name: str, port: int | None, flow: Flow | None) -> bool:
+        got.append((name, port, flow))
+        return False
+
+    session = DnsSession(Policy(), ask=answer)
+    udp = Flow("udp", ("10.0.2.15", 40001), ("10.0.2.2", 53))
+    tcp = Flow("tcp", ("fd00::15", 40002), ("fd00::2", 53))
+    for flow in (udp, tcp):
+        q = dns.message.make_query("c2.cdn.test", "A").to_wire()
+        r = await proxy.answer(q, tcp=flow.proto == "tcp", session=session, flow=flow)
+        assert r is not None and dns.message.from_wire(r).rcode() == dns.rcode.NXDOMAIN
+    assert got == [("c2.cdn.test", None, udp), ("c2.cdn.test", None, tcp)]
+    assert not server.names()

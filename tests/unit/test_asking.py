@@ -127,13 +127,16 @@ async def test_questions_are_bounded() -> None:
 
 
 def test_the_question_names_the_program_the_host_and_the_choices() -> None:
-    q = Question(3, "api.example", None, Who(4242, "python3"), 60)
+    q = Question(3, "api.example", None, Who(7, "/usr/bin/python3", 4242), 60)
     assert q.text() == (
-        "boxy: pid 4242 (python3) looks up api.example, which is not on its allowlist; "
+        "boxy: pid 7 (/usr/bin/python3, pid 4242 on the host) in the sandbox looks up "
+        "api.example, which is not on its allowlist; "
         "allow [o]nce, for this [s]ession, for this [p]roject, [d]eny (60s)? "
     )
-    q = Question(4, "api.example", 8443, None, 5, (Answer.ONCE, Answer.DENY))
+    q = Question(4, "cdn.example", 443, Who(9, "node"), 5, (Answer.ONCE, Answer.DENY))
     assert q.text() == (
-        "boxy: the sandbox connects to api.example:8443, which is not on its "
-        "allowlist; allow [o]nce, [d]eny (5s)? "
+        "boxy: pid 9 (node) in the sandbox connects to cdn.example:443, which is not on "
+        "its allowlist; allow [o]nce, [d]eny (5s)? "
     )
+    q = Question(5, "c2.example", 80, None, 5)
+    assert q.text().startswith("boxy: an unknown process in the sandbox connects to c2.example:80")

@@ -136,3 +136,16 @@ def test_forgetting_a_name_allowed_once_asks_again_and_refuses_nothing() -> None
     after = once.forgetting(["api.example"])
     assert after.exact.keys() == base.exact.keys() and after.refused_names == frozenset()
     assert after.widened(["api.example"]).exact.keys() == once.exact.keys()
+
+
+def test_askable_is_a_name_the_allowlist_holds_no_rule_for() -> None:
+    """--ask asks about a connection's SNI or Host only when the allowlist holds no
+    rule for it: never one allowed, one `deny` refused, an address, or in public mode."""
+    p = allowlist("cdn-a.example", "*.ok.example").narrowed(["bad.example", "*.worse.example"])
+    assert p.askable("CDN-B.example.") == "cdn-b.example"
+    assert p.askable("cdn-b.example:8443", "host") == "cdn-b.example"
+    assert p.askable("[::1]:80", "host") is None and p.askable("11.0.0.20") is None
+    for refused in ("cdn-a.example", "x.ok.example", "bad.example", "y.worse.example", ""):
+        assert p.askable(refused) is None, refused
+    assert p.widened(["cdn-b.example"]).askable("cdn-b.example") is None
+    assert NetPolicy.from_spec("public", [], [], [], False).askable("cdn-b.example") is None

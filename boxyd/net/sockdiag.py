@@ -20,7 +20,6 @@ import errno
 import ipaddress
 import socket
 import struct
-import threading
 from dataclasses import dataclass
 
 from boxyd.net import netlink
@@ -113,6 +112,8 @@ class SockDiag:
     thread. One question at a time (a lock): the answers share the socket."""
 
     def __init__(self, sock: socket.socket) -> None:
+        import threading  # boxyd's side only: stage 2 imports this module, not threads
+
         self.sock = sock
         self._seq = 0
         self._lock = threading.Lock()

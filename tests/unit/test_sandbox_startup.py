@@ -75,6 +75,9 @@ class FakeNet:
     def discard(self) -> None:
         pass
 
+    def started(self, userns: int) -> None:
+        self.userns = userns  # (the real one names who asked with it: --ask)
+
 
 @pytest.fixture
 def spec(tmp_path: Path) -> RunSpec:

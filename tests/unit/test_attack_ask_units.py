@@ -14,19 +14,26 @@ import select
 import threading
 import time
 import tty
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import dns.message
 import pytest
+from dbus_fast import Message, MessageType
+from dbus_fast.aio import MessageBus
 
 from boxy.errors import UsageError
+from boxyd.api.dbus import BUS_NAME, SESSION_INTERFACE, DbusService, session_path
+from boxyd.api.notify import NOTIFICATIONS_PATH
 from boxyd.config import projectconfig, trust
 from boxyd.daemon.asking import Answer, Asking, TerminalQuestions
+from boxyd.daemon.manager import Manager
 from boxyd.daemon.pty import ASK_GRACE, QUESTION_RESET, PtyRelay
 from boxyd.net.dnsproxy import AskUser, DnsProxy, DnsSession
 from boxyd.net.policy import NetPolicy
 from tests.unit.test_asking import Terminal, asker
+from tests.unit.test_core import FakeLauncher, request, started
+from tests.unit.test_dbus import BusDaemon, Decided, NotificationServer
 from tests.unit.test_pty import attach_pair, read_until
 
 QUESTION = "boxy: the sandbox looks up c2.example; [s]ession [d]eny "
@@ -335,3 +342,79 @@ def test_for_this_project_races_the_payload_swapping_the_file(tmp_path: Path) ->
     (scratch / ".boxy.yaml").write_text('allow_hosts: [a.example, "c2.example"]\n')
     boxy_wrote = projectconfig.read(str(scratch), {}).digest
     assert _digests(cfg, work) <= old | {boxy_wrote}, "ESCAPED: approved what boxy did not write"
+
+
+# --- the bus: only the notification server speaks for its notifications, and an
+# answer goes to the session it was given to ------------------------------------------
+
+
+@pytest.fixture
+async def on_bus(tmp_path: Path) -> AsyncIterator[tuple[Manager, BusDaemon]]:
+    daemon = BusDaemon(tmp_path)
+    manager = Manager(FakeLauncher(), grace=0.05, keep_finished=0)
+    service = DbusService(manager, lambda pid, pidfd: None)
+    try:
+        await service.start(daemon.address)
+        yield manager, daemon
+    finally:
+        service.close()
+        daemon.kill()
+
+
+async def test_a_forged_action_from_another_connection_answers_nothing(
+    on_bus: tuple[Manager, BusDaemon],
+) -> None:
+    manager, daemon = on_bus
+    server_bus = await MessageBus(bus_address=daemon.address).connect()
+    server = NotificationServer()
+    server_bus.export(NOTIFICATIONS_PATH, server)
+    await server_bus.request_name("org.freedesktop.Notifications")
+    forger_bus = await MessageBus(bus_address=daemon.address).connect()
+    forger = NotificationServer()  # the same interface, from another connection
+    forger_bus.export(NOTIFICATIONS_PATH, forger)
+    s = await manager.start(request(), [])
+    await started(s)
+    s.spec.ask_notify = True
+    decided = Decided()
+    pending = asyncio.ensure_future(Asking(20, lambda: [s.questions], decided).ask("c2.example"))
+    for _ in range(100):
+        if server.shown:
+            break
+        await asyncio.sleep(0.02)
+    nid = server.shown[0][0]
+    forger.ActionInvoked(nid, "session")
+    await asyncio.sleep(0.3)
+    assert not pending.done(), f"ESCAPED: a forged ActionInvoked answered: {decided.answers}"
+    server.NotificationClosed(nid, 2)  # the user dismisses it: a denial
+    assert await asyncio.wait_for(pending, 5) is False
+    forger_bus.disconnect()
+    server_bus.disconnect()
+    manager.stop(s.id, kill=True)
+    await s.wait()
+
+
+async def test_an_answer_on_one_session_answers_no_other_sessions_question(
+    on_bus: tuple[Manager, BusDaemon],
+) -> None:
+    manager, daemon = on_bus
+    mine, other = await manager.start(request(), []), await manager.start(request(), [])
+    await started(mine)
+    await started(other)
+    await asyncio.sleep(0.1)  # the objects on the bus
+    mine.questions.can = other.questions.can = lambda: True
+    decided = Decided()
+    pending = asyncio.ensure_future(Asking(20, lambda: [mine.questions], decided).ask("c2.example"))
+    await asyncio.sleep(0.05)
+    client = await MessageBus(bus_address=daemon.address).connect()
+    reply = await client.call(
+        Message(destination=BUS_NAME, path=session_path(other.id), interface=SESSION_INTERFACE,
+                member="Answer", signature="us", body=[1, "session"])
+    )  # fmt: skip
+    assert reply.message_type == MessageType.ERROR, reply.body
+    assert not pending.done(), "ESCAPED: another session's Answer answered this question"
+    mine.questions.answer(1, "deny")
+    assert await asyncio.wait_for(pending, 5) is False
+    client.disconnect()
+    for s in (mine, other):
+        manager.stop(s.id, kill=True)
+        await s.wait()

@@ -21,10 +21,22 @@ import pytest
 from tests.conftest import User
 from tests.escape.netutil import write_script
 from tests.escape.test_ask import ANSWER_DELAY, FLAGS, LOOKUP, _in_topology
-from tests.escape.test_terminal import run_on_pty
+from tests.escape.test_terminal import PtyRun, run_on_pty
 from tests.harness.topology import Topology
 
 pytestmark = pytest.mark.sandbox
+
+
+def _answered(
+    net: Topology, user: User, workdir: Path, cmd: list[str], key: bytes,
+    delay: float = ANSWER_DELAY,
+) -> PtyRun:  # fmt: skip
+    """CMD run asking on the terminal; KEY typed DELAY after the question shows."""
+    return run_on_pty(
+        user, workdir, FLAGS, cmd, send=key, send_after="[d]eny", send_delay=delay,
+        wrap=_in_topology(net, user, workdir), timeout=60,
+    )  # fmt: skip
+
 
 SPOOF = "boxy: the sandbox looks up registry.example, which is not on its allowlist"
 # the lookup in a thread; once it waits on the question, the payload redraws the line
@@ -42,13 +54,9 @@ def test_the_payload_cannot_redraw_an_open_question(
     net: Topology, user: User, workdir: Path
 ) -> None:
     net.assert_isolated()
-    r = run_on_pty(
-        user, workdir, FLAGS, ["python3", "-c", REDRAW],
-        send=b"d", send_after="[d]eny", send_delay=ANSWER_DELAY + 1.0,
-        wrap=_in_topology(net, user, workdir), timeout=60,
-    )  # fmt: skip
+    r = _answered(net, user, workdir, ["python3", "-c", REDRAW], b"d", ANSWER_DELAY + 1.0)
     asked = r.tty.index("looks up www.boxy.test")
-    answered = r.tty.index("(20s)? d\n", asked)
+    answered = r.tty.index("d\n", asked)  # the key, echoed
     spoofed = r.tty.find("SPOOFED?")
     if asked < spoofed < answered:
         print("ESCAPED: the payload's redraw reached the terminal while the question was open")
@@ -67,11 +75,7 @@ def test_a_question_is_written_from_a_reset_terminal_state(
     net: Topology, user: User, workdir: Path
 ) -> None:
     net.assert_isolated()
-    r = run_on_pty(
-        user, workdir, FLAGS, ["python3", "-c", CONCEAL],
-        send=b"d", send_after="[d]eny", send_delay=ANSWER_DELAY,
-        wrap=_in_topology(net, user, workdir), timeout=60,
-    )  # fmt: skip
+    r = _answered(net, user, workdir, ["python3", "-c", CONCEAL], b"d")
     before = r.tty[: r.tty.index("boxy: the sandbox looks up www.boxy.test")]
     reset = before[before.rindex("\x1b[8m") :]
     for undo in ("\x1b[0m", "\x0f\x1b(B", "\x1b[4l", "\x1b[?7h"):
@@ -97,10 +101,6 @@ def test_a_lookup_of_an_address_is_not_asked_and_opens_nothing(
 ) -> None:
     net.assert_isolated()
     script = write_script(workdir, user, "literal.py", LITERAL)
-    r = run_on_pty(
-        user, workdir, FLAGS, ["python3", script],
-        send=b"s", send_after="[d]eny", send_delay=ANSWER_DELAY,
-        wrap=_in_topology(net, user, workdir), timeout=60,
-    )  # fmt: skip
+    r = _answered(net, user, workdir, ["python3", script], b"s")
     assert "CONNECT" in r.tty, r.tty
     assert "ESCAPED" not in r.tty and "looks up 11.0.0.10" not in r.tty, r.tty

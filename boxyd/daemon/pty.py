@@ -415,12 +415,7 @@ class PtyRelay:
             poller.register(wake, select.POLLIN)
             poller.register(self._swap_r, select.POLLIN)
             while True:
-                if held != self._holding:  # a question opened or ended: stop or go on reading
-                    held = not held
-                    if held:
-                        poller.unregister(master)
-                    else:
-                        poller.register(master, select.POLLIN)
+                held = self._hold(poller, master, held)
                 events = dict(poller.poll())
                 if wake in events:
                     return
@@ -463,6 +458,17 @@ class PtyRelay:
                 _close(self._log_fd)
                 self._log_fd = None
             self._set_drained()
+
+    def _hold(self, poller: select.poll, master: int, held: bool) -> bool:
+        """Output thread: the master read (POLLER asked of it) only while no question
+        is open; returns whether it is held now (HELD: it was)."""
+        if held != self._holding:  # a question opened or ended: stop or go on reading
+            held = not held
+            if held:
+                poller.unregister(master)
+            else:
+                poller.register(master, select.POLLIN)
+        return held
 
     def _detach_requested(self) -> None:
         if self._loop is not None:

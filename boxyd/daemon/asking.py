@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from boxy.errors import UsageError
+from boxy.values import parse_host_name
 
 MAX_OPEN = 4  # questions waiting at once
 MAX_ASKED = 32  # questions in a session
@@ -134,7 +135,7 @@ class Asking:
     async def ask(self, host: str, port: int | None = None, who: Who | None = None) -> bool:
         """May HOST be looked up (PORT None) or connected to on PORT after all? WHO: the
         program that asked, if known. False at once when nobody can answer."""
-        if host in self._refused:
+        if host in self._refused or not askable(host):
             return False
         if host in self._open:  # its A and AAAA, a retry: one question
             return await asyncio.shield(self._open[host])
@@ -157,7 +158,11 @@ class Asking:
             typed = answerer.put(q)
         except ValueError:  # the terminal went, or holds another question
             return False
-        await asyncio.wait({typed}, timeout=self.timeout)
+        try:
+            await asyncio.wait({typed}, timeout=self.timeout)
+        except asyncio.CancelledError:  # the run ends: the question with it, unanswered
+            answerer.end(q, None, f"(the run ended: {q.host} refused)")
+            raise
         if not typed.done() or typed.cancelled():  # no answer in time, or the client went
             answerer.end(q, None, f"(no answer in {self.timeout:g}s: {q.host} refused)")
             self._refused.add(q.host)
@@ -168,6 +173,16 @@ class Asking:
         if answer is Answer.DENY:
             self._refused.add(q.host)
         return answer.allows
+
+
+def askable(host: str) -> bool:
+    """HOST is a name an answer may allow as itself: a DNS name as --allow-host reads
+    one. Not an address: a lookup of "203.0.113.7" allowed would let the payload
+    connect to that address, hard-coded, when the question only named a lookup."""
+    try:
+        return parse_host_name(host, what="--ask") == host and "*" not in host
+    except UsageError:
+        return False
 
 
 def answerer_name(a: Answerer) -> str:
@@ -208,19 +223,14 @@ class TerminalQuestions:
 
     def end(self, q: Question, answer: Answer | None, line: str) -> None:
         pty = self._pty()
-        if pty is None:
-            return
-        if answer is None:
+        if pty is not None:  # (the payload's output, held while Q was open, flows again)
             pty.end_question(line)
-        elif line:
-            pty.say(line)
 
 
 class _Pty(Protocol):
     def can_ask(self) -> bool: ...
     def ask(self, text: str, keys: dict[str, str]) -> asyncio.Future[str]: ...
     def end_question(self, said: str) -> None: ...
-    def say(self, line: str) -> None: ...
 
 
 class RemoteQuestions:

@@ -60,6 +60,14 @@ CHUNK = 64 * 1024
 RING = 64 * 1024  # output replayed to a client that attaches (about a screenful, redrawn)
 MAX_LOG = 64 << 20  # bytes of a detached session's output kept in its log file
 DETACH_KEY = b"\x1d"  # Ctrl-]
+# --ask: a key answers a question only after the terminal was quiet this long with the
+# question on it; what is typed sooner (typed ahead, or mid-word when the payload,
+# which sees each key, opened the question then) is dropped, and the wait starts again
+ASK_GRACE = 1.0
+# written before a question: whatever the payload left the terminal in (concealed or
+# same-colour text, another charset, insert mode, no autowrap so a long name is cut,
+# a double-width line), the question reads as boxyd wrote it
+QUESTION_RESET = b"\x1b[0m\x0f\x1b(B\x1b[4l\x1b[?7h\x1b]110\x1b\\\x1b]111\x1b\\\r\n\x1b#5"
 _WINSIZE = struct.Struct("HHHH")
 
 
@@ -111,8 +119,11 @@ class PtyRelay:
         self.on_detach: Callable[[], None] | None = None  # Ctrl-] typed (on the loop)
         # --ask: a question on the client's terminal (ask()); its answer is the next key
         # typed, which never reaches the payload; what to say is written by the output
-        # thread, which owns the client's output fd
+        # thread, which owns the client's output fd. From ask() until end_question() the
+        # payload's output is held (the master is not read): nothing it writes can
+        # redraw the question, or the line that says what came of it
         self._question: _Question | None = None
+        self._holding = False
         self._to_say = bytearray()
         try:
             src = in_fd if in_fd is not None and os.isatty(in_fd) else out_fd
@@ -163,6 +174,9 @@ class PtyRelay:
         with self._lock:  # one step: the output thread never sees a gap between clients
             _close(self._next_out)
             self._next_out, self._out_gen, self._replay = out_fd, self._out_gen + 1, replay
+            if self._question is not None:  # an open question is said to the new client
+                self._question.shown = None
+                self._to_say += self._question.text
         self._swap()
         if in_fd is not None:
             self._in_wake = self._start(self._pump_input, in_fd, name="pty-in")
@@ -231,35 +245,33 @@ class PtyRelay:
 
     def ask(self, text: str, keys: dict[str, str]) -> asyncio.Future[str]:
         """Say TEXT on the client's terminal; the future is the value KEYS gives the
-        first of its keys typed (case-insensitive; other keys are dropped, never the
-        payload's). One question at a time: ValueError while one is open, or with no
-        client to answer (can_ask)."""
+        first of its keys typed once the terminal was quiet ASK_GRACE with TEXT on it
+        (case-insensitive; other keys are dropped, never the payload's). The payload's
+        output is held until end_question(). One question at a time: ValueError while
+        one is open, or with no client to answer (can_ask)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[str] = loop.create_future()
         with self._lock:
-            if self._question is not None or not self.can_ask():
+            if self._holding or not self.can_ask():
                 raise ValueError("the terminal cannot take a question now")
-            self._question = _Question({k.lower(): v for k, v in keys.items()}, fut, loop)
-            self._to_say += ("\r\n" + text).encode()
+            said = QUESTION_RESET + text.encode()
+            self._question = _Question({k.lower(): v for k, v in keys.items()}, fut, loop, said)
+            self._holding = True
+            self._to_say += said
         self._swap()
         return fut
 
     def end_question(self, said: str) -> None:
-        """The open question ends unanswered (a timeout): SAID closes its line."""
+        """The question is over: SAID (when not empty) closes its line, an open one is
+        left unanswered (a timeout), and the payload's output flows again."""
         with self._lock:
             q, self._question = self._question, None
-            if q is not None:
+            if said:
                 self._to_say += (said + "\r\n").encode()
-        if q is not None:
-            self._swap()
-            if not q.fut.done():
-                q.fut.cancel()
-
-    def say(self, line: str) -> None:
-        """LINE on the client's terminal, as a question's outcome is said."""
-        with self._lock:
-            self._to_say += (line + "\r\n").encode()
+            self._holding = False
         self._swap()
+        if q is not None and not q.fut.done():
+            q.fut.cancel()
 
     def _answered(self, data: bytes) -> bool:
         """Input thread: DATA answers the open question (True: it was the question's,
@@ -268,6 +280,11 @@ class PtyRelay:
             q = self._question
             if q is None:
                 return False
+            now = time.monotonic()
+            if q.shown is None or now - q.shown < ASK_GRACE:  # before it could be read
+                if q.shown is not None:
+                    q.shown = now  # the quiet it needs starts again
+                return True
             key = next((chr(b).lower() for b in data if chr(b).lower() in q.keys), None)
             if key is None:
                 return True  # not an answer, and not the payload's either
@@ -282,8 +299,13 @@ class PtyRelay:
         """Output thread: what ask() and end_question() left to say, on OUT_FD."""
         with self._lock:
             text, self._to_say = bytes(self._to_say), bytearray()
+            q = self._question
         if text and out_fd is not None:
             _write_all(out_fd, text, wake)
+        if q is not None and out_fd is not None:
+            with self._lock:
+                if q.shown is None:  # on the terminal from now: ASK_GRACE counts from here
+                    q.shown = time.monotonic()
 
     def _nudge(self) -> None:
         with contextlib.suppress(OSError):  # full: a nudge is pending anyway
@@ -387,12 +409,13 @@ class PtyRelay:
         gen, out_fd = -1, None
         screen = None if self.raw else TermFilter()
         pace = Pace(time.monotonic())
+        held = True
         try:
             poller = select.poll()
-            poller.register(master, select.POLLIN)
             poller.register(wake, select.POLLIN)
             poller.register(self._swap_r, select.POLLIN)
             while True:
+                held = self._hold(poller, master, held)
                 events = dict(poller.poll())
                 if wake in events:
                     return
@@ -401,7 +424,7 @@ class PtyRelay:
                         os.read(self._swap_r, 64)
                 gen, out_fd = self._take_client(gen, out_fd, wake)
                 self._said(out_fd, wake)
-                if master not in events:
+                if master not in events or self._holding:  # (a question said just now)
                     continue
                 try:
                     data = os.read(master, CHUNK)
@@ -435,6 +458,17 @@ class PtyRelay:
                 _close(self._log_fd)
                 self._log_fd = None
             self._set_drained()
+
+    def _hold(self, poller: select.poll, master: int, held: bool) -> bool:
+        """Output thread: the master read (POLLER asked of it) only while no question
+        is open; returns whether it is held now (HELD: it was)."""
+        if held != self._holding:  # a question opened or ended: stop or go on reading
+            held = not held
+            if held:
+                poller.unregister(master)
+            else:
+                poller.register(master, select.POLLIN)
+        return held
 
     def _detach_requested(self) -> None:
         if self._loop is not None:
@@ -487,12 +521,18 @@ class PtyRelay:
 
 
 class _Question:
-    __slots__ = ("keys", "fut", "loop")
+    __slots__ = ("keys", "fut", "loop", "text", "shown")
 
     def __init__(
-        self, keys: dict[str, str], fut: asyncio.Future[str], loop: asyncio.AbstractEventLoop
+        self,
+        keys: dict[str, str],
+        fut: asyncio.Future[str],
+        loop: asyncio.AbstractEventLoop,
+        text: bytes,
     ) -> None:
-        self.keys, self.fut, self.loop = keys, fut, loop
+        self.keys, self.fut, self.loop, self.text = keys, fut, loop, text
+        # when the terminal last had it unanswered with nothing typed (None: not yet said)
+        self.shown: float | None = None
 
 
 def _settle(fut: asyncio.Future[str], value: str) -> None:

@@ -264,7 +264,9 @@ class DnsProxy:
         query = query or dns.message.from_wire(wire)
         refusal = decide_query(query, session.policy)
         if refusal is not None and refusal.reason == NOT_ALLOWED and session.ask is not None:
-            return AskUser(query, key, tcp, name_text(query.question[0].name), refusal, flow)
+            name = name_text(query.question[0].name)
+            if not session.policy.name_denied(name):  # `boxyctl deny`: refused, never asked
+                return AskUser(query, key, tcp, name, refusal, flow)
         if refusal is not None:
             return self._refuse(query, refusal, tcp, session)
         if session.inflight >= session.max_inflight:

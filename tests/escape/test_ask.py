@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from boxyd.daemon.pty import ASK_GRACE
 from tests.conftest import BIN, NetBoxy, User
 from tests.escape.netutil import install_ca
 from tests.escape.test_terminal import run_on_pty
@@ -25,6 +26,8 @@ LOOKUP = (
     "except socket.gaierror as e:\n"
     "    print('REFUSED', e.errno)\n"
 )
+# the user reads the question before answering (pty.ASK_GRACE: keys typed sooner are dropped)
+ANSWER_DELAY = ASK_GRACE + 0.3
 FLAGS = ["--net", "allowlist", "--allow-host", "other.boxy.test", "--ask", "--ask-timeout", "20s"]
 
 
@@ -41,7 +44,8 @@ def test_the_user_answers_on_the_terminal(
     install_ca(net, workdir, user)
     r = run_on_pty(
         user, workdir, FLAGS, ["python3", "-c", LOOKUP],
-        send=key, send_after="[d]eny", wrap=_in_topology(net, user, workdir), timeout=60,
+        send=key, send_after="[d]eny", send_delay=ANSWER_DELAY,
+        wrap=_in_topology(net, user, workdir), timeout=60,
     )  # fmt: skip
     assert "in the sandbox looks up www.boxy.test, which is not on its allowlist" in r.tty, r
     assert outcome in r.tty, r.tty
@@ -69,13 +73,14 @@ def test_once_allows_this_lookup_then_the_name_is_asked_about_again(
     again, and with nobody answering that time it is refused."""
     net.assert_isolated()
     twice = f"{LOOKUP}import time\ntime.sleep(11)\n{LOOKUP}"
-    flags = [*FLAGS[:-1], "2s"]
+    flags = [*FLAGS[:-1], "4s"]
     r = run_on_pty(
         user, workdir, flags, ["python3", "-c", twice],
-        send=b"o", send_after="[d]eny", wrap=_in_topology(net, user, workdir), timeout=60,
+        send=b"o", send_after="[d]eny", send_delay=ANSWER_DELAY,
+        wrap=_in_topology(net, user, workdir), timeout=60,
     )  # fmt: skip
     assert r.tty.count("looks up www.boxy.test") == 2, r.tty
-    assert "RESOLVED 11." in r.tty and "(no answer in 2s: www.boxy.test refused)" in r.tty
+    assert "RESOLVED 11." in r.tty and "(no answer in 4s: www.boxy.test refused)" in r.tty
     assert r.tty.index("RESOLVED") < r.tty.rindex("REFUSED"), r.tty
 
 
@@ -85,7 +90,8 @@ def test_for_this_project_writes_boxy_yaml_approved_and_a_later_run_reaches_it(
     net.assert_isolated()
     r = run_on_pty(
         user, workdir, FLAGS, ["python3", "-c", LOOKUP],
-        send=b"p", send_after="[d]eny", wrap=_in_topology(net, user, workdir), timeout=60,
+        send=b"p", send_after="[d]eny", send_delay=ANSWER_DELAY,
+        wrap=_in_topology(net, user, workdir), timeout=60,
     )  # fmt: skip
     assert "RESOLVED 11." in r.tty and f"added to {workdir}/.boxy.yaml and approved" in r.tty
     assert (workdir / ".boxy.yaml").read_text() == 'allow_hosts:\n  - "www.boxy.test"\n'
@@ -104,7 +110,8 @@ def test_for_this_project_never_approves_what_the_payload_wrote(
     plant = f"open('.boxy.yaml', 'w').write({planted!r})\n{LOOKUP}"
     r = run_on_pty(
         user, workdir, FLAGS, ["python3", "-c", plant],
-        send=b"p", send_after="[d]eny", wrap=_in_topology(net, user, workdir), timeout=60,
+        send=b"p", send_after="[d]eny", send_delay=ANSWER_DELAY,
+        wrap=_in_topology(net, user, workdir), timeout=60,
     )  # fmt: skip
     assert "RESOLVED 11." in r.tty, r.tty
     assert "allowed for this session only" in r.tty and "not approved as it is now" in r.tty

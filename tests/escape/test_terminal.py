@@ -55,6 +55,7 @@ def run_on_pty(
     winsize: tuple[int, int] | None = None,
     send: bytes | None = None,
     send_after: str | None = None,
+    send_delay: float = 0.0,
     stdin_data: bytes = b"",
     timeout: float = 30,
     wrap: Callable[[list[str]], list[str]] | None = None,
@@ -62,8 +63,8 @@ def run_on_pty(
     """`boxyctl run FLAGS -- CMD` as the test user with the chosen fds on a fresh PTY.
 
     "@HOST_RDEV@" in CMD becomes the device number of the test's terminal (so the
-    payload can recognise it). SEND is typed into the terminal once SEND_AFTER has
-    appeared on it. The run is over when the client has exited and the terminal has
+    payload can recognise it). SEND is typed into the terminal SEND_DELAY seconds after
+    SEND_AFTER has appeared on it. The run is over when the client has exited and the terminal has
     gone quiet."""
     master, slave = os.openpty()
     try:
@@ -101,6 +102,7 @@ def run_on_pty(
     open_fds = set(bufs)
     deadline = time.monotonic() + timeout
     quiet_since: float | None = None
+    send_at: float | None = None
     try:
         while open_fds:
             now = time.monotonic()
@@ -114,6 +116,9 @@ def run_on_pty(
                 quiet_since = quiet_since or now
                 if now - quiet_since > 1.0:
                     break
+            if send is not None and send_at is not None and now >= send_at:
+                os.write(master, send)
+                send = None
             ready, _, _ = select.select(list(open_fds), [], [], 0.1)
             for fd in ready:
                 try:
@@ -127,12 +132,11 @@ def run_on_pty(
                 bufs[fd] += data
                 if (
                     fd == master
-                    and send is not None
+                    and send_at is None
                     and send_after is not None
                     and send_after.encode() in bufs[master]
                 ):
-                    os.write(master, send)
-                    send = None
+                    send_at = time.monotonic() + send_delay
         returncode = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     finally:
         if proc.poll() is None:

@@ -211,8 +211,14 @@ class Network:
             self._once[host] = asyncio.get_running_loop().call_later(
                 ONCE_WINDOW, self._forget, host
             )
+        # what the answer did, said under the question: the exact name it applies to
+        said = {
+            Answer.ONCE: f"{host}: allowed once (its lookups and connections for {ONCE_WINDOW:g}s)",
+            Answer.SESSION: f"{host}: allowed for this session",
+            Answer.DENY: f"{host}: refused for this session",
+        }
         if answer is not Answer.PROJECT or self._remember is None:
-            return None
+            return said.get(answer, f"{host}: allowed for this session")
         try:
             return await self._remember(host)
         except UsageError as e:  # allowed for the session all the same

@@ -49,6 +49,9 @@ def test_the_user_answers_on_the_terminal(
     )  # fmt: skip
     assert "in the sandbox looks up www.boxy.test, which is not on its allowlist" in r.tty, r
     assert outcome in r.tty, r.tty
+    # what the answer did, named under the question
+    did = "allowed for this session" if key == b"s" else "refused for this session"
+    assert f"www.boxy.test: {did}" in r.tty, r.tty
     assert ("ESCAPED" not in r.tty) and r.returncode == 0, r
 
 

@@ -76,7 +76,8 @@ def test_a_question_is_written_from_a_reset_terminal_state(
 ) -> None:
     net.assert_isolated()
     r = _answered(net, user, workdir, ["python3", "-c", CONCEAL], b"d")
-    before = r.tty[: r.tty.index("boxy: the sandbox looks up www.boxy.test")]
+    asked = r.tty.index("in the sandbox looks up www.boxy.test")
+    before = r.tty[: r.tty.rindex("boxy: ", 0, asked)]
     reset = before[before.rindex("\x1b[8m") :]
     for undo in ("\x1b[0m", "\x0f\x1b(B", "\x1b[4l", "\x1b[?7h"):
         if undo not in reset:

@@ -90,7 +90,9 @@ def env_entry(text: str, environ: Mapping[str, str], value: str | None = None) -
     return EnvItem(name, val if sep else environ.get(name))
 
 
-_HOST_NAME = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+"
+_HOST_NAME = (
+    r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+"
+)
 
 
 def secret_hosts(text: str) -> tuple[str, tuple[str, ...]]:

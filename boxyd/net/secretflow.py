@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import ssl
 import time
@@ -24,6 +25,7 @@ from boxyd.net import relay
 from boxyd.net.secretswap import Swap, Unswappable
 
 CHUNK = 64 * 1024
+UPSTREAM_CA_ENV = "BOXY_UPSTREAM_CA"
 HANDSHAKE_TIMEOUT = 15.0
 
 
@@ -87,9 +89,10 @@ class _Side:
 
 
 def upstream_context() -> ssl.SSLContext:
-    """TLS to the real host: verified against the host's store (SSL_CERT_FILE in
-    boxyd's environment where it is set), HTTP/1.1 alone offered."""
-    ctx = ssl.create_default_context()
+    """TLS to the real host: verified against the host's store, HTTP/1.1 alone
+    offered."""
+    # BOXY_UPSTREAM_CA: the test internet's CA alone (as BOXY_UPSTREAM_DNS is its DNS)
+    ctx = ssl.create_default_context(cafile=os.environ.get(UPSTREAM_CA_ENV) or None)
     ctx.set_alpn_protocols(["http/1.1"])
     return ctx
 
@@ -120,7 +123,9 @@ class SecretFlow:
     def start(self, on_done: Callable[[relay.CloseReason], None]) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
         self._task.add_done_callback(
-            lambda t: on_done(self._close(relay.CloseReason.ABORTED) if t.cancelled() else t.result())
+            lambda t: on_done(
+                self._close(relay.CloseReason.ABORTED) if t.cancelled() else t.result()
+            )
         )
 
     def abort(self) -> None:
@@ -145,7 +150,9 @@ class SecretFlow:
                 await real.handshake()
             work = asyncio.ensure_future(self._both(sandbox, real))
             try:
-                while not (await asyncio.wait({work}, timeout=relay.idle_tick(self.idle_timeout)))[0]:
+                while not (await asyncio.wait({work}, timeout=relay.idle_tick(self.idle_timeout)))[
+                    0
+                ]:
                     if time.monotonic() - self._last > self.idle_timeout:
                         return self._close(relay.CloseReason.IDLE)
             finally:

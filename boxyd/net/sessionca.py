@@ -37,7 +37,7 @@ class SessionCA:
         if not self.hosts:
             raise ValueError("a session CA needs at least one host")
         self._key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         self.expires = now + VALIDITY
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{label} CA")])
         permitted: list[x509.GeneralName] = [x509.DNSName(h) for h in sorted(self.hosts)]
@@ -52,9 +52,15 @@ class SessionCA:
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(
                 x509.KeyUsage(
-                    digital_signature=False, content_commitment=False, key_encipherment=False,
-                    data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                    crl_sign=True, encipher_only=False, decipher_only=False,
+                    digital_signature=False,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
                 ),
                 critical=True,
             )  # fmt: skip
@@ -76,7 +82,7 @@ class SessionCA:
         if host not in self.hosts:
             raise ValueError(f"{host}: not a host of this session's secrets")
         key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         ca_key = self._key.public_key()
         cert = (
             x509.CertificateBuilder()
@@ -88,9 +94,7 @@ class SessionCA:
             .not_valid_after(min(now + VALIDITY, self.expires))
             .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
-            )
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .add_extension(
                 x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key), critical=False
             )
@@ -104,7 +108,7 @@ class SessionCA:
         swap reads HTTP/1.1; a client offering h2 only gets no ALPN, and its h2 is cut
         as unreadable)."""
         host = host.lower().rstrip(".")
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         kept = self._leaves.get(host)
         if kept is not None and now < kept[0]:
             return kept[1]
@@ -137,4 +141,3 @@ def bundle(ca_pem: bytes, host_bundle: bytes) -> bytes:
     """The sandbox's certificate bundle: the host's, then the session's CA."""
     sep = b"" if not host_bundle or host_bundle.endswith(b"\n") else b"\n"
     return host_bundle + sep + ca_pem
-

@@ -258,15 +258,14 @@ def build(
     uid, gid = os.getuid(), os.getgid()
     pw = pwd.getpwuid(uid)
     home = pw.pw_dir or f"/home/{pw.pw_name}"
-    sys_ops, sys_rules = system_ops()
+    (sys_ops, sys_rules), (trust, env) = system_ops(), trust_ops(net, spec.env)
     u_ops, u_rules = user_ops(spec, protections, masks)
-    trust, env = trust_ops(net, spec.env)
     ops: list[MountOp] = [
         Dir("/etc"),
         *etc_files(uid, gid, pw.pw_name, home, spec.net, net.search if net else None),
         File(paths.SANDBOX_MARK, paths.SANDBOX_NAME + "\n"),
         *trust,
-        *sys_ops,  # fmt: skip
+        *sys_ops,
         *u_ops,
     ]
     rules = [

@@ -3,7 +3,7 @@ PYTHON  ?= /usr/bin/python3
 VENV    ?= .venv
 DEB_PACKAGES = python3 python3-venv python3-dev gcc pkg-config libsystemd-dev libseccomp2 \
                nftables libnftables1 python3-nftables python3-systemd git bubblewrap util-linux \
-               iproute2 dbus-user-session man-db nodejs npm \
+               iproute2 dbus-user-session man-db nodejs npm python3-cryptography \
                openssh-client openssl gnupg python3-dbus bash-completion
 
 # what `make deb` builds with (debian/control's Build-Depends, and dpkg-buildpackage)
@@ -28,6 +28,9 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	@[ -x $(VENV)/bin/python3 ] || $(PYTHON) -m venv --copies --system-site-packages $(VENV)
 	$(VENV)/bin/pip install -q -e '.[test]' --config-settings editable_mode=compat
+	@# --secret's session CA: say so now rather than at the first run that needs it
+	@$(VENV)/bin/python3 -c 'from cryptography import x509; from cryptography.hazmat.primitives.asymmetric import ec' \
+	  || { echo "boxy: the cryptography package does not import in $(VENV) (pip install cryptography>=38)" >&2; exit 1; }
 	@# boxyctl, boxy and boxy-sh start without site (boxyctl/launcher.py says why)
 	$(VENV)/bin/python3 -I -m boxyctl.launcher $(VENV)/bin
 	@# Byte-compile now: other users (and stage 2) cannot write __pycache__ here.

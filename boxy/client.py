@@ -52,6 +52,7 @@ DAEMON_ENV = (
     "XDG_CACHE_HOME",
     "DBUS_SESSION_BUS_ADDRESS",
     "BOXY_UPSTREAM_DNS",
+    "BOXY_UPSTREAM_CA",  # the CA --secret's upstream TLS trusts instead of the host's
     "BOXY_IDLE_EXIT",
 )
 

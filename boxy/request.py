@@ -49,19 +49,25 @@ class EnvItem(Value):
 
 
 class Secret(Value):
-    """--secret NAME: the value from the client's environment. Its repr never shows
-    the value (a request may end up in a log line or a traceback)."""
+    """--secret NAME[@HOST,…]: the value from the client's environment. Its repr never
+    shows the value (a request may end up in a log line or a traceback). HOSTS: the
+    payload gets a placeholder, and the gateway puts the value in requests to these
+    hosts alone (boxyd/net/secretflow.py)."""
 
-    __slots__ = ("name", "value")
+    __slots__ = ("name", "value", "hosts")
 
-    def __init__(self, name: str, value: str) -> None:
-        self.name, self.value = name, value
+    def __init__(self, name: str, value: str, hosts: tuple[str, ...] = ()) -> None:
+        self.name, self.value, self.hosts = name, value, hosts
 
     def __repr__(self) -> str:
-        return f"Secret(name={self.name!r}, value=<hidden>)"
+        at = f", hosts={list(self.hosts)!r}" if self.hosts else ""
+        return f"Secret(name={self.name!r}, value=<hidden>{at})"
 
     def to_wire(self) -> dict[str, Any]:
-        return {"name": self.name, "value": self.value}
+        out: dict[str, Any] = {"name": self.name, "value": self.value}
+        if self.hosts:  # (absent: what an older boxyd reads)
+            out["hosts"] = list(self.hosts)
+        return out
 
 
 # -e and --secret as the command line and the library both read them (the value of a
@@ -84,10 +90,33 @@ def env_entry(text: str, environ: Mapping[str, str], value: str | None = None) -
     return EnvItem(name, val if sep else environ.get(name))
 
 
-def secret_entry(name: str, environ: Mapping[str, str], value: str | None = None) -> Secret:
-    """--secret NAME: its value from ENVIRON, never from a command line (ps shows every
-    argv on the machine); VALUE: one given in code (the library's {NAME: VALUE}). The
-    messages never hold a value."""
+_HOST_NAME = (
+    r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+"
+)
+
+
+def secret_hosts(text: str) -> tuple[str, tuple[str, ...]]:
+    """NAME@HOST[,HOST…] → (NAME, hosts lowercase); NAME alone → (NAME, ())."""
+    import re
+
+    name, at, hosts = text.partition("@")
+    if not at:
+        return name, ()
+    out = tuple(dict.fromkeys(h.strip().lower().rstrip(".") for h in hosts.split(",")))
+    bad = [h for h in out if re.fullmatch(_HOST_NAME, h) is None]
+    if bad or not out:
+        raise UsageError(
+            f"--secret {text}: {bad[0] if bad else 'no host'}: not a host name "
+            "(NAME@HOST[,HOST…]: the hosts the value is sent to, over TLS)"
+        )
+    return name, out
+
+
+def secret_entry(text: str, environ: Mapping[str, str], value: str | None = None) -> Secret:
+    """--secret NAME[@HOST,…]: its value from ENVIRON, never from a command line (ps
+    shows every argv on the machine); VALUE: one given in code (the library's
+    {NAME: VALUE}). The messages never hold a value."""
+    name, hosts = secret_hosts(text) if "=" not in text else (text, ())
     if value is None and "=" in name:
         raise UsageError(
             f"--secret {name.partition('=')[0]}: takes a name; the value comes from "
@@ -97,7 +126,7 @@ def secret_entry(name: str, environ: Mapping[str, str], value: str | None = None
         raise UsageError(f"--secret {name!r}: not a valid variable name ({_VAR_NAME})")
     if value is None and name not in environ:
         raise UsageError(f"--secret {name}: not set in your environment")
-    return Secret(name, value if value is not None else environ[name])
+    return Secret(name, value if value is not None else environ[name], hosts)
 
 
 class CopyItem(Value):
@@ -291,8 +320,10 @@ def _decode_list(key: str, kind: str, value: object) -> list[Any]:
             and isinstance(item, dict)
             and isinstance(item.get("name"), str)
             and isinstance(item.get("value"), str)
+            and isinstance(item.get("hosts", []), list)
+            and all(isinstance(h, str) for h in item.get("hosts", []))
         ):
-            out.append(Secret(item["name"], item["value"]))
+            out.append(Secret(item["name"], item["value"], tuple(item.get("hosts", []))))
         elif (
             kind == "copies"
             and isinstance(item, dict)

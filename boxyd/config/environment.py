@@ -9,10 +9,12 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from boxy.errors import SecretsNeeded, UsageError
-from boxy.request import RunOptions
+from boxy.request import RunOptions, secret_hosts
 from boxyd.config import envpolicy, profiles
 from boxyd.config.profiles import Registry
 from boxyd.config.profileschema import Profile
+from boxyd.net import hostsecrets
+from boxyd.net.hostsecrets import HostSecret
 
 
 def decide(
@@ -26,14 +28,16 @@ def decide(
     user: str,
     notes: list[str],
     warnings: list[str] | None = None,
+    stand_ins: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The payload's final environment. The client holds what the profile asks of its
     environment: what it did not send (ENV_UNSET: names it does not have) is asked
-    for with SecretsNeeded, and the client sends it and asks again."""
+    for with SecretsNeeded, and the client sends it and asks again. STAND_INS: the
+    placeholder the payload gets for a secret bound to hosts (host_secrets)."""
     check_sent(o, prof, client_env, env_unset)
     return envpolicy.sandbox_env(
         client_env,
-        requested(o, notes if warnings is None else warnings),
+        requested(o, notes if warnings is None else warnings, stand_ins),
         home=home,
         user=user,
         profile_env=profiles.resolve_env(prof.env, registry, source=prof.source, notes=notes),
@@ -59,7 +63,30 @@ def check_sent(
         raise SecretsNeeded(missing, prof.source, unasked)
 
 
-def requested(o: RunOptions, said: list[str]) -> list[tuple[str, str | None]]:
+def host_secrets(o: RunOptions) -> list[HostSecret]:
+    """--secret NAME@HOST: each one's placeholder, made here (boxyd), the value kept
+    beside it; the hosts checked again (they came over a wire)."""
+    out: list[HostSecret] = []
+    for secret in o.secret:
+        if not secret.hosts:
+            continue
+        envpolicy.check_name(secret.name, what="--secret")
+        secret_hosts(f"{secret.name}@{','.join(secret.hosts)}")  # raises UsageError
+        try:
+            out.append(
+                hostsecrets.make(
+                    secret.name, secret.value, secret.hosts,
+                    frozenset(s.placeholder for s in out),
+                )
+            )  # fmt: skip
+        except ValueError as e:  # (its message never holds the value)
+            raise UsageError(f"--secret {secret.name}@…: {e}") from None
+    return out
+
+
+def requested(
+    o: RunOptions, said: list[str], stand_ins: Mapping[str, str] | None = None
+) -> list[tuple[str, str | None]]:
     """-e NAME=VALUE and --secret NAME, in order, checked; -e NAME the client does not
     have (sent without a value) is skipped, said in one line (SAID): not refused, as
     docker does not, since a wrapper passes a variable that may be unset. A NAME given
@@ -80,5 +107,6 @@ def requested(o: RunOptions, said: list[str]) -> list[tuple[str, str | None]]:
         out.append((item.name, item.value))
     for secret in o.secret:
         envpolicy.check_name(secret.name, what="--secret")
-        out.append((secret.name, envpolicy.check_value(secret.name, secret.value, what="--secret")))
+        value = (stand_ins or {}).get(secret.name, secret.value)
+        out.append((secret.name, envpolicy.check_value(secret.name, value, what="--secret")))
     return out

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from boxy import options
 from boxy.values import PortMapping
+from boxyd.net.hostsecrets import HostSecret
 
 # What a run gets when neither the flag nor the profile sets it: the option table's.
 DEFAULT_PROFILE: str = options.default("profile")
@@ -65,6 +66,9 @@ class RunSpec:
     copy: list[CopyEntry] = field(default_factory=list)
     copy_ro: list[CopyEntry] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # the payload's final environment
+    # --secret NAME@HOST: the values the gateway puts in requests to those hosts (the
+    # payload's env holds their placeholders); never in a record (repr hides values)
+    host_secrets: list[HostSecret] = field(default_factory=list)
     net: str = "none"  # public | allowlist | none
     allow_hosts: list[str] = field(default_factory=list)
     allow_ports: list[int] = field(default_factory=list)

@@ -58,14 +58,16 @@ def build_spec(
         o, prof, cwd=cwd, workdir=workdir, home=home, uid=uid, client_env=client_env,
         notes=notes, warnings=warnings,
     )  # fmt: skip
+    bound = environment.host_secrets(o)
     env = environment.decide(
         o, prof, registry, client_env=client_env, env_unset=request.env_unset,
         home=home, user=user, notes=notes, warnings=warnings,
+        stand_ins={s.name: s.placeholder for s in bound},
     )  # fmt: skip
     lim, logs = limits.limits(o, prof), limits.logs(o, cwd)
     term = limits.terminal(o, prof, notes)
     return RunSpec(
-        argv=list(request.argv), workdir=workdir, profile=layers.name, env=env,
+        argv=list(request.argv), workdir=workdir, profile=layers.name, env=env, host_secrets=bound,
         verbose=o.verbose, allow_git_write=o.allow_git_write, notes=notes, warnings=warnings,
         **_fields(net), **_fields(fs), **_fields(lim), **_fields(logs), **_fields(term),
     )  # fmt: skip

@@ -18,7 +18,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dns.message as dns_message
 
@@ -32,11 +32,15 @@ from boxyd.net import netlog, pcap, ranges, ruleset, tailscale
 from boxyd.net.dnsproxy import DnsProxy, DnsSession
 from boxyd.net.gateway import LISTENERS, Gateway
 from boxyd.net.hostnet import UPSTREAM_ENV, upstream_servers
+from boxyd.net.hostsecrets import HostSecrets
 from boxyd.net.policy import NetPolicy
 from boxyd.net.refusals import Tally
 from boxyd.net.sockdiag import Flow, SockDiag
 from boxyd.plan.hostfile import Outputs, replaced
 from boxyd.plan.ops import NetPlan
+
+if TYPE_CHECKING:
+    from boxyd.net.sessionca import SessionCA
 
 log = logging.getLogger("boxyd")
 
@@ -54,6 +58,28 @@ MAX_HOSTS_PER_CHANGE = 64  # one change names at most this many hosts
 # --ask's `once`: the lookup answered, and connections to its answer made within this
 # many seconds; then the name is asked about again (what is open stays open)
 ONCE_WINDOW = 10.0
+
+
+def _secrets(spec: RunSpec) -> tuple[HostSecrets, SessionCA] | None:
+    """--secret NAME@HOST: the values and the session's CA (its key in memory only)."""
+    if not spec.host_secrets or spec.net == "none":
+        return None
+    from boxyd.net.sessionca import SessionCA  # (cryptography: only when needed)
+
+    found = HostSecrets(spec.host_secrets)
+    return found, SessionCA(found.hosts)
+
+
+def host_bundle() -> bytes:
+    """The host's certificate bundle (what the sandbox trusts without --secret)."""
+    import ssl
+
+    paths = ssl.get_default_verify_paths()
+    for path in ("/etc/ssl/certs/ca-certificates.crt", paths.cafile, paths.openssl_cafile):
+        if path:
+            with contextlib.suppress(OSError), open(path, "rb") as f:
+                return f.read()
+    return b""
 
 
 class Network:
@@ -110,6 +136,7 @@ class Network:
         self._answerers: Callable[[], Sequence[Answerer]] = lambda: ()
         self.whos: Whos | None = None  # --ask: who asked (attach, pid1)
         self._t0 = time.time()
+        self.secrets = _secrets(spec)
         record(
             "net.policy",
             mode=spec.net,
@@ -168,7 +195,12 @@ class Network:
             None if udp is None else tuple(udp),
             literals,
         )
-        return NetPlan(ruleset, ports, self._capture is not None, self.tailnet or None)
+        bundle = None
+        if self.secrets is not None:
+            from boxyd.net.sessionca import bundle as ca_bundle
+
+            bundle = ca_bundle(self.secrets[1].pem(), host_bundle()).decode()
+        return NetPlan(ruleset, ports, self._capture is not None, self.tailnet or None, bundle)
 
     def ask_on(
         self,
@@ -246,7 +278,9 @@ class Network:
             sock.setblocking(False)
             asyncio.get_running_loop().add_reader(sock.fileno(), self._capture.drain, sock)
         diag = listeners.pop("sockdiag")
-        self.gateway = Gateway(self.policy, listeners, dns, on_event=self._event)
+        self.gateway = Gateway(
+            self.policy, listeners, dns, on_event=self._event, secrets=self.secrets
+        )
         if self.asking is not None:
             self.whos = Whos(SockDiag(diag))
             self.gateway.dns_session.ask = self.gateway.ask = self._ask

@@ -179,8 +179,20 @@ class DnsSession:
     # the policy itself when the answer is yes); None: refused at once. Called with
     # the name, the port (None: a lookup) and the query's flow (None: not known)
     ask: Callable[[str, int | None, Flow | None], Awaitable[bool]] | None = None
+    # --secret NAME@HOST: the name of a secret whose placeholder a query's name holds
+    # (compared without case); such a query is refused whatever the policy says
+    placeholder_in: Callable[[bytes], str | None] | None = None
     inflight: int = 0
     stats: DnsStats = field(default_factory=DnsStats)
+
+
+def _placeholder(query: dns.message.Message, session: DnsSession) -> str | None:
+    """Why QUERY is refused for a secret's placeholder in its name (a payload spelling
+    one out to a resolver of its choosing), or None."""
+    if session.placeholder_in is None or not query.question:
+        return None
+    found = session.placeholder_in(name_text(query.question[0].name).encode())
+    return None if found is None else f"a secret's placeholder ({found}) in a DNS name"
 
 
 class DnsProxy:
@@ -262,6 +274,11 @@ class DnsProxy:
         if cached is not None:
             return wire[:2] + cached
         query = query or dns.message.from_wire(wire)
+        secret = _placeholder(query, session)
+        if secret is not None:
+            session.stats.refused += 1
+            self._emit(session, query, "deny", secret, dns.rcode.REFUSED, layer="net.secret")
+            return self._wire(response_for(query, dns.rcode.REFUSED), query, tcp, session)
         refusal = decide_query(query, session.policy)
         if refusal is not None and refusal.reason == NOT_ALLOWED and session.ask is not None:
             name = name_text(query.question[0].name)

@@ -30,10 +30,11 @@ import ipaddress
 import logging
 import os
 import socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import dns.message
 import dns.rdatatype
@@ -42,12 +43,17 @@ from boxy.outcome import Counters
 from boxyd.net import denial, nflog, nftcounter, nftset, relay, sni, udpsock
 from boxyd.net.bindings import Address, Bindings
 from boxyd.net.dnsproxy import AskUpstream, AskUser, DnsProxy, DnsSession, TokenBucket
+from boxyd.net.hostsecrets import HostSecrets
 from boxyd.net.netlog import NetLog
 from boxyd.net.policy import ECH_REFUSED, NetPolicy, Verdict
 from boxyd.net.poller import Deadlines, Poller
 from boxyd.net.rtnl import LocalAddresses
 from boxyd.net.ruleset import BOUND_SETS, GATEWAY_SOCKETS, NFLOG_GROUP, REFUSED_COUNTER, TABLE
 from boxyd.net.sockdiag import Flow
+
+if TYPE_CHECKING:
+    from boxyd.net.secretflow import SecretFlow
+    from boxyd.net.sessionca import SessionCA
 
 log = logging.getLogger("boxyd")
 
@@ -455,8 +461,13 @@ class Gateway:
         *,
         on_event: Callable[[Event], None],
         limits: Limits | None = None,
+        secrets: tuple[HostSecrets, SessionCA] | None = None,
     ) -> None:
+        """SECRETS: --secret NAME@HOST's values and the session's CA (its connections
+        to those hosts are terminated: boxyd/net/secretflow.py)."""
         self.policy = policy
+        self.secrets = secrets
+        self._verify: ssl.SSLContext | None = None  # TLS to a secret's host, made once
         self.listeners = listeners
         self._reply = {4: listeners["udp_reply4"], 6: listeners["udp_reply6"]}
         self._icmp = {4: listeners["icmp4"], 6: listeners["icmp6"]}
@@ -475,8 +486,9 @@ class Gateway:
             )
         self.bindings = Bindings(publish=self.bound.publish if self.bound else None)
         self.dns_session = DnsSession(
-            policy=policy, bindings=self.bindings, on_event=self._dns_event
-        )
+            policy=policy, bindings=self.bindings, on_event=self._dns_event,
+            placeholder_in=secrets[0].found_folded if secrets else None,
+        )  # fmt: skip
         # --ask, for a connection whose first record names a host not allowed: the
         # host, the port and the flow (boxyd/daemon/network.py); None: refused at once
         self.ask: Callable[[str, int | None, Flow | None], Awaitable[bool]] | None = None
@@ -484,7 +496,7 @@ class Gateway:
         self._accepts = TokenBucket(self.limits.accept_rate, 2 * self.limits.accept_rate)
         self._tasks: set[asyncio.Task[None]] = set()
         # id(flow) -> (flow, netlog handle, the connection it was decided as)
-        self._flows: dict[int, tuple[relay.Flow, int, _Conn]] = {}
+        self._flows: dict[int, tuple[relay.Flow | SecretFlow, int, _Conn]] = {}
         self._conns: set[_Conn] = set()  # TCP flows not relayed yet
         self._waiting: dict[_Conn, None] = {}  # first record not read yet, oldest first
         self._udp: dict[_UdpKey, _UdpFlow] = {}
@@ -799,6 +811,11 @@ class Gateway:
         handle = self._decide(
             "tcp", conn.addr, conn.port, conn.verdict, host=conn.host, name=conn.name
         )
+        flow: relay.Flow | SecretFlow | None = self._secret_flow(conn, upstream)
+        if flow is not None:
+            self._flows[id(flow)] = (flow, handle, conn)
+            flow.start(functools.partial(self._relayed, flow, handle, conn))
+            return
         flow = relay.Flow(
             conn.client,
             upstream,
@@ -830,10 +847,31 @@ class Gateway:
                 conn.names = self.bindings.names(conn.ip)
                 conn._judge(bytes(conn.inspector.data))
 
+    def _secret_flow(self, conn: _Conn, upstream: socket.socket) -> SecretFlow | None:
+        """A TLS connection to a secret's host: terminated, its requests swapped."""
+        if self.secrets is None or not isinstance(conn.result, sni.TLS) or not conn.name:
+            return None
+        host = conn.name.lower().rstrip(".")
+        secrets, ca = self.secrets
+        if host not in secrets.hosts:
+            return None
+        from boxyd.net import secretflow
+        from boxyd.net.secretswap import Swap
+
+        if self._verify is None:
+            self._verify = secretflow.upstream_context()
+        return secretflow.SecretFlow(
+            conn.client, upstream, conn.data or b"", host, ca.server_context(host),
+            self._verify, Swap(secrets.for_host(host), secrets.foreign(host)),
+            idle_timeout=self.limits.idle_timeout,
+        )  # fmt: skip
+
     def _relayed(
-        self, flow: relay.Flow, handle: int, conn: _Conn, reason: relay.CloseReason
+        self, flow: relay.Flow | SecretFlow, handle: int, conn: _Conn, reason: relay.CloseReason
     ) -> None:
         del self._flows[id(flow)]
+        if not isinstance(flow, relay.Flow):
+            self._secret_done(flow, conn)
         self.bindings.release(conn.ip)
         self.netlog.update(handle, flow.counters.up, flow.counters.down, final=True)
         self.on_event(
@@ -850,6 +888,23 @@ class Gateway:
             }
         )
 
+    def _secret_done(self, flow: SecretFlow, conn: _Conn) -> None:
+        """What a terminated connection's end says: a cut by the swap is a refusal of
+        its own; a TLS failure (upstream's certificate) an error; requests swapped,
+        by the secrets' names."""
+        base = {"proto": "tcp", "addr": conn.addr, "port": conn.port, "host": conn.host,
+                "sni": conn.name}  # fmt: skip
+        if flow.swap.swapped:
+            names = sorted(s.name for s in self.secrets[0].items
+                           if s.placeholder in flow.swap.swapped) if self.secrets else []  # fmt: skip
+            self.on_event({"layer": "net.secret", "verdict": "swap", "secrets": names,
+                           "requests": flow.swap.requests, **base})  # fmt: skip
+        if flow.refused is not None:
+            v = Verdict(False, "net.secret", f"not swapped: {flow.refused}")
+            self._decide("tcp", conn.addr, conn.port, v, host=conn.host, name=conn.name)
+        elif flow.error is not None:
+            self.on_event({"layer": "net.secret", "verdict": "error", "reason": flow.error, **base})
+
     def _judge(
         self,
         first: sni.Result,
@@ -859,6 +914,12 @@ class Gateway:
         names: frozenset[str],
         opaque: Verdict,
     ) -> tuple[Verdict, str | None]:
+        found = self.secrets[0].found(data) if self.secrets and data else None
+        if found is not None:  # anywhere in a first record: SNI, request, opaque bytes
+            name = first.sni if isinstance(first, sni.TLS) else None
+            if isinstance(first, sni.HTTP):
+                name = first.host
+            return Verdict(False, "net.secret", f"a secret's placeholder ({found})"), name
         if isinstance(first, sni.TLS):
             if first.ech and self.policy.mode == "allowlist":
                 return ECH_REFUSED, first.sni

@@ -36,11 +36,18 @@ class Tally:
     removed: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> addr -> why
     kinds: dict[_Key, int] = field(default_factory=dict)  # the rows(), counted
     past: int = 0  # refusals of kinds beyond MAX_ROWS
+    # --secret NAME@HOST: where a placeholder went and was refused -> how often
+    placeholders: dict[str, int] = field(default_factory=dict)
 
     def add(self, ev: Mapping[str, Any]) -> None:
         if ev.get("verdict") != "deny":
             return
         self._count(ev)
+        if ev.get("layer") == "net.secret":
+            where = ev.get("host") or ev.get("sni") or ev.get("addr")
+            where = str(where) if where else "a DNS lookup"
+            if where in self.placeholders or len(self.placeholders) < MAX_ROWS:
+                self.placeholders[where] = self.placeholders.get(where, 0) + 1
         if ev.get("proto") in ("tcp", "udp"):  # a connection, whatever layer refused it
             if ev.get("addr"):
                 self.connections += 1
@@ -108,10 +115,13 @@ class Tally:
             parts.append(f"{many}{plural(len(self.names), 'name')} not allowed")
         if self.answers:
             parts.append(f"{plural(self.answers, 'DNS answer')} in a refused range removed")
-        if not parts:
+        if not parts and not self.placeholders:
             return []
         where = "each one said above" if verbose else "-v or --audit-log for details"
-        out = [", ".join(parts) + f" ({where})"]
+        out = [", ".join(parts) + f" ({where})"] if parts else []
+        for dest, n in self.placeholders.items():  # a denial of its own, always said
+            times = f" ({plural(n, 'time')})" if n > 1 else ""
+            out.append(f"a secret's placeholder was sent to {dest}: refused{times}")
         for name, addrs in sorted(self.removed.items()):
             cidrs = " ".join(f"--allow-cidr {a}" for a in sorted(addrs))
             whys = sorted(set(addrs.values()))

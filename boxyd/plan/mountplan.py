@@ -130,6 +130,30 @@ def etc_files(
     ]
 
 
+# --secret NAME@HOST: where the sandbox's bundle (the host's and the session CA) is,
+# and the variables the runtimes read it from (each one the payload's -e did not set)
+CA_BUNDLE = os.path.join(os.path.dirname(paths.SANDBOX_MARK), "ca-certificates.crt")
+CA_VARIABLES = (
+    "SSL_CERT_FILE",  # OpenSSL: Python's ssl, curl, wget, Ruby …
+    "REQUESTS_CA_BUNDLE",  # requests (pip's vendored copy included)
+    "CURL_CA_BUNDLE",
+    "PIP_CERT",
+    "GIT_SSL_CAINFO",
+    "NODE_EXTRA_CA_CERTS",  # node and npm: added to node's own store
+    "AWS_CA_BUNDLE",
+    "CARGO_HTTP_CAINFO",
+    "DENO_CERT",
+)
+
+
+def trust_ops(net: NetPlan | None, env: dict[str, str]) -> tuple[list[MountOp], dict[str, str]]:
+    """The session CA's bundle in the sandbox and the environment pointing at it."""
+    if net is None or net.ca_bundle is None:
+        return [], env
+    pointed = {name: CA_BUNDLE for name in CA_VARIABLES}
+    return [File(CA_BUNDLE, net.ca_bundle, 0o444)], {**pointed, **env}
+
+
 def writable_roots(spec: RunSpec) -> list[str]:
     """The trees the payload can write and will control between runs."""
     roots = [spec.workdir] + [e.path for e in spec.rw] + [e.path for e in spec.mkdir]
@@ -234,12 +258,13 @@ def build(
     uid, gid = os.getuid(), os.getgid()
     pw = pwd.getpwuid(uid)
     home = pw.pw_dir or f"/home/{pw.pw_name}"
-    sys_ops, sys_rules = system_ops()
+    (sys_ops, sys_rules), (trust, env) = system_ops(), trust_ops(net, spec.env)
     u_ops, u_rules = user_ops(spec, protections, masks)
     ops: list[MountOp] = [
         Dir("/etc"),
         *etc_files(uid, gid, pw.pw_name, home, spec.net, net.search if net else None),
         File(paths.SANDBOX_MARK, paths.SANDBOX_NAME + "\n"),
+        *trust,
         *sys_ops,
         *u_ops,
     ]
@@ -257,7 +282,7 @@ def build(
     ]
     return Plan(
         argv=spec.argv,
-        env=spec.env,
+        env=env,
         cwd=spec.workdir,
         uid=uid,
         gid=gid,

@@ -108,6 +108,9 @@ class NetPlan:
     landlock_ports: list[int] | None = None
     pcap: bool = False
     search: str | None = None
+    # --secret NAME@HOST: the host's certificate bundle and the session CA's certificate
+    # (PEM), which the sandbox trusts (mountplan.trust_ops)
+    ca_bundle: str | None = None
 
 
 @dataclass(frozen=True)

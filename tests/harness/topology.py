@@ -647,6 +647,8 @@ class Topology:
             "XDG_RUNTIME_DIR": str(base / "run"),
             "XDG_STATE_HOME": str(base / "state"),
             "BOXY_UPSTREAM_DNS": self.dns_v4,
+            # --secret NAME@HOST: boxyd's TLS to the host trusts the test internet's CA
+            "BOXY_UPSTREAM_CA": str(self.ca),
         }
 
     def assert_isolated(self) -> None:

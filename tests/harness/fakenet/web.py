@@ -173,6 +173,12 @@ class _Handler(BaseHTTPRequestHandler):
             method=self.command,
             path=self.path,
             peer=peer_text(self.client_address),
+            # /record…: what a request to a secret's host carried (--secret NAME@HOST)
+            **(
+                {"authorization": self.headers.get("Authorization")}
+                if self.path.startswith("/record")
+                else {}
+            ),
         )
 
     def _redirect(self, host: str, path: str) -> None:

@@ -32,13 +32,11 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO, cast
@@ -46,11 +44,10 @@ from typing import Any, TextIO, cast
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.net import BIN, PORT, PYTHON, BenchError, Env, start_server  # noqa: E402
+from bench.net import BIN, PORT, PYTHON, BenchError, Env, internet, main_as_root  # noqa: E402
 from bench.table import INFORMATION, Figure, at_least, at_most, emit  # noqa: E402
 from boxyd.daemon.asking import MAX_OPEN  # noqa: E402
 from boxyd.net.dnsproxy import RATE as DNS_RATE  # noqa: E402
-from tests.harness import topology as topo_mod  # noqa: E402
 from tests.harness.fakenet import plan  # noqa: E402
 
 PREFIX = "boxyq"
@@ -324,29 +321,8 @@ def figures(got: Got, held: int) -> list[Figure]:
 
 
 def run(args: argparse.Namespace) -> int:
-    topo = topo_mod.up(STATE, PREFIX)
-    server = None
-    work: Path | None = None
-    try:
-        env = Env(topo, args.user)
-        addr = plan.SERVER_BY_NAME["big"].v4
-        assert addr is not None
-        server = start_server(topo, addr)
-        work = Path(env.pw.pw_dir) / f"boxy-bench-ask-{uuid.uuid4().hex[:8]}"
-        work.mkdir()
-        (work / "client.py").write_text(CLIENT)
-        for p in (work, work / "client.py"):
-            os.chown(p, env.pw.pw_uid, env.pw.pw_gid)
+    with internet(args.user, args.keep, PREFIX, STATE, CLIENT) as (env, work):
         got, held = rounds(env, work, args)
-    finally:
-        if server is not None:
-            server.kill()
-            server.wait()
-        if not args.keep:
-            topo_mod.down(PREFIX, STATE)
-            shutil.rmtree(STATE, ignore_errors=True)
-        if work is not None:
-            shutil.rmtree(work, ignore_errors=True)
     emit(figures(got, held), args.json)
     return 0
 
@@ -356,16 +332,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=8, help="quiet and open phases, alternating")
     ap.add_argument("--lookups", type=int, default=60, help="timed lookups per phase")
     ap.add_argument("--conns", type=int, default=150, help="short connections per phase")
-    ap.add_argument("--user", default=os.environ.get("BOXY_TEST_USER", "boxytest"))
-    ap.add_argument("--keep", action="store_true", help="leave the topology up afterwards")
-    ap.add_argument("--json", action="store_true", help="the figures as JSON on stdout")
-    args = ap.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("bench/ask.py builds network namespaces: run it as root")
-    try:
-        return run(args)
-    except (BenchError, topo_mod.TopologyError) as e:
-        sys.exit(f"bench/ask.py: {e}")
+    return main_as_root(ap, run, "bench/ask.py")
 
 
 if __name__ == "__main__":

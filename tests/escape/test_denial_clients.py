@@ -58,9 +58,18 @@ def _script(steps: dict[str, str]) -> list[str]:
     return ["sh", "-c", f"{BIND}; {body}"]
 
 
-def _untouched(run: NetRun) -> None:
-    """No refused request reached the server."""
+def _run_steps(
+    net: Topology, user: User, workdir: Path, steps: dict[str, str], *flags: str
+) -> dict[str, str]:
+    """STEPS run in one sandbox: what each printed, by label. Each step's "name" is
+    refused by the DNS proxy, and boxyctl names it with its flag; no refused request
+    reached the server."""
+    run = run_probes(net, user, workdir, *flags, *FLAGS, cmd=_script(steps))
+    got = _sections(run)
+    assert set(got) == set(steps), run.describe()
+    assert SAID_AT_THE_END in run.stderr, run.stderr
     assert not run.server_events, run.server_events
+    return got
 
 
 def test_npm_prints_why_boxy_refused(net: Topology, user: User, workdir: Path) -> None:
@@ -70,11 +79,8 @@ def test_npm_prints_why_boxy_refused(net: Topology, user: User, workdir: Path) -
         "http": f"{npm} http://{WWW}/",
         "tls": f"{npm} https://{WWW}/",
     }
-    run = run_probes(net, user, workdir, "-p", "node", *FLAGS, cmd=_script(steps))
-    got = _sections(run)
-    assert set(got) == set(steps), run.describe()
+    got = _run_steps(net, user, workdir, steps, "-p", "node")
     assert "getaddrinfo ENOTFOUND refused.boxy.test" in got["name"], got["name"]
-    assert SAID_AT_THE_END in run.stderr, run.stderr
     assert (
         "npm error 403 403 Forbidden by boxy: HTTP without Host: only a host allowed with "
         f":80 takes that; --allow-host www.boxy.test:80 allows it (a running session: "
@@ -82,7 +88,6 @@ def test_npm_prints_why_boxy_refused(net: Topology, user: User, workdir: Path) -
     ) in got["http"], got["http"]
     assert "ERR_SSL_TLSV1_ALERT_ACCESS_DENIED" in got["tls"], got["tls"]
     assert "tlsv1 alert access denied" in got["tls"], got["tls"]
-    _untouched(run)
 
 
 def test_pip_prints_why_boxy_refused(net: Topology, user: User, workdir: Path) -> None:
@@ -92,17 +97,13 @@ def test_pip_prints_why_boxy_refused(net: Topology, user: User, workdir: Path) -
         "http": f"{pip} http://{WWW}/leftpad-1.0.tar.gz",
         "tls": f"{pip} --index-url https://{WWW}/simple leftpad",
     }
-    run = run_probes(net, user, workdir, *FLAGS, cmd=_script(steps))
-    got = _sections(run)
-    assert set(got) == set(steps), run.describe()
+    got = _run_steps(net, user, workdir, steps)
     assert "No matching distribution found for leftpad" in got["name"], got["name"]
-    assert SAID_AT_THE_END in run.stderr, run.stderr
     assert (
         "because of HTTP error 403 Client Error: Forbidden by boxy: HTTP without Host: "
         "only a host allowed with :80 takes that; --allow-host www.boxy.test:80 allows it"
     ) in got["http"], got["http"]
     assert "[SSL: TLSV1_ALERT_ACCESS_DENIED] tlsv1 alert access denied" in got["tls"], got["tls"]
-    _untouched(run)
 
 
 RESOLVE = r"""

@@ -38,6 +38,7 @@ BENCHES: list[tuple[str, list[str], str]] = [
     ("startup", ["bench/startup.py", "-n", "40"], "user"),
     ("hook", ["bench/hook.py"], "user"),
     ("net", ["bench/net.py", "--user", "{user}"], "root"),
+    ("ask", ["bench/ask.py", "--user", "{user}"], "root"),
     ("events", ["bench/events.py"], "user"),
     ("main job", ["bench/npm.py"], "user"),
     ("pip", ["bench/pip.py"], "user"),

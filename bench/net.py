@@ -31,6 +31,7 @@ Nothing here leaves the machine: every address is inside the bench's own netns.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -43,7 +44,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -306,6 +307,38 @@ def start_server(topo: topo_mod.Topology, addr: str) -> subprocess.Popen:
     return proc
 
 
+@contextlib.contextmanager
+def internet(
+    user: str, keep: bool, prefix: str, state: Path, client: str
+) -> Iterator[tuple[Env, Path]]:
+    """A test internet of the bench's own (PREFIX, its state in STATE) with the source
+    on big's address, and a work directory of USER's holding CLIENT as client.py; all
+    gone afterwards (the topology kept with KEEP)."""
+    topo = topo_mod.up(state, prefix)
+    server = None
+    work: Path | None = None
+    try:
+        env = Env(topo, user)
+        addr = plan.SERVER_BY_NAME["big"].v4
+        assert addr is not None
+        server = start_server(topo, addr)
+        work = Path(env.pw.pw_dir) / f"boxy-bench-{uuid.uuid4().hex[:8]}"
+        work.mkdir()
+        (work / "client.py").write_text(client)
+        for p in (work, work / "client.py"):
+            os.chown(p, env.pw.pw_uid, env.pw.pw_gid)
+        yield env, work
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+        if not keep:
+            topo_mod.down(prefix, state)
+            shutil.rmtree(state, ignore_errors=True)
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
 def _chunks(total: int, k: int) -> list[int]:
     """TOTAL split into at most K near-equal positive parts."""
     k = max(1, min(k, total))
@@ -349,83 +382,73 @@ def run(args: argparse.Namespace) -> int:
     name = plan.fqdn("big")
     addr = plan.SERVER_BY_NAME["big"].v4
     assert addr is not None
-    topo = topo_mod.up(STATE, PREFIX)
-    work: Path | None = None
-    server = direct = boxed = None
-    try:
-        env = Env(topo, args.user)
-        server = start_server(topo, addr)
-        work = Path(env.pw.pw_dir) / f"boxy-bench-{uuid.uuid4().hex[:8]}"
-        work.mkdir()
-        (work / "client.py").write_text(CLIENT)
-        for p in (work, work / "client.py"):
-            os.chown(p, env.pw.pw_uid, env.pw.pw_gid)
-        client = [PYTHON, "-I", "client.py", name, addr, str(PORT)]
-        direct = env.spawn("direct", client, work)
-        t0 = time.perf_counter()
-        boxed = env.spawn(
-            "boxy", [str(BIN / "boxyctl"), "run", "--net", "public", "--", *client], work
-        )
-        start = time.perf_counter() - t0
-        pid = env.boxyd_pid()
+    direct = boxed = None
+    with internet(args.user, args.keep, PREFIX, STATE, CLIENT) as (env, work):
+        try:
+            client = [PYTHON, "-I", "client.py", name, addr, str(PORT)]
+            direct = env.spawn("direct", client, work)
+            t0 = time.perf_counter()
+            boxed = env.spawn(
+                "boxy", [str(BIN / "boxyctl"), "run", "--net", "public", "--", *client], work
+            )
+            start = time.perf_counter() - t0
+            pid = env.boxyd_pid()
 
-        bulk: dict[str, list[dict]] = {"direct": [], "boxy": []}
-        cpu_per_gb: list[float] = []
-        for _ in range(args.repeat):
-            bulk["direct"].append(direct.ask("bulk", size))
-            c0 = cpu_seconds(pid)
-            r = boxed.ask("bulk", size)
-            cpu_per_gb.append((cpu_seconds(pid) - c0) / (r["bytes"] / 1e9))
-            bulk["boxy"].append(r)
-        for label, runs in bulk.items():
-            for r in runs:
-                if r["bytes"] != size:
-                    raise BenchError(f"{label}: bulk transfer incomplete ({r['bytes']} of {size})")
-        # In chunks, alternating, so that a machine busy with something else for a
-        # while slows both sides rather than one (a ratio is only as good as that).
-        parts: dict[str, list[dict]] = {"direct": [], "boxy": []}
-        conn_cpu = 0.0
-        for n in _chunks(args.conns, args.chunks):
-            parts["direct"].append(direct.ask("conns", n))
-            c0 = cpu_seconds(pid)
-            parts["boxy"].append(boxed.ask("conns", n))
-            conn_cpu += cpu_seconds(pid) - c0
-        conns = {k: _pooled_conns(v) for k, v in parts.items()}
-        conn_cpu_ms = conn_cpu / args.conns * 1000
-        # Back to back (within boxy's DNS burst allowance), then paced like sporadic
-        # connections (under its sustained DNS rate): an idle path pays wake-ups too.
-        lats = {}
-        for label, pace in (("back to back", 0.0), (f"{PACE * 1000:.0f} ms apart", PACE)):
-            runs: dict[str, list[dict]] = {"direct": [], "boxy": []}
-            for n in _chunks(args.samples, args.chunks):
-                for side, peer in (("direct", direct), ("boxy", boxed)):
-                    runs[side].append(peer.ask("latency", f"{n},{pace}"))
-            lats[label] = {k: _pooled_latency(v) for k, v in runs.items()}
-        # Start-up of a whole run per mode, in the same topology (ip netns exec and
-        # runuser included): what the network steps add to `--net none`.
-        startup: dict[str, float] = {}
-        for mode, extra in (("none", []), ("public", []), ("allowlist", ["--allow-host", name])):
-            argv = env.argv([str(BIN / "boxyctl"), "run", "--net", mode, *extra, "--", "true"])
-            times = []
-            for _ in range(STARTUP_RUNS):
-                t = time.perf_counter()
-                subprocess.run(argv, cwd=work, capture_output=True, check=True, timeout=60)
-                times.append((time.perf_counter() - t) * 1000)
-            startup[mode] = statistics.median(times)
-        direct.close()
-        boxed.close()
-    finally:
-        for peer in (direct, boxed):
-            if peer is not None and peer.proc.poll() is None:
-                peer.proc.kill()
-        if server is not None:
-            server.kill()
-            server.wait()
-        if not args.keep:
-            topo_mod.down(PREFIX, STATE)
-            shutil.rmtree(STATE, ignore_errors=True)
-        if work is not None:
-            shutil.rmtree(work, ignore_errors=True)
+            bulk: dict[str, list[dict]] = {"direct": [], "boxy": []}
+            cpu_per_gb: list[float] = []
+            for _ in range(args.repeat):
+                bulk["direct"].append(direct.ask("bulk", size))
+                c0 = cpu_seconds(pid)
+                r = boxed.ask("bulk", size)
+                cpu_per_gb.append((cpu_seconds(pid) - c0) / (r["bytes"] / 1e9))
+                bulk["boxy"].append(r)
+            for label, runs in bulk.items():
+                for r in runs:
+                    if r["bytes"] != size:
+                        raise BenchError(
+                            f"{label}: bulk transfer incomplete ({r['bytes']} of {size})"
+                        )
+            # In chunks, alternating, so that a machine busy with something else for a
+            # while slows both sides rather than one (a ratio is only as good as that).
+            parts: dict[str, list[dict]] = {"direct": [], "boxy": []}
+            conn_cpu = 0.0
+            for n in _chunks(args.conns, args.chunks):
+                parts["direct"].append(direct.ask("conns", n))
+                c0 = cpu_seconds(pid)
+                parts["boxy"].append(boxed.ask("conns", n))
+                conn_cpu += cpu_seconds(pid) - c0
+            conns = {k: _pooled_conns(v) for k, v in parts.items()}
+            conn_cpu_ms = conn_cpu / args.conns * 1000
+            # Back to back (within boxy's DNS burst allowance), then paced like sporadic
+            # connections (under its sustained DNS rate): an idle path pays wake-ups too.
+            lats = {}
+            for label, pace in (("back to back", 0.0), (f"{PACE * 1000:.0f} ms apart", PACE)):
+                runs: dict[str, list[dict]] = {"direct": [], "boxy": []}
+                for n in _chunks(args.samples, args.chunks):
+                    for side, peer in (("direct", direct), ("boxy", boxed)):
+                        runs[side].append(peer.ask("latency", f"{n},{pace}"))
+                lats[label] = {k: _pooled_latency(v) for k, v in runs.items()}
+            # Start-up of a whole run per mode, in the same topology (ip netns exec and
+            # runuser included): what the network steps add to `--net none`.
+            startup: dict[str, float] = {}
+            for mode, extra in (
+                ("none", []),
+                ("public", []),
+                ("allowlist", ["--allow-host", name]),
+            ):
+                argv = env.argv([str(BIN / "boxyctl"), "run", "--net", mode, *extra, "--", "true"])
+                times = []
+                for _ in range(STARTUP_RUNS):
+                    t = time.perf_counter()
+                    subprocess.run(argv, cwd=work, capture_output=True, check=True, timeout=60)
+                    times.append((time.perf_counter() - t) * 1000)
+                startup[mode] = statistics.median(times)
+            direct.close()
+            boxed.close()
+        finally:
+            for peer in (direct, boxed):
+                if peer is not None and peer.proc.poll() is None:
+                    peer.proc.kill()
 
     g = {k: statistics.median(gbps(r) for r in v) for k, v in bulk.items()}
     cps = {k: v["ok"] / v["seconds"] for k, v in conns.items()}
@@ -561,6 +584,14 @@ def main() -> int:
         default=5,
         help="connection and latency runs split into this many parts, direct and boxy alternating",
     )
+    return main_as_root(ap, run, "bench/net.py")
+
+
+def main_as_root(
+    ap: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int], script: str
+) -> int:
+    """The end of a bench's main that builds a test internet of its own (SCRIPT): the
+    flags every such bench takes, root required, its errors said in one line."""
     ap.add_argument("--user", default=os.environ.get("BOXY_TEST_USER", "boxytest"))
     ap.add_argument("--keep", action="store_true", help="leave the topology up afterwards")
     ap.add_argument(
@@ -568,11 +599,11 @@ def main() -> int:
     )
     args = ap.parse_args()
     if os.geteuid() != 0:
-        sys.exit("bench/net.py builds network namespaces: run it as root")
+        sys.exit(f"{script} builds network namespaces: run it as root")
     try:
         return run(args)
     except (BenchError, topo_mod.TopologyError) as e:
-        sys.exit(f"bench/net.py: {e}")
+        sys.exit(f"{script}: {e}")
 
 
 if __name__ == "__main__":

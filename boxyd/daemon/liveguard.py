@@ -53,6 +53,9 @@ _EVENT = struct.Struct("iIII")
 _libc = ctypes.CDLL(None, use_errno=True)
 
 LIVE_TIMEOUT = 10.0  # seconds for stage 2 to answer one request
+# re-pins of one entry in a row that may fail because it was renamed over again while
+# the pin went on (the redo of that rename is queued): past it, the session is stopped
+REPIN_MISSES = 16
 Send = Callable[[LiveCover | LivePin], None]  # one request to the session's joiner
 Record = Callable[..., None]  # Sink.record
 Stop = Callable[[str], None]  # ends the session's payload now (the line: why)
@@ -88,7 +91,7 @@ class LiveGuard:
         trees: list[Watched],
         send: Send,
         record: Record,
-        adopt: Callable[[str, str, bytes | None], str | None],
+        adopt: Callable[[str, str, walk.FileRead | None], str | None],
         notice: Callable[[str], None],
         apart: Callable[[], Apart],
         stop: Stop,
@@ -126,6 +129,7 @@ class LiveGuard:
         self._backlog = live.Backlog()
         # a pin's redo under way, and the next one if it changed again meanwhile
         self._pinning: dict[live.Key, tuple[Redo, float] | None] = {}
+        self._misses: dict[live.Key, int] = {}  # failed re-pins in a row excused (_superseded)
         self._drainer: asyncio.Task[None] | None = None
         self.stopped: str | None = None  # why the guard stopped the session
         self._fd = -1
@@ -522,35 +526,72 @@ class LiveGuard:
         return True
 
     async def _repin(self, w: Watched, rel: str, since: float) -> None:
-        # what the host saved, read while the pin goes back on (the payload's window)
+        # what the host saved, read while the pin goes back on (the payload's window);
+        # kept open until judged, so that its inode number is its own meanwhile
         saved = asyncio.ensure_future(
-            pools.submit(pools.LIVE, walk.read_beneath, w.root, rel, discover.CONFIG_MAX)
+            pools.submit(
+                pools.LIVE, walk.read_beneath_at, w.root, rel, discover.CONFIG_MAX, keep=True
+            )
         )
         pinned = self._ask(
             functools.partial(LivePin, rel=rel, root=w.root), rel, "pinned again", since, w.root
         )
+        key = (w.root, rel)
         # judged once pinned: from then on the payload cannot change what is judged
-        await self._settle(pinned, w.root, rel, "pinned")
-        line = await pools.run(
-            pools.LIVE,
-            call_apart,  # the adopted file is parsed apart (parseproc.py)
-            self._apart,
-            functools.partial(self._adopt, w.root, rel, await saved),
+        done = await self._settle(
+            pinned, w.root, rel, "pinned", functools.partial(self._superseded, key)
         )
+        held = await saved
+        try:
+            if done:
+                self._misses.pop(key, None)
+            elif self._pinning.get(key) is not None:
+                return  # renamed over again: the redo queued pins and judges what is there
+            line = await pools.run(
+                pools.LIVE,
+                call_apart,  # the adopted file is parsed apart (parseproc.py)
+                self._apart,
+                functools.partial(self._adopt, w.root, rel, held),
+            )
+        finally:
+            if held is not None:
+                held.close()
         if line is not None:
             self._record("git", finding=line)
             self._notice(line)
 
-    async def _settle(self, done: asyncio.Future[bool], root: str, rel: str, what: str) -> None:
-        """Stage 2's answer to a redo. Not done while the host's entry is still there (a
-        mount budget full, a stand-in that did not fit, no answer in LIVE_TIMEOUT): the
-        session is stopped. An entry gone meanwhile has nothing left to cover."""
+    async def _settle(
+        self,
+        done: asyncio.Future[bool],
+        root: str,
+        rel: str,
+        what: str,
+        excused: Callable[[], bool] | None = None,
+    ) -> bool:
+        """Stage 2's answer to a redo; True when done. Not done while the host's entry is
+        still there (a mount budget full, a stand-in that did not fit, no answer in
+        LIVE_TIMEOUT): the session is stopped, unless EXCUSED says a newer redo of it
+        will do it. An entry gone meanwhile has nothing left to cover."""
         try:
             ok = await asyncio.wait_for(asyncio.shield(done), LIVE_TIMEOUT)
         except TimeoutError:
             ok = False
-        if not ok and await pools.run(pools.LIVE, _present, root, rel):
+        if ok:
+            return True
+        if await pools.run(pools.LIVE, _present, root, rel) and not (excused and excused()):
             self.fail(f"{os.path.join(root, rel)} could not be {what} again")
+        return False
+
+    def _superseded(self, key: live.Key) -> bool:
+        """A re-pin of KEY failed while its entry is there: the file it was put on was
+        renamed over again meanwhile (the mount cannot go on a file no longer at its
+        name) if that rename's redo is queued. Up to REPIN_MISSES in a row: a payload
+        that wins that race in every window is stopped, not chased."""
+        self._readable()  # what was renamed before now is seen now, not a tick later
+        if self._pinning.get(key) is None:
+            return False
+        self._misses[key] = self._misses.get(key, 0) + 1
+        return self._misses[key] <= REPIN_MISSES
 
     def _ask(
         self,

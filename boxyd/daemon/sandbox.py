@@ -51,7 +51,7 @@ from boxyd.daemon.walks import Walks
 from boxyd.gitguard.discover import CONFIG_MAX, Protection
 from boxyd.gitguard.quarantine import Budget, overwrite
 from boxyd.gitguard.scan import Snapshot, adopt, inherit_live, restore
-from boxyd.kernel.walk import read_beneath
+from boxyd.kernel.walk import FileRead, read_beneath_at
 from boxyd.plan import heldfiles, live, masking, mountplan, worktree
 from boxyd.plan.hostfile import Outputs, open_outputs
 from boxyd.plan.masking import Found
@@ -766,18 +766,26 @@ class StageSandbox:
         log.info("session %s: %s", self._sink.id, line)
         self.signal(signal.SIGKILL)
 
-    def _adopt(self, root: str, rel: str, saved: bytes | None) -> str | None:
+    def _adopt(self, root: str, rel: str, saved: FileRead | None) -> str | None:
         """The host replaced a pinned file (in a worker thread; SAVED: what it held as the
         guard first read it). Written to in the moment it was unpinned, it gets SAVED
-        back in place. A git control file is then taken as the user's new baseline,
-        unless it adds keys that run commands: then the version from before it is put
-        back at once, so no host git meanwhile runs what the payload may have raced
-        into it. The line to say, or None."""
+        back in place; another file there now was renamed over it again, and that
+        rename's own redo judges it (the user's next save is not undone as a write). A
+        git control file is then taken as the user's new baseline, unless it adds keys
+        that run commands: then the version from before it is put back at once, so no
+        host git meanwhile runs what the payload may have raced into it. The line to
+        say, or None."""
         quarantine = self._quarantine(root)
         lines = []
         path = os.path.join(root, rel)
-        if saved is not None and read_beneath(root, rel, CONFIG_MAX) not in (saved, None):
-            dest = overwrite(root, rel, saved, quarantine)
+        now = read_beneath_at(root, rel, CONFIG_MAX)
+        if (
+            saved is not None
+            and now is not None
+            and now.file == saved.file
+            and now.data != saved.data
+        ):
+            dest = overwrite(root, rel, saved.data, quarantine)
             lines.append(
                 f"live guard: {path} was written in the moment it was unpinned; "
                 + (

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -83,6 +84,27 @@ def open_root(root: str) -> int:
 
 def read_head(dir_fd: int, name: str, limit: int) -> bytes | None:
     """Up to LIMIT bytes of a regular file, or None (not a regular file, unreadable)."""
+    got = read_head_at(dir_fd, name, limit)
+    return None if got is None else got.data
+
+
+@dataclass(frozen=True)
+class FileRead:
+    """What a file held, and which file it was (device, inode): one renamed over it
+    since is another, however alike its bytes. FD, when kept (-1 otherwise), holds the
+    file open, so that no new file can take its inode number meanwhile; close() it."""
+
+    data: bytes
+    file: tuple[int, int]
+    fd: int = -1
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+
+
+def read_head_at(dir_fd: int, name: str, limit: int, *, keep: bool = False) -> FileRead | None:
+    """read_head, with the file it read (kept open with KEEP)."""
     try:
         # lstat first: never open a FIFO or a device node planted in place of a file
         if not stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
@@ -91,7 +113,8 @@ def read_head(dir_fd: int, name: str, limit: int) -> bytes | None:
     except OSError:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             return None
         chunks, size = [], 0
         while size < limit:
@@ -100,11 +123,14 @@ def read_head(dir_fd: int, name: str, limit: int) -> bytes | None:
                 break
             chunks.append(chunk)
             size += len(chunk)
-        return b"".join(chunks)
+        got = FileRead(b"".join(chunks), (st.st_dev, st.st_ino), fd if keep else -1)
+        fd = -1 if keep else fd
+        return got
     except OSError:
         return None
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
 
 
 def read_small(dir_fd: int, name: str, limit: int) -> bytes | None:
@@ -123,17 +149,22 @@ def open_in_tree(root: str, rel: str) -> int:
         os.close(root_fd)
 
 
-def read_beneath(root: str, rel: str, limit: int) -> bytes | None:
-    """read_small of REL beneath the tree ROOT, through fds from its root (no symlink)."""
+def read_beneath_at(root: str, rel: str, limit: int, *, keep: bool = False) -> FileRead | None:
+    """read_small of REL beneath the tree ROOT, through fds from its root (no symlink),
+    with the file it read (kept open with KEEP)."""
     parent, _, name = rel.rpartition("/")
     try:
         pfd = open_in_tree(root, parent)
     except OSError:
         return None
     try:
-        return read_small(pfd, name, limit)
+        got = read_head_at(pfd, name, limit + 1, keep=keep)
     finally:
         os.close(pfd)
+    if got is not None and len(got.data) > limit:
+        got.close()
+        return None
+    return got
 
 
 def list_dir(fd: int, cap: int | None = None) -> dict[str, Type]:

@@ -1,8 +1,10 @@
 """What a refused connection hears, once its first record was read: words a program
 (and the agent reading its output) can act on, not a bare reset (issue 34 §3). Pure.
 
-- Plaintext HTTP: ``403 Forbidden`` whose body names boxy, what refused it, and the
-  flag or command that would allow it; ``Connection: close``.
+- Plaintext HTTP: ``403`` whose body names boxy, what refused it, and the flag or
+  command that would allow it; ``Connection: close``. The status line's reason
+  phrase says the same in one line: npm and pip print the status line and never the
+  body of a 403 ("403 Forbidden - GET url", "403 Client Error: Forbidden for url").
 - TLS: a fatal ``access_denied`` alert (RFC 8446 §6.2, description 49) in a record of
   the version a ClientHello's record layer carries; the client's library reports it
   ("tlsv1 alert access denied"). Nothing of a handshake is answered: no certificate,
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-from boxyd.net.policy import PORT, Verdict
+from boxyd.net.policy import EXPLICIT_PORT_ONLY, PORT, Verdict
 
 TLS_HANDSHAKE = 0x16
 ALERT = 21
@@ -26,7 +28,9 @@ FATAL = 2
 ACCESS_DENIED = 49
 _METHODS = (b"GET ", b"HEAD ", b"POST ", b"PUT ", b"DELETE ", b"OPTIONS ", b"PATCH ", b"CONNECT ")
 _HOST_CHARS = re.compile(r"[^A-Za-z0-9.:\[\]*-]")
+_NOT_VISIBLE = re.compile(r"[^\x20-\x7e]")  # a reason phrase is SP, HTAB and VCHAR only
 MAX_HOST = 253
+MAX_PHRASE = 400
 
 
 def reply(first: bytes, v: Verdict, host: str | None, port: int) -> bytes | None:
@@ -52,15 +56,17 @@ def hint(v: Verdict, host: str | None, port: int) -> str:
         name = name.partition(":")[0]
     if not name:
         return "no host name came with it (a hard-coded address?); allow its name with --allow-host"
-    spec = f"{name}:{port}" if v.layer == PORT else name
+    needs_port = v.layer == PORT or EXPLICIT_PORT_ONLY in (v.reason or "")
+    spec = f"{name}:{port}" if needs_port else name
     return f"--allow-host {spec} allows it (a running session: boxyctl allow ID {spec})"
 
 
 def http_403(v: Verdict, host: str | None, port: int) -> bytes:
-    body = f"boxy refused this connection: {v.reason or 'not allowed'}.\n{hint(v, host, port)}\n"
-    data = body.encode()
+    why, allow = v.reason or "not allowed", hint(v, host, port)
+    data = f"boxy refused this connection: {why}.\n{allow}\n".encode()
+    phrase = _NOT_VISIBLE.sub("?", f"Forbidden by boxy: {why}; {allow}")[:MAX_PHRASE]
     head = (
-        "HTTP/1.1 403 Forbidden\r\n"
+        f"HTTP/1.1 403 {phrase}\r\n"
         "Content-Type: text/plain; charset=utf-8\r\n"
         f"Content-Length: {len(data)}\r\n"
         "Connection: close\r\n"

@@ -68,6 +68,9 @@ class Verdict:
     reason: str = ""
 
 
+# A first record that names no host passes only for a host allowed with that port: the
+# refusal's hint (net/denial.py) then names the port too.
+EXPLICIT_PORT_ONLY = "only a host allowed with :"
 # The gateway reports this when a ClientHello carries encrypted_client_hello: the
 # name it shows is only the outer one, so the name check would be meaningless.
 ECH_REFUSED = Verdict(False, SNI, "ECH refused (the real server name is encrypted)")
@@ -362,7 +365,7 @@ class NetPolicy:
             if opaque.allow or opaque.layer != SNI:  # SNI: only the explicit port was missing
                 return opaque
             missing = "TLS without SNI" if kind == "sni" else "HTTP without Host"
-            return Verdict(False, SNI, f"{missing}: only a host allowed with :{port} takes that")
+            return Verdict(False, SNI, f"{missing}: {EXPLICIT_PORT_ONLY}{port} takes that")
         if self._ports_for(wire) is None:
             return Verdict(False, SNI, f"{label} names {wire}: hostname not on the allowlist")
         if wire not in {_norm(n) for n in bound_names}:

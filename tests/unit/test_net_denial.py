@@ -23,7 +23,12 @@ def test_an_http_client_gets_a_403_naming_boxy_and_the_flag() -> None:
     )
     assert got is not None
     head, _, body = got.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 403 Forbidden\r\n") and b"Connection: close" in head
+    assert head.startswith(
+        b"HTTP/1.1 403 Forbidden by boxy: Host names evil.example: hostname not on the "
+        b"allowlist; --allow-host evil.example allows it (a running session: boxyctl "
+        b"allow ID evil.example)\r\n"
+    ), head  # the line npm and pip print
+    assert b"Connection: close" in head
     assert int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]) == len(body)
     assert body.decode() == (
         "boxy refused this connection: Host names evil.example: hostname not on the "
@@ -36,6 +41,14 @@ def test_a_port_refusal_names_the_port_in_the_flag() -> None:
     v = Verdict(False, PORT, "port 8080 not allowed for api.example")
     got = denial.reply(b"POST /x HTTP/1.1\r\n", v, "api.example", 8080)
     assert got is not None and b"--allow-host api.example:8080 allows it" in got
+
+
+def test_a_record_naming_no_host_is_told_the_explicit_port_that_takes_it() -> None:
+    """An HTTP request to an address (no Host name) passes only for a host allowed with
+    the port: the hint names it, not the flag the run already has."""
+    v = Verdict(False, SNI, "HTTP without Host: only a host allowed with :80 takes that")
+    got = denial.reply(b"GET / HTTP/1.1\r\n", v, "www.example", 80)
+    assert got is not None and b"--allow-host www.example:80 allows it" in got
 
 
 def test_no_name_says_so() -> None:
@@ -54,4 +67,14 @@ def test_what_the_client_sent_cannot_shape_the_reply() -> None:
     got = denial.reply(b"GET / HTTP/1.1\r\n", v, "a.example\r\nSet-Cookie: x=1", 80)
     assert got is not None
     head, _, body = got.partition(b"\r\n\r\n")
-    assert b"Set-Cookie" not in head and b"\r" not in body
+    assert not [h for h in head.split(b"\r\n") if h.startswith(b"Set-Cookie")], head
+    assert b"\r" not in body
+
+
+def test_a_reason_cannot_break_the_status_line() -> None:
+    v = Verdict(False, SNI, "odd\r\nSet-Cookie: x=1\x00" + "y" * 1000)
+    got = denial.reply(b"GET / HTTP/1.1\r\n", v, "a.example", 80)
+    assert got is not None
+    status, _, rest = got.partition(b"\r\n")
+    assert status.startswith(b"HTTP/1.1 403 Forbidden by boxy: odd??Set-Cookie: x=1?yyy")
+    assert len(status) < 450 and not rest.startswith(b"Set-Cookie")

@@ -53,6 +53,7 @@ TO_GET_IT = {
     "landlock": "a kernel with Landlock (5.13+) enabled in its lsm= list",
     "landlock-unix": "a kernel whose Landlock has ABI 9 (unix-socket rights)",
     "seccomp": "a kernel built with seccomp filters (CONFIG_SECCOMP_FILTER)",
+    "seccomp-names": "Linux 5.0 or later (SECCOMP_RET_USER_NOTIF)",
     "userns": "unprivileged user namespaces (user.max_user_namespaces > 0; on Debian "
     "kernel.unprivileged_userns_clone=1)",
     "apparmor": "boxy's AppArmor profile, as the line says for this install",

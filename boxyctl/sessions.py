@@ -219,6 +219,8 @@ def _audit_columns(r: dict[str, Any]) -> tuple[str, str, str, str]:
     if layer == "net.policy" and isinstance(r.get("hosts"), list):  # boxyctl allow / deny
         who = f"uid {r.get('uid')}, pid {r.get('pid')}, {r.get('via')}"
         return "policy", verdict, " ".join(map(str, r["hosts"])), who
+    if layer == "seccomp" and r.get("call"):  # named by PID 1: the call, who, how
+        return layer, str(r.get("action", verdict)), str(r["call"]), str(r.get("reason", ""))
     if layer == "net.dns" and not denied:
         addrs = r.get("addrs")
         shown = " ".join(map(str, addrs)) if isinstance(addrs, list) else ""

@@ -282,6 +282,11 @@ def _load_allow_filter() -> str:
 
 
 def _seccomp(f: Facts) -> list[Check]:
+    loads = _seccomp_loads(f)
+    return [*loads, _naming(cast(list[str], f["seccomp_actions"]))]
+
+
+def _seccomp_loads(f: Facts) -> list[Check]:
     avail = _read("/proc/sys/kernel/seccomp/actions_avail")
     actions = avail.split() if avail else []
     f["seccomp_actions"] = actions
@@ -306,9 +311,25 @@ def _seccomp(f: Facts) -> list[Check]:
         return [Check("seccomp", False, f"{detail} (lacks {', '.join(needed)})", hard=True)]
     if not ok:
         return [Check("seccomp", False, f"{detail}; loading a filter failed: {why}", hard=True)]
-    if "user_notif" not in actions:
-        detail += " (no user_notif: a seccomp kill cannot name the syscall)"
     return [Check("seccomp", True, detail, hard=True)]
+
+
+def _naming(actions: list[str]) -> Check:
+    """Whether a refused system call can be named (boxyd/stage2/notify.py)."""
+    if "user_notif" in actions:
+        return Check(
+            "seccomp-names",
+            True,
+            "user_notif: every refused system call is named (call, arguments, process)",
+            hard=False,
+        )
+    return Check(
+        "seccomp-names",
+        False,
+        "no user_notif: this kernel cannot tell which system call seccomp refused; "
+        "a kill is recorded by its signal (SIGSYS) alone",
+        hard=False,
+    )
 
 
 # ---- user namespaces ----------------------------------------------------------------

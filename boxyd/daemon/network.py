@@ -306,6 +306,27 @@ class Network:
             else:
                 self._muted += 1
 
+    def landlock_refused(self, addr: str, port: int, by: str) -> None:
+        """A TCP connect() Landlock refused in the sandbox, named by PID 1 (BY: its
+        process; boxyd/stage2/notify.py). No packet left, so the gateway saw nothing:
+        a row of the table and a denial as the ruleset's would be, with the flag."""
+        if self.gateway is None:
+            return
+        try:
+            names = sorted(self.gateway.bindings.names(addr))
+        except ValueError:  # not an address: PID 1 is beside the payload
+            return
+        host = names[0] if names else None
+        allow = f"--allow-host {host}:{port}" if host else f"--allow-port {port}"
+        reason = (
+            f"Landlock: port {port} is not among the run's ports; {allow} allows it "
+            "(in a new run: the kernel's ports are fixed at the start)"
+        )
+        netlog = self.gateway.netlog
+        netlog.conn(self.gateway.t_ms(), "tcp", "deny", addr, port, host, None, reason)
+        ev = {"layer": "net.landlock", "verdict": "deny", "proto": "tcp", "addr": addr}
+        self._event({**ev, "port": port, "host": host, "by": by, "reason": reason})
+
     async def finish(self) -> dict[str, Any]:
         """Close every flow; write --net-log; where the network went (Destination rows)."""
         for timer in self._once.values():

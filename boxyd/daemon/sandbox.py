@@ -8,6 +8,7 @@ The core (Session, Manager) sees this only through boxyd.daemon.seam.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import os
 import pwd
@@ -15,7 +16,7 @@ import signal
 import socket
 import threading
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from boxy import caches, notices, termsettings
 from boxy.errors import SetupError, UsageError
@@ -30,7 +31,7 @@ from boxyd.config.profileview import ProfileView
 from boxyd.config.registries import Registries
 from boxyd.config.runspec import RunSpec
 from boxyd.config.spec import build_spec
-from boxyd.daemon import afterproc, passedfds, pools, pty, records, walks
+from boxyd.daemon import afterproc, passedfds, pools, pty, records, refusedcalls, walks
 from boxyd.daemon.asking import Answerer, TerminalQuestions
 from boxyd.daemon.liveguard import LiveGuard
 from boxyd.daemon.parseproc import Apart, call_apart, call_with
@@ -55,8 +56,8 @@ from boxyd.kernel.walk import FileRead, read_beneath_at
 from boxyd.plan import heldfiles, live, masking, mountplan, worktree
 from boxyd.plan.hostfile import Outputs, open_outputs
 from boxyd.plan.masking import Found
-from boxyd.plan.ops import Plan
-from boxyd.plan.seccomp import build_filter
+from boxyd.plan.ops import NetPlan, Plan
+from boxyd.plan.seccomp import build_filter, errno_calls, kernel_notifies, reader_filter
 from boxyd.stage2 import protocol
 
 if TYPE_CHECKING:
@@ -283,6 +284,7 @@ class StageSandbox:
         self._held: protocol.Done | None = None  # a Done that came during the start-up
         self._relay: asyncio.Task[None] | None = None
         self._kill_early = False  # a stop came before stage 2 could take it
+        self.refused_calls = refusedcalls.RefusedCalls()  # seccomp's, named by PID 1
         self.limits: list[Limit] = []
         self._scope_path: str | None = None
         self._placement: Placement | None = None
@@ -445,15 +447,37 @@ class StageSandbox:
             )
             for r, t in self.trees.items()
         ]
+        net = self.net.plan() if self.net is not None else None
+        bpf, naming = self._seccomp(net)
         return mountplan.build(
             spec,
-            seccomp_bpf=build_filter(spec.seccomp),
+            seccomp_bpf=bpf,
+            seccomp_notify=naming,
             protections=pins,
             masks=masks,
             ctty=self.pty is not None,
-            net=self.net.plan() if self.net is not None else None,
+            net=net,
             pty={**self.pty.settings, "fds": ttys} if self.pty is not None else None,
         )
+
+    def _seccomp(self, net: NetPlan | None) -> tuple[bytes, dict[str, Any] | None]:
+        """The filter, and how PID 1 names what it refuses (boxyd/stage2/notify.py): every
+        connect() too where Landlock holds a port set and the run asked to hear of
+        refusals (-v, --audit-log, --net-log), as each then waits on PID 1 (bench/
+        connectnotify.py)."""
+        spec = self.spec
+        if not kernel_notifies():
+            return build_filter(spec.seccomp), None
+        naming: dict[str, Any] = {
+            "seccomp_notify": spec.seccomp,
+            "seccomp_errno": list(errno_calls()),
+        }
+        ports = net.landlock_ports if net is not None else None
+        connect = ports is not None and bool(spec.verbose or spec.audit_log or spec.net_log)
+        if connect:
+            reader = base64.b64encode(reader_filter()).decode()
+            naming |= {"connect_ports": ports, "seccomp_reader": reader}
+        return build_filter(spec.seccomp, True, connect), naming
 
     def _held_pins(self, warnings: list[str]) -> dict[str, list[Protection]]:
         """Each tree's pins: git's, then the files host programs obey (heldfiles.pins),
@@ -631,6 +655,13 @@ class StageSandbox:
             case protocol.Confined(notes=notes):
                 for note in notes:
                     self._sink.record("landlock", note=note)
+            case protocol.Refused():
+                self._refused_call(msg)
+            case protocol.Refusals():
+                self.refused_calls.ended(msg)
+            case protocol.PortRefused(addr=addr, port=port):
+                if self.net is not None:
+                    self.net.landlock_refused(addr, port, refusedcalls.process(msg))
             case protocol.LiveDone(id=ident, error=error):
                 if self.live_guard is not None:
                     self.live_guard.done(ident, error)
@@ -651,6 +682,13 @@ class StageSandbox:
                 log.warning(
                     "session %s: stage 2: %s out of turn", self._sink.id, type(msg).__name__
                 )
+
+    def _refused_call(self, msg: protocol.Refused) -> None:
+        """A system call seccomp refused, named by PID 1: recorded, and said with -v."""
+        self.refused_calls.add(msg)
+        self._sink.record("seccomp", **refusedcalls.record(msg))
+        if self.spec.verbose and self.refused_calls.notice():
+            self._sink.notice(refusedcalls.describe(msg))
 
     async def _relay_reports(self) -> None:
         """Stage 2's reports once the start-up is over, until its end; then the Exit."""
@@ -898,6 +936,8 @@ class StageSandbox:
                 await self.pty.wait_drained()
             self.pty.close()
         report = Report(notes=self._bounds_reached())
+        report.notes += self.refused_calls.lines()  # said without -v, like the network's
+        report.seccomp_kill = self.refused_calls.first_kill()
         if self.live_guard is not None:  # a budget it reached, and what it did instead
             report.notes += self.live_guard.said
         # after the live guard's last check (it holds _checking): its lines are in

@@ -78,6 +78,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
     destinations: list[Destination] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
+    seccomp_kill: str | None = None  # the call a process was killed for, named by PID 1
 
 
 class Sink(Protocol):

@@ -343,7 +343,9 @@ class Session:
         report = await sandbox.finish()
         self._counters = sandbox.counters()  # the network is let go with the sandbox
         outcome = outcome_of(end, timed_out=self._timed_out, timeout=self.spec.timeout)
-        if outcome.reason is Reason.SECCOMP:
+        if outcome.reason is Reason.SECCOMP and report.seccomp_kill is not None:
+            outcome.message = f"killed by seccomp: the payload called {report.seccomp_kill}"
+        elif outcome.reason is Reason.SECCOMP:  # a kernel that cannot name it (doctor says)
             self.record("seccomp", action="kill", signal=outcome.signal)
         outcome.findings, outcome.notes = report.findings, report.notes
         if self.audit_dropped:  # the layers held for them: only the record is short

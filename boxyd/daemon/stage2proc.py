@@ -385,7 +385,14 @@ class Stage2:
 
     def _believe(self, chunk: bytes) -> None:
         for status in self._reports.feed(chunk):
-            if isinstance(status, protocol.Confined | protocol.Stopped):
+            if isinstance(
+                status,
+                protocol.Confined
+                | protocol.Stopped
+                | protocol.Refused
+                | protocol.Refusals
+                | protocol.PortRefused,
+            ):
                 self._queue.put_nowait(status)
             if isinstance(status, protocol.Confined) and not self._rooted:
                 self._rooted = True
@@ -622,6 +629,9 @@ Received = (
     | protocol.LiveDone
     | protocol.Confined
     | protocol.Stopped
+    | protocol.Refused
+    | protocol.Refusals
+    | protocol.PortRefused
     | protocol.Done
 )
 

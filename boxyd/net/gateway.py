@@ -618,6 +618,10 @@ class Gateway:
     def _t_ms(self) -> int:
         return int((time.monotonic() - self.started) * 1000)
 
+    def t_ms(self) -> int:
+        """Milliseconds since the gateway started: the net log's clock."""
+        return self._t_ms()
+
     # -- the policy changed while the session runs (`boxyctl allow` / `deny`) ------------
     def set_policy(self, policy: NetPolicy, *, cut: bool = True) -> int:
         """Decide by POLICY from now on: the DNS proxy's next question, the next

@@ -250,11 +250,12 @@ def build(
     masks: dict[str, list[Found]] | None = None,
     net: NetPlan | None = None,
     pty: dict[str, Any] | None = None,
+    seccomp_notify: dict[str, Any] | None = None,
 ) -> Plan:
     """The whole plan stage 2 applies, from the spec, the walk's pins and masks
-    (PROTECTIONS, MASKS), the network's part (NET: daemon/network.py) and the session
-    terminal (PTY: PID 1 makes it with these settings): pure, and nothing edits the
-    plan after it (docs/design.md, "A run, step by step")."""
+    (PROTECTIONS, MASKS), the network's part (NET), the session terminal (PTY), the
+    naming of refused calls (SECCOMP_NOTIFY: seccomp_* fields, connect_ports): pure,
+    nothing edits the plan after it (docs/design.md, "A run, step by step")."""
     uid, gid = os.getuid(), os.getgid()
     pw = pwd.getpwuid(uid)
     home = pw.pw_dir or f"/home/{pw.pw_name}"
@@ -294,10 +295,15 @@ def build(
         seccomp_bpf=base64.b64encode(seccomp_bpf).decode(),
         nproc=spec.pids,
         net=spec.net,
-        net_ruleset=net.ruleset if net else None,
-        landlock_ports=net.landlock_ports if net else None,
-        pcap=net.pcap if net else False,
+        **_net_fields(net),
         pty=pty,
         ctty=ctty,
         tmpfs=list(spec.tmpfs),
+        **(seccomp_notify or {}),
     )
+
+
+def _net_fields(net: NetPlan | None) -> dict[str, Any]:
+    if net is None:
+        return {"net_ruleset": None, "landlock_ports": None, "pcap": False}
+    return {"net_ruleset": net.ruleset, "landlock_ports": net.landlock_ports, "pcap": net.pcap}

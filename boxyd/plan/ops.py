@@ -150,6 +150,15 @@ class Plan:
     # RLIMIT_AS, for a tool sandbox only: git on a crafted index must not take the
     # machine's memory (a payload's runtimes reserve address space: never for them)
     address_space: int | None = None
+    # the kernel's user notification (boxyd/stage2/notify.py): the seccomp mode PID 1
+    # answers for (None: the filter has no notification) and the calls it answers
+    # with EPERM in strict mode too (plan/seccomp.py's errno_calls)
+    seccomp_notify: str | None = None
+    seccomp_errno: list[int] = field(default_factory=list)
+    # every connect() notified too: PID 1 names those Landlock refuses (a port not in
+    # CONNECT_PORTS), the reader (its filter's base64 here) copying their address
+    connect_ports: list[int] | None = None
+    seccomp_reader: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Shallow: every field is plain data already (asdict's deep copy cost a
@@ -221,11 +230,23 @@ class Init:
     ctty: bool
     pty_fds: list[int] | None  # a session terminal: the stdio positions of its slave
     seccomp_bpf: str
+    seccomp_notify: str | None = None  # Plan's
+    seccomp_errno: list[int] = field(default_factory=list)
+    connect_ports: list[int] | None = None
 
     @classmethod
     def of(cls, plan: Plan) -> Init:
         fds = None if plan.pty is None else [int(i) for i in plan.pty["fds"]]
-        return cls(plan.nproc, plan.address_space, plan.ctty, fds, plan.seccomp_bpf)
+        return cls(
+            plan.nproc,
+            plan.address_space,
+            plan.ctty,
+            fds,
+            plan.seccomp_bpf,
+            plan.seccomp_notify,
+            plan.seccomp_errno,
+            plan.connect_ports,
+        )
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Init:

@@ -197,6 +197,9 @@ _U32 = 0xFFFFFFFF
 _U64 = 0xFFFFFFFFFFFFFFFF
 _EPERM = sc.ERRNO(errno.EPERM)
 _ENOSYS = sc.ERRNO(errno.ENOSYS)
+# With the kernel's user notification, a refusal waits for PID 1, which names the call
+# and answers (EPERM, or a kill in strict mode): boxyd/stage2/notify.py
+_NOTIFY = sc.NOTIFY
 
 Rule = tuple[int, str, tuple[sc.Arg, ...]]
 
@@ -303,19 +306,23 @@ def rules() -> list[Rule]:
 
 
 @cache
-def build_filter(mode: Mode) -> bytes:
+def build_filter(mode: Mode, notify: bool = False, connect: bool = False) -> bytes:
     """The policy as raw `struct sock_filter` bytes for seccomp(SECCOMP_SET_MODE_FILTER).
 
     strict: unlisted syscalls, x32 and foreign architectures kill the process.
     compat: each of those kills is EPERM instead; the errno refusals are unchanged.
+    notify: every EPERM refusal and every unlisted call is a user notification instead,
+    answered by PID 1 as above (errno_calls() says which answer EPERM in strict mode).
+    The ENOSYS probes stay in the filter: glibc tries clone3 on every thread it starts.
+    Foreign architectures and x32 still kill: their numbers name nothing.
+    connect (with notify): every connect() is a notification too, which PID 1 lets
+    through (Landlock decides), to name the ports Landlock refuses.
     """
-    if mode == "strict":
-        kill = sc.KILL_PROCESS
-    elif mode == "compat":
-        kill = _EPERM
-    else:
+    if mode not in ("strict", "compat"):
         raise ValueError(f"unknown seccomp mode {mode!r}")
-    flt = sc.SyscallFilter(defaction=kill)
+    kill = sc.KILL_PROCESS if mode == "strict" else _EPERM
+    default = _NOTIFY if notify else kill
+    flt = sc.SyscallFilter(defaction=default)
     # libseccomp defaults to killing only the thread on a foreign architecture
     flt.set_attr(sc.Attr.ACT_BADARCH, kill)
     # only the native ABI: anything else is a way around the rules
@@ -328,13 +335,75 @@ def build_filter(mode: Mode) -> bytes:
     # binary search over syscall numbers instead of a linear chain of ~300 compares
     flt.set_attr(sc.Attr.CTL_OPTIMIZE, 2)
     for action, name, args in rules():
-        nr = sc.resolve_syscall(sc.Arch.X86_64, name)
-        if nr < 0:
-            raise RuntimeError(f"seccomp: libseccomp does not know syscall {name!r}")
+        if notify and (action == _EPERM or (connect and name == "connect")):
+            action = _NOTIFY
         # libseccomp refuses a rule that repeats the default action (compat's EPERM);
         # such a rule changes nothing, the default already applies
-        if action != kill:
-            flt.add_rule_exactly(action, nr, *args)
+        if action != default:
+            flt.add_rule_exactly(action, _number(name), *args)
+    return _export(flt)
+
+
+def _number(name: str) -> int:
+    nr = sc.resolve_syscall(sc.Arch.X86_64, name)
+    if nr < 0:
+        raise RuntimeError(f"seccomp: libseccomp does not know syscall {name!r}")
+    return int(nr)
+
+
+@cache
+def kernel_notifies() -> bool:
+    """This kernel has SECCOMP_RET_USER_NOTIF (5.0): refused calls can be named. Without
+    it they are refused as before and a kill is recorded by its signal alone (doctor
+    says so)."""
+    try:
+        with open("/proc/sys/kernel/seccomp/actions_avail") as f:
+            return "user_notif" in f.read().split()
+    except OSError:
+        return False
+
+
+@cache
+def errno_calls() -> tuple[int, ...]:
+    """The numbers whose notification PID 1 answers with EPERM in strict mode too: the
+    calls refused with EPERM by name or on their arguments (an argument-dependent
+    call's rules cover every value, so its notification is always one of those)."""
+    return tuple(sorted({_number(n) for n in (*EPERM_SYSCALLS, *CONDITIONAL)}))
+
+
+def name_table() -> tuple[str, ...]:
+    """x86_64 syscall names by number up to the last libseccomp knows, "" for a gap:
+    the source of boxyd/stage2/syscalls.py (stage 2 does not import libseccomp)."""
+    out: list[str] = []
+    for nr in range(1024):
+        try:
+            out.append(sc.resolve_syscall(sc.Arch.X86_64, nr).decode())
+        except ValueError:
+            out.append("")
+    while out and not out[-1]:
+        out.pop()
+    return tuple(out)
+
+
+# The reader (boxyd/stage2/notify.py): a process of the payload's Landlock domain
+# that copies a connect()'s address out of its caller's memory for PID 1; it needs
+# no more than this, and anything else fails (EPERM) rather than kill it.
+READER_CALLS: tuple[str, ...] = (
+    "read", "write", "close", "openat", "pread64", "lseek", "fstat", "newfstatat",
+    "recvfrom", "sendto", "recvmsg", "sendmsg", "pidfd_open", "pidfd_getfd",
+    "getsockopt", "brk", "mmap", "munmap", "mremap", "madvise", "futex",
+    "rt_sigreturn", "rt_sigprocmask", "rt_sigaction", "sigaltstack", "getpid", "gettid",
+    "clock_gettime", "exit", "exit_group",
+)  # fmt: skip
+
+
+@cache
+def reader_filter() -> bytes:
+    """The reader's own filter: READER_CALLS, nothing else (EPERM), x86_64 only."""
+    flt = sc.SyscallFilter(defaction=_EPERM)
+    flt.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
+    for name in READER_CALLS:
+        flt.add_rule_exactly(sc.ALLOW, _number(name))
     return _export(flt)
 
 

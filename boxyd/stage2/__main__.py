@@ -29,7 +29,18 @@ from typing import Any
 from boxy import wirejson
 from boxy.errors import SetupError
 from boxyd.plan.ops import Init, Outer, split_wire
-from boxyd.stage2 import caps, joiner, namespaces, netns, nft, pid1, template, zygote
+from boxyd.stage2 import (
+    caps,
+    joiner,
+    namespaces,
+    netns,
+    nft,
+    notify,
+    pid1,
+    syscalls,
+    template,
+    zygote,
+)
 from boxyd.stage2 import protocol as p
 
 MAX_PLAN = 256 << 20  # read from boxyd's sealed memfd; far beyond any argv or tree
@@ -366,8 +377,11 @@ def warm_up() -> None:
         (p.PlanFds(), p.REQUESTS), (p.Placed(True), p.REQUESTS), (p.Signal(15), p.REQUESTS),
         (p.Release(), p.REQUESTS), (p.Pid(1, 2), p.REPORTS), (p.Started(1), p.REPORTS),
         (p.Done(p.SetupFailed("x")), p.REPORTS), (p.Confined(("x",)), p.STATUSES),
-        (p.Exited(0), p.STATUSES),
+        (p.Exited(0), p.STATUSES), (p.Refusals(("x",), (1,)), p.STATUSES),
+        (p.Refused("x", 1, (0,) * 6, 2, 2, "c", "a", "errno"), p.STATUSES),
+        (p.PortRefused("::1", 1, 2, 2, "c", "a"), p.STATUSES),
     ]  # fmt: skip
+    tally = notify.Tally(per_second=0)  # PID 1's notifier: its pure parts
     outer = Outer(1, 1, "h", "none", None, pcap=False, pty=False).__dict__
     init = Init(1, None, ctty=False, pty_fds=None, seccomp_bpf="").__dict__
     for _ in range(WARM_ROUNDS):
@@ -376,6 +390,8 @@ def warm_up() -> None:
         head, _rest = split_wire(wirejson.dumps(outer).encode() + b"\n{}")
         Outer.from_json(typing.cast(dict[str, Any], wirejson.loads(head)))
         Init.from_json(typing.cast(dict[str, Any], wirejson.loads(wirejson.dumps(init))))
+        tally.count(syscalls.name(notify.CONNECT))
+        notify.decide(1, "strict", frozenset())
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ ends with boxyd, when boxyd's end of the alive pipe hangs up (watch_boxyd).
 from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]
+import _thread
 import base64
 import contextlib
 import ctypes
@@ -37,7 +38,7 @@ from boxy import termsettings, wirejson
 from boxy.errors import SetupError
 from boxyd.kernel.sys import libc, read_small, write_small
 from boxyd.plan.ops import Init, Plan, split_wire
-from boxyd.stage2 import caps, landlock, protocol, rootfs, seccomp, toolserver
+from boxyd.stage2 import caps, landlock, notify, protocol, rootfs, seccomp, syscalls, toolserver
 
 STATUS_FD = 3
 FORWARDED = (
@@ -340,15 +341,31 @@ def payload_process(
 
 
 # -- the payload's process: steps 8–10 for itself
-def confine(plan: Plan, bpf: bytes) -> list[str]:
-    """Steps 8 and 9: Landlock before seccomp, which denies the landlock syscalls."""
+def confine(plan: Plan, bpf: bytes) -> tuple[list[str], list[int]]:
+    """Steps 8 and 9: Landlock before seccomp, which denies the landlock syscalls; the
+    filter's listener too where it names refusals (PID 1 answers them: notify.py), and
+    between the two the reader, in our domain but not under our filter, where
+    connect() is named."""
     notes = landlock.apply(
         [(r.path, r.access) for r in plan.landlock],
         connect_ports=plan.landlock_ports,
         scope=plan.landlock_scopes,
     )
-    seccomp.load(bpf)
-    return notes
+    fds = []
+    if plan.seccomp_reader is not None:
+        fds.append(notify.fork_reader(base64.b64decode(plan.seccomp_reader)).detach())
+    listener = seccomp.load(bpf, listener=plan.seccomp_notify is not None)
+    return notes, ([listener] if listener is not None else []) + fds
+
+
+def send_confined(link: socket.socket, fds: list[int]) -> None:
+    """Confined, to PID 1, with the listener (and the reader's socket), which this
+    process then closes: one that answered its own notifications could let them
+    through."""
+    try:
+        socket.send_fds(link, [b"confined"], fds) if fds else link.send(b"confined")
+    finally:
+        protocol.close(fds)
 
 
 def confined_report(notes: list[str]) -> protocol.Confined:
@@ -409,8 +426,8 @@ def payload(plan: Plan, bpf: bytes, link: socket.socket) -> NoReturn:
             os.chdir(plan.cwd)
         except OSError as e:
             raise SetupError(f"chdir {plan.cwd}: {e.strerror}") from None
-        notes = confine(plan, bpf)
-        link.send(b"confined")
+        notes, fds = confine(plan, bpf)
+        send_confined(link, fds)
         if link.recv(16) != b"go":
             os._exit(125)  # PID 1 failed, and said why
         link.close()
@@ -451,25 +468,94 @@ def take_foreground(plan: Init, pid: int, slave: int | None) -> None:
         os.close(fd)
 
 
-def confine_init(bpf: bytes) -> None:
+def confine_init(bpf: bytes, naming: bool) -> None:
     """Steps 8 and 9 for PID 1 itself: a Landlock domain that grants no filesystem
-    access and no TCP connect at all, then the plan's seccomp filter (nothing PID 1
-    does from here on is denied by it). No Landlock scopes: the payload's domain is
-    not nested in this one, and a signal scope would stop PID 1 forwarding signals."""
-    landlock.apply([], connect_ports=[], scope=False)
+    access (but reading the sandbox's /proc where PID 1 names refused calls: a caller's
+    comm and argv[0]) and no TCP connect at all, then the plan's seccomp filter
+    (nothing PID 1 does from here on is denied by it). No Landlock scopes: the
+    payload's domain is not nested in this one, and a signal scope would stop PID 1
+    forwarding signals. After confined(): "/proc" is the sandbox's once the builder
+    has pivoted."""
+    landlock.apply([("/proc", "read")] if naming else [], connect_ports=[], scope=False)
     seccomp.load(bpf)
 
 
-def go(link: socket.socket, pid: int) -> None:
-    """Once the payload's process is confined: its go. Nothing from it: it failed,
-    and said why. Needs nothing."""
-    if link.recv(16) != b"confined":
+def confined(link: socket.socket, pid: int) -> list[int]:
+    """The payload's process is confined (its filter's listener with it, and the
+    reader's socket, if any). Nothing from it: it failed, and said why. Needs nothing."""
+    data, fds, _ = protocol.recv_fds(link, 16, 2)
+    if data != b"confined":
+        protocol.close(fds)
         child_failed(pid)
+    return fds
+
+
+def go(link: socket.socket) -> None:
+    """PID 1 confined too: the payload's go. Needs nothing."""
     link.send(b"go")
     link.close()
 
 
-def supervise(pid: int, alive: int) -> NoReturn:
+def report_refused(note: notify.Notification, who: notify.Caller, action: str) -> None:
+    """One refused call, named (notify.Notifier's report)."""
+    call = syscalls.name(note.nr)[: protocol.MAX_CALL]
+    report(
+        protocol.Refused(call, note.nr, note.args, note.pid, who.tgid, who.comm, who.argv0, action)
+    )
+
+
+def report_port(note: notify.Notification, who: notify.Caller, seen: notify.Connect) -> None:
+    """One connect() Landlock refused, named (notify.Notifier's port report)."""
+    addr = seen.addr or ""
+    report(protocol.PortRefused(addr, seen.port, note.pid, who.tgid, who.comm, who.argv0))
+
+
+def start_notifier(plan: Init, fds: list[int]) -> notify.Notifier | None:
+    """A thread of PID 1's answers the payload's refused calls (notify.py); started
+    once PID 1 is confined, so it is too. Needs the listener, the reader's socket and
+    /proc, read-only."""
+    if not fds or plan.seccomp_notify is None:
+        protocol.close(fds)
+        return None
+    listener, *reader = fds
+    notifier = notify.Notifier(
+        listener, plan.seccomp_notify, frozenset(plan.seccomp_errno), report_refused
+    )
+    if reader and plan.connect_ports is not None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, reader[0])
+        notifier.name_ports(sock, frozenset(plan.connect_ports), report_port)
+    _thread.start_new_thread(quietly, (notifier.serve,))
+    return notifier
+
+
+def quietly(serve: typing.Callable[[], None]) -> None:
+    """A notifier that fails has closed its listener (every call left is refused):
+    nothing to print, PID 1 has no stderr."""
+    with contextlib.suppress(Exception):
+        serve()
+
+
+def last_words(notifier: notify.Notifier | None) -> None:
+    """The refusals counted by name, those past the report rate too: before the end."""
+    if notifier is None or not notifier.tally.counts:
+        return
+    counts = dict(notifier.tally.counts)  # the thread may add to it meanwhile
+    names = tuple(counts)[: protocol.MAX_CALLS]
+    report(protocol.Refusals(names, tuple(counts[n] for n in names)))
+
+
+def ended(status: int, pid: int, notifier: notify.Notifier | None) -> protocol.End:
+    """The payload's end; a process PID 1 killed for a forbidden call ended as seccomp's
+    own kill would have (SIGSYS), though SIGKILL took it."""
+    if not os.WIFSIGNALED(status):
+        return protocol.Exited(os.WEXITSTATUS(status))
+    sig = os.WTERMSIG(status)
+    if sig == signal.SIGKILL and notifier is not None and pid in notifier.killed:
+        return protocol.Killed(signal.SIGSYS)
+    return protocol.Killed(sig, os.WCOREDUMP(status))
+
+
+def supervise(pid: int, alive: int, notifier: notify.Notifier | None = None) -> NoReturn:
     """Reap every orphan, forward signals to the payload's group, and exit (taking
     the whole PID namespace with us) when the payload exits or boxyd is gone."""
     while True:
@@ -495,10 +581,8 @@ def supervise(pid: int, alive: int) -> NoReturn:
                 report(protocol.Stopped(os.WSTOPSIG(status)))
                 continue
             if child == pid:
-                if os.WIFSIGNALED(status):
-                    report(protocol.Killed(os.WTERMSIG(status), os.WCOREDUMP(status)))
-                else:
-                    report(protocol.Exited(os.WEXITSTATUS(status)))
+                last_words(notifier)
+                report(ended(status, pid, notifier))
                 os._exit(0)
 
 
@@ -523,9 +607,9 @@ def read_init(rest: bytes) -> tuple[Init, bytes]:
 
 def setup(
     rest: bytes, stdio: list[int], status_w: int, alive_r: int, pty: socket.socket | None
-) -> tuple[int, int]:
+) -> tuple[int, int, notify.Notifier | None]:
     """PID 1's steps in order, each with the privilege it needs and the step that
-    removes it; the payload's pid and the alive pipe."""
+    removes it; the payload's pid, the alive pipe and the notifier."""
     # init's, before any fork: no child's SIGCHLD is lost before supervise() waits (no
     # enums: template.py), and SIGIO waits for it; the payload's process unblocks them
     _signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)
@@ -547,9 +631,11 @@ def setup(
     pid, link = payload_process(plan, inner, child, link, bpf)  # steps 8–10 for itself
     if not plan.ctty:
         take_foreground(plan, pid, None)  # needs nothing
-    confine_init(bpf)  # steps 8–9 for PID 1: no filesystem access at all
-    go(link, pid)  # needs nothing; the payload execs
-    return pid, alive
+    fds = confined(link, pid)  # needs nothing; the builder has pivoted by now
+    confine_init(bpf, bool(fds))  # steps 8–9 for PID 1: no filesystem access
+    notifier = start_notifier(plan, fds)  # the listener; /proc read-only
+    go(link)  # needs nothing; the payload execs
+    return pid, alive, notifier
 
 
 def main(
@@ -558,13 +644,13 @@ def main(
     """PID 1: the steps, then init until the payload exits; a step that fails is
     reported and ends the sandbox."""
     try:
-        pid, alive = setup(rest, stdio, status_w, alive_r, pty)
+        pid, alive, notifier = setup(rest, stdio, status_w, alive_r, pty)
     except Exception as e:
         setup_failed(e)
     del rest  # the plan: the builder and the payload's process had it (issue #18)
     # What the steps freed goes back rather than stay dirty for the session (issue #18)
     libc.malloc_trim(0)
-    supervise(pid, alive)
+    supervise(pid, alive, notifier)
 
 
 __all__ = ["main", "libc"]

@@ -250,8 +250,79 @@ class SetupFailed(_Message):
         return None if len(self.error) <= MAX_TEXT else "error line too long"
 
 
+MAX_CALL = 40  # a system call's name ("syscall 1073741823" at most)
+MAX_CALLS = 65  # names in Refusals: notify.MAX_NAMES and its "other calls"
+_U64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class Refused(_Message):
+    """seccomp refused CALL (number NR, ARGS) to PID (the thread, in the sandbox's PID
+    namespace) of process TGID, COMM, ARGV0; ACTION "kill" (its process was killed)
+    or "errno" (EPERM). boxyd/stage2/notify.py."""
+
+    KIND = "refused"
+    call: str
+    nr: int
+    args: tuple[int, ...]
+    pid: int
+    tgid: int
+    comm: str
+    argv0: str
+    action: str
+
+    def check(self) -> str | None:
+        if self.action not in ("kill", "errno") or not 0 <= self.nr < 1 << 31:
+            return "an unknown action or call number"
+        if len(self.args) != 6 or not all(0 <= a <= _U64 for a in self.args):
+            return "not six 64-bit arguments"
+        if not (0 < self.pid < 1 << 22 and 0 < self.tgid < 1 << 22):
+            return "a pid out of range"
+        if len(self.call) > MAX_CALL or len(self.comm) > MAX_NOTE or len(self.argv0) > MAX_NOTE:
+            return "a name too long"
+        return None
+
+
+@dataclass(frozen=True)
+class Refusals(_Message):
+    """Every refusal of the run counted by name (CALLS[i] COUNTS[i] times), the ones
+    past the report rate included: PID 1's last word before the payload's end."""
+
+    KIND = "refusals"
+    calls: tuple[str, ...]
+    counts: tuple[int, ...]
+
+    def check(self) -> str | None:
+        if len(self.calls) != len(self.counts) or len(self.calls) > MAX_CALLS:
+            return "calls and counts differ or are too many"
+        if any(len(c) > MAX_CALL for c in self.calls) or any(n < 1 for n in self.counts):
+            return "a name too long or a count below one"
+        return None
+
+
+@dataclass(frozen=True)
+class PortRefused(_Message):
+    """Landlock refused the TCP connect() of PID (process TGID, COMM, ARGV0) to ADDR
+    port PORT: not among the run's ports (boxyd/stage2/notify.py's connect)."""
+
+    KIND = "port-refused"
+    addr: str
+    port: int
+    pid: int
+    tgid: int
+    comm: str
+    argv0: str
+
+    def check(self) -> str | None:
+        if not 0 <= self.port <= 65535 or len(self.addr) > 45:
+            return "a port out of range or an address too long"
+        if not (0 < self.pid < 1 << 22 and 0 < self.tgid < 1 << 22):
+            return "a pid out of range"
+        return None if max(len(self.comm), len(self.argv0)) <= MAX_NOTE else "a name too long"
+
+
 End = Exited | Killed | ExecFailed | SetupFailed
-Status = Confined | Stopped | End
+Status = Confined | Stopped | Refused | Refusals | PortRefused | End
 
 
 # -- the outer stage 2 -> boxyd ------------------------------------------------------
@@ -397,7 +468,17 @@ REQUESTS: tuple[type[_Message], ...] = (
     LivePin,
     OpenSocket,
 )
-STATUSES: tuple[type[_Message], ...] = (Confined, Stopped, Exited, Killed, ExecFailed, SetupFailed)
+STATUSES: tuple[type[_Message], ...] = (
+    Confined,
+    Stopped,
+    Refused,
+    Refusals,
+    PortRefused,
+    Exited,
+    Killed,
+    ExecFailed,
+    SetupFailed,
+)
 REPORTS: tuple[type[_Message], ...] = (
     Pid,
     Listeners,
@@ -472,6 +553,9 @@ def _plain(v: object, hint: Any) -> object:
     if hint == tuple[str, ...]:
         ok = type(v) is list and all(type(x) is str for x in v)
         return tuple(typing.cast(list[str], v)) if ok else _NO
+    if hint == tuple[int, ...]:
+        ok = type(v) is list and all(type(x) is int for x in v)
+        return tuple(typing.cast(list[int], v)) if ok else _NO
     if hint == dict[str, str]:
         ok = type(v) is dict and all(type(k) is str and type(x) is str for k, x in v.items())
         return dict(typing.cast(dict[str, str], v)) if ok else _NO

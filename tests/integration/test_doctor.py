@@ -30,6 +30,7 @@ NAMES = (
     "landlock",
     "landlock-unix",
     "seccomp",
+    "seccomp-names",
     "userns",
     "apparmor",
     "nftables",
@@ -175,6 +176,16 @@ def test_seccomp_line_lists_the_kernels_actions(lines: dict[str, re.Match[str]])
     assert lines["seccomp"]["detail"].split()[: len(actions)] == actions
     needed = {"kill_process", "errno", "allow"} <= set(actions)
     assert (lines["seccomp"]["verdict"] == "ok") == needed
+
+
+def test_seccomp_names_line_agrees_with_user_notif(lines: dict[str, re.Match[str]]) -> None:
+    # naming a refused call needs the kernel's user notification (boxyd/stage2/notify.py)
+    actions = Path("/proc/sys/kernel/seccomp/actions_avail").read_text().split()
+    got = lines["seccomp-names"]
+    assert (got["verdict"] == "ok") == ("user_notif" in actions), got.group(0)
+    assert got["need"] == "optional", got.group(0)
+    want = "every refused system call is named" if "user_notif" in actions else "cannot tell"
+    assert want in got["detail"], got.group(0)
 
 
 def test_userns_line_agrees_with_unshare(lines: dict[str, re.Match[str]]) -> None:

@@ -29,6 +29,9 @@ SAMPLES: list[p._Message] = [
     p.OpenSocket(3, socket.AF_INET6),
     p.Confined(("no Landlock ABI 4: TCP ports unrestricted",)),
     p.Stopped(20),
+    p.Refused("ptrace", 101, (16, 1, 0, 0, 0, 0), 12, 12, "node", "/usr/bin/node", "errno"),
+    p.Refusals(("ptrace", "add_key"), (2, 1)),
+    p.PortRefused("11.0.0.10", 8081, 12, 12, "node", "/usr/bin/node"),
     p.Exited(3),
     p.Killed(9, core=True),
     p.ExecFailed(2, "nosuchcmd"),
@@ -134,6 +137,7 @@ WRONG: dict[str, list[object]] = {
     "float": [True, "1", None, [], {}, 1e999],
     "dict[str, str]": [[], "a=b", None, {"a": 1}, {"a": None}, {"a": ["b"]}],
     "tuple[str, ...]": ["abc", [1], [None], {}, None, [["a"]]],
+    "tuple[int, ...]": ["1", [True], [1.0], [None], {}, None, [[1]]],
     "End": [None, 1, "exited", {"kind": "pid", "pid": 1}, {"kind": "exited"}, {}],
 }
 

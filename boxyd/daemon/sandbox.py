@@ -30,7 +30,7 @@ from boxyd.config.profileview import ProfileView
 from boxyd.config.registries import Registries
 from boxyd.config.runspec import RunSpec
 from boxyd.config.spec import build_spec
-from boxyd.daemon import afterproc, passedfds, pools, pty, records, walks
+from boxyd.daemon import afterproc, passedfds, pools, pty, records, review, reviewproc, walks
 from boxyd.daemon.asking import Answerer, TerminalQuestions
 from boxyd.daemon.liveguard import LiveGuard
 from boxyd.daemon.parseproc import Apart, call_apart, call_with
@@ -114,6 +114,8 @@ class StageLauncher:
             # none that carries the user's authority enters (fdpolicy.py), on every wire
             passedfds.check(stdio)
             spec = await self._spec(request, parser)
+            if spec.review:
+                await _overlay_or_refuse()
             if spec.tty and not any(os.isatty(fd) for fd in stdio):
                 raise UsageError("--tty: none of boxyctl's stdin, stdout, stderr is a terminal")
             # before the payload starts, never by name afterwards (hostfile.py); the trees of
@@ -445,8 +447,10 @@ class StageSandbox:
             )
             for r, t in self.trees.items()
         ]
+        layers = review.prepare(self._sink.id, spec) if spec.review else None
         return mountplan.build(
             spec,
+            review=layers,
             seccomp_bpf=build_filter(spec.seccomp),
             protections=pins,
             masks=masks,
@@ -887,6 +891,8 @@ class StageSandbox:
                 await self.pty.wait_drained()
             self.pty.close()
         report = Report(notes=self._bounds_reached())
+        if self.spec.review and self.stage2 is not None:
+            report.notes.append(await pools.run(pools.CHECKS, review.after_run, self._sink.id))
         if self.live_guard is not None:  # a budget it reached, and what it did instead
             report.notes += self.live_guard.said
         # after the live guard's last check (it holds _checking): its lines are in
@@ -962,6 +968,16 @@ class StageSandbox:
             self.net.discard()
             self.net = None
         self.trees, self.baselines = {}, {}
+
+
+async def _overlay_or_refuse() -> None:
+    """--review where the kernel gives no unprivileged overlay: one line, before anything."""
+    ok, why = await reviewproc.overlay_works()
+    if not ok:
+        raise UsageError(
+            f"--review: this kernel gives no unprivileged overlay ({why}); "
+            "`boxyctl doctor` says more"
+        )
 
 
 def _moved(line: str) -> bool:

@@ -24,6 +24,7 @@ from boxyd.plan.ops import (
     Mask,
     MountOp,
     NetPlan,
+    Overlay,
     Plan,
     Symlink,
 )
@@ -164,8 +165,10 @@ def user_ops(
     spec: RunSpec,
     protections: dict[str, list[Protection]],
     masks: dict[str, list[Found]] | None = None,
+    review: tuple[str, str] | None = None,
 ) -> tuple[list[MountOp], list[LandlockRule]]:
-    """Workdir, --ro, --rw and --mkdir, parents before children; then each writable
+    """Workdir (with REVIEW, the session's upper and work directories: an overlay),
+    --ro, --rw and --mkdir, parents before children; then each writable
     tree's git protections, --protect entries and covered credentials on top (a
     credential's stand-in last: over .git/config it stacks on the pin); then copies."""
     roots = writable_roots(spec)
@@ -182,7 +185,10 @@ def user_ops(
         seen.add(path)
         # A writable tree is based on nothing above it: it is mounted whole from the host path.
         outer = [r for r in roots if r != path] if not ro else roots
-        ops.append(_bind(path, outer, ro=ro, optional=optional, create=create))
+        if review is not None and path == spec.workdir:
+            ops.append(Overlay(dst=path, lower=path, upper=review[0], work=review[1]))
+        else:
+            ops.append(_bind(path, outer, ro=ro, optional=optional, create=create))
         rules.append(LandlockRule(path, "ro" if ro else "rw"))
     for root in roots:
         for p in protections.get(root, []):
@@ -226,16 +232,18 @@ def build(
     masks: dict[str, list[Found]] | None = None,
     net: NetPlan | None = None,
     pty: dict[str, Any] | None = None,
+    review: tuple[str, str] | None = None,
 ) -> Plan:
     """The whole plan stage 2 applies, from the spec, the walk's pins and masks
     (PROTECTIONS, MASKS), the network's part (NET: daemon/network.py) and the session
-    terminal (PTY: PID 1 makes it with these settings): pure, and nothing edits the
+    terminal (PTY: PID 1 makes it with these settings), --review's upper and work
+    directories (REVIEW): pure, and nothing edits the
     plan after it (docs/design.md, "A run, step by step")."""
     uid, gid = os.getuid(), os.getgid()
     pw = pwd.getpwuid(uid)
     home = pw.pw_dir or f"/home/{pw.pw_name}"
     sys_ops, sys_rules = system_ops()
-    u_ops, u_rules = user_ops(spec, protections, masks)
+    u_ops, u_rules = user_ops(spec, protections, masks, review)
     ops: list[MountOp] = [
         Dir("/etc"),
         *etc_files(uid, gid, pw.pw_name, home, spec.net, net.search if net else None),

@@ -124,7 +124,11 @@ def show_lines(info: SessionInfo, now: float) -> list[str]:
     lines = [
         f"session   {info.id}",
         f"state     {_status(info)}",
-        *([f"review    {info.review}: `boxyctl diff {info.id}`, then apply or discard"] if info.review else []),
+        *(
+            [f"review    {info.review}: `boxyctl diff {info.id}`, then apply or discard"]
+            if info.review
+            else []
+        ),
         f"command   {_command(info.argv, None)}",
         f"workdir   {clean(info.workdir)}",
         f"profile   {clean(info.profile or 'generic')}",

@@ -29,5 +29,7 @@ def main(args: dict[str, Any]) -> int:
         say(f"apply: {path}: refused: {why}")
     left = got.get("left", 0)
     rest = "nothing left; the review is closed" if got.get("closed") else f"{left} left held"
-    print(f"session {args['id']}: {len(applied)} applied, {len(refused)} refused, {rest}", flush=True)
+    print(
+        f"session {args['id']}: {len(applied)} applied, {len(refused)} refused, {rest}", flush=True
+    )
     return 1 if refused else 0

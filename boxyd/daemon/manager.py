@@ -307,9 +307,9 @@ class Manager:
         sid = await self.resolve(sid)
         held = await pools.run(pools.RECORDS, review.held)
         if sid in self.sessions:
-            info = self.sessions[sid].info()
-            info.review = "held" if sid in held else None
-            return info
+            live = self.sessions[sid].info()
+            live.review = "held" if sid in held else None
+            return live
         info = (
             await pools.run(pools.RECORDS, records.read_meta, sid)
             if self.records is not None

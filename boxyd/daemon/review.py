@@ -8,6 +8,7 @@ would prune it: a review lives until it is applied or discarded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -122,10 +123,8 @@ def size(sid: str) -> int:
     total = 0
     for dirpath, dirs, files in os.walk(root() / sid / "upper"):
         for name in dirs + files:
-            try:
+            with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-            except OSError:
-                pass
     return total
 
 

@@ -235,10 +235,9 @@ def build(
     review: tuple[str, str] | None = None,
 ) -> Plan:
     """The whole plan stage 2 applies, from the spec, the walk's pins and masks
-    (PROTECTIONS, MASKS), the network's part (NET: daemon/network.py) and the session
-    terminal (PTY: PID 1 makes it with these settings), --review's upper and work
-    directories (REVIEW): pure, and nothing edits the
-    plan after it (docs/design.md, "A run, step by step")."""
+    (PROTECTIONS, MASKS), the network's part (NET: daemon/network.py), the session
+    terminal (PTY: PID 1 makes it with these settings) and --review's upper and work
+    directories (REVIEW): pure; nothing edits it after (design.md, "A run, step by step")."""
     uid, gid = os.getuid(), os.getgid()
     pw = pwd.getpwuid(uid)
     home = pw.pw_dir or f"/home/{pw.pw_name}"

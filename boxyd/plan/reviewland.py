@@ -14,6 +14,7 @@ the upper layer, so a later diff shows only the rest.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -37,7 +38,12 @@ def select(changes: list[Change], paths: list[str] | None) -> list[Change]:
     the added directories they need; all of them when PATHS is None."""
     if paths is None:
         return list(changes)
-    rels = [p.strip("/") for p in paths]
+    rels = [os.path.normpath(p).strip("/") for p in paths]
+    if "." in rels:
+        return list(changes)
+    for r in rels:
+        if r == ".." or r.startswith("../"):
+            raise ReviewError(f"{r}: not inside the work directory")
     picked = [c for c in changes if any(c.path == r or c.path.startswith(r + "/") for r in rels)]
     for r in rels:
         if not any(c.path == r or c.path.startswith(r + "/") for c in changes):
@@ -56,7 +62,9 @@ def _order(changes: list[Change]) -> list[Change]:
     """Removals first (a file may replace a directory), then directories parents first,
     then files and symlinks."""
     removed = [c for c in changes if c.kind == "removed"]
-    dirs = sorted((c for c in changes if c.kind != "removed" and c.type == "dir"), key=lambda c: c.path)
+    dirs = sorted(
+        (c for c in changes if c.kind != "removed" and c.type == "dir"), key=lambda c: c.path
+    )
     rest = [c for c in changes if c.kind != "removed" and c.type != "dir"]
     return removed + dirs + rest
 
@@ -98,15 +106,21 @@ class Lander:
             except FileNotFoundError:
                 return "" if c.kind == "added" else "the host removed it meanwhile"
             if c.kind == "added":
-                return "" if c.type == "dir" and stat.S_ISDIR(st.st_mode) else (
-                    "the host made it meanwhile"
+                return (
+                    ""
+                    if c.type == "dir" and stat.S_ISDIR(st.st_mode)
+                    else ("the host made it meanwhile")
                 )
             if st.st_ctime_ns >= self.since:
                 return "the host changed it meanwhile"
             if c.kind == "removed" and stat.S_ISDIR(st.st_mode):
                 sub = open_dir(pfd, name)
                 try:
-                    return "the host changed something in it meanwhile" if _newer(sub, self.since) else ""
+                    return (
+                        "the host changed something in it meanwhile"
+                        if _newer(sub, self.since)
+                        else ""
+                    )
                 finally:
                     os.close(sub)
             return ""
@@ -139,18 +153,23 @@ class Lander:
         src = open_file(self.upper, c.path)
         tmp = self._tmp_name()
         try:
-            dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=pfd)
+            dst = os.open(
+                tmp,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=pfd,
+            )
             try:
                 _copy(src, dst)
-                os.fchmod(dst, stat.S_IMODE(os.fstat(src).st_mode) & 0o777)  # no setuid, setgid, sticky
+                os.fchmod(
+                    dst, stat.S_IMODE(os.fstat(src).st_mode) & 0o777
+                )  # no setuid, setgid, sticky
             finally:
                 os.close(dst)
             os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
         except BaseException:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=pfd)
-            except OSError:
-                pass
             raise
         finally:
             os.close(src)

@@ -202,12 +202,8 @@ class Reader:
         change = Change(rel, kind, typ, size=st.st_size, mode=stat.S_IMODE(st.st_mode))
         if typ == "symlink":
             change.target = os.readlink(name, dir_fd=ufd)
-            if hfd is not None and hst is not None and os.readlink(name, dir_fd=hfd) == change.target:
-                return
-        elif typ == "file" and hst is not None and hfd is not None:
-            if self._unchanged(ufd, hfd, name, st, hst):
-                return
-        yield change
+        if hfd is None or hst is None or not self._unchanged(ufd, hfd, name, change, hst):
+            yield change
 
     def _subdir(
         self, ufd: int, hfd: int | None, name: str, rel: str, st: os.stat_result
@@ -223,11 +219,14 @@ class Reader:
             if hsub is not None:
                 os.close(hsub)
 
-    def _unchanged(
-        self, ufd: int, hfd: int, name: str, st: os.stat_result, hst: os.stat_result
-    ) -> bool:
-        """A copy-up with the same bytes and mode (opened for writing, touched): no change."""
-        if st.st_size != hst.st_size or stat.S_IMODE(st.st_mode) != stat.S_IMODE(hst.st_mode):
+    def _unchanged(self, ufd: int, hfd: int, name: str, c: Change, hst: os.stat_result) -> bool:
+        """A copy-up with the same bytes and mode (opened for writing, touched), a symlink
+        with the same text: no change."""
+        if c.type == "symlink":
+            return os.readlink(name, dir_fd=hfd) == c.target
+        if c.type != "file":
+            return False
+        if c.size != hst.st_size or c.mode != stat.S_IMODE(hst.st_mode):
             return False
         a, b = open_file(ufd, name), open_file(hfd, name)
         try:

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -117,9 +116,7 @@ def test_a_symlink_planted_in_the_upper_layer_is_not_followed(boxy: Boxy) -> Non
         _project(boxy)
         # a symlink out of the tree, and a directory replaced by one (what a later
         # write through it would follow)
-        sid = _held_run(
-            boxy, f"ln -s {outside}/secret leak && rm -r src && ln -s {outside} src"
-        )
+        sid = _held_run(boxy, f"ln -s {outside}/secret leak && rm -r src && ln -s {outside} src")
         listed = json.loads(_ctl(boxy, "diff", "--json", sid).stdout)["changes"]
         assert {"path": "leak", "kind": "added", "type": "symlink"}.items() <= next(
             c for c in listed if c["path"] == "leak"
@@ -158,7 +155,9 @@ def test_a_host_symlink_on_the_way_is_not_followed_on_apply(boxy: Boxy) -> None:
 
 def test_a_fifo_and_a_git_hook_are_listed_but_never_applied(boxy: Boxy) -> None:
     _project(boxy)
-    sid = _held_run(boxy, "mkfifo pipe && mkdir -p sub/.git/hooks && echo x > sub/.git/hooks/post-checkout")
+    sid = _held_run(
+        boxy, "mkfifo pipe && mkdir -p sub/.git/hooks && echo x > sub/.git/hooks/post-checkout"
+    )
     listed = {c["path"]: c for c in json.loads(_ctl(boxy, "diff", "--json", sid).stdout)["changes"]}
     assert "device node, FIFO" in listed["pipe"]["held"]
     assert "git control file" in listed["sub/.git/hooks/post-checkout"]["held"]

@@ -4,6 +4,8 @@ itself is tested on the real kernel: tests/integration/test_review.py)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from boxyctl.review import summary_lines
@@ -49,7 +51,7 @@ def test_paths_choose_entries_with_the_directories_they_need() -> None:
 
 
 def test_the_summary_folds_a_generated_tree_into_one_line() -> None:
-    changes = [
+    changes: list[dict[str, Any]] = [
         {"path": "src/app.py", "kind": "changed", "type": "file", "size": 24},
         {"path": "old.txt", "kind": "removed", "type": "file", "size": 4},
         {"path": "leak", "kind": "added", "type": "symlink", "size": 9, "target": "/etc/x"},

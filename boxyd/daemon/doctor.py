@@ -442,8 +442,7 @@ def _overlay(f: Facts) -> list[Check]:
             "review",
             False,
             f"{why}: --review is refused here (it needs an overlay mounted in a user "
-            "namespace with its layers given by fd: Linux >= 6.13, and user xattrs where "
-            "boxy keeps its state)",
+            "namespace, its layers given by fd)",
             hard=False,
         )
     ]

@@ -34,6 +34,7 @@ NAMES = (
     "apparmor",
     "nftables",
     "veth",
+    "review",
     "network",
     "dns-upstream",
     "ipv6-route",

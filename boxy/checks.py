@@ -59,6 +59,7 @@ TO_GET_IT = {
     "apparmor": "boxy's AppArmor profile, as the line says for this install",
     "nftables": "nf_tables with TPROXY and fib, and Debian's libnftables1",
     "veth": "the veth kernel module",
+    "review": "Linux >= 6.13 (overlayfs layers by fd), and user xattrs where boxy keeps its state",
     "network": "the veth and nftables lines above",
     "dns-upstream": "a nameserver in /etc/resolv.conf, or BOXY_UPSTREAM_DNS=HOST[:PORT]",
     "ipv6-route": "an IPv6 default route on the host",

@@ -354,6 +354,7 @@ class SessionInfo(Value):
         "limits",
         "ports",
         "policy",
+        "review",
     )
 
     def __init__(
@@ -371,6 +372,7 @@ class SessionInfo(Value):
         limits: list[str] | None = None,
         ports: list[str] | None = None,
         policy: list[str] | None = None,
+        review: str | None = None,
     ) -> None:
         self.id, self.state, self.argv, self.workdir = id, state, argv, workdir
         self.profile, self.started_at, self.ended_at = profile, started_at, ended_at
@@ -381,6 +383,8 @@ class SessionInfo(Value):
         self.ports = ports if ports is not None else []  # published: [ADDR:]HOST_PORT:PORT
         # the network policy changed while it ran (`boxyctl allow` / `deny`), one line each
         self.policy = policy if policy is not None else []
+        # --review: "held" while its changes wait for `apply` or `discard` (boxyd's, live)
+        self.review = review
 
     def summary(self) -> SessionInfo:
         """What a listing needs: the argv cut short (a 2 MiB one exists), the outcome
@@ -405,6 +409,7 @@ class SessionInfo(Value):
             self.counters,
             self.attached,
             ports=self.ports,
+            review=self.review,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -422,6 +427,7 @@ class SessionInfo(Value):
             "limits": self.limits,
             "ports": self.ports,
             "policy": self.policy,
+            "review": self.review,
         }
 
     @classmethod
@@ -459,6 +465,7 @@ class SessionInfo(Value):
             [str(x) for x in d.get("limits") or []],
             [str(x) for x in d.get("ports") or []],
             [str(x) for x in d.get("policy") or []],
+            d.get("review") if isinstance(d.get("review"), str) else None,
         )
 
 

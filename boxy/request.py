@@ -234,6 +234,7 @@ class RunOptions(Value):
     verbose: bool
     detach: bool
     allow_git_write: bool
+    review: bool
     edit_config: list[str]
     allow_host_config: list[str]
 

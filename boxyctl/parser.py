@@ -230,8 +230,8 @@ def _add_arguments(parser: _Parser, row: Sub) -> None:
             where.add_argument(*arg.names, action="store_true", help=arg.help)
             continue
         kw: dict[str, Any] = {"metavar": arg.metavar, "help": arg.help}
-        if arg.kind in ("id?", "ids", "words"):
-            kw["nargs"] = "?" if arg.kind == "id?" else "+"
+        if arg.kind in ("id?", "ids", "words", "words?"):
+            kw["nargs"] = {"id?": "?", "words?": "*"}.get(arg.kind, "+")
         if arg.choices:
             kw["choices"] = arg.choices
         where.add_argument(arg.field, **kw)

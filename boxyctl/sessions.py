@@ -42,7 +42,14 @@ def _elapsed(info: SessionInfo, now: float) -> str:
 
 
 def _status(info: SessionInfo) -> str:
-    """The state with what ended it: 'exited 0', 'killed SIGTERM', 'timed-out'."""
+    """The state with what ended it: 'exited 0', 'killed SIGTERM', 'timed-out'; a
+    session held for review says so ('review (exited 0)')."""
+    if info.review and info.state.finished:
+        return f"review ({_ended(info)})"
+    return _ended(info)
+
+
+def _ended(info: SessionInfo) -> str:
     out = info.outcome
     if out is None or not info.state.finished:
         return info.state.value
@@ -117,6 +124,11 @@ def show_lines(info: SessionInfo, now: float) -> list[str]:
     lines = [
         f"session   {info.id}",
         f"state     {_status(info)}",
+        *(
+            [f"review    {info.review}: `boxyctl diff {info.id}`, then apply or discard"]
+            if info.review
+            else []
+        ),
         f"command   {_command(info.argv, None)}",
         f"workdir   {clean(info.workdir)}",
         f"profile   {clean(info.profile or 'generic')}",

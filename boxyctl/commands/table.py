@@ -13,7 +13,8 @@ from __future__ import annotations
 class Arg:
     """A flag (NAMES start with '-'; a switch, True when given) or a positional (one
     name, its field; KIND: "id" a session id, "id?" one or none, "ids" one or more,
-    "word" a word, one of CHOICES when there are any, "words" one or more)."""
+    "word" a word, one of CHOICES when there are any, "words" one or more, "words?"
+    any number)."""
 
     __slots__ = ("names", "help", "kind", "metavar", "choices", "field")
 
@@ -140,6 +141,46 @@ SUBCOMMANDS: tuple[Sub, ...] = (
         "repainted as they come (one line per event into a pipe), then its summary. "
         "Without ID, the only running session.",
         no_json="into a pipe it writes one line per event; `show --json ID` has the session",
+    ),
+    Sub(
+        "diff",
+        "what a session held for review changed",
+        args=(
+            Arg("id", kind="id", metavar="ID", help=SESSION_ID),
+            Arg("--stat", help="the summary only, no unified diff"),
+            _JSON,
+        ),
+        description="What a session run with --review changed in its work directory: a "
+        "summary (added, changed, removed, with sizes; what apply would refuse, and why), "
+        "then a unified diff of its text files. Trees the profile marks generated "
+        "(filesystem.generated: node_modules, venvs) are listed, not diffed.",
+    ),
+    Sub(
+        "apply",
+        "land a reviewed session's changes in its work directory",
+        args=(
+            Arg("id", kind="id", metavar="ID", help=SESSION_ID),
+            Arg(
+                "paths",
+                kind="words?",
+                metavar="PATH",
+                help="only these (relative to the work directory; a directory: all in it)",
+            ),
+            _JSON,
+        ),
+        description="Land the changes of a session run with --review (all, or those PATHs) "
+        "in its work directory. A file the host changed since the session started is "
+        "refused and named, as is what the guards hold (a git control file, a file host "
+        "programs obey, a device or FIFO); no symlink on the host is followed. What is "
+        "left stays held.",
+    ),
+    Sub(
+        "discard",
+        "drop a reviewed session's changes",
+        args=(Arg("id", kind="id", metavar="ID", help=SESSION_ID),),
+        description="Drop the changes a session run with --review holds; the work "
+        "directory is left as it is.",
+        no_json="it prints one line; `show --json ID` has the session",
     ),
     Sub(
         "attach",

@@ -334,6 +334,19 @@ class VarlinkService:
         line = self.manager.change_policy(p["id"], change, list(p["hosts"]), caller)
         await call.reply({"line": line})
 
+    async def do_Diff(self, call: Call) -> None:
+        p = call.parameters
+        await call.reply(await self.manager.review_diff(p["id"], p.get("text") is not False))
+
+    async def do_Apply(self, call: Call) -> None:
+        p = call.parameters
+        paths = p.get("paths")
+        await call.reply(await self.manager.review_apply(p["id"], list(paths) if paths else None))
+
+    async def do_Discard(self, call: Call) -> None:
+        await self.manager.review_discard(call.parameters["id"])
+        await call.reply({})
+
     async def do_Stop(self, call: Call) -> None:
         """Replies once the session has ended (SIGTERM, grace, SIGKILL: bounded)."""
         p = call.parameters

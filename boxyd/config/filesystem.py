@@ -44,6 +44,8 @@ class Filesystem:
     copy: list[CopyEntry]
     copy_ro: list[CopyEntry]
     tmpfs: list[str]
+    review: bool
+    generated: list[str]
 
 
 def prepare_caches(prof: Profile, workdir: str, home: str) -> None:
@@ -111,6 +113,8 @@ def decide(
         copy=copy,
         copy_ro=copy_ro,
         tmpfs=check_tmpfs(prof, trees, home),
+        review=o.review or bool(prof.review),
+        generated=list(prof.generated),
     )
 
 

@@ -82,6 +82,9 @@ class Profile:
     tmpfs: list[str] = field(default_factory=list)  # absolute paths inside: a fresh tmpfs each
     # the user's own credential patterns (globs, relative to each writable tree): covered empty
     secrets: list[str] = field(default_factory=list)
+    # trees a review lists but does not diff (node_modules, venvs): globs as secrets'
+    generated: list[str] = field(default_factory=list)
+    review: bool | None = None  # the work directory held for review (--review)
     tty: bool | None = None
     tty_raw: bool | None = None  # the terminal output unfiltered (--tty-raw)
     memory: int | None = None

@@ -63,6 +63,9 @@ class RunSpec:
     secrets: list[str] = field(default_factory=list)  # filesystem.secrets: the user's own patterns
     mkdir: list[PathEntry] = field(default_factory=list)
     tmpfs: list[str] = field(default_factory=list)  # fresh writable dirs inside (profile)
+    # --review: the work directory an overlay whose upper layer is the session's (review.py)
+    review: bool = False
+    generated: list[str] = field(default_factory=list)  # listed, not diffed, by a review
     copy: list[CopyEntry] = field(default_factory=list)
     copy_ro: list[CopyEntry] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # the payload's final environment

@@ -374,6 +374,101 @@ def _userns(f: Facts) -> list[Check]:
     return [Check("userns", False, f"{why}{suffix}", hard=True)]
 
 
+# ---- overlayfs (--review) -------------------------------------------------------------
+
+
+def _overlay_mount(base: str) -> str:
+    """In a fresh user+mount namespace: an overlay of BASE/lower under BASE/upper, each
+    layer by fd as stage 2 mounts it (stage2/mounts.overlay), a file removed through
+    it must leave a whiteout (a 0:0 device) in the upper layer."""
+    from boxyd.stage2 import mounts
+
+    _enter_userns()
+    _unshare(CLONE_NEWNS, "unshare(CLONE_NEWNS)")
+    _check_ret(
+        _libc.mount(None, b"/", None, ctypes.c_ulong(MS_REC | MS_PRIVATE), None),
+        "mount(/, MS_REC|MS_PRIVATE)",
+    )
+    fds = [os.open(f"{base}/{d}", os.O_PATH | os.O_DIRECTORY) for d in ("lower", "upper", "work")]
+    try:
+        tree = mounts.overlay(fds[0], fds[1], fds[2], "overlay", base)
+    except OSError as e:
+        raise _StepFailed(f"mount overlay: {e.strerror or e}") from None
+    except Exception as e:  # SetupError: the message names the step and errno
+        raise _StepFailed(str(e)) from None
+    target = os.open(f"{base}/mnt", os.O_PATH | os.O_DIRECTORY)
+    mounts.move_mount_to_fd(tree, target, "overlay", base)
+    os.unlink(f"{base}/mnt/old")
+    st = os.lstat(f"{base}/upper/old")
+    if not stat.S_ISCHR(st.st_mode) or st.st_rdev != 0:
+        raise _StepFailed("a removal through the overlay left no whiteout")
+    return "ok"
+
+
+def _overlay_probe() -> str:
+    """A scratch directory in boxy's state directory (the upper layer's filesystem must
+    keep user xattrs; a temporary one for a probe user without one), the mount in a
+    child."""
+    import tempfile
+
+    from boxy.errors import BoxyError
+    from boxyd.daemon import review
+
+    try:
+        base = str(review.root())
+    except BoxyError:  # no state directory of its own (root probing as nobody)
+        base = tempfile.gettempdir()
+    d = tempfile.mkdtemp(prefix=".probe-", dir=base)
+    try:
+        for sub in ("lower", "upper", "work", "mnt"):
+            os.mkdir(f"{d}/{sub}", 0o700)
+        os.close(os.open(f"{d}/lower/old", os.O_WRONLY | os.O_CREAT, 0o600))
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # its namespaces end with it; the scratch directory is removed after
+            os.close(r)
+            why = "ok"
+            try:
+                _overlay_mount(d)
+            except BaseException as e:  # noqa: B036 — anything, said rather than raised
+                why = str(e) or type(e).__name__
+            os.write(w, why.encode()[:1000])
+            os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            why = f.read(1000).decode(errors="replace")
+        os.waitpid(pid, 0)
+        if why != "ok":
+            raise _StepFailed(why or "the overlay probe died")
+        return "ok"
+    finally:
+        work = f"{d}/work/work"
+        if os.path.isdir(work):
+            os.chmod(work, 0o700)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def overlay() -> tuple[bool, str]:
+    """--review's overlay: (works, what or why); a forked child (never boxyd's process)."""
+    return _in_child(_overlay_probe)
+
+
+def _overlay(f: Facts) -> list[Check]:
+    ok, why = overlay()
+    f["overlay"] = ok
+    if ok:
+        return [Check("review", True, "--review: unprivileged overlayfs, layers by fd", hard=False)]
+    return [
+        Check(
+            "review",
+            False,
+            f"{why}: --review is refused here (it needs an overlay mounted in a user "
+            "namespace, its layers given by fd)",
+            hard=False,
+        )
+    ]
+
+
 # ---- AppArmor -----------------------------------------------------------------------
 
 APPARMOR_SYSCTL = "/proc/sys/kernel/apparmor_restrict_unprivileged_userns"
@@ -843,6 +938,7 @@ PROBES: tuple[Probe, ...] = (
     _apparmor,
     _nftables,
     _veth,
+    _overlay,
     _network_path,
     _host_network,
     _git,
@@ -872,6 +968,10 @@ def facts() -> Facts:
 
 
 def main(argv: list[str]) -> int:
+    if argv == ["--overlay"]:  # boxyd's check before a --review run
+        ok, why = overlay()
+        print(json.dumps({"ok": ok, "why": why}))
+        return 0
     results = checks()
     if argv == ["--wire"]:
         print(json.dumps([c.to_wire() for c in results]))

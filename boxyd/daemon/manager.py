@@ -26,7 +26,7 @@ from boxy.request import RunRequest
 from boxy.varlink import close_fds
 from boxyd.config import parsedoor
 from boxyd.config.runspec import DEFAULT_PROFILE
-from boxyd.daemon import pools, records
+from boxyd.daemon import pools, records, review, reviews
 from boxyd.daemon.events import (
     Fanout,
     ManagerEvent,
@@ -289,16 +289,27 @@ class Manager:
     async def infos(self, all: bool = False) -> list[SessionInfo]:
         """The sessions starting or running; ALL: and the finished ones, those in
         memory and every one on record (from before a restart too). Oldest first."""
-        found = {s.id: s.info() for s in self.sessions.values() if all or not s.state.finished}
-        if all and self.records is not None:
+        held = await pools.run(pools.RECORDS, review.held)
+        found = {
+            s.id: s.info()
+            for s in self.sessions.values()
+            if all or not s.state.finished or s.id in held
+        }
+        if (all or held) and self.records is not None:
             for info in await pools.run(pools.RECORDS, records.read_all):
-                found.setdefault(info.id, _profiled(info))
+                if all or info.id in held:
+                    found.setdefault(info.id, _profiled(info))
+        for info in found.values():
+            info.review = "held" if info.id in held else None
         return sorted(found.values(), key=lambda i: i.started_at)
 
     async def info(self, sid: str) -> SessionInfo:
         sid = await self.resolve(sid)
+        held = await pools.run(pools.RECORDS, review.held)
         if sid in self.sessions:
-            return self.sessions[sid].info()
+            live = self.sessions[sid].info()
+            live.review = "held" if sid in held else None
+            return live
         info = (
             await pools.run(pools.RECORDS, records.read_meta, sid)
             if self.records is not None
@@ -306,7 +317,23 @@ class Manager:
         )
         if info is None:
             raise NoSuchSession(sid)
+        info.review = "held" if sid in held else None
         return _profiled(info)
+
+    # -- --review: the changes a held session made ----------------------------------
+    async def _review(self, sid: str) -> review.Review:
+        sid = await self.resolve(sid)
+        running = sid in self.sessions and not self.sessions[sid].state.finished
+        return await reviews.held(sid, running)
+
+    async def review_diff(self, sid: str, text: bool = True) -> dict[str, object]:
+        return await reviews.diff(await self._review(sid), text)
+
+    async def review_apply(self, sid: str, paths: list[str] | None) -> dict[str, object]:
+        return await reviews.apply(await self._review(sid), paths)
+
+    async def review_discard(self, sid: str) -> None:
+        await reviews.discard(await self._review(sid))
 
     async def output(self, sid: str, offset: int, limit: int = OUTPUT_CHUNK) -> Output:
         """`logs`: a piece of the session's output log. Whether it had ended is asked

@@ -31,7 +31,17 @@ from boxyd.config.profileview import ProfileView
 from boxyd.config.registries import Registries
 from boxyd.config.runspec import RunSpec
 from boxyd.config.spec import build_spec
-from boxyd.daemon import afterproc, passedfds, pools, pty, records, refusedcalls, walks
+from boxyd.daemon import (
+    afterproc,
+    passedfds,
+    pools,
+    pty,
+    records,
+    refusedcalls,
+    review,
+    reviewproc,
+    walks,
+)
 from boxyd.daemon.asking import Answerer, TerminalQuestions
 from boxyd.daemon.liveguard import LiveGuard
 from boxyd.daemon.parseproc import Apart, call_apart, call_with
@@ -115,6 +125,8 @@ class StageLauncher:
             # none that carries the user's authority enters (fdpolicy.py), on every wire
             passedfds.check(stdio)
             spec = await self._spec(request, parser)
+            if spec.review:
+                await _overlay_or_refuse()
             if spec.tty and not any(os.isatty(fd) for fd in stdio):
                 raise UsageError("--tty: none of boxyctl's stdin, stdout, stderr is a terminal")
             # before the payload starts, never by name afterwards (hostfile.py); the trees of
@@ -449,8 +461,10 @@ class StageSandbox:
         ]
         net = self.net.plan() if self.net is not None else None
         bpf, naming = self._seccomp(net)
+        layers = review.prepare(self._sink.id, spec) if spec.review else None
         return mountplan.build(
             spec,
+            review=layers,
             seccomp_bpf=bpf,
             seccomp_notify=naming,
             protections=pins,
@@ -938,6 +952,8 @@ class StageSandbox:
         report = Report(notes=self._bounds_reached())
         report.notes += self.refused_calls.lines()  # said without -v, like the network's
         report.seccomp_kill = self.refused_calls.first_kill()
+        if self.spec.review and self.stage2 is not None:
+            report.notes.append(await pools.run(pools.CHECKS, review.after_run, self._sink.id))
         if self.live_guard is not None:  # a budget it reached, and what it did instead
             report.notes += self.live_guard.said
         # after the live guard's last check (it holds _checking): its lines are in
@@ -1013,6 +1029,16 @@ class StageSandbox:
             self.net.discard()
             self.net = None
         self.trees, self.baselines = {}, {}
+
+
+async def _overlay_or_refuse() -> None:
+    """--review where the kernel gives no unprivileged overlay: one line, before anything."""
+    ok, why = await reviewproc.overlay_works()
+    if not ok:
+        raise UsageError(
+            f"--review: this kernel gives no unprivileged overlay ({why}); "
+            "`boxyctl doctor` says more"
+        )
 
 
 def _moved(line: str) -> bool:

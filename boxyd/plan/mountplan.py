@@ -24,6 +24,7 @@ from boxyd.plan.ops import (
     Mask,
     MountOp,
     NetPlan,
+    Overlay,
     Plan,
     Symlink,
 )
@@ -188,8 +189,10 @@ def user_ops(
     spec: RunSpec,
     protections: dict[str, list[Protection]],
     masks: dict[str, list[Found]] | None = None,
+    review: tuple[str, str] | None = None,
 ) -> tuple[list[MountOp], list[LandlockRule]]:
-    """Workdir, --ro, --rw and --mkdir, parents before children; then each writable
+    """Workdir (with REVIEW, the session's upper and work directories: an overlay),
+    --ro, --rw and --mkdir, parents before children; then each writable
     tree's git protections, --protect entries and covered credentials on top (a
     credential's stand-in last: over .git/config it stacks on the pin); then copies."""
     roots = writable_roots(spec)
@@ -206,7 +209,10 @@ def user_ops(
         seen.add(path)
         # A writable tree is based on nothing above it: it is mounted whole from the host path.
         outer = [r for r in roots if r != path] if not ro else roots
-        ops.append(_bind(path, outer, ro=ro, optional=optional, create=create))
+        if review is not None and path == spec.workdir:
+            ops.append(Overlay(dst=path, lower=path, upper=review[0], work=review[1]))
+        else:
+            ops.append(_bind(path, outer, ro=ro, optional=optional, create=create))
         rules.append(LandlockRule(path, "ro" if ro else "rw"))
     for root in roots:
         for p in protections.get(root, []):
@@ -251,16 +257,16 @@ def build(
     net: NetPlan | None = None,
     pty: dict[str, Any] | None = None,
     seccomp_notify: dict[str, Any] | None = None,
+    review: tuple[str, str] | None = None,
 ) -> Plan:
     """The whole plan stage 2 applies, from the spec, the walk's pins and masks
     (PROTECTIONS, MASKS), the network's part (NET), the session terminal (PTY), the
-    naming of refused calls (SECCOMP_NOTIFY: seccomp_* fields, connect_ports): pure,
-    nothing edits the plan after it (docs/design.md, "A run, step by step")."""
-    uid, gid = os.getuid(), os.getgid()
-    pw = pwd.getpwuid(uid)
+    naming of refused calls (SECCOMP_NOTIFY), --review's upper and work directories
+    (REVIEW): pure; nothing edits it after (design.md, "A run, step by step")."""
+    uid, gid, pw = os.getuid(), os.getgid(), pwd.getpwuid(os.getuid())
     home = pw.pw_dir or f"/home/{pw.pw_name}"
     (sys_ops, sys_rules), (trust, env) = system_ops(), trust_ops(net, spec.env)
-    u_ops, u_rules = user_ops(spec, protections, masks)
+    u_ops, u_rules = user_ops(spec, protections, masks, review)
     ops: list[MountOp] = [
         Dir("/etc"),
         *etc_files(uid, gid, pw.pw_name, home, spec.net, net.search if net else None),

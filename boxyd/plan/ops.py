@@ -86,7 +86,21 @@ class Mask:
     op: str = "mask"
 
 
-MountOp = Bind | Copy | Symlink | File | Dir | Mask
+@dataclass(frozen=True)
+class Overlay:
+    """--review: the work directory at DST as an overlay, LOWER (the host's work
+    directory, never written) under UPPER (the session's own layer, where every write
+    lands) with overlayfs's WORK beside it; all three host paths, UPPER and WORK in
+    boxyd's private state directory (docs/design.md, "Changes held for review")."""
+
+    dst: str
+    lower: str
+    upper: str
+    work: str
+    op: str = "overlay"
+
+
+MountOp = Bind | Copy | Symlink | File | Dir | Mask | Overlay
 
 
 @dataclass(frozen=True)
@@ -179,6 +193,7 @@ class Plan:
                 "file": File,
                 "dir": Dir,
                 "mask": Mask,
+                "overlay": Overlay,
             }[raw["op"]]
             ops.append(kind(**raw))
         rules = [LandlockRule(**r) for r in data["landlock"]]

@@ -14,7 +14,7 @@ import os
 from boxy.errors import SetupError
 from boxyd.kernel import openat
 from boxyd.kernel.sys import write_small
-from boxyd.plan.ops import Bind, Copy, Dir, File, Mask, Plan, Symlink
+from boxyd.plan.ops import Bind, Copy, Dir, File, Mask, Overlay, Plan, Symlink
 from boxyd.stage2 import mounts as m
 
 BASE = "/tmp"  # staging mount point in our private mount namespace only
@@ -214,6 +214,8 @@ def apply_ops(plan: Plan) -> None:
             os.close(m.walk_create(_new_fd(), op.dst, leaf="dir", step="mkdir", mode=op.mode))
         elif isinstance(op, Mask):
             apply_mask(op)
+        elif isinstance(op, Overlay):
+            apply_overlay(op)
 
 
 def _new_fd() -> int:
@@ -300,6 +302,30 @@ def apply_bind(b: Bind) -> None:
             os.close(target)
     finally:
         os.close(src)
+
+
+def apply_overlay(o: Overlay) -> None:
+    """--review: the work directory as an overlay whose upper layer is the session's.
+    The lower is the host's path as the user named it (as a workdir bind opens it);
+    the upper and work directories are boxyd's own (its state directory, 0700).
+    Needs: CAP_SYS_ADMIN over the sandbox's user namespace (the builder's, step 6)."""
+    step = f"overlay {o.dst}"
+    fds: list[int] = []
+    old = os.open(OLD, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for host in (o.lower, o.upper, o.work):
+            fd = openat.open_in_root(old, host.lstrip("/"), os.O_PATH | os.O_DIRECTORY)
+            if fd < 0:
+                raise SetupError(f"{step}: {host}: {os.strerror(-fd)}")
+            fds.append(fd)
+        tree = m.overlay(fds[0], fds[1], fds[2], step, o.dst)
+        fds.append(tree)
+        target = _target_on_tmpfs(o.dst, is_dir=True, step=step)
+        fds.append(target)
+        m.move_mount_to_fd(tree, target, step, o.dst)
+    finally:
+        for fd in [old, *fds]:
+            os.close(fd)
 
 
 _copies = 0

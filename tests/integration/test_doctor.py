@@ -35,6 +35,7 @@ NAMES = (
     "apparmor",
     "nftables",
     "veth",
+    "review",
     "network",
     "dns-upstream",
     "ipv6-route",

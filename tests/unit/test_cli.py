@@ -63,7 +63,7 @@ def test_run_defaults_are_exactly_the_run_parameters() -> None:
                 "allow_cidr": [], "tailscale": False, "ask": False, "ask_timeout": None, "ask_notify": False, "publish": [], "env": [], "secret": [], "memory": None, "pids": None,
                 "cpus": None, "timeout": None, "audit_log": None, "net_log": None, "pcap": None,
                 "pcap_max": None, "seccomp": None, "tty": False, "tty_raw": False, "verbose": False,
-                "detach": False, "allow_git_write": False, "edit_config": [], "allow_host_config": [],
+                "detach": False, "allow_git_write": False, "review": False, "edit_config": [], "allow_host_config": [],
             },
             "client_env": {
                 "HOME": "/home/u", "USER": "u", "TERM": "xterm", "LANG": "C.UTF-8",
@@ -138,7 +138,7 @@ def test_missing_command(argv: list[str]) -> None:
 def test_every_flag() -> None:
     o = run_opts(
         "-p", "node", "--ro", "a", "--ro", "/abs", "--rw", "~/data", "--protect", "./.env", "--reveal", ".npmrc",
-        "--mkdir", "~", "--allow-git-write", "--edit-config", ".claude", "--allow-host-config", "~/.ssh", "--copy", "~/c.json", "--copy", "x:/etc/y",
+        "--mkdir", "~", "--allow-git-write", "--review", "--edit-config", ".claude", "--allow-host-config", "~/.ssh", "--copy", "~/c.json", "--copy", "x:/etc/y",
         "--copy-ro", "r:~/r", "-w", "../../..", "--net", "allowlist", "--allow-host", "A.example",
         "--allow-host", "nas:22,2222", "--allow-host", "dns.example:53/udp", "--allow-port", "8080",
         "--allow-cidr", "192.168.4.0/24", "--tailscale", "--ask", "--ask-timeout", "2m", "--ask-notify", "--publish", "3000:3000", "-e", "EDITOR", "--env", "X=1=2",
@@ -188,6 +188,7 @@ def test_every_flag() -> None:
         "verbose": True,
         "detach": True,
         "allow_git_write": True,
+        "review": True,
         "edit_config": ["/home/u/proj/.claude"],
         "allow_host_config": ["/home/u/.ssh"],
     }

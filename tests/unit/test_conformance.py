@@ -98,16 +98,35 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """A project with a .boxy.yaml to trust; approvals under a config home of the test's."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     wd = tmp_path / "proj"
     wd.mkdir()
     (wd / ".boxy.yaml").write_text("profile: node\n")
     return str(wd)
 
 
+def _hold(sid: str, base: Path) -> None:
+    """Session SID held for review (--review's layers, as a run leaves them): two files
+    changed in its upper layer, for Diff, Apply (of one) and Discard."""
+    from boxyd.config.runspec import RunSpec
+    from boxyd.daemon import review
+
+    if review.get(sid) is not None:
+        return
+    work = base / "held"
+    work.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (work / name).write_text("before\n")
+    upper, _ = review.prepare(sid, RunSpec(argv=["true"], workdir=str(work)))
+    for name in ("a.txt", "b.txt"):
+        Path(upper, name).write_text("after\n")
+
+
 def good(
     sessions: dict[str, Any], project: str
 ) -> dict[str, tuple[dict[str, Any], dict[str, bool]]]:
     """Good parameters for every method (the values the IDL's types cannot say)."""
+    _hold(sessions["ended"].id, Path(project).parent)
     run = {
         "argv": ["true"],
         "cwd": "/w",
@@ -127,6 +146,9 @@ def good(
         "Stop": ({"id": sessions["ended"].id, "kill": False}, {}),
         "Allow": ({"id": sid, "hosts": ["registry.example"]}, {}),
         "Deny": ({"id": sid, "hosts": ["registry.example"]}, {}),
+        "Diff": ({"id": sessions["ended"].id, "text": True}, {}),
+        "Apply": ({"id": sessions["ended"].id, "paths": ["a.txt"]}, {}),
+        "Discard": ({"id": sessions["ended"].id}, {}),
         "Watch": ({"id": sessions["ended"].id}, {"more": True}),
         "Output": ({"id": sessions["ended"].id, "offset": 0}, {}),
         "Attach": ({"id": sessions["detached"].id, "terminal": None}, {"more": True}),
@@ -150,10 +172,13 @@ async def test_every_method_with_good_parameters_replies_as_declared(
     manager, peer, sessions = world
     cases = good(sessions, project)
     assert set(cases) == set(IDL.methods), "a method of the IDL without a case here"
-    # List says what it lists: without all, the sessions under way only
+    # List says what it lists: without all, the sessions under way and those held for
+    # review (the ended one, by _hold), which says so
     running = {sessions["running"].id, sessions["detached"].id}
     (now,) = await call(peer, IDL, "List", {})
-    assert {x["id"] for x in now["parameters"]["sessions"]} == running
+    listed = {x["id"]: x for x in now["parameters"]["sessions"]}
+    assert set(listed) == running | {sessions["ended"].id}
+    assert listed[sessions["ended"].id]["review"] == "held"
     (every,) = await call(peer, IDL, "List", {"all": True})
     assert {x["id"] for x in every["parameters"]["sessions"]} == running | {sessions["ended"].id}
     for method, (params, flags) in cases.items():

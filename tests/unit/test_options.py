@@ -31,7 +31,7 @@ IDS = [o.flag for o in RUN_OPTIONS]
 OLD_FLAGS = {
     ("-p", "--profile"): "value", ("--ro",): "append", ("--rw",): "append",
     ("--protect",): "append", ("--reveal",): "append", ("--mkdir",): "append",
-    ("--allow-git-write",): "true", ("--edit-config",): "append", ("--allow-host-config",): "append", ("--copy",): "append", ("--copy-ro",): "append",
+    ("--allow-git-write",): "true", ("--review",): "true", ("--edit-config",): "append", ("--allow-host-config",): "append", ("--copy",): "append", ("--copy-ro",): "append",
     ("-w", "--workdir"): "value", ("--net",): "value", ("--allow-host",): "append",
     ("--allow-port",): "append", ("--allow-cidr",): "append", ("--tailscale",): "true",
     ("--ask",): "true", ("--ask-timeout",): "value", ("--ask-notify",): "true",

@@ -183,7 +183,7 @@ def error(tmp_path: Path, text: str) -> str:
 def test_unknown_top_key(tmp_path: Path) -> None:
     assert error(tmp_path, "filesytem: {}\n") == (
         "unknown key 'filesytem' (expected one of: description, extends, net, allow_hosts, "
-        "allow_ports, allow_cidr, tailscale, ask, ask_timeout, ask_notify, ports, filesystem, env, env_pass, "
+        "allow_ports, allow_cidr, tailscale, ask, ask_timeout, ask_notify, ports, filesystem, review, env, env_pass, "
         "env_secrets, limits, seccomp, tty, tty_raw)"
     )
 
@@ -621,9 +621,9 @@ def test_the_resolved_view_shows_every_key_of_the_table(tmp_path: Path) -> None:
         "description": "all of them", "net": "allowlist", "allow_hosts": ["a.example"],
         "allow_ports": [8443], "allow_cidr": ["192.0.2.0/24"], "tailscale": True,
         "ask": True, "ask_timeout": "30s", "ask_notify": True, "ports": ["127.0.0.1:8080:80"], "env": {"A": "1"}, "env_pass": ["P"],
-        "env_secrets": ["S"], "seccomp": "compat", "tty": True, "tty_raw": True,
+        "env_secrets": ["S"], "seccomp": "compat", "tty": True, "tty_raw": True, "review": True,
         "filesystem": {k: ([{"src": "/etc/hosts", "dst": "/x"}] if "copy" in k else
-                           ["/srv"] if k != "secrets" else ["*.key"]) for k in profileschema._FS_KEYS
+                           ["/srv"] if k not in ("secrets", "generated") else ["*.key"]) for k in profileschema._FS_KEYS
                        if k != "tmpfs"} | {"tmpfs": ["/scratch"]},
         "limits": {"memory": "1GiB", "pids": 64, "cpus": 1.5, "timeout": "1h"},
     }  # fmt: skip

@@ -44,7 +44,7 @@ def decide(tree: dict[str, str], o: RunOptions | None = None, p: Profile | None 
 
 def test_nothing_asked_exposes_nothing(tree: dict[str, str]) -> None:
     got, notes = decide(tree)
-    assert got == filesystem.Filesystem([], [], [], [], [], [], [], [], [], [], [])
+    assert got == filesystem.Filesystem([], [], [], [], [], [], [], [], [], [], [], False, [])
     assert notes == []
 
 

@@ -248,6 +248,7 @@ def test_idl_declares_the_manager_interface() -> None:
             *("Run", "Resize", "Signal", "List", "Show", "Stop", "Watch", "Output", "Attach"),
             *("Version", "DaemonStatus", "Doctor", "Profiles", "ProfileShow", "Shutdown"),
             *("JoinBus", "Trust", "Revoke", "Approvals", "Trusted", "Allow", "Deny"),
+            *("Diff", "Apply", "Discard"),
         )
     }
     for err in ("InvalidArgument", "NoSuchSession", "BuildMismatch", "Busy", "SetupFailed"):

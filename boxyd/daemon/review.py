@@ -1,0 +1,146 @@
+"""A session's review layers (--review; docs/design.md, "Changes held for review"):
+$XDG_STATE_HOME/boxy/review/<id>/ holds ``upper`` (where the payload's writes to the
+work directory land), ``work`` (overlayfs's own) and ``review.json`` (the work
+directory, the stamp the host's changes are judged against, what the run allowed).
+Each level 0700 and checked. Kept apart from the session's record, whose retention
+would prune it: a review lives until it is applied or discarded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from boxy.errors import UsageError
+from boxy.paths import ensure_private_dir, state_dir
+from boxyd.config.runspec import RunSpec
+
+META = "review.json"
+META_MAX = 1 << 20
+
+
+@dataclass
+class Review:
+    """What apply and diff need of a held session (review.json)."""
+
+    id: str
+    workdir: str
+    since_ns: int  # the stamp's ctime: a host entry changed at or after it is refused
+    generated: list[str] = field(default_factory=list)
+    allow_git_write: bool = False
+    edit_config: list[str] = field(default_factory=list)
+
+    @property
+    def dir(self) -> Path:
+        return root() / self.id
+
+    @property
+    def upper(self) -> str:
+        return str(self.dir / "upper")
+
+
+def root() -> Path:
+    return ensure_private_dir(ensure_private_dir(state_dir()) / "review")
+
+
+def _inside(a: str, b: str) -> bool:
+    return a == b or a.startswith(b.rstrip("/") + "/")
+
+
+def prepare(sid: str, spec: RunSpec) -> tuple[str, str]:
+    """The session's layers, made before its plan: (upper, work), real paths. Refused
+    in one line where the work directory holds boxy's state (overlayfs refuses layers
+    inside one another)."""
+    base = os.path.realpath(root())
+    if _inside(base, spec.workdir):
+        raise UsageError(
+            f"--review: the work directory {spec.workdir} holds boxy's state ({base}); "
+            "run it in a project directory"
+        )
+    d = ensure_private_dir(Path(base) / sid)
+    upper, work = ensure_private_dir(d / "upper"), ensure_private_dir(d / "work")
+    stamp = d / "stamp"
+    fd = os.open(stamp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        since = os.fstat(fd).st_ctime_ns
+    finally:
+        os.close(fd)
+    meta = Review(
+        sid, spec.workdir, since, list(spec.generated), spec.allow_git_write,
+        [os.path.relpath(p, spec.workdir) for p in spec.edit_config if _inside(p, spec.workdir)],
+    )  # fmt: skip
+    _write(d, meta)
+    return str(upper), str(work)
+
+
+def _write(d: Path, meta: Review) -> None:
+    tmp = d / (META + ".new")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(meta.__dict__, f)
+    os.replace(tmp, d / META)
+
+
+def get(sid: str) -> Review | None:
+    """Session SID's review, or None when it has none (never had, applied, discarded)."""
+    d = root() / sid
+    try:
+        fd = os.open(d / META, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        raw = json.loads(f.read(META_MAX))
+    return Review(**raw)
+
+
+def held() -> set[str]:
+    """The ids of every session held for review."""
+    try:
+        return {n for n in os.listdir(root()) if (root() / n / META).exists()}
+    except OSError:
+        return set()
+
+
+def discard(sid: str) -> None:
+    """Drop session SID's layers. overlayfs leaves its work/work at mode 0: made the
+    owner's again first (rmtree would stop at it)."""
+    d = root() / sid
+    for sub in ("work/work", "work/index"):
+        p = d / sub
+        if p.is_dir() and not p.is_symlink():
+            os.chmod(p, stat.S_IRWXU)
+    os.unlink(d / META)  # first: half a removal is no review any more
+    shutil.rmtree(d)
+
+
+def size(sid: str) -> int:
+    """Bytes the upper layer holds (blocks, as the disk counts them)."""
+    total = 0
+    for dirpath, dirs, files in os.walk(root() / sid / "upper"):
+        for name in dirs + files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total
+
+
+def after_run(sid: str) -> str:
+    """The run's last word on its review: an upper layer left empty is dropped."""
+    r = get(sid)
+    if r is None:
+        return "--review: nothing was held"
+    try:
+        empty = not os.listdir(r.upper)
+    except OSError:
+        empty = False
+    if empty:
+        discard(sid)
+        return f"--review: the payload changed nothing in {r.workdir}"
+    return (
+        f"--review: its changes to {r.workdir} are held: `boxyctl diff {sid}`, then "
+        f"`boxyctl apply {sid} [PATH...]` or `boxyctl discard {sid}`"
+    )

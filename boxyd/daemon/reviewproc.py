@@ -1,0 +1,107 @@
+"""The review child (docs/design.md, "Nothing the payload wrote is parsed in boxyd's
+process"): `diff` and `apply` read the upper layer, the payload's writing, so they
+run in a process of their own (``python -I -m boxyd.daemon.reviewproc``) under
+RLIMIT_CPU and RLIMIT_AS, with a wall budget boxyd enforces by killing it. One JSON
+request on stdin, one JSON reply on stdout ({"error": line} when it refuses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import sys
+from typing import Any
+
+from boxy.errors import SetupError, UsageError
+from boxyd.plan import reviewdiff, reviewland, reviewtree
+from boxyd.plan.reviewtree import Context, ReviewError
+
+CPU_LIMIT = 120  # seconds of CPU one review call may use
+AS_LIMIT = 2 << 30
+BUDGET = 300.0  # seconds of wall time (a 10,000-file apply takes a few)
+OUT_MAX = 256 << 20  # bytes of a reply boxyd reads
+
+
+def _handle(req: dict[str, Any]) -> dict[str, Any]:
+    ctx = Context(**req["ctx"])
+    changes = reviewtree.read(req["upper"], req["workdir"], ctx)
+    if req["op"] == "diff":
+        text = ""
+        if req.get("text", True):
+            ufd = os.open(req["upper"], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            hfd = os.open(req["workdir"], os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                text = reviewdiff.diffs(ufd, hfd, changes)
+            finally:
+                os.close(ufd)
+                os.close(hfd)
+        return {"changes": [c.to_wire() for c in changes], "text": text}
+    chosen = reviewland.select(changes, req.get("paths"))
+    landed = reviewland.land(req["upper"], req["workdir"], chosen, int(req["since_ns"]))
+    left = len(reviewtree.read(req["upper"], req["workdir"], ctx))
+    return {"applied": landed.applied, "refused": landed.refused, "left": left}
+
+
+def main() -> int:
+    resource.setrlimit(resource.RLIMIT_CPU, (CPU_LIMIT, CPU_LIMIT + 1))
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
+    req = json.loads(sys.stdin.buffer.read())
+    try:
+        reply = _handle(req)
+    except (ReviewError, OSError) as e:
+        what = f"{e.filename}: " if isinstance(e, OSError) and e.filename else ""
+        reply = {"error": f"{what}{e.strerror if isinstance(e, OSError) else e}"}
+    sys.stdout.write(json.dumps(reply))
+    return 0
+
+
+async def call(req: dict[str, Any], budget: float = BUDGET) -> dict[str, Any]:
+    """REQ answered by a fresh child; a child past BUDGET is killed and that said."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-I", "-m", "boxyd.daemon.reviewproc",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        env={}, cwd="/", limit=OUT_MAX,
+    )  # fmt: skip
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(json.dumps(req).encode()), budget)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise SetupError(f"review: gave no answer within {budget:g} s (stopped)") from None
+    if proc.returncode != 0 or len(out) > OUT_MAX:
+        raise SetupError(f"review: its child ended with status {proc.returncode}")
+    reply: dict[str, Any] = json.loads(out)
+    if "error" in reply:
+        raise UsageError(f"review: {reply['error']}")
+    return reply
+
+
+_overlay: tuple[bool, str] | None = None
+
+
+async def overlay_works() -> tuple[bool, str]:
+    """Whether this kernel gives --review its overlay (the doctor's probe, in a child;
+    asked once per daemon: the kernel does not change under it)."""
+    global _overlay
+    if _overlay is None:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", "-m", "boxyd.daemon.doctor", "--overlay",
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, cwd="/",
+        )  # fmt: skip
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), 10.0)
+            got = json.loads(out)
+            _overlay = bool(got["ok"]), str(got["why"])
+        except (TimeoutError, ValueError, KeyError):
+            if proc.returncode is None:
+                proc.kill()
+            return False, "the overlay probe gave no answer"
+    return _overlay
+
+
+if __name__ == "__main__":
+    sys.exit(main())

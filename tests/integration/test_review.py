@@ -1,0 +1,197 @@
+"""--review end to end (issue 35 §2): the work directory is an overlay whose upper
+layer is the session's, on the real kernel; `diff`, `apply` and `discard` through
+boxyctl. Each test checks the host's tree before and after, so a write that reached
+it early, or an apply that followed a symlink, fails it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+from tests.conftest import BIN, Boxy
+
+pytestmark = pytest.mark.sandbox
+
+AGENT_EDIT = (
+    "sed -i 's/return 1/return 2/' src/app.py && echo 'new file' > notes.txt "
+    "&& rm old.txt && mkdir -p build && echo out > build/a.o"
+)
+
+
+def _project(boxy: Boxy) -> None:
+    (boxy.workdir / "src").mkdir()
+    (boxy.workdir / "src" / "app.py").write_text("def f():\n    return 1\n")
+    (boxy.workdir / "src" / "util.py").write_text("X = 1\n")
+    (boxy.workdir / "old.txt").write_text("old\n")
+    boxy.user.chown(boxy.workdir)
+
+
+def _held_run(boxy: Boxy, script: str) -> str:
+    """Run SCRIPT with --review; the session id its last line names."""
+    r = boxy.sh(script, "--review", input=b"")
+    text = r.stderr.decode(errors="replace")
+    assert r.returncode == 0, text
+    m = re.search(r"boxyctl diff (\w+)", text)
+    assert m, text
+    return m.group(1)
+
+
+def _ctl(boxy: Boxy, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return boxy.user.run([str(BIN / "boxyctl"), *args], cwd=boxy.workdir)
+
+
+def test_an_agent_edit_is_held_diffed_and_applied(boxy: Boxy) -> None:
+    _project(boxy)
+    sid = _held_run(boxy, AGENT_EDIT)
+    # nothing reached the host yet
+    assert (boxy.workdir / "src" / "app.py").read_text() == "def f():\n    return 1\n"
+    assert (boxy.workdir / "old.txt").exists() and not (boxy.workdir / "notes.txt").exists()
+    show = _ctl(boxy, "show", sid).stdout.decode()
+    assert re.search(r"state\s+review \(exited 0\)", show), show
+    assert sid in _ctl(boxy, "ps").stdout.decode()
+    d = _ctl(boxy, "diff", sid)
+    text = d.stdout.decode()
+    assert d.returncode == 0, d.stderr
+    assert "M src/app.py" in text and "A notes.txt" in text and "D old.txt" in text
+    assert "-    return 1\n+    return 2\n" in text
+    assert "--- a/src/app.py\n+++ b/src/app.py\n" in text
+    data = json.loads(_ctl(boxy, "diff", "--json", sid).stdout)
+    kinds = {c["path"]: c["kind"] for c in data["changes"]}
+    assert kinds == {
+        "src/app.py": "changed", "notes.txt": "added", "old.txt": "removed",
+        "build": "added", "build/a.o": "added",
+    }  # fmt: skip
+    a = _ctl(boxy, "apply", sid)
+    assert a.returncode == 0, a.stderr
+    assert (boxy.workdir / "src" / "app.py").read_text() == "def f():\n    return 2\n"
+    assert (boxy.workdir / "notes.txt").read_text() == "new file\n"
+    assert not (boxy.workdir / "old.txt").exists()
+    assert (boxy.workdir / "build" / "a.o").read_text() == "out\n"
+    again = _ctl(boxy, "diff", sid)
+    assert again.returncode == 2 and b"holds no changes" in again.stderr
+
+
+def test_apply_of_one_path_then_discard_leaves_the_rest_untouched(boxy: Boxy) -> None:
+    _project(boxy)
+    sid = _held_run(boxy, "echo 'X = 2' > src/util.py && " + AGENT_EDIT)
+    a = _ctl(boxy, "apply", sid, "src/util.py")
+    assert a.returncode == 0, a.stderr
+    assert (boxy.workdir / "src" / "util.py").read_text() == "X = 2\n"
+    assert (boxy.workdir / "src" / "app.py").read_text() == "def f():\n    return 1\n"
+    left = json.loads(_ctl(boxy, "diff", "--json", sid).stdout)
+    assert "src/util.py" not in {c["path"] for c in left["changes"]}
+    assert "src/app.py" in {c["path"] for c in left["changes"]}
+    d = _ctl(boxy, "discard", sid)
+    assert d.returncode == 0, d.stderr
+    assert (boxy.workdir / "src" / "app.py").read_text() == "def f():\n    return 1\n"
+    assert (boxy.workdir / "old.txt").read_text() == "old\n"
+    assert not (boxy.workdir / "notes.txt").exists() and not (boxy.workdir / "build").exists()
+    assert _ctl(boxy, "apply", sid).returncode == 2
+
+
+def test_a_host_edit_during_review_makes_apply_refuse_that_file(boxy: Boxy) -> None:
+    _project(boxy)
+    sid = _held_run(boxy, AGENT_EDIT)
+    (boxy.workdir / "src" / "app.py").write_text("def f():\n    return 'host'\n")
+    a = _ctl(boxy, "apply", sid)
+    err = a.stderr.decode()
+    assert a.returncode == 1, err
+    assert "apply: src/app.py: refused: the host changed it meanwhile" in err
+    assert (boxy.workdir / "src" / "app.py").read_text() == "def f():\n    return 'host'\n"
+    assert (boxy.workdir / "notes.txt").read_text() == "new file\n"  # the rest landed
+    left = json.loads(_ctl(boxy, "diff", "--json", sid).stdout)
+    assert [c["path"] for c in left["changes"]] == ["src/app.py"]
+
+
+def test_a_symlink_planted_in_the_upper_layer_is_not_followed(boxy: Boxy) -> None:
+    outside = boxy.workdir.parent / f"{boxy.workdir.name}-outside"
+    outside.mkdir()
+    (outside / "secret").write_text("keep\n")
+    boxy.user.chown(outside)
+    try:
+        _project(boxy)
+        # a symlink out of the tree, and a directory replaced by one (what a later
+        # write through it would follow)
+        sid = _held_run(boxy, f"ln -s {outside}/secret leak && rm -r src && ln -s {outside} src")
+        listed = json.loads(_ctl(boxy, "diff", "--json", sid).stdout)["changes"]
+        assert {"path": "leak", "kind": "added", "type": "symlink"}.items() <= next(
+            c for c in listed if c["path"] == "leak"
+        ).items()
+        a = _ctl(boxy, "apply", sid)
+        assert a.returncode == 0, a.stderr
+        assert os.readlink(boxy.workdir / "leak") == f"{outside}/secret"
+        assert os.readlink(boxy.workdir / "src") == str(outside)
+        assert (outside / "secret").read_text() == "keep\n"
+        assert sorted(p.name for p in outside.iterdir()) == ["secret"]
+    finally:
+        import shutil
+
+        shutil.rmtree(outside, ignore_errors=True)
+
+
+def test_a_host_symlink_on_the_way_is_not_followed_on_apply(boxy: Boxy) -> None:
+    outside = boxy.workdir.parent / f"{boxy.workdir.name}-outside"
+    outside.mkdir()
+    boxy.user.chown(outside)
+    try:
+        _project(boxy)
+        sid = _held_run(boxy, "echo 'X = 3' > src/util.py && echo made > src/new.py")
+        # the host swaps src for a symlink out of the tree before apply
+        os.rename(boxy.workdir / "src", boxy.workdir / "src.moved")
+        os.symlink(outside, boxy.workdir / "src")
+        a = _ctl(boxy, "apply", sid)
+        assert a.returncode == 1, a.stderr
+        assert b"a symlink on the way (not followed)" in a.stderr
+        assert list(outside.iterdir()) == []
+    finally:
+        import shutil
+
+        shutil.rmtree(outside, ignore_errors=True)
+
+
+def test_a_fifo_and_a_git_hook_are_listed_but_never_applied(boxy: Boxy) -> None:
+    _project(boxy)
+    sid = _held_run(
+        boxy, "mkfifo pipe && mkdir -p sub/.git/hooks && echo x > sub/.git/hooks/post-checkout"
+    )
+    listed = {c["path"]: c for c in json.loads(_ctl(boxy, "diff", "--json", sid).stdout)["changes"]}
+    assert "device node, FIFO" in listed["pipe"]["held"]
+    assert "git control file" in listed["sub/.git/hooks/post-checkout"]["held"]
+    a = _ctl(boxy, "apply", sid)
+    assert a.returncode == 1
+    assert not (boxy.workdir / "pipe").exists()
+    assert not (boxy.workdir / "sub" / ".git" / "hooks" / "post-checkout").exists()
+
+
+def test_a_run_that_changes_nothing_holds_nothing(boxy: Boxy) -> None:
+    _project(boxy)
+    r = boxy.sh("cat src/app.py >/dev/null", "--review", input=b"")
+    assert r.returncode == 0
+    assert b"--review: the payload changed nothing" in r.stderr
+
+
+def test_doctor_says_whether_review_works(boxy: Boxy) -> None:
+    r = _ctl(boxy, "doctor")
+    line = next(x for x in r.stdout.decode().splitlines() if "review" in x)
+    assert "--review: unprivileged overlayfs, layers by fd" in line, line
+
+
+def test_diff_of_a_thousand_files_and_apply(boxy: Boxy) -> None:
+    _project(boxy)
+    sid = _held_run(boxy, "mkdir gen && for i in $(seq 1000); do echo $i > gen/f$i.txt; done")
+    import time
+
+    t = time.monotonic()
+    d = _ctl(boxy, "diff", "--json", sid)
+    took_diff = time.monotonic() - t
+    assert len(json.loads(d.stdout)["changes"]) == 1001
+    t = time.monotonic()
+    a = _ctl(boxy, "apply", sid)
+    took_apply = time.monotonic() - t
+    assert a.returncode == 0, a.stderr
+    assert len(list((boxy.workdir / "gen").iterdir())) == 1000
+    print(f"review of 1,000 files: diff {took_diff:.2f} s, apply {took_apply:.2f} s")

@@ -1,0 +1,74 @@
+"""--review's pure parts: which tree a path is generated in, what apply holds by the
+guards' path rules, the choice of paths, and `diff`'s summary text (the overlay
+itself is tested on the real kernel: tests/integration/test_review.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from boxyctl.review import summary_lines
+from boxyd.plan.reviewland import select
+from boxyd.plan.reviewtree import Change, Context, ReviewError, generated_root, held
+
+
+def test_a_generated_tree_is_found_by_name_at_any_depth_or_by_path_from_the_top() -> None:
+    globs = ["node_modules", "build/out", "*.egg-info"]
+    assert generated_root("node_modules/a/index.js", globs) == "node_modules"
+    assert generated_root("pkg/node_modules/b.js", globs) == "pkg/node_modules"
+    assert generated_root("build/out/x.o", globs) == "build/out"
+    assert generated_root("src/build/out/x.o", globs) == ""
+    assert generated_root("boxy.egg-info/PKG-INFO", globs) == "boxy.egg-info"
+    assert generated_root("src/app.py", globs) == ""
+
+
+def test_apply_holds_what_the_guards_hold() -> None:
+    ctx = Context()
+    assert "device node, FIFO" in held("pipe", "special", ctx)
+    assert "git control file" in held("sub/.git/hooks/post-checkout", "file", ctx)
+    assert held("sub/.git/hooks/post-checkout", "file", Context(allow_git_write=True)) == ""
+    assert "host programs obey" in held(".claude/settings.json", "file", ctx)
+    assert "host programs obey" in held(".envrc", "file", ctx)
+    assert held(".envrc", "file", Context(edit_config=[".envrc"])) == ""
+    assert held("src/app.py", "file", ctx) == ""
+
+
+def test_paths_choose_entries_with_the_directories_they_need() -> None:
+    ch = [
+        Change("src", "added", "dir"),
+        Change("src/a.py", "added", "file"),
+        Change("src/b.py", "added", "file"),
+        Change("README", "changed", "file"),
+    ]
+    assert [c.path for c in select(ch, ["./src/a.py"])] == ["src", "src/a.py"]
+    assert [c.path for c in select(ch, ["src"])] == ["src", "src/a.py", "src/b.py"]
+    assert len(select(ch, None)) == len(select(ch, ["."])) == 4
+    with pytest.raises(ReviewError, match="not among the session's changes"):
+        select(ch, ["nope"])
+    with pytest.raises(ReviewError, match="not inside the work directory"):
+        select(ch, ["../etc/passwd"])
+
+
+def test_the_summary_folds_a_generated_tree_into_one_line() -> None:
+    changes: list[dict[str, Any]] = [
+        {"path": "src/app.py", "kind": "changed", "type": "file", "size": 24},
+        {"path": "old.txt", "kind": "removed", "type": "file", "size": 4},
+        {"path": "leak", "kind": "added", "type": "symlink", "size": 9, "target": "/etc/x"},
+        *(
+            {"path": f"node_modules/m{i}.js", "kind": "added", "type": "file", "size": 100,
+             "generated": "node_modules"}
+            for i in range(3)
+        ),
+        {"path": "pipe", "kind": "added", "type": "special", "held": "a FIFO: never applied"},
+    ]  # fmt: skip
+    lines = summary_lines(changes)
+    assert "M src/app.py  24B" in lines
+    assert "D old.txt  4B" in lines
+    assert "A leak -> /etc/x  9B" in lines
+    assert any(x.startswith("A pipe") and "[held: a FIFO: never applied]" in x for x in lines)
+    assert [x for x in lines if "node_modules" in x] == [
+        "G node_modules/  3 entries added, 300B (generated: listed, not diffed)"
+    ]
+    assert lines[-1] == "5 added, 1 changed, 1 removed; 333B to land"
+    assert summary_lines([]) == ["no changes"]

@@ -18,7 +18,10 @@ a stream of prompts); a name refused once is not asked about again.
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
+import functools
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -28,6 +31,7 @@ from boxy.values import parse_host_name
 
 MAX_OPEN = 4  # questions waiting at once
 MAX_ASKED = 32  # questions in a session
+MIN_LEFT = 1.0  # seconds a question that waited its turn must still have to be shown
 
 
 class Answer(enum.Enum):
@@ -81,14 +85,19 @@ class Question:
     timeout: float
     choices: tuple[Answer, ...] = tuple(KEYS.values())
 
-    def text(self) -> str:
-        """The question in one line, for a terminal or a notification."""
+    def text(self, left: float | None = None) -> str:
+        """The question in one line, for a terminal or a notification; LEFT: the seconds
+        it still has, when it waited its turn."""
         what = f"connects to {self.host}:{self.port}" if self.port else f"looks up {self.host}"
         offered = ", ".join(_LABELS[c] for c in self.choices)
         return (
             f"boxy: {self.who or 'an unknown process'} in the sandbox {what}, which is "
-            f"not on its allowlist; {offered} ({self.timeout:g}s)? "
+            f"not on its allowlist; {offered} ({_seconds(self.timeout, left)})? "
         )
+
+
+def _seconds(timeout: float, left: float | None) -> str:
+    return f"{timeout:g}s" if left is None else f"{left:.0f}s"
 
 
 class Answerer(Protocol):
@@ -191,40 +200,73 @@ def answerer_name(a: Answerer) -> str:
 
 
 class TerminalQuestions:
-    """The client's terminal as an Answerer (PtyRelay.ask: one key, never the payload's)."""
+    """The client's terminal as an Answerer (PtyRelay.ask: one key, never the payload's).
+    A terminal shows one question at a time: the others wait their turn here, in the
+    order asked, their time running (each says what is left of it when shown)."""
 
     via = "terminal"
 
     def __init__(self, pty: Callable[[], _Pty | None]) -> None:
         self._pty = pty
+        self._shown: Question | None = None
+        # each waiting question, its answer, since when it waits (None: it never did)
+        self._waiting: collections.deque[tuple[Question, asyncio.Future[Answer], float | None]] = (
+            collections.deque()
+        )
 
     def can_answer(self) -> bool:
         pty = self._pty()
         return pty is not None and pty.can_ask()
 
     def put(self, q: Question) -> asyncio.Future[Answer]:
-        pty = self._pty()
-        if pty is None:
+        if self._pty() is None:
             raise ValueError("no terminal")
-        keys = {k: a.value for k, a in KEYS.items() if a in q.choices}
-        typed = pty.ask(q.text(), keys)
         out: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-
-        def settle(f: asyncio.Future[str]) -> None:
-            if out.done():
-                return
-            if f.cancelled() or f.exception() is not None:
-                out.cancel()
-            else:
-                out.set_result(Answer(f.result()))
-
-        typed.add_done_callback(settle)
+        self._waiting.append((q, out, time.monotonic() if self._shown else None))
+        if self._shown is None:
+            self._next()
         return out
 
+    def _next(self) -> None:
+        """The next waiting question that is still open, on the terminal."""
+        while self._waiting and self._shown is None:
+            q, out, since = self._waiting.popleft()
+            pty = self._pty()
+            if out.done():
+                continue
+            if pty is None:
+                out.cancel()
+                continue
+            keys = {k: a.value for k, a in KEYS.items() if a in q.choices}
+            left = None if since is None else q.timeout - (time.monotonic() - since)
+            if left is not None and left < MIN_LEFT:  # no time to read it: refused unseen
+                out.cancel()
+                continue
+            try:
+                typed = pty.ask(q.text(left), keys)
+            except ValueError:  # the terminal went
+                out.cancel()
+                continue
+            self._shown = q
+            typed.add_done_callback(functools.partial(_settle, out))
+
     def end(self, q: Question, answer: Answer | None, line: str) -> None:
+        if q is not self._shown:  # over before its turn came (its time ran out waiting)
+            return
+        self._shown = None
         pty = self._pty()
         if pty is not None:  # (the payload's output, held while Q was open, flows again)
             pty.end_question(line)
+        self._next()
+
+
+def _settle(out: asyncio.Future[Answer], typed: asyncio.Future[str]) -> None:
+    if out.done():
+        return
+    if typed.cancelled() or typed.exception() is not None:
+        out.cancel()
+    else:
+        out.set_result(Answer(typed.result()))
 
 
 class _Pty(Protocol):

@@ -140,3 +140,67 @@ def test_the_question_names_the_program_the_host_and_the_choices() -> None:
     )
     q = Question(5, "c2.example", 80, None, 5)
     assert q.text().startswith("boxy: an unknown process in the sandbox connects to c2.example:80")
+
+
+class OneAtATime:
+    """A terminal as PtyRelay is one: a second question while one is shown is refused."""
+
+    def __init__(self) -> None:
+        self.shown: list[str] = []
+        self.ended: list[str] = []
+        self.typed: asyncio.Future[str] | None = None
+
+    def can_ask(self) -> bool:
+        return True
+
+    def ask(self, text: str, keys: dict[str, str]) -> asyncio.Future[str]:
+        if self.typed is not None:
+            raise ValueError("the terminal holds another question")
+        self.shown.append(text)
+        self.typed = asyncio.get_running_loop().create_future()
+        return self.typed
+
+    def end_question(self, said: str) -> None:
+        self.ended.append(said)
+        self.typed = None
+
+    def answer(self, value: str) -> None:
+        assert self.typed is not None
+        self.typed.set_result(value)
+
+
+async def test_the_terminal_shows_one_question_at_a_time_and_the_others_wait_their_turn() -> None:
+    pty = OneAtATime()
+    terminal = asking.TerminalQuestions(lambda: pty)
+    decided: list[tuple[str, Answer]] = []
+
+    async def decide(host: str, answer: Answer, via: str) -> str | None:
+        decided.append((host, answer))
+        return None
+
+    a = Asking(30, lambda: [terminal], decide)
+    lookups = [asyncio.ensure_future(a.ask(f"n{i}.example")) for i in range(3)]
+    await asyncio.sleep(0)
+    assert len(pty.shown) == 1 and "n0.example" in pty.shown[0]  # none refused at once
+    for i, value in enumerate(["session", "deny", "once"]):
+        assert f"n{i}.example" in pty.shown[i] and "(30s)?" in pty.shown[i]
+        pty.answer(value)
+        await asyncio.sleep(0.01)
+    assert await asyncio.gather(*lookups) == [True, False, True]
+    assert decided == [("n0.example", Answer.SESSION), ("n1.example", Answer.DENY),
+                       ("n2.example", Answer.ONCE)]  # fmt: skip
+
+
+async def test_a_question_whose_time_ran_out_while_waiting_is_never_shown() -> None:
+    pty = OneAtATime()
+    terminal = asking.TerminalQuestions(lambda: pty)
+
+    async def decide(host: str, answer: Answer, via: str) -> str | None:
+        return None
+
+    a = Asking(0.2, lambda: [terminal], decide)
+    first = asyncio.ensure_future(a.ask("first.example"))
+    await asyncio.sleep(0)
+    late = asyncio.ensure_future(a.ask("late.example"))
+    assert await late is False and await first is False  # both timed out
+    assert len(pty.shown) == 1 and pty.ended == ["(no answer in 0.2s: first.example refused)"]

@@ -410,3 +410,32 @@ def test_a_name_the_payload_chose_never_drives_the_terminal(boxy: Boxy) -> None:
     assert "\nboxyctl: seccomp: nothing refused" not in err, err
     [rec] = records(boxy)
     assert rec["argv0"] == argv0 and "\x1b]52" in rec["comm"], rec  # JSON kept it whole
+
+
+# -- 2: a flood of names --------------------------------------------------------------
+def test_a_flood_of_distinct_calls_is_bounded_everywhere(boxy: Boxy) -> None:
+    # 300 numbers no kernel knows (each its own name, "syscall N"), from 4 processes at
+    # once: PID 1 keeps 64 names and "other calls", boxyd's end line the same, the audit
+    # log at most 20 a second
+    body = """
+kids = []
+for k in range(4):
+    pid = os.fork()
+    if pid == 0:
+        for nr in range(600 + k * 75, 675 + k * 75):
+            r, e = sysc(nr)
+            if r != -1:
+                print("ESCAPED", nr, r, flush=True)
+        os._exit(0)
+    kids.append(pid)
+for pid in kids:
+    os.waitpid(pid, 0)
+print("DONE", flush=True)
+"""
+    r = py(boxy, body, "--seccomp", "compat", "--audit-log", "audit.jsonl")
+    out, err = out_of(r), r.stderr.decode(errors="replace")
+    assert "ESCAPED" not in out and "DONE" in out and r.returncode == 0, said(r)
+    [line] = [x for x in err.splitlines() if "refused system calls:" in x]
+    assert line.count("×") == 65 and "other calls ×236" in line, line
+    assert len(line) < 3000, len(line)
+    assert 1 <= len(records(boxy)) <= 60, len(records(boxy))

@@ -328,13 +328,13 @@ def test_an_orphan_cannot_take_the_listener_as_the_run_ends(boxy: Boxy, end: str
 # -- 1: races on a notification: threads, signals, exec, a killed sibling ------------
 RACES = r"""
 import threading
-hits = {"EPERM": 0, "other": 0}
+hits = {"EPERM": 0, "EINTR": 0, "other": 0}
 def caller(n):
     for _ in range(n):
         r, e = sysc(PERSONALITY_NR, ADDR)
         if r != -1:
             print(f"ESCAPED personality returned {r}", flush=True)
-        hits["EPERM" if e == errno.EPERM else "other"] += 1
+        hits[name(e) if e in (errno.EPERM, errno.EINTR) else "other"] += 1
 signal.signal(signal.SIGUSR1, lambda *_: None)  # interrupts, not fatal: the call restarts
 threads = [threading.Thread(target=caller, args=(150,)) for _ in range(6)]
 for t in threads:
@@ -346,7 +346,7 @@ while any(t.is_alive() for t in threads):
 for t in threads:
     t.join()
 check_persona("threads")
-print("COUNTED", hits["EPERM"], hits["other"], flush=True)
+print("COUNTED", hits["EPERM"], hits["EINTR"], hits["other"], flush=True)
 # a child whose sibling thread's kill (strict: move_pages) races its refused calls
 for _ in range(10):
     child = os.fork()
@@ -383,8 +383,9 @@ def test_racing_a_refused_call_never_lets_it_run(boxy: Boxy) -> None:
     r = py(boxy, body, "--audit-log", "audit.jsonl")
     out, err = out_of(r), r.stderr.decode(errors="replace")
     assert "ESCAPED" not in out and "DONE" in out and "EXECED" in out, said(r)
-    m = re.search(r"^COUNTED (\d+) (\d+)$", out, re.M)
-    assert m and int(m.group(1)) == 900 and m.group(2) == "0", said(r)
+    # EINTR: a signal before PID 1 took the notification, the handler not SA_RESTART
+    m = re.search(r"^COUNTED (\d+) (\d+) 0$", out, re.M)
+    assert m and int(m.group(1)) + int(m.group(2)) == 900, said(r)
     assert re.search(r"refused system calls: personality ×[\d,]+", err), said(r)
 
 

@@ -9,10 +9,14 @@ and the process from /proc, and answers: EPERM, or in strict mode for an unliste
 call a SIGKILL to the whole process first (seccomp's own kill took the process: so
 does this one). Nothing is ever let through: the only answer sent is an error.
 
-A listener that is closed (PID 1 gone, or this thread failed and closed it) fails
-every pending and later notification with ENOSYS: the kernel's seccomp_notify_detach
-answers the pending ones, and a filter whose listener is gone answers ENOSYS to the
-rest (seccomp_do_user_notification). So a dead notifier refuses; it never allows.
+A listener that is closed fails every pending and later notification with ENOSYS
+(the kernel's seccomp_notify_detach, seccomp_do_user_notification), but it also frees
+the chain's one listener: the payload may then load a filter of its own with a
+listener (SECCOMP_FILTER_FLAG_NEW_LISTENER, EBUSY while ours is open), whose
+USER_NOTIF wins the tie with ours (the newest filter's does) and whose CONTINUE runs
+any call ours refuses. So this listener is never closed while a process of the
+payload can still run: a notifier that fails leaves it open and PID 1 kills every
+process of the sandbox (pid1.py's quietly), and PID 1 kills them all before it exits.
 
 Standard library only (stage 2 does not import libseccomp): the ioctls through
 fcntl, the structs through struct.
@@ -256,7 +260,7 @@ def look(pid: int, fd: int, address: int, length: int) -> bytes:
         return TOLD.pack(-1, 0, 0)
     try:
         data = os.pread(mem, length, address)
-    except OSError:
+    except (OSError, OverflowError):  # OverflowError: past off_t, a kernel address
         data = b""
     finally:
         os.close(mem)
@@ -339,20 +343,17 @@ class Notifier:
         self.reader, self.ports, self.port_report = reader, ports, say
 
     def serve(self) -> None:
-        """Until the listener fails; then it is closed, and the kernel refuses every
-        call left with ENOSYS (the module's docstring)."""
-        try:
-            while True:
-                try:
-                    note = receive(self.listener)
-                except OSError as e:
-                    if e.errno in (errno.EINTR, errno.ENOENT):  # ENOENT: its caller died
-                        continue
-                    raise
-                self.handle(note)
-        finally:
-            with contextlib.suppress(OSError):
-                os.close(self.listener)
+        """Until the listener fails, which raises: the listener is left open (closed,
+        it would free the payload to take one of its own: the module's docstring), and
+        the calls left wait, killable, for the caller to end the sandbox."""
+        while True:
+            try:
+                note = receive(self.listener)
+            except OSError as e:
+                if e.errno in (errno.EINTR, errno.ENOENT):  # ENOENT: its caller died
+                    continue
+                raise
+            self.handle(note)
 
     def handle(self, note: Notification) -> None:
         """Name the call, kill or not, answer EPERM (a killed caller never returns)."""

@@ -529,10 +529,26 @@ def start_notifier(plan: Init, fds: list[int]) -> notify.Notifier | None:
 
 
 def quietly(serve: typing.Callable[[], None]) -> None:
-    """A notifier that fails has closed its listener (every call left is refused):
-    nothing to print, PID 1 has no stderr."""
-    with contextlib.suppress(Exception):
+    """A notifier that fails ends the sandbox, its listener still open: closed, it
+    would let the payload take a listener of its own and let through what ours refuses
+    (notify.py). supervise() then reports the payload's end. Nothing to print, PID 1
+    has no stderr."""
+    try:
         serve()
+    except Exception:
+        kill_all()
+
+
+def kill_all() -> None:
+    """SIGKILL to every process of the sandbox but PID 1 (kill(-1) from a PID
+    namespace's init reaches that namespace alone), before PID 1 lets the notifier's
+    listener go: its exit closes the listener before the kernel kills what is left
+    (do_exit's files before zap_pid_ns_processes), and a process still running then
+    could take a listener of its own (notify.py). A process with SIGKILL pending makes
+    no other call. Only PID 1 of the sandbox does this."""
+    if os.getpid() == 1:
+        with contextlib.suppress(OSError):
+            os.kill(-1, signal.SIGKILL)
 
 
 def last_words(notifier: notify.Notifier | None) -> None:
@@ -562,6 +578,7 @@ def supervise(pid: int, alive: int, notifier: notify.Notifier | None = None) -> 
         info = signal.sigwaitinfo(WAITED)
         if info.si_signo == signal.SIGIO:  # (or the payload's kill(1, SIGIO): looked at)
             if hung_up(alive):
+                kill_all()
                 os._exit(1)
             continue
         if info.si_signo != signal.SIGCHLD:
@@ -583,6 +600,7 @@ def supervise(pid: int, alive: int, notifier: notify.Notifier | None = None) -> 
             if child == pid:
                 last_words(notifier)
                 report(ended(status, pid, notifier))
+                kill_all()
                 os._exit(0)
 
 

@@ -295,10 +295,14 @@ class Manager:
             for s in self.sessions.values()
             if all or not s.state.finished or s.id in held
         }
-        if (all or held) and self.records is not None:
+        if all and self.records is not None:
             for info in await pools.run(pools.RECORDS, records.read_all):
-                if all or info.id in held:
-                    found.setdefault(info.id, _profiled(info))
+                found.setdefault(info.id, _profiled(info))
+        elif held and self.records is not None:  # the held ones' records alone: a List
+            for sid in sorted(held - found.keys()):  # must not read every record there is
+                meta = await pools.run(pools.RECORDS, records.read_meta, sid)
+                if meta is not None:
+                    found[sid] = _profiled(meta)
         for info in found.values():
             info.review = "held" if info.id in held else None
         return sorted(found.values(), key=lambda i: i.started_at)

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import subprocess
+from collections.abc import Iterator
 
 import pytest
 
@@ -20,6 +21,17 @@ AGENT_EDIT = (
     "sed -i 's/return 1/return 2/' src/app.py && echo 'new file' > notes.txt "
     "&& rm old.txt && mkdir -p build && echo out > build/a.o"
 )
+
+
+@pytest.fixture(autouse=True)
+def _nothing_held_after(boxy: Boxy) -> Iterator[None]:
+    """What a test leaves held is discarded: a held session is listed by every `ps`
+    and List of the user's, so it would reach the tests after this one."""
+    yield
+    listed = _ctl(boxy, "ps", "--json")
+    for s in json.loads(listed.stdout or b"{}").get("sessions", []):
+        if s.get("review"):
+            _ctl(boxy, "discard", s["id"])
 
 
 def _project(boxy: Boxy) -> None:

@@ -371,6 +371,8 @@ class Notifier:
                 self.killed.add(who.tgid)
         elif named:
             who = caller(note.pid)
+            if not still_waiting(self.listener, note.id):  # gone: its pid may be another's
+                who = Caller(note.pid, "?", "?")
             answer(self.listener, note.id, errno.EPERM)
             self.report(note, who, action)
             return

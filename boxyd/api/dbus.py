@@ -3,6 +3,8 @@ Manager core. No logic here: the objects mirror the core's sessions and events.
 
 - /dev/boxy/Manager, dev.boxy.Manager1: List(b all) -> a(sso) (id, state, path),
   Stop(s id, b kill) -> s (the state it ended in), Run(s request, h, h, h) -> so;
+  --review's Diff(s id, b text) -> s, Apply(s id, as paths) -> s (JSON, as
+  `boxyctl diff/apply --json` print it) and Discard(s id);
   signals SessionNew(s, o) and SessionRemoved(s, o).
 - /dev/boxy/session/<id>, dev.boxy.Session1: read-only properties State, Argv,
   Profile, WorkDir, StartedAt, ExitStatus (-1 while it runs) and the counters
@@ -194,6 +196,8 @@ class ManagerInterface(NamedArgs):
         "Profiles": ("profiles", "lines"),
         "ProfileShow": ("profile", "lines"),
         "AnswerQuestions": ("answering",),
+        "Diff": ("review",),
+        "Apply": ("result",),
     }
 
     def __init__(
@@ -255,6 +259,32 @@ class ManagerInterface(NamedArgs):
         except BoxyError as e:
             raise _error(e) from None
         return [json.dumps(view.doc), view.lines]
+
+    @method()
+    async def Diff(self, id: "s", text: "b") -> "s":
+        """`boxyctl diff --json`: what session ID holds for review (--review), as JSON;
+        TEXT: with the unified diff of its text files."""
+        try:
+            return json.dumps(await self.manager.review_diff(id, text))
+        except BoxyError as e:
+            raise _error(e) from None
+
+    @method()
+    async def Apply(self, id: "s", paths: "as") -> "s":
+        """`boxyctl apply ID [PATH...]`: its held changes land (all when PATHS is empty);
+        what landed and what was refused, as JSON."""
+        try:
+            return json.dumps(await self.manager.review_apply(id, list(paths) or None))
+        except BoxyError as e:
+            raise _error(e) from None
+
+    @method()
+    async def Discard(self, id: "s") -> "":
+        """`boxyctl discard ID`: its held changes are dropped."""
+        try:
+            await self.manager.review_discard(id)
+        except BoxyError as e:
+            raise _error(e) from None
 
     @method()
     async def Doctor(self) -> "a(sbbs)":

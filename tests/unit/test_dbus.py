@@ -587,3 +587,41 @@ async def test_ask_notify_without_a_notification_server_refuses_at_once(on_bus: 
     assert await asyncio.wait_for(asking.ask("api.example"), 5) is False
     manager.stop(s.id, kill=True)
     await s.wait()
+
+
+async def test_review_diff_apply_and_discard_on_the_bus(
+    bus_daemon: BusDaemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--review's Diff, Apply and Discard (issue 35 §2) on Manager1, over the core's
+    own review of a held session: what diff lists, apply lands (one path), and
+    discard drops; a session holding nothing is refused in one line."""
+    from tests.unit.test_conformance import _hold
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    manager = Manager(FakeLauncher(), grace=0.05, keep_finished=4)  # the ended one kept
+    service = DbusService(manager, lambda pid, pidfd: None)
+    await service.start(bus_daemon.address)
+    client = await MessageBus(bus_address=bus_daemon.address).connect()
+    try:
+        s = await manager.start(request(), [])
+        await started(s)
+        manager.stop(s.id, kill=True)
+        await s.wait()
+        _hold(s.id, tmp_path)
+        m = (MANAGER_PATH, "dev.boxy.Manager1")
+        reply = await call(client, *m, "Diff", "sb", [s.id, True])
+        assert reply.message_type == MessageType.METHOD_RETURN, reply.body
+        assert "a.txt" in reply.body[0] and "b.txt" in reply.body[0], reply.body
+        reply = await call(client, *m, "Apply", "sas", [s.id, ["a.txt"]])
+        assert reply.message_type == MessageType.METHOD_RETURN, reply.body
+        assert (tmp_path / "held" / "a.txt").read_text() == "after\n"
+        assert (tmp_path / "held" / "b.txt").read_text() == "before\n"
+        reply = await call(client, *m, "Discard", "s", [s.id])
+        assert reply.message_type == MessageType.METHOD_RETURN, reply.body
+        assert (tmp_path / "held" / "b.txt").read_text() == "before\n"
+        reply = await call(client, *m, "Diff", "sb", [s.id, False])
+        assert reply.error_name == "dev.boxy.Error.InvalidArgument", reply.body
+        assert "holds no changes for review" in reply.body[0]
+    finally:
+        client.disconnect()
+        service.close()

@@ -255,7 +255,7 @@ def netboxy(user: User, workdir: Path, net: Topology) -> NetBoxy:
 # What a skip may name when the suite runs as root (as CI runs it): a kernel feature
 # `boxyctl doctor` reports. Any other skip there fails: a skip is never a way around a
 # failure, nor a whole suite turned green.
-KERNEL_FEATURES = ("Landlock", "nft_tproxy", "unprivileged user namespaces")
+KERNEL_FEATURES = ("Landlock", "nft_tproxy", "unprivileged user namespaces", "user_notif")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -101,7 +101,10 @@ def _seconds(timeout: float, left: float | None) -> str:
 
 
 class Answerer(Protocol):
-    """Where a question can be put: the terminal, the bus."""
+    """Where a question can be put: the terminal, the bus. VIA: how the audit log
+    names the wire an answer came by."""
+
+    via: str
 
     def can_answer(self) -> bool:
         """Someone is there to answer now."""
@@ -177,7 +180,7 @@ class Asking:
             self._refused.add(q.host)
             return False
         answer = typed.result()
-        line = await self._decide(q.host, answer, answerer_name(answerer))
+        line = await self._decide(q.host, answer, answerer.via)
         answerer.end(q, answer, line or "")
         if answer is Answer.DENY:
             self._refused.add(q.host)
@@ -192,11 +195,6 @@ def askable(host: str) -> bool:
         return parse_host_name(host, what="--ask") == host and "*" not in host
     except UsageError:
         return False
-
-
-def answerer_name(a: Answerer) -> str:
-    """How the audit log names the wire an answer came by."""
-    return str(getattr(a, "via", type(a).__name__))
 
 
 class TerminalQuestions:

@@ -99,9 +99,11 @@ def get(sid: str) -> Review | None:
 
 
 def held() -> set[str]:
-    """The ids of every session held for review."""
+    """The ids of every session held for review. Asked by every List and show: it
+    looks, and makes nothing (root() makes the directory, for a run that reviews)."""
+    base = state_dir() / "review"
     try:
-        return {n for n in os.listdir(root()) if (root() / n / META).exists()}
+        return {n for n in os.listdir(base) if (base / n / META).exists()}
     except OSError:
         return set()
 

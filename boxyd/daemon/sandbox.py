@@ -24,7 +24,7 @@ from boxy.outcome import Counters, Destination
 from boxy.paths import config_home, state_dir
 from boxy.request import RunRequest, Terminal
 from boxy.varlink import close_fds
-from boxyd.config import parsedoor, profileview
+from boxyd.config import profileview
 from boxyd.config.hostrun import Held
 from boxyd.config.hosttools import resolve
 from boxyd.config.profileview import ProfileView
@@ -367,18 +367,13 @@ class StageSandbox:
         from boxyd.config import trust
 
         me, workdir, env = self._launcher.user, self.spec.workdir, self._client_env
-        parser = self._launcher.parser()
 
         def write() -> str:
-            with parsedoor.using(parser):
-                return trust.allow_in_project(
-                    host, workdir, me.pw_dir, me.pw_name, env, config_home(me.pw_dir)
-                )
+            return trust.allow_in_project(
+                host, workdir, me.pw_dir, me.pw_name, env, config_home(me.pw_dir)
+            )
 
-        try:
-            return await pools.run(pools.ASKED, write)
-        finally:
-            parser.close()
+        return await pools.run(pools.ASKED, call_apart, self._launcher.parser, write)
 
     def _make_terminal(self, fds: list[int]) -> list[int]:
         """The session's PTY, if it has one (boxyd owns it; the client's terminal is

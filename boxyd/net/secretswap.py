@@ -25,13 +25,25 @@ MAX_HEAD = 64 * 1024  # one request's header block
 MAX_LINE = 4096  # a chunk-size line, a trailer line
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _REQUEST_LINE = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+) (\S+) (HTTP/1\.[01])")
-_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,15})[ \t]*(?:;[^\r\n]*)?")
 _BASIC = re.compile(rb"([Bb][Aa][Ss][Ii][Cc][ \t]+)([A-Za-z0-9+/]+=*)[ \t]*")
 
 
 class Unswappable(Exception):
     """The stream is not HTTP/1.1 this reader can swap; the message says why (no
     byte of the stream in it)."""
+
+
+def _chunk_size(line: bytes) -> int | None:
+    """A chunk-size line's size (1 to 15 hex digits, blanks, an extension after `;`
+    with no CR or LF), or None. String methods: the line is the payload's."""
+    size, _, ext = line.partition(b";")
+    digits = size.rstrip(b" \t")
+    if not 1 <= len(digits) <= 15 or digits.strip(_HEX) or b"\r" in ext or b"\n" in ext:
+        return None
+    return int(digits, 16)
+
+
+_HEX = b"0123456789abcdefABCDEF"
 
 
 class Swap:
@@ -103,10 +115,10 @@ class Swap:
                 raise Unswappable("a chunk not followed by CRLF")
             self._state = "size"
         elif self._state == "size":
-            m = _CHUNK_SIZE.fullmatch(line)
-            if m is None:
+            size = _chunk_size(line)
+            if size is None:
                 raise Unswappable("an unreadable chunk size")
-            self._left = int(m.group(1), 16)
+            self._left = size
             self._state = "data" if self._left else "trailer"
         elif not line:  # the empty line after the trailers: the request is whole
             self._state = "head"

@@ -195,15 +195,8 @@ def test_doctor_says_whether_review_works(boxy: Boxy) -> None:
 def test_diff_of_a_thousand_files_and_apply(boxy: Boxy) -> None:
     _project(boxy)
     sid = _held_run(boxy, "mkdir gen && for i in $(seq 1000); do echo $i > gen/f$i.txt; done")
-    import time
-
-    t = time.monotonic()
     d = _ctl(boxy, "diff", "--json", sid)
-    took_diff = time.monotonic() - t
     assert len(json.loads(d.stdout)["changes"]) == 1001
-    t = time.monotonic()
     a = _ctl(boxy, "apply", sid)
-    took_apply = time.monotonic() - t
     assert a.returncode == 0, a.stderr
     assert len(list((boxy.workdir / "gen").iterdir())) == 1000
-    print(f"review of 1,000 files: diff {took_diff:.2f} s, apply {took_apply:.2f} s")

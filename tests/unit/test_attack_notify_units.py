@@ -34,7 +34,7 @@ libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 
 pytestmark = pytest.mark.skipif(
-    not kernel_notifies(), reason="the kernel has no SECCOMP_RET_USER_NOTIF"
+    not kernel_notifies(), reason="the kernel has no seccomp user_notif (doctor: seccomp-names)"
 )
 
 

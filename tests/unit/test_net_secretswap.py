@@ -133,3 +133,21 @@ def test_linear_in_a_byte_by_byte_header_block() -> None:
 
     small, large = cost(4000), cost(32000)
     assert large < small * 8 * 3  # linear, with room for noise
+
+
+def test_a_chunk_size_is_read_as_the_grammar_says_and_linearly() -> None:
+    """_chunk_size (string methods) against the pattern it replaced, as the oracle, on
+    every short line over the characters that matter; and a 64 KiB line at once."""
+    import itertools
+    import re
+
+    from boxyd.net.secretswap import _chunk_size
+
+    oracle = re.compile(rb"([0-9A-Fa-f]{1,15})[ \t]*(?:;[^\r\n]*)?")
+    for n in range(6):
+        for chars in itertools.product(b"0aG \t;\r=", repeat=n):
+            line = bytes(chars)
+            m = oracle.fullmatch(line)
+            assert _chunk_size(line) == (int(m.group(1), 16) if m else None), line
+    assert _chunk_size(b"f" * 15) == 16**15 - 1 and _chunk_size(b"1" * 16) is None
+    assert _chunk_size(b"a;" + b" " * 65536) == 10 and _chunk_size(b" " * 65536) is None

@@ -172,7 +172,7 @@ PROFILE_KEYS: tuple[Key, ...] = (
     Key("review", "boolean", widen="switch"),
     Key("env", "env_value", shape="map", merge="map"),
     Key("env_pass", "name", shape="list", merge="union", widen="granted"),
-    Key("env_secrets", "name", shape="list", merge="union", widen="granted"),
+    Key("env_secrets", "secret", shape="list", merge="union", widen="granted"),
     Key("limits.memory", "size", widen="at_most"),
     Key("limits.pids", "positive_int", widen="at_most"),
     Key("limits.cpus", "positive_number", widen="at_most"),

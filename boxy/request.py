@@ -104,10 +104,10 @@ def secret_hosts(text: str) -> tuple[str, tuple[str, ...]]:
         return name, ()
     out = tuple(dict.fromkeys(h.strip().lower().rstrip(".") for h in hosts.split(",")))
     bad = [h for h in out if re.fullmatch(_HOST_NAME, h) is None]
-    if bad or not out:
+    if bad:
+        said = f"{bad[0]}: not a host name" if bad[0] else "a host name is missing"
         raise UsageError(
-            f"--secret {text}: {bad[0] if bad else 'no host'}: not a host name "
-            "(NAME@HOST[,HOST…]: the hosts the value is sent to, over TLS)"
+            f"--secret {text}: {said} (NAME@HOST[,HOST…]: the hosts the value is sent to, over TLS)"
         )
     return name, out
 

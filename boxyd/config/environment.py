@@ -52,7 +52,7 @@ def check_sent(
     """Raise SecretsNeeded for the profile's env_secrets not given as --secret, and its
     env_pass names the client neither sent nor said it lacks."""
     sent = {secret.name for secret in o.secret}
-    missing = [n for n in prof.env_secrets if n not in sent]
+    missing = list(dict.fromkeys(n for n in bindings(prof) if n not in sent))
     # env_pass reads the client's environment, which sends only a few names unasked
     unasked = [
         n
@@ -63,19 +63,34 @@ def check_sent(
         raise SecretsNeeded(missing, prof.source, unasked)
 
 
-def host_secrets(o: RunOptions) -> list[HostSecret]:
-    """--secret NAME@HOST: each one's placeholder, made here (boxyd), the value kept
-    beside it; the hosts checked again (they came over a wire)."""
+def bindings(prof: Profile) -> dict[str, tuple[str, ...]]:
+    """The profile's env_secrets by name: the hosts each is bound to (NAME@HOST), ()
+    for one passed as it is. A name bound in any entry is bound to all their hosts:
+    merged layers never loosen a binding."""
+    out: dict[str, tuple[str, ...]] = {}
+    for entry in prof.env_secrets:
+        name, hosts = secret_hosts(entry)
+        out[name] = tuple(dict.fromkeys(out.get(name, ()) + hosts))
+    return out
+
+
+def host_secrets(o: RunOptions, prof: Profile | None = None) -> list[HostSecret]:
+    """--secret NAME@HOST and the profile's env_secrets NAME@HOST: each one's
+    placeholder, made here (boxyd), the value kept beside it; the hosts checked again
+    (they came over a wire). A name the profile binds stays bound even when the
+    command line passes it plainly: the flag adds hosts, never the value itself."""
+    bound = bindings(prof) if prof is not None else {}
     out: list[HostSecret] = []
     for secret in o.secret:
-        if not secret.hosts:
+        hosts = tuple(dict.fromkeys((*secret.hosts, *bound.get(secret.name, ()))))
+        if not hosts:
             continue
         envpolicy.check_name(secret.name, what="--secret")
-        secret_hosts(f"{secret.name}@{','.join(secret.hosts)}")  # raises UsageError
+        secret_hosts(f"{secret.name}@{','.join(hosts)}")  # raises UsageError
         try:
             out.append(
                 hostsecrets.make(
-                    secret.name, secret.value, secret.hosts,
+                    secret.name, secret.value, hosts,
                     frozenset(s.placeholder for s in out),
                 )
             )  # fmt: skip

@@ -18,6 +18,7 @@ from typing import Any
 
 from boxy import caches, options
 from boxy.errors import ProfileError, UsageError
+from boxy.request import secret_hosts
 from boxy.values import (
     PUBLISH_FORM,
     PortMapping,
@@ -139,6 +140,17 @@ class _Checker:
             return check_name(self.string(key, value, "expected a variable name"), what=key)
         except UsageError as e:
             raise ProfileError(f"profile {self.label}: key {e}") from None
+
+    def secret(self, key: str, value: Any) -> str:
+        """An env_secrets entry: NAME, or NAME@HOST[,HOST…] (the value reaches those
+        hosts alone, as --secret NAME@HOST), written back as NAME@host,host."""
+        text = self.string(key, value, "expected NAME or NAME@HOST[,HOST…]")
+        try:
+            name, hosts = secret_hosts(text)
+            check_name(name, what=key)
+        except UsageError as e:
+            raise ProfileError(f"profile {self.label}: key {key}: {e}") from None
+        return f"{name}@{','.join(hosts)}" if hosts else name
 
     def env_value(self, name: Any, value: Any) -> str:
         return _env_value(self, name, value)

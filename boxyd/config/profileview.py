@@ -186,7 +186,12 @@ def _env_lines(key: Key, profile: Profile, r: _Resolved) -> list[str]:
 
 def _passed_lines(key: Key, profile: Profile, _: _Resolved) -> list[str]:
     what = "passed from your environment" + (" as a secret" if key.path == "env_secrets" else "")
-    return [f"  env {name}: {what}" for name in getattr(profile, key.attr)]
+    out = []
+    for entry in getattr(profile, key.attr):
+        name, _at, hosts = entry.partition("@")  # env_secrets NAME@HOST: bound
+        bound = f", a placeholder inside; its value sent to {hosts} alone" if hosts else ""
+        out.append(f"  env {name}: {what}{bound}")
+    return out
 
 
 def _limit_lines(key: Key, profile: Profile, _: _Resolved) -> list[str]:

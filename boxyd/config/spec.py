@@ -58,7 +58,7 @@ def build_spec(
         o, prof, cwd=cwd, workdir=workdir, home=home, uid=uid, client_env=client_env,
         notes=notes, warnings=warnings,
     )  # fmt: skip
-    bound = environment.host_secrets(o)
+    bound = environment.host_secrets(o, prof)
     env = environment.decide(
         o, prof, registry, client_env=client_env, env_unset=request.env_unset,
         home=home, user=user, notes=notes, warnings=warnings,

@@ -204,3 +204,43 @@ def test_a_bound_secret_reaches_its_host_alone(netboxy: NetBoxy, net: Topology) 
     assert not leaked, f"ESCAPED: the secret is in {leaked}"
     audit = places["audit log"].decode()
     assert '"net.secret"' in audit and "swap" in audit
+
+
+PROFILE_PROBE = r"""
+import os, urllib.request
+ph = os.environ["BOXY_TEST_TOKEN"]
+print("PLACEHOLDER", ph)
+req = urllib.request.Request("https://www.boxy.test/record-profile", headers={"Authorization": "Bearer " + ph})
+print("STATUS", urllib.request.urlopen(req, timeout=10).status)
+"""
+
+
+def test_a_profile_binds_a_secret_to_its_host(netboxy: NetBoxy, net: Topology) -> None:
+    """env_secrets NAME@HOST: boxyctl sends the value by name, as for a plain entry, and
+    the payload gets the placeholder, even with the flag passing the name plainly."""
+    from tests.escape.netutil import install_ca
+
+    install_ca(net, netboxy.workdir, netboxy.user, "test-ca.pem")
+    profile = netboxy.workdir / "bound.yaml"
+    profile.write_text(
+        "net: allowlist\nallow_hosts: [www.boxy.test]\n"
+        "env_secrets: ['BOXY_TEST_TOKEN@www.boxy.test']\n"
+    )
+    netboxy.user.chown(profile)
+    net.reset_records()
+    for extra in ((), ("--secret", "BOXY_TEST_TOKEN")):  # asked for by name; a plain flag
+        r = netboxy.run(
+            "-p", str(profile), *extra, cmd=["python3", "-c", PROFILE_PROBE],
+            extra_env={"BOXY_TEST_TOKEN": SECRET},
+        )  # fmt: skip
+        out = r.stdout.decode()
+        assert r.returncode == 0, r.stderr
+        ph = out.split("PLACEHOLDER ", 1)[1].split()[0]
+        assert ph != SECRET and len(ph) == len(SECRET), f"ESCAPED: the payload read {ph}"
+        assert "STATUS 200" in out, out
+    seen = [
+        e.get("authorization")
+        for e in net.server_events("www")
+        if e.get("kind") == "http" and e.get("path") == "/record-profile"
+    ]
+    assert seen == [f"Bearer {SECRET}"] * 2, seen

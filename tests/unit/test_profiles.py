@@ -397,6 +397,9 @@ def test_a_fifo_or_a_non_profile_is_refused(tmp_path: Path) -> None:
     ("tty_raw: yes please", "key tty_raw: expected true or false"),
     ("env_secrets: TOKEN", "key env_secrets: expected a list"),
     ("env_secrets: [1BAD]", "env_secrets[0]"),
+    ("env_secrets: ['GH@not a host']", "key env_secrets[0]: --secret GH@not a host: not a host: not a host name"),
+    ("env_secrets: ['GH@']", "key env_secrets[0]: --secret GH@: a host name is missing"),
+    ("env_secrets: ['1BAD@a.example']", "key env_secrets[0]: env_secrets[0] '1BAD': not a valid variable name"),
     ("filesystem: {tmpfs: [relative/dir]}", "key filesystem.tmpfs[0]: 'relative/dir' is not an absolute path"),
     ("filesystem: {tmpfs: [7]}", "key filesystem.tmpfs[0]: expected a path"),
     ("filesystem: {tmpfs: ['{nope}']}", "key filesystem.tmpfs[0]: unknown template {nope}"),
@@ -420,12 +423,14 @@ def test_new_keys_read_and_merged(tmp_path: Path) -> None:
     child = write(
         tmp_path,
         f"extends: {base}\nallow_cidr: ['192.168.4.0/24,fd12::/48']\n"
-        "env_secrets: [A, B]\ntty: true\ntty_raw: true\nfilesystem: {tmpfs: [/opt/scratch]}\n",
+        "env_secrets: [A, 'B@API.Example.', 'C@a.example,b.example']\ntty: true\ntty_raw: true\n"
+        "filesystem: {tmpfs: [/opt/scratch]}\n",
         name="child.yaml",
     )
     p = load_profile(child, context=CTX)
     assert p.allow_cidrs == ["192.168.4.0/24", "fd12::/48"]
-    assert p.env_secrets == ["A", "B"] and p.tailscale is True and p.tty is True
+    assert p.env_secrets == ["A", "B@api.example", "C@a.example,b.example"]
+    assert p.tailscale is True and p.tty is True
     assert p.tty_raw is True
     assert p.tmpfs == [CTX["home"] + "/.cache/x", "/opt/scratch"]
 

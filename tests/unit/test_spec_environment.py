@@ -95,3 +95,29 @@ def test_a_name_given_as_a_secret_and_with_e_is_refused(item: EnvItem) -> None:
     p = prof(env_secrets=["TOK"])
     with pytest.raises(UsageError, match="-e TOK: TOK is also passed as a secret"):
         decide(RunOptions(env=[item], secret=[Secret("TOK", "s")]), p)
+
+
+def test_a_profile_binds_a_secret_to_hosts() -> None:
+    """env_secrets NAME@HOST is --secret NAME@HOST: the client is asked for NAME by its
+    name alone, and the value it sends is bound to the profile's hosts."""
+    p = prof(env_secrets=["GH@api.gh.example", "PLAIN"])
+    with pytest.raises(SecretsNeeded) as e:
+        decide(RunOptions(), p)
+    assert e.value.names == ["GH", "PLAIN"]
+    o = RunOptions(secret=[Secret("GH", "ghp_" + "a1" * 18), Secret("PLAIN", "p")])
+    bound = environment.host_secrets(o, p)
+    assert [(s.name, sorted(s.hosts)) for s in bound] == [("GH", ["api.gh.example"])]
+    assert bound[0].placeholder != bound[0].value and len(bound[0].placeholder) == 40
+
+
+def test_a_plain_flag_never_loosens_a_profile_binding() -> None:
+    """--secret GH (no host) beside a profile's GH@HOST stays bound; a flag's own hosts
+    add to the profile's; a name bound in one merged entry is bound in all."""
+    p = prof(env_secrets=["GH", "GH@a.example", "GH@b.example"])
+    assert environment.bindings(p) == {"GH": ("a.example", "b.example")}
+    o = RunOptions(secret=[Secret("GH", "v" * 20, ("c.example",))])
+    (only,) = environment.host_secrets(o, p)
+    assert sorted(only.hosts) == ["a.example", "b.example", "c.example"]
+    (plain,) = environment.host_secrets(RunOptions(secret=[Secret("GH", "v" * 20)]), p)
+    assert sorted(plain.hosts) == ["a.example", "b.example"]
+    assert environment.host_secrets(RunOptions(secret=[Secret("GH", "v" * 20)]), prof()) == []

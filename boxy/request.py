@@ -224,6 +224,7 @@ class RunOptions(Value):
     pids: int | None
     cpus: float | None
     timeout: float | None
+    review_limit: int | None
     audit_log: str | None
     net_log: str | None
     pcap: str | None

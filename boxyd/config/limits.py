@@ -19,6 +19,7 @@ from boxyd.config.runspec import (
     DEFAULT_MEMORY,
     DEFAULT_PCAP_MAX,
     DEFAULT_PIDS,
+    DEFAULT_REVIEW_LIMIT,
     DEFAULT_SECCOMP,
     MIN_MEMORY,
     MIN_PIDS,
@@ -33,6 +34,7 @@ class Limits:
     pids: int
     cpus: float | None
     timeout: float | None
+    review_limit: int
     seccomp: str
 
 
@@ -73,6 +75,14 @@ def limits(o: RunOptions, prof: Profile) -> Limits:
         )
     cpus = o.cpus or prof.cpus
     timeout = o.timeout or prof.timeout
+    review_limit = o.review_limit or prof.review_limit or DEFAULT_REVIEW_LIMIT
+    if o.review_limit is not None and not (o.review or prof.review):
+        raise UsageError("--review-limit: needs --review (or a profile with review: true)")
+    if review_limit < MIN_MEMORY:
+        raise UsageError(
+            f"--review-limit {values.format_size(review_limit)}: below the minimum of "
+            "1MiB (a plain number is bytes: write 512MiB or 2GiB)"
+        )
     if o.seccomp is not None and o.seccomp not in profileschema.SECCOMP_MODES:
         raise UsageError("Run: options.seccomp: expected strict or compat")
     return Limits(
@@ -80,6 +90,7 @@ def limits(o: RunOptions, prof: Profile) -> Limits:
         pids=pids,
         cpus=float(cpus) if cpus is not None else None,
         timeout=float(timeout) if timeout is not None else None,
+        review_limit=review_limit,
         seccomp=o.seccomp or prof.seccomp or DEFAULT_SECCOMP,
     )
 

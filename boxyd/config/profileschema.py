@@ -92,6 +92,7 @@ class Profile:
     pids: int | None = None
     cpus: float | None = None
     timeout: float | None = None
+    review_limit: int | None = None  # bytes the --review layer may hold (limits.review)
     seccomp: str | None = None
 
 

@@ -198,8 +198,11 @@ def _limit_lines(key: Key, profile: Profile, _: _Resolved) -> list[str]:
     value = getattr(profile, key.attr)
     if value is None:
         return []
-    shown = {"memory": values.format_size, "timeout": values.format_duration}.get(key.attr, str)
-    return [f"  {key.attr}: {shown(value)}"]
+    if key.attr in ("memory", "review_limit"):
+        shown = values.format_size(value)
+    else:
+        shown = values.format_duration(value) if key.attr == "timeout" else str(value)
+    return [f"  {key.path.removeprefix('limits.')}: {shown}"]
 
 
 def _secrets_lines(key: Key, profile: Profile, _: _Resolved) -> list[str]:

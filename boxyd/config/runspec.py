@@ -23,6 +23,7 @@ from boxyd.net.hostsecrets import HostSecret
 DEFAULT_PROFILE: str = options.default("profile")
 DEFAULT_NET: str = options.default("net")  # a profile that leaves net unset gets this
 DEFAULT_MEMORY: int = options.default("memory")
+DEFAULT_REVIEW_LIMIT: int = options.default("review_limit")
 DEFAULT_PIDS: int = options.default("pids")
 DEFAULT_PCAP_MAX: int = options.default("pcap_max")
 DEFAULT_SECCOMP: str = options.default("seccomp")
@@ -86,6 +87,7 @@ class RunSpec:
     pids: int = DEFAULT_PIDS
     cpus: float | None = None
     timeout: float | None = None  # seconds
+    review_limit: int = DEFAULT_REVIEW_LIMIT  # bytes the --review layer may hold on disk
     audit_log: str | None = None
     net_log: str | None = None
     pcap: str | None = None

@@ -309,10 +309,10 @@ class Manager:
 
     async def info(self, sid: str) -> SessionInfo:
         sid = await self.resolve(sid)
-        held = await pools.run(pools.RECORDS, review.held)
+        held = await pools.run(pools.RECORDS, review.shown, sid)
         if sid in self.sessions:
             live = self.sessions[sid].info()
-            live.review = "held" if sid in held else None
+            live.review = held
             return live
         info = (
             await pools.run(pools.RECORDS, records.read_meta, sid)
@@ -321,7 +321,7 @@ class Manager:
         )
         if info is None:
             raise NoSuchSession(sid)
-        info.review = "held" if sid in held else None
+        info.review = held
         return _profiled(info)
 
     # -- --review: the changes a held session made ----------------------------------

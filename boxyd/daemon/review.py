@@ -8,7 +8,6 @@ would prune it: a review lives until it is applied or discarded.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -16,6 +15,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from boxy import values
 from boxy.errors import UsageError
 from boxy.paths import ensure_private_dir, state_dir
 from boxyd.config.runspec import RunSpec
@@ -34,6 +34,7 @@ class Review:
     generated: list[str] = field(default_factory=list)
     allow_git_write: bool = False
     edit_config: list[str] = field(default_factory=list)
+    size: list[int] | None = None  # [bytes, entries] of the layer as the run ended
 
     @property
     def dir(self) -> Path:
@@ -108,6 +109,16 @@ def held() -> set[str]:
         return set()
 
 
+def shown(sid: str) -> str | None:
+    """What `show` says of session SID's review: 'held (12MiB in 340 entries)', or
+    None when it holds none."""
+    r = get(sid) if (state_dir() / "review" / sid / META).exists() else None
+    if r is None:
+        return None
+    size = described(r)
+    return f"held ({size})" if size else "held"
+
+
 def discard(sid: str) -> None:
     """Drop session SID's layers. overlayfs leaves its work/work at mode 0: made the
     owner's again first (rmtree would stop at it)."""
@@ -120,18 +131,9 @@ def discard(sid: str) -> None:
     shutil.rmtree(d)
 
 
-def size(sid: str) -> int:
-    """Bytes the upper layer holds (blocks, as the disk counts them)."""
-    total = 0
-    for dirpath, dirs, files in os.walk(root() / sid / "upper"):
-        for name in dirs + files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-    return total
-
-
-def after_run(sid: str) -> str:
-    """The run's last word on its review: an upper layer left empty is dropped."""
+def after_run(sid: str, size: tuple[int, int] | None = None) -> str:
+    """The run's last word on its review: an upper layer left empty is dropped; SIZE,
+    (bytes, entries) as measured after the run (reviewwatch), kept with the review."""
     r = get(sid)
     if r is None:
         return "--review: nothing was held"
@@ -142,7 +144,20 @@ def after_run(sid: str) -> str:
     if empty:
         discard(sid)
         return f"--review: the payload changed nothing in {r.workdir}"
+    held = ""
+    if size is not None:
+        r.size = list(size)
+        _write(r.dir, r)
+        held = f" ({described(r)})"
     return (
-        f"--review: its changes to {r.workdir} are held: `boxyctl diff {sid}`, then "
+        f"--review: its changes to {r.workdir} are held{held}: `boxyctl diff {sid}`, then "
         f"`boxyctl apply {sid} [PATH...]` or `boxyctl discard {sid}`"
     )
+
+
+def described(r: Review) -> str:
+    """'12MiB in 340 entries' as the layer was when the run ended; '' unmeasured."""
+    if not r.size:
+        return ""
+    entries = f"{r.size[1]:,} entries" if r.size[1] != 1 else "1 entry"
+    return f"{values.format_size(r.size[0])} in {entries}"

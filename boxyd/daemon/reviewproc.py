@@ -26,6 +26,9 @@ OUT_MAX = 256 << 20  # bytes of a reply boxyd reads
 
 
 def _handle(req: dict[str, Any]) -> dict[str, Any]:
+    if req["op"] == "size":  # the watch of a running review (daemon/reviewwatch.py)
+        size, entries = reviewtree.footprint(req["upper"])
+        return {"bytes": size, "entries": entries}
     ctx = Context(**req["ctx"])
     changes = reviewtree.read(req["upper"], req["workdir"], ctx)
     if req["op"] == "diff":

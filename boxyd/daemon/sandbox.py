@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import os
 import pwd
@@ -19,7 +20,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from boxy import caches, notices, termsettings
-from boxy.errors import SetupError, UsageError
+from boxy.errors import BoxyError, SetupError, UsageError
 from boxy.outcome import Counters, Destination
 from boxy.paths import config_home, state_dir
 from boxy.request import RunRequest, Terminal
@@ -46,6 +47,7 @@ from boxyd.daemon.asking import Answerer, TerminalQuestions
 from boxyd.daemon.liveguard import LiveGuard
 from boxyd.daemon.parseproc import Apart, call_apart, call_with
 from boxyd.daemon.pty import PtyRelay
+from boxyd.daemon.reviewwatch import ReviewWatch
 from boxyd.daemon.scopes import Limit, Placement, Scopes, limits, read_events, remove_subtree
 from boxyd.daemon.seam import Caller, Change, Exit, Report, SandboxEvent, Sink, Started, Stopped
 from boxyd.daemon.stage2proc import (
@@ -312,6 +314,9 @@ class StageSandbox:
         self._edit: dict[str, list[str]] = {}  # --edit-config, by tree: rels left to the run
         self._checking = threading.Lock()  # one check of the trees at a time (_check)
         self._hold_budget: Budget | None = None  # the live guard's moves (_hold)
+        self._review_layers: tuple[str, str] | None = None  # --review: (upper, work)
+        self.review_watch: ReviewWatch | None = None  # --review-limit, while it runs
+        self._review_task: asyncio.Task[None] | None = None
 
     # -- before the payload ----------------------------------------------------------
     async def start(self) -> list[str]:
@@ -347,6 +352,7 @@ class StageSandbox:
         )
         if running:
             self._start_live_guard()
+            self._watch_review()
         self._relay = asyncio.get_running_loop().create_task(self._relay_reports())
 
     def _ask_on(self) -> None:
@@ -457,6 +463,7 @@ class StageSandbox:
         net = self.net.plan() if self.net is not None else None
         bpf, naming = self._seccomp(net)
         layers = review.prepare(self._sink.id, spec) if spec.review else None
+        self._review_layers = layers
         return mountplan.build(
             spec,
             review=layers,
@@ -807,6 +814,14 @@ class StageSandbox:
             self._sink.record("fs.live", note=note)
             self._sink.notice(note)
 
+    def _watch_review(self) -> None:
+        """--review: its layer held to --review-limit while the payload runs."""
+        layers = self._review_layers
+        if layers is None:
+            return
+        self.review_watch = ReviewWatch(layers[0], self.spec.review_limit, self._stopped_by_guard)
+        self._review_task = asyncio.get_running_loop().create_task(self.review_watch.run())
+
     def _stopped_by_guard(self, line: str) -> None:
         """The live guard cannot keep the trees covered: the payload ends now (its
         whole PID namespace); LINE is said with the outcome (its notes)."""
@@ -948,7 +963,7 @@ class StageSandbox:
         report.notes += self.refused_calls.lines()  # said without -v, like the network's
         report.seccomp_kill = self.refused_calls.first_kill()
         if self.spec.review and self.stage2 is not None:
-            report.notes.append(await pools.run(pools.CHECKS, review.after_run, self._sink.id))
+            report.notes += await self._review_end()
         if self.live_guard is not None:  # a budget it reached, and what it did instead
             report.notes += self.live_guard.said
         # after the live guard's last check (it holds _checking): its lines are in
@@ -975,6 +990,24 @@ class StageSandbox:
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.05)
         return report
+
+    async def _review_end(self) -> list[str]:
+        """--review's last words: why the watch stopped the run, if it did; the layer
+        measured once more (the payload gone) and its size kept with it."""
+        if self._review_task is not None:
+            self._review_task.cancel()
+        watch, notes = self.review_watch, []
+        size: tuple[int, int] | None = None
+        if watch is not None:
+            if watch.stopped is not None:
+                notes.append(watch.stopped)
+                self._sink.record("review", stopped=watch.stopped)
+            with contextlib.suppress(BoxyError):
+                size = await watch.measure()
+            over = watch.over(*size) if size is not None and watch.stopped is None else None
+            notes += [over] if over is not None else []
+        notes.append(await pools.run(pools.CHECKS, review.after_run, self._sink.id, size))
+        return notes
 
     def _bounds_reached(self) -> list[str]:
         """What the run's last lines say of a bound it reached (README, "When a budget

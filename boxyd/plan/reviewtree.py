@@ -266,6 +266,40 @@ def _du(fd: int) -> tuple[int, int]:
     return files, size
 
 
+def footprint(upper: str, cap: int = MAX_ENTRIES) -> tuple[int, int]:
+    """(bytes, entries) the upper layer at UPPER holds, the walk stopped past CAP
+    entries. A file counts its length or its blocks, whichever is more: a sparse file
+    costs the disk nothing here, but apply would write all of it. A hard link's inode
+    counts once."""
+    seen: set[int] = set()
+    total = entries = 0
+    stack = [os.open(upper, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)]
+    try:
+        while stack and entries <= cap:
+            fd = stack.pop()
+            try:
+                for entry in os.scandir(fd):
+                    entries += 1
+                    try:  # the payload may be writing as this walks: gone is skipped
+                        st = entry.stat(follow_symlinks=False)
+                        if stat.S_ISDIR(st.st_mode):
+                            stack.append(open_dir(fd, entry.name))
+                    except OSError:
+                        continue
+                    if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+                        if st.st_ino in seen:
+                            continue
+                        seen.add(st.st_ino)
+                    length = st.st_size if stat.S_ISREG(st.st_mode) else 0
+                    total += max(st.st_blocks * 512, length)
+            finally:
+                os.close(fd)
+    finally:
+        for fd in stack:
+            os.close(fd)
+    return total, entries
+
+
 def _opaque(fd: int) -> bool:
     try:
         return os.getxattr(fd, OPAQUE) == b"y"

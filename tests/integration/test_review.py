@@ -200,3 +200,47 @@ def test_diff_of_a_thousand_files_and_apply(boxy: Boxy) -> None:
     a = _ctl(boxy, "apply", sid)
     assert a.returncode == 0, a.stderr
     assert len(list((boxy.workdir / "gen").iterdir())) == 1000
+
+
+# A payload that writes 1 MiB at a time (64 at most, 20 s at most): past a 4 MiB limit
+# the watch stops it long before it is done.
+WRITER = (
+    'python3 -c "import time\n'
+    "end = time.monotonic() + 20\n"
+    "with open('big', 'wb') as f:\n"
+    "    for i in range(64):\n"
+    "        f.write(bytes(1 << 20)); f.flush(); time.sleep(0.2)\n"
+    "        if time.monotonic() > end: break\n"
+    "print('WROTE ALL')\""
+)
+
+
+@pytest.mark.parametrize(
+    "script", [WRITER, "truncate -s 100G sparse && sleep 20 && echo WROTE ALL"]
+)
+def test_a_layer_past_its_limit_stops_the_run_and_stays_held(boxy: Boxy, script: str) -> None:
+    """--review-limit: a layer growing past it (written, or a sparse file apply would
+    write whole) stops the run; what it wrote stays held, and `show` says how much."""
+    _project(boxy)
+    r = boxy.sh(script, "--review", "--review-limit", "4MiB", input=b"")
+    out, err = r.stdout.decode(), r.stderr.decode(errors="replace")
+    assert "WROTE ALL" not in out, f"ESCAPED: the layer grew past its limit: {err}"
+    assert re.search(r"--review: its layer holds \S+, past its limit of 4(\.0)?MiB \(--review-limit\): "
+                     r"the run was stopped", err), err  # fmt: skip
+    assert r.returncode != 0, err
+    m = re.search(r"are held \((\S+) in (\d+ entr(y|ies))\): `boxyctl diff (\w+)`", err)
+    assert m, err
+    assert not (boxy.workdir / "big").exists() and not (boxy.workdir / "sparse").exists()
+    show = _ctl(boxy, "show", m.group(4)).stdout.decode()
+    assert f"held ({m.group(1)} in {m.group(2)})" in show, show
+
+
+def test_a_review_limit_without_a_review_is_refused(boxy: Boxy) -> None:
+    r = boxy.sh("echo ran", "--review-limit", "1GiB", input=b"")
+    assert r.returncode == 2 and b"ran" not in r.stdout
+    assert (
+        r.stderr.decode()
+        .strip()
+        .splitlines()[-1]
+        .endswith("--review-limit: needs --review (or a profile with review: true)")
+    ), r.stderr

@@ -111,6 +111,7 @@ BESIDE: dict[str, dict[str, object]] = {
     "ask_notify": {"net": "allowlist"},
     "pcap_max": {"pcap": "/tmp/route.pcap"},
     "tty_raw": {"tty": True},
+    "review_limit": {"review": True},
     "allow_host_config": {"rw": "~/.ssh"},
 }
 

@@ -38,6 +38,7 @@ OLD_FLAGS = {
     ("--publish",): "append",
     ("-e", "--env"): "append", ("--secret",): "append", ("--memory",): "value",
     ("--pids",): "value", ("--cpus",): "value", ("--timeout",): "value",
+    ("--review-limit",): "value",
     ("--audit-log",): "value", ("--net-log",): "value", ("--pcap",): "value",
     ("--pcap-max",): "value", ("--seccomp",): "value", ("--tty",): "true",
     ("--tty-raw",): "true", ("-v", "--verbose"): "true", ("-d", "--detach"): "true",

@@ -630,7 +630,7 @@ def test_the_resolved_view_shows_every_key_of_the_table(tmp_path: Path) -> None:
         "filesystem": {k: ([{"src": "/etc/hosts", "dst": "/x"}] if "copy" in k else
                            ["/srv"] if k not in ("secrets", "generated") else ["*.key"]) for k in profileschema._FS_KEYS
                        if k != "tmpfs"} | {"tmpfs": ["/scratch"]},
-        "limits": {"memory": "1GiB", "pids": 64, "cpus": 1.5, "timeout": "1h"},
+        "limits": {"memory": "1GiB", "pids": 64, "cpus": 1.5, "timeout": "1h", "review": "1GiB"},
     }  # fmt: skip
     path = tmp_path / "all.yaml"
     path.write_text(yaml.safe_dump(doc))

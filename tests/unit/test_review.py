@@ -4,6 +4,8 @@ itself is tested on the real kernel: tests/integration/test_review.py)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -72,3 +74,35 @@ def test_the_summary_folds_a_generated_tree_into_one_line() -> None:
     ]
     assert lines[-1] == "5 added, 1 changed, 1 removed; 333B to land"
     assert summary_lines([]) == ["no changes"]
+
+
+def test_a_layer_footprint_counts_what_apply_would_write(tmp_path: Path) -> None:
+    """A sparse file counts its length (apply writes all of it), a hard link's inode
+    once, a symlink is not followed, and the walk stops past its cap."""
+    from boxyd.plan.reviewtree import footprint
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a").write_bytes(b"x" * 10_000)
+    os.link(tmp_path / "d" / "a", tmp_path / "d" / "b")
+    with open(tmp_path / "sparse", "wb") as f:
+        f.truncate(1 << 30)
+    (tmp_path / "out").symlink_to("/usr")
+    size, entries = footprint(str(tmp_path))
+    assert entries == 5
+    assert (1 << 30) + 10_000 <= size < (1 << 30) + 200_000, size
+    _, capped = footprint(str(tmp_path), cap=1)
+    assert capped < entries
+
+
+def test_a_watched_layer_says_which_bound_it_passed() -> None:
+    from boxyd.daemon.reviewwatch import ReviewWatch
+    from boxyd.plan.reviewtree import MAX_ENTRIES
+
+    w = ReviewWatch("/nowhere", 1 << 20, lambda line: None)
+    assert w.over(1 << 20, 10) is None
+    assert w.over((1 << 20) + 1, 10) == (
+        "--review: its layer holds 1.0MiB, past its limit of 1.0MiB (--review-limit)"
+    )
+    assert w.over(0, MAX_ENTRIES + 1) == (
+        f"--review: its layer holds more than {MAX_ENTRIES:,} entries, past what a review reads"
+    )

@@ -33,16 +33,31 @@ def test_each_step_result_is_a_part_of_runspec(step: type) -> None:
 
 
 def test_limits_default() -> None:
-    assert limits.limits(RunOptions(), prof()) == limits.Limits(2 << 30, 512, None, None, "strict")
+    assert limits.limits(RunOptions(), prof()) == limits.Limits(
+        2 << 30, 512, None, None, 4 << 30, "strict"
+    )
 
 
 def test_limits_the_flag_over_the_profile() -> None:
-    p = prof(memory=1 << 30, pids=64, cpus=2.0, timeout=60.0, seccomp="compat")
-    assert limits.limits(RunOptions(), p) == limits.Limits(1 << 30, 64, 2.0, 60.0, "compat")
-    o = RunOptions(memory=4 << 30, pids=100, cpus=1, timeout=5, seccomp="strict")
+    p = prof(memory=1 << 30, pids=64, cpus=2.0, timeout=60.0, seccomp="compat", review=True)
+    p.review_limit = 1 << 30
+    assert limits.limits(RunOptions(), p) == limits.Limits(
+        1 << 30, 64, 2.0, 60.0, 1 << 30, "compat"
+    )
+    o = RunOptions(
+        memory=4 << 30, pids=100, cpus=1, timeout=5, seccomp="strict", review_limit=5 << 20
+    )
     got = limits.limits(o, p)
-    assert got == limits.Limits(4 << 30, 100, 1.0, 5.0, "strict")
+    assert got == limits.Limits(4 << 30, 100, 1.0, 5.0, 5 << 20, "strict")
     assert isinstance(got.cpus, float) and isinstance(got.timeout, float)
+
+
+def test_a_review_limit_needs_a_review() -> None:
+    with pytest.raises(UsageError) as e:
+        limits.limits(RunOptions(review_limit=1 << 30), prof())
+    assert str(e.value) == "--review-limit: needs --review (or a profile with review: true)"
+    with pytest.raises(UsageError, match="--review-limit 1000B: below the minimum of 1MiB"):
+        limits.limits(RunOptions(review=True, review_limit=1000), prof())
 
 
 def test_limits_below_the_minimum_are_refused() -> None:

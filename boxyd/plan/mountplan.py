@@ -147,12 +147,39 @@ CA_VARIABLES = (
 )
 
 
+# Where the system's own bundle is, by distribution (Go's list, crypto/x509/root_linux.go):
+# a program that reads no variable trusts the session CA there too
+SYSTEM_BUNDLES = (
+    "/etc/ssl/certs/ca-certificates.crt",  # Debian, Ubuntu, Gentoo, Arch
+    "/etc/pki/tls/certs/ca-bundle.crt",  # Fedora, RHEL 6
+    "/etc/ssl/ca-bundle.pem",  # openSUSE
+    "/etc/pki/tls/cacert.pem",
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",  # RHEL 7+
+    "/etc/ssl/cert.pem",  # Alpine
+)
+
+
 def trust_ops(net: NetPlan | None, env: dict[str, str]) -> tuple[list[MountOp], dict[str, str]]:
     """The session CA's bundle in the sandbox and the environment pointing at it."""
     if net is None or net.ca_bundle is None:
         return [], env
     pointed = {name: CA_BUNDLE for name in CA_VARIABLES}
     return [File(CA_BUNDLE, net.ca_bundle, 0o444)], {**pointed, **env}
+
+
+def system_bundle_ops(net: NetPlan | None) -> list[MountOp]:
+    """The same bundle grafted over each of the system's bundles that is a regular file
+    under the /etc the sandbox binds (a symlink's target, where it is one): after the
+    binds, which they lie on."""
+    if net is None or net.ca_bundle is None:
+        return []
+    found = {os.path.realpath(p) for p in SYSTEM_BUNDLES if os.path.isfile(p)}
+    bound = tuple(f"/etc/{name}/" for name in ETC_FROM_HOST)
+    return [
+        File(p, net.ca_bundle, 0o444, graft=True)
+        for p in sorted(found)
+        if p.startswith(bound) and not os.path.islink(p)
+    ]
 
 
 def writable_roots(spec: RunSpec) -> list[str]:
@@ -273,6 +300,7 @@ def build(
         File(paths.SANDBOX_MARK, paths.SANDBOX_NAME + "\n"),
         *trust,
         *sys_ops,
+        *system_bundle_ops(net),
         *u_ops,
     ]
     rules = [

@@ -57,12 +57,15 @@ class Symlink:
 
 @dataclass(frozen=True)
 class File:
-    """A file boxy writes itself (the minimal /etc)."""
+    """A file boxy writes itself (the minimal /etc). GRAFT: written on the scratch
+    tmpfs and bound read-only over the file at DST, which a bind made (the system's
+    certificate bundle under the host's /etc/ssl)."""
 
     dst: str
     content: str
     mode: int = 0o644
     op: str = "file"
+    graft: bool = False
 
 
 @dataclass(frozen=True)

@@ -201,6 +201,8 @@ def apply_ops(plan: Plan) -> None:
         elif isinstance(op, Symlink):
             _parent_on_tmpfs(op.dst, step="symlink")
             os.symlink(op.target, NEW + op.dst)
+        elif isinstance(op, File) and op.graft:
+            apply_graft(op)
         elif isinstance(op, File):
             _parent_on_tmpfs(op.dst, step="file")
             fd = os.open(
@@ -361,6 +363,18 @@ def apply_copy(c: Copy, plan: Plan) -> None:
     finally:
         os.close(sfd)
     _bind_local(tmp, c.dst, c.ro, step)
+
+
+def apply_graft(f: File) -> None:
+    """A file boxy writes (on the scratch tmpfs) bound read-only over one a bind put
+    at F.dst: the file there must exist (the plan checked the host has it)."""
+    global _copies
+    _copies += 1
+    tmp = f"{SCRATCH}/copies/{_copies}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, f.mode)
+    with os.fdopen(fd, "w") as out:
+        out.write(f.content)
+    _bind_local(tmp, f.dst, True, f"graft {f.dst}")
 
 
 _masks = 0

@@ -151,6 +151,10 @@ try:
     print("OTHER trusted by the session bundle")
 except Exception as e:
     print("OTHER not intercepted", type(e).__name__)
+# a program that reads no variable: the system's own bundle trusts the session CA too
+sysctx = ssl.create_default_context(cafile="/etc/ssl/certs/ca-certificates.crt")
+req = urllib.request.Request("https://www.boxy.test/record-system", headers={"Authorization": "Bearer " + ph})
+print("SYSTEM", urllib.request.urlopen(req, timeout=10, context=sysctx).status)
 curl = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "-H",
                        "Authorization: Bearer " + ph, "https://www.boxy.test/record-curl"],
                       capture_output=True, text=True)
@@ -184,6 +188,7 @@ def test_a_bound_secret_reaches_its_host_alone(netboxy: NetBoxy, net: Topology) 
     basic = base64.b64encode(f"x-access-token:{SECRET}".encode()).decode()
     assert seen.get("/record-basic") == f"Basic {basic}", seen
     assert "CURL 200" in out and seen.get("/record-curl") == f"Bearer {SECRET}", out
+    assert "SYSTEM 200" in out and seen.get("/record-system") == f"Bearer {SECRET}", out
     assert "WORM 403" in out, out  # the placeholder in a plaintext first record
     assert not [e for e in net.server_events("v4only") if e.get("kind") == "http"]
     assert "DNS refused" in out, out

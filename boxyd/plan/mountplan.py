@@ -300,21 +300,10 @@ def build(
         File(paths.SANDBOX_MARK, paths.SANDBOX_NAME + "\n"),
         *trust,
         *sys_ops,
-        *system_bundle_ops(net),
+        *system_bundle_ops(net),  # (on the /etc binds among sys_ops)
         *u_ops,
     ]
-    rules = [
-        LandlockRule("/", "dir"),
-        *sys_rules,
-        LandlockRule("/proc", "ro"),
-        LandlockRule(os.path.dirname(paths.SANDBOX_MARK), "ro"),
-        *(LandlockRule(d, "dev") for d in DEV_RULES),
-        LandlockRule("/dev/shm", "rw"),
-        LandlockRule("/tmp", "rw"),
-        LandlockRule(home, "rw"),
-        *(LandlockRule(p, "rw") for p in spec.tmpfs),
-        *u_rules,
-    ]
+    rules = _landlock(spec, home, sys_rules, u_rules)
     return Plan(
         argv=spec.argv,
         env=env,
@@ -335,6 +324,24 @@ def build(
         tmpfs=list(spec.tmpfs),
         **(seccomp_notify or {}),
     )
+
+
+def _landlock(
+    spec: RunSpec, home: str, sys_rules: list[LandlockRule], u_rules: list[LandlockRule]
+) -> list[LandlockRule]:
+    """What the payload may reach: the system's trees, the scratch, the user's trees."""
+    return [
+        LandlockRule("/", "dir"),
+        *sys_rules,
+        LandlockRule("/proc", "ro"),
+        LandlockRule(os.path.dirname(paths.SANDBOX_MARK), "ro"),
+        *(LandlockRule(d, "dev") for d in DEV_RULES),
+        LandlockRule("/dev/shm", "rw"),
+        LandlockRule("/tmp", "rw"),
+        LandlockRule(home, "rw"),
+        *(LandlockRule(p, "rw") for p in spec.tmpfs),
+        *u_rules,
+    ]
 
 
 def _net_fields(net: NetPlan | None) -> dict[str, Any]:

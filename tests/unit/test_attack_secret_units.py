@@ -155,3 +155,30 @@ def test_the_host_as_clients_write_it_is_swapped(host: str) -> None:
     assert VALUE.encode() in base64.b64decode(_swap().feed(req).split(b"Basic ")[1][:-4])
     req = _req("GET / HTTP/1.1", f"host: {host}", f"x-api-key: {PH}")
     assert _swap().feed(req) == req.replace(PH.encode(), VALUE.encode())
+
+
+# The placeholder (boxyd/net/placeholder.py) is in the payload's hands: beyond each
+# position's class, the punctuation and a token's public kind (`ghp_`), it must say
+# nothing of the value. A position that is the same in every placeholder drawn for a
+# value is one the payload reads off the value.
+VALUES = [
+    "correct-horse-battery-staple-4821",  # a passphrase: its words are the value
+    "hunter_Sup3rSecretPassw0rdXyz",
+    "prod-db-Pa55word-Xy7zQ2",
+    "kQzVb-8fJ2mTq9LwX3pRn5YsD7hKc1Vg",  # a random url-safe token that began so
+]
+
+
+@pytest.mark.parametrize("value", VALUES)
+def test_the_placeholder_keeps_no_letter_or_digit_of_the_value(value: str) -> None:
+    from boxyd.net import placeholder
+
+    drawn = [placeholder.make(value) for _ in range(40)]
+    kept = [
+        i
+        for i, ch in enumerate(value)
+        if ch.isalnum() and all(p[i] == ch for p in drawn)  # every draw: the value's own
+    ]
+    if kept:
+        print(f"ESCAPED: the placeholder shows {''.join(value[i] for i in kept)!r} of the value")
+    assert not kept

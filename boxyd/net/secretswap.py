@@ -5,7 +5,7 @@ Pure; fed bytes as they come, linear in them, bounded in what it holds.
 In each request's header block a placeholder of a secret for this host becomes the
 value in a credential header alone (CREDENTIAL_HEADERS: Authorization, inside `Basic`
 credentials too — decoded, swapped, encoded again: npm, pip and git send a token so —
-and the API-key headers), never where a server reflects what it was sent (Host, a
+and the API-key headers), as the whole credential, never where a server reflects what it was sent (Host, a
 custom header, the request target): a placeholder there is refused. Every request
 must be for HOST (its one Host header, an absolute target's authority): one
 certificate or one front end serving many names would route a request for another
@@ -221,32 +221,44 @@ class Swap:
             if p in text:
                 raise Unswappable("a placeholder outside a credential header")
 
-    def _swap(self, text: bytes) -> bytes:
-        for p in self._foreign:
-            if p in text:
-                raise Unswappable("a placeholder of a secret for other hosts")
-        for p, v in self._values.items():
-            if p in text:
-                text = text.replace(p, v)
-                self.swapped.add(p.decode())
-        return text
+    def _whole(self, part: bytes) -> bytes:
+        """PART, a whole credential, with the value for it if it is a placeholder: the
+        server sees the value alone, never bytes of the payload's around it (an error
+        that quotes a key's last characters would quote the value's)."""
+        value = self._values.get(part)
+        if value is None:
+            self._check(part)
+            return part
+        self.swapped.add(part.decode())
+        return value
 
     def _value(self, key: bytes, value: bytes) -> bytes:
+        """A header's value as it goes upstream: in a credential header, a placeholder
+        that is the whole credential (`Bearer PH`, `PH`, Basic's user or password)
+        swapped; a placeholder anywhere else refused."""
         if key not in CREDENTIAL_HEADERS:
             self._check(value)
             return value
-        m = _BASIC.fullmatch(value.strip(b" \t"))
-        if m is None and value.strip(b" \t")[:6].lower() in (b"basic ", b"basic\t"):
+        v = value.strip(b" \t")
+        m = _BASIC.fullmatch(v)
+        if m is None and v[:6].lower() in (b"basic ", b"basic\t"):
             raise Unswappable("unreadable Basic credentials")
         if m is not None:
             try:
                 creds = base64.b64decode(m.group(2), validate=True)
             except (binascii.Error, ValueError):
                 raise Unswappable("unreadable Basic credentials") from None
-            swapped = self._swap(creds)
-            if swapped != creds:
-                return b" " + m.group(1) + base64.b64encode(swapped)
-        return self._swap(value)
+            user, sep, password = creds.partition(b":")
+            swapped = self._whole(user) + sep + self._whole(password)
+            return value if swapped == creds else b" " + m.group(1) + base64.b64encode(swapped)
+        scheme, sp, token = v.rpartition(b" ")
+        self._check(scheme)
+        swapped = self._whole(token)
+        if swapped is token:
+            return value
+        if sp and _TOKEN.fullmatch(scheme.rstrip(b" ")) is None:
+            raise Unswappable("a placeholder not the whole credential")
+        return b" " + scheme + sp + swapped
 
 
 def _field(line: bytes) -> tuple[bytes, bytes]:

@@ -182,3 +182,47 @@ def test_the_placeholder_keeps_no_letter_or_digit_of_the_value(value: str) -> No
     if kept:
         print(f"ESCAPED: the placeholder shows {''.join(value[i] for i in kept)!r} of the value")
     assert not kept
+
+
+def _credential_shaped(req: bytes) -> list[str]:
+    """Where a credential header sent the value with the payload's bytes around it
+    (`Bearer junkVALUE`): a server's error that quotes a bad key's first or last
+    characters would quote the value's."""
+    try:
+        sent = _swap().feed(req)
+    except Unswappable:
+        return []
+    where = []
+    for _, headers, _ in _lenient_requests(sent):
+        for name, vals in headers.items():
+            for v in (x.strip().encode("latin-1") for x in vals):
+                if v[:6].lower() == b"basic ":
+                    whole = base64.b64decode(v[6:]).split(b":", 1)
+                else:
+                    words = v.split()
+                    whole = [words[-1]] if len(words) <= 2 else []
+                if VALUE.encode() in v + b"".join(whole) and VALUE.encode() not in whole:
+                    where.append(f"{name}: {v!r}")
+    for w in where:
+        print(f"ESCAPED: the value sent inside the payload's bytes: {w}")
+    return where
+
+
+def _basic(creds: str) -> str:
+    return "Authorization: Basic " + base64.b64encode(creds.encode()).decode()
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        f"Authorization: Bearer junk{PH}",
+        f"Authorization: Bearer {PH}junk",
+        f"Authorization: Bearer junk {PH}",
+        f"Authorization: {PH}{PH}",
+        f"X-Api-Key: sk-{PH}",
+        _basic(f"u:junk{PH}"),
+        _basic(f"{PH}x:y"),
+    ],
+)
+def test_the_server_sees_the_value_whole_or_nothing(header: str) -> None:
+    assert not _credential_shaped(_req("GET / HTTP/1.1", f"Host: {HOST}", header))

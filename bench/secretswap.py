@@ -111,7 +111,9 @@ async def _gateway(listener: socket.socket, upstream_port: int, swap: bool) -> N
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         flow: relay.Flow | SecretFlow
         if swap:
-            flow = SecretFlow(client, up, b"", HOST, server, verify, Swap({PH: VALUE}), 60.0)
+            flow = SecretFlow(
+                client, up, b"", HOST, server, verify, Swap({PH: VALUE}, host=HOST), 60.0
+            )
         else:
             flow = relay.Flow(client, up, idle_timeout=60.0)
         flow.start(lambda _: None)

@@ -866,7 +866,8 @@ class Gateway:
             self._verify = secretflow.upstream_context()
         return secretflow.SecretFlow(
             conn.client, upstream, conn.data or b"", host, ca.server_context(host),
-            self._verify, Swap(secrets.for_host(host), secrets.foreign(host)),
+            self._verify,
+            Swap(secrets.for_host(host), secrets.foreign(host), host=host, port=conn.port),
             idle_timeout=self.limits.idle_timeout,
         )  # fmt: skip
 

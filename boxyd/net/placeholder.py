@@ -4,22 +4,28 @@ of the value. Pure.
 Same length, and each position drawn from its own character's class (a lowercase
 letter for one, a digit for a digit, a hex letter for a hex token's letter), so a
 tool that checks a token's form before sending it (`ghp_` and 36 alphanumerics) sends
-the placeholder as it would the value. A token's leading words (`ghp_`, `npm_`,
-`github_pat_`, `sk-proj-`) and its punctuation are kept: they say which kind of token
-it is, not which token. The gateway finds the placeholder by its exact bytes, so it
-must never occur by chance: at least MIN_BITS of randomness, else the value is
-refused as too short to stand in for.
+the placeholder as it would the value. A token's kind (`ghp_`, `github_pat_`,
+`sk-proj-`: KINDS, a fixed public list) and its punctuation are kept: they say which
+kind of token it is, not which token. No other letter or digit of the value is kept:
+a value's own leading words (a passphrase's, `prod-…`) are the value. The gateway
+finds the placeholder by its exact bytes, so it must never occur by chance: at least
+MIN_BITS of randomness, else the value is refused as too short to stand in for.
 """
 
 from __future__ import annotations
 
 import math
-import re
 import string
 
 MIN_BITS = 64
-# a token's kind: up to two leading words of letters, each ended by _ or -
-_PREFIX = re.compile(r"(?:[A-Za-z]{1,12}[_-]){1,2}")
+# the kinds of token whose leading word a tool checks (public: each names a service's
+# token format, never anything of one token); the longest that a value starts with
+KINDS = (
+    "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "gldt-", "glrt-",
+    "npm_", "pypi-", "hf_", "sk-", "sk-proj-", "sk-svcacct-", "sk-ant-", "sk-ant-api03-",
+    "xoxb-", "xoxp-", "xoxa-", "xapp-", "dop_v1_", "shpat_", "lin_api_", "ntn_",
+    "sk_live_", "sk_test_", "rk_live_", "rk_test_", "AIza", "SG.",
+)  # fmt: skip
 _HEX_LOWER = frozenset("0123456789abcdef")
 _HEX_UPPER = frozenset("0123456789ABCDEF")
 
@@ -38,10 +44,10 @@ def _alphabets(body: str) -> tuple[str, str, str]:
 
 
 def prefix(value: str) -> str:
-    """The kind-of-token words kept as they are (empty for most values)."""
-    m = _PREFIX.match(value)
+    """The token's kind (of KINDS), kept as it is; empty for any other value."""
+    kinds = [k for k in KINDS if value.startswith(k) and len(k) < len(value)]
     # the whole value is never a prefix: something must be left to draw
-    return m.group(0) if m and len(m.group(0)) < len(value) else ""
+    return max(kinds, key=len, default="")
 
 
 def bits(value: str) -> float:

@@ -3,15 +3,21 @@ stream to a secret's host goes through here, and what comes out is what goes ups
 Pure; fed bytes as they come, linear in them, bounded in what it holds.
 
 In each request's header block a placeholder of a secret for this host becomes the
-value: in header values, inside `Authorization: Basic` credentials (decoded,
-swapped, encoded again: npm, pip and git send a token so) and in an absolute
-request-target's userinfo. Bodies pass unchanged, framed by Content-Length or
-chunked coding so the next request's header block is found where the server will
-find it. What cannot be read so (a header block past MAX_HEAD, both framings, a
-coding other than chunked, an Upgrade, HTTP/2's preface, a folded line, a
-placeholder of a secret for other hosts) raises Unswappable: the gateway cuts the
-connection, since forwarding bytes it could not read would be forwarding them
-unswapped and unchecked.
+value in a credential header alone (CREDENTIAL_HEADERS: Authorization, inside `Basic`
+credentials too — decoded, swapped, encoded again: npm, pip and git send a token so —
+and the API-key headers), as the whole credential, never where a server reflects what it was sent (Host, a
+custom header, the request target): a placeholder there is refused. Every request
+must be for HOST (its one Host header, an absolute target's authority): one
+certificate or one front end serving many names would route a request for another
+name there. Header lines are read as strictly as the grammar says (visible ASCII,
+space and tab; no bare CR or LF, no control byte, no `Content_Length`), so no server
+can read a line break or a framing header the swap did not see. Bodies pass
+unchanged, framed by Content-Length or chunked coding so the next request's header
+block is found where the server will find it. What cannot be read so (a header block
+past MAX_HEAD, both framings, a coding other than chunked, an Upgrade, HTTP/2's
+preface, a folded line, a placeholder of a secret for other hosts) raises
+Unswappable: the gateway cuts the connection, since forwarding bytes it could not
+read would be forwarding them unswapped and unchecked.
 """
 
 from __future__ import annotations
@@ -24,7 +30,19 @@ from collections.abc import Mapping
 MAX_HEAD = 64 * 1024  # one request's header block
 MAX_LINE = 4096  # a chunk-size line, a trailer line
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_REQUEST_LINE = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+) (\S+) (HTTP/1\.[01])")
+_REQUEST_LINE = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+) ([\x21-\x7e]+) (HTTP/1\.[01])")
+# where clients send a token (the value goes here and nowhere else): Authorization and
+# Proxy-Authorization, and the API-key headers of the common APIs (docs/design.md)
+CREDENTIAL_HEADERS = frozenset(
+    {b"authorization", b"proxy-authorization", b"x-api-key", b"api-key", b"x-auth-token",
+     b"private-token", b"x-goog-api-key"}
+)  # fmt: skip
+# what a field value may hold (RFC 9110 5.5, without obs-text): a server that reads
+# any other byte as a line break would see a header the swap did not
+_FIELD_BYTES = bytes(range(0x20, 0x7F)) + b"\t"
+# header names the swap reads: one with `_` for `-` is the same header to a server
+# that maps them alike (CGI, WSGI), and a different one to the swap
+_READ = frozenset({b"content-length", b"transfer-encoding", b"host", b"upgrade"})
 _BASIC = re.compile(rb"([Bb][Aa][Ss][Ii][Cc][ \t]+)([A-Za-z0-9+/]+=*)[ \t]*")
 
 
@@ -47,13 +65,17 @@ _HEX = b"0123456789abcdefABCDEF"
 
 
 class Swap:
-    """One connection's request stream to HOST. VALUES: placeholder → value of the
-    secrets for this host; FOREIGN: the placeholders of the session's other secrets
-    (refused here: their hosts are others)."""
+    """One connection's request stream to HOST (on PORT: a Host header may say it).
+    VALUES: placeholder → value of the secrets for this host; FOREIGN: the
+    placeholders of the session's other secrets (refused here: their hosts are
+    others)."""
 
-    def __init__(self, values: Mapping[str, str], foreign: frozenset[str] = frozenset()) -> None:
+    def __init__(self, values: Mapping[str, str], foreign: frozenset[str] = frozenset(),
+                 *, host: str, port: int = 443) -> None:  # fmt: skip
         self._values = {p.encode(): v.encode() for p, v in values.items()}
         self._foreign = [p.encode() for p in foreign]
+        self._host = host.lower().rstrip(".").encode()
+        self._port = b":%d" % port
         self._buf = bytearray()
         self._scanned = 0  # of _buf, searched for the end of the header block
         self._state = "head"  # head | body | size | data | crlf | trailer
@@ -116,86 +138,137 @@ class Swap:
             self._state = "size"
         elif self._state == "size":
             size = _chunk_size(line)
-            if size is None:
+            if size is None or line.translate(None, _FIELD_BYTES):
                 raise Unswappable("an unreadable chunk size")
             self._left = size
             self._state = "data" if self._left else "trailer"
         elif not line:  # the empty line after the trailers: the request is whole
             self._state = "head"
+        else:
+            _field(line)  # read as strictly as a header: no line break a server sees
 
     def _head(self, head: bytes) -> bytes:
         """One request's header block (its CRLF CRLF included), swapped; sets how its
         body is framed."""
         lines = head[:-4].split(b"\r\n")
-        m = _REQUEST_LINE.fullmatch(lines[0])
+        http10 = self._request_line(lines[0])
+        swapped = [lines[0]]
+        fields: dict[bytes, list[bytes]] = {}
+        for line in lines[1:]:
+            name, value = _field(line)
+            key = name.lower()
+            fields.setdefault(key, []).append(value.strip(b" \t"))
+            swapped.append(name + b":" + self._value(key, value))
+        self._frame(fields, http10)
+        self.requests += 1
+        return b"\r\n".join(swapped) + b"\r\n\r\n"
+
+    def _request_line(self, line: bytes) -> bool:
+        """Checks the request line: a method, a target for HOST holding no secret's
+        placeholder where a swap could reach it, HTTP/1.x. True for HTTP/1.0."""
+        m = _REQUEST_LINE.fullmatch(line)
         if m is None:
             raise Unswappable("not an HTTP/1.1 request line")
         method, target = m.group(1), m.group(2)
         if method in (b"CONNECT", b"PRI"):
             raise Unswappable(f"a {method.decode()} request")
-        swapped = [b" ".join((method, self._userinfo(target), m.group(3)))]
-        length: bytes | None = None
-        chunked = False
-        for line in lines[1:]:
-            name, sep, value = line.partition(b":")
-            if not sep or _TOKEN.fullmatch(name) is None:
-                raise Unswappable("an unreadable header line (folded, or no name)")
-            key = name.lower()
-            if key == b"upgrade":
-                raise Unswappable("an Upgrade (the swap reads HTTP/1.1 alone)")
-            if key == b"transfer-encoding":
-                if value.strip().lower() != b"chunked" or chunked:
-                    raise Unswappable("a transfer coding other than chunked")
-                chunked = True
-            elif key == b"content-length":
-                if not value.strip().isdigit() or length not in (None, value.strip()):
-                    raise Unswappable("an unreadable Content-Length")
-                length = value.strip()
-            swapped.append(name + b":" + self._value(key, value))
-        if chunked and length is not None:
-            raise Unswappable("both Content-Length and chunked (a smuggling shape)")
-        self.requests += 1
-        self._state, self._left = "head", 0
-        if chunked:
-            self._state = "size"
-        elif length is not None and int(length):
-            self._state, self._left = "body", int(length)
-        return b"\r\n".join(swapped) + b"\r\n\r\n"
-
-    def _swap(self, text: bytes) -> bytes:
-        for p in self._foreign:
-            if p in text:
-                raise Unswappable("a placeholder of a secret for other hosts")
-        for p, v in self._values.items():
-            if p in text:
-                text = text.replace(p, v)
-                self.swapped.add(p.decode())
-        return text
-
-    def _value(self, key: bytes, value: bytes) -> bytes:
-        if key in (b"authorization", b"proxy-authorization"):
-            m = _BASIC.fullmatch(value.strip())
-            if m is None and value.strip()[:6].lower() == b"basic ":
-                raise Unswappable("unreadable Basic credentials")
-            if m is not None:
-                try:
-                    creds = base64.b64decode(m.group(2), validate=True)
-                except (binascii.Error, ValueError):
-                    raise Unswappable("unreadable Basic credentials") from None
-                swapped = self._swap(creds)
-                if swapped != creds:
-                    return b" " + m.group(1) + base64.b64encode(swapped)
-        return self._swap(value)
-
-    def _userinfo(self, target: bytes) -> bytes:
-        """An absolute-form target's userinfo (`https://user:TOKEN@host/…`) swapped;
-        the rest checked for another host's placeholder and left as it is."""
-        scheme, sep, rest = target.partition(b"://")
-        authority = rest.split(b"/", 1)[0]
-        if sep and b"@" in authority:
-            info = authority.rpartition(b"@")[0]
-            return scheme + sep + self._swap(info) + rest[len(info) :]
         for p in self._foreign:
             if p in target:
                 raise Unswappable("a placeholder of a secret for other hosts")
-        return target
+        scheme, sep, rest = target.partition(b"://")
+        if sep:  # absolute-form: the server takes its authority for the Host
+            authority = rest.split(b"/", 1)[0].split(b"?", 1)[0]
+            if scheme.lower() not in (b"http", b"https") or b"@" in authority:
+                raise Unswappable("an absolute target with userinfo or another scheme")
+            if not self._for_host(authority):
+                raise Unswappable("a request for another host")
+        elif not target.startswith(b"/") and not (target == b"*" and method == b"OPTIONS"):
+            raise Unswappable("a request target of no form HTTP/1.1 has")
+        return m.group(3) == b"HTTP/1.0"
+
+    def _for_host(self, authority: bytes) -> bool:
+        """AUTHORITY (a Host header's, a target's) names HOST, on its port or none."""
+        a = authority.lower()
+        a = a.removesuffix(self._port)
+        return a.rstrip(b".") == self._host
+
+    def _frame(self, fields: dict[bytes, list[bytes]], http10: bool) -> None:
+        """The request's Host checked and its body's framing read from its fields."""
+        if b"upgrade" in fields:
+            raise Unswappable("an Upgrade (the swap reads HTTP/1.1 alone)")
+        hosts = fields.get(b"host", [])
+        if len(hosts) != 1 or not self._for_host(hosts[0]):
+            raise Unswappable("a request not for its connection's host (one Host, naming it)")
+        coding, lengths = fields.get(b"transfer-encoding", []), fields.get(b"content-length", [])
+        if coding and (http10 or [c.lower() for c in coding] != [b"chunked"]):
+            raise Unswappable("a transfer coding other than chunked")
+        if any(not n.isdigit() or n != lengths[0] for n in lengths):
+            raise Unswappable("an unreadable Content-Length")
+        if coding and lengths:
+            raise Unswappable("both Content-Length and chunked (a smuggling shape)")
+        self._state, self._left = "head", 0
+        if coding:
+            self._state = "size"
+        elif lengths and int(lengths[0]):
+            self._state, self._left = "body", int(lengths[0])
+
+    def _check(self, text: bytes) -> None:
+        """TEXT is where no value may go: any secret's placeholder in it is refused."""
+        for p in self._foreign:
+            if p in text:
+                raise Unswappable("a placeholder of a secret for other hosts")
+        for p in self._values:
+            if p in text:
+                raise Unswappable("a placeholder outside a credential header")
+
+    def _whole(self, part: bytes) -> bytes:
+        """PART, a whole credential, with the value for it if it is a placeholder: the
+        server sees the value alone, never bytes of the payload's around it (an error
+        that quotes a key's last characters would quote the value's)."""
+        value = self._values.get(part)
+        if value is None:
+            self._check(part)
+            return part
+        self.swapped.add(part.decode())
+        return value
+
+    def _value(self, key: bytes, value: bytes) -> bytes:
+        """A header's value as it goes upstream: in a credential header, a placeholder
+        that is the whole credential (`Bearer PH`, `PH`, Basic's user or password)
+        swapped; a placeholder anywhere else refused."""
+        if key not in CREDENTIAL_HEADERS:
+            self._check(value)
+            return value
+        v = value.strip(b" \t")
+        m = _BASIC.fullmatch(v)
+        if m is None and v[:6].lower() in (b"basic ", b"basic\t"):
+            raise Unswappable("unreadable Basic credentials")
+        if m is not None:
+            try:
+                creds = base64.b64decode(m.group(2), validate=True)
+            except (binascii.Error, ValueError):
+                raise Unswappable("unreadable Basic credentials") from None
+            user, sep, password = creds.partition(b":")
+            swapped = self._whole(user) + sep + self._whole(password)
+            return value if swapped == creds else b" " + m.group(1) + base64.b64encode(swapped)
+        scheme, sp, token = v.rpartition(b" ")
+        self._check(scheme)
+        swapped = self._whole(token)
+        if swapped is token:
+            return value
+        if sp and _TOKEN.fullmatch(scheme.rstrip(b" ")) is None:
+            raise Unswappable("a placeholder not the whole credential")
+        return b" " + scheme + sp + swapped
+
+
+def _field(line: bytes) -> tuple[bytes, bytes]:
+    """A header (or trailer) line's name and value, read as strictly as the grammar
+    says: a token, a colon, visible ASCII, spaces and tabs. Raises Unswappable."""
+    name, sep, value = line.partition(b":")
+    if not sep or _TOKEN.fullmatch(name) is None:
+        raise Unswappable("an unreadable header line (folded, or no name)")
+    if b"_" in name and name.replace(b"_", b"-").lower() in _READ:
+        raise Unswappable("a header name with _ for - (read as the other by some servers)")
+    if value.translate(None, _FIELD_BYTES):
+        raise Unswappable("a control byte, bare CR or LF, or a byte past ASCII in a header")
+    return name, value

@@ -67,6 +67,8 @@ def test_prefixes() -> None:
     assert placeholder.prefix("3f1c9a7e-4b2c") == ""  # digits: the token's own
     assert placeholder.prefix("abcdef") == ""  # no word ended by _ or -
     assert placeholder.prefix("ghp_") == ""  # the whole value is never kept
+    assert placeholder.prefix("sk-ant-api03-abc") == "sk-ant-api03-"  # the longest kind
+    assert placeholder.prefix("boxy-secret-3f1c") == ""  # a value's own words: the value
 
 
 @pytest.mark.parametrize("value", ["", "abc", "ghp_abc", "x" * 13, "----____----", "1234567890"])

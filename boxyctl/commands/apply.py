@@ -25,8 +25,10 @@ def main(args: dict[str, Any]) -> int:
         print_json(got)
         return 1 if refused else 0
     applied = got.get("applied") or []
+    from boxy import shown
+
     for path, why in refused:
-        say(f"apply: {path}: refused: {why}")
+        say(f"apply: {shown.name(path)}: refused: {why}")
     left = got.get("left", 0)
     rest = "nothing left; the review is closed" if got.get("closed") else f"{left} left held"
     print(

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
 
 def main(args: dict[str, Any]) -> int:
+    from boxy import shown
     from boxyctl.connect import connect
     from boxyctl.review import summary_lines
 
@@ -24,6 +25,6 @@ def main(args: dict[str, Any]) -> int:
         print_json(got)
         return 0
     out = "\n".join(summary_lines(got.get("changes") or [])) + "\n"
-    text = got.get("text") or ""
+    text = shown.lines(got.get("text") or "")  # the payload's: nothing a terminal acts on
     print(out + ("\n" + text if text else ""), end="", flush=True)
     return 0

@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from boxy.errors import SetupError, UsageError
+from boxyd.daemon import reviewgit
 from boxyd.plan import reviewdiff, reviewland, reviewtree
 from boxyd.plan.reviewtree import Context, ReviewError
 
@@ -30,6 +31,8 @@ def _handle(req: dict[str, Any]) -> dict[str, Any]:
         size, entries = reviewtree.footprint(req["upper"])
         return {"bytes": size, "entries": entries}
     ctx = Context(**req["ctx"])
+    if not ctx.allow_git_write:  # what the host's git would obey once it landed
+        ctx.git = reviewgit.places(req["upper"], req["workdir"])
     changes = reviewtree.read(req["upper"], req["workdir"], ctx)
     if req["op"] == "diff":
         text = ""

@@ -1,13 +1,17 @@
 """The unified diff of a review's text files (docs/design.md, "Changes held for
 review"): the host's file against the upper layer's, both read through fds that
 reviewtree opened without following a symlink. Bounded: a file over DIFF_MAX bytes,
-one holding a NUL or not UTF-8 is named, not diffed. Runs in the review child."""
+one holding a NUL or not UTF-8 is named, not diffed. Names and lines are the
+payload's: each is shown escaped for a terminal (boxy/shown.py), and a file's mode
+is shown when it lands other than it was. Runs in the review child."""
 
 from __future__ import annotations
 
 import difflib
 import os
+import stat
 
+from boxy import shown
 from boxyd.plan.reviewtree import Change, open_file
 
 DIFF_MAX = 1 << 20  # bytes of one side of one file's diff
@@ -26,7 +30,7 @@ def _text(dir_fd: int, rel: str) -> list[str] | str:
     if b"\0" in data:
         return "binary"
     try:
-        lines = data.decode().splitlines(keepends=True)
+        lines = shown.split(data.decode())
     except UnicodeDecodeError:
         return "binary"
     if len(lines) > LINES_MAX:
@@ -34,18 +38,35 @@ def _text(dir_fd: int, rel: str) -> list[str] | str:
     return lines
 
 
+def _modes(host_fd: int, c: Change) -> str:
+    """The mode lines of a file that lands with another mode than it had (git's form):
+    what apply gives it, the permission bits."""
+    if c.kind == "removed":
+        return ""
+    new = c.mode & 0o777
+    if c.kind == "added":
+        return f"new file mode {new:04o}\n" if new & 0o111 else ""
+    old = stat.S_IMODE(os.stat(c.path, dir_fd=host_fd, follow_symlinks=False).st_mode) & 0o777
+    return f"old mode {old:04o}\nnew mode {new:04o}\n" if old != new else ""
+
+
 def file_diff(upper_fd: int, host_fd: int, c: Change) -> str:
-    """One change's unified diff (git's a/ b/ labels), or a line saying why there is none."""
+    """One change's unified diff (git's a/ b/ labels), or a line saying why there is
+    none; names and lines escaped for a terminal."""
+    modes = _modes(host_fd, c)
     old: list[str] | str = [] if c.kind == "added" else _text(host_fd, c.path)
     new: list[str] | str = [] if c.kind == "removed" else _text(upper_fd, c.path)
     for side in (old, new):
         if isinstance(side, str):
-            return f"{c.kind} {c.path}: {side}, not diffed\n"
+            return f"{c.kind} {shown.name(c.path)}: {side}, not diffed\n{modes}"
     assert isinstance(old, list) and isinstance(new, list)
-    a = "/dev/null" if c.kind == "added" else f"a/{c.path}"
-    b = "/dev/null" if c.kind == "removed" else f"b/{c.path}"
-    out = []
-    for line in difflib.unified_diff(old, new, a, b):
+    a = "/dev/null" if c.kind == "added" else shown.name(f"a/{c.path}")
+    b = "/dev/null" if c.kind == "removed" else shown.name(f"b/{c.path}")
+    out = [f"--- {a}\n+++ {b}\n{modes}"] if modes and old == new else []
+    for i, line in enumerate(difflib.unified_diff(old, new, a, b)):
+        if i == 2:
+            out.append(modes)
+        line = line if i < 2 else shown.line(line)
         out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
     return "".join(out)
 

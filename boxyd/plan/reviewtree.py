@@ -56,11 +56,14 @@ class Change:
 @dataclass
 class Context:
     """What judging an entry needs beside the trees: the profile's generated globs,
-    and what the run was allowed to write (--allow-git-write, --edit-config rels)."""
+    what the run was allowed to write (--allow-git-write, --edit-config rels), and the
+    git control places of the tree apply would leave (daemon/reviewgit.py: gitdirs,
+    hooks directories, included configs; held with all beneath them)."""
 
     generated: list[str] = field(default_factory=list)
     allow_git_write: bool = False
     edit_config: list[str] = field(default_factory=list)
+    git: list[str] = field(default_factory=list)
 
 
 def _type(mode: int) -> str:
@@ -116,13 +119,29 @@ def generated_root(rel: str, globs: list[str]) -> str:
     return ""
 
 
+def folded(c: Change, root: str) -> str:
+    """ROOT when C may be folded into its generated tree's one line (listed, not
+    diffed), else '': only a file or directory beneath the tree, or a symlink whose
+    text stays in it, is. The tree's root as a symlink or a file (`node_modules ->
+    ..`, a script named `build`), a symlink out of it, an entry apply holds: each on
+    a line of its own, a file diffed, since a line per tree would hide them."""
+    if not root or c.held or c.type == "special" or (c.path == root and c.type != "dir"):
+        return ""
+    if c.type == "symlink":
+        where = os.path.normpath(os.path.join(os.path.dirname(c.path), c.target))
+        if c.target.startswith("/") or not where.startswith(root + "/"):
+            return ""
+    return root
+
+
 def held(rel: str, typ: str, ctx: Context) -> str:
     """Why apply refuses REL of TYPE (the guard's rules, as a live run would hold it):
     a special file, a git control file, a file host programs obey unasked."""
     if typ == "special":
         return "a device node, FIFO or socket: never applied"
     parts = rel.split("/")
-    if ".git" in parts and not ctx.allow_git_write:
+    in_git = ".git" in parts or any(g == "" or rel == g or rel.startswith(g + "/") for g in ctx.git)
+    if in_git and not ctx.allow_git_write:
         return "a git control file (the git guard's; --allow-git-write at the run lets it)"
     if hostrun.edited(rel, ctx.edit_config):
         return ""
@@ -159,11 +178,11 @@ class Reader:
     def changes(self) -> list[Change]:
         out = list(self._dir(self.upper, self.host, ""))
         for c in out:
-            c.generated = generated_root(c.path, self.ctx.generated)
             if not c.held and c.kind != "removed":
                 c.held = held(c.path, c.type, self.ctx)
             elif c.kind == "removed" and not c.held:
                 c.held = held(c.path, "file", self.ctx)
+            c.generated = folded(c, generated_root(c.path, self.ctx.generated))
         return out
 
     def _count(self) -> None:

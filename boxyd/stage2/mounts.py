@@ -216,6 +216,26 @@ def overlay(lower_fd: int, upper_fd: int, work_fd: int, step: str, path: str) ->
         os.close(fs)
 
 
+def overlay_view(lower_fds: list[int], step: str, path: str) -> int:
+    """A detached read-only overlayfs mount of LOWER_FDS, topmost first, no upper layer
+    (daemon/reviewgit.py: a review's upper layer over the host's tree, as apply would
+    leave it). ``userxattr``: whiteouts and opaque marks as an unprivileged overlay
+    wrote them."""
+    fs = errno_call(step, path, SYS_fsopen, b"overlay", ctypes.c_uint(FSOPEN_CLOEXEC))
+    try:
+        for fd in lower_fds:
+            _fsconfig(fs, FSCONFIG_SET_FD, b"lowerdir+", fd, step, path)
+        _fsconfig(fs, FSCONFIG_SET_FLAG, b"userxattr", 0, step, path)
+        _fsconfig(fs, FSCONFIG_CMD_CREATE, None, 0, step, path)
+        attrs = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
+        return errno_call(
+            step, path, SYS_fsmount, ctypes.c_int(fs), ctypes.c_uint(FSMOUNT_CLOEXEC),
+            ctypes.c_uint(attrs),
+        )  # fmt: skip
+    finally:
+        os.close(fs)
+
+
 def _fsconfig(fs: int, cmd: int, key: bytes | None, aux: int, step: str, path: str) -> None:
     errno_call(
         step, path, SYS_fsconfig, ctypes.c_int(fs), ctypes.c_uint(cmd), key, None,

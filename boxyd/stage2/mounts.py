@@ -201,19 +201,8 @@ def overlay(lower_fd: int, upper_fd: int, work_fd: int, step: str, path: str) ->
     layer given by fd (kernel >= 6.13: no path is resolved again). ``userxattr``: its
     opaque and redirect marks as user.overlay.* xattrs, as an overlay mounted in a user
     namespace must. Needs: CAP_SYS_ADMIN over the mount namespace's user namespace."""
-    fs = errno_call(step, path, SYS_fsopen, b"overlay", ctypes.c_uint(FSOPEN_CLOEXEC))
-    try:
-        for key, fd in ((b"lowerdir+", lower_fd), (b"upperdir", upper_fd), (b"workdir", work_fd)):
-            _fsconfig(fs, FSCONFIG_SET_FD, key, fd, step, path)
-        _fsconfig(fs, FSCONFIG_SET_FLAG, b"userxattr", 0, step, path)
-        _fsconfig(fs, FSCONFIG_CMD_CREATE, None, 0, step, path)
-        attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
-        return errno_call(
-            step, path, SYS_fsmount, ctypes.c_int(fs), ctypes.c_uint(FSMOUNT_CLOEXEC),
-            ctypes.c_uint(attrs),
-        )  # fmt: skip
-    finally:
-        os.close(fs)
+    layers = [(b"lowerdir+", lower_fd), (b"upperdir", upper_fd), (b"workdir", work_fd)]
+    return _overlay_mount(layers, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, step, path)
 
 
 def overlay_view(lower_fds: list[int], step: str, path: str) -> int:
@@ -221,13 +210,17 @@ def overlay_view(lower_fds: list[int], step: str, path: str) -> int:
     (daemon/reviewgit.py: a review's upper layer over the host's tree, as apply would
     leave it). ``userxattr``: whiteouts and opaque marks as an unprivileged overlay
     wrote them."""
+    attrs = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
+    return _overlay_mount([(b"lowerdir+", fd) for fd in lower_fds], attrs, step, path)
+
+
+def _overlay_mount(layers: list[tuple[bytes, int]], attrs: int, step: str, path: str) -> int:
     fs = errno_call(step, path, SYS_fsopen, b"overlay", ctypes.c_uint(FSOPEN_CLOEXEC))
     try:
-        for fd in lower_fds:
-            _fsconfig(fs, FSCONFIG_SET_FD, b"lowerdir+", fd, step, path)
+        for key, fd in layers:
+            _fsconfig(fs, FSCONFIG_SET_FD, key, fd, step, path)
         _fsconfig(fs, FSCONFIG_SET_FLAG, b"userxattr", 0, step, path)
         _fsconfig(fs, FSCONFIG_CMD_CREATE, None, 0, step, path)
-        attrs = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
         return errno_call(
             step, path, SYS_fsmount, ctypes.c_int(fs), ctypes.c_uint(FSMOUNT_CLOEXEC),
             ctypes.c_uint(attrs),

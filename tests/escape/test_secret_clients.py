@@ -1,5 +1,6 @@
 """--secret NAME@HOST with the real clients the issue names, in the test internet: npm
-(`//HOST/:_authToken` in its configuration: `Authorization: Bearer`), pip (the index
+(a project .npmrc's `_authToken=${TOKEN}`: `Authorization: Bearer`; `_password`:
+Basic), pip (the index
 URL's userinfo, sent as Basic at once) and git (the clone URL's userinfo, sent as Basic
 after the server's 401 challenge, on the same connection; and `http.extraHeader`),
 each fetching a package from the test registry on www.boxy.test
@@ -102,27 +103,37 @@ def _no_placeholder(seen: list[tuple[str, str | None]], ph: str) -> None:
         assert ph not in (auth or "") and ph.encode() not in decoded, (path, auth)
 
 
-def test_npm_sends_a_bound_token_from_its_config(netboxy: NetBoxy, net: Topology) -> None:
-    """npm reads `//HOST/:_authToken` from its configuration (the placeholder) and
-    sends `Authorization: Bearer PH` to the registry and the tarball's host: both get
-    the value. Set in the environment (`npm_config_//HOST/:_authToken`): a project
-    .npmrc's `_authToken` line is dropped from the sandbox's copy, `${TOKEN}` or not
-    (README "Credentials in the work directory are covered")."""
-    auth = f'env "npm_config_//{WWW}/:_authToken=$TOKEN"'
+def test_npm_sends_a_bound_token_from_npmrc(netboxy: NetBoxy, net: Topology) -> None:
+    """npm expands the project .npmrc's `_authToken=${TOKEN}` (the placeholder) and
+    sends `Authorization: Bearer PH` to the registry and to the tarball's host; with
+    `username` and `_password` (base64 of the token) it sends Basic: each gets the
+    value. The .npmrc is revealed (`--reveal`): boxy covers an `_authToken` line,
+    `${TOKEN}` or not (README "Credentials in the work directory are covered")."""
+    npmrc = netboxy.workdir / ".npmrc"
+    npmrc.write_text(f"//{WWW}/:_authToken=${{TOKEN}}\n")
+    netboxy.user.chown(npmrc)
     flags = f"--registry https://{WWW}/npm/ --fetch-retries=0"
+    basic = (  # not the .npmrc (another prefix): the token as Basic's password
+        f'env "npm_config_//{WWW}/:username=npm" '
+        f'"npm_config_//{WWW}/:_password=$(printf %s "$TOKEN" | base64 -w0)" '
+        f"npm view {PKG} version --userconfig /dev/null --prefix basic {flags}"
+    )
     steps = {
-        "view": f"{auth} npm view {PKG} version {flags}",
-        "install": f"{auth} npm install {PKG} --no-audit --no-fund {flags}",
+        "view": f"npm view {PKG} version {flags}",
+        "install": f"npm install {PKG} --no-audit --no-fund {flags}",
         "installed": f"cat node_modules/{PKG}/package.json",
+        "basic": f"mkdir basic; {basic}",
     }
-    r, got = _run(netboxy, net, steps, "-p", "node")
+    r, got = _run(netboxy, net, steps, "-p", "node", "--reveal", str(npmrc))
     assert r.returncode == 0, r.stderr
     assert got["view"].splitlines()[0] == registry.VERSION, got["view"]
     assert "EXIT 0" in got["install"] and f'"name": "{PKG}"' in got["installed"], got
+    assert got["basic"].splitlines()[0] == registry.VERSION, got["basic"]
     seen = _credentials(net, "/npm/")
     tarball = f"/npm/{PKG}/-/{PKG}-{registry.VERSION}.tgz"
     assert (f"/npm/{PKG}", f"Bearer {TOKEN}") in seen, seen
     assert (tarball, f"Bearer {TOKEN}") in seen, seen
+    assert (f"/npm/{PKG}", _basic("npm", TOKEN)) in seen, seen
     _no_placeholder(seen, got["ph"])
 
 

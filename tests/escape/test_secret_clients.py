@@ -1,12 +1,12 @@
 """--secret NAME@HOST with the real clients the issue names, in the test internet: npm
-(a project .npmrc's `_authToken=${TOKEN}`: `Authorization: Bearer`; `_password`:
-Basic), pip (the index
-URL's userinfo, sent as Basic at once) and git (the clone URL's userinfo, sent as Basic
-after the server's 401 challenge, on the same connection; and `http.extraHeader`),
-each fetching a package from the test registry on www.boxy.test
-(tests/harness/fakenet/registry.py), which serves only a request carrying the real
-token. Each client succeeds, the server saw the value (never the placeholder) in the
-credential it got, and the value is in nothing the payload or boxy's records hold."""
+(a project .npmrc's `_authToken=${TOKEN}`, sent as `Authorization: Bearer`;
+`_password`, as Basic), pip (the index URL's userinfo, sent as Basic at once) and git
+(the clone URL's userinfo, sent as Basic after the server's 401 challenge, on the same
+connection; and `http.extraHeader`), each fetching a package from the test registry on
+www.boxy.test (tests/harness/fakenet/registry.py), which serves only a request
+carrying the real token. Each client succeeds, the server saw the value (never the
+placeholder) in the credential it got, and the value is in nothing the payload or
+boxy's records hold. Then what boxyctl says when the swap cuts a connection."""
 
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ def _run(
     """STEPS run in one sandbox holding TOKEN's placeholder, bound to www; each
     step's output by label, and the placeholder under `ph`. The value is in none of
     the places the payload or boxy's records hold (the payload's output and
-    environment, its work directory, the audit and net logs, boxy's state)."""
+    environment, its work directory, the audit and net logs, boxy's state, the
+    package caches a profile keeps for the project)."""
     body = "; ".join(f"echo '== {label}'; {cmd} 2>&1; echo EXIT $?" for label, cmd in steps.items())
     script = f"echo '== ph'; echo \"$TOKEN\"; echo '== env'; env; {body}"
     net.reset_records()
@@ -71,9 +72,10 @@ def _run(
         "the payload's output and environment": r.stdout,
         "client output": r.stderr,
         "the work directory (the clients' files)": _everything_under(netboxy.workdir),
-        "state (records, caches, boxyd's log)": _everything_under(
+        "state (records, quarantine, boxyd's log)": _everything_under(
             Path(netboxy.env()["XDG_STATE_HOME"])
         ),
+        "boxy's package caches (npm's)": _everything_under(netboxy.user.home / ".cache/boxy"),
     }
     assert (netboxy.workdir / "audit.jsonl").read_bytes(), "the audit log is written"
     leaked = [where for where, data in places.items() if TOKEN.encode() in data]

@@ -40,7 +40,7 @@ import dns.message
 import dns.rdatatype
 
 from boxy.outcome import Counters
-from boxyd.net import denial, nflog, nftcounter, nftset, relay, sni, udpsock
+from boxyd.net import denial, nflog, nftcounter, nftset, refusals, relay, sni, udpsock
 from boxyd.net.bindings import Address, Bindings
 from boxyd.net.dnsproxy import AskUpstream, AskUser, DnsProxy, DnsSession, TokenBucket
 from boxyd.net.hostsecrets import HostSecrets
@@ -905,7 +905,7 @@ class Gateway:
             self.on_event({"layer": "net.secret", "verdict": "swap", "secrets": names,
                            "requests": flow.swap.requests, **base})  # fmt: skip
         if flow.refused is not None:
-            v = Verdict(False, "net.secret", f"not swapped: {flow.refused}")
+            v = Verdict(False, "net.secret", refusals.SWAP_CUT + flow.refused)
             self._decide("tcp", conn.addr, conn.port, v, host=conn.host, name=conn.name)
         elif flow.error is not None:
             self.on_event({"layer": "net.secret", "verdict": "error", "reason": flow.error, **base})

@@ -19,6 +19,9 @@ MAX_ROWS = 256
 MAX_NAMED = 20  # names not allowed said one per line at the end; the rest counted
 MAX_NAMES = 10_000  # names not allowed kept (a payload can ask for millions)
 _Key = tuple[str, str, str | None, int | None, str | None, str]
+# a net.secret refusal's reason when the swap cut a terminated connection (gateway):
+# what follows is why (a request for another Host, h2 …), which is no placeholder sent
+SWAP_CUT = "not swapped: "
 
 
 @dataclass
@@ -36,8 +39,9 @@ class Tally:
     removed: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> addr -> why
     kinds: dict[_Key, int] = field(default_factory=dict)  # the rows(), counted
     past: int = 0  # refusals of kinds beyond MAX_ROWS
-    # --secret NAME@HOST: where a placeholder went and was refused -> how often
-    placeholders: dict[str, int] = field(default_factory=dict)
+    # --secret NAME@HOST: (where, why the swap cut it or "": a placeholder sent there)
+    # -> how often
+    placeholders: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def add(self, ev: Mapping[str, Any]) -> None:
         if ev.get("verdict") != "deny":
@@ -46,8 +50,10 @@ class Tally:
         if ev.get("layer") == "net.secret":
             where = ev.get("host") or ev.get("sni") or ev.get("addr")
             where = str(where) if where else "a DNS lookup"
-            if where in self.placeholders or len(self.placeholders) < MAX_ROWS:
-                self.placeholders[where] = self.placeholders.get(where, 0) + 1
+            reason = str(ev.get("reason") or "")
+            key = (where, reason[len(SWAP_CUT) :] if reason.startswith(SWAP_CUT) else "")
+            if key in self.placeholders or len(self.placeholders) < MAX_ROWS:
+                self.placeholders[key] = self.placeholders.get(key, 0) + 1
         if ev.get("proto") in ("tcp", "udp"):  # a connection, whatever layer refused it
             if ev.get("addr"):
                 self.connections += 1
@@ -119,9 +125,12 @@ class Tally:
             return []
         where = "each one said above" if verbose else "-v or --audit-log for details"
         out = [", ".join(parts) + f" ({where})"] if parts else []
-        for dest, n in self.placeholders.items():  # a denial of its own, always said
+        for (dest, cut), n in self.placeholders.items():  # a denial of its own, always said
             times = f" ({plural(n, 'time')})" if n > 1 else ""
-            out.append(f"a secret's placeholder was sent to {dest}: refused{times}")
+            if cut:  # the swap's own words: what it could not read, never a byte sent
+                out.append(f"a connection to {dest} was cut by the secret swap: {cut}{times}")
+            else:
+                out.append(f"a secret's placeholder was sent to {dest}: refused{times}")
         for name, addrs in sorted(self.removed.items()):
             cidrs = " ".join(f"--allow-cidr {a}" for a in sorted(addrs))
             whys = sorted(set(addrs.values()))

@@ -167,8 +167,10 @@ class Swap:
         """Checks the request line: a method, a target for HOST holding no secret's
         placeholder where a swap could reach it, HTTP/1.x. True for HTTP/1.0."""
         m = _REQUEST_LINE.fullmatch(line)
-        if m is None:
-            raise Unswappable("not an HTTP/1.1 request line")
+        if m is None:  # said as it is: the end-of-run line quotes it (net/refusals.py)
+            h2 = line == b"PRI * HTTP/2.0"
+            raise Unswappable("HTTP/2 (the swap reads HTTP/1.1 alone)" if h2
+                              else "not an HTTP/1.1 request line")  # fmt: skip
         method, target = m.group(1), m.group(2)
         if method in (b"CONNECT", b"PRI"):
             raise Unswappable(f"a {method.decode()} request")

@@ -277,3 +277,25 @@ def test_past_twenty_names_the_rest_are_counted_and_past_the_bound_not_kept() ->
     assert len(lines) == 1 + refusals.MAX_NAMED + 1, len(lines)
     assert lines[-1] == f"and {refusals.MAX_NAMES - refusals.MAX_NAMED} more names not allowed"
     assert len(t.names) == refusals.MAX_NAMES and t.names_past == 5
+
+
+def test_a_cut_by_the_secret_swap_says_why_and_a_placeholder_sent_says_where() -> None:
+    """--secret NAME@HOST: a connection the swap cut (another Host, h2 …) is said with
+    the swap's reason, not as a placeholder sent; a placeholder in a first record or a
+    DNS name is said as sent there."""
+    t = Tally()
+    cut = {"layer": "net.secret", "verdict": "deny", "proto": "tcp", "addr": "11.0.0.10",
+           "host": "www.example", "sni": "www.example"}  # fmt: skip
+    for _ in range(2):
+        t.add({**cut, "reason": refusals.SWAP_CUT + "a request not for its connection's host"})
+    t.add({**cut, "reason": refusals.SWAP_CUT + "not an HTTP/1.1 request line"})
+    t.add({**cut, "host": "other.example", "reason": "a secret's placeholder (TOKEN)"})
+    t.add({"layer": "net.secret", "verdict": "deny", "name": "x.example", "reason": "TOKEN"})
+    assert t.lines(verbose=True) == [
+        "4 connections refused (each one said above)",
+        "a connection to www.example was cut by the secret swap: a request not for its "
+        "connection's host (2 times)",
+        "a connection to www.example was cut by the secret swap: not an HTTP/1.1 request line",
+        "a secret's placeholder was sent to other.example: refused",
+        "a secret's placeholder was sent to a DNS lookup: refused",
+    ]

@@ -98,6 +98,21 @@ def test_chunked_bodies_with_extensions_and_trailers() -> None:
 def test_unreadable_is_refused(req: bytes) -> None:
     with pytest.raises(Unswappable):
         _swap().feed(req)
+
+
+@pytest.mark.parametrize(
+    ("req", "why"),
+    [
+        (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "HTTP/2 (the swap reads HTTP/1.1 alone)"),
+        (b"GET / HTTP/1.1\r\nHost: other\r\n\r\n", "a request not for its connection's host"),
+        (b"GET / HTTP/1.1\r\nHost: api\r\nUpgrade: h2c\r\n\r\n", "an Upgrade"),
+    ],
+)
+def test_a_cut_says_why(req: bytes, why: str) -> None:
+    """The reason is what boxyctl's end-of-run line says (boxyd/net/refusals.py)."""
+    with pytest.raises(Unswappable) as e:
+        _swap().feed(req)
+    assert str(e.value).startswith(why), e.value
     s = _swap()
     with pytest.raises(Unswappable):
         for b in req:

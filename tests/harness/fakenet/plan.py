@@ -83,6 +83,8 @@ SIXTOFOUR_LAN = "2002:c0a8:10a::1"  # 192.168.1.10 as 6to4
 TEREDO_LAN = "2001:0:4136:e378:8000:63bf:3f57:fef5"  # client 192.168.1.10 (bits inverted)
 MAPPED_LAN = "::ffff:192.168.1.10"  # unroutable: only ever an answer, never a recorder
 SENTINEL_V4 = "192.0.2.99"  # what the recorder resolvers answer: proof they were asked
+# the one token the test registry (fakenet/registry.py) takes: a test's --secret value
+REGISTRY_TOKEN = "npm_q7Lx2Vd9Rk4Tz1Hc8Wn5Bm3Jf6Gy0Ps2Ue4K"
 
 
 def _ech_config_list() -> str:

@@ -11,6 +11,8 @@ connection landed. Paths:
   /bytes?n=N          the first N bytes of the same stream
   /slow?secs=S        one byte every 100 ms for S seconds (long-lived connections)
   POST anything       {"received": length, "sha256": ...} of the request body
+  /npm/, /simple/, /packages/, /repo.git/   a package registry and git host that
+                      take one token alone (registry.py)
 
 On the "redirect" server every GET is a 302 to the same path on www.boxy.test.
 """
@@ -30,7 +32,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from . import plan
+from . import plan, registry
 from .events import LineLog, Peer, peer_text
 
 CHUNK = 1 << 20
@@ -173,10 +175,11 @@ class _Handler(BaseHTTPRequestHandler):
             method=self.command,
             path=self.path,
             peer=peer_text(self.client_address),
-            # /record…: what a request to a secret's host carried (--secret NAME@HOST)
+            # /record… and the registry's: what a request to a secret's host carried
+            # (--secret NAME@HOST)
             **(
                 {"authorization": self.headers.get("Authorization")}
-                if self.path.startswith("/record")
+                if self.path.startswith(("/record", *registry.PREFIXES))
                 else {}
             ),
         )
@@ -194,7 +197,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._record()
         url = urlsplit(self.path)
         qs = parse_qs(url.query)
-        if self.ep.server == "redirect":
+        served = registry.reply(url.path, self.headers.get("Authorization"))
+        if served is not None:
+            code, ctype, body, headers = served
+            self._send(code, body, ctype, headers)
+        elif self.ep.server == "redirect":
             self._redirect(plan.fqdn("www"), self.path)
         elif url.path == "/redirect":
             self._redirect(qs.get("to", [plan.fqdn("www")])[0], "/")

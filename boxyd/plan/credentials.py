@@ -403,10 +403,26 @@ def _drop_keys(data: bytes, key: Callable[[bytes], bytes | None], secret: frozen
     return _USERINFO.sub(rb"\1", b"".join(out))
 
 
+_ENV_REFERENCE = re.compile(rb"\$\{[A-Za-z_][A-Za-z0-9_]*\??\}")
+
+
+def npm_env_reference(line: bytes) -> bool:
+    """A line whose whole value is npm's reference to the environment (``${NAME}``,
+    ``${NAME?}``): it holds no secret, and npm needs it to send the token the run
+    passed (--secret NAME, a placeholder for NAME@HOST)."""
+    eq = line.find(b"=")
+    return eq > 0 and _ENV_REFERENCE.fullmatch(line[eq + 1 :].strip()) is not None
+
+
+def _npm_secret_name(line: bytes) -> bytes | None:
+    return None if npm_env_reference(line) else _npm_name(line)
+
+
 def scrub_npmrc(data: bytes) -> bytes:
     """Drop ``_authToken``, ``_auth``, ``_password``… — also scoped, as npm writes them
-    (``//registry.example/:_authToken=…``); keep the registry settings."""
-    return _drop_keys(data, _npm_name, _NPM_SECRET_KEYS)
+    (``//registry.example/:_authToken=…``); keep the registry settings, and a token
+    given as a reference to the environment (npm_env_reference)."""
+    return _drop_keys(data, _npm_secret_name, _NPM_SECRET_KEYS)
 
 
 def scrub_yarnrc(data: bytes) -> bytes:

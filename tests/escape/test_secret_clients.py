@@ -109,8 +109,9 @@ def test_npm_sends_a_bound_token_from_npmrc(netboxy: NetBoxy, net: Topology) -> 
     """npm expands the project .npmrc's `_authToken=${TOKEN}` (the placeholder) and
     sends `Authorization: Bearer PH` to the registry and to the tarball's host; with
     `username` and `_password` (base64 of the token) it sends Basic: each gets the
-    value. The .npmrc is revealed (`--reveal`): boxy covers an `_authToken` line,
-    `${TOKEN}` or not (README "Credentials in the work directory are covered")."""
+    value. The .npmrc is not revealed: a token line that only names the environment
+    holds no secret, and the cover keeps it (README "Credentials in the work
+    directory are covered")."""
     npmrc = netboxy.workdir / ".npmrc"
     npmrc.write_text(f"//{WWW}/:_authToken=${{TOKEN}}\n")
     netboxy.user.chown(npmrc)
@@ -126,7 +127,7 @@ def test_npm_sends_a_bound_token_from_npmrc(netboxy: NetBoxy, net: Topology) -> 
         "installed": f"cat node_modules/{PKG}/package.json",
         "basic": f"mkdir basic; {basic}",
     }
-    r, got = _run(netboxy, net, steps, "-p", "node", "--reveal", str(npmrc))
+    r, got = _run(netboxy, net, steps, "-p", "node")
     assert r.returncode == 0, r.stderr
     assert got["view"].splitlines()[0] == registry.VERSION, got["view"]
     assert "EXIT 0" in got["install"] and f'"name": "{PKG}"' in got["installed"], got

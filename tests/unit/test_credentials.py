@@ -103,6 +103,22 @@ def test_npmrc_keeps_the_registry_drops_every_token() -> None:
     assert b"always-auth=true" in out
 
 
+def test_npmrc_keeps_a_token_that_names_the_environment() -> None:
+    """`_authToken=${NPM_TOKEN}` holds no secret: npm reads the variable, which the run
+    passes (--secret NAME@HOST: the placeholder). Anything beside the reference goes."""
+    data = (
+        b"//r.example/:_authToken=${NPM_TOKEN}\n"
+        b"//s.example/:_authToken = ${NPM_TOKEN?} \r\n"
+        b"//t.example/:_authToken=${NPM_TOKEN}SECRET1\n"
+        b"//u.example/:_authToken=SECRET2${NPM_TOKEN}\n"
+        b"//v.example/:_password=${A}${B}SECRET3\n"
+        b"_auth=${1BAD}SECRET4\n"
+    )
+    out = c.scrub_npmrc(data)
+    assert b"SECRET" not in out, out
+    assert out == b"//r.example/:_authToken=${NPM_TOKEN}\n//s.example/:_authToken = ${NPM_TOKEN?} \r\n"
+
+
 def test_npmrc_keys_are_read_as_npm_reads_them() -> None:
     """npm's ini decodes a key as it decodes a value: a quoted key is unquoted (JSON
     escapes included), and npm sends the token under it (checked with npm itself when

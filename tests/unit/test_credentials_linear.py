@@ -62,10 +62,14 @@ def _drop_keys(data: bytes, key: re.Pattern[bytes], secret: frozenset[str]) -> b
 def scrub_npmrc(data: bytes) -> bytes:
     """Drop ``_authToken``, ``_auth``, ``_password``… — also scoped, as npm writes them
     (``//registry.example/:_authToken=…``); keep the registry settings. (The oracle
-    with the one change made since: the key decoded as npm's ini decodes it, so a
-    quoted key is unquoted: test_credentials.py holds that case.)"""
+    with the two changes made since: the key decoded as npm's ini decodes it, so a
+    quoted key is unquoted, and a value that is a reference to the environment is
+    kept: test_credentials.py holds those cases.)"""
     out = []
     for line in _lines(data):
+        if c.npm_env_reference(line):
+            out.append(line)
+            continue
         m = _NPM_KEY.match(line)
         name = ini_unsafe(m.group(1).decode("utf-8", "replace"))[0] if m else None
         key = name.encode("utf-8", "replace") if name is not None else m.group(1) if m else None

@@ -7,7 +7,9 @@ reference: what landing those files costs the file system without boxy).
 The payload writes the tree itself (GEN: nested package directories, mostly small
 .js/.json files, a few of dozens of KiB, symlinks in .bin), seeded, so every round
 holds the same tree and the bench needs no network. Each round: `cp -a` of a host
-copy of that tree, then a fresh held session for each of apply and discard.
+copy of that tree, then a fresh held session for each of: apply of a new
+node_modules, apply into a node_modules whose directories the host already has (so
+each file lands on its own), discard.
 
 Run as the user who will use boxy (not root): `.venv/bin/python bench/reviewapply.py
 [-n 3] [--files 10000]`.
@@ -102,12 +104,29 @@ def cp_a(src: Path, dst: Path) -> float:
     return time.perf_counter() - t
 
 
+def applied(work: Path, files: int, sid: str) -> float:
+    """`boxyctl apply SID`, timed; checked to have landed the whole tree."""
+    took = timed_ctl("apply", sid, cwd=work)
+    landed = sum(len(f) for _, _, f in os.walk(work / "node_modules"))
+    if landed < files:
+        sys.exit(f"apply landed {landed} files of {files}")
+    shutil.rmtree(work / "node_modules")
+    return took
+
+
+def dirs_of(ref: Path, work: Path) -> None:
+    """REF's directories made in WORK before the run: the payload's files then land
+    one by one (an install into an existing node_modules), not as one new tree."""
+    for path, _, _ in os.walk(ref / "node_modules"):
+        (work / Path(path).relative_to(ref)).mkdir(parents=True, exist_ok=True)
+
+
 def rounds(base: Path, files: int, n: int) -> dict[str, list[float]]:
     work, ref = base / "proj", base / "ref"
     work.mkdir()
     (work / "package.json").write_text('{"name": "bench", "version": "1.0.0"}\n')
     subprocess.run([sys.executable, "-c", GEN, str(ref), str(files)], check=True)
-    got: dict[str, list[float]] = {"cp": [], "diff": [], "apply": [], "discard": []}
+    got: dict[str, list[float]] = {"cp": [], "diff": [], "apply": [], "each": [], "discard": []}
     for _ in range(n):
         got["cp"].append(cp_a(ref / "node_modules", base / "copy"))
         shutil.rmtree(base / "copy")
@@ -115,11 +134,11 @@ def rounds(base: Path, files: int, n: int) -> dict[str, list[float]]:
         sid = held(work, files)
         subprocess.run(["sync"], check=True)
         got["diff"].append(timed_ctl("diff", "--stat", sid, cwd=work))
-        got["apply"].append(timed_ctl("apply", sid, cwd=work))
-        landed = sum(len(d) + len(f) for _, d, f in os.walk(work / "node_modules"))
-        if landed < files:
-            sys.exit(f"apply landed {landed} entries of {files}")
-        shutil.rmtree(work / "node_modules")
+        got["apply"].append(applied(work, files, sid))
+        dirs_of(ref, work)
+        sid = held(work, files)
+        subprocess.run(["sync"], check=True)
+        got["each"].append(applied(work, files, sid))
         sid = held(work, files)
         subprocess.run(["sync"], check=True)
         got["discard"].append(timed_ctl("discard", sid, cwd=work))
@@ -148,11 +167,18 @@ def main() -> int:
     say = sys.stderr if a.json else sys.stdout
     print(f"a held node_modules of {a.files:,} files, median of {a.n}", file=say)
     print(f"  cp -a of the same tree, same filesystem  {cp:6.2f} s  (reference)", file=say)
-    for k, what in (("diff", "diff --stat"), ("apply", "apply ID"), ("discard", "discard ID")):
+    for k, what in (
+        ("diff", "diff --stat"),
+        ("apply", "apply ID (a new node_modules)"),
+        ("each", "apply ID (into its directories)"),
+        ("discard", "discard ID"),
+    ):
         print(f"  boxyctl {what:<32} {med[k]:6.2f} s  {ratio[k]:5.2f}x", file=say)
     figs = [
         Figure("review", "diff --stat, 10k files", med["diff"], "s", ratio["diff"], INFORMATION, True),
         Figure("review", "apply of 10k files", med["apply"], "s", *at_most(ratio["apply"], 1.0)),
+        Figure("review", "apply of 10k files, one by one", med["each"], "s",
+               *at_most(ratio["each"], 1.0)),
         Figure("review", "discard, 10k files", med["discard"], "s", ratio["discard"], INFORMATION, True),
     ]  # fmt: skip
     emit(figs, a.json)

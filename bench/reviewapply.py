@@ -40,7 +40,7 @@ import os, random, sys
 root, files = sys.argv[1], int(sys.argv[2])
 rnd = random.Random(18)
 nm = os.path.join(root, "node_modules")
-os.makedirs(os.path.join(nm, ".bin"))
+os.makedirs(os.path.join(nm, ".bin"), exist_ok=True)
 made = i = 0
 while made < files:
     i += 1

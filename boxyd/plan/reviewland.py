@@ -5,7 +5,8 @@ Every host path is reached beneath the work directory without following a symlin
 (openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS for the parent, then one name with
 dir_fd), a file is written to a new name beside its place (O_EXCL|O_NOFOLLOW) and
 renamed over it, so a symlink planted at the place is replaced, never written
-through. A symlink of the upper layer lands as a symlink (its text as it is: never
+through (or, where that lands the same, moved there from the upper layer:
+reviewmove). A symlink of the upper layer lands as a symlink (its text as it is: never
 followed, by apply or by the review). A host entry changed since the session
 started (its ctime at or after the review's stamp, or made where the payload added
 one) is refused and named; so is what reviewtree.held names. What landed leaves

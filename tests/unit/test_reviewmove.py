@@ -138,3 +138,28 @@ def test_layers_on_another_filesystem_are_copied(tmp_path: Path) -> None:
         assert got.refused == []
         assert (host / "node_modules" / "a" / "index.js").read_text() == "module.exports = 1\n"
         assert os.readlink(host / "node_modules" / ".bin" / "a") == "../a/lib/cli.js"
+
+
+def test_an_entry_the_review_did_not_list_keeps_its_directory_from_moving(
+    tmp_path: Path,
+) -> None:
+    """What the review did not list (a whiteout overlayfs left, or anything made after
+    the walk) never rides along with a directory moved whole."""
+    upper, host = _trees(tmp_path)
+    _package(upper / "node_modules")
+    changes = reviewtree.read(str(upper), str(host), Context())
+    (upper / "node_modules" / "a" / "late.js").write_text("not reviewed\n")
+    got = reviewland.land(str(upper), str(host), changes, time.time_ns())
+    assert got.refused == [] and len(got.applied) == 7
+    assert (host / "node_modules" / "a" / "index.js").read_text() == "module.exports = 1\n"
+    assert not (host / "node_modules" / "a" / "late.js").exists()
+
+
+def test_a_fifo_in_a_new_directory_is_held_and_the_rest_lands(tmp_path: Path) -> None:
+    upper, host = _trees(tmp_path)
+    _package(upper / "node_modules")
+    os.mkfifo(upper / "node_modules" / "a" / "pipe")
+    got = _apply(upper, host)
+    assert [p for p, _ in got.refused] == ["node_modules/a/pipe"]
+    assert os.readlink(host / "node_modules" / ".bin" / "a") == "../a/lib/cli.js"
+    assert not (host / "node_modules" / "a" / "pipe").exists()

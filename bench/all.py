@@ -44,6 +44,7 @@ BENCHES: list[tuple[str, list[str], str]] = [
     ("pip", ["bench/pip.py"], "user"),
     ("sessions", ["bench/sessions.py", "-n", "200", "--user", "{user}"], "root"),
     ("walk", ["bench/walk.py", "--entries", "1000000", "-n", "10"], "user"),
+    ("review apply", ["bench/reviewapply.py", "-n", "3"], "user"),
 ]
 
 

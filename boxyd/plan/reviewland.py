@@ -5,7 +5,8 @@ Every host path is reached beneath the work directory without following a symlin
 (openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS for the parent, then one name with
 dir_fd), a file is written to a new name beside its place (O_EXCL|O_NOFOLLOW) and
 renamed over it, so a symlink planted at the place is replaced, never written
-through. A symlink of the upper layer lands as a symlink (its text as it is: never
+through (or, where that lands the same, moved there from the upper layer:
+reviewmove). A symlink of the upper layer lands as a symlink (its text as it is: never
 followed, by apply or by the review). A host entry changed since the session
 started (its ctime at or after the review's stamp, or made where the payload added
 one) is refused and named; so is what reviewtree.held names. What landed leaves
@@ -22,6 +23,7 @@ import stat
 from dataclasses import dataclass, field
 
 from boxyd.kernel.openat import open_beneath
+from boxyd.plan.reviewmove import Mover
 from boxyd.plan.reviewtree import Change, ReviewError, open_dir, open_file
 
 TMP = ".boxy-apply"
@@ -69,14 +71,35 @@ def _order(changes: list[Change]) -> list[Change]:
     return removed + dirs + rest
 
 
+def _whole(changes: list[Change]) -> dict[str, set[str]]:
+    """Each added directory that may move whole (nothing beneath it held, removed or
+    changed) with the paths of the changes beneath it."""
+    added = {c.path for c in changes if c.kind == "added" and c.type == "dir" and not c.held}
+    out: dict[str, set[str]] = {p: set() for p in added}
+    for c in changes:
+        for a in _ancestors(c.path):
+            if a in out:
+                if c.held or c.kind != "added":
+                    added.discard(a)
+                out[a].add(c.path)
+    return {p: out[p] for p in added}
+
+
 class Lander:
     def __init__(self, upper_fd: int, host_fd: int, since_ns: int) -> None:
         self.upper, self.host, self.since = upper_fd, host_fd, since_ns
         self.n = 0
+        self.mover = Mover(upper_fd)
+        self.whole: dict[str, set[str]] = {}
+        self.moved: set[str] = set()  # beneath a directory moved whole: landed with it
 
     def land(self, changes: list[Change]) -> Landed:
         out = Landed()
+        self.whole = _whole(changes)
         for c in _order(changes):
+            if c.path in self.moved:
+                out.applied.append(c.path)
+                continue
             try:
                 why = c.held or self._host_changed(c)
                 if not why:
@@ -133,6 +156,10 @@ class Lander:
             if c.kind == "removed":
                 self._remove(pfd, name, c)
             elif c.type == "dir":
+                beneath = self.whole.get(c.path)
+                if beneath is not None and self.mover.tree(c.path, pfd, name, beneath):
+                    self.moved |= beneath
+                    return
                 try:
                     os.mkdir(name, c.mode & 0o777 or 0o755, dir_fd=pfd)
                 except FileExistsError:
@@ -143,7 +170,7 @@ class Lander:
                 os.symlink(c.target, tmp, dir_fd=pfd)
                 os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
                 self._drop_upper(c.path)
-            else:
+            elif not self.mover.file(c.path, pfd, name):  # else copied
                 self._file(pfd, name, c)
                 self._drop_upper(c.path)
         finally:

@@ -116,7 +116,9 @@ def test_npmrc_keeps_a_token_that_names_the_environment() -> None:
     )
     out = c.scrub_npmrc(data)
     assert b"SECRET" not in out, out
-    assert out == b"//r.example/:_authToken=${NPM_TOKEN}\n//s.example/:_authToken = ${NPM_TOKEN?} \r\n"
+    assert (
+        out == b"//r.example/:_authToken=${NPM_TOKEN}\n//s.example/:_authToken = ${NPM_TOKEN?} \r\n"
+    )
 
 
 def test_npmrc_keys_are_read_as_npm_reads_them() -> None:

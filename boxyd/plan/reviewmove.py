@@ -77,15 +77,21 @@ class Mover:
         """The host's parent gives what it holds no group of its own (no setgid)."""
         return self.on and not os.fstat(pfd).st_mode & stat.S_ISGID
 
+    def _from(self, rel: str, pfd: int) -> tuple[int, str] | None:
+        """REL's parent in the upper layer (an O_PATH fd, the caller's to close) and
+        its last name, when a move into PFD may be made at all."""
+        if not self._into(pfd):
+            return None
+        parent, _, uname = rel.rpartition("/")
+        ufd = open_beneath(self.upper, parent or ".", os.O_PATH | os.O_DIRECTORY)
+        return (ufd, uname) if ufd >= 0 else None
+
     def file(self, rel: str, pfd: int, name: str) -> bool:
         """The upper layer's regular file REL moved over NAME in PFD; False when it
         must be copied instead."""
-        if not self._into(pfd):
+        if (found := self._from(rel, pfd)) is None:
             return False
-        parent, _, uname = rel.rpartition("/")
-        ufd = open_beneath(self.upper, parent or ".", os.O_PATH | os.O_DIRECTORY)
-        if ufd < 0:
-            return False
+        ufd, uname = found
         try:
             src = open_file(ufd, uname)
             try:
@@ -104,12 +110,9 @@ class Mover:
     def tree(self, rel: str, pfd: int, name: str, wanted: set[str]) -> bool:
         """The upper directory REL moved to NAME in PFD, where the host has nothing,
         when every entry beneath it is in WANTED and lands as a copy would."""
-        if not self._into(pfd):
+        if (parent := self._from(rel, pfd)) is None:
             return False
-        parent, _, uname = rel.rpartition("/")
-        ufd = open_beneath(self.upper, parent or ".", os.O_PATH | os.O_DIRECTORY)
-        if ufd < 0:
-            return False
+        ufd, uname = parent
         try:
             st = os.stat(uname, dir_fd=ufd, follow_symlinks=False)
             if not stat.S_ISDIR(st.st_mode) or not self._same(st) or _xattrs(ufd, uname):

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import User
-from tests.escape.netutil import NetRun, run_probes
+from tests.escape.netutil import run_probes
 from tests.harness.fakenet import plan
 from tests.harness.topology import Topology
 
@@ -40,11 +40,11 @@ SAID_AT_THE_END = (
 )
 
 
-def _sections(run: NetRun) -> dict[str, str]:
+def sections(stdout: str) -> dict[str, str]:
     """Output between `echo == LABEL` lines, by label."""
     out: dict[str, str] = {}
     label = ""
-    for line in run.stdout.splitlines():
+    for line in stdout.splitlines():
         if line.startswith("== "):
             label = line[3:]
             out[label] = ""
@@ -65,7 +65,7 @@ def _run_steps(
     refused by the DNS proxy, and boxyctl names it with its flag; no refused request
     reached the server."""
     run = run_probes(net, user, workdir, *flags, *FLAGS, cmd=_script(steps))
-    got = _sections(run)
+    got = sections(run.stdout)
     assert set(got) == set(steps), run.describe()
     assert SAID_AT_THE_END in run.stderr, run.stderr
     assert not run.server_events, run.server_events

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import NetBoxy
+from tests.escape.test_denial_clients import sections as _sections
+from tests.escape.test_secret import _everything_under
 from tests.harness.fakenet import plan, registry
 from tests.harness.topology import Topology
 
@@ -25,27 +27,6 @@ pytestmark = pytest.mark.sandbox
 TOKEN = plan.REGISTRY_TOKEN
 WWW = plan.fqdn("www")
 PKG = registry.NAME
-
-
-def _everything_under(path: Path) -> bytes:
-    out = b""
-    for f in path.rglob("*"):
-        if f.is_file() and not f.is_symlink():
-            out += f.read_bytes()
-    return out
-
-
-def _sections(stdout: str) -> dict[str, str]:
-    """Output between `== LABEL` lines, by label."""
-    out: dict[str, str] = {}
-    label = ""
-    for line in stdout.splitlines():
-        if line.startswith("== "):
-            label = line[3:]
-            out[label] = ""
-        elif label:
-            out[label] += line + "\n"
-    return out
 
 
 def _run(

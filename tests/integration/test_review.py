@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import BIN, Boxy
+from tests.conftest import Boxy
+from tests.integration.reviewutil import ctl as _ctl
+from tests.integration.reviewutil import nothing_held_after  # noqa: F401 (autouse)
 
 pytestmark = pytest.mark.sandbox
 
@@ -21,17 +21,6 @@ AGENT_EDIT = (
     "sed -i 's/return 1/return 2/' src/app.py && echo 'new file' > notes.txt "
     "&& rm old.txt && mkdir -p build && echo out > build/a.o"
 )
-
-
-@pytest.fixture(autouse=True)
-def _nothing_held_after(boxy: Boxy) -> Iterator[None]:
-    """What a test leaves held is discarded: a held session is listed by every `ps`
-    and List of the user's, so it would reach the tests after this one."""
-    yield
-    listed = _ctl(boxy, "ps", "--json")
-    for s in json.loads(listed.stdout or b"{}").get("sessions", []):
-        if s.get("review"):
-            _ctl(boxy, "discard", s["id"])
 
 
 def _project(boxy: Boxy) -> None:
@@ -50,10 +39,6 @@ def _held_run(boxy: Boxy, script: str) -> str:
     m = re.search(r"boxyctl diff (\w+)", text)
     assert m, text
     return m.group(1)
-
-
-def _ctl(boxy: Boxy, *args: str) -> subprocess.CompletedProcess[bytes]:
-    return boxy.user.run([str(BIN / "boxyctl"), *args], cwd=boxy.workdir)
 
 
 def test_an_agent_edit_is_held_diffed_and_applied(boxy: Boxy) -> None:

@@ -17,12 +17,13 @@ import os
 import re
 import stat
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, Boxy
+from tests.conftest import Boxy
+from tests.integration.reviewutil import ctl as _ctl
+from tests.integration.reviewutil import nothing_held_after  # noqa: F401 (autouse)
 from tests.integration.test_registries_real import (
     SMALL_NPM,
     TIMEOUT,
@@ -42,20 +43,6 @@ AGENT = (
     "p.write_text(p.read_text().replace('return 1', 'return 2'))\" "
     "&& printf 'def g():\\n    return 3\\n' > src/extra.py && rm old.txt"
 )
-
-
-@pytest.fixture(autouse=True)
-def _nothing_held_after(boxy: Boxy) -> Iterator[None]:
-    """What a test leaves held is discarded (a held session is listed by every `ps`)."""
-    yield
-    listed = _ctl(boxy, "ps", "--json")
-    for s in json.loads(listed.stdout or b"{}").get("sessions", []):
-        if s.get("review"):
-            _ctl(boxy, "discard", s["id"])
-
-
-def _ctl(boxy: Boxy, *args: str) -> subprocess.CompletedProcess[bytes]:
-    return boxy.user.run([str(BIN / "boxyctl"), *args], cwd=boxy.workdir)
 
 
 def _git(boxy: Boxy, *args: str) -> str:

@@ -1,0 +1,27 @@
+"""What the --review tests share: boxyctl as the test user, and nothing held after."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import BIN, Boxy
+
+
+def ctl(boxy: Boxy, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return boxy.user.run([str(BIN / "boxyctl"), *args], cwd=boxy.workdir)
+
+
+@pytest.fixture(autouse=True)
+def nothing_held_after(boxy: Boxy) -> Iterator[None]:
+    """What a test leaves held is discarded: a held session is listed by every `ps`
+    and List of the user's, so it would reach the tests after this one. (Autouse in
+    each module that imports it.)"""
+    yield
+    listed = ctl(boxy, "ps", "--json")
+    for s in json.loads(listed.stdout or b"{}").get("sessions", []):
+        if s.get("review"):
+            ctl(boxy, "discard", s["id"])

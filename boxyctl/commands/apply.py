@@ -26,9 +26,13 @@ def main(args: dict[str, Any]) -> int:
         return 1 if refused else 0
     applied = got.get("applied") or []
     from boxy import shown
+    from boxyctl.review import folded_git, git_line
 
-    for path, why in refused:
+    listed, gitwork = folded_git([(str(p), str(w)) for p, w in refused])
+    for path, why in listed:
         say(f"apply: {shown.name(path)}: refused: {why}")
+    for gitdir, n in gitwork.items():
+        say(f"apply: refused: {git_line(gitdir, n)}")
     left = got.get("left", 0)
     rest = "nothing left; the review is closed" if got.get("closed") else f"{left} left held"
     print(

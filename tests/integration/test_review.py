@@ -229,3 +229,33 @@ def test_a_review_limit_without_a_review_is_refused(boxy: Boxy) -> None:
         .splitlines()[-1]
         .endswith("--review-limit: needs --review (or a profile with review: true)")
     ), r.stderr
+
+
+def test_a_commit_in_a_held_run_is_one_held_line_and_the_work_tree_lands(boxy: Boxy) -> None:
+    """A commit writes dozens of entries under .git, each held: diff and apply fold
+    them into one line per gitdir; the work tree's change lands, and the host's git
+    sees it uncommitted, its history as it was."""
+    _project(boxy)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "start"]):
+        assert boxy.user.run([*git, *args], cwd=boxy.workdir).returncode == 0
+    head = boxy.user.run(["git", "rev-parse", "HEAD"], cwd=boxy.workdir).stdout
+    sid = _held_run(
+        boxy,
+        "sed -i 's/return 1/return 2/' src/app.py && "
+        "git -c user.name=a -c user.email=a@a commit -qam 'agent'",
+    )
+    now = boxy.user.run(["git", "log", "--oneline"], cwd=boxy.workdir).stdout.decode()
+    assert boxy.user.run(["git", "rev-parse", "HEAD"], cwd=boxy.workdir).stdout == head, (
+        f"ESCAPED: the payload's commit reached the host's repository: {now}"
+    )
+    text = _ctl(boxy, "diff", "--stat", sid).stdout.decode()
+    assert "M src/app.py" in text and "H .git/  " in text, text
+    assert ".git/objects/" not in text, text
+    a = _ctl(boxy, "apply", sid)
+    err = a.stderr.decode()
+    assert a.returncode == 1 and "entries git writes as it works" in err, err
+    assert ".git/objects/" not in err, err
+    assert boxy.user.run(["git", "rev-parse", "HEAD"], cwd=boxy.workdir).stdout == head
+    status = boxy.user.run(["git", "status", "--porcelain"], cwd=boxy.workdir).stdout.decode()
+    assert status == " M src/app.py\n", status

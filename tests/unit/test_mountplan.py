@@ -81,6 +81,26 @@ def test_git_protections_follow_their_tree_and_symlinks_are_refused() -> None:
         mountplan.user_ops(_spec(), bad)
 
 
+def test_under_review_the_work_trees_pins_come_from_the_overlay() -> None:
+    """--review: a gitdir bound onto itself from the host took the payload's commits
+    there at once; each pin of the work directory is taken from the sandbox's view
+    (the overlay), a --rw tree's from the host as before."""
+    prots = {
+        "/home/u/proj": [Protection(".git", "self", True), Protection(".git/hooks", "ro", True)],
+        "/data": [Protection(".git", "self", True)],
+    }
+    spec = _spec(rw=[PathEntry("/data")])
+    ops, _ = mountplan.user_ops(spec, prots, review=("/state/upper", "/state/work"))
+    pins = [(b.src_base, b.dst, b.in_place) for b in _binds(ops) if b.src_base]
+    assert sorted(pins) == [
+        ("/data", ".git", False),
+        ("/home/u/proj", ".git", True),
+        ("/home/u/proj", ".git/hooks", True),
+    ]
+    ops, _ = mountplan.user_ops(spec, prots)
+    assert not any(b.in_place for b in _binds(ops))
+
+
 def test_copy_into_an_exposed_tree_is_refused() -> None:
     with pytest.raises(UsageError, match="inside the exposed tree"):
         mountplan.user_ops(_spec(copy=[CopyEntry("/home/u/.creds", "/home/u/proj/.creds")]), {})

@@ -106,3 +106,33 @@ def test_a_watched_layer_says_which_bound_it_passed() -> None:
     assert w.over(0, MAX_ENTRIES + 1) == (
         f"--review: its layer holds more than {MAX_ENTRIES:,} entries, past what a review reads"
     )
+
+
+def test_git_working_state_is_folded_into_one_held_line_per_gitdir() -> None:
+    """A commit in a reviewed run writes dozens of entries under .git, all held: one
+    line for them per gitdir; a hook or config keeps its own line."""
+    from boxyctl.review import folded_git, git_work
+
+    assert git_work(".git/objects/ab/cdef") == ".git"
+    assert git_work("sub/.git/refs/heads/main") == "sub/.git"
+    assert git_work(".git/HEAD") == ".git" and git_work(".git/index") == ".git"
+    assert git_work(".git/hooks/pre-commit") == "" and git_work(".git/config") == ""
+    assert git_work(".git/objects") == ".git" and git_work(".git") == ""
+    assert git_work("src/objects/x") == ""
+    held = "a git control file"
+    changes = [
+        {"path": f".git/objects/0{i}/x", "kind": "added", "type": "file", "held": held}
+        for i in range(5)
+    ] + [
+        {"path": ".git/hooks/pre-commit", "kind": "added", "type": "file", "held": held},
+        {"path": "src/app.py", "kind": "changed", "type": "file"},
+    ]
+    lines = summary_lines(changes)
+    assert [x.split("  ")[0] for x in lines[:-1]] == [
+        "A .git/hooks/pre-commit",
+        "M src/app.py",
+        "H .git/",
+    ]
+    assert "5 entries git writes as it works" in lines[2]
+    rest, by_dir = folded_git([(c["path"], c.get("held", "")) for c in changes])
+    assert by_dir == {".git": 5} and [p for p, _ in rest] == [".git/hooks/pre-commit", "src/app.py"]

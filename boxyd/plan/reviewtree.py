@@ -305,9 +305,8 @@ def _du(fd: int) -> tuple[int, int]:
 def footprint(upper: str, cap: int = MAX_ENTRIES) -> tuple[int, int]:
     """(bytes, entries) the upper layer at UPPER holds, the walk stopped past CAP
     entries. A file counts its length or its blocks, whichever is more: a sparse file
-    costs the disk nothing here, but apply would write all of it. A hard link's inode
-    counts once."""
-    seen: set[int] = set()
+    costs the disk nothing here, but apply would write all of it. Each hard link
+    counts too: apply writes every name as a file of its own."""
     total = entries = 0
     stack = [os.open(upper, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)]
     try:
@@ -324,10 +323,6 @@ def footprint(upper: str, cap: int = MAX_ENTRIES) -> tuple[int, int]:
                         if e.errno in GONE:
                             continue
                         raise  # what cannot be measured is not skipped: the run stops
-                    if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
-                        if st.st_ino in seen:
-                            continue
-                        seen.add(st.st_ino)
                     length = st.st_size if stat.S_ISREG(st.st_mode) else 0
                     total += max(st.st_blocks * 512, length)
             finally:

@@ -149,3 +149,19 @@ def test_entries_of_mode_000_in_the_layer_are_diffed_and_applied(boxy: Boxy) -> 
     d = _ctl(boxy, "discard", sid)
     assert d.returncode == 0, d.stderr
     assert not _ctl(boxy, "diff", sid).stdout
+
+
+# A hard link's inode counted once: but apply writes each name as a file of its own
+# (a sparse one whole), so 8 names of a 900MiB file are 7GiB to land under a 1GiB limit.
+LINKS = (
+    "truncate -s 900M f && for i in 1 2 3 4 5 6 7; do ln f l$i; done && sleep 8 && echo WROTE ALL"
+)
+
+
+def test_hard_links_count_as_what_apply_would_write(boxy: Boxy) -> None:
+    boxy.user.chown(boxy.workdir)
+    r = boxy.sh(LINKS, "--net", "none", "--review", "--review-limit", "1GiB", input=b"")
+    out, err = r.stdout.decode(), r.stderr.decode(errors="replace")
+    if "WROTE ALL" in out:
+        _escaped(f"--review-limit: 8 names of 900MiB (apply writes each) ran on: {err}")
+    assert "past its limit of 1" in err, err

@@ -8,7 +8,10 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -165,3 +168,67 @@ def test_hard_links_count_as_what_apply_would_write(boxy: Boxy) -> None:
     if "WROTE ALL" in out:
         _escaped(f"--review-limit: 8 names of 900MiB (apply writes each) ran on: {err}")
     assert "past its limit of 1" in err, err
+
+
+# The host saves a credential while a held run goes on: it writes the overlay's lower
+# layer, which the payload reads through the overlay. The live guard covers it there
+# as in a live run; a name the payload looked up before it existed (the overlay may
+# keep its absence) must not end up readable either.
+READER = r"""
+import json, sys, time
+end = time.time() + 6
+with open(sys.argv[1], 'a') as log:
+    while time.time() < end:
+        seen = {}
+        for n in ('.env', 'cfg/.env'):
+            try:
+                seen[n] = open(n).read()
+            except OSError as e:
+                seen[n] = '!' + type(e).__name__
+        log.write(json.dumps({'t': time.time(), 'seen': seen}) + '\n')
+        log.flush()
+        time.sleep(0.01)
+"""
+
+
+def _seen(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.endswith("}")]
+
+
+def _wait(pred: Callable[[], object], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_credential_the_host_saves_during_a_held_run_is_covered(boxy: Boxy) -> None:
+    proj, obs = boxy.workdir / "proj", boxy.workdir / "obs"
+    (proj / "cfg").mkdir(parents=True)
+    obs.mkdir()
+    boxy.user.chown(boxy.workdir)
+    log = obs / "seen.jsonl"
+    held = Boxy(boxy.user, proj)
+    flags = ("--net", "none", "--review", "--rw", str(obs), "-d")
+    r = held.run(*flags, cmd=["python3", "-c", READER, str(log)], input=b"")
+    assert r.returncode == 0, r.stderr
+    _wait(lambda: len(_seen(log)) > 20, "the payload to start looking")
+    t = time.time()
+    for rel in (".env", "cfg/.env"):
+        (proj / rel).write_text("KEY=created-later\n")
+        boxy.user.chown(proj / rel)
+    sid = r.stdout.decode().strip().splitlines()[-1]
+
+    def looked_or_ended() -> bool:
+        if any(o["t"] > t + 1.5 for o in _seen(log)):
+            return True
+        return b"running" not in _ctl(boxy, "show", sid).stdout
+
+    # the overlay may keep the absence the payload looked up: the guard then finds no
+    # entry to cover in the sandbox's view, and stops the session (fails closed)
+    _wait(looked_or_ended, "the payload to look past it, or its session to end")
+    late = [o for o in _seen(log) if o["t"] > t + 1.0 and "created-later" in json.dumps(o)]
+    if late:
+        _escaped(f"a held run read a credential the host saved during it: {late[0]}")

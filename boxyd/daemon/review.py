@@ -120,15 +120,43 @@ def shown(sid: str) -> str | None:
 
 
 def discard(sid: str) -> None:
-    """Drop session SID's layers. overlayfs leaves its work/work at mode 0: made the
-    owner's again first (rmtree would stop at it)."""
+    """Drop session SID's layers. overlayfs leaves its work/work at mode 0, and the
+    payload may leave a directory of the upper layer so: each made the owner's again
+    first (rmtree would stop at it)."""
     d = root() / sid
-    for sub in ("work/work", "work/index"):
-        p = d / sub
-        if p.is_dir() and not p.is_symlink():
-            os.chmod(p, stat.S_IRWXU)
     os.unlink(d / META)  # first: half a removal is no review any more
+    _owners(os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC))
     shutil.rmtree(d)
+
+
+def _owners(top: int) -> None:
+    """Every directory beneath the directory fd TOP (taken) made 0700, top down, by
+    fd: the session has ended, and no symlink is followed (O_PATH|O_NOFOLLOW, the
+    mode set through the fd's /proc link, which names that directory alone)."""
+    stack = [top]
+    try:
+        while stack:
+            fd = stack.pop()
+            try:
+                for e in os.scandir(fd):
+                    if not e.is_dir(follow_symlinks=False):
+                        continue
+                    sub = os.open(
+                        e.name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+                    )
+                    try:
+                        if stat.S_IMODE(os.fstat(sub).st_mode) & stat.S_IRWXU != stat.S_IRWXU:
+                            os.chmod(f"/proc/self/fd/{sub}", stat.S_IRWXU)
+                        stack.append(
+                            os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=sub)
+                        )
+                    finally:
+                        os.close(sub)
+            finally:
+                os.close(fd)
+    finally:
+        for fd in stack:
+            os.close(fd)
 
 
 def after_run(sid: str, size: tuple[int, int] | None = None) -> str:

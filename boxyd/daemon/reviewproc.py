@@ -19,6 +19,7 @@ from boxy.errors import SetupError, UsageError
 from boxyd.daemon import reviewgit
 from boxyd.plan import reviewdiff, reviewland, reviewtree
 from boxyd.plan.reviewtree import Context, ReviewError
+from boxyd.stage2 import caps, namespaces
 
 CPU_LIMIT = 120  # seconds of CPU one review call may use
 AS_LIMIT = 2 << 30
@@ -51,14 +52,27 @@ def _handle(req: dict[str, Any]) -> dict[str, Any]:
     return {"applied": landed.applied, "refused": landed.refused, "left": left}
 
 
+def _as_the_layers_owner() -> None:
+    """The layer is the user's, but its modes are the payload's: a directory of mode
+    000 kept what it held from the measure (past --review-limit unseen) and made
+    diff fail. In a user namespace of its own, with CAP_DAC_READ_SEARCH alone, this
+    process reads and searches what the user owns whatever its mode: no mode of the
+    layer is changed (it is what is reviewed, and the payload's while it runs), and it
+    writes nowhere the user could not (no CAP_DAC_OVERRIDE: apply still cannot write
+    into a directory the user made read-only)."""
+    namespaces.enter_user_namespace(os.getuid(), os.getgid())
+    caps.keep_only(caps.CAP_DAC_READ_SEARCH)
+
+
 def main() -> int:
     resource.setrlimit(resource.RLIMIT_CPU, (CPU_LIMIT, CPU_LIMIT + 1))
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
     req = json.loads(sys.stdin.buffer.read())
     try:
+        _as_the_layers_owner()
         reply = _handle(req)
-    except (ReviewError, OSError) as e:
+    except (ReviewError, OSError, SetupError) as e:
         what = f"{e.filename}: " if isinstance(e, OSError) and e.filename else ""
         reply = {"error": f"{what}{e.strerror if isinstance(e, OSError) else e}"}
     sys.stdout.write(json.dumps(reply))

@@ -212,6 +212,23 @@ def _bind(
     )
 
 
+def _pins(root: str, pins: list[Protection], overlaid: bool) -> list[MountOp]:
+    """The binds of ROOT's pins. OVERLAID (the work directory under --review): each
+    binds the overlay's entry onto itself, never the host's, whose `self` pins
+    (a gitdir, the directories above a held file) were writable host directories
+    over the overlay: the payload's writes there reached the host unreviewed."""
+    out: list[MountOp] = []
+    for p in pins:
+        if p.symlink:
+            raise UsageError(
+                f"{root}/{p.rel}: a protected git entry is a symlink (refused: it would be "
+                "followed on the host); remove it, or run with --allow-git-write"
+            )
+        ro = p.kind == "ro"
+        out.append(Bind(p.rel, p.rel, ro, src_base=root, dst_base=root, in_place=overlaid))
+    return out
+
+
 def user_ops(
     spec: RunSpec,
     protections: dict[str, list[Protection]],
@@ -242,13 +259,7 @@ def user_ops(
             ops.append(_bind(path, outer, ro=ro, optional=optional, create=create))
         rules.append(LandlockRule(path, "ro" if ro else "rw"))
     for root in roots:
-        for p in protections.get(root, []):
-            if p.symlink:
-                raise UsageError(
-                    f"{root}/{p.rel}: a protected git entry is a symlink (refused: it would be "
-                    "followed on the host); remove it, or run with --allow-git-write"
-                )
-            ops.append(Bind(src=p.rel, dst=p.rel, ro=p.kind == "ro", src_base=root, dst_base=root))
+        ops += _pins(root, protections.get(root, []), review is not None and root == spec.workdir)
     for e in spec.protect:
         ops.append(_bind(e.path, roots, ro=True))
     for root in roots:

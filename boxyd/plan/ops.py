@@ -35,6 +35,10 @@ class Bind:
     dev: bool = False  # device nodes (/dev/null …): do not set nodev
     create: bool = False  # --mkdir: create the source directory (no symlink followed)
     noexec: bool = False  # nothing on it can be executed (a tool sandbox's trees)
+    # the source is the sandbox's own entry as built so far, not the host's: under
+    # --review a pin of the work directory binds the overlay's entry onto itself, so no
+    # pin puts the host's tree (writable, for a `self` pin) over the overlay
+    in_place: bool = False
     op: str = "bind"
 
 

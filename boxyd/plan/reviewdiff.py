@@ -20,7 +20,10 @@ LINES_MAX = 20_000  # lines of one side (difflib's time grows faster than linear
 
 def _text(dir_fd: int, rel: str) -> list[str] | str:
     """REL's lines, or why it is not diffed."""
-    fd = open_file(dir_fd, rel)
+    try:
+        fd = open_file(dir_fd, rel)
+    except PermissionError as e:
+        return f"could not be read ({e.strerror})"
     try:
         if os.fstat(fd).st_size > DIFF_MAX:
             return f"larger than {DIFF_MAX >> 20} MiB"

@@ -12,6 +12,7 @@ xattr user.overlay.opaque=y (whatever the host has beneath it is removed).
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import os
 import stat
@@ -24,6 +25,8 @@ from boxyd.kernel.openat import open_beneath
 MAX_ENTRIES = 200_000  # entries of the upper layer one review reads
 OPAQUE = "user.overlay.opaque"
 CHUNK = 1 << 20
+# an entry the payload removed or swapped (a symlink, a file) while the measure walked
+GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
 
 
 class ReviewError(Exception):
@@ -227,9 +230,15 @@ class Reader:
     def _subdir(
         self, ufd: int, hfd: int | None, name: str, rel: str, st: os.stat_result
     ) -> Iterator[Change]:
+        mode = stat.S_IMODE(st.st_mode)
+        try:
+            sub = open_dir(ufd, name)
+        except PermissionError as e:  # (the review child reads as the layer's owner)
+            why = f"could not be read ({e.strerror}): what it holds is not reviewed"
+            yield Change(rel, "added" if hfd is None else "changed", "dir", mode=mode, held=why)
+            return
         if hfd is None:
-            yield Change(rel, "added", "dir", mode=stat.S_IMODE(st.st_mode))
-        sub = open_dir(ufd, name)
+            yield Change(rel, "added", "dir", mode=mode)
         hsub = open_dir(hfd, name) if hfd is not None else None
         try:
             yield from self._dir(sub, hsub, rel)
@@ -247,7 +256,15 @@ class Reader:
             return False
         if c.size != hst.st_size or c.mode != stat.S_IMODE(hst.st_mode):
             return False
-        a, b = open_file(ufd, name), open_file(hfd, name)
+        try:  # one side unreadable is shown as a change (its diff says why)
+            a = open_file(ufd, name)
+        except PermissionError:
+            return False
+        try:
+            b = open_file(hfd, name)
+        except PermissionError:
+            os.close(a)
+            return False
         try:
             return same_content(a, b)
         finally:
@@ -288,9 +305,8 @@ def _du(fd: int) -> tuple[int, int]:
 def footprint(upper: str, cap: int = MAX_ENTRIES) -> tuple[int, int]:
     """(bytes, entries) the upper layer at UPPER holds, the walk stopped past CAP
     entries. A file counts its length or its blocks, whichever is more: a sparse file
-    costs the disk nothing here, but apply would write all of it. A hard link's inode
-    counts once."""
-    seen: set[int] = set()
+    costs the disk nothing here, but apply would write all of it. Each hard link
+    counts too: apply writes every name as a file of its own."""
     total = entries = 0
     stack = [os.open(upper, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)]
     try:
@@ -303,12 +319,10 @@ def footprint(upper: str, cap: int = MAX_ENTRIES) -> tuple[int, int]:
                         st = entry.stat(follow_symlinks=False)
                         if stat.S_ISDIR(st.st_mode):
                             stack.append(open_dir(fd, entry.name))
-                    except OSError:
-                        continue
-                    if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
-                        if st.st_ino in seen:
+                    except OSError as e:
+                        if e.errno in GONE:
                             continue
-                        seen.add(st.st_ino)
+                        raise  # what cannot be measured is not skipped: the run stops
                     length = st.st_size if stat.S_ISREG(st.st_mode) else 0
                     total += max(st.st_blocks * 512, length)
             finally:

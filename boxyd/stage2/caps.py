@@ -77,6 +77,20 @@ def drop_all(last: int | None = None) -> None:
     check(libc.capset(ctypes.byref(header), data), "capset")
 
 
+CAP_DAC_READ_SEARCH = 2
+
+
+def keep_only(*caps: int) -> None:
+    """Effective and permitted hold CAPS (each below 32) and nothing else, inheritable
+    none: for a process that entered a user namespace of its own to do one thing."""
+    mask = 0
+    for cap in caps:
+        mask |= 1 << cap
+    data = _CapDataV3()
+    data[0].effective = data[0].permitted = mask
+    check(libc.capset(ctypes.byref(_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)), data), "capset")
+
+
 def no_new_privs() -> None:
     prctl(PR_SET_NO_NEW_PRIVS, 1, step="no_new_privs")
 

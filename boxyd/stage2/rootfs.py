@@ -245,7 +245,7 @@ def _open_source(b: Bind) -> int | None:
     """Open a bind's source. Under a writable tree (src_base) the path is resolved with
     openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS): the payload controls that tree."""
     step = f"bind {b.dst}"
-    base_path = OLD + (b.src_base or "/")
+    base_path = (NEW if b.in_place else OLD) + (b.src_base or "/")
     base = os.open(base_path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         if b.create:  # --mkdir: create what is missing, never through a symlink

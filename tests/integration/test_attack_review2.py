@@ -7,30 +7,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import BIN, Boxy
+from tests.conftest import Boxy
+from tests.integration.reviewutil import ctl as _ctl
+from tests.integration.reviewutil import nothing_held_after  # noqa: F401 (autouse)
 
 pytestmark = pytest.mark.sandbox
-
-
-@pytest.fixture(autouse=True)
-def _nothing_held_after(boxy: Boxy) -> Iterator[None]:
-    yield
-    listed = _ctl(boxy, "ps", "--json")
-    for s in json.loads(listed.stdout or b"{}").get("sessions", []):
-        if s.get("review"):
-            _ctl(boxy, "discard", s["id"])
-
-
-def _ctl(boxy: Boxy, *args: str) -> subprocess.CompletedProcess[bytes]:
-    return boxy.user.run([str(BIN / "boxyctl"), *args], cwd=boxy.workdir)
 
 
 def _run(boxy: Boxy, code: str, *flags: str) -> tuple[str, str]:

@@ -16,7 +16,7 @@ import pwd
 import signal
 import socket
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from boxy import caches, notices, termsettings
@@ -48,7 +48,15 @@ from boxyd.daemon.liveguard import LiveGuard
 from boxyd.daemon.parseproc import Apart, call_apart, call_with
 from boxyd.daemon.pty import PtyRelay
 from boxyd.daemon.reviewwatch import ReviewWatch
-from boxyd.daemon.scopes import Limit, Placement, Scopes, limits, read_events, remove_subtree
+from boxyd.daemon.scopes import (
+    Limit,
+    Placement,
+    Scopes,
+    freeze_own,
+    limits,
+    read_events,
+    remove_subtree,
+)
 from boxyd.daemon.seam import Caller, Change, Exit, Report, SandboxEvent, Sink, Started, Stopped
 from boxyd.daemon.stage2proc import (
     Gateway,
@@ -819,7 +827,16 @@ class StageSandbox:
         layers = self._review_layers
         if layers is None:
             return
-        self.review_watch = ReviewWatch(layers[0], self.spec.review_limit, self._stopped_by_guard)
+        freezer = self._placement.freezer if self._placement is not None else None
+        freeze = None
+        if freezer is not None:  # a cgroup of the run's own
+
+            def freeze(on: bool) -> Awaitable[bool]:
+                return asyncio.to_thread(freeze_own, freezer, on)
+
+        self.review_watch = ReviewWatch(
+            layers[0], self.spec.review_limit, self._stopped_by_guard, freeze
+        )
         self._review_task = asyncio.get_running_loop().create_task(self.review_watch.run())
 
     def _stopped_by_guard(self, line: str) -> None:
@@ -1003,7 +1020,8 @@ class StageSandbox:
                 notes.append(watch.stopped)
                 self._sink.record("review", stopped=watch.stopped)
             with contextlib.suppress(BoxyError):
-                size = await watch.measure()
+                size = await watch.measure(running=False)
+            self._sink.record("review", measures_frozen=watch.frozen, held=size)
             over = watch.over(*size) if size is not None and watch.stopped is None else None
             notes += [over] if over is not None else []
         notes.append(await pools.run(pools.CHECKS, review.after_run, self._sink.id, size))

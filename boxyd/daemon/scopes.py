@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,9 @@ class Placement:
     controllers: frozenset[str] = field(default_factory=frozenset)
     reason: str = ""  # why there is no scope
     path: str | None = None  # the scope's directory in the v2 hierarchy
+    # a cgroup boxyd made that holds the whole run, its cgroup.freeze boxyd's to write
+    # (a scope's own is its user manager's): None when there is none
+    freezer: str | None = None
 
 
 def limit_events(files: dict[str, str]) -> list[tuple[str, int]]:
@@ -207,7 +211,45 @@ def place_in_own_subtree(sid: str, pids: Sequence[int], spec: RunSpec, why: str)
     except OSError as e:
         return Placement(reason=f"{why}; cannot use boxyd's cgroup {parent}: {e.strerror}")
     controllers = frozenset(Path(child, "cgroup.controllers").read_text().split())
-    return Placement(f"boxy-{sid}", controllers, path=child)
+    return Placement(f"boxy-{sid}", controllers, path=child, freezer=child)
+
+
+FREEZE_TIMEOUT = 2.0  # seconds a freeze may take before the run is taken as not frozen
+RUN_CGROUP = "run"  # the child of a scope that holds the run, for its cgroup.freeze
+
+
+def run_cgroup(scope: str, pids: Sequence[int]) -> str | None:
+    """A child of the (delegated) scope's cgroup holding PIDS, made before the payload
+    runs (all it forks follows them there): boxyd's own cgroup.freeze, where the scope's
+    is its user manager's and FreezeUnit needs a unified hierarchy. None when it cannot
+    be made (blocking: a thread); no controller is enabled, so the scope keeps its
+    limits and its counters over the whole run."""
+    child = os.path.join(scope, RUN_CGROUP)
+    try:
+        os.mkdir(child, 0o755)
+        for pid in pids:  # (one pid per write: cgroup.procs takes no more)
+            Path(child, "cgroup.procs").write_text(str(pid))
+        if not os.path.exists(os.path.join(child, "cgroup.freeze")):
+            return None
+    except OSError as e:
+        log.info("no cgroup of the run's own in %s: %s", scope, e.strerror)
+        return None
+    return child
+
+
+def freeze_own(path: str, on: bool) -> bool:
+    """cgroup.freeze of a cgroup boxyd made, and the wait until cgroup.events says it
+    is so (blocking: a thread)."""
+    try:
+        Path(path, "cgroup.freeze").write_text("1" if on else "0")
+        deadline = time.monotonic() + FREEZE_TIMEOUT
+        while time.monotonic() < deadline:
+            if f"frozen {int(on)}" in Path(path, "cgroup.events").read_text().splitlines():
+                return True
+            time.sleep(0.002)
+    except OSError:
+        pass
+    return False
 
 
 def remove_subtree(placement: Placement) -> bool:
@@ -303,7 +345,8 @@ class Scopes:
             rel = await asyncio.to_thread(_cgroup_of_all, pids)
             if rel is not None and rel.endswith("/" + unit):
                 path, controllers = await asyncio.to_thread(_cgroup_dir, rel)
-                return Placement(unit, controllers, path=path)
+                freezer = await asyncio.to_thread(run_cgroup, path, pids) if path else None
+                return Placement(unit, controllers, path=path, freezer=freezer)
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.01)
         return Placement(reason=f"{unit} was made but the run is not in it")

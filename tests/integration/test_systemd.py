@@ -601,3 +601,40 @@ def test_dbus_python_runs_introspects_and_reads_the_object_manager(
     assert "dev.boxy.Session1" in out["interfaces"][path]
     assert out["unnamed"] == [], out["unnamed"]
     assert out["error"] == "dev.boxy.Error.NoSuchSession"
+
+
+# A payload that keeps moving a directory holding a sparse 100 GiB file (apply would
+# write it whole) through 16 names, so a walk of the layer may never meet it.
+MOVER = r"""
+import os, time
+os.mkdir("d15")
+with open("d15/big", "wb") as f:
+    f.truncate(100 << 30)
+end, i = time.monotonic() + 10, 15
+while time.monotonic() < end:
+    os.rename(f"d{i}", f"d{(i - 1) % 16}")
+    i = (i - 1) % 16
+print("DODGED")
+"""
+
+
+def test_a_review_in_a_scope_is_measured_frozen(
+    boxy: Boxy, user: User, workdir: Path, systemd_user: UserManager
+) -> None:
+    """--review-limit: in a scope the run is frozen (FreezeUnit) while its layer is
+    measured, so a directory kept moving is met by the walk; the run is stopped."""
+    ctl(user, "setup", manager=systemd_user)
+    audit = workdir / "audit.jsonl"
+    r = ctl(
+        user, "run", "-w", str(workdir), "--net", "none", "--review", "--review-limit", "4MiB",
+        "--audit-log", str(audit), "--", "python3", "-c", MOVER, manager=systemd_user,
+    )  # fmt: skip
+    err = r.stderr.decode()
+    assert b"DODGED" not in r.stdout, f"ESCAPED: the moving directory passed every measure: {err}"
+    assert "past its limit of 4.0MiB (--review-limit): the run was stopped" in err, err
+    records = [json.loads(ln) for ln in audit.read_text().splitlines()]
+    review = [x for x in records if x.get("layer") == "review" and "measures_frozen" in x]
+    assert review and review[0]["measures_frozen"] >= 1, records
+    sid = re.search(r"boxyctl discard (\w+)", err)
+    assert sid, err
+    ctl(user, "discard", sid.group(1), manager=systemd_user)

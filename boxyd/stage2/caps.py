@@ -78,6 +78,7 @@ def drop_all(last: int | None = None) -> None:
 
 
 CAP_DAC_READ_SEARCH = 2
+CAP_SETFCAP = 31
 
 
 def keep_only(*caps: int) -> None:

@@ -61,6 +61,10 @@ for t in tops:
 def test_what_the_payload_makes_is_quarantined_at_once(
     boxy: Boxy, user: User, workdir: Path
 ) -> None:
+    # the notices earlier tests left (no hook took them) fill the 64 it keeps waiting
+    notices = user.home / ".local/state/boxy/notices"
+    for old in notices.iterdir() if notices.is_dir() else ():
+        old.unlink()
     r = run_py(boxy, MAKES, "--audit-log", "audit.jsonl")
     got = assert_contained(r, "gone-.claude", "gone-.gemini", "gone-.yarn/releases")
     assert sum(k.startswith("gone-") for k in got) == 8, describe(r)
@@ -79,7 +83,6 @@ def test_what_the_payload_makes_is_quarantined_at_once(
     ]
     assert len(held) == 8, held
     # the hook's next answer carries them (boxy/notices.py): left for it to take
-    notices = user.home / ".local/state/boxy/notices"
     assert any(".mcp.json" in p.read_text() for p in notices.iterdir())
 
 

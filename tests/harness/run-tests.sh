@@ -32,9 +32,10 @@ stage=${BOXY_TEST_STAGE:-/opt/boxy-test}
 "$src/tests/harness/stage.sh" "$user" "$stage"
 
 # The test user's quarantine is what earlier suites left (its entries count against
-# the quarantine's budget: quarantine.TOTAL_ENTRIES): each suite starts with none.
+# the quarantine's budget: quarantine.TOTAL_ENTRIES), and so are the notices no hook
+# took (64 wait at most: boxy/notices.py): each suite starts with none.
 home=$(getent passwd "$user" | cut -d: -f6)
-rm -rf "$home/.local/state/boxy/quarantine"
+rm -rf "$home/.local/state/boxy/quarantine" "$home/.local/state/boxy/notices"
 cd "$stage"
 export BOXY_TEST_USER="$user"
 set +e

@@ -53,6 +53,7 @@ from boxyd.daemon.scopes import (
     Placement,
     Scopes,
     freeze_own,
+    kill_frozen,
     limits,
     read_events,
     remove_subtree,
@@ -325,6 +326,8 @@ class StageSandbox:
         self._review_layers: tuple[str, str] | None = None  # --review: (upper, work)
         self.review_watch: ReviewWatch | None = None  # --review-limit, while it runs
         self._review_task: asyncio.Task[None] | None = None
+        self._outer_pid: int | None = None  # the outer stage 2's (it reports the end)
+        self._frozen_kill: asyncio.Task[None] | None = None
 
     # -- before the payload ----------------------------------------------------------
     async def start(self) -> list[str]:
@@ -613,6 +616,7 @@ class StageSandbox:
         placement = await self._launcher.scopes.place(
             self._sink.id, (reported.pid, reported.zygote), self.spec
         )
+        self._outer_pid = reported.pid
         self._scope_path = placement.path
         self._placement = placement
         self.limits = limits(self.spec, placement)
@@ -897,7 +901,25 @@ class StageSandbox:
             return
         if sig == signal.SIGCONT and self.pty is not None:  # the client is back (fg)
             self.pty.resume_input()
+        freezer = self._placement.freezer if self._placement is not None else None
+        if sig == signal.SIGKILL and freezer is not None and self._outer_pid is not None:
+            with contextlib.suppress(RuntimeError):  # (a guard's thread: the kill as before)
+                loop = asyncio.get_running_loop()
+                self.stage2.killing()
+                self._frozen_kill = loop.create_task(self._kill_frozen(freezer))
+                return
         self.stage2.signal(sig)
+
+    async def _kill_frozen(self, freezer: str) -> None:
+        """boxyd's SIGKILL (--timeout past its grace, stop --kill) to a run with a cgroup
+        of its own: every process killed while frozen, so none runs in the instant
+        between PID 1's listener closing and the kernel killing the rest; then the
+        signal as before (PID 1 is gone or going)."""
+        assert self._outer_pid is not None
+        killed = await asyncio.to_thread(kill_frozen, freezer, self._outer_pid)
+        self._sink.record("cgroup", killed_frozen=killed)
+        if self.stage2 is not None:
+            self.stage2.signal(signal.SIGKILL)
 
     def resize(self, rows: int, cols: int) -> None:
         if self.pty is not None:

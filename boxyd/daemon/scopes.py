@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -250,6 +251,30 @@ def freeze_own(path: str, on: bool) -> bool:
     except OSError:
         pass
     return False
+
+
+def kill_frozen(path: str, keep: int) -> int:
+    """Every process of the run's cgroup PATH but KEEP (the outer stage 2, which reports
+    the end) SIGKILLed while the cgroup is frozen, then thawed: none runs another
+    instruction of its own, so none can take the seccomp listener that PID 1's death
+    lets go (docs/design.md, "Syscalls"). The processes killed; 0 when the cgroup
+    could not be frozen (the caller's kill goes on as before). Blocking: a thread.
+    A frozen process cannot exit but by this SIGKILL, so no pid read here is reused."""
+    if not freeze_own(path, True):
+        freeze_own(path, False)
+        return 0
+    killed = 0
+    try:
+        for word in Path(path, "cgroup.procs").read_text().split():
+            if int(word) != keep:
+                with contextlib.suppress(OSError):
+                    os.kill(int(word), signal.SIGKILL)
+                    killed += 1
+    except (OSError, ValueError):
+        pass
+    finally:
+        freeze_own(path, False)
+    return killed
 
 
 def remove_subtree(placement: Placement) -> bool:

@@ -440,6 +440,11 @@ class Stage2:
             self._queue.put_nowait(None)  # and for every later call
         return msg
 
+    def killing(self) -> None:
+        """A SIGKILL is on its way by another road (scopes.kill_frozen): PID 1 dead
+        without a word is ours."""
+        self._killed = True
+
     def signal(self, sig: int) -> None:
         if sig == signal.SIGKILL:
             self._killed = True

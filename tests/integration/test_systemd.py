@@ -431,6 +431,10 @@ def test_each_run_is_a_delegated_transient_scope(
     assert scope and scope[0]["scope"] == unit, records
     memory = [x for x in records if x.get("layer") == "cgroup" and x.get("limit") == "memory"]
     assert memory and memory[0]["enforced"] is False, records
+    # stop -k: every process of the run SIGKILLed while its cgroup was frozen (PID 1
+    # and sleep at least), so none ran once PID 1's seccomp listener was let go
+    frozen = [x for x in records if x.get("layer") == "cgroup" and "killed_frozen" in x]
+    assert frozen and frozen[0]["killed_frozen"] >= 2, records
     deadline = time.monotonic() + 10
     while (
         time.monotonic() < deadline

@@ -373,8 +373,13 @@ class Notifier:
             who = caller(note.pid)
             if not still_waiting(self.listener, note.id):  # gone: its pid may be another's
                 who = Caller(note.pid, "?", "?")
-            answer(self.listener, note.id, errno.EPERM)
-            self.report(note, who, action)
+            # reported before the answer: answered, the caller may exit at once, and PID
+            # 1's end could reach boxyd before this record (its -v line then missing);
+            # answered even when the report fails
+            try:
+                self.report(note, who, action)
+            finally:
+                answer(self.listener, note.id, errno.EPERM)
             return
         answer(self.listener, note.id, errno.EPERM)
 

@@ -394,8 +394,14 @@ class Notifier:
             assert self.reader is not None
             self.reader.close()
             self.reader = None
-        let_through(self.listener, note.id)
-        if seen is None or self.port_report is None or not landlock_refuses(seen, self.ports):
-            return
-        if self.ports_tally.count(f"{seen.addr}:{seen.port}"):
-            self.port_report(note, caller(note.pid), seen)
+        # reported before the call goes on (as a refusal is: handle), while the caller
+        # still waits: its end cannot come first; let through even when the report fails
+        try:
+            if seen is None or self.port_report is None:
+                return
+            if landlock_refuses(seen, self.ports) and self.ports_tally.count(
+                f"{seen.addr}:{seen.port}"
+            ):
+                self.port_report(note, caller(note.pid), seen)
+        finally:
+            let_through(self.listener, note.id)

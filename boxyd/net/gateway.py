@@ -820,6 +820,9 @@ class Gateway:
             self._flows[id(flow)] = (flow, handle, conn)
             flow.start(functools.partial(self._relayed, flow, handle, conn))
             return
+        # with secrets bound to hosts, every byte a flow sends on is looked at for a
+        # placeholder, not its first record alone: a worm's body may come later
+        scan = self.secrets[0] if self.secrets else None
         flow = relay.Flow(
             conn.client,
             upstream,
@@ -827,6 +830,8 @@ class Gateway:
             initial_a_to_b=conn.data,
             poller=self.poller,
             idle_checks=self._idle_checks,
+            scan=scan.found if scan is not None else None,
+            scan_keep=scan.longest - 1 if scan is not None else 0,
         )
         self._flows[id(flow)] = (flow, handle, conn)
         flow.start(functools.partial(self._relayed, flow, handle, conn))
@@ -877,6 +882,9 @@ class Gateway:
         del self._flows[id(flow)]
         if not isinstance(flow, relay.Flow):
             self._secret_done(flow, conn)
+        elif isinstance(flow.error, relay.Placeholder):  # a placeholder past the first record
+            v = Verdict(False, "net.secret", f"a secret's placeholder ({flow.error})")
+            self._decide("tcp", conn.addr, conn.port, v, host=conn.host, name=conn.name)
         self.bindings.release(conn.ip)
         self.netlog.update(handle, flow.counters.up, flow.counters.down, final=True)
         self.on_event(

@@ -53,6 +53,11 @@ class HostSecrets:
         host = host.lower().rstrip(".")
         return frozenset(s.placeholder for s in self.items if host not in s.hosts)
 
+    @property
+    def longest(self) -> int:
+        """The longest placeholder's length in bytes (what a scan keeps between reads)."""
+        return max((len(ph) for ph, _ in self._bytes), default=1)
+
     def found(self, data: bytes) -> str | None:
         """The name of a secret whose placeholder DATA holds, as sent (a first record,
         an SNI), or None."""

@@ -61,6 +61,11 @@ _SPLICE_AT: dict[str, int] = {"auto": SPLICE_AFTER, "copy": _NEVER, "splice": 0}
 _LINGER_RESET = struct.pack("ii", 1, 0)
 
 
+class Placeholder(OSError):
+    """A secret's placeholder seen in what a flow's a side sent (its name, never the
+    value: a placeholder is not the secret)."""
+
+
 @dataclass(slots=True)
 class Counters:
     """Bytes moved a→b (``up``) and b→a (``down``); read them at any time.
@@ -149,6 +154,8 @@ class _Direction:
         "reading",
         "writing",
         "done",
+        "scan",
+        "tail",
     )
 
     def __init__(
@@ -181,6 +188,13 @@ class _Direction:
         self.dst_blocked = False
         self.reading = self.writing = False
         self.done = False
+        # a→b looked at for a secret's placeholder (Flow's SCAN): copied, never spliced,
+        # and the last bytes kept, so one split between two reads is found too
+        self.scan = flow.scan if up else None
+        # (the first record, judged whole already, is what comes before the first read)
+        self.tail = bytes(initial[-flow.scan_keep :]) if flow.scan_keep and initial else b""
+        if self.scan is not None:
+            self.splice_at = _NEVER
 
     # -- the two intermediates -------------------------------------------------
 
@@ -241,6 +255,8 @@ class _Direction:
                     return -1
                 n = self.src.recv_into(self.view[self.end :])
                 self.end += n
+                if self.scan is not None and n:
+                    self._scan(n)
         except BlockingIOError:
             # In splice mode EAGAIN also means "pipe full" (a TCP splice may fill
             # pipe slots with partial pages); only a drain can tell, so wait for one.
@@ -250,6 +266,17 @@ class _Direction:
             return -1
         self.held += n
         return n
+
+    def _scan(self, n: int) -> None:
+        """The N bytes just read, with the tail of those before: a placeholder among
+        them ends the flow before they are sent (Placeholder: an OSError, so step()
+        fails the flow and resets both sides)."""
+        assert self.scan is not None and self.view is not None
+        seen = self.tail + bytes(self.view[self.end - n : self.end])
+        found = self.scan(seen)
+        if found is not None:
+            raise Placeholder(found)
+        self.tail = seen[-self.flow.scan_keep :] if self.flow.scan_keep else b""
 
     def _drain(self) -> None:
         """Write what dst takes: the initial bytes first, then what is held."""
@@ -405,11 +432,15 @@ class Flow:
         mode: Mode = "auto",
         poller: Poller | None = None,
         idle_checks: Deadlines[Flow] | None = None,
+        scan: Callable[[bytes], str | None] | None = None,
+        scan_keep: int = 0,
     ) -> None:
         """POLLER: where readiness is asked for (boxyd.net.poller; the loop's own
         add_reader and friends by default). IDLE_CHECKS: a queue of idle checks
         shared by flows of this idle timeout, its delay a quarter of it (one timer
-        for all of them instead of one each)."""
+        for all of them instead of one each). SCAN: what a→b sends is given to it, the
+        last SCAN_KEEP bytes again with the next read; a name it returns ends the flow
+        (``error`` a Placeholder) before those bytes are sent."""
         if idle_timeout <= 0:
             raise ValueError(f"idle_timeout must be positive, got {idle_timeout!r}")
         if idle_checks is not None and idle_checks.delay != idle_tick(idle_timeout):
@@ -426,6 +457,7 @@ class Flow:
         self.finished = False
         self._initial = bytes(initial_a_to_b)
         self._mode: Mode = mode
+        self.scan, self.scan_keep = scan, scan_keep
         self.loop: asyncio.AbstractEventLoop | None = None
         self._poller = poller
         self._idle_checks = idle_checks

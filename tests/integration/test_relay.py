@@ -605,3 +605,31 @@ async def test_aborted_before_start_calls_back_at_once(topo: Topology) -> None:
     topo.client.settimeout(5)
     with pytest.raises(ConnectionResetError):
         topo.client.recv(1)
+
+
+# -- a secret's placeholder, looked for in every byte (--secret NAME@HOST) ---------------
+
+PLACEHOLDER = b"ghp_" + b"Q" * 36
+
+
+def _found(data: bytes) -> str | None:
+    return "TOKEN" if PLACEHOLDER in data else None
+
+
+@pytest.mark.parametrize("split", [0, 1, 20, 39])
+async def test_a_placeholder_split_between_reads_ends_the_flow_unsent(
+    topo: Topology, split: int
+) -> None:
+    """SCAN sees what a→b sends, the last bytes of one read kept for the next: a
+    placeholder split between two sends (or behind the first record) is found, and
+    the flow ends with a reset before the bytes holding its end are sent."""
+    first = b"POST / HTTP/1.1\r\n\r\n" + PLACEHOLDER[:split]
+    flow = Flow(topo.a, topo.b, idle_timeout=30, initial_a_to_b=b"GET", scan=_found,
+                scan_keep=len(PLACEHOLDER) - 1)  # fmt: skip
+    task = asyncio.ensure_future(flow.run())
+    topo.client.sendall(first)
+    assert await recv_exactly(topo.server, 3 + len(first)) == b"GET" + first
+    topo.client.sendall(PLACEHOLDER[split:] + b" and more")
+    assert await asyncio.wait_for(task, 10) is CloseReason.RESET_BY_A
+    assert isinstance(flow.error, relay.Placeholder) and str(flow.error) == "TOKEN"
+    assert await asyncio.to_thread(sees_reset, topo.server) == "reset"

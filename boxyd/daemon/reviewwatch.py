@@ -6,7 +6,7 @@ runs, and past the limit, or past the entries a review can read, the run is stop
 and what it wrote stays held. Between two checks the payload can write past it by
 what it writes in that time; the README says so. A walk is no snapshot: a payload
 that keeps moving a directory could keep it from every walk, so where the run has a
-cgroup it is frozen while it is measured (scopes.freeze), and the walk is exact.
+cgroup it is frozen while it is measured (scopes.freeze_own), and the walk is exact.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ class ReviewWatch:
     ) -> None:
         self.upper, self.limit, self._stop, self._freeze = upper, limit, stop, freeze
         self.stopped: str | None = None  # the line said when it stopped the run
-        self.last: tuple[int, int] | None = None  # (bytes, entries) last measured
         self.frozen = 0  # measures made with the run frozen (the audit log's)
 
     async def measure(self, running: bool = True) -> tuple[int, int]:
@@ -55,8 +54,7 @@ class ReviewWatch:
         finally:
             if freeze is not None:
                 await self._thaw(freeze)
-        self.last = int(got["bytes"]), int(got["entries"])
-        return self.last
+        return int(got["bytes"]), int(got["entries"])
 
     async def _thaw(self, freeze: Freezer) -> None:
         """Thawed even when the watch is cancelled meanwhile; a run that cannot be

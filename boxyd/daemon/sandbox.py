@@ -831,7 +831,7 @@ class StageSandbox:
         layers = self._review_layers
         if layers is None:
             return
-        freezer = self._placement.freezer if self._placement is not None else None
+        freezer = self._freezer()
         freeze = None
         if freezer is not None:  # a cgroup of the run's own
 
@@ -842,6 +842,10 @@ class StageSandbox:
             layers[0], self.spec.review_limit, self._stopped_by_guard, freeze
         )
         self._review_task = asyncio.get_running_loop().create_task(self.review_watch.run())
+
+    def _freezer(self) -> str | None:
+        """The run's own cgroup, its cgroup.freeze boxyd's to write (scopes.Placement)."""
+        return self._placement.freezer if self._placement is not None else None
 
     def _stopped_by_guard(self, line: str) -> None:
         """The live guard cannot keep the trees covered: the payload ends now (its
@@ -901,7 +905,7 @@ class StageSandbox:
             return
         if sig == signal.SIGCONT and self.pty is not None:  # the client is back (fg)
             self.pty.resume_input()
-        freezer = self._placement.freezer if self._placement is not None else None
+        freezer = self._freezer()
         if sig == signal.SIGKILL and freezer is not None and self._outer_pid is not None:
             with contextlib.suppress(RuntimeError):  # (a guard's thread: the kill as before)
                 loop = asyncio.get_running_loop()

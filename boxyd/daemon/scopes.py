@@ -265,16 +265,28 @@ def kill_frozen(path: str, keep: int) -> int:
         return 0
     killed = 0
     try:
-        for word in Path(path, "cgroup.procs").read_text().split():
-            if int(word) != keep:
-                with contextlib.suppress(OSError):
-                    os.kill(int(word), signal.SIGKILL)
-                    killed += 1
+        pids = [int(word) for word in Path(path, "cgroup.procs").read_text().split()]
+        # a PID namespace's init last: its death has the kernel kill (and reap) the rest
+        # at once, and a pid gone before its own kill would go uncounted
+        for pid in sorted((p for p in pids if p != keep), key=_is_ns_init):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
     except (OSError, ValueError):
         pass
     finally:
         freeze_own(path, False)
     return killed
+
+
+def _is_ns_init(pid: int) -> bool:
+    """PID is its innermost PID namespace's init (NSpid ends in 1)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    nspid = next((ln.split()[1:] for ln in status.splitlines() if ln.startswith("NSpid:")), [])
+    return len(nspid) > 1 and nspid[-1] == "1"
 
 
 def remove_subtree(placement: Placement) -> bool:

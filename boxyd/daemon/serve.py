@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # dbus-fast loads only with a bus
 
 log = logging.getLogger("boxyd")
 IDLE_EXIT = 600.0  # seconds with no session and no client before boxyd exits
+BUS_JOIN_TIMEOUT = 5.0  # seconds the session bus may take before boxyd serves without it
 
 
 def sd_notify(state: str) -> None:
@@ -63,17 +64,20 @@ async def serve(sock: socket.socket) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # On the bus before the first client is served: a run accepted before would be
+    # placed with no scope (the first run after socket activation, CI run 22).
+    address = os.environ.get("DBUS_SESSION_BUS_ADDRESS") or os.environ.get("DBUS_STARTER_ADDRESS")
+    if address:
+        try:
+            await asyncio.wait_for(bus.join(address), BUS_JOIN_TIMEOUT)
+        except BoxyError as e:  # no bus, or the name taken: varlink alone
+            log.warning("%s", e)
+        except TimeoutError:
+            log.warning("the session bus did not answer in %ss: varlink alone", BUS_JOIN_TIMEOUT)
     sock.setblocking(False)
     task = asyncio.create_task(server.serve(sock))
     sd_notify(f"READY=1\nSTATUS={status_line(0)}")
     log.info("listening (build %s)", manager.status().build)
-    # started by the bus itself (D-Bus activation without systemd): its address
-    address = os.environ.get("DBUS_SESSION_BUS_ADDRESS") or os.environ.get("DBUS_STARTER_ADDRESS")
-    if address:
-        try:
-            await bus.join(address)
-        except BoxyError as e:  # no bus, or the name taken: varlink alone
-            log.warning("%s", e)
     watcher = asyncio.create_task(report_status(manager))
     idle = asyncio.create_task(exit_when_idle(manager, server, stop, idle_limit()))
     await stop.wait()
@@ -115,6 +119,9 @@ class Bus:
         service = DbusService(self.manager, INSIDERS.inside)
         try:
             await service.start(address)
+        except asyncio.CancelledError:  # (a start that took too long)
+            service.close()
+            raise
         except Exception as e:
             service.close()
             raise DaemonError(f"D-Bus API off: {e or type(e).__name__}") from None

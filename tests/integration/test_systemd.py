@@ -78,15 +78,19 @@ def test_the_first_run_starts_boxyd_by_socket_activation(
     systemd_user.systemctl("stop", "boxyd.service")
     assert systemd_user.systemctl("is-active", "boxyd.service").stdout.strip() != "active"
     assert daemon_pids(user) == []
+    audit = workdir / "audit.jsonl"
+    argv = ["run", "--net", "none", "--audit-log", str(audit), "--", "echo", "hi"]
     r = subprocess.run(
-        user.cmd(
-            [str(BIN / "boxyctl"), "run", "--net", "none", "--", "echo", "hi"], systemd_user.env()
-        ),
+        user.cmd([str(BIN / "boxyctl"), *argv], systemd_user.env()),
         cwd=workdir,
         capture_output=True,
         timeout=60,
     )
     assert (r.returncode, r.stdout) == (0, b"hi\n"), r.stderr
+    # the very run that started boxyd has its scope: boxyd is on the bus before it serves
+    records = [json.loads(ln) for ln in audit.read_text().splitlines()]
+    scope = [x for x in records if x.get("layer") == "cgroup" and "scope" in x]
+    assert scope and scope[0]["scope"] == f"boxy-{scope[0]['session']}.scope", scope
     assert systemd_user.systemctl("is-active", "boxyd.service").stdout.strip() == "active"
     main_pid = int(
         systemd_user.systemctl("show", "-p", "MainPID", "--value", "boxyd.service").stdout

@@ -5,8 +5,12 @@ process spends per GB (getrusage of this process, which runs only the relay).
 
 The sender and the receiver are forked processes doing plain blocking I/O, so
 the relayed case has one more process on the same cores, like the real gateway.
+Mode `scan` is a flow in a run with a secret bound to a host (`--secret NAME@HOST`):
+every byte sent up is copied and searched for the placeholders of three secrets
+(docs/design.md, "Secrets"); down it is `auto`.
+
 Loopback only. Usage: `.venv/bin/python bench/relay.py [--size-mib 2048] [-n 3]
-[--mode auto|copy|splice|all] [--direction up|down|both]`.
+[--mode auto|copy|splice|scan|all] [--direction up|down|both]`.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from boxyd.net import relay as relay_mod  # noqa: E402
-from boxyd.net.relay import Counters, pump  # noqa: E402
+from boxyd.net.hostsecrets import HostSecrets, make  # noqa: E402
+from boxyd.net.relay import Counters, Flow  # noqa: E402
 
 CHUNK = 1024 * 1024
 _fork = multiprocessing.get_context("fork")
@@ -89,6 +94,17 @@ def _start(target, *args) -> tuple[multiprocessing.process.BaseProcess, Connecti
     return p, r
 
 
+def _secrets() -> HostSecrets:
+    """Three secrets of a GitHub token's shape, as a session binding them holds them."""
+    taken: frozenset[str] = frozenset()
+    items = []
+    for i in range(3):
+        value = "ghp_" + os.urandom(18).hex()[:36]
+        items.append(make(f"TOKEN{i}", value, ["git.example"], taken))
+        taken |= {items[-1].placeholder}
+    return HostSecrets(items)
+
+
 def run_once(total: int, up: bool, mode: str | None) -> tuple[float, float]:
     """Seconds for TOTAL bytes, and this process's CPU seconds (relay only)."""
     server_l = _listener()
@@ -115,7 +131,16 @@ def run_once(total: int, up: bool, mode: str | None) -> tuple[float, float]:
             b.setblocking(False)
             await loop.sock_connect(b, server_addr)
             counters = Counters()
-            await pump(a, b, counters=counters, idle_timeout=60, mode=mode)  # type: ignore[arg-type]
+            scan = _secrets() if mode == "scan" else None
+            await Flow(
+                a,
+                b,
+                counters=counters,
+                idle_timeout=60,
+                mode="auto" if scan else mode,  # type: ignore[arg-type]
+                scan=scan.found if scan else None,
+                scan_keep=scan.longest - 1 if scan else 0,
+            ).run()
             got = (client_out if not up else server_out).recv()
             elapsed = time.perf_counter() - t0
             r1 = resource.getrusage(resource.RUSAGE_SELF)
@@ -138,7 +163,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mib", type=int, default=2048)
     ap.add_argument("-n", type=int, default=3, help="runs per case (median reported)")
-    ap.add_argument("--mode", choices=["auto", "copy", "splice", "all"], default="all")
+    ap.add_argument("--mode", choices=["auto", "copy", "splice", "scan", "all"], default="all")
     ap.add_argument("--direction", choices=["up", "down", "both"], default="both")
     ap.add_argument(
         "--pipe-kib", type=int, help=f"splice pipe size (default {relay_mod.PIPE_SIZE >> 10})"
@@ -152,7 +177,7 @@ def main() -> int:
     if args.copy_kib:
         relay_mod.COPY_BUFFER = args.copy_kib * 1024
     total = args.size_mib * 1024 * 1024
-    modes = ["auto", "copy", "splice"] if args.mode == "all" else [args.mode]
+    modes = ["auto", "copy", "splice", "scan"] if args.mode == "all" else [args.mode]
     dirs = ["up", "down"] if args.direction == "both" else [args.direction]
     print(
         f"{args.size_mib} MiB per transfer, median of {args.n}, {os.cpu_count()} CPUs, "

@@ -633,3 +633,23 @@ async def test_a_placeholder_split_between_reads_ends_the_flow_unsent(
     assert await asyncio.wait_for(task, 10) is CloseReason.RESET_BY_A
     assert isinstance(flow.error, relay.Placeholder) and str(flow.error) == "TOKEN"
     assert await asyncio.to_thread(sees_reset, topo.server) == "reset"
+
+
+async def test_a_placeholder_sent_a_few_bytes_a_read_ends_the_flow_unsent(
+    topo: Topology,
+) -> None:
+    """Reads shorter than the bytes kept: the tail carries over more than one read
+    (a placeholder sent 7 bytes at a time is still found whole)."""
+    flow = Flow(topo.a, topo.b, idle_timeout=30, scan=_found,
+                scan_keep=len(PLACEHOLDER) - 1)  # fmt: skip
+    task = asyncio.ensure_future(flow.run())
+    sent = b""
+    for i in range(0, len(PLACEHOLDER) - 7, 7):  # each piece relayed before the next
+        piece = PLACEHOLDER[i : i + 7]
+        topo.client.sendall(piece)
+        sent += piece
+        assert await recv_exactly(topo.server, len(piece)) == piece
+    topo.client.sendall(PLACEHOLDER[len(sent) :])
+    assert await asyncio.wait_for(task, 10) is CloseReason.RESET_BY_A
+    assert isinstance(flow.error, relay.Placeholder) and str(flow.error) == "TOKEN"
+    assert await asyncio.to_thread(sees_reset, topo.server) == "reset"

@@ -1051,6 +1051,16 @@ class StageSandbox:
             over = watch.over(*size) if size is not None and watch.stopped is None else None
             notes += [over] if over is not None else []
         notes.append(await pools.run(pools.CHECKS, review.after_run, self._sink.id, size))
+        # the trees it wrote as it ran (--rw, --mkdir outside the work directory; not
+        # boxy's own package caches): said, so nobody takes them for held
+        home = self._launcher.user.pw_dir
+        live = [
+            r
+            for r in mountplan.writable_roots(self.spec)
+            if r != self.spec.workdir and not caches.is_cache(r, home)
+        ]
+        if live:
+            notes.append(f"--review: not held, written as it ran: {', '.join(live)}")
         return notes
 
     def _bounds_reached(self) -> list[str]:

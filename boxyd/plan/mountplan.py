@@ -183,12 +183,22 @@ def system_bundle_ops(net: NetPlan | None) -> list[MountOp]:
 
 
 def writable_roots(spec: RunSpec) -> list[str]:
-    """The trees the payload can write and will control between runs."""
-    roots = [spec.workdir] + [e.path for e in spec.rw] + [e.path for e in spec.mkdir]
+    """The trees the payload can write and will control between runs. Under --review a
+    --rw or --mkdir tree inside the work directory is none: the overlay holds it with
+    the rest of the work directory (held_inside)."""
+    trees = [e.path for e in (*spec.rw, *spec.mkdir) if not held_inside(spec, e.path)]
+    roots = [spec.workdir, *trees]
     out: list[str] = []
     for r in sorted(set(roots), key=_depth):
         out.append(r)
     return out
+
+
+def held_inside(spec: RunSpec, path: str) -> bool:
+    """PATH, a --rw or --mkdir tree, lies inside the work directory --review holds: it is
+    bound from the overlay, never the host, so what the payload writes there is held
+    too (a host bind over the overlay reached the host unreviewed, as pins did)."""
+    return spec.review and path != spec.workdir and _inside(path, spec.workdir)
 
 
 def _based(path: str, roots: list[str]) -> tuple[str, str | None]:
@@ -204,11 +214,24 @@ def _based(path: str, roots: list[str]) -> tuple[str, str | None]:
 
 
 def _bind(
-    path: str, roots: list[str], *, ro: bool, optional: bool = False, create: bool = False
+    path: str,
+    roots: list[str],
+    *,
+    ro: bool,
+    optional: bool = False,
+    create: bool = False,
+    in_place: bool = False,
 ) -> Bind:
     rel, base = _based(path, roots)
     return Bind(
-        src=rel, dst=rel, ro=ro, src_base=base, dst_base=base, optional=optional, create=create
+        src=rel,
+        dst=rel,
+        ro=ro,
+        src_base=base,
+        dst_base=base,
+        optional=optional,
+        create=create,
+        in_place=in_place,
     )
 
 
@@ -256,7 +279,8 @@ def user_ops(
         if review is not None and path == spec.workdir:
             ops.append(Overlay(dst=path, lower=path, upper=review[0], work=review[1]))
         else:
-            ops.append(_bind(path, outer, ro=ro, optional=optional, create=create))
+            held = not ro and held_inside(spec, path)  # (--mkdir: made in the overlay)
+            ops.append(_bind(path, outer, ro=ro, optional=optional, create=create, in_place=held))
         rules.append(LandlockRule(path, "ro" if ro else "rw"))
     for root in roots:
         ops += _pins(root, protections.get(root, []), review is not None and root == spec.workdir)

@@ -104,13 +104,13 @@ def walk(
     """One walk of ROOT: the git layout (pinned, absent hooks directories created, then
     fingerprinted) and the credentials found on the way (SECRETS: the profile's own
     patterns), then every other name of a credential with more than one hard link.
-    CREATED: a --mkdir directory stage 2 will create; absent, it is an empty tree
-    (everything in it after the run is new). USER_HOOKS: the user's global
+    CREATED: a --mkdir directory; absent, it is made here (make_missing), so the live
+    guard watches it from the start, and walked empty. USER_HOOKS: the user's global
     core.hooksPath (gitguard/userconfig.py). LIMIT: stop (LargerThan) past that many
     directories, SMALL_ENTRIES entries or SMALL_BYTES of credentials read, before
     anything is created."""
     if created and not os.path.lexists(root):
-        return Tree(baseline=scan.Snapshot(root, {}, frozenset()) if git_guard else None)
+        make_missing(root)
     try:
         root_fd = open_root(root)
         try:
@@ -188,6 +188,21 @@ def _walk_once(
     finder.links()
     held.links(root_fd)
     return lay, finder, watch, live_dirs, held
+
+
+def make_missing(path: str) -> None:
+    """--mkdir's directory and its missing parents, no component followed as a symlink
+    (stage2.mounts.walk_create, which stage 2 runs again on it): made before the walk,
+    not by stage 2, as the live guard cannot watch a tree that is not there yet (it
+    said `not watched` of every --mkdir directory it did not find, and a credential the
+    host saved there during the run went uncovered). SetupError: the run's line."""
+    from boxyd.stage2.mounts import walk_create
+
+    top = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.close(walk_create(top, path, leaf="dir", step=f"--mkdir {path}"))
+    finally:
+        os.close(top)
 
 
 def prepare(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import select
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -153,6 +154,39 @@ def test_a_credential_created_during_the_run_is_covered(boxy: Boxy, user: User) 
     # the .npmrc is shown scrubbed, not hidden: what is not a credential still reads
     last = _observations(boxy.workdir)[-1]["seen"]
     assert "fund=false" in last["config/.npmrc"], last
+
+
+def test_a_credential_saved_in_a_directory_mkdir_made_is_covered(boxy: Boxy, user: User) -> None:
+    """--mkdir of a directory that was not there: stage 2 made it after the live guard
+    had looked for it, so the guard said `not watched` of it (twice) and a credential
+    the host saved there during the run was the payload's to read. A run in the
+    foreground (a detached one's guard starts later)."""
+    new = boxy.workdir.parent / f"{boxy.workdir.name}-made"
+    ran: list[subprocess.CompletedProcess[bytes]] = []
+    runner = threading.Thread(
+        target=lambda: ran.append(
+            run_py(boxy, WATCHER, "--mkdir", str(new), args=(f"{new}/.env", "5"))
+        )
+    )
+    runner.start()
+    try:
+        wait_for(lambda: len(_observations(boxy.workdir)) > 5, 30, "the payload to start looking")
+        t = time.time()
+        (new / ".env").write_text("KEY=saved-during-the-run\n")
+        user.chown(new / ".env")
+        _looked_until(boxy.workdir, t + 1.5)
+        runner.join(60)
+        obs = _observations(boxy.workdir)
+        late = [o for o in _after(obs, t + 1.0) if "saved-during" in o["seen"][f"{new}/.env"]]
+        if late:
+            print(f"ESCAPED the payload read a credential saved in a --mkdir directory: {late[0]}")
+        assert not late
+        assert _after(obs, t + 1.0), "the payload stopped looking: the case proves nothing"
+        assert ran and ran[0].returncode == 0, describe(ran[0]) if ran else "no run"
+        assert "not watched" not in ran[0].stderr.decode(errors="replace"), describe(ran[0])
+    finally:
+        runner.join(60)
+        subprocess.run(["rm", "-rf", str(new)], check=False)
 
 
 def _tried_after(repo: Path, t: float) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 
 import pytest
 
@@ -259,3 +260,45 @@ def test_a_commit_in_a_held_run_is_one_held_line_and_the_work_tree_lands(boxy: B
     assert boxy.user.run(["git", "rev-parse", "HEAD"], cwd=boxy.workdir).stdout == head
     status = boxy.user.run(["git", "status", "--porcelain"], cwd=boxy.workdir).stdout.decode()
     assert status == " M src/app.py\n", status
+
+
+def test_a_writable_tree_inside_the_work_directory_is_held_with_it(boxy: Boxy) -> None:
+    """--rw ./sub and --mkdir ./made were bound from the host over the overlay: what
+    the payload wrote there reached the host at once, and the run said it changed
+    nothing. Both are held now, with the rest; a --rw tree outside the work directory
+    is written as the run goes, and the run's last lines say so."""
+    _project(boxy)
+    (boxy.workdir / "sub").mkdir()
+    other = boxy.workdir.parent / f"{boxy.workdir.name}-other"
+    other.mkdir()
+    boxy.user.chown(boxy.workdir / "sub")
+    boxy.user.chown(other)
+    try:
+        r = boxy.sh(
+            f"echo a > sub/f && echo b > made/g && echo c > {other}/h",
+            "--review",
+            "--rw",
+            str(boxy.workdir / "sub"),
+            "--mkdir",
+            str(boxy.workdir / "made"),
+            "--rw",
+            str(other),
+            input=b"",
+        )
+        text = r.stderr.decode(errors="replace")
+        assert r.returncode == 0, text
+        m = re.search(r"boxyctl diff (\w+)", text)
+        assert m, text
+        assert not (boxy.workdir / "sub" / "f").exists()
+        assert not (boxy.workdir / "made").exists()  # not even made on the host
+        assert (other / "h").read_text() == "c\n"
+        assert f"--review: not held, written as it ran: {other}" in text, text
+        assert "not watched" not in text, text
+        d = _ctl(boxy, "diff", m.group(1)).stdout.decode()
+        assert "A sub/f" in d and "A made/g" in d, d
+        a = _ctl(boxy, "apply", m.group(1))
+        assert a.returncode == 0, a.stderr
+        assert (boxy.workdir / "sub" / "f").read_text() == "a\n"
+        assert (boxy.workdir / "made" / "g").read_text() == "b\n"
+    finally:
+        subprocess.run(["rm", "-rf", str(other)], check=False)

@@ -450,6 +450,8 @@ def test_mkdir_of_a_missing_directory_works_and_is_guarded(
         )
         assert r.returncode == 0 and out(r) == "made\n", err(r)
         assert new.is_dir()
+        # made before the live guard started, so it was watched from the start
+        assert "not watched" not in err(r), err(r)
         assert "git guard: moved .git/hooks/pre-commit" in err(r), err(r)
         assert not (new / ".git/hooks/pre-commit").exists()
     finally:

@@ -101,6 +101,38 @@ def test_under_review_the_work_trees_pins_come_from_the_overlay() -> None:
     assert not any(b.in_place for b in _binds(ops))
 
 
+def test_under_review_a_writable_tree_inside_the_work_directory_is_held_too() -> None:
+    """--review --rw ./sub --mkdir ./made: both were bound from the host over the
+    overlay, so the payload's writes there reached the host and the run said it changed
+    nothing. Each is taken from the overlay now (made there), and is no writable tree
+    of its own; a --rw tree elsewhere is still the host's, written as the run goes."""
+    spec = _spec(
+        rw=[PathEntry("/home/u/proj/sub"), PathEntry("/data")],
+        mkdir=[PathEntry("/home/u/proj/made")],
+        ro=[PathEntry("/home/u/proj/vendor")],
+        review=True,
+    )
+    assert mountplan.writable_roots(spec) == ["/data", "/home/u/proj"]
+    ops, rules = mountplan.user_ops(spec, {}, review=("/state/upper", "/state/work"))
+    got = {(b.src_base, b.src): (b.ro, b.create, b.in_place) for b in _binds(ops)}
+    assert got == {
+        (None, "/data"): (False, False, False),
+        ("/home/u/proj", "sub"): (False, False, True),
+        ("/home/u/proj", "made"): (False, True, True),
+        ("/home/u/proj", "vendor"): (True, False, False),  # read-only: the host's, unwritable
+    }
+    assert ("/home/u/proj/sub", "rw") in [(r.path, r.access) for r in rules]
+    plain = dataclasses.replace(spec, review=False)
+    assert sorted(mountplan.writable_roots(plain)) == [
+        "/data",
+        "/home/u/proj",
+        "/home/u/proj/made",
+        "/home/u/proj/sub",
+    ]
+    ops, _ = mountplan.user_ops(plain, {})
+    assert not any(b.in_place for b in _binds(ops))
+
+
 def test_copy_into_an_exposed_tree_is_refused() -> None:
     with pytest.raises(UsageError, match="inside the exposed tree"):
         mountplan.user_ops(_spec(copy=[CopyEntry("/home/u/.creds", "/home/u/proj/.creds")]), {})

@@ -28,6 +28,7 @@ from boxyd.config.hosttools import Opener
 from boxyd.gitguard import discover, scan
 from boxyd.gitguard.discover import Layout, Protection
 from boxyd.gitguard.quarantine import Budget
+from boxyd.kernel import openat
 from boxyd.kernel.sys import fs_type
 from boxyd.kernel.walk import MAX_DIRS, Observer, TooLarge, Type, open_root
 from boxyd.plan import heldfiles, live
@@ -192,15 +193,13 @@ def _walk_once(
 
 def make_missing(path: str) -> None:
     """--mkdir's directory and its missing parents, no component followed as a symlink
-    (stage2.mounts.walk_create, which stage 2 runs again on it): made before the walk,
+    (kernel.openat.walk_create, which stage 2 runs again on it): made before the walk,
     not by stage 2, as the live guard cannot watch a tree that is not there yet (it
     said `not watched` of every --mkdir directory it did not find, and a credential the
     host saved there during the run went uncovered). SetupError: the run's line."""
-    from boxyd.stage2.mounts import walk_create
-
     top = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        os.close(walk_create(top, path, leaf="dir", step=f"--mkdir {path}"))
+        os.close(openat.walk_create(top, path, leaf="dir", step=f"--mkdir {path}"))
     finally:
         os.close(top)
 

@@ -131,67 +131,6 @@ def move_mount_to_fd(tree_fd: int, target_fd: int, step: str, path: str) -> None
     )
 
 
-def walk_create(root_fd: int, rel: str, *, leaf: str | None, step: str, mode: int = 0o755) -> int:
-    """Open REL under ROOT_FD one component at a time with O_NOFOLLOW, creating missing
-    directories (and, when LEAF is "file", an empty final file; "dir" a final directory;
-    None: the final component must exist). Returns an O_PATH fd of the final component.
-    Used on boxy's own tmpfs and for --mkdir sources: no component may be a symlink."""
-    parts = [p for p in rel.split("/") if p and p != "."]
-    if any(p == ".." for p in parts):
-        raise_setup(step, rel, "'..' in path")
-    fd = os.dup(root_fd)
-    try:
-        for i, part in enumerate(parts):
-            last = i == len(parts) - 1
-            if last and leaf == "file":
-                try:
-                    nfd = os.open(
-                        part,
-                        os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                        0o644,
-                        dir_fd=fd,
-                    )
-                except OSError as e:
-                    raise_setup(step, rel, e.strerror or str(e))
-                os.close(fd)
-                fd = nfd
-                break
-            if last and leaf is None:
-                nfd = _open_nofollow(fd, part, os.O_PATH, step, rel)
-            else:
-                try:
-                    os.mkdir(part, mode, dir_fd=fd)
-                except FileExistsError:
-                    pass
-                except OSError as e:
-                    raise_setup(step, rel, e.strerror or str(e))
-                nfd = _open_nofollow(fd, part, os.O_PATH | os.O_DIRECTORY, step, rel)
-            os.close(fd)
-            fd = nfd
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _open_nofollow(dirfd: int, name: str, flags: int, step: str, rel: str) -> int:
-    try:
-        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
-    except OSError as e:
-        raise_setup(step, rel, e.strerror or str(e))
-        raise AssertionError("unreachable") from None
-    if stat.S_ISLNK(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise_setup(step, rel, "is a symlink (refused)")
-    return fd
-
-
-def raise_setup(step: str, path: str, why: str) -> None:
-    from boxy.errors import SetupError
-
-    raise SetupError(f"{step}: {path}: {why}")
-
-
 def is_dir_fd(fd: int) -> bool:
     return stat.S_ISDIR(os.fstat(fd).st_mode)
 

@@ -213,7 +213,7 @@ def apply_ops(plan: Plan) -> None:
             with os.fdopen(fd, "w") as f:
                 f.write(op.content)
         elif isinstance(op, Dir):
-            os.close(m.walk_create(_new_fd(), op.dst, leaf="dir", step="mkdir", mode=op.mode))
+            os.close(openat.walk_create(_new_fd(), op.dst, leaf="dir", step="mkdir", mode=op.mode))
         elif isinstance(op, Mask):
             apply_mask(op)
         elif isinstance(op, Overlay):
@@ -228,7 +228,7 @@ def _parent_on_tmpfs(dst: str, step: str) -> None:
     parent = os.path.dirname(dst.rstrip("/")) or "/"
     root = _new_fd()
     try:
-        os.close(m.walk_create(root, parent, leaf="dir", step=step))
+        os.close(openat.walk_create(root, parent, leaf="dir", step=step))
     finally:
         os.close(root)
 
@@ -236,7 +236,7 @@ def _parent_on_tmpfs(dst: str, step: str) -> None:
 def _target_on_tmpfs(dst: str, *, is_dir: bool, step: str) -> int:
     root = _new_fd()
     try:
-        return m.walk_create(root, dst, leaf="dir" if is_dir else "file", step=step)
+        return openat.walk_create(root, dst, leaf="dir" if is_dir else "file", step=step)
     finally:
         os.close(root)
 
@@ -249,7 +249,7 @@ def _open_source(b: Bind) -> int | None:
     base = os.open(base_path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         if b.create:  # --mkdir: create what is missing, never through a symlink
-            return m.walk_create(base, b.src, leaf="dir", step=step)
+            return openat.walk_create(base, b.src, leaf="dir", step=step)
         if b.src_base is not None:
             if b.optional and not os.path.lexists(f"{base_path}/{b.src}"):
                 return None

@@ -98,6 +98,9 @@ def decide(
     )
     for label, path in exposed[1:]:
         exposure.refuse_sockets(label, path)
+    review = o.review or bool(prof.review)
+    if review:
+        check_held_names(rw + mkdir, workdir)
     copies = check_copies(flag_copies(o, cwd) + profile_copies(prof), notes)
     trees = [workdir] + [e.path for _, e in ro + rw + mkdir]
     copy, copy_ro = place_copies(copies, trees)
@@ -113,7 +116,7 @@ def decide(
         copy=copy,
         copy_ro=copy_ro,
         tmpfs=check_tmpfs(prof, trees, home),
-        review=o.review or bool(prof.review),
+        review=review,
         generated=list(prof.generated),
     )
 
@@ -158,6 +161,24 @@ def check_edit_config(flags: Sequence[str], cwd: str, writable: list[str]) -> li
             )
         out.append(full)
     return dedupe(out)
+
+
+def check_held_names(writable: list[Labelled], workdir: str) -> None:
+    """--review: a writable tree that is the work directory's, or holds it, is named
+    by its own path (WORKDIR is realpath'd). By another name (a symlink on the way,
+    LINK/sub or LINK/.. for LINK -> the work directory) it was a host tree of its own
+    at that name in the sandbox, the host's work directory written as the run went
+    beside the overlay (mountplan binds a tree from the overlay by the path it is
+    named by: overlaid, held_inside)."""
+    for label, e in writable:
+        real = os.path.realpath(e.path)
+        if real != e.path and (contains(workdir, real) or contains(real, workdir)):
+            raise _err(
+                label.startswith("profile "),
+                f"{label} {e.path}: is {real}, "
+                f"{'inside' if contains(workdir, real) else 'around'} the work directory "
+                f"--review holds, by another name (a symlink on the way); name it {real}",
+            )
 
 
 def check_workdir_writable(flag: str | None, cwd: str, workdir: str) -> None:

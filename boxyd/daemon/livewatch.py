@@ -220,7 +220,10 @@ class Watches:
                         f"again every {live.RESCAN_EVERY:g} s instead"
                     )
                 out.unwatched.append(rel)
-            elif e.errno == errno.EACCES and mode is Mode.NEW:  # made so: cannot be judged
+            elif e.errno == errno.EACCES and mode is not Mode.LISTED:
+                # made so (the walk listed every directory it watches from the start:
+                # worktree.refuse_unlistable): never watched, a credential the host saved
+                # there was the payload's, which reaches in by name; held at once
                 out.redos.append(Redo(rel, hold=hostrun.UNREADABLE))
             return []  # gone, moved away: nothing that can be watched there
         if len(entries) > live.LIST_MAX:

@@ -7,9 +7,11 @@ scan of writable trees (gitguard); stage 2 re-resolves every path safely itself.
 from __future__ import annotations
 
 import base64
+import functools
 import grp
 import os
 import pwd
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from boxy import paths
@@ -235,11 +237,21 @@ def _bind(
     )
 
 
-def _pins(root: str, pins: list[Protection], overlaid: bool) -> list[MountOp]:
-    """The binds of ROOT's pins. OVERLAID (the work directory under --review): each
-    binds the overlay's entry onto itself, never the host's, whose `self` pins
-    (a gitdir, the directories above a held file) were writable host directories
-    over the overlay: the payload's writes there reached the host unreviewed."""
+def overlaid(spec: RunSpec, review: object, path: str) -> bool:
+    """PATH, where a bind lands, lies in the work directory --review holds (REVIEW: the
+    overlay's directories, None without it): a writable bind or a pin there is the
+    overlay's own entry, never the host's, whoever asked for it (a --rw or --mkdir
+    entry, a pin of the work directory's or of a writable tree around it). A host tree
+    bound there sat over the overlay, and what the payload wrote in it reached the host
+    unreviewed: `self` pins (a gitdir, the directories above a nested repository or a
+    held file) are writable, and a --rw ~/parent's walk pins the work directory's own
+    repository. (A --ro or --protect entry stays the host's: read-only, unwritable.)"""
+    return review is not None and _inside(os.path.normpath(path), spec.workdir)
+
+
+def _pins(root: str, pins: list[Protection], held: Callable[[str], bool]) -> list[MountOp]:
+    """The binds of ROOT's pins; each one HELD names (overlaid) binds the overlay's entry
+    onto itself."""
     out: list[MountOp] = []
     for p in pins:
         if p.symlink:
@@ -247,8 +259,8 @@ def _pins(root: str, pins: list[Protection], overlaid: bool) -> list[MountOp]:
                 f"{root}/{p.rel}: a protected git entry is a symlink (refused: it would be "
                 "followed on the host); remove it, or run with --allow-git-write"
             )
-        ro = p.kind == "ro"
-        out.append(Bind(p.rel, p.rel, ro, src_base=root, dst_base=root, in_place=overlaid))
+        ro, in_place = p.kind == "ro", held(os.path.join(root, p.rel))
+        out.append(Bind(p.rel, p.rel, ro, src_base=root, dst_base=root, in_place=in_place))
     return out
 
 
@@ -270,6 +282,7 @@ def user_ops(
     ops: list[MountOp] = []
     rules: list[LandlockRule] = []
     seen: set[str] = set()
+    held = functools.partial(overlaid, spec, review)
     for path, ro, optional, create in sorted(entries, key=lambda e: _depth(e[0])):
         if path in seen:
             continue
@@ -278,12 +291,14 @@ def user_ops(
         outer = [r for r in roots if r != path] if not ro else roots
         if review is not None and path == spec.workdir:
             ops.append(Overlay(dst=path, lower=path, upper=review[0], work=review[1]))
-        else:
-            held = not ro and held_inside(spec, path)  # (--mkdir: made in the overlay)
-            ops.append(_bind(path, outer, ro=ro, optional=optional, create=create, in_place=held))
+        else:  # (a held --mkdir: made in the overlay; a --ro one the host's, unwritable)
+            in_place = not ro and held(path)
+            ops.append(
+                _bind(path, outer, ro=ro, optional=optional, create=create, in_place=in_place)
+            )
         rules.append(LandlockRule(path, "ro" if ro else "rw"))
     for root in roots:
-        ops += _pins(root, protections.get(root, []), review is not None and root == spec.workdir)
+        ops += _pins(root, protections.get(root, []), held)
     for e in spec.protect:
         ops.append(_bind(e.path, roots, ro=True))
     for root in roots:

@@ -18,6 +18,7 @@ Walker's state carried between them as plain data.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -118,6 +119,7 @@ def walk(
             lay, finder, watch, live_dirs, held = _walk_once(
                 root, root_fd, user_hooks, secrets, limit
             )
+            refuse_unlistable(root, root_fd, lay.unreadable)
         finally:
             os.close(root_fd)
         found = sorted(finder.found.values(), key=lambda f: f.rel)
@@ -189,6 +191,28 @@ def _walk_once(
     finder.links()
     held.links(root_fd)
     return lay, finder, watch, live_dirs, held
+
+
+def refuse_unlistable(root: str, root_fd: int, unreadable: Sequence[str]) -> None:
+    """SetupError: a directory the walk could not list that the payload can still reach
+    into: yours (it may chmod it back), or one you may search (it opens the names it
+    knows). Nothing in it was seen, so no credential there was covered and the live
+    guard never watched it (inotify wants the right to read): a .env in a directory
+    made 0300 by an earlier run was the payload's, and so was one the host saved there
+    during the run. One the user cannot reach either is the payload's no more."""
+    for rel in unreadable:
+        try:
+            st = os.stat(rel, dir_fd=root_fd, follow_symlinks=False)
+        except OSError:
+            continue  # gone, or on the way to one that is not the payload's either
+        if not stat.S_ISDIR(st.st_mode) or os.access(rel, os.R_OK | os.X_OK, dir_fd=root_fd):
+            continue  # (not a directory now; one too deep to walk, readable)
+        if st.st_uid == os.getuid() or os.access(rel, os.X_OK, dir_fd=root_fd):
+            raise SetupError(
+                f"{root}/{rel}: a directory you cannot list (mode {st.st_mode & 0o7777:04o}): "
+                "boxy cannot see what it holds, nor cover a credential there, and the "
+                "sandbox can still reach into it; `chmod u+rx` it (or remove it) and run again"
+            )
 
 
 def make_missing(path: str) -> None:

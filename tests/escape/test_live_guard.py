@@ -11,6 +11,7 @@ still see the secret, or write the pinned file, a full second after the change.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import select
 import subprocess
@@ -23,7 +24,15 @@ from typing import Any, cast
 import pytest
 
 from tests.conftest import BIN, Boxy, User
-from tests.escape.conftest import GIT_FLAGS, describe, git, init_repo, run_py, wait_for
+from tests.escape.conftest import (
+    GIT_FLAGS,
+    describe,
+    git,
+    init_repo,
+    run_py,
+    wait_for,
+    write_payload,
+)
 
 pytestmark = pytest.mark.sandbox
 
@@ -187,6 +196,48 @@ def test_a_credential_saved_in_a_directory_mkdir_made_is_covered(boxy: Boxy, use
     finally:
         runner.join(60)
         subprocess.run(["rm", "-rf", str(new)], check=False)
+
+
+def test_a_directory_the_payload_makes_unlistable_at_the_start_is_not_its_own(
+    boxy: Boxy, user: User
+) -> None:
+    """The payload's first act, chmod 0300 config (no read for anyone: inotify wants
+    it), before the live guard had watched it (a tree of thousands of directories, so
+    the guard's first watches take a while): the guard skipped it unsaid, and a
+    credential the host saved there was the payload's, by its name, all the run."""
+    config = boxy.workdir / "zz-config"
+    config.mkdir()
+    many = boxy.workdir / "many"
+    for i in range(3000):
+        (many / f"d{i}").mkdir(parents=True)
+    user.chown(boxy.workdir)
+    write_payload(boxy, WATCHER)
+    script = "chmod 300 zz-config && exec python3 payload.py zz-config/.env 6"
+    ran: list[subprocess.CompletedProcess[bytes]] = []
+    runner = threading.Thread(
+        target=lambda: ran.append(boxy.run("--net", "none", cmd=["sh", "-c", script]))
+    )
+    runner.start()
+    try:
+        wait_for(lambda: len(_observations(boxy.workdir)) > 5, 30, "the payload to start looking")
+        t = time.time()
+        with contextlib.suppress(OSError):  # (held already: no directory to save in)
+            (config / ".env").write_text("KEY=saved-during-the-run\n")
+            user.chown(config / ".env")
+        _looked_until(boxy.workdir, t + 1.5)
+        runner.join(60)
+        obs = _observations(boxy.workdir)
+        late = [o for o in _after(obs, t + 1.0) if "saved-during" in o["seen"]["zz-config/.env"]]
+        if late:
+            print(
+                f"ESCAPED the payload read a credential in a directory it made unlistable: {late[0]}"
+            )
+        assert not late
+        assert _after(obs, t + 1.0), "the payload stopped looking: the case proves nothing"
+        assert ran and ran[0].returncode == 0, describe(ran[0]) if ran else "no run"
+    finally:
+        runner.join(60)
+        subprocess.run(["chmod", "-R", "u+rwx", str(boxy.workdir)], check=False)
 
 
 def _tried_after(repo: Path, t: float) -> bool:

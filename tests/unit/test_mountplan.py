@@ -101,6 +101,31 @@ def test_under_review_the_work_trees_pins_come_from_the_overlay() -> None:
     assert not any(b.in_place for b in _binds(ops))
 
 
+def test_under_review_a_pin_of_a_tree_around_the_work_directory_is_the_overlays() -> None:
+    """--review --rw ~/parent: that tree's walk pins the work directory's repository
+    (the directory above it and its gitdir: `self` pins, writable), and from the host
+    they sat over the overlay: the payload's every write in the work directory reached
+    the host. A pin inside the work directory is the overlay's, whichever tree's it is."""
+    prots = {
+        "/home/u": [
+            Protection("proj", "self", True),
+            Protection("proj/.git", "self", True),
+            Protection("other/.git", "self", True),
+        ],
+    }
+    spec = _spec(rw=[PathEntry("/home/u")], review=True)
+    assert mountplan.writable_roots(spec) == ["/home/u", "/home/u/proj"]
+    ops, _ = mountplan.user_ops(spec, prots, review=("/state/upper", "/state/work"))
+    pins = [(b.src_base, b.dst, b.in_place) for b in _binds(ops) if b.src_base]
+    assert sorted(pins) == [
+        ("/home/u", "other/.git", False),
+        ("/home/u", "proj", True),
+        ("/home/u", "proj/.git", True),
+    ]
+    i = [type(op).__name__ for op in ops].index("Overlay")
+    assert all(ops.index(b) > i for b in _binds(ops) if b.in_place)  # on the overlay
+
+
 def test_under_review_a_writable_tree_inside_the_work_directory_is_held_too() -> None:
     """--review --rw ./sub --mkdir ./made: both were bound from the host over the
     overlay, so the payload's writes there reached the host and the run said it changed

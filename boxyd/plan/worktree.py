@@ -201,13 +201,18 @@ def refuse_unlistable(root: str, root_fd: int, unreadable: Sequence[str]) -> Non
     made 0300 by an earlier run was the payload's, and so was one the host saved there
     during the run. One the user cannot reach either is the payload's no more."""
     for rel in unreadable:
-        try:
-            st = os.stat(rel, dir_fd=root_fd, follow_symlinks=False)
-        except OSError:
+        try:  # (no symlink followed on the way: the tree is the payload's)
+            fd = openat.openat2(root_fd, rel, os.O_PATH, f"walk {root}")
+        except (OSError, SetupError):
             continue  # gone, or on the way to one that is not the payload's either
-        if not stat.S_ISDIR(st.st_mode) or os.access(rel, os.R_OK | os.X_OK, dir_fd=root_fd):
-            continue  # (not a directory now; one too deep to walk, readable)
-        if st.st_uid == os.getuid() or os.access(rel, os.X_OK, dir_fd=root_fd):
+        try:
+            st, here = os.fstat(fd), f"/proc/self/fd/{fd}"
+            if not stat.S_ISDIR(st.st_mode) or os.access(here, os.R_OK | os.X_OK):
+                continue  # (not a directory now; one too deep to walk, readable)
+            reachable = st.st_uid == os.getuid() or os.access(here, os.X_OK)
+        finally:
+            os.close(fd)
+        if reachable:
             raise SetupError(
                 f"{root}/{rel}: a directory you cannot list (mode {st.st_mode & 0o7777:04o}): "
                 "boxy cannot see what it holds, nor cover a credential there, and the "

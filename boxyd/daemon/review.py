@@ -35,6 +35,9 @@ class Review:
     allow_git_write: bool = False
     edit_config: list[str] = field(default_factory=list)
     size: list[int] | None = None  # [bytes, entries] of the layer as the run ended
+    # [st_dev, st_ino] of the work directory, the overlay's lower layer: diff and apply
+    # read and land in that directory alone (reviewtree.open_workdir); None: an older review
+    ident: list[int] | None = None
 
     @property
     def dir(self) -> Path:
@@ -71,9 +74,11 @@ def prepare(sid: str, spec: RunSpec) -> tuple[str, str]:
         since = os.fstat(fd).st_ctime_ns
     finally:
         os.close(fd)
+    st = os.stat(spec.workdir)
     meta = Review(
         sid, spec.workdir, since, list(spec.generated), spec.allow_git_write,
         [os.path.relpath(p, spec.workdir) for p in spec.edit_config if _inside(p, spec.workdir)],
+        ident=[st.st_dev, st.st_ino],
     )  # fmt: skip
     _write(d, meta)
     return str(upper), str(work)

@@ -22,12 +22,13 @@ import pwd
 import signal
 
 from boxyd.kernel.sys import CLONE_NEWNS, check, libc
+from boxyd.plan import reviewtree
 
 PR_SET_PDEATHSIG = 1
 OUT_MAX = 64 << 20
 
 
-def _judge(upper: str, workdir: str) -> list[str]:
+def _judge(upper: str, workdir: str, ident: tuple[int, int] | None) -> list[str]:
     """In the forked child: the merged view's git control places (rels)."""
     from boxyd.config import parsedoor
     from boxyd.gitguard import discover, userconfig
@@ -39,7 +40,7 @@ def _judge(upper: str, workdir: str) -> list[str]:
     check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     # opened in the new mount namespace: overlayfs clones only a layer of its own
     ufd = os.open(upper, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    hfd = os.open(workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    hfd = reviewtree.open_workdir(workdir, ident, os.O_PATH)
     view = mounts.overlay_view([ufd, hfd], "review: the merged view", workdir)
     root = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=view)
     parsedoor.allow_local()  # this process is apart from boxyd (the review child's)
@@ -49,11 +50,11 @@ def _judge(upper: str, workdir: str) -> list[str]:
     return sorted({g.rel for g in lay.gitdirs} | {c.rel for c in lay.controls})
 
 
-def _child(w: int, upper: str, workdir: str) -> None:
+def _child(w: int, upper: str, workdir: str, ident: tuple[int, int] | None) -> None:
     reply: dict[str, object]
     try:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the budget's kill reaches it
-        reply = {"places": _judge(upper, workdir)}
+        reply = {"places": _judge(upper, workdir, ident)}
     except BaseException as e:  # noqa: B036 — anything, said rather than raised
         reply = {"error": str(e) or type(e).__name__}
     finally:
@@ -62,14 +63,15 @@ def _child(w: int, upper: str, workdir: str) -> None:
         os._exit(0)
 
 
-def places(upper: str, workdir: str) -> list[str]:
-    """The git control places of the tree apply would leave; OSError when they cannot
-    be found (the review is refused then)."""
+def places(upper: str, workdir: str, ident: tuple[int, int] | None = None) -> list[str]:
+    """The git control places of the tree apply would leave (WORKDIR, IDENT:
+    reviewtree.open_workdir); OSError when they cannot be found (the review is
+    refused then)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(r)
-        _child(w, upper, workdir)
+        _child(w, upper, workdir, ident)
     os.close(w)
     with os.fdopen(r, "rb") as f:
         out = f.read(OUT_MAX + 1)

@@ -32,14 +32,18 @@ def _handle(req: dict[str, Any]) -> dict[str, Any]:
         size, entries = reviewtree.footprint(req["upper"])
         return {"bytes": size, "entries": entries}
     ctx = Context(**req["ctx"])
+    # every open of the host's work directory is checked to be the one the run held
+    # (reviewtree.open_workdir); this first one says so before anything is judged
+    workdir, ident = req["workdir"], _ident(req.get("ident"))
+    os.close(reviewtree.open_workdir(workdir, ident))
     if not ctx.allow_git_write:  # what the host's git would obey once it landed
-        ctx.git = reviewgit.places(req["upper"], req["workdir"])
-    changes = reviewtree.read(req["upper"], req["workdir"], ctx)
+        ctx.git = reviewgit.places(req["upper"], workdir, ident)
+    changes = reviewtree.read(req["upper"], workdir, ctx, ident)
     if req["op"] == "diff":
         text = ""
         if req.get("text", True):
             ufd = os.open(req["upper"], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-            hfd = os.open(req["workdir"], os.O_RDONLY | os.O_DIRECTORY)
+            hfd = reviewtree.open_workdir(workdir, ident)
             try:
                 text = reviewdiff.diffs(ufd, hfd, changes)
             finally:
@@ -47,9 +51,16 @@ def _handle(req: dict[str, Any]) -> dict[str, Any]:
                 os.close(hfd)
         return {"changes": [c.to_wire() for c in changes], "text": text}
     chosen = reviewland.select(changes, req.get("paths"))
-    landed = reviewland.land(req["upper"], req["workdir"], chosen, int(req["since_ns"]))
-    left = len(reviewtree.read(req["upper"], req["workdir"], ctx))
+    landed = reviewland.land(req["upper"], workdir, chosen, int(req["since_ns"]), ident)
+    left = len(reviewtree.read(req["upper"], workdir, ctx, ident))
     return {"applied": landed.applied, "refused": landed.refused, "left": left}
+
+
+def _ident(raw: object) -> tuple[int, int] | None:
+    """review.json's [st_dev, st_ino] of the work directory, or None (an older review)."""
+    if isinstance(raw, list) and len(raw) == 2 and all(isinstance(n, int) for n in raw):
+        return raw[0], raw[1]
+    return None
 
 
 def _as_the_layers_owner() -> None:

@@ -36,7 +36,14 @@ def _request(r: Review, op: str, **more: Any) -> dict[str, Any]:
         "allow_git_write": r.allow_git_write,
         "edit_config": r.edit_config,
     }
-    return {"op": op, "upper": r.upper, "workdir": r.workdir, "ctx": ctx, **more}
+    return {
+        "op": op,
+        "upper": r.upper,
+        "workdir": r.workdir,
+        "ident": r.ident,
+        "ctx": ctx,
+        **more,
+    }
 
 
 async def diff(r: Review, text: bool = True) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from boxyd.kernel.openat import open_beneath
 from boxyd.plan.reviewmove import Mover
-from boxyd.plan.reviewtree import Change, ReviewError, open_dir, open_file
+from boxyd.plan.reviewtree import Change, ReviewError, open_dir, open_file, open_workdir
 
 TMP = ".boxy-apply"
 
@@ -280,10 +280,17 @@ def _why(e: BaseException) -> str:
     return str(e)
 
 
-def land(upper: str, workdir: str, changes: list[Change], since_ns: int) -> Landed:
+def land(
+    upper: str,
+    workdir: str,
+    changes: list[Change],
+    since_ns: int,
+    ident: tuple[int, int] | None = None,
+) -> Landed:
+    """CHANGES landed in WORKDIR, the directory the session ran in (IDENT: open_workdir)."""
     ufd = os.open(upper, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        hfd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        hfd = open_workdir(workdir, ident)
         try:
             return Lander(ufd, hfd, since_ns).land(changes)
         finally:

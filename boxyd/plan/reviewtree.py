@@ -20,13 +20,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from boxyd.config import hostrun
-from boxyd.kernel.openat import open_beneath
+from boxyd.kernel.openat import RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, open_beneath, open_how
 
 MAX_ENTRIES = 200_000  # entries of the upper layer one review reads
 OPAQUE = "user.overlay.opaque"
 CHUNK = 1 << 20
 # an entry the payload removed or swapped (a symlink, a file) while the measure walked
 GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
+AT_FDCWD = -100
 
 
 class ReviewError(Exception):
@@ -92,6 +93,32 @@ def open_dir(dir_fd: int, name: str) -> int:
     if fd < 0:
         raise OSError(-fd, os.strerror(-fd), name)
     return fd
+
+
+def open_workdir(workdir: str, ident: tuple[int, int] | None, flags: int = os.O_RDONLY) -> int:
+    """The host's work directory WORKDIR (absolute, realpath'd at the run), opened by
+    its path with no symlink followed and checked to be the directory the session's
+    lower layer was (IDENT: its st_dev and st_ino then; None for a review made before
+    they were kept). A writable tree around it lets the payload move a directory above
+    it and leave a symlink, or another directory, in its place: diff read that tree
+    and apply landed the payload's files there, anywhere the user can write."""
+    how = flags | os.O_DIRECTORY | os.O_CLOEXEC
+    fd = open_how(AT_FDCWD, workdir, how, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+    if fd < 0:
+        raise ReviewError(_moved(workdir, os.strerror(-fd)))
+    st = os.fstat(fd)
+    if ident is not None and (st.st_dev, st.st_ino) != tuple(ident):
+        os.close(fd)
+        raise ReviewError(_moved(workdir, "another directory is at its path"))
+    return fd
+
+
+def _moved(workdir: str, why: str) -> str:
+    return (
+        f"the work directory {workdir} is not the one the session ran in ({why}: moved, "
+        "replaced, or a symlink on its path); nothing is read or landed until it is "
+        "back at that path (or `boxyctl discard`)"
+    )
 
 
 def open_file(dir_fd: int, name: str) -> int:
@@ -344,12 +371,15 @@ def _join(rel: str, name: str) -> str:
     return f"{rel}/{name}" if rel else name
 
 
-def read(upper: str, workdir: str, ctx: Context) -> list[Change]:
-    """Every change of the upper layer at UPPER against the work directory WORKDIR."""
+def read(
+    upper: str, workdir: str, ctx: Context, ident: tuple[int, int] | None = None
+) -> list[Change]:
+    """Every change of the upper layer at UPPER against the work directory WORKDIR
+    (IDENT: open_workdir)."""
     ufd = os.open(upper, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        hfd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
+        hfd = open_workdir(workdir, ident)
+    except (OSError, ReviewError):
         os.close(ufd)
         raise
     try:

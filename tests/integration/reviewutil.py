@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -25,3 +27,19 @@ def nothing_held_after(boxy: Boxy) -> Iterator[None]:
     for s in json.loads(listed.stdout or b"{}").get("sessions", []):
         if s.get("review"):
             ctl(boxy, "discard", s["id"])
+
+
+def held_in(boxy: Boxy, proj: Path, script: str, *flags: str) -> str:
+    """SCRIPT run with --review in PROJ: the run's stderr."""
+    argv = [str(BIN / "boxyctl"), "run", "--net", "none", "--review", *flags]
+    r = boxy.user.run([*argv, "--", "sh", "-c", script], cwd=proj, input=b"")
+    text = r.stderr.decode(errors="replace")
+    assert r.returncode == 0, text
+    return text
+
+
+def held_sid(text: str) -> str:
+    """The session id a --review run's last line names."""
+    m = re.search(r"boxyctl diff (\w+)", text)
+    assert m, text
+    return m.group(1)

@@ -5,7 +5,6 @@ ESCAPED, and fails, only when a write landed on the host unreviewed."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 from pathlib import Path
 
@@ -13,7 +12,11 @@ import pytest
 
 from tests.conftest import BIN, Boxy
 from tests.integration.reviewutil import ctl as _ctl
-from tests.integration.reviewutil import nothing_held_after  # noqa: F401 (autouse)
+from tests.integration.reviewutil import (
+    held_in,
+    held_sid,
+    nothing_held_after,  # noqa: F401 (autouse)
+)
 
 pytestmark = pytest.mark.sandbox
 
@@ -34,21 +37,6 @@ def _repo(boxy: Boxy, name: str = "proj") -> Path:
     return proj
 
 
-def _held_in(boxy: Boxy, proj: Path, script: str, *flags: str) -> str:
-    """SCRIPT run with --review in PROJ: the run's stderr."""
-    argv = [str(BIN / "boxyctl"), "run", "--net", "none", "--review", *flags]
-    r = boxy.user.run([*argv, "--", "sh", "-c", script], cwd=proj, input=b"")
-    text = r.stderr.decode(errors="replace")
-    assert r.returncode == 0, text
-    return text
-
-
-def _sid(text: str) -> str:
-    m = re.search(r"boxyctl diff (\w+)", text)
-    assert m, text
-    return m.group(1)
-
-
 def test_a_writable_tree_around_the_work_directory_puts_no_host_tree_over_it(
     boxy: Boxy,
 ) -> None:
@@ -58,11 +46,11 @@ def test_a_writable_tree_around_the_work_directory_puts_no_host_tree_over_it(
     payload wrote in the work directory reached the host, and the run said it changed
     nothing there."""
     proj = _repo(boxy)
-    text = _held_in(boxy, proj, "echo a > new.txt && echo b > .git/evil", "--rw", str(boxy.workdir))
+    text = held_in(boxy, proj, "echo a > new.txt && echo b > .git/evil", "--rw", str(boxy.workdir))
     landed = [n for n in ("new.txt", ".git/evil") if (proj / n).exists()]
     if landed:
         _escaped(f"{', '.join(landed)} reached the host's work directory before apply")
-    sid = _sid(text)
+    sid = held_sid(text)
     d = _ctl(boxy, "diff", sid).stdout.decode()
     assert "A new.txt" in d, d
     a = _ctl(boxy, "apply", sid, "new.txt")

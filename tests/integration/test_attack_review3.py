@@ -6,14 +6,15 @@ reached the host unreviewed."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import pytest
 
-from tests.conftest import BIN, Boxy
+from tests.conftest import Boxy
 from tests.integration.reviewutil import ctl as _ctl
-from tests.integration.reviewutil import nothing_held_after  # noqa: F401 (autouse)
+from tests.integration.reviewutil import (
+    held_in,
+    held_sid,
+    nothing_held_after,  # noqa: F401 (autouse)
+)
 
 pytestmark = pytest.mark.sandbox
 
@@ -21,21 +22,6 @@ pytestmark = pytest.mark.sandbox
 def _escaped(what: str) -> None:
     print(f"ESCAPED: {what}")
     pytest.fail(f"ESCAPED: {what}")
-
-
-def _sid(text: str) -> str:
-    m = re.search(r"boxyctl diff (\w+)", text)
-    assert m, text
-    return m.group(1)
-
-
-def _held_in(boxy: Boxy, proj: Path, script: str, *flags: str) -> str:
-    """SCRIPT run with --review in PROJ: the run's stderr."""
-    argv = [str(BIN / "boxyctl"), "run", "--net", "none", "--review", *flags]
-    r = boxy.user.run([*argv, "--", "sh", "-c", script], cwd=proj, input=b"")
-    text = r.stderr.decode(errors="replace")
-    assert r.returncode == 0, text
-    return text
 
 
 def test_apply_lands_in_no_directory_swapped_in_for_the_work_directory(boxy: Boxy) -> None:
@@ -53,7 +39,7 @@ def test_apply_lands_in_no_directory_swapped_in_for_the_work_directory(boxy: Box
     boxy.user.chown(boxy.workdir)
     a, b = boxy.workdir / "a", boxy.workdir / "b"
     script = f"echo evil > planted.sh && mv {a} {b} && mkdir {a} && ln -s {target} {a}/proj"
-    sid = _sid(_held_in(boxy, proj, script, "--rw", str(boxy.workdir)))
+    sid = held_sid(held_in(boxy, proj, script, "--rw", str(boxy.workdir)))
     assert not (target / "planted.sh").exists()  # nothing landed before apply
     d = _ctl(boxy, "diff", sid)
     a_ = _ctl(boxy, "apply", sid)

@@ -367,8 +367,13 @@ class Notifier:
             who = caller(note.pid)
             if named:  # before the kill: the record comes before the end
                 self.report(note, who, action)
-            if kill(self.listener, note, who.tgid):
-                self.killed.add(who.tgid)
+            # marked before the kill: PID 1's main thread reaps the process and judges its
+            # end (ended: SIGSYS) the moment the SIGKILL lands, and read 137 when this came
+            # after (CI run 25)
+            marked = who.tgid not in self.killed
+            self.killed.add(who.tgid)
+            if not kill(self.listener, note, who.tgid) and marked:
+                self.killed.discard(who.tgid)
         elif named:
             who = caller(note.pid)
             if not still_waiting(self.listener, note.id):  # gone: its pid may be another's

@@ -17,7 +17,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -340,7 +340,41 @@ class Scopes:
 
     def __init__(self) -> None:
         self.bus: MessageBus | None = None
+        # NameHasOwner on BUS: the user manager is asked for only once it is on it (a
+        # call to its name would start one, or wait for a start that never comes)
+        self._owns: Callable[[str], Awaitable[bool]] | None = None
+        self._manager_seen = self._waited = False
         self._own: str | None = None  # why boxyd's own cgroup cannot hold runs, once known
+
+    def joined(self, bus: MessageBus | None, owns: Callable[[str], Awaitable[bool]]) -> None:
+        """On the session BUS (None: it was lost)."""
+        self.bus, self._owns, self._manager_seen = bus, owns if bus else None, False
+        self._waited = False
+
+    async def _manager_on_bus(self) -> bool:
+        """The user manager is on the bus: asked until it is, then kept. It joins the
+        bus once the bus runs, and boxyd's own connection may have started it (socket
+        activation): asked once at the join, the first run's answer was no, and no run
+        of that boxyd got a scope (CI run 26). Where a user manager runs
+        ($XDG_RUNTIME_DIR/systemd/private) it is waited for once per bus, up to
+        PLACE_TIMEOUT; after that each run asks once (one not on this bus costs no wait)."""
+        if self._manager_seen or self._owns is None:
+            return self._manager_seen
+        loop = asyncio.get_running_loop()
+        runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+        private = os.path.join(runtime, "systemd", "private")
+        waits = bool(runtime) and not self._waited and os.path.exists(private)
+        self._waited = self._waited or waits
+        deadline, pause = loop.time() + (PLACE_TIMEOUT if waits else 0.0), 0.005
+        while True:
+            try:
+                self._manager_seen = await asyncio.wait_for(self._owns(SYSTEMD[0]), PLACE_TIMEOUT)
+            except Exception:  # the bus is boxyd's; the run goes on without a scope
+                return False
+            if self._manager_seen or loop.time() >= deadline:
+                return self._manager_seen
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.2)
 
     async def place(self, sid: str, pids: Sequence[int], spec: RunSpec) -> Placement:
         """The run's scope, holding PIDS (the outer stage 2 and PID 1's parent)."""
@@ -348,6 +382,8 @@ class Scopes:
             return await self._in_own_subtree(
                 sid, pids, spec, "no session bus to reach a user manager"
             )
+        if not await self._manager_on_bus():
+            return await self._in_own_subtree(sid, pids, spec, "no user manager on the session bus")
         from dbus_fast import Message, MessageType, Variant
 
         unit = f"boxy-{sid}.scope"

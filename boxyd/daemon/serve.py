@@ -91,9 +91,6 @@ async def serve(sock: socket.socket) -> None:
     task.cancel()
 
 
-SYSTEMD1 = "org.freedesktop.systemd1"
-
-
 class Bus:
     """boxyd's place on the session bus (dbus-fast loads only then): joined at start
     from our environment, or later when a client brings the address (JoinBus: a
@@ -126,10 +123,8 @@ class Bus:
             service.close()
             raise DaemonError(f"D-Bus API off: {e or type(e).__name__}") from None
         self.service = service
-        # runs are placed through the user manager only when there is one on this bus:
-        # a call to its name would start one (or wait for a start that never comes)
-        has_manager = await service.has_owner(SYSTEMD1)
-        self.launcher.scopes.bus = service.bus if has_manager else None
+        # runs are placed through the user manager once it is on this bus (scopes.py)
+        self.launcher.scopes.joined(service.bus, service.has_owner)
         self._watch = asyncio.get_running_loop().create_task(self._lost(service))
         log.info("on the session bus as dev.boxy.Daemon")
 
@@ -139,7 +134,7 @@ class Bus:
         service.close()
         if self.service is service:
             self.service = None
-            self.launcher.scopes.bus = None
+            self.launcher.scopes.joined(None, service.has_owner)
 
     def close(self) -> None:
         if self._watch is not None:

@@ -64,7 +64,13 @@ def test_fifo_heads_are_reported_moved_and_the_host_git_returns(
     assert len(lines) == MAX_LINES, err(r)[-3000:]
     assert "not a regular file where git expects a HEAD" in lines[0], lines[0]
     listed = full_list(err(r), "findings").read_text().splitlines()
-    assert len(listed) == 300 and all("/.git/HEAD" in ln for ln in listed), listed[:3]
+    # every HEAD moved and said; under load the live guard may take one while the run
+    # goes on and say it once more at the end (CI run 26: 301 lines): every line a move
+    moved = [re.search(r"moved (vendor/x\d+/\.git/HEAD) to ", ln) for ln in listed]
+    odd = [ln for ln, m in zip(listed, moved, strict=True) if m is None]
+    assert not odd, odd[:3]
+    heads = sorted({m.group(1) for m in moved if m is not None})
+    assert heads == sorted(f"vendor/x{i}/.git/HEAD" for i in range(300)), heads[:3]
     assert not any(os.path.lexists(workdir / f"vendor/x{i}/.git/HEAD") for i in range(300))
     status = user.run(["git", "-C", str(workdir), "status", "--porcelain"], timeout=30)
     assert status.returncode == 0, err(status)

@@ -90,7 +90,7 @@ def test_the_first_run_starts_boxyd_by_socket_activation(
     # the very run that started boxyd has its scope: boxyd is on the bus before it serves
     records = [json.loads(ln) for ln in audit.read_text().splitlines()]
     scope = [x for x in records if x.get("layer") == "cgroup" and "scope" in x]
-    assert scope and scope[0]["scope"] == f"boxy-{scope[0]['session']}.scope", scope
+    assert scope and scope[0]["scope"] == f"boxy-{scope[0]['session']}.scope", json.dumps(scope)
     assert systemd_user.systemctl("is-active", "boxyd.service").stdout.strip() == "active"
     main_pid = int(
         systemd_user.systemctl("show", "-p", "MainPID", "--value", "boxyd.service").stdout

@@ -29,6 +29,7 @@ from boxyd.api.dbus import BUS_NAME, MANAGER_PATH, DbusService, session_path  # 
 from boxyd.daemon.asking import Answer, Asking, Who  # noqa: E402
 from boxyd.daemon.events import BOUND  # noqa: E402
 from boxyd.daemon.manager import Manager  # noqa: E402
+from boxyd.daemon.scopes import Scopes  # noqa: E402
 from boxyd.daemon.serve import Bus  # noqa: E402
 from tests.unit.test_core import FakeLauncher, request, started  # noqa: E402
 
@@ -223,11 +224,12 @@ async def test_a_flood_of_10000_events_grows_nothing(on_bus: OnBus) -> None:
 
 
 async def test_the_loss_of_the_bus_is_no_traceback_and_a_later_bus_is_joined(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     caplog.set_level(logging.INFO)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # no user manager runs: no wait
     manager = Manager(FakeLauncher(), grace=0.05)
-    launcher = types.SimpleNamespace(scopes=types.SimpleNamespace(bus=None))
+    launcher = types.SimpleNamespace(scopes=Scopes())
     bus = Bus(manager, launcher)  # type: ignore[arg-type]
     first = BusDaemon(tmp_path)
     (tmp_path / "2").mkdir()
@@ -235,7 +237,9 @@ async def test_the_loss_of_the_bus_is_no_traceback_and_a_later_bus_is_joined(
     try:
         await bus.join(first.address)
         assert bus.service is not None
-        assert launcher.scopes.bus is None  # no user manager on this bus: never called
+        # no user manager on this bus: asked for by name (never called), and not found
+        assert launcher.scopes.bus is not None
+        assert not await launcher.scopes._manager_on_bus()
         s = await manager.start(request(), [])
         await started(s)
         first.kill()
@@ -243,7 +247,7 @@ async def test_the_loss_of_the_bus_is_no_traceback_and_a_later_bus_is_joined(
             if bus.service is None:
                 break
             await asyncio.sleep(0.05)
-        assert bus.service is None
+        assert bus.service is None and launcher.scopes.bus is None
         s.notice("still running")  # the core goes on without a bus
         await bus.join(second.address)  # as JoinBus does when a client brings one
         client = await MessageBus(bus_address=second.address).connect()
@@ -266,7 +270,7 @@ async def test_the_loss_of_the_bus_is_no_traceback_and_a_later_bus_is_joined(
 )
 async def test_join_bus_takes_only_unix_addresses(address: str) -> None:
     manager = Manager(FakeLauncher(), grace=0.05)
-    launcher = types.SimpleNamespace(scopes=types.SimpleNamespace(bus=None))
+    launcher = types.SimpleNamespace(scopes=Scopes())
     bus = Bus(manager, launcher)  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="not a unix: D-Bus address"):
         await bus.join(address)

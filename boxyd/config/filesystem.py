@@ -169,7 +169,7 @@ def check_held_names(writable: list[Labelled], workdir: str) -> None:
     LINK/sub or LINK/.. for LINK -> the work directory) it was a host tree of its own
     at that name in the sandbox, the host's work directory written as the run went
     beside the overlay (mountplan binds a tree from the overlay by the path it is
-    named by: overlaid, held_inside)."""
+    named by: overlaid)."""
     for label, e in writable:
         real = os.path.realpath(e.path)
         if real != e.path and (contains(workdir, real) or contains(real, workdir)):

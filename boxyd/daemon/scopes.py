@@ -346,10 +346,12 @@ class Scopes:
         self._manager_seen = self._waited = False
         self._own: str | None = None  # why boxyd's own cgroup cannot hold runs, once known
 
-    def joined(self, bus: MessageBus | None, owns: Callable[[str], Awaitable[bool]]) -> None:
-        """On the session BUS (None: it was lost)."""
-        self.bus, self._owns, self._manager_seen = bus, owns if bus else None, False
-        self._waited = False
+    def joined(
+        self, bus: MessageBus | None, owns: Callable[[str], Awaitable[bool]] | None = None
+    ) -> None:
+        """On the session BUS, whose NameHasOwner is OWNS (None, None: the bus was lost)."""
+        self.bus, self._owns = bus, owns if bus is not None else None
+        self._manager_seen = self._waited = False
 
     async def _manager_on_bus(self) -> bool:
         """The user manager is on the bus: asked until it is, then kept. It joins the

@@ -134,7 +134,7 @@ class Bus:
         service.close()
         if self.service is service:
             self.service = None
-            self.launcher.scopes.joined(None, service.has_owner)
+            self.launcher.scopes.joined(None)
 
     def close(self) -> None:
         if self._watch is not None:

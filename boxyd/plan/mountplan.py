@@ -187,20 +187,13 @@ def system_bundle_ops(net: NetPlan | None) -> list[MountOp]:
 def writable_roots(spec: RunSpec) -> list[str]:
     """The trees the payload can write and will control between runs. Under --review a
     --rw or --mkdir tree inside the work directory is none: the overlay holds it with
-    the rest of the work directory (held_inside)."""
-    trees = [e.path for e in (*spec.rw, *spec.mkdir) if not held_inside(spec, e.path)]
+    the rest of the work directory (overlaid)."""
+    trees = [e.path for e in (*spec.rw, *spec.mkdir) if not overlaid(spec, spec.review, e.path)]
     roots = [spec.workdir, *trees]
     out: list[str] = []
     for r in sorted(set(roots), key=_depth):
         out.append(r)
     return out
-
-
-def held_inside(spec: RunSpec, path: str) -> bool:
-    """PATH, a --rw or --mkdir tree, lies inside the work directory --review holds: it is
-    bound from the overlay, never the host, so what the payload writes there is held
-    too (a host bind over the overlay reached the host unreviewed, as pins did)."""
-    return spec.review and path != spec.workdir and _inside(path, spec.workdir)
 
 
 def _based(path: str, roots: list[str]) -> tuple[str, str | None]:
@@ -237,16 +230,16 @@ def _bind(
     )
 
 
-def overlaid(spec: RunSpec, review: object, path: str) -> bool:
-    """PATH, where a bind lands, lies in the work directory --review holds (REVIEW: the
-    overlay's directories, None without it): a writable bind or a pin there is the
+def overlaid(spec: RunSpec, held: bool, path: str) -> bool:
+    """PATH, where a bind lands, lies in the work directory --review holds (HELD: the
+    run is under review): a writable bind or a pin there is the
     overlay's own entry, never the host's, whoever asked for it (a --rw or --mkdir
     entry, a pin of the work directory's or of a writable tree around it). A host tree
     bound there sat over the overlay, and what the payload wrote in it reached the host
     unreviewed: `self` pins (a gitdir, the directories above a nested repository or a
     held file) are writable, and a --rw ~/parent's walk pins the work directory's own
     repository. (A --ro or --protect entry stays the host's: read-only, unwritable.)"""
-    return review is not None and _inside(os.path.normpath(path), spec.workdir)
+    return held and _inside(os.path.normpath(path), spec.workdir)
 
 
 def _pins(root: str, pins: list[Protection], held: Callable[[str], bool]) -> list[MountOp]:
@@ -282,7 +275,7 @@ def user_ops(
     ops: list[MountOp] = []
     rules: list[LandlockRule] = []
     seen: set[str] = set()
-    held = functools.partial(overlaid, spec, review)
+    held = functools.partial(overlaid, spec, review is not None)
     for path, ro, optional, create in sorted(entries, key=lambda e: _depth(e[0])):
         if path in seen:
             continue
